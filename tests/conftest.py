@@ -1,0 +1,33 @@
+"""Shared test fixtures: the real cluster runs in ../shared, skipped or required."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hops_calib.shared import REQUIRE_ENV, shared_required, shared_runs_dir
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def need_shared_runs() -> Path:
+    """The shared runs folder; skip (or fail under HOPS_CALIB_REQUIRE_SHARED=1) when absent."""
+    runs = shared_runs_dir()
+    if runs.is_dir() and any(runs.iterdir()):
+        return runs
+    message = (f"shared Megatron traces not found at {runs} (set HOPS_CALIB_SHARED to the shared/ folder); "
+               "they are not redistributable, so the repository does not ship them")
+    if shared_required():
+        pytest.fail(f"{message}, and {REQUIRE_ENV}=1 requires them")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def shared_runs() -> Path:
+    return need_shared_runs()
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
