@@ -1,0 +1,112 @@
+"""One metrics function for real and simulated timelines (rule 3: both sides measured alike).
+
+Definitions are those of HOPS (../shared/docs/megatron-trace-format.md), so the
+numbers compare side by side with the published simulator:
+
+- throughput = completed microbatches / (last stage-0 backward end - first event start);
+  a microbatch completes when its last backward interval on stage 0 ends;
+- per-stage utilization = merged compute intervals of the stage / makespan over all stages
+  (transfers excluded; makespan = last end - first start over every interval);
+- bubble ratio = 1 - mean per-stage utilization.
+
+Beside them, the iteration period (first event of iteration i+1 minus first event
+of iteration i) and steady throughput = microbatches per iteration / median period.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from hops_calib.timeline import BACKWARD_PHASES, COMPUTE
+
+
+@dataclass(frozen=True)
+class TimelineMetrics:
+    throughput_per_s: float  # window definition (HOPS)
+    steady_throughput_per_s: float  # microbatches per iteration / median iteration period
+    bubble_ratio: float
+    utilization_per_stage: tuple[float, ...]
+    makespan_ms: float
+    window_ms: float  # first event start -> last stage-0 backward end
+    completed_microbatches: int
+    iteration_periods_ms: tuple[float, ...]
+    iteration_time_ms: float  # median iteration period (window / iterations when only one iteration)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "throughput_per_s": self.throughput_per_s,
+            "steady_throughput_per_s": self.steady_throughput_per_s,
+            "bubble_ratio": self.bubble_ratio,
+            "utilization_per_stage": list(self.utilization_per_stage),
+            "makespan_ms": self.makespan_ms,
+            "window_ms": self.window_ms,
+            "completed_microbatches": self.completed_microbatches,
+            "iteration_periods_ms": list(self.iteration_periods_ms),
+            "iteration_time_ms": self.iteration_time_ms,
+        }
+
+
+def merged_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length of the union of intervals [start, end)."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    # A new merged block begins where an interval starts after everything before it ended.
+    new_block = np.empty(len(starts), dtype=bool)
+    new_block[0] = True
+    new_block[1:] = starts[1:] > reach[:-1]
+    block_id = np.cumsum(new_block) - 1
+    block_start = starts[new_block]
+    block_end = np.zeros(block_id[-1] + 1)
+    np.maximum.at(block_end, block_id, ends)
+    return float(np.sum(block_end - block_start))
+
+
+def timeline_metrics(timeline: pd.DataFrame, microbatches_per_iteration: int, pp: int | None = None) -> TimelineMetrics:
+    """Throughput, bubble, utilization and iteration periods of a timeline (real or simulated).
+
+    `pp` is the number of stages; stages with no compute count as 0 % utilized.
+    """
+    if timeline.empty:
+        raise ValueError("cannot compute metrics of an empty timeline")
+    start = timeline["start_ms"].to_numpy()
+    end = timeline["end_ms"].to_numpy()
+    t0 = float(start.min())
+    makespan = float(end.max()) - t0
+
+    compute = timeline[timeline["kind"] == COMPUTE]
+    n_stages = pp if pp is not None else int(timeline["stage"].max()) + 1
+    busy = np.zeros(n_stages)
+    for stage, group in compute.groupby("stage", sort=True):
+        busy[int(stage)] = merged_length(group["start_ms"].to_numpy(), group["end_ms"].to_numpy())
+    utilization = busy / makespan if makespan > 0 else np.zeros(n_stages)
+
+    stage0_backward = compute[(compute["stage"] == 0) & compute["phase"].isin(BACKWARD_PHASES)]
+    completed = stage0_backward.groupby(["iteration", "microbatch"])["end_ms"].max()
+    window = float(completed.max()) - t0 if len(completed) else float("nan")
+    throughput = len(completed) / (window / 1e3) if window and window > 0 else float("nan")
+
+    first_by_iteration = timeline.groupby("iteration")["start_ms"].min().sort_index().to_numpy()
+    periods = np.diff(first_by_iteration)
+    if len(periods):
+        iteration_time = float(np.median(periods))
+    else:
+        iteration_time = window
+    steady = microbatches_per_iteration / (iteration_time / 1e3) if iteration_time > 0 else float("nan")
+
+    return TimelineMetrics(
+        throughput_per_s=float(throughput),
+        steady_throughput_per_s=float(steady),
+        bubble_ratio=float(1.0 - utilization.mean()),
+        utilization_per_stage=tuple(float(u) for u in utilization),
+        makespan_ms=makespan,
+        window_ms=window,
+        completed_microbatches=int(len(completed)),
+        iteration_periods_ms=tuple(float(p) for p in periods),
+        iteration_time_ms=iteration_time,
+    )

@@ -1,0 +1,63 @@
+"""The simulator's input: a pipeline description with per-task costs (no I/O, no model knowledge).
+
+A cost model (`hops_calib.model`) turns a `Spec` into a `Pipeline`; the
+simulator turns a `Pipeline` and a schedule into a timeline
+(`hops_calib.timeline`). All times are milliseconds.
+
+Virtual stages: with `chunks = v > 1` (interleaved 1F1B) the model is cut into
+p * v virtual stages; virtual stage k is model chunk k // p on rank k % p, as in
+Megatron. `stages` and the transfer tuples are indexed by virtual stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per-microbatch costs of one virtual stage, in ms."""
+
+    forward_ms: float
+    backward_ms: float  # the whole backward: input gradient + weight gradient
+    weight_grad_ms: float = 0.0  # the weight-gradient part of backward_ms (zero-bubble schedules run it apart)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    stages: tuple[StageCosts, ...]  # one per virtual stage (p * chunks)
+    microbatches: int  # per iteration
+    chunks: int = 1  # model chunks per rank (v)
+    iterations: int = 1
+    forward_transfer_ms: tuple[float, ...] = ()  # virtual stage k -> k+1, activation; len p*v - 1 (empty = free)
+    backward_transfer_ms: tuple[float, ...] = ()  # virtual stage k+1 -> k, gradient; len p*v - 1 (empty = free)
+    optimizer_ms: tuple[float, ...] = ()  # per rank (len p; empty = no optimizer step)
+    # Work of each iteration outside the pipeline: after the last backward on every rank
+    # (a barrier: all ranks wait for the slowest) and before the optimizer step, e.g.
+    # gradient and embedding all-reduces, loss reporting.
+    pre_optimizer_ms: float = 0.0
+    # Per rank, between its optimizer end and its first task of the next iteration.
+    post_optimizer_ms: float = 0.0
+    # Megatron's 1F1B exchanges are blocking send/receive pairs: a transfer starts only when
+    # both sender and receiver have reached it, and both are held until it completes.
+    blocking_p2p: bool = True
+
+    @property
+    def ranks(self) -> int:
+        return len(self.stages) // self.chunks
+
+    def __post_init__(self) -> None:
+        if self.chunks < 1 or len(self.stages) % self.chunks:
+            raise ValueError(f"{len(self.stages)} virtual stages cannot be split into {self.chunks} chunks per rank")
+        if self.microbatches < 1 or self.iterations < 1:
+            raise ValueError("microbatches and iterations must be at least 1")
+        hops = len(self.stages) - 1
+        for name in ("forward_transfer_ms", "backward_transfer_ms"):
+            value = getattr(self, name)
+            if value and len(value) != hops:
+                raise ValueError(f"{name} has {len(value)} entries; expected {hops} (one per adjacent virtual-stage pair)")
+        if self.optimizer_ms and len(self.optimizer_ms) != self.ranks:
+            raise ValueError(f"optimizer_ms has {len(self.optimizer_ms)} entries; expected {self.ranks} (one per rank)")
+        for k, cost in enumerate(self.stages):
+            if min(cost.forward_ms, cost.backward_ms, cost.weight_grad_ms) < 0 or cost.weight_grad_ms > cost.backward_ms:
+                raise ValueError(f"virtual stage {k}: costs must be >= 0 and weight_grad_ms <= backward_ms ({cost})")
