@@ -54,6 +54,7 @@ class CaptureConfig:
     schedule: str = ""  # "" = the engine's default for (pp, vp)
     seed: int = 1234
     link_bench: bool = True
+    link_bench_iters: int = 50  # timed sends per message size (after 10 warm-up sends), as the cluster benchmark
 
     @property
     def ffn(self) -> int:
@@ -89,7 +90,8 @@ class CaptureConfig:
 
         for option, value in (("pp", self.pp), ("vp", self.vp), ("microbatches", self.microbatches),
                               ("iterations", self.iterations), ("layers", self.layers), ("hidden", self.hidden),
-                              ("seq", self.seq), ("heads", self.heads), ("vocab", self.vocab)):
+                              ("seq", self.seq), ("heads", self.heads), ("vocab", self.vocab),
+                              ("link-bench-iters", self.link_bench_iters)):
             need(isinstance(value, int) and value >= 1, option, f"is {value!r}; pass a positive integer")
         need(self.pp >= 2, "pp", f"is {self.pp}; a pipeline capture needs at least 2 ranks")
         need(self.engine in ENGINES, "engine", f"is {self.engine!r}; pass one of {', '.join(ENGINES)}")
@@ -144,6 +146,8 @@ class CaptureConfig:
                 f"--engine={self.engine}", f"--schedule={self.resolved_schedule}", f"--seed={self.seed}"]
         if not self.link_bench:
             args.append("--no-link-bench")
+        elif self.link_bench_iters != CaptureConfig.link_bench_iters:
+            args.append(f"--link-bench-iters={self.link_bench_iters}")
         return args
 
     def command_line(self, out: str) -> str:

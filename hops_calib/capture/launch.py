@@ -72,7 +72,7 @@ def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: li
             if config.link_bench:
                 from hops_calib.capture import link_bench
 
-                bench = link_bench.run(rank, config.pp, hostname)
+                bench = link_bench.run(rank, config.pp, hostname, iters=config.link_bench_iters)
             results.put((rank, "ok", {"facts": facts, "bench": bench, "events": len(log.events)}))
         finally:
             dist.destroy_process_group()
@@ -107,10 +107,10 @@ def check_installed(engine: str) -> None:
 def capture(config: CaptureConfig, out: Path, force: bool = False, command: str = "") -> Path:
     """Run one capture and write its job directory at `out` (its name is the run id); return `out`."""
     config = config.resolved()
-    check_installed(config.engine)
     out = Path(out)
     if out.exists() and not force:
         raise CaptureError(f"{out} already exists; pass --force to replace it, or choose another --out")
+    check_installed(config.engine)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.with_name(f".{out.name}.capturing-{os.getpid()}")
     if staging.exists():
