@@ -125,6 +125,11 @@ def read_events(job: Path, rank: int) -> list[dict]:
     return sorted((json.loads(line) for line in lines), key=lambda e: e["start_wall_ns"])
 
 
+def backward_phases(config: CaptureConfig) -> tuple[str, ...]:
+    """Zero-bubble splits each backward into its input-gradient (B) and weight-gradient (W) halves."""
+    return ("BACKWARD_B", "BACKWARD_W") if config.schedule == "zb_h1" else ("BACKWARD",)
+
+
 def check_job_dir(config: CaptureConfig, job: Path) -> dict[int, list[dict]]:
     """Everything a cluster job directory promises, checked on a capture; returns the events by rank."""
     stage_map = json.loads((job / "hops_trace_map.json").read_text())["stages"]
@@ -163,7 +168,7 @@ def check_job_dir(config: CaptureConfig, job: Path) -> dict[int, list[dict]]:
             these = [e for e in rank_events if e["iteration"] == iteration]
             computes = Counter((e["phase"], e.get("model_chunk", 0), e["microbatch"])
                                for e in these if e["event_type"] == "compute")
-            expected = Counter({(phase, chunk, mb): 1 for phase in ("FORWARD", "BACKWARD")
+            expected = Counter({(phase, chunk, mb): 1 for phase in ("FORWARD", *backward_phases(config))
                                 for chunk in range(chunks) for mb in range(config.microbatches)})
             expected[("OPTIMIZER", 0, config.microbatches - 1)] = 1
             assert computes == expected, (rank, iteration)
@@ -192,13 +197,16 @@ def check_causality(config: CaptureConfig, events: dict[int, list[dict]]) -> Non
                 ends[(e["iteration"], e["phase"], k, e["microbatch"])] = e["end_wall_ns"]
                 starts[(e["iteration"], e["phase"], k, e["microbatch"])] = e["start_wall_ns"]
     last = config.pp * config.vp - 1
+    input_gradient = backward_phases(config)[0]  # the half of the backward that the previous stage waits for
     for (iteration, phase, k, mb), start in starts.items():
         if phase == "FORWARD" and k > 0:
             assert start >= ends[(iteration, "FORWARD", k - 1, mb)]
-        if phase == "BACKWARD" and k < last:
-            assert start >= ends[(iteration, "BACKWARD", k + 1, mb)]
-        if phase == "BACKWARD":
+        if phase == input_gradient and k < last:
+            assert start >= ends[(iteration, input_gradient, k + 1, mb)]
+        if phase == input_gradient:
             assert start >= ends[(iteration, "FORWARD", k, mb)]
+        if phase == "BACKWARD_W":
+            assert start >= ends[(iteration, "BACKWARD_B", k, mb)]
 
 
 def one_f_one_b_order(pp: int, rank: int, microbatches: int) -> list[str]:
@@ -241,3 +249,21 @@ def test_interleaved_capture_labels_model_chunks(captured_interleaved: tuple[Cap
     rank0 = [e for e in events[0] if e["iteration"] == TRACE_FIRST_ITERATION and e["event_type"] == "compute"]
     first_backward = next(k for k, e in enumerate(rank0) if e["phase"] == "BACKWARD")
     assert any(e.get("model_chunk") == 1 for e in rank0[:first_backward])
+
+
+@pytest.mark.capture
+def test_torch_engine_zero_bubble_splits_backward_into_input_and_weight_halves(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    need_capture_extra()
+    config = CaptureConfig(engine="torch", schedule="zb_h1", link_bench=False, **TINY).resolved()
+    job = capture(config, tmp_path_factory.mktemp("capture") / "cpu_tiny_zb_h1_run1")
+    events = check_job_dir(config, job)
+    # Zero bubble's point: the last stage runs some weight-gradient halves later than their input-gradient
+    # halves, after other work, instead of right away as a plain backward would.
+    last = [e for e in events[config.pp - 1] if e["iteration"] == TRACE_FIRST_ITERATION and e["event_type"] == "compute"]
+    order = [(e["phase"], e["microbatch"]) for e in last]
+    deferred = [mb for phase, mb in order if phase == "BACKWARD_W"
+                and order.index(("BACKWARD_W", mb)) > order.index(("BACKWARD_B", mb)) + 1]
+    assert deferred
+    manifest = yaml.safe_load((job / "manifest.yaml").read_text())
+    assert manifest["schedule_function"].endswith("ScheduleInterleavedZeroBubble")
