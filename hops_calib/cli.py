@@ -29,11 +29,13 @@ def version() -> None:
 
 @app.command()
 def ingest(
-    sources: List[Path] = typer.Argument(..., help="Job directories, or folders holding job directories (searched recursively)."),
+    sources: List[Path] = typer.Argument(
+        ..., help="Job directories, or folders holding job directories (searched recursively)."),
     fixtures: Path = FIXTURES_OPTION,
     split: str = typer.Option("auto", "--split", help="auto (grouped, hashed), or force train / test."),
     test_fraction: float = typer.Option(0.3, "--test-fraction", help="Share of new configuration groups put in test."),
-    lenient: bool = typer.Option(False, "--lenient", help="Drop bad event lines (counted in quality flags) instead of rejecting the run."),
+    lenient: bool = typer.Option(
+        False, "--lenient", help="Drop bad event lines (counted in quality flags) instead of rejecting the run."),
 ) -> None:
     """Ingest Megatron job directories into the Parquet fixture store."""
     from hops_calib.store.commands import ingest_command

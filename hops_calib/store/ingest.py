@@ -107,7 +107,7 @@ def read_run(job_dir: Path, lenient: bool = False) -> RunData:
         columns, report = read_rank_events(path, rank=rank, pp=spec.pp, device_stage=device_stage, lenient=lenient)
         if report.events == 0:
             after = f" after dropping {sum(report.dropped.values())} bad lines" if report.dropped else ""
-            raise TraceError(path, f"rank {rank} has no events{after}", field="(file)",
+            raise TraceError(path, f"rank {rank} has no events{after}",
                              hint="every pipeline stage must log its events; re-copy this rank's log from the job")
         if report.dropped:
             dropped[path.name] = dict(report.dropped)

@@ -1,4 +1,4 @@
-"""Trace room: readers of cluster output (event logs, Megatron arguments, stage map, device types, link benchmark, manifest).
+"""Trace room: readers of cluster output (event logs, Megatron arguments, stage map, devices, link benchmark, manifest).
 
 Each reader streams its file and raises `TraceError` naming file, line, field
 and the fix when the input is bad. Nothing here knows about fixtures or metrics.

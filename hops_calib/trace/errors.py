@@ -21,4 +21,4 @@ class TraceError(ValueError):
         self.hint = hint
         where = str(self.path) + (f":{line}" if line is not None else "")
         what = f"field '{field}': {problem}" if field else problem
-        super().__init__(f"{where}: {what}" + (f" ({hint})" if hint else ""))
+        super().__init__(f"{where}: {what}" + (f"; {hint}" if hint else ""))

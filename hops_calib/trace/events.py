@@ -47,6 +47,7 @@ EVENT_DTYPES: dict[str, str] = {
 }
 _FLUSH_ROWS = 1 << 16
 
+_FIX = "fix the line, or drop it with --lenient"
 _REQUIRED = ("rank", "stage", "iteration", "event_type", "phase", "start_wall_ns", "end_wall_ns")
 
 
@@ -93,19 +94,19 @@ def _is_int(value: Any) -> bool:
 def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, int]) -> tuple[str, str, str] | None:
     """(field, problem, what to do) for the first thing wrong with one parsed event, or None when it is fine."""
     if not isinstance(record, dict):
-        return "(line)", f"is a JSON {type(record).__name__}, not an object", "each line must be one event object"
+        return "(event)", f"is a JSON {type(record).__name__}, not an object", "each line must be one event object"
     for name in _REQUIRED:
         if name not in record:
             return name, "is missing", "every event needs " + ", ".join(_REQUIRED)
     kind = record["event_type"]
     if kind not in KIND_CODE:
-        return "event_type", f"unknown value {kind!r}", f"expected one of {list(KINDS)}"
+        return "event_type", f"unknown value {kind!r}", f"expected one of {list(KINDS)}: {_FIX}"
     phase = record["phase"]
     if phase not in PHASE_CODE:
-        return "phase", f"unknown value {phase!r}", f"expected one of {list(PHASES)}"
+        return "phase", f"unknown value {phase!r}", f"expected one of {list(PHASES)}: {_FIX}"
     for name in ("rank", "stage", "iteration", "start_wall_ns", "end_wall_ns"):
         if not _is_int(record[name]) or record[name] < 0:
-            return name, f"is {record[name]!r}, expected a non-negative integer", "fix or drop the line (--lenient)"
+            return name, f"is {record[name]!r}, expected a non-negative integer", _FIX
     if record["rank"] != rank:
         return "rank", f"is {record['rank']} in the log of rank {rank}", "each rank<r>.jsonl holds only rank r's events"
     if record["stage"] >= pp:
@@ -113,15 +114,16 @@ def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, 
             "check --pipeline-model-parallel-size and the stage map"
     if record["end_wall_ns"] < record["start_wall_ns"]:
         return "end_wall_ns", f"{record['end_wall_ns']} is before start_wall_ns {record['start_wall_ns']}", \
-            "the event ends before it starts; fix or drop the line (--lenient)"
+            "the event ends before it starts: " + _FIX
     microbatch = record.get("microbatch")
     if microbatch is not None and (not _is_int(microbatch) or microbatch < 0):
-        return "microbatch", f"is {microbatch!r}, expected a non-negative integer or null", "fix or drop the line"
+        return "microbatch", f"is {microbatch!r}, expected a non-negative integer or null", _FIX
     if phase != "OPTIMIZER" and microbatch is None:
-        return "microbatch", f"is null on a {phase} event", "only OPTIMIZER events may omit the microbatch"
+        return "microbatch", f"is null on a {phase} event", \
+            "only OPTIMIZER events may omit the microbatch: " + _FIX
     chunk = record.get("model_chunk", 0)
     if not _is_int(chunk) or chunk < 0:
-        return "model_chunk", f"is {chunk!r}, expected a non-negative integer", "fix or drop the line"
+        return "model_chunk", f"is {chunk!r}, expected a non-negative integer", _FIX
     if kind == TRANSFER:
         dst = record.get("dst_device")
         if dst not in device_stage:
@@ -144,7 +146,7 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
     kind_l, phase_l, start_l, end_l, peer_l = (lists[n] for n in ("kind", "phase", "start_ns", "end_ns", "peer_stage"))
     number = 0
 
-    def reject(field_name: str, problem: str, hint: str, reason: str = "") -> None:
+    def reject(field_name: str | None, problem: str, hint: str, reason: str = "") -> None:
         if not lenient:
             raise TraceError(path, problem, line=number, field=field_name, hint=hint)
         report.dropped[reason or f"bad {field_name}"] += 1
@@ -157,10 +159,10 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                 record = _loads(raw)
             except _JSONError as err:
                 if not raw.endswith(b"\n"):
-                    reject("(line)", "truncated last line: the record is cut off (the job probably died while "
+                    reject(None, "truncated last line: the record is cut off (the job probably died while "
                            "writing)", "drop the partial line, or ingest with --lenient", "truncated last line")
                 else:
-                    reject("(line)", f"not valid JSON ({err})", "fix the line, or ingest with --lenient to drop it",
+                    reject(None, f"not valid JSON ({err})", "fix the line, or ingest with --lenient to drop it",
                            "malformed JSON")
                 continue
             # Fast path for the common, valid event; anything unusual goes through check_record.
@@ -185,7 +187,7 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
             if not ok:
                 problem = check_record(record, rank=rank, pp=pp, device_stage=device_stage)
                 if problem is None:  # the fast path was stricter than the full check; trust the full check
-                    problem = ("(line)", "could not be read as an event", "check the event schema")
+                    problem = ("(event)", "could not be read as an event", "check the event schema")
                 reject(*problem)
                 continue
             if not report.hostname:
