@@ -54,6 +54,10 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
     except ValueError as err:
         raise TraceError(path, f"cannot split the command line ({err})", line=1,
                          hint="write the launch command on one line with balanced quotes") from err
+    # Options before the training script belong to the launcher (torchrun --nproc-per-node ...).
+    scripts = [k for k, token in enumerate(tokens) if token.endswith(".py")]
+    if scripts:
+        tokens = tokens[scripts[-1] + 1:]
     args: dict[str, Any] = {}
     key: str | None = None
     values: list[Any] = []
@@ -69,7 +73,7 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
             key, values = name.replace("-", "_"), ([parse_value(inline)] if inline else [])
         elif key is not None:
             values.append(parse_value(token))
-        # Tokens before the first flag (python, pretrain_gpt.py, torchrun options) are the launcher.
+        # A value before the first flag has no argument to belong to.
     flush()
     return args
 
