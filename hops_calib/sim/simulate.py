@@ -63,7 +63,7 @@ class SimResult:
 
     @cached_property
     def timeline(self) -> pd.DataFrame:
-        """The timeline (schema of `hops_calib.timeline`), ordered by start time then stage."""
+        """The timeline (schema of `hops_calib.timeline`) by start time, then stage; ties keep execution order."""
         cols = self.columns
         order = np.lexsort((cols["stage"], cols["start_ms"]))
         data = {name: cols[name][order] for name in COLUMNS if name not in ("kind", "phase")}
