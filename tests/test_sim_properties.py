@@ -5,6 +5,7 @@ from collections import defaultdict
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from hops_calib.metrics import timeline_metrics
 from hops_calib.sim import Pipeline, StageCosts, simulate
 
 EPS = 1e-9
@@ -186,3 +187,15 @@ def test_auto_runs_the_schedule_it_names(case):
     result = simulate(pipeline, "auto")
     assert result.schedule in ("1f1b", "zb_h1")
     check_timeline(pipeline, result, result.schedule)
+
+
+@SETTINGS
+@given(st.sampled_from(["1f1b", "gpipe", "zb_h1"]).flatmap(lambda s: st.tuples(st.just(s), pipelines(s))))
+def test_metrics_from_columns_equal_metrics_of_the_timeline_frame(case):
+    schedule, (pipeline, flush) = case
+    result = simulate(pipeline, schedule, gpipe_flush=flush)
+    fast = result.metrics().to_dict()
+    framed = timeline_metrics(result.timeline, pipeline.microbatches, pipeline.ranks).to_dict()
+    assert fast.keys() == framed.keys()
+    for name in fast:
+        assert fast[name] == pytest.approx(framed[name], nan_ok=True), name

@@ -21,13 +21,14 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from hops_calib.metrics import TimelineMetrics, timeline_metrics
+from hops_calib.metrics import TimelineMetrics, column_metrics
 from hops_calib.sim.engine import Rows, run_iteration
 from hops_calib.sim.pipeline import Pipeline
 from hops_calib.sim.schedules import AUTO, BB, BW, Programs, build_programs
-from hops_calib.timeline import COLUMNS, KINDS, OPTIMIZER, PHASES
+from hops_calib.timeline import BACKWARD_PHASES, COLUMNS, COMPUTE, KINDS, OPTIMIZER, PHASES
 
 OPTIMIZER_PHASE = PHASES.index(OPTIMIZER)
+_BACKWARD_CODES = [PHASES.index(phase) for phase in BACKWARD_PHASES]
 
 
 def auto_schedule(pipeline: Pipeline) -> str:
@@ -59,7 +60,7 @@ class SimResult:
     @property
     def tasks(self) -> int:
         """Compute rows of the timeline."""
-        return int(np.count_nonzero(self.columns["kind"] == KINDS.index("compute")))
+        return int(np.count_nonzero(self.columns["kind"] == KINDS.index(COMPUTE)))
 
     @cached_property
     def timeline(self) -> pd.DataFrame:
@@ -72,8 +73,14 @@ class SimResult:
         return pd.DataFrame(data)[list(COLUMNS)].astype(COLUMNS)
 
     def metrics(self) -> TimelineMetrics:
-        """The shared metrics (`hops_calib.metrics.timeline_metrics`) of this timeline."""
-        return timeline_metrics(self.timeline, self.microbatches, self.ranks)
+        """The shared metrics of this timeline, computed on its columns without building the frame."""
+        cols = self.columns
+        return column_metrics(
+            stage=cols["stage"], iteration=cols["iteration"], microbatch=cols["microbatch"],
+            is_compute=cols["kind"] == KINDS.index(COMPUTE), is_backward=np.isin(cols["phase"], _BACKWARD_CODES),
+            start_ms=cols["start_ms"], end_ms=cols["end_ms"],
+            microbatches_per_iteration=self.microbatches, pp=self.ranks,
+        )
 
 
 def _task_ms(pipeline: Pipeline) -> list[list[float]]:
