@@ -82,3 +82,28 @@ def test_refuses_unknown_schedule_and_misplaced_flush():
         simulate(hetero(), "1f1b", gpipe_flush=2)
     with pytest.raises(ValueError, match="at least 1 microbatch"):
         simulate(hetero(), "gpipe", gpipe_flush=0)
+
+
+def test_engine_reports_a_deadlock_naming_the_stuck_ranks():
+    from hops_calib.sim.engine import DeadlockError, Rows, run_iteration
+    from hops_calib.sim.schedules import COMPUTE, EXCHANGE, F, Programs
+
+    # Each rank first waits to receive what the other sends only after that receive: a cycle.
+    to_rank_1, to_rank_0 = 0, 1  # transfer ids (activation 0 -> 1 and back, one microbatch)
+    rank0 = ((EXCHANGE, (), (to_rank_0,)), (COMPUTE, F, 0, 0, -1, -1), (EXCHANGE, (to_rank_1,), ()))
+    rank1 = ((EXCHANGE, (), (to_rank_1,)), (COMPUTE, F, 1, 0, -1, -1), (EXCHANGE, (to_rank_0,), ()))
+    programs = Programs("handmade", 2, 1, 1, (rank0, rank1), (rank0[1:2], rank1[1:2]), (1, 1))
+    with pytest.raises(DeadlockError, match="handmade deadlocks.*rank 0 at operation 0.*rank 1 at operation 0"):
+        run_iteration(programs, True, [[1.0, 1.0]] * 5, [0.0], [0.0], [0.0, 0.0], Rows.empty())
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("forward_transfer_ms", (0.1, -0.2), r"forward_transfer_ms\[1\] = -0.2"),
+    ("optimizer_ms", (1.0, float("nan"), 1.0), r"optimizer_ms\[1\] = nan"),
+    ("pre_optimizer_ms", -1.0, "pre_optimizer_ms = -1.0"),
+    ("stages", (StageCosts(1.0, 2.0), StageCosts(float("inf"), 2.0), StageCosts(1.0, 2.0)), "virtual stage 1"),
+])
+def test_pipeline_refuses_negative_or_non_finite_times(field, value, message):
+    base = dict(stages=(StageCosts(1.0, 2.0),) * 3, microbatches=2)
+    with pytest.raises(ValueError, match=message):
+        Pipeline(**{**base, field: value})
