@@ -12,7 +12,8 @@ BLOCKING = pytest.mark.parametrize("blocking", [True, False], ids=["blocking-p2p
 def compute_order(result, stage):
     frame = result.timeline
     rows = frame[(frame["stage"] == stage) & (frame["kind"] == "compute") & (frame["iteration"] == 1)]
-    return [(r.phase, int(r.chunk), int(r.microbatch)) for r in rows.sort_values("start_ms", kind="stable").itertuples()]
+    rows = rows.sort_values("start_ms", kind="stable")
+    return [(r.phase, int(r.chunk), int(r.microbatch)) for r in rows.itertuples()]
 
 
 def idle_ms(result, work_per_stage):
@@ -57,7 +58,8 @@ def test_interleaved_warm_up_count_and_peak_memory_follow_megatron(stages, micro
 
 
 def test_interleaved_refuses_what_megatron_refuses():
-    with pytest.raises(ValueError, match=r"microbatches \(6\) is not divisible by the pipeline-model-parallel size \(4\)"):
+    with pytest.raises(ValueError, match=r"microbatches \(6\) is not divisible by the pipeline-model-parallel "
+                                         r"size \(4\)"):
         simulate(balanced(4, 6, chunks=2), "interleaved_1f1b")
     with pytest.raises(ValueError, match="pipeline-model-parallel size 2.*greater than 2"):
         simulate(balanced(2, 4, chunks=2), "interleaved_1f1b")
@@ -73,7 +75,8 @@ def test_interleaved_refuses_what_megatron_refuses():
 @pytest.mark.parametrize("stages,microbatches", [(2, 8), (4, 4), (4, 12), (6, 24), (8, 64)])
 def test_zb_h1_bubble_is_a_third_of_1f1b_when_f_b_w_cost_the_same(stages, microbatches, blocking):
     # forward 1, input gradient 1, weight gradient 1 (backward_ms = 2 of which weight_grad_ms = 1)
-    pipeline = balanced(stages, microbatches, forward_ms=1.0, backward_ms=2.0, weight_grad_ms=1.0, blocking_p2p=blocking)
+    pipeline = balanced(stages, microbatches, forward_ms=1.0, backward_ms=2.0, weight_grad_ms=1.0,
+                        blocking_p2p=blocking)
     one_f_one_b = simulate(pipeline, "1f1b")
     zero_bubble = simulate(pipeline, "zb_h1")
     work = microbatches * 3.0

@@ -11,10 +11,11 @@ order the sender issues them.
 
 - Blocking p2p (Megatron): an exchange is one p2p call of the program. The rank
   posts all its sends and receives at once and resumes only when every one of them
-  has completed (a POST lets it compute before that wait). A transfer starts when the sender has posted its send, the receiver
-  has posted the matching receive, and the link is free; so a fast sender waits for
-  a slow receiver to reach the receive in its own order, and both are held until
-  the data has moved. This is what places the bubble on heterogeneous stages.
+  has completed (a POST lets it compute before that wait). A transfer starts when
+  the sender has posted its send (so the tensor exists), the receiver has posted the
+  matching receive, and the link is free; so a fast sender waits for a slow receiver
+  to reach the receive in its own order, and both are held until the data has
+  moved. This is what places the bubble on heterogeneous stages.
 - Fire-and-forget: exchanges are skipped; a transfer starts as soon as its producer
   finishes and the link is free, and the consumer waits only for its arrival.
 """
