@@ -66,5 +66,33 @@ def fixtures_show(
     raise typer.Exit(show_command(fixture_id, fixtures, as_json))
 
 
+@app.command()
+def plan(
+    stages: int = typer.Option(..., "--stages", help="Pipeline stages (devices), p."),
+    microbatches: int = typer.Option(..., "--microbatches", help="Microbatches per iteration, m."),
+    memory_budget: float = typer.Option(..., "--memory-budget",
+                                        help="Activation slots per device (one microbatch of one stage each)."),
+    forward_cost: float = typer.Option(1.0, "--forward-cost", help="Forward time of one microbatch on one stage."),
+    backward_cost: float = typer.Option(2.0, "--backward-cost", help="Whole backward time (input + weight grads)."),
+    weight_grad_cost: float = typer.Option(0.0, "--weight-grad-cost",
+                                           help="Weight-gradient part of the backward; > 0 adds ZB-H1."),
+    chunks: int = typer.Option(1, "--chunks", help="Model chunks per device; > 1 adds interleaved 1F1B."),
+    target_bubble: float = typer.Option(None, "--target-bubble",
+                                        help="Also print the microbatches balanced 1F1B needs for this bubble."),
+    as_json: bool = typer.Option(False, "--json", help="Print {chosen, candidates, ...} as JSON."),
+) -> None:
+    """Choose the pipeline schedule with the lowest bubble that fits a per-device activation budget."""
+    import json
+
+    from hops_calib.plan import format_plan, plan as make_plan
+
+    try:
+        result = make_plan(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost,
+                           chunks, target_bubble)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result))
+
+
 def main() -> None:
     app()
