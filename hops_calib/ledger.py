@@ -227,9 +227,9 @@ def export_parquet(path: Path | str, out: Path | str) -> int:
     for entry in read_entries(path):
         row: dict[str, Any] = {}
         for key, value in entry.items():
-            if isinstance(value, dict) and key.startswith("aggregates_"):
+            if isinstance(value, dict) and key.startswith("aggregates"):
                 for name, number in value.items():
-                    row[f"{key.removeprefix('aggregates_')}_{name}"] = number
+                    row[f"{key}_{name}"] = number
             elif isinstance(value, (dict, list)):
                 row[key] = json.dumps(value, sort_keys=True)
             else:
