@@ -11,12 +11,18 @@ from types import MappingProxyType
 from typing import Mapping
 
 from hops_calib.model.terms.base import Context, Contribution, Layout, Param, Term, layout_of
+from hops_calib.model.terms.embedding import EmbeddingGradAllReduce
+from hops_calib.model.terms.host import IterationHostOverhead
 from hops_calib.model.terms.link import LinkTransfer
+from hops_calib.model.terms.optimizer import OptimizerStep
 from hops_calib.model.terms.roofline import DecoderRoofline
 
 _ALL: tuple[Term, ...] = (
     DecoderRoofline(),
     LinkTransfer(),
+    EmbeddingGradAllReduce(),
+    OptimizerStep(),
+    IterationHostOverhead(),
 )
 
 TERMS: Mapping[str, Term] = MappingProxyType({term.name: term for term in _ALL})
