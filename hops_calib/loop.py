@@ -19,19 +19,10 @@ from hops_calib.errors import InputError
 EXIT_OK, EXIT_REJECTED, EXIT_INVALID = 0, 1, 2
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN and infinities as null, tuples as lists: strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def _print_json(data: Any) -> None:
-    print(json.dumps(_json_safe(data), indent=1, allow_nan=False))
+    from hops_calib.store.fixture_store import json_safe
+
+    print(json.dumps(json_safe(data), indent=1, allow_nan=False))
 
 
 def _guarded(action: Callable[[], int]) -> int:

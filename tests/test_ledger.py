@@ -190,7 +190,7 @@ def test_export_writes_one_parquet_row_per_entry(tmp_path):
     assert ledger.export_parquet(path, out) == 3
     frame = pd.read_parquet(out)
     assert list(frame["seq"]) == [1, 2, 3]
-    assert list(frame["before_throughput_mape_pct"]) == [10.0, 11.0, 12.0]
+    assert list(frame["aggregates_before_throughput_mape_pct"]) == [10.0, 11.0, 12.0]
     assert json.loads(frame["reasons"][0]) == ["a", "b"]
     assert not list(out.parent.glob("*.tmp"))
 
