@@ -82,16 +82,14 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print {chosen, candidates, ...} as JSON."),
 ) -> None:
     """Choose the pipeline schedule with the lowest bubble that fits a per-device activation budget."""
-    import json
-
-    from hops_calib.plan import format_plan, plan as make_plan
+    from hops_calib.plan import plan_report
 
     try:
-        result = make_plan(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost,
-                           chunks, target_bubble)
+        report = plan_report(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost,
+                             chunks, target_bubble, as_json)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
-    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result))
+    typer.echo(report)
 
 
 # --- the loop: predict, evaluate, report, ledger (hops_calib.loop) --------------------------------

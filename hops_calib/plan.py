@@ -10,6 +10,7 @@ function, as for real runs.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 
@@ -118,6 +119,15 @@ def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: flo
         closed_form["target_bubble"] = target_bubble
         closed_form["microbatches_for_target_bubble"] = microbatches_for_bubble(stages, target_bubble)
     return Plan(chosen=fitting[0], candidates=tuple(fitting), rejected=tuple(rejected), closed_form=closed_form)
+
+
+def plan_report(stages: int, microbatches: int, memory_budget: float, forward_cost: float = 1.0,
+                backward_cost: float = 2.0, weight_grad_cost: float = 0.0, chunks: int = 1,
+                target_bubble: float | None = None, as_json: bool = False) -> str:
+    """`plan` rendered for the terminal: JSON or a text table (what `hops-calib plan` prints)."""
+    result = plan(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
+                  target_bubble)
+    return json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result)
 
 
 def format_plan(result: Plan) -> str:
