@@ -74,24 +74,46 @@ def timeline_metrics(timeline: pd.DataFrame, microbatches_per_iteration: int, pp
     """
     if timeline.empty:
         raise ValueError("cannot compute metrics of an empty timeline")
-    start = timeline["start_ms"].to_numpy()
-    end = timeline["end_ms"].to_numpy()
-    t0 = float(start.min())
-    makespan = float(end.max()) - t0
+    return column_metrics(
+        stage=timeline["stage"].to_numpy(),
+        iteration=timeline["iteration"].to_numpy(),
+        microbatch=timeline["microbatch"].to_numpy(),
+        is_compute=(timeline["kind"] == COMPUTE).to_numpy(dtype=bool),
+        is_backward=timeline["phase"].isin(BACKWARD_PHASES).to_numpy(dtype=bool),
+        start_ms=timeline["start_ms"].to_numpy(dtype=np.float64),
+        end_ms=timeline["end_ms"].to_numpy(dtype=np.float64),
+        microbatches_per_iteration=microbatches_per_iteration,
+        pp=pp,
+    )
 
-    compute = timeline[timeline["kind"] == COMPUTE]
-    n_stages = pp if pp is not None else int(timeline["stage"].max()) + 1
+
+def column_metrics(stage: np.ndarray, iteration: np.ndarray, microbatch: np.ndarray, is_compute: np.ndarray,
+                   is_backward: np.ndarray, start_ms: np.ndarray, end_ms: np.ndarray,
+                   microbatches_per_iteration: int, pp: int | None = None) -> TimelineMetrics:
+    """`timeline_metrics` on a timeline's columns as arrays (the simulator's path: no DataFrame to build)."""
+    if len(start_ms) == 0:
+        raise ValueError("cannot compute metrics of an empty timeline")
+    t0 = float(start_ms.min())
+    makespan = float(end_ms.max()) - t0
+
+    n_stages = pp if pp is not None else int(stage.max()) + 1
     busy = np.zeros(n_stages)
-    for stage, group in compute.groupby("stage", sort=True):
-        busy[int(stage)] = merged_length(group["start_ms"].to_numpy(), group["end_ms"].to_numpy())
+    compute_stage = stage[is_compute]
+    for s in np.unique(compute_stage):
+        of_stage = is_compute & (stage == s)
+        busy[int(s)] = merged_length(start_ms[of_stage], end_ms[of_stage])
     utilization = busy / makespan if makespan > 0 else np.zeros(n_stages)
 
-    stage0_backward = compute[(compute["stage"] == 0) & compute["phase"].isin(BACKWARD_PHASES)]
-    completed = stage0_backward.groupby(["iteration", "microbatch"])["end_ms"].max()
-    window = float(completed.max()) - t0 if len(completed) else float("nan")
-    throughput = len(completed) / (window / 1e3) if window and window > 0 else float("nan")
+    # A microbatch completes when its last backward interval on stage 0 ends.
+    stage0_backward = is_compute & is_backward & (stage == 0)
+    completed = len(np.unique(np.stack([iteration[stage0_backward], microbatch[stage0_backward]]), axis=1)[0]) \
+        if stage0_backward.any() else 0
+    window = float(end_ms[stage0_backward].max()) - t0 if completed else float("nan")
+    throughput = completed / (window / 1e3) if window and window > 0 else float("nan")
 
-    first_by_iteration = timeline.groupby("iteration")["start_ms"].min().sort_index().to_numpy()
+    iterations, first_row = np.unique(iteration, return_inverse=True)
+    first_by_iteration = np.full(len(iterations), np.inf)
+    np.minimum.at(first_by_iteration, first_row, start_ms)
     periods = np.diff(first_by_iteration)
     if len(periods):
         iteration_time = float(np.median(periods))
@@ -106,7 +128,7 @@ def timeline_metrics(timeline: pd.DataFrame, microbatches_per_iteration: int, pp
         utilization_per_stage=tuple(float(u) for u in utilization),
         makespan_ms=makespan,
         window_ms=window,
-        completed_microbatches=int(len(completed)),
+        completed_microbatches=int(completed),
         iteration_periods_ms=tuple(float(p) for p in periods),
         iteration_time_ms=iteration_time,
     )
