@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import List, Optional
 
 import typer
 
@@ -14,6 +15,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+fixtures_app = typer.Typer(help="Look at the fixture store.", no_args_is_help=True)
+app.add_typer(fixtures_app, name="fixtures")
+
+FIXTURES_OPTION = typer.Option(Path("fixtures"), "--fixtures", help="Fixture store folder.")
 
 
 @app.command()
@@ -57,6 +62,210 @@ def capture(
         typer.echo(f"capture: {err}", err=True)
         raise typer.Exit(2) from None
     typer.echo(str(written))
+
+
+@app.command()
+def ingest(
+    sources: List[Path] = typer.Argument(
+        ..., help="Job directories, or folders holding job directories (searched recursively)."),
+    fixtures: Path = FIXTURES_OPTION,
+    split: str = typer.Option("auto", "--split", help="auto (grouped, hashed), or force train / test."),
+    test_fraction: float = typer.Option(0.3, "--test-fraction", help="Share of new configuration groups put in test."),
+    lenient: bool = typer.Option(
+        False, "--lenient", help="Drop bad event lines (counted in quality flags) instead of rejecting the run."),
+) -> None:
+    """Ingest Megatron job directories into the Parquet fixture store."""
+    from hops_calib.store.commands import ingest_command
+
+    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient))
+
+
+@fixtures_app.command("list")
+def fixtures_list(
+    fixtures: Path = FIXTURES_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON array."),
+) -> None:
+    """One line per fixture: split, observed and declared schedule, devices, throughput, bubble."""
+    from hops_calib.store.commands import list_command
+
+    raise typer.Exit(list_command(fixtures, as_json))
+
+
+@fixtures_app.command("show")
+def fixtures_show(
+    fixture_id: str = typer.Argument(..., metavar="ID", help="Fixture id (see fixtures list)."),
+    fixtures: Path = FIXTURES_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """A readable summary of one fixture: configuration, devices, per-stage medians, metrics, quality flags."""
+    from hops_calib.store.commands import show_command
+
+    raise typer.Exit(show_command(fixture_id, fixtures, as_json))
+
+
+@app.command()
+def plan(
+    stages: int = typer.Option(..., "--stages", help="Pipeline stages (devices), p."),
+    microbatches: int = typer.Option(..., "--microbatches", help="Microbatches per iteration, m."),
+    memory_budget: float = typer.Option(..., "--memory-budget",
+                                        help="Activation slots per device (one microbatch of one stage each)."),
+    forward_cost: float = typer.Option(1.0, "--forward-cost", help="Forward time of one microbatch on one stage."),
+    backward_cost: float = typer.Option(2.0, "--backward-cost", help="Whole backward time (input + weight grads)."),
+    weight_grad_cost: float = typer.Option(0.0, "--weight-grad-cost",
+                                           help="Weight-gradient part of the backward; > 0 adds ZB-H1."),
+    chunks: int = typer.Option(1, "--chunks", help="Model chunks per device; > 1 adds interleaved 1F1B."),
+    target_bubble: float = typer.Option(None, "--target-bubble",
+                                        help="Also print the microbatches balanced 1F1B needs for this bubble."),
+    as_json: bool = typer.Option(False, "--json", help="Print {chosen, candidates, ...} as JSON."),
+) -> None:
+    """Choose the pipeline schedule with the lowest bubble that fits a per-device activation budget."""
+    from hops_calib.plan import plan_report
+
+    try:
+        report = plan_report(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost,
+                             chunks, target_bubble, as_json)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    typer.echo(report)
+
+
+# --- the loop: predict, evaluate, report, ledger (hops_calib.loop) --------------------------------
+
+MODEL_OPTION = typer.Option(None, "--model",
+                            help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
+LEDGER_OPTION = typer.Option(Path("ledger/ledger.jsonl"), "--ledger", help="Experiment ledger (JSON lines).")
+ledger_app = typer.Typer(help="The append-only, hash-chained experiment ledger.", no_args_is_help=True)
+app.add_typer(ledger_app, name="ledger")
+
+
+@app.command()
+def predict(
+    fixture_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="Fixture id (train split)."),
+    all_train: bool = typer.Option(False, "--all", help="Every train fixture: per-run errors and the suite."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Predicted vs real throughput, bubble, per-stage utilization and per-stage phase times, from the spec alone."""
+    from hops_calib.loop import predict_command
+
+    raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json))
+
+
+@app.command()
+def evaluate(
+    candidate: Optional[Path] = typer.Argument(None, help="Candidate file (experiments/*.toml): one term changed."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    commit: bool = typer.Option(False, "--commit", help="Write an accepted candidate into the model file."),
+    ledger: Path = LEDGER_OPTION,
+    split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
+    tolerance_mape: Optional[float] = typer.Option(
+        None, "--tolerance-mape-pp", help="Suite throughput MAPE may grow by this many pp (default 0: hold)."),
+    tolerance_bubble_mae: Optional[float] = typer.Option(
+        None, "--tolerance-bubble-mae-pp", help="Suite bubble MAE may grow by this many pp (default 0: hold)."),
+    tolerance_rho: Optional[float] = typer.Option(
+        None, "--tolerance-rho", help="Mean utilization rho may fall by this much (default 0: hold)."),
+    tolerance_run_throughput: Optional[float] = typer.Option(
+        None, "--tolerance-run-throughput-pp", help="Any run's |throughput error| may grow by this (default 2 pp)."),
+    tolerance_run_bubble: Optional[float] = typer.Option(
+        None, "--tolerance-run-bubble-pp", help="Any run's |bubble error| may grow by this (default 2 pp)."),
+) -> None:
+    """Score the model on the train split; with a candidate, gate it and record the answer.
+
+    Exit 0 accepted (or no candidate), 1 rejected, 2 invalid input. Tolerances default to hops_calib.gate.Tolerances.
+    """
+    from hops_calib.loop import evaluate_command
+
+    tolerances = {"throughput_mape_pp": tolerance_mape, "bubble_mae_pp": tolerance_bubble_mae,
+                  "util_spearman": tolerance_rho, "run_throughput_pp": tolerance_run_throughput,
+                  "run_bubble_pp": tolerance_run_bubble}
+    raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances))
+
+
+@app.command()
+def report(
+    split: str = typer.Option("test", "--split", help="The held-out split (test), or train."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    ledger: Path = LEDGER_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Suite aggregates only on the held-out split; appends an audit entry to the ledger every time."""
+    from hops_calib.loop import report_command
+
+    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json))
+
+
+@app.command()
+def terms(
+    model: Optional[Path] = MODEL_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (with every device constant's source)."),
+) -> None:
+    """The cost terms a candidate can add, remove or set: which are active, their parameters and bounds; devices."""
+    from hops_calib.loop import terms_command
+
+    raise typer.Exit(terms_command(model, as_json))
+
+
+@ledger_app.command("show")
+def ledger_show(
+    ledger: Path = LEDGER_OPTION,
+    last: Optional[int] = typer.Option(None, "--last", help="Only the last N entries."),
+    as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
+) -> None:
+    """One line per entry: time, decision, candidate and change, MAPE before -> after."""
+    from hops_calib.loop import ledger_show_command
+
+    raise typer.Exit(ledger_show_command(ledger, last, as_json))
+
+
+@ledger_app.command("verify")
+def ledger_verify(
+    ledger: Path = LEDGER_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Check every line and the hash chain; name each damaged, edited or truncated line. Exit 1 on any problem."""
+    from hops_calib.loop import ledger_verify_command
+
+    raise typer.Exit(ledger_verify_command(ledger, as_json))
+
+
+@ledger_app.command("export")
+def ledger_export(
+    out: Path = typer.Argument(..., help="Parquet file to write."),
+    ledger: Path = LEDGER_OPTION,
+) -> None:
+    """Write the ledger as a Parquet table, one row per entry."""
+    from hops_calib.loop import ledger_export_command
+
+    raise typer.Exit(ledger_export_command(ledger, out))
+
+
+@ledger_app.command("repair")
+def ledger_repair(ledger: Path = LEDGER_OPTION) -> None:
+    """Set aside an incomplete last line left by an interrupted append (complete entries are never touched)."""
+    from hops_calib.loop import ledger_repair_command
+
+    raise typer.Exit(ledger_repair_command(ledger))
+
+
+# --- observe and tune: where the error comes from, and one term's parameters (train split only) ---------
+
+
+@app.command()
+def observe(
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (every contributor and run)."),
+    top: int = typer.Option(12, "--top", min=1, help="Contributors and runs shown in the text output."),
+) -> None:
+    """Where the throughput error comes from: iteration parts and stage times by group, largest MAPE share first."""
+    from hops_calib.observe import observe_command
+
+    raise typer.Exit(observe_command(fixtures, model, split, as_json, top))
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # The HOPS tracing fork of Megatron starts tracing at iteration 3: iterations
@@ -112,3 +113,192 @@ class Spec:
     @classmethod
     def from_json(cls, text: str) -> "Spec":
         return cls.from_dict(json.loads(text))
+
+
+# ---------------------------------------------------------------------------
+# Building a spec from a job directory (its configuration files only).
+
+# Labels a hand-written template or a scenario name may use, mapped to SCHEDULES.
+SCHEDULE_ALIASES = {
+    "1f1b": "1f1b",
+    "one_f_one_b": "1f1b",
+    "interleaved_1f1b": "interleaved_1f1b",
+    "gpipe": "gpipe",
+    "zero_bubble": "zb_h1",
+    "zb_h1": "zb_h1",
+    "zb": "zb_h1",
+}
+# Scenario-name tokens that name a schedule. "interleaved" is deliberately absent: in the
+# cluster scenario names it means an alternating device order, not the interleaved schedule.
+_NAME_TOKENS = (("zero_bubble", "zb_h1"), ("gpipe", "gpipe"))
+
+
+def normalize_schedule_label(label: str) -> str:
+    """A declared schedule label as one of SCHEDULES when it is a known alias, else lower-cased as given."""
+    key = str(label).strip().lower().replace("-", "_")
+    return SCHEDULE_ALIASES.get(key, key)
+
+
+def declared_schedule_of(template: dict[str, Any], names: list[str]) -> str | None:
+    """The schedule a run was labelled with: `pipeline.schedule` of hops.base.yaml, else a token of its names."""
+    label = (template.get("pipeline") or {}).get("schedule") if template else None
+    if label:
+        return normalize_schedule_label(label)
+    for name in names:
+        padded = f"_{name.lower()}_"
+        for token, schedule in _NAME_TOKENS:
+            if f"_{token}_" in padded:
+                return schedule
+    return None
+
+
+def split_layers(num_layers: int, pp: int, first: int | None = None, last: int | None = None) -> tuple[int, ...]:
+    """Decoder layers per pipeline rank, as Megatron splits them.
+
+    `--decoder-first/last-pipeline-num-layers` pin the first/last rank; the
+    remaining layers are spread evenly over the other ranks (they must divide).
+    """
+    if pp == 1:
+        return (num_layers,)
+    counts: list[int | None] = [None] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    pinned = [c for c in counts if c is not None]
+    free = counts.count(None)
+    rest = num_layers - sum(pinned)
+    if rest < 0 or (free == 0 and rest != 0) or (free and rest % free):
+        raise ValueError(f"{num_layers} layers cannot be split over {pp} stages with first={first}, last={last}: "
+                         f"{rest} layers left for {free} stages")
+    return tuple(c if c is not None else rest // free for c in counts)
+
+
+def _require_int(args: dict[str, Any], name: str, source: Any, default: int | None = None) -> int:
+    from hops_calib.trace.errors import TraceError
+
+    value = args.get(name, default)
+    if type(value) is not int or value < 0:
+        raise TraceError(source, f"is {value!r}, expected a non-negative integer" if name in args else "is missing",
+                         field="--" + name.replace("_", "-"),
+                         hint="the spec needs it; add it to the launch command")
+    return value
+
+
+def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
+    """The spec of a job directory, from its configuration files alone.
+
+    Reads `megatron_args.txt` (or a rank log's arguments block), `hops_trace_map.json`,
+    `hops.base.yaml`, `calibration/link_bench/` and `manifest.yaml`; never the
+    event logs in `megatron_trace/` (rule 1: a prediction sees no measurement of
+    the run it predicts). Remarks that do not stop the build go to `notes`.
+    """
+    from hops_calib.trace import (
+        TraceError, find_arguments, read_device_types, read_link_fits, read_manifest, read_stage_map, read_template,
+        run_id_of,
+    )
+    from hops_calib.trace.job import LINK_BENCH_DIR, STAGE_MAP
+
+    job_dir = Path(job_dir)
+    notes = [] if notes is None else notes
+    manifest = read_manifest(job_dir)
+    run_id = run_id_of(job_dir, manifest)
+    args, args_source = find_arguments(job_dir)
+
+    pp = _require_int(args, "pipeline_model_parallel_size", args_source, default=1)
+    tp = _require_int(args, "tensor_model_parallel_size", args_source, default=1)
+    num_layers = _require_int(args, "num_layers", args_source)
+    if pp < 1:
+        raise TraceError(args_source, f"is {pp}", field="--pipeline-model-parallel-size", hint="must be at least 1")
+
+    if args.get("virtual_pipeline_model_parallel_size"):
+        vp = _require_int(args, "virtual_pipeline_model_parallel_size", args_source)
+    elif args.get("num_layers_per_virtual_pipeline_stage"):
+        per_virtual = _require_int(args, "num_layers_per_virtual_pipeline_stage", args_source)
+        if per_virtual == 0 or num_layers % (pp * per_virtual):
+            raise TraceError(args_source, f"{per_virtual} does not divide {num_layers} layers over {pp} stages",
+                             field="--num-layers-per-virtual-pipeline-stage",
+                             hint="num_layers must be a multiple of pp * layers per virtual stage")
+        vp = num_layers // (pp * per_virtual)
+    else:
+        vp = 1
+
+    world = args.get("world_size")
+    if type(world) is int and world > 0:
+        if world % (tp * pp):
+            raise TraceError(args_source, f"{world} is not a multiple of tp*pp = {tp * pp}", field="world_size")
+        dp = world // (tp * pp)
+    else:
+        dp = _require_int(args, "data_parallel_size", args_source, default=1) or 1
+    micro_batch = _require_int(args, "micro_batch_size", args_source, default=1) or 1
+    global_batch = _require_int(args, "global_batch_size", args_source, default=micro_batch * dp)
+    if global_batch % (micro_batch * dp):
+        raise TraceError(args_source, f"{global_batch} is not a multiple of micro batch {micro_batch} x dp {dp}",
+                         field="--global-batch-size", hint="Megatron requires it to divide")
+    microbatches = global_batch // (micro_batch * dp)
+    train_iters = _require_int(args, "train_iters", args_source)
+    iterations = train_iters - TRACE_FIRST_ITERATION + 1
+    if iterations < 1:
+        raise TraceError(args_source, f"is {train_iters}: the trace starts at iteration {TRACE_FIRST_ITERATION}",
+                         field="--train-iters", hint=f"a traced run needs at least {TRACE_FIRST_ITERATION} iterations")
+
+    first = args.get("decoder_first_pipeline_num_layers")
+    last = args.get("decoder_last_pipeline_num_layers")
+    try:
+        layers = split_layers(num_layers, pp, first, last)
+    except ValueError as err:
+        raise TraceError(args_source, str(err), field="--num-layers",
+                         hint="make the layers divide evenly, or fix --decoder-first/last-pipeline-num-layers") from err
+
+    device_ids = read_stage_map(job_dir)
+    if len(device_ids) != pp:
+        raise TraceError(job_dir / STAGE_MAP, f"maps {len(device_ids)} stages but {args_source.name} says "
+                         f"--pipeline-model-parallel-size {pp}", field="stages",
+                         hint="the stage counts of the configuration and the stage map must agree")
+    template = read_template(job_dir)
+    device_types = read_device_types(job_dir, template)
+    missing = [d for d in device_ids if d not in device_types]
+    if missing:
+        from hops_calib.trace.job import TEMPLATE
+
+        raise TraceError(job_dir / TEMPLATE, f"has no entry for device {missing[0]!r} of the stage map",
+                         field="hardware.devices", hint="add {id: <device id>, gpu: <type>} for every mapped device")
+    devices = tuple(device_types[d].type for d in device_ids)
+    names = tuple(device_types[d].name for d in device_ids)
+
+    links = read_link_fits(job_dir / LINK_BENCH_DIR)
+    if not links and pp > 1:
+        notes.append(f"no link benchmark in {LINK_BENCH_DIR}: the spec has no link fits")
+
+    scenario = str(manifest.get("source_scenario") or "")
+    declared = declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]])
+    precision = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32"
+    hidden = _require_int(args, "hidden_size", args_source)
+    model = ModelShape(
+        num_layers=num_layers,
+        hidden_size=hidden,
+        ffn_hidden_size=_require_int(args, "ffn_hidden_size", args_source, default=4 * hidden),
+        num_attention_heads=_require_int(args, "num_attention_heads", args_source),
+        seq_length=_require_int(args, "seq_length", args_source),
+        vocab_size=_require_int(args, "vocab_size", args_source, default=0),
+        micro_batch_size=micro_batch,
+        global_batch_size=global_batch,
+        precision=precision,
+        untie_embeddings=bool(args.get("untie_embeddings_and_output_weights", False)),
+    )
+    return Spec(
+        run_id=run_id,
+        pp=pp,
+        vp=vp,
+        microbatches=microbatches,
+        iterations=iterations,
+        layers_per_stage=layers,
+        devices=devices,
+        device_ids=device_ids,
+        links=links,
+        schedule="interleaved_1f1b" if vp > 1 else "1f1b",
+        model=model,
+        declared_schedule=declared,
+        device_names=names if any(names) else (),
+        megatron_args=args,
+    )

@@ -31,3 +31,24 @@ def shared_runs() -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def shared_store(shared_runs, tmp_path_factory):
+    """The 56 shared runs ingested once per test session into a temporary fixture store."""
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    store = FixtureStore(tmp_path_factory.mktemp("shared-store") / "fixtures")
+    report = ingest([shared_runs], store)
+    assert report.ok, [o.error for o in report.rejected]
+    return store
+
+
+@pytest.fixture(scope="session")
+def shared_fixtures(shared_store) -> Path:
+    """Folder of the shared runs' fixture store (ingested once per session by `shared_store`), for CLI tests.
+
+    Read-only by convention: tests that change a store ingest into their own tmp_path.
+    """
+    return shared_store.root

@@ -1,5 +1,8 @@
 """The simulator room: schedules (task order per stage) and the event engine. Pure: no I/O, no global state."""
 
+from hops_calib.sim.engine import DeadlockError
 from hops_calib.sim.pipeline import Pipeline, StageCosts
+from hops_calib.sim.schedules import SCHEDULE_CHOICES
+from hops_calib.sim.simulate import SimResult, auto_schedule, simulate
 
-__all__ = ["Pipeline", "StageCosts"]
+__all__ = ["DeadlockError", "Pipeline", "SCHEDULE_CHOICES", "SimResult", "StageCosts", "auto_schedule", "simulate"]

@@ -11,6 +11,7 @@ Megatron. `stages` and the transfer tuples are indexed by virtual stage.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -38,6 +39,9 @@ class Pipeline:
     pre_optimizer_ms: float = 0.0
     # Per rank, between its optimizer end and its first task of the next iteration.
     post_optimizer_ms: float = 0.0
+    # Whether every rank waits for the slowest optimizer step before its next iteration (a collective after
+    # the step, such as Megatron's per-iteration timer and loss reporting with --log-interval 1).
+    iteration_barrier: bool = False
     # Megatron's 1F1B exchanges are blocking send/receive pairs: a transfer starts only when
     # both sender and receiver have reached it, and both are held until it completes.
     blocking_p2p: bool = True
@@ -59,5 +63,15 @@ class Pipeline:
         if self.optimizer_ms and len(self.optimizer_ms) != self.ranks:
             raise ValueError(f"optimizer_ms has {len(self.optimizer_ms)} entries; expected {self.ranks} (one per rank)")
         for k, cost in enumerate(self.stages):
-            if min(cost.forward_ms, cost.backward_ms, cost.weight_grad_ms) < 0 or cost.weight_grad_ms > cost.backward_ms:
-                raise ValueError(f"virtual stage {k}: costs must be >= 0 and weight_grad_ms <= backward_ms ({cost})")
+            values = (cost.forward_ms, cost.backward_ms, cost.weight_grad_ms)
+            if not all(0 <= v < math.inf for v in values) or cost.weight_grad_ms > cost.backward_ms:
+                raise ValueError(f"virtual stage {k}: costs must be finite, >= 0 and weight_grad_ms <= backward_ms "
+                                 f"({cost})")
+        # A negative or NaN time would silently reorder the simulated timeline.
+        for name in ("forward_transfer_ms", "backward_transfer_ms", "optimizer_ms"):
+            for index, value in enumerate(getattr(self, name)):
+                if not 0 <= value < math.inf:
+                    raise ValueError(f"{name}[{index}] = {value}: times must be finite and >= 0")
+        for name in ("pre_optimizer_ms", "post_optimizer_ms"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"{name} = {getattr(self, name)}: times must be finite and >= 0")

@@ -1,0 +1,149 @@
+"""The planner: which schedule to run on balanced stages within a per-device activation budget.
+
+`plan` simulates each schedule (and, for GPipe, the flush size) on balanced stages,
+keeps those whose peak in-flight activations fit the budget, and picks the lowest
+bubble (ties: less memory, then the simpler schedule). Activation memory is counted
+in slots: one slot holds one microbatch's activations of one stage; an interleaved
+model chunk holds 1/v of that. Bubble and utilization come from the shared metrics
+function, as for real runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+from hops_calib.metrics import timeline_metrics
+from hops_calib.sim import simulate
+from hops_calib.sim.schedules import check_shape
+from hops_calib.sim.theory import balanced_pipeline, bubble_fraction, microbatches_for_bubble
+
+# Among equal bubbles and memory, the schedule a user would rather run.
+PREFERENCE = ("1f1b", "zb_h1", "interleaved_1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    schedule: str
+    flushes: int  # pipeline drains per iteration (GPipe flushes; 1 otherwise)
+    flush_size: int  # microbatches per flush (the largest one)
+    peak_activations: float  # slots on the fullest device
+    makespan: float  # in the cost unit of --forward-cost / --backward-cost
+    bubble: float
+    utilization: float  # mean per-stage utilization = 1 - bubble
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    schedule: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    chosen: Candidate
+    candidates: tuple[Candidate, ...]  # those within the budget, best first
+    rejected: tuple[Rejected, ...]  # schedules that do not fit, and why
+    closed_form: dict[str, float]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "chosen": self.chosen.to_dict(),
+            "candidates": [c.to_dict() for c in self.candidates],
+            "rejected": [asdict(r) for r in self.rejected],
+            "closed_form": self.closed_form,
+        }
+
+
+def _evaluate(schedule: str, stages: int, microbatches: int, forward: float, backward: float, weight_grad: float,
+              chunks: int = 1, flush: int | None = None) -> Candidate:
+    pipeline = balanced_pipeline(stages, microbatches, forward, backward, weight_grad, chunks=chunks)
+    result = simulate(pipeline, schedule, gpipe_flush=flush)
+    metrics = timeline_metrics(result.timeline, microbatches, stages)
+    size = flush or microbatches
+    return Candidate(
+        schedule=schedule, flushes=math.ceil(microbatches / size), flush_size=min(size, microbatches),
+        peak_activations=max(result.peak_activations) / chunks, makespan=result.makespan_ms,
+        bubble=metrics.bubble_ratio, utilization=1.0 - metrics.bubble_ratio,
+    )
+
+
+def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: float = 1.0, backward_cost: float = 2.0,
+         weight_grad_cost: float = 0.0, chunks: int = 1, target_bubble: float | None = None) -> Plan:
+    """Enumerate the schedules that fit `memory_budget` activation slots per device; choose the lowest bubble.
+
+    ZB-H1 is considered when the backward has a weight-gradient part (`weight_grad_cost` > 0),
+    interleaved 1F1B when `chunks` > 1.
+    """
+    for name, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
+        if value < 1:
+            raise ValueError(f"--{name} must be at least 1 (got {value})")
+    if memory_budget < 1:
+        raise ValueError(f"--memory-budget must hold at least one microbatch's activations (got {memory_budget})")
+    if forward_cost < 0 or backward_cost < 0 or not 0 <= weight_grad_cost <= backward_cost:
+        raise ValueError("costs must be >= 0 and --weight-grad-cost must not exceed --backward-cost "
+                         f"(got forward {forward_cost}, backward {backward_cost}, weight grad {weight_grad_cost})")
+    costs = (stages, microbatches, forward_cost, backward_cost, weight_grad_cost)
+    evaluated = [_evaluate("1f1b", *costs), _evaluate("gpipe", *costs)]
+    # GPipe within the budget: the fewest flushes, split as evenly as the flush size allows.
+    fewest_flushes = math.ceil(microbatches / min(int(memory_budget), microbatches))
+    even_flush = math.ceil(microbatches / fewest_flushes)
+    if even_flush < microbatches:
+        evaluated.append(_evaluate("gpipe", *costs, flush=even_flush))
+    rejected = []
+    if weight_grad_cost > 0:
+        evaluated.append(_evaluate("zb_h1", *costs))
+    if chunks > 1:
+        try:
+            check_shape("interleaved_1f1b", stages, chunks, microbatches)
+            evaluated.append(_evaluate("interleaved_1f1b", *costs, chunks=chunks))
+        except ValueError as refusal:
+            rejected.append(Rejected("interleaved_1f1b", str(refusal)))
+    fitting = []
+    for candidate in evaluated:
+        if candidate.peak_activations <= memory_budget + 1e-12:
+            fitting.append(candidate)
+        else:
+            label = candidate.schedule + (f" (flush {candidate.flush_size})" if candidate.schedule == "gpipe" else "")
+            rejected.append(Rejected(label, f"needs {candidate.peak_activations:g} activation slots on its fullest "
+                                            f"device; the budget is {memory_budget:g}"))
+    fitting.sort(key=lambda c: (round(c.bubble, 12), c.peak_activations, PREFERENCE.index(c.schedule)))
+    closed_form = {"bubble_1f1b": bubble_fraction(stages, microbatches)}
+    if chunks > 1:
+        closed_form["bubble_interleaved"] = bubble_fraction(stages, microbatches, chunks)
+    if target_bubble is not None:
+        closed_form["target_bubble"] = target_bubble
+        closed_form["microbatches_for_target_bubble"] = microbatches_for_bubble(stages, target_bubble)
+    return Plan(chosen=fitting[0], candidates=tuple(fitting), rejected=tuple(rejected), closed_form=closed_form)
+
+
+def plan_report(stages: int, microbatches: int, memory_budget: float, forward_cost: float = 1.0,
+                backward_cost: float = 2.0, weight_grad_cost: float = 0.0, chunks: int = 1,
+                target_bubble: float | None = None, as_json: bool = False) -> str:
+    """`plan` rendered for the terminal: JSON or a text table (what `hops-calib plan` prints)."""
+    result = plan(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
+                  target_bubble)
+    return json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result)
+
+
+def format_plan(result: Plan) -> str:
+    """A plain-text table of the plan, chosen schedule first."""
+    header = f"{'schedule':<18}{'flushes':>8}{'peak act.':>11}{'makespan':>11}{'bubble':>9}{'util.':>8}"
+    lines = [header]
+    for c in result.candidates:
+        mark = "*" if c is result.chosen else " "
+        lines.append(f"{mark}{c.schedule:<17}{c.flushes:>8}{c.peak_activations:>11g}{c.makespan:>11g}"
+                     f"{c.bubble:>9.3f}{c.utilization:>8.3f}")
+    for r in result.rejected:
+        lines.append(f" {r.schedule}: not feasible, {r.reason}")
+    chosen = result.chosen
+    lines.append(f"chosen: {chosen.schedule}" + (f" in {chosen.flushes} flushes" if chosen.flushes > 1 else "")
+                 + f" (utilization {chosen.utilization:.3f})")
+    if "microbatches_for_target_bubble" in result.closed_form:
+        lines.append(f"balanced 1F1B reaches bubble <= {result.closed_form['target_bubble']:g} with "
+                     f"{result.closed_form['microbatches_for_target_bubble']:g} microbatches")
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""Simulator room: `simulate(pipeline, schedule)`, training iterations around the engine.
+
+One iteration: the schedule's programs run on every rank (`engine.run_iteration`);
+after the last task on every rank there is a barrier (gradient reductions wait for
+the slowest rank), then `pre_optimizer_ms` of work outside the pipeline, then each
+rank's optimizer step `optimizer_ms[r]` (an OPTIMIZER row); rank r starts the next
+iteration `post_optimizer_ms` after its optimizer ends (its forwards still wait for
+their inputs), or, with `iteration_barrier`, after the slowest rank's optimizer ends. Real Megatron traces have this shape (see the trace-format doc).
+
+Costs are the same in every iteration, and the barrier leaves nothing in flight, so
+iterations 3..N are iteration 2 shifted by a constant period (iteration 1 differs
+only by starting every rank at 0). The simulator times iterations 1 and 2 and copies
+the rest; `replicate=False` times every iteration and must give the same timeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from hops_calib.metrics import IterationParts, TimelineMetrics, column_iteration_parts, column_metrics
+from hops_calib.sim.engine import Rows, run_iteration
+from hops_calib.sim.pipeline import Pipeline
+from hops_calib.sim.schedules import AUTO, BB, BW, Programs, build_programs
+from hops_calib.timeline import BACKWARD_PHASES, COLUMNS, COMPUTE, KINDS, OPTIMIZER, PHASES
+
+OPTIMIZER_PHASE = PHASES.index(OPTIMIZER)
+_BACKWARD_CODES = [PHASES.index(phase) for phase in BACKWARD_PHASES]
+
+
+def auto_schedule(pipeline: Pipeline) -> str:
+    """The HopsHetero rule, from the per-stage costs before the first microbatch.
+
+    ZB-H1 when (max over stages of f+b+w) - (f+b+w of the last stage) >= w of the last
+    stage (the last stage has room to absorb its deferred weight gradients), else 1F1B.
+    """
+    if pipeline.chunks != 1:
+        raise ValueError(f"schedule 'auto' chooses between 1f1b and zb_h1, which run one model chunk per rank; "
+                         f"the pipeline has chunks={pipeline.chunks} (name interleaved_1f1b explicitly)")
+    totals = [cost.forward_ms + cost.backward_ms for cost in pipeline.stages]  # backward_ms = b + w
+    last = pipeline.stages[-1]
+    return "zb_h1" if max(totals) - totals[-1] >= last.weight_grad_ms else "1f1b"
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """A simulated run: the timeline (as columns, framed on demand), memory and makespan."""
+
+    schedule: str  # resolved name ("auto" becomes the schedule it chose)
+    ranks: int
+    microbatches: int  # per iteration
+    iterations: int
+    makespan_ms: float
+    peak_activations: tuple[int, ...]  # per rank; for interleaved 1F1B in model chunks
+    columns: dict[str, np.ndarray] = field(repr=False)  # the timeline's columns; kind and phase as codes
+
+    @property
+    def tasks(self) -> int:
+        """Compute rows of the timeline."""
+        return int(np.count_nonzero(self.columns["kind"] == KINDS.index(COMPUTE)))
+
+    @cached_property
+    def timeline(self) -> pd.DataFrame:
+        """The timeline (schema of `hops_calib.timeline`) by start time, then stage; ties keep execution order."""
+        cols = self.columns
+        order = np.lexsort((cols["stage"], cols["start_ms"]))
+        data = {name: cols[name][order] for name in COLUMNS if name not in ("kind", "phase")}
+        data["kind"] = np.asarray(KINDS, dtype=object)[cols["kind"][order]]
+        data["phase"] = np.asarray(PHASES, dtype=object)[cols["phase"][order]]
+        return pd.DataFrame(data)[list(COLUMNS)].astype(COLUMNS)
+
+    def metrics(self) -> TimelineMetrics:
+        """The shared metrics of this timeline, computed on its columns without building the frame."""
+        cols = self.columns
+        return column_metrics(
+            stage=cols["stage"], iteration=cols["iteration"], microbatch=cols["microbatch"],
+            is_compute=cols["kind"] == KINDS.index(COMPUTE), is_backward=np.isin(cols["phase"], _BACKWARD_CODES),
+            start_ms=cols["start_ms"], end_ms=cols["end_ms"],
+            microbatches_per_iteration=self.microbatches, pp=self.ranks,
+        )
+
+    def iteration_parts(self) -> IterationParts | None:
+        """The median iteration cut into span, silent stretch, optimizer and rest (the real runs' function)."""
+        cols = self.columns
+        return column_iteration_parts(
+            iteration=cols["iteration"], is_compute=cols["kind"] == KINDS.index(COMPUTE),
+            is_backward=np.isin(cols["phase"], _BACKWARD_CODES), is_optimizer=cols["phase"] == OPTIMIZER_PHASE,
+            start_ms=cols["start_ms"], end_ms=cols["end_ms"],
+        )
+
+
+def _task_ms(pipeline: Pipeline) -> list[list[float]]:
+    """Compute cost per phase and virtual stage, as the engine indexes them."""
+    forward = [c.forward_ms for c in pipeline.stages]
+    backward = [c.backward_ms for c in pipeline.stages]
+    input_grad = [c.backward_ms - c.weight_grad_ms for c in pipeline.stages]
+    weight_grad = [c.weight_grad_ms for c in pipeline.stages]
+    table = [forward, backward, input_grad, weight_grad, [0.0] * len(pipeline.stages)]
+    assert len(table) == len(PHASES) and table[BB] is input_grad and table[BW] is weight_grad
+    return table
+
+
+def _columns(rows: Rows, iteration: list[int]) -> dict[str, np.ndarray]:
+    return {
+        "stage": np.asarray(rows.stage, dtype=np.int64),
+        "chunk": np.asarray(rows.chunk, dtype=np.int64),
+        "iteration": np.asarray(iteration, dtype=np.int64),
+        "microbatch": np.asarray(rows.microbatch, dtype=np.int64),
+        "kind": np.asarray(rows.is_transfer, dtype=np.int8),  # KINDS: 0 compute, 1 transfer
+        "phase": np.asarray(rows.phase, dtype=np.int8),
+        "start_ms": np.asarray(rows.start_ms, dtype=np.float64),
+        "end_ms": np.asarray(rows.end_ms, dtype=np.float64),
+        "peer_stage": np.asarray(rows.peer_stage, dtype=np.int64),
+    }
+
+
+def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = None, seed: int = 0,
+             replicate: bool = True) -> SimResult:
+    """Simulate `pipeline.iterations` training iterations of `schedule`.
+
+    `schedule` is one of "1f1b", "interleaved_1f1b", "gpipe", "zb_h1", "auto";
+    `gpipe_flush` runs GPipe in flushes of that many microbatches. Costs are
+    deterministic, so `seed` changes nothing today; it is part of the signature so
+    that stochastic cost models keep the call explicit and reproducible.
+    """
+    del seed  # no random draw yet (see docstring)
+    resolved = auto_schedule(pipeline) if schedule == AUTO else schedule
+    programs: Programs = build_programs(resolved, pipeline.ranks, pipeline.chunks, pipeline.microbatches, gpipe_flush)
+    hops = len(pipeline.stages) - 1
+    forward_transfer = list(pipeline.forward_transfer_ms) or [0.0] * hops
+    backward_transfer = list(pipeline.backward_transfer_ms) or [0.0] * hops
+    task_ms = _task_ms(pipeline)
+    ranks = pipeline.ranks
+    optimizer = list(pipeline.optimizer_ms)
+
+    rows = Rows.empty()
+    iteration: list[int] = []
+    starts = [0.0] * ranks
+    barriers: list[float] = []
+    timed = min(pipeline.iterations, 2) if replicate else pipeline.iterations
+    for number in range(1, timed + 1):
+        ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer,
+                             starts, rows)
+        barrier = max(ends)
+        barriers.append(barrier)
+        optimizer_start = barrier + pipeline.pre_optimizer_ms
+        starts = [optimizer_start + pipeline.post_optimizer_ms] * ranks
+        for rank, cost in enumerate(optimizer):
+            rows.stage.append(rank); rows.chunk.append(0); rows.microbatch.append(-1)  # noqa: E702
+            rows.is_transfer.append(False); rows.phase.append(OPTIMIZER_PHASE)  # noqa: E702
+            rows.start_ms.append(optimizer_start); rows.end_ms.append(optimizer_start + cost)  # noqa: E702
+            rows.peer_stage.append(-1)
+            starts[rank] += cost
+        if pipeline.iteration_barrier:
+            starts = [max(starts)] * ranks
+        iteration.extend([number] * (len(rows.stage) - len(iteration)))
+
+    columns = _columns(rows, iteration)
+    if timed < pipeline.iterations:
+        columns = _replicate_last(columns, timed, pipeline.iterations, barriers[-1] - barriers[-2])
+    return SimResult(
+        schedule=resolved, ranks=ranks, microbatches=pipeline.microbatches, iterations=pipeline.iterations,
+        makespan_ms=float(columns["end_ms"].max()), peak_activations=programs.peak_activations,
+        columns=columns,
+    )
+
+
+def _replicate_last(columns: dict[str, np.ndarray], timed: int, iterations: int, period_ms: float
+                    ) -> dict[str, np.ndarray]:
+    """Append iterations timed+1..iterations as copies of iteration `timed` shifted by `period_ms` each."""
+    last = columns["iteration"] == timed
+    copies = iterations - timed
+    block = {name: values[last] for name, values in columns.items()}
+    shift = np.repeat(np.arange(1, copies + 1, dtype=np.float64) * period_ms, len(block["start_ms"]))
+    out = {}
+    for name, values in columns.items():
+        extra = np.tile(block[name], copies)
+        if name in ("start_ms", "end_ms"):
+            extra = extra + shift
+        elif name == "iteration":
+            extra = extra + np.repeat(np.arange(1, copies + 1, dtype=np.int64), len(block[name]))
+        out[name] = np.concatenate([values, extra])
+    return out

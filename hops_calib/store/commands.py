@@ -1,0 +1,75 @@
+"""Store room: the `ingest` and `fixtures list/show` verbs (what the CLI calls; returns exit codes)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hops_calib.store.fixture_store import FixtureStore, StoreError
+from hops_calib.store.ingest import RunOutcome, ingest
+from hops_calib.store import views
+
+
+def _err(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
+                   lenient: bool = False) -> int:
+    """Ingest and print a summary; rejected runs go to stderr. 0 when every run made it, 1 otherwise."""
+    store = FixtureStore(fixtures)
+    progress = None
+    task = None
+    if sys.stdout.isatty():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress = Progress(TextColumn("ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("{task.description}"), transient=True)
+
+    def on_start(total: int) -> None:
+        nonlocal task
+        if progress is not None and total > 1:
+            progress.start()
+            task = progress.add_task("", total=total)
+
+    def on_run(outcome: RunOutcome) -> None:
+        if task is not None:
+            progress.update(task, advance=1, description=outcome.run_id or str(outcome.source))
+        for warning in outcome.warnings:
+            _err(f"warning: {outcome.run_id}: {warning}")
+        if outcome.status == "rejected":
+            _err(f"rejected: {outcome.run_id or outcome.source}: {outcome.error}")
+
+    try:
+        report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
+                        on_run=on_run, on_start=on_start)
+    except StoreError as err:
+        _err(f"error: {err}")
+        return 2
+    finally:
+        if progress is not None:
+            progress.stop()
+    print(views.ingest_summary(report, store))
+    return 0 if report.ok else 1
+
+
+def list_command(fixtures: Path, as_json: bool = False) -> int:
+    store = FixtureStore(fixtures)
+    if not store.exists():
+        _err(f"error: no fixture store at {fixtures} (run: hops-calib ingest SRC --fixtures {fixtures})")
+        return 2
+    print(views.list_json(store) if as_json else views.list_text(store))
+    return 0
+
+
+def show_command(fixture_id: str, fixtures: Path, as_json: bool = False) -> int:
+    import json
+
+    store = FixtureStore(fixtures)
+    try:
+        fixture = store.load(fixture_id)
+    except StoreError as err:
+        _err(f"error: {err}")
+        return 2
+    print(json.dumps(views.show_dict(fixture), indent=1) if as_json else views.show_text(fixture))
+    return 0

@@ -1,0 +1,302 @@
+"""Store room: the Parquet fixture store (one folder per run, an index, atomic writes).
+
+Layout of a store folder:
+
+    index.parquet            one row per fixture (rebuilt after every change)
+    <run id>/fixture.json    id, split, group, content hash, provenance, quality flags
+    <run id>/spec.json       the Spec (what was known before the run)
+    <run id>/truth.json      the Truth summary (metrics measured from the events)
+    <run id>/events.parquet  the normalized events
+
+A fixture folder is written under a temporary name and renamed into place, so
+it is either complete or absent. Loading reads the three small JSON files; the
+events are read only when asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+
+from hops_calib.spec import Spec
+from hops_calib.truth import EVENT_COLUMNS, KIND_DTYPE, PHASE_DTYPE, Truth, to_timeline
+
+INDEX = "index.parquet"
+FIXTURE_FILE = "fixture.json"
+SPEC_FILE = "spec.json"
+TRUTH_FILE = "truth.json"
+EVENTS_FILE = "events.parquet"
+LOCK_FILE = ".lock"
+_TMP_PREFIX = ".tmp-"
+_OLD_PREFIX = ".old-"
+# Ids become folder names: letters, digits, '.', '_' and '-', not starting with a dot.
+_SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+
+INDEX_COLUMNS = ("id", "split", "group", "schedule", "declared_schedule", "configured_schedule", "pp", "vp",
+                 "microbatches", "iterations", "devices", "throughput_per_s", "steady_throughput_per_s",
+                 "bubble_ratio", "iteration_time_ms", "idle_ms", "dropped_lines", "content_hash", "source")
+
+
+class StoreError(ValueError):
+    """A store operation that cannot proceed as asked (unsafe id, unknown fixture, ...)."""
+
+
+def check_fixture_id(store_root: Path, fixture_id: str, origin: str = "") -> Path:
+    """The folder of `fixture_id` in the store; StoreError when the id would escape the store or hide its folder."""
+    where = f" (from {origin})" if origin else ""
+    if not _SAFE_ID.fullmatch(fixture_id) or ".." in fixture_id:
+        raise StoreError(f"run id {fixture_id!r}{where} is not a safe fixture name: it would escape or hide in "
+                         f"the store {store_root}; rename the job directory (or its manifest run_id) to letters, "
+                         "digits, '.', '_' and '-'")
+    folder = store_root / fixture_id
+    if folder.resolve().parent != store_root.resolve():
+        raise StoreError(f"run id {fixture_id!r}{where} resolves outside the store {store_root}")
+    return folder
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, indent=1, default=_json_default) + "\n"
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with NaN and infinities as None (strict JSON for --json output)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy arrays and scalars
+        return json_safe(value.tolist())
+    return value
+
+
+@dataclass(frozen=True)
+class Fixture:
+    """One ingested run: the spec (before the run), the truth (measured), the events, and quality flags."""
+
+    id: str
+    split: str
+    group: str
+    content_hash: str
+    spec: Spec
+    truth: Truth
+    quality: dict[str, Any]
+    meta: dict[str, Any] = field(hash=False, compare=False)  # provenance: source, hostnames, ingest version
+    path: Path = field(hash=False, compare=False)
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        """The normalized events (read from Parquet on first use)."""
+        return read_events(self.path / EVENTS_FILE)
+
+    def timeline(self) -> pd.DataFrame:
+        """The events as a `hops_calib.timeline` table, ms from the run's first event."""
+        return to_timeline(self.events, self.truth.t0_ns)
+
+
+def read_events(path: Path) -> pd.DataFrame:
+    import pyarrow.parquet as pq
+
+    frame = pq.read_table(path).to_pandas()
+    frame["kind"] = frame["kind"].astype(KIND_DTYPE)
+    frame["phase"] = frame["phase"].astype(PHASE_DTYPE)
+    return frame
+
+
+def write_events(columns: dict[str, np.ndarray], path: Path) -> None:
+    """Reader columns (`hops_calib.trace.EVENT_DTYPES`; kind and phase as codes) as Parquet, without a pandas copy."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    names = {"kind": KIND_DTYPE.categories, "phase": PHASE_DTYPE.categories}
+    arrays = {}
+    for name in EVENT_COLUMNS:
+        if name in names:
+            arrays[name] = pa.DictionaryArray.from_arrays(pa.array(columns[name]), pa.array(list(names[name])))
+        else:
+            arrays[name] = pa.array(columns[name])
+    pq.write_table(pa.table(arrays), path, compression="zstd")
+    del arrays
+    # Arrow's allocator keeps freed encode buffers for reuse; hand them back before truth needs the memory.
+    pa.default_memory_pool().release_unused()
+
+
+class FixtureStore:
+    """A folder of fixtures. Reading is lock-free; writers (ingest) hold `store.lock()`."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.root = Path(path)
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
+    def folder(self, fixture_id: str) -> Path:
+        return check_fixture_id(self.root, fixture_id)
+
+    def fixture_folders(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and (p / FIXTURE_FILE).is_file())
+
+    def index(self) -> pd.DataFrame:
+        """One row per fixture (columns INDEX_COLUMNS), sorted by id; empty when the store is."""
+        path = self.root / INDEX
+        if path.is_file():
+            return pd.read_parquet(path)
+        if self.fixture_folders():
+            return self.build_index()
+        return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
+
+    def ids(self, split: str | None = None) -> list[str]:
+        """Fixture ids, all or those of one split ('train' or 'test')."""
+        if split not in (None, "train", "test"):
+            raise StoreError(f"unknown split {split!r}; expected 'train', 'test' or None")
+        index = self.index()
+        if split is not None:
+            index = index[index["split"] == split]
+        return sorted(index["id"].tolist())
+
+    def meta(self, fixture_id: str) -> dict[str, Any]:
+        path = self.folder(fixture_id) / FIXTURE_FILE
+        if not path.is_file():
+            known = ", ".join(self.ids()[:5])
+            raise StoreError(f"no fixture {fixture_id!r} in {self.root}" + (f" (some ids: {known}, ...)" if known else
+                                                                            " (the store is empty; run ingest)"))
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    def load(self, fixture_id: str) -> Fixture:
+        meta = self.meta(fixture_id)
+        folder = self.folder(fixture_id)
+        spec = Spec.from_json((folder / SPEC_FILE).read_text(encoding="utf-8"))
+        truth = Truth.from_dict(json.loads((folder / TRUTH_FILE).read_text(encoding="utf-8")))
+        return Fixture(id=meta["id"], split=meta["split"], group=meta["group"], content_hash=meta["content_hash"],
+                       spec=spec, truth=truth, quality=meta.get("quality", {}), meta=meta, path=folder)
+
+    def load_all(self, split: str | None = None) -> list[Fixture]:
+        return [self.load(fixture_id) for fixture_id in self.ids(split)]
+
+    def split_of_groups(self) -> dict[str, str]:
+        """group -> its stored split, over every fixture in the store."""
+        index = self.index()
+        return dict(zip(index["group"], index["split"]))
+
+    # -- writing (callers hold the lock) ---------------------------------------------------------------
+    def lock(self):
+        from filelock import FileLock
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / LOCK_FILE))
+
+    def recover(self) -> None:
+        """Finish or undo what an interrupted writer left: drop temp folders, restore displaced fixtures."""
+        if not self.root.is_dir():
+            return
+        for path in self.root.iterdir():
+            if path.name.startswith(_TMP_PREFIX):
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            elif path.name.startswith(_OLD_PREFIX):
+                fixture_id = path.name[len(_OLD_PREFIX):].rsplit("-", 1)[0]
+                target = self.root / fixture_id
+                if target.exists():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.rename(target)
+
+    @contextmanager
+    def writing(self, fixture_id: str) -> Iterator[Path]:
+        """A temporary folder to fill with one fixture's files; renamed into place when the block ends cleanly.
+
+        On any exception the folder is removed, so a fixture is either complete or absent.
+        """
+        final = self.folder(fixture_id)
+        self.root.mkdir(parents=True, exist_ok=True)
+        token = uuid.uuid4().hex[:8]
+        tmp = self.root / f"{_TMP_PREFIX}{fixture_id}-{token}"
+        tmp.mkdir()
+        try:
+            yield tmp
+            if final.exists():
+                displaced = self.root / f"{_OLD_PREFIX}{fixture_id}-{token}"
+                final.rename(displaced)
+                tmp.rename(final)
+                shutil.rmtree(displaced)
+            else:
+                tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @staticmethod
+    def write_summary(folder: Path, *, meta: dict[str, Any], spec: Spec, truth: Truth) -> None:
+        """The small files of a fixture (spec, truth, fixture.json) into a folder from `writing`."""
+        (folder / SPEC_FILE).write_text(spec.to_json() + "\n", encoding="utf-8")
+        (folder / TRUTH_FILE).write_text(dumps(truth.to_dict()), encoding="utf-8")
+        (folder / FIXTURE_FILE).write_text(dumps(meta), encoding="utf-8")
+
+    def index_row(self, folder: Path) -> dict[str, Any]:
+        meta = json.loads((folder / FIXTURE_FILE).read_text(encoding="utf-8"))
+        spec = json.loads((folder / SPEC_FILE).read_text(encoding="utf-8"))
+        truth = Truth.from_dict(json.loads((folder / TRUTH_FILE).read_text(encoding="utf-8")))
+        metrics = truth.metrics
+        return {
+            "id": meta["id"],
+            "split": meta["split"],
+            "group": meta["group"],
+            "schedule": truth.observed_schedule,
+            "declared_schedule": spec.get("declared_schedule"),
+            "configured_schedule": spec["schedule"],
+            "pp": int(spec["pp"]),
+            "vp": int(spec["vp"]),
+            "microbatches": int(spec["microbatches"]),
+            "iterations": len(truth.iterations),
+            "devices": list(spec["devices"]),
+            "throughput_per_s": metrics.throughput_per_s,
+            "steady_throughput_per_s": metrics.steady_throughput_per_s,
+            "bubble_ratio": metrics.bubble_ratio,
+            "iteration_time_ms": metrics.iteration_time_ms,
+            "idle_ms": truth.idle_ms,
+            "dropped_lines": int(meta.get("quality", {}).get("dropped_lines", 0)),
+            "content_hash": meta["content_hash"],
+            "source": meta.get("source", ""),
+        }
+
+    def build_index(self) -> pd.DataFrame:
+        rows = [self.index_row(folder) for folder in self.fixture_folders()]
+        if not rows:
+            return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
+        frame = pd.DataFrame(rows, columns=list(INDEX_COLUMNS))
+        frame["idle_ms"] = frame["idle_ms"].astype("float64")
+        return frame.sort_values("id", kind="stable").reset_index(drop=True)
+
+    def write_index(self) -> pd.DataFrame:
+        frame = self.build_index()
+        tmp = self.root / f"{_TMP_PREFIX}{INDEX}-{uuid.uuid4().hex[:8]}"
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, self.root / INDEX)
+        return frame

@@ -1,0 +1,285 @@
+"""Store room: ingest job directories into the fixture store (spec + events + truth per run).
+
+One bad run never stops the others: it is rejected with the reader's message
+(file, line, field, what to do) and nothing of it is written. An unchanged run
+(same content hash) is skipped without touching a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from hops_calib import __version__
+from hops_calib.spec import Spec, build_spec
+from hops_calib.store.fixture_store import EVENTS_FILE, FixtureStore, StoreError, check_fixture_id, write_events
+from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
+from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
+from hops_calib.trace.events import EVENT_DTYPES
+from hops_calib.trace.job import TRACE_DIR
+from hops_calib.truth import Truth, compact_timeline, compute_truth
+
+# Bump when the fixture content for the same input changes (new columns, new truth fields, ...):
+# it is part of the content hash, so a new version re-ingests every run once.
+INGEST_VERSION = 1
+SPLIT_CHOICES = ("auto",) + SPLITS
+
+
+@dataclass
+class RunOutcome:
+    source: Path
+    run_id: str | None = None
+    status: str = "rejected"  # new, updated, unchanged, rejected
+    split: str | None = None
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class IngestReport:
+    store: Path
+    outcomes: list[RunOutcome] = field(default_factory=list)
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+    @property
+    def rejected(self) -> list[RunOutcome]:
+        return [o for o in self.outcomes if o.status == "rejected"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.rejected
+
+
+@dataclass
+class RunData:
+    """Everything a fixture holds, read from one job directory."""
+
+    spec: Spec
+    truth: Truth
+    quality: dict[str, Any]
+    hostnames: list[str]
+    warnings: list[str]
+
+
+def content_hash(job_dir: Path, lenient: bool) -> str:
+    """sha256 over every file of the job directory (relative names and bytes), the ingest version and mode."""
+    outer = hashlib.sha256(f"hops-calib ingest v{INGEST_VERSION} lenient={lenient}\n".encode())
+    files = sorted(p for p in job_dir.rglob("*") if p.is_file())
+    for path in files:
+        outer.update(path.relative_to(job_dir).as_posix().encode("utf-8") + b"\0")
+        with path.open("rb") as handle:
+            outer.update(hashlib.file_digest(handle, "sha256").digest())
+    return outer.hexdigest()
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Concatenate rank columns into preallocated arrays, freeing each rank's piece once copied."""
+    total = sum(len(part["start_ns"]) for part in parts)
+    out = {}
+    for name, dtype in EVENT_DTYPES.items():
+        column = np.empty(total, dtype=dtype)
+        offset = 0
+        for part in parts:
+            piece = part.pop(name)
+            column[offset:offset + len(piece)] = piece
+            offset += len(piece)
+            del piece
+        out[name] = column
+    return out
+
+
+def read_run(job_dir: Path, events_path: Path, lenient: bool = False) -> RunData:
+    """Spec and truth of one job directory, its normalized events written to `events_path` (Parquet).
+
+    Raises TraceError on bad input (see `hops_calib.trace`). Memory stays near
+    the compact event columns (~35 bytes per event), so a 2 GB trace fits in
+    well under 1 GB.
+    """
+    notes: list[str] = []
+    spec = build_spec(job_dir, notes)
+    files = rank_files(job_dir)
+    if sorted(files) != list(range(spec.pp)):
+        raise TraceError(job_dir / TRACE_DIR, f"has logs of ranks {sorted(files)} but the configuration has "
+                         f"{spec.pp} pipeline stages (ranks 0..{spec.pp - 1})", field="rank<r>.jsonl",
+                         hint="stage counts of configuration and trace disagree: copy every rank's log, or fix "
+                              "--pipeline-model-parallel-size")
+    device_stage = {device: stage for stage, device in enumerate(spec.device_ids)}
+    parts, hostnames, dropped = [], [], {}
+    for rank, path in files.items():
+        columns, report = read_rank_events(path, rank=rank, pp=spec.pp, device_stage=device_stage, lenient=lenient)
+        if report.events == 0:
+            after = f" after dropping {sum(report.dropped.values())} bad lines" if report.dropped else ""
+            raise TraceError(path, f"rank {rank} has no events{after}",
+                             hint="every pipeline stage must log its events; re-copy this rank's log from the job")
+        if report.dropped:
+            dropped[path.name] = dict(report.dropped)
+        hostnames.append(report.hostname)
+        order = np.lexsort((columns["end_ns"], columns["start_ns"]))  # lines are not in time order
+        parts.append({name: values[order] for name, values in columns.items()})
+        del columns, order
+    columns = _concat(parts)
+    del parts
+    stages_seen = np.unique(columns["stage"])
+    if stages_seen.tolist() != list(range(spec.pp)):
+        raise TraceError(job_dir / TRACE_DIR, f"events name stages {stages_seen.tolist()} but the configuration has "
+                         f"{spec.pp} pipeline stages", field="stage",
+                         hint="stage counts of configuration and trace disagree; check the rank logs and "
+                              "--pipeline-model-parallel-size")
+    # Ranks are time-sorted and come in rank order: that is (stage, start) order when rank r runs stage r.
+    stage = columns["stage"]
+    if len(stage) > 1 and not (np.all(stage[1:] >= stage[:-1]) and _starts_sorted_within_stage(columns)):
+        order = np.lexsort((columns["end_ns"], columns["start_ns"], stage))
+        for name in columns:
+            columns[name] = columns[name][order]
+        del order
+    n_events = len(stage)
+    del stage
+    write_events(columns, events_path)
+    t0_ns = int(columns["start_ns"].min())
+    timeline = compact_timeline(columns, t0_ns)
+    del columns
+    truth = compute_truth(timeline, spec.pp, t0_ns)
+    del timeline
+
+    warnings = list(notes)
+    if len(truth.iterations) != spec.iterations:
+        warnings.append(f"the trace has {len(truth.iterations)} iterations; --train-iters implies {spec.iterations}")
+    if truth.microbatches != spec.microbatches:
+        warnings.append(f"the trace has {truth.microbatches} microbatches per iteration; the configuration implies "
+                        f"{spec.microbatches}")
+    if truth.observed_schedule != spec.schedule:
+        warnings.append(f"observed schedule {truth.observed_schedule} but the configuration asks for {spec.schedule}")
+    if spec.declared_schedule and spec.declared_schedule != truth.observed_schedule:
+        warnings.append(f"declared schedule {spec.declared_schedule!r} disagrees with the observed "
+                        f"{truth.observed_schedule!r} (the observed order is recorded; the label is kept as "
+                        "declared_schedule)")
+    missing_optimizer = [s for s, v in enumerate(truth.optimizer_ms_per_stage) if v is None]
+    if missing_optimizer:
+        warnings.append(f"no OPTIMIZER events on stages {missing_optimizer}")
+    quality = {
+        "lenient": lenient,
+        "dropped_lines": sum(sum(reasons.values()) for reasons in dropped.values()),
+        "dropped": dropped,
+        "schedule_agreement": truth.schedule_agreement,
+        "declared_schedule_disagrees": bool(spec.declared_schedule
+                                            and spec.declared_schedule != truth.observed_schedule),
+        "missing_optimizer_stages": missing_optimizer,
+        "events": int(n_events),
+        "warnings": warnings,
+    }
+    return RunData(spec=spec, truth=truth, quality=quality, hostnames=hostnames, warnings=warnings)
+
+
+def _starts_sorted_within_stage(columns: dict[str, np.ndarray]) -> bool:
+    """Whether (start, end) never decrease between neighbours of the same stage."""
+    stage, start, end = columns["stage"], columns["start_ns"], columns["end_ns"]
+    same = stage[1:] == stage[:-1]
+    later = (start[1:] > start[:-1]) | ((start[1:] == start[:-1]) & (end[1:] >= end[:-1]))
+    return bool(np.all(later | ~same))
+
+
+def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
+    seen: dict[Path, Path] = {}
+    for source in sources:
+        try:
+            found = find_job_dirs(Path(source))
+        except TraceError as err:
+            report.outcomes.append(RunOutcome(source=Path(source), error=str(err)))
+            continue
+        if not found:
+            report.outcomes.append(RunOutcome(source=Path(source), error=f"{source}: no job directories found "
+                                              "(a job directory holds megatron_trace/, hops_trace_map.json or "
+                                              "megatron_args.txt)"))
+        for job_dir in found:
+            seen.setdefault(job_dir.resolve(), job_dir)
+    return list(seen.values())
+
+
+def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "auto",
+           test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False,
+           on_run: Callable[[RunOutcome], None] | None = None,
+           on_start: Callable[[int], None] | None = None) -> IngestReport:
+    """Ingest every job directory under `sources` into `store`; see the module docstring."""
+    if split not in SPLIT_CHOICES:
+        raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
+    if not 0.0 <= test_fraction <= 1.0:
+        raise StoreError(f"--test-fraction {test_fraction} is not between 0 and 1")
+    report = IngestReport(store=store.root)
+    job_dirs = _job_dirs([Path(s) for s in sources], report)
+    if on_start:
+        on_start(len(job_dirs))
+    with store.lock():
+        store.recover()
+        stored = {folder.name: store.meta(folder.name) for folder in store.fixture_folders()}
+        group_split = {meta["group"]: meta["split"] for meta in stored.values()}
+        changed = False
+        batch_sources: dict[str, Path] = {}
+        for job_dir in job_dirs:
+            outcome = RunOutcome(source=job_dir)
+            try:
+                changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources,
+                                       split=split, test_fraction=test_fraction, lenient=lenient)
+            except (TraceError, StoreError) as err:
+                outcome.status, outcome.error = "rejected", str(err)
+            report.outcomes.append(outcome)
+            if on_run:
+                on_run(outcome)
+        if changed or (stored and not (store.root / "index.parquet").is_file()):
+            store.write_index()
+    return report
+
+
+def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored: dict[str, dict[str, Any]],
+                group_split: dict[str, str], batch_sources: dict[str, Path], *, split: str,
+                test_fraction: float, lenient: bool) -> bool:
+    """Ingest one job directory; returns whether the store changed."""
+    manifest = read_manifest(job_dir)
+    run_id = run_id_of(job_dir, manifest)
+    outcome.run_id = run_id
+    check_fixture_id(store.root, run_id, origin=str(job_dir))
+    if run_id in batch_sources:
+        raise StoreError(f"run id {run_id!r} comes from two job directories ({batch_sources[run_id]} and {job_dir}); "
+                         "ingest one of them, or give one a different manifest run_id")
+    batch_sources[run_id] = job_dir
+    group = group_of(run_id)
+    kept = stored.get(run_id, {}).get("split") or group_split.get(group)
+    if split != "auto" and kept and kept != split:
+        raise StoreError(f"run {run_id} belongs to group {group!r}, which is stored in the {kept} split; "
+                         f"--split {split} would make the group straddle train and test. Leave out --split, or "
+                         f"remove the group's fixtures from {store.root} first")
+    chosen = kept or (split if split != "auto" else hashed_split(group, test_fraction))
+    outcome.split = chosen
+    digest = content_hash(job_dir, lenient)
+    previous = stored.get(run_id)
+    if previous and previous.get("content_hash") == digest:
+        outcome.status = "unchanged"
+        group_split.setdefault(group, chosen)
+        return False
+    with store.writing(run_id) as folder:
+        data = read_run(job_dir, folder / EVENTS_FILE, lenient)
+        outcome.warnings = data.warnings
+        meta = {
+            "id": run_id,
+            "split": chosen,
+            "group": group,
+            "content_hash": digest,
+            "ingest_version": INGEST_VERSION,
+            "hops_calib_version": __version__,
+            "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "source": str(job_dir.resolve()),
+            "manifest": manifest,
+            "hostnames": data.hostnames,
+            "quality": data.quality,
+        }
+        store.write_summary(folder, meta=meta, spec=data.spec, truth=data.truth)
+    group_split[group] = chosen
+    outcome.status = "updated" if previous else "new"
+    return True

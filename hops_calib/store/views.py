@@ -1,0 +1,167 @@
+"""Store room: what `ingest` and `fixtures list/show` print (plain text tables and JSON)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from hops_calib.store.fixture_store import Fixture, FixtureStore, json_safe
+from hops_calib.store.ingest import IngestReport
+
+LIST_FIELDS = ("id", "split", "group", "schedule", "declared_schedule", "pp", "microbatches", "devices",
+               "throughput_per_s", "steady_throughput_per_s", "bubble_ratio", "iteration_time_ms", "idle_ms",
+               "dropped_lines", "content_hash")
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def text_table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def fixture_rows(store: FixtureStore) -> list[dict[str, Any]]:
+    index = store.index()
+    records = []
+    for record in index.to_dict(orient="records"):
+        record = {name: json_safe(record.get(name)) for name in LIST_FIELDS}
+        record["devices"] = list(record["devices"] or [])
+        records.append(record)
+    return records
+
+
+def list_json(store: FixtureStore) -> str:
+    return json.dumps(fixture_rows(store), indent=1)
+
+
+def list_text(store: FixtureStore) -> str:
+    rows = fixture_rows(store)
+    if not rows:
+        return f"no fixtures in {store.root} (run: hops-calib ingest SRC --fixtures {store.root})"
+    headers = ["id", "split", "schedule", "declared", "pp", "mb", "devices", "tput/s", "steady/s", "bubble",
+               "iter ms", "idle ms"]
+    table = [[r["id"], r["split"], r["schedule"], r["declared_schedule"] or "-", str(r["pp"]), str(r["microbatches"]),
+              "-".join(r["devices"]), _fmt(r["throughput_per_s"]), _fmt(r["steady_throughput_per_s"]),
+              f"{r['bubble_ratio'] * 100:.1f}%" if r["bubble_ratio"] is not None else "-",
+              _fmt(r["iteration_time_ms"], 1), _fmt(r["idle_ms"], 1)] for r in rows]
+    splits = {s: sum(r["split"] == s for r in rows) for s in ("train", "test")}
+    groups = len({r["group"] for r in rows})
+    footer = f"{len(rows)} fixtures in {store.root}: train {splits['train']}, test {splits['test']} ({groups} groups)"
+    return text_table(headers, table, right={4, 5, 7, 8, 9, 10, 11}) + "\n" + footer
+
+
+def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
+    index = store.index()
+    splits = index["split"].value_counts().to_dict() if len(index) else {}
+    return (f"{len(report.outcomes)} runs: {report.count('new')} new, {report.count('updated')} updated, "
+            f"{report.count('unchanged')} unchanged, {report.count('rejected')} rejected; "
+            f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
+            f"test {splits.get('test', 0)})")
+
+
+def show_dict(fixture: Fixture) -> dict[str, Any]:
+    spec, truth, metrics = fixture.spec, fixture.truth, fixture.truth.metrics
+    stages = []
+    for stage in range(spec.pp):
+        stages.append({
+            "stage": stage,
+            "device": spec.devices[stage],
+            "device_id": spec.device_ids[stage],
+            "device_name": spec.device_names[stage] if spec.device_names else None,
+            "layers": spec.layers_per_stage[stage],
+            "forward_median_ms": truth.phase_median_ms(stage, "FORWARD"),
+            "backward_median_ms": truth.phase_median_ms(stage, "BACKWARD"),
+            "optimizer_median_ms": truth.optimizer_ms_per_stage[stage],
+            "utilization": metrics.utilization_per_stage[stage],
+        })
+    model = spec.model
+    return json_safe({
+        "id": fixture.id,
+        "split": fixture.split,
+        "group": fixture.group,
+        "content_hash": fixture.content_hash,
+        "source": fixture.meta.get("source"),
+        "configuration": {
+            "pp": spec.pp, "vp": spec.vp, "microbatches": spec.microbatches, "iterations": spec.iterations,
+            "num_layers": model.num_layers, "hidden_size": model.hidden_size,
+            "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
+            "seq_length": model.seq_length, "vocab_size": model.vocab_size,
+            "micro_batch_size": model.micro_batch_size, "global_batch_size": model.global_batch_size,
+            "precision": model.precision, "untie_embeddings": model.untie_embeddings,
+            "layers_per_stage": list(spec.layers_per_stage),
+        },
+        "devices": list(spec.devices),
+        "links": [{"src_stage": f.src_stage, "dst_stage": f.dst_stage, "latency_ms": f.latency_ms,
+                   "bandwidth_gbit_s": f.bandwidth_gbit_s} for f in spec.links],
+        "schedule": truth.observed_schedule,
+        "configured_schedule": spec.schedule,
+        "declared_schedule": spec.declared_schedule,
+        "schedule_agreement": truth.schedule_agreement,
+        "throughput_per_s": metrics.throughput_per_s,
+        "steady_throughput_per_s": metrics.steady_throughput_per_s,
+        "bubble_ratio": metrics.bubble_ratio,
+        "utilization_per_stage": list(metrics.utilization_per_stage),
+        "iteration_time_ms": metrics.iteration_time_ms,
+        "iteration_periods_ms": list(metrics.iteration_periods_ms),
+        "idle_ms": truth.idle_ms,
+        "idle_ms_per_iteration": list(truth.idle_ms_per_iteration),
+        "makespan_ms": metrics.makespan_ms,
+        "traced_iterations": list(truth.iterations),
+        "stages": stages,
+        "phase_stats": [vars(s) for s in truth.phase_stats],
+        "quality": fixture.quality,
+    })
+
+
+def show_text(fixture: Fixture) -> str:
+    data = show_dict(fixture)
+    config = data["configuration"]
+    lines = [
+        f"{data['id']}  ({data['split']} split, group {data['group']})",
+        f"  source        {data['source']}",
+        f"  model         {config['num_layers']} layers, hidden {config['hidden_size']}, ffn "
+        f"{config['ffn_hidden_size']}, heads {config['num_attention_heads']}, seq {config['seq_length']}, "
+        f"{config['precision']}",
+        f"  pipeline      pp {config['pp']}, vp {config['vp']}, {config['microbatches']} microbatches x "
+        f"{config['iterations']} iterations, layers per stage {config['layers_per_stage']}",
+        f"  schedule      observed {data['schedule']}"
+        + (f" (agrees on {data['schedule_agreement'] * 100:.0f}% of stage-iterations)"
+           if data["schedule_agreement"] is not None else "")
+        + f"; configured {data['configured_schedule']}; declared {data['declared_schedule'] or '-'}",
+        f"  throughput    {_fmt(data['throughput_per_s'], 3)} microbatches/s (window), "
+        f"{_fmt(data['steady_throughput_per_s'], 3)} steady",
+        f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms median period; idle stretch "
+        f"{_fmt(data['idle_ms'], 1)} ms median (last backward -> optimizer)",
+        f"  bubble        {data['bubble_ratio'] * 100:.1f}%",
+        "",
+    ]
+    headers = ["stage", "device", "layers", "fwd ms", "bwd ms", "opt ms", "util"]
+    rows = [[str(s["stage"]), s["device"] + (f" ({s['device_name']})" if s["device_name"] else ""), str(s["layers"]),
+             _fmt(s["forward_median_ms"]), _fmt(s["backward_median_ms"]), _fmt(s["optimizer_median_ms"]),
+             f"{s['utilization'] * 100:.1f}%"] for s in data["stages"]]
+    lines.append(text_table(headers, rows, right={0, 2, 3, 4, 5, 6}))
+    if data["links"]:
+        lines.append("")
+        lines.append("  links (link benchmark, sender p50): " + ", ".join(
+            f"{l['src_stage']}->{l['dst_stage']} {l['latency_ms']:.3f} ms + {l['bandwidth_gbit_s']:.1f} Gbit/s"
+            for l in data["links"]))
+    quality = data["quality"]
+    lines.append("")
+    lines.append(f"  quality       {quality.get('events', '?')} events, {quality.get('dropped_lines', 0)} lines dropped"
+                 + (" (lenient)" if quality.get("lenient") else ""))
+    for name, reasons in (quality.get("dropped") or {}).items():
+        lines.append(f"                {name}: " + ", ".join(f"{n} {why}" for why, n in reasons.items()))
+    for warning in quality.get("warnings", []):
+        lines.append(f"  warning       {warning}")
+    return "\n".join(lines)

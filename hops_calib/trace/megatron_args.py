@@ -1,0 +1,129 @@
+"""Trace room: the Megatron launch configuration, from `megatron_args.txt` or a rank log's arguments block.
+
+Both sources become one dict keyed by Megatron's argument names with
+underscores (`--num-layers 12` and `  num_layers ....... 12` both give
+`{"num_layers": 12}`), so the spec reads one shape whatever the job wrote.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Iterable
+
+from hops_calib.trace.errors import TraceError
+
+ARGS_FILE = "megatron_args.txt"
+# Megatron prints its arguments between these two rulers (any number of dashes).
+_BLOCK_START = re.compile(r"-{3,}\s*arguments\s*-{3,}")
+_BLOCK_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
+# "  num_layers ...................................... 12", possibly behind a launcher prefix like "[rank0]: ".
+_BLOCK_LINE = re.compile(r"(\w+) \.{2,} ?(.*?)\s*$")
+# Files of a job directory that may hold a Megatron rank log (stdout/stderr of the ranks).
+_LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
+
+
+def parse_value(text: str) -> Any:
+    """A Megatron argument value from its printed form: int, float, bool, None, list, else the string."""
+    if text in ("True", "False"):
+        return text == "True"
+    if text == "None":
+        return None
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    if text[:1] in "[(":
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            pass
+    return text
+
+
+def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any]:
+    """Arguments of a `pretrain_gpt.py --flag value ...` command line.
+
+    A flag with no value is True; a flag with several values gets a list.
+    """
+    try:
+        tokens = shlex.split(text, comments=False)
+    except ValueError as err:
+        raise TraceError(path, f"cannot split the command line ({err})", line=1,
+                         hint="write the launch command on one line with balanced quotes") from err
+    # Options before the training script belong to the launcher (torchrun --nproc-per-node ...).
+    scripts = [k for k, token in enumerate(tokens) if token.endswith(".py")]
+    if scripts:
+        tokens = tokens[scripts[-1] + 1:]
+    args: dict[str, Any] = {}
+    key: str | None = None
+    values: list[Any] = []
+
+    def flush() -> None:
+        if key is not None:
+            args[key] = True if not values else values[0] if len(values) == 1 else values
+
+    for token in tokens:
+        if token.startswith("--"):
+            flush()
+            name, _, inline = token[2:].partition("=")
+            key, values = name.replace("-", "_"), ([parse_value(inline)] if inline else [])
+        elif key is not None:
+            values.append(parse_value(token))
+        # A value before the first flag has no argument to belong to.
+    flush()
+    return args
+
+
+def read_args_file(path: Path) -> dict[str, Any]:
+    args = parse_command_line(path.read_text(encoding="utf-8"), path)
+    if not args:
+        raise TraceError(path, "no --arguments found", line=1,
+                         hint="the file must hold Megatron's launch command, e.g. 'pretrain_gpt.py --num-layers 12 ...'")
+    return args
+
+
+def parse_arguments_block(lines: Iterable[str]) -> dict[str, Any] | None:
+    """The arguments Megatron printed into a rank log, or None when the log has no such block.
+
+    Reads lines only up to the end of the block, so a huge log costs little
+    when the block is near its start (where Megatron prints it).
+    """
+    args: dict[str, Any] | None = None
+    for line in lines:
+        if args is None:
+            if _BLOCK_START.search(line):
+                args = {}
+            continue
+        if _BLOCK_END.search(line):
+            return args
+        match = _BLOCK_LINE.search(line)
+        if match:
+            args[match.group(1)] = parse_value(match.group(2))
+    return args
+
+
+def find_arguments(job_dir: Path) -> tuple[dict[str, Any], Path]:
+    """The configuration of a job: `megatron_args.txt`, else the first rank log with an arguments block.
+
+    Never opens the event logs (`megatron_trace/`): they hold measurements, not configuration.
+    """
+    args_file = job_dir / ARGS_FILE
+    if args_file.is_file():
+        return read_args_file(args_file), args_file
+    candidates: list[Path] = []
+    for folder in (job_dir, job_dir / "logs"):
+        if folder.is_dir():
+            candidates += sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _LOG_SUFFIXES)
+    for candidate in candidates:
+        with candidate.open(encoding="utf-8", errors="replace") as lines:
+            args = parse_arguments_block(lines)
+        if args:
+            return args, candidate
+    raise TraceError(job_dir / ARGS_FILE, "missing: no Megatron configuration in this job directory",
+                     field="megatron arguments",
+                     hint=f"add {ARGS_FILE} with the launch command, or a rank log (*.log/*.out in the job "
+                          "directory or logs/) holding Megatron's '---- arguments ----' block")

@@ -1,0 +1,289 @@
+"""Truth room: what a real run measured, computed from a fixture's events.
+
+Everything here is a function of the events alone (the spec is not consulted),
+and the headline metrics come from the one metrics function shared with the
+simulator (`hops_calib.metrics.timeline_metrics`), so real and predicted runs
+are measured alike (rule 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hops_calib import timeline as tl
+from hops_calib.metrics import TimelineMetrics, timeline_metrics
+
+# Normalized events as stored in a fixture (one row per logged event, sorted by stage then start).
+EVENT_COLUMNS = ("stage", "rank", "chunk", "iteration", "microbatch", "kind", "phase", "start_ns", "end_ns",
+                 "peer_stage")
+KIND_DTYPE = pd.CategoricalDtype(list(tl.KINDS))
+PHASE_DTYPE = pd.CategoricalDtype(list(tl.PHASES))
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    """Duration statistics of one phase's compute intervals on one stage, in ms."""
+
+    stage: int
+    phase: str
+    count: int
+    median_ms: float
+    mean_ms: float
+    p10_ms: float
+    p90_ms: float
+
+
+@dataclass(frozen=True)
+class Truth:
+    metrics: TimelineMetrics
+    observed_schedule: str  # from the order of compute events per stage and iteration
+    # Fraction of (stage, iteration) event orders that are exactly the observed schedule's order
+    # (None for schedules whose order is recognised by its phases or chunks alone).
+    schedule_agreement: float | None
+    microbatches: int  # per iteration, as logged on stage 0
+    iterations: tuple[int, ...]  # Megatron's iteration numbers in the trace
+    phase_stats: tuple[PhaseStats, ...]
+    # Per iteration: max over ranks of (first OPTIMIZER start - last backward end) on that rank, the
+    # stretch of gradient reductions and logging no rank traces; None where an iteration has no optimizer.
+    idle_ms_per_iteration: tuple[float | None, ...]
+    optimizer_ms_per_stage: tuple[float | None, ...]  # median OPTIMIZER duration per stage
+    t0_ns: int  # wall-clock epoch of the timeline's 0 ms (earliest event start)
+
+    @property
+    def idle_ms(self) -> float | None:
+        """Median inter-iteration idle stretch (None when no iteration has an optimizer step)."""
+        values = [v for v in self.idle_ms_per_iteration if v is not None]
+        return float(np.median(values)) if values else None
+
+    def phase_median_ms(self, stage: int, phase: str) -> float | None:
+        for stats in self.phase_stats:
+            if stats.stage == stage and stats.phase == phase:
+                return stats.median_ms
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "metrics": self.metrics.to_dict(),
+            "observed_schedule": self.observed_schedule,
+            "schedule_agreement": self.schedule_agreement,
+            "microbatches": self.microbatches,
+            "iterations": list(self.iterations),
+            "phase_stats": [vars(s) for s in self.phase_stats],
+            "idle_ms_per_iteration": list(self.idle_ms_per_iteration),
+            "optimizer_ms_per_stage": list(self.optimizer_ms_per_stage),
+            "t0_ns": self.t0_ns,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Truth":
+        metrics = dict(data["metrics"])
+        for name in ("utilization_per_stage", "iteration_periods_ms"):
+            metrics[name] = tuple(metrics[name])
+        return cls(
+            metrics=TimelineMetrics(**metrics),
+            observed_schedule=data["observed_schedule"],
+            schedule_agreement=data.get("schedule_agreement"),
+            microbatches=int(data["microbatches"]),
+            iterations=tuple(data["iterations"]),
+            phase_stats=tuple(PhaseStats(**s) for s in data["phase_stats"]),
+            idle_ms_per_iteration=tuple(data["idle_ms_per_iteration"]),
+            optimizer_ms_per_stage=tuple(data["optimizer_ms_per_stage"]),
+            t0_ns=int(data["t0_ns"]),
+        )
+
+
+def events_frame(columns: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The fixture's events table from reader columns (kind and phase codes become categoricals)."""
+    data: dict[str, Any] = {}
+    for name in EVENT_COLUMNS:
+        values = columns[name]
+        if name == "kind":
+            data[name] = pd.Categorical.from_codes(values, dtype=KIND_DTYPE)
+        elif name == "phase":
+            data[name] = pd.Categorical.from_codes(values, dtype=PHASE_DTYPE)
+        else:
+            data[name] = values
+    return pd.DataFrame(data, copy=False)
+
+
+def compact_timeline(columns: dict[str, np.ndarray], t0_ns: int) -> pd.DataFrame:
+    """The timeline's columns and values with narrow dtypes (int32, categoricals), sharing the reader's arrays.
+
+    `compute_truth` gives the same result on it as on `to_timeline` (which
+    widens to the timeline contract's int64 and strings); ingest uses it so a
+    multi-gigabyte trace fits in memory. Consumes `columns`' start_ns/end_ns
+    (they become the ms columns in place).
+    """
+    data: dict[str, Any] = {name: columns[name] for name in ("stage", "chunk", "iteration", "microbatch")}
+    data["kind"] = pd.Categorical.from_codes(columns["kind"], dtype=KIND_DTYPE)
+    data["phase"] = pd.Categorical.from_codes(columns["phase"], dtype=PHASE_DTYPE)
+    for name in ("start", "end"):
+        nanoseconds = columns.pop(f"{name}_ns")
+        # In place: integer ns relative to t0 are exact; then one float conversion (same values as to_timeline).
+        np.subtract(nanoseconds, t0_ns, out=nanoseconds)
+        data[f"{name}_ms"] = nanoseconds / 1e6
+        del nanoseconds
+    data["peer_stage"] = columns["peer_stage"]
+    return pd.DataFrame(data, copy=False)
+
+
+def _as_strings(values: pd.Series) -> pd.api.extensions.ExtensionArray:
+    """A categorical column as the timeline's string dtype (a take on the categories: cheaper than astype)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        names = np.asarray(values.cat.categories, dtype=object)
+        return pd.array(names[values.cat.codes.to_numpy()], dtype="string")
+    return pd.array(values, dtype="string")
+
+
+def to_timeline(events: pd.DataFrame, t0_ns: int | None = None) -> pd.DataFrame:
+    """Events as a timeline (`hops_calib.timeline`): ms from `t0_ns` (default: the earliest start)."""
+    start = events["start_ns"].to_numpy()
+    if t0_ns is None:
+        t0_ns = int(start.min()) if len(start) else 0
+    frame = pd.DataFrame({
+        "stage": events["stage"].to_numpy(np.int64),
+        "chunk": events["chunk"].to_numpy(np.int64),
+        "iteration": events["iteration"].to_numpy(np.int64),
+        "microbatch": events["microbatch"].to_numpy(np.int64),
+        "kind": _as_strings(events["kind"]),
+        "phase": _as_strings(events["phase"]),
+        # Subtract in integer ns first: epoch ns do not fit a float64 exactly.
+        "start_ms": (start - t0_ns) / 1e6,
+        "end_ms": (events["end_ns"].to_numpy() - t0_ns) / 1e6,
+        "peer_stage": events["peer_stage"].to_numpy(np.int64),
+    })
+    return tl.validate(frame)
+
+
+class _Columns:
+    """The timeline's columns as numpy arrays (phases as codes into timeline.PHASES), read once."""
+
+    def __init__(self, timeline: pd.DataFrame) -> None:
+        # Native dtypes (int32 on a compact timeline): no widened copies of a multi-million-row table.
+        self.stage = timeline["stage"].to_numpy()
+        self.chunk = timeline["chunk"].to_numpy()
+        self.iteration = timeline["iteration"].to_numpy()
+        self.microbatch = timeline["microbatch"].to_numpy()
+        self.start = timeline["start_ms"].to_numpy(np.float64)
+        self.end = timeline["end_ms"].to_numpy(np.float64)
+        self.compute = (timeline["kind"] == tl.COMPUTE).to_numpy(bool)
+        self.phase = pd.Categorical(timeline["phase"], categories=list(tl.PHASES)).codes
+
+    def is_phase(self, *names: str) -> np.ndarray:
+        return np.isin(self.phase, [tl.PHASES.index(name) for name in names]) & self.compute
+
+
+def infer_schedule(timeline: pd.DataFrame, pp: int) -> tuple[str, float | None]:
+    """The pipeline schedule that ran, from the order of compute events on each stage in each iteration.
+
+    A split backward (BACKWARD_W) means zero-bubble; a second model chunk means
+    interleaved 1F1B. Otherwise each (stage, iteration) order of forwards and
+    backwards is compared with Megatron's non-interleaved 1F1B (min(p-s-1, m)
+    warm-up forwards, then one-forward-one-backward, then the cool-down) and
+    with GPipe (all forwards, then all backwards); the schedule matching more
+    orders wins, 1F1B on a tie (with m <= p-s-1 on every stage the two orders
+    are the same, and 1F1B is Megatron's default). Returns the schedule and
+    the fraction of orders it matches.
+    """
+    return _infer_schedule(_Columns(timeline), pp)
+
+
+def _infer_schedule(cols: _Columns, pp: int) -> tuple[str, float | None]:
+    passes = cols.is_phase(tl.FORWARD, *tl.BACKWARD_PHASES)
+    if cols.is_phase(tl.BACKWARD_W).any():
+        return "zb_h1", None
+    if (cols.chunk[passes] > 0).any():
+        return "interleaved_1f1b", None
+    if not passes.any():
+        return "1f1b", None
+    # One stage at a time keeps the temporaries small on multi-million-event traces.
+    matches = {"1f1b": 0, "gpipe": 0}
+    n_orders = 0
+    forward_code = tl.PHASES.index(tl.FORWARD)
+    for stage in range(pp):
+        rows = np.flatnonzero(passes & (cols.stage == stage))
+        if len(rows) == 0:
+            continue
+        rows = rows[np.lexsort((cols.end[rows], cols.start[rows], cols.iteration[rows]))]
+        iteration = cols.iteration[rows]
+        is_forward = cols.phase[rows] == forward_code
+        del rows
+        new_group = np.ones(len(iteration), dtype=bool)
+        new_group[1:] = iteration[1:] != iteration[:-1]
+        group = np.cumsum(new_group) - 1
+        group_start = np.flatnonzero(new_group)
+        position = np.arange(len(iteration)) - group_start[group]
+        forwards = np.bincount(group, weights=is_forward).astype(np.int64)[group]
+        warmup = np.minimum(pp - stage - 1, forwards)
+        steady_end = warmup + 2 * (forwards - warmup)
+        orders = {
+            "1f1b": np.where(position < warmup, True,
+                             np.where(position < steady_end, (position - warmup) % 2 == 0, False)),
+            "gpipe": position < forwards,
+        }
+        for name, expected in orders.items():
+            mismatches = np.bincount(group, weights=expected != is_forward, minlength=len(group_start))
+            matches[name] += int(np.count_nonzero(mismatches == 0))
+        n_orders += len(group_start)
+    agree = {name: count / n_orders for name, count in matches.items()}
+    best = "1f1b" if agree["1f1b"] >= agree["gpipe"] else "gpipe"
+    return best, agree[best]
+
+
+def _phase_stats(cols: _Columns, pp: int) -> tuple[PhaseStats, ...]:
+    duration = cols.end - cols.start
+    stats = []
+    for stage in range(pp):
+        on_stage = cols.compute & (cols.stage == stage)
+        for code, phase in enumerate(tl.PHASES):
+            values = duration[on_stage & (cols.phase == code)]
+            if len(values) == 0:
+                continue
+            p10, median, p90 = np.quantile(values, [0.1, 0.5, 0.9])
+            stats.append(PhaseStats(stage=stage, phase=phase, count=int(len(values)), median_ms=float(median),
+                                    mean_ms=float(values.mean()), p10_ms=float(p10), p90_ms=float(p90)))
+    return tuple(stats)
+
+
+def _idle_per_iteration(cols: _Columns, iterations: np.ndarray, pp: int) -> tuple[float | None, ...]:
+    slot = np.searchsorted(iterations, cols.iteration) * pp + cols.stage
+    last_backward = np.full(len(iterations) * pp, -np.inf)
+    backward = cols.is_phase(*tl.BACKWARD_PHASES)
+    np.maximum.at(last_backward, slot[backward], cols.end[backward])
+    first_optimizer = np.full(len(iterations) * pp, np.inf)
+    optimizer = cols.is_phase(tl.OPTIMIZER)
+    np.minimum.at(first_optimizer, slot[optimizer], cols.start[optimizer])
+    gap = (first_optimizer - last_backward).reshape(len(iterations), pp)
+    gap[~np.isfinite(gap)] = np.nan
+    return tuple(None if np.isnan(row).all() else float(np.nanmax(row)) for row in gap)
+
+
+def compute_truth(timeline: pd.DataFrame, pp: int, t0_ns: int = 0) -> Truth:
+    """The truth summary of a real run's timeline (see `to_timeline`)."""
+    cols = _Columns(timeline)
+    iterations = np.unique(cols.iteration)
+    stage0_forward = cols.is_phase(tl.FORWARD) & (cols.stage == 0)
+    pairs = np.unique(np.stack([cols.iteration[stage0_forward], cols.microbatch[stage0_forward]]), axis=1)
+    per_iteration = np.unique(pairs[0], return_counts=True)[1]
+    microbatches = int(np.median(per_iteration)) if len(per_iteration) else 0
+    schedule, agreement = _infer_schedule(cols, pp)
+    optimizer = cols.is_phase(tl.OPTIMIZER)
+    optimizer_ms = []
+    for stage in range(pp):
+        durations = (cols.end - cols.start)[optimizer & (cols.stage == stage)]
+        optimizer_ms.append(float(np.median(durations)) if len(durations) else None)
+    return Truth(
+        metrics=timeline_metrics(timeline, microbatches, pp=pp),
+        observed_schedule=schedule,
+        schedule_agreement=agreement,
+        microbatches=microbatches,
+        iterations=tuple(int(i) for i in iterations),
+        phase_stats=_phase_stats(cols, pp),
+        idle_ms_per_iteration=_idle_per_iteration(cols, iterations, pp),
+        optimizer_ms_per_stage=tuple(optimizer_ms),
+        t0_ns=int(t0_ns),
+    )

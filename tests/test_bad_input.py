@@ -1,0 +1,202 @@
+"""Bad job directories: each is refused with file, line, field and a fix; good runs still land; --lenient drops lines.
+
+Every case copies ONE real run into tmp_path and corrupts the copy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hops_calib.cli import app
+from hops_calib.store import FixtureStore
+from hops_calib.store.ingest import ingest
+
+
+@pytest.fixture(scope="module")
+def smallest_run(shared_runs) -> Path:
+    """The real run with the fewest bytes (quick to copy and ingest)."""
+    return min((d for d in shared_runs.iterdir() if d.is_dir()),
+               key=lambda d: sum(f.stat().st_size for f in d.rglob("*") if f.is_file()))
+
+
+@pytest.fixture
+def run_copy(smallest_run, tmp_path) -> Path:
+    target = tmp_path / "runs" / smallest_run.name
+    shutil.copytree(smallest_run, target)
+    for path in [target, *target.rglob("*")]:  # the shared copy is read-only
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return target
+
+
+def _rank_log(job_dir: Path, rank: int = 1) -> Path:
+    return job_dir / "megatron_trace" / f"rank{rank}.jsonl"
+
+
+def _edit_line(path: Path, number: int, edit) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    lines[number - 1] = edit(lines[number - 1])
+    path.write_text("".join(lines))
+
+
+def _edit_event(path: Path, number: int, **changes) -> None:
+    def edit(line: str) -> str:
+        event = json.loads(line)
+        event.update(changes)
+        return json.dumps(event) + "\n"
+
+    _edit_line(path, number, edit)
+
+
+def _refused(job_dir: Path, tmp_path: Path, **kwargs) -> str:
+    store = FixtureStore(tmp_path / "fixtures")
+    report = ingest([job_dir], store, **kwargs)
+    assert not report.ok and len(report.rejected) == 1
+    # Nothing half-written: no fixture folder, no temporary leftovers.
+    leftovers = [p.name for p in store.root.iterdir() if p.name not in (".lock",)] if store.root.exists() else []
+    assert leftovers == []
+    return report.rejected[0].error
+
+
+def _names(message: str, path: Path, line: int | None, field: str | None) -> None:
+    location = f"{path}:{line}" if line is not None else str(path)
+    assert location in message, message
+    if line is not None:
+        assert not re.search(rf"{re.escape(str(path))}:{line}\d", message), message
+    if field is not None:
+        assert f"field '{field}'" in message, message
+    assert "; " in message, f"no advice in: {message}"
+
+
+def test_malformed_json_line(run_copy, tmp_path):
+    log = _rank_log(run_copy)
+    _edit_line(log, 5, lambda line: line[: len(line) // 2] + "\n")
+    message = _refused(run_copy, tmp_path)
+    _names(message, log, 5, None)
+    assert "not valid JSON" in message and "--lenient" in message
+
+
+def test_truncated_last_line(run_copy, tmp_path):
+    log = _rank_log(run_copy, 0)
+    text = log.read_text()
+    log.write_text(text[: len(text) - 40])  # cut the last record (and its newline)
+    message = _refused(run_copy, tmp_path)
+    _names(message, log, len(text.splitlines()), None)
+    assert "truncated last line" in message
+
+
+@pytest.mark.parametrize("changes,field,words", [
+    ({"phase": "SIDEWAYS"}, "phase", "unknown value 'SIDEWAYS'"),
+    ({"event_type": "memcpy"}, "event_type", "unknown value 'memcpy'"),
+    ({"start_wall_ns": 2_000_000_000_000_000_000, "end_wall_ns": 1_000_000_000_000_000_000}, "end_wall_ns",
+     "before start_wall_ns"),
+    ({"stage": 7}, "stage", "pipeline stages"),
+    ({"iteration": "three"}, "iteration", "non-negative integer"),
+])
+def test_bad_field_names_the_line_and_field(run_copy, tmp_path, changes, field, words):
+    log = _rank_log(run_copy)
+    _edit_event(log, 9, **changes)
+    message = _refused(run_copy, tmp_path)
+    _names(message, log, 9, field)
+    assert words in message
+
+
+def test_missing_field(run_copy, tmp_path):
+    log = _rank_log(run_copy)
+
+    def drop_phase(line: str) -> str:
+        event = json.loads(line)
+        del event["phase"]
+        return json.dumps(event) + "\n"
+
+    _edit_line(log, 3, drop_phase)
+    message = _refused(run_copy, tmp_path)
+    _names(message, log, 3, "phase")
+    assert "is missing" in message
+
+
+def test_rank_with_no_events(run_copy, tmp_path):
+    log = _rank_log(run_copy, 0)
+    log.write_text("")
+    message = _refused(run_copy, tmp_path)
+    _names(message, log, None, None)
+    assert "has no events" in message
+
+
+@pytest.mark.parametrize("name,field", [("hops_trace_map.json", "stages"), ("megatron_args.txt", "megatron arguments"),
+                                        ("hops.base.yaml", "hardware.devices")])
+def test_missing_map_configuration_or_device_types(run_copy, tmp_path, name, field):
+    (run_copy / name).unlink()
+    message = _refused(run_copy, tmp_path)
+    _names(message, run_copy / name, None, field)
+    assert "missing" in message
+
+
+def test_stage_counts_disagree_between_configuration_and_map(run_copy, tmp_path):
+    args = run_copy / "megatron_args.txt"
+    pp = int(re.search(r"--pipeline-model-parallel-size (\d+)", args.read_text()).group(1))
+    args.write_text(args.read_text().replace(f"--pipeline-model-parallel-size {pp}",
+                                             f"--pipeline-model-parallel-size {pp + 1}"))
+    message = _refused(run_copy, tmp_path)
+    _names(message, run_copy / "hops_trace_map.json", None, "stages")
+    assert "must agree" in message
+
+
+def test_stage_counts_disagree_between_configuration_and_trace(run_copy, tmp_path):
+    _rank_log(run_copy, 1).unlink()
+    message = _refused(run_copy, tmp_path)
+    _names(message, run_copy / "megatron_trace", None, "rank<r>.jsonl")
+    assert "disagree" in message
+
+
+def test_run_id_that_would_escape_the_store(run_copy, tmp_path):
+    manifest = run_copy / "manifest.yaml"
+    manifest.write_text(manifest.read_text() + "run_id: ../../escaped\n")
+    message = _refused(run_copy, tmp_path)
+    assert "'../../escaped'" in message and "escape" in message
+    assert not (tmp_path / "escaped").exists() and not (tmp_path.parent / "escaped").exists()
+
+
+def test_one_bad_run_is_rejected_the_others_land_and_the_exit_code_says_so(run_copy, smallest_run, shared_runs,
+                                                                         tmp_path):
+    other = next(d for d in sorted(shared_runs.iterdir()) if d.name != smallest_run.name)
+    shutil.copytree(other, run_copy.parent / other.name)
+    log = _rank_log(run_copy, 0)
+    log.write_text(log.read_text()[:-40])
+    store_dir = tmp_path / "fixtures"
+    result = CliRunner().invoke(app, ["ingest", str(run_copy.parent), "--fixtures", str(store_dir)])
+    assert result.exit_code == 1
+    assert f"{log}:" in result.stderr and "truncated last line" in result.stderr
+    assert FixtureStore(store_dir).ids() == [other.name]
+    assert "1 new" in result.stdout and "1 rejected" in result.stdout
+
+
+def test_lenient_drops_bad_lines_and_counts_them(run_copy, tmp_path):
+    log = _rank_log(run_copy)
+    _edit_line(log, 5, lambda line: line[:20] + "\n")
+    _edit_event(log, 9, phase="SIDEWAYS")
+    _edit_event(log, 11, start_wall_ns=2_000_000_000_000_000_000)
+    last = _rank_log(run_copy, 0)
+    last.write_text(last.read_text()[:-40])
+    store = FixtureStore(tmp_path / "fixtures")
+    report = ingest([run_copy], store, lenient=True)
+    assert report.ok, report.rejected
+    fixture = store.load(run_copy.name)
+    quality = fixture.quality
+    assert quality["lenient"] is True and quality["dropped_lines"] == 4
+    assert quality["dropped"][log.name] == {"malformed JSON": 1, "bad phase": 1, "bad end_wall_ns": 1}
+    assert quality["dropped"][last.name] == {"truncated last line": 1}
+    total_lines = sum(len(p.read_text().splitlines()) for p in (run_copy / "megatron_trace").iterdir())
+    assert len(fixture.events) == total_lines - 4
+    assert store.index().set_index("id").loc[run_copy.name, "dropped_lines"] == 4
+
+
+def test_lenient_still_refuses_structural_problems(run_copy, tmp_path):
+    _rank_log(run_copy, 0).write_text("not json at all\n")
+    message = _refused(run_copy, tmp_path, lenient=True)
+    assert "has no events after dropping 1 bad lines" in message

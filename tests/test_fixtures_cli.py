@@ -1,0 +1,73 @@
+"""`hops-calib fixtures list/show` on the ingested shared runs."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from hops_calib.cli import app
+
+LIST_KEYS = {"id", "split", "group", "schedule", "declared_schedule", "pp", "microbatches", "devices",
+             "throughput_per_s", "bubble_ratio", "iteration_time_ms", "content_hash"}
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_list_json_has_one_object_per_fixture(shared_store):
+    result = _run("fixtures", "list", "--fixtures", str(shared_store.root), "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    index = shared_store.index()
+    assert [r["id"] for r in rows] == list(index["id"])
+    for row in rows:
+        assert LIST_KEYS <= set(row)
+        assert len(row["devices"]) == row["pp"] and row["schedule"] == "1f1b"
+        assert row["split"] in ("train", "test") and 0 < row["bubble_ratio"] < 1
+
+
+def test_list_table_names_every_fixture(shared_store):
+    result = _run("fixtures", "list", "--fixtures", str(shared_store.root))
+    assert result.exit_code == 0
+    for fixture_id in shared_store.ids():
+        assert fixture_id in result.stdout
+    assert f"{len(shared_store.ids())} fixtures" in result.stdout
+
+
+def test_show_json_and_text(shared_store):
+    fixture_id = shared_store.ids("test")[0]
+    fixture = shared_store.load(fixture_id)
+    result = _run("fixtures", "show", fixture_id, "--fixtures", str(shared_store.root), "--json")
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["id"] == fixture_id and shown["split"] == "test"
+    assert shown["utilization_per_stage"] == list(fixture.truth.metrics.utilization_per_stage)
+    assert len(shown["stages"]) == fixture.spec.pp
+    for stage in shown["stages"]:
+        assert stage["forward_median_ms"] == fixture.truth.phase_median_ms(stage["stage"], "FORWARD")
+        assert stage["backward_median_ms"] > 0
+    assert shown["configuration"]["layers_per_stage"] == list(fixture.spec.layers_per_stage)
+    text = _run("fixtures", "show", fixture_id, "--fixtures", str(shared_store.root)).stdout
+    for needle in (fixture_id, "schedule", "bubble", "idle", "fwd ms", "bwd ms", "quality", fixture.spec.devices[0]):
+        assert needle in text
+
+
+def test_unknown_fixture_and_missing_store_are_clear_errors(shared_store, tmp_path):
+    result = _run("fixtures", "show", "no_such_run", "--fixtures", str(shared_store.root))
+    assert result.exit_code == 2 and "no fixture 'no_such_run'" in result.stderr
+    result = _run("fixtures", "show", "../etc", "--fixtures", str(shared_store.root))
+    assert result.exit_code == 2 and "escape" in result.stderr
+    result = _run("fixtures", "list", "--fixtures", str(tmp_path / "nowhere"))
+    assert result.exit_code == 2 and "hops-calib ingest" in result.stderr
+
+
+def test_ingest_is_quiet_when_stdout_is_not_a_terminal(shared_runs, shared_store):
+    result = _run("ingest", str(shared_runs), "--fixtures", str(shared_store.root))
+    assert result.exit_code == 0
+    n = len(shared_store.ids())
+    assert result.stdout.strip().splitlines() == [
+        f"{n} runs: 0 new, 0 updated, {n} unchanged, 0 rejected; store {shared_store.root} holds {n} fixtures "
+        f"(train {len(shared_store.ids('train'))}, test {len(shared_store.ids('test'))})"]
+    assert result.stderr == ""

@@ -1,0 +1,126 @@
+"""simulate(): the timeline it returns, the iteration structure, and the errors it raises."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from hops_calib import timeline as tl
+from hops_calib.sim import Pipeline, StageCosts, simulate
+
+
+def hetero(ranks=3, microbatches=5, **extra):
+    stages = tuple(StageCosts(1.0 + 0.5 * s, 2.0 + 0.25 * s, 0.5) for s in range(ranks))
+    hops = ranks - 1
+    return Pipeline(stages=stages, microbatches=microbatches, forward_transfer_ms=(0.2,) * hops,
+                    backward_transfer_ms=(0.3,) * hops, **extra)
+
+
+def test_timeline_has_the_shared_schema_and_one_row_per_task_and_transfer():
+    pipeline = hetero(iterations=3, optimizer_ms=(4.0, 5.0, 6.0))
+    result = simulate(pipeline, "1f1b")
+    frame = result.timeline
+    assert list(frame.columns) == list(tl.COLUMNS)
+    pd_valid = tl.validate(frame)
+    assert len(pd_valid) == len(frame)
+    assert sorted(frame["iteration"].unique()) == [1, 2, 3]
+    compute = frame[frame["kind"] == "compute"]
+    transfers = frame[frame["kind"] == "transfer"]
+    # Per iteration and rank: one forward and one backward per microbatch and one optimizer step.
+    per_rank = compute.groupby(["iteration", "stage", "phase"]).size()
+    assert (per_rank.xs("FORWARD", level="phase") == 5).all()
+    assert (per_rank.xs("BACKWARD", level="phase") == 5).all()
+    assert (per_rank.xs("OPTIMIZER", level="phase") == 1).all()
+    # One send per microbatch and direction except at the pipeline ends, to the adjacent stage.
+    sends = transfers.groupby(["iteration", "stage", "phase"]).size()
+    assert len(sends) == 3 * 2 * 2 and (sends == 5).all()
+    forward = transfers[transfers["phase"] == "FORWARD"]
+    backward = transfers[transfers["phase"] == "BACKWARD"]
+    assert (forward["peer_stage"] == forward["stage"] + 1).all()
+    assert (backward["peer_stage"] == backward["stage"] - 1).all()
+    assert np.allclose(forward["end_ms"] - forward["start_ms"], 0.2)
+    assert (compute["peer_stage"] == -1).all()
+    assert result.makespan_ms == pytest.approx(frame["end_ms"].max())
+    assert result.tasks == len(compute)
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_optimizer_follows_a_barrier_and_the_next_iteration_waits_for_it(blocking):
+    pipeline = hetero(iterations=2, optimizer_ms=(4.0, 5.0, 6.0), pre_optimizer_ms=10.0, post_optimizer_ms=1.5,
+                      blocking_p2p=blocking)
+    frame = simulate(pipeline, "1f1b").timeline
+    first = frame[frame["iteration"] == 1]
+    last_task_end = first.loc[first["phase"] != "OPTIMIZER", "end_ms"].max()
+    optimizer = first[first["phase"] == "OPTIMIZER"].set_index("stage")
+    assert list(optimizer["start_ms"]) == pytest.approx([last_task_end + 10.0] * 3)
+    assert list(optimizer["end_ms"] - optimizer["start_ms"]) == pytest.approx([4.0, 5.0, 6.0])
+    second = frame[frame["iteration"] == 2]
+    for stage, group in second.groupby("stage"):
+        assert group["start_ms"].min() >= optimizer.loc[stage, "end_ms"] + 1.5 - 1e-9
+    # Stage 0 has no input to wait for: it starts exactly post_optimizer_ms after its optimizer.
+    assert second.loc[second["stage"] == 0, "start_ms"].min() == pytest.approx(optimizer.loc[0, "end_ms"] + 1.5)
+
+
+def test_iteration_barrier_holds_every_rank_until_the_slowest_optimizer_ends():
+    pipeline = hetero(iterations=3, optimizer_ms=(4.0, 5.0, 9.0), pre_optimizer_ms=10.0, post_optimizer_ms=1.5,
+                      iteration_barrier=True)
+    frame = simulate(pipeline, "1f1b").timeline
+    optimizer = frame[(frame["phase"] == "OPTIMIZER") & (frame["iteration"] == 1)]
+    second = frame[frame["iteration"] == 2]
+    slowest_end = optimizer["end_ms"].max()
+    assert second["start_ms"].min() == pytest.approx(slowest_end + 1.5)
+    for _, group in second.groupby("stage"):
+        assert group["start_ms"].min() >= slowest_end + 1.5 - 1e-9
+    # Without the barrier, stage 0 starts as soon as its own (shorter) optimizer step is done.
+    free = simulate(replace(pipeline, iteration_barrier=False), "1f1b").timeline
+    assert free.loc[free["iteration"] == 2, "start_ms"].min() < slowest_end
+
+
+def test_no_optimizer_rows_without_optimizer_costs():
+    frame = simulate(hetero(iterations=2), "gpipe").timeline
+    assert "OPTIMIZER" not in set(frame["phase"])
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb_h1"])
+def test_copied_iterations_equal_timed_iterations(schedule):
+    pipeline = hetero(iterations=5, optimizer_ms=(4.0, 5.0, 6.0), pre_optimizer_ms=3.0, post_optimizer_ms=0.5)
+    copied = simulate(pipeline, schedule).timeline
+    timed = simulate(pipeline, schedule, replicate=False).timeline
+    assert len(copied) == len(timed)
+    for name in ("stage", "iteration", "microbatch", "kind", "phase", "peer_stage"):
+        assert list(copied[name]) == list(timed[name])
+    assert np.allclose(copied["start_ms"], timed["start_ms"]) and np.allclose(copied["end_ms"], timed["end_ms"])
+
+
+def test_refuses_unknown_schedule_and_misplaced_flush():
+    with pytest.raises(ValueError, match="unknown schedule 'pipedream'.*1f1b"):
+        simulate(hetero(), "pipedream")
+    with pytest.raises(ValueError, match="only applies to the gpipe schedule"):
+        simulate(hetero(), "1f1b", gpipe_flush=2)
+    with pytest.raises(ValueError, match="at least 1 microbatch"):
+        simulate(hetero(), "gpipe", gpipe_flush=0)
+
+
+def test_engine_reports_a_deadlock_naming_the_stuck_ranks():
+    from hops_calib.sim.engine import DeadlockError, Rows, run_iteration
+    from hops_calib.sim.schedules import COMPUTE, EXCHANGE, F, Programs
+
+    # Each rank first waits to receive what the other sends only after that receive: a cycle.
+    to_rank_1, to_rank_0 = 0, 1  # transfer ids (activation 0 -> 1 and back, one microbatch)
+    rank0 = ((EXCHANGE, (), (to_rank_0,)), (COMPUTE, F, 0, 0, -1, -1), (EXCHANGE, (to_rank_1,), ()))
+    rank1 = ((EXCHANGE, (), (to_rank_1,)), (COMPUTE, F, 1, 0, -1, -1), (EXCHANGE, (to_rank_0,), ()))
+    programs = Programs("handmade", 2, 1, 1, (rank0, rank1), (rank0[1:2], rank1[1:2]), (1, 1))
+    with pytest.raises(DeadlockError, match="handmade deadlocks.*rank 0 at operation 0.*rank 1 at operation 0"):
+        run_iteration(programs, True, [[1.0, 1.0]] * 5, [0.0], [0.0], [0.0, 0.0], Rows.empty())
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("forward_transfer_ms", (0.1, -0.2), r"forward_transfer_ms\[1\] = -0.2"),
+    ("optimizer_ms", (1.0, float("nan"), 1.0), r"optimizer_ms\[1\] = nan"),
+    ("pre_optimizer_ms", -1.0, "pre_optimizer_ms = -1.0"),
+    ("stages", (StageCosts(1.0, 2.0), StageCosts(float("inf"), 2.0), StageCosts(1.0, 2.0)), "virtual stage 1"),
+])
+def test_pipeline_refuses_negative_or_non_finite_times(field, value, message):
+    base = dict(stages=(StageCosts(1.0, 2.0),) * 3, microbatches=2)
+    with pytest.raises(ValueError, match=message):
+        Pipeline(**{**base, field: value})

@@ -1,0 +1,113 @@
+"""Trace readers on small hand-made inputs: arguments block, link benchmark fit, event log fields."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from hops_calib.spec import build_spec, declared_schedule_of
+from hops_calib.trace import TraceError, fit_link, parse_arguments_block, parse_command_line, read_rank_events
+from hops_calib.trace.job import find_job_dirs
+from hops_calib.trace.link_bench import BYTES_PER_MB
+
+
+def _arguments_block(args: dict) -> str:
+    """A rank log as Megatron prints it: launcher noise, then the arguments between two rulers."""
+    lines = ["[rank0]: using world size: 2", "------------------------ arguments ------------------------"]
+    for key, value in sorted(args.items()):
+        lines.append(f"  {key} {'.' * max(2, 48 - len(key))} {value}")
+    lines += ["-------------------- end of arguments ---------------------", "[rank0]: building GPT model ..."]
+    return "\n".join(lines) + "\n"
+
+
+def test_command_line_and_arguments_block_give_the_same_spec(shared_runs, tmp_path):
+    source = sorted(shared_runs.iterdir())[-1]
+    job_dir = tmp_path / source.name
+    shutil.copytree(source, job_dir)
+    args = parse_command_line((job_dir / "megatron_args.txt").read_text())
+    spec = build_spec(job_dir)
+    (job_dir / "megatron_args.txt").chmod(0o644)
+    (job_dir / "megatron_args.txt").unlink()
+    (job_dir / "logs").mkdir()
+    (job_dir / "logs" / "rank0.out").write_text(_arguments_block(args))
+    again = build_spec(job_dir)
+    assert again == spec
+
+
+def test_arguments_block_values_are_typed():
+    args = parse_arguments_block(_arguments_block(
+        {"num_layers": 12, "lr": 0.0001, "bf16": True, "fp16": False, "data_path": None, "tokenizer_type":
+         "NullTokenizer", "num_layers_per_virtual_pipeline_stage": 2}).splitlines())
+    assert args == {"num_layers": 12, "lr": 0.0001, "bf16": True, "fp16": False, "data_path": None,
+                    "tokenizer_type": "NullTokenizer", "num_layers_per_virtual_pipeline_stage": 2}
+    assert parse_arguments_block(["no block here"]) is None
+
+
+def test_command_line_flags_values_and_lists():
+    args = parse_command_line("torchrun --nproc 2 pretrain_gpt.py --num-layers 8 --bf16 --data-path 1 a 2 b "
+                              "--lr=3e-4 --virtual-pipeline-model-parallel-size 2")
+    assert args == {"num_layers": 8, "bf16": True, "data_path": [1, "a", 2, "b"], "lr": 3e-4,
+                    "virtual_pipeline_model_parallel_size": 2}
+
+
+def test_declared_schedule_reads_template_then_name_and_ignores_interleaved_device_order():
+    assert declared_schedule_of({"pipeline": {"schedule": "zero_bubble"}}, []) == "zb_h1"
+    assert declared_schedule_of({}, ["exp2_10_all_nodes_gpipe_run55"]) == "gpipe"
+    assert declared_schedule_of({}, ["exp2_3_interleaved_run73"]) is None
+
+
+def test_link_fit_recovers_latency_and_bandwidth_and_skips_log_lines(tmp_path):
+    latency_ms, bytes_per_ms = 0.05, 2.5e6
+    lines = ["NCCL version 2.28.9+cuda13.0"]
+    for size in (1, 2, 4, 16, 64):
+        for rank, slower in ((0, 1.0), (1, 1.3)):  # the receiver's rows must not enter the fit
+            p50 = (latency_ms + size * BYTES_PER_MB / bytes_per_ms) * slower
+            lines.append(json.dumps({"label": "pair_0_1", "mode": "p2p", "rank": rank, "size_mb": size,
+                                     "p50_ms": p50}))
+        lines.append("{not json: NCCL INFO ...}")
+    path = tmp_path / "pair_0_1.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    fit = fit_link(path, 0, 1)
+    assert fit.latency_ms == pytest.approx(latency_ms) and fit.bytes_per_ms == pytest.approx(bytes_per_ms)
+    path.write_text(lines[0] + "\n" + lines[1] + "\n")
+    with pytest.raises(TraceError, match="1 distinct message sizes"):
+        fit_link(path, 0, 1)
+
+
+def _event(**overrides):
+    event = {"rank": 0, "stage": 0, "iteration": 3, "microbatch": 0, "event_type": "compute", "phase": "FORWARD",
+             "start_wall_ns": 1_000_000, "end_wall_ns": 2_000_000, "duration_ms": 1.0, "device_id": "cpu0",
+             "hostname": "h"}
+    event.update(overrides)
+    return json.dumps(event)
+
+
+def test_event_reader_keeps_model_chunk_peer_stage_and_optimizer_microbatch(tmp_path):
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("\n".join([
+        _event(),
+        _event(model_chunk=1, microbatch=1, start_wall_ns=3_000_000, end_wall_ns=4_000_000),
+        _event(event_type="transfer", dst_device="cpu1", src_device="cpu0"),
+        _event(phase="OPTIMIZER", microbatch=None, start_wall_ns=5_000_000, end_wall_ns=6_000_000),
+        "",
+    ]) + "\n")
+    columns, report = read_rank_events(path, rank=0, pp=2, device_stage={"cpu0": 0, "cpu1": 1})
+    assert report.events == 4 and report.hostname == "h" and not report.dropped
+    assert columns["chunk"].tolist() == [0, 1, 0, 0]
+    assert columns["peer_stage"].tolist() == [-1, -1, 1, -1]
+    assert columns["microbatch"].tolist() == [0, 1, 0, -1]
+    assert columns["start_ns"].dtype == np.int64
+
+
+def test_job_dirs_are_found_recursively(shared_runs, tmp_path):
+    runs = sorted(shared_runs.iterdir())[:2]
+    for k, run in enumerate(runs):
+        shutil.copytree(run, tmp_path / f"batch{k}" / "nested" / run.name)
+    assert [d.name for d in find_job_dirs(tmp_path)] == [r.name for r in runs]
+    assert find_job_dirs(tmp_path / "batch0" / "nested" / runs[0].name) == [
+        tmp_path / "batch0" / "nested" / runs[0].name]
+    with pytest.raises(TraceError, match="does not exist"):
+        find_job_dirs(tmp_path / "missing")
