@@ -267,3 +267,38 @@ def test_torch_engine_zero_bubble_splits_backward_into_input_and_weight_halves(
     assert deferred
     manifest = yaml.safe_load((job / "manifest.yaml").read_text())
     assert manifest["schedule_function"].endswith("ScheduleInterleavedZeroBubble")
+    fixture, _ = ingest_one(job, tmp_path_factory.mktemp("fixtures"))
+    assert fixture.truth.observed_schedule == "zb_h1"
+
+
+# ---- the captures through ingest ----
+
+def ingest_one(job: Path, store_root: Path):
+    from hops_calib.store.fixture_store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    store = FixtureStore(store_root)
+    report = ingest([job], store)
+    assert report.ok, [outcome.error for outcome in report.rejected]
+    return store.load(job.name), report.outcomes[0]
+
+
+@pytest.mark.capture
+@pytest.mark.parametrize("which, schedule, vp", [("captured_1f1b", "1f1b", 1),
+                                                 ("captured_interleaved", "interleaved_1f1b", 2)])
+def test_ingest_reads_a_capture_and_observes_its_schedule(which: str, schedule: str, vp: int, tmp_path: Path,
+                                                          request: pytest.FixtureRequest) -> None:
+    config, job = request.getfixturevalue(which)
+    fixture, outcome = ingest_one(job, tmp_path / "fixtures")
+    assert fixture.truth.observed_schedule == schedule
+    assert fixture.spec.schedule == schedule and fixture.spec.vp == vp
+    assert fixture.spec.pp == config.pp and fixture.spec.microbatches == config.microbatches
+    assert fixture.spec.iterations == config.iterations
+    assert fixture.spec.devices == ("cpu",) * config.pp
+    assert fixture.spec.device_names == (cpu_model_name(),) * config.pp
+    assert fixture.spec.model.precision == "fp32"
+    assert not [w for w in outcome.warnings if "schedule" in w]
+    if config.link_bench:
+        assert [(link.src_stage, link.dst_stage) for link in fixture.spec.links] == [(0, 1)]
+    events = fixture.events
+    assert set(events["chunk"].unique()) == set(range(vp))

@@ -18,11 +18,11 @@ step backwards within a rank and ranks on one host share a time base.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hops_calib.files import atomic_write
 from hops_calib.timeline import COMPUTE, OPTIMIZER, PHASES, TRANSFER
 
 
@@ -94,10 +94,5 @@ class EventLog:
         self.events.append(event)
 
     def write(self, path: Path) -> None:
-        """One JSON object per line, in the order recorded; written to a temporary name, then renamed."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with partial.open("w", encoding="utf-8") as out:
-            for event in self.events:
-                out.write(json.dumps(event) + "\n")
-        os.replace(partial, path)
+        """One JSON object per line, in the order recorded; never half-written."""
+        atomic_write(path, "".join(json.dumps(event) + "\n" for event in self.events))

@@ -23,9 +23,11 @@ from typing import Any
 import yaml
 
 from hops_calib.capture.config import CaptureConfig
+from hops_calib.files import atomic_write
+# The layout's names are the reader's (ingest), so writer and reader cannot drift apart.
+from hops_calib.trace.job import LINK_BENCH_DIR, MANIFEST, STAGE_MAP, TEMPLATE, TRACE_DIR
+from hops_calib.trace.megatron_args import ARGS_FILE
 
-TRACE_DIR = "megatron_trace"
-LINK_BENCH_DIR = Path("calibration") / "link_bench"
 DEVICE_TYPE = "cpu"
 
 
@@ -59,14 +61,6 @@ def device_ids(cores: list[int]) -> tuple[str, ...]:
         return tuple(f"{DEVICE_TYPE}_node0_core{core}" for core in cores)
     # More ranks than cores: ranks share cores, and each still needs its own id.
     return tuple(f"{DEVICE_TYPE}_node0_core{core}_rank{rank}" for rank, core in enumerate(cores))
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write through a temporary name, then rename (never a half-written file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
 
 
 def stage_map(ids: tuple[str, ...]) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from hops_calib import __version__
 from hops_calib.capture import jobdir
 from hops_calib.capture.config import WARMUP_ITERATIONS, CaptureConfig
+from hops_calib.files import atomic_write
 
 # A rank that neither finishes nor fails within this time is stuck (for example its peer died mid-send).
 _RANK_TIMEOUT_S = 3600.0
@@ -198,14 +199,14 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
         "finished_at": finished.isoformat(timespec="seconds"),
         "versions": _versions(),
     }
-    jobdir.write_text(staging / "hops_trace_map.json", jobdir.stage_map(ids))
-    jobdir.write_text(staging / "hops.base.yaml", jobdir.template(config, ids, cpu_name))
-    jobdir.write_text(staging / "megatron_args.txt", config.megatron_args() + "\n")
-    jobdir.write_text(staging / "manifest.yaml", jobdir.manifest(config, run_id, command, facts))
+    atomic_write(staging / jobdir.STAGE_MAP, jobdir.stage_map(ids))
+    atomic_write(staging / jobdir.TEMPLATE, jobdir.template(config, ids, cpu_name))
+    atomic_write(staging / jobdir.ARGS_FILE, config.megatron_args() + "\n")
+    atomic_write(staging / jobdir.MANIFEST, jobdir.manifest(config, run_id, command, facts))
     if config.link_bench:
         header = f"gloo p2p benchmark, torch {facts['versions']['torch']}, host {host}"
         labels = sorted({label for report in reports.values() for label in report["bench"]})
         for label in labels:
             rows = [row for rank in sorted(reports) for row in reports[rank]["bench"].get(label, [])]
             rows.sort(key=lambda row: (row["size_mb"], row["rank"]))
-            jobdir.write_text(staging / jobdir.LINK_BENCH_DIR / f"{label}.jsonl", jobdir.link_bench_text(rows, header))
+            atomic_write(staging / jobdir.LINK_BENCH_DIR / f"{label}.jsonl", jobdir.link_bench_text(rows, header))
