@@ -97,10 +97,10 @@ def score_model(suite: Suite, model: Model, *, origin: str) -> ModelScore:
     runs = []
     for fixture_id, spec, truth in zip(suite.ids, suite.specs, suite.truths):
         try:
-            prediction = predict(spec, model)
+            runs.append(score_run(fixture_id, truth, predict(spec, model).metrics))
         except ValueError as error:
-            raise InputError(origin, f"model {model.name!r} cannot predict fixture {fixture_id}: {error}") from None
-        runs.append(score_run(fixture_id, truth, prediction.metrics))
+            raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
+                             ) from None
     return ModelScore(runs=tuple(runs), suite=aggregate(runs))
 
 
