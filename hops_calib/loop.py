@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hops_calib.errors import InputError
+from hops_calib.timeline import BACKWARD, FORWARD
 
 EXIT_OK, EXIT_REJECTED, EXIT_INVALID = 0, 1, 2
 
@@ -55,9 +56,9 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
             "stage": stage, "device": predicted.device,
             "real_utilization": truth.metrics.utilization_per_stage[stage],
             "predicted_utilization": prediction.metrics.utilization_per_stage[stage],
-            "real_forward_ms": truth.phase_median_ms(stage, "FORWARD"),
+            "real_forward_ms": truth.phase_median_ms(stage, FORWARD),
             "predicted_forward_ms": predicted.forward_ms,
-            "real_backward_ms": truth.phase_median_ms(stage, "BACKWARD"),
+            "real_backward_ms": truth.phase_median_ms(stage, BACKWARD),
             "predicted_backward_ms": predicted.backward_ms,
             "real_optimizer_ms": truth.optimizer_ms_per_stage[stage] if stage < len(truth.optimizer_ms_per_stage)
             else None,
@@ -177,8 +178,8 @@ def _print_candidate(result) -> None:
     candidate, verdict = result.candidate, result.verdict
     print(f"candidate {candidate.id} ({candidate.origin}): {candidate.change.describe()}")
     print(f"hypothesis: {candidate.hypothesis}")
-    print(f"model {result.model.sha256[:12]} -> {result.candidate_model.sha256[:12]} on {result.n_fixtures} "
-          f"{result.split} fixtures ({result.fixture_set_sha256[:12]})")
+    print(f"model {result.model.sha256[:12]} -> {result.candidate_model.sha256[:12]} on "
+          f"{result.before.suite.n_fixtures} {result.split} fixtures ({result.fixture_set_sha256[:12]})")
     before, after = result.before.suite, result.after.suite
     print(f"{'':30}{'before':>10}{'after':>10}")
     for label, field in (("throughput MAPE %", "throughput_mape_pct"),
