@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hops_calib.errors import InputError
-from hops_calib.timeline import BACKWARD, FORWARD
 
 EXIT_OK, EXIT_REJECTED, EXIT_INVALID = 0, 1, 2
 
@@ -48,6 +47,8 @@ def _num(value: float | None, digits: int = 2) -> str:
 # --- predict -------------------------------------------------------------------------------------
 
 def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
+    from hops_calib.timeline import BACKWARD, FORWARD
+
     truth, spec = fixture.truth, fixture.spec
     rows = []
     for predicted in prediction.stage_phase_ms(spec):
