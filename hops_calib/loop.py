@@ -27,11 +27,14 @@ def _print_json(data: Any) -> None:
 
 def _guarded(action: Callable[[], int]) -> int:
     """Run a command; turn bad input into one clear stderr line and exit code 2."""
-    from hops_calib.store import StoreError
-
     try:
         return action()
-    except (InputError, StoreError) as error:
+    except Exception as error:
+        # A StoreError (unknown fixture id, ...) can only come from a verb that imported the store; importing it
+        # here would cost the ledger verbs a pandas import.
+        store = sys.modules.get("hops_calib.store.fixture_store")
+        if not (isinstance(error, InputError) or (store is not None and isinstance(error, store.StoreError))):
+            raise
         print(f"error: {error}", file=sys.stderr)
         return EXIT_INVALID
 
