@@ -14,7 +14,7 @@ from hops_calib.errors import InputError
 from hops_calib.model import (CONSTANTS, TERMS, ActiveTerm, Context, Contribution, Model, Param, Term, gpt,
                               layout_of, parse_model)
 from hops_calib.model_files import CATALOG_PATH, DEFAULT_MODEL, load_catalog, load_model, write_model
-from hops_calib.sim.pipeline import Pipeline
+from hops_calib.sim.pipeline import Pipeline, StageCosts
 from hops_calib.spec import LinkFit, ModelShape, Spec
 
 
@@ -292,9 +292,11 @@ def test_embedding_allreduce_sends_the_padded_fp32_embedding_gradient_over_the_e
     padded = 50048  # the next multiple of 128
     fit = pair.links[0]
     assert pipeline.pre_optimizer_ms == pytest.approx(fit.latency_ms + padded * 1024 * 4 / fit.bytes_per_ms)
-    # Deeper pipelines: the first/last pair was not benchmarked, so the slowest fitted link prices it.
-    deep = make_spec(pp=4)
-    expected = max(f.latency_ms + 50304 * 1024 * 2 / f.bytes_per_ms for f in deep.links)
+    # Deeper pipelines: the first/last pair was not benchmarked; each end is at least as fast as the fastest
+    # link it was benchmarked on, and the pair runs at the slower end.
+    links = (LinkFit(0, 1, 0.1, 3.0e6), LinkFit(1, 2, 0.2, 1.0e6), LinkFit(2, 3, 0.3, 2.0e6))
+    deep = make_spec(pp=4, links=links)
+    expected = 0.3 + 50304 * 1024 * 2 / 2.0e6  # stage 3's only link (2e6 B/ms) is slower than stage 0's (3e6)
     assert with_term("embedding_grad_allreduce", bytes_per_element=2.0).pipeline(deep).pre_optimizer_ms == \
         pytest.approx(expected)
     untied = dataclasses.replace(deep, model=dataclasses.replace(deep.model, untie_embeddings=True))
@@ -317,6 +319,66 @@ def test_optimizer_step_streams_every_parameter_once_across_the_ranks():
             per_rank[rank] * 40.0 / (device.memory_bandwidth_bytes_per_s * 0.5) * 1e3)
 
 
-def test_iteration_host_overhead_is_a_per_rank_constant_after_the_optimizer():
+def test_iteration_host_overhead_is_a_per_rank_constant_after_the_optimizer_and_a_barrier():
     pipeline = with_term("iteration_host_overhead", host_ms=7.5).pipeline(make_spec())
     assert pipeline.post_optimizer_ms == 7.5 and pipeline.pre_optimizer_ms == 0.0
+    assert pipeline.iteration_barrier and not load_model().pipeline(make_spec()).iteration_barrier
+
+
+def test_optimizer_fixed_cost_adds_to_every_rank():
+    spec = make_spec(pp=3)
+    plain = with_term("optimizer_step").pipeline(spec).optimizer_ms
+    fixed = with_term("optimizer_step", fixed_ms=2.5).pipeline(spec).optimizer_ms
+    assert [b - a for a, b in zip(plain, fixed)] == pytest.approx([2.5] * 3)
+
+
+def added(name: str, spec: Spec, **values: float) -> Pipeline:
+    """The pipeline of the shipped model with term `name` added, minus the shipped model's own pipeline."""
+    base, more = load_model().pipeline(spec), with_term(name, **values).pipeline(spec)
+    return Pipeline(
+        stages=tuple(StageCosts(m.forward_ms - b.forward_ms, m.backward_ms - b.backward_ms,
+                                m.weight_grad_ms - b.weight_grad_ms) for b, m in zip(base.stages, more.stages)),
+        microbatches=spec.microbatches)
+
+
+def test_dispatch_floor_scales_with_layers_plus_a_per_step_constant():
+    spec = make_spec(pp=3, layers=(1, 3, 2))
+    delta = added("layer_dispatch_floor", spec, forward_ms_per_layer=1.2, backward_ms_per_layer=2.0, step_ms=0.5)
+    assert [s.forward_ms for s in delta.stages] == pytest.approx([1.7, 4.1, 2.9])
+    assert [s.backward_ms for s in delta.stages] == pytest.approx([2.5, 6.5, 4.5])
+
+
+def test_output_layer_loss_lands_on_the_last_stage_and_grows_with_the_vocabulary():
+    spec = make_spec(pp=3, devices=("h100", "a10g", "l4"))
+    delta = added("output_layer_loss", spec)
+    assert [s.forward_ms for s in delta.stages[:-1]] == [0.0, 0.0]
+    last = delta.stages[-1]
+    assert last.forward_ms > 0 and last.backward_ms > last.weight_grad_ms > 0
+    bigger = added("output_layer_loss", make_spec(pp=3, devices=("h100", "a10g", "l4"), vocab=2 * 50304))
+    assert bigger.stages[-1].forward_ms == pytest.approx(2 * last.forward_ms, rel=1e-3)
+    # Memory-bound logits: the same run on a device with twice the bandwidth spends half as long in the passes.
+    gemm_free = added("output_layer_loss", spec, compute_efficiency=1.0, logit_passes_forward=0.0)
+    passes = last.forward_ms - added("output_layer_loss", spec, logit_passes_forward=0.0).stages[-1].forward_ms
+    l4, a10g = load_model().device("l4"), load_model().device("a10g")
+    on_a10g = added("output_layer_loss", make_spec(pp=3, devices=("h100", "l4", "a10g")))
+    passes_a10g = on_a10g.stages[-1].forward_ms - added(
+        "output_layer_loss", make_spec(pp=3, devices=("h100", "l4", "a10g")), logit_passes_forward=0.0).stages[-1].forward_ms
+    assert passes_a10g / passes == pytest.approx(l4.memory_bandwidth_bytes_per_s / a10g.memory_bandwidth_bytes_per_s)
+    assert gemm_free.stages[-1].forward_ms < last.forward_ms
+
+
+def test_input_embedding_lands_on_the_first_stage_only():
+    spec = make_spec(pp=3)
+    delta = added("input_embedding", spec, forward_ms=1.5, backward_ms=0.5, grad_passes=0.0)
+    assert [s.forward_ms for s in delta.stages] == pytest.approx([1.5, 0.0, 0.0])
+    assert [s.backward_ms for s in delta.stages] == pytest.approx([0.5, 0.0, 0.0])
+    with_grad = added("input_embedding", spec, forward_ms=0.0, backward_ms=0.0, grad_passes=2.0)
+    h100 = load_model().device("h100")
+    assert with_grad.stages[0].backward_ms == pytest.approx(2 * 50304 * 1024 * 4 / h100.memory_bandwidth_bytes_per_s * 1e3)
+
+
+def test_attention_traffic_grows_with_the_square_of_the_sequence():
+    short = added("attention_score_traffic", make_spec(pp=2, seq=1024))
+    long = added("attention_score_traffic", make_spec(pp=2, seq=4096))
+    for a, b in zip(short.stages, long.stages):
+        assert b.forward_ms == pytest.approx(16 * a.forward_ms) and b.backward_ms == pytest.approx(16 * a.backward_ms)

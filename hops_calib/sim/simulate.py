@@ -5,7 +5,7 @@ after the last task on every rank there is a barrier (gradient reductions wait f
 the slowest rank), then `pre_optimizer_ms` of work outside the pipeline, then each
 rank's optimizer step `optimizer_ms[r]` (an OPTIMIZER row); rank r starts the next
 iteration `post_optimizer_ms` after its optimizer ends (its forwards still wait for
-their inputs). Real Megatron traces have this shape (see the trace-format doc).
+their inputs), or, with `iteration_barrier`, after the slowest rank's optimizer ends. Real Megatron traces have this shape (see the trace-format doc).
 
 Costs are the same in every iteration, and the barrier leaves nothing in flight, so
 iterations 3..N are iteration 2 shifted by a constant period (iteration 1 differs
@@ -145,6 +145,8 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
             rows.start_ms.append(optimizer_start); rows.end_ms.append(optimizer_start + cost)  # noqa: E702
             rows.peer_stage.append(-1)
             starts[rank] += cost
+        if pipeline.iteration_barrier:
+            starts = [max(starts)] * ranks
         iteration.extend([number] * (len(rows.stage) - len(iteration)))
 
     columns = _columns(rows, iteration)
