@@ -245,11 +245,15 @@ def tune(
         None, "--out", help="Candidate file to write (default: experiments/tune-TERM-trialN.toml)."),
     seed: int = typer.Option(0, "--seed", help="Sampler seed (worker k uses seed + k)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    objective: str = typer.Option(
+        "suite", "--objective", help="suite: throughput MAPE, bubble MAE, -rho (Pareto); components: the error of "
+                                     "the stage, optimizer and between-iteration times the traces measure."),
 ) -> None:
     """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate."""
     from hops_calib.tune import tune_command
 
-    raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json))
+    raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
+                                  objective))
 
 
 def main() -> None:
