@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import typer
 
@@ -90,6 +90,105 @@ def plan(
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
     typer.echo(report)
+
+
+# --- the loop: predict, evaluate, report, ledger (hops_calib.loop) --------------------------------
+
+MODEL_OPTION = typer.Option(None, "--model", help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
+LEDGER_OPTION = typer.Option(Path("ledger/ledger.jsonl"), "--ledger", help="Experiment ledger (JSON lines).")
+ledger_app = typer.Typer(help="The append-only, hash-chained experiment ledger.", no_args_is_help=True)
+app.add_typer(ledger_app, name="ledger")
+
+
+@app.command()
+def predict(
+    fixture_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="Fixture id (train split)."),
+    all_train: bool = typer.Option(False, "--all", help="Every train fixture: per-run errors and the suite."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Predicted vs real throughput, bubble, per-stage utilization and per-stage phase times, from the spec alone."""
+    from hops_calib.loop import predict_command
+
+    raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json))
+
+
+@app.command()
+def evaluate(
+    candidate: Optional[Path] = typer.Argument(None, help="Candidate file (experiments/*.toml): one term changed."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    commit: bool = typer.Option(False, "--commit", help="Write an accepted candidate into the model file."),
+    ledger: Path = LEDGER_OPTION,
+    split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
+    tolerance_mape: float = typer.Option(0.0, "--tolerance-mape-pp", help="Suite throughput MAPE may grow by this."),
+    tolerance_bubble_mae: float = typer.Option(0.0, "--tolerance-bubble-mae-pp", help="Suite bubble MAE may grow by this."),
+    tolerance_rho: float = typer.Option(0.0, "--tolerance-rho", help="Mean utilization rho may fall by this."),
+    tolerance_run_throughput: float = typer.Option(2.0, "--tolerance-run-throughput-pp", help="Per-run |throughput error| may grow by this."),
+    tolerance_run_bubble: float = typer.Option(2.0, "--tolerance-run-bubble-pp", help="Per-run |bubble error| may grow by this."),
+) -> None:
+    """Score the model on the train split; with a candidate, gate it and record the answer. Exit 0 accepted, 1 rejected, 2 invalid."""
+    from hops_calib.loop import evaluate_command
+
+    tolerances = {"throughput_mape_pp": tolerance_mape, "bubble_mae_pp": tolerance_bubble_mae,
+                  "util_spearman": tolerance_rho, "run_throughput_pp": tolerance_run_throughput,
+                  "run_bubble_pp": tolerance_run_bubble}
+    raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances))
+
+
+@app.command()
+def report(
+    split: str = typer.Option("test", "--split", help="The held-out split (test), or train."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    ledger: Path = LEDGER_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Suite aggregates only on the held-out split; appends an audit entry to the ledger every time."""
+    from hops_calib.loop import report_command
+
+    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json))
+
+
+@ledger_app.command("show")
+def ledger_show(
+    ledger: Path = LEDGER_OPTION,
+    last: Optional[int] = typer.Option(None, "--last", help="Only the last N entries."),
+    as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
+) -> None:
+    """One line per entry: time, decision, candidate and change, MAPE before -> after."""
+    from hops_calib.loop import ledger_show_command
+
+    raise typer.Exit(ledger_show_command(ledger, last, as_json))
+
+
+@ledger_app.command("verify")
+def ledger_verify(ledger: Path = LEDGER_OPTION, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Check every line and the hash chain; name each damaged, edited or truncated line. Exit 1 on any problem."""
+    from hops_calib.loop import ledger_verify_command
+
+    raise typer.Exit(ledger_verify_command(ledger, as_json))
+
+
+@ledger_app.command("export")
+def ledger_export(
+    out: Path = typer.Argument(..., help="Parquet file to write."),
+    ledger: Path = LEDGER_OPTION,
+) -> None:
+    """Write the ledger as a Parquet table, one row per entry."""
+    from hops_calib.loop import ledger_export_command
+
+    raise typer.Exit(ledger_export_command(ledger, out))
+
+
+@ledger_app.command("repair")
+def ledger_repair(ledger: Path = LEDGER_OPTION) -> None:
+    """Set aside an incomplete last line left by an interrupted append (complete entries are never touched)."""
+    from hops_calib.loop import ledger_repair_command
+
+    raise typer.Exit(ledger_repair_command(ledger))
 
 
 def main() -> None:

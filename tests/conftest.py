@@ -43,3 +43,12 @@ def shared_store(shared_runs, tmp_path_factory):
     report = ingest([shared_runs], store)
     assert report.ok, [o.error for o in report.rejected]
     return store
+
+
+@pytest.fixture(scope="session")
+def shared_fixtures(shared_store) -> Path:
+    """Folder of the shared runs' fixture store (ingested once per session by `shared_store`), for CLI tests.
+
+    Read-only by convention: tests that change a store ingest into their own tmp_path.
+    """
+    return shared_store.root

@@ -1,0 +1,93 @@
+"""Benchmark: `hops-calib evaluate --json` on the shared runs, start-up included. Prints figures; asserts nothing.
+
+    python benchmarks/evaluate.py [--fixtures DIR] [--repeats 5]
+
+Without --fixtures the 56 shared runs are ingested into a temporary store first.
+Reports the wall time of a fresh `python -m hops_calib evaluate --fixtures DIR
+--json` (the figure the speed target is about: under 2 s), and where the time
+goes inside one process: imports, loading the train fixtures (spec and truth
+summary only, no events), building pipelines, simulating and measuring.
+For comparison, the published HOPS simulator needs about 0.5 s per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def fresh_evaluate(fixtures: Path) -> float:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "hops_calib", "evaluate", "--fixtures", str(fixtures), "--json"],
+                          capture_output=True, text=True, env=env, cwd=REPO)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"evaluate failed ({done.returncode}): {done.stderr}")
+    return elapsed
+
+
+def breakdown(fixtures: Path) -> None:
+    start = time.perf_counter()
+    from hops_calib.evaluate import load_suite
+    from hops_calib.metrics import timeline_metrics  # noqa: F401  (pandas, numpy)
+    from hops_calib.model_files import load_model
+    from hops_calib.sim import simulate
+    imported = time.perf_counter()
+    suite = load_suite(fixtures, "train")
+    model = load_model()
+    loaded = time.perf_counter()
+    pipelines = [model.pipeline(spec) for spec in suite.specs]
+    built = time.perf_counter()
+    results = [simulate(p, spec.schedule) for p, spec in zip(pipelines, suite.specs)]
+    simulated = time.perf_counter()
+    for result in results:
+        result.metrics()
+    measured = time.perf_counter()
+    n = len(suite.ids)
+    print(f"in one process, {n} train fixtures:")
+    for label, seconds in (("imports (numpy, pandas, store, sim, model)", imported - start),
+                           ("load specs + truth summaries", loaded - imported),
+                           ("model.pipeline for every spec", built - loaded),
+                           ("simulate", simulated - built),
+                           ("timeline + metrics", measured - simulated)):
+        print(f"  {label:44} {seconds * 1e3:8.1f} ms")
+    per_run = (measured - loaded) / n
+    print(f"  predict + measure per run                    {per_run * 1e3:8.2f} ms  (HOPS: about 500 ms per run)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fixtures", type=Path, help="an existing fixture store (default: ingest the shared runs)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        fixtures = args.fixtures
+        if fixtures is None:
+            from hops_calib.shared import shared_runs_dir
+            from hops_calib.store import FixtureStore
+            from hops_calib.store.ingest import ingest
+
+            fixtures = Path(tmp) / "fixtures"
+            report = ingest([shared_runs_dir()], FixtureStore(fixtures))
+            if not report.ok:
+                sys.exit("ingest of the shared runs failed")
+        fresh_evaluate(fixtures)  # warm the page cache once
+        times = [fresh_evaluate(fixtures) for _ in range(args.repeats)]
+        print(f"hops-calib evaluate --fixtures {fixtures} --json, fresh interpreter, {args.repeats} runs:")
+        print(f"  wall min {min(times):.3f} s, median {statistics.median(times):.3f} s, max {max(times):.3f} s "
+              f"(target < 2 s)")
+        breakdown(fixtures)
+
+
+if __name__ == "__main__":
+    main()

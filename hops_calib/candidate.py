@@ -1,0 +1,222 @@
+"""Candidates: a proposed one-term change to the model, read from TOML as data (never executed).
+
+A candidate file (in `experiments/`) says what is expected and why, and makes
+exactly one change:
+
+    id = "embedding-grad-allreduce"
+    hypothesis = "the first and last stage all-reduce ... so throughput MAPE drops"
+    grounding = "Megatron ties input and output embeddings by default ..."
+
+    [change]
+    action = "add"                 # add | remove | set | set_device
+    term = "embedding_grad_allreduce"
+    params = { efficiency = 1.0 }  # add / set: parameter values (add: omitted ones take defaults)
+
+    # or, correcting one device constant:
+    # [change]
+    # action = "set_device"
+    # device = "a10g"
+    # constant = "peak_bf16_flops_per_s"
+    # value = 7.0e13
+    # source = "vendor datasheet, table ..., row ..."
+
+A term named by a candidate must already be implemented in
+`hops_calib.model.terms`; a candidate only activates, removes or sets it. One
+touching more than one term (several `[[change]]` tables, a list of terms) is
+refused with the terms it touched named (`TooManyChanges`, exit 2).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hops_calib.errors import InputError, line_of, parse_toml
+from hops_calib.model import CONSTANTS, TERMS, Model, resolve_params
+
+ACTIONS = ("add", "remove", "set", "set_device")
+_TOP_KEYS = {"id", "hypothesis", "grounding", "change", "expected", "author", "notes"}
+_CHANGE_KEYS = {
+    "add": ({"action", "term"}, {"params"}),
+    "remove": ({"action", "term"}, set()),
+    "set": ({"action", "term", "params"}, set()),
+    "set_device": ({"action", "device", "constant", "value", "source"}, set()),
+}
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+class TooManyChanges(InputError):
+    """A candidate that touches more than one term or device constant."""
+
+    def __init__(self, origin: str, touched: list[str], line: int | None) -> None:
+        self.touched = touched
+        super().__init__(origin, f"a candidate changes exactly one term or device constant; this one touches "
+                         f"{len(touched)}: {', '.join(touched)}", line=line, field="change",
+                         hint="split it into one candidate per term and evaluate them one at a time")
+
+
+@dataclass(frozen=True)
+class Change:
+    action: str  # one of ACTIONS
+    term: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+    constant: str | None = None
+    value: float | None = None
+    source: str | None = None
+
+    @property
+    def target(self) -> str:
+        """What the change touches: 'term NAME' or 'device TYPE.CONSTANT'."""
+        if self.action == "set_device":
+            return f"device {self.device}.{self.constant}"
+        return f"term {self.term}"
+
+    def describe(self) -> str:
+        if self.action == "set_device":
+            return f"set device {self.device}.{self.constant} = {self.value:g}"
+        if self.action == "remove":
+            return f"remove term {self.term}"
+        values = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.action} term {self.term}" + (f" ({values})" if values else "")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    hypothesis: str
+    grounding: str
+    change: Change
+    text: str  # the file as read, recorded whole in the ledger
+    origin: str
+
+    def apply(self, model: Model) -> Model:
+        """The model with this candidate's change; InputError if it does not apply or changes nothing."""
+        change, origin, text = self.change, self.origin, self.text
+        active = model.active(change.term) if change.term else None
+        if change.action == "add":
+            if active is not None:
+                raise InputError(origin, f"term {change.term!r} is already active in model {model.name!r}",
+                                 line=line_of(text, "change", "term"), field="change.term",
+                                 hint='use action = "set" to change its parameters')
+            changed = model.with_term(resolve_params(change.term, change.params, origin=origin, text=text,
+                                                     table="change.params"))
+        elif change.action in ("remove", "set"):
+            if active is None:
+                raise InputError(origin, f"term {change.term!r} is not active in model {model.name!r} (active: "
+                                 f"{', '.join(t.name for t in model.terms)})", line=line_of(text, "change", "term"),
+                                 field="change.term", hint='use action = "add" to activate it')
+            if change.action == "remove":
+                if len(model.terms) == 1:
+                    raise InputError(origin, f"removing {change.term!r} would leave the model with no terms",
+                                     field="change.term")
+                changed = model.without_term(change.term)
+            else:
+                changed = model.with_term(resolve_params(change.term, change.params, origin=origin, text=text,
+                                                         table="change.params", base=active.params()))
+        else:
+            try:
+                model.device(change.device)
+            except KeyError:
+                raise InputError(origin, f"unknown device type {change.device!r} (known: "
+                                 f"{', '.join(d.type for d in model.devices)})", line=line_of(text, "change", "device"),
+                                 field="change.device") from None
+            changed = model.with_device_constant(change.device, change.constant, change.value, change.source)
+        if changed.sha256 == model.sha256:
+            raise InputError(origin, f"the change ({change.describe()}) leaves the model's predictions unchanged",
+                             field="change", hint="a candidate must change something the model predicts with")
+        return changed
+
+
+def _text_field(data: dict[str, Any], key: str, origin: str, text: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(origin, f"'{key}' is required and must be non-empty text", line=line_of(text, None, key),
+                         field=key, hint="a candidate states its falsifiable hypothesis and its physical grounding")
+    return value.strip()
+
+
+def parse_candidate(text: str, *, origin: str) -> Candidate:
+    """Parse candidate TOML text. Only data is read: term names are looked up in the registry, nothing is imported."""
+    data = parse_toml(text, origin, _TOP_KEYS)
+    candidate_id = _text_field(data, "id", origin, text)
+    if not _ID.match(candidate_id):
+        raise InputError(origin, f"id {candidate_id!r} must be letters, digits, '_', '.', '-' (at most 100)",
+                         line=line_of(text, None, "id"), field="id")
+    hypothesis = _text_field(data, "hypothesis", origin, text)
+    grounding = _text_field(data, "grounding", origin, text)
+
+    raw_changes = data.get("change")
+    if raw_changes is None:
+        raise InputError(origin, "no [change] table", field="change",
+                         hint=f"add [change] with action = one of {', '.join(ACTIONS)}")
+    changes = raw_changes if isinstance(raw_changes, list) else [raw_changes]
+    touched: list[str] = []
+    for raw in changes:
+        if not isinstance(raw, dict):
+            raise InputError(origin, "[change] must be a table", field="change")
+        for key in ("term", "device"):
+            values = raw.get(key)
+            names = values if isinstance(values, list) else [values] if values is not None else []
+            for name in names:
+                label = f"term {name}" if key == "term" else f"device {name}.{raw.get('constant')}"
+                if label not in touched:
+                    touched.append(label)
+    header_line = line_of(text, "change")
+    if len(touched) > 1:
+        raise TooManyChanges(origin, touched, header_line)
+    if len(changes) != 1:
+        raise InputError(origin, f"{len(changes)} [[change]] tables; a candidate makes exactly one change",
+                         line=header_line, field="change", hint="merge them into one [change] table")
+    return Candidate(id=candidate_id, hypothesis=hypothesis, grounding=grounding,
+                     change=_parse_change(changes[0], origin, text), text=text, origin=origin)
+
+
+def _parse_change(raw: dict[str, Any], origin: str, text: str) -> Change:
+    action = raw.get("action")
+    if action not in ACTIONS:
+        raise InputError(origin, f"action {action!r} is not one of {', '.join(ACTIONS)}",
+                         line=line_of(text, "change", "action"), field="change.action")
+    required, optional = _CHANGE_KEYS[action]
+    missing = sorted(required - set(raw))
+    extra = sorted(set(raw) - required - optional)
+    if missing or extra:
+        problem = "; ".join(p for p in (f"missing {missing}" if missing else "",
+                                        f"not allowed {extra}" if extra else "") if p)
+        raise InputError(origin, f"action {action!r}: {problem}", line=line_of(text, "change", (extra or [None])[0]),
+                         field="change", hint=f"action {action!r} takes {sorted(required | optional)}")
+    if action == "set_device":
+        constant, value, source = raw["constant"], raw["value"], raw["source"]
+        if constant not in CONSTANTS:
+            raise InputError(origin, f"unknown device constant {constant!r}", line=line_of(text, "change", "constant"),
+                             field="change.constant", hint=f"device constants are {', '.join(CONSTANTS)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise InputError(origin, f"value must be a finite positive number, got {value!r}",
+                             line=line_of(text, "change", "value"), field="change.value")
+        if not isinstance(source, str) or not source.strip():
+            raise InputError(origin, "a device constant needs the source it was read from (a vendor spec sheet)",
+                             line=line_of(text, "change", "source"), field="change.source")
+        return Change(action=action, device=str(raw["device"]), constant=constant, value=float(value),
+                      source=source.strip())
+    term = raw["term"]
+    if not isinstance(term, str) or term not in TERMS:
+        raise InputError(origin, f"unknown term {term!r}", line=line_of(text, "change", "term"), field="change.term",
+                         hint="a candidate can only name terms implemented in hops_calib.model.terms ("
+                              f"{', '.join(sorted(TERMS))}); add a new term to the package first")
+    params = raw.get("params", {})
+    if not isinstance(params, dict):
+        raise InputError(origin, "params must be a table of parameter values", line=line_of(text, "change", "params"),
+                         field="change.params")
+    if action == "set" and not params:
+        raise InputError(origin, "action 'set' needs at least one parameter value", field="change.params")
+    return Change(action=action, term=term, params=dict(params))
+
+
+def read_candidate(path: Path | str) -> Candidate:
+    from hops_calib.model_files import read_text
+
+    path = Path(path)
+    return parse_candidate(read_text(path, "candidate file"), origin=str(path))

@@ -1,0 +1,58 @@
+"""Errors about user input (model files, candidates, ledgers): where, which field, what is wrong, what to do."""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """Input that cannot be used as it is.
+
+    The message always says where (a file or other origin, and the line when
+    known), which field, what is wrong, and what the user should do about it.
+    The CLI turns it into exit code 2.
+    """
+
+    def __init__(self, origin: str, problem: str, *, line: int | None = None, field: str | None = None,
+                 hint: str = "") -> None:
+        self.origin = str(origin)
+        self.line = line
+        self.field = field
+        self.problem = problem
+        self.hint = hint
+        where = self.origin + (f":{line}" if line is not None else "")
+        what = f"field '{field}': {problem}" if field else problem
+        super().__init__(f"{where}: {what}" + (f" ({hint})" if hint else ""))
+
+
+def line_of(text: str, table: str | None, key: str | None = None) -> int | None:
+    """1-based line of `key` inside TOML table `[table]` (top level when None), or of the header itself.
+
+    TOML parsers report lines only for syntax errors; this finds where a
+    semantically wrong field sits, so a message can point at it.
+    """
+    in_table = table is None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        code = raw.split("#", 1)[0].strip()
+        if code.startswith("["):
+            in_table = code.strip("[]").strip() == table
+            if in_table and key is None:
+                return number
+            continue
+        if in_table and key is not None and "=" in code and code.split("=", 1)[0].strip().strip('"') == key:
+            return number
+    return None
+
+
+def parse_toml(text: str, origin: str, allowed_keys: set[str] | None = None) -> dict:
+    """Decode TOML text, refusing syntax errors and (when `allowed_keys` is given) unknown top-level keys."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise InputError(origin, f"not valid TOML: {error}", hint="fix the syntax at the line named") from None
+    unknown = sorted(set(data) - allowed_keys) if allowed_keys is not None else []
+    if unknown:
+        raise InputError(origin, f"unknown top-level key(s) {unknown}",
+                         line=line_of(text, None, unknown[0]) or line_of(text, unknown[0]), field=unknown[0],
+                         hint=f"expected only {sorted(allowed_keys)}")
+    return data

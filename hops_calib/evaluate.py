@@ -1,0 +1,278 @@
+"""The loop: score a model on the train split, gate a one-term candidate, record the answer, audit the test split.
+
+- `evaluate` scores the model (and a candidate's changed model) on the train
+  split, applies the gate, appends a ledger entry for every candidate, and with
+  `commit=True` writes an accepted candidate into the model file.
+- `report` scores the held-out split, returns suite aggregates only, and
+  appends an audit entry to the ledger every time.
+- `refuse_test_split` is the guard every train-only verb calls (rule 2).
+
+This module returns results; `hops_calib.loop` prints them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hops_calib.candidate import Candidate, read_candidate
+from hops_calib.errors import InputError
+from hops_calib.gate import GateResult, Tolerances, gate
+from hops_calib.ledger import DEFAULT_LEDGER, code_revision, now_utc
+from hops_calib.metrics import TimelineMetrics
+from hops_calib.model import Model
+from hops_calib.score import RunScore, SuiteScore, aggregate, score_run
+from hops_calib.spec import Spec
+
+TRAIN, TEST = "train", "test"
+SPLITS = (TRAIN, TEST)
+
+
+class ProtectedSplit(InputError):
+    """A train-only verb asked to read the test split."""
+
+
+def refuse_test_split(split: str, verb: str) -> None:
+    """Rule 2: only the held-out report reads the test split."""
+    if split == TEST:
+        raise ProtectedSplit(verb, "refuses the test split: parameters and candidates are judged on train only",
+                             field="split", hint="the test split is read only by `hops-calib report --split test`, "
+                                                 "which prints suite aggregates and leaves an audit entry in the ledger")
+    if split not in SPLITS:
+        raise InputError(verb, f"unknown split {split!r}", field="split", hint=f"expected one of {SPLITS}")
+
+
+@dataclass(frozen=True)
+class Suite:
+    """The fixtures of one split, as a prediction and the scoring need them: spec and truth metrics, no events."""
+
+    fixtures_dir: Path
+    split: str
+    ids: tuple[str, ...]
+    specs: tuple[Spec, ...]
+    truths: tuple[TimelineMetrics, ...]
+    content_hashes: tuple[str, ...]
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the fixture set: which runs, at which content."""
+        listing = "\n".join(f"{i} {h}" for i, h in sorted(zip(self.ids, self.content_hashes)))
+        return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def open_store(fixtures_dir: Path | str):
+    from hops_calib.store import FixtureStore
+
+    store = FixtureStore(fixtures_dir)
+    if not store.exists():
+        raise InputError(fixtures_dir, "no fixture store here",
+                         hint=f"ingest runs first: hops-calib ingest SRC --fixtures {fixtures_dir}")
+    return store
+
+
+def load_suite(fixtures_dir: Path | str, split: str) -> Suite:
+    store = open_store(fixtures_dir)
+    ids = store.ids(split)
+    if not ids:
+        raise InputError(fixtures_dir, f"the fixture store has no {split} fixtures",
+                         hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})")
+    fixtures = [store.load(fixture_id) for fixture_id in ids]
+    return Suite(fixtures_dir=Path(fixtures_dir), split=split, ids=tuple(ids),
+                 specs=tuple(f.spec for f in fixtures), truths=tuple(f.truth.metrics for f in fixtures),
+                 content_hashes=tuple(f.content_hash for f in fixtures))
+
+
+@dataclass(frozen=True)
+class ModelScore:
+    runs: tuple[RunScore, ...]
+    suite: SuiteScore
+
+
+def score_model(suite: Suite, model: Model, *, origin: str) -> ModelScore:
+    """Predict every run of `suite` from its spec alone and score it against its truth."""
+    from hops_calib.predict import predict
+
+    runs = []
+    for fixture_id, spec, truth in zip(suite.ids, suite.specs, suite.truths):
+        try:
+            prediction = predict(spec, model)
+        except ValueError as error:
+            raise InputError(origin, f"model {model.name!r} cannot predict fixture {fixture_id}: {error}") from None
+        runs.append(score_run(fixture_id, truth, prediction.metrics))
+    return ModelScore(runs=tuple(runs), suite=aggregate(runs))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    split: str
+    fixtures_dir: Path
+    n_fixtures: int
+    fixture_set_sha256: str
+    model_path: Path
+    model: Model
+    tolerances: Tolerances
+    before: ModelScore
+    candidate: Candidate | None = None
+    candidate_model: Model | None = None
+    after: ModelScore | None = None
+    verdict: GateResult | None = None
+    ledger_path: Path | None = None
+    ledger_entry: dict[str, Any] | None = None
+    committed: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict is None or self.verdict.accepted else 1
+
+    @property
+    def current(self) -> ModelScore:
+        """The scores being reported: the candidate's when there is one, else the model's."""
+        return self.after or self.before
+
+    def to_dict(self, *, runs: bool = True) -> dict[str, Any]:
+        data: dict[str, Any] = {"split": self.split, **self.current.suite.to_dict(),
+                                "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
+                                "model": str(self.model_path), "model_sha256": self.model.sha256,
+                                "tolerances": self.tolerances.to_dict()}
+        if self.candidate is not None and self.verdict is not None and self.after is not None:
+            data.update({
+                "candidate": candidate_record(self.candidate),
+                "candidate_model_sha256": self.candidate_model.sha256,
+                "before": self.before.suite.to_dict(),
+                "after": self.after.suite.to_dict(),
+                **self.verdict.to_dict(),
+                "committed": self.committed,
+                "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
+                           "entry_sha256": self.ledger_entry["entry_sha256"]},
+            })
+        if runs:
+            data["runs"] = [r.to_dict() for r in self.current.runs]
+        return data
+
+
+def candidate_record(candidate: Candidate) -> dict[str, Any]:
+    return {"id": candidate.id, "path": candidate.origin, "change": candidate.change.describe(),
+            "target": candidate.change.target, "hypothesis": candidate.hypothesis, "text": candidate.text}
+
+
+def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
+             candidate_path: Path | str | None = None, tolerances: Tolerances = Tolerances(),
+             ledger_path: Path | str = DEFAULT_LEDGER, commit: bool = False, split: str = TRAIN) -> Evaluation:
+    """Score the model on the train split; with a candidate, gate it, record it, and commit it if asked and accepted."""
+    from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+    refuse_test_split(split, "evaluate")
+    if commit and candidate_path is None:
+        raise InputError("evaluate", "--commit needs a candidate to commit", field="commit",
+                         hint="pass a candidate file: hops-calib evaluate experiments/X.toml --commit")
+    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model = load_model(model_path)
+    candidate = read_candidate(candidate_path) if candidate_path is not None else None
+    candidate_model = candidate.apply(model) if candidate is not None else None
+    suite = load_suite(fixtures_dir, split)
+    before = score_model(suite, model, origin=str(model_path))
+    common = dict(split=split, fixtures_dir=Path(fixtures_dir), n_fixtures=len(suite.ids),
+                  fixture_set_sha256=suite.sha256, model_path=model_path, model=model, tolerances=tolerances,
+                  before=before)
+    if candidate is None:
+        return Evaluation(**common)
+
+    after = score_model(suite, candidate_model, origin=candidate.origin)
+    verdict = gate(before.runs, after.runs, before.suite, after.suite, tolerances)
+    entry = {
+        "kind": "evaluate",
+        "time": now_utc(),
+        "candidate": candidate_record(candidate),
+        "model_path": str(model_path),
+        "model_sha256_before": model.sha256,
+        "model_sha256_after": candidate_model.sha256,
+        "fixture_set_sha256": suite.sha256,
+        "split": split,
+        "n_fixtures": len(suite.ids),
+        "aggregates_before": before.suite.to_dict(),
+        "aggregates_after": after.suite.to_dict(),
+        **verdict.to_dict(),
+        "committed": bool(commit and verdict.accepted),
+        "code_revision": code_revision(),
+    }
+    if entry["committed"]:
+        written = _commit(model_path, model, candidate_model, ledger_path, entry)
+    else:
+        from hops_calib import ledger
+
+        written = ledger.append(ledger_path, entry)
+    return Evaluation(**common, candidate=candidate, candidate_model=candidate_model, after=after, verdict=verdict,
+                      ledger_path=Path(ledger_path), ledger_entry=written, committed=entry["committed"])
+
+
+def _commit(model_path: Path, model: Model, changed: Model, ledger_path: Path | str, entry: dict[str, Any]
+            ) -> dict[str, Any]:
+    """Record the accepted candidate, then write it into the model file, refusing if the file moved meanwhile.
+
+    Under the model file's lock: the file must still hold the model the
+    candidate was judged against (another commit may have landed since); the
+    ledger entry is appended first, so a model file never changes unrecorded.
+    """
+    from filelock import FileLock
+
+    from hops_calib import ledger
+    from hops_calib.model_files import load_model, write_model
+
+    with FileLock(str(model_path) + ".lock", timeout=ledger.LOCK_TIMEOUT_S):
+        current = load_model(model_path)
+        if current.sha256 != model.sha256:
+            raise InputError(model_path, f"the model file changed while the candidate was evaluated (sha256 "
+                             f"{model.sha256[:12]} -> {current.sha256[:12]}); nothing was committed or recorded",
+                             hint="evaluate the candidate again against the current model")
+        written = ledger.append(ledger_path, entry)
+        write_model(model_path, changed)
+    return written
+
+
+@dataclass(frozen=True)
+class Report:
+    split: str
+    suite: SuiteScore
+    model_sha256: str
+    ledger_path: Path
+    ledger_entry: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"split": self.split, **self.suite.to_dict(), "model_sha256": self.model_sha256,
+                "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
+                           "entry_sha256": self.ledger_entry["entry_sha256"]}}
+
+
+def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
+           ledger_path: Path | str = DEFAULT_LEDGER) -> Report:
+    """Suite aggregates on `split` (the held-out test split by default), and an audit entry in the ledger.
+
+    Only aggregates leave this function: no per-run error, so nobody can tune
+    against single held-out runs through it.
+    """
+    from hops_calib import ledger
+    from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+    if split not in SPLITS:
+        raise InputError("report", f"unknown split {split!r}", field="split", hint=f"expected one of {SPLITS}")
+    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model = load_model(model_path)
+    suite = load_suite(fixtures_dir, split)
+    scored = score_model(suite, model, origin=str(model_path))
+    entry = {
+        "kind": "report",
+        "time": now_utc(),
+        "model_path": str(model_path),
+        "model_sha256": model.sha256,
+        "fixture_set_sha256": suite.sha256,
+        "split": split,
+        "n_fixtures": len(suite.ids),
+        "aggregates": scored.suite.to_dict(),
+        "decision": "audit",
+        "code_revision": code_revision(),
+    }
+    written = ledger.append(ledger_path, entry)
+    return Report(split=split, suite=scored.suite, model_sha256=model.sha256, ledger_path=Path(ledger_path),
+                  ledger_entry=written)

@@ -1,0 +1,28 @@
+"""Small file helpers for the rooms that do I/O: nothing half-written (rule 5)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write(path: Path | str, data: bytes | str) -> None:
+    """Write `data` to `path` through a temporary file in the same folder, then rename over it.
+
+    A reader sees the old content or the new, never a mix; a crash leaves at
+    most a stray `*.tmp` file beside it.
+    """
+    path = Path(path)
+    payload = data.encode() if isinstance(data, str) else data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,127 @@
+"""The tolerance gate: accept a candidate model only if it holds or improves the suite and regresses no run.
+
+Accept when all of these hold (tolerances configurable, stated in every result):
+- suite throughput MAPE does not grow by more than `throughput_mape_pp` (default 0: hold or improve);
+- suite bubble MAE does not grow by more than `bubble_mae_pp` (default 0);
+- mean utilization rho does not fall by more than `util_spearman` (default 0);
+- no run's |throughput error| grows by more than `run_throughput_pp` (default 2 pp);
+- no run's |bubble error| grows by more than `run_bubble_pp` (default 2 pp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from hops_calib.score import RunScore, SuiteScore
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    throughput_mape_pp: float = 0.0
+    bubble_mae_pp: float = 0.0
+    util_spearman: float = 0.0
+    run_throughput_pp: float = 2.0
+    run_bubble_pp: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not value >= 0:
+                raise ValueError(f"tolerance {name} must be >= 0, got {value}")
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (f"suite throughput MAPE may grow <= {self.throughput_mape_pp:g} pp, bubble MAE <= "
+                f"{self.bubble_mae_pp:g} pp, mean rho may fall <= {self.util_spearman:g}; per run |throughput error| "
+                f"may grow <= {self.run_throughput_pp:g} pp, |bubble error| <= {self.run_bubble_pp:g} pp")
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A run whose absolute error grew by more than the per-run tolerance."""
+
+    run_id: str
+    metric: str  # "throughput" (error %) or "bubble" (error pp)
+    abs_error_before: float
+    abs_error_after: float
+    growth_pp: float
+    allowed_pp: float
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        unit = "%" if self.metric == "throughput" else " pp"
+        # Enough digits that a growth just over the tolerance does not print as equal to it.
+        digits = 2 if round(self.growth_pp, 2) > self.allowed_pp else 4
+        return (f"{self.run_id}: |{self.metric} error| {self.abs_error_before:.2f}{unit} -> "
+                f"{self.abs_error_after:.2f}{unit} (+{self.growth_pp:.{digits}f} pp > {self.allowed_pp:g} pp)")
+
+
+@dataclass(frozen=True)
+class GateResult:
+    accepted: bool
+    reasons: tuple[str, ...]
+    regressions: tuple[Regression, ...]
+    tolerances: Tolerances
+
+    @property
+    def decision(self) -> str:
+        return "accepted" if self.accepted else "rejected"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"decision": self.decision, "reasons": list(self.reasons),
+                "regressions": [r.to_dict() for r in self.regressions], "tolerances": self.tolerances.to_dict()}
+
+
+def _suite_check(label: str, unit: str, before: float, after: float, tolerance: float, higher_is_better: bool
+                 ) -> tuple[bool, str]:
+    change = after - before
+    worsening = -change if higher_is_better else change
+    passes = worsening <= tolerance
+    if worsening < 0:
+        verdict = "improves"
+    elif worsening == 0:
+        verdict = "holds"
+    else:
+        verdict = f"worsens by {worsening:.4g}{unit}" + (", within tolerance" if passes else "")
+    bound = "fall" if higher_is_better else "grow"
+    return passes, (f"{label} {before:.4f} -> {after:.4f} (may {bound} by <= {tolerance:g}{unit}): {verdict}"
+                    + ("" if passes else " -> fails"))
+
+
+def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before: SuiteScore, after: SuiteScore,
+         tolerances: Tolerances = Tolerances()) -> GateResult:
+    """Compare a candidate's scores (`after`) with the current model's (`before`) on the same runs."""
+    before_by_id = {r.run_id: r for r in before_runs}
+    after_by_id = {r.run_id: r for r in after_runs}
+    if set(before_by_id) != set(after_by_id):
+        raise ValueError("the gate compares the same runs before and after; the run sets differ: "
+                         f"{sorted(set(before_by_id) ^ set(after_by_id))}")
+    checks = [
+        _suite_check("throughput MAPE %", " pp", before.throughput_mape_pct, after.throughput_mape_pct,
+                     tolerances.throughput_mape_pp, higher_is_better=False),
+        _suite_check("bubble MAE pp", " pp", before.bubble_mae_pp, after.bubble_mae_pp,
+                     tolerances.bubble_mae_pp, higher_is_better=False),
+        _suite_check("mean utilization rho", "", before.util_spearman_mean, after.util_spearman_mean,
+                     tolerances.util_spearman, higher_is_better=True),
+    ]
+    regressions = []
+    for run_id in sorted(before_by_id):
+        old, new = before_by_id[run_id], after_by_id[run_id]
+        for metric, field, allowed in (("throughput", "throughput_error_pct", tolerances.run_throughput_pp),
+                                       ("bubble", "bubble_error_pp", tolerances.run_bubble_pp)):
+            was, now = abs(getattr(old, field)), abs(getattr(new, field))
+            if now - was > allowed:
+                regressions.append(Regression(run_id, metric, was, now, now - was, allowed))
+    for metric, allowed in (("throughput", tolerances.run_throughput_pp), ("bubble", tolerances.run_bubble_pp)):
+        regressed = [r for r in regressions if r.metric == metric]
+        if regressed:
+            checks.append((False, f"{len(regressed)} run(s) whose |{metric} error| grew by more than {allowed:g} pp "
+                                  f"-> fails: " + ", ".join(r.run_id for r in regressed)))
+        else:
+            checks.append((True, f"no run's |{metric} error| grew by more than {allowed:g} pp"))
+    return GateResult(accepted=all(ok for ok, _ in checks), reasons=tuple(reason for _, reason in checks),
+                      regressions=tuple(regressions), tolerances=tolerances)

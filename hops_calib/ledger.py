@@ -1,0 +1,247 @@
+"""The ledger: an append-only, hash-chained JSON-lines record of every evaluation and held-out report.
+
+One entry per line, canonical JSON (sorted keys, no spaces), ending in a newline.
+Each entry carries
+- `prev_sha256`: the sha256 of the previous line's bytes (64 zeros for the first), and
+- `entry_sha256`: the sha256 of its own canonical JSON without this field,
+so `verify` finds an edited line (its own hash no longer matches), a line
+removed, inserted or re-hashed (the next line's `prev_sha256` no longer
+matches) and an interrupted append (a last line without its newline). A
+rewrite of the last line with both hashes recomputed is the one change a chain
+cannot see; `verify` prints the head hash so it can be anchored elsewhere (a
+commit message, a review).
+
+Appends hold a file lock (`<ledger>.lock`) and write the whole line with one
+O_APPEND write, so concurrent evaluations never interleave; an append refuses
+to go on after an incomplete last line (see `repair`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from hops_calib.errors import InputError
+
+GENESIS = "0" * 64
+DEFAULT_LEDGER = Path("ledger") / "ledger.jsonl"
+LOCK_TIMEOUT_S = 120.0
+
+
+class LedgerError(InputError):
+    """A ledger that cannot be appended to or read as it is."""
+
+
+def canonical_json(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def entry_hash(entry: dict[str, Any]) -> str:
+    return sha256_hex(canonical_json({k: v for k, v in entry.items() if k != "entry_sha256"}))
+
+
+def code_revision() -> str:
+    """`git rev-parse HEAD` of the checkout this package runs from (+ '-dirty' with local changes), else 'unknown'."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=here.parent,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def _lock(path: Path):
+    from filelock import FileLock
+
+    return FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    # One write for the whole line; the loop only continues after a short write.
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _last_line(data: bytes, path: Path) -> bytes | None:
+    """The last complete line of the ledger's bytes; LedgerError when the file ends mid-line."""
+    if not data:
+        return None
+    if not data.endswith(b"\n"):
+        line = data.count(b"\n") + 1
+        raise LedgerError(path, "the last line is incomplete: an append was interrupted before its newline",
+                          line=line, hint=f"run `hops-calib ledger repair --ledger {path}` to set the partial line "
+                                          "aside, then append again")
+    return data[:-1].rsplit(b"\n", 1)[-1]
+
+
+def append(path: Path | str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Append `entry` (a JSON-able dict) to the ledger at `path`, chained to the last line; returns what was written.
+
+    Adds `seq` (1-based line number), `prev_sha256` and `entry_sha256`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(path):
+        data = path.read_bytes() if path.exists() else b""
+        last = _last_line(data, path)
+        written = dict(entry)
+        written["seq"] = data.count(b"\n") + 1
+        written["prev_sha256"] = sha256_hex(last) if last is not None else GENESIS
+        written["entry_sha256"] = entry_hash(written)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            _write_all(fd, canonical_json(written) + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return written
+
+
+def now_utc() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class Problem:
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+@dataclass
+class Verification:
+    path: Path
+    entries: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    head_sha256: str = GENESIS
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ledger": str(self.path), "ok": self.ok, "entries": self.entries, "head_sha256": self.head_sha256,
+                "problems": [{"line": p.line, "message": p.message} for p in self.problems]}
+
+
+def verify(path: Path | str) -> Verification:
+    """Check every line: complete, valid JSON, its own hash, and the chain to the line before."""
+    path = Path(path)
+    result = Verification(path)
+    if not path.exists():
+        result.problems.append(Problem(0, f"{path} does not exist"))
+        return result
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    complete, tail = lines[:-1], lines[-1]
+    prev = GENESIS
+    for number, line in enumerate(complete, start=1):
+        try:
+            entry = json.loads(line)
+            if not isinstance(entry, dict):
+                raise ValueError("not an object")
+        except ValueError as error:
+            result.problems.append(Problem(number, f"not a JSON object ({error}); the line was damaged"))
+            prev = sha256_hex(line)
+            continue
+        result.entries += 1
+        if entry.get("entry_sha256") != entry_hash(entry):
+            result.problems.append(Problem(number, "content does not match its entry_sha256: the entry was edited "
+                                                   "after it was written"))
+        if entry.get("prev_sha256") != prev:
+            if number == 1:
+                message = "prev_sha256 is not the genesis value (64 zeros): lines were removed from the start"
+            else:
+                message = (f"prev_sha256 does not match the sha256 of line {number - 1}: line {number - 1} was "
+                           "changed, or lines were removed or inserted before this one")
+            result.problems.append(Problem(number, message))
+        prev = sha256_hex(line)
+    if tail:
+        result.problems.append(Problem(len(complete) + 1, f"incomplete last line ({len(tail)} bytes, no newline): an "
+                                                          "append was interrupted; it is not an entry (`hops-calib "
+                                                          "ledger repair` sets it aside)"))
+    result.head_sha256 = prev
+    return result
+
+
+def read_entries(path: Path | str) -> Iterator[dict[str, Any]]:
+    """The complete entries of a ledger, in order (an incomplete last line is skipped; `verify` reports it)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n"):
+                return
+            try:
+                yield json.loads(line)
+            except ValueError:
+                raise LedgerError(path, "not valid JSON", line=number,
+                                  hint="run `hops-calib ledger verify` to see what is damaged") from None
+
+
+def repair(path: Path | str) -> Path | None:
+    """Set an incomplete last line (an interrupted append) aside into `<ledger>.partial-<time>`; return that file.
+
+    Complete lines are never touched; returns None when there was nothing to repair.
+    """
+    path = Path(path)
+    with _lock(path):
+        data = path.read_bytes() if path.exists() else b""
+        if not data or data.endswith(b"\n"):
+            return None
+        keep = data.rfind(b"\n") + 1
+        aside = path.with_name(f"{path.name}.partial-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S%fZ}")
+        from hops_calib.files import atomic_write
+
+        atomic_write(aside, data[keep:])
+        with path.open("r+b") as handle:
+            handle.truncate(keep)
+            os.fsync(handle.fileno())
+    return aside
+
+
+def export_parquet(path: Path | str, out: Path | str) -> int:
+    """Write the ledger as a Parquet table (one row per entry, aggregates flattened); returns the row count."""
+    import pandas as pd
+
+    rows = []
+    for entry in read_entries(path):
+        row: dict[str, Any] = {}
+        for key, value in entry.items():
+            if isinstance(value, dict) and key.startswith("aggregates"):
+                for name, number in value.items():
+                    row[f"{key}_{name}"] = number
+            elif isinstance(value, (dict, list)):
+                row[key] = json.dumps(value, sort_keys=True)
+            else:
+                row[key] = value
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return len(frame)

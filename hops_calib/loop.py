@@ -1,0 +1,291 @@
+"""The loop's commands: predict, evaluate, report and ledger, printed as text or JSON, with exit codes.
+
+Exit codes: 0 success (a candidate accepted), 1 a candidate rejected (or a
+ledger that fails verification), 2 invalid input (bad candidate, more than one
+term, protected split, missing store, broken model file). Bad input is
+reported on stderr in one message that names the file, line and field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from hops_calib.errors import InputError
+
+EXIT_OK, EXIT_REJECTED, EXIT_INVALID = 0, 1, 2
+
+
+def _print_json(data: Any) -> None:
+    from hops_calib.store.fixture_store import json_safe
+
+    print(json.dumps(json_safe(data), indent=1, allow_nan=False))
+
+
+def _guarded(action: Callable[[], int]) -> int:
+    """Run a command; turn bad input into one clear stderr line and exit code 2."""
+    from hops_calib.store import StoreError
+
+    try:
+        return action()
+    except (InputError, StoreError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_INVALID
+
+
+def _pct(value: float) -> str:
+    return f"{value:+.1f}" if math.isfinite(value) else "n/a"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if value is not None and math.isfinite(value) else "n/a"
+
+
+# --- predict -------------------------------------------------------------------------------------
+
+def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
+    truth, spec = fixture.truth, fixture.spec
+    rows = []
+    for predicted in prediction.stage_phase_ms(spec):
+        stage = predicted.stage
+        rows.append({
+            "stage": stage, "device": predicted.device,
+            "real_utilization": truth.metrics.utilization_per_stage[stage],
+            "predicted_utilization": prediction.metrics.utilization_per_stage[stage],
+            "real_forward_ms": truth.phase_median_ms(stage, "FORWARD"),
+            "predicted_forward_ms": predicted.forward_ms,
+            "real_backward_ms": truth.phase_median_ms(stage, "BACKWARD"),
+            "predicted_backward_ms": predicted.backward_ms,
+            "real_optimizer_ms": truth.optimizer_ms_per_stage[stage] if stage < len(truth.optimizer_ms_per_stage)
+            else None,
+            "predicted_optimizer_ms": predicted.optimizer_ms,
+        })
+    return rows
+
+
+def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool) -> int:
+    from hops_calib.evaluate import TEST, open_store
+    from hops_calib.model_files import load_model
+    from hops_calib.predict import predict
+    from hops_calib.score import score_run
+
+    store = open_store(fixtures)
+    fixture = store.load(fixture_id)
+    if fixture.split == TEST:
+        raise InputError(f"{fixtures}/{fixture_id}", "is in the test split, which is scored only in aggregate",
+                         field="split", hint="`hops-calib report --split test` prints the held-out aggregates")
+    model = load_model(model_path)
+    prediction = predict(fixture.spec, model)
+    score = score_run(fixture.id, fixture.truth.metrics, prediction.metrics)
+    stages = _stage_rows(fixture, prediction)
+    if as_json:
+        _print_json({"id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
+                     "model": model.name, "model_sha256": model.sha256, "errors": score.to_dict(),
+                     "real": fixture.truth.metrics.to_dict(), "predicted": prediction.metrics.to_dict(),
+                     "stages": stages})
+        return EXIT_OK
+    real, pred, spec = fixture.truth.metrics, prediction.metrics, fixture.spec
+    print(f"{fixture.id}  ({fixture.split}; {prediction.schedule}, pp={spec.pp}, {spec.microbatches} microbatches x "
+          f"{spec.iterations} iterations; model {model.name} {model.sha256[:12]})")
+    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}")
+    print(f"{'throughput /s':24}{real.throughput_per_s:12.3f}{pred.throughput_per_s:12.3f}"
+          f"{_pct(score.throughput_error_pct):>8} %")
+    print(f"{'steady throughput /s':24}{real.steady_throughput_per_s:12.3f}{pred.steady_throughput_per_s:12.3f}"
+          f"{_pct(score.steady_throughput_error_pct):>8} %")
+    print(f"{'bubble %':24}{100 * real.bubble_ratio:12.1f}{100 * pred.bubble_ratio:12.1f}"
+          f"{_pct(score.bubble_error_pp):>7} pp")
+    print(f"{'iteration time ms':24}{real.iteration_time_ms:12.1f}{pred.iteration_time_ms:12.1f}")
+    print(f"{'utilization rho':24}{'':24}{score.util_spearman_rho:10.2f}")
+    print()
+    print(f"{'stage':>5} {'device':8}{'util real':>10}{'pred':>7}{'fwd ms real':>13}{'pred':>8}"
+          f"{'bwd ms real':>13}{'pred':>8}{'opt ms real':>13}{'pred':>8}")
+    for row in stages:
+        print(f"{row['stage']:>5} {row['device']:8}{row['real_utilization']:10.3f}{row['predicted_utilization']:7.3f}"
+              f"{_num(row['real_forward_ms']):>13}{_num(row['predicted_forward_ms']):>8}"
+              f"{_num(row['real_backward_ms']):>13}{_num(row['predicted_backward_ms']):>8}"
+              f"{_num(row['real_optimizer_ms']):>13}{_num(row['predicted_optimizer_ms']):>8}")
+    return EXIT_OK
+
+
+def _print_runs(runs) -> None:
+    width = max(len(r.run_id) for r in runs)
+    print(f"{'run':{width}}  {'tput err %':>10} {'steady err %':>12} {'bubble err pp':>13} {'rho':>6}")
+    for r in runs:
+        print(f"{r.run_id:{width}}  {_pct(r.throughput_error_pct):>10} {_pct(r.steady_throughput_error_pct):>12} "
+              f"{_pct(r.bubble_error_pp):>13} {r.util_spearman_rho:6.2f}")
+
+
+def _print_suite(label: str, suite) -> None:
+    print(f"{label}: {suite.n_fixtures} fixtures, throughput MAPE {suite.throughput_mape_pct:.2f} % (median "
+          f"{suite.throughput_median_ape_pct:.2f} %), steady throughput MAPE {suite.steady_throughput_mape_pct:.2f} %, "
+          f"bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization rho {suite.util_spearman_mean:.3f}")
+
+
+def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
+                    as_json: bool) -> int:
+    def run() -> int:
+        if all_train == (fixture_id is not None):
+            raise InputError("predict", "give either a fixture ID or --all (every train fixture)", field="ID")
+        if fixture_id is not None:
+            return _predict_one(fixture_id, fixtures, model_path, as_json)
+        from hops_calib.evaluate import evaluate
+
+        result = evaluate(fixtures, model_path=model_path)
+        if as_json:
+            _print_json(result.to_dict())
+        else:
+            _print_runs(result.before.runs)
+            _print_suite(f"model {result.model.name} on the train split", result.before.suite)
+        return EXIT_OK
+
+    return _guarded(run)
+
+
+# --- evaluate ------------------------------------------------------------------------------------
+
+def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | None, as_json: bool, commit: bool,
+                     ledger_path: Path, split: str, tolerances: dict[str, float]) -> int:
+    def run() -> int:
+        from hops_calib.evaluate import evaluate
+        from hops_calib.gate import Tolerances
+
+        try:
+            limits = Tolerances(**tolerances)
+        except ValueError as error:
+            raise InputError("evaluate", str(error), field="tolerance") from None
+        result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
+                          ledger_path=ledger_path, commit=commit, split=split)
+        if as_json:
+            _print_json(result.to_dict())
+            return result.exit_code
+        if result.verdict is None:
+            _print_runs(result.before.runs)
+            _print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the {result.split} split",
+                         result.before.suite)
+            print(f"tolerances a candidate must meet: {limits.describe()}")
+            return EXIT_OK
+        _print_candidate(result)
+        return result.exit_code
+
+    return _guarded(run)
+
+
+def _print_candidate(result) -> None:
+    candidate, verdict = result.candidate, result.verdict
+    print(f"candidate {candidate.id} ({candidate.origin}): {candidate.change.describe()}")
+    print(f"hypothesis: {candidate.hypothesis}")
+    print(f"model {result.model.sha256[:12]} -> {result.candidate_model.sha256[:12]} on {result.n_fixtures} "
+          f"{result.split} fixtures ({result.fixture_set_sha256[:12]})")
+    before, after = result.before.suite, result.after.suite
+    print(f"{'':30}{'before':>10}{'after':>10}")
+    for label, field in (("throughput MAPE %", "throughput_mape_pct"),
+                         ("throughput median APE %", "throughput_median_ape_pct"),
+                         ("steady throughput MAPE %", "steady_throughput_mape_pct"),
+                         ("bubble MAE pp", "bubble_mae_pp"), ("mean utilization rho", "util_spearman_mean")):
+        print(f"{label:30}{getattr(before, field):10.3f}{getattr(after, field):10.3f}")
+    if verdict.regressions:
+        print("regressed runs:")
+        for regression in verdict.regressions:
+            print(f"  {regression.describe()}")
+    print(f"decision: {verdict.decision.upper()}")
+    for reason in verdict.reasons:
+        print(f"  - {reason}")
+    print(f"tolerances: {verdict.tolerances.describe()}")
+    if result.committed:
+        print(f"committed into {result.model_path}")
+    elif verdict.accepted:
+        print(f"not committed (pass --commit to write it into {result.model_path})")
+    print(f"ledger: entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
+
+
+# --- report --------------------------------------------------------------------------------------
+
+def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool) -> int:
+    def run() -> int:
+        from hops_calib.evaluate import report
+
+        result = report(fixtures, split=split, model_path=model_path, ledger_path=ledger_path)
+        if as_json:
+            _print_json(result.to_dict())
+        else:
+            _print_suite(f"held-out report, {result.split} split, model {result.model_sha256[:12]}", result.suite)
+            print(f"audit entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
+        return EXIT_OK
+
+    return _guarded(run)
+
+
+# --- ledger --------------------------------------------------------------------------------------
+
+def ledger_show_command(ledger_path: Path, last: int | None, as_json: bool) -> int:
+    def run() -> int:
+        from hops_calib.ledger import read_entries
+
+        entries = list(read_entries(ledger_path))
+        if last is not None:
+            entries = entries[-last:] if last > 0 else []
+        if as_json:
+            _print_json(entries)
+            return EXIT_OK
+        if not entries:
+            print(f"{ledger_path}: no entries")
+        for e in entries:
+            aggregates_before, aggregates_after = e.get("aggregates_before") or {}, e.get("aggregates_after") or {}
+            if e.get("kind") == "report":
+                aggregates = e.get("aggregates", {})
+                what = (f"report {e.get('split')}: MAPE {aggregates.get('throughput_mape_pct', float('nan')):.2f} %, "
+                        f"bubble MAE {aggregates.get('bubble_mae_pp', float('nan')):.2f} pp")
+            else:
+                candidate = e.get("candidate") or {}
+                what = (f"{candidate.get('id')} ({candidate.get('change')}): MAPE "
+                        f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
+                        f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
+                        + (", committed" if e.get("committed") else ""))
+            print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', ''):9} {what}")
+        return EXIT_OK
+
+    return _guarded(run)
+
+
+def ledger_verify_command(ledger_path: Path, as_json: bool) -> int:
+    def run() -> int:
+        from hops_calib.ledger import verify
+
+        result = verify(ledger_path)
+        if as_json:
+            _print_json(result.to_dict())
+        elif result.ok:
+            print(f"{ledger_path}: {result.entries} entries, chain intact; head sha256 {result.head_sha256}")
+        else:
+            for problem in result.problems:
+                print(f"{ledger_path}:{problem}", file=sys.stderr)
+            print(f"{ledger_path}: {len(result.problems)} problem(s) in {result.entries} entries", file=sys.stderr)
+        return EXIT_OK if result.ok else EXIT_REJECTED
+
+    return _guarded(run)
+
+
+def ledger_export_command(ledger_path: Path, out: Path) -> int:
+    def run() -> int:
+        from hops_calib.ledger import export_parquet
+
+        rows = export_parquet(ledger_path, out)
+        print(f"wrote {rows} entries to {out}")
+        return EXIT_OK
+
+    return _guarded(run)
+
+
+def ledger_repair_command(ledger_path: Path) -> int:
+    def run() -> int:
+        from hops_calib.ledger import repair
+
+        aside = repair(ledger_path)
+        print(f"{ledger_path}: incomplete last line moved to {aside}" if aside else
+              f"{ledger_path}: nothing to repair (last line complete)")
+        return EXIT_OK
+
+    return _guarded(run)

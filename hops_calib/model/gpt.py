@@ -1,0 +1,64 @@
+"""Model room: counts of a Megatron GPT model (FLOPs, parameters, bytes) that cost terms build on.
+
+All counts are per microbatch (micro batch size b, sequence length s, hidden h,
+FFN hidden f, a attention heads), for Megatron's `--transformer-impl local`
+GPT layer: LayerNorm, QKV projection, core attention, output projection,
+LayerNorm, two-matmul MLP. A matmul of (m x k) by (k x n) costs 2mkn FLOPs.
+"""
+
+from __future__ import annotations
+
+from hops_calib.spec import ModelShape
+
+BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def bytes_per_element(shape: ModelShape) -> int:
+    try:
+        return BYTES_PER_ELEMENT[shape.precision]
+    except KeyError:
+        raise ValueError(f"unknown precision {shape.precision!r}; expected one of {sorted(BYTES_PER_ELEMENT)}") from None
+
+
+def layer_forward_flops(shape: ModelShape) -> float:
+    """Forward FLOPs of one decoder layer.
+
+    QKV (6bsh^2) + output projection (2bsh^2) + MLP (4bsfh) + attention scores
+    and context (4bs^2h). With f = 4h this is Megatron's 24bsh^2 + 4bs^2h
+    (Narayanan et al., SC'21, eq. 2 without the LM head).
+    """
+    b, s, h, f = shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
+    return 8.0 * b * s * h * h + 4.0 * b * s * h * f + 4.0 * b * s * s * h
+
+
+def layer_weight_grad_flops(shape: ModelShape) -> float:
+    """Weight-gradient FLOPs of one decoder layer's backward: one matmul per weight matmul of the forward.
+
+    The attention score/context products have no weights, so they appear only in
+    the input-gradient half.
+    """
+    b, s, h, f = shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
+    return 8.0 * b * s * h * h + 4.0 * b * s * h * f
+
+
+def layer_parameters(shape: ModelShape) -> float:
+    """Parameters of one decoder layer: QKV 3h^2+3h, projection h^2+h, MLP 2hf+f+h, two LayerNorms 4h."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    return 4.0 * h * h + 2.0 * h * f + 9.0 * h + f
+
+
+def layer_activation_bytes(shape: ModelShape) -> float:
+    """Bytes of activations one decoder layer's forward writes and its backward reads (16-bit training).
+
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+    Transformer Models", sec. 4.1): sbh(34 + 5as/h) with f = 4h, i.e. attention
+    11sbh + 5as^2b, MLP 3sbh + 4sbf (19sbh at f = 4h), LayerNorms 4sbh.
+    """
+    b, s, h, f, a = (shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.ffn_hidden_size,
+                     shape.num_attention_heads)
+    return 18.0 * s * b * h + 4.0 * s * b * f + 5.0 * a * s * s * b
+
+
+def boundary_activation_bytes(shape: ModelShape) -> float:
+    """Bytes sent between pipeline stages per microbatch: the hidden states, s x b x h elements."""
+    return float(shape.seq_length * shape.micro_batch_size * shape.hidden_size * bytes_per_element(shape))

@@ -1,0 +1,257 @@
+"""Model room: a Model is device specs plus the active cost terms with their parameter values.
+
+`Model.pipeline(spec)` turns what is known before a run into the simulator's
+per-task costs; it reads nothing else. A model is parsed from and written to
+TOML text here (the file I/O lives in `hops_calib.model_files`), and is
+identified by `sha256`, a hash of everything that changes its predictions.
+
+Model file layout:
+
+    [model]
+    name = "baseline"
+    description = "..."
+
+    [devices.a10g]                # optional: override one catalog constant, with a source
+    peak_bf16_flops_per_s = { value = 7.0e13, source = "..." }
+
+    [terms.decoder_roofline]      # one table per active term; omitted parameters take defaults
+    compute_efficiency = 0.5
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from hops_calib.errors import InputError, line_of, parse_toml
+from hops_calib.model.devices import CONSTANTS, DeviceSpec, parse_devices
+from hops_calib.model.terms import TERMS, Context, Contribution, Term, layout_of
+from hops_calib.sim.pipeline import Pipeline, StageCosts
+from hops_calib.spec import Spec
+
+_MODEL_KEYS = {"model", "devices", "terms"}
+
+
+@dataclass(frozen=True)
+class ActiveTerm:
+    """A term active in a model, with a value for each of its parameters."""
+
+    term: Term
+    values: tuple[tuple[str, float], ...]  # (parameter, value), in the term's declaration order
+
+    @property
+    def name(self) -> str:
+        return self.term.name
+
+    def params(self) -> dict[str, float]:
+        return dict(self.values)
+
+
+def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, text: str = "",
+                   table: str | None = None, base: Mapping[str, float] | None = None) -> ActiveTerm:
+    """Validate `given` parameter values for a term (unknown names, non-numbers, out of bounds).
+
+    Parameters not given keep their value in `base`, else the term's default.
+    """
+    if term_name not in TERMS:
+        raise InputError(origin, f"unknown term {term_name!r}", line=line_of(text, table), field=table or term_name,
+                         hint=f"terms implemented in hops_calib.model.terms: {', '.join(sorted(TERMS))}")
+    term = TERMS[term_name]
+    values = dict(term.defaults())
+    values.update(base or {})
+    known = {p.name for p in term.params}
+    for name, value in given.items():
+        line = line_of(text, table, name)
+        field = f"{table}.{name}" if table else f"{term_name}.{name}"
+        if name not in known:
+            raise InputError(origin, f"term {term_name!r} has no parameter {name!r}", line=line, field=field,
+                             hint=f"its parameters are {sorted(known) or 'none'}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InputError(origin, f"expected a finite number, got {value!r}", line=line, field=field)
+        param = term.param(name)
+        if not param.low <= value <= param.high:
+            raise InputError(origin, f"{value} is outside the plausible range [{param.low}, {param.high}] "
+                             f"({param.unit}: {param.doc})", line=line, field=field)
+        values[name] = float(value)
+    return ActiveTerm(term, tuple((p.name, values[p.name]) for p in term.params))
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    description: str
+    devices: tuple[DeviceSpec, ...]  # effective device specs (catalog plus this model's overrides)
+    terms: tuple[ActiveTerm, ...]
+
+    # --- identity -------------------------------------------------------------------------------
+
+    def canonical(self) -> dict[str, Any]:
+        """Everything that changes a prediction, in a canonical form (names, descriptions, citations excluded)."""
+        return {
+            "devices": {d.type: d.constants() for d in sorted(self.devices, key=lambda d: d.type)},
+            "terms": {t.name: dict(t.values) for t in sorted(self.terms, key=lambda t: t.name)},
+        }
+
+    @property
+    def sha256(self) -> str:
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    # --- lookups --------------------------------------------------------------------------------
+
+    def device(self, device_type: str) -> DeviceSpec:
+        for device in self.devices:
+            if device.type == device_type:
+                return device
+        raise KeyError(device_type)
+
+    def active(self, term_name: str) -> ActiveTerm | None:
+        for active in self.terms:
+            if active.name == term_name:
+                return active
+        return None
+
+    # --- one-term changes (each returns a new model) ---------------------------------------------
+
+    def with_term(self, active: ActiveTerm) -> "Model":
+        """This model with `active` added, or replacing the same term's parameters."""
+        if self.active(active.name) is None:
+            return replace(self, terms=self.terms + (active,))
+        return replace(self, terms=tuple(active if t.name == active.name else t for t in self.terms))
+
+    def without_term(self, term_name: str) -> "Model":
+        return replace(self, terms=tuple(t for t in self.terms if t.name != term_name))
+
+    def with_device_constant(self, device_type: str, constant: str, value: float, source: str) -> "Model":
+        updated = self.device(device_type).with_constant(constant, value, source)
+        return replace(self, devices=tuple(updated if d.type == device_type else d for d in self.devices))
+
+    # --- the one thing a model does ----------------------------------------------------------------
+
+    def pipeline(self, spec: Spec) -> Pipeline:
+        """The simulator's input for `spec`: the sum of every active term's contribution."""
+        layout = layout_of(spec)
+        devices = []
+        for rank, device_type in enumerate(spec.devices):
+            try:
+                devices.append(self.device(device_type))
+            except KeyError:
+                raise ValueError(f"spec {spec.run_id}: stage {rank} runs on device type {device_type!r}, which model "
+                                 f"{self.name!r} does not know (known: {sorted(d.type for d in self.devices)}); add it "
+                                 "to hops_calib/model/devices.toml or to the model file's [devices] with sources"
+                                 ) from None
+        context = Context(spec=spec, layout=layout, devices=tuple(devices))
+        totals: dict[str, list[float] | None] = {name: None for name in Contribution.LENGTHS}
+        pre_optimizer_ms = post_optimizer_ms = 0.0
+        blocking: dict[bool, str] = {}
+        for active in self.terms:
+            part = active.term.contribute(context, active.params())
+            for field, length_name in Contribution.LENGTHS.items():
+                values = getattr(part, field)
+                if not values:
+                    continue
+                expected = getattr(layout, length_name)
+                if len(values) != expected:
+                    raise ValueError(f"term {active.name} gave {len(values)} values of {field} for spec {spec.run_id}; "
+                                     f"expected {expected} (one per {length_name[:-1].replace('_', ' ')})")
+                total = totals[field] or [0.0] * expected
+                totals[field] = [a + b for a, b in zip(total, values)]
+            pre_optimizer_ms += part.pre_optimizer_ms
+            post_optimizer_ms += part.post_optimizer_ms
+            if part.blocking_p2p is not None:
+                blocking.setdefault(part.blocking_p2p, active.name)
+        if len(blocking) > 1:
+            raise ValueError(f"terms {blocking[True]} and {blocking[False]} disagree on whether p2p exchanges block")
+
+        def per(field: str) -> list[float]:
+            return totals[field] or [0.0] * getattr(layout, Contribution.LENGTHS[field])
+
+        stages = tuple(StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w)
+                       for f, b, w in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms")))
+        return Pipeline(
+            stages=stages,
+            microbatches=spec.microbatches,
+            chunks=spec.vp,
+            iterations=spec.iterations,
+            forward_transfer_ms=tuple(totals["forward_transfer_ms"] or ()),
+            backward_transfer_ms=tuple(totals["backward_transfer_ms"] or ()),
+            optimizer_ms=tuple(totals["optimizer_ms"] or ()),
+            pre_optimizer_ms=pre_optimizer_ms,
+            post_optimizer_ms=post_optimizer_ms,
+            blocking_p2p=next(iter(blocking), True),
+        )
+
+    # --- text -----------------------------------------------------------------------------------
+
+    def to_toml(self, catalog: Mapping[str, DeviceSpec]) -> str:
+        """The model file: device constants that differ from `catalog`, then each term with its parameters."""
+        out = [
+            "# hops-calib model file: device constants that differ from hops_calib/model/devices.toml, and the",
+            "# active cost terms with their parameters. `hops-calib evaluate CANDIDATE --commit` rewrites it.",
+            f"# model sha256 when written: {self.sha256}",
+            "",
+            "[model]",
+            f"name = {_toml_string(self.name)}",
+            f"description = {_toml_string(self.description)}",
+        ]
+        for device in sorted(self.devices, key=lambda d: d.type):
+            known = catalog.get(device.type)
+            changed = [c for c in CONSTANTS if known is None or getattr(known, c) != getattr(device, c)
+                       or known.source(c) != device.source(c)]
+            if not changed:
+                continue
+            out += ["", f"[devices.{device.type}]"]
+            if known is None or known.name != device.name:
+                out.append(f"name = {_toml_string(device.name)}")
+            for constant in changed:
+                out.append(f"{constant} = {{ value = {_toml_float(getattr(device, constant))}, "
+                           f"source = {_toml_string(device.source(constant))} }}")
+        for active in self.terms:
+            term = active.term
+            out += ["", f"# {term.summary()}", f"[terms.{active.name}]"]
+            for param in term.params:
+                out.append(f"{param.name} = {_toml_float(active.params()[param.name])}"
+                           f"  # {param.unit}, plausible [{_toml_float(param.low)}, {_toml_float(param.high)}]")
+        return "\n".join(out) + "\n"
+
+
+def _toml_string(value: str) -> str:
+    # A JSON string with ASCII escapes is a valid TOML basic string.
+    return json.dumps(value)
+
+
+def _toml_float(value: float) -> str:
+    return repr(float(value))
+
+
+def parse_model(text: str, *, origin: str, catalog: Mapping[str, DeviceSpec]) -> Model:
+    """A Model from model-file TOML text; `origin` names the file in error messages."""
+    data = parse_toml(text, origin, _MODEL_KEYS)
+    header = data.get("model", {})
+    name = header.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(origin, "the model needs a name", line=line_of(text, "model"), field="model.name",
+                         hint='add [model] name = "..."')
+    devices = parse_devices(data.get("devices", {}), origin=origin, text=text, prefix="devices", base=catalog)
+    terms = data.get("terms", {})
+    if not isinstance(terms, dict) or not terms:
+        raise InputError(origin, "no active terms", field="terms",
+                         hint=f"add at least one [terms.NAME] table; implemented terms: {', '.join(sorted(TERMS))}")
+    active = []
+    for term_name, given in terms.items():
+        table = f"terms.{term_name}"
+        if not isinstance(given, dict):
+            raise InputError(origin, "expected a table of parameter values", line=line_of(text, "terms", term_name),
+                             field=table)
+        active.append(resolve_params(term_name, given, origin=origin, text=text, table=table))
+    return Model(name=name.strip(), description=str(header.get("description", "")).strip(),
+                 devices=tuple(devices[t] for t in sorted(devices)), terms=tuple(active))
+
+
+def parse_catalog(text: str, *, origin: str) -> dict[str, DeviceSpec]:
+    """The device catalog (devices.toml text)."""
+    data = parse_toml(text, origin)
+    return parse_devices(data, origin=origin, text=text)

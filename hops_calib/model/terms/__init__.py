@@ -1,0 +1,30 @@
+"""Model room: the registry of named cost terms a model file may activate.
+
+Adding a term: write a `Term` subclass (name, params with bounds, a docstring
+with its physics, a pure `contribute`) in a module of this folder and list it
+in `_ALL` below. It is inert until a model file or a candidate activates it.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping
+
+from hops_calib.model.terms.base import Context, Contribution, Layout, Param, Term, layout_of
+from hops_calib.model.terms.embedding import EmbeddingGradAllReduce
+from hops_calib.model.terms.host import IterationHostOverhead
+from hops_calib.model.terms.link import LinkTransfer
+from hops_calib.model.terms.optimizer import OptimizerStep
+from hops_calib.model.terms.roofline import DecoderRoofline
+
+_ALL: tuple[Term, ...] = (
+    DecoderRoofline(),
+    LinkTransfer(),
+    EmbeddingGradAllReduce(),
+    OptimizerStep(),
+    IterationHostOverhead(),
+)
+
+TERMS: Mapping[str, Term] = MappingProxyType({term.name: term for term in _ALL})
+
+__all__ = ["TERMS", "Context", "Contribution", "Layout", "Param", "Term", "layout_of"]

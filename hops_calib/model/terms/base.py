@@ -1,0 +1,145 @@
+"""Model room: the interface of a cost term, and what a term sees (Context) and returns (Contribution).
+
+A term is a small pure object: a name, its parameters (defaults and bounds),
+a docstring giving its physical grounding, and `contribute(context, params)`,
+which returns the milliseconds it adds to the simulator's per-task costs.
+Contributions of the active terms add up into one `Pipeline`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
+
+from hops_calib.model.devices import DeviceSpec
+from hops_calib.spec import Spec
+
+
+@dataclass(frozen=True)
+class Param:
+    """A tunable number of a term. `low`..`high` is its physically plausible range (and tuning's search space)."""
+
+    name: str
+    default: float
+    low: float
+    high: float
+    unit: str
+    doc: str
+    log: bool = False  # search on a log scale when tuning (for ranges spanning decades)
+
+    def __post_init__(self) -> None:
+        if not self.low <= self.default <= self.high:
+            raise ValueError(f"parameter {self.name}: default {self.default} outside [{self.low}, {self.high}]")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the model's pieces sit: virtual stage k is model chunk k // ranks on rank k % ranks (Megatron)."""
+
+    ranks: int
+    chunks: int
+    layers: tuple[int, ...]  # decoder layers per virtual stage
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.ranks * self.chunks
+
+    @property
+    def hops(self) -> int:
+        """Adjacent virtual-stage pairs: the transfers of one microbatch in one direction."""
+        return self.virtual_stages - 1
+
+    def rank_of(self, virtual_stage: int) -> int:
+        return virtual_stage % self.ranks
+
+    def chunk_of(self, virtual_stage: int) -> int:
+        return virtual_stage // self.ranks
+
+    def layers_on_rank(self, rank: int) -> int:
+        return sum(self.layers[k] for k in range(rank, self.virtual_stages, self.ranks))
+
+
+def layout_of(spec: Spec) -> Layout:
+    """The virtual-stage layout of a spec; a rank's layers are split evenly over its chunks, as Megatron requires."""
+    layers: list[int] = [0] * (spec.pp * spec.vp)
+    for rank, on_rank in enumerate(spec.layers_per_stage):
+        if on_rank % spec.vp:
+            raise ValueError(f"spec {spec.run_id}: rank {rank} has {on_rank} layers, not divisible into vp={spec.vp} "
+                             "equal chunks (Megatron refuses such a split)")
+        for chunk in range(spec.vp):
+            layers[chunk * spec.pp + rank] = on_rank // spec.vp
+    return Layout(ranks=spec.pp, chunks=spec.vp, layers=tuple(layers))
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a term may read: the spec, its layout, and the device spec of every rank. Nothing measured."""
+
+    spec: Spec
+    layout: Layout
+    devices: tuple[DeviceSpec, ...]  # per rank
+
+    def device_of(self, virtual_stage: int) -> DeviceSpec:
+        return self.devices[self.layout.rank_of(virtual_stage)]
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """Milliseconds a term adds, per place in the pipeline. An empty tuple adds nothing there.
+
+    Per virtual stage: forward_ms, backward_ms, weight_grad_ms (the part of
+    backward_ms that is the weight gradient). Per hop k -> k+1:
+    forward_transfer_ms (activation) and backward_transfer_ms (gradient). Per
+    rank: optimizer_ms. Per iteration: pre_optimizer_ms (barrier work after the
+    last backward) and post_optimizer_ms (per rank, before the next iteration).
+    blocking_p2p: None leaves the simulator's default, a bool sets the switch.
+    """
+
+    forward_ms: tuple[float, ...] = ()
+    backward_ms: tuple[float, ...] = ()
+    weight_grad_ms: tuple[float, ...] = ()
+    forward_transfer_ms: tuple[float, ...] = ()
+    backward_transfer_ms: tuple[float, ...] = ()
+    optimizer_ms: tuple[float, ...] = ()
+    pre_optimizer_ms: float = 0.0
+    post_optimizer_ms: float = 0.0
+    blocking_p2p: bool | None = None
+
+    # Which length each per-place field must have, as a Layout attribute name.
+    LENGTHS: ClassVar[dict[str, str]] = {
+        "forward_ms": "virtual_stages",
+        "backward_ms": "virtual_stages",
+        "weight_grad_ms": "virtual_stages",
+        "forward_transfer_ms": "hops",
+        "backward_transfer_ms": "hops",
+        "optimizer_ms": "ranks",
+    }
+
+
+class Term(ABC):
+    """A named cost term. Subclasses set `name` and `params` and document their physics in the docstring."""
+
+    name: ClassVar[str]
+    params: ClassVar[tuple[Param, ...]] = ()
+
+    @classmethod
+    def summary(cls) -> str:
+        """First line of the docstring: what the term adds."""
+        return (inspect.getdoc(cls) or cls.name).splitlines()[0]
+
+    @classmethod
+    def param(cls, name: str) -> Param:
+        for param in cls.params:
+            if param.name == name:
+                return param
+        raise KeyError(name)
+
+    @classmethod
+    def defaults(cls) -> dict[str, float]:
+        return {p.name: p.default for p in cls.params}
+
+    @abstractmethod
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        """The costs this term adds for one spec, given every parameter's value."""

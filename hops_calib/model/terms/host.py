@@ -1,0 +1,27 @@
+"""Model room: host work between one iteration's optimizer step and the next iteration's first forward."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from hops_calib.model.terms.base import Context, Contribution, Param, Term
+
+
+class IterationHostOverhead(Term):
+    """Every rank spends a fixed host time between its optimizer step and its next iteration.
+
+    Physics: Megatron's training loop runs Python on the host between one
+    optimizer step and the next forward: `training_log` (with --log-interval 1 it
+    reduces and prints the loss, timers and throughput every iteration), the
+    learning-rate scheduler step, and `get_batch` for the next iteration. None of
+    it is traced, and none of it scales with the model: a per-iteration constant
+    per rank (post_optimizer_ms), of the order of a millisecond of Python.
+    """
+
+    name = "iteration_host_overhead"
+    params = (
+        Param("host_ms", 1.0, 0.0, 500.0, "ms", "host time per iteration between optimizer end and next forward"),
+    )
+
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        return Contribution(post_optimizer_ms=params["host_ms"])

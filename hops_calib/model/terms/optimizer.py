@@ -1,0 +1,55 @@
+"""Model room: the optimizer step of each rank, memory-bound over the parameters the rank holds."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from hops_calib.model import gpt
+from hops_calib.model.terms.base import Context, Contribution, Param, Term
+from hops_calib.model.terms.embedding import VOCAB_PADDING
+
+
+def rank_parameters(context: Context, rank: int) -> float:
+    """Parameters rank `rank` holds: its decoder layers, plus the word and position embeddings on the first stage,
+    the final LayerNorm and (tied or not) an output-layer copy of the word embedding on the last stage."""
+    shape = context.spec.model
+    h = shape.hidden_size
+    vocab = math.ceil(shape.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+    total = context.layout.layers_on_rank(rank) * gpt.layer_parameters(shape)
+    if rank == 0:
+        total += vocab * h + shape.seq_length * h
+    if rank == context.layout.ranks - 1:
+        total += 2 * h + (vocab * h if context.layout.ranks > 1 else 0)
+    return float(total)
+
+
+class OptimizerStep(Term):
+    """Each rank's Adam step streams its parameters' fp32 state through memory: bytes per parameter over bandwidth.
+
+    Physics: Megatron's mixed-precision optimizer keeps fp32 master weights,
+    gradients and the two Adam moments per parameter. One step reads the fp32
+    gradients for the global norm (4 B), reads and writes master weight, m and v
+    and reads the gradient in the Adam update (28 B), copies the master weights
+    back to the bf16 model (6 B) and zeroes the gradient buffer (4 B): about 42
+    bytes per parameter, with a handful of FLOPs each, so the step is
+    memory-bound. Parameters per rank are its decoder layers plus the embeddings
+    on the first stage and the final LayerNorm and output-layer weights on the
+    last. The step runs on every rank as an OPTIMIZER task after the iteration's
+    barrier; the next iteration starts when it is done.
+    """
+
+    name = "optimizer_step"
+    params = (
+        Param("bytes_per_parameter", 42.0, 16.0, 64.0, "bytes",
+              "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)"),
+        Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
+              "achieved fraction of the device memory bandwidth by the optimizer's elementwise kernels", log=True),
+    )
+
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        times = []
+        for rank, device in enumerate(context.devices):
+            bytes_per_ms = device.memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
+            times.append(rank_parameters(context, rank) * params["bytes_per_parameter"] / bytes_per_ms)
+        return Contribution(optimizer_ms=tuple(times))

@@ -1,0 +1,52 @@
+"""Model room: the roofline cost of each decoder layer's forward and backward."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from hops_calib.model import gpt
+from hops_calib.model.terms.base import Context, Contribution, Param, Term
+
+
+class DecoderRoofline(Term):
+    """Each decoder layer takes the longer of its FLOPs over achieved peak and its bytes over achieved bandwidth.
+
+    Physics: a layer is bound either by its tensor-core work or by the memory
+    traffic of reading its weights and writing its activations (Williams et al.,
+    "Roofline", CACM 2009). Forward FLOPs are Megatron's 24bsh^2 + 4bs^2h (f = 4h,
+    general f in `gpt.layer_forward_flops`); bytes are the bf16 weights plus the
+    activations the layer stores for backward (Korthikanti et al. 2022). Backward
+    computes both the input and the weight gradient, each a matmul the size of the
+    forward's, so it costs `backward_factor` times the forward in FLOPs and bytes;
+    its weight-gradient share is the weight matmuls' share of backward FLOPs.
+    Peak FLOP/s and bandwidth come from the device specs; the efficiencies are the
+    achievable fractions of those peaks.
+    """
+
+    name = "decoder_roofline"
+    params = (
+        Param("compute_efficiency", 0.5, 0.01, 1.0, "fraction of peak",
+              "achieved fraction of dense bf16 peak in the layer's GEMMs (large GEMMs reach 0.5-0.8)", log=True),
+        Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
+              "achieved fraction of the device memory bandwidth (STREAM-like kernels reach 0.8-0.9)", log=True),
+        Param("backward_factor", 2.0, 1.0, 4.0, "x forward",
+              "backward work relative to forward: input gradient + weight gradient = 2"),
+    )
+
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        shape = context.spec.model
+        forward_flops = gpt.layer_forward_flops(shape)
+        forward_bytes = (gpt.layer_parameters(shape) * gpt.bytes_per_element(shape)
+                         + gpt.layer_activation_bytes(shape))
+        weight_grad_share = gpt.layer_weight_grad_flops(shape) / (params["backward_factor"] * forward_flops)
+        forward, backward, weight_grad = [], [], []
+        for k, layers in enumerate(context.layout.layers):
+            device = context.device_of(k)
+            flops_per_ms = device.peak_bf16_flops_per_s * params["compute_efficiency"] / 1e3
+            bytes_per_ms = device.memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
+            layer_forward_ms = max(forward_flops / flops_per_ms, forward_bytes / bytes_per_ms)
+            layer_backward_ms = params["backward_factor"] * layer_forward_ms
+            forward.append(layers * layer_forward_ms)
+            backward.append(layers * layer_backward_ms)
+            weight_grad.append(layers * layer_backward_ms * weight_grad_share)
+        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(weight_grad))

@@ -1,0 +1,70 @@
+"""Prediction: a Spec and a Model in, a simulated run and its metrics out. Never a fixture, never events (rule 1).
+
+`predict` checks the types of what it is handed, so the boundary is structural:
+a Fixture (which carries the truth and the events) is refused, not unpacked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hops_calib.model import Model
+from hops_calib.spec import Spec
+
+if TYPE_CHECKING:
+    from hops_calib.metrics import TimelineMetrics
+    from hops_calib.sim.pipeline import Pipeline
+    from hops_calib.sim.simulate import SimResult
+
+
+@dataclass(frozen=True)
+class StagePhaseMs:
+    """Predicted per-microbatch compute time of one rank (mean over its model chunks when interleaved)."""
+
+    stage: int
+    device: str
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float | None  # None when the model has no optimizer step
+
+
+@dataclass(frozen=True)
+class Prediction:
+    run_id: str
+    schedule: str
+    model_sha256: str
+    pipeline: "Pipeline"
+    result: "SimResult"
+    metrics: "TimelineMetrics"
+
+    def stage_phase_ms(self, spec: Spec) -> list[StagePhaseMs]:
+        pipeline, ranks = self.pipeline, self.pipeline.ranks
+        rows = []
+        for rank in range(ranks):
+            chunks = pipeline.stages[rank::ranks]
+            rows.append(StagePhaseMs(
+                stage=rank, device=spec.devices[rank],
+                forward_ms=sum(c.forward_ms for c in chunks) / len(chunks),
+                backward_ms=sum(c.backward_ms for c in chunks) / len(chunks),
+                optimizer_ms=pipeline.optimizer_ms[rank] if pipeline.optimizer_ms else None))
+        return rows
+
+
+
+def predict(spec: Spec, model: Model, schedule: str | None = None) -> Prediction:
+    """Simulate the run `spec` describes with `model`'s costs, under `schedule` (default: the spec's own).
+
+    Takes the spec, never a fixture: a prediction cannot see the answer.
+    """
+    if not isinstance(spec, Spec):
+        raise TypeError(f"predict takes a Spec (what is known before the run), not a {type(spec).__name__}; "
+                        "pass fixture.spec, never the fixture or its events")
+    if not isinstance(model, Model):
+        raise TypeError(f"predict takes a Model, not a {type(model).__name__}")
+    from hops_calib.sim import simulate
+
+    pipeline = model.pipeline(spec)
+    result = simulate(pipeline, schedule or spec.schedule)
+    return Prediction(run_id=spec.run_id, schedule=result.schedule, model_sha256=model.sha256, pipeline=pipeline,
+                      result=result, metrics=result.metrics())

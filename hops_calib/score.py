@@ -1,0 +1,141 @@
+"""Scoring: per-run errors of a prediction against the truth, and suite aggregates.
+
+Both sides are `TimelineMetrics` from the one metrics function (rule 3). Per run:
+
+- throughput error % = (predicted - real) / real x 100, signed, on the window
+  definition of HOPS (the one the gate uses); the same on steady throughput
+  (microbatches per iteration / median iteration period);
+- bubble error pp = (predicted - real bubble ratio) x 100, signed;
+- utilization rho = Spearman rank correlation of real and predicted per-stage
+  utilization.
+
+Spearman rho with 2-6 points is coarse, and is defined here for every case:
+utilizations are compared after rounding to 1e-9 (so float noise in a
+simulation of identical stages is a tie, not an order). If both vectors are
+constant (all stages tied, or a single stage), rho = 1: the prediction orders
+the stages exactly as the run did. If only one is constant, rho = 0: one side
+carries no order, so nothing is predicted about it (scipy would return NaN,
+which a mean cannot absorb). Otherwise rho is Spearman's with average ranks for
+ties. With 2 stages rho is therefore +1 (same order), -1 (swapped) or 0/1 for
+ties, and it enters the suite mean like any other run.
+
+Suite: throughput MAPE and median APE, steady-throughput MAPE, bubble MAE (pp),
+mean rho.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from hops_calib.metrics import TimelineMetrics
+
+UTILIZATION_DECIMALS = 9
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank (scipy.stats.rankdata 'average')."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    last_rank = np.cumsum(counts)
+    return (last_rank - (counts - 1) / 2.0)[inverse]
+
+
+def spearman_rho(real: Sequence[float], predicted: Sequence[float]) -> float:
+    """Spearman rank correlation, defined for constant vectors as the module docstring says.
+
+    Implemented with numpy rather than scipy.stats, whose import alone costs
+    more than the whole speed budget of `evaluate`; a test checks it against
+    scipy.stats.spearmanr.
+    """
+    x = np.round(np.asarray(real, dtype=float), UTILIZATION_DECIMALS)
+    y = np.round(np.asarray(predicted, dtype=float), UTILIZATION_DECIMALS)
+    if x.shape != y.shape:
+        raise ValueError(f"cannot correlate {len(x)} real with {len(y)} predicted utilizations")
+    x_constant, y_constant = bool(np.ptp(x) == 0), bool(np.ptp(y) == 0)
+    if x_constant and y_constant:
+        return 1.0
+    if x_constant or y_constant:
+        return 0.0
+    return float(np.corrcoef(average_ranks(x), average_ranks(y))[0, 1])
+
+
+@dataclass(frozen=True)
+class RunScore:
+    run_id: str
+    real_throughput_per_s: float
+    predicted_throughput_per_s: float
+    throughput_error_pct: float
+    real_steady_throughput_per_s: float
+    predicted_steady_throughput_per_s: float
+    steady_throughput_error_pct: float
+    real_bubble_ratio: float
+    predicted_bubble_ratio: float
+    bubble_error_pp: float
+    util_spearman_rho: float
+    real_utilization: tuple[float, ...]
+    predicted_utilization: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["real_utilization"] = list(self.real_utilization)
+        data["predicted_utilization"] = list(self.predicted_utilization)
+        return data
+
+
+def _relative_error_pct(run_id: str, what: str, real: float, predicted: float) -> float:
+    if not (math.isfinite(real) and real > 0):
+        raise ValueError(f"run {run_id}: real {what} is {real}; the fixture's truth cannot be scored against")
+    if not math.isfinite(predicted):
+        raise ValueError(f"run {run_id}: predicted {what} is {predicted}")
+    return (predicted - real) / real * 100.0
+
+
+def score_run(run_id: str, real: TimelineMetrics, predicted: TimelineMetrics) -> RunScore:
+    return RunScore(
+        run_id=run_id,
+        real_throughput_per_s=real.throughput_per_s,
+        predicted_throughput_per_s=predicted.throughput_per_s,
+        throughput_error_pct=_relative_error_pct(run_id, "throughput", real.throughput_per_s,
+                                                 predicted.throughput_per_s),
+        real_steady_throughput_per_s=real.steady_throughput_per_s,
+        predicted_steady_throughput_per_s=predicted.steady_throughput_per_s,
+        steady_throughput_error_pct=_relative_error_pct(run_id, "steady throughput", real.steady_throughput_per_s,
+                                                        predicted.steady_throughput_per_s),
+        real_bubble_ratio=real.bubble_ratio,
+        predicted_bubble_ratio=predicted.bubble_ratio,
+        bubble_error_pp=(predicted.bubble_ratio - real.bubble_ratio) * 100.0,
+        util_spearman_rho=spearman_rho(real.utilization_per_stage, predicted.utilization_per_stage),
+        real_utilization=tuple(real.utilization_per_stage),
+        predicted_utilization=tuple(predicted.utilization_per_stage),
+    )
+
+
+@dataclass(frozen=True)
+class SuiteScore:
+    n_fixtures: int
+    throughput_mape_pct: float
+    throughput_median_ape_pct: float
+    steady_throughput_mape_pct: float
+    bubble_mae_pp: float
+    util_spearman_mean: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def aggregate(runs: Iterable[RunScore]) -> SuiteScore:
+    runs = list(runs)
+    if not runs:
+        raise ValueError("no runs to aggregate")
+    throughput = np.abs([r.throughput_error_pct for r in runs])
+    return SuiteScore(
+        n_fixtures=len(runs),
+        throughput_mape_pct=float(np.mean(throughput)),
+        throughput_median_ape_pct=float(np.median(throughput)),
+        steady_throughput_mape_pct=float(np.mean(np.abs([r.steady_throughput_error_pct for r in runs]))),
+        bubble_mae_pp=float(np.mean(np.abs([r.bubble_error_pp for r in runs]))),
+        util_spearman_mean=float(np.mean([r.util_spearman_rho for r in runs])),
+    )

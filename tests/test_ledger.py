@@ -1,0 +1,200 @@
+"""The ledger: hash chain, tamper and truncation detection, concurrent appends and a killed writer (real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hops_calib import ledger
+from hops_calib.ledger import GENESIS, LedgerError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def entry(i: int) -> dict:
+    return {"kind": "evaluate", "candidate": {"id": f"c{i}", "text": f'id = "c{i}"\n'}, "decision": "rejected",
+            "aggregates_before": {"throughput_mape_pct": 10.0 + i}, "aggregates_after": {"throughput_mape_pct": 9.0},
+            "reasons": ["a", "b"]}
+
+
+def write_entries(path: Path, n: int) -> list[dict]:
+    return [ledger.append(path, entry(i)) for i in range(n)]
+
+
+def lines(path: Path) -> list[bytes]:
+    return path.read_bytes().split(b"\n")[:-1]
+
+
+def test_entries_chain_and_verify(tmp_path):
+    path = tmp_path / "ledger" / "ledger.jsonl"
+    written = write_entries(path, 3)
+    assert [e["seq"] for e in written] == [1, 2, 3]
+    assert written[0]["prev_sha256"] == GENESIS
+    raw = lines(path)
+    assert written[1]["prev_sha256"] == ledger.sha256_hex(raw[0])
+    assert json.loads(raw[2]) == written[2]
+    result = ledger.verify(path)
+    assert result.ok and result.entries == 3 and result.head_sha256 == ledger.sha256_hex(raw[2])
+    assert list(ledger.read_entries(path)) == written
+
+
+def rewrite_line(path: Path, number: int, change) -> None:
+    raw = lines(path)
+    data = json.loads(raw[number - 1])
+    change(data)
+    raw[number - 1] = ledger.canonical_json(data)
+    path.write_bytes(b"\n".join(raw) + b"\n")
+
+
+def test_an_edited_entry_is_named(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    write_entries(path, 4)
+    rewrite_line(path, 2, lambda d: d.update(decision="accepted"))
+    result = ledger.verify(path)
+    assert not result.ok
+    assert [(p.line, "edited" in p.message) for p in result.problems] == [(2, True), (3, False)]
+    assert "line 2 was changed" in result.problems[1].message
+
+
+def test_an_edit_with_its_own_hash_recomputed_is_caught_by_the_chain(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    write_entries(path, 4)
+
+    def forge(data):
+        data["decision"] = "accepted"
+        data["entry_sha256"] = ledger.entry_hash(data)
+
+    rewrite_line(path, 3, forge)
+    problems = ledger.verify(path).problems
+    assert [p.line for p in problems] == [4] and "line 3 was changed" in problems[0].message
+
+
+def test_a_removed_line_is_caught(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    write_entries(path, 4)
+    raw = lines(path)
+    path.write_bytes(b"\n".join(raw[:1] + raw[2:]) + b"\n")
+    problems = ledger.verify(path).problems
+    assert [p.line for p in problems] == [2]
+    path.write_bytes(b"\n".join(raw[1:]) + b"\n")
+    assert "genesis" in ledger.verify(path).problems[0].message
+
+
+def test_a_truncated_last_line_is_named_blocks_appends_and_can_be_set_aside(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    write_entries(path, 2)
+    whole = path.read_bytes()
+    path.write_bytes(whole + ledger.canonical_json(entry(9))[:40])
+    result = ledger.verify(path)
+    assert [p.line for p in result.problems] == [3] and "interrupted" in result.problems[0].message
+    assert result.entries == 2
+    with pytest.raises(LedgerError, match=r"ledger.jsonl:3: .*interrupted.*ledger repair"):
+        ledger.append(path, entry(3))
+    aside = ledger.repair(path)
+    assert aside is not None and aside.read_bytes() == ledger.canonical_json(entry(9))[:40]
+    assert path.read_bytes() == whole and ledger.verify(path).ok
+    assert ledger.repair(path) is None
+    assert ledger.append(path, entry(3))["seq"] == 3 and ledger.verify(path).ok
+
+
+def test_a_damaged_line_is_named(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    write_entries(path, 3)
+    raw = lines(path)
+    raw[1] = raw[1][:-5]
+    path.write_bytes(b"\n".join(raw) + b"\n")
+    assert [p.line for p in ledger.verify(path).problems][:1] == [2]
+    with pytest.raises(LedgerError, match=":2:"):
+        list(ledger.read_entries(path))
+
+
+APPENDER = textwrap.dedent("""
+    import sys
+    from hops_calib import ledger
+    path, worker, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    for i in range(count):
+        ledger.append(path, {"kind": "evaluate", "worker": worker, "i": i, "padding": "x" * (4096 * (i % 3))})
+""")
+
+
+def run_python(code: str, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, cwd=REPO, stderr=subprocess.PIPE)
+
+
+def test_concurrent_appends_from_several_processes_keep_the_chain(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    workers, count = 4, 15
+    procs = [run_python(APPENDER, str(path), str(w), str(count)) for w in range(workers)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()
+    result = ledger.verify(path)
+    assert result.ok, result.problems
+    entries = list(ledger.read_entries(path))
+    assert [e["seq"] for e in entries] == list(range(1, workers * count + 1))
+    assert sorted((e["worker"], e["i"]) for e in entries) == [(w, i) for w in range(workers) for i in range(count)]
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from hops_calib import ledger
+    path, ready = sys.argv[1], Path(sys.argv[2])
+
+    def write_half_then_hang(fd, data):
+        os.write(fd, data[: len(data) // 2])
+        ready.write_text("half written")
+        time.sleep(600)
+
+    ledger._write_all = write_half_then_hang
+    ledger.append(path, {"kind": "evaluate", "note": "this append is killed halfway"})
+""")
+
+
+def test_a_writer_killed_mid_append_is_detected_and_releases_the_lock(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    write_entries(path, 2)
+    ready = tmp_path / "ready"
+    proc = run_python(KILLED_WRITER, str(path), str(ready))
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline, "the writer never reached its write"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    result = ledger.verify(path)
+    assert [p.line for p in result.problems] == [3] and "incomplete last line" in result.problems[0].message
+    # The dead writer's lock is gone: the next append gets it at once, and refuses to chain onto the partial line.
+    with pytest.raises(LedgerError, match="interrupted"):
+        ledger.append(path, entry(3))
+    ledger.repair(path)
+    assert ledger.append(path, entry(3))["seq"] == 3 and ledger.verify(path).ok
+
+
+def test_export_writes_one_parquet_row_per_entry(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    write_entries(path, 3)
+    out = tmp_path / "out" / "ledger.parquet"
+    assert ledger.export_parquet(path, out) == 3
+    frame = pd.read_parquet(out)
+    assert list(frame["seq"]) == [1, 2, 3]
+    assert list(frame["aggregates_before_throughput_mape_pct"]) == [10.0, 11.0, 12.0]
+    assert json.loads(frame["reasons"][0]) == ["a", "b"]
+    assert not list(out.parent.glob("*.tmp"))
+
+
+def test_code_revision_is_a_commit_or_unknown():
+    revision = ledger.code_revision()
+    assert revision == "unknown" or len(revision.removesuffix("-dirty")) == 40

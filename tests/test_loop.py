@@ -1,0 +1,255 @@
+"""The commit loop end to end on the real runs: evaluate, accept, reject, refuse, commit, report, ledger."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hops_calib.cli import app
+from hops_calib.evaluate import load_suite, score_model
+from hops_calib.ledger import read_entries
+from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+REPO = Path(__file__).resolve().parent.parent
+AGGREGATES = {"n_fixtures", "throughput_mape_pct", "throughput_median_ape_pct", "steady_throughput_mape_pct",
+              "bubble_mae_pp", "util_spearman_mean"}
+
+# A term the shipped baseline lacks: untraced host work between iterations (see its docstring).
+IMPROVING = '''
+id = "iteration-host-overhead"
+hypothesis = "untraced host work between the optimizer step and the next forward lowers real throughput"
+grounding = "Megatron's training loop logs every iteration (--log-interval 1), steps the LR scheduler and fetches the next batch on the host"
+
+[change]
+action = "add"
+term = "iteration_host_overhead"
+'''
+# Deliberately wrong: claims the activations cross the network for free.
+HARMFUL = '''
+id = "free-links"
+hypothesis = "stage-to-stage sends overlap compute entirely, so they cost nothing"
+grounding = "(deliberately wrong: Megatron's 1F1B exchanges block sender and receiver)"
+
+[change]
+action = "remove"
+term = "link_transfer"
+'''
+TWO_TERMS = '''
+id = "two-at-once"
+hypothesis = "h"
+grounding = "g"
+
+[[change]]
+action = "add"
+term = "iteration_host_overhead"
+
+[[change]]
+action = "set"
+term = "decoder_roofline"
+params = { compute_efficiency = 0.3 }
+'''
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture()
+def workspace(tmp_path):
+    """A private copy of the shipped model, a candidates folder and a ledger path, all in tmp."""
+    model = tmp_path / "model.toml"
+    shutil.copy(DEFAULT_MODEL, model)
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    for name, text in (("improving", IMPROVING), ("harmful", HARMFUL), ("two_terms", TWO_TERMS)):
+        (experiments / f"{name}.toml").write_text(text)
+    return {"model": model, "experiments": experiments, "ledger": tmp_path / "ledger" / "ledger.jsonl"}
+
+
+def test_evaluate_scores_every_train_fixture_and_only_those(shared_fixtures, shared_store):
+    result = cli("evaluate", "--fixtures", shared_fixtures, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert AGGREGATES <= set(data) and data["split"] == "train"
+    train = shared_store.ids("train")
+    assert data["n_fixtures"] == len(train) and [r["run_id"] for r in data["runs"]] == train
+    assert all(math.isfinite(data[k]) for k in AGGREGATES)
+    # The suite is the mean of the per-run errors it prints.
+    assert data["throughput_mape_pct"] == pytest.approx(
+        sum(abs(r["throughput_error_pct"]) for r in data["runs"]) / len(train))
+    assert data["tolerances"]["run_throughput_pp"] == 2.0
+    text = cli("evaluate", "--fixtures", shared_fixtures)
+    assert text.exit_code == 0 and "throughput MAPE" in text.stdout and train[0] in text.stdout
+
+
+def test_evaluate_from_the_installed_entry_point(shared_fixtures):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "hops_calib", "evaluate", "--fixtures", str(shared_fixtures),
+                           "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["n_fixtures"] > 0
+
+
+def test_an_improving_one_term_candidate_is_accepted_recorded_and_committed(shared_fixtures, workspace):
+    candidate, model, ledger = workspace["experiments"] / "improving.toml", workspace["model"], workspace["ledger"]
+    before_text = model.read_text()
+    result = cli("evaluate", candidate, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["decision"] == "accepted" and data["regressions"] == [] and not data["committed"]
+    assert data["after"]["throughput_mape_pct"] < data["before"]["throughput_mape_pct"]
+    assert data["after"]["bubble_mae_pp"] <= data["before"]["bubble_mae_pp"]
+    assert len(data["reasons"]) == 5 and all("fails" not in r for r in data["reasons"])
+    assert model.read_text() == before_text  # without --commit only the ledger changes
+    [entry] = list(read_entries(ledger))
+    assert entry["decision"] == "accepted" and entry["candidate"]["text"] == candidate.read_text()
+    assert entry["model_sha256_before"] == load_model(model).sha256 == data["model_sha256"]
+    assert entry["model_sha256_after"] == data["candidate_model_sha256"] != entry["model_sha256_before"]
+    assert entry["fixture_set_sha256"] == data["fixture_set_sha256"] and entry["split"] == "train"
+    assert entry["aggregates_after"] == data["after"] and entry["code_revision"]
+
+    committed = cli("evaluate", candidate, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                    "--commit")
+    assert committed.exit_code == 0, committed.output
+    assert "ACCEPTED" in committed.stdout and f"committed into {model}" in committed.stdout
+    assert load_model(model).sha256 == data["candidate_model_sha256"]
+    assert load_model(model).active("iteration_host_overhead") is not None
+    assert [e["committed"] for e in read_entries(ledger)] == [False, True]
+    # The committed model now scores as the candidate did.
+    suite = load_suite(shared_fixtures, "train")
+    assert score_model(suite, load_model(model), origin="m").suite.to_dict() == data["after"]
+    # Proposing it again is invalid: the term is already active.
+    again = cli("evaluate", candidate, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger)
+    assert again.exit_code == 2 and "already active" in again.stderr
+    assert cli("ledger", "verify", "--ledger", ledger).exit_code == 0
+
+
+def test_a_harmful_candidate_is_rejected_with_the_regressed_runs_named(shared_fixtures, workspace, shared_store):
+    candidate, model, ledger = workspace["experiments"] / "harmful.toml", workspace["model"], workspace["ledger"]
+    before_text = model.read_text()
+    result = cli("evaluate", candidate, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                 "--commit")
+    assert result.exit_code == 1, result.output
+    assert "REJECTED" in result.stdout and "regressed runs:" in result.stdout
+    assert model.read_text() == before_text  # --commit never writes a rejected candidate
+    [entry] = list(read_entries(ledger))
+    assert entry["decision"] == "rejected" and not entry["committed"] and entry["regressions"]
+    train = set(shared_store.ids("train"))
+    for regression in entry["regressions"]:
+        assert regression["run_id"] in train and regression["run_id"] in result.stdout
+        assert regression["growth_pp"] > regression["allowed_pp"]
+    assert any("fails" in reason for reason in entry["reasons"])
+
+
+def test_a_two_term_candidate_is_refused_naming_both_terms(shared_fixtures, workspace):
+    result = cli("evaluate", workspace["experiments"] / "two_terms.toml", "--fixtures", shared_fixtures,
+                 "--model", workspace["model"], "--ledger", workspace["ledger"])
+    assert result.exit_code == 2
+    assert "term iteration_host_overhead" in result.stderr and "term decoder_roofline" in result.stderr
+    assert not workspace["ledger"].exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("evaluate", "--split", "test"), "report --split test"),
+    (("evaluate", "--commit"), "--commit needs a candidate"),
+    (("evaluate", "--tolerance-run-bubble-pp", "-1"), "must be >= 0"),
+    (("predict", "--all", "--model", "missing.toml"), "model file not found"),
+    (("predict",), "either a fixture ID or --all"),
+])
+def test_invalid_requests_exit_2_with_a_reason(shared_fixtures, args, needle):
+    result = cli(*args, "--fixtures", shared_fixtures)
+    assert result.exit_code == 2, result.output
+    assert needle in result.stderr
+
+
+def test_a_missing_store_says_how_to_make_one(tmp_path):
+    result = cli("evaluate", "--fixtures", tmp_path / "nowhere")
+    assert result.exit_code == 2 and "hops-calib ingest" in result.stderr
+
+
+def test_predict_one_train_fixture_and_refuse_a_test_one(shared_fixtures, shared_store):
+    train_id, test_id = shared_store.ids("train")[0], shared_store.ids("test")[0]
+    fixture = shared_store.load(train_id)
+    result = cli("predict", train_id, "--fixtures", shared_fixtures, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["id"] == train_id and len(data["stages"]) == fixture.spec.pp
+    assert data["real"]["throughput_per_s"] == pytest.approx(fixture.truth.metrics.throughput_per_s)
+    assert [s["real_utilization"] for s in data["stages"]] == pytest.approx(
+        list(fixture.truth.metrics.utilization_per_stage))
+    assert all(s["predicted_forward_ms"] > 0 for s in data["stages"])
+    text = cli("predict", train_id, "--fixtures", shared_fixtures)
+    assert text.exit_code == 0 and "throughput /s" in text.stdout and "fwd ms real" in text.stdout
+    refused = cli("predict", test_id, "--fixtures", shared_fixtures)
+    assert refused.exit_code == 2 and "test split" in refused.stderr
+    everything = cli("predict", "--all", "--fixtures", shared_fixtures, "--json")
+    assert everything.exit_code == 0
+    assert test_id not in everything.stdout and train_id in everything.stdout
+
+
+def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(shared_fixtures, shared_store, tmp_path):
+    ledger = tmp_path / "ledger.jsonl"
+    test_ids = shared_store.ids("test")
+    for run in (1, 2):
+        result = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert set(data) == AGGREGATES | {"split", "model_sha256", "ledger"}
+        assert data["n_fixtures"] == len(test_ids) and data["split"] == "test"
+        assert not any(fixture_id in result.stdout for fixture_id in test_ids)
+        entries = list(read_entries(ledger))
+        assert len(entries) == run and entries[-1]["kind"] == "report" and entries[-1]["decision"] == "audit"
+        assert entries[-1]["aggregates"] == {k: data[k] for k in AGGREGATES}
+        assert not any(fixture_id in ledger.read_text() for fixture_id in test_ids)
+    text = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger)
+    assert text.exit_code == 0 and "test split" in text.stdout and "audit entry 3" in text.stdout
+
+
+def test_ledger_cli_verifies_and_names_tampered_and_truncated_lines(shared_fixtures, tmp_path):
+    ledger = tmp_path / "ledger.jsonl"
+    for _ in range(3):
+        assert cli("report", "--fixtures", shared_fixtures, "--ledger", ledger).exit_code == 0
+    ok = cli("ledger", "verify", "--ledger", ledger)
+    assert ok.exit_code == 0 and "3 entries, chain intact" in ok.stdout
+    shown = cli("ledger", "show", "--ledger", ledger)
+    assert shown.exit_code == 0 and shown.stdout.count("audit") == 3
+    out = tmp_path / "ledger.parquet"
+    assert cli("ledger", "export", out, "--ledger", ledger).exit_code == 0 and out.exists()
+
+    lines = ledger.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace('"split":"test"', '"split":"train"')
+    ledger.write_text("".join(lines))
+    tampered = cli("ledger", "verify", "--ledger", ledger, "--json")
+    assert tampered.exit_code == 1
+    assert [p["line"] for p in json.loads(tampered.stdout)["problems"]] == [2, 3]
+
+    lines[1] = lines[1].replace('"split":"train"', '"split":"test"')
+    ledger.write_text("".join(lines) + lines[2][:50])
+    truncated = cli("ledger", "verify", "--ledger", ledger)
+    assert truncated.exit_code == 1 and "line 4" in truncated.stderr and "interrupted" in truncated.stderr
+    blocked = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger)
+    assert blocked.exit_code == 2 and "ledger repair" in blocked.stderr
+    assert cli("ledger", "repair", "--ledger", ledger).exit_code == 0
+    assert cli("ledger", "verify", "--ledger", ledger).exit_code == 0
+
+
+def test_two_evaluations_appending_at_once_keep_the_chain(shared_fixtures, workspace):
+    """Two real `hops-calib evaluate` processes racing for one ledger."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [sys.executable, "-m", "hops_calib", "evaluate", "--fixtures", str(shared_fixtures), "--model",
+            str(workspace["model"]), "--ledger", str(workspace["ledger"])]
+    procs = [subprocess.Popen(args + [str(workspace["experiments"] / name)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for name in ("improving.toml", "harmful.toml")]
+    codes = [p.wait(timeout=300) for p in procs]
+    assert codes == [0, 1], [p.stderr.read() for p in procs]
+    entries = list(read_entries(workspace["ledger"]))
+    assert sorted(e["decision"] for e in entries) == ["accepted", "rejected"]
+    assert cli("ledger", "verify", "--ledger", workspace["ledger"]).exit_code == 0

@@ -1,0 +1,279 @@
+"""The model room: device catalog, GPT counts, terms, Model.pipeline, model files and their hash."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from typing import Mapping
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hops_calib.errors import InputError
+from hops_calib.model import (CONSTANTS, TERMS, ActiveTerm, Context, Contribution, Model, Param, Term, gpt,
+                              layout_of, parse_model)
+from hops_calib.model_files import CATALOG_PATH, DEFAULT_MODEL, load_catalog, load_model, write_model
+from hops_calib.sim.pipeline import Pipeline
+from hops_calib.spec import LinkFit, ModelShape, Spec
+
+
+def make_spec(pp: int = 4, vp: int = 1, layers: tuple[int, ...] | None = None, devices: tuple[str, ...] | None = None,
+              hidden: int = 1024, seq: int = 1024, links: tuple[LinkFit, ...] | None = None, **shape) -> Spec:
+    layers = layers or (2,) * pp
+    devices = devices or ("h100", "a10g", "l4", "h100", "a10g", "l4")[:pp]
+    if links is None:
+        links = tuple(LinkFit(i, i + 1, latency_ms=0.1 * (i + 1), bytes_per_ms=1.0e6 * (i + 1)) for i in range(pp - 1))
+    model = ModelShape(num_layers=sum(layers), hidden_size=hidden, ffn_hidden_size=shape.pop("ffn", 4 * hidden),
+                       num_attention_heads=shape.pop("heads", 8), seq_length=seq, vocab_size=50304,
+                       global_batch_size=8, **shape)
+    return Spec(run_id="hand-built", pp=pp, vp=vp, microbatches=8, iterations=3, layers_per_stage=layers,
+                devices=devices, device_ids=tuple(f"{d}{i}" for i, d in enumerate(devices)), links=links,
+                schedule="1f1b" if vp == 1 else "interleaved_1f1b", model=model)
+
+
+# --- device catalog -----------------------------------------------------------------------------
+
+def test_every_catalog_constant_has_a_value_and_a_cited_source():
+    raw = tomllib.loads(CATALOG_PATH.read_text())
+    catalog = load_catalog()
+    assert {"h100", "a10g", "l4", "cpu"} <= set(catalog)
+    for device_type, device in catalog.items():
+        for constant in CONSTANTS:
+            assert getattr(device, constant) == float(raw[device_type][constant]["value"]) > 0
+            assert len(device.source(constant)) > 20, (device_type, constant)
+
+
+def test_catalog_orders_devices_as_their_datasheets_do():
+    catalog = load_catalog()
+    # H100 SXM has both more tensor throughput and more bandwidth than the two 24 GB GDDR6 parts.
+    for other in ("a10g", "l4"):
+        assert catalog["h100"].peak_bf16_flops_per_s > catalog[other].peak_bf16_flops_per_s
+        assert catalog["h100"].memory_bandwidth_bytes_per_s > catalog[other].memory_bandwidth_bytes_per_s
+    assert catalog["a10g"].memory_bandwidth_bytes_per_s == 2 * catalog["l4"].memory_bandwidth_bytes_per_s
+
+
+# --- GPT counts ---------------------------------------------------------------------------------
+
+shapes = st.builds(lambda h, s, a, b: ModelShape(num_layers=4, hidden_size=h * 64, ffn_hidden_size=4 * h * 64,
+                                                 num_attention_heads=a, seq_length=s * 128, vocab_size=50304,
+                                                 micro_batch_size=b),
+                   st.integers(1, 64), st.integers(1, 32), st.integers(1, 32), st.integers(1, 4))
+
+
+@given(shapes)
+def test_layer_flops_and_activations_match_the_published_closed_forms_at_ffn_4h(shape):
+    b, s, h, a = shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.num_attention_heads
+    assert gpt.layer_forward_flops(shape) == pytest.approx(24 * b * s * h * h + 4 * b * s * s * h)
+    assert gpt.layer_activation_bytes(shape) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+    # The weight gradient is the weight matmuls of the forward again: 24bsh^2 of the 24bsh^2 + 4bs^2h.
+    assert gpt.layer_weight_grad_flops(shape) == pytest.approx(24 * b * s * h * h)
+    assert gpt.layer_parameters(shape) == 12 * h * h + 13 * h
+
+
+def test_unknown_precision_is_named():
+    shape = dataclasses.replace(make_spec().model, precision="fp8")
+    with pytest.raises(ValueError, match="fp8"):
+        gpt.bytes_per_element(shape)
+
+
+# --- layout -------------------------------------------------------------------------------------
+
+def test_interleaved_layout_places_chunks_round_robin_like_megatron():
+    layout = layout_of(make_spec(pp=3, vp=2, layers=(4, 2, 6), devices=("h100", "a10g", "l4")))
+    assert layout.virtual_stages == 6 and layout.hops == 5
+    assert layout.layers == (2, 1, 3, 2, 1, 3)
+    assert [layout.rank_of(k) for k in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert [layout.chunk_of(k) for k in range(6)] == [0, 0, 0, 1, 1, 1]
+    assert [layout.layers_on_rank(r) for r in range(3)] == [4, 2, 6]
+
+
+def test_layers_not_divisible_into_chunks_are_refused():
+    with pytest.raises(ValueError, match="rank 1 has 3 layers"):
+        layout_of(make_spec(pp=2, vp=2, layers=(2, 3), devices=("h100", "l4")))
+
+
+# --- terms --------------------------------------------------------------------------------------
+
+def test_every_registered_term_documents_itself_and_bounds_its_parameters():
+    for name, term in TERMS.items():
+        assert term.name == name
+        assert len((type(term).__doc__ or "").split()) > 30, f"{name} needs a docstring with its physics"
+        for param in term.params:
+            assert param.low <= param.default <= param.high and param.unit and param.doc
+
+
+def roofline_values(**overrides: float) -> dict[str, float]:
+    return {**TERMS["decoder_roofline"].defaults(), **overrides}
+
+
+def test_roofline_is_compute_bound_for_a_large_layer_and_memory_bound_for_a_tiny_one():
+    roofline = TERMS["decoder_roofline"]
+    catalog = load_catalog()
+    values = roofline_values()
+    big = make_spec(pp=2, layers=(3, 1), devices=("h100", "l4"), hidden=8192, seq=4096)
+    costs = roofline.contribute(Context(big, layout_of(big), (catalog["h100"], catalog["l4"])), values)
+    h100_layer_ms = gpt.layer_forward_flops(big.model) / (catalog["h100"].peak_bf16_flops_per_s * 0.5) * 1e3
+    assert costs.forward_ms[0] == pytest.approx(3 * h100_layer_ms)
+    assert costs.backward_ms[0] == pytest.approx(2 * costs.forward_ms[0])
+    assert costs.weight_grad_ms[0] == pytest.approx(costs.backward_ms[0] * 24 / (2 * (24 + 4 * 4096 / 8192)))
+
+    tiny = make_spec(pp=2, layers=(1, 1), devices=("h100", "l4"), hidden=64, seq=128)
+    costs = roofline.contribute(Context(tiny, layout_of(tiny), (catalog["h100"], catalog["l4"])), values)
+    nbytes = gpt.layer_parameters(tiny.model) * 2 + gpt.layer_activation_bytes(tiny.model)
+    assert costs.forward_ms[1] == pytest.approx(nbytes / (catalog["l4"].memory_bandwidth_bytes_per_s * 0.8) * 1e3)
+
+
+@settings(max_examples=30)
+@given(st.floats(0.05, 1.0), st.floats(0.05, 1.0))
+def test_roofline_time_never_rises_with_efficiency(low, high):
+    low, high = sorted((low, high))
+    spec = make_spec()
+    model = load_model()
+    slow = model.with_term(ActiveTerm(TERMS["decoder_roofline"], tuple(roofline_values(
+        compute_efficiency=low, memory_efficiency=low).items()))).pipeline(spec)
+    fast = model.with_term(ActiveTerm(TERMS["decoder_roofline"], tuple(roofline_values(
+        compute_efficiency=high, memory_efficiency=high).items()))).pipeline(spec)
+    for s, f in zip(slow.stages, fast.stages):
+        assert f.forward_ms <= s.forward_ms and f.backward_ms <= s.backward_ms
+
+
+def test_link_transfer_prices_the_hidden_states_with_each_hops_fit():
+    spec = make_spec(pp=3, devices=("h100", "a10g", "l4"), hidden=2048, seq=512)
+    pipeline = load_model().pipeline(spec)
+    nbytes = 512 * 2048 * 2
+    expected = tuple(fit.latency_ms + nbytes / fit.bytes_per_ms for fit in spec.links)
+    assert pipeline.forward_transfer_ms == pytest.approx(expected)
+    assert pipeline.backward_transfer_ms == pytest.approx(expected)
+
+
+def test_an_unbenchmarked_hop_takes_the_slowest_fitted_link():
+    links = (LinkFit(0, 1, 0.1, 2.0e6), LinkFit(1, 0, 0.1, 2.0e6), LinkFit(1, 2, 0.3, 1.0e6))
+    spec = make_spec(pp=3, vp=2, layers=(2, 2, 2), devices=("h100", "a10g", "l4"), links=links)
+    transfers = load_model().pipeline(spec).forward_transfer_ms
+    assert len(transfers) == 5
+    slow = 0.3 + 1024 * 1024 * 2 / 1.0e6
+    assert transfers[2] == pytest.approx(slow)  # rank 2 -> rank 0: not benchmarked
+    assert transfers[1] == transfers[4] == pytest.approx(slow)
+    assert transfers[0] < slow
+
+
+def test_link_term_without_any_link_fit_says_what_to_do():
+    with pytest.raises(ValueError, match="link_transfer needs link fits.*remove the term"):
+        load_model().pipeline(make_spec(links=()))
+
+
+# --- Model.pipeline ---------------------------------------------------------------------------------
+
+class EveryPlace(Term):
+    """A test term that adds a known amount everywhere a term can contribute, to check the summing and the switch.
+
+    It has no physics; it stands for the terms the calibration issue adds (optimizer step, barrier work between
+    iterations, host overhead, embedding all-reduce, non-blocking p2p). The point is that each place is reachable.
+    """
+
+    name = "every_place"
+    params = (Param("amount_ms", 1.0, 0.0, 10.0, "ms", "what is added at each place"),)
+
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        layout, amount = context.layout, params["amount_ms"]
+        return Contribution(
+            forward_ms=(amount,) * layout.virtual_stages, backward_ms=(2 * amount,) * layout.virtual_stages,
+            weight_grad_ms=(amount,) * layout.virtual_stages, forward_transfer_ms=(amount,) * layout.hops,
+            backward_transfer_ms=(amount,) * layout.hops, optimizer_ms=tuple(float(r) for r in range(layout.ranks)),
+            pre_optimizer_ms=3 * amount, post_optimizer_ms=4 * amount, blocking_p2p=False)
+
+
+def test_contributions_of_all_terms_add_up_in_every_place():
+    spec = make_spec(pp=3, devices=("h100", "a10g", "l4"))
+    base_model = load_model()
+    base = base_model.pipeline(spec)
+    model = base_model.with_term(ActiveTerm(EveryPlace(), (("amount_ms", 0.5),)))
+    summed = model.pipeline(spec)
+    assert isinstance(summed, Pipeline)
+    for b, s in zip(base.stages, summed.stages):
+        assert s.forward_ms == pytest.approx(b.forward_ms + 0.5)
+        assert s.backward_ms == pytest.approx(b.backward_ms + 1.0)
+        assert s.weight_grad_ms == pytest.approx(b.weight_grad_ms + 0.5)
+    assert summed.forward_transfer_ms == pytest.approx([t + 0.5 for t in base.forward_transfer_ms])
+    assert summed.optimizer_ms == (0.0, 1.0, 2.0) and base.optimizer_ms == ()
+    assert (summed.pre_optimizer_ms, summed.post_optimizer_ms) == (1.5, 2.0)
+    assert base.blocking_p2p is True and summed.blocking_p2p is False
+    assert (summed.microbatches, summed.iterations, summed.chunks) == (spec.microbatches, spec.iterations, spec.vp)
+
+
+def test_a_term_returning_the_wrong_number_of_values_is_named():
+    class Broken(EveryPlace):
+        name = "broken"
+
+        def contribute(self, context, params):
+            return Contribution(optimizer_ms=(1.0,))
+
+    model = load_model().with_term(ActiveTerm(Broken(), (("amount_ms", 1.0),)))
+    with pytest.raises(ValueError, match="term broken gave 1 values of optimizer_ms.*expected 4"):
+        model.pipeline(make_spec())
+
+
+def test_pipeline_is_pure_and_repeatable():
+    spec, model = make_spec(), load_model()
+    assert model.pipeline(spec) == model.pipeline(spec)
+    assert model == load_model()
+
+
+def test_unknown_device_type_names_the_stage_and_the_fix():
+    with pytest.raises(ValueError, match=r"stage 1 runs on device type 'tpu'.*devices.toml"):
+        load_model().pipeline(make_spec(pp=2, devices=("h100", "tpu")))
+
+
+# --- model files and identity ---------------------------------------------------------------------
+
+def test_shipped_baseline_round_trips_through_its_own_toml(tmp_path):
+    model = load_model()
+    assert model.name == "baseline" and {t.name for t in model.terms} == {"decoder_roofline", "link_transfer"}
+    path = tmp_path / "m.toml"
+    write_model(path, model)
+    again = load_model(path)
+    assert again == model and again.sha256 == model.sha256
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_hash_ignores_term_order_and_explicit_defaults_but_not_values():
+    catalog = load_catalog()
+    header = '[model]\nname = "m"\n'
+    a = parse_model(header + "[terms.link_transfer]\n[terms.decoder_roofline]\n", origin="a", catalog=catalog)
+    b = parse_model(header + "[terms.decoder_roofline]\ncompute_efficiency = 0.5\n[terms.link_transfer]\n",
+                    origin="b", catalog=catalog)
+    c = parse_model(header + "[terms.decoder_roofline]\ncompute_efficiency = 0.4\n[terms.link_transfer]\n",
+                    origin="c", catalog=catalog)
+    assert a.sha256 == b.sha256 != c.sha256
+    d = b.with_device_constant("l4", "memory_bandwidth_bytes_per_s", 2.0e11, "a test")
+    assert d.sha256 != b.sha256
+    # A device override survives the round trip through the file, with its source.
+    e = parse_model(d.to_toml(catalog), origin="e", catalog=catalog)
+    assert e.sha256 == d.sha256 and e.device("l4").source("memory_bandwidth_bytes_per_s") == "a test"
+
+
+@pytest.mark.parametrize("text, line, needle", [
+    ('[model]\nname = "m"\n\n[terms.decoder_roofline]\ncompute_efficency = 0.5\n', 5, "has no parameter"),
+    ('[model]\nname = "m"\n\n[terms.decoder_roofline]\ncompute_efficiency = 1.5\n', 5, r"outside the plausible range"),
+    ('[model]\nname = "m"\n\n[terms.roofline_typo]\n', 4, "unknown term 'roofline_typo'"),
+    ('[model]\nname = "m"\n[terms.link_transfer]\n[devices.l4]\nmemory_bytes = 24e9\n', 5, "inline table"),
+    ('[model]\nname = "m"\n[terms.link_transfer]\n[devices.l4]\nmemory_bytes = { value = 1, source = "" }\n', 5,
+     "source"),
+    ('[model]\nname = "m"\n[terms.link_transfer\n', 3, "not valid TOML"),
+])
+def test_bad_model_files_are_refused_with_file_line_and_field(text, line, needle):
+    with pytest.raises(InputError, match=needle) as caught:
+        parse_model(text, origin="models/m.toml", catalog=load_catalog())
+    assert str(caught.value).startswith("models/m.toml")
+    assert caught.value.line == line or f"line {line}" in str(caught.value)
+
+
+def test_model_without_terms_is_refused():
+    with pytest.raises(InputError, match="no active terms"):
+        parse_model('[model]\nname = "m"\n', origin="m.toml", catalog=load_catalog())
+
+
+def test_default_model_is_the_shipped_file():
+    assert DEFAULT_MODEL.name == "baseline.toml" and load_model(DEFAULT_MODEL) == load_model()
+    assert isinstance(load_model(), Model)

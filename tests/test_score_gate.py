@@ -1,0 +1,121 @@
+"""Scoring (per-run errors, Spearman with its edge cases, suite aggregates) and the tolerance gate."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given
+from scipy.stats import rankdata, spearmanr
+from hypothesis import strategies as st
+
+from hops_calib.gate import Tolerances, gate
+from hops_calib.metrics import TimelineMetrics
+from hops_calib.score import aggregate, average_ranks, score_run, spearman_rho
+
+
+def metrics(throughput: float, bubble: float, utilization: tuple[float, ...], steady: float | None = None):
+    return TimelineMetrics(throughput_per_s=throughput, steady_throughput_per_s=steady or throughput,
+                           bubble_ratio=bubble, utilization_per_stage=utilization, makespan_ms=1.0, window_ms=1.0,
+                           completed_microbatches=1, iteration_periods_ms=(), iteration_time_ms=1.0)
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=3, max_size=8))
+def test_spearman_matches_scipy_wherever_scipy_defines_it(pairs):
+    x = np.array([p[0] for p in pairs], dtype=float) / 7
+    y = np.array([p[1] for p in pairs], dtype=float) / 3
+    assert average_ranks(x) == pytest.approx(rankdata(x))
+    if np.ptp(x) > 0 and np.ptp(y) > 0:
+        assert spearman_rho(x, y) == pytest.approx(spearmanr(x, y).statistic)
+
+
+def test_spearman_edge_cases_are_defined():
+    assert spearman_rho([0.3, 0.3, 0.3], [0.5, 0.5, 0.5]) == 1.0  # both constant: same (tied) order
+    assert spearman_rho([0.3], [0.9]) == 1.0  # one stage: nothing to order
+    assert spearman_rho([0.1, 0.2, 0.3], [0.5, 0.5, 0.5]) == 0.0  # prediction carries no order
+    assert spearman_rho([0.4, 0.4], [0.1, 0.2]) == 0.0
+    assert spearman_rho([0.1, 0.2], [0.3, 0.4]) == pytest.approx(1.0)  # two stages: +1 or -1
+    assert spearman_rho([0.1, 0.2], [0.4, 0.3]) == pytest.approx(-1.0)
+    # Float noise from simulating identical stages is a tie, not an order.
+    assert spearman_rho([0.1, 0.2, 0.3], [0.5, 0.5 + 1e-13, 0.5 - 1e-13]) == 0.0
+    with pytest.raises(ValueError, match="3 real with 2 predicted"):
+        spearman_rho([0.1, 0.2, 0.3], [0.1, 0.2])
+
+
+def test_score_run_signs_and_units():
+    real = metrics(10.0, 0.60, (0.5, 0.4, 0.3), steady=12.0)
+    predicted = metrics(11.0, 0.55, (0.45, 0.44, 0.46), steady=9.0)
+    score = score_run("r", real, predicted)
+    assert score.throughput_error_pct == pytest.approx(10.0)
+    assert score.steady_throughput_error_pct == pytest.approx(-25.0)
+    assert score.bubble_error_pp == pytest.approx(-5.0)
+    assert score.util_spearman_rho == pytest.approx(-0.5)
+
+
+def test_unscorable_truth_is_named():
+    with pytest.raises(ValueError, match="run r7: real throughput is nan"):
+        score_run("r7", metrics(float("nan"), 0.5, (0.5,)), metrics(1.0, 0.5, (0.5,)))
+
+
+def test_suite_aggregates():
+    runs = [score_run(f"r{i}", metrics(10.0, 0.5, (0.1, 0.2)), metrics(10.0 + e, 0.5 + b, u))
+            for i, (e, b, u) in enumerate([(1.0, 0.02, (0.1, 0.2)), (-3.0, -0.04, (0.2, 0.1)), (0.5, 0.0, (0.3, 0.3))])]
+    suite = aggregate(runs)
+    assert suite.n_fixtures == 3
+    assert suite.throughput_mape_pct == pytest.approx((10 + 30 + 5) / 3)
+    assert suite.throughput_median_ape_pct == pytest.approx(10.0)
+    assert suite.bubble_mae_pp == pytest.approx(2.0)
+    assert suite.util_spearman_mean == pytest.approx(0.0)
+    with pytest.raises(ValueError):
+        aggregate([])
+
+
+def scores(errors: list[tuple[float, float]]):
+    """Run scores with given (throughput error %, bubble error pp) against a fixed truth."""
+    runs = [score_run(f"run{i}", metrics(100.0, 0.5, (0.1, 0.2, 0.3)),
+                      metrics(100.0 + t, 0.5 + b / 100, (0.1, 0.2, 0.3))) for i, (t, b) in enumerate(errors)]
+    return runs, aggregate(runs)
+
+
+def test_gate_accepts_an_improvement_and_states_every_check():
+    before, before_suite = scores([(10, 5), (-8, 4), (6, -3)])
+    after, after_suite = scores([(4, 3), (-3, 2), (6, -3)])
+    result = gate(before, after, before_suite, after_suite)
+    assert result.accepted and result.decision == "accepted" and not result.regressions
+    assert len(result.reasons) == 5
+    assert "improves" in result.reasons[0] and "holds" in result.reasons[2]
+
+
+def test_gate_names_a_run_that_regressed_even_when_the_suite_improves():
+    before, before_suite = scores([(10, 5), (-8, 4), (1, 0)])
+    after, after_suite = scores([(0, 0), (0, 0), (-4, 0)])
+    result = gate(before, after, before_suite, after_suite)
+    assert after_suite.throughput_mape_pct < before_suite.throughput_mape_pct
+    assert not result.accepted
+    assert [(r.run_id, r.metric) for r in result.regressions] == [("run2", "throughput")]
+    assert result.regressions[0].growth_pp == pytest.approx(3.0)
+    assert any("run2" in reason and "fails" in reason for reason in result.reasons)
+    # A looser per-run tolerance lets it through, and the result says which tolerance it used.
+    loose = gate(before, after, before_suite, after_suite, Tolerances(run_throughput_pp=3.5))
+    assert loose.accepted and loose.to_dict()["tolerances"]["run_throughput_pp"] == 3.5
+
+
+def test_gate_rejects_a_worse_suite_and_falling_rho():
+    before, before_suite = scores([(2, 1), (-2, 1)])
+    after, after_suite = scores([(3, 1), (-3, 1)])
+    result = gate(before, after, before_suite, after_suite)
+    assert not result.accepted and "fails" in result.reasons[0] and not result.regressions
+    worse_rho = dataclasses.replace(before_suite, util_spearman_mean=before_suite.util_spearman_mean - 0.1)
+    result = gate(before, before, before_suite, worse_rho)
+    assert not result.accepted and "rho" in [r for r in result.reasons if "fails" in r][0]
+    assert gate(before, before, before_suite, worse_rho, Tolerances(util_spearman=0.2)).accepted
+
+
+def test_gate_refuses_different_run_sets_and_negative_tolerances():
+    before, before_suite = scores([(2, 1), (-2, 1)])
+    after, after_suite = scores([(2, 1)])
+    with pytest.raises(ValueError, match="run sets differ"):
+        gate(before, after, before_suite, after_suite)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Tolerances(run_bubble_pp=-1)
