@@ -94,7 +94,8 @@ def plan(
 
 # --- the loop: predict, evaluate, report, ledger (hops_calib.loop) --------------------------------
 
-MODEL_OPTION = typer.Option(None, "--model", help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
+MODEL_OPTION = typer.Option(None, "--model",
+                            help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
 LEDGER_OPTION = typer.Option(Path("ledger/ledger.jsonl"), "--ledger", help="Experiment ledger (JSON lines).")
 ledger_app = typer.Typer(help="The append-only, hash-chained experiment ledger.", no_args_is_help=True)
 app.add_typer(ledger_app, name="ledger")
@@ -123,13 +124,21 @@ def evaluate(
     commit: bool = typer.Option(False, "--commit", help="Write an accepted candidate into the model file."),
     ledger: Path = LEDGER_OPTION,
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
-    tolerance_mape: float = typer.Option(0.0, "--tolerance-mape-pp", help="Suite throughput MAPE may grow by this."),
-    tolerance_bubble_mae: float = typer.Option(0.0, "--tolerance-bubble-mae-pp", help="Suite bubble MAE may grow by this."),
-    tolerance_rho: float = typer.Option(0.0, "--tolerance-rho", help="Mean utilization rho may fall by this."),
-    tolerance_run_throughput: float = typer.Option(2.0, "--tolerance-run-throughput-pp", help="Per-run |throughput error| may grow by this."),
-    tolerance_run_bubble: float = typer.Option(2.0, "--tolerance-run-bubble-pp", help="Per-run |bubble error| may grow by this."),
+    tolerance_mape: Optional[float] = typer.Option(
+        None, "--tolerance-mape-pp", help="Suite throughput MAPE may grow by this many pp (default 0: hold)."),
+    tolerance_bubble_mae: Optional[float] = typer.Option(
+        None, "--tolerance-bubble-mae-pp", help="Suite bubble MAE may grow by this many pp (default 0: hold)."),
+    tolerance_rho: Optional[float] = typer.Option(
+        None, "--tolerance-rho", help="Mean utilization rho may fall by this much (default 0: hold)."),
+    tolerance_run_throughput: Optional[float] = typer.Option(
+        None, "--tolerance-run-throughput-pp", help="Any run's |throughput error| may grow by this (default 2 pp)."),
+    tolerance_run_bubble: Optional[float] = typer.Option(
+        None, "--tolerance-run-bubble-pp", help="Any run's |bubble error| may grow by this (default 2 pp)."),
 ) -> None:
-    """Score the model on the train split; with a candidate, gate it and record the answer. Exit 0 accepted, 1 rejected, 2 invalid."""
+    """Score the model on the train split; with a candidate, gate it and record the answer.
+
+    Exit 0 accepted (or no candidate), 1 rejected, 2 invalid input. Tolerances default to hops_calib.gate.Tolerances.
+    """
     from hops_calib.loop import evaluate_command
 
     tolerances = {"throughput_mape_pp": tolerance_mape, "bubble_mae_pp": tolerance_bubble_mae,
@@ -152,6 +161,17 @@ def report(
     raise typer.Exit(report_command(split, fixtures, model, ledger, as_json))
 
 
+@app.command()
+def terms(
+    model: Optional[Path] = MODEL_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (with every device constant's source)."),
+) -> None:
+    """The cost terms a candidate can add, remove or set: which are active, their parameters and bounds; devices."""
+    from hops_calib.loop import terms_command
+
+    raise typer.Exit(terms_command(model, as_json))
+
+
 @ledger_app.command("show")
 def ledger_show(
     ledger: Path = LEDGER_OPTION,
@@ -165,7 +185,10 @@ def ledger_show(
 
 
 @ledger_app.command("verify")
-def ledger_verify(ledger: Path = LEDGER_OPTION, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def ledger_verify(
+    ledger: Path = LEDGER_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
     """Check every line and the hash chain; name each damaged, edited or truncated line. Exit 1 on any problem."""
     from hops_calib.loop import ledger_verify_command
 

@@ -20,7 +20,7 @@ class InputError(ValueError):
         self.hint = hint
         where = self.origin + (f":{line}" if line is not None else "")
         what = f"field '{field}': {problem}" if field else problem
-        super().__init__(f"{where}: {what}" + (f" ({hint})" if hint else ""))
+        super().__init__(f"{where}: {what}" + (f"; {hint}" if hint else ""))
 
 
 def line_of(text: str, table: str | None, key: str | None = None) -> int | None:

@@ -38,8 +38,8 @@ def refuse_test_split(split: str, verb: str) -> None:
     """Rule 2: only the held-out report reads the test split."""
     if split == TEST:
         raise ProtectedSplit(verb, "refuses the test split: parameters and candidates are judged on train only",
-                             field="split", hint="the test split is read only by `hops-calib report --split test`, "
-                                                 "which prints suite aggregates and leaves an audit entry in the ledger")
+                             field="split", hint="the test split is read only by `hops-calib report --split "
+                             "test`, which prints suite aggregates and leaves an audit entry in the ledger")
     if split not in SPLITS:
         raise InputError(verb, f"unknown split {split!r}", field="split", hint=f"expected one of {SPLITS}")
 

@@ -147,13 +147,13 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
 # --- evaluate ------------------------------------------------------------------------------------
 
 def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | None, as_json: bool, commit: bool,
-                     ledger_path: Path, split: str, tolerances: dict[str, float]) -> int:
+                     ledger_path: Path, split: str, tolerances: dict[str, float | None]) -> int:
     def run() -> int:
         from hops_calib.evaluate import evaluate
         from hops_calib.gate import Tolerances
 
         try:
-            limits = Tolerances(**tolerances)
+            limits = Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
         except ValueError as error:
             raise InputError("evaluate", str(error), field="tolerance") from None
         result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
@@ -286,6 +286,44 @@ def ledger_repair_command(ledger_path: Path) -> int:
         aside = repair(ledger_path)
         print(f"{ledger_path}: incomplete last line moved to {aside}" if aside else
               f"{ledger_path}: nothing to repair (last line complete)")
+        return EXIT_OK
+
+    return _guarded(run)
+
+
+# --- terms ---------------------------------------------------------------------------------------
+
+def terms_command(model_path: Path | None, as_json: bool) -> int:
+    """Every cost term the package implements, whether the model activates it, and its parameters."""
+    def run() -> int:
+        from hops_calib.model import CONSTANTS, TERMS
+        from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+        model = load_model(model_path)
+        rows = []
+        for name, term in TERMS.items():
+            active = model.active(name)
+            values = active.params() if active else {}
+            rows.append({"term": name, "active": active is not None, "summary": term.summary(),
+                         "params": [{"name": p.name, "value": values.get(p.name), "default": p.default,
+                                     "low": p.low, "high": p.high, "unit": p.unit, "doc": p.doc} for p in term.params]})
+        devices = [{"type": d.type, "name": d.name,
+                    **{c: {"value": getattr(d, c), "source": d.source(c)} for c in CONSTANTS}} for d in model.devices]
+        if as_json:
+            _print_json({"model": str(model_path or DEFAULT_MODEL), "model_sha256": model.sha256, "terms": rows,
+                         "devices": devices})
+            return EXIT_OK
+        print(f"model {model.name} ({model_path or DEFAULT_MODEL}), sha256 {model.sha256[:12]}")
+        for row in rows:
+            print(f"{'*' if row['active'] else ' '} {row['term']}: {row['summary']}")
+            for p in row["params"]:
+                value = "" if p["value"] is None else f" = {p['value']:g}"
+                print(f"      {p['name']}{value} (default {p['default']:g}, [{p['low']:g}, {p['high']:g}] "
+                      f"{p['unit']}): {p['doc']}")
+        print("  (* = active in this model)")
+        for device in model.devices:
+            print(f"device {device.type}: {device.name}: " + ", ".join(
+                f"{c} {getattr(device, c):.4g}" for c in CONSTANTS))
         return EXIT_OK
 
     return _guarded(run)

@@ -26,7 +26,8 @@ AGGREGATES = {"n_fixtures", "throughput_mape_pct", "throughput_median_ape_pct", 
 IMPROVING = '''
 id = "iteration-host-overhead"
 hypothesis = "untraced host work between the optimizer step and the next forward lowers real throughput"
-grounding = "Megatron's training loop logs every iteration (--log-interval 1), steps the LR scheduler and fetches the next batch on the host"
+grounding = """Megatron's training loop logs every iteration (--log-interval 1), steps the LR scheduler and
+fetches the next batch on the host"""
 
 [change]
 action = "add"
@@ -253,3 +254,36 @@ def test_two_evaluations_appending_at_once_keep_the_chain(shared_fixtures, works
     entries = list(read_entries(workspace["ledger"]))
     assert sorted(e["decision"] for e in entries) == ["accepted", "rejected"]
     assert cli("ledger", "verify", "--ledger", workspace["ledger"]).exit_code == 0
+
+
+def test_terms_lists_every_implemented_term_and_marks_the_active_ones(workspace):
+    from hops_calib.model import TERMS
+
+    result = cli("terms", "--model", workspace["model"], "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    model = load_model(workspace["model"])
+    assert [t["term"] for t in data["terms"]] == list(TERMS)
+    assert {t["term"] for t in data["terms"] if t["active"]} == {t.name for t in model.terms}
+    assert all(d["peak_bf16_flops_per_s"]["source"] for d in data["devices"])
+    text = cli("terms", "--model", workspace["model"])
+    assert text.exit_code == 0 and "* decoder_roofline" in text.stdout
+
+
+def test_commit_refuses_a_model_file_that_changed_since_it_was_judged(tmp_path):
+    """Two accepted candidates judged against the same model: the second commit must not overwrite the first."""
+    from hops_calib.candidate import parse_candidate
+    from hops_calib.errors import InputError
+    from hops_calib.evaluate import _commit
+    from hops_calib.model_files import write_model
+
+    path, ledger = tmp_path / "model.toml", tmp_path / "ledger.jsonl"
+    judged = load_model()
+    write_model(path, judged)
+    first = parse_candidate(IMPROVING, origin="first.toml").apply(judged)
+    _commit(path, judged, first, ledger, {"kind": "evaluate", "note": "first"})
+    second = parse_candidate(HARMFUL, origin="second.toml").apply(judged)
+    with pytest.raises(InputError, match="changed while the candidate was evaluated"):
+        _commit(path, judged, second, ledger, {"kind": "evaluate", "note": "second"})
+    assert load_model(path).sha256 == first.sha256
+    assert [e["note"] for e in read_entries(ledger)] == ["first"]

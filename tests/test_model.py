@@ -25,7 +25,7 @@ def make_spec(pp: int = 4, vp: int = 1, layers: tuple[int, ...] | None = None, d
     if links is None:
         links = tuple(LinkFit(i, i + 1, latency_ms=0.1 * (i + 1), bytes_per_ms=1.0e6 * (i + 1)) for i in range(pp - 1))
     model = ModelShape(num_layers=sum(layers), hidden_size=hidden, ffn_hidden_size=shape.pop("ffn", 4 * hidden),
-                       num_attention_heads=shape.pop("heads", 8), seq_length=seq, vocab_size=50304,
+                       num_attention_heads=shape.pop("heads", 8), seq_length=seq, vocab_size=shape.pop("vocab", 50304),
                        global_batch_size=8, **shape)
     return Spec(run_id="hand-built", pp=pp, vp=vp, microbatches=8, iterations=3, layers_per_stage=layers,
                 devices=devices, device_ids=tuple(f"{d}{i}" for i, d in enumerate(devices)), links=links,
@@ -277,3 +277,46 @@ def test_model_without_terms_is_refused():
 def test_default_model_is_the_shipped_file():
     assert DEFAULT_MODEL.name == "baseline.toml" and load_model(DEFAULT_MODEL) == load_model()
     assert isinstance(load_model(), Model)
+
+
+# --- the inert terms a candidate can activate ------------------------------------------------------
+
+def with_term(name: str, **values: float) -> Model:
+    term = TERMS[name]
+    return load_model().with_term(ActiveTerm(term, tuple({**term.defaults(), **values}.items())))
+
+
+def test_embedding_allreduce_sends_the_padded_fp32_embedding_gradient_over_the_end_to_end_link():
+    pair = make_spec(pp=2, devices=("h100", "l4"), hidden=1024, vocab=50000)
+    pipeline = with_term("embedding_grad_allreduce").pipeline(pair)
+    padded = 50048  # the next multiple of 128
+    fit = pair.links[0]
+    assert pipeline.pre_optimizer_ms == pytest.approx(fit.latency_ms + padded * 1024 * 4 / fit.bytes_per_ms)
+    # Deeper pipelines: the first/last pair was not benchmarked, so the slowest fitted link prices it.
+    deep = make_spec(pp=4)
+    expected = max(f.latency_ms + 50304 * 1024 * 2 / f.bytes_per_ms for f in deep.links)
+    assert with_term("embedding_grad_allreduce", bytes_per_element=2.0).pipeline(deep).pre_optimizer_ms == \
+        pytest.approx(expected)
+    untied = dataclasses.replace(deep, model=dataclasses.replace(deep.model, untie_embeddings=True))
+    assert with_term("embedding_grad_allreduce").pipeline(untied).pre_optimizer_ms == 0.0
+
+
+def test_optimizer_step_streams_every_parameter_once_across_the_ranks():
+    from hops_calib.model.terms.optimizer import rank_parameters
+
+    spec = make_spec(pp=3, layers=(1, 3, 2), devices=("h100", "a10g", "l4"), hidden=512, seq=256)
+    model = with_term("optimizer_step", bytes_per_parameter=40.0, memory_efficiency=0.5)
+    pipeline = model.pipeline(spec)
+    context = Context(spec, layout_of(spec), tuple(model.device(d) for d in spec.devices))
+    per_rank = [rank_parameters(context, r) for r in range(3)]
+    h, vocab = 512, 50304
+    assert sum(per_rank) == 6 * gpt.layer_parameters(spec.model) + 2 * vocab * h + 256 * h + 2 * h
+    assert per_rank[1] == 3 * gpt.layer_parameters(spec.model)
+    for rank, device in enumerate(context.devices):
+        assert pipeline.optimizer_ms[rank] == pytest.approx(
+            per_rank[rank] * 40.0 / (device.memory_bandwidth_bytes_per_s * 0.5) * 1e3)
+
+
+def test_iteration_host_overhead_is_a_per_rank_constant_after_the_optimizer():
+    pipeline = with_term("iteration_host_overhead", host_ms=7.5).pipeline(make_spec())
+    assert pipeline.post_optimizer_ms == 7.5 and pipeline.pre_optimizer_ms == 0.0

@@ -17,7 +17,8 @@ def bytes_per_element(shape: ModelShape) -> int:
     try:
         return BYTES_PER_ELEMENT[shape.precision]
     except KeyError:
-        raise ValueError(f"unknown precision {shape.precision!r}; expected one of {sorted(BYTES_PER_ELEMENT)}") from None
+        raise ValueError(f"unknown precision {shape.precision!r}; expected one of {sorted(BYTES_PER_ELEMENT)}"
+                         ) from None
 
 
 def layer_forward_flops(shape: ModelShape) -> float:

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hops_calib.errors import InputError
 
-class TraceError(ValueError):
+
+class TraceError(InputError):
     """A job directory that cannot be read as it is.
 
     The message always says where (file, and line when there is one), which
-    field, what is wrong, and what the user should do about it.
+    field, what is wrong, and what the user should do about it (the format of
+    every `InputError`).
     """
 
     def __init__(self, path: Path | str, problem: str, *, line: int | None = None, field: str | None = None,
                  hint: str = "") -> None:
         self.path = Path(path)
-        self.line = line
-        self.field = field
-        self.problem = problem
-        self.hint = hint
-        where = str(self.path) + (f":{line}" if line is not None else "")
-        what = f"field '{field}': {problem}" if field else problem
-        super().__init__(f"{where}: {what}" + (f"; {hint}" if hint else ""))
+        super().__init__(str(self.path), problem, line=line, field=field, hint=hint)
