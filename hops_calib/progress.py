@@ -1,0 +1,96 @@
+"""Progress bars for long commands: a rich bar on a terminal, silence everywhere else.
+
+A command that loops over many runs (ingest, evaluate, tuning) takes a
+`Progress` and calls `start(total)` once it knows how much work there is and
+`advance(what)` after each unit. `progress_bar(...)` gives the real bar when
+stdout is a terminal (and --json was not asked for), else `QUIET`, which does
+nothing: piped or captured output never carries bar characters. The bar draws
+on stderr, so even on a terminal it never mixes with what a command prints.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator, Protocol
+
+
+class Progress(Protocol):
+    def start(self, total: int) -> None:
+        """The number of units of work; call once, before the first `advance`."""
+
+    def advance(self, what: str = "") -> None:
+        """One unit done; `what` names it (a run id)."""
+
+
+class _Quiet:
+    def start(self, total: int) -> None:
+        pass
+
+    def advance(self, what: str = "") -> None:
+        pass
+
+
+QUIET: Progress = _Quiet()
+
+
+class _RichBar:
+    """A transient rich bar: it disappears when the command ends, leaving only the command's own output."""
+
+    def __init__(self, label: str, console: Any = None) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
+            TimeElapsedColumn
+
+        self._bar = RichProgress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.description}"), transient=True, console=console)
+        self._task = None
+
+    def start(self, total: int) -> None:
+        # One unit is over before a bar could be read: it would only flicker.
+        if self._task is None and total > 1:
+            self._bar.start()
+            self._task = self._bar.add_task("", total=total)
+
+    def advance(self, what: str = "") -> None:
+        if self._task is not None:
+            self._bar.update(self._task, advance=1, description=what)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._bar.stop()
+
+
+def on_terminal() -> bool:
+    """Whether a bar would be seen: stdout (what the user watches) and stderr (where it draws) are terminals."""
+    return _isatty(sys.stdout) and _isatty(sys.stderr)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
+
+
+@contextmanager
+def progress_bar(label: str, *, total: int | None = None, quiet: bool = False, console: Any = None
+                 ) -> Iterator[Progress]:
+    """A bar labelled `label` while the block runs; `QUIET` when `quiet` (--json) or stdout is not a terminal.
+
+    `console` (a rich Console) forces a bar onto it, whatever the streams are;
+    tests use it to see the bar.
+    """
+    if quiet or (console is None and not on_terminal()):
+        yield QUIET
+        return
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    bar = _RichBar(label, console)
+    try:
+        if total is not None:
+            bar.start(total)
+        yield bar
+    finally:
+        bar.stop()
