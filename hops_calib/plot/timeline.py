@@ -89,13 +89,15 @@ def _draw_panel(ax: Any, window: Window, panel: Panel, stages: int, x_max: float
         drawn.add(str(phase))
         if phase == OPTIMIZER:
             continue
-        # Microbatch numbers where they fit: they make the schedule's order readable.
+        # Microbatch numbers make the schedule's order readable, but only when every bar of the lane and
+        # phase holds its number: a lane numbered here and there reads as a pattern that is not there.
+        microbatches = bars["microbatch"].to_numpy()
         char_px = 0.62 * LABEL_FONT_PT * dpi / 72
-        for start, width, px, microbatch in zip(starts, widths, width_px, bars["microbatch"].to_numpy()):
-            text = str(microbatch)
-            if microbatch >= 0 and px >= char_px * len(text) + 4:
-                ax.text(start + width / 2, stage + (BAR_TOP + BAR_BOTTOM) / 2, text, ha="center", va="center",
-                        fontsize=LABEL_FONT_PT, color="white", zorder=3)
+        needed_px = char_px * np.array([len(str(m)) for m in microbatches]) + 4
+        if (microbatches >= 0).all() and (width_px >= needed_px).all():
+            for start, width, microbatch in zip(starts, widths, microbatches):
+                ax.text(start + width / 2, stage + (BAR_TOP + BAR_BOTTOM) / 2, str(microbatch), ha="center",
+                        va="center", fontsize=LABEL_FONT_PT, color="white", zorder=3)
     sends = rows[rows["kind"] == TRANSFER]
     for stage, marks in sends.groupby("stage", sort=False):
         widths = (marks["end_ms"] - marks["start_ms"]).to_numpy()
