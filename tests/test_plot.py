@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import struct
 import subprocess
 import xml.etree.ElementTree as ET
@@ -16,12 +15,13 @@ from typer.testing import CliRunner
 
 from hops_calib.cli import app
 from hops_calib.ledger import read_entries
-from hops_calib.model_files import DEFAULT_MODEL
 from hops_calib.plot import style
 from hops_calib.plot.groups import MIN_DISCLOSED_RUNS, disclosable, group_rows, short_run_id
 from hops_calib.plot.ledger import FIGURE_SIZE_IN as LEDGER_SIZE_IN, read_history
 from hops_calib.plot.parity import FIGURE_SIZE_IN as PARITY_SIZE_IN
 from hops_calib.plot.timeline import figure_size, iteration_window
+
+from conftest import PLAIN_MODEL_TOML
 
 CHROMIUM = Path("/usr/bin/chromium")
 DPI = 60  # small images: the pixel size still depends on it exactly, and they render fast
@@ -179,7 +179,7 @@ def ledger_with_history(shared_fixtures, tmp_path_factory):
     """A ledger with two candidates evaluated (and committed when accepted) and one held-out report."""
     folder = tmp_path_factory.mktemp("ledger")
     model, ledger = folder / "model.toml", folder / "ledger.jsonl"
-    shutil.copy(DEFAULT_MODEL, model)
+    model.write_text(PLAIN_MODEL_TOML)  # the shipped model already holds what these candidates add
     for name, text in CANDIDATES.items():
         (folder / name).write_text(text)
         result = cli("evaluate", folder / name, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
@@ -340,7 +340,7 @@ def test_evaluate_reports_one_unit_per_prediction(shared_fixtures, shared_store,
             self.done.append(what)
 
     model = tmp_path / "model.toml"
-    shutil.copy(DEFAULT_MODEL, model)
+    model.write_text(PLAIN_MODEL_TOML)
     candidate = tmp_path / "host.toml"
     candidate.write_text(CANDIDATES["host.toml"])
     recorder = Recorder()

@@ -1,5 +1,7 @@
 """simulate(): the timeline it returns, the iteration structure, and the errors it raises."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,21 @@ def test_optimizer_follows_a_barrier_and_the_next_iteration_waits_for_it(blockin
         assert group["start_ms"].min() >= optimizer.loc[stage, "end_ms"] + 1.5 - 1e-9
     # Stage 0 has no input to wait for: it starts exactly post_optimizer_ms after its optimizer.
     assert second.loc[second["stage"] == 0, "start_ms"].min() == pytest.approx(optimizer.loc[0, "end_ms"] + 1.5)
+
+
+def test_iteration_barrier_holds_every_rank_until_the_slowest_optimizer_ends():
+    pipeline = hetero(iterations=3, optimizer_ms=(4.0, 5.0, 9.0), pre_optimizer_ms=10.0, post_optimizer_ms=1.5,
+                      iteration_barrier=True)
+    frame = simulate(pipeline, "1f1b").timeline
+    optimizer = frame[(frame["phase"] == "OPTIMIZER") & (frame["iteration"] == 1)]
+    second = frame[frame["iteration"] == 2]
+    slowest_end = optimizer["end_ms"].max()
+    assert second["start_ms"].min() == pytest.approx(slowest_end + 1.5)
+    for _, group in second.groupby("stage"):
+        assert group["start_ms"].min() >= slowest_end + 1.5 - 1e-9
+    # Without the barrier, stage 0 starts as soon as its own (shorter) optimizer step is done.
+    free = simulate(replace(pipeline, iteration_barrier=False), "1f1b").timeline
+    assert free.loc[free["iteration"] == 2, "start_ms"].min() < slowest_end
 
 
 def test_no_optimizer_rows_without_optimizer_costs():

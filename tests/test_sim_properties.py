@@ -37,6 +37,7 @@ def pipelines(draw, schedule):
         stages=tuple(stages), microbatches=microbatches, chunks=chunks, iterations=iterations,
         forward_transfer_ms=transfers(), backward_transfer_ms=transfers(), optimizer_ms=optimizer,
         pre_optimizer_ms=draw(cost), post_optimizer_ms=draw(cost), blocking_p2p=draw(st.booleans()),
+        iteration_barrier=draw(st.booleans()),
     )
     flush = draw(st.one_of(st.none(), st.integers(1, microbatches))) if schedule == "gpipe" else None
     return pipeline, flush
@@ -102,6 +103,10 @@ def check_timeline(pipeline: Pipeline, result, schedule: str) -> None:
             assert opt_start == pytest.approx(barrier + pipeline.pre_optimizer_ms)
             if it < n:
                 assert min(s for s, _, _ in by_rank[(it + 1, rank)]) >= opt_end + pipeline.post_optimizer_ms - EPS
+        if it < n and pipeline.iteration_barrier:
+            slowest_end = max(optimizer.get((it, rank), (0.0, barrier + pipeline.pre_optimizer_ms))[1] for rank in range(p))
+            for rank in range(p):
+                assert min(s for s, _, _ in by_rank[(it + 1, rank)]) >= slowest_end + pipeline.post_optimizer_ms - EPS
 
     # peak activations, recounted from the timeline's order (ties in start time keep execution order)
     release = "BACKWARD_W" if split else "BACKWARD"

@@ -8,7 +8,12 @@ LayerNorm, two-matmul MLP. A matmul of (m x k) by (k x n) costs 2mkn FLOPs.
 
 from __future__ import annotations
 
+import math
+
 from hops_calib.spec import ModelShape
+
+# Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by (default 128) times TP (1 here).
+VOCAB_PADDING = 128
 
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -63,3 +68,8 @@ def layer_activation_bytes(shape: ModelShape) -> float:
 def boundary_activation_bytes(shape: ModelShape) -> float:
     """Bytes sent between pipeline stages per microbatch: the hidden states, s x b x h elements."""
     return float(shape.seq_length * shape.micro_batch_size * shape.hidden_size * bytes_per_element(shape))
+
+
+def padded_vocab(shape: ModelShape) -> int:
+    """The vocabulary size Megatron allocates: the next multiple of VOCAB_PADDING."""
+    return math.ceil(shape.vocab_size / VOCAB_PADDING) * VOCAB_PADDING

@@ -146,7 +146,7 @@ class Model:
         context = Context(spec=spec, layout=layout, devices=tuple(devices))
         totals: dict[str, list[float] | None] = {name: None for name in Contribution.LENGTHS}
         pre_optimizer_ms = post_optimizer_ms = 0.0
-        blocking: dict[bool, str] = {}
+        switches: dict[str, dict[bool, str]] = {name: {} for name in Contribution.SWITCHES}
         for active in self.terms:
             part = active.term.contribute(context, active.params())
             for field, length_name in Contribution.LENGTHS.items():
@@ -161,10 +161,13 @@ class Model:
                 totals[field] = [a + b for a, b in zip(total, values)]
             pre_optimizer_ms += part.pre_optimizer_ms
             post_optimizer_ms += part.post_optimizer_ms
-            if part.blocking_p2p is not None:
-                blocking.setdefault(part.blocking_p2p, active.name)
-        if len(blocking) > 1:
-            raise ValueError(f"terms {blocking[True]} and {blocking[False]} disagree on whether p2p exchanges block")
+            for switch, setters in switches.items():
+                if getattr(part, switch) is not None:
+                    setters.setdefault(getattr(part, switch), active.name)
+        for switch, setters in switches.items():
+            if len(setters) > 1:
+                raise ValueError(f"terms {setters[True]} and {setters[False]} disagree on the simulator switch {switch}")
+        defaults = {"blocking_p2p": True, "iteration_barrier": False}
 
         def per(field: str) -> list[float]:
             return totals[field] or [0.0] * getattr(layout, Contribution.LENGTHS[field])
@@ -181,7 +184,7 @@ class Model:
             optimizer_ms=tuple(totals["optimizer_ms"] or ()),
             pre_optimizer_ms=pre_optimizer_ms,
             post_optimizer_ms=post_optimizer_ms,
-            blocking_p2p=next(iter(blocking), True),
+            **{switch: next(iter(setters), defaults[switch]) for switch, setters in switches.items()},
         )
 
     # --- text -----------------------------------------------------------------------------------

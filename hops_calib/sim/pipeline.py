@@ -39,6 +39,9 @@ class Pipeline:
     pre_optimizer_ms: float = 0.0
     # Per rank, between its optimizer end and its first task of the next iteration.
     post_optimizer_ms: float = 0.0
+    # Whether every rank waits for the slowest optimizer step before its next iteration (a collective after
+    # the step, such as Megatron's per-iteration timer and loss reporting with --log-interval 1).
+    iteration_barrier: bool = False
     # Megatron's 1F1B exchanges are blocking send/receive pairs: a transfer starts only when
     # both sender and receiver have reached it, and both are held until it completes.
     blocking_p2p: bool = True

@@ -5,7 +5,7 @@ after the last task on every rank there is a barrier (gradient reductions wait f
 the slowest rank), then `pre_optimizer_ms` of work outside the pipeline, then each
 rank's optimizer step `optimizer_ms[r]` (an OPTIMIZER row); rank r starts the next
 iteration `post_optimizer_ms` after its optimizer ends (its forwards still wait for
-their inputs). Real Megatron traces have this shape (see the trace-format doc).
+their inputs), or, with `iteration_barrier`, after the slowest rank's optimizer ends. Real Megatron traces have this shape (see the trace-format doc).
 
 Costs are the same in every iteration, and the barrier leaves nothing in flight, so
 iterations 3..N are iteration 2 shifted by a constant period (iteration 1 differs
@@ -21,7 +21,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from hops_calib.metrics import TimelineMetrics, column_metrics
+from hops_calib.metrics import IterationParts, TimelineMetrics, column_iteration_parts, column_metrics
 from hops_calib.sim.engine import Rows, run_iteration
 from hops_calib.sim.pipeline import Pipeline
 from hops_calib.sim.schedules import AUTO, BB, BW, Programs, build_programs
@@ -80,6 +80,15 @@ class SimResult:
             is_compute=cols["kind"] == KINDS.index(COMPUTE), is_backward=np.isin(cols["phase"], _BACKWARD_CODES),
             start_ms=cols["start_ms"], end_ms=cols["end_ms"],
             microbatches_per_iteration=self.microbatches, pp=self.ranks,
+        )
+
+    def iteration_parts(self) -> IterationParts | None:
+        """The median iteration cut into span, silent stretch, optimizer and rest (the real runs' function)."""
+        cols = self.columns
+        return column_iteration_parts(
+            iteration=cols["iteration"], is_compute=cols["kind"] == KINDS.index(COMPUTE),
+            is_backward=np.isin(cols["phase"], _BACKWARD_CODES), is_optimizer=cols["phase"] == OPTIMIZER_PHASE,
+            start_ms=cols["start_ms"], end_ms=cols["end_ms"],
         )
 
 
@@ -145,6 +154,8 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
             rows.start_ms.append(optimizer_start); rows.end_ms.append(optimizer_start + cost)  # noqa: E702
             rows.peer_stage.append(-1)
             starts[rank] += cost
+        if pipeline.iteration_barrier:
+            starts = [max(starts)] * ranks
         iteration.extend([number] * (len(rows.stage) - len(iteration)))
 
     columns = _columns(rows, iteration)

@@ -11,10 +11,14 @@ from types import MappingProxyType
 from typing import Mapping
 
 from hops_calib.model.terms.base import Context, Contribution, Layout, Param, Term, layout_of
+from hops_calib.model.terms.attention import AttentionScoreTraffic
+from hops_calib.model.terms.dispatch import LayerDispatchFloor
 from hops_calib.model.terms.embedding import EmbeddingGradAllReduce
 from hops_calib.model.terms.host import IterationHostOverhead
+from hops_calib.model.terms.input_embedding import InputEmbedding
 from hops_calib.model.terms.link import LinkTransfer
 from hops_calib.model.terms.optimizer import OptimizerStep
+from hops_calib.model.terms.output_layer import OutputLayerLoss
 from hops_calib.model.terms.roofline import DecoderRoofline
 
 _ALL: tuple[Term, ...] = (
@@ -23,6 +27,10 @@ _ALL: tuple[Term, ...] = (
     EmbeddingGradAllReduce(),
     OptimizerStep(),
     IterationHostOverhead(),
+    LayerDispatchFloor(),
+    OutputLayerLoss(),
+    InputEmbedding(),
+    AttentionScoreTraffic(),
 )
 
 TERMS: Mapping[str, Term] = MappingProxyType({term.name: term for term in _ALL})

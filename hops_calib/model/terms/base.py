@@ -94,7 +94,8 @@ class Contribution:
     forward_transfer_ms (activation) and backward_transfer_ms (gradient). Per
     rank: optimizer_ms. Per iteration: pre_optimizer_ms (barrier work after the
     last backward) and post_optimizer_ms (per rank, before the next iteration).
-    blocking_p2p: None leaves the simulator's default, a bool sets the switch.
+    Switches (blocking_p2p, iteration_barrier): None leaves the simulator's
+    default, a bool sets the switch; terms that set one must agree.
     """
 
     forward_ms: tuple[float, ...] = ()
@@ -106,6 +107,9 @@ class Contribution:
     pre_optimizer_ms: float = 0.0
     post_optimizer_ms: float = 0.0
     blocking_p2p: bool | None = None
+    iteration_barrier: bool | None = None
+
+    SWITCHES: ClassVar[tuple[str, ...]] = ("blocking_p2p", "iteration_barrier")
 
     # Which length each per-place field must have, as a Layout attribute name.
     LENGTHS: ClassVar[dict[str, str]] = {

@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
+from hops_calib.model import gpt
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
+from hops_calib.spec import LinkFit, Spec
 
-# Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by (default 128) times TP (1 here).
-VOCAB_PADDING = 128
+
+def end_to_end_link(spec: Spec) -> LinkFit:
+    """The link between the first and the last stage: benchmarked when pp = 2, otherwise estimated.
+
+    A node's network is at least as fast as the fastest link it was benchmarked on,
+    and a connection runs at the slower of its two ends; so an unbenchmarked pair
+    (first, last) takes, of the fastest fitted links touching each end, the slower.
+    """
+    last = spec.pp - 1
+    direct = spec.link(0, last)
+    if direct is not None:
+        return direct
+
+    def fastest_touching(stage: int) -> LinkFit | None:
+        touching = [f for f in spec.links if stage in (f.src_stage, f.dst_stage)]
+        return max(touching, key=lambda f: f.bytes_per_ms) if touching else None
+
+    ends = [f for f in (fastest_touching(0), fastest_touching(last)) if f is not None]
+    if not ends:
+        return min(spec.links, key=lambda f: f.bytes_per_ms)
+    return min(ends, key=lambda f: f.bytes_per_ms)
 
 
 class EmbeddingGradAllReduce(Term):
@@ -26,8 +46,8 @@ class EmbeddingGradAllReduce(Term):
     bytes over bandwidth. The other ranks wait for it: the optimizer's
     gradient-norm all-reduce spans every pipeline rank, so this is barrier work
     (pre_optimizer_ms). The first and last stage were not benchmarked as a pair
-    unless pp = 2; otherwise the slowest fitted link of the run prices it, as every
-    hop here crosses nodes over the same kind of network.
+    unless pp = 2; otherwise `end_to_end_link` estimates the pair from the fastest
+    link each end was benchmarked on.
     """
 
     name = "embedding_grad_allreduce"
@@ -43,8 +63,5 @@ class EmbeddingGradAllReduce(Term):
         if not spec.links:
             raise ValueError(f"spec {spec.run_id}: term {self.name} needs link fits (calibration/link_bench) and the "
                              "spec has none; ingest the link benchmark or remove the term from the model")
-        vocab = math.ceil(spec.model.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
-        nbytes = vocab * spec.model.hidden_size * params["bytes_per_element"]
-        fit = spec.link(0, spec.pp - 1)
-        cost = fit.transfer_ms(nbytes) if fit is not None else max(f.transfer_ms(nbytes) for f in spec.links)
-        return Contribution(pre_optimizer_ms=cost)
+        nbytes = gpt.padded_vocab(spec.model) * spec.model.hidden_size * params["bytes_per_element"]
+        return Contribution(pre_optimizer_ms=end_to_end_link(spec).transfer_ms(nbytes))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 from hops_calib.model import gpt
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
-from hops_calib.model.terms.embedding import VOCAB_PADDING
 
 
 def rank_parameters(context: Context, rank: int) -> float:
@@ -15,7 +13,7 @@ def rank_parameters(context: Context, rank: int) -> float:
     the final LayerNorm and (tied or not) an output-layer copy of the word embedding on the last stage."""
     shape = context.spec.model
     h = shape.hidden_size
-    vocab = math.ceil(shape.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+    vocab = gpt.padded_vocab(shape)
     total = context.layout.layers_on_rank(rank) * gpt.layer_parameters(shape)
     if rank == 0:
         total += vocab * h + shape.seq_length * h
@@ -36,7 +34,10 @@ class OptimizerStep(Term):
     memory-bound. Parameters per rank are its decoder layers plus the embeddings
     on the first stage and the final LayerNorm and output-layer weights on the
     last. The step runs on every rank as an OPTIMIZER task after the iteration's
-    barrier; the next iteration starts when it is done.
+    barrier; the next iteration starts when it is done. Besides the traffic, a
+    step has a fixed cost: the multi-tensor kernels, the gradient-norm and
+    found-inf reductions and the bf16 copy-back are launched per parameter group
+    whatever the rank's size (`fixed_ms`).
     """
 
     name = "optimizer_step"
@@ -45,11 +46,12 @@ class OptimizerStep(Term):
               "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)"),
         Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
               "achieved fraction of the device memory bandwidth by the optimizer's elementwise kernels", log=True),
+        Param("fixed_ms", 0.0, 0.0, 50.0, "ms", "launch and reduction overhead of one optimizer step, whatever its size"),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         times = []
         for rank, device in enumerate(context.devices):
             bytes_per_ms = device.memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
-            times.append(rank_parameters(context, rank) * params["bytes_per_parameter"] / bytes_per_ms)
+            times.append(params["fixed_ms"] + rank_parameters(context, rank) * params["bytes_per_parameter"] / bytes_per_ms)
         return Contribution(optimizer_ms=tuple(times))

@@ -1,0 +1,39 @@
+"""Model room: the host's kernel-launch floor under every decoder layer and every pipeline step."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from hops_calib.model.terms.base import Context, Contribution, Param, Term
+
+
+class LayerDispatchFloor(Term):
+    """Each decoder layer costs a fixed host launch time per forward and backward, on top of its GPU work.
+
+    Physics: with `--transformer-impl local` and the fusions switched off
+    (--no-masked-softmax-fusion, --no-persist-layer-norm,
+    --no-gradient-accumulation-fusion), a GPT layer's forward is some thirty
+    small CUDA kernels (LayerNorms, bias adds, GeLU, scale/mask/softmax, dropout,
+    residual adds) around its four GEMMs, and its backward about twice as many.
+    Each launch costs host time in PyTorch's dispatcher whether or not the GPU is
+    busy; at these shapes (h = 768-2048) the small kernels finish faster than the
+    host can launch them, so a layer costs a per-layer host floor plus the GEMM
+    work that outlasts its own launch. The same software stack runs on every
+    node, so the floor is one number per direction. A pipeline step (one
+    microbatch's forward or backward on a stage) adds its own fixed host work:
+    the schedule's bookkeeping, posting the p2p operations, autograd set-up.
+    """
+
+    name = "layer_dispatch_floor"
+    params = (
+        Param("forward_ms_per_layer", 1.0, 0.0, 10.0, "ms", "host launch floor of one decoder layer's forward"),
+        Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch floor of one decoder layer's backward"),
+        Param("step_ms", 0.0, 0.0, 10.0, "ms", "host work of one microbatch step on a stage (forward or backward)"),
+    )
+
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        layers = context.layout.layers
+        return Contribution(
+            forward_ms=tuple(n * params["forward_ms_per_layer"] + params["step_ms"] for n in layers),
+            backward_ms=tuple(n * params["backward_ms_per_layer"] + params["step_ms"] for n in layers),
+        )

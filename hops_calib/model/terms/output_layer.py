@@ -1,0 +1,53 @@
+"""Model room: the last stage's output layer (LM head) and cross-entropy loss."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from hops_calib.model import gpt
+from hops_calib.model.terms.base import Context, Contribution, Param, Term
+
+LOGIT_BYTES = 4  # Megatron's vocab-parallel cross entropy computes the softmax in fp32
+
+
+class OutputLayerLoss(Term):
+    """The last stage projects to the vocabulary and computes the cross-entropy: a GEMM plus fp32 passes over the logits.
+
+    Physics: Megatron's GPT puts the output layer (hidden -> padded vocabulary,
+    tied to the word embedding by default) and the loss on the last pipeline
+    stage. The projection costs 2·s·b·h·V FLOPs forward and twice that backward
+    (input and weight gradient), at an achieved fraction of the device's bf16
+    peak. The vocab-parallel cross entropy then casts the s·b·V logits to fp32 and
+    makes several elementwise passes over them (max, subtract, exp, sum, log,
+    gather; and their gradients backward): memory-bound traffic of
+    passes × s·b·V × 4 bytes over the device's memory bandwidth. At V = 50k these
+    logits are hundreds of MB, which is why the last stage is the slowest on the
+    GDDR6 GPUs (A10G, L4) in the traces.
+    """
+
+    name = "output_layer_loss"
+    params = (
+        Param("compute_efficiency", 0.5, 0.01, 1.0, "fraction of peak",
+              "achieved fraction of dense bf16 peak in the vocabulary projection GEMM", log=True),
+        Param("logit_passes_forward", 8.0, 0.0, 40.0, "passes",
+              "fp32 passes over the logits in the forward (cast, max, exp, sum, log, gather)"),
+        Param("logit_passes_backward", 4.0, 0.0, 40.0, "passes",
+              "fp32 passes over the logits in the backward (softmax gradient, cast back)"),
+    )
+
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        layout, shape = context.layout, context.spec.model
+        last = layout.virtual_stages - 1
+        device = context.device_of(last)
+        tokens = shape.seq_length * shape.micro_batch_size
+        vocab = gpt.padded_vocab(shape)
+        flops_per_ms = device.peak_bf16_flops_per_s * params["compute_efficiency"] / 1e3
+        bytes_per_ms = device.memory_bandwidth_bytes_per_s / 1e3
+        logit_ms = tokens * vocab * LOGIT_BYTES / bytes_per_ms
+        gemm_ms = 2.0 * tokens * shape.hidden_size * vocab / flops_per_ms
+        zeros = [0.0] * layout.virtual_stages
+        forward, backward, weight_grad = list(zeros), list(zeros), list(zeros)
+        forward[last] = gemm_ms + params["logit_passes_forward"] * logit_ms
+        backward[last] = 2.0 * gemm_ms + params["logit_passes_backward"] * logit_ms
+        weight_grad[last] = gemm_ms  # the weight-gradient GEMM is half of the backward projection
+        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(weight_grad))
