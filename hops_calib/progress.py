@@ -2,7 +2,8 @@
 
 A command that loops over many runs (ingest, evaluate, tuning) takes a
 `Progress` and calls `start(total)` once it knows how much work there is and
-`advance(what)` after each unit. `progress_bar(...)` gives the real bar when
+`advance(what)` after each unit; a loop that polls a count instead (worker
+processes of a study) calls `update(completed, total)`. `progress_bar(...)` gives the real bar when
 stdout is a terminal (and --json was not asked for), else `QUIET`, which does
 nothing: piped or captured output never carries bar characters. The bar draws
 on stderr, so even on a terminal it never mixes with what a command prints.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 
 class Progress(Protocol):
@@ -22,12 +23,18 @@ class Progress(Protocol):
     def advance(self, what: str = "") -> None:
         """One unit done; `what` names it (a run id)."""
 
+    def update(self, completed: int, total: int) -> None:
+        """`completed` of `total` units are done (for loops that count rather than step)."""
+
 
 class _Quiet:
     def start(self, total: int) -> None:
         pass
 
     def advance(self, what: str = "") -> None:
+        pass
+
+    def update(self, completed: int, total: int) -> None:
         pass
 
 
@@ -54,6 +61,11 @@ class _RichBar:
     def advance(self, what: str = "") -> None:
         if self._task is not None:
             self._bar.update(self._task, advance=1, description=what)
+
+    def update(self, completed: int, total: int) -> None:
+        self.start(total)
+        if self._task is not None:
+            self._bar.update(self._task, completed=completed, total=total)
 
     def stop(self) -> None:
         if self._task is not None:
@@ -94,3 +106,10 @@ def progress_bar(label: str, *, total: int | None = None, quiet: bool = False, c
         yield bar
     finally:
         bar.stop()
+
+
+@contextmanager
+def terminal_progress(description: str) -> Iterator[Callable[[int, int], None]]:
+    """`progress_bar` as a `(completed, total)` callback, the form `tune` polls its worker processes with."""
+    with progress_bar(description) as progress:
+        yield progress.update

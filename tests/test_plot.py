@@ -369,3 +369,19 @@ def test_written_files_are_as_readable_as_the_umask_allows(tmp_path):
     finally:
         os.umask(previous)
     assert (tmp_path / "image.png").stat().st_mode & 0o777 == 0o644  # not mkstemp's private 0600
+
+
+def test_a_polled_count_moves_the_same_bar(capsys):
+    from rich.console import Console
+
+    from hops_calib.progress import QUIET, progress_bar, terminal_progress
+
+    screen = io.StringIO()
+    with progress_bar("tuning", console=Console(file=screen, force_terminal=True, width=100)) as progress:
+        for completed in (0, 3, 7, 12):
+            progress.update(completed, 12)
+    assert "tuning" in screen.getvalue() and "12/12" in screen.getvalue()
+    QUIET.update(1, 2)
+    with terminal_progress("tuning") as update:  # not a terminal under pytest: a silent callback
+        update(1, 2)
+    assert capsys.readouterr() == ("", "")
