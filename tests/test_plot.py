@@ -385,3 +385,25 @@ def test_a_polled_count_moves_the_same_bar(capsys):
     with terminal_progress("tuning") as update:  # not a terminal under pytest: a silent callback
         update(1, 2)
     assert capsys.readouterr() == ("", "")
+
+
+def test_later_model_chunks_of_an_interleaved_schedule_are_hatched(train_run, tmp_path):
+    import dataclasses
+
+    from hops_calib.predict import predict
+    from hops_calib.plot.timeline import Panel, timeline_figure
+
+    from conftest import plain_model
+
+    spec = train_run.spec
+    # The same run with twice the layers, so every rank splits into two model chunks (Megatron's rule).
+    interleaved = dataclasses.replace(spec, vp=2, schedule="interleaved_1f1b",
+                                      layers_per_stage=tuple(2 * n for n in spec.layers_per_stage),
+                                      model=dataclasses.replace(spec.model, num_layers=2 * spec.model.num_layers))
+    model = plain_model()
+    panels = {"1f1b": predict(spec, model).result.timeline, "interleaved": predict(interleaved, model).result.timeline}
+    assert set(panels["interleaved"]["chunk"]) == {0, 1}
+    for name, timeline in panels.items():
+        figure = timeline_figure(name, spec.devices, [Panel(name, timeline)], 1)
+        out = style.save_figure(figure, tmp_path / f"{name}.svg")
+        assert ("later model chunk" in out.read_text()) == (name == "interleaved")

@@ -22,6 +22,7 @@ LANE_HALF = 0.42  # lane: the stage's whole row; what is not covered by a bar is
 BAR_TOP, BAR_BOTTOM = -0.34, 0.26  # compute bars (y grows downwards: stage 0 on top)
 SEND_TOP, SEND_BOTTOM = 0.30, 0.42  # sends: a thin strip at the bottom of the lane
 LABEL_FONT_PT = 6.5  # microbatch numbers, inside the bars wide enough to hold them
+LATER_CHUNK = "later model chunk"  # legend key of hatched bars
 MIN_EDGE_PX = 5.0  # a white edge separates neighbouring bars, but would swallow a narrower one
 
 
@@ -79,14 +80,18 @@ def _draw_panel(ax: Any, window: Window, panel: Panel, stages: int, x_max: float
         ax.broken_barh([(0.0, window.end_ms)], (stage - LANE_HALF, 2 * LANE_HALF), facecolors=style.IDLE_COLOUR,
                        linewidth=0, zorder=1)
     compute = rows[rows["kind"] == COMPUTE]
-    for (stage, phase), bars in compute.groupby(["stage", "phase"], sort=False, observed=True):
+    later_chunk = (compute["chunk"] > 0).rename("later_chunk")
+    for (stage, phase, later), bars in compute.groupby(["stage", "phase", later_chunk], sort=False, observed=True):
         starts, widths = bars["start_ms"].to_numpy(), (bars["end_ms"] - bars["start_ms"]).to_numpy()
         colour = style.PHASE_COLOURS[phase]
         width_px = widths * px_per_ms
         edges = np.where(width_px >= MIN_EDGE_PX, "white", colour)
+        # Interleaved schedules run several model chunks per rank: the later ones are hatched.
         ax.broken_barh(list(zip(starts, widths)), (stage + BAR_TOP, BAR_BOTTOM - BAR_TOP), facecolors=colour,
-                       edgecolors=list(edges), linewidth=0.4, zorder=2)
+                       edgecolors=list(edges), linewidth=0.4, zorder=2, hatch="///" if later else None)
         drawn.add(str(phase))
+        if later:
+            drawn.add(LATER_CHUNK)
         if phase == OPTIMIZER:
             continue
         # Microbatch numbers make the schedule's order readable, but only when every bar of the lane and
@@ -147,6 +152,9 @@ def timeline_figure(title: str, devices: Sequence[str], panels: Sequence[Panel],
 
     handles = [Patch(facecolor=style.PHASE_COLOURS[p], label=style.PHASE_LABELS[p]) for p in PHASES if p in drawn]
     handles.append(Line2D([], [], color=style.TRANSFER_COLOUR, linewidth=3, label="send to the next/previous stage"))
+    if LATER_CHUNK in drawn:
+        handles.append(Patch(facecolor=style.GUIDE_COLOUR, edgecolor="white", hatch="///",
+                             label="later model chunk"))
     handles.append(Patch(facecolor=style.IDLE_COLOUR, label="idle"))
     handles.append(Line2D([], [], color=style.GUIDE_COLOUR, linestyle="--", label="iteration start"))
     figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=9)
