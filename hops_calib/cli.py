@@ -284,5 +284,26 @@ def observe(
     raise typer.Exit(observe_command(fixtures, model, split, as_json, top))
 
 
+@app.command()
+def tune(
+    term: str = typer.Argument(..., help="The cost term whose parameters are searched (see `hops-calib terms`)."),
+    trials: int = typer.Option(60, "--trials", min=1, help="Trials to run (shared among the workers)."),
+    storage: Optional[str] = typer.Option(
+        None, "--storage", help="Optuna storage URL: sqlite:///FILE or any RDB URL (default: in memory)."),
+    study: Optional[str] = typer.Option(None, "--study", help="Study name (default: term, model and fixture set)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Processes working on the study (needs --storage)."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="Candidate file to write (default: experiments/tune-TERM-trialN.toml)."),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed (worker k uses seed + k)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate."""
+    from hops_calib.tune import tune_command
+
+    raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json))
+
+
 def main() -> None:
     app()

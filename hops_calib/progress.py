@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 
 class Progress(Protocol):
@@ -107,9 +107,3 @@ def progress_bar(label: str, *, total: int | None = None, quiet: bool = False, c
     finally:
         bar.stop()
 
-
-@contextmanager
-def terminal_progress(description: str) -> Iterator[Callable[[int, int], None]]:
-    """`progress_bar` as a `(completed, total)` callback, the form `tune` polls its worker processes with."""
-    with progress_bar(description) as progress:
-        yield progress.update

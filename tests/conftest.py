@@ -75,3 +75,32 @@ def plain_model():
     from hops_calib.model import parse_model
 
     return parse_model(PLAIN_MODEL_TOML, origin="tests/conftest.py:PLAIN_MODEL_TOML", catalog=load_catalog())
+
+
+# A model with a term for every part of an iteration (decoder layers, links, the embedding all-reduce in the
+# silent stretch, the optimizer step, host time before the next iteration), for tests of observe and tune.
+ITERATION_TERMS_MODEL = """
+[model]
+name = "iteration-terms"
+
+[terms.decoder_roofline]
+compute_efficiency = 0.1
+
+[terms.link_transfer]
+
+[terms.embedding_grad_allreduce]
+
+[terms.optimizer_step]
+memory_efficiency = 0.1
+
+[terms.iteration_host_overhead]
+host_ms = 3.0
+"""
+
+
+@pytest.fixture(scope="session")
+def iteration_terms_model(tmp_path_factory) -> Path:
+    """Path of a model file with ITERATION_TERMS_MODEL."""
+    path = tmp_path_factory.mktemp("models") / "iteration-terms.toml"
+    path.write_text(ITERATION_TERMS_MODEL)
+    return path

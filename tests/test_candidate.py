@@ -126,3 +126,11 @@ def test_removing_the_last_term_is_refused():
         model = parse(f'[change]\naction = "remove"\nterm = "{name}"\n').apply(model)
     with pytest.raises(InputError, match="no terms"):
         parse(f'[change]\naction = "remove"\nterm = "{last}"\n').apply(model)
+
+
+def test_a_bad_inline_parameter_points_at_its_line():
+    body = '[change]\naction = "set"\nterm = "decoder_roofline"\nparams = { compute_efficiency = 7.0 }\n'
+    with pytest.raises(InputError, match="outside the plausible range") as caught:
+        parse(body).apply(plain_model())
+    assert caught.value.line == 7 and caught.value.field == "change.params.compute_efficiency"
+

@@ -384,3 +384,23 @@ def test_attention_traffic_grows_with_the_square_of_the_sequence():
     long = added("attention_score_traffic", make_spec(pp=2, seq=4096))
     for a, b in zip(short.stages, long.stages):
         assert b.forward_ms == pytest.approx(16 * a.forward_ms) and b.backward_ms == pytest.approx(16 * a.backward_ms)
+
+
+def test_end_to_end_link_uses_each_ends_nic_and_caps_one_tcp_flow():
+    # h100 first stage benchmarked only against a slow neighbour, l4 last stage against a fast one.
+    links = (LinkFit(0, 1, 0.0, 1.0e6), LinkFit(1, 2, 0.0, 1.0e6), LinkFit(2, 3, 0.0, 2.4e6))
+    spec = make_spec(pp=4, devices=("h100", "a10g", "a10g", "l4"), links=links)
+    nbytes = 50304 * 1024 * 4
+    links_only = with_term("embedding_grad_allreduce").pipeline(spec).pre_optimizer_ms
+    assert links_only == pytest.approx(nbytes / 1.0e6)  # the h100's only measured link bounds it
+    nics = with_term("embedding_grad_allreduce", nic_efficiency=0.5).pipeline(spec).pre_optimizer_ms
+    l4_nic = plain_model().device("l4").network_bandwidth_bytes_per_s * 0.5 / 1e3
+    assert nics == pytest.approx(nbytes / max(l4_nic, 2.4e6))  # now the l4 end is the slower one
+    capped = with_term("embedding_grad_allreduce", nic_efficiency=0.5, flow_cap_gbit_s=8.0).pipeline(spec)
+    assert capped.pre_optimizer_ms == pytest.approx(nbytes / (8e9 / 8 / 1e3))
+    # A benchmarked pair (pp = 2) is used as measured, and capped by one flow's ceiling too.
+    pair = make_spec(pp=2, devices=("h100", "h100"), links=(LinkFit(0, 1, 0.0, 3.4e6),))
+    assert with_term("embedding_grad_allreduce", nic_efficiency=1.0).pipeline(pair).pre_optimizer_ms == \
+        pytest.approx(nbytes / 3.4e6)
+    assert with_term("embedding_grad_allreduce", flow_cap_gbit_s=20.0).pipeline(pair).pre_optimizer_ms == \
+        pytest.approx(nbytes / 2.5e6)
