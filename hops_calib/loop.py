@@ -137,8 +137,10 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
         if fixture_id is not None:
             return _predict_one(fixture_id, fixtures, model_path, as_json)
         from hops_calib.evaluate import evaluate
+        from hops_calib.progress import progress_bar
 
-        result = evaluate(fixtures, model_path=model_path)
+        with progress_bar("predict", quiet=as_json) as progress:
+            result = evaluate(fixtures, model_path=model_path, progress=progress)
         if as_json:
             _print_json(result.to_dict())
         else:
@@ -161,8 +163,11 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
             limits = Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
         except ValueError as error:
             raise InputError("evaluate", str(error), field="tolerance") from None
-        result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
-                          ledger_path=ledger_path, commit=commit, split=split)
+        from hops_calib.progress import progress_bar
+
+        with progress_bar("evaluate", quiet=as_json) as progress:
+            result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
+                              ledger_path=ledger_path, commit=commit, split=split, progress=progress)
         if as_json:
             _print_json(result.to_dict())
             return result.exit_code
@@ -208,16 +213,30 @@ def _print_candidate(result) -> None:
 
 # --- report --------------------------------------------------------------------------------------
 
-def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool) -> int:
+def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool,
+                   html: Path | None = None) -> int:
     def run() -> int:
         from hops_calib.evaluate import report
+        from hops_calib.progress import progress_bar
 
-        result = report(fixtures, split=split, model_path=model_path, ledger_path=ledger_path)
+        if html is not None:
+            from hops_calib.plot.html import check_html_path
+
+            check_html_path(html)  # before the audit entry: a bad name must not cost one
+        with progress_bar("report", quiet=as_json) as progress:
+            result = report(fixtures, split=split, model_path=model_path, ledger_path=ledger_path,
+                            progress=progress)
+        if html is not None:
+            from hops_calib.plot.html import write_report
+
+            write_report(html, result, fixtures, model_path)
         if as_json:
             _print_json(result.to_dict())
         else:
             _print_suite(f"held-out report, {result.split} split, model {result.model_sha256[:12]}", result.suite)
             print(f"audit entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
+            if html is not None:
+                print(f"wrote {html}")
         return EXIT_OK
 
     return _guarded(run)

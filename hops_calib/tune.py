@@ -492,12 +492,12 @@ def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int
                  study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
                  objective: str = "suite") -> int:
     from hops_calib.loop import EXIT_OK, _guarded, _print_json
-    from hops_calib.progress import terminal_progress
+    from hops_calib.progress import progress_bar
 
     def run() -> int:
-        with terminal_progress(f"tuning {term}") as progress:
+        with progress_bar(f"tune {term}", quiet=as_json) as bar:
             result = tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
-                          study_name=study, workers=workers, seed=seed, out=out, progress=progress,
+                          study_name=study, workers=workers, seed=seed, out=out, progress=bar.update,
                           objective=objective)
         if as_json:
             _print_json(result.to_dict())
