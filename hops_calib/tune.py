@@ -464,7 +464,8 @@ def tune_text(result: TuneResult) -> str:
            f"current model: throughput MAPE {current.throughput_mape_pct:.2f} %, bubble MAE "
            f"{current.bubble_mae_pp:.2f} pp, mean rho {current.util_spearman_mean:.3f}, steady throughput MAPE "
            f"{current.steady_throughput_mape_pct:.2f} %",
-           f"front ({len(result.front)} trials; objectives {', '.join(result.objectives)}):"]
+           f"{'best trials' if result.objective == 'components' else 'Pareto front'} ({len(result.front)} trials; "
+           f"objectives {', '.join(result.objectives)}):"]
     components = result.objective == "components"
     rows = [[("* " if p is result.chosen else "  ") + str(p.number)] + [f"{p.params[n]:.6g}" for n in names]
             + ([f"{p.score['component_mape_pct']:.2f}"] if components else [])
