@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys

@@ -8,7 +8,6 @@ One bad run never stops the others: it is rejected with the reader's message
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
