@@ -47,8 +47,9 @@ class Truth:
     microbatches: int  # per iteration, as logged on stage 0
     iterations: tuple[int, ...]  # Megatron's iteration numbers in the trace
     phase_stats: tuple[PhaseStats, ...]
-    # Per iteration: max over ranks of (first OPTIMIZER start - last backward end) on that rank, the
-    # stretch of gradient reductions and logging no rank traces; None where an iteration has no optimizer.
+    # Per iteration, the silent stretch before the optimizer step: first OPTIMIZER start (any rank) minus
+    # the last backward end (over all ranks). No rank logs anything in it (gradient reductions, norms,
+    # loss and logging run there); None where an iteration has no optimizer events.
     idle_ms_per_iteration: tuple[float | None, ...]
     optimizer_ms_per_stage: tuple[float | None, ...]  # median OPTIMIZER duration per stage
     t0_ns: int  # wall-clock epoch of the timeline's 0 ms (earliest event start)
@@ -297,17 +298,16 @@ def _phase_stats(cols: _Columns, pp: int) -> tuple[PhaseStats, ...]:
     return tuple(stats)
 
 
-def _idle_per_iteration(cols: _Columns, iterations: np.ndarray, pp: int) -> tuple[float | None, ...]:
-    slot = np.searchsorted(iterations, cols.iteration) * pp + cols.stage
-    last_backward = np.full(len(iterations) * pp, -np.inf)
+def _idle_per_iteration(cols: _Columns, iterations: np.ndarray) -> tuple[float | None, ...]:
+    slot = np.searchsorted(iterations, cols.iteration)
+    last_backward = np.full(len(iterations), -np.inf)
     backward = cols.is_phase(*tl.BACKWARD_PHASES)
     np.maximum.at(last_backward, slot[backward], cols.end[backward])
-    first_optimizer = np.full(len(iterations) * pp, np.inf)
+    first_optimizer = np.full(len(iterations), np.inf)
     optimizer = cols.is_phase(tl.OPTIMIZER)
     np.minimum.at(first_optimizer, slot[optimizer], cols.start[optimizer])
-    gap = (first_optimizer - last_backward).reshape(len(iterations), pp)
-    gap[~np.isfinite(gap)] = np.nan
-    return tuple(None if np.isnan(row).all() else float(np.nanmax(row)) for row in gap)
+    gap = first_optimizer - last_backward
+    return tuple(float(g) if np.isfinite(g) else None for g in gap)
 
 
 def compute_truth(timeline: pd.DataFrame, pp: int, t0_ns: int = 0) -> Truth:
@@ -331,7 +331,7 @@ def compute_truth(timeline: pd.DataFrame, pp: int, t0_ns: int = 0) -> Truth:
         microbatches=microbatches,
         iterations=tuple(int(i) for i in iterations),
         phase_stats=_phase_stats(cols, pp),
-        idle_ms_per_iteration=_idle_per_iteration(cols, iterations, pp),
+        idle_ms_per_iteration=_idle_per_iteration(cols, iterations),
         optimizer_ms_per_stage=tuple(optimizer_ms),
         t0_ns=int(t0_ns),
     )

@@ -52,10 +52,17 @@ def test_per_stage_statistics_and_idle_stretch_are_consistent(shared_store):
         phases = {s.phase for s in truth.phase_stats if s.stage == 0}
         assert {tl.FORWARD, tl.BACKWARD} <= phases
         assert len(truth.idle_ms_per_iteration) == len(truth.iterations)
-        # The idle stretch lies inside one iteration period.
-        for idle, period in zip(truth.idle_ms_per_iteration, truth.metrics.iteration_periods_ms):
-            if idle is not None:
-                assert 0 < idle < period
+        # The idle stretch lies inside one iteration period, and no rank logs anything in it.
+        for iteration, idle, period in zip(truth.iterations, truth.idle_ms_per_iteration,
+                                           truth.metrics.iteration_periods_ms):
+            if idle is None:
+                continue
+            assert 0 < idle < period
+            events = timeline[timeline["iteration"] == iteration]
+            backward_end = events[events["phase"].isin(tl.BACKWARD_PHASES) & (events["kind"] == tl.COMPUTE)]
+            silence_from = backward_end["end_ms"].max()
+            inside = timeline[(timeline["start_ms"] > silence_from) & (timeline["start_ms"] < silence_from + idle)]
+            assert inside.empty, inside
 
 
 def test_run_without_optimizer_events_has_no_idle_or_optimizer_time(shared_store):
