@@ -215,6 +215,9 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
     job_dirs = _job_dirs([Path(s) for s in sources], report)
     if on_start:
         on_start(len(job_dirs))
+    for outcome in report.outcomes:  # sources that hold no job directory
+        if on_run:
+            on_run(outcome)
     with store.lock():
         store.recover()
         stored = {folder.name: store.meta(folder.name) for folder in store.fixture_folders()}
