@@ -214,5 +214,22 @@ def ledger_repair(ledger: Path = LEDGER_OPTION) -> None:
     raise typer.Exit(ledger_repair_command(ledger))
 
 
+# --- observe and tune: where the error comes from, and one term's parameters (train split only) ---------
+
+
+@app.command()
+def observe(
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (every contributor and run)."),
+    top: int = typer.Option(12, "--top", min=1, help="Contributors and runs shown in the text output."),
+) -> None:
+    """Where the throughput error comes from: iteration parts and stage times by group, largest MAPE share first."""
+    from hops_calib.observe import observe_command
+
+    raise typer.Exit(observe_command(fixtures, model, split, as_json, top))
+
+
 def main() -> None:
     app()

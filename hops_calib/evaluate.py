@@ -97,10 +97,10 @@ def score_model(suite: Suite, model: Model, *, origin: str) -> ModelScore:
     runs = []
     for fixture_id, spec, truth in zip(suite.ids, suite.specs, suite.truths):
         try:
-            prediction = predict(spec, model)
+            runs.append(score_run(fixture_id, truth, predict(spec, model).metrics))
         except ValueError as error:
-            raise InputError(origin, f"model {model.name!r} cannot predict fixture {fixture_id}: {error}") from None
-        runs.append(score_run(fixture_id, truth, prediction.metrics))
+            raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
+                             ) from None
     return ModelScore(runs=tuple(runs), suite=aggregate(runs))
 
 
@@ -108,7 +108,6 @@ def score_model(suite: Suite, model: Model, *, origin: str) -> ModelScore:
 class Evaluation:
     split: str
     fixtures_dir: Path
-    n_fixtures: int
     fixture_set_sha256: str
     model_path: Path
     model: Model
@@ -131,7 +130,8 @@ class Evaluation:
         """The scores being reported: the candidate's when there is one, else the model's."""
         return self.after or self.before
 
-    def to_dict(self, *, runs: bool = True) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of `evaluate --json`: top-level aggregates and runs are the candidate's when there is one."""
         data: dict[str, Any] = {"split": self.split, **self.current.suite.to_dict(),
                                 "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
                                 "model": str(self.model_path), "model_sha256": self.model.sha256,
@@ -147,8 +147,7 @@ class Evaluation:
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]},
             })
-        if runs:
-            data["runs"] = [r.to_dict() for r in self.current.runs]
+        data["runs"] = [r.to_dict() for r in self.current.runs]
         return data
 
 
@@ -173,9 +172,8 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suite(fixtures_dir, split)
     before = score_model(suite, model, origin=str(model_path))
-    common = dict(split=split, fixtures_dir=Path(fixtures_dir), n_fixtures=len(suite.ids),
-                  fixture_set_sha256=suite.sha256, model_path=model_path, model=model, tolerances=tolerances,
-                  before=before)
+    common = dict(split=split, fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256,
+                  model_path=model_path, model=model, tolerances=tolerances, before=before)
     if candidate is None:
         return Evaluation(**common)
 

@@ -27,11 +27,14 @@ def _print_json(data: Any) -> None:
 
 def _guarded(action: Callable[[], int]) -> int:
     """Run a command; turn bad input into one clear stderr line and exit code 2."""
-    from hops_calib.store import StoreError
-
     try:
         return action()
-    except (InputError, StoreError) as error:
+    except Exception as error:
+        # A StoreError (unknown fixture id, ...) can only come from a verb that imported the store; importing it
+        # here would cost the ledger verbs a pandas import.
+        store = sys.modules.get("hops_calib.store.fixture_store")
+        if not (isinstance(error, InputError) or (store is not None and isinstance(error, store.StoreError))):
+            raise
         print(f"error: {error}", file=sys.stderr)
         return EXIT_INVALID
 
@@ -47,6 +50,8 @@ def _num(value: float | None, digits: int = 2) -> str:
 # --- predict -------------------------------------------------------------------------------------
 
 def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
+    from hops_calib.timeline import BACKWARD, FORWARD
+
     truth, spec = fixture.truth, fixture.spec
     rows = []
     for predicted in prediction.stage_phase_ms(spec):
@@ -55,9 +60,9 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
             "stage": stage, "device": predicted.device,
             "real_utilization": truth.metrics.utilization_per_stage[stage],
             "predicted_utilization": prediction.metrics.utilization_per_stage[stage],
-            "real_forward_ms": truth.phase_median_ms(stage, "FORWARD"),
+            "real_forward_ms": truth.phase_median_ms(stage, FORWARD),
             "predicted_forward_ms": predicted.forward_ms,
-            "real_backward_ms": truth.phase_median_ms(stage, "BACKWARD"),
+            "real_backward_ms": truth.phase_median_ms(stage, BACKWARD),
             "predicted_backward_ms": predicted.backward_ms,
             "real_optimizer_ms": truth.optimizer_ms_per_stage[stage] if stage < len(truth.optimizer_ms_per_stage)
             else None,
@@ -177,8 +182,8 @@ def _print_candidate(result) -> None:
     candidate, verdict = result.candidate, result.verdict
     print(f"candidate {candidate.id} ({candidate.origin}): {candidate.change.describe()}")
     print(f"hypothesis: {candidate.hypothesis}")
-    print(f"model {result.model.sha256[:12]} -> {result.candidate_model.sha256[:12]} on {result.n_fixtures} "
-          f"{result.split} fixtures ({result.fixture_set_sha256[:12]})")
+    print(f"model {result.model.sha256[:12]} -> {result.candidate_model.sha256[:12]} on "
+          f"{result.before.suite.n_fixtures} {result.split} fixtures ({result.fixture_set_sha256[:12]})")
     before, after = result.before.suite, result.after.suite
     print(f"{'':30}{'before':>10}{'after':>10}")
     for label, field in (("throughput MAPE %", "throughput_mape_pct"),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from hops_calib.timeline import BACKWARD_PHASES, COMPUTE
+from hops_calib.timeline import BACKWARD_PHASES, COMPUTE, OPTIMIZER
 
 
 @dataclass(frozen=True)
@@ -131,4 +131,101 @@ def column_metrics(stage: np.ndarray, iteration: np.ndarray, microbatch: np.ndar
         completed_microbatches=int(completed),
         iteration_periods_ms=tuple(float(p) for p in periods),
         iteration_time_ms=iteration_time,
+    )
+
+
+# --- where an iteration's time goes (the observe step) ---------------------------------------------
+
+@dataclass(frozen=True)
+class IterationParts:
+    """An iteration period cut into four consecutive parts (ms); they add up to `iteration_ms` exactly.
+
+    - span: first event of the iteration -> last backward end on any rank (the pipeline itself);
+    - silent: -> first optimizer start on any rank (gradient reductions, norms, logging: no rank traces it);
+    - optimizer: -> last optimizer end on any rank;
+    - rest: -> first event of the next iteration (negative when a rank starts it before the slowest
+      optimizer ends).
+
+    An iteration with no optimizer events (`optimizer_traced` False) has optimizer = rest = 0: the
+    silent stretch runs to the next iteration.
+    """
+
+    span_ms: float
+    silent_ms: float
+    optimizer_ms: float
+    rest_ms: float
+    iterations: tuple[int, ...]  # the median iteration(s) these parts come from (two when averaged)
+    optimizer_traced: bool
+
+    NAMES = ("span", "silent", "optimizer", "rest")
+
+    @property
+    def iteration_ms(self) -> float:
+        return self.span_ms + self.silent_ms + self.optimizer_ms + self.rest_ms
+
+    def as_dict(self) -> dict[str, float]:
+        """Part name -> ms, in the order of NAMES."""
+        return {name: getattr(self, f"{name}_ms") for name in self.NAMES}
+
+    def to_dict(self) -> dict[str, object]:
+        return {**{f"{name}_ms": value for name, value in self.as_dict().items()},
+                "iteration_ms": self.iteration_ms, "iterations": list(self.iterations),
+                "optimizer_traced": self.optimizer_traced}
+
+
+def column_iteration_parts(iteration: np.ndarray, is_compute: np.ndarray, is_backward: np.ndarray,
+                           is_optimizer: np.ndarray, start_ms: np.ndarray, end_ms: np.ndarray
+                           ) -> IterationParts | None:
+    """The parts of the median iteration (None with fewer than two iterations: no period to cut).
+
+    Iterations are ordered by period (first event to the next iteration's first event, as in
+    `column_metrics`); the parts are those of the middle one, or the mean of the two middle ones for
+    an even count, so they add up to exactly the median period, `TimelineMetrics.iteration_time_ms`.
+    Taking one whole iteration rather than each part's own median keeps that sum exact.
+    """
+    numbers, row_of = np.unique(iteration, return_inverse=True)
+    if len(numbers) < 2:
+        return None
+    n = len(numbers)
+
+    def reduce(mask: np.ndarray, values: np.ndarray, fill: float, reducer) -> np.ndarray:
+        out = np.full(n, fill)
+        reducer.at(out, row_of[mask], values[mask])
+        return out
+
+    everything = np.ones(len(start_ms), dtype=bool)
+    first = reduce(everything, start_ms, np.inf, np.minimum)
+    last_backward = reduce(is_compute & is_backward, end_ms, -np.inf, np.maximum)
+    optimizer = is_compute & is_optimizer
+    first_optimizer = reduce(optimizer, start_ms, np.inf, np.minimum)
+    last_optimizer = reduce(optimizer, end_ms, -np.inf, np.maximum)
+    traced = np.isfinite(first_optimizer)
+    # Iterations without a backward have no pipeline end; the span then covers nothing.
+    last_backward = np.where(np.isfinite(last_backward), last_backward, first)
+
+    next_first = first[1:]
+    span = last_backward[:-1] - first[:-1]
+    silent = np.where(traced[:-1], first_optimizer[:-1], next_first) - last_backward[:-1]
+    optimizer_ms = np.where(traced[:-1], last_optimizer[:-1] - first_optimizer[:-1], 0.0)
+    rest = np.where(traced[:-1], next_first - last_optimizer[:-1], 0.0)
+
+    periods = np.diff(first)
+    order = np.argsort(periods, kind="stable")
+    middle = order[[(len(order) - 1) // 2, len(order) // 2]]
+    middle = middle[:1] if middle[0] == middle[1] else middle
+    return IterationParts(
+        span_ms=float(span[middle].mean()), silent_ms=float(silent[middle].mean()),
+        optimizer_ms=float(optimizer_ms[middle].mean()), rest_ms=float(rest[middle].mean()),
+        iterations=tuple(int(numbers[i]) for i in middle), optimizer_traced=bool(traced[middle].all()))
+
+
+def timeline_iteration_parts(timeline: pd.DataFrame) -> IterationParts | None:
+    """`column_iteration_parts` of a timeline frame (a real run's, or a simulated one's)."""
+    return column_iteration_parts(
+        iteration=timeline["iteration"].to_numpy(),
+        is_compute=(timeline["kind"] == COMPUTE).to_numpy(dtype=bool),
+        is_backward=timeline["phase"].isin(BACKWARD_PHASES).to_numpy(dtype=bool),
+        is_optimizer=(timeline["phase"] == OPTIMIZER).to_numpy(dtype=bool),
+        start_ms=timeline["start_ms"].to_numpy(dtype=np.float64),
+        end_ms=timeline["end_ms"].to_numpy(dtype=np.float64),
     )

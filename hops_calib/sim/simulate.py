@@ -21,7 +21,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from hops_calib.metrics import TimelineMetrics, column_metrics
+from hops_calib.metrics import IterationParts, TimelineMetrics, column_iteration_parts, column_metrics
 from hops_calib.sim.engine import Rows, run_iteration
 from hops_calib.sim.pipeline import Pipeline
 from hops_calib.sim.schedules import AUTO, BB, BW, Programs, build_programs
@@ -80,6 +80,15 @@ class SimResult:
             is_compute=cols["kind"] == KINDS.index(COMPUTE), is_backward=np.isin(cols["phase"], _BACKWARD_CODES),
             start_ms=cols["start_ms"], end_ms=cols["end_ms"],
             microbatches_per_iteration=self.microbatches, pp=self.ranks,
+        )
+
+    def iteration_parts(self) -> IterationParts | None:
+        """The median iteration cut into span, silent stretch, optimizer and rest (the real runs' function)."""
+        cols = self.columns
+        return column_iteration_parts(
+            iteration=cols["iteration"], is_compute=cols["kind"] == KINDS.index(COMPUTE),
+            is_backward=np.isin(cols["phase"], _BACKWARD_CODES), is_optimizer=cols["phase"] == OPTIMIZER_PHASE,
+            start_ms=cols["start_ms"], end_ms=cols["end_ms"],
         )
 
 

@@ -1,0 +1,519 @@
+"""Observe: where the prediction error comes from, ranked by how much throughput MAPE each quantity carries.
+
+The step an agent starts each iteration with, on the train split only. For every
+run, both sides are cut the same way:
+
+- the iteration into four parts by one function for the real and the simulated
+  timeline (`hops_calib.metrics.column_iteration_parts`): pipeline span, silent
+  stretch, optimizer step, rest; they add up to the median iteration period;
+- each stage's per-microbatch forward and backward: the model's task cost
+  against the truth's median duration.
+
+A contributor is one quantity within one group: of runs (device types present,
+device types at the two pipeline ends, model shape, microbatches, pipeline
+depth) or of stages (device type, position first / middle / last, the stage's
+shape, and the run-level groups). Its contribution is the throughput MAPE
+(window definition, the gate's) that would disappear if the model predicted
+that quantity exactly on the group's members, everything else unchanged:
+
+- forward or backward of some stages: the run is simulated again with those
+  stages' costs set to the real medians (exact);
+- a part of the iteration: the predicted window shrinks by the part's residual
+  once per traced iteration holding it (the span `iterations` times, the others
+  `iterations - 1`), and the predicted period by the residual once (first order
+  for the window, exact for steady throughput). The simulator has no input that
+  is "the span": the stage times and transfers are its inputs.
+
+A negative contribution means fixing that quantity alone makes MAPE worse: its
+error currently offsets another one. Runs whose trace has no optimizer events
+are left out of the silent, optimizer and rest contributors (their silent
+stretch holds the untraced optimizer step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from hops_calib.errors import InputError
+from hops_calib.metrics import IterationParts, TimelineMetrics, timeline_iteration_parts
+from hops_calib.score import RunScore, SuiteScore, aggregate, score_run
+from hops_calib.spec import Spec
+from hops_calib.timeline import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD
+
+PART_QUANTITIES = IterationParts.NAMES
+STAGE_QUANTITIES = ("forward", "backward")
+LABELS = {
+    "span": "pipeline span",
+    "silent": "silent stretch",
+    "optimizer": "optimizer step",
+    "rest": "rest to next iteration",
+    "forward": "forward per microbatch",
+    "backward": "backward per microbatch",
+}
+# How each group reads in a sentence ("... on runs whose ends are a10g..l4").
+RUN_PHRASES = {
+    "all": "all runs",
+    "devices": "runs on {}",
+    "ends": "runs whose ends are {}",
+    "shape": "runs of shape {}",
+    "microbatches": "runs with {} microbatches",
+    "pp": "runs of pipeline depth {}",
+}
+STAGE_PHRASES = {
+    "all": "all stages",
+    "device": "{} stages",
+    "position": "{} stages",
+    "shape": "stages of shape {}",
+    "microbatches": "stages of runs with {} microbatches",
+    "pp": "stages of runs of pipeline depth {}",
+    "ends": "stages of runs whose ends are {}",
+}
+DOMINANT_RUNS = 3
+
+
+# --- what is compared ------------------------------------------------------------------------------
+
+def run_groups(spec: Spec) -> dict[str, str]:
+    """The run-level groups a run belongs to, by dimension."""
+    return {
+        "devices": "+".join(sorted(set(spec.devices))),
+        "ends": f"{spec.devices[0]}..{spec.devices[-1]}",
+        "shape": f"h{spec.model.hidden_size} s{spec.model.seq_length} L{'-'.join(map(str, spec.layers_per_stage))}",
+        "microbatches": str(spec.microbatches),
+        "pp": str(spec.pp),
+    }
+
+
+def stage_position(stage: int, pp: int) -> str:
+    return "first" if stage == 0 else "last" if stage == pp - 1 else "middle"
+
+
+def stage_groups(spec: Spec, stage: int) -> dict[str, str]:
+    """The stage-level groups stage `stage` of a run belongs to, by dimension."""
+    run = run_groups(spec)
+    return {
+        "device": spec.devices[stage],
+        "position": stage_position(stage, spec.pp),
+        "shape": f"h{spec.model.hidden_size} s{spec.model.seq_length} L{spec.layers_per_stage[stage]}",
+        "microbatches": run["microbatches"],
+        "pp": run["pp"],
+        "ends": run["ends"],
+    }
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage of one run: per-microbatch compute times, real (median) and predicted (task cost), ms."""
+
+    stage: int
+    device: str
+    position: str
+    layers: int
+    real_forward_ms: float | None
+    predicted_forward_ms: float
+    real_backward_ms: float | None
+    predicted_backward_ms: float
+
+    def real(self, quantity: str) -> float | None:
+        return getattr(self, f"real_{quantity}_ms")
+
+    def predicted(self, quantity: str) -> float:
+        return getattr(self, f"predicted_{quantity}_ms")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    spec: Spec
+    score: RunScore
+    real_metrics: TimelineMetrics
+    real_parts: IterationParts | None
+    predicted_parts: IterationParts | None
+    stages: tuple[StageRow, ...]
+    prediction: Any = field(repr=False, compare=False)  # hops_calib.predict.Prediction
+
+    def part_residual_ms(self, part: str) -> float | None:
+        """Predicted minus real ms of one part of the median iteration; None where it cannot be compared."""
+        if self.real_parts is None or self.predicted_parts is None:
+            return None
+        if part != "span" and not self.real_parts.optimizer_traced:
+            return None
+        return self.predicted_parts.as_dict()[part] - self.real_parts.as_dict()[part]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "groups": run_groups(self.spec),
+            "throughput_error_pct": self.score.throughput_error_pct,
+            "steady_throughput_error_pct": self.score.steady_throughput_error_pct,
+            "bubble_error_pp": self.score.bubble_error_pp,
+            "util_spearman_rho": self.score.util_spearman_rho,
+            "real_parts": self.real_parts.to_dict() if self.real_parts else None,
+            "predicted_parts": self.predicted_parts.to_dict() if self.predicted_parts else None,
+            "stages": [s.to_dict() for s in self.stages],
+        }
+
+
+def _real_backward_ms(truth, stage: int) -> float | None:
+    whole = truth.phase_median_ms(stage, BACKWARD)
+    if whole is not None:
+        return whole
+    halves = [truth.phase_median_ms(stage, phase) for phase in (BACKWARD_B, BACKWARD_W)]
+    return None if None in halves else sum(halves)
+
+
+def observe_run(fixture, model) -> RunRow:
+    """Real and predicted parts and stage times of one fixture (its events are read for the real parts)."""
+    from hops_calib.predict import predict
+
+    spec, truth = fixture.spec, fixture.truth
+    try:
+        prediction = predict(spec, model)
+    except ValueError as error:
+        raise InputError(f"model {model.name}", f"cannot predict fixture {fixture.id}: {error}") from None
+    stages = tuple(
+        StageRow(stage=row.stage, device=row.device, position=stage_position(row.stage, spec.pp),
+                 layers=spec.layers_per_stage[row.stage],
+                 real_forward_ms=truth.phase_median_ms(row.stage, FORWARD), predicted_forward_ms=row.forward_ms,
+                 real_backward_ms=_real_backward_ms(truth, row.stage), predicted_backward_ms=row.backward_ms)
+        for row in prediction.stage_phase_ms(spec))
+    return RunRow(id=fixture.id, spec=spec, score=score_run(fixture.id, truth.metrics, prediction.metrics),
+                  real_metrics=truth.metrics, real_parts=timeline_iteration_parts(fixture.timeline()),
+                  predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction)
+
+
+# --- counterfactuals: the errors a run would have with one quantity predicted exactly ----------------
+
+def _errors_pct(run: RunRow, throughput_per_s: float, steady_per_s: float) -> tuple[float, float]:
+    real = run.real_metrics
+    return ((throughput_per_s - real.throughput_per_s) / real.throughput_per_s * 100.0,
+            (steady_per_s - real.steady_throughput_per_s) / real.steady_throughput_per_s * 100.0)
+
+
+def part_fixed_errors(run: RunRow, part: str) -> tuple[float, float] | None:
+    """Throughput and steady-throughput error % of `run` with part `part` of its iteration predicted exactly."""
+    residual = run.part_residual_ms(part)
+    if residual is None:
+        return None
+    predicted = run.prediction.metrics
+    repeats = run.spec.iterations if part == "span" else run.spec.iterations - 1
+    window = predicted.window_ms - repeats * residual
+    period = predicted.iteration_time_ms - residual
+    if not (window > 0 and period > 0):
+        return None
+    return _errors_pct(run, predicted.throughput_per_s * predicted.window_ms / window,
+                       predicted.steady_throughput_per_s * predicted.iteration_time_ms / period)
+
+
+def stages_fixed_errors(run: RunRow, quantity: str, stages: frozenset[int]) -> tuple[float, float] | None:
+    """Errors of `run` simulated again with `quantity` (forward / backward) of `stages` at the real medians.
+
+    Each of a rank's model chunks is scaled by real / predicted, so their mean is the real median.
+    """
+    from hops_calib.sim import simulate
+
+    pipeline = run.prediction.pipeline
+    costs = list(pipeline.stages)
+    changed = False
+    for k, cost in enumerate(costs):
+        row = run.stages[k % pipeline.ranks]
+        real = row.real(quantity)
+        if row.stage not in stages or real is None:
+            continue
+        predicted = row.predicted(quantity)
+        factor = real / predicted if predicted > 0 else None
+        if quantity == "forward":
+            costs[k] = replace(cost, forward_ms=cost.forward_ms * factor if factor is not None
+                               else real / pipeline.chunks)
+        else:
+            costs[k] = replace(cost, backward_ms=cost.backward_ms * factor if factor is not None
+                               else real / pipeline.chunks,
+                               weight_grad_ms=cost.weight_grad_ms * factor if factor is not None else 0.0)
+        changed = True
+    if not changed:
+        return None
+    metrics = simulate(replace(pipeline, stages=tuple(costs)), run.prediction.schedule).metrics()
+    return _errors_pct(run, metrics.throughput_per_s, metrics.steady_throughput_per_s)
+
+
+# --- contributors -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Contributor:
+    """One quantity within one group, and the MAPE it carries (pp over the whole suite)."""
+
+    quantity: str
+    level: str  # "run" (a part of the iteration) or "stage" (a per-microbatch time)
+    dimension: str
+    group: str
+    aliases: tuple[tuple[str, str], ...]  # other (dimension, group) pairs with exactly the same members
+    n_runs: int
+    n_stages: int | None
+    real_ms_mean: float
+    predicted_ms_mean: float
+    residual_ms_mean: float  # predicted - real, signed
+    residual_pct_mean: float  # mean of (predicted - real) / real over members with real > 0
+    contribution_pp: float  # throughput MAPE (window) removed if predicted exactly
+    steady_contribution_pp: float  # the same on steady-throughput MAPE
+    dominant_runs: tuple[dict[str, Any], ...]  # {id, contribution_pp, throughput_error_pct}
+
+    @property
+    def where(self) -> str:
+        phrases = RUN_PHRASES if self.level == "run" else STAGE_PHRASES
+        text = phrases[self.dimension].format(self.group)
+        if self.aliases:
+            text += " (= " + " = ".join(phrases[d].format(g) for d, g in self.aliases) + ")"
+        return text
+
+    def sentence(self) -> str:
+        direction = "over" if self.residual_ms_mean > 0 else "under"
+        members = f"{self.n_runs} runs" + (f", {self.n_stages} stages" if self.n_stages is not None else "")
+        text = (f"{LABELS[self.quantity]} {direction}-predicted by {abs(self.residual_ms_mean):.1f} ms "
+                f"({_signed(self.residual_pct_mean, '%')} of real) on {self.where}; {members}; ")
+        if self.contribution_pp >= 0:
+            text += f"predicting it exactly removes {self.contribution_pp:.1f} pp of throughput MAPE"
+        else:
+            text += (f"predicting it exactly alone adds {-self.contribution_pp:.1f} pp of throughput MAPE "
+                     "(its error offsets another)")
+        text += f" (steady {self.steady_contribution_pp:+.1f} pp)"
+        if self.dominant_runs:
+            text += "; mostly " + ", ".join(f"{r['id']} ({r['contribution_pp']:.1f} pp)" for r in self.dominant_runs)
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in vars(self).items() if k not in ("dominant_runs", "aliases")},
+                "aliases": [{"dimension": d, "group": g} for d, g in self.aliases],
+                "label": LABELS[self.quantity], "where": self.where,
+                "dominant_runs": [dict(r) for r in self.dominant_runs], "sentence": self.sentence()}
+
+
+def _signed(value: float, unit: str) -> str:
+    return f"{value:+.0f} {unit}" if math.isfinite(value) else "n/a"
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else float("nan")
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One run's share of a contributor: its residuals and its counterfactual errors."""
+
+    run: RunRow
+    real_ms: list[float]
+    predicted_ms: list[float]
+    fixed: tuple[float, float]
+
+
+def _contributor(quantity: str, level: str, dimension: str, group: str, aliases: list[tuple[str, str]],
+                 members: list[_Member], n_suite: int, n_stages: int | None) -> Contributor:
+    now = np.array([[abs(m.run.score.throughput_error_pct), abs(m.run.score.steady_throughput_error_pct)]
+                    for m in members])
+    fixed = np.abs(np.array([m.fixed for m in members]))
+    per_run = (now - fixed) / n_suite
+    real = [v for m in members for v in m.real_ms]
+    predicted = [v for m in members for v in m.predicted_ms]
+    order = np.argsort(-per_run[:, 0], kind="stable")
+    dominant = tuple({"id": members[i].run.id, "contribution_pp": float(per_run[i, 0]),
+                      "throughput_error_pct": members[i].run.score.throughput_error_pct}
+                     for i in order[:DOMINANT_RUNS] if per_run[i, 0] > 0)
+    return Contributor(
+        quantity=quantity, level=level, dimension=dimension, group=group, aliases=tuple(aliases),
+        n_runs=len(members), n_stages=n_stages,
+        real_ms_mean=_mean(real), predicted_ms_mean=_mean(predicted),
+        residual_ms_mean=_mean(p - r for p, r in zip(predicted, real)),
+        residual_pct_mean=_mean((p - r) / r * 100.0 for p, r in zip(predicted, real) if r > 0),
+        contribution_pp=float(per_run[:, 0].sum()), steady_contribution_pp=float(per_run[:, 1].sum()),
+        dominant_runs=dominant)
+
+
+def _groupings(keys: list[dict[str, str]]) -> dict[tuple[str, str], tuple[list[int], list[tuple[str, str]]]]:
+    """(dimension, group) -> (indices of the items in it, other groups with exactly these items).
+
+    'all' comes first; a group holding every item is 'all' again and is dropped, and groups with the same
+    items are reported once, under the first dimension, naming the others as aliases.
+    """
+    groups: dict[tuple[str, str], list[int]] = {("all", "all"): list(range(len(keys)))}
+    for index, item in enumerate(keys):
+        for dimension, value in item.items():
+            groups.setdefault((dimension, value), []).append(index)
+    by_members: dict[tuple[int, ...], tuple[tuple[str, str], list[tuple[str, str]]]] = {}
+    for key, members in groups.items():
+        if key != ("all", "all") and len(members) == len(keys):
+            continue
+        first = by_members.setdefault(tuple(members), (key, []))
+        if first[0] != key:
+            first[1].append(key)
+    return {key: (list(members), aliases) for members, (key, aliases) in by_members.items()}
+
+
+def part_contributors(runs: list[RunRow]) -> list[Contributor]:
+    contributors = []
+    for part in PART_QUANTITIES:
+        fixed = {run.id: part_fixed_errors(run, part) for run in runs}
+        for (dimension, group), (indices, aliases) in _groupings([run_groups(r.spec) for r in runs]).items():
+            members = [_Member(run, [run.real_parts.as_dict()[part]], [run.predicted_parts.as_dict()[part]],
+                               fixed[run.id])
+                       for run in (runs[i] for i in indices) if fixed[run.id] is not None]
+            if members:
+                contributors.append(_contributor(part, "run", dimension, group, aliases, members, len(runs), None))
+    return contributors
+
+
+def stage_contributors(runs: list[RunRow]) -> list[Contributor]:
+    places = [(run, row) for run in runs for row in run.stages]
+    keys = [stage_groups(run.spec, row.stage) for run, row in places]
+    cache: dict[tuple[str, str, frozenset[int]], tuple[float, float] | None] = {}
+    contributors = []
+    for quantity in STAGE_QUANTITIES:
+        for (dimension, group), (indices, aliases) in _groupings(keys).items():
+            by_run: dict[str, list[StageRow]] = {}
+            for i in indices:
+                run, row = places[i]
+                if row.real(quantity) is not None:
+                    by_run.setdefault(run.id, []).append(row)
+            members = []
+            for run in runs:
+                rows = by_run.get(run.id)
+                if not rows:
+                    continue
+                key = (run.id, quantity, frozenset(r.stage for r in rows))
+                if key not in cache:
+                    cache[key] = stages_fixed_errors(run, quantity, key[2])
+                if cache[key] is not None:
+                    members.append(_Member(run, [r.real(quantity) for r in rows],
+                                           [r.predicted(quantity) for r in rows], cache[key]))
+            if members:
+                contributors.append(_contributor(quantity, "stage", dimension, group, aliases, members, len(runs),
+                                                 sum(len(m.real_ms) for m in members)))
+    return contributors
+
+
+# --- the whole observation --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Observation:
+    split: str
+    fixtures_dir: Path
+    model_path: Path
+    model_name: str
+    model_sha256: str
+    suite: SuiteScore
+    runs: tuple[RunRow, ...]
+    overall: tuple[Contributor, ...]  # each quantity over all runs / stages
+    ranked: tuple[Contributor, ...]  # every quantity within every group, largest contribution first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"split": self.split, "fixtures": str(self.fixtures_dir), "model": str(self.model_path),
+                "model_name": self.model_name, "model_sha256": self.model_sha256, **self.suite.to_dict(),
+                "overall": [c.to_dict() for c in self.overall], "ranked": [c.to_dict() for c in self.ranked],
+                "runs": [r.to_dict() for r in self.runs]}
+
+
+def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, split: str = "train",
+            progress: Callable[[int, int], None] | None = None) -> Observation:
+    """Compare every run of the train split with its prediction, and rank where the throughput error comes from."""
+    from hops_calib.evaluate import open_store, refuse_test_split
+    from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+    refuse_test_split(split, "observe")
+    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model = load_model(model_path)
+    store = open_store(fixtures_dir)
+    ids = store.ids(split)
+    if not ids:
+        raise InputError(fixtures_dir, f"the fixture store has no {split} fixtures",
+                         hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})")
+    runs = []
+    for done, fixture_id in enumerate(ids, start=1):
+        runs.append(observe_run(store.load(fixture_id), model))
+        if progress is not None:
+            progress(done, len(ids))
+    contributors = part_contributors(runs) + stage_contributors(runs)
+    overall = tuple(c for c in contributors if c.dimension == "all")
+    ranked = sorted((c for c in contributors if c.dimension != "all"), key=lambda c: -c.contribution_pp)
+    return Observation(split=split, fixtures_dir=Path(fixtures_dir), model_path=model_path, model_name=model.name,
+                       model_sha256=model.sha256, suite=aggregate(r.score for r in runs), runs=tuple(runs),
+                       overall=overall, ranked=tuple(ranked))
+
+
+# --- text -------------------------------------------------------------------------------------------
+
+def _ms(value: float | None) -> str:
+    return f"{round(value, 1) + 0.0:.1f}" if value is not None and math.isfinite(value) else "-"
+
+
+def observation_text(observation: Observation, top: int = 12) -> str:
+    from hops_calib.store.views import text_table
+
+    suite = observation.suite
+    out = [f"observe: model {observation.model_name} ({observation.model_sha256[:12]}) on {suite.n_fixtures} "
+           f"{observation.split} fixtures in {observation.fixtures_dir}",
+           f"throughput MAPE {suite.throughput_mape_pct:.2f} % (window; the gate's), steady throughput MAPE "
+           f"{suite.steady_throughput_mape_pct:.2f} %, bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization "
+           f"rho {suite.util_spearman_mean:.3f}", ""]
+
+    def rows(contributors: Iterable[Contributor], first: Callable[[int, Contributor], list[str]]
+             ) -> list[list[str]]:
+        return [first(i, c) + [str(c.n_runs), "-" if c.n_stages is None else str(c.n_stages), _ms(c.real_ms_mean),
+                            _ms(c.predicted_ms_mean), _ms(c.residual_ms_mean), _signed(c.residual_pct_mean, "%"),
+                            f"{c.contribution_pp:.2f}", f"{c.steady_contribution_pp:.2f}"]
+                for i, c in enumerate(contributors, start=1)]
+
+    numbers = ["runs", "stages", "real ms", "pred ms", "resid ms", "resid", "MAPE pp", "steady pp"]
+    out.append("Over all runs: parts of the median iteration (ms, mean over runs) and per-microbatch stage times "
+               "(mean over stages). MAPE pp = throughput MAPE removed if predicted exactly.")
+    out.append(text_table(["quantity"] + numbers, rows(observation.overall, lambda i, c: [LABELS[c.quantity]]),
+                          right=set(range(1, 9))))
+    out.append("")
+    shown = observation.ranked[:top]
+    out.append(f"Largest contributors (a quantity within one group), {len(shown)} of {len(observation.ranked)}:")
+    out.append(text_table(["#", "quantity", "group"] + numbers,
+                          rows(shown, lambda i, c: [str(i), LABELS[c.quantity], c.where]),
+                          right={0} | set(range(3, 11))))
+    out.append("")
+    out.append("Findings:")
+    out += [f"{i}. {c.sentence()}" for i, c in enumerate(shown[:3], start=1)]
+    out.append("")
+    worst = sorted(observation.runs, key=lambda r: -abs(r.score.throughput_error_pct))[:top]
+    out.append(f"Runs by |throughput error| ({len(worst)} of {len(observation.runs)}); part residuals "
+               "predicted - real in ms:")
+
+    def residual(run: RunRow, part: str) -> str:
+        value = run.part_residual_ms(part)
+        return f"{value:+.1f}" if value is not None else "-"
+
+    out.append(text_table(
+        ["run", "tput err %", "steady err %", "real iter ms", "pred iter ms"] + [LABELS[p] for p in PART_QUANTITIES],
+        [[r.id, f"{r.score.throughput_error_pct:+.1f}", f"{r.score.steady_throughput_error_pct:+.1f}",
+          _ms(r.real_parts.iteration_ms if r.real_parts else None),
+          _ms(r.predicted_parts.iteration_ms if r.predicted_parts else None)]
+         + [residual(r, p) for p in PART_QUANTITIES] for r in worst],
+        right=set(range(1, 9))))
+    return "\n".join(out)
+
+
+def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json: bool, top: int) -> int:
+    """The `observe` verb: text (or JSON) on stdout, a progress bar on a terminal's stderr."""
+    from hops_calib.loop import EXIT_OK, _guarded, _print_json
+    from hops_calib.progress import terminal_progress
+
+    def run() -> int:
+        with terminal_progress("observing runs") as progress:
+            observation = observe(fixtures, model_path=model_path, split=split, progress=progress)
+        if as_json:
+            _print_json(observation.to_dict())
+        else:
+            print(observation_text(observation, top=top))
+        return EXIT_OK
+
+    return _guarded(run)

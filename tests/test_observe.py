@@ -1,0 +1,138 @@
+"""observe on the real runs: parts add up on both sides, contributors are ranked by the MAPE they carry, train only."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from hops_calib.cli import app
+from hops_calib.evaluate import ProtectedSplit
+from hops_calib.observe import observe, part_fixed_errors, stages_fixed_errors
+
+# Every implemented term active, so that every part of the iteration is predicted by something.
+EVERY_TERM_MODEL = """
+[model]
+name = "every-term"
+
+[terms.decoder_roofline]
+compute_efficiency = 0.1
+
+[terms.link_transfer]
+
+[terms.embedding_grad_allreduce]
+
+[terms.optimizer_step]
+memory_efficiency = 0.1
+
+[terms.iteration_host_overhead]
+host_ms = 3.0
+"""
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("observe") / "every-term.toml"
+    path.write_text(EVERY_TERM_MODEL)
+    return path
+
+
+@pytest.fixture(scope="module")
+def observation(shared_fixtures, model_path):
+    return observe(shared_fixtures, model_path=model_path)
+
+
+def test_parts_add_up_to_the_iteration_time_on_both_sides(observation):
+    assert observation.runs
+    for run in observation.runs:
+        assert run.real_parts.iteration_ms == pytest.approx(run.real_metrics.iteration_time_ms, rel=1e-9)
+        assert run.predicted_parts.iteration_ms == pytest.approx(run.prediction.metrics.iteration_time_ms, rel=1e-9)
+        assert run.real_parts.span_ms > 0 and run.predicted_parts.span_ms > 0
+        if run.real_parts.optimizer_traced:  # the real silent stretch is the untraced work before the optimizer
+            assert run.real_parts.silent_ms > 0 and run.real_parts.optimizer_ms > 0
+
+
+def test_contributors_are_ranked_by_contribution_and_each_is_the_mape_it_removes(observation):
+    ranked = observation.ranked
+    contributions = [c.contribution_pp for c in ranked]
+    assert contributions == sorted(contributions, reverse=True)
+    assert {c.quantity for c in ranked} == {"span", "silent", "optimizer", "rest", "forward", "backward"}
+    suite_mape = observation.suite.throughput_mape_pct
+    runs = {r.id: r for r in observation.runs}
+    for contributor in (ranked[0], next(c for c in ranked if c.level == "run")):
+        # Recompute from the per-run counterfactuals: the suite's MAPE with this quantity exact on the group.
+        fixed = {r.id: abs(r.score.throughput_error_pct) for r in observation.runs}
+        members = [r for r in observation.runs if contributor.group == _group_of(r, contributor)]
+        for run in members:
+            if contributor.level == "run":
+                errors = part_fixed_errors(run, contributor.quantity)
+            else:
+                stages = frozenset(s.stage for s in run.stages if _stage_in(run, s.stage, contributor))
+                errors = stages_fixed_errors(run, contributor.quantity, stages)
+            if errors is not None:
+                fixed[run.id] = abs(errors[0])
+        assert suite_mape - np.mean(list(fixed.values())) == pytest.approx(contributor.contribution_pp, abs=1e-9)
+        dominant = [d["contribution_pp"] for d in contributor.dominant_runs]
+        assert dominant == sorted(dominant, reverse=True) and all(d > 0 for d in dominant)
+        assert all(d["id"] in runs for d in contributor.dominant_runs)
+    assert "predicting it exactly" in ranked[0].sentence() and ranked[0].dominant_runs[0]["id"] in ranked[0].sentence()
+
+
+def _group_of(run, contributor):
+    from hops_calib.observe import run_groups, stage_groups
+
+    if contributor.level == "run":
+        return run_groups(run.spec)[contributor.dimension]
+    values = {stage_groups(run.spec, s.stage)[contributor.dimension] for s in run.stages}
+    return contributor.group if contributor.group in values else None
+
+
+def _stage_in(run, stage, contributor):
+    from hops_calib.observe import stage_groups
+
+    return stage_groups(run.spec, stage)[contributor.dimension] == contributor.group
+
+
+def test_counterfactual_of_an_exact_quantity_changes_nothing_and_a_slower_stage_lowers_throughput(observation):
+    run = max(observation.runs, key=lambda r: r.spec.pp)
+    exact = replace(run, stages=tuple(replace(s, real_forward_ms=s.predicted_forward_ms) for s in run.stages))
+    everything = frozenset(range(run.spec.pp))
+    unchanged = stages_fixed_errors(exact, "forward", everything)
+    assert unchanged == pytest.approx((run.score.throughput_error_pct, run.score.steady_throughput_error_pct))
+    slower = replace(run, stages=tuple(replace(s, real_forward_ms=2 * s.predicted_forward_ms) for s in run.stages))
+    assert stages_fixed_errors(slower, "forward", everything)[0] < run.score.throughput_error_pct
+    # A part predicted exactly: the predicted period loses exactly its residual.
+    residual = run.part_residual_ms("silent")
+    steady = run.prediction.metrics.steady_throughput_per_s * run.prediction.metrics.iteration_time_ms / (
+        run.prediction.metrics.iteration_time_ms - residual)
+    real = run.real_metrics.steady_throughput_per_s
+    assert part_fixed_errors(run, "silent")[1] == pytest.approx((steady - real) / real * 100)
+
+
+def test_observe_refuses_the_test_split(shared_fixtures):
+    with pytest.raises(ProtectedSplit, match="test split"):
+        observe(shared_fixtures, split="test")
+    result = CliRunner().invoke(app, ["observe", "--fixtures", str(shared_fixtures), "--split", "test"])
+    assert result.exit_code == 2 and "refuses the test split" in result.output
+
+
+def test_cli_json_and_text(shared_fixtures, model_path, observation):
+    result = CliRunner().invoke(app, ["observe", "--fixtures", str(shared_fixtures), "--model", str(model_path),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["split"] == "train" and data["n_fixtures"] == len(observation.runs)
+    assert data["steady_throughput_mape_pct"] == pytest.approx(observation.suite.steady_throughput_mape_pct)
+    assert [c["contribution_pp"] for c in data["ranked"]] == pytest.approx(
+        [c.contribution_pp for c in observation.ranked])
+    assert {c["quantity"] for c in data["overall"]} == {"span", "silent", "optimizer", "rest", "forward", "backward"}
+    run = data["runs"][0]
+    assert sum(run["real_parts"][f"{p}_ms"] for p in ("span", "silent", "optimizer", "rest")) == pytest.approx(
+        run["real_parts"]["iteration_ms"])
+    from hops_calib.observe import observation_text
+
+    text = observation_text(observation, top=5)
+    assert "steady throughput MAPE" in text and observation.ranked[0].sentence() in text
