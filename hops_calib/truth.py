@@ -97,20 +97,6 @@ class Truth:
         )
 
 
-def events_frame(columns: dict[str, np.ndarray]) -> pd.DataFrame:
-    """The fixture's events table from reader columns (kind and phase codes become categoricals)."""
-    data: dict[str, Any] = {}
-    for name in EVENT_COLUMNS:
-        values = columns[name]
-        if name == "kind":
-            data[name] = pd.Categorical.from_codes(values, dtype=KIND_DTYPE)
-        elif name == "phase":
-            data[name] = pd.Categorical.from_codes(values, dtype=PHASE_DTYPE)
-        else:
-            data[name] = values
-    return pd.DataFrame(data, copy=False)
-
-
 def compact_timeline(columns: dict[str, np.ndarray], t0_ns: int) -> pd.DataFrame:
     """The timeline's columns and values with narrow dtypes (int32, categoricals), sharing the reader's arrays.
 
