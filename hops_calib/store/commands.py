@@ -26,7 +26,7 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
             for warning in outcome.warnings:
                 _err(f"warning: {outcome.run_id}: {warning}")
             if outcome.status == "rejected":
-                _err(f"rejected: {outcome.run_id or outcome.source}: {outcome.error}")
+                _err(f"rejected: {outcome.run_id}: {outcome.error}" if outcome.run_id else f"rejected: {outcome.error}")
 
         try:
             report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
