@@ -271,6 +271,13 @@ def test_html_report_train_has_tables_images_and_every_run(shared_fixtures, shar
     for fixture_id in shared_store.ids("test"):
         assert fixture_id not in html
     assert "By device mix" in html and "By pipeline depth" in html
+    # Errors outside the ±10 % band are highlighted, as on the parity plot.
+    from hops_calib.plot.commands import score_split
+
+    scores = [p.score for p in score_split(shared_fixtures, "train", ledger_with_history["model"]).points]
+    outside = sum(abs(s.throughput_error_pct) > 10 for s in scores) + sum(
+        abs(s.predicted_bubble_ratio - s.real_bubble_ratio) > 0.1 * s.real_bubble_ratio for s in scores)
+    assert html.count('<td class="off">') == outside
 
 
 def test_html_report_test_split_shows_aggregates_only_and_is_audited(shared_fixtures, shared_store, tmp_path):

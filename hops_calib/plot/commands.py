@@ -122,7 +122,7 @@ def score_split(fixtures: Path, split: str, model_path: Path | None, progress: P
 
 
 def parity_title(scored: ScoredSplit) -> str:
-    return (f"Predicted vs real, {scored.split} split ({scored.suite.n_fixtures} runs), "
+    return (f"Predicted vs real, {scored.split} split ({_count(scored.suite.n_fixtures, 'run')}), "
             f"{model_label(scored.model)}")
 
 

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from hops_calib.errors import InputError
 from hops_calib.plot import style
 from hops_calib.plot.groups import GroupRow, MIN_DISCLOSED_RUNS, RunPoint, disclosable, group_rows
+from hops_calib.plot.parity import BAND
 from hops_calib.score import SuiteScore
 
 REPORT_DPI = 110
@@ -64,17 +65,21 @@ def _image(uri: str, alt: str) -> str:
     return f'<img src="{uri}" alt="{_e(alt)}">'
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1, css: str = "") -> str:
+def _off(text: str, outside_band: bool) -> str | tuple[str, str]:
+    """A cell highlighted when its value lies outside the ±10 % band."""
+    return (text, "off") if outside_band else text
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str | tuple[str, str]]], text_columns: int = 1,
+           css: str = "") -> str:
+    """Cells are escaped strings, or (escaped string, CSS class); the first `text_columns` are left-aligned."""
     head = "".join(f'<th class="text">{_e(h)}</th>' if i < text_columns else f"<th>{_e(h)}</th>"
                    for i, h in enumerate(headers))
     body = []
     for row in rows:
         cells = []
         for i, cell in enumerate(row):
-            # Cells are pre-escaped strings; a leading "!" marks a value outside the ±10 % band.
-            off = cell.startswith("!")
-            text = cell[1:] if off else cell
-            cls = "text" if i < text_columns else ("off" if off else "")
+            text, cls = cell if isinstance(cell, tuple) else (cell, "text" if i < text_columns else "")
             cells.append(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<div class="scroll"><table class="{css}"><thead><tr>{head}</tr></thead>'
@@ -104,13 +109,14 @@ def runs_table(points: Sequence[RunPoint]) -> str:
     rows = []
     for p in ordered:
         s = p.score
-        tput_off = "!" if abs(s.throughput_error_pct) > 10 else ""
-        bubble_off = "!" if abs(s.bubble_error_pp) > 10 * s.real_bubble_ratio else ""
         rows.append([_e(p.run_id), _e(p.device_mix), str(p.pp), str(p.microbatches),
                      _f(s.real_throughput_per_s, 2), _f(s.predicted_throughput_per_s, 2),
-                     tput_off + _f(s.throughput_error_pct, signed=True),
+                     _off(_f(s.throughput_error_pct, signed=True), abs(s.throughput_error_pct) > 100 * BAND),
                      _f(100 * s.real_bubble_ratio), _f(100 * s.predicted_bubble_ratio),
-                     bubble_off + _f(s.bubble_error_pp, signed=True), _f(s.util_spearman_rho, 2)])
+                     # Relative, as on the parity plot: 10 % of a real bubble ratio r is 10 * r pp.
+                     _off(_f(s.bubble_error_pp, signed=True),
+                          abs(s.bubble_error_pp) > 100 * BAND * s.real_bubble_ratio),
+                     _f(s.util_spearman_rho, 2)])
     return _table(["run", "device mix", "stages", "microbatches", "real tput /s", "predicted tput /s",
                    "tput error %", "real bubble %", "predicted bubble %", "bubble error pp", "rho"], rows,
                   text_columns=2)
