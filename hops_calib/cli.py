@@ -338,12 +338,14 @@ def tune(
     objective: str = typer.Option(
         "suite", "--objective", help="suite: throughput MAPE, bubble MAE, -rho (Pareto); components: the error of "
                                      "the stage, optimizer and between-iteration times the traces measure."),
+    only: Optional[List[str]] = typer.Option(
+        None, "--only", help="Search only this parameter (repeatable); the others keep the model's values."),
 ) -> None:
     """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate."""
     from hops_calib.tune import tune_command
 
     raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
-                                  objective))
+                                  objective, tuple(only or ())))
 
 
 def main() -> None:

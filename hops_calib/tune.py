@@ -72,6 +72,7 @@ class TuneProblem:
     suite: Suite
     objective: str = "suite"
     real_components: tuple = ()  # hops_calib.components.Components per fixture, in components mode
+    only: tuple[str, ...] = ()  # search only these parameters (the others keep the model's values); () = all
 
     @property
     def objectives(self) -> tuple[str, ...]:
@@ -87,7 +88,7 @@ class TuneProblem:
 
     @property
     def params(self):
-        return TERMS[self.term].params
+        return tuple(p for p in TERMS[self.term].params if not self.only or p.name in self.only)
 
     def space(self) -> list[list[Any]]:
         return [[p.name, p.low, p.high, bool(p.log)] for p in self.params]
@@ -108,7 +109,8 @@ class TuneProblem:
     def start_values(self) -> dict[str, float]:
         """The term's current values in the model, or its defaults: the first trial of a new study."""
         active = self.model.active(self.term)
-        return active.params() if active else TERMS[self.term].defaults()
+        values = active.params() if active else TERMS[self.term].defaults()
+        return {p.name: values[p.name] for p in self.params}
 
 
 def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
@@ -116,7 +118,7 @@ def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
 
 
 def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | None,
-                 objective: str = "suite") -> TuneProblem:
+                 objective: str = "suite", only: tuple[str, ...] = ()) -> TuneProblem:
     from hops_calib.model_files import DEFAULT_MODEL, load_model
 
     if term not in TERMS:
@@ -126,6 +128,10 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
     if not TERMS[term].params:
         raise InputError("tune", f"term {term!r} has no parameters to tune", field="TERM",
                          hint="it is a measurement-driven term; tune a term that has parameters (`hops-calib terms`)")
+    unknown = [name for name in only if name not in {p.name for p in TERMS[term].params}]
+    if unknown:
+        raise InputError("tune", f"term {term!r} has no parameter {', '.join(map(repr, unknown))}", field="only",
+                         hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}")
     if objective not in OBJECTIVE_MODES:
         raise InputError("tune", f"unknown objective {objective!r}", field="objective",
                          hint=f"choose one of {', '.join(OBJECTIVE_MODES)}")
@@ -139,13 +145,13 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
         store = open_store(fixtures_dir)
         reals = tuple(real_components(store.load(fixture_id)) for fixture_id in suite.ids)
     return TuneProblem(term=term, model=load_model(model_path), model_path=model_path, suite=suite,
-                       objective=objective, real_components=reals)
+                       objective=objective, real_components=reals, only=tuple(only))
 
 
 # --- the study ------------------------------------------------------------------------------------
 
 def default_study_name(problem: TuneProblem) -> str:
-    mode = "" if problem.objective == "suite" else f"-{problem.objective}"
+    mode = ("" if problem.objective == "suite" else f"-{problem.objective}") + "".join(f"-{n}" for n in problem.only)
     return f"tune-{problem.term}{mode}-{problem.model.sha256[:8]}-{problem.suite.sha256[:8]}"
 
 
@@ -224,11 +230,11 @@ def _quiet_optuna() -> None:
 
 
 def run_worker(term: str, fixtures_dir: str, model_path: str | None, storage_url: str, study_name: str, trials: int,
-               seed: int, objective_mode: str = "suite") -> None:
+               seed: int, objective_mode: str = "suite", only: tuple[str, ...] = ()) -> None:
     """One worker process: join the study and run `trials` trials (the entry point of --workers)."""
     _quiet_optuna()
     try:
-        problem = load_problem(term, fixtures_dir, model_path, objective_mode)
+        problem = load_problem(term, fixtures_dir, model_path, objective_mode, only)
         study = open_study(problem, make_storage(storage_url), study_name, seed)
         study.optimize(objective(problem), n_trials=trials)
     except InputError as error:
@@ -273,7 +279,7 @@ def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, stud
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no database connection crosses a fork
     processes = [context.Process(target=run_worker, args=(problem.term, str(fixtures_dir),
                                                           str(problem.model_path), storage_url, study_name, share,
-                                                          seed + k, problem.objective), daemon=True)
+                                                          seed + k, problem.objective, problem.only), daemon=True)
                  for k, share in enumerate(shares(trials, workers)) if share]
     for process in processes:
         process.start()
@@ -391,7 +397,7 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
                   f"{current.bubble_mae_pp:.2f} -> {after['bubble_mae_pp']:.2f} pp, mean rho "
                   f"{current.util_spearman_mean:.3f} -> {after['util_spearman_mean']:.3f})")
     grounding = f"FILL IN why these values are physically plausible. The term's physics: {physics}"
-    params = ", ".join(f"{p.name} = {chosen.params[p.name]!r}" for p in term.params)
+    params = ", ".join(f"{p.name} = {chosen.params[p.name]!r}" for p in problem.params)
     # json.dumps of a str is a valid TOML basic string (ASCII escapes only).
     lines = [
         f"# Written by `hops-calib tune {problem.term}`: study {study_name!r} in {storage}, {trials_in_study} trials.",
@@ -418,12 +424,12 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
 def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None = None, trials: int = DEFAULT_TRIALS,
          storage_url: str | None = None, study_name: str | None = None, workers: int = 1, seed: int = 0,
          out: Path | str | None = None, progress: Callable[[int, int], None] | None = None,
-         objective: str = "suite") -> TuneResult:
+         objective: str = "suite", only: tuple[str, ...] = ()) -> TuneResult:
     """Tune one term's parameters on the train split and write the chosen point as a candidate file."""
     from hops_calib.files import atomic_write
 
     check_run(trials, workers, storage_url)
-    problem = load_problem(term, fixtures_dir, model_path, objective)
+    problem = load_problem(term, fixtures_dir, model_path, objective, only)
     study_name = study_name or default_study_name(problem)
     study = optimize(problem, trials=trials, storage_url=storage_url, study_name=study_name, workers=workers,
                      seed=seed, fixtures_dir=fixtures_dir, progress=progress)
@@ -457,7 +463,7 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
 def tune_text(result: TuneResult) -> str:
     from hops_calib.store.views import text_table
 
-    names = [p.name for p in TERMS[result.term].params]
+    names = list(result.front[0].params) if result.front else []
     current = result.current
     out = [f"tune {result.term}: study {result.study_name!r} ({result.storage}); {result.trials_here} trials here "
            f"with {result.workers} worker(s), {result.trials_in_study} in the study",
@@ -491,7 +497,7 @@ def tune_text(result: TuneResult) -> str:
 
 def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
                  study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
-                 objective: str = "suite") -> int:
+                 objective: str = "suite", only: tuple[str, ...] = ()) -> int:
     from hops_calib.loop import EXIT_OK, _guarded, _print_json
     from hops_calib.progress import progress_bar
 
@@ -499,7 +505,7 @@ def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int
         with progress_bar(f"tune {term}", quiet=as_json) as bar:
             result = tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
                           study_name=study, workers=workers, seed=seed, out=out, progress=bar.update,
-                          objective=objective)
+                          objective=objective, only=only)
         if as_json:
             _print_json(result.to_dict())
         else:

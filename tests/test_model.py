@@ -404,3 +404,14 @@ def test_end_to_end_link_uses_each_ends_nic_and_caps_one_tcp_flow():
         pytest.approx(nbytes / 3.4e6)
     assert with_term("embedding_grad_allreduce", flow_cap_gbit_s=20.0).pipeline(pair).pre_optimizer_ms == \
         pytest.approx(nbytes / 2.5e6)
+
+
+def test_flows_at_the_tcp_ceiling_add_the_expected_retransmission_stall_and_nic_paced_ones_do_not():
+    links = (LinkFit(0, 1, 0.0, 3.4e6), LinkFit(1, 2, 0.0, 1.2e6))
+    fast = make_spec(pp=3, devices=("h100", "a10g", "l4"), links=(LinkFit(0, 1, 0.0, 3.4e6), LinkFit(1, 2, 0.0, 3.4e6)))
+    slow_end = make_spec(pp=3, devices=("h100", "l4", "a10g"), links=links)
+    params = dict(nic_efficiency=0.95, flow_cap_gbit_s=20.0)
+    for spec, stalls in ((fast, True), (slow_end, False)):
+        plain = with_term("embedding_grad_allreduce", **params).pipeline(spec).pre_optimizer_ms
+        stalled = with_term("embedding_grad_allreduce", **params, stall_probability=0.25).pipeline(spec)
+        assert stalled.pre_optimizer_ms - plain == pytest.approx(0.25 * 200.0 if stalls else 0.0)

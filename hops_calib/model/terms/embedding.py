@@ -11,14 +11,15 @@ from hops_calib.spec import LinkFit, Spec
 
 
 def end_to_end_link(spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.0),
-                    flow_cap_bytes_per_ms: float = math.inf) -> LinkFit:
+                    flow_cap_bytes_per_ms: float = math.inf) -> tuple[LinkFit, bool]:
     """The link between the first and the last stage: benchmarked when pp = 2, otherwise estimated.
 
     A connection runs at the slower of its two ends. An end's network is at
     least as fast as the fastest link it was benchmarked on, and at least
     `nic_bytes_per_ms` (its NIC's nominal bandwidth at the achievable protocol
     efficiency; 0 = not known). A single TCP flow cannot exceed
-    `flow_cap_bytes_per_ms`, benchmarked or not.
+    `flow_cap_bytes_per_ms`, benchmarked or not. Returns the link and whether that
+    ceiling, rather than a NIC or a measured link, sets its bandwidth.
     """
     last = spec.pp - 1
     direct = spec.link(0, last)
@@ -34,9 +35,9 @@ def end_to_end_link(spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.
         direct = LinkFit(0, last, latency_ms=fit.latency_ms, bytes_per_ms=slower or fit.bytes_per_ms,
                          source=f"estimated from the ends' links and NICs ({fit.source})")
     if direct.bytes_per_ms > flow_cap_bytes_per_ms:
-        direct = LinkFit(0, last, latency_ms=direct.latency_ms, bytes_per_ms=flow_cap_bytes_per_ms,
-                         source=f"capped at one TCP flow ({direct.source})")
-    return direct
+        return LinkFit(0, last, latency_ms=direct.latency_ms, bytes_per_ms=flow_cap_bytes_per_ms,
+                       source=f"capped at one TCP flow ({direct.source})"), True
+    return direct, False
 
 
 class EmbeddingGradAllReduce(Term):
@@ -60,6 +61,14 @@ class EmbeddingGradAllReduce(Term):
     protocol efficiency (TCP/IP and NCCL framing). NCCL's socket transport moves
     one connection's data through one TCP flow, whose throughput is bounded
     below the NIC by the host stack (`flow_cap_gbit_s`), benchmarked pair or not.
+
+    A flow that runs at that ceiling, not paced by a slower NIC, overruns a
+    queue now and then; a lost segment at the tail of the transfer is recovered
+    only by TCP's retransmission timeout, whose floor on Linux is 200 ms
+    (TCP_RTO_MIN = HZ/5, include/net/tcp.h). The expected stall per all-reduce
+    is `stall_probability` x `rto_ms` on such flows and nothing on NIC-paced
+    ones (an A10G end at 10 Gbit/s). A deterministic simulator adds the expected
+    value: the window throughput averages the stalls, the median period does not.
     """
 
     name = "embedding_grad_allreduce"
@@ -69,6 +78,9 @@ class EmbeddingGradAllReduce(Term):
         Param("nic_efficiency", 0.0, 0.0, 1.0, "fraction of NIC",
               "achieved fraction of an end node's nominal NIC bandwidth (0: use only the benchmarked links)"),
         Param("flow_cap_gbit_s", 1000.0, 1.0, 1000.0, "Gbit/s", "throughput ceiling of one NCCL TCP flow", log=True),
+        Param("stall_probability", 0.0, 0.0, 1.0, "per all-reduce",
+              "chance that a flow at the TCP ceiling waits out one retransmission timeout"),
+        Param("rto_ms", 200.0, 50.0, 1000.0, "ms", "TCP retransmission timeout floor (Linux TCP_RTO_MIN: 200 ms)"),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -82,4 +94,6 @@ class EmbeddingGradAllReduce(Term):
         nic = tuple(params["nic_efficiency"] * context.devices[rank].network_bandwidth_bytes_per_s / 1e3
                     for rank in (0, spec.pp - 1))
         cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3
-        return Contribution(pre_optimizer_ms=end_to_end_link(spec, nic, cap).transfer_ms(nbytes))
+        link, capped = end_to_end_link(spec, nic, cap)
+        stall_ms = params["stall_probability"] * params["rto_ms"] if capped else 0.0
+        return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes) + stall_ms)
