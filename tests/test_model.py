@@ -343,11 +343,13 @@ def added(name: str, spec: Spec, **values: float) -> Pipeline:
         microbatches=spec.microbatches)
 
 
-def test_dispatch_floor_scales_with_layers_plus_a_per_step_constant():
+def test_dispatch_floor_scales_with_layers_and_its_step_time_is_untraced_host_time():
     spec = make_spec(pp=3, layers=(1, 3, 2))
     delta = added("layer_dispatch_floor", spec, forward_ms_per_layer=1.2, backward_ms_per_layer=2.0, step_ms=0.5)
-    assert [s.forward_ms for s in delta.stages] == pytest.approx([1.7, 4.1, 2.9])
-    assert [s.backward_ms for s in delta.stages] == pytest.approx([2.5, 6.5, 4.5])
+    assert [s.forward_ms for s in delta.stages] == pytest.approx([1.2, 3.6, 2.4])
+    assert [s.backward_ms for s in delta.stages] == pytest.approx([2.0, 6.0, 4.0])
+    pipeline = with_term("layer_dispatch_floor", step_ms=0.5).pipeline(spec)
+    assert [s.host_ms for s in pipeline.stages] == pytest.approx([0.5, 0.5, 0.5])
 
 
 def test_output_layer_loss_lands_on_the_last_stage_and_grows_with_the_vocabulary():

@@ -172,8 +172,9 @@ class Model:
         def per(field: str) -> list[float]:
             return totals[field] or [0.0] * getattr(layout, Contribution.LENGTHS[field])
 
-        stages = tuple(StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w)
-                       for f, b, w in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms")))
+        stages = tuple(StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w, host_ms=h)
+                       for f, b, w, h in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms"),
+                                             per("host_ms")))
         return Pipeline(
             stages=stages,
             microbatches=spec.microbatches,

@@ -90,7 +90,8 @@ class Contribution:
     """Milliseconds a term adds, per place in the pipeline. An empty tuple adds nothing there.
 
     Per virtual stage: forward_ms, backward_ms, weight_grad_ms (the part of
-    backward_ms that is the weight gradient). Per hop k -> k+1:
+    backward_ms that is the weight gradient), host_ms (untraced host time before
+    each of its tasks). Per hop k -> k+1:
     forward_transfer_ms (activation) and backward_transfer_ms (gradient). Per
     rank: optimizer_ms. Per iteration: pre_optimizer_ms (barrier work after the
     last backward) and post_optimizer_ms (per rank, before the next iteration).
@@ -101,6 +102,7 @@ class Contribution:
     forward_ms: tuple[float, ...] = ()
     backward_ms: tuple[float, ...] = ()
     weight_grad_ms: tuple[float, ...] = ()
+    host_ms: tuple[float, ...] = ()
     forward_transfer_ms: tuple[float, ...] = ()
     backward_transfer_ms: tuple[float, ...] = ()
     optimizer_ms: tuple[float, ...] = ()
@@ -116,6 +118,7 @@ class Contribution:
         "forward_ms": "virtual_stages",
         "backward_ms": "virtual_stages",
         "weight_grad_ms": "virtual_stages",
+        "host_ms": "virtual_stages",
         "forward_transfer_ms": "hops",
         "backward_transfer_ms": "hops",
         "optimizer_ms": "ranks",
