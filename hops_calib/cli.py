@@ -28,6 +28,43 @@ def version() -> None:
 
 
 @app.command()
+def capture(
+    out: Path = typer.Option(..., "--out", help="Job directory to write; its name is the run id (cpu_<config>_run<k>)."),
+    pp: int = typer.Option(2, "--pp", help="Pipeline ranks (one process each, pinned to its own core)."),
+    vp: int = typer.Option(1, "--vp", help="Model chunks per rank (>1 runs the interleaved 1F1B schedule)."),
+    microbatches: int = typer.Option(4, "--microbatches", help="Microbatches per iteration (= global batch)."),
+    iterations: int = typer.Option(4, "--iterations", help="Traced iterations, after 2 untraced warm-up ones."),
+    layers: int = typer.Option(4, "--layers", help="Decoder layers in all (split evenly over pp * vp chunks)."),
+    hidden: int = typer.Option(512, "--hidden", help="Hidden size."),
+    seq: int = typer.Option(256, "--seq", help="Sequence length."),
+    heads: int = typer.Option(8, "--heads", help="Attention heads."),
+    ffn_hidden: int = typer.Option(0, "--ffn-hidden", help="FFN hidden size (0 = 4 * hidden)."),
+    vocab: int = typer.Option(8192, "--vocab", help="Vocabulary size."),
+    engine: str = typer.Option("megatron", "--engine", help="megatron (Megatron-core schedules) or torch "
+                               "(torch.distributed.pipelining)."),
+    schedule: str = typer.Option("", "--schedule", help="1f1b, interleaved_1f1b, gpipe, zb_h1 (default: from --vp)."),
+    seed: int = typer.Option(1234, "--seed", help="Seed of weights and mock data."),
+    link_bench: bool = typer.Option(True, "--link-bench/--no-link-bench", help="Run the gloo p2p link benchmark."),
+    link_bench_iters: int = typer.Option(50, "--link-bench-iters", help="Timed sends per message size."),
+    force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+) -> None:
+    """Record a real pipeline run on this machine's CPU cores into a cluster-style job directory (needs the capture extra)."""
+    from hops_calib.capture import CaptureConfig, CaptureConfigError, CaptureError
+    from hops_calib.capture import capture as run_capture
+
+    config = CaptureConfig(pp=pp, vp=vp, microbatches=microbatches, iterations=iterations, layers=layers,
+                           hidden=hidden, seq=seq, heads=heads, ffn_hidden=ffn_hidden, vocab=vocab, engine=engine,
+                           schedule=schedule, seed=seed, link_bench=link_bench,
+                           link_bench_iters=link_bench_iters)
+    try:
+        written = run_capture(config, out, force=force)
+    except (CaptureConfigError, CaptureError) as err:
+        typer.echo(f"capture: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(written))
+
+
+@app.command()
 def ingest(
     sources: List[Path] = typer.Argument(
         ..., help="Job directories, or folders holding job directories (searched recursively)."),
@@ -154,11 +191,14 @@ def report(
     model: Optional[Path] = MODEL_OPTION,
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    html: Optional[Path] = typer.Option(
+        None, "--html", help="Also write a self-contained HTML page (aggregates, breakdowns; for train also the "
+                             "parity plot and one row per run)."),
 ) -> None:
     """Suite aggregates only on the held-out split; appends an audit entry to the ledger every time."""
     from hops_calib.loop import report_command
 
-    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json))
+    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json, html))
 
 
 @app.command()
@@ -214,6 +254,56 @@ def ledger_repair(ledger: Path = LEDGER_OPTION) -> None:
     raise typer.Exit(ledger_repair_command(ledger))
 
 
+# --- pictures (hops_calib.plot) ---------------------------------------------------------------------
+
+plot_app = typer.Typer(help="Pictures: timelines (real vs predicted), parity plots, ledger history. PNG or SVG by "
+                            "the --out suffix.", no_args_is_help=True)
+app.add_typer(plot_app, name="plot")
+DPI_OPTION = typer.Option(150.0, "--dpi", help="Pixels per inch of a PNG (the figure's size is fixed in inches).")
+
+
+@plot_app.command("timeline")
+def plot_timeline(
+    fixture_id: str = typer.Argument(..., metavar="ID", help="Fixture id (train split; see fixtures list)."),
+    iterations: int = typer.Option(2, "--iterations", help="Show the first K iterations."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [timeline-ID.png]."),
+    dpi: float = DPI_OPTION,
+) -> None:
+    """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time."""
+    from hops_calib.plot.commands import timeline_command
+
+    raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi))
+
+
+@plot_app.command("parity")
+def plot_parity(
+    split: str = typer.Option("train", "--split", help="Only 'train': held-out runs are seen only in aggregate."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [parity-train.png]."),
+    label_worst: int = typer.Option(3, "--label-worst", help="Label this many worst runs in each panel."),
+    dpi: float = DPI_OPTION,
+) -> None:
+    """Predicted vs real throughput and bubble, one point per run, coloured by device mix."""
+    from hops_calib.plot.commands import parity_command
+
+    raise typer.Exit(parity_command(split, fixtures, model, out, label_worst, dpi))
+
+
+@plot_app.command("ledger")
+def plot_ledger(
+    ledger: Path = LEDGER_OPTION,
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [ledger-history.png]."),
+    dpi: float = DPI_OPTION,
+) -> None:
+    """Suite MAPE, bubble MAE and rho after each accepted change; rejected candidates and held-out reports marked."""
+    from hops_calib.plot.commands import ledger_command
+
+    raise typer.Exit(ledger_command(ledger, out, dpi))
+
+
 # --- observe and tune: where the error comes from, and one term's parameters (train split only) ---------
 
 
@@ -245,11 +335,15 @@ def tune(
         None, "--out", help="Candidate file to write (default: experiments/tune-TERM-trialN.toml)."),
     seed: int = typer.Option(0, "--seed", help="Sampler seed (worker k uses seed + k)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    objective: str = typer.Option(
+        "suite", "--objective", help="suite: throughput MAPE, bubble MAE, -rho (Pareto); components: the error of "
+                                     "the stage, optimizer and between-iteration times the traces measure."),
 ) -> None:
     """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate."""
     from hops_calib.tune import tune_command
 
-    raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json))
+    raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
+                                  objective))
 
 
 def main() -> None:

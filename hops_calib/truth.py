@@ -110,6 +110,35 @@ def events_frame(columns: dict[str, np.ndarray]) -> pd.DataFrame:
     return pd.DataFrame(data, copy=False)
 
 
+def compact_timeline(columns: dict[str, np.ndarray], t0_ns: int) -> pd.DataFrame:
+    """The timeline's columns and values with narrow dtypes (int32, categoricals), sharing the reader's arrays.
+
+    `compute_truth` gives the same result on it as on `to_timeline` (which
+    widens to the timeline contract's int64 and strings); ingest uses it so a
+    multi-gigabyte trace fits in memory. Consumes `columns`' start_ns/end_ns
+    (they become the ms columns in place).
+    """
+    data: dict[str, Any] = {name: columns[name] for name in ("stage", "chunk", "iteration", "microbatch")}
+    data["kind"] = pd.Categorical.from_codes(columns["kind"], dtype=KIND_DTYPE)
+    data["phase"] = pd.Categorical.from_codes(columns["phase"], dtype=PHASE_DTYPE)
+    for name in ("start", "end"):
+        nanoseconds = columns.pop(f"{name}_ns")
+        # In place: integer ns relative to t0 are exact; then one float conversion (same values as to_timeline).
+        np.subtract(nanoseconds, t0_ns, out=nanoseconds)
+        data[f"{name}_ms"] = nanoseconds / 1e6
+        del nanoseconds
+    data["peer_stage"] = columns["peer_stage"]
+    return pd.DataFrame(data, copy=False)
+
+
+def _as_strings(values: pd.Series) -> pd.api.extensions.ExtensionArray:
+    """A categorical column as the timeline's string dtype (a take on the categories: cheaper than astype)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        names = np.asarray(values.cat.categories, dtype=object)
+        return pd.array(names[values.cat.codes.to_numpy()], dtype="string")
+    return pd.array(values, dtype="string")
+
+
 def to_timeline(events: pd.DataFrame, t0_ns: int | None = None) -> pd.DataFrame:
     """Events as a timeline (`hops_calib.timeline`): ms from `t0_ns` (default: the earliest start)."""
     start = events["start_ns"].to_numpy()
@@ -120,14 +149,32 @@ def to_timeline(events: pd.DataFrame, t0_ns: int | None = None) -> pd.DataFrame:
         "chunk": events["chunk"].to_numpy(np.int64),
         "iteration": events["iteration"].to_numpy(np.int64),
         "microbatch": events["microbatch"].to_numpy(np.int64),
-        "kind": events["kind"].astype("string"),
-        "phase": events["phase"].astype("string"),
+        "kind": _as_strings(events["kind"]),
+        "phase": _as_strings(events["phase"]),
         # Subtract in integer ns first: epoch ns do not fit a float64 exactly.
         "start_ms": (start - t0_ns) / 1e6,
         "end_ms": (events["end_ns"].to_numpy() - t0_ns) / 1e6,
         "peer_stage": events["peer_stage"].to_numpy(np.int64),
     })
     return tl.validate(frame)
+
+
+class _Columns:
+    """The timeline's columns as numpy arrays (phases as codes into timeline.PHASES), read once."""
+
+    def __init__(self, timeline: pd.DataFrame) -> None:
+        # Native dtypes (int32 on a compact timeline): no widened copies of a multi-million-row table.
+        self.stage = timeline["stage"].to_numpy()
+        self.chunk = timeline["chunk"].to_numpy()
+        self.iteration = timeline["iteration"].to_numpy()
+        self.microbatch = timeline["microbatch"].to_numpy()
+        self.start = timeline["start_ms"].to_numpy(np.float64)
+        self.end = timeline["end_ms"].to_numpy(np.float64)
+        self.compute = (timeline["kind"] == tl.COMPUTE).to_numpy(bool)
+        self.phase = pd.Categorical(timeline["phase"], categories=list(tl.PHASES)).codes
+
+    def is_phase(self, *names: str) -> np.ndarray:
+        return np.isin(self.phase, [tl.PHASES.index(name) for name in names]) & self.compute
 
 
 def infer_schedule(timeline: pd.DataFrame, pp: int) -> tuple[str, float | None]:
@@ -142,82 +189,101 @@ def infer_schedule(timeline: pd.DataFrame, pp: int) -> tuple[str, float | None]:
     are the same, and 1F1B is Megatron's default). Returns the schedule and
     the fraction of orders it matches.
     """
-    compute = timeline[(timeline["kind"] == tl.COMPUTE) & (timeline["phase"] != tl.OPTIMIZER)]
-    if (compute["phase"] == tl.BACKWARD_W).any():
+    return _infer_schedule(_Columns(timeline), pp)
+
+
+def _infer_schedule(cols: _Columns, pp: int) -> tuple[str, float | None]:
+    passes = cols.is_phase(tl.FORWARD, *tl.BACKWARD_PHASES)
+    if cols.is_phase(tl.BACKWARD_W).any():
         return "zb_h1", None
-    if (compute["chunk"] > 0).any():
+    if (cols.chunk[passes] > 0).any():
         return "interleaved_1f1b", None
-    ordered = compute.sort_values(["stage", "iteration", "start_ms", "end_ms"], kind="stable")
-    stage = ordered["stage"].to_numpy()
-    iteration = ordered["iteration"].to_numpy()
-    is_forward = (ordered["phase"] == tl.FORWARD).to_numpy()
-    if len(stage) == 0:
+    if not passes.any():
         return "1f1b", None
-    new_group = np.ones(len(stage), dtype=bool)
-    new_group[1:] = (stage[1:] != stage[:-1]) | (iteration[1:] != iteration[:-1])
-    group = np.cumsum(new_group) - 1
-    group_start = np.flatnonzero(new_group)
-    position = np.arange(len(stage)) - group_start[group]
-    forwards = np.bincount(group, weights=is_forward).astype(np.int64)[group]
-    warmup = np.minimum(pp - stage - 1, forwards)
-    steady_end = warmup + 2 * (forwards - warmup)
-    one_f_one_b = np.where(position < warmup, True,
-                           np.where(position < steady_end, (position - warmup) % 2 == 0, False))
-    gpipe = position < forwards
-    n_groups = len(group_start)
-    agree = {}
-    for name, expected in (("1f1b", one_f_one_b), ("gpipe", gpipe)):
-        mismatches = np.bincount(group, weights=expected != is_forward, minlength=n_groups)
-        agree[name] = float(np.mean(mismatches == 0))
+    # One stage at a time keeps the temporaries small on multi-million-event traces.
+    matches = {"1f1b": 0, "gpipe": 0}
+    n_orders = 0
+    forward_code = tl.PHASES.index(tl.FORWARD)
+    for stage in range(pp):
+        rows = np.flatnonzero(passes & (cols.stage == stage))
+        if len(rows) == 0:
+            continue
+        rows = rows[np.lexsort((cols.end[rows], cols.start[rows], cols.iteration[rows]))]
+        iteration = cols.iteration[rows]
+        is_forward = cols.phase[rows] == forward_code
+        del rows
+        new_group = np.ones(len(iteration), dtype=bool)
+        new_group[1:] = iteration[1:] != iteration[:-1]
+        group = np.cumsum(new_group) - 1
+        group_start = np.flatnonzero(new_group)
+        position = np.arange(len(iteration)) - group_start[group]
+        forwards = np.bincount(group, weights=is_forward).astype(np.int64)[group]
+        warmup = np.minimum(pp - stage - 1, forwards)
+        steady_end = warmup + 2 * (forwards - warmup)
+        orders = {
+            "1f1b": np.where(position < warmup, True,
+                             np.where(position < steady_end, (position - warmup) % 2 == 0, False)),
+            "gpipe": position < forwards,
+        }
+        for name, expected in orders.items():
+            mismatches = np.bincount(group, weights=expected != is_forward, minlength=len(group_start))
+            matches[name] += int(np.count_nonzero(mismatches == 0))
+        n_orders += len(group_start)
+    agree = {name: count / n_orders for name, count in matches.items()}
     best = "1f1b" if agree["1f1b"] >= agree["gpipe"] else "gpipe"
     return best, agree[best]
 
 
-def _phase_stats(compute: pd.DataFrame) -> tuple[PhaseStats, ...]:
-    duration = compute["end_ms"] - compute["start_ms"]
-    grouped = duration.groupby([compute["stage"], compute["phase"]], sort=True, observed=True)
-    table = pd.DataFrame({
-        "count": grouped.size(),
-        "median": grouped.median(),
-        "mean": grouped.mean(),
-        "p10": grouped.quantile(0.1),
-        "p90": grouped.quantile(0.9),
-    })
-    return tuple(
-        PhaseStats(stage=int(stage), phase=str(phase), count=int(row["count"]), median_ms=float(row["median"]),
-                   mean_ms=float(row["mean"]), p10_ms=float(row["p10"]), p90_ms=float(row["p90"]))
-        for (stage, phase), row in table.iterrows()
-    )
+def _phase_stats(cols: _Columns, pp: int) -> tuple[PhaseStats, ...]:
+    duration = cols.end - cols.start
+    stats = []
+    for stage in range(pp):
+        on_stage = cols.compute & (cols.stage == stage)
+        for code, phase in enumerate(tl.PHASES):
+            values = duration[on_stage & (cols.phase == code)]
+            if len(values) == 0:
+                continue
+            p10, median, p90 = np.quantile(values, [0.1, 0.5, 0.9])
+            stats.append(PhaseStats(stage=stage, phase=phase, count=int(len(values)), median_ms=float(median),
+                                    mean_ms=float(values.mean()), p10_ms=float(p10), p90_ms=float(p90)))
+    return tuple(stats)
 
 
-def _idle_per_iteration(compute: pd.DataFrame, iterations: list[int]) -> tuple[float | None, ...]:
-    backward = compute[compute["phase"].isin(tl.BACKWARD_PHASES)]
-    optimizer = compute[compute["phase"] == tl.OPTIMIZER]
-    last_backward = backward.groupby(["iteration", "stage"])["end_ms"].max()
-    first_optimizer = optimizer.groupby(["iteration", "stage"])["start_ms"].min()
-    gap = (first_optimizer - last_backward).dropna().groupby(level="iteration").max()
-    return tuple(float(gap[i]) if i in gap.index else None for i in iterations)
+def _idle_per_iteration(cols: _Columns, iterations: np.ndarray, pp: int) -> tuple[float | None, ...]:
+    slot = np.searchsorted(iterations, cols.iteration) * pp + cols.stage
+    last_backward = np.full(len(iterations) * pp, -np.inf)
+    backward = cols.is_phase(*tl.BACKWARD_PHASES)
+    np.maximum.at(last_backward, slot[backward], cols.end[backward])
+    first_optimizer = np.full(len(iterations) * pp, np.inf)
+    optimizer = cols.is_phase(tl.OPTIMIZER)
+    np.minimum.at(first_optimizer, slot[optimizer], cols.start[optimizer])
+    gap = (first_optimizer - last_backward).reshape(len(iterations), pp)
+    gap[~np.isfinite(gap)] = np.nan
+    return tuple(None if np.isnan(row).all() else float(np.nanmax(row)) for row in gap)
 
 
 def compute_truth(timeline: pd.DataFrame, pp: int, t0_ns: int = 0) -> Truth:
     """The truth summary of a real run's timeline (see `to_timeline`)."""
-    compute = timeline[timeline["kind"] == tl.COMPUTE]
-    iterations = sorted(int(i) for i in timeline["iteration"].unique())
-    stage0_forward = compute[(compute["stage"] == 0) & (compute["phase"] == tl.FORWARD)]
-    per_iteration = stage0_forward.groupby("iteration")["microbatch"].nunique()
-    microbatches = int(per_iteration.median()) if len(per_iteration) else 0
-    schedule, agreement = infer_schedule(timeline, pp)
-    optimizer = compute[compute["phase"] == tl.OPTIMIZER]
-    optimizer_median = (optimizer["end_ms"] - optimizer["start_ms"]).groupby(optimizer["stage"]).median()
+    cols = _Columns(timeline)
+    iterations = np.unique(cols.iteration)
+    stage0_forward = cols.is_phase(tl.FORWARD) & (cols.stage == 0)
+    pairs = np.unique(np.stack([cols.iteration[stage0_forward], cols.microbatch[stage0_forward]]), axis=1)
+    per_iteration = np.unique(pairs[0], return_counts=True)[1]
+    microbatches = int(np.median(per_iteration)) if len(per_iteration) else 0
+    schedule, agreement = _infer_schedule(cols, pp)
+    optimizer = cols.is_phase(tl.OPTIMIZER)
+    optimizer_ms = []
+    for stage in range(pp):
+        durations = (cols.end - cols.start)[optimizer & (cols.stage == stage)]
+        optimizer_ms.append(float(np.median(durations)) if len(durations) else None)
     return Truth(
         metrics=timeline_metrics(timeline, microbatches, pp=pp),
         observed_schedule=schedule,
         schedule_agreement=agreement,
         microbatches=microbatches,
-        iterations=tuple(iterations),
-        phase_stats=_phase_stats(compute),
-        idle_ms_per_iteration=_idle_per_iteration(compute, iterations),
-        optimizer_ms_per_stage=tuple(float(optimizer_median[s]) if s in optimizer_median.index else None
-                                     for s in range(pp)),
+        iterations=tuple(int(i) for i in iterations),
+        phase_stats=_phase_stats(cols, pp),
+        idle_ms_per_iteration=_idle_per_iteration(cols, iterations, pp),
+        optimizer_ms_per_stage=tuple(optimizer_ms),
         t0_ns=int(t0_ns),
     )

@@ -18,6 +18,15 @@ term, "add" otherwise) whose hypothesis and grounding are marked FILL IN: the
 tuner found the values, a person or agent still has to say why they are
 physically plausible, and the candidate must still pass `hops-calib evaluate`.
 
+Objective `components` (`--objective components`) instead minimizes one number,
+the share of measured time the model misprices among the quantities each trace
+measures directly (per-stage forward, backward and optimizer medians, the silent stretch
+and the rest of the iteration; `hops_calib.components`) against the costs the
+model prices for them. A term is then fitted to the times it is about, not used
+to soak up another term's error in the end-to-end throughput; the front is the
+ten best trials by that error, the suite scores are still recorded, and the
+choice still prefers a point the gate accepts.
+
 Storage: none keeps the study in memory (one process); `sqlite:///FILE` or any
 optuna RDB URL (postgresql://, mysql://) lets several processes, here or on
 other machines, work on one study. `--workers K` runs K processes on it, each
@@ -42,6 +51,9 @@ from hops_calib.model import TERMS, Model, resolve_params
 from hops_calib.score import SuiteScore
 
 OBJECTIVES = ("throughput_mape_pct", "bubble_mae_pp", "negative_util_spearman_mean")
+COMPONENT_OBJECTIVES = ("component_mape_pct",)
+OBJECTIVE_MODES = ("suite", "components")
+COMPONENT_FRONT = 10  # trials shown and considered in components mode
 DEFAULT_TRIALS = 60
 SQLITE_TIMEOUT_S = 60  # concurrent workers wait for sqlite's write lock instead of failing
 PROBLEM_ATTR = "hops_calib_tune"  # the study's record of its problem (TuneProblem.identity)
@@ -59,6 +71,20 @@ class TuneProblem:
     model: Model
     model_path: Path
     suite: Suite
+    objective: str = "suite"
+    real_components: tuple = ()  # hops_calib.components.Components per fixture, in components mode
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        return COMPONENT_OBJECTIVES if self.objective == "components" else OBJECTIVES
+
+    def component_mape(self, model: Model) -> float:
+        from hops_calib.components import mispriced_time_pct, predicted_components
+
+        specs = self.suite.specs
+        predicted = [predicted_components(model.pipeline(spec)) for spec in specs]
+        return mispriced_time_pct(list(self.real_components), predicted, [s.microbatches for s in specs],
+                                  [s.pp for s in specs])
 
     @property
     def params(self):
@@ -70,7 +96,8 @@ class TuneProblem:
     def identity(self) -> dict[str, Any]:
         """What a study records about itself, and must match when continued."""
         return {"term": self.term, "space": self.space(), "model_sha256": self.model.sha256,
-                "fixture_set_sha256": self.suite.sha256, "objectives": list(OBJECTIVES)}
+                "fixture_set_sha256": self.suite.sha256, "objective": self.objective,
+                "objectives": list(self.objectives)}
 
     def model_with(self, values: dict[str, float]) -> Model:
         base = self.model.active(self.term)
@@ -90,7 +117,8 @@ def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
     return score.throughput_mape_pct, score.bubble_mae_pp, -score.util_spearman_mean
 
 
-def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | None) -> TuneProblem:
+def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | None,
+                 objective: str = "suite") -> TuneProblem:
     from hops_calib.model_files import DEFAULT_MODEL, load_model
 
     if term not in TERMS:
@@ -100,15 +128,27 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
     if not TERMS[term].params:
         raise InputError("tune", f"term {term!r} has no parameters to tune", field="TERM",
                          hint="it is a measurement-driven term; tune a term that has parameters (`hops-calib terms`)")
+    if objective not in OBJECTIVE_MODES:
+        raise InputError("tune", f"unknown objective {objective!r}", field="objective",
+                         hint=f"choose one of {', '.join(OBJECTIVE_MODES)}")
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
-    return TuneProblem(term=term, model=load_model(model_path), model_path=model_path,
-                       suite=load_suite(fixtures_dir, "train"))
+    suite = load_suite(fixtures_dir, "train")
+    reals: tuple = ()
+    if objective == "components":
+        from hops_calib.components import real_components
+        from hops_calib.evaluate import open_store
+
+        store = open_store(fixtures_dir)
+        reals = tuple(real_components(store.load(fixture_id)) for fixture_id in suite.ids)
+    return TuneProblem(term=term, model=load_model(model_path), model_path=model_path, suite=suite,
+                       objective=objective, real_components=reals)
 
 
 # --- the study ------------------------------------------------------------------------------------
 
 def default_study_name(problem: TuneProblem) -> str:
-    return f"tune-{problem.term}-{problem.model.sha256[:8]}-{problem.suite.sha256[:8]}"
+    mode = "" if problem.objective == "suite" else f"-{problem.objective}"
+    return f"tune-{problem.term}{mode}-{problem.model.sha256[:8]}-{problem.suite.sha256[:8]}"
 
 
 def make_storage(url: str | None):
@@ -135,7 +175,7 @@ def open_study(problem: TuneProblem, storage, study_name: str, seed: int):
     import optuna
 
     sampler = optuna.samplers.TPESampler(seed=seed)
-    directions = ["minimize"] * len(OBJECTIVES)
+    directions = ["minimize"] * len(problem.objectives)
     try:
         study = optuna.create_study(storage=storage, study_name=study_name, directions=directions, sampler=sampler)
         # One attribute, written at once: a process joining a moment later sees all of it or none.
@@ -164,11 +204,16 @@ def open_study(problem: TuneProblem, storage, study_name: str, seed: int):
 
 
 def objective(problem: TuneProblem) -> Callable:
-    def run(trial) -> tuple[float, float, float]:
+    def run(trial) -> tuple[float, ...]:
         values = {p.name: trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in problem.params}
-        score = problem.score(problem.model_with(values))
+        model = problem.model_with(values)
+        score = problem.score(model)
         for name, value in score.to_dict().items():
             trial.set_user_attr(name, value)
+        if problem.objective == "components":
+            component = problem.component_mape(model)
+            trial.set_user_attr("component_mape_pct", component)
+            return (component,)
         return objectives_of(score)
 
     return run
@@ -181,11 +226,11 @@ def _quiet_optuna() -> None:
 
 
 def run_worker(term: str, fixtures_dir: str, model_path: str | None, storage_url: str, study_name: str, trials: int,
-               seed: int) -> None:
+               seed: int, objective_mode: str = "suite") -> None:
     """One worker process: join the study and run `trials` trials (the entry point of --workers)."""
     _quiet_optuna()
     try:
-        problem = load_problem(term, fixtures_dir, model_path)
+        problem = load_problem(term, fixtures_dir, model_path, objective_mode)
         study = open_study(problem, make_storage(storage_url), study_name, seed)
         study.optimize(objective(problem), n_trials=trials)
     except InputError as error:
@@ -230,7 +275,7 @@ def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, stud
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no database connection crosses a fork
     processes = [context.Process(target=run_worker, args=(problem.term, str(fixtures_dir),
                                                           str(problem.model_path), storage_url, study_name, share,
-                                                          seed + k), daemon=True)
+                                                          seed + k, problem.objective), daemon=True)
                  for k, share in enumerate(shares(trials, workers)) if share]
     for process in processes:
         process.start()
@@ -259,10 +304,12 @@ class FrontPoint:
     params: dict[str, float]
     score: dict[str, float]  # the SuiteScore of the trial
 
-    def key(self) -> tuple[float, float, float, int]:
-        """The front's order: lowest MAPE, then lowest bubble MAE, then highest rho, then the earliest trial."""
+    def key(self) -> tuple[float, ...]:
+        """The front's order: lowest component error (components mode), then lowest MAPE, then lowest bubble MAE,
+        then highest rho, then the earliest trial."""
         s = self.score
-        return s["throughput_mape_pct"], s["bubble_mae_pp"], -s["util_spearman_mean"], self.number
+        return (s.get("component_mape_pct", 0.0), s["throughput_mape_pct"], s["bubble_mae_pp"],
+                -s["util_spearman_mean"], self.number)
 
 
 def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[FrontPoint | None, Any]:
@@ -284,9 +331,18 @@ def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[Front
 
 
 def pareto_front(study) -> list[FrontPoint]:
-    points = [FrontPoint(number=t.number, params=dict(t.params),
-                         score={k: t.user_attrs[k] for k in SuiteScore.__dataclass_fields__})
-              for t in study.best_trials]
+    """The Pareto front (suite mode), or the COMPONENT_FRONT best trials by component error (components mode)."""
+    import optuna
+
+    keys = list(SuiteScore.__dataclass_fields__)
+    if len(study.directions) == 1:
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        trials = sorted(done, key=lambda t: (t.values[0], t.number))[:COMPONENT_FRONT]
+        keys.append("component_mape_pct")
+    else:
+        trials = study.best_trials
+    points = [FrontPoint(number=t.number, params=dict(t.params), score={k: t.user_attrs[k] for k in keys})
+              for t in trials]
     return sorted(points, key=FrontPoint.key)
 
 
@@ -305,11 +361,16 @@ class TuneResult:
     verdict: Any  # hops_calib.gate.GateResult of the chosen point against the current model (None without one)
     candidate_path: Path | None
     candidate_text: str | None
+    objective: str = "suite"
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        return COMPONENT_OBJECTIVES if self.objective == "components" else OBJECTIVES
 
     def to_dict(self) -> dict[str, Any]:
         return {"term": self.term, "study": self.study_name, "storage": self.storage,
                 "trials_here": self.trials_here, "trials_in_study": self.trials_in_study, "workers": self.workers,
-                "objectives": list(OBJECTIVES), "current": self.current.to_dict(),
+                "objective": self.objective, "objectives": list(self.objectives), "current": self.current.to_dict(),
                 "front": [vars(p) for p in self.front], "chosen": vars(self.chosen) if self.chosen else None,
                 "choice_rule": CHOICE_RULE, "chosen_gate": self.verdict.to_dict() if self.verdict else None,
                 "candidate": str(self.candidate_path) if self.candidate_path else None}
@@ -323,9 +384,11 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
     term = TERMS[problem.term]
     action = "set" if problem.model.active(problem.term) else "add"
     after = chosen.score
+    how = ("mispricing the stage, optimizer and between-iteration times the traces measure by "
+           f"{chosen.score['component_mape_pct']:.2f} % of their time; " if problem.objective == "components" else "")
     physics = " ".join(inspect.getdoc(type(term)).split())
     hypothesis = (f"FILL IN why: {'setting' if action == 'set' else 'adding'} {problem.term} with the values tuned "
-                  f"on the train split lowers throughput "
+                  f"on the train split ({how}objective {problem.objective}) lowers throughput "
                   f"MAPE {current.throughput_mape_pct:.2f} -> {after['throughput_mape_pct']:.2f} % (bubble MAE "
                   f"{current.bubble_mae_pp:.2f} -> {after['bubble_mae_pp']:.2f} pp, mean rho "
                   f"{current.util_spearman_mean:.3f} -> {after['util_spearman_mean']:.3f})")
@@ -334,7 +397,7 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
     # json.dumps of a str is a valid TOML basic string (ASCII escapes only).
     lines = [
         f"# Written by `hops-calib tune {problem.term}`: study {study_name!r} in {storage}, {trials_in_study} trials.",
-        f"# Trial {chosen.number} of a Pareto front of {front_size} (objectives: throughput MAPE, bubble MAE, -rho),",
+        f"# Trial {chosen.number} of a front of {front_size} (objectives: {', '.join(problem.objectives)}),",
         f"# chosen as {CHOICE_RULE}.",
         "# Replace both FILL IN texts with the physical reason before evaluating it:",
         f"#   hops-calib evaluate <this file> --fixtures {problem.suite.fixtures_dir}",
@@ -356,12 +419,13 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
 
 def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None = None, trials: int = DEFAULT_TRIALS,
          storage_url: str | None = None, study_name: str | None = None, workers: int = 1, seed: int = 0,
-         out: Path | str | None = None, progress: Callable[[int, int], None] | None = None) -> TuneResult:
+         out: Path | str | None = None, progress: Callable[[int, int], None] | None = None,
+         objective: str = "suite") -> TuneResult:
     """Tune one term's parameters on the train split and write the chosen point as a candidate file."""
     from hops_calib.files import atomic_write
 
     check_run(trials, workers, storage_url)
-    problem = load_problem(term, fixtures_dir, model_path)
+    problem = load_problem(term, fixtures_dir, model_path, objective)
     study_name = study_name or default_study_name(problem)
     study = optimize(problem, trials=trials, storage_url=storage_url, study_name=study_name, workers=workers,
                      seed=seed, fixtures_dir=fixtures_dir, progress=progress)
@@ -386,7 +450,8 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
         atomic_write(path, text)
     return TuneResult(term=term, fixtures_dir=Path(fixtures_dir), study_name=study_name, storage=storage_url or "memory", trials_here=trials,
                       trials_in_study=in_study, workers=workers, current=before.suite, front=tuple(front),
-                      chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text)
+                      chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text,
+                      objective=problem.objective)
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -401,13 +466,17 @@ def tune_text(result: TuneResult) -> str:
            f"current model: throughput MAPE {current.throughput_mape_pct:.2f} %, bubble MAE "
            f"{current.bubble_mae_pp:.2f} pp, mean rho {current.util_spearman_mean:.3f}, steady throughput MAPE "
            f"{current.steady_throughput_mape_pct:.2f} %",
-           f"Pareto front ({len(result.front)} trials; objectives throughput MAPE, bubble MAE, -rho):"]
+           f"{'best trials' if result.objective == 'components' else 'Pareto front'} ({len(result.front)} trials; "
+           f"objectives {', '.join(result.objectives)}):"]
+    components = result.objective == "components"
     rows = [[("* " if p is result.chosen else "  ") + str(p.number)] + [f"{p.params[n]:.6g}" for n in names]
+            + ([f"{p.score['component_mape_pct']:.2f}"] if components else [])
             + [f"{p.score['throughput_mape_pct']:.2f}", f"{p.score['bubble_mae_pp']:.2f}",
                f"{p.score['util_spearman_mean']:.3f}", f"{p.score['steady_throughput_mape_pct']:.2f}"]
             for p in result.front]
-    out.append(text_table(["trial"] + names + ["MAPE %", "bubble MAE pp", "rho", "steady MAPE %"], rows,
-                          right=set(range(0, len(names) + 5))))
+    headers = (["trial"] + names + (["mispriced %"] if components else [])
+               + ["MAPE %", "bubble MAE pp", "rho", "steady MAPE %"])
+    out.append(text_table(headers, rows, right=set(range(0, len(headers)))))
     if result.chosen is None:
         out.append("no candidate written: every point of the front is the model's current values")
         return "\n".join(out)
@@ -423,14 +492,16 @@ def tune_text(result: TuneResult) -> str:
 
 
 def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
-                 study: str | None, workers: int, seed: int, out: Path | None, as_json: bool) -> int:
+                 study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
+                 objective: str = "suite") -> int:
     from hops_calib.loop import EXIT_OK, _guarded, _print_json
-    from hops_calib.progress import terminal_progress
+    from hops_calib.progress import progress_bar
 
     def run() -> int:
-        with terminal_progress(f"tuning {term}") as progress:
+        with progress_bar(f"tune {term}", quiet=as_json) as bar:
             result = tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
-                          study_name=study, workers=workers, seed=seed, out=out, progress=progress)
+                          study_name=study, workers=workers, seed=seed, out=out, progress=bar.update,
+                          objective=objective)
         if as_json:
             _print_json(result.to_dict())
         else:

@@ -54,6 +54,29 @@ def shared_fixtures(shared_store) -> Path:
     return shared_store.root
 
 
+# The plain, uncalibrated model (roofline per layer + link fits): tests of the model room and of the loop use it
+# instead of the shipped model, which the calibration campaign keeps changing.
+PLAIN_MODEL_TOML = """
+[model]
+name = "plain"
+description = "roofline per decoder layer and the link benchmark's fits, nothing else"
+
+[terms.decoder_roofline]
+compute_efficiency = 0.5
+memory_efficiency = 0.8
+backward_factor = 2.0
+
+[terms.link_transfer]
+"""
+
+
+def plain_model():
+    from hops_calib.model_files import load_catalog
+    from hops_calib.model import parse_model
+
+    return parse_model(PLAIN_MODEL_TOML, origin="tests/conftest.py:PLAIN_MODEL_TOML", catalog=load_catalog())
+
+
 # A model with a term for every part of an iteration (decoder layers, links, the embedding all-reduce in the
 # silent stretch, the optimizer step, host time before the next iteration), for tests of observe and tune.
 ITERATION_TERMS_MODEL = """

@@ -65,7 +65,7 @@ def test_worker_processes_share_one_sqlite_study(shared_fixtures, model_path, tm
     for process in (by_hand, with_workers):
         stdout, stderr = process.communicate(timeout=300)
         assert process.returncode == 0, stdout + stderr
-        assert "Pareto front" in stdout
+        assert "Pareto front (" in stdout
     study = optuna.load_study(study_name="shared", storage=storage)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(study.trials) == len(complete) == 3 + 4

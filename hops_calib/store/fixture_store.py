@@ -21,15 +21,17 @@ import os
 import re
 import shutil
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+import numpy as np
 import pandas as pd
 
 from hops_calib.spec import Spec
-from hops_calib.truth import KIND_DTYPE, PHASE_DTYPE, Truth, to_timeline
+from hops_calib.truth import EVENT_COLUMNS, KIND_DTYPE, PHASE_DTYPE, Truth, to_timeline
 
 INDEX = "index.parquet"
 FIXTURE_FILE = "fixture.json"
@@ -122,12 +124,22 @@ def read_events(path: Path) -> pd.DataFrame:
     return frame
 
 
-def write_events(frame_or_columns: pd.DataFrame, path: Path) -> None:
+def write_events(columns: dict[str, np.ndarray], path: Path) -> None:
+    """Reader columns (`hops_calib.trace.EVENT_DTYPES`; kind and phase as codes) as Parquet, without a pandas copy."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pandas(frame_or_columns, preserve_index=False)
-    pq.write_table(table, path, compression="zstd")
+    names = {"kind": KIND_DTYPE.categories, "phase": PHASE_DTYPE.categories}
+    arrays = {}
+    for name in EVENT_COLUMNS:
+        if name in names:
+            arrays[name] = pa.DictionaryArray.from_arrays(pa.array(columns[name]), pa.array(list(names[name])))
+        else:
+            arrays[name] = pa.array(columns[name])
+    pq.write_table(pa.table(arrays), path, compression="zstd")
+    del arrays
+    # Arrow's allocator keeps freed encode buffers for reuse; hand them back before truth needs the memory.
+    pa.default_memory_pool().release_unused()
 
 
 class FixtureStore:
@@ -216,19 +228,19 @@ class FixtureStore:
                 else:
                     path.rename(target)
 
-    def write_fixture(self, fixture_id: str, *, meta: dict[str, Any], spec: Spec, truth: Truth,
-                      events: pd.DataFrame) -> Path:
-        """Write one fixture folder under a temporary name, then rename it into place."""
+    @contextmanager
+    def writing(self, fixture_id: str) -> Iterator[Path]:
+        """A temporary folder to fill with one fixture's files; renamed into place when the block ends cleanly.
+
+        On any exception the folder is removed, so a fixture is either complete or absent.
+        """
         final = self.folder(fixture_id)
         self.root.mkdir(parents=True, exist_ok=True)
         token = uuid.uuid4().hex[:8]
         tmp = self.root / f"{_TMP_PREFIX}{fixture_id}-{token}"
         tmp.mkdir()
         try:
-            write_events(events, tmp / EVENTS_FILE)
-            (tmp / SPEC_FILE).write_text(spec.to_json() + "\n", encoding="utf-8")
-            (tmp / TRUTH_FILE).write_text(dumps(truth.to_dict()), encoding="utf-8")
-            (tmp / FIXTURE_FILE).write_text(dumps(meta), encoding="utf-8")
+            yield tmp
             if final.exists():
                 displaced = self.root / f"{_OLD_PREFIX}{fixture_id}-{token}"
                 final.rename(displaced)
@@ -239,7 +251,13 @@ class FixtureStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return final
+
+    @staticmethod
+    def write_summary(folder: Path, *, meta: dict[str, Any], spec: Spec, truth: Truth) -> None:
+        """The small files of a fixture (spec, truth, fixture.json) into a folder from `writing`."""
+        (folder / SPEC_FILE).write_text(spec.to_json() + "\n", encoding="utf-8")
+        (folder / TRUTH_FILE).write_text(dumps(truth.to_dict()), encoding="utf-8")
+        (folder / FIXTURE_FILE).write_text(dumps(meta), encoding="utf-8")
 
     def index_row(self, folder: Path) -> dict[str, Any]:
         meta = json.loads((folder / FIXTURE_FILE).read_text(encoding="utf-8"))

@@ -18,12 +18,12 @@ import numpy as np
 
 from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec
-from hops_calib.store.fixture_store import FixtureStore, StoreError, check_fixture_id
+from hops_calib.store.fixture_store import EVENTS_FILE, FixtureStore, StoreError, check_fixture_id, write_events
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
-from hops_calib.truth import Truth, compute_truth, events_frame, to_timeline
+from hops_calib.truth import Truth, compact_timeline, compute_truth
 
 # Bump when the fixture content for the same input changes (new columns, new truth fields, ...):
 # it is part of the content hash, so a new version re-ingests every run once.
@@ -64,7 +64,6 @@ class RunData:
 
     spec: Spec
     truth: Truth
-    events: Any  # pandas DataFrame of normalized events
     quality: dict[str, Any]
     hostnames: list[str]
     warnings: list[str]
@@ -82,17 +81,28 @@ def content_hash(job_dir: Path, lenient: bool) -> str:
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Concatenate rank columns column by column, freeing each rank's column as it goes."""
+    """Concatenate rank columns into preallocated arrays, freeing each rank's piece once copied."""
+    total = sum(len(part["start_ns"]) for part in parts)
     out = {}
-    for name in EVENT_DTYPES:
-        pieces = [part.pop(name) for part in parts]
-        out[name] = np.concatenate(pieces) if pieces else np.empty(0, dtype=EVENT_DTYPES[name])
-        del pieces
+    for name, dtype in EVENT_DTYPES.items():
+        column = np.empty(total, dtype=dtype)
+        offset = 0
+        for part in parts:
+            piece = part.pop(name)
+            column[offset:offset + len(piece)] = piece
+            offset += len(piece)
+            del piece
+        out[name] = column
     return out
 
 
-def read_run(job_dir: Path, lenient: bool = False) -> RunData:
-    """Spec, events and truth of one job directory; TraceError on bad input (see `hops_calib.trace`)."""
+def read_run(job_dir: Path, events_path: Path, lenient: bool = False) -> RunData:
+    """Spec and truth of one job directory, its normalized events written to `events_path` (Parquet).
+
+    Raises TraceError on bad input (see `hops_calib.trace`). Memory stays near
+    the compact event columns (~35 bytes per event), so a 2 GB trace fits in
+    well under 1 GB.
+    """
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
     files = rank_files(job_dir)
@@ -112,7 +122,9 @@ def read_run(job_dir: Path, lenient: bool = False) -> RunData:
         if report.dropped:
             dropped[path.name] = dict(report.dropped)
         hostnames.append(report.hostname)
-        parts.append(columns)
+        order = np.lexsort((columns["end_ns"], columns["start_ns"]))  # lines are not in time order
+        parts.append({name: values[order] for name, values in columns.items()})
+        del columns, order
     columns = _concat(parts)
     del parts
     stages_seen = np.unique(columns["stage"])
@@ -121,14 +133,19 @@ def read_run(job_dir: Path, lenient: bool = False) -> RunData:
                          f"{spec.pp} pipeline stages", field="stage",
                          hint="stage counts of configuration and trace disagree; check the rank logs and "
                               "--pipeline-model-parallel-size")
-    order = np.lexsort((columns["end_ns"], columns["start_ns"], columns["stage"]))
-    for name in columns:
-        columns[name] = columns[name][order]
-    del order
-    events = events_frame(columns)
+    # Ranks are time-sorted and come in rank order: that is (stage, start) order when rank r runs stage r.
+    stage = columns["stage"]
+    if len(stage) > 1 and not (np.all(stage[1:] >= stage[:-1]) and _starts_sorted_within_stage(columns)):
+        order = np.lexsort((columns["end_ns"], columns["start_ns"], stage))
+        for name in columns:
+            columns[name] = columns[name][order]
+        del order
+    n_events = len(stage)
+    del stage
+    write_events(columns, events_path)
+    t0_ns = int(columns["start_ns"].min())
+    timeline = compact_timeline(columns, t0_ns)
     del columns
-    t0_ns = int(events["start_ns"].min())
-    timeline = to_timeline(events, t0_ns)
     truth = compute_truth(timeline, spec.pp, t0_ns)
     del timeline
 
@@ -155,10 +172,18 @@ def read_run(job_dir: Path, lenient: bool = False) -> RunData:
         "declared_schedule_disagrees": bool(spec.declared_schedule
                                             and spec.declared_schedule != truth.observed_schedule),
         "missing_optimizer_stages": missing_optimizer,
-        "events": int(len(events)),
+        "events": int(n_events),
         "warnings": warnings,
     }
-    return RunData(spec=spec, truth=truth, events=events, quality=quality, hostnames=hostnames, warnings=warnings)
+    return RunData(spec=spec, truth=truth, quality=quality, hostnames=hostnames, warnings=warnings)
+
+
+def _starts_sorted_within_stage(columns: dict[str, np.ndarray]) -> bool:
+    """Whether (start, end) never decrease between neighbours of the same stage."""
+    stage, start, end = columns["stage"], columns["start_ns"], columns["end_ns"]
+    same = stage[1:] == stage[:-1]
+    later = (start[1:] > start[:-1]) | ((start[1:] == start[:-1]) & (end[1:] >= end[:-1]))
+    return bool(np.all(later | ~same))
 
 
 def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
@@ -238,22 +263,23 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
         outcome.status = "unchanged"
         group_split.setdefault(group, chosen)
         return False
-    data = read_run(job_dir, lenient)
-    outcome.warnings = data.warnings
-    meta = {
-        "id": run_id,
-        "split": chosen,
-        "group": group,
-        "content_hash": digest,
-        "ingest_version": INGEST_VERSION,
-        "hops_calib_version": __version__,
-        "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "source": str(job_dir.resolve()),
-        "manifest": manifest,
-        "hostnames": data.hostnames,
-        "quality": data.quality,
-    }
-    store.write_fixture(run_id, meta=meta, spec=data.spec, truth=data.truth, events=data.events)
+    with store.writing(run_id) as folder:
+        data = read_run(job_dir, folder / EVENTS_FILE, lenient)
+        outcome.warnings = data.warnings
+        meta = {
+            "id": run_id,
+            "split": chosen,
+            "group": group,
+            "content_hash": digest,
+            "ingest_version": INGEST_VERSION,
+            "hops_calib_version": __version__,
+            "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "source": str(job_dir.resolve()),
+            "manifest": manifest,
+            "hostnames": data.hostnames,
+            "quality": data.quality,
+        }
+        store.write_summary(folder, meta=meta, spec=data.spec, truth=data.truth)
     group_split[group] = chosen
     outcome.status = "updated" if previous else "new"
     return True

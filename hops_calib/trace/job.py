@@ -21,6 +21,12 @@ LINK_BENCH_DIR = Path("calibration") / "link_bench"
 # Any of these marks a folder as a job directory (so a job missing its trace is reported, not skipped).
 _JOB_MARKERS = (TRACE_DIR, STAGE_MAP, "megatron_args.txt")
 _RANK_FILE = re.compile(r"rank(\d+)\.jsonl")
+# libyaml's loader is ~10x faster than the pure-Python one; same result on safe YAML.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _load_yaml(path: Path) -> Any:
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
 
 
 def is_job_dir(path: Path) -> bool:
@@ -99,7 +105,7 @@ def read_template(job_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _load_yaml(path)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         raise TraceError(path, f"not valid YAML ({getattr(err, 'problem', err)})",
@@ -135,7 +141,7 @@ def read_manifest(job_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _load_yaml(path)
     except yaml.YAMLError as err:
         raise TraceError(path, f"not valid YAML ({err})", hint="fix the YAML syntax") from err
     if data is None:

@@ -1,0 +1,154 @@
+"""Capture room: what one CPU capture runs (shape, pipeline, schedule) and its equivalent Megatron command line.
+
+Pure: no torch, no I/O. `CaptureConfig.validate()` rejects a configuration that
+Megatron or torch would reject later inside a worker process, where the error is
+harder to read.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, replace
+
+from hops_calib.spec import SCHEDULES, TRACE_FIRST_ITERATION
+
+ENGINES = ("megatron", "torch")
+# Schedules each engine can run. Megatron-core picks its own function from (pp, vp):
+# the non-interleaved 1F1B for vp == 1, the interleaved 1F1B for vp > 1.
+ENGINE_SCHEDULES = {
+    "megatron": ("1f1b", "interleaved_1f1b"),
+    "torch": ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1"),
+}
+# Iterations run before tracing starts, matching the HOPS tracing fork (it traces from
+# iteration TRACE_FIRST_ITERATION on); they also pay the one-off allocator and import costs.
+WARMUP_ITERATIONS = TRACE_FIRST_ITERATION - 1
+# Megatron-LM's flags that every capture shares (fp32: no --bf16, since the CPU run is fp32).
+_FIXED_ARGS = (
+    "--tensor-model-parallel-size 1 --micro-batch-size 1 --lr 1.0e-4 --min-lr 1.0e-4 "
+    "--lr-decay-style constant --transformer-impl local --no-persist-layer-norm "
+    "--no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-bias-dropout-fusion "
+    "--untie-embeddings-and-output-weights --mock-data --tokenizer-type NullTokenizer "
+    "--attention-dropout 0.0 --hidden-dropout 0.0 --eval-iters 0 --log-interval 1"
+)
+
+
+class CaptureConfigError(ValueError):
+    """A capture configuration that cannot run; the message names the option and what to pass instead."""
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """One capture: a GPT model split over `pp` CPU ranks (each with `vp` model chunks)."""
+
+    pp: int = 2
+    vp: int = 1
+    microbatches: int = 4
+    iterations: int = 4  # traced iterations (numbered from TRACE_FIRST_ITERATION)
+    layers: int = 4
+    hidden: int = 512
+    seq: int = 256
+    heads: int = 8
+    ffn_hidden: int = 0  # 0 = 4 * hidden, Megatron's default
+    vocab: int = 8192
+    engine: str = "megatron"
+    schedule: str = ""  # "" = the engine's default for (pp, vp)
+    seed: int = 1234
+    link_bench: bool = True
+    link_bench_iters: int = 50  # timed sends per message size (after 10 warm-up sends), as the cluster benchmark
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.pp * self.vp
+
+    @property
+    def layers_per_chunk(self) -> int:
+        return self.layers // self.virtual_stages
+
+    @property
+    def train_iters(self) -> int:
+        return self.iterations + WARMUP_ITERATIONS
+
+    @property
+    def resolved_schedule(self) -> str:
+        if self.schedule:
+            return self.schedule
+        return "interleaved_1f1b" if self.vp > 1 else "1f1b"
+
+    def resolved(self) -> "CaptureConfig":
+        """This configuration with the schedule filled in, after validation."""
+        self.validate()
+        return replace(self, schedule=self.resolved_schedule)
+
+    def validate(self) -> None:
+        def need(condition: bool, option: str, message: str) -> None:
+            if not condition:
+                raise CaptureConfigError(f"--{option}: {message}")
+
+        for option, value in (("pp", self.pp), ("vp", self.vp), ("microbatches", self.microbatches),
+                              ("iterations", self.iterations), ("layers", self.layers), ("hidden", self.hidden),
+                              ("seq", self.seq), ("heads", self.heads), ("vocab", self.vocab),
+                              ("link-bench-iters", self.link_bench_iters)):
+            need(isinstance(value, int) and value >= 1, option, f"is {value!r}; pass a positive integer")
+        need(self.pp >= 2, "pp", f"is {self.pp}; a pipeline capture needs at least 2 ranks")
+        need(self.engine in ENGINES, "engine", f"is {self.engine!r}; pass one of {', '.join(ENGINES)}")
+        schedule = self.resolved_schedule
+        need(schedule in SCHEDULES, "schedule", f"is {schedule!r}; pass one of {', '.join(SCHEDULES)}")
+        allowed = ENGINE_SCHEDULES[self.engine]
+        need(schedule in allowed, "schedule",
+             f"{schedule!r} does not run on the {self.engine} engine; it runs {', '.join(allowed)}")
+        need(self.hidden % self.heads == 0, "heads", f"{self.heads} does not divide --hidden {self.hidden}")
+        need(self.layers % self.virtual_stages == 0, "layers",
+             f"{self.layers} layers cannot be split evenly over pp*vp = {self.virtual_stages} model chunks; "
+             f"pass a multiple of {self.virtual_stages}")
+        if schedule == "interleaved_1f1b":
+            need(self.vp >= 2, "vp", f"is {self.vp}; the interleaved schedule needs at least 2 chunks per rank")
+            # Megatron groups microbatches by pp per virtual stage and refuses a partial last group.
+            need(self.microbatches % self.pp == 0, "microbatches",
+                 f"{self.microbatches} is not a multiple of --pp {self.pp}, which the interleaved schedule requires")
+        else:
+            need(self.vp == 1, "vp", f"is {self.vp}, but schedule {schedule!r} runs one model chunk per rank; pass --vp 1")
+        need(self.microbatches >= self.pp or schedule == "gpipe", "microbatches",
+             f"{self.microbatches} is fewer than --pp {self.pp}; the pipeline would never fill")
+
+    def megatron_args(self) -> str:
+        """The Megatron-LM launch command line equivalent to this capture (one line, like megatron_args.txt)."""
+        parts = [
+            "pretrain_gpt.py",
+            f"--pipeline-model-parallel-size {self.pp}",
+        ]
+        if self.vp > 1:
+            parts.append(f"--num-layers-per-virtual-pipeline-stage {self.layers_per_chunk}")
+        parts += [
+            f"--num-layers {self.layers}",
+            f"--hidden-size {self.hidden}",
+            f"--ffn-hidden-size {self.ffn}",
+            f"--num-attention-heads {self.heads}",
+            f"--seq-length {self.seq}",
+            f"--max-position-embeddings {self.seq}",
+            f"--global-batch-size {self.microbatches}",
+            f"--train-iters {self.train_iters}",
+            f"--eval-interval {self.train_iters}",
+            f"--vocab-size {self.vocab}",
+            f"--seed {self.seed}",
+            _FIXED_ARGS,
+        ]
+        return " ".join(parts)
+
+    def cli_args(self) -> list[str]:
+        """The `hops-calib capture` options that reproduce this configuration."""
+        args = [f"--pp={self.pp}", f"--vp={self.vp}", f"--microbatches={self.microbatches}",
+                f"--iterations={self.iterations}", f"--layers={self.layers}", f"--hidden={self.hidden}",
+                f"--seq={self.seq}", f"--heads={self.heads}", f"--ffn-hidden={self.ffn}", f"--vocab={self.vocab}",
+                f"--engine={self.engine}", f"--schedule={self.resolved_schedule}", f"--seed={self.seed}"]
+        if not self.link_bench:
+            args.append("--no-link-bench")
+        elif self.link_bench_iters != CaptureConfig.link_bench_iters:
+            args.append(f"--link-bench-iters={self.link_bench_iters}")
+        return args
+
+    def command_line(self, out: str) -> str:
+        return shlex.join(["hops-calib", "capture", *self.cli_args(), f"--out={out}"])

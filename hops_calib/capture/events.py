@@ -1,0 +1,98 @@
+"""Capture room: one rank's event log, written in the HOPS tracing fork's `megatron_trace/rank<r>.jsonl` schema.
+
+Field for field the cluster schema (docs/megatron-trace-format.md), plus one
+optional field:
+
+- `model_chunk` (int): the model chunk of the rank that ran the event, present on
+  FORWARD/BACKWARD compute events and on transfers when the run has more than one
+  chunk per rank (interleaved schedules). With `pp` ranks and `vp` chunks, chunk c
+  of rank r is virtual stage `c * pp + r`, as in Megatron; `stage` stays the rank.
+  OPTIMIZER events have no `model_chunk`: one optimizer step covers every chunk of
+  the rank. A reader that finds no `model_chunk` should take chunk 0.
+
+Torch-free; the engines call `compute()` and `transfer()` with stamps from
+`WallClock`, a monotonic clock anchored once to the wall clock, so stamps never
+step backwards within a rank and ranks on one host share a time base.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hops_calib.files import atomic_write
+from hops_calib.timeline import COMPUTE, OPTIMIZER, PHASES, TRANSFER
+
+
+class WallClock:
+    """Unix-epoch nanoseconds read from the monotonic counter, anchored to the wall clock at construction."""
+
+    def __init__(self) -> None:
+        self._wall_anchor_ns = time.time_ns()
+        self._counter_anchor_ns = time.perf_counter_ns()
+
+    def now_ns(self) -> int:
+        return self._wall_anchor_ns + (time.perf_counter_ns() - self._counter_anchor_ns)
+
+
+@dataclass
+class EventLog:
+    """Events of one rank; only iterations opened with `begin_iteration(n)` (n not None) are recorded."""
+
+    rank: int
+    device_ids: tuple[str, ...]  # per rank (= stage)
+    hostname: str
+    with_chunks: bool = False  # write `model_chunk` (runs with more than one chunk per rank)
+    events: list[dict[str, object]] = field(default_factory=list)
+    iteration: int | None = None
+
+    @property
+    def recording(self) -> bool:
+        return self.iteration is not None
+
+    def begin_iteration(self, iteration: int | None) -> None:
+        """Label the following events with `iteration`; None stops recording (warm-up iterations)."""
+        self.iteration = iteration
+
+    def _event(self, kind: str, phase: str, microbatch: int, start_ns: int, end_ns: int) -> dict[str, object]:
+        if phase not in PHASES:
+            raise ValueError(f"rank {self.rank}: unknown phase {phase!r}; expected one of {PHASES}")
+        return {
+            "rank": self.rank,
+            "stage": self.rank,
+            "iteration": self.iteration,
+            "microbatch": int(microbatch),
+            "event_type": kind,
+            "phase": phase,
+            "start_wall_ns": int(start_ns),
+            "end_wall_ns": int(end_ns),
+            "duration_ms": (end_ns - start_ns) / 1e6,
+            "device_id": self.device_ids[self.rank],
+        }
+
+    def compute(self, phase: str, microbatch: int, chunk: int, start_ns: int, end_ns: int) -> None:
+        if not self.recording:
+            return
+        event = self._event(COMPUTE, phase, microbatch, start_ns, end_ns)
+        event["hostname"] = self.hostname
+        if self.with_chunks and phase != OPTIMIZER:
+            event["model_chunk"] = int(chunk)
+        self.events.append(event)
+
+    def transfer(self, phase: str, microbatch: int, chunk: int, dst_rank: int, start_ns: int, end_ns: int) -> None:
+        """A send logged by its sender: FORWARD = activation to the next stage, BACKWARD = gradient to the previous."""
+        if not self.recording:
+            return
+        event = self._event(TRANSFER, phase, microbatch, start_ns, end_ns)
+        event["src_device"] = self.device_ids[self.rank]
+        event["dst_device"] = self.device_ids[dst_rank]
+        event["hostname"] = self.hostname
+        if self.with_chunks:
+            event["model_chunk"] = int(chunk)
+        self.events.append(event)
+
+    def write(self, path: Path) -> None:
+        """One JSON object per line, in the order recorded; never half-written."""
+        atomic_write(path, "".join(json.dumps(event) + "\n" for event in self.events))

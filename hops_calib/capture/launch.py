@@ -1,0 +1,212 @@
+"""Capture room: launch the pipeline ranks as pinned processes and assemble one job directory atomically.
+
+Each rank is a `multiprocessing` spawn child with its own gloo process group
+member, pinned to its own core (`os.sched_setaffinity`) with one torch thread:
+on a small shared machine that is what keeps operation times stable. The job
+directory is assembled under a temporary sibling name and renamed into place
+only when every rank finished, so a failed capture leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import multiprocessing
+import os
+import platform
+import queue
+import shutil
+import socket
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hops_calib import __version__
+from hops_calib.capture import jobdir
+from hops_calib.capture.config import WARMUP_ITERATIONS, CaptureConfig
+from hops_calib.files import atomic_write
+
+# A rank that neither finishes nor fails within this time is stuck (for example its peer died mid-send).
+_RANK_TIMEOUT_S = 3600.0
+_POLL_S = 1.0
+
+
+class CaptureError(RuntimeError):
+    """A capture that could not run or finish; the message says which rank failed and why."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _rank_cores(ranks: int) -> list[int]:
+    """Core per rank: the cores this process may use, round-robin (ranks share cores only when they must)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return [cores[rank % len(cores)] for rank in range(ranks)]
+
+
+def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: list[int], hostname: str,
+            results: Any) -> None:
+    """One pipeline rank: pin, join the gloo group, run the engine, write its log, run the link benchmark."""
+    try:
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {cores[rank]})
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        from hops_calib.capture.events import EventLog, WallClock
+
+        ids = jobdir.device_ids(cores)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=config.pp)
+        try:
+            log = EventLog(rank=rank, device_ids=ids, hostname=hostname, with_chunks=config.vp > 1)
+            clock = WallClock()
+            if config.engine == "megatron":
+                from hops_calib.capture import megatron_engine as engine
+            else:
+                from hops_calib.capture import torch_engine as engine  # type: ignore[no-redef]
+            facts = engine.run(rank, config.pp, config, log, clock)
+            log.write(Path(job_dir) / jobdir.TRACE_DIR / f"rank{rank}.jsonl")
+            bench: dict[str, list[dict[str, Any]]] = {}
+            if config.link_bench:
+                from hops_calib.capture import link_bench
+
+                bench = link_bench.run(rank, config.pp, hostname, iters=config.link_bench_iters)
+            results.put((rank, "ok", {"facts": facts, "bench": bench, "events": len(log.events)}))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - report every failure of the rank to the parent, then exit non-zero
+        results.put((rank, "error", traceback.format_exc()))
+        raise SystemExit(1)
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    found = {"python": platform.python_version(), "hops_calib": __version__}
+    for package in ("torch", "megatron-core"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def check_installed(engine: str) -> None:
+    """Raise CaptureError naming the extra to install when the engine's packages are missing."""
+    from importlib.util import find_spec
+
+    needed = ["torch"] + (["megatron.core"] if engine == "megatron" else [])
+    missing = [name for name in needed if find_spec(name.split(".")[0]) is None or find_spec(name) is None]
+    if missing:
+        raise CaptureError(f"capture needs {', '.join(missing)}: install the extra with "
+                           "`pip install -e '.[capture]'` (torch 2.13.0 CPU build and megatron-core 0.16)")
+
+
+def capture(config: CaptureConfig, out: Path, force: bool = False, command: str = "") -> Path:
+    """Run one capture and write its job directory at `out` (its name is the run id); return `out`."""
+    config = config.resolved()
+    out = Path(out)
+    if out.exists() and not force:
+        raise CaptureError(f"{out} already exists; pass --force to replace it, or choose another --out")
+    check_installed(config.engine)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.capturing-{os.getpid()}")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    try:
+        _run_ranks(config, out.name, staging, command or config.command_line(str(out)))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return out
+
+
+def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) -> None:
+    cores = _rank_cores(config.pp)
+    ids = jobdir.device_ids(cores)
+    host = jobdir.hostname()
+    cpu_name = jobdir.cpu_model_name()
+    started = _dt.datetime.now(_dt.timezone.utc)
+    load_before = jobdir.load_average()
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    processes = [context.Process(target=_worker, name=f"hops-capture-rank{rank}",
+                                 args=(rank, config, port, str(staging), cores, host, results))
+                 for rank in range(config.pp)]
+    for process in processes:
+        process.start()
+    reports: dict[int, dict[str, Any]] = {}
+    waited_s = 0.0
+    try:
+        while len(reports) < config.pp:
+            try:
+                rank, status, payload = results.get(timeout=_POLL_S)
+            except queue.Empty:
+                waited_s += _POLL_S
+                # A rank that died before it could report (killed, or failed while starting up:
+                # spawn re-imports the caller's __main__, which must be guarded) would be waited on forever.
+                dead = [(r, p) for r, p in enumerate(processes) if r not in reports and not p.is_alive()]
+                if dead:
+                    rank, process = dead[0]
+                    raise CaptureError(
+                        f"rank {rank} exited (code {process.exitcode}) without reporting; see its error output above. "
+                        "A script that calls capture() must guard it with `if __name__ == \"__main__\":` "
+                        "because the ranks are spawned processes") from None
+                if waited_s >= _RANK_TIMEOUT_S:
+                    raise CaptureError(f"no rank reported within {_RANK_TIMEOUT_S:.0f} s; the capture is stuck") from None
+                continue
+            if status != "ok":
+                raise CaptureError(f"rank {rank} failed:\n{payload}")
+            reports[rank] = payload
+        for process in processes:
+            process.join(timeout=60)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=10)
+    failed = [p.name for p in processes if p.exitcode not in (0, None)]
+    if failed:
+        raise CaptureError(f"{', '.join(failed)} exited with an error after reporting")
+
+    finished = _dt.datetime.now(_dt.timezone.utc)
+    facts = {
+        "engine": config.engine,
+        "schedule": config.resolved_schedule,
+        "schedule_function": reports[0]["facts"].get("schedule_function", ""),
+        "host": host,
+        "cpu_model": cpu_name,
+        "cores": cores,
+        "threads_per_rank": 1,
+        "backend": "gloo",
+        "precision": "fp32",
+        "warmup_iterations_untraced": WARMUP_ITERATIONS,
+        "traced_iterations": config.iterations,
+        "parameters_per_rank": [reports[r]["facts"].get("parameters") for r in range(config.pp)],
+        "layers_per_rank": [reports[r]["facts"].get("layers") for r in range(config.pp)],
+        "events_per_rank": [reports[r]["events"] for r in range(config.pp)],
+        "load_average_before": load_before,
+        "load_average_after": jobdir.load_average(),
+        "started_at": started.isoformat(timespec="seconds"),
+        "finished_at": finished.isoformat(timespec="seconds"),
+        "versions": _versions(),
+    }
+    atomic_write(staging / jobdir.STAGE_MAP, jobdir.stage_map(ids))
+    atomic_write(staging / jobdir.TEMPLATE, jobdir.template(config, ids, cpu_name))
+    atomic_write(staging / jobdir.ARGS_FILE, config.megatron_args() + "\n")
+    atomic_write(staging / jobdir.MANIFEST, jobdir.manifest(config, run_id, command, facts))
+    if config.link_bench:
+        header = f"gloo p2p benchmark, torch {facts['versions']['torch']}, host {host}"
+        labels = sorted({label for report in reports.values() for label in report["bench"]})
+        for label in labels:
+            rows = [row for rank in sorted(reports) for row in reports[rank]["bench"].get(label, [])]
+            rows.sort(key=lambda row: (row["size_mb"], row["rank"]))
+            atomic_write(staging / jobdir.LINK_BENCH_DIR / f"{label}.jsonl", jobdir.link_bench_text(rows, header))

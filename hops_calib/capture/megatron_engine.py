@@ -1,0 +1,224 @@
+"""Capture room: one pipeline rank running Megatron-core's own schedules on the CPU, traced.
+
+Megatron-core picks its schedule function itself (`get_forward_backward_func()`):
+the non-interleaved 1F1B for one model chunk per rank, the interleaved 1F1B for
+several. Tracing wraps, from outside, the schedules module's `forward_step` and
+`backward_step` (the functions Megatron's own `forward-compute` and
+`backward-compute` timers bracket) and the point-to-point `isend` its
+communicator calls:
+
+- FORWARD: `forward_step`, labelled with the microbatch and model chunk Megatron passes it;
+- BACKWARD: `backward_step`, labelled with the forward whose output it differentiates
+  (found by the identity of that output tensor, which the schedule hands back);
+- a transfer: the host-side dispatch of an `isend` of a tensor a FORWARD produced
+  (activation) or a BACKWARD produced (input gradient), as the cluster traces log
+  NCCL dispatch. Like theirs, its duration is not the wire time; the link benchmark is;
+- OPTIMIZER: `optimizer.step()` plus zeroing the gradients, once per iteration.
+
+The optimizer is torch's AdamW (Megatron's Adam with decoupled weight decay),
+not Megatron's distributed optimizer wrapper, which needs its CUDA-only DDP
+buffers; the model is Megatron's `GPTModel` with the local (non-Transformer-Engine)
+layer spec, fp32, dropout 0, untied embeddings.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hops_calib.capture.config import CaptureConfig
+from hops_calib.capture.events import EventLog, WallClock
+from hops_calib.spec import TRACE_FIRST_ITERATION
+from hops_calib.timeline import BACKWARD, FORWARD, OPTIMIZER
+
+# Megatron-core announces each optional accelerator library it falls back from; on a CPU run
+# every fallback is expected, and the announcements would bury real errors.
+_EXPECTED_WARNINGS = (
+    r".*(Apex|Transformer Engine).* not installed.*",
+    r".*full scope is deprecated.*",
+)
+
+
+def silence_expected_warnings() -> None:
+    for pattern in _EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+@dataclass
+class _Label:
+    """What produced a tensor: used to label the backward of a forward output and the send of a tensor."""
+
+    phase: str
+    microbatch: int
+    chunk: int
+    tensor: Any  # kept alive so that its id() is not reused while labelled
+
+
+def _first_tensor(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return value[0] if value else None
+    return value
+
+
+class MegatronTracer:
+    """Wraps Megatron's forward/backward steps and torch's isend; records into an EventLog."""
+
+    def __init__(self, log: EventLog, clock: WallClock) -> None:
+        self.log = log
+        self.clock = clock
+        self._labels: dict[int, _Label] = {}
+        self._restore: list[tuple[Any, str, Callable[..., Any]]] = []
+
+    def install(self) -> None:
+        import torch.distributed as dist
+        from megatron.core.pipeline_parallel import schedules
+
+        for owner, name, wrapper in ((schedules, "forward_step", self._wrap_forward),
+                                     (schedules, "backward_step", self._wrap_backward),
+                                     (dist, "isend", self._wrap_isend)):
+            original = getattr(owner, name)
+            self._restore.append((owner, name, original))
+            setattr(owner, name, wrapper(original))
+
+    def uninstall(self) -> None:
+        while self._restore:
+            owner, name, original = self._restore.pop()
+            setattr(owner, name, original)
+
+    def end_iteration(self) -> None:
+        self._labels.clear()
+
+    def _label(self, value: Any, phase: str, microbatch: int, chunk: int) -> None:
+        for tensor in value if isinstance(value, (list, tuple)) else (value,):
+            if tensor is not None:
+                self._labels[id(tensor)] = _Label(phase, microbatch, chunk, tensor)
+
+    def _wrap_forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def forward_step(*args: Any, **kwargs: Any) -> Any:
+            microbatch = kwargs.get("current_microbatch")
+            if microbatch is None:
+                raise RuntimeError("Megatron's forward_step was called without current_microbatch; "
+                                   "this megatron-core version is not supported by hops-calib capture")
+            chunk = kwargs.get("vp_stage") or 0
+            start = self.clock.now_ns()
+            result = original(*args, **kwargs)
+            end = self.clock.now_ns()
+            self.log.compute(FORWARD, microbatch, chunk, start, end)
+            self._label(result[0], FORWARD, microbatch, chunk)
+            return result
+
+        return forward_step
+
+    def _wrap_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def backward_step(input_tensor: Any, output_tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            label = self._labels.pop(id(_first_tensor(output_tensor)), None)
+            if label is None or label.phase != FORWARD:
+                raise RuntimeError("Megatron ran a backward step whose forward output was not traced")
+            start = self.clock.now_ns()
+            input_grad = original(input_tensor, output_tensor, *args, **kwargs)
+            end = self.clock.now_ns()
+            self.log.compute(BACKWARD, label.microbatch, label.chunk, start, end)
+            self._label(input_grad, BACKWARD, label.microbatch, label.chunk)
+            return input_grad
+
+        return backward_step
+
+    def _wrap_isend(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def isend(*args: Any, **kwargs: Any) -> Any:
+            tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
+            dst = kwargs["dst"] if "dst" in kwargs else args[1]
+            start = self.clock.now_ns()
+            work = original(*args, **kwargs)
+            end = self.clock.now_ns()
+            label = self._labels.get(id(tensor))
+            if label is not None and label.tensor is tensor:
+                self.log.transfer(label.phase, label.microbatch, label.chunk, int(dst), start, end)
+            return work
+
+        return isend
+
+
+def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock) -> dict[str, Any]:
+    """Build this rank's model chunks, run warm-up and traced iterations; return facts for the manifest."""
+    import torch
+
+    from hops_calib.capture import cpu_bridge
+
+    silence_expected_warnings()
+    cpu_bridge.install()
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    vp_size = config.vp if config.vp > 1 else None
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=world,
+                                             virtual_pipeline_model_parallel_size=vp_size)
+    torch.manual_seed(config.seed)
+    transformer = TransformerConfig(
+        num_layers=config.layers, hidden_size=config.hidden, num_attention_heads=config.heads,
+        ffn_hidden_size=config.ffn, pipeline_model_parallel_size=world,
+        virtual_pipeline_model_parallel_size=vp_size, pipeline_dtype=torch.float32, params_dtype=torch.float32,
+        use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False,
+        masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+        apply_rope_fusion=False,
+        # One isend/irecv per tensor (not batch_isend_irecv), so that each send's dispatch is timed alone.
+        batch_p2p_comm=False,
+    )
+    chunks = []
+    for chunk in range(config.vp):
+        chunks.append(GPTModel(
+            config=transformer, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=config.vocab,
+            max_sequence_length=config.seq,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=chunk),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=chunk),
+            vp_stage=chunk if vp_size else None,
+        ))
+    parameters = [p for chunk in chunks for p in chunk.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4, weight_decay=0.01)
+
+    # Mock data, as Megatron's --mock-data: random tokens, drawn once (the batch is not what is measured).
+    generator = torch.Generator().manual_seed(config.seed)
+    tokens = torch.randint(0, config.vocab, (1, config.seq), generator=generator)
+    labels = torch.randint(0, config.vocab, (1, config.seq), generator=generator)
+    positions = torch.arange(config.seq).unsqueeze(0)
+    causal_mask = torch.ones(1, 1, config.seq, config.seq, dtype=torch.bool).triu(diagonal=1)
+
+    def forward_step_func(data_iterator: Any, model: Any) -> Any:
+        output = model(tokens, positions, causal_mask, labels=labels)
+
+        def loss_func(per_token_loss: Any) -> Any:
+            loss = per_token_loss.float().mean()
+            return loss, {"lm loss": loss.detach()}
+
+        return output, loss_func
+
+    forward_backward = get_forward_backward_func()
+    tracer = MegatronTracer(log, clock)
+    tracer.install()
+    try:
+        for iteration in range(1, config.train_iters + 1):
+            log.begin_iteration(iteration if iteration >= TRACE_FIRST_ITERATION else None)
+            forward_backward(
+                forward_step_func=forward_step_func,
+                data_iterator=[None] * config.vp if vp_size else None,
+                model=chunks if vp_size else chunks[0],
+                num_microbatches=config.microbatches, seq_length=config.seq, micro_batch_size=1,
+            )
+            start = clock.now_ns()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            end = clock.now_ns()
+            log.compute(OPTIMIZER, config.microbatches - 1, 0, start, end)
+            tracer.end_iteration()
+    finally:
+        tracer.uninstall()
+        log.begin_iteration(None)
+    layers_here = sum(len(chunk.decoder.layers) for chunk in chunks)
+    return {
+        "schedule_function": forward_backward.__name__,
+        "parameters": int(sum(p.numel() for p in parameters)),
+        "layers": int(layers_here),
+    }
