@@ -157,14 +157,19 @@ def make_storage(url: str | None):
 
     if url is None:
         return optuna.storages.InMemoryStorage()
+    from sqlalchemy.exc import DBAPIError
+
     engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else {}
     last_error: Exception | None = None
-    for attempt in range(5):  # processes starting together on a new sqlite file race to create its tables
+    for attempt in range(5):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-        except Exception as error:  # noqa: BLE001 - sqlalchemy and driver errors alike; reported below
+        except DBAPIError as error:  # processes starting together on a new sqlite file race to create its tables
             last_error = error
             time.sleep(0.2 * (attempt + 1))
+        except Exception as error:  # noqa: BLE001 - a malformed URL or a missing driver: retrying cannot help
+            last_error = error
+            break
     raise InputError("--storage", f"cannot open optuna storage {url!r}: {last_error}", field="storage",
                      hint="use sqlite:///path/to/study.db locally, or an optuna RDB URL such as "
                           "postgresql://user@host/db (its driver must be installed)")
