@@ -56,7 +56,8 @@ OBJECTIVE_MODES = ("suite", "components")
 COMPONENT_FRONT = 10  # trials shown and considered in components mode
 DEFAULT_TRIALS = 60
 SQLITE_TIMEOUT_S = 60  # concurrent workers wait for sqlite's write lock instead of failing
-_ATTRS = ("term", "space", "model_sha256", "fixture_set_sha256", "objective")
+PROBLEM_ATTR = "hops_calib_tune"  # the study's record of its problem (TuneProblem.identity)
+JOIN_WAIT_S = 30.0  # how long a joining process waits for the creating one to write that record
 CHOICE_RULE = ("the lowest-MAPE Pareto point (ties: bubble MAE, then higher rho) that changes the model and that the "
                "gate accepts against the current model with default tolerances; the lowest-MAPE such point when "
                "none passes")
@@ -96,7 +97,8 @@ class TuneProblem:
     def identity(self) -> dict[str, Any]:
         """What a study records about itself, and must match when continued."""
         return {"term": self.term, "space": self.space(), "model_sha256": self.model.sha256,
-                "fixture_set_sha256": self.suite.sha256, "objective": self.objective}
+                "fixture_set_sha256": self.suite.sha256, "objective": self.objective,
+                "objectives": list(self.objectives)}
 
     def model_with(self, values: dict[str, float]) -> Model:
         base = self.model.active(self.term)
@@ -161,14 +163,19 @@ def make_storage(url: str | None):
 
     if url is None:
         return optuna.storages.InMemoryStorage()
+    from sqlalchemy.exc import DBAPIError
+
     engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else {}
     last_error: Exception | None = None
-    for attempt in range(5):  # processes starting together on a new sqlite file race to create its tables
+    for attempt in range(5):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-        except Exception as error:  # noqa: BLE001 - sqlalchemy and driver errors alike; reported below
+        except DBAPIError as error:  # processes starting together on a new sqlite file race to create its tables
             last_error = error
             time.sleep(0.2 * (attempt + 1))
+        except Exception as error:  # noqa: BLE001 - a malformed URL or a missing driver: retrying cannot help
+            last_error = error
+            break
     raise InputError("--storage", f"cannot open optuna storage {url!r}: {last_error}", field="storage",
                      hint="use sqlite:///path/to/study.db locally, or an optuna RDB URL such as "
                           "postgresql://user@host/db (its driver must be installed)")
@@ -182,26 +189,26 @@ def open_study(problem: TuneProblem, storage, study_name: str, seed: int):
     directions = ["minimize"] * len(problem.objectives)
     try:
         study = optuna.create_study(storage=storage, study_name=study_name, directions=directions, sampler=sampler)
-        for key, value in problem.identity().items():
-            study.set_user_attr(key, value)
-        study.set_user_attr("objectives", list(problem.objectives))
+        # One attribute, written at once: a process joining a moment later sees all of it or none.
+        study.set_user_attr(PROBLEM_ATTR, problem.identity())
         study.enqueue_trial(problem.start_values())
         return study
     except optuna.exceptions.DuplicatedStudyError:
         pass
     study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
-    recorded = {key: study.user_attrs.get(key) for key in _ATTRS}
-    if not recorded["term"]:  # created a moment ago by another process that has not written its attributes yet
-        for _ in range(50):
-            time.sleep(0.1)
-            recorded = {key: study.user_attrs.get(key) for key in _ATTRS}
-            if recorded["term"]:
-                break
+    deadline = time.monotonic() + JOIN_WAIT_S
+    while PROBLEM_ATTR not in study.user_attrs and time.monotonic() < deadline:
+        time.sleep(0.1)  # created a moment ago by a process that has not written its record yet
+    recorded = study.user_attrs.get(PROBLEM_ATTR)
+    if recorded is None:
+        raise InputError("--study", f"study {study_name!r} has no hops-calib tune record (user attribute "
+                         f"{PROBLEM_ATTR!r}); it was not created by `hops-calib tune`", field="study",
+                         hint="choose another --study name")
     expected = problem.identity()
-    differ = [key for key in _ATTRS if json.dumps(recorded[key]) != json.dumps(expected[key])]
+    differ = [key for key in expected if json.dumps(recorded.get(key)) != json.dumps(expected[key])]
     if differ:
         raise InputError("--study", f"study {study_name!r} belongs to another problem: its "
-                         + ", ".join(f"{key} is {recorded[key]!r}, here {expected[key]!r}" for key in differ),
+                         + ", ".join(f"{key} is {recorded.get(key)!r}, here {expected[key]!r}" for key in differ),
                          field="study", hint="choose another --study name (the default one names the term, the "
                                              "model and the fixture set)")
     return study

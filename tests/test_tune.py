@@ -64,12 +64,12 @@ def test_worker_processes_share_one_sqlite_study(shared_fixtures, model_path, tm
     by_hand, with_workers = launch(trials=3, seed=1, workers=1), launch(trials=4, seed=10, workers=2)
     for process in (by_hand, with_workers):
         stdout, stderr = process.communicate(timeout=300)
-        assert process.returncode == 0, stderr
+        assert process.returncode == 0, stdout + stderr
         assert "Pareto front (" in stdout
     study = optuna.load_study(study_name="shared", storage=storage)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(study.trials) == len(complete) == 3 + 4
-    assert study.user_attrs["term"] == "optimizer_step"
+    assert study.user_attrs["hops_calib_tune"]["term"] == "optimizer_step"
     assert {frozenset(t.params) for t in complete} == {frozenset({"bytes_per_parameter", "memory_efficiency",
                                                                   "fixed_ms"})}
 
