@@ -417,3 +417,21 @@ def test_flows_at_the_tcp_ceiling_add_the_expected_retransmission_stall_and_nic_
         plain = with_term("embedding_grad_allreduce", **params).pipeline(spec).pre_optimizer_ms
         stalled = with_term("embedding_grad_allreduce", **params, stall_probability=0.25).pipeline(spec)
         assert stalled.pre_optimizer_ms - plain == pytest.approx(0.25 * 200.0 if stalls else 0.0)
+
+
+def test_launch_floor_bounds_the_layers_gpu_work_from_below_and_stage_terms_add_on_top():
+    spec = make_spec(pp=2, devices=("h100", "l4"), layers=(2, 2))
+    gpu = plain_model().pipeline(spec)  # roofline (a "layers" term) + links
+    floor = 3.0  # ms for two layers: above the H100's GEMM time, below nothing the L4 does at h=4096
+    model = with_term("layer_launch_floor", forward_ms_per_layer=1.5, backward_ms_per_layer=1.5)
+    bounded = model.pipeline(spec)
+    for g, b in zip(gpu.stages, bounded.stages):
+        assert b.forward_ms == pytest.approx(max(g.forward_ms, floor))
+        assert b.backward_ms == pytest.approx(max(g.backward_ms, floor))
+    big = make_spec(pp=2, devices=("h100", "l4"), layers=(2, 2), hidden=4096)
+    gpu_big, bounded_big = plain_model().pipeline(big), model.pipeline(big)
+    assert bounded_big.stages[1].forward_ms == pytest.approx(gpu_big.stages[1].forward_ms)  # GPU-bound: no change
+    # A stage-scope term (the output layer) adds on top of the bounded layers.
+    both = model.with_term(ActiveTerm(TERMS["output_layer_loss"], tuple(TERMS["output_layer_loss"].defaults().items())))
+    head = both.pipeline(spec).stages[1].forward_ms - bounded.stages[1].forward_ms
+    assert head > 0 and head == pytest.approx(added("output_layer_loss", spec).stages[1].forward_ms)

@@ -145,6 +145,8 @@ class Model:
                                  ) from None
         context = Context(spec=spec, layout=layout, devices=tuple(devices))
         totals: dict[str, list[float] | None] = {name: None for name in Contribution.LENGTHS}
+        layer_work: dict[str, list[float]] = {name: [0.0] * layout.virtual_stages for name in ("forward_ms",
+                                                                                                "backward_ms")}
         pre_optimizer_ms = post_optimizer_ms = 0.0
         switches: dict[str, dict[bool, str]] = {name: {} for name in Contribution.SWITCHES}
         for active in self.terms:
@@ -157,6 +159,9 @@ class Model:
                 if len(values) != expected:
                     raise ValueError(f"term {active.name} gave {len(values)} values of {field} for spec {spec.run_id}; "
                                      f"expected {expected} (one per {length_name[:-1].replace('_', ' ')})")
+                if active.term.scope == "layers" and field in layer_work:
+                    layer_work[field] = [a + b for a, b in zip(layer_work[field], values)]
+                    continue
                 total = totals[field] or [0.0] * expected
                 totals[field] = [a + b for a, b in zip(total, values)]
             pre_optimizer_ms += part.pre_optimizer_ms
@@ -171,6 +176,11 @@ class Model:
 
         def per(field: str) -> list[float]:
             return totals[field] or [0.0] * getattr(layout, Contribution.LENGTHS[field])
+
+        # The decoder layers take their GPU work or the host's launch floor under it, whichever is longer.
+        for field, floor in (("forward_ms", "forward_floor_ms"), ("backward_ms", "backward_floor_ms")):
+            totals[field] = [max(work, bound) + rest for work, bound, rest
+                             in zip(layer_work[field], per(floor), per(field))]
 
         stages = tuple(StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w, host_ms=h)
                        for f, b, w, h in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms"),

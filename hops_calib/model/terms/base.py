@@ -91,7 +91,8 @@ class Contribution:
 
     Per virtual stage: forward_ms, backward_ms, weight_grad_ms (the part of
     backward_ms that is the weight gradient), host_ms (untraced host time before
-    each of its tasks). Per hop k -> k+1:
+    each of its tasks), and forward_floor_ms / backward_floor_ms: lower bounds
+    under the decoder layers' compute (see `Term.scope`). Per hop k -> k+1:
     forward_transfer_ms (activation) and backward_transfer_ms (gradient). Per
     rank: optimizer_ms. Per iteration: pre_optimizer_ms (barrier work after the
     last backward) and post_optimizer_ms (per rank, before the next iteration).
@@ -103,6 +104,8 @@ class Contribution:
     backward_ms: tuple[float, ...] = ()
     weight_grad_ms: tuple[float, ...] = ()
     host_ms: tuple[float, ...] = ()
+    forward_floor_ms: tuple[float, ...] = ()
+    backward_floor_ms: tuple[float, ...] = ()
     forward_transfer_ms: tuple[float, ...] = ()
     backward_transfer_ms: tuple[float, ...] = ()
     optimizer_ms: tuple[float, ...] = ()
@@ -119,6 +122,8 @@ class Contribution:
         "backward_ms": "virtual_stages",
         "weight_grad_ms": "virtual_stages",
         "host_ms": "virtual_stages",
+        "forward_floor_ms": "virtual_stages",
+        "backward_floor_ms": "virtual_stages",
         "forward_transfer_ms": "hops",
         "backward_transfer_ms": "hops",
         "optimizer_ms": "ranks",
@@ -130,6 +135,10 @@ class Term(ABC):
 
     name: ClassVar[str]
     params: ClassVar[tuple[Param, ...]] = ()
+    # "layers": the term prices the GPU work of the decoder layers, which the floors (forward_floor_ms,
+    # backward_floor_ms) bound from below: a stage's layers take max(sum of "layers" terms, sum of floors).
+    # "stage": everything else, added on top (output layer, embedding, host time, ...).
+    scope: ClassVar[str] = "stage"
 
     @classmethod
     def summary(cls) -> str:

@@ -30,6 +30,7 @@ class LayerDispatchFloor(Term):
     """
 
     name = "layer_dispatch_floor"
+    scope = "layers"
     params = (
         Param("forward_ms_per_layer", 1.0, 0.0, 10.0, "ms", "host launch floor of one decoder layer's forward"),
         Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch floor of one decoder layer's backward"),
@@ -44,3 +45,29 @@ class LayerDispatchFloor(Term):
             backward_ms=tuple(n * params["backward_ms_per_layer"] for n in layers),
             host_ms=tuple(params["step_ms"] for _ in layers),
         )
+
+
+class LayerLaunchFloor(Term):
+    """The host's launch time per decoder layer is a floor under the layer's GPU time: a layer takes the longer of the two.
+
+    Physics: PyTorch launches a layer's kernels asynchronously. When the GPU
+    work of a layer (its GEMMs, attention traffic: the "layers" terms) is
+    shorter than the host time to launch its ~30 forward (~60 backward) kernels,
+    the GPU waits on the host and the traced step lasts the launch time; when it
+    is longer, the launches hide behind it. So the decoder layers of a stage take
+    max(GPU work, layers x launch floor), not their sum: an H100, whose GEMMs at
+    these shapes take 0.06 ms a layer, and an L4 at 0.5 ms both show the ~1.5 ms
+    floor, while a 2048-hidden or 4096-token layer on an L4 is GPU-bound. Same
+    software stack on every node: one floor per direction.
+    """
+
+    name = "layer_launch_floor"
+    params = (
+        Param("forward_ms_per_layer", 1.3, 0.0, 10.0, "ms", "host launch time of one decoder layer's forward"),
+        Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch time of one decoder layer's backward"),
+    )
+
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        layers = context.layout.layers
+        return Contribution(forward_floor_ms=tuple(n * params["forward_ms_per_layer"] for n in layers),
+                            backward_floor_ms=tuple(n * params["backward_ms_per_layer"] for n in layers))

@@ -24,6 +24,7 @@ class DecoderRoofline(Term):
     """
 
     name = "decoder_roofline"
+    scope = "layers"
     params = (
         Param("compute_efficiency", 0.5, 0.01, 1.0, "fraction of peak",
               "achieved fraction of dense bf16 peak in the layer's GEMMs (large GEMMs reach 0.5-0.8)", log=True),
