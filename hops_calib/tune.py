@@ -89,7 +89,8 @@ class TuneProblem:
 
     @property
     def params(self):
-        return tuple(p for p in TERMS[self.term].params if not self.only or p.name in self.only)
+        term = TERMS[self.term]
+        return tuple(term.param(name) for name in self.only) if self.only else term.params
 
     def space(self) -> list[list[Any]]:
         return [[p.name, p.low, p.high, bool(p.log)] for p in self.params]
@@ -112,7 +113,7 @@ class TuneProblem:
         """The term's current values in the model, or its defaults: the first trial of a new study."""
         active = self.model.active(self.term)
         values = active.params() if active else TERMS[self.term].defaults()
-        return {p.name: values[p.name] for p in self.params}
+        return {p.name: values.get(p.name, values[p.name.partition("@")[0]]) for p in self.params}
 
 
 def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
@@ -130,10 +131,17 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
     if not TERMS[term].params:
         raise InputError("tune", f"term {term!r} has no parameters to tune", field="TERM",
                          hint="it is a measurement-driven term; tune a term that has parameters (`hops-calib terms`)")
-    unknown = [name for name in only if name not in {p.name for p in TERMS[term].params}]
+    unknown = []
+    for name in only:
+        try:
+            TERMS[term].param(name)
+        except KeyError:
+            unknown.append(name)
     if unknown:
+        per_device = [p.name for p in TERMS[term].params if p.per_device]
         raise InputError("tune", f"term {term!r} has no parameter {', '.join(map(repr, unknown))}", field="only",
-                         hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}")
+                         hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}"
+                              + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""))
     if objective not in OBJECTIVE_MODES:
         raise InputError("tune", f"unknown objective {objective!r}", field="objective",
                          hint=f"choose one of {', '.join(OBJECTIVE_MODES)}")
@@ -404,7 +412,8 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
                   f"{current.bubble_mae_pp:.2f} -> {after['bubble_mae_pp']:.2f} pp, mean rho "
                   f"{current.util_spearman_mean:.3f} -> {after['util_spearman_mean']:.3f})")
     grounding = f"FILL IN why these values are physically plausible. The term's physics: {physics}"
-    params = ", ".join(f"{p.name} = {chosen.params[p.name]!r}" for p in problem.params)
+    params = ", ".join(f"{json.dumps(p.name) if '@' in p.name else p.name} = {chosen.params[p.name]!r}"
+                       for p in problem.params)
     # json.dumps of a str is a valid TOML basic string (ASCII escapes only).
     lines = [
         f"# Written by `hops-calib tune {problem.term}`: study {study_name!r} in {storage}, {trials_in_study} trials.",

@@ -7,7 +7,7 @@ import tomllib
 from typing import Mapping
 
 import pytest
-from conftest import plain_model
+from conftest import PLAIN_MODEL_TOML, plain_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -435,3 +435,19 @@ def test_launch_floor_bounds_the_layers_gpu_work_from_below_and_stage_terms_add_
     both = model.with_term(ActiveTerm(TERMS["output_layer_loss"], tuple(TERMS["output_layer_loss"].defaults().items())))
     head = both.pipeline(spec).stages[1].forward_ms - bounded.stages[1].forward_ms
     assert head > 0 and head == pytest.approx(added("output_layer_loss", spec).stages[1].forward_ms)
+
+
+def test_a_per_device_override_prices_only_that_device_and_round_trips(tmp_path):
+    text = PLAIN_MODEL_TOML.replace("[terms.link_transfer]", '[terms.link_transfer]\n\n[terms.layer_launch_floor]\n'
+                                    'forward_ms_per_layer = 1.0\n"forward_ms_per_layer@a10g" = 2.0\n')
+    model = parse_model(text, origin="m.toml", catalog=load_catalog())
+    spec = make_spec(pp=3, devices=("h100", "a10g", "l4"), layers=(2, 2, 2))
+    forwards = [s.forward_ms for s in model.pipeline(spec).stages]
+    assert forwards[1] == pytest.approx(4.0) and forwards[0] == pytest.approx(2.0)
+    assert forwards[2] == pytest.approx(max(2.0, plain_model().pipeline(spec).stages[2].forward_ms))
+    path = tmp_path / "m.toml"
+    write_model(path, model)
+    assert load_model(path) == model and '"forward_ms_per_layer@a10g" = 2.0' in path.read_text()
+    with pytest.raises(InputError, match="no parameter 'step_ms@a10g'"):
+        parse_model(text.replace('"forward_ms_per_layer@a10g"', '"step_ms@a10g"').replace(
+            "[terms.layer_launch_floor]", "[terms.layer_dispatch_floor]"), origin="m.toml", catalog=load_catalog())

@@ -66,17 +66,22 @@ def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, tex
     for name, value in given.items():
         line = line_of(text, table, name)
         field = f"{table}.{name}" if table else f"{term_name}.{name}"
-        if name not in known:
+        try:
+            param = term.param(name)
+        except KeyError:
+            per_device = [p.name for p in term.params if p.per_device]
             raise InputError(origin, f"term {term_name!r} has no parameter {name!r}", line=line, field=field,
-                             hint=f"its parameters are {sorted(known) or 'none'}")
+                             hint=f"its parameters are {sorted(known) or 'none'}"
+                                  + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise InputError(origin, f"expected a finite number, got {value!r}", line=line, field=field)
-        param = term.param(name)
         if not param.low <= value <= param.high:
             raise InputError(origin, f"{value} is outside the plausible range [{param.low}, {param.high}] "
                              f"({param.unit}: {param.doc})", line=line, field=field)
         values[name] = float(value)
-    return ActiveTerm(term, tuple((p.name, values[p.name]) for p in term.params))
+    overrides = sorted(name for name in values if "@" in name)
+    return ActiveTerm(term, tuple((p.name, values[p.name]) for p in term.params)
+                      + tuple((name, values[name]) for name in overrides))
 
 
 @dataclass(frozen=True)
@@ -226,8 +231,10 @@ class Model:
         for active in self.terms:
             term = active.term
             out += ["", f"# {term.summary()}", f"[terms.{active.name}]"]
-            for param in term.params:
-                out.append(f"{param.name} = {_toml_float(active.params()[param.name])}"
+            for name, value in active.values:
+                param = term.param(name)
+                key = _toml_string(name) if "@" in name else name
+                out.append(f"{key} = {_toml_float(value)}"
                            f"  # {param.unit}, plausible [{_toml_float(param.low)}, {_toml_float(param.high)}]")
         return "\n".join(out) + "\n"
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import ClassVar, Mapping
 
 from hops_calib.model.devices import DeviceSpec
 from hops_calib.spec import Spec
+
+
+DEVICE_LABEL = re.compile(r"^[a-z0-9_]+$")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,10 @@ class Param:
     unit: str
     doc: str
     log: bool = False  # search on a log scale when tuning (for ranges spanning decades)
+    # A per-device parameter may be given a value for one device type as "NAME@TYPE" (e.g.
+    # "forward_ms_per_layer@a10g"): a property of the device or of the instance hosting it, learned like any
+    # other parameter. Devices without an override take NAME's value.
+    per_device: bool = False
 
     def __post_init__(self) -> None:
         if not self.low <= self.default <= self.high:
@@ -147,10 +155,19 @@ class Term(ABC):
 
     @classmethod
     def param(cls, name: str) -> Param:
+        """The parameter `name`, or for a per-device override "NAME@TYPE" a copy of NAME's named so."""
+        base, _, device = name.partition("@")
         for param in cls.params:
-            if param.name == name:
-                return param
+            if param.name == base and (not device or param.per_device):
+                if device and not DEVICE_LABEL.match(device):
+                    break
+                return replace(param, name=name) if device else param
         raise KeyError(name)
+
+    @staticmethod
+    def value(params: Mapping[str, float], name: str, device_type: str) -> float:
+        """A parameter's value for one device type: its "NAME@TYPE" override, else NAME's value."""
+        return params.get(f"{name}@{device_type}", params[name])
 
     @classmethod
     def defaults(cls) -> dict[str, float]:

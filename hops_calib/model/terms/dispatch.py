@@ -57,17 +57,25 @@ class LayerLaunchFloor(Term):
     is longer, the launches hide behind it. So the decoder layers of a stage take
     max(GPU work, layers x launch floor), not their sum: an H100, whose GEMMs at
     these shapes take 0.06 ms a layer, and an L4 at 0.5 ms both show the ~1.5 ms
-    floor, while a 2048-hidden or 4096-token layer on an L4 is GPU-bound. Same
-    software stack on every node: one floor per direction.
+    floor, while a 2048-hidden or 4096-token layer on an L4 is GPU-bound. The
+    launch time is host CPU time, and each instance type has its own host CPU
+    (p5: AMD EPYC 7R13, g5: 2nd-generation EPYC 7R32, g6: 3rd-generation
+    EPYC, per the AWS instance pages), so the floor may take a value per device
+    type ("forward_ms_per_layer@a10g"), learned like any other parameter.
     """
 
     name = "layer_launch_floor"
     params = (
-        Param("forward_ms_per_layer", 1.3, 0.0, 10.0, "ms", "host launch time of one decoder layer's forward"),
-        Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch time of one decoder layer's backward"),
+        Param("forward_ms_per_layer", 1.3, 0.0, 10.0, "ms", "host launch time of one decoder layer's forward",
+              per_device=True),
+        Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch time of one decoder layer's backward",
+              per_device=True),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
-        layers = context.layout.layers
-        return Contribution(forward_floor_ms=tuple(n * params["forward_ms_per_layer"] for n in layers),
-                            backward_floor_ms=tuple(n * params["backward_ms_per_layer"] for n in layers))
+        forward, backward = [], []
+        for k, layers in enumerate(context.layout.layers):
+            device = context.device_of(k).type
+            forward.append(layers * self.value(params, "forward_ms_per_layer", device))
+            backward.append(layers * self.value(params, "backward_ms_per_layer", device))
+        return Contribution(forward_floor_ms=tuple(forward), backward_floor_ms=tuple(backward))
