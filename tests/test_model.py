@@ -451,3 +451,10 @@ def test_a_per_device_override_prices_only_that_device_and_round_trips(tmp_path)
     with pytest.raises(InputError, match="no parameter 'step_ms@a10g'"):
         parse_model(text.replace('"forward_ms_per_layer@a10g"', '"step_ms@a10g"').replace(
             "[terms.layer_launch_floor]", "[terms.layer_dispatch_floor]"), origin="m.toml", catalog=load_catalog())
+
+
+def test_collective_efficiency_scales_the_all_reduce_bandwidth():
+    pair = make_spec(pp=2, devices=("a10g", "l4"), links=(LinkFit(0, 1, 0.0, 1.2e6),))
+    full = with_term("embedding_grad_allreduce").pipeline(pair).pre_optimizer_ms
+    slower = with_term("embedding_grad_allreduce", collective_efficiency=0.8).pipeline(pair).pre_optimizer_ms
+    assert slower == pytest.approx(full / 0.8)

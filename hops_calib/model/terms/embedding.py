@@ -69,6 +69,10 @@ class EmbeddingGradAllReduce(Term):
     is `stall_probability` x `rto_ms` on such flows and nothing on NIC-paced
     ones (an A10G end at 10 Gbit/s). A deterministic simulator adds the expected
     value: the window throughput averages the stalls, the median period does not.
+
+    The link benchmark times one-way sends; a two-rank all-reduce sends and
+    receives at once over the same NICs and adds its reduction kernels, so it
+    reaches `collective_efficiency` of the one-way bandwidth.
     """
 
     name = "embedding_grad_allreduce"
@@ -78,6 +82,8 @@ class EmbeddingGradAllReduce(Term):
         Param("nic_efficiency", 0.0, 0.0, 1.0, "fraction of NIC",
               "achieved fraction of an end node's nominal NIC bandwidth (0: use only the benchmarked links)"),
         Param("flow_cap_gbit_s", 1000.0, 1.0, 1000.0, "Gbit/s", "throughput ceiling of one NCCL TCP flow", log=True),
+        Param("collective_efficiency", 1.0, 0.5, 1.0, "fraction of p2p",
+              "all-reduce bandwidth as a fraction of the one-way p2p bandwidth (both directions at once)"),
         Param("stall_probability", 0.0, 0.0, 1.0, "per all-reduce",
               "chance that a flow at the TCP ceiling waits out one retransmission timeout"),
         Param("rto_ms", 200.0, 50.0, 1000.0, "ms", "TCP retransmission timeout floor (Linux TCP_RTO_MIN: 200 ms)"),
@@ -95,5 +101,7 @@ class EmbeddingGradAllReduce(Term):
                     for rank in (0, spec.pp - 1))
         cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3
         link, capped = end_to_end_link(spec, nic, cap)
+        link = LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms,
+                       bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"], source=link.source)
         stall_ms = params["stall_probability"] * params["rto_ms"] if capped else 0.0
         return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes) + stall_ms)
