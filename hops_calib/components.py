@@ -4,7 +4,7 @@ Throughput and bubble judge the whole simulated run; a term's parameters are
 better identified by the quantities the term itself prices. A trace measures,
 per stage, the median forward and backward time of a microbatch and the
 optimizer step, and per iteration the silent stretch before the optimizer and
-the rest before the next iteration (`hops_calib.metrics.IterationParts`). The
+the rest before the next iteration (means over iterations). The
 model prices the same quantities in the `Pipeline` it builds from the spec, with
 no simulation needed. `mispriced_time_pct` is what `tune --objective
 components` minimizes: per run, the time the model misprices over an iteration
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hops_calib.sim.pipeline import Pipeline
-from hops_calib.timeline import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD
+from hops_calib.timeline import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, OPTIMIZER
 
 KINDS = ("forward", "backward", "optimizer", "silent", "rest")
 
@@ -35,9 +35,7 @@ class Components:
 
 
 def real_components(fixture) -> Components:
-    """The measured quantities of a fixture (reads its events once, for the iteration parts)."""
-    from hops_calib.metrics import timeline_iteration_parts
-
+    """The measured quantities of a fixture (reads its events once, for the between-iteration parts)."""
     truth, values = fixture.truth, {}
     for stage in range(fixture.spec.pp):
         forward = truth.phase_median_ms(stage, FORWARD)
@@ -49,11 +47,40 @@ def real_components(fixture) -> Components:
         for kind, value in (("forward", forward), ("backward", backward), ("optimizer", optimizer)):
             if value is not None and value > 0:
                 values[f"{kind}/{stage}"] = float(value)
-    parts = timeline_iteration_parts(fixture.timeline())
-    if parts is not None and parts.optimizer_traced:
-        values["silent"] = parts.silent_ms
-        values["rest"] = parts.rest_ms
+    silent, rest = mean_between_iterations(fixture.timeline())
+    if silent is not None:
+        values["silent"], values["rest"] = silent, rest
     return Components(values)
+
+
+def mean_between_iterations(timeline) -> tuple[float | None, float | None]:
+    """Mean over iterations of the silent stretch and the rest (None without optimizer events).
+
+    The mean, not the median iteration's: a model prices expected values (a stall
+    that hits one iteration in seven adds a seventh of itself), and the window
+    throughput the gate scores averages every iteration.
+    """
+    import numpy as np
+
+
+    iteration = timeline["iteration"].to_numpy()
+    compute = (timeline["kind"] == "compute").to_numpy(dtype=bool)
+    phase = timeline["phase"].astype(str).to_numpy()
+    start, end = timeline["start_ms"].to_numpy(float), timeline["end_ms"].to_numpy(float)
+    silents, rests = [], []
+    numbers = np.unique(iteration)
+    for number, following in zip(numbers[:-1], numbers[1:]):
+        here = iteration == number
+        optimizer = here & compute & (phase == OPTIMIZER)
+        backward = here & compute & np.isin(phase, (BACKWARD, BACKWARD_B, BACKWARD_W))
+        if not optimizer.any() or not backward.any():
+            continue
+        first_optimizer, last_optimizer = start[optimizer].min(), end[optimizer].max()
+        silents.append(first_optimizer - end[backward].max())
+        rests.append(start[iteration == following].min() - last_optimizer)
+    if not silents:
+        return None, None
+    return float(np.mean(silents)), float(np.mean(rests))
 
 
 def predicted_components(pipeline: Pipeline) -> Components:

@@ -28,14 +28,18 @@ def test_errors_cover_what_the_trace_measured_and_unpriced_quantities_count_as_z
 
 
 def test_real_components_of_a_shared_run_are_the_truths_medians_and_parts(shared_store):
-    from hops_calib.metrics import timeline_iteration_parts
-
-    fixture = shared_store.load(shared_store.ids("train")[0])
-    values = real_components(fixture).values
-    for stage in range(fixture.spec.pp):
-        assert values[f"forward/{stage}"] == fixture.truth.phase_median_ms(stage, "FORWARD")
-    parts = timeline_iteration_parts(fixture.timeline())
-    if parts.optimizer_traced:
-        assert values["silent"] == parts.silent_ms and values["rest"] == parts.rest_ms
-    else:
-        assert "silent" not in values
+    for fixture_id in shared_store.ids("train")[:3]:
+        fixture = shared_store.load(fixture_id)
+        values = real_components(fixture).values
+        for stage in range(fixture.spec.pp):
+            assert values[f"forward/{stage}"] == fixture.truth.phase_median_ms(stage, "FORWARD")
+        timeline = fixture.timeline()
+        compute = timeline[timeline["kind"] == "compute"]
+        optimizer = compute[compute["phase"] == "OPTIMIZER"]
+        if optimizer.empty:
+            assert "silent" not in values
+            continue
+        last_backward = compute[compute["phase"] == "BACKWARD"].groupby("iteration")["end_ms"].max()
+        silent = optimizer.groupby("iteration")["start_ms"].min() - last_backward
+        # every traced iteration but the last (whose next iteration is not traced)
+        assert values["silent"] == pytest.approx(silent.iloc[:-1].mean())
