@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,15 +26,19 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def fresh_evaluate(fixtures: Path) -> float:
+def fresh_evaluate(fixtures: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds user + system) of one `python -m hops_calib evaluate --json` process."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "hops_calib", "evaluate", "--fixtures", str(fixtures), "--json"],
                           capture_output=True, text=True, env=env, cwd=REPO)
     elapsed = time.perf_counter() - start
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         sys.exit(f"evaluate failed ({done.returncode}): {done.stderr}")
-    return elapsed
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    return elapsed, cpu
 
 
 def breakdown(fixtures: Path) -> None:
@@ -82,10 +87,13 @@ def main() -> None:
             if not report.ok:
                 sys.exit("ingest of the shared runs failed")
         fresh_evaluate(fixtures)  # warm the page cache once
-        times = [fresh_evaluate(fixtures) for _ in range(args.repeats)]
-        print(f"hops-calib evaluate --fixtures {fixtures} --json, fresh interpreter, {args.repeats} runs:")
+        runs = [fresh_evaluate(fixtures) for _ in range(args.repeats)]
+        times, cpu = [wall for wall, _ in runs], [c for _, c in runs]
+        print(f"hops-calib evaluate --fixtures {fixtures} --json, fresh interpreter, {args.repeats} runs "
+              f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores):")
         print(f"  wall min {min(times):.3f} s, median {statistics.median(times):.3f} s, max {max(times):.3f} s "
               f"(target < 2 s)")
+        print(f"  CPU (user + system) median {statistics.median(cpu):.3f} s (about the wall time on an idle machine)")
         breakdown(fixtures)
 
 

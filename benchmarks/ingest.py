@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -30,21 +29,21 @@ sys.path.insert(0, str(REPO))
 from hops_calib.shared import shared_runs_dir  # noqa: E402
 
 
-def run_cli(args: list[str]) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS in MB, stdout) of `python -m hops_calib ARGS` in a fresh process."""
+def run_cli(args: list[str]) -> tuple[float, float, int, str]:
+    """(wall s, CPU s, peak RSS MB, stdout) of `python -m hops_calib ARGS` in a fresh process."""
     probe = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
              "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-             "dt = time.perf_counter() - t; "
-             "print(dt, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.returncode); "
+             "dt = time.perf_counter() - t; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+             "print(dt, u.ru_utime + u.ru_stime, u.ru_maxrss, p.returncode); "
              "print(p.stdout, end=''); sys.stderr.write(p.stderr)")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "hops_calib", *args],
                           capture_output=True, text=True, env=env, check=True)
     head, _, out = done.stdout.partition("\n")
-    seconds, rss_kb, code = head.split()
+    seconds, cpu, rss_kb, code = head.split()
     if int(code) != 0:
         raise SystemExit(f"hops-calib {' '.join(args)} exited {code}:\n{done.stderr[-2000:]}")
-    return float(seconds), int(rss_kb) // 1024, out
+    return float(seconds), float(cpu), int(rss_kb) // 1024, out
 
 
 def build_big_run(source: Path, target: Path, size_gb: float) -> tuple[int, int]:
@@ -97,19 +96,20 @@ def main() -> None:
     runs = shared_runs_dir()
     if not runs.is_dir():
         raise SystemExit(f"shared runs not found at {runs}; set HOPS_CALIB_SHARED")
-    print(f"cores: {os.cpu_count()}, python {sys.version.split()[0]}")
+    print(f"cores: {os.cpu_count()}, python {sys.version.split()[0]}, load average {os.getloadavg()[0]:.2f} "
+          "(other work on the machine inflates wall times; CPU time is the steadier figure)")
     with tempfile.TemporaryDirectory(prefix="hops-bench-") as tmp:
         tmp_path = Path(tmp)
         n_runs = sum(1 for p in runs.iterdir() if p.is_dir())
         size_mb = sum(p.stat().st_size for p in runs.rglob("rank*.jsonl")) / 1e6
         store = tmp_path / "fixtures"
-        seconds, rss, out = run_cli(["ingest", str(runs), "--fixtures", str(store)])
-        print(f"ingest {n_runs} shared runs ({size_mb:.1f} MB of rank logs): {seconds:.2f} s wall, "
+        seconds, cpu, rss, out = run_cli(["ingest", str(runs), "--fixtures", str(store)])
+        print(f"ingest {n_runs} shared runs ({size_mb:.1f} MB of rank logs): {seconds:.2f} s wall, {cpu:.2f} s CPU, "
               f"peak RSS {rss} MB  [{out.strip()}]")
-        seconds, rss, out = run_cli(["ingest", str(runs), "--fixtures", str(store)])
-        print(f"re-ingest, unchanged: {seconds:.2f} s wall, peak RSS {rss} MB")
-        seconds, _, _ = run_cli(["fixtures", "list", "--fixtures", str(store), "--json"])
-        print(f"fixtures list --json: {seconds:.2f} s wall")
+        seconds, cpu, rss, out = run_cli(["ingest", str(runs), "--fixtures", str(store)])
+        print(f"re-ingest, unchanged: {seconds:.2f} s wall, {cpu:.2f} s CPU, peak RSS {rss} MB")
+        seconds, cpu, _, _ = run_cli(["fixtures", "list", "--fixtures", str(store), "--json"])
+        print(f"fixtures list --json: {seconds:.2f} s wall, {cpu:.2f} s CPU")
         load = ("import time; t = time.perf_counter(); from hops_calib.store import FixtureStore; "
                 f"s = FixtureStore({str(store)!r}); fx = s.load_all(); "
                 "print(len(fx), time.perf_counter() - t)")
@@ -117,7 +117,7 @@ def main() -> None:
         done = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, check=True,
                               env=dict(os.environ, PYTHONPATH=str(REPO)))
         count, inner = done.stdout.split()
-        print(f"load all {count} fixtures (spec + truth): {float(inner):.2f} s in-process, "
+        print(f"load all {count} fixtures (spec + truth): {float(inner):.2f} s in-process incl. imports, "
               f"{time.perf_counter() - t:.2f} s wall incl. interpreter start")
         if options.skip_big:
             return
@@ -128,8 +128,9 @@ def main() -> None:
         n_events, n_bytes = build_big_run(source, big, options.size_gb)
         print(f"built {n_bytes / 1e9:.2f} GB trace ({n_events / 1e6:.1f} M events) from {source.name} "
               f"in {time.perf_counter() - t:.0f} s")
-        seconds, rss, out = run_cli(["ingest", str(big), "--fixtures", str(tmp_path / "big-fixtures")])
-        print(f"ingest {n_bytes / 1e9:.2f} GB trace: {seconds:.1f} s wall, peak RSS {rss} MB  [{out.strip()}]")
+        seconds, cpu, rss, out = run_cli(["ingest", str(big), "--fixtures", str(tmp_path / "big-fixtures")])
+        print(f"ingest {n_bytes / 1e9:.2f} GB trace: {seconds:.1f} s wall, {cpu:.1f} s CPU, peak RSS {rss} MB  "
+              f"[{out.strip()}]")
 
 
 if __name__ == "__main__":

@@ -191,11 +191,14 @@ def report(
     model: Optional[Path] = MODEL_OPTION,
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    html: Optional[Path] = typer.Option(
+        None, "--html", help="Also write a self-contained HTML page (aggregates, breakdowns; for train also the "
+                             "parity plot and one row per run)."),
 ) -> None:
     """Suite aggregates only on the held-out split; appends an audit entry to the ledger every time."""
     from hops_calib.loop import report_command
 
-    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json))
+    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json, html))
 
 
 @app.command()
@@ -251,6 +254,56 @@ def ledger_repair(ledger: Path = LEDGER_OPTION) -> None:
     raise typer.Exit(ledger_repair_command(ledger))
 
 
+# --- pictures (hops_calib.plot) ---------------------------------------------------------------------
+
+plot_app = typer.Typer(help="Pictures: timelines (real vs predicted), parity plots, ledger history. PNG or SVG by "
+                            "the --out suffix.", no_args_is_help=True)
+app.add_typer(plot_app, name="plot")
+DPI_OPTION = typer.Option(150.0, "--dpi", help="Pixels per inch of a PNG (the figure's size is fixed in inches).")
+
+
+@plot_app.command("timeline")
+def plot_timeline(
+    fixture_id: str = typer.Argument(..., metavar="ID", help="Fixture id (train split; see fixtures list)."),
+    iterations: int = typer.Option(2, "--iterations", help="Show the first K iterations."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [timeline-ID.png]."),
+    dpi: float = DPI_OPTION,
+) -> None:
+    """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time."""
+    from hops_calib.plot.commands import timeline_command
+
+    raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi))
+
+
+@plot_app.command("parity")
+def plot_parity(
+    split: str = typer.Option("train", "--split", help="Only 'train': held-out runs are seen only in aggregate."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [parity-train.png]."),
+    label_worst: int = typer.Option(3, "--label-worst", help="Label this many worst runs in each panel."),
+    dpi: float = DPI_OPTION,
+) -> None:
+    """Predicted vs real throughput and bubble, one point per run, coloured by device mix."""
+    from hops_calib.plot.commands import parity_command
+
+    raise typer.Exit(parity_command(split, fixtures, model, out, label_worst, dpi))
+
+
+@plot_app.command("ledger")
+def plot_ledger(
+    ledger: Path = LEDGER_OPTION,
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [ledger-history.png]."),
+    dpi: float = DPI_OPTION,
+) -> None:
+    """Suite MAPE, bubble MAE and rho after each accepted change; rejected candidates and held-out reports marked."""
+    from hops_calib.plot.commands import ledger_command
+
+    raise typer.Exit(ledger_command(ledger, out, dpi))
+
+
 # --- observe and tune: where the error comes from, and one term's parameters (train split only) ---------
 
 
@@ -266,6 +319,33 @@ def observe(
     from hops_calib.observe import observe_command
 
     raise typer.Exit(observe_command(fixtures, model, split, as_json, top))
+
+
+@app.command()
+def tune(
+    term: str = typer.Argument(..., help="The cost term whose parameters are searched (see `hops-calib terms`)."),
+    trials: int = typer.Option(60, "--trials", min=1, help="Trials to run (shared among the workers)."),
+    storage: Optional[str] = typer.Option(
+        None, "--storage", help="Optuna storage URL: sqlite:///FILE or any RDB URL (default: in memory)."),
+    study: Optional[str] = typer.Option(None, "--study", help="Study name (default: term, model and fixture set)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Processes working on the study (needs --storage)."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="Candidate file to write (default: experiments/tune-TERM-trialN.toml)."),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed (worker k uses seed + k)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    objective: str = typer.Option(
+        "suite", "--objective", help="suite: throughput MAPE, bubble MAE, -rho (Pareto); components: the error of "
+                                     "the stage, optimizer and between-iteration times the traces measure."),
+    only: Optional[List[str]] = typer.Option(
+        None, "--only", help="Search only this parameter (repeatable); the others keep the model's values."),
+) -> None:
+    """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate."""
+    from hops_calib.tune import tune_command
+
+    raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
+                                  objective, tuple(only or ())))
 
 
 def main() -> None:

@@ -29,6 +29,15 @@ def line_of(text: str, table: str | None, key: str | None = None) -> int | None:
     TOML parsers report lines only for syntax errors; this finds where a
     semantically wrong field sits, so a message can point at it.
     """
+    found = _line_in_table(text, table, key)
+    if found is None and table is not None and "." in table:
+        # An inline table (`params = { a = 1 }`): point at the line that holds it.
+        parent, inline_key = table.rsplit(".", 1)
+        found = _line_in_table(text, parent, inline_key)
+    return found
+
+
+def _line_in_table(text: str, table: str | None, key: str | None) -> int | None:
     in_table = table is None
     for number, raw in enumerate(text.splitlines(), start=1):
         code = raw.split("#", 1)[0].strip()

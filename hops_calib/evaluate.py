@@ -23,6 +23,7 @@ from hops_calib.gate import GateResult, Tolerances, gate
 from hops_calib.ledger import DEFAULT_LEDGER, code_revision, now_utc
 from hops_calib.metrics import TimelineMetrics
 from hops_calib.model import Model
+from hops_calib.progress import QUIET, Progress
 from hops_calib.score import RunScore, SuiteScore, aggregate, score_run
 from hops_calib.spec import Spec
 
@@ -90,17 +91,21 @@ class ModelScore:
     suite: SuiteScore
 
 
-def score_model(suite: Suite, model: Model, *, origin: str) -> ModelScore:
-    """Predict every run of `suite` from its spec alone and score it against its truth."""
+def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress = QUIET) -> ModelScore:
+    """Predict every run of `suite` from its spec alone and score it against its truth.
+
+    `progress` advances once per run; the caller starts it (it may score more than one model).
+    """
     from hops_calib.predict import predict
 
     runs = []
     for fixture_id, spec, truth in zip(suite.ids, suite.specs, suite.truths):
         try:
-            prediction = predict(spec, model)
+            runs.append(score_run(fixture_id, truth, predict(spec, model).metrics))
         except ValueError as error:
-            raise InputError(origin, f"model {model.name!r} cannot predict fixture {fixture_id}: {error}") from None
-        runs.append(score_run(fixture_id, truth, prediction.metrics))
+            raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
+                             ) from None
+        progress.advance(fixture_id)
     return ModelScore(runs=tuple(runs), suite=aggregate(runs))
 
 
@@ -108,7 +113,6 @@ def score_model(suite: Suite, model: Model, *, origin: str) -> ModelScore:
 class Evaluation:
     split: str
     fixtures_dir: Path
-    n_fixtures: int
     fixture_set_sha256: str
     model_path: Path
     model: Model
@@ -131,7 +135,8 @@ class Evaluation:
         """The scores being reported: the candidate's when there is one, else the model's."""
         return self.after or self.before
 
-    def to_dict(self, *, runs: bool = True) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of `evaluate --json`: top-level aggregates and runs are the candidate's when there is one."""
         data: dict[str, Any] = {"split": self.split, **self.current.suite.to_dict(),
                                 "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
                                 "model": str(self.model_path), "model_sha256": self.model.sha256,
@@ -147,8 +152,7 @@ class Evaluation:
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]},
             })
-        if runs:
-            data["runs"] = [r.to_dict() for r in self.current.runs]
+        data["runs"] = [r.to_dict() for r in self.current.runs]
         return data
 
 
@@ -159,8 +163,12 @@ def candidate_record(candidate: Candidate) -> dict[str, Any]:
 
 def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
              candidate_path: Path | str | None = None, tolerances: Tolerances = Tolerances(),
-             ledger_path: Path | str = DEFAULT_LEDGER, commit: bool = False, split: str = TRAIN) -> Evaluation:
-    """Score the model on the train split; with a candidate, gate it, record it, and commit it if asked and accepted."""
+             ledger_path: Path | str = DEFAULT_LEDGER, commit: bool = False, split: str = TRAIN,
+             progress: Progress = QUIET) -> Evaluation:
+    """Score the model on the train split; with a candidate, gate it, record it, and commit it if asked and accepted.
+
+    `progress` sees one unit per prediction (two per run with a candidate).
+    """
     from hops_calib.model_files import DEFAULT_MODEL, load_model
 
     refuse_test_split(split, "evaluate")
@@ -172,14 +180,14 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     candidate = read_candidate(candidate_path) if candidate_path is not None else None
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suite(fixtures_dir, split)
-    before = score_model(suite, model, origin=str(model_path))
-    common = dict(split=split, fixtures_dir=Path(fixtures_dir), n_fixtures=len(suite.ids),
-                  fixture_set_sha256=suite.sha256, model_path=model_path, model=model, tolerances=tolerances,
-                  before=before)
+    progress.start(len(suite.ids) * (2 if candidate is not None else 1))
+    before = score_model(suite, model, origin=str(model_path), progress=progress)
+    common = dict(split=split, fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256,
+                  model_path=model_path, model=model, tolerances=tolerances, before=before)
     if candidate is None:
         return Evaluation(**common)
 
-    after = score_model(suite, candidate_model, origin=candidate.origin)
+    after = score_model(suite, candidate_model, origin=candidate.origin, progress=progress)
     verdict = gate(before.runs, after.runs, before.suite, after.suite, tolerances)
     entry = {
         "kind": "evaluate",
@@ -246,7 +254,7 @@ class Report:
 
 
 def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
-           ledger_path: Path | str = DEFAULT_LEDGER) -> Report:
+           ledger_path: Path | str = DEFAULT_LEDGER, progress: Progress = QUIET) -> Report:
     """Suite aggregates on `split` (the held-out test split by default), and an audit entry in the ledger.
 
     Only aggregates leave this function: no per-run error, so nobody can tune
@@ -260,7 +268,8 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     model = load_model(model_path)
     suite = load_suite(fixtures_dir, split)
-    scored = score_model(suite, model, origin=str(model_path))
+    progress.start(len(suite.ids))
+    scored = score_model(suite, model, origin=str(model_path), progress=progress)
     entry = {
         "kind": "report",
         "time": now_utc(),

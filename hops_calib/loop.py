@@ -27,11 +27,14 @@ def _print_json(data: Any) -> None:
 
 def _guarded(action: Callable[[], int]) -> int:
     """Run a command; turn bad input into one clear stderr line and exit code 2."""
-    from hops_calib.store import StoreError
-
     try:
         return action()
-    except (InputError, StoreError) as error:
+    except Exception as error:
+        # A StoreError (unknown fixture id, ...) can only come from a verb that imported the store; importing it
+        # here would cost the ledger verbs a pandas import.
+        store = sys.modules.get("hops_calib.store.fixture_store")
+        if not (isinstance(error, InputError) or (store is not None and isinstance(error, store.StoreError))):
+            raise
         print(f"error: {error}", file=sys.stderr)
         return EXIT_INVALID
 
@@ -47,6 +50,8 @@ def _num(value: float | None, digits: int = 2) -> str:
 # --- predict -------------------------------------------------------------------------------------
 
 def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
+    from hops_calib.timeline import BACKWARD, FORWARD
+
     truth, spec = fixture.truth, fixture.spec
     rows = []
     for predicted in prediction.stage_phase_ms(spec):
@@ -55,9 +60,9 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
             "stage": stage, "device": predicted.device,
             "real_utilization": truth.metrics.utilization_per_stage[stage],
             "predicted_utilization": prediction.metrics.utilization_per_stage[stage],
-            "real_forward_ms": truth.phase_median_ms(stage, "FORWARD"),
+            "real_forward_ms": truth.phase_median_ms(stage, FORWARD),
             "predicted_forward_ms": predicted.forward_ms,
-            "real_backward_ms": truth.phase_median_ms(stage, "BACKWARD"),
+            "real_backward_ms": truth.phase_median_ms(stage, BACKWARD),
             "predicted_backward_ms": predicted.backward_ms,
             "real_optimizer_ms": truth.optimizer_ms_per_stage[stage] if stage < len(truth.optimizer_ms_per_stage)
             else None,
@@ -132,8 +137,10 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
         if fixture_id is not None:
             return _predict_one(fixture_id, fixtures, model_path, as_json)
         from hops_calib.evaluate import evaluate
+        from hops_calib.progress import progress_bar
 
-        result = evaluate(fixtures, model_path=model_path)
+        with progress_bar("predict", quiet=as_json) as progress:
+            result = evaluate(fixtures, model_path=model_path, progress=progress)
         if as_json:
             _print_json(result.to_dict())
         else:
@@ -156,8 +163,11 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
             limits = Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
         except ValueError as error:
             raise InputError("evaluate", str(error), field="tolerance") from None
-        result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
-                          ledger_path=ledger_path, commit=commit, split=split)
+        from hops_calib.progress import progress_bar
+
+        with progress_bar("evaluate", quiet=as_json) as progress:
+            result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
+                              ledger_path=ledger_path, commit=commit, split=split, progress=progress)
         if as_json:
             _print_json(result.to_dict())
             return result.exit_code
@@ -177,8 +187,8 @@ def _print_candidate(result) -> None:
     candidate, verdict = result.candidate, result.verdict
     print(f"candidate {candidate.id} ({candidate.origin}): {candidate.change.describe()}")
     print(f"hypothesis: {candidate.hypothesis}")
-    print(f"model {result.model.sha256[:12]} -> {result.candidate_model.sha256[:12]} on {result.n_fixtures} "
-          f"{result.split} fixtures ({result.fixture_set_sha256[:12]})")
+    print(f"model {result.model.sha256[:12]} -> {result.candidate_model.sha256[:12]} on "
+          f"{result.before.suite.n_fixtures} {result.split} fixtures ({result.fixture_set_sha256[:12]})")
     before, after = result.before.suite, result.after.suite
     print(f"{'':30}{'before':>10}{'after':>10}")
     for label, field in (("throughput MAPE %", "throughput_mape_pct"),
@@ -203,16 +213,30 @@ def _print_candidate(result) -> None:
 
 # --- report --------------------------------------------------------------------------------------
 
-def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool) -> int:
+def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool,
+                   html: Path | None = None) -> int:
     def run() -> int:
         from hops_calib.evaluate import report
+        from hops_calib.progress import progress_bar
 
-        result = report(fixtures, split=split, model_path=model_path, ledger_path=ledger_path)
+        if html is not None:
+            from hops_calib.plot.html import check_html_path
+
+            check_html_path(html)  # before the audit entry: a bad name must not cost one
+        with progress_bar("report", quiet=as_json) as progress:
+            result = report(fixtures, split=split, model_path=model_path, ledger_path=ledger_path,
+                            progress=progress)
+        if html is not None:
+            from hops_calib.plot.html import write_report
+
+            write_report(html, result, fixtures, model_path)
         if as_json:
             _print_json(result.to_dict())
         else:
             _print_suite(f"held-out report, {result.split} split, model {result.model_sha256[:12]}", result.suite)
             print(f"audit entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
+            if html is not None:
+                print(f"wrote {html}")
         return EXIT_OK
 
     return _guarded(run)

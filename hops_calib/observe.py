@@ -41,6 +41,7 @@ import numpy as np
 
 from hops_calib.errors import InputError
 from hops_calib.metrics import IterationParts, TimelineMetrics, timeline_iteration_parts
+from hops_calib.progress import QUIET, Progress
 from hops_calib.score import RunScore, SuiteScore, aggregate, score_run
 from hops_calib.spec import Spec
 from hops_calib.timeline import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD
@@ -420,7 +421,7 @@ class Observation:
 
 
 def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, split: str = "train",
-            progress: Callable[[int, int], None] | None = None) -> Observation:
+            progress: Progress = QUIET) -> Observation:
     """Compare every run of the train split with its prediction, and rank where the throughput error comes from."""
     from hops_calib.evaluate import open_store, refuse_test_split
     from hops_calib.model_files import DEFAULT_MODEL, load_model
@@ -434,10 +435,10 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
         raise InputError(fixtures_dir, f"the fixture store has no {split} fixtures",
                          hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})")
     runs = []
-    for done, fixture_id in enumerate(ids, start=1):
+    progress.start(len(ids))
+    for fixture_id in ids:
         runs.append(observe_run(store.load(fixture_id), model))
-        if progress is not None:
-            progress(done, len(ids))
+        progress.advance(fixture_id)
     contributors = part_contributors(runs) + stage_contributors(runs)
     overall = tuple(c for c in contributors if c.dimension == "all")
     ranked = sorted((c for c in contributors if c.dimension != "all"), key=lambda c: -c.contribution_pp)
@@ -505,10 +506,10 @@ def observation_text(observation: Observation, top: int = 12) -> str:
 def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json: bool, top: int) -> int:
     """The `observe` verb: text (or JSON) on stdout, a progress bar on a terminal's stderr."""
     from hops_calib.loop import EXIT_OK, _guarded, _print_json
-    from hops_calib.progress import terminal_progress
+    from hops_calib.progress import progress_bar
 
     def run() -> int:
-        with terminal_progress("observing runs") as progress:
+        with progress_bar("observe", quiet=as_json) as progress:
             observation = observe(fixtures, model_path=model_path, split=split, progress=progress)
         if as_json:
             _print_json(observation.to_dict())

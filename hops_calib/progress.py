@@ -1,26 +1,109 @@
-"""CLI helper: a progress bar on a terminal's stderr, and nothing at all when output goes to a file or a pipe."""
+"""Progress bars for long commands: a rich bar on a terminal, silence everywhere else.
+
+A command that loops over many runs (ingest, evaluate, tuning) takes a
+`Progress` and calls `start(total)` once it knows how much work there is and
+`advance(what)` after each unit; a loop that polls a count instead (worker
+processes of a study) calls `update(completed, total)`. `progress_bar(...)` gives the real bar when
+stdout is a terminal (and --json was not asked for), else `QUIET`, which does
+nothing: piped or captured output never carries bar characters. The bar draws
+on stderr, so even on a terminal it never mixes with what a command prints.
+"""
 
 from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Iterator, Protocol
+
+
+class Progress(Protocol):
+    def start(self, total: int) -> None:
+        """The number of units of work; call once, before the first `advance`."""
+
+    def advance(self, what: str = "") -> None:
+        """One unit done; `what` names it (a run id)."""
+
+    def update(self, completed: int, total: int) -> None:
+        """`completed` of `total` units are done (for loops that count rather than step)."""
+
+
+class _Quiet:
+    def start(self, total: int) -> None:
+        pass
+
+    def advance(self, what: str = "") -> None:
+        pass
+
+    def update(self, completed: int, total: int) -> None:
+        pass
+
+
+QUIET: Progress = _Quiet()
+
+
+class _RichBar:
+    """A transient rich bar: it disappears when the command ends, leaving only the command's own output."""
+
+    def __init__(self, label: str, console: Any = None) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
+            TimeElapsedColumn
+
+        self._bar = RichProgress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.description}"), transient=True, console=console)
+        self._task = None
+
+    def start(self, total: int) -> None:
+        # One unit is over before a bar could be read: it would only flicker.
+        if self._task is None and total > 1:
+            self._bar.start()
+            self._task = self._bar.add_task("", total=total)
+
+    def advance(self, what: str = "") -> None:
+        if self._task is not None:
+            self._bar.update(self._task, advance=1, description=what)
+
+    def update(self, completed: int, total: int) -> None:
+        self.start(total)
+        if self._task is not None:
+            self._bar.update(self._task, completed=completed, total=total)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._bar.stop()
+
+
+def on_terminal() -> bool:
+    """Whether a bar would be seen: stdout (what the user watches) and stderr (where it draws) are terminals."""
+    return _isatty(sys.stdout) and _isatty(sys.stderr)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
 
 
 @contextmanager
-def terminal_progress(description: str) -> Iterator[Callable[[int, int], None]]:
-    """Yield a callback `(done, total)`; it draws a rich progress bar only when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        yield lambda done, total: None
+def progress_bar(label: str, *, total: int | None = None, quiet: bool = False, console: Any = None
+                 ) -> Iterator[Progress]:
+    """A bar labelled `label` while the block runs; `QUIET` when `quiet` (--json) or stdout is not a terminal.
+
+    `console` (a rich Console) forces a bar onto it, whatever the streams are;
+    tests use it to see the bar.
+    """
+    if quiet or (console is None and not on_terminal()):
+        yield QUIET
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    if console is None:
+        from rich.console import Console
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(description, total=None)
+        console = Console(stderr=True)
+    bar = _RichBar(label, console)
+    try:
+        if total is not None:
+            bar.start(total)
+        yield bar
+    finally:
+        bar.stop()
 
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        yield update

@@ -47,8 +47,9 @@ class Truth:
     microbatches: int  # per iteration, as logged on stage 0
     iterations: tuple[int, ...]  # Megatron's iteration numbers in the trace
     phase_stats: tuple[PhaseStats, ...]
-    # Per iteration: max over ranks of (first OPTIMIZER start - last backward end) on that rank, the
-    # stretch of gradient reductions and logging no rank traces; None where an iteration has no optimizer.
+    # Per iteration, the silent stretch before the optimizer step: first OPTIMIZER start (any rank) minus
+    # the last backward end (over all ranks). No rank logs anything in it (gradient reductions, norms,
+    # loss and logging run there); None where an iteration has no optimizer events.
     idle_ms_per_iteration: tuple[float | None, ...]
     optimizer_ms_per_stage: tuple[float | None, ...]  # median OPTIMIZER duration per stage
     t0_ns: int  # wall-clock epoch of the timeline's 0 ms (earliest event start)
@@ -94,20 +95,6 @@ class Truth:
             optimizer_ms_per_stage=tuple(data["optimizer_ms_per_stage"]),
             t0_ns=int(data["t0_ns"]),
         )
-
-
-def events_frame(columns: dict[str, np.ndarray]) -> pd.DataFrame:
-    """The fixture's events table from reader columns (kind and phase codes become categoricals)."""
-    data: dict[str, Any] = {}
-    for name in EVENT_COLUMNS:
-        values = columns[name]
-        if name == "kind":
-            data[name] = pd.Categorical.from_codes(values, dtype=KIND_DTYPE)
-        elif name == "phase":
-            data[name] = pd.Categorical.from_codes(values, dtype=PHASE_DTYPE)
-        else:
-            data[name] = values
-    return pd.DataFrame(data, copy=False)
 
 
 def compact_timeline(columns: dict[str, np.ndarray], t0_ns: int) -> pd.DataFrame:
@@ -181,7 +168,8 @@ def infer_schedule(timeline: pd.DataFrame, pp: int) -> tuple[str, float | None]:
     """The pipeline schedule that ran, from the order of compute events on each stage in each iteration.
 
     A split backward (BACKWARD_W) means zero-bubble; a second model chunk means
-    interleaved 1F1B. Otherwise each (stage, iteration) order of forwards and
+    interleaved 1F1B (its agreement is with Megatron's interleaved order, see
+    `megatron_interleaved_order`). Otherwise each (stage, iteration) order of forwards and
     backwards is compared with Megatron's non-interleaved 1F1B (min(p-s-1, m)
     warm-up forwards, then one-forward-one-backward, then the cool-down) and
     with GPipe (all forwards, then all backwards); the schedule matching more
@@ -197,7 +185,7 @@ def _infer_schedule(cols: _Columns, pp: int) -> tuple[str, float | None]:
     if cols.is_phase(tl.BACKWARD_W).any():
         return "zb_h1", None
     if (cols.chunk[passes] > 0).any():
-        return "interleaved_1f1b", None
+        return "interleaved_1f1b", _interleaved_agreement(cols, passes, pp)
     if not passes.any():
         return "1f1b", None
     # One stage at a time keeps the temporaries small on multi-million-event traces.
@@ -234,6 +222,53 @@ def _infer_schedule(cols: _Columns, pp: int) -> tuple[str, float | None]:
     return best, agree[best]
 
 
+def megatron_interleaved_order(pp: int, stage: int, microbatches: int, chunks: int,
+                               group_size: int | None = None) -> list[tuple[bool, int]]:
+    """(is_forward, model chunk) of each pass on one rank in Megatron-core's interleaved 1F1B.
+
+    As in `forward_backward_pipelining_with_interleaving`: virtual microbatches
+    run in groups of `group_size` (default pp) microbatches per chunk; warm-up
+    is 2 (pp - stage - 1) + (chunks - 1) group_size forwards, then one forward
+    and one backward at a time, then the cool-down backwards; a backward's chunk
+    mirrors the forward's (chunks - 1 - chunk).
+    """
+    group_size = group_size or pp
+    table = []
+    for first in range(0, microbatches, group_size):
+        last = microbatches if first + group_size >= microbatches else first + group_size
+        table += [chunk for chunk in range(chunks) for _ in range(first, last)]
+    total = microbatches * chunks
+    warmup = min(2 * (pp - stage - 1) + (chunks - 1) * group_size, total)
+    order = [(True, table[k]) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [(True, table[warmup + k]), (False, chunks - 1 - table[k])]
+    order += [(False, chunks - 1 - table[k]) for k in range(total - warmup, total)]
+    return order
+
+
+def _interleaved_agreement(cols: _Columns, passes: np.ndarray, pp: int) -> float:
+    """Fraction of (stage, iteration) pass orders equal to Megatron's interleaved order."""
+    chunks = int(cols.chunk[passes].max()) + 1
+    forward_code = tl.PHASES.index(tl.FORWARD)
+    expected: dict[tuple[int, int], np.ndarray] = {}
+    matches = n_orders = 0
+    for stage in range(pp):
+        rows = np.flatnonzero(passes & (cols.stage == stage))
+        rows = rows[np.lexsort((cols.end[rows], cols.start[rows], cols.iteration[rows]))]
+        # One code per pass: chunk for a forward, chunks + chunk for a backward.
+        codes = cols.chunk[rows] + chunks * (cols.phase[rows] != forward_code)
+        bounds = np.flatnonzero(np.diff(cols.iteration[rows])) + 1
+        for order in np.split(codes, bounds):
+            n_orders += 1
+            microbatches = int(np.count_nonzero(order < chunks)) // chunks
+            key = (stage, microbatches)
+            if key not in expected:
+                expected[key] = np.array([chunk + (0 if forward else chunks) for forward, chunk in
+                                          megatron_interleaved_order(pp, stage, microbatches, chunks)])
+            matches += bool(np.array_equal(order, expected[key]))
+    return matches / n_orders if n_orders else 0.0
+
+
 def _phase_stats(cols: _Columns, pp: int) -> tuple[PhaseStats, ...]:
     duration = cols.end - cols.start
     stats = []
@@ -249,17 +284,16 @@ def _phase_stats(cols: _Columns, pp: int) -> tuple[PhaseStats, ...]:
     return tuple(stats)
 
 
-def _idle_per_iteration(cols: _Columns, iterations: np.ndarray, pp: int) -> tuple[float | None, ...]:
-    slot = np.searchsorted(iterations, cols.iteration) * pp + cols.stage
-    last_backward = np.full(len(iterations) * pp, -np.inf)
+def _idle_per_iteration(cols: _Columns, iterations: np.ndarray) -> tuple[float | None, ...]:
+    slot = np.searchsorted(iterations, cols.iteration)
+    last_backward = np.full(len(iterations), -np.inf)
     backward = cols.is_phase(*tl.BACKWARD_PHASES)
     np.maximum.at(last_backward, slot[backward], cols.end[backward])
-    first_optimizer = np.full(len(iterations) * pp, np.inf)
+    first_optimizer = np.full(len(iterations), np.inf)
     optimizer = cols.is_phase(tl.OPTIMIZER)
     np.minimum.at(first_optimizer, slot[optimizer], cols.start[optimizer])
-    gap = (first_optimizer - last_backward).reshape(len(iterations), pp)
-    gap[~np.isfinite(gap)] = np.nan
-    return tuple(None if np.isnan(row).all() else float(np.nanmax(row)) for row in gap)
+    gap = first_optimizer - last_backward
+    return tuple(float(g) if np.isfinite(g) else None for g in gap)
 
 
 def compute_truth(timeline: pd.DataFrame, pp: int, t0_ns: int = 0) -> Truth:
@@ -283,7 +317,7 @@ def compute_truth(timeline: pd.DataFrame, pp: int, t0_ns: int = 0) -> Truth:
         microbatches=microbatches,
         iterations=tuple(int(i) for i in iterations),
         phase_stats=_phase_stats(cols, pp),
-        idle_ms_per_iteration=_idle_per_iteration(cols, iterations, pp),
+        idle_ms_per_iteration=_idle_per_iteration(cols, iterations),
         optimizer_ms_per_stage=tuple(optimizer_ms),
         t0_ns=int(t0_ns),
     )

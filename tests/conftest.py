@@ -52,3 +52,55 @@ def shared_fixtures(shared_store) -> Path:
     Read-only by convention: tests that change a store ingest into their own tmp_path.
     """
     return shared_store.root
+
+
+# The plain, uncalibrated model (roofline per layer + link fits): tests of the model room and of the loop use it
+# instead of the shipped model, which the calibration campaign keeps changing.
+PLAIN_MODEL_TOML = """
+[model]
+name = "plain"
+description = "roofline per decoder layer and the link benchmark's fits, nothing else"
+
+[terms.decoder_roofline]
+compute_efficiency = 0.5
+memory_efficiency = 0.8
+backward_factor = 2.0
+
+[terms.link_transfer]
+"""
+
+
+def plain_model():
+    from hops_calib.model_files import load_catalog
+    from hops_calib.model import parse_model
+
+    return parse_model(PLAIN_MODEL_TOML, origin="tests/conftest.py:PLAIN_MODEL_TOML", catalog=load_catalog())
+
+
+# A model with a term for every part of an iteration (decoder layers, links, the embedding all-reduce in the
+# silent stretch, the optimizer step, host time before the next iteration), for tests of observe and tune.
+ITERATION_TERMS_MODEL = """
+[model]
+name = "iteration-terms"
+
+[terms.decoder_roofline]
+compute_efficiency = 0.1
+
+[terms.link_transfer]
+
+[terms.embedding_grad_allreduce]
+
+[terms.optimizer_step]
+memory_efficiency = 0.1
+
+[terms.iteration_host_overhead]
+host_ms = 3.0
+"""
+
+
+@pytest.fixture(scope="session")
+def iteration_terms_model(tmp_path_factory) -> Path:
+    """Path of a model file with ITERATION_TERMS_MODEL."""
+    path = tmp_path_factory.mktemp("models") / "iteration-terms.toml"
+    path.write_text(ITERATION_TERMS_MODEL)
+    return path

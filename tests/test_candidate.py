@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import plain_model
 
 from hops_calib.candidate import TooManyChanges, parse_candidate
 from hops_calib.errors import InputError
@@ -16,7 +17,7 @@ def parse(body: str):
 
 
 def test_set_params_changes_only_that_term():
-    model = load_model()
+    model = plain_model()
     candidate = parse('[change]\naction = "set"\nterm = "decoder_roofline"\nparams = { compute_efficiency = 0.25 }\n')
     changed = candidate.apply(model)
     assert changed.active("decoder_roofline").params()["compute_efficiency"] == 0.25
@@ -28,7 +29,7 @@ def test_set_params_changes_only_that_term():
 
 
 def test_remove_and_add_are_inverse():
-    model = load_model()
+    model = plain_model()
     removed = parse('[change]\naction = "remove"\nterm = "link_transfer"\n').apply(model)
     assert removed.active("link_transfer") is None
     added = parse('[change]\naction = "add"\nterm = "link_transfer"\n').apply(removed)
@@ -38,7 +39,7 @@ def test_remove_and_add_are_inverse():
 def test_device_constant_needs_a_source_and_changes_that_constant():
     body = ('[change]\naction = "set_device"\ndevice = "a10g"\nconstant = "peak_bf16_flops_per_s"\n'
             'value = 7.0e13\nsource = "a datasheet"\n')
-    changed = parse(body).apply(load_model())
+    changed = parse(body).apply(plain_model())
     assert changed.device("a10g").peak_bf16_flops_per_s == 7.0e13
     assert changed.device("a10g").source("peak_bf16_flops_per_s") == "a datasheet"
     with pytest.raises(InputError, match="needs the source"):
@@ -115,10 +116,21 @@ def test_malformed_candidates_are_named(text, needle, line):
 ])
 def test_changes_that_do_not_apply_to_the_model_are_refused(body, needle):
     with pytest.raises(InputError, match=needle):
-        parse(body).apply(load_model())
+        parse(body).apply(plain_model())
 
 
 def test_removing_the_last_term_is_refused():
-    model = parse('[change]\naction = "remove"\nterm = "link_transfer"\n').apply(load_model())
+    model = plain_model()
+    *others, last = [active.name for active in model.terms]
+    for name in others:
+        model = parse(f'[change]\naction = "remove"\nterm = "{name}"\n').apply(model)
     with pytest.raises(InputError, match="no terms"):
-        parse('[change]\naction = "remove"\nterm = "decoder_roofline"\n').apply(model)
+        parse(f'[change]\naction = "remove"\nterm = "{last}"\n').apply(model)
+
+
+def test_a_bad_inline_parameter_points_at_its_line():
+    body = '[change]\naction = "set"\nterm = "decoder_roofline"\nparams = { compute_efficiency = 7.0 }\n'
+    with pytest.raises(InputError, match="outside the plausible range") as caught:
+        parse(body).apply(plain_model())
+    assert caught.value.line == 7 and caught.value.field == "change.params.compute_efficiency"
+

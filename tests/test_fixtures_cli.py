@@ -71,3 +71,13 @@ def test_ingest_is_quiet_when_stdout_is_not_a_terminal(shared_runs, shared_store
         f"{n} runs: 0 new, 0 updated, {n} unchanged, 0 rejected; store {shared_store.root} holds {n} fixtures "
         f"(train {len(shared_store.ids('train'))}, test {len(shared_store.ids('test'))})"]
     assert result.stderr == ""
+
+
+def test_ingest_refuses_bad_options_with_exit_code_2(shared_runs, tmp_path):
+    run = str(sorted(shared_runs.iterdir())[0])
+    result = _run("ingest", run, "--fixtures", str(tmp_path / "fx"), "--split", "holdout")
+    assert result.exit_code == 2 and "unknown split 'holdout'" in result.stderr
+    result = _run("ingest", run, "--fixtures", str(tmp_path / "fx"), "--test-fraction", "1.5")
+    assert result.exit_code == 2 and "--test-fraction 1.5" in result.stderr
+    result = _run("ingest", str(tmp_path / "nowhere"), "--fixtures", str(tmp_path / "fx"))
+    assert result.exit_code == 1 and "does not exist" in result.stderr

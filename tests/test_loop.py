@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,8 @@ from typer.testing import CliRunner
 from hops_calib.cli import app
 from hops_calib.evaluate import load_suite, score_model
 from hops_calib.ledger import read_entries
-from hops_calib.model_files import DEFAULT_MODEL, load_model
+from hops_calib.model_files import load_model
+from conftest import PLAIN_MODEL_TOML
 
 REPO = Path(__file__).resolve().parent.parent
 AGGREGATES = {"n_fixtures", "throughput_mape_pct", "throughput_median_ape_pct", "steady_throughput_mape_pct",
@@ -67,7 +67,7 @@ def cli(*args: str):
 def workspace(tmp_path):
     """A private copy of the shipped model, a candidates folder and a ledger path, all in tmp."""
     model = tmp_path / "model.toml"
-    shutil.copy(DEFAULT_MODEL, model)
+    model.write_text(PLAIN_MODEL_TOML)
     experiments = tmp_path / "experiments"
     experiments.mkdir()
     for name, text in (("improving", IMPROVING), ("harmful", HARMFUL), ("two_terms", TWO_TERMS)):
@@ -164,6 +164,7 @@ def test_a_two_term_candidate_is_refused_naming_both_terms(shared_fixtures, work
     (("evaluate", "--tolerance-run-bubble-pp", "-1"), "must be >= 0"),
     (("predict", "--all", "--model", "missing.toml"), "model file not found"),
     (("predict",), "either a fixture ID or --all"),
+    (("predict", "no_such_run"), "no fixture 'no_such_run'"),
 ])
 def test_invalid_requests_exit_2_with_a_reason(shared_fixtures, args, needle):
     result = cli(*args, "--fixtures", shared_fixtures)
@@ -275,11 +276,10 @@ def test_commit_refuses_a_model_file_that_changed_since_it_was_judged(tmp_path):
     from hops_calib.candidate import parse_candidate
     from hops_calib.errors import InputError
     from hops_calib.evaluate import _commit
-    from hops_calib.model_files import write_model
 
     path, ledger = tmp_path / "model.toml", tmp_path / "ledger.jsonl"
-    judged = load_model()
-    write_model(path, judged)
+    path.write_text(PLAIN_MODEL_TOML)
+    judged = load_model(path)
     first = parse_candidate(IMPROVING, origin="first.toml").apply(judged)
     _commit(path, judged, first, ledger, {"kind": "evaluate", "note": "first"})
     second = parse_candidate(HARMFUL, origin="second.toml").apply(judged)

@@ -7,6 +7,7 @@ import tomllib
 from typing import Mapping
 
 import pytest
+from conftest import PLAIN_MODEL_TOML, plain_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,7 +130,7 @@ def test_roofline_is_compute_bound_for_a_large_layer_and_memory_bound_for_a_tiny
 def test_roofline_time_never_rises_with_efficiency(low, high):
     low, high = sorted((low, high))
     spec = make_spec()
-    model = load_model()
+    model = plain_model()
     slow = model.with_term(ActiveTerm(TERMS["decoder_roofline"], tuple(roofline_values(
         compute_efficiency=low, memory_efficiency=low).items()))).pipeline(spec)
     fast = model.with_term(ActiveTerm(TERMS["decoder_roofline"], tuple(roofline_values(
@@ -140,7 +141,7 @@ def test_roofline_time_never_rises_with_efficiency(low, high):
 
 def test_link_transfer_prices_the_hidden_states_with_each_hops_fit():
     spec = make_spec(pp=3, devices=("h100", "a10g", "l4"), hidden=2048, seq=512)
-    pipeline = load_model().pipeline(spec)
+    pipeline = plain_model().pipeline(spec)
     nbytes = 512 * 2048 * 2
     expected = tuple(fit.latency_ms + nbytes / fit.bytes_per_ms for fit in spec.links)
     assert pipeline.forward_transfer_ms == pytest.approx(expected)
@@ -150,7 +151,7 @@ def test_link_transfer_prices_the_hidden_states_with_each_hops_fit():
 def test_an_unbenchmarked_hop_takes_the_slowest_fitted_link():
     links = (LinkFit(0, 1, 0.1, 2.0e6), LinkFit(1, 0, 0.1, 2.0e6), LinkFit(1, 2, 0.3, 1.0e6))
     spec = make_spec(pp=3, vp=2, layers=(2, 2, 2), devices=("h100", "a10g", "l4"), links=links)
-    transfers = load_model().pipeline(spec).forward_transfer_ms
+    transfers = plain_model().pipeline(spec).forward_transfer_ms
     assert len(transfers) == 5
     slow = 0.3 + 1024 * 1024 * 2 / 1.0e6
     assert transfers[2] == pytest.approx(slow)  # rank 2 -> rank 0: not benchmarked
@@ -160,7 +161,7 @@ def test_an_unbenchmarked_hop_takes_the_slowest_fitted_link():
 
 def test_link_term_without_any_link_fit_says_what_to_do():
     with pytest.raises(ValueError, match="link_transfer needs link fits.*remove the term"):
-        load_model().pipeline(make_spec(links=()))
+        plain_model().pipeline(make_spec(links=()))
 
 
 # --- Model.pipeline ---------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ class EveryPlace(Term):
 
 def test_contributions_of_all_terms_add_up_in_every_place():
     spec = make_spec(pp=3, devices=("h100", "a10g", "l4"))
-    base_model = load_model()
+    base_model = plain_model()
     base = base_model.pipeline(spec)
     model = base_model.with_term(ActiveTerm(EveryPlace(), (("amount_ms", 0.5),)))
     summed = model.pipeline(spec)
@@ -209,27 +210,28 @@ def test_a_term_returning_the_wrong_number_of_values_is_named():
         def contribute(self, context, params):
             return Contribution(optimizer_ms=(1.0,))
 
-    model = load_model().with_term(ActiveTerm(Broken(), (("amount_ms", 1.0),)))
+    model = plain_model().with_term(ActiveTerm(Broken(), (("amount_ms", 1.0),)))
     with pytest.raises(ValueError, match="term broken gave 1 values of optimizer_ms.*expected 4"):
         model.pipeline(make_spec())
 
 
 def test_pipeline_is_pure_and_repeatable():
-    spec, model = make_spec(), load_model()
+    spec, model = make_spec(), plain_model()
     assert model.pipeline(spec) == model.pipeline(spec)
-    assert model == load_model()
+    assert model == plain_model()
 
 
 def test_unknown_device_type_names_the_stage_and_the_fix():
     with pytest.raises(ValueError, match=r"stage 1 runs on device type 'tpu'.*devices.toml"):
-        load_model().pipeline(make_spec(pp=2, devices=("h100", "tpu")))
+        plain_model().pipeline(make_spec(pp=2, devices=("h100", "tpu")))
 
 
 # --- model files and identity ---------------------------------------------------------------------
 
-def test_shipped_baseline_round_trips_through_its_own_toml(tmp_path):
-    model = load_model()
-    assert model.name == "baseline" and {t.name for t in model.terms} == {"decoder_roofline", "link_transfer"}
+@pytest.mark.parametrize("which", ["shipped", "plain"])
+def test_models_round_trip_through_their_own_toml(tmp_path, which):
+    model = load_model() if which == "shipped" else plain_model()
+    assert model.name == ("baseline" if which == "shipped" else "plain") and model.terms
     path = tmp_path / "m.toml"
     write_model(path, model)
     again = load_model(path)
@@ -283,7 +285,7 @@ def test_default_model_is_the_shipped_file():
 
 def with_term(name: str, **values: float) -> Model:
     term = TERMS[name]
-    return load_model().with_term(ActiveTerm(term, tuple({**term.defaults(), **values}.items())))
+    return plain_model().with_term(ActiveTerm(term, tuple({**term.defaults(), **values}.items())))
 
 
 def test_embedding_allreduce_sends_the_padded_fp32_embedding_gradient_over_the_end_to_end_link():
@@ -322,7 +324,7 @@ def test_optimizer_step_streams_every_parameter_once_across_the_ranks():
 def test_iteration_host_overhead_is_a_per_rank_constant_after_the_optimizer_and_a_barrier():
     pipeline = with_term("iteration_host_overhead", host_ms=7.5).pipeline(make_spec())
     assert pipeline.post_optimizer_ms == 7.5 and pipeline.pre_optimizer_ms == 0.0
-    assert pipeline.iteration_barrier and not load_model().pipeline(make_spec()).iteration_barrier
+    assert pipeline.iteration_barrier and not plain_model().pipeline(make_spec()).iteration_barrier
 
 
 def test_optimizer_fixed_cost_adds_to_every_rank():
@@ -334,18 +336,20 @@ def test_optimizer_fixed_cost_adds_to_every_rank():
 
 def added(name: str, spec: Spec, **values: float) -> Pipeline:
     """The pipeline of the shipped model with term `name` added, minus the shipped model's own pipeline."""
-    base, more = load_model().pipeline(spec), with_term(name, **values).pipeline(spec)
+    base, more = plain_model().pipeline(spec), with_term(name, **values).pipeline(spec)
     return Pipeline(
         stages=tuple(StageCosts(m.forward_ms - b.forward_ms, m.backward_ms - b.backward_ms,
                                 m.weight_grad_ms - b.weight_grad_ms) for b, m in zip(base.stages, more.stages)),
         microbatches=spec.microbatches)
 
 
-def test_dispatch_floor_scales_with_layers_plus_a_per_step_constant():
+def test_dispatch_floor_scales_with_layers_and_its_step_time_is_untraced_host_time():
     spec = make_spec(pp=3, layers=(1, 3, 2))
     delta = added("layer_dispatch_floor", spec, forward_ms_per_layer=1.2, backward_ms_per_layer=2.0, step_ms=0.5)
-    assert [s.forward_ms for s in delta.stages] == pytest.approx([1.7, 4.1, 2.9])
-    assert [s.backward_ms for s in delta.stages] == pytest.approx([2.5, 6.5, 4.5])
+    assert [s.forward_ms for s in delta.stages] == pytest.approx([1.2, 3.6, 2.4])
+    assert [s.backward_ms for s in delta.stages] == pytest.approx([2.0, 6.0, 4.0])
+    pipeline = with_term("layer_dispatch_floor", step_ms=0.5).pipeline(spec)
+    assert [s.host_ms for s in pipeline.stages] == pytest.approx([0.5, 0.5, 0.5])
 
 
 def test_output_layer_loss_lands_on_the_last_stage_and_grows_with_the_vocabulary():
@@ -359,7 +363,7 @@ def test_output_layer_loss_lands_on_the_last_stage_and_grows_with_the_vocabulary
     # Memory-bound logits: the same run on a device with twice the bandwidth spends half as long in the passes.
     gemm_free = added("output_layer_loss", spec, compute_efficiency=1.0, logit_passes_forward=0.0)
     passes = last.forward_ms - added("output_layer_loss", spec, logit_passes_forward=0.0).stages[-1].forward_ms
-    l4, a10g = load_model().device("l4"), load_model().device("a10g")
+    l4, a10g = plain_model().device("l4"), plain_model().device("a10g")
     on_a10g = added("output_layer_loss", make_spec(pp=3, devices=("h100", "l4", "a10g")))
     passes_a10g = on_a10g.stages[-1].forward_ms - added(
         "output_layer_loss", make_spec(pp=3, devices=("h100", "l4", "a10g")), logit_passes_forward=0.0).stages[-1].forward_ms
@@ -373,7 +377,7 @@ def test_input_embedding_lands_on_the_first_stage_only():
     assert [s.forward_ms for s in delta.stages] == pytest.approx([1.5, 0.0, 0.0])
     assert [s.backward_ms for s in delta.stages] == pytest.approx([0.5, 0.0, 0.0])
     with_grad = added("input_embedding", spec, forward_ms=0.0, backward_ms=0.0, grad_passes=2.0)
-    h100 = load_model().device("h100")
+    h100 = plain_model().device("h100")
     assert with_grad.stages[0].backward_ms == pytest.approx(2 * 50304 * 1024 * 4 / h100.memory_bandwidth_bytes_per_s * 1e3)
 
 
@@ -382,3 +386,75 @@ def test_attention_traffic_grows_with_the_square_of_the_sequence():
     long = added("attention_score_traffic", make_spec(pp=2, seq=4096))
     for a, b in zip(short.stages, long.stages):
         assert b.forward_ms == pytest.approx(16 * a.forward_ms) and b.backward_ms == pytest.approx(16 * a.backward_ms)
+
+
+def test_end_to_end_link_uses_each_ends_nic_and_caps_one_tcp_flow():
+    # h100 first stage benchmarked only against a slow neighbour, l4 last stage against a fast one.
+    links = (LinkFit(0, 1, 0.0, 1.0e6), LinkFit(1, 2, 0.0, 1.0e6), LinkFit(2, 3, 0.0, 2.4e6))
+    spec = make_spec(pp=4, devices=("h100", "a10g", "a10g", "l4"), links=links)
+    nbytes = 50304 * 1024 * 4
+    links_only = with_term("embedding_grad_allreduce").pipeline(spec).pre_optimizer_ms
+    assert links_only == pytest.approx(nbytes / 1.0e6)  # the h100's only measured link bounds it
+    nics = with_term("embedding_grad_allreduce", nic_efficiency=0.5).pipeline(spec).pre_optimizer_ms
+    l4_nic = plain_model().device("l4").network_bandwidth_bytes_per_s * 0.5 / 1e3
+    assert nics == pytest.approx(nbytes / max(l4_nic, 2.4e6))  # now the l4 end is the slower one
+    capped = with_term("embedding_grad_allreduce", nic_efficiency=0.5, flow_cap_gbit_s=8.0).pipeline(spec)
+    assert capped.pre_optimizer_ms == pytest.approx(nbytes / (8e9 / 8 / 1e3))
+    # A benchmarked pair (pp = 2) is used as measured, and capped by one flow's ceiling too.
+    pair = make_spec(pp=2, devices=("h100", "h100"), links=(LinkFit(0, 1, 0.0, 3.4e6),))
+    assert with_term("embedding_grad_allreduce", nic_efficiency=1.0).pipeline(pair).pre_optimizer_ms == \
+        pytest.approx(nbytes / 3.4e6)
+    assert with_term("embedding_grad_allreduce", flow_cap_gbit_s=20.0).pipeline(pair).pre_optimizer_ms == \
+        pytest.approx(nbytes / 2.5e6)
+
+
+def test_flows_at_the_tcp_ceiling_add_the_expected_retransmission_stall_and_nic_paced_ones_do_not():
+    links = (LinkFit(0, 1, 0.0, 3.4e6), LinkFit(1, 2, 0.0, 1.2e6))
+    fast = make_spec(pp=3, devices=("h100", "a10g", "l4"), links=(LinkFit(0, 1, 0.0, 3.4e6), LinkFit(1, 2, 0.0, 3.4e6)))
+    slow_end = make_spec(pp=3, devices=("h100", "l4", "a10g"), links=links)
+    params = dict(nic_efficiency=0.95, flow_cap_gbit_s=20.0)
+    for spec, stalls in ((fast, True), (slow_end, False)):
+        plain = with_term("embedding_grad_allreduce", **params).pipeline(spec).pre_optimizer_ms
+        stalled = with_term("embedding_grad_allreduce", **params, stall_probability=0.25).pipeline(spec)
+        assert stalled.pre_optimizer_ms - plain == pytest.approx(0.25 * 200.0 if stalls else 0.0)
+
+
+def test_launch_floor_bounds_the_layers_gpu_work_from_below_and_stage_terms_add_on_top():
+    spec = make_spec(pp=2, devices=("h100", "l4"), layers=(2, 2))
+    gpu = plain_model().pipeline(spec)  # roofline (a "layers" term) + links
+    floor = 3.0  # ms for two layers: above the H100's GEMM time, below nothing the L4 does at h=4096
+    model = with_term("layer_launch_floor", forward_ms_per_layer=1.5, backward_ms_per_layer=1.5)
+    bounded = model.pipeline(spec)
+    for g, b in zip(gpu.stages, bounded.stages):
+        assert b.forward_ms == pytest.approx(max(g.forward_ms, floor))
+        assert b.backward_ms == pytest.approx(max(g.backward_ms, floor))
+    big = make_spec(pp=2, devices=("h100", "l4"), layers=(2, 2), hidden=4096)
+    gpu_big, bounded_big = plain_model().pipeline(big), model.pipeline(big)
+    assert bounded_big.stages[1].forward_ms == pytest.approx(gpu_big.stages[1].forward_ms)  # GPU-bound: no change
+    # A stage-scope term (the output layer) adds on top of the bounded layers.
+    both = model.with_term(ActiveTerm(TERMS["output_layer_loss"], tuple(TERMS["output_layer_loss"].defaults().items())))
+    head = both.pipeline(spec).stages[1].forward_ms - bounded.stages[1].forward_ms
+    assert head > 0 and head == pytest.approx(added("output_layer_loss", spec).stages[1].forward_ms)
+
+
+def test_a_per_device_override_prices_only_that_device_and_round_trips(tmp_path):
+    text = PLAIN_MODEL_TOML.replace("[terms.link_transfer]", '[terms.link_transfer]\n\n[terms.layer_launch_floor]\n'
+                                    'forward_ms_per_layer = 1.0\n"forward_ms_per_layer@a10g" = 2.0\n')
+    model = parse_model(text, origin="m.toml", catalog=load_catalog())
+    spec = make_spec(pp=3, devices=("h100", "a10g", "l4"), layers=(2, 2, 2))
+    forwards = [s.forward_ms for s in model.pipeline(spec).stages]
+    assert forwards[1] == pytest.approx(4.0) and forwards[0] == pytest.approx(2.0)
+    assert forwards[2] == pytest.approx(max(2.0, plain_model().pipeline(spec).stages[2].forward_ms))
+    path = tmp_path / "m.toml"
+    write_model(path, model)
+    assert load_model(path) == model and '"forward_ms_per_layer@a10g" = 2.0' in path.read_text()
+    with pytest.raises(InputError, match="no parameter 'step_ms@a10g'"):
+        parse_model(text.replace('"forward_ms_per_layer@a10g"', '"step_ms@a10g"').replace(
+            "[terms.layer_launch_floor]", "[terms.layer_dispatch_floor]"), origin="m.toml", catalog=load_catalog())
+
+
+def test_collective_efficiency_scales_the_all_reduce_bandwidth():
+    pair = make_spec(pp=2, devices=("a10g", "l4"), links=(LinkFit(0, 1, 0.0, 1.2e6),))
+    full = with_term("embedding_grad_allreduce").pipeline(pair).pre_optimizer_ms
+    slower = with_term("embedding_grad_allreduce", collective_efficiency=0.8).pipeline(pair).pre_optimizer_ms
+    assert slower == pytest.approx(full / 0.8)

@@ -13,31 +13,9 @@ from hops_calib.cli import app
 from hops_calib.evaluate import ProtectedSplit
 from hops_calib.observe import observe, part_fixed_errors, stages_fixed_errors
 
-# Every implemented term active, so that every part of the iteration is predicted by something.
-EVERY_TERM_MODEL = """
-[model]
-name = "every-term"
-
-[terms.decoder_roofline]
-compute_efficiency = 0.1
-
-[terms.link_transfer]
-
-[terms.embedding_grad_allreduce]
-
-[terms.optimizer_step]
-memory_efficiency = 0.1
-
-[terms.iteration_host_overhead]
-host_ms = 3.0
-"""
-
-
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("observe") / "every-term.toml"
-    path.write_text(EVERY_TERM_MODEL)
-    return path
+def model_path(iteration_terms_model):
+    return iteration_terms_model
 
 
 @pytest.fixture(scope="module")

@@ -124,3 +124,16 @@ def test_pipeline_refuses_negative_or_non_finite_times(field, value, message):
     base = dict(stages=(StageCosts(1.0, 2.0),) * 3, microbatches=2)
     with pytest.raises(ValueError, match=message):
         Pipeline(**{**base, field: value})
+
+
+def test_host_time_holds_the_rank_but_is_not_compute():
+    stages = (StageCosts(1.0, 2.0, host_ms=0.5), StageCosts(1.0, 2.0, host_ms=0.5))
+    with_host = simulate(Pipeline(stages=stages, microbatches=4), "1f1b")
+    without = simulate(Pipeline(stages=tuple(StageCosts(1.0, 2.0) for _ in range(2)), microbatches=4), "1f1b")
+    frame = with_host.timeline
+    compute = frame[frame["kind"] == "compute"]
+    assert ((compute["end_ms"] - compute["start_ms"]) == compute["phase"].map({"FORWARD": 1.0, "BACKWARD": 2.0})).all()
+    # Stage 0's first forward waits for nothing but its host time.
+    assert compute.iloc[compute["start_ms"].argmin()]["start_ms"] == pytest.approx(0.5)
+    assert with_host.makespan_ms > without.makespan_ms
+    assert with_host.metrics().bubble_ratio > without.metrics().bubble_ratio

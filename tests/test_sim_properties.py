@@ -28,7 +28,8 @@ def pipelines(draw, schedule):
     stages = []
     for _ in range(virtual):
         backward = draw(cost)
-        stages.append(StageCosts(draw(cost), backward, round(backward * draw(st.floats(0.0, 1.0)), 3)))
+        stages.append(StageCosts(draw(cost), backward, round(backward * draw(st.floats(0.0, 1.0)), 3),
+                                 host_ms=draw(st.sampled_from([0.0, 0.0, 0.25, 1.0]))))
     with_transfers = draw(st.booleans())
     transfers = (lambda: tuple(draw(cost) / 4 for _ in range(virtual - 1))) if with_transfers else (lambda: ())
     iterations = draw(st.integers(1, 4))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hops_calib import timeline as tl
-from hops_calib.truth import Truth, compute_truth, infer_schedule
+from hops_calib.truth import Truth, compute_truth, infer_schedule, megatron_interleaved_order
 
 REL = 1e-6
 
@@ -52,10 +52,17 @@ def test_per_stage_statistics_and_idle_stretch_are_consistent(shared_store):
         phases = {s.phase for s in truth.phase_stats if s.stage == 0}
         assert {tl.FORWARD, tl.BACKWARD} <= phases
         assert len(truth.idle_ms_per_iteration) == len(truth.iterations)
-        # The idle stretch lies inside one iteration period.
-        for idle, period in zip(truth.idle_ms_per_iteration, truth.metrics.iteration_periods_ms):
-            if idle is not None:
-                assert 0 < idle < period
+        # The idle stretch lies inside one iteration period, and no rank logs anything in it.
+        for iteration, idle, period in zip(truth.iterations, truth.idle_ms_per_iteration,
+                                           truth.metrics.iteration_periods_ms):
+            if idle is None:
+                continue
+            assert 0 < idle < period
+            events = timeline[timeline["iteration"] == iteration]
+            backward_end = events[events["phase"].isin(tl.BACKWARD_PHASES) & (events["kind"] == tl.COMPUTE)]
+            silence_from = backward_end["end_ms"].max()
+            inside = timeline[(timeline["start_ms"] > silence_from) & (timeline["start_ms"] < silence_from + idle)]
+            assert inside.empty, inside
 
 
 def test_run_without_optimizer_events_has_no_idle_or_optimizer_time(shared_store):
@@ -135,3 +142,27 @@ def test_split_backward_means_zero_bubble_and_second_chunk_means_interleaved():
     truth = compute_truth(timeline, 2)
     assert truth.observed_schedule == "interleaved_1f1b"
     assert truth.idle_ms_per_iteration == pytest.approx((50.5, 50.5))  # 0.5 ms gap + 50 ms before the optimizer
+
+
+def test_megatron_interleaved_order_matches_hand_written_rank_orders():
+    # p=2, v=2, m=4 (group size p=2), read off Megatron-core's interleaved schedule by hand.
+    rank0 = "F0 F0 F1 F1 F0 B1 F0 B1 F1 B0 F1 B0 B1 B1 B0 B0".split()
+    rank1 = "F0 F0 F1 B1 F1 B1 F0 B0 F0 B0 F1 B1 F1 B1 B0 B0".split()
+    for stage, written in ((0, rank0), (1, rank1)):
+        order = megatron_interleaved_order(2, stage, 4, 2)
+        assert [("F" if forward else "B") + str(chunk) for forward, chunk in order] == written
+
+
+def test_interleaved_agreement_checks_the_order_of_chunks():
+    def orders(shuffle: bool):
+        out = {}
+        for stage in range(2):
+            passes = [("FORWARD" if forward else "BACKWARD", chunk)
+                      for forward, chunk in megatron_interleaved_order(2, stage, 4, 2)]
+            if shuffle and stage == 1:
+                passes[0], passes[2] = passes[2], passes[0]
+            out[stage] = passes
+        return out
+
+    assert infer_schedule(_timeline(orders(False)), 2) == ("interleaved_1f1b", 1.0)
+    assert infer_schedule(_timeline(orders(True)), 2) == ("interleaved_1f1b", 0.5)

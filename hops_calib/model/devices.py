@@ -18,6 +18,7 @@ CONSTANTS: dict[str, str] = {
     "peak_bf16_flops_per_s": "dense (no sparsity) bf16 tensor throughput, FLOP/s",
     "memory_bandwidth_bytes_per_s": "device memory bandwidth, bytes/s",
     "memory_bytes": "device memory capacity, bytes",
+    "network_bandwidth_bytes_per_s": "nominal network bandwidth of the node the device sits in, bytes/s",
 }
 
 
@@ -30,6 +31,7 @@ class DeviceSpec:
     peak_bf16_flops_per_s: float
     memory_bandwidth_bytes_per_s: float
     memory_bytes: float
+    network_bandwidth_bytes_per_s: float
     sources: tuple[tuple[str, str], ...]  # (constant, citation), one per constant
 
     def source(self, constant: str) -> str:

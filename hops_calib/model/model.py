@@ -66,17 +66,22 @@ def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, tex
     for name, value in given.items():
         line = line_of(text, table, name)
         field = f"{table}.{name}" if table else f"{term_name}.{name}"
-        if name not in known:
+        try:
+            param = term.param(name)
+        except KeyError:
+            per_device = [p.name for p in term.params if p.per_device]
             raise InputError(origin, f"term {term_name!r} has no parameter {name!r}", line=line, field=field,
-                             hint=f"its parameters are {sorted(known) or 'none'}")
+                             hint=f"its parameters are {sorted(known) or 'none'}"
+                                  + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise InputError(origin, f"expected a finite number, got {value!r}", line=line, field=field)
-        param = term.param(name)
         if not param.low <= value <= param.high:
             raise InputError(origin, f"{value} is outside the plausible range [{param.low}, {param.high}] "
                              f"({param.unit}: {param.doc})", line=line, field=field)
         values[name] = float(value)
-    return ActiveTerm(term, tuple((p.name, values[p.name]) for p in term.params))
+    overrides = sorted(name for name in values if "@" in name)
+    return ActiveTerm(term, tuple((p.name, values[p.name]) for p in term.params)
+                      + tuple((name, values[name]) for name in overrides))
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,8 @@ class Model:
                                  ) from None
         context = Context(spec=spec, layout=layout, devices=tuple(devices))
         totals: dict[str, list[float] | None] = {name: None for name in Contribution.LENGTHS}
+        layer_work: dict[str, list[float]] = {name: [0.0] * layout.virtual_stages for name in ("forward_ms",
+                                                                                                "backward_ms")}
         pre_optimizer_ms = post_optimizer_ms = 0.0
         switches: dict[str, dict[bool, str]] = {name: {} for name in Contribution.SWITCHES}
         for active in self.terms:
@@ -157,6 +164,9 @@ class Model:
                 if len(values) != expected:
                     raise ValueError(f"term {active.name} gave {len(values)} values of {field} for spec {spec.run_id}; "
                                      f"expected {expected} (one per {length_name[:-1].replace('_', ' ')})")
+                if active.term.scope == "layers" and field in layer_work:
+                    layer_work[field] = [a + b for a, b in zip(layer_work[field], values)]
+                    continue
                 total = totals[field] or [0.0] * expected
                 totals[field] = [a + b for a, b in zip(total, values)]
             pre_optimizer_ms += part.pre_optimizer_ms
@@ -172,8 +182,14 @@ class Model:
         def per(field: str) -> list[float]:
             return totals[field] or [0.0] * getattr(layout, Contribution.LENGTHS[field])
 
-        stages = tuple(StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w)
-                       for f, b, w in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms")))
+        # The decoder layers take their GPU work or the host's launch floor under it, whichever is longer.
+        for field, floor in (("forward_ms", "forward_floor_ms"), ("backward_ms", "backward_floor_ms")):
+            totals[field] = [max(work, bound) + rest for work, bound, rest
+                             in zip(layer_work[field], per(floor), per(field))]
+
+        stages = tuple(StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w, host_ms=h)
+                       for f, b, w, h in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms"),
+                                             per("host_ms")))
         return Pipeline(
             stages=stages,
             microbatches=spec.microbatches,
@@ -215,8 +231,10 @@ class Model:
         for active in self.terms:
             term = active.term
             out += ["", f"# {term.summary()}", f"[terms.{active.name}]"]
-            for param in term.params:
-                out.append(f"{param.name} = {_toml_float(active.params()[param.name])}"
+            for name, value in active.values:
+                param = term.param(name)
+                key = _toml_string(name) if "@" in name else name
+                out.append(f"{key} = {_toml_float(value)}"
                            f"  # {param.unit}, plausible [{_toml_float(param.low)}, {_toml_float(param.high)}]")
         return "\n".join(out) + "\n"
 

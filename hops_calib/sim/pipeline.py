@@ -22,6 +22,9 @@ class StageCosts:
     forward_ms: float
     backward_ms: float  # the whole backward: input gradient + weight gradient
     weight_grad_ms: float = 0.0  # the weight-gradient part of backward_ms (zero-bubble schedules run it apart)
+    # Host time before each task of this virtual stage, after its input has arrived: Python and dispatch work
+    # (schedule bookkeeping, posting p2p, autograd set-up) that holds the rank but runs no traced compute.
+    host_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Pipeline:
         if self.optimizer_ms and len(self.optimizer_ms) != self.ranks:
             raise ValueError(f"optimizer_ms has {len(self.optimizer_ms)} entries; expected {self.ranks} (one per rank)")
         for k, cost in enumerate(self.stages):
-            values = (cost.forward_ms, cost.backward_ms, cost.weight_grad_ms)
+            values = (cost.forward_ms, cost.backward_ms, cost.weight_grad_ms, cost.host_ms)
             if not all(0 <= v < math.inf for v in values) or cost.weight_grad_ms > cost.backward_ms:
                 raise ValueError(f"virtual stage {k}: costs must be finite, >= 0 and weight_grad_ms <= backward_ms "
                                  f"({cost})")

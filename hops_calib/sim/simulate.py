@@ -133,6 +133,7 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     forward_transfer = list(pipeline.forward_transfer_ms) or [0.0] * hops
     backward_transfer = list(pipeline.backward_transfer_ms) or [0.0] * hops
     task_ms = _task_ms(pipeline)
+    host_ms = [c.host_ms for c in pipeline.stages]
     ranks = pipeline.ranks
     optimizer = list(pipeline.optimizer_ms)
 
@@ -143,7 +144,7 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     timed = min(pipeline.iterations, 2) if replicate else pipeline.iterations
     for number in range(1, timed + 1):
         ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer,
-                             starts, rows)
+                             starts, rows, host_ms)
         barrier = max(ends)
         barriers.append(barrier)
         optimizer_start = barrier + pipeline.pre_optimizer_ms

@@ -17,38 +17,23 @@ def _err(message: str) -> None:
 def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
                    lenient: bool = False) -> int:
     """Ingest and print a summary; rejected runs go to stderr. 0 when every run made it, 1 otherwise."""
+    from hops_calib.progress import progress_bar
+
     store = FixtureStore(fixtures)
-    progress = None
-    task = None
-    if sys.stdout.isatty():
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with progress_bar("ingest") as progress:
+        def on_run(outcome: RunOutcome) -> None:
+            progress.advance(outcome.run_id or str(outcome.source))
+            for warning in outcome.warnings:
+                _err(f"warning: {outcome.run_id}: {warning}")
+            if outcome.status == "rejected":
+                _err(f"rejected: {outcome.run_id}: {outcome.error}" if outcome.run_id else f"rejected: {outcome.error}")
 
-        progress = Progress(TextColumn("ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.description}"), transient=True)
-
-    def on_start(total: int) -> None:
-        nonlocal task
-        if progress is not None and total > 1:
-            progress.start()
-            task = progress.add_task("", total=total)
-
-    def on_run(outcome: RunOutcome) -> None:
-        if task is not None:
-            progress.update(task, advance=1, description=outcome.run_id or str(outcome.source))
-        for warning in outcome.warnings:
-            _err(f"warning: {outcome.run_id}: {warning}")
-        if outcome.status == "rejected":
-            _err(f"rejected: {outcome.run_id or outcome.source}: {outcome.error}")
-
-    try:
-        report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
-                        on_run=on_run, on_start=on_start)
-    except StoreError as err:
-        _err(f"error: {err}")
-        return 2
-    finally:
-        if progress is not None:
-            progress.stop()
+        try:
+            report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
+                            on_run=on_run, on_start=progress.start)
+        except StoreError as err:
+            _err(f"error: {err}")
+            return 2
     print(views.ingest_summary(report, store))
     return 0 if report.ok else 1
 

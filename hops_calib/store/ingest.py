@@ -8,7 +8,6 @@ One bad run never stops the others: it is rejected with the reader's message
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,7 +26,7 @@ from hops_calib.truth import Truth, compact_timeline, compute_truth
 
 # Bump when the fixture content for the same input changes (new columns, new truth fields, ...):
 # it is part of the content hash, so a new version re-ingests every run once.
-INGEST_VERSION = 1
+INGEST_VERSION = 2
 SPLIT_CHOICES = ("auto",) + SPLITS
 
 
@@ -216,6 +215,9 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
     job_dirs = _job_dirs([Path(s) for s in sources], report)
     if on_start:
         on_start(len(job_dirs))
+    for outcome in report.outcomes:  # sources that hold no job directory
+        if on_run:
+            on_run(outcome)
     with store.lock():
         store.recover()
         stored = {folder.name: store.meta(folder.name) for folder in store.fixture_folders()}

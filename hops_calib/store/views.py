@@ -142,7 +142,7 @@ def show_text(fixture: Fixture) -> str:
         f"  throughput    {_fmt(data['throughput_per_s'], 3)} microbatches/s (window), "
         f"{_fmt(data['steady_throughput_per_s'], 3)} steady",
         f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms median period; idle stretch "
-        f"{_fmt(data['idle_ms'], 1)} ms median (last backward -> optimizer)",
+        f"{_fmt(data['idle_ms'], 1)} ms median (last backward of any rank -> first optimizer step)",
         f"  bubble        {data['bubble_ratio'] * 100:.1f}%",
         "",
     ]

@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency, the fallback k
 PHASE_CODE = {name: code for code, name in enumerate(PHASES)}
 KIND_CODE = {name: code for code, name in enumerate(KINDS)}
 _COMPUTE, _TRANSFER = KIND_CODE[COMPUTE], KIND_CODE[TRANSFER]
+_OPTIMIZER = PHASE_CODE["OPTIMIZER"]
 
 # Normalized event columns and their in-memory dtypes (compact: a 2 GB log is ~6 M events).
 EVENT_DTYPES: dict[str, str] = {
@@ -63,28 +64,33 @@ class RankLogReport:
     hostname: str = ""
 
 
+# Per-event values in the order the reader collects them (rank is constant per log, added at the end).
+_ROW_FIELDS = ("stage", "chunk", "iteration", "microbatch", "kind", "phase", "start_ns", "end_ns", "peer_stage")
+
+
 class _Columns:
-    """Append-only column store: short Python lists, flushed into numpy chunks."""
+    """Append-only column store: one tuple per event in a short list, flushed into numpy chunks."""
 
     def __init__(self) -> None:
-        self.lists: dict[str, list[int]] = {name: [] for name in EVENT_DTYPES}
-        self.chunks: dict[str, list[np.ndarray]] = {name: [] for name in EVENT_DTYPES}
-        self.rows = 0
+        self.rows: list[tuple[int, ...]] = []
+        self.chunks: dict[str, list[np.ndarray]] = {name: [] for name in _ROW_FIELDS}
 
     def flush(self) -> None:
-        for name, values in self.lists.items():
-            if values:
-                self.chunks[name].append(np.array(values, dtype=EVENT_DTYPES[name]))
-                values.clear()
+        if self.rows:
+            table = np.array(self.rows, dtype=np.int64)
+            for k, name in enumerate(_ROW_FIELDS):
+                self.chunks[name].append(table[:, k].astype(EVENT_DTYPES[name]))
+            self.rows.clear()
 
-    def finish(self) -> dict[str, np.ndarray]:
+    def finish(self, rank: int) -> dict[str, np.ndarray]:
         self.flush()
         out = {}
-        for name, dtype in EVENT_DTYPES.items():
+        for name in _ROW_FIELDS:
             parts = self.chunks.pop(name)
-            out[name] = np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+            out[name] = np.concatenate(parts) if parts else np.empty(0, dtype=EVENT_DTYPES[name])
             del parts
-        return out
+        out["rank"] = np.full(len(out["start_ns"]), rank, dtype=EVENT_DTYPES["rank"])
+        return {name: out[name] for name in EVENT_DTYPES}
 
 
 def _is_int(value: Any) -> bool:
@@ -141,9 +147,7 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
     """
     report = RankLogReport(rank=rank, path=path)
     columns = _Columns()
-    lists = columns.lists
-    stage_l, rank_l, chunk_l, it_l, mb_l = (lists[n] for n in ("stage", "rank", "chunk", "iteration", "microbatch"))
-    kind_l, phase_l, start_l, end_l, peer_l = (lists[n] for n in ("kind", "phase", "start_ns", "end_ns", "peer_stage"))
+    rows = columns.rows
     number = 0
 
     def reject(field_name: str | None, problem: str, hint: str, reason: str = "") -> None:
@@ -181,7 +185,7 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                       and type(stage) is int and 0 <= stage < pp and type(iteration) is int and iteration >= 0
                       and type(chunk) is int and chunk >= 0
                       and (type(microbatch) is int and microbatch >= 0
-                           or microbatch is None and phase == PHASE_CODE["OPTIMIZER"]))
+                           or microbatch is None and phase == _OPTIMIZER))
             except (KeyError, TypeError):
                 ok = False
             if not ok:
@@ -192,20 +196,12 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                 continue
             if not report.hostname:
                 report.hostname = str(record.get("hostname", ""))
-            stage_l.append(stage)
-            rank_l.append(rank)
-            chunk_l.append(chunk)
-            it_l.append(iteration)
-            mb_l.append(-1 if microbatch is None or phase == PHASE_CODE["OPTIMIZER"] else microbatch)
-            kind_l.append(kind)
-            phase_l.append(phase)
-            start_l.append(start)
-            end_l.append(end)
-            peer_l.append(peer)
-            if len(start_l) >= _FLUSH_ROWS:
+            rows.append((stage, chunk, iteration, -1 if phase == _OPTIMIZER else microbatch, kind, phase, start, end,
+                         peer))
+            if len(rows) >= _FLUSH_ROWS:
                 columns.flush()
     report.lines = number
-    out = columns.finish()
+    out = columns.finish(rank)
     report.events = len(out["start_ns"])
     return out, report
 

@@ -12,7 +12,7 @@ from typing import Mapping
 
 from hops_calib.model.terms.base import Context, Contribution, Layout, Param, Term, layout_of
 from hops_calib.model.terms.attention import AttentionScoreTraffic
-from hops_calib.model.terms.dispatch import LayerDispatchFloor
+from hops_calib.model.terms.dispatch import LayerDispatchFloor, LayerLaunchFloor
 from hops_calib.model.terms.embedding import EmbeddingGradAllReduce
 from hops_calib.model.terms.host import IterationHostOverhead
 from hops_calib.model.terms.input_embedding import InputEmbedding
@@ -28,6 +28,7 @@ _ALL: tuple[Term, ...] = (
     OptimizerStep(),
     IterationHostOverhead(),
     LayerDispatchFloor(),
+    LayerLaunchFloor(),
     OutputLayerLoss(),
     InputEmbedding(),
     AttentionScoreTraffic(),

@@ -21,6 +21,7 @@ class AttentionScoreTraffic(Term):
     """
 
     name = "attention_score_traffic"
+    scope = "layers"
     params = (
         Param("passes_forward", 6.0, 0.0, 30.0, "passes", "16-bit passes over the score matrix in a layer's forward"),
         Param("passes_backward", 8.0, 0.0, 40.0, "passes", "16-bit passes over the score matrix in a layer's backward"),

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import ClassVar, Mapping
 
 from hops_calib.model.devices import DeviceSpec
 from hops_calib.spec import Spec
+
+
+DEVICE_LABEL = re.compile(r"^[a-z0-9_]+$")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,10 @@ class Param:
     unit: str
     doc: str
     log: bool = False  # search on a log scale when tuning (for ranges spanning decades)
+    # A per-device parameter may be given a value for one device type as "NAME@TYPE" (e.g.
+    # "forward_ms_per_layer@a10g"): a property of the device or of the instance hosting it, learned like any
+    # other parameter. Devices without an override take NAME's value.
+    per_device: bool = False
 
     def __post_init__(self) -> None:
         if not self.low <= self.default <= self.high:
@@ -90,7 +98,9 @@ class Contribution:
     """Milliseconds a term adds, per place in the pipeline. An empty tuple adds nothing there.
 
     Per virtual stage: forward_ms, backward_ms, weight_grad_ms (the part of
-    backward_ms that is the weight gradient). Per hop k -> k+1:
+    backward_ms that is the weight gradient), host_ms (untraced host time before
+    each of its tasks), and forward_floor_ms / backward_floor_ms: lower bounds
+    under the decoder layers' compute (see `Term.scope`). Per hop k -> k+1:
     forward_transfer_ms (activation) and backward_transfer_ms (gradient). Per
     rank: optimizer_ms. Per iteration: pre_optimizer_ms (barrier work after the
     last backward) and post_optimizer_ms (per rank, before the next iteration).
@@ -101,6 +111,9 @@ class Contribution:
     forward_ms: tuple[float, ...] = ()
     backward_ms: tuple[float, ...] = ()
     weight_grad_ms: tuple[float, ...] = ()
+    host_ms: tuple[float, ...] = ()
+    forward_floor_ms: tuple[float, ...] = ()
+    backward_floor_ms: tuple[float, ...] = ()
     forward_transfer_ms: tuple[float, ...] = ()
     backward_transfer_ms: tuple[float, ...] = ()
     optimizer_ms: tuple[float, ...] = ()
@@ -116,6 +129,9 @@ class Contribution:
         "forward_ms": "virtual_stages",
         "backward_ms": "virtual_stages",
         "weight_grad_ms": "virtual_stages",
+        "host_ms": "virtual_stages",
+        "forward_floor_ms": "virtual_stages",
+        "backward_floor_ms": "virtual_stages",
         "forward_transfer_ms": "hops",
         "backward_transfer_ms": "hops",
         "optimizer_ms": "ranks",
@@ -127,6 +143,10 @@ class Term(ABC):
 
     name: ClassVar[str]
     params: ClassVar[tuple[Param, ...]] = ()
+    # "layers": the term prices the GPU work of the decoder layers, which the floors (forward_floor_ms,
+    # backward_floor_ms) bound from below: a stage's layers take max(sum of "layers" terms, sum of floors).
+    # "stage": everything else, added on top (output layer, embedding, host time, ...).
+    scope: ClassVar[str] = "stage"
 
     @classmethod
     def summary(cls) -> str:
@@ -135,10 +155,19 @@ class Term(ABC):
 
     @classmethod
     def param(cls, name: str) -> Param:
+        """The parameter `name`, or for a per-device override "NAME@TYPE" a copy of NAME's named so."""
+        base, _, device = name.partition("@")
         for param in cls.params:
-            if param.name == name:
-                return param
+            if param.name == base and (not device or param.per_device):
+                if device and not DEVICE_LABEL.match(device):
+                    break
+                return replace(param, name=name) if device else param
         raise KeyError(name)
+
+    @staticmethod
+    def value(params: Mapping[str, float], name: str, device_type: str) -> float:
+        """A parameter's value for one device type: its "NAME@TYPE" override, else NAME's value."""
+        return params.get(f"{name}@{device_type}", params[name])
 
     @classmethod
     def defaults(cls) -> dict[str, float]:

@@ -19,21 +19,63 @@ class LayerDispatchFloor(Term):
     busy; at these shapes (h = 768-2048) the small kernels finish faster than the
     host can launch them, so a layer costs a per-layer host floor plus the GEMM
     work that outlasts its own launch. The same software stack runs on every
-    node, so the floor is one number per direction. A pipeline step (one
-    microbatch's forward or backward on a stage) adds its own fixed host work:
-    the schedule's bookkeeping, posting the p2p operations, autograd set-up.
+    node, so the floor is one number per direction. The GPU-side timer of a
+    step (the traced compute event) sees that floor, since the GPU waits on the
+    host between kernels. A pipeline step (one microbatch's forward or backward
+    on a stage) also needs host work before its first kernel: the schedule's
+    bookkeeping, the p2p calls' Python, autograd set-up. That happens between
+    two traced compute events, so it holds the rank without showing as compute
+    (`step_ms`, the simulator's host time; the traces show it as ~1 ms gaps
+    between consecutive forwards on stage 0, which waits for nothing).
     """
 
     name = "layer_dispatch_floor"
+    scope = "layers"
     params = (
         Param("forward_ms_per_layer", 1.0, 0.0, 10.0, "ms", "host launch floor of one decoder layer's forward"),
         Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch floor of one decoder layer's backward"),
-        Param("step_ms", 0.0, 0.0, 10.0, "ms", "host work of one microbatch step on a stage (forward or backward)"),
+        Param("step_ms", 0.0, 0.0, 10.0, "ms",
+              "untraced host work before each microbatch step on a stage (forward or backward)"),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         layers = context.layout.layers
         return Contribution(
-            forward_ms=tuple(n * params["forward_ms_per_layer"] + params["step_ms"] for n in layers),
-            backward_ms=tuple(n * params["backward_ms_per_layer"] + params["step_ms"] for n in layers),
+            forward_ms=tuple(n * params["forward_ms_per_layer"] for n in layers),
+            backward_ms=tuple(n * params["backward_ms_per_layer"] for n in layers),
+            host_ms=tuple(params["step_ms"] for _ in layers),
         )
+
+
+class LayerLaunchFloor(Term):
+    """The host's launch time per decoder layer is a floor under the layer's GPU time: a layer takes the longer of the two.
+
+    Physics: PyTorch launches a layer's kernels asynchronously. When the GPU
+    work of a layer (its GEMMs, attention traffic: the "layers" terms) is
+    shorter than the host time to launch its ~30 forward (~60 backward) kernels,
+    the GPU waits on the host and the traced step lasts the launch time; when it
+    is longer, the launches hide behind it. So the decoder layers of a stage take
+    max(GPU work, layers x launch floor), not their sum: an H100, whose GEMMs at
+    these shapes take 0.06 ms a layer, and an L4 at 0.5 ms both show the ~1.5 ms
+    floor, while a 2048-hidden or 4096-token layer on an L4 is GPU-bound. The
+    launch time is host CPU time, and each instance type has its own host CPU
+    (p5: AMD EPYC 7R13, g5: 2nd-generation EPYC 7R32, g6: 3rd-generation
+    EPYC, per the AWS instance pages), so the floor may take a value per device
+    type ("forward_ms_per_layer@a10g"), learned like any other parameter.
+    """
+
+    name = "layer_launch_floor"
+    params = (
+        Param("forward_ms_per_layer", 1.3, 0.0, 10.0, "ms", "host launch time of one decoder layer's forward",
+              per_device=True),
+        Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch time of one decoder layer's backward",
+              per_device=True),
+    )
+
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        forward, backward = [], []
+        for k, layers in enumerate(context.layout.layers):
+            device = context.device_of(k).type
+            forward.append(layers * self.value(params, "forward_ms_per_layer", device))
+            backward.append(layers * self.value(params, "backward_ms_per_layer", device))
+        return Contribution(forward_floor_ms=tuple(forward), backward_floor_ms=tuple(backward))

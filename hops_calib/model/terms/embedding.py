@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 from hops_calib.model import gpt
@@ -9,26 +10,34 @@ from hops_calib.model.terms.base import Context, Contribution, Param, Term
 from hops_calib.spec import LinkFit, Spec
 
 
-def end_to_end_link(spec: Spec) -> LinkFit:
+def end_to_end_link(spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.0),
+                    flow_cap_bytes_per_ms: float = math.inf) -> tuple[LinkFit, bool]:
     """The link between the first and the last stage: benchmarked when pp = 2, otherwise estimated.
 
-    A node's network is at least as fast as the fastest link it was benchmarked on,
-    and a connection runs at the slower of its two ends; so an unbenchmarked pair
-    (first, last) takes, of the fastest fitted links touching each end, the slower.
+    A connection runs at the slower of its two ends. An end's network is at
+    least as fast as the fastest link it was benchmarked on, and at least
+    `nic_bytes_per_ms` (its NIC's nominal bandwidth at the achievable protocol
+    efficiency; 0 = not known). A single TCP flow cannot exceed
+    `flow_cap_bytes_per_ms`, benchmarked or not. Returns the link and whether that
+    ceiling, rather than a NIC or a measured link, sets its bandwidth.
     """
     last = spec.pp - 1
     direct = spec.link(0, last)
-    if direct is not None:
-        return direct
+    if direct is None:
+        def capability(stage: int, nic: float) -> tuple[float, LinkFit | None]:
+            touching = [f for f in spec.links if stage in (f.src_stage, f.dst_stage)]
+            fastest = max(touching, key=lambda f: f.bytes_per_ms) if touching else None
+            return max(nic, fastest.bytes_per_ms if fastest else 0.0), fastest
 
-    def fastest_touching(stage: int) -> LinkFit | None:
-        touching = [f for f in spec.links if stage in (f.src_stage, f.dst_stage)]
-        return max(touching, key=lambda f: f.bytes_per_ms) if touching else None
-
-    ends = [f for f in (fastest_touching(0), fastest_touching(last)) if f is not None]
-    if not ends:
-        return min(spec.links, key=lambda f: f.bytes_per_ms)
-    return min(ends, key=lambda f: f.bytes_per_ms)
+        ends = [capability(0, nic_bytes_per_ms[0]), capability(last, nic_bytes_per_ms[1])]
+        slower, fit = min(ends, key=lambda end: end[0])
+        fit = fit or min(spec.links, key=lambda f: f.bytes_per_ms)
+        direct = LinkFit(0, last, latency_ms=fit.latency_ms, bytes_per_ms=slower or fit.bytes_per_ms,
+                         source=f"estimated from the ends' links and NICs ({fit.source})")
+    if direct.bytes_per_ms > flow_cap_bytes_per_ms:
+        return LinkFit(0, last, latency_ms=direct.latency_ms, bytes_per_ms=flow_cap_bytes_per_ms,
+                       source=f"capped at one TCP flow ({direct.source})"), True
+    return direct, False
 
 
 class EmbeddingGradAllReduce(Term):
@@ -47,13 +56,37 @@ class EmbeddingGradAllReduce(Term):
     gradient-norm all-reduce spans every pipeline rank, so this is barrier work
     (pre_optimizer_ms). The first and last stage were not benchmarked as a pair
     unless pp = 2; otherwise `end_to_end_link` estimates the pair from the fastest
-    link each end was benchmarked on.
+    link each end was benchmarked on and, with `nic_efficiency` > 0, from each end
+    node's nominal NIC bandwidth (device constant, AWS instance pages) at that
+    protocol efficiency (TCP/IP and NCCL framing). NCCL's socket transport moves
+    one connection's data through one TCP flow, whose throughput is bounded
+    below the NIC by the host stack (`flow_cap_gbit_s`), benchmarked pair or not.
+
+    A flow that runs at that ceiling, not paced by a slower NIC, overruns a
+    queue now and then; a lost segment at the tail of the transfer is recovered
+    only by TCP's retransmission timeout, whose floor on Linux is 200 ms
+    (TCP_RTO_MIN = HZ/5, include/net/tcp.h). The expected stall per all-reduce
+    is `stall_probability` x `rto_ms` on such flows and nothing on NIC-paced
+    ones (an A10G end at 10 Gbit/s). A deterministic simulator adds the expected
+    value: the window throughput averages the stalls, the median period does not.
+
+    The link benchmark times one-way sends; a two-rank all-reduce sends and
+    receives at once over the same NICs and adds its reduction kernels, so it
+    reaches `collective_efficiency` of the one-way bandwidth.
     """
 
     name = "embedding_grad_allreduce"
     params = (
         Param("bytes_per_element", 4.0, 2.0, 4.0, "bytes",
               "bytes per reduced gradient element: 4 for fp32 main grads (Megatron's default with --bf16), 2 for bf16"),
+        Param("nic_efficiency", 0.0, 0.0, 1.0, "fraction of NIC",
+              "achieved fraction of an end node's nominal NIC bandwidth (0: use only the benchmarked links)"),
+        Param("flow_cap_gbit_s", 1000.0, 1.0, 1000.0, "Gbit/s", "throughput ceiling of one NCCL TCP flow", log=True),
+        Param("collective_efficiency", 1.0, 0.5, 1.0, "fraction of p2p",
+              "all-reduce bandwidth as a fraction of the one-way p2p bandwidth (both directions at once)"),
+        Param("stall_probability", 0.0, 0.0, 1.0, "per all-reduce",
+              "chance that a flow at the TCP ceiling waits out one retransmission timeout"),
+        Param("rto_ms", 200.0, 50.0, 1000.0, "ms", "TCP retransmission timeout floor (Linux TCP_RTO_MIN: 200 ms)"),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -64,4 +97,11 @@ class EmbeddingGradAllReduce(Term):
             raise ValueError(f"spec {spec.run_id}: term {self.name} needs link fits (calibration/link_bench) and the "
                              "spec has none; ingest the link benchmark or remove the term from the model")
         nbytes = gpt.padded_vocab(spec.model) * spec.model.hidden_size * params["bytes_per_element"]
-        return Contribution(pre_optimizer_ms=end_to_end_link(spec).transfer_ms(nbytes))
+        nic = tuple(params["nic_efficiency"] * context.devices[rank].network_bandwidth_bytes_per_s / 1e3
+                    for rank in (0, spec.pp - 1))
+        cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3
+        link, capped = end_to_end_link(spec, nic, cap)
+        link = LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms,
+                       bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"], source=link.source)
+        stall_ms = params["stall_probability"] * params["rto_ms"] if capped else 0.0
+        return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes) + stall_ms)

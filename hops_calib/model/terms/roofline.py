@@ -20,13 +20,18 @@ class DecoderRoofline(Term):
     forward's, so it costs `backward_factor` times the forward in FLOPs and bytes;
     its weight-gradient share is the weight matmuls' share of backward FLOPs.
     Peak FLOP/s and bandwidth come from the device specs; the efficiencies are the
-    achievable fractions of those peaks.
+    achievable fractions of those peaks. The datasheet peak is at boost clock; a
+    power-limited part (the L4 at 72 W) runs sustained GEMMs well below it, so
+    the compute efficiency may take a value per device type
+    ("compute_efficiency@l4").
     """
 
     name = "decoder_roofline"
+    scope = "layers"
     params = (
         Param("compute_efficiency", 0.5, 0.01, 1.0, "fraction of peak",
-              "achieved fraction of dense bf16 peak in the layer's GEMMs (large GEMMs reach 0.5-0.8)", log=True),
+              "achieved fraction of dense bf16 peak in the layer's GEMMs (large GEMMs reach 0.5-0.8)", log=True,
+              per_device=True),
         Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
               "achieved fraction of the device memory bandwidth (STREAM-like kernels reach 0.8-0.9)", log=True),
         Param("backward_factor", 2.0, 1.0, 4.0, "x forward",
@@ -42,7 +47,7 @@ class DecoderRoofline(Term):
         forward, backward, weight_grad = [], [], []
         for k, layers in enumerate(context.layout.layers):
             device = context.device_of(k)
-            flops_per_ms = device.peak_bf16_flops_per_s * params["compute_efficiency"] / 1e3
+            flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device.type) / 1e3
             bytes_per_ms = device.memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
             layer_forward_ms = max(forward_flops / flops_per_ms, forward_bytes / bytes_per_ms)
             layer_backward_ms = params["backward_factor"] * layer_forward_ms

@@ -1,0 +1,70 @@
+"""Benchmark: one tune trial (all train runs predicted and scored) and one observe pass. Prints figures only.
+
+    python benchmarks/observe_tune.py [--fixtures DIR] [--term TERM] [--trials 20] [--model FILE]
+
+Without --fixtures the 56 shared runs are ingested into a temporary store first.
+Tune: the time per trial of an in-memory study (sampling, building the candidate
+model, predicting and scoring every train fixture), and the same for the scoring
+alone. Observe: the whole observation (events read for the real parts, the
+counterfactual re-simulations), in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fixtures", type=Path, help="an existing fixture store (default: ingest the shared runs)")
+    parser.add_argument("--term", default="decoder_roofline")
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--model", type=Path, help="model file (default: the shipped baseline)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        fixtures = args.fixtures
+        if fixtures is None:
+            from hops_calib.shared import shared_runs_dir
+            from hops_calib.store import FixtureStore
+            from hops_calib.store.ingest import ingest
+
+            fixtures = Path(tmp) / "fixtures"
+            if not ingest([shared_runs_dir()], FixtureStore(fixtures)).ok:
+                sys.exit("ingest of the shared runs failed")
+        import optuna
+
+        from hops_calib.observe import observe
+        from hops_calib.tune import load_problem, objective, open_study
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        problem = load_problem(args.term, fixtures, args.model)
+        scoring = []
+        for _ in range(5):
+            start = time.perf_counter()
+            problem.score(problem.model)
+            scoring.append(time.perf_counter() - start)
+        study = open_study(problem, optuna.storages.InMemoryStorage(), "benchmark", seed=0)
+        start = time.perf_counter()
+        study.optimize(objective(problem), n_trials=args.trials)
+        per_trial = (time.perf_counter() - start) / args.trials
+        n = len(problem.suite.ids)
+        print(f"tune {args.term}, {n} train fixtures, {args.trials} trials in memory:")
+        print(f"  per trial                 {per_trial * 1e3:8.1f} ms")
+        print(f"  scoring alone (median)    {statistics.median(scoring) * 1e3:8.1f} ms "
+              f"({statistics.median(scoring) / n * 1e3:.2f} ms per fixture)")
+        start = time.perf_counter()
+        observation = observe(fixtures, model_path=args.model)
+        print(f"observe, {len(observation.runs)} train fixtures, {len(observation.ranked)} contributors: "
+              f"{time.perf_counter() - start:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

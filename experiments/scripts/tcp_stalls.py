@@ -1,0 +1,36 @@
+"""Count retransmission-timeout stalls in the silent stretch of the TRAIN runs (evidence for candidate 014).
+
+A stall is an iteration whose silent stretch (last backward -> first optimizer) exceeds the run's median by
+more than 100 ms. Usage: python experiments/scripts/tcp_stalls.py [FIXTURES]   (train split only)
+"""
+
+import sys
+from collections import defaultdict
+
+from hops_calib.evaluate import open_store
+from hops_calib.timeline import BACKWARD, COMPUTE, OPTIMIZER
+
+store = open_store(sys.argv[1] if len(sys.argv) > 1 else "fixtures")
+by_ends: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+extra_ms: list[float] = []
+for fixture_id in store.ids("train"):
+    fixture = store.load(fixture_id)
+    timeline = fixture.timeline()
+    compute = timeline[timeline["kind"] == COMPUTE]
+    last_backward = compute[compute["phase"] == BACKWARD].groupby("iteration")["end_ms"].max()
+    optimizer = compute[compute["phase"] == OPTIMIZER]
+    if optimizer.empty:
+        continue
+    silent = (optimizer.groupby("iteration")["start_ms"].min() - last_backward).dropna()
+    stalls = silent[silent > silent.median() + 100.0]
+    ends = f"{fixture.spec.devices[0]}..{fixture.spec.devices[-1]}"
+    by_ends[ends][0] += len(stalls)
+    by_ends[ends][1] += len(silent)
+    extra_ms += list(stalls - silent.median())
+for ends, (stalled, iterations) in sorted(by_ends.items()):
+    print(f"{ends:12s} {stalled:3d} stalls in {iterations:4d} iterations = {stalled / iterations:.3f}")
+a10g_free = [v for k, v in by_ends.items() if "a10g" not in k]
+stalled = sum(v[0] for v in a10g_free)
+iterations = sum(v[1] for v in a10g_free)
+print(f"ends without an A10G: {stalled}/{iterations} = {stalled / iterations:.3f}; "
+      f"mean stall {sum(extra_ms) / max(len(extra_ms), 1):.0f} ms over the median")

@@ -1,0 +1,130 @@
+"""Component errors: a model's per-task costs against the parts a trace measures directly (train split).
+
+Throughput and bubble judge the whole simulated run; a term's parameters are
+better identified by the quantities the term itself prices. A trace measures,
+per stage, the median forward and backward time of a microbatch and the
+optimizer step, and per iteration the silent stretch before the optimizer and
+the rest before the next iteration (means over iterations). The
+model prices the same quantities in the `Pipeline` it builds from the spec, with
+no simulation needed. `mispriced_time_pct` is what `tune --objective
+components` minimizes: per run, the time the model misprices over an iteration
+(each quantity's |error| times how often it occurs: a stage's forward and
+backward once per microbatch, its optimizer once, the silent stretch and the
+rest once on every rank) as a share of the measured time of those same
+quantities, averaged over runs. Weighting by time keeps a 3 ms gap from
+counting as much as a 300 ms one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hops_calib.sim.pipeline import Pipeline
+from hops_calib.timeline import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, OPTIMIZER
+
+KINDS = ("forward", "backward", "optimizer", "silent", "rest")
+
+
+@dataclass(frozen=True)
+class Components:
+    """Named quantities of one run (ms): 'forward/<stage>', 'backward/<stage>', 'optimizer/<stage>', 'silent', 'rest'."""
+
+    values: dict[str, float]
+
+
+def real_components(fixture) -> Components:
+    """The measured quantities of a fixture (reads its events once, for the between-iteration parts)."""
+    truth, values = fixture.truth, {}
+    for stage in range(fixture.spec.pp):
+        forward = truth.phase_median_ms(stage, FORWARD)
+        backward = truth.phase_median_ms(stage, BACKWARD)
+        if backward is None:
+            halves = [truth.phase_median_ms(stage, phase) for phase in (BACKWARD_B, BACKWARD_W)]
+            backward = None if None in halves else sum(halves)
+        optimizer = truth.optimizer_ms_per_stage[stage] if stage < len(truth.optimizer_ms_per_stage) else None
+        for kind, value in (("forward", forward), ("backward", backward), ("optimizer", optimizer)):
+            if value is not None and value > 0:
+                values[f"{kind}/{stage}"] = float(value)
+    silent, rest = mean_between_iterations(fixture.timeline())
+    if silent is not None:
+        values["silent"], values["rest"] = silent, rest
+    return Components(values)
+
+
+def mean_between_iterations(timeline) -> tuple[float | None, float | None]:
+    """Mean over iterations of the silent stretch and the rest (None without optimizer events).
+
+    The mean, not the median iteration's: a model prices expected values (a stall
+    that hits one iteration in seven adds a seventh of itself), and the window
+    throughput the gate scores averages every iteration.
+    """
+    import numpy as np
+
+
+    iteration = timeline["iteration"].to_numpy()
+    compute = (timeline["kind"] == "compute").to_numpy(dtype=bool)
+    phase = timeline["phase"].astype(str).to_numpy()
+    start, end = timeline["start_ms"].to_numpy(float), timeline["end_ms"].to_numpy(float)
+    silents, rests = [], []
+    numbers = np.unique(iteration)
+    for number, following in zip(numbers[:-1], numbers[1:]):
+        here = iteration == number
+        optimizer = here & compute & (phase == OPTIMIZER)
+        backward = here & compute & np.isin(phase, (BACKWARD, BACKWARD_B, BACKWARD_W))
+        if not optimizer.any() or not backward.any():
+            continue
+        first_optimizer, last_optimizer = start[optimizer].min(), end[optimizer].max()
+        silents.append(first_optimizer - end[backward].max())
+        rests.append(start[iteration == following].min() - last_optimizer)
+    if not silents:
+        return None, None
+    return float(np.mean(silents)), float(np.mean(rests))
+
+
+def predicted_components(pipeline: Pipeline) -> Components:
+    """The same quantities as the model prices them (per rank: the mean over its model chunks)."""
+    ranks, values = pipeline.ranks, {}
+    for rank in range(ranks):
+        chunks = pipeline.stages[rank::ranks]
+        values[f"forward/{rank}"] = sum(c.forward_ms for c in chunks) / len(chunks)
+        values[f"backward/{rank}"] = sum(c.backward_ms for c in chunks) / len(chunks)
+        if pipeline.optimizer_ms:
+            values[f"optimizer/{rank}"] = pipeline.optimizer_ms[rank]
+    values["silent"] = pipeline.pre_optimizer_ms
+    values["rest"] = pipeline.post_optimizer_ms
+    return Components(values)
+
+
+def component_errors_pct(real: Components, predicted: Components) -> dict[str, float]:
+    """Signed percentage error of every quantity the trace measured (a quantity the model does not price is 0 ms)."""
+    errors = {}
+    for name, measured in real.values.items():
+        if measured <= 0:
+            continue
+        errors[name] = (predicted.values.get(name, 0.0) - measured) / measured * 100.0
+    return errors
+
+
+def occurrences(name: str, microbatches: int, pp: int) -> int:
+    """How often a quantity occurs in one iteration, over all ranks."""
+    kind = name.split("/")[0]
+    return microbatches if kind in ("forward", "backward") else pp if kind in ("silent", "rest") else 1
+
+
+def mispriced_time_pct(reals: list[Components], predicted: list[Components], microbatches: list[int],
+                       pps: list[int]) -> float:
+    """Mean over runs of the share of measured time the model misprices (see the module docstring)."""
+    shares = []
+    for real, pred, m, pp in zip(reals, predicted, microbatches, pps):
+        measured = mispriced = 0.0
+        for name, value in real.values.items():
+            if value <= 0:
+                continue
+            count = occurrences(name, m, pp)
+            measured += count * value
+            mispriced += count * abs(pred.values.get(name, 0.0) - value)
+        if measured > 0:
+            shares.append(mispriced / measured * 100.0)
+    return float(np.mean(shares)) if shares else float("nan")

@@ -1,0 +1,169 @@
+"""Plot room: the `plot timeline|parity|ledger` verbs (what the CLI calls; they return exit codes).
+
+Each verb loads what it draws, refuses what rule 2 protects (no per-run
+picture of a held-out run), writes the image atomically and prints where it
+went and its size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hops_calib.errors import InputError
+from hops_calib.model import Model
+from hops_calib.plot import style
+from hops_calib.plot.groups import RunPoint, run_points
+from hops_calib.progress import QUIET, Progress
+from hops_calib.score import SuiteScore
+
+EXIT_OK = 0
+
+
+def _guarded(action) -> int:
+    """Bad input becomes one stderr line and exit code 2, exactly as in the loop's verbs."""
+    from hops_calib.loop import _guarded as guarded
+
+    return guarded(action)
+
+
+def _wrote(figure, out: Path, dpi: float) -> int:
+    fmt = style.image_format(out)
+    width, height = style.pixel_size(figure, dpi)
+    style.save_figure(figure, out, dpi)
+    size = f"{width}x{height} px" if fmt == "png" else f"{width / dpi * 72:.0f}x{height / dpi * 72:.0f} pt"
+    print(f"wrote {out} ({fmt.upper()}, {size})")
+    return EXIT_OK
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _target(out: Path | None, default: str, dpi: float) -> Path:
+    """The image to write (`default` when --out is not given); checked before any work is done."""
+    target = out if out is not None else Path(default)
+    style.image_format(target)
+    if not 20 <= dpi <= 600:
+        raise InputError("plot", f"--dpi {dpi} is outside 20..600", field="--dpi", hint="150 suits a screen")
+    return target
+
+
+def metrics_note(metrics) -> str:
+    """The headline numbers of a whole run, real or predicted, for a panel title."""
+    return (f"iteration {metrics.iteration_time_ms:,.0f} ms · bubble {100 * metrics.bubble_ratio:.0f} % · "
+            f"{metrics.throughput_per_s:.1f} microbatches/s (whole run)")
+
+
+def model_label(model: Model) -> str:
+    return f"model {model.name} ({model.sha256[:8]})"
+
+
+# --- timeline ------------------------------------------------------------------------------------
+
+def timeline_command(fixture_id: str, fixtures: Path, model_path: Path | None, iterations: int, out: Path | None,
+                     dpi: float) -> int:
+    def run() -> int:
+        from hops_calib.evaluate import TEST, open_store
+        from hops_calib.model_files import load_model
+        from hops_calib.plot.timeline import Panel, timeline_figure
+        from hops_calib.predict import predict
+
+        target = _target(out, f"timeline-{fixture_id}.png", dpi)
+        if iterations < 1:
+            raise InputError("plot timeline", f"--iterations is {iterations}", field="--iterations",
+                             hint="show at least one iteration")
+        fixture = open_store(fixtures).load(fixture_id)
+        if fixture.split == TEST:
+            raise InputError(f"{fixtures}/{fixture_id}", "is in the test split, which is seen only in aggregate",
+                             field="split", hint="plot a train run; `hops-calib report --split test` prints the "
+                                                 "held-out aggregates")
+        model = load_model(model_path)
+        prediction = predict(fixture.spec, model)
+        real = fixture.timeline()
+        first_real = int(real["iteration"].min())
+        spec = fixture.spec
+        panels = [Panel("Real run (trace)", real, metrics_note(fixture.truth.metrics)),
+                  Panel(f"Predicted by {model_label(model)}", prediction.result.timeline,
+                        metrics_note(prediction.metrics), first_iteration_label=first_real)]
+        shown = min(iterations, len(fixture.truth.iterations) or iterations)
+        title = (f"{fixture.id}: {prediction.schedule}, {spec.pp} stages, {spec.microbatches} microbatches per "
+                 f"iteration (first {shown} of {spec.iterations} iterations)")
+        figure = timeline_figure(title, spec.devices, panels, iterations, dpi=dpi)
+        return _wrote(figure, target, dpi)
+
+    return _guarded(run)
+
+
+# --- parity --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScoredSplit:
+    """Every run of a split predicted by one model and scored: what parity plots and reports draw from."""
+
+    split: str
+    model: Model
+    fixture_set_sha256: str
+    points: list[RunPoint]
+    suite: SuiteScore
+
+
+def score_split(fixtures: Path, split: str, model_path: Path | None, progress: Progress = QUIET) -> ScoredSplit:
+    """Predict and score every run of `split`. Callers guard the test split: this function does not."""
+    from hops_calib.evaluate import load_suite, score_model
+    from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+    model = load_model(model_path)
+    suite = load_suite(fixtures, split)
+    progress.start(len(suite.ids))
+    scored = score_model(suite, model, origin=str(model_path or DEFAULT_MODEL), progress=progress)
+    return ScoredSplit(split=split, model=model, fixture_set_sha256=suite.sha256,
+                       points=run_points(suite.specs, scored.runs), suite=scored.suite)
+
+
+def parity_title(scored: ScoredSplit) -> str:
+    return (f"Predicted vs real, {scored.split} split ({_count(scored.suite.n_fixtures, 'run')}), "
+            f"{model_label(scored.model)}")
+
+
+def parity_command(split: str, fixtures: Path, model_path: Path | None, out: Path | None, label_worst: int,
+                   dpi: float) -> int:
+    def run() -> int:
+        from hops_calib.evaluate import refuse_test_split
+        from hops_calib.plot.parity import parity_figure
+        from hops_calib.progress import progress_bar
+
+        refuse_test_split(split, "plot parity")
+        target = _target(out, f"parity-{split}.png", dpi)
+        if label_worst < 0:
+            raise InputError("plot parity", f"--label-worst is {label_worst}", field="--label-worst",
+                             hint="0 labels no run")
+        with progress_bar("predict") as progress:
+            scored = score_split(fixtures, split, model_path, progress)
+        figure = parity_figure(scored.points, scored.suite, parity_title(scored), label_worst, dpi=dpi)
+        return _wrote(figure, target, dpi)
+
+    return _guarded(run)
+
+
+# --- ledger --------------------------------------------------------------------------------------
+
+def ledger_command(ledger: Path, out: Path | None, dpi: float) -> int:
+    def run() -> int:
+        from hops_calib.ledger import read_entries
+        from hops_calib.plot.ledger import ledger_figure, read_history
+
+        target = _target(out, "ledger-history.png", dpi)
+        if not ledger.exists():
+            raise InputError(ledger, "no ledger here", hint="`hops-calib evaluate CANDIDATE --ledger "
+                                                           f"{ledger}` records the first entry")
+        attempts, audits = read_history(list(read_entries(ledger)))
+        if not attempts and not audits:
+            raise InputError(ledger, "has no candidate evaluations or held-out reports to plot",
+                             hint="`hops-calib evaluate CANDIDATE` or `hops-calib report --split test` adds one")
+        accepted = sum(a.accepted for a in attempts)
+        title = (f"Ledger history: {_count(len(attempts), 'candidate')} ({accepted} accepted, "
+                 f"{len(attempts) - accepted} rejected), {_count(len(audits), 'held-out report')} — {ledger}")
+        return _wrote(ledger_figure(attempts, audits, title, dpi=dpi), target, dpi)
+
+    return _guarded(run)

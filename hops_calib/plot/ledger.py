@@ -1,0 +1,115 @@
+"""Plot room: the ledger's history, the suite's errors after each accepted change and every rejected attempt.
+
+Three panels share the ledger's entry numbers: throughput MAPE, bubble MAE and
+mean utilization rho. The solid line is the model as the accepted changes left
+it (its first point is the model before the first candidate); a cross is a
+rejected candidate, drawn where it would have taken the model. Each candidate
+is annotated with its id. Held-out reports are diamonds: they score another
+split, so they are not joined to the line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from hops_calib.plot import style
+
+FIGURE_SIZE_IN = (12.0, 8.4)
+METRICS = (  # (aggregate field, axis label, better direction, smallest y span drawn)
+    ("throughput_mape_pct", "throughput MAPE (%)", "lower is better", 2.0),
+    ("bubble_mae_pp", "bubble MAE (pp)", "lower is better", 1.0),
+    ("util_spearman_mean", "mean utilization rho", "higher is better", 0.1),
+)
+ACCEPTED_COLOUR, REJECTED_COLOUR, REPORT_COLOUR = "#0072B2", "#D55E00", "#009E73"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    seq: int
+    candidate_id: str
+    accepted: bool
+    before: dict[str, float]
+    after: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Audit:
+    seq: int
+    split: str
+    aggregates: dict[str, float]
+
+
+def read_history(entries: Sequence[dict[str, Any]]) -> tuple[list[Attempt], list[Audit]]:
+    """The ledger's candidate evaluations and held-out (test) reports, in order; other entries are skipped.
+
+    A report on the train split repeats what the line already shows, so it is not drawn.
+    """
+    attempts, audits = [], []
+    for entry in entries:
+        if entry.get("kind") == "evaluate" and entry.get("aggregates_after"):
+            attempts.append(Attempt(seq=int(entry["seq"]), candidate_id=str((entry.get("candidate") or {}).get("id")),
+                                    accepted=entry.get("decision") == "accepted",
+                                    before=entry.get("aggregates_before") or {}, after=entry["aggregates_after"]))
+        elif entry.get("kind") == "report" and entry.get("split") == "test" and entry.get("aggregates"):
+            audits.append(Audit(seq=int(entry["seq"]), split=str(entry.get("split")), aggregates=entry["aggregates"]))
+    return attempts, audits
+
+
+def _value(aggregates: dict[str, float], field: str) -> float:
+    value = aggregates.get(field)
+    return float(value) if value is not None else float("nan")
+
+
+def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: str,
+                  dpi: float = style.DEFAULT_DPI) -> Any:
+    if not attempts and not audits:
+        raise ValueError("the ledger has no evaluations or reports to plot")
+    plt = style.pyplot()
+    figure, axes = plt.subplots(len(METRICS), 1, figsize=FIGURE_SIZE_IN, dpi=dpi, sharex=True, layout="constrained")
+    accepted = [a for a in attempts if a.accepted]
+    rejected = [a for a in attempts if not a.accepted]
+    last_seq = max(e.seq for e in [*attempts, *audits])
+    for ax, (field, label, direction, min_span) in zip(axes, METRICS):
+        if attempts:
+            start = attempts[0]
+            xs = [start.seq - 0.5] + [a.seq for a in accepted]
+            ys = [_value(start.before, field)] + [_value(a.after, field) for a in accepted]
+            # The model keeps its errors until the next accepted change: a step line says so.
+            ax.step(xs + [last_seq + 0.5], ys + [ys[-1]], where="post", color=ACCEPTED_COLOUR,
+                    linewidth=1.6, zorder=2)
+            ax.scatter(xs[:1], ys[:1], marker="o", s=36, facecolors="white", edgecolors=ACCEPTED_COLOUR, zorder=3)
+            ax.scatter(xs[1:], ys[1:], marker="o", s=40, color=ACCEPTED_COLOUR, zorder=3)
+            ax.scatter([a.seq for a in rejected], [_value(a.after, field) for a in rejected], marker="X", s=52,
+                       color=REJECTED_COLOUR, zorder=3)
+            if ax is axes[0]:
+                ax.annotate("start", (xs[0], ys[0]), xytext=(0, 7), textcoords="offset points", fontsize=7.5,
+                            ha="center", va="bottom", color=ACCEPTED_COLOUR)
+                for attempt in attempts:
+                    ax.annotate(attempt.candidate_id, (attempt.seq, _value(attempt.after, field)), xytext=(4, 6),
+                                textcoords="offset points", fontsize=7.5, rotation=25, ha="left", va="bottom",
+                                color=ACCEPTED_COLOUR if attempt.accepted else REJECTED_COLOUR)
+        if audits:
+            ax.scatter([a.seq for a in audits], [_value(a.aggregates, field) for a in audits], marker="D", s=36,
+                       color=REPORT_COLOUR, zorder=3)
+        ax.set_ylabel(f"{label}\n{direction}")
+        ax.grid(True, axis="y", color="#EEEEEE", linewidth=0.8, zorder=0)
+        ax.margins(x=0.04, y=0.18)
+        # A change in the third decimal must not fill the panel as if it were large.
+        low, high = ax.get_ylim()
+        if high - low < min_span:
+            middle = (low + high) / 2
+            ax.set_ylim(middle - min_span / 2, middle + min_span / 2)
+    axes[-1].set_xlabel("ledger entry (seq)")
+    axes[-1].xaxis.get_major_locator().set_params(integer=True)
+    figure.suptitle(title, fontsize=12, fontweight="bold")
+
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=ACCEPTED_COLOUR, marker="o", linewidth=1.6,
+                      label="model after each accepted change (train)"),
+               Line2D([], [], color=REJECTED_COLOUR, marker="X", linestyle="none", markersize=8,
+                      label="rejected candidate (where it would have led)"),
+               Line2D([], [], color=REPORT_COLOUR, marker="D", linestyle="none", label="held-out report (test split)")]
+    figure.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=9)
+    return figure

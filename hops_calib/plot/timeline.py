@@ -1,0 +1,161 @@
+"""Plot room: timelines, one panel per source (the real trace, a prediction) on one time axis.
+
+Each panel shows the first iterations of a timeline (the `hops_calib.timeline`
+table, real or simulated alike): one lane per stage, compute bars coloured by
+phase, sends as thin black marks along the lane's lower edge, idle time as the
+bare grey lane, and a dashed line where each iteration begins. Panels share the
+time axis, so a prediction that runs too fast ends visibly early.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from hops_calib.plot import style
+from hops_calib.timeline import COMPUTE, OPTIMIZER, PHASES, TRANSFER
+
+LANE_HALF = 0.42  # lane: the stage's whole row; what is not covered by a bar is idle
+BAR_TOP, BAR_BOTTOM = -0.34, 0.26  # compute bars (y grows downwards: stage 0 on top)
+SEND_TOP, SEND_BOTTOM = 0.30, 0.42  # sends: a thin strip at the bottom of the lane
+LABEL_FONT_PT = 6.5  # microbatch numbers, inside the bars wide enough to hold them
+LATER_CHUNK = "later model chunk"  # legend key of hatched bars
+MIN_EDGE_PX = 5.0  # a white edge separates neighbouring bars, but would swallow a narrower one
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One timeline to draw: a label, the table, and a note with its headline numbers."""
+
+    label: str
+    timeline: pd.DataFrame
+    note: str = ""
+    # Number shown for the panel's first iteration (real traces start at Megatron's iteration 3;
+    # a simulation numbers from 1, and is labelled like the run it predicts).
+    first_iteration_label: int | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    rows: pd.DataFrame  # the window's rows, times shifted so the window starts at 0
+    iterations: tuple[int, ...]  # the iteration numbers in it, ascending
+    iteration_starts_ms: tuple[float, ...]  # first event of each (the metrics' definition of an iteration start)
+    end_ms: float
+
+
+def iteration_window(timeline: pd.DataFrame, iterations: int) -> Window:
+    """The first `iterations` iterations of `timeline`, shifted to start at 0 ms."""
+    if iterations < 1:
+        raise ValueError(f"--iterations is {iterations}; show at least one iteration")
+    if timeline.empty:
+        raise ValueError("the timeline has no rows to draw")
+    numbers = np.sort(timeline["iteration"].unique())[:iterations]
+    rows = timeline[timeline["iteration"].isin(numbers)]
+    origin = float(rows["start_ms"].min())
+    rows = rows.assign(start_ms=rows["start_ms"] - origin, end_ms=rows["end_ms"] - origin)
+    starts = rows.groupby("iteration")["start_ms"].min().reindex(numbers)
+    return Window(rows=rows, iterations=tuple(int(n) for n in numbers),
+                  iteration_starts_ms=tuple(float(s) for s in starts), end_ms=float(rows["end_ms"].max()))
+
+
+def figure_size(stages: int, panels: int = 2) -> tuple[float, float]:
+    """Width and height in inches: a fixed width, and a height that grows with the stages drawn."""
+    panel_height = 0.4 * stages + 0.85
+    return 12.0, round(panels * panel_height + 1.35, 2)
+
+
+def _stage_labels(devices: Sequence[str]) -> list[str]:
+    return [f"stage {stage} · {device.upper()}" for stage, device in enumerate(devices)]
+
+
+def _draw_panel(ax: Any, window: Window, panel: Panel, stages: int, x_max: float, px_per_ms: float,
+                dpi: float) -> set[str]:
+    """Draw one panel; returns the phases it drew (for the legend)."""
+    rows = window.rows
+    drawn: set[str] = set()
+    for stage in range(stages):
+        ax.broken_barh([(0.0, window.end_ms)], (stage - LANE_HALF, 2 * LANE_HALF), facecolors=style.IDLE_COLOUR,
+                       linewidth=0, zorder=1)
+    compute = rows[rows["kind"] == COMPUTE]
+    later_chunk = (compute["chunk"] > 0).rename("later_chunk")
+    for (stage, phase, later), bars in compute.groupby(["stage", "phase", later_chunk], sort=False, observed=True):
+        starts, widths = bars["start_ms"].to_numpy(), (bars["end_ms"] - bars["start_ms"]).to_numpy()
+        colour = style.PHASE_COLOURS[phase]
+        width_px = widths * px_per_ms
+        edges = np.where(width_px >= MIN_EDGE_PX, "white", colour)
+        # Interleaved schedules run several model chunks per rank: the later ones are hatched.
+        ax.broken_barh(list(zip(starts, widths)), (stage + BAR_TOP, BAR_BOTTOM - BAR_TOP), facecolors=colour,
+                       edgecolors=list(edges), linewidth=0.4, zorder=2, hatch="///" if later else None)
+        drawn.add(str(phase))
+        if later:
+            drawn.add(LATER_CHUNK)
+        if phase == OPTIMIZER:
+            continue
+        # Microbatch numbers make the schedule's order readable, but only when every bar of the lane and
+        # phase holds its number: a lane numbered here and there reads as a pattern that is not there.
+        microbatches = bars["microbatch"].to_numpy()
+        char_px = 0.62 * LABEL_FONT_PT * dpi / 72
+        needed_px = char_px * np.array([len(str(m)) for m in microbatches]) + 4
+        if (microbatches >= 0).all() and (width_px >= needed_px).all():
+            for start, width, microbatch in zip(starts, widths, microbatches):
+                ax.text(start + width / 2, stage + (BAR_TOP + BAR_BOTTOM) / 2, str(microbatch), ha="center",
+                        va="center", fontsize=LABEL_FONT_PT, color="white", zorder=3)
+    sends = rows[rows["kind"] == TRANSFER]
+    for stage, marks in sends.groupby("stage", sort=False):
+        widths = (marks["end_ms"] - marks["start_ms"]).to_numpy()
+        ax.broken_barh(list(zip(marks["start_ms"].to_numpy(), widths)), (stage + SEND_TOP, SEND_BOTTOM - SEND_TOP),
+                       facecolors=style.TRANSFER_COLOUR, edgecolors=style.TRANSFER_COLOUR, linewidth=0.5, zorder=2)
+    first_label = panel.first_iteration_label if panel.first_iteration_label is not None else window.iterations[0]
+    boundaries = window.iteration_starts_ms
+    for ordinal, start in enumerate(boundaries):
+        ax.axvline(start, color=style.GUIDE_COLOUR, linestyle="--", linewidth=0.9, zorder=4)
+        # The label takes the room up to the next boundary: long, short, or none when iterations are thin.
+        room_px = ((boundaries[ordinal + 1] if ordinal + 1 < len(boundaries) else x_max) - start) * px_per_ms
+        number = first_label + ordinal
+        label = f"iteration {number}" if room_px >= 80 else str(number) if room_px >= 22 else ""
+        ax.text(start + 3 / px_per_ms, -0.55, label, fontsize=8, color=style.GUIDE_COLOUR, ha="left",
+                va="bottom", zorder=4)
+    ax.set_ylim(stages - 0.5, -0.95)
+    ax.set_yticks(range(stages))
+    ax.tick_params(axis="y", length=0)
+    ax.spines["left"].set_visible(False)
+    title = panel.label + (f"  —  {panel.note}" if panel.note else "")
+    ax.set_title(title, loc="left", fontsize=10.5)
+    return drawn
+
+
+def timeline_figure(title: str, devices: Sequence[str], panels: Sequence[Panel], iterations: int = 2,
+                    dpi: float = style.DEFAULT_DPI) -> Any:
+    """A figure with one panel per entry of `panels`, stacked, sharing a time axis in ms."""
+    plt = style.pyplot()
+    stages = len(devices)
+    windows = [iteration_window(panel.timeline, iterations) for panel in panels]
+    x_max = max(window.end_ms for window in windows) * 1.01
+    width_in, height_in = figure_size(stages, len(panels))
+    figure, axes = plt.subplots(len(panels), 1, figsize=(width_in, height_in), sharex=True, dpi=dpi,
+                                layout="constrained", squeeze=False)
+    px_per_ms = width_in * 0.86 * dpi / x_max  # the plot area is about 86 % of the width
+    drawn: set[str] = set()
+    for ax, window, panel in zip(axes[:, 0], windows, panels):
+        drawn |= _draw_panel(ax, window, panel, stages, x_max, px_per_ms, dpi)
+        ax.set_yticklabels(_stage_labels(devices))
+    bottom = axes[-1, 0]
+    bottom.set_xlim(0, x_max)
+    bottom.set_xlabel("time since the first event of the window (ms)")
+    figure.suptitle(title, fontsize=12, fontweight="bold")
+
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=style.PHASE_COLOURS[p], label=style.PHASE_LABELS[p]) for p in PHASES if p in drawn]
+    handles.append(Line2D([], [], color=style.TRANSFER_COLOUR, linewidth=3, label="send to the next/previous stage"))
+    if LATER_CHUNK in drawn:
+        handles.append(Patch(facecolor=style.GUIDE_COLOUR, edgecolor="white", hatch="///",
+                             label="later model chunk"))
+    handles.append(Patch(facecolor=style.IDLE_COLOUR, label="idle"))
+    handles.append(Line2D([], [], color=style.GUIDE_COLOUR, linestyle="--", label="iteration start"))
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=9)
+    return figure

@@ -1,0 +1,532 @@
+"""Tune: an optuna study over the parameters of one cost term, on the train split only, ending in a candidate file.
+
+The search space is the term's `Param` bounds (log scale where the parameter
+says so). A term the model does not activate is tuned as if added with the
+sampled values. Each trial predicts every train fixture from its spec (loaded
+once: spec and truth metrics, no events) and scores it with the loop's own
+scoring, so a trial's numbers are those `evaluate` would print. Three
+objectives, all minimized: throughput MAPE (window, %), bubble MAE (pp) and the
+negative mean utilization rho.
+
+The chosen point: the Pareto-front trials are ordered by throughput MAPE (ties:
+bubble MAE, then higher rho, then the earlier trial), and the first one the gate
+would accept against the current model (default tolerances: no suite aggregate
+worse, no run's error grown by more than the per-run allowance) is chosen; when
+none would pass, the lowest-MAPE one is, and the output says the gate will
+reject it. It is written as a one-term candidate (action "set" for an active
+term, "add" otherwise) whose hypothesis and grounding are marked FILL IN: the
+tuner found the values, a person or agent still has to say why they are
+physically plausible, and the candidate must still pass `hops-calib evaluate`.
+
+Objective `components` (`--objective components`) instead minimizes one number,
+the share of measured time the model misprices among the quantities each trace
+measures directly (per-stage forward, backward and optimizer medians, the silent stretch
+and the rest of the iteration; `hops_calib.components`) against the costs the
+model prices for them. A term is then fitted to the times it is about, not used
+to soak up another term's error in the end-to-end throughput; the front is the
+ten best trials by that error, the suite scores are still recorded, and the
+choice still prefers a point the gate accepts.
+
+Storage: none keeps the study in memory (one process); `sqlite:///FILE` or any
+optuna RDB URL (postgresql://, mysql://) lets several processes, here or on
+other machines, work on one study. `--workers K` runs K processes on it, each
+with its own sampler seed (seed + k) and its share of the trials. A study
+remembers its term, parameter space, base model and fixture set, and refuses to
+be continued with different ones. Processes started by hand on one study should
+be given different seeds: with equal seeds their random start-up trials repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hops_calib.errors import InputError
+from hops_calib.evaluate import Suite, load_suite, score_model
+from hops_calib.model import TERMS, Model, resolve_params
+from hops_calib.score import SuiteScore
+
+OBJECTIVES = ("throughput_mape_pct", "bubble_mae_pp", "negative_util_spearman_mean")
+COMPONENT_OBJECTIVES = ("component_mape_pct",)
+OBJECTIVE_MODES = ("suite", "components")
+COMPONENT_FRONT = 10  # trials shown and considered in components mode
+DEFAULT_TRIALS = 60
+SQLITE_TIMEOUT_S = 60  # concurrent workers wait for sqlite's write lock instead of failing
+PROBLEM_ATTR = "hops_calib_tune"  # the study's record of its problem (TuneProblem.identity)
+JOIN_WAIT_S = 30.0  # how long a joining process waits for the creating one to write that record
+CHOICE_RULE = ("the lowest-MAPE Pareto point (ties: bubble MAE, then higher rho) that changes the model and that the "
+               "gate accepts against the current model with default tolerances; the lowest-MAPE such point when "
+               "none passes")
+
+
+@dataclass(frozen=True)
+class TuneProblem:
+    """What every trial of a study evaluates: one term's space, the base model, the train fixtures."""
+
+    term: str
+    model: Model
+    model_path: Path
+    suite: Suite
+    objective: str = "suite"
+    real_components: tuple = ()  # hops_calib.components.Components per fixture, in components mode
+    only: tuple[str, ...] = ()  # search only these parameters (the others keep the model's values); () = all
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        return COMPONENT_OBJECTIVES if self.objective == "components" else OBJECTIVES
+
+    def component_mape(self, model: Model) -> float:
+        from hops_calib.components import mispriced_time_pct, predicted_components
+
+        specs = self.suite.specs
+        predicted = [predicted_components(model.pipeline(spec)) for spec in specs]
+        return mispriced_time_pct(list(self.real_components), predicted, [s.microbatches for s in specs],
+                                  [s.pp for s in specs])
+
+    @property
+    def params(self):
+        term = TERMS[self.term]
+        return tuple(term.param(name) for name in self.only) if self.only else term.params
+
+    def space(self) -> list[list[Any]]:
+        return [[p.name, p.low, p.high, bool(p.log)] for p in self.params]
+
+    def identity(self) -> dict[str, Any]:
+        """What a study records about itself, and must match when continued."""
+        return {"term": self.term, "space": self.space(), "model_sha256": self.model.sha256,
+                "fixture_set_sha256": self.suite.sha256, "objective": self.objective,
+                "objectives": list(self.objectives)}
+
+    def model_with(self, values: dict[str, float]) -> Model:
+        base = self.model.active(self.term)
+        return self.model.with_term(resolve_params(self.term, values, origin=f"tune {self.term}",
+                                                   base=base.params() if base else None))
+
+    def score(self, model: Model) -> SuiteScore:
+        return score_model(self.suite, model, origin=f"tune {self.term}").suite
+
+    def start_values(self) -> dict[str, float]:
+        """The term's current values in the model, or its defaults: the first trial of a new study."""
+        active = self.model.active(self.term)
+        values = active.params() if active else TERMS[self.term].defaults()
+        return {p.name: values.get(p.name, values[p.name.partition("@")[0]]) for p in self.params}
+
+
+def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
+    return score.throughput_mape_pct, score.bubble_mae_pp, -score.util_spearman_mean
+
+
+def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | None,
+                 objective: str = "suite", only: tuple[str, ...] = ()) -> TuneProblem:
+    from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+    if term not in TERMS:
+        raise InputError("tune", f"unknown term {term!r}", field="TERM",
+                         hint=f"terms implemented in hops_calib.model.terms: {', '.join(sorted(TERMS))} "
+                              "(`hops-calib terms` lists them with their parameters)")
+    if not TERMS[term].params:
+        raise InputError("tune", f"term {term!r} has no parameters to tune", field="TERM",
+                         hint="it is a measurement-driven term; tune a term that has parameters (`hops-calib terms`)")
+    unknown = []
+    for name in only:
+        try:
+            TERMS[term].param(name)
+        except KeyError:
+            unknown.append(name)
+    if unknown:
+        per_device = [p.name for p in TERMS[term].params if p.per_device]
+        raise InputError("tune", f"term {term!r} has no parameter {', '.join(map(repr, unknown))}", field="only",
+                         hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}"
+                              + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""))
+    if objective not in OBJECTIVE_MODES:
+        raise InputError("tune", f"unknown objective {objective!r}", field="objective",
+                         hint=f"choose one of {', '.join(OBJECTIVE_MODES)}")
+    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    suite = load_suite(fixtures_dir, "train")
+    reals: tuple = ()
+    if objective == "components":
+        from hops_calib.components import real_components
+        from hops_calib.evaluate import open_store
+
+        store = open_store(fixtures_dir)
+        reals = tuple(real_components(store.load(fixture_id)) for fixture_id in suite.ids)
+    return TuneProblem(term=term, model=load_model(model_path), model_path=model_path, suite=suite,
+                       objective=objective, real_components=reals, only=tuple(only))
+
+
+# --- the study ------------------------------------------------------------------------------------
+
+def default_study_name(problem: TuneProblem) -> str:
+    mode = ("" if problem.objective == "suite" else f"-{problem.objective}") + "".join(f"-{n}" for n in problem.only)
+    return f"tune-{problem.term}{mode}-{problem.model.sha256[:8]}-{problem.suite.sha256[:8]}"
+
+
+def make_storage(url: str | None):
+    """An optuna storage: in memory for None, else an RDB storage (sqlite waits for its write lock)."""
+    import optuna
+
+    if url is None:
+        return optuna.storages.InMemoryStorage()
+    from sqlalchemy.exc import DBAPIError
+
+    engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else {}
+    last_error: Exception | None = None
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except DBAPIError as error:  # processes starting together on a new sqlite file race to create its tables
+            last_error = error
+            time.sleep(0.2 * (attempt + 1))
+        except Exception as error:  # noqa: BLE001 - a malformed URL or a missing driver: retrying cannot help
+            last_error = error
+            break
+    raise InputError("--storage", f"cannot open optuna storage {url!r}: {last_error}", field="storage",
+                     hint="use sqlite:///path/to/study.db locally, or an optuna RDB URL such as "
+                          "postgresql://user@host/db (its driver must be installed)")
+
+
+def open_study(problem: TuneProblem, storage, study_name: str, seed: int):
+    """Create the study (enqueueing the current values as its first trial) or join it; check it is this problem's."""
+    import optuna
+
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    directions = ["minimize"] * len(problem.objectives)
+    try:
+        study = optuna.create_study(storage=storage, study_name=study_name, directions=directions, sampler=sampler)
+        # One attribute, written at once: a process joining a moment later sees all of it or none.
+        study.set_user_attr(PROBLEM_ATTR, problem.identity())
+        study.enqueue_trial(problem.start_values())
+        return study
+    except optuna.exceptions.DuplicatedStudyError:
+        pass
+    study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+    deadline = time.monotonic() + JOIN_WAIT_S
+    while PROBLEM_ATTR not in study.user_attrs and time.monotonic() < deadline:
+        time.sleep(0.1)  # created a moment ago by a process that has not written its record yet
+    recorded = study.user_attrs.get(PROBLEM_ATTR)
+    if recorded is None:
+        raise InputError("--study", f"study {study_name!r} has no hops-calib tune record (user attribute "
+                         f"{PROBLEM_ATTR!r}); it was not created by `hops-calib tune`", field="study",
+                         hint="choose another --study name")
+    expected = problem.identity()
+    differ = [key for key in expected if json.dumps(recorded.get(key)) != json.dumps(expected[key])]
+    if differ:
+        raise InputError("--study", f"study {study_name!r} belongs to another problem: its "
+                         + ", ".join(f"{key} is {recorded.get(key)!r}, here {expected[key]!r}" for key in differ),
+                         field="study", hint="choose another --study name (the default one names the term, the "
+                                             "model and the fixture set)")
+    return study
+
+
+def objective(problem: TuneProblem) -> Callable:
+    def run(trial) -> tuple[float, ...]:
+        values = {p.name: trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in problem.params}
+        model = problem.model_with(values)
+        score = problem.score(model)
+        for name, value in score.to_dict().items():
+            trial.set_user_attr(name, value)
+        if problem.objective == "components":
+            component = problem.component_mape(model)
+            trial.set_user_attr("component_mape_pct", component)
+            return (component,)
+        return objectives_of(score)
+
+    return run
+
+
+def _quiet_optuna() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def run_worker(term: str, fixtures_dir: str, model_path: str | None, storage_url: str, study_name: str, trials: int,
+               seed: int, objective_mode: str = "suite", only: tuple[str, ...] = ()) -> None:
+    """One worker process: join the study and run `trials` trials (the entry point of --workers)."""
+    _quiet_optuna()
+    try:
+        problem = load_problem(term, fixtures_dir, model_path, objective_mode, only)
+        study = open_study(problem, make_storage(storage_url), study_name, seed)
+        study.optimize(objective(problem), n_trials=trials)
+    except InputError as error:
+        print(f"error: tune worker (seed {seed}): {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+def shares(trials: int, workers: int) -> list[int]:
+    """Trials per worker, adding up to `trials`."""
+    return [trials // workers + (1 if k < trials % workers else 0) for k in range(workers)]
+
+
+def check_run(trials: int, workers: int, storage_url: str | None) -> None:
+    if trials < 1 or workers < 1:
+        raise InputError("tune", "--trials and --workers must be at least 1", field="trials")
+    if workers > 1 and storage_url is None:
+        raise InputError("tune", f"--workers {workers} needs a storage the processes share", field="storage",
+                         hint="pass --storage sqlite:///tune.db (or an optuna RDB URL)")
+
+
+def _finished(study) -> int:
+    import optuna
+
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, study_name: str, workers: int,
+             seed: int, fixtures_dir: Path | str, progress: Callable[[int, int], None] | None = None):
+    """Run `trials` trials on the study with `workers` processes; return the study (reloaded with every trial)."""
+    import multiprocessing
+
+    _quiet_optuna()
+    check_run(trials, workers, storage_url)
+    storage = make_storage(storage_url)
+    study = open_study(problem, storage, study_name, seed)
+    before = _finished(study)
+    if workers == 1:
+        callback = (lambda study_, trial: progress(_finished(study_) - before, trials)) if progress else None
+        study.optimize(objective(problem), n_trials=trials, callbacks=[callback] if callback else None)
+        return study
+    context = multiprocessing.get_context("spawn")  # fresh interpreters: no database connection crosses a fork
+    processes = [context.Process(target=run_worker, args=(problem.term, str(fixtures_dir),
+                                                          str(problem.model_path), storage_url, study_name, share,
+                                                          seed + k, problem.objective, problem.only), daemon=True)
+                 for k, share in enumerate(shares(trials, workers)) if share]
+    for process in processes:
+        process.start()
+    try:
+        while any(p.is_alive() for p in processes):
+            if progress:
+                progress(_finished(study) - before, trials)
+            for process in processes:
+                process.join(timeout=0.5)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+    failed = [p.exitcode for p in processes if p.exitcode != 0]
+    if failed:
+        raise InputError("tune", f"{len(failed)} of {len(processes)} worker processes failed (exit codes "
+                         f"{failed}); their messages are above", field="workers")
+    return study
+
+
+# --- the result -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FrontPoint:
+    number: int
+    params: dict[str, float]
+    score: dict[str, float]  # the SuiteScore of the trial
+
+    def key(self) -> tuple[float, ...]:
+        """The front's order: lowest component error (components mode), then lowest MAPE, then lowest bubble MAE,
+        then highest rho, then the earliest trial."""
+        s = self.score
+        return (s.get("component_mape_pct", 0.0), s["throughput_mape_pct"], s["bubble_mae_pp"],
+                -s["util_spearman_mean"], self.number)
+
+
+def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[FrontPoint | None, Any]:
+    """The first point of the (ordered) front that changes the model and that the gate accepts against the current
+    model (`before`, its ModelScore); else the first point that changes the model. Returns it (None when every
+    point of the front is the current model) and the gate's verdict on it.
+    """
+    from hops_calib.gate import gate
+
+    changes = [p for p in front if problem.model_with(p.params).sha256 != problem.model.sha256]
+    verdicts = []
+    for point in changes:
+        after = score_model(problem.suite, problem.model_with(point.params), origin=f"tune {problem.term}")
+        verdict = gate(before.runs, after.runs, before.suite, after.suite)
+        if verdict.accepted:
+            return point, verdict
+        verdicts.append(verdict)
+    return (changes[0], verdicts[0]) if changes else (None, None)
+
+
+def pareto_front(study) -> list[FrontPoint]:
+    """The Pareto front (suite mode), or the COMPONENT_FRONT best trials by component error (components mode)."""
+    import optuna
+
+    keys = list(SuiteScore.__dataclass_fields__)
+    if len(study.directions) == 1:
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        trials = sorted(done, key=lambda t: (t.values[0], t.number))[:COMPONENT_FRONT]
+        keys.append("component_mape_pct")
+    else:
+        trials = study.best_trials
+    points = [FrontPoint(number=t.number, params=dict(t.params), score={k: t.user_attrs[k] for k in keys})
+              for t in trials]
+    return sorted(points, key=FrontPoint.key)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    term: str
+    fixtures_dir: Path
+    study_name: str
+    storage: str
+    trials_here: int
+    trials_in_study: int
+    workers: int
+    current: SuiteScore
+    front: tuple[FrontPoint, ...]
+    chosen: FrontPoint | None  # None when every point of the front is the current model
+    verdict: Any  # hops_calib.gate.GateResult of the chosen point against the current model (None without one)
+    candidate_path: Path | None
+    candidate_text: str | None
+    objective: str = "suite"
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        return COMPONENT_OBJECTIVES if self.objective == "components" else OBJECTIVES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"term": self.term, "study": self.study_name, "storage": self.storage,
+                "trials_here": self.trials_here, "trials_in_study": self.trials_in_study, "workers": self.workers,
+                "objective": self.objective, "objectives": list(self.objectives), "current": self.current.to_dict(),
+                "front": [vars(p) for p in self.front], "chosen": vars(self.chosen) if self.chosen else None,
+                "choice_rule": CHOICE_RULE, "chosen_gate": self.verdict.to_dict() if self.verdict else None,
+                "candidate": str(self.candidate_path) if self.candidate_path else None}
+
+
+def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore, study_name: str,
+                   storage: str, trials_in_study: int, front_size: int) -> str:
+    """A one-term candidate setting the chosen values, with hypothesis and grounding marked FILL IN."""
+    import inspect
+
+    term = TERMS[problem.term]
+    action = "set" if problem.model.active(problem.term) else "add"
+    after = chosen.score
+    how = ("mispricing the stage, optimizer and between-iteration times the traces measure by "
+           f"{chosen.score['component_mape_pct']:.2f} % of their time; " if problem.objective == "components" else "")
+    physics = " ".join(inspect.getdoc(type(term)).split())
+    hypothesis = (f"FILL IN why: {'setting' if action == 'set' else 'adding'} {problem.term} with the values tuned "
+                  f"on the train split ({how}objective {problem.objective}) lowers throughput "
+                  f"MAPE {current.throughput_mape_pct:.2f} -> {after['throughput_mape_pct']:.2f} % (bubble MAE "
+                  f"{current.bubble_mae_pp:.2f} -> {after['bubble_mae_pp']:.2f} pp, mean rho "
+                  f"{current.util_spearman_mean:.3f} -> {after['util_spearman_mean']:.3f})")
+    grounding = f"FILL IN why these values are physically plausible. The term's physics: {physics}"
+    params = ", ".join(f"{json.dumps(p.name) if '@' in p.name else p.name} = {chosen.params[p.name]!r}"
+                       for p in problem.params)
+    # json.dumps of a str is a valid TOML basic string (ASCII escapes only).
+    lines = [
+        f"# Written by `hops-calib tune {problem.term}`: study {study_name!r} in {storage}, {trials_in_study} trials.",
+        f"# Trial {chosen.number} of a front of {front_size} (objectives: {', '.join(problem.objectives)}),",
+        f"# chosen as {CHOICE_RULE}.",
+        "# Replace both FILL IN texts with the physical reason before evaluating it:",
+        f"#   hops-calib evaluate <this file> --fixtures {problem.suite.fixtures_dir}",
+        f"id = {json.dumps(f'tune-{problem.term}-trial{chosen.number}')}",
+        f"hypothesis = {json.dumps(hypothesis)}",
+        f"grounding = {json.dumps(grounding)}",
+        'author = "hops-calib tune"',
+        f"notes = {json.dumps(f'model {problem.model.sha256[:12]}, fixture set {problem.suite.sha256[:12]}')}",
+        "expected = { " + ", ".join(f"{k} = {after[k]!r}" for k in ("throughput_mape_pct", "bubble_mae_pp",
+                                                                     "util_spearman_mean")) + " }",
+        "",
+        "[change]",
+        f'action = "{action}"',
+        f'term = "{problem.term}"',
+        f"params = {{ {params} }}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None = None, trials: int = DEFAULT_TRIALS,
+         storage_url: str | None = None, study_name: str | None = None, workers: int = 1, seed: int = 0,
+         out: Path | str | None = None, progress: Callable[[int, int], None] | None = None,
+         objective: str = "suite", only: tuple[str, ...] = ()) -> TuneResult:
+    """Tune one term's parameters on the train split and write the chosen point as a candidate file."""
+    from hops_calib.files import atomic_write
+
+    check_run(trials, workers, storage_url)
+    problem = load_problem(term, fixtures_dir, model_path, objective, only)
+    study_name = study_name or default_study_name(problem)
+    study = optimize(problem, trials=trials, storage_url=storage_url, study_name=study_name, workers=workers,
+                     seed=seed, fixtures_dir=fixtures_dir, progress=progress)
+    before = score_model(problem.suite, problem.model, origin=str(problem.model_path))
+    if storage_url is not None:  # every worker's trials, as the storage holds them now
+        import optuna
+
+        study = optuna.load_study(study_name=study_name, storage=make_storage(storage_url))
+    front = pareto_front(study)
+    if not front:
+        raise InputError("tune", f"study {study_name!r} has no completed trial", field="trials")
+    chosen, verdict = choose(problem, front, before)
+    in_study = _finished(study)
+    path = text = None
+    if chosen is not None:
+        text = candidate_text(problem, chosen, before.suite, study_name, storage_url or "memory", in_study,
+                              len(front))
+        path = Path(out) if out is not None else Path("experiments") / f"tune-{term}-trial{chosen.number}.toml"
+        if path.exists():
+            raise InputError(path, "exists already; a candidate file is never overwritten (the ledger may cite it)",
+                             hint="pass --out with a new file name")
+        atomic_write(path, text)
+    return TuneResult(term=term, fixtures_dir=Path(fixtures_dir), study_name=study_name, storage=storage_url or "memory", trials_here=trials,
+                      trials_in_study=in_study, workers=workers, current=before.suite, front=tuple(front),
+                      chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text,
+                      objective=problem.objective)
+
+
+# --- text -----------------------------------------------------------------------------------------
+
+def tune_text(result: TuneResult) -> str:
+    from hops_calib.store.views import text_table
+
+    names = list(result.front[0].params) if result.front else []
+    current = result.current
+    out = [f"tune {result.term}: study {result.study_name!r} ({result.storage}); {result.trials_here} trials here "
+           f"with {result.workers} worker(s), {result.trials_in_study} in the study",
+           f"current model: throughput MAPE {current.throughput_mape_pct:.2f} %, bubble MAE "
+           f"{current.bubble_mae_pp:.2f} pp, mean rho {current.util_spearman_mean:.3f}, steady throughput MAPE "
+           f"{current.steady_throughput_mape_pct:.2f} %",
+           f"{'best trials' if result.objective == 'components' else 'Pareto front'} ({len(result.front)} trials; "
+           f"objectives {', '.join(result.objectives)}):"]
+    components = result.objective == "components"
+    rows = [[("* " if p is result.chosen else "  ") + str(p.number)] + [f"{p.params[n]:.6g}" for n in names]
+            + ([f"{p.score['component_mape_pct']:.2f}"] if components else [])
+            + [f"{p.score['throughput_mape_pct']:.2f}", f"{p.score['bubble_mae_pp']:.2f}",
+               f"{p.score['util_spearman_mean']:.3f}", f"{p.score['steady_throughput_mape_pct']:.2f}"]
+            for p in result.front]
+    headers = (["trial"] + names + (["mispriced %"] if components else [])
+               + ["MAPE %", "bubble MAE pp", "rho", "steady MAPE %"])
+    out.append(text_table(headers, rows, right=set(range(0, len(headers)))))
+    if result.chosen is None:
+        out.append("no candidate written: every point of the front is the model's current values")
+        return "\n".join(out)
+    out.append(f"chosen (*): trial {result.chosen.number}, {CHOICE_RULE}")
+    if result.verdict.accepted:
+        out.append("the gate accepts it against the current model on the train split")
+    else:
+        out.append("no point of the front passes the gate against the current model; it rejects this one because:")
+        out += [f"  - {reason}" for reason in result.verdict.reasons]
+    out.append(f"wrote {result.candidate_path}: replace its FILL IN hypothesis and grounding, then run")
+    out.append(f"  hops-calib evaluate {result.candidate_path} --fixtures {result.fixtures_dir}")
+    return "\n".join(out)
+
+
+def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
+                 study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
+                 objective: str = "suite", only: tuple[str, ...] = ()) -> int:
+    from hops_calib.loop import EXIT_OK, _guarded, _print_json
+    from hops_calib.progress import progress_bar
+
+    def run() -> int:
+        with progress_bar(f"tune {term}", quiet=as_json) as bar:
+            result = tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
+                          study_name=study, workers=workers, seed=seed, out=out, progress=bar.update,
+                          objective=objective, only=only)
+        if as_json:
+            _print_json(result.to_dict())
+        else:
+            print(tune_text(result))
+        return EXIT_OK
+
+    return _guarded(run)
+

@@ -1,0 +1,416 @@
+"""Pictures on the real runs: timelines, parity plots, ledger history, the HTML report, and progress bars."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hops_calib.cli import app
+from hops_calib.ledger import read_entries
+from hops_calib.plot import style
+from hops_calib.plot.groups import MIN_DISCLOSED_RUNS, disclosable, group_rows, short_run_id
+from hops_calib.plot.ledger import FIGURE_SIZE_IN as LEDGER_SIZE_IN, read_history
+from hops_calib.plot.parity import FIGURE_SIZE_IN as PARITY_SIZE_IN
+from hops_calib.plot.timeline import figure_size, iteration_window
+
+from conftest import PLAIN_MODEL_TOML
+
+CHROMIUM = Path("/usr/bin/chromium")
+DPI = 60  # small images: the pixel size still depends on it exactly, and they render fast
+
+# Two one-term candidates: one lowers the roofline's efficiency (GPUs rarely reach peak on small GEMMs),
+# one adds the untraced host work between iterations.
+CANDIDATES = {
+    "efficiency.toml": '''
+id = "roofline-efficiency-0.3"
+hypothesis = "small decoder GEMMs reach about a third of peak FLOP/s"
+grounding = "hidden sizes of 1-2k leave tensor cores underfed"
+
+[change]
+action = "set"
+term = "decoder_roofline"
+params = { compute_efficiency = 0.3 }
+''',
+    "host.toml": '''
+id = "iteration-host-overhead"
+hypothesis = "untraced host work between iterations lowers real throughput"
+grounding = "--log-interval 1 logs and fetches a batch on the host every iteration"
+
+[change]
+action = "add"
+term = "iteration_host_overhead"
+''',
+}
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def expected_px(size_in: tuple[float, float], dpi: float = DPI) -> tuple[int, int]:
+    return int(round(size_in[0] * dpi)), int(round(size_in[1] * dpi))
+
+
+@pytest.fixture(scope="module")
+def train_run(shared_store):
+    """A train run with the deepest pipeline the store has (the most lanes to draw)."""
+    index = shared_store.index()
+    train = index[index["split"] == "train"].sort_values(["pp", "id"], ascending=[False, True])
+    return shared_store.load(train.iloc[0]["id"])
+
+
+# --- timeline ------------------------------------------------------------------------------------
+
+def test_timeline_png_has_the_figure_size_and_a_lane_per_stage(shared_fixtures, train_run, tmp_path):
+    out = tmp_path / "timeline.png"
+    result = cli("plot", "timeline", train_run.id, "--fixtures", shared_fixtures, "--out", out, "--dpi", DPI)
+    assert result.exit_code == 0, result.output
+    assert png_size(out) == expected_px(figure_size(train_run.spec.pp))
+    assert f"wrote {out}" in result.stdout
+
+
+def test_timeline_svg_is_well_formed_and_titled(shared_fixtures, train_run, tmp_path):
+    out = tmp_path / "timeline.svg"
+    result = cli("plot", "timeline", train_run.id, "--fixtures", shared_fixtures, "--out", out, "--iterations", 1)
+    assert result.exit_code == 0, result.output
+    root = ET.parse(out).getroot()
+    assert root.tag.endswith("svg")
+    width_in, height_in = figure_size(train_run.spec.pp)
+    assert float(root.get("width").removesuffix("pt")) == pytest.approx(width_in * 72)
+    assert float(root.get("height").removesuffix("pt")) == pytest.approx(height_in * 72)
+    text = out.read_text()
+    # Text stays text (svg.fonttype none): the title, every stage label and the panels are searchable.
+    assert train_run.id in text and "Real run (trace)" in text and "Predicted by model" in text
+    for stage, device in enumerate(train_run.spec.devices):
+        assert f"stage {stage} · {device.upper()}" in text
+
+
+def test_the_window_holds_the_first_iterations_from_zero(train_run):
+    real = train_run.timeline()
+    for k in (1, 2, 3):
+        window = iteration_window(real, k)
+        assert window.iterations == tuple(sorted(real["iteration"].unique())[:k])
+        assert set(window.rows["iteration"]) == set(window.iterations)
+        assert window.rows["start_ms"].min() == 0.0
+        assert window.iteration_starts_ms[0] == 0.0 and list(window.iteration_starts_ms) == sorted(
+            window.iteration_starts_ms)
+        of_window = real[real["iteration"].isin(window.iterations)]
+        assert len(window.rows) == len(of_window)
+        assert window.end_ms == pytest.approx(of_window["end_ms"].max() - of_window["start_ms"].min())
+    more = iteration_window(real, 10_000)
+    assert len(more.rows) == len(real)
+
+
+def test_timeline_refuses_a_held_out_run_and_bad_options_without_writing(shared_fixtures, shared_store, train_run,
+                                                                        tmp_path):
+    out = tmp_path / "t.png"
+    test_id = shared_store.ids("test")[0]
+    refused = cli("plot", "timeline", test_id, "--fixtures", shared_fixtures, "--out", out)
+    assert refused.exit_code == 2 and "test split" in refused.stderr
+    wrong_suffix = cli("plot", "timeline", train_run.id, "--fixtures", shared_fixtures, "--out", tmp_path / "t.jpg")
+    assert wrong_suffix.exit_code == 2 and "--out" in wrong_suffix.stderr and "*.png or *.svg" in wrong_suffix.stderr
+    zero = cli("plot", "timeline", train_run.id, "--fixtures", shared_fixtures, "--out", out, "--iterations", 0)
+    assert zero.exit_code == 2 and "--iterations" in zero.stderr
+    unknown = cli("plot", "timeline", "no_such_run", "--fixtures", shared_fixtures, "--out", out)
+    assert unknown.exit_code == 2 and "no_such_run" in unknown.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- parity --------------------------------------------------------------------------------------
+
+def test_parity_png_and_svg(shared_fixtures, shared_store, tmp_path):
+    png, svg = tmp_path / "parity.png", tmp_path / "parity.svg"
+    assert cli("plot", "parity", "--fixtures", shared_fixtures, "--out", png, "--dpi", DPI).exit_code == 0
+    assert png_size(png) == expected_px(PARITY_SIZE_IN)
+    result = cli("plot", "parity", "--fixtures", shared_fixtures, "--out", svg, "--label-worst", 2)
+    assert result.exit_code == 0, result.output
+    text = svg.read_text()
+    ET.fromstring(text.encode())
+    assert f"train split ({len(shared_store.ids('train'))} runs)" in text
+    assert "±10%" in text or "±10 %" in text
+
+
+def test_parity_labels_the_worst_runs_and_refuses_the_test_split(shared_fixtures, tmp_path):
+    from hops_calib.plot.commands import score_split
+
+    scored = score_split(shared_fixtures, "train", None)
+    out = tmp_path / "parity.svg"
+    assert cli("plot", "parity", "--fixtures", shared_fixtures, "--out", out, "--label-worst", 2).exit_code == 0
+    text = out.read_text()
+    by_throughput = sorted(scored.points, key=lambda p: -abs(p.score.throughput_error_pct))
+    by_bubble = sorted(scored.points, key=lambda p: -abs(p.score.bubble_error_pp))
+    for point in by_throughput[:2] + by_bubble[:2]:
+        assert short_run_id(point.run_id) in text
+    labelled = {short_run_id(p.run_id) for p in by_throughput[:2] + by_bubble[:2]}
+    best = short_run_id(by_throughput[-1].run_id)
+    assert best in labelled or best not in text
+
+    refused = cli("plot", "parity", "--split", "test", "--fixtures", shared_fixtures, "--out", tmp_path / "t.png")
+    assert refused.exit_code == 2 and "refuses the test split" in refused.stderr
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_short_run_ids():
+    assert short_run_id("exp2_9_g_only_pp4_run107") == "exp2_9 run107"
+    assert short_run_id("cpu_pp2") == "cpu_pp2"
+    assert short_run_id("a" * 40).endswith("…") and len(short_run_id("a" * 40)) == 18
+
+
+# --- ledger --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ledger_with_history(shared_fixtures, tmp_path_factory):
+    """A ledger with two candidates evaluated (and committed when accepted) and one held-out report."""
+    folder = tmp_path_factory.mktemp("ledger")
+    model, ledger = folder / "model.toml", folder / "ledger.jsonl"
+    model.write_text(PLAIN_MODEL_TOML)  # the shipped model already holds what these candidates add
+    for name, text in CANDIDATES.items():
+        (folder / name).write_text(text)
+        result = cli("evaluate", folder / name, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                     "--commit")
+        assert result.exit_code in (0, 1), result.output
+    assert cli("report", "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger).exit_code == 0
+    return {"model": model, "ledger": ledger}
+
+
+def test_ledger_plot_draws_every_attempt(ledger_with_history, tmp_path):
+    ledger = ledger_with_history["ledger"]
+    entries = list(read_entries(ledger))
+    attempts, audits = read_history(entries)
+    assert [a.candidate_id for a in attempts] == [e["candidate"]["id"] for e in entries if e["kind"] == "evaluate"]
+    assert [a.accepted for a in attempts] == [e["decision"] == "accepted" for e in entries if e["kind"] == "evaluate"]
+    assert [a.seq for a in audits] == [e["seq"] for e in entries if e["kind"] == "report"]
+
+    png, svg = tmp_path / "ledger.png", tmp_path / "ledger.svg"
+    assert cli("plot", "ledger", "--ledger", ledger, "--out", png, "--dpi", DPI).exit_code == 0
+    assert png_size(png) == expected_px(LEDGER_SIZE_IN)
+    assert cli("plot", "ledger", "--ledger", ledger, "--out", svg).exit_code == 0
+    text = svg.read_text()
+    for attempt in attempts:
+        assert attempt.candidate_id in text
+
+
+def test_ledger_plot_of_an_empty_or_missing_ledger_says_what_to_do(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out = tmp_path / "l.png"
+    for ledger in (empty, tmp_path / "missing.jsonl"):
+        result = cli("plot", "ledger", "--ledger", ledger, "--out", out)
+        assert result.exit_code == 2
+        assert str(ledger) in result.stderr and "hops-calib evaluate" in result.stderr
+    assert not out.exists()
+
+
+# --- groups and the HTML report ------------------------------------------------------------------
+
+def test_held_out_groups_never_expose_a_small_group(shared_fixtures):
+    from hops_calib.plot.commands import score_split
+
+    points = score_split(shared_fixtures, "train", None).points
+    for key in (lambda p: p.device_mix, lambda p: p.pp, lambda p: p.microbatches):
+        everything = group_rows(points, key)
+        assert sum(r.suite.n_fixtures for r in everything) == len(points)
+        shown = disclosable(points, key)
+        if shown is None:
+            small = sum(r.suite.n_fixtures for r in everything if r.suite.n_fixtures < MIN_DISCLOSED_RUNS)
+            assert 0 < small < MIN_DISCLOSED_RUNS
+            continue
+        assert all(r.suite.n_fixtures >= MIN_DISCLOSED_RUNS for r in shown)
+        assert sum(r.suite.n_fixtures for r in shown) == len(points)
+    # One group per run is the extreme: nothing can be shown.
+    assert disclosable(points, lambda p: p.run_id) is None or len(points) >= MIN_DISCLOSED_RUNS
+
+
+def _render_in_chromium(page: Path, tmp_path: Path) -> str:
+    """Load `page` in headless Chromium with a probe that reports, after load, whether every image decoded."""
+    probe = page.with_name("probe-" + page.name)
+    check = ("<script>window.addEventListener('load', () => { const images = [...document.images]; "
+             "document.body.setAttribute('data-images', images.length); document.body.setAttribute('data-broken', "
+             "images.filter(i => !(i.complete && i.naturalWidth > 0)).length); });</script>")
+    probe.write_text(page.read_text().replace("</body>", check + "</body>"))
+    done = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=5000", "--dump-dom",
+         probe.as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_html_report_train_has_tables_images_and_every_run(shared_fixtures, shared_store, ledger_with_history,
+                                                           tmp_path):
+    page = tmp_path / "train.html"
+    ledger = ledger_with_history["ledger"]
+    before = len(list(read_entries(ledger)))
+    result = cli("report", "--split", "train", "--fixtures", shared_fixtures, "--model", ledger_with_history["model"],
+                 "--ledger", ledger, "--html", page)
+    assert result.exit_code == 0, result.output
+    assert f"wrote {page}" in result.stdout
+    assert len(list(read_entries(ledger))) == before + 1
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "http://" not in html and "https://" not in html
+    assert html.count('src="data:image/png;base64,') == 2  # parity plot and ledger history
+    for fixture_id in shared_store.ids("train"):
+        assert f"<td class=\"text\">{fixture_id}</td>" in html
+    for fixture_id in shared_store.ids("test"):
+        assert fixture_id not in html
+    assert "By device mix" in html and "By pipeline depth" in html
+    # Errors outside the ±10 % band are highlighted, as on the parity plot.
+    from hops_calib.plot.commands import score_split
+
+    scores = [p.score for p in score_split(shared_fixtures, "train", ledger_with_history["model"]).points]
+    outside = sum(abs(s.throughput_error_pct) > 10 for s in scores) + sum(
+        abs(s.predicted_bubble_ratio - s.real_bubble_ratio) > 0.1 * s.real_bubble_ratio for s in scores)
+    assert html.count('<td class="off">') == outside
+
+
+def test_html_report_test_split_shows_aggregates_only_and_is_audited(shared_fixtures, shared_store, tmp_path):
+    page, ledger = tmp_path / "test.html", tmp_path / "ledger.jsonl"
+    result = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--html", page, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    entries = list(read_entries(ledger))
+    assert [e["kind"] for e in entries] == ["report"] and entries[0]["split"] == "test"
+    html = page.read_text()
+    for fixture_id in shared_store.ids():
+        assert fixture_id not in html  # no per-run row, no labelled point, of either split
+    assert "<img" not in html  # no parity plot of held-out runs (and this ledger holds no candidate yet)
+    assert f"{summary['throughput_mape_pct']:.2f}" in html and f"{summary['bubble_mae_pp']:.2f}" in html
+    assert "Held-out report" in html
+
+    bad = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--html", tmp_path / "report.txt")
+    assert bad.exit_code == 2 and "--html" in bad.stderr
+    assert len(list(read_entries(ledger))) == 1  # a refused name costs no audit entry
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is absent: install Debian's chromium "
+                                                  "(apt-get install chromium) to render the HTML report")
+def test_html_report_loads_in_headless_chromium(shared_fixtures, ledger_with_history, tmp_path):
+    page = tmp_path / "train.html"
+    assert cli("report", "--split", "train", "--fixtures", shared_fixtures, "--model", ledger_with_history["model"],
+               "--ledger", ledger_with_history["ledger"], "--html", page).exit_code == 0
+    dom = _render_in_chromium(page, tmp_path)
+    assert "hops-calib report: train split" in dom
+    assert 'data-images="2"' in dom and 'data-broken="0"' in dom
+
+
+# --- progress bars -------------------------------------------------------------------------------
+
+def test_progress_bar_draws_on_a_terminal_and_is_silent_otherwise(shared_fixtures, shared_store, capsys):
+    from rich.console import Console
+
+    from hops_calib.evaluate import evaluate
+    from hops_calib.progress import QUIET, progress_bar
+
+    with progress_bar("evaluate") as progress:  # pytest captures stdout: not a terminal
+        assert progress is QUIET
+    with progress_bar("evaluate", quiet=True, console=Console(file=io.StringIO(), force_terminal=True)) as progress:
+        assert progress is QUIET  # --json wins even on a terminal
+    assert capsys.readouterr() == ("", "")
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100)
+    with progress_bar("evaluate", console=console) as progress:
+        evaluate(shared_fixtures, progress=progress)
+    drawn = screen.getvalue()
+    n = len(shared_store.ids("train"))
+    assert "evaluate" in drawn and f"{n}/{n}" in drawn
+
+
+def test_evaluate_reports_one_unit_per_prediction(shared_fixtures, shared_store, tmp_path):
+    from hops_calib.evaluate import evaluate
+
+    class Recorder:
+        def __init__(self):
+            self.total, self.done = None, []
+
+        def start(self, total):
+            self.total = total
+
+        def advance(self, what=""):
+            self.done.append(what)
+
+    model = tmp_path / "model.toml"
+    model.write_text(PLAIN_MODEL_TOML)
+    candidate = tmp_path / "host.toml"
+    candidate.write_text(CANDIDATES["host.toml"])
+    recorder = Recorder()
+    evaluate(shared_fixtures, model_path=model, candidate_path=candidate, ledger_path=tmp_path / "l.jsonl",
+             progress=recorder)
+    train = shared_store.ids("train")
+    assert recorder.total == 2 * len(train) and recorder.done == train + train
+
+
+def test_pixel_size_matches_what_is_written(train_run, tmp_path):
+    from hops_calib.plot.timeline import Panel, timeline_figure
+
+    for dpi in (40, 75):
+        figure = timeline_figure("t", train_run.spec.devices, [Panel("real", train_run.timeline())], 1, dpi=dpi)
+        expected = style.pixel_size(figure, dpi)
+        out = style.save_figure(figure, tmp_path / f"one-panel-{dpi}.png", dpi)
+        assert png_size(out) == expected == expected_px(figure_size(train_run.spec.pp, panels=1), dpi)
+
+
+def test_written_files_are_as_readable_as_the_umask_allows(tmp_path):
+    from hops_calib.files import atomic_write
+
+    previous = os.umask(0o022)
+    try:
+        atomic_write(tmp_path / "image.png", b"x")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "image.png").stat().st_mode & 0o777 == 0o644  # not mkstemp's private 0600
+
+
+def test_a_polled_count_moves_the_same_bar(capsys):
+    from rich.console import Console
+
+    from hops_calib.progress import QUIET, progress_bar
+
+    screen = io.StringIO()
+    with progress_bar("tuning", console=Console(file=screen, force_terminal=True, width=100)) as progress:
+        for completed in (0, 3, 7, 12):
+            progress.update(completed, 12)
+    assert "tuning" in screen.getvalue() and "12/12" in screen.getvalue()
+    with progress_bar("tuning") as progress:  # not a terminal under pytest: QUIET, which counts silently too
+        assert progress is QUIET
+        progress.update(1, 2)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_later_model_chunks_of_an_interleaved_schedule_are_hatched(train_run, tmp_path):
+    import dataclasses
+
+    from hops_calib.predict import predict
+    from hops_calib.plot.timeline import Panel, timeline_figure
+
+    from conftest import plain_model
+
+    spec = train_run.spec
+    # The same run with twice the layers, so every rank splits into two model chunks (Megatron's rule).
+    interleaved = dataclasses.replace(spec, vp=2, schedule="interleaved_1f1b",
+                                      layers_per_stage=tuple(2 * n for n in spec.layers_per_stage),
+                                      model=dataclasses.replace(spec.model, num_layers=2 * spec.model.num_layers))
+    model = plain_model()
+    panels = {"1f1b": predict(spec, model).result.timeline, "interleaved": predict(interleaved, model).result.timeline}
+    assert set(panels["interleaved"]["chunk"]) == {0, 1}
+    for name, timeline in panels.items():
+        figure = timeline_figure(name, spec.devices, [Panel(name, timeline)], 1)
+        out = style.save_figure(figure, tmp_path / f"{name}.svg")
+        assert ("later model chunk" in out.read_text()) == (name == "interleaved")

@@ -1,0 +1,91 @@
+"""tune on the real runs: a one-term candidate the gate evaluates, and several processes sharing one sqlite study."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from hops_calib.candidate import read_candidate
+from hops_calib.errors import InputError
+from hops_calib.evaluate import evaluate
+from hops_calib.tune import shares, tune
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def model_path(iteration_terms_model):
+    return iteration_terms_model
+
+
+def test_tune_writes_a_one_term_candidate_that_the_gate_evaluates(shared_fixtures, model_path, tmp_path):
+    out = tmp_path / "experiments" / "dispatch.toml"
+    # A term the model does not activate: the candidate adds it with the chosen values.
+    result = tune("layer_dispatch_floor", shared_fixtures, model_path=model_path, trials=6, seed=3, out=out)
+    assert result.trials_in_study == 6 and result.front and result.chosen in result.front
+    mapes = [p.score["throughput_mape_pct"] for p in result.front]
+    assert mapes == sorted(mapes)
+    candidate = read_candidate(out)
+    assert candidate.change.action == "add" and candidate.change.term == "layer_dispatch_floor"
+    assert candidate.change.params == result.chosen.params
+    assert "FILL IN" in candidate.hypothesis and "FILL IN" in candidate.grounding
+    assert "launch" in candidate.grounding  # the term's physics is quoted from its docstring
+
+    evaluation = evaluate(shared_fixtures, model_path=model_path, candidate_path=out,
+                          ledger_path=tmp_path / "ledger.jsonl")
+    assert evaluation.verdict is not None
+    assert evaluation.verdict.accepted == result.verdict.accepted
+    # The trial's numbers are the ones evaluate computes for the candidate.
+    assert evaluation.after.suite.throughput_mape_pct == pytest.approx(result.chosen.score["throughput_mape_pct"])
+    assert evaluation.before.suite.throughput_mape_pct == pytest.approx(result.current.throughput_mape_pct)
+
+    with pytest.raises(InputError, match="never overwritten"):
+        tune("layer_dispatch_floor", shared_fixtures, model_path=model_path, trials=1, seed=3, out=out)
+
+
+def test_worker_processes_share_one_sqlite_study(shared_fixtures, model_path, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+    def launch(trials: int, seed: int, workers: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hops_calib", "tune", "optimizer_step", "--trials", str(trials),
+             "--workers", str(workers), "--storage", storage, "--study", "shared", "--seed", str(seed),
+             "--fixtures", str(shared_fixtures), "--model", str(model_path),
+             "--out", str(tmp_path / f"candidate-{seed}.toml")],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    # One process started by hand and one with two worker processes of its own, all on one study.
+    by_hand, with_workers = launch(trials=3, seed=1, workers=1), launch(trials=4, seed=10, workers=2)
+    for process in (by_hand, with_workers):
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stdout + stderr
+        assert "Pareto front (" in stdout
+    study = optuna.load_study(study_name="shared", storage=storage)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(study.trials) == len(complete) == 3 + 4
+    assert study.user_attrs["hops_calib_tune"]["term"] == "optimizer_step"
+    assert {frozenset(t.params) for t in complete} == {frozenset({"bytes_per_parameter", "memory_efficiency",
+                                                                  "fixed_ms"})}
+
+    # The study remembers its term: another term cannot continue it.
+    with pytest.raises(InputError, match="belongs to another problem"):
+        tune("iteration_host_overhead", shared_fixtures, model_path=model_path, trials=1, storage_url=storage,
+             study_name="shared", out=tmp_path / "other.toml")
+
+
+def test_bad_requests_are_refused_before_any_trial(shared_fixtures, model_path, tmp_path):
+    with pytest.raises(InputError, match="unknown term"):
+        tune("no_such_term", shared_fixtures, model_path=model_path, trials=1)
+    with pytest.raises(InputError, match="no parameters to tune"):
+        tune("link_transfer", shared_fixtures, model_path=model_path, trials=1)
+    with pytest.raises(InputError, match="needs a storage"):
+        tune("optimizer_step", shared_fixtures, model_path=model_path, trials=2, workers=2)
+    with pytest.raises(InputError, match="cannot open optuna storage"):
+        tune("optimizer_step", shared_fixtures, model_path=model_path, trials=1, storage_url="nosuchdb://x")
+    assert shares(7, 3) == [3, 2, 2] and sum(shares(5, 5)) == 5
