@@ -145,6 +145,8 @@ def check_job_dir(config: CaptureConfig, job: Path) -> dict[int, list[dict]]:
     assert int(args["--pipeline-model-parallel-size"]) == config.pp
     manifest = yaml.safe_load((job / "manifest.yaml").read_text())
     assert manifest["job_id"] == job.name and manifest["versions"]["torch"].startswith("2.13.0")
+    assert manifest["threads_per_rank"] == [1] * config.pp
+    assert [len(cores) for cores in manifest["affinity_per_rank"]] == [1] * config.pp  # each rank pinned
 
     chunks = config.vp
     virtual_stages = config.pp * chunks
