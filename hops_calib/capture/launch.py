@@ -186,6 +186,8 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
         # Read back by ingest (spec.configured_schedule): the torch engine's schedules have no Megatron flag.
         "configured_schedule": config.resolved_schedule,
         "schedule_function": reports[0]["facts"].get("schedule_function", ""),
+        **{key: reports[0]["facts"][key] for key in ("overlap_p2p_comm", "batch_p2p_comm")
+           if key in reports[0]["facts"]},
         "host": host,
         "cpu_model": cpu_name,
         "cores": cores,

@@ -4,15 +4,17 @@ Megatron-core picks its schedule function itself (`get_forward_backward_func()`)
 the non-interleaved 1F1B for one model chunk per rank, the interleaved 1F1B for
 several. Tracing wraps, from outside, the schedules module's `forward_step` and
 `backward_step` (the functions Megatron's own `forward-compute` and
-`backward-compute` timers bracket) and the point-to-point `isend` its
-communicator calls:
+`backward-compute` timers bracket) and the functions its p2p communicator posts
+exchanges through:
 
 - FORWARD: `forward_step`, labelled with the microbatch and model chunk Megatron passes it;
 - BACKWARD: `backward_step`, labelled with the forward whose output it differentiates
   (found by the identity of that output tensor, which the schedule hands back);
-- a transfer: the host-side dispatch of an `isend` of a tensor a FORWARD produced
-  (activation) or a BACKWARD produced (input gradient), as the cluster traces log
-  NCCL dispatch. Like theirs, its duration is not the wire time; the link benchmark is;
+- a transfer: the host-side dispatch of a p2p exchange (Megatron's `_batched_p2p_ops`
+  or `_p2p_ops`, the sends and receives posted together) that sends a tensor a
+  FORWARD produced (activation) or a BACKWARD produced (input gradient), as the
+  cluster traces log NCCL dispatch. Like theirs, its duration is not the wire
+  time; the link benchmark is;
 - OPTIMIZER: `optimizer.step()` plus zeroing the gradients, once per iteration.
 
 The optimizer is torch's AdamW (Megatron's Adam with decoupled weight decay),
@@ -62,7 +64,7 @@ def _first_tensor(value: Any) -> Any:
 
 
 class MegatronTracer:
-    """Wraps Megatron's forward/backward steps and torch's isend; records into an EventLog."""
+    """Wraps Megatron's forward/backward steps and p2p exchange posting; records into an EventLog."""
 
     def __init__(self, log: EventLog, clock: WallClock) -> None:
         self.log = log
@@ -71,12 +73,12 @@ class MegatronTracer:
         self._restore: list[tuple[Any, str, Callable[..., Any]]] = []
 
     def install(self) -> None:
-        import torch.distributed as dist
-        from megatron.core.pipeline_parallel import schedules
+        from megatron.core.pipeline_parallel import p2p_communication, schedules
 
         for owner, name, wrapper in ((schedules, "forward_step", self._wrap_forward),
                                      (schedules, "backward_step", self._wrap_backward),
-                                     (dist, "isend", self._wrap_isend)):
+                                     (p2p_communication, "_batched_p2p_ops", self._wrap_p2p),
+                                     (p2p_communication, "_p2p_ops", self._wrap_p2p)):
             original = getattr(owner, name)
             self._restore.append((owner, name, original))
             setattr(owner, name, wrapper(original))
@@ -124,19 +126,21 @@ class MegatronTracer:
 
         return backward_step
 
-    def _wrap_isend(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def isend(*args: Any, **kwargs: Any) -> Any:
-            tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
-            dst = kwargs["dst"] if "dst" in kwargs else args[1]
-            start = self.clock.now_ns()
-            work = original(*args, **kwargs)
-            end = self.clock.now_ns()
-            label = self._labels.get(id(tensor))
-            if label is not None and label.tensor is tensor:
-                self.log.transfer(label.phase, label.microbatch, label.chunk, int(dst), start, end)
-            return work
+    def _wrap_p2p(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """Megatron's communicator posts each exchange through one of these (batched or not), by keyword."""
 
-        return isend
+        def p2p_ops(**kwargs: Any) -> Any:
+            start = self.clock.now_ns()
+            requests = original(**kwargs)
+            end = self.clock.now_ns()
+            for tensor, peer in ((kwargs.get("tensor_send_next"), kwargs.get("next_pipeline_rank")),
+                                 (kwargs.get("tensor_send_prev"), kwargs.get("prev_pipeline_rank"))):
+                label = self._labels.get(id(tensor)) if tensor is not None else None
+                if label is not None and label.tensor is tensor:
+                    self.log.transfer(label.phase, label.microbatch, label.chunk, int(peer), start, end)
+            return requests
+
+        return p2p_ops
 
 
 def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock) -> dict[str, Any]:
@@ -164,8 +168,11 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False,
         masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
         apply_rope_fusion=False,
-        # One isend/irecv per tensor (not batch_isend_irecv), so that each send's dispatch is timed alone.
-        batch_p2p_comm=False,
+        # Megatron-LM's defaults (arguments.py): the interleaved schedule overlaps p2p communication with
+        # compute (--no-overlap-p2p-communication unset), which needs unbatched isend/irecv; without
+        # interleaving, overlap is off and the exchanges are batched (batch_isend_irecv).
+        overlap_p2p_comm=vp_size is not None,
+        batch_p2p_comm=vp_size is None,
     )
     chunks = []
     for chunk in range(config.vp):
@@ -219,6 +226,8 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
     layers_here = sum(len(chunk.decoder.layers) for chunk in chunks)
     return {
         "schedule_function": forward_backward.__name__,
+        "overlap_p2p_comm": bool(transformer.overlap_p2p_comm),
+        "batch_p2p_comm": bool(transformer.batch_p2p_comm),
         "parameters": int(sum(p.numel() for p in parameters)),
         "layers": int(layers_here),
     }
