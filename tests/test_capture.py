@@ -145,6 +145,8 @@ def check_job_dir(config: CaptureConfig, job: Path) -> dict[int, list[dict]]:
     assert int(args["--pipeline-model-parallel-size"]) == config.pp
     manifest = yaml.safe_load((job / "manifest.yaml").read_text())
     assert manifest["job_id"] == job.name and manifest["versions"]["torch"].startswith("2.13.0")
+    assert manifest["threads_per_rank"] == [1] * config.pp
+    assert [len(cores) for cores in manifest["affinity_per_rank"]] == [1] * config.pp  # each rank pinned
 
     chunks = config.vp
     virtual_stages = config.pp * chunks
@@ -302,3 +304,15 @@ def test_ingest_reads_a_capture_and_observes_its_schedule(which: str, schedule: 
         assert [(link.src_stage, link.dst_stage) for link in fixture.spec.links] == [(0, 1)]
     events = fixture.events
     assert set(events["chunk"].unique()) == set(range(vp))
+
+
+def test_cli_capture_reports_a_bad_configuration_and_writes_nothing(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    out = tmp_path / "cpu_bad_run1"
+    result = CliRunner().invoke(app, ["capture", "--out", str(out), "--vp", "2", "--microbatches", "3"])
+    assert result.exit_code == 2
+    assert "--microbatches" in result.output and "multiple of --pp 2" in result.output
+    assert not out.exists() and not list(tmp_path.iterdir())

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Re-record the shipped CPU captures (needs the [capture] extra): Megatron-core's own schedules on 2 CPU
+# ranks, each pinned to its own core with one thread. Other work on the machine inflates and spreads the
+# timings, so each capture waits (up to WAIT_S seconds) until on average at most MAX_BUSY other processes
+# are runnable; the load average at its start and end is kept in each run's manifest.yaml.
+# Usage: traces/recapture.sh [RUN_ID ...]      (default: every run below; existing ones are replaced)
+set -euo pipefail
+cd "$(dirname "$0")"
+HOPS_CALIB="${HOPS_CALIB:-python -m hops_calib}"
+MAX_BUSY="${MAX_BUSY:-0.5}"
+WAIT_S="${WAIT_S:-300}"
+
+declare -A RUNS=(
+  [cpu_1f1b_l4_h512_s256_m4_run1]="--layers 4 --hidden 512 --seq 256 --microbatches 4"
+  [cpu_1f1b_l4_h512_s256_m4_run2]="--layers 4 --hidden 512 --seq 256 --microbatches 4"
+  [cpu_1f1b_l4_h768_s256_m8_run1]="--layers 4 --hidden 768 --seq 256 --microbatches 8"
+  [cpu_1f1b_l4_h512_s512_m6_run1]="--layers 4 --hidden 512 --seq 512 --microbatches 6"
+  [cpu_1f1b_l6_h384_s256_m4_run1]="--layers 6 --hidden 384 --heads 6 --seq 256 --microbatches 4"
+  [cpu_interleaved_v2_l8_h512_s256_m4_run1]="--vp 2 --layers 8 --hidden 512 --seq 256 --microbatches 4"
+  [cpu_interleaved_v2_l8_h512_s256_m4_run2]="--vp 2 --layers 8 --hidden 512 --seq 256 --microbatches 4"
+  [cpu_interleaved_v2_l4_h640_s384_m6_run1]="--vp 2 --layers 4 --hidden 640 --heads 10 --seq 384 --microbatches 6"
+)
+
+# Other work competing for the cores now: runnable processes besides this sampler, averaged over 5 s
+# (the load average would also count the previous capture's own ranks for a minute after they end).
+busy_now() {
+  local total=0
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    total=$((total + $(awk '/^procs_running/ { print $2 - 1 }' /proc/stat))); sleep 0.5
+  done
+  awk -v t="$total" 'BEGIN { printf "%.1f", t / 10 }'
+}
+
+wait_for_quiet() {
+  local waited=0 busy
+  busy=$(busy_now)
+  while awk -v b="$busy" -v max="$MAX_BUSY" 'BEGIN { exit !(b > max) }' && [ "$waited" -lt "$WAIT_S" ]; do
+    sleep 10; waited=$((waited + 15)); busy=$(busy_now)
+  done
+  echo "$(date +%T) other runnable processes ${busy} (waited ${waited}s); load $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+ids=("$@")
+[ ${#ids[@]} -gt 0 ] || mapfile -t ids < <(printf '%s\n' "${!RUNS[@]}" | sort)
+for id in "${ids[@]}"; do
+  [ -n "${RUNS[$id]:-}" ] || { echo "unknown run id $id" >&2; exit 2; }
+  wait_for_quiet
+  # shellcheck disable=SC2086
+  $HOPS_CALIB capture --pp 2 --iterations 6 ${RUNS[$id]} --out "$id" --force
+done
