@@ -45,13 +45,16 @@ class OptimizerStep(Term):
         Param("bytes_per_parameter", 42.0, 16.0, 64.0, "bytes",
               "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)"),
         Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
-              "achieved fraction of the device memory bandwidth by the optimizer's elementwise kernels", log=True),
-        Param("fixed_ms", 0.0, 0.0, 50.0, "ms", "launch and reduction overhead of one optimizer step, whatever its size"),
+              "achieved fraction of the device memory bandwidth by the optimizer's elementwise kernels", log=True,
+              per_device=True),
+        Param("fixed_ms", 0.0, 0.0, 50.0, "ms", "launch and reduction overhead of one optimizer step, whatever its size",
+              per_device=True),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         times = []
         for rank, device in enumerate(context.devices):
-            bytes_per_ms = device.memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
-            times.append(params["fixed_ms"] + rank_parameters(context, rank) * params["bytes_per_parameter"] / bytes_per_ms)
+            bytes_per_ms = device.memory_bandwidth_bytes_per_s * self.value(params, "memory_efficiency", device.type) / 1e3
+            times.append(self.value(params, "fixed_ms", device.type)
+                         + rank_parameters(context, rank) * params["bytes_per_parameter"] / bytes_per_ms)
         return Contribution(optimizer_ms=tuple(times))
