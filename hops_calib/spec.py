@@ -188,6 +188,30 @@ def _require_int(args: dict[str, Any], name: str, source: Any, default: int | No
     return value
 
 
+def configured_schedule(job_dir: Path, manifest: dict[str, Any], vp: int) -> str:
+    """The schedule the launch configured: Megatron's from its flags, or the launcher's own when it records one.
+
+    Megatron runs non-interleaved 1F1B unless virtual pipeline stages are configured. A launcher whose
+    schedules have no Megatron flag (`hops-calib capture --engine torch`: GPipe, ZB-H1) writes the schedule it
+    configured as `configured_schedule` in manifest.yaml; cluster manifests have no such key.
+    """
+    from hops_calib.trace import TraceError
+    from hops_calib.trace.job import MANIFEST
+
+    from_flags = "interleaved_1f1b" if vp > 1 else "1f1b"
+    configured = manifest.get("configured_schedule")
+    if configured is None:
+        return from_flags
+    if configured not in SCHEDULES:
+        raise TraceError(job_dir / MANIFEST, f"is {configured!r}", field="configured_schedule",
+                         hint=f"expected one of {', '.join(SCHEDULES)}, or remove the key")
+    if (configured == "interleaved_1f1b") != (vp > 1):
+        raise TraceError(job_dir / MANIFEST, f"is {configured!r} but the arguments configure {vp} model chunk(s) "
+                         "per stage", field="configured_schedule",
+                         hint="interleaved 1F1B needs virtual pipeline stages, and only it uses them")
+    return configured
+
+
 def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     """The spec of a job directory, from its configuration files alone.
 
@@ -273,6 +297,7 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     if not links and pp > 1:
         notes.append(f"no link benchmark in {LINK_BENCH_DIR}: the spec has no link fits")
 
+    schedule = configured_schedule(job_dir, manifest, vp)
     scenario = str(manifest.get("source_scenario") or "")
     declared = declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]])
     precision = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32"
@@ -300,7 +325,7 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         devices=devices,
         device_ids=device_ids,
         links=links,
-        schedule="interleaved_1f1b" if vp > 1 else "1f1b",
+        schedule=schedule,
         model=model,
         declared_schedule=declared,
         device_names=names if any(names) else (),

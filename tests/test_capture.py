@@ -269,8 +269,11 @@ def test_torch_engine_zero_bubble_splits_backward_into_input_and_weight_halves(
     assert deferred
     manifest = yaml.safe_load((job / "manifest.yaml").read_text())
     assert manifest["schedule_function"].endswith("ScheduleInterleavedZeroBubble")
-    fixture, _ = ingest_one(job, tmp_path_factory.mktemp("fixtures"))
+    fixture, outcome = ingest_one(job, tmp_path_factory.mktemp("fixtures"))
     assert fixture.truth.observed_schedule == "zb_h1"
+    # No Megatron flag names zero bubble: the spec takes the schedule the capture configured from its manifest.
+    assert fixture.spec.schedule == "zb_h1"
+    assert not [w for w in outcome.warnings if "schedule" in w]
 
 
 # ---- the captures through ingest ----
@@ -316,3 +319,42 @@ def test_cli_capture_reports_a_bad_configuration_and_writes_nothing(tmp_path: Pa
     assert result.exit_code == 2
     assert "--microbatches" in result.output and "multiple of --pp 2" in result.output
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "traces"
+
+
+@pytest.mark.parametrize("value, message", [("zigzag", "zigzag"), ("interleaved_1f1b", "model chunk")])
+def test_a_bad_configured_schedule_in_the_manifest_is_refused_by_name(value: str, message: str,
+                                                                      tmp_path: Path) -> None:
+    import shutil
+
+    from hops_calib.spec import build_spec
+    from hops_calib.trace import TraceError
+
+    job = tmp_path / "cpu_1f1b_l4_h512_s256_m4_run1"
+    shutil.copytree(SHIPPED / job.name, job)
+    assert build_spec(job).schedule == "1f1b"
+    manifest = yaml.safe_load((job / "manifest.yaml").read_text())
+    manifest["configured_schedule"] = value
+    (job / "manifest.yaml").write_text(yaml.safe_dump(manifest))
+    with pytest.raises(TraceError, match=message) as raised:
+        build_spec(job)
+    assert "configured_schedule" in str(raised.value) and "manifest.yaml" in str(raised.value)
+
+
+def test_shipped_traces_ingest_with_the_schedules_they_ran(tmp_path: Path) -> None:
+    from hops_calib.store.fixture_store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    store = FixtureStore(tmp_path / "fixtures")
+    report = ingest([SHIPPED], store)
+    assert report.ok and len(report.outcomes) >= 2
+    for fixture in store.load_all():
+        expected = "interleaved_1f1b" if "_interleaved_" in fixture.id else "1f1b"
+        assert fixture.truth.observed_schedule == fixture.spec.schedule == expected, fixture.id
+        assert fixture.spec.devices == ("cpu",) * fixture.spec.pp and fixture.spec.links
+    groups = {}
+    for fixture in store.load_all():
+        groups.setdefault(fixture.group, set()).add(fixture.split)
+    assert all(len(splits) == 1 for splits in groups.values())  # repeats never straddle the split

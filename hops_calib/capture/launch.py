@@ -183,7 +183,8 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
     finished = _dt.datetime.now(_dt.timezone.utc)
     facts = {
         "engine": config.engine,
-        "schedule": config.resolved_schedule,
+        # Read back by ingest (spec.configured_schedule): the torch engine's schedules have no Megatron flag.
+        "configured_schedule": config.resolved_schedule,
         "schedule_function": reports[0]["facts"].get("schedule_function", ""),
         "host": host,
         "cpu_model": cpu_name,
