@@ -133,7 +133,10 @@ def check_timeline(pipeline: Pipeline, result, schedule: str) -> None:
     chain = sum(s.forward_ms for s in pipeline.stages) + sum(grad_cost) + sum(fwd) + sum(bwd)
     opt = pipeline.optimizer_ms or (0.0,) * p
     critical = n * chain + (n - 1) * (pipeline.pre_optimizer_ms + opt[0] + pipeline.post_optimizer_ms)
-    critical += pipeline.pre_optimizer_ms + max(opt) if pipeline.optimizer_ms else 0.0
+    # With the optimizer barrier every rank's step waits for the chain's end; without it only stage 0's does
+    # (its last backward ends the chain).
+    last_step = max(opt) if pipeline.optimizer_barrier else opt[0]
+    critical += pipeline.pre_optimizer_ms + last_step if pipeline.optimizer_ms else 0.0
     assert result.makespan_ms >= critical - 1e-6
     for rank in range(p):
         work = sum(m * (pipeline.stages[c * p + rank].forward_ms + pipeline.stages[c * p + rank].backward_ms)
