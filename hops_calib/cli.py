@@ -297,11 +297,14 @@ def plot_ledger(
     ledger: Path = LEDGER_OPTION,
     out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [ledger-history.png]."),
     dpi: float = DPI_OPTION,
+    candidates: Optional[str] = typer.Option(
+        None, "--candidates", help="Only candidates whose id matches this regular expression (one campaign, when "
+                                   "a ledger holds campaigns on different fixture sets)."),
 ) -> None:
     """Suite MAPE, bubble MAE and rho after each accepted change; rejected candidates and held-out reports marked."""
     from hops_calib.plot.commands import ledger_command
 
-    raise typer.Exit(ledger_command(ledger, out, dpi))
+    raise typer.Exit(ledger_command(ledger, out, dpi, candidates))
 
 
 # --- observe and tune: where the error comes from, and one term's parameters (train split only) ---------

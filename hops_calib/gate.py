@@ -76,10 +76,17 @@ class GateResult:
                 "regressions": [r.to_dict() for r in self.regressions], "tolerances": self.tolerances.to_dict()}
 
 
+# Aggregates of identical predictions can differ in the last bits (float sums in another order); a change smaller
+# than this is no change, so a candidate that leaves a metric alone is not rejected for rounding.
+ROUNDING = 1e-9
+
+
 def _suite_check(label: str, unit: str, before: float, after: float, tolerance: float, higher_is_better: bool
                  ) -> tuple[bool, str]:
     change = after - before
     worsening = -change if higher_is_better else change
+    if abs(worsening) <= ROUNDING:  # the same predictions summed in another order: not a change
+        worsening = 0.0
     passes = worsening <= tolerance
     if worsening < 0:
         verdict = "improves"

@@ -328,9 +328,13 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
         for name, term in TERMS.items():
             active = model.active(name)
             values = active.params() if active else {}
+            overrides = {n: v for n, v in values.items() if "@" in n}
             rows.append({"term": name, "active": active is not None, "summary": term.summary(),
                          "params": [{"name": p.name, "value": values.get(p.name), "default": p.default,
-                                     "low": p.low, "high": p.high, "unit": p.unit, "doc": p.doc} for p in term.params]})
+                                     "low": p.low, "high": p.high, "unit": p.unit, "doc": p.doc,
+                                     "per_device": p.per_device,
+                                     "by_device": {n.partition("@")[2]: v for n, v in overrides.items()
+                                                   if n.partition("@")[0] == p.name}} for p in term.params]})
         devices = [{"type": d.type, "name": d.name,
                     **{c: {"value": getattr(d, c), "source": d.source(c)} for c in CONSTANTS}} for d in model.devices]
         if as_json:
@@ -342,8 +346,11 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
             print(f"{'*' if row['active'] else ' '} {row['term']}: {row['summary']}")
             for p in row["params"]:
                 value = "" if p["value"] is None else f" = {p['value']:g}"
+                per_device = " per device type" if p["per_device"] else ""
                 print(f"      {p['name']}{value} (default {p['default']:g}, [{p['low']:g}, {p['high']:g}] "
-                      f"{p['unit']}): {p['doc']}")
+                      f"{p['unit']}{per_device}): {p['doc']}")
+                for device, device_value in sorted(p["by_device"].items()):
+                    print(f"        @{device} = {device_value:g}")
         print("  (* = active in this model)")
         for device in model.devices:
             print(f"device {device.type}: {device.name}: " + ", ".join(

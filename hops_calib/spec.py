@@ -59,6 +59,9 @@ class ModelShape:
     precision: str = "bf16"
     # Megatron ties input and output embeddings unless --untie-embeddings-and-output-weights.
     untie_embeddings: bool = False
+    # Megatron clips the global gradient norm at --clip-grad (default 1.0), which all-reduces the norm
+    # over the pipeline before every optimizer step; 0 turns clipping off.
+    clip_grad: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,7 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         global_batch_size=global_batch,
         precision=precision,
         untie_embeddings=bool(args.get("untie_embeddings_and_output_weights", False)),
+        clip_grad=float(args.get("clip_grad", 1.0)),
     )
     return Spec(
         run_id=run_id,

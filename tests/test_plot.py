@@ -204,6 +204,12 @@ def test_ledger_plot_draws_every_attempt(ledger_with_history, tmp_path):
     text = svg.read_text()
     for attempt in attempts:
         assert attempt.candidate_id in text
+    # One campaign only: the other candidates' ids are not drawn.
+    first, rest = attempts[0].candidate_id, {a.candidate_id for a in attempts[1:]} - {attempts[0].candidate_id}
+    only = tmp_path / "only.svg"
+    assert cli("plot", "ledger", "--ledger", ledger, "--out", only, "--candidates", f"^{first}$").exit_code == 0
+    drawn = only.read_text()
+    assert first in drawn and not any(other in drawn for other in rest)
 
 
 def test_ledger_plot_of_an_empty_or_missing_ledger_says_what_to_do(tmp_path):

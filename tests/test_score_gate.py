@@ -119,3 +119,12 @@ def test_gate_refuses_different_run_sets_and_negative_tolerances():
         gate(before, after, before_suite, after_suite)
     with pytest.raises(ValueError, match="must be >= 0"):
         Tolerances(run_bubble_pp=-1)
+
+
+def test_a_suite_change_below_float_rounding_holds():
+    from hops_calib.gate import ROUNDING, _suite_check
+
+    passes, reason = _suite_check("bubble MAE pp", " pp", 2.5126, 2.5126 + ROUNDING / 10, 0.0, higher_is_better=False)
+    assert passes and reason.endswith("holds")
+    passes, reason = _suite_check("bubble MAE pp", " pp", 2.5126, 2.5126 + 1e-6, 0.0, higher_is_better=False)
+    assert not passes and "fails" in reason

@@ -38,7 +38,7 @@ def pipelines(draw, schedule):
         stages=tuple(stages), microbatches=microbatches, chunks=chunks, iterations=iterations,
         forward_transfer_ms=transfers(), backward_transfer_ms=transfers(), optimizer_ms=optimizer,
         pre_optimizer_ms=draw(cost), post_optimizer_ms=draw(cost), blocking_p2p=draw(st.booleans()),
-        iteration_barrier=draw(st.booleans()),
+        iteration_barrier=draw(st.booleans()), optimizer_barrier=draw(st.booleans()),
     )
     flush = draw(st.one_of(st.none(), st.integers(1, microbatches))) if schedule == "gpipe" else None
     return pipeline, flush
@@ -100,8 +100,15 @@ def check_timeline(pipeline: Pipeline, result, schedule: str) -> None:
     for it in range(1, n + 1):
         barrier = max(end for (i, _), intervals in by_rank.items() if i == it for _, end, _ in intervals)
         for rank in range(p):
-            opt_start, opt_end = optimizer.get((it, rank), (barrier + pipeline.pre_optimizer_ms,) * 2)
-            assert opt_start == pytest.approx(barrier + pipeline.pre_optimizer_ms)
+            own_end = max((end for _, end, _ in by_rank[(it, rank)]), default=0.0)
+            ready = (barrier if pipeline.optimizer_barrier else own_end) + pipeline.pre_optimizer_ms
+            opt_start, opt_end = optimizer.get((it, rank), (ready, ready))
+            if (it, rank) not in optimizer:
+                pass  # no optimizer step: the next iteration is checked below from `ready`
+            elif pipeline.optimizer_barrier:
+                assert opt_start == pytest.approx(barrier + pipeline.pre_optimizer_ms)
+            else:  # after this rank's own work (its last compute, and any exchange after it), not after all ranks'
+                assert own_end + pipeline.pre_optimizer_ms - EPS <= opt_start <= barrier + pipeline.pre_optimizer_ms + EPS
             if it < n:
                 assert min(s for s, _, _ in by_rank[(it + 1, rank)]) >= opt_end + pipeline.post_optimizer_ms - EPS
         if it < n and pipeline.iteration_barrier:
@@ -126,7 +133,10 @@ def check_timeline(pipeline: Pipeline, result, schedule: str) -> None:
     chain = sum(s.forward_ms for s in pipeline.stages) + sum(grad_cost) + sum(fwd) + sum(bwd)
     opt = pipeline.optimizer_ms or (0.0,) * p
     critical = n * chain + (n - 1) * (pipeline.pre_optimizer_ms + opt[0] + pipeline.post_optimizer_ms)
-    critical += pipeline.pre_optimizer_ms + max(opt) if pipeline.optimizer_ms else 0.0
+    # With the optimizer barrier every rank's step waits for the chain's end; without it only stage 0's does
+    # (its last backward ends the chain).
+    last_step = max(opt) if pipeline.optimizer_barrier else opt[0]
+    critical += pipeline.pre_optimizer_ms + last_step if pipeline.optimizer_ms else 0.0
     assert result.makespan_ms >= critical - 1e-6
     for rank in range(p):
         work = sum(m * (pipeline.stages[c * p + rank].forward_ms + pipeline.stages[c * p + rank].backward_ms)

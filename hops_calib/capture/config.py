@@ -22,12 +22,13 @@ ENGINE_SCHEDULES = {
 # Iterations run before tracing starts, matching the HOPS tracing fork (it traces from
 # iteration TRACE_FIRST_ITERATION on); they also pay the one-off allocator and import costs.
 WARMUP_ITERATIONS = TRACE_FIRST_ITERATION - 1
-# Megatron-LM's flags that every capture shares (fp32: no --bf16, since the CPU run is fp32).
+# Megatron-LM's flags that every capture shares (fp32: no --bf16, since the CPU run is fp32; --clip-grad 0.0,
+# since each rank steps torch's AdamW on its own, with no gradient-norm all-reduce across the pipeline).
 _FIXED_ARGS = (
     "--tensor-model-parallel-size 1 --micro-batch-size 1 --lr 1.0e-4 --min-lr 1.0e-4 "
     "--lr-decay-style constant --transformer-impl local --no-persist-layer-norm "
     "--no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-bias-dropout-fusion "
-    "--untie-embeddings-and-output-weights --mock-data --tokenizer-type NullTokenizer "
+    "--untie-embeddings-and-output-weights --clip-grad 0.0 --mock-data --tokenizer-type NullTokenizer "
     "--attention-dropout 0.0 --hidden-dropout 0.0 --eval-iters 0 --log-interval 1"
 )
 

@@ -177,7 +177,7 @@ class Model:
         for switch, setters in switches.items():
             if len(setters) > 1:
                 raise ValueError(f"terms {setters[True]} and {setters[False]} disagree on the simulator switch {switch}")
-        defaults = {"blocking_p2p": True, "iteration_barrier": False}
+        defaults = {"blocking_p2p": True, "iteration_barrier": False, "optimizer_barrier": True}
 
         def per(field: str) -> list[float]:
             return totals[field] or [0.0] * getattr(layout, Contribution.LENGTHS[field])

@@ -148,7 +148,7 @@ def parity_command(split: str, fixtures: Path, model_path: Path | None, out: Pat
 
 # --- ledger --------------------------------------------------------------------------------------
 
-def ledger_command(ledger: Path, out: Path | None, dpi: float) -> int:
+def ledger_command(ledger: Path, out: Path | None, dpi: float, candidates: str | None = None) -> int:
     def run() -> int:
         from hops_calib.ledger import read_entries
         from hops_calib.plot.ledger import ledger_figure, read_history
@@ -158,6 +158,14 @@ def ledger_command(ledger: Path, out: Path | None, dpi: float) -> int:
             raise InputError(ledger, "no ledger here", hint="`hops-calib evaluate CANDIDATE --ledger "
                                                            f"{ledger}` records the first entry")
         attempts, audits = read_history(list(read_entries(ledger)))
+        if candidates is not None:
+            import re
+
+            try:
+                pattern = re.compile(candidates)
+            except re.error as error:
+                raise InputError("--candidates", f"not a regular expression: {error}") from None
+            attempts = [a for a in attempts if pattern.search(a.candidate_id)]
         if not attempts and not audits:
             raise InputError(ledger, "has no candidate evaluations or held-out reports to plot",
                              hint="`hops-calib evaluate CANDIDATE` or `hops-calib report --split test` adds one")

@@ -45,6 +45,10 @@ class Pipeline:
     # Whether every rank waits for the slowest optimizer step before its next iteration (a collective after
     # the step, such as Megatron's per-iteration timer and loss reporting with --log-interval 1).
     iteration_barrier: bool = False
+    # Whether the optimizer step waits for the last backward on every rank (a collective before it: the
+    # tied-embedding all-reduce, the gradient-norm all-reduce of clipping). Without one, each rank steps
+    # as soon as its own last task is done, and pre_optimizer_ms counts from there.
+    optimizer_barrier: bool = True
     # Megatron's 1F1B exchanges are blocking send/receive pairs: a transfer starts only when
     # both sender and receiver have reached it, and both are held until it completes.
     blocking_p2p: bool = True

@@ -32,8 +32,9 @@ Schedules (the exchanges are Megatron's; GPipe and ZB-H1 reuse the same calls):
   (i // pv) * p + i mod p (microbatches go through the chunks in groups of p; backwards
   take the chunks in reverse); rank r warms up with (p-r-1)*2 + (v-1)*p forwards (all of
   them when m == p), capped at m*v; a steady step is F, B, then one
-  send_forward_backward_recv_forward_backward. Megatron refuses m % p != 0 (schedules.py)
-  and p <= 2 without p2p overlap (arguments.py); so do we.
+  send_forward_backward_recv_forward_backward. Megatron refuses m % p != 0 (schedules.py);
+  so do we. (Older Megatron-LM `arguments.py` also refused p <= 2 without p2p overlap, but
+  Megatron-core's schedule runs p = 2: the shipped CPU captures are p = 2, v = 2.)
 - ``gpipe``: in flushes of k microbatches, all forwards then all backwards (microbatch
   order) per flush; blocking calls recv before a task and send after it.
 - ``zb_h1``: Megatron's 1F1B order with the backward split into B (input gradient, sent
@@ -296,9 +297,6 @@ def check_shape(schedule: str, ranks: int, chunks: int, microbatches: int, gpipe
         if chunks < 2:
             raise ValueError("interleaved_1f1b needs a pipeline with chunks >= 2 model chunks per rank "
                              f"(got chunks={chunks}); use 1f1b for one chunk")
-        if ranks <= 2:
-            raise ValueError(f"Megatron refuses the interleaved schedule with pipeline-model-parallel size {ranks}: "
-                             "without p2p overlap it must be greater than 2 (arguments.py)")
         if microbatches % ranks:
             raise ValueError(f"Megatron refuses the interleaved schedule when the number of microbatches "
                              f"({microbatches}) is not divisible by the pipeline-model-parallel size ({ranks}) "

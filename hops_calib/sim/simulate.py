@@ -2,7 +2,7 @@
 
 One iteration: the schedule's programs run on every rank (`engine.run_iteration`);
 after the last task on every rank there is a barrier (gradient reductions wait for
-the slowest rank), then `pre_optimizer_ms` of work outside the pipeline, then each
+the slowest rank; without `optimizer_barrier` each rank goes on alone), then `pre_optimizer_ms` of work outside the pipeline, then each
 rank's optimizer step `optimizer_ms[r]` (an OPTIMIZER row); rank r starts the next
 iteration `post_optimizer_ms` after its optimizer ends (its forwards still wait for
 their inputs), or, with `iteration_barrier`, after the slowest rank's optimizer ends. Real Megatron traces have this shape (see the trace-format doc).
@@ -147,9 +147,11 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
                              starts, rows, host_ms)
         barrier = max(ends)
         barriers.append(barrier)
-        optimizer_start = barrier + pipeline.pre_optimizer_ms
-        starts = [optimizer_start + pipeline.post_optimizer_ms] * ranks
+        optimizer_starts = [(barrier if pipeline.optimizer_barrier else end) + pipeline.pre_optimizer_ms
+                            for end in ends]
+        starts = [start + pipeline.post_optimizer_ms for start in optimizer_starts]
         for rank, cost in enumerate(optimizer):
+            optimizer_start = optimizer_starts[rank]
             rows.stage.append(rank); rows.chunk.append(0); rows.microbatch.append(-1)  # noqa: E702
             rows.is_transfer.append(False); rows.phase.append(OPTIMIZER_PHASE)  # noqa: E702
             rows.start_ms.append(optimizer_start); rows.end_ms.append(optimizer_start + cost)  # noqa: E702

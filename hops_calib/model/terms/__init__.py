@@ -17,7 +17,7 @@ from hops_calib.model.terms.embedding import EmbeddingGradAllReduce
 from hops_calib.model.terms.host import IterationHostOverhead
 from hops_calib.model.terms.input_embedding import InputEmbedding
 from hops_calib.model.terms.link import LinkTransfer
-from hops_calib.model.terms.optimizer import OptimizerStep
+from hops_calib.model.terms.optimizer import GradientSync, OptimizerStep
 from hops_calib.model.terms.output_layer import OutputLayerLoss
 from hops_calib.model.terms.roofline import DecoderRoofline
 
@@ -26,6 +26,7 @@ _ALL: tuple[Term, ...] = (
     LinkTransfer(),
     EmbeddingGradAllReduce(),
     OptimizerStep(),
+    GradientSync(),
     IterationHostOverhead(),
     LayerDispatchFloor(),
     LayerLaunchFloor(),

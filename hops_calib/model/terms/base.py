@@ -121,8 +121,9 @@ class Contribution:
     post_optimizer_ms: float = 0.0
     blocking_p2p: bool | None = None
     iteration_barrier: bool | None = None
+    optimizer_barrier: bool | None = None
 
-    SWITCHES: ClassVar[tuple[str, ...]] = ("blocking_p2p", "iteration_barrier")
+    SWITCHES: ClassVar[tuple[str, ...]] = ("blocking_p2p", "iteration_barrier", "optimizer_barrier")
 
     # Which length each per-place field must have, as a Layout attribute name.
     LENGTHS: ClassVar[dict[str, str]] = {

@@ -35,7 +35,7 @@ class LayerDispatchFloor(Term):
         Param("forward_ms_per_layer", 1.0, 0.0, 10.0, "ms", "host launch floor of one decoder layer's forward"),
         Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch floor of one decoder layer's backward"),
         Param("step_ms", 0.0, 0.0, 10.0, "ms",
-              "untraced host work before each microbatch step on a stage (forward or backward)"),
+              "untraced host work before each microbatch step on a stage (forward or backward)", per_device=True),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -43,7 +43,7 @@ class LayerDispatchFloor(Term):
         return Contribution(
             forward_ms=tuple(n * params["forward_ms_per_layer"] for n in layers),
             backward_ms=tuple(n * params["backward_ms_per_layer"] for n in layers),
-            host_ms=tuple(params["step_ms"] for _ in layers),
+            host_ms=tuple(self.value(params, "step_ms", context.device_of(k).type) for k in range(len(layers))),
         )
 
 

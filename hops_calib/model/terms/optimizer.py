@@ -44,14 +44,39 @@ class OptimizerStep(Term):
     params = (
         Param("bytes_per_parameter", 42.0, 16.0, 64.0, "bytes",
               "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)"),
-        Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
-              "achieved fraction of the device memory bandwidth by the optimizer's elementwise kernels", log=True),
-        Param("fixed_ms", 0.0, 0.0, 50.0, "ms", "launch and reduction overhead of one optimizer step, whatever its size"),
+        Param("memory_efficiency", 0.8, 0.005, 1.0, "fraction of peak",
+              "achieved fraction of the device memory bandwidth by the optimizer's elementwise kernels", log=True,
+              per_device=True),
+        Param("fixed_ms", 0.0, 0.0, 500.0, "ms", "launch and reduction overhead of one optimizer step, whatever its size",
+              per_device=True),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         times = []
         for rank, device in enumerate(context.devices):
-            bytes_per_ms = device.memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
-            times.append(params["fixed_ms"] + rank_parameters(context, rank) * params["bytes_per_parameter"] / bytes_per_ms)
+            bytes_per_ms = device.memory_bandwidth_bytes_per_s * self.value(params, "memory_efficiency", device.type) / 1e3
+            times.append(self.value(params, "fixed_ms", device.type)
+                         + rank_parameters(context, rank) * params["bytes_per_parameter"] / bytes_per_ms)
         return Contribution(optimizer_ms=tuple(times))
+
+
+class GradientSync(Term):
+    """The optimizer step waits for every rank only when a collective precedes it: tied embeddings or gradient clipping.
+
+    Physics: Megatron reaches the optimizer step through collectives that span
+    the pipeline: the tied word-embedding gradient all-reduce between the first
+    and last stage (unless --untie-embeddings-and-output-weights) and, with
+    --clip-grad > 0 (the default 1.0), the all-reduce of the global gradient
+    norm over the model-parallel group. Either makes every rank wait for the
+    slowest one's last backward before stepping. Without both (the CPU
+    captures: untied embeddings, torch's AdamW without clipping), each rank
+    steps as soon as its own backwards are done. No parameters: the spec says
+    which case a run is.
+    """
+
+    name = "gradient_sync"
+
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        shape = context.spec.model
+        synced = (context.spec.pp > 1 and not shape.untie_embeddings) or shape.clip_grad > 0
+        return Contribution(optimizer_barrier=synced)

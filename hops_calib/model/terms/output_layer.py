@@ -28,7 +28,7 @@ class OutputLayerLoss(Term):
     name = "output_layer_loss"
     params = (
         Param("compute_efficiency", 0.5, 0.01, 1.0, "fraction of peak",
-              "achieved fraction of dense bf16 peak in the vocabulary projection GEMM", log=True),
+              "achieved fraction of dense bf16 peak in the vocabulary projection GEMM", log=True, per_device=True),
         Param("logit_passes_forward", 8.0, 0.0, 40.0, "passes",
               "fp32 passes over the logits in the forward (cast, max, exp, sum, log, gather)"),
         Param("logit_passes_backward", 4.0, 0.0, 40.0, "passes",
@@ -41,7 +41,7 @@ class OutputLayerLoss(Term):
         device = context.device_of(last)
         tokens = shape.seq_length * shape.micro_batch_size
         vocab = gpt.padded_vocab(shape)
-        flops_per_ms = device.peak_bf16_flops_per_s * params["compute_efficiency"] / 1e3
+        flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device.type) / 1e3
         bytes_per_ms = device.memory_bandwidth_bytes_per_s / 1e3
         logit_ms = tokens * vocab * LOGIT_BYTES / bytes_per_ms
         gemm_ms = 2.0 * tokens * shape.hidden_size * vocab / flops_per_ms

@@ -23,7 +23,9 @@ class DecoderRoofline(Term):
     achievable fractions of those peaks. The datasheet peak is at boost clock; a
     power-limited part (the L4 at 72 W) runs sustained GEMMs well below it, so
     the compute efficiency may take a value per device type
-    ("compute_efficiency@l4").
+    ("compute_efficiency@l4"); so may the backward factor, since a backward,
+    longer and heavier than the forward, pushes a power-capped part further
+    below its boost clock.
     """
 
     name = "decoder_roofline"
@@ -35,7 +37,7 @@ class DecoderRoofline(Term):
         Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
               "achieved fraction of the device memory bandwidth (STREAM-like kernels reach 0.8-0.9)", log=True),
         Param("backward_factor", 2.0, 1.0, 4.0, "x forward",
-              "backward work relative to forward: input gradient + weight gradient = 2"),
+              "backward work relative to forward: input gradient + weight gradient = 2", per_device=True),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -43,15 +45,16 @@ class DecoderRoofline(Term):
         forward_flops = gpt.layer_forward_flops(shape)
         forward_bytes = (gpt.layer_parameters(shape) * gpt.bytes_per_element(shape)
                          + gpt.layer_activation_bytes(shape))
-        weight_grad_share = gpt.layer_weight_grad_flops(shape) / (params["backward_factor"] * forward_flops)
+        weight_grad_flops = gpt.layer_weight_grad_flops(shape)
         forward, backward, weight_grad = [], [], []
         for k, layers in enumerate(context.layout.layers):
             device = context.device_of(k)
             flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device.type) / 1e3
             bytes_per_ms = device.memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
             layer_forward_ms = max(forward_flops / flops_per_ms, forward_bytes / bytes_per_ms)
-            layer_backward_ms = params["backward_factor"] * layer_forward_ms
+            backward_factor = self.value(params, "backward_factor", device.type)
+            layer_backward_ms = backward_factor * layer_forward_ms
             forward.append(layers * layer_forward_ms)
             backward.append(layers * layer_backward_ms)
-            weight_grad.append(layers * layer_backward_ms * weight_grad_share)
+            weight_grad.append(layers * layer_backward_ms * weight_grad_flops / (backward_factor * forward_flops))
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(weight_grad))
