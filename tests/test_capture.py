@@ -247,8 +247,8 @@ def test_interleaved_capture_labels_model_chunks(captured_interleaved: tuple[Cap
     assert not (job / "calibration").exists()  # --no-link-bench
     manifest = yaml.safe_load((job / "manifest.yaml").read_text())
     assert manifest["schedule_function"] == "forward_backward_pipelining_with_interleaving"
-    # Megatron-LM's defaults for interleaving (arguments.py), which make pp = 2 a valid command line.
-    assert manifest["overlap_p2p_comm"] is True and manifest["batch_p2p_comm"] is False
+    # What ran is what the arguments say: no p2p overlap (Megatron-LM's default for interleaving is overlap).
+    assert manifest["overlap_p2p_comm"] is False and "--no-overlap-p2p-communication" in args
     # Interleaving: rank 0 starts chunk 1's forwards before it has run any backward.
     rank0 = [e for e in events[0] if e["iteration"] == TRACE_FIRST_ITERATION and e["event_type"] == "compute"]
     first_backward = next(k for k, e in enumerate(rank0) if e["phase"] == "BACKWARD")

@@ -122,7 +122,9 @@ class CaptureConfig:
             f"--pipeline-model-parallel-size {self.pp}",
         ]
         if self.vp > 1:
-            parts.append(f"--num-layers-per-virtual-pipeline-stage {self.layers_per_chunk}")
+            # Megatron-LM overlaps the interleaved schedule's p2p with compute unless told not to; captures don't.
+            parts.append(f"--num-layers-per-virtual-pipeline-stage {self.layers_per_chunk} "
+                         "--no-overlap-p2p-communication")
         parts += [
             f"--num-layers {self.layers}",
             f"--hidden-size {self.hidden}",

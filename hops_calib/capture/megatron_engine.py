@@ -168,11 +168,11 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False,
         masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
         apply_rope_fusion=False,
-        # Megatron-LM's defaults (arguments.py): the interleaved schedule overlaps p2p communication with
-        # compute (--no-overlap-p2p-communication unset), which needs unbatched isend/irecv; without
-        # interleaving, overlap is off and the exchanges are batched (batch_isend_irecv).
-        overlap_p2p_comm=vp_size is not None,
-        batch_p2p_comm=vp_size is None,
+        # No p2p overlap (megatron_args.txt says --no-overlap-p2p-communication for interleaved runs): the
+        # exchanges block around each compute, as the simulator's schedules model them. Unbatched isend/irecv
+        # (gloo has no coalescing, so batching would only reorder the same calls).
+        overlap_p2p_comm=False,
+        batch_p2p_comm=False,
     )
     chunks = []
     for chunk in range(config.vp):
