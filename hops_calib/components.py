@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hops_calib.metrics import timeline_iteration_part_series
 from hops_calib.sim.pipeline import Pipeline
-from hops_calib.timeline import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, OPTIMIZER
+from hops_calib.timeline import FORWARD
 
 KINDS = ("forward", "backward", "optimizer", "silent", "rest")
 
@@ -39,48 +40,18 @@ def real_components(fixture) -> Components:
     truth, values = fixture.truth, {}
     for stage in range(fixture.spec.pp):
         forward = truth.phase_median_ms(stage, FORWARD)
-        backward = truth.phase_median_ms(stage, BACKWARD)
-        if backward is None:
-            halves = [truth.phase_median_ms(stage, phase) for phase in (BACKWARD_B, BACKWARD_W)]
-            backward = None if None in halves else sum(halves)
+        backward = truth.backward_median_ms(stage)
         optimizer = truth.optimizer_ms_per_stage[stage] if stage < len(truth.optimizer_ms_per_stage) else None
         for kind, value in (("forward", forward), ("backward", backward), ("optimizer", optimizer)):
             if value is not None and value > 0:
                 values[f"{kind}/{stage}"] = float(value)
-    silent, rest = mean_between_iterations(fixture.timeline())
-    if silent is not None:
-        values["silent"], values["rest"] = silent, rest
+    # Means over iterations, not the median iteration's parts: a model prices expected values (a stall that
+    # hits one iteration in seven adds a seventh of itself), and the gate's window throughput averages them all.
+    series = timeline_iteration_part_series(fixture.timeline())
+    between = series.mean_between_iterations() if series is not None else None
+    if between is not None:
+        values["silent"], values["rest"] = between
     return Components(values)
-
-
-def mean_between_iterations(timeline) -> tuple[float | None, float | None]:
-    """Mean over iterations of the silent stretch and the rest (None without optimizer events).
-
-    The mean, not the median iteration's: a model prices expected values (a stall
-    that hits one iteration in seven adds a seventh of itself), and the window
-    throughput the gate scores averages every iteration.
-    """
-    import numpy as np
-
-
-    iteration = timeline["iteration"].to_numpy()
-    compute = (timeline["kind"] == "compute").to_numpy(dtype=bool)
-    phase = timeline["phase"].astype(str).to_numpy()
-    start, end = timeline["start_ms"].to_numpy(float), timeline["end_ms"].to_numpy(float)
-    silents, rests = [], []
-    numbers = np.unique(iteration)
-    for number, following in zip(numbers[:-1], numbers[1:]):
-        here = iteration == number
-        optimizer = here & compute & (phase == OPTIMIZER)
-        backward = here & compute & np.isin(phase, (BACKWARD, BACKWARD_B, BACKWARD_W))
-        if not optimizer.any() or not backward.any():
-            continue
-        first_optimizer, last_optimizer = start[optimizer].min(), end[optimizer].max()
-        silents.append(first_optimizer - end[backward].max())
-        rests.append(start[iteration == following].min() - last_optimizer)
-    if not silents:
-        return None, None
-    return float(np.mean(silents)), float(np.mean(rests))
 
 
 def predicted_components(pipeline: Pipeline) -> Components:

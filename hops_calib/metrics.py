@@ -183,6 +183,44 @@ def column_iteration_parts(iteration: np.ndarray, is_compute: np.ndarray, is_bac
     an even count, so they add up to exactly the median period, `TimelineMetrics.iteration_time_ms`.
     Taking one whole iteration rather than each part's own median keeps that sum exact.
     """
+    series = column_iteration_part_series(iteration, is_compute, is_backward, is_optimizer, start_ms, end_ms)
+    if series is None:
+        return None
+    periods = series.periods_ms
+    order = np.argsort(periods, kind="stable")
+    middle = order[[(len(order) - 1) // 2, len(order) // 2]]
+    middle = middle[:1] if middle[0] == middle[1] else middle
+    return IterationParts(
+        span_ms=float(series.span_ms[middle].mean()), silent_ms=float(series.silent_ms[middle].mean()),
+        optimizer_ms=float(series.optimizer_ms[middle].mean()), rest_ms=float(series.rest_ms[middle].mean()),
+        iterations=tuple(int(series.iterations[i]) for i in middle),
+        optimizer_traced=bool(series.optimizer_traced[middle].all()))
+
+
+@dataclass(frozen=True)
+class IterationPartSeries:
+    """The four parts of every iteration but the last (which has no next one to end it), as arrays."""
+
+    iterations: np.ndarray
+    periods_ms: np.ndarray
+    span_ms: np.ndarray
+    silent_ms: np.ndarray
+    optimizer_ms: np.ndarray
+    rest_ms: np.ndarray
+    optimizer_traced: np.ndarray  # bool per iteration
+
+    def mean_between_iterations(self) -> tuple[float, float] | None:
+        """Mean silent stretch and rest over the iterations with an optimizer step (None without any)."""
+        traced = self.optimizer_traced
+        if not traced.any():
+            return None
+        return float(self.silent_ms[traced].mean()), float(self.rest_ms[traced].mean())
+
+
+def column_iteration_part_series(iteration: np.ndarray, is_compute: np.ndarray, is_backward: np.ndarray,
+                                 is_optimizer: np.ndarray, start_ms: np.ndarray, end_ms: np.ndarray
+                                 ) -> IterationPartSeries | None:
+    """Every iteration's parts (see `IterationParts`); None with fewer than two iterations."""
     numbers, row_of = np.unique(iteration, return_inverse=True)
     if len(numbers) < 2:
         return None
@@ -204,24 +242,29 @@ def column_iteration_parts(iteration: np.ndarray, is_compute: np.ndarray, is_bac
     last_backward = np.where(np.isfinite(last_backward), last_backward, first)
 
     next_first = first[1:]
-    span = last_backward[:-1] - first[:-1]
-    silent = np.where(traced[:-1], first_optimizer[:-1], next_first) - last_backward[:-1]
-    optimizer_ms = np.where(traced[:-1], last_optimizer[:-1] - first_optimizer[:-1], 0.0)
-    rest = np.where(traced[:-1], next_first - last_optimizer[:-1], 0.0)
-
-    periods = np.diff(first)
-    order = np.argsort(periods, kind="stable")
-    middle = order[[(len(order) - 1) // 2, len(order) // 2]]
-    middle = middle[:1] if middle[0] == middle[1] else middle
-    return IterationParts(
-        span_ms=float(span[middle].mean()), silent_ms=float(silent[middle].mean()),
-        optimizer_ms=float(optimizer_ms[middle].mean()), rest_ms=float(rest[middle].mean()),
-        iterations=tuple(int(numbers[i]) for i in middle), optimizer_traced=bool(traced[middle].all()))
+    return IterationPartSeries(
+        iterations=numbers[:-1],
+        periods_ms=np.diff(first),
+        span_ms=last_backward[:-1] - first[:-1],
+        silent_ms=np.where(traced[:-1], first_optimizer[:-1], next_first) - last_backward[:-1],
+        optimizer_ms=np.where(traced[:-1], last_optimizer[:-1] - first_optimizer[:-1], 0.0),
+        rest_ms=np.where(traced[:-1], next_first - last_optimizer[:-1], 0.0),
+        optimizer_traced=traced[:-1],
+    )
 
 
 def timeline_iteration_parts(timeline: pd.DataFrame) -> IterationParts | None:
     """`column_iteration_parts` of a timeline frame (a real run's, or a simulated one's)."""
-    return column_iteration_parts(
+    return column_iteration_parts(**_part_columns(timeline))
+
+
+def timeline_iteration_part_series(timeline: pd.DataFrame) -> IterationPartSeries | None:
+    """`column_iteration_part_series` of a timeline frame."""
+    return column_iteration_part_series(**_part_columns(timeline))
+
+
+def _part_columns(timeline: pd.DataFrame) -> dict[str, np.ndarray]:
+    return dict(
         iteration=timeline["iteration"].to_numpy(),
         is_compute=(timeline["kind"] == COMPUTE).to_numpy(dtype=bool),
         is_backward=timeline["phase"].isin(BACKWARD_PHASES).to_numpy(dtype=bool),

@@ -44,7 +44,7 @@ from hops_calib.metrics import IterationParts, TimelineMetrics, timeline_iterati
 from hops_calib.progress import QUIET, Progress
 from hops_calib.score import RunScore, SuiteScore, aggregate, score_run
 from hops_calib.spec import Spec
-from hops_calib.timeline import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD
+from hops_calib.timeline import FORWARD
 
 PART_QUANTITIES = IterationParts.NAMES
 STAGE_QUANTITIES = ("forward", "backward")
@@ -163,14 +163,6 @@ class RunRow:
         }
 
 
-def _real_backward_ms(truth, stage: int) -> float | None:
-    whole = truth.phase_median_ms(stage, BACKWARD)
-    if whole is not None:
-        return whole
-    halves = [truth.phase_median_ms(stage, phase) for phase in (BACKWARD_B, BACKWARD_W)]
-    return None if None in halves else sum(halves)
-
-
 def observe_run(fixture, model) -> RunRow:
     """Real and predicted parts and stage times of one fixture (its events are read for the real parts)."""
     from hops_calib.predict import predict
@@ -184,7 +176,7 @@ def observe_run(fixture, model) -> RunRow:
         StageRow(stage=row.stage, device=row.device, position=stage_position(row.stage, spec.pp),
                  layers=spec.layers_per_stage[row.stage],
                  real_forward_ms=truth.phase_median_ms(row.stage, FORWARD), predicted_forward_ms=row.forward_ms,
-                 real_backward_ms=_real_backward_ms(truth, row.stage), predicted_backward_ms=row.backward_ms)
+                 real_backward_ms=truth.backward_median_ms(row.stage), predicted_backward_ms=row.backward_ms)
         for row in prediction.stage_phase_ms(spec))
     return RunRow(id=fixture.id, spec=spec, score=score_run(fixture.id, truth.metrics, prediction.metrics),
                   real_metrics=truth.metrics, real_parts=timeline_iteration_parts(fixture.timeline()),

@@ -66,6 +66,14 @@ class Truth:
                 return stats.median_ms
         return None
 
+    def backward_median_ms(self, stage: int) -> float | None:
+        """Median backward of a stage: BACKWARD, or BACKWARD_B + BACKWARD_W where zero-bubble split it."""
+        whole = self.phase_median_ms(stage, tl.BACKWARD)
+        if whole is not None:
+            return whole
+        halves = [self.phase_median_ms(stage, phase) for phase in (tl.BACKWARD_B, tl.BACKWARD_W)]
+        return None if None in halves else sum(halves)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "metrics": self.metrics.to_dict(),

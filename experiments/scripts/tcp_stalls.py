@@ -7,26 +7,26 @@ more than 100 ms. Usage: python experiments/scripts/tcp_stalls.py [FIXTURES]   (
 import sys
 from collections import defaultdict
 
+import numpy as np
+
 from hops_calib.evaluate import open_store
-from hops_calib.timeline import BACKWARD, COMPUTE, OPTIMIZER
+from hops_calib.metrics import timeline_iteration_part_series
 
 store = open_store(sys.argv[1] if len(sys.argv) > 1 else "fixtures")
 by_ends: dict[str, list[int]] = defaultdict(lambda: [0, 0])
 extra_ms: list[float] = []
 for fixture_id in store.ids("train"):
     fixture = store.load(fixture_id)
-    timeline = fixture.timeline()
-    compute = timeline[timeline["kind"] == COMPUTE]
-    last_backward = compute[compute["phase"] == BACKWARD].groupby("iteration")["end_ms"].max()
-    optimizer = compute[compute["phase"] == OPTIMIZER]
-    if optimizer.empty:
+    series = timeline_iteration_part_series(fixture.timeline())
+    if series is None or not series.optimizer_traced.any():
         continue
-    silent = (optimizer.groupby("iteration")["start_ms"].min() - last_backward).dropna()
-    stalls = silent[silent > silent.median() + 100.0]
+    silent = series.silent_ms[series.optimizer_traced]
+    median = float(np.median(silent))
+    stalls = silent[silent > median + 100.0]
     ends = f"{fixture.spec.devices[0]}..{fixture.spec.devices[-1]}"
     by_ends[ends][0] += len(stalls)
     by_ends[ends][1] += len(silent)
-    extra_ms += list(stalls - silent.median())
+    extra_ms += list(stalls - median)
 for ends, (stalled, iterations) in sorted(by_ends.items()):
     print(f"{ends:12s} {stalled:3d} stalls in {iterations:4d} iterations = {stalled / iterations:.3f}")
 a10g_free = [v for k, v in by_ends.items() if "a10g" not in k]

@@ -177,7 +177,6 @@ class Model:
         for switch, setters in switches.items():
             if len(setters) > 1:
                 raise ValueError(f"terms {setters[True]} and {setters[False]} disagree on the simulator switch {switch}")
-        defaults = {"blocking_p2p": True, "iteration_barrier": False, "optimizer_barrier": True}
 
         def per(field: str) -> list[float]:
             return totals[field] or [0.0] * getattr(layout, Contribution.LENGTHS[field])
@@ -200,7 +199,8 @@ class Model:
             optimizer_ms=tuple(totals["optimizer_ms"] or ()),
             pre_optimizer_ms=pre_optimizer_ms,
             post_optimizer_ms=post_optimizer_ms,
-            **{switch: next(iter(setters), defaults[switch]) for switch, setters in switches.items()},
+            # A switch no term sets keeps the simulator's own default.
+            **{switch: next(iter(setters)) for switch, setters in switches.items() if setters},
         )
 
     # --- text -----------------------------------------------------------------------------------
