@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 # The HOPS tracing fork of Megatron starts tracing at iteration 3: iterations
 # 1-2 are warm-up and absent from the event logs. CPU captures follow the same
 # convention, so the traced iteration count is derivable from --train-iters.
@@ -35,6 +37,12 @@ class LinkFit:
     bytes_per_ms: float
     # Provenance: which benchmark rows made the fit (file name, sizes used).
     source: str = ""
+    # The benchmark's own medians, (bytes, ms) by increasing size: what `measured_ms` reads.
+    points: tuple[tuple[float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        # JSON round trips give lists; keep the value hashable and equal to what was written.
+        object.__setattr__(self, "points", tuple((float(b), float(ms)) for b, ms in sorted(self.points)))
 
     @property
     def bandwidth_gbit_s(self) -> float:
@@ -42,6 +50,23 @@ class LinkFit:
 
     def transfer_ms(self, nbytes: float) -> float:
         return self.latency_ms + nbytes / self.bytes_per_ms
+
+    def measured_ms(self, nbytes: float) -> float:
+        """The benchmark's median at this message size: piecewise linear between measured sizes.
+
+        Below the smallest size, that point's time scaled by size (no extrapolated latency can go
+        negative); above the largest, the last segment's slope. Without points, the fit.
+        """
+        if not self.points:
+            return self.transfer_ms(nbytes)
+        sizes = [b for b, _ in self.points]
+        times = [ms for _, ms in self.points]
+        if nbytes <= sizes[0]:
+            return times[0] * nbytes / sizes[0]
+        if len(sizes) > 1 and nbytes >= sizes[-1]:
+            slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+            return times[-1] + max(slope, 0.0) * (nbytes - sizes[-1])
+        return float(np.interp(nbytes, sizes, times))
 
 
 @dataclass(frozen=True)

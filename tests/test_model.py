@@ -148,6 +148,22 @@ def test_link_transfer_prices_the_hidden_states_with_each_hops_fit():
     assert pipeline.backward_transfer_ms == pytest.approx(expected)
 
 
+def test_link_transfer_measured_weight_reads_the_benchmark_medians_at_the_message_size():
+    mb = 1 << 20
+    convex = ((1 * mb, 0.36), (2 * mb, 1.64), (4 * mb, 3.49), (64 * mb, 54.09))  # an A10G pair's shape
+    links = (LinkFit(0, 1, 0.0, 64 * mb / 54.09, points=convex), LinkFit(1, 2, 0.0, 2.0e6))
+    spec = make_spec(pp=3, devices=("h100", "a10g", "l4"), hidden=1024, seq=1024, links=links)  # 2 MiB hops
+    text = PLAIN_MODEL_TOML.replace("[terms.link_transfer]", "[terms.link_transfer]\nmeasured_weight = {w}")
+    fit_only, measured, half = (parse_model(text.format(w=w), origin="m", catalog=load_catalog()).pipeline(spec)
+                                for w in (0.0, 1.0, 0.5))
+    assert fit_only.forward_transfer_ms[0] == pytest.approx(2 * 54.09 / 64)  # the line through the origin
+    assert measured.forward_transfer_ms[0] == pytest.approx(1.64)  # the benchmark's own median at 2 MiB
+    assert half.forward_transfer_ms[0] == pytest.approx((1.64 + 2 * 54.09 / 64) / 2)
+    # A link without measured points (older fixtures) keeps its fit whatever the weight.
+    assert measured.forward_transfer_ms[1] == fit_only.forward_transfer_ms[1] == pytest.approx(2 * mb / 2.0e6)
+    assert measured.backward_transfer_ms == measured.forward_transfer_ms
+
+
 def test_an_unbenchmarked_hop_takes_the_slowest_fitted_link():
     links = (LinkFit(0, 1, 0.1, 2.0e6), LinkFit(1, 0, 0.1, 2.0e6), LinkFit(1, 2, 0.3, 1.0e6))
     spec = make_spec(pp=3, vp=2, layers=(2, 2, 2), devices=("h100", "a10g", "l4"), links=links)
@@ -369,6 +385,17 @@ def test_output_layer_loss_lands_on_the_last_stage_and_grows_with_the_vocabulary
         "output_layer_loss", make_spec(pp=3, devices=("h100", "l4", "a10g")), logit_passes_forward=0.0).stages[-1].forward_ms
     assert passes_a10g / passes == pytest.approx(l4.memory_bandwidth_bytes_per_s / a10g.memory_bandwidth_bytes_per_s)
     assert gemm_free.stages[-1].forward_ms < last.forward_ms
+
+
+def test_output_layer_host_time_is_per_microbatch_on_the_last_stages_forward_and_per_device():
+    spec = make_spec(pp=3, devices=("h100", "a10g", "l4"))
+    without = added("output_layer_loss", spec)
+    with_host = added("output_layer_loss", spec, host_ms=1.5)
+    assert [w.forward_ms - o.forward_ms for o, w in zip(without.stages, with_host.stages)] == pytest.approx(
+        [0.0, 0.0, 1.5])
+    assert [w.backward_ms for w in with_host.stages] == pytest.approx([o.backward_ms for o in without.stages])
+    on_l4 = added("output_layer_loss", spec, **{"host_ms": 1.5, "host_ms@l4": 0.5})
+    assert on_l4.stages[-1].forward_ms - without.stages[-1].forward_ms == pytest.approx(0.5)
 
 
 def test_input_embedding_lands_on_the_first_stage_only():

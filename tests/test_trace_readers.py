@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
 import numpy as np
 import pytest
 
-from hops_calib.spec import build_spec, declared_schedule_of
+from hops_calib.spec import LinkFit, build_spec, declared_schedule_of
 from hops_calib.trace import TraceError, fit_link, parse_arguments_block, parse_command_line, read_rank_events
 from hops_calib.trace.job import find_job_dirs
 from hops_calib.trace.link_bench import BYTES_PER_MB
@@ -75,6 +76,27 @@ def test_link_fit_recovers_latency_and_bandwidth_and_skips_log_lines(tmp_path):
     path.write_text(lines[0] + "\n" + lines[1] + "\n")
     with pytest.raises(TraceError, match="1 distinct message sizes"):
         fit_link(path, 0, 1)
+
+
+def test_link_fit_keeps_the_medians_and_reads_them_at_any_size(tmp_path):
+    # Convex, as the cluster benchmarks are: small messages ride socket buffers and cost less per byte,
+    # so the least-squares line has a negative intercept and, held at zero latency, over-prices them.
+    p50_by_mb = {1: 0.36, 2: 1.64, 4: 3.49, 16: 13.46, 64: 54.09}
+    lines = [json.dumps({"mode": "p2p", "rank": 0, "size_mb": size, "p50_ms": ms}) for size, ms in p50_by_mb.items()]
+    path = tmp_path / "pair_2_3.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    fit = fit_link(path, 2, 3)
+    assert fit.latency_ms == 0.0 and "latency held at 0" in fit.source
+    assert fit.points == tuple((size * BYTES_PER_MB, ms) for size, ms in sorted(p50_by_mb.items()))
+    for size, ms in p50_by_mb.items():  # at a measured size: the measurement itself
+        assert fit.measured_ms(size * BYTES_PER_MB) == pytest.approx(ms)
+    assert fit.transfer_ms(2 * BYTES_PER_MB) > fit.measured_ms(2 * BYTES_PER_MB)  # the clamped line over-prices
+    assert fit.measured_ms(3 * BYTES_PER_MB) == pytest.approx((1.64 + 3.49) / 2)  # between: linear
+    assert fit.measured_ms(0.5 * BYTES_PER_MB) == pytest.approx(0.18)  # below: scaled, never negative
+    assert fit.measured_ms(128 * BYTES_PER_MB) == pytest.approx(54.09 + 64 * (54.09 - 13.46) / 48)  # above: last slope
+    # A spec written to JSON and read back keeps the points (and equals the original).
+    assert LinkFit(**json.loads(json.dumps(dataclasses.asdict(fit)))) == fit
+    assert LinkFit(0, 1, 0.1, 1.0e6).measured_ms(2.0e6) == pytest.approx(2.1)  # no points: the fit
 
 
 def _event(**overrides):

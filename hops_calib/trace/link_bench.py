@@ -67,8 +67,10 @@ def fit_link(path: Path, src_stage: int, dst_stage: int) -> LinkFit:
     if not slope > 0:
         raise TraceError(path, f"time does not grow with message size (slope {slope:.3g} ms/byte)", field="p50_ms",
                          hint="the benchmark is too noisy to fit a bandwidth; re-run it with more iterations")
+    medians = tuple((size, float(np.median([ms for s, ms in points if s == size]))) for size in sorted(sizes))
     return LinkFit(src_stage=src_stage, dst_stage=dst_stage, latency_ms=float(intercept),
-                   bytes_per_ms=float(1.0 / slope), source=f"{path.name}: sender p50 at {len(sizes)} sizes{note}")
+                   bytes_per_ms=float(1.0 / slope), source=f"{path.name}: sender p50 at {len(sizes)} sizes{note}",
+                   points=medians)
 
 
 def read_link_fits(bench_dir: Path) -> tuple[LinkFit, ...]:

@@ -23,6 +23,13 @@ class OutputLayerLoss(Term):
     passes × s·b·V × 4 bytes over the device's memory bandwidth. At V = 50k these
     logits are hundreds of MB, which is why the last stage is the slowest on the
     GDDR6 GPUs (A10G, L4) in the traces.
+
+    The last stage also runs host work no FLOP count sees: Megatron's
+    `get_batch` returns nothing on the middle stages, but the last one fetches
+    the labels and loss mask of every microbatch (data iterator, host-to-device
+    copies), and the loss function masks, sums and averages the loss across the
+    data-parallel group. `host_ms` is that time per microbatch, in the forward; a
+    property of the instance's CPU, so it may take a value per device type.
     """
 
     name = "output_layer_loss"
@@ -33,6 +40,9 @@ class OutputLayerLoss(Term):
               "fp32 passes over the logits in the forward (cast, max, exp, sum, log, gather)"),
         Param("logit_passes_backward", 4.0, 0.0, 40.0, "passes",
               "fp32 passes over the logits in the backward (softmax gradient, cast back)"),
+        Param("host_ms", 0.0, 0.0, 10.0, "ms",
+              "host time per microbatch of the last stage's batch fetch (labels, loss mask) and loss function",
+              per_device=True),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -47,7 +57,8 @@ class OutputLayerLoss(Term):
         gemm_ms = 2.0 * tokens * shape.hidden_size * vocab / flops_per_ms
         zeros = [0.0] * layout.virtual_stages
         forward, backward, weight_grad = list(zeros), list(zeros), list(zeros)
-        forward[last] = gemm_ms + params["logit_passes_forward"] * logit_ms
+        forward[last] = (gemm_ms + params["logit_passes_forward"] * logit_ms
+                         + self.value(params, "host_ms", device.type))
         backward[last] = 2.0 * gemm_ms + params["logit_passes_backward"] * logit_ms
         weight_grad[last] = gemm_ms  # the weight-gradient GEMM is half of the backward projection
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(weight_grad))
