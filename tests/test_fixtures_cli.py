@@ -24,8 +24,13 @@ def test_list_json_has_one_object_per_fixture(shared_store):
     assert [r["id"] for r in rows] == list(index["id"])
     for row in rows:
         assert LIST_KEYS <= set(row)
-        assert len(row["devices"]) == row["pp"] and row["schedule"] == "1f1b"
-        assert row["split"] in ("train", "test") and 0 < row["bubble_ratio"] < 1
+        assert len(row["devices"]) == row["pp"]
+        if row["split"] == "train":
+            assert row["schedule"] == "1f1b" and 0 < row["bubble_ratio"] < 1 and row["throughput_per_s"] > 0
+        else:  # held out: what the run measured is withheld, how it was configured is not
+            assert row["split"] == "test" and row["held_out"] is True
+            assert row["schedule"] is None and row["bubble_ratio"] is None and row["throughput_per_s"] is None
+    assert {r["split"] for r in rows} == {"train", "test"}
 
 
 def test_list_table_names_every_fixture(shared_store):
@@ -36,13 +41,13 @@ def test_list_table_names_every_fixture(shared_store):
     assert f"{len(shared_store.ids())} fixtures" in result.stdout
 
 
-def test_show_json_and_text(shared_store):
-    fixture_id = shared_store.ids("test")[0]
+def test_show_json_and_text_of_a_train_fixture(shared_store):
+    fixture_id = shared_store.ids("train")[0]
     fixture = shared_store.load(fixture_id)
     result = _run("fixtures", "show", fixture_id, "--fixtures", str(shared_store.root), "--json")
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
-    assert shown["id"] == fixture_id and shown["split"] == "test"
+    assert shown["id"] == fixture_id and shown["split"] == "train" and "held_out" not in shown
     assert shown["utilization_per_stage"] == list(fixture.truth.metrics.utilization_per_stage)
     assert len(shown["stages"]) == fixture.spec.pp
     for stage in shown["stages"]:
@@ -52,6 +57,20 @@ def test_show_json_and_text(shared_store):
     text = _run("fixtures", "show", fixture_id, "--fixtures", str(shared_store.root)).stdout
     for needle in (fixture_id, "schedule", "bubble", "idle", "fwd ms", "bwd ms", "quality", fixture.spec.devices[0]):
         assert needle in text
+
+
+def test_show_of_a_test_fixture_gives_its_configuration_and_withholds_what_it_measured(shared_store):
+    fixture_id = shared_store.ids("test")[0]
+    fixture = shared_store.load(fixture_id)
+    shown = json.loads(_run("fixtures", "show", fixture_id, "--fixtures", str(shared_store.root), "--json").stdout)
+    assert shown["split"] == "test" and "report --split test" in shown["held_out"]
+    assert shown["configuration"]["layers_per_stage"] == list(fixture.spec.layers_per_stage)
+    assert shown["devices"] == list(fixture.spec.devices) and len(shown["links"]) == len(fixture.spec.links)
+    for measured in ("throughput_per_s", "bubble_ratio", "utilization_per_stage", "stages", "idle_ms", "schedule"):
+        assert measured not in shown
+    text = _run("fixtures", "show", fixture_id, "--fixtures", str(shared_store.root)).stdout
+    assert fixture_id in text and "held out" in text and "report --split test" in text
+    assert "fwd ms" not in text and "bubble" not in text and f"{fixture.truth.metrics.throughput_per_s:.3f}" not in text
 
 
 def test_unknown_fixture_and_missing_store_are_clear_errors(shared_store, tmp_path):

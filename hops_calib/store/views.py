@@ -12,6 +12,15 @@ from hops_calib.store.ingest import IngestReport
 LIST_FIELDS = ("id", "split", "group", "schedule", "declared_schedule", "pp", "microbatches", "devices",
                "throughput_per_s", "steady_throughput_per_s", "bubble_ratio", "iteration_time_ms", "idle_ms",
                "dropped_lines", "content_hash")
+# What a run measured (as opposed to how it was configured). For a test fixture these are withheld: the held-out
+# split is seen only in aggregate, through the audited `hops-calib report --split test`.
+MEASURED_LIST_FIELDS = ("schedule", "throughput_per_s", "steady_throughput_per_s", "bubble_ratio",
+                        "iteration_time_ms", "idle_ms")
+MEASURED_SHOW_FIELDS = ("schedule", "schedule_agreement", "throughput_per_s", "steady_throughput_per_s",
+                        "bubble_ratio", "utilization_per_stage", "iteration_time_ms", "iteration_periods_ms", "idle_ms",
+                        "idle_ms_per_iteration", "makespan_ms", "traced_iterations", "stages", "phase_stats")
+HELD_OUT = ("a test fixture: its measured results are seen only in aggregate, through the audited "
+            "`hops-calib report --split test`")
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -37,6 +46,8 @@ def fixture_rows(store: FixtureStore) -> list[dict[str, Any]]:
     for record in index.to_dict(orient="records"):
         record = {name: json_safe(record.get(name)) for name in LIST_FIELDS}
         record["devices"] = list(record["devices"] or [])
+        if record["split"] == "test":
+            record.update({name: None for name in MEASURED_LIST_FIELDS}, held_out=True)
         records.append(record)
     return records
 
@@ -49,15 +60,18 @@ def list_text(store: FixtureStore) -> str:
     rows = fixture_rows(store)
     if not rows:
         return f"no fixtures in {store.root} (run: hops-calib ingest SRC --fixtures {store.root})"
-    headers = ["id", "split", "schedule", "declared", "pp", "mb", "devices", "tput/s", "steady/s", "bubble",
+    headers = ["id", "split", "observed", "declared", "pp", "mb", "devices", "tput/s", "steady/s", "bubble",
                "iter ms", "idle ms"]
-    table = [[r["id"], r["split"], r["schedule"], r["declared_schedule"] or "-", str(r["pp"]), str(r["microbatches"]),
+    table = [[r["id"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-", str(r["pp"]), str(r["microbatches"]),
               "-".join(r["devices"]), _fmt(r["throughput_per_s"]), _fmt(r["steady_throughput_per_s"]),
               f"{r['bubble_ratio'] * 100:.1f}%" if r["bubble_ratio"] is not None else "-",
               _fmt(r["iteration_time_ms"], 1), _fmt(r["idle_ms"], 1)] for r in rows]
     splits = {s: sum(r["split"] == s for r in rows) for s in ("train", "test")}
     groups = len({r["group"] for r in rows})
     footer = f"{len(rows)} fixtures in {store.root}: train {splits['train']}, test {splits['test']} ({groups} groups)"
+    if splits["test"]:
+        footer += ("; the measured columns of test fixtures are withheld: the held-out split is seen only in "
+                   "aggregate, through the audited `hops-calib report --split test`")
     return text_table(headers, table, right={4, 5, 7, 8, 9, 10, 11}) + "\n" + footer
 
 
@@ -71,6 +85,15 @@ def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
 
 
 def show_dict(fixture: Fixture) -> dict[str, Any]:
+    data = _show_dict(fixture)
+    if fixture.split == "test":
+        for name in MEASURED_SHOW_FIELDS:
+            data.pop(name)
+        data["held_out"] = HELD_OUT
+    return data
+
+
+def _show_dict(fixture: Fixture) -> dict[str, Any]:
     spec, truth, metrics = fixture.spec, fixture.truth, fixture.truth.metrics
     stages = []
     for stage in range(spec.pp):
@@ -127,7 +150,7 @@ def show_dict(fixture: Fixture) -> dict[str, Any]:
 def show_text(fixture: Fixture) -> str:
     data = show_dict(fixture)
     config = data["configuration"]
-    lines = [
+    header = [
         f"{data['id']}  ({data['split']} split, group {data['group']})",
         f"  source        {data['source']}",
         f"  model         {config['num_layers']} layers, hidden {config['hidden_size']}, ffn "
@@ -135,6 +158,15 @@ def show_text(fixture: Fixture) -> str:
         f"{config['precision']}",
         f"  pipeline      pp {config['pp']}, vp {config['vp']}, {config['microbatches']} microbatches x "
         f"{config['iterations']} iterations, layers per stage {config['layers_per_stage']}",
+    ]
+    if "held_out" in data:
+        lines = header + [
+            f"  schedule      configured {data['configured_schedule']}; declared {data['declared_schedule'] or '-'}",
+            f"  devices       {', '.join(data['devices'])}",
+            f"  held out      {data['held_out']}",
+        ]
+        return "\n".join(lines + _links_and_quality(data))
+    lines = header + [
         f"  schedule      observed {data['schedule']}"
         + (f" (agrees on {data['schedule_agreement'] * 100:.0f}% of stage-iterations)"
            if data["schedule_agreement"] is not None else "")
@@ -151,6 +183,11 @@ def show_text(fixture: Fixture) -> str:
              _fmt(s["forward_median_ms"]), _fmt(s["backward_median_ms"]), _fmt(s["optimizer_median_ms"]),
              f"{s['utilization'] * 100:.1f}%"] for s in data["stages"]]
     lines.append(text_table(headers, rows, right={0, 2, 3, 4, 5, 6}))
+    return "\n".join(lines + _links_and_quality(data))
+
+
+def _links_and_quality(data: dict[str, Any]) -> list[str]:
+    lines = []
     if data["links"]:
         lines.append("")
         lines.append("  links (link benchmark, sender p50): " + ", ".join(
@@ -164,4 +201,4 @@ def show_text(fixture: Fixture) -> str:
         lines.append(f"                {name}: " + ", ".join(f"{n} {why}" for why, n in reasons.items()))
     for warning in quality.get("warnings", []):
         lines.append(f"  warning       {warning}")
-    return "\n".join(lines)
+    return lines
