@@ -446,6 +446,23 @@ def test_flows_at_the_tcp_ceiling_add_the_expected_retransmission_stall_and_nic_
         assert stalled.pre_optimizer_ms - plain == pytest.approx(0.25 * 200.0 if stalls else 0.0)
 
 
+def test_a_capped_flow_loses_goodput_with_the_slower_ends_nic_overrun_of_the_ceiling():
+    nbytes = 50304 * 1024 * 4
+    capped = dict(nic_efficiency=0.95, flow_cap_gbit_s=20.0)
+    h100_pair = make_spec(pp=2, devices=("h100", "h100"), links=(LinkFit(0, 1, 0.0, 3.4e6),))
+    h100_l4 = make_spec(pp=2, devices=("h100", "l4"), links=(LinkFit(0, 1, 0.0, 3.4e6),))
+    a10g_end = make_spec(pp=2, devices=("h100", "a10g"), links=(LinkFit(0, 1, 0.0, 1.2e6),))  # NIC-paced
+    ceiling_ms = nbytes / (20e9 / 8 / 1e3)
+    for spec, overrun in ((h100_pair, 100 / 20), (h100_l4, 25 / 20)):
+        assert with_term("embedding_grad_allreduce", **capped).pipeline(spec).pre_optimizer_ms == \
+            pytest.approx(ceiling_ms)
+        lossy = with_term("embedding_grad_allreduce", **capped, overrun_loss=0.05).pipeline(spec).pre_optimizer_ms
+        assert lossy == pytest.approx(ceiling_ms * (1 + 0.05 * (overrun - 1)))
+    paced = [with_term("embedding_grad_allreduce", **capped, overrun_loss=v).pipeline(a10g_end).pre_optimizer_ms
+             for v in (0.0, 0.05)]
+    assert paced[0] == paced[1] == pytest.approx(nbytes / 1.2e6)  # below the ceiling: nothing to overrun
+
+
 def test_launch_floor_bounds_the_layers_gpu_work_from_below_and_stage_terms_add_on_top():
     spec = make_spec(pp=2, devices=("h100", "l4"), layers=(2, 2))
     gpu = plain_model().pipeline(spec)  # roofline (a "layers" term) + links

@@ -73,6 +73,15 @@ class EmbeddingGradAllReduce(Term):
     The link benchmark times one-way sends; a two-rank all-reduce sends and
     receives at once over the same NICs and adds its reduction kernels, so it
     reaches `collective_efficiency` of the one-way bandwidth.
+
+    A capped flow between two ends whose NICs can both burst far above the
+    ceiling (two 100 Gbit/s H100 nodes, against 25 Gbit/s for an L4 end) sends
+    line-rate bursts into a path shaped at the flow's rate; the shaper drops
+    segments, and fast retransmission and window recovery (no timeout) cost
+    throughput in proportion to the overrun. With `overrun = min(NIC_first,
+    NIC_last) / ceiling` (nominal NIC rates, device constants), the flow's
+    goodput is the ceiling / (1 + `overrun_loss` x (overrun - 1)) when the
+    overrun exceeds 1.
     """
 
     name = "embedding_grad_allreduce"
@@ -87,6 +96,8 @@ class EmbeddingGradAllReduce(Term):
         Param("stall_probability", 0.0, 0.0, 1.0, "per all-reduce",
               "chance that a flow at the TCP ceiling waits out one retransmission timeout"),
         Param("rto_ms", 200.0, 50.0, 1000.0, "ms", "TCP retransmission timeout floor (Linux TCP_RTO_MIN: 200 ms)"),
+        Param("overrun_loss", 0.0, 0.0, 1.0, "per unit of overrun",
+              "goodput lost per unit by which the slower end's NIC rate exceeds the flow ceiling (shaper drops)"),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -101,7 +112,11 @@ class EmbeddingGradAllReduce(Term):
                     for rank in (0, spec.pp - 1))
         cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3
         link, capped = end_to_end_link(spec, nic, cap)
+        slowdown = 1.0
+        if capped:
+            overrun = min(context.devices[rank].network_bandwidth_bytes_per_s / 1e3 for rank in (0, spec.pp - 1)) / cap
+            slowdown += params["overrun_loss"] * max(0.0, overrun - 1.0)
         link = LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms,
-                       bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"], source=link.source)
+                       bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"] / slowdown, source=link.source)
         stall_ms = params["stall_probability"] * params["rto_ms"] if capped else 0.0
         return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes) + stall_ms)
