@@ -350,6 +350,20 @@ def test_optimizer_fixed_cost_adds_to_every_rank():
     assert [b - a for a, b in zip(plain, fixed)] == pytest.approx([2.5] * 3)
 
 
+def test_optimizer_per_layer_cost_follows_the_layers_each_rank_holds():
+    spec = make_spec(pp=3, layers=(1, 3, 2))
+    plain = with_term("optimizer_step").pipeline(spec).optimizer_ms
+    per_layer = with_term("optimizer_step", per_layer_ms=0.5).pipeline(spec).optimizer_ms
+    assert [b - a for a, b in zip(plain, per_layer)] == pytest.approx([0.5, 1.5, 1.0])
+
+
+def test_timer_gather_adds_one_ring_step_per_other_rank():
+    for pp in (2, 4, 6):
+        pipeline = with_term("iteration_host_overhead", host_ms=1.5, per_peer_ms=0.4).pipeline(
+            make_spec(pp=pp, layers=(2,) * pp, devices=("h100",) * pp))
+        assert pipeline.post_optimizer_ms == pytest.approx(1.5 + 0.4 * (pp - 1))
+
+
 def added(name: str, spec: Spec, **values: float) -> Pipeline:
     """The pipeline of the shipped model with term `name` added, minus the shipped model's own pipeline."""
     base, more = plain_model().pipeline(spec), with_term(name, **values).pipeline(spec)

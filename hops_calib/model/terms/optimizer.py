@@ -37,7 +37,10 @@ class OptimizerStep(Term):
     barrier; the next iteration starts when it is done. Besides the traffic, a
     step has a fixed cost: the multi-tensor kernels, the gradient-norm and
     found-inf reductions and the bf16 copy-back are launched per parameter group
-    whatever the rank's size (`fixed_ms`).
+    whatever the rank's size (`fixed_ms`), and per decoder layer the rank
+    holds (`per_layer_ms`): each layer's dozen weight and bias tensors add
+    kernel launches and per-tensor work to the norm, update and copy-back, which
+    the host issues one by one on a fast GPU.
     """
 
     name = "optimizer_step"
@@ -49,6 +52,8 @@ class OptimizerStep(Term):
               per_device=True),
         Param("fixed_ms", 0.0, 0.0, 500.0, "ms", "launch and reduction overhead of one optimizer step, whatever its size",
               per_device=True),
+        Param("per_layer_ms", 0.0, 0.0, 10.0, "ms", "launch and per-tensor overhead per decoder layer on the rank",
+              per_device=True),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -56,6 +61,7 @@ class OptimizerStep(Term):
         for rank, device in enumerate(context.devices):
             bytes_per_ms = device.memory_bandwidth_bytes_per_s * self.value(params, "memory_efficiency", device.type) / 1e3
             times.append(self.value(params, "fixed_ms", device.type)
+                         + self.value(params, "per_layer_ms", device.type) * context.layout.layers_on_rank(rank)
                          + rank_parameters(context, rank) * params["bytes_per_parameter"] / bytes_per_ms)
         return Contribution(optimizer_ms=tuple(times))
 
