@@ -134,6 +134,21 @@ def plan(
 MODEL_OPTION = typer.Option(None, "--model",
                             help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
 LEDGER_OPTION = typer.Option(Path("ledger/ledger.jsonl"), "--ledger", help="Experiment ledger (JSON lines).")
+TOLERANCE_MAPE_OPTION = typer.Option(
+    None, "--tolerance-mape-pp", help="Suite throughput MAPE may grow by this many pp (default 0: hold).")
+TOLERANCE_BUBBLE_MAE_OPTION = typer.Option(
+    None, "--tolerance-bubble-mae-pp", help="Suite bubble MAE may grow by this many pp (default 0: hold).")
+TOLERANCE_RHO_OPTION = typer.Option(
+    None, "--tolerance-rho", help="Mean utilization rho may fall by this much (default 0: hold).")
+TOLERANCE_RUN_THROUGHPUT_OPTION = typer.Option(
+    None, "--tolerance-run-throughput-pp", help="Any run's |throughput error| may grow by this (default 2 pp).")
+TOLERANCE_RUN_BUBBLE_OPTION = typer.Option(
+    None, "--tolerance-run-bubble-pp", help="Any run's |bubble error| may grow by this (default 2 pp).")
+
+
+def _tolerances(mape, bubble_mae, rho, run_throughput, run_bubble) -> dict[str, float | None]:
+    return {"throughput_mape_pp": mape, "bubble_mae_pp": bubble_mae, "util_spearman": rho,
+            "run_throughput_pp": run_throughput, "run_bubble_pp": run_bubble}
 ledger_app = typer.Typer(help="The append-only, hash-chained experiment ledger.", no_args_is_help=True)
 app.add_typer(ledger_app, name="ledger")
 
@@ -161,16 +176,11 @@ def evaluate(
     commit: bool = typer.Option(False, "--commit", help="Write an accepted candidate into the model file."),
     ledger: Path = LEDGER_OPTION,
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
-    tolerance_mape: Optional[float] = typer.Option(
-        None, "--tolerance-mape-pp", help="Suite throughput MAPE may grow by this many pp (default 0: hold)."),
-    tolerance_bubble_mae: Optional[float] = typer.Option(
-        None, "--tolerance-bubble-mae-pp", help="Suite bubble MAE may grow by this many pp (default 0: hold)."),
-    tolerance_rho: Optional[float] = typer.Option(
-        None, "--tolerance-rho", help="Mean utilization rho may fall by this much (default 0: hold)."),
-    tolerance_run_throughput: Optional[float] = typer.Option(
-        None, "--tolerance-run-throughput-pp", help="Any run's |throughput error| may grow by this (default 2 pp)."),
-    tolerance_run_bubble: Optional[float] = typer.Option(
-        None, "--tolerance-run-bubble-pp", help="Any run's |bubble error| may grow by this (default 2 pp)."),
+    tolerance_mape: Optional[float] = TOLERANCE_MAPE_OPTION,
+    tolerance_bubble_mae: Optional[float] = TOLERANCE_BUBBLE_MAE_OPTION,
+    tolerance_rho: Optional[float] = TOLERANCE_RHO_OPTION,
+    tolerance_run_throughput: Optional[float] = TOLERANCE_RUN_THROUGHPUT_OPTION,
+    tolerance_run_bubble: Optional[float] = TOLERANCE_RUN_BUBBLE_OPTION,
 ) -> None:
     """Score the model on the train split; with a candidate, gate it and record the answer.
 
@@ -178,10 +188,34 @@ def evaluate(
     """
     from hops_calib.loop import evaluate_command
 
-    tolerances = {"throughput_mape_pp": tolerance_mape, "bubble_mae_pp": tolerance_bubble_mae,
-                  "util_spearman": tolerance_rho, "run_throughput_pp": tolerance_run_throughput,
-                  "run_bubble_pp": tolerance_run_bubble}
+    tolerances = _tolerances(tolerance_mape, tolerance_bubble_mae, tolerance_rho, tolerance_run_throughput,
+                             tolerance_run_bubble)
     raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances))
+
+
+@app.command()
+def compare(
+    before: Path = typer.Argument(..., help="The model file to compare against (e.g. the model before a move)."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    note: str = typer.Option("", "--note", help="What the comparison judges (e.g. 'move 029-035'), for the ledger."),
+    ledger: Path = LEDGER_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    tolerance_mape: Optional[float] = TOLERANCE_MAPE_OPTION,
+    tolerance_bubble_mae: Optional[float] = TOLERANCE_BUBBLE_MAE_OPTION,
+    tolerance_rho: Optional[float] = TOLERANCE_RHO_OPTION,
+    tolerance_run_throughput: Optional[float] = TOLERANCE_RUN_THROUGHPUT_OPTION,
+    tolerance_run_bubble: Optional[float] = TOLERANCE_RUN_BUBBLE_OPTION,
+) -> None:
+    """Gate a whole model (--model, default the shipped one) against BEFORE on the train split; record the answer.
+
+    For a move: candidates that hold the suite only together land one by one, each with the relaxed tolerances it
+    needed; this judges the end against the start under the usual ones. Exit 0 accepted, 1 rejected, 2 invalid.
+    """
+    from hops_calib.loop import compare_command
+
+    raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, _tolerances(
+        tolerance_mape, tolerance_bubble_mae, tolerance_rho, tolerance_run_throughput, tolerance_run_bubble)))
 
 
 @app.command()

@@ -240,6 +240,82 @@ def _commit(model_path: Path, model: Model, changed: Model, ledger_path: Path | 
 
 
 @dataclass(frozen=True)
+class Comparison:
+    """One model file gated against another on the train split (`hops-calib compare`)."""
+
+    fixtures_dir: Path
+    fixture_set_sha256: str
+    before_path: Path
+    before_model: Model
+    after_path: Path
+    after_model: Model
+    tolerances: Tolerances
+    before: ModelScore
+    after: ModelScore
+    verdict: GateResult
+    note: str
+    ledger_path: Path
+    ledger_entry: dict[str, Any]
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict.accepted else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"split": TRAIN, "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
+                "before_model": str(self.before_path), "model_sha256_before": self.before_model.sha256,
+                "after_model": str(self.after_path), "model_sha256_after": self.after_model.sha256,
+                "note": self.note, "before": self.before.suite.to_dict(), "after": self.after.suite.to_dict(),
+                **self.verdict.to_dict(),
+                "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
+                           "entry_sha256": self.ledger_entry["entry_sha256"]},
+                "runs": [r.to_dict() for r in self.after.runs]}
+
+
+def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Path | str | None = None,
+            tolerances: Tolerances = Tolerances(), ledger_path: Path | str = DEFAULT_LEDGER, note: str = "",
+            progress: Progress = QUIET) -> Comparison:
+    """Gate a whole model file (`after_path`, default the shipped one) against another on the train split; record it.
+
+    For a move: one-term candidates that hold the suite only together land one by one, each recorded with the
+    relaxed tolerances it needed; this judges the model after the last step against the model before the first
+    under the tolerances given (those single candidates are held to), and leaves that judgement in the ledger.
+    """
+    from hops_calib import ledger
+    from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+    before_path = Path(before_path)
+    after_path = Path(after_path) if after_path is not None else DEFAULT_MODEL
+    before_model, after_model = load_model(before_path), load_model(after_path)
+    suite = load_suite(fixtures_dir, TRAIN)
+    progress.start(2 * len(suite.ids))
+    before = score_model(suite, before_model, origin=str(before_path), progress=progress)
+    after = score_model(suite, after_model, origin=str(after_path), progress=progress)
+    verdict = gate(before.runs, after.runs, before.suite, after.suite, tolerances)
+    entry = {
+        "kind": "compare",
+        "time": now_utc(),
+        "note": note,
+        "before_model_path": str(before_path),
+        "model_path": str(after_path),
+        "model_sha256_before": before_model.sha256,
+        "model_sha256_after": after_model.sha256,
+        "fixture_set_sha256": suite.sha256,
+        "split": TRAIN,
+        "n_fixtures": len(suite.ids),
+        "aggregates_before": before.suite.to_dict(),
+        "aggregates_after": after.suite.to_dict(),
+        **verdict.to_dict(),
+        "code_revision": code_revision(),
+    }
+    written = ledger.append(ledger_path, entry)
+    return Comparison(fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256, before_path=before_path,
+                      before_model=before_model, after_path=after_path, after_model=after_model,
+                      tolerances=tolerances, before=before, after=after, verdict=verdict, note=note,
+                      ledger_path=Path(ledger_path), ledger_entry=written)
+
+
+@dataclass(frozen=True)
 class Report:
     split: str
     suite: SuiteScore

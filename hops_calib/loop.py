@@ -157,13 +157,9 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
                      ledger_path: Path, split: str, tolerances: dict[str, float | None]) -> int:
     def run() -> int:
         from hops_calib.evaluate import evaluate
-        from hops_calib.gate import Tolerances
-
-        try:
-            limits = Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
-        except ValueError as error:
-            raise InputError("evaluate", str(error), field="tolerance") from None
         from hops_calib.progress import progress_bar
+
+        limits = _tolerances(tolerances, "evaluate")
 
         with progress_bar("evaluate", quiet=as_json) as progress:
             result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
@@ -183,13 +179,31 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
     return _guarded(run)
 
 
+def _tolerances(tolerances: dict[str, float | None], verb: str):
+    from hops_calib.gate import Tolerances
+
+    try:
+        return Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
+    except ValueError as error:
+        raise InputError(verb, str(error), field="tolerance") from None
+
+
 def _print_candidate(result) -> None:
-    candidate, verdict = result.candidate, result.verdict
+    candidate = result.candidate
     print(f"candidate {candidate.id} ({candidate.origin}): {candidate.change.describe()}")
     print(f"hypothesis: {candidate.hypothesis}")
     print(f"model {result.model.sha256[:12]} -> {result.candidate_model.sha256[:12]} on "
           f"{result.before.suite.n_fixtures} {result.split} fixtures ({result.fixture_set_sha256[:12]})")
-    before, after = result.before.suite, result.after.suite
+    _print_gate(result.before.suite, result.after.suite, result.verdict)
+    if result.committed:
+        print(f"committed into {result.model_path}")
+    elif result.verdict.accepted:
+        print(f"not committed (pass --commit to write it into {result.model_path})")
+    print(f"ledger: entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
+
+
+def _print_gate(before, after, verdict) -> None:
+    """The aggregates before and after, the regressed runs, the decision and its reasons."""
     print(f"{'':30}{'before':>10}{'after':>10}")
     for label, field in (("throughput MAPE %", "throughput_mape_pct"),
                          ("throughput median APE %", "throughput_median_ape_pct"),
@@ -204,11 +218,31 @@ def _print_candidate(result) -> None:
     for reason in verdict.reasons:
         print(f"  - {reason}")
     print(f"tolerances: {verdict.tolerances.describe()}")
-    if result.committed:
-        print(f"committed into {result.model_path}")
-    elif verdict.accepted:
-        print(f"not committed (pass --commit to write it into {result.model_path})")
-    print(f"ledger: entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
+
+
+# --- compare -------------------------------------------------------------------------------------
+
+def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path,
+                    as_json: bool, tolerances: dict[str, float | None]) -> int:
+    def run() -> int:
+        from hops_calib.evaluate import compare
+        from hops_calib.progress import progress_bar
+
+        limits = _tolerances(tolerances, "compare")
+        with progress_bar("compare", quiet=as_json) as progress:
+            result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
+                             note=note, progress=progress)
+        if as_json:
+            _print_json(result.to_dict())
+            return result.exit_code
+        print(f"compare {result.before_path} ({result.before_model.sha256[:12]}) -> {result.after_path} "
+              f"({result.after_model.sha256[:12]}) on {result.before.suite.n_fixtures} train fixtures "
+              f"({result.fixture_set_sha256[:12]})" + (f": {note}" if note else ""))
+        _print_gate(result.before.suite, result.after.suite, result.verdict)
+        print(f"ledger: entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
+        return result.exit_code
+
+    return _guarded(run)
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -262,6 +296,11 @@ def ledger_show_command(ledger_path: Path, last: int | None, as_json: bool) -> i
                 aggregates = e.get("aggregates", {})
                 what = (f"report {e.get('split')}: MAPE {aggregates.get('throughput_mape_pct', float('nan')):.2f} %, "
                         f"bubble MAE {aggregates.get('bubble_mae_pp', float('nan')):.2f} pp")
+            elif e.get("kind") == "compare":
+                what = (f"compare {e.get('before_model_path')} -> {e.get('model_path')}: MAPE "
+                        f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
+                        f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
+                        + (f" ({e['note']})" if e.get("note") else ""))
             else:
                 candidate = e.get("candidate") or {}
                 what = (f"{candidate.get('id')} ({candidate.get('change')}): MAPE "

@@ -287,3 +287,40 @@ def test_commit_refuses_a_model_file_that_changed_since_it_was_judged(tmp_path):
         _commit(path, judged, second, ledger, {"kind": "evaluate", "note": "second"})
     assert load_model(path).sha256 == first.sha256
     assert [e["note"] for e in read_entries(ledger)] == ["first"]
+
+
+def test_compare_judges_one_whole_model_against_another_and_records_it(shared_fixtures, workspace, tmp_path):
+    plain, ledger = workspace["model"], workspace["ledger"]
+    # A worse whole model: the plain one without its link term (hops for free, as HARMFUL claims).
+    worse = tmp_path / "worse.toml"
+    worse.write_text(PLAIN_MODEL_TOML.replace("[terms.link_transfer]\n", ""))
+    assert load_model(worse).active("link_transfer") is None and load_model(plain).active("link_transfer")
+
+    same = cli("compare", plain, "--model", plain, "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
+    assert same.exit_code == 0, same.output
+    data = json.loads(same.stdout)
+    assert data["decision"] == "accepted" and data["before"] == data["after"] and data["regressions"] == []
+    assert data["model_sha256_before"] == data["model_sha256_after"] == load_model(plain).sha256
+
+    back = cli("compare", plain, "--model", worse, "--fixtures", shared_fixtures, "--ledger", ledger,
+               "--note", "drop the links")
+    assert back.exit_code == 1, back.output
+    assert "REJECTED" in back.stdout and "regressed runs:" in back.stdout and "drop the links" in back.stdout
+    forth = cli("compare", worse, "--model", plain, "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
+    assert forth.exit_code == 0 and json.loads(forth.stdout)["decision"] == "accepted"
+
+    entries = list(read_entries(ledger))
+    assert [e["kind"] for e in entries] == ["compare"] * 3
+    assert [e["decision"] for e in entries] == ["accepted", "rejected", "accepted"]
+    assert entries[1]["note"] == "drop the links" and entries[1]["regressions"]
+    assert entries[1]["model_sha256_before"] == load_model(plain).sha256 == entries[2]["model_sha256_after"]
+    assert entries[1]["aggregates_after"] == entries[2]["aggregates_before"]  # the same worse model, scored alike
+    shown = cli("ledger", "show", "--ledger", ledger)
+    assert f"compare {plain} -> {worse}" in shown.stdout and "(drop the links)" in shown.stdout
+    assert cli("ledger", "verify", "--ledger", ledger).exit_code == 0
+
+    missing = cli("compare", tmp_path / "nowhere.toml", "--fixtures", shared_fixtures, "--ledger", ledger)
+    assert missing.exit_code == 2 and "nowhere.toml" in missing.stderr
+    negative = cli("compare", plain, "--fixtures", shared_fixtures, "--ledger", ledger, "--tolerance-rho", "-1")
+    assert negative.exit_code == 2 and "util_spearman" in negative.stderr
+    assert len(list(read_entries(ledger))) == 3  # refused requests leave no entry

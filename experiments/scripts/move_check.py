@@ -1,5 +1,8 @@
 """Judge a multi-step move as a whole: the model after its last step against the model before its first, on TRAIN.
 
+Superseded by `hops-calib compare BEFORE --model AFTER`, which applies the same gate and records the judgement in
+the ledger; kept because candidates 029-035 cite it (their text is in the ledger).
+
 A move is a run of one-term candidates that only make sense together (each recorded in the ledger with the relaxed
 tolerances it needed); this applies the product's gate (hops_calib.gate) to the two end models with the
 refinement tolerances of experiments/CAMPAIGN.md: the suite must hold or improve, no run's |throughput error| may
