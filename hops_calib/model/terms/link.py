@@ -9,7 +9,7 @@ from hops_calib.model.terms.base import Context, Contribution, Param, Term
 
 
 class LinkTransfer(Term):
-    """Each hop carries s x b x h bf16 elements, costing the link's latency plus bytes over its bandwidth.
+    """Each hop carries s x b x h bf16 elements, priced from the link benchmark: its fit, or its median at that size.
 
     Physics: between stages Megatron sends the hidden states forward and their
     gradient (same shape) backward, once per microbatch. The link benchmark (a
