@@ -25,7 +25,14 @@ that quantity exactly on the group's members, everything else unchanged:
   is "the span": the stage times and transfers are its inputs.
 
 A negative contribution means fixing that quantity alone makes MAPE worse: its
-error currently offsets another one. Runs whose trace has no optimizer events
+error currently offsets another one.
+
+The measured replay feeds the simulator every part the trace measures at once
+(each stage's forward and backward median, each rank's optimizer step, the
+silent stretch and the rest, as means over iterations) and keeps only what the
+model prices that no trace event times: the hops, the untraced host time, the
+schedule. Its error is the simulator's structural residual; a bias there (all
+runs slow, say) is one no cost term of the measured parts can fix honestly. Runs whose trace has no optimizer events
 are left out of the silent, optimizer and rest contributors (their silent
 stretch holds the untraced optimizer step).
 """
@@ -140,6 +147,7 @@ class RunRow:
     predicted_parts: IterationParts | None
     stages: tuple[StageRow, ...]
     prediction: Any = field(repr=False, compare=False)  # hops_calib.predict.Prediction
+    measured_replay_error_pct: float | None = None  # throughput error with every measured part from the trace
 
     def part_residual_ms(self, part: str) -> float | None:
         """Predicted minus real ms of one part of the median iteration; None where it cannot be compared."""
@@ -160,6 +168,7 @@ class RunRow:
             "real_parts": self.real_parts.to_dict() if self.real_parts else None,
             "predicted_parts": self.predicted_parts.to_dict() if self.predicted_parts else None,
             "stages": [s.to_dict() for s in self.stages],
+            "measured_replay_error_pct": self.measured_replay_error_pct,
         }
 
 
@@ -180,7 +189,34 @@ def observe_run(fixture, model) -> RunRow:
         for row in prediction.stage_phase_ms(spec))
     return RunRow(id=fixture.id, spec=spec, score=score_run(fixture.id, truth.metrics, prediction.metrics),
                   real_metrics=truth.metrics, real_parts=timeline_iteration_parts(fixture.timeline()),
-                  predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction)
+                  predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
+                  measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline))
+
+
+def measured_replay_error_pct(fixture, pipeline) -> float | None:
+    """Window throughput error of `pipeline` with every part the trace measures replaced by the measurement.
+
+    None when the trace lacks a part (no optimizer events): a replay missing one is no replay of the structure.
+    """
+    from hops_calib.components import real_components
+    from hops_calib.sim import simulate
+
+    measured = real_components(fixture).values
+    ranks = pipeline.ranks
+    needed = [f"{kind}/{rank}" for kind in ("forward", "backward", "optimizer") for rank in range(ranks)]
+    if any(name not in measured for name in needed + ["silent", "rest"]) or not pipeline.optimizer_ms:
+        return None
+    stages = []
+    for k, cost in enumerate(pipeline.stages):
+        backward = measured[f"backward/{k % ranks}"]
+        share = cost.weight_grad_ms / cost.backward_ms if cost.backward_ms > 0 else 0.0
+        stages.append(replace(cost, forward_ms=measured[f"forward/{k % ranks}"], backward_ms=backward,
+                              weight_grad_ms=share * backward))
+    replay = replace(pipeline, stages=tuple(stages),
+                     optimizer_ms=tuple(measured[f"optimizer/{rank}"] for rank in range(ranks)),
+                     pre_optimizer_ms=measured["silent"], post_optimizer_ms=measured["rest"])
+    real = fixture.truth.metrics.throughput_per_s
+    return (simulate(replay, fixture.spec.schedule).metrics().throughput_per_s - real) / real * 100.0
 
 
 # --- counterfactuals: the errors a run would have with one quantity predicted exactly ----------------
@@ -405,9 +441,19 @@ class Observation:
     overall: tuple[Contributor, ...]  # each quantity over all runs / stages
     ranked: tuple[Contributor, ...]  # every quantity within every group, largest contribution first
 
+    @property
+    def measured_replay(self) -> dict[str, float] | None:
+        """MAPE and mean signed error of the measured replay over the runs that have one."""
+        errors = [r.measured_replay_error_pct for r in self.runs if r.measured_replay_error_pct is not None]
+        if not errors:
+            return None
+        return {"n_runs": len(errors), "throughput_mape_pct": float(np.mean(np.abs(errors))),
+                "mean_error_pct": float(np.mean(errors))}
+
     def to_dict(self) -> dict[str, Any]:
         return {"split": self.split, "fixtures": str(self.fixtures_dir), "model": str(self.model_path),
                 "model_name": self.model_name, "model_sha256": self.model_sha256, **self.suite.to_dict(),
+                "measured_replay": self.measured_replay,
                 "overall": [c.to_dict() for c in self.overall], "ranked": [c.to_dict() for c in self.ranked],
                 "runs": [r.to_dict() for r in self.runs]}
 
@@ -453,7 +499,13 @@ def observation_text(observation: Observation, top: int = 12) -> str:
            f"{observation.split} fixtures in {observation.fixtures_dir}",
            f"throughput MAPE {suite.throughput_mape_pct:.2f} % (window; the gate's), steady throughput MAPE "
            f"{suite.steady_throughput_mape_pct:.2f} %, bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization "
-           f"rho {suite.util_spearman_mean:.3f}", ""]
+           f"rho {suite.util_spearman_mean:.3f}"]
+    replay = observation.measured_replay
+    if replay is not None:
+        out.append(f"measured replay ({replay['n_runs']} runs fed every part their trace measures): throughput MAPE "
+                   f"{replay['throughput_mape_pct']:.2f} %, mean error {replay['mean_error_pct']:+.2f} % - what the "
+                   "model's hops, untraced host time and schedule leave")
+    out.append("")
 
     def rows(contributors: Iterable[Contributor], first: Callable[[int, Contributor], list[str]]
              ) -> list[list[str]]:

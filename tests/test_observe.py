@@ -114,3 +114,31 @@ def test_cli_json_and_text(shared_fixtures, model_path, observation):
 
     text = observation_text(observation, top=5)
     assert "steady throughput MAPE" in text and observation.ranked[0].sentence() in text
+
+
+def test_measured_replay_depends_on_what_no_event_times_and_on_nothing_measured(shared_fixtures, shared_store,
+                                                                                  observation):
+    from hops_calib.observe import measured_replay_error_pct
+
+    replay = observation.measured_replay
+    with_optimizer = [r for r in observation.runs if r.real_parts.optimizer_traced]
+    assert replay["n_runs"] == len(with_optimizer) > 0
+    assert replay["throughput_mape_pct"] == pytest.approx(
+        np.mean([abs(r.measured_replay_error_pct) for r in with_optimizer]))
+    assert all(r.measured_replay_error_pct is None for r in observation.runs if not r.real_parts.optimizer_traced)
+
+    run = with_optimizer[0]
+    fixture = shared_store.load(run.id)
+    pipeline = run.prediction.pipeline
+    # Anything the trace measures is replaced: doubling the model's stage and optimizer costs changes nothing ...
+    costly = replace(pipeline, stages=tuple(replace(c, forward_ms=2 * c.forward_ms, backward_ms=2 * c.backward_ms,
+                                                    weight_grad_ms=2 * c.weight_grad_ms) for c in pipeline.stages),
+                     optimizer_ms=tuple(2 * v for v in pipeline.optimizer_ms), pre_optimizer_ms=500.0)
+    assert measured_replay_error_pct(fixture, costly) == pytest.approx(run.measured_replay_error_pct, abs=1e-9)
+    # ... while what no event times (the hops) moves it: slower hops, slower replay.
+    slow_hops = replace(pipeline, forward_transfer_ms=tuple(3 * t + 1 for t in pipeline.forward_transfer_ms),
+                        backward_transfer_ms=tuple(3 * t + 1 for t in pipeline.backward_transfer_ms))
+    assert measured_replay_error_pct(fixture, slow_hops) < run.measured_replay_error_pct
+    text = CliRunner().invoke(app, ["observe", "--fixtures", str(shared_fixtures), "--model",
+                                    str(observation.model_path), "--top", "2"]).stdout
+    assert f"measured replay ({replay['n_runs']} runs" in text
