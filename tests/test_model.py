@@ -150,15 +150,16 @@ def test_link_transfer_prices_the_hidden_states_with_each_hops_fit():
 
 def test_link_transfer_measured_weight_reads_the_benchmark_medians_at_the_message_size():
     mb = 1 << 20
-    convex = ((1 * mb, 0.36), (2 * mb, 1.64), (4 * mb, 3.49), (64 * mb, 54.09))  # an A10G pair's shape
-    links = (LinkFit(0, 1, 0.0, 64 * mb / 54.09, points=convex), LinkFit(1, 2, 0.0, 2.0e6))
+    at_2mb, at_64mb = 1.5, 52.0  # made up, convex: small messages cheaper per byte than the line says
+    convex = ((1 * mb, 0.3), (2 * mb, at_2mb), (4 * mb, 3.3), (64 * mb, at_64mb))
+    links = (LinkFit(0, 1, 0.0, 64 * mb / at_64mb, points=convex), LinkFit(1, 2, 0.0, 2.0e6))
     spec = make_spec(pp=3, devices=("h100", "a10g", "l4"), hidden=1024, seq=1024, links=links)  # 2 MiB hops
     text = PLAIN_MODEL_TOML.replace("[terms.link_transfer]", "[terms.link_transfer]\nmeasured_weight = {w}")
     fit_only, measured, half = (parse_model(text.format(w=w), origin="m", catalog=load_catalog()).pipeline(spec)
                                 for w in (0.0, 1.0, 0.5))
-    assert fit_only.forward_transfer_ms[0] == pytest.approx(2 * 54.09 / 64)  # the line through the origin
-    assert measured.forward_transfer_ms[0] == pytest.approx(1.64)  # the benchmark's own median at 2 MiB
-    assert half.forward_transfer_ms[0] == pytest.approx((1.64 + 2 * 54.09 / 64) / 2)
+    assert fit_only.forward_transfer_ms[0] == pytest.approx(2 * at_64mb / 64)  # the line through the origin
+    assert measured.forward_transfer_ms[0] == pytest.approx(at_2mb)  # the benchmark's own median at 2 MiB
+    assert half.forward_transfer_ms[0] == pytest.approx((at_2mb + 2 * at_64mb / 64) / 2)
     # A link without measured points (older fixtures) keeps its fit whatever the weight.
     assert measured.forward_transfer_ms[1] == fit_only.forward_transfer_ms[1] == pytest.approx(2 * mb / 2.0e6)
     assert measured.backward_transfer_ms == measured.forward_transfer_ms
