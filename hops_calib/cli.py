@@ -85,7 +85,7 @@ def fixtures_list(
     fixtures: Path = FIXTURES_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print a JSON array."),
 ) -> None:
-    """One line per fixture: split, observed and declared schedule, devices, throughput, bubble."""
+    """One line per fixture: split, observed and declared schedule, devices, throughput, bubble (test: withheld)."""
     from hops_calib.store.commands import list_command
 
     raise typer.Exit(list_command(fixtures, as_json))

@@ -35,8 +35,11 @@ class Components:
     values: dict[str, float]
 
 
-def real_components(fixture) -> Components:
-    """The measured quantities of a fixture (reads its events once, for the between-iteration parts)."""
+def real_components(fixture, timeline=None) -> Components:
+    """The measured quantities of a fixture (reads its events once, for the between-iteration parts).
+
+    `timeline`: the fixture's `timeline()`, when the caller has built it already.
+    """
     truth, values = fixture.truth, {}
     for stage in range(fixture.spec.pp):
         forward = truth.phase_median_ms(stage, FORWARD)
@@ -47,7 +50,7 @@ def real_components(fixture) -> Components:
                 values[f"{kind}/{stage}"] = float(value)
     # Means over iterations, not the median iteration's parts: a model prices expected values (a stall that
     # hits one iteration in seven adds a seventh of itself), and the gate's window throughput averages them all.
-    series = timeline_iteration_part_series(fixture.timeline())
+    series = timeline_iteration_part_series(fixture.timeline() if timeline is None else timeline)
     between = series.mean_between_iterations() if series is not None else None
     if between is not None:
         values["silent"], values["rest"] = between

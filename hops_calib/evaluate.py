@@ -249,7 +249,6 @@ class Comparison:
     before_model: Model
     after_path: Path
     after_model: Model
-    tolerances: Tolerances
     before: ModelScore
     after: ModelScore
     verdict: GateResult
@@ -311,7 +310,7 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     written = ledger.append(ledger_path, entry)
     return Comparison(fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256, before_path=before_path,
                       before_model=before_model, after_path=after_path, after_model=after_model,
-                      tolerances=tolerances, before=before, after=after, verdict=verdict, note=note,
+                      before=before, after=after, verdict=verdict, note=note,
                       ledger_path=Path(ledger_path), ledger_entry=written)
 
 

@@ -159,8 +159,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
         from hops_calib.evaluate import evaluate
         from hops_calib.progress import progress_bar
 
-        limits = _tolerances(tolerances, "evaluate")
-
+        limits = _tolerance_limits(tolerances, "evaluate")
         with progress_bar("evaluate", quiet=as_json) as progress:
             result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
                               ledger_path=ledger_path, commit=commit, split=split, progress=progress)
@@ -179,7 +178,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
     return _guarded(run)
 
 
-def _tolerances(tolerances: dict[str, float | None], verb: str):
+def _tolerance_limits(tolerances: dict[str, float | None], verb: str):
     from hops_calib.gate import Tolerances
 
     try:
@@ -228,7 +227,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         from hops_calib.evaluate import compare
         from hops_calib.progress import progress_bar
 
-        limits = _tolerances(tolerances, "compare")
+        limits = _tolerance_limits(tolerances, "compare")
         with progress_bar("compare", quiet=as_json) as progress:
             result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
                              note=note, progress=progress)

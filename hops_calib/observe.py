@@ -25,16 +25,17 @@ that quantity exactly on the group's members, everything else unchanged:
   is "the span": the stage times and transfers are its inputs.
 
 A negative contribution means fixing that quantity alone makes MAPE worse: its
-error currently offsets another one.
+error currently offsets another one. Runs whose trace has no optimizer events
+are left out of the silent, optimizer and rest contributors (their silent
+stretch holds the untraced optimizer step).
 
 The measured replay feeds the simulator every part the trace measures at once
 (each stage's forward and backward median, each rank's optimizer step, the
 silent stretch and the rest, as means over iterations) and keeps only what the
 model prices that no trace event times: the hops, the untraced host time, the
 schedule. Its error is the simulator's structural residual; a bias there (all
-runs slow, say) is one no cost term of the measured parts can fix honestly. Runs whose trace has no optimizer events
-are left out of the silent, optimizer and rest contributors (their silent
-stretch holds the untraced optimizer step).
+runs slow, say) is one no cost term of the measured parts can fix honestly.
+Runs without optimizer events have no replay.
 """
 
 from __future__ import annotations
@@ -187,13 +188,14 @@ def observe_run(fixture, model) -> RunRow:
                  real_forward_ms=truth.phase_median_ms(row.stage, FORWARD), predicted_forward_ms=row.forward_ms,
                  real_backward_ms=truth.backward_median_ms(row.stage), predicted_backward_ms=row.backward_ms)
         for row in prediction.stage_phase_ms(spec))
+    timeline = fixture.timeline()
     return RunRow(id=fixture.id, spec=spec, score=score_run(fixture.id, truth.metrics, prediction.metrics),
-                  real_metrics=truth.metrics, real_parts=timeline_iteration_parts(fixture.timeline()),
+                  real_metrics=truth.metrics, real_parts=timeline_iteration_parts(timeline),
                   predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
-                  measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline))
+                  measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, timeline))
 
 
-def measured_replay_error_pct(fixture, pipeline) -> float | None:
+def measured_replay_error_pct(fixture, pipeline, timeline=None) -> float | None:
     """Window throughput error of `pipeline` with every part the trace measures replaced by the measurement.
 
     None when the trace lacks a part (no optimizer events): a replay missing one is no replay of the structure.
@@ -201,7 +203,7 @@ def measured_replay_error_pct(fixture, pipeline) -> float | None:
     from hops_calib.components import real_components
     from hops_calib.sim import simulate
 
-    measured = real_components(fixture).values
+    measured = real_components(fixture, timeline).values
     ranks = pipeline.ranks
     needed = [f"{kind}/{rank}" for kind in ("forward", "backward", "optimizer") for rank in range(ranks)]
     if any(name not in measured for name in needed + ["silent", "rest"]) or not pipeline.optimizer_ms:

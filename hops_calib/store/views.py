@@ -62,8 +62,8 @@ def list_text(store: FixtureStore) -> str:
         return f"no fixtures in {store.root} (run: hops-calib ingest SRC --fixtures {store.root})"
     headers = ["id", "split", "observed", "declared", "pp", "mb", "devices", "tput/s", "steady/s", "bubble",
                "iter ms", "idle ms"]
-    table = [[r["id"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-", str(r["pp"]), str(r["microbatches"]),
-              "-".join(r["devices"]), _fmt(r["throughput_per_s"]), _fmt(r["steady_throughput_per_s"]),
+    table = [[r["id"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-", str(r["pp"]),
+              str(r["microbatches"]), "-".join(r["devices"]), _fmt(r["throughput_per_s"]), _fmt(r["steady_throughput_per_s"]),
               f"{r['bubble_ratio'] * 100:.1f}%" if r["bubble_ratio"] is not None else "-",
               _fmt(r["iteration_time_ms"], 1), _fmt(r["idle_ms"], 1)] for r in rows]
     splits = {s: sum(r["split"] == s for r in rows) for s in ("train", "test")}

@@ -108,14 +108,13 @@ class EmbeddingGradAllReduce(Term):
             raise ValueError(f"spec {spec.run_id}: term {self.name} needs link fits (calibration/link_bench) and the "
                              "spec has none; ingest the link benchmark or remove the term from the model")
         nbytes = gpt.padded_vocab(spec.model) * spec.model.hidden_size * params["bytes_per_element"]
-        nic = tuple(params["nic_efficiency"] * context.devices[rank].network_bandwidth_bytes_per_s / 1e3
-                    for rank in (0, spec.pp - 1))
+        nominal = tuple(context.devices[rank].network_bandwidth_bytes_per_s / 1e3 for rank in (0, spec.pp - 1))
+        nic = tuple(params["nic_efficiency"] * rate for rate in nominal)
         cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3
         link, capped = end_to_end_link(spec, nic, cap)
         slowdown = 1.0
         if capped:
-            overrun = min(context.devices[rank].network_bandwidth_bytes_per_s / 1e3 for rank in (0, spec.pp - 1)) / cap
-            slowdown += params["overrun_loss"] * max(0.0, overrun - 1.0)
+            slowdown += params["overrun_loss"] * max(0.0, min(nominal) / cap - 1.0)
         link = LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms,
                        bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"] / slowdown, source=link.source)
         stall_ms = params["stall_probability"] * params["rto_ms"] if capped else 0.0

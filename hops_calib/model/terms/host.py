@@ -32,7 +32,8 @@ class IterationHostOverhead(Term):
     name = "iteration_host_overhead"
     params = (
         Param("host_ms", 1.0, 0.0, 500.0, "ms", "host time per iteration between optimizer end and next forward"),
-        Param("per_peer_ms", 0.0, 0.0, 10.0, "ms", "one ring step of the per-iteration timer all-gather, per other rank"),
+        Param("per_peer_ms", 0.0, 0.0, 10.0, "ms",
+              "one ring step of the per-iteration timer all-gather, per other rank"),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
