@@ -430,6 +430,19 @@ def test_attention_traffic_grows_with_the_square_of_the_sequence():
         assert b.forward_ms == pytest.approx(16 * a.forward_ms) and b.backward_ms == pytest.approx(16 * a.backward_ms)
 
 
+def test_attention_traffic_is_passes_over_achieved_bandwidth():
+    spec = make_spec(pp=3, devices=("h100", "a10g", "l4"), seq=2048, heads=12)
+    full = added("attention_score_traffic", spec, passes_forward=6.0, passes_backward=18.0)
+    score_bytes = 12 * 2048 ** 2 * 2  # b x a x s x s bf16 elements
+    for k, device in enumerate(("h100", "a10g", "l4")):
+        pass_ms = score_bytes / plain_model().device(device).memory_bandwidth_bytes_per_s * 1e3
+        assert full.stages[k].forward_ms == pytest.approx(2 * 6.0 * pass_ms)  # two layers per stage
+        assert full.stages[k].backward_ms == pytest.approx(2 * 18.0 * pass_ms)
+    slower = added("attention_score_traffic", spec, passes_forward=6.0, passes_backward=18.0, memory_efficiency=0.8)
+    for a, b in zip(full.stages, slower.stages):
+        assert b.forward_ms == pytest.approx(a.forward_ms / 0.8) and b.backward_ms == pytest.approx(a.backward_ms / 0.8)
+
+
 def test_end_to_end_link_uses_each_ends_nic_and_caps_one_tcp_flow():
     # h100 first stage benchmarked only against a slow neighbour, l4 last stage against a fast one.
     links = (LinkFit(0, 1, 0.0, 1.0e6), LinkFit(1, 2, 0.0, 1.0e6), LinkFit(2, 3, 0.0, 2.4e6))

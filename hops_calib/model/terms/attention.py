@@ -17,7 +17,15 @@ class AttentionScoreTraffic(Term):
     separate kernels, each a full pass over the matrix; backward repeats the
     softmax and dropout gradients. That traffic grows with s², not with the
     GEMMs' FLOPs, and it is what makes long sequences slow on the GDDR6 GPUs
-    (A10G, L4): passes × b·a·s²·2 bytes over the device's memory bandwidth.
+    (A10G, L4): passes × b·a·s²·2 bytes over the device's achieved memory
+    bandwidth. The passes can be counted from the code rather than fitted:
+    `experiments/scripts/layer_traffic.py` runs a megatron-core layer with the
+    cluster runs' flags and adds up every ATen op's reads and writes of the score
+    matrix (forward ~6: the GEMM's write, the in-place mask, softmax, the context
+    GEMM's read; backward ~18, three times as many: besides the softmax backward
+    and the two GEMMs, autograd's handling of the in-place mask on a view of the
+    score buffer clones and copies the gradient). Streaming kernels reach a
+    fraction of the datasheet bandwidth (`memory_efficiency`).
     """
 
     name = "attention_score_traffic"
@@ -25,6 +33,8 @@ class AttentionScoreTraffic(Term):
     params = (
         Param("passes_forward", 6.0, 0.0, 30.0, "passes", "16-bit passes over the score matrix in a layer's forward"),
         Param("passes_backward", 8.0, 0.0, 40.0, "passes", "16-bit passes over the score matrix in a layer's backward"),
+        Param("memory_efficiency", 1.0, 0.05, 1.0, "fraction of peak",
+              "achieved fraction of the device memory bandwidth in the score passes (streaming kernels reach 0.8-0.9)"),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -33,7 +43,7 @@ class AttentionScoreTraffic(Term):
                        * gpt.bytes_per_element(shape))
         forward, backward = [], []
         for k, layers in enumerate(context.layout.layers):
-            pass_ms = score_bytes / (context.device_of(k).memory_bandwidth_bytes_per_s / 1e3)
+            pass_ms = score_bytes / (context.device_of(k).memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3)
             forward.append(layers * params["passes_forward"] * pass_ms)
             backward.append(layers * params["passes_backward"] * pass_ms)
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
