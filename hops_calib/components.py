@@ -66,7 +66,7 @@ def predicted_components(pipeline: Pipeline) -> Components:
         values[f"backward/{rank}"] = sum(c.backward_ms for c in chunks) / len(chunks)
         if pipeline.optimizer_ms:
             values[f"optimizer/{rank}"] = pipeline.optimizer_ms[rank]
-    values["silent"] = pipeline.pre_optimizer_ms
+    values["silent"] = pipeline.expected_pre_optimizer_ms
     values["rest"] = pipeline.post_optimizer_ms
     return Components(values)
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hops_calib.errors import InputError
 from hops_calib.model import (CONSTANTS, TERMS, ActiveTerm, Context, Contribution, Model, Param, Term, gpt,
                               layout_of, parse_model)
+from hops_calib.components import predicted_components
 from hops_calib.model_files import CATALOG_PATH, DEFAULT_MODEL, load_catalog, load_model, write_model
 from hops_calib.sim.pipeline import Pipeline, StageCosts
 from hops_calib.spec import LinkFit, ModelShape, Spec
@@ -472,6 +473,30 @@ def test_flows_at_the_tcp_ceiling_add_the_expected_retransmission_stall_and_nic_
         plain = with_term("embedding_grad_allreduce", **params).pipeline(spec).pre_optimizer_ms
         stalled = with_term("embedding_grad_allreduce", **params, stall_probability=0.25).pipeline(spec)
         assert stalled.pre_optimizer_ms - plain == pytest.approx(0.25 * 200.0 if stalls else 0.0)
+        # Realized: the stall goes to the simulator as an occasional delay; the average iteration is the same.
+        realized = with_term("embedding_grad_allreduce", **params, stall_probability=0.25,
+                             realize_stalls=1.0).pipeline(spec)
+        assert realized.pre_optimizer_ms == pytest.approx(plain)
+        assert (realized.stall_ms, realized.stall_probability) == ((200.0, 0.25) if stalls else (0.0, 0.0))
+        assert realized.expected_pre_optimizer_ms == pytest.approx(stalled.pre_optimizer_ms)
+        assert predicted_components(realized).values["silent"] == pytest.approx(stalled.pre_optimizer_ms)
+
+
+def test_only_one_term_may_price_a_stall():
+    class OtherStall(Term):
+        name = "other_stall"
+        params = ()
+
+        def contribute(self, context, params):
+            return Contribution(stall_ms=50.0, stall_probability=0.1)
+
+    model = with_term("embedding_grad_allreduce", nic_efficiency=0.95, flow_cap_gbit_s=20.0, stall_probability=0.25,
+                      realize_stalls=1.0)
+    spec = make_spec(pp=3, devices=("h100", "a10g", "l4"), links=(LinkFit(0, 1, 0.0, 3.4e6), LinkFit(1, 2, 0.0, 3.4e6)))
+    assert model.pipeline(spec).stall_probability == 0.25
+    doubled = dataclasses.replace(model, terms=model.terms + (ActiveTerm(OtherStall(), ()),))
+    with pytest.raises(ValueError, match="both price a pre-optimizer stall"):
+        doubled.pipeline(spec)
 
 
 def test_a_capped_flow_loses_goodput_with_the_slower_ends_nic_overrun_of_the_ceiling():

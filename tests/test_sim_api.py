@@ -7,6 +7,7 @@ import pytest
 
 from hops_calib import timeline as tl
 from hops_calib.sim import Pipeline, StageCosts, simulate
+from hops_calib.sim.simulate import stalled_iterations
 
 
 def hetero(ranks=3, microbatches=5, **extra):
@@ -90,6 +91,43 @@ def test_copied_iterations_equal_timed_iterations(schedule):
     for name in ("stage", "iteration", "microbatch", "kind", "phase", "peer_stage"):
         assert list(copied[name]) == list(timed[name])
     assert np.allclose(copied["start_ms"], timed["start_ms"]) and np.allclose(copied["end_ms"], timed["end_ms"])
+
+
+@pytest.mark.parametrize("probability,iterations", [(0.146, 17), (0.25, 8), (0.5, 9), (0.9, 12), (0.03, 13)])
+def test_stalls_land_in_round_n_p_evenly_spread_iterations(probability, iterations):
+    stalled = stalled_iterations(probability, iterations)
+    assert len(stalled) == int(np.floor(iterations * probability + 0.5))  # the median of Binomial(N, p), near N p
+    assert stalled == sorted(set(stalled)) and all(1 <= i <= iterations for i in stalled)
+    if len(stalled) > 2:
+        gaps = np.diff(stalled)
+        assert gaps.max() - gaps.min() <= 1  # evenly spread
+    assert stalled_iterations(0.0, iterations) == [] and stalled_iterations(1.0, iterations) == list(
+        range(1, iterations + 1))
+
+
+@pytest.mark.parametrize("replicate", [True, False])
+def test_a_stall_delays_its_iterations_optimizer_and_everything_after_it(replicate):
+    base = hetero(iterations=8, optimizer_ms=(4.0, 5.0, 6.0), pre_optimizer_ms=3.0, post_optimizer_ms=0.5)
+    stalled = replace(base, stall_ms=40.0, stall_probability=0.25)
+    plain = simulate(base, "1f1b", replicate=replicate).timeline
+    frame = simulate(stalled, "1f1b", replicate=replicate).timeline
+    assert stalled_iterations(0.25, 8) == [2, 6]
+    iteration = frame["iteration"].to_numpy(dtype=int)
+    is_optimizer = (frame["phase"] == "OPTIMIZER").to_numpy(dtype=bool)
+    expected_shift = 40.0 * ((iteration > 2).astype(int) + (iteration > 6)
+                             + ((iteration == 2) & is_optimizer) + ((iteration == 6) & is_optimizer))
+    assert np.allclose(frame["start_ms"].to_numpy(float) - plain["start_ms"].to_numpy(float), expected_shift)
+    assert np.allclose(frame["end_ms"].to_numpy(float) - plain["end_ms"].to_numpy(float), expected_shift)
+    # The median iteration has no stall; the window carries both; the mean is the expected stall's.
+    stalled_metrics, plain_metrics = simulate(stalled, "1f1b").metrics(), simulate(base, "1f1b").metrics()
+    assert stalled_metrics.steady_throughput_per_s == pytest.approx(plain_metrics.steady_throughput_per_s)
+    assert stalled_metrics.window_ms == pytest.approx(plain_metrics.window_ms + 2 * 40.0)
+    assert stalled.expected_pre_optimizer_ms == pytest.approx(3.0 + 0.25 * 40.0)
+
+
+def test_pipeline_refuses_an_impossible_stall_probability():
+    with pytest.raises(ValueError, match="stall_probability = 1.5"):
+        hetero(stall_probability=1.5)
 
 
 def test_refuses_unknown_schedule_and_misplaced_flush():

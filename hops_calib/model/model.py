@@ -153,6 +153,7 @@ class Model:
         layer_work: dict[str, list[float]] = {name: [0.0] * layout.virtual_stages for name in ("forward_ms",
                                                                                                 "backward_ms")}
         pre_optimizer_ms = post_optimizer_ms = 0.0
+        stall: tuple[str, float, float] | None = None  # (term, ms, probability)
         switches: dict[str, dict[bool, str]] = {name: {} for name in Contribution.SWITCHES}
         for active in self.terms:
             part = active.term.contribute(context, active.params())
@@ -171,6 +172,11 @@ class Model:
                 totals[field] = [a + b for a, b in zip(total, values)]
             pre_optimizer_ms += part.pre_optimizer_ms
             post_optimizer_ms += part.post_optimizer_ms
+            if part.stall_probability > 0 and part.stall_ms > 0:
+                if stall is not None:
+                    raise ValueError(f"terms {stall[0]} and {active.name} both price a pre-optimizer stall; the "
+                                     "simulator takes one (merge them into one term)")
+                stall = (active.name, part.stall_ms, part.stall_probability)
             for switch, setters in switches.items():
                 if getattr(part, switch) is not None:
                     setters.setdefault(getattr(part, switch), active.name)
@@ -199,6 +205,8 @@ class Model:
             optimizer_ms=tuple(totals["optimizer_ms"] or ()),
             pre_optimizer_ms=pre_optimizer_ms,
             post_optimizer_ms=post_optimizer_ms,
+            stall_ms=stall[1] if stall else 0.0,
+            stall_probability=stall[2] if stall else 0.0,
             # A switch no term sets keeps the simulator's own default.
             **{switch: next(iter(setters)) for switch, setters in switches.items() if setters},
         )

@@ -42,6 +42,12 @@ class Pipeline:
     pre_optimizer_ms: float = 0.0
     # Per rank, between its optimizer end and its first task of the next iteration.
     post_optimizer_ms: float = 0.0
+    # An occasional delay of the pre-optimizer work (a TCP retransmission timeout on the all-reduce's flow):
+    # with probability stall_probability an iteration's pre-optimizer work takes stall_ms longer. The simulator
+    # realizes it as a typical run would (see `simulate`), so the window averages the stalls and the median
+    # iteration, like a real run's, has none when they are rare.
+    stall_ms: float = 0.0
+    stall_probability: float = 0.0
     # Whether every rank waits for the slowest optimizer step before its next iteration (a collective after
     # the step, such as Megatron's per-iteration timer and loss reporting with --log-interval 1).
     iteration_barrier: bool = False
@@ -79,6 +85,13 @@ class Pipeline:
             for index, value in enumerate(getattr(self, name)):
                 if not 0 <= value < math.inf:
                     raise ValueError(f"{name}[{index}] = {value}: times must be finite and >= 0")
-        for name in ("pre_optimizer_ms", "post_optimizer_ms"):
+        for name in ("pre_optimizer_ms", "post_optimizer_ms", "stall_ms"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name} = {getattr(self, name)}: times must be finite and >= 0")
+        if not 0 <= self.stall_probability <= 1:
+            raise ValueError(f"stall_probability = {self.stall_probability}: a probability must be in [0, 1]")
+
+    @property
+    def expected_pre_optimizer_ms(self) -> float:
+        """The pre-optimizer work of an average iteration: the stall weighted by its probability."""
+        return self.pre_optimizer_ms + self.stall_probability * self.stall_ms

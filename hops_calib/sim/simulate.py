@@ -11,6 +11,15 @@ Costs are the same in every iteration, and the barrier leaves nothing in flight,
 iterations 3..N are iteration 2 shifted by a constant period (iteration 1 differs
 only by starting every rank at 0). The simulator times iterations 1 and 2 and copies
 the rest; `replicate=False` times every iteration and must give the same timeline.
+
+A pipeline's occasional stall (`stall_ms` with `stall_probability`, a TCP
+retransmission timeout on the all-reduce) delays one iteration's optimizer step
+and, since every rank waits for it, shifts everything after it by the same
+amount. The simulator places the stalls as a typical run has them, not as an
+average smeared over every iteration: iteration i (1-based) stalls when
+round(i * p) exceeds round((i - 1) * p), so N iterations carry round(N * p)
+stalls, evenly spread - the median stall count of N independent chances, and
+an iteration that stalls less than half the time is, at the median, one without.
 """
 
 from __future__ import annotations
@@ -164,11 +173,31 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     columns = _columns(rows, iteration)
     if timed < pipeline.iterations:
         columns = _replicate_last(columns, timed, pipeline.iterations, barriers[-1] - barriers[-2])
+    if pipeline.stall_ms > 0 and pipeline.stall_probability > 0:
+        _delay(columns, stalled_iterations(pipeline.stall_probability, pipeline.iterations), pipeline.stall_ms)
     return SimResult(
         schedule=resolved, ranks=ranks, microbatches=pipeline.microbatches, iterations=pipeline.iterations,
         makespan_ms=float(columns["end_ms"].max()), peak_activations=programs.peak_activations,
         columns=columns,
     )
+
+
+def stalled_iterations(probability: float, iterations: int) -> list[int]:
+    """The iterations (1-based) that stall in a typical run of `iterations` with a stall chance `probability` each."""
+    def rounded(x: float) -> int:
+        return int(np.floor(x + 0.5))
+
+    return [i for i in range(1, iterations + 1) if rounded(i * probability) > rounded((i - 1) * probability)]
+
+
+def _delay(columns: dict[str, np.ndarray], stalled: list[int], stall_ms: float) -> None:
+    """Delay the optimizer step of each stalled iteration, and everything after it, by `stall_ms` (in place)."""
+    shift = np.zeros(len(columns["start_ms"]))
+    is_optimizer = columns["phase"] == OPTIMIZER_PHASE
+    for number in stalled:
+        shift += stall_ms * ((columns["iteration"] > number) | ((columns["iteration"] == number) & is_optimizer))
+    columns["start_ms"] = columns["start_ms"] + shift
+    columns["end_ms"] = columns["end_ms"] + shift
 
 
 def _replicate_last(columns: dict[str, np.ndarray], timed: int, iterations: int, period_ms: float

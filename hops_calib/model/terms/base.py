@@ -103,7 +103,9 @@ class Contribution:
     under the decoder layers' compute (see `Term.scope`). Per hop k -> k+1:
     forward_transfer_ms (activation) and backward_transfer_ms (gradient). Per
     rank: optimizer_ms. Per iteration: pre_optimizer_ms (barrier work after the
-    last backward) and post_optimizer_ms (per rank, before the next iteration).
+    last backward) and post_optimizer_ms (per rank, before the next iteration);
+    stall_ms with stall_probability: an occasional delay of the pre-optimizer work
+    (at most one term may price one).
     Switches (blocking_p2p, iteration_barrier): None leaves the simulator's
     default, a bool sets the switch; terms that set one must agree.
     """
@@ -119,6 +121,8 @@ class Contribution:
     optimizer_ms: tuple[float, ...] = ()
     pre_optimizer_ms: float = 0.0
     post_optimizer_ms: float = 0.0
+    stall_ms: float = 0.0
+    stall_probability: float = 0.0
     blocking_p2p: bool | None = None
     iteration_barrier: bool | None = None
     optimizer_barrier: bool | None = None

@@ -67,8 +67,12 @@ class EmbeddingGradAllReduce(Term):
     only by TCP's retransmission timeout, whose floor on Linux is 200 ms
     (TCP_RTO_MIN = HZ/5, include/net/tcp.h). The expected stall per all-reduce
     is `stall_probability` x `rto_ms` on such flows and nothing on NIC-paced
-    ones (an A10G end at 10 Gbit/s). A deterministic simulator adds the expected
-    value: the window throughput averages the stalls, the median period does not.
+    ones (an A10G end at 10 Gbit/s). With `realize_stalls` = 0 the expected
+    value is added to every iteration: the window throughput averages the
+    stalls, but then no predicted iteration is a stall-free one, as the median
+    real iteration is. With 1 the stall goes to the simulator as an occasional
+    delay (`Pipeline.stall_ms`), which places whole stalls in round(N p) of the
+    N iterations, as a typical run has them.
 
     The link benchmark times one-way sends; a two-rank all-reduce sends and
     receives at once over the same NICs and adds its reduction kernels, so it
@@ -96,6 +100,9 @@ class EmbeddingGradAllReduce(Term):
         Param("stall_probability", 0.0, 0.0, 1.0, "per all-reduce",
               "chance that a flow at the TCP ceiling waits out one retransmission timeout"),
         Param("rto_ms", 200.0, 50.0, 1000.0, "ms", "TCP retransmission timeout floor (Linux TCP_RTO_MIN: 200 ms)"),
+        Param("realize_stalls", 0.0, 0.0, 1.0, "switch",
+              "1: whole stalls in a typical run's iterations (the median iteration has none); 0: the expected stall on "
+              "every iteration"),
         Param("overrun_loss", 0.0, 0.0, 1.0, "per unit of overrun",
               "goodput lost per unit by which the slower end's NIC rate exceeds the flow ceiling (shaper drops)"),
     )
@@ -117,5 +124,8 @@ class EmbeddingGradAllReduce(Term):
             slowdown += params["overrun_loss"] * max(0.0, min(nominal) / cap - 1.0)
         link = LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms,
                        bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"] / slowdown, source=link.source)
-        stall_ms = params["stall_probability"] * params["rto_ms"] if capped else 0.0
-        return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes) + stall_ms)
+        probability = params["stall_probability"] if capped else 0.0
+        if params["realize_stalls"] >= 0.5:
+            return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes), stall_ms=params["rto_ms"],
+                                stall_probability=probability)
+        return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes) + probability * params["rto_ms"])
