@@ -53,3 +53,14 @@ def test_softmax_in_fp32_adds_the_casts() -> None:
     # Up-cast (read 2 bytes, write 4) and down-cast (read 4, write 2): 6 passes, and the mask and softmax on fp32.
     assert out["forward"]["score_passes_by_op"]["_to_copy"] == pytest.approx(6.0)
     assert out["forward"]["score_passes"] > count()["forward"]["score_passes"] + 6.0
+
+
+def test_cross_entropy_logit_passes_follow_the_code_path() -> None:
+    out = count("--part", "output", "--vocab", "1024")
+    # Forward, in fp32 passes over the s x b x V logits: the output GEMM writes bf16 logits (0.5), the cast to fp32
+    # (read 0.5, write 1), max (1), in-place subtract (2), exp into a buffer (2), sum (1), in-place divide (2): 10.
+    assert out["forward"]["logit_passes_by_op"] == pytest.approx(
+        {"mm": 0.5, "_to_copy": 1.5, "max": 1.0, "sub_": 2.0, "exp": 2.0, "sum": 1.0, "div_": 2.0})
+    # Backward: the softmax gradient scaled in place (2), the cast back to bf16 (1.5), both GEMMs read it (1).
+    assert out["backward"]["logit_passes"] == pytest.approx(4.5)
+    assert out["forward"]["gemm_flops"] == out["formula_forward_flops"]

@@ -16,8 +16,16 @@ inputs and writes its outputs once: the unfused kernels' traffic) and its FLOPs
   - other traffic: everything else (weights, activations, their gradients);
   - GEMM FLOPs.
 
-Usage: python experiments/scripts/layer_traffic.py [--hidden H] [--seq S] [--heads A] [--ffn F]
-       [--softmax-in-fp32] [--json]
+With `--part output` it runs a one-layer GPT (embedding, layer, output layer,
+Megatron's vocab-parallel cross entropy, pretrain_gpt's masked loss) and counts
+the traffic of the s x b x V logits in fp32 passes instead: the unit of the
+output_layer_loss term (forward 10, backward 4.5; the fitted values are 10.15
+and 7.08: the traces' last-stage backwards grow with s x V by more than the
+ops' own traffic, as the decoder layers' backward GEMMs run below their
+forward rate).
+
+Usage: python experiments/scripts/layer_traffic.py [--part layer|output] [--hidden H] [--seq S] [--heads A]
+       [--ffn F] [--vocab V] [--softmax-in-fp32] [--json]
 
 Needs the [capture] extra (torch, megatron-core). Shapes are free: the pass
 counts should not depend on them (that is the check that they are passes).
@@ -40,6 +48,10 @@ def main() -> int:
     parser.add_argument("--heads", type=int, default=3)
     parser.add_argument("--ffn", type=int, default=0, help="default 4 x hidden, as Megatron")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--part", choices=("layer", "output"), default="layer",
+                        help="layer: one decoder layer's score traffic; output: a one-layer GPT's logit traffic "
+                             "(output layer, cross entropy, loss)")
+    parser.add_argument("--vocab", type=int, default=1024, help="vocabulary (--part output)")
     parser.add_argument("--softmax-in-fp32", action="store_true",
                         help="Megatron's --attention-softmax-in-fp32 (off in every shared run: the flag is absent)")
     args = parser.parse_args()
@@ -72,11 +84,41 @@ def main() -> int:
         gradient_accumulation_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
         attention_softmax_in_fp32=args.softmax_in_fp32,
     )
-    block = TransformerBlock(config, get_gpt_layer_local_spec(), post_layer_norm=False)
     seq, batch = args.seq, 1
-    score_elements = batch * args.heads * seq * seq
-    hidden = torch.randn(seq, batch, args.hidden, dtype=torch.bfloat16, requires_grad=True)
     mask = torch.ones(1, 1, seq, seq, dtype=torch.bool).triu(diagonal=1)
+    if args.part == "layer":
+        block = TransformerBlock(config, get_gpt_layer_local_spec(), post_layer_norm=False)
+        hidden = torch.randn(seq, batch, args.hidden, dtype=torch.bfloat16, requires_grad=True)
+        # the a x s x s scores in 16-bit passes (and the s x s boolean mask, counted against them)
+        watched, unit = (batch * args.heads * seq * seq, seq * seq), batch * args.heads * seq * seq * 2
+
+        def forward():
+            return block(hidden, attention_mask=mask)
+
+        def backward(output):
+            output.float().sum().backward()
+    else:
+        from megatron.core.models.gpt.gpt_model import GPTModel
+        from megatron.core.transformer.module import Float16Module
+
+        # Megatron's --bf16 wraps the model in Float16Module: bf16 weights, fp32 outputs on the last stage.
+        model = Float16Module(config, GPTModel(
+            config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=args.vocab,
+            max_sequence_length=seq, pre_process=True, post_process=True))
+        tokens = torch.randint(0, args.vocab, (batch, seq))
+        labels = torch.randint(0, args.vocab, (batch, seq))
+        positions = torch.arange(seq).unsqueeze(0)
+        # the s x b x V logits in fp32 passes (the output_layer_loss term's unit)
+        watched, unit = (batch * seq * args.vocab,), batch * seq * args.vocab * 4
+        loss_mask = torch.ones(batch * seq)
+
+        def forward():
+            losses = model(tokens, positions, mask, labels=labels)
+            # pretrain_gpt.py's loss_func: masked sum over the tokens, fp32
+            return torch.sum(losses.view(-1).float() * loss_mask) / loss_mask.sum()
+
+        def backward(loss):
+            loss.backward()
 
     class Traffic(TorchDispatchMode):
         def __init__(self) -> None:
@@ -85,58 +127,78 @@ def main() -> int:
             self.ops: dict[str, float] = defaultdict(float)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch protocol)
-            out = func(*args, **(kwargs or {}))
+            result = out = func(*args, **(kwargs or {}))
             name = func.overloadpacket.__name__
             if name in ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"):
-                return out  # an allocation: nothing read or written
+                return result  # an allocation: nothing read or written
             if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
-                return out  # a view (view, t, transpose, detach, permute...): metadata, no traffic
-            kwargs = kwargs or {}
+                return result  # a view (view, t, transpose, detach, permute...): metadata, no traffic
+            if name == "_unsafe_view":
+                return result  # a view whose schema does not say so
+            kwargs = dict(kwargs or {})
             inputs = list(args)
+            kwargs.pop("out", None)  # an out= argument is the output, written, not read (counted once, as `out`)
             if name == "copy_":
                 inputs = inputs[1:]  # copy_ writes its destination (the output) without reading it
+            if name in ("index", "index_put", "index_put_", "_index_put_impl_", "gather", "scatter", "scatter_"):
+                # indexing touches only the indexed elements: the big tensor indexed into is neither read nor
+                # written whole (an in-place index_put_ returns it: not counted either)
+                inputs = inputs[1:]
+                if name.endswith("_"):
+                    out = None
             if func.overloadpacket is torch.ops.aten.baddbmm and kwargs.get("beta", 1) == 0:
                 inputs = inputs[1:]  # beta = 0: cuBLAS does not read C, so the preallocated buffer is not traffic
             tensors = [t for t in torch.utils._pytree.tree_leaves((inputs, kwargs, out)) if isinstance(t, torch.Tensor)]
             for t in tensors:
-                kind = "score" if t.numel() in (score_elements, seq * seq) and t.dim() >= 2 else "other"
+                kind = "watched" if t.numel() in watched and t.dim() >= 2 else "other"
                 nbytes = t.numel() * t.element_size()
                 self.bytes[kind] += nbytes
-                if kind == "score":
-                    self.ops[name] += nbytes / (score_elements * 2)
+                if kind == "watched":
+                    self.ops[name] += nbytes / unit
                     if os.environ.get("TRAFFIC_DEBUG"):
                         print("   ", func, tuple(t.shape), t.dtype, t.stride())
-            return out
+            return result
 
     results = {}
     for phase in ("forward", "backward"):
         traffic, flops = Traffic(), FlopCounterMode(display=False)
         with flops, traffic:
             if phase == "forward":
-                output = block(hidden, attention_mask=mask)
+                output = forward()
             else:
-                output.float().sum().backward()
+                backward(output)
         results[phase] = (traffic, flops.get_total_flops())
 
     dist.destroy_process_group()
     layer_flops = 24 * batch * seq * args.hidden ** 2 + 4 * batch * seq ** 2 * args.hidden
+    output_flops = 2 * batch * seq * args.hidden * args.vocab
+    formula = layer_flops if args.part == "layer" else layer_flops + output_flops
+    watched_name = "score" if args.part == "layer" else "logit"
     if args.json:
         print(json.dumps({
-            "shape": {"hidden": args.hidden, "seq": seq, "heads": args.heads, "ffn": ffn,
+            "part": args.part,
+            "shape": {"hidden": args.hidden, "seq": seq, "heads": args.heads, "ffn": ffn, "vocab": args.vocab,
                       "softmax_in_fp32": args.softmax_in_fp32},
-            "formula_forward_flops": layer_flops,
-            **{phase: {"gemm_flops": flops, "score_passes": traffic.bytes["score"] / (score_elements * 2),
-                       "other_bytes": traffic.bytes["other"], "score_passes_by_op": dict(traffic.ops)}
+            "formula_forward_flops": formula,
+            **{phase: {"gemm_flops": flops, f"{watched_name}_passes": traffic.bytes["watched"] / unit,
+                       "other_bytes": traffic.bytes["other"], f"{watched_name}_passes_by_op": dict(traffic.ops)}
                for phase, (traffic, flops) in results.items()},
         }))
         return 0
-    print(f"layer h={args.hidden} s={seq} a={args.heads} ffn={ffn}, bf16, megatron-core local spec, unfused softmax"
-          f"{' in fp32' if args.softmax_in_fp32 else ' in bf16'}")
-    print(f"Megatron's forward FLOPs formula 24bsh^2 + 4bs^2h = {layer_flops / 1e9:.3f} GFLOP")
+    if args.part == "layer":
+        print(f"layer h={args.hidden} s={seq} a={args.heads} ffn={ffn}, bf16, megatron-core local spec, unfused "
+              f"softmax{' in fp32' if args.softmax_in_fp32 else ' in bf16'}")
+        print(f"Megatron's forward FLOPs formula 24bsh^2 + 4bs^2h = {formula / 1e9:.3f} GFLOP")
+        what = "score traffic (16-bit passes over a x s x s)"
+    else:
+        print(f"GPT with one layer, h={args.hidden} s={seq} V={args.vocab}: embedding, layer, output layer, "
+              "vocab-parallel cross entropy, pretrain_gpt's loss")
+        print(f"forward FLOPs formula (layer + 2bshV) = {formula / 1e9:.3f} GFLOP")
+        what = "logit traffic (fp32 passes over s x b x V)"
     for phase, (traffic, flops) in results.items():
-        passes = traffic.bytes["score"] / (score_elements * 2)
-        print(f"{phase:8s}: GEMM {flops / 1e9:8.3f} GFLOP ({flops / layer_flops:4.2f} x formula)  "
-              f"score traffic {passes:5.2f} passes  other traffic {traffic.bytes['other'] / 1e6:8.2f} MB")
+        passes = traffic.bytes["watched"] / unit
+        print(f"{phase:8s}: GEMM {flops / 1e9:8.3f} GFLOP ({flops / formula:4.2f} x formula)  "
+              f"{what} {passes:5.2f}  other traffic {traffic.bytes['other'] / 1e6:8.2f} MB")
         for op, p in sorted(traffic.ops.items(), key=lambda kv: -kv[1]):
             print(f"    {op:32s} {p:5.2f} passes")
     return 0
