@@ -101,7 +101,9 @@ def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress =
     runs = []
     for fixture_id, spec, truth in zip(suite.ids, suite.specs, suite.truths):
         try:
-            runs.append(score_run(fixture_id, truth, predict(spec, model).metrics))
+            prediction = predict(spec, model)
+            runs.append(score_run(fixture_id, truth, prediction.metrics,
+                                  stall_noise_ape_pct=prediction.stall_noise_ape_pct))
         except ValueError as error:
             raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
                              ) from None

@@ -84,7 +84,8 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
                          field="split", hint="`hops-calib report --split test` prints the held-out aggregates")
     model = load_model(model_path)
     prediction = predict(fixture.spec, model)
-    score = score_run(fixture.id, fixture.truth.metrics, prediction.metrics)
+    score = score_run(fixture.id, fixture.truth.metrics, prediction.metrics,
+                      stall_noise_ape_pct=prediction.stall_noise_ape_pct)
     stages = _stage_rows(fixture, prediction)
     if as_json:
         _print_json({"id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
@@ -126,7 +127,9 @@ def _print_runs(runs) -> None:
 def _print_suite(label: str, suite) -> None:
     print(f"{label}: {suite.n_fixtures} fixtures, throughput MAPE {suite.throughput_mape_pct:.2f} % (median "
           f"{suite.throughput_median_ape_pct:.2f} %), steady throughput MAPE {suite.steady_throughput_mape_pct:.2f} %, "
-          f"bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization rho {suite.util_spearman_mean:.3f}")
+          f"bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization rho {suite.util_spearman_mean:.3f}; "
+          f"stall-noise floor of the throughput MAPE {suite.stall_noise_mape_pct:.2f} % (what random stalls alone "
+          "would cost an otherwise exact model on these runs)")
 
 
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,

@@ -189,7 +189,8 @@ def observe_run(fixture, model) -> RunRow:
                  real_backward_ms=truth.backward_median_ms(row.stage), predicted_backward_ms=row.backward_ms)
         for row in prediction.stage_phase_ms(spec))
     timeline = fixture.timeline()
-    return RunRow(id=fixture.id, spec=spec, score=score_run(fixture.id, truth.metrics, prediction.metrics),
+    return RunRow(id=fixture.id, spec=spec, score=score_run(fixture.id, truth.metrics, prediction.metrics,
+                                                           stall_noise_ape_pct=prediction.stall_noise_ape_pct),
                   real_metrics=truth.metrics, real_parts=timeline_iteration_parts(timeline),
                   predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
                   measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, timeline))
@@ -502,7 +503,9 @@ def observation_text(observation: Observation, top: int = 12) -> str:
            f"{observation.split} fixtures in {observation.fixtures_dir}",
            f"throughput MAPE {suite.throughput_mape_pct:.2f} % (window; the gate's), steady throughput MAPE "
            f"{suite.steady_throughput_mape_pct:.2f} %, bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization "
-           f"rho {suite.util_spearman_mean:.3f}"]
+           f"rho {suite.util_spearman_mean:.3f}",
+           f"stall-noise floor: {suite.stall_noise_mape_pct:.2f} % of throughput MAPE is what random retransmission "
+           "stalls alone cost an otherwise exact model on these runs (Prediction.stall_noise_ape_pct)"]
     replay = observation.measured_replay
     if replay is not None:
         out.append(f"measured replay ({replay['n_runs']} runs fed every part their trace measures): throughput MAPE "

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from hops_calib.model import Model
 from hops_calib.spec import Spec
 
@@ -37,6 +39,30 @@ class Prediction:
     pipeline: "Pipeline"
     result: "SimResult"
     metrics: "TimelineMetrics"
+
+    @property
+    def stall_noise_ape_pct(self) -> float:
+        """The |throughput error| (%) to expect of this prediction from the random stalls alone.
+
+        A stall (`Pipeline.stall_ms`, chance `stall_probability` per iteration) either happens or not: of
+        the N - 1 pre-optimizer stretches inside the throughput window (the last iteration's comes after
+        it) a real run has K ~ Binomial(N - 1, p) stalls where the simulation placed k0, so even a model
+        exact in everything else is off by |K - k0| x stall / window. Its expectation is the noise floor
+        of the run's throughput error: a suite's mean of it is the MAPE below which no deterministic
+        model can go, computed from the configuration alone (no trace is read).
+        """
+        from hops_calib.sim.simulate import stalled_iterations
+
+        pipeline, window = self.pipeline, self.metrics.window_ms
+        chances = pipeline.iterations - 1
+        if pipeline.stall_ms <= 0 or pipeline.stall_probability <= 0 or chances < 1 or not window > 0:
+            return 0.0
+        from scipy.stats import binom
+
+        placed = sum(1 for i in stalled_iterations(pipeline.stall_probability, pipeline.iterations) if i <= chances)
+        counts = np.arange(chances + 1)
+        expected_miss = float(np.sum(binom.pmf(counts, chances, pipeline.stall_probability) * np.abs(counts - placed)))
+        return expected_miss * pipeline.stall_ms / window * 100.0
 
     def stage_phase_ms(self, spec: Spec) -> list[StagePhaseMs]:
         pipeline, ranks = self.pipeline, self.pipeline.ranks

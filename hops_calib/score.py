@@ -77,6 +77,8 @@ class RunScore:
     util_spearman_rho: float
     real_utilization: tuple[float, ...]
     predicted_utilization: tuple[float, ...]
+    # Expected |throughput error| from random stalls alone (Prediction.stall_noise_ape_pct): a floor, not a fault.
+    stall_noise_ape_pct: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -93,7 +95,8 @@ def _relative_error_pct(run_id: str, what: str, real: float, predicted: float) -
     return (predicted - real) / real * 100.0
 
 
-def score_run(run_id: str, real: TimelineMetrics, predicted: TimelineMetrics) -> RunScore:
+def score_run(run_id: str, real: TimelineMetrics, predicted: TimelineMetrics, *,
+              stall_noise_ape_pct: float = 0.0) -> RunScore:
     return RunScore(
         run_id=run_id,
         real_throughput_per_s=real.throughput_per_s,
@@ -110,6 +113,7 @@ def score_run(run_id: str, real: TimelineMetrics, predicted: TimelineMetrics) ->
         util_spearman_rho=spearman_rho(real.utilization_per_stage, predicted.utilization_per_stage),
         real_utilization=tuple(real.utilization_per_stage),
         predicted_utilization=tuple(predicted.utilization_per_stage),
+        stall_noise_ape_pct=stall_noise_ape_pct,
     )
 
 
@@ -121,6 +125,8 @@ class SuiteScore:
     steady_throughput_mape_pct: float
     bubble_mae_pp: float
     util_spearman_mean: float
+    # The throughput MAPE a model exact but for the random stalls would score here (mean of the runs' floors).
+    stall_noise_mape_pct: float = 0.0
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -138,4 +144,5 @@ def aggregate(runs: Iterable[RunScore]) -> SuiteScore:
         steady_throughput_mape_pct=float(np.mean(np.abs([r.steady_throughput_error_pct for r in runs]))),
         bubble_mae_pp=float(np.mean(np.abs([r.bubble_error_pp for r in runs]))),
         util_spearman_mean=float(np.mean([r.util_spearman_rho for r in runs])),
+        stall_noise_mape_pct=float(np.mean([r.stall_noise_ape_pct for r in runs])),
     )

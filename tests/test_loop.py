@@ -20,7 +20,7 @@ from conftest import PLAIN_MODEL_TOML
 
 REPO = Path(__file__).resolve().parent.parent
 AGGREGATES = {"n_fixtures", "throughput_mape_pct", "throughput_median_ape_pct", "steady_throughput_mape_pct",
-              "bubble_mae_pp", "util_spearman_mean"}
+              "bubble_mae_pp", "util_spearman_mean", "stall_noise_mape_pct"}
 
 # A term the shipped baseline lacks: untraced host work between iterations (see its docstring).
 IMPROVING = '''

@@ -125,6 +125,36 @@ def test_a_stall_delays_its_iterations_optimizer_and_everything_after_it(replica
     assert stalled.expected_pre_optimizer_ms == pytest.approx(3.0 + 0.25 * 40.0)
 
 
+def _prediction(pipeline):
+    from hops_calib.predict import Prediction
+
+    result = simulate(pipeline, "1f1b")
+    return Prediction(run_id="r", schedule="1f1b", model_sha256="-", pipeline=pipeline, result=result,
+                      metrics=result.metrics())
+
+
+def test_the_stall_noise_floor_is_the_mean_error_of_random_stalls_against_the_placed_ones():
+    from hops_calib.sim.simulate import _delay
+
+    base = hetero(iterations=9, optimizer_ms=(4.0, 5.0, 6.0), pre_optimizer_ms=3.0, post_optimizer_ms=0.5)
+    assert _prediction(base).stall_noise_ape_pct == 0.0  # nothing random, nothing to miss
+    stalled = replace(base, stall_ms=30.0, stall_probability=0.3)
+    prediction = _prediction(stalled)
+    floor = prediction.stall_noise_ape_pct
+    assert floor > 0
+    # Monte Carlo: real runs whose iterations stall at random, scored against the prediction.
+    plain = simulate(base, "1f1b")
+    rng = np.random.default_rng(7)
+    errors = []
+    for _ in range(3000):
+        columns = {name: values.copy() for name, values in plain.columns.items()}
+        _delay(columns, [i for i in range(1, 10) if rng.random() < 0.3], 30.0)
+        real = replace(plain, columns=columns).metrics().throughput_per_s
+        errors.append(abs(prediction.metrics.throughput_per_s - real) / real * 100.0)
+    # The floor is stated against the predicted window (first order in stall / window): within 5 %.
+    assert np.mean(errors) == pytest.approx(floor, rel=0.05)
+
+
 def test_pipeline_refuses_an_impossible_stall_probability():
     with pytest.raises(ValueError, match="stall_probability = 1.5"):
         hetero(stall_probability=1.5)

@@ -89,9 +89,10 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str | tuple[str, str]
 def aggregates_table(suite: SuiteScore) -> str:
     return _table(
         ["runs", "throughput MAPE %", "median APE %", "steady throughput MAPE %", "bubble MAE pp",
-         "mean utilization rho"],
+         "mean utilization rho", "stall-noise floor %"],
         [[str(suite.n_fixtures), _f(suite.throughput_mape_pct, 2), _f(suite.throughput_median_ape_pct, 2),
-          _f(suite.steady_throughput_mape_pct, 2), _f(suite.bubble_mae_pp, 2), _f(suite.util_spearman_mean, 3)]],
+          _f(suite.steady_throughput_mape_pct, 2), _f(suite.bubble_mae_pp, 2), _f(suite.util_spearman_mean, 3),
+          _f(suite.stall_noise_mape_pct, 2)]],
         text_columns=0, css="headline")
 
 

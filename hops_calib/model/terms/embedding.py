@@ -85,7 +85,9 @@ class EmbeddingGradAllReduce(Term):
     throughput in proportion to the overrun. With `overrun = min(NIC_first,
     NIC_last) / ceiling` (nominal NIC rates, device constants), the flow's
     goodput is the ceiling / (1 + `overrun_loss` x (overrun - 1)) when the
-    overrun exceeds 1.
+    overrun exceeds 1. The same drops make a tail loss, and so a retransmission
+    timeout, likelier: the stall probability is `stall_probability` x (1 +
+    `stall_overrun_gain` x (overrun - 1)).
     """
 
     name = "embedding_grad_allreduce"
@@ -103,6 +105,8 @@ class EmbeddingGradAllReduce(Term):
         Param("realize_stalls", 0.0, 0.0, 1.0, "switch",
               "1: whole stalls in a typical run's iterations (the median iteration has none); 0: the expected stall on "
               "every iteration"),
+        Param("stall_overrun_gain", 0.0, 0.0, 2.0, "per unit of overrun",
+              "relative growth of the stall probability per unit of the slower end's NIC overrun of the ceiling"),
         Param("overrun_loss", 0.0, 0.0, 1.0, "per unit of overrun",
               "goodput lost per unit by which the slower end's NIC rate exceeds the flow ceiling (shaper drops)"),
     )
@@ -120,11 +124,12 @@ class EmbeddingGradAllReduce(Term):
         cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3
         link, capped = end_to_end_link(spec, nic, cap)
         slowdown = 1.0
-        if capped:
-            slowdown += params["overrun_loss"] * max(0.0, min(nominal) / cap - 1.0)
+        overrun = max(0.0, min(nominal) / cap - 1.0) if capped else 0.0
+        slowdown += params["overrun_loss"] * overrun
         link = LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms,
                        bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"] / slowdown, source=link.source)
-        probability = params["stall_probability"] if capped else 0.0
+        probability = min(1.0, params["stall_probability"] * (1.0 + params["stall_overrun_gain"] * overrun)) \
+            if capped else 0.0
         if params["realize_stalls"] >= 0.5:
             return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes), stall_ms=params["rto_ms"],
                                 stall_probability=probability)
