@@ -199,7 +199,9 @@ def observe_run(fixture, model) -> RunRow:
 def measured_replay_error_pct(fixture, pipeline, timeline=None) -> float | None:
     """Window throughput error of `pipeline` with every part the trace measures replaced by the measurement.
 
-    None when the trace lacks a part (no optimizer events): a replay missing one is no replay of the structure.
+    None when the trace lacks a part (no optimizer events), or when the run has no optimizer barrier (each
+    rank steps after its own last backward, as in CPU captures without tied embeddings): the silent stretch is
+    then measured from the last rank's backward and can be negative, so it is no barrier's pre-optimizer work.
     """
     from hops_calib.components import real_components
     from hops_calib.sim import simulate
@@ -208,6 +210,8 @@ def measured_replay_error_pct(fixture, pipeline, timeline=None) -> float | None:
     ranks = pipeline.ranks
     needed = [f"{kind}/{rank}" for kind in ("forward", "backward", "optimizer") for rank in range(ranks)]
     if any(name not in measured for name in needed + ["silent", "rest"]) or not pipeline.optimizer_ms:
+        return None
+    if not pipeline.optimizer_barrier or measured["silent"] < 0 or measured["rest"] < 0:
         return None
     stages = []
     for k, cost in enumerate(pipeline.stages):
