@@ -10,6 +10,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -17,7 +18,7 @@ from hops_calib.cli import app
 from hops_calib.ledger import read_entries
 from hops_calib.plot import style
 from hops_calib.plot.groups import MIN_DISCLOSED_RUNS, disclosable, group_rows, short_run_id
-from hops_calib.plot.ledger import FIGURE_SIZE_IN as LEDGER_SIZE_IN, read_history
+from hops_calib.plot.ledger import FIGURE_SIZE_IN as LEDGER_SIZE_IN, ledger_figure, read_history, short_id
 from hops_calib.plot.parity import FIGURE_SIZE_IN as PARITY_SIZE_IN
 from hops_calib.plot.timeline import figure_size, iteration_window
 
@@ -202,14 +203,25 @@ def test_ledger_plot_draws_every_attempt(ledger_with_history, tmp_path):
     assert png_size(png) == expected_px(LEDGER_SIZE_IN)
     assert cli("plot", "ledger", "--ledger", ledger, "--out", svg).exit_code == 0
     text = svg.read_text()
-    for attempt in attempts:
-        assert attempt.candidate_id in text
-    # One campaign only: the other candidates' ids are not drawn.
-    first, rest = attempts[0].candidate_id, {a.candidate_id for a in attempts[1:]} - {attempts[0].candidate_id}
+    accepted = [a for a in attempts if a.accepted]
+    assert accepted and len(accepted) < len(attempts)  # the history has both kinds
+    for attempt in accepted:
+        assert short_id(attempt.candidate_id) in text
+    # Every attempt is drawn: the accepted on the step line and labelled, each rejected one as a cross.
+    figure = ledger_figure(attempts, audits, "t")
+    mape = figure.axes[0]
+    assert [t.get_text() for t in mape.texts] == ["start"] + [short_id(a.candidate_id) for a in accepted]
+    rejected_seqs = sorted(a.seq for a in attempts if not a.accepted)
+    assert any(list(np.sort(c.get_offsets()[:, 0])) == rejected_seqs and c.get_paths()  # the crosses
+               for c in mape.collections)
+    assert mape.get_yscale() == "log" and figure.axes[2].get_yscale() == "linear"
+    # One campaign only: the other candidates' labels are not drawn.
+    first = accepted[0].candidate_id
+    rest = {short_id(a.candidate_id) for a in accepted[1:]} - {short_id(first)}
     only = tmp_path / "only.svg"
     assert cli("plot", "ledger", "--ledger", ledger, "--out", only, "--candidates", f"^{first}$").exit_code == 0
     drawn = only.read_text()
-    assert first in drawn and not any(other in drawn for other in rest)
+    assert short_id(first) in drawn and not any(other in drawn for other in rest)
 
 
 def test_ledger_plot_of_an_empty_or_missing_ledger_says_what_to_do(tmp_path):

@@ -3,9 +3,11 @@
 Three panels share the ledger's entry numbers: throughput MAPE, bubble MAE and
 mean utilization rho. The solid line is the model as the accepted changes left
 it (its first point is the model before the first candidate); a cross is a
-rejected candidate, drawn where it would have taken the model. Each candidate
-is annotated with its id. Held-out reports are diamonds: they score another
-split, so they are not joined to the line.
+rejected candidate, drawn where it would have taken the model. Each accepted
+candidate is annotated with its number (the id's leading digits; the whole id when
+it has none). Held-out reports are diamonds: they score another split, so they are
+not joined to the line. The error panels are logarithmic: a campaign goes from
+hundreds of percent to a few, and the late steps matter as much as the first.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import Any, Sequence
 from hops_calib.plot import style
 
 FIGURE_SIZE_IN = (12.0, 8.4)
-METRICS = (  # (aggregate field, axis label, better direction, smallest y span drawn)
-    ("throughput_mape_pct", "throughput MAPE (%)", "lower is better", 2.0),
-    ("bubble_mae_pp", "bubble MAE (pp)", "lower is better", 1.0),
-    ("util_spearman_mean", "mean utilization rho", "higher is better", 0.1),
+METRICS = (  # (aggregate field, axis label, better direction, smallest y span drawn, log scale)
+    ("throughput_mape_pct", "throughput MAPE (%)", "lower is better", 2.0, True),
+    ("bubble_mae_pp", "bubble MAE (pp)", "lower is better", 1.0, True),
+    ("util_spearman_mean", "mean utilization rho", "higher is better", 0.1, False),
 )
 ACCEPTED_COLOUR, REJECTED_COLOUR, REPORT_COLOUR = "#0072B2", "#D55E00", "#009E73"
 
@@ -56,6 +58,12 @@ def read_history(entries: Sequence[dict[str, Any]]) -> tuple[list[Attempt], list
     return attempts, audits
 
 
+def short_id(candidate_id: str) -> str:
+    """A candidate's label on the plot: its leading number ("042" of "042-realized-stalls"), else the id."""
+    head = candidate_id.split("-", 1)[0]
+    return head if head.isdigit() else candidate_id
+
+
 def _value(aggregates: dict[str, float], field: str) -> float:
     value = aggregates.get(field)
     return float(value) if value is not None else float("nan")
@@ -70,7 +78,9 @@ def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: s
     accepted = [a for a in attempts if a.accepted]
     rejected = [a for a in attempts if not a.accepted]
     last_seq = max(e.seq for e in [*attempts, *audits])
-    for ax, (field, label, direction, min_span) in zip(axes, METRICS):
+    for ax, (field, label, direction, min_span, log) in zip(axes, METRICS):
+        if log:
+            ax.set_yscale("log")
         if attempts:
             start = attempts[0]
             xs = [start.seq - 0.5] + [a.seq for a in accepted]
@@ -85,10 +95,10 @@ def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: s
             if ax is axes[0]:
                 ax.annotate("start", (xs[0], ys[0]), xytext=(0, 7), textcoords="offset points", fontsize=7.5,
                             ha="center", va="bottom", color=ACCEPTED_COLOUR)
-                for attempt in attempts:
-                    ax.annotate(attempt.candidate_id, (attempt.seq, _value(attempt.after, field)), xytext=(4, 6),
-                                textcoords="offset points", fontsize=7.5, rotation=25, ha="left", va="bottom",
-                                color=ACCEPTED_COLOUR if attempt.accepted else REJECTED_COLOUR)
+                for attempt in accepted:
+                    ax.annotate(short_id(attempt.candidate_id), (attempt.seq, _value(attempt.after, field)),
+                                xytext=(0, 7), textcoords="offset points", fontsize=7, rotation=90, ha="center",
+                                va="bottom", color=ACCEPTED_COLOUR)
         if audits:
             ax.scatter([a.seq for a in audits], [_value(a.aggregates, field) for a in audits], marker="D", s=36,
                        color=REPORT_COLOUR, zorder=3)
@@ -97,7 +107,7 @@ def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: s
         ax.margins(x=0.04, y=0.18)
         # A change in the third decimal must not fill the panel as if it were large.
         low, high = ax.get_ylim()
-        if high - low < min_span:
+        if not log and high - low < min_span:
             middle = (low + high) / 2
             ax.set_ylim(middle - min_span / 2, middle + min_span / 2)
     axes[-1].set_xlabel("ledger entry (seq)")
