@@ -157,14 +157,20 @@ app.add_typer(ledger_app, name="ledger")
 def predict(
     fixture_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="Fixture id (train split)."),
     all_train: bool = typer.Option(False, "--all", help="Every train fixture: per-run errors and the suite."),
+    job: Optional[Path] = typer.Option(None, "--job", help="A job directory to predict before it runs: "
+                                       "megatron_args.txt, hops_trace_map.json, hops.base.yaml, link benchmark."),
+    schedules: Optional[list[str]] = typer.Option(None, "--schedule", help="With --job: simulate this schedule "
+                                                  "(repeatable: 1f1b, interleaved_1f1b, gpipe, zb_h1, auto); "
+                                                  "default the configured one."),
     fixtures: Path = FIXTURES_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Predicted vs real throughput, bubble, per-stage utilization and per-stage phase times, from the spec alone."""
+    """Predicted vs real throughput, bubble, per-stage utilization and phase times of a fixture, from the spec
+    alone; or, with --job, of a configuration that has not run (what-if, several schedules side by side)."""
     from hops_calib.loop import predict_command
 
-    raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json))
+    raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json, job, schedules or ()))
 
 
 @app.command()
@@ -298,17 +304,23 @@ DPI_OPTION = typer.Option(150.0, "--dpi", help="Pixels per inch of a PNG (the fi
 
 @plot_app.command("timeline")
 def plot_timeline(
-    fixture_id: str = typer.Argument(..., metavar="ID", help="Fixture id (train split; see fixtures list)."),
+    fixture_id: Optional[str] = typer.Argument(None, metavar="[ID]",
+                                               help="Fixture id (train split; see fixtures list)."),
+    job: Optional[Path] = typer.Option(None, "--job", help="Instead of a fixture: a job directory that has not run "
+                                       "(what-if; its configuration files only)."),
+    schedules: Optional[list[str]] = typer.Option(None, "--schedule", help="With --job: one predicted panel per "
+                                                  "schedule (repeatable); default the configured one."),
     iterations: int = typer.Option(2, "--iterations", help="Show the first K iterations."),
     fixtures: Path = FIXTURES_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [timeline-ID.png]."),
     dpi: float = DPI_OPTION,
 ) -> None:
-    """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time."""
+    """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time; with
+    --job, a configuration's predictions under each schedule."""
     from hops_calib.plot.commands import timeline_command
 
-    raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi))
+    raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi, job, tuple(schedules or ())))
 
 
 @plot_app.command("parity")

@@ -12,7 +12,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hops_calib.errors import InputError
 
@@ -133,10 +133,24 @@ def _print_suite(label: str, suite) -> None:
 
 
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
-                    as_json: bool) -> int:
+                    as_json: bool, job: Path | None = None, schedules: Sequence[str] = ()) -> int:
     def run() -> int:
-        if all_train == (fixture_id is not None):
-            raise InputError("predict", "give either a fixture ID or --all (every train fixture)", field="ID")
+        if (fixture_id is not None) + all_train + (job is not None) != 1:
+            raise InputError("predict", "give one of a fixture ID, --all (every train fixture) or --job DIR (a "
+                             "configuration that has not run)", field="ID")
+        if schedules and job is None:
+            raise InputError("predict", "--schedule applies to --job (a fixture is predicted as it ran)",
+                             field="--schedule")
+        if job is not None:
+            from hops_calib.model_files import load_model
+            from hops_calib.whatif import what_if, what_if_text
+
+            result = what_if(job, load_model(model_path), schedules)
+            if as_json:
+                _print_json(result.to_dict())
+            else:
+                print(what_if_text(result))
+            return EXIT_OK
         if fixture_id is not None:
             return _predict_one(fixture_id, fixtures, model_path, as_json)
         from hops_calib.evaluate import evaluate

@@ -163,7 +163,7 @@ def test_a_two_term_candidate_is_refused_naming_both_terms(shared_fixtures, work
     (("evaluate", "--commit"), "--commit needs a candidate"),
     (("evaluate", "--tolerance-run-bubble-pp", "-1"), "must be >= 0"),
     (("predict", "--all", "--model", "missing.toml"), "model file not found"),
-    (("predict",), "either a fixture ID or --all"),
+    (("predict",), "one of a fixture ID, --all (every train fixture) or --job DIR"),
     (("predict", "no_such_run"), "no fixture 'no_such_run'"),
 ])
 def test_invalid_requests_exit_2_with_a_reason(shared_fixtures, args, needle):

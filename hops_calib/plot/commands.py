@@ -61,18 +61,36 @@ def model_label(model: Model) -> str:
 
 # --- timeline ------------------------------------------------------------------------------------
 
-def timeline_command(fixture_id: str, fixtures: Path, model_path: Path | None, iterations: int, out: Path | None,
-                     dpi: float) -> int:
+def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int,
+                     out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = ()) -> int:
     def run() -> int:
         from hops_calib.evaluate import TEST, open_store
         from hops_calib.model_files import load_model
         from hops_calib.plot.timeline import Panel, timeline_figure
         from hops_calib.predict import predict
 
-        target = _target(out, f"timeline-{fixture_id}.png", dpi)
+        if (fixture_id is None) == (job is None):
+            raise InputError("plot timeline", "give a fixture ID (real above predicted) or --job DIR (a configuration "
+                             "that has not run: one predicted panel per --schedule)", field="ID")
+        if schedules and job is None:
+            raise InputError("plot timeline", "--schedule applies to --job (a fixture is drawn as it ran)",
+                             field="--schedule")
         if iterations < 1:
             raise InputError("plot timeline", f"--iterations is {iterations}", field="--iterations",
                              hint="show at least one iteration")
+        if job is not None:
+            from hops_calib.whatif import what_if
+
+            target = _target(out, f"timeline-{Path(job).name}.png", dpi)
+            result = what_if(job, load_model(model_path), schedules)
+            spec = result.spec
+            panels = [Panel(f"Predicted under {prediction.schedule} by {model_label(result.model)}",
+                            prediction.result.timeline, metrics_note(prediction.metrics))
+                      for prediction in result.predictions]
+            title = (f"{spec.run_id} (what-if): {spec.pp} stages, {spec.microbatches} microbatches per iteration, "
+                     f"first {min(iterations, spec.iterations)} of {spec.iterations} iterations")
+            return _wrote(timeline_figure(title, spec.devices, panels, iterations, dpi=dpi), target, dpi)
+        target = _target(out, f"timeline-{fixture_id}.png", dpi)
         fixture = open_store(fixtures).load(fixture_id)
         if fixture.split == TEST:
             raise InputError(f"{fixtures}/{fixture_id}", "is in the test split, which is seen only in aggregate",

@@ -157,5 +157,7 @@ def timeline_figure(title: str, devices: Sequence[str], panels: Sequence[Panel],
                              label="later model chunk"))
     handles.append(Patch(facecolor=style.IDLE_COLOUR, label="idle"))
     handles.append(Line2D([], [], color=style.GUIDE_COLOUR, linestyle="--", label="iteration start"))
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=9)
+    # One row while it fits the figure's width (zero-bubble runs add two backward kinds), else two.
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles) if len(handles) <= 6
+                  else (len(handles) + 1) // 2, fontsize=9)
     return figure

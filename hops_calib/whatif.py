@@ -1,0 +1,129 @@
+"""What-if: predict a configuration that has not run yet, from a job directory's configuration files alone.
+
+The question a user asks before spending GPU hours: what would this launch do on these nodes? A job
+directory holds what Megatron is launched with (`megatron_args.txt`), which device runs which stage
+(`hops_trace_map.json`, `hops.base.yaml`) and the link benchmark (`calibration/link_bench/`); the event
+logs are not needed and, when present, not read (the spec is built by `build_spec`, which never opens
+them). Edit a copy of a directory (another --micro-batch-size, another stage order) and predict it, under
+the configured schedule and the ones users compare against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from hops_calib.errors import InputError
+from hops_calib.model import Model
+from hops_calib.predict import Prediction
+from hops_calib.spec import SCHEDULES, Spec
+
+CHOICES = (*SCHEDULES, "auto")
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    job_dir: Path
+    spec: Spec
+    model: Model
+    predictions: tuple[Prediction, ...]  # one per schedule asked for, in that order
+    asked: tuple[str, ...]  # the schedules asked for ("auto" resolves to the one it picked: Prediction.schedule)
+    notes: tuple[str, ...]  # remarks of the spec build (a missing link benchmark, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "job": str(self.job_dir), "run_id": spec.run_id, "model": self.model.name,
+            "model_sha256": self.model.sha256, "notes": list(self.notes),
+            "configuration": {"pp": spec.pp, "vp": spec.vp, "devices": list(spec.devices),
+                              "microbatches": spec.microbatches, "iterations": spec.iterations,
+                              "layers_per_stage": list(spec.layers_per_stage), "schedule": spec.schedule,
+                              "hidden_size": spec.model.hidden_size, "seq_length": spec.model.seq_length,
+                              "num_layers": spec.model.num_layers},
+            "predictions": [{"asked": asked, **_prediction_dict(p, spec)}
+                            for asked, p in zip(self.asked, self.predictions)],
+        }
+
+
+def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
+    metrics = prediction.metrics
+    return {
+        "schedule": prediction.schedule,
+        "throughput_per_s": metrics.throughput_per_s,
+        "steady_throughput_per_s": metrics.steady_throughput_per_s,
+        "iteration_time_ms": metrics.iteration_time_ms,
+        "bubble_ratio": metrics.bubble_ratio,
+        "stall_noise_ape_pct": prediction.stall_noise_ape_pct,
+        "peak_activations": list(prediction.result.peak_activations),
+        "stages": [{"stage": row.stage, "device": row.device, "utilization": metrics.utilization_per_stage[row.stage],
+                    "forward_ms": row.forward_ms, "backward_ms": row.backward_ms, "optimizer_ms": row.optimizer_ms}
+                   for row in prediction.stage_phase_ms(spec)],
+    }
+
+
+def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = ()) -> WhatIf:
+    """Predict the run `job_dir` configures under each of `schedules` (default: the configured one)."""
+    from hops_calib.predict import predict
+    from hops_calib.spec import build_spec
+
+    job_dir = Path(job_dir)
+    if not job_dir.is_dir():
+        raise InputError(str(job_dir), "is not a directory", field="--job",
+                         hint="give a Megatron job directory: megatron_args.txt, hops_trace_map.json, hops.base.yaml "
+                              "and calibration/link_bench/ (no traces needed)")
+    unknown = [s for s in schedules if s not in CHOICES]
+    if unknown:
+        raise InputError("predict", f"unknown schedule {unknown[0]!r}", field="--schedule",
+                         hint=f"expected one of {', '.join(CHOICES)}")
+    notes: list[str] = []
+    spec = build_spec(job_dir, notes)
+    try:
+        model.pipeline(spec)
+    except ValueError as error:
+        raise InputError(str(job_dir), f"cannot be priced by model {model.name!r}: {error}", field="configuration",
+                         hint="a what-if needs what the model prices: the link benchmark in calibration/link_bench/ "
+                              "(pair_<i>_<j>.jsonl), device types the catalog knows") from None
+    predictions = []
+    asked = tuple(dict.fromkeys(schedules)) or (spec.schedule,)
+    for schedule in asked:
+        try:
+            predictions.append(predict(spec, model, schedule))
+        except ValueError as error:
+            raise InputError(str(job_dir), f"cannot be simulated under {schedule}: {error}", field="--schedule",
+                             hint="pick a schedule this configuration supports") from None
+    return WhatIf(job_dir=job_dir, spec=spec, model=model, predictions=tuple(predictions), asked=asked,
+                  notes=tuple(notes))
+
+
+def what_if_text(result: WhatIf) -> str:
+    spec, model = result.spec, result.model
+    shape = spec.model
+    lines = [f"{result.job_dir}: {spec.pp} stages ({'-'.join(spec.devices)}), {spec.microbatches} microbatches x "
+             f"{spec.iterations} iterations, h={shape.hidden_size} s={shape.seq_length} layers={shape.num_layers} "
+             f"({'-'.join(str(n) for n in spec.layers_per_stage)}); configured schedule {spec.schedule}; "
+             f"model {model.name} ({model.sha256[:12]}); predicted from the configuration alone"]
+    lines += [f"note: {note}" for note in result.notes]
+    heads = [p.schedule if asked == p.schedule else f"{asked}: {p.schedule}"
+             for asked, p in zip(result.asked, result.predictions)]
+    width = max(12, *(len(head) + 2 for head in heads))
+    rows = [("throughput /s (window)", lambda p: f"{p.metrics.throughput_per_s:.3f}"),
+            ("  random stalls: +-", lambda p: f"{p.stall_noise_ape_pct:.1f} %"),
+            ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
+            ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
+            ("bubble %", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
+            ("peak activations", lambda p: f"{max(p.result.peak_activations)}")]
+    lines.append(f"{'':26}" + "".join(f"{head:>{width}}" for head in heads))
+    for label, cell in rows:
+        lines.append(f"{label:26}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))
+    lines.append("(+-: the mean |error| random TCP retransmission stalls alone would give a real run; peak "
+                 "activations: microbatches in flight on the busiest rank)")
+    first = result.predictions[0]
+    lines.append("")
+    lines.append(f"per stage under {first.schedule}:")
+    lines.append(f"{'stage':>5} {'device':8}{'util':>7}{'fwd ms':>9}{'bwd ms':>9}{'opt ms':>9}")
+    for row in first.stage_phase_ms(spec):
+        optimizer = f"{row.optimizer_ms:.2f}" if row.optimizer_ms is not None else "n/a"
+        lines.append(f"{row.stage:>5} {row.device:8}{first.metrics.utilization_per_stage[row.stage]:7.3f}"
+                     f"{row.forward_ms:9.2f}{row.backward_ms:9.2f}{optimizer:>9}")
+    return "\n".join(lines)
