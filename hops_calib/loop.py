@@ -98,7 +98,8 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
           f"{spec.iterations} iterations; model {model.name} {model.sha256[:12]})")
     print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}")
     print(f"{'throughput /s':24}{real.throughput_per_s:12.3f}{pred.throughput_per_s:12.3f}"
-          f"{_pct(score.throughput_error_pct):>8} %")
+          f"{_pct(score.throughput_error_pct):>8} %"
+          + (f"  (random stalls alone: +-{score.stall_noise_ape_pct:.1f} %)" if score.stall_noise_ape_pct else ""))
     print(f"{'steady throughput /s':24}{real.steady_throughput_per_s:12.3f}{pred.steady_throughput_per_s:12.3f}"
           f"{_pct(score.steady_throughput_error_pct):>8} %")
     print(f"{'bubble %':24}{100 * real.bubble_ratio:12.1f}{100 * pred.bubble_ratio:12.1f}"
