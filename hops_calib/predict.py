@@ -6,10 +6,9 @@ a Fixture (which carries the truth and the events) is refused, not unpacked.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import math
 
 from hops_calib.model import Model
 from hops_calib.spec import Spec

@@ -43,7 +43,8 @@ class AttentionScoreTraffic(Term):
                        * gpt.bytes_per_element(shape))
         forward, backward = [], []
         for k, layers in enumerate(context.layout.layers):
-            pass_ms = score_bytes / (context.device_of(k).memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3)
+            bytes_per_ms = context.device_of(k).memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
+            pass_ms = score_bytes / bytes_per_ms
             forward.append(layers * params["passes_forward"] * pass_ms)
             backward.append(layers * params["passes_backward"] * pass_ms)
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
