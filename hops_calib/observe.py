@@ -548,12 +548,14 @@ def observation_text(observation: Observation, top: int = 12) -> str:
         return f"{value:+.1f}" if value is not None else "-"
 
     out.append(text_table(
-        ["run", "tput err %", "steady err %", "real iter ms", "pred iter ms"] + [LABELS[p] for p in PART_QUANTITIES],
-        [[r.id, f"{r.score.throughput_error_pct:+.1f}", f"{r.score.steady_throughput_error_pct:+.1f}",
+        ["run", "tput err %", "stalls +- %", "steady err %", "real iter ms", "pred iter ms"]
+        + [LABELS[p] for p in PART_QUANTITIES],
+        [[r.id, f"{r.score.throughput_error_pct:+.1f}", f"{r.score.stall_noise_ape_pct:.1f}",
+          f"{r.score.steady_throughput_error_pct:+.1f}",
           _ms(r.real_parts.iteration_ms if r.real_parts else None),
           _ms(r.predicted_parts.iteration_ms if r.predicted_parts else None)]
          + [residual(r, p) for p in PART_QUANTITIES] for r in worst],
-        right=set(range(1, 9))))
+        right=set(range(1, 10))))
     return "\n".join(out)
 
 

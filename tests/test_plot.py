@@ -167,6 +167,27 @@ def test_parity_labels_the_worst_runs_and_refuses_the_test_split(shared_fixtures
     assert not (tmp_path / "t.png").exists()
 
 
+def test_parity_draws_each_runs_random_stall_spread(shared_fixtures):
+    from matplotlib.container import ErrorbarContainer
+
+    from hops_calib.plot.commands import score_split
+    from hops_calib.plot.parity import parity_figure
+
+    scored = score_split(shared_fixtures, "train", None)
+    exposed = [p for p in scored.points if p.score.stall_noise_ape_pct > 0]
+    assert 0 < len(exposed) < len(scored.points)  # runs at the TCP ceiling, and NIC-paced ones
+    throughput = parity_figure(scored.points, scored.suite, "t").axes[0]
+    [bars] = [c for c in throughput.containers if isinstance(c, ErrorbarContainer)]
+    segments = bars.lines[2][0].get_segments()
+    assert len(segments) == len(exposed)
+    for segment, point in zip(segments, exposed):
+        (x0, y0), (x1, y1) = segment
+        predicted = point.score.predicted_throughput_per_s
+        assert x0 == x1 == pytest.approx(point.score.real_throughput_per_s)
+        assert (y1 - y0) / 2 == pytest.approx(predicted * point.score.stall_noise_ape_pct / 100)
+    assert "stall-noise floor" in throughput.get_title(loc="left")
+
+
 def test_short_run_ids():
     assert short_run_id("exp2_9_g_only_pp4_run107") == "exp2_9 run107"
     assert short_run_id("cpu_pp2") == "cpu_pp2"

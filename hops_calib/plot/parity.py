@@ -16,6 +16,7 @@ from hops_calib.plot import style
 from hops_calib.plot.groups import RunPoint, short_run_id
 from hops_calib.score import SuiteScore
 
+SPREAD_COLOUR = "#777777"  # the random-stall spread of a prediction
 BAND = 0.10  # the shaded band: predictions within 10 % of the real value
 LOG_SPAN = 4.0  # throughput axes turn logarithmic when the values span more than this factor
 FIGURE_SIZE_IN = (12.0, 7.2)
@@ -32,11 +33,16 @@ def _limits(values: np.ndarray, log: bool) -> tuple[float, float]:
 
 
 def _panel(ax: Any, real: np.ndarray, predicted: np.ndarray, points: Sequence[RunPoint], mixes: list[str],
-           errors: np.ndarray, label_worst: int, log: bool, unit_label: str, what: str) -> None:
+           errors: np.ndarray, label_worst: int, log: bool, unit_label: str, what: str,
+           spread: np.ndarray | None = None) -> None:
     lo, hi = _limits(np.concatenate([real, predicted]), log)
     grid = np.geomspace(lo, hi, 200) if log else np.linspace(lo, hi, 200)
     ax.fill_between(grid, grid * (1 - BAND), grid * (1 + BAND), color="#BBBBBB", alpha=0.45, linewidth=0, zorder=1)
     ax.plot(grid, grid, color=style.GUIDE_COLOUR, linestyle="--", linewidth=1.0, zorder=2)
+    if spread is not None and np.any(spread > 0):
+        shown = spread > 0
+        ax.errorbar(real[shown], predicted[shown], yerr=spread[shown], fmt="none", ecolor=SPREAD_COLOUR,
+                    elinewidth=1.0, capsize=2.5, zorder=2.5)
     for index, mix in enumerate(mixes):
         chosen = np.array([p.device_mix == mix for p in points])
         ax.scatter(real[chosen], predicted[chosen], s=38, marker=style.MARKERS[index % len(style.MARKERS)],
@@ -81,10 +87,12 @@ def parity_figure(points: Sequence[RunPoint], suite: SuiteScore, title: str, lab
     pred_tput = np.array([s.predicted_throughput_per_s for s in scores])
     both = np.concatenate([real_tput, pred_tput])
     log = bool(both.min() > 0 and both.max() / both.min() > LOG_SPAN)
+    spread = pred_tput * np.array([s.stall_noise_ape_pct for s in scores]) / 100.0
     _panel(left, real_tput, pred_tput, points, mixes, np.array([s.throughput_error_pct for s in scores]),
-           label_worst, log, "microbatches/s" + (", log scale" if log else ""), "throughput")
+           label_worst, log, "microbatches/s" + (", log scale" if log else ""), "throughput", spread)
+    floor = f"; stall-noise floor {suite.stall_noise_mape_pct:.1f} %" if suite.stall_noise_mape_pct > 0 else ""
     left.set_title(f"Throughput: MAPE {suite.throughput_mape_pct:.1f} % "
-                   f"(median {suite.throughput_median_ape_pct:.1f} %)", loc="left")
+                   f"(median {suite.throughput_median_ape_pct:.1f} %{floor})", loc="left")
     _panel(right, 100 * np.array([s.real_bubble_ratio for s in scores]),
            100 * np.array([s.predicted_bubble_ratio for s in scores]), points, mixes,
            np.array([s.bubble_error_pp for s in scores]), label_worst, False, "% of stage time idle", "bubble")
@@ -97,6 +105,9 @@ def parity_figure(points: Sequence[RunPoint], suite: SuiteScore, title: str, lab
     handles, labels = left.get_legend_handles_labels()
     handles += [Line2D([], [], color=style.GUIDE_COLOUR, linestyle="--"), Patch(facecolor="#BBBBBB", alpha=0.45)]
     labels += ["prediction = real", f"within ±{BAND:.0%} of real"]
+    if np.any(spread > 0):
+        handles.append(Line2D([], [], color=SPREAD_COLOUR, marker="_", markersize=8, linewidth=1.0))
+        labels.append("± random stalls alone")
     figure.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 8), fontsize=9,
                   title="device mix (colour and shape)", title_fontsize=9)
     return figure
