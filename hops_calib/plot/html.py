@@ -113,13 +113,14 @@ def runs_table(points: Sequence[RunPoint]) -> str:
         rows.append([_e(p.run_id), _e(p.device_mix), str(p.pp), str(p.microbatches),
                      _f(s.real_throughput_per_s, 2), _f(s.predicted_throughput_per_s, 2),
                      _off(_f(s.throughput_error_pct, signed=True), abs(s.throughput_error_pct) > 100 * BAND),
+                     _f(s.stall_noise_ape_pct, 1),
                      _f(100 * s.real_bubble_ratio), _f(100 * s.predicted_bubble_ratio),
                      # Relative, as on the parity plot: 10 % of a real bubble ratio r is 10 * r pp.
                      _off(_f(s.bubble_error_pp, signed=True),
                           abs(s.bubble_error_pp) > 100 * BAND * s.real_bubble_ratio),
                      _f(s.util_spearman_rho, 2)])
     return _table(["run", "device mix", "stages", "microbatches", "real tput /s", "predicted tput /s",
-                   "tput error %", "real bubble %", "predicted bubble %", "bubble error pp", "rho"], rows,
+                   "tput error %", "random stalls ± %", "real bubble %", "predicted bubble %", "bubble error pp", "rho"], rows,
                   text_columns=2)
 
 
