@@ -149,6 +149,7 @@ class RunRow:
     stages: tuple[StageRow, ...]
     prediction: Any = field(repr=False, compare=False)  # hops_calib.predict.Prediction
     measured_replay_error_pct: float | None = None  # throughput error with every measured part from the trace
+    stall_free_error_pct: float | None = None  # throughput error with the stalls taken out of both sides
 
     def part_residual_ms(self, part: str) -> float | None:
         """Predicted minus real ms of one part of the median iteration; None where it cannot be compared."""
@@ -170,6 +171,7 @@ class RunRow:
             "predicted_parts": self.predicted_parts.to_dict() if self.predicted_parts else None,
             "stages": [s.to_dict() for s in self.stages],
             "measured_replay_error_pct": self.measured_replay_error_pct,
+            "stall_free_error_pct": self.stall_free_error_pct,
         }
 
 
@@ -193,7 +195,45 @@ def observe_run(fixture, model) -> RunRow:
                                                            stall_noise_ape_pct=prediction.stall_noise_ape_pct),
                   real_metrics=truth.metrics, real_parts=timeline_iteration_parts(timeline),
                   predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
-                  measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, timeline))
+                  measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, timeline),
+                  stall_free_error_pct=stall_free_error_pct(prediction, truth.metrics, timeline))
+
+
+# A real iteration stalled when its silent stretch exceeds the run's median by this much: a retransmission
+# timeout adds ~180 ms (Linux TCP_RTO_MIN 200 ms), while stall-free stretches of one run stay within ~20 ms.
+STALL_EXCESS_MS = 100.0
+
+
+def stall_free_error_pct(prediction, real_metrics, timeline) -> float | None:
+    """Window throughput error with the retransmission stalls taken out of both sides.
+
+    The real run's stalls (iterations whose silent stretch exceeds the run's median by STALL_EXCESS_MS, before
+    its last iteration: the window ends there) and the simulation's placed ones (`Pipeline.stall_ms` in the
+    iterations before the last) are removed from their windows; what is left is the error of everything but
+    the stalls' random count, so runs that met more or fewer stalls than the simulation placed stop hiding or
+    inflating the model's own error. None without a traced optimizer (no silent stretch to read).
+    """
+    from hops_calib.metrics import timeline_iteration_part_series
+    from hops_calib.sim.simulate import stalled_iterations
+
+    series = timeline_iteration_part_series(timeline)
+    if series is None or not series.optimizer_traced.any():
+        return None
+    silent = series.silent_ms[series.optimizer_traced]
+    inside = silent[:-1]  # the last traced iteration's silent stretch comes after the window's end
+    median = float(np.median(silent))
+    real_excess = float(np.sum(inside[inside > median + STALL_EXCESS_MS] - median))
+    pipeline, predicted = prediction.pipeline, prediction.metrics
+    placed = 0
+    if pipeline.stall_ms > 0 and pipeline.stall_probability > 0:
+        placed = sum(1 for i in stalled_iterations(pipeline.stall_probability, pipeline.iterations)
+                     if i < pipeline.iterations)
+    predicted_window = predicted.window_ms - placed * pipeline.stall_ms
+    # Same completed microbatches on both sides: the throughput ratio is the inverse window ratio.
+    real_window = predicted.window_ms * predicted.throughput_per_s / real_metrics.throughput_per_s
+    if not (predicted_window > 0 and real_window - real_excess > 0):
+        return None
+    return ((real_window - real_excess) / predicted_window - 1.0) * 100.0
 
 
 def measured_replay_error_pct(fixture, pipeline, timeline=None) -> float | None:
@@ -458,10 +498,19 @@ class Observation:
         return {"n_runs": len(errors), "throughput_mape_pct": float(np.mean(np.abs(errors))),
                 "mean_error_pct": float(np.mean(errors))}
 
+    @property
+    def stall_free(self) -> dict[str, float] | None:
+        """MAPE and mean signed error with the stalls taken out of both sides, over the runs that allow it."""
+        errors = [r.stall_free_error_pct for r in self.runs if r.stall_free_error_pct is not None]
+        if not errors:
+            return None
+        return {"n_runs": len(errors), "throughput_mape_pct": float(np.mean(np.abs(errors))),
+                "mean_error_pct": float(np.mean(errors))}
+
     def to_dict(self) -> dict[str, Any]:
         return {"split": self.split, "fixtures": str(self.fixtures_dir), "model": str(self.model_path),
                 "model_name": self.model_name, "model_sha256": self.model_sha256, **self.suite.to_dict(),
-                "measured_replay": self.measured_replay,
+                "measured_replay": self.measured_replay, "stall_free": self.stall_free,
                 "overall": [c.to_dict() for c in self.overall], "ranked": [c.to_dict() for c in self.ranked],
                 "runs": [r.to_dict() for r in self.runs]}
 
@@ -515,6 +564,11 @@ def observation_text(observation: Observation, top: int = 12) -> str:
         out.append(f"measured replay ({replay['n_runs']} runs fed every part their trace measures): throughput MAPE "
                    f"{replay['throughput_mape_pct']:.2f} %, mean error {replay['mean_error_pct']:+.2f} % - what the "
                    "model's hops, untraced host time and schedule leave")
+    free = observation.stall_free
+    if free is not None:
+        out.append(f"stall-free ({free['n_runs']} runs, the retransmission stalls taken out of the real and the "
+                   f"simulated window): throughput MAPE {free['throughput_mape_pct']:.2f} %, mean error "
+                   f"{free['mean_error_pct']:+.2f} % - the model's own error, without the stalls' random count")
     out.append("")
 
     def rows(contributors: Iterable[Contributor], first: Callable[[int, Contributor], list[str]]
@@ -548,14 +602,15 @@ def observation_text(observation: Observation, top: int = 12) -> str:
         return f"{value:+.1f}" if value is not None else "-"
 
     out.append(text_table(
-        ["run", "tput err %", "stalls +- %", "steady err %", "real iter ms", "pred iter ms"]
+        ["run", "tput err %", "stalls +- %", "stall-free err %", "steady err %", "real iter ms", "pred iter ms"]
         + [LABELS[p] for p in PART_QUANTITIES],
         [[r.id, f"{r.score.throughput_error_pct:+.1f}", f"{r.score.stall_noise_ape_pct:.1f}",
+          f"{r.stall_free_error_pct:+.1f}" if r.stall_free_error_pct is not None else "-",
           f"{r.score.steady_throughput_error_pct:+.1f}",
           _ms(r.real_parts.iteration_ms if r.real_parts else None),
           _ms(r.predicted_parts.iteration_ms if r.predicted_parts else None)]
          + [residual(r, p) for p in PART_QUANTITIES] for r in worst],
-        right=set(range(1, 10))))
+        right=set(range(1, 11))))
     return "\n".join(out)
 
 

@@ -157,3 +157,47 @@ def test_observe_runs_on_the_repositorys_cpu_captures_whose_ranks_step_without_a
     assert data["n_fixtures"] >= 6
     assert all(run["measured_replay_error_pct"] is None for run in data["runs"])
     assert data["measured_replay"] is None
+
+
+def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_store):
+    from hops_calib.model_files import load_model
+    from hops_calib.observe import observe_run, stall_free_error_pct
+    from hops_calib.predict import Prediction, predict
+    from hops_calib.sim import simulate
+
+    model = load_model(None)  # the shipped model realizes its stalls
+    by_ends: dict[bool, list] = {True: [], False: []}
+    for fixture_id in shared_store.ids("train"):
+        fixture = shared_store.load(fixture_id)
+        by_ends["a10g" in (fixture.spec.devices[0], fixture.spec.devices[-1])].append(fixture)
+    # NIC-paced runs (an A10G end) neither stall nor get stalls placed: the stall-free error is the error.
+    checked = 0
+    for fixture in by_ends[True][:4]:
+        row = observe_run(fixture, model)
+        assert row.prediction.pipeline.stall_probability == 0
+        if row.stall_free_error_pct is None:  # no traced optimizer step: no silent stretch to read
+            assert not row.real_parts.optimizer_traced
+            continue
+        checked += 1
+        assert row.stall_free_error_pct == pytest.approx(row.score.throughput_error_pct, abs=1e-9)
+    assert checked >= 2
+    # At the TCP ceiling the stalls come out of both windows: placing more or longer stalls changes the error,
+    # not the stall-free error.
+    fixture = by_ends[False][0]
+    row = observe_run(fixture, model)
+    pipeline = row.prediction.pipeline
+    assert pipeline.stall_probability > 0 and pipeline.stall_ms > 0
+    timeline = fixture.timeline()
+
+    for probability, stall_ms in ((0.3, 200.0), (0.146, 350.0)):
+        other = replace(pipeline, stall_probability=probability, stall_ms=stall_ms)
+        result = simulate(other, fixture.spec.schedule)
+        moved = Prediction(run_id=fixture.id, schedule=result.schedule, model_sha256="-", pipeline=other,
+                           result=result, metrics=result.metrics())
+        error = (moved.metrics.throughput_per_s - fixture.truth.metrics.throughput_per_s) \
+            / fixture.truth.metrics.throughput_per_s * 100
+        assert abs(error - row.score.throughput_error_pct) > 1.0
+        assert stall_free_error_pct(moved, fixture.truth.metrics, timeline) == pytest.approx(
+            row.stall_free_error_pct, abs=1e-6)
+    assert predict(fixture.spec, model).metrics.throughput_per_s == pytest.approx(
+        row.prediction.metrics.throughput_per_s)
