@@ -492,20 +492,12 @@ class Observation:
     @property
     def measured_replay(self) -> dict[str, float] | None:
         """MAPE and mean signed error of the measured replay over the runs that have one."""
-        errors = [r.measured_replay_error_pct for r in self.runs if r.measured_replay_error_pct is not None]
-        if not errors:
-            return None
-        return {"n_runs": len(errors), "throughput_mape_pct": float(np.mean(np.abs(errors))),
-                "mean_error_pct": float(np.mean(errors))}
+        return _error_summary([r.measured_replay_error_pct for r in self.runs])
 
     @property
     def stall_free(self) -> dict[str, float] | None:
         """MAPE and mean signed error with the stalls taken out of both sides, over the runs that allow it."""
-        errors = [r.stall_free_error_pct for r in self.runs if r.stall_free_error_pct is not None]
-        if not errors:
-            return None
-        return {"n_runs": len(errors), "throughput_mape_pct": float(np.mean(np.abs(errors))),
-                "mean_error_pct": float(np.mean(errors))}
+        return _error_summary([r.stall_free_error_pct for r in self.runs])
 
     def to_dict(self) -> dict[str, Any]:
         return {"split": self.split, "fixtures": str(self.fixtures_dir), "model": str(self.model_path),
@@ -513,6 +505,15 @@ class Observation:
                 "measured_replay": self.measured_replay, "stall_free": self.stall_free,
                 "overall": [c.to_dict() for c in self.overall], "ranked": [c.to_dict() for c in self.ranked],
                 "runs": [r.to_dict() for r in self.runs]}
+
+
+def _error_summary(values: list[float | None]) -> dict[str, float] | None:
+    """Runs, MAPE and mean signed error (%) of the runs that have a value; None when none has."""
+    errors = [v for v in values if v is not None]
+    if not errors:
+        return None
+    return {"n_runs": len(errors), "throughput_mape_pct": float(np.mean(np.abs(errors))),
+            "mean_error_pct": float(np.mean(errors))}
 
 
 def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, split: str = "train",
