@@ -388,7 +388,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
             rows.append({"term": name, "active": active is not None, "summary": term.summary(),
                          "params": [{"name": p.name, "value": values.get(p.name), "default": p.default,
                                      "low": p.low, "high": p.high, "unit": p.unit, "doc": p.doc,
-                                     "per_device": p.per_device,
+                                     "per_device": p.per_device, "choices": list(p.choices),
                                      "by_device": {n.partition("@")[2]: v for n, v in overrides.items()
                                                    if n.partition("@")[0] == p.name}} for p in term.params]})
         devices = [{"type": d.type, "name": d.name,
@@ -403,7 +403,9 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
             for p in row["params"]:
                 value = "" if p["value"] is None else f" = {p['value']:g}"
                 per_device = " per device type" if p["per_device"] else ""
-                print(f"      {p['name']}{value} (default {p['default']:g}, [{p['low']:g}, {p['high']:g}] "
+                values_taken = (f"one of {', '.join(f'{c:g}' for c in p['choices'])}" if p["choices"]
+                                else f"[{p['low']:g}, {p['high']:g}]")
+                print(f"      {p['name']}{value} (default {p['default']:g}, {values_taken} "
                       f"{p['unit']}{per_device}): {p['doc']}")
                 for device, device_value in sorted(p["by_device"].items()):
                     print(f"        @{device} = {device_value:g}")

@@ -93,7 +93,7 @@ class TuneProblem:
         return tuple(term.param(name) for name in self.only) if self.only else term.params
 
     def space(self) -> list[list[Any]]:
-        return [[p.name, p.low, p.high, bool(p.log)] for p in self.params]
+        return [[p.name, p.low, p.high, bool(p.log)] + ([list(p.choices)] if p.choices else []) for p in self.params]
 
     def identity(self) -> dict[str, Any]:
         """What a study records about itself, and must match when continued."""
@@ -224,7 +224,8 @@ def open_study(problem: TuneProblem, storage, study_name: str, seed: int):
 
 def objective(problem: TuneProblem) -> Callable:
     def run(trial) -> tuple[float, ...]:
-        values = {p.name: trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in problem.params}
+        values = {p.name: trial.suggest_categorical(p.name, p.choices) if p.choices
+                  else trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in problem.params}
         model = problem.model_with(values)
         score = problem.score(model)
         for name, value in score.to_dict().items():

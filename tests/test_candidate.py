@@ -111,6 +111,8 @@ def test_malformed_candidates_are_named(text, needle, line):
     ('[change]\naction = "set"\nterm = "decoder_roofline"\nparams = { compute_efficiency = 7.0 }\n',
      "outside the plausible range"),
     ('[change]\naction = "set"\nterm = "decoder_roofline"\nparams = { efficiency = 0.7 }\n', "has no parameter"),
+    ('[change]\naction = "add"\nterm = "embedding_grad_allreduce"\nparams = { realize_stalls = 0.5 }\n',
+     "not one of the values realize_stalls takes"),
     ('[change]\naction = "set_device"\ndevice = "tpu"\nconstant = "memory_bytes"\nvalue = 1.0\nsource = "x"\n',
      "unknown device type"),
 ])

@@ -90,3 +90,13 @@ def test_bad_requests_are_refused_before_any_trial(shared_fixtures, model_path, 
     with pytest.raises(InputError, match="cannot open optuna storage"):
         tune("optimizer_step", shared_fixtures, model_path=model_path, trials=1, storage_url="nosuchdb://x")
     assert shares(7, 3) == [3, 2, 2] and sum(shares(5, 5)) == 5
+
+
+def test_a_switch_is_tuned_over_its_values_only(shared_fixtures, model_path, tmp_path):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'switch.db'}"
+    tune("embedding_grad_allreduce", shared_fixtures, model_path=model_path, trials=4, seed=1, only=("realize_stalls",),
+         storage_url=storage, study_name="switch", out=tmp_path / "switch.toml")
+    drawn = {t.params["realize_stalls"] for t in optuna.load_study(study_name="switch", storage=storage).trials}
+    assert drawn and drawn <= {0.0, 1.0}

@@ -78,6 +78,9 @@ def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, tex
         if not param.low <= value <= param.high:
             raise InputError(origin, f"{value} is outside the plausible range [{param.low}, {param.high}] "
                              f"({param.unit}: {param.doc})", line=line, field=field)
+        if param.choices and float(value) not in param.choices:
+            raise InputError(origin, f"{value} is not one of the values {name} takes", line=line, field=field,
+                             hint=f"use one of {', '.join(f'{c:g}' for c in param.choices)} ({param.doc})")
         values[name] = float(value)
     overrides = sorted(name for name in values if "@" in name)
     return ActiveTerm(term, tuple((p.name, values[p.name]) for p in term.params)

@@ -36,10 +36,17 @@ class Param:
     # "forward_ms_per_layer@a10g"): a property of the device or of the instance hosting it, learned like any
     # other parameter. Devices without an override take NAME's value.
     per_device: bool = False
+    # A switch, or any parameter whose meaningful values are few: the only values it may take (tuning draws
+    # from them instead of the range).
+    choices: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.low <= self.default <= self.high:
             raise ValueError(f"parameter {self.name}: default {self.default} outside [{self.low}, {self.high}]")
+        if self.choices and (self.default not in self.choices
+                             or not all(self.low <= c <= self.high for c in self.choices)):
+            raise ValueError(f"parameter {self.name}: choices {self.choices} must hold the default and lie in "
+                             f"[{self.low}, {self.high}]")
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ class EmbeddingGradAllReduce(Term):
         Param("rto_ms", 200.0, 50.0, 1000.0, "ms", "TCP retransmission timeout floor (Linux TCP_RTO_MIN: 200 ms)"),
         Param("realize_stalls", 0.0, 0.0, 1.0, "switch",
               "1: whole stalls in a typical run's iterations (the median iteration has none); 0: the expected stall on "
-              "every iteration"),
+              "every iteration", choices=(0.0, 1.0)),
         Param("stall_overrun_gain", 0.0, 0.0, 2.0, "per unit of overrun",
               "relative growth of the stall probability per unit of the slower end's NIC overrun of the ceiling"),
         Param("overrun_loss", 0.0, 0.0, 1.0, "per unit of overrun",
@@ -130,7 +130,7 @@ class EmbeddingGradAllReduce(Term):
                        bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"] / slowdown, source=link.source)
         probability = min(1.0, params["stall_probability"] * (1.0 + params["stall_overrun_gain"] * overrun)) \
             if capped else 0.0
-        if params["realize_stalls"] >= 0.5:
+        if params["realize_stalls"] == 1.0:
             return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes), stall_ms=params["rto_ms"],
                                 stall_probability=probability)
         return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes) + probability * params["rto_ms"])
