@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hops_calib.metrics import timeline_metrics
 from hops_calib.sim import Pipeline, StageCosts, simulate
+from hops_calib.sim.simulate import stalled_iterations
 
 EPS = 1e-9
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -39,6 +40,8 @@ def pipelines(draw, schedule):
         forward_transfer_ms=transfers(), backward_transfer_ms=transfers(), optimizer_ms=optimizer,
         pre_optimizer_ms=draw(cost), post_optimizer_ms=draw(cost), blocking_p2p=draw(st.booleans()),
         iteration_barrier=draw(st.booleans()), optimizer_barrier=draw(st.booleans()),
+        # an occasional stall of the pre-optimizer work, placed whole in some iterations
+        stall_ms=draw(st.sampled_from([0.0, 0.0, 5.0, 40.0])), stall_probability=draw(st.sampled_from([0.0, 0.3, 0.6])),
     )
     flush = draw(st.one_of(st.none(), st.integers(1, microbatches))) if schedule == "gpipe" else None
     return pipeline, flush
@@ -96,23 +99,26 @@ def check_timeline(pipeline: Pipeline, result, schedule: str) -> None:
         for (_, end, _), (start, _, _) in zip(ordered, ordered[1:]):
             assert start >= end - EPS
 
-    # iteration structure: barrier, pre-optimizer work, optimizer, post-optimizer gap
+    # iteration structure: barrier, pre-optimizer work (longer by a whole stall in the stalled iterations),
+    # optimizer, post-optimizer gap
+    stalled = set(stalled_iterations(pipeline.stall_probability, n)) if pipeline.stall_ms > 0 else set()
     for it in range(1, n + 1):
         barrier = max(end for (i, _), intervals in by_rank.items() if i == it for _, end, _ in intervals)
+        pre = pipeline.pre_optimizer_ms + (pipeline.stall_ms if it in stalled else 0.0)
         for rank in range(p):
             own_end = max((end for _, end, _ in by_rank[(it, rank)]), default=0.0)
-            ready = (barrier if pipeline.optimizer_barrier else own_end) + pipeline.pre_optimizer_ms
+            ready = (barrier if pipeline.optimizer_barrier else own_end) + pre
             opt_start, opt_end = optimizer.get((it, rank), (ready, ready))
             if (it, rank) not in optimizer:
                 pass  # no optimizer step: the next iteration is checked below from `ready`
             elif pipeline.optimizer_barrier:
-                assert opt_start == pytest.approx(barrier + pipeline.pre_optimizer_ms)
+                assert opt_start == pytest.approx(barrier + pre)
             else:  # after this rank's own work (its last compute, and any exchange after it), not after all ranks'
-                assert own_end + pipeline.pre_optimizer_ms - EPS <= opt_start <= barrier + pipeline.pre_optimizer_ms + EPS
+                assert own_end + pre - EPS <= opt_start <= barrier + pre + EPS
             if it < n:
                 assert min(s for s, _, _ in by_rank[(it + 1, rank)]) >= opt_end + pipeline.post_optimizer_ms - EPS
         if it < n and pipeline.iteration_barrier:
-            slowest_end = max(optimizer.get((it, rank), (0.0, barrier + pipeline.pre_optimizer_ms))[1] for rank in range(p))
+            slowest_end = max(optimizer.get((it, rank), (0.0, barrier + pre))[1] for rank in range(p))
             for rank in range(p):
                 assert min(s for s, _, _ in by_rank[(it + 1, rank)]) >= slowest_end + pipeline.post_optimizer_ms - EPS
 
@@ -137,6 +143,8 @@ def check_timeline(pipeline: Pipeline, result, schedule: str) -> None:
     # (its last backward ends the chain).
     last_step = max(opt) if pipeline.optimizer_barrier else opt[0]
     critical += pipeline.pre_optimizer_ms + last_step if pipeline.optimizer_ms else 0.0
+    # each stall before the last iteration delays everything after it; the last one only its optimizer step
+    critical += pipeline.stall_ms * sum(1 for i in stalled if i < n or pipeline.optimizer_ms)
     assert result.makespan_ms >= critical - 1e-6
     for rank in range(p):
         work = sum(m * (pipeline.stages[c * p + rank].forward_ms + pipeline.stages[c * p + rank].backward_ms)
