@@ -130,7 +130,8 @@ def _print_suite(label: str, suite) -> None:
           f"{suite.throughput_median_ape_pct:.2f} %), steady throughput MAPE {suite.steady_throughput_mape_pct:.2f} %, "
           f"bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization rho {suite.util_spearman_mean:.3f}; "
           f"stall-noise floor of the throughput MAPE {suite.stall_noise_mape_pct:.2f} % (what random stalls alone "
-          "would cost an otherwise exact model on these runs)")
+          f"would cost an otherwise exact model on these runs; the model is "
+          f"{suite.throughput_mape_pct - suite.stall_noise_mape_pct:+.2f} pp from it)")
 
 
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
