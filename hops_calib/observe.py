@@ -214,7 +214,7 @@ def stall_free_error_pct(prediction, real_metrics, timeline) -> float | None:
     inflating the model's own error. None without a traced optimizer (no silent stretch to read).
     """
     from hops_calib.metrics import timeline_iteration_part_series
-    from hops_calib.sim.simulate import stalled_iterations
+    from hops_calib.sim.simulate import stalls_in_window
 
     series = timeline_iteration_part_series(timeline)
     if series is None or not series.optimizer_traced.any():
@@ -224,11 +224,7 @@ def stall_free_error_pct(prediction, real_metrics, timeline) -> float | None:
     median = float(np.median(silent))
     real_excess = float(np.sum(inside[inside > median + STALL_EXCESS_MS] - median))
     pipeline, predicted = prediction.pipeline, prediction.metrics
-    placed = 0
-    if pipeline.stall_ms > 0 and pipeline.stall_probability > 0:
-        placed = sum(1 for i in stalled_iterations(pipeline.stall_probability, pipeline.iterations)
-                     if i < pipeline.iterations)
-    predicted_window = predicted.window_ms - placed * pipeline.stall_ms
+    predicted_window = predicted.window_ms - stalls_in_window(pipeline) * pipeline.stall_ms
     # Same completed microbatches on both sides: the throughput ratio is the inverse window ratio.
     real_window = predicted.window_ms * predicted.throughput_per_s / real_metrics.throughput_per_s
     if not (predicted_window > 0 and real_window - real_excess > 0):

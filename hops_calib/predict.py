@@ -50,14 +50,13 @@ class Prediction:
         of the run's throughput error: a suite's mean of it is the MAPE below which no deterministic
         model can go, computed from the configuration alone (no trace is read).
         """
-        from hops_calib.sim.simulate import stalled_iterations
+        from hops_calib.sim.simulate import stalls_in_window
 
         pipeline, window = self.pipeline, self.metrics.window_ms
         chances = pipeline.iterations - 1
         if pipeline.stall_ms <= 0 or pipeline.stall_probability <= 0 or chances < 1 or not window > 0:
             return 0.0
-        p = pipeline.stall_probability
-        placed = sum(1 for i in stalled_iterations(p, pipeline.iterations) if i <= chances)
+        p, placed = pipeline.stall_probability, stalls_in_window(pipeline)
         # Binomial(chances, p) by hand: scipy.stats would add half a second to every evaluate's start-up.
         expected_miss = sum(math.comb(chances, k) * p ** k * (1 - p) ** (chances - k) * abs(k - placed)
                             for k in range(chances + 1))

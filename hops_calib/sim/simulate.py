@@ -190,6 +190,15 @@ def stalled_iterations(probability: float, iterations: int) -> list[int]:
     return [i for i in range(1, iterations + 1) if rounded(i * probability) > rounded((i - 1) * probability)]
 
 
+def stalls_in_window(pipeline: Pipeline) -> int:
+    """How many placed stalls fall inside the throughput window: every iteration's but the last one's, whose
+    pre-optimizer work comes after the window's end (the last backward of stage 0)."""
+    if pipeline.stall_ms <= 0 or pipeline.stall_probability <= 0:
+        return 0
+    stalled = stalled_iterations(pipeline.stall_probability, pipeline.iterations)
+    return sum(1 for i in stalled if i < pipeline.iterations)
+
+
 def _delay(columns: dict[str, np.ndarray], stalled: list[int], stall_ms: float) -> None:
     """Delay the optimizer step of each stalled iteration, and everything after it, by `stall_ms` (in place)."""
     shift = np.zeros(len(columns["start_ms"]))
