@@ -24,7 +24,7 @@ from hops_calib.ledger import DEFAULT_LEDGER, code_revision, now_utc
 from hops_calib.metrics import TimelineMetrics
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
-from hops_calib.score import RunScore, SuiteScore, aggregate, score_run
+from hops_calib.score import RunScore, SuiteScore, aggregate, score_prediction
 from hops_calib.spec import Spec
 
 TRAIN, TEST = "train", "test"
@@ -101,9 +101,7 @@ def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress =
     runs = []
     for fixture_id, spec, truth in zip(suite.ids, suite.specs, suite.truths):
         try:
-            prediction = predict(spec, model)
-            runs.append(score_run(fixture_id, truth, prediction.metrics,
-                                  stall_noise_ape_pct=prediction.stall_noise_ape_pct))
+            runs.append(score_prediction(fixture_id, truth, predict(spec, model)))
         except ValueError as error:
             raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
                              ) from None

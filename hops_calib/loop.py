@@ -75,7 +75,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     from hops_calib.evaluate import TEST, open_store
     from hops_calib.model_files import load_model
     from hops_calib.predict import predict
-    from hops_calib.score import score_run
+    from hops_calib.score import score_prediction
 
     store = open_store(fixtures)
     fixture = store.load(fixture_id)
@@ -84,8 +84,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
                          field="split", hint="`hops-calib report --split test` prints the held-out aggregates")
     model = load_model(model_path)
     prediction = predict(fixture.spec, model)
-    score = score_run(fixture.id, fixture.truth.metrics, prediction.metrics,
-                      stall_noise_ape_pct=prediction.stall_noise_ape_pct)
+    score = score_prediction(fixture.id, fixture.truth.metrics, prediction)
     stages = _stage_rows(fixture, prediction)
     if as_json:
         _print_json({"id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,

@@ -50,7 +50,7 @@ import numpy as np
 from hops_calib.errors import InputError
 from hops_calib.metrics import IterationParts, TimelineMetrics, timeline_iteration_parts
 from hops_calib.progress import QUIET, Progress
-from hops_calib.score import RunScore, SuiteScore, aggregate, score_run
+from hops_calib.score import RunScore, SuiteScore, aggregate, score_prediction
 from hops_calib.spec import Spec
 from hops_calib.timeline import FORWARD
 
@@ -191,8 +191,7 @@ def observe_run(fixture, model) -> RunRow:
                  real_backward_ms=truth.backward_median_ms(row.stage), predicted_backward_ms=row.backward_ms)
         for row in prediction.stage_phase_ms(spec))
     timeline = fixture.timeline()
-    return RunRow(id=fixture.id, spec=spec, score=score_run(fixture.id, truth.metrics, prediction.metrics,
-                                                           stall_noise_ape_pct=prediction.stall_noise_ape_pct),
+    return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction),
                   real_metrics=truth.metrics, real_parts=timeline_iteration_parts(timeline),
                   predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
                   measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, timeline),

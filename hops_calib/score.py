@@ -117,6 +117,11 @@ def score_run(run_id: str, real: TimelineMetrics, predicted: TimelineMetrics, *,
     )
 
 
+def score_prediction(run_id: str, real: TimelineMetrics, prediction) -> RunScore:
+    """`score_run` of a `hops_calib.predict.Prediction`, with its random-stall spread."""
+    return score_run(run_id, real, prediction.metrics, stall_noise_ape_pct=prediction.stall_noise_ape_pct)
+
+
 @dataclass(frozen=True)
 class SuiteScore:
     n_fixtures: int
