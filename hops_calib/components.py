@@ -35,10 +35,11 @@ class Components:
     values: dict[str, float]
 
 
-def real_components(fixture, timeline=None) -> Components:
+def real_components(fixture, timeline=None, series=None) -> Components:
     """The measured quantities of a fixture (reads its events once, for the between-iteration parts).
 
-    `timeline`: the fixture's `timeline()`, when the caller has built it already.
+    `timeline`: the fixture's `timeline()`, when the caller has built it already; `series`: its
+    `timeline_iteration_part_series`, likewise (then the timeline is not needed).
     """
     truth, values = fixture.truth, {}
     for stage in range(fixture.spec.pp):
@@ -50,7 +51,8 @@ def real_components(fixture, timeline=None) -> Components:
                 values[f"{kind}/{stage}"] = float(value)
     # Means over iterations, not the median iteration's parts: a model prices expected values (a stall that
     # hits one iteration in seven adds a seventh of itself), and the gate's window throughput averages them all.
-    series = timeline_iteration_part_series(fixture.timeline() if timeline is None else timeline)
+    if series is None:
+        series = timeline_iteration_part_series(fixture.timeline() if timeline is None else timeline)
     between = series.mean_between_iterations() if series is not None else None
     if between is not None:
         values["silent"], values["rest"] = between

@@ -48,7 +48,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from hops_calib.errors import InputError
-from hops_calib.metrics import IterationParts, TimelineMetrics, timeline_iteration_parts
+from hops_calib.metrics import (IterationParts, TimelineMetrics, timeline_iteration_part_series,
+                                timeline_iteration_parts)
 from hops_calib.progress import QUIET, Progress
 from hops_calib.score import RunScore, SuiteScore, aggregate, score_prediction
 from hops_calib.spec import Spec
@@ -191,11 +192,12 @@ def observe_run(fixture, model) -> RunRow:
                  real_backward_ms=truth.backward_median_ms(row.stage), predicted_backward_ms=row.backward_ms)
         for row in prediction.stage_phase_ms(spec))
     timeline = fixture.timeline()
+    series = timeline_iteration_part_series(timeline)
     return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction),
                   real_metrics=truth.metrics, real_parts=timeline_iteration_parts(timeline),
                   predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
-                  measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, timeline),
-                  stall_free_error_pct=stall_free_error_pct(prediction, truth.metrics, timeline))
+                  measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, series=series),
+                  stall_free_error_pct=stall_free_error_pct(prediction, truth.metrics, series))
 
 
 # A real iteration stalled when its silent stretch exceeds the run's median by this much: a retransmission
@@ -203,19 +205,18 @@ def observe_run(fixture, model) -> RunRow:
 STALL_EXCESS_MS = 100.0
 
 
-def stall_free_error_pct(prediction, real_metrics, timeline) -> float | None:
+def stall_free_error_pct(prediction, real_metrics, series) -> float | None:
     """Window throughput error with the retransmission stalls taken out of both sides.
 
     The real run's stalls (iterations whose silent stretch exceeds the run's median by STALL_EXCESS_MS, before
     its last iteration: the window ends there) and the simulation's placed ones (`Pipeline.stall_ms` in the
     iterations before the last) are removed from their windows; what is left is the error of everything but
     the stalls' random count, so runs that met more or fewer stalls than the simulation placed stop hiding or
-    inflating the model's own error. None without a traced optimizer (no silent stretch to read).
+    inflating the model's own error. `series`: the real run's `timeline_iteration_part_series`. None without
+    a traced optimizer (no silent stretch to read).
     """
-    from hops_calib.metrics import timeline_iteration_part_series
     from hops_calib.sim.simulate import stalls_in_window
 
-    series = timeline_iteration_part_series(timeline)
     if series is None or not series.optimizer_traced.any():
         return None
     silent = series.silent_ms[series.optimizer_traced]
@@ -231,8 +232,10 @@ def stall_free_error_pct(prediction, real_metrics, timeline) -> float | None:
     return ((real_window - real_excess) / predicted_window - 1.0) * 100.0
 
 
-def measured_replay_error_pct(fixture, pipeline, timeline=None) -> float | None:
+def measured_replay_error_pct(fixture, pipeline, timeline=None, series=None) -> float | None:
     """Window throughput error of `pipeline` with every part the trace measures replaced by the measurement.
+
+    `timeline` or `series`: the fixture's timeline or its iteration part series, when the caller has it.
 
     None when the trace lacks a part (no optimizer events), or when the run has no optimizer barrier (each
     rank steps after its own last backward, as in CPU captures without tied embeddings): the silent stretch is
@@ -241,7 +244,7 @@ def measured_replay_error_pct(fixture, pipeline, timeline=None) -> float | None:
     from hops_calib.components import real_components
     from hops_calib.sim import simulate
 
-    measured = real_components(fixture, timeline).values
+    measured = real_components(fixture, timeline, series).values
     ranks = pipeline.ranks
     needed = [f"{kind}/{rank}" for kind in ("forward", "backward", "optimizer") for rank in range(ranks)]
     if any(name not in measured for name in needed + ["silent", "rest"]) or not pipeline.optimizer_ms:

@@ -160,6 +160,7 @@ def test_observe_runs_on_the_repositorys_cpu_captures_whose_ranks_step_without_a
 
 
 def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_store):
+    from hops_calib.metrics import timeline_iteration_part_series
     from hops_calib.model_files import load_model
     from hops_calib.observe import observe_run, stall_free_error_pct
     from hops_calib.predict import Prediction, predict
@@ -187,7 +188,7 @@ def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_
     row = observe_run(fixture, model)
     pipeline = row.prediction.pipeline
     assert pipeline.stall_probability > 0 and pipeline.stall_ms > 0
-    timeline = fixture.timeline()
+    series = timeline_iteration_part_series(fixture.timeline())
 
     for probability, stall_ms in ((0.3, 200.0), (0.146, 350.0)):
         other = replace(pipeline, stall_probability=probability, stall_ms=stall_ms)
@@ -197,7 +198,7 @@ def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_
         error = (moved.metrics.throughput_per_s - fixture.truth.metrics.throughput_per_s) \
             / fixture.truth.metrics.throughput_per_s * 100
         assert abs(error - row.score.throughput_error_pct) > 1.0
-        assert stall_free_error_pct(moved, fixture.truth.metrics, timeline) == pytest.approx(
+        assert stall_free_error_pct(moved, fixture.truth.metrics, series) == pytest.approx(
             row.stall_free_error_pct, abs=1e-6)
     assert predict(fixture.spec, model).metrics.throughput_per_s == pytest.approx(
         row.prediction.metrics.throughput_per_s)
