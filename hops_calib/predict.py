@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from hops_calib.model import Model
 from hops_calib.spec import Spec
@@ -76,10 +76,27 @@ class Prediction:
 
 
 
+class ScheduleError(ValueError):
+    """The pipeline a model priced cannot be simulated under the schedule asked for (which it names)."""
+
+    def __init__(self, schedule: str, message: str):
+        super().__init__(message)
+        self.schedule = schedule
+
+
 def predict(spec: Spec, model: Model, schedule: str | None = None) -> Prediction:
     """Simulate the run `spec` describes with `model`'s costs, under `schedule` (default: the spec's own).
 
     Takes the spec, never a fixture: a prediction cannot see the answer.
+    """
+    return predict_schedules(spec, model, (schedule,))[0]
+
+
+def predict_schedules(spec: Spec, model: Model, schedules: Sequence[str | None]) -> tuple[Prediction, ...]:
+    """`predict` under each of `schedules` (None: the spec's own): the model prices the spec once, each schedule
+    simulates it.
+
+    A ValueError when the model cannot price the spec; a ScheduleError when a schedule cannot run it.
     """
     if not isinstance(spec, Spec):
         raise TypeError(f"predict takes a Spec (what is known before the run), not a {type(spec).__name__}; "
@@ -89,6 +106,13 @@ def predict(spec: Spec, model: Model, schedule: str | None = None) -> Prediction
     from hops_calib.sim import simulate
 
     pipeline = model.pipeline(spec)
-    result = simulate(pipeline, schedule or spec.schedule)
-    return Prediction(run_id=spec.run_id, schedule=result.schedule, model_sha256=model.sha256, pipeline=pipeline,
-                      result=result, metrics=result.metrics())
+    predictions = []
+    for schedule in schedules:
+        schedule = schedule or spec.schedule
+        try:
+            result = simulate(pipeline, schedule)
+        except ValueError as error:
+            raise ScheduleError(schedule, str(error)) from None
+        predictions.append(Prediction(run_id=spec.run_id, schedule=result.schedule, model_sha256=model.sha256,
+                                      pipeline=pipeline, result=result, metrics=result.metrics()))
+    return tuple(predictions)

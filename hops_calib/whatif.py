@@ -64,7 +64,7 @@ def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
 
 def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = ()) -> WhatIf:
     """Predict the run `job_dir` configures under each of `schedules` (default: the configured one)."""
-    from hops_calib.predict import predict
+    from hops_calib.predict import ScheduleError, predict_schedules
     from hops_calib.spec import build_spec
 
     job_dir = Path(job_dir)
@@ -78,21 +78,17 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = ()) ->
                          hint=f"expected one of {', '.join(CHOICES)}")
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
+    asked = tuple(dict.fromkeys(schedules)) or (spec.schedule,)
     try:
-        model.pipeline(spec)
+        predictions = predict_schedules(spec, model, asked)
+    except ScheduleError as error:
+        raise InputError(str(job_dir), f"cannot be simulated under {error.schedule}: {error}", field="--schedule",
+                         hint="pick a schedule this configuration supports") from None
     except ValueError as error:
         raise InputError(str(job_dir), f"cannot be priced by model {model.name!r}: {error}", field="configuration",
                          hint="a what-if needs what the model prices: the link benchmark in calibration/link_bench/ "
                               "(pair_<i>_<j>.jsonl), device types the catalog knows") from None
-    predictions = []
-    asked = tuple(dict.fromkeys(schedules)) or (spec.schedule,)
-    for schedule in asked:
-        try:
-            predictions.append(predict(spec, model, schedule))
-        except ValueError as error:
-            raise InputError(str(job_dir), f"cannot be simulated under {schedule}: {error}", field="--schedule",
-                             hint="pick a schedule this configuration supports") from None
-    return WhatIf(job_dir=job_dir, spec=spec, model=model, predictions=tuple(predictions), asked=asked,
+    return WhatIf(job_dir=job_dir, spec=spec, model=model, predictions=predictions, asked=asked,
                   notes=tuple(notes))
 
 
