@@ -200,3 +200,26 @@ def test_lenient_still_refuses_structural_problems(run_copy, tmp_path):
     _rank_log(run_copy, 0).write_text("not json at all\n")
     message = _refused(run_copy, tmp_path, lenient=True)
     assert "has no events after dropping 1 bad lines" in message
+
+
+@pytest.mark.parametrize("name", ["hops.base.yaml", "manifest.yaml"])
+def test_malformed_yaml_names_file_and_line(run_copy, tmp_path, name):
+    path = run_copy / name
+    lines = path.read_text().splitlines()
+    lines.insert(2, "  bad: [unclosed")
+    path.write_text("\n".join(lines) + "\n")
+    message = _refused(run_copy, tmp_path)
+    assert str(path) in message and "not valid YAML" in message and "fix the YAML syntax" in message
+    assert re.search(rf"{re.escape(str(path))}:\d+", message)  # the line the parser stopped at
+
+
+@pytest.mark.parametrize("name,empty_ok", [("hops.base.yaml", False), ("manifest.yaml", True)])
+def test_an_empty_template_is_refused_an_empty_manifest_is_no_provenance(run_copy, tmp_path, name, empty_ok):
+    (run_copy / name).write_text("")
+    if empty_ok:
+        store_dir = tmp_path / "fixtures"
+        result = CliRunner().invoke(app, ["ingest", str(run_copy), "--fixtures", str(store_dir)])
+        assert result.exit_code == 0, result.output
+    else:
+        message = _refused(run_copy, tmp_path)
+        assert str(run_copy / name) in message and "is not a YAML mapping" in message

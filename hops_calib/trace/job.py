@@ -99,9 +99,9 @@ class DeviceInfo:
     name: str = ""  # human-readable model, e.g. a CPU model string, when the job recorded one
 
 
-def read_template(job_dir: Path) -> dict[str, Any]:
-    """`hops.base.yaml` as a dict (empty when absent)."""
-    path = job_dir / TEMPLATE
+def _read_yaml_mapping(path: Path, keys: str, empty_ok: bool) -> dict[str, Any]:
+    """An optional YAML file holding a mapping: {} when absent (or empty, with `empty_ok`); an error naming the
+    file and line when it is not valid YAML, or not a mapping (`keys`: examples of what it should hold)."""
     if not path.is_file():
         return {}
     try:
@@ -110,9 +110,16 @@ def read_template(job_dir: Path) -> dict[str, Any]:
         mark = getattr(err, "problem_mark", None)
         raise TraceError(path, f"not valid YAML ({getattr(err, 'problem', err)})",
                          line=mark.line + 1 if mark else None, hint="fix the YAML syntax") from err
+    if data is None and empty_ok:
+        return {}
     if not isinstance(data, dict):
-        raise TraceError(path, "is not a YAML mapping", hint="expected keys such as pipeline: and hardware:")
+        raise TraceError(path, "is not a YAML mapping", hint=f"expected keys such as {keys}")
     return data
+
+
+def read_template(job_dir: Path) -> dict[str, Any]:
+    """`hops.base.yaml` as a dict (empty when absent)."""
+    return _read_yaml_mapping(job_dir / TEMPLATE, "pipeline: and hardware:", empty_ok=False)
 
 
 def read_device_types(job_dir: Path, template: dict[str, Any] | None = None) -> dict[str, DeviceInfo]:
@@ -137,17 +144,7 @@ def read_device_types(job_dir: Path, template: dict[str, Any] | None = None) -> 
 
 def read_manifest(job_dir: Path) -> dict[str, Any]:
     """Provenance (`manifest.yaml`): source scenario, job ids. Empty when absent."""
-    path = job_dir / MANIFEST
-    if not path.is_file():
-        return {}
-    try:
-        data = _load_yaml(path)
-    except yaml.YAMLError as err:
-        raise TraceError(path, f"not valid YAML ({err})", hint="fix the YAML syntax") from err
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise TraceError(path, "is not a YAML mapping", hint="expected keys such as source_scenario: and job_id:")
+    data = _read_yaml_mapping(job_dir / MANIFEST, "source_scenario: and job_id:", empty_ok=True)
     return {str(k): v for k, v in data.items()}
 
 
