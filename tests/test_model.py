@@ -382,6 +382,10 @@ def test_dispatch_floor_scales_with_layers_and_its_step_time_is_untraced_host_ti
     assert [s.backward_ms for s in delta.stages] == pytest.approx([2.0, 6.0, 4.0])
     pipeline = with_term("layer_dispatch_floor", step_ms=0.5).pipeline(spec)
     assert [s.host_ms for s in pipeline.stages] == pytest.approx([0.5, 0.5, 0.5])
+    assert with_term("layer_dispatch_floor", step_ms=0.5, step_after_receive_only=0.0).pipeline(
+        spec).host_after_receive_only is False
+    assert with_term("layer_dispatch_floor", step_ms=0.5, step_after_receive_only=1.0).pipeline(
+        spec).host_after_receive_only is True
 
 
 def test_output_layer_loss_lands_on_the_last_stage_and_grows_with_the_vocabulary():

@@ -205,3 +205,36 @@ def test_host_time_holds_the_rank_but_is_not_compute():
     assert compute.iloc[compute["start_ms"].argmin()]["start_ms"] == pytest.approx(0.5)
     assert with_host.makespan_ms > without.makespan_ms
     assert with_host.metrics().bubble_ratio > without.metrics().bubble_ratio
+
+
+def _starts(result, stage, phase):
+    frame = result.timeline
+    picked = frame[(frame["kind"] == "compute") & (frame["stage"] == stage) & (frame["phase"] == phase)]
+    return dict(zip(picked["microbatch"], picked["start_ms"]))
+
+
+def _ends(result, stage, phase):
+    frame = result.timeline
+    picked = frame[(frame["kind"] == "compute") & (frame["stage"] == stage) & (frame["phase"] == phase)]
+    return dict(zip(picked["microbatch"], picked["end_ms"]))
+
+
+def test_host_time_only_after_a_receive_spares_the_steps_whose_input_is_local():
+    # Two stages, 1 ms transfers, 0.5 ms of host time per step. Every step but stage 0's forwards and
+    # stage 1's backwards receives its input over the link.
+    stages = (StageCosts(1.0, 2.0, host_ms=0.5), StageCosts(1.0, 2.0, host_ms=0.5))
+    base = dict(stages=stages, microbatches=4, forward_transfer_ms=(1.0,), backward_transfer_ms=(1.0,))
+    every = simulate(Pipeline(**base), "1f1b")
+    after_receive = simulate(Pipeline(**base, host_after_receive_only=True), "1f1b")
+    # The last stage runs its backward right after its forward: host time before it only without the switch.
+    for microbatch, end in _ends(after_receive, 1, "FORWARD").items():
+        assert _starts(after_receive, 1, "BACKWARD")[microbatch] == pytest.approx(end)
+    for microbatch, end in _ends(every, 1, "FORWARD").items():
+        assert _starts(every, 1, "BACKWARD")[microbatch] == pytest.approx(end + 0.5)
+    # Stage 0's first forward waits for nothing, so no host time either; its backward follows a receive.
+    assert _starts(after_receive, 0, "FORWARD")[0] == pytest.approx(0.0)
+    arrival = _ends(after_receive, 1, "BACKWARD")[0] + 1.0
+    assert _starts(after_receive, 0, "BACKWARD")[0] == pytest.approx(arrival + 0.5)
+    # Stage 1's forwards follow a receive: host time before them under both rules.
+    assert _starts(after_receive, 1, "FORWARD")[0] == pytest.approx(_ends(after_receive, 0, "FORWARD")[0] + 1.5)
+    assert after_receive.makespan_ms < every.makespan_ms

@@ -53,13 +53,16 @@ class DeadlockError(RuntimeError):
 
 def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]],
                   forward_transfer_ms: list[float], backward_transfer_ms: list[float],
-                  start_ms: list[float], rows: Rows, host_ms: list[float] | None = None) -> list[float]:
+                  start_ms: list[float], rows: Rows, host_ms: list[float] | None = None,
+                  host_after_receive_only: bool = False) -> list[float]:
     """Time one iteration starting each rank at `start_ms[rank]`; append its rows; return each rank's end.
 
     `task_ms[phase][virtual_stage]` is a compute cost; `forward_transfer_ms[k]` the
     activation k -> k+1 and `backward_transfer_ms[k]` the gradient k+1 -> k.
     `host_ms[virtual_stage]` is host time spent before each compute task once its
-    input is there: the rank is held, but no compute row is recorded for it.
+    input is there: the rank is held, but no compute row is recorded for it. With
+    `host_after_receive_only`, only tasks whose input arrives over a link pay it
+    (`Pipeline.host_after_receive_only`).
     """
     host = host_ms or [0.0] * programs.virtual_stages
     ranks, m = programs.ranks, programs.microbatches
@@ -116,7 +119,9 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
                             break  # fire-and-forget: the input has not been sent yet
                         if ready > now:
                             now = ready
-                    now += host[stage]
+                        now += host[stage]
+                    elif not host_after_receive_only:
+                        now += host[stage]
                     end = now + task_ms[phase][stage]
                     add_stage(rank); add_chunk(stage // ranks); add_mb(microbatch); add_transfer(False)  # noqa: E702
                     add_phase(phase); add_start(now); add_end(end); add_peer(-1)  # noqa: E702

@@ -58,6 +58,12 @@ class Pipeline:
     # Megatron's 1F1B exchanges are blocking send/receive pairs: a transfer starts only when
     # both sender and receiver have reached it, and both are held until it completes.
     blocking_p2p: bool = True
+    # Whether a task's untraced host time (StageCosts.host_ms) shows only when its input arrives over a link.
+    # Megatron's p2p calls synchronize the host with the GPU (batch_p2p_sync), so the host work of a step that
+    # received its input follows the receive on the rank's critical path; a step whose input is the rank's own
+    # previous step (stage 0's forwards after a backward, the last stage's backward after its forward: no p2p
+    # call between them) was dispatched while the GPU still ran the previous one, and its host time hides.
+    host_after_receive_only: bool = False
 
     @property
     def ranks(self) -> int:

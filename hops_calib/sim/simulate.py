@@ -153,7 +153,7 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     timed = min(pipeline.iterations, 2) if replicate else pipeline.iterations
     for number in range(1, timed + 1):
         ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer,
-                             starts, rows, host_ms)
+                             starts, rows, host_ms, pipeline.host_after_receive_only)
         barrier = max(ends)
         barriers.append(barrier)
         optimizer_starts = [(barrier if pipeline.optimizer_barrier else end) + pipeline.pre_optimizer_ms

@@ -113,7 +113,8 @@ class Contribution:
     last backward) and post_optimizer_ms (per rank, before the next iteration);
     stall_ms with stall_probability: an occasional delay of the pre-optimizer work
     (at most one term may price one).
-    Switches (blocking_p2p, iteration_barrier): None leaves the simulator's
+    Switches (blocking_p2p, iteration_barrier, optimizer_barrier, host_after_receive_only;
+    `Pipeline`'s fields of those names): None leaves the simulator's
     default, a bool sets the switch; terms that set one must agree.
     """
 
@@ -133,8 +134,10 @@ class Contribution:
     blocking_p2p: bool | None = None
     iteration_barrier: bool | None = None
     optimizer_barrier: bool | None = None
+    host_after_receive_only: bool | None = None
 
-    SWITCHES: ClassVar[tuple[str, ...]] = ("blocking_p2p", "iteration_barrier", "optimizer_barrier")
+    SWITCHES: ClassVar[tuple[str, ...]] = ("blocking_p2p", "iteration_barrier", "optimizer_barrier",
+                                           "host_after_receive_only")
 
     # Which length each per-place field must have, as a Layout attribute name.
     LENGTHS: ClassVar[dict[str, str]] = {
