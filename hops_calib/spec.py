@@ -68,6 +68,26 @@ class LinkFit:
             return times[-1] + max(slope, 0.0) * (nbytes - sizes[-1])
         return float(np.interp(nbytes, sizes, times))
 
+    def burst_ms(self, nbytes: float, burst_bytes: float) -> float:
+        """A message sent now and then rather than back to back: its first `burst_bytes` at the benchmark's
+        smallest message's rate, the rest at its largest messages' rate.
+
+        A shaped network (an instance's bandwidth allowance) lets a short burst through faster than it lets
+        a stream through; the benchmark's back-to-back medians show the stream from the second size on,
+        its smallest message the burst. The rates are the smallest point's ms per byte and the slope of the
+        last two points (never below the burst's cost). Without points, the fit.
+        """
+        if not self.points:
+            return self.transfer_ms(nbytes)
+        (small, small_ms) = self.points[0]
+        burst = small_ms / small
+        stream = burst
+        if len(self.points) > 1:
+            (b1, t1), (b2, t2) = self.points[-2], self.points[-1]
+            stream = max((t2 - t1) / (b2 - b1), burst)
+        fast = min(nbytes, burst_bytes)
+        return fast * burst + (nbytes - fast) * stream
+
 
 @dataclass(frozen=True)
 class ModelShape:

@@ -164,6 +164,12 @@ def test_link_transfer_measured_weight_reads_the_benchmark_medians_at_the_messag
     # A link without measured points (older fixtures) keeps its fit whatever the weight.
     assert measured.forward_transfer_ms[1] == fit_only.forward_transfer_ms[1] == pytest.approx(2 * mb / 2.0e6)
     assert measured.backward_transfer_ms == measured.forward_transfer_ms
+    # burst_mib > 0 reads the benchmark as a burst: the 2 MiB hop at the 1 MiB point's rate, whatever the weight.
+    burst = parse_model(PLAIN_MODEL_TOML.replace("[terms.link_transfer]", "[terms.link_transfer]\nmeasured_weight = "
+                                                 "1.0\nburst_mib = 2.5"), origin="m", catalog=load_catalog()
+                        ).pipeline(spec)
+    assert burst.forward_transfer_ms[0] == pytest.approx(2 * 0.3) == pytest.approx(links[0].burst_ms(2 * mb, 2.5 * mb))
+    assert burst.forward_transfer_ms[0] < measured.forward_transfer_ms[0]
 
 
 def test_an_unbenchmarked_hop_takes_the_slowest_fitted_link():

@@ -100,6 +100,25 @@ def test_link_fit_keeps_the_medians_and_reads_them_at_any_size(tmp_path):
     assert LinkFit(0, 1, 0.1, 1.0e6).measured_ms(2.0e6) == pytest.approx(2.1)  # no points: the fit
 
 
+def test_burst_reading_sends_a_short_message_at_the_small_message_rate_and_the_rest_at_the_stream_rate(tmp_path):
+    # A shaped link, as the A10G pairs: 1 MiB within the allowance, 2 MiB and up at the shaped stream rate.
+    p50_by_mb = {1: 0.37, 2: 1.59, 4: 3.42, 16: 13.39, 64: 53.96}  # made up, with that shape
+    lines = [json.dumps({"mode": "p2p", "rank": 0, "size_mb": size, "p50_ms": ms}) for size, ms in p50_by_mb.items()]
+    path = tmp_path / "pair_0_1.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    fit = fit_link(path, 0, 1)
+    burst, stream = p50_by_mb[1], (p50_by_mb[64] - p50_by_mb[16]) / 48  # ms per MiB
+    mib = BYTES_PER_MB
+    assert fit.burst_ms(2 * mib, 2.5 * mib) == pytest.approx(2 * burst)  # all of it within the burst
+    assert fit.burst_ms(6 * mib, 2.5 * mib) == pytest.approx(2.5 * burst + 3.5 * stream)
+    assert fit.burst_ms(2 * mib, 2.5 * mib) < fit.measured_ms(2 * mib)  # cheaper than the back-to-back median
+    assert fit.burst_ms(6 * mib, 0.0) == pytest.approx(6 * stream)  # no burst: the stream throughout
+    # An unshaped link whose large messages run faster per byte than its smallest: never below the burst rate.
+    flat = LinkFit(0, 1, 0.0, 1.0, points=((1 * mib, 0.3), (16 * mib, 3.0), (64 * mib, 12.0)))
+    assert flat.burst_ms(8 * mib, 2.5 * mib) == pytest.approx(8 * 0.3)
+    assert LinkFit(0, 1, 0.1, 1.0e6).burst_ms(2.0e6, 1.0e6) == pytest.approx(2.1)  # no points: the fit
+
+
 def _event(**overrides):
     event = {"rank": 0, "stage": 0, "iteration": 3, "microbatch": 0, "event_type": "compute", "phase": "FORWARD",
              "start_wall_ns": 1_000_000, "end_wall_ns": 2_000_000, "duration_ms": 1.0, "device_id": "cpu0",
