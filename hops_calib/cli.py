@@ -212,16 +212,21 @@ def compare(
     tolerance_rho: Optional[float] = TOLERANCE_RHO_OPTION,
     tolerance_run_throughput: Optional[float] = TOLERANCE_RUN_THROUGHPUT_OPTION,
     tolerance_run_bubble: Optional[float] = TOLERANCE_RUN_BUBBLE_OPTION,
+    commit_into: Optional[Path] = typer.Option(
+        None, "--commit", help="Carry the verdict out in this model file (the one the move's steps were committed "
+                               "into, e.g. the shipped model): the model after if accepted, BEFORE if rejected."),
 ) -> None:
     """Gate a whole model (--model, default the shipped one) against BEFORE on the train split; record the answer.
 
     For a move: candidates that hold the suite only together land one by one, each with the relaxed tolerances it
-    needed; this judges the end against the start under the usual ones. Exit 0 accepted, 1 rejected, 2 invalid.
+    needed; this judges the end against the start under the usual ones, and with --commit keeps the end or undoes
+    the move. Exit 0 accepted, 1 rejected, 2 invalid.
     """
     from hops_calib.loop import compare_command
 
     raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, _tolerances(
-        tolerance_mape, tolerance_bubble_mae, tolerance_rho, tolerance_run_throughput, tolerance_run_bubble)))
+        tolerance_mape, tolerance_bubble_mae, tolerance_rho, tolerance_run_throughput, tolerance_run_bubble),
+        commit_into))
 
 
 @app.command()

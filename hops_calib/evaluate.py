@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hops_calib.candidate import Candidate, read_candidate
 from hops_calib.errors import InputError
@@ -223,19 +223,27 @@ def _commit(model_path: Path, model: Model, changed: Model, ledger_path: Path | 
     candidate was judged against (another commit may have landed since); the
     ledger entry is appended first, so a model file never changes unrecorded.
     """
+    def still_judged(current: Model) -> None:
+        if current.sha256 != model.sha256:
+            raise InputError(model_path, f"the model file changed while the candidate was evaluated (sha256 "
+                             f"{model.sha256[:12]} -> {current.sha256[:12]}); nothing was committed or recorded",
+                             hint="evaluate the candidate again against the current model")
+
+    return _record_and_write(model_path, still_judged, changed, ledger_path, entry)
+
+
+def _record_and_write(model_path: Path, check: Callable[[Model], None], written_model: Model,
+                      ledger_path: Path | str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Under the model file's lock: `check` what it holds (raises to refuse), append `entry`, write the model."""
     from filelock import FileLock
 
     from hops_calib import ledger
     from hops_calib.model_files import load_model, write_model
 
     with FileLock(str(model_path) + ".lock", timeout=ledger.LOCK_TIMEOUT_S):
-        current = load_model(model_path)
-        if current.sha256 != model.sha256:
-            raise InputError(model_path, f"the model file changed while the candidate was evaluated (sha256 "
-                             f"{model.sha256[:12]} -> {current.sha256[:12]}); nothing was committed or recorded",
-                             hint="evaluate the candidate again against the current model")
+        check(load_model(model_path))
         written = ledger.append(ledger_path, entry)
-        write_model(model_path, changed)
+        write_model(model_path, written_model)
     return written
 
 
@@ -255,6 +263,7 @@ class Comparison:
     note: str
     ledger_path: Path
     ledger_entry: dict[str, Any]
+    committed_into: Path | None = None  # the model file the verdict was carried out in (--commit)
 
     @property
     def exit_code(self) -> int:
@@ -268,17 +277,22 @@ class Comparison:
                 **self.verdict.to_dict(),
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]},
+                "committed_into": str(self.committed_into) if self.committed_into is not None else None,
                 "runs": [r.to_dict() for r in self.after.runs]}
 
 
 def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Path | str | None = None,
             tolerances: Tolerances = Tolerances(), ledger_path: Path | str = DEFAULT_LEDGER, note: str = "",
-            progress: Progress = QUIET) -> Comparison:
+            commit_into: Path | str | None = None, progress: Progress = QUIET) -> Comparison:
     """Gate a whole model file (`after_path`, default the shipped one) against another on the train split; record it.
 
     For a move: one-term candidates that hold the suite only together land one by one, each recorded with the
     relaxed tolerances it needed; this judges the model after the last step against the model before the first
     under the tolerances given (those single candidates are held to), and leaves that judgement in the ledger.
+
+    With `commit_into` (a model file holding the model before or after, usually the shipped one the steps were
+    committed into) the verdict is carried out there: the model after if accepted, the model before if
+    rejected, so a rejected move is undone in the file and in the ledger's history alike.
     """
     from hops_calib import ledger
     from hops_calib.model_files import DEFAULT_MODEL, load_model
@@ -286,6 +300,8 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     before_path = Path(before_path)
     after_path = Path(after_path) if after_path is not None else DEFAULT_MODEL
     before_model, after_model = load_model(before_path), load_model(after_path)
+    if commit_into is not None:  # refuse before scoring: a wrong file must not cost a ledger entry
+        _holds_an_end(Path(commit_into), before_model, after_model)(load_model(commit_into))
     suite = load_suite(fixtures_dir, TRAIN)
     progress.start(2 * len(suite.ids))
     before = score_model(suite, before_model, origin=str(before_path), progress=progress)
@@ -307,11 +323,30 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
         **verdict.to_dict(),
         "code_revision": code_revision(),
     }
-    written = ledger.append(ledger_path, entry)
+    if commit_into is None:
+        written = ledger.append(ledger_path, entry)
+    else:
+        kept = after_model if verdict.accepted else before_model
+        entry.update(committed=True, committed_into=str(commit_into), model_sha256_committed=kept.sha256)
+        written = _record_and_write(Path(commit_into), _holds_an_end(Path(commit_into), before_model, after_model),
+                                    kept, ledger_path, entry)
     return Comparison(fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256, before_path=before_path,
                       before_model=before_model, after_path=after_path, after_model=after_model,
                       before=before, after=after, verdict=verdict, note=note,
-                      ledger_path=Path(ledger_path), ledger_entry=written)
+                      ledger_path=Path(ledger_path), ledger_entry=written,
+                      committed_into=Path(commit_into) if commit_into is not None else None)
+
+
+def _holds_an_end(path: Path, before: Model, after: Model) -> Callable[[Model], None]:
+    """A check that a model file holds the model before or after a comparison (else nothing is committed)."""
+    def check(current: Model) -> None:
+        if current.sha256 not in (before.sha256, after.sha256):
+            raise InputError(path, f"holds model {current.sha256[:12]}, neither the model before "
+                             f"({before.sha256[:12]}) nor the model after ({after.sha256[:12]}) this comparison; "
+                             "nothing was committed or recorded", field="commit",
+                             hint="commit into the model file the move's steps were committed into, or leave out "
+                                  "--commit")
+    return check
 
 
 @dataclass(frozen=True)

@@ -240,7 +240,7 @@ def _print_gate(before, after, verdict) -> None:
 # --- compare -------------------------------------------------------------------------------------
 
 def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path,
-                    as_json: bool, tolerances: dict[str, float | None]) -> int:
+                    as_json: bool, tolerances: dict[str, float | None], commit_into: Path | None = None) -> int:
     def run() -> int:
         from hops_calib.evaluate import compare
         from hops_calib.progress import progress_bar
@@ -248,7 +248,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         limits = _tolerance_limits(tolerances, "compare")
         with progress_bar("compare", quiet=as_json) as progress:
             result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
-                             note=note, progress=progress)
+                             note=note, commit_into=commit_into, progress=progress)
         if as_json:
             _print_json(result.to_dict())
             return result.exit_code
@@ -256,6 +256,9 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
               f"({result.after_model.sha256[:12]}) on {result.before.suite.n_fixtures} train fixtures "
               f"({result.fixture_set_sha256[:12]})" + (f": {note}" if note else ""))
         _print_gate(result.before.suite, result.after.suite, result.verdict)
+        if result.committed_into is not None:
+            kept = "the model after" if result.verdict.accepted else "the model before (the move is undone)"
+            print(f"committed {kept} into {result.committed_into}")
         print(f"ledger: entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
         return result.exit_code
 
@@ -317,7 +320,9 @@ def ledger_show_command(ledger_path: Path, last: int | None, as_json: bool) -> i
                 what = (f"compare {e.get('before_model_path')} -> {e.get('model_path')}: MAPE "
                         f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
                         f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
-                        + (f" ({e['note']})" if e.get("note") else ""))
+                        + (f" ({e['note']})" if e.get("note") else "")
+                        + ((", kept" if e.get("decision") == "accepted" else ", undone") + f" in {e['committed_into']}"
+                           if e.get("committed") else ""))
             else:
                 candidate = e.get("candidate") or {}
                 what = (f"{candidate.get('id')} ({candidate.get('change')}): MAPE "

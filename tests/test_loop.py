@@ -324,3 +324,37 @@ def test_compare_judges_one_whole_model_against_another_and_records_it(shared_fi
     negative = cli("compare", plain, "--fixtures", shared_fixtures, "--ledger", ledger, "--tolerance-rho", "-1")
     assert negative.exit_code == 2 and "util_spearman" in negative.stderr
     assert len(list(read_entries(ledger))) == 3  # refused requests leave no entry
+
+
+def test_compare_commit_keeps_an_accepted_move_and_undoes_a_rejected_one(shared_fixtures, workspace, tmp_path):
+    plain, ledger = workspace["model"], workspace["ledger"]
+    worse = tmp_path / "worse.toml"
+    worse.write_text(PLAIN_MODEL_TOML.replace("[terms.link_transfer]\n", ""))
+    plain_sha = load_model(plain).sha256
+    # A move whose steps were committed into the shipped file, leaving the worse model there.
+    shipped = tmp_path / "shipped.toml"
+    shipped.write_text(worse.read_text())
+    undone = cli("compare", plain, "--model", worse, "--fixtures", shared_fixtures, "--ledger", ledger,
+                 "--note", "move x", "--commit", shipped)
+    assert undone.exit_code == 1, undone.output
+    assert "the move is undone" in undone.stdout and load_model(shipped).sha256 == plain_sha
+    # The other way round the verdict keeps the end: the better model goes (back) into the file.
+    shipped.write_text(worse.read_text())
+    kept = cli("compare", worse, "--model", plain, "--fixtures", shared_fixtures, "--ledger", ledger, "--json",
+               "--commit", shipped)
+    assert kept.exit_code == 0 and json.loads(kept.stdout)["committed_into"] == str(shipped)
+    assert load_model(shipped).sha256 == plain_sha
+    entries = list(read_entries(ledger))
+    assert [(e["decision"], e["committed"], e["model_sha256_committed"]) for e in entries] == [
+        ("rejected", True, plain_sha), ("accepted", True, plain_sha)]
+    shown = cli("ledger", "show", "--ledger", ledger).stdout
+    assert f"(move x), undone in {shipped}" in shown and f", kept in {shipped}" in shown
+    # A file that holds neither end is not touched, and no entry is written: the scoring never starts.
+    other = tmp_path / "other.toml"
+    other.write_text(PLAIN_MODEL_TOML.replace("[terms.link_transfer]\n",
+                                              "[terms.link_transfer]\nmeasured_weight = 0.5\n"))
+    before_text = other.read_text()
+    refused = cli("compare", plain, "--model", worse, "--fixtures", shared_fixtures, "--ledger", ledger,
+                  "--commit", other)
+    assert refused.exit_code == 2 and "neither the model before" in refused.stderr and "other.toml" in refused.stderr
+    assert other.read_text() == before_text and len(list(read_entries(ledger))) == 2

@@ -245,6 +245,29 @@ def test_ledger_plot_draws_every_attempt(ledger_with_history, tmp_path):
     assert short_id(first) in drawn and not any(other in drawn for other in rest)
 
 
+def test_a_committed_comparison_moves_the_ledger_line_and_an_undone_move_takes_it_back():
+    def scores(mape):
+        return {"throughput_mape_pct": mape, "bubble_mae_pp": 1.0, "util_spearman_mean": 0.9}
+
+    entries = [
+        {"seq": 1, "kind": "evaluate", "decision": "accepted", "candidate": {"id": "001-a"},
+         "aggregates_before": scores(5.0), "aggregates_after": scores(4.0), "committed": True},
+        {"seq": 2, "kind": "evaluate", "decision": "accepted", "candidate": {"id": "002-b"},
+         "aggregates_before": scores(4.0), "aggregates_after": scores(4.5), "committed": True},
+        {"seq": 3, "kind": "compare", "decision": "rejected", "note": "move 002",
+         "aggregates_before": scores(4.0), "aggregates_after": scores(4.5), "committed": True},
+        {"seq": 4, "kind": "compare", "decision": "rejected", "note": "not committed",
+         "aggregates_before": scores(4.0), "aggregates_after": scores(9.0)},
+    ]
+    attempts, _ = read_history(entries)
+    assert [(a.seq, a.comparison, a.after["throughput_mape_pct"]) for a in attempts] == [
+        (1, False, 4.0), (2, False, 4.5), (3, True, 4.0)]  # an uncommitted comparison changes no model
+    mape = ledger_figure(attempts, [], "t").axes[0]
+    assert [t.get_text() for t in mape.texts] == ["start", "001", "002", "move 002 undone"]
+    line = mape.lines[0].get_ydata()
+    assert list(line) == [5.0, 4.0, 4.5, 4.0, 4.0]  # back to the model before the move, and it stays there
+
+
 def test_ledger_plot_of_an_empty_or_missing_ledger_says_what_to_do(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

@@ -183,13 +183,18 @@ def ledger_command(ledger: Path, out: Path | None, dpi: float, candidates: str |
                 pattern = re.compile(candidates)
             except re.error as error:
                 raise InputError("--candidates", f"not a regular expression: {error}") from None
-            attempts = [a for a in attempts if pattern.search(a.candidate_id)]
+            # Committed comparisons stay whatever the filter: they set the model the line follows.
+            attempts = [a for a in attempts if a.comparison or pattern.search(a.candidate_id)]
         if not attempts and not audits:
             raise InputError(ledger, "has no candidate evaluations or held-out reports to plot",
                              hint="`hops-calib evaluate CANDIDATE` or `hops-calib report --split test` adds one")
-        accepted = sum(a.accepted for a in attempts)
-        title = (f"Ledger history: {_count(len(attempts), 'candidate')} ({accepted} accepted, "
-                 f"{len(attempts) - accepted} rejected), {_count(len(audits), 'held-out report')} — {ledger}")
+        evaluated = [a for a in attempts if not a.comparison]
+        accepted = sum(a.accepted for a in evaluated)
+        moves = len(attempts) - len(evaluated)
+        title = (f"Ledger history: {_count(len(evaluated), 'candidate')} ({accepted} accepted, "
+                 f"{len(evaluated) - accepted} rejected)"
+                 + (f", {_count(moves, 'committed comparison')}" if moves else "")
+                 + f", {_count(len(audits), 'held-out report')} — {ledger}")
         return _wrote(ledger_figure(attempts, audits, title, dpi=dpi), target, dpi)
 
     return _guarded(run)

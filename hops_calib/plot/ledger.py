@@ -5,7 +5,9 @@ mean utilization rho. The solid line is the model as the accepted changes left
 it (its first point is the model before the first candidate); a cross is a
 rejected candidate, drawn where it would have taken the model. Each accepted
 candidate is annotated with its number (the id's leading digits; the whole id when
-it has none). Held-out reports are diamonds: they score another split, so they are
+it has none). A whole-model comparison carried out in the model file
+(`compare --commit`) moves the line too: to the model after when accepted, back to
+the model before when a rejected move is undone. Held-out reports are diamonds: they score another split, so they are
 not joined to the line. The error panels are logarithmic: a campaign goes from
 hundreds of percent to a few, and the late steps matter as much as the first.
 """
@@ -30,9 +32,13 @@ ACCEPTED_COLOUR, REJECTED_COLOUR, REPORT_COLOUR = "#0072B2", "#D55E00", "#009E73
 class Attempt:
     seq: int
     candidate_id: str
-    accepted: bool
+    accepted: bool  # whether the line moves to `after` (a committed comparison always moves it)
     before: dict[str, float]
     after: dict[str, float]
+    # A committed comparison (`compare --commit`), not a candidate: drawn on the line whatever the filter,
+    # labelled `label`; `after` is the model it kept (the model before, when it undid a move).
+    comparison: bool = False
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -49,13 +55,25 @@ def read_history(entries: Sequence[dict[str, Any]]) -> tuple[list[Attempt], list
     """
     attempts, audits = [], []
     for entry in entries:
-        if entry.get("kind") == "evaluate" and entry.get("aggregates_after"):
+        if entry.get("kind") == "compare" and entry.get("committed") and entry.get("aggregates_after"):
+            kept = entry["decision"] == "accepted"
+            note = entry.get("note") or "compare"
+            attempts.append(Attempt(seq=int(entry["seq"]), candidate_id=note, accepted=True,
+                                    before=entry.get("aggregates_before") or {},
+                                    after=entry["aggregates_after"] if kept else entry.get("aggregates_before") or {},
+                                    comparison=True, label=note if kept else f"{note} undone"))
+        elif entry.get("kind") == "evaluate" and entry.get("aggregates_after"):
             attempts.append(Attempt(seq=int(entry["seq"]), candidate_id=str((entry.get("candidate") or {}).get("id")),
                                     accepted=entry.get("decision") == "accepted",
                                     before=entry.get("aggregates_before") or {}, after=entry["aggregates_after"]))
         elif entry.get("kind") == "report" and entry.get("split") == "test" and entry.get("aggregates"):
             audits.append(Audit(seq=int(entry["seq"]), split=str(entry.get("split")), aggregates=entry["aggregates"]))
     return attempts, audits
+
+
+def label_of(attempt: Attempt) -> str:
+    """What the line says at an accepted attempt: the candidate's short id, or a comparison's own label."""
+    return attempt.label if attempt.comparison else short_id(attempt.candidate_id)
 
 
 def short_id(candidate_id: str) -> str:
@@ -96,7 +114,7 @@ def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: s
                 ax.annotate("start", (xs[0], ys[0]), xytext=(0, 7), textcoords="offset points", fontsize=7.5,
                             ha="center", va="bottom", color=ACCEPTED_COLOUR)
                 for attempt in accepted:
-                    ax.annotate(short_id(attempt.candidate_id), (attempt.seq, _value(attempt.after, field)),
+                    ax.annotate(label_of(attempt), (attempt.seq, _value(attempt.after, field)),
                                 xytext=(0, 7), textcoords="offset points", fontsize=7, rotation=90, ha="center",
                                 va="bottom", color=ACCEPTED_COLOUR)
         if audits:
