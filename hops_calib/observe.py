@@ -36,6 +36,16 @@ model prices that no trace event times: the hops, the untraced host time, the
 schedule. Its error is the simulator's structural residual; a bias there (all
 runs slow, say) is one no cost term of the measured parts can fix honestly.
 Runs without optimizer events have no replay.
+
+The hops, which no trace event times, show where their consumer was idle: the
+consumer (the next stage for a forward, the previous one for a backward) had
+finished its previous step before the producer's step ended, so the gap from the
+producer's end to the consumer's start is the hop plus the host work after the
+receive (and any wait the blocking calls add), measured alike on the simulated
+timeline. Grouped by the device types at the hop's two ends and the message size; the median over
+forward and backward hops, which cross a pair in opposite directions, cancels
+most of an offset between the two hosts' clocks. Interleaved runs are left out
+(a rank's chunks make a step's producer ambiguous in the trace).
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ from hops_calib.metrics import (IterationParts, TimelineMetrics, timeline_iterat
 from hops_calib.progress import QUIET, Progress
 from hops_calib.score import RunScore, SuiteScore, aggregate, score_prediction
 from hops_calib.spec import Spec
-from hops_calib.timeline import FORWARD
+from hops_calib.timeline import BACKWARD, BACKWARD_B, COMPUTE, FORWARD
 
 PART_QUANTITIES = IterationParts.NAMES
 STAGE_QUANTITIES = ("forward", "backward")
@@ -151,6 +161,9 @@ class RunRow:
     prediction: Any = field(repr=False, compare=False)  # hops_calib.predict.Prediction
     measured_replay_error_pct: float | None = None  # throughput error with every measured part from the trace
     stall_free_error_pct: float | None = None  # throughput error with the stalls taken out of both sides
+    # (devices, MiB, gap ms) of every hop whose consumer waited (`hop_gaps`), real and simulated; not in to_dict
+    hops: tuple[tuple[str, float, float], ...] = field(default=(), repr=False, compare=False)
+    predicted_hops: tuple[tuple[str, float, float], ...] = field(default=(), repr=False, compare=False)
 
     def part_residual_ms(self, part: str) -> float | None:
         """Predicted minus real ms of one part of the median iteration; None where it cannot be compared."""
@@ -197,7 +210,33 @@ def observe_run(fixture, model) -> RunRow:
                   real_metrics=truth.metrics, real_parts=timeline_iteration_parts(timeline),
                   predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
                   measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, series=series),
-                  stall_free_error_pct=stall_free_error_pct(prediction, truth.metrics, series))
+                  stall_free_error_pct=stall_free_error_pct(prediction, truth.metrics, series),
+                  hops=hop_gaps(spec, timeline), predicted_hops=hop_gaps(spec, prediction.result.timeline))
+
+
+def hop_gaps(spec: Spec, timeline) -> tuple[tuple[str, float, float], ...]:
+    """(device types of the two ends, MiB, ms) of each hop of a run's timeline whose consumer waited.
+
+    The consumer's step starts that long after the producer's step ended, the consumer's previous step
+    having ended before that: the hop and the host work after the receive, plus any wait the blocking p2p
+    calls add. Measured alike on the real and on the simulated timeline. Empty for interleaved runs.
+    """
+    from hops_calib.model import gpt
+
+    if spec.vp != 1 or spec.pp < 2:
+        return ()
+    steps = timeline[timeline["kind"] == COMPUTE].sort_values(["stage", "start_ms"])
+    steps = steps.assign(previous_end=steps.groupby("stage")["end_ms"].shift(1))
+    steps = steps[steps["phase"].isin((FORWARD, BACKWARD, BACKWARD_B))]
+    steps = steps.assign(step=np.where(steps["phase"] == FORWARD, "F", "B"))
+    key = ["iteration", "microbatch", "step"]
+    producers = steps[key + ["stage", "end_ms"]].rename(columns={"stage": "producer", "end_ms": "ready_ms"})
+    producers = producers.assign(stage=producers["producer"] + np.where(producers["step"] == "F", 1, -1))
+    hops = steps.merge(producers, on=key + ["stage"])
+    hops = hops[hops["previous_end"] < hops["ready_ms"]]  # NaN (a stage's first step) compares False
+    mib = round(gpt.boundary_activation_bytes(spec.model) / 2**20, 2)
+    return tuple(("-".join(sorted((spec.devices[p], spec.devices[c]))), mib, float(start - ready))
+                 for p, c, start, ready in zip(hops["producer"], hops["stage"], hops["start_ms"], hops["ready_ms"]))
 
 
 # A real iteration stalled when its silent stretch exceeds the run's median by this much: a retransmission
@@ -473,6 +512,43 @@ def stage_contributors(runs: list[RunRow]) -> list[Contributor]:
     return contributors
 
 
+@dataclass(frozen=True)
+class HopRow:
+    """The hops of one kind (device types at the two ends, message size) whose consumer waited, over all runs."""
+
+    devices: str
+    mib: float
+    n_runs: int
+    n_hops: int  # in the traces
+    real_ms: float  # median gap from the producer's end to the consumer's start, in the traces
+    n_predicted_hops: int  # in the simulated timelines
+    predicted_ms: float  # the same median in the simulated timelines (nan: no such hop waited there)
+
+    @property
+    def residual_ms(self) -> float:
+        return self.predicted_ms - self.real_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**vars(self), "residual_ms": self.residual_ms}
+
+
+def hop_rows(runs: Iterable[RunRow]) -> tuple[HopRow, ...]:
+    """`RunRow.hops` and `RunRow.predicted_hops` of all runs, by device types and message size."""
+    real: dict[tuple[str, float], list[float]] = {}
+    predicted: dict[tuple[str, float], list[float]] = {}
+    runs_of: dict[tuple[str, float], set[str]] = {}
+    for run in runs:
+        for devices, mib, gap in run.hops:
+            real.setdefault((devices, mib), []).append(gap)
+            runs_of.setdefault((devices, mib), set()).add(run.id)
+        for devices, mib, gap in run.predicted_hops:
+            predicted.setdefault((devices, mib), []).append(gap)
+    return tuple(HopRow(devices=d, mib=m, n_runs=len(runs_of[(d, m)]), n_hops=len(real[(d, m)]),
+                        real_ms=float(np.median(real[(d, m)])), n_predicted_hops=len(predicted.get((d, m), [])),
+                        predicted_ms=float(np.median(predicted[(d, m)])) if predicted.get((d, m)) else math.nan)
+                 for d, m in sorted(real))
+
+
 # --- the whole observation --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -497,10 +573,16 @@ class Observation:
         """MAPE and mean signed error with the stalls taken out of both sides, over the runs that allow it."""
         return _error_summary([r.stall_free_error_pct for r in self.runs])
 
+    @property
+    def hops(self) -> tuple[HopRow, ...]:
+        """The hops whose consumer waited, real against predicted, by device types and message size."""
+        return hop_rows(self.runs)
+
     def to_dict(self) -> dict[str, Any]:
         return {"split": self.split, "fixtures": str(self.fixtures_dir), "model": str(self.model_path),
                 "model_name": self.model_name, "model_sha256": self.model_sha256, **self.suite.to_dict(),
                 "measured_replay": self.measured_replay, "stall_free": self.stall_free,
+                "hops": [h.to_dict() for h in self.hops],
                 "overall": [c.to_dict() for c in self.overall], "ranked": [c.to_dict() for c in self.ranked],
                 "runs": [r.to_dict() for r in self.runs]}
 
@@ -592,6 +674,15 @@ def observation_text(observation: Observation, top: int = 12) -> str:
     out.append("Findings:")
     out += [f"{i}. {c.sentence()}" for i, c in enumerate(shown[:3], start=1)]
     out.append("")
+    hops = observation.hops
+    if hops:
+        out.append("Hops whose consumer waited (median ms): the gap from the producer's end to the consumer's start, "
+                   "in the traces and in the simulated timelines (the hop, the host work after the receive, waits)")
+        out.append(text_table(["devices", "MiB", "hops", "runs", "real ms", "pred ms", "resid ms"],
+                              [[h.devices, f"{h.mib:.2f}", str(h.n_hops), str(h.n_runs), f"{h.real_ms:.2f}",
+                                f"{h.predicted_ms:.2f}", f"{h.residual_ms:+.2f}"] for h in hops],
+                              right=set(range(1, 7))))
+        out.append("")
     worst = sorted(observation.runs, key=lambda r: -abs(r.score.throughput_error_pct))[:top]
     out.append(f"Runs by |throughput error| ({len(worst)} of {len(observation.runs)}); part residuals "
                "predicted - real in ms:")

@@ -202,3 +202,43 @@ def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_
             row.stall_free_error_pct, abs=1e-6)
     assert predict(fixture.spec, model).metrics.throughput_per_s == pytest.approx(
         row.prediction.metrics.throughput_per_s)
+
+
+def test_hop_gaps_read_back_the_simulators_own_hops_and_measure_the_traces(shared_store, observation):
+    from hops_calib.model_files import load_model
+    from hops_calib.observe import hop_gaps, observation_text
+    from hops_calib.predict import predict
+
+    model = load_model(None)
+    checked = 0
+    for fixture_id in shared_store.ids("train")[:6]:
+        fixture = shared_store.load(fixture_id)
+        spec = fixture.spec
+        if spec.vp != 1:
+            assert hop_gaps(spec, fixture.timeline()) == ()
+            continue
+        prediction = predict(spec, model)
+        pipeline = prediction.pipeline
+        prices: dict[str, list[float]] = {}
+        for k in range(spec.pp - 1):
+            pair = "-".join(sorted(spec.devices[k:k + 2]))
+            prices.setdefault(pair, []).extend([pipeline.forward_transfer_ms[k] + pipeline.stages[k + 1].host_ms,
+                                                pipeline.backward_transfer_ms[k] + pipeline.stages[k].host_ms])
+        # On a simulated timeline no hop whose consumer waited is faster than its transfer + host time, and
+        # the fastest takes exactly that (a slower one also waited on a blocking call).
+        simulated = hop_gaps(spec, prediction.result.timeline)
+        assert simulated and {devices for devices, _, _ in simulated} <= set(prices)
+        for pair, priced in prices.items():
+            gaps = [gap for devices, _, gap in simulated if devices == pair]
+            if gaps:
+                assert min(gaps) == pytest.approx(min(priced), abs=1e-6)
+        real = hop_gaps(spec, fixture.timeline())
+        assert real and all(gap > 0 for _, _, gap in real)
+        checked += 1
+    assert checked
+    # The observation groups them by device types and message size, real against simulated, and prints them.
+    rows = observation.hops
+    assert rows and all(r.n_hops >= r.n_runs >= 1 for r in rows)
+    assert sum(r.n_hops for r in rows) == sum(len(run.hops) for run in observation.runs)
+    assert rows[0].to_dict()["residual_ms"] == pytest.approx(rows[0].predicted_ms - rows[0].real_ms)
+    assert "Hops whose consumer waited" in observation_text(observation)
