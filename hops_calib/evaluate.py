@@ -356,9 +356,18 @@ class Report:
     model_sha256: str
     ledger_path: Path
     ledger_entry: dict[str, Any]
+    # The same model on the train split, beside a held-out report: how far the held-out MAPE is from it.
+    train: SuiteScore | None = None
+
+    @property
+    def gap_to_train_pp(self) -> float | None:
+        """Held-out throughput MAPE minus train throughput MAPE (pp), for a held-out report."""
+        return self.suite.throughput_mape_pct - self.train.throughput_mape_pct if self.train is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"split": self.split, **self.suite.to_dict(), "model_sha256": self.model_sha256,
+                "train": self.train.to_dict() if self.train is not None else None,
+                "gap_to_train_pp": self.gap_to_train_pp,
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]}}
 
@@ -378,8 +387,12 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     model = load_model(model_path)
     suite = load_suite(fixtures_dir, split)
-    progress.start(len(suite.ids))
+    # Beside a held-out report, the same model on train: the distance the calibration promise is judged by.
+    train_ids = open_store(fixtures_dir).ids(TRAIN) if split != TRAIN else []
+    progress.start(len(suite.ids) + len(train_ids))
     scored = score_model(suite, model, origin=str(model_path), progress=progress)
+    train = (score_model(load_suite(fixtures_dir, TRAIN), model, origin=str(model_path), progress=progress).suite
+             if train_ids else None)
     entry = {
         "kind": "report",
         "time": now_utc(),
@@ -389,9 +402,10 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
         "split": split,
         "n_fixtures": len(suite.ids),
         "aggregates": scored.suite.to_dict(),
+        **({"train_aggregates": train.to_dict()} if train is not None else {}),
         "decision": "audit",
         "code_revision": code_revision(),
     }
     written = ledger.append(ledger_path, entry)
     return Report(split=split, suite=scored.suite, model_sha256=model.sha256, ledger_path=Path(ledger_path),
-                  ledger_entry=written)
+                  ledger_entry=written, train=train)

@@ -288,6 +288,11 @@ def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_p
             _print_json(result.to_dict())
         else:
             _print_suite(f"held-out report, {result.split} split, model {result.model_sha256[:12]}", result.suite)
+            if result.train is not None:
+                print(f"the same model on train: throughput MAPE {result.train.throughput_mape_pct:.2f} % (stall-noise "
+                      f"floor {result.train.stall_noise_mape_pct:.2f} %); {result.split} minus train: "
+                      f"{result.gap_to_train_pp:+.2f} pp, of which the floors differ by "
+                      f"{result.suite.stall_noise_mape_pct - result.train.stall_noise_mape_pct:+.2f} pp")
             print(f"audit entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
             if html is not None:
                 print(f"wrote {html}")

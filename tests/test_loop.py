@@ -204,15 +204,25 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
         result = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
-        assert set(data) == AGGREGATES | {"split", "model_sha256", "ledger"}
+        assert set(data) == AGGREGATES | {"split", "model_sha256", "ledger", "train", "gap_to_train_pp"}
         assert data["n_fixtures"] == len(test_ids) and data["split"] == "test"
         assert not any(fixture_id in result.stdout for fixture_id in test_ids)
         entries = list(read_entries(ledger))
         assert len(entries) == run and entries[-1]["kind"] == "report" and entries[-1]["decision"] == "audit"
         assert entries[-1]["aggregates"] == {k: data[k] for k in AGGREGATES}
         assert not any(fixture_id in ledger.read_text() for fixture_id in test_ids)
+    # Beside it, the same model on train (what evaluate prints), and the held-out distance from it.
+    train = json.loads(cli("evaluate", "--fixtures", shared_fixtures, "--json").stdout)
+    assert data["train"]["throughput_mape_pct"] == pytest.approx(train["throughput_mape_pct"])
+    assert data["train"]["n_fixtures"] == len(shared_store.ids("train"))
+    assert data["gap_to_train_pp"] == pytest.approx(data["throughput_mape_pct"] - train["throughput_mape_pct"])
+    assert entries[-1]["train_aggregates"] == data["train"]
     text = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger)
     assert text.exit_code == 0 and "test split" in text.stdout and "audit entry 3" in text.stdout
+    assert "the same model on train" in text.stdout and "test minus train" in text.stdout
+    on_train = json.loads(cli("report", "--split", "train", "--fixtures", shared_fixtures, "--ledger", ledger,
+                              "--json").stdout)
+    assert on_train["train"] is None and on_train["gap_to_train_pp"] is None
 
 
 def test_ledger_cli_verifies_and_names_tampered_and_truncated_lines(shared_fixtures, tmp_path):

@@ -355,6 +355,7 @@ def test_html_report_test_split_shows_aggregates_only_and_is_audited(shared_fixt
     assert "<img" not in html  # no parity plot of held-out runs (and this ledger holds no candidate yet)
     assert f"{summary['throughput_mape_pct']:.2f}" in html and f"{summary['bubble_mae_pp']:.2f}" in html
     assert "Held-out report" in html
+    assert f"test minus train {summary['gap_to_train_pp']:+.2f} pp" in html
 
     bad = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--html", tmp_path / "report.txt")
     assert bad.exit_code == 2 and "--html" in bad.stderr

@@ -200,6 +200,11 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
                         f"{entry['fixture_set_sha256'][:12]})",
             "code revision": entry.get("code_revision", "unknown"),
             "ledger": f"{result.ledger_path}, audit entry {entry['seq']} (sha256 {entry['entry_sha256'][:12]})"}
+    train = getattr(result, "train", None)
+    if train is not None:
+        meta["the same model on train"] = (f"throughput MAPE {train.throughput_mape_pct:.2f} % (stall-noise floor "
+                                           f"{train.stall_noise_mape_pct:.2f} %); {result.split} minus train "
+                                           f"{result.gap_to_train_pp:+.2f} pp")
     page = render(split=result.split, suite=result.suite, points=scored.points, model_label=model_label(scored.model),
                   meta=meta, parity_uri=parity_uri, ledger_uri=ledger_uri)
     atomic_write(out, page)
