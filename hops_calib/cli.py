@@ -144,11 +144,15 @@ TOLERANCE_RUN_THROUGHPUT_OPTION = typer.Option(
     None, "--tolerance-run-throughput-pp", help="Any run's |throughput error| may grow by this (default 2 pp).")
 TOLERANCE_RUN_BUBBLE_OPTION = typer.Option(
     None, "--tolerance-run-bubble-pp", help="Any run's |bubble error| may grow by this (default 2 pp).")
+RUN_ERROR_OPTION = typer.Option(
+    None, "--run-error", help="Which throughput error the per-run rule reads: window (default) or stall-free (the "
+                              "runs' random retransmission stalls taken out of both sides, where the trace shows "
+                              "them); the suite rules always read the window error.")
 
 
-def _tolerances(mape, bubble_mae, rho, run_throughput, run_bubble) -> dict[str, float | None]:
+def _tolerances(mape, bubble_mae, rho, run_throughput, run_bubble, run_error=None) -> dict[str, float | str | None]:
     return {"throughput_mape_pp": mape, "bubble_mae_pp": bubble_mae, "util_spearman": rho,
-            "run_throughput_pp": run_throughput, "run_bubble_pp": run_bubble}
+            "run_throughput_pp": run_throughput, "run_bubble_pp": run_bubble, "run_throughput_error": run_error}
 ledger_app = typer.Typer(help="The append-only, hash-chained experiment ledger.", no_args_is_help=True)
 app.add_typer(ledger_app, name="ledger")
 
@@ -187,6 +191,7 @@ def evaluate(
     tolerance_rho: Optional[float] = TOLERANCE_RHO_OPTION,
     tolerance_run_throughput: Optional[float] = TOLERANCE_RUN_THROUGHPUT_OPTION,
     tolerance_run_bubble: Optional[float] = TOLERANCE_RUN_BUBBLE_OPTION,
+    run_error: Optional[str] = RUN_ERROR_OPTION,
 ) -> None:
     """Score the model on the train split; with a candidate, gate it and record the answer.
 
@@ -195,7 +200,7 @@ def evaluate(
     from hops_calib.loop import evaluate_command
 
     tolerances = _tolerances(tolerance_mape, tolerance_bubble_mae, tolerance_rho, tolerance_run_throughput,
-                             tolerance_run_bubble)
+                             tolerance_run_bubble, run_error)
     raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances))
 
 
@@ -212,6 +217,7 @@ def compare(
     tolerance_rho: Optional[float] = TOLERANCE_RHO_OPTION,
     tolerance_run_throughput: Optional[float] = TOLERANCE_RUN_THROUGHPUT_OPTION,
     tolerance_run_bubble: Optional[float] = TOLERANCE_RUN_BUBBLE_OPTION,
+    run_error: Optional[str] = RUN_ERROR_OPTION,
     commit_into: Optional[Path] = typer.Option(
         None, "--commit", help="Carry the verdict out in this model file (the one the move's steps were committed "
                                "into, e.g. the shipped model): the model after if accepted, BEFORE if rejected."),
@@ -225,8 +231,8 @@ def compare(
     from hops_calib.loop import compare_command
 
     raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, _tolerances(
-        tolerance_mape, tolerance_bubble_mae, tolerance_rho, tolerance_run_throughput, tolerance_run_bubble),
-        commit_into))
+        tolerance_mape, tolerance_bubble_mae, tolerance_rho, tolerance_run_throughput, tolerance_run_bubble,
+        run_error), commit_into))
 
 
 @app.command()

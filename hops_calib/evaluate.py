@@ -13,9 +13,9 @@ This module returns results; `hops_calib.loop` prints them.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hops_calib.candidate import Candidate, read_candidate
 from hops_calib.errors import InputError
@@ -91,22 +91,38 @@ class ModelScore:
     suite: SuiteScore
 
 
-def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress = QUIET) -> ModelScore:
+def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress = QUIET,
+                stall_free: Sequence[Any] | None = None) -> ModelScore:
     """Predict every run of `suite` from its spec alone and score it against its truth.
 
     `progress` advances once per run; the caller starts it (it may score more than one model).
+    `stall_free`: the runs' `stall_series(suite)`, to score each run's stall-free error as well.
     """
     from hops_calib.predict import predict
 
     runs = []
-    for fixture_id, spec, truth in zip(suite.ids, suite.specs, suite.truths):
+    for i, (fixture_id, spec, truth) in enumerate(zip(suite.ids, suite.specs, suite.truths)):
         try:
-            runs.append(score_prediction(fixture_id, truth, predict(spec, model)))
+            prediction = predict(spec, model)
+            run = score_prediction(fixture_id, truth, prediction)
         except ValueError as error:
             raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
                              ) from None
+        if stall_free is not None:
+            from hops_calib.observe import stall_free_error_pct
+
+            run = replace(run, stall_free_error_pct=stall_free_error_pct(prediction, truth, stall_free[i]))
+        runs.append(run)
         progress.advance(fixture_id)
     return ModelScore(runs=tuple(runs), suite=aggregate(runs))
+
+
+def stall_series(suite: Suite) -> tuple[Any, ...]:
+    """Each run's iteration part series (its stalls), read from its events once for `score_model(stall_free=)`."""
+    from hops_calib.metrics import timeline_iteration_part_series
+
+    store = open_store(suite.fixtures_dir)
+    return tuple(timeline_iteration_part_series(store.load(fixture_id).timeline()) for fixture_id in suite.ids)
 
 
 @dataclass(frozen=True)
@@ -181,13 +197,14 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suite(fixtures_dir, split)
     progress.start(len(suite.ids) * (2 if candidate is not None else 1))
-    before = score_model(suite, model, origin=str(model_path), progress=progress)
+    series = stall_series(suite) if tolerances.stall_free else None
+    before = score_model(suite, model, origin=str(model_path), progress=progress, stall_free=series)
     common = dict(split=split, fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256,
                   model_path=model_path, model=model, tolerances=tolerances, before=before)
     if candidate is None:
         return Evaluation(**common)
 
-    after = score_model(suite, candidate_model, origin=candidate.origin, progress=progress)
+    after = score_model(suite, candidate_model, origin=candidate.origin, progress=progress, stall_free=series)
     verdict = gate(before.runs, after.runs, before.suite, after.suite, tolerances)
     entry = {
         "kind": "evaluate",
@@ -304,8 +321,9 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
         _holds_an_end(Path(commit_into), before_model, after_model)(load_model(commit_into))
     suite = load_suite(fixtures_dir, TRAIN)
     progress.start(2 * len(suite.ids))
-    before = score_model(suite, before_model, origin=str(before_path), progress=progress)
-    after = score_model(suite, after_model, origin=str(after_path), progress=progress)
+    series = stall_series(suite) if tolerances.stall_free else None
+    before = score_model(suite, before_model, origin=str(before_path), progress=progress, stall_free=series)
+    after = score_model(suite, after_model, origin=str(after_path), progress=progress, stall_free=series)
     verdict = gate(before.runs, after.runs, before.suite, after.suite, tolerances)
     entry = {
         "kind": "compare",

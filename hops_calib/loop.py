@@ -118,10 +118,15 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
 
 def _print_runs(runs) -> None:
     width = max(len(r.run_id) for r in runs)
-    print(f"{'run':{width}}  {'tput err %':>10} {'steady err %':>12} {'bubble err pp':>13} {'rho':>6}")
+    # The stall-free error when it was scored (evaluate --run-error stall-free); '-' where a trace cannot give it.
+    free = any(r.stall_free_error_pct is not None for r in runs)
+    print(f"{'run':{width}}  {'tput err %':>10} {'steady err %':>12} {'bubble err pp':>13} {'rho':>6}"
+          + (f" {'stall-free err %':>16}" if free else ""))
     for r in runs:
         print(f"{r.run_id:{width}}  {_pct(r.throughput_error_pct):>10} {_pct(r.steady_throughput_error_pct):>12} "
-              f"{_pct(r.bubble_error_pp):>13} {r.util_spearman_rho:6.2f}")
+              f"{_pct(r.bubble_error_pp):>13} {r.util_spearman_rho:6.2f}"
+              + (f" {_pct(r.stall_free_error_pct) if r.stall_free_error_pct is not None else '-':>16}"
+                 if free else ""))
 
 
 def _print_suite(label: str, suite) -> None:
@@ -172,7 +177,7 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
 # --- evaluate ------------------------------------------------------------------------------------
 
 def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | None, as_json: bool, commit: bool,
-                     ledger_path: Path, split: str, tolerances: dict[str, float | None]) -> int:
+                     ledger_path: Path, split: str, tolerances: dict[str, float | str | None]) -> int:
     def run() -> int:
         from hops_calib.evaluate import evaluate
         from hops_calib.progress import progress_bar
@@ -196,7 +201,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
     return _guarded(run)
 
 
-def _tolerance_limits(tolerances: dict[str, float | None], verb: str):
+def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
     from hops_calib.gate import Tolerances
 
     try:
@@ -240,7 +245,7 @@ def _print_gate(before, after, verdict) -> None:
 # --- compare -------------------------------------------------------------------------------------
 
 def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path,
-                    as_json: bool, tolerances: dict[str, float | None], commit_into: Path | None = None) -> int:
+                    as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None) -> int:
     def run() -> int:
         from hops_calib.evaluate import compare
         from hops_calib.progress import progress_bar

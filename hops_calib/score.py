@@ -79,6 +79,9 @@ class RunScore:
     predicted_utilization: tuple[float, ...]
     # Expected |throughput error| from random stalls alone (Prediction.stall_noise_ape_pct): a floor, not a fault.
     stall_noise_ape_pct: float = 0.0
+    # The throughput error with the real run's stalls and the simulation's placed ones taken out of both windows
+    # (hops_calib.observe.stall_free_error_pct); None when not computed or not computable (no optimizer events).
+    stall_free_error_pct: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)

@@ -368,3 +368,35 @@ def test_compare_commit_keeps_an_accepted_move_and_undoes_a_rejected_one(shared_
                   "--commit", other)
     assert refused.exit_code == 2 and "neither the model before" in refused.stderr and "other.toml" in refused.stderr
     assert other.read_text() == before_text and len(list(read_entries(ledger))) == 2
+
+
+def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, shared_store, workspace):
+    model, ledger, harmful = workspace["model"], workspace["ledger"], workspace["experiments"] / "harmful.toml"
+    window = json.loads(cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                            "--json").stdout)
+    free = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json",
+               "--run-error", "stall-free")
+    assert free.exit_code in (0, 1), free.output
+    data = json.loads(free.stdout)
+    # The suite is judged alike; only the per-run rule reads another error, and the entry says which.
+    assert data["after"] == window["after"] and data["before"] == window["before"]
+    assert data["tolerances"]["run_throughput_error"] == "stall-free"
+    assert window["tolerances"]["run_throughput_error"] == "window"
+    assert list(read_entries(ledger))[-1]["tolerances"]["run_throughput_error"] == "stall-free"
+    runs = {r["run_id"]: r for r in data["runs"]}
+    assert all(r["stall_free_error_pct"] is None for r in window["runs"])
+    for regression in data["regressions"]:
+        if regression["metric"] == "throughput":
+            assert regression["error"] == ("stall-free" if runs[regression["run_id"]]["stall_free_error_pct"]
+                                           is not None else "window")
+    # The same model's stall-free errors as observe computes them, run by run (None without optimizer events).
+    from hops_calib.observe import observe
+
+    plain = json.loads(cli("evaluate", "--fixtures", shared_fixtures, "--model", model, "--json",
+                           "--run-error", "stall-free").stdout)
+    observed = {run.id: run.stall_free_error_pct for run in observe(shared_fixtures, model_path=model).runs}
+    assert {r["run_id"]: r["stall_free_error_pct"] for r in plain["runs"]} == pytest.approx(observed)
+    assert any(value is not None for value in observed.values())
+    bad = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+              "--run-error", "median")
+    assert bad.exit_code == 2 and "window, stall-free" in bad.stderr

@@ -101,6 +101,35 @@ def test_gate_names_a_run_that_regressed_even_when_the_suite_improves():
     assert loose.accepted and loose.to_dict()["tolerances"]["run_throughput_pp"] == 3.5
 
 
+def test_gate_can_read_each_runs_stall_free_error_where_it_has_one():
+    # run0 met more stalls than the simulation placed: its window error swings by a whole stall (4 pp) when the
+    # candidate moves its stall-free prediction by 1 pp; run1 has no stall-free error (no optimizer events).
+    before, before_suite = scores([(0.5, 0), (1.0, 0)])
+    after, after_suite = scores([(4.5, 0), (1.0, 0)])
+    before = [dataclasses.replace(before[0], stall_free_error_pct=-0.5), before[1]]
+    after = [dataclasses.replace(after[0], stall_free_error_pct=0.5), after[1]]
+    window = gate(before, after, before_suite, after_suite, Tolerances(throughput_mape_pp=5))
+    assert not window.accepted and [r.run_id for r in window.regressions] == ["run0"]
+    stall_free = gate(before, after, before_suite, after_suite,
+                      Tolerances(throughput_mape_pp=5, run_throughput_error="stall-free"))
+    assert stall_free.accepted and not stall_free.regressions
+    assert stall_free.to_dict()["tolerances"]["run_throughput_error"] == "stall-free"
+    assert "stall-free throughput error" in stall_free.reasons[3]
+    # Where a run has no stall-free error the rule reads its window error, and says which error it read.
+    worse = [after[0], dataclasses.replace(after[1], throughput_error_pct=5.0)]
+    fallback = gate(before, worse, before_suite, aggregate(worse),
+                    Tolerances(throughput_mape_pp=5, run_throughput_error="stall-free"))
+    assert [(r.run_id, r.error) for r in fallback.regressions] == [("run1", "window")]
+    assert "|throughput error|" in fallback.regressions[0].describe()
+    worse_free = [dataclasses.replace(after[0], stall_free_error_pct=3.0), after[1]]
+    flagged = gate(before, worse_free, before_suite, after_suite,
+                   Tolerances(throughput_mape_pp=5, run_throughput_error="stall-free"))
+    assert [(r.run_id, r.error) for r in flagged.regressions] == [("run0", "stall-free")]
+    assert "|stall-free throughput error| 0.50% -> 3.00%" in flagged.regressions[0].describe()
+    with pytest.raises(ValueError, match="run_throughput_error must be one of window, stall-free"):
+        Tolerances(run_throughput_error="median")
+
+
 def test_gate_rejects_a_worse_suite_and_falling_rho():
     before, before_suite = scores([(2, 1), (-2, 1)])
     after, after_suite = scores([(3, 1), (-3, 1)])
