@@ -13,7 +13,7 @@ This module returns results; `hops_calib.loop` prints them.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -103,16 +103,11 @@ def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress =
     runs = []
     for i, (fixture_id, spec, truth) in enumerate(zip(suite.ids, suite.specs, suite.truths)):
         try:
-            prediction = predict(spec, model)
-            run = score_prediction(fixture_id, truth, prediction)
+            runs.append(score_prediction(fixture_id, truth, predict(spec, model),
+                                         stall_free[i] if stall_free is not None else None))
         except ValueError as error:
             raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
                              ) from None
-        if stall_free is not None:
-            from hops_calib.observe import stall_free_error_pct
-
-            run = replace(run, stall_free_error_pct=stall_free_error_pct(prediction, truth, stall_free[i]))
-        runs.append(run)
         progress.advance(fixture_id)
     return ModelScore(runs=tuple(runs), suite=aggregate(runs))
 

@@ -160,10 +160,14 @@ class RunRow:
     stages: tuple[StageRow, ...]
     prediction: Any = field(repr=False, compare=False)  # hops_calib.predict.Prediction
     measured_replay_error_pct: float | None = None  # throughput error with every measured part from the trace
-    stall_free_error_pct: float | None = None  # throughput error with the stalls taken out of both sides
     # (devices, MiB, gap ms) of every hop whose consumer waited (`hop_gaps`), real and simulated; not in to_dict
     hops: tuple[tuple[str, float, float], ...] = field(default=(), repr=False, compare=False)
     predicted_hops: tuple[tuple[str, float, float], ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def stall_free_error_pct(self) -> float | None:
+        """Throughput error with the stalls taken out of both sides (`RunScore.stall_free_error_pct`)."""
+        return self.score.stall_free_error_pct
 
     def part_residual_ms(self, part: str) -> float | None:
         """Predicted minus real ms of one part of the median iteration; None where it cannot be compared."""
@@ -206,11 +210,10 @@ def observe_run(fixture, model) -> RunRow:
         for row in prediction.stage_phase_ms(spec))
     timeline = fixture.timeline()
     series = timeline_iteration_part_series(timeline)
-    return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction),
+    return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction, series),
                   real_metrics=truth.metrics, real_parts=timeline_iteration_parts(timeline),
                   predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
                   measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, series=series),
-                  stall_free_error_pct=stall_free_error_pct(prediction, truth.metrics, series),
                   hops=hop_gaps(spec, timeline), predicted_hops=hop_gaps(spec, prediction.result.timeline))
 
 
@@ -237,38 +240,6 @@ def hop_gaps(spec: Spec, timeline) -> tuple[tuple[str, float, float], ...]:
     mib = round(gpt.boundary_activation_bytes(spec.model) / 2**20, 2)
     return tuple(("-".join(sorted((spec.devices[p], spec.devices[c]))), mib, float(start - ready))
                  for p, c, start, ready in zip(hops["producer"], hops["stage"], hops["start_ms"], hops["ready_ms"]))
-
-
-# A real iteration stalled when its silent stretch exceeds the run's median by this much: a retransmission
-# timeout adds ~180 ms (Linux TCP_RTO_MIN 200 ms), while stall-free stretches of one run stay within ~20 ms.
-STALL_EXCESS_MS = 100.0
-
-
-def stall_free_error_pct(prediction, real_metrics, series) -> float | None:
-    """Window throughput error with the retransmission stalls taken out of both sides.
-
-    The real run's stalls (iterations whose silent stretch exceeds the run's median by STALL_EXCESS_MS, before
-    its last iteration: the window ends there) and the simulation's placed ones (`Pipeline.stall_ms` in the
-    iterations before the last) are removed from their windows; what is left is the error of everything but
-    the stalls' random count, so runs that met more or fewer stalls than the simulation placed stop hiding or
-    inflating the model's own error. `series`: the real run's `timeline_iteration_part_series`. None without
-    a traced optimizer (no silent stretch to read).
-    """
-    from hops_calib.sim.simulate import stalls_in_window
-
-    if series is None or not series.optimizer_traced.any():
-        return None
-    silent = series.silent_ms[series.optimizer_traced]
-    inside = silent[:-1]  # the last traced iteration's silent stretch comes after the window's end
-    median = float(np.median(silent))
-    real_excess = float(np.sum(inside[inside > median + STALL_EXCESS_MS] - median))
-    pipeline, predicted = prediction.pipeline, prediction.metrics
-    predicted_window = predicted.window_ms - stalls_in_window(pipeline) * pipeline.stall_ms
-    # Same completed microbatches on both sides: the throughput ratio is the inverse window ratio.
-    real_window = predicted.window_ms * predicted.throughput_per_s / real_metrics.throughput_per_s
-    if not (predicted_window > 0 and real_window - real_excess > 0):
-        return None
-    return ((real_window - real_excess) / predicted_window - 1.0) * 100.0
 
 
 def measured_replay_error_pct(fixture, pipeline, timeline=None, series=None) -> float | None:

@@ -26,7 +26,7 @@ mean rho.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -80,7 +80,7 @@ class RunScore:
     # Expected |throughput error| from random stalls alone (Prediction.stall_noise_ape_pct): a floor, not a fault.
     stall_noise_ape_pct: float = 0.0
     # The throughput error with the real run's stalls and the simulation's placed ones taken out of both windows
-    # (hops_calib.observe.stall_free_error_pct); None when not computed or not computable (no optimizer events).
+    # (`stall_free_error_pct`); None when not computed or not computable (no optimizer events).
     stall_free_error_pct: float | None = None
 
     def to_dict(self) -> dict[str, object]:
@@ -120,9 +120,45 @@ def score_run(run_id: str, real: TimelineMetrics, predicted: TimelineMetrics, *,
     )
 
 
-def score_prediction(run_id: str, real: TimelineMetrics, prediction) -> RunScore:
-    """`score_run` of a `hops_calib.predict.Prediction`, with its random-stall spread."""
-    return score_run(run_id, real, prediction.metrics, stall_noise_ape_pct=prediction.stall_noise_ape_pct)
+# A real iteration stalled when its silent stretch exceeds the run's median by this much: a retransmission
+# timeout adds ~180 ms (Linux TCP_RTO_MIN 200 ms), while stall-free stretches of one run stay within ~20 ms.
+STALL_EXCESS_MS = 100.0
+
+
+def stall_free_error_pct(prediction, real_metrics, series) -> float | None:
+    """Window throughput error with the retransmission stalls taken out of both sides.
+
+    The real run's stalls (iterations whose silent stretch exceeds the run's median by STALL_EXCESS_MS, before
+    its last iteration: the window ends there) and the simulation's placed ones (`Pipeline.stall_ms` in the
+    iterations before the last) are removed from their windows; what is left is the error of everything but
+    the stalls' random count, so runs that met more or fewer stalls than the simulation placed stop hiding or
+    inflating the model's own error. `series`: the real run's `timeline_iteration_part_series`. None without
+    a traced optimizer (no silent stretch to read).
+    """
+    from hops_calib.sim.simulate import stalls_in_window
+
+    if series is None or not series.optimizer_traced.any():
+        return None
+    silent = series.silent_ms[series.optimizer_traced]
+    inside = silent[:-1]  # the last traced iteration's silent stretch comes after the window's end
+    median = float(np.median(silent))
+    real_excess = float(np.sum(inside[inside > median + STALL_EXCESS_MS] - median))
+    pipeline, predicted = prediction.pipeline, prediction.metrics
+    predicted_window = predicted.window_ms - stalls_in_window(pipeline) * pipeline.stall_ms
+    # Same completed microbatches on both sides: the throughput ratio is the inverse window ratio.
+    real_window = predicted.window_ms * predicted.throughput_per_s / real_metrics.throughput_per_s
+    if not (predicted_window > 0 and real_window - real_excess > 0):
+        return None
+    return ((real_window - real_excess) / predicted_window - 1.0) * 100.0
+
+
+def score_prediction(run_id: str, real: TimelineMetrics, prediction, series=None) -> RunScore:
+    """`score_run` of a `hops_calib.predict.Prediction`, with its random-stall spread, and with `series` (the
+    real run's `timeline_iteration_part_series`) its stall-free error too."""
+    score = score_run(run_id, real, prediction.metrics, stall_noise_ape_pct=prediction.stall_noise_ape_pct)
+    if series is None:
+        return score
+    return replace(score, stall_free_error_pct=stall_free_error_pct(prediction, real, series))
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,13 @@ class LinkFit:
     def transfer_ms(self, nbytes: float) -> float:
         return self.latency_ms + nbytes / self.bytes_per_ms
 
+    def _last_slope_ms_per_byte(self) -> float | None:
+        """The benchmark's cost per byte between its two largest sizes (None with fewer than two points)."""
+        if len(self.points) < 2:
+            return None
+        (b1, t1), (b2, t2) = self.points[-2], self.points[-1]
+        return (t2 - t1) / (b2 - b1)
+
     def measured_ms(self, nbytes: float) -> float:
         """The benchmark's median at this message size: piecewise linear between measured sizes.
 
@@ -63,8 +70,8 @@ class LinkFit:
         times = [ms for _, ms in self.points]
         if nbytes <= sizes[0]:
             return times[0] * nbytes / sizes[0]
-        if len(sizes) > 1 and nbytes >= sizes[-1]:
-            slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+        slope = self._last_slope_ms_per_byte()
+        if slope is not None and nbytes >= sizes[-1]:
             return times[-1] + max(slope, 0.0) * (nbytes - sizes[-1])
         return float(np.interp(nbytes, sizes, times))
 
@@ -81,10 +88,7 @@ class LinkFit:
             return self.transfer_ms(nbytes)
         (small, small_ms) = self.points[0]
         burst = small_ms / small
-        stream = burst
-        if len(self.points) > 1:
-            (b1, t1), (b2, t2) = self.points[-2], self.points[-1]
-            stream = max((t2 - t1) / (b2 - b1), burst)
+        stream = max(self._last_slope_ms_per_byte() or burst, burst)
         fast = min(nbytes, burst_bytes)
         return fast * burst + (nbytes - fast) * stream
 

@@ -162,8 +162,9 @@ def test_observe_runs_on_the_repositorys_cpu_captures_whose_ranks_step_without_a
 def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_store):
     from hops_calib.metrics import timeline_iteration_part_series
     from hops_calib.model_files import load_model
-    from hops_calib.observe import observe_run, stall_free_error_pct
+    from hops_calib.observe import observe_run
     from hops_calib.predict import Prediction, predict
+    from hops_calib.score import stall_free_error_pct
     from hops_calib.sim import simulate
 
     model = load_model(None)  # the shipped model realizes its stalls

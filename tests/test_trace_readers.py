@@ -101,8 +101,9 @@ def test_link_fit_keeps_the_medians_and_reads_them_at_any_size(tmp_path):
 
 
 def test_burst_reading_sends_a_short_message_at_the_small_message_rate_and_the_rest_at_the_stream_rate(tmp_path):
-    # A shaped link, as the A10G pairs: 1 MiB within the allowance, 2 MiB and up at the shaped stream rate.
-    p50_by_mb = {1: 0.37, 2: 1.59, 4: 3.42, 16: 13.39, 64: 53.96}  # made up, with that shape
+    # A shaped link: 1 MiB passes within the allowance (0.5 ms per MiB), 2 MiB and up at the stream rate (1 ms per
+    # MiB). Made-up round numbers with that shape.
+    p50_by_mb = {1: 0.5, 2: 2.0, 4: 4.0, 16: 16.0, 64: 64.0}
     lines = [json.dumps({"mode": "p2p", "rank": 0, "size_mb": size, "p50_ms": ms}) for size, ms in p50_by_mb.items()]
     path = tmp_path / "pair_0_1.jsonl"
     path.write_text("\n".join(lines) + "\n")

@@ -119,8 +119,7 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
                             break  # fire-and-forget: the input has not been sent yet
                         if ready > now:
                             now = ready
-                        now += host[stage]
-                    elif not host_after_receive_only:
+                    if needs >= 0 or not host_after_receive_only:
                         now += host[stage]
                     end = now + task_ms[phase][stage]
                     add_stage(rank); add_chunk(stage // ranks); add_mb(microbatch); add_transfer(False)  # noqa: E702
