@@ -13,7 +13,7 @@ This module returns results; `hops_calib.loop` prints them.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -422,3 +422,34 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     written = ledger.append(ledger_path, entry)
     return Report(split=split, suite=scored.suite, model_sha256=model.sha256, ledger_path=Path(ledger_path),
                   ledger_entry=written, train=train)
+
+
+def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
+                    ledger_path: Path | str = DEFAULT_LEDGER) -> Report | None:
+    """The latest audit entry already in the ledger for this model, split and fixture set, as a `Report`; None if
+    there is none. Nothing is scored and nothing is appended: quoting a held-out result again is not a new look.
+    """
+    from hops_calib import ledger
+    from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model_sha = load_model(model_path).sha256
+    fixture_set = load_suite(fixtures_dir, split).sha256
+    if not Path(ledger_path).exists():
+        return None
+    found = None
+    for entry in ledger.read_entries(ledger_path):
+        if (entry.get("kind") == "report" and entry.get("split") == split and entry.get("model_sha256") == model_sha
+                and entry.get("fixture_set_sha256") == fixture_set):
+            found = entry
+    if found is None:
+        return None
+    known = {f.name for f in fields(SuiteScore)}
+
+    def suite_score(aggregates: dict[str, Any]) -> SuiteScore:
+        return SuiteScore(**{k: v for k, v in aggregates.items() if k in known})
+
+    train = found.get("train_aggregates")
+    return Report(split=split, suite=suite_score(found["aggregates"]), model_sha256=model_sha,
+                  ledger_path=Path(ledger_path), ledger_entry=found,
+                  train=suite_score(train) if train is not None else None)

@@ -400,3 +400,25 @@ def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, sh
     bad = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
               "--run-error", "median")
     assert bad.exit_code == 2 and "window, stall-free" in bad.stderr
+
+
+def test_recorded_report_quotes_the_last_audit_of_this_model_without_a_new_look(shared_fixtures, tmp_path):
+    from hops_calib.evaluate import recorded_report, report
+
+    ledger = tmp_path / "ledger.jsonl"
+    assert recorded_report(shared_fixtures, ledger_path=ledger) is None  # no ledger yet: nothing to quote
+    made = report(shared_fixtures, split="test", ledger_path=ledger)
+    before = ledger.read_bytes()
+    quoted = recorded_report(shared_fixtures, ledger_path=ledger)
+    assert ledger.read_bytes() == before  # quoting appends nothing
+    assert quoted is not None and quoted.ledger_entry["seq"] == made.ledger_entry["seq"]
+    assert quoted.suite == made.suite and quoted.train == made.train
+    assert quoted.gap_to_train_pp == pytest.approx(made.gap_to_train_pp)
+    # Another model has no audit of its own in this ledger; nor has the train split.
+    other = tmp_path / "plain.toml"
+    other.write_text(PLAIN_MODEL_TOML)
+    assert recorded_report(shared_fixtures, model_path=other, ledger_path=ledger) is None
+    assert recorded_report(shared_fixtures, split="train", ledger_path=ledger) is None
+    # The latest audit of the model is the one quoted.
+    again = report(shared_fixtures, split="test", ledger_path=ledger)
+    assert recorded_report(shared_fixtures, ledger_path=ledger).ledger_entry["seq"] == again.ledger_entry["seq"]

@@ -18,7 +18,8 @@ from hops_calib.cli import app
 from hops_calib.ledger import read_entries
 from hops_calib.plot import style
 from hops_calib.plot.groups import MIN_DISCLOSED_RUNS, disclosable, group_rows, short_run_id
-from hops_calib.plot.ledger import FIGURE_SIZE_IN as LEDGER_SIZE_IN, ledger_figure, read_history, short_id
+from hops_calib.plot.ledger import (FIGURE_SIZE_IN as LEDGER_SIZE_IN, LABEL_CHARS, ledger_figure, read_history,
+                                   short_id, short_note)
 from hops_calib.plot.parity import FIGURE_SIZE_IN as PARITY_SIZE_IN
 from hops_calib.plot.timeline import figure_size, iteration_window
 
@@ -266,6 +267,26 @@ def test_a_committed_comparison_moves_the_ledger_line_and_an_undone_move_takes_i
     assert [t.get_text() for t in mape.texts] == ["start", "001", "002", "move 002 undone"]
     line = mape.lines[0].get_ydata()
     assert list(line) == [5.0, 4.0, 4.5, 4.0, 4.0]  # back to the model before the move, and it stays there
+
+
+def test_a_comparison_is_labelled_by_the_head_of_its_note_and_the_panels_keep_their_size():
+    scores = {"throughput_mape_pct": 2.0, "bubble_mae_pp": 1.0, "util_spearman_mean": 0.9}
+    long_note = ("move 053-055 (hops as bursts, refit after 052); rules stated in CAMPAIGN.md session 5 before its "
+                 "evaluations")
+    entries = [
+        {"seq": 1, "kind": "evaluate", "decision": "accepted", "candidate": {"id": "001-a"},
+         "aggregates_before": scores, "aggregates_after": scores, "committed": True},
+        {"seq": 2, "kind": "compare", "decision": "accepted", "note": long_note,
+         "aggregates_before": scores, "aggregates_after": scores, "committed": True},
+        {"seq": 3, "kind": "compare", "decision": "rejected", "note": "x" * 60,
+         "aggregates_before": scores, "aggregates_after": scores, "committed": True},
+    ]
+    attempts, _ = read_history(entries)
+    assert attempts[1].candidate_id == long_note  # the whole note stays with the attempt
+    labels = [t.get_text() for t in ledger_figure(attempts, [], "t").axes[0].texts]
+    assert labels == ["start", "001", "move 053-055", short_note("x" * 60) + " undone"]
+    assert len(short_note("x" * 60)) == LABEL_CHARS and short_note("x" * 60).endswith("\u2026")
+    assert short_note("(all in brackets)") == "(all in brackets)"  # nothing before the mark: the note itself
 
 
 def test_ledger_plot_of_an_empty_or_missing_ledger_says_what_to_do(tmp_path):

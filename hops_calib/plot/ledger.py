@@ -58,10 +58,11 @@ def read_history(entries: Sequence[dict[str, Any]]) -> tuple[list[Attempt], list
         if entry.get("kind") == "compare" and entry.get("committed") and entry.get("aggregates_after"):
             kept = entry["decision"] == "accepted"
             note = entry.get("note") or "compare"
+            short = short_note(note)
             attempts.append(Attempt(seq=int(entry["seq"]), candidate_id=note, accepted=True,
                                     before=entry.get("aggregates_before") or {},
                                     after=entry["aggregates_after"] if kept else entry.get("aggregates_before") or {},
-                                    comparison=True, label=note if kept else f"{note} undone"))
+                                    comparison=True, label=short if kept else f"{short} undone"))
         elif entry.get("kind") == "evaluate" and entry.get("aggregates_after"):
             attempts.append(Attempt(seq=int(entry["seq"]), candidate_id=str((entry.get("candidate") or {}).get("id")),
                                     accepted=entry.get("decision") == "accepted",
@@ -74,6 +75,21 @@ def read_history(entries: Sequence[dict[str, Any]]) -> tuple[list[Attempt], list
 def label_of(attempt: Attempt) -> str:
     """What the line says at an accepted attempt: the candidate's short id, or a comparison's own label."""
     return attempt.label if attempt.comparison else short_id(attempt.candidate_id)
+
+
+LABEL_CHARS = 24
+
+
+def short_note(note: str) -> str:
+    """A comparison's label on the plot: its note up to the first bracket, colon or semicolon ("move 053-055" of
+    "move 053-055 (hops as bursts); rules stated ..."), cut to LABEL_CHARS characters. The whole note stays in the
+    ledger; on the plot a long one would push the panels into a corner.
+    """
+    head = note
+    for mark in "(;:":
+        head = head.split(mark, 1)[0]
+    head = head.strip() or note.strip()
+    return head if len(head) <= LABEL_CHARS else head[:LABEL_CHARS - 1].rstrip() + "\u2026"
 
 
 def short_id(candidate_id: str) -> str:
