@@ -7,7 +7,6 @@ from conftest import plain_model
 
 from hops_calib.candidate import TooManyChanges, parse_candidate
 from hops_calib.errors import InputError
-from hops_calib.model_files import load_model
 
 HEADER = 'id = "c1"\nhypothesis = "link time matters"\ngrounding = "bytes over bandwidth"\n'
 

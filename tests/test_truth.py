@@ -120,7 +120,7 @@ def test_gpipe_order_is_recognised(p, m):
 
 def test_orders_that_1f1b_and_gpipe_share_count_as_1f1b():
     # With m <= p - 1 - s on every stage but the last, and m = 1 on the last, both orders coincide.
-    p, m = 3, 1
+    p = 3  # and m = 1 microbatch on every stage
     timeline = _timeline({s: [("FORWARD", 0), ("BACKWARD", 0)] for s in range(p)})
     assert infer_schedule(timeline, p) == ("1f1b", 1.0)
 
