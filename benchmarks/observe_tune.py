@@ -1,4 +1,4 @@
-"""Benchmark: one tune trial (all train runs predicted and scored) and one observe pass. Prints figures only.
+"""Benchmark: one tune trial (all train runs predicted and scored), one observe pass, one crossval. Prints figures only.
 
     python benchmarks/observe_tune.py [--fixtures DIR] [--term TERM] [--trials 20] [--model FILE]
 
@@ -6,7 +6,8 @@ Without --fixtures the 56 shared runs are ingested into a temporary store first.
 Tune: the time per trial of an in-memory study (sampling, building the candidate
 model, predicting and scoring every train fixture), and the same for the scoring
 alone. Observe: the whole observation (events read for the real parts, the
-counterfactual re-simulations), in one process.
+counterfactual re-simulations), in one process. Crossval: --folds refits of --term with
+--trials trials each, and the scoring of every fold.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--term", default="decoder_roofline")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--model", type=Path, help="model file (default: the shipped baseline)")
+    parser.add_argument("--folds", type=int, default=5, help="crossval folds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         fixtures = args.fixtures
@@ -64,6 +66,12 @@ def main() -> None:
         observation = observe(fixtures, model_path=args.model)
         print(f"observe, {len(observation.runs)} train fixtures, {len(observation.ranked)} contributors: "
               f"{time.perf_counter() - start:.2f} s")
+        from hops_calib.crossval import crossval
+
+        start = time.perf_counter()
+        result = crossval(args.term, fixtures, model_path=args.model, folds=args.folds, trials=args.trials)
+        print(f"crossval {args.term}, {len(result.folds)} folds x {args.trials} trials: "
+              f"{time.perf_counter() - start:.2f} s (cross-validated MAPE {result.held_out.throughput_mape_pct:.2f} %)")
 
 
 if __name__ == "__main__":

@@ -408,5 +408,26 @@ def tune(
                                   objective, tuple(only or ())))
 
 
+@app.command()
+def crossval(
+    term: str = typer.Argument(..., help="The cost term whose fit is cross-validated (see `hops-calib terms`)."),
+    folds: int = typer.Option(5, "--folds", help="Folds of the train split's configurations (repeats stay together)."),
+    evaluations: int = typer.Option(150, "--evaluations", min=1,
+                                    help="Model evaluations per refit at most (one refit per fold, from defaults)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the fold assignment."),
+    fixtures: Path = FIXTURES_OPTION,
+    model: Optional[Path] = MODEL_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (every fold and train run)."),
+    objective: str = typer.Option("suite", "--objective", help="As for tune: suite or components."),
+    only: Optional[List[str]] = typer.Option(
+        None, "--only", help="Refit only this parameter (repeatable); the others keep the model's values."),
+) -> None:
+    """Refit one term without each fold of train configurations and predict that fold: held-out error from train."""
+    from hops_calib.crossval import crossval_command
+
+    raise typer.Exit(crossval_command(term, fixtures, model, folds, evaluations, seed, as_json, objective,
+                                      tuple(only or ())))
+
+
 def main() -> None:
     app()

@@ -1,0 +1,244 @@
+"""Cross-validation of one term's fit on the train split: what the held-out split will say, asked of train alone.
+
+`tune` fits a term's parameters to every train run at once; a parameter that only a few configurations pin
+(a per-device efficiency that one GPU-bound shape decides, a burst extent that one shape's hops decide) then
+fits them and predicts nothing about the next configuration. `crossval` says so before the held-out report
+does: it splits the train runs into K folds by configuration (the repeats of a configuration always share a
+fold, as they share a split), refits the term on the other folds, and predicts each fold with the parameters
+refit without it. Per fold it reports the current model's error there,
+the refit's error there (held out) and the refit's error on the folds it was fitted on (in sample); over all
+runs, the cross-validated throughput MAPE against the current model's train MAPE. The gap between the refit's
+held-out and in-sample errors (the optimism) is how much of the fit a new configuration would not see.
+
+Only the train split is read. Folds are assigned by a seeded shuffle of the sorted configuration names, so a
+rerun with the same seed makes the same folds.
+
+The refit must not know the fold, so it never starts from the model's current values (they were fitted on
+every train run, the fold's included, and a search that cannot beat its start would hand them back): it
+starts from the term's declared defaults and minimizes the fitting runs' throughput MAPE (components mode: the
+mispriced share of the measured times, as `tune --objective components`) with a bounded Powell search of at
+most `evaluations` model evaluations. Switch parameters (a few allowed values) keep the model's values. The
+in-sample score is the same refit's on its own fitting runs, so held out minus in sample compares like with
+like; the "current" column is the model as shipped, which has seen every fold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from hops_calib.errors import InputError
+from hops_calib.evaluate import Suite, score_model
+from hops_calib.score import RunScore, SuiteScore, aggregate
+from hops_calib.store.split import group_of
+from hops_calib.model.terms import TERMS
+from hops_calib.tune import TuneProblem, load_problem
+
+DEFAULT_FOLDS = 5
+DEFAULT_EVALUATIONS = 150
+
+
+def subset(suite: Suite, ids: tuple[str, ...]) -> Suite:
+    """The runs of `suite` named by `ids`, in the suite's order."""
+    keep = [i for i, fixture_id in enumerate(suite.ids) if fixture_id in set(ids)]
+    return replace(suite, ids=tuple(suite.ids[i] for i in keep), specs=tuple(suite.specs[i] for i in keep),
+                   truths=tuple(suite.truths[i] for i in keep),
+                   content_hashes=tuple(suite.content_hashes[i] for i in keep))
+
+
+def fold_groups(ids: tuple[str, ...], folds: int, seed: int) -> list[tuple[str, ...]]:
+    """The configurations of each fold: a seeded shuffle of the sorted configuration names, dealt into `folds`."""
+    groups = sorted({group_of(i) for i in ids})
+    if folds < 2 or folds > len(groups):
+        raise InputError("crossval", f"--folds {folds} for {len(groups)} configurations on the train split",
+                         field="folds", hint=f"choose 2 to {len(groups)} folds (each holds whole configurations)")
+    order = np.random.default_rng(seed).permutation(len(groups))
+    return [tuple(sorted(groups[k] for k in part)) for part in np.array_split(order, folds)]
+
+
+@dataclass(frozen=True)
+class Fold:
+    index: int
+    groups: tuple[str, ...]  # the configurations held out
+    ids: tuple[str, ...]  # their runs
+    params: dict[str, float]  # the term's values refit on the other folds
+    current: SuiteScore  # the current model on this fold
+    held_out: SuiteScore  # the refit on this fold, which it never saw
+    in_sample: SuiteScore  # the refit on the folds it was fitted on
+    errors: dict[str, tuple[float, float]]  # run -> (current, refit held-out) throughput error %
+    runs: tuple[RunScore, ...] = ()  # the refit's scores of the fold's runs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fold": self.index, "groups": list(self.groups), "runs": list(self.ids), "params": self.params,
+                "current": self.current.to_dict(), "held_out": self.held_out.to_dict(),
+                "in_sample": self.in_sample.to_dict(),
+                "throughput_error_pct": {k: {"current": c, "held_out": h} for k, (c, h) in self.errors.items()}}
+
+
+@dataclass(frozen=True)
+class CrossValidation:
+    term: str
+    model_sha256: str
+    fixture_set_sha256: str
+    seed: int
+    evaluations: int
+    objective: str
+    only: tuple[str, ...]
+    current_params: dict[str, float]
+    current: SuiteScore  # the current model on every train run
+    folds: tuple[Fold, ...]
+
+    @property
+    def held_out(self) -> SuiteScore:
+        """Every train run predicted by the refit that did not see its configuration."""
+        return aggregate([run for fold in self.folds for run in fold.runs])
+
+    @property
+    def in_sample_mape_pct(self) -> float:
+        """Mean over folds of the refit's throughput MAPE on its own fitting runs."""
+        return float(np.mean([f.in_sample.throughput_mape_pct for f in self.folds]))
+
+    @property
+    def optimism_pp(self) -> float:
+        """Cross-validated MAPE minus in-sample MAPE: what a configuration the fit has not seen loses."""
+        return self.held_out.throughput_mape_pct - self.in_sample_mape_pct
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"term": self.term, "model_sha256": self.model_sha256, "fixture_set_sha256": self.fixture_set_sha256,
+                "split": "train", "seed": self.seed, "evaluations_per_refit": self.evaluations, "objective": self.objective,
+                "only": list(self.only), "current_params": self.current_params, "current": self.current.to_dict(),
+                "cross_validated": self.held_out.to_dict(), "in_sample_mape_pct": self.in_sample_mape_pct,
+                "optimism_pp": self.optimism_pp, "folds": [f.to_dict() for f in self.folds]}
+
+
+def _fold_problem(problem: TuneProblem, ids: tuple[str, ...]) -> TuneProblem:
+    keep = [i for i, fixture_id in enumerate(problem.suite.ids) if fixture_id in set(ids)]
+    reals = tuple(problem.real_components[i] for i in keep) if problem.real_components else ()
+    return replace(problem, suite=subset(problem.suite, ids), real_components=reals)
+
+
+def refit(problem: TuneProblem, evaluations: int, progress: Callable[[int], None] | None = None) -> dict[str, float]:
+    """The term's continuous parameters minimizing the problem's runs' error, from the term's defaults (Powell)."""
+    from scipy.optimize import minimize
+
+    params = [p for p in problem.params if not p.choices]
+    if not params:
+        raise InputError("crossval", f"term {problem.term!r} has only switch parameters to refit", field="only",
+                         hint="cross-validate a term (or --only parameters) with a continuous range")
+    defaults = TERMS[problem.term].defaults()
+    start = [defaults.get(p.name, defaults[p.name.partition("@")[0]]) for p in params]
+    calls = [0]
+
+    def error(x) -> float:
+        calls[0] += 1
+        if progress:
+            progress(min(calls[0], evaluations))
+        model = problem.model_with({p.name: float(v) for p, v in zip(params, x)})
+        if problem.objective == "components":
+            return problem.component_mape(model)
+        return problem.score(model).throughput_mape_pct
+
+    found = minimize(error, start, method="Powell", bounds=[(p.low, p.high) for p in params],
+                     options={"maxfev": evaluations, "xtol": 1e-3, "ftol": 1e-4})
+    return {p.name: float(v) for p, v in zip(params, found.x)}
+
+
+def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None = None, folds: int = DEFAULT_FOLDS,
+             evaluations: int = DEFAULT_EVALUATIONS, seed: int = 0, objective: str = "suite", only: tuple[str, ...] = (),
+             progress: Callable[[int, int], None] | None = None) -> CrossValidation:
+    """Refit `term` on K - 1 folds of the train split's configurations and predict the Kth, for each K."""
+    if evaluations < 1:
+        raise InputError("crossval", "--evaluations must be at least 1", field="evaluations")
+    problem = load_problem(term, fixtures_dir, model_path, objective, only)  # the train split only
+    suite = problem.suite
+    parts = fold_groups(suite.ids, folds, seed)
+    current = score_model(suite, problem.model, origin=f"crossval {term}")
+    current_errors = {r.run_id: r.throughput_error_pct for r in current.runs}
+    results = []
+    for index, groups in enumerate(parts):
+        held = tuple(i for i in suite.ids if group_of(i) in groups)
+        fit_problem = _fold_problem(problem, tuple(i for i in suite.ids if i not in held))
+
+        def step(calls: int, offset: int = index * evaluations) -> None:
+            if progress:
+                progress(offset + calls, evaluations * len(parts))
+
+        values = refit(fit_problem, evaluations, step)
+        model = problem.model_with(values)
+        held_out = score_model(subset(suite, held), model, origin=f"crossval {term} fold {index}")
+        in_sample = score_model(fit_problem.suite, model, origin=f"crossval {term} fold {index}").suite
+        results.append(Fold(index=index, groups=groups, ids=held, params=values,
+                            current=aggregate([r for r in current.runs if r.run_id in held]),
+                            held_out=held_out.suite, in_sample=in_sample,
+                            errors={r.run_id: (current_errors[r.run_id], r.throughput_error_pct)
+                                    for r in held_out.runs}, runs=tuple(held_out.runs)))
+    current_values = problem.start_values()
+    return CrossValidation(term=term, model_sha256=problem.model.sha256, fixture_set_sha256=suite.sha256, seed=seed,
+                           evaluations=evaluations, objective=objective, only=tuple(only),
+                           current_params={k: current_values[k] for k in results[0].params},
+                           current=current.suite, folds=tuple(results))
+
+
+# --- text -----------------------------------------------------------------------------------------
+
+def crossval_text(result: CrossValidation) -> str:
+    from hops_calib.store.views import text_table
+
+    names = list(result.current_params)
+    cv = result.held_out
+    out = [f"crossval {result.term}: {len(result.folds)} folds of the train split's configurations (seed "
+           f"{result.seed}); each refit from the term's defaults, at most {result.evaluations} evaluations, objective "
+           f"{result.objective}; model "
+           f"{result.model_sha256[:12]}",
+           f"current model on train: throughput MAPE {result.current.throughput_mape_pct:.2f} %, bubble MAE "
+           f"{result.current.bubble_mae_pp:.2f} pp, rho {result.current.util_spearman_mean:.3f}",
+           f"refit without the fold, on the fold (cross-validated): throughput MAPE {cv.throughput_mape_pct:.2f} %, "
+           f"bubble MAE {cv.bubble_mae_pp:.2f} pp, rho {cv.util_spearman_mean:.3f}; on its own fitting runs "
+           f"{result.in_sample_mape_pct:.2f} % (optimism {result.optimism_pp:+.2f} pp)"]
+    rows = []
+    for fold in result.folds:
+        rows.append([str(fold.index), str(len(fold.ids)), _short_groups(fold.groups),
+                     f"{fold.current.throughput_mape_pct:.2f}", f"{fold.held_out.throughput_mape_pct:.2f}",
+                     f"{fold.in_sample.throughput_mape_pct:.2f}"] + [f"{fold.params[n]:.4g}" for n in names])
+    rows.append(["now", "", "the current model's values", "", "", ""]
+                + [f"{result.current_params[n]:.4g}" for n in names])
+    headers = ["fold", "runs", "configurations held out", "current %", "held out %", "in sample %"] + names
+    out.append(text_table(headers, rows, right={0, 1, 3, 4, 5, *range(6, 6 + len(names))}))
+    spread = {n: (min(f.params[n] for f in result.folds), max(f.params[n] for f in result.folds)) for n in names}
+    loose = [n for n, (low, high) in spread.items() if high > low * 1.5 + 1e-9]
+    if loose:
+        out.append("refits disagree by more than 1.5x on: " + ", ".join(
+            f"{n} ({spread[n][0]:.3g}-{spread[n][1]:.3g})" for n in loose)
+            + ": the folds that pin them decide them; a configuration unlike those is predicted with a guess")
+    worst = sorted(((abs(h) - abs(c), run, c, h) for f in result.folds for run, (c, h) in f.errors.items()),
+                   reverse=True)[:3]
+    if worst and worst[0][0] > 0:
+        out.append("runs the refit predicts worst when their configuration is held out (throughput error %, "
+                   "current -> held out): " + "; ".join(f"{run} {c:+.1f} -> {h:+.1f}" for _, run, c, h in worst))
+    return "\n".join(out)
+
+
+def _short_groups(groups: tuple[str, ...], width: int = 60) -> str:
+    text = ", ".join(groups)
+    return text if len(text) <= width else text[:width - 1] + "\u2026"
+
+
+def crossval_command(term: str, fixtures: Path, model_path: Path | None, folds: int, evaluations: int, seed: int,
+                     as_json: bool, objective: str = "suite", only: tuple[str, ...] = ()) -> int:
+    from hops_calib.loop import EXIT_OK, _guarded, _print_json
+    from hops_calib.progress import progress_bar
+
+    def run() -> int:
+        with progress_bar(f"crossval {term}", quiet=as_json) as bar:
+            result = crossval(term, fixtures, model_path=model_path, folds=folds, evaluations=evaluations, seed=seed,
+                              objective=objective, only=only, progress=bar.update)
+        if as_json:
+            _print_json(result.to_dict())
+        else:
+            print(crossval_text(result))
+        return EXIT_OK
+
+    return _guarded(run)

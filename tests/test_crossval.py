@@ -1,0 +1,125 @@
+"""crossval on the real runs: folds hold whole configurations of the train split, each refit never sees its fold,
+and the numbers it prints are the loop's own scores of those refits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from hops_calib.cli import app
+from hops_calib.crossval import crossval, fold_groups, subset
+from hops_calib.errors import InputError
+from hops_calib.evaluate import load_suite, score_model
+from hops_calib.model_files import load_model
+from hops_calib.model import resolve_params
+from hops_calib.store.split import group_of
+
+TERM, PARAM = "link_transfer", "burst_mib"
+
+
+@pytest.fixture(scope="module")
+def result(shared_fixtures):
+    return crossval(TERM, shared_fixtures, folds=3, evaluations=8, seed=7, only=(PARAM,))
+
+
+def test_folds_hold_whole_train_configurations_and_never_a_test_run(result, shared_store):
+    train, test = set(shared_store.ids("train")), set(shared_store.ids("test"))
+    held = [run for fold in result.folds for run in fold.ids]
+    assert sorted(held) == sorted(train)  # every train run held out exactly once
+    assert not set(held) & test
+    for fold in result.folds:
+        assert {group_of(run) for run in fold.ids} == set(fold.groups)
+        others = {group_of(run) for f in result.folds if f is not fold for run in f.ids}
+        assert not set(fold.groups) & others  # repeats of a configuration never straddle two folds
+    # The same seed deals the same folds; another seed deals other ones.
+    ids = tuple(sorted(train))
+    assert fold_groups(ids, 3, 7) == fold_groups(ids, 3, 7) == [f.groups for f in result.folds]
+    assert fold_groups(ids, 3, 8) != fold_groups(ids, 3, 7)
+
+
+def test_each_refit_is_scored_on_its_fold_and_its_complement_as_evaluate_would(result, shared_fixtures):
+    suite = load_suite(shared_fixtures, "train")
+    model = load_model(None)
+    base = model.active(TERM).params()
+    current = score_model(suite, model, origin="test")
+    assert result.current == current.suite
+    for fold in result.folds:
+        refit = model.with_term(resolve_params(TERM, {**base, **fold.params}, origin="test"))
+        on_fold = score_model(subset(suite, fold.ids), refit, origin="test")
+        rest = tuple(i for i in suite.ids if i not in fold.ids)
+        assert fold.held_out == on_fold.suite
+        assert fold.in_sample == score_model(subset(suite, rest), refit, origin="test").suite
+        assert {r.run_id: r.throughput_error_pct for r in on_fold.runs} == {k: h for k, (_, h) in fold.errors.items()}
+        now = {r.run_id: r.throughput_error_pct for r in current.runs}
+        assert {k: c for k, (c, _) in fold.errors.items()} == {k: now[k] for k in fold.ids}
+        assert set(fold.params) == {PARAM}
+    # The cross-validated MAPE pools every train run's held-out error.
+    pooled = [abs(h) for fold in result.folds for _, h in fold.errors.values()]
+    assert result.held_out.n_fixtures == len(suite.ids)
+    assert result.held_out.throughput_mape_pct == pytest.approx(sum(pooled) / len(pooled))
+    assert result.optimism_pp == pytest.approx(result.held_out.throughput_mape_pct - result.in_sample_mape_pct)
+
+
+def test_a_refit_never_reads_the_truths_of_its_fold(shared_fixtures, result, monkeypatch):
+    # Make fold 0's runs look twice as fast as they were: its refit must not move, its held-out score must.
+    import dataclasses
+
+    import hops_calib.crossval as cv_module
+
+    fold0 = set(result.folds[0].ids)
+    real_load = cv_module.load_problem
+
+    def doctored(*args, **kwargs):
+        problem = real_load(*args, **kwargs)
+        truths = tuple(dataclasses.replace(t, throughput_per_s=2 * t.throughput_per_s) if run in fold0 else t
+                       for run, t in zip(problem.suite.ids, problem.suite.truths))
+        return dataclasses.replace(problem, suite=dataclasses.replace(problem.suite, truths=truths))
+
+    monkeypatch.setattr(cv_module, "load_problem", doctored)
+    again = crossval(TERM, shared_fixtures, folds=3, evaluations=8, seed=7, only=(PARAM,))
+    assert again.folds[0].params == result.folds[0].params
+    assert again.folds[0].held_out.throughput_mape_pct != pytest.approx(result.folds[0].held_out.throughput_mape_pct)
+    # Fold 0's fitting runs are untouched, and so is its score on them.
+    assert again.folds[0].in_sample == result.folds[0].in_sample
+
+
+def test_crossval_cli_prints_the_summary_and_json(shared_fixtures):
+    runner = CliRunner()
+    text = runner.invoke(app, ["crossval", TERM, "--only", PARAM, "--folds", "2", "--evaluations", "3",
+                               "--fixtures", str(shared_fixtures)])
+    assert text.exit_code == 0, text.output
+    assert "cross-validated" in text.stdout and "optimism" in text.stdout and "configurations held out" in text.stdout
+    data = json.loads(runner.invoke(app, ["crossval", TERM, "--only", PARAM, "--folds", "2", "--evaluations", "3",
+                                          "--fixtures", str(shared_fixtures), "--json"]).stdout)
+    assert data["split"] == "train" and len(data["folds"]) == 2
+    assert data["optimism_pp"] == pytest.approx(data["cross_validated"]["throughput_mape_pct"]
+                                                - data["in_sample_mape_pct"])
+
+
+def test_bad_requests_name_the_option_and_the_range(shared_fixtures):
+    n_configs = len({group_of(i) for i in load_suite(shared_fixtures, "train").ids})
+    for folds in (1, n_configs + 1):
+        with pytest.raises(InputError, match=f"choose 2 to {n_configs} folds") as error:
+            crossval(TERM, shared_fixtures, folds=folds, evaluations=1)
+        assert error.value.field == "folds"
+    with pytest.raises(InputError, match="unknown term"):
+        crossval("no_such_term", shared_fixtures, evaluations=1)
+    with pytest.raises(InputError, match="evaluations"):
+        crossval(TERM, shared_fixtures, evaluations=0)
+    bad = CliRunner().invoke(app, ["crossval", TERM, "--folds", "1", "--fixtures", str(shared_fixtures)])
+    assert bad.exit_code == 2 and "folds" in bad.output
+
+
+def test_a_refit_starts_from_the_term_defaults_not_from_the_values_fitted_on_every_run(shared_fixtures):
+    from hops_calib.model.terms import TERMS
+
+    shipped = load_model(None).active(TERM).params()[PARAM]
+    default = TERMS[TERM].defaults()[PARAM]
+    assert shipped != default  # else this test could not tell them apart
+    # One evaluation: the search has only its start to return.
+    start = crossval(TERM, shared_fixtures, folds=2, evaluations=1, only=(PARAM,))
+    assert all(fold.params[PARAM] == pytest.approx(default) for fold in start.folds)
+    with pytest.raises(InputError, match="only switch parameters"):
+        crossval("layer_dispatch_floor", shared_fixtures, folds=2, evaluations=1, only=("step_after_receive_only",))
