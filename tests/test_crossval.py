@@ -55,6 +55,9 @@ def test_each_refit_is_scored_on_its_fold_and_its_complement_as_evaluate_would(r
         now = {r.run_id: r.throughput_error_pct for r in current.runs}
         assert {k: c for k, (c, _) in fold.errors.items()} == {k: now[k] for k in fold.ids}
         assert set(fold.params) == {PARAM}
+    # The same search on every train run, scored there: the yardstick of the search itself.
+    full = model.with_term(resolve_params(TERM, {**base, **result.full_params}, origin="test"))
+    assert result.full == score_model(suite, full, origin="test").suite
     # The cross-validated MAPE pools every train run's held-out error.
     pooled = [abs(h) for fold in result.folds for _, h in fold.errors.values()]
     assert result.held_out.n_fixtures == len(suite.ids)
@@ -91,9 +94,10 @@ def test_crossval_cli_prints_the_summary_and_json(shared_fixtures):
                                "--fixtures", str(shared_fixtures)])
     assert text.exit_code == 0, text.output
     assert "cross-validated" in text.stdout and "optimism" in text.stdout and "configurations held out" in text.stdout
+    assert "the same refit on every train run" in text.stdout
     data = json.loads(runner.invoke(app, ["crossval", TERM, "--only", PARAM, "--folds", "2", "--evaluations", "3",
                                           "--fixtures", str(shared_fixtures), "--json"]).stdout)
-    assert data["split"] == "train" and len(data["folds"]) == 2
+    assert data["split"] == "train" and len(data["folds"]) == 2 and set(data["full_refit"]["params"]) == {PARAM}
     assert data["optimism_pp"] == pytest.approx(data["cross_validated"]["throughput_mape_pct"]
                                                 - data["in_sample_mape_pct"])
 
