@@ -46,7 +46,8 @@ DEFAULT_EVALUATIONS = 150
 
 def subset(suite: Suite, ids: tuple[str, ...]) -> Suite:
     """The runs of `suite` named by `ids`, in the suite's order."""
-    keep = [i for i, fixture_id in enumerate(suite.ids) if fixture_id in set(ids)]
+    wanted = set(ids)
+    keep = [i for i, fixture_id in enumerate(suite.ids) if fixture_id in wanted]
     return replace(suite, ids=tuple(suite.ids[i] for i in keep), specs=tuple(suite.specs[i] for i in keep),
                    truths=tuple(suite.truths[i] for i in keep),
                    content_hashes=tuple(suite.content_hashes[i] for i in keep))
@@ -121,7 +122,8 @@ class CrossValidation:
 
 
 def _fold_problem(problem: TuneProblem, ids: tuple[str, ...]) -> TuneProblem:
-    keep = [i for i, fixture_id in enumerate(problem.suite.ids) if fixture_id in set(ids)]
+    wanted = set(ids)
+    keep = [i for i, fixture_id in enumerate(problem.suite.ids) if fixture_id in wanted]
     reals = tuple(problem.real_components[i] for i in keep) if problem.real_components else ()
     return replace(problem, suite=subset(problem.suite, ids), real_components=reals)
 
