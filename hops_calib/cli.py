@@ -411,7 +411,8 @@ def tune(
 @app.command()
 def crossval(
     term: str = typer.Argument(..., help="The cost term whose fit is cross-validated (see `hops-calib terms`)."),
-    folds: int = typer.Option(5, "--folds", help="Folds of the train split's configurations (repeats stay together)."),
+    folds: int = typer.Option(5, "--folds", help="Folds of the train split's configurations (repeats stay together); "
+                                                 "as many as configurations: leave one configuration out."),
     evaluations: int = typer.Option(150, "--evaluations", min=1,
                                     help="Model evaluations per refit at most (one refit per fold, from defaults)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the fold assignment."),
