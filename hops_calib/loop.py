@@ -138,6 +138,19 @@ def _print_suite(label: str, suite) -> None:
           f"{suite.throughput_mape_pct - suite.stall_noise_mape_pct:+.2f} pp from it)")
 
 
+def _calibration_coverage(fixtures: Path):
+    """The train split of the fixture store as a what-if's calibration runs, and how to name them; (None, why)
+    when there is no store to compare with."""
+    from hops_calib.coverage import coverage
+    from hops_calib.evaluate import load_suite
+
+    try:
+        suite = load_suite(fixtures, "train")
+    except InputError as error:
+        return None, f"{error} (pass --fixtures with the store the model was calibrated on)"
+    return coverage(suite.specs), f"train split of {fixtures}, {len(suite.ids)} runs"
+
+
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
                     as_json: bool, job: Path | None = None, schedules: Sequence[str] = ()) -> int:
     def run() -> int:
@@ -151,7 +164,7 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
             from hops_calib.model_files import load_model
             from hops_calib.whatif import what_if, what_if_text
 
-            result = what_if(job, load_model(model_path), schedules)
+            result = what_if(job, load_model(model_path), schedules, *_calibration_coverage(fixtures))
             if as_json:
                 _print_json(result.to_dict())
             else:

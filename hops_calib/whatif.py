@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from hops_calib.coverage import Coverage, Extrapolation, extrapolations
 from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.predict import Prediction
@@ -30,12 +31,18 @@ class WhatIf:
     predictions: tuple[Prediction, ...]  # one per schedule asked for, in that order
     asked: tuple[str, ...]  # the schedules asked for ("auto" resolves to the one it picked: Prediction.schedule)
     notes: tuple[str, ...]  # remarks of the spec build (a missing link benchmark, ...)
+    # Where the configuration lies outside the calibration runs (None: not checked, no calibration runs given).
+    extrapolations: tuple[Extrapolation, ...] | None = None
+    calibration: str = ""  # which runs the configuration was compared with
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.spec
         return {
             "job": str(self.job_dir), "run_id": spec.run_id, "model": self.model.name,
             "model_sha256": self.model.sha256, "notes": list(self.notes),
+            "calibration": self.calibration,
+            "extrapolations": (None if self.extrapolations is None
+                               else [e.to_dict() for e in self.extrapolations]),
             "configuration": {"pp": spec.pp, "vp": spec.vp, "devices": list(spec.devices),
                               "microbatches": spec.microbatches, "iterations": spec.iterations,
                               "layers_per_stage": list(spec.layers_per_stage), "schedule": spec.schedule,
@@ -62,8 +69,10 @@ def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
     }
 
 
-def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = ()) -> WhatIf:
-    """Predict the run `job_dir` configures under each of `schedules` (default: the configured one)."""
+def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), calibration: Coverage | None = None,
+            calibration_name: str = "") -> WhatIf:
+    """Predict the run `job_dir` configures under each of `schedules` (default: the configured one); with the
+    `calibration` runs' coverage, also say where the configuration lies outside them."""
     from hops_calib.predict import ScheduleError, predict_schedules
     from hops_calib.spec import build_spec
 
@@ -89,7 +98,9 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = ()) ->
                          hint="a what-if needs what the model prices: the link benchmark in calibration/link_bench/ "
                               "(pair_<i>_<j>.jsonl), device types the catalog knows") from None
     return WhatIf(job_dir=job_dir, spec=spec, model=model, predictions=predictions, asked=asked,
-                  notes=tuple(notes))
+                  notes=tuple(notes),
+                  extrapolations=tuple(extrapolations(spec, calibration)) if calibration is not None else None,
+                  calibration=calibration_name)
 
 
 def what_if_text(result: WhatIf) -> str:
@@ -100,6 +111,13 @@ def what_if_text(result: WhatIf) -> str:
              f"({'-'.join(str(n) for n in spec.layers_per_stage)}); configured schedule {spec.schedule}; "
              f"model {model.name} ({model.sha256[:12]}); predicted from the configuration alone"]
     lines += [f"note: {note}" for note in result.notes]
+    if result.extrapolations is None:
+        lines.append(f"calibration coverage not checked: {result.calibration}")
+    elif result.extrapolations:
+        lines.append(f"outside the calibration runs ({result.calibration}), priced by parameters nothing there pinned: "
+                     + "; ".join(e.sentence() for e in result.extrapolations))
+    else:
+        lines.append(f"within the calibration runs' coverage ({result.calibration})")
     heads = [p.schedule if asked == p.schedule else f"{asked}: {p.schedule}"
              for asked, p in zip(result.asked, result.predictions)]
     width = max(12, *(len(head) + 2 for head in heads))

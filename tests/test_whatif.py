@@ -124,3 +124,27 @@ def test_what_if_timeline_draws_one_predicted_panel_per_schedule(tmp_path):
     width_in, height_in = figure_size(2, panels=3)
     assert struct.unpack(">II", data[16:24]) == (int(round(width_in * 50)), int(round(height_in * 50)))
     assert cli("plot", "timeline", "--out", out).exit_code == 2  # neither a fixture nor a job
+
+
+def test_a_what_if_says_where_it_leaves_the_calibration_runs(tmp_path):
+    store = open_store(REPO / "fixtures")
+    train = [store.load(i).spec for i in store.ids("train")]
+    job = configuration_only(tmp_path)
+    inside = predict_job("--job", job, "--fixtures", REPO / "fixtures")
+    assert inside["extrapolations"] == [] and f"{len(train)} runs" in inside["calibration"]
+    assert "within the calibration runs' coverage" in cli("predict", "--job", job, "--fixtures",
+                                                          REPO / "fixtures").stdout
+    # More microbatches than any calibration run had: named, with the range the runs had.
+    args = job / "megatron_args.txt"
+    args.write_text(args.read_text().replace("--global-batch-size 4", "--global-batch-size 64"))
+    low, high = min(s.microbatches for s in train), max(s.microbatches for s in train)
+    assert high < 64
+    out = predict_job("--job", job, "--fixtures", REPO / "fixtures")
+    flagged = {e["feature"]: e for e in out["extrapolations"]}
+    assert flagged["microbatches"]["value"] == "64"
+    assert flagged["microbatches"]["calibrated"] == (f"{low}" if low == high else f"{low}-{high}")
+    text = cli("predict", "--job", job, "--fixtures", REPO / "fixtures").stdout
+    assert "outside the calibration runs" in text and "microbatches 64" in text
+    # No store to compare with: the prediction still comes, and says the coverage was not checked.
+    unchecked = predict_job("--job", job, "--fixtures", tmp_path / "nowhere")
+    assert unchecked["extrapolations"] is None and "no fixture store" in unchecked["calibration"]

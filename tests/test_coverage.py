@@ -1,0 +1,50 @@
+"""Calibration coverage on the real runs: the train configurations span themselves, and every feature named as
+outside them for a held-out configuration really is (configurations only: no result of any run is read)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hops_calib.coverage import coverage, extrapolations
+from hops_calib.model import gpt
+
+
+def test_train_runs_lie_within_their_own_coverage_and_test_ones_are_named_where_they_leave_it(shared_store):
+    train = [shared_store.load(i).spec for i in shared_store.ids("train")]
+    test = [shared_store.load(i).spec for i in shared_store.ids("test")]
+    span = coverage(train)
+    assert span.runs == len(train)
+    assert all(extrapolations(spec, span) == [] for spec in train)
+    hidden = [s.model.hidden_size for s in train]
+    seen_devices = {d for s in train for d in s.devices}
+    flagged_any = False
+    for spec in test:
+        for e in extrapolations(spec, span):
+            flagged_any = True
+            if e.feature == "hidden size":
+                assert not min(hidden) <= spec.model.hidden_size <= max(hidden)
+                assert e.calibrated == f"{min(hidden)}-{max(hidden)}"
+            elif e.feature == "hop message MiB":
+                sizes = [gpt.boundary_activation_bytes(s.model) for s in train]
+                assert not min(sizes) <= gpt.boundary_activation_bytes(spec.model) <= max(sizes)
+            elif e.feature == "end device pair":
+                ends = {"-".join(sorted((s.devices[0], s.devices[-1]))) for s in train}
+                assert e.value not in ends and e.value == "-".join(sorted((spec.devices[0], spec.devices[-1])))
+            elif e.feature == "device type":
+                assert e.value not in seen_devices
+    assert flagged_any  # the held-out split holds configurations train has no neighbour for
+
+
+def test_a_new_device_type_is_named_with_the_pairs_it_makes(shared_store):
+    train = [shared_store.load(i).spec for i in shared_store.ids("train")]
+    span = coverage(train)
+    base = train[0]
+    assert "cpu" not in span.seen["device type"]
+    swapped = dataclasses.replace(base, devices=tuple("cpu" for _ in base.devices))
+    found = {(e.feature, e.value) for e in extrapolations(swapped, span)}
+    assert ("device type", "cpu") in found and ("hop device pair", "cpu-cpu") in found
+    assert ("end device pair", "cpu-cpu") in found
+    with pytest.raises(ValueError, match="no configurations"):
+        coverage([])
