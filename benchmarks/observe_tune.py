@@ -6,8 +6,8 @@ Without --fixtures the 56 shared runs are ingested into a temporary store first.
 Tune: the time per trial of an in-memory study (sampling, building the candidate
 model, predicting and scoring every train fixture), and the same for the scoring
 alone. Observe: the whole observation (events read for the real parts, the
-counterfactual re-simulations), in one process. Crossval: --folds refits of --term with
---trials trials each, and the scoring of every fold.
+counterfactual re-simulations), in one process. Crossval: --folds refits of --term and one on
+every train run, --evaluations model evaluations each, and the scoring of every fold.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--model", type=Path, help="model file (default: the shipped baseline)")
     parser.add_argument("--folds", type=int, default=5, help="crossval folds")
+    parser.add_argument("--evaluations", type=int, default=150, help="crossval evaluations per refit")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         fixtures = args.fixtures
@@ -69,8 +70,8 @@ def main() -> None:
         from hops_calib.crossval import crossval
 
         start = time.perf_counter()
-        result = crossval(args.term, fixtures, model_path=args.model, folds=args.folds, trials=args.trials)
-        print(f"crossval {args.term}, {len(result.folds)} folds x {args.trials} trials: "
+        result = crossval(args.term, fixtures, model_path=args.model, folds=args.folds, evaluations=args.evaluations)
+        print(f"crossval {args.term}, {len(result.folds)} folds + 1 full refit x {args.evaluations} evaluations: "
               f"{time.perf_counter() - start:.2f} s (cross-validated MAPE {result.held_out.throughput_mape_pct:.2f} %)")
 
 
