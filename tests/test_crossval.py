@@ -127,3 +127,31 @@ def test_a_refit_starts_from_the_term_defaults_not_from_the_values_fitted_on_eve
     assert all(fold.params[PARAM] == pytest.approx(default) for fold in start.folds)
     with pytest.raises(InputError, match="only switch parameters"):
         crossval("layer_dispatch_floor", shared_fixtures, folds=2, evaluations=1, only=("step_after_receive_only",))
+
+
+def test_components_mode_reports_the_objective_it_refit(shared_fixtures):
+    from hops_calib.tune import load_problem
+
+    result = crossval("optimizer_step", shared_fixtures, folds=2, evaluations=3, objective="components",
+                      only=("fixed_ms",))
+    problem = load_problem("optimizer_step", shared_fixtures, None, "components", ("fixed_ms",))
+    for fold in result.folds:
+        refit = problem.model_with(fold.params)
+        rest = tuple(i for i in problem.suite.ids if i not in fold.ids)
+        held = _subproblem(problem, fold.ids)
+        assert fold.held_out_component_pct == pytest.approx(held.component_mape(refit))
+        assert fold.in_sample_component_pct == pytest.approx(_subproblem(problem, rest).component_mape(refit))
+    assert result.current_component_pct == pytest.approx(problem.component_mape(problem.model))
+    assert result.full_component_pct == pytest.approx(problem.component_mape(problem.model_with(result.full_params)))
+    data = result.to_dict()["component_mape_pct"]
+    assert data["cross_validated"] == pytest.approx(result.held_out_component_pct)
+    # In suite mode there is no component error to report.
+    assert crossval(TERM, shared_fixtures, folds=2, evaluations=1, only=(PARAM,)).to_dict()["component_mape_pct"] is None
+
+
+def _subproblem(problem, ids):
+    import dataclasses
+
+    keep = [i for i, run in enumerate(problem.suite.ids) if run in set(ids)]
+    return dataclasses.replace(problem, suite=subset(problem.suite, tuple(ids)),
+                               real_components=tuple(problem.real_components[i] for i in keep))
