@@ -89,3 +89,23 @@ def extrapolations(spec: Spec, span: Coverage) -> list[Extrapolation]:
         for value in sorted(values - span.seen[feature]):
             found.append(Extrapolation(feature, value, ", ".join(sorted(span.seen[feature])) or "none"))
     return found
+
+
+def outside_counts(specs: Iterable[Spec], span: Coverage) -> dict[str, Any]:
+    """How many of `specs` lie outside `span` in at least one feature, and how many in each feature."""
+    specs = list(specs)
+    features: dict[str, int] = {}
+    outside = 0
+    for spec in specs:
+        found = {e.feature for e in extrapolations(spec, span)}
+        outside += bool(found)
+        for feature in found:
+            features[feature] = features.get(feature, 0) + 1
+    return {"runs": outside, "of": len(specs), "features": dict(sorted(features.items()))}
+
+
+def outside_sentence(counts: dict[str, Any]) -> str:
+    text = f"{counts['runs']} of {counts['of']} configurations lie outside the train runs"
+    if counts["features"]:
+        text += " (" + ", ".join(f"{feature}: {n}" for feature, n in counts["features"].items()) + ")"
+    return text

@@ -371,6 +371,9 @@ class Report:
     ledger_entry: dict[str, Any]
     # The same model on the train split, beside a held-out report: how far the held-out MAPE is from it.
     train: SuiteScore | None = None
+    # Beside a held-out report: how many of its configurations lie outside the train runs, and in which features
+    # (hops_calib.coverage.outside_counts; configurations only).
+    outside_train: dict[str, Any] | None = None
 
     @property
     def gap_to_train_pp(self) -> float | None:
@@ -380,7 +383,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {"split": self.split, **self.suite.to_dict(), "model_sha256": self.model_sha256,
                 "train": self.train.to_dict() if self.train is not None else None,
-                "gap_to_train_pp": self.gap_to_train_pp,
+                "gap_to_train_pp": self.gap_to_train_pp, "outside_train": self.outside_train,
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]}}
 
@@ -404,8 +407,13 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     train_ids = open_store(fixtures_dir).ids(TRAIN) if split != TRAIN else []
     progress.start(len(suite.ids) + len(train_ids))
     scored = score_model(suite, model, origin=str(model_path), progress=progress)
-    train = (score_model(load_suite(fixtures_dir, TRAIN), model, origin=str(model_path), progress=progress).suite
-             if train_ids else None)
+    train_suite = load_suite(fixtures_dir, TRAIN) if train_ids else None
+    train = score_model(train_suite, model, origin=str(model_path), progress=progress).suite if train_suite else None
+    outside = None
+    if train_suite is not None:
+        from hops_calib.coverage import coverage, outside_counts
+
+        outside = outside_counts(suite.specs, coverage(train_suite.specs))
     entry = {
         "kind": "report",
         "time": now_utc(),
@@ -416,12 +424,13 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
         "n_fixtures": len(suite.ids),
         "aggregates": scored.suite.to_dict(),
         **({"train_aggregates": train.to_dict()} if train is not None else {}),
+        **({"outside_train": outside} if outside is not None else {}),
         "decision": "audit",
         "code_revision": code_revision(),
     }
     written = ledger.append(ledger_path, entry)
     return Report(split=split, suite=scored.suite, model_sha256=model.sha256, ledger_path=Path(ledger_path),
-                  ledger_entry=written, train=train)
+                  ledger_entry=written, train=train, outside_train=outside)
 
 
 def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
@@ -452,4 +461,4 @@ def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: 
     train = found.get("train_aggregates")
     return Report(split=split, suite=suite_score(found["aggregates"]), model_sha256=model_sha,
                   ledger_path=Path(ledger_path), ledger_entry=found,
-                  train=suite_score(train) if train is not None else None)
+                  train=suite_score(train) if train is not None else None, outside_train=found.get("outside_train"))

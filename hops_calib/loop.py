@@ -311,6 +311,11 @@ def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_p
                       f"floor {result.train.stall_noise_mape_pct:.2f} %); {result.split} minus train: "
                       f"{result.gap_to_train_pp:+.2f} pp, of which the floors differ by "
                       f"{result.suite.stall_noise_mape_pct - result.train.stall_noise_mape_pct:+.2f} pp")
+            if result.outside_train is not None:
+                from hops_calib.coverage import outside_sentence
+
+                print(f"of the {result.split} split, {outside_sentence(result.outside_train)}: there the model "
+                      "extrapolates (predict --job DIR --fixtures names the features of one configuration)")
             print(f"audit entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
             if html is not None:
                 print(f"wrote {html}")

@@ -204,7 +204,8 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
         result = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
-        assert set(data) == AGGREGATES | {"split", "model_sha256", "ledger", "train", "gap_to_train_pp"}
+        assert set(data) == AGGREGATES | {"split", "model_sha256", "ledger", "train", "gap_to_train_pp",
+                                          "outside_train"}
         assert data["n_fixtures"] == len(test_ids) and data["split"] == "test"
         assert not any(fixture_id in result.stdout for fixture_id in test_ids)
         entries = list(read_entries(ledger))
@@ -217,12 +218,23 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
     assert data["train"]["n_fixtures"] == len(shared_store.ids("train"))
     assert data["gap_to_train_pp"] == pytest.approx(data["throughput_mape_pct"] - train["throughput_mape_pct"])
     assert entries[-1]["train_aggregates"] == data["train"]
+    # Which held-out configurations the model extrapolates to: counted from the configurations, by feature.
+    from hops_calib.coverage import coverage, extrapolations
+
+    span = coverage([shared_store.load(i).spec for i in shared_store.ids("train")])
+    flagged = [extrapolations(shared_store.load(i).spec, span) for i in test_ids]
+    assert data["outside_train"]["of"] == len(test_ids)
+    assert data["outside_train"]["runs"] == sum(bool(f) for f in flagged)
+    for feature, n in data["outside_train"]["features"].items():
+        assert n == sum(any(e.feature == feature for e in f) for f in flagged)
+    assert entries[-1]["outside_train"] == data["outside_train"]
     text = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger)
     assert text.exit_code == 0 and "test split" in text.stdout and "audit entry 3" in text.stdout
     assert "the same model on train" in text.stdout and "test minus train" in text.stdout
+    assert f"of {len(test_ids)} configurations lie outside the train runs" in text.stdout
     on_train = json.loads(cli("report", "--split", "train", "--fixtures", shared_fixtures, "--ledger", ledger,
                               "--json").stdout)
-    assert on_train["train"] is None and on_train["gap_to_train_pp"] is None
+    assert on_train["train"] is None and on_train["gap_to_train_pp"] is None and on_train["outside_train"] is None
 
 
 def test_ledger_cli_verifies_and_names_tampered_and_truncated_lines(shared_fixtures, tmp_path):
@@ -412,7 +424,7 @@ def test_recorded_report_quotes_the_last_audit_of_this_model_without_a_new_look(
     quoted = recorded_report(shared_fixtures, ledger_path=ledger)
     assert ledger.read_bytes() == before  # quoting appends nothing
     assert quoted is not None and quoted.ledger_entry["seq"] == made.ledger_entry["seq"]
-    assert quoted.suite == made.suite and quoted.train == made.train
+    assert quoted.suite == made.suite and quoted.train == made.train and quoted.outside_train == made.outside_train
     assert quoted.gap_to_train_pp == pytest.approx(made.gap_to_train_pp)
     # Another model has no audit of its own in this ledger; nor has the train split.
     other = tmp_path / "plain.toml"

@@ -377,6 +377,8 @@ def test_html_report_test_split_shows_aggregates_only_and_is_audited(shared_fixt
     assert f"{summary['throughput_mape_pct']:.2f}" in html and f"{summary['bubble_mae_pp']:.2f}" in html
     assert "Held-out report" in html
     assert f"test minus train {summary['gap_to_train_pp']:+.2f} pp" in html
+    outside = summary["outside_train"]
+    assert f"{outside['runs']} of {outside['of']} configurations lie outside the train runs" in html
 
     bad = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--html", tmp_path / "report.txt")
     assert bad.exit_code == 2 and "--html" in bad.stderr

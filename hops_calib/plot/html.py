@@ -205,6 +205,11 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
         meta["the same model on train"] = (f"throughput MAPE {train.throughput_mape_pct:.2f} % (stall-noise floor "
                                            f"{train.stall_noise_mape_pct:.2f} %); {result.split} minus train "
                                            f"{result.gap_to_train_pp:+.2f} pp")
+    outside = getattr(result, "outside_train", None)
+    if outside is not None:
+        from hops_calib.coverage import outside_sentence
+
+        meta["outside the train runs"] = outside_sentence(outside)
     page = render(split=result.split, suite=result.suite, points=scored.points, model_label=model_label(scored.model),
                   meta=meta, parity_uri=parity_uri, ledger_uri=ledger_uri)
     atomic_write(out, page)
