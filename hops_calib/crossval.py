@@ -198,7 +198,7 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     """Refit `term` on K - 1 folds of the train split's configurations and predict the Kth, for each K."""
     if evaluations < 1:
         raise InputError("crossval", "--evaluations must be at least 1", field="evaluations")
-    problem = load_problem(term, fixtures_dir, model_path, objective, only)  # the train split only
+    problem = load_problem(term, fixtures_dir, model_path, objective, only, command="crossval")  # train only
     suite = problem.suite
     parts = fold_groups(suite.ids, folds, seed)
     current = score_model(suite, problem.model, origin=f"crossval {term}")

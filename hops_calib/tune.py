@@ -121,15 +121,15 @@ def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
 
 
 def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | None,
-                 objective: str = "suite", only: tuple[str, ...] = ()) -> TuneProblem:
+                 objective: str = "suite", only: tuple[str, ...] = (), command: str = "tune") -> TuneProblem:
     from hops_calib.model_files import DEFAULT_MODEL, load_model
 
     if term not in TERMS:
-        raise InputError("tune", f"unknown term {term!r}", field="TERM",
+        raise InputError(command, f"unknown term {term!r}", field="TERM",
                          hint=f"terms implemented in hops_calib.model.terms: {', '.join(sorted(TERMS))} "
                               "(`hops-calib terms` lists them with their parameters)")
     if not TERMS[term].params:
-        raise InputError("tune", f"term {term!r} has no parameters to tune", field="TERM",
+        raise InputError(command, f"term {term!r} has no parameters to tune", field="TERM",
                          hint="it is a measurement-driven term; tune a term that has parameters (`hops-calib terms`)")
     unknown = []
     for name in only:
@@ -139,11 +139,11 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
             unknown.append(name)
     if unknown:
         per_device = [p.name for p in TERMS[term].params if p.per_device]
-        raise InputError("tune", f"term {term!r} has no parameter {', '.join(map(repr, unknown))}", field="only",
+        raise InputError(command, f"term {term!r} has no parameter {', '.join(map(repr, unknown))}", field="only",
                          hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}"
                               + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""))
     if objective not in OBJECTIVE_MODES:
-        raise InputError("tune", f"unknown objective {objective!r}", field="objective",
+        raise InputError(command, f"unknown objective {objective!r}", field="objective",
                          hint=f"choose one of {', '.join(OBJECTIVE_MODES)}")
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     suite = load_suite(fixtures_dir, "train")

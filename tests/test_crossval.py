@@ -108,8 +108,9 @@ def test_bad_requests_name_the_option_and_the_range(shared_fixtures):
         with pytest.raises(InputError, match=f"choose 2 to {n_configs} folds") as error:
             crossval(TERM, shared_fixtures, folds=folds, evaluations=1)
         assert error.value.field == "folds"
-    with pytest.raises(InputError, match="unknown term"):
+    with pytest.raises(InputError, match="unknown term") as unknown:
         crossval("no_such_term", shared_fixtures, evaluations=1)
+    assert str(unknown.value).startswith("crossval")  # the command the user ran, not the one it borrows from
     with pytest.raises(InputError, match="evaluations"):
         crossval(TERM, shared_fixtures, evaluations=0)
     bad = CliRunner().invoke(app, ["crossval", TERM, "--folds", "1", "--fixtures", str(shared_fixtures)])
