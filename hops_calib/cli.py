@@ -422,12 +422,14 @@ def crossval(
     objective: str = typer.Option("suite", "--objective", help="As for tune: suite or components."),
     only: Optional[List[str]] = typer.Option(
         None, "--only", help="Refit only this parameter (repeatable); the others keep the model's values."),
+    shared: bool = typer.Option(False, "--shared", help="Take the refit parameters' per-device values (NAME@TYPE) "
+                                                        "out first: one value for every device."),
 ) -> None:
     """Refit one term without each fold of train configurations and predict that fold: held-out error from train."""
     from hops_calib.crossval import crossval_command
 
     raise typer.Exit(crossval_command(term, fixtures, model, folds, evaluations, seed, as_json, objective,
-                                      tuple(only or ())))
+                                      tuple(only or ()), shared))
 
 
 def main() -> None:

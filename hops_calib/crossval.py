@@ -104,6 +104,8 @@ class CrossValidation:
     # Components mode: the mispriced share of the measured times (%) of the full refit and of the current model.
     full_component_pct: float | None = None
     current_component_pct: float | None = None
+    # With shared=True: the per-device values (NAME@TYPE) taken out, so each refit fits one value for every device.
+    dropped: tuple[str, ...] = ()
 
     @property
     def held_out_component_pct(self) -> float | None:
@@ -138,7 +140,7 @@ class CrossValidation:
                 "split": "train", "seed": self.seed, "evaluations_per_refit": self.evaluations, "objective": self.objective,
                 "only": list(self.only), "current_params": self.current_params, "current": self.current.to_dict(),
                 "cross_validated": self.held_out.to_dict(), "in_sample_mape_pct": self.in_sample_mape_pct,
-                "optimism_pp": self.optimism_pp, "full_refit": {"params": self.full_params, **self.full.to_dict()},
+                "optimism_pp": self.optimism_pp, "per_device_values_dropped": list(self.dropped), "full_refit": {"params": self.full_params, **self.full.to_dict()},
                 "component_mape_pct": None if self.objective != "components" else {
                     "cross_validated": self.held_out_component_pct, "in_sample": self.in_sample_component_pct,
                     "full_refit": self.full_component_pct, "current": self.current_component_pct},
@@ -192,16 +194,45 @@ def refit(problem: TuneProblem, evaluations: int, seed: int = 0,
     return {p.name: float(v) for p, v in zip(params, best)}
 
 
+def _shared_problem(problem: TuneProblem) -> tuple[TuneProblem, tuple[str, ...]]:
+    """The problem on a model without the per-device values of the parameters it refits."""
+    from hops_calib.model import resolve_params
+
+    per_device = [p.name for p in problem.params if "@" in p.name]
+    if per_device:
+        raise InputError("crossval", f"--shared refits one value for every device; {', '.join(per_device)} is one "
+                         "device's value", field="only", hint="name the parameter without @TYPE")
+    active = problem.model.active(problem.term)
+    names = {p.name for p in problem.params}
+    values = active.params() if active else {}
+    dropped = tuple(sorted(k for k in values if "@" in k and k.partition("@")[0] in names))
+    if not dropped:
+        raise InputError("crossval", f"--shared: the model gives term {problem.term!r} no per-device value of "
+                         f"{', '.join(sorted(names))}", field="shared",
+                         hint="nothing to share; cross-validate without --shared")
+    kept = {k: v for k, v in values.items() if k not in dropped}
+    model = problem.model.with_term(resolve_params(problem.term, kept, origin=f"crossval {problem.term} --shared"))
+    return replace(problem, model=model), dropped
+
+
 def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None = None, folds: int = DEFAULT_FOLDS,
              evaluations: int = DEFAULT_EVALUATIONS, seed: int = 0, objective: str = "suite", only: tuple[str, ...] = (),
-             progress: Callable[[int, int], None] | None = None) -> CrossValidation:
-    """Refit `term` on K - 1 folds of the train split's configurations and predict the Kth, for each K."""
+             shared: bool = False, progress: Callable[[int, int], None] | None = None) -> CrossValidation:
+    """Refit `term` on K - 1 folds of the train split's configurations and predict the Kth, for each K.
+
+    `shared`: take the refit parameters' per-device values (NAME@TYPE) out of the model first, so that one value
+    serves every device: does the per-device freedom travel better than a shared value?
+    """
     if evaluations < 1:
         raise InputError("crossval", "--evaluations must be at least 1", field="evaluations")
     problem = load_problem(term, fixtures_dir, model_path, objective, only, command="crossval")  # train only
+    shipped = problem.model
+    dropped: tuple[str, ...] = ()
+    if shared:
+        problem, dropped = _shared_problem(problem)
     suite = problem.suite
     parts = fold_groups(suite.ids, folds, seed)
-    current = score_model(suite, problem.model, origin=f"crossval {term}")
+    current = score_model(suite, shipped, origin=f"crossval {term}")
     current_errors = {r.run_id: r.throughput_error_pct for r in current.runs}
     results = []
     for index, groups in enumerate(parts):
@@ -228,16 +259,16 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     full_values = refit(problem, evaluations, seed + len(parts),
                         lambda calls: progress(len(parts) * evaluations + calls, evaluations * (len(parts) + 1))
                         if progress else None)
-    current_values = problem.start_values()
-    return CrossValidation(term=term, model_sha256=problem.model.sha256, fixture_set_sha256=suite.sha256, seed=seed,
+    current_values = replace(problem, model=shipped).start_values()
+    return CrossValidation(term=term, model_sha256=shipped.sha256, fixture_set_sha256=suite.sha256, seed=seed,
                            evaluations=evaluations, objective=objective, only=tuple(only),
                            current_params={k: current_values[k] for k in results[0].params},
                            current=current.suite, folds=tuple(results), full_params=full_values,
                            full=score_model(suite, problem.model_with(full_values), origin=f"crossval {term}").suite,
                            full_component_pct=(problem.component_mape(problem.model_with(full_values))
                                                if objective == "components" else None),
-                           current_component_pct=problem.component_mape(problem.model) if objective == "components"
-                           else None)
+                           current_component_pct=problem.component_mape(shipped) if objective == "components"
+                           else None, dropped=dropped)
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -268,6 +299,8 @@ def crossval_text(result: CrossValidation) -> str:
                 + [f"{result.current_params[n]:.4g}" for n in names])
     headers = ["fold", "runs", "configurations held out", "current %", "held out %", "in sample %"] + names
     out.append(text_table(headers, rows, right={0, 1, 3, 4, 5, *range(6, 6 + len(names))}))
+    if result.dropped:
+        out.append("per-device values taken out, one value refit for every device: " + ", ".join(result.dropped))
     if result.objective == "components":
         out.append(f"mispriced share of the measured times (the refits' objective): cross-validated "
                    f"{result.held_out_component_pct:.2f} %, in sample {result.in_sample_component_pct:.2f} %, the "
@@ -300,14 +333,14 @@ def _short_groups(groups: tuple[str, ...], width: int = 60) -> str:
 
 
 def crossval_command(term: str, fixtures: Path, model_path: Path | None, folds: int, evaluations: int, seed: int,
-                     as_json: bool, objective: str = "suite", only: tuple[str, ...] = ()) -> int:
+                     as_json: bool, objective: str = "suite", only: tuple[str, ...] = (), shared: bool = False) -> int:
     from hops_calib.loop import EXIT_OK, _guarded, _print_json
     from hops_calib.progress import progress_bar
 
     def run() -> int:
         with progress_bar(f"crossval {term}", quiet=as_json) as bar:
             result = crossval(term, fixtures, model_path=model_path, folds=folds, evaluations=evaluations, seed=seed,
-                              objective=objective, only=only, progress=bar.update)
+                              objective=objective, only=only, shared=shared, progress=bar.update)
         if as_json:
             _print_json(result.to_dict())
         else:

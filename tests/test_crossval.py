@@ -156,3 +156,25 @@ def _subproblem(problem, ids):
     keep = [i for i, run in enumerate(problem.suite.ids) if run in set(ids)]
     return dataclasses.replace(problem, suite=subset(problem.suite, tuple(ids)),
                                real_components=tuple(problem.real_components[i] for i in keep))
+
+
+def test_shared_refits_one_value_for_every_device_in_place_of_the_per_device_ones(shared_fixtures):
+    term, names = "layer_launch_floor", ("forward_ms_per_layer", "backward_ms_per_layer")
+    shipped = load_model(None)
+    per_device = sorted(k for k in shipped.active(term).params() if k.partition("@")[0] in names and "@" in k)
+    assert per_device  # the shipped model has per-device floors, else there is nothing to test
+    result = crossval(term, shared_fixtures, folds=2, evaluations=2, only=names, shared=True)
+    assert list(result.dropped) == per_device
+    assert result.model_sha256 == shipped.sha256  # the model asked about, not the stripped one
+    suite = load_suite(shared_fixtures, "train")
+    assert result.current == score_model(suite, shipped, origin="test").suite
+    kept = {k: v for k, v in shipped.active(term).params().items() if k not in per_device}
+    for fold in result.folds:
+        assert set(fold.params) == set(names)
+        refit = shipped.with_term(resolve_params(term, {**kept, **fold.params}, origin="test"))
+        assert not any("@" in k and k.partition("@")[0] in names for k in refit.active(term).params())
+        assert fold.held_out == score_model(subset(suite, fold.ids), refit, origin="test").suite
+    with pytest.raises(InputError, match="one device's value"):
+        crossval(term, shared_fixtures, folds=2, evaluations=1, only=("forward_ms_per_layer@l4",), shared=True)
+    with pytest.raises(InputError, match="no per-device value"):
+        crossval(TERM, shared_fixtures, folds=2, evaluations=1, only=(PARAM,), shared=True)
