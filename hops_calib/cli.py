@@ -275,6 +275,18 @@ def ledger_show(
     raise typer.Exit(ledger_show_command(ledger, last, as_json))
 
 
+@ledger_app.command("looks")
+def ledger_looks(
+    ledger: Path = LEDGER_OPTION,
+    split: str = typer.Option("test", "--split", help="The held-out split whose reports are listed."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Every look at the held-out split: its model, result, the work since the look before, repeats."""
+    from hops_calib.loop import ledger_looks_command
+
+    raise typer.Exit(ledger_looks_command(ledger, split, as_json))
+
+
 @ledger_app.command("verify")
 def ledger_verify(
     ledger: Path = LEDGER_OPTION,

@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -196,6 +196,50 @@ def read_entries(path: Path | str) -> Iterator[dict[str, Any]]:
             except ValueError:
                 raise LedgerError(path, "not valid JSON", line=number,
                                   hint="run `hops-calib ledger verify` to see what is damaged") from None
+
+
+@dataclass(frozen=True)
+class Look:
+    """One held-out report in the ledger, and what the campaign did between it and the look before."""
+
+    seq: int
+    time: str
+    split: str
+    model_sha256: str
+    throughput_mape_pct: float
+    bubble_mae_pp: float
+    gap_to_train_pp: float | None  # held-out minus train MAPE of the same model, when the entry carries train's
+    evaluations_since: int  # candidate evaluations and comparisons since the previous look (any decision)
+    changes_since: int  # of those, the ones that changed a model file (accepted and committed; committed compares)
+    repeat_of: int | None  # the seq of an earlier look at the same model and fixture set, if any
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], split: str = "test") -> list[Look]:
+    """Every report on `split` (the held-out split), in order, with the work between it and the look before: how
+    adaptively the held-out split was used, at a glance."""
+    looks: list[Look] = []
+    seen: dict[tuple[str, str], int] = {}
+    evaluations = changes = 0
+    for entry in entries:
+        kind = entry.get("kind")
+        if kind in ("evaluate", "compare"):
+            evaluations += 1
+            changes += bool(entry.get("committed")) and (kind == "compare" or entry.get("decision") == "accepted")
+        elif kind == "report" and entry.get("split") == split:
+            aggregates, train = entry.get("aggregates") or {}, entry.get("train_aggregates")
+            key = (entry.get("model_sha256", ""), entry.get("fixture_set_sha256", ""))
+            mape = float(aggregates.get("throughput_mape_pct", float("nan")))
+            looks.append(Look(seq=int(entry["seq"]), time=str(entry.get("time", "")), split=split,
+                              model_sha256=key[0], throughput_mape_pct=mape,
+                              bubble_mae_pp=float(aggregates.get("bubble_mae_pp", float("nan"))),
+                              gap_to_train_pp=mape - float(train["throughput_mape_pct"]) if train else None,
+                              evaluations_since=evaluations, changes_since=changes, repeat_of=seen.get(key)))
+            seen.setdefault(key, int(entry["seq"]))
+            evaluations = changes = 0
+    return looks
 
 
 def repair(path: Path | str) -> Path | None:

@@ -363,6 +363,33 @@ def ledger_show_command(ledger_path: Path, last: int | None, as_json: bool) -> i
     return _guarded(run)
 
 
+def ledger_looks_command(ledger_path: Path, split: str, as_json: bool) -> int:
+    def run() -> int:
+        from hops_calib.ledger import held_out_looks, read_entries
+        from hops_calib.store.views import text_table
+
+        looks = held_out_looks(read_entries(ledger_path), split)
+        models = {look.model_sha256 for look in looks}
+        repeats = sum(look.repeat_of is not None for look in looks)
+        if as_json:
+            _print_json({"ledger": str(ledger_path), "split": split, "looks": [look.to_dict() for look in looks],
+                         "distinct_models": len(models), "repeated_looks": repeats})
+            return EXIT_OK
+        print(f"{ledger_path}: {len(looks)} look(s) at the {split} split, at {len(models)} distinct model(s); "
+              f"{repeats} repeated an earlier look at the same model and runs")
+        if looks:
+            rows = [[str(look.seq), look.time[:16], look.model_sha256[:12], f"{look.throughput_mape_pct:.2f}",
+                     f"{look.bubble_mae_pp:.2f}",
+                     f"{look.gap_to_train_pp:+.2f}" if look.gap_to_train_pp is not None else "",
+                     str(look.evaluations_since), str(look.changes_since),
+                     f"of {look.repeat_of}" if look.repeat_of is not None else ""] for look in looks]
+            print(text_table(["seq", "time", "model", "MAPE %", "bubble pp", "gap to train pp", "evaluated since",
+                              "model changes since", "repeat"], rows, right={0, 3, 4, 5, 6, 7}))
+        return EXIT_OK
+
+    return _guarded(run)
+
+
 def ledger_verify_command(ledger_path: Path, as_json: bool) -> int:
     def run() -> int:
         from hops_calib.ledger import verify

@@ -198,3 +198,51 @@ def test_export_writes_one_parquet_row_per_entry(tmp_path):
 def test_code_revision_is_a_commit_or_unknown():
     revision = ledger.code_revision()
     assert revision == "unknown" or len(revision.removesuffix("-dirty")) == 40
+
+
+def test_held_out_looks_count_the_work_between_looks_and_name_repeats(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+
+    def scores(mape):
+        return {"throughput_mape_pct": mape, "bubble_mae_pp": 1.0}
+
+    def evaluate(decision, committed):
+        ledger.append(path, {"kind": "evaluate", "decision": decision, "committed": committed,
+                             "aggregates_before": scores(3.0), "aggregates_after": scores(2.9)})
+
+    def look(model, split="test", train=None):
+        ledger.append(path, {"kind": "report", "split": split, "model_sha256": model, "fixture_set_sha256": "f",
+                             "aggregates": scores(4.0), **({"train_aggregates": scores(train)} if train else {}),
+                             "decision": "audit"})
+
+    evaluate("accepted", True)
+    evaluate("rejected", False)
+    evaluate("accepted", False)  # accepted but not written into a model: no change
+    look("A")
+    look("A", split="train")  # a train report is no look at the held-out split
+    ledger.append(path, {"kind": "compare", "decision": "rejected", "committed": True})  # an undo changes the file
+    look("B", train=2.5)
+    look("B", train=2.5)
+    looks = ledger.held_out_looks(ledger.read_entries(path))
+    assert [(x.evaluations_since, x.changes_since, x.repeat_of) for x in looks] == [(3, 1, None), (1, 1, None),
+                                                                                    (0, 0, looks[1].seq)]
+    assert [x.model_sha256 for x in looks] == ["A", "B", "B"]
+    assert looks[0].gap_to_train_pp is None and looks[1].gap_to_train_pp == pytest.approx(1.5)
+    assert ledger.held_out_looks(ledger.read_entries(path), split="train")[0].seq == 5
+
+
+def test_ledger_looks_cli_on_the_committed_ledger():
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    committed = Path(__file__).resolve().parent.parent / "ledger" / "ledger.jsonl"
+    reports = [e for e in ledger.read_entries(committed) if e.get("kind") == "report" and e.get("split") == "test"]
+    result = CliRunner().invoke(app, ["ledger", "looks", "--ledger", str(committed), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [x["seq"] for x in data["looks"]] == [e["seq"] for e in reports]
+    assert data["distinct_models"] == len({e["model_sha256"] for e in reports})
+    assert data["repeated_looks"] == len(reports) - len({(e["model_sha256"], e["fixture_set_sha256"]) for e in reports})
+    text = CliRunner().invoke(app, ["ledger", "looks", "--ledger", str(committed)])
+    assert text.exit_code == 0 and f"{len(reports)} look(s) at the test split" in text.stdout
