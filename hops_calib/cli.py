@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 
@@ -134,25 +136,42 @@ def plan(
 MODEL_OPTION = typer.Option(None, "--model",
                             help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
 LEDGER_OPTION = typer.Option(Path("ledger/ledger.jsonl"), "--ledger", help="Experiment ledger (JSON lines).")
-TOLERANCE_MAPE_OPTION = typer.Option(
-    None, "--tolerance-mape-pp", help="Suite throughput MAPE may grow by this many pp (default 0: hold).")
-TOLERANCE_BUBBLE_MAE_OPTION = typer.Option(
-    None, "--tolerance-bubble-mae-pp", help="Suite bubble MAE may grow by this many pp (default 0: hold).")
-TOLERANCE_RHO_OPTION = typer.Option(
-    None, "--tolerance-rho", help="Mean utilization rho may fall by this much (default 0: hold).")
-TOLERANCE_RUN_THROUGHPUT_OPTION = typer.Option(
-    None, "--tolerance-run-throughput-pp", help="Any run's |throughput error| may grow by this (default 2 pp).")
-TOLERANCE_RUN_BUBBLE_OPTION = typer.Option(
-    None, "--tolerance-run-bubble-pp", help="Any run's |bubble error| may grow by this (default 2 pp).")
-RUN_ERROR_OPTION = typer.Option(
-    None, "--run-error", help="Which throughput error the per-run rule reads: window (default) or stall-free (the "
-                              "runs' random retransmission stalls taken out of both sides, where the trace shows "
-                              "them); the suite rules always read the window error.")
+# The gate's tolerance options, declared once: (Tolerances field, option, type, help). `with_tolerances` adds them
+# to a command, which receives them as one `tolerances` dict (None where not given).
+TOLERANCE_OPTIONS = (
+    ("throughput_mape_pp", "--tolerance-mape-pp", float,
+     "Suite throughput MAPE may grow by this many pp (default 0: hold)."),
+    ("bubble_mae_pp", "--tolerance-bubble-mae-pp", float, "Suite bubble MAE may grow by this many pp (default 0: hold)."),
+    ("util_spearman", "--tolerance-rho", float, "Mean utilization rho may fall by this much (default 0: hold)."),
+    ("run_throughput_pp", "--tolerance-run-throughput-pp", float,
+     "Any run's |throughput error| may grow by this (default 2 pp)."),
+    ("run_bubble_pp", "--tolerance-run-bubble-pp", float, "Any run's |bubble error| may grow by this (default 2 pp)."),
+    ("run_throughput_error", "--run-error", str,
+     "Which throughput error the per-run rule reads: window (default) or stall-free (the runs' random retransmission "
+     "stalls taken out of both sides, where the trace shows them); the suite rules always read the window error."),
+)
+PLAN_OPTION = typer.Option(
+    None, "--plan", help="Judge under the tolerances of this ledger plan entry (`ledger plan`), stated beforehand; "
+                         "cited in the entry. No tolerance option with it.")
 
 
-def _tolerances(mape, bubble_mae, rho, run_throughput, run_bubble, run_error=None) -> dict[str, float | str | None]:
-    return {"throughput_mape_pp": mape, "bubble_mae_pp": bubble_mae, "util_spearman": rho,
-            "run_throughput_pp": run_throughput, "run_bubble_pp": run_bubble, "run_throughput_error": run_error}
+def with_tolerances(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a typer command the tolerance options; it takes them as its `tolerances` parameter (a dict)."""
+    signature = inspect.signature(command, eval_str=True)
+    keep = [p for p in signature.parameters.values() if p.name != "tolerances"]
+    added = [inspect.Parameter(f"tolerance__{name}", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
+                               default=typer.Option(None, flag, help=text))
+             for name, flag, kind, text in TOLERANCE_OPTIONS]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        tolerances = {name: kwargs.pop(f"tolerance__{name}") for name, *_ in TOLERANCE_OPTIONS}
+        return command(**kwargs, tolerances=tolerances)
+
+    wrapper.__signature__ = signature.replace(parameters=[*keep, *added])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in [*keep, *added]}
+    del wrapper.__wrapped__  # typer must read the signature above, not the command's
+    return wrapper
 ledger_app = typer.Typer(help="The append-only, hash-chained experiment ledger.", no_args_is_help=True)
 app.add_typer(ledger_app, name="ledger")
 
@@ -178,6 +197,7 @@ def predict(
 
 
 @app.command()
+@with_tolerances
 def evaluate(
     candidate: Optional[Path] = typer.Argument(None, help="Candidate file (experiments/*.toml): one term changed."),
     fixtures: Path = FIXTURES_OPTION,
@@ -186,12 +206,8 @@ def evaluate(
     commit: bool = typer.Option(False, "--commit", help="Write an accepted candidate into the model file."),
     ledger: Path = LEDGER_OPTION,
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
-    tolerance_mape: Optional[float] = TOLERANCE_MAPE_OPTION,
-    tolerance_bubble_mae: Optional[float] = TOLERANCE_BUBBLE_MAE_OPTION,
-    tolerance_rho: Optional[float] = TOLERANCE_RHO_OPTION,
-    tolerance_run_throughput: Optional[float] = TOLERANCE_RUN_THROUGHPUT_OPTION,
-    tolerance_run_bubble: Optional[float] = TOLERANCE_RUN_BUBBLE_OPTION,
-    run_error: Optional[str] = RUN_ERROR_OPTION,
+    tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
+    plan: Optional[int] = PLAN_OPTION,
 ) -> None:
     """Score the model on the train split; with a candidate, gate it and record the answer.
 
@@ -199,12 +215,11 @@ def evaluate(
     """
     from hops_calib.loop import evaluate_command
 
-    tolerances = _tolerances(tolerance_mape, tolerance_bubble_mae, tolerance_rho, tolerance_run_throughput,
-                             tolerance_run_bubble, run_error)
-    raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances))
+    raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances, plan))
 
 
 @app.command()
+@with_tolerances
 def compare(
     before: Path = typer.Argument(..., help="The model file to compare against (e.g. the model before a move)."),
     fixtures: Path = FIXTURES_OPTION,
@@ -212,15 +227,11 @@ def compare(
     note: str = typer.Option("", "--note", help="What the comparison judges (e.g. 'move 029-035'), for the ledger."),
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    tolerance_mape: Optional[float] = TOLERANCE_MAPE_OPTION,
-    tolerance_bubble_mae: Optional[float] = TOLERANCE_BUBBLE_MAE_OPTION,
-    tolerance_rho: Optional[float] = TOLERANCE_RHO_OPTION,
-    tolerance_run_throughput: Optional[float] = TOLERANCE_RUN_THROUGHPUT_OPTION,
-    tolerance_run_bubble: Optional[float] = TOLERANCE_RUN_BUBBLE_OPTION,
-    run_error: Optional[str] = RUN_ERROR_OPTION,
+    tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
     commit_into: Optional[Path] = typer.Option(
         None, "--commit", help="Carry the verdict out in this model file (the one the move's steps were committed "
                                "into, e.g. the shipped model): the model after if accepted, BEFORE if rejected."),
+    plan: Optional[int] = PLAN_OPTION,
 ) -> None:
     """Gate a whole model (--model, default the shipped one) against BEFORE on the train split; record the answer.
 
@@ -230,9 +241,7 @@ def compare(
     """
     from hops_calib.loop import compare_command
 
-    raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, _tolerances(
-        tolerance_mape, tolerance_bubble_mae, tolerance_rho, tolerance_run_throughput, tolerance_run_bubble,
-        run_error), commit_into))
+    raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, tolerances, commit_into, plan))
 
 
 @app.command()
@@ -273,6 +282,20 @@ def ledger_show(
     from hops_calib.loop import ledger_show_command
 
     raise typer.Exit(ledger_show_command(ledger, last, as_json))
+
+
+@ledger_app.command("plan")
+@with_tolerances
+def ledger_plan(
+    note: str = typer.Option(..., "--note", help="What will be tried, and why these tolerances."),
+    ledger: Path = LEDGER_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print the entry as JSON."),
+    tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
+) -> None:
+    """Record, before any of its evaluations, what will be tried and the tolerances it will be judged under."""
+    from hops_calib.loop import ledger_plan_command
+
+    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json))
 
 
 @ledger_app.command("looks")

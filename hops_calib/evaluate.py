@@ -175,14 +175,20 @@ def candidate_record(candidate: Candidate) -> dict[str, Any]:
 def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
              candidate_path: Path | str | None = None, tolerances: Tolerances = Tolerances(),
              ledger_path: Path | str = DEFAULT_LEDGER, commit: bool = False, split: str = TRAIN,
-             progress: Progress = QUIET) -> Evaluation:
+             plan: int | None = None, progress: Progress = QUIET) -> Evaluation:
     """Score the model on the train split; with a candidate, gate it, record it, and commit it if asked and accepted.
 
-    `progress` sees one unit per prediction (two per run with a candidate).
+    `progress` sees one unit per prediction (two per run with a candidate). `plan`: the ledger entry (`ledger
+    plan`) whose tolerances this judgement was stated under beforehand; they must be the ones given.
     """
     from hops_calib.model_files import DEFAULT_MODEL, load_model
 
     refuse_test_split(split, "evaluate")
+    if plan is not None:
+        if candidate_path is None:
+            raise InputError("evaluate", "--plan judges a candidate; there is none", field="plan",
+                             hint="pass the candidate file the plan was stated for")
+        check_plan(ledger_path, plan, tolerances, "evaluate")
     if commit and candidate_path is None:
         raise InputError("evaluate", "--commit needs a candidate to commit", field="commit",
                          hint="pass a candidate file: hops-calib evaluate experiments/X.toml --commit")
@@ -215,6 +221,7 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         "aggregates_after": after.suite.to_dict(),
         **verdict.to_dict(),
         "committed": bool(commit and verdict.accepted),
+        **({"plan_seq": plan} if plan is not None else {}),
         "code_revision": code_revision(),
     }
     if entry["committed"]:
@@ -295,7 +302,7 @@ class Comparison:
 
 def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Path | str | None = None,
             tolerances: Tolerances = Tolerances(), ledger_path: Path | str = DEFAULT_LEDGER, note: str = "",
-            commit_into: Path | str | None = None, progress: Progress = QUIET) -> Comparison:
+            commit_into: Path | str | None = None, plan: int | None = None, progress: Progress = QUIET) -> Comparison:
     """Gate a whole model file (`after_path`, default the shipped one) against another on the train split; record it.
 
     For a move: one-term candidates that hold the suite only together land one by one, each recorded with the
@@ -305,9 +312,15 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     With `commit_into` (a model file holding the model before or after, usually the shipped one the steps were
     committed into) the verdict is carried out there: the model after if accepted, the model before if
     rejected, so a rejected move is undone in the file and in the ledger's history alike.
+
+    `plan`: the ledger entry (`ledger plan`) whose tolerances the move was to be judged under, stated before its
+    steps were evaluated; they must be the ones given.
     """
     from hops_calib import ledger
     from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+    if plan is not None:
+        check_plan(ledger_path, plan, tolerances, "compare")
 
     before_path = Path(before_path)
     after_path = Path(after_path) if after_path is not None else DEFAULT_MODEL
@@ -334,6 +347,7 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
         "aggregates_before": before.suite.to_dict(),
         "aggregates_after": after.suite.to_dict(),
         **verdict.to_dict(),
+        **({"plan_seq": plan} if plan is not None else {}),
         "code_revision": code_revision(),
     }
     if commit_into is None:
@@ -462,3 +476,48 @@ def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: 
     return Report(split=split, suite=suite_score(found["aggregates"]), model_sha256=model_sha,
                   ledger_path=Path(ledger_path), ledger_entry=found,
                   train=suite_score(train) if train is not None else None, outside_train=found.get("outside_train"))
+
+
+# --- plans: the rules of a judgement, recorded before it --------------------------------------------------------
+
+def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances) -> dict[str, Any]:
+    """Append a plan entry: what is about to be tried and the tolerances it will be judged under, before any of
+    its evaluations. `evaluate --plan N` and `compare --plan N` then judge under exactly those tolerances and cite it.
+    """
+    from hops_calib import ledger
+
+    if not note.strip():
+        raise InputError("ledger plan", "a plan needs a note", field="note",
+                         hint="say what will be tried and why these tolerances, e.g. --note 'move 060-062: ...'")
+    return ledger.append(ledger_path, {"kind": "plan", "time": now_utc(), "note": note,
+                                       "tolerances": tolerances.to_dict(), "code_revision": code_revision()})
+
+
+def read_plan(ledger_path: Path | str, seq: int) -> dict[str, Any]:
+    """The plan entry `seq` of the ledger; a clear refusal when it is missing or is not a plan."""
+    from hops_calib import ledger
+
+    for entry in ledger.read_entries(ledger_path):
+        if entry.get("seq") == seq:
+            if entry.get("kind") != "plan":
+                raise InputError(ledger_path, f"entry {seq} is a {entry.get('kind')} entry, not a plan",
+                                 field="plan", hint="`hops-calib ledger show` lists the entries; `hops-calib ledger "
+                                                    "plan --note ...` records one")
+            return entry
+    raise InputError(ledger_path, f"has no entry {seq}", field="plan",
+                     hint="record the plan first: hops-calib ledger plan --note ... [tolerance options]")
+
+
+def plan_tolerances(ledger_path: Path | str, seq: int) -> Tolerances:
+    try:
+        return Tolerances(**read_plan(ledger_path, seq)["tolerances"])
+    except (TypeError, ValueError) as error:
+        raise InputError(ledger_path, f"plan {seq} holds tolerances this version cannot read: {error}",
+                         field="plan") from None
+
+
+def check_plan(ledger_path: Path | str, seq: int, tolerances: Tolerances, verb: str) -> None:
+    stated = plan_tolerances(ledger_path, seq)
+    if stated != tolerances:
+        raise InputError(verb, f"the tolerances given differ from plan {seq}'s ({stated.describe()})", field="plan",
+                         hint="a planned judgement keeps the rules stated before it; pass --plan alone")

@@ -190,15 +190,16 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
 # --- evaluate ------------------------------------------------------------------------------------
 
 def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | None, as_json: bool, commit: bool,
-                     ledger_path: Path, split: str, tolerances: dict[str, float | str | None]) -> int:
+                     ledger_path: Path, split: str, tolerances: dict[str, float | str | None],
+                     plan: int | None = None) -> int:
     def run() -> int:
         from hops_calib.evaluate import evaluate
         from hops_calib.progress import progress_bar
 
-        limits = _tolerance_limits(tolerances, "evaluate")
+        limits = _limits(tolerances, "evaluate", ledger_path, plan)
         with progress_bar("evaluate", quiet=as_json) as progress:
             result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
-                              ledger_path=ledger_path, commit=commit, split=split, progress=progress)
+                              ledger_path=ledger_path, commit=commit, split=split, plan=plan, progress=progress)
         if as_json:
             _print_json(result.to_dict())
             return result.exit_code
@@ -212,6 +213,19 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
         return result.exit_code
 
     return _guarded(run)
+
+
+def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: Path, plan: int | None):
+    """The tolerances of a judgement: the options given, or, with --plan N, plan N's (and then no option)."""
+    if plan is None:
+        return _tolerance_limits(tolerances, verb)
+    given = [name for name, value in tolerances.items() if value is not None]
+    if given:
+        raise InputError(verb, f"--plan {plan} fixes the tolerances; {', '.join(given)} given as well", field="plan",
+                         hint="drop the tolerance options: the plan's are the ones stated beforehand")
+    from hops_calib.evaluate import plan_tolerances
+
+    return plan_tolerances(ledger_path, plan)
 
 
 def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
@@ -258,15 +272,16 @@ def _print_gate(before, after, verdict) -> None:
 # --- compare -------------------------------------------------------------------------------------
 
 def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path,
-                    as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None) -> int:
+                    as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
+                    plan: int | None = None) -> int:
     def run() -> int:
         from hops_calib.evaluate import compare
         from hops_calib.progress import progress_bar
 
-        limits = _tolerance_limits(tolerances, "compare")
+        limits = _limits(tolerances, "compare", ledger_path, plan)
         with progress_bar("compare", quiet=as_json) as progress:
             result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
-                             note=note, commit_into=commit_into, progress=progress)
+                             note=note, commit_into=commit_into, plan=plan, progress=progress)
         if as_json:
             _print_json(result.to_dict())
             return result.exit_code
@@ -340,7 +355,9 @@ def ledger_show_command(ledger_path: Path, last: int | None, as_json: bool) -> i
             print(f"{ledger_path}: no entries")
         for e in entries:
             aggregates_before, aggregates_after = e.get("aggregates_before") or {}, e.get("aggregates_after") or {}
-            if e.get("kind") == "report":
+            if e.get("kind") == "plan":
+                what = f"plan: {e.get('note', '')}"
+            elif e.get("kind") == "report":
                 aggregates = e.get("aggregates", {})
                 what = (f"report {e.get('split')}: MAPE {aggregates.get('throughput_mape_pct', float('nan')):.2f} %, "
                         f"bubble MAE {aggregates.get('bubble_mae_pp', float('nan')):.2f} pp")
@@ -357,7 +374,27 @@ def ledger_show_command(ledger_path: Path, last: int | None, as_json: bool) -> i
                         f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
                         f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
                         + (", committed" if e.get("committed") else ""))
-            print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', ''):9} {what}")
+            if e.get("plan_seq") is not None:
+                what += f" (under plan {e['plan_seq']})"
+            print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', e.get('kind', '')):9} {what}")
+        return EXIT_OK
+
+    return _guarded(run)
+
+
+def ledger_plan_command(ledger_path: Path, note: str, tolerances: dict[str, float | str | None], as_json: bool) -> int:
+    def run() -> int:
+        from hops_calib.evaluate import record_plan
+
+        limits = _tolerance_limits(tolerances, "ledger plan")
+        entry = record_plan(ledger_path, note, limits)
+        if as_json:
+            _print_json(entry)
+        else:
+            print(f"plan entry {entry['seq']} appended to {ledger_path}: {note}")
+            print(f"tolerances stated: {limits.describe()}")
+            print(f"judge under it with: hops-calib evaluate CANDIDATE --plan {entry['seq']} | "
+                  f"hops-calib compare BEFORE --model AFTER --plan {entry['seq']}")
         return EXIT_OK
 
     return _guarded(run)

@@ -434,3 +434,54 @@ def test_recorded_report_quotes_the_last_audit_of_this_model_without_a_new_look(
     # The latest audit of the model is the one quoted.
     again = report(shared_fixtures, split="test", ledger_path=ledger)
     assert recorded_report(shared_fixtures, ledger_path=ledger).ledger_entry["seq"] == again.ledger_entry["seq"]
+
+
+def test_a_plan_states_the_tolerances_before_and_the_judgements_under_it_cite_it(shared_fixtures, workspace):
+    candidate, model, ledger = workspace["experiments"] / "improving.toml", workspace["model"], workspace["ledger"]
+    stated = cli("ledger", "plan", "--note", "try the host overhead; per-run rule relaxed for stall noise",
+                 "--tolerance-run-throughput-pp", "3", "--run-error", "stall-free", "--ledger", ledger)
+    assert stated.exit_code == 0, stated.output
+    [plan] = list(read_entries(ledger))
+    assert plan["kind"] == "plan" and plan["tolerances"]["run_throughput_pp"] == 3.0
+    assert plan["tolerances"]["run_throughput_error"] == "stall-free" and "--plan 1" in stated.stdout
+
+    judged = cli("evaluate", candidate, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                 "--plan", "1", "--json")
+    assert judged.exit_code == 0, judged.output
+    entry = list(read_entries(ledger))[-1]
+    assert entry["plan_seq"] == 1 and entry["tolerances"] == plan["tolerances"]
+    # The plan fixes the rules: giving them again, or citing something that is not a plan, is refused unrecorded.
+    for args, message in ((("--plan", "1", "--tolerance-mape-pp", "1"), "fixes the tolerances"),
+                          (("--plan", "2"), "not a plan"), (("--plan", "99"), "has no entry")):
+        refused = cli("evaluate", candidate, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                      *args)
+        assert refused.exit_code == 2 and message in refused.output
+    assert len(list(read_entries(ledger))) == 2
+    # A whole-model comparison under it.
+    after = workspace["experiments"].parent / "after.toml"
+    after.write_text(model.read_text())
+    compared = cli("compare", model, "--model", after, "--fixtures", shared_fixtures, "--ledger", ledger,
+                   "--plan", "1", "--note", "same model")
+    assert compared.exit_code == 0, compared.output
+    assert list(read_entries(ledger))[-1]["plan_seq"] == 1
+    shown = cli("ledger", "show", "--ledger", ledger).stdout
+    assert "plan: try the host overhead" in shown and shown.count("(under plan 1)") == 2
+    assert cli("ledger", "plan", "--note", " ", "--ledger", ledger).exit_code == 2  # a plan says what it is for
+    assert cli("ledger", "verify", "--ledger", ledger).exit_code == 0
+
+
+def test_a_planned_judgement_called_from_python_must_use_the_plans_tolerances(shared_fixtures, workspace):
+    from hops_calib.evaluate import evaluate, record_plan
+    from hops_calib.errors import InputError
+    from hops_calib.gate import Tolerances
+
+    ledger = workspace["ledger"]
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    plan = record_plan(ledger, "stated", Tolerances(run_throughput_pp=3.0))
+    with pytest.raises(InputError, match="differ from plan"):
+        evaluate(shared_fixtures, model_path=workspace["model"], candidate_path=workspace["experiments"] /
+                 "improving.toml", tolerances=Tolerances(), ledger_path=ledger, plan=plan["seq"])
+    with pytest.raises(InputError, match="judges a candidate"):
+        evaluate(shared_fixtures, model_path=workspace["model"], ledger_path=ledger, plan=plan["seq"],
+                 tolerances=Tolerances(run_throughput_pp=3.0))
+    assert len(list(read_entries(ledger))) == 1  # refused before anything was recorded
