@@ -141,7 +141,8 @@ LEDGER_OPTION = typer.Option(Path("ledger/ledger.jsonl"), "--ledger", help="Expe
 TOLERANCE_OPTIONS = (
     ("throughput_mape_pp", "--tolerance-mape-pp", float,
      "Suite throughput MAPE may grow by this many pp (default 0: hold)."),
-    ("bubble_mae_pp", "--tolerance-bubble-mae-pp", float, "Suite bubble MAE may grow by this many pp (default 0: hold)."),
+    ("bubble_mae_pp", "--tolerance-bubble-mae-pp", float,
+     "Suite bubble MAE may grow by this many pp (default 0: hold)."),
     ("util_spearman", "--tolerance-rho", float, "Mean utilization rho may fall by this much (default 0: hold)."),
     ("run_throughput_pp", "--tolerance-run-throughput-pp", float,
      "Any run's |throughput error| may grow by this (default 2 pp)."),
@@ -459,12 +460,14 @@ def crossval(
         None, "--only", help="Refit only this parameter (repeatable); the others keep the model's values."),
     shared: bool = typer.Option(False, "--shared", help="Take the refit parameters' per-device values (NAME@TYPE) "
                                                         "out first: one value for every device."),
+    also: Optional[List[str]] = typer.Option(
+        None, "--also", help="Another term's parameter refit together with TERM's, as TERM:PARAM (repeatable)."),
 ) -> None:
     """Refit one term without each fold of train configurations and predict that fold: held-out error from train."""
     from hops_calib.crossval import crossval_command
 
     raise typer.Exit(crossval_command(term, fixtures, model, folds, evaluations, seed, as_json, objective,
-                                      tuple(only or ()), shared))
+                                      tuple(only or ()), shared, tuple(also or ())))
 
 
 def main() -> None:

@@ -4,9 +4,9 @@ A calibrated model interpolates well and extrapolates as well as its physics: a 
 schedule that no train run had is priced by parameters nothing pinned for it. Before trusting a what-if, a user
 should know which of its features are new. The features are the ones the cost terms read: device types, the
 device pairs a hop crosses, the pair of end devices the embedding all-reduce joins, the schedule and
-interleaving, and the ranges of the model shape, the message a hop carries, the microbatches (also per
-stage: fewer than the stages never fill the pipeline), the pipeline depth and the layers on a stage. Only configurations are compared (specs, known before a run); no result of
-any run is read.
+interleaving, and the ranges of the model shape, the message a hop carries, the microbatches (also per stage:
+fewer than the stages never fill the pipeline), the pipeline depth and the layers on a stage. Only
+configurations are compared (specs, known before a run); no result of any run is read.
 """
 
 from __future__ import annotations

@@ -106,13 +106,15 @@ class CrossValidation:
     current_component_pct: float | None = None
     # With shared=True: the per-device values (NAME@TYPE) taken out, so each refit fits one value for every device.
     dropped: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()  # other terms' parameters refit alongside ("TERM:PARAM")
 
     @property
     def held_out_component_pct(self) -> float | None:
         """Components mode: the folds' held-out mispriced share, weighted by their runs."""
         if self.objective != "components":
             return None
-        return float(np.average([f.held_out_component_pct for f in self.folds], weights=[len(f.ids) for f in self.folds]))
+        return float(np.average([f.held_out_component_pct for f in self.folds],
+                                weights=[len(f.ids) for f in self.folds]))
 
     @property
     def in_sample_component_pct(self) -> float | None:
@@ -137,17 +139,78 @@ class CrossValidation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"term": self.term, "model_sha256": self.model_sha256, "fixture_set_sha256": self.fixture_set_sha256,
-                "split": "train", "seed": self.seed, "evaluations_per_refit": self.evaluations, "objective": self.objective,
+                "split": "train", "seed": self.seed, "evaluations_per_refit": self.evaluations,
+                "objective": self.objective,
                 "only": list(self.only), "current_params": self.current_params, "current": self.current.to_dict(),
                 "cross_validated": self.held_out.to_dict(), "in_sample_mape_pct": self.in_sample_mape_pct,
-                "optimism_pp": self.optimism_pp, "per_device_values_dropped": list(self.dropped), "full_refit": {"params": self.full_params, **self.full.to_dict()},
+                "optimism_pp": self.optimism_pp, "per_device_values_dropped": list(self.dropped),
+                "also": list(self.also), "full_refit": {"params": self.full_params, **self.full.to_dict()},
                 "component_mape_pct": None if self.objective != "components" else {
                     "cross_validated": self.held_out_component_pct, "in_sample": self.in_sample_component_pct,
                     "full_refit": self.full_component_pct, "current": self.current_component_pct},
                 "folds": [f.to_dict() for f in self.folds]}
 
 
-def _fold_problem(problem: TuneProblem, ids: tuple[str, ...]) -> TuneProblem:
+@dataclass(frozen=True)
+class JointProblem:
+    """One term's problem with parameters of other terms refit alongside it ("TERM:PARAM", `--also`): a move's
+    joint refit, cross-validated as a whole."""
+
+    base: TuneProblem
+    also: tuple[tuple[str, str], ...]  # (term, parameter)
+
+    @property
+    def term(self) -> str:
+        return self.base.term
+
+    @property
+    def suite(self) -> Suite:
+        return self.base.suite
+
+    @property
+    def objective(self) -> str:
+        return self.base.objective
+
+    @property
+    def params(self) -> tuple:
+        return (*self.base.params, *(replace(TERMS[t].param(n), name=f"{t}:{n}") for t, n in self.also))
+
+    def model_with(self, values: dict[str, float]) -> Any:
+        from hops_calib.model import resolve_params
+
+        model = self.base.model_with({k: v for k, v in values.items() if ":" not in k})
+        for term in dict.fromkeys(t for t, _ in self.also):
+            mine = {k.split(":", 1)[1]: v for k, v in values.items() if k.startswith(f"{term}:")}
+            active = model.active(term)
+            model = model.with_term(resolve_params(term, mine, origin=f"crossval --also {term}",
+                                                   base=active.params() if active else None))
+        return model
+
+    def score(self, model) -> SuiteScore:
+        return self.base.score(model)
+
+    def component_mape(self, model) -> float:
+        return self.base.component_mape(model)
+
+
+def _term_and_name(problem, name: str) -> tuple[str, str]:
+    return tuple(name.split(":", 1)) if ":" in name else (problem.term, name)  # type: ignore[return-value]
+
+
+def _values(problem, model, defaults_only: bool = False) -> dict[str, float]:
+    """The problem's parameters as `model` has them (else their terms' defaults), or the defaults alone."""
+    out = {}
+    for p in problem.params:
+        term, name = _term_and_name(problem, p.name)
+        active = None if defaults_only else model.active(term)
+        values = active.params() if active else TERMS[term].defaults()
+        out[p.name] = values.get(name, values[name.partition("@")[0]])
+    return out
+
+
+def _fold_problem(problem, ids: tuple[str, ...]):
+    if isinstance(problem, JointProblem):
+        return replace(problem, base=_fold_problem(problem.base, ids))
     wanted = set(ids)
     keep = [i for i, fixture_id in enumerate(problem.suite.ids) if fixture_id in wanted]
     reals = tuple(problem.real_components[i] for i in keep) if problem.real_components else ()
@@ -168,7 +231,7 @@ def refit(problem: TuneProblem, evaluations: int, seed: int = 0,
     if not params:
         raise InputError("crossval", f"term {problem.term!r} has only switch parameters to refit", field="only",
                          hint="cross-validate a term (or --only parameters) with a continuous range")
-    defaults = TERMS[problem.term].defaults()
+    defaults = _values(problem, None, defaults_only=True)
     calls = [0]
 
     def error(x) -> float:
@@ -182,7 +245,7 @@ def refit(problem: TuneProblem, evaluations: int, seed: int = 0,
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
-    study.enqueue_trial({p.name: defaults.get(p.name, defaults[p.name.partition("@")[0]]) for p in params})
+    study.enqueue_trial({p.name: defaults[p.name] for p in params})
     study.optimize(lambda trial: error([trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in params]),
                    n_trials=max(1, evaluations // 3))
     start = [study.best_params[p.name] for p in params]
@@ -215,13 +278,32 @@ def _shared_problem(problem: TuneProblem) -> tuple[TuneProblem, tuple[str, ...]]
     return replace(problem, model=model), dropped
 
 
+def _also(specs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Parse "TERM:PARAM" specs, refusing unknown terms and parameters by name."""
+    parsed = []
+    for spec in specs:
+        term, sep, name = spec.partition(":")
+        if not sep or term not in TERMS:
+            raise InputError("crossval", f"--also {spec!r}: expected TERM:PARAM with a known term", field="also",
+                             hint=f"terms: {', '.join(sorted(TERMS))}")
+        try:
+            TERMS[term].param(name)
+        except KeyError:
+            raise InputError("crossval", f"--also {spec!r}: term {term!r} has no parameter {name!r}", field="also",
+                             hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}") from None
+        parsed.append((term, name))
+    return tuple(parsed)
+
+
 def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None = None, folds: int = DEFAULT_FOLDS,
-             evaluations: int = DEFAULT_EVALUATIONS, seed: int = 0, objective: str = "suite", only: tuple[str, ...] = (),
-             shared: bool = False, progress: Callable[[int, int], None] | None = None) -> CrossValidation:
+             evaluations: int = DEFAULT_EVALUATIONS, seed: int = 0, objective: str = "suite",
+             only: tuple[str, ...] = (), shared: bool = False, also: tuple[str, ...] = (),
+             progress: Callable[[int, int], None] | None = None) -> CrossValidation:
     """Refit `term` on K - 1 folds of the train split's configurations and predict the Kth, for each K.
 
     `shared`: take the refit parameters' per-device values (NAME@TYPE) out of the model first, so that one value
-    serves every device: does the per-device freedom travel better than a shared value?
+    serves every device: does the per-device freedom travel better than a shared value? `also`: other terms'
+    parameters ("TERM:PARAM") refit together with the term's, as a move's joint refit is.
     """
     if evaluations < 1:
         raise InputError("crossval", "--evaluations must be at least 1", field="evaluations")
@@ -230,6 +312,8 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     dropped: tuple[str, ...] = ()
     if shared:
         problem, dropped = _shared_problem(problem)
+    if also:
+        problem = JointProblem(problem, _also(also))
     suite = problem.suite
     parts = fold_groups(suite.ids, folds, seed)
     current = score_model(suite, shipped, origin=f"crossval {term}")
@@ -259,7 +343,7 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     full_values = refit(problem, evaluations, seed + len(parts),
                         lambda calls: progress(len(parts) * evaluations + calls, evaluations * (len(parts) + 1))
                         if progress else None)
-    current_values = replace(problem, model=shipped).start_values()
+    current_values = _values(problem, shipped)
     return CrossValidation(term=term, model_sha256=shipped.sha256, fixture_set_sha256=suite.sha256, seed=seed,
                            evaluations=evaluations, objective=objective, only=tuple(only),
                            current_params={k: current_values[k] for k in results[0].params},
@@ -268,7 +352,7 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
                            full_component_pct=(problem.component_mape(problem.model_with(full_values))
                                                if objective == "components" else None),
                            current_component_pct=problem.component_mape(shipped) if objective == "components"
-                           else None, dropped=dropped)
+                           else None, dropped=dropped, also=tuple(also))
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -299,6 +383,8 @@ def crossval_text(result: CrossValidation) -> str:
                 + [f"{result.current_params[n]:.4g}" for n in names])
     headers = ["fold", "runs", "configurations held out", "current %", "held out %", "in sample %"] + names
     out.append(text_table(headers, rows, right={0, 1, 3, 4, 5, *range(6, 6 + len(names))}))
+    if result.also:
+        out.append("refit together with the term: " + ", ".join(result.also))
     if result.dropped:
         out.append("per-device values taken out, one value refit for every device: " + ", ".join(result.dropped))
     if result.objective == "components":
@@ -333,14 +419,15 @@ def _short_groups(groups: tuple[str, ...], width: int = 60) -> str:
 
 
 def crossval_command(term: str, fixtures: Path, model_path: Path | None, folds: int, evaluations: int, seed: int,
-                     as_json: bool, objective: str = "suite", only: tuple[str, ...] = (), shared: bool = False) -> int:
+                     as_json: bool, objective: str = "suite", only: tuple[str, ...] = (), shared: bool = False,
+                     also: tuple[str, ...] = ()) -> int:
     from hops_calib.loop import EXIT_OK, _guarded, _print_json
     from hops_calib.progress import progress_bar
 
     def run() -> int:
         with progress_bar(f"crossval {term}", quiet=as_json) as bar:
             result = crossval(term, fixtures, model_path=model_path, folds=folds, evaluations=evaluations, seed=seed,
-                              objective=objective, only=only, shared=shared, progress=bar.update)
+                              objective=objective, only=only, shared=shared, also=also, progress=bar.update)
         if as_json:
             _print_json(result.to_dict())
         else:

@@ -147,7 +147,8 @@ def test_components_mode_reports_the_objective_it_refit(shared_fixtures):
     data = result.to_dict()["component_mape_pct"]
     assert data["cross_validated"] == pytest.approx(result.held_out_component_pct)
     # In suite mode there is no component error to report.
-    assert crossval(TERM, shared_fixtures, folds=2, evaluations=1, only=(PARAM,)).to_dict()["component_mape_pct"] is None
+    suite_mode = crossval(TERM, shared_fixtures, folds=2, evaluations=1, only=(PARAM,))
+    assert suite_mode.to_dict()["component_mape_pct"] is None
 
 
 def _subproblem(problem, ids):
@@ -178,3 +179,31 @@ def test_shared_refits_one_value_for_every_device_in_place_of_the_per_device_one
         crossval(term, shared_fixtures, folds=2, evaluations=1, only=("forward_ms_per_layer@l4",), shared=True)
     with pytest.raises(InputError, match="no per-device value"):
         crossval(TERM, shared_fixtures, folds=2, evaluations=1, only=(PARAM,), shared=True)
+
+
+def test_also_refits_other_terms_parameters_together_with_the_term(shared_fixtures):
+    also = ("layer_dispatch_floor:step_ms",)
+    result = crossval(TERM, shared_fixtures, folds=2, evaluations=4, only=(PARAM,), also=also)
+    shipped = load_model(None)
+    suite = load_suite(shared_fixtures, "train")
+    assert result.also == also
+    assert result.current_params == {PARAM: shipped.active(TERM).params()[PARAM],
+                                     "layer_dispatch_floor:step_ms": shipped.active("layer_dispatch_floor").params()[
+                                         "step_ms"]}
+    for fold in result.folds:
+        assert set(fold.params) == {PARAM, "layer_dispatch_floor:step_ms"}
+        refit = shipped.with_term(resolve_params(TERM, {**shipped.active(TERM).params(), PARAM: fold.params[PARAM]},
+                                                 origin="test"))
+        dispatch = {**refit.active("layer_dispatch_floor").params(),
+                    "step_ms": fold.params["layer_dispatch_floor:step_ms"]}
+        refit = refit.with_term(resolve_params("layer_dispatch_floor", dispatch, origin="test"))
+        assert fold.held_out == score_model(subset(suite, fold.ids), refit, origin="test").suite
+    # One evaluation: both start from their terms' defaults.
+    from hops_calib.model.terms import TERMS
+
+    start = crossval(TERM, shared_fixtures, folds=2, evaluations=1, only=(PARAM,), also=also)
+    assert start.folds[0].params["layer_dispatch_floor:step_ms"] == TERMS["layer_dispatch_floor"].defaults()["step_ms"]
+    for bad, message in ((("nope:x",), "known term"), (("layer_dispatch_floor:nope",), "has no parameter"),
+                         (("step_ms",), "TERM:PARAM")):
+        with pytest.raises(InputError, match=message):
+            crossval(TERM, shared_fixtures, folds=2, evaluations=1, only=(PARAM,), also=bad)
