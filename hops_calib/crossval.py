@@ -38,16 +38,20 @@ from hops_calib.evaluate import Suite, score_model
 from hops_calib.score import RunScore, SuiteScore, aggregate
 from hops_calib.store.split import group_of
 from hops_calib.model.terms import TERMS
-from hops_calib.tune import TuneProblem, load_problem
+from hops_calib.tune import TuneProblem, load_problem, term_values
 
 DEFAULT_FOLDS = 5
 DEFAULT_EVALUATIONS = 150
 
 
-def subset(suite: Suite, ids: tuple[str, ...]) -> Suite:
-    """The runs of `suite` named by `ids`, in the suite's order."""
+def _positions(suite: Suite, ids: tuple[str, ...]) -> list[int]:
     wanted = set(ids)
-    keep = [i for i, fixture_id in enumerate(suite.ids) if fixture_id in wanted]
+    return [i for i, fixture_id in enumerate(suite.ids) if fixture_id in wanted]
+
+
+def subset(suite: Suite, ids: tuple[str, ...], keep: list[int] | None = None) -> Suite:
+    """The runs of `suite` named by `ids`, in the suite's order (`keep`: their positions, when known)."""
+    keep = _positions(suite, ids) if keep is None else keep
     return replace(suite, ids=tuple(suite.ids[i] for i in keep), specs=tuple(suite.specs[i] for i in keep),
                    truths=tuple(suite.truths[i] for i in keep),
                    content_hashes=tuple(suite.content_hashes[i] for i in keep))
@@ -197,24 +201,21 @@ def _term_and_name(problem, name: str) -> tuple[str, str]:
     return tuple(name.split(":", 1)) if ":" in name else (problem.term, name)  # type: ignore[return-value]
 
 
-def _values(problem, model, defaults_only: bool = False) -> dict[str, float]:
-    """The problem's parameters as `model` has them (else their terms' defaults), or the defaults alone."""
+def _values(problem, model) -> dict[str, float]:
+    """The problem's parameters as `model` has them (else their terms' defaults); with no model, the defaults."""
     out = {}
     for p in problem.params:
         term, name = _term_and_name(problem, p.name)
-        active = None if defaults_only else model.active(term)
-        values = active.params() if active else TERMS[term].defaults()
-        out[p.name] = values.get(name, values[name.partition("@")[0]])
+        out[p.name] = term_values(model, term, [name])[name]
     return out
 
 
 def _fold_problem(problem, ids: tuple[str, ...]):
     if isinstance(problem, JointProblem):
         return replace(problem, base=_fold_problem(problem.base, ids))
-    wanted = set(ids)
-    keep = [i for i, fixture_id in enumerate(problem.suite.ids) if fixture_id in wanted]
+    keep = _positions(problem.suite, ids)
     reals = tuple(problem.real_components[i] for i in keep) if problem.real_components else ()
-    return replace(problem, suite=subset(problem.suite, ids), real_components=reals)
+    return replace(problem, suite=subset(problem.suite, ids, keep), real_components=reals)
 
 
 def refit(problem: TuneProblem, evaluations: int, seed: int = 0,
@@ -231,7 +232,7 @@ def refit(problem: TuneProblem, evaluations: int, seed: int = 0,
     if not params:
         raise InputError("crossval", f"term {problem.term!r} has only switch parameters to refit", field="only",
                          hint="cross-validate a term (or --only parameters) with a continuous range")
-    defaults = _values(problem, None, defaults_only=True)
+    defaults = _values(problem, None)
     calls = [0]
 
     def error(x) -> float:
@@ -329,7 +330,8 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
 
         values = refit(fit_problem, evaluations, seed + index, step)
         model = problem.model_with(values)
-        held_out = score_model(subset(suite, held), model, origin=f"crossval {term} fold {index}")
+        held_problem = _fold_problem(problem, held)
+        held_out = score_model(held_problem.suite, model, origin=f"crossval {term} fold {index}")
         in_sample = score_model(fit_problem.suite, model, origin=f"crossval {term} fold {index}").suite
         components = objective == "components"
         results.append(Fold(index=index, groups=groups, ids=held, params=values,
@@ -337,20 +339,19 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
                             held_out=held_out.suite, in_sample=in_sample,
                             errors={r.run_id: (current_errors[r.run_id], r.throughput_error_pct)
                                     for r in held_out.runs}, runs=tuple(held_out.runs),
-                            held_out_component_pct=(_fold_problem(problem, held).component_mape(model)
-                                                    if components else None),
+                            held_out_component_pct=held_problem.component_mape(model) if components else None,
                             in_sample_component_pct=fit_problem.component_mape(model) if components else None))
     full_values = refit(problem, evaluations, seed + len(parts),
                         lambda calls: progress(len(parts) * evaluations + calls, evaluations * (len(parts) + 1))
                         if progress else None)
     current_values = _values(problem, shipped)
+    full_model = problem.model_with(full_values)
     return CrossValidation(term=term, model_sha256=shipped.sha256, fixture_set_sha256=suite.sha256, seed=seed,
                            evaluations=evaluations, objective=objective, only=tuple(only),
                            current_params={k: current_values[k] for k in results[0].params},
                            current=current.suite, folds=tuple(results), full_params=full_values,
-                           full=score_model(suite, problem.model_with(full_values), origin=f"crossval {term}").suite,
-                           full_component_pct=(problem.component_mape(problem.model_with(full_values))
-                                               if objective == "components" else None),
+                           full=score_model(suite, full_model, origin=f"crossval {term}").suite,
+                           full_component_pct=problem.component_mape(full_model) if objective == "components" else None,
                            current_component_pct=problem.component_mape(shipped) if objective == "components"
                            else None, dropped=dropped, also=tuple(also))
 

@@ -111,9 +111,15 @@ class TuneProblem:
 
     def start_values(self) -> dict[str, float]:
         """The term's current values in the model, or its defaults: the first trial of a new study."""
-        active = self.model.active(self.term)
-        values = active.params() if active else TERMS[self.term].defaults()
-        return {p.name: values.get(p.name, values[p.name.partition("@")[0]]) for p in self.params}
+        return term_values(self.model, self.term, [p.name for p in self.params])
+
+
+def term_values(model: Model | None, term: str, names: list[str]) -> dict[str, float]:
+    """Each named parameter of `term` as `model` has it (a NAME@TYPE without its own value takes NAME's), or the
+    term's defaults where the model does not activate the term or no model is given."""
+    active = model.active(term) if model is not None else None
+    values = active.params() if active else TERMS[term].defaults()
+    return {name: values.get(name, values[name.partition("@")[0]]) for name in names}
 
 
 def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
