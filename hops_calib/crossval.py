@@ -422,17 +422,10 @@ def _short_groups(groups: tuple[str, ...], width: int = 60) -> str:
 def crossval_command(term: str, fixtures: Path, model_path: Path | None, folds: int, evaluations: int, seed: int,
                      as_json: bool, objective: str = "suite", only: tuple[str, ...] = (), shared: bool = False,
                      also: tuple[str, ...] = ()) -> int:
-    from hops_calib.loop import EXIT_OK, _guarded, _print_json
-    from hops_calib.progress import progress_bar
+    from hops_calib.loop import run_and_print
 
-    def run() -> int:
-        with progress_bar(f"crossval {term}", quiet=as_json) as bar:
-            result = crossval(term, fixtures, model_path=model_path, folds=folds, evaluations=evaluations, seed=seed,
-                              objective=objective, only=only, shared=shared, also=also, progress=bar.update)
-        if as_json:
-            _print_json(result.to_dict())
-        else:
-            print(crossval_text(result))
-        return EXIT_OK
-
-    return _guarded(run)
+    return run_and_print(f"crossval {term}", as_json,
+                         lambda bar: crossval(term, fixtures, model_path=model_path, folds=folds,
+                                              evaluations=evaluations, seed=seed, objective=objective, only=only,
+                                              shared=shared, also=also, progress=bar.update),
+                         crossval_text)

@@ -39,6 +39,23 @@ def _guarded(action: Callable[[], int]) -> int:
         return EXIT_INVALID
 
 
+def run_and_print(label: str, as_json: bool, compute: Callable[[Any], Any], text: Callable[[Any], str]) -> int:
+    """A verb that computes one result and prints it: `compute(bar)` under a progress bar on a terminal's stderr,
+    then the result's JSON (`to_dict`) or `text(result)` on stdout; input errors as `_guarded` reports them."""
+    from hops_calib.progress import progress_bar
+
+    def run() -> int:
+        with progress_bar(label, quiet=as_json) as bar:
+            result = compute(bar)
+        if as_json:
+            _print_json(result.to_dict())
+        else:
+            print(text(result))
+        return EXIT_OK
+
+    return _guarded(run)
+
+
 def _pct(value: float) -> str:
     return f"{value:+.1f}" if math.isfinite(value) else "n/a"
 

@@ -677,16 +677,8 @@ def observation_text(observation: Observation, top: int = 12) -> str:
 
 def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json: bool, top: int) -> int:
     """The `observe` verb: text (or JSON) on stdout, a progress bar on a terminal's stderr."""
-    from hops_calib.loop import EXIT_OK, _guarded, _print_json
-    from hops_calib.progress import progress_bar
+    from hops_calib.loop import run_and_print
 
-    def run() -> int:
-        with progress_bar("observe", quiet=as_json) as progress:
-            observation = observe(fixtures, model_path=model_path, split=split, progress=progress)
-        if as_json:
-            _print_json(observation.to_dict())
-        else:
-            print(observation_text(observation, top=top))
-        return EXIT_OK
-
-    return _guarded(run)
+    return run_and_print("observe", as_json,
+                         lambda bar: observe(fixtures, model_path=model_path, split=split, progress=bar),
+                         lambda observation: observation_text(observation, top=top))

@@ -521,19 +521,11 @@ def tune_text(result: TuneResult) -> str:
 def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
                  study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
                  objective: str = "suite", only: tuple[str, ...] = ()) -> int:
-    from hops_calib.loop import EXIT_OK, _guarded, _print_json
-    from hops_calib.progress import progress_bar
+    from hops_calib.loop import run_and_print
 
-    def run() -> int:
-        with progress_bar(f"tune {term}", quiet=as_json) as bar:
-            result = tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
-                          study_name=study, workers=workers, seed=seed, out=out, progress=bar.update,
-                          objective=objective, only=only)
-        if as_json:
-            _print_json(result.to_dict())
-        else:
-            print(tune_text(result))
-        return EXIT_OK
-
-    return _guarded(run)
+    return run_and_print(f"tune {term}", as_json,
+                         lambda bar: tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
+                                          study_name=study, workers=workers, seed=seed, out=out,
+                                          progress=bar.update, objective=objective, only=only),
+                         tune_text)
 
