@@ -1,7 +1,8 @@
 """Count retransmission-timeout stalls in the silent stretch of the TRAIN runs (evidence for candidate 014).
 
 A stall is an iteration whose silent stretch (last backward -> first optimizer) exceeds the run's median by
-more than 100 ms. Usage: python experiments/scripts/tcp_stalls.py [FIXTURES]   (train split only)
+more than score.STALL_EXCESS_MS (100 ms), the rule the stall-free error uses.
+Usage: python experiments/scripts/tcp_stalls.py [FIXTURES]   (train split only)
 """
 
 import sys
@@ -11,6 +12,7 @@ import numpy as np
 
 from hops_calib.evaluate import open_store
 from hops_calib.metrics import timeline_iteration_part_series
+from hops_calib.score import STALL_EXCESS_MS
 
 store = open_store(sys.argv[1] if len(sys.argv) > 1 else "fixtures")
 by_ends: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -22,7 +24,7 @@ for fixture_id in store.ids("train"):
         continue
     silent = series.silent_ms[series.optimizer_traced]
     median = float(np.median(silent))
-    stalls = silent[silent > median + 100.0]
+    stalls = silent[silent > median + STALL_EXCESS_MS]
     ends = f"{fixture.spec.devices[0]}..{fixture.spec.devices[-1]}"
     by_ends[ends][0] += len(stalls)
     by_ends[ends][1] += len(silent)
