@@ -11,6 +11,8 @@ exactly one change:
     action = "add"                 # add | remove | set | set_device
     term = "embedding_grad_allreduce"
     params = { efficiency = 1.0 }  # add / set: parameter values (add: omitted ones take defaults)
+    # unset = ["efficiency@l4"]    # set only: per-device values (NAME@TYPE) taken out, so that
+    #                              # device falls back to the term's shared value
 
     # or, correcting one device constant:
     # [change]
@@ -42,7 +44,7 @@ _TOP_KEYS = {"id", "hypothesis", "grounding", "change", "expected", "author", "n
 _CHANGE_KEYS = {
     "add": ({"action", "term"}, {"params"}),
     "remove": ({"action", "term"}, set()),
-    "set": ({"action", "term", "params"}, set()),
+    "set": ({"action", "term"}, {"params", "unset"}),
     "set_device": ({"action", "device", "constant", "value", "source"}, set()),
 }
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -63,6 +65,7 @@ class Change:
     action: str  # one of ACTIONS
     term: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()  # set: per-device values (NAME@TYPE) taken out of the term
     device: str | None = None
     constant: str | None = None
     value: float | None = None
@@ -80,7 +83,7 @@ class Change:
             return f"set device {self.device}.{self.constant} = {self.value:g}"
         if self.action == "remove":
             return f"remove term {self.term}"
-        values = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        values = ", ".join([f"{k}={v}" for k, v in self.params.items()] + [f"{k} unset" for k in self.unset])
         return f"{self.action} term {self.term}" + (f" ({values})" if values else "")
 
 
@@ -115,8 +118,16 @@ class Candidate:
                                      field="change.term")
                 changed = model.without_term(change.term)
             else:
+                base = active.params()
+                for name in change.unset:
+                    if name not in base:
+                        present = sorted(k for k in base if "@" in k)
+                        raise InputError(origin, f"term {change.term!r} has no per-device value {name!r} to unset",
+                                         line=line_of(text, "change", "unset"), field="change.unset",
+                                         hint=f"its per-device values are {', '.join(present) or 'none'}")
+                    del base[name]
                 changed = model.with_term(resolve_params(change.term, change.params, origin=origin, text=text,
-                                                         table="change.params", base=active.params()))
+                                                         table="change.params", base=base))
         else:
             try:
                 model.device(change.device)
@@ -210,9 +221,19 @@ def _parse_change(raw: dict[str, Any], origin: str, text: str) -> Change:
     if not isinstance(params, dict):
         raise InputError(origin, "params must be a table of parameter values", line=line_of(text, "change", "params"),
                          field="change.params")
-    if action == "set" and not params:
-        raise InputError(origin, "action 'set' needs at least one parameter value", field="change.params")
-    return Change(action=action, term=term, params=dict(params))
+    unset = raw.get("unset", [])
+    if not isinstance(unset, list) or not all(isinstance(name, str) and "@" in name for name in unset):
+        raise InputError(origin, "unset must be a list of per-device parameter names (NAME@TYPE)",
+                         line=line_of(text, "change", "unset"), field="change.unset",
+                         hint='for example unset = ["forward_ms_per_layer@l4"]')
+    overlap = sorted(set(unset) & set(params))
+    if overlap:
+        raise InputError(origin, f"{', '.join(overlap)} is both set and unset", line=line_of(text, "change", "unset"),
+                         field="change.unset", hint="give each per-device value either a number or unset")
+    if action == "set" and not params and not unset:
+        raise InputError(origin, "action 'set' needs at least one parameter value or per-device value to unset",
+                         field="change.params")
+    return Change(action=action, term=term, params=dict(params), unset=tuple(unset))
 
 
 def read_candidate(path: Path | str) -> Candidate:

@@ -135,3 +135,45 @@ def test_a_bad_inline_parameter_points_at_its_line():
         parse(body).apply(plain_model())
     assert caught.value.line == 7 and caught.value.field == "change.params.compute_efficiency"
 
+
+
+def _with_l4_floor():
+    """The shipped model with a per-device launch floor for the L4 set (whatever the shipped file says)."""
+    from hops_calib.model_files import load_model
+
+    return parse('[change]\naction = "set"\nterm = "layer_launch_floor"\n'
+                 'params = { "forward_ms_per_layer@l4" = 1.234, "backward_ms_per_layer@l4" = 2.345 }\n'
+                 ).apply(load_model(None))
+
+
+def test_unset_takes_per_device_values_out_so_the_device_falls_back_to_the_shared_value():
+    model = _with_l4_floor()
+    before = model.active("layer_launch_floor").params()
+    candidate = parse('[change]\naction = "set"\nterm = "layer_launch_floor"\n'
+                      'params = { forward_ms_per_layer = 1.5 }\nunset = ["forward_ms_per_layer@l4"]\n')
+    after = candidate.apply(model).active("layer_launch_floor").params()
+    assert "forward_ms_per_layer@l4" not in after and after["forward_ms_per_layer"] == 1.5
+    # Per-device values the candidate does not name stay as they were.
+    assert {k: v for k, v in after.items() if "@" in k} == \
+        {k: v for k, v in before.items() if "@" in k and k != "forward_ms_per_layer@l4"}
+    assert "forward_ms_per_layer@l4 unset" in candidate.change.describe()
+    # Unset alone is a change too.
+    alone = parse('[change]\naction = "set"\nterm = "layer_launch_floor"\nunset = ["backward_ms_per_layer@l4"]\n')
+    assert "backward_ms_per_layer@l4" not in alone.apply(model).active("layer_launch_floor").params()
+
+
+@pytest.mark.parametrize("body, needle", [
+    ('unset = ["forward_ms_per_layer@tpu"]\n', "no per-device value 'forward_ms_per_layer@tpu' to unset"),
+    ('unset = ["forward_ms_per_layer"]\n', "list of per-device parameter names"),
+    ('unset = "forward_ms_per_layer@l4"\n', "list of per-device parameter names"),
+    ('params = { "forward_ms_per_layer@l4" = 1.0 }\nunset = ["forward_ms_per_layer@l4"]\n', "both set and unset"),
+])
+def test_a_bad_unset_is_named(body, needle):
+    with pytest.raises(InputError, match=needle) as caught:
+        parse('[change]\naction = "set"\nterm = "layer_launch_floor"\n' + body).apply(_with_l4_floor())
+    assert caught.value.field == "change.unset"
+
+
+def test_unset_belongs_to_set_only():
+    with pytest.raises(InputError, match="not allowed"):
+        parse('[change]\naction = "add"\nterm = "link_transfer"\nunset = ["burst_mib@l4"]\n')
