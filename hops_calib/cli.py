@@ -255,11 +255,19 @@ def report(
     html: Optional[Path] = typer.Option(
         None, "--html", help="Also write a self-contained HTML page (aggregates, breakdowns; for train also the "
                              "parity plot and one row per run)."),
+    again: bool = typer.Option(
+        False, "--again", help="Look even when an earlier look's model predicted every held-out configuration as "
+                               "this one does (refused otherwise: its answer is in the ledger)."),
 ) -> None:
-    """Suite aggregates only on the held-out split; appends an audit entry to the ledger every time."""
+    """Suite aggregates only on the held-out split; appends an audit entry to the ledger every time.
+
+    A look that would repeat an earlier one (the same predictions on every held-out configuration) is refused with
+    exit 2 before anything is scored, unless --again. Otherwise it says on how many configurations the predictions
+    changed since the last look.
+    """
     from hops_calib.loop import report_command
 
-    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json, html))
+    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json, html, again))
 
 
 @app.command()

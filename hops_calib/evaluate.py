@@ -92,18 +92,20 @@ class ModelScore:
 
 
 def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress = QUIET,
-                stall_free: Sequence[Any] | None = None) -> ModelScore:
+                stall_free: Sequence[Any] | None = None, predictions: Sequence[Any] | None = None) -> ModelScore:
     """Predict every run of `suite` from its spec alone and score it against its truth.
 
     `progress` advances once per run; the caller starts it (it may score more than one model).
     `stall_free`: the runs' `stall_series(suite)`, to score each run's stall-free error as well.
+    `predictions`: the model's predictions of the suite's runs, in order, when the caller already made them.
     """
     from hops_calib.predict import predict
 
     runs = []
     for i, (fixture_id, spec, truth) in enumerate(zip(suite.ids, suite.specs, suite.truths)):
         try:
-            runs.append(score_prediction(fixture_id, truth, predict(spec, model),
+            prediction = predictions[i] if predictions is not None else predict(spec, model)
+            runs.append(score_prediction(fixture_id, truth, prediction,
                                          stall_free[i] if stall_free is not None else None))
         except ValueError as error:
             raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
@@ -388,6 +390,9 @@ class Report:
     # Beside a held-out report: how many of its configurations lie outside the train runs, and in which features
     # (hops_calib.coverage.outside_counts; configurations only).
     outside_train: dict[str, Any] | None = None
+    # Against the latest earlier look at this split and fixture set that recorded its predictions: its entry,
+    # and on how many configurations this model predicts otherwise ({"seq", "changed", "of"}); None if none.
+    changed_since: dict[str, int] | None = None
 
     @property
     def gap_to_train_pp(self) -> float | None:
@@ -398,29 +403,83 @@ class Report:
         return {"split": self.split, **self.suite.to_dict(), "model_sha256": self.model_sha256,
                 "train": self.train.to_dict() if self.train is not None else None,
                 "gap_to_train_pp": self.gap_to_train_pp, "outside_train": self.outside_train,
+                "predictions_changed": self.changed_since,
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]}}
 
 
+def prediction_digest(prediction: Any) -> str:
+    """A short digest of what the scores read of one prediction (throughputs, bubble, per-stage utilization,
+    stall spread), to 9 significant digits: two models with the same digests on a split are scored alike there."""
+    metrics = prediction.metrics
+    values = [metrics.throughput_per_s, metrics.steady_throughput_per_s, metrics.bubble_ratio,
+              *metrics.utilization_per_stage, prediction.stall_noise_ape_pct]
+    return hashlib.sha256(" ".join(f"{v:.9g}" for v in values).encode()).hexdigest()[:16]
+
+
+class RepeatedLook(InputError):
+    """A held-out report whose answer the ledger already holds: the model predicts every configuration as an
+    earlier look's did."""
+
+    def __init__(self, split: str, entry: dict[str, Any], n: int) -> None:
+        self.seq = int(entry["seq"])
+        same = ("the same model" if "prediction_digests" not in entry else
+                f"model {str(entry.get('model_sha256', ''))[:12]}, whose predictions on all {n} {split} "
+                f"configurations are this model's")
+        super().__init__("report", f"this look would repeat entry {self.seq} ({same}): its result is already in "
+                         f"the ledger, and nothing was scored or appended", field="split",
+                         hint=f"read it with `hops-calib ledger looks`; a change that moves no {split} prediction "
+                              "tells nothing new there. Pass --again to look anyway (recorded as a repeat)")
+
+
+def _earlier_looks(ledger_path: Path | str, split: str, fixture_set: str) -> list[dict[str, Any]]:
+    from hops_calib import ledger
+
+    if not Path(ledger_path).exists():
+        return []
+    return [e for e in ledger.read_entries(ledger_path) if e.get("kind") == "report" and e.get("split") == split
+            and e.get("fixture_set_sha256") == fixture_set]
+
+
 def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
-           ledger_path: Path | str = DEFAULT_LEDGER, progress: Progress = QUIET) -> Report:
+           ledger_path: Path | str = DEFAULT_LEDGER, progress: Progress = QUIET, again: bool = False) -> Report:
     """Suite aggregates on `split` (the held-out test split by default), and an audit entry in the ledger.
 
     Only aggregates leave this function: no per-run error, so nobody can tune
-    against single held-out runs through it.
+    against single held-out runs through it. A held-out look whose model predicts every configuration as an
+    earlier look's model did (same digests, or the same model) is refused before anything is scored
+    (`RepeatedLook`), unless `again`: its answer is in the ledger already. The entry records the predictions'
+    digests in the suite's order (no fixture id), so that later looks can be compared with it.
     """
     from hops_calib import ledger
     from hops_calib.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.predict import predict
 
     if split not in SPLITS:
         raise InputError("report", f"unknown split {split!r}", field="split", hint=f"expected one of {SPLITS}")
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     model = load_model(model_path)
     suite = load_suite(fixtures_dir, split)
+    # The predictions first, from the configurations alone: whether this look can tell anything new.
+    try:
+        predictions = [predict(spec, model) for spec in suite.specs]
+    except ValueError as error:
+        raise InputError(str(model_path), f"model {model.name!r} cannot predict the {split} split: {error}") from None
+    digests = [prediction_digest(p) for p in predictions]
+    earlier = _earlier_looks(ledger_path, split, suite.sha256) if split != TRAIN else []
+    repeat = next((e for e in reversed(earlier) if e.get("prediction_digests") == digests
+                   or e.get("model_sha256") == model.sha256), None)
+    if repeat is not None and not again:
+        raise RepeatedLook(split, repeat, len(digests))
+    recorded = next((e for e in reversed(earlier) if e.get("prediction_digests")), None)
+    changed_since = None
+    if recorded is not None:
+        changed_since = {"seq": int(recorded["seq"]), "of": len(digests),
+                         "changed": sum(a != b for a, b in zip(recorded["prediction_digests"], digests))}
     # Beside a held-out report, the same model on train: the distance the calibration promise is judged by.
     train_ids = open_store(fixtures_dir).ids(TRAIN) if split != TRAIN else []
     progress.start(len(suite.ids) + len(train_ids))
-    scored = score_model(suite, model, origin=str(model_path), progress=progress)
+    scored = score_model(suite, model, origin=str(model_path), progress=progress, predictions=predictions)
     train_suite = load_suite(fixtures_dir, TRAIN) if train_ids else None
     train = score_model(train_suite, model, origin=str(model_path), progress=progress).suite if train_suite else None
     outside = None
@@ -439,12 +498,14 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
         "aggregates": scored.suite.to_dict(),
         **({"train_aggregates": train.to_dict()} if train is not None else {}),
         **({"outside_train": outside} if outside is not None else {}),
+        "prediction_digests": digests,
+        **({"repeat_of": int(repeat["seq"])} if repeat is not None else {}),
         "decision": "audit",
         "code_revision": code_revision(),
     }
     written = ledger.append(ledger_path, entry)
     return Report(split=split, suite=scored.suite, model_sha256=model.sha256, ledger_path=Path(ledger_path),
-                  ledger_entry=written, train=train, outside_train=outside)
+                  ledger_entry=written, train=train, outside_train=outside, changed_since=changed_since)
 
 
 def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,

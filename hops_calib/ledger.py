@@ -211,7 +211,8 @@ class Look:
     gap_to_train_pp: float | None  # held-out minus train MAPE of the same model, when the entry carries train's
     evaluations_since: int  # candidate evaluations and comparisons since the previous look (any decision)
     changes_since: int  # of those, the ones that changed a model file (accepted and committed; committed compares)
-    repeat_of: int | None  # the seq of an earlier look at the same model and fixture set, if any
+    # the seq of an earlier look at the same fixture set with the same model or the same predictions, if any
+    repeat_of: int | None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -231,13 +232,18 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
         elif kind == "report" and entry.get("split") == split:
             aggregates, train = entry.get("aggregates") or {}, entry.get("train_aggregates")
             key = (entry.get("model_sha256", ""), entry.get("fixture_set_sha256", ""))
+            digests = entry.get("prediction_digests")
+            same = (" ".join(digests), key[1]) if digests else None
             mape = float(aggregates.get("throughput_mape_pct", float("nan")))
             looks.append(Look(seq=int(entry["seq"]), time=str(entry.get("time", "")), split=split,
                               model_sha256=key[0], throughput_mape_pct=mape,
                               bubble_mae_pp=float(aggregates.get("bubble_mae_pp", float("nan"))),
                               gap_to_train_pp=mape - float(train["throughput_mape_pct"]) if train else None,
-                              evaluations_since=evaluations, changes_since=changes, repeat_of=seen.get(key)))
+                              evaluations_since=evaluations, changes_since=changes,
+                              repeat_of=seen.get(key, seen.get(same) if same else None)))
             seen.setdefault(key, int(entry["seq"]))
+            if same:
+                seen.setdefault(same, int(entry["seq"]))
             evaluations = changes = 0
     return looks
 

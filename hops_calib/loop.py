@@ -318,7 +318,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
 # --- report --------------------------------------------------------------------------------------
 
 def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool,
-                   html: Path | None = None) -> int:
+                   html: Path | None = None, again: bool = False) -> int:
     def run() -> int:
         from hops_calib.evaluate import report
         from hops_calib.progress import progress_bar
@@ -329,7 +329,7 @@ def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_p
             check_html_path(html)  # before the audit entry: a bad name must not cost one
         with progress_bar("report", quiet=as_json) as progress:
             result = report(fixtures, split=split, model_path=model_path, ledger_path=ledger_path,
-                            progress=progress)
+                            progress=progress, again=again)
         if html is not None:
             from hops_calib.plot.html import write_report
 
@@ -348,6 +348,12 @@ def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_p
 
                 print(f"of the {result.split} split, {outside_sentence(result.outside_train)}: there the model "
                       "extrapolates (predict --job DIR --fixtures names the features of one configuration)")
+            if result.changed_since is not None:
+                since = result.changed_since
+                print(f"predictions changed since the look of entry {since['seq']} on {since['changed']} of "
+                      f"{since['of']} configurations")
+            if "repeat_of" in result.ledger_entry:
+                print(f"a repeat of entry {result.ledger_entry['repeat_of']} (--again): the same predictions")
             print(f"audit entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
             if html is not None:
                 print(f"wrote {html}")
@@ -430,7 +436,7 @@ def ledger_looks_command(ledger_path: Path, split: str, as_json: bool) -> int:
                          "distinct_models": len(models), "repeated_looks": repeats})
             return EXIT_OK
         print(f"{ledger_path}: {len(looks)} look(s) at the {split} split, at {len(models)} distinct model(s); "
-              f"{repeats} repeated an earlier look at the same model and runs")
+              f"{repeats} repeated an earlier look (the same runs, and the same model or the same predictions)")
         if looks:
             rows = [[str(look.seq), look.time[:16], look.model_sha256[:12], f"{look.throughput_mape_pct:.2f}",
                      f"{look.bubble_mae_pp:.2f}",

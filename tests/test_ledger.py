@@ -210,10 +210,10 @@ def test_held_out_looks_count_the_work_between_looks_and_name_repeats(tmp_path):
         ledger.append(path, {"kind": "evaluate", "decision": decision, "committed": committed,
                              "aggregates_before": scores(3.0), "aggregates_after": scores(2.9)})
 
-    def look(model, split="test", train=None):
+    def look(model, split="test", train=None, digests=None):
         ledger.append(path, {"kind": "report", "split": split, "model_sha256": model, "fixture_set_sha256": "f",
                              "aggregates": scores(4.0), **({"train_aggregates": scores(train)} if train else {}),
-                             "decision": "audit"})
+                             **({"prediction_digests": digests} if digests else {}), "decision": "audit"})
 
     evaluate("accepted", True)
     evaluate("rejected", False)
@@ -223,10 +223,14 @@ def test_held_out_looks_count_the_work_between_looks_and_name_repeats(tmp_path):
     ledger.append(path, {"kind": "compare", "decision": "rejected", "committed": True})  # an undo changes the file
     look("B", train=2.5)
     look("B", train=2.5)
+    # Another model that predicts every run as an earlier one did is a repeat too; one differing on a run is not.
+    look("C", digests=["d1", "d2"])
+    look("D", digests=["d1", "d2"])
+    look("E", digests=["d1", "d3"])
     looks = ledger.held_out_looks(ledger.read_entries(path))
-    assert [(x.evaluations_since, x.changes_since, x.repeat_of) for x in looks] == [(3, 1, None), (1, 1, None),
-                                                                                    (0, 0, looks[1].seq)]
-    assert [x.model_sha256 for x in looks] == ["A", "B", "B"]
+    assert [(x.evaluations_since, x.changes_since, x.repeat_of) for x in looks] == [
+        (3, 1, None), (1, 1, None), (0, 0, looks[1].seq), (0, 0, None), (0, 0, looks[3].seq), (0, 0, None)]
+    assert [x.model_sha256 for x in looks] == ["A", "B", "B", "C", "D", "E"]
     assert looks[0].gap_to_train_pp is None and looks[1].gap_to_train_pp == pytest.approx(1.5)
     assert ledger.held_out_looks(ledger.read_entries(path), split="train")[0].seq == 5
 

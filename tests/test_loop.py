@@ -201,11 +201,12 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
     ledger = tmp_path / "ledger.jsonl"
     test_ids = shared_store.ids("test")
     for run in (1, 2):
-        result = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
+        again = ("--again",) if run == 2 else ()  # the same model again: refused unless asked for
+        result = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--json", *again)
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         assert set(data) == AGGREGATES | {"split", "model_sha256", "ledger", "train", "gap_to_train_pp",
-                                          "outside_train"}
+                                          "outside_train", "predictions_changed"}
         assert data["n_fixtures"] == len(test_ids) and data["split"] == "test"
         assert not any(fixture_id in result.stdout for fixture_id in test_ids)
         entries = list(read_entries(ledger))
@@ -228,8 +229,11 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
     for feature, n in data["outside_train"]["features"].items():
         assert n == sum(any(e.feature == feature for e in f) for f in flagged)
     assert entries[-1]["outside_train"] == data["outside_train"]
-    text = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger)
+    assert data["predictions_changed"] == {"seq": 1, "changed": 0, "of": len(test_ids)}
+    assert entries[-1]["repeat_of"] == 1 and "repeat_of" not in entries[0]
+    text = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--again")
     assert text.exit_code == 0 and "test split" in text.stdout and "audit entry 3" in text.stdout
+    assert "a repeat of entry 2" in text.stdout
     assert "the same model on train" in text.stdout and "test minus train" in text.stdout
     assert f"of {len(test_ids)} configurations lie outside the train runs" in text.stdout
     on_train = json.loads(cli("report", "--split", "train", "--fixtures", shared_fixtures, "--ledger", ledger,
@@ -240,7 +244,7 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
 def test_ledger_cli_verifies_and_names_tampered_and_truncated_lines(shared_fixtures, tmp_path):
     ledger = tmp_path / "ledger.jsonl"
     for _ in range(3):
-        assert cli("report", "--fixtures", shared_fixtures, "--ledger", ledger).exit_code == 0
+        assert cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--again").exit_code == 0
     ok = cli("ledger", "verify", "--ledger", ledger)
     assert ok.exit_code == 0 and "3 entries, chain intact" in ok.stdout
     shown = cli("ledger", "show", "--ledger", ledger)
@@ -259,7 +263,7 @@ def test_ledger_cli_verifies_and_names_tampered_and_truncated_lines(shared_fixtu
     ledger.write_text("".join(lines) + lines[2][:50])
     truncated = cli("ledger", "verify", "--ledger", ledger)
     assert truncated.exit_code == 1 and "line 4" in truncated.stderr and "interrupted" in truncated.stderr
-    blocked = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger)
+    blocked = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--again")
     assert blocked.exit_code == 2 and "ledger repair" in blocked.stderr
     assert cli("ledger", "repair", "--ledger", ledger).exit_code == 0
     assert cli("ledger", "verify", "--ledger", ledger).exit_code == 0
@@ -432,7 +436,7 @@ def test_recorded_report_quotes_the_last_audit_of_this_model_without_a_new_look(
     assert recorded_report(shared_fixtures, model_path=other, ledger_path=ledger) is None
     assert recorded_report(shared_fixtures, split="train", ledger_path=ledger) is None
     # The latest audit of the model is the one quoted.
-    again = report(shared_fixtures, split="test", ledger_path=ledger)
+    again = report(shared_fixtures, split="test", ledger_path=ledger, again=True)
     assert recorded_report(shared_fixtures, ledger_path=ledger).ledger_entry["seq"] == again.ledger_entry["seq"]
 
 
@@ -485,3 +489,47 @@ def test_a_planned_judgement_called_from_python_must_use_the_plans_tolerances(sh
         evaluate(shared_fixtures, model_path=workspace["model"], ledger_path=ledger, plan=plan["seq"],
                  tolerances=Tolerances(run_throughput_pp=3.0))
     assert len(list(read_entries(ledger))) == 1  # refused before anything was recorded
+
+
+def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_scored(shared_fixtures, tmp_path):
+    """A model that predicts every held-out configuration as an earlier look's model did (here: the shipped model
+    with a CPU-only parameter changed, which no cluster run reads) learns nothing new from a look."""
+    from hops_calib.model import resolve_params
+    from hops_calib.model_files import write_model
+
+    ledger, shipped = tmp_path / "ledger.jsonl", load_model(None)
+
+    def variant(name, term, **params):
+        path = tmp_path / name
+        write_model(path, shipped.with_term(resolve_params(term, params, origin="test",
+                                                           base=shipped.active(term).params())))
+        return path
+
+    cpu_only = variant("cpu_only.toml", "decoder_roofline", **{"compute_efficiency@cpu": 0.123})
+    slower_a10g = variant("slower_a10g.toml", "layer_launch_floor", **{"forward_ms_per_layer@a10g": 2.5})
+    assert load_model(cpu_only).sha256 != shipped.sha256
+
+    first = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["predictions_changed"] is None  # nothing to compare with yet
+    recorded = ledger.read_bytes()
+    for model in (None, cpu_only):
+        refused = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger,
+                      *(("--model", model) if model else ()))
+        assert refused.exit_code == 2 and "would repeat entry 1" in refused.stderr and "--again" in refused.stderr
+        assert ledger.read_bytes() == recorded  # nothing appended, nothing printed but the reason
+        assert "MAPE" not in refused.stdout
+    # A model that moves predictions looks, and says on how many configurations they moved.
+    moved = json.loads(cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--model", slower_a10g,
+                           "--json").stdout)
+    n = moved["n_fixtures"]
+    with_a10g = sum("a10g" in load_suite(shared_fixtures, "test").specs[i].devices for i in range(n))
+    assert moved["predictions_changed"]["seq"] == 1 and moved["predictions_changed"]["of"] == n
+    assert 0 < moved["predictions_changed"]["changed"] <= with_a10g
+    # The CPU-only variant, looked at anyway, is listed as a repeat of the first look.
+    assert cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--model", cpu_only,
+               "--again").exit_code == 0
+    looks = json.loads(cli("ledger", "looks", "--ledger", ledger, "--json").stdout)["looks"]
+    assert [look["repeat_of"] for look in looks] == [None, None, 1]
+    assert "prediction_digests" in list(read_entries(ledger))[0]
+    assert not any(fixture_id in ledger.read_text() for fixture_id in load_suite(shared_fixtures, "test").ids)

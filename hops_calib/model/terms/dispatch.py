@@ -73,10 +73,12 @@ class LayerLaunchFloor(Term):
     max(GPU work, layers x launch floor), not their sum: an H100, whose GEMMs at
     these shapes take 0.06 ms a layer, and an L4 at 0.5 ms both show the ~1.5 ms
     floor, while a 2048-hidden or 4096-token layer on an L4 is GPU-bound. The
-    launch time is host CPU time, and each instance type has its own host CPU
-    (p5: AMD EPYC 7R13, g5: 2nd-generation EPYC 7R32, g6: 3rd-generation
-    EPYC, per the AWS instance pages), so the floor may take a value per device
-    type ("forward_ms_per_layer@a10g"), learned like any other parameter.
+    launch time is host CPU time, a property of the instance's host CPU, not of
+    its GPU: the p5 (H100) and g6 (L4) hosts have the same AMD EPYC 7R13, the g5
+    (A10G) an older EPYC 7R32 (AWS instance pages). So the shared value is the
+    floor of the common host, and a device type takes its own value
+    ("forward_ms_per_layer@a10g") only where its host CPU differs (candidate 057:
+    launch-bound L4 stages measure the H100's floor, 1.50 / 1.78 ms at h1024 s256).
     """
 
     name = "layer_launch_floor"
