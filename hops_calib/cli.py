@@ -258,6 +258,10 @@ def report(
     again: bool = typer.Option(
         False, "--again", help="Look even when an earlier look's model predicted every held-out configuration as "
                                "this one does (refused otherwise: its answer is in the ledger)."),
+    preview: bool = typer.Option(
+        False, "--preview", help="Only say what a look would tell that the ledger does not: on how many held-out "
+                                 "configurations the predictions changed since the last look, or which look it "
+                                 "would repeat. Reads no result, appends nothing."),
 ) -> None:
     """Suite aggregates only on the held-out split; appends an audit entry to the ledger every time.
 
@@ -267,7 +271,7 @@ def report(
     """
     from hops_calib.loop import report_command
 
-    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json, html, again))
+    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json, html, again, preview))
 
 
 @app.command()

@@ -441,6 +441,49 @@ def _earlier_looks(ledger_path: Path | str, split: str, fixture_set: str) -> lis
             and e.get("fixture_set_sha256") == fixture_set]
 
 
+def _look_inputs(fixtures_dir: Path | str, split: str, model_path: Path | str | None) -> tuple[Path, Model, Suite]:
+    from hops_calib.model_files import DEFAULT_MODEL, load_model
+
+    if split not in SPLITS:
+        raise InputError("report", f"unknown split {split!r}", field="split", hint=f"expected one of {SPLITS}")
+    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model = load_model(model_path)
+    suite = load_suite(fixtures_dir, split)
+    return model_path, model, suite
+
+
+def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: str, ledger_path: Path | str):
+    """The model's predictions of `suite`, their digests, the earlier look this one would repeat (or None), and
+    {"seq", "changed", "of"} against the latest earlier look that recorded its digests (or None)."""
+    from hops_calib.predict import predict
+
+    try:
+        predictions = [predict(spec, model) for spec in suite.specs]
+    except ValueError as error:
+        raise InputError(str(model_path), f"model {model.name!r} cannot predict the {split} split: {error}") from None
+    digests = [prediction_digest(p) for p in predictions]
+    earlier = _earlier_looks(ledger_path, split, suite.sha256) if split != TRAIN else []
+    repeat = next((e for e in reversed(earlier) if e.get("prediction_digests") == digests
+                   or e.get("model_sha256") == model.sha256), None)
+    recorded = next((e for e in reversed(earlier) if e.get("prediction_digests")), None)
+    changed_since = None
+    if recorded is not None:
+        changed_since = {"seq": int(recorded["seq"]), "of": len(digests),
+                         "changed": sum(a != b for a, b in zip(recorded["prediction_digests"], digests))}
+    return predictions, digests, repeat, changed_since
+
+
+def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
+                 ledger_path: Path | str = DEFAULT_LEDGER) -> dict[str, Any]:
+    """What a `report` of `split` would tell that the ledger does not: from the model's predictions of the
+    configurations alone (no result is scored, nothing is appended). {"split", "model_sha256", "of",
+    "repeat_of": the look it would repeat or None, "changed_since": as Report.changed_since}."""
+    model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
+    _, digests, repeat, changed_since = _look_against_earlier(suite, model, model_path, split, ledger_path)
+    return {"split": split, "model_sha256": model.sha256, "of": len(digests),
+            "repeat_of": int(repeat["seq"]) if repeat is not None else None, "changed_since": changed_since}
+
+
 def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
            ledger_path: Path | str = DEFAULT_LEDGER, progress: Progress = QUIET, again: bool = False) -> Report:
     """Suite aggregates on `split` (the held-out test split by default), and an audit entry in the ledger.
@@ -452,30 +495,12 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     digests in the suite's order (no fixture id), so that later looks can be compared with it.
     """
     from hops_calib import ledger
-    from hops_calib.model_files import DEFAULT_MODEL, load_model
-    from hops_calib.predict import predict
 
-    if split not in SPLITS:
-        raise InputError("report", f"unknown split {split!r}", field="split", hint=f"expected one of {SPLITS}")
-    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
-    model = load_model(model_path)
-    suite = load_suite(fixtures_dir, split)
+    model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
     # The predictions first, from the configurations alone: whether this look can tell anything new.
-    try:
-        predictions = [predict(spec, model) for spec in suite.specs]
-    except ValueError as error:
-        raise InputError(str(model_path), f"model {model.name!r} cannot predict the {split} split: {error}") from None
-    digests = [prediction_digest(p) for p in predictions]
-    earlier = _earlier_looks(ledger_path, split, suite.sha256) if split != TRAIN else []
-    repeat = next((e for e in reversed(earlier) if e.get("prediction_digests") == digests
-                   or e.get("model_sha256") == model.sha256), None)
+    predictions, digests, repeat, changed_since = _look_against_earlier(suite, model, model_path, split, ledger_path)
     if repeat is not None and not again:
         raise RepeatedLook(split, repeat, len(digests))
-    recorded = next((e for e in reversed(earlier) if e.get("prediction_digests")), None)
-    changed_since = None
-    if recorded is not None:
-        changed_since = {"seq": int(recorded["seq"]), "of": len(digests),
-                         "changed": sum(a != b for a, b in zip(recorded["prediction_digests"], digests))}
     # Beside a held-out report, the same model on train: the distance the calibration promise is judged by.
     train_ids = open_store(fixtures_dir).ids(TRAIN) if split != TRAIN else []
     progress.start(len(suite.ids) + len(train_ids))

@@ -318,10 +318,28 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
 # --- report --------------------------------------------------------------------------------------
 
 def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool,
-                   html: Path | None = None, again: bool = False) -> int:
+                   html: Path | None = None, again: bool = False, preview: bool = False) -> int:
     def run() -> int:
-        from hops_calib.evaluate import report
+        from hops_calib.evaluate import preview_look, report
         from hops_calib.progress import progress_bar
+
+        if preview:
+            seen = preview_look(fixtures, split=split, model_path=model_path, ledger_path=ledger_path)
+            if as_json:
+                _print_json(seen)
+            elif seen["repeat_of"] is not None:
+                print(f"a look at the {split} split now would repeat entry {seen['repeat_of']}: the model "
+                      f"{seen['model_sha256'][:12]} predicts all {seen['of']} configurations as that look's did, "
+                      "so `report` would refuse it (read its result with `hops-calib ledger looks`)")
+            elif seen["changed_since"] is not None:
+                since = seen["changed_since"]
+                print(f"a look at the {split} split now: the model {seen['model_sha256'][:12]} predicts "
+                      f"{since['changed']} of {since['of']} configurations otherwise than the look of entry "
+                      f"{since['seq']} (no result read, nothing appended)")
+            else:
+                print(f"a look at the {split} split now: no earlier look recorded its predictions, so there is "
+                      "nothing to compare with (no result read, nothing appended)")
+            return EXIT_OK
 
         if html is not None:
             from hops_calib.plot.html import check_html_path

@@ -519,6 +519,14 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
         assert refused.exit_code == 2 and "would repeat entry 1" in refused.stderr and "--again" in refused.stderr
         assert ledger.read_bytes() == recorded  # nothing appended, nothing printed but the reason
         assert "MAPE" not in refused.stdout
+    # --preview says the same without looking: which look it would repeat, or how many predictions moved.
+    preview = json.loads(cli("report", "--preview", "--fixtures", shared_fixtures, "--ledger", ledger,
+                             "--model", cpu_only, "--json").stdout)
+    assert preview["repeat_of"] == 1 and ledger.read_bytes() == recorded
+    preview = json.loads(cli("report", "--preview", "--fixtures", shared_fixtures, "--ledger", ledger,
+                             "--model", slower_a10g, "--json").stdout)
+    assert preview["repeat_of"] is None and ledger.read_bytes() == recorded
+    assert set(preview) == {"split", "model_sha256", "of", "repeat_of", "changed_since"}  # no result in it
     # A model that moves predictions looks, and says on how many configurations they moved.
     moved = json.loads(cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--model", slower_a10g,
                            "--json").stdout)
@@ -526,6 +534,7 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
     with_a10g = sum("a10g" in load_suite(shared_fixtures, "test").specs[i].devices for i in range(n))
     assert moved["predictions_changed"]["seq"] == 1 and moved["predictions_changed"]["of"] == n
     assert 0 < moved["predictions_changed"]["changed"] <= with_a10g
+    assert moved["predictions_changed"] == preview["changed_since"]
     # The CPU-only variant, looked at anyway, is listed as a repeat of the first look.
     assert cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--model", cpu_only,
                "--again").exit_code == 0
