@@ -409,12 +409,15 @@ class Report:
 
 
 def prediction_digest(prediction: Any) -> str:
-    """A short digest of what the scores read of one prediction (throughputs, bubble, per-stage utilization,
-    stall spread), to 9 significant digits: two models with the same digests on a split are scored alike there."""
+    """A short digest of one prediction's `score.prediction_fingerprint`: two models with the same digests on a
+    split are scored alike there. Made from the prediction alone, before any result is read."""
+    from hops_calib.score import prediction_fingerprint
+
     metrics = prediction.metrics
-    values = [metrics.throughput_per_s, metrics.steady_throughput_per_s, metrics.bubble_ratio,
-              *metrics.utilization_per_stage, prediction.stall_noise_ape_pct]
-    return hashlib.sha256(" ".join(f"{v:.9g}" for v in values).encode()).hexdigest()[:16]
+    fingerprint = prediction_fingerprint(metrics.throughput_per_s, metrics.steady_throughput_per_s,
+                                         metrics.bubble_ratio, metrics.utilization_per_stage,
+                                         prediction.stall_noise_ape_pct)
+    return hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
 
 
 class RepeatedLook(InputError):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
-from hops_calib.score import RunScore, SuiteScore
+from hops_calib.score import RunScore, SuiteScore, run_fingerprint
 
 
 RUN_THROUGHPUT_ERRORS = ("window", "stall-free")
@@ -89,6 +89,9 @@ class GateResult:
     reasons: tuple[str, ...]
     regressions: tuple[Regression, ...]
     tolerances: Tolerances
+    # How many of the runs the change predicts otherwise (any scored quantity): a change that holds the suite by
+    # moving nothing says so, and one that holds it by trading runs against each other shows how many it moved.
+    runs_moved: int | None = None
 
     @property
     def decision(self) -> str:
@@ -96,7 +99,8 @@ class GateResult:
 
     def to_dict(self) -> dict[str, object]:
         return {"decision": self.decision, "reasons": list(self.reasons),
-                "regressions": [r.to_dict() for r in self.regressions], "tolerances": self.tolerances.to_dict()}
+                "regressions": [r.to_dict() for r in self.regressions], "tolerances": self.tolerances.to_dict(),
+                "runs_moved": self.runs_moved}
 
 
 # Aggregates of identical predictions can differ in the last bits (float sums in another order); a change smaller
@@ -158,5 +162,8 @@ def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before
                                   f"-> fails: " + ", ".join(r.run_id for r in regressed)))
         else:
             checks.append((True, f"no run's |{what} error| grew by more than {allowed:g} pp"))
+    moved = sum(run_fingerprint(before_by_id[i]) != run_fingerprint(after_by_id[i]) for i in before_by_id)
+    checks.append((True, f"the change moves the predictions of {moved} of {len(before_by_id)} runs"
+                         + (": it holds the suite by changing nothing the scores read" if moved == 0 else "")))
     return GateResult(accepted=all(ok for ok, _ in checks), reasons=tuple(reason for _, reason in checks),
-                      regressions=tuple(regressions), tolerances=tolerances)
+                      regressions=tuple(regressions), tolerances=tolerances, runs_moved=moved)

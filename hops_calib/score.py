@@ -152,6 +152,20 @@ def stall_free_error_pct(prediction, real_metrics, series) -> float | None:
     return ((real_window - real_excess) / predicted_window - 1.0) * 100.0
 
 
+def prediction_fingerprint(throughput_per_s: float, steady_throughput_per_s: float, bubble_ratio: float,
+                           utilization: Iterable[float], stall_noise_ape_pct: float) -> str:
+    """What the scores read of one prediction (throughputs, bubble, per-stage utilization, stall spread), to 9
+    significant digits: two predictions with the same fingerprint are scored alike, float noise aside."""
+    values = (throughput_per_s, steady_throughput_per_s, bubble_ratio, *utilization, stall_noise_ape_pct)
+    return " ".join(f"{v:.9g}" for v in values)
+
+
+def run_fingerprint(run: RunScore) -> str:
+    """`prediction_fingerprint` of a scored run's prediction."""
+    return prediction_fingerprint(run.predicted_throughput_per_s, run.predicted_steady_throughput_per_s,
+                                  run.predicted_bubble_ratio, run.predicted_utilization, run.stall_noise_ape_pct)
+
+
 def score_prediction(run_id: str, real: TimelineMetrics, prediction, series=None) -> RunScore:
     """`score_run` of a `hops_calib.predict.Prediction`, with its random-stall spread, and with `series` (the
     real run's `timeline_iteration_part_series`) its stall-free error too."""
