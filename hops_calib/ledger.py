@@ -213,6 +213,9 @@ class Look:
     changes_since: int  # of those, the ones that changed a model file (accepted and committed; committed compares)
     # the seq of an earlier look at the same fixture set with the same model or the same predictions, if any
     repeat_of: int | None
+    # configurations predicted otherwise than at the last earlier look on the same fixture set that recorded its
+    # predictions' digests (report since session 6); None when either look has none
+    predictions_moved: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -223,6 +226,7 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
     adaptively the held-out split was used, at a glance."""
     looks: list[Look] = []
     seen: dict[tuple[str, str], int] = {}
+    last_digests: dict[str, list[str]] = {}  # fixture set -> the digests of its latest look that has them
     evaluations = changes = 0
     for entry in entries:
         kind = entry.get("kind")
@@ -234,16 +238,21 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
             key = (entry.get("model_sha256", ""), entry.get("fixture_set_sha256", ""))
             digests = entry.get("prediction_digests")
             same = (" ".join(digests), key[1]) if digests else None
+            previous = last_digests.get(key[1])
+            moved = (sum(a != b for a, b in zip(previous, digests))
+                     if digests and previous and len(previous) == len(digests) else None)
             mape = float(aggregates.get("throughput_mape_pct", float("nan")))
             looks.append(Look(seq=int(entry["seq"]), time=str(entry.get("time", "")), split=split,
                               model_sha256=key[0], throughput_mape_pct=mape,
                               bubble_mae_pp=float(aggregates.get("bubble_mae_pp", float("nan"))),
                               gap_to_train_pp=mape - float(train["throughput_mape_pct"]) if train else None,
                               evaluations_since=evaluations, changes_since=changes,
-                              repeat_of=seen.get(key, seen.get(same) if same else None)))
+                              repeat_of=seen.get(key, seen.get(same) if same else None),
+                              predictions_moved=moved))
             seen.setdefault(key, int(entry["seq"]))
             if same:
                 seen.setdefault(same, int(entry["seq"]))
+                last_digests[key[1]] = digests
             evaluations = changes = 0
     return looks
 

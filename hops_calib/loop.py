@@ -460,9 +460,11 @@ def ledger_looks_command(ledger_path: Path, split: str, as_json: bool) -> int:
                      f"{look.bubble_mae_pp:.2f}",
                      f"{look.gap_to_train_pp:+.2f}" if look.gap_to_train_pp is not None else "",
                      str(look.evaluations_since), str(look.changes_since),
+                     str(look.predictions_moved) if look.predictions_moved is not None else "",
                      f"of {look.repeat_of}" if look.repeat_of is not None else ""] for look in looks]
             print(text_table(["seq", "time", "model", "MAPE %", "bubble pp", "gap to train pp", "evaluated since",
-                              "model changes since", "repeat"], rows, right={0, 3, 4, 5, 6, 7}))
+                              "model changes since", "predictions moved", "repeat"], rows,
+                             right={0, 3, 4, 5, 6, 7, 8}))
         return EXIT_OK
 
     return _guarded(run)
