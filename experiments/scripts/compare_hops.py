@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-from hops_calib.evaluate import evaluate, open_store, recorded_report, report
+from hops_calib.evaluate import RepeatedLook, evaluate, open_store, recorded_report, report
 from hops_calib.shared import reference_csv
 
 VARIANTS = ("no_lookahead", "lc_xbar_xopt", "link_calibrated", "trace_replay")
@@ -53,7 +54,10 @@ def main() -> None:
     ours_train = evaluate(args.fixtures).current.suite  # train split only
     audited = None if args.new_audit else recorded_report(args.fixtures, split="test", ledger_path=Path(args.ledger))
     if audited is None:
-        audited = report(args.fixtures, split="test", ledger_path=Path(args.ledger))  # a new audited look
+        try:  # a new audited look; --new-audit asked for one even if it repeats an earlier look
+            audited = report(args.fixtures, split="test", ledger_path=Path(args.ledger), again=args.new_audit)
+        except RepeatedLook as refused:  # another model whose predictions an earlier look already scored
+            sys.exit(f"{refused}\n(pass --new-audit to look anyway)")
     ours_test = audited.suite  # aggregates only
     print(f"test rows of this model: ledger entry {audited.ledger_entry.get('seq', '?')} "
           f"({audited.ledger_entry.get('time', '?')}, model {audited.model_sha256[:12]})")
