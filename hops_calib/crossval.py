@@ -17,8 +17,11 @@ The refit must not know the fold, so it never starts from the model's current va
 every train run, the fold's included, and a search that cannot beat its start would hand them back): it
 minimizes the fitting runs' throughput MAPE (components mode: the mispriced share of the measured times, as
 `tune --objective components`) by a global search over the parameters' plausible ranges whose first point is
-the term's declared defaults (a third of at most `evaluations` model evaluations, optuna TPE), then a bounded
-Powell search from its best point. Switch parameters (a few allowed values) keep the model's values. The
+the term's declared defaults (a third of at most `evaluations` model evaluations, optuna TPE), then a CMA-ES
+search from its best point (the `cmaes` package optuna's own CMA sampler uses, in coordinates scaled to each
+range, step 0.1 of it): the error is piecewise (whole stalls, floors that bind or not), where a line search
+stalls; on a 7-parameter joint refit CMA-ES reached 1.98-2.10 % where Powell stopped at 2.14-2.30 %, on three
+parameters they tie. Switch parameters (a few allowed values) keep the model's values. The
 in-sample score is the same refit's on its own fitting runs, so held out minus in sample compares like with
 like; the "current" column is the model as shipped, which has seen every fold. The same search is also run on
 every train run ("full refit"): when it lands well above the shipped values' error, the search, not the data,
@@ -223,10 +226,12 @@ def refit(problem: TuneProblem, evaluations: int, seed: int = 0,
     """The term's continuous parameters minimizing the problem's runs' error, found without the model's values.
 
     A third of the budget is a global search (optuna TPE over the parameters' plausible ranges, log scale where a
-    parameter says so; its first trial the term's defaults), the rest a bounded Powell search from its best point.
+    parameter says so; its first trial the term's defaults), the rest CMA-ES from its best point, in coordinates
+    scaled to each parameter's range (step 0.1 of the range, bounded to it). The best point seen is returned.
     """
+    import cmaes
+    import numpy as np
     import optuna
-    from scipy.optimize import minimize
 
     params = [p for p in problem.params if not p.choices]
     if not params:
@@ -249,13 +254,21 @@ def refit(problem: TuneProblem, evaluations: int, seed: int = 0,
     study.enqueue_trial({p.name: defaults[p.name] for p in params})
     study.optimize(lambda trial: error([trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in params]),
                    n_trials=max(1, evaluations // 3))
-    start = [study.best_params[p.name] for p in params]
-    if evaluations - calls[0] < 1:
-        return {p.name: float(v) for p, v in zip(params, start)}
-    found = minimize(error, start, method="Powell", bounds=[(p.low, p.high) for p in params],
-                     options={"maxfev": evaluations - calls[0], "xtol": 1e-3, "ftol": 1e-4})
-    best = found.x if found.fun <= study.best_value else start
-    return {p.name: float(v) for p, v in zip(params, best)}
+    best_x, best_error = [study.best_params[p.name] for p in params], study.best_value
+    low, high = np.array([p.low for p in params]), np.array([p.high for p in params])
+    search = cmaes.CMA(mean=(np.array(best_x) - low) / (high - low), sigma=0.1,
+                       bounds=np.array([[0.0, 1.0]] * len(params)), seed=seed)
+    while evaluations - calls[0] >= search.population_size:  # whole generations only
+        generation = []
+        for _ in range(search.population_size):
+            unit = search.ask()
+            x = low + unit * (high - low)
+            value = error(x)
+            generation.append((unit, value))
+            if value < best_error:
+                best_x, best_error = list(x), value
+        search.tell(generation)
+    return {p.name: float(v) for p, v in zip(params, best_x)}
 
 
 def _shared_problem(problem: TuneProblem) -> tuple[TuneProblem, tuple[str, ...]]:
@@ -364,7 +377,7 @@ def crossval_text(result: CrossValidation) -> str:
     names = list(result.current_params)
     cv = result.held_out
     out = [f"crossval {result.term}: {len(result.folds)} folds of the train split's configurations (seed "
-           f"{result.seed}); each refit searched from the term's defaults (TPE, then Powell), at most "
+           f"{result.seed}); each refit searched from the term's defaults (TPE, then CMA-ES), at most "
            f"{result.evaluations} evaluations, objective "
            f"{result.objective}; model "
            f"{result.model_sha256[:12]}",
