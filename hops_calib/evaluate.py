@@ -466,8 +466,11 @@ def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: s
         raise InputError(str(model_path), f"model {model.name!r} cannot predict the {split} split: {error}") from None
     digests = [prediction_digest(p) for p in predictions]
     earlier = _earlier_looks(ledger_path, split, suite.sha256) if split != TRAIN else []
+    # A repeat predicts as an earlier look did; where that look recorded no digests (before they existed), the same
+    # model stands in for the same predictions. The same model whose predictions moved (the simulator's code
+    # changed) is no repeat: its look tells what the code change did.
     repeat = next((e for e in reversed(earlier) if e.get("prediction_digests") == digests
-                   or e.get("model_sha256") == model.sha256), None)
+                   or ("prediction_digests" not in e and e.get("model_sha256") == model.sha256)), None)
     recorded = next((e for e in reversed(earlier) if e.get("prediction_digests")), None)
     changed_since = None
     if recorded is not None:

@@ -225,7 +225,11 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
     """Every report on `split` (the held-out split), in order, with the work between it and the look before: how
     adaptively the held-out split was used, at a glance."""
     looks: list[Look] = []
-    seen: dict[tuple[str, str], int] = {}
+    # Earlier looks by (model, fixture set): all of them, and those that recorded no digests; by (digests, fixture
+    # set). A look repeats one with its predictions, or, where either recorded none, one with its model.
+    seen_model: dict[tuple[str, str], int] = {}
+    seen_model_plain: dict[tuple[str, str], int] = {}
+    seen_digests: dict[tuple[str, str], int] = {}
     last_digests: dict[str, list[str]] = {}  # fixture set -> the digests of its latest look that has them
     evaluations = changes = 0
     for entry in entries:
@@ -247,12 +251,16 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
                               bubble_mae_pp=float(aggregates.get("bubble_mae_pp", float("nan"))),
                               gap_to_train_pp=mape - float(train["throughput_mape_pct"]) if train else None,
                               evaluations_since=evaluations, changes_since=changes,
-                              repeat_of=seen.get(key, seen.get(same) if same else None),
+                              repeat_of=(seen_digests.get(same, seen_model_plain.get(key)) if same
+                                         else seen_model.get(key)),
                               predictions_moved=moved))
-            seen.setdefault(key, int(entry["seq"]))
+            seq = int(entry["seq"])
+            seen_model.setdefault(key, seq)
             if same:
-                seen.setdefault(same, int(entry["seq"]))
+                seen_digests.setdefault(same, seq)
                 last_digests[key[1]] = digests
+            else:
+                seen_model_plain.setdefault(key, seq)
             evaluations = changes = 0
     return looks
 

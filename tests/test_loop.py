@@ -543,3 +543,25 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
     assert [look["repeat_of"] for look in looks] == [None, None, 1]
     assert "prediction_digests" in list(read_entries(ledger))[0]
     assert not any(fixture_id in ledger.read_text() for fixture_id in load_suite(shared_fixtures, "test").ids)
+
+
+def test_the_same_model_whose_predictions_moved_is_no_repeat(shared_fixtures, tmp_path):
+    """After a change to the simulator's code the same model file predicts otherwise: that look is new."""
+    from hops_calib import ledger as ledger_module
+
+    ledger = tmp_path / "ledger.jsonl"
+    suite, shipped = load_suite(shared_fixtures, "test"), load_model(None)
+    # An earlier look at this model made by other code: its recorded predictions differ on every run.
+    ledger_module.append(ledger, {"kind": "report", "split": "test", "model_sha256": shipped.sha256,
+                                  "fixture_set_sha256": suite.sha256, "aggregates": {},
+                                  "prediction_digests": ["0" * 16] * len(suite.ids), "decision": "audit"})
+    looked = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
+    assert looked.exit_code == 0, looked.output
+    assert json.loads(looked.stdout)["predictions_changed"] == {"seq": 1, "changed": len(suite.ids),
+                                                                "of": len(suite.ids)}
+    # An earlier look without digests (made before they were recorded) is matched by its model instead.
+    older = tmp_path / "older.jsonl"
+    ledger_module.append(older, {"kind": "report", "split": "test", "model_sha256": shipped.sha256,
+                                 "fixture_set_sha256": suite.sha256, "aggregates": {}, "decision": "audit"})
+    refused = cli("report", "--fixtures", shared_fixtures, "--ledger", older)
+    assert refused.exit_code == 2 and "would repeat entry 1 (the same model)" in refused.stderr
