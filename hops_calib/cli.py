@@ -301,6 +301,9 @@ def ledger_show(
 @with_tolerances
 def ledger_plan(
     note: str = typer.Option(..., "--note", help="What will be tried, and why these tolerances."),
+    candidate: Optional[list[Path]] = typer.Option(
+        None, "--candidate", help="A candidate file the plan is for (repeatable): pinned by its text's sha256, so "
+                                  "evaluate --plan N refuses any other candidate, an edited one included."),
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the entry as JSON."),
     tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
@@ -308,7 +311,7 @@ def ledger_plan(
     """Record, before any of its evaluations, what will be tried and the tolerances it will be judged under."""
     from hops_calib.loop import ledger_plan_command
 
-    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json))
+    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ())))
 
 
 @ledger_app.command("looks")

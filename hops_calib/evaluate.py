@@ -186,17 +186,17 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     from hops_calib.model_files import DEFAULT_MODEL, load_model
 
     refuse_test_split(split, "evaluate")
-    if plan is not None:
-        if candidate_path is None:
-            raise InputError("evaluate", "--plan judges a candidate; there is none", field="plan",
-                             hint="pass the candidate file the plan was stated for")
-        check_plan(ledger_path, plan, tolerances, "evaluate")
+    if plan is not None and candidate_path is None:
+        raise InputError("evaluate", "--plan judges a candidate; there is none", field="plan",
+                         hint="pass the candidate file the plan was stated for")
     if commit and candidate_path is None:
         raise InputError("evaluate", "--commit needs a candidate to commit", field="commit",
                          hint="pass a candidate file: hops-calib evaluate experiments/X.toml --commit")
+    candidate = read_candidate(candidate_path) if candidate_path is not None else None
+    if plan is not None:
+        check_plan(ledger_path, plan, tolerances, "evaluate", candidate)
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     model = load_model(model_path)
-    candidate = read_candidate(candidate_path) if candidate_path is not None else None
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suite(fixtures_dir, split)
     progress.start(len(suite.ids) * (2 if candidate is not None else 1))
@@ -572,17 +572,28 @@ def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: 
 
 # --- plans: the rules of a judgement, recorded before it --------------------------------------------------------
 
-def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances) -> dict[str, Any]:
+def _text_sha256(candidate: Candidate) -> str:
+    return hashlib.sha256(candidate.text.encode()).hexdigest()
+
+
+def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
+                candidates: Sequence[Path | str] = ()) -> dict[str, Any]:
     """Append a plan entry: what is about to be tried and the tolerances it will be judged under, before any of
     its evaluations. `evaluate --plan N` and `compare --plan N` then judge under exactly those tolerances and cite it.
+    `candidates`: the candidate files the plan is for, pinned by their text's sha256: `evaluate --plan N` then
+    refuses any other candidate, an edited one included.
     """
     from hops_calib import ledger
 
     if not note.strip():
         raise InputError("ledger plan", "a plan needs a note", field="note",
                          hint="say what will be tried and why these tolerances, e.g. --note 'move 060-062: ...'")
+    pinned = [read_candidate(path) for path in candidates]  # a candidate that cannot be read is refused now
     return ledger.append(ledger_path, {"kind": "plan", "time": now_utc(), "note": note,
-                                       "tolerances": tolerances.to_dict(), "code_revision": code_revision()})
+                                       "tolerances": tolerances.to_dict(),
+                                       **({"candidates": [{"id": c.id, "path": c.origin, "text_sha256": _text_sha256(c)}
+                                                          for c in pinned]} if pinned else {}),
+                                       "code_revision": code_revision()})
 
 
 def read_plan(ledger_path: Path | str, seq: int) -> dict[str, Any]:
@@ -600,16 +611,30 @@ def read_plan(ledger_path: Path | str, seq: int) -> dict[str, Any]:
                      hint="record the plan first: hops-calib ledger plan --note ... [tolerance options]")
 
 
-def plan_tolerances(ledger_path: Path | str, seq: int) -> Tolerances:
+def plan_tolerances(ledger_path: Path | str, seq: int, entry: dict[str, Any] | None = None) -> Tolerances:
+    """Plan `seq`'s tolerances (from `entry` when the caller has read it)."""
+    entry = entry if entry is not None else read_plan(ledger_path, seq)
     try:
-        return Tolerances(**read_plan(ledger_path, seq)["tolerances"])
+        return Tolerances(**entry["tolerances"])
     except (TypeError, ValueError) as error:
         raise InputError(ledger_path, f"plan {seq} holds tolerances this version cannot read: {error}",
                          field="plan") from None
 
 
-def check_plan(ledger_path: Path | str, seq: int, tolerances: Tolerances, verb: str) -> None:
-    stated = plan_tolerances(ledger_path, seq)
+def check_plan(ledger_path: Path | str, seq: int, tolerances: Tolerances, verb: str,
+               candidate: Candidate | None = None) -> None:
+    """Refuse a judgement under plan `seq` with other tolerances than the plan's, or, where the plan pinned its
+    candidates, with a candidate that is not one of them as they were when the plan was recorded."""
+    entry = read_plan(ledger_path, seq)
+    stated = plan_tolerances(ledger_path, seq, entry)
     if stated != tolerances:
         raise InputError(verb, f"the tolerances given differ from plan {seq}'s ({stated.describe()})", field="plan",
                          hint="a planned judgement keeps the rules stated before it; pass --plan alone")
+    pinned = entry.get("candidates")
+    if candidate is not None and pinned and _text_sha256(candidate) not in {c["text_sha256"] for c in pinned}:
+        same_id = [c for c in pinned if c["id"] == candidate.id]
+        raise InputError(candidate.origin, f"is not a candidate plan {seq} stated ("
+                         + ", ".join(f"{c['id']} from {c['path']}" for c in pinned) + ")"
+                         + (f": {candidate.id} was edited after the plan" if same_id else ""), field="plan",
+                         hint="judge the candidate as it was planned, or state a new plan for this one "
+                              "(hops-calib ledger plan --candidate FILE ...)")

@@ -423,17 +423,20 @@ def ledger_show_command(ledger_path: Path, last: int | None, as_json: bool) -> i
     return _guarded(run)
 
 
-def ledger_plan_command(ledger_path: Path, note: str, tolerances: dict[str, float | str | None], as_json: bool) -> int:
+def ledger_plan_command(ledger_path: Path, note: str, tolerances: dict[str, float | str | None], as_json: bool,
+                        candidates: tuple[Path, ...] = ()) -> int:
     def run() -> int:
         from hops_calib.evaluate import record_plan
 
         limits = _tolerance_limits(tolerances, "ledger plan")
-        entry = record_plan(ledger_path, note, limits)
+        entry = record_plan(ledger_path, note, limits, candidates)
         if as_json:
             _print_json(entry)
         else:
             print(f"plan entry {entry['seq']} appended to {ledger_path}: {note}")
             print(f"tolerances stated: {limits.describe()}")
+            for pinned in entry.get("candidates", []):
+                print(f"candidate pinned: {pinned['id']} ({pinned['path']}, text sha256 {pinned['text_sha256'][:12]})")
             print(f"judge under it with: hops-calib evaluate CANDIDATE --plan {entry['seq']} | "
                   f"hops-calib compare BEFORE --model AFTER --plan {entry['seq']}")
         return EXIT_OK

@@ -475,6 +475,35 @@ def test_a_plan_states_the_tolerances_before_and_the_judgements_under_it_cite_it
     assert cli("ledger", "verify", "--ledger", ledger).exit_code == 0
 
 
+def test_a_plan_can_pin_its_candidates_so_an_edited_or_other_one_is_refused(shared_fixtures, workspace):
+    experiments, model, ledger = workspace["experiments"], workspace["model"], workspace["ledger"]
+    improving, harmful = experiments / "improving.toml", experiments / "harmful.toml"
+    stated = cli("ledger", "plan", "--note", "the host overhead, this file as it is now", "--candidate", improving,
+                 "--ledger", ledger)
+    assert stated.exit_code == 0, stated.output
+    assert "candidate pinned: " in stated.stdout
+    [plan] = list(read_entries(ledger))
+    assert [c["path"] for c in plan["candidates"]] == [str(improving)]
+    # Another candidate, or this one edited after the plan, is refused before anything is scored or recorded.
+    original = improving.read_text()
+    improving.write_text(original.replace('hypothesis = "', 'hypothesis = "(edited after the plan) ', 1))
+    for candidate, message in ((harmful, "is not a candidate plan 1 stated"), (improving, "edited after the plan")):
+        refused = cli("evaluate", candidate, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                      "--plan", "1")
+        assert refused.exit_code == 2 and message in refused.stderr and str(candidate) in refused.stderr
+    assert len(list(read_entries(ledger))) == 1
+    improving.write_text(original)  # as planned: judged, citing the plan
+    judged = cli("evaluate", improving, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                 "--plan", "1")
+    assert judged.exit_code == 0, judged.output
+    assert list(read_entries(ledger))[-1]["plan_seq"] == 1
+    # A candidate file that cannot be read is refused when the plan is stated, and no plan is recorded.
+    bad = experiments / "bad.toml"
+    bad.write_text("id = \"x\"\n")
+    assert cli("ledger", "plan", "--note", "n", "--candidate", bad, "--ledger", ledger).exit_code == 2
+    assert len(list(read_entries(ledger))) == 2
+
+
 def test_a_planned_judgement_called_from_python_must_use_the_plans_tolerances(shared_fixtures, workspace):
     from hops_calib.evaluate import evaluate, record_plan
     from hops_calib.errors import InputError
