@@ -397,7 +397,7 @@ def ledger_show_command(ledger_path: Path, last: int | None, as_json: bool) -> i
         for e in entries:
             aggregates_before, aggregates_after = e.get("aggregates_before") or {}, e.get("aggregates_after") or {}
             if e.get("kind") == "plan":
-                what = f"plan: {e.get('note', '')}"
+                what = f"plan: {e.get('note', '')}" + "".join(f" [pins {c.get('id')}]" for c in e.get("candidates", []))
             elif e.get("kind") == "report":
                 aggregates = e.get("aggregates", {})
                 what = (f"report {e.get('split')}: MAPE {aggregates.get('throughput_mape_pct', float('nan')):.2f} %, "

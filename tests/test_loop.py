@@ -497,6 +497,7 @@ def test_a_plan_can_pin_its_candidates_so_an_edited_or_other_one_is_refused(shar
                  "--plan", "1")
     assert judged.exit_code == 0, judged.output
     assert list(read_entries(ledger))[-1]["plan_seq"] == 1
+    assert "[pins " in cli("ledger", "show", "--ledger", ledger).stdout
     # A candidate file that cannot be read is refused when the plan is stated, and no plan is recorded.
     bad = experiments / "bad.toml"
     bad.write_text("id = \"x\"\n")
