@@ -265,9 +265,10 @@ def report(
 ) -> None:
     """Suite aggregates only on the held-out split; appends an audit entry to the ledger every time.
 
-    A look that would repeat an earlier one (the same predictions on every held-out configuration) is refused with
-    exit 2 before anything is scored, unless --again. Otherwise it says on how many configurations the predictions
-    changed since the last look.
+    A look that would repeat an earlier one (the same predictions on every
+    held-out configuration) is refused with exit 2 before anything is scored,
+    unless --again. Otherwise it says on how many configurations the
+    predictions changed since the last look.
     """
     from hops_calib.loop import report_command
 
