@@ -262,6 +262,10 @@ def report(
         False, "--preview", help="Only say what a look would tell that the ledger does not: on how many held-out "
                                  "configurations the predictions changed since the last look, or which look it "
                                  "would repeat. Reads no result, appends nothing."),
+    against: Optional[Path] = typer.Option(
+        None, "--against", help="With --preview: also count the held-out configurations this model predicts "
+                                "otherwise than the model file given (for a look made before digests were "
+                                "recorded: git show REV:hops_calib/model/models/baseline.toml > old.toml)."),
 ) -> None:
     """Suite aggregates only on the held-out split; appends an audit entry to the ledger every time.
 
@@ -272,7 +276,7 @@ def report(
     """
     from hops_calib.loop import report_command
 
-    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json, html, again, preview))
+    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json, html, again, preview, against))
 
 
 @app.command()

@@ -480,14 +480,29 @@ def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: s
 
 
 def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
-                 ledger_path: Path | str = DEFAULT_LEDGER) -> dict[str, Any]:
+                 ledger_path: Path | str = DEFAULT_LEDGER, against: Path | str | None = None) -> dict[str, Any]:
     """What a `report` of `split` would tell that the ledger does not: from the model's predictions of the
     configurations alone (no result is scored, nothing is appended). {"split", "model_sha256", "of",
-    "repeat_of": the look it would repeat or None, "changed_since": as Report.changed_since}."""
+    "repeat_of": the look it would repeat or None, "changed_since": as Report.changed_since, "against": with
+    `against` (another model file, e.g. the one an earlier look without digests was made with), on how many
+    configurations the two models predict otherwise: {"model_sha256", "changed"}}."""
     model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
     _, digests, repeat, changed_since = _look_against_earlier(suite, model, model_path, split, ledger_path)
+    compared = None
+    if against is not None:
+        from hops_calib.model_files import load_model
+        from hops_calib.predict import predict
+
+        other = load_model(against)
+        try:
+            theirs = [prediction_digest(predict(spec, other)) for spec in suite.specs]
+        except ValueError as error:
+            raise InputError(str(against), f"model {other.name!r} cannot predict the {split} split: {error}"
+                             ) from None
+        compared = {"model_sha256": other.sha256, "changed": sum(a != b for a, b in zip(theirs, digests))}
     return {"split": split, "model_sha256": model.sha256, "of": len(digests),
-            "repeat_of": int(repeat["seq"]) if repeat is not None else None, "changed_since": changed_since}
+            "repeat_of": int(repeat["seq"]) if repeat is not None else None, "changed_since": changed_since,
+            "against": compared}
 
 
 def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,

@@ -318,16 +318,25 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
 # --- report --------------------------------------------------------------------------------------
 
 def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool,
-                   html: Path | None = None, again: bool = False, preview: bool = False) -> int:
+                   html: Path | None = None, again: bool = False, preview: bool = False,
+                   against: Path | None = None) -> int:
     def run() -> int:
         from hops_calib.evaluate import preview_look, report
         from hops_calib.progress import progress_bar
 
+        if against is not None and not preview:
+            raise InputError("report", "--against compares predictions without looking; it goes with --preview",
+                             field="against", hint="hops-calib report --preview --against OLD_MODEL.toml")
         if preview:
-            seen = preview_look(fixtures, split=split, model_path=model_path, ledger_path=ledger_path)
+            seen = preview_look(fixtures, split=split, model_path=model_path, ledger_path=ledger_path,
+                                against=against)
             if as_json:
                 _print_json(seen)
-            elif seen["repeat_of"] is not None:
+                return EXIT_OK
+            if seen["against"] is not None:
+                print(f"the model {seen['model_sha256'][:12]} predicts {seen['against']['changed']} of {seen['of']} "
+                      f"{split} configurations otherwise than {against} ({seen['against']['model_sha256'][:12]})")
+            if seen["repeat_of"] is not None:
                 print(f"a look at the {split} split now would repeat entry {seen['repeat_of']}: the model "
                       f"{seen['model_sha256'][:12]} predicts all {seen['of']} configurations as that look's did, "
                       "so `report` would refuse it (read its result with `hops-calib ledger looks`)")
@@ -337,8 +346,9 @@ def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_p
                       f"{since['changed']} of {since['of']} configurations otherwise than the look of entry "
                       f"{since['seq']} (no result read, nothing appended)")
             else:
-                print(f"a look at the {split} split now: no earlier look recorded its predictions, so there is "
-                      "nothing to compare with (no result read, nothing appended)")
+                print(f"a look at the {split} split now: no earlier look recorded its predictions, so the ledger has "
+                      "nothing to compare with; --against OLD_MODEL compares with a model file (no result read, "
+                      "nothing appended)")
             return EXIT_OK
 
         if html is not None:

@@ -557,7 +557,19 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
     preview = json.loads(cli("report", "--preview", "--fixtures", shared_fixtures, "--ledger", ledger,
                              "--model", slower_a10g, "--json").stdout)
     assert preview["repeat_of"] is None and ledger.read_bytes() == recorded
-    assert set(preview) == {"split", "model_sha256", "of", "repeat_of", "changed_since"}  # no result in it
+    assert set(preview) == {"split", "model_sha256", "of", "repeat_of", "changed_since", "against"}  # no result
+    # --against compares two model files' predictions directly (for looks made before digests were recorded).
+    shipped_file = tmp_path / "shipped.toml"
+    write_model(shipped_file, shipped)
+
+    def against(model):
+        return json.loads(cli("report", "--preview", "--fixtures", shared_fixtures, "--ledger", ledger, "--model",
+                              model, "--against", shipped_file, "--json").stdout)["against"]
+
+    assert against(cpu_only) == {"model_sha256": shipped.sha256, "changed": 0}  # no cluster run reads it
+    assert 0 < against(slower_a10g)["changed"] <= preview["of"]
+    assert cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--against", cpu_only).exit_code == 2
+    assert ledger.read_bytes() == recorded
     # A model that moves predictions looks, and says on how many configurations they moved.
     moved = json.loads(cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--model", slower_a10g,
                            "--json").stdout)
