@@ -393,6 +393,9 @@ class Report:
     # Against the latest earlier look at this split and fixture set that recorded its predictions: its entry,
     # and on how many configurations this model predicts otherwise ({"seq", "changed", "of"}); None if none.
     changed_since: dict[str, int] | None = None
+    # Configuration-bootstrap intervals of the MAPE (and beside a held-out report, of train's and of the gap):
+    # `bootstrap_intervals`.
+    intervals: dict[str, Any] | None = None
 
     @property
     def gap_to_train_pp(self) -> float | None:
@@ -403,7 +406,7 @@ class Report:
         return {"split": self.split, **self.suite.to_dict(), "model_sha256": self.model_sha256,
                 "train": self.train.to_dict() if self.train is not None else None,
                 "gap_to_train_pp": self.gap_to_train_pp, "outside_train": self.outside_train,
-                "predictions_changed": self.changed_since,
+                "predictions_changed": self.changed_since, "intervals": self.intervals,
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]}}
 
@@ -505,6 +508,27 @@ def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Pat
             "against": compared}
 
 
+BOOTSTRAP_DRAWS, INTERVAL_LEVEL = 2000, 0.95
+
+
+def bootstrap_intervals(ids: Sequence[str], runs: Sequence[RunScore], train_ids: Sequence[str] | None = None,
+                        train_runs: Sequence[RunScore] | None = None) -> dict[str, Any]:
+    """95 % intervals of the throughput MAPE over configurations: resample a split's configurations (repeats
+    together) with replacement, seeded, and read the MAPE's spread; with train's runs, also train's and the
+    held-out minus train gap's (the two splits resampled independently). Aggregates only: no run is named."""
+    from hops_calib.score import interval, mape_draws
+    from hops_calib.store.split import group_of
+
+    draws = mape_draws(runs, [group_of(i) for i in ids], draws=BOOTSTRAP_DRAWS, seed=0)
+    out: dict[str, Any] = {"level": INTERVAL_LEVEL, "draws": BOOTSTRAP_DRAWS, "resampled": "configurations",
+                           "throughput_mape_pct": interval(draws, INTERVAL_LEVEL)}
+    if train_runs is not None and train_ids is not None:
+        train_draws = mape_draws(train_runs, [group_of(i) for i in train_ids], draws=BOOTSTRAP_DRAWS, seed=1)
+        out["train_throughput_mape_pct"] = interval(train_draws, INTERVAL_LEVEL)
+        out["gap_to_train_pp"] = interval(draws - train_draws, INTERVAL_LEVEL)
+    return out
+
+
 def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
            ledger_path: Path | str = DEFAULT_LEDGER, progress: Progress = QUIET, again: bool = False) -> Report:
     """Suite aggregates on `split` (the held-out test split by default), and an audit entry in the ledger.
@@ -527,7 +551,10 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     progress.start(len(suite.ids) + len(train_ids))
     scored = score_model(suite, model, origin=str(model_path), progress=progress, predictions=predictions)
     train_suite = load_suite(fixtures_dir, TRAIN) if train_ids else None
-    train = score_model(train_suite, model, origin=str(model_path), progress=progress).suite if train_suite else None
+    train_scored = score_model(train_suite, model, origin=str(model_path), progress=progress) if train_suite else None
+    train = train_scored.suite if train_scored is not None else None
+    intervals = bootstrap_intervals(suite.ids, scored.runs, train_suite.ids if train_suite else None,
+                                    train_scored.runs if train_scored is not None else None)
     outside = None
     if train_suite is not None:
         from hops_calib.coverage import coverage, outside_counts
@@ -544,6 +571,7 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
         "aggregates": scored.suite.to_dict(),
         **({"train_aggregates": train.to_dict()} if train is not None else {}),
         **({"outside_train": outside} if outside is not None else {}),
+        "intervals": intervals,
         "prediction_digests": digests,
         **({"repeat_of": int(repeat["seq"])} if repeat is not None else {}),
         "decision": "audit",
@@ -551,7 +579,8 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     }
     written = ledger.append(ledger_path, entry)
     return Report(split=split, suite=scored.suite, model_sha256=model.sha256, ledger_path=Path(ledger_path),
-                  ledger_entry=written, train=train, outside_train=outside, changed_since=changed_since)
+                  ledger_entry=written, train=train, outside_train=outside, changed_since=changed_since,
+                  intervals=intervals)
 
 
 def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,

@@ -204,3 +204,30 @@ def aggregate(runs: Iterable[RunScore]) -> SuiteScore:
         util_spearman_mean=float(np.mean([r.util_spearman_rho for r in runs])),
         stall_noise_mape_pct=float(np.mean([r.stall_noise_ape_pct for r in runs])),
     )
+
+
+def _group_draws(groups: Sequence[str], draws: int, rng: np.random.Generator) -> np.ndarray:
+    """`draws` bootstrap resamples of the runs, whole configurations at a time: a (draws, n_runs) array of how
+    many times each run is drawn (repeats of a configuration are not independent evidence)."""
+    names = sorted(set(groups))
+    members = np.array([[g == name for g in groups] for name in names], dtype=float)  # (n_groups, n_runs)
+    picks = rng.integers(0, len(names), size=(draws, len(names)))
+    counts = np.stack([np.bincount(row, minlength=len(names)) for row in picks])  # (draws, n_groups)
+    return counts @ members
+
+
+def mape_draws(runs: Sequence[RunScore], groups: Sequence[str], *, draws: int = 2000, seed: int = 0) -> np.ndarray:
+    """The throughput MAPE of `draws` configuration-bootstrap resamples of `runs` (`groups[i]` is run i's
+    configuration), with an explicit seed: how much the suite MAPE depends on which configurations were run."""
+    if len(runs) != len(groups) or not runs:
+        raise ValueError("one configuration per run, and at least one run")
+    weights = _group_draws(groups, draws, np.random.default_rng(seed))
+    errors = np.abs([r.throughput_error_pct for r in runs])
+    return (weights @ errors) / weights.sum(axis=1)
+
+
+def interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile interval of `values`."""
+    tail = (1.0 - level) / 2.0 * 100.0
+    low, high = np.percentile(values, [tail, 100.0 - tail])
+    return float(low), float(high)

@@ -207,7 +207,7 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         assert set(data) == AGGREGATES | {"split", "model_sha256", "ledger", "train", "gap_to_train_pp",
-                                          "outside_train", "predictions_changed"}
+                                          "outside_train", "predictions_changed", "intervals"}
         assert data["n_fixtures"] == len(test_ids) and data["split"] == "test"
         assert not any(fixture_id in result.stdout for fixture_id in test_ids)
         entries = list(read_entries(ledger))
@@ -231,6 +231,15 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
         assert n == sum(any(e.feature == feature for e in f) for f in flagged)
     assert entries[-1]["outside_train"] == data["outside_train"]
     assert data["predictions_changed"] == {"seq": 1, "changed": 0, "of": len(test_ids)}
+    # The MAPE's spread over which configurations were run: intervals around the point values, recorded too.
+    bounds = data["intervals"]
+    assert bounds["level"] == 0.95 and bounds["resampled"] == "configurations"
+    for key, point in (("throughput_mape_pct", data["throughput_mape_pct"]),
+                       ("train_throughput_mape_pct", data["train"]["throughput_mape_pct"]),
+                       ("gap_to_train_pp", data["gap_to_train_pp"])):
+        low, high = bounds[key]
+        assert low < point < high, key
+    assert entries[-1]["intervals"] == bounds
     assert entries[-1]["repeat_of"] == 1 and "repeat_of" not in entries[0]
     text = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--again")
     assert text.exit_code == 0 and "test split" in text.stdout and "audit entry 3" in text.stdout

@@ -162,3 +162,20 @@ def test_a_suite_change_below_float_rounding_holds():
     assert passes and reason.endswith("holds")
     passes, reason = _suite_check("bubble MAE pp", " pp", 2.5126, 2.5126 + 1e-6, 0.0, higher_is_better=False)
     assert not passes and "fails" in reason
+
+
+def test_the_mape_bootstrap_resamples_whole_configurations():
+    from hops_calib.score import interval, mape_draws
+
+    # Two repeats of configuration a (errors 1 %), one run of b (3 %): drawing whole configurations, a resample's
+    # MAPE can only be 1 (a, a), 3 (b, b) or 5/3 (a and b); drawing runs one by one would also give e.g. 2.
+    runs, _ = scores([(1, 0), (-1, 0), (3, 0)])
+    draws = mape_draws(runs, ["a", "a", "b"], draws=500, seed=3)
+    assert np.allclose(sorted(set(np.round(draws, 9))), [1.0, 5 / 3, 3.0])
+    assert np.array_equal(draws, mape_draws(runs, ["a", "a", "b"], draws=500, seed=3))  # seeded
+    low, high = interval(draws)
+    assert low == 1.0 and high == 3.0
+    same, _ = scores([(2, 0), (-2, 0), (2, 0)])
+    assert interval(mape_draws(same, ["a", "b", "c"], draws=200)) == (2.0, 2.0)
+    with pytest.raises(ValueError):
+        mape_draws(runs, ["a", "b"])
