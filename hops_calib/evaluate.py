@@ -402,6 +402,21 @@ class Report:
         """Held-out throughput MAPE minus train throughput MAPE (pp), for a held-out report."""
         return self.suite.throughput_mape_pct - self.train.throughput_mape_pct if self.train is not None else None
 
+    def interval_sentence(self) -> str | None:
+        """The intervals in words: '95% interval over configurations (...): MAPE a-b %, train c-d %, ...'."""
+        if self.intervals is None:
+            return None
+        bounds = self.intervals
+        low, high = bounds["throughput_mape_pct"]
+        line = (f"{bounds['level']:.0%} interval over {bounds['resampled']} (bootstrap, {bounds['draws']} draws): "
+                f"MAPE {low:.2f}-{high:.2f} %")
+        if "gap_to_train_pp" in bounds:
+            train_low, train_high = bounds["train_throughput_mape_pct"]
+            gap_low, gap_high = bounds["gap_to_train_pp"]
+            line += (f", train {train_low:.2f}-{train_high:.2f} %, {self.split} minus train {gap_low:+.2f} to "
+                     f"{gap_high:+.2f} pp")
+        return line
+
     def to_dict(self) -> dict[str, Any]:
         return {"split": self.split, **self.suite.to_dict(), "model_sha256": self.model_sha256,
                 "train": self.train.to_dict() if self.train is not None else None,

@@ -372,16 +372,7 @@ def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_p
                       f"{result.gap_to_train_pp:+.2f} pp, of which the floors differ by "
                       f"{result.suite.stall_noise_mape_pct - result.train.stall_noise_mape_pct:+.2f} pp")
             if result.intervals is not None:
-                bounds = result.intervals
-                low, high = bounds["throughput_mape_pct"]
-                line = (f"{bounds['level']:.0%} interval over {bounds['resampled']} (bootstrap, {bounds['draws']} "
-                        f"draws): MAPE {low:.2f}-{high:.2f} %")
-                if "gap_to_train_pp" in bounds:
-                    train_low, train_high = bounds["train_throughput_mape_pct"]
-                    gap_low, gap_high = bounds["gap_to_train_pp"]
-                    line += (f", train {train_low:.2f}-{train_high:.2f} %, {result.split} minus train "
-                             f"{gap_low:+.2f} to {gap_high:+.2f} pp")
-                print(line)
+                print(result.interval_sentence())
             if result.outside_train is not None:
                 from hops_calib.coverage import outside_sentence
 

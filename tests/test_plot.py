@@ -377,6 +377,8 @@ def test_html_report_test_split_shows_aggregates_only_and_is_audited(shared_fixt
     assert f"{summary['throughput_mape_pct']:.2f}" in html and f"{summary['bubble_mae_pp']:.2f}" in html
     assert "Held-out report" in html
     assert f"test minus train {summary['gap_to_train_pp']:+.2f} pp" in html
+    gap_low, gap_high = summary["intervals"]["gap_to_train_pp"]
+    assert f"test minus train {gap_low:+.2f} to {gap_high:+.2f} pp" in html  # the spread over configurations
     outside = summary["outside_train"]
     assert f"{outside['runs']} of {outside['of']} configurations lie outside the train runs" in html
 

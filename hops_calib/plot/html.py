@@ -205,6 +205,8 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
         meta["the same model on train"] = (f"throughput MAPE {train.throughput_mape_pct:.2f} % (stall-noise floor "
                                            f"{train.stall_noise_mape_pct:.2f} %); {result.split} minus train "
                                            f"{result.gap_to_train_pp:+.2f} pp")
+    if getattr(result, "intervals", None) is not None:
+        meta["spread over configurations"] = result.interval_sentence()
     outside = getattr(result, "outside_train", None)
     if outside is not None:
         from hops_calib.coverage import outside_sentence
