@@ -216,9 +216,16 @@ class Look:
     # configurations predicted otherwise than at the last earlier look on the same fixture set that recorded its
     # predictions' digests (report since session 6); None when either look has none
     predictions_moved: int | None = None
+    # the gap's 95 % interval over configurations (report since session 6), when the entry carries it
+    gap_interval_pp: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _gap_interval(entry: dict[str, Any]) -> tuple[float, float] | None:
+    bounds = (entry.get("intervals") or {}).get("gap_to_train_pp")
+    return (float(bounds[0]), float(bounds[1])) if bounds else None
 
 
 def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], split: str = "test") -> list[Look]:
@@ -253,7 +260,8 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
                               evaluations_since=evaluations, changes_since=changes,
                               repeat_of=(seen_digests.get(same, seen_model_plain.get(key)) if same
                                          else seen_model.get(key)),
-                              predictions_moved=moved))
+                              predictions_moved=moved,
+                              gap_interval_pp=_gap_interval(entry)))
             seq = int(entry["seq"])
             seen_model.setdefault(key, seq)
             if same:

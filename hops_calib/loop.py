@@ -473,7 +473,9 @@ def ledger_looks_command(ledger_path: Path, split: str, as_json: bool) -> int:
         if looks:
             rows = [[str(look.seq), look.time[:16], look.model_sha256[:12], f"{look.throughput_mape_pct:.2f}",
                      f"{look.bubble_mae_pp:.2f}",
-                     f"{look.gap_to_train_pp:+.2f}" if look.gap_to_train_pp is not None else "",
+                     (f"{look.gap_to_train_pp:+.2f}" if look.gap_to_train_pp is not None else "")
+                     + (f" ({look.gap_interval_pp[0]:+.2f} to {look.gap_interval_pp[1]:+.2f})"
+                        if look.gap_interval_pp is not None else ""),
                      str(look.evaluations_since), str(look.changes_since),
                      str(look.predictions_moved) if look.predictions_moved is not None else "",
                      f"of {look.repeat_of}" if look.repeat_of is not None else ""] for look in looks]

@@ -230,12 +230,16 @@ def test_held_out_looks_count_the_work_between_looks_and_name_repeats(tmp_path):
     # The same model predicting otherwise (the code changed) is no repeat; one matching a look without digests is.
     look("E", digests=["d4", "d3"])
     look("B", digests=["d5", "d6"])
+    ledger.append(path, {"kind": "report", "split": "test", "model_sha256": "F", "fixture_set_sha256": "f",
+                         "aggregates": scores(4.0), "train_aggregates": scores(2.5),
+                         "intervals": {"gap_to_train_pp": [0.4, 2.6]}, "decision": "audit"})
     looks = ledger.held_out_looks(ledger.read_entries(path))
     assert [(x.evaluations_since, x.changes_since, x.repeat_of) for x in looks] == [
         (3, 1, None), (1, 1, None), (0, 0, looks[1].seq), (0, 0, None), (0, 0, looks[3].seq), (0, 0, None),
-        (0, 0, None), (0, 0, looks[1].seq)]
-    assert [x.model_sha256 for x in looks] == ["A", "B", "B", "C", "D", "E", "E", "B"]
-    assert [x.predictions_moved for x in looks] == [None, None, None, None, 0, 1, 1, 2]
+        (0, 0, None), (0, 0, looks[1].seq), (0, 0, None)]
+    assert [x.model_sha256 for x in looks] == ["A", "B", "B", "C", "D", "E", "E", "B", "F"]
+    assert [x.predictions_moved for x in looks] == [None, None, None, None, 0, 1, 1, 2, None]
+    assert looks[-1].gap_interval_pp == (0.4, 2.6) and looks[1].gap_interval_pp is None
     assert looks[0].gap_to_train_pp is None and looks[1].gap_to_train_pp == pytest.approx(1.5)
     assert ledger.held_out_looks(ledger.read_entries(path), split="train")[0].seq == 5
 

@@ -592,6 +592,9 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
                "--again").exit_code == 0
     looks = json.loads(cli("ledger", "looks", "--ledger", ledger, "--json").stdout)["looks"]
     assert [look["repeat_of"] for look in looks] == [None, None, 1]
+    for look in looks:  # each look carries the gap's spread over configurations, around the gap itself
+        low, high = look["gap_interval_pp"]
+        assert low < look["gap_to_train_pp"] < high
     assert "prediction_digests" in list(read_entries(ledger))[0]
     assert not any(fixture_id in ledger.read_text() for fixture_id in load_suite(shared_fixtures, "test").ids)
 
