@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
-from hops_calib.score import RunScore, SuiteScore, run_fingerprint
+from hops_calib.score import RunScore, SuiteScore, interval, mape_draws, run_fingerprint
+from hops_calib.store.split import group_of
 
 
 RUN_THROUGHPUT_ERRORS = ("window", "stall-free")
@@ -92,6 +93,9 @@ class GateResult:
     # How many of the runs the change predicts otherwise (any scored quantity): a change that holds the suite by
     # moving nothing says so, and one that holds it by trading runs against each other shows how many it moved.
     runs_moved: int | None = None
+    # The 95 % interval of the suite MAPE's change when the configurations are resampled (paired: the same draws
+    # before and after): whether the change would hold on other configurations like these, or is this set's luck.
+    mape_change_interval_pp: tuple[float, float] | None = None
 
     @property
     def decision(self) -> str:
@@ -100,12 +104,15 @@ class GateResult:
     def to_dict(self) -> dict[str, object]:
         return {"decision": self.decision, "reasons": list(self.reasons),
                 "regressions": [r.to_dict() for r in self.regressions], "tolerances": self.tolerances.to_dict(),
-                "runs_moved": self.runs_moved}
+                "runs_moved": self.runs_moved,
+                "mape_change_interval_pp": (list(self.mape_change_interval_pp)
+                                            if self.mape_change_interval_pp is not None else None)}
 
 
 # Aggregates of identical predictions can differ in the last bits (float sums in another order); a change smaller
 # than this is no change, so a candidate that leaves a metric alone is not rejected for rounding.
 ROUNDING = 1e-9
+PAIRED_DRAWS = 1000  # configuration resamples for the interval of a change's MAPE effect
 
 
 def _suite_check(label: str, unit: str, before: float, after: float, tolerance: float, higher_is_better: bool
@@ -165,5 +172,13 @@ def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before
     moved = sum(run_fingerprint(before_by_id[i]) != run_fingerprint(after_by_id[i]) for i in before_by_id)
     checks.append((True, f"the change moves the predictions of {moved} of {len(before_by_id)} runs"
                          + (": it holds the suite by changing nothing the scores read" if moved == 0 else "")))
+    ids = sorted(before_by_id)
+    groups = [group_of(run_id) for run_id in ids]
+    change = (mape_draws([after_by_id[i] for i in ids], groups, draws=PAIRED_DRAWS, seed=0)
+              - mape_draws([before_by_id[i] for i in ids], groups, draws=PAIRED_DRAWS, seed=0))
+    spread = interval(change)
+    checks.append((True, f"throughput MAPE change over resampled configurations (paired bootstrap, 95 %): "
+                         f"{spread[0]:+.3f} to {spread[1]:+.3f} pp"))
     return GateResult(accepted=all(ok for ok, _ in checks), reasons=tuple(reason for _, reason in checks),
-                      regressions=tuple(regressions), tolerances=tolerances, runs_moved=moved)
+                      regressions=tuple(regressions), tolerances=tolerances, runs_moved=moved,
+                      mape_change_interval_pp=spread)

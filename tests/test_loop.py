@@ -108,7 +108,9 @@ def test_an_improving_one_term_candidate_is_accepted_recorded_and_committed(shar
     assert data["decision"] == "accepted" and data["regressions"] == [] and not data["committed"]
     assert data["after"]["throughput_mape_pct"] < data["before"]["throughput_mape_pct"]
     assert data["after"]["bubble_mae_pp"] <= data["before"]["bubble_mae_pp"]
-    assert len(data["reasons"]) == 6 and all("fails" not in r for r in data["reasons"])
+    assert len(data["reasons"]) == 7 and all("fails" not in r for r in data["reasons"])
+    low, high = data["mape_change_interval_pp"]  # the improvement, configurations resampled: below zero
+    assert low <= data["after"]["throughput_mape_pct"] - data["before"]["throughput_mape_pct"] <= high
     assert 0 < data["runs_moved"] <= len(data["runs"])  # the term it adds prices something in these runs
     assert model.read_text() == before_text  # without --commit only the ledger changes
     [entry] = list(read_entries(ledger))
