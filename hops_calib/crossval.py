@@ -230,7 +230,6 @@ def refit(problem: TuneProblem, evaluations: int, seed: int = 0,
     scaled to each parameter's range (step 0.1 of the range, bounded to it). The best point seen is returned.
     """
     import cmaes
-    import numpy as np
     import optuna
 
     params = [p for p in problem.params if not p.choices]

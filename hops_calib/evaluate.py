@@ -473,27 +473,32 @@ def _look_inputs(fixtures_dir: Path | str, split: str, model_path: Path | str | 
     return model_path, model, suite
 
 
-def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: str, ledger_path: Path | str):
-    """The model's predictions of `suite`, their digests, the earlier look this one would repeat (or None), and
-    {"seq", "changed", "of"} against the latest earlier look that recorded its digests (or None)."""
+def _predicted_digests(suite: Suite, model: Model, model_path: Path | str, split: str) -> tuple[list[Any], list[str]]:
+    """The model's predictions of `suite`'s configurations and their digests (no result is read)."""
     from hops_calib.predict import predict
 
     try:
         predictions = [predict(spec, model) for spec in suite.specs]
     except ValueError as error:
         raise InputError(str(model_path), f"model {model.name!r} cannot predict the {split} split: {error}") from None
-    digests = [prediction_digest(p) for p in predictions]
+    return predictions, [prediction_digest(p) for p in predictions]
+
+
+def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: str, ledger_path: Path | str):
+    """The model's predictions of `suite`, their digests, the earlier look this one would repeat (or None), and
+    {"seq", "changed", "of"} against the latest earlier look that recorded its digests (or None)."""
+    from hops_calib.ledger import predictions_moved, repeats
+
+    predictions, digests = _predicted_digests(suite, model, model_path, split)
     earlier = _earlier_looks(ledger_path, split, suite.sha256) if split != TRAIN else []
-    # A repeat predicts as an earlier look did; where that look recorded no digests (before they existed), the same
-    # model stands in for the same predictions. The same model whose predictions moved (the simulator's code
-    # changed) is no repeat: its look tells what the code change did.
-    repeat = next((e for e in reversed(earlier) if e.get("prediction_digests") == digests
-                   or ("prediction_digests" not in e and e.get("model_sha256") == model.sha256)), None)
+    # The same model whose predictions moved (the simulator's code changed) is no repeat: its look tells what the
+    # code change did. Where a look recorded no digests (before they existed), the same model stands in.
+    repeat = next((e for e in reversed(earlier) if repeats(e, model.sha256, digests)), None)
     recorded = next((e for e in reversed(earlier) if e.get("prediction_digests")), None)
     changed_since = None
     if recorded is not None:
         changed_since = {"seq": int(recorded["seq"]), "of": len(digests),
-                         "changed": sum(a != b for a, b in zip(recorded["prediction_digests"], digests))}
+                         "changed": predictions_moved(recorded["prediction_digests"], digests)}
     return predictions, digests, repeat, changed_since
 
 
@@ -504,20 +509,17 @@ def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Pat
     "repeat_of": the look it would repeat or None, "changed_since": as Report.changed_since, "against": with
     `against` (another model file, e.g. the one an earlier look without digests was made with), on how many
     configurations the two models predict otherwise: {"model_sha256", "changed"}}."""
+    from hops_calib.ledger import predictions_moved
+
     model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
     _, digests, repeat, changed_since = _look_against_earlier(suite, model, model_path, split, ledger_path)
     compared = None
     if against is not None:
         from hops_calib.model_files import load_model
-        from hops_calib.predict import predict
 
         other = load_model(against)
-        try:
-            theirs = [prediction_digest(predict(spec, other)) for spec in suite.specs]
-        except ValueError as error:
-            raise InputError(str(against), f"model {other.name!r} cannot predict the {split} split: {error}"
-                             ) from None
-        compared = {"model_sha256": other.sha256, "changed": sum(a != b for a, b in zip(theirs, digests))}
+        _, theirs = _predicted_digests(suite, other, against, split)
+        compared = {"model_sha256": other.sha256, "changed": predictions_moved(theirs, digests)}
     return {"split": split, "model_sha256": model.sha256, "of": len(digests),
             "repeat_of": int(repeat["seq"]) if repeat is not None else None, "changed_since": changed_since,
             "against": compared}
@@ -603,19 +605,12 @@ def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: 
     """The latest audit entry already in the ledger for this model, split and fixture set, as a `Report`; None if
     there is none. Nothing is scored and nothing is appended: quoting a held-out result again is not a new look.
     """
-    from hops_calib import ledger
     from hops_calib.model_files import DEFAULT_MODEL, load_model
 
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     model_sha = load_model(model_path).sha256
-    fixture_set = load_suite(fixtures_dir, split).sha256
-    if not Path(ledger_path).exists():
-        return None
-    found = None
-    for entry in ledger.read_entries(ledger_path):
-        if (entry.get("kind") == "report" and entry.get("split") == split and entry.get("model_sha256") == model_sha
-                and entry.get("fixture_set_sha256") == fixture_set):
-            found = entry
+    found = next((e for e in reversed(_earlier_looks(ledger_path, split, load_suite(fixtures_dir, split).sha256))
+                  if e.get("model_sha256") == model_sha), None)
     if found is None:
         return None
     known = {f.name for f in fields(SuiteScore)}

@@ -174,8 +174,8 @@ def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before
                          + (": it holds the suite by changing nothing the scores read" if moved == 0 else "")))
     ids = sorted(before_by_id)
     groups = [group_of(run_id) for run_id in ids]
-    change = (mape_draws([after_by_id[i] for i in ids], groups, draws=PAIRED_DRAWS, seed=0)
-              - mape_draws([before_by_id[i] for i in ids], groups, draws=PAIRED_DRAWS, seed=0))
+    change = mape_draws([after_by_id[i] for i in ids], groups, draws=PAIRED_DRAWS, seed=0,
+                        baseline=[before_by_id[i] for i in ids])
     spread = interval(change)
     checks.append((True, f"throughput MAPE change over resampled configurations (paired bootstrap, 95 %): "
                          f"{spread[0]:+.3f} to {spread[1]:+.3f} pp"))

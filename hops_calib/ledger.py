@@ -228,16 +228,27 @@ def _gap_interval(entry: dict[str, Any]) -> tuple[float, float] | None:
     return (float(bounds[0]), float(bounds[1])) if bounds else None
 
 
+def predictions_moved(before: list[str] | None, after: list[str] | None) -> int | None:
+    """How many configurations two looks' prediction digests (same fixture set, suite order) tell apart; None when
+    either has none or they cover different runs."""
+    if not before or not after or len(before) != len(after):
+        return None
+    return sum(a != b for a, b in zip(before, after))
+
+
+def repeats(earlier: dict[str, Any], model_sha256: str, digests: list[str] | None) -> bool:
+    """Whether a look with this model and these prediction digests repeats the `earlier` look (same fixture set):
+    the same predictions where both recorded digests, else the same model."""
+    if digests and earlier.get("prediction_digests"):
+        return earlier["prediction_digests"] == digests
+    return earlier.get("model_sha256") == model_sha256
+
+
 def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], split: str = "test") -> list[Look]:
     """Every report on `split` (the held-out split), in order, with the work between it and the look before: how
     adaptively the held-out split was used, at a glance."""
     looks: list[Look] = []
-    # Earlier looks by (model, fixture set): all of them, and those that recorded no digests; by (digests, fixture
-    # set). A look repeats one with its predictions, or, where either recorded none, one with its model.
-    seen_model: dict[tuple[str, str], int] = {}
-    seen_model_plain: dict[tuple[str, str], int] = {}
-    seen_digests: dict[tuple[str, str], int] = {}
-    last_digests: dict[str, list[str]] = {}  # fixture set -> the digests of its latest look that has them
+    earlier: dict[str, list[dict[str, Any]]] = {}  # fixture set -> its looks so far, in order
     evaluations = changes = 0
     for entry in entries:
         kind = entry.get("kind")
@@ -246,29 +257,21 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
             changes += bool(entry.get("committed")) and (kind == "compare" or entry.get("decision") == "accepted")
         elif kind == "report" and entry.get("split") == split:
             aggregates, train = entry.get("aggregates") or {}, entry.get("train_aggregates")
-            key = (entry.get("model_sha256", ""), entry.get("fixture_set_sha256", ""))
-            digests = entry.get("prediction_digests")
-            same = (" ".join(digests), key[1]) if digests else None
-            previous = last_digests.get(key[1])
-            moved = (sum(a != b for a, b in zip(previous, digests))
-                     if digests and previous and len(previous) == len(digests) else None)
+            model, digests = entry.get("model_sha256", ""), entry.get("prediction_digests")
+            before = earlier.setdefault(entry.get("fixture_set_sha256", ""), [])
+            repeated = next((e for e in before if repeats(e, model, digests)), None)
+            recorded = next((e for e in reversed(before) if e.get("prediction_digests")), None)
             mape = float(aggregates.get("throughput_mape_pct", float("nan")))
             looks.append(Look(seq=int(entry["seq"]), time=str(entry.get("time", "")), split=split,
-                              model_sha256=key[0], throughput_mape_pct=mape,
+                              model_sha256=model, throughput_mape_pct=mape,
                               bubble_mae_pp=float(aggregates.get("bubble_mae_pp", float("nan"))),
                               gap_to_train_pp=mape - float(train["throughput_mape_pct"]) if train else None,
                               evaluations_since=evaluations, changes_since=changes,
-                              repeat_of=(seen_digests.get(same, seen_model_plain.get(key)) if same
-                                         else seen_model.get(key)),
-                              predictions_moved=moved,
+                              repeat_of=int(repeated["seq"]) if repeated is not None else None,
+                              predictions_moved=predictions_moved(
+                                  recorded["prediction_digests"] if recorded else None, digests),
                               gap_interval_pp=_gap_interval(entry)))
-            seq = int(entry["seq"])
-            seen_model.setdefault(key, seq)
-            if same:
-                seen_digests.setdefault(same, seq)
-                last_digests[key[1]] = digests
-            else:
-                seen_model_plain.setdefault(key, seq)
+            before.append(entry)
             evaluations = changes = 0
     return looks
 

@@ -216,13 +216,18 @@ def _group_draws(groups: Sequence[str], draws: int, rng: np.random.Generator) ->
     return counts @ members
 
 
-def mape_draws(runs: Sequence[RunScore], groups: Sequence[str], *, draws: int = 2000, seed: int = 0) -> np.ndarray:
+def mape_draws(runs: Sequence[RunScore], groups: Sequence[str], *, draws: int = 2000, seed: int = 0,
+               baseline: Sequence[RunScore] | None = None) -> np.ndarray:
     """The throughput MAPE of `draws` configuration-bootstrap resamples of `runs` (`groups[i]` is run i's
-    configuration), with an explicit seed: how much the suite MAPE depends on which configurations were run."""
-    if len(runs) != len(groups) or not runs:
+    configuration), with an explicit seed: how much the suite MAPE depends on which configurations were run.
+    With `baseline` (the same runs scored by another model), the change of the MAPE from it on the same draws
+    (a paired bootstrap)."""
+    if len(runs) != len(groups) or not runs or (baseline is not None and len(baseline) != len(runs)):
         raise ValueError("one configuration per run, and at least one run")
     weights = _group_draws(groups, draws, np.random.default_rng(seed))
     errors = np.abs([r.throughput_error_pct for r in runs])
+    if baseline is not None:
+        errors = errors - np.abs([r.throughput_error_pct for r in baseline])
     return (weights @ errors) / weights.sum(axis=1)
 
 
