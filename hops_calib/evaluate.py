@@ -79,6 +79,17 @@ def load_suite(fixtures_dir: Path | str, split: str) -> Suite:
     if not ids:
         raise InputError(fixtures_dir, f"the fixture store has no {split} fixtures",
                          hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})")
+    return _suite_of(store, fixtures_dir, split, ids)
+
+
+def _suite_if_any(fixtures_dir: Path | str, split: str) -> Suite | None:
+    """`load_suite`, or None when the store has no fixtures in `split` (a store may hold one split only)."""
+    store = open_store(fixtures_dir)
+    ids = store.ids(split)
+    return _suite_of(store, fixtures_dir, split, ids) if ids else None
+
+
+def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -> Suite:
     fixtures = [store.load(fixture_id) for fixture_id in ids]
     return Suite(fixtures_dir=Path(fixtures_dir), split=split, ids=tuple(ids),
                  specs=tuple(f.spec for f in fixtures), truths=tuple(f.truth.metrics for f in fixtures),
@@ -564,10 +575,9 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     if repeat is not None and not again:
         raise RepeatedLook(split, repeat, len(digests))
     # Beside a held-out report, the same model on train: the distance the calibration promise is judged by.
-    train_ids = open_store(fixtures_dir).ids(TRAIN) if split != TRAIN else []
-    progress.start(len(suite.ids) + len(train_ids))
+    train_suite = _suite_if_any(fixtures_dir, TRAIN) if split != TRAIN else None
+    progress.start(len(suite.ids) + (len(train_suite.ids) if train_suite is not None else 0))
     scored = score_model(suite, model, origin=str(model_path), progress=progress, predictions=predictions)
-    train_suite = load_suite(fixtures_dir, TRAIN) if train_ids else None
     train_scored = score_model(train_suite, model, origin=str(model_path), progress=progress) if train_suite else None
     train = train_scored.suite if train_scored is not None else None
     intervals = bootstrap_intervals(suite.ids, scored.runs, train_suite.ids if train_suite else None,

@@ -212,7 +212,9 @@ def _group_draws(groups: Sequence[str], draws: int, rng: np.random.Generator) ->
     names = sorted(set(groups))
     members = np.array([[g == name for g in groups] for name in names], dtype=float)  # (n_groups, n_runs)
     picks = rng.integers(0, len(names), size=(draws, len(names)))
-    counts = np.stack([np.bincount(row, minlength=len(names)) for row in picks])  # (draws, n_groups)
+    # each draw's picks counted per group at once: draw d's group g is bin d * n_groups + g
+    offsets = np.arange(draws)[:, None] * len(names)
+    counts = np.bincount((picks + offsets).ravel(), minlength=draws * len(names)).reshape(draws, len(names))
     return counts @ members
 
 
