@@ -46,6 +46,13 @@ timeline. Grouped by the device types at the hop's two ends and the message size
 forward and backward hops, which cross a pair in opposite directions, cancels
 most of an offset between the two hosts' clocks. Interleaved runs are left out
 (a rank's chunks make a step's producer ambiguous in the trace).
+
+The slowest stage (forward plus backward per microbatch, which paces a
+pipeline's steady state) is compared per run: a run is flagged where the model
+calls another stage the slowest (one the traces show at least 5 % faster) or
+prices the real slowest more than 5 % off. A right throughput on such a run
+rests on errors that make up for each other, which is what a what-if about that
+stage's device would inherit.
 """
 
 from __future__ import annotations
@@ -520,6 +527,57 @@ def hop_rows(runs: Iterable[RunRow]) -> tuple[HopRow, ...]:
                  for d, m in sorted(real))
 
 
+BOTTLENECK_MARGIN = 0.05  # misplaced: the model's slowest stage is really this much faster than the real slowest;
+# mispriced: the real slowest stage's predicted time is off by more than this fraction
+
+
+@dataclass(frozen=True)
+class BottleneckRow:
+    """A run's slowest stage (forward plus backward per microbatch, which paces a pipeline's steady state), in the
+    traces and in the prediction. `misplaced`: the stage the model calls slowest is really more than
+    BOTTLENECK_MARGIN faster than the real slowest one, so a right throughput there rests on compensating errors
+    (the wrong stage paces the simulated pipeline) and a what-if about either stage's device is not to be trusted.
+    `mispriced`: the real slowest stage's predicted time is off by more than BOTTLENECK_MARGIN: where the throughput
+    is right nonetheless, other parts of the prediction make up for the stage that paces the run."""
+
+    run_id: str
+    real_stage: int
+    real_device: str
+    real_ms: float  # the real slowest stage's real forward + backward
+    predicted_stage: int
+    predicted_device: str
+    predicted_ms: float  # the predicted slowest stage's predicted forward + backward
+    real_ms_of_predicted: float  # the real forward + backward of the stage the model calls slowest
+    predicted_ms_of_real: float  # the predicted forward + backward of the real slowest stage
+    throughput_error_pct: float
+
+    @property
+    def misplaced(self) -> bool:
+        return (self.predicted_stage != self.real_stage
+                and self.real_ms_of_predicted < (1.0 - BOTTLENECK_MARGIN) * self.real_ms)
+
+    @property
+    def mispriced(self) -> bool:
+        return abs(self.predicted_ms_of_real / self.real_ms - 1.0) > BOTTLENECK_MARGIN
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**vars(self), "misplaced": self.misplaced, "mispriced": self.mispriced}
+
+
+def bottleneck(run: RunRow) -> BottleneckRow | None:
+    """The run's slowest stage on both sides; None when a stage has no real forward or backward time."""
+    stages = run.stages
+    if not stages or any(s.real_forward_ms is None or s.real_backward_ms is None for s in stages):
+        return None
+    real = [s.real_forward_ms + s.real_backward_ms for s in stages]
+    predicted = [s.predicted_forward_ms + s.predicted_backward_ms for s in stages]
+    r, p = int(np.argmax(real)), int(np.argmax(predicted))
+    return BottleneckRow(run_id=run.id, real_stage=stages[r].stage, real_device=stages[r].device, real_ms=real[r],
+                         predicted_stage=stages[p].stage, predicted_device=stages[p].device, predicted_ms=predicted[p],
+                         real_ms_of_predicted=real[p], predicted_ms_of_real=predicted[r],
+                         throughput_error_pct=run.score.throughput_error_pct)
+
+
 # --- the whole observation --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -549,11 +607,17 @@ class Observation:
         """The hops whose consumer waited, real against predicted, by device types and message size."""
         return hop_rows(self.runs)
 
+    @property
+    def bottlenecks(self) -> tuple[BottleneckRow, ...]:
+        """Every run's slowest stage, real and predicted (runs with a stage the traces do not time are left out)."""
+        return tuple(row for row in map(bottleneck, self.runs) if row is not None)
+
     def to_dict(self) -> dict[str, Any]:
         return {"split": self.split, "fixtures": str(self.fixtures_dir), "model": str(self.model_path),
                 "model_name": self.model_name, "model_sha256": self.model_sha256, **self.suite.to_dict(),
                 "measured_replay": self.measured_replay, "stall_free": self.stall_free,
                 "hops": [h.to_dict() for h in self.hops],
+                "bottlenecks": [b.to_dict() for b in self.bottlenecks],
                 "overall": [c.to_dict() for c in self.overall], "ranked": [c.to_dict() for c in self.ranked],
                 "runs": [r.to_dict() for r in self.runs]}
 
@@ -654,6 +718,23 @@ def observation_text(observation: Observation, top: int = 12) -> str:
                                 f"{h.predicted_ms:.2f}", f"{h.residual_ms:+.2f}"] for h in hops],
                               right=set(range(1, 7))))
         out.append("")
+    slowest = observation.bottlenecks
+    flagged = [b for b in slowest if b.misplaced or b.mispriced]
+    out.append(f"Slowest stage (forward + backward per microbatch, which paces the steady state) of {len(slowest)} runs: "
+               f"the model puts it at another stage in {sum(b.misplaced for b in slowest)} (that stage really "
+               f"{BOTTLENECK_MARGIN:.0%} faster or more) and prices it more than {BOTTLENECK_MARGIN:.0%} off in "
+               f"{sum(b.mispriced for b in slowest)}" + (": where such a run's throughput is right, other errors make up "
+                                                        "for it, and a what-if about that stage's device is not to be "
+                                                        "trusted" if flagged else ""))
+    if flagged:
+        out.append(text_table(
+            ["run", "tput err %", "real slowest", "real ms", "pred ms", "off", "pred slowest", "its real ms"],
+            [[b.run_id, f"{b.throughput_error_pct:+.1f}", f"{b.real_stage} {b.real_device}", _ms(b.real_ms),
+              _ms(b.predicted_ms_of_real), _signed((b.predicted_ms_of_real / b.real_ms - 1) * 100, "%"),
+              f"{b.predicted_stage} {b.predicted_device}" + (" (misplaced)" if b.misplaced else ""),
+              _ms(b.real_ms_of_predicted)] for b in flagged[:top]],
+            right={1, 3, 4, 5, 7}))
+    out.append("")
     worst = sorted(observation.runs, key=lambda r: -abs(r.score.throughput_error_pct))[:top]
     out.append(f"Runs by |throughput error| ({len(worst)} of {len(observation.runs)}); part residuals "
                "predicted - real in ms:")

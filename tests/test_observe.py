@@ -91,6 +91,36 @@ def test_counterfactual_of_an_exact_quantity_changes_nothing_and_a_slower_stage_
     assert part_fixed_errors(run, "silent")[1] == pytest.approx((steady - real) / real * 100)
 
 
+def test_slowest_stage_follows_the_stage_times_misplaced_when_another_stage_is_priced_slowest(observation):
+    from hops_calib.observe import BOTTLENECK_MARGIN, bottleneck
+
+    rows = {b.run_id: b for b in observation.bottlenecks}
+    assert rows and all(b.real_ms > 0 and b.predicted_ms > 0 for b in rows.values())
+    # a run whose slowest stage is clearly slower than another stage, in the traces
+    run, other = next((r, s) for r in sorted(observation.runs, key=lambda r: -r.spec.pp) if r.id in rows
+                      for s in r.stages if s.stage != rows[r.id].real_stage
+                      and s.real_forward_ms + s.real_backward_ms < (1 - 2 * BOTTLENECK_MARGIN) * rows[r.id].real_ms)
+    # priced exactly, the model finds the real slowest stage and prices it right
+    exact = bottleneck(replace(run, stages=tuple(
+        replace(s, predicted_forward_ms=s.real_forward_ms, predicted_backward_ms=s.real_backward_ms)
+        for s in run.stages)))
+    assert (exact.predicted_stage, exact.misplaced, exact.mispriced) == (exact.real_stage, False, False)
+    # the other stage priced far slower: the model now calls it the slowest, which is misplaced; the real slowest
+    # keeps its price
+    slower = bottleneck(replace(run, stages=tuple(
+        replace(s, predicted_backward_ms=s.predicted_backward_ms + 10 * rows[run.id].predicted_ms)
+        if s.stage == other.stage else s for s in run.stages)))
+    assert slower.predicted_stage == other.stage and slower.misplaced
+    assert slower.predicted_ms_of_real == rows[run.id].predicted_ms_of_real
+    assert slower.mispriced == rows[run.id].mispriced
+    # the real slowest stage priced 20 % fast: mispriced, and still found if nothing else is priced above it
+    fast = bottleneck(replace(run, stages=tuple(
+        replace(s, predicted_forward_ms=s.real_forward_ms * (0.8 if s.stage == exact.real_stage else 1.0),
+                predicted_backward_ms=s.real_backward_ms * (0.8 if s.stage == exact.real_stage else 1.0))
+        for s in run.stages)))
+    assert fast.mispriced and fast.predicted_ms_of_real == pytest.approx(0.8 * fast.real_ms)
+
+
 def test_observe_refuses_the_test_split(shared_fixtures):
     with pytest.raises(ProtectedSplit, match="test split"):
         observe(shared_fixtures, split="test")
@@ -115,6 +145,11 @@ def test_cli_json_and_text(shared_fixtures, model_path, observation):
 
     text = observation_text(observation, top=5)
     assert "steady throughput MAPE" in text and observation.ranked[0].sentence() in text
+    assert [b["run_id"] for b in data["bottlenecks"]] == [b.run_id for b in observation.bottlenecks]
+    assert f"Slowest stage (forward + backward per microbatch, which paces the steady state) of " \
+           f"{len(observation.bottlenecks)} runs" in text
+    flagged = [b for b in observation.bottlenecks if b.misplaced or b.mispriced]
+    assert flagged and all(b.run_id in text for b in flagged[:5])  # the table shows `top` of them
 
 
 def test_measured_replay_depends_on_what_no_event_times_and_on_nothing_measured(shared_fixtures, shared_store,
