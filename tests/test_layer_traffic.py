@@ -64,3 +64,30 @@ def test_cross_entropy_logit_passes_follow_the_code_path() -> None:
     # Backward: the softmax gradient scaled in place (2), the cast back to bf16 (1.5), both GEMMs read it (1).
     assert out["backward"]["logit_passes"] == pytest.approx(4.5)
     assert out["forward"]["gemm_flops"] == out["formula_forward_flops"]
+
+
+@pytest.mark.parametrize("hidden,seq,heads,ffn", [(192, 320, 3, 0), (128, 448, 2, 1024)])
+def test_elementwise_passes_follow_the_code_path(hidden: int, seq: int, heads: int, ffn: int) -> None:
+    """The passes the elementwise_traffic term cites: every kernel of the layer that is neither a GEMM nor touches
+    the scores, in 16-bit passes over the s x b x h activations plus over the s x b x f MLP activations."""
+    out = count("--hidden", str(hidden), "--seq", str(seq), "--heads", str(heads), "--ffn", str(ffn))
+    f = (ffn or 4 * hidden) / hidden  # the MLP width in units of h
+    forward, backward = out["forward"], out["backward"]
+    # Forward: the QKV bias add (read 3h, write 3h), the MLP's first bias add (read f, write f) and its GeLU (read f,
+    # write f), two LayerNorms (read h, write h, plus their statistics), two residual adds (read 2h, write h) and the
+    # two bias adds before them (read h, write h), the clone of q for the score GEMM's layout.
+    assert forward["elementwise_ffn_passes"] == pytest.approx(4.0)
+    assert forward["elementwise_hidden_passes"] == pytest.approx(22.0, abs=0.15)
+    assert forward["elementwise_passes_by_op"]["gelu"] == pytest.approx(2 * f)
+    assert forward["elementwise_passes_by_op"]["add"] == pytest.approx(16 + 2 * f, abs=0.05)
+    # Backward: GeLU's gradient (read grad and input, write: 3 f), the bias gradients' reductions over the tokens
+    # (QKV 3h, MLP f, the two h-wide ones), LayerNorms' gradients, the residual branches' sums, the QKV gradient's
+    # concatenation, the softmax scale applied to q's and k's gradients.
+    assert backward["elementwise_ffn_passes"] == pytest.approx(4.0)
+    assert backward["elementwise_hidden_passes"] == pytest.approx(27.0, abs=0.15)
+    assert backward["elementwise_passes_by_op"]["gelu_backward"] == pytest.approx(3 * f)
+    assert backward["elementwise_passes_by_op"]["mul"] == pytest.approx(4.0)
+    assert backward["elementwise_passes_by_op"]["sum"] == pytest.approx(5 + f, abs=0.05)
+    # the fill autograd zero-initialises the score gradient's buffer with is score traffic, not elementwise
+    assert "new_zeros" not in backward["elementwise_passes_by_op"]
+    assert backward["score_passes_by_op"]["new_zeros"] == pytest.approx(1.0)

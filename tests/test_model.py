@@ -454,6 +454,29 @@ def test_attention_traffic_is_passes_over_achieved_bandwidth():
         assert b.forward_ms == pytest.approx(a.forward_ms / 0.8) and b.backward_ms == pytest.approx(a.backward_ms / 0.8)
 
 
+def test_elementwise_traffic_is_counted_passes_plus_unfused_gradient_accumulation_over_bandwidth():
+    from dataclasses import replace
+
+    from hops_calib.model import gpt
+
+    spec = make_spec(pp=3, devices=("h100", "a10g", "l4"), hidden=1536, seq=2048, heads=12)
+    fused = added("elementwise_traffic", spec, memory_efficiency=1.0)  # Megatron's default: accumulation fused
+    unfused_spec = replace(spec, megatron_args={"no_gradient_accumulation_fusion": True})
+    unfused = added("elementwise_traffic", unfused_spec, memory_efficiency=1.0)
+    hidden_pass, ffn_pass = 2048 * 1536 * 2, 2048 * 4 * 1536 * 2  # one 16-bit pass over s x b x h, s x b x f
+    for k, device in enumerate(("h100", "a10g", "l4")):
+        per_byte_ms = 1e3 / plain_model().device(device).memory_bandwidth_bytes_per_s
+        # two layers per stage, each with the counted passes (the term's defaults)
+        assert fused.stages[k].forward_ms == pytest.approx(2 * (22.1 * hidden_pass + 4 * ffn_pass) * per_byte_ms)
+        assert fused.stages[k].backward_ms == pytest.approx(2 * (27.1 * hidden_pass + 4 * ffn_pass) * per_byte_ms)
+        # unfused: each weight's bf16 gradient is added into its fp32 main_grad after every backward (2 + 4 + 4 B)
+        assert unfused.stages[k].forward_ms == pytest.approx(fused.stages[k].forward_ms)
+        assert unfused.stages[k].backward_ms - fused.stages[k].backward_ms == pytest.approx(
+            2 * 10.0 * gpt.layer_parameters(spec.model) * per_byte_ms)
+    # the GDDR6 parts pay in proportion to their bandwidth: the L4 (300 GB/s) twice the A10G (600 GB/s)
+    assert unfused.stages[2].backward_ms == pytest.approx(2 * unfused.stages[1].backward_ms)
+
+
 def test_end_to_end_link_uses_each_ends_nic_and_caps_one_tcp_flow():
     # h100 first stage benchmarked only against a slow neighbour, l4 last stage against a fast one.
     links = (LinkFit(0, 1, 0.0, 1.0e6), LinkFit(1, 2, 0.0, 1.0e6), LinkFit(2, 3, 0.0, 2.4e6))

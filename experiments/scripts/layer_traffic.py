@@ -13,8 +13,16 @@ inputs and writes its outputs once: the unfused kernels' traffic) and its FLOPs
 
   - score traffic: tensors with b*a*s*s elements, the attention score matrix,
     counted in 16-bit passes over it (bytes / (b*a*s*s*2));
-  - other traffic: everything else (weights, activations, their gradients);
+  - GEMM operands: the other tensors GEMMs read and write (weights,
+    activations, their gradients), which the roofline prices with the FLOPs;
+  - elementwise traffic: the other tensors of every other kernel (bias and
+    residual adds, GeLU, LayerNorm, bias-gradient sums...), in 16-bit passes
+    over the s x b x f MLP activations (tensors of that size) and over the
+    s x b x h activations (all the rest): the elementwise_traffic term's unit
+    (forward 22.1 + 4, backward 27.1 + 4);
   - GEMM FLOPs.
+
+A fill (new_zeros, zeros_like...) writes its output and reads nothing.
 
 With `--part output` it runs a one-layer GPT (embedding, layer, output layer,
 Megatron's vocab-parallel cross entropy, pretrain_gpt's masked loss) and counts
@@ -96,7 +104,8 @@ def main() -> int:
             return block(hidden, attention_mask=mask)
 
         def backward(output):
-            output.float().sum().backward()
+            # the gradient the next layer would send, made before counting starts: no op of the harness is counted
+            output.backward(upstream[0])
     else:
         from megatron.core.models.gpt.gpt_model import GPTModel
         from megatron.core.transformer.module import Float16Module
@@ -120,11 +129,15 @@ def main() -> int:
         def backward(loss):
             loss.backward()
 
+    GEMMS = ("mm", "addmm", "bmm", "baddbmm")  # their operands' traffic is the GEMM's own (the roofline's)
+    hidden_pass, ffn_pass = batch * seq * args.hidden * 2, batch * seq * ffn * 2  # bytes of one 16-bit pass
+
     class Traffic(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
             self.bytes: dict[str, float] = defaultdict(float)
             self.ops: dict[str, float] = defaultdict(float)
+            self.elementwise: dict[str, float] = defaultdict(float)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch protocol)
             result = out = func(*args, **(kwargs or {}))
@@ -140,6 +153,8 @@ def main() -> int:
             kwargs.pop("out", None)  # an out= argument is the output, written, not read (counted once, as `out`)
             if name == "copy_":
                 inputs = inputs[1:]  # copy_ writes its destination (the output) without reading it
+            if name in ("new_zeros", "new_ones", "new_full", "zeros_like", "ones_like", "full_like"):
+                inputs = []  # a fill: the tensor it is called on gives only dtype and device, and is not read
             if name in ("index", "index_put", "index_put_", "_index_put_impl_", "gather", "scatter", "scatter_"):
                 # indexing touches only the indexed elements: the big tensor indexed into is neither read nor
                 # written whole (an in-place index_put_ returns it: not counted either)
@@ -149,10 +164,16 @@ def main() -> int:
             if func.overloadpacket is torch.ops.aten.baddbmm and kwargs.get("beta", 1) == 0:
                 inputs = inputs[1:]  # beta = 0: cuBLAS does not read C, so the preallocated buffer is not traffic
             tensors = [t for t in torch.utils._pytree.tree_leaves((inputs, kwargs, out)) if isinstance(t, torch.Tensor)]
+            gemm = name in GEMMS
             for t in tensors:
-                kind = "watched" if t.numel() in watched and t.dim() >= 2 else "other"
+                kind = "watched" if t.numel() in watched else "other" if gemm else "elementwise"
                 nbytes = t.numel() * t.element_size()
                 self.bytes[kind] += nbytes
+                if kind == "elementwise":
+                    # in 16-bit passes over the s x b x f MLP activations if it is one, else over s x b x h
+                    ffn_sized = t.numel() == batch * seq * ffn
+                    self.bytes["elementwise_ffn" if ffn_sized else "elementwise_hidden"] += nbytes
+                    self.elementwise[name] += nbytes / hidden_pass
                 if kind == "watched":
                     self.ops[name] += nbytes / unit
                     if os.environ.get("TRAFFIC_DEBUG"):
@@ -160,7 +181,10 @@ def main() -> int:
             return result
 
     results = {}
+    upstream, output = [], None
     for phase in ("forward", "backward"):
+        if phase == "backward" and args.part == "layer":
+            upstream.append(torch.ones_like(output))
         traffic, flops = Traffic(), FlopCounterMode(display=False)
         with flops, traffic:
             if phase == "forward":
@@ -181,7 +205,11 @@ def main() -> int:
                       "softmax_in_fp32": args.softmax_in_fp32},
             "formula_forward_flops": formula,
             **{phase: {"gemm_flops": flops, f"{watched_name}_passes": traffic.bytes["watched"] / unit,
-                       "other_bytes": traffic.bytes["other"], f"{watched_name}_passes_by_op": dict(traffic.ops)}
+                       f"{watched_name}_passes_by_op": dict(traffic.ops),
+                       "gemm_operand_bytes": traffic.bytes["other"],
+                       "elementwise_hidden_passes": traffic.bytes["elementwise_hidden"] / hidden_pass,
+                       "elementwise_ffn_passes": traffic.bytes["elementwise_ffn"] / ffn_pass,
+                       "elementwise_passes_by_op": dict(traffic.elementwise)}
                for phase, (traffic, flops) in results.items()},
         }))
         return 0
@@ -198,9 +226,14 @@ def main() -> int:
     for phase, (traffic, flops) in results.items():
         passes = traffic.bytes["watched"] / unit
         print(f"{phase:8s}: GEMM {flops / 1e9:8.3f} GFLOP ({flops / formula:4.2f} x formula)  "
-              f"{what} {passes:5.2f}  other traffic {traffic.bytes['other'] / 1e6:8.2f} MB")
+              f"{what} {passes:5.2f}  GEMM operands {traffic.bytes['other'] / 1e6:8.2f} MB")
         for op, p in sorted(traffic.ops.items(), key=lambda kv: -kv[1]):
             print(f"    {op:32s} {p:5.2f} passes")
+        if args.part == "layer":
+            print(f"          elementwise kernels: {traffic.bytes['elementwise_hidden'] / hidden_pass:5.2f} 16-bit "
+                  f"passes over s x b x h + {traffic.bytes['elementwise_ffn'] / ffn_pass:5.2f} over s x b x f")
+            for op, p in sorted(traffic.elementwise.items(), key=lambda kv: -kv[1]):
+                print(f"    {op:32s} {p:5.2f} passes over s x b x h")
     return 0
 
 

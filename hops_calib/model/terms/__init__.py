@@ -13,6 +13,7 @@ from typing import Mapping
 from hops_calib.model.terms.base import Context, Contribution, Layout, Param, Term, layout_of
 from hops_calib.model.terms.attention import AttentionScoreTraffic
 from hops_calib.model.terms.dispatch import LayerDispatchFloor, LayerLaunchFloor
+from hops_calib.model.terms.elementwise import ElementwiseTraffic
 from hops_calib.model.terms.embedding import EmbeddingGradAllReduce
 from hops_calib.model.terms.host import IterationHostOverhead
 from hops_calib.model.terms.input_embedding import InputEmbedding
@@ -33,6 +34,7 @@ _ALL: tuple[Term, ...] = (
     OutputLayerLoss(),
     InputEmbedding(),
     AttentionScoreTraffic(),
+    ElementwiseTraffic(),
 )
 
 TERMS: Mapping[str, Term] = MappingProxyType({term.name: term for term in _ALL})
