@@ -6,6 +6,7 @@ a Fixture (which carries the truth and the events) is refused, not unpacked.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
     from hops_calib.metrics import TimelineMetrics
     from hops_calib.sim.pipeline import Pipeline
     from hops_calib.sim.simulate import SimResult
+
+
+STALL_RANGE_LEVEL = 0.9  # the share of real runs `Prediction.stall_throughput_range` is printed for
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,20 @@ class Prediction:
     result: "SimResult"
     metrics: "TimelineMetrics"
 
+    def _stall_counts(self) -> tuple[list[float], int] | None:
+        """The chances of K = 0..N-1 stalls in the throughput window (Binomial(N - 1, p)) and the placed count;
+        None when the prediction has no random stall."""
+        from hops_calib.sim.simulate import stalls_in_window
+
+        pipeline, window = self.pipeline, self.metrics.window_ms
+        chances = pipeline.iterations - 1
+        if pipeline.stall_ms <= 0 or pipeline.stall_probability <= 0 or chances < 1 or not window > 0:
+            return None
+        p = pipeline.stall_probability
+        # Binomial(chances, p) by hand: scipy.stats would add half a second to every evaluate's start-up.
+        pmf = [math.comb(chances, k) * p ** k * (1 - p) ** (chances - k) for k in range(chances + 1)]
+        return pmf, stalls_in_window(pipeline)
+
     @property
     def stall_noise_ape_pct(self) -> float:
         """The |throughput error| (%) to expect of this prediction from the random stalls alone.
@@ -50,17 +68,36 @@ class Prediction:
         of the run's throughput error: a suite's mean of it is the MAPE below which no deterministic
         model can go, computed from the configuration alone (no trace is read).
         """
-        from hops_calib.sim.simulate import stalls_in_window
-
-        pipeline, window = self.pipeline, self.metrics.window_ms
-        chances = pipeline.iterations - 1
-        if pipeline.stall_ms <= 0 or pipeline.stall_probability <= 0 or chances < 1 or not window > 0:
+        counts = self._stall_counts()
+        if counts is None:
             return 0.0
-        p, placed = pipeline.stall_probability, stalls_in_window(pipeline)
-        # Binomial(chances, p) by hand: scipy.stats would add half a second to every evaluate's start-up.
-        expected_miss = sum(math.comb(chances, k) * p ** k * (1 - p) ** (chances - k) * abs(k - placed)
-                            for k in range(chances + 1))
-        return expected_miss * pipeline.stall_ms / window * 100.0
+        pmf, placed = counts
+        expected_miss = sum(chance * abs(k - placed) for k, chance in enumerate(pmf))
+        return expected_miss * self.pipeline.stall_ms / self.metrics.window_ms * 100.0
+
+    def stall_throughput_range(self, level: float = STALL_RANGE_LEVEL) -> tuple[float, float]:
+        """The window throughput (per s) between which `level` of real runs of this configuration would fall from
+        the random stalls alone, the model exact otherwise: K ~ Binomial(N - 1, p) stalls in the window in place of
+        the k0 the simulation placed lengthen (or shorten) it by (K - k0) x stall. Both ends are the throughput of
+        a whole stall count (the central interval of K); without random stalls, the prediction twice."""
+        if not 0 < level < 1:
+            raise ValueError(f"level = {level}: a probability strictly between 0 and 1")
+        throughput, window = self.metrics.throughput_per_s, self.metrics.window_ms
+        counts = self._stall_counts()
+        if counts is None:
+            return throughput, throughput
+        pmf, placed = counts
+        cumulative = list(itertools.accumulate(pmf))
+
+        def quantile(q: float) -> int:
+            return next((k for k, c in enumerate(cumulative) if c >= q - 1e-12), len(pmf) - 1)
+
+        tail = (1.0 - level) / 2.0
+
+        def at(stalls: int) -> float:
+            return throughput * window / (window + (stalls - placed) * self.pipeline.stall_ms)
+
+        return at(quantile(1.0 - tail)), at(quantile(tail))
 
     def stage_phase_ms(self, spec: Spec) -> list[StagePhaseMs]:
         pipeline, ranks = self.pipeline, self.pipeline.ranks

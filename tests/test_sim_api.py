@@ -155,6 +155,38 @@ def test_the_stall_noise_floor_is_the_mean_error_of_random_stalls_against_the_pl
     assert np.mean(errors) == pytest.approx(floor, rel=0.05)
 
 
+def test_the_stall_range_holds_the_level_of_random_runs_and_its_ends_are_whole_stall_counts():
+    from hops_calib.sim.simulate import _delay
+
+    base = hetero(iterations=12, optimizer_ms=(4.0, 5.0, 6.0), pre_optimizer_ms=3.0, post_optimizer_ms=0.5)
+    plain_prediction = _prediction(base)
+    assert plain_prediction.stall_throughput_range() == (plain_prediction.metrics.throughput_per_s,) * 2
+    stalled = replace(base, stall_ms=30.0, stall_probability=0.2)
+    prediction = _prediction(stalled)
+    low, high = prediction.stall_throughput_range(0.9)
+    assert low < prediction.metrics.throughput_per_s <= high
+    wider = prediction.stall_throughput_range(0.99)
+    assert wider[0] <= low and high <= wider[1]
+    plain = simulate(base, "1f1b")
+
+    def real_throughput(stalled_iterations):
+        columns = {name: values.copy() for name, values in plain.columns.items()}
+        _delay(columns, stalled_iterations, 30.0)
+        return replace(plain, columns=columns).metrics().throughput_per_s
+
+    # each end is the throughput of a run with a whole number of stalls inside the window (iterations 1..N-1)
+    ends = {round(real_throughput(list(range(1, 1 + k))), 9) for k in range(12)}
+    assert round(low, 9) in ends and round(high, 9) in ends
+    # Monte Carlo: real runs whose iterations stall at random fall in the range at least 90 % of the time (whole
+    # counts make it a little more), and not all of them do
+    rng = np.random.default_rng(11)
+    inside = [low - 1e-9 <= real_throughput([i for i in range(1, 13) if rng.random() < 0.2]) <= high + 1e-9
+              for _ in range(2000)]
+    assert 0.9 <= np.mean(inside) < 1.0
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        prediction.stall_throughput_range(1.0)
+
+
 def test_pipeline_refuses_an_impossible_stall_probability():
     with pytest.raises(ValueError, match="stall_probability = 1.5"):
         hetero(stall_probability=1.5)

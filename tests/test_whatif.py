@@ -55,6 +55,9 @@ def test_a_configuration_without_traces_predicts_what_its_fixture_predicts(tmp_p
     assert [s["forward_ms"] for s in got["stages"]] == pytest.approx(
         [row.forward_ms for row in expected.stage_phase_ms(fixture.spec)])
     assert out["configuration"]["devices"] == list(fixture.spec.devices)
+    # the CPU captures meet no random stall: the range is the prediction itself
+    assert got["stall_throughput_range_per_s"] == pytest.approx([expected.metrics.throughput_per_s] * 2)
+    assert got["stall_range_level"] == 0.9
 
 
 def test_an_edited_configuration_moves_the_prediction_as_the_edit_says(tmp_path):
