@@ -91,7 +91,7 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
 def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool) -> int:
     from hops_calib.evaluate import TEST, open_store
     from hops_calib.model_files import load_model
-    from hops_calib.predict import STALL_RANGE_LEVEL, predict
+    from hops_calib.predict import predict
     from hops_calib.score import score_prediction
 
     store = open_store(fixtures)
@@ -107,8 +107,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
         _print_json({"id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
                      "model": model.name, "model_sha256": model.sha256, "errors": score.to_dict(),
                      "real": fixture.truth.metrics.to_dict(), "predicted": prediction.metrics.to_dict(),
-                     "stall_throughput_range_per_s": list(prediction.stall_throughput_range()),
-                     "stall_range_level": STALL_RANGE_LEVEL,
+                     "stall_throughput_range": prediction.stall_throughput_range()._asdict(),
                      "stages": stages})
         return EXIT_OK
     real, pred, spec = fixture.truth.metrics, prediction.metrics, fixture.spec
@@ -117,8 +116,8 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}")
     print(f"{'throughput /s':24}{real.throughput_per_s:12.3f}{pred.throughput_per_s:12.3f}"
           f"{_pct(score.throughput_error_pct):>8} %"
-          + (f"  (random stalls alone: +-{score.stall_noise_ape_pct:.1f} %, {STALL_RANGE_LEVEL:.0%} of runs "
-             "{:.3f}-{:.3f})".format(*prediction.stall_throughput_range()) if score.stall_noise_ape_pct else ""))
+          + (f"  (random stalls alone: +-{score.stall_noise_ape_pct:.1f} %; "
+             f"{prediction.stall_throughput_range().text()})" if score.stall_noise_ape_pct else ""))
     print(f"{'steady throughput /s':24}{real.steady_throughput_per_s:12.3f}{pred.steady_throughput_per_s:12.3f}"
           f"{_pct(score.steady_throughput_error_pct):>8} %")
     print(f"{'bubble %':24}{100 * real.bubble_ratio:12.1f}{100 * pred.bubble_ratio:12.1f}"

@@ -49,7 +49,7 @@ most of an offset between the two hosts' clocks. Interleaved runs are left out
 
 The slowest stage (forward plus backward per microbatch, which paces a
 pipeline's steady state) is compared per run: a run is flagged where the model
-calls another stage the slowest (one the traces show at least 5 % faster) or
+calls another stage the slowest (one the traces show more than 5 % faster) or
 prices the real slowest more than 5 % off. A right throughput on such a run
 rests on errors that make up for each other, which is what a what-if about that
 stage's device would inherit.
@@ -720,15 +720,16 @@ def observation_text(observation: Observation, top: int = 12) -> str:
         out.append("")
     slowest = observation.bottlenecks
     flagged = [b for b in slowest if b.misplaced or b.mispriced]
-    out.append(f"Slowest stage (forward + backward per microbatch, which paces the steady state) of {len(slowest)} runs: "
-               f"the model puts it at another stage in {sum(b.misplaced for b in slowest)} (that stage really "
-               f"{BOTTLENECK_MARGIN:.0%} faster or more) and prices it more than {BOTTLENECK_MARGIN:.0%} off in "
-               f"{sum(b.mispriced for b in slowest)}" + (": where such a run's throughput is right, other errors make up "
-                                                        "for it, and a what-if about that stage's device is not to be "
-                                                        "trusted" if flagged else ""))
+    out.append(f"Slowest stage (forward + backward per microbatch, which paces the steady state), {len(slowest)} runs: "
+               f"put at another stage in {sum(b.misplaced for b in slowest)}, priced more than "
+               f"{100 * BOTTLENECK_MARGIN:.0f} % off in {sum(b.mispriced for b in slowest)}")
+    if flagged:
+        out.append("(misplaced: the stage the model calls slowest is really more than "
+                   f"{100 * BOTTLENECK_MARGIN:.0f} % faster. A right throughput on these runs rests on errors that "
+                   "make up for each other; a what-if about those stages' devices inherits them)")
     if flagged:
         out.append(text_table(
-            ["run", "tput err %", "real slowest", "real ms", "pred ms", "off", "pred slowest", "its real ms"],
+            ["run", "tput err %", "real slowest", "real ms", "its pred ms", "off", "pred slowest", "its real ms"],
             [[b.run_id, f"{b.throughput_error_pct:+.1f}", f"{b.real_stage} {b.real_device}", _ms(b.real_ms),
               _ms(b.predicted_ms_of_real), _signed((b.predicted_ms_of_real / b.real_ms - 1) * 100, "%"),
               f"{b.predicted_stage} {b.predicted_device}" + (" (misplaced)" if b.misplaced else ""),

@@ -62,8 +62,7 @@ def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
         "iteration_time_ms": metrics.iteration_time_ms,
         "bubble_ratio": metrics.bubble_ratio,
         "stall_noise_ape_pct": prediction.stall_noise_ape_pct,
-        "stall_throughput_range_per_s": list(prediction.stall_throughput_range(STALL_RANGE_LEVEL)),
-        "stall_range_level": STALL_RANGE_LEVEL,
+        "stall_throughput_range": prediction.stall_throughput_range()._asdict(),
         "peak_activations": list(prediction.result.peak_activations),
         "stages": [{"stage": row.stage, "device": row.device, "utilization": metrics.utilization_per_stage[row.stage],
                     "forward_ms": row.forward_ms, "backward_ms": row.backward_ms, "optimizer_ms": row.optimizer_ms}
@@ -122,11 +121,11 @@ def what_if_text(result: WhatIf) -> str:
         lines.append(f"within the calibration runs' coverage ({result.calibration})")
     heads = [p.schedule if asked == p.schedule else f"{asked}: {p.schedule}"
              for asked, p in zip(result.asked, result.predictions)]
-    width = max(12, *(len(head) + 2 for head in heads))
+    width = max(14, *(len(head) + 2 for head in heads))
     rows = [("throughput /s (window)", lambda p: f"{p.metrics.throughput_per_s:.3f}"),
             ("  random stalls: +-", lambda p: f"{p.stall_noise_ape_pct:.1f} %"),
-            (f"  {STALL_RANGE_LEVEL:.0%} of runs", lambda p: "{:.2f}-{:.2f}".format(
-                *p.stall_throughput_range(STALL_RANGE_LEVEL))),
+            ("  range from stalls", lambda p: "{:.3f}-{:.3f}".format(*p.stall_throughput_range()[:2])),
+            ("  share of runs in it", lambda p: f"{100 * p.stall_throughput_range().share:.0f} %"),
             ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
             ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
             ("bubble %", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
@@ -134,9 +133,10 @@ def what_if_text(result: WhatIf) -> str:
     lines.append(f"{'':26}" + "".join(f"{head:>{width}}" for head in heads))
     for label, cell in rows:
         lines.append(f"{label:26}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))
-    lines.append(f"(+-: the mean |error| random TCP retransmission stalls alone would give a real run, and "
-                 f"{STALL_RANGE_LEVEL:.0%} of real runs would fall in the range from them alone; peak activations: "
-                 "microbatches in flight on the busiest rank)")
+    lines.append(f"(+-: the mean |error| random TCP retransmission stalls alone would give a real run; range: the "
+                 f"throughput at least {100 * STALL_RANGE_LEVEL:.0f} % of real runs would show from them alone, whole "
+                 "stall counts, and the share it really holds; peak activations: microbatches in flight on the "
+                 "busiest rank)")
     first = result.predictions[0]
     lines.append("")
     lines.append(f"per stage under {first.schedule}:")

@@ -28,7 +28,7 @@ def count(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("hidden,seq,heads", [(192, 320, 3), (256, 160, 8)])
+@pytest.mark.parametrize("hidden,seq,heads", [(192, 320, 3), (256, 160, 8), (256, 256, 4)])
 def test_unfused_attention_score_passes_follow_the_code_path(hidden: int, seq: int, heads: int) -> None:
     out = count("--hidden", str(hidden), "--seq", str(seq), "--heads", str(heads))
     mask = 1 / (2 * heads)  # the s x s boolean mask (1 byte) read against a x s x s 16-bit scores
@@ -66,7 +66,7 @@ def test_cross_entropy_logit_passes_follow_the_code_path() -> None:
     assert out["forward"]["gemm_flops"] == out["formula_forward_flops"]
 
 
-@pytest.mark.parametrize("hidden,seq,heads,ffn", [(192, 320, 3, 0), (128, 448, 2, 1024)])
+@pytest.mark.parametrize("hidden,seq,heads,ffn", [(192, 320, 3, 0), (128, 448, 2, 1024), (256, 256, 4, 0)])
 def test_elementwise_passes_follow_the_code_path(hidden: int, seq: int, heads: int, ffn: int) -> None:
     """The passes the elementwise_traffic term cites: every kernel of the layer that is neither a GEMM nor touches
     the scores, in 16-bit passes over the s x b x h activations plus over the s x b x f MLP activations."""

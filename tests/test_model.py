@@ -475,6 +475,13 @@ def test_elementwise_traffic_is_counted_passes_plus_unfused_gradient_accumulatio
             2 * 10.0 * gpt.layer_parameters(spec.model) * per_byte_ms)
     # the GDDR6 parts pay in proportion to their bandwidth: the L4 (300 GB/s) twice the A10G (600 GB/s)
     assert unfused.stages[2].backward_ms == pytest.approx(2 * unfused.stages[1].backward_ms)
+    # a rank log's arguments block says it in Megatron's own name
+    logged = added("elementwise_traffic", replace(spec, megatron_args={"gradient_accumulation_fusion": False}),
+                   memory_efficiency=1.0)
+    assert [s.backward_ms for s in logged.stages] == pytest.approx([s.backward_ms for s in unfused.stages])
+    logged_fused = added("elementwise_traffic", replace(spec, megatron_args={"gradient_accumulation_fusion": True}),
+                         memory_efficiency=1.0)
+    assert [s.backward_ms for s in logged_fused.stages] == pytest.approx([s.backward_ms for s in fused.stages])
 
 
 def test_end_to_end_link_uses_each_ends_nic_and_caps_one_tcp_flow():

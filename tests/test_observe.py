@@ -119,6 +119,11 @@ def test_slowest_stage_follows_the_stage_times_misplaced_when_another_stage_is_p
                 predicted_backward_ms=s.real_backward_ms * (0.8 if s.stage == exact.real_stage else 1.0))
         for s in run.stages)))
     assert fast.mispriced and fast.predicted_ms_of_real == pytest.approx(0.8 * fast.real_ms)
+    priced = {s.stage: (s.real_forward_ms + s.real_backward_ms) * (0.8 if s.stage == exact.real_stage else 1.0)
+              for s in run.stages}
+    assert fast.predicted_stage == max(priced, key=priced.get)  # the real slowest, unless 20 % off demotes it
+    assert fast.misplaced == (fast.predicted_stage != fast.real_stage
+                              and priced[fast.predicted_stage] < (1 - BOTTLENECK_MARGIN) * fast.real_ms)
 
 
 def test_observe_refuses_the_test_split(shared_fixtures):
@@ -146,7 +151,7 @@ def test_cli_json_and_text(shared_fixtures, model_path, observation):
     text = observation_text(observation, top=5)
     assert "steady throughput MAPE" in text and observation.ranked[0].sentence() in text
     assert [b["run_id"] for b in data["bottlenecks"]] == [b.run_id for b in observation.bottlenecks]
-    assert f"Slowest stage (forward + backward per microbatch, which paces the steady state) of " \
+    assert f"Slowest stage (forward + backward per microbatch, which paces the steady state), " \
            f"{len(observation.bottlenecks)} runs" in text
     flagged = [b for b in observation.bottlenecks if b.misplaced or b.mispriced]
     assert flagged and all(b.run_id in text for b in flagged[:5])  # the table shows `top` of them

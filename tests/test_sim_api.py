@@ -155,18 +155,17 @@ def test_the_stall_noise_floor_is_the_mean_error_of_random_stalls_against_the_pl
     assert np.mean(errors) == pytest.approx(floor, rel=0.05)
 
 
-def test_the_stall_range_holds_the_level_of_random_runs_and_its_ends_are_whole_stall_counts():
-    from hops_calib.sim.simulate import _delay
+def test_the_stall_range_is_the_central_interval_of_whole_stall_counts_and_holds_its_share_of_random_runs():
+    import math
+
+    from hops_calib.sim.simulate import _delay, stalls_in_window
 
     base = hetero(iterations=12, optimizer_ms=(4.0, 5.0, 6.0), pre_optimizer_ms=3.0, post_optimizer_ms=0.5)
     plain_prediction = _prediction(base)
-    assert plain_prediction.stall_throughput_range() == (plain_prediction.metrics.throughput_per_s,) * 2
+    assert tuple(plain_prediction.stall_throughput_range()) == (plain_prediction.metrics.throughput_per_s,) * 2 + (1.0,)
     stalled = replace(base, stall_ms=30.0, stall_probability=0.2)
     prediction = _prediction(stalled)
-    low, high = prediction.stall_throughput_range(0.9)
-    assert low < prediction.metrics.throughput_per_s <= high
-    wider = prediction.stall_throughput_range(0.99)
-    assert wider[0] <= low and high <= wider[1]
+    low, high, share = prediction.stall_throughput_range(0.9)
     plain = simulate(base, "1f1b")
 
     def real_throughput(stalled_iterations):
@@ -174,15 +173,20 @@ def test_the_stall_range_holds_the_level_of_random_runs_and_its_ends_are_whole_s
         _delay(columns, stalled_iterations, 30.0)
         return replace(plain, columns=columns).metrics().throughput_per_s
 
-    # each end is the throughput of a run with a whole number of stalls inside the window (iterations 1..N-1)
-    ends = {round(real_throughput(list(range(1, 1 + k))), 9) for k in range(12)}
-    assert round(low, 9) in ends and round(high, 9) in ends
-    # Monte Carlo: real runs whose iterations stall at random fall in the range at least 90 % of the time (whole
-    # counts make it a little more), and not all of them do
+    # 11 chances in the window (the last iteration's stall comes after it) at p = 0.2: P(K = 0) = 0.086 > 5 %, so
+    # the fast end is a run with no stall; P(K <= 4) = 0.950 < 95 % <= P(K <= 5) = 0.988, so the slow end has five
+    pmf = [math.comb(11, k) * 0.2 ** k * 0.8 ** (11 - k) for k in range(12)]
+    assert high == pytest.approx(real_throughput([]), rel=1e-12)
+    assert low == pytest.approx(real_throughput([1, 2, 3, 4, 5]), rel=1e-12)
+    assert share == pytest.approx(sum(pmf[:6]))
+    assert low < prediction.metrics.throughput_per_s < high and stalls_in_window(stalled) == 2
+    wider = prediction.stall_throughput_range(0.995)
+    assert wider.low_per_s < low and wider.high_per_s == high and wider.share > share
+    # Monte Carlo: real runs whose iterations stall at random fall in the range as often as its share says
     rng = np.random.default_rng(11)
     inside = [low - 1e-9 <= real_throughput([i for i in range(1, 13) if rng.random() < 0.2]) <= high + 1e-9
               for _ in range(2000)]
-    assert 0.9 <= np.mean(inside) < 1.0
+    assert np.mean(inside) == pytest.approx(share, abs=0.01)
     with pytest.raises(ValueError, match="strictly between 0 and 1"):
         prediction.stall_throughput_range(1.0)
 

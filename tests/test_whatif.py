@@ -56,8 +56,8 @@ def test_a_configuration_without_traces_predicts_what_its_fixture_predicts(tmp_p
         [row.forward_ms for row in expected.stage_phase_ms(fixture.spec)])
     assert out["configuration"]["devices"] == list(fixture.spec.devices)
     # the CPU captures meet no random stall: the range is the prediction itself
-    assert got["stall_throughput_range_per_s"] == pytest.approx([expected.metrics.throughput_per_s] * 2)
-    assert got["stall_range_level"] == 0.9
+    assert got["stall_throughput_range"] == pytest.approx(
+        {"low_per_s": expected.metrics.throughput_per_s, "high_per_s": expected.metrics.throughput_per_s, "share": 1.0})
 
 
 def test_an_edited_configuration_moves_the_prediction_as_the_edit_says(tmp_path):

@@ -98,7 +98,14 @@ def main() -> int:
         block = TransformerBlock(config, get_gpt_layer_local_spec(), post_layer_norm=False)
         hidden = torch.randn(seq, batch, args.hidden, dtype=torch.bfloat16, requires_grad=True)
         # the a x s x s scores in 16-bit passes (and the s x s boolean mask, counted against them)
-        watched, unit = (batch * args.heads * seq * seq, seq * seq), batch * args.heads * seq * seq * 2
+        unit = batch * args.heads * seq * seq * 2
+
+        def watched(t) -> bool:
+            # by shape, not by size alone: at h = s an s x b x h activation has as many elements as the s x s mask
+            # and an h x h weight is s x s. Scores and mask are batched ([b*a or b, a or 1,] s, s); a flat buffer of
+            # the scores' size (autograd's zero-filled gradient storage) is score traffic too
+            return ((t.dim() >= 3 and tuple(t.shape[-2:]) == (seq, seq))
+                    or (t.dim() == 1 and t.numel() == batch * args.heads * seq * seq))
 
         def forward():
             return block(hidden, attention_mask=mask)
@@ -118,7 +125,10 @@ def main() -> int:
         labels = torch.randint(0, args.vocab, (batch, seq))
         positions = torch.arange(seq).unsqueeze(0)
         # the s x b x V logits in fp32 passes (the output_layer_loss term's unit)
-        watched, unit = (batch * seq * args.vocab,), batch * seq * args.vocab * 4
+        unit = batch * seq * args.vocab * 4
+
+        def watched(t) -> bool:
+            return t.numel() == batch * seq * args.vocab
         loss_mask = torch.ones(batch * seq)
 
         def forward():
@@ -166,7 +176,7 @@ def main() -> int:
             tensors = [t for t in torch.utils._pytree.tree_leaves((inputs, kwargs, out)) if isinstance(t, torch.Tensor)]
             gemm = name in GEMMS
             for t in tensors:
-                kind = "watched" if t.numel() in watched else "other" if gemm else "elementwise"
+                kind = "watched" if watched(t) else "other" if gemm else "elementwise"
                 nbytes = t.numel() * t.element_size()
                 self.bytes[kind] += nbytes
                 if kind == "elementwise":

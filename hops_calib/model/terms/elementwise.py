@@ -10,7 +10,10 @@ from hops_calib.model.terms.base import Context, Contribution, Param, Term
 
 def gradient_accumulation_fused(megatron_args: Mapping[str, object]) -> bool:
     """Whether Megatron accumulates weight gradients inside the weight-gradient GEMM (its default) rather than in a
-    separate pass (--no-gradient-accumulation-fusion)."""
+    separate pass: `--no-gradient-accumulation-fusion` on a command line, `gradient_accumulation_fusion ... False`
+    in a rank log's arguments block."""
+    if "gradient_accumulation_fusion" in megatron_args:
+        return bool(megatron_args["gradient_accumulation_fusion"])
     return not bool(megatron_args.get("no_gradient_accumulation_fusion", False))
 
 
@@ -30,7 +33,8 @@ class ElementwiseTraffic(Term):
     --no-gradient-accumulation-fusion (every shared run), Megatron's
     data-parallel wrapper adds each weight's bf16 gradient into its fp32
     main_grad after every microbatch's backward (`param.main_grad.add_(grad)`):
-    2 + 4 + 4 bytes per parameter. Streaming kernels reach a fraction of the
+    2 + 4 + 4 bytes per parameter (16-bit training, as every shared run; an
+    fp32 run reads a 4-byte gradient: 12). Streaming kernels reach a fraction of the
     datasheet bandwidth (`memory_efficiency`, as the attention scores').
     """
 
@@ -46,7 +50,8 @@ class ElementwiseTraffic(Term):
         Param("ffn_passes_backward", 4.0, 0.0, 20.0, "passes",
               "16-bit passes over the s x b x f MLP activations in a layer's backward elementwise kernels"),
         Param("accumulation_bytes_per_parameter", 10.0, 0.0, 16.0, "bytes",
-              "bytes per layer parameter that unfused gradient accumulation moves after each microbatch's backward"),
+              "bytes per layer parameter that unfused gradient accumulation moves after each microbatch's backward "
+              "(16-bit gradient read, fp32 main_grad read and written: 10)"),
         Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
               "achieved fraction of the device memory bandwidth in the elementwise kernels"),
     )
