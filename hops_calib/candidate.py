@@ -100,13 +100,14 @@ class Candidate:
         """The model with this candidate's change; InputError if it does not apply or changes nothing."""
         change, origin, text = self.change, self.origin, self.text
         active = model.active(change.term) if change.term else None
+        known_devices = {d.type for d in model.devices}
         if change.action == "add":
             if active is not None:
                 raise InputError(origin, f"term {change.term!r} is already active in model {model.name!r}",
                                  line=line_of(text, "change", "term"), field="change.term",
                                  hint='use action = "set" to change its parameters')
             changed = model.with_term(resolve_params(change.term, change.params, origin=origin, text=text,
-                                                     table="change.params"))
+                                                     table="change.params", device_types=known_devices))
         elif change.action in ("remove", "set"):
             if active is None:
                 raise InputError(origin, f"term {change.term!r} is not active in model {model.name!r} (active: "
@@ -127,7 +128,7 @@ class Candidate:
                                          hint=f"its per-device values are {', '.join(present) or 'none'}")
                     del base[name]
                 changed = model.with_term(resolve_params(change.term, change.params, origin=origin, text=text,
-                                                         table="change.params", base=base))
+                                                         table="change.params", base=base, device_types=known_devices))
         else:
             try:
                 model.device(change.device)

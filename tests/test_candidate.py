@@ -114,6 +114,10 @@ def test_malformed_candidates_are_named(text, needle, line):
      "not one of the values realize_stalls takes"),
     ('[change]\naction = "set_device"\ndevice = "tpu"\nconstant = "memory_bytes"\nvalue = 1.0\nsource = "x"\n',
      "unknown device type"),
+    ('[change]\naction = "set"\nterm = "decoder_roofline"\nparams = { "compute_efficiency@tpu" = 0.4 }\n',
+     "device type 'tpu', which the model does not know"),
+    ('[change]\naction = "add"\nterm = "elementwise_traffic"\nparams = { "memory_efficiency@l4" = 0.4 }\n',
+     "has no parameter"),
 ])
 def test_changes_that_do_not_apply_to_the_model_are_refused(body, needle):
     with pytest.raises(InputError, match=needle):

@@ -287,6 +287,8 @@ def test_hash_ignores_term_order_and_explicit_defaults_but_not_values():
     ('[model]\nname = "m"\n[terms.link_transfer]\n[devices.l4]\nmemory_bytes = { value = 1, source = "" }\n', 5,
      "source"),
     ('[model]\nname = "m"\n[terms.link_transfer\n', 3, "not valid TOML"),
+    ('[model]\nname = "m"\n\n[terms.decoder_roofline]\n"compute_efficiency@tpu" = 0.5\n', 5,
+     "device type 'tpu', which the model does not know"),
 ])
 def test_bad_model_files_are_refused_with_file_line_and_field(text, line, needle):
     with pytest.raises(InputError, match=needle) as caught:

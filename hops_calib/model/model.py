@@ -24,7 +24,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from hops_calib.errors import InputError, line_of, parse_toml
 from hops_calib.model.devices import CONSTANTS, DeviceSpec, parse_devices
@@ -51,8 +51,10 @@ class ActiveTerm:
 
 
 def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, text: str = "",
-                   table: str | None = None, base: Mapping[str, float] | None = None) -> ActiveTerm:
-    """Validate `given` parameter values for a term (unknown names, non-numbers, out of bounds).
+                   table: str | None = None, base: Mapping[str, float] | None = None,
+                   device_types: Collection[str] | None = None) -> ActiveTerm:
+    """Validate `given` parameter values for a term (unknown names, non-numbers, out of bounds; with
+    `device_types`, a per-device value NAME@TYPE for a device type the model does not know).
 
     Parameters not given keep their value in `base`, else the term's default.
     """
@@ -73,6 +75,12 @@ def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, tex
             raise InputError(origin, f"term {term_name!r} has no parameter {name!r}", line=line, field=field,
                              hint=f"its parameters are {sorted(known) or 'none'}"
                                   + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""))
+        device = name.partition("@")[2]
+        if device and device_types is not None and device not in device_types:
+            raise InputError(origin, f"{name!r} is a value for device type {device!r}, which the model does not know "
+                             f"(known: {', '.join(sorted(device_types))})", line=line, field=field,
+                             hint="a per-device value (NAME@TYPE) takes a device type of hops_calib/model/devices.toml "
+                                  "or of the model file's [devices]; a value for no device would change nothing")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise InputError(origin, f"expected a finite number, got {value!r}", line=line, field=field)
         if not param.low <= value <= param.high:
@@ -278,7 +286,7 @@ def parse_model(text: str, *, origin: str, catalog: Mapping[str, DeviceSpec]) ->
         if not isinstance(given, dict):
             raise InputError(origin, "expected a table of parameter values", line=line_of(text, "terms", term_name),
                              field=table)
-        active.append(resolve_params(term_name, given, origin=origin, text=text, table=table))
+        active.append(resolve_params(term_name, given, origin=origin, text=text, table=table, device_types=devices))
     return Model(name=name.strip(), description=str(header.get("description", "")).strip(),
                  devices=tuple(devices[t] for t in sorted(devices)), terms=tuple(active))
 
