@@ -76,6 +76,13 @@ def test_link_fit_recovers_latency_and_bandwidth_and_skips_log_lines(tmp_path):
     path.write_text(lines[0] + "\n" + lines[1] + "\n")
     with pytest.raises(TraceError, match="1 distinct message sizes"):
         fit_link(path, 0, 1)
+    # a measurement row cut short (or mangled) is not a log line: the run is refused, naming the line
+    assert lines[4].startswith('{"')  # the sender's 2 MiB row
+    path.write_text("\n".join(lines[:4] + [lines[4][:25]] + lines[5:]) + "\n")
+    with pytest.raises(TraceError, match="not valid JSON") as caught:
+        fit_link(path, 0, 1)
+    assert caught.value.line == 5 and "pair_0_1.jsonl" in str(caught.value) and "re-run the link benchmark" in str(
+        caught.value)
 
 
 def test_link_fit_keeps_the_medians_and_reads_them_at_any_size(tmp_path):
