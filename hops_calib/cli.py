@@ -247,7 +247,9 @@ def compare(
 
 @app.command()
 def report(
-    split: str = typer.Option("test", "--split", help="The held-out split (test), or train."),
+    split: Optional[str] = typer.Option(
+        None, "--split", help="test: an audited look at the held-out split (counted in the ledger); train. Required "
+                              "for a look, so that none is taken by default; --preview alone previews test."),
     fixtures: Path = FIXTURES_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     ledger: Path = LEDGER_OPTION,

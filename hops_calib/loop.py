@@ -319,13 +319,21 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
 
 # --- report --------------------------------------------------------------------------------------
 
-def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool,
+def report_command(split: str | None, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool,
                    html: Path | None = None, again: bool = False, preview: bool = False,
                    against: Path | None = None) -> int:
     def run() -> int:
-        from hops_calib.evaluate import preview_look, report
+        from hops_calib.evaluate import TEST, TRAIN, preview_look, report
         from hops_calib.progress import progress_bar
 
+        nonlocal split
+        if split is None:
+            if not preview:
+                raise InputError("report", "say which split to report", field="split",
+                                 hint=f"--split {TEST} is an audited look at the held-out split (the ledger counts "
+                                      f"every one); --split {TRAIN} reports the train split; --preview says what a "
+                                      "held-out look would tell without taking it")
+            split = TEST
         if against is not None and not preview:
             raise InputError("report", "--against compares predictions without looking; it goes with --preview",
                              field="against", hint="hops-calib report --preview --against OLD_MODEL.toml")
@@ -367,7 +375,8 @@ def report_command(split: str, fixtures: Path, model_path: Path | None, ledger_p
         if as_json:
             _print_json(result.to_dict())
         else:
-            _print_suite(f"held-out report, {result.split} split, model {result.model_sha256[:12]}", result.suite)
+            what = "held-out report" if result.split == TEST else "report (not held out)"
+            _print_suite(f"{what}, {result.split} split, model {result.model_sha256[:12]}", result.suite)
             if result.train is not None:
                 print(f"the same model on train: throughput MAPE {result.train.throughput_mape_pct:.2f} % (stall-noise "
                       f"floor {result.train.stall_noise_mape_pct:.2f} %); {result.split} minus train: "

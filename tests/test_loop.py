@@ -243,7 +243,7 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
         assert low < point < high, key
     assert entries[-1]["intervals"] == bounds
     assert entries[-1]["repeat_of"] == 1 and "repeat_of" not in entries[0]
-    text = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--again")
+    text = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--again")
     assert text.exit_code == 0 and "test split" in text.stdout and "audit entry 3" in text.stdout
     assert "a repeat of entry 2" in text.stdout
     assert "the same model on train" in text.stdout and "test minus train" in text.stdout
@@ -256,7 +256,7 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
 def test_ledger_cli_verifies_and_names_tampered_and_truncated_lines(shared_fixtures, tmp_path):
     ledger = tmp_path / "ledger.jsonl"
     for _ in range(3):
-        assert cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--again").exit_code == 0
+        assert cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--again").exit_code == 0
     ok = cli("ledger", "verify", "--ledger", ledger)
     assert ok.exit_code == 0 and "3 entries, chain intact" in ok.stdout
     shown = cli("ledger", "show", "--ledger", ledger)
@@ -275,7 +275,7 @@ def test_ledger_cli_verifies_and_names_tampered_and_truncated_lines(shared_fixtu
     ledger.write_text("".join(lines) + lines[2][:50])
     truncated = cli("ledger", "verify", "--ledger", ledger)
     assert truncated.exit_code == 1 and "line 4" in truncated.stderr and "interrupted" in truncated.stderr
-    blocked = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--again")
+    blocked = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--again")
     assert blocked.exit_code == 2 and "ledger repair" in blocked.stderr
     assert cli("ledger", "repair", "--ledger", ledger).exit_code == 0
     assert cli("ledger", "verify", "--ledger", ledger).exit_code == 0
@@ -551,12 +551,12 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
     slower_a10g = variant("slower_a10g.toml", "layer_launch_floor", **{"forward_ms_per_layer@a10g": 2.5})
     assert load_model(cpu_only).sha256 != shipped.sha256
 
-    first = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
+    first = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
     assert first.exit_code == 0, first.output
     assert json.loads(first.stdout)["predictions_changed"] is None  # nothing to compare with yet
     recorded = ledger.read_bytes()
     for model in (None, cpu_only):
-        refused = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger,
+        refused = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger,
                       *(("--model", model) if model else ()))
         assert refused.exit_code == 2 and "would repeat entry 1" in refused.stderr and "--again" in refused.stderr
         assert ledger.read_bytes() == recorded  # nothing appended, nothing printed but the reason
@@ -565,6 +565,10 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
     preview = json.loads(cli("report", "--preview", "--fixtures", shared_fixtures, "--ledger", ledger,
                              "--model", cpu_only, "--json").stdout)
     assert preview["repeat_of"] == 1 and ledger.read_bytes() == recorded
+    # a look is never taken by default: without --split (and without --preview) report refuses and appends nothing
+    unsaid = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--model", slower_a10g)
+    assert unsaid.exit_code == 2 and "field 'split'" in unsaid.stderr and "--split test" in unsaid.stderr
+    assert ledger.read_bytes() == recorded
     preview = json.loads(cli("report", "--preview", "--fixtures", shared_fixtures, "--ledger", ledger,
                              "--model", slower_a10g, "--json").stdout)
     assert preview["repeat_of"] is None and ledger.read_bytes() == recorded
@@ -579,10 +583,10 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
 
     assert against(cpu_only) == {"model_sha256": shipped.sha256, "changed": 0}  # no cluster run reads it
     assert 0 < against(slower_a10g)["changed"] <= preview["of"]
-    assert cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--against", cpu_only).exit_code == 2
+    assert cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--against", cpu_only).exit_code == 2
     assert ledger.read_bytes() == recorded
     # A model that moves predictions looks, and says on how many configurations they moved.
-    moved = json.loads(cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--model", slower_a10g,
+    moved = json.loads(cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--model", slower_a10g,
                            "--json").stdout)
     n = moved["n_fixtures"]
     with_a10g = sum("a10g" in load_suite(shared_fixtures, "test").specs[i].devices for i in range(n))
@@ -590,7 +594,7 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
     assert 0 < moved["predictions_changed"]["changed"] <= with_a10g
     assert moved["predictions_changed"] == preview["changed_since"]
     # The CPU-only variant, looked at anyway, is listed as a repeat of the first look.
-    assert cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--model", cpu_only,
+    assert cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--model", cpu_only,
                "--again").exit_code == 0
     looks = json.loads(cli("ledger", "looks", "--ledger", ledger, "--json").stdout)["looks"]
     assert [look["repeat_of"] for look in looks] == [None, None, 1]
@@ -611,7 +615,7 @@ def test_the_same_model_whose_predictions_moved_is_no_repeat(shared_fixtures, tm
     ledger_module.append(ledger, {"kind": "report", "split": "test", "model_sha256": shipped.sha256,
                                   "fixture_set_sha256": suite.sha256, "aggregates": {},
                                   "prediction_digests": ["0" * 16] * len(suite.ids), "decision": "audit"})
-    looked = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
+    looked = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
     assert looked.exit_code == 0, looked.output
     assert json.loads(looked.stdout)["predictions_changed"] == {"seq": 1, "changed": len(suite.ids),
                                                                 "of": len(suite.ids)}
@@ -619,5 +623,5 @@ def test_the_same_model_whose_predictions_moved_is_no_repeat(shared_fixtures, tm
     older = tmp_path / "older.jsonl"
     ledger_module.append(older, {"kind": "report", "split": "test", "model_sha256": shipped.sha256,
                                  "fixture_set_sha256": suite.sha256, "aggregates": {}, "decision": "audit"})
-    refused = cli("report", "--fixtures", shared_fixtures, "--ledger", older)
+    refused = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", older)
     assert refused.exit_code == 2 and "would repeat entry 1 (the same model)" in refused.stderr

@@ -208,7 +208,7 @@ def ledger_with_history(shared_fixtures, tmp_path_factory):
         result = cli("evaluate", folder / name, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
                      "--commit")
         assert result.exit_code in (0, 1), result.output
-    assert cli("report", "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger).exit_code == 0
+    assert cli("report", "--split", "test", "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger).exit_code == 0
     return {"model": model, "ledger": ledger}
 
 
@@ -365,7 +365,7 @@ def test_html_report_train_has_tables_images_and_every_run(shared_fixtures, shar
 
 def test_html_report_test_split_shows_aggregates_only_and_is_audited(shared_fixtures, shared_store, tmp_path):
     page, ledger = tmp_path / "test.html", tmp_path / "ledger.jsonl"
-    result = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--html", page, "--json")
+    result = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--html", page, "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     entries = list(read_entries(ledger))
@@ -382,7 +382,7 @@ def test_html_report_test_split_shows_aggregates_only_and_is_audited(shared_fixt
     outside = summary["outside_train"]
     assert f"{outside['runs']} of {outside['of']} configurations lie outside the train runs" in html
 
-    bad = cli("report", "--fixtures", shared_fixtures, "--ledger", ledger, "--html", tmp_path / "report.txt")
+    bad = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--html", tmp_path / "report.txt")
     assert bad.exit_code == 2 and "--html" in bad.stderr
     assert len(list(read_entries(ledger))) == 1  # a refused name costs no audit entry
 

@@ -2,8 +2,8 @@
 
 Train split: per-run errors of this model (`evaluate`) against HOPS's rows for the same runs. Test split: this
 model's numbers come only from an audited held-out report: the ledger's latest audit entry for this model and
-fixture set (quoting it again is not a new look), or, with --new-audit or when there is none, a new
-`report --split test`, which appends an audit entry; HOPS's are averaged over the same test runs.
+fixture set (quoting it again is not a new look), or, with --new-audit only, a new `report --split test`, which
+appends an audit entry (a look is never taken by default); HOPS's are averaged over the same test runs.
 
 Usage: python experiments/scripts/compare_hops.py FIXTURES [REFERENCE_CSV] [--ledger FILE] [--new-audit]
 """
@@ -53,6 +53,10 @@ def main() -> None:
 
     ours_train = evaluate(args.fixtures).current.suite  # train split only
     audited = None if args.new_audit else recorded_report(args.fixtures, split="test", ledger_path=Path(args.ledger))
+    if audited is None and not args.new_audit:
+        sys.exit(f"{args.ledger} has no audited test report of this model on this fixture set: pass --new-audit to "
+                 "take one (an audited look at the held-out split, counted in the ledger), or point --ledger at the "
+                 "ledger that has it")
     if audited is None:
         try:  # a new audited look; --new-audit asked for one even if it repeats an earlier look
             audited = report(args.fixtures, split="test", ledger_path=Path(args.ledger), again=args.new_audit)
