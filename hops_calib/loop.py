@@ -113,7 +113,8 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     real, pred, spec = fixture.truth.metrics, prediction.metrics, fixture.spec
     print(f"{fixture.id}  ({fixture.split}; {prediction.schedule}, pp={spec.pp}, {spec.microbatches} microbatches x "
           f"{spec.iterations} iterations; model {model.name} {model.sha256[:12]})")
-    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}")
+    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: microbatches per second, "
+          f"{spec.model.micro_batch_size} sample(s) each)")
     print(f"{'throughput /s':24}{real.throughput_per_s:12.3f}{pred.throughput_per_s:12.3f}"
           f"{_pct(score.throughput_error_pct):>8} %"
           + (f"  (random stalls alone: +-{score.stall_noise_ape_pct:.1f} %; "

@@ -388,7 +388,10 @@ class Contributor:
 
 
 def _signed(value: float, unit: str) -> str:
-    return f"{value:+.0f} {unit}" if math.isfinite(value) else "n/a"
+    """Signed, one decimal below 10 (so that a small residual does not read "-0 %"), none above."""
+    if not math.isfinite(value):
+        return "n/a"
+    return f"{value:+.1f} {unit}" if abs(value) < 9.95 else f"{value:+.0f} {unit}"
 
 
 def _mean(values: Iterable[float]) -> float:

@@ -143,6 +143,10 @@ def format_plan(result: Plan) -> str:
     chosen = result.chosen
     lines.append(f"chosen: {chosen.schedule}" + (f" in {chosen.flushes} flushes" if chosen.flushes > 1 else "")
                  + f" (utilization {chosen.utilization:.3f})")
+    forms = result.closed_form
+    lines.append("closed form, balanced stages: 1F1B bubble (p-1)/(m+p-1) = " + f"{forms['bubble_1f1b']:.3f}"
+                 + (f", interleaved (p-1)/(v m+p-1) = {forms['bubble_interleaved']:.3f}"
+                    if "bubble_interleaved" in forms else ""))
     if "microbatches_for_target_bubble" in result.closed_form:
         lines.append(f"balanced 1F1B reaches bubble <= {result.closed_form['target_bubble']:g} with "
                      f"{result.closed_form['microbatches_for_target_bubble']:g} microbatches")

@@ -133,7 +133,8 @@ def what_if_text(result: WhatIf) -> str:
     lines.append(f"{'':26}" + "".join(f"{head:>{width}}" for head in heads))
     for label, cell in rows:
         lines.append(f"{label:26}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))
-    lines.append(f"(+-: the mean |error| random TCP retransmission stalls alone would give a real run; range: the "
+    lines.append(f"(throughput: microbatches per second, {shape.micro_batch_size} sample(s) each; "
+                 f"+-: the mean |error| random TCP retransmission stalls alone would give a real run; range: the "
                  f"throughput at least {100 * STALL_RANGE_LEVEL:.0f} % of real runs would show from them alone, whole "
                  "stall counts, and the share it really holds; peak activations: microbatches in flight on the "
                  "busiest rank)")

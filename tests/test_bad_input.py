@@ -196,6 +196,18 @@ def test_lenient_drops_bad_lines_and_counts_them(run_copy, tmp_path):
     assert store.index().set_index("id").loc[run_copy.name, "dropped_lines"] == 4
 
 
+def test_a_run_rejected_now_says_the_store_keeps_its_earlier_fixture(run_copy, tmp_path):
+    log = _rank_log(run_copy)
+    _edit_event(log, 9, phase="SIDEWAYS")
+    store = FixtureStore(tmp_path / "fixtures")
+    assert ingest([run_copy], store, lenient=True).ok  # the bad line dropped: a fixture lands
+    again = ingest([run_copy], store)  # without --lenient the same files are refused
+    [outcome] = again.rejected
+    assert "bad phase" in outcome.error or "SIDEWAYS" in outcome.error
+    assert "the store keeps the fixture an earlier ingest made" in outcome.error
+    assert str(store.root / run_copy.name) in outcome.error and store.ids() == [run_copy.name]
+
+
 def test_lenient_still_refuses_structural_problems(run_copy, tmp_path):
     _rank_log(run_copy, 0).write_text("not json at all\n")
     message = _refused(run_copy, tmp_path, lenient=True)

@@ -231,6 +231,10 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                                        split=split, test_fraction=test_fraction, lenient=lenient)
             except (TraceError, StoreError) as err:
                 outcome.status, outcome.error = "rejected", str(err)
+                if outcome.run_id in stored:  # an earlier ingest of this run stays, and is still scored: say so
+                    outcome.error += (f" (the store keeps the fixture an earlier ingest made of {outcome.run_id}, and "
+                                      "evaluate still scores it: fix the files and ingest again, or delete "
+                                      f"{store.root / outcome.run_id} and ingest again to drop it)")
             report.outcomes.append(outcome)
             if on_run:
                 on_run(outcome)
