@@ -221,19 +221,22 @@ def split_layers(num_layers: int, pp: int, first: int | None = None, last: int |
     free = counts.count(None)
     rest = num_layers - sum(pinned)
     if rest < 0 or (free == 0 and rest != 0) or (free and rest % free):
-        raise ValueError(f"{num_layers} layers cannot be split over {pp} stages with first={first}, last={last}: "
-                         f"{rest} layers left for {free} stages")
+        pins = [f"{label} stage {count}" for label, count in (("first", first), ("last", last)) if count is not None]
+        raise ValueError(f"{num_layers} layers cannot be split evenly over {pp} stages"
+                         + (f" with {' and '.join(pins)} pinned: {rest} left for {free} stages" if pins else ""))
     return tuple(c if c is not None else rest // free for c in counts)
 
 
-def _require_int(args: dict[str, Any], name: str, source: Any, default: int | None = None) -> int:
+def _require_int(args: dict[str, Any], name: str, source: Any, default: int | None = None, minimum: int = 0) -> int:
     from hops_calib.trace.errors import TraceError
 
+    flag = "--" + name.replace("_", "-")
     value = args.get(name, default)
-    if type(value) is not int or value < 0:
-        raise TraceError(source, f"is {value!r}, expected a non-negative integer" if name in args else "is missing",
-                         field="--" + name.replace("_", "-"),
-                         hint="the spec needs it; add it to the launch command")
+    if type(value) is not int or value < minimum:
+        expected = "a non-negative integer" if minimum == 0 else f"a whole number of at least {minimum}"
+        raise TraceError(source, f"is {value!r}, expected {expected}" if name in args else "is missing",
+                         field=flag, hint=f"give {flag} {expected}" if name in args
+                         else f"the spec needs it; add {flag} to the launch command")
     return value
 
 
@@ -281,11 +284,9 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     run_id = run_id_of(job_dir, manifest)
     args, args_source = find_arguments(job_dir)
 
-    pp = _require_int(args, "pipeline_model_parallel_size", args_source, default=1)
-    tp = _require_int(args, "tensor_model_parallel_size", args_source, default=1)
-    num_layers = _require_int(args, "num_layers", args_source)
-    if pp < 1:
-        raise TraceError(args_source, f"is {pp}", field="--pipeline-model-parallel-size", hint="must be at least 1")
+    pp = _require_int(args, "pipeline_model_parallel_size", args_source, default=1, minimum=1)
+    tp = _require_int(args, "tensor_model_parallel_size", args_source, default=1, minimum=1)
+    num_layers = _require_int(args, "num_layers", args_source, minimum=1)
 
     if args.get("virtual_pipeline_model_parallel_size"):
         vp = _require_int(args, "virtual_pipeline_model_parallel_size", args_source)
@@ -306,8 +307,8 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         dp = world // (tp * pp)
     else:
         dp = _require_int(args, "data_parallel_size", args_source, default=1) or 1
-    micro_batch = _require_int(args, "micro_batch_size", args_source, default=1) or 1
-    global_batch = _require_int(args, "global_batch_size", args_source, default=micro_batch * dp)
+    micro_batch = _require_int(args, "micro_batch_size", args_source, default=1, minimum=1)
+    global_batch = _require_int(args, "global_batch_size", args_source, default=micro_batch * dp, minimum=1)
     if global_batch % (micro_batch * dp):
         raise TraceError(args_source, f"{global_batch} is not a multiple of micro batch {micro_batch} x dp {dp}",
                          field="--global-batch-size", hint="Megatron requires it to divide")

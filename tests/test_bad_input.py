@@ -147,6 +147,20 @@ def test_stage_counts_disagree_between_configuration_and_map(run_copy, tmp_path)
     assert "must agree" in message
 
 
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--global-batch-size", "0", "is 0, expected a whole number of at least 1"),
+    ("--pipeline-model-parallel-size", "two", "is 'two', expected a whole number of at least 1"),
+    ("--num-layers", "7", "cannot be split evenly over"),
+])
+def test_impossible_launch_values_name_the_flag(run_copy, tmp_path, flag, value, needle):
+    args = run_copy / "megatron_args.txt"
+    text = args.read_text()
+    args.write_text(re.sub(rf"{flag} \S+", f"{flag} {value}", text, count=1))
+    message = _refused(run_copy, tmp_path)
+    _names(message, args, None, "--num-layers" if flag == "--num-layers" else flag)
+    assert needle in message and "first=None" not in message
+
+
 def test_stage_counts_disagree_between_configuration_and_trace(run_copy, tmp_path):
     _rank_log(run_copy, 1).unlink()
     message = _refused(run_copy, tmp_path)
