@@ -173,8 +173,7 @@ def show_text(fixture: Fixture) -> str:
         + f"; configured {data['configured_schedule']}; declared {data['declared_schedule'] or '-'}",
         f"  throughput    {_fmt(data['throughput_per_s'], 3)} microbatches/s (window), "
         f"{_fmt(data['steady_throughput_per_s'], 3)} steady",
-        f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms median period; idle stretch "
-        f"{_fmt(data['idle_ms'], 1)} ms median (last backward of any rank -> first optimizer step)",
+        f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms median period; " + _idle_text(data['idle_ms']),
         f"  bubble        {data['bubble_ratio'] * 100:.1f}%",
         "",
     ]
@@ -202,3 +201,13 @@ def _links_and_quality(data: dict[str, Any]) -> list[str]:
     for warning in quality.get("warnings", []):
         lines.append(f"  warning       {warning}")
     return lines
+
+
+def _idle_text(idle_ms: float | None) -> str:
+    """The idle stretch before the optimizer in words; negative where no barrier holds the ranks together."""
+    if idle_ms is None:
+        return "no idle stretch (the trace has no optimizer step)"
+    if idle_ms < 0:
+        return (f"no idle stretch: the first optimizer step starts {-idle_ms:.1f} ms (median) before the last "
+                "backward of any rank ends (no collective before the optimizer holds the ranks together)")
+    return f"idle stretch {idle_ms:.1f} ms median (last backward of any rank -> first optimizer step)"
