@@ -269,7 +269,7 @@ def report(
                                 "otherwise than the model file given (for a look made before digests were "
                                 "recorded: git show REV:hops_calib/model/models/baseline.toml > old.toml)."),
 ) -> None:
-    """Suite aggregates only on the held-out split; appends an audit entry to the ledger every time.
+    """Suite aggregates only on the held-out split, with an audit entry in the ledger for every look (train: none).
 
     A look that would repeat an earlier one (the same predictions on every
     held-out configuration) is refused with exit 2 before anything is scored,

@@ -409,6 +409,11 @@ class Report:
     intervals: dict[str, Any] | None = None
 
     @property
+    def audited(self) -> bool:
+        """Whether the report is in the ledger (a look at the held-out split; a train report is not recorded)."""
+        return "seq" in self.ledger_entry
+
+    @property
     def gap_to_train_pp(self) -> float | None:
         """Held-out throughput MAPE minus train throughput MAPE (pp), for a held-out report."""
         return self.suite.throughput_mape_pct - self.train.throughput_mape_pct if self.train is not None else None
@@ -434,7 +439,7 @@ class Report:
                 "gap_to_train_pp": self.gap_to_train_pp, "outside_train": self.outside_train,
                 "predictions_changed": self.changed_since, "intervals": self.intervals,
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
-                           "entry_sha256": self.ledger_entry["entry_sha256"]}}
+                           "entry_sha256": self.ledger_entry["entry_sha256"]} if self.audited else None}
 
 
 def prediction_digest(prediction: Any) -> str:
@@ -559,7 +564,8 @@ def bootstrap_intervals(ids: Sequence[str], runs: Sequence[RunScore], train_ids:
 
 def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
            ledger_path: Path | str = DEFAULT_LEDGER, progress: Progress = QUIET, again: bool = False) -> Report:
-    """Suite aggregates on `split` (the held-out test split by default), and an audit entry in the ledger.
+    """Suite aggregates on `split` (the held-out test split by default), and for it an audit entry in the ledger
+    (a train report appends nothing: `Report.audited` is False).
 
     Only aggregates leave this function: no per-run error, so nobody can tune
     against single held-out runs through it. A held-out look whose model predicts every configuration as an
@@ -604,7 +610,9 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
         "decision": "audit",
         "code_revision": code_revision(),
     }
-    written = ledger.append(ledger_path, entry)
+    # Only a look at the held-out split is audited; the train split may be read at will, so a train report
+    # leaves the ledger alone (its record, unappended, still describes the page it may write).
+    written = ledger.append(ledger_path, entry) if split != TRAIN else entry
     return Report(split=split, suite=scored.suite, model_sha256=model.sha256, ledger_path=Path(ledger_path),
                   ledger_entry=written, train=train, outside_train=outside, changed_since=changed_since,
                   intervals=intervals)

@@ -396,7 +396,10 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
                       f"{since['of']} configurations")
             if "repeat_of" in result.ledger_entry:
                 print(f"a repeat of entry {result.ledger_entry['repeat_of']} (--again): the same predictions")
-            print(f"audit entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
+            if result.audited:
+                print(f"audit entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
+            else:
+                print(f"nothing appended to {result.ledger_path}: the {result.split} split is not held out")
             if html is not None:
                 print(f"wrote {html}")
         return EXIT_OK

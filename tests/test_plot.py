@@ -345,7 +345,8 @@ def test_html_report_train_has_tables_images_and_every_run(shared_fixtures, shar
                  "--ledger", ledger, "--html", page)
     assert result.exit_code == 0, result.output
     assert f"wrote {page}" in result.stdout
-    assert len(list(read_entries(ledger))) == before + 1
+    assert len(list(read_entries(ledger))) == before  # train is not held out: nothing to audit, nothing appended
+    assert "nothing appended" in result.stdout and "not recorded: the train split is not held out" in page.read_text()
     html = page.read_text()
     assert html.startswith("<!DOCTYPE html>") and "http://" not in html and "https://" not in html
     assert html.count('src="data:image/png;base64,') == 2  # parity plot and ledger history

@@ -173,7 +173,7 @@ def check_html_path(out: Path) -> None:
 
 
 def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None) -> Path:
-    """Write the HTML page for `result` (an `evaluate.Report`, whose audit entry is already in the ledger)."""
+    """Write the HTML page for `result` (an `evaluate.Report`; a held-out one's audit entry is already in the ledger)."""
     from hops_calib.files import atomic_write
     from hops_calib.ledger import read_entries
     from hops_calib.plot.commands import model_label, parity_title, score_split
@@ -199,7 +199,8 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
             "fixtures": f"{fixtures} ({result.suite.n_fixtures} {result.split} runs, set sha256 "
                         f"{entry['fixture_set_sha256'][:12]})",
             "code revision": entry.get("code_revision", "unknown"),
-            "ledger": f"{result.ledger_path}, audit entry {entry['seq']} (sha256 {entry['entry_sha256'][:12]})"}
+            "ledger": (f"{result.ledger_path}, audit entry {entry['seq']} (sha256 {entry['entry_sha256'][:12]})"
+                       if "seq" in entry else f"not recorded: the {result.split} split is not held out")}
     train = getattr(result, "train", None)
     if train is not None:
         meta["the same model on train"] = (f"throughput MAPE {train.throughput_mape_pct:.2f} % (stall-noise floor "
