@@ -319,8 +319,8 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         raise TraceError(args_source, f"is {train_iters}: the trace starts at iteration {TRACE_FIRST_ITERATION}",
                          field="--train-iters", hint=f"a traced run needs at least {TRACE_FIRST_ITERATION} iterations")
 
-    first = args.get("decoder_first_pipeline_num_layers")
-    last = args.get("decoder_last_pipeline_num_layers")
+    first, last = (_require_int(args, name, args_source) if args.get(name) is not None else None
+                   for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"))
     try:
         layers = split_layers(num_layers, pp, first, last)
     except ValueError as err:

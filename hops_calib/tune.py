@@ -160,7 +160,15 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
 
         store = open_store(fixtures_dir)
         reals = tuple(real_components(store.load(fixture_id)) for fixture_id in suite.ids)
-    return TuneProblem(term=term, model=load_model(model_path), model_path=model_path, suite=suite,
+    model = load_model(model_path)
+    known = {d.type for d in model.devices}
+    strangers = [name for name in only if "@" in name and name.partition("@")[2] not in known]
+    if strangers:
+        raise InputError(command, f"{', '.join(map(repr, strangers))} names a device type the model does not know "
+                         f"(known: {', '.join(sorted(known))})", field="only",
+                         hint="a per-device parameter (NAME@TYPE) takes a device type of the model: a value for no "
+                              "device changes nothing to search")
+    return TuneProblem(term=term, model=model, model_path=model_path, suite=suite,
                        objective=objective, real_components=reals, only=tuple(only))
 
 

@@ -151,6 +151,7 @@ def test_stage_counts_disagree_between_configuration_and_map(run_copy, tmp_path)
     ("--global-batch-size", "0", "is 0, expected a whole number of at least 1"),
     ("--pipeline-model-parallel-size", "two", "is 'two', expected a whole number of at least 1"),
     ("--num-layers", "7", "cannot be split evenly over"),
+    ("--micro-batch-size", "0", "is 0, expected a whole number of at least 1"),
 ])
 def test_impossible_launch_values_name_the_flag(run_copy, tmp_path, flag, value, needle):
     args = run_copy / "megatron_args.txt"
@@ -159,6 +160,16 @@ def test_impossible_launch_values_name_the_flag(run_copy, tmp_path, flag, value,
     message = _refused(run_copy, tmp_path)
     _names(message, args, None, "--num-layers" if flag == "--num-layers" else flag)
     assert needle in message and "first=None" not in message
+
+
+@pytest.mark.parametrize("value, needle", [("two", "is 'two', expected a non-negative integer"),
+                                           ("-2", "is -2, expected a non-negative integer")])
+def test_a_pinned_first_stage_must_be_a_layer_count(run_copy, tmp_path, value, needle):
+    args = run_copy / "megatron_args.txt"
+    args.write_text(args.read_text().rstrip("\n") + f" --decoder-first-pipeline-num-layers {value}\n")
+    message = _refused(run_copy, tmp_path)
+    _names(message, args, None, "--decoder-first-pipeline-num-layers")
+    assert needle in message
 
 
 def test_stage_counts_disagree_between_configuration_and_trace(run_copy, tmp_path):
@@ -220,6 +231,11 @@ def test_a_run_rejected_now_says_the_store_keeps_its_earlier_fixture(run_copy, t
     assert "bad phase" in outcome.error or "SIDEWAYS" in outcome.error
     assert "the store keeps the fixture an earlier ingest made" in outcome.error
     assert str(store.root / run_copy.name) in outcome.error and store.ids() == [run_copy.name]
+    # doing what it says: the folder deleted, the same bad files ingested again, the index follows the folders
+    shutil.rmtree(store.root / run_copy.name)
+    third = ingest([run_copy], store)
+    assert len(third.rejected) == 1 and "earlier ingest" not in third.rejected[0].error
+    assert store.ids() == [] and store.fixture_folders() == []
 
 
 def test_lenient_still_refuses_structural_problems(run_copy, tmp_path):

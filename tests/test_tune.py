@@ -89,6 +89,8 @@ def test_bad_requests_are_refused_before_any_trial(shared_fixtures, model_path, 
         tune("optimizer_step", shared_fixtures, model_path=model_path, trials=2, workers=2)
     with pytest.raises(InputError, match="cannot open optuna storage"):
         tune("optimizer_step", shared_fixtures, model_path=model_path, trials=1, storage_url="nosuchdb://x")
+    with pytest.raises(InputError, match="'fixed_ms@tpu' names a device type the model does not know"):
+        tune("optimizer_step", shared_fixtures, model_path=model_path, trials=1, only=("fixed_ms@tpu",))
     assert shares(7, 3) == [3, 2, 2] and sum(shares(5, 5)) == 5
 
 

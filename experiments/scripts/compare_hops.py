@@ -16,7 +16,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from hops_calib.evaluate import RepeatedLook, evaluate, open_store, recorded_report, report
+from hops_calib.evaluate import evaluate, open_store, recorded_report, report
 from hops_calib.shared import reference_csv
 
 VARIANTS = ("no_lookahead", "lc_xbar_xopt", "link_calibrated", "trace_replay")
@@ -57,11 +57,8 @@ def main() -> None:
         sys.exit(f"{args.ledger} has no audited test report of this model on this fixture set: pass --new-audit to "
                  "take one (an audited look at the held-out split, counted in the ledger), or point --ledger at the "
                  "ledger that has it")
-    if audited is None:
-        try:  # a new audited look; --new-audit asked for one even if it repeats an earlier look
-            audited = report(args.fixtures, split="test", ledger_path=Path(args.ledger), again=args.new_audit)
-        except RepeatedLook as refused:  # another model whose predictions an earlier look already scored
-            sys.exit(f"{refused}\n(pass --new-audit to look anyway)")
+    if audited is None:  # a new audited look, asked for: taken even if it repeats an earlier look's predictions
+        audited = report(args.fixtures, split="test", ledger_path=Path(args.ledger), again=True)
     ours_test = audited.suite  # aggregates only
     print(f"test rows of this model: ledger entry {audited.ledger_entry.get('seq', '?')} "
           f"({audited.ledger_entry.get('time', '?')}, model {audited.model_sha256[:12]})")

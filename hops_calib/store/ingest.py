@@ -231,14 +231,19 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                                        split=split, test_fraction=test_fraction, lenient=lenient)
             except (TraceError, StoreError) as err:
                 outcome.status, outcome.error = "rejected", str(err)
-                if outcome.run_id in stored:  # an earlier ingest of this run stays, and is still scored: say so
+                if isinstance(err, TraceError) and outcome.run_id in stored:
+                    # an earlier ingest of these (now bad) files stays in the store and is still scored: say so
+                    scored_by = "evaluate" if stored[outcome.run_id].get("split") == "train" else "report"
                     outcome.error += (f" (the store keeps the fixture an earlier ingest made of {outcome.run_id}, and "
-                                      "evaluate still scores it: fix the files and ingest again, or delete "
+                                      f"{scored_by} still scores it: fix the files and ingest again, or delete "
                                       f"{store.root / outcome.run_id} and ingest again to drop it)")
             report.outcomes.append(outcome)
             if on_run:
                 on_run(outcome)
-        if changed or (stored and not (store.root / "index.parquet").is_file()):
+        index_file = store.root / "index.parquet"
+        # a fixture folder deleted by hand (or one the index does not list) is put right even when nothing changed
+        stale = index_file.is_file() and set(store.ids()) != set(stored)
+        if changed or stale or (stored and not index_file.is_file()):
             store.write_index()
     return report
 

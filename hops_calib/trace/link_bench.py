@@ -38,7 +38,7 @@ def read_sender_p50(path: Path) -> list[tuple[float, float]]:
                     continue  # a log line that happens to start with '{': not a measurement
                 # a row the benchmark began to write (a JSON object's first key) and did not finish, or mangled
                 raise TraceError(path, f"is not valid JSON ({err.msg} at column {err.colno})", line=number,
-                                 field="line", hint="a torn or edited measurement row: re-run the link benchmark, "
+                                 hint="a torn or edited measurement row: re-run the link benchmark, "
                                                     "or delete the line") from None
             if row.get("rank") != SENDER_RANK or row.get("mode", "p2p") != "p2p":
                 continue
