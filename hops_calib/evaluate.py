@@ -165,10 +165,13 @@ class Evaluation:
                                 "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
                                 "model": str(self.model_path), "model_sha256": self.model.sha256,
                                 "tolerances": self.tolerances.to_dict()}
+        data["scored_model_sha256"] = self.model.sha256  # whose numbers the top level holds
         if self.candidate is not None and self.verdict is not None and self.after is not None:
             data.update({
+                "scored_model_sha256": self.candidate_model.sha256,
                 "candidate": candidate_record(self.candidate),
                 "candidate_model_sha256": self.candidate_model.sha256,
+                "plan_seq": self.ledger_entry.get("plan_seq"),
                 "before": self.before.suite.to_dict(),
                 "after": self.after.suite.to_dict(),
                 **self.verdict.to_dict(),
@@ -178,6 +181,22 @@ class Evaluation:
             })
         data["runs"] = [r.to_dict() for r in self.current.runs]
         return data
+
+
+PLACEHOLDER = "FILL IN"  # what `tune` writes where only a person (or an agent) can give the reason
+
+
+def _refuse_placeholders(candidate: Candidate) -> None:
+    """A candidate whose hypothesis or grounding still holds tune's placeholder is not judged: the ledger keeps
+    every judgement for good, and one without its reason would say nothing about why it was tried."""
+    from hops_calib.errors import line_of
+
+    for key in ("hypothesis", "grounding"):
+        if PLACEHOLDER in getattr(candidate, key):
+            raise InputError(candidate.origin, f"its {key} still says {PLACEHOLDER!r}", field=key,
+                             line=line_of(candidate.text, None, key),
+                             hint=f"write the {key} (why this change, on what physical ground) in place of the "
+                                  "placeholder tune left, then evaluate it")
 
 
 def candidate_record(candidate: Candidate) -> dict[str, Any]:
@@ -204,6 +223,8 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         raise InputError("evaluate", "--commit needs a candidate to commit", field="commit",
                          hint="pass a candidate file: hops-calib evaluate experiments/X.toml --commit")
     candidate = read_candidate(candidate_path) if candidate_path is not None else None
+    if candidate is not None:
+        _refuse_placeholders(candidate)
     if plan is not None:
         check_plan(ledger_path, plan, tolerances, "evaluate", candidate)
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
@@ -338,6 +359,10 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     before_path = Path(before_path)
     after_path = Path(after_path) if after_path is not None else DEFAULT_MODEL
     before_model, after_model = load_model(before_path), load_model(after_path)
+    if before_model.sha256 == after_model.sha256:  # as evaluate refuses a candidate that changes nothing
+        raise InputError(str(after_path), f"is the same model as {before_path} (sha256 {after_model.sha256[:12]}): "
+                         "there is no move to judge", field="model",
+                         hint="compare the model before a move's first step with the model after its last")
     if commit_into is not None:  # refuse before scoring: a wrong file must not cost a ledger entry
         _holds_an_end(Path(commit_into), before_model, after_model)(load_model(commit_into))
     suite = load_suite(fixtures_dir, TRAIN)

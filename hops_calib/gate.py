@@ -96,18 +96,24 @@ class GateResult:
     # The 95 % interval of the suite MAPE's change when the configurations are resampled (paired: the same draws
     # before and after): whether the change would hold on other configurations like these, or is this set's luck.
     mape_change_interval_pp: tuple[float, float] | None = None
+    # The rules that failed, by name (RULES), for a reader that should not parse `reasons`.
+    failed_rules: tuple[str, ...] = ()
 
     @property
     def decision(self) -> str:
         return "accepted" if self.accepted else "rejected"
 
     def to_dict(self) -> dict[str, object]:
-        return {"decision": self.decision, "reasons": list(self.reasons),
+        return {"decision": self.decision, "failed_rules": list(self.failed_rules), "reasons": list(self.reasons),
                 "regressions": [r.to_dict() for r in self.regressions], "tolerances": self.tolerances.to_dict(),
                 "runs_moved": self.runs_moved,
                 "mape_change_interval_pp": (list(self.mape_change_interval_pp)
                                             if self.mape_change_interval_pp is not None else None)}
 
+
+# The gate's rules by name, in the order `reasons` gives them: the suite's throughput MAPE, bubble MAE and mean
+# utilization rho, and the per-run throughput and bubble errors (GateResult.failed_rules lists the ones that failed).
+RULES = ("suite_throughput_mape", "suite_bubble_mae", "suite_util_rho", "run_throughput", "run_bubble")
 
 # Aggregates of identical predictions can differ in the last bits (float sums in another order); a change smaller
 # than this is no change, so a candidate that leaves a metric alone is not rejected for rounding.
@@ -179,6 +185,7 @@ def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before
     spread = interval(change)
     checks.append((True, f"throughput MAPE change over resampled configurations (paired bootstrap, 95 %): "
                          f"{spread[0]:+.3f} to {spread[1]:+.3f} pp"))
+    failed = tuple(rule for rule, (ok, _) in zip(RULES, checks) if not ok)  # the first five checks are the rules
     return GateResult(accepted=all(ok for ok, _ in checks), reasons=tuple(reason for _, reason in checks),
                       regressions=tuple(regressions), tolerances=tolerances, runs_moved=moved,
-                      mape_change_interval_pp=spread)
+                      mape_change_interval_pp=spread, failed_rules=failed)

@@ -48,6 +48,7 @@ from typing import Any, Callable
 from hops_calib.errors import InputError
 from hops_calib.evaluate import Suite, load_suite, score_model
 from hops_calib.model import TERMS, Model, resolve_params
+from hops_calib.model_files import DEFAULT_MODEL
 from hops_calib.score import SuiteScore
 
 OBJECTIVES = ("throughput_mape_pct", "bubble_mae_pp", "negative_util_spearman_mean")
@@ -380,6 +381,10 @@ def pareto_front(study) -> list[FrontPoint]:
     return sorted(points, key=FrontPoint.key)
 
 
+NO_CANDIDATE = ("every point of the front is the model's current values: no trial did better on every objective; "
+                "more --trials, or --only the parameters to search")
+
+
 @dataclass(frozen=True)
 class TuneResult:
     term: str
@@ -396,6 +401,7 @@ class TuneResult:
     candidate_path: Path | None
     candidate_text: str | None
     objective: str = "suite"
+    model_path: Path = DEFAULT_MODEL  # the model tuned (a candidate is judged against it)
 
     @property
     def objectives(self) -> tuple[str, ...]:
@@ -407,7 +413,8 @@ class TuneResult:
                 "objective": self.objective, "objectives": list(self.objectives), "current": self.current.to_dict(),
                 "front": [vars(p) for p in self.front], "chosen": vars(self.chosen) if self.chosen else None,
                 "choice_rule": CHOICE_RULE, "chosen_gate": self.verdict.to_dict() if self.verdict else None,
-                "candidate": str(self.candidate_path) if self.candidate_path else None}
+                "candidate": str(self.candidate_path) if self.candidate_path else None,
+                "no_candidate_reason": None if self.chosen is not None else NO_CANDIDATE}
 
 
 def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore, study_name: str,
@@ -434,8 +441,9 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
         f"# Written by `hops-calib tune {problem.term}`: study {study_name!r} in {storage}, {trials_in_study} trials.",
         f"# Trial {chosen.number} of a front of {front_size} (objectives: {', '.join(problem.objectives)}),",
         f"# chosen as {CHOICE_RULE}.",
-        "# Replace both FILL IN texts with the physical reason before evaluating it:",
-        f"#   hops-calib evaluate <this file> --fixtures {problem.suite.fixtures_dir}",
+        "# Replace both FILL IN texts with the physical reason before evaluating it (evaluate refuses them):",
+        f"#   hops-calib evaluate <this file> --fixtures {problem.suite.fixtures_dir}"
+        + ("" if problem.model_path == DEFAULT_MODEL else f" --model {problem.model_path}"),
         f"id = {json.dumps(f'tune-{problem.term}-trial{chosen.number}')}",
         f"hypothesis = {json.dumps(hypothesis)}",
         f"grounding = {json.dumps(grounding)}",
@@ -486,7 +494,7 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
     return TuneResult(term=term, fixtures_dir=Path(fixtures_dir), study_name=study_name, storage=storage_url or "memory", trials_here=trials,
                       trials_in_study=in_study, workers=workers, current=before.suite, front=tuple(front),
                       chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text,
-                      objective=problem.objective)
+                      objective=problem.objective, model_path=problem.model_path)
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -513,7 +521,7 @@ def tune_text(result: TuneResult) -> str:
                + ["MAPE %", "bubble MAE pp", "rho", "steady MAPE %"])
     out.append(text_table(headers, rows, right=set(range(0, len(headers)))))
     if result.chosen is None:
-        out.append("no candidate written: every point of the front is the model's current values")
+        out.append(f"no candidate written: {NO_CANDIDATE}")
         return "\n".join(out)
     out.append(f"chosen (*): trial {result.chosen.number}, {CHOICE_RULE}")
     if result.verdict.accepted:
@@ -522,7 +530,8 @@ def tune_text(result: TuneResult) -> str:
         out.append("no point of the front passes the gate against the current model; it rejects this one because:")
         out += [f"  - {reason}" for reason in result.verdict.reasons]
     out.append(f"wrote {result.candidate_path}: replace its FILL IN hypothesis and grounding, then run")
-    out.append(f"  hops-calib evaluate {result.candidate_path} --fixtures {result.fixtures_dir}")
+    out.append(f"  hops-calib evaluate {result.candidate_path} --fixtures {result.fixtures_dir}"
+               + ("" if result.model_path == DEFAULT_MODEL else f" --model {result.model_path}"))
     return "\n".join(out)
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from hops_calib.candidate import read_candidate
 from hops_calib.cli import app
 from hops_calib.evaluate import load_suite, score_model
 from hops_calib.ledger import read_entries
-from hops_calib.model_files import load_model
+from hops_calib.model_files import load_model, write_model
 from conftest import PLAIN_MODEL_TOML
 
 REPO = Path(__file__).resolve().parent.parent
@@ -335,10 +336,7 @@ def test_compare_judges_one_whole_model_against_another_and_records_it(shared_fi
     assert load_model(worse).active("link_transfer") is None and load_model(plain).active("link_transfer")
 
     same = cli("compare", plain, "--model", plain, "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
-    assert same.exit_code == 0, same.output
-    data = json.loads(same.stdout)
-    assert data["decision"] == "accepted" and data["before"] == data["after"] and data["regressions"] == []
-    assert data["model_sha256_before"] == data["model_sha256_after"] == load_model(plain).sha256
+    assert same.exit_code == 2 and "is the same model" in same.stderr and not ledger.exists()  # no move to judge
 
     back = cli("compare", plain, "--model", worse, "--fixtures", shared_fixtures, "--ledger", ledger,
                "--note", "drop the links")
@@ -346,13 +344,18 @@ def test_compare_judges_one_whole_model_against_another_and_records_it(shared_fi
     assert "REJECTED" in back.stdout and "regressed runs:" in back.stdout and "drop the links" in back.stdout
     forth = cli("compare", worse, "--model", plain, "--fixtures", shared_fixtures, "--ledger", ledger, "--json")
     assert forth.exit_code == 0 and json.loads(forth.stdout)["decision"] == "accepted"
+    assert json.loads(forth.stdout)["failed_rules"] == []
 
     entries = list(read_entries(ledger))
-    assert [e["kind"] for e in entries] == ["compare"] * 3
-    assert [e["decision"] for e in entries] == ["accepted", "rejected", "accepted"]
-    assert entries[1]["note"] == "drop the links" and entries[1]["regressions"]
-    assert entries[1]["model_sha256_before"] == load_model(plain).sha256 == entries[2]["model_sha256_after"]
-    assert entries[1]["aggregates_after"] == entries[2]["aggregates_before"]  # the same worse model, scored alike
+    assert [e["kind"] for e in entries] == ["compare"] * 2
+    assert [e["decision"] for e in entries] == ["rejected", "accepted"]
+    assert entries[0]["note"] == "drop the links" and entries[0]["regressions"]
+    # which rules failed, by name: the per-run throughput rule at least, as the regressions say
+    assert "run_throughput" in entries[0]["failed_rules"]
+    assert set(entries[0]["failed_rules"]) <= {"suite_throughput_mape", "suite_bubble_mae", "suite_util_rho",
+                                               "run_throughput", "run_bubble"}
+    assert entries[0]["model_sha256_before"] == load_model(plain).sha256 == entries[1]["model_sha256_after"]
+    assert entries[0]["aggregates_after"] == entries[1]["aggregates_before"]  # the same worse model, scored alike
     shown = cli("ledger", "show", "--ledger", ledger)
     assert f"compare {plain} -> {worse}" in shown.stdout and "(drop the links)" in shown.stdout
     assert cli("ledger", "verify", "--ledger", ledger).exit_code == 0
@@ -361,7 +364,7 @@ def test_compare_judges_one_whole_model_against_another_and_records_it(shared_fi
     assert missing.exit_code == 2 and "nowhere.toml" in missing.stderr
     negative = cli("compare", plain, "--fixtures", shared_fixtures, "--ledger", ledger, "--tolerance-rho", "-1")
     assert negative.exit_code == 2 and "util_spearman" in negative.stderr
-    assert len(list(read_entries(ledger))) == 3  # refused requests leave no entry
+    assert len(list(read_entries(ledger))) == 2  # refused requests leave no entry
 
 
 def test_compare_commit_keeps_an_accepted_move_and_undoes_a_rejected_one(shared_fixtures, workspace, tmp_path):
@@ -475,9 +478,9 @@ def test_a_plan_states_the_tolerances_before_and_the_judgements_under_it_cite_it
     assert len(list(read_entries(ledger))) == 2
     # A whole-model comparison under it.
     after = workspace["experiments"].parent / "after.toml"
-    after.write_text(model.read_text())
+    write_model(after, read_candidate(candidate).apply(load_model(model)))  # the model after the move
     compared = cli("compare", model, "--model", after, "--fixtures", shared_fixtures, "--ledger", ledger,
-                   "--plan", "1", "--note", "same model")
+                   "--plan", "1", "--note", "the host overhead as a move")
     assert compared.exit_code == 0, compared.output
     assert list(read_entries(ledger))[-1]["plan_seq"] == 1
     shown = cli("ledger", "show", "--ledger", ledger).stdout

@@ -37,7 +37,16 @@ def test_tune_writes_a_one_term_candidate_that_the_gate_evaluates(shared_fixture
     assert "FILL IN" in candidate.hypothesis and "FILL IN" in candidate.grounding
     assert "launch" in candidate.grounding  # the term's physics is quoted from its docstring
 
-    evaluation = evaluate(shared_fixtures, model_path=model_path, candidate_path=out,
+    # as written, it is refused: the ledger would keep a judgement without its reason
+    with pytest.raises(InputError, match="its hypothesis still says 'FILL IN'") as refused:
+        evaluate(shared_fixtures, model_path=model_path, candidate_path=out, ledger_path=tmp_path / "ledger.jsonl")
+    assert refused.value.line == next(i for i, line in enumerate(out.read_text().splitlines(), 1)
+                                      if line.startswith("hypothesis"))
+    assert not (tmp_path / "ledger.jsonl").exists()
+    assert f"--model {model_path}" in out.read_text()  # its header says which model to judge it against
+    filled = tmp_path / "experiments" / "dispatch-filled.toml"
+    filled.write_text(out.read_text().replace("FILL IN why", "Because").replace("FILL IN", "Because"))
+    evaluation = evaluate(shared_fixtures, model_path=model_path, candidate_path=filled,
                           ledger_path=tmp_path / "ledger.jsonl")
     assert evaluation.verdict is not None
     assert evaluation.verdict.accepted == result.verdict.accepted
