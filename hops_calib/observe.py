@@ -352,7 +352,7 @@ class Contributor:
     real_ms_mean: float
     predicted_ms_mean: float
     residual_ms_mean: float  # predicted - real, signed
-    residual_pct_mean: float  # mean of (predicted - real) / real over members with real > 0
+    residual_pct: float  # residual_ms_mean / real_ms_mean x 100: the same sign as residual_ms_mean (nan: real <= 0)
     contribution_pp: float  # throughput MAPE (window) removed if predicted exactly
     steady_contribution_pp: float  # the same on steady-throughput MAPE
     dominant_runs: tuple[dict[str, Any], ...]  # {id, contribution_pp, throughput_error_pct}
@@ -369,7 +369,7 @@ class Contributor:
         direction = "over" if self.residual_ms_mean > 0 else "under"
         members = f"{self.n_runs} runs" + (f", {self.n_stages} stages" if self.n_stages is not None else "")
         text = (f"{LABELS[self.quantity]} {direction}-predicted by {abs(self.residual_ms_mean):.1f} ms "
-                f"({_signed(self.residual_pct_mean, '%')} of real) on {self.where}; {members}; ")
+                f"({_signed(self.residual_pct, '%')} of real) on {self.where}; {members}; ")
         if self.contribution_pp >= 0:
             text += f"predicting it exactly removes {self.contribution_pp:.1f} pp of throughput MAPE"
         else:
@@ -426,7 +426,8 @@ def _contributor(quantity: str, level: str, dimension: str, group: str, aliases:
         n_runs=len(members), n_stages=n_stages,
         real_ms_mean=_mean(real), predicted_ms_mean=_mean(predicted),
         residual_ms_mean=_mean(p - r for p, r in zip(predicted, real)),
-        residual_pct_mean=_mean((p - r) / r * 100.0 for p, r in zip(predicted, real) if r > 0),
+        residual_pct=(_mean(p - r for p, r in zip(predicted, real)) / _mean(real) * 100.0
+                      if real and _mean(real) > 0 else math.nan),
         contribution_pp=float(per_run[:, 0].sum()), steady_contribution_pp=float(per_run[:, 1].sum()),
         dominant_runs=dominant)
 
@@ -693,7 +694,7 @@ def observation_text(observation: Observation, top: int = 12) -> str:
     def rows(contributors: Iterable[Contributor], first: Callable[[int, Contributor], list[str]]
              ) -> list[list[str]]:
         return [first(i, c) + [str(c.n_runs), "-" if c.n_stages is None else str(c.n_stages), _ms(c.real_ms_mean),
-                            _ms(c.predicted_ms_mean), _ms(c.residual_ms_mean), _signed(c.residual_pct_mean, "%"),
+                            _ms(c.predicted_ms_mean), _ms(c.residual_ms_mean), _signed(c.residual_pct, "%"),
                             f"{c.contribution_pp:.2f}", f"{c.steady_contribution_pp:.2f}"]
                 for i, c in enumerate(contributors, start=1)]
 
