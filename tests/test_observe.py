@@ -59,7 +59,7 @@ def test_contributors_are_ranked_by_contribution_and_each_is_the_mape_it_removes
         assert all(d["id"] in runs for d in contributor.dominant_runs)
     assert "predicting it exactly" in ranked[0].sentence() and ranked[0].dominant_runs[0]["id"] in ranked[0].sentence()
     # a residual in % is the mean residual over the mean real time: it never reads opposite to the one in ms
-    for c in ranked + list(observation.overall):
+    for c in list(ranked) + list(observation.overall):
         if c.real_ms_mean > 0:
             assert c.residual_pct == pytest.approx(c.residual_ms_mean / c.real_ms_mean * 100.0)
             assert c.residual_pct * c.residual_ms_mean >= 0
