@@ -13,6 +13,7 @@ This module returns results; `hops_calib.loop` prints them.
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -70,6 +71,11 @@ def open_store(fixtures_dir: Path | str):
     if not store.exists():
         raise InputError(fixtures_dir, "no fixture store here",
                          hint=f"ingest runs first: hops-calib ingest SRC --fixtures {fixtures_dir}")
+    unfinished = store.unfinished()
+    if unfinished:  # the fixtures there are whole, but the runs being written when it stopped are missing
+        print(f"warning: {fixtures_dir}: an ingest stopped before it finished ({', '.join(unfinished[:3])}"
+              f"{', ...' if len(unfinished) > 3 else ''}): the runs it was writing are not in the store; run the "
+              "same hops-calib ingest again to finish it", file=sys.stderr)
     return store
 
 

@@ -151,3 +151,26 @@ def test_copied_run_with_changed_content_is_updated_in_place(shared_runs, tmp_pa
     assert outcome.status == "updated"
     assert store.load(job_dir.name).content_hash != old_hash
     assert not [p for p in store.root.iterdir() if p.name.startswith((".tmp-", ".old-"))]
+
+
+def test_an_ingest_stopped_midway_is_said_and_the_next_one_finishes_it(shared_runs, tmp_path, capsys):
+    from hops_calib.evaluate import open_store
+
+    runs = sorted(shared_runs.iterdir())[:2]
+    store = FixtureStore(tmp_path / "fixtures")
+    assert ingest(runs[:1], store).ok
+    capsys.readouterr()
+    open_store(store.root)
+    assert capsys.readouterr().err == ""  # a finished store says nothing
+    # what a killed ingest leaves while writing the second run: its temporary folder, half filled
+    leftover = store.root / f".tmp-{runs[1].name}-0badc0de"
+    leftover.mkdir()
+    (leftover / "spec.json").write_text("{")
+    assert store.unfinished() == [leftover.name] and store.ids() == [runs[0].name]
+    open_store(store.root)
+    warning = capsys.readouterr().err
+    assert "an ingest stopped before it finished" in warning and leftover.name in warning and "ingest again" in warning
+    assert ingest(runs, store).ok  # the same ingest again: the leftover goes, the missing run lands
+    assert store.unfinished() == [] and store.ids() == sorted(r.name for r in runs)
+    open_store(store.root)
+    assert capsys.readouterr().err == ""

@@ -210,6 +210,12 @@ class FixtureStore:
         self.root.mkdir(parents=True, exist_ok=True)
         return FileLock(str(self.root / LOCK_FILE))
 
+    def unfinished(self) -> list[str]:
+        """Names of what an interrupted writer left (temporary or displaced fixture folders): `recover` clears them."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.name.startswith((_TMP_PREFIX, _OLD_PREFIX)))
+
     def recover(self) -> None:
         """Finish or undo what an interrupted writer left: drop temp folders, restore displaced fixtures."""
         if not self.root.is_dir():
