@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hops_calib.errors import InputError
-from hops_calib.evaluate import Suite, load_suite, score_model
-from hops_calib.model import TERMS, Model, resolve_params
+from hops_calib.evaluate import PLACEHOLDER, Suite, load_suite, score_model
+from hops_calib.model import TERMS, Model, resolve_params, unknown_device_overrides
 from hops_calib.model_files import DEFAULT_MODEL
 from hops_calib.score import SuiteScore
 
@@ -129,7 +129,7 @@ def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
 
 def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | None,
                  objective: str = "suite", only: tuple[str, ...] = (), command: str = "tune") -> TuneProblem:
-    from hops_calib.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.model_files import load_model
 
     if term not in TERMS:
         raise InputError(command, f"unknown term {term!r}", field="TERM",
@@ -163,7 +163,7 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
         reals = tuple(real_components(store.load(fixture_id)) for fixture_id in suite.ids)
     model = load_model(model_path)
     known = {d.type for d in model.devices}
-    strangers = [name for name in only if "@" in name and name.partition("@")[2] not in known]
+    strangers = unknown_device_overrides(only, known)
     if strangers:
         raise InputError(command, f"{', '.join(map(repr, strangers))} names a device type the model does not know "
                          f"(known: {', '.join(sorted(known))})", field="only",
@@ -417,6 +417,12 @@ class TuneResult:
                 "no_candidate_reason": None if self.chosen is not None else NO_CANDIDATE}
 
 
+def evaluate_command(candidate: Path | str, fixtures_dir: Path | str, model_path: Path) -> str:
+    """The command that judges a tuned candidate against the model it was tuned on."""
+    return (f"hops-calib evaluate {candidate} --fixtures {fixtures_dir}"
+            + ("" if model_path == DEFAULT_MODEL else f" --model {model_path}"))
+
+
 def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore, study_name: str,
                    storage: str, trials_in_study: int, front_size: int) -> str:
     """A one-term candidate setting the chosen values, with hypothesis and grounding marked FILL IN."""
@@ -428,12 +434,12 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
     how = ("mispricing the stage, optimizer and between-iteration times the traces measure by "
            f"{chosen.score['component_mape_pct']:.2f} % of their time; " if problem.objective == "components" else "")
     physics = " ".join(inspect.getdoc(type(term)).split())
-    hypothesis = (f"FILL IN why: {'setting' if action == 'set' else 'adding'} {problem.term} with the values tuned "
+    hypothesis = (f"{PLACEHOLDER} why: {'setting' if action == 'set' else 'adding'} {problem.term} with the values tuned "
                   f"on the train split ({how}objective {problem.objective}) lowers throughput "
                   f"MAPE {current.throughput_mape_pct:.2f} -> {after['throughput_mape_pct']:.2f} % (bubble MAE "
                   f"{current.bubble_mae_pp:.2f} -> {after['bubble_mae_pp']:.2f} pp, mean rho "
                   f"{current.util_spearman_mean:.3f} -> {after['util_spearman_mean']:.3f})")
-    grounding = f"FILL IN why these values are physically plausible. The term's physics: {physics}"
+    grounding = f"{PLACEHOLDER} why these values are physically plausible. The term's physics: {physics}"
     params = ", ".join(f"{json.dumps(p.name) if '@' in p.name else p.name} = {chosen.params[p.name]!r}"
                        for p in problem.params)
     # json.dumps of a str is a valid TOML basic string (ASCII escapes only).
@@ -441,9 +447,8 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
         f"# Written by `hops-calib tune {problem.term}`: study {study_name!r} in {storage}, {trials_in_study} trials.",
         f"# Trial {chosen.number} of a front of {front_size} (objectives: {', '.join(problem.objectives)}),",
         f"# chosen as {CHOICE_RULE}.",
-        "# Replace both FILL IN texts with the physical reason before evaluating it (evaluate refuses them):",
-        f"#   hops-calib evaluate <this file> --fixtures {problem.suite.fixtures_dir}"
-        + ("" if problem.model_path == DEFAULT_MODEL else f" --model {problem.model_path}"),
+        f"# Replace both {PLACEHOLDER} texts with the physical reason before evaluating it (evaluate refuses them):",
+        f"#   {evaluate_command('<this file>', problem.suite.fixtures_dir, problem.model_path)}",
         f"id = {json.dumps(f'tune-{problem.term}-trial{chosen.number}')}",
         f"hypothesis = {json.dumps(hypothesis)}",
         f"grounding = {json.dumps(grounding)}",
@@ -529,9 +534,8 @@ def tune_text(result: TuneResult) -> str:
     else:
         out.append("no point of the front passes the gate against the current model; it rejects this one because:")
         out += [f"  - {reason}" for reason in result.verdict.reasons]
-    out.append(f"wrote {result.candidate_path}: replace its FILL IN hypothesis and grounding, then run")
-    out.append(f"  hops-calib evaluate {result.candidate_path} --fixtures {result.fixtures_dir}"
-               + ("" if result.model_path == DEFAULT_MODEL else f" --model {result.model_path}"))
+    out.append(f"wrote {result.candidate_path}: replace its {PLACEHOLDER} hypothesis and grounding, then run")
+    out.append(f"  {evaluate_command(result.candidate_path, result.fixtures_dir, result.model_path)}")
     return "\n".join(out)
 
 

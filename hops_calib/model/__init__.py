@@ -10,8 +10,10 @@ Reading and writing files is done by `hops_calib.model_files`, not here (rule 4)
 """
 
 from hops_calib.model.devices import CONSTANTS, DeviceSpec
-from hops_calib.model.model import ActiveTerm, Model, parse_catalog, parse_model, resolve_params
+from hops_calib.model.model import (ActiveTerm, Model, parse_catalog, parse_model, resolve_params,
+                                    unknown_device_overrides)
 from hops_calib.model.terms import TERMS, Context, Contribution, Layout, Param, Term, layout_of
 
 __all__ = ["CONSTANTS", "TERMS", "ActiveTerm", "Context", "Contribution", "DeviceSpec", "Layout", "Model", "Param",
-           "Term", "layout_of", "parse_catalog", "parse_model", "resolve_params"]
+           "Term", "layout_of", "parse_catalog", "parse_model", "resolve_params",
+           "unknown_device_overrides"]

@@ -24,7 +24,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 from hops_calib.errors import InputError, line_of, parse_toml
 from hops_calib.model.devices import CONSTANTS, DeviceSpec, parse_devices
@@ -48,6 +48,11 @@ class ActiveTerm:
 
     def params(self) -> dict[str, float]:
         return dict(self.values)
+
+
+def unknown_device_overrides(names: Iterable[str], device_types: Collection[str]) -> list[str]:
+    """The per-device names (NAME@TYPE) among `names` whose TYPE is none of `device_types`: values for no device."""
+    return [name for name in names if "@" in name and name.partition("@")[2] not in device_types]
 
 
 def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, text: str = "",
@@ -75,8 +80,8 @@ def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, tex
             raise InputError(origin, f"term {term_name!r} has no parameter {name!r}", line=line, field=field,
                              hint=f"its parameters are {sorted(known) or 'none'}"
                                   + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""))
-        device = name.partition("@")[2]
-        if device and device_types is not None and device not in device_types:
+        if device_types is not None and unknown_device_overrides([name], device_types):
+            device = name.partition("@")[2]
             raise InputError(origin, f"{name!r} is a value for device type {device!r}, which the model does not know "
                              f"(known: {', '.join(sorted(device_types))})", line=line, field=field,
                              hint="a per-device value (NAME@TYPE) takes a device type of hops_calib/model/devices.toml "

@@ -200,7 +200,7 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
                         f"{entry['fixture_set_sha256'][:12]})",
             "code revision": entry.get("code_revision", "unknown"),
             "ledger": (f"{result.ledger_path}, audit entry {entry['seq']} (sha256 {entry['entry_sha256'][:12]})"
-                       if "seq" in entry else f"not recorded: the {result.split} split is not held out")}
+                       if result.audited else f"not recorded: the {result.split} split is not held out")}
     train = getattr(result, "train", None)
     if train is not None:
         meta["the same model on train"] = (f"throughput MAPE {train.throughput_mape_pct:.2f} % (stall-noise floor "

@@ -218,15 +218,13 @@ class FixtureStore:
 
     def recover(self) -> None:
         """Finish or undo what an interrupted writer left: drop temp folders, restore displaced fixtures."""
-        if not self.root.is_dir():
-            return
-        for path in self.root.iterdir():
+        for path in (self.root / name for name in self.unfinished()):
             if path.name.startswith(_TMP_PREFIX):
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     path.unlink(missing_ok=True)
-            elif path.name.startswith(_OLD_PREFIX):
+            else:  # a displaced fixture (_OLD_PREFIX)
                 fixture_id = path.name[len(_OLD_PREFIX):].rsplit("-", 1)[0]
                 target = self.root / fixture_id
                 if target.exists():

@@ -17,7 +17,8 @@ import numpy as np
 
 from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec
-from hops_calib.store.fixture_store import EVENTS_FILE, FixtureStore, StoreError, check_fixture_id, write_events
+from hops_calib.store.fixture_store import (EVENTS_FILE, INDEX, FixtureStore, StoreError, check_fixture_id,
+                                           write_events)
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
@@ -240,7 +241,7 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             report.outcomes.append(outcome)
             if on_run:
                 on_run(outcome)
-        index_file = store.root / "index.parquet"
+        index_file = store.root / INDEX
         # a fixture folder deleted by hand (or one the index does not list) is put right even when nothing changed
         stale = index_file.is_file() and set(store.ids()) != set(stored)
         if changed or stale or (stored and not index_file.is_file()):
