@@ -74,12 +74,17 @@ def ingest(
     split: str = typer.Option("auto", "--split", help="auto (grouped, hashed), or force train / test."),
     test_fraction: float = typer.Option(0.3, "--test-fraction", help="Share of new configuration groups put in test."),
     lenient: bool = typer.Option(
-        False, "--lenient", help="Drop bad event lines (counted in quality flags) instead of rejecting the run."),
+        False, "--lenient", help="Drop bad event lines, repeated events and iterations a cut-short log left "
+                                 "incomplete (counted in quality flags) instead of rejecting the run."),
+    clock_skew_ms: Optional[float] = typer.Option(
+        None, "--clock-skew-ms", min=0.0,
+        help="How far (ms) a stage may seem to start before the stage feeding it finished, from the nodes' clock "
+             "offsets, before the run is refused as impossible [default: 2]."),
 ) -> None:
     """Ingest Megatron job directories into the Parquet fixture store."""
     from hops_calib.store.commands import ingest_command
 
-    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient))
+    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms))
 
 
 @fixtures_app.command("list")

@@ -333,6 +333,15 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
                          f"--pipeline-model-parallel-size {pp}", field="stages",
                          hint="the stage counts of the configuration and the stage map must agree")
     template = read_template(job_dir)
+    template_stages = (template.get("pipeline") or {}).get("stages") if isinstance(template.get("pipeline"),
+                                                                                   dict) else None
+    if isinstance(template_stages, list) and len(template_stages) != pp:
+        from hops_calib.trace.job import TEMPLATE
+
+        raise TraceError(job_dir / TEMPLATE, f"lists {len(template_stages)} stages but {args_source.name} says "
+                         f"--pipeline-model-parallel-size {pp}", field="pipeline.stages",
+                         hint="the template and the launch configuration describe different pipelines (a template "
+                              "from another job?): fix pipeline.stages, or the launch configuration")
     device_types = read_device_types(job_dir, template)
     missing = [d for d in device_ids if d not in device_types]
     if missing:
@@ -343,9 +352,11 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     devices = tuple(device_types[d].type for d in device_ids)
     names = tuple(device_types[d].name for d in device_ids)
 
-    links = read_link_fits(job_dir / LINK_BENCH_DIR)
+    links = read_link_fits(job_dir / LINK_BENCH_DIR, pp, notes)
     if not links and pp > 1:
-        notes.append(f"no link benchmark in {LINK_BENCH_DIR}: the spec has no link fits")
+        notes.append(f"no link benchmark in {LINK_BENCH_DIR}: the spec has no link fits, so predict, evaluate and "
+                     f"report refuse this run until its benchmark (pair_<i>_<i+1>.jsonl) is added and it is ingested "
+                     "again")
 
     schedule = configured_schedule(job_dir, manifest, vp)
     scenario = str(manifest.get("source_scenario") or "")

@@ -216,9 +216,68 @@ def test_lenient_drops_bad_lines_and_counts_them(run_copy, tmp_path):
     assert quality["lenient"] is True and quality["dropped_lines"] == 4
     assert quality["dropped"][log.name] == {"malformed JSON": 1, "bad phase": 1, "bad end_wall_ns": 1}
     assert quality["dropped"][last.name] == {"truncated last line": 1}
+    # the lines dropped from rank 1 leave early iterations incomplete between complete ones: kept, and flagged
+    early = {json.loads(_rank_log(run_copy).read_text().splitlines()[n - 1])["iteration"] for n in (9, 11)}
+    assert early <= set(quality["incomplete_iterations"]) and quality["dropped_iterations"] == []
     total_lines = sum(len(p.read_text().splitlines()) for p in (run_copy / "megatron_trace").iterdir())
     assert len(fixture.events) == total_lines - 4
     assert store.index().set_index("id").loc[run_copy.name, "dropped_lines"] == 4
+
+
+def test_a_log_cut_at_a_line_boundary_is_refused_or_trimmed_to_complete_iterations(run_copy, tmp_path):
+    log = _rank_log(run_copy)
+    lines = log.read_text().splitlines(keepends=True)
+    keep = len(lines) * 3 // 4
+    log.write_text("".join(lines[:keep]))  # every line whole: only the counts show what is missing
+    cut_at = json.loads(lines[keep - 1])["iteration"]
+    message = _refused(run_copy, tmp_path)
+    _names(message, log, None, "iteration")
+    assert "cut short" in message and "--lenient" in message
+    store = FixtureStore(tmp_path / "lenient")
+    report = ingest([run_copy], store, lenient=True)
+    assert report.ok, report.rejected
+    fixture = store.load(run_copy.name)
+    dropped = fixture.quality["dropped_iterations"]
+    all_iterations = {json.loads(line)["iteration"] for line in _rank_log(run_copy, 0).read_text().splitlines()}
+    assert dropped and min(dropped) <= cut_at + 1 and max(dropped) == max(all_iterations)
+    assert set(fixture.events["iteration"]) == all_iterations - set(dropped)
+    assert any("dropped iteration" in w for w in report.outcomes[0].warnings)
+
+
+@pytest.mark.parametrize("case", ["repeat", "microbatch", "chunk", "clock", "backwards"])
+def test_events_that_do_not_add_up_are_refused_with_the_line(run_copy, tmp_path, case):
+    log = _rank_log(run_copy)
+    lines = log.read_text().splitlines(keepends=True)
+    events = [json.loads(line) for line in lines]
+    first_forward = next(n for n, e in enumerate(events, 1) if e["phase"] == "FORWARD" and e["event_type"] == "compute")
+    if case == "repeat":
+        log.write_text("".join(lines) + lines[first_forward - 1])
+        line, field, words = len(lines) + 1, "phase", f"first on line {first_forward}"
+    elif case == "microbatch":
+        _edit_event(log, first_forward, microbatch=99)
+        line, field, words = first_forward, "microbatch", "is 99 but there are"
+    elif case == "chunk":
+        _edit_event(log, first_forward, model_chunk=1)
+        line, field, words = first_forward, "model_chunk", "virtual-pipeline"
+    elif case == "clock":  # rank 1 (stage 1) 50 ms early: it would start forwards before stage 0 finished them
+        shift = 50_000_000
+        log.write_text("".join(json.dumps({**e, "start_wall_ns": e["start_wall_ns"] - shift,
+                                           "end_wall_ns": e["end_wall_ns"] - shift}) + "\n" for e in events))
+        line, field, words = first_forward, "start_wall_ns", "--clock-skew-ms"
+    else:  # the last iteration of rank 1 moved a minute back in time
+        last = max(e["iteration"] for e in events)
+        back = 60_000_000_000
+        log.write_text("".join(json.dumps({**e, "start_wall_ns": e["start_wall_ns"] - back,
+                                           "end_wall_ns": e["end_wall_ns"] - back} if e["iteration"] == last else e)
+                               + "\n" for e in events))
+        line = next(n for n, e in enumerate(events, 1) if e["iteration"] == last and e["event_type"] == "compute")
+        field, words = "start_wall_ns", "go backwards"
+    message = _refused(run_copy, tmp_path)
+    _names(message, log, line, field)
+    assert words in message, message
+    if case == "clock":  # the allowance is the user's to widen, and the run then lands
+        store = FixtureStore(tmp_path / "skewed")
+        assert ingest([run_copy], store, skew_ms=60.0).ok
 
 
 def test_a_run_rejected_now_says_the_store_keeps_its_earlier_fixture(run_copy, tmp_path):
@@ -265,3 +324,36 @@ def test_an_empty_template_is_refused_an_empty_manifest_is_no_provenance(run_cop
     else:
         message = _refused(run_copy, tmp_path)
         assert str(run_copy / name) in message and "is not a YAML mapping" in message
+
+
+@pytest.mark.parametrize("name, words", [("pair_0_5.jsonl", "names stage 5"), ("pair_1_3.jsonl", "names stage 3")])
+def test_a_link_benchmark_of_stages_the_pipeline_lacks_is_refused(run_copy, tmp_path, name, words):
+    bench = run_copy / "calibration" / "link_bench"
+    shutil.copy(bench / "pair_0_1.jsonl", bench / name)
+    message = _refused(run_copy, tmp_path)
+    _names(message, bench / name, None, "pair_<i>_<j>")
+    assert words in message
+
+
+def test_misnamed_and_missing_link_files_are_named(run_copy, tmp_path):
+    bench = run_copy / "calibration" / "link_bench"
+    (bench / "pair_0_1.jsonl").rename(bench / "pair01.jsonl")
+    report = ingest([run_copy], FixtureStore(tmp_path / "fixtures"), split="train")
+    assert report.ok
+    warnings = " ".join(report.outcomes[0].warnings)
+    assert "ignored pair01.jsonl" in warnings and "no link fits" in warnings
+    # such a run lands (its truth is sound) but is not predicted with a made-up link: one clear refusal
+    result = CliRunner().invoke(app, ["evaluate", "--fixtures", str(tmp_path / "fixtures")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "has no link benchmark" in " ".join(result.output.split())
+
+
+def test_a_template_for_another_pipeline_is_refused(run_copy, tmp_path):
+    import yaml
+
+    path = run_copy / "hops.base.yaml"
+    template = yaml.safe_load(path.read_text())
+    template["pipeline"]["stages"].append(dict(template["pipeline"]["stages"][-1]))
+    path.write_text(yaml.safe_dump(template))
+    message = _refused(run_copy, tmp_path)
+    _names(message, path, None, "pipeline.stages")

@@ -184,7 +184,7 @@ def test_an_unbenchmarked_hop_takes_the_slowest_fitted_link():
 
 
 def test_link_term_without_any_link_fit_says_what_to_do():
-    with pytest.raises(ValueError, match="link_transfer needs link fits.*remove the term"):
+    with pytest.raises(InputError, match="has no link benchmark, and term link_transfer prices its hops.*ingest it again"):
         plain_model().pipeline(make_spec(links=()))
 
 

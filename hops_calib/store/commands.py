@@ -15,7 +15,7 @@ def _err(message: str) -> None:
 
 
 def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
-                   lenient: bool = False) -> int:
+                   lenient: bool = False, skew_ms: float | None = None) -> int:
     """Ingest and print a summary; rejected runs go to stderr. 0 when every run made it, 1 otherwise."""
     from hops_calib.progress import progress_bar
 
@@ -29,8 +29,9 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
                 _err(f"rejected: {outcome.run_id}: {outcome.error}" if outcome.run_id else f"rejected: {outcome.error}")
 
         try:
+            extra = {} if skew_ms is None else {"skew_ms": skew_ms}
             report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
-                            on_run=on_run, on_start=progress.start)
+                            on_run=on_run, on_start=progress.start, **extra)
         except StoreError as err:
             _err(f"error: {err}")
             return 2

@@ -57,13 +57,29 @@ def check_fixture_id(store_root: Path, fixture_id: str, origin: str = "") -> Pat
     """The folder of `fixture_id` in the store; StoreError when the id would escape the store or hide its folder."""
     where = f" (from {origin})" if origin else ""
     if not _SAFE_ID.fullmatch(fixture_id) or ".." in fixture_id:
-        raise StoreError(f"run id {fixture_id!r}{where} is not a safe fixture name: it would escape or hide in "
-                         f"the store {store_root}; rename the job directory (or its manifest run_id) to letters, "
-                         "digits, '.', '_' and '-'")
+        bad = sorted({ch for ch in fixture_id if not (ch.isascii() and (ch.isalnum() or ch in "._-"))})
+        escapes = fixture_id.startswith(".") or ".." in fixture_id or "/" in fixture_id or "\\" in fixture_id
+        why = ("it would escape or hide in the store" if escapes
+               else f"it holds {', '.join(repr(ch) for ch in bad)}, which a fixture folder name may not" if bad
+               else "it is empty or longer than 200 characters")
+        raise StoreError(f"run id {fixture_id!r}{where} is not a safe fixture name ({why}; store {store_root}); "
+                         "rename the job directory (or set its manifest run_id) to letters, digits, '.', '_' and "
+                         "'-'")
     folder = store_root / fixture_id
     if folder.resolve().parent != store_root.resolve():
         raise StoreError(f"run id {fixture_id!r}{where} resolves outside the store {store_root}")
     return folder
+
+
+def summary_digest(spec_text: str, truth_text: str) -> str:
+    """sha256 of a fixture's spec.json and truth.json as written."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for text in (spec_text, truth_text):
+        data = text.encode("utf-8")
+        digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
 
 
 def _json_default(value: Any) -> Any:
@@ -116,9 +132,14 @@ class Fixture:
 
 
 def read_events(path: Path) -> pd.DataFrame:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    frame = pq.read_table(path).to_pandas()
+    try:
+        frame = pq.read_table(path).to_pandas()
+    except (OSError, pa.ArrowException) as err:
+        raise StoreError(f"{path}: cannot read the fixture's events ({err.__class__.__name__}: {err}); ingest its "
+                         "job again to rewrite them") from None
     frame["kind"] = frame["kind"].astype(KIND_DTYPE)
     frame["phase"] = frame["phase"].astype(PHASE_DTYPE)
     return frame
@@ -151,6 +172,22 @@ class FixtureStore:
     # -- reading ---------------------------------------------------------------------------------------
     def exists(self) -> bool:
         return self.root.is_dir()
+
+    def check_writable(self) -> None:
+        """StoreError unless the root is absent, an empty folder, or a fixture store: ingest never writes its
+        fixtures into (or replaces folders of) a folder that holds something else."""
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"--fixtures {self.root} is a file, not a folder; pass a new or existing fixture store "
+                             "folder")
+        if not self.root.is_dir():
+            return
+        entries = [p for p in self.root.iterdir() if p.name != LOCK_FILE]
+        if not entries or (self.root / INDEX).is_file() or self.fixture_folders() or self.unfinished():
+            return
+        shown = ", ".join(sorted(p.name for p in entries)[:4])
+        raise StoreError(f"--fixtures {self.root} is not a fixture store (no {INDEX}, no fixture folders; it holds "
+                         f"{shown}{', ...' if len(entries) > 4 else ''}); ingest writes one folder per run there, so "
+                         "pass a new or empty folder, or an existing store")
 
     def folder(self, fixture_id: str) -> Path:
         return check_fixture_id(self.root, fixture_id)
@@ -185,15 +222,50 @@ class FixtureStore:
             known = ", ".join(self.ids()[:5])
             raise StoreError(f"no fixture {fixture_id!r} in {self.root}" + (f" (some ids: {known}, ...)" if known else
                                                                             " (the store is empty; run ingest)"))
-        return json.loads(path.read_text(encoding="utf-8"))
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise StoreError(f"{path}: not valid JSON ({err}); the fixture {fixture_id} is damaged: delete its folder "
+                             "and ingest its job again") from None
 
     def load(self, fixture_id: str) -> Fixture:
         meta = self.meta(fixture_id)
         folder = self.folder(fixture_id)
-        spec = Spec.from_json((folder / SPEC_FILE).read_text(encoding="utf-8"))
-        truth = Truth.from_dict(json.loads((folder / TRUTH_FILE).read_text(encoding="utf-8")))
+        texts = self._summary_texts(folder, fixture_id)
+        recorded = meta.get("summary_sha256")
+        if recorded is not None and summary_digest(*texts) != recorded:
+            raise StoreError(f"{folder}: {SPEC_FILE} or {TRUTH_FILE} changed after ingest wrote them (their sha256 "
+                             f"is not the one {FIXTURE_FILE} recorded), so the fixture's measurements can no longer "
+                             f"be trusted; ingest its job again (hops-calib ingest {meta.get('source') or 'JOB'} "
+                             f"--fixtures {self.root}) to rewrite it")
+        try:
+            spec = Spec.from_json(texts[0])
+            truth = Truth.from_dict(json.loads(texts[1]))
+        except (ValueError, KeyError, TypeError) as err:
+            raise StoreError(f"{folder}: cannot read the fixture ({type(err).__name__}: {err}); ingest its job again "
+                             f"(hops-calib ingest {meta.get('source') or 'JOB'} --fixtures {self.root})") from None
         return Fixture(id=meta["id"], split=meta["split"], group=meta["group"], content_hash=meta["content_hash"],
                        spec=spec, truth=truth, quality=meta.get("quality", {}), meta=meta, path=folder)
+
+    def intact(self, fixture_id: str) -> bool:
+        """Whether the fixture's files are as ingest wrote them (its recorded summary digest, and its events)."""
+        try:
+            meta = self.meta(fixture_id)
+            folder = self.folder(fixture_id)
+            texts = self._summary_texts(folder, fixture_id)
+        except (StoreError, ValueError, OSError):
+            return False
+        return meta.get("summary_sha256") == summary_digest(*texts) and (folder / EVENTS_FILE).is_file()
+
+    def _summary_texts(self, folder: Path, fixture_id: str) -> tuple[str, str]:
+        texts = []
+        for name in (SPEC_FILE, TRUTH_FILE):
+            try:
+                texts.append((folder / name).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as err:
+                raise StoreError(f"{folder / name}: cannot read it ({err.__class__.__name__}); the fixture "
+                                 f"{fixture_id} is incomplete: ingest its job again to rewrite it") from None
+        return texts[0], texts[1]
 
     def load_all(self, split: str | None = None) -> list[Fixture]:
         return [self.load(fixture_id) for fixture_id in self.ids(split)]
@@ -239,6 +311,10 @@ class FixtureStore:
         On any exception the folder is removed, so a fixture is either complete or absent.
         """
         final = self.folder(fixture_id)
+        if final.exists() and not (final / FIXTURE_FILE).is_file():
+            raise StoreError(f"{final} is in the way: it is not a fixture folder (no {FIXTURE_FILE}), and ingest "
+                             "replaces only its own fixtures; move it out of the store, or ingest into another "
+                             "--fixtures folder")
         self.root.mkdir(parents=True, exist_ok=True)
         token = uuid.uuid4().hex[:8]
         tmp = self.root / f"{_TMP_PREFIX}{fixture_id}-{token}"
@@ -258,10 +334,13 @@ class FixtureStore:
 
     @staticmethod
     def write_summary(folder: Path, *, meta: dict[str, Any], spec: Spec, truth: Truth) -> None:
-        """The small files of a fixture (spec, truth, fixture.json) into a folder from `writing`."""
-        (folder / SPEC_FILE).write_text(spec.to_json() + "\n", encoding="utf-8")
-        (folder / TRUTH_FILE).write_text(dumps(truth.to_dict()), encoding="utf-8")
-        (folder / FIXTURE_FILE).write_text(dumps(meta), encoding="utf-8")
+        """The small files of a fixture (spec, truth, fixture.json) into a folder from `writing`; fixture.json
+        records their digest (`summary_sha256`), so a later hand edit is refused rather than scored."""
+        spec_text, truth_text = spec.to_json() + "\n", dumps(truth.to_dict())
+        (folder / SPEC_FILE).write_text(spec_text, encoding="utf-8")
+        (folder / TRUTH_FILE).write_text(truth_text, encoding="utf-8")
+        (folder / FIXTURE_FILE).write_text(dumps({**meta, "summary_sha256": summary_digest(spec_text, truth_text)}),
+                                           encoding="utf-8")
 
     def index_row(self, folder: Path) -> dict[str, Any]:
         meta = json.loads((folder / FIXTURE_FILE).read_text(encoding="utf-8"))

@@ -23,6 +23,7 @@ from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hash
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
+from hops_calib.trace.structure import DEFAULT_SKEW_MS, check_structure
 from hops_calib.truth import Truth, compact_timeline, compute_truth
 
 # Bump when the fixture content for the same input changes (new columns, new truth fields, ...):
@@ -69,9 +70,11 @@ class RunData:
     warnings: list[str]
 
 
-def content_hash(job_dir: Path, lenient: bool) -> str:
-    """sha256 over every file of the job directory (relative names and bytes), the ingest version and mode."""
-    outer = hashlib.sha256(f"hops-calib ingest v{INGEST_VERSION} lenient={lenient}\n".encode())
+def content_hash(job_dir: Path, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS) -> str:
+    """sha256 over every file of the job directory (relative names and bytes), the ingest version and mode
+    (a clock-skew allowance other than the default is part of the mode)."""
+    mode = f"lenient={lenient}" + (f" skew_ms={skew_ms!r}" if skew_ms != DEFAULT_SKEW_MS else "")
+    outer = hashlib.sha256(f"hops-calib ingest v{INGEST_VERSION} {mode}\n".encode())
     files = sorted(p for p in job_dir.rglob("*") if p.is_file())
     for path in files:
         outer.update(path.relative_to(job_dir).as_posix().encode("utf-8") + b"\0")
@@ -96,7 +99,7 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
-def read_run(job_dir: Path, events_path: Path, lenient: bool = False) -> RunData:
+def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS) -> RunData:
     """Spec and truth of one job directory, its normalized events written to `events_path` (Parquet).
 
     Raises TraceError on bad input (see `hops_calib.trace`). Memory stays near
@@ -133,6 +136,11 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False) -> RunData
                          f"{spec.pp} pipeline stages", field="stage",
                          hint="stage counts of configuration and trace disagree; check the rank logs and "
                               "--pipeline-model-parallel-size")
+    structure = check_structure(columns, pp=spec.pp, vp=spec.vp, microbatches=spec.microbatches, rank_paths=files,
+                                trace_dir=job_dir / TRACE_DIR, lenient=lenient, skew_ms=skew_ms)
+    if structure.dropped:
+        dropped["(run)"] = dict(structure.dropped)
+    notes.extend(structure.notes)
     # Ranks are time-sorted and come in rank order: that is (stage, start) order when rank r runs stage r.
     stage = columns["stage"]
     if len(stage) > 1 and not (np.all(stage[1:] >= stage[:-1]) and _starts_sorted_within_stage(columns)):
@@ -172,6 +180,8 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False) -> RunData
         "declared_schedule_disagrees": bool(spec.declared_schedule
                                             and spec.declared_schedule != truth.observed_schedule),
         "missing_optimizer_stages": missing_optimizer,
+        "dropped_iterations": structure.dropped_iterations,
+        "incomplete_iterations": structure.incomplete_iterations,
         "events": int(n_events),
         "warnings": warnings,
     }
@@ -204,7 +214,7 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
 
 
 def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "auto",
-           test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False,
+           test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
            on_run: Callable[[RunOutcome], None] | None = None,
            on_start: Callable[[int], None] | None = None) -> IngestReport:
     """Ingest every job directory under `sources` into `store`; see the module docstring."""
@@ -214,22 +224,31 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         raise StoreError(f"--test-fraction {test_fraction} is not between 0 and 1")
     report = IngestReport(store=store.root)
     job_dirs = _job_dirs([Path(s) for s in sources], report)
+    store.check_writable()
+    _check_apart(store.root, job_dirs)
     if on_start:
         on_start(len(job_dirs))
     for outcome in report.outcomes:  # sources that hold no job directory
         if on_run:
             on_run(outcome)
+    if not job_dirs and not store.exists():
+        return report  # nothing to write: no empty store is made for a source that holds no job
     with store.lock():
         store.recover()
-        stored = {folder.name: store.meta(folder.name) for folder in store.fixture_folders()}
-        group_split = {meta["group"]: meta["split"] for meta in stored.values()}
+        stored = {}
+        for folder in store.fixture_folders():
+            try:
+                stored[folder.name] = store.meta(folder.name)
+            except StoreError:  # a damaged fixture.json: its run, if ingested now, is written again
+                stored[folder.name] = {}
+        group_split = {meta["group"]: meta["split"] for meta in stored.values() if "group" in meta}
         changed = False
         batch_sources: dict[str, Path] = {}
         for job_dir in job_dirs:
             outcome = RunOutcome(source=job_dir)
             try:
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources,
-                                       split=split, test_fraction=test_fraction, lenient=lenient)
+                                       split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms)
             except (TraceError, StoreError) as err:
                 outcome.status, outcome.error = "rejected", str(err)
                 if isinstance(err, TraceError) and outcome.run_id in stored:
@@ -249,9 +268,23 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
     return report
 
 
+def _check_apart(store_root: Path, job_dirs: list[Path]) -> None:
+    """StoreError when the store and a job directory overlap: a fixture folder would replace the job's own files
+    (its raw traces), or the store would be written inside a job that is read as input."""
+    root = store_root.resolve()
+    for job_dir in job_dirs:
+        job = job_dir.resolve()
+        if job == root or root in job.parents or job in root.parents:
+            where = ("the same folder as" if job == root else "inside" if job in root.parents
+                     else "a folder that holds")
+            raise StoreError(f"the fixture store {store_root} is {where} the job directory {job_dir}: ingest "
+                             "would write fixtures over (or into) the traces it reads. Pass a --fixtures folder "
+                             "outside the job directories, e.g. --fixtures fixtures")
+
+
 def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored: dict[str, dict[str, Any]],
                 group_split: dict[str, str], batch_sources: dict[str, Path], *, split: str,
-                test_fraction: float, lenient: bool) -> bool:
+                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS) -> bool:
     """Ingest one job directory; returns whether the store changed."""
     manifest = read_manifest(job_dir)
     run_id = run_id_of(job_dir, manifest)
@@ -269,15 +302,19 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
                          f"remove the group's fixtures from {store.root} first")
     chosen = kept or (split if split != "auto" else hashed_split(group, test_fraction))
     outcome.split = chosen
-    digest = content_hash(job_dir, lenient)
+    digest = content_hash(job_dir, lenient, skew_ms)
     previous = stored.get(run_id)
     if previous and previous.get("content_hash") == digest:
-        outcome.status = "unchanged"
-        group_split.setdefault(group, chosen)
-        return False
+        if store.intact(run_id):
+            outcome.status = "unchanged"
+            group_split.setdefault(group, chosen)
+            return False
+        if "summary_sha256" in previous:  # (a fixture from before digests were recorded is rewritten quietly)
+            outcome.warnings.append("the stored fixture's files were changed or damaged after an ingest wrote "
+                                    "them: written again from the job")
     with store.writing(run_id) as folder:
-        data = read_run(job_dir, folder / EVENTS_FILE, lenient)
-        outcome.warnings = data.warnings
+        data = read_run(job_dir, folder / EVENTS_FILE, lenient, skew_ms)
+        outcome.warnings += data.warnings
         meta = {
             "id": run_id,
             "split": chosen,

@@ -40,13 +40,15 @@ def read_sender_p50(path: Path) -> list[tuple[float, float]]:
                 raise TraceError(path, f"is not valid JSON ({err.msg} at column {err.colno})", line=number,
                                  hint="a torn or edited measurement row: re-run the link benchmark, "
                                                     "or delete the line") from None
-            if row.get("rank") != SENDER_RANK or row.get("mode", "p2p") != "p2p":
+            if row.get("mode", "p2p") != "p2p":
                 continue
-            for field in ("size_mb", "p50_ms"):
+            for field in ("size_mb", "p50_ms"):  # the receiver's rows too: a bad one means a damaged file
                 value = row.get(field)
                 if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                     raise TraceError(path, f"is {value!r}, expected a positive number", line=number, field=field,
                                      hint="re-run the link benchmark or delete the row")
+            if row.get("rank") != SENDER_RANK:
+                continue
             points.append((float(row["size_mb"]) * BYTES_PER_MB, float(row["p50_ms"])))
     return points
 
@@ -78,13 +80,39 @@ def fit_link(path: Path, src_stage: int, dst_stage: int) -> LinkFit:
                    points=medians)
 
 
-def read_link_fits(bench_dir: Path) -> tuple[LinkFit, ...]:
-    """One fit per `pair_<i>_<j>.jsonl` in the folder, ordered by stage pair (empty when there is no folder)."""
+def read_link_fits(bench_dir: Path, pp: int | None = None, notes: list[str] | None = None) -> tuple[LinkFit, ...]:
+    """One fit per `pair_<i>_<j>.jsonl` in the folder, ordered by stage pair (empty when there is no folder).
+
+    With `pp`, a pair file must name two neighbouring stages of the pipeline (i, i + 1, or the last and the
+    first, the interleaved schedule's wrap-around); other files in the folder, and neighbouring pairs with no
+    file, are listed in `notes`.
+    """
     if not bench_dir.is_dir():
         return ()
-    pairs = []
-    for path in bench_dir.iterdir():
+    pairs, ignored = [], []
+    for path in sorted(bench_dir.iterdir()):
         match = _PAIR_FILE.fullmatch(path.name)
         if match:
             pairs.append((int(match.group(1)), int(match.group(2)), path))
+        elif path.is_file():
+            ignored.append(path.name)
+    if pp is not None:
+        neighbours = {frozenset((k, k + 1)) for k in range(pp - 1)} | ({frozenset((pp - 1, 0))} if pp > 2 else set())
+        for i, j, path in pairs:
+            if max(i, j) >= pp or frozenset((i, j)) not in neighbours:
+                problem = (f"names stage {max(i, j)} but the configuration has {pp} pipeline stages (0..{pp - 1})"
+                           if max(i, j) >= pp else f"benchmarks stages {i} and {j}, which are not neighbours in "
+                           "the pipeline")
+                raise TraceError(path, problem, field="pair_<i>_<j>",
+                                 hint="a link benchmark file measures one hop, pair_<i>_<i+1>.jsonl between "
+                                      "neighbouring stages: remove or rename it (a file from another job?)")
+        if notes is not None:
+            have = {frozenset((i, j)) for i, j, _ in pairs}
+            missing = [f"{k}-{k + 1}" for k in range(pp - 1) if frozenset((k, k + 1)) not in have]
+            if ignored:
+                notes.append(f"{bench_dir}: ignored {', '.join(ignored)} (a link benchmark file is named "
+                             "pair_<i>_<j>.jsonl)")
+            if pairs and missing:
+                notes.append(f"{bench_dir}: no benchmark for the hop(s) {', '.join(missing)}: they are priced "
+                             "as the slowest benchmarked link")
     return tuple(fit_link(path, i, j) for i, j, path in sorted(pairs))

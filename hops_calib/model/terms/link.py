@@ -54,8 +54,12 @@ class LinkTransfer(Term):
         if layout.hops == 0:
             return Contribution()
         if not spec.links:
-            raise ValueError(f"spec {spec.run_id}: term {self.name} needs link fits (calibration/link_bench) and the "
-                             "spec has none; ingest the link benchmark or remove the term from the model")
+            from hops_calib.errors import InputError
+
+            raise InputError(f"run {spec.run_id}", f"has no link benchmark, and term {self.name} prices its hops "
+                             "from one", field="links",
+                             hint="add the job's calibration/link_bench/pair_<i>_<i+1>.jsonl and ingest it again; "
+                                  "or take the fixture out of the store to score the others")
         nbytes = gpt.boundary_activation_bytes(spec.model)
         weight, burst_bytes = params["measured_weight"], params["burst_mib"] * 2**20
 

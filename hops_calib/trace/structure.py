@@ -1,0 +1,360 @@
+"""Trace room: whether a run's events add up to the pipeline its configuration describes.
+
+Line by line, `events.read_rank_events` checks each event alone. This module checks
+them together, on the compact columns of all ranks, before anything is written:
+
+- every microbatch and model chunk an event names exists in the configuration;
+- no compute event is logged twice;
+- every stage logged every iteration completely: a forward and a backward
+  (or a zero-bubble input-gradient B, with its weight-gradient W when W is logged
+  at all) for each microbatch and model chunk;
+- a stage's iterations follow each other in time;
+- a stage never starts a forward before the stage that feeds it finished it, nor
+  a backward before the stage after it finished its own, beyond the nodes' clock
+  skew (`skew_ms`): the real runs keep at least 0.5 ms between them.
+
+A problem found here has no single bad line, so the error names the rank log and
+the line of the event that shows it (found by reading that log again: the happy
+path pays nothing). With `lenient`, events naming a microbatch or chunk that does
+not exist and repeated events are dropped, and iterations logged incompletely at
+the start or the end of the trace (a log cut short) are dropped on every stage;
+an incomplete iteration between complete ones (lines dropped there) is kept and
+flagged, since dropping it would leave a hole in the throughput window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from hops_calib.timeline import COMPUTE, KINDS, PHASES
+from hops_calib.trace.errors import TraceError
+
+try:
+    import orjson
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover
+    import json
+
+    _loads = json.loads
+
+DEFAULT_SKEW_MS = 2.0
+_COMPUTE = KINDS.index(COMPUTE)
+_F, _B, _BB, _BW, _OPT = (PHASES.index(name) for name in ("FORWARD", "BACKWARD", "BACKWARD_B", "BACKWARD_W",
+                                                           "OPTIMIZER"))
+_LENIENT = "or ingest with --lenient to drop it"
+
+
+@dataclass
+class StructureReport:
+    """What the checks dropped (lenient only): event counts by reason, and whole iterations."""
+
+    dropped: dict[str, int] = field(default_factory=dict)
+    dropped_iterations: list[int] = field(default_factory=list)
+    incomplete_iterations: list[int] = field(default_factory=list)  # kept (lenient): between complete ones
+    notes: list[str] = field(default_factory=list)
+
+
+def locate(path: Path, *, iteration: int, phase: int | None = None, microbatch: int | None = None,
+           chunk: int | None = None, last: bool = False) -> int | None:
+    """Line number of the first (or `last`) compute event of `path` with these values, None when no line has them."""
+    lines = locate_all(path, iteration=iteration, phase=phase, microbatch=microbatch, chunk=chunk,
+                       limit=None if last else 1)
+    return (lines[-1] if last else lines[0]) if lines else None
+
+
+def locate_all(path: Path, *, iteration: int, phase: int | None = None, microbatch: int | None = None,
+               chunk: int | None = None, limit: int | None = None) -> list[int]:
+    """Line numbers of the compute events of `path` with these values (at most `limit`)."""
+    found: list[int] = []
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                record = _loads(raw)
+            except Exception:  # noqa: BLE001 - a line the reader dropped (lenient) matches nothing
+                continue
+            if not isinstance(record, dict) or record.get("iteration") != iteration:
+                continue
+            if phase is not None and record.get("phase") != PHASES[phase]:
+                continue
+            if microbatch is not None and record.get("microbatch") != microbatch:
+                continue
+            if chunk is not None and record.get("model_chunk", 0) != chunk:
+                continue
+            if record.get("event_type") != COMPUTE:
+                continue
+            found.append(number)
+            if limit is not None and len(found) >= limit:
+                break
+    return found
+
+
+class _Run:
+    """The columns and where each stage's events came from, to name files and lines."""
+
+    def __init__(self, columns: dict[str, np.ndarray], rank_paths: Mapping[int, Path], trace_dir: Path) -> None:
+        self.columns = columns
+        self.rank_paths = rank_paths
+        self.trace_dir = trace_dir
+
+    def path_of_stage(self, stage: int) -> Path:
+        ranks = np.unique(self.columns["rank"][self.columns["stage"] == stage])
+        if len(ranks) == 1 and int(ranks[0]) in self.rank_paths:
+            return self.rank_paths[int(ranks[0])]
+        return self.rank_paths.get(stage, self.trace_dir)
+
+    def fail(self, index: int, problem: str, field_name: str, hint: str) -> TraceError:
+        c = self.columns
+        path = self.rank_paths.get(int(c["rank"][index]), self.trace_dir)
+        kind_is_compute = int(c["kind"][index]) == _COMPUTE
+        line = locate(path, iteration=int(c["iteration"][index]), phase=int(c["phase"][index]),
+                      microbatch=int(c["microbatch"][index]) if int(c["phase"][index]) != _OPT else None,
+                      chunk=int(c["chunk"][index])) if kind_is_compute else None
+        if not kind_is_compute:  # a transfer: match it by its own values
+            line = _locate_transfer(path, c, index)
+        return TraceError(path, problem, line=line, field=field_name, hint=hint)
+
+
+def _locate_transfer(path: Path, c: dict[str, np.ndarray], index: int) -> int | None:
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                record = _loads(raw)
+            except Exception:  # noqa: BLE001
+                continue
+            if (isinstance(record, dict) and record.get("event_type") != COMPUTE
+                    and record.get("iteration") == int(c["iteration"][index])
+                    and record.get("microbatch") == int(c["microbatch"][index])
+                    and record.get("phase") == PHASES[int(c["phase"][index])]
+                    and record.get("model_chunk", 0) == int(c["chunk"][index])):
+                return number
+    return None
+
+
+def _keep(columns: dict[str, np.ndarray], mask: np.ndarray) -> None:
+    for name in columns:
+        columns[name] = columns[name][mask]
+
+
+def check_structure(columns: dict[str, np.ndarray], *, pp: int, vp: int, microbatches: int,
+                    rank_paths: Mapping[int, Path], trace_dir: Path, lenient: bool = False,
+                    skew_ms: float = DEFAULT_SKEW_MS, config_source: Any = "the configuration") -> StructureReport:
+    """Check (and, lenient, trim in place) the concatenated event columns of one run; TraceError on a problem."""
+    report = StructureReport()
+    run = _Run(columns, rank_paths, trace_dir)
+    _check_ranges(run, pp=pp, vp=vp, microbatches=microbatches, lenient=lenient, report=report,
+                  config_source=config_source)
+    _check_repeats(run, lenient=lenient, report=report)
+    _check_complete(run, pp=pp, vp=vp, microbatches=microbatches, lenient=lenient, report=report,
+                    config_source=config_source)
+    _check_iteration_order(run, pp=pp)
+    _check_causality(run, pp=pp, vp=vp, skew_ms=skew_ms)
+    return report
+
+
+def _check_ranges(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: bool, report: StructureReport,
+                  config_source: Any) -> None:
+    c = run.columns
+    checks = (
+        ("microbatch", "microbatch", microbatches,
+         f"microbatch(es) per iteration in {config_source}",
+         "the configuration's batch sizes (--global-batch-size / (--micro-batch-size x data-parallel size)) and "
+         "the trace disagree: fix the configuration, "),
+        ("model_chunk", "chunk", vp, f"model chunk(s) per stage in {config_source}",
+         "an interleaved trace needs --num-layers-per-virtual-pipeline-stage (or "
+         "--virtual-pipeline-model-parallel-size) in the configuration: fix it, "),
+    )
+    for name, column, limit, what, hint in checks:
+        bad = (c[column] >= limit) & (c["phase"] != _OPT)
+        if not bad.any():
+            continue
+        if not lenient:
+            first = int(np.flatnonzero(bad)[0])
+            raise run.fail(first, f"is {int(c[column][first])} but there are {limit} {what} (0..{limit - 1})",
+                           name, hint + _LENIENT)
+        report.dropped[f"{name} out of range"] = int(bad.sum())
+        _keep(c, ~bad)
+
+
+def _work_key(c: dict[str, np.ndarray]) -> np.ndarray:
+    """One int64 per compute event: (stage, iteration, phase, chunk, microbatch)."""
+    stage = c["stage"].astype(np.int64)
+    iteration = c["iteration"].astype(np.int64)
+    chunk = c["chunk"].astype(np.int64)
+    microbatch = c["microbatch"].astype(np.int64) + 1  # OPTIMIZER's -1 becomes 0
+    phase = c["phase"].astype(np.int64)
+    return ((((stage << 24) | iteration) << 4 | phase) << 12 | chunk) << 16 | microbatch
+
+
+def _check_repeats(run: _Run, *, lenient: bool, report: StructureReport) -> None:
+    c = run.columns
+    compute = np.flatnonzero(c["kind"] == _COMPUTE)
+    keys = _work_key({name: c[name][compute] for name in ("stage", "iteration", "chunk", "microbatch", "phase")})
+    order = np.argsort(keys, kind="stable")
+    repeat = np.zeros(len(keys), dtype=bool)
+    repeat[order[1:]] = keys[order[1:]] == keys[order[:-1]]
+    if not repeat.any():
+        return
+    if not lenient:
+        first = int(compute[np.flatnonzero(repeat)[0]])
+        phase = PHASES[int(c["phase"][first])]
+        what = (f"{phase} of iteration {int(c['iteration'][first])}"
+                + (f" microbatch {int(c['microbatch'][first])}" if int(c["phase"][first]) != _OPT else "")
+                + (f" chunk {int(c['chunk'][first])}" if int(c["chunk"][first]) else ""))
+        path = run.rank_paths.get(int(c["rank"][first]), run.trace_dir)
+        lines = locate_all(path, iteration=int(c["iteration"][first]), phase=int(c["phase"][first]),
+                           microbatch=int(c["microbatch"][first]) if int(c["phase"][first]) != _OPT else None,
+                           chunk=int(c["chunk"][first]), limit=2)
+        again = f" (first on line {lines[0]})" if len(lines) == 2 else ""
+        raise TraceError(path, f"logs the {what} on stage {int(c['stage'][first])} a second time{again}",
+                         line=lines[-1] if lines else None, field="phase",
+                         hint="each compute event is logged once: remove the repeated line (a log appended "
+                              "twice?), " + _LENIENT)
+    drop = np.zeros(len(c["stage"]), dtype=bool)
+    drop[compute[repeat]] = True
+    report.dropped["repeated event"] = int(drop.sum())
+    _keep(c, ~drop)
+
+
+def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: bool, report: StructureReport,
+                    config_source: Any) -> None:
+    c = run.columns
+    compute = c["kind"] == _COMPUTE
+    iterations = np.unique(c["iteration"][compute])
+    if len(iterations) == 0:
+        return
+    expected = microbatches * vp
+    counts = np.zeros((pp, len(iterations), len(PHASES)), dtype=np.int64)
+    it_idx = np.searchsorted(iterations, c["iteration"][compute])
+    np.add.at(counts, (c["stage"][compute], it_idx, c["phase"][compute]), 1)
+    forward = counts[:, :, _F]
+    backward = counts[:, :, _B] + counts[:, :, _BB]
+    weight = counts[:, :, _BW]
+    complete = (forward == expected) & (backward == expected) & ((weight == 0) | (weight == counts[:, :, _BB]))
+    whole = complete.all(axis=0)  # per iteration: every stage complete
+    if whole.all():
+        return
+    bad = np.flatnonzero(~whole)
+    edge = np.zeros(len(iterations), dtype=bool)
+    k = 0
+    while k < len(iterations) and not whole[k]:
+        edge[k] = True
+        k += 1
+    k = len(iterations) - 1
+    while k >= 0 and not whole[k]:
+        edge[k] = True
+        k -= 1
+    if lenient and whole.any():
+        cut = bad[edge[bad]]
+        if len(cut):
+            dropped = [int(iterations[k]) for k in cut]
+            report.dropped_iterations = dropped
+            report.notes.append(f"dropped iteration(s) {dropped} at the start or end of the trace: not every stage "
+                                "logged them completely (a log cut short)")
+            _keep(c, ~np.isin(c["iteration"], iterations[cut]))
+        middle = [int(iterations[k]) for k in bad[~edge[bad]]]
+        if middle:  # dropping them would leave a hole in the throughput window: kept, and said
+            report.incomplete_iterations = middle
+            report.notes.append(f"iteration(s) {middle} miss events on some stage (dropped lines) and are kept: "
+                                "the run's utilization and bubble read them as idle time")
+        return
+    k = int(bad[0])
+    stage = int(np.flatnonzero(~complete[:, k])[0])
+    iteration = int(iterations[k])
+    path = run.path_of_stage(stage)
+    found_f, found_b = int(forward[stage, k]), int(backward[stage, k])
+    everywhere = not whole.any() and len(set(forward.ravel().tolist())) == 1 and found_f != expected
+    if everywhere:
+        hint = (f"every iteration of every stage has {found_f} forward events: the microbatch count in "
+                f"{config_source} (--global-batch-size / (--micro-batch-size x data-parallel size)) or its "
+                "virtual pipeline setting is wrong; fix the configuration")
+    elif edge[k] and not lenient:
+        hint = ("the log looks cut short (the job died, or the copy is incomplete): re-copy this rank's log, or "
+                "ingest with --lenient to keep only the iterations every stage logged in full")
+    else:
+        hint = "events of a middle iteration are missing: re-copy this rank's log from the job"
+    line = locate(path, iteration=iteration, last=True) if found_f or found_b else None
+    missing = sorted(set(range(microbatches)) - set(
+        c["microbatch"][compute & (c["stage"] == stage) & (c["iteration"] == iteration)
+                        & (c["phase"] == _F)].tolist()))
+    detail = f"; microbatch(es) {missing[:8]}{' ...' if len(missing) > 8 else ''} have no forward" if missing else ""
+    where = f"the last event it logged for it is on line {line}" if line else "it logged no event for it"
+    raise TraceError(path, f"stage {stage} logged {found_f} forward and {found_b} backward events of iteration "
+                     f"{iteration}, expected {expected} of each ({microbatches} microbatches x {vp} chunk(s))"
+                     f"{detail}; {where}", line=line, field="iteration", hint=hint)
+
+
+def _check_iteration_order(run: _Run, *, pp: int) -> None:
+    c = run.columns
+    compute = np.flatnonzero(c["kind"] == _COMPUTE)
+    for stage in range(pp):
+        rows = compute[c["stage"][compute] == stage]
+        if len(rows) == 0:
+            continue
+        its = c["iteration"][rows]
+        iterations, inverse = np.unique(its, return_inverse=True)
+        if len(iterations) < 2:
+            continue
+        first_start = np.full(len(iterations), np.iinfo(np.int64).max)
+        last_end = np.full(len(iterations), np.iinfo(np.int64).min)
+        np.minimum.at(first_start, inverse, c["start_ns"][rows])
+        np.maximum.at(last_end, inverse, c["end_ns"][rows])
+        early = np.flatnonzero(first_start[1:] < last_end[:-1])
+        if len(early):
+            k = int(early[0])
+            nxt = int(iterations[k + 1])
+            starts = rows[its == nxt]
+            first = int(starts[np.argmin(c["start_ns"][starts])])
+            gap_ms = (last_end[k] - first_start[k + 1]) / 1e6
+            raise run.fail(first, f"iteration {nxt} on stage {stage} starts {gap_ms:.3f} ms before iteration "
+                           f"{int(iterations[k])} ends: the timestamps go backwards", "start_wall_ns",
+                           "a stage runs its iterations one after another; the host clock jumped or lines were "
+                           "edited: re-trace the run, or remove the bad iteration's lines")
+
+
+def _check_causality(run: _Run, *, pp: int, vp: int, skew_ms: float) -> None:
+    """A stage's forward starts after the feeding virtual stage's forward ends; backward the other way."""
+    c = run.columns
+    if pp * vp < 2:
+        return
+    compute = c["kind"] == _COMPUTE
+    skew_ns = int(skew_ms * 1e6)
+    for phases, step, what in (((_F,), -1, "forward"), ((_B, _BB), +1, "backward")):
+        rows = np.flatnonzero(compute & np.isin(c["phase"], phases))
+        if len(rows) == 0:
+            continue
+        virtual = c["chunk"][rows].astype(np.int64) * pp + c["stage"][rows]
+        # (iteration, microbatch) -> position; every virtual stage has each pair once after the checks above
+        pair = c["iteration"][rows].astype(np.int64) << 20 | c["microbatch"][rows].astype(np.int64)
+        pairs, slot = np.unique(pair, return_inverse=True)
+        n_virtual = pp * vp
+        start = np.full((len(pairs), n_virtual), -1, dtype=np.int64)
+        end = np.full((len(pairs), n_virtual), -1, dtype=np.int64)
+        row_at = np.full((len(pairs), n_virtual), -1, dtype=np.int64)
+        start[slot, virtual] = c["start_ns"][rows]
+        end[slot, virtual] = c["end_ns"][rows]
+        row_at[slot, virtual] = rows
+        if step < 0:  # forward: v needs v - 1
+            consumer_start, producer_end = start[:, 1:], end[:, :-1]
+            consumer_rows, producer_v = row_at[:, 1:], np.arange(n_virtual - 1)
+        else:  # backward: v needs v + 1
+            consumer_start, producer_end = start[:, :-1], end[:, 1:]
+            consumer_rows, producer_v = row_at[:, :-1], np.arange(1, n_virtual)
+        present = (consumer_start >= 0) & (producer_end >= 0)
+        early = present & (consumer_start < producer_end - skew_ns)
+        if not early.any():
+            continue
+        p, q = (int(x[0]) for x in np.nonzero(early))
+        first = int(consumer_rows[p, q])
+        lead_ms = (producer_end[p, q] - consumer_start[p, q]) / 1e6
+        producer = int(producer_v[q]) % pp
+        raise run.fail(first, f"stage {int(c['stage'][first])} starts the {what} of iteration "
+                       f"{int(c['iteration'][first])} microbatch {int(c['microbatch'][first])} {lead_ms:.3f} ms "
+                       f"before stage {producer}, which feeds it, finished its own", "start_wall_ns",
+                       f"the nodes' clocks disagree by more than --clock-skew-ms {skew_ms:g}: synchronize them "
+                       "(chrony/NTP) before tracing, or pass a larger --clock-skew-ms (hop and idle times then "
+                       "carry the skew)")

@@ -1,0 +1,113 @@
+"""The store never eats its input, and a fixture changed after ingest is refused, not scored.
+
+Runs on the repository's own CPU captures (traces/), so it needs no ../shared.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hops_calib.cli import app
+from hops_calib.store import FixtureStore, StoreError
+from hops_calib.store.ingest import ingest
+
+RUN = "cpu_1f1b_l4_h512_s256_m4_run1"
+
+
+@pytest.fixture
+def job(repo_root: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "runs" / RUN
+    shutil.copytree(repo_root / "traces" / RUN, target)
+    return target
+
+
+def _jsonl(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.jsonl"))
+
+
+@pytest.mark.parametrize("where", ["same", "inside"])
+def test_a_store_that_overlaps_the_jobs_is_refused_and_the_traces_stay(job: Path, where: str):
+    before = {p: p.read_bytes() for p in _jsonl(job.parent)}
+    store_dir = job.parent if where == "same" else job / "fixtures"
+    result = CliRunner().invoke(app, ["ingest", str(job.parent), "--fixtures", str(store_dir)])
+    assert result.exit_code == 2, result.output
+    assert {p: p.read_bytes() for p in _jsonl(job.parent)} == before  # not one trace replaced
+    assert not (job / "fixtures").exists()
+    message = " ".join(result.output.split())
+    assert ("not a fixture store" in message) if where == "same" else ("inside the job directory" in message)
+
+
+def test_a_folder_in_the_way_of_a_fixture_is_never_replaced(job: Path, tmp_path: Path):
+    store = FixtureStore(tmp_path / "fixtures")
+    assert ingest([job], store).ok
+    foreign = tmp_path / "fixtures" / "cpu_1f1b_l4_h512_s256_m4_run2"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    other = job.parent / foreign.name  # a run whose id is that folder's name
+    shutil.copytree(job, other)
+    report = ingest([other], store)
+    assert not report.ok and "is in the way" in report.rejected[0].error
+    assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_a_file_or_a_foreign_folder_as_the_store_is_refused(job: Path, tmp_path: Path):
+    as_file = tmp_path / "store.txt"
+    as_file.write_text("x")
+    with pytest.raises(StoreError, match="is a file"):
+        ingest([job], FixtureStore(as_file))
+    foreign = tmp_path / "papers"
+    foreign.mkdir()
+    (foreign / "draft.tex").write_text("x")
+    with pytest.raises(StoreError, match="not a fixture store"):
+        ingest([job], FixtureStore(foreign))
+    assert sorted(p.name for p in foreign.iterdir()) == ["draft.tex"]
+
+
+def test_a_source_with_no_job_makes_no_store(tmp_path: Path):
+    report = ingest([tmp_path / "nowhere"], FixtureStore(tmp_path / "new-store"))
+    assert not report.ok and "does not exist" in report.rejected[0].error
+    assert not (tmp_path / "new-store").exists()
+
+
+def test_a_hand_edited_fixture_is_refused_and_the_next_ingest_rewrites_it(job: Path, tmp_path: Path):
+    store = FixtureStore(tmp_path / "fixtures")
+    assert ingest([job], store, split="train").ok
+    truth_file = store.root / RUN / "truth.json"
+    real = store.load(RUN).truth.metrics.throughput_per_s
+    truth = json.loads(truth_file.read_text())
+    truth["metrics"]["throughput_per_s"] = real * 1.5
+    truth_file.write_text(json.dumps(truth))
+    result = CliRunner().invoke(app, ["evaluate", "--fixtures", str(store.root)])
+    assert result.exit_code == 2
+    assert "changed after ingest" in " ".join(result.output.split())
+    again = ingest([job], store)
+    assert again.count("updated") == 1 and any("changed or damaged" in w for w in again.outcomes[0].warnings)
+    assert store.load(RUN).truth.metrics.throughput_per_s == real
+    assert ingest([job], store).count("unchanged") == 1
+
+
+@pytest.mark.parametrize("damage", ["truth", "events", "meta"])
+def test_a_damaged_fixture_is_named_with_what_to_do(job: Path, tmp_path: Path, damage: str):
+    store = FixtureStore(tmp_path / "fixtures")
+    assert ingest([job], store, split="train").ok
+    folder = store.root / RUN
+    if damage == "truth":
+        (folder / "truth.json").write_text('{"broken": ')
+    elif damage == "events":
+        (folder / "events.parquet").unlink()
+    else:
+        (folder / "fixture.json").write_text('{"x')
+    if damage == "events":
+        with pytest.raises(StoreError, match="ingest its job again"):
+            store.load(RUN).events
+    else:
+        with pytest.raises(StoreError, match=f"{folder}.*(ingest its job again|delete its folder)"):
+            store.load(RUN)
+    report = ingest([job], store)
+    assert report.ok and report.count("unchanged") == 0
+    assert store.load(RUN).events is not None
