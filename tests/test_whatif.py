@@ -151,3 +151,120 @@ def test_a_what_if_says_where_it_leaves_the_calibration_runs(tmp_path):
     # No store to compare with: the prediction still comes, and says the coverage was not checked.
     unchecked = predict_job("--job", job, "--fixtures", tmp_path / "nowhere")
     assert unchecked["extrapolations"] is None and "no fixture store" in unchecked["calibration"]
+
+
+# --- launch settings the cost model does not price -------------------------------------------------------------------
+
+def _add_flags(job: Path, old: str, new: str) -> None:
+    args = job / "megatron_args.txt"
+    text = args.read_text()
+    assert old in text
+    args.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("old,new,flags,modelled", [
+    ("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2", ["--tensor-model-parallel-size 2"],
+     "tensor parallel size 1"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --recompute-activations", ["--recompute-activations"],
+     "no activation recomputation"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --recompute-granularity full --recompute-method uniform",
+     ["--recompute-granularity full", "--recompute-method uniform"], "no activation recomputation"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --swiglu --num-query-groups 2",
+     ["--swiglu", "--num-query-groups 2"], "GeLU MLP"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --normalization RMSNorm --position-embedding-type rope",
+     ["--normalization RMSNorm", "--position-embedding-type rope"], "LayerNorm"),
+    ("--transformer-impl local", "--transformer-impl transformer_engine", ["--transformer-impl transformer_engine"],
+     "--transformer-impl local"),
+    ("--no-masked-softmax-fusion ", "", ["no --no-masked-softmax-fusion"], "unfused masked softmax"),
+])
+def test_a_launch_with_settings_the_model_does_not_price_is_refused_naming_file_line_and_flag(
+        tmp_path, old, new, flags, modelled):
+    job = configuration_only(tmp_path)
+    _add_flags(job, old, new)
+    result = cli("predict", "--job", job, "--fixtures", REPO / "fixtures")
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    field = flags[0].split()[-1] if flags[0].startswith("no ") else flags[0].split()[0]
+    # the line naming the flag; a flag the launch lacks has none: the file and the flag are named
+    where = f"{job / 'megatron_args.txt'}" + ("" if flags[0].startswith("no ") else ":1")
+    assert f"{where}: field '{field}'" in message
+    assert "does not model" in message and all(flag in message for flag in flags) and modelled in message
+    assert "within the calibration runs' coverage" not in message and "throughput" not in message
+    # plot timeline reads the same launch and refuses it the same way, before drawing anything
+    out = tmp_path / "refused.png"
+    assert cli("plot", "timeline", "--job", job, "--out", out).exit_code == 2 and not out.exists()
+
+
+def test_the_walkthroughs_cluster_run_with_tensor_parallelism_is_refused(shared_runs, tmp_path):
+    job = tmp_path / "j"
+    shutil.copytree(shared_runs / "exp2_7_batch12_run127", job, ignore=shutil.ignore_patterns("megatron_trace"))
+    for path in [job, *job.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    assert predict_job("--job", job)["predictions"]
+    _add_flags(job, "--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
+    result = cli("predict", "--job", job)
+    assert result.exit_code == 2 and "field '--tensor-model-parallel-size'" in result.output
+
+
+def test_interleaved_launches_need_blocking_p2p_calls(tmp_path):
+    job = configuration_only(tmp_path, INTERLEAVED)
+    _add_flags(job, "--no-overlap-p2p-communication ", "")
+    result = cli("predict", "--job", job)
+    assert result.exit_code == 2 and "--no-overlap-p2p-communication" in result.output
+    assert "overlap_p2p_comm = True" in " ".join(result.output.split())
+
+
+def test_settings_that_do_not_change_the_cost_are_accepted_and_change_nothing(tmp_path):
+    job = configuration_only(tmp_path)
+    before = predict_job("--job", job)["predictions"]
+    _add_flags(job, "--seed 1234", "--seed 7 --save /ckpt/run --load /ckpt/run --tensorboard-dir /tb "
+                                   "--log-timers-to-tensorboard --exit-interval 100 --wandb-project p "
+                                   "--num-query-groups 8 --tensor-model-parallel-size 1")
+    assert predict_job("--job", job)["predictions"] == before
+
+
+def test_every_shipped_and_shared_launch_is_one_the_model_prices(shared_runs):
+    from hops_calib.spec import unmodelled
+    from hops_calib.trace import find_arguments
+    from hops_calib.trace.job import find_job_dirs
+
+    jobs = [*find_job_dirs(REPO / "traces"), *find_job_dirs(shared_runs)]
+    assert len(jobs) >= 8 + 56
+    for job in jobs:
+        args, _ = find_arguments(job)
+        assert unmodelled(args) == [], job
+    store = open_store(REPO / "fixtures")
+    assert all(unmodelled(store.load(i).spec.megatron_args) == [] for i in store.ids())
+
+
+def _block(args: dict) -> str:
+    lines = ["[rank0]: using world size: 2", "------------------------ arguments ------------------------"]
+    lines += [f"  {key} {'.' * max(2, 48 - len(key))} {value}" for key, value in sorted(args.items())]
+    return "\n".join(lines + ["-------------------- end of arguments ---------------------"]) + "\n"
+
+
+def test_a_rank_logs_arguments_block_prints_every_default_and_only_real_changes_are_refused(tmp_path):
+    from hops_calib.trace import parse_command_line
+
+    job = configuration_only(tmp_path)
+    args = parse_command_line((job / "megatron_args.txt").read_text())
+    # Megatron-LM prints every argument, the switches it reads only in some cases too (num_query_groups is read
+    # only with group_query_attention; overlap_p2p_comm only when interleaved).
+    printed = {key: value for key, value in args.items() if not key.startswith("no_")}
+    printed.update(tensor_model_parallel_size=1, context_parallel_size=1, data_parallel_size=1,
+                   sequence_parallel=False, num_experts=None, expert_model_parallel_size=1,
+                   recompute_granularity=None, recompute_method=None, recompute_num_layers=None, swiglu=False,
+                   group_query_attention=False, num_query_groups=1, multi_latent_attention=False,
+                   normalization="LayerNorm", position_embedding_type="learned_absolute", use_flash_attn=False,
+                   masked_softmax_fusion=False, gradient_accumulation_fusion=False, bias_dropout_fusion=False,
+                   persist_layer_norm=False, fp8=None, overlap_p2p_comm=True, world_size=2)
+    (job / "megatron_args.txt").unlink()
+    (job / "logs").mkdir()
+    log = job / "logs" / "rank0.out"
+    log.write_text(_block(printed))
+    assert predict_job("--job", job)["predictions"]
+    log.write_text(_block({**printed, "recompute_granularity": "selective"}))
+    result = cli("predict", "--job", job)
+    lines = log.read_text().splitlines()
+    number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("recompute_granularity "))
+    assert result.exit_code == 2 and f"rank0.out:{number}: field '--recompute-granularity'" in result.output
