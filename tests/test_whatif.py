@@ -268,3 +268,79 @@ def test_a_rank_logs_arguments_block_prints_every_default_and_only_real_changes_
     lines = log.read_text().splitlines()
     number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("recompute_granularity "))
     assert result.exit_code == 2 and f"rank0.out:{number}: field '--recompute-granularity'" in result.output
+
+
+# --- schedules a configuration cannot run: named beside the ones that can, with the launch change that lets them -----
+
+def _following(job: Path, how: str) -> None:
+    """Carry out a refusal's advice on the job's megatron_args.txt, as a user would read it."""
+    import re
+
+    args = job / "megatron_args.txt"
+    text = args.read_text()
+    if how.startswith("remove "):
+        for flag in re.findall(r"--[\w-]+", how.split(" from ")[0]):
+            text = re.sub(rf" {flag} \S+", "", text)
+    for n in re.findall(r"--num-layers-per-virtual-pipeline-stage N \(decoder layers per model chunk; N = (\d+)", how):
+        text = text.replace("--num-layers ", f"--num-layers-per-virtual-pipeline-stage {n} "
+                                             "--no-overlap-p2p-communication --num-layers ", 1)
+    for batch in re.findall(r"; (\d+) gives \d+ microbatches", how):
+        text = re.sub(r"--global-batch-size \d+", f"--global-batch-size {batch}", text)
+    args.write_text(text)
+    manifest = job / "manifest.yaml"
+    for schedule in re.findall(r"set configured_schedule to (\w+) in manifest.yaml", how):
+        manifest.write_text(re.sub(r"configured_schedule: \w+", f"configured_schedule: {schedule}",
+                                   manifest.read_text()))
+
+
+def test_a_schedule_that_cannot_run_is_named_beside_those_that_can_and_the_advice_makes_it_run(tmp_path):
+    job = configuration_only(tmp_path)
+    out = predict_job("--job", job, "--schedule", "1f1b", "--schedule", "zb_h1", "--schedule", "interleaved_1f1b")
+    assert [p["asked"] for p in out["predictions"]] == ["1f1b", "zb_h1"]
+    [refused] = out["refused"]
+    assert refused["asked"] == "interleaved_1f1b" and "model chunks per rank" in refused["reason"]
+    assert "--num-layers-per-virtual-pipeline-stage" in refused["how"] and "megatron_args.txt" in refused["how"]
+    text = cli("predict", "--job", job, "--schedule", "1f1b", "--schedule", "interleaved_1f1b").stdout
+    assert "not predicted: interleaved_1f1b cannot run this configuration" in " ".join(text.split())
+    _following(job, refused["how"])
+    after = predict_job("--job", job, "--schedule", "interleaved_1f1b", "--schedule", "gpipe")
+    assert after["configuration"]["vp"] == 2 and [p["asked"] for p in after["predictions"]] == ["interleaved_1f1b"]
+    assert [r["asked"] for r in after["refused"]] == ["gpipe"]
+
+
+@pytest.mark.parametrize("edit,asked,refused", [
+    ({}, ["gpipe", "auto", "interleaved_1f1b"], ["gpipe", "auto"]),  # one model chunk per rank only
+    ({"--global-batch-size 4": "--global-batch-size 5"}, ["interleaved_1f1b", "1f1b"], ["interleaved_1f1b", "1f1b"]),
+])
+def test_an_interleaved_configuration_names_what_it_cannot_run_and_how(tmp_path, edit, asked, refused):
+    job = configuration_only(tmp_path, INTERLEAVED)
+    for old, new in edit.items():
+        _add_flags(job, old, new)
+    result = cli("predict", "--json", "--job", job, *[a for s in asked for a in ("--schedule", s)])
+    if len(refused) == len(asked):  # none can run: exit 2, every schedule named with its remedy
+        assert result.exit_code == 2 and all(f"{s} cannot run" in result.output for s in asked)
+        hows = [part.split("; to run it, ")[1] for part in " ".join(result.output.split()).split(" | ")]
+    else:
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.output)
+        assert [r["asked"] for r in out["refused"]] == refused
+        hows = [r["how"] for r in out["refused"]]
+    for schedule, how in zip(refused, hows):
+        fixed = configuration_only(tmp_path / schedule, INTERLEAVED)
+        for old, new in edit.items():
+            _add_flags(fixed, old, new)
+        _following(fixed, how.split("; change the launch")[0])
+        assert predict_job("--job", fixed, "--schedule", schedule)["predictions"][0]["asked"] == schedule
+
+
+def test_a_what_if_timeline_draws_the_schedules_that_run_and_names_the_others(tmp_path):
+    job = configuration_only(tmp_path)
+    out = tmp_path / "whatif.png"
+    result = cli("plot", "timeline", "--job", job, "--schedule", "1f1b", "--schedule", "interleaved_1f1b",
+                 "--out", out, "--dpi", 50)
+    assert result.exit_code == 0, result.output
+    assert "not drawn: interleaved_1f1b cannot run" in " ".join(result.output.split())
+    width_in, height_in = figure_size(2, panels=1)
+    assert struct.unpack(">II", out.read_bytes()[16:24]) == (int(round(width_in * 50)), int(round(height_in * 50)))
+    result = cli("plot", "timeline", "--job", job, "--schedule", "interleaved_1f1b", "--out", tmp_path / "no.png")
+    assert result.exit_code == 2 and not (tmp_path / "no.png").exists()

@@ -89,6 +89,8 @@ def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | 
                       for prediction in result.predictions]
             title = (f"{spec.run_id} (what-if): {spec.pp} stages, {spec.microbatches} microbatches per iteration, "
                      f"first {min(iterations, spec.iterations)} of {spec.iterations} iterations")
+            for refused in result.refused:
+                print(f"not drawn: {refused.sentence()}")
             return _wrote(timeline_figure(title, spec.devices, panels, iterations, dpi=dpi), target, dpi)
         target = _target(out, f"timeline-{fixture_id}.png", dpi)
         fixture = open_store(fixtures).load(fixture_id)
