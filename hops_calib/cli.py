@@ -110,7 +110,8 @@ def plan(
     stages: int = typer.Option(..., "--stages", help="Pipeline stages (devices), p."),
     microbatches: int = typer.Option(..., "--microbatches", help="Microbatches per iteration, m."),
     memory_budget: float = typer.Option(..., "--memory-budget",
-                                        help="Activation slots per device (one microbatch of one stage each)."),
+                                        help="Activations per device, in stage microbatches (one microbatch's "
+                                             "activations of a whole stage; an interleaved chunk counts 1/v)."),
     forward_cost: float = typer.Option(1.0, "--forward-cost", help="Forward time of one microbatch on one stage."),
     backward_cost: float = typer.Option(2.0, "--backward-cost", help="Whole backward time (input + weight grads)."),
     weight_grad_cost: float = typer.Option(0.0, "--weight-grad-cost",

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from hops_calib.coverage import Coverage, Extrapolation, extrapolations
 from hops_calib.errors import InputError
 from hops_calib.model import Model
+from hops_calib.plan import PEAK_KEY, PEAK_UNIT
 from hops_calib.predict import STALL_RANGE_LEVEL, Prediction
 from hops_calib.spec import SCHEDULES, Spec
 
@@ -80,7 +81,7 @@ def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
         "bubble_ratio": metrics.bubble_ratio,
         "stall_noise_ape_pct": prediction.stall_noise_ape_pct,
         "stall_throughput_range": prediction.stall_throughput_range()._asdict(),
-        "peak_activations": list(prediction.result.peak_activations),
+        PEAK_KEY: list(prediction.result.peak_stage_activations),  # per rank, in stage microbatches
         "stages": [{"stage": row.stage, "device": row.device, "utilization": metrics.utilization_per_stage[row.stage],
                     "forward_ms": row.forward_ms, "backward_ms": row.backward_ms, "optimizer_ms": row.optimizer_ms}
                    for row in prediction.stage_phase_ms(spec)],
@@ -208,15 +209,15 @@ def what_if_text(result: WhatIf) -> str:
             ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
             ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
             ("bubble %", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
-            ("peak activations", lambda p: f"{max(p.result.peak_activations)}")]
+            ("peak activations (stage mb)", lambda p: f"{max(p.result.peak_stage_activations):g}")]
     lines.append(f"{'':26}" + "".join(f"{head:>{width}}" for head in heads))
     for label, cell in rows:
         lines.append(f"{label:26}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))
     lines.append(f"(throughput: microbatches per second, {shape.micro_batch_size} sample(s) each; "
                  f"+-: the mean |error| random TCP retransmission stalls alone would give a real run; range: the "
                  f"throughput at least {100 * STALL_RANGE_LEVEL:.0f} % of real runs would show from them alone, whole "
-                 "stall counts, and the share it really holds; peak activations: microbatches in flight on the "
-                 "busiest rank)")
+                 "stall counts, and the share it really holds; peak activations: the most the busiest rank holds, in "
+                 f"{PEAK_UNIT})")
     lines += [f"not predicted: {refused.sentence()}" for refused in result.refused]
     first = result.predictions[0]
     lines.append("")

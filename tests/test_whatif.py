@@ -81,8 +81,9 @@ def test_schedules_side_by_side_and_what_they_hold_in_flight(tmp_path):
     by = {p["asked"]: p for p in out["predictions"]}
     assert list(by) == ["1f1b", "gpipe", "zb_h1", "auto"]
     microbatches, pp = out["configuration"]["microbatches"], out["configuration"]["pp"]
-    assert max(by["gpipe"]["peak_activations"]) == microbatches  # all forwards before any backward
-    assert max(by["1f1b"]["peak_activations"]) == min(pp, microbatches)
+    peak = "peak_activations_stage_microbatches"
+    assert max(by["gpipe"][peak]) == microbatches  # all forwards before any backward
+    assert max(by["1f1b"][peak]) == min(pp, microbatches)
     assert by["auto"]["schedule"] in ("1f1b", "gpipe", "zb_h1")
     text = cli("predict", "--job", job, "--schedule", "1f1b", "--schedule", "auto").output
     assert f"auto: {by['auto']['schedule']}" in text and "random stalls" in text
@@ -344,3 +345,45 @@ def test_a_what_if_timeline_draws_the_schedules_that_run_and_names_the_others(tm
     assert struct.unpack(">II", out.read_bytes()[16:24]) == (int(round(width_in * 50)), int(round(height_in * 50)))
     result = cli("plot", "timeline", "--job", job, "--schedule", "interleaved_1f1b", "--out", tmp_path / "no.png")
     assert result.exit_code == 2 and not (tmp_path / "no.png").exists()
+
+
+# --- peak activations: one unit, the planner's and the what-if's ------------------------------------------------------
+
+def test_interleaved_peak_activations_count_a_model_chunk_as_a_fraction_of_a_stage_as_the_planner_does(tmp_path):
+    from hops_calib.plan import plan
+
+    job = configuration_only(tmp_path, INTERLEAVED)
+    out = predict_job("--job", job, "--schedule", "interleaved_1f1b")
+    pp, vp, m = (out["configuration"][k] for k in ("pp", "vp", "microbatches"))
+    peaks = out["predictions"][0]["peak_activations_stage_microbatches"]
+    planned = {c.schedule: c for c in plan(stages=pp, microbatches=m, memory_budget=100, chunks=vp).candidates}
+    assert max(peaks) == planned["interleaved_1f1b"].peak_activations
+    # Megatron's warm-up on rank 0, (p-1)*2 + (v-1)*p forwards of one chunk, plus the first steady one: more than
+    # 1F1B's p stage microbatches, fewer than GPipe's m
+    assert peaks[0] == ((pp - 1) * 2 + (vp - 1) * pp + 1) / vp
+    assert pp < max(peaks) < m * vp
+    # With as many microbatches as stages every forward runs before any backward: all layers of every microbatch
+    # are held at once, GPipe's m stage microbatches, whatever the chunks
+    _add_flags(job, "--global-batch-size 4", f"--global-batch-size {pp}")
+    held = predict_job("--job", job, "--schedule", "interleaved_1f1b")["predictions"][0]
+    assert held["peak_activations_stage_microbatches"] == [pp] * pp
+    text = cli("predict", "--job", job, "--schedule", "interleaved_1f1b").stdout
+    assert "peak activations (stage mb)" in text and "microbatches of a whole stage" in " ".join(text.split())
+
+
+def test_the_walkthroughs_six_stage_interleaved_case_reads_the_same_in_plan_and_predict(shared_runs, tmp_path):
+    from hops_calib.plan import plan
+
+    job = tmp_path / "j"
+    shutil.copytree(shared_runs / "exp2_7_batch12_run127", job, ignore=shutil.ignore_patterns("megatron_trace"))
+    for path in [job, *job.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    _add_flags(job, "--num-layers ", "--num-layers-per-virtual-pipeline-stage 1 --no-overlap-p2p-communication "
+                                     "--num-layers ")
+    out = predict_job("--job", job, "--schedule", "interleaved_1f1b")
+    pp, vp, m = (out["configuration"][k] for k in ("pp", "vp", "microbatches"))
+    assert (pp, vp) == (6, 2)
+    planned = plan(stages=pp, microbatches=m, memory_budget=100, chunks=vp)
+    [interleaved] = [c for c in planned.candidates if c.schedule == "interleaved_1f1b"]
+    assert max(out["predictions"][0]["peak_activations_stage_microbatches"]) == interleaved.peak_activations
+    assert interleaved.to_dict()["peak_activations_stage_microbatches"] == interleaved.peak_activations
