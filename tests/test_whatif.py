@@ -387,3 +387,39 @@ def test_the_walkthroughs_six_stage_interleaved_case_reads_the_same_in_plan_and_
     [interleaved] = [c for c in planned.candidates if c.schedule == "interleaved_1f1b"]
     assert max(out["predictions"][0]["peak_activations_stage_microbatches"]) == interleaved.peak_activations
     assert interleaved.to_dict()["peak_activations_stage_microbatches"] == interleaved.peak_activations
+
+
+# --- defaults said out loud: the store coverage is checked against, where a picture goes -----------------------------
+
+def _flat(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())  # rich boxes and wraps --help
+
+
+def test_coverage_names_the_store_it_read_and_whether_it_was_the_default(tmp_path, monkeypatch):
+    job = configuration_only(tmp_path)
+    monkeypatch.chdir(REPO)
+    defaulted = predict_job("--job", job)["calibration"]
+    runs = len(open_store(REPO / "fixtures").ids("train"))
+    assert defaulted == (f"train split of {REPO / 'fixtures'}, {runs} runs; --fixtures not given: the default, "
+                         "./fixtures in the current directory")
+    assert f"train split of {REPO / 'fixtures'}" in cli("predict", "--job", job).stdout
+    given = predict_job("--job", job, "--fixtures", REPO / "fixtures")["calibration"]
+    assert given == f"train split of {REPO / 'fixtures'}, {runs} runs"
+    monkeypatch.chdir(tmp_path)  # no store here: not checked, and the line says which store was looked for
+    unchecked = predict_job("--job", job)
+    assert unchecked["extrapolations"] is None
+    assert f"store {tmp_path / 'fixtures'}; --fixtures not given" in unchecked["calibration"]
+    assert "./fixtures" in _flat(cli("predict", "--help").output) and "coverage" in _flat(cli("predict", "--help").output)
+
+
+def test_a_timeline_without_out_goes_to_the_current_directory_as_help_says(tmp_path, monkeypatch):
+    job = configuration_only(tmp_path)
+    assert "(default: timeline-ID.png, with --job timeline-<job folder name>.png, in the current directory)" in _flat(
+        cli("plot", "timeline", "--help").output)
+    where = tmp_path / "cwd"
+    where.mkdir()
+    monkeypatch.chdir(where)
+    result = cli("plot", "timeline", "--job", job, "--dpi", 30)
+    assert result.exit_code == 0, result.output
+    written = where / f"timeline-{job.name}.png"
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {written} " in result.stdout
