@@ -20,7 +20,8 @@ app = typer.Typer(
 fixtures_app = typer.Typer(help="Look at the fixture store.", no_args_is_help=True)
 app.add_typer(fixtures_app, name="fixtures")
 
-FIXTURES_OPTION = typer.Option(Path("fixtures"), "--fixtures", help="Fixture store folder.")
+DEFAULT_FIXTURES = Path("fixtures")  # relative to the current directory (from the repository root: the CPU captures')
+FIXTURES_OPTION = typer.Option(DEFAULT_FIXTURES, "--fixtures", help="Fixture store folder.")
 
 
 @app.command()
@@ -115,7 +116,8 @@ def plan(
     stages: int = typer.Option(..., "--stages", help="Pipeline stages (devices), p."),
     microbatches: int = typer.Option(..., "--microbatches", help="Microbatches per iteration, m."),
     memory_budget: float = typer.Option(..., "--memory-budget",
-                                        help="Activation slots per device (one microbatch of one stage each)."),
+                                        help="Activations per device, in stage microbatches (one microbatch's "
+                                             "activations of a whole stage; an interleaved chunk counts 1/v)."),
     forward_cost: float = typer.Option(1.0, "--forward-cost", help="Forward time of one microbatch on one stage."),
     backward_cost: float = typer.Option(2.0, "--backward-cost", help="Whole backward time (input + weight grads)."),
     weight_grad_cost: float = typer.Option(0.0, "--weight-grad-cost",
@@ -191,7 +193,11 @@ def predict(
     schedules: Optional[list[str]] = typer.Option(None, "--schedule", help="With --job: simulate this schedule "
                                                   "(repeatable: 1f1b, interleaved_1f1b, gpipe, zb_h1, auto); "
                                                   "default the configured one."),
-    fixtures: Path = FIXTURES_OPTION,
+    fixtures: Path = typer.Option(
+        DEFAULT_FIXTURES, "--fixtures", help="Fixture store folder; with --job, the store whose train split the "
+                                             "configuration is checked against for coverage (the default, ./fixtures "
+                                             "in the current directory, is the shipped CPU captures' store when run "
+                                             "from the repository root: pass the store the model was calibrated on)."),
     model: Optional[Path] = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -199,7 +205,8 @@ def predict(
     alone; or, with --job, of a configuration that has not run (what-if, several schedules side by side)."""
     from hops_calib.loop import predict_command
 
-    raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json, job, schedules or ()))
+    raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json, job, schedules or (),
+                                     fixtures_defaulted=fixtures == DEFAULT_FIXTURES))
 
 
 @app.command()
@@ -387,7 +394,9 @@ def plot_timeline(
     iterations: int = typer.Option(2, "--iterations", help="Show the first K iterations."),
     fixtures: Path = FIXTURES_OPTION,
     model: Optional[Path] = MODEL_OPTION,
-    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [timeline-ID.png]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
+                                       "timeline-ID.png, with --job timeline-<job folder name>.png, in the current "
+                                       "directory)."),
     dpi: float = DPI_OPTION,
 ) -> None:
     """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time; with
@@ -402,7 +411,8 @@ def plot_parity(
     split: str = typer.Option("train", "--split", help="Only 'train': held-out runs are seen only in aggregate."),
     fixtures: Path = FIXTURES_OPTION,
     model: Optional[Path] = MODEL_OPTION,
-    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [parity-train.png]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
+                                       "parity-train.png in the current directory)."),
     label_worst: int = typer.Option(3, "--label-worst", help="Label this many worst runs in each panel."),
     dpi: float = DPI_OPTION,
 ) -> None:
@@ -415,7 +425,8 @@ def plot_parity(
 @plot_app.command("ledger")
 def plot_ledger(
     ledger: Path = LEDGER_OPTION,
-    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [ledger-history.png]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
+                                       "ledger-history.png in the current directory)."),
     dpi: float = DPI_OPTION,
     candidates: Optional[str] = typer.Option(
         None, "--candidates", help="Only candidates whose id matches this regular expression (one campaign, when "

@@ -158,21 +158,24 @@ def _print_suite(label: str, suite) -> None:
           f"{suite.throughput_mape_pct - suite.stall_noise_mape_pct:+.2f} pp from it)")
 
 
-def _calibration_coverage(fixtures: Path):
-    """The train split of the fixture store as a what-if's calibration runs, and how to name them; (None, why)
-    when there is no store to compare with."""
+def _calibration_coverage(fixtures: Path, defaulted: bool = False):
+    """The train split of the fixture store as a what-if's calibration runs, and how to name them (its absolute
+    path, and that it is the default store when --fixtures was not given); (None, why) when there is no store."""
     from hops_calib.coverage import coverage
     from hops_calib.evaluate import load_suite
 
+    default = "; --fixtures not given: the default, ./fixtures in the current directory" if defaulted else ""
     try:
         suite = load_suite(fixtures, "train")
     except InputError as error:
-        return None, f"{error} (pass --fixtures with the store the model was calibrated on)"
-    return coverage(suite.specs), f"train split of {fixtures}, {len(suite.ids)} runs"
+        return None, (f"{error} (store {fixtures.resolve()}{default}; pass --fixtures with the store the model was "
+                      "calibrated on)")
+    return coverage(suite.specs), f"train split of {fixtures.resolve()}, {len(suite.ids)} runs{default}"
 
 
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
-                    as_json: bool, job: Path | None = None, schedules: Sequence[str] = ()) -> int:
+                    as_json: bool, job: Path | None = None, schedules: Sequence[str] = (),
+                    fixtures_defaulted: bool = False) -> int:
     def run() -> int:
         if (fixture_id is not None) + all_train + (job is not None) != 1:
             raise InputError("predict", "give one of a fixture ID, --all (every train fixture) or --job DIR (a "
@@ -184,7 +187,8 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
             from hops_calib.model_files import load_model
             from hops_calib.whatif import what_if, what_if_text
 
-            result = what_if(job, load_model(model_path), schedules, *_calibration_coverage(fixtures))
+            result = what_if(job, load_model(model_path), schedules,
+                             *_calibration_coverage(fixtures, fixtures_defaulted))
             if as_json:
                 _print_json(result.to_dict())
             else:

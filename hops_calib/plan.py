@@ -3,8 +3,8 @@
 `plan` simulates each schedule (and, for GPipe, the flush size) on balanced stages,
 keeps those whose peak in-flight activations fit the budget, and picks the lowest
 bubble (ties: less memory, then the simpler schedule). Activation memory is counted
-in slots: one slot holds one microbatch's activations of one stage; an interleaved
-model chunk holds 1/v of that. Bubble and utilization come from the shared metrics
+in stage microbatches (`SimResult.peak_stage_activations`): one unit holds one
+microbatch's activations of one stage; an interleaved model chunk holds 1/v of that. Bubble and utilization come from the shared metrics
 function, as for real runs.
 """
 
@@ -28,13 +28,21 @@ class Candidate:
     schedule: str
     flushes: int  # pipeline drains per iteration (GPipe flushes; 1 otherwise)
     flush_size: int  # microbatches per flush (the largest one)
-    peak_activations: float  # slots on the fullest device
+    peak_activations: float  # stage microbatches on the fullest device (JSON: peak_activations_stage_microbatches)
     makespan: float  # in the cost unit of --forward-cost / --backward-cost
     bubble: float
     utilization: float  # mean per-stage utilization = 1 - bubble
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        data = asdict(self)
+        data[PEAK_KEY] = data.pop("peak_activations")
+        return data
+
+
+# The JSON key of peak activations, in stage microbatches (the what-if's too): the unit is in the name.
+PEAK_KEY = "peak_activations_stage_microbatches"
+PEAK_UNIT = ("microbatches of a whole stage's activations (an interleaved model chunk, 1/v of the stage's layers, "
+             "counts 1/v)")
 
 
 @dataclass(frozen=True)
@@ -67,14 +75,15 @@ def _evaluate(schedule: str, stages: int, microbatches: int, forward: float, bac
     size = flush or microbatches
     return Candidate(
         schedule=schedule, flushes=math.ceil(microbatches / size), flush_size=min(size, microbatches),
-        peak_activations=max(result.peak_activations) / chunks, makespan=result.makespan_ms,
+        peak_activations=max(result.peak_stage_activations), makespan=result.makespan_ms,
         bubble=metrics.bubble_ratio, utilization=1.0 - metrics.bubble_ratio,
     )
 
 
 def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: float = 1.0, backward_cost: float = 2.0,
          weight_grad_cost: float = 0.0, chunks: int = 1, target_bubble: float | None = None) -> Plan:
-    """Enumerate the schedules that fit `memory_budget` activation slots per device; choose the lowest bubble.
+    """Enumerate the schedules that fit `memory_budget` stage microbatches of activations per device; choose the
+    lowest bubble.
 
     ZB-H1 is considered when the backward has a weight-gradient part (`weight_grad_cost` > 0),
     interleaved 1F1B when `chunks` > 1.
@@ -109,8 +118,8 @@ def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: flo
             fitting.append(candidate)
         else:
             label = candidate.schedule + (f" (flush {candidate.flush_size})" if candidate.schedule == "gpipe" else "")
-            rejected.append(Rejected(label, f"needs {candidate.peak_activations:g} activation slots on its fullest "
-                                            f"device; the budget is {memory_budget:g}"))
+            rejected.append(Rejected(label, f"needs {candidate.peak_activations:g} stage microbatches of activations "
+                                            f"on its fullest device; the budget is {memory_budget:g}"))
     fitting.sort(key=lambda c: (round(c.bubble, 12), c.peak_activations, PREFERENCE.index(c.schedule)))
     closed_form = {"bubble_1f1b": bubble_fraction(stages, microbatches)}
     if chunks > 1:
@@ -147,6 +156,7 @@ def format_plan(result: Plan) -> str:
     lines.append("closed form, balanced stages: 1F1B bubble (p-1)/(m+p-1) = " + f"{forms['bubble_1f1b']:.3f}"
                  + (f", interleaved (p-1)/(v m+p-1) = {forms['bubble_interleaved']:.3f}"
                     if "bubble_interleaved" in forms else ""))
+    lines.append(f"peak act.: activations on the fullest device, in {PEAK_UNIT}")
     if "microbatches_for_target_bubble" in result.closed_form:
         lines.append(f"balanced 1F1B reaches bubble <= {result.closed_form['target_bubble']:g} with "
                      f"{result.closed_form['microbatches_for_target_bubble']:g} microbatches")

@@ -392,3 +392,157 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         device_names=names if any(names) else (),
         megatron_args=args,
     )
+
+
+# ---------------------------------------------------------------------------
+# What the cost model assumes of a launch: the settings it prices, and nothing else.
+
+@dataclass(frozen=True)
+class Assumption:
+    """One Megatron launch setting the cost model assumes: the model prices `modelled`, nothing else.
+
+    `keys` are the setting's names in the parsed arguments (a command line's `--no-<key>` form counts as <key> =
+    False); `default` is Megatron-LM's when the launch does not name it; `fits(value, args)` says whether the model
+    prices the value. Settings not listed here (logging, seeds, paths, learning rate, ...) do not change what an
+    iteration computes, or are priced (`--untie-embeddings-and-output-weights`, `--clip-grad`,
+    `--no-gradient-accumulation-fusion`, the split of layers, the shape, the batch), and are not checked.
+    """
+
+    flag: str  # the command-line flag a user edits
+    keys: tuple[str, ...]
+    default: Any
+    modelled: str  # what the model prices, in words
+    fits: Any  # Callable[[value, args], bool]
+
+    def value(self, args: dict[str, Any]) -> tuple[str | None, Any]:
+        """(the key it was found under, or None when unset, and the value Megatron runs with)."""
+        for key in self.keys:
+            if key in args:
+                return key, args[key]
+            if f"no_{key}" in args:
+                return f"no_{key}", not args[f"no_{key}"]
+        return None, self.default
+
+
+def _is(*values: Any):
+    return lambda value, args: value in values
+
+
+_off = _is(False, None)  # a switch left off (a rank log's block prints False; None where a version prints that)
+
+
+def _interleaved(args: dict[str, Any]) -> bool:
+    return bool(args.get("num_layers_per_virtual_pipeline_stage")) or (
+        args.get("virtual_pipeline_model_parallel_size") or 1) > 1
+
+
+# The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): one GPU per stage, a
+# `--transformer-impl local` layer (LayerNorm, multi-head attention with learned absolute positions, unfused masked
+# softmax, a GeLU MLP of two matmuls), every activation stored, 16- or 32-bit arithmetic, blocking p2p calls.
+ASSUMPTIONS: tuple[Assumption, ...] = (
+    Assumption("--tensor-model-parallel-size", ("tensor_model_parallel_size",), 1,
+               "tensor parallel size 1, a stage's layers on one GPU", _is(1)),
+    Assumption("--context-parallel-size", ("context_parallel_size",), 1, "context parallel size 1", _is(1)),
+    Assumption("--sequence-parallel", ("sequence_parallel",), False, "no sequence parallelism", _off),
+    Assumption("--data-parallel-size", ("data_parallel_size",), 1,
+               "data parallel size 1, no gradient all-reduce across replicas", _is(1, None)),
+    Assumption("--num-experts", ("num_experts",), None, "a dense MLP, no mixture of experts", _is(None, 0, 1)),
+    Assumption("--expert-model-parallel-size", ("expert_model_parallel_size",), 1,
+               "no expert parallelism", _is(1)),
+    Assumption("--recompute-activations", ("recompute_activations",), False,
+               "no activation recomputation: a backward reads what its forward stored", _off),
+    Assumption("--recompute-granularity", ("recompute_granularity",), None,
+               "no activation recomputation: a backward reads what its forward stored", _is(None)),
+    Assumption("--recompute-method", ("recompute_method",), None,
+               "no activation recomputation: a backward reads what its forward stored", _is(None)),
+    Assumption("--swiglu", ("swiglu",), False, "a GeLU MLP of two matmuls, no --swiglu", _off),
+    Assumption("--group-query-attention", ("group_query_attention",), False,
+               "multi-head attention, as many key/value heads as attention heads", _off),
+    # Megatron reads --num-query-groups only with --group-query-attention, and its arguments block prints the
+    # unused default; on a command line without that switch it still states an intent the model does not price.
+    Assumption("--num-query-groups", ("num_query_groups",), None,
+               "multi-head attention, as many key/value heads as attention heads",
+               lambda value, args: value in (None, args.get("num_attention_heads"))
+               or args.get("group_query_attention") is False),
+    Assumption("--multi-latent-attention", ("multi_latent_attention",), False,
+               "multi-head attention, no multi-latent attention", _off),
+    Assumption("--normalization", ("normalization",), "LayerNorm", "LayerNorm", _is("LayerNorm")),
+    Assumption("--position-embedding-type", ("position_embedding_type",), "learned_absolute",
+               "learned absolute position embeddings", _is("learned_absolute")),
+    Assumption("--transformer-impl", ("transformer_impl",), "transformer_engine",
+               "Megatron's local layer, --transformer-impl local",
+               _is("local")),
+    Assumption("--use-flash-attn", ("use_flash_attn",), False,
+               "unfused attention that writes the score matrix, no flash attention", _off),
+    Assumption("--no-masked-softmax-fusion", ("masked_softmax_fusion",), True,
+               "an unfused masked softmax, --no-masked-softmax-fusion", _is(False)),
+    Assumption("--fp8-format", ("fp8_format", "fp8"), None, "bf16, fp16 or fp32 arithmetic, no FP8",
+               _is(None, False)),
+    Assumption("--no-overlap-p2p-communication", ("overlap_p2p_comm", "overlap_p2p_communication"), True,
+               "blocking p2p calls, which interleaved runs get with --no-overlap-p2p-communication", lambda value, args: value is False or not _interleaved(args)),
+)
+
+
+@dataclass(frozen=True)
+class Unmodelled:
+    """A launch setting the cost model does not price: the flag, the value the launch runs with, what is priced."""
+
+    flag: str
+    key: str | None  # the name it was found under in the arguments (None: unset, Megatron's default applies)
+    value: Any
+    modelled: str
+    setting: str = ""  # Megatron's name of the setting (the arguments block's)
+
+    def sentence(self) -> str:
+        if self.key is None:
+            return (f"no {self.flag}, so Megatron's default {self.setting} = {self.value!r} applies (the model "
+                    f"prices {self.modelled})")
+        shown = "" if self.value is True else f" {self.value}"
+        return f"{self.flag}{shown} (the model prices {self.modelled})"
+
+
+def unmodelled(args: dict[str, Any]) -> list[Unmodelled]:
+    """The settings of a launch's parsed arguments (`megatron_args.txt` or a rank log's block) that the cost model
+    does not price, in the order of ASSUMPTIONS; empty when it prices them all."""
+    found = []
+    for assumption in ASSUMPTIONS:
+        key, value = assumption.value(args)
+        if not assumption.fits(value, args):
+            found.append(Unmodelled(assumption.flag, key, value, assumption.modelled, assumption.keys[0]))
+    return found
+
+
+def _line_naming(source: Path, unmodelled_setting: Unmodelled) -> int | None:
+    """1-based line of `source` that names the setting (a command line's flag, a block's key); None if none does."""
+    key = unmodelled_setting.key
+    if key is None:
+        return None
+    flag = "--" + key.replace("_", "-")
+    try:
+        lines = Path(source).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for number, line in enumerate(lines, start=1):
+        if f"{flag} " in f"{line} " or f"{flag}=" in line or f" {key} ." in line:
+            return number
+    return None
+
+
+def require_modelled(args: dict[str, Any], source: Path | str) -> None:
+    """Refuse a launch (`args` read from `source`) with a setting the cost model does not price: a TraceError
+    naming the file, the line and flag of the first such setting, every one of them, and what is priced.
+
+    For every caller that reads a launch: `predict --job` (what-if) and, when wired, ingest.
+    """
+    found = unmodelled(args)
+    if not found:
+        return
+    from hops_calib.trace.errors import TraceError
+
+    first = found[0]
+    raise TraceError(source, "configures what the simulator does not model: "
+                     + "; ".join(u.sentence() for u in found), line=_line_naming(Path(source), first),
+                     field=first.flag,
+                     hint="a prediction would price another configuration than this launch; change the launch to "
+                          "what the model prices, or extend the model (hops_calib/model) and hops_calib.spec."
+                          "ASSUMPTIONS together")

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from hops_calib.coverage import Coverage, Extrapolation, extrapolations
 from hops_calib.errors import InputError
 from hops_calib.model import Model
+from hops_calib.plan import PEAK_KEY, PEAK_UNIT
 from hops_calib.predict import STALL_RANGE_LEVEL, Prediction
 from hops_calib.spec import SCHEDULES, Spec
 
@@ -24,16 +25,32 @@ CHOICES = (*SCHEDULES, "auto")
 
 
 @dataclass(frozen=True)
+class Refused:
+    """A schedule asked for that cannot run this configuration: why, and what to change in the launch so it can."""
+
+    asked: str
+    reason: str
+    how: str
+
+    def sentence(self) -> str:
+        return f"{self.asked} cannot run this configuration: {self.reason}; to run it, {self.how}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"asked": self.asked, "reason": self.reason, "how": self.how}
+
+
+@dataclass(frozen=True)
 class WhatIf:
     job_dir: Path
     spec: Spec
     model: Model
-    predictions: tuple[Prediction, ...]  # one per schedule asked for, in that order
-    asked: tuple[str, ...]  # the schedules asked for ("auto" resolves to the one it picked: Prediction.schedule)
+    predictions: tuple[Prediction, ...]  # one per schedule asked for that can run, in the order asked
+    asked: tuple[str, ...]  # those schedules ("auto" resolves to the one it picked: Prediction.schedule)
     notes: tuple[str, ...]  # remarks of the spec build (a missing link benchmark, ...)
     # Where the configuration lies outside the calibration runs (None: not checked, no calibration runs given).
     extrapolations: tuple[Extrapolation, ...] | None = None
     calibration: str = ""  # which runs the configuration was compared with
+    refused: tuple[Refused, ...] = ()  # the schedules asked for that cannot run it, in the order asked
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.spec
@@ -50,6 +67,7 @@ class WhatIf:
                               "num_layers": spec.model.num_layers},
             "predictions": [{"asked": asked, **_prediction_dict(p, spec)}
                             for asked, p in zip(self.asked, self.predictions)],
+            "refused": [r.to_dict() for r in self.refused],
         }
 
 
@@ -63,11 +81,59 @@ def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
         "bubble_ratio": metrics.bubble_ratio,
         "stall_noise_ape_pct": prediction.stall_noise_ape_pct,
         "stall_throughput_range": prediction.stall_throughput_range()._asdict(),
-        "peak_activations": list(prediction.result.peak_activations),
+        PEAK_KEY: list(prediction.result.peak_stage_activations),  # per rank, in stage microbatches
         "stages": [{"stage": row.stage, "device": row.device, "utilization": metrics.utilization_per_stage[row.stage],
                     "forward_ms": row.forward_ms, "backward_ms": row.backward_ms, "optimizer_ms": row.optimizer_ms}
                    for row in prediction.stage_phase_ms(spec)],
     }
+
+
+def _refusal(spec: Spec, schedule: str, args_file: str, manifest_schedule: bool = False) -> Refused | None:
+    """Why `schedule` cannot run the configuration `spec` describes, and which launch flags would let it; None when
+    it can. The rules are the simulator's (`check_shape`); the remedies are Megatron's flags in `args_file` (and
+    the launcher's `configured_schedule` in manifest.yaml when it records one: `manifest_schedule`)."""
+    from hops_calib.trace.job import MANIFEST
+
+    from hops_calib.sim.schedules import check_shape
+
+    p, v, m = spec.pp, spec.vp, spec.microbatches
+    try:
+        # auto picks 1f1b or zb_h1, both one model chunk per rank
+        check_shape("1f1b" if schedule == "auto" else schedule, p, v, m)
+        return None
+    except ValueError as error:
+        reason = str(error)
+    if schedule == "auto":
+        reason = (f"auto chooses between 1f1b and zb_h1, which run one model chunk per rank; the launch configures {v} "
+                  "per rank")
+    args = spec.megatron_args
+    if schedule != "interleaved_1f1b":
+        flags = [f"--{name.replace('_', '-')}" for name in ("num_layers_per_virtual_pipeline_stage",
+                                                             "virtual_pipeline_model_parallel_size") if args.get(name)]
+        manifest = (f" and set configured_schedule to {'1f1b' if schedule == 'auto' else schedule} in {MANIFEST}"
+                    if manifest_schedule else "")
+        return Refused(schedule, reason, f"remove {' and '.join(flags) or 'the virtual pipeline setting'} from "
+                                         f"{args_file} (one model chunk per rank){manifest}, or ask for "
+                                         "interleaved_1f1b")
+    steps = []
+    if v < 2:
+        layers = spec.model.num_layers
+        per_chunk = [n for n in range(layers // (2 * p), 0, -1) if layers % (p * n) == 0]
+        if not per_chunk:
+            return Refused(schedule, reason, f"give every stage at least 2 layers to cut into model chunks (--num-layers "
+                                             f"{layers} over {p} stages holds fewer) in {args_file}")
+        choices = " or ".join(f"{n} ({layers // (p * n)} chunks per rank)" for n in per_chunk)
+        steps.append(f"add --num-layers-per-virtual-pipeline-stage N (decoder layers per model chunk; N = {choices}) "
+                     f"and --no-overlap-p2p-communication to {args_file}")
+        if manifest_schedule:
+            steps.append(f"set configured_schedule to interleaved_1f1b in {MANIFEST}")
+    if m % p:
+        shape = spec.model
+        per_microbatch = shape.global_batch_size // m  # micro batch x data parallel
+        fits = -(-m // p) * p
+        steps.append(f"set --global-batch-size to a multiple of {p * per_microbatch} in {args_file} (microbatches a "
+                     f"multiple of the {p} stages; {fits * per_microbatch} gives {fits} microbatches)")
+    return Refused(schedule, reason, " and ".join(steps))
 
 
 def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), calibration: Coverage | None = None,
@@ -75,7 +141,8 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     """Predict the run `job_dir` configures under each of `schedules` (default: the configured one); with the
     `calibration` runs' coverage, also say where the configuration lies outside them."""
     from hops_calib.predict import ScheduleError, predict_schedules
-    from hops_calib.spec import build_spec
+    from hops_calib.spec import build_spec, require_modelled
+    from hops_calib.trace import find_arguments, read_manifest
 
     job_dir = Path(job_dir)
     if not job_dir.is_dir():
@@ -86,9 +153,22 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     if unknown:
         raise InputError("predict", f"unknown schedule {unknown[0]!r}", field="--schedule",
                          hint=f"expected one of {', '.join(CHOICES)}")
+    # A launch with a setting the cost model does not price (tensor parallelism, recomputation, SwiGLU, ...) is
+    # refused: its prediction would be another configuration's.
+    args, args_source = find_arguments(job_dir)
+    require_modelled(args, args_source)
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
-    asked = tuple(dict.fromkeys(schedules)) or (spec.schedule,)
+    wanted = tuple(dict.fromkeys(schedules)) or (spec.schedule,)
+    # Every schedule that can run is predicted; the others are named with what would let them run.
+    recorded = "configured_schedule" in read_manifest(job_dir)  # a launcher's own record (CPU captures)
+    refusals = {s: _refusal(spec, s, args_source.name, recorded) for s in wanted}
+    refused = tuple(r for r in refusals.values() if r is not None)
+    asked = tuple(s for s in wanted if refusals[s] is None)
+    if not asked:
+        raise InputError(str(job_dir), "no schedule asked for can run this configuration: "
+                         + " | ".join(r.sentence() for r in refused), field="--schedule",
+                         hint="change the launch as said, or ask for a schedule it supports (--schedule)")
     try:
         predictions = predict_schedules(spec, model, asked)
     except ScheduleError as error:
@@ -101,7 +181,7 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     return WhatIf(job_dir=job_dir, spec=spec, model=model, predictions=predictions, asked=asked,
                   notes=tuple(notes),
                   extrapolations=tuple(extrapolations(spec, calibration)) if calibration is not None else None,
-                  calibration=calibration_name)
+                  calibration=calibration_name, refused=refused)
 
 
 def what_if_text(result: WhatIf) -> str:
@@ -129,15 +209,16 @@ def what_if_text(result: WhatIf) -> str:
             ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
             ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
             ("bubble %", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
-            ("peak activations", lambda p: f"{max(p.result.peak_activations)}")]
+            ("peak activations (stage mb)", lambda p: f"{max(p.result.peak_stage_activations):g}")]
     lines.append(f"{'':26}" + "".join(f"{head:>{width}}" for head in heads))
     for label, cell in rows:
         lines.append(f"{label:26}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))
     lines.append(f"(throughput: microbatches per second, {shape.micro_batch_size} sample(s) each; "
                  f"+-: the mean |error| random TCP retransmission stalls alone would give a real run; range: the "
                  f"throughput at least {100 * STALL_RANGE_LEVEL:.0f} % of real runs would show from them alone, whole "
-                 "stall counts, and the share it really holds; peak activations: microbatches in flight on the "
-                 "busiest rank)")
+                 "stall counts, and the share it really holds; peak activations: the most the busiest rank holds, in "
+                 f"{PEAK_UNIT})")
+    lines += [f"not predicted: {refused.sentence()}" for refused in result.refused]
     first = result.predictions[0]
     lines.append("")
     lines.append(f"per stage under {first.schedule}:")

@@ -27,8 +27,9 @@ def test_pipebubble_case_chooses_1f1b_over_flushed_gpipe():
     assert chosen["schedule"] == "1f1b"
     by_schedule = {c["schedule"]: c for c in report["candidates"]}
     for candidate in report["candidates"]:
-        assert set(candidate) >= {"schedule", "flushes", "peak_activations", "makespan", "bubble", "utilization"}
-        assert candidate["peak_activations"] <= 8
+        assert set(candidate) >= {"schedule", "flushes", "peak_activations_stage_microbatches", "makespan", "bubble",
+                                  "utilization"}
+        assert candidate["peak_activations_stage_microbatches"] <= 8
     assert by_schedule["gpipe"]["flushes"] == 8
     assert by_schedule["gpipe"]["makespan"] == pytest.approx(360.0)
     assert round(by_schedule["gpipe"]["utilization"], 3) == 0.533
@@ -75,6 +76,7 @@ def test_text_output_and_target_bubble():
     output = run_plan("--stages", "8", "--microbatches", "64", "--memory-budget", "8", "--target-bubble", "0.1")
     assert "chosen: 1f1b (utilization 0.901)" in output
     assert "gpipe" in output and "with 63 microbatches" in output
+    assert "peak act.: activations on the fullest device, in microbatches of a whole stage" in output
 
 
 @pytest.mark.parametrize("args,message", [

@@ -63,7 +63,7 @@ def test_interleaved_refuses_what_megatron_refuses():
         simulate(balanced(4, 6, chunks=2), "interleaved_1f1b")
     # Megatron-core runs pp = 2 interleaved (the shipped captures do), so the simulator does too.
     assert simulate(balanced(2, 4, chunks=2), "interleaved_1f1b").schedule == "interleaved_1f1b"
-    with pytest.raises(ValueError, match="chunks >= 2"):
+    with pytest.raises(ValueError, match="at least 2 model chunks per rank"):
         simulate(balanced(4, 8), "interleaved_1f1b")
     with pytest.raises(ValueError, match="one model chunk per rank.*chunks=2"):
         simulate(balanced(4, 8, chunks=2), "1f1b")

@@ -81,8 +81,9 @@ def test_schedules_side_by_side_and_what_they_hold_in_flight(tmp_path):
     by = {p["asked"]: p for p in out["predictions"]}
     assert list(by) == ["1f1b", "gpipe", "zb_h1", "auto"]
     microbatches, pp = out["configuration"]["microbatches"], out["configuration"]["pp"]
-    assert max(by["gpipe"]["peak_activations"]) == microbatches  # all forwards before any backward
-    assert max(by["1f1b"]["peak_activations"]) == min(pp, microbatches)
+    peak = "peak_activations_stage_microbatches"
+    assert max(by["gpipe"][peak]) == microbatches  # all forwards before any backward
+    assert max(by["1f1b"][peak]) == min(pp, microbatches)
     assert by["auto"]["schedule"] in ("1f1b", "gpipe", "zb_h1")
     text = cli("predict", "--job", job, "--schedule", "1f1b", "--schedule", "auto").output
     assert f"auto: {by['auto']['schedule']}" in text and "random stalls" in text
@@ -151,3 +152,274 @@ def test_a_what_if_says_where_it_leaves_the_calibration_runs(tmp_path):
     # No store to compare with: the prediction still comes, and says the coverage was not checked.
     unchecked = predict_job("--job", job, "--fixtures", tmp_path / "nowhere")
     assert unchecked["extrapolations"] is None and "no fixture store" in unchecked["calibration"]
+
+
+# --- launch settings the cost model does not price -------------------------------------------------------------------
+
+def _add_flags(job: Path, old: str, new: str) -> None:
+    args = job / "megatron_args.txt"
+    text = args.read_text()
+    assert old in text
+    args.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("old,new,flags,modelled", [
+    ("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2", ["--tensor-model-parallel-size 2"],
+     "tensor parallel size 1"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --recompute-activations", ["--recompute-activations"],
+     "no activation recomputation"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --recompute-granularity full --recompute-method uniform",
+     ["--recompute-granularity full", "--recompute-method uniform"], "no activation recomputation"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --swiglu --num-query-groups 2",
+     ["--swiglu", "--num-query-groups 2"], "GeLU MLP"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --normalization RMSNorm --position-embedding-type rope",
+     ["--normalization RMSNorm", "--position-embedding-type rope"], "LayerNorm"),
+    ("--transformer-impl local", "--transformer-impl transformer_engine", ["--transformer-impl transformer_engine"],
+     "--transformer-impl local"),
+    ("--no-masked-softmax-fusion ", "", ["no --no-masked-softmax-fusion"], "unfused masked softmax"),
+])
+def test_a_launch_with_settings_the_model_does_not_price_is_refused_naming_file_line_and_flag(
+        tmp_path, old, new, flags, modelled):
+    job = configuration_only(tmp_path)
+    _add_flags(job, old, new)
+    result = cli("predict", "--job", job, "--fixtures", REPO / "fixtures")
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    field = flags[0].split()[-1] if flags[0].startswith("no ") else flags[0].split()[0]
+    # the line naming the flag; a flag the launch lacks has none: the file and the flag are named
+    where = f"{job / 'megatron_args.txt'}" + ("" if flags[0].startswith("no ") else ":1")
+    assert f"{where}: field '{field}'" in message
+    assert "does not model" in message and all(flag in message for flag in flags) and modelled in message
+    assert "within the calibration runs' coverage" not in message and "throughput" not in message
+    # plot timeline reads the same launch and refuses it the same way, before drawing anything
+    out = tmp_path / "refused.png"
+    assert cli("plot", "timeline", "--job", job, "--out", out).exit_code == 2 and not out.exists()
+
+
+def test_the_walkthroughs_cluster_run_with_tensor_parallelism_is_refused(shared_runs, tmp_path):
+    job = tmp_path / "j"
+    shutil.copytree(shared_runs / "exp2_7_batch12_run127", job, ignore=shutil.ignore_patterns("megatron_trace"))
+    for path in [job, *job.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    assert predict_job("--job", job)["predictions"]
+    _add_flags(job, "--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
+    result = cli("predict", "--job", job)
+    assert result.exit_code == 2 and "field '--tensor-model-parallel-size'" in result.output
+
+
+def test_interleaved_launches_need_blocking_p2p_calls(tmp_path):
+    job = configuration_only(tmp_path, INTERLEAVED)
+    _add_flags(job, "--no-overlap-p2p-communication ", "")
+    result = cli("predict", "--job", job)
+    assert result.exit_code == 2 and "--no-overlap-p2p-communication" in result.output
+    assert "overlap_p2p_comm = True" in " ".join(result.output.split())
+
+
+def test_settings_that_do_not_change_the_cost_are_accepted_and_change_nothing(tmp_path):
+    job = configuration_only(tmp_path)
+    before = predict_job("--job", job)["predictions"]
+    _add_flags(job, "--seed 1234", "--seed 7 --save /ckpt/run --load /ckpt/run --tensorboard-dir /tb "
+                                   "--log-timers-to-tensorboard --exit-interval 100 --wandb-project p "
+                                   "--num-query-groups 8 --tensor-model-parallel-size 1")
+    assert predict_job("--job", job)["predictions"] == before
+
+
+def test_every_shipped_and_shared_launch_is_one_the_model_prices(shared_runs):
+    from hops_calib.spec import unmodelled
+    from hops_calib.trace import find_arguments
+    from hops_calib.trace.job import find_job_dirs
+
+    jobs = [*find_job_dirs(REPO / "traces"), *find_job_dirs(shared_runs)]
+    assert len(jobs) >= 8 + 56
+    for job in jobs:
+        args, _ = find_arguments(job)
+        assert unmodelled(args) == [], job
+    store = open_store(REPO / "fixtures")
+    assert all(unmodelled(store.load(i).spec.megatron_args) == [] for i in store.ids())
+
+
+def _block(args: dict) -> str:
+    lines = ["[rank0]: using world size: 2", "------------------------ arguments ------------------------"]
+    lines += [f"  {key} {'.' * max(2, 48 - len(key))} {value}" for key, value in sorted(args.items())]
+    return "\n".join(lines + ["-------------------- end of arguments ---------------------"]) + "\n"
+
+
+def test_a_rank_logs_arguments_block_prints_every_default_and_only_real_changes_are_refused(tmp_path):
+    from hops_calib.trace import parse_command_line
+
+    job = configuration_only(tmp_path)
+    args = parse_command_line((job / "megatron_args.txt").read_text())
+    # Megatron-LM prints every argument, the switches it reads only in some cases too (num_query_groups is read
+    # only with group_query_attention; overlap_p2p_comm only when interleaved).
+    printed = {key: value for key, value in args.items() if not key.startswith("no_")}
+    printed.update(tensor_model_parallel_size=1, context_parallel_size=1, data_parallel_size=1,
+                   sequence_parallel=False, num_experts=None, expert_model_parallel_size=1,
+                   recompute_granularity=None, recompute_method=None, recompute_num_layers=None, swiglu=False,
+                   group_query_attention=False, num_query_groups=1, multi_latent_attention=False,
+                   normalization="LayerNorm", position_embedding_type="learned_absolute", use_flash_attn=False,
+                   masked_softmax_fusion=False, gradient_accumulation_fusion=False, bias_dropout_fusion=False,
+                   persist_layer_norm=False, fp8=None, overlap_p2p_comm=True, world_size=2)
+    (job / "megatron_args.txt").unlink()
+    (job / "logs").mkdir()
+    log = job / "logs" / "rank0.out"
+    log.write_text(_block(printed))
+    assert predict_job("--job", job)["predictions"]
+    log.write_text(_block({**printed, "recompute_granularity": "selective"}))
+    result = cli("predict", "--job", job)
+    lines = log.read_text().splitlines()
+    number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("recompute_granularity "))
+    assert result.exit_code == 2 and f"rank0.out:{number}: field '--recompute-granularity'" in result.output
+
+
+# --- schedules a configuration cannot run: named beside the ones that can, with the launch change that lets them -----
+
+def _following(job: Path, how: str) -> None:
+    """Carry out a refusal's advice on the job's megatron_args.txt, as a user would read it."""
+    import re
+
+    args = job / "megatron_args.txt"
+    text = args.read_text()
+    if how.startswith("remove "):
+        for flag in re.findall(r"--[\w-]+", how.split(" from ")[0]):
+            text = re.sub(rf" {flag} \S+", "", text)
+    for n in re.findall(r"--num-layers-per-virtual-pipeline-stage N \(decoder layers per model chunk; N = (\d+)", how):
+        text = text.replace("--num-layers ", f"--num-layers-per-virtual-pipeline-stage {n} "
+                                             "--no-overlap-p2p-communication --num-layers ", 1)
+    for batch in re.findall(r"; (\d+) gives \d+ microbatches", how):
+        text = re.sub(r"--global-batch-size \d+", f"--global-batch-size {batch}", text)
+    args.write_text(text)
+    manifest = job / "manifest.yaml"
+    for schedule in re.findall(r"set configured_schedule to (\w+) in manifest.yaml", how):
+        manifest.write_text(re.sub(r"configured_schedule: \w+", f"configured_schedule: {schedule}",
+                                   manifest.read_text()))
+
+
+def test_a_schedule_that_cannot_run_is_named_beside_those_that_can_and_the_advice_makes_it_run(tmp_path):
+    job = configuration_only(tmp_path)
+    out = predict_job("--job", job, "--schedule", "1f1b", "--schedule", "zb_h1", "--schedule", "interleaved_1f1b")
+    assert [p["asked"] for p in out["predictions"]] == ["1f1b", "zb_h1"]
+    [refused] = out["refused"]
+    assert refused["asked"] == "interleaved_1f1b" and "model chunks per rank" in refused["reason"]
+    assert "--num-layers-per-virtual-pipeline-stage" in refused["how"] and "megatron_args.txt" in refused["how"]
+    text = cli("predict", "--job", job, "--schedule", "1f1b", "--schedule", "interleaved_1f1b").stdout
+    assert "not predicted: interleaved_1f1b cannot run this configuration" in " ".join(text.split())
+    _following(job, refused["how"])
+    after = predict_job("--job", job, "--schedule", "interleaved_1f1b", "--schedule", "gpipe")
+    assert after["configuration"]["vp"] == 2 and [p["asked"] for p in after["predictions"]] == ["interleaved_1f1b"]
+    assert [r["asked"] for r in after["refused"]] == ["gpipe"]
+
+
+@pytest.mark.parametrize("edit,asked,refused", [
+    ({}, ["gpipe", "auto", "interleaved_1f1b"], ["gpipe", "auto"]),  # one model chunk per rank only
+    ({"--global-batch-size 4": "--global-batch-size 5"}, ["interleaved_1f1b", "1f1b"], ["interleaved_1f1b", "1f1b"]),
+])
+def test_an_interleaved_configuration_names_what_it_cannot_run_and_how(tmp_path, edit, asked, refused):
+    job = configuration_only(tmp_path, INTERLEAVED)
+    for old, new in edit.items():
+        _add_flags(job, old, new)
+    result = cli("predict", "--json", "--job", job, *[a for s in asked for a in ("--schedule", s)])
+    if len(refused) == len(asked):  # none can run: exit 2, every schedule named with its remedy
+        assert result.exit_code == 2 and all(f"{s} cannot run" in result.output for s in asked)
+        hows = [part.split("; to run it, ")[1] for part in " ".join(result.output.split()).split(" | ")]
+    else:
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.output)
+        assert [r["asked"] for r in out["refused"]] == refused
+        hows = [r["how"] for r in out["refused"]]
+    for schedule, how in zip(refused, hows):
+        fixed = configuration_only(tmp_path / schedule, INTERLEAVED)
+        for old, new in edit.items():
+            _add_flags(fixed, old, new)
+        _following(fixed, how.split("; change the launch")[0])
+        assert predict_job("--job", fixed, "--schedule", schedule)["predictions"][0]["asked"] == schedule
+
+
+def test_a_what_if_timeline_draws_the_schedules_that_run_and_names_the_others(tmp_path):
+    job = configuration_only(tmp_path)
+    out = tmp_path / "whatif.png"
+    result = cli("plot", "timeline", "--job", job, "--schedule", "1f1b", "--schedule", "interleaved_1f1b",
+                 "--out", out, "--dpi", 50)
+    assert result.exit_code == 0, result.output
+    assert "not drawn: interleaved_1f1b cannot run" in " ".join(result.output.split())
+    width_in, height_in = figure_size(2, panels=1)
+    assert struct.unpack(">II", out.read_bytes()[16:24]) == (int(round(width_in * 50)), int(round(height_in * 50)))
+    result = cli("plot", "timeline", "--job", job, "--schedule", "interleaved_1f1b", "--out", tmp_path / "no.png")
+    assert result.exit_code == 2 and not (tmp_path / "no.png").exists()
+
+
+# --- peak activations: one unit, the planner's and the what-if's ------------------------------------------------------
+
+def test_interleaved_peak_activations_count_a_model_chunk_as_a_fraction_of_a_stage_as_the_planner_does(tmp_path):
+    from hops_calib.plan import plan
+
+    job = configuration_only(tmp_path, INTERLEAVED)
+    out = predict_job("--job", job, "--schedule", "interleaved_1f1b")
+    pp, vp, m = (out["configuration"][k] for k in ("pp", "vp", "microbatches"))
+    peaks = out["predictions"][0]["peak_activations_stage_microbatches"]
+    planned = {c.schedule: c for c in plan(stages=pp, microbatches=m, memory_budget=100, chunks=vp).candidates}
+    assert max(peaks) == planned["interleaved_1f1b"].peak_activations
+    # Megatron's warm-up on rank 0, (p-1)*2 + (v-1)*p forwards of one chunk, plus the first steady one: more than
+    # 1F1B's p stage microbatches, fewer than GPipe's m
+    assert peaks[0] == ((pp - 1) * 2 + (vp - 1) * pp + 1) / vp
+    assert pp < max(peaks) < m * vp
+    # With as many microbatches as stages every forward runs before any backward: all layers of every microbatch
+    # are held at once, GPipe's m stage microbatches, whatever the chunks
+    _add_flags(job, "--global-batch-size 4", f"--global-batch-size {pp}")
+    held = predict_job("--job", job, "--schedule", "interleaved_1f1b")["predictions"][0]
+    assert held["peak_activations_stage_microbatches"] == [pp] * pp
+    text = cli("predict", "--job", job, "--schedule", "interleaved_1f1b").stdout
+    assert "peak activations (stage mb)" in text and "microbatches of a whole stage" in " ".join(text.split())
+
+
+def test_the_walkthroughs_six_stage_interleaved_case_reads_the_same_in_plan_and_predict(shared_runs, tmp_path):
+    from hops_calib.plan import plan
+
+    job = tmp_path / "j"
+    shutil.copytree(shared_runs / "exp2_7_batch12_run127", job, ignore=shutil.ignore_patterns("megatron_trace"))
+    for path in [job, *job.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    _add_flags(job, "--num-layers ", "--num-layers-per-virtual-pipeline-stage 1 --no-overlap-p2p-communication "
+                                     "--num-layers ")
+    out = predict_job("--job", job, "--schedule", "interleaved_1f1b")
+    pp, vp, m = (out["configuration"][k] for k in ("pp", "vp", "microbatches"))
+    assert (pp, vp) == (6, 2)
+    planned = plan(stages=pp, microbatches=m, memory_budget=100, chunks=vp)
+    [interleaved] = [c for c in planned.candidates if c.schedule == "interleaved_1f1b"]
+    assert max(out["predictions"][0]["peak_activations_stage_microbatches"]) == interleaved.peak_activations
+    assert interleaved.to_dict()["peak_activations_stage_microbatches"] == interleaved.peak_activations
+
+
+# --- defaults said out loud: the store coverage is checked against, where a picture goes -----------------------------
+
+def _flat(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())  # rich boxes and wraps --help
+
+
+def test_coverage_names_the_store_it_read_and_whether_it_was_the_default(tmp_path, monkeypatch):
+    job = configuration_only(tmp_path)
+    monkeypatch.chdir(REPO)
+    defaulted = predict_job("--job", job)["calibration"]
+    runs = len(open_store(REPO / "fixtures").ids("train"))
+    assert defaulted == (f"train split of {REPO / 'fixtures'}, {runs} runs; --fixtures not given: the default, "
+                         "./fixtures in the current directory")
+    assert f"train split of {REPO / 'fixtures'}" in cli("predict", "--job", job).stdout
+    given = predict_job("--job", job, "--fixtures", REPO / "fixtures")["calibration"]
+    assert given == f"train split of {REPO / 'fixtures'}, {runs} runs"
+    monkeypatch.chdir(tmp_path)  # no store here: not checked, and the line says which store was looked for
+    unchecked = predict_job("--job", job)
+    assert unchecked["extrapolations"] is None
+    assert f"store {tmp_path / 'fixtures'}; --fixtures not given" in unchecked["calibration"]
+    assert "./fixtures" in _flat(cli("predict", "--help").output) and "coverage" in _flat(cli("predict", "--help").output)
+
+
+def test_a_timeline_without_out_goes_to_the_current_directory_as_help_says(tmp_path, monkeypatch):
+    job = configuration_only(tmp_path)
+    assert "(default: timeline-ID.png, with --job timeline-<job folder name>.png, in the current directory)" in _flat(
+        cli("plot", "timeline", "--help").output)
+    where = tmp_path / "cwd"
+    where.mkdir()
+    monkeypatch.chdir(where)
+    result = cli("plot", "timeline", "--job", job, "--dpi", 30)
+    assert result.exit_code == 0, result.output
+    written = where / f"timeline-{job.name}.png"
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {written} " in result.stdout

@@ -41,8 +41,9 @@ def _count(n: int, noun: str) -> str:
 
 
 def _target(out: Path | None, default: str, dpi: float) -> Path:
-    """The image to write (`default` when --out is not given); checked before any work is done."""
-    target = out if out is not None else Path(default)
+    """The image to write (`default` in the current directory when --out is not given, named in full so the line
+    saying where it went does); checked before any work is done."""
+    target = out if out is not None else Path.cwd() / default
     style.image_format(target)
     if not 20 <= dpi <= 600:
         raise InputError("plot", f"--dpi {dpi} is outside 20..600", field="--dpi", hint="150 suits a screen")
@@ -89,6 +90,8 @@ def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | 
                       for prediction in result.predictions]
             title = (f"{spec.run_id} (what-if): {spec.pp} stages, {spec.microbatches} microbatches per iteration, "
                      f"first {min(iterations, spec.iterations)} of {spec.iterations} iterations")
+            for refused in result.refused:
+                print(f"not drawn: {refused.sentence()}")
             return _wrote(timeline_figure(title, spec.devices, panels, iterations, dpi=dpi), target, dpi)
         target = _target(out, f"timeline-{fixture_id}.png", dpi)
         fixture = open_store(fixtures).load(fixture_id)

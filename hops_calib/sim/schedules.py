@@ -295,8 +295,8 @@ def check_shape(schedule: str, ranks: int, chunks: int, microbatches: int, gpipe
             raise ValueError(f"gpipe_flush must be at least 1 microbatch (got {gpipe_flush})")
     if schedule == "interleaved_1f1b":
         if chunks < 2:
-            raise ValueError("interleaved_1f1b needs a pipeline with chunks >= 2 model chunks per rank "
-                             f"(got chunks={chunks}); use 1f1b for one chunk")
+            raise ValueError(f"interleaved_1f1b needs at least 2 model chunks per rank (got chunks={chunks}); "
+                             "use 1f1b for one chunk")
         if microbatches % ranks:
             raise ValueError(f"Megatron refuses the interleaved schedule when the number of microbatches "
                              f"({microbatches}) is not divisible by the pipeline-model-parallel size ({ranks}) "

@@ -63,8 +63,16 @@ class SimResult:
     microbatches: int  # per iteration
     iterations: int
     makespan_ms: float
-    peak_activations: tuple[int, ...]  # per rank; for interleaved 1F1B in model chunks
+    peak_activations: tuple[int, ...]  # per rank, in microbatches of one model chunk (see peak_stage_activations)
     columns: dict[str, np.ndarray] = field(repr=False)  # the timeline's columns; kind and phase as codes
+    chunks: int = 1  # model chunks per rank
+
+    @property
+    def peak_stage_activations(self) -> tuple[float, ...]:
+        """The most activations each rank holds at once, in stage microbatches: one unit is one microbatch's
+        activations of a whole stage (all the rank's layers), so a model chunk of interleaved 1F1B, 1/chunks of
+        the rank's layers, counts 1/chunks. The one unit the planner and the what-if report memory in."""
+        return tuple(n / self.chunks for n in self.peak_activations)
 
     @property
     def tasks(self) -> int:
@@ -178,7 +186,7 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     return SimResult(
         schedule=resolved, ranks=ranks, microbatches=pipeline.microbatches, iterations=pipeline.iterations,
         makespan_ms=float(columns["end_ms"].max()), peak_activations=programs.peak_activations,
-        columns=columns,
+        columns=columns, chunks=pipeline.chunks,
     )
 
 
