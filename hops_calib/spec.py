@@ -283,6 +283,7 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     manifest = read_manifest(job_dir)
     run_id = run_id_of(job_dir, manifest)
     args, args_source = find_arguments(job_dir)
+    require_modelled(args, args_source)  # a run the cost model cannot price is refused, in ingest and what-if alike
 
     pp = _require_int(args, "pipeline_model_parallel_size", args_source, default=1, minimum=1)
     tp = _require_int(args, "tensor_model_parallel_size", args_source, default=1, minimum=1)
@@ -532,7 +533,7 @@ def require_modelled(args: dict[str, Any], source: Path | str) -> None:
     """Refuse a launch (`args` read from `source`) with a setting the cost model does not price: a TraceError
     naming the file, the line and flag of the first such setting, every one of them, and what is priced.
 
-    For every caller that reads a launch: `predict --job` (what-if) and, when wired, ingest.
+    `build_spec` calls it, so ingest and `predict --job` (what-if) refuse the same launches.
     """
     found = unmodelled(args)
     if not found:

@@ -141,7 +141,7 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     """Predict the run `job_dir` configures under each of `schedules` (default: the configured one); with the
     `calibration` runs' coverage, also say where the configuration lies outside them."""
     from hops_calib.predict import ScheduleError, predict_schedules
-    from hops_calib.spec import build_spec, require_modelled
+    from hops_calib.spec import build_spec
     from hops_calib.trace import find_arguments, read_manifest
 
     job_dir = Path(job_dir)
@@ -153,10 +153,9 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     if unknown:
         raise InputError("predict", f"unknown schedule {unknown[0]!r}", field="--schedule",
                          hint=f"expected one of {', '.join(CHOICES)}")
-    # A launch with a setting the cost model does not price (tensor parallelism, recomputation, SwiGLU, ...) is
-    # refused: its prediction would be another configuration's.
-    args, args_source = find_arguments(job_dir)
-    require_modelled(args, args_source)
+    # build_spec refuses a launch with a setting the cost model does not price (tensor parallelism, recomputation,
+    # SwiGLU, ...): its prediction would be another configuration's.
+    _args, args_source = find_arguments(job_dir)
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
     wanted = tuple(dict.fromkeys(schedules)) or (spec.schedule,)

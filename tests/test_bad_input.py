@@ -357,3 +357,10 @@ def test_a_template_for_another_pipeline_is_refused(run_copy, tmp_path):
     path.write_text(yaml.safe_dump(template))
     message = _refused(run_copy, tmp_path)
     _names(message, path, None, "pipeline.stages")
+
+
+def test_a_launch_the_cost_model_does_not_price_is_refused_at_ingest(run_copy, tmp_path):
+    args = run_copy / "megatron_args.txt"
+    args.write_text(args.read_text().rstrip("\n") + " --recompute-activations\n")
+    message = _refused(run_copy, tmp_path)
+    _names(message, args, 1, "--recompute-activations")
