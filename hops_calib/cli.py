@@ -135,7 +135,9 @@ def plan(
 
 MODEL_OPTION = typer.Option(None, "--model",
                             help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
-LEDGER_OPTION = typer.Option(Path("ledger/ledger.jsonl"), "--ledger", help="Experiment ledger (JSON lines).")
+LEDGER_OPTION = typer.Option(None, "--ledger", show_default=False, help=(
+    "Experiment ledger (JSON lines) [default: ledger/ledger.jsonl of the hops-calib checkout enclosing the current "
+    "directory, else of the one the package runs from; it must exist: a new ledger only at a path named here]."))
 # The gate's tolerance options, declared once: (Tolerances field, option, type, help). `with_tolerances` adds them
 # to a command, which receives them as one `tolerances` dict (None where not given).
 TOLERANCE_OPTIONS = (
@@ -493,4 +495,13 @@ def crossval(
 
 
 def main() -> None:
-    app()
+    """The entry point. Exit codes: 0 ok / accepted, 1 rejected (or a ledger that fails verify), 2 bad input or
+    usage, 3 an internal error (a bug; the verbs of hops_calib.loop report their own, this catches the rest)."""
+    try:
+        app()
+    except Exception as error:  # noqa: BLE001 - a crash must not exit 1, which reads as "rejected"
+        import sys
+
+        from hops_calib.loop import internal_error
+
+        sys.exit(internal_error(error))

@@ -166,15 +166,18 @@ def parity_command(split: str, fixtures: Path, model_path: Path | None, out: Pat
 
 # --- ledger --------------------------------------------------------------------------------------
 
-def ledger_command(ledger: Path, out: Path | None, dpi: float, candidates: str | None = None) -> int:
+def ledger_command(ledger: Path | None, out: Path | None, dpi: float, candidates: str | None = None) -> int:
     def run() -> int:
-        from hops_calib.ledger import read_entries
+        from hops_calib.ledger import read_entries, resolve, warn_if_broken
         from hops_calib.plot.ledger import ledger_figure, read_history
 
+        nonlocal ledger
+        ledger = resolve(ledger)
         target = _target(out, "ledger-history.png", dpi)
         if not ledger.exists():
             raise InputError(ledger, "no ledger here", hint="`hops-calib evaluate CANDIDATE --ledger "
                                                            f"{ledger}` records the first entry")
+        warn_if_broken(ledger)
         attempts, audits = read_history(list(read_entries(ledger)))
         if candidates is not None:
             import re
