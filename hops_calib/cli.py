@@ -136,8 +136,8 @@ def plan(
 MODEL_OPTION = typer.Option(None, "--model",
                             help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
 LEDGER_OPTION = typer.Option(None, "--ledger", show_default=False, help=(
-    "Experiment ledger (JSON lines) [default: ledger/ledger.jsonl of the hops-calib checkout enclosing the current "
-    "directory, else of the one the package runs from; it must exist: a new ledger only at a path named here]."))
+    "Experiment ledger (JSON lines). Default: ledger/ledger.jsonl of the hops-calib checkout enclosing the current "
+    "directory, else of the one the package runs from; it must exist: a new ledger only at a path named here."))
 # The gate's tolerance options, declared once: (Tolerances field, option, type, help). `with_tolerances` adds them
 # to a command, which receives them as one `tolerances` dict (None where not given).
 TOLERANCE_OPTIONS = (
@@ -297,7 +297,7 @@ def terms(
 @ledger_app.command("show")
 def ledger_show(
     ledger: Path = LEDGER_OPTION,
-    last: Optional[int] = typer.Option(None, "--last", help="Only the last N entries."),
+    last: Optional[int] = typer.Option(None, "--last", min=1, help="Only the last N entries (N >= 1)."),
     as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
 ) -> None:
     """One line per entry: time, decision, candidate and change, MAPE before -> after."""
@@ -384,7 +384,7 @@ def plot_timeline(
     iterations: int = typer.Option(2, "--iterations", help="Show the first K iterations."),
     fixtures: Path = FIXTURES_OPTION,
     model: Optional[Path] = MODEL_OPTION,
-    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [timeline-ID.png]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: timeline-ID.png in the current directory)."),
     dpi: float = DPI_OPTION,
 ) -> None:
     """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time; with
@@ -399,7 +399,7 @@ def plot_parity(
     split: str = typer.Option("train", "--split", help="Only 'train': held-out runs are seen only in aggregate."),
     fixtures: Path = FIXTURES_OPTION,
     model: Optional[Path] = MODEL_OPTION,
-    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [parity-train.png]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: parity-train.png in the current directory)."),
     label_worst: int = typer.Option(3, "--label-worst", help="Label this many worst runs in each panel."),
     dpi: float = DPI_OPTION,
 ) -> None:
@@ -412,7 +412,7 @@ def plot_parity(
 @plot_app.command("ledger")
 def plot_ledger(
     ledger: Path = LEDGER_OPTION,
-    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg [ledger-history.png]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: ledger-history.png in the current directory)."),
     dpi: float = DPI_OPTION,
     candidates: Optional[str] = typer.Option(
         None, "--candidates", help="Only candidates whose id matches this regular expression (one campaign, when "

@@ -361,8 +361,9 @@ def _shared_problem(problem: TuneProblem) -> tuple[TuneProblem, tuple[str, ...]]
     return replace(problem, model=model), dropped
 
 
-def _also(specs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """Parse "TERM:PARAM" specs, refusing unknown terms and parameters by name."""
+def _also(specs: tuple[str, ...], selected: tuple[str, ...] = (), term_refit: str = "") -> tuple[tuple[str, str], ...]:
+    """Parse "TERM:PARAM" specs, refusing unknown terms and parameters by name, and a parameter already refit
+    (one of TERM's `selected` parameters, or the same spec twice): it would be searched as two coordinates."""
     parsed = []
     for spec in specs:
         term, sep, name = spec.partition(":")
@@ -374,6 +375,11 @@ def _also(specs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         except KeyError:
             raise InputError("crossval", f"--also {spec!r}: term {term!r} has no parameter {name!r}", field="also",
                              hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}") from None
+        if (term == term_refit and name in selected) or (term, name) in parsed:
+            raise InputError("crossval", f"--also {spec!r}: {name} of {term} is refit already"
+                             + (f" as {term_refit}'s own parameter" if term == term_refit else " (given twice)"),
+                             field="also", hint="name each parameter once: TERM's own with --only, other terms' "
+                                                "with --also")
         parsed.append((term, name))
     return tuple(parsed)
 
@@ -396,7 +402,7 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     if shared:
         problem, dropped = _shared_problem(problem)
     if also:
-        problem = JointProblem(problem, _also(also))
+        problem = JointProblem(problem, _also(also, tuple(p.name for p in problem.params), term))
     suite = problem.suite
     parts = fold_groups(suite.ids, folds, seed)
     current = score_model(suite, shipped, origin=f"crossval {term}")

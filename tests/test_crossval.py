@@ -209,6 +209,15 @@ def test_also_refits_other_terms_parameters_together_with_the_term(shared_fixtur
             crossval(TERM, shared_fixtures, folds=2, evaluations=1, only=(PARAM,), also=bad)
 
 
+def test_also_refuses_a_parameter_already_refit(shared_fixtures):
+    with pytest.raises(InputError, match="host_ms of iteration_host_overhead is refit already as"):
+        crossval("iteration_host_overhead", shared_fixtures, folds=3, evaluations=1, only=("host_ms",),
+                 also=("iteration_host_overhead:host_ms",))
+    with pytest.raises(InputError, match="given twice"):
+        crossval("iteration_host_overhead", shared_fixtures, folds=3, evaluations=1, only=("host_ms",),
+                 also=("optimizer_step:fixed_ms", "optimizer_step:fixed_ms"))
+
+
 def test_a_fold_whose_refit_falls_short_of_the_current_values_is_flagged_and_left_out_of_the_verdict(
         shared_fixtures):
     # The walkthrough's case: with 40 evaluations one fold's refit stays at the term's default, worse on its own

@@ -768,6 +768,22 @@ def test_a_plan_is_refused_for_a_candidate_already_judged_and_a_reused_id_warns(
     assert "'free-links' was judged before with another text (ledger entry 1)" in warning
 
 
+@pytest.mark.parametrize("last", ["0", "-1"])
+def test_ledger_show_refuses_a_non_positive_last(tmp_path, last):
+    ledger = tmp_path / "ledger.jsonl"
+    assert cli("ledger", "plan", "--note", "n", "--ledger", ledger).exit_code == 0
+    shown = cli("ledger", "show", "--ledger", ledger, "--last", last)
+    assert shown.exit_code == 2 and "--last" in shown.output and "no entries" not in shown.output
+    assert "plan: n" in cli("ledger", "show", "--ledger", ledger, "--last", "1").stdout
+
+
+def test_verify_of_a_missing_ledger_names_the_file_not_a_line_0(tmp_path):
+    missing = tmp_path / "nowhere.jsonl"
+    result = cli("ledger", "verify", "--ledger", missing)
+    assert result.exit_code == 1 and f"{missing}: the ledger file is missing" in result.stderr
+    assert "line 0" not in result.stderr
+
+
 def test_a_hand_edited_model_file_draws_a_warning(shared_fixtures, tmp_path):
     from hops_calib.model_files import DEFAULT_MODEL
 

@@ -188,6 +188,10 @@ def ledger_command(ledger: Path | None, out: Path | None, dpi: float, candidates
                 raise InputError("--candidates", f"not a regular expression: {error}") from None
             # Committed comparisons stay whatever the filter: they set the model the line follows.
             attempts = [a for a in attempts if a.comparison or pattern.search(a.candidate_id)]
+            if not any(not a.comparison for a in attempts):
+                raise InputError(ledger, f"no candidate id matches --candidates {candidates!r}", field="--candidates",
+                                 hint="`hops-calib ledger show` lists the candidate ids; the expression is searched "
+                                      "in each id (re.search)")
         if not attempts and not audits:
             raise InputError(ledger, "has no candidate evaluations or held-out reports to plot",
                              hint="`hops-calib evaluate CANDIDATE` or `hops-calib report --split test` adds one")
