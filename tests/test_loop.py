@@ -275,7 +275,7 @@ def test_ledger_cli_verifies_and_names_tampered_and_truncated_lines(shared_fixtu
     lines[1] = lines[1].replace('"split":"train"', '"split":"test"')
     ledger.write_text("".join(lines) + lines[2][:50])
     truncated = cli("ledger", "verify", "--ledger", ledger)
-    assert truncated.exit_code == 1 and "line 4" in truncated.stderr and "interrupted" in truncated.stderr
+    assert truncated.exit_code == 1 and f"{ledger}:4: incomplete" in truncated.stderr and "interrupted" in truncated.stderr
     blocked = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--again")
     assert blocked.exit_code == 2 and "ledger repair" in blocked.stderr
     assert cli("ledger", "repair", "--ledger", ledger).exit_code == 0
