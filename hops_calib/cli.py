@@ -496,12 +496,34 @@ def crossval(
 
 def main() -> None:
     """The entry point. Exit codes: 0 ok / accepted, 1 rejected (or a ledger that fails verify), 2 bad input or
-    usage, 3 an internal error (a bug; the verbs of hops_calib.loop report their own, this catches the rest)."""
+    usage, 3 an internal error (a bug; the verbs of hops_calib.loop report their own, this catches the rest).
+    A usage error (an option's value, an unknown verb) under --json is also one {"error": ...} object on stdout,
+    as the verbs' own errors are."""
+    import sys
+
+    from hops_calib.loop import error_record, internal_error
+
     try:
-        app()
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    except BrokenPipeError:  # stdout's reader went away (`| head`): end quietly, as a process killed by SIGPIPE
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
     except Exception as error:  # noqa: BLE001 - a crash must not exit 1, which reads as "rejected"
-        import sys
+        if hasattr(error, "show") and isinstance(getattr(error, "exit_code", None), int):  # a usage error
+            error.show()
+            if "--json" in sys.argv[1:] and error.exit_code != 0:
+                import json
 
-        from hops_calib.loop import internal_error
-
+                record = error_record(error, error.exit_code)
+                record["error"]["message"] = record["error"]["problem"] = error.format_message()
+                param = getattr(error, "param", None)
+                record["error"]["field"] = "/".join(getattr(param, "opts", None) or []) or None
+                print(json.dumps(record, indent=1, default=str))
+            sys.exit(error.exit_code)
         sys.exit(internal_error(error))
+    sys.exit(code if isinstance(code, int) else 0)

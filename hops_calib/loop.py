@@ -60,6 +60,8 @@ def _guarded(action: Callable[[], int], as_json: bool = False) -> int:
     With `as_json`, the error is also one JSON object on stdout (`error_record`)."""
     try:
         return action()
+    except BrokenPipeError:
+        raise  # the reader of stdout went away (`| head`): not an error of the verb (cli.main ends quietly)
     except Exception as error:  # noqa: BLE001 - every error leaves with a documented exit code
         # A StoreError (unknown fixture id, ...) can only come from a verb that imported the store; importing it
         # here would cost the ledger verbs a pandas import.

@@ -797,3 +797,15 @@ def test_a_hand_edited_model_file_draws_a_warning(shared_fixtures, tmp_path):
     assert "warning:" in cli("evaluate", "--fixtures", shared_fixtures, "--model", edited).stderr
     untouched = cli("evaluate", "--fixtures", shared_fixtures, "--json")
     assert json.loads(untouched.stdout)["warnings"] == []
+
+
+def test_a_usage_error_under_json_is_one_json_object_from_the_entry_point(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "hops_calib", "ledger", "show", "--ledger", str(tmp_path / "l.jsonl"),
+                           "--last", "0", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "--last" in done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["field"] == "--last" and error["exit_code"] == 2 and "greater than or equal to 1" in error["message"]
+    plain = subprocess.run([sys.executable, "-m", "hops_calib", "version"], capture_output=True, text=True, env=env,
+                           timeout=60)
+    assert plain.returncode == 0 and plain.stdout.strip()
