@@ -142,7 +142,9 @@ def plan(
 
 MODEL_OPTION = typer.Option(None, "--model",
                             help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
-LEDGER_OPTION = typer.Option(Path("ledger/ledger.jsonl"), "--ledger", help="Experiment ledger (JSON lines).")
+LEDGER_OPTION = typer.Option(None, "--ledger", show_default=False, help=(
+    "Experiment ledger (JSON lines). Default: ledger/ledger.jsonl of the hops-calib checkout enclosing the current "
+    "directory, else of the one the package runs from; it must exist: a new ledger only at a path named here."))
 # The gate's tolerance options, declared once: (Tolerances field, option, type, help). `with_tolerances` adds them
 # to a command, which receives them as one `tolerances` dict (None where not given).
 TOLERANCE_OPTIONS = (
@@ -307,7 +309,7 @@ def terms(
 @ledger_app.command("show")
 def ledger_show(
     ledger: Path = LEDGER_OPTION,
-    last: Optional[int] = typer.Option(None, "--last", help="Only the last N entries."),
+    last: Optional[int] = typer.Option(None, "--last", min=1, help="Only the last N entries (N >= 1)."),
     as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
 ) -> None:
     """One line per entry: time, decision, candidate and change, MAPE before -> after."""
@@ -509,4 +511,35 @@ def crossval(
 
 
 def main() -> None:
-    app()
+    """The entry point. Exit codes: 0 ok / accepted, 1 rejected (or a ledger that fails verify), 2 bad input or
+    usage, 3 an internal error (a bug; the verbs of hops_calib.loop report their own, this catches the rest).
+    A usage error (an option's value, an unknown verb) under --json is also one {"error": ...} object on stdout,
+    as the verbs' own errors are."""
+    import sys
+
+    from hops_calib.loop import error_record, internal_error
+
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    except BrokenPipeError:  # stdout's reader went away (`| head`): end quietly, as a process killed by SIGPIPE
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+    except Exception as error:  # noqa: BLE001 - a crash must not exit 1, which reads as "rejected"
+        if hasattr(error, "show") and isinstance(getattr(error, "exit_code", None), int):  # a usage error
+            error.show()
+            if "--json" in sys.argv[1:] and error.exit_code != 0:
+                import json
+
+                record = error_record(error, error.exit_code)
+                record["error"]["message"] = record["error"]["problem"] = error.format_message()
+                param = getattr(error, "param", None)
+                record["error"]["field"] = "/".join(getattr(param, "opts", None) or []) or None
+                print(json.dumps(record, indent=1, default=str))
+            sys.exit(error.exit_code)
+        sys.exit(internal_error(error))
+    sys.exit(code if isinstance(code, int) else 0)

@@ -25,7 +25,10 @@ parameters they tie. Switch parameters (a few allowed values) keep the model's v
 in-sample score is the same refit's on its own fitting runs, so held out minus in sample compares like with
 like; the "current" column is the model as shipped, which has seen every fold. The same search is also run on
 every train run ("full refit"): when it lands well above the shipped values' error, the search, not the data,
-sets the cross-validated number, and more evaluations are needed before reading it.
+sets the cross-validated number, and more evaluations are needed before reading it. The same holds per fold: a
+fold whose refit scores worse on its own fitting runs than the current values do there (which the search could
+have returned) is flagged, and its values are left out of the verdict on which parameters the folds refit apart
+(a short search's values disagree for no reason in the data). Warnings and verdicts are in --json as well.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from hops_calib.tune import TuneProblem, load_problem, term_values
 
 DEFAULT_FOLDS = 5
 DEFAULT_EVALUATIONS = 150
+SHORTFALL_PP = 0.1  # a refit this much worse than the current values on its own fitting runs: the search fell short
+DISAGREEMENT = 1.5  # folds' refit values further apart than this factor: the folds that pin the parameter decide it
 
 
 def _positions(suite: Suite, ids: tuple[str, ...]) -> list[int]:
@@ -84,11 +89,20 @@ class Fold:
     # Components mode: the mispriced share of the measured times (%), held out and in sample.
     held_out_component_pct: float | None = None
     in_sample_component_pct: float | None = None
+    # The refit's objective on its own fitting runs, and the current values' there (the refit searched a space
+    # holding them): a refit worse than the current values fell short of its search, not of the data.
+    in_sample_objective: float = float("nan")
+    current_in_sample_objective: float = float("nan")
+
+    @property
+    def fell_short(self) -> bool:
+        return self.in_sample_objective > self.current_in_sample_objective + SHORTFALL_PP
 
     def to_dict(self) -> dict[str, Any]:
         return {"fold": self.index, "groups": list(self.groups), "runs": list(self.ids), "params": self.params,
                 "current": self.current.to_dict(), "held_out": self.held_out.to_dict(),
-                "in_sample": self.in_sample.to_dict(),
+                "in_sample": self.in_sample.to_dict(), "in_sample_objective": self.in_sample_objective,
+                "current_in_sample_objective": self.current_in_sample_objective, "fell_short": self.fell_short,
                 "held_out_component_mape_pct": self.held_out_component_pct,
                 "in_sample_component_mape_pct": self.in_sample_component_pct,
                 "throughput_error_pct": {k: {"current": c, "held_out": h} for k, (c, h) in self.errors.items()}}
@@ -114,6 +128,58 @@ class CrossValidation:
     # With shared=True: the per-device values (NAME@TYPE) taken out, so each refit fits one value for every device.
     dropped: tuple[str, ...] = ()
     also: tuple[str, ...] = ()  # other terms' parameters refit alongside ("TERM:PARAM")
+    # The objective (throughput MAPE %, or the mispriced share % in components mode) of the full refit and of the
+    # current values in the refit's space (the shipped model, less the per-device values --shared took out).
+    full_objective: float = float("nan")
+    current_objective: float = float("nan")
+
+    @property
+    def full_fell_short(self) -> bool:
+        return self.full_objective > self.current_objective + SHORTFALL_PP
+
+    @property
+    def short_folds(self) -> tuple[int, ...]:
+        return tuple(f.index for f in self.folds if f.fell_short)
+
+    @property
+    def disagreement(self) -> dict[str, tuple[float, float]]:
+        """Parameters the folds refit more than DISAGREEMENT x apart, (low, high), from the folds whose search did
+        not fall short only (at least two of them): a short search's values say nothing about the data."""
+        sound = [f for f in self.folds if not f.fell_short]
+        if len(sound) < 2:
+            return {}
+        spread = {n: (min(f.params[n] for f in sound), max(f.params[n] for f in sound)) for n in self.current_params}
+        return {n: (low, high) for n, (low, high) in spread.items() if high > low * DISAGREEMENT + 1e-9}
+
+    def warnings(self) -> list[str]:
+        out = []
+        what = "mispriced share" if self.objective == "components" else "throughput MAPE"
+        for fold in self.folds:
+            if fold.fell_short:
+                out.append(f"fold {fold.index}: its refit scores {fold.in_sample_objective:.2f} % ({what}) on its own "
+                           f"fitting runs against the current values' {fold.current_in_sample_objective:.2f} % "
+                           "there: the search fell short, so its held-out error and values are the search's, not "
+                           "the data's; rerun with more --evaluations")
+        if self.full_fell_short:
+            out.append(f"the refit on every train run scores {self.full_objective:.2f} % against the current values' "
+                       f"{self.current_objective:.2f} % (its objective): the search, not the data, sets these "
+                       "numbers; rerun with more --evaluations before reading them")
+        sound = len(self.folds) - len(self.short_folds)
+        if self.short_folds and sound < 2:
+            out.append(f"only {sound} fold(s) searched as far as the current values: no verdict on which "
+                       "parameters the folds refit apart")
+        return out
+
+    def verdicts(self) -> list[str]:
+        loose = self.disagreement
+        if not loose:
+            return []
+        skipped = (f" (fold(s) {', '.join(map(str, self.short_folds))} left out: their search fell short)"
+                   if self.short_folds else "")
+        return [f"refits disagree by more than {DISAGREEMENT:g}x on: " + ", ".join(
+            f"{n} ({low:.3g}-{high:.3g})" for n, (low, high) in loose.items())
+            + ": the folds that pin them decide them; a configuration unlike those is predicted with a guess"
+            + skipped]
 
     @property
     def held_out_component_pct(self) -> float | None:
@@ -155,7 +221,11 @@ class CrossValidation:
                 "component_mape_pct": None if self.objective != "components" else {
                     "cross_validated": self.held_out_component_pct, "in_sample": self.in_sample_component_pct,
                     "full_refit": self.full_component_pct, "current": self.current_component_pct},
-                "folds": [f.to_dict() for f in self.folds]}
+                "folds": [f.to_dict() for f in self.folds],
+                "objective_current": self.current_objective, "objective_full_refit": self.full_objective,
+                "short_folds": list(self.short_folds),
+                "disagreeing_params": {n: list(bounds) for n, bounds in self.disagreement.items()},
+                "warnings": self.warnings(), "verdicts": self.verdicts()}
 
 
 @dataclass(frozen=True)
@@ -291,8 +361,9 @@ def _shared_problem(problem: TuneProblem) -> tuple[TuneProblem, tuple[str, ...]]
     return replace(problem, model=model), dropped
 
 
-def _also(specs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """Parse "TERM:PARAM" specs, refusing unknown terms and parameters by name."""
+def _also(specs: tuple[str, ...], selected: tuple[str, ...] = (), term_refit: str = "") -> tuple[tuple[str, str], ...]:
+    """Parse "TERM:PARAM" specs, refusing unknown terms and parameters by name, and a parameter already refit
+    (one of TERM's `selected` parameters, or the same spec twice): it would be searched as two coordinates."""
     parsed = []
     for spec in specs:
         term, sep, name = spec.partition(":")
@@ -304,6 +375,11 @@ def _also(specs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         except KeyError:
             raise InputError("crossval", f"--also {spec!r}: term {term!r} has no parameter {name!r}", field="also",
                              hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}") from None
+        if (term == term_refit and name in selected) or (term, name) in parsed:
+            raise InputError("crossval", f"--also {spec!r}: {name} of {term} is refit already"
+                             + (f" as {term_refit}'s own parameter" if term == term_refit else " (given twice)"),
+                             field="also", hint="name each parameter once: TERM's own with --only, other terms' "
+                                                "with --also")
         parsed.append((term, name))
     return tuple(parsed)
 
@@ -326,11 +402,22 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     if shared:
         problem, dropped = _shared_problem(problem)
     if also:
-        problem = JointProblem(problem, _also(also))
+        problem = JointProblem(problem, _also(also, tuple(p.name for p in problem.params), term))
     suite = problem.suite
     parts = fold_groups(suite.ids, folds, seed)
     current = score_model(suite, shipped, origin=f"crossval {term}")
     current_errors = {r.run_id: r.throughput_error_pct for r in current.runs}
+    components = objective == "components"
+    # The current values in the space the refits search (--shared: the shipped model without the per-device
+    # values it took out): the point a search that did its job scores no worse than, on any runs.
+    reference = problem.base.model if isinstance(problem, JointProblem) else problem.model
+    reference_runs = current.runs if reference is shipped else score_model(suite, reference, origin="crossval").runs
+
+    def reference_objective(sub_problem, ids: set[str]) -> float:
+        if components:
+            return sub_problem.component_mape(reference)
+        return aggregate([r for r in reference_runs if r.run_id in ids]).throughput_mape_pct
+
     results = []
     for index, groups in enumerate(parts):
         held = tuple(i for i in suite.ids if group_of(i) in groups)
@@ -345,27 +432,32 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
         held_problem = _fold_problem(problem, held)
         held_out = score_model(held_problem.suite, model, origin=f"crossval {term} fold {index}")
         in_sample = score_model(fit_problem.suite, model, origin=f"crossval {term} fold {index}").suite
-        components = objective == "components"
+        in_sample_component = fit_problem.component_mape(model) if components else None
         results.append(Fold(index=index, groups=groups, ids=held, params=values,
                             current=aggregate([r for r in current.runs if r.run_id in held]),
                             held_out=held_out.suite, in_sample=in_sample,
                             errors={r.run_id: (current_errors[r.run_id], r.throughput_error_pct)
                                     for r in held_out.runs}, runs=tuple(held_out.runs),
                             held_out_component_pct=held_problem.component_mape(model) if components else None,
-                            in_sample_component_pct=fit_problem.component_mape(model) if components else None))
+                            in_sample_component_pct=in_sample_component,
+                            in_sample_objective=in_sample_component if components else in_sample.throughput_mape_pct,
+                            current_in_sample_objective=reference_objective(fit_problem, set(fit_problem.suite.ids))))
     full_values = refit(problem, evaluations, seed + len(parts),
                         lambda calls: progress(len(parts) * evaluations + calls, evaluations * (len(parts) + 1))
                         if progress else None)
     current_values = _values(problem, shipped)
     full_model = problem.model_with(full_values)
+    full = score_model(suite, full_model, origin=f"crossval {term}").suite
+    full_component = problem.component_mape(full_model) if components else None
     return CrossValidation(term=term, model_sha256=shipped.sha256, fixture_set_sha256=suite.sha256, seed=seed,
                            evaluations=evaluations, objective=objective, only=tuple(only),
                            current_params={k: current_values[k] for k in results[0].params},
                            current=current.suite, folds=tuple(results), full_params=full_values,
-                           full=score_model(suite, full_model, origin=f"crossval {term}").suite,
-                           full_component_pct=problem.component_mape(full_model) if objective == "components" else None,
-                           current_component_pct=problem.component_mape(shipped) if objective == "components"
-                           else None, dropped=dropped, also=tuple(also))
+                           full=full, full_component_pct=full_component,
+                           current_component_pct=problem.component_mape(shipped) if components else None,
+                           dropped=dropped, also=tuple(also),
+                           full_objective=full_component if components else full.throughput_mape_pct,
+                           current_objective=reference_objective(problem, set(suite.ids)))
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -387,7 +479,7 @@ def crossval_text(result: CrossValidation) -> str:
            f"{result.in_sample_mape_pct:.2f} % (optimism {result.optimism_pp:+.2f} pp)"]
     rows = []
     for fold in result.folds:
-        rows.append([str(fold.index), str(len(fold.ids)), _short_groups(fold.groups),
+        rows.append([str(fold.index) + (" !" if fold.fell_short else ""), str(len(fold.ids)), _short_groups(fold.groups),
                      f"{fold.current.throughput_mape_pct:.2f}", f"{fold.held_out.throughput_mape_pct:.2f}",
                      f"{fold.in_sample.throughput_mape_pct:.2f}"] + [f"{fold.params[n]:.4g}" for n in names])
     rows.append(["all", str(result.full.n_fixtures), "none: the same refit on every train run", "", "",
@@ -405,19 +497,8 @@ def crossval_text(result: CrossValidation) -> str:
                    f"{result.held_out_component_pct:.2f} %, in sample {result.in_sample_component_pct:.2f} %, the "
                    f"refit on every train run {result.full_component_pct:.2f} %, the current values "
                    f"{result.current_component_pct:.2f} %")
-        searched, shipped = result.full_component_pct, result.current_component_pct
-    else:
-        searched, shipped = result.full.throughput_mape_pct, result.current.throughput_mape_pct
-    if searched > shipped + 0.1:
-        out.append(f"the refit on every train run scores {searched:.2f} % against the current values' {shipped:.2f} % "
-                   f"(its objective): the search, not the data, sets these numbers; rerun with more --evaluations "
-                   "before reading them")
-    spread = {n: (min(f.params[n] for f in result.folds), max(f.params[n] for f in result.folds)) for n in names}
-    loose = [n for n, (low, high) in spread.items() if high > low * 1.5 + 1e-9]
-    if loose:
-        out.append("refits disagree by more than 1.5x on: " + ", ".join(
-            f"{n} ({spread[n][0]:.3g}-{spread[n][1]:.3g})" for n in loose)
-            + ": the folds that pin them decide them; a configuration unlike those is predicted with a guess")
+    out += [f"warning: {w}" for w in result.warnings()]
+    out += result.verdicts()
     worst = sorted(((abs(h) - abs(c), run, c, h) for f in result.folds for run, (c, h) in f.errors.items()),
                    reverse=True)[:3]
     if worst and worst[0][0] > 0:

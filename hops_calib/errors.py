@@ -58,7 +58,13 @@ def parse_toml(text: str, origin: str, allowed_keys: set[str] | None = None) -> 
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise InputError(origin, f"not valid TOML: {error}", hint="fix the syntax at the line named") from None
+        import re
+
+        # tomllib puts the place in its message only ("... (at line 3, column 5)"): lift it into file:line:
+        at = re.search(r"\s*\(at line (\d+), column (\d+)\)$", str(error))
+        problem = str(error)[:at.start()] + f" (column {at.group(2)})" if at else str(error)
+        raise InputError(origin, f"not valid TOML: {problem}", line=int(at.group(1)) if at else None,
+                         hint="fix the syntax at the line named") from None
     unknown = sorted(set(data) - allowed_keys) if allowed_keys is not None else []
     if unknown:
         raise InputError(origin, f"unknown top-level key(s) {unknown}",

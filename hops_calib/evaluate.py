@@ -21,7 +21,8 @@ from typing import Any, Callable, Sequence
 from hops_calib.candidate import Candidate, read_candidate
 from hops_calib.errors import InputError
 from hops_calib.gate import GateResult, Tolerances, gate
-from hops_calib.ledger import DEFAULT_LEDGER, code_revision, now_utc
+from hops_calib.ledger import code_revision, now_utc
+from hops_calib.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.metrics import TimelineMetrics
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
@@ -65,6 +66,8 @@ class Suite:
 
 
 def open_store(fixtures_dir: Path | str):
+    """The fixture store of the loop's verbs. Its loaders raise FixtureFileError (a StoreError: exit 2) naming the
+    file and line of a fixture that is not as ingest wrote it, and saying to ingest its job again."""
     from hops_calib.store import FixtureStore
 
     store = FixtureStore(fixtures_dir)
@@ -155,6 +158,8 @@ class Evaluation:
     ledger_path: Path | None = None
     ledger_entry: dict[str, Any] | None = None
     committed: bool = False
+    # What the user should know that does not stop the judgement (a hand-edited model file, a reused candidate id).
+    warnings: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -170,7 +175,7 @@ class Evaluation:
         data: dict[str, Any] = {"split": self.split, **self.current.suite.to_dict(),
                                 "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
                                 "model": str(self.model_path), "model_sha256": self.model.sha256,
-                                "tolerances": self.tolerances.to_dict()}
+                                "tolerances": self.tolerances.to_dict(), "warnings": list(self.warnings)}
         data["scored_model_sha256"] = self.model.sha256  # whose numbers the top level holds
         if self.candidate is not None and self.verdict is not None and self.after is not None:
             data.update({
@@ -205,6 +210,25 @@ def _refuse_placeholders(candidate: Candidate) -> None:
                                   "placeholder tune left, then evaluate it")
 
 
+def _judgements(ledger_path: Path | str) -> list[dict[str, Any]]:
+    """The ledger's candidate judgements (evaluate entries), in order; none when the ledger does not exist yet."""
+    from hops_calib import ledger
+
+    return [e for e in ledger.read_entries(ledger_path) if e.get("kind") == "evaluate" and e.get("candidate")]
+
+
+def _reused_id(ledger_path: Path | str, candidate: Candidate) -> list[str]:
+    """A warning when the ledger judged another text under this candidate's id: the id no longer names one
+    change, and the ledger's history of it mixes two."""
+    others = [e for e in _judgements(ledger_path)
+              if e["candidate"].get("id") == candidate.id and e["candidate"].get("text") != candidate.text]
+    if not others:
+        return []
+    seqs = ", ".join(str(e.get("seq")) for e in others[:5]) + (", ..." if len(others) > 5 else "")
+    return [f"{candidate.origin}: candidate id {candidate.id!r} was judged before with another text (ledger entry "
+            f"{seqs}): give a changed candidate a new id, so each id names one change in the ledger"]
+
+
 def candidate_record(candidate: Candidate) -> dict[str, Any]:
     return {"id": candidate.id, "path": candidate.origin, "change": candidate.change.describe(),
             "target": candidate.change.target, "hypothesis": candidate.hypothesis, "text": candidate.text}
@@ -212,14 +236,14 @@ def candidate_record(candidate: Candidate) -> dict[str, Any]:
 
 def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
              candidate_path: Path | str | None = None, tolerances: Tolerances = Tolerances(),
-             ledger_path: Path | str = DEFAULT_LEDGER, commit: bool = False, split: str = TRAIN,
+             ledger_path: Path | str | None = None, commit: bool = False, split: str = TRAIN,
              plan: int | None = None, progress: Progress = QUIET) -> Evaluation:
     """Score the model on the train split; with a candidate, gate it, record it, and commit it if asked and accepted.
 
     `progress` sees one unit per prediction (two per run with a candidate). `plan`: the ledger entry (`ledger
     plan`) whose tolerances this judgement was stated under beforehand; they must be the ones given.
     """
-    from hops_calib.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.model_files import DEFAULT_MODEL, edited_since_written, load_model
 
     refuse_test_split(split, "evaluate")
     if plan is not None and candidate_path is None:
@@ -231,17 +255,22 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     candidate = read_candidate(candidate_path) if candidate_path is not None else None
     if candidate is not None:
         _refuse_placeholders(candidate)
+        ledger_path = resolve_ledger(ledger_path)  # only a judgement is recorded: scoring alone needs no ledger
+        check_appendable(ledger_path)
     if plan is not None:
         check_plan(ledger_path, plan, tolerances, "evaluate", candidate)
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     model = load_model(model_path)
+    warnings = [w for w in (edited_since_written(model_path, model),) if w]
+    if candidate is not None:
+        warnings += _reused_id(ledger_path, candidate)
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suite(fixtures_dir, split)
     progress.start(len(suite.ids) * (2 if candidate is not None else 1))
     series = stall_series(suite) if tolerances.stall_free else None
     before = score_model(suite, model, origin=str(model_path), progress=progress, stall_free=series)
     common = dict(split=split, fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256,
-                  model_path=model_path, model=model, tolerances=tolerances, before=before)
+                  model_path=model_path, model=model, tolerances=tolerances, before=before, warnings=tuple(warnings))
     if candidate is None:
         return Evaluation(**common)
 
@@ -341,7 +370,7 @@ class Comparison:
 
 
 def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Path | str | None = None,
-            tolerances: Tolerances = Tolerances(), ledger_path: Path | str = DEFAULT_LEDGER, note: str = "",
+            tolerances: Tolerances = Tolerances(), ledger_path: Path | str | None = None, note: str = "",
             commit_into: Path | str | None = None, plan: int | None = None, progress: Progress = QUIET) -> Comparison:
     """Gate a whole model file (`after_path`, default the shipped one) against another on the train split; record it.
 
@@ -359,6 +388,8 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     from hops_calib import ledger
     from hops_calib.model_files import DEFAULT_MODEL, load_model
 
+    ledger_path = resolve_ledger(ledger_path)
+    check_appendable(ledger_path)
     if plan is not None:
         check_plan(ledger_path, plan, tolerances, "compare")
 
@@ -425,7 +456,7 @@ class Report:
     split: str
     suite: SuiteScore
     model_sha256: str
-    ledger_path: Path
+    ledger_path: Path | None  # None: a train report, which reads and appends nothing
     ledger_entry: dict[str, Any]
     # The same model on the train split, beside a held-out report: how far the held-out MAPE is from it.
     train: SuiteScore | None = None
@@ -550,7 +581,7 @@ def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: s
 
 
 def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
-                 ledger_path: Path | str = DEFAULT_LEDGER, against: Path | str | None = None) -> dict[str, Any]:
+                 ledger_path: Path | str | None = None, against: Path | str | None = None) -> dict[str, Any]:
     """What a `report` of `split` would tell that the ledger does not: from the model's predictions of the
     configurations alone (no result is scored, nothing is appended). {"split", "model_sha256", "of",
     "repeat_of": the look it would repeat or None, "changed_since": as Report.changed_since, "against": with
@@ -558,6 +589,10 @@ def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Pat
     configurations the two models predict otherwise: {"model_sha256", "changed"}}."""
     from hops_calib.ledger import predictions_moved
 
+    ledger_path = resolve_ledger(ledger_path)
+    from hops_calib.ledger import warn_if_broken
+
+    warn_if_broken(ledger_path)
     model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
     _, digests, repeat, changed_since = _look_against_earlier(suite, model, model_path, split, ledger_path)
     compared = None
@@ -594,7 +629,7 @@ def bootstrap_intervals(ids: Sequence[str], runs: Sequence[RunScore], train_ids:
 
 
 def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
-           ledger_path: Path | str = DEFAULT_LEDGER, progress: Progress = QUIET, again: bool = False) -> Report:
+           ledger_path: Path | str | None = None, progress: Progress = QUIET, again: bool = False) -> Report:
     """Suite aggregates on `split` (the held-out test split by default), and for it an audit entry in the ledger
     (a train report appends nothing: `Report.audited` is False).
 
@@ -606,6 +641,10 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     """
     from hops_calib import ledger
 
+    # A train report reads and appends nothing; a held-out look needs the project's ledger (or the one named).
+    ledger_path = resolve_ledger(ledger_path) if split != TRAIN else ledger_path
+    if split != TRAIN:
+        check_appendable(ledger_path)
     model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
     # The predictions first, from the configurations alone: whether this look can tell anything new.
     predictions, digests, repeat, changed_since = _look_against_earlier(suite, model, model_path, split, ledger_path)
@@ -644,18 +683,19 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     # Only a look at the held-out split is audited; the train split may be read at will, so a train report
     # leaves the ledger alone (its record, unappended, still describes the page it may write).
     written = ledger.append(ledger_path, entry) if split != TRAIN else entry
-    return Report(split=split, suite=scored.suite, model_sha256=model.sha256, ledger_path=Path(ledger_path),
-                  ledger_entry=written, train=train, outside_train=outside, changed_since=changed_since,
+    return Report(split=split, suite=scored.suite, model_sha256=model.sha256,
+                  ledger_path=Path(ledger_path) if ledger_path is not None else None, ledger_entry=written, train=train, outside_train=outside, changed_since=changed_since,
                   intervals=intervals)
 
 
 def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
-                    ledger_path: Path | str = DEFAULT_LEDGER) -> Report | None:
+                    ledger_path: Path | str | None = None) -> Report | None:
     """The latest audit entry already in the ledger for this model, split and fixture set, as a `Report`; None if
     there is none. Nothing is scored and nothing is appended: quoting a held-out result again is not a new look.
     """
     from hops_calib.model_files import DEFAULT_MODEL, load_model
 
+    ledger_path = resolve_ledger(ledger_path)
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     model_sha = load_model(model_path).sha256
     found = next((e for e in reversed(_earlier_looks(ledger_path, split, load_suite(fixtures_dir, split).sha256))
@@ -676,7 +716,11 @@ def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: 
 # --- plans: the rules of a judgement, recorded before it --------------------------------------------------------
 
 def _text_sha256(candidate: Candidate) -> str:
-    return hashlib.sha256(candidate.text.encode()).hexdigest()
+    return _text_sha256_of(candidate.text)
+
+
+def _text_sha256_of(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
@@ -688,10 +732,21 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
     """
     from hops_calib import ledger
 
+    ledger_path = resolve_ledger(ledger_path)
+    check_appendable(ledger_path)
     if not note.strip():
         raise InputError("ledger plan", "a plan needs a note", field="note",
                          hint="say what will be tried and why these tolerances, e.g. --note 'move 060-062: ...'")
     pinned = [read_candidate(path) for path in candidates]  # a candidate that cannot be read is refused now
+    judged = {_text_sha256_of(e["candidate"].get("text", "")): e for e in _judgements(ledger_path)}
+    for candidate in pinned:
+        earlier = judged.get(_text_sha256(candidate))
+        if earlier is not None:
+            raise InputError(candidate.origin, f"this candidate text was already judged: ledger entry "
+                             f"{earlier.get('seq')} ({earlier.get('decision')}, id {candidate.id!r}); a plan states "
+                             "the rules before a judgement, not after it", field="candidate",
+                             hint="if the rules are new, write a new candidate (a new id) and plan that one; the "
+                                  "earlier judgement stands in the ledger")
     return ledger.append(ledger_path, {"kind": "plan", "time": now_utc(), "note": note,
                                        "tolerances": tolerances.to_dict(),
                                        **({"candidates": [{"id": c.id, "path": c.origin, "text_sha256": _text_sha256(c)}
@@ -703,6 +758,7 @@ def read_plan(ledger_path: Path | str, seq: int) -> dict[str, Any]:
     """The plan entry `seq` of the ledger; a clear refusal when it is missing or is not a plan."""
     from hops_calib import ledger
 
+    ledger_path = resolve_ledger(ledger_path)
     for entry in ledger.read_entries(ledger_path):
         if entry.get("seq") == seq:
             if entry.get("kind") != "plan":

@@ -17,6 +17,7 @@ model's own error on that run. The suite rules always read the window error.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
@@ -43,8 +44,9 @@ class Tolerances:
                 if value not in RUN_THROUGHPUT_ERRORS:
                     raise ValueError(f"run_throughput_error must be one of {', '.join(RUN_THROUGHPUT_ERRORS)}, "
                                      f"got {value!r}")
-            elif not value >= 0:
-                raise ValueError(f"tolerance {field.name} must be >= 0, got {value}")
+            elif not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                # inf would accept anything and cannot be written to JSON (the ledger, --json); nan compares false
+                raise ValueError(f"tolerance {field.name} must be >= 0 and finite, got {value}")
 
     def to_dict(self) -> dict[str, float | str]:
         return asdict(self)

@@ -13,7 +13,18 @@ commit message, a review).
 
 Appends hold a file lock (`<ledger>.lock`) and write the whole line with one
 O_APPEND write, so concurrent evaluations never interleave; an append refuses
-to go on after an incomplete last line (see `repair`).
+to go on after an incomplete last line (see `repair`) and on a ledger that fails
+`verify` (a new entry must not be chained to a broken history).
+
+Entries cut off the end leave a shorter chain that is intact: inside a git work
+tree `verify` therefore also checks that the copy committed at git HEAD is a
+prefix of the file (outside one, or for a file git does not track, it says that
+it cannot see a cut end).
+
+The default ledger (`default_ledger`) is `ledger/ledger.jsonl` of the hops-calib
+checkout enclosing the current directory, else of the checkout this package runs
+from, never a path relative to wherever the command was started; it must exist
+(a new ledger is started only at a path named explicitly).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,12 +42,47 @@ from typing import Any, Iterator
 from hops_calib.errors import InputError
 
 GENESIS = "0" * 64
-DEFAULT_LEDGER = Path("ledger") / "ledger.jsonl"
+LEDGER_IN_CHECKOUT = Path("ledger") / "ledger.jsonl"
+PACKAGE_CHECKOUT = Path(__file__).resolve().parent.parent  # the checkout this package runs from (if it is one)
 LOCK_TIMEOUT_S = 120.0
 
 
 class LedgerError(InputError):
     """A ledger that cannot be appended to or read as it is."""
+
+
+def is_checkout(folder: Path) -> bool:
+    """Whether `folder` is the root of a hops-calib checkout (its pyproject names the project, the package is there)."""
+    try:
+        project = (folder / "pyproject.toml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return (folder / "hops_calib").is_dir() and re.search(r'(?m)^name\s*=\s*"hops-calib"', project) is not None
+
+
+def default_ledger(start: Path | None = None) -> Path:
+    """The project's ledger: `ledger/ledger.jsonl` of the hops-calib checkout enclosing `start` (default: the current
+    directory), else of the checkout this package runs from; LedgerError when neither is a checkout."""
+    start = (start or Path.cwd()).resolve()
+    for folder in (start, *start.parents, PACKAGE_CHECKOUT):
+        if is_checkout(folder):
+            return folder / LEDGER_IN_CHECKOUT
+    raise LedgerError("--ledger", f"no hops-calib checkout encloses {start}, and the package runs from none "
+                      f"({PACKAGE_CHECKOUT}), so there is no default ledger", field="ledger",
+                      hint="run from inside the checkout, or name the ledger: --ledger PATH")
+
+
+def resolve(path: Path | str | None) -> Path:
+    """The ledger to use: `path` as given (it may be new: an append starts it), or the project's ledger
+    (`default_ledger`), which must exist: a missing default is refused, never created somewhere unexpected."""
+    if path is not None:
+        return Path(path)
+    found = default_ledger()
+    if not found.is_file():
+        raise LedgerError(found, "the project's ledger is missing", field="ledger",
+                          hint="restore it (git checkout -- ledger/ledger.jsonl), or start a new ledger by naming "
+                               "it: --ledger PATH")
+    return found
 
 
 def canonical_json(data: Any) -> bytes:
@@ -100,6 +147,9 @@ def append(path: Path | str, entry: dict[str, Any]) -> dict[str, Any]:
     with _lock(path):
         data = path.read_bytes() if path.exists() else b""
         last = _last_line(data, path)
+        check = _verify_bytes(data, path) if data else Verification(path)
+        if not check.ok:
+            raise BrokenLedger(check)
         written = dict(entry)
         written["seq"] = data.count(b"\n") + 1
         written["prev_sha256"] = sha256_hex(last) if last is not None else GENESIS
@@ -119,11 +169,11 @@ def now_utc() -> str:
 
 @dataclass(frozen=True)
 class Problem:
-    line: int
+    line: int | None  # None: the file as a whole
     message: str
 
     def __str__(self) -> str:
-        return f"line {self.line}: {self.message}"
+        return self.message if self.line is None else f"line {self.line}: {self.message}"
 
 
 @dataclass
@@ -132,6 +182,10 @@ class Verification:
     entries: int = 0
     problems: list[Problem] = field(default_factory=list)
     head_sha256: str = GENESIS
+    # Whether the copy committed at git HEAD was checked to be a prefix of the file (entries cut off the end leave
+    # an intact shorter chain, which only such a copy shows), and if not, why not.
+    committed_prefix_checked: bool = False
+    committed_prefix_note: str = ""
 
     @property
     def ok(self) -> bool:
@@ -139,17 +193,61 @@ class Verification:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ledger": str(self.path), "ok": self.ok, "entries": self.entries, "head_sha256": self.head_sha256,
-                "problems": [{"line": p.line, "message": p.message} for p in self.problems]}
+                "problems": [{"line": p.line, "message": p.message} for p in self.problems],
+                "committed_prefix_checked": self.committed_prefix_checked,
+                "committed_prefix_note": self.committed_prefix_note}
 
 
-def verify(path: Path | str) -> Verification:
-    """Check every line: complete, valid JSON, its own hash, and the chain to the line before."""
-    path = Path(path)
+class BrokenLedger(LedgerError):
+    """A ledger that fails `verify`: nothing is appended to it."""
+
+    def __init__(self, result: Verification) -> None:
+        self.verification = result
+        first = result.problems[0]
+        super().__init__(result.path, f"fails verification ({len(result.problems)} problem(s)), first: {first.message}",
+                         line=first.line, field="ledger",
+                         hint="nothing was appended; `hops-calib ledger verify --ledger "
+                              f"{result.path}` lists every problem; restore the file (git checkout -- FILE, or "
+                              "from a copy) before appending to it")
+
+
+def _committed_copy(path: Path) -> tuple[bytes | None, str]:
+    """The ledger's bytes as committed at git HEAD, or None and why there is none to compare with."""
+    folder = path.resolve().parent
+    try:
+        inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=folder, capture_output=True,
+                                text=True, timeout=10)
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None, "not inside a git work tree: entries cut off the end cannot be seen"
+        shown = subprocess.run(["git", "show", f"HEAD:./{path.name}"], cwd=folder, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        return None, f"git could not be run ({error}): entries cut off the end cannot be seen"
+    if shown.returncode != 0:
+        return None, "git HEAD holds no copy of this file: entries cut off the end cannot be seen"
+    return shown.stdout, "the copy committed at git HEAD is a prefix of the file"
+
+
+def _check_committed_prefix(data: bytes, path: Path, result: Verification) -> None:
+    committed, note = _committed_copy(path)
+    result.committed_prefix_note = note
+    if committed is None:
+        return
+    result.committed_prefix_checked = True
+    if data.startswith(committed):
+        return
+    theirs, ours = committed.split(b"\n"), data.split(b"\n")
+    number = next(i for i, line in enumerate(theirs, start=1) if i > len(ours) or ours[i - 1] != line)
+    if number > len(ours) or (number == len(ours) and not ours[-1]):
+        what = "is missing: entries were cut off the end"
+    else:
+        what = "differs from this line: the file was changed or cut"
+    result.problems.append(Problem(number, f"line {number} of the copy committed at git HEAD {what} (git show "
+                                           f"HEAD:{path.name} has the committed version)"))
+
+
+def _verify_bytes(data: bytes, path: Path, committed: bool = True) -> Verification:
+    """`verify` of the ledger's bytes: every line, the chain, and (`committed`) the copy committed at git HEAD."""
     result = Verification(path)
-    if not path.exists():
-        result.problems.append(Problem(0, f"{path} does not exist"))
-        return result
-    data = path.read_bytes()
     lines = data.split(b"\n")
     complete, tail = lines[:-1], lines[-1]
     prev = GENESIS
@@ -179,6 +277,43 @@ def verify(path: Path | str) -> Verification:
                                                           "append was interrupted; it is not an entry (`hops-calib "
                                                           "ledger repair` sets it aside)"))
     result.head_sha256 = prev
+    if committed:
+        _check_committed_prefix(data, path, result)
+    return result
+
+
+def verify(path: Path | str) -> Verification:
+    """Check every line: complete, valid JSON, its own hash, and the chain to the line before; inside a git work
+    tree, also that the copy committed at HEAD is a prefix of the file (nothing cut off the end)."""
+    path = Path(path)
+    if not path.is_file():
+        result = Verification(path)
+        result.problems.append(Problem(None, "the ledger file is missing" if not path.exists() else
+                                       "is not a file"))
+        return result
+    return _verify_bytes(path.read_bytes(), path)
+
+
+def check_appendable(path: Path | str) -> None:
+    """Refuse (BrokenLedger) a ledger that fails `verify`, before a judgement is scored for it; `append` checks
+    again under its lock."""
+    path = Path(path)
+    if path.is_file() and path.stat().st_size:
+        result = verify(path)
+        if not result.ok:
+            raise BrokenLedger(result)
+
+
+def warn_if_broken(path: Path | str) -> Verification:
+    """A reader's check: when the ledger fails `verify`, say so on stderr (what it shows may not be the recorded
+    history); returns the verification."""
+    import sys
+
+    result = verify(path)
+    if not result.ok and Path(path).exists():
+        print(f"warning: {path}: the ledger fails verification ({len(result.problems)} problem(s), first: "
+              f"{result.problems[0]}); what is read from it may not be the recorded history (`hops-calib ledger "
+              f"verify --ledger {path}` lists the problems)", file=sys.stderr)
     return result
 
 

@@ -2,21 +2,29 @@
 
 Exit codes: 0 success (a candidate accepted), 1 a candidate rejected (or a
 ledger that fails verification), 2 invalid input (bad candidate, more than one
-term, protected split, missing store, broken model file). Bad input is
-reported on stderr in one message that names the file, line and field.
+term, protected split, missing store, broken model file or fixture, broken
+ledger, bad option value), 3 an internal error (a bug: a short message on stderr
+and a request to report it; HOPS_CALIB_TRACEBACK=1 prints the traceback). Bad
+input is reported on stderr in one message that names the file, line and field;
+with --json, stdout also gets one object {"error": {...}} (`error_record`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hops_calib.errors import InputError
 
-EXIT_OK, EXIT_REJECTED, EXIT_INVALID = 0, 1, 2
+EXIT_OK, EXIT_REJECTED, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
+TRACEBACK_ENV = "HOPS_CALIB_TRACEBACK"
+BUG_HINT = ("this is a bug in hops-calib, not in your input: please report it with the command line and this "
+            f"message ({TRACEBACK_ENV}=1 prints the traceback)")
 
 
 def _print_json(data: Any) -> None:
@@ -25,18 +33,55 @@ def _print_json(data: Any) -> None:
     print(json.dumps(json_safe(data), indent=1, allow_nan=False))
 
 
-def _guarded(action: Callable[[], int]) -> int:
-    """Run a command; turn bad input into one clear stderr line and exit code 2."""
+def error_record(error: BaseException, exit_code: int) -> dict[str, Any]:
+    """What `--json` prints on stdout for an error: {"error": {"message", "file", "line", "field", "problem", "hint",
+    "exit_code", "kind"}} (kind: "input" for bad input, "internal" for a bug); the fields an InputError carries,
+    None where the error has none."""
+    internal = exit_code == EXIT_INTERNAL
+    message = f"internal error: {type(error).__name__}: {error}" if internal else str(error)
+    return {"error": {"message": message, "file": getattr(error, "origin", None), "line": getattr(error, "line", None),
+                      "field": getattr(error, "field", None), "problem": getattr(error, "problem", str(error)),
+                      "hint": BUG_HINT if internal else (getattr(error, "hint", "") or None),
+                      "exit_code": exit_code, "kind": "internal" if internal else "input"}}
+
+
+def internal_error(error: BaseException) -> int:
+    """Report an unexpected error (a bug) in short on stderr, with the traceback only under HOPS_CALIB_TRACEBACK=1;
+    returns EXIT_INTERNAL."""
+    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        traceback.print_exception(error)
+    print(f"internal error: {type(error).__name__}: {error}\n{BUG_HINT}", file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+def _guarded(action: Callable[[], int], as_json: bool = False) -> int:
+    """Run a command: bad input becomes one clear stderr line and exit code 2, anything else (a bug) a short
+    message asking for a report and exit code 3, never a traceback that exits 1 (which reads as "rejected").
+    With `as_json`, the error is also one JSON object on stdout (`error_record`)."""
     try:
         return action()
-    except Exception as error:
+    except BrokenPipeError:
+        raise  # the reader of stdout went away (`| head`): not an error of the verb (cli.main ends quietly)
+    except Exception as error:  # noqa: BLE001 - every error leaves with a documented exit code
         # A StoreError (unknown fixture id, ...) can only come from a verb that imported the store; importing it
         # here would cost the ledger verbs a pandas import.
         store = sys.modules.get("hops_calib.store.fixture_store")
-        if not (isinstance(error, InputError) or (store is not None and isinstance(error, store.StoreError))):
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_INVALID
+        bad_input = isinstance(error, InputError) or (store is not None and isinstance(error, store.StoreError))
+        code = EXIT_INVALID if bad_input else EXIT_INTERNAL
+        if bad_input:
+            print(f"error: {error}", file=sys.stderr)
+        else:
+            internal_error(error)
+        if as_json:
+            print(json.dumps(error_record(error, code), indent=1, default=str))
+        return code
+
+
+def _ledger(path: Path | None) -> Path:
+    """The ledger a verb uses: the one named, or the project's (which must exist; `hops_calib.ledger.resolve`)."""
+    from hops_calib.ledger import resolve
+
+    return resolve(path)
 
 
 def run_and_print(label: str, as_json: bool, compute: Callable[[Any], Any], text: Callable[[Any], str]) -> int:
@@ -53,7 +98,7 @@ def run_and_print(label: str, as_json: bool, compute: Callable[[Any], Any], text
             print(text(result))
         return EXIT_OK
 
-    return _guarded(run)
+    return _guarded(run, as_json)
 
 
 def _pct(value: float) -> str:
@@ -208,13 +253,13 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
             _print_suite(f"model {result.model.name} on the train split", result.before.suite)
         return EXIT_OK
 
-    return _guarded(run)
+    return _guarded(run, as_json)
 
 
 # --- evaluate ------------------------------------------------------------------------------------
 
 def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | None, as_json: bool, commit: bool,
-                     ledger_path: Path, split: str, tolerances: dict[str, float | str | None],
+                     ledger_path: Path | None, split: str, tolerances: dict[str, float | str | None],
                      plan: int | None = None) -> int:
     def run() -> int:
         from hops_calib.evaluate import evaluate
@@ -224,6 +269,8 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
         with progress_bar("evaluate", quiet=as_json) as progress:
             result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
                               ledger_path=ledger_path, commit=commit, split=split, plan=plan, progress=progress)
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         if as_json:
             _print_json(result.to_dict())
             return result.exit_code
@@ -236,10 +283,10 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
         _print_candidate(result)
         return result.exit_code
 
-    return _guarded(run)
+    return _guarded(run, as_json)
 
 
-def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: Path, plan: int | None):
+def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: Path | None, plan: int | None):
     """The tolerances of a judgement: the options given, or, with --plan N, plan N's (and then no option)."""
     if plan is None:
         return _tolerance_limits(tolerances, verb)
@@ -258,7 +305,12 @@ def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
     try:
         return Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
     except ValueError as error:
-        raise InputError(verb, str(error), field="tolerance") from None
+        from hops_calib.cli import TOLERANCE_OPTIONS
+
+        option = next((flag for name, flag, *_ in TOLERANCE_OPTIONS if f" {name} " in f" {error} "), "tolerance")
+        raise InputError(verb, str(error), field=option,
+                         hint="window or stall-free" if option == "--run-error" else
+                         "give a finite number >= 0 (the gate's defaults: hops_calib.gate.Tolerances)") from None
 
 
 def _print_candidate(result) -> None:
@@ -295,7 +347,7 @@ def _print_gate(before, after, verdict) -> None:
 
 # --- compare -------------------------------------------------------------------------------------
 
-def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path,
+def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path | None,
                     as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
                     plan: int | None = None) -> int:
     def run() -> int:
@@ -319,12 +371,12 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         print(f"ledger: entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
         return result.exit_code
 
-    return _guarded(run)
+    return _guarded(run, as_json)
 
 
 # --- report --------------------------------------------------------------------------------------
 
-def report_command(split: str | None, fixtures: Path, model_path: Path | None, ledger_path: Path, as_json: bool,
+def report_command(split: str | None, fixtures: Path, model_path: Path | None, ledger_path: Path | None, as_json: bool,
                    html: Path | None = None, again: bool = False, preview: bool = False,
                    against: Path | None = None) -> int:
     def run() -> int:
@@ -403,20 +455,23 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
             if result.audited:
                 print(f"audit entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
             else:
-                print(f"nothing appended to {result.ledger_path}: the {result.split} split is not held out")
+                print(f"nothing appended to the ledger: the {result.split} split is not held out")
             if html is not None:
                 print(f"wrote {html}")
         return EXIT_OK
 
-    return _guarded(run)
+    return _guarded(run, as_json)
 
 
 # --- ledger --------------------------------------------------------------------------------------
 
-def ledger_show_command(ledger_path: Path, last: int | None, as_json: bool) -> int:
+def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: bool) -> int:
     def run() -> int:
-        from hops_calib.ledger import read_entries
+        nonlocal ledger_path
+        ledger_path = _ledger(ledger_path)
+        from hops_calib.ledger import read_entries, warn_if_broken
 
+        warn_if_broken(ledger_path)
         entries = list(read_entries(ledger_path))
         if last is not None:
             entries = entries[-last:] if last > 0 else []
@@ -451,12 +506,14 @@ def ledger_show_command(ledger_path: Path, last: int | None, as_json: bool) -> i
             print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', e.get('kind', '')):9} {what}")
         return EXIT_OK
 
-    return _guarded(run)
+    return _guarded(run, as_json)
 
 
-def ledger_plan_command(ledger_path: Path, note: str, tolerances: dict[str, float | str | None], as_json: bool,
+def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[str, float | str | None], as_json: bool,
                         candidates: tuple[Path, ...] = ()) -> int:
     def run() -> int:
+        nonlocal ledger_path
+        ledger_path = _ledger(ledger_path)
         from hops_calib.evaluate import record_plan
 
         limits = _tolerance_limits(tolerances, "ledger plan")
@@ -472,14 +529,17 @@ def ledger_plan_command(ledger_path: Path, note: str, tolerances: dict[str, floa
                   f"hops-calib compare BEFORE --model AFTER --plan {entry['seq']}")
         return EXIT_OK
 
-    return _guarded(run)
+    return _guarded(run, as_json)
 
 
-def ledger_looks_command(ledger_path: Path, split: str, as_json: bool) -> int:
+def ledger_looks_command(ledger_path: Path | None, split: str, as_json: bool) -> int:
     def run() -> int:
-        from hops_calib.ledger import held_out_looks, read_entries
+        nonlocal ledger_path
+        ledger_path = _ledger(ledger_path)
+        from hops_calib.ledger import held_out_looks, read_entries, warn_if_broken
         from hops_calib.store.views import text_table
 
+        warn_if_broken(ledger_path)
         looks = held_out_looks(read_entries(ledger_path), split)
         models = {look.model_sha256 for look in looks}
         repeats = sum(look.repeat_of is not None for look in looks)
@@ -503,31 +563,39 @@ def ledger_looks_command(ledger_path: Path, split: str, as_json: bool) -> int:
                              right={0, 3, 4, 5, 6, 7, 8}))
         return EXIT_OK
 
-    return _guarded(run)
+    return _guarded(run, as_json)
 
 
-def ledger_verify_command(ledger_path: Path, as_json: bool) -> int:
+def ledger_verify_command(ledger_path: Path | None, as_json: bool) -> int:
     def run() -> int:
+        nonlocal ledger_path
+        ledger_path = _ledger(ledger_path)
         from hops_calib.ledger import verify
 
         result = verify(ledger_path)
         if as_json:
             _print_json(result.to_dict())
         elif result.ok:
-            print(f"{ledger_path}: {result.entries} entries, chain intact; head sha256 {result.head_sha256}")
+            print(f"{ledger_path}: {result.entries} entries, chain intact; head sha256 {result.head_sha256}; "
+                  f"{result.committed_prefix_note}")
         else:
             for problem in result.problems:
-                print(f"{ledger_path}:{problem}", file=sys.stderr)
-            print(f"{ledger_path}: {len(result.problems)} problem(s) in {result.entries} entries", file=sys.stderr)
+                print(f"{ledger_path}:{problem.line}: {problem.message}" if problem.line is not None
+                      else f"{ledger_path}: {problem.message}", file=sys.stderr)
+            print(f"{ledger_path}: {len(result.problems)} problem(s) in {result.entries} entries"
+                  + (f"; {result.committed_prefix_note}" if result.committed_prefix_note else ""), file=sys.stderr)
         return EXIT_OK if result.ok else EXIT_REJECTED
 
-    return _guarded(run)
+    return _guarded(run, as_json)
 
 
-def ledger_export_command(ledger_path: Path, out: Path) -> int:
+def ledger_export_command(ledger_path: Path | None, out: Path) -> int:
     def run() -> int:
-        from hops_calib.ledger import export_parquet
+        nonlocal ledger_path
+        ledger_path = _ledger(ledger_path)
+        from hops_calib.ledger import export_parquet, warn_if_broken
 
+        warn_if_broken(ledger_path)
         rows = export_parquet(ledger_path, out)
         print(f"wrote {rows} entries to {out}")
         return EXIT_OK
@@ -535,8 +603,10 @@ def ledger_export_command(ledger_path: Path, out: Path) -> int:
     return _guarded(run)
 
 
-def ledger_repair_command(ledger_path: Path) -> int:
+def ledger_repair_command(ledger_path: Path | None) -> int:
     def run() -> int:
+        nonlocal ledger_path
+        ledger_path = _ledger(ledger_path)
         from hops_calib.ledger import repair
 
         aside = repair(ledger_path)
@@ -591,4 +661,4 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
                 f"{c} {getattr(device, c):.4g}" for c in CONSTANTS))
         return EXIT_OK
 
-    return _guarded(run)
+    return _guarded(run, as_json)

@@ -5,6 +5,7 @@ The model room itself is pure; this is where its text comes from and goes to.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from hops_calib.errors import InputError
@@ -39,3 +40,21 @@ def load_model(path: Path | str | None = None) -> Model:
 def write_model(path: Path | str, model: Model) -> None:
     """Write `model` to `path` atomically (temporary file, then rename)."""
     atomic_write(path, model.to_toml(load_catalog()))
+
+
+WRITTEN_HEADER = re.compile(r"(?m)^# model sha256 when written: ([0-9a-f]{64})[ \t]*$")
+
+
+def edited_since_written(path: Path | str, model: Model) -> str | None:
+    """A warning when the model file's header (written with it by `evaluate --commit` / `compare --commit`) names
+    another model than the file now holds: it was edited by hand since it last went through the gate. None when
+    they agree, or when the file has no such header (never written by the tools)."""
+    try:
+        found = WRITTEN_HEADER.search(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    if found is None or found.group(1) == model.sha256:
+        return None
+    return (f"{path}: the model (sha256 {model.sha256[:12]}) differs from the one last written through the gate "
+            f"({found.group(1)[:12]}, its '# model sha256 when written' header): it was edited by hand since, and "
+            "the ledger holds no judgement of that edit; undo it, or propose the change as a candidate")

@@ -9,11 +9,12 @@ objectives, all minimized: throughput MAPE (window, %), bubble MAE (pp) and the
 negative mean utilization rho.
 
 The chosen point: the Pareto-front trials are ordered by throughput MAPE (ties:
-bubble MAE, then higher rho, then the earlier trial), and the first one the gate
-would accept against the current model (default tolerances: no suite aggregate
-worse, no run's error grown by more than the per-run allowance) is chosen; when
-none would pass, the lowest-MAPE one is, and the output says the gate will
-reject it. It is written as a one-term candidate (action "set" for an active
+bubble MAE, then higher rho, then the earlier trial), and the first one that
+beats the current model on the gate's criteria is chosen: the gate accepts it
+(default tolerances: no suite aggregate worse, no run's error grown by more than
+the per-run allowance) and it improves at least one suite aggregate. When none
+does, no candidate is written, and the output gives the gate's reasons against
+the lowest-MAPE point. The chosen point is written as a one-term candidate (action "set" for an active
 term, "add" otherwise) whose hypothesis and grounding are marked FILL IN: the
 tuner found the values, a person or agent still has to say why they are
 physically plausible, and the candidate must still pass `hops-calib evaluate`.
@@ -59,9 +60,9 @@ DEFAULT_TRIALS = 60
 SQLITE_TIMEOUT_S = 60  # concurrent workers wait for sqlite's write lock instead of failing
 PROBLEM_ATTR = "hops_calib_tune"  # the study's record of its problem (TuneProblem.identity)
 JOIN_WAIT_S = 30.0  # how long a joining process waits for the creating one to write that record
-CHOICE_RULE = ("the lowest-MAPE Pareto point (ties: bubble MAE, then higher rho) that changes the model and that the "
-               "gate accepts against the current model with default tolerances; the lowest-MAPE such point when "
-               "none passes")
+CHOICE_RULE = ("the lowest-MAPE Pareto point (ties: bubble MAE, then higher rho) that beats the current model on the "
+               "gate's criteria: the gate accepts it with default tolerances and it improves at least one suite "
+               "aggregate; no candidate when none does")
 
 
 @dataclass(frozen=True)
@@ -347,10 +348,17 @@ class FrontPoint:
                 -s["util_spearman_mean"], self.number)
 
 
+def beats(verdict, before: SuiteScore, after: SuiteScore) -> bool:
+    """Whether a point beats the current model on the gate's criteria: accepted, and some suite aggregate better."""
+    return verdict.accepted and (after.throughput_mape_pct < before.throughput_mape_pct
+                                 or after.bubble_mae_pp < before.bubble_mae_pp
+                                 or after.util_spearman_mean > before.util_spearman_mean)
+
+
 def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[FrontPoint | None, Any]:
-    """The first point of the (ordered) front that changes the model and that the gate accepts against the current
-    model (`before`, its ModelScore); else the first point that changes the model. Returns it (None when every
-    point of the front is the current model) and the gate's verdict on it.
+    """The first point of the (ordered) front that beats the current model (`before`, its ModelScore) on the
+    gate's criteria (`beats`). Returns it and the gate's verdict on it; when none does, None and the verdict on
+    the first point that changes the model (None when every point of the front is the current model).
     """
     from hops_calib.gate import gate
 
@@ -359,10 +367,10 @@ def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[Front
     for point in changes:
         after = score_model(problem.suite, problem.model_with(point.params), origin=f"tune {problem.term}")
         verdict = gate(before.runs, after.runs, before.suite, after.suite)
-        if verdict.accepted:
+        if beats(verdict, before.suite, after.suite):
             return point, verdict
         verdicts.append(verdict)
-    return (changes[0], verdicts[0]) if changes else (None, None)
+    return None, (verdicts[0] if verdicts else None)
 
 
 def pareto_front(study) -> list[FrontPoint]:
@@ -383,6 +391,8 @@ def pareto_front(study) -> list[FrontPoint]:
 
 NO_CANDIDATE = ("every point of the front is the model's current values: no trial did better on every objective; "
                 "more --trials, or --only the parameters to search")
+NO_WINNER = ("no point of the front beats the current model on the gate's criteria (accepted, and some suite "
+             "aggregate better); more --trials, or --only the parameters to search")
 
 
 @dataclass(frozen=True)
@@ -396,8 +406,10 @@ class TuneResult:
     workers: int
     current: SuiteScore
     front: tuple[FrontPoint, ...]
-    chosen: FrontPoint | None  # None when every point of the front is the current model
-    verdict: Any  # hops_calib.gate.GateResult of the chosen point against the current model (None without one)
+    chosen: FrontPoint | None  # None when no point of the front beats the current model (`beats`)
+    # hops_calib.gate.GateResult of the chosen point against the current model; without a chosen point, of the
+    # lowest-MAPE point that changes the model (None when none does)
+    verdict: Any
     candidate_path: Path | None
     candidate_text: str | None
     objective: str = "suite"
@@ -414,13 +426,25 @@ class TuneResult:
                 "front": [vars(p) for p in self.front], "chosen": vars(self.chosen) if self.chosen else None,
                 "choice_rule": CHOICE_RULE, "chosen_gate": self.verdict.to_dict() if self.verdict else None,
                 "candidate": str(self.candidate_path) if self.candidate_path else None,
-                "no_candidate_reason": None if self.chosen is not None else NO_CANDIDATE}
+                "no_candidate_reason": self.no_candidate_reason}
+
+    @property
+    def no_candidate_reason(self) -> str | None:
+        if self.chosen is not None:
+            return None
+        return NO_CANDIDATE if self.verdict is None else NO_WINNER
 
 
 def evaluate_command(candidate: Path | str, fixtures_dir: Path | str, model_path: Path) -> str:
     """The command that judges a tuned candidate against the model it was tuned on."""
     return (f"hops-calib evaluate {candidate} --fixtures {fixtures_dir}"
             + ("" if model_path == DEFAULT_MODEL else f" --model {model_path}"))
+
+
+def _moves(before: float, after: float, digits: int) -> str:
+    """The verb for a change of a quantity as printed with `digits` decimals: lowers, holds or raises."""
+    before, after = round(before, digits), round(after, digits)
+    return "lowers" if after < before else "raises" if after > before else "holds"
 
 
 def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore, study_name: str,
@@ -435,8 +459,9 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
            f"{chosen.score['component_mape_pct']:.2f} % of their time; " if problem.objective == "components" else "")
     physics = " ".join(inspect.getdoc(type(term)).split())
     hypothesis = (f"{PLACEHOLDER} why: {'setting' if action == 'set' else 'adding'} {problem.term} with the values tuned "
-                  f"on the train split ({how}objective {problem.objective}) lowers throughput "
-                  f"MAPE {current.throughput_mape_pct:.2f} -> {after['throughput_mape_pct']:.2f} % (bubble MAE "
+                  f"on the train split ({how}objective {problem.objective}) "
+                  f"{_moves(current.throughput_mape_pct, after['throughput_mape_pct'], 2)} throughput MAPE "
+                  f"{current.throughput_mape_pct:.2f} -> {after['throughput_mape_pct']:.2f} % (bubble MAE "
                   f"{current.bubble_mae_pp:.2f} -> {after['bubble_mae_pp']:.2f} pp, mean rho "
                   f"{current.util_spearman_mean:.3f} -> {after['util_spearman_mean']:.3f})")
     grounding = f"{PLACEHOLDER} why these values are physically plausible. The term's physics: {physics}"
@@ -526,14 +551,13 @@ def tune_text(result: TuneResult) -> str:
                + ["MAPE %", "bubble MAE pp", "rho", "steady MAPE %"])
     out.append(text_table(headers, rows, right=set(range(0, len(headers)))))
     if result.chosen is None:
-        out.append(f"no candidate written: {NO_CANDIDATE}")
+        out.append(f"no candidate written: {result.no_candidate_reason}")
+        if result.verdict is not None:
+            out.append("the gate against the current model, on the lowest-MAPE point that changes it:")
+            out += [f"  - {reason}" for reason in result.verdict.reasons]
         return "\n".join(out)
     out.append(f"chosen (*): trial {result.chosen.number}, {CHOICE_RULE}")
-    if result.verdict.accepted:
-        out.append("the gate accepts it against the current model on the train split")
-    else:
-        out.append("no point of the front passes the gate against the current model; it rejects this one because:")
-        out += [f"  - {reason}" for reason in result.verdict.reasons]
+    out.append("the gate accepts it against the current model on the train split")
     out.append(f"wrote {result.candidate_path}: replace its {PLACEHOLDER} hypothesis and grounding, then run")
     out.append(f"  {evaluate_command(result.candidate_path, result.fixtures_dir, result.model_path)}")
     return "\n".join(out)

@@ -90,7 +90,7 @@ def test_reading_a_candidate_never_executes_what_it_names(tmp_path):
     (HEADER + '[change]\naction = "remove"\nterm = "link_transfer"\nparams = { a = 1 }\n', "not allowed", 7),
     (HEADER + '[change]\naction = "set_device"\ndevice = "l4"\nconstant = "clock_hz"\nvalue = 1.0\nsource = "x"\n',
      "unknown device constant", 7),
-    (HEADER + '[change\n', "not valid TOML", None),
+    (HEADER + '[change\n', "not valid TOML", 4),
     (HEADER, "no \\[change\\] table", None),
     ('id = "has space"\nhypothesis = "h"\ngrounding = "g"\n[change]\naction = "remove"\nterm = "link_transfer"\n',
      "must be letters", 1),

@@ -207,3 +207,37 @@ def test_also_refits_other_terms_parameters_together_with_the_term(shared_fixtur
                          (("step_ms",), "TERM:PARAM")):
         with pytest.raises(InputError, match=message):
             crossval(TERM, shared_fixtures, folds=2, evaluations=1, only=(PARAM,), also=bad)
+
+
+def test_also_refuses_a_parameter_already_refit(shared_fixtures):
+    with pytest.raises(InputError, match="host_ms of iteration_host_overhead is refit already as"):
+        crossval("iteration_host_overhead", shared_fixtures, folds=3, evaluations=1, only=("host_ms",),
+                 also=("iteration_host_overhead:host_ms",))
+    with pytest.raises(InputError, match="given twice"):
+        crossval("iteration_host_overhead", shared_fixtures, folds=3, evaluations=1, only=("host_ms",),
+                 also=("optimizer_step:fixed_ms", "optimizer_step:fixed_ms"))
+
+
+def test_a_fold_whose_refit_falls_short_of_the_current_values_is_flagged_and_left_out_of_the_verdict(
+        shared_fixtures):
+    # The walkthrough's case: with 40 evaluations one fold's refit stays at the term's default, worse on its own
+    # fitting runs than the shipped value; its value must not make the folds "disagree".
+    cli = CliRunner().invoke(app, ["crossval", "iteration_host_overhead", "--only", "host_ms", "--folds", "3",
+                                   "--evaluations", "40", "--fixtures", str(shared_fixtures), "--json"])
+    assert cli.exit_code == 0, cli.output
+    data = json.loads(cli.stdout)
+    suite = load_suite(shared_fixtures, "train")
+    current = {r.run_id: abs(r.throughput_error_pct) for r in score_model(suite, load_model(None), origin="t").runs}
+    short = [f for f in data["folds"] if f["fell_short"]]
+    assert short and data["short_folds"] == [f["fold"] for f in short]
+    for fold in data["folds"]:
+        fitting = [run for run in suite.ids if run not in fold["runs"]]
+        assert fold["current_in_sample_objective"] == pytest.approx(sum(current[r] for r in fitting) / len(fitting))
+        assert fold["in_sample_objective"] == pytest.approx(fold["in_sample"]["throughput_mape_pct"])
+        assert fold["fell_short"] == (fold["in_sample_objective"] > fold["current_in_sample_objective"] + 0.1)
+    assert any(f"fold {f['fold']}: its refit scores" in w for f in short for w in data["warnings"])
+    # Over every fold the values lie more than 1.5x apart (the old verdict); over the sound folds they do not.
+    values = [f["params"]["host_ms"] for f in data["folds"]]
+    sound = [f["params"]["host_ms"] for f in data["folds"] if not f["fell_short"]]
+    assert max(values) > 1.5 * min(values) and max(sound) <= 1.5 * min(sound)
+    assert data["disagreeing_params"] == {} and data["verdicts"] == []

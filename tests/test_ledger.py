@@ -259,3 +259,40 @@ def test_ledger_looks_cli_on_the_committed_ledger():
     assert data["repeated_looks"] == len(reports) - len({(e["model_sha256"], e["fixture_set_sha256"]) for e in reports})
     text = CliRunner().invoke(app, ["ledger", "looks", "--ledger", str(committed)])
     assert text.exit_code == 0 and f"{len(reports)} look(s) at the test split" in text.stdout
+
+
+def _git(folder: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=folder, check=True,
+                   capture_output=True)
+
+
+def test_verify_sees_entries_cut_off_the_end_against_the_copy_committed_at_git_head(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "ledger").mkdir(parents=True)
+    path = repo / "ledger" / "ledger.jsonl"
+    write_entries(path, 4)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "ledger/ledger.jsonl")
+    _git(repo, "commit", "-q", "-m", "ledger")
+    result = ledger.verify(path)
+    assert result.ok and result.committed_prefix_checked and "prefix" in result.committed_prefix_note
+    ledger.append(path, entry(4))  # growing past the committed copy is what a ledger does
+    assert ledger.verify(path).ok
+    whole = path.read_bytes()
+    path.write_bytes(b"".join(whole.splitlines(keepends=True)[:2]))  # entries 3.. cut off: the chain is intact
+    result = ledger.verify(path)
+    assert not result.ok and [p.line for p in result.problems] == [3]
+    assert "line 3 of the copy committed at git HEAD is missing" in result.problems[0].message
+    with pytest.raises(ledger.BrokenLedger, match="git HEAD"):
+        ledger.append(path, entry(9))  # and nothing is chained to the shortened history
+    # Outside a work tree the limit is stated, not hidden.
+    loose = tmp_path / "loose.jsonl"
+    write_entries(loose, 2)
+    result = ledger.verify(loose)
+    assert result.ok and not result.committed_prefix_checked and "cannot be seen" in result.committed_prefix_note
+
+
+def test_verify_of_a_missing_file_says_so_without_a_line(tmp_path):
+    result = ledger.verify(tmp_path / "none.jsonl")
+    assert not result.ok and result.problems[0].line is None and "missing" in str(result.problems[0])
+    assert "line" not in str(result.problems[0])

@@ -275,7 +275,7 @@ def test_ledger_cli_verifies_and_names_tampered_and_truncated_lines(shared_fixtu
     lines[1] = lines[1].replace('"split":"train"', '"split":"test"')
     ledger.write_text("".join(lines) + lines[2][:50])
     truncated = cli("ledger", "verify", "--ledger", ledger)
-    assert truncated.exit_code == 1 and "line 4" in truncated.stderr and "interrupted" in truncated.stderr
+    assert truncated.exit_code == 1 and f"{ledger}:4: incomplete" in truncated.stderr and "interrupted" in truncated.stderr
     blocked = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--again")
     assert blocked.exit_code == 2 and "ledger repair" in blocked.stderr
     assert cli("ledger", "repair", "--ledger", ledger).exit_code == 0
@@ -628,3 +628,184 @@ def test_the_same_model_whose_predictions_moved_is_no_repeat(shared_fixtures, tm
                                  "fixture_set_sha256": suite.sha256, "aggregates": {}, "decision": "audit"})
     refused = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", older)
     assert refused.exit_code == 2 and "would repeat entry 1 (the same model)" in refused.stderr
+
+
+# --- walkthrough defects: the default ledger, exit codes, broken input, broken chains ----------------------------
+
+def _fake_checkout(root: Path) -> Path:
+    """A folder that is a hops-calib checkout by its markers (pyproject naming the project, the package folder)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "hops-calib"\n')
+    (root / "hops_calib").mkdir(exist_ok=True)
+    return root
+
+
+def test_the_default_ledger_is_the_enclosing_checkouts_and_a_missing_one_is_refused_not_created(tmp_path,
+                                                                                                 monkeypatch):
+    from hops_calib.ledger import PACKAGE_CHECKOUT, default_ledger
+
+    checkout = _fake_checkout(tmp_path / "checkout")
+    deep = checkout / "experiments" / "sub"
+    deep.mkdir(parents=True)
+    assert default_ledger(deep) == checkout / "ledger" / "ledger.jsonl"
+    # Outside any checkout: the checkout the package runs from (this repository), not the current directory.
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    assert default_ledger(outside) == PACKAGE_CHECKOUT / "ledger" / "ledger.jsonl" == REPO / "ledger" / "ledger.jsonl"
+
+    monkeypatch.chdir(deep)
+    for args in (("ledger", "plan", "--note", "n"), ("ledger", "show"), ("ledger", "verify"),
+                 ("ledger", "looks", "--json")):
+        refused = cli(*args)
+        assert refused.exit_code == 2, (args, refused.output)
+        assert f"{checkout / 'ledger' / 'ledger.jsonl'}: field 'ledger': the project's ledger is missing" in \
+            refused.stderr and "--ledger PATH" in refused.stderr
+    assert not (checkout / "ledger").exists() and not (deep / "ledger").exists()
+    # Named explicitly, a new ledger is started.
+    started = cli("ledger", "plan", "--note", "n", "--ledger", tmp_path / "new" / "ledger.jsonl")
+    assert started.exit_code == 0 and len(list(read_entries(tmp_path / "new" / "ledger.jsonl"))) == 1
+    # Once the checkout has its ledger, the default finds it from anywhere below.
+    (checkout / "ledger").mkdir()
+    (tmp_path / "new" / "ledger.jsonl").rename(checkout / "ledger" / "ledger.jsonl")
+    shown = cli("ledger", "show")
+    assert shown.exit_code == 0 and "plan: n" in shown.stdout
+
+
+def _corrupt_copy(shared_fixtures, tmp_path, fixture_id):
+    import shutil
+
+    copy = tmp_path / "fixtures"
+    shutil.copytree(shared_fixtures, copy)
+    return copy, copy / fixture_id
+
+
+def test_a_damaged_fixture_file_is_bad_input_named_with_its_line_and_the_way_to_re_ingest(shared_fixtures,
+                                                                                           shared_store, tmp_path):
+    fixture_id = shared_store.ids("train")[0]
+    store, folder = _corrupt_copy(shared_fixtures, tmp_path, fixture_id)
+    (folder / "truth.json").write_text('{"broken": \n')
+    for verb in ("evaluate", "observe"):
+        result = cli(verb, "--fixtures", store)
+        assert result.exit_code == 2, result.output
+        assert f"{folder / 'truth.json'}:2: is not valid JSON" in result.stderr
+        assert "ingest the run's job again" in result.stderr and f"--fixtures {store}" in result.stderr
+        assert "Traceback" not in result.output
+    as_json = cli("evaluate", "--fixtures", store, "--json")
+    error = json.loads(as_json.stdout)["error"]
+    assert as_json.exit_code == 2 and error["exit_code"] == 2 and error["kind"] == "input"
+    assert error["file"] == str(folder / "truth.json") and error["line"] == 2 and "ingest the run's job again" in error["hint"]
+    # A deleted event table: only the verbs that read events need it, and they name it.
+    (folder / "truth.json").write_bytes((shared_store.root / fixture_id / "truth.json").read_bytes())
+    (folder / "events.parquet").unlink()
+    assert cli("evaluate", "--fixtures", store).exit_code == 0  # scoring reads spec and truth only
+    for args in (("observe",), ("evaluate", "--run-error", "stall-free")):
+        result = cli(*args, "--fixtures", store)
+        assert result.exit_code == 2 and f"{folder / 'events.parquet'}: cannot be read" in result.stderr, args
+
+
+def test_an_internal_error_exits_3_with_a_short_message_and_json_when_asked(monkeypatch, shared_fixtures):
+    import hops_calib.evaluate as evaluate_module
+
+    def crash(*args, **kwargs):
+        raise ZeroDivisionError("deliberate")
+
+    monkeypatch.setattr(evaluate_module, "load_suite", crash)
+    result = cli("evaluate", "--fixtures", shared_fixtures)
+    assert result.exit_code == 3 and "internal error: ZeroDivisionError: deliberate" in result.stderr
+    assert "report it" in result.stderr and "Traceback" not in result.stderr
+    as_json = cli("evaluate", "--fixtures", shared_fixtures, "--json")
+    assert as_json.exit_code == 3 and json.loads(as_json.stdout)["error"]["kind"] == "internal"
+
+
+@pytest.mark.parametrize("args", [
+    ("evaluate", "--tolerance-mape-pp", "inf"), ("evaluate", "--tolerance-run-bubble-pp", "nan", "--json"),
+    ("ledger", "plan", "--note", "n", "--tolerance-mape-pp", "inf", "--json"),
+])
+def test_non_finite_tolerances_are_refused_before_scoring(shared_fixtures, tmp_path, args):
+    result = cli(*args, "--fixtures" if args[0] == "evaluate" else "--ledger",
+                 shared_fixtures if args[0] == "evaluate" else tmp_path / "l.jsonl")
+    assert result.exit_code == 2 and "must be >= 0 and finite" in result.stderr
+    if "--json" in args:
+        assert json.loads(result.stdout)["error"]["field"].startswith("--tolerance")
+    assert not (tmp_path / "l.jsonl").exists()
+
+
+def test_a_broken_chain_is_never_appended_to_and_readers_warn(shared_fixtures, workspace, tmp_path):
+    ledger = workspace["ledger"]
+    for note in ("one", "two", "three"):
+        assert cli("ledger", "plan", "--note", note, "--ledger", ledger).exit_code == 0
+    lines = ledger.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace('"note":"two"', '"note":"TWO"')
+    ledger.write_text("".join(lines))
+    before = ledger.read_bytes()
+    plan = cli("ledger", "plan", "--note", "four", "--ledger", ledger)
+    assert plan.exit_code == 2 and "fails verification" in plan.stderr and f"{ledger}:2" in plan.stderr
+    judged = cli("evaluate", workspace["experiments"] / "improving.toml", "--fixtures", shared_fixtures, "--model",
+                 workspace["model"], "--ledger", ledger, "--json")
+    assert judged.exit_code == 2 and json.loads(judged.stdout)["error"]["line"] == 2
+    assert ledger.read_bytes() == before
+    shown = cli("ledger", "show", "--ledger", ledger)
+    assert shown.exit_code == 0 and "warning" in shown.stderr and "fails verification" in shown.stderr
+    out = tmp_path / "history.png"
+    plotted = cli("plot", "ledger", "--ledger", ledger, "--out", out)
+    assert "fails verification" in plotted.stderr
+
+
+def test_a_plan_is_refused_for_a_candidate_already_judged_and_a_reused_id_warns(shared_fixtures, workspace):
+    experiments, model, ledger = workspace["experiments"], workspace["model"], workspace["ledger"]
+    harmful = experiments / "harmful.toml"
+    assert cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger).exit_code == 1
+    late = cli("ledger", "plan", "--note", "looser rules", "--candidate", harmful, "--tolerance-mape-pp", "5",
+               "--ledger", ledger)
+    assert late.exit_code == 2 and "already judged: ledger entry 1 (rejected" in late.stderr
+    assert "new candidate" in late.stderr and len(list(read_entries(ledger))) == 1
+    # The same id with another text: judged, with a warning that the id now names two changes.
+    edited = experiments / "harmful2.toml"
+    edited.write_text(HARMFUL.replace("cost nothing", "cost nothing at all"))
+    again = cli("evaluate", edited, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json")
+    assert again.exit_code == 1
+    [warning] = json.loads(again.stdout)["warnings"]
+    assert "'free-links' was judged before with another text (ledger entry 1)" in warning
+
+
+@pytest.mark.parametrize("last", ["0", "-1"])
+def test_ledger_show_refuses_a_non_positive_last(tmp_path, last):
+    ledger = tmp_path / "ledger.jsonl"
+    assert cli("ledger", "plan", "--note", "n", "--ledger", ledger).exit_code == 0
+    shown = cli("ledger", "show", "--ledger", ledger, "--last", last)
+    assert shown.exit_code == 2 and "--last" in shown.output and "no entries" not in shown.output
+    assert "plan: n" in cli("ledger", "show", "--ledger", ledger, "--last", "1").stdout
+
+
+def test_verify_of_a_missing_ledger_names_the_file_not_a_line_0(tmp_path):
+    missing = tmp_path / "nowhere.jsonl"
+    result = cli("ledger", "verify", "--ledger", missing)
+    assert result.exit_code == 1 and f"{missing}: the ledger file is missing" in result.stderr
+    assert "line 0" not in result.stderr
+
+
+def test_a_hand_edited_model_file_draws_a_warning(shared_fixtures, tmp_path):
+    from hops_calib.model_files import DEFAULT_MODEL
+
+    edited = tmp_path / "model.toml"
+    edited.write_text(DEFAULT_MODEL.read_text().replace("compute_efficiency = 0.5 ", "compute_efficiency = 0.45 ", 1))
+    assert edited.read_text() != DEFAULT_MODEL.read_text()
+    result = cli("evaluate", "--fixtures", shared_fixtures, "--model", edited, "--json")
+    assert result.exit_code == 0
+    [warning] = json.loads(result.stdout)["warnings"]
+    assert "differs from the one last written through the gate" in warning and str(edited) in warning
+    assert "warning:" in cli("evaluate", "--fixtures", shared_fixtures, "--model", edited).stderr
+    untouched = cli("evaluate", "--fixtures", shared_fixtures, "--json")
+    assert json.loads(untouched.stdout)["warnings"] == []
+
+
+def test_a_usage_error_under_json_is_one_json_object_from_the_entry_point(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "hops_calib", "ledger", "show", "--ledger", str(tmp_path / "l.jsonl"),
+                           "--last", "0", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "--last" in done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["field"] == "--last" and error["exit_code"] == 2 and "greater than or equal to 1" in error["message"]
+    plain = subprocess.run([sys.executable, "-m", "hops_calib", "version"], capture_output=True, text=True, env=env,
+                           timeout=60)
+    assert plain.returncode == 0 and plain.stdout.strip()

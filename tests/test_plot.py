@@ -244,6 +244,12 @@ def test_ledger_plot_draws_every_attempt(ledger_with_history, tmp_path):
     assert cli("plot", "ledger", "--ledger", ledger, "--out", only, "--candidates", f"^{first}$").exit_code == 0
     drawn = only.read_text()
     assert short_id(first) in drawn and not any(other in drawn for other in rest)
+    # A filter that matches no candidate is a mistake to say, not an empty history to draw.
+    none = cli("plot", "ledger", "--ledger", ledger, "--out", tmp_path / "none.png", "--candidates", "zzz")
+    assert none.exit_code == 2 and "no candidate id matches --candidates 'zzz'" in none.stderr
+    assert not (tmp_path / "none.png").exists()
+    helped = " ".join(cli("plot", "ledger", "--help").stdout.replace("\u2502", " ").split())  # rich wraps in a box
+    assert "(default: ledger-history.png in the current directory)" in helped
 
 
 def test_a_committed_comparison_moves_the_ledger_line_and_an_undone_move_takes_it_back():

@@ -84,7 +84,7 @@ def test_a_hand_edited_fixture_is_refused_and_the_next_ingest_rewrites_it(job: P
     truth_file.write_text(json.dumps(truth))
     result = CliRunner().invoke(app, ["evaluate", "--fixtures", str(store.root)])
     assert result.exit_code == 2
-    assert "changed after ingest" in " ".join(result.output.split())
+    assert f"{truth_file}: changed after ingest" in " ".join(result.output.split())
     again = ingest([job], store)
     assert again.count("updated") == 1 and any("changed or damaged" in w for w in again.outcomes[0].warnings)
     assert store.load(RUN).truth.metrics.throughput_per_s == real
@@ -103,10 +103,10 @@ def test_a_damaged_fixture_is_named_with_what_to_do(job: Path, tmp_path: Path, d
     else:
         (folder / "fixture.json").write_text('{"x')
     if damage == "events":
-        with pytest.raises(StoreError, match="ingest its job again"):
+        with pytest.raises(StoreError, match="events.parquet: cannot be read"):
             store.load(RUN).events
     else:
-        with pytest.raises(StoreError, match=f"{folder}.*(ingest its job again|delete its folder)"):
+        with pytest.raises(StoreError, match="ingest the run's job again"):
             store.load(RUN)
     report = ingest([job], store)
     assert report.ok and report.count("unchanged") == 0

@@ -24,18 +24,28 @@ def model_path(iteration_terms_model):
     return iteration_terms_model
 
 
-def test_tune_writes_a_one_term_candidate_that_the_gate_evaluates(shared_fixtures, model_path, tmp_path):
-    out = tmp_path / "experiments" / "dispatch.toml"
-    # A term the model does not activate: the candidate adds it with the chosen values.
-    result = tune("layer_dispatch_floor", shared_fixtures, model_path=model_path, trials=6, seed=3, out=out)
+def test_tune_writes_a_one_term_candidate_that_the_gate_evaluates(shared_fixtures, tmp_path):
+    # The plain model lacks the host time between iterations, which the train runs show: trials that add the term
+    # beat it, and the best of them that the gate accepts is written as a candidate.
+    from conftest import PLAIN_MODEL_TOML
+
+    model_path = tmp_path / "plain.toml"
+    model_path.write_text(PLAIN_MODEL_TOML)
+    out = tmp_path / "experiments" / "host.toml"
+    result = tune("iteration_host_overhead", shared_fixtures, model_path=model_path, trials=6, seed=3, out=out)
     assert result.trials_in_study == 6 and result.front and result.chosen in result.front
     mapes = [p.score["throughput_mape_pct"] for p in result.front]
     assert mapes == sorted(mapes)
+    assert result.verdict.accepted and result.no_candidate_reason is None
     candidate = read_candidate(out)
-    assert candidate.change.action == "add" and candidate.change.term == "layer_dispatch_floor"
+    assert candidate.change.action == "add" and candidate.change.term == "iteration_host_overhead"
     assert candidate.change.params == result.chosen.params
     assert "FILL IN" in candidate.hypothesis and "FILL IN" in candidate.grounding
-    assert "launch" in candidate.grounding  # the term's physics is quoted from its docstring
+    assert "training_log" in candidate.grounding  # the term's physics is quoted from its docstring
+    # The hypothesis words the change as it goes (it was 'lowers' whatever the direction).
+    before, after = result.current.throughput_mape_pct, result.chosen.score["throughput_mape_pct"]
+    assert round(after, 2) < round(before, 2) and f"lowers throughput MAPE {before:.2f} -> {after:.2f} %" in \
+        candidate.hypothesis
 
     # as written, it is refused: the ledger would keep a judgement without its reason
     with pytest.raises(InputError, match="its hypothesis still says 'FILL IN'") as refused:
@@ -44,18 +54,39 @@ def test_tune_writes_a_one_term_candidate_that_the_gate_evaluates(shared_fixture
                                       if line.startswith("hypothesis"))
     assert not (tmp_path / "ledger.jsonl").exists()
     assert f"--model {model_path}" in out.read_text()  # its header says which model to judge it against
-    filled = tmp_path / "experiments" / "dispatch-filled.toml"
+    filled = tmp_path / "experiments" / "host-filled.toml"
     filled.write_text(out.read_text().replace("FILL IN why", "Because").replace("FILL IN", "Because"))
     evaluation = evaluate(shared_fixtures, model_path=model_path, candidate_path=filled,
                           ledger_path=tmp_path / "ledger.jsonl")
-    assert evaluation.verdict is not None
-    assert evaluation.verdict.accepted == result.verdict.accepted
+    assert evaluation.verdict is not None and evaluation.verdict.accepted  # what tune wrote, the gate accepts
     # The trial's numbers are the ones evaluate computes for the candidate.
     assert evaluation.after.suite.throughput_mape_pct == pytest.approx(result.chosen.score["throughput_mape_pct"])
     assert evaluation.before.suite.throughput_mape_pct == pytest.approx(result.current.throughput_mape_pct)
 
     with pytest.raises(InputError, match="never overwritten"):
-        tune("layer_dispatch_floor", shared_fixtures, model_path=model_path, trials=1, seed=3, out=out)
+        tune("iteration_host_overhead", shared_fixtures, model_path=model_path, trials=1, seed=3, out=out)
+
+
+def test_no_candidate_is_written_when_no_trial_beats_the_model_on_the_gates_criteria(shared_fixtures, tmp_path):
+    # The walkthrough's case: on the shipped model two trials of elementwise_traffic (the first its defaults)
+    # worsen every suite aggregate; the gate would reject them, so nothing is written, and the reasons are given.
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+    import json
+
+    out = tmp_path / "elementwise.toml"
+    done = CliRunner().invoke(app, ["tune", "elementwise_traffic", "--trials", "2", "--fixtures", str(shared_fixtures),
+                                    "--out", str(out), "--json"])
+    assert done.exit_code == 0, done.output
+    data = json.loads(done.stdout)
+    assert not out.exists() and data["candidate"] is None and data["chosen"] is None
+    assert "beats the current model on the gate's criteria" in data["no_candidate_reason"]
+    gate = data["chosen_gate"]
+    assert gate["decision"] == "rejected" and "suite_throughput_mape" in gate["failed_rules"]
+    text = CliRunner().invoke(app, ["tune", "elementwise_traffic", "--trials", "2", "--fixtures",
+                                    str(shared_fixtures), "--out", str(out)])
+    assert "no candidate written" in text.stdout and "-> fails" in text.stdout and not out.exists()
 
 
 def test_worker_processes_share_one_sqlite_study(shared_fixtures, model_path, tmp_path):

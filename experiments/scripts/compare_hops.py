@@ -43,7 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("fixtures")
     parser.add_argument("reference", nargs="?", default=str(reference_csv()))
-    parser.add_argument("--ledger", default="ledger/ledger.jsonl")
+    parser.add_argument("--ledger", default=None, help="default: the project's ledger (hops_calib.ledger.resolve)")
     parser.add_argument("--new-audit", action="store_true",
                         help="run a new audited test report even when the ledger has one for this model")
     args = parser.parse_args()
@@ -52,13 +52,16 @@ def main() -> None:
     train_ids, test_ids = store.ids("train"), store.ids("test")
 
     ours_train = evaluate(args.fixtures).current.suite  # train split only
-    audited = None if args.new_audit else recorded_report(args.fixtures, split="test", ledger_path=Path(args.ledger))
+    from hops_calib.ledger import resolve
+
+    ledger = resolve(args.ledger)  # the project's ledger unless named, wherever the script is started
+    audited = None if args.new_audit else recorded_report(args.fixtures, split="test", ledger_path=ledger)
     if audited is None and not args.new_audit:
-        sys.exit(f"{args.ledger} has no audited test report of this model on this fixture set: pass --new-audit to "
+        sys.exit(f"{ledger} has no audited test report of this model on this fixture set: pass --new-audit to "
                  "take one (an audited look at the held-out split, counted in the ledger), or point --ledger at the "
                  "ledger that has it")
     if audited is None:  # a new audited look, asked for: taken even if it repeats an earlier look's predictions
-        audited = report(args.fixtures, split="test", ledger_path=Path(args.ledger), again=True)
+        audited = report(args.fixtures, split="test", ledger_path=ledger, again=True)
     ours_test = audited.suite  # aggregates only
     print(f"test rows of this model: ledger entry {audited.ledger_entry.get('seq', '?')} "
           f"({audited.ledger_entry.get('time', '?')}, model {audited.model_sha256[:12]})")

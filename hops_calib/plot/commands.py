@@ -169,15 +169,18 @@ def parity_command(split: str, fixtures: Path, model_path: Path | None, out: Pat
 
 # --- ledger --------------------------------------------------------------------------------------
 
-def ledger_command(ledger: Path, out: Path | None, dpi: float, candidates: str | None = None) -> int:
+def ledger_command(ledger: Path | None, out: Path | None, dpi: float, candidates: str | None = None) -> int:
     def run() -> int:
-        from hops_calib.ledger import read_entries
+        from hops_calib.ledger import read_entries, resolve, warn_if_broken
         from hops_calib.plot.ledger import ledger_figure, read_history
 
+        nonlocal ledger
+        ledger = resolve(ledger)
         target = _target(out, "ledger-history.png", dpi)
         if not ledger.exists():
             raise InputError(ledger, "no ledger here", hint="`hops-calib evaluate CANDIDATE --ledger "
                                                            f"{ledger}` records the first entry")
+        warn_if_broken(ledger)
         attempts, audits = read_history(list(read_entries(ledger)))
         if candidates is not None:
             import re
@@ -188,6 +191,10 @@ def ledger_command(ledger: Path, out: Path | None, dpi: float, candidates: str |
                 raise InputError("--candidates", f"not a regular expression: {error}") from None
             # Committed comparisons stay whatever the filter: they set the model the line follows.
             attempts = [a for a in attempts if a.comparison or pattern.search(a.candidate_id)]
+            if not any(not a.comparison for a in attempts):
+                raise InputError(ledger, f"no candidate id matches --candidates {candidates!r}", field="--candidates",
+                                 hint="`hops-calib ledger show` lists the candidate ids; the expression is searched "
+                                      "in each id (re.search)")
         if not attempts and not audits:
             raise InputError(ledger, "has no candidate evaluations or held-out reports to plot",
                              hint="`hops-calib evaluate CANDIDATE` or `hops-calib report --split test` adds one")

@@ -53,6 +53,16 @@ class StoreError(ValueError):
     """A store operation that cannot proceed as asked (unsafe id, unknown fixture, ...)."""
 
 
+class FixtureFileError(StoreError):
+    """A fixture file that is not as ingest wrote it (missing, damaged, edited): where (file, line), what, and what to
+    do; the same attributes as `hops_calib.errors.InputError`, so `--json` errors carry them."""
+
+    def __init__(self, origin: Path | str, problem: str, *, line: int | None = None, hint: str = "") -> None:
+        self.origin, self.line, self.field, self.problem, self.hint = str(origin), line, None, problem, hint
+        super().__init__(f"{origin}" + (f":{line}" if line is not None else "") + f": {problem}"
+                         + (f"; {hint}" if hint else ""))
+
+
 def check_fixture_id(store_root: Path, fixture_id: str, origin: str = "") -> Path:
     """The folder of `fixture_id` in the store; StoreError when the id would escape the store or hide its folder."""
     where = f" (from {origin})" if origin else ""
@@ -71,15 +81,11 @@ def check_fixture_id(store_root: Path, fixture_id: str, origin: str = "") -> Pat
     return folder
 
 
-def summary_digest(spec_text: str, truth_text: str) -> str:
-    """sha256 of a fixture's spec.json and truth.json as written."""
+def text_digest(text: str) -> str:
+    """sha256 of a fixture file's text as written (what fixture.json records in `file_sha256`)."""
     import hashlib
 
-    digest = hashlib.sha256()
-    for text in (spec_text, truth_text):
-        data = text.encode("utf-8")
-        digest.update(len(data).to_bytes(8, "little") + data)
-    return digest.hexdigest()
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _json_default(value: Any) -> Any:
@@ -138,8 +144,8 @@ def read_events(path: Path) -> pd.DataFrame:
     try:
         frame = pq.read_table(path).to_pandas()
     except (OSError, pa.ArrowException) as err:
-        raise StoreError(f"{path}: cannot read the fixture's events ({err.__class__.__name__}: {err}); ingest its "
-                         "job again to rewrite them") from None
+        raise FixtureFileError(path, f"cannot be read: {err.__class__.__name__}: {err}",
+                               hint=_reingest(path.parent)) from None
     frame["kind"] = frame["kind"].astype(KIND_DTYPE)
     frame["phase"] = frame["phase"].astype(PHASE_DTYPE)
     return frame
@@ -161,6 +167,33 @@ def write_events(columns: dict[str, np.ndarray], path: Path) -> None:
     del arrays
     # Arrow's allocator keeps freed encode buffers for reuse; hand them back before truth needs the memory.
     pa.default_memory_pool().release_unused()
+
+
+def _reingest(folder: Path, meta: dict[str, Any] | None = None) -> str:
+    source = (meta or {}).get("source") or "JOB"
+    return (f"ingest the run's job again (hops-calib ingest {source} --fixtures {folder.parent}): it rewrites a "
+            "fixture that is not as ingest wrote it")
+
+
+def _read_text(path: Path, hint: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FixtureFileError(path, "is missing", hint=hint) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise FixtureFileError(path, f"cannot be read: {err}", hint=hint) from None
+
+
+def _parse_json(path: Path, text: str, hint: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise FixtureFileError(path, f"is not valid JSON ({err.msg}, column {err.colno}): the file is corrupt or cut "
+                               "short", line=err.lineno, hint=hint) from None
+
+
+def _read_json(path: Path, hint: str) -> Any:
+    return _parse_json(path, _read_text(path, hint), hint)
 
 
 class FixtureStore:
@@ -202,7 +235,12 @@ class FixtureStore:
         """One row per fixture (columns INDEX_COLUMNS), sorted by id; empty when the store is."""
         path = self.root / INDEX
         if path.is_file():
-            return pd.read_parquet(path)
+            try:
+                return pd.read_parquet(path)
+            except Exception as err:  # noqa: BLE001 - pyarrow raises its own types; all mean an unreadable file
+                raise FixtureFileError(path, f"cannot be read: {type(err).__name__}: {err}",
+                                       hint="delete it: it is rebuilt from the fixture folders (the next ingest "
+                                            "writes it again)") from None
         if self.fixture_folders():
             return self.build_index()
         return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
@@ -222,50 +260,42 @@ class FixtureStore:
             known = ", ".join(self.ids()[:5])
             raise StoreError(f"no fixture {fixture_id!r} in {self.root}" + (f" (some ids: {known}, ...)" if known else
                                                                             " (the store is empty; run ingest)"))
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as err:
-            raise StoreError(f"{path}: not valid JSON ({err}); the fixture {fixture_id} is damaged: delete its folder "
-                             "and ingest its job again") from None
+        return _read_json(path, _reingest(path.parent))
 
     def load(self, fixture_id: str) -> Fixture:
+        """The fixture as ingest wrote it; FixtureFileError (file, line, what to do) when one of its files is
+        missing, damaged, or changed since (fixture.json records each file's digest)."""
         meta = self.meta(fixture_id)
         folder = self.folder(fixture_id)
-        texts = self._summary_texts(folder, fixture_id)
-        recorded = meta.get("summary_sha256")
-        if recorded is not None and summary_digest(*texts) != recorded:
-            raise StoreError(f"{folder}: {SPEC_FILE} or {TRUTH_FILE} changed after ingest wrote them (their sha256 "
-                             f"is not the one {FIXTURE_FILE} recorded), so the fixture's measurements can no longer "
-                             f"be trusted; ingest its job again (hops-calib ingest {meta.get('source') or 'JOB'} "
-                             f"--fixtures {self.root}) to rewrite it")
-        try:
-            spec = Spec.from_json(texts[0])
-            truth = Truth.from_dict(json.loads(texts[1]))
-        except (ValueError, KeyError, TypeError) as err:
-            raise StoreError(f"{folder}: cannot read the fixture ({type(err).__name__}: {err}); ingest its job again "
-                             f"(hops-calib ingest {meta.get('source') or 'JOB'} --fixtures {self.root})") from None
+        hint = _reingest(folder, meta)
+        texts = {name: _read_text(folder / name, hint) for name in (SPEC_FILE, TRUTH_FILE)}
+        data = {name: _parse_json(folder / name, text, hint) for name, text in texts.items()}
+        for name, digest in (meta.get("file_sha256") or {}).items():
+            if name in texts and text_digest(texts[name]) != digest:
+                raise FixtureFileError(folder / name, f"changed after ingest wrote it (its sha256 is not the one "
+                                       f"{FIXTURE_FILE} recorded): a fixture edited by hand would be scored as if "
+                                       "measured", hint=hint)
+        parsed = []
+        for name, build in ((SPEC_FILE, Spec.from_dict), (TRUTH_FILE, Truth.from_dict)):
+            try:
+                parsed.append(build(data[name]))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                raise FixtureFileError(folder / name, f"cannot be used as a fixture file: {type(err).__name__}: "
+                                       f"{err}", hint=hint) from None
+        spec, truth = parsed
         return Fixture(id=meta["id"], split=meta["split"], group=meta["group"], content_hash=meta["content_hash"],
                        spec=spec, truth=truth, quality=meta.get("quality", {}), meta=meta, path=folder)
 
     def intact(self, fixture_id: str) -> bool:
-        """Whether the fixture's files are as ingest wrote them (its recorded summary digest, and its events)."""
+        """Whether the fixture's files are as ingest wrote them (each recorded digest, and the events file)."""
         try:
             meta = self.meta(fixture_id)
             folder = self.folder(fixture_id)
-            texts = self._summary_texts(folder, fixture_id)
-        except (StoreError, ValueError, OSError):
+            recorded = meta.get("file_sha256") or {}
+            return (set(recorded) == {SPEC_FILE, TRUTH_FILE} and (folder / EVENTS_FILE).is_file()
+                    and all(text_digest(_read_text(folder / name, "")) == digest for name, digest in recorded.items()))
+        except StoreError:
             return False
-        return meta.get("summary_sha256") == summary_digest(*texts) and (folder / EVENTS_FILE).is_file()
-
-    def _summary_texts(self, folder: Path, fixture_id: str) -> tuple[str, str]:
-        texts = []
-        for name in (SPEC_FILE, TRUTH_FILE):
-            try:
-                texts.append((folder / name).read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError) as err:
-                raise StoreError(f"{folder / name}: cannot read it ({err.__class__.__name__}); the fixture "
-                                 f"{fixture_id} is incomplete: ingest its job again to rewrite it") from None
-        return texts[0], texts[1]
 
     def load_all(self, split: str | None = None) -> list[Fixture]:
         return [self.load(fixture_id) for fixture_id in self.ids(split)]
@@ -335,12 +365,12 @@ class FixtureStore:
     @staticmethod
     def write_summary(folder: Path, *, meta: dict[str, Any], spec: Spec, truth: Truth) -> None:
         """The small files of a fixture (spec, truth, fixture.json) into a folder from `writing`; fixture.json
-        records their digest (`summary_sha256`), so a later hand edit is refused rather than scored."""
-        spec_text, truth_text = spec.to_json() + "\n", dumps(truth.to_dict())
-        (folder / SPEC_FILE).write_text(spec_text, encoding="utf-8")
-        (folder / TRUTH_FILE).write_text(truth_text, encoding="utf-8")
-        (folder / FIXTURE_FILE).write_text(dumps({**meta, "summary_sha256": summary_digest(spec_text, truth_text)}),
-                                           encoding="utf-8")
+        records their digests (`file_sha256`), so a later hand edit is refused rather than scored."""
+        texts = {SPEC_FILE: spec.to_json() + "\n", TRUTH_FILE: dumps(truth.to_dict())}
+        for name, text in texts.items():
+            (folder / name).write_text(text, encoding="utf-8")
+        digests = {name: text_digest(text) for name, text in texts.items()}
+        (folder / FIXTURE_FILE).write_text(dumps({**meta, "file_sha256": digests}), encoding="utf-8")
 
     def index_row(self, folder: Path) -> dict[str, Any]:
         meta = json.loads((folder / FIXTURE_FILE).read_text(encoding="utf-8"))

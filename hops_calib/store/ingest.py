@@ -309,7 +309,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
             outcome.status = "unchanged"
             group_split.setdefault(group, chosen)
             return False
-        if "summary_sha256" in previous:  # (a fixture from before digests were recorded is rewritten quietly)
+        if "file_sha256" in previous:  # (a fixture from before digests were recorded is rewritten quietly)
             outcome.warnings.append("the stored fixture's files were changed or damaged after an ingest wrote "
                                     "them: written again from the job")
     with store.writing(run_id) as folder:
