@@ -93,8 +93,11 @@ def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: flo
             raise ValueError(f"--{name} must be at least 1 (got {value})")
     if memory_budget < 1:
         raise ValueError(f"--memory-budget must hold at least one microbatch's activations (got {memory_budget})")
-    if forward_cost < 0 or backward_cost < 0 or not 0 <= weight_grad_cost <= backward_cost:
-        raise ValueError("costs must be >= 0 and --weight-grad-cost must not exceed --backward-cost "
+    costs_given = (forward_cost, backward_cost, weight_grad_cost)
+    if not all(math.isfinite(c) for c in costs_given) or forward_cost < 0 or backward_cost < 0 \
+            or not 0 <= weight_grad_cost <= backward_cost or forward_cost + backward_cost == 0:
+        raise ValueError("costs must be finite and >= 0, forward + backward > 0 (a pipeline with no work has no "
+                         "bubble to compare), and --weight-grad-cost must not exceed --backward-cost "
                          f"(got forward {forward_cost}, backward {backward_cost}, weight grad {weight_grad_cost})")
     costs = (stages, microbatches, forward_cost, backward_cost, weight_grad_cost)
     evaluated = [_evaluate("1f1b", *costs), _evaluate("gpipe", *costs)]

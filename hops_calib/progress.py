@@ -7,10 +7,16 @@ processes of a study) calls `update(completed, total)`. `progress_bar(...)` give
 stdout is a terminal (and --json was not asked for), else `QUIET`, which does
 nothing: piped or captured output never carries bar characters. The bar draws
 on stderr, so even on a terminal it never mixes with what a command prints.
+
+A program driving the tool (an agent, a CI job) sees no terminal; with
+`HOPS_CALIB_PROGRESS=lines` in its environment it gets plain lines on stderr
+instead, `LABEL: K/N (T s) WHAT`, at most one every `LINE_EVERY_S` seconds and
+one when the work is done, with or without --json (stdout stays the result's).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, Protocol
@@ -72,6 +78,44 @@ class _RichBar:
             self._bar.stop()
 
 
+PROGRESS_ENV = "HOPS_CALIB_PROGRESS"
+LINE_EVERY_S = 5.0
+
+
+class _Lines:
+    """Progress as plain stderr lines, for a reader that is a program: rate-limited, and a last line when done."""
+
+    def __init__(self, label: str, stream: Any = None, every_s: float = LINE_EVERY_S) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self._label, self._stream, self._every = label, stream, every_s
+        self._t0 = self._last = self._clock()
+        self._done, self._total, self._what = 0, 0, ""
+
+    def _emit(self, force: bool = False) -> None:
+        now = self._clock()
+        if force or now - self._last >= self._every:
+            self._last = now
+            print(f"{self._label}: {self._done}/{self._total} ({now - self._t0:.0f} s) {self._what}".rstrip(),
+                  file=self._stream or sys.stderr, flush=True)
+
+    def start(self, total: int) -> None:
+        self._total = total
+
+    def advance(self, what: str = "") -> None:
+        self._done, self._what = self._done + 1, what
+        self._emit()
+
+    def update(self, completed: int, total: int) -> None:
+        self._done, self._total = completed, total
+        self._emit()
+
+    def stop(self) -> None:
+        if self._total > 1:
+            self._emit(force=True)
+
+
 def on_terminal() -> bool:
     """Whether a bar would be seen: stdout (what the user watches) and stderr (where it draws) are terminals."""
     return _isatty(sys.stdout) and _isatty(sys.stderr)
@@ -92,6 +136,15 @@ def progress_bar(label: str, *, total: int | None = None, quiet: bool = False, c
     `console` (a rich Console) forces a bar onto it, whatever the streams are;
     tests use it to see the bar.
     """
+    if console is None and not on_terminal() and os.environ.get(PROGRESS_ENV, "") == "lines":
+        lines = _Lines(label)
+        try:
+            if total is not None:
+                lines.start(total)
+            yield lines
+        finally:
+            lines.stop()
+        return
     if quiet or (console is None and not on_terminal()):
         yield QUIET
         return

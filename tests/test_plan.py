@@ -84,6 +84,8 @@ def test_text_output_and_target_bubble():
     (["--stages", "4", "--microbatches", "4", "--memory-budget", "0.5"], "--memory-budget must hold"),
     (["--stages", "4", "--microbatches", "4", "--memory-budget", "4", "--weight-grad-cost", "3"],
      "must not exceed --backward-cost"),
+    (["--stages", "4", "--microbatches", "4", "--memory-budget", "4", "--forward-cost", "0", "--backward-cost", "0"],
+     "forward + backward > 0"),
 ])
 def test_bad_input_names_the_option(args, message):
     result = runner.invoke(app, ["plan", *args])

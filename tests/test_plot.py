@@ -509,3 +509,33 @@ def test_later_model_chunks_of_an_interleaved_schedule_are_hatched(train_run, tm
         figure = timeline_figure(name, spec.devices, [Panel(name, timeline)], 1)
         out = style.save_figure(figure, tmp_path / f"{name}.svg")
         assert ("later model chunk" in out.read_text()) == (name == "interleaved")
+
+
+def test_a_program_reading_stderr_can_ask_for_progress_lines(monkeypatch, capsys):
+    from hops_calib import progress as progress_module
+
+    monkeypatch.setenv(progress_module.PROGRESS_ENV, "lines")
+    monkeypatch.setattr(progress_module, "LINE_EVERY_S", 0.0)
+    ticks = iter(range(100))
+    monkeypatch.setattr(progress_module._Lines, "__init__", _lines_init_with(progress_module, ticks))
+    with progress_module.progress_bar("evaluate", quiet=True) as progress:  # --json: the lines still come
+        progress.start(3)
+        for run in ("a", "b", "c"):
+            progress.advance(run)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert lines[:3] == ["evaluate: 1/3 (1 s) a", "evaluate: 2/3 (2 s) b", "evaluate: 3/3 (3 s) c"]
+    assert lines[-1].startswith("evaluate: 3/3")  # the closing line
+
+
+def _lines_init_with(progress_module, ticks):
+    original = progress_module._Lines.__init__
+
+    def init(self, label, stream=None, every_s=0.0):
+        original(self, label, stream, every_s)
+        self._clock = lambda: float(next(ticks))
+        self._t0 = self._last = self._clock()
+
+    return init
+
