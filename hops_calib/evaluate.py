@@ -61,8 +61,13 @@ class Suite:
     @property
     def sha256(self) -> str:
         """Hash of the fixture set: which runs, at which content."""
-        listing = "\n".join(f"{i} {h}" for i, h in sorted(zip(self.ids, self.content_hashes)))
-        return hashlib.sha256(listing.encode()).hexdigest()
+        return fixture_set_digest(self.ids, self.content_hashes)
+
+
+def fixture_set_digest(ids: Sequence[str], content_hashes: Sequence[str]) -> str:
+    """The `fixture_set_sha256` of the ledger and every --json: which runs, at which content."""
+    listing = "\n".join(f"{i} {h}" for i, h in sorted(zip(ids, content_hashes)))
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 def open_store(fixtures_dir: Path | str):
@@ -229,6 +234,20 @@ def _reused_id(ledger_path: Path | str, candidate: Candidate) -> list[str]:
             f"{seqs}): give a changed candidate a new id, so each id names one change in the ledger"]
 
 
+def _repeated_judgement(ledger_path: Path | str, candidate: Candidate, model_sha256: str,
+                        fixture_set_sha256: str) -> list[str]:
+    """A notice when the ledger already judged this very candidate text on this model and these fixtures: the new
+    entry will repeat that judgement (it is recorded all the same; every attempt is)."""
+    same = [e for e in _judgements(ledger_path)
+            if e["candidate"].get("text") == candidate.text and e.get("model_sha256_before") == model_sha256
+            and e.get("fixture_set_sha256") == fixture_set_sha256]
+    if not same:
+        return []
+    last = same[-1]
+    return [f"{candidate.origin}: ledger entry {last.get('seq')} already judged this candidate text on this model and "
+            f"fixture set ({last.get('decision')}); this evaluation repeats it and is recorded as another entry"]
+
+
 def candidate_record(candidate: Candidate) -> dict[str, Any]:
     return {"id": candidate.id, "path": candidate.origin, "change": candidate.change.describe(),
             "target": candidate.change.target, "hypothesis": candidate.hypothesis, "text": candidate.text}
@@ -266,6 +285,8 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         warnings += _reused_id(ledger_path, candidate)
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suite(fixtures_dir, split)
+    if candidate is not None:
+        warnings += _repeated_judgement(ledger_path, candidate, model.sha256, suite.sha256)
     progress.start(len(suite.ids) * (2 if candidate is not None else 1))
     series = stall_series(suite) if tolerances.stall_free else None
     before = score_model(suite, model, origin=str(model_path), progress=progress, stall_free=series)

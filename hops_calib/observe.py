@@ -197,6 +197,7 @@ class RunRow:
             "stages": [s.to_dict() for s in self.stages],
             "measured_replay_error_pct": self.measured_replay_error_pct,
             "stall_free_error_pct": self.stall_free_error_pct,
+            "stall_noise_ape_pct": self.score.stall_noise_ape_pct,
         }
 
 
@@ -591,6 +592,7 @@ class Observation:
     model_path: Path
     model_name: str
     model_sha256: str
+    fixture_set_sha256: str
     suite: SuiteScore
     runs: tuple[RunRow, ...]
     overall: tuple[Contributor, ...]  # each quantity over all runs / stages
@@ -618,7 +620,8 @@ class Observation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"split": self.split, "fixtures": str(self.fixtures_dir), "model": str(self.model_path),
-                "model_name": self.model_name, "model_sha256": self.model_sha256, **self.suite.to_dict(),
+                "model_name": self.model_name, "model_sha256": self.model_sha256,
+                "fixture_set_sha256": self.fixture_set_sha256, **self.suite.to_dict(),
                 "measured_replay": self.measured_replay, "stall_free": self.stall_free,
                 "hops": [h.to_dict() for h in self.hops],
                 "bottlenecks": [b.to_dict() for b in self.bottlenecks],
@@ -638,7 +641,7 @@ def _error_summary(values: list[float | None]) -> dict[str, float] | None:
 def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, split: str = "train",
             progress: Progress = QUIET) -> Observation:
     """Compare every run of the train split with its prediction, and rank where the throughput error comes from."""
-    from hops_calib.evaluate import open_store, refuse_test_split
+    from hops_calib.evaluate import fixture_set_digest, open_store, refuse_test_split
     from hops_calib.model_files import DEFAULT_MODEL, load_model
 
     refuse_test_split(split, "observe")
@@ -649,16 +652,18 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
     if not ids:
         raise InputError(fixtures_dir, f"the fixture store has no {split} fixtures",
                          hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})")
-    runs = []
+    runs, content_hashes = [], []
     progress.start(len(ids))
     for fixture_id in ids:
-        runs.append(observe_run(store.load(fixture_id), model))
+        fixture = store.load(fixture_id)
+        runs.append(observe_run(fixture, model))
+        content_hashes.append(fixture.content_hash)
         progress.advance(fixture_id)
     contributors = part_contributors(runs) + stage_contributors(runs)
     overall = tuple(c for c in contributors if c.dimension == "all")
     ranked = sorted((c for c in contributors if c.dimension != "all"), key=lambda c: -c.contribution_pp)
     return Observation(split=split, fixtures_dir=Path(fixtures_dir), model_path=model_path, model_name=model.name,
-                       model_sha256=model.sha256, suite=aggregate(r.score for r in runs), runs=tuple(runs),
+                       model_sha256=model.sha256, fixture_set_sha256=fixture_set_digest(ids, content_hashes), suite=aggregate(r.score for r in runs), runs=tuple(runs),
                        overall=overall, ranked=tuple(ranked))
 
 

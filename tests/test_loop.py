@@ -766,6 +766,11 @@ def test_a_plan_is_refused_for_a_candidate_already_judged_and_a_reused_id_warns(
     assert again.exit_code == 1
     [warning] = json.loads(again.stdout)["warnings"]
     assert "'free-links' was judged before with another text (ledger entry 1)" in warning
+    # The very same text on the same model and fixtures once more: recorded (every attempt is), and said to repeat
+    repeat = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json")
+    assert repeat.exit_code == 1 and len(list(read_entries(ledger))) == 3
+    assert any("ledger entry 1 already judged this candidate text on this model and fixture set (rejected)" in w
+               for w in json.loads(repeat.stdout)["warnings"])
 
 
 @pytest.mark.parametrize("last", ["0", "-1"])

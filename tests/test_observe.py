@@ -148,6 +148,12 @@ def test_cli_json_and_text(shared_fixtures, model_path, observation):
     assert [c["contribution_pp"] for c in data["ranked"]] == pytest.approx(
         [c.contribution_pp for c in observation.ranked])
     assert {c["quantity"] for c in data["overall"]} == {"span", "silent", "optimizer", "rest", "forward", "backward"}
+    # an agent ties observe to the gate's numbers: the same fixture set, and each run's stall spread
+    from hops_calib.evaluate import load_suite
+
+    assert data["fixture_set_sha256"] == load_suite(shared_fixtures, "train").sha256
+    assert [r["stall_noise_ape_pct"] for r in data["runs"]] == pytest.approx(
+        [r.score.stall_noise_ape_pct for r in observation.runs])
     run = data["runs"][0]
     assert sum(run["real_parts"][f"{p}_ms"] for p in ("span", "silent", "optimizer", "rest")) == pytest.approx(
         run["real_parts"]["iteration_ms"])
