@@ -65,10 +65,20 @@ class WhatIf:
                               "layers_per_stage": list(spec.layers_per_stage), "schedule": spec.schedule,
                               "hidden_size": spec.model.hidden_size, "seq_length": spec.model.seq_length,
                               "num_layers": spec.model.num_layers},
+            "links": _links(spec),
             "predictions": [{"asked": asked, **_prediction_dict(p, spec)}
                             for asked, p in zip(self.asked, self.predictions)],
             "refused": [r.to_dict() for r in self.refused],
         }
+
+
+def _links(spec: Spec) -> list[dict[str, Any]]:
+    """The benchmarked hops the prediction prices, by stage position: which devices the stage map now puts at the
+    two ends, and which benchmark file measured them (it measured whatever sat at those positions then)."""
+    return [{"src_stage": fit.src_stage, "dst_stage": fit.dst_stage,
+             "devices": [spec.devices[fit.src_stage], spec.devices[fit.dst_stage]],
+             "bandwidth_gbit_s": fit.bandwidth_gbit_s, "latency_ms": fit.latency_ms, "source": fit.source}
+            for fit in spec.links if max(fit.src_stage, fit.dst_stage) < spec.pp]
 
 
 def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
@@ -191,6 +201,12 @@ def what_if_text(result: WhatIf) -> str:
              f"({'-'.join(str(n) for n in spec.layers_per_stage)}); configured schedule {spec.schedule}; "
              f"model {model.name} ({model.sha256[:12]}); predicted from the configuration alone"]
     lines += [f"note: {note}" for note in result.notes]
+    if spec.links:
+        lines.append("links, by stage position (a benchmark measured the devices at those positions when it ran: "
+                     "after reordering stages, re-run it or move its pair files along): "
+                     + "; ".join(f"{link['src_stage']}-{link['dst_stage']} ({'-'.join(link['devices'])}) "
+                                 f"{link['bandwidth_gbit_s']:.1f} Gbit/s from {link['source'].split(':')[0]}"
+                                 for link in _links(spec)))
     if result.extrapolations is None:
         lines.append(f"calibration coverage not checked: {result.calibration}")
     elif result.extrapolations:

@@ -74,6 +74,25 @@ def test_an_edited_configuration_moves_the_prediction_as_the_edit_says(tmp_path)
     assert after["predictions"][0]["throughput_per_s"] > before["throughput_per_s"]
 
 
+def test_a_what_if_names_the_benchmarked_hops_it_prices_by_stage_position(shared_runs, tmp_path):
+    run = next(d for d in sorted(shared_runs.iterdir()) if d.name.startswith("exp2_15"))  # an H100 and an A10G
+    job = tmp_path / run.name
+    shutil.copytree(run, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    for path in [job, *job.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    before = predict_job("--job", job)["links"]
+    assert [(link["src_stage"], link["dst_stage"], link["source"].split(":")[0]) for link in before] == \
+        [(0, 1, "pair_0_1.jsonl")]
+    stage_map = job / "hops_trace_map.json"
+    stages = json.loads(stage_map.read_text())["stages"]
+    stage_map.write_text(json.dumps({"stages": {"0": stages["1"], "1": stages["0"]}}))  # the devices swapped
+    after = cli("predict", "--job", job)
+    assert after.exit_code == 0, after.output
+    devices = predict_job("--job", job)["links"][0]["devices"]
+    assert devices == list(reversed(before[0]["devices"]))  # the same file now sits between swapped ends, and says so
+    assert "after reordering stages, re-run it" in " ".join(after.output.split())
+
+
 def test_schedules_side_by_side_and_what_they_hold_in_flight(tmp_path):
     job = configuration_only(tmp_path)
     out = predict_job("--job", job, "--schedule", "1f1b", "--schedule", "gpipe", "--schedule", "zb_h1",
