@@ -105,6 +105,12 @@ def _suite_if_any(fixtures_dir: Path | str, split: str) -> Suite | None:
 
 def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -> Suite:
     fixtures = [store.load(fixture_id) for fixture_id in ids]
+    strays = [f.id for f in fixtures if f.split != split]
+    if strays:  # the index lists them in this split, their own (digested) fixture.json says otherwise
+        from hops_calib.store.fixture_store import INDEX, StoreError
+
+        raise StoreError(f"{Path(fixtures_dir) / INDEX}: lists {', '.join(strays[:3])} in the {split} split, which "
+                         f"their fixture.json does not; delete {INDEX} (it is rebuilt from the fixture folders)")
     return Suite(fixtures_dir=Path(fixtures_dir), split=split, ids=tuple(ids),
                  specs=tuple(f.spec for f in fixtures), truths=tuple(f.truth.metrics for f in fixtures),
                  content_hashes=tuple(f.content_hash for f in fixtures))

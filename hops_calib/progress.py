@@ -10,8 +10,8 @@ on stderr, so even on a terminal it never mixes with what a command prints.
 
 A program driving the tool (an agent, a CI job) sees no terminal; with
 `HOPS_CALIB_PROGRESS=lines` in its environment it gets plain lines on stderr
-instead, `LABEL: K/N (T s) WHAT`, at most one every `LINE_EVERY_S` seconds and
-one when the work is done, with or without --json (stdout stays the result's).
+instead, `LABEL: K/N (T s) WHAT`, at most one every `LINE_EVERY_S` seconds, and
+`LABEL: K/N (T s) done` when the work is done (K may stop short of N: a search can end early), with or without --json (stdout stays the result's).
 """
 
 from __future__ import annotations
@@ -93,11 +93,12 @@ class _Lines:
         self._t0 = self._last = self._clock()
         self._done, self._total, self._what = 0, 0, ""
 
-    def _emit(self, force: bool = False) -> None:
+    def _emit(self, force: bool = False, last: bool = False) -> None:
         now = self._clock()
         if force or now - self._last >= self._every:
             self._last = now
-            print(f"{self._label}: {self._done}/{self._total} ({now - self._t0:.0f} s) {self._what}".rstrip(),
+            what = "done" if last else self._what  # the last line says so: a search may stop short of its total
+            print(f"{self._label}: {self._done}/{self._total} ({now - self._t0:.0f} s) {what}".rstrip(),
                   file=self._stream or sys.stderr, flush=True)
 
     def start(self, total: int) -> None:
@@ -113,7 +114,7 @@ class _Lines:
 
     def stop(self) -> None:
         if self._total > 1:
-            self._emit(force=True)
+            self._emit(force=True, last=True)
 
 
 def on_terminal() -> bool:

@@ -308,6 +308,10 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         dp = world // (tp * pp)
     else:
         dp = _require_int(args, "data_parallel_size", args_source, default=1) or 1
+    if dp != 1:  # the launcher's world size says so when the arguments do not (require_modelled reads only them)
+        raise TraceError(args_source, f"gives data parallel size {dp} (world size {world} / (tp {tp} x pp {pp}))",
+                         field="world_size", hint="the model prices data parallel size 1, no gradient all-reduce "
+                         "across replicas: launch one process per pipeline stage (nnodes x nproc-per-node = pp)")
     micro_batch = _require_int(args, "micro_batch_size", args_source, default=1, minimum=1)
     global_batch = _require_int(args, "global_batch_size", args_source, default=micro_batch * dp, minimum=1)
     if global_batch % (micro_batch * dp):
@@ -336,13 +340,21 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     template = read_template(job_dir)
     template_stages = (template.get("pipeline") or {}).get("stages") if isinstance(template.get("pipeline"),
                                                                                    dict) else None
-    if isinstance(template_stages, list) and len(template_stages) != pp:
+    if isinstance(template_stages, list):
         from hops_calib.trace.job import TEMPLATE
 
-        raise TraceError(job_dir / TEMPLATE, f"lists {len(template_stages)} stages but {args_source.name} says "
-                         f"--pipeline-model-parallel-size {pp}", field="pipeline.stages",
-                         hint="the template and the launch configuration describe different pipelines (a template "
-                              "from another job?): fix pipeline.stages, or the launch configuration")
+        if len(template_stages) != pp:
+            raise TraceError(job_dir / TEMPLATE, f"lists {len(template_stages)} stages but {args_source.name} says "
+                             f"--pipeline-model-parallel-size {pp}", field="pipeline.stages",
+                             hint="the template and the launch configuration describe different pipelines (a "
+                                  "template from another job?): fix pipeline.stages, or the launch configuration")
+        order = [entry.get("device") if isinstance(entry, dict) else None for entry in template_stages]
+        if all(order) and tuple(order) != tuple(device_ids):
+            raise TraceError(job_dir / TEMPLATE, f"puts the devices in the order {order}, {STAGE_MAP} in "
+                             f"{list(device_ids)}", field="pipeline.stages",
+                             hint="the two must agree; after reordering stages (a what-if), reorder both, and re-run "
+                                  "the link benchmark or move its pair_<i>_<j> files along: they measure the hops "
+                                  "by stage position")
     device_types = read_device_types(job_dir, template)
     missing = [d for d in device_ids if d not in device_types]
     if missing:
@@ -444,7 +456,9 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--tensor-model-parallel-size", ("tensor_model_parallel_size",), 1,
                "tensor parallel size 1, a stage's layers on one GPU", _is(1)),
     Assumption("--context-parallel-size", ("context_parallel_size",), 1, "context parallel size 1", _is(1)),
-    Assumption("--sequence-parallel", ("sequence_parallel",), False, "no sequence parallelism", _off),
+    # Megatron turns sequence parallelism off at tensor parallel size 1 (it splits along the TP group).
+    Assumption("--sequence-parallel", ("sequence_parallel",), False, "no sequence parallelism",
+               lambda value, args: _off(value, args) or (args.get("tensor_model_parallel_size") or 1) == 1),
     Assumption("--data-parallel-size", ("data_parallel_size",), 1,
                "data parallel size 1, no gradient all-reduce across replicas", _is(1, None)),
     Assumption("--num-experts", ("num_experts",), None, "a dense MLP, no mixture of experts", _is(None, 0, 1)),

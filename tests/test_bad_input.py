@@ -216,11 +216,16 @@ def test_lenient_drops_bad_lines_and_counts_them(run_copy, tmp_path):
     assert quality["lenient"] is True and quality["dropped_lines"] == 4
     assert quality["dropped"][log.name] == {"malformed JSON": 1, "bad phase": 1, "bad end_wall_ns": 1}
     assert quality["dropped"][last.name] == {"truncated last line": 1}
-    # the lines dropped from rank 1 leave early iterations incomplete between complete ones: kept, and flagged
+    # the lines dropped from rank 1 leave early iterations incomplete between complete ones: kept, and flagged;
+    # rank 0's cut last line was its last OPTIMIZER: that last iteration is incomplete at the end, and dropped
     early = {json.loads(_rank_log(run_copy).read_text().splitlines()[n - 1])["iteration"] for n in (9, 11)}
-    assert early <= set(quality["incomplete_iterations"]) and quality["dropped_iterations"] == []
+    assert early <= set(quality["incomplete_iterations"])
+    whole_lines = [json.loads(line) for p in sorted((run_copy / "megatron_trace").iterdir())
+                   for line in p.read_text().splitlines() if line.endswith("}")]
+    last = max(e["iteration"] for e in whole_lines)
+    assert quality["dropped_iterations"] == [last] and last not in set(fixture.events["iteration"])
     total_lines = sum(len(p.read_text().splitlines()) for p in (run_copy / "megatron_trace").iterdir())
-    assert len(fixture.events) == total_lines - 4
+    assert len(fixture.events) == total_lines - 4 - sum(e["iteration"] == last for e in whole_lines)
     assert store.index().set_index("id").loc[run_copy.name, "dropped_lines"] == 4
 
 
@@ -364,3 +369,12 @@ def test_a_launch_the_cost_model_does_not_price_is_refused_at_ingest(run_copy, t
     args.write_text(args.read_text().rstrip("\n") + " --recompute-activations\n")
     message = _refused(run_copy, tmp_path)
     _names(message, args, 1, "--recompute-activations")
+
+
+def test_a_launcher_that_starts_replicas_is_refused_as_data_parallel(run_copy, tmp_path):
+    args = run_copy / "megatron_args.txt"
+    pp = int(re.search(r"--pipeline-model-parallel-size (\d+)", args.read_text()).group(1))
+    args.write_text(f"torchrun --nnodes 2 --nproc-per-node {pp} " + args.read_text())
+    message = _refused(run_copy, tmp_path)
+    _names(message, args, None, "world_size")
+    assert f"data parallel size 2 (world size {2 * pp}" in message

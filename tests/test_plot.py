@@ -526,7 +526,7 @@ def test_a_program_reading_stderr_can_ask_for_progress_lines(monkeypatch, capsys
     assert captured.out == ""
     lines = captured.err.splitlines()
     assert lines[:3] == ["evaluate: 1/3 (1 s) a", "evaluate: 2/3 (2 s) b", "evaluate: 3/3 (3 s) c"]
-    assert lines[-1].startswith("evaluate: 3/3")  # the closing line
+    assert lines[-1].startswith("evaluate: 3/3") and lines[-1].endswith(" done")  # the closing line says so
 
 
 def _lines_init_with(progress_module, ticks):

@@ -111,3 +111,60 @@ def test_a_damaged_fixture_is_named_with_what_to_do(job: Path, tmp_path: Path, d
     report = ingest([job], store)
     assert report.ok and report.count("unchanged") == 0
     assert store.load(RUN).events is not None
+
+
+@pytest.mark.parametrize("tamper", ["events", "split", "digests"])
+def test_every_file_of_a_fixture_is_held_to_what_ingest_wrote(job: Path, repo_root: Path, tmp_path: Path,
+                                                                 tamper: str):
+    other = job.parent / "cpu_1f1b_l4_h512_s512_m6_run1"
+    shutil.copytree(repo_root / "traces" / other.name, other)
+    store = FixtureStore(tmp_path / "fixtures")
+    assert ingest([job, other], store, split="test").ok
+    folder = store.root / RUN
+    meta_file = folder / "fixture.json"
+    if tamper == "events":  # another run's events in their place
+        shutil.copy(store.root / other.name / "events.parquet", folder / "events.parquet")
+        fixture = store.load(RUN)
+        with pytest.raises(StoreError, match="events.parquet: changed after ingest"):
+            fixture.events
+    else:
+        meta = json.loads(meta_file.read_text())
+        if tamper == "split":  # a test run moved to train by hand: it would show its measurements
+            meta["split"] = "train"
+        else:  # the digests taken out, and the truth edited
+            del meta["fixture_sha256"], meta["file_sha256"]
+        meta_file.write_text(json.dumps(meta))
+        with pytest.raises(StoreError, match="fixture.json: (changed after ingest|has no digests)"):
+            store.load(RUN)
+        result = CliRunner().invoke(app, ["fixtures", "show", RUN, "--fixtures", str(store.root), "--json"])
+        assert result.exit_code == 2 and json.loads(result.stdout)["error"]["kind"] == "input"
+    again = ingest([job], store)
+    assert again.count("updated") == 1 and store.load(RUN).split == "test"  # the group's split, not the edit
+    assert len(store.load(RUN).events) > 0 and ingest([job], store).count("unchanged") == 1
+
+
+def test_an_index_that_moves_a_fixture_to_another_split_is_refused(job: Path, tmp_path: Path):
+    import pandas as pd
+
+    store = FixtureStore(tmp_path / "fixtures")
+    assert ingest([job], store, split="test").ok
+    index_file = store.root / "index.parquet"
+    index = pd.read_parquet(index_file)
+    index["split"] = "train"
+    index.to_parquet(index_file, index=False)
+    result = CliRunner().invoke(app, ["evaluate", "--fixtures", str(store.root)])
+    assert result.exit_code == 2 and "delete index.parquet" in " ".join(result.output.split())
+    index_file.unlink()
+    assert store.ids("train") == [] and store.ids("test") == [RUN]  # rebuilt from the fixtures themselves
+
+
+def test_links_to_job_directories_are_followed_once(job: Path, repo_root: Path, tmp_path: Path):
+    picked = tmp_path / "picked"
+    picked.mkdir()
+    (picked / "mine").symlink_to(job, target_is_directory=True)
+    (picked / "again").symlink_to(job, target_is_directory=True)  # the same run twice: found once
+    (picked / "loop").symlink_to(picked, target_is_directory=True)  # a link back up ends there
+    other = repo_root / "traces" / "cpu_1f1b_l4_h512_s512_m6_run1"
+    (picked / "other").symlink_to(other, target_is_directory=True)
+    report = ingest([picked], FixtureStore(tmp_path / "fixtures"))
+    assert report.ok and sorted(o.run_id for o in report.outcomes) == sorted([RUN, other.name])

@@ -86,6 +86,15 @@ def test_a_what_if_names_the_benchmarked_hops_it_prices_by_stage_position(shared
     stage_map = job / "hops_trace_map.json"
     stages = json.loads(stage_map.read_text())["stages"]
     stage_map.write_text(json.dumps({"stages": {"0": stages["1"], "1": stages["0"]}}))  # the devices swapped
+    refused = cli("predict", "--job", job)  # the template still has the old order: the two must agree
+    assert refused.exit_code == 2 and "field 'pipeline.stages'" in refused.output
+    assert "re-run the link benchmark" in " ".join(refused.output.split())
+    import yaml
+
+    template_file = job / "hops.base.yaml"
+    template = yaml.safe_load(template_file.read_text())
+    template["pipeline"]["stages"].reverse()
+    template_file.write_text(yaml.safe_dump(template))
     after = cli("predict", "--job", job)
     assert after.exit_code == 0, after.output
     devices = predict_job("--job", job)["links"][0]["devices"]

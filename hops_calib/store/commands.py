@@ -40,22 +40,27 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
 
 
 def list_command(fixtures: Path, as_json: bool = False) -> int:
-    store = FixtureStore(fixtures)
-    if not store.exists():
-        _err(f"error: no fixture store at {fixtures} (run: hops-calib ingest SRC --fixtures {fixtures})")
-        return 2
-    print(views.list_json(store) if as_json else views.list_text(store))
-    return 0
+    from hops_calib.loop import _guarded
+
+    def run() -> int:
+        store = FixtureStore(fixtures)
+        if not store.exists():
+            raise StoreError(f"no fixture store at {fixtures}; run: hops-calib ingest SRC --fixtures {fixtures}")
+        print(views.list_json(store) if as_json else views.list_text(store))
+        return 0
+
+    return _guarded(run, as_json)
 
 
 def show_command(fixture_id: str, fixtures: Path, as_json: bool = False) -> int:
+    """One fixture; errors (unknown id, missing store, a damaged fixture) exit 2, with --json also as an object."""
     import json
 
-    store = FixtureStore(fixtures)
-    try:
-        fixture = store.load(fixture_id)
-    except StoreError as err:
-        _err(f"error: {err}")
-        return 2
-    print(json.dumps(views.show_dict(fixture), indent=1) if as_json else views.show_text(fixture))
-    return 0
+    from hops_calib.loop import _guarded
+
+    def run() -> int:
+        fixture = FixtureStore(fixtures).load(fixture_id)
+        print(json.dumps(views.show_dict(fixture), indent=1) if as_json else views.show_text(fixture))
+        return 0
+
+    return _guarded(run, as_json)

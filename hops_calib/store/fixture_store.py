@@ -88,6 +88,21 @@ def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def file_digest(path: Path) -> str:
+    import hashlib
+
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def meta_digest(meta: dict[str, Any]) -> str:
+    """sha256 of fixture.json's content without its own digest (`fixture_sha256`): split, group, provenance."""
+    return text_digest(dumps({k: v for k, v in meta.items() if k != META_DIGEST}))
+
+
+META_DIGEST, FILE_DIGESTS = "fixture_sha256", "file_sha256"
+
+
 def _json_default(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy scalars
         return value.item()
@@ -129,8 +144,14 @@ class Fixture:
 
     @cached_property
     def events(self) -> pd.DataFrame:
-        """The normalized events (read from Parquet on first use)."""
-        return read_events(self.path / EVENTS_FILE)
+        """The normalized events (read from Parquet on first use; refused when the file is not the one ingest
+        wrote)."""
+        path = self.path / EVENTS_FILE
+        recorded = (self.meta.get(FILE_DIGESTS) or {}).get(EVENTS_FILE)
+        if path.is_file() and file_digest(path) != recorded:
+            raise FixtureFileError(path, f"changed after ingest wrote it (its sha256 is not the one {FIXTURE_FILE} "
+                                   "recorded)", hint=_reingest(self.path, self.meta))
+        return read_events(path)
 
     def timeline(self) -> pd.DataFrame:
         """The events as a `hops_calib.timeline` table, ms from the run's first event."""
@@ -260,7 +281,22 @@ class FixtureStore:
             known = ", ".join(self.ids()[:5])
             raise StoreError(f"no fixture {fixture_id!r} in {self.root}" + (f" (some ids: {known}, ...)" if known else
                                                                             " (the store is empty; run ingest)"))
-        return _read_json(path, _reingest(path.parent))
+        meta = _read_json(path, _reingest(path.parent))
+        if not isinstance(meta, dict) or meta.get(META_DIGEST) != meta_digest(meta):
+            why = ("has no digests: an earlier hops-calib wrote it" if isinstance(meta, dict) and META_DIGEST not in
+                   meta else "changed after ingest wrote it (its sha256 is not the one it records)")
+            raise FixtureFileError(path, f"{why}; its split and provenance cannot be trusted",
+                                   hint=_reingest(path.parent, meta if isinstance(meta, dict) else None))
+        return meta
+
+    def legacy_meta(self, fixture_id: str) -> dict[str, Any] | None:
+        """fixture.json of a fixture written before digests were recorded (readable, no `fixture_sha256`): its
+        split may be trusted to keep a group together; None for any other fixture.json (digested, or damaged)."""
+        try:
+            meta = json.loads((self.folder(fixture_id) / FIXTURE_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) and META_DIGEST not in meta else None
 
     def load(self, fixture_id: str) -> Fixture:
         """The fixture as ingest wrote it; FixtureFileError (file, line, what to do) when one of its files is
@@ -270,8 +306,9 @@ class FixtureStore:
         hint = _reingest(folder, meta)
         texts = {name: _read_text(folder / name, hint) for name in (SPEC_FILE, TRUTH_FILE)}
         data = {name: _parse_json(folder / name, text, hint) for name, text in texts.items()}
-        for name, digest in (meta.get("file_sha256") or {}).items():
-            if name in texts and text_digest(texts[name]) != digest:
+        recorded = meta.get(FILE_DIGESTS) or {}
+        for name, text in texts.items():
+            if text_digest(text) != recorded.get(name):
                 raise FixtureFileError(folder / name, f"changed after ingest wrote it (its sha256 is not the one "
                                        f"{FIXTURE_FILE} recorded): a fixture edited by hand would be scored as if "
                                        "measured", hint=hint)
@@ -291,10 +328,10 @@ class FixtureStore:
         try:
             meta = self.meta(fixture_id)
             folder = self.folder(fixture_id)
-            recorded = meta.get("file_sha256") or {}
-            return (set(recorded) == {SPEC_FILE, TRUTH_FILE} and (folder / EVENTS_FILE).is_file()
-                    and all(text_digest(_read_text(folder / name, "")) == digest for name, digest in recorded.items()))
-        except StoreError:
+            recorded = meta.get(FILE_DIGESTS) or {}
+            return (set(recorded) == {SPEC_FILE, TRUTH_FILE, EVENTS_FILE}
+                    and all(file_digest(folder / name) == digest for name, digest in recorded.items()))
+        except (StoreError, OSError):
             return False
 
     def load_all(self, split: str | None = None) -> list[Fixture]:
@@ -365,12 +402,15 @@ class FixtureStore:
     @staticmethod
     def write_summary(folder: Path, *, meta: dict[str, Any], spec: Spec, truth: Truth) -> None:
         """The small files of a fixture (spec, truth, fixture.json) into a folder from `writing`; fixture.json
-        records their digests (`file_sha256`), so a later hand edit is refused rather than scored."""
+        records the digests of every file (`file_sha256`) and of its own content (`fixture_sha256`), so a later hand
+        edit is refused rather than scored."""
         texts = {SPEC_FILE: spec.to_json() + "\n", TRUTH_FILE: dumps(truth.to_dict())}
         for name, text in texts.items():
             (folder / name).write_text(text, encoding="utf-8")
         digests = {name: text_digest(text) for name, text in texts.items()}
-        (folder / FIXTURE_FILE).write_text(dumps({**meta, "file_sha256": digests}), encoding="utf-8")
+        digests[EVENTS_FILE] = file_digest(folder / EVENTS_FILE)  # written first (read_run)
+        meta = {**meta, FILE_DIGESTS: digests}
+        (folder / FIXTURE_FILE).write_text(dumps({**meta, META_DIGEST: meta_digest(meta)}), encoding="utf-8")
 
     def index_row(self, folder: Path) -> dict[str, Any]:
         meta = json.loads((folder / FIXTURE_FILE).read_text(encoding="utf-8"))

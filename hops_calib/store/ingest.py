@@ -117,7 +117,9 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     device_stage = {device: stage for stage, device in enumerate(spec.device_ids)}
     parts, hostnames, dropped = [], [], {}
     for rank, path in files.items():
-        columns, report = read_rank_events(path, rank=rank, pp=spec.pp, device_stage=device_stage, lenient=lenient)
+        # rank r runs stage r: the launch checks (require_modelled) admit no tensor or data parallelism
+        columns, report = read_rank_events(path, rank=rank, pp=spec.pp, device_stage=device_stage, lenient=lenient,
+                                           stage=rank)
         if report.events == 0:
             after = f" after dropping {sum(report.dropped.values())} bad lines" if report.dropped else ""
             raise TraceError(path, f"rank {rank} has no events{after}",
@@ -222,6 +224,9 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
     if not 0.0 <= test_fraction <= 1.0:
         raise StoreError(f"--test-fraction {test_fraction} is not between 0 and 1")
+    if not 0.0 <= skew_ms <= 60_000.0:  # (NaN fails too)
+        raise StoreError(f"--clock-skew-ms {skew_ms} is not between 0 and 60000 ms; give the clock offset the nodes "
+                         "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
     job_dirs = _job_dirs([Path(s) for s in sources], report)
     store.check_writable()
@@ -239,8 +244,10 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         for folder in store.fixture_folders():
             try:
                 stored[folder.name] = store.meta(folder.name)
-            except StoreError:  # a damaged fixture.json: its run, if ingested now, is written again
-                stored[folder.name] = {}
+            except StoreError:  # written again if its run is ingested now; an edited split is not trusted
+                listed = _index_splits(store).get(folder.name)  # the index's record of its split, if any
+                stored[folder.name] = store.legacy_meta(folder.name) or (
+                    {"split": listed, "group": group_of(folder.name)} if listed else {})
         group_split = {meta["group"]: meta["split"] for meta in stored.values() if "group" in meta}
         changed = False
         batch_sources: dict[str, Path] = {}
@@ -266,6 +273,17 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         if changed or stale or (stored and not index_file.is_file()):
             store.write_index()
     return report
+
+
+def _index_splits(store: FixtureStore) -> dict[str, str]:
+    """id -> split as the store's index file records it (the second record of a split; {} without one)."""
+    import pandas as pd
+
+    try:
+        index = pd.read_parquet(store.root / INDEX, columns=["id", "split"])
+    except Exception:  # noqa: BLE001 - no index, or a damaged one: no second record
+        return {}
+    return dict(zip(index["id"], index["split"]))
 
 
 def _check_apart(store_root: Path, job_dirs: list[Path]) -> None:
@@ -304,14 +322,15 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
     outcome.split = chosen
     digest = content_hash(job_dir, lenient, skew_ms)
     previous = stored.get(run_id)
-    if previous and previous.get("content_hash") == digest:
-        if store.intact(run_id):
-            outcome.status = "unchanged"
-            group_split.setdefault(group, chosen)
-            return False
-        if "file_sha256" in previous:  # (a fixture from before digests were recorded is rewritten quietly)
-            outcome.warnings.append("the stored fixture's files were changed or damaged after an ingest wrote "
-                                    "them: written again from the job")
+    if previous and previous.get("content_hash") == digest and store.intact(run_id):
+        outcome.status = "unchanged"
+        group_split.setdefault(group, chosen)
+        return False
+    # (a fixture from before digests were recorded, or of other files, is rewritten quietly)
+    if (previous is not None and "content_hash" not in previous) or (
+            previous and "fixture_sha256" in previous and previous.get("content_hash") == digest):
+        outcome.warnings.append("the stored fixture's files were changed or damaged after an ingest wrote them: "
+                                f"written again from the job (split {chosen})")
     with store.writing(run_id) as folder:
         data = read_run(job_dir, folder / EVENTS_FILE, lenient, skew_ms)
         outcome.warnings += data.warnings
@@ -330,5 +349,5 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
         }
         store.write_summary(folder, meta=meta, spec=data.spec, truth=data.truth)
     group_split[group] = chosen
-    outcome.status = "updated" if previous else "new"
+    outcome.status = "updated" if previous is not None else "new"
     return True

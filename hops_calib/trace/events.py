@@ -97,7 +97,13 @@ def _is_int(value: Any) -> bool:
     return type(value) is int
 
 
-def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, int]) -> tuple[str, str, str] | None:
+# Values past these wrap in the compact int32 columns (or in the structure checks' packed keys): refused as lines.
+MAX_ITERATION = (1 << 24) - 1
+MAX_INDEX = (1 << 15) - 1  # microbatch, model chunk
+
+
+def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, int],
+                 stage: int | None = None) -> tuple[str, str, str] | None:
     """(field, problem, what to do) for the first thing wrong with one parsed event, or None when it is fine."""
     if not isinstance(record, dict):
         return "(event)", f"is a JSON {type(record).__name__}, not an object", "each line must be one event object"
@@ -118,18 +124,24 @@ def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, 
     if record["stage"] >= pp:
         return "stage", f"is {record['stage']} but the configuration has {pp} pipeline stages", \
             "check --pipeline-model-parallel-size and the stage map"
+    if stage is not None and record["stage"] != stage:
+        return "stage", f"is {record['stage']} in the log of rank {rank}, which runs stage {stage}", \
+            "with tensor and data parallel size 1 rank r runs stage r: the line belongs to another rank's log, or " \
+            "was edited; " + _FIX
+    if record["iteration"] > MAX_ITERATION:
+        return "iteration", f"is {record['iteration']}, more than a trace can number (<= {MAX_ITERATION})", _FIX
     if record["end_wall_ns"] < record["start_wall_ns"]:
         return "end_wall_ns", f"{record['end_wall_ns']} is before start_wall_ns {record['start_wall_ns']}", \
             "the event ends before it starts: " + _FIX
     microbatch = record.get("microbatch")
-    if microbatch is not None and (not _is_int(microbatch) or microbatch < 0):
-        return "microbatch", f"is {microbatch!r}, expected a non-negative integer or null", _FIX
+    if microbatch is not None and (not _is_int(microbatch) or not 0 <= microbatch <= MAX_INDEX):
+        return "microbatch", f"is {microbatch!r}, expected an integer 0..{MAX_INDEX} or null", _FIX
     if phase != "OPTIMIZER" and microbatch is None:
         return "microbatch", f"is null on a {phase} event", \
             "only OPTIMIZER events may omit the microbatch: " + _FIX
     chunk = record.get("model_chunk", 0)
-    if not _is_int(chunk) or chunk < 0:
-        return "model_chunk", f"is {chunk!r}, expected a non-negative integer", _FIX
+    if not _is_int(chunk) or not 0 <= chunk <= MAX_INDEX:
+        return "model_chunk", f"is {chunk!r}, expected an integer 0..{MAX_INDEX}", _FIX
     if kind == TRANSFER:
         dst = record.get("dst_device")
         if dst not in device_stage:
@@ -139,7 +151,7 @@ def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, 
 
 
 def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[str, int],
-                     lenient: bool = False) -> tuple[dict[str, np.ndarray], RankLogReport]:
+                     lenient: bool = False, stage: int | None = None) -> tuple[dict[str, np.ndarray], RankLogReport]:
     """Normalized event columns (EVENT_DTYPES) of one rank log, and what the read found.
 
     A last line without its newline that does not parse is a truncated write
@@ -175,28 +187,30 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                 phase = PHASE_CODE[record["phase"]]
                 start = record["start_wall_ns"]
                 end = record["end_wall_ns"]
-                stage = record["stage"]
+                event_stage = record["stage"]
                 iteration = record["iteration"]
                 microbatch = record["microbatch"]
                 chunk = record.get("model_chunk", 0)
                 peer = device_stage[record["dst_device"]] if kind == _TRANSFER else -1
                 ok = (type(start) is int and type(end) is int and 0 <= start <= end
                       and record["rank"] == rank and type(record["rank"]) is int
-                      and type(stage) is int and 0 <= stage < pp and type(iteration) is int and iteration >= 0
-                      and type(chunk) is int and chunk >= 0
-                      and (type(microbatch) is int and microbatch >= 0
+                      and type(event_stage) is int and 0 <= event_stage < pp
+                      and (stage is None or event_stage == stage)
+                      and type(iteration) is int and 0 <= iteration <= MAX_ITERATION
+                      and type(chunk) is int and 0 <= chunk <= MAX_INDEX
+                      and (type(microbatch) is int and 0 <= microbatch <= MAX_INDEX
                            or microbatch is None and phase == _OPTIMIZER))
             except (KeyError, TypeError):
                 ok = False
             if not ok:
-                problem = check_record(record, rank=rank, pp=pp, device_stage=device_stage)
+                problem = check_record(record, rank=rank, pp=pp, device_stage=device_stage, stage=stage)
                 if problem is None:  # the fast path was stricter than the full check; trust the full check
                     problem = ("(event)", "could not be read as an event", "check the event schema")
                 reject(*problem)
                 continue
             if not report.hostname:
                 report.hostname = str(record.get("hostname", ""))
-            rows.append((stage, chunk, iteration, -1 if phase == _OPTIMIZER else microbatch, kind, phase, start, end,
+            rows.append((event_stage, chunk, iteration, -1 if phase == _OPTIMIZER else microbatch, kind, phase, start, end,
                          peer))
             if len(rows) >= _FLUSH_ROWS:
                 columns.flush()

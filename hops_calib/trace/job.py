@@ -40,8 +40,16 @@ def find_job_dirs(source: Path) -> list[Path]:
     if is_job_dir(source):
         return [source]
     found: list[Path] = []
-    for root, dirs, _files in os.walk(source):
+    seen: set[Path] = set()
+    # Symbolic links are followed (a folder of links to job directories is a common way to pick runs); each real
+    # folder is visited once, so a link back up the tree ends the walk there.
+    for root, dirs, _files in os.walk(source, followlinks=True):
         here = Path(root)
+        real = here.resolve()
+        if real in seen:
+            dirs.clear()
+            continue
+        seen.add(real)
         if here != source and is_job_dir(here):
             found.append(here)
             dirs.clear()  # a job directory's own subfolders are not jobs

@@ -54,9 +54,12 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
     except ValueError as err:
         raise TraceError(path, f"cannot split the command line ({err})", line=1,
                          hint="write the launch command on one line with balanced quotes") from err
-    # Options before the training script belong to the launcher (torchrun --nproc-per-node ...).
+    # Options before the training script belong to the launcher (torchrun --nproc-per-node ...); the world size
+    # they give is the launch's (Megatron computes the data parallel size from it).
     scripts = [k for k, token in enumerate(tokens) if token.endswith(".py")]
+    launcher_world = None
     if scripts:
+        launcher_world = _launcher_world_size(tokens[:scripts[-1]])
         tokens = tokens[scripts[-1] + 1:]
     args: dict[str, Any] = {}
     key: str | None = None
@@ -75,7 +78,26 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
             values.append(parse_value(token))
         # A value before the first flag has no argument to belong to.
     flush()
+    if launcher_world is not None and "world_size" not in args:
+        args["world_size"] = launcher_world
     return args
+
+
+def _launcher_world_size(tokens: list[str]) -> int | None:
+    """nnodes x nproc-per-node of a torchrun (torch.distributed.run) launch, when both are plain integers."""
+    found: dict[str, str] = {}
+    for k, token in enumerate(tokens):
+        if not token.startswith("--"):
+            continue
+        name, _, inline = token[2:].partition("=")
+        name = name.replace("_", "-")
+        if name in ("nnodes", "nproc-per-node"):
+            value = inline or (tokens[k + 1] if k + 1 < len(tokens) else "")
+            found[name] = value
+    try:
+        return int(found["nnodes"]) * int(found["nproc-per-node"])
+    except (KeyError, ValueError):  # absent, an elastic range ("1:4"), or "gpu"/"auto"
+        return None
 
 
 def read_args_file(path: Path) -> dict[str, Any]:

@@ -5,9 +5,10 @@ them together, on the compact columns of all ranks, before anything is written:
 
 - every microbatch and model chunk an event names exists in the configuration;
 - no compute event is logged twice;
-- every stage logged every iteration completely: a forward and a backward
-  (or a zero-bubble input-gradient B, with its weight-gradient W when W is logged
-  at all) for each microbatch and model chunk;
+- the iterations are numbered one after another, and every stage logged every
+  iteration completely: a forward and a backward (or a zero-bubble input-gradient
+  B, with its weight-gradient W when W is logged at all) for each microbatch and
+  model chunk, and its optimizer step when it logs one in any iteration;
 - a stage's iterations follow each other in time;
 - a stage never starts a forward before the stage that feeds it finished it, nor
   a backward before the stage after it finished its own, beyond the nodes' clock
@@ -15,8 +16,9 @@ them together, on the compact columns of all ranks, before anything is written:
 
 A problem found here has no single bad line, so the error names the rank log and
 the line of the event that shows it (found by reading that log again: the happy
-path pays nothing). With `lenient`, events naming a microbatch or chunk that does
-not exist and repeated events are dropped, and iterations logged incompletely at
+path pays nothing). A microbatch or chunk that does not exist is refused even with
+`lenient` (the configuration, not a line, is wrong: dropping would store another
+run). With `lenient`, repeated events are dropped, and iterations logged incompletely at
 the start or the end of the trace (a log cut short) are dropped on every stage;
 an incomplete iteration between complete ones (lines dropped there) is kept and
 flagged, since dropping it would leave a hole in the throughput window.
@@ -146,8 +148,7 @@ def check_structure(columns: dict[str, np.ndarray], *, pp: int, vp: int, microba
     """Check (and, lenient, trim in place) the concatenated event columns of one run; TraceError on a problem."""
     report = StructureReport()
     run = _Run(columns, rank_paths, trace_dir)
-    _check_ranges(run, pp=pp, vp=vp, microbatches=microbatches, lenient=lenient, report=report,
-                  config_source=config_source)
+    _check_ranges(run, pp=pp, vp=vp, microbatches=microbatches, config_source=config_source)
     _check_repeats(run, lenient=lenient, report=report)
     _check_complete(run, pp=pp, vp=vp, microbatches=microbatches, lenient=lenient, report=report,
                     config_source=config_source)
@@ -156,28 +157,28 @@ def check_structure(columns: dict[str, np.ndarray], *, pp: int, vp: int, microba
     return report
 
 
-def _check_ranges(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: bool, report: StructureReport,
-                  config_source: Any) -> None:
+def _check_ranges(run: _Run, *, pp: int, vp: int, microbatches: int, config_source: Any) -> None:
     c = run.columns
     checks = (
         ("microbatch", "microbatch", microbatches,
          f"microbatch(es) per iteration in {config_source}",
          "the configuration's batch sizes (--global-batch-size / (--micro-batch-size x data-parallel size)) and "
-         "the trace disagree: fix the configuration, "),
+         "the trace disagree: fix the configuration (or, if one line is damaged, that line)"),
         ("model_chunk", "chunk", vp, f"model chunk(s) per stage in {config_source}",
-         "an interleaved trace needs --num-layers-per-virtual-pipeline-stage (or "
-         "--virtual-pipeline-model-parallel-size) in the configuration: fix it, "),
+         ("an interleaved trace needs --num-layers-per-virtual-pipeline-stage (or "
+          "--virtual-pipeline-model-parallel-size) in the configuration: add it" if vp == 1 else
+          f"the configuration's virtual pipeline setting gives {vp} chunks and the trace has more: fix it")
+         + " (or, if one line is damaged, that line)"),
     )
     for name, column, limit, what, hint in checks:
         bad = (c[column] >= limit) & (c["phase"] != _OPT)
         if not bad.any():
             continue
-        if not lenient:
-            first = int(np.flatnonzero(bad)[0])
-            raise run.fail(first, f"is {int(c[column][first])} but there are {limit} {what} (0..{limit - 1})",
-                           name, hint + _LENIENT)
-        report.dropped[f"{name} out of range"] = int(bad.sum())
-        _keep(c, ~bad)
+        # Not a bad line but a configuration the trace contradicts: --lenient would drop a whole microbatch or
+        # chunk and store a different run, so it is refused either way.
+        first = int(np.flatnonzero(bad)[0])
+        raise run.fail(first, f"is {int(c[column][first])} but there are {limit} {what} (0..{limit - 1}); "
+                       f"{int(bad.sum())} event(s) name one outside", name, hint)
 
 
 def _work_key(c: dict[str, np.ndarray]) -> np.ndarray:
@@ -220,6 +221,23 @@ def _check_repeats(run: _Run, *, lenient: bool, report: StructureReport) -> None
     _keep(c, ~drop)
 
 
+def _missing(c: dict[str, np.ndarray], compute: np.ndarray, stage: int, iteration: int, *, microbatches: int,
+             vp: int, split_backward: bool) -> str:
+    """What a stage lacks of one iteration, e.g. "FORWARD mb 1; BACKWARD mb 0, 1" (chunks named when > 1)."""
+    here = compute & (c["stage"] == stage) & (c["iteration"] == iteration)
+    have = set(zip(c["phase"][here].tolist(), c["chunk"][here].tolist(), c["microbatch"][here].tolist()))
+    phases = (_F, _BB, _BW) if split_backward else (_F, _B)
+    parts = []
+    for phase in phases:
+        gone = [(chunk, mb) for chunk in range(vp) for mb in range(microbatches) if (phase, chunk, mb) not in have]
+        if phase == _B:  # a split backward stands for a whole one
+            gone = [(chunk, mb) for chunk, mb in gone if (_BB, chunk, mb) not in have]
+        if gone:
+            shown = ", ".join(f"{mb}" if vp == 1 else f"{mb}/chunk {chunk}" for chunk, mb in gone[:6])
+            parts.append(f"{PHASES[phase]} mb {shown}{' ...' if len(gone) > 6 else ''}")
+    return "; ".join(parts)
+
+
 def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: bool, report: StructureReport,
                     config_source: Any) -> None:
     c = run.columns
@@ -227,6 +245,17 @@ def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: 
     iterations = np.unique(c["iteration"][compute])
     if len(iterations) == 0:
         return
+    holes = np.flatnonzero(np.diff(iterations) != 1)
+    if len(holes):  # no stage logged these: a hole in the throughput window, never mended by dropping
+        k = int(holes[0])
+        after = int(iterations[k + 1])
+        first = int(np.flatnonzero(compute & (c["iteration"] == after))[0])
+        gap = (f"iteration {after - 1}" if after - int(iterations[k]) == 2
+               else f"iterations {int(iterations[k]) + 1}..{after - 1}")
+        raise run.fail(first, f"the trace goes from iteration {int(iterations[k])} to {after}: no stage logged "
+                       f"{gap}", "iteration",
+                       "a run's iterations are numbered one after another: re-copy the logs from the job (lines of "
+                       "those iterations were lost on every rank)")
     expected = microbatches * vp
     counts = np.zeros((pp, len(iterations), len(PHASES)), dtype=np.int64)
     it_idx = np.searchsorted(iterations, c["iteration"][compute])
@@ -234,7 +263,11 @@ def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: 
     forward = counts[:, :, _F]
     backward = counts[:, :, _B] + counts[:, :, _BB]
     weight = counts[:, :, _BW]
-    complete = (forward == expected) & (backward == expected) & ((weight == 0) | (weight == counts[:, :, _BB]))
+    optimizer = counts[:, :, _OPT]
+    # a stage logs its optimizer step in every iteration or in none (a trace without them: see the quality flags)
+    logs_optimizer = optimizer.any(axis=1, keepdims=True)
+    complete = ((forward == expected) & (backward == expected) & ((weight == 0) | (weight == counts[:, :, _BB]))
+                & ((optimizer == 1) | ~logs_optimizer))
     whole = complete.all(axis=0)  # per iteration: every stage complete
     if whole.all():
         return
@@ -254,7 +287,7 @@ def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: 
             dropped = [int(iterations[k]) for k in cut]
             report.dropped_iterations = dropped
             report.notes.append(f"dropped iteration(s) {dropped} at the start or end of the trace: not every stage "
-                                "logged them completely (a log cut short)")
+                                "logged them completely")
             _keep(c, ~np.isin(c["iteration"], iterations[cut]))
         middle = [int(iterations[k]) for k in bad[~edge[bad]]]
         if middle:  # dropping them would leave a hole in the throughput window: kept, and said
@@ -266,25 +299,35 @@ def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: 
     stage = int(np.flatnonzero(~complete[:, k])[0])
     iteration = int(iterations[k])
     path = run.path_of_stage(stage)
-    found_f, found_b = int(forward[stage, k]), int(backward[stage, k])
-    everywhere = not whole.any() and len(set(forward.ravel().tolist())) == 1 and found_f != expected
+    split_backward = bool(counts[stage, :, _BB].any())
+    found = {name: int(counts[stage, k, phase]) for name, phase in
+             (("FORWARD", _F), ("BACKWARD", _B), ("BACKWARD_B", _BB), ("BACKWARD_W", _BW), ("OPTIMIZER", _OPT))}
+    shown = ", ".join(f"{n} {name}" for name, n in found.items()
+                      if n or name in ("FORWARD", "BACKWARD_B" if split_backward else "BACKWARD"))
+    wanted = (f"{expected} FORWARD and {expected} {'BACKWARD_B (each with its BACKWARD_W, when W is logged)' if split_backward else 'BACKWARD'}"
+              f" ({microbatches} microbatch(es) x {vp} chunk(s))"
+              + (", and one OPTIMIZER as in its other iterations" if logs_optimizer[stage, 0] else ""))
+    missing = [m for m in [_missing(c, compute, stage, iteration, microbatches=microbatches, vp=vp,
+                                    split_backward=split_backward),
+                           "OPTIMIZER" if logs_optimizer[stage, 0] and not found["OPTIMIZER"] else ""] if m]
+    if split_backward and found["BACKWARD_W"] not in (0, found["BACKWARD_B"]) and not missing:
+        missing.append(f"{found['BACKWARD_W']} BACKWARD_W for {found['BACKWARD_B']} BACKWARD_B")
+    detail = f"; missing: {'; '.join(missing)}" if missing else ""
+    everywhere = not whole.any() and len(set(forward.ravel().tolist())) == 1 and int(forward[stage, k]) != expected
     if everywhere:
-        hint = (f"every iteration of every stage has {found_f} forward events: the microbatch count in "
-                f"{config_source} (--global-batch-size / (--micro-batch-size x data-parallel size)) or its "
+        hint = (f"every iteration of every stage has {int(forward[stage, k])} FORWARD events: the microbatch count "
+                f"in {config_source} (--global-batch-size / (--micro-batch-size x data-parallel size)) or its "
                 "virtual pipeline setting is wrong; fix the configuration")
-    elif edge[k] and not lenient:
+    elif not whole.any():
+        hint = "no iteration is complete on every stage: re-copy the logs from the job"
+    elif edge[k]:
         hint = ("the log looks cut short (the job died, or the copy is incomplete): re-copy this rank's log, or "
                 "ingest with --lenient to keep only the iterations every stage logged in full")
     else:
-        hint = "events of a middle iteration are missing: re-copy this rank's log from the job"
-    line = locate(path, iteration=iteration, last=True) if found_f or found_b else None
-    missing = sorted(set(range(microbatches)) - set(
-        c["microbatch"][compute & (c["stage"] == stage) & (c["iteration"] == iteration)
-                        & (c["phase"] == _F)].tolist()))
-    detail = f"; microbatch(es) {missing[:8]}{' ...' if len(missing) > 8 else ''} have no forward" if missing else ""
+        hint = "events of an iteration between complete ones are missing: re-copy this rank's log from the job"
+    line = locate(path, iteration=iteration, last=True) if any(found.values()) else None
     where = f"the last event it logged for it is on line {line}" if line else "it logged no event for it"
-    raise TraceError(path, f"stage {stage} logged {found_f} forward and {found_b} backward events of iteration "
-                     f"{iteration}, expected {expected} of each ({microbatches} microbatches x {vp} chunk(s))"
+    raise TraceError(path, f"stage {stage} logged {shown} event(s) of iteration {iteration}, expected {wanted}"
                      f"{detail}; {where}", line=line, field="iteration", hint=hint)
 
 
