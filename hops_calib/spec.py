@@ -512,8 +512,20 @@ class Unmodelled:
         if self.key is None:
             return (f"no {self.flag}, so Megatron's default {self.setting} = {self.value!r} applies (the model "
                     f"prices {self.modelled})")
+        if not self.names_flag:  # found under a name of its own (a block's key for a --no-... flag)
+            return f"{self.key} = {self.value!r} (the model prices {self.modelled}; the flag for it is {self.flag})"
         shown = "" if self.value is True else f" {self.value}"
         return f"{self.flag}{shown} (the model prices {self.modelled})"
+
+    @property
+    def names_flag(self) -> bool:
+        """Whether the setting was found under the flag's own name (`--swiglu` / `swiglu`)."""
+        return self.key is None or "--" + self.key.replace("_", "-") == self.flag
+
+    @property
+    def field(self) -> str:
+        """What the launch file calls it: the flag, or the arguments block's key."""
+        return self.flag if self.names_flag else str(self.key)
 
 
 def unmodelled(args: dict[str, Any]) -> list[Unmodelled]:
@@ -557,7 +569,7 @@ def require_modelled(args: dict[str, Any], source: Path | str) -> None:
     first = found[0]
     raise TraceError(source, "configures what the simulator does not model: "
                      + "; ".join(u.sentence() for u in found), line=_line_naming(Path(source), first),
-                     field=first.flag,
+                     field=first.field,
                      hint="a prediction would price another configuration than this launch; change the launch to "
                           "what the model prices, or extend the model (hops_calib/model) and hops_calib.spec."
                           "ASSUMPTIONS together")

@@ -297,6 +297,13 @@ def test_a_rank_logs_arguments_block_prints_every_default_and_only_real_changes_
     lines = log.read_text().splitlines()
     number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("recompute_granularity "))
     assert result.exit_code == 2 and f"rank0.out:{number}: field '--recompute-granularity'" in result.output
+    # a setting whose flag is a --no-... switch is named by the block's own key, with its flag beside it
+    log.write_text(_block({**printed, "masked_softmax_fusion": True}))
+    fused = " ".join(cli("predict", "--job", job).output.split())
+    number = next(n for n, line in enumerate(log.read_text().splitlines(), 1)
+                  if line.lstrip().startswith("masked_softmax_fusion "))
+    assert f"rank0.out:{number}: field 'masked_softmax_fusion'" in fused
+    assert "masked_softmax_fusion = True" in fused and "the flag for it is --no-masked-softmax-fusion" in fused
 
 
 # --- schedules a configuration cannot run: named beside the ones that can, with the launch change that lets them -----
