@@ -80,7 +80,7 @@ def ingest(
     clock_skew_ms: Optional[float] = typer.Option(
         None, "--clock-skew-ms", min=0.0,
         help="How far (ms) a stage may seem to start before the stage feeding it finished, from the nodes' clock "
-             "offsets, before the run is refused as impossible [default: 2]."),
+             "offsets, before the run is refused as impossible (default: 2)."),
 ) -> None:
     """Ingest Megatron job directories into the Parquet fixture store."""
     from hops_calib.store.commands import ingest_command

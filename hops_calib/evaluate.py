@@ -523,7 +523,9 @@ class Report:
         return line
 
     def to_dict(self) -> dict[str, Any]:
-        return {"split": self.split, **self.suite.to_dict(), "model_sha256": self.model_sha256,
+        entry = self.ledger_entry
+        return {"split": self.split, "fixture_set_sha256": entry.get("fixture_set_sha256"), **self.suite.to_dict(),
+                "model": entry.get("model_path"), "model_sha256": self.model_sha256,
                 "train": self.train.to_dict() if self.train is not None else None,
                 "gap_to_train_pp": self.gap_to_train_pp, "outside_train": self.outside_train,
                 "predictions_changed": self.changed_since, "intervals": self.intervals,

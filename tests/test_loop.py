@@ -210,7 +210,8 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         assert set(data) == AGGREGATES | {"split", "model_sha256", "ledger", "train", "gap_to_train_pp",
-                                          "outside_train", "predictions_changed", "intervals"}
+                                          "outside_train", "predictions_changed", "intervals", "model",
+                                          "fixture_set_sha256"}
         assert data["n_fixtures"] == len(test_ids) and data["split"] == "test"
         assert not any(fixture_id in result.stdout for fixture_id in test_ids)
         entries = list(read_entries(ledger))

@@ -192,7 +192,10 @@ def test_parity_draws_each_runs_random_stall_spread(shared_fixtures):
 def test_short_run_ids():
     assert short_run_id("exp2_9_g_only_pp4_run107") == "exp2_9 run107"
     assert short_run_id("cpu_pp2") == "cpu_pp2"
-    assert short_run_id("a" * 40).endswith("…") and len(short_run_id("a" * 40)) == 18
+    assert "…" in short_run_id("a" * 40) and len(short_run_id("a" * 40)) == 24
+    # both ends kept: repeats of one configuration stay apart
+    run1, run2 = (short_run_id(f"cpu_interleaved_v2_l8_h512_s256_m4_run{k}", limit=18) for k in (1, 2))
+    assert run1 != run2 and run1.startswith("cpu_") and run1.endswith("run1") and len(run1) == 18
 
 
 # --- ledger --------------------------------------------------------------------------------------
@@ -368,6 +371,23 @@ def test_html_report_train_has_tables_images_and_every_run(shared_fixtures, shar
     outside = sum(abs(s.throughput_error_pct) > 10 for s in scores) + sum(
         abs(s.predicted_bubble_ratio - s.real_bubble_ratio) > 0.1 * s.real_bubble_ratio for s in scores)
     assert html.count('<td class="off">') == outside
+
+
+def test_html_report_without_a_ledger_option_draws_the_projects_history_of_these_runs(shared_fixtures, shared_store,
+                                                                                      tmp_path):
+    from hops_calib.ledger import resolve
+    from hops_calib.plot.ledger import entries_on
+
+    page = tmp_path / "train.html"
+    result = cli("report", "--split", "train", "--fixtures", shared_fixtures, "--html", page)  # the README's line
+    assert result.exit_code == 0, result.output
+    assert page.read_text().count('src="data:image/png;base64,') == 2
+    # the history keeps the entries that scored this store's splits; another store's (the CPU captures') go
+    entries = list(read_entries(resolve(None)))
+    sizes = {split: len(shared_store.ids(split)) for split in ("train", "test")}
+    kept = entries_on(entries, sizes)
+    assert kept and all(e["n_fixtures"] == sizes[e["split"]] for e in kept)
+    assert any(e.get("n_fixtures") not in (None, *sizes.values()) for e in entries)  # the ledger has CPU entries
 
 
 def test_html_report_test_split_shows_aggregates_only_and_is_audited(shared_fixtures, shared_store, tmp_path):

@@ -31,9 +31,28 @@ def _wrote(figure, out: Path, dpi: float) -> int:
     fmt = style.image_format(out)
     width, height = style.pixel_size(figure, dpi)
     style.save_figure(figure, out, dpi)
+    if fmt == "png":  # the file's own size (the figure's rounds differently by a pixel)
+        import struct
+
+        with open(out, "rb") as image:
+            header = image.read(24)
+        width, height = struct.unpack(">II", header[16:24])
     size = f"{width}x{height} px" if fmt == "png" else f"{width / dpi * 72:.0f}x{height / dpi * 72:.0f} pt"
     print(f"wrote {out} ({fmt.upper()}, {size})")
     return EXIT_OK
+
+
+def shown_path(path: Path) -> str:
+    """A path as a picture's title shows it: relative to the current directory when below it, else the last two
+    parts (an absolute path overflows the title and says where one machine keeps it)."""
+    import os
+
+    path = Path(path)
+    try:
+        return os.path.relpath(path.resolve(), Path.cwd()) if Path.cwd() in path.resolve().parents else \
+            str(Path(*path.resolve().parts[-2:]))
+    except ValueError:
+        return path.name
 
 
 def _count(n: int, noun: str) -> str:
@@ -204,7 +223,7 @@ def ledger_command(ledger: Path | None, out: Path | None, dpi: float, candidates
         title = (f"Ledger history: {_count(len(evaluated), 'candidate')} ({accepted} accepted, "
                  f"{len(evaluated) - accepted} rejected)"
                  + (f", {_count(moves, 'committed comparison')}" if moves else "")
-                 + f", {_count(len(audits), 'held-out report')} — {ledger}")
+                 + f", {_count(len(audits), 'held-out report')} — {shown_path(ledger)}")
         return _wrote(ledger_figure(attempts, audits, title, dpi=dpi), target, dpi)
 
     return _guarded(run)

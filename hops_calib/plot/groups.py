@@ -29,12 +29,16 @@ def device_mix(devices: Iterable[str]) -> str:
 _RUN_ID = re.compile(r"^(exp\d+_\d+)_.*_(run\d+)$")
 
 
-def short_run_id(run_id: str, limit: int = 18) -> str:
+def short_run_id(run_id: str, limit: int = 24) -> str:
     """A label that fits beside a point: 'exp2_9_g_only_pp4_run107' -> 'exp2_9 run107'."""
     match = _RUN_ID.match(run_id)
     if match:
         return f"{match.group(1)} {match.group(2)}"
-    return run_id if len(run_id) <= limit else run_id[: limit - 1] + "…"
+    if len(run_id) <= limit:
+        return run_id
+    # keep both ends: a run's configuration starts the id and its repeat number ends it (run1 / run2)
+    tail = limit // 2
+    return run_id[: limit - tail - 1] + "…" + run_id[-tail:]
 
 
 @dataclass(frozen=True)

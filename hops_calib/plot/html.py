@@ -177,7 +177,7 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
     from hops_calib.files import atomic_write
     from hops_calib.ledger import read_entries
     from hops_calib.plot.commands import model_label, parity_title, score_split
-    from hops_calib.plot.ledger import ledger_figure, read_history
+    from hops_calib.plot.ledger import entries_on, ledger_figure, read_history
     from hops_calib.plot.parity import parity_figure
 
     check_html_path(out)
@@ -190,11 +190,30 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
     parity_uri = None
     if result.split != TEST:
         parity_uri = png_data_uri(parity_figure(scored.points, scored.suite, parity_title(scored), dpi=REPORT_DPI))
-    attempts, audits = read_history(list(read_entries(result.ledger_path)))
+    # The history of the campaign on these runs: the project's ledger (a train report records nothing, so it names
+    # none), its entries that scored as many runs as this store holds in each split (another store's candidates,
+    # e.g. the CPU captures', would draw a false jump on the same line).
+    history_path = result.ledger_path
+    if history_path is None:
+        from hops_calib.ledger import resolve
+
+        try:
+            history_path = resolve(None)
+        except InputError:
+            history_path = None
     ledger_uri = None
-    if attempts:
-        ledger_uri = png_data_uri(ledger_figure(attempts, audits, f"Ledger history — {result.ledger_path}",
-                                                dpi=REPORT_DPI))
+    if history_path is not None and Path(history_path).exists():
+        from hops_calib.evaluate import open_store
+
+        store = open_store(fixtures)
+        sizes = {"train": len(store.ids("train")), "test": len(store.ids("test"))}
+        attempts, audits = read_history(entries_on(list(read_entries(history_path)), sizes))
+        if attempts:
+            from hops_calib.plot.commands import shown_path
+
+            ledger_uri = png_data_uri(ledger_figure(
+                attempts, audits, f"Ledger history on {sizes['train']} train / {sizes['test']} test runs — "
+                f"{shown_path(Path(history_path))}", dpi=REPORT_DPI))
     meta = {"written": entry["time"], "model": f"{entry['model_path']} (sha256 {entry['model_sha256'][:12]})",
             "fixtures": f"{fixtures} ({result.suite.n_fixtures} {result.split} runs, set sha256 "
                         f"{entry['fixture_set_sha256'][:12]})",

@@ -48,6 +48,13 @@ class Audit:
     aggregates: dict[str, float]
 
 
+def entries_on(entries: Sequence[dict[str, Any]], sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """The entries that scored a split of as many runs as `sizes` gives for it ({"train": 36, "test": 20}): one
+    store's campaign, without another store's candidates (their errors would join the line with a false jump)."""
+    return [e for e in entries if e.get("n_fixtures") is not None and e.get("n_fixtures") == sizes.get(
+        str(e.get("split")))]
+
+
 def read_history(entries: Sequence[dict[str, Any]]) -> tuple[list[Attempt], list[Audit]]:
     """The ledger's candidate evaluations and held-out (test) reports, in order; other entries are skipped.
 

@@ -65,10 +65,15 @@ def list_text(store: FixtureStore) -> str:
     table = [[r["id"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-", str(r["pp"]),
               str(r["microbatches"]), "-".join(r["devices"]), _fmt(r["throughput_per_s"]), _fmt(r["steady_throughput_per_s"]),
               f"{r['bubble_ratio'] * 100:.1f}%" if r["bubble_ratio"] is not None else "-",
-              _fmt(r["iteration_time_ms"], 1), _fmt(r["idle_ms"], 1)] for r in rows]
+              _fmt(r["iteration_time_ms"], 1),
+              "none" if r["idle_ms"] is not None and r["idle_ms"] < 0 else _fmt(r["idle_ms"], 1)] for r in rows]
     splits = {s: sum(r["split"] == s for r in rows) for s in ("train", "test")}
     groups = len({r["group"] for r in rows})
     footer = f"{len(rows)} fixtures in {store.root}: train {splits['train']}, test {splits['test']} ({groups} groups)"
+    if any(r["idle_ms"] is not None and r["idle_ms"] < 0 for r in rows):
+        footer += ("; idle 'none': no collective before the optimizer holds the ranks together, so there is no idle "
+                   "stretch (its JSON idle_ms is negative: how far the first optimizer step starts before the last "
+                   "backward ends)")
     if splits["test"]:
         footer += ("; the measured columns of test fixtures are withheld: the held-out split is seen only in "
                    "aggregate, through the audited `hops-calib report --split test`")
@@ -76,12 +81,14 @@ def list_text(store: FixtureStore) -> str:
 
 
 def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
+    counts = (f"{len(report.outcomes)} runs: {report.count('new')} new, {report.count('updated')} updated, "
+              f"{report.count('unchanged')} unchanged, {report.count('rejected')} rejected; ")
+    if not store.exists():
+        return counts + f"no store made at {store.root} (no run to write)"
     index = store.index()
     splits = index["split"].value_counts().to_dict() if len(index) else {}
-    return (f"{len(report.outcomes)} runs: {report.count('new')} new, {report.count('updated')} updated, "
-            f"{report.count('unchanged')} unchanged, {report.count('rejected')} rejected; "
-            f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
-            f"test {splits.get('test', 0)})")
+    return counts + (f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
+                     f"test {splits.get('test', 0)})")
 
 
 def show_dict(fixture: Fixture) -> dict[str, Any]:
