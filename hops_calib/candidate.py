@@ -153,6 +153,20 @@ def _text_field(data: dict[str, Any], key: str, origin: str, text: str) -> str:
 
 def parse_candidate(text: str, *, origin: str) -> Candidate:
     """Parse candidate TOML text. Only data is read: term names are looked up in the registry, nothing is imported."""
+    import tomllib
+
+    try:  # a second change written as its own table ([change2], [change_b], ...): say it is a second change
+        raw_tables = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raw_tables = {}  # parse_toml names the syntax error
+    extra = sorted(k for k, v in raw_tables.items()
+                   if k not in _TOP_KEYS and k.startswith("change") and isinstance(v, dict))
+    if extra:
+        named = [str(raw_tables[k].get("term") or raw_tables[k].get("device") or k) for k in extra]
+        raise InputError(origin, f"[{extra[0]}] is a second change table (of {', '.join(named)}), besides [change]",
+                         line=line_of(text, extra[0]), field=extra[0],
+                         hint="a candidate changes exactly one term or device constant: put each change in its own "
+                              "candidate file, and evaluate them one at a time (or as a move: ledger plan + compare)")
     data = parse_toml(text, origin, _TOP_KEYS)
     candidate_id = _text_field(data, "id", origin, text)
     if not _ID.match(candidate_id):

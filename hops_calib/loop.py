@@ -250,7 +250,8 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
             _print_json(result.to_dict())
         else:
             _print_runs(result.before.runs)
-            _print_suite(f"model {result.model.name} on the train split", result.before.suite)
+            _print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the train split",
+                         result.before.suite)
         return EXIT_OK
 
     return _guarded(run, as_json)

@@ -70,6 +70,15 @@ def test_two_changes_to_the_same_term_are_refused_too():
         parse(body)
 
 
+def test_a_second_change_table_under_another_name_is_named_as_a_second_change():
+    body = ('[change]\naction = "set"\nterm = "decoder_roofline"\nparams = { backward_factor = 3.0 }\n'
+            '[change2]\naction = "set"\nterm = "optimizer_step"\nparams = { fixed_ms = 3.0 }\n')
+    with pytest.raises(InputError, match=r"\[change2\] is a second change table \(of optimizer_step\)") as caught:
+        parse(body)
+    assert caught.value.field == "change2" and caught.value.line is not None
+    assert "its own candidate file" in str(caught.value)
+
+
 def test_reading_a_candidate_never_executes_what_it_names(tmp_path):
     canary = tmp_path / "executed"
     body = (f'[change]\naction = "add"\nterm = "__import__(\'pathlib\').Path(\'{canary}\').touch()"\n')

@@ -278,6 +278,24 @@ def test_a_committed_comparison_moves_the_ledger_line_and_an_undone_move_takes_i
     assert list(line) == [5.0, 4.0, 4.5, 4.0, 4.0]  # back to the model before the move, and it stays there
 
 
+def test_an_accepted_candidate_left_uncommitted_does_not_move_the_model_line():
+    def scores(mape):
+        return {"throughput_mape_pct": mape, "bubble_mae_pp": 1.0, "util_spearman_mean": 0.9}
+
+    entries = [
+        {"seq": 1, "kind": "evaluate", "decision": "accepted", "candidate": {"id": "001-a"},
+         "aggregates_before": scores(5.0), "aggregates_after": scores(4.0), "committed": True},
+        {"seq": 2, "kind": "evaluate", "decision": "accepted", "candidate": {"id": "002-b"},
+         "aggregates_before": scores(4.0), "aggregates_after": scores(3.0), "committed": False},
+    ]
+    attempts, _ = read_history(entries)
+    mape = ledger_figure(attempts, [], "t").axes[0]
+    assert list(mape.lines[0].get_ydata()) == [5.0, 4.0, 4.0]  # the model file stayed at 001's
+    assert [t.get_text() for t in mape.texts] == ["start", "001"]
+    hollow = [c for c in mape.collections if len(c.get_offsets()) and list(c.get_offsets()[:, 0]) == [2]]
+    assert hollow and (hollow[0].get_facecolor()[0][:3] == 1.0).all()  # drawn, white inside
+
+
 def test_a_comparison_is_labelled_by_the_head_of_its_note_and_the_panels_keep_their_size():
     scores = {"throughput_mape_pct": 2.0, "bubble_mae_pp": 1.0, "util_spearman_mean": 0.9}
     long_note = ("move 053-055 (hops as bursts, refit after 052); rules stated in CAMPAIGN.md session 5 before its "

@@ -220,10 +220,10 @@ def ledger_command(ledger: Path | None, out: Path | None, dpi: float, candidates
         evaluated = [a for a in attempts if not a.comparison]
         accepted = sum(a.accepted for a in evaluated)
         moves = len(attempts) - len(evaluated)
-        title = (f"Ledger history: {_count(len(evaluated), 'candidate')} ({accepted} accepted, "
-                 f"{len(evaluated) - accepted} rejected)"
+        title = (f"Ledger history — {shown_path(ledger)}\n{_count(len(evaluated), 'candidate')} ({accepted} "
+                 f"accepted, {len(evaluated) - accepted} rejected)"
                  + (f", {_count(moves, 'committed comparison')}" if moves else "")
-                 + f", {_count(len(audits), 'held-out report')} — {shown_path(ledger)}")
+                 + f", {_count(len(audits), 'held-out report')}")
         return _wrote(ledger_figure(attempts, audits, title, dpi=dpi), target, dpi)
 
     return _guarded(run)

@@ -3,7 +3,8 @@
 Three panels share the ledger's entry numbers: throughput MAPE, bubble MAE and
 mean utilization rho. The solid line is the model as the accepted changes left
 it (its first point is the model before the first candidate); a cross is a
-rejected candidate, drawn where it would have taken the model. Each accepted
+rejected candidate, drawn where it would have taken the model; a hollow circle an
+accepted candidate that was not committed (the model file did not change there). Each accepted
 candidate is annotated with its number (the id's leading digits; the whole id when
 it has none). A whole-model comparison carried out in the model file
 (`compare --commit`) moves the line too: to the model after when accepted, back to
@@ -32,9 +33,12 @@ ACCEPTED_COLOUR, REJECTED_COLOUR, REPORT_COLOUR = "#0072B2", "#D55E00", "#009E73
 class Attempt:
     seq: int
     candidate_id: str
-    accepted: bool  # whether the line moves to `after` (a committed comparison always moves it)
+    accepted: bool  # the gate's decision (a committed comparison always moves the line)
     before: dict[str, float]
     after: dict[str, float]
+    # Whether the change was written to the model file: an accepted candidate evaluated without --commit leaves
+    # the model as it was, so the line does not move there.
+    committed: bool = True
     # A committed comparison (`compare --commit`), not a candidate: drawn on the line whatever the filter,
     # labelled `label`; `after` is the model it kept (the model before, when it undid a move).
     comparison: bool = False
@@ -73,7 +77,8 @@ def read_history(entries: Sequence[dict[str, Any]]) -> tuple[list[Attempt], list
         elif entry.get("kind") == "evaluate" and entry.get("aggregates_after"):
             attempts.append(Attempt(seq=int(entry["seq"]), candidate_id=str((entry.get("candidate") or {}).get("id")),
                                     accepted=entry.get("decision") == "accepted",
-                                    before=entry.get("aggregates_before") or {}, after=entry["aggregates_after"]))
+                                    before=entry.get("aggregates_before") or {}, after=entry["aggregates_after"],
+                                    committed=bool(entry.get("committed", True))))
         elif entry.get("kind") == "report" and entry.get("split") == "test" and entry.get("aggregates"):
             audits.append(Audit(seq=int(entry["seq"]), split=str(entry.get("split")), aggregates=entry["aggregates"]))
     return attempts, audits
@@ -116,7 +121,8 @@ def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: s
         raise ValueError("the ledger has no evaluations or reports to plot")
     plt = style.pyplot()
     figure, axes = plt.subplots(len(METRICS), 1, figsize=FIGURE_SIZE_IN, dpi=dpi, sharex=True, layout="constrained")
-    accepted = [a for a in attempts if a.accepted]
+    accepted = [a for a in attempts if a.accepted and a.committed]
+    uncommitted = [a for a in attempts if a.accepted and not a.committed]
     rejected = [a for a in attempts if not a.accepted]
     last_seq = max(e.seq for e in [*attempts, *audits])
     for ax, (field, label, direction, min_span, log) in zip(axes, METRICS):
@@ -133,6 +139,8 @@ def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: s
             ax.scatter(xs[1:], ys[1:], marker="o", s=40, color=ACCEPTED_COLOUR, zorder=3)
             ax.scatter([a.seq for a in rejected], [_value(a.after, field) for a in rejected], marker="X", s=52,
                        color=REJECTED_COLOUR, zorder=3)
+            ax.scatter([a.seq for a in uncommitted], [_value(a.after, field) for a in uncommitted], marker="o", s=40,
+                       facecolors="white", edgecolors=ACCEPTED_COLOUR, linewidths=1.4, zorder=3)
             if ax is axes[0]:
                 ax.annotate("start", (xs[0], ys[0]), xytext=(0, 7), textcoords="offset points", fontsize=7.5,
                             ha="center", va="bottom", color=ACCEPTED_COLOUR)
@@ -161,6 +169,8 @@ def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: s
                       label="model after each accepted change (train)"),
                Line2D([], [], color=REJECTED_COLOUR, marker="X", linestyle="none", markersize=8,
                       label="rejected candidate (where it would have led)"),
+               Line2D([], [], color=ACCEPTED_COLOUR, marker="o", markerfacecolor="white", linestyle="none",
+                      label="accepted, not committed (the model stayed)"),
                Line2D([], [], color=REPORT_COLOUR, marker="D", linestyle="none", label="held-out report (test split)")]
-    figure.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=9)
+    figure.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=9)
     return figure
