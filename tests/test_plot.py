@@ -255,15 +255,23 @@ def test_ledger_plot_draws_every_attempt(ledger_with_history, tmp_path):
     assert "(default: ledger-history.png in the current directory)" in helped
 
 
-def test_a_committed_comparison_moves_the_ledger_line_and_an_undone_move_takes_it_back():
-    def scores(mape):
-        return {"throughput_mape_pct": mape, "bubble_mae_pp": 1.0, "util_spearman_mean": 0.9}
+def _scores(mape: float) -> dict[str, float]:
+    return {"throughput_mape_pct": mape, "bubble_mae_pp": 1.0, "util_spearman_mean": 0.9}
 
-    entries = [
+
+def _two_evaluations(second_mape: float, second_committed: bool) -> list[dict]:
+    """001 accepted and committed (MAPE 5 -> 4), then 002 accepted (4 -> `second_mape`)."""
+    return [
         {"seq": 1, "kind": "evaluate", "decision": "accepted", "candidate": {"id": "001-a"},
-         "aggregates_before": scores(5.0), "aggregates_after": scores(4.0), "committed": True},
+         "aggregates_before": _scores(5.0), "aggregates_after": _scores(4.0), "committed": True},
         {"seq": 2, "kind": "evaluate", "decision": "accepted", "candidate": {"id": "002-b"},
-         "aggregates_before": scores(4.0), "aggregates_after": scores(4.5), "committed": True},
+         "aggregates_before": _scores(4.0), "aggregates_after": _scores(second_mape), "committed": second_committed},
+    ]
+
+
+def test_a_committed_comparison_moves_the_ledger_line_and_an_undone_move_takes_it_back():
+    scores = _scores
+    entries = _two_evaluations(4.5, True) + [
         {"seq": 3, "kind": "compare", "decision": "rejected", "note": "move 002",
          "aggregates_before": scores(4.0), "aggregates_after": scores(4.5), "committed": True},
         {"seq": 4, "kind": "compare", "decision": "rejected", "note": "not committed",
@@ -279,16 +287,7 @@ def test_a_committed_comparison_moves_the_ledger_line_and_an_undone_move_takes_i
 
 
 def test_an_accepted_candidate_left_uncommitted_does_not_move_the_model_line():
-    def scores(mape):
-        return {"throughput_mape_pct": mape, "bubble_mae_pp": 1.0, "util_spearman_mean": 0.9}
-
-    entries = [
-        {"seq": 1, "kind": "evaluate", "decision": "accepted", "candidate": {"id": "001-a"},
-         "aggregates_before": scores(5.0), "aggregates_after": scores(4.0), "committed": True},
-        {"seq": 2, "kind": "evaluate", "decision": "accepted", "candidate": {"id": "002-b"},
-         "aggregates_before": scores(4.0), "aggregates_after": scores(3.0), "committed": False},
-    ]
-    attempts, _ = read_history(entries)
+    attempts, _ = read_history(_two_evaluations(3.0, False))
     mape = ledger_figure(attempts, [], "t").axes[0]
     assert list(mape.lines[0].get_ydata()) == [5.0, 4.0, 4.0]  # the model file stayed at 001's
     assert [t.get_text() for t in mape.texts] == ["start", "001"]
