@@ -713,7 +713,8 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     # leaves the ledger alone (its record, unappended, still describes the page it may write).
     written = ledger.append(ledger_path, entry) if split != TRAIN else entry
     return Report(split=split, suite=scored.suite, model_sha256=model.sha256,
-                  ledger_path=Path(ledger_path) if ledger_path is not None else None, ledger_entry=written, train=train, outside_train=outside, changed_since=changed_since,
+                  ledger_path=Path(ledger_path) if ledger_path is not None else None, ledger_entry=written,
+                  train=train, outside_train=outside, changed_since=changed_since,
                   intervals=intervals)
 
 

@@ -149,7 +149,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     score = score_prediction(fixture.id, fixture.truth.metrics, prediction)
     stages = _stage_rows(fixture, prediction)
     if as_json:
-        _print_json({"id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
+        _print_json({"id": fixture.id, "run_id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
                      "model": model.name, "model_sha256": model.sha256, "errors": score.to_dict(),
                      "real": fixture.truth.metrics.to_dict(), "predicted": prediction.metrics.to_dict(),
                      "stall_throughput_range": prediction.stall_throughput_range()._asdict(),

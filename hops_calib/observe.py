@@ -187,6 +187,7 @@ class RunRow:
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            "run_id": self.id,  # the name evaluate's runs and observe's bottlenecks use
             "groups": run_groups(self.spec),
             "throughput_error_pct": self.score.throughput_error_pct,
             "steady_throughput_error_pct": self.score.steady_throughput_error_pct,
@@ -419,7 +420,7 @@ def _contributor(quantity: str, level: str, dimension: str, group: str, aliases:
     real = [v for m in members for v in m.real_ms]
     predicted = [v for m in members for v in m.predicted_ms]
     order = np.argsort(-per_run[:, 0], kind="stable")
-    dominant = tuple({"id": members[i].run.id, "contribution_pp": float(per_run[i, 0]),
+    dominant = tuple({"id": members[i].run.id, "run_id": members[i].run.id, "contribution_pp": float(per_run[i, 0]),
                       "throughput_error_pct": members[i].run.score.throughput_error_pct}
                      for i in order[:DOMINANT_RUNS] if per_run[i, 0] > 0)
     return Contributor(
@@ -663,7 +664,8 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
     overall = tuple(c for c in contributors if c.dimension == "all")
     ranked = sorted((c for c in contributors if c.dimension != "all"), key=lambda c: -c.contribution_pp)
     return Observation(split=split, fixtures_dir=Path(fixtures_dir), model_path=model_path, model_name=model.name,
-                       model_sha256=model.sha256, fixture_set_sha256=fixture_set_digest(ids, content_hashes), suite=aggregate(r.score for r in runs), runs=tuple(runs),
+                       model_sha256=model.sha256, fixture_set_sha256=fixture_set_digest(ids, content_hashes),
+                       suite=aggregate(r.score for r in runs), runs=tuple(runs),
                        overall=overall, ranked=tuple(ranked))
 
 

@@ -11,7 +11,8 @@ on stderr, so even on a terminal it never mixes with what a command prints.
 A program driving the tool (an agent, a CI job) sees no terminal; with
 `HOPS_CALIB_PROGRESS=lines` in its environment it gets plain lines on stderr
 instead, `LABEL: K/N (T s) WHAT`, at most one every `LINE_EVERY_S` seconds, and
-`LABEL: K/N (T s) done` when the work is done (K may stop short of N: a search can end early), with or without --json (stdout stays the result's).
+`LABEL: K/N (T s) done` when the work is done (K may stop short of N: a search
+can end early), with or without --json (stdout stays the result's).
 """
 
 from __future__ import annotations

@@ -494,7 +494,8 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--fp8-format", ("fp8_format", "fp8"), None, "bf16, fp16 or fp32 arithmetic, no FP8",
                _is(None, False)),
     Assumption("--no-overlap-p2p-communication", ("overlap_p2p_comm", "overlap_p2p_communication"), True,
-               "blocking p2p calls, which interleaved runs get with --no-overlap-p2p-communication", lambda value, args: value is False or not _interleaved(args)),
+               "blocking p2p calls, which interleaved runs get with --no-overlap-p2p-communication",
+               lambda value, args: value is False or not _interleaved(args)),
 )
 
 
