@@ -47,7 +47,8 @@ def capture(
                                "(torch.distributed.pipelining)."),
     schedule: str = typer.Option("", "--schedule", help="1f1b, interleaved_1f1b, gpipe, zb_h1 (default: from --vp)."),
     seed: int = typer.Option(1234, "--seed", help="Seed of weights and mock data."),
-    link_bench: bool = typer.Option(True, "--link-bench/--no-link-bench", help="Run the gloo p2p link benchmark."),
+    link_bench: bool = typer.Option(True, "--link-bench/--no-link-bench", help="Run the gloo p2p link benchmark (without it the run ingests, but predict, "
+                                    "evaluate and report refuse it: hops are priced from the benchmark)."),
     link_bench_iters: int = typer.Option(50, "--link-bench-iters", help="Timed sends per message size."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
 ) -> None:

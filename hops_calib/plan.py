@@ -91,8 +91,9 @@ def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: flo
     for name, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
         if value < 1:
             raise ValueError(f"--{name} must be at least 1 (got {value})")
-    if memory_budget < 1:
-        raise ValueError(f"--memory-budget must hold at least one microbatch's activations (got {memory_budget})")
+    if not math.isfinite(memory_budget) or memory_budget < 1:
+        raise ValueError(f"--memory-budget must be a finite number of stage microbatches, at least 1 (got "
+                         f"{memory_budget}); a budget of --microbatches or more means no memory limit")
     costs_given = (forward_cost, backward_cost, weight_grad_cost)
     if not all(math.isfinite(c) for c in costs_given) or forward_cost < 0 or backward_cost < 0 \
             or not 0 <= weight_grad_cost <= backward_cost or forward_cost + backward_cost == 0:

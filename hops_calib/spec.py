@@ -375,14 +375,25 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     scenario = str(manifest.get("source_scenario") or "")
     declared = declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]])
     precision = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32"
-    hidden = _require_int(args, "hidden_size", args_source)
+    hidden = _require_int(args, "hidden_size", args_source, minimum=1)
+    heads = _require_int(args, "num_attention_heads", args_source, minimum=1)
+    seq = _require_int(args, "seq_length", args_source, minimum=1)
+    if hidden % heads:
+        raise TraceError(args_source, f"{heads} does not divide --hidden-size {hidden}", field="--num-attention-heads",
+                         hint="Megatron splits the hidden size evenly over the attention heads")
+    positions = args.get("max_position_embeddings")
+    if type(positions) is int and positions < seq:
+        raise TraceError(args_source, f"{seq} is more than --max-position-embeddings {positions}",
+                         field="--seq-length", hint="learned absolute positions cover at most "
+                         "--max-position-embeddings tokens: Megatron refuses a longer sequence")
     model = ModelShape(
         num_layers=num_layers,
         hidden_size=hidden,
-        ffn_hidden_size=_require_int(args, "ffn_hidden_size", args_source, default=4 * hidden),
-        num_attention_heads=_require_int(args, "num_attention_heads", args_source),
-        seq_length=_require_int(args, "seq_length", args_source),
-        vocab_size=_require_int(args, "vocab_size", args_source, default=0),
+        ffn_hidden_size=_require_int(args, "ffn_hidden_size", args_source, default=4 * hidden, minimum=1),
+        num_attention_heads=heads,
+        seq_length=seq,
+        vocab_size=_require_int(args, "vocab_size", args_source, default=0,
+                                minimum=1 if "vocab_size" in args else 0),
         micro_batch_size=micro_batch,
         global_batch_size=global_batch,
         precision=precision,

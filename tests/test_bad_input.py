@@ -152,6 +152,12 @@ def test_stage_counts_disagree_between_configuration_and_map(run_copy, tmp_path)
     ("--pipeline-model-parallel-size", "two", "is 'two', expected a whole number of at least 1"),
     ("--num-layers", "7", "cannot be split evenly over"),
     ("--micro-batch-size", "0", "is 0, expected a whole number of at least 1"),
+    ("--hidden-size", "0", "is 0, expected a whole number of at least 1"),
+    ("--seq-length", "0", "is 0, expected a whole number of at least 1"),
+    ("--vocab-size", "0", "is 0, expected a whole number of at least 1"),
+    ("--ffn-hidden-size", "0", "is 0, expected a whole number of at least 1"),
+    ("--num-attention-heads", "7", "does not divide --hidden-size"),
+    ("--seq-length", "999999", "is more than --max-position-embeddings"),
 ])
 def test_impossible_launch_values_name_the_flag(run_copy, tmp_path, flag, value, needle):
     args = run_copy / "megatron_args.txt"

@@ -94,6 +94,43 @@ def test_capture_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     assert (existing / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("where", ["project", "store", "job", "file"])
+def test_force_replaces_only_an_earlier_capture_and_never_lands_in_a_store(tmp_path: Path, repo_root: Path,
+                                                                          where: str) -> None:
+    """Refused before any rank starts (no torch needed), and nothing is touched."""
+    import shutil
+
+    if where == "project":  # a mistyped --out ... --force must not wipe a folder of the user's
+        out = tmp_path / "project"
+        (out / "src").mkdir(parents=True)
+        (out / "notes.txt").write_text("mine")
+        words = "holds something other than a hops-calib capture"
+    elif where == "store":  # the shipped fixture store, copied
+        shutil.copytree(repo_root / "fixtures", tmp_path / "fixtures")
+        out = tmp_path / "fixtures" / "cpu_1f1b_l4_h512_s256_m4_run1"
+        words = "inside the fixture store"
+    elif where == "job":
+        shutil.copytree(repo_root / "traces" / "cpu_1f1b_l4_h512_s256_m4_run1", tmp_path / "job")
+        out = tmp_path / "job" / "nested_run1"
+        words = "inside the job directory"
+    else:
+        (tmp_path / "a_file").write_text("x")
+        out = tmp_path / "a_file" / "run1"
+        words = "is a file, not a folder"
+    before = sorted((p.relative_to(tmp_path), p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*"))
+    with pytest.raises(CaptureError, match=words):
+        capture(CaptureConfig(), out, force=True)
+    assert sorted((p.relative_to(tmp_path), p.read_bytes() if p.is_file() else b"")
+                  for p in tmp_path.rglob("*")) == before
+
+
+def test_shapes_a_machine_cannot_hold_are_refused_naming_an_option() -> None:
+    with pytest.raises(CaptureConfigError, match="--ffn-hidden: is -5"):
+        CaptureConfig(ffn_hidden=-5).validate()
+    with pytest.raises(CaptureConfigError, match="--hidden: this shape needs about .* GiB"):
+        CaptureConfig(hidden=65536, heads=8).validate()
+
+
 # ---- real captures (the [capture] extra) ----
 
 def need_capture_extra() -> None:

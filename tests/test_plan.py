@@ -81,7 +81,9 @@ def test_text_output_and_target_bubble():
 
 @pytest.mark.parametrize("args,message", [
     (["--stages", "0", "--microbatches", "4", "--memory-budget", "4"], "--stages must be at least 1"),
-    (["--stages", "4", "--microbatches", "4", "--memory-budget", "0.5"], "--memory-budget must hold"),
+    (["--stages", "4", "--microbatches", "4", "--memory-budget", "0.5"], "--memory-budget must be a finite number"),
+    (["--stages", "4", "--microbatches", "4", "--memory-budget", "inf"], "--memory-budget must be a finite number"),
+    (["--stages", "4", "--microbatches", "4", "--memory-budget", "nan"], "--memory-budget must be a finite number"),
     (["--stages", "4", "--microbatches", "4", "--memory-budget", "4", "--weight-grad-cost", "3"],
      "must not exceed --backward-cost"),
     (["--stages", "4", "--microbatches", "4", "--memory-budget", "4", "--forward-cost", "0", "--backward-cost", "0"],

@@ -7,6 +7,8 @@ harder to read.
 
 from __future__ import annotations
 
+import os
+
 import shlex
 from dataclasses import dataclass, replace
 
@@ -35,6 +37,14 @@ _FIXED_ARGS = (
 
 class CaptureConfigError(ValueError):
     """A capture configuration that cannot run; the message names the option and what to pass instead."""
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory, or None when it cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -94,7 +104,24 @@ class CaptureConfig:
                               ("seq", self.seq), ("heads", self.heads), ("vocab", self.vocab),
                               ("link-bench-iters", self.link_bench_iters)):
             need(isinstance(value, int) and value >= 1, option, f"is {value!r}; pass a positive integer")
+        need(isinstance(self.ffn_hidden, int) and self.ffn_hidden >= 0, "ffn-hidden",
+             f"is {self.ffn_hidden!r}; pass a positive integer (or 0 for 4 x --hidden)")
         need(self.pp >= 2, "pp", f"is {self.pp}; a pipeline capture needs at least 2 ranks")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        need(self.pp <= max(cores, 2) * 4, "pp", f"is {self.pp}: one process per rank on {cores} core(s) would "
+             "time mostly the scheduler; pass at most 4 ranks per core (one per core gives honest timings)")
+        # A rank holds its chunk's weights and fp32 optimizer state (~16 bytes per parameter) plus activations:
+        # refuse what cannot fit in this machine's memory before any rank starts.
+        per_layer = 12 * self.hidden * self.hidden + 2 * self.hidden * (self.ffn - 4 * self.hidden)
+        params = (self.layers // max(self.pp, 1)) * per_layer + self.vocab * self.hidden
+        activations = self.microbatches * self.seq * (self.hidden * 34 + 5 * self.heads * self.seq) * 4 * max(
+            self.layers // max(self.pp, 1), 1)
+        need_bytes = self.pp * (16 * params + activations)
+        total = _memory_bytes()
+        need(total is None or need_bytes <= 0.8 * total, "hidden",
+             f"this shape needs about {need_bytes / 2**30:.1f} GiB over {self.pp} ranks, more than 80 % of this "
+             f"machine's {total / 2**30 if total else 0:.1f} GiB; pass a smaller --hidden, --seq, --layers, --vocab "
+             "or --microbatches")
         need(self.engine in ENGINES, "engine", f"is {self.engine!r}; pass one of {', '.join(ENGINES)}")
         schedule = self.resolved_schedule
         need(schedule in SCHEDULES, "schedule", f"is {schedule!r}; pass one of {', '.join(SCHEDULES)}")

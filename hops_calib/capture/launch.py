@@ -108,14 +108,58 @@ def check_installed(engine: str) -> None:
                            "`pip install -e '.[capture]'` (torch 2.13.0 CPU build and megatron-core 0.16)")
 
 
+def check_out(out: Path, force: bool) -> None:
+    """CaptureError unless `out` can take a new job directory: a new name whose parent is (or can become) a folder,
+    or, with `force`, an earlier capture's job directory. `--force` never removes anything else (a mistyped --out
+    must not wipe a project), and a capture never lands inside a fixture store or another job directory."""
+    from hops_calib.store.fixture_store import FIXTURE_FILE, INDEX
+    from hops_calib.trace.job import MANIFEST, is_job_dir
+
+    resolved = out.resolve()
+    if not out.name or out.name in (".", ".."):
+        raise CaptureError(f"--out {out}: name the new job directory (its name is the run id), e.g. --out runs/"
+                           "cpu_1f1b_run1")
+    for parent in resolved.parents:
+        if (parent / INDEX).is_file() or (parent / FIXTURE_FILE).is_file():
+            raise CaptureError(f"--out {out} is inside the fixture store {parent}: a job directory there would "
+                               "stand among (or replace) fixtures; capture elsewhere, then ingest it into the store")
+        if is_job_dir(parent):
+            raise CaptureError(f"--out {out} is inside the job directory {parent}; choose a folder outside it")
+        if parent.exists() and not parent.is_dir():
+            raise CaptureError(f"--out {out}: {parent} is a file, not a folder; choose another --out")
+    if not out.exists() and not out.is_symlink():
+        return
+    if not force:
+        raise CaptureError(f"{out} already exists; pass --force to replace it, or choose another --out")
+    if not out.is_dir() or out.is_symlink():
+        raise CaptureError(f"--out {out} is a file or a link, not a job directory: --force replaces only an earlier "
+                           "capture; choose another --out")
+    manifest = out / MANIFEST
+    engine = None
+    if manifest.is_file():
+        try:
+            import yaml
+
+            engine = (yaml.safe_load(manifest.read_text(encoding="utf-8")) or {}).get("engine")
+        except Exception:  # noqa: BLE001 - an unreadable manifest is not a capture's
+            engine = None
+    if not (is_job_dir(out) and engine):
+        raise CaptureError(f"--out {out} holds something other than a hops-calib capture (no manifest.yaml with an "
+                           "engine): --force replaces only an earlier capture's job directory; choose another --out, "
+                           "or move that folder away yourself")
+
+
 def capture(config: CaptureConfig, out: Path, force: bool = False, command: str = "") -> Path:
     """Run one capture and write its job directory at `out` (its name is the run id); return `out`."""
     config = config.resolved()
     out = Path(out)
-    if out.exists() and not force:
-        raise CaptureError(f"{out} already exists; pass --force to replace it, or choose another --out")
+    check_out(out, force)
     check_installed(config.engine)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CaptureError(f"--out {out}: cannot make its folder {out.parent} ({err.strerror or err}); choose "
+                           "another --out") from None
     staging = out.with_name(f".{out.name}.capturing-{os.getpid()}")
     if staging.exists():
         shutil.rmtree(staging)
