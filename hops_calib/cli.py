@@ -50,7 +50,7 @@ def capture(
     link_bench: bool = typer.Option(True, "--link-bench/--no-link-bench", help="Run the gloo p2p link benchmark (without it the run ingests, but predict, "
                                     "evaluate and report refuse it: hops are priced from the benchmark)."),
     link_bench_iters: int = typer.Option(50, "--link-bench-iters", help="Timed sends per message size."),
-    force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace --out if it is an earlier capture (nothing else)."),
 ) -> None:
     """Record a real pipeline run on this machine's CPU cores into a cluster-style job directory (needs the capture extra)."""
     from hops_calib.capture import CaptureConfig, CaptureConfigError, CaptureError
@@ -65,6 +65,10 @@ def capture(
     except (CaptureConfigError, CaptureError) as err:
         typer.echo(f"capture: {err}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo(f"capture: interrupted; nothing was written at {out} (the ranks and their staging folder are "
+                   "gone), run the same command again to capture", err=True)
+        raise typer.Exit(130) from None
     typer.echo(str(written))
 
 
