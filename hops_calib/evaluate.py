@@ -228,10 +228,10 @@ def _judgements(ledger_path: Path | str) -> list[dict[str, Any]]:
     return [e for e in ledger.read_entries(ledger_path) if e.get("kind") == "evaluate" and e.get("candidate")]
 
 
-def _reused_id(ledger_path: Path | str, candidate: Candidate) -> list[str]:
+def _reused_id(judged: Sequence[dict[str, Any]], candidate: Candidate) -> list[str]:
     """A warning when the ledger judged another text under this candidate's id: the id no longer names one
     change, and the ledger's history of it mixes two."""
-    others = [e for e in _judgements(ledger_path)
+    others = [e for e in judged
               if e["candidate"].get("id") == candidate.id and e["candidate"].get("text") != candidate.text]
     if not others:
         return []
@@ -240,11 +240,11 @@ def _reused_id(ledger_path: Path | str, candidate: Candidate) -> list[str]:
             f"{seqs}): give a changed candidate a new id, so each id names one change in the ledger"]
 
 
-def _repeated_judgement(ledger_path: Path | str, candidate: Candidate, model_sha256: str,
+def _repeated_judgement(judged: Sequence[dict[str, Any]], candidate: Candidate, model_sha256: str,
                         fixture_set_sha256: str) -> list[str]:
     """A notice when the ledger already judged this very candidate text on this model and these fixtures: the new
     entry will repeat that judgement (it is recorded all the same; every attempt is)."""
-    same = [e for e in _judgements(ledger_path)
+    same = [e for e in judged
             if e["candidate"].get("text") == candidate.text and e.get("model_sha256_before") == model_sha256
             and e.get("fixture_set_sha256") == fixture_set_sha256]
     if not same:
@@ -287,12 +287,13 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     model = load_model(model_path)
     warnings = [w for w in (edited_since_written(model_path, model),) if w]
+    judged = _judgements(ledger_path) if candidate is not None else []
     if candidate is not None:
-        warnings += _reused_id(ledger_path, candidate)
+        warnings += _reused_id(judged, candidate)
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suite(fixtures_dir, split)
     if candidate is not None:
-        warnings += _repeated_judgement(ledger_path, candidate, model.sha256, suite.sha256)
+        warnings += _repeated_judgement(judged, candidate, model.sha256, suite.sha256)
     progress.start(len(suite.ids) * (2 if candidate is not None else 1))
     series = stall_series(suite) if tolerances.stall_free else None
     before = score_model(suite, model, origin=str(model_path), progress=progress, stall_free=series)

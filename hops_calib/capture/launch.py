@@ -113,7 +113,8 @@ def check_out(out: Path, force: bool) -> None:
     or, with `force`, an earlier capture's job directory. `--force` never removes anything else (a mistyped --out
     must not wipe a project), and a capture never lands inside a fixture store or another job directory."""
     from hops_calib.store.fixture_store import FIXTURE_FILE, INDEX
-    from hops_calib.trace.job import MANIFEST, is_job_dir
+    from hops_calib.trace import TraceError, read_manifest
+    from hops_calib.trace.job import is_job_dir
 
     resolved = out.resolve()
     if not out.name or out.name in (".", ".."):
@@ -134,15 +135,10 @@ def check_out(out: Path, force: bool) -> None:
     if not out.is_dir() or out.is_symlink():
         raise CaptureError(f"--out {out} is a file or a link, not a job directory: --force replaces only an earlier "
                            "capture; choose another --out")
-    manifest = out / MANIFEST
-    engine = None
-    if manifest.is_file():
-        try:
-            import yaml
-
-            engine = (yaml.safe_load(manifest.read_text(encoding="utf-8")) or {}).get("engine")
-        except Exception:  # noqa: BLE001 - an unreadable manifest is not a capture's
-            engine = None
+    try:
+        engine = read_manifest(out).get("engine")
+    except TraceError:  # an unreadable manifest is not a capture's
+        engine = None
     if not (is_job_dir(out) and engine):
         raise CaptureError(f"--out {out} holds something other than a hops-calib capture (no manifest.yaml with an "
                            "engine): --force replaces only an earlier capture's job directory; choose another --out, "

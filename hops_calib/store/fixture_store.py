@@ -147,10 +147,8 @@ class Fixture:
         """The normalized events (read from Parquet on first use; refused when the file is not the one ingest
         wrote)."""
         path = self.path / EVENTS_FILE
-        recorded = (self.meta.get(FILE_DIGESTS) or {}).get(EVENTS_FILE)
-        if path.is_file() and file_digest(path) != recorded:
-            raise FixtureFileError(path, f"changed after ingest wrote it (its sha256 is not the one {FIXTURE_FILE} "
-                                   "recorded)", hint=_reingest(self.path, self.meta))
+        if path.is_file():  # (a missing file: read_events names it)
+            check_digest(path, self.meta, _reingest(self.path, self.meta))
         return read_events(path)
 
     def timeline(self) -> pd.DataFrame:
@@ -215,6 +213,14 @@ def _parse_json(path: Path, text: str, hint: str) -> Any:
 
 def _read_json(path: Path, hint: str) -> Any:
     return _parse_json(path, _read_text(path, hint), hint)
+
+
+def check_digest(path: Path, meta: dict[str, Any], hint: str, digest: str | None = None) -> None:
+    """FixtureFileError unless the file (whose sha256 is `digest` when the caller has it) is the one `meta`
+    (fixture.json) recorded: a fixture edited by hand would be scored as if measured."""
+    if (digest or file_digest(path)) != (meta.get(FILE_DIGESTS) or {}).get(path.name):
+        raise FixtureFileError(path, f"changed after ingest wrote it (its sha256 is not the one {FIXTURE_FILE} "
+                               "recorded): a fixture edited by hand would be scored as if measured", hint=hint)
 
 
 class FixtureStore:
@@ -293,8 +299,8 @@ class FixtureStore:
         """fixture.json of a fixture written before digests were recorded (readable, no `fixture_sha256`): its
         split may be trusted to keep a group together; None for any other fixture.json (digested, or damaged)."""
         try:
-            meta = json.loads((self.folder(fixture_id) / FIXTURE_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            meta = _read_json(self.folder(fixture_id) / FIXTURE_FILE, "")
+        except StoreError:
             return None
         return meta if isinstance(meta, dict) and META_DIGEST not in meta else None
 
@@ -306,12 +312,8 @@ class FixtureStore:
         hint = _reingest(folder, meta)
         texts = {name: _read_text(folder / name, hint) for name in (SPEC_FILE, TRUTH_FILE)}
         data = {name: _parse_json(folder / name, text, hint) for name, text in texts.items()}
-        recorded = meta.get(FILE_DIGESTS) or {}
         for name, text in texts.items():
-            if text_digest(text) != recorded.get(name):
-                raise FixtureFileError(folder / name, f"changed after ingest wrote it (its sha256 is not the one "
-                                       f"{FIXTURE_FILE} recorded): a fixture edited by hand would be scored as if "
-                                       "measured", hint=hint)
+            check_digest(folder / name, meta, hint, text_digest(text))
         parsed = []
         for name, build in ((SPEC_FILE, Spec.from_dict), (TRUTH_FILE, Truth.from_dict)):
             try:
@@ -328,9 +330,9 @@ class FixtureStore:
         try:
             meta = self.meta(fixture_id)
             folder = self.folder(fixture_id)
-            recorded = meta.get(FILE_DIGESTS) or {}
-            return (set(recorded) == {SPEC_FILE, TRUTH_FILE, EVENTS_FILE}
-                    and all(file_digest(folder / name) == digest for name, digest in recorded.items()))
+            for name in (SPEC_FILE, TRUTH_FILE, EVENTS_FILE):
+                check_digest(folder / name, meta, "")
+            return True
         except (StoreError, OSError):
             return False
 

@@ -242,14 +242,19 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         return report  # nothing to write: no empty store is made for a source that holds no job
     with store.lock():
         store.recover()
-        stored = {}
+        stored: dict[str, dict[str, Any]] = {}
+        index_splits: dict[str, str] | None = None  # read once, when a fixture.json cannot be trusted
         for folder in store.fixture_folders():
             try:
                 stored[folder.name] = store.meta(folder.name)
+                continue
             except StoreError:  # written again if its run is ingested now; an edited split is not trusted
-                listed = _index_splits(store).get(folder.name)  # the index's record of its split, if any
-                stored[folder.name] = store.legacy_meta(folder.name) or (
-                    {"split": listed, "group": group_of(folder.name)} if listed else {})
+                legacy = store.legacy_meta(folder.name)
+            if legacy is None:
+                index_splits = _index_splits(store) if index_splits is None else index_splits
+                listed = index_splits.get(folder.name)  # the index's record of its split, if any
+                legacy = {"split": listed, "group": group_of(folder.name)} if listed else {}
+            stored[folder.name] = legacy
         group_split = {meta["group"]: meta["split"] for meta in stored.values() if "group" in meta}
         changed = False
         batch_sources: dict[str, Path] = {}

@@ -34,15 +34,7 @@ import numpy as np
 
 from hops_calib.timeline import COMPUTE, KINDS, PHASES
 from hops_calib.trace.errors import TraceError
-
-try:
-    import orjson
-
-    _loads = orjson.loads
-except ImportError:  # pragma: no cover
-    import json
-
-    _loads = json.loads
+from hops_calib.trace.events import _loads
 
 DEFAULT_SKEW_MS = 2.0
 _COMPUTE = KINDS.index(COMPUTE)
@@ -61,17 +53,9 @@ class StructureReport:
     notes: list[str] = field(default_factory=list)
 
 
-def locate(path: Path, *, iteration: int, phase: int | None = None, microbatch: int | None = None,
-           chunk: int | None = None, last: bool = False) -> int | None:
-    """Line number of the first (or `last`) compute event of `path` with these values, None when no line has them."""
-    lines = locate_all(path, iteration=iteration, phase=phase, microbatch=microbatch, chunk=chunk,
-                       limit=None if last else 1)
-    return (lines[-1] if last else lines[0]) if lines else None
-
-
-def locate_all(path: Path, *, iteration: int, phase: int | None = None, microbatch: int | None = None,
-               chunk: int | None = None, limit: int | None = None) -> list[int]:
-    """Line numbers of the compute events of `path` with these values (at most `limit`)."""
+def locate_all(path: Path, *, iteration: int, kind: int = _COMPUTE, phase: int | None = None,
+               microbatch: int | None = None, chunk: int | None = None, limit: int | None = None) -> list[int]:
+    """Line numbers of the events of `path` of this kind with these values (at most `limit`)."""
     found: list[int] = []
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, 1):
@@ -81,13 +65,13 @@ def locate_all(path: Path, *, iteration: int, phase: int | None = None, microbat
                 continue
             if not isinstance(record, dict) or record.get("iteration") != iteration:
                 continue
+            if record.get("event_type") != KINDS[kind]:
+                continue
             if phase is not None and record.get("phase") != PHASES[phase]:
                 continue
             if microbatch is not None and record.get("microbatch") != microbatch:
                 continue
             if chunk is not None and record.get("model_chunk", 0) != chunk:
-                continue
-            if record.get("event_type") != COMPUTE:
                 continue
             found.append(number)
             if limit is not None and len(found) >= limit:
@@ -109,32 +93,19 @@ class _Run:
             return self.rank_paths[int(ranks[0])]
         return self.rank_paths.get(stage, self.trace_dir)
 
-    def fail(self, index: int, problem: str, field_name: str, hint: str) -> TraceError:
+    def event_lines(self, index: int, limit: int = 1) -> tuple[Path, list[int]]:
+        """The rank log holding the event at row `index`, and the lines (up to `limit`) that log it."""
         c = self.columns
         path = self.rank_paths.get(int(c["rank"][index]), self.trace_dir)
-        kind_is_compute = int(c["kind"][index]) == _COMPUTE
-        line = locate(path, iteration=int(c["iteration"][index]), phase=int(c["phase"][index]),
-                      microbatch=int(c["microbatch"][index]) if int(c["phase"][index]) != _OPT else None,
-                      chunk=int(c["chunk"][index])) if kind_is_compute else None
-        if not kind_is_compute:  # a transfer: match it by its own values
-            line = _locate_transfer(path, c, index)
-        return TraceError(path, problem, line=line, field=field_name, hint=hint)
+        phase = int(c["phase"][index])
+        lines = locate_all(path, iteration=int(c["iteration"][index]), kind=int(c["kind"][index]), phase=phase,
+                           microbatch=None if phase == _OPT else int(c["microbatch"][index]),
+                           chunk=int(c["chunk"][index]), limit=limit)
+        return path, lines
 
-
-def _locate_transfer(path: Path, c: dict[str, np.ndarray], index: int) -> int | None:
-    with path.open("rb") as lines:
-        for number, raw in enumerate(lines, 1):
-            try:
-                record = _loads(raw)
-            except Exception:  # noqa: BLE001
-                continue
-            if (isinstance(record, dict) and record.get("event_type") != COMPUTE
-                    and record.get("iteration") == int(c["iteration"][index])
-                    and record.get("microbatch") == int(c["microbatch"][index])
-                    and record.get("phase") == PHASES[int(c["phase"][index])]
-                    and record.get("model_chunk", 0) == int(c["chunk"][index])):
-                return number
-    return None
+    def fail(self, index: int, problem: str, field_name: str, hint: str) -> TraceError:
+        path, lines = self.event_lines(index)
+        return TraceError(path, problem, line=lines[0] if lines else None, field=field_name, hint=hint)
 
 
 def _keep(columns: dict[str, np.ndarray], mask: np.ndarray) -> None:
@@ -206,10 +177,7 @@ def _check_repeats(run: _Run, *, lenient: bool, report: StructureReport) -> None
         what = (f"{phase} of iteration {int(c['iteration'][first])}"
                 + (f" microbatch {int(c['microbatch'][first])}" if int(c["phase"][first]) != _OPT else "")
                 + (f" chunk {int(c['chunk'][first])}" if int(c["chunk"][first]) else ""))
-        path = run.rank_paths.get(int(c["rank"][first]), run.trace_dir)
-        lines = locate_all(path, iteration=int(c["iteration"][first]), phase=int(c["phase"][first]),
-                           microbatch=int(c["microbatch"][first]) if int(c["phase"][first]) != _OPT else None,
-                           chunk=int(c["chunk"][first]), limit=2)
+        path, lines = run.event_lines(first, limit=2)
         again = f" (first on line {lines[0]})" if len(lines) == 2 else ""
         raise TraceError(path, f"logs the {what} on stage {int(c['stage'][first])} a second time{again}",
                          line=lines[-1] if lines else None, field="phase",
@@ -325,7 +293,8 @@ def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: 
                 "ingest with --lenient to keep only the iterations every stage logged in full")
     else:
         hint = "events of an iteration between complete ones are missing: re-copy this rank's log from the job"
-    line = locate(path, iteration=iteration, last=True) if any(found.values()) else None
+    logged = locate_all(path, iteration=iteration) if any(found.values()) else []
+    line = logged[-1] if logged else None
     where = f"the last event it logged for it is on line {line}" if line else "it logged no event for it"
     raise TraceError(path, f"stage {stage} logged {shown} event(s) of iteration {iteration}, expected {wanted}"
                      f"{detail}; {where}", line=line, field="iteration", hint=hint)
