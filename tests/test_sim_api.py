@@ -93,6 +93,22 @@ def test_copied_iterations_equal_timed_iterations(schedule):
     assert np.allclose(copied["start_ms"], timed["start_ms"]) and np.allclose(copied["end_ms"], timed["end_ms"])
 
 
+def test_without_a_barrier_ranks_that_drift_apart_are_timed_until_they_stop():
+    """No optimizer step, no barrier: after iteration 2 rank 1 still ends later relative to the others, so copying
+    iteration 2 would start its iteration 3 inside its own iteration 2 (a case the property tests found)."""
+    pipeline = Pipeline(stages=(StageCosts(0.0, 0.0, 0.0), StageCosts(0.0, 1.0, 0.0), StageCosts(0.0, 2.0, 2.0)),
+                        microbatches=2, chunks=1, iterations=4, forward_transfer_ms=(0.0, 0.25),
+                        backward_transfer_ms=(0.0, 0.0), optimizer_ms=(), blocking_p2p=False,
+                        iteration_barrier=False, optimizer_barrier=False)
+    copied = simulate(pipeline, "zb_h1").timeline
+    timed = simulate(pipeline, "zb_h1", replicate=False).timeline
+    assert np.allclose(copied["start_ms"], timed["start_ms"]) and np.allclose(copied["end_ms"], timed["end_ms"])
+    for rank, lane in timed[timed["kind"] == "compute"].groupby("stage"):
+        ends = lane.groupby("iteration")["end_ms"].max()
+        starts = lane.groupby("iteration")["start_ms"].min()
+        assert (starts.iloc[1:].to_numpy() >= ends.iloc[:-1].to_numpy() - 1e-9).all(), rank
+
+
 @pytest.mark.parametrize("probability,iterations", [(0.146, 17), (0.25, 8), (0.5, 9), (0.9, 12), (0.03, 13)])
 def test_stalls_land_in_round_n_p_evenly_spread_iterations(probability, iterations):
     stalled = stalled_iterations(probability, iterations)

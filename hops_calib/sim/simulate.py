@@ -7,10 +7,13 @@ rank's optimizer step `optimizer_ms[r]` (an OPTIMIZER row); rank r starts the ne
 iteration `post_optimizer_ms` after its optimizer ends (its forwards still wait for
 their inputs), or, with `iteration_barrier`, after the slowest rank's optimizer ends. Real Megatron traces have this shape (see the trace-format doc).
 
-Costs are the same in every iteration, and the barrier leaves nothing in flight, so
-iterations 3..N are iteration 2 shifted by a constant period (iteration 1 differs
-only by starting every rank at 0). The simulator times iterations 1 and 2 and copies
-the rest; `replicate=False` times every iteration and must give the same timeline.
+Costs are the same in every iteration, so once one iteration starts every rank by
+the same shift after the one before, every later iteration is that one shifted by a
+constant period. With a barrier that holds from iteration 2 on (iteration 1 differs
+only by starting every rank at 0); without one, ranks may drift apart for a few
+iterations. The simulator times iterations until the shift is the same on every rank
+(at least 1 and 2) and copies the rest; `replicate=False` times every iteration and
+must give the same timeline.
 
 A pipeline's occasional stall (`stall_ms` with `stall_probability`, a TCP
 retransmission timeout on the all-reduce) delays one iteration's optimizer step
@@ -158,8 +161,10 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     iteration: list[int] = []
     starts = [0.0] * ranks
     barriers: list[float] = []
-    timed = min(pipeline.iterations, 2) if replicate else pipeline.iterations
-    for number in range(1, timed + 1):
+    timed = 0
+    for number in range(1, pipeline.iterations + 1):
+        timed = number
+        began = starts
         ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer,
                              starts, rows, host_ms, pipeline.host_after_receive_only)
         barrier = max(ends)
@@ -177,6 +182,12 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
         if pipeline.iteration_barrier:
             starts = [max(starts)] * ranks
         iteration.extend([number] * (len(rows.stage) - len(iteration)))
+        # Steady state: the next iteration starts every rank by the same shift after this one, so it (and every
+        # later one) is this one shifted. A barrier gives that from iteration 2 on; without one, ranks that drift
+        # apart are timed until they stop drifting (copying earlier would let a rank start its next iteration
+        # before its own work is done).
+        if replicate and number >= 2 and _uniform_shift(began, starts):
+            break
 
     columns = _columns(rows, iteration)
     if timed < pipeline.iterations:
@@ -188,6 +199,11 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
         makespan_ms=float(columns["end_ms"].max()), peak_activations=programs.peak_activations,
         columns=columns, chunks=pipeline.chunks,
     )
+
+
+def _uniform_shift(before: list[float], after: list[float]) -> bool:
+    shifts = [b - a for a, b in zip(before, after)]
+    return max(shifts) - min(shifts) <= 1e-9 * max(1.0, abs(max(shifts)))
 
 
 def stalled_iterations(probability: float, iterations: int) -> list[int]:
