@@ -57,6 +57,9 @@ class LinkFit:
     source: str = ""
     # The benchmark's own medians, (bytes, ms) by increasing size: what `measured_ms` reads.
     points: tuple[tuple[float, float], ...] = ()
+    # A link within one node (NVLink/NVSwitch), priced from the node's collective benchmark: never shaped like an
+    # instance's network allowance, so no burst reading applies.
+    intra_node: bool = False
 
     def __post_init__(self) -> None:
         # JSON round trips give lists; keep the value hashable and equal to what was written.
@@ -140,6 +143,20 @@ class ModelShape:
     # Megatron clips the global gradient norm at --clip-grad (default 1.0), which all-reduces the norm
     # over the pipeline before every optimizer step; 0 turns clipping off.
     clip_grad: float = 1.0
+    # Activation recomputation (`recomputation_of`): None, "full" (a layer's backward first redoes its whole
+    # forward) or "selective" (only its attention core); for full, "uniform" (every layer, in groups of
+    # recompute_num_layers) or "block" (the first recompute_num_layers layers of each model chunk).
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+
+    def recomputed_layers(self, layers: int) -> int:
+        """How many of a model chunk's `layers` decoder layers redo their whole forward in their backward."""
+        if self.recompute_granularity != "full":
+            return 0
+        if self.recompute_method == "block":
+            return min(layers, self.recompute_num_layers or 0)
+        return layers
 
 
 @dataclass(frozen=True)
@@ -172,6 +189,17 @@ class Spec:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"spec {self.run_id}: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
 
+    def same_node(self, stage_a: int, stage_b: int) -> bool | None:
+        """Whether two stages share a node, when the hardware says (a GPU type on nodes of gpus_per_node, pipeline
+        rank r on node r // gpus_per_node); None when it does not (a job directory's stage map)."""
+        if not self.gpus_per_node:
+            return None
+        return stage_a // self.gpus_per_node == stage_b // self.gpus_per_node
+
+    def collective(self, op: str, gpus: int) -> CollectiveTable | None:
+        """The machine's benchmark table of `op` on `gpus` GPUs, or None."""
+        return next((t for t in self.collectives if t.op == op and t.gpus == gpus), None)
+
     def link(self, src_stage: int, dst_stage: int) -> LinkFit | None:
         """The fitted link between two stages, in either direction, or None."""
         for fit in self.links:
@@ -184,6 +212,12 @@ class Spec:
         for name in _OPTIONAL_FIELDS:  # written only when set: the text of specs that do not use them stays as it was
             if data[name] in (None, ()):
                 data.pop(name)
+        for name in _OPTIONAL_SHAPE_FIELDS:
+            if data["model"][name] is None:
+                data["model"].pop(name)
+        for link in data["links"]:
+            if not link["intra_node"]:
+                link.pop("intra_node")
         return data
 
     def to_json(self) -> str:
@@ -206,6 +240,7 @@ class Spec:
 
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
 _OPTIONAL_FIELDS = ("gpus_per_node", "collectives")
+_OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
 
 
 # ---------------------------------------------------------------------------
@@ -339,6 +374,52 @@ class Hardware:
             self.device_names
 
 
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+def recomputation_of(args: dict[str, Any], source: Path | str) -> tuple[str | None, str | None, int | None]:
+    """(granularity, method, number of layers) of a launch's activation recomputation, as Megatron reads them.
+
+    `--recompute-granularity full|selective` with `--recompute-method uniform|block` and `--recompute-num-layers N`
+    (Megatron-LM); `--recompute-activations` is selective; the older `--checkpoint-activations` (Megatron-LM before
+    2022 and Megatron-DeepSpeed) is full and uniform, in groups of `--checkpoint-num-layers` (default 1). Full
+    recomputation needs a method (Megatron has no default for it), and block a number of layers. Selective
+    recomputation takes no method. (None, None, None) when nothing is recomputed.
+    """
+    from hops_calib.trace import TraceError
+
+    granularity = args.get("recompute_granularity")
+    method = args.get("recompute_method")
+    number = args.get("recompute_num_layers")
+    if granularity is None and args.get("recompute_activations"):
+        granularity = "selective"
+    if granularity is None and args.get("checkpoint_activations"):
+        granularity, method = "full", method or "uniform"
+        if number is None:
+            number = args.get("checkpoint_num_layers", 1)
+    if granularity is None:
+        return None, None, None
+    if granularity not in RECOMPUTE_GRANULARITIES:
+        raise TraceError(source, f"is {granularity!r}", field="--recompute-granularity",
+                         hint=f"Megatron takes {' or '.join(RECOMPUTE_GRANULARITIES)}")
+    if granularity == "selective":
+        if method is not None:
+            raise TraceError(source, f"is {method!r} with --recompute-granularity selective", field="--recompute-method",
+                             hint="Megatron takes a recompute method only for full recomputation: drop it")
+        return granularity, None, None
+    if method not in RECOMPUTE_METHODS:
+        raise TraceError(source, f"is {method!r} with --recompute-granularity full", field="--recompute-method",
+                         hint=f"full recomputation needs --recompute-method {' or '.join(RECOMPUTE_METHODS)}")
+    if number is None and method == "uniform":
+        number = 1
+    if type(number) is not int or number < 1:
+        raise TraceError(source, f"is {number!r} with --recompute-method {method}", field="--recompute-num-layers",
+                         hint="give the number of layers per recomputed group (uniform) or per model chunk (block), "
+                              "at least 1")
+    return granularity, method, number
+
+
 def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, hardware: Hardware,
                    links: Sequence[LinkFit] = (), collectives: Sequence[CollectiveTable] = (),
                    configured: str | None = None, schedule_source: Path | str = "manifest.yaml",
@@ -417,8 +498,10 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
                          f"--pipeline-model-parallel-size {pp}", field=hardware.field,
                          hint="the stage counts of the configuration and the stage map must agree")
 
+    links = tuple(links) + _intra_node_links(pp, vp, hardware, links, collectives)
     schedule = configured_schedule(configured, vp, schedule_source)
     precision = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32"
+    granularity, method, recompute_layers = recomputation_of(args, source)
     hidden = _require_int(args, "hidden_size", source, minimum=1)
     heads = _require_int(args, "num_attention_heads", source, minimum=1)
     seq = _require_int(args, "seq_length", source, minimum=1)
@@ -430,19 +513,26 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         raise TraceError(source, f"{seq} is more than --max-position-embeddings {positions}",
                          field="--seq-length", hint="learned absolute positions cover at most "
                          "--max-position-embeddings tokens: Megatron refuses a longer sequence")
+    # Megatron's args.padded_vocab_size (a log's arguments block, a run table) is the vocabulary it allocated, already
+    # a multiple of --make-vocab-size-divisible-by x t; the cost model pads vocab_size to a multiple of 128, which
+    # leaves it as it is.
+    vocab_key = "padded_vocab_size" if args.get("padded_vocab_size") is not None else "vocab_size"
+    vocab = _require_int(args, vocab_key, source, default=0, minimum=1 if vocab_key in args else 0)
     model = ModelShape(
         num_layers=num_layers,
         hidden_size=hidden,
         ffn_hidden_size=_require_int(args, "ffn_hidden_size", source, default=4 * hidden, minimum=1),
         num_attention_heads=heads,
         seq_length=seq,
-        vocab_size=_require_int(args, "vocab_size", source, default=0,
-                                minimum=1 if "vocab_size" in args else 0),
+        vocab_size=vocab,
         micro_batch_size=micro_batch,
         global_batch_size=global_batch,
         precision=precision,
         untie_embeddings=bool(args.get("untie_embeddings_and_output_weights", False)),
         clip_grad=float(args.get("clip_grad", 1.0)),
+        recompute_granularity=granularity,
+        recompute_method=method,
+        recompute_num_layers=recompute_layers,
     )
     return Spec(
         run_id=run_id,
@@ -462,6 +552,22 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         gpus_per_node=hardware.gpus_per_node,
         collectives=tuple(collectives),
     )
+
+
+def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[LinkFit],
+                      collectives: Sequence[CollectiveTable]) -> tuple[LinkFit, ...]:
+    """Links for the hops within one node that the link benchmark did not measure, from the node's smallest
+    all-reduce table (`trace.collective_bench.ring_link`: the ring formula; a 2-GPU table is a pair)."""
+    tables = sorted((t for t in collectives if t.op == "all_reduce"), key=lambda t: t.gpus)
+    if not tables or not hardware.gpus_per_node:
+        return ()
+    from hops_calib.trace.collective_bench import ring_link
+
+    per_node = hardware.gpus_per_node
+    pairs = [(k, k + 1) for k in range(pp - 1)] + ([(pp - 1, 0)] if vp > 1 and pp > 2 else [])
+    have = {frozenset((fit.src_stage, fit.dst_stage)) for fit in links}
+    return tuple(ring_link(tables[0], a, b) for a, b in pairs
+                 if frozenset((a, b)) not in have and a // per_node == b // per_node)
 
 
 def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
@@ -516,8 +622,11 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         notes.append(f"no link benchmark in {LINK_BENCH_DIR}: the spec has no link fits, so predict, evaluate and "
                      f"report refuse this run until its benchmark (pair_<i>_<i+1>.jsonl) is added and it is ingested "
                      "again")
+    from hops_calib.trace.collective_bench import ALLREDUCE_DIR, read_collective_tables
+
     scenario = str(manifest.get("source_scenario") or "")
     return spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
+                          collectives=read_collective_tables(job_dir / ALLREDUCE_DIR),
                           configured=manifest.get("configured_schedule"), schedule_source=job_dir / MANIFEST,
                           declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
                           notes=notes)
@@ -567,7 +676,8 @@ def _interleaved(args: dict[str, Any]) -> bool:
 
 # The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): one GPU per stage, a
 # `--transformer-impl local` layer (LayerNorm, multi-head attention with learned absolute positions, unfused masked
-# softmax, a GeLU MLP of two matmuls), every activation stored, 16- or 32-bit arithmetic, blocking p2p calls.
+# softmax, a GeLU MLP of two matmuls), activations stored or recomputed (`recomputation_of`), 16- or 32-bit
+# arithmetic, blocking p2p calls.
 ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--tensor-model-parallel-size", ("tensor_model_parallel_size",), 1,
                "tensor parallel size 1, a stage's layers on one GPU", _is(1)),
@@ -580,12 +690,6 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--num-experts", ("num_experts",), None, "a dense MLP, no mixture of experts", _is(None, 0, 1)),
     Assumption("--expert-model-parallel-size", ("expert_model_parallel_size",), 1,
                "no expert parallelism", _is(1)),
-    Assumption("--recompute-activations", ("recompute_activations",), False,
-               "no activation recomputation: a backward reads what its forward stored", _off),
-    Assumption("--recompute-granularity", ("recompute_granularity",), None,
-               "no activation recomputation: a backward reads what its forward stored", _is(None)),
-    Assumption("--recompute-method", ("recompute_method",), None,
-               "no activation recomputation: a backward reads what its forward stored", _is(None)),
     Assumption("--swiglu", ("swiglu",), False, "a GeLU MLP of two matmuls, no --swiglu", _off),
     Assumption("--group-query-attention", ("group_query_attention",), False,
                "multi-head attention, as many key/value heads as attention heads", _off),
