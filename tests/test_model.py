@@ -41,7 +41,9 @@ def test_every_catalog_constant_has_a_value_and_a_cited_source():
     catalog = load_catalog()
     assert {"h100", "a10g", "l4", "cpu"} <= set(catalog)
     for device_type, device in catalog.items():
-        for constant in CONSTANTS:
+        assert set(CONSTANTS) <= set(device.constants())
+        assert set(device.constants()) == set(raw[device_type]) - {"name"}
+        for constant in device.constants():
             assert getattr(device, constant) == float(raw[device_type][constant]["value"]) > 0
             assert len(device.source(constant)) > 20, (device_type, constant)
 
@@ -53,6 +55,13 @@ def test_catalog_orders_devices_as_their_datasheets_do():
         assert catalog["h100"].peak_bf16_flops_per_s > catalog[other].peak_bf16_flops_per_s
         assert catalog["h100"].memory_bandwidth_bytes_per_s > catalog[other].memory_bandwidth_bytes_per_s
     assert catalog["a10g"].memory_bandwidth_bytes_per_s == 2 * catalog["l4"].memory_bandwidth_bytes_per_s
+    # The two A100 SXM4 parts share the GA100 chip and its clocks; the 80 GB's HBM2e is the faster memory.
+    a100, small = catalog["a100"], catalog["a100_40gb"]
+    assert a100.peak_bf16_flops_per_s == small.peak_bf16_flops_per_s < catalog["h100"].peak_bf16_flops_per_s
+    assert a100.memory_bandwidth_bytes_per_s > small.memory_bandwidth_bytes_per_s
+    assert a100.memory_bytes == 2 * small.memory_bytes
+    # Only devices with a GPU peer in their node have an intra-node link.
+    assert a100.intra_node_bandwidth_bytes_per_s and catalog["h100"].intra_node_bandwidth_bytes_per_s is None
 
 
 # --- GPT counts ---------------------------------------------------------------------------------

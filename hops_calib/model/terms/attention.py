@@ -47,4 +47,5 @@ class AttentionScoreTraffic(Term):
             pass_ms = score_bytes / bytes_per_ms
             forward.append(layers * params["passes_forward"] * pass_ms)
             backward.append(layers * params["passes_backward"] * pass_ms)
-        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
+        # Every pass of the forward is the attention core's (selective recomputation redoes them all).
+        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), attention_core_ms=tuple(forward))

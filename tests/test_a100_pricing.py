@@ -1,0 +1,164 @@
+"""What the public A100 runs need priced: the collective benchmark, p2p by the ring formula, recomputation, fp16.
+
+The all-reduce tables are the published ones (../shared/public-runs/vtrain/allreduce-a100/, read in place).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hops_calib.model import gpt
+from hops_calib.model_files import load_catalog
+from hops_calib.model import parse_model
+from hops_calib.shared import REQUIRE_ENV, shared_required, shared_root
+from hops_calib.spec import Hardware, spec_from_args
+from hops_calib.trace import TraceError
+from hops_calib.trace.collective_bench import read_allreduce_table, read_collective_tables, ring_link
+
+
+@pytest.fixture(scope="module")
+def allreduce_dir() -> Path:
+    folder = shared_root() / "public-runs" / "vtrain" / "allreduce-a100"
+    if not folder.is_dir():
+        message = f"the published A100 all-reduce tables are not at {folder}"
+        if shared_required():
+            pytest.fail(f"{message}, and {REQUIRE_ENV}=1 requires them")
+        pytest.skip(message)
+    return folder
+
+
+def _bus_bandwidth_column(path: Path) -> dict[float, float]:
+    """size -> the file's own in-place busbw (GB/s), the last column nccl-tests prints."""
+    lines = path.read_text().splitlines()[1:]
+    return {float(line.split(",")[0]): float(line.split(",")[6]) for line in lines if line.strip()}
+
+
+def test_tables_are_read_by_gpu_count_and_their_in_place_times_give_the_printed_bus_bandwidth(allreduce_dir):
+    tables = read_collective_tables(allreduce_dir)
+    assert [t.gpus for t in tables] == list(range(2, 9))
+    for table in tables:
+        printed = _bus_bandwidth_column(next(allreduce_dir.glob(f"AR_GPU{table.gpus}_*")))
+        assert len(table.points) == len(printed) > 100
+        for size, ms in table.points[::97]:
+            # nccl-tests: busbw = size / time x 2(n - 1)/n
+            bus = size / (ms * 1e-3) * 2 * (table.gpus - 1) / table.gpus / 1e9
+            assert bus == pytest.approx(printed[size], rel=0.01, abs=0.01)
+
+
+def test_ring_formula_gives_one_links_send_time_and_the_tables_agree_on_the_link(allreduce_dir):
+    tables = {t.gpus: t for t in read_collective_tables(allreduce_dir)}
+    pair = ring_link(tables[2], 0, 1)
+    assert pair.intra_node and "ring formula" in pair.source
+    size = 2.0**30
+    # two GPUs: each sends its half twice (reduce-scatter, all-gather), the whole buffer: the all-reduce's time
+    assert pair.measured_ms(size) == pytest.approx(tables[2].measured_ms(size))
+    # eight GPUs move 2 x 7/8 of the buffer over each link: the link they imply is within 20 % of the pair's
+    eight = ring_link(tables[8], 0, 1)
+    assert eight.measured_ms(size) == pytest.approx(pair.measured_ms(size), rel=0.2)
+    assert eight.measured_ms(size) < tables[8].measured_ms(size)
+
+
+@pytest.mark.parametrize("edit,line,field", [
+    (lambda lines: lines.__setitem__(3, lines[3].replace(lines[3].split(",")[5], "fast")), 4, "time(ns) (in-place)"),
+    (lambda lines: lines.__setitem__(0, "size,count"), 1, "header"),
+    (lambda lines: lines.__setitem__(2, "1,2,3"), 3, None),
+])
+def test_a_damaged_table_is_refused_naming_file_line_and_column(allreduce_dir, tmp_path, edit, line, field):
+    lines = next(allreduce_dir.glob("AR_GPU4_*")).read_text().splitlines()
+    edit(lines)
+    path = tmp_path / "AR_GPU4_edited"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError) as caught:
+        read_allreduce_table(path)
+    message = str(caught.value)
+    assert f"{path}:{line}:" in message and (field is None or field in message)
+
+
+def _row(pp=4, layers=24, hidden=2048, micro=2, global_batch=16, **more):
+    """A vTrain-like pure-pipeline launch: fp16, GPT-2 vocabulary padded to 128, sequence 1024, 16 heads."""
+    return {"pipeline_model_parallel_size": pp, "num_layers": layers, "hidden_size": hidden,
+            "num_attention_heads": 16, "seq_length": 1024, "max_position_embeddings": 1024,
+            "micro_batch_size": micro, "global_batch_size": global_batch, "padded_vocab_size": 50304, "fp16": True,
+            "transformer_impl": "local", "masked_softmax_fusion": False, **more}
+
+
+def _spec(args, tables=()):
+    return spec_from_args(args, "runs.csv", run_id="row", iterations=3, hardware=Hardware(gpu="a100", gpus_per_node=8),
+                          collectives=tables)
+
+
+ROOFLINE = parse_model("""
+[model]
+name = "layers"
+[terms.decoder_roofline]
+[terms.attention_score_traffic]
+[terms.layer_launch_floor]
+forward_ms_per_layer = 0.0
+backward_ms_per_layer = 0.0
+""", origin="test", catalog=load_catalog())
+
+
+def test_full_recomputation_redoes_each_covered_layers_forward_in_its_backward():
+    plain = ROOFLINE.pipeline(_spec(_row()))
+    full = ROOFLINE.pipeline(_spec(_row(recompute_granularity="full", recompute_method="uniform",
+                                        recompute_num_layers=2)))
+    older = ROOFLINE.pipeline(_spec(_row(checkpoint_activations=True)))
+    block = ROOFLINE.pipeline(_spec(_row(recompute_granularity="full", recompute_method="block",
+                                         recompute_num_layers=2)))
+    for before, after, old, some in zip(plain.stages, full.stages, older.stages, block.stages):
+        assert after.forward_ms == before.forward_ms
+        assert after.backward_ms == pytest.approx(before.backward_ms + before.forward_ms)
+        assert old.backward_ms == pytest.approx(after.backward_ms)  # --checkpoint-activations is full, uniform
+        assert some.backward_ms == pytest.approx(before.backward_ms + before.forward_ms * 2 / 6)  # 2 of 6 layers
+        assert after.weight_grad_ms == before.weight_grad_ms  # the recomputed forward is input-gradient work
+
+
+def test_selective_recomputation_redoes_only_the_attention_core():
+    args = _row()
+    plain, selective = (ROOFLINE.pipeline(_spec(a)) for a in (args, {**args, "recompute_activations": True}))
+    spec = _spec(args)
+    device = load_catalog()["a100"]
+    core_flops_ms = gpt.attention_core_flops(spec.model) / (device.peak_bf16_flops_per_s * 0.5 / 1e3)
+    score_ms = 6.0 * spec.model.micro_batch_size * 16 * 1024**2 * 2 / device.memory_bandwidth_bytes_per_s * 1e3
+    for before, after in zip(plain.stages, selective.stages):
+        assert after.backward_ms - before.backward_ms == pytest.approx(6 * (core_flops_ms + score_ms))
+        assert 0 < after.backward_ms - before.backward_ms < before.forward_ms / 3
+
+
+@pytest.mark.parametrize("args,field", [
+    ({"recompute_granularity": "full"}, "--recompute-method"),
+    ({"recompute_granularity": "full", "recompute_method": "block"}, "--recompute-num-layers"),
+    ({"recompute_granularity": "selective", "recompute_method": "uniform"}, "--recompute-method"),
+    ({"recompute_granularity": "some"}, "--recompute-granularity"),
+])
+def test_a_recomputation_megatron_refuses_is_refused_by_flag(args, field):
+    with pytest.raises(TraceError, match=field):
+        _spec(_row(**args))
+
+
+def test_hops_within_a_node_and_the_embedding_all_reduce_are_priced_from_the_nodes_tables(allreduce_dir):
+    tables = read_collective_tables(allreduce_dir)
+    spec = _spec(_row(pp=4), tables)
+    assert [(f.src_stage, f.dst_stage) for f in spec.links] == [(0, 1), (1, 2), (2, 3)]
+    assert all(f.intra_node for f in spec.links)
+    model = parse_model("""
+[model]
+name = "hops"
+[terms.link_transfer]
+measured_weight = 1.0
+burst_mib = 2.5
+[terms.embedding_grad_allreduce]
+flow_cap_gbit_s = 20.9
+""", origin="test", catalog=load_catalog())
+    pipeline = model.pipeline(spec)
+    hidden_bytes = 1024 * 2 * 2048 * 2  # s x b x h fp16
+    assert pipeline.forward_transfer_ms == pytest.approx([tables[0].measured_ms(hidden_bytes)] * 3)
+    # fp16 gradient buffers (no fp32 accumulation under --fp16), over NVLink at the 2-GPU table's time
+    assert pipeline.pre_optimizer_ms == pytest.approx(tables[0].measured_ms(50304 * 2048 * 2))
+    assert pipeline.stall_probability == 0
+    # nodes of 2 GPUs: stages 1 and 2 sit on different nodes, a hop no benchmark measured
+    apart = spec_from_args(_row(pp=4), "runs.csv", run_id="row", iterations=3,
+                           hardware=Hardware(gpu="a100", gpus_per_node=2), collectives=tables)
+    assert [(f.src_stage, f.dst_stage) for f in apart.links] == [(0, 1), (2, 3)]
