@@ -202,9 +202,10 @@ class MeasuredFixture:
         from hops_calib.measured_spec import measured_spec
 
         try:
-            return measured_spec(self.id, self.launch, self.hardware)
+            return measured_spec(self.id, self.launch, self.hardware, self.meta.get("origin", ""))
         except (ValueError, KeyError, TypeError) as err:
-            reason = getattr(err, "problem", None) or str(err)
+            problem, name = getattr(err, "problem", None), getattr(err, "field", None)
+            reason = f"{name}: {problem}" if problem and name else problem or str(err)
             raise NotPriced(self.id, reason) from None
 
     @property

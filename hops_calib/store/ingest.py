@@ -24,7 +24,7 @@ from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hash
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
-from hops_calib.trace.measured import Hardware
+from hops_calib.trace.measured import RunHardware
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
 from hops_calib.trace.structure import DEFAULT_SKEW_MS, check_structure
 from hops_calib.truth import Truth, compact_timeline, compute_truth
@@ -228,7 +228,7 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
 def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "auto",
            test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
            on_run: Callable[[RunOutcome], None] | None = None,
-           on_start: Callable[[int], None] | None = None, hardware: Hardware | None = None,
+           on_start: Callable[[int], None] | None = None, hardware: RunHardware | None = None,
            warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> IngestReport:
     """Ingest every job directory under `sources`, and every run table or Megatron training log among them, into
     `store`; see the module docstring. `hardware` (--gpu/--gpus-per-node) and `warmup_iterations` are for logs and

@@ -22,7 +22,7 @@ from hops_calib.store.fixture_store import (
 )
 from hops_calib.store.split import group_of, hashed_split
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.measured import Hardware, MeasuredRun
+from hops_calib.trace.measured import RunHardware, MeasuredRun
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS, is_megatron_log, read_megatron_log
 from hops_calib.trace.run_table import TableRead, is_run_table, read_run_table
 from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING, collective_tables, is_vtrain_table, read_vtrain_table
@@ -108,7 +108,7 @@ def source_hash(path: Path, mode: str) -> str:
     return outer.hexdigest()
 
 
-def _read_source(path: Path, kind: str, hardware: Hardware | None, warmup: int) -> TableRead:
+def _read_source(path: Path, kind: str, hardware: RunHardware | None, warmup: int) -> TableRead:
     if kind == "vtrain":
         return read_vtrain_table(path)
     if kind == "run table":
@@ -156,7 +156,7 @@ def _record(run: MeasuredRun, split: str, extra_hardware: dict[str, Any]) -> dic
 
 
 def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, outcome_type: Any, *,
-                    split: str, test_fraction: float, hardware: Hardware | None, warmup: int,
+                    split: str, test_fraction: float, hardware: RunHardware | None, warmup: int,
                     emit: Callable[[Any], None]) -> bool:
     """Ingest one source file into its table folder; each run (and each bad row) is an outcome passed to `emit`.
     Returns whether the store changed."""

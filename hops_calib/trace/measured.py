@@ -29,7 +29,7 @@ REQUIRED_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length
 
 
 @dataclass(frozen=True)
-class Hardware:
+class RunHardware:
     """The machine a run used: a device type of the model's catalog, and how many of them share a node."""
 
     gpu: str
@@ -46,7 +46,7 @@ class MeasuredRun:
     run_id: str
     group: str  # runs that repeat one configuration share it (and so a split)
     args: dict[str, Any]  # Megatron's arguments, `args.` spelling
-    hardware: Hardware
+    hardware: RunHardware
     # Iteration time per kept log interval (ms), each the mean over `interval_iterations[k]` iterations (Megatron
     # averages over --log-interval); a table row gives one value.
     iteration_times_ms: tuple[float, ...]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.measured import Hardware, MeasuredRun
+from hops_calib.trace.measured import RunHardware, MeasuredRun
 from hops_calib.trace.megatron_args import _BLOCK_END, _BLOCK_LINE, _BLOCK_START, parse_value
 
 DEFAULT_WARMUP_ITERATIONS = 2
@@ -93,7 +93,7 @@ def _number(path: Path, line: int, name: str, value: str) -> float:
     return number
 
 
-def read_hardware_beside(path: Path) -> Hardware | None:
+def read_hardware_beside(path: Path) -> RunHardware | None:
     """The hardware of a log from `hops.base.yaml` beside it (`hardware.gpu` and `hardware.gpus_per_node`, or
     `hardware.devices[]` all of one `gpu` type); None when there is no such file."""
     from hops_calib.trace.job import TEMPLATE, read_template
@@ -119,10 +119,10 @@ def read_hardware_beside(path: Path) -> Hardware | None:
         raise TraceError(template_path, f"is {per_node!r}" if per_node is not None else "is missing",
                          field="hardware.gpus_per_node",
                          hint="give the GPUs per node as a whole number (or pass --gpus-per-node N)")
-    return Hardware(gpu=str(gpu).lower(), gpus_per_node=per_node)
+    return RunHardware(gpu=str(gpu).lower(), gpus_per_node=per_node)
 
 
-def resolve_hardware(path: Path, given: Hardware | None) -> Hardware:
+def resolve_hardware(path: Path, given: RunHardware | None) -> RunHardware:
     """The log's hardware: `hops.base.yaml` beside it, or `given` (--gpu/--gpus-per-node); both must agree."""
     beside = read_hardware_beside(path)
     if beside and given and beside != given:
@@ -150,7 +150,7 @@ def is_megatron_log(path: Path, probe_lines: int = 2000) -> bool:
     return False
 
 
-def read_megatron_log(path: Path | str, *, hardware: Hardware | None = None,
+def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                       warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS, run_id: str | None = None) -> MeasuredRun:
     """The run a Megatron training log shows (see the module docstring); TraceError naming file, line and field."""
     path = Path(path)
@@ -249,7 +249,7 @@ def _read_timer_line(line: str, option: str, intervals: list[_Interval], name: l
     return False
 
 
-def _measured_run(path: Path, args: dict[str, Any], hardware: Hardware, intervals: list[_Interval],
+def _measured_run(path: Path, args: dict[str, Any], hardware: RunHardware, intervals: list[_Interval],
                   warmup: int, option: str | None, warnings: list[str], run_id: str | None) -> MeasuredRun:
     interval_length = args.get("log_interval")
     interval_length = interval_length if type(interval_length) is int and interval_length > 0 else \

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.measured import (
-    MEGATRON_DEFAULTS, REQUIRED_ARGS, Hardware, MeasuredRun, model_flops_per_iteration, world_size,
+    MEGATRON_DEFAULTS, REQUIRED_ARGS, RunHardware, MeasuredRun, model_flops_per_iteration, world_size,
 )
 from hops_calib.trace.megatron_args import parse_value
 
@@ -118,7 +118,7 @@ def read_sidecar(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return dict(data.get("args") or {}), dict(data.get("hardware") or {})
 
 
-def config_key(args: dict[str, Any], hardware: Hardware) -> str:
+def config_key(args: dict[str, Any], hardware: RunHardware) -> str:
     """The configuration a run repeats (every argument and the hardware), as text."""
     return json.dumps({"args": args, "hardware": hardware.to_dict()}, sort_keys=True, default=str)
 
@@ -130,7 +130,7 @@ def config_slug(args: dict[str, Any]) -> str:
             f"_s{args['seq_length']}_mb{args.get('micro_batch_size', 1)}_gb{args.get('global_batch_size')}")
 
 
-def read_run_table(path: Path | str, *, hardware: Hardware | None = None, table_id: str | None = None,
+def read_run_table(path: Path | str, *, hardware: RunHardware | None = None, table_id: str | None = None,
                    translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                    mapping: str = "run table") -> TableRead:
     """The runs of a run table (module docstring). `translate` maps a published table's row to run-table columns
@@ -237,7 +237,7 @@ def _row_run(path: Path, line: int, word: str, cells: dict[str, Any], shared_arg
 
 
 def _row_hardware(path: Path, line: int, word: str, cells: dict[str, Any],
-                  shared: dict[str, Any]) -> Hardware:
+                  shared: dict[str, Any]) -> RunHardware:
     values = {}
     for name in HARDWARE_COLUMNS:
         if cells.get(name) is not None and name in shared and cells[name] != shared[name]:
@@ -251,7 +251,7 @@ def _row_hardware(path: Path, line: int, word: str, cells: dict[str, Any],
         raise _bad(path, line, word, "gpus_per_node", f"is {values['gpus_per_node']!r}" if values["gpus_per_node"]
                    is not None else "is missing", "give the GPUs per node as a whole number (a gpus_per_node "
                    "column, the sidecar's hardware.gpus_per_node, or --gpus-per-node N)")
-    return Hardware(gpu=values["gpu"].lower(), gpus_per_node=values["gpus_per_node"])
+    return RunHardware(gpu=values["gpu"].lower(), gpus_per_node=values["gpus_per_node"])
 
 
 def _iteration_time(path: Path, line: int, word: str, cells: dict[str, Any], args: dict[str, Any],

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hops_calib.trace.measured import Hardware
+from hops_calib.trace.measured import RunHardware
 from hops_calib.trace.run_table import TableRead, read_run_table
 
 COLUMNS = {
@@ -55,7 +55,7 @@ ASSUMED: dict[str, Any] = {
     "overlap_grad_reduce": False,  # gradient all-reduce after the backward (use_gradient_bucket: false)
     "max_position_embeddings": None,  # set to the sequence length per row
 }
-GPU = "a100_80gb"  # A100 SXM4 (229 GB/s all-reduce bus bandwidth on 8 GPUs means NVSwitch); 80 vs 40 GB not stated
+GPU = "a100"  # the catalog's A100 SXM4 80 GB (229 GB/s all-reduce bus bandwidth on 8 GPUs means NVSwitch); 80 vs 40 GB not stated
 GPUS_PER_NODE = 8
 ALLREDUCE_DIR = "allreduce-a100"  # the publishers' NCCL all-reduce tables of the same machine kind, beside the table
 MAPPING = "vTrain ground_truth_single.csv (hops_calib/trace/vtrain.py)"
@@ -92,7 +92,7 @@ def read_vtrain_table(path: Path | str, *, table_id: str = "vtrain") -> TableRea
     """The vTrain runs as run-table runs (A100, 8 per node); `hardware.collective_tables` points at the
     all-reduce tables beside the table when they are there."""
     path = Path(path)
-    read = read_run_table(path, hardware=Hardware(gpu=GPU, gpus_per_node=GPUS_PER_NODE), table_id=table_id,
+    read = read_run_table(path, hardware=RunHardware(gpu=GPU, gpus_per_node=GPUS_PER_NODE), table_id=table_id,
                           translate=translate, mapping=MAPPING)
     return read
 
