@@ -40,3 +40,14 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
     return spec_from_args(args, origin or run_id, run_id=run_id,
                           hardware=Hardware(gpu=hardware["gpu"], gpus_per_node=int(hardware["gpus_per_node"])),
                           collectives=collectives, iterations=SIMULATED_ITERATIONS)
+
+
+def left_out_summary(reasons: dict[str, str]) -> dict[str, Any]:
+    """What a suite verb says of the runs it did not score: how many, and how many per reason (the reasons
+    without the run's own numbers, so that runs refused alike count together), with up to 3 ids per reason."""
+    by_reason: dict[str, list[str]] = {}
+    for run_id, reason in sorted(reasons.items()):
+        by_reason.setdefault(reason, []).append(run_id)
+    return {"count": len(reasons),
+            "reasons": [{"reason": reason, "count": len(ids), "runs": ids[:3]}
+                        for reason, ids in sorted(by_reason.items(), key=lambda item: -len(item[1]))]}
