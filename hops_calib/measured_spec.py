@@ -41,6 +41,19 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
                           collectives=collectives, iterations=SIMULATED_ITERATIONS)
 
 
+def priced(fixtures: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """The fixtures the cost model prices (every run with events; iteration-level runs whose spec builds), and
+    run id -> why for the others."""
+    kept, reasons = [], {}
+    for fixture in fixtures:
+        reason = fixture.not_priced if fixture.kind != "events" else None
+        if reason is None:
+            kept.append(fixture)
+        else:
+            reasons[fixture.id] = reason
+    return kept, reasons
+
+
 def left_out_summary(reasons: dict[str, str]) -> dict[str, Any]:
     """What a suite verb says of the runs it did not score (`reasons`: run id -> why): how many, and how many per
     reason, with up to 3 ids per reason."""

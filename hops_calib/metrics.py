@@ -104,6 +104,18 @@ class IterationMetrics:
                 "iteration_time_ms": self.iteration_time_ms, "window_ms": self.window_ms}
 
 
+def comparable_throughputs(real: TimelineMetrics | IterationMetrics, predicted: TimelineMetrics
+                           ) -> tuple[float, float, float, float]:
+    """(real, predicted) throughput and (real, predicted) steady throughput of a run, each pair measured alike:
+    a run with events over the HOPS window on both sides; a run measured at iteration level over whole
+    steady-state iterations, so its prediction is the simulated steady throughput (module docstring)."""
+    if real.has_events:
+        return (real.throughput_per_s, predicted.throughput_per_s, real.steady_throughput_per_s,
+                predicted.steady_throughput_per_s)
+    return (real.throughput_per_s, predicted.steady_throughput_per_s, real.steady_throughput_per_s,
+            predicted.steady_throughput_per_s)
+
+
 def merged_length(starts: np.ndarray, ends: np.ndarray) -> float:
     """Total length of the union of intervals [start, end)."""
     if len(starts) == 0:
