@@ -19,10 +19,13 @@ from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec
 from hops_calib.store.fixture_store import (EVENTS_FILE, INDEX, FixtureStore, StoreError, check_fixture_id,
                                            write_events)
+from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
+from hops_calib.trace.measured import RunHardware
+from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
 from hops_calib.trace.structure import DEFAULT_SKEW_MS, check_structure
 from hops_calib.truth import Truth, compact_timeline, compute_truth
 
@@ -203,6 +206,11 @@ def _starts_sorted_within_stage(columns: dict[str, np.ndarray]) -> bool:
 def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
     seen: dict[Path, Path] = {}
     for source in sources:
+        if source.is_file():
+            report.outcomes.append(RunOutcome(source=source, error=f"{source}: not a source ingest reads (a job "
+                                              "directory, a folder of them, a run table .csv/.parquet, or a "
+                                              "Megatron training log)"))
+            continue
         try:
             found = find_job_dirs(Path(source))
         except TraceError as err:
@@ -220,8 +228,11 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
 def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "auto",
            test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
            on_run: Callable[[RunOutcome], None] | None = None,
-           on_start: Callable[[int], None] | None = None) -> IngestReport:
-    """Ingest every job directory under `sources` into `store`; see the module docstring."""
+           on_start: Callable[[int], None] | None = None, hardware: RunHardware | None = None,
+           warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> IngestReport:
+    """Ingest every job directory under `sources`, and every run table or Megatron training log among them, into
+    `store`; see the module docstring. `hardware` (--gpu/--gpus-per-node) and `warmup_iterations` are for logs and
+    tables."""
     if split not in SPLIT_CHOICES:
         raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
     if not 0.0 <= test_fraction <= 1.0:
@@ -230,15 +241,17 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         raise StoreError(f"--clock-skew-ms {skew_ms} is not between 0 and 60000 ms; give the clock offset the nodes "
                          "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
-    job_dirs = _job_dirs([Path(s) for s in sources], report)
+    sources = [Path(s) for s in sources]
+    measured = [s for s in sources if is_measured_source(s)]
+    job_dirs = _job_dirs([s for s in sources if s not in measured], report)
     store.check_writable()
     _check_apart(store.root, job_dirs)
     if on_start:
-        on_start(len(job_dirs))
+        on_start(len(job_dirs) + sum(expected_runs(path) for path in measured))
     for outcome in report.outcomes:  # sources that hold no job directory
         if on_run:
             on_run(outcome)
-    if not job_dirs and not store.exists():
+    if not job_dirs and not measured and not store.exists():
         return report  # nothing to write: no empty store is made for a source that holds no job
     with store.lock():
         store.recover()
@@ -274,10 +287,22 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             report.outcomes.append(outcome)
             if on_run:
                 on_run(outcome)
+        context = read_context(store, stored)
+        context.event_ids |= set(batch_sources)
+
+        for path in measured:
+            runs: list[RunOutcome] = []
+            changed |= ingest_measured(path, store, context, RunOutcome, split=split, test_fraction=test_fraction,
+                                       hardware=hardware, warmup=warmup_iterations, emit=runs.append)
+            report.outcomes += runs
+            for outcome in runs:
+                if on_run:
+                    on_run(outcome)
         index_file = store.root / INDEX
         # a fixture folder deleted by hand (or one the index does not list) is put right even when nothing changed
-        stale = index_file.is_file() and set(store.ids()) != set(stored)
-        if changed or stale or (stored and not index_file.is_file()):
+        known = set(stored) | set(context.table_runs)
+        stale = index_file.is_file() and set(store.ids()) != known
+        if changed or stale or (known and not index_file.is_file()):
             store.write_index()
     return report
 
