@@ -31,12 +31,22 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
     tp = int(args.get("tensor_model_parallel_size") or 1)
     dp = int(args.get("data_parallel_size") or 1)
     if tp != 1 or dp != 1:
-        needs = " and ".join(f"{name} parallelism ({size})" for name, size in (("tensor", tp), ("data", dp))
-                             if size != 1)
-        raise ValueError(f"it needs {needs}, which the cost model does not price yet (it prices one GPU per "
-                         "pipeline stage)")
+        needs = " and ".join(name for name, size in (("tensor", tp), ("data", dp)) if size != 1)
+        raise ValueError(f"it needs {needs} parallelism, which the cost model does not price yet (it prices one "
+                         "GPU per pipeline stage)")
     folder = hardware.get("collective_tables")
     collectives = _collectives(folder) if folder else ()
     return spec_from_args(args, origin or run_id, run_id=run_id,
                           hardware=Hardware(gpu=hardware["gpu"], gpus_per_node=int(hardware["gpus_per_node"])),
                           collectives=collectives, iterations=SIMULATED_ITERATIONS)
+
+
+def left_out_summary(reasons: dict[str, str]) -> dict[str, Any]:
+    """What a suite verb says of the runs it did not score (`reasons`: run id -> why): how many, and how many per
+    reason, with up to 3 ids per reason."""
+    by_reason: dict[str, list[str]] = {}
+    for run_id, reason in sorted(reasons.items()):
+        by_reason.setdefault(reason, []).append(run_id)
+    return {"count": len(reasons),
+            "reasons": [{"reason": reason, "count": len(ids), "runs": ids[:3]}
+                        for reason, ids in sorted(by_reason.items(), key=lambda item: -len(item[1]))]}
