@@ -675,8 +675,8 @@ def _interleaved(args: dict[str, Any]) -> bool:
 
 
 # The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): one GPU per stage, a
-# `--transformer-impl local` layer (LayerNorm, multi-head attention with learned absolute positions, unfused masked
-# softmax, a GeLU MLP of two matmuls), activations stored or recomputed (`recomputation_of`), 16- or 32-bit
+# `--transformer-impl local` layer (LayerNorm, multi-head attention with learned absolute positions, a masked
+# softmax fused or not, a GeLU MLP of two matmuls), activations stored or recomputed (`recomputation_of`), 16- or 32-bit
 # arithmetic, blocking p2p calls.
 ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--tensor-model-parallel-size", ("tensor_model_parallel_size",), 1,
@@ -709,8 +709,6 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
                _is("local")),
     Assumption("--use-flash-attn", ("use_flash_attn",), False,
                "unfused attention that writes the score matrix, no flash attention", _off),
-    Assumption("--no-masked-softmax-fusion", ("masked_softmax_fusion",), True,
-               "an unfused masked softmax, --no-masked-softmax-fusion", _is(False)),
     Assumption("--fp8-format", ("fp8_format", "fp8"), None, "bf16, fp16 or fp32 arithmetic, no FP8",
                _is(None, False)),
     Assumption("--no-overlap-p2p-communication", ("overlap_p2p_comm", "overlap_p2p_communication"), True,

@@ -81,7 +81,7 @@ def _row(pp=4, layers=24, hidden=2048, micro=2, global_batch=16, **more):
     return {"pipeline_model_parallel_size": pp, "num_layers": layers, "hidden_size": hidden,
             "num_attention_heads": 16, "seq_length": 1024, "max_position_embeddings": 1024,
             "micro_batch_size": micro, "global_batch_size": global_batch, "padded_vocab_size": 50304, "fp16": True,
-            "transformer_impl": "local", "masked_softmax_fusion": False, **more}
+            "transformer_impl": "local", "masked_softmax_fusion": False, "attention_dropout": 0.0, **more}
 
 
 def _spec(args, tables=()):
@@ -125,6 +125,31 @@ def test_selective_recomputation_redoes_only_the_attention_core():
     for before, after in zip(plain.stages, selective.stages):
         assert after.backward_ms - before.backward_ms == pytest.approx(6 * (core_flops_ms + score_ms))
         assert 0 < after.backward_ms - before.backward_ms < before.forward_ms / 3
+
+
+def test_fused_softmax_and_attention_dropout_change_the_passes_over_the_scores():
+    from hops_calib.model.terms import TERMS
+    from hops_calib.model.terms.base import Context, layout_of
+
+    term = TERMS["attention_score_traffic"]
+    params = term.defaults()
+
+    def forward_backward(**changes):
+        spec = _spec(_row(**changes))
+        context = Context(spec=spec, layout=layout_of(spec), devices=(load_catalog()["a100"],) * spec.pp)
+        part = term.contribute(context, params)
+        return part.forward_ms[0], part.backward_ms[0]
+
+    unfused = forward_backward()
+    fused = forward_backward(masked_softmax_fusion=True)
+    dropped = forward_backward(masked_softmax_fusion=True, attention_dropout=0.1)
+    megatron_default = forward_backward(masked_softmax_fusion=None, attention_dropout=None)
+    pass_ms = unfused[0] / params["passes_forward"]
+    assert fused == pytest.approx((4 * pass_ms, 7 * pass_ms))
+    assert dropped == pytest.approx((6.5 * pass_ms, 9.5 * pass_ms))
+    assert megatron_default == pytest.approx(dropped)  # Megatron fuses the softmax and drops 10 % by default
+    fp32 = forward_backward(masked_softmax_fusion=True, fp16=False)  # the fused kernel takes 16-bit inputs only
+    assert fp32[0] == pytest.approx(2 * unfused[0])  # 4-byte elements, unfused passes
 
 
 @pytest.mark.parametrize("args,field", [

@@ -31,7 +31,9 @@ def make_spec(pp: int = 4, vp: int = 1, layers: tuple[int, ...] | None = None, d
                        global_batch_size=8, **shape)
     return Spec(run_id="hand-built", pp=pp, vp=vp, microbatches=8, iterations=3, layers_per_stage=layers,
                 devices=devices, device_ids=tuple(f"{d}{i}" for i, d in enumerate(devices)), links=links,
-                schedule="1f1b" if vp == 1 else "interleaved_1f1b", model=model)
+                schedule="1f1b" if vp == 1 else "interleaved_1f1b", model=model,
+                # as the cluster runs launch: unfused softmax, no dropout (Megatron's defaults are fused, 0.1)
+                megatron_args={"masked_softmax_fusion": False, "attention_dropout": 0.0})
 
 
 # --- device catalog -----------------------------------------------------------------------------

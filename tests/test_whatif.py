@@ -200,7 +200,7 @@ def _add_flags(job: Path, old: str, new: str) -> None:
      ["--normalization RMSNorm", "--position-embedding-type rope"], "LayerNorm"),
     ("--transformer-impl local", "--transformer-impl transformer_engine", ["--transformer-impl transformer_engine"],
      "--transformer-impl local"),
-    ("--no-masked-softmax-fusion ", "", ["no --no-masked-softmax-fusion"], "unfused masked softmax"),
+    ("--transformer-impl local ", "", ["no --transformer-impl"], "--transformer-impl local"),
 ])
 def test_a_launch_with_settings_the_model_does_not_price_is_refused_naming_file_line_and_flag(
         tmp_path, old, new, flags, modelled):
@@ -294,12 +294,13 @@ def test_a_rank_logs_arguments_block_prints_every_default_and_only_real_changes_
     number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("swiglu "))
     assert result.exit_code == 2 and f"rank0.out:{number}: field '--swiglu'" in result.output
     # a setting whose flag is a --no-... switch is named by the block's own key, with its flag beside it
-    log.write_text(_block({**printed, "masked_softmax_fusion": True}))
-    fused = " ".join(cli("predict", "--job", job).output.split())
+    log.write_text(_block({**printed, "num_layers_per_virtual_pipeline_stage": 1}))  # interleaved: p2p overlaps
+    overlapped = " ".join(cli("predict", "--job", job).output.split())
     number = next(n for n, line in enumerate(log.read_text().splitlines(), 1)
-                  if line.lstrip().startswith("masked_softmax_fusion "))
-    assert f"rank0.out:{number}: field 'masked_softmax_fusion'" in fused
-    assert "masked_softmax_fusion = True" in fused and "the flag for it is --no-masked-softmax-fusion" in fused
+                  if line.lstrip().startswith("overlap_p2p_comm "))
+    assert f"rank0.out:{number}: field 'overlap_p2p_comm'" in overlapped
+    assert "overlap_p2p_comm = True" in overlapped
+    assert "the flag for it is --no-overlap-p2p-communication" in overlapped
 
 
 # --- schedules a configuration cannot run: named beside the ones that can, with the launch change that lets them -----
