@@ -50,6 +50,8 @@ ASSUMED: dict[str, Any] = {
     "position_embedding_type": "learned_absolute",
     "masked_softmax_fusion": True,
     "bias_gelu_fusion": True,
+    "attention_dropout": 0.1,  # Megatron's default, as in Megatron-DeepSpeed's GPT examples (not stated)
+    "hidden_dropout": 0.1,
     "use_flash_attn": False,  # presumably off (not stated)
     "use_distributed_optimizer": False,  # no ZeRO / distributed optimizer (presumably)
     "overlap_grad_reduce": False,  # gradient all-reduce after the backward (use_gradient_bucket: false)
