@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from hops_calib.coverage import coverage, extrapolations
+from hops_calib.model.coverage import coverage, extrapolations
 from hops_calib.model import gpt
 
 

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hops_calib.cli import app
-from hops_calib.plan import plan
+from hops_calib.whatif.plan import plan
 from hops_calib.sim.theory import balanced_makespan, bubble_fraction
 
 runner = CliRunner()

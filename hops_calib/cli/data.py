@@ -40,7 +40,7 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
 
 
 def list_command(fixtures: Path, as_json: bool = False) -> int:
-    from hops_calib.loop import _guarded
+    from hops_calib.cli.loop import _guarded
 
     def run() -> int:
         store = FixtureStore(fixtures)
@@ -56,7 +56,7 @@ def show_command(fixture_id: str, fixtures: Path, as_json: bool = False) -> int:
     """One fixture; errors (unknown id, missing store, a damaged fixture) exit 2, with --json also as an object."""
     import json
 
-    from hops_calib.loop import _guarded
+    from hops_calib.cli.loop import _guarded
 
     def run() -> int:
         fixture = FixtureStore(fixtures).load(fixture_id)

@@ -78,8 +78,8 @@ def _guarded(action: Callable[[], int], as_json: bool = False) -> int:
 
 
 def _ledger(path: Path | None) -> Path:
-    """The ledger a verb uses: the one named, or the project's (which must exist; `hops_calib.ledger.resolve`)."""
-    from hops_calib.ledger import resolve
+    """The ledger a verb uses: the one named, or the project's (which must exist; `hops_calib.loop.ledger.resolve`)."""
+    from hops_calib.loop.ledger import resolve
 
     return resolve(path)
 
@@ -134,10 +134,10 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
 
 
 def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool) -> int:
-    from hops_calib.evaluate import TEST, open_store
-    from hops_calib.model_files import load_model
-    from hops_calib.predict import predict
-    from hops_calib.score import score_prediction
+    from hops_calib.loop.evaluate import TEST, open_store
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.model.predict import predict
+    from hops_calib.loop.score import score_prediction
 
     store = open_store(fixtures)
     fixture = store.load(fixture_id)
@@ -206,8 +206,8 @@ def _print_suite(label: str, suite) -> None:
 def _calibration_coverage(fixtures: Path, defaulted: bool = False):
     """The train split of the fixture store as a what-if's calibration runs, and how to name them (its absolute
     path, and that it is the default store when --fixtures was not given); (None, why) when there is no store."""
-    from hops_calib.coverage import coverage
-    from hops_calib.evaluate import load_suite
+    from hops_calib.model.coverage import coverage
+    from hops_calib.loop.evaluate import load_suite
 
     default = "; --fixtures not given: the default, ./fixtures in the current directory" if defaulted else ""
     try:
@@ -229,8 +229,8 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
             raise InputError("predict", "--schedule applies to --job (a fixture is predicted as it ran)",
                              field="--schedule")
         if job is not None:
-            from hops_calib.model_files import load_model
-            from hops_calib.whatif import what_if, what_if_text
+            from hops_calib.loop.model_files import load_model
+            from hops_calib.whatif.job import what_if, what_if_text
 
             result = what_if(job, load_model(model_path), schedules,
                              *_calibration_coverage(fixtures, fixtures_defaulted))
@@ -241,7 +241,7 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
             return EXIT_OK
         if fixture_id is not None:
             return _predict_one(fixture_id, fixtures, model_path, as_json)
-        from hops_calib.evaluate import evaluate
+        from hops_calib.loop.evaluate import evaluate
         from hops_calib.progress import progress_bar
 
         with progress_bar("predict", quiet=as_json) as progress:
@@ -263,7 +263,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
                      ledger_path: Path | None, split: str, tolerances: dict[str, float | str | None],
                      plan: int | None = None) -> int:
     def run() -> int:
-        from hops_calib.evaluate import evaluate
+        from hops_calib.loop.evaluate import evaluate
         from hops_calib.progress import progress_bar
 
         limits = _limits(tolerances, "evaluate", ledger_path, plan)
@@ -295,13 +295,13 @@ def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: P
     if given:
         raise InputError(verb, f"--plan {plan} fixes the tolerances; {', '.join(given)} given as well", field="plan",
                          hint="drop the tolerance options: the plan's are the ones stated beforehand")
-    from hops_calib.evaluate import plan_tolerances
+    from hops_calib.loop.evaluate import plan_tolerances
 
     return plan_tolerances(ledger_path, plan)
 
 
 def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
-    from hops_calib.gate import Tolerances
+    from hops_calib.loop.gate import Tolerances
 
     try:
         return Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
@@ -311,7 +311,7 @@ def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
         option = next((flag for name, flag, *_ in TOLERANCE_OPTIONS if f" {name} " in f" {error} "), "tolerance")
         raise InputError(verb, str(error), field=option,
                          hint="window or stall-free" if option == "--run-error" else
-                         "give a finite number >= 0 (the gate's defaults: hops_calib.gate.Tolerances)") from None
+                         "give a finite number >= 0 (the gate's defaults: hops_calib.loop.gate.Tolerances)") from None
 
 
 def _print_candidate(result) -> None:
@@ -352,7 +352,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
                     as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
                     plan: int | None = None) -> int:
     def run() -> int:
-        from hops_calib.evaluate import compare
+        from hops_calib.loop.evaluate import compare
         from hops_calib.progress import progress_bar
 
         limits = _limits(tolerances, "compare", ledger_path, plan)
@@ -381,7 +381,7 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
                    html: Path | None = None, again: bool = False, preview: bool = False,
                    against: Path | None = None) -> int:
     def run() -> int:
-        from hops_calib.evaluate import TEST, TRAIN, preview_look, report
+        from hops_calib.loop.evaluate import TEST, TRAIN, preview_look, report
         from hops_calib.progress import progress_bar
 
         nonlocal split
@@ -443,7 +443,7 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
             if result.intervals is not None:
                 print(result.interval_sentence())
             if result.outside_train is not None:
-                from hops_calib.coverage import outside_sentence
+                from hops_calib.model.coverage import outside_sentence
 
                 print(f"of the {result.split} split, {outside_sentence(result.outside_train)}: there the model "
                       "extrapolates (predict --job DIR --fixtures names the features of one configuration)")
@@ -470,7 +470,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.ledger import read_entries, warn_if_broken
+        from hops_calib.loop.ledger import read_entries, warn_if_broken
 
         warn_if_broken(ledger_path)
         entries = list(read_entries(ledger_path))
@@ -515,7 +515,7 @@ def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[st
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.evaluate import record_plan
+        from hops_calib.loop.evaluate import record_plan
 
         limits = _tolerance_limits(tolerances, "ledger plan")
         entry = record_plan(ledger_path, note, limits, candidates)
@@ -537,7 +537,7 @@ def ledger_looks_command(ledger_path: Path | None, split: str, as_json: bool) ->
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.ledger import held_out_looks, read_entries, warn_if_broken
+        from hops_calib.loop.ledger import held_out_looks, read_entries, warn_if_broken
         from hops_calib.store.views import text_table
 
         warn_if_broken(ledger_path)
@@ -571,7 +571,7 @@ def ledger_verify_command(ledger_path: Path | None, as_json: bool) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.ledger import verify
+        from hops_calib.loop.ledger import verify
 
         result = verify(ledger_path)
         if as_json:
@@ -594,7 +594,7 @@ def ledger_export_command(ledger_path: Path | None, out: Path) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.ledger import export_parquet, warn_if_broken
+        from hops_calib.loop.ledger import export_parquet, warn_if_broken
 
         warn_if_broken(ledger_path)
         rows = export_parquet(ledger_path, out)
@@ -608,7 +608,7 @@ def ledger_repair_command(ledger_path: Path | None) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.ledger import repair
+        from hops_calib.loop.ledger import repair
 
         aside = repair(ledger_path)
         print(f"{ledger_path}: incomplete last line moved to {aside}" if aside else
@@ -624,7 +624,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
     """Every cost term the package implements, whether the model activates it, and its parameters."""
     def run() -> int:
         from hops_calib.model import CONSTANTS, TERMS
-        from hops_calib.model_files import DEFAULT_MODEL, load_model
+        from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
 
         model = load_model(model_path)
         rows = []

@@ -7,7 +7,7 @@
   appends an audit entry to the ledger every time.
 - `refuse_test_split` is the guard every train-only verb calls (rule 2).
 
-This module returns results; `hops_calib.loop` prints them.
+This module returns results; `hops_calib.cli.loop` prints them.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from hops_calib.candidate import Candidate, read_candidate
+from hops_calib.loop.candidate import Candidate, read_candidate
 from hops_calib.errors import InputError
-from hops_calib.gate import GateResult, Tolerances, gate
-from hops_calib.ledger import code_revision, now_utc
-from hops_calib.ledger import check_appendable, resolve as resolve_ledger
+from hops_calib.loop.gate import GateResult, Tolerances, gate
+from hops_calib.loop.ledger import code_revision, now_utc
+from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.metrics import TimelineMetrics
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
-from hops_calib.score import RunScore, SuiteScore, aggregate, score_prediction
+from hops_calib.loop.score import RunScore, SuiteScore, aggregate, score_prediction
 from hops_calib.spec import Spec
 
 TRAIN, TEST = "train", "test"
@@ -130,7 +130,7 @@ def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress =
     `stall_free`: the runs' `stall_series(suite)`, to score each run's stall-free error as well.
     `predictions`: the model's predictions of the suite's runs, in order, when the caller already made them.
     """
-    from hops_calib.predict import predict
+    from hops_calib.model.predict import predict
 
     runs = []
     for i, (fixture_id, spec, truth) in enumerate(zip(suite.ids, suite.specs, suite.truths)):
@@ -223,7 +223,7 @@ def _refuse_placeholders(candidate: Candidate) -> None:
 
 def _judgements(ledger_path: Path | str) -> list[dict[str, Any]]:
     """The ledger's candidate judgements (evaluate entries), in order; none when the ledger does not exist yet."""
-    from hops_calib import ledger
+    from hops_calib.loop import ledger
 
     return [e for e in ledger.read_entries(ledger_path) if e.get("kind") == "evaluate" and e.get("candidate")]
 
@@ -268,7 +268,7 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     `progress` sees one unit per prediction (two per run with a candidate). `plan`: the ledger entry (`ledger
     plan`) whose tolerances this judgement was stated under beforehand; they must be the ones given.
     """
-    from hops_calib.model_files import DEFAULT_MODEL, edited_since_written, load_model
+    from hops_calib.loop.model_files import DEFAULT_MODEL, edited_since_written, load_model
 
     refuse_test_split(split, "evaluate")
     if plan is not None and candidate_path is None:
@@ -324,7 +324,7 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     if entry["committed"]:
         written = _commit(model_path, model, candidate_model, ledger_path, entry)
     else:
-        from hops_calib import ledger
+        from hops_calib.loop import ledger
 
         written = ledger.append(ledger_path, entry)
     return Evaluation(**common, candidate=candidate, candidate_model=candidate_model, after=after, verdict=verdict,
@@ -353,8 +353,8 @@ def _record_and_write(model_path: Path, check: Callable[[Model], None], written_
     """Under the model file's lock: `check` what it holds (raises to refuse), append `entry`, write the model."""
     from filelock import FileLock
 
-    from hops_calib import ledger
-    from hops_calib.model_files import load_model, write_model
+    from hops_calib.loop import ledger
+    from hops_calib.loop.model_files import load_model, write_model
 
     with FileLock(str(model_path) + ".lock", timeout=ledger.LOCK_TIMEOUT_S):
         check(load_model(model_path))
@@ -413,8 +413,8 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     `plan`: the ledger entry (`ledger plan`) whose tolerances the move was to be judged under, stated before its
     steps were evaluated; they must be the ones given.
     """
-    from hops_calib import ledger
-    from hops_calib.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop import ledger
+    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
 
     ledger_path = resolve_ledger(ledger_path)
     check_appendable(ledger_path)
@@ -489,7 +489,7 @@ class Report:
     # The same model on the train split, beside a held-out report: how far the held-out MAPE is from it.
     train: SuiteScore | None = None
     # Beside a held-out report: how many of its configurations lie outside the train runs, and in which features
-    # (hops_calib.coverage.outside_counts; configurations only).
+    # (hops_calib.model.coverage.outside_counts; configurations only).
     outside_train: dict[str, Any] | None = None
     # Against the latest earlier look at this split and fixture set that recorded its predictions: its entry,
     # and on how many configurations this model predicts otherwise ({"seq", "changed", "of"}); None if none.
@@ -537,7 +537,7 @@ class Report:
 def prediction_digest(prediction: Any) -> str:
     """A short digest of one prediction's `score.prediction_fingerprint`: two models with the same digests on a
     split are scored alike there. Made from the prediction alone, before any result is read."""
-    from hops_calib.score import prediction_fingerprint
+    from hops_calib.loop.score import prediction_fingerprint
 
     metrics = prediction.metrics
     fingerprint = prediction_fingerprint(metrics.throughput_per_s, metrics.steady_throughput_per_s,
@@ -562,7 +562,7 @@ class RepeatedLook(InputError):
 
 
 def _earlier_looks(ledger_path: Path | str, split: str, fixture_set: str) -> list[dict[str, Any]]:
-    from hops_calib import ledger
+    from hops_calib.loop import ledger
 
     if not Path(ledger_path).exists():
         return []
@@ -571,7 +571,7 @@ def _earlier_looks(ledger_path: Path | str, split: str, fixture_set: str) -> lis
 
 
 def _look_inputs(fixtures_dir: Path | str, split: str, model_path: Path | str | None) -> tuple[Path, Model, Suite]:
-    from hops_calib.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
 
     if split not in SPLITS:
         raise InputError("report", f"unknown split {split!r}", field="split", hint=f"expected one of {SPLITS}")
@@ -583,7 +583,7 @@ def _look_inputs(fixtures_dir: Path | str, split: str, model_path: Path | str | 
 
 def _predicted_digests(suite: Suite, model: Model, model_path: Path | str, split: str) -> tuple[list[Any], list[str]]:
     """The model's predictions of `suite`'s configurations and their digests (no result is read)."""
-    from hops_calib.predict import predict
+    from hops_calib.model.predict import predict
 
     try:
         predictions = [predict(spec, model) for spec in suite.specs]
@@ -595,7 +595,7 @@ def _predicted_digests(suite: Suite, model: Model, model_path: Path | str, split
 def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: str, ledger_path: Path | str):
     """The model's predictions of `suite`, their digests, the earlier look this one would repeat (or None), and
     {"seq", "changed", "of"} against the latest earlier look that recorded its digests (or None)."""
-    from hops_calib.ledger import predictions_moved, repeats
+    from hops_calib.loop.ledger import predictions_moved, repeats
 
     predictions, digests = _predicted_digests(suite, model, model_path, split)
     earlier = _earlier_looks(ledger_path, split, suite.sha256) if split != TRAIN else []
@@ -617,17 +617,17 @@ def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Pat
     "repeat_of": the look it would repeat or None, "changed_since": as Report.changed_since, "against": with
     `against` (another model file, e.g. the one an earlier look without digests was made with), on how many
     configurations the two models predict otherwise: {"model_sha256", "changed"}}."""
-    from hops_calib.ledger import predictions_moved
+    from hops_calib.loop.ledger import predictions_moved
 
     ledger_path = resolve_ledger(ledger_path)
-    from hops_calib.ledger import warn_if_broken
+    from hops_calib.loop.ledger import warn_if_broken
 
     warn_if_broken(ledger_path)
     model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
     _, digests, repeat, changed_since = _look_against_earlier(suite, model, model_path, split, ledger_path)
     compared = None
     if against is not None:
-        from hops_calib.model_files import load_model
+        from hops_calib.loop.model_files import load_model
 
         other = load_model(against)
         _, theirs = _predicted_digests(suite, other, against, split)
@@ -645,7 +645,7 @@ def bootstrap_intervals(ids: Sequence[str], runs: Sequence[RunScore], train_ids:
     """95 % intervals of the throughput MAPE over configurations: resample a split's configurations (repeats
     together) with replacement, seeded, and read the MAPE's spread; with train's runs, also train's and the
     held-out minus train gap's (the two splits resampled independently). Aggregates only: no run is named."""
-    from hops_calib.score import interval, mape_draws
+    from hops_calib.loop.score import interval, mape_draws
     from hops_calib.store.split import group_of
 
     draws = mape_draws(runs, [group_of(i) for i in ids], draws=BOOTSTRAP_DRAWS, seed=0)
@@ -669,7 +669,7 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     (`RepeatedLook`), unless `again`: its answer is in the ledger already. The entry records the predictions'
     digests in the suite's order (no fixture id), so that later looks can be compared with it.
     """
-    from hops_calib import ledger
+    from hops_calib.loop import ledger
 
     # A train report reads and appends nothing; a held-out look needs the project's ledger (or the one named).
     ledger_path = resolve_ledger(ledger_path) if split != TRAIN else ledger_path
@@ -690,7 +690,7 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
                                     train_scored.runs if train_scored is not None else None)
     outside = None
     if train_suite is not None:
-        from hops_calib.coverage import coverage, outside_counts
+        from hops_calib.model.coverage import coverage, outside_counts
 
         outside = outside_counts(suite.specs, coverage(train_suite.specs))
     entry = {
@@ -724,7 +724,7 @@ def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: 
     """The latest audit entry already in the ledger for this model, split and fixture set, as a `Report`; None if
     there is none. Nothing is scored and nothing is appended: quoting a held-out result again is not a new look.
     """
-    from hops_calib.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
 
     ledger_path = resolve_ledger(ledger_path)
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
@@ -761,7 +761,7 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
     `candidates`: the candidate files the plan is for, pinned by their text's sha256: `evaluate --plan N` then
     refuses any other candidate, an edited one included.
     """
-    from hops_calib import ledger
+    from hops_calib.loop import ledger
 
     ledger_path = resolve_ledger(ledger_path)
     check_appendable(ledger_path)
@@ -787,7 +787,7 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
 
 def read_plan(ledger_path: Path | str, seq: int) -> dict[str, Any]:
     """The plan entry `seq` of the ledger; a clear refusal when it is missing or is not a plan."""
-    from hops_calib import ledger
+    from hops_calib.loop import ledger
 
     ledger_path = resolve_ledger(ledger_path)
     for entry in ledger.read_entries(ledger_path):

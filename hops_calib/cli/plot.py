@@ -15,14 +15,14 @@ from hops_calib.model import Model
 from hops_calib.plot import style
 from hops_calib.plot.groups import RunPoint, run_points
 from hops_calib.progress import QUIET, Progress
-from hops_calib.score import SuiteScore
+from hops_calib.loop.score import SuiteScore
 
 EXIT_OK = 0
 
 
 def _guarded(action) -> int:
     """Bad input becomes one stderr line and exit code 2, exactly as in the loop's verbs."""
-    from hops_calib.loop import _guarded as guarded
+    from hops_calib.cli.loop import _guarded as guarded
 
     return guarded(action)
 
@@ -84,10 +84,10 @@ def model_label(model: Model) -> str:
 def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int,
                      out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = ()) -> int:
     def run() -> int:
-        from hops_calib.evaluate import TEST, open_store
-        from hops_calib.model_files import load_model
+        from hops_calib.loop.evaluate import TEST, open_store
+        from hops_calib.loop.model_files import load_model
         from hops_calib.plot.timeline import Panel, timeline_figure
-        from hops_calib.predict import predict
+        from hops_calib.model.predict import predict
 
         if (fixture_id is None) == (job is None):
             raise InputError("plot timeline", "give a fixture ID (real above predicted) or --job DIR (a configuration "
@@ -99,7 +99,7 @@ def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | 
             raise InputError("plot timeline", f"--iterations is {iterations}", field="--iterations",
                              hint="show at least one iteration")
         if job is not None:
-            from hops_calib.whatif import what_if
+            from hops_calib.whatif.job import what_if
 
             target = _target(out, f"timeline-{Path(job).name}.png", dpi)
             result = what_if(job, load_model(model_path), schedules)
@@ -150,8 +150,8 @@ class ScoredSplit:
 
 def score_split(fixtures: Path, split: str, model_path: Path | None, progress: Progress = QUIET) -> ScoredSplit:
     """Predict and score every run of `split`. Callers guard the test split: this function does not."""
-    from hops_calib.evaluate import load_suite, score_model
-    from hops_calib.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.evaluate import load_suite, score_model
+    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
 
     model = load_model(model_path)
     suite = load_suite(fixtures, split)
@@ -169,7 +169,7 @@ def parity_title(scored: ScoredSplit) -> str:
 def parity_command(split: str, fixtures: Path, model_path: Path | None, out: Path | None, label_worst: int,
                    dpi: float) -> int:
     def run() -> int:
-        from hops_calib.evaluate import refuse_test_split
+        from hops_calib.loop.evaluate import refuse_test_split
         from hops_calib.plot.parity import parity_figure
         from hops_calib.progress import progress_bar
 
@@ -190,7 +190,7 @@ def parity_command(split: str, fixtures: Path, model_path: Path | None, out: Pat
 
 def ledger_command(ledger: Path | None, out: Path | None, dpi: float, candidates: str | None = None) -> int:
     def run() -> int:
-        from hops_calib.ledger import read_entries, resolve, warn_if_broken
+        from hops_calib.loop.ledger import read_entries, resolve, warn_if_broken
         from hops_calib.plot.ledger import ledger_figure, read_history
 
         nonlocal ledger
