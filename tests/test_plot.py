@@ -149,7 +149,7 @@ def test_parity_png_and_svg(shared_fixtures, shared_store, tmp_path):
 
 
 def test_parity_labels_the_worst_runs_and_refuses_the_test_split(shared_fixtures, tmp_path):
-    from hops_calib.cli.plot import score_split
+    from hops_calib.plot.images import score_split
 
     scored = score_split(shared_fixtures, "train", None)
     out = tmp_path / "parity.svg"
@@ -171,7 +171,7 @@ def test_parity_labels_the_worst_runs_and_refuses_the_test_split(shared_fixtures
 def test_parity_draws_each_runs_random_stall_spread(shared_fixtures):
     from matplotlib.container import ErrorbarContainer
 
-    from hops_calib.cli.plot import score_split
+    from hops_calib.plot.images import score_split
     from hops_calib.plot.parity import parity_figure
 
     scored = score_split(shared_fixtures, "train", None)
@@ -329,7 +329,7 @@ def test_ledger_plot_of_an_empty_or_missing_ledger_says_what_to_do(tmp_path):
 # --- groups and the HTML report ------------------------------------------------------------------
 
 def test_held_out_groups_never_expose_a_small_group(shared_fixtures):
-    from hops_calib.cli.plot import score_split
+    from hops_calib.plot.images import score_split
 
     points = score_split(shared_fixtures, "train", None).points
     for key in (lambda p: p.device_mix, lambda p: p.pp, lambda p: p.microbatches):
@@ -382,7 +382,7 @@ def test_html_report_train_has_tables_images_and_every_run(shared_fixtures, shar
         assert fixture_id not in html
     assert "By device mix" in html and "By pipeline depth" in html
     # Errors outside the ±10 % band are highlighted, as on the parity plot.
-    from hops_calib.cli.plot import score_split
+    from hops_calib.plot.images import score_split
 
     scores = [p.score for p in score_split(shared_fixtures, "train", ledger_with_history["model"]).points]
     outside = sum(abs(s.throughput_error_pct) > 10 for s in scores) + sum(

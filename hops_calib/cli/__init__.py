@@ -1,4 +1,7 @@
-"""The typer app: one thin function per verb, no logic of its own."""
+"""The command layer: the typer app and `main` (the entry point), one thin function per verb that parses its
+options and calls its group's module, the only layer that prints: `data` (ingest, fixtures), `loop` (predict,
+evaluate, compare, report, ledger, terms), `research` (observe, tune, crossval), `whatif` (plan, predict --job),
+`plot`, `capture`; `output` holds what they share (JSON, error objects, exit codes)."""
 
 from __future__ import annotations
 
@@ -53,23 +56,12 @@ def capture(
     force: bool = typer.Option(False, "--force", help="Replace --out if it is an earlier capture (nothing else)."),
 ) -> None:
     """Record a real pipeline run on this machine's CPU cores into a cluster-style job directory (needs the capture extra)."""
-    from hops_calib.capture import CaptureConfig, CaptureConfigError, CaptureError
-    from hops_calib.capture import capture as run_capture
+    from hops_calib.cli.capture import capture_command
 
-    config = CaptureConfig(pp=pp, vp=vp, microbatches=microbatches, iterations=iterations, layers=layers,
-                           hidden=hidden, seq=seq, heads=heads, ffn_hidden=ffn_hidden, vocab=vocab, engine=engine,
-                           schedule=schedule, seed=seed, link_bench=link_bench,
-                           link_bench_iters=link_bench_iters)
-    try:
-        written = run_capture(config, out, force=force)
-    except (CaptureConfigError, CaptureError) as err:
-        typer.echo(f"capture: {err}", err=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        typer.echo(f"capture: interrupted; nothing was written at {out} (the ranks and their staging folder are "
-                   "gone), run the same command again to capture", err=True)
-        raise typer.Exit(130) from None
-    typer.echo(str(written))
+    raise typer.Exit(capture_command(out, force, pp=pp, vp=vp, microbatches=microbatches, iterations=iterations,
+                                     layers=layers, hidden=hidden, seq=seq, heads=heads, ffn_hidden=ffn_hidden,
+                                     vocab=vocab, engine=engine, schedule=schedule, seed=seed, link_bench=link_bench,
+                                     link_bench_iters=link_bench_iters))
 
 
 @app.command()
@@ -133,14 +125,10 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print {chosen, candidates, ...} as JSON."),
 ) -> None:
     """Choose the pipeline schedule with the lowest bubble that fits a per-device activation budget."""
-    from hops_calib.whatif.plan import plan_report
+    from hops_calib.cli.whatif import plan_command
 
-    try:
-        report = plan_report(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost,
-                             chunks, target_bubble, as_json)
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from error
-    typer.echo(report)
+    plan_command(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
+                 target_bubble, as_json)
 
 
 # --- the loop: predict, evaluate, report, ledger (hops_calib.cli.loop) --------------------------------
@@ -457,7 +445,7 @@ def observe(
     top: int = typer.Option(12, "--top", min=1, help="Contributors and runs shown in the text output."),
 ) -> None:
     """Where the throughput error comes from: iteration parts and stage times by group, largest MAPE share first."""
-    from hops_calib.research.observe import observe_command
+    from hops_calib.cli.research import observe_command
 
     raise typer.Exit(observe_command(fixtures, model, split, as_json, top))
 
@@ -483,7 +471,7 @@ def tune(
         None, "--only", help="Search only this parameter (repeatable); the others keep the model's values."),
 ) -> None:
     """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate."""
-    from hops_calib.research.tune import tune_command
+    from hops_calib.cli.research import tune_command
 
     raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
                                   objective, tuple(only or ())))
@@ -509,7 +497,7 @@ def crossval(
         None, "--also", help="Another term's parameter refit together with TERM's, as TERM:PARAM (repeatable)."),
 ) -> None:
     """Refit one term without each fold of train configurations and predict that fold: held-out error from train."""
-    from hops_calib.research.crossval import crossval_command
+    from hops_calib.cli.research import crossval_command
 
     raise typer.Exit(crossval_command(term, fixtures, model, folds, evaluations, seed, as_json, objective,
                                       tuple(only or ()), shared, tuple(also or ())))
@@ -522,7 +510,7 @@ def main() -> None:
     as the verbs' own errors are."""
     import sys
 
-    from hops_calib.cli.loop import error_record, internal_error
+    from hops_calib.cli.output import error_record, internal_error
 
     try:
         code = app(standalone_mode=False)

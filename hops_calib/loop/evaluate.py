@@ -13,7 +13,6 @@ This module returns results; `hops_calib.cli.loop` prints them.
 from __future__ import annotations
 
 import hashlib
-import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -25,7 +24,7 @@ from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.metrics import TimelineMetrics
 from hops_calib.model import Model
-from hops_calib.progress import QUIET, Progress
+from hops_calib.progress import QUIET, Progress, warn
 from hops_calib.loop.score import RunScore, SuiteScore, aggregate, score_prediction
 from hops_calib.spec import Spec
 
@@ -81,9 +80,9 @@ def open_store(fixtures_dir: Path | str):
                          hint=f"ingest runs first: hops-calib ingest SRC --fixtures {fixtures_dir}")
     unfinished = store.unfinished()
     if unfinished:  # the fixtures there are whole, but the runs being written when it stopped are missing
-        print(f"warning: {fixtures_dir}: an ingest stopped before it finished ({', '.join(unfinished[:3])}"
-              f"{', ...' if len(unfinished) > 3 else ''}): the runs it was writing are not in the store; run the "
-              "same hops-calib ingest again to finish it", file=sys.stderr)
+        warn(f"warning: {fixtures_dir}: an ingest stopped before it finished ({', '.join(unfinished[:3])}"
+             f"{', ...' if len(unfinished) > 3 else ''}): the runs it was writing are not in the store; run the "
+             "same hops-calib ingest again to finish it")
     return store
 
 

@@ -307,13 +307,13 @@ def check_appendable(path: Path | str) -> None:
 def warn_if_broken(path: Path | str) -> Verification:
     """A reader's check: when the ledger fails `verify`, say so on stderr (what it shows may not be the recorded
     history); returns the verification."""
-    import sys
+    from hops_calib.progress import warn
 
     result = verify(path)
     if not result.ok and Path(path).exists():
-        print(f"warning: {path}: the ledger fails verification ({len(result.problems)} problem(s), first: "
-              f"{result.problems[0]}); what is read from it may not be the recorded history (`hops-calib ledger "
-              f"verify --ledger {path}` lists the problems)", file=sys.stderr)
+        warn(f"warning: {path}: the ledger fails verification ({len(result.problems)} problem(s), first: "
+             f"{result.problems[0]}); what is read from it may not be the recorded history (`hops-calib ledger "
+             f"verify --ledger {path}` lists the problems)")
     return result
 
 

@@ -176,7 +176,7 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
     """Write the HTML page for `result` (an `evaluate.Report`; a held-out one's audit entry is already in the ledger)."""
     from hops_calib.files import atomic_write
     from hops_calib.loop.ledger import read_entries
-    from hops_calib.cli.plot import model_label, parity_title, score_split
+    from hops_calib.plot.images import model_label, parity_title, score_split
     from hops_calib.plot.ledger import entries_on, ledger_figure, read_history
     from hops_calib.plot.parity import parity_figure
 
@@ -209,7 +209,7 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
         sizes = {"train": len(store.ids("train")), "test": len(store.ids("test"))}
         attempts, audits = read_history(entries_on(list(read_entries(history_path)), sizes))
         if attempts:
-            from hops_calib.cli.plot import shown_path
+            from hops_calib.plot.images import shown_path
 
             ledger_uri = png_data_uri(ledger_figure(
                 attempts, audits, f"Ledger history on {sizes['train']} train / {sizes['test']} test runs — "

@@ -510,15 +510,3 @@ def crossval_text(result: CrossValidation) -> str:
 def _short_groups(groups: tuple[str, ...], width: int = 60) -> str:
     text = ", ".join(groups)
     return text if len(text) <= width else text[:width - 1] + "\u2026"
-
-
-def crossval_command(term: str, fixtures: Path, model_path: Path | None, folds: int, evaluations: int, seed: int,
-                     as_json: bool, objective: str = "suite", only: tuple[str, ...] = (), shared: bool = False,
-                     also: tuple[str, ...] = ()) -> int:
-    from hops_calib.cli.loop import run_and_print
-
-    return run_and_print(f"crossval {term}", as_json,
-                         lambda bar: crossval(term, fixtures, model_path=model_path, folds=folds,
-                                              evaluations=evaluations, seed=seed, objective=objective, only=only,
-                                              shared=shared, also=also, progress=bar.update),
-                         crossval_text)

@@ -766,12 +766,3 @@ def observation_text(observation: Observation, top: int = 12) -> str:
          + [residual(r, p) for p in PART_QUANTITIES] for r in worst],
         right=set(range(1, 11))))
     return "\n".join(out)
-
-
-def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json: bool, top: int) -> int:
-    """The `observe` verb: text (or JSON) on stdout, a progress bar on a terminal's stderr."""
-    from hops_calib.cli.loop import run_and_print
-
-    return run_and_print("observe", as_json,
-                         lambda bar: observe(fixtures, model_path=model_path, split=split, progress=bar),
-                         lambda observation: observation_text(observation, top=top))

@@ -51,6 +51,7 @@ from hops_calib.loop.evaluate import PLACEHOLDER, Suite, load_suite, score_model
 from hops_calib.model import TERMS, Model, resolve_params, unknown_device_overrides
 from hops_calib.loop.model_files import DEFAULT_MODEL
 from hops_calib.loop.score import SuiteScore
+from hops_calib.progress import warn
 
 OBJECTIVES = ("throughput_mape_pct", "bubble_mae_pp", "negative_util_spearman_mean")
 COMPONENT_OBJECTIVES = ("component_mape_pct",)
@@ -270,7 +271,7 @@ def run_worker(term: str, fixtures_dir: str, model_path: str | None, storage_url
         study = open_study(problem, make_storage(storage_url), study_name, seed)
         study.optimize(objective(problem), n_trials=trials)
     except InputError as error:
-        print(f"error: tune worker (seed {seed}): {error}", file=sys.stderr)
+        warn(f"error: tune worker (seed {seed}): {error}")
         sys.exit(2)
 
 
@@ -561,16 +562,3 @@ def tune_text(result: TuneResult) -> str:
     out.append(f"wrote {result.candidate_path}: replace its {PLACEHOLDER} hypothesis and grounding, then run")
     out.append(f"  {evaluate_command(result.candidate_path, result.fixtures_dir, result.model_path)}")
     return "\n".join(out)
-
-
-def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
-                 study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
-                 objective: str = "suite", only: tuple[str, ...] = ()) -> int:
-    from hops_calib.cli.loop import run_and_print
-
-    return run_and_print(f"tune {term}", as_json,
-                         lambda bar: tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
-                                          study_name=study, workers=workers, seed=seed, out=out,
-                                          progress=bar.update, objective=objective, only=only),
-                         tune_text)
-
