@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import plain_model
 
-from hops_calib.loop.candidate import TooManyChanges, parse_candidate
 from hops_calib.errors import InputError
+from hops_calib.loop.candidate import TooManyChanges, parse_candidate
 
 HEADER = 'id = "c1"\nhypothesis = "link time matters"\ngrounding = "bytes over bandwidth"\n'
 

@@ -9,11 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from hops_calib.cli import app
-from hops_calib.research.crossval import crossval, fold_groups, subset
 from hops_calib.errors import InputError
-from hops_calib.loop.evaluate import load_suite, score_model
 from hops_calib.loop.model_files import load_model
+from hops_calib.loop.suite import load_suite, score_model
 from hops_calib.model import resolve_params
+from hops_calib.research.crossval import crossval, fold_groups, subset
 from hops_calib.store.split import group_of
 
 TERM, PARAM = "link_transfer", "burst_mib"

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hops_calib.loop.candidate import read_candidate
 from hops_calib.cli import app
-from hops_calib.loop.evaluate import load_suite, score_model
+from hops_calib.loop.candidate import read_candidate
 from hops_calib.loop.ledger import read_entries
 from hops_calib.loop.model_files import load_model, write_model
+from hops_calib.loop.suite import load_suite, score_model
 from conftest import PLAIN_MODEL_TOML
 
 REPO = Path(__file__).resolve().parent.parent
@@ -313,8 +313,8 @@ def test_terms_lists_every_implemented_term_and_marks_the_active_ones(workspace)
 
 def test_commit_refuses_a_model_file_that_changed_since_it_was_judged(tmp_path):
     """Two accepted candidates judged against the same model: the second commit must not overwrite the first."""
-    from hops_calib.loop.candidate import parse_candidate
     from hops_calib.errors import InputError
+    from hops_calib.loop.candidate import parse_candidate
     from hops_calib.loop.evaluate import _commit
 
     path, ledger = tmp_path / "model.toml", tmp_path / "ledger.jsonl"
@@ -435,7 +435,7 @@ def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, sh
 
 
 def test_recorded_report_quotes_the_last_audit_of_this_model_without_a_new_look(shared_fixtures, tmp_path):
-    from hops_calib.loop.evaluate import recorded_report, report
+    from hops_calib.loop.report import recorded_report, report
 
     ledger = tmp_path / "ledger.jsonl"
     assert recorded_report(shared_fixtures, ledger_path=ledger) is None  # no ledger yet: nothing to quote
@@ -521,9 +521,10 @@ def test_a_plan_can_pin_its_candidates_so_an_edited_or_other_one_is_refused(shar
 
 
 def test_a_planned_judgement_called_from_python_must_use_the_plans_tolerances(shared_fixtures, workspace):
-    from hops_calib.loop.evaluate import evaluate, record_plan
     from hops_calib.errors import InputError
+    from hops_calib.loop.evaluate import evaluate
     from hops_calib.loop.gate import Tolerances
+    from hops_calib.loop.plans import record_plan
 
     ledger = workspace["ledger"]
     ledger.parent.mkdir(parents=True, exist_ok=True)
@@ -540,8 +541,8 @@ def test_a_planned_judgement_called_from_python_must_use_the_plans_tolerances(sh
 def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_scored(shared_fixtures, tmp_path):
     """A model that predicts every held-out configuration as an earlier look's model did (here: the shipped model
     with a CPU-only parameter changed, which no cluster run reads) learns nothing new from a look."""
-    from hops_calib.model import resolve_params
     from hops_calib.loop.model_files import write_model
+    from hops_calib.model import resolve_params
 
     ledger, shipped = tmp_path / "ledger.jsonl", load_model(None)
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hops_calib.cli import app
-from hops_calib.loop.evaluate import ProtectedSplit
+from hops_calib.loop.suite import ProtectedSplit
 from hops_calib.research.observe import observe, part_fixed_errors, stages_fixed_errors
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_cli_json_and_text(shared_fixtures, model_path, observation):
         [c.contribution_pp for c in observation.ranked])
     assert {c["quantity"] for c in data["overall"]} == {"span", "silent", "optimizer", "rest", "forward", "backward"}
     # an agent ties observe to the gate's numbers: the same fixture set, and each run's stall spread
-    from hops_calib.loop.evaluate import load_suite
+    from hops_calib.loop.suite import load_suite
 
     assert data["fixture_set_sha256"] == load_suite(shared_fixtures, "train").sha256
     assert [r["stall_noise_ape_pct"] for r in data["runs"]] == pytest.approx(
@@ -211,11 +211,11 @@ def test_observe_runs_on_the_repositorys_cpu_captures_whose_ranks_step_without_a
 
 
 def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_store):
-    from hops_calib.metrics import timeline_iteration_part_series
     from hops_calib.loop.model_files import load_model
-    from hops_calib.research.observe import observe_run
-    from hops_calib.model.predict import Prediction, predict
     from hops_calib.loop.score import stall_free_error_pct
+    from hops_calib.metrics import timeline_iteration_part_series
+    from hops_calib.model.predict import Prediction, predict
+    from hops_calib.research.observe import observe_run
     from hops_calib.sim import simulate
 
     model = load_model(None)  # the shipped model realizes its stalls
@@ -258,8 +258,8 @@ def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_
 
 def test_hop_gaps_read_back_the_simulators_own_hops_and_measure_the_traces(shared_store, observation):
     from hops_calib.loop.model_files import load_model
-    from hops_calib.research.observe import hop_gaps, observation_text
     from hops_calib.model.predict import predict
+    from hops_calib.research.observe import hop_gaps, observation_text
 
     model = load_model(None)
     checked = 0

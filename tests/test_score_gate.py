@@ -11,8 +11,8 @@ from scipy.stats import rankdata, spearmanr
 from hypothesis import strategies as st
 
 from hops_calib.loop.gate import Tolerances, gate
-from hops_calib.metrics import TimelineMetrics
 from hops_calib.loop.score import aggregate, average_ranks, score_run, spearman_rho
+from hops_calib.metrics import TimelineMetrics
 
 
 def metrics(throughput: float, bubble: float, utilization: tuple[float, ...], steady: float | None = None):

@@ -10,8 +10,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from hops_calib.loop.candidate import read_candidate
 from hops_calib.errors import InputError
+from hops_calib.loop.candidate import read_candidate
 from hops_calib.loop.evaluate import evaluate
 from hops_calib.model.terms import TERMS
 from hops_calib.research.tune import shares, tune

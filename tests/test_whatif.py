@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from hops_calib.cli import app
-from hops_calib.loop.evaluate import open_store
 from hops_calib.loop.model_files import load_model
-from hops_calib.plot.timeline import figure_size
+from hops_calib.loop.suite import open_store
 from hops_calib.model.predict import predict
+from hops_calib.plot.timeline import figure_size
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = "cpu_1f1b_l4_h512_s256_m4_run1"  # train split of the shipped CPU captures

@@ -16,7 +16,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from hops_calib.loop.evaluate import evaluate, open_store, recorded_report, report
+from hops_calib.loop.evaluate import evaluate
+from hops_calib.loop.report import recorded_report, report
+from hops_calib.loop.suite import open_store
 from hops_calib.shared import reference_csv
 
 VARIANTS = ("no_lookahead", "lc_xbar_xopt", "link_calibrated", "trace_replay")

@@ -21,11 +21,11 @@ import argparse
 
 from scipy.optimize import minimize
 
-from hops_calib.research.components import mispriced_time_pct, predicted_components, real_components
-from hops_calib.loop.evaluate import load_suite, open_store, score_model
+from hops_calib.loop.model_files import load_model, write_model
+from hops_calib.loop.suite import load_suite, open_store, score_model
 from hops_calib.model.model import resolve_params
 from hops_calib.model.terms import TERMS
-from hops_calib.loop.model_files import load_model, write_model
+from hops_calib.research.components import mispriced_time_pct, predicted_components, real_components
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("fixtures")

@@ -15,9 +15,9 @@ Usage: python experiments/scripts/move_check.py MODEL_BEFORE MODEL_AFTER [FIXTUR
 
 import sys
 
-from hops_calib.loop.evaluate import load_suite, score_model
 from hops_calib.loop.gate import Tolerances, gate
 from hops_calib.loop.model_files import load_model
+from hops_calib.loop.suite import load_suite, score_model
 
 before_path, after_path = sys.argv[1], sys.argv[2]
 suite = load_suite(sys.argv[3] if len(sys.argv) > 3 else "fixtures", "train")

@@ -24,9 +24,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from hops_calib.loop.evaluate import load_suite, open_store
-from hops_calib.metrics import timeline_iteration_part_series
 from hops_calib.loop.model_files import load_model
+from hops_calib.loop.suite import load_suite, open_store
+from hops_calib.metrics import timeline_iteration_part_series
 from hops_calib.research.observe import measured_replay_error_pct
 from hops_calib.timeline import COMPUTE
 

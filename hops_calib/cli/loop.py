@@ -52,10 +52,10 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
 
 
 def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool) -> int:
-    from hops_calib.loop.evaluate import TEST, open_store
     from hops_calib.loop.model_files import load_model
-    from hops_calib.model.predict import predict
     from hops_calib.loop.score import score_prediction
+    from hops_calib.loop.suite import TEST, open_store
+    from hops_calib.model.predict import predict
 
     store = open_store(fixtures)
     fixture = store.load(fixture_id)
@@ -191,7 +191,7 @@ def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: P
     if given:
         raise InputError(verb, f"--plan {plan} fixes the tolerances; {', '.join(given)} given as well", field="plan",
                          hint="drop the tolerance options: the plan's are the ones stated beforehand")
-    from hops_calib.loop.evaluate import plan_tolerances
+    from hops_calib.loop.plans import plan_tolerances
 
     return plan_tolerances(ledger_path, plan)
 
@@ -248,7 +248,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
                     as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
                     plan: int | None = None) -> int:
     def run() -> int:
-        from hops_calib.loop.evaluate import compare
+        from hops_calib.loop.compare import compare
         from hops_calib.progress import progress_bar
 
         limits = _limits(tolerances, "compare", ledger_path, plan)
@@ -277,7 +277,8 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
                    html: Path | None = None, again: bool = False, preview: bool = False,
                    against: Path | None = None) -> int:
     def run() -> int:
-        from hops_calib.loop.evaluate import TEST, TRAIN, preview_look, report
+        from hops_calib.loop.report import preview_look, report
+        from hops_calib.loop.suite import TEST, TRAIN
         from hops_calib.progress import progress_bar
 
         nonlocal split
@@ -411,7 +412,7 @@ def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[st
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.loop.evaluate import record_plan
+        from hops_calib.loop.plans import record_plan
 
         limits = _tolerance_limits(tolerances, "ledger plan")
         entry = record_plan(ledger_path, note, limits, candidates)
@@ -519,8 +520,8 @@ def ledger_repair_command(ledger_path: Path | None) -> int:
 def terms_command(model_path: Path | None, as_json: bool) -> int:
     """Every cost term the package implements, whether the model activates it, and its parameters."""
     def run() -> int:
-        from hops_calib.model import CONSTANTS, TERMS
         from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+        from hops_calib.model import CONSTANTS, TERMS
 
         model = load_model(model_path)
         rows = []

@@ -28,7 +28,7 @@ def plan_command(stages: int, microbatches: int, memory_budget: float, forward_c
 def _calibration_coverage(fixtures: Path, defaulted: bool = False):
     """The train split of the fixture store as a what-if's calibration runs, and how to name them (its absolute
     path, and that it is the default store when --fixtures was not given); (None, why) when there is no store."""
-    from hops_calib.loop.evaluate import load_suite
+    from hops_calib.loop.suite import load_suite
     from hops_calib.model.coverage import coverage
 
     default = "; --fixtures not given: the default, ./fixtures in the current directory" if defaulted else ""

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hops_calib.errors import InputError
+from hops_calib.loop.score import SuiteScore
 from hops_calib.plot import style
 from hops_calib.plot.groups import GroupRow, MIN_DISCLOSED_RUNS, RunPoint, disclosable, group_rows
 from hops_calib.plot.parity import BAND
-from hops_calib.loop.score import SuiteScore
 
 REPORT_DPI = 110
 TEST = "test"
@@ -203,7 +203,7 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
             history_path = None
     ledger_uri = None
     if history_path is not None and Path(history_path).exists():
-        from hops_calib.loop.evaluate import open_store
+        from hops_calib.loop.suite import open_store
 
         store = open_store(fixtures)
         sizes = {"train": len(store.ids("train")), "test": len(store.ids("test"))}

@@ -85,8 +85,8 @@ def model_label(model: Model) -> str:
 def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int,
                    out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = ()) -> Image:
     """A fixture's real timeline above the model's prediction, or a job's predicted timeline under each schedule."""
-    from hops_calib.loop.evaluate import TEST, open_store
     from hops_calib.loop.model_files import load_model
+    from hops_calib.loop.suite import TEST, open_store
     from hops_calib.model.predict import predict
     from hops_calib.plot.timeline import Panel, timeline_figure
 
@@ -147,8 +147,8 @@ class ScoredSplit:
 
 def score_split(fixtures: Path, split: str, model_path: Path | None, progress: Progress = QUIET) -> ScoredSplit:
     """Predict and score every run of `split`. Callers guard the test split: this function does not."""
-    from hops_calib.loop.evaluate import load_suite, score_model
     from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.suite import load_suite, score_model
 
     model = load_model(model_path)
     suite = load_suite(fixtures, split)
@@ -166,7 +166,7 @@ def parity_title(scored: ScoredSplit) -> str:
 def parity_image(split: str, fixtures: Path, model_path: Path | None, out: Path | None, label_worst: int,
                  dpi: float) -> Image:
     """Predicted against real throughput of every run of a (train) split, the worst `label_worst` labelled."""
-    from hops_calib.loop.evaluate import refuse_test_split
+    from hops_calib.loop.suite import refuse_test_split
     from hops_calib.plot.parity import parity_figure
     from hops_calib.progress import progress_bar
 

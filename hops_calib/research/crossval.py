@@ -40,11 +40,11 @@ from typing import Any, Callable
 import numpy as np
 
 from hops_calib.errors import InputError
-from hops_calib.loop.evaluate import Suite, score_model
 from hops_calib.loop.score import RunScore, SuiteScore, aggregate
-from hops_calib.store.split import group_of
+from hops_calib.loop.suite import Suite, score_model
 from hops_calib.model.terms import TERMS
 from hops_calib.research.tune import TuneProblem, load_problem, term_values
+from hops_calib.store.split import group_of
 
 DEFAULT_FOLDS = 5
 DEFAULT_EVALUATIONS = 150

@@ -67,8 +67,8 @@ import numpy as np
 from hops_calib.errors import InputError
 from hops_calib.metrics import (IterationParts, TimelineMetrics, timeline_iteration_part_series,
                                 timeline_iteration_parts)
-from hops_calib.progress import QUIET, Progress
 from hops_calib.loop.score import RunScore, SuiteScore, aggregate, score_prediction
+from hops_calib.progress import QUIET, Progress
 from hops_calib.spec import Spec
 from hops_calib.timeline import BACKWARD, BACKWARD_B, COMPUTE, FORWARD
 
@@ -642,8 +642,8 @@ def _error_summary(values: list[float | None]) -> dict[str, float] | None:
 def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, split: str = "train",
             progress: Progress = QUIET) -> Observation:
     """Compare every run of the train split with its prediction, and rank where the throughput error comes from."""
-    from hops_calib.loop.evaluate import fixture_set_digest, open_store, refuse_test_split
     from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.suite import fixture_set_digest, open_store, refuse_test_split
 
     refuse_test_split(split, "observe")
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL

@@ -47,10 +47,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hops_calib.errors import InputError
-from hops_calib.loop.evaluate import PLACEHOLDER, Suite, load_suite, score_model
-from hops_calib.model import TERMS, Model, resolve_params, unknown_device_overrides
+from hops_calib.loop.evaluate import PLACEHOLDER
 from hops_calib.loop.model_files import DEFAULT_MODEL
 from hops_calib.loop.score import SuiteScore
+from hops_calib.loop.suite import Suite, load_suite, score_model
+from hops_calib.model import TERMS, Model, resolve_params, unknown_device_overrides
 from hops_calib.progress import warn
 
 OBJECTIVES = ("throughput_mape_pct", "bubble_mae_pp", "negative_util_spearman_mean")
@@ -158,8 +159,8 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
     suite = load_suite(fixtures_dir, "train")
     reals: tuple = ()
     if objective == "components":
+        from hops_calib.loop.suite import open_store
         from hops_calib.research.components import real_components
-        from hops_calib.loop.evaluate import open_store
 
         store = open_store(fixtures_dir)
         reals = tuple(real_components(store.load(fixture_id)) for fixture_id in suite.ids)

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from hops_calib.model.coverage import Coverage, Extrapolation, extrapolations
 from hops_calib.errors import InputError
 from hops_calib.model import Model
-from hops_calib.whatif.plan import PEAK_KEY, PEAK_UNIT
+from hops_calib.model.coverage import Coverage, Extrapolation, extrapolations
 from hops_calib.model.predict import STALL_RANGE_LEVEL, Prediction
 from hops_calib.spec import SCHEDULES, Spec
+from hops_calib.whatif.plan import PEAK_KEY, PEAK_UNIT
 
 CHOICES = (*SCHEDULES, "auto")
 
