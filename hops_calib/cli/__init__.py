@@ -370,7 +370,7 @@ def ledger_repair(ledger: Path = LEDGER_OPTION) -> None:
     raise typer.Exit(ledger_repair_command(ledger))
 
 
-# --- pictures (hops_calib.plot) ---------------------------------------------------------------------
+# --- pictures (hops_calib.cli.plot, drawn by hops_calib.plot) --------------------------------------------
 
 plot_app = typer.Typer(help="Pictures: timelines (real vs predicted), parity plots, ledger history. PNG or SVG by "
                             "the --out suffix.", no_args_is_help=True)
@@ -433,7 +433,7 @@ def plot_ledger(
     raise typer.Exit(ledger_command(ledger, out, dpi, candidates))
 
 
-# --- observe and tune: where the error comes from, and one term's parameters (train split only) ---------
+# --- research (hops_calib.cli.research): where the error comes from, one term's parameters, whether they travel ---
 
 
 @app.command()
