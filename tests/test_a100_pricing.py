@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hops_calib.model import gpt
-from hops_calib.model_files import load_catalog
+from hops_calib.loop.model_files import load_catalog
 from hops_calib.model import parse_model
 from hops_calib.shared import REQUIRE_ENV, shared_required, shared_root
 from hops_calib.spec import Hardware, spec_from_args

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import csv
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hops_calib.spec import CollectiveTable, LinkFit
 from hops_calib.trace.errors import TraceError
+from hops_calib.trace.link_bench import LinkFit, interpolate_ms, sorted_points
 
 ALLREDUCE_DIR = "calibration/allreduce"
 _TABLE_FILE = re.compile(r"AR_GPU(\d+)_")
@@ -23,6 +24,27 @@ HEADER = ("size(B)", "count", "type", "time(ns)", "busbw(GB/s)", "time(ns)", "bu
 # torch.distributed.all_reduce (Megatron's gradient and embedding all-reduces) reduces in place: the in-place
 # time column is the one that prices them.
 IN_PLACE_TIME = 5
+
+
+@dataclass(frozen=True)
+class CollectiveTable:
+    """A collective benchmark of the machine (nccl-tests style), measured apart from any run: the median time of one
+    collective `op` over `gpus` GPUs of one node, by message size.
+
+    The intra-node counterpart of the link benchmark. `points` are (bytes, ms) by increasing size; `source` names
+    the file. Times between and beyond the measured sizes as `interpolate_ms`.
+    """
+
+    op: str  # "all_reduce"
+    gpus: int
+    points: tuple[tuple[float, float], ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "points", sorted_points(self.points))
+
+    def measured_ms(self, nbytes: float) -> float:
+        return interpolate_ms(self.points, nbytes)
 
 
 def gpus_of(path: Path) -> int | None:
