@@ -19,8 +19,8 @@ def _ledger(path: Path | None) -> Path:
     return resolve(path)
 
 
-def _pct(value: float) -> str:
-    return f"{value:+.1f}" if math.isfinite(value) else "n/a"
+def _pct(value: float | None) -> str:
+    return f"{value:+.1f}" if value is not None and math.isfinite(value) else "n/a"
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -63,8 +63,10 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
         raise InputError(f"{fixtures}/{fixture_id}", "is in the test split, which is scored only in aggregate",
                          field="split", hint="`hops-calib report --split test` prints the held-out aggregates")
     model = load_model(model_path)
-    prediction = predict(fixture.spec, model)
+    prediction = predict(fixture.spec, model)  # NotPriced (exit 2) names a run the model does not price, and why
     score = score_prediction(fixture.id, fixture.truth.metrics, prediction)
+    if fixture.kind != "events":
+        return _predict_measured(fixture, model, prediction, score, as_json)
     stages = _stage_rows(fixture, prediction)
     if as_json:
         print_json({"id": fixture.id, "run_id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
@@ -99,6 +101,24 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     return EXIT_OK
 
 
+def _predict_measured(fixture, model, prediction, score, as_json: bool) -> int:
+    """`predict ID` of a run measured at iteration level: throughput and iteration time (no events: no stages)."""
+    real, pred, spec = fixture.truth.metrics, prediction.metrics, fixture.spec
+    if as_json:
+        print_json({"id": fixture.id, "run_id": fixture.id, "kind": fixture.kind, "split": fixture.split,
+                    "schedule": prediction.schedule, "model": model.name, "model_sha256": model.sha256,
+                    "errors": score.to_dict(), "real": real.to_dict(), "predicted": pred.to_dict()})
+        return EXIT_OK
+    print(f"{fixture.id}  ({fixture.split}; measured at iteration level; {prediction.schedule}, pp={spec.pp}, "
+          f"{spec.microbatches} microbatches; model {model.name} {model.sha256[:12]})")
+    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: microbatches per second over "
+          "steady-state iterations)")
+    print(f"{'throughput /s':24}{score.real_throughput_per_s:12.3f}{score.predicted_throughput_per_s:12.3f}"
+          f"{_pct(score.throughput_error_pct):>8} %")
+    print(f"{'iteration time ms':24}{real.iteration_time_ms:12.1f}{pred.iteration_time_ms:12.1f}")
+    return EXIT_OK
+
+
 def _print_runs(runs) -> None:
     width = max(len(r.run_id) for r in runs)
     # The stall-free error when it was scored (evaluate --run-error stall-free); '-' where a trace cannot give it.
@@ -107,18 +127,35 @@ def _print_runs(runs) -> None:
           + (f" {'stall-free err %':>16}" if free else ""))
     for r in runs:
         print(f"{r.run_id:{width}}  {_pct(r.throughput_error_pct):>10} {_pct(r.steady_throughput_error_pct):>12} "
-              f"{_pct(r.bubble_error_pp):>13} {r.util_spearman_rho:6.2f}"
+              f"{_pct(r.bubble_error_pp):>13} {_num(r.util_spearman_rho):>6}"
               + (f" {_pct(r.stall_free_error_pct) if r.stall_free_error_pct is not None else '-':>16}"
                  if free else ""))
+
+
+def _on(suite, metric: str) -> str:
+    """' (on N runs)' where a metric was scored on fewer runs than the suite has (those without events)."""
+    count = suite.count(metric)
+    return "" if count == suite.n_fixtures else f" (on {count} runs with events)"
 
 
 def _print_suite(label: str, suite) -> None:
     print(f"{label}: {suite.n_fixtures} fixtures, throughput MAPE {suite.throughput_mape_pct:.2f} % (median "
           f"{suite.throughput_median_ape_pct:.2f} %), steady throughput MAPE {suite.steady_throughput_mape_pct:.2f} %, "
-          f"bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization rho {suite.util_spearman_mean:.3f}; "
-          f"stall-noise floor of the throughput MAPE {suite.stall_noise_mape_pct:.2f} % (what random stalls alone "
+          + (f"bubble MAE {suite.bubble_mae_pp:.2f} pp{_on(suite, 'bubble')}, mean utilization rho "
+             f"{suite.util_spearman_mean:.3f}{_on(suite, 'utilization')}; " if suite.bubble_mae_pp is not None else
+             "no bubble or utilization (no run has events); ")
+          + f"stall-noise floor of the throughput MAPE {suite.stall_noise_mape_pct:.2f} % (what random stalls alone "
           f"would cost an otherwise exact model on these runs; the model is "
           f"{suite.throughput_mape_pct - suite.stall_noise_mape_pct:+.2f} pp from it)")
+
+
+def _print_left_out(left_out: dict[str, Any] | None) -> None:
+    """How many runs of the split the suite left out (the model does not price them), and why."""
+    if not left_out or not left_out.get("count"):
+        return
+    print(f"left out {left_out['count']} run(s) the model does not price:")
+    for reason in left_out["reasons"]:
+        print(f"  {reason['count']:5d}  {reason['reason']} (e.g. {', '.join(reason['runs'])})")
 
 
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
@@ -148,6 +185,7 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
             _print_runs(result.before.runs)
             _print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the train split",
                          result.before.suite)
+            _print_left_out(result.left_out)
         return EXIT_OK
 
     return guarded(run, as_json)
@@ -175,6 +213,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
             _print_runs(result.before.runs)
             _print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the {result.split} split",
                          result.before.suite)
+            _print_left_out(result.left_out)
             print(f"tolerances a candidate must meet: {limits.describe()}")
             return EXIT_OK
         _print_candidate(result)
@@ -216,6 +255,7 @@ def _print_candidate(result) -> None:
     print(f"hypothesis: {candidate.hypothesis}")
     print(f"model {result.model.sha256[:12]} -> {result.candidate_model.sha256[:12]} on "
           f"{result.before.suite.n_fixtures} {result.split} fixtures ({result.fixture_set_sha256[:12]})")
+    _print_left_out(result.left_out)
     _print_gate(result.before.suite, result.after.suite, result.verdict)
     if result.committed:
         print(f"committed into {result.model_path}")
@@ -231,7 +271,7 @@ def _print_gate(before, after, verdict) -> None:
                          ("throughput median APE %", "throughput_median_ape_pct"),
                          ("steady throughput MAPE %", "steady_throughput_mape_pct"),
                          ("bubble MAE pp", "bubble_mae_pp"), ("mean utilization rho", "util_spearman_mean")):
-        print(f"{label:30}{getattr(before, field):10.3f}{getattr(after, field):10.3f}")
+        print(f"{label:30}{_num(getattr(before, field), 3):>10}{_num(getattr(after, field), 3):>10}")
     if verdict.regressions:
         print("regressed runs:")
         for regression in verdict.regressions:

@@ -39,6 +39,8 @@ class Evaluation:
     committed: bool = False
     # What the user should know that does not stop the judgement (a hand-edited model file, a reused candidate id).
     warnings: tuple[str, ...] = ()
+    # The split's runs the model does not price, left out of the scores (`Suite.left_out_summary`).
+    left_out: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -54,7 +56,8 @@ class Evaluation:
         data: dict[str, Any] = {"split": self.split, **self.current.suite.to_dict(),
                                 "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
                                 "model": str(self.model_path), "model_sha256": self.model.sha256,
-                                "tolerances": self.tolerances.to_dict(), "warnings": list(self.warnings)}
+                                "tolerances": self.tolerances.to_dict(), "warnings": list(self.warnings),
+                                "left_out": self.left_out or {"count": 0, "reasons": []}}
         data["scored_model_sha256"] = self.model.sha256  # whose numbers the top level holds
         if self.candidate is not None and self.verdict is not None and self.after is not None:
             data.update({
@@ -159,7 +162,8 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     series = stall_series(suite) if tolerances.stall_free else None
     before = score_model(suite, model, origin=str(model_path), progress=progress, stall_free=series)
     common = dict(split=split, fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256,
-                  model_path=model_path, model=model, tolerances=tolerances, before=before, warnings=tuple(warnings))
+                  model_path=model_path, model=model, tolerances=tolerances, before=before, warnings=tuple(warnings),
+                  left_out=suite.left_out_summary)
     if candidate is None:
         return Evaluation(**common)
 
@@ -175,6 +179,7 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         "fixture_set_sha256": suite.sha256,
         "split": split,
         "n_fixtures": len(suite.ids),
+        **({"left_out": suite.left_out_summary} if suite.left_out else {}),
         "aggregates_before": before.suite.to_dict(),
         "aggregates_after": after.suite.to_dict(),
         **verdict.to_dict(),
