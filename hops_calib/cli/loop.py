@@ -372,6 +372,7 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
         else:
             what = "held-out report" if result.split == TEST else "report (not held out)"
             _print_suite(f"{what}, {result.split} split, model {result.model_sha256[:12]}", result.suite)
+            _print_left_out(result.left_out)
             if result.train is not None:
                 print(f"the same model on train: throughput MAPE {result.train.throughput_mape_pct:.2f} % (stall-noise "
                       f"floor {result.train.stall_noise_mape_pct:.2f} %); {result.split} minus train: "
