@@ -49,7 +49,7 @@ from typing import Any, Callable
 from hops_calib.errors import InputError
 from hops_calib.loop.evaluate import PLACEHOLDER
 from hops_calib.loop.model_files import DEFAULT_MODEL
-from hops_calib.loop.score import SuiteScore
+from hops_calib.loop.score import SuiteScore, or_nan
 from hops_calib.loop.suite import Suite, load_suite, score_model
 from hops_calib.model import TERMS, Model, resolve_params, unknown_device_overrides
 from hops_calib.progress import warn
@@ -127,7 +127,9 @@ def term_values(model: Model | None, term: str, names: list[str]) -> dict[str, f
 
 
 def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
-    return score.throughput_mape_pct, score.bubble_mae_pp, -score.util_spearman_mean
+    # (a suite without events has no bubble or rho: those objectives are then constant)
+    return (score.throughput_mape_pct, 0.0 if score.bubble_mae_pp is None else score.bubble_mae_pp,
+            -(1.0 if score.util_spearman_mean is None else score.util_spearman_mean))
 
 
 def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | None,
@@ -346,15 +348,16 @@ class FrontPoint:
         """The front's order: lowest component error (components mode), then lowest MAPE, then lowest bubble MAE,
         then highest rho, then the earliest trial."""
         s = self.score
-        return (s.get("component_mape_pct", 0.0), s["throughput_mape_pct"], s["bubble_mae_pp"],
-                -s["util_spearman_mean"], self.number)
+        return (s.get("component_mape_pct", 0.0), s["throughput_mape_pct"], s["bubble_mae_pp"] or 0.0,
+                -(1.0 if s["util_spearman_mean"] is None else s["util_spearman_mean"]), self.number)
 
 
 def beats(verdict, before: SuiteScore, after: SuiteScore) -> bool:
     """Whether a point beats the current model on the gate's criteria: accepted, and some suite aggregate better."""
     return verdict.accepted and (after.throughput_mape_pct < before.throughput_mape_pct
-                                 or after.bubble_mae_pp < before.bubble_mae_pp
-                                 or after.util_spearman_mean > before.util_spearman_mean)
+                                 or (after.bubble_mae_pp is not None and after.bubble_mae_pp < before.bubble_mae_pp)
+                                 or (after.util_spearman_mean is not None
+                                     and after.util_spearman_mean > before.util_spearman_mean))
 
 
 def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[FrontPoint | None, Any]:
@@ -464,8 +467,8 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
                   f"on the train split ({how}objective {problem.objective}) "
                   f"{_moves(current.throughput_mape_pct, after['throughput_mape_pct'], 2)} throughput MAPE "
                   f"{current.throughput_mape_pct:.2f} -> {after['throughput_mape_pct']:.2f} % (bubble MAE "
-                  f"{current.bubble_mae_pp:.2f} -> {after['bubble_mae_pp']:.2f} pp, mean rho "
-                  f"{current.util_spearman_mean:.3f} -> {after['util_spearman_mean']:.3f})")
+                  f"{or_nan(current.bubble_mae_pp):.2f} -> {or_nan(after['bubble_mae_pp']):.2f} pp, mean rho "
+                  f"{or_nan(current.util_spearman_mean):.3f} -> {or_nan(after['util_spearman_mean']):.3f})")
     grounding = f"{PLACEHOLDER} why these values are physically plausible. The term's physics: {physics}"
     params = ", ".join(f"{json.dumps(p.name) if '@' in p.name else p.name} = {chosen.params[p.name]!r}"
                        for p in problem.params)
@@ -481,7 +484,7 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
         f"grounding = {json.dumps(grounding)}",
         'author = "hops-calib tune"',
         f"notes = {json.dumps(f'model {problem.model.sha256[:12]}, fixture set {problem.suite.sha256[:12]}')}",
-        "expected = { " + ", ".join(f"{k} = {after[k]!r}" for k in ("throughput_mape_pct", "bubble_mae_pp",
+        "expected = { " + ", ".join(f"{k} = {or_nan(after[k])!r}" for k in ("throughput_mape_pct", "bubble_mae_pp",
                                                                      "util_spearman_mean")) + " }",
         "",
         "[change]",
@@ -539,15 +542,15 @@ def tune_text(result: TuneResult) -> str:
     out = [f"tune {result.term}: study {result.study_name!r} ({result.storage}); {result.trials_here} trials here "
            f"with {result.workers} worker(s), {result.trials_in_study} in the study",
            f"current model: throughput MAPE {current.throughput_mape_pct:.2f} %, bubble MAE "
-           f"{current.bubble_mae_pp:.2f} pp, mean rho {current.util_spearman_mean:.3f}, steady throughput MAPE "
+           f"{or_nan(current.bubble_mae_pp):.2f} pp, mean rho {or_nan(current.util_spearman_mean):.3f}, steady throughput MAPE "
            f"{current.steady_throughput_mape_pct:.2f} %",
            f"{'best trials' if result.objective == 'components' else 'Pareto front'} ({len(result.front)} trials; "
            f"objectives {', '.join(result.objectives)}):"]
     components = result.objective == "components"
     rows = [[("* " if p is result.chosen else "  ") + str(p.number)] + [f"{p.params[n]:.6g}" for n in names]
             + ([f"{p.score['component_mape_pct']:.2f}"] if components else [])
-            + [f"{p.score['throughput_mape_pct']:.2f}", f"{p.score['bubble_mae_pp']:.2f}",
-               f"{p.score['util_spearman_mean']:.3f}", f"{p.score['steady_throughput_mape_pct']:.2f}"]
+            + [f"{p.score['throughput_mape_pct']:.2f}", f"{or_nan(p.score['bubble_mae_pp']):.2f}",
+               f"{or_nan(p.score['util_spearman_mean']):.3f}", f"{p.score['steady_throughput_mape_pct']:.2f}"]
             for p in result.front]
     headers = (["trial"] + names + (["mispriced %"] if components else [])
                + ["MAPE %", "bubble MAE pp", "rho", "steady MAPE %"])
