@@ -213,7 +213,8 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                 warnings.append(f"{path}:{number}: iteration {match.group(1)} has no '{ELAPSED}' (a line cut "
                                 "short?): skipped")
                 continue
-            intervals.append(_Interval(number, int(match.group(1)), _number(path, number, ELAPSED, elapsed), fields))
+            kept = {name: fields[name] for name in REPORTED if name in fields}  # a long log keeps only what is read
+            intervals.append(_Interval(number, int(match.group(1)), _number(path, number, ELAPSED, elapsed), kept))
             if intervals[-1].elapsed_ms <= 0:
                 raise TraceError(path, f"is {elapsed}: an iteration takes time", line=number, field=ELAPSED,
                                  hint="the line is damaged: fix or delete it")
