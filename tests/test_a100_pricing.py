@@ -187,3 +187,37 @@ flow_cap_gbit_s = 20.9
     apart = spec_from_args(_row(pp=4), "runs.csv", run_id="row", iterations=3,
                            hardware=Hardware(gpu="a100", gpus_per_node=2), collectives=tables)
     assert [(f.src_stage, f.dst_stage) for f in apart.links] == [(0, 1), (2, 3)]
+
+
+@pytest.fixture(scope="module")
+def vtrain_store(allreduce_dir, tmp_path_factory):
+    """The published vTrain table ingested once (1,440 runs; 111 priced train runs)."""
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    store = FixtureStore(tmp_path_factory.mktemp("vtrain") / "fixtures")
+    assert ingest([allreduce_dir.parent / "ground_truth_single.csv"], store).ok
+    return store.root
+
+
+def test_tune_on_runs_measured_at_iteration_level_minimizes_the_throughput_mape_alone(vtrain_store, tmp_path):
+    from hops_calib.loop.candidate import read_candidate
+    from hops_calib.research.tune import tune, tune_text
+
+    from conftest import PLAIN_MODEL_TOML
+
+    # The plain model (GEMMs at half of peak, nothing else) misprices the A100 runs: other efficiencies do better.
+    model_path = tmp_path / "plain.toml"
+    model_path.write_text(PLAIN_MODEL_TOML)
+    out = tmp_path / "roofline.toml"
+    only = ("compute_efficiency@a100",)
+    result = tune("decoder_roofline", vtrain_store, model_path=model_path, trials=6, seed=1, out=out, only=only)
+    assert result.objectives == ("throughput_mape_pct",) and result.current.bubble_mae_pp is None
+    mapes = [p.score["throughput_mape_pct"] for p in result.front]
+    assert mapes == sorted(mapes) and mapes[0] < result.current.throughput_mape_pct
+    assert "n/a" in tune_text(result)
+    if result.chosen is None:  # the gate refused every better point (a run's error grew): it says why
+        assert result.verdict is not None and not result.verdict.accepted and not out.exists()
+        return
+    candidate = read_candidate(out)  # the placeholder texts are refused by evaluate, not by the reader
+    assert set(candidate.change.params) == set(only) and "bubble_mae_pp" not in out.read_text()
