@@ -391,3 +391,31 @@ def test_a_store_without_events_scores_throughput_only(tmp_path):
     result = _cli("evaluate", "--fixtures", store.root, "--json")
     assert result.exit_code == 2 and "none of the 2 train fixtures is priced" in json.loads(result.stdout)["error"][
         "message"] and "collective benchmark" in result.stdout
+
+
+def test_sources_never_take_each_others_places(tmp_path, repo_root):
+    first, second = tmp_path / "a" / "sweep.csv", tmp_path / "b" / "sweep.csv"
+    for path, time_ms in ((first, 100.0), (second, 200.0)):
+        path.parent.mkdir()
+        _table([{"pipeline_model_parallel_size": 2, "iteration_time_ms": time_ms}]).to_csv(path, index=False)
+    store = FixtureStore(tmp_path / "fx")
+    assert ingest([first], store).ok
+    before = {i: store.load(i).truth.metrics.iteration_time_ms for i in store.ids()}
+    again = ingest([second], FixtureStore(store.root))
+    (refused,) = again.rejected
+    assert "another file of the same name" in refused.error and str(first.resolve()) in refused.error
+    kept = FixtureStore(store.root)
+    assert {i: kept.load(i).truth.metrics.iteration_time_ms for i in kept.ids()} == before
+    # a job directory named like a log's run does not replace it, and a file that is no source is named
+    log = tmp_path / "cpu_1f1b_l4_h512_s256_m4_run1.log"
+    _lm_log(log)
+    assert ingest([log], kept, hardware=A100).ok
+    job = repo_root / "traces" / "cpu_1f1b_l4_h512_s256_m4_run1"
+    report = ingest([job], FixtureStore(store.root))
+    (refused,) = report.rejected
+    assert "training log or run table" in refused.error
+    assert FixtureStore(store.root).load("cpu_1f1b_l4_h512_s256_m4_run1").kind == "iteration"
+    stray = tmp_path / "notes.txt"
+    stray.write_text("nothing Megatron printed\n")
+    (refused,) = ingest([stray], FixtureStore(store.root)).rejected
+    assert "not a source ingest reads" in refused.error

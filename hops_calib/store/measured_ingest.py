@@ -174,6 +174,9 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         context.batch[table_id] = path
         digest = source_hash(path, mode)
         previous = context.tables.get(table_id)
+        if previous and previous.get("source") and previous["source"] != str(path.resolve()):
+            raise StoreError(f"{path}: the store's folder {table_id} holds the runs of {previous['source']}, another "
+                             "file of the same name; rename this one (its runs go to a folder named after it)")
         if previous and previous.get("content_hash") == digest and _intact(store, table_id):
             for run in store.measured_fixtures(table_id):
                 emit(outcome_type(source=path, run_id=run.id, status="unchanged", split=run.split))
