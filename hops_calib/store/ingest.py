@@ -302,10 +302,22 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         index_file = store.root / INDEX
         # a fixture folder deleted by hand (or one the index does not list) is put right even when nothing changed
         known = set(stored) | set(context.table_runs)
-        stale = index_file.is_file() and set(store.ids()) != known
+        stale = index_file.is_file() and (set(store.ids()) != known or _index_outdated(index_file))
         if changed or stale or (known and not index_file.is_file()):
             store.write_index()
     return report
+
+
+def _index_outdated(index_file: Path) -> bool:
+    """Whether the index lacks a column this version writes (it is rebuilt on every read until written again)."""
+    import pyarrow.parquet as pq
+
+    from hops_calib.store.fixture_store import INDEX_COLUMNS
+
+    try:
+        return not set(INDEX_COLUMNS) <= set(pq.read_schema(index_file).names)
+    except Exception:  # noqa: BLE001 - a damaged index: rewritten too
+        return True
 
 
 def _index_splits(store: FixtureStore) -> dict[str, str]:
