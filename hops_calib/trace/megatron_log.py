@@ -3,7 +3,8 @@
 What is read, and from where the format comes:
 
 - the arguments block (Megatron-LM `megatron/training/arguments.py::_print_args`: a `---- arguments ----` ruler,
-  one `  name ....... value` line per argument, an `---- end of arguments ----` ruler) as the launch;
+  one `  name ....... value` line per argument, an `---- end of arguments ----` ruler) as the launch, and the
+  tokenizer's ` > padded vocab (size: V) with N dummy tokens (new size: P)` line for the vocabulary;
 - the iteration lines (Megatron-LM `megatron/training/training.py::training_log`, printed every `--log-interval`
   iterations): ` [timestamp] iteration N/ TOTAL | key: value | ... |`; the timestamp is optional (older versions
   and Megatron-DeepSpeed print none), fields may be added, missing or reordered (only `elapsed time per iteration
@@ -44,6 +45,9 @@ REPORTED = {
     "samples per second": "samples_per_s",  # Megatron-DeepSpeed
 }
 
+# megatron/training/tokenizer/tokenizer.py::_vocab_size_with_padding, printed when the tokenizer is built (after the
+# arguments block, which then shows padded_vocab_size None or not at all)
+_PADDED_VOCAB = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _HEADERS = {
     "max time across ranks (ms):": "max",
@@ -171,6 +175,7 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     option: str | None = None
     timer_option: str | None = None  # the block being read
     timer_name: list[str | None] = [None]  # an `all` block's current timer
+    padded_vocab: int | None = None
     try:
         handle = path.open(encoding="utf-8", errors="replace")
     except OSError as err:
@@ -206,6 +211,9 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                 continue
             match = _ITERATION.search(line)
             if not match:
+                vocab = _PADDED_VOCAB.search(line) if padded_vocab is None else None
+                if vocab:
+                    padded_vocab = int(vocab.group(3))
                 continue
             fields = _fields(match.group(3))
             elapsed = fields.get(ELAPSED)
@@ -228,6 +236,8 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     if not intervals:
         raise TraceError(path, "holds no iteration line with an elapsed time", field=ELAPSED,
                          hint="ingest a log of a run that trained at least one --log-interval")
+    if args.get("padded_vocab_size") is None and padded_vocab is not None:
+        args["padded_vocab_size"] = padded_vocab
     return _measured_run(path, args, resolved, intervals, warmup_iterations, option, warnings, run_id)
 
 
