@@ -12,7 +12,13 @@ What is read, and from where the format comes:
 - the timer blocks (megatron-core `megatron/core/timers.py::Timers.get_all_timers_string`, which `training_log`
   calls with `normalizer=args.log_interval` right after the iteration line) under each `--timing-log-option`:
   `max time across ranks (ms):` then `    name ......: 12.34`; `(min, max) time across ranks (ms):` then
-  `    name ......: (10.00, 12.34)`; `times across ranks (ms):` then `  name:` and `     rank  0: 12.34` per rank.
+  `    name ......: (10.00, 12.34)`; `times across ranks (ms):` then `  name:` and `     rank  0: 12.34` per rank;
+  and the one-line form of the timers before that rewrite (Megatron-LM's `megatron/timers.py::Timers.log` until
+  2022, still Megatron-DeepSpeed's): `time (ms) | name: 12.34 | name: 56.78`, the printing rank's own times
+  (stored as `{"rank": ms}`; `timing_log_option` "legacy").
+
+A launcher's per-line prefix (`[rank7]:`, `[default0]:`, as torchrun's --tee and --redirects write) is taken off
+every line first.
 
 Megatron averages the elapsed time (and the timers) over the iterations since the last log line: each kept line
 is one value of the series, the mean over its interval, and keeps that meaning (`interval_iterations`). The first
@@ -54,6 +60,8 @@ _HEADERS = {
     "(min, max) time across ranks (ms):": "minmax",
     "times across ranks (ms):": "all",
 }
+_LEGACY_TIMERS = re.compile(r"(?:^|\s)time \(ms\)\s*\|(.*)$")
+_LAUNCHER_PREFIX = re.compile(r"^\[[A-Za-z_]*\d+\]:\s?")
 _MAX_ENTRY = re.compile(r"^\s+(\S+) \.*: (-?\d+(?:\.\d+)?)\s*$")
 _MINMAX_ENTRY = re.compile(r"^\s+(\S+) \.*: \((-?\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?)\)\s*$")
 _ALL_NAME = re.compile(r"^\s+(\S+):\s*$")
@@ -182,6 +190,7 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
         raise TraceError(path, f"cannot be read: {err}", hint="check the path") from None
     with handle:
         for number, line in enumerate(handle, start=1):
+            line = _LAUNCHER_PREFIX.sub("", line, count=1)
             if in_block:
                 if _BLOCK_END.search(line):
                     in_block = False
@@ -201,6 +210,16 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                 if _read_timer_line(line, timer_option, intervals, timer_name):
                     continue
                 timer_option, timer_name[0] = None, None
+            legacy = _LEGACY_TIMERS.search(line)
+            if legacy and intervals:
+                if option not in (None, "legacy"):
+                    raise TraceError(path, f"one-line timers, earlier blocks under --timing-log-option {option}",
+                                     line=number, field="timers", hint="one log holds one launch: split it")
+                option = "legacy"
+                for name, value in _fields(legacy.group(1)).items():
+                    if value != _CUT:
+                        intervals[-1].timers[name] = {"rank": _number(path, number, name, value)}
+                continue
             header = _header(line)
             if header is not None:
                 if option is not None and header != option:
