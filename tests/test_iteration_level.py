@@ -427,3 +427,17 @@ def test_sources_never_take_each_others_places(tmp_path, repo_root):
     stray.write_text("nothing Megatron printed\n")
     (refused,) = ingest([stray], FixtureStore(store.root)).rejected
     assert "not a source ingest reads" in refused.error
+
+
+def test_a_table_folder_missing_its_runs_is_refused_and_written_again(tmp_path):
+    path = tmp_path / "sweep.csv"
+    _table([{"pipeline_model_parallel_size": 2, "iteration_time_ms": 100.0}]).to_csv(path, index=False)
+    store = FixtureStore(tmp_path / "fx")
+    assert ingest([path], store).ok
+    (run_id,) = store.ids()
+    (store.root / "sweep" / RUNS_FILE).unlink()
+    with pytest.raises(FixtureFileError, match=RUNS_FILE):
+        FixtureStore(store.root).load(run_id)
+    report = ingest([path], FixtureStore(store.root))
+    assert report.ok and [o.status for o in report.outcomes] == ["updated"]
+    assert FixtureStore(store.root).load(run_id).truth.metrics.iteration_time_ms == 100.0
