@@ -212,7 +212,7 @@ class MeasuredFixture:
     @cached_property
     def spec(self) -> Spec:
         """The spec of the run, from its launch and hardware; NotPriced when the cost model does not price it."""
-        from hops_calib.measured_spec import measured_spec
+        from hops_calib.store.measured_spec import measured_spec
 
         try:
             return measured_spec(self.id, self.launch, self.hardware, self.meta.get("origin", ""))
