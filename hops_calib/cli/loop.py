@@ -302,6 +302,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         print(f"compare {result.before_path} ({result.before_model.sha256[:12]}) -> {result.after_path} "
               f"({result.after_model.sha256[:12]}) on {result.before.suite.n_fixtures} train fixtures "
               f"({result.fixture_set_sha256[:12]})" + (f": {note}" if note else ""))
+        _print_left_out(result.left_out)
         _print_gate(result.before.suite, result.after.suite, result.verdict)
         if result.committed_into is not None:
             kept = "the model after" if result.verdict.accepted else "the model before (the move is undone)"
