@@ -221,3 +221,23 @@ def test_tune_on_runs_measured_at_iteration_level_minimizes_the_throughput_mape_
         return
     candidate = read_candidate(out)  # the placeholder texts are refused by evaluate, not by the reader
     assert set(candidate.change.params) == set(only) and "bubble_mae_pp" not in out.read_text()
+
+
+def test_terms_lists_the_optional_nvlink_constant_and_a_candidate_may_correct_it(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+    from hops_calib.loop.candidate import read_candidate
+
+    shown = CliRunner().invoke(app, ["terms", "--json"])
+    assert shown.exit_code == 0, shown.output
+    devices = {d["type"]: d for d in json.loads(shown.stdout)["devices"]}
+    assert devices["a100"]["intra_node_bandwidth_bytes_per_s"]["value"] == 300e9
+    assert "intra_node_bandwidth_bytes_per_s" not in devices["h100"]
+    path = tmp_path / "nvlink.toml"
+    path.write_text('id = "nvlink"\nhypothesis = "h"\ngrounding = "g"\n[change]\naction = "set_device"\n'
+                    'device = "a100"\nconstant = "intra_node_bandwidth_bytes_per_s"\nvalue = 2.5e11\n'
+                    'source = "a measured figure"\n')
+    assert read_candidate(path).change.constant == "intra_node_bandwidth_bytes_per_s"

@@ -564,7 +564,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
     """Every cost term the package implements, whether the model activates it, and its parameters."""
     def run() -> int:
         from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
-        from hops_calib.model import CONSTANTS, TERMS
+        from hops_calib.model import TERMS
 
         model = load_model(model_path)
         rows = []
@@ -579,7 +579,8 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
                                      "by_device": {n.partition("@")[2]: v for n, v in overrides.items()
                                                    if n.partition("@")[0] == p.name}} for p in term.params]})
         devices = [{"type": d.type, "name": d.name,
-                    **{c: {"value": getattr(d, c), "source": d.source(c)} for c in CONSTANTS}} for d in model.devices]
+                    **{c: {"value": v, "source": d.source(c)} for c, v in d.constants().items()}}
+                   for d in model.devices]
         if as_json:
             print_json({"model": str(model_path or DEFAULT_MODEL), "model_sha256": model.sha256, "terms": rows,
                          "devices": devices})
@@ -599,7 +600,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
         print("  (* = active in this model)")
         for device in model.devices:
             print(f"device {device.type}: {device.name}: " + ", ".join(
-                f"{c} {getattr(device, c):.4g}" for c in CONSTANTS))
+                f"{c} {v:.4g}" for c, v in device.constants().items()))
         return EXIT_OK
 
     return guarded(run, as_json)
