@@ -292,6 +292,13 @@ def test_vtrain_table_ingests_as_published(tmp_path):
     fixtures = store.load_all("train")
     parallel = [f for f in fixtures if f.launch["tensor_model_parallel_size"] > 1]
     assert parallel and all(f.not_priced.startswith("it needs tensor") for f in parallel)
+    # a held-out run is listed and shown with its configuration only
+    listed = json.loads(_cli("fixtures", "list", "--fixtures", store.root, "--json").stdout)
+    assert len(listed) == 1440 and {r["kind"] for r in listed} == {"iteration"}
+    held = next(r for r in listed if r["split"] == "test")
+    assert held["iteration_time_ms"] is None and held["held_out"] and held["configuration"]["pp"] >= 1
+    shown = json.loads(_cli("fixtures", "show", held["id"], "--fixtures", store.root, "--json").stdout)
+    assert "held_out" in shown and not {"iteration_time_ms", "iteration_periods_ms", "throughput_per_s"} & set(shown)
 
 
 def _cli(*args):
