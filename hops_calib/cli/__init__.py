@@ -78,17 +78,20 @@ def ingest(
         None, "--clock-skew-ms", min=0.0,
         help="How far (ms) a stage may seem to start before the stage feeding it finished, from the nodes' clock "
              "offsets, before the run is refused as impossible (default: 2)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: counts, every run's outcome and "
+                                                       "warnings."),
 ) -> None:
-    """Ingest Megatron job directories into the Parquet fixture store."""
+    """Ingest Megatron job directories into the Parquet fixture store. Exit 0 every run stored, 6 some rejected
+    (the others stored), 2 a bad store."""
     from hops_calib.cli.data import ingest_command
 
-    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms))
+    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, as_json))
 
 
 @fixtures_app.command("list")
 def fixtures_list(
     fixtures: Path = FIXTURES_OPTION,
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON array."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fixtures: one row each)."),
 ) -> None:
     """One line per fixture: split, observed and declared schedule, devices, throughput, bubble (test: withheld)."""
     from hops_calib.cli.data import list_command
@@ -153,6 +156,10 @@ TOLERANCE_OPTIONS = (
      "Which throughput error the per-run rule reads: window (default) or stall-free (the runs' random retransmission "
      "stalls taken out of both sides, where the trace shows them); the suite rules always read the window error."),
 )
+OFF_RECORD_OPTION = typer.Option(
+    False, "--off-record", help="Judge on a store other than the one the model was calibrated on (per the ledger), "
+                                "or a change that moves no run there; the ledger entry is marked off_record (a change "
+                                "that moves no run is never committed).")
 PLAN_OPTION = typer.Option(
     None, "--plan", help="Judge under the tolerances of this ledger plan entry (`ledger plan`), stated beforehand; "
                          "cited in the entry. No tolerance option with it.")
@@ -216,14 +223,20 @@ def evaluate(
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
     tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
     plan: Optional[int] = PLAN_OPTION,
+    off_record: bool = OFF_RECORD_OPTION,
+    again: bool = typer.Option(False, "--again", help="Judge a candidate text the ledger already judged on this "
+                                                      "model and fixture set (refused otherwise: it would repeat it)."),
 ) -> None:
     """Score the model on the train split; with a candidate, gate it and record the answer.
 
-    Exit 0 accepted (or no candidate), 1 rejected, 2 invalid input. Tolerances default to hops_calib.loop.gate.Tolerances.
+    Exit 0 accepted (or no candidate), 1 rejected, 2 invalid input, 4 refused: the store is not the one the model
+    was calibrated on, or the candidate moves no run (see README, exit codes). Tolerances default to
+    hops_calib.loop.gate.Tolerances.
     """
     from hops_calib.cli.loop import evaluate_command
 
-    raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances, plan))
+    raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances, plan,
+                                      off_record=off_record, again=again))
 
 
 @app.command()
@@ -240,6 +253,7 @@ def compare(
         None, "--commit", help="Carry the verdict out in this model file (the one the move's steps were committed "
                                "into, e.g. the shipped model): the model after if accepted, BEFORE if rejected."),
     plan: Optional[int] = PLAN_OPTION,
+    off_record: bool = OFF_RECORD_OPTION,
 ) -> None:
     """Gate a whole model (--model, default the shipped one) against BEFORE on the train split; record the answer.
 
@@ -249,7 +263,8 @@ def compare(
     """
     from hops_calib.cli.loop import compare_command
 
-    raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, tolerances, commit_into, plan))
+    raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, tolerances, commit_into, plan,
+                                     off_record=off_record))
 
 
 @app.command()

@@ -642,11 +642,11 @@ def _error_summary(values: list[float | None]) -> dict[str, float] | None:
 def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, split: str = "train",
             progress: Progress = QUIET) -> Observation:
     """Compare every run of the train split with its prediction, and rank where the throughput error comes from."""
-    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.model_files import default_model, load_model
     from hops_calib.loop.suite import fixture_set_digest, open_store, refuse_test_split
 
     refuse_test_split(split, "observe")
-    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model_path = Path(model_path) if model_path is not None else default_model()
     model = load_model(model_path)
     store = open_store(fixtures_dir)
     ids = store.ids(split)

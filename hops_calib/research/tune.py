@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 from hops_calib.errors import InputError
 from hops_calib.loop.evaluate import PLACEHOLDER
-from hops_calib.loop.model_files import DEFAULT_MODEL
+from hops_calib.loop.model_files import DEFAULT_MODEL, default_model
 from hops_calib.loop.score import SuiteScore
 from hops_calib.loop.suite import Suite, load_suite, score_model
 from hops_calib.model import TERMS, Model, resolve_params, unknown_device_overrides
@@ -155,7 +155,7 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
     if objective not in OBJECTIVE_MODES:
         raise InputError(command, f"unknown objective {objective!r}", field="objective",
                          hint=f"choose one of {', '.join(OBJECTIVE_MODES)}")
-    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model_path = Path(model_path) if model_path is not None else default_model()
     suite = load_suite(fixtures_dir, "train")
     reals: tuple = ()
     if objective == "components":
@@ -440,7 +440,7 @@ class TuneResult:
 def evaluate_command(candidate: Path | str, fixtures_dir: Path | str, model_path: Path) -> str:
     """The command that judges a tuned candidate against the model it was tuned on."""
     return (f"hops-calib evaluate {candidate} --fixtures {fixtures_dir}"
-            + ("" if model_path == DEFAULT_MODEL else f" --model {model_path}"))
+            + ("" if model_path == default_model() else f" --model {model_path}"))
 
 
 def _moves(before: float, after: float, digits: int) -> str:
