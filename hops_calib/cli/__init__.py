@@ -484,12 +484,15 @@ def tune(
                                      "the stage, optimizer and between-iteration times the traces measure."),
     only: Optional[List[str]] = typer.Option(
         None, "--only", help="Search only this parameter (repeatable); the others keep the model's values."),
+    ledger: Path = LEDGER_OPTION,
+    off_record: bool = OFF_RECORD_OPTION,
 ) -> None:
-    """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate."""
+    """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate
+    (experiments/ID.toml). Exit 0 written, 1 none (no trial beats the model: status no_candidate), 4 off the record."""
     from hops_calib.cli.research import tune_command
 
     raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
-                                  objective, tuple(only or ())))
+                                  objective, tuple(only or ()), ledger, off_record))
 
 
 @app.command()

@@ -102,7 +102,8 @@ def _committed_changes(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]
 
 
 def _named(entry: dict[str, Any]) -> tuple[str | None, set[str]]:
-    """The term an evaluate entry's change touched and the device types it named."""
+    """The term whose shared values (or presence) an evaluate entry's change touched (None for a change of some
+    device types' values only), and the device types it named."""
     from hops_calib.loop.candidate import parse_candidate
 
     text = (entry.get("candidate") or {}).get("text")
@@ -112,9 +113,9 @@ def _named(entry: dict[str, Any]) -> tuple[str | None, set[str]]:
         change = parse_candidate(text, origin=f"ledger entry {entry.get('seq')}").change
     except InputError:  # a term since renamed or removed: the entry names nothing this version can read
         return None, set()
-    if change.action == "set_device":
-        return None, {change.device}
-    return change.term, {name.partition("@")[2] for name in [*change.params, *change.unset] if "@" in name}
+    scope = scope_of_change(change)
+    named = {name.partition("@")[2] for name in [*change.params, *change.unset] if "@" in name}
+    return scope.term, named | set(scope.devices)
 
 
 @dataclass(frozen=True)
@@ -140,10 +141,12 @@ class Record:
                 return fixture_set, (f"the latest committed change judged on {', '.join(shared)} runs is ledger "
                                      f"entry {entry['seq']}")
             if scope.term is not None and term == scope.term:
-                return fixture_set, f"the latest committed change to term {scope.term} is ledger entry {entry['seq']}"
+                return fixture_set, (f"the latest committed change to term {scope.term}'s shared values is ledger "
+                                     f"entry {entry['seq']}")
         latest = self.changes[-1]
         what = ("no committed change was judged on runs of " + ", ".join(scope.devices) if scope.devices else
-                f"no committed change touched term {scope.term}" if scope.term else "the model as a whole")
+                f"no committed change touched term {scope.term}'s shared values" if scope.term else
+                "the model as a whole")
         return self.sets[latest["fixture_set_sha256"]], f"{what}: the latest committed change is ledger entry " \
                                                          f"{latest['seq']}"
 
