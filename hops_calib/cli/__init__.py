@@ -184,6 +184,24 @@ def with_tolerances(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 ledger_app = typer.Typer(help="The append-only, hash-chained experiment ledger.", no_args_is_help=True)
 app.add_typer(ledger_app, name="ledger")
+candidate_app = typer.Typer(help="Candidate files (experiments/ID.toml): one term's change each.", no_args_is_help=True)
+app.add_typer(candidate_app, name="candidate")
+
+
+@candidate_app.command("new")
+def candidate_new(
+    term: str = typer.Argument(..., help="The cost term the candidate changes (see `hops-calib terms`)."),
+    candidate_id: Optional[str] = typer.Option(None, "--id", help="The candidate's id and file name (default: the "
+                                                                  "next number in the folder, then the term)."),
+    folder: Path = typer.Option(Path("experiments"), "--dir", help="Where to write it."),
+    model: Optional[Path] = MODEL_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (path, id, text)."),
+) -> None:
+    """Write a scaffold DIR/ID.toml for a one-term change: the term's parameters with the model's current values,
+    defaults and bounds, and the hypothesis and grounding to fill in (evaluate refuses it until they are)."""
+    from hops_calib.cli.loop import candidate_new_command
+
+    raise typer.Exit(candidate_new_command(term, candidate_id, folder, model, as_json))
 
 
 @app.command()

@@ -591,3 +591,25 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
         return EXIT_OK
 
     return guarded(run, as_json)
+
+
+# --- candidate new -------------------------------------------------------------------------------
+
+def candidate_new_command(term: str, candidate_id: str | None, folder: Path, model_path: Path | None,
+                          as_json: bool) -> int:
+    def run() -> int:
+        from hops_calib.loop.candidate import write_scaffold
+        from hops_calib.loop.model_files import default_model, load_model
+
+        model = load_model(model_path)
+        path = write_scaffold(term, model, folder, candidate_id)
+        if as_json:
+            print_json({"path": str(path), "id": path.stem, "term": term, "model": str(model_path or default_model()),
+                        "text": path.read_text(encoding="utf-8")})
+        else:
+            print(f"wrote {path}: fill in its hypothesis and grounding, keep only the values you change, then "
+                  f"hops-calib ledger plan --note \"...\" --candidate {path} and hops-calib evaluate {path} "
+                  "--fixtures DIR --plan N")
+        return EXIT_OK
+
+    return guarded(run, as_json)
