@@ -95,3 +95,23 @@ def test_an_accepted_candidate_shows_every_run_before_and_after_and_observe_name
     assert any(c["noise_ms"] is not None and c["noise_mape_pp"] > 0 for c in observed["contributors"])
     assert all(t["term"] and t["param"] and isinstance(t["applies"], bool)
                for c in observed["contributors"] for t in c["terms"])
+
+
+def test_a_model_and_a_ledger_of_two_checkouts_draw_a_warning_and_the_output_names_both(tmp_path):
+    homes = []
+    for name in ("a", "b"):
+        home = tmp_path / name
+        (home / "hops_calib").mkdir(parents=True)
+        shutil.copy(REPO / "pyproject.toml", home / "pyproject.toml")
+        homes.append(home)
+    model, ledger = homes[0] / "model.toml", homes[1] / "ledger" / "ledger.jsonl"
+    shutil.copy(SHIPPED, model)
+    cpu = candidate(tmp_path, "cpu-roofline", 'action = "set"\nterm = "decoder_roofline"\n'
+                                              'params = { "compute_efficiency@cpu" = 0.31 }')
+    judged = cli("evaluate", cpu, "--fixtures", REPO / "fixtures", "--model", model, "--ledger", ledger, "--json")
+    assert judged.exit_code in (0, 1), judged.output
+    data = json.loads(judged.stdout)
+    assert data["model"] == str(model) and data["ledger"]["path"] == str(ledger)
+    assert any(f"the model {model} is in the checkout {homes[0]}" in w for w in data["warnings"])
+    # a new ledger has no record: nothing is calibrated yet, any store may start it
+    assert data["calibration"]["calibrated_on"] is None and data["calibration"]["match"] == "no record"

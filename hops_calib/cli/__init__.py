@@ -277,7 +277,8 @@ def compare(
 
     For a move: candidates that hold the suite only together land one by one, each with the relaxed tolerances it
     needed; this judges the end against the start under the usual ones, and with --commit keeps the end or undoes
-    the move. Exit 0 accepted, 1 rejected, 2 invalid.
+    the move. Exit 0 accepted, 1 rejected, 2 invalid, 4 off the record (another store than the model's, or the
+    models predict every run alike).
     """
     from hops_calib.cli.loop import compare_command
 
@@ -540,8 +541,9 @@ def crossval(
 
 
 def main() -> None:
-    """The entry point. Exit codes: 0 ok / accepted, 1 rejected (or a ledger that fails verify), 2 bad input or
-    usage, 3 an internal error (a bug; the verbs of hops_calib.cli.loop report their own, this catches the rest).
+    """The entry point. Exit codes (hops_calib.cli.output; README, "Exit codes"): 0 ok / accepted, 1 rejected, 2 bad
+    input or usage, 4 refused off the record, 5 a broken ledger, 6 a partial ingest, 3 an internal error (a bug;
+    the verbs report their own, this catches the rest).
     A usage error (an option's value, an unknown verb) under --json is also one {"error": ...} object on stdout,
     as the verbs' own errors are."""
     import sys

@@ -176,6 +176,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
             _print_runs(result.before.runs)
             _print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the {result.split} split",
                          result.before.suite)
+            print(f"model file {result.model_path}; ledger {result.ledger_path or '(none: no checkout)'}")
             print(f"tolerances a candidate must meet: {limits.describe()}")
             return EXIT_OK
         _print_candidate(result)

@@ -199,6 +199,18 @@ def _repeated_judgement(judged: Sequence[dict[str, Any]], candidate: Candidate, 
             "entry"]
 
 
+def _other_checkouts(model_path: Path, ledger_path: Path | str) -> list[str]:
+    """A warning when the model file and the ledger lie in two different checkouts: the ledger would record a
+    judgement of a model whose history it does not hold."""
+    from hops_calib.loop.ledger import checkout_of
+
+    model_home, ledger_home = checkout_of(model_path), checkout_of(ledger_path)
+    if model_home is None or ledger_home is None or model_home == ledger_home:
+        return []
+    return [f"the model {model_path} is in the checkout {model_home}, the ledger {ledger_path} in {ledger_home}: "
+            "judge a checkout's model with its own ledger (run from inside the checkout without --model/--ledger)"]
+
+
 def _stem_is_id(candidate: Candidate) -> list[str]:
     """A warning when the file's name is not its id (the naming scheme: experiments/ID.toml)."""
     stem = Path(candidate.origin).stem
@@ -258,6 +270,8 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     model_path = Path(model_path) if model_path is not None else default_model()
     model = load_model(model_path)
     warnings = [w for w in (edited_since_written(model_path, model),) if w]
+    if candidate is not None:
+        warnings += _other_checkouts(model_path, ledger_path)
     judged = judgements(ledger_path) if candidate is not None else []
     if candidate is not None:
         warnings += _stem_is_id(candidate) + _reused_id(judged, candidate)

@@ -70,6 +70,14 @@ def default_checkout(start: Path | None = None) -> Path | None:
     return None
 
 
+def checkout_of(path: Path | str) -> Path | None:
+    """The hops-calib checkout a file lies in, or None."""
+    for folder in Path(path).resolve().parents:
+        if is_checkout(folder):
+            return folder
+    return None
+
+
 def default_ledger(start: Path | None = None) -> Path:
     """The project's ledger: `ledger/ledger.jsonl` of the hops-calib checkout enclosing `start` (default: the current
     directory), else of the checkout this package runs from; LedgerError when neither is a checkout."""

@@ -390,6 +390,17 @@ class Contributor:
         text += f" (steady {self.steady_contribution_pp:+.1f} pp)"
         if self.dominant_runs:
             text += "; mostly " + ", ".join(f"{r['id']} ({r['contribution_pp']:.1f} pp)" for r in self.dominant_runs)
+        if math.isfinite(self.fixable_mape_pp):
+            text += (f"; fixable {self.fixable_mape_pp:.2f} pp, repeat noise {self.noise_mape_pp:.2f} pp (bias "
+                     f"{self.residual_ms_mean:+.1f} ms, spread {self.residual_spread_ms:.1f} ms, between repeats "
+                     + (f"{self.noise_ms:.1f} ms)" if self.noise_ms is not None else "n/a: no repeats)"))
+        if self.terms:
+            applies = [f"{t['term']}.{t['param']}" for t in self.terms if t["applies"]]
+            inert = [f"{t['term']}.{t['param']}" for t in self.terms if not t["applies"]]
+            text += ("; priced by " + (", ".join(applies) or "none of its runs' parameters")
+                     + (f" (inert here: {', '.join(inert)})" if inert else ""))
+        if self.same_runs:
+            text += "; the same runs as " + "; ".join(self.same_runs)
         return text
 
     def to_dict(self) -> dict[str, Any]:
