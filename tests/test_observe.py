@@ -304,11 +304,15 @@ def test_contributors_separate_bias_from_noise_name_their_terms_and_merge_groupi
     for c in ranked:  # the contribution split into the repeat noise's share and the rest
         assert c.fixable_mape_pp + c.noise_mape_pp == pytest.approx(c.contribution_pp, abs=1e-12)
         assert c.residual_spread_ms >= 0 and (c.noise_ms is None or c.noise_ms >= 0)
-    # one contributor per quantity and set of runs: the other slicings of the same runs are named, not repeated
-    keys = [(c.quantity, frozenset(r for r, _ in c.members)) for c in ranked]
+    # one finding per quantity and set of runs carrying it: the other slicings are named, not repeated
+    keys = [(c.quantity, frozenset(c.carriers) if c.carriers else frozenset(c.members)) for c in ranked]
     assert len(keys) == len(set(keys)) and any(c.same_runs for c in ranked)
+    for c in ranked:  # the carriers hold at least 80 % of the contribution, and they are the group's own runs
+        assert set(c.carriers) <= {r for r, _ in c.members}
+    # a group without repeats of its own takes the suite's relative repeat spread of its quantity
+    assert {c.noise_from for c in ranked} >= {"repeats in the group", "the suite's repeats (relative)"}
     # noise is the real quantity's spread between repeats of one configuration: recomputed for a contributor
-    c = next(c for c in ranked if c.noise_ms is not None and c.level == "stage")
+    c = next(c for c in ranked if c.noise_from == "repeats in the group" and c.level == "stage")
     runs = {r.id: r for r in observation.runs}
     values: dict = {}
     for run_id, stage in c.members:

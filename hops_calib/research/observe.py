@@ -101,6 +101,7 @@ STAGE_PHRASES = {
     "ends": "stages of runs whose ends are {}",
 }
 DOMINANT_RUNS = 3
+CARRIED = 0.8  # groupings whose contribution these same runs carry (this share of it) are one finding
 
 
 # --- what is compared ------------------------------------------------------------------------------
@@ -367,7 +368,9 @@ class Contributor:
     noise_mape_pp: float = 0.0
     members: tuple[tuple[str, int | None], ...] = ()  # (run id, stage) of the members; stage None for a part
     terms: tuple[dict[str, Any], ...] = ()  # research.pricing.terms_of: the parameters pricing it, and applies
-    same_runs: tuple[str, ...] = ()  # other groupings of this quantity holding the same runs, merged into this one
+    same_runs: tuple[str, ...] = ()  # other groupings of this quantity carried by the same runs, merged into this one
+    noise_from: str | None = None  # "repeats in the group", "the suite's repeats (relative)", or None (no repeats)
+    carriers: tuple[str, ...] = ()  # the fewest runs carrying >= CARRIED of the contribution (merge key)
 
     @property
     def where(self) -> str:
@@ -393,7 +396,9 @@ class Contributor:
         if math.isfinite(self.fixable_mape_pp):
             text += (f"; fixable {self.fixable_mape_pp:.2f} pp, repeat noise {self.noise_mape_pp:.2f} pp (bias "
                      f"{self.residual_ms_mean:+.1f} ms, spread {self.residual_spread_ms:.1f} ms, between repeats "
-                     + (f"{self.noise_ms:.1f} ms)" if self.noise_ms is not None else "n/a: no repeats)"))
+                     + (f"{self.noise_ms:.1f} ms" + (", the suite's" if self.noise_from and "suite" in self.noise_from
+                                                     else "") + ")" if self.noise_ms is not None
+                        else "n/a: no repeats)"))
         if self.terms:
             applies = [f"{t['term']}.{t['param']}" for t in self.terms if t["applies"]]
             inert = [f"{t['term']}.{t['param']}" for t in self.terms if not t["applies"]]
@@ -404,7 +409,8 @@ class Contributor:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in vars(self).items() if k not in ("dominant_runs", "aliases", "members")},
+        return {**{k: v for k, v in vars(self).items() if k not in ("dominant_runs", "aliases", "members", "carriers")},
+                "carried_by": list(self.carriers),
                 "bias_ms": self.residual_ms_mean,
                 "terms": [dict(t) for t in self.terms], "same_runs": list(self.same_runs),
                 "aliases": [{"dimension": d, "group": g} for d, g in self.aliases],
@@ -455,7 +461,25 @@ def _contributor(quantity: str, level: str, dimension: str, group: str, aliases:
         residual_pct=(_mean(p - r for p, r in zip(predicted, real)) / _mean(real) * 100.0
                       if real and _mean(real) > 0 else math.nan),
         contribution_pp=float(per_run[:, 0].sum()), steady_contribution_pp=float(per_run[:, 1].sum()),
-        dominant_runs=dominant, **_bias_and_noise(members, float(per_run[:, 0].sum())))
+        dominant_runs=dominant, carriers=_carriers(members, per_run[:, 0]),
+        **_bias_and_noise(members, float(per_run[:, 0].sum())))
+
+
+def _carriers(members: list[_Member], per_run: np.ndarray) -> tuple[str, ...]:
+    """The fewest runs whose contributions add up to CARRIED of the group's positive contribution (empty when the
+    group removes nothing)."""
+    positive = np.clip(per_run, 0.0, None)
+    total = float(positive.sum())
+    if total <= 0:
+        return ()
+    order = np.argsort(-positive, kind="stable")
+    carried, out = 0.0, []
+    for i in order:
+        out.append(members[i].run.id)
+        carried += float(positive[i])
+        if carried >= CARRIED * total:
+            break
+    return tuple(sorted(out))
 
 
 def _bias_and_noise(members: list[_Member], contribution_pp: float) -> dict[str, Any]:
@@ -478,7 +502,21 @@ def _bias_and_noise(members: list[_Member], contribution_pp: float) -> dict[str,
     noise_share = min(noise ** 2, spread ** 2) / square if noise is not None and square > 0 else 0.0
     return {"residual_spread_ms": spread, "noise_ms": noise, "noise_mape_pp": contribution_pp * noise_share,
             "fixable_mape_pp": contribution_pp * (1.0 - noise_share),
+            "noise_from": "repeats in the group" if noise is not None else None,
             "members": tuple((m.run.id, stage) for m in members for stage in m.stages)}
+
+
+def with_suite_noise(contributor: Contributor, relative_noise: float | None) -> Contributor:
+    """A group without repeats of its own takes the suite's repeat spread of its quantity, relative to the real
+    value (the `all` grouping's noise over its mean), scaled to the group's mean real value."""
+    if contributor.noise_ms is not None or relative_noise is None or not math.isfinite(contributor.real_ms_mean):
+        return contributor
+    noise = relative_noise * abs(contributor.real_ms_mean)
+    square = contributor.residual_ms_mean ** 2 + contributor.residual_spread_ms ** 2
+    share = min(noise ** 2, square) / square if square > 0 else 0.0
+    return replace(contributor, noise_ms=noise, noise_from="the suite's repeats (relative)",
+                   noise_mape_pp=contributor.contribution_pp * share,
+                   fixable_mape_pp=contributor.contribution_pp * (1.0 - share))
 
 
 def _groupings(keys: list[dict[str, str]]) -> dict[tuple[str, str], tuple[list[int], list[tuple[str, str]]]]:
@@ -694,13 +732,15 @@ def _fixable(contributor: Contributor) -> float:
 
 
 def merge_same_runs(ranked: list[Contributor]) -> list[Contributor]:
-    """One contributor per quantity and set of runs: a grouping of a quantity holding the same runs as one ranked
-    above it (the same runs' stages sliced another way: l4 stages, middle stages, ...) is merged into it, named
-    in its `same_runs`."""
-    kept: dict[tuple[str, frozenset[str]], int] = {}
+    """One finding per quantity and set of runs carrying it: a grouping of a quantity whose contribution the same
+    runs carry (`carriers`: the fewest runs holding CARRIED of it) as one ranked above it (the same runs sliced
+    another way: by shape, depth, ends, ...) is merged into it, named in its `same_runs`. Groupings that remove
+    nothing are kept apart by their members."""
+    kept: dict[tuple[str, frozenset], int] = {}
     out: list[Contributor] = []
     for contributor in ranked:
-        key = (contributor.quantity, frozenset(run for run, _ in contributor.members))
+        key = (contributor.quantity, frozenset(contributor.carriers) if contributor.carriers
+               else frozenset(contributor.members))
         if key in kept:
             first = out[kept[key]]
             out[kept[key]] = replace(first, same_runs=first.same_runs + (contributor.where,))
@@ -737,6 +777,9 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
 
         found = pricing(runs, model)
         contributors = [replace(c, terms=tuple(terms_of(found, c.quantity, c.members))) for c in contributors]
+    relative = {c.quantity: c.noise_ms / abs(c.real_ms_mean) for c in contributors
+                if c.dimension == "all" and c.noise_ms is not None and abs(c.real_ms_mean) > 0}
+    contributors = [with_suite_noise(c, relative.get(c.quantity)) for c in contributors]
     overall = tuple(c for c in contributors if c.dimension == "all")
     ranked = merge_same_runs(sorted((c for c in contributors if c.dimension != "all"),
                                     key=lambda c: (-_fixable(c), -c.contribution_pp)))
