@@ -101,4 +101,4 @@ def test_ingest_refuses_bad_options_with_exit_code_2(shared_runs, tmp_path):
     result = _run("ingest", run, "--fixtures", str(tmp_path / "fx"), "--test-fraction", "1.5")
     assert result.exit_code == 2 and "--test-fraction 1.5" in result.stderr
     result = _run("ingest", str(tmp_path / "nowhere"), "--fixtures", str(tmp_path / "fx"))
-    assert result.exit_code == 6 and "does not exist" in result.stderr  # partial (#22: its own exit code)
+    assert result.exit_code == 2 and "does not exist" in result.stderr  # nothing could be stored: bad input

@@ -160,10 +160,11 @@ class Model:
             try:
                 devices.append(self.device(device_type))
             except KeyError:
-                raise ValueError(f"spec {spec.run_id}: stage {rank} runs on device type {device_type!r}, which model "
-                                 f"{self.name!r} does not know (known: {sorted(d.type for d in self.devices)}); add it "
-                                 "to hops_calib/model/devices.toml or to the model file's [devices] with sources"
-                                 ) from None
+                # bad input (exit 2), not a bug: a run of a device type the catalog lacks
+                raise InputError(f"spec {spec.run_id}", f"stage {rank} runs on device type {device_type!r}, which "
+                                 f"model {self.name!r} does not know (known: {sorted(d.type for d in self.devices)})",
+                                 field="gpu", hint="add it to hops_calib/model/devices.toml or to the model file's "
+                                 "[devices] with sources") from None
         context = Context(spec=spec, layout=layout, devices=tuple(devices))
         totals: dict[str, list[float] | None] = {name: None for name in Contribution.LENGTHS}
         layer_work: dict[str, list[float]] = {name: [0.0] * layout.virtual_stages

@@ -212,14 +212,12 @@ class MeasuredFixture:
     @cached_property
     def spec(self) -> Spec:
         """The spec of the run, from its launch and hardware; NotPriced when the cost model does not price it."""
-        from hops_calib.store.measured_spec import measured_spec
+        from hops_calib.store.measured_spec import measured_spec, reason_of
 
         try:
             return measured_spec(self.id, self.launch, self.hardware, self.meta.get("origin", ""))
         except (ValueError, KeyError, TypeError) as err:
-            problem, name = getattr(err, "problem", None), getattr(err, "field", None)
-            reason = f"{name}: {problem}" if problem and name else problem or str(err)
-            raise NotPriced(self.id, reason) from None
+            raise NotPriced(self.id, reason_of(err)) from None
 
     @property
     def not_priced(self) -> str | None:
@@ -509,6 +507,12 @@ class FixtureStore:
 
         self.root.mkdir(parents=True, exist_ok=True)
         return FileLock(str(self.root / LOCK_FILE))
+
+    def remove_if_empty(self) -> None:
+        """Remove the store's folder when it holds nothing but the writers' lock (an ingest that stored nothing)."""
+        if self.root.is_dir() and {p.name for p in self.root.iterdir()} <= {LOCK_FILE}:
+            (self.root / LOCK_FILE).unlink(missing_ok=True)
+            self.root.rmdir()
 
     def unfinished(self) -> list[str]:
         """Names of what an interrupted writer left (temporary or displaced fixture folders): `recover` clears them."""

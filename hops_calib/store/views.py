@@ -90,6 +90,40 @@ def list_text(store: FixtureStore) -> str:
     return text_table(headers, table, right={5, 6, 8, 9, 10, 11, 12}) + "\n" + footer
 
 
+MAX_NAMED = 12  # run ids named per split (and per reason a run is not priced) in the ingest summary
+
+
+def _named(ids: list[str]) -> str:
+    return ", ".join(ids[:MAX_NAMED]) + (f" and {len(ids) - MAX_NAMED} more" if len(ids) > MAX_NAMED else "")
+
+
+def ingest_notes(report: IngestReport) -> list[str]:
+    """What ingest says of the runs it wrote (text lines, and `notes` of --json): the split each went to, how to
+    keep one's own runs in train, and which iteration-level runs the cost model does not price, and why."""
+    written = [o for o in report.outcomes if o.status in ("new", "updated") and o.split]
+    notes = []
+    for split in ("train", "test"):
+        ids = sorted(str(o.run_id) for o in written if o.split == split)
+        if ids:
+            notes.append(f"to {split}: {_named(ids)}")
+    if any(o.split == "test" and o.status == "new" for o in written):
+        notes.append("(test runs are held out: only `report --split test` sees them, in aggregate. A run of your own "
+                     "that you want to look at goes to train with `ingest SRC --split train`, which applies to runs "
+                     "whose group the store has not seen; a stored split never moves)")
+    measured = [o for o in written if o.priced is not None]
+    if measured:
+        priced = sum(bool(o.priced) for o in measured)
+        notes.append(f"priced by the cost model: {priced} of the {len(measured)} iteration-level runs written"
+                     + ("" if priced < len(measured) else " (every one)"))
+        by_reason: dict[str, list[str]] = {}
+        for outcome in measured:
+            if outcome.not_priced is not None:
+                by_reason.setdefault(outcome.not_priced, []).append(str(outcome.run_id))
+        for reason, ids in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+            notes.append(f"not priced ({len(ids)}): {reason} [{_named(sorted(ids))}]")
+    return notes
+
+
 def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
     counts = (f"{len(report.outcomes)} runs: {report.count('new')} new, {report.count('updated')} updated, "
               f"{report.count('unchanged')} unchanged, {report.count('rejected')} rejected; ")
@@ -97,8 +131,8 @@ def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
         return counts + f"no store made at {store.root} (no run to write)"
     index = store.index()
     splits = index["split"].value_counts().to_dict() if len(index) else {}
-    return counts + (f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
-                     f"test {splits.get('test', 0)})")
+    return "\n".join([counts + (f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
+                                f"test {splits.get('test', 0)})")] + ingest_notes(report))
 
 
 def show_dict(fixture: Fixture | MeasuredFixture) -> dict[str, Any]:
