@@ -41,7 +41,7 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
 
         known = device_types()
         if hardware is not None and hardware.gpu not in known:
-            raise InputError("--gpu", f"{gpu!r} is not a device type of the catalog (known: "
+            raise InputError("ingest", f"{gpu!r} is not a device type of the catalog (known: "
                              f"{', '.join(sorted(known))})", field="--gpu", hint="name one of them (a100: A100 SXM4 "
                              "80 GB), or add the type with its constants and their sources to "
                              "hops_calib/model/devices.toml")

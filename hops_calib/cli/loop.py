@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from hops_calib.cli.output import EXIT_BROKEN_LEDGER, EXIT_OK, guarded, print_json
 from hops_calib.errors import InputError
 from hops_calib.loop.score import or_nan
+from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
 
 
 def _ledger(path: Path | None) -> Path:
@@ -79,7 +80,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     real, pred, spec = fixture.truth.metrics, prediction.metrics, fixture.spec
     print(f"{fixture.id}  ({fixture.split}; {prediction.schedule}, pp={spec.pp}, {spec.microbatches} microbatches x "
           f"{spec.iterations} iterations; model {model.name} {model.sha256[:12]})")
-    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: microbatches per second, "
+    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: {THROUGHPUT_UNIT}, "
           f"{spec.model.micro_batch_size} sample(s) each)")
     print(f"{'throughput /s':24}{real.throughput_per_s:12.3f}{pred.throughput_per_s:12.3f}"
           f"{_pct(score.throughput_error_pct):>8} %"
@@ -87,6 +88,8 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
              f"{prediction.stall_throughput_range().text()})" if score.stall_noise_ape_pct else ""))
     print(f"{'steady throughput /s':24}{real.steady_throughput_per_s:12.3f}{pred.steady_throughput_per_s:12.3f}"
           f"{_pct(score.steady_throughput_error_pct):>8} %")
+    print(f"{'samples /s':24}{samples_per_s(real.throughput_per_s, spec.model.micro_batch_size):12.2f}"
+          f"{samples_per_s(pred.throughput_per_s, spec.model.micro_batch_size):12.2f}")
     print(f"{'bubble %':24}{100 * real.bubble_ratio:12.1f}{100 * pred.bubble_ratio:12.1f}"
           f"{_pct(score.bubble_error_pp):>7} pp")
     print(f"{'iteration time ms':24}{real.iteration_time_ms:12.1f}{pred.iteration_time_ms:12.1f}")
@@ -112,10 +115,13 @@ def _predict_measured(fixture, model, prediction, score, as_json: bool) -> int:
         return EXIT_OK
     print(f"{fixture.id}  ({fixture.split}; measured at iteration level; {prediction.schedule}, pp={spec.pp}, "
           f"{spec.microbatches} microbatches; model {model.name} {model.sha256[:12]})")
-    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: microbatches per second over "
-          "steady-state iterations)")
+    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: {THROUGHPUT_UNIT}; real over the "
+          "kept iterations, predicted over the simulated steady state)")
     print(f"{'throughput /s':24}{score.real_throughput_per_s:12.3f}{score.predicted_throughput_per_s:12.3f}"
           f"{_pct(score.throughput_error_pct):>8} %")
+    mb, dp = spec.model.micro_batch_size, fixture.launch.get("data_parallel_size") or 1
+    print(f"{'samples /s':24}{samples_per_s(score.real_throughput_per_s, mb, dp):12.2f}"
+          f"{samples_per_s(score.predicted_throughput_per_s, mb, dp):12.2f}    (x micro batch {mb} x data parallel {dp})")
     print(f"{'iteration time ms':24}{real.iteration_time_ms:12.1f}{pred.iteration_time_ms:12.1f}")
     return EXIT_OK
 

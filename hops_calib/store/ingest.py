@@ -257,7 +257,7 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                          "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
     sources = [Path(s) for s in sources]
-    measured = [s for s in sources if is_measured_source(s)]
+    measured = list({s.resolve(): s for s in reversed(sources) if is_measured_source(s)}.values())[::-1]  # once each
     job_dirs = _job_dirs([s for s in sources if s not in measured], report)
     store.check_writable()
     _check_apart(store.root, job_dirs)

@@ -103,11 +103,12 @@ def read_context(store: FixtureStore, stored: dict[str, dict[str, Any]]) -> Meas
             context.group_split.setdefault(group, split)
             try:
                 key = configuration_of(json.loads(args), json.loads(hardware))
-                periods = json.loads(truth)["metrics"]
+                measured = json.loads(truth)
+                measured = measurement_of(measured["iteration_periods_ms"], measured["interval_iterations"])
             except (ValueError, KeyError, TypeError):
                 continue
             context.config_group.setdefault(key, group)
-            context.measurements.setdefault((key, measurement_of(periods)), (run_id, folder.name, origin))
+            context.measurements.setdefault((key, measured), (run_id, folder.name, origin))
     return context
 
 
@@ -126,9 +127,9 @@ def configuration_of(args: dict[str, Any], hardware: dict[str, Any]) -> str:
     return json.dumps({"args": settings, "hardware": machine}, sort_keys=True, default=str)
 
 
-def measurement_of(metrics: dict[str, Any]) -> str:
-    """What a run measured (its iteration times and their intervals), as text."""
-    return json.dumps([metrics.get("iteration_periods_ms"), metrics.get("interval_iterations")])
+def measurement_of(periods_ms: Any, intervals: Any) -> str:
+    """What a run measured (its iteration times and the iterations each covers), as text."""
+    return json.dumps([[float(t) for t in periods_ms], [int(n) for n in intervals]])
 
 
 def source_hash(path: Path, mode: str) -> str:
@@ -217,10 +218,10 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         if table_id in context.event_ids:
             raise StoreError(f"{path}: its runs would go to the folder {table_id}, which holds a run with events; "
                              "rename the file")
-        if table_id in context.batch and context.batch[table_id] != path:
+        if table_id in context.batch:
             same = context.batch[table_id].resolve() == path.resolve()
-            raise StoreError(f"{path}: listed twice in this ingest; it is read once" if same else
-                             f"{path}: {context.batch[table_id]} is ingested into the same folder {table_id}; "
+            raise StoreError(f"{path}: listed twice in this ingest (read once: the second time is skipped)" if same
+                             else f"{path}: {context.batch[table_id]} is ingested into the same folder {table_id}; "
                              "rename one of them")
         context.batch[table_id] = path
         digest = source_hash(path, mode)
@@ -254,7 +255,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                     run.run_id != table_id and run.run_id in context.batch):
                 raise StoreError(f"{run.origin}: run id {run.run_id!r} is already a fixture of this store (from "
                                  "another source); give the run another run_id")
-            _check_device(run, context.device_types)
+            _check_device(run, context.device_types, kind)
             run = _same_configuration(run, table_id, context)
             kept = context.group_split.get(run.group)
             if split != "auto" and kept and kept != split:
@@ -291,12 +292,14 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
     return bool(records)
 
 
-def _check_device(run: MeasuredRun, known: frozenset[str] | None) -> None:
+def _check_device(run: MeasuredRun, known: frozenset[str] | None, kind: str) -> None:
     """TraceError for a run on a device type the catalog does not know (no model could price it)."""
     if known is None or run.hardware.gpu in known:
         return
-    raise TraceError(run.origin, f"is {run.hardware.gpu!r}, which is not a device type of the catalog (known: "
-                     f"{', '.join(sorted(known))})", field="gpu",
+    # a log's hardware is hops.base.yaml's beside it (the command line's --gpu is checked before)
+    origin = Path(run.origin).parent / "hops.base.yaml" if kind == "megatron log" else run.origin
+    raise TraceError(origin, f"is {run.hardware.gpu!r}, which is not a device type of the catalog (known: "
+                     f"{', '.join(sorted(known))})", field="hardware.gpu" if kind == "megatron log" else "gpu",
                      hint="name one of them (a100: A100 SXM4 80 GB), or add the type with its constants and their "
                      "sources to hops_calib/model/devices.toml")
 
@@ -306,7 +309,7 @@ def _same_configuration(run: MeasuredRun, table_id: str, context: MeasuredContex
     from two sources share a split; StoreError when another source already holds the same measurement of it (a
     copy of the same table, say)."""
     key = configuration_of(run.args, run.hardware.to_dict())
-    measured = json.dumps([list(run.iteration_times_ms), list(run.interval_iterations)])
+    measured = measurement_of(run.iteration_times_ms, run.interval_iterations)
     found = context.measurements.get((key, measured))
     if found is not None and found[1] != table_id:
         raise StoreError(f"{run.origin}: a duplicate of run {found[0]} ({found[2]}): the same configuration and the "

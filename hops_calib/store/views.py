@@ -6,6 +6,7 @@ import json
 import math
 from typing import Any
 
+from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
 from hops_calib.store.fixture_store import Fixture, FixtureStore, MeasuredFixture, json_safe
 from hops_calib.store.ingest import IngestReport
 
@@ -17,9 +18,9 @@ CONFIG_FIELDS = ("tp", "pp", "dp", "vp", "gpus", "num_layers", "hidden_size", "s
                  "global_batch_size", "microbatches", "devices", "configured_schedule")
 # What a run measured (as opposed to how it was configured). For a test fixture these are withheld: the held-out
 # split is seen only in aggregate, through the audited `hops-calib report --split test`.
-MEASURED_LIST_FIELDS = ("schedule", "throughput_per_s", "steady_throughput_per_s", "bubble_ratio",
+MEASURED_LIST_FIELDS = ("schedule", "throughput_per_s", "steady_throughput_per_s", "samples_per_s", "bubble_ratio",
                         "iteration_time_ms", "idle_ms")
-MEASURED_SHOW_FIELDS = ("schedule", "schedule_agreement", "throughput_per_s", "steady_throughput_per_s",
+MEASURED_SHOW_FIELDS = ("schedule", "schedule_agreement", "throughput_per_s", "steady_throughput_per_s", "samples_per_s",
                         "bubble_ratio", "utilization_per_stage", "iteration_time_ms", "iteration_periods_ms", "idle_ms",
                         "idle_ms_per_iteration", "makespan_ms", "traced_iterations", "stages", "phase_stats")
 HELD_OUT = ("a test fixture: its measured results are seen only in aggregate, through the audited "
@@ -51,6 +52,8 @@ def fixture_rows(store: FixtureStore) -> list[dict[str, Any]]:
         configuration["devices"] = list(configuration["devices"] if configuration["devices"] is not None else [])
         record = {name: json_safe(record.get(name)) for name in LIST_FIELDS}
         record["devices"] = list(record["devices"] if record["devices"] is not None else [])
+        record["samples_per_s"] = json_safe(samples_per_s(record["throughput_per_s"], configuration["micro_batch_size"]
+                                                          or 1, configuration["dp"] or 1))
         record["configuration"] = configuration
         if record["split"] == "test":
             record.update({name: None for name in MEASURED_LIST_FIELDS}, held_out=True)
@@ -66,10 +69,11 @@ def list_text(store: FixtureStore) -> str:
     rows = fixture_rows(store)
     if not rows:
         return f"no fixtures in {store.root} (run: hops-calib ingest SRC --fixtures {store.root})"
-    headers = ["id", "kind", "split", "observed", "declared", "pp", "mb", "devices", "tput/s", "steady/s", "bubble",
-               "iter ms", "idle ms"]
-    table = [[r["id"], r["kind"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-", str(r["pp"]),
-              str(r["microbatches"]), "-".join(r["devices"]), _fmt(r["throughput_per_s"]), _fmt(r["steady_throughput_per_s"]),
+    headers = ["id", "kind", "split", "observed", "declared", "pp", "m", "devices", "ubatch/s", "steady ubatch/s",
+               "samples/s", "bubble", "iter ms", "idle ms"]
+    table = [[r["id"], r["kind"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-",
+              str(r["pp"]), str(r["microbatches"]), "-".join(r["devices"]), _fmt(r["throughput_per_s"]),
+              _fmt(r["steady_throughput_per_s"]), _fmt(r["samples_per_s"]),
               f"{r['bubble_ratio'] * 100:.1f}%" if r["bubble_ratio"] is not None else "-",
               _fmt(r["iteration_time_ms"], 1),
               "none" if r["idle_ms"] is not None and r["idle_ms"] < 0 else _fmt(r["idle_ms"], 1)] for r in rows]
@@ -87,7 +91,10 @@ def list_text(store: FixtureStore) -> str:
     if kinds["iteration"]:
         footer += (f"; {kinds['iteration']} measured at iteration level (no events: no observed schedule, bubble "
                    f"or idle), {kinds['events']} with events")
-    return text_table(headers, table, right={5, 6, 8, 9, 10, 11, 12}) + "\n" + footer
+    footer += (f"; m: microbatches per iteration; ubatch/s: throughput in {THROUGHPUT_UNIT} (kept iterations; "
+               "steady: over the median iteration), samples/s = ubatch/s x micro batch size x data parallel size "
+               "(hops_calib.metrics)")
+    return text_table(headers, table, right={5, 6, 8, 9, 10, 11, 12, 13}) + "\n" + footer
 
 
 MAX_NAMED = 12  # run ids named per split (and per reason a run is not priced) in the ingest summary
@@ -171,6 +178,8 @@ def _measured_show_dict(fixture: MeasuredFixture) -> dict[str, Any]:
         "not_priced": fixture.not_priced,
         "throughput_per_s": metrics.throughput_per_s,
         "steady_throughput_per_s": metrics.steady_throughput_per_s,
+        "samples_per_s": samples_per_s(metrics.throughput_per_s, args.get("micro_batch_size") or 1,
+                                       args.get("data_parallel_size") or 1),
         "iteration_time_ms": metrics.iteration_time_ms,
         "iteration_periods_ms": list(metrics.iteration_periods_ms),
         "interval_iterations": list(metrics.interval_iterations),
@@ -197,10 +206,12 @@ def _measured_show_text(data: dict[str, Any]) -> str:
     if "held_out" in data:
         return "\n".join(lines + [f"  held out      {data['held_out']}"])
     lines += [
-        f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms median over {len(data['iteration_periods_ms'])} "
-        f"logged value(s) ({sum(data['interval_iterations'])} iterations)",
-        f"  throughput    {_fmt(data['throughput_per_s'], 3)} microbatches/s (kept iterations), "
-        f"{_fmt(data['steady_throughput_per_s'], 3)} steady",
+        f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms " + (
+            f"median over {len(data['iteration_periods_ms'])} logged value(s) "
+            f"({_count(sum(data['interval_iterations']), 'iteration')})" if data.get("last_iterations") else
+            "(one measured value: a row of a table)"),
+        f"  throughput    {_fmt(data['throughput_per_s'], 3)} {THROUGHPUT_UNIT} (kept iterations), "
+        f"{_fmt(data['steady_throughput_per_s'], 3)} steady; {_fmt(data['samples_per_s'], 2)} samples/s",
     ]
     for name, value in (data.get("reported") or {}).items():
         lines.append(f"  reported      {name} {_fmt(value, 2)} (as the run printed it)")
@@ -210,6 +221,10 @@ def _measured_show_text(data: dict[str, Any]) -> str:
     for warning in data["quality"].get("warnings", []):
         lines.append(f"  warning       {warning}")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _show_dict(fixture: Fixture) -> dict[str, Any]:
@@ -252,6 +267,7 @@ def _show_dict(fixture: Fixture) -> dict[str, Any]:
         "schedule_agreement": truth.schedule_agreement,
         "throughput_per_s": metrics.throughput_per_s,
         "steady_throughput_per_s": metrics.steady_throughput_per_s,
+        "samples_per_s": samples_per_s(metrics.throughput_per_s, model.micro_batch_size),
         "bubble_ratio": metrics.bubble_ratio,
         "utilization_per_stage": list(metrics.utilization_per_stage),
         "iteration_time_ms": metrics.iteration_time_ms,
@@ -292,8 +308,8 @@ def show_text(fixture: Fixture | MeasuredFixture) -> str:
         + (f" (agrees on {data['schedule_agreement'] * 100:.0f}% of stage-iterations)"
            if data["schedule_agreement"] is not None else "")
         + f"; configured {data['configured_schedule']}; declared {data['declared_schedule'] or '-'}",
-        f"  throughput    {_fmt(data['throughput_per_s'], 3)} microbatches/s (window), "
-        f"{_fmt(data['steady_throughput_per_s'], 3)} steady",
+        f"  throughput    {_fmt(data['throughput_per_s'], 3)} {THROUGHPUT_UNIT} (window), "
+        f"{_fmt(data['steady_throughput_per_s'], 3)} steady; {_fmt(data['samples_per_s'], 2)} samples/s",
         f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms median period; " + _idle_text(data['idle_ms']),
         f"  bubble        {data['bubble_ratio'] * 100:.1f}%",
         "",

@@ -243,7 +243,9 @@ def _check_columns(path: Path, columns: list[str], sidecar: Sidecar, hardware: R
         raise TraceError(path, f"has unknown columns: {unknown_names(unknown, known)}", line=line, field=unknown[0],
                          hint=f"rename a misspelled column to Megatron's args. name (README, 'Run tables'); a column "
                          f"of your own that is not a setting is kept out of the launch when its name starts with "
-                         f"'{EXTRA_PREFIX}' or {sidecar.path.name} lists it under extra_columns")
+                         f"'{EXTRA_PREFIX}' or {sidecar.path.name} lists it under extra_columns"
+                         + ("" if set(columns) & set(MEASUREMENT_COLUMNS) else
+                            f"; the measurement is one of {', '.join(MEASUREMENT_COLUMNS)}"))
     given = set(columns) | set(sidecar.args)
     side = sidecar.path.name
     for name in REQUIRED_ARGS:
