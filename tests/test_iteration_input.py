@@ -57,3 +57,196 @@ def test_a_line_without_its_closing_bar_loses_only_its_cut_field(tmp_path):
     # the cut figure ('1' of 153.0) is not among the printed throughputs: the median of 152.0 and 154.0
     assert run.reported["tflops_per_gpu"] == pytest.approx(153.0)
     assert any(f"{path}:{len(arguments_block(args)) + 4}:" in w and "last field" in w for w in run.warnings)
+
+
+def _lm_log_without_vocab(path) -> None:
+    """A Megatron-LM log whose arguments block prints no padded_vocab_size (Megatron sets it after printing the
+    block) and which holds no tokenizer line: only the block and the iteration lines were kept."""
+    _lm_log(path)
+    text = path.read_text(encoding="utf-8").splitlines()
+    path.write_text("\n".join(line for line in text if "padded vocab" not in line and "padded_vocab_size" not in line)
+                    + "\n", encoding="utf-8")
+
+
+def test_a_log_without_vocabulary_is_refused_until_its_sidecar_gives_it(tmp_path):
+    path = tmp_path / "novocab_run1.log"
+    _lm_log_without_vocab(path)
+    result = _cli("ingest", path, "--gpu", "a100", "--gpus-per-node", "8", "--fixtures", tmp_path / "fx")
+    assert result.exit_code == 2, result.output  # nothing stored: bad input
+    assert f"{path}: field 'padded_vocab_size'" in result.stderr and "novocab_run1.yaml" in result.stderr
+    assert not (tmp_path / "fx").exists()  # no empty store left behind
+    (tmp_path / "novocab_run1.yaml").write_text("args:\n  padded_vocab_size: 50304\n", encoding="utf-8")
+    result = _cli("ingest", path, "--gpu", "a100", "--gpus-per-node", "8", "--fixtures", tmp_path / "fx")
+    assert result.exit_code == 0, result.output
+    assert FixtureStore(tmp_path / "fx").load("novocab_run1").launch["padded_vocab_size"] == 50304
+    # a sidecar that says otherwise than the log is refused, not silently preferred
+    (tmp_path / "novocab_run1.yaml").write_text("args:\n  num_layers: 12\n  padded_vocab_size: 50304\n")
+    result = _cli("ingest", path, "--gpu", "a100", "--gpus-per-node", "8", "--fixtures", tmp_path / "fx")
+    assert result.exit_code == 2 and "field 'args.num_layers'" in result.stderr and "24" in result.stderr
+
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _catalog() -> set[str]:
+    from hops_calib.loop.model_files import load_catalog
+
+    return set(load_catalog())
+
+
+def test_a_device_type_outside_the_catalog_is_refused_at_ingest_and_left_out_by_the_loaders(tmp_path, repo_root):
+    path = tmp_path / "gpt_run1.log"
+    _lm_log(path)
+    result = _cli("ingest", path, "--gpu", "v100", "--gpus-per-node", "8", "--fixtures", tmp_path / "fx")
+    assert result.exit_code == 2 and "'v100'" in result.stderr
+    assert all(t in result.stderr for t in _catalog())  # the catalog's types are named
+    (tmp_path / "hops.base.yaml").write_text("hardware:\n  gpu: h200\n  gpus_per_node: 8\n", encoding="utf-8")
+    result = _cli("ingest", path, "--fixtures", tmp_path / "fx", "--json")
+    assert result.exit_code == 2
+    [run] = json.loads(result.stdout)["runs"]
+    assert run["status"] == "rejected" and f"{tmp_path / 'hops.base.yaml'}: field 'hardware.gpu'" in run["error"]
+    # a store written before ingest checked the type (or by hand through the library): the run is left out with
+    # its reason, the others are scored; predict of it is bad input (2), not a crash (3)
+    store = FixtureStore(tmp_path / "mixed")
+    assert ingest([repo_root / "traces"], store).ok
+    assert ingest([path], store, split="train").ok  # no device_types: not checked
+    evaluated = _cli("evaluate", "--fixtures", store.root, "--json")
+    assert evaluated.exit_code == 0, evaluated.output
+    left = json.loads(evaluated.stdout)["left_out"]
+    assert left["count"] == 1 and "'h200' is not in the catalog" in left["reasons"][0]["reason"]
+    predicted = _cli("predict", "gpt_run1", "--fixtures", store.root)
+    assert predicted.exit_code == 2 and "'h200'" in predicted.stderr
+
+
+def _sweep(rows: list[dict]) -> pd.DataFrame:
+    """A sweep of A100 pipelines as a user writes it: Megatron's argument names, the measured iteration time."""
+    base = {"num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 1024,
+            "padded_vocab_size": 50304, "micro_batch_size": 2, "global_batch_size": 32, "bf16": True,
+            "transformer_impl": "local", "gpu": "a100", "gpus_per_node": 8}
+    return pd.DataFrame([{**base, **row} for row in rows])
+
+
+def test_unknown_columns_and_sidecar_keys_are_refused_naming_the_closest_known_names(tmp_path):
+    path = tmp_path / "typo.csv"
+    frame = _sweep([{"pipeline_parallel_size": 4, "iteration_time_ms": 620.0}])
+    frame.rename(columns={"micro_batch_size": "micro_batch"}).to_csv(path, index=False)
+    result = _cli("ingest", path, "--fixtures", tmp_path / "fx")
+    assert result.exit_code == 2 and not (tmp_path / "fx").exists()
+    assert f"{path}:1: field '" in result.stderr and "'pipeline_parallel_size'" in result.stderr
+    assert "did you mean pipeline_model_parallel_size" in result.stderr and "did you mean micro_batch_size" in \
+        result.stderr
+    # a column of one's own: declared, it is kept out of the launch
+    _sweep([{"pipeline_model_parallel_size": 4, "iteration_time_ms": 620.0, "x_date": "2025-03-02",
+             "node": "gpu17"}]).to_csv(path, index=False)
+    (tmp_path / "typo.yaml").write_text("extra_columns: [node]\n", encoding="utf-8")
+    assert _cli("ingest", path, "--fixtures", tmp_path / "fx").exit_code == 0
+    [fixture] = FixtureStore(tmp_path / "fx").load_all()
+    assert not {"x_date", "node"} & set(fixture.launch) and fixture.launch["pipeline_model_parallel_size"] == 4
+    (tmp_path / "typo.yaml").write_text("args:\n  fp61: true\nhardwre: {gpu: a100}\n", encoding="utf-8")
+    result = _cli("ingest", path, "--fixtures", tmp_path / "fx2")
+    assert result.exit_code == 2 and "typo.yaml:3: field 'hardwre'" in result.stderr and "hardware" in result.stderr
+    (tmp_path / "typo.yaml").write_text("args:\n  fp61: true\n", encoding="utf-8")
+    result = _cli("ingest", path, "--fixtures", tmp_path / "fx2")
+    assert "typo.yaml:2: field 'args.fp61'" in result.stderr and "fp16" in result.stderr
+
+
+def test_known_arguments_cover_what_the_spec_reads_and_refuses():
+    from hops_calib.spec import ASSUMPTIONS
+    from hops_calib.trace.measured import KNOWN_ARGS
+
+    assert {key for assumption in ASSUMPTIONS for key in assumption.keys} <= KNOWN_ARGS
+
+
+def test_a_table_with_a_bad_row_is_partial_on_every_ingest(tmp_path):
+    path = tmp_path / "sweep.csv"
+    _sweep([{"pipeline_model_parallel_size": 2, "iteration_time_ms": 520.3},
+            {"pipeline_model_parallel_size": 4, "iteration_time_ms": "abc"},
+            {"pipeline_model_parallel_size": 4, "global_batch_size": 64, "iteration_time_ms": 980.0}]
+           ).to_csv(path, index=False)
+    for _ in range(2):  # the second ingest finds the table unchanged: the bad row is still bad
+        result = _cli("ingest", path, "--fixtures", tmp_path / "fx")
+        assert result.exit_code == 6 and "1 rejected" in result.stdout
+        assert f"{path}:3: field 'iteration_time_ms': is 'abc'" in result.stderr and "line 3" not in result.stderr
+
+
+def test_one_configuration_from_two_sources_shares_a_group_and_a_copy_is_a_duplicate(tmp_path):
+    rows = [{"pipeline_model_parallel_size": p, "global_batch_size": gb, "iteration_time_ms": ms}
+            for p, gb, ms in ((2, 16, 270.1), (2, 32, 520.3), (4, 16, 160.2), (4, 32, 290.7), (4, 64, 560.9))]
+    _sweep(rows).to_csv(tmp_path / "sweep.csv", index=False)
+    _sweep(rows).to_parquet(tmp_path / "sweep_copy.parquet")
+    # the same configurations measured again another day: repeats, not copies
+    again = [{**row, "iteration_time_ms": row["iteration_time_ms"] * 1.01} for row in rows]
+    _sweep(again).to_csv(tmp_path / "monday.csv", index=False)
+    store = FixtureStore(tmp_path / "fx")
+    first = ingest([tmp_path / "sweep.csv", tmp_path / "monday.csv"], store)
+    assert first.ok
+    copy = ingest([tmp_path / "sweep_copy.parquet"], store)
+    assert copy.count("rejected") == len(rows) and all("a duplicate of run sweep_" in o.error for o in copy.rejected)
+    fixtures = store.load_all("train") + store.load_all("test")
+    by_config = {}
+    for fixture in fixtures:
+        key = (fixture.launch["pipeline_model_parallel_size"], fixture.launch["global_batch_size"])
+        by_config.setdefault(key, set()).add((fixture.group, fixture.split))
+    assert len(fixtures) == 2 * len(rows) and all(len(v) == 1 for v in by_config.values())
+    assert {s for v in by_config.values() for _, s in v} == {"train", "test"}  # both splits are used
+
+
+def test_ingest_says_each_runs_split_and_whether_it_is_priced(tmp_path):
+    path = tmp_path / "mine.csv"
+    _sweep([{"pipeline_model_parallel_size": 2, "iteration_time_ms": 520.3},
+            {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "iteration_time_ms": 400.0}]
+           ).to_csv(path, index=False)
+    result = _cli("ingest", path, "--fixtures", tmp_path / "fx", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    runs = {r["run_id"]: r for r in data["runs"]}
+    assert all(r["split"] in ("train", "test") and r["kind"] == "iteration" for r in runs.values())
+    tp = next(r for i, r in runs.items() if "_t2p2" in i)
+    pp = next(r for i, r in runs.items() if "_t1p2" in i)
+    # p2 alone: the hop between its stages inside a node needs the node's collective benchmark, which it lacks
+    assert pp["priced"] is False and "collective benchmark" in pp["not_priced"]
+    assert tp["priced"] is False and tp["not_priced"].startswith("it needs tensor parallelism")
+    notes = "\n".join(data["notes"])
+    assert "priced by the cost model: 0 of the 2" in notes
+    assert ("--split train" in notes) == any(r["split"] == "test" for r in runs.values())
+    text = _cli("ingest", path, "--fixtures", tmp_path / "fx2").stdout
+    for run_id, run in runs.items():
+        assert run_id in text.split(f"to {run['split']}: ")[1].splitlines()[0]
+    assert "not priced (1): it needs tensor parallelism" in text
+
+
+def test_throughput_is_labelled_and_samples_per_second_derived(tmp_path):
+    path = tmp_path / "sweep.csv"
+    _sweep([{"pipeline_model_parallel_size": 2, "micro_batch_size": 1, "global_batch_size": 16,
+             "iteration_time_ms": 270.0},
+            {"pipeline_model_parallel_size": 2, "micro_batch_size": 8, "global_batch_size": 16,
+             "iteration_time_ms": 240.0}]).to_csv(path, index=False)
+    assert ingest([path], FixtureStore(tmp_path / "fx"), split="train").ok
+    listed = json.loads(_cli("fixtures", "list", "--fixtures", tmp_path / "fx", "--json").stdout)["fixtures"]
+    for row in listed:
+        # samples/s is the global batch over the iteration time: what a log's own 'samples per second' counts
+        batch, time_ms = row["configuration"]["global_batch_size"], row["iteration_time_ms"]
+        assert row["samples_per_s"] == pytest.approx(batch / (time_ms / 1e3))
+    text = _cli("fixtures", "list", "--fixtures", tmp_path / "fx").stdout
+    assert "samples/s" in text and "microbatches of one pipeline per second" in text
+    shown = _cli("fixtures", "show", listed[0]["id"], "--fixtures", tmp_path / "fx").stdout
+    assert "samples/s" in shown and "one measured value" in shown
+
+
+def test_observe_on_runs_without_events_says_so_plainly(tmp_path):
+    from tests.test_iteration_level import _allreduce_tables
+
+    _allreduce_tables(tmp_path / "calibration" / "allreduce")
+    path = tmp_path / "sweep.csv"
+    _sweep([{"pipeline_model_parallel_size": p, "global_batch_size": gb, "iteration_time_ms": ms}
+            for p, gb, ms in ((2, 16, 270.1), (2, 32, 520.3), (4, 16, 160.2), (4, 32, 290.7))]).to_csv(path, index=False)
+    assert ingest([path], FixtureStore(tmp_path / "fx"), split="train").ok
+    result = _cli("observe", "--fixtures", tmp_path / "fx")
+    assert result.exit_code == 0, result.output
+    assert "No run has events" in result.stdout and "Largest contributors" not in result.stdout
+    assert "Runs by |throughput error| (4 of 4)" in result.stdout

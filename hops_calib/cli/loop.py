@@ -56,8 +56,9 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
 def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool) -> int:
     from hops_calib.loop.model_files import load_model
     from hops_calib.loop.score import score_prediction
-    from hops_calib.loop.suite import TEST, open_store
+    from hops_calib.loop.suite import TEST, open_store, priced
     from hops_calib.model.predict import predict
+    from hops_calib.store.fixture_store import NotPriced
 
     store = open_store(fixtures)
     fixture = store.load(fixture_id)
@@ -65,7 +66,10 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
         raise InputError(f"{fixtures}/{fixture_id}", "is in the test split, which is scored only in aggregate",
                          field="split", hint="`hops-calib report --split test` prints the held-out aggregates")
     model = load_model(model_path)
-    prediction = predict(fixture.spec, model)  # NotPriced (exit 2) names a run the model does not price, and why
+    _, reasons = priced([fixture])  # a device type outside the catalog first, then what the spec lacks
+    if reasons:
+        raise NotPriced(fixture.id, reasons[fixture.id])  # exit 2: names the run and why
+    prediction = predict(fixture.spec, model)
     score = score_prediction(fixture.id, fixture.truth.metrics, prediction)
     if fixture.kind != "events":
         return _predict_measured(fixture, model, prediction, score, as_json)
