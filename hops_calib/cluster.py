@@ -313,32 +313,76 @@ class Hop:
                 "source": self.link.source if self.link else None}
 
 
-def stage_hosts(job_dir: Path, device_ids: Sequence[str], cluster: Cluster | None,
-                notes: list[str] | None = None) -> tuple[str, ...]:
-    """The host of every stage: the cluster's host of its device id; else the host the job's own link benchmark
-    names at its position (the benchmark ran with this stage map: true of every recorded run, not of a what-if that
-    moved stages without a cluster saying where the devices live); "" when neither knows."""
-    from hops_calib.trace.job import LINK_BENCH_DIR
-    from hops_calib.trace.link_bench import pair_files, read_pair_hosts
+class LinkBook:
+    """Every link a job's hops can be priced by, read once: the job's own pair files with the hosts they name, and
+    the cluster. `hops(device_ids)` prices the hops of any order of the job's devices (a what-if, a planner's
+    candidate) by the hosts at their ends.
 
-    by_position: dict[int, str] = {}
-    for i, j, path in pair_files(Path(job_dir) / LINK_BENCH_DIR):
-        for stage, host in zip((i, j), read_pair_hosts(path)):
-            if host and stage < len(device_ids):
-                by_position.setdefault(stage, host)
-    hosts, positional = [], []
-    for stage, device_id in enumerate(device_ids):
-        host = cluster.host_of(device_id) if cluster is not None else None
-        if host is None:
-            host = by_position.get(stage, "")
-            if host:
-                positional.append(stage)
-        hosts.append(host)
-    if notes is not None and cluster is not None and positional:
-        notes.append(f"cluster {cluster.origin} does not list device(s) "
-                     f"{', '.join(device_ids[s] for s in positional)}: their host is the one the job's link "
-                     "benchmark names at their stage position (add them to the cluster if the stages moved)")
-    return tuple(hosts)
+    A device's host is the cluster's; else the one the job's own benchmark names at the device's stage position
+    in the job's stage map (the benchmark ran with that map: true of every recorded run, not of a what-if that moved
+    stages without a cluster saying where the devices live); "" when neither knows.
+    """
+
+    def __init__(self, job_dir: Path | str, device_ids: Sequence[str], own_links: Sequence[LinkFit],
+                 cluster: Cluster | None, notes: list[str] | None = None):
+        from hops_calib.trace.job import LINK_BENCH_DIR
+        from hops_calib.trace.link_bench import pair_files, read_pair_hosts
+
+        self.cluster = cluster
+        files = {(i, j): path for i, j, path in pair_files(Path(job_dir) / LINK_BENCH_DIR)}
+        named = {pair: read_pair_hosts(path) for pair, path in files.items()}
+        by_position: dict[int, str] = {}
+        for (i, j), hosts in sorted(named.items()):
+            for stage, host in zip((i, j), hosts):
+                if host and stage < len(device_ids):
+                    by_position.setdefault(stage, host)
+        self.device_hosts: dict[str, str] = {}
+        positional = []
+        for stage, device_id in enumerate(device_ids):
+            host = cluster.host_of(device_id) if cluster is not None else None
+            if host is None and by_position.get(stage):
+                host = by_position[stage]
+                positional.append(device_id)
+            self.device_hosts[device_id] = host or ""
+        if notes is not None and cluster is not None and positional:
+            notes.append(f"cluster {cluster.origin} does not list device(s) {', '.join(positional)}: their host is "
+                         "the one the job's link benchmark names at their stage position (add them to the cluster "
+                         "if the stages moved)")
+        self.own = [(named[fit.src_stage, fit.dst_stage], fit) for fit in own_links
+                    if (fit.src_stage, fit.dst_stage) in named]
+        self.wrap_around = any(len(device_ids) > 2 and {f.src_stage, f.dst_stage} == {len(device_ids) - 1, 0}
+                               for f in own_links)
+
+    def link(self, a: int, b: int, hosts: tuple[str, str]) -> LinkFit | None:
+        """The link of the hop from stage a to stage b between `hosts` (see `price_hops`)."""
+        if not all(hosts):
+            return None
+        same_place = [fit for got, fit in self.own if got == hosts and (fit.src_stage, fit.dst_stage) == (a, b)]
+        if same_place:
+            return same_place[0]
+        elsewhere = [fit for got, fit in self.own if got == hosts]
+        if elsewhere:
+            fit = elsewhere[0]
+            return LinkFit(a, b, fit.latency_ms, fit.bytes_per_ms, f"{fit.source} (the job's benchmark of {hosts[0]} "
+                           f"-> {hosts[1]} at stages {fit.src_stage}-{fit.dst_stage})", fit.points)
+        found = self.cluster.link(*hosts) if self.cluster is not None else None
+        if found is not None:
+            return found[0].fit(a, b, reverse=found[1])
+        reverse = [fit for got, fit in self.own if got == hosts[::-1]]
+        if reverse:
+            fit = reverse[0]
+            return LinkFit(a, b, fit.latency_ms, fit.bytes_per_ms,
+                           f"{fit.source} ({hosts[0]} -> {hosts[1]}, measured the other way)", fit.points)
+        return None
+
+    def hops(self, device_ids: Sequence[str]) -> tuple[Hop, ...]:
+        pp = len(device_ids)
+        pairs = [(k, k + 1) for k in range(pp - 1)] + ([(pp - 1, 0)] if self.wrap_around else [])
+        hops = []
+        for a, b in pairs:
+            hosts = (self.device_hosts.get(device_ids[a], ""), self.device_hosts.get(device_ids[b], ""))
+            hops.append(Hop(a, b, device_ids[a], device_ids[b], *hosts, self.link(a, b, hosts)))
+        return tuple(hops)
 
 
 def price_hops(job_dir: Path, device_ids: Sequence[str], own_links: Sequence[LinkFit], cluster: Cluster | None,
@@ -346,44 +390,8 @@ def price_hops(job_dir: Path, device_ids: Sequence[str], own_links: Sequence[Lin
     """Every hop of the pipeline priced by the hosts at its ends: the job's own benchmark of that host pair (the
     pair file at the hop's position first, as a run is priced by its own benchmark), else the cluster's link of the
     pair (benchmarked or declared; the other direction's when only that one exists), else the job's own benchmark
-    of the pair the other way round; None when nothing prices it."""
-    from hops_calib.trace.job import LINK_BENCH_DIR
-    from hops_calib.trace.link_bench import pair_files, read_pair_hosts
-
-    hosts = stage_hosts(job_dir, device_ids, cluster, notes)
-    own: list[tuple[tuple[str, str], LinkFit]] = []
-    files = {(i, j): path for i, j, path in pair_files(Path(job_dir) / LINK_BENCH_DIR)}
-    for fit in own_links:
-        path = files.get((fit.src_stage, fit.dst_stage))
-        if path is not None:
-            own.append((read_pair_hosts(path), fit))
-    pp = len(device_ids)
-    pairs = [(k, k + 1) for k in range(pp - 1)]
-    if pp > 2 and any({fit.src_stage, fit.dst_stage} == {pp - 1, 0} for fit in own_links):
-        pairs.append((pp - 1, 0))  # the interleaved schedule's wrap-around hop, benchmarked
-    hops = []
-    for a, b in pairs:
-        want = (hosts[a], hosts[b])
-        link = None
-        if all(want):
-            same_place = [fit for got, fit in own if got == want and {fit.src_stage, fit.dst_stage} == {a, b}]
-            elsewhere = [fit for got, fit in own if got == want]
-            reverse = [fit for got, fit in own if got == want[::-1]]
-            found = cluster.link(*want) if cluster is not None else None
-            if same_place:
-                link = same_place[0]
-            elif elsewhere:
-                link = LinkFit(a, b, elsewhere[0].latency_ms, elsewhere[0].bytes_per_ms,
-                               f"{elsewhere[0].source} (the job's benchmark of {want[0]} -> {want[1]} at stages "
-                               f"{elsewhere[0].src_stage}-{elsewhere[0].dst_stage})", elsewhere[0].points)
-            elif found is not None:
-                link = found[0].fit(a, b, reverse=found[1])
-            elif reverse:
-                link = LinkFit(a, b, reverse[0].latency_ms, reverse[0].bytes_per_ms,
-                               f"{reverse[0].source} ({want[1]} -> {want[0]}, measured the other way)",
-                               reverse[0].points)
-        hops.append(Hop(a, b, device_ids[a], device_ids[b], hosts[a], hosts[b], link))
-    return tuple(hops)
+    of the pair the other way round; no link when nothing prices it."""
+    return LinkBook(job_dir, device_ids, own_links, cluster, notes).hops(device_ids)
 
 
 def unpriced_hint(hops: Sequence[Hop], cluster: Cluster | None) -> str:
