@@ -87,8 +87,23 @@ def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
         return counts + f"no store made at {store.root} (no run to write)"
     index = store.index()
     splits = index["split"].value_counts().to_dict() if len(index) else {}
-    return counts + (f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
-                     f"test {splits.get('test', 0)})")
+    lines = [counts + (f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
+                       f"test {splits.get('test', 0)})")]
+    written = [o for o in report.outcomes if o.status in ("new", "updated") and o.split]
+    for split in ("train", "test"):
+        ids = sorted(str(o.run_id) for o in written if o.split == split)
+        if ids:
+            shown = ", ".join(ids[:MAX_NAMED]) + (f" and {len(ids) - MAX_NAMED} more" if len(ids) > MAX_NAMED else "")
+            lines.append(f"to {split}: {shown}")
+    if any(o.split == "test" and o.status == "new" for o in written):
+        lines.append("(test runs are held out: only `report --split test` sees them, in aggregate. A run of your own "
+                     "that you want to look at, such as a what-if you launched, goes to train with `ingest SRC "
+                     "--split train`, which applies to runs whose group the store has not seen; a stored split never "
+                     "moves)")
+    return "\n".join(lines)
+
+
+MAX_NAMED = 12  # run ids named per split in the ingest summary
 
 
 def show_dict(fixture: Fixture) -> dict[str, Any]:
