@@ -94,3 +94,13 @@ def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"{name} must be at least 1 (got {value})")
+
+
+def closed_form_holds(schedule: str, stages: int, microbatches: int, forward_ms: float, backward_ms: float,
+                      weight_grad_ms: float, chunks: int = 1) -> bool:
+    """Whether `balanced_makespan` and `peak_activations` give the simulator's numbers for this shape: always for
+    1F1B, GPipe and interleaved 1F1B (the shapes they run), and for ZB-H1 when W <= min(F, B) (the paper's
+    assumption) and there are at least as many microbatches as stages (fewer leave its warm-up incomplete)."""
+    if schedule != "zb_h1":
+        return True
+    return weight_grad_ms <= min(forward_ms, backward_ms - weight_grad_ms) and microbatches >= stages
