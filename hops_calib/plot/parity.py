@@ -96,7 +96,7 @@ def parity_figure(points: Sequence[RunPoint], suite: SuiteScore, title: str, lab
     _panel(right, 100 * np.array([s.real_bubble_ratio for s in scores]),
            100 * np.array([s.predicted_bubble_ratio for s in scores]), points, mixes,
            np.array([s.bubble_error_pp for s in scores]), label_worst, False, "% of stage time idle", "bubble")
-    right.set_title(f"Bubble: MAE {suite.bubble_mae_pp:.1f} pp", loc="left")
+    right.set_title(f"Idle share (measured bubble): MAE {suite.bubble_mae_pp:.1f} pp", loc="left")
     figure.suptitle(title, fontsize=12, fontweight="bold")
 
     from matplotlib.lines import Line2D

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from hops_calib.metrics import schedule_bubble
 from hops_calib.sim.pipeline import Pipeline, StageCosts
 from hops_calib.sim.schedules import interleaved_warmup
 
@@ -30,7 +31,7 @@ def balanced_pipeline(stages: int, microbatches: int, forward_ms: float = 1.0, b
 def bubble_fraction(stages: int, microbatches: int, chunks: int = 1) -> float:
     """Bubble of balanced 1F1B or GPipe, (p-1)/(m+p-1); interleaved over v chunks, (p-1)/(v*m+p-1)."""
     _check_positive(stages=stages, microbatches=microbatches, chunks=chunks)
-    return (stages - 1) / (chunks * microbatches + stages - 1)
+    return schedule_bubble(stages, microbatches, chunks)
 
 
 def microbatches_for_bubble(stages: int, target_bubble: float) -> int:
