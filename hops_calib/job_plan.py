@@ -169,6 +169,52 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+@dataclass(frozen=True)
+class Space:
+    """The launches a plan searches, as dimensions: never listed whole (8 stages have 40320 orders alone).
+
+    `devices` None: the job's own order only. Interleaved 1F1B takes the even split only and v model chunks per
+    rank where v divides the layers per rank and the microbatches are a multiple of the stages (Megatron's rule).
+    """
+
+    devices: tuple[str, ...] | None
+    current_order: tuple[str, ...]
+    splits: tuple[tuple[int | None, int | None], ...]
+    sizes: tuple[int, ...]
+    schedules: tuple[str, ...]
+    layers: int
+    pp: int
+    batch: int
+
+    def orders_count(self) -> int:
+        return math.factorial(len(self.devices)) if self.devices is not None else 1
+
+    def orders(self):
+        return itertools.permutations(self.devices) if self.devices is not None else iter([self.current_order])
+
+    def shapes(self) -> list[tuple[int, int | None, int | None, str, int]]:
+        """(micro batch size, first, last, schedule, chunks) of every launch of one order."""
+        out = []
+        for size in self.sizes:
+            m = self.batch // size
+            for schedule in self.schedules:
+                if schedule == "interleaved_1f1b":
+                    out += [(size, None, None, schedule, v) for v in range(2, self.layers // self.pp + 1)
+                            if self.layers % (self.pp * v) == 0 and m % self.pp == 0]
+                else:
+                    out += [(size, first, last, schedule, 1) for first, last in self.splits]
+        return out
+
+    def __len__(self) -> int:
+        return self.orders_count() * len(self.shapes())
+
+    def __iter__(self):
+        shapes = self.shapes()
+        for order in self.orders():
+            for size, first, last, schedule, chunks in shapes:
+                yield Launch(tuple(order), first, last, schedule, chunks, size)
+
+
 class JobPlanner:
     """Prices launches of one job's model and global batch on its devices (see the module's docstring)."""
 
@@ -206,26 +252,16 @@ class JobPlanner:
     # --- the space ----------------------------------------------------------------------------------------------
 
     def space(self, schedules: Sequence[str] = SCHEDULES, orders: bool = True, splits: bool = True,
-              micro_batch_sizes: bool = True) -> list[Launch]:
+              micro_batch_sizes: bool = True) -> "Space":
         spec = self.spec
-        pp, layers, batch = spec.pp, spec.model.num_layers, spec.model.global_batch_size
         current = self.current()
-        all_orders = list(itertools.permutations(spec.device_ids)) if orders else [tuple(spec.device_ids)]
-        all_splits = layer_splits(layers, pp) if splits else [(current.first, current.last)]
-        sizes = divisors(batch) if micro_batch_sizes else [current.micro_batch_size]
-        launches = []
-        for order in all_orders:
-            for size in sizes:
-                m = batch // size
-                for schedule in schedules:
-                    if schedule == "interleaved_1f1b":
-                        for v in range(2, layers // pp + 1):
-                            if layers % (pp * v) == 0 and m % pp == 0:
-                                launches.append(Launch(order, None, None, schedule, v, size))
-                        continue
-                    for first, last in all_splits:
-                        launches.append(Launch(order, first, last, schedule, 1, size))
-        return launches
+        return Space(devices=tuple(spec.device_ids) if orders else None, current_order=current.order,
+                     splits=tuple(layer_splits(spec.model.num_layers, spec.pp)) if splits
+                     else ((current.first, current.last),),
+                     sizes=tuple(divisors(spec.model.global_batch_size)) if micro_batch_sizes
+                     else (current.micro_batch_size,),
+                     schedules=tuple(schedules), layers=spec.model.num_layers, pp=spec.pp,
+                     batch=spec.model.global_batch_size)
 
     # --- one candidate ------------------------------------------------------------------------------------------
 
@@ -379,7 +415,7 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
         raise InputError("plan", "--top and --trials must be at least 1", field="--top")
     planner = JobPlanner(job_dir, model, cluster)
     space = planner.space(schedules, orders, splits, micro_batch_sizes)
-    if not space:
+    if not len(space):
         raise InputError(str(job_dir), "no launch to search: the schedules asked for cannot run any split",
                          field="--schedule", hint="allow more schedules, or the layer split")
     outcomes: list[Outcome] = []
@@ -448,36 +484,37 @@ def auto_rule_agreement(outcomes: Sequence[Outcome]) -> tuple[int, int]:
     return agree, compared
 
 
-def _optuna_search(space: Sequence[Launch], score: Callable[[Launch], Outcome | None], trials: int, seed: int,
+def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], trials: int, seed: int,
                    progress: Progress) -> None:
-    """A seeded TPE study over the space's dimensions (order, split, schedule and chunks, micro-batch size); a
-    combination outside the space (an interleaved split) or one that cannot run scores nothing."""
+    """A seeded TPE study over the space's dimensions: the stage order as a random key per device (sorting the keys
+    gives the order, so TPE can learn that a device belongs early or late), the micro-batch size, the schedule (with
+    its chunks) and the split. A combination outside the space (an interleaved launch Megatron refuses), a candidate
+    that cannot run and one that does not fit memory score nothing."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    index = {launch: launch for launch in space}
-    dims = {
-        "order": sorted({l.order for l in space}),
-        "split": sorted({(l.first, l.last) for l in space}, key=lambda s: (s[0] or 0, s[1] or 0, s[0] is None)),
-        "schedule": sorted({(l.schedule, l.chunks) for l in space}),
-        "micro_batch_size": sorted({l.micro_batch_size for l in space}),
-    }
-    sampler = optuna.samplers.TPESampler(seed=seed)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
+    shapes = set(space.shapes())
+    schedules = sorted({(schedule, chunks) for _, _, _, schedule, chunks in shapes})
+    devices = space.devices if space.devices is not None else space.current_order
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
     progress.start(trials)
 
     def objective(trial: Any) -> float:
-        picks = {name: values[trial.suggest_categorical(name, list(range(len(values))))]
-                 for name, values in dims.items()}
-        (schedule, chunks), (first, last) = picks["schedule"], picks["split"]
+        if space.devices is not None:
+            keys = [trial.suggest_float(f"key {device}", 0.0, 1.0) for device in devices]
+            order = tuple(devices[k] for k in sorted(range(len(keys)), key=keys.__getitem__))
+        else:
+            order = space.current_order
+        size = trial.suggest_categorical("micro_batch_size", list(space.sizes))
+        schedule, chunks = schedules[trial.suggest_categorical("schedule", list(range(len(schedules))))]
+        first, last = space.splits[trial.suggest_categorical("split", list(range(len(space.splits))))]
         if chunks > 1:
             first = last = None
-        launch = index.get(Launch(picks["order"], first, last, schedule, chunks, picks["micro_batch_size"]))
         progress.advance(schedule)
-        outcome = score(launch) if launch is not None else None
-        if outcome is None or not outcome.fits:
+        if (size, first, last, schedule, chunks) not in shapes:
             return 0.0
-        return outcome.samples_per_s
+        outcome = score(Launch(order, first, last, schedule, chunks, size))
+        return outcome.samples_per_s if outcome is not None and outcome.fits else 0.0
 
     study.optimize(objective, n_trials=trials)
 

@@ -121,3 +121,16 @@ def test_the_planner_ranks_real_train_configurations_mostly_as_measured(shared_r
     pairs = sum(g.pairs for g in groups)
     assert len(groups) >= 3 and pairs >= 6
     assert agree / pairs > 0.5  # better than a coin: the planner's ranking follows the measured one
+
+
+def test_a_large_space_is_counted_not_listed():
+    from hops_calib.job_plan import SCHEDULES, Space
+
+    space = Space(devices=tuple(f"gpu{k}" for k in range(12)), current_order=tuple(f"gpu{k}" for k in range(12)),
+                  splits=tuple(layer_splits(96, 12)), sizes=(1, 2, 4), schedules=SCHEDULES, layers=96, pp=12,
+                  batch=48)
+    shapes = space.shapes()
+    assert len(space) == 479001600 * len(shapes)  # 12! orders, counted in no time
+    first = next(iter(space))
+    assert first.order == space.current_order and (first.micro_batch_size, first.first, first.last, first.schedule,
+                                                   first.chunks) == shapes[0]
