@@ -68,8 +68,8 @@ def main() -> None:
                   + (f"{best['throughput_samples_per_s']:.2f} samples/s ({best['resolved_schedule']}) against the "
                      f"job's own {plan['current']['throughput_samples_per_s']:.2f}" if best else "none fits"))
 
-    from hops_calib.job_plan import train_group_agreement
-    from hops_calib.model_files import load_model
+    from hops_calib.whatif.job_plan import train_group_agreement
+    from hops_calib.loop.model_files import load_model
     from hops_calib.store import FixtureStore
     from hops_calib.store.ingest import ingest
 

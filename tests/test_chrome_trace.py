@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hops_calib.model_files import load_model
+from hops_calib.loop.model_files import load_model
 from hops_calib.plot.chrome import write_chrome_trace
 from hops_calib.plot.timeline import Panel
-from hops_calib.predict import predict
+from hops_calib.model.predict import predict
 from hops_calib.store import FixtureStore
 
 REPO = Path(__file__).resolve().parent.parent

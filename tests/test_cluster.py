@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hops_calib.cluster import (
+from hops_calib.whatif.cluster import (
     Cluster, Device, Link, Node, cluster_from_jobs, cluster_yaml, read_cluster, relinked, unpriced_hint,
 )
 from hops_calib.errors import InputError

@@ -1,4 +1,4 @@
-"""The planner for a real job (hops_calib.job_plan): launches of a job's model and batch on its devices, priced as
+"""The planner for a real job (hops_calib.whatif.job_plan): launches of a job's model and batch on its devices, priced as
 predict prices them, checked against memory, ranked; and its ranking of real configurations against their
 measured throughput."""
 
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from hops_calib.cluster import cluster_from_jobs
+from hops_calib.whatif.cluster import cluster_from_jobs
 from hops_calib.errors import InputError
-from hops_calib.job_plan import (
+from hops_calib.whatif.job_plan import (
     JobPlanner, Perturbations, format_job_plan, layer_splits, pairwise_agreement, plan_job, train_group_agreement,
 )
-from hops_calib.model_files import load_model
-from hops_calib.predict import predict
+from hops_calib.loop.model_files import load_model
+from hops_calib.model.predict import predict
 from hops_calib.sim.perturb import Failure, RandomStragglers
 from hops_calib.spec import build_spec, split_layers
 from hops_calib.trace.job import find_job_dirs
@@ -124,7 +124,7 @@ def test_the_planner_ranks_real_train_configurations_mostly_as_measured(shared_r
 
 
 def test_a_large_space_is_counted_not_listed():
-    from hops_calib.job_plan import SCHEDULES, Space
+    from hops_calib.whatif.job_plan import SCHEDULES, Space
 
     space = Space(devices=tuple(f"gpu{k}" for k in range(12)), current_order=tuple(f"gpu{k}" for k in range(12)),
                   splits=tuple(layer_splits(96, 12)), sizes=(1, 2, 4), schedules=SCHEDULES, layers=96, pp=12,

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hops_calib.model_files import load_model
+from hops_calib.loop.model_files import load_model
 from hops_calib.sim import simulate
 from hops_calib.sim.critical import critical_share
 from hops_calib.sim.perturb import (

@@ -1,4 +1,4 @@
-"""Defaults set once (hops_calib.settings): environment, then the nearest hops-calib.toml, then ./fixtures."""
+"""Defaults set once (hops_calib.cli.settings): environment, then the nearest hops-calib.toml, then ./fixtures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hops_calib.errors import InputError
-from hops_calib.settings import CLUSTER_ENV, FIXTURES_ENV, default_cluster, default_fixtures
+from hops_calib.cli.settings import CLUSTER_ENV, FIXTURES_ENV, default_cluster, default_fixtures
 
 
 @pytest.fixture(autouse=True)

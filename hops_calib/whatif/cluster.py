@@ -33,7 +33,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from hops_calib.errors import InputError
-from hops_calib.spec import LinkFit, Spec
+from hops_calib.spec import Spec
+from hops_calib.trace.link_bench import LinkFit
 
 BITS_PER_GBIT = 1e9
 

@@ -25,7 +25,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hops_calib.cluster import Cluster, LinkBook, unpriced_hint
 from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.model.memory import rank_memory_bytes
@@ -35,6 +34,7 @@ from hops_calib.sim.perturb import Failure, RandomStragglers, SlowDevice, failur
 from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import bubble_fraction
 from hops_calib.spec import Spec
+from hops_calib.whatif.cluster import Cluster, LinkBook
 
 SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "gpipe", "auto")
 EXHAUSTIVE_LIMIT = 10000  # candidates searched one by one (about 1 ms each); more, and a seeded optuna study samples them
