@@ -11,11 +11,12 @@ import pytest
 from hops_calib.whatif.cluster import cluster_from_jobs
 from hops_calib.errors import InputError
 from hops_calib.whatif.job_plan import (
-    JobPlanner, Perturbations, format_job_plan, layer_splits, pairwise_agreement, plan_job, train_group_agreement,
+    JobPlanner, format_job_plan, layer_splits, pairwise_agreement, plan_job, train_group_agreement,
 )
 from hops_calib.loop.model_files import load_model
 from hops_calib.model.predict import predict
 from hops_calib.sim.perturb import Failure, RandomStragglers
+from hops_calib.whatif.perturbations import Perturbations
 from hops_calib.spec import build_spec, split_layers
 from hops_calib.trace.job import find_job_dirs
 

@@ -30,11 +30,11 @@ from hops_calib.model import Model
 from hops_calib.model.memory import rank_memory_bytes
 from hops_calib.progress import QUIET, Progress
 from hops_calib.sim import simulate
-from hops_calib.sim.perturb import Failure, RandomStragglers, SlowDevice, failure_run_ms, perturbed, straggler_factors
 from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import bubble_fraction
 from hops_calib.spec import Spec
 from hops_calib.whatif.cluster import Cluster, LinkBook
+from hops_calib.whatif.perturbations import Perturbations
 
 SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "gpipe", "auto")
 EXHAUSTIVE_LIMIT = 10000  # candidates searched one by one (about 1 ms each); more, and a seeded optuna study samples them
@@ -56,23 +56,6 @@ class Launch:
         split = "even" if self.first is None and self.last is None else f"first {self.first}, last {self.last}"
         schedule = f"{self.schedule} v={self.chunks}" if self.chunks > 1 else self.schedule
         return f"{schedule}, mbs {self.micro_batch_size}, split {split}, order {'-'.join(self.order)}"
-
-
-@dataclass(frozen=True)
-class Perturbations:
-    """Stragglers and failures a plan is ranked under (see `hops_calib.sim.perturb`)."""
-
-    slow_devices: tuple[tuple[str, float], ...] = ()  # (device id, compute factor)
-    stragglers: RandomStragglers | None = None
-    failures: tuple[Failure, ...] = ()  # the whole job stops when any one fails
-    checkpoint_every: int = 1
-    run_iterations: int = 1000  # iterations of the run that failures strike
-    samples: int = 32
-    seed: int = 0
-
-    @property
-    def random(self) -> bool:
-        return self.stragglers is not None or bool(self.failures)
 
 
 @dataclass(frozen=True)
@@ -372,27 +355,10 @@ class JobPlanner:
     def perturbed_outcome(self, outcome: Outcome, perturbations: Perturbations) -> Outcome:
         """`outcome` with its expected and 5th-percentile throughput under `perturbations` (seeded draws)."""
         launch = outcome.launch
-        spec = self.candidate_spec(launch)
-        pipeline = self.pipeline(spec)
-        slow = [SlowDevice(launch.order.index(device), factor) for device, factor in perturbations.slow_devices
-                if device in launch.order]
-        pipeline = perturbed(pipeline, slow)
-        rng = np.random.default_rng(perturbations.seed)
-        draws = []
-        samples = perturbations.samples if perturbations.random else 1
-        for _ in range(samples):
-            factors = (straggler_factors(perturbations.stragglers, pipeline.iterations, pipeline.ranks, rng)
-                       if perturbations.stragglers is not None else None)
-            metrics = simulate(pipeline, outcome.resolved, compute_factors=factors).metrics()
-            per_s = metrics.throughput_per_s * launch.micro_batch_size
-            if perturbations.failures:
-                period_ms = spec.microbatches * launch.micro_batch_size / per_s * 1e3
-                run = failure_run_ms(period_ms, perturbations.run_iterations, perturbations.failures, rng,
-                                     perturbations.checkpoint_every)
-                per_s *= period_ms * perturbations.run_iterations / run.wall_ms
-            draws.append(per_s)
-        return replace(outcome, expected_samples_per_s=float(np.mean(draws)),
-                       p5_samples_per_s=float(np.percentile(draws, 5)))
+        pipeline = self.pipeline(self.candidate_spec(launch))
+        rates = perturbations.throughputs(pipeline, outcome.resolved, launch.order) * launch.micro_batch_size
+        return replace(outcome, expected_samples_per_s=float(np.mean(rates)),
+                       p5_samples_per_s=float(np.percentile(rates, 5)))
 
 
 def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = None, top: int = 5,
