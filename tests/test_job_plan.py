@@ -71,6 +71,9 @@ def test_a_large_space_is_searched_by_a_seeded_study(model):
     again = plan_job(CPU_JOB, model, top=3, trials=25, seed=7, exhaustive_limit=10)
     assert first.search.startswith("optuna TPE, seed 7, 25 trials")
     assert [o.launch for o in first.best] == [o.launch for o in again.best]
+    exhaustive = plan_job(CPU_JOB, model, top=3)
+    assert first.best[0].samples_per_s == pytest.approx(exhaustive.best[0].samples_per_s, rel=1e-12)
+    assert first.evaluated < exhaustive.evaluated
 
 
 def test_auto_is_the_hopshetero_rule(model):

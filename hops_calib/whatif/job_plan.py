@@ -201,7 +201,8 @@ class Space:
 class JobPlanner:
     """Prices launches of one job's model and global batch on its devices (see the module's docstring)."""
 
-    def __init__(self, job_dir: Path | str, model: Model, cluster: Cluster | None = None):
+    def __init__(self, job_dir: Path | str, model: Model, cluster: Cluster | None = None,
+                 memory_bytes: dict[str, float] | None = None):
         from hops_calib.spec import build_spec
         from hops_calib.trace import find_arguments, read_device_types
 
@@ -223,6 +224,13 @@ class JobPlanner:
                                  "does not know", field="hardware.devices",
                                  hint="add it to hops_calib/model/devices.toml or the model file's [devices]") from None
         self._cache: dict[Launch, Outcome | Refusal] = {}
+        # each GPU's memory: the catalog's, or what the user gives per device type (headroom for the CUDA context)
+        self.memory_bytes = {t: (memory_bytes or {}).get(t, model.device(t).memory_bytes)
+                             for t in set(self.types.values())}
+        unknown = sorted(set(memory_bytes or {}) - set(self.types.values()))
+        if unknown:
+            raise InputError("plan", f"device type {unknown[0]!r} runs no stage of {self.job_dir}",
+                             field="--device-memory", hint=f"the job's devices are {sorted(set(self.types.values()))}")
 
     # --- the job's own launch -----------------------------------------------------------------------------------
 
@@ -336,7 +344,7 @@ class JobPlanner:
         size = launch.micro_batch_size
         peaks = tuple(rank_memory_bytes(spec.model, spec.layers_per_stage[r], r, spec.pp,
                                         result.peak_stage_activations[r]) for r in range(spec.pp))
-        caps = tuple(self.model.device(t).memory_bytes for t in spec.devices)
+        caps = tuple(self.memory_bytes[t] for t in spec.devices)
         return Outcome(
             launch=launch, resolved=resolved, microbatches=spec.microbatches, layers_per_stage=spec.layers_per_stage,
             samples_per_s=metrics.throughput_per_s * size, steady_samples_per_s=metrics.steady_throughput_per_s * size,
@@ -362,6 +370,7 @@ class JobPlanner:
 
 
 def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = None, top: int = 5,
+             memory_bytes: dict[str, float] | None = None,
              schedules: Sequence[str] = SCHEDULES, orders: bool = True, splits: bool = True,
              micro_batch_sizes: bool = True, trials: int = 400, seed: int = 0,
              exhaustive_limit: int = EXHAUSTIVE_LIMIT, perturbations: Perturbations | None = None,
@@ -379,22 +388,23 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                          hint=f"expected one of {', '.join(SCHEDULES)}")
     if top < 1 or trials < 1:
         raise InputError("plan", "--top and --trials must be at least 1", field="--top")
-    planner = JobPlanner(job_dir, model, cluster)
+    planner = JobPlanner(job_dir, model, cluster, memory_bytes)
     space = planner.space(schedules, orders, splits, micro_batch_sizes)
     if not len(space):
         raise InputError(str(job_dir), "no launch to search: the schedules asked for cannot run any split",
                          field="--schedule", hint="allow more schedules, or the layer split")
-    outcomes: list[Outcome] = []
-    refused: dict[str, int] = {}
+    outcomes: dict[Launch, Outcome] = {}
+    refusals: dict[Launch, str] = {}
 
     def score(launch: Launch) -> Outcome | None:
+        if launch in refusals:
+            return None
         try:
             outcome = planner.evaluate(launch)
         except Refusal as refusal:
-            reason = str(refusal)
-            refused[reason] = refused.get(reason, 0) + 1
+            refusals[launch] = str(refusal)
             return None
-        outcomes.append(outcome)
+        outcomes[launch] = outcome
         return outcome
 
     if len(space) <= exhaustive_limit:
@@ -404,12 +414,25 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
             score(launch)
             progress.advance(launch.schedule)
     else:
-        search = f"optuna TPE, seed {seed}, {trials} trials of {len(space)} candidates"
         _optuna_search(space, score, trials, seed, progress)
-    fitting = [o for o in outcomes if o.fits]
-    over_memory = len({o.launch for o in outcomes}) - len({o.launch for o in fitting})
-    unique = list({o.launch: o for o in fitting}.values())
-    unique.sort(key=lambda o: (-o.samples_per_s, len(o.flags)))
+        found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
+        own = score(planner.current())
+        steps = _local_search(space, score, found + ([own] if own is not None else []))
+        search = (f"optuna TPE, seed {seed}, {trials} trials of {len(space)} candidates, then {steps} step(s) of "
+                  "coordinate ascent (order, then split, schedule and micro-batch size) from its best and from the "
+                  "job's own launch")
+    fitting = [o for o in outcomes.values() if o.fits]
+    over_memory = len(outcomes) - len(fitting)
+    # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule
+    fitting.sort(key=lambda o: (-o.samples_per_s, o.launch.schedule == "auto", len(o.flags)))
+    seen: set[tuple] = set()
+    unique = []
+    for outcome in fitting:
+        same = (outcome.launch.order, outcome.layers_per_stage, outcome.resolved, outcome.launch.chunks,
+                outcome.launch.micro_batch_size)
+        if same not in seen:
+            seen.add(same)
+            unique.append(outcome)
     if perturbations is not None:
         head = [planner.perturbed_outcome(o, perturbations) for o in unique[:max(rerank, top)]]
         key = {"throughput": lambda o: -o.samples_per_s, "expected": lambda o: -o.expected_samples_per_s,
@@ -423,13 +446,16 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     except Refusal:
         current = None
     notes = list(planner.notes)
+    refused: dict[str, int] = {}
+    for reason in refusals.values():
+        refused[reason] = refused.get(reason, 0) + 1
     if any(reason.startswith("no link") for reason in refused):
         notes.append("orders with a hop no benchmark or declared link prices were left out: give --cluster "
                      "(`hops-calib cluster` builds one from job directories) or declare the links")
     return JobPlan(job=str(job_dir), model=model.name, search=search, space=len(space),
-                   evaluated=len({o.launch for o in outcomes}) + sum(refused.values()), best=tuple(unique[:top]),
+                   evaluated=len(outcomes) + len(refusals), best=tuple(unique[:top]),
                    current=current, refused=refused, over_memory=over_memory, rank_by=rank_by, notes=tuple(notes),
-                   auto_agreement=auto_rule_agreement(outcomes))
+                   auto_agreement=auto_rule_agreement(list(outcomes.values())))
 
 
 def auto_rule_agreement(outcomes: Sequence[Outcome]) -> tuple[int, int]:
@@ -483,6 +509,48 @@ def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], tria
         return outcome.samples_per_s if outcome is not None and outcome.fits else 0.0
 
     study.optimize(objective, n_trials=trials)
+
+
+def _local_search(space: Space, score: Callable[[Launch], Outcome | None], starts: Sequence[Outcome],
+                  max_steps: int = 50) -> int:
+    """Coordinate ascent from each start that fits: evaluate every launch that differs from the current one in the
+    order only (every order up to `ALL_ORDERS` of them, else every swap of two stages) or in the shape only (every
+    split, schedule and micro-batch size of the space), move to the fastest while it is faster. Returns the steps."""
+    shapes = space.shapes()
+    every_order = space.devices is not None and space.orders_count() <= ALL_ORDERS
+    steps = 0
+    for start in starts:
+        if not start.fits:
+            continue
+        current = start
+        for _ in range(max_steps):
+            launch = current.launch
+            if every_order:
+                orders = [tuple(o) for o in space.orders()]
+            elif space.devices is not None:
+                orders = []
+                for i, j in itertools.combinations(range(len(launch.order)), 2):
+                    order = list(launch.order)
+                    order[i], order[j] = order[j], order[i]
+                    orders.append(tuple(order))
+            else:
+                orders = []
+            neighbours = [replace(launch, order=order) for order in orders]
+            neighbours += [Launch(launch.order, first, last, schedule, chunks, size)
+                           for size, first, last, schedule, chunks in shapes]
+            better = current
+            for neighbour in neighbours:
+                outcome = score(neighbour)
+                if outcome is not None and outcome.fits and outcome.samples_per_s > better.samples_per_s:
+                    better = outcome
+            if better is current:
+                break
+            current = better
+            steps += 1
+    return steps
+
+
+ALL_ORDERS = 5040  # up to 7 stages, a step of local search tries every order
 
 
 def format_job_plan(plan: JobPlan) -> str:
