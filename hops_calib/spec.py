@@ -442,9 +442,9 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         if all(order) and tuple(order) != tuple(device_ids):
             raise TraceError(job_dir / TEMPLATE, f"puts the devices in the order {order}, {STAGE_MAP} in "
                              f"{list(device_ids)}", field="pipeline.stages",
-                             hint="the two must agree; after reordering stages (a what-if), reorder both, and re-run "
-                                  "the link benchmark or move its pair_<i>_<j> files along: they measure the hops "
-                                  "by stage position")
+                             hint="the two must agree; after reordering stages (a what-if), reorder both; each hop "
+                                  "is priced by the hosts at its ends, so give predict --cluster (`hops-calib "
+                                  "cluster` builds one from job directories) or re-run the link benchmark")
     device_types = read_device_types(job_dir, template)
     missing = [d for d in device_ids if d not in device_types]
     if missing:
