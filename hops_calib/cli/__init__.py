@@ -213,6 +213,9 @@ def plan(
     job: Optional[Path] = typer.Option(None, "--job", help="Plan a real job instead: its model and global batch on "
                                        "its devices (stage order, layer split, schedule, micro-batch size)."),
     cluster: Optional[Path] = CLUSTER_OPTION,
+    fixtures: Path = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
+                                  help=FIXTURES_HELP + " With --job, the store whose train split the best launches "
+                                  "are checked against: what lies outside it is extrapolated."),
     model: Optional[Path] = MODEL_OPTION,
     top: int = typer.Option(5, "--top", help="With --job: how many launches to print."),
     schedules: Optional[List[str]] = typer.Option(None, "--schedule", help="With --job: search only these schedules "
@@ -257,7 +260,7 @@ def plan(
                                  param_hint=abstract[0])
     raise typer.Exit(plan_job_command(job, cluster, model, top, tuple(schedules or ()), fixed_order, fixed_split,
                                       fixed_micro_batch, tuple(device_memory or ()), trials, exhaustive_limit,
-                                      rank_by, perturbations, as_json))
+                                      rank_by, perturbations, as_json, fixtures))
 
 
 # --- the loop: predict, evaluate, report, ledger (hops_calib.cli.loop) --------------------------------

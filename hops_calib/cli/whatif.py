@@ -183,7 +183,8 @@ def cluster_command(sources: Sequence[Path], out: Path, as_json: bool) -> int:
 
 def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, top: int, schedules: Sequence[str],
                      keep_order: bool, keep_split: bool, keep_micro_batch: bool, device_memory: Sequence[str],
-                     trials: int, exhaustive_limit: int, rank_by: str, perturbations: dict, as_json: bool) -> int:
+                     trials: int, exhaustive_limit: int, rank_by: str, perturbations: dict, as_json: bool,
+                     fixtures: Path | None = None) -> int:
     """`plan --job DIR`: the best launches of the job on its devices, under a progress bar."""
     from hops_calib.cli.output import run_and_print
     from hops_calib.loop.model_files import load_model
@@ -212,6 +213,7 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
                         micro_batch_sizes=not keep_micro_batch, memory_bytes=memory or None, trials=trials,
                         seed=seed, exhaustive_limit=exhaustive_limit,
                         perturbations=parse_perturbations(perturbations, job, stages_allowed=False),
-                        rank_by=rank_by, progress=bar)
+                        rank_by=rank_by, progress=bar,
+                        calibration=_calibration_coverage(fixtures)[0] if fixtures is not None else None)
 
     return run_and_print("plan", as_json, compute, format_job_plan)

@@ -37,6 +37,7 @@ from hops_calib.whatif.cluster import Cluster, LinkBook
 from hops_calib.whatif.perturbations import Perturbations
 
 SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "gpipe", "auto")
+MEGATRON_SCHEDULES = ("1f1b", "interleaved_1f1b")  # what Megatron-LM's own schedules run
 EXHAUSTIVE_LIMIT = 10000  # candidates searched one by one (about 1 ms each); more, and a seeded optuna study samples them
 NO_MEGATRON_FLAG = ("has no Megatron-LM flag (Megatron runs 1F1B, or interleaved 1F1B with virtual stages): run it "
                     "with a runtime that has it, e.g. torch.distributed.pipelining (`hops-calib capture --engine "
@@ -75,6 +76,7 @@ class Outcome:
     stage_map: dict[str, str]
     expected_samples_per_s: float | None = None  # under Perturbations: mean over draws
     p5_samples_per_s: float | None = None  # and the 5th percentile
+    outside: tuple[str, ...] | None = None  # features outside the calibration runs (None: not checked)
 
     @property
     def fits(self) -> bool:
@@ -93,6 +95,7 @@ class Outcome:
             "memory_bytes_per_gpu": list(self.memory_bytes), "flags": list(self.flags), "stage_map": self.stage_map,
             "expected_throughput_samples_per_s": self.expected_samples_per_s,
             "p5_throughput_samples_per_s": self.p5_samples_per_s,
+            "outside_calibration": list(self.outside) if self.outside is not None else None,
         }
 
 
@@ -110,6 +113,7 @@ class JobPlan:
     rank_by: str
     notes: tuple[str, ...] = ()
     auto_agreement: tuple[int, int] = (0, 0)  # (auto's pick was the faster of 1f1b/zb_h1, pairs compared)
+    best_megatron: Outcome | None = None  # the best launch Megatron-LM runs as it is (1F1B or interleaved 1F1B)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job, "model": self.model, "search": self.search, "space": self.space,
@@ -117,7 +121,8 @@ class JobPlan:
                 "best": [o.to_dict() for o in self.best],
                 "current": self.current.to_dict() if self.current else None,
                 "refused": self.refused, "over_memory": self.over_memory, "notes": list(self.notes),
-                "auto_rule_agreement": {"faster_picked": self.auto_agreement[0], "compared": self.auto_agreement[1]}}
+                "auto_rule_agreement": {"faster_picked": self.auto_agreement[0], "compared": self.auto_agreement[1]},
+                "best_megatron": self.best_megatron.to_dict() if self.best_megatron else None}
 
 
 class Refusal(Exception):
@@ -224,6 +229,7 @@ class JobPlanner:
                                  "does not know", field="hardware.devices",
                                  hint="add it to hops_calib/model/devices.toml or the model file's [devices]") from None
         self._cache: dict[Launch, Outcome | Refusal] = {}
+        self._priced: dict[Launch, tuple[Spec, Any] | Refusal] = {}
         # each GPU's memory: the catalog's, or what the user gives per device type (headroom for the CUDA context)
         self.memory_bytes = {t: (memory_bytes or {}).get(t, model.device(t).memory_bytes)
                              for t in set(self.types.values())}
@@ -328,15 +334,31 @@ class JobPlanner:
         self._cache[launch] = outcome
         return outcome
 
+    def priced(self, launch: Launch) -> tuple[Spec, Any]:
+        """The spec and the model's pipeline of `launch` (shared by the schedules of one order, split and size)."""
+        key = replace(launch, schedule="")
+        if key not in self._priced:
+            try:
+                spec = self.candidate_spec(launch)
+                self._priced[key] = (spec, self.pipeline(spec))
+            except Refusal as refusal:
+                self._priced[key] = refusal
+        found = self._priced[key]
+        if isinstance(found, Refusal):
+            raise found
+        return found
+
     def _evaluate(self, launch: Launch) -> Outcome:
         from hops_calib.sim.schedules import check_shape
 
-        spec = self.candidate_spec(launch)
-        pipeline = self.pipeline(spec)
+        spec, pipeline = self.priced(launch)
         schedule = launch.schedule
         try:
             check_shape("1f1b" if schedule == "auto" else schedule, spec.pp, spec.vp, spec.microbatches)
             resolved = auto_schedule(pipeline) if schedule == "auto" else schedule
+            twin = self._cache.get(replace(launch, schedule=resolved)) if schedule == "auto" else None
+            if isinstance(twin, Outcome):  # auto runs exactly the launch of the schedule it picks
+                return replace(twin, launch=launch, flags=self.flags(launch))
             result = simulate(pipeline, resolved)
         except ValueError as error:
             raise Refusal(f"{schedule} cannot run it: {str(error).split(';')[0]}") from None
@@ -363,7 +385,7 @@ class JobPlanner:
     def perturbed_outcome(self, outcome: Outcome, perturbations: Perturbations) -> Outcome:
         """`outcome` with its expected and 5th-percentile throughput under `perturbations` (seeded draws)."""
         launch = outcome.launch
-        pipeline = self.pipeline(self.candidate_spec(launch))
+        _, pipeline = self.priced(launch)
         rates = perturbations.throughputs(pipeline, outcome.resolved, launch.order) * launch.micro_batch_size
         return replace(outcome, expected_samples_per_s=float(np.mean(rates)),
                        p5_samples_per_s=float(np.percentile(rates, 5)))
@@ -374,7 +396,8 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
              schedules: Sequence[str] = SCHEDULES, orders: bool = True, splits: bool = True,
              micro_batch_sizes: bool = True, trials: int = 400, seed: int = 0,
              exhaustive_limit: int = EXHAUSTIVE_LIMIT, perturbations: Perturbations | None = None,
-             rank_by: str = "throughput", rerank: int = 20, progress: Progress = QUIET) -> JobPlan:
+             rank_by: str = "throughput", rerank: int = 20, progress: Progress = QUIET,
+             calibration: Any = None) -> JobPlan:
     """The best `top` launches of the job's model and global batch (see the module's docstring)."""
     if rank_by not in ("throughput", "expected", "p5"):
         raise InputError("plan", f"unknown ranking {rank_by!r}", field="--rank-by",
@@ -439,6 +462,18 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                "p5": lambda o: -o.p5_samples_per_s}[rank_by]
         head.sort(key=lambda o: (key(o), len(o.flags)))
         unique = head
+    if calibration is not None:  # where each shown launch lies outside the calibration runs (model.coverage)
+        from hops_calib.model.coverage import extrapolations
+
+        def checked(o: Outcome) -> Outcome:
+            return replace(o, outside=tuple(e.sentence() for e in extrapolations(planner.priced(o.launch)[0],
+                                                                                  calibration)))
+
+        unique = [checked(o) for o in unique[:top]] + unique[top:]
+        megatron = next((o for o in unique if o.resolved in MEGATRON_SCHEDULES), None)
+        megatron = checked(megatron) if megatron is not None else None
+    else:
+        megatron = next((o for o in unique if o.resolved in MEGATRON_SCHEDULES), None)
     try:
         current = planner.evaluate(planner.current())
         if perturbations is not None:
@@ -455,7 +490,8 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     return JobPlan(job=str(job_dir), model=model.name, search=search, space=len(space),
                    evaluated=len(outcomes) + len(refusals), best=tuple(unique[:top]),
                    current=current, refused=refused, over_memory=over_memory, rank_by=rank_by, notes=tuple(notes),
-                   auto_agreement=auto_rule_agreement(list(outcomes.values())))
+                   auto_agreement=auto_rule_agreement(list(outcomes.values())),
+                   best_megatron=megatron)
 
 
 def auto_rule_agreement(outcomes: Sequence[Outcome]) -> tuple[int, int]:
@@ -572,10 +608,15 @@ def format_job_plan(plan: JobPlan) -> str:
                f"{100 * o.schedule_bubble:16.1f} {max(o.peak_memory_bytes) / gib:13.2f}{extra}  "
                f"{o.launch.label()}{resolved}; layers {'-'.join(map(str, o.layers_per_stage))}"]
         out += [f"{'':>5}change: {flag}" for flag in o.flags] or [f"{'':>5}(the job's own launch)"]
+        if o.outside:
+            out.append(f"{'':>5}outside the calibration runs (extrapolated): " + "; ".join(o.outside))
         return out
 
     for k, outcome in enumerate(plan.best, start=1):
         lines += row(str(k), outcome)
+    if plan.best_megatron is not None and plan.best_megatron.launch not in [o.launch for o in plan.best]:
+        lines.append("best that Megatron-LM runs as it is (1F1B or interleaved 1F1B):")
+        lines += row("M", plan.best_megatron)
     if plan.current is not None:
         lines += row("now", plan.current)
     if plan.over_memory:
