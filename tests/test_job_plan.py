@@ -138,3 +138,16 @@ def test_a_large_space_is_counted_not_listed():
     first = next(iter(space))
     assert first.order == space.current_order and (first.micro_batch_size, first.first, first.last, first.schedule,
                                                    first.chunks) == shapes[0]
+
+
+def test_a_huge_global_batch_neither_hangs_nor_simulates_millions_of_microbatches(model, tmp_path):
+    import shutil
+
+    job = tmp_path / CPU_JOB.name
+    shutil.copytree(CPU_JOB, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    args = job / "megatron_args.txt"
+    args.write_text(args.read_text().replace("--global-batch-size 4", "--global-batch-size 1048576"))
+    plan = plan_job(job, model, top=2, schedules=("1f1b",), splits=False)
+    assert any("tasks per iteration" in reason for reason in plan.refused)
+    assert plan.best and all(2 * o.microbatches * 2 <= 200_000 for o in plan.best)  # what ran stayed small
+    assert plan.over_memory > 0  # and the largest micro batches do not fit the device

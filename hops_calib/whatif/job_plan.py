@@ -135,6 +135,10 @@ def layer_splits(num_layers: int, pp: int) -> list[tuple[int | None, int | None]
     (each stage at least one layer)."""
     from hops_calib.spec import split_layers
 
+    if num_layers > MAX_SPLIT_LAYERS:
+        raise InputError("plan", f"{num_layers} layers have about {num_layers ** 2} first/last settings to search",
+                         field="--keep-split", hint=f"keep the job's split (--keep-split) above {MAX_SPLIT_LAYERS} "
+                                                    "layers")
     splits: list[tuple[int | None, int | None]] = []
     options: list[int | None] = [None, *range(1, num_layers + 1)]
     for first, last in itertools.product(options, options):
@@ -153,8 +157,15 @@ def layer_splits(num_layers: int, pp: int) -> list[tuple[int | None, int | None]
     return list(seen.values())
 
 
+MAX_SPLIT_LAYERS = 512  # layer splits are searched up to this depth (the settings grow as its square)
+# A launch with more compute tasks per iteration than this is not simulated (a microbatch count in the millions would
+# take minutes per candidate): the planner counts it as refused and says to raise the micro-batch size.
+MAX_TASKS = 200_000
+
+
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 @dataclass(frozen=True)
@@ -353,6 +364,8 @@ class JobPlanner:
 
         spec, pipeline = self.priced(launch)
         schedule = launch.schedule
+        if 2 * spec.microbatches * spec.pp * spec.vp > MAX_TASKS:
+            raise Refusal(f"more than {MAX_TASKS} tasks per iteration to simulate; a larger micro-batch size has fewer")
         try:
             check_shape("1f1b" if schedule == "auto" else schedule, spec.pp, spec.vp, spec.microbatches)
             resolved = auto_schedule(pipeline) if schedule == "auto" else schedule
@@ -409,8 +422,10 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     if unknown:
         raise InputError("plan", f"unknown schedule {unknown[0]!r}", field="--schedule",
                          hint=f"expected one of {', '.join(SCHEDULES)}")
-    if top < 1 or trials < 1:
-        raise InputError("plan", "--top and --trials must be at least 1", field="--top")
+    for flag, value, most in (("--top", top, 1000), ("--trials", trials, 100_000), ("--exhaustive-limit",
+                                                                                   exhaustive_limit, 10_000_000)):
+        if not 1 <= value <= most:
+            raise InputError("plan", f"{flag} {value} is outside 1..{most}", field=flag)
     planner = JobPlanner(job_dir, model, cluster, memory_bytes)
     space = planner.space(schedules, orders, splits, micro_batch_sizes)
     if not len(space):

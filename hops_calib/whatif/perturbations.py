@@ -32,8 +32,8 @@ class Perturbations:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.samples < 1 or self.run_iterations < 1 or self.checkpoint_every < 1:
-            raise ValueError("samples, run iterations and checkpoint interval must be at least 1")
+        if not 1 <= self.samples <= 10_000 or self.run_iterations < 1 or self.checkpoint_every < 1:
+            raise ValueError("samples (1..10000), run iterations and checkpoint interval (at least 1) are out of range")
 
     @property
     def random(self) -> bool:
