@@ -33,7 +33,13 @@ def _calibration_coverage(fixtures: Path, defaulted: bool = False):
     from hops_calib.loop.suite import load_suite
     from hops_calib.model.coverage import coverage
 
-    default = "; --fixtures not given: the default, ./fixtures in the current directory" if defaulted else ""
+    default = ""
+    if defaulted:
+        from hops_calib.cli.settings import default_fixtures
+
+        origin = default_fixtures().origin
+        default = (f"; --fixtures not given: {origin}" if origin.startswith("the default") else
+                   f"; --fixtures not given: the store set by {origin}")
     try:
         suite = load_suite(fixtures, "train")
     except InputError as error:
