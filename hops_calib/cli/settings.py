@@ -1,4 +1,4 @@
-"""Defaults a user sets once instead of on every command line: the fixture store and the cluster file.
+"""Command layer: defaults a user sets once instead of on every command line: the fixture store and the cluster file.
 
 Looked up in this order, first found wins:
 

@@ -1,4 +1,4 @@
-"""The planner for a real job: which device runs which stage, how many layers each holds, which schedule, which
+"""What-if room: the planner for a real job, which device runs which stage, how many layers each holds, which schedule, which
 micro-batch size - for a job directory's model and global batch, on its devices, priced by a calibrated model.
 
 A candidate is a `Launch`: a stage order (device id per stage), Megatron's layer split (even, or the first and/or
