@@ -1,5 +1,6 @@
-"""What-if room: the planner for a real job, which device runs which stage, how many layers each holds, which schedule, which
-micro-batch size - for a job directory's model and global batch, on its devices, priced by a calibrated model.
+"""What-if room: the planner for a real job, which device runs which stage, how many layers each holds, which
+schedule, which micro-batch size - for a job directory's model and global batch, on its devices, priced by a
+calibrated model.
 
 A candidate is a `Launch`: a stage order (device id per stage), Megatron's layer split (even, or the first and/or
 last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even), a schedule (1F1B, interleaved 1F1B
