@@ -59,7 +59,8 @@ def read_trace_event_format(path: Path) -> dict:
 
 def _by_stage_phase(frame) -> dict:
     frame = frame.assign(ms=frame["end_ms"] - frame["start_ms"])
-    return {(int(s), k, p): (len(g), float(g["ms"].sum())) for (s, k, p), g in frame.groupby(["stage", "kind", "phase"])}
+    groups = frame.groupby(["stage", "kind", "phase"])
+    return {(int(s), k, p): (len(g), float(g["ms"].sum())) for (s, k, p), g in groups}
 
 
 def test_real_and_predicted_lanes_read_back_with_every_interval(tmp_path):

@@ -1,4 +1,5 @@
-"""The planner for a real job (hops_calib.whatif.job_plan): launches of a job's model and batch on its devices, priced as
+"""The planner for a real job (hops_calib.whatif.job_plan): launches of a job's model and batch on its devices,
+priced as
 predict prices them, checked against memory, ranked; and its ranking of real configurations against their
 measured throughput."""
 

@@ -73,7 +73,8 @@ def default_fixtures(start: Path | None = None) -> Setting:
     """The fixture store a command uses when --fixtures is not given."""
     if os.environ.get(FIXTURES_ENV):
         return Setting(Path(os.environ[FIXTURES_ENV]), FIXTURES_ENV)
-    return _from_project("fixtures", start) or Setting(Path("fixtures"), "the default, ./fixtures in the current directory")
+    return _from_project("fixtures", start) or Setting(Path("fixtures"),
+                                                       "the default, ./fixtures in the current directory")
 
 
 def default_cluster(start: Path | None = None) -> Setting:

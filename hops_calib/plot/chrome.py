@@ -4,10 +4,10 @@ One process per panel (the real run, each prediction), in the panels' order; in 
 compute (forward, backward and its halves, the optimizer step) and one per stage for its sends, so a send never
 hides the compute it overlaps. The format wants the slices of a thread disjoint or nested; where a stage's
 intervals overlap without nesting (real traces have compute events overlapping by up to 3 ms, and sends of both
-directions overlap), the later one goes to an extra thread of the stage ("stage 2 compute +1"). Every interval is a complete event (`"ph": "X"`) with microsecond `ts` and `dur`
-from the start of its timeline; its `args` carry the iteration, microbatch, model chunk and, for a send, the stage
-it goes to. Metadata events (`"ph": "M"`) name and order the processes and threads. The whole run is exported,
-not a window: the viewer zooms.
+directions overlap), the later one goes to an extra thread of the stage ("stage 2 compute +1"). Every interval
+is a complete event (`"ph": "X"`) with microsecond `ts` and `dur` from the start of its timeline; its `args` carry
+the iteration, microbatch, model chunk and, for a send, the stage it goes to. Metadata events (`"ph": "M"`) name
+and order the processes and threads. The whole run is exported, not a window: the viewer zooms.
 """
 
 from __future__ import annotations

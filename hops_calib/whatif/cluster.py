@@ -1,4 +1,5 @@
-"""What-if room: a cluster, its hosts, the devices on each, and the links between hosts (benchmarked, or declared by hand).
+"""What-if room: a cluster, its hosts, the devices on each, and the links between hosts (benchmarked, or declared
+by hand).
 
 A prediction prices a pipeline hop by the hosts at its two ends, never by the hop's position in the pipeline: a
 link benchmark measured whatever hosts sat at its stage positions when it ran, and a what-if that reorders the

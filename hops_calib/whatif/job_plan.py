@@ -39,7 +39,8 @@ from hops_calib.whatif.perturbations import Perturbations
 
 SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "gpipe", "auto")
 MEGATRON_SCHEDULES = ("1f1b", "interleaved_1f1b")  # what Megatron-LM's own schedules run
-EXHAUSTIVE_LIMIT = 10000  # candidates searched one by one (about 1 ms each); more, and a seeded optuna study samples them
+# Launches searched one by one (about 1 ms each); more, and a seeded optuna study samples them.
+EXHAUSTIVE_LIMIT = 10000
 NO_MEGATRON_FLAG = ("has no Megatron-LM flag (Megatron runs 1F1B, or interleaved 1F1B with virtual stages): run it "
                     "with a runtime that has it, e.g. torch.distributed.pipelining (`hops-calib capture --engine "
                     "torch --schedule {schedule}` records one)")
@@ -90,7 +91,8 @@ class Outcome:
             "micro_batch_size": launch.micro_batch_size, "microbatches": self.microbatches,
             "decoder_first_pipeline_num_layers": launch.first, "decoder_last_pipeline_num_layers": launch.last,
             "layers_per_stage": list(self.layers_per_stage), "order": list(launch.order),
-            "throughput_samples_per_s": self.samples_per_s, "steady_throughput_samples_per_s": self.steady_samples_per_s,
+            "throughput_samples_per_s": self.samples_per_s,
+            "steady_throughput_samples_per_s": self.steady_samples_per_s,
             "iteration_time_ms": self.iteration_ms, "idle_share": self.idle_share,
             "schedule_bubble": self.schedule_bubble, "peak_memory_bytes_per_gpu": list(self.peak_memory_bytes),
             "memory_bytes_per_gpu": list(self.memory_bytes), "flags": list(self.flags), "stage_map": self.stage_map,
