@@ -94,9 +94,9 @@ def _cli(*args):
 
 
 def _catalog() -> set[str]:
-    from hops_calib.loop.model_files import load_catalog
+    from hops_calib.loop.model_files import device_types
 
-    return set(load_catalog())
+    return set(device_types())
 
 
 def test_a_device_type_outside_the_catalog_is_refused_at_ingest_and_left_out_by_the_loaders(tmp_path, repo_root):

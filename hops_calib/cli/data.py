@@ -37,7 +37,7 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
     existed = store.exists()
 
     def run() -> int:
-        from hops_calib.loop.suite import device_types
+        from hops_calib.loop.model_files import device_types
 
         known = device_types()
         if hardware is not None and hardware.gpu not in known:

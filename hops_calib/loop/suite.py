@@ -121,13 +121,6 @@ def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -
                  content_hashes=tuple(f.content_hash for f in fixtures), left_out=left_out)
 
 
-def device_types() -> frozenset[str]:
-    """The device types of the shipped catalog (hops_calib/model/devices.toml), which every model knows."""
-    from hops_calib.loop.model_files import load_catalog
-
-    return frozenset(load_catalog())
-
-
 def unknown_device(devices: Sequence[str], known: frozenset[str]) -> str | None:
     """Why a run on `devices` cannot be priced by any model of the catalog, or None."""
     unknown = sorted(set(devices) - known)
@@ -140,6 +133,8 @@ def unknown_device(devices: Sequence[str], known: frozenset[str]) -> str | None:
 def priced(fixtures: list[Any]) -> tuple[list[Any], dict[str, str]]:
     """The fixtures the cost model prices (runs with events, iteration-level runs whose spec builds, on device types
     of the catalog), and run id -> why for the others: one unpriceable run is left out, never the whole store."""
+    from hops_calib.loop.model_files import device_types
+
     kept, reasons = [], {}
     known = device_types()
     for fixture in fixtures:
