@@ -201,7 +201,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
         from hops_calib.loop.evaluate import evaluate
         from hops_calib.progress import progress_bar
 
-        limits = _limits(tolerances, "evaluate", ledger_path, plan)
+        limits = _limits(tolerances, "evaluate", ledger_path, plan, judged=candidate is not None)
         with progress_bar("evaluate", quiet=as_json) as progress:
             result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
                               ledger_path=ledger_path, commit=commit, split=split, plan=plan, progress=progress,
@@ -225,11 +225,23 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
     return guarded(run, as_json)
 
 
-def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: Path | None, plan: int | None):
-    """The tolerances of a judgement: the options given, or, with --plan N, plan N's (and then no option)."""
+def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: Path | None, plan: int | None,
+            judged: bool):
+    """The tolerances of a judgement: the defaults, or, with --plan N, plan N's; tolerance options only where
+    nothing is judged (plain evaluate: --run-error stall-free scores the stall-free error). A judgement's rules other
+    than the defaults are stated beforehand in a plan (`ledger plan`), never given with the judgement."""
+    from hops_calib.cli import TOLERANCE_OPTIONS
+
+    given = [name for name, value in tolerances.items() if value is not None]
+    if judged and given:
+        flags = [flag for name, flag, *_ in TOLERANCE_OPTIONS if name in given]
+        raise InputError(verb, f"{', '.join(flags)}: a judgement's rules come from a plan recorded before it, not "
+                         "from options of the judging command", field=flags[0],
+                         hint="state them first: hops-calib ledger plan --note WHY --candidate FILE "
+                              + " ".join(f"{flag} ..." for flag in flags)
+                              + f" (--rejudge SEQ if the change was judged before), then {verb} ... --plan N")
     if plan is None:
         return _tolerance_limits(tolerances, verb)
-    given = [name for name, value in tolerances.items() if value is not None]
     if given:
         raise InputError(verb, f"--plan {plan} fixes the tolerances; {', '.join(given)} given as well", field="plan",
                          hint="drop the tolerance options: the plan's are the ones stated beforehand")
@@ -321,7 +333,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         from hops_calib.loop.compare import compare
         from hops_calib.progress import progress_bar
 
-        limits = _limits(tolerances, "compare", ledger_path, plan)
+        limits = _limits(tolerances, "compare", ledger_path, plan, judged=True)
         with progress_bar("compare", quiet=as_json) as progress:
             result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
                              note=note, commit_into=commit_into, plan=plan, progress=progress,
@@ -483,19 +495,21 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
 
 
 def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[str, float | str | None], as_json: bool,
-                        candidates: tuple[Path, ...] = ()) -> int:
+                        candidates: tuple[Path, ...] = (), rejudges: int | None = None) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
         from hops_calib.loop.plans import record_plan
 
         limits = _tolerance_limits(tolerances, "ledger plan")
-        entry = record_plan(ledger_path, note, limits, candidates)
+        entry = record_plan(ledger_path, note, limits, candidates, rejudges)
         if as_json:
             print_json(entry)
         else:
             print(f"plan entry {entry['seq']} appended to {ledger_path}: {note}")
             print(f"tolerances stated: {limits.describe()}")
+            if entry.get("rejudges") is not None:
+                print(f"judges again the change of ledger entry {entry['rejudges']} (the new entry links to it)")
             for pinned in entry.get("candidates", []):
                 print(f"candidate pinned: {pinned['id']} ({pinned['path']}, text sha256 {pinned['text_sha256'][:12]})")
             print(f"judge under it with: hops-calib evaluate CANDIDATE --plan {entry['seq']} | "

@@ -15,7 +15,7 @@ from hops_calib.loop.candidate import Candidate, read_candidate
 from hops_calib.loop.gate import GateResult, Tolerances, gate
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
-from hops_calib.loop.plans import check_plan, judgements
+from hops_calib.loop.plans import check_plan, check_rejudgement, judgements, refuse_unplanned_rules, rules
 from hops_calib.loop.suite import ModelScore, TRAIN, load_suite, refuse_test_split, score_model, stall_series
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
@@ -78,6 +78,10 @@ class Evaluation:
                 "candidate": candidate_record(self.candidate),
                 "candidate_model_sha256": self.candidate_model.sha256,
                 "plan_seq": self.ledger_entry.get("plan_seq"),
+                "rules": self.ledger_entry.get("rules"),
+                "earlier_judgements": self.ledger_entry.get("earlier_judgements", []),
+                "rejudges": self.ledger_entry.get("rejudges"),
+                "repeat_of": self.ledger_entry.get("repeat_of"),
                 "before": self.before.suite.to_dict(),
                 "after": self.after.suite.to_dict(),
                 **self.verdict.to_dict(),
@@ -178,30 +182,6 @@ def _reused_id(judged: Sequence[dict[str, Any]], candidate: Candidate) -> list[s
             f"{seqs}): give a changed candidate a new id, so each id names one change in the ledger"]
 
 
-def _repeated_judgement(judged: Sequence[dict[str, Any]], candidate: Candidate, model_sha256: str,
-                        fixture_set_sha256: str, again: bool) -> list[str]:
-    """Refuse a judgement the ledger already holds (this very candidate text, on this model and these fixtures):
-    a second entry would only repeat the first, and `--commit` belongs on the judging evaluation, not on a second
-    one. With `again` it is judged and recorded anyway, with a notice."""
-    same = [e for e in judged
-            if e["candidate"].get("text") == candidate.text and e.get("model_sha256_before") == model_sha256
-            and e.get("fixture_set_sha256") == fixture_set_sha256]
-    if not same:
-        return []
-    last = same[-1]
-    if not again:
-        raise InputError(candidate.origin, f"ledger entry {last.get('seq')} already judged this candidate text on this "
-                         f"model and fixture set ({last.get('decision')}"
-                         f"{', committed' if last.get('committed') else ', not committed'}); a second evaluation "
-                         "would only repeat it", field="candidate",
-                         hint="--commit goes on the judging evaluation; to land a change judged without it, give it "
-                              "a new id (a new file) and evaluate that with --commit, or pass --again to judge and "
-                              "record this one once more")
-    return [f"{candidate.origin}: ledger entry {last.get('seq')} already judged this candidate text on this model and "
-            f"fixture set ({last.get('decision')}); this evaluation repeats it (--again) and is recorded as another "
-            "entry"]
-
-
 def _other_checkouts(model_path: Path, ledger_path: Path | str) -> list[str]:
     """A warning when the model file and the ledger lie in two different checkouts: the ledger would record a
     judgement of a model whose history it does not hold."""
@@ -268,6 +248,8 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
             ledger_path = default_ledger()
         except InputError:
             ledger_path = None
+    if candidate is not None:
+        refuse_unplanned_rules(tolerances, plan, "evaluate")
     if plan is not None:
         check_plan(ledger_path, plan, tolerances, "evaluate", candidate)
     model_path = Path(model_path) if model_path is not None else default_model()
@@ -280,9 +262,15 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         warnings += _stem_is_id(candidate) + _reused_id(judged, candidate)
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suite(fixtures_dir, split)
-    check = None
+    check, links = None, {}
     if candidate is not None:
-        warnings += _repeated_judgement(judged, candidate, model.sha256, suite.sha256, again)
+        from hops_calib.loop.ledger import read_entries
+
+        links, repeated = check_rejudgement(list(read_entries(ledger_path)), "evaluate", model.sha256,
+                                            candidate_model.sha256, suite.sha256, tolerances, plan, again,
+                                            f"candidate {candidate.id} ({candidate.change.describe()})",
+                                            candidate.origin, ledger_path)
+        warnings += repeated
         check = calibration.check_store(calibration.read_record(ledger_path),
                                         calibration.scope_of_change(candidate.change), suite, "evaluate",
                                         off_record=off_record)
@@ -325,8 +313,9 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         **verdict.to_dict(),
         "committed": bool(commit and verdict.accepted),
         **({"plan_seq": plan} if plan is not None else {}),
+        "rules": rules(plan, tolerances),
+        **links,
         **({"off_record": True, "off_record_reason": warnings[-1]} if marked else {}),
-        **({"repeat_of_judgement": True} if again and any("(--again)" in w for w in warnings) else {}),
         "code_revision": code_revision(),
     }
     if entry["committed"]:
