@@ -523,13 +523,14 @@ def tune(
         None, "--only", help="Search only this parameter (repeatable); the others keep the model's values."),
     ledger: Path = LEDGER_OPTION,
     off_record: bool = OFF_RECORD_OPTION,
+    split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
 ) -> None:
     """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate
     (experiments/ID.toml). Exit 0 written, 1 none (no trial beats the model: status no_candidate), 4 off the record."""
     from hops_calib.cli.research import tune_command
 
     raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
-                                  objective, tuple(only or ()), ledger, off_record))
+                                  objective, tuple(only or ()), ledger, off_record, split))
 
 
 @app.command()
@@ -550,12 +551,13 @@ def crossval(
                                                         "out first: one value for every device."),
     also: Optional[List[str]] = typer.Option(
         None, "--also", help="Another term's parameter refit together with TERM's, as TERM:PARAM (repeatable)."),
+    split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
 ) -> None:
     """Refit one term without each fold of train configurations and predict that fold: held-out error from train."""
     from hops_calib.cli.research import crossval_command
 
     raise typer.Exit(crossval_command(term, fixtures, model, folds, evaluations, seed, as_json, objective,
-                                      tuple(only or ()), shared, tuple(also or ())))
+                                      tuple(only or ()), shared, tuple(also or ()), split))
 
 
 def main() -> None:
