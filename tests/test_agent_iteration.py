@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from hops_calib.cli import app
 from hops_calib.loop.ledger import read_entries
+from hops_calib.loop.model_files import load_model
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "hops_calib" / "model" / "models" / "baseline.toml"
@@ -95,6 +96,15 @@ def test_an_accepted_candidate_shows_every_run_before_and_after_and_observe_name
     assert any(c["noise_ms"] is not None and c["noise_mape_pp"] > 0 for c in observed["contributors"])
     assert all(t["term"] and t["param"] and isinstance(t["applies"], bool)
                for c in observed["contributors"] for t in c["terms"])
+    # every parameter of a pricing term is found by nudging, none from a hand list: the random stalls' parameters
+    # move the silent stretch of some iterations (not its median) on the runs they place stalls on
+    [silent] = [c for c in observed["overall"] if c["quantity"] == "silent"]
+    applies = {t["param"]: t["applies"] for t in silent["terms"] if t["term"] == "embedding_grad_allreduce"}
+    assert applies["stall_probability"] and applies["rto_ms"]
+    assert set(applies) == set(load_model(model).active("embedding_grad_allreduce").params())
+    # the fields say what the signs mean
+    assert "predicted minus real" in observed["fields"]["bias_ms"]
+    assert "negative only where errors cancel" in observed["fields"]["fixable_mape_pp"]
 
 
 def test_a_model_and_a_ledger_of_two_checkouts_draw_a_warning_and_the_output_names_both(tmp_path):
