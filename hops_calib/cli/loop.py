@@ -460,8 +460,13 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
         entries = list(read_entries(ledger_path))
         if last is not None:
             entries = entries[-last:] if last > 0 else []
+        from hops_calib.loop.plans import judgement_notes
+
+        notes = judgement_notes(list(read_entries(ledger_path)))
         if as_json:
-            print_json({"ledger": str(ledger_path), "entries": entries})
+            print_json({"ledger": str(ledger_path), "entries": entries,
+                        "judgements": {str(seq): note for seq, note in notes.items()
+                                       if seq in {e.get("seq") for e in entries}}})
             return EXIT_OK
         if not entries:
             print(f"{ledger_path}: no entries")
@@ -469,6 +474,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             aggregates_before, aggregates_after = e.get("aggregates_before") or {}, e.get("aggregates_after") or {}
             if e.get("kind") == "plan":
                 what = f"plan: {e.get('note', '')}" + "".join(f" [pins {c.get('id')}]" for c in e.get("candidates", []))
+                what += f" [rejudges entry {e['rejudges']}]" if e.get("rejudges") is not None else ""
             elif e.get("kind") == "report":
                 aggregates = e.get("aggregates", {})
                 what = (f"report {e.get('split')}: MAPE {aggregates.get('throughput_mape_pct', float('nan')):.2f} %, "
@@ -486,12 +492,31 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
                         f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
                         f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
                         + (", committed" if e.get("committed") else ""))
-            if e.get("plan_seq") is not None:
-                what += f" (under plan {e['plan_seq']})"
+            note = notes.get(e.get("seq"))
+            if note is not None:
+                what += _judgement_note(note)
             print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', e.get('kind', '')):9} {what}")
         return EXIT_OK
 
     return guarded(run, as_json)
+
+
+def _judgement_note(note: dict[str, Any]) -> str:
+    """`ledger show`'s words on a judgement's rules, earlier judgements of its change and the model file written."""
+    from hops_calib.loop.gate import Tolerances
+
+    text = f" (under {note['rules']})" if note["rules"] != "defaults" else " (default rules)"
+    if note["tolerances"]:
+        text += f" [tolerances: {Tolerances(**note['tolerances']).describe()}]"
+    if note["rejudges"] is not None:
+        text += f"; judges again the change of entry {note['rejudges']}"
+    elif note["earlier_judgements"]:
+        text += "; the same change was judged in entry " + ", ".join(map(str, note["earlier_judgements"]))
+    if note["model_written"]:
+        text += f"; wrote {note['model_written']}"
+        if note["model_outside_checkout"]:
+            text += " (WARNING: not a checkout's model file)"
+    return text
 
 
 def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[str, float | str | None], as_json: bool,

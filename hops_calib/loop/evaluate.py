@@ -6,6 +6,7 @@ This module returns results; `hops_calib.cli.loop` prints them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -124,11 +125,14 @@ def per_run_changes(before: ModelScore, after: ModelScore, moved: Sequence[str],
     """Per run: the base model's and the scored model's errors (window and steady throughput, bubble, stall-free)
     and their difference (after - before; of the signed errors, and of the absolute ones the gate reads)."""
     after_by_id = {r.run_id: r for r in after.runs}
+    after_phases = dict(zip((r.run_id for r in after.runs), after.phases))
     rows = []
-    for old in before.runs:
+    for old, was_phases in itertools.zip_longest(before.runs, before.phases):
         new = after_by_id[old.run_id]
         row: dict[str, Any] = {"run_id": old.run_id, "moved": old.run_id in moved, "before": {}, "after": {},
                                "delta": {}, "abs_delta": {}}
+        if row["moved"] and was_phases is not None and old.run_id in after_phases:
+            row["phases_moved"] = phase_changes(was_phases, after_phases[old.run_id])
         for field in RUN_ERRORS:
             was, now = (_error_value(r, field, stall_free_computed) for r in (old, new))
             row["before"][field], row["after"][field] = was, now
@@ -137,6 +141,27 @@ def per_run_changes(before: ModelScore, after: ModelScore, moved: Sequence[str],
             row["abs_delta"][field] = abs(now) - abs(was) if numbers else row["delta"][field]
         rows.append(row)
     return rows
+
+
+def phase_name(quantity: str, stage: int | None) -> str:
+    """A phase duration's name in the JSON: 'stage 2 forward_ms', 'silent_ms (median)', 'silent_ms (mean)'."""
+    part, _, how = quantity.partition(".")
+    if stage is not None:
+        return f"stage {stage} {part}_ms"
+    return f"{part}_ms ({'mean over iterations' if how == 'mean' else 'median'})"
+
+
+def phase_changes(before: dict[tuple[str, int | None], float], after: dict[tuple[str, int | None], float]
+                  ) -> dict[str, dict[str, float]]:
+    """The predicted phase durations that changed (a stage's forward/backward per microbatch and optimizer step,
+    the iteration's span, silent stretch, optimizer and rest), before and after, ms: the mechanism half of a
+    hypothesis, checked run by run."""
+    out = {}
+    for key, was in before.items():
+        now = after.get(key)
+        if now is not None and abs(now - was) > 1e-9 * max(abs(now), abs(was), 1e-12):
+            out[phase_name(*key)] = {"before": was, "after": now, "delta": now - was}
+    return out
 
 
 def floor_excess(before: ModelScore, after: ModelScore | None = None) -> dict[str, Any]:
@@ -188,6 +213,9 @@ def _other_checkouts(model_path: Path, ledger_path: Path | str) -> list[str]:
     from hops_calib.loop.ledger import checkout_of
 
     model_home, ledger_home = checkout_of(model_path), checkout_of(ledger_path)
+    if model_home is None and ledger_home is not None:
+        return [f"the model {model_path} lies outside any checkout, the ledger {ledger_path} in {ledger_home}: the "
+                "ledger records a judgement (and with --commit a change) of a file that is not the checkout's model"]
     if model_home is None or ledger_home is None or model_home == ledger_home:
         return []
     return [f"the model {model_path} is in the checkout {model_home}, the ledger {ledger_path} in {ledger_home}: "

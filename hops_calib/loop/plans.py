@@ -204,3 +204,41 @@ def check_plan(ledger_path: Path | str, seq: int, tolerances: Tolerances, verb: 
                          + (f": {candidate.id} was edited after the plan" if same_id else ""), field="plan",
                          hint="judge the candidate as it was planned, or state a new plan for this one "
                               "(hops-calib ledger plan --candidate FILE ...)")
+
+
+def judgement_notes(entries: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """What `ledger show` says of each judgement beside its numbers: its rules (`plan N` or the defaults, with the
+    tolerances where they are not the defaults), the earlier judgements of the same change on the same model and
+    fixture set (recorded since issue #22's walkthrough, else found by that identity), and the model file a commit
+    wrote, with whether it is not a checkout's model file (hops_calib/model/models/NAME.toml of some checkout: a
+    copy elsewhere, e.g. in /tmp, is a change the ledger records but no checkout holds)."""
+    notes: dict[int, dict[str, Any]] = {}
+    seen: list[dict[str, Any]] = []
+    for entry in entries:
+        if entry.get("kind") not in JUDGEMENT_KINDS:
+            continue
+        tolerances = entry.get("tolerances")
+        default = isinstance(tolerances, dict) and tolerances == Tolerances().to_dict()
+        earlier = entry.get("earlier_judgements")
+        if earlier is None:
+            earlier = [e.get("seq") for e in earlier_judgements(seen, entry.get("kind"), entry.get("model_sha256_before"),
+                                                                 entry.get("model_sha256_after"),
+                                                                 entry.get("fixture_set_sha256"))]
+        written = entry.get("committed_into") or (entry.get("model_path") if entry.get("committed") else None)
+        note: dict[str, Any] = {
+            "rules": f"plan {entry['plan_seq']}" if entry.get("plan_seq") is not None else DEFAULTS,
+            "tolerances": None if default else tolerances,
+            "earlier_judgements": earlier, "rejudges": entry.get("rejudges"),
+            "model_written": written,
+            "model_outside_checkout": bool(written) and not _in_a_checkout(written),
+        }
+        notes[entry["seq"]] = note
+        seen.append(entry)
+    return notes
+
+
+def _in_a_checkout(model_path: str) -> bool:
+    """Whether a model file path names a checkout's model file (…/hops_calib/model/models/NAME.toml; the path as
+    recorded, so that an entry made in another worktree or clone of the project still reads as one)."""
+    parts = Path(model_path).parts
+    return len(parts) >= 4 and parts[-4:-1] == ("hops_calib", "model", "models")

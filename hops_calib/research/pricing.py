@@ -49,20 +49,20 @@ def perturbations(model: Model) -> Iterable[tuple[str, str, Model]]:
 
 
 def quantities(spec, prediction) -> dict[tuple[str, int | None], tuple[float, ...]]:
-    """The quantities observe compares, predicted: per stage forward / backward ms, and the iteration's parts, each
-    part as its median and every iteration's value (a stall placed in some iterations moves the window and those
-    iterations, not the median: its parameters price the part all the same)."""
+    """The quantities observe compares, predicted (`Prediction.phase_ms`): per stage forward / backward ms, and the
+    iteration's parts, each part as its median and its mean over iterations (a stall placed in some iterations moves
+    the window and those iterations, not the median: its parameters price the part all the same)."""
     values: dict[tuple[str, int | None], tuple[float, ...]] = {}
-    for row in prediction.stage_phase_ms(spec):
-        values[("forward", row.stage)] = (row.forward_ms,)
-        values[("backward", row.stage)] = (row.backward_ms,)
-    parts = prediction.result.iteration_parts()
-    series = prediction.result.iteration_part_series()
-    if parts is not None:
-        for part, value in parts.as_dict().items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                every = getattr(series, f"{part}_ms", None) if series is not None else None
-                values[(part, None)] = (float(value), *(() if every is None else map(float, every)))
+    for (quantity, stage), value in prediction.phase_ms(spec).items():
+        if stage is not None and quantity not in ("forward", "backward"):
+            continue  # observe compares stages by forward and backward only
+        key = (quantity.partition(".")[0], stage)
+        values[key] = values.get(key, ()) + (value,)
+    series = prediction.result.iteration_part_series()  # every iteration: a stall moved to another one moves too
+    for (quantity, stage) in list(values):
+        every = getattr(series, f"{quantity}_ms", None) if series is not None and stage is None else None
+        if every is not None:
+            values[(quantity, stage)] += tuple(map(float, every))
     return values
 
 
