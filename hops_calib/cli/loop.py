@@ -199,6 +199,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
                      plan: int | None = None, off_record: bool = False, again: bool = False) -> int:
     def run() -> int:
         from hops_calib.loop.evaluate import evaluate
+        from hops_calib.loop.gate import Tolerances
         from hops_calib.progress import progress_bar
 
         limits = _limits(tolerances, "evaluate", ledger_path, plan, judged=candidate is not None)
@@ -217,7 +218,9 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
                          result.before.suite)
             _print_left_out(result.left_out)
             print(f"model file {result.model_path}; ledger {result.ledger_path or '(none: no checkout)'}")
-            print(f"tolerances a candidate must meet: {limits.describe()}")
+            print(f"tolerances a candidate must meet: {limits.describe()}"
+                  + (" (the defaults; other rules only from a plan: hops-calib ledger plan)"
+                     if limits == Tolerances() else ""))
             return EXIT_OK
         _print_candidate(result)
         return result.exit_code
