@@ -19,7 +19,7 @@ judged where the part of the model it changes was calibrated:
 A store holds that fixture set when its train split has the same `fixture_set_sha256`, or the same run ids (the
 same runs re-ingested: said as a warning), or, for an entry older than these fields, the same device types and
 number of runs. Entries older than `fixture_devices` count for the device types their change named. A ledger
-with no committed change calibrates nothing: any store may start it. `OffRecord` is the refusal (exit 2);
+with no committed change calibrates nothing: any store may start it. `OffRecord` is the refusal (exit 4);
 `evaluate/compare/tune --off-record` judge anyway and mark the entry.
 """
 

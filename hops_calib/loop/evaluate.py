@@ -249,7 +249,9 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     A candidate is judged only on the runs the part of the model it changes was calibrated on (the ledger's record,
     `hops_calib.loop.calibration`), and only when it moves at least one run's prediction there; `off_record`
     judges it anyway and marks the entry (a change that moves no run is never committed). `again`: judge a
-    candidate text the ledger already judged on this model and fixture set (refused otherwise).
+    change the ledger already judged on this model and fixture set once more under the same rules (refused
+    otherwise; other rules need a plan naming the earlier judgement: `hops_calib.loop.plans.check_rejudgement`).
+    `tolerances` other than the defaults only with `plan` (`plans.refuse_unplanned_rules`).
     """
     from hops_calib.loop import calibration
     from hops_calib.loop.ledger import default_ledger
