@@ -1,6 +1,6 @@
 """The spec of a run measured at iteration level: its launch (Megatron's args) and hardware, nothing measured.
 
-A run the cost model does not price (tensor or data parallelism, ...) gets no spec: the ValueError (a TraceError
+A run the cost model does not price (context parallelism, experts, FP8, ...) gets no spec: the ValueError (a TraceError
 for a launch setting) says why, and the verbs that would predict it refuse it by name with that reason
 (`hops_calib.store.fixture_store.NotPriced`).
 """
@@ -28,12 +28,6 @@ def _collectives(folder: str) -> tuple[CollectiveTable, ...]:
 def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "") -> Spec:
     """The Spec of a measured run (`hardware`: gpu, gpus_per_node, and the folder of the machine's collective
     benchmark tables when its source has them); ValueError naming what the model does not price."""
-    tp = int(args.get("tensor_model_parallel_size") or 1)
-    dp = int(args.get("data_parallel_size") or 1)
-    if tp != 1 or dp != 1:
-        needs = " and ".join(name for name, size in (("tensor", tp), ("data", dp)) if size != 1)
-        raise ValueError(f"it needs {needs} parallelism, which the cost model does not price yet (it prices one "
-                         "GPU per pipeline stage)")
     folder = hardware.get("collective_tables")
     collectives = _collectives(folder) if folder else ()
     return spec_from_args(args, origin or run_id, run_id=run_id,

@@ -280,7 +280,8 @@ def test_vtrain_table_ingests_as_published(tmp_path):
         key = (row["tensor parallelism"], row["data parallelism"], row["pipeline parallelism"], row["# layers"],
                row["hidden size"], row["micro batch"], row["global batch"])
         assert by_config.loc[key] == pytest.approx(row["iteration time (ms)"])
-    # tensor- and data-parallel runs are listed, and say why they are not priced
+    # tensor- and data-parallel runs are priced too (issue #19): every run has a spec
     fixtures = store.load_all("train")
-    parallel = [f for f in fixtures if f.launch["tensor_model_parallel_size"] > 1]
-    assert parallel and all(f.not_priced.startswith("it needs tensor") for f in parallel)
+    parallel = [f for f in fixtures if f.launch["tensor_model_parallel_size"] > 1 or f.launch["data_parallel_size"] > 1]
+    assert parallel and all(f.not_priced is None for f in fixtures)
+    assert {(f.spec.tp, f.spec.dp) for f in parallel} >= {(2, 1), (1, 2), (2, 2), (4, 2), (8, 1)}

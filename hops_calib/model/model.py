@@ -224,6 +224,8 @@ class Model:
             forward_transfer_ms=tuple(totals["forward_transfer_ms"] or ()),
             backward_transfer_ms=tuple(totals["backward_transfer_ms"] or ()),
             optimizer_ms=tuple(totals["optimizer_ms"] or ()),
+            grad_reduce_ms=tuple(totals["grad_reduce_ms"] or ()),
+            grad_reduce_tail_ms=tuple(totals["grad_reduce_tail_ms"] or ()),
             pre_optimizer_ms=pre_optimizer_ms,
             post_optimizer_ms=post_optimizer_ms,
             stall_ms=stall[1] if stall else 0.0,

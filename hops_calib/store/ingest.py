@@ -111,6 +111,15 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     """
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
+    if spec.tp * spec.dp > 1:
+        from hops_calib.trace import find_arguments
+
+        _args, source = find_arguments(job_dir)
+        raise TraceError(source, f"gives tensor parallel size {spec.tp} and data parallel size {spec.dp} (world size "
+                         f"{spec.gpus} / pp {spec.pp}): {spec.gpus} ranks for {spec.pp} stages", field="world_size",
+                         hint="predict --job prices such a launch, but ingest reads one event log per pipeline stage "
+                              "(per-stage truth over tensor- and data-parallel ranks is not read yet): ingest a "
+                              "launch of one process per stage (nnodes x nproc-per-node = pp)")
     files = rank_files(job_dir)
     if sorted(files) != list(range(spec.pp)):
         raise TraceError(job_dir / TRACE_DIR, f"has logs of ranks {sorted(files)} but the configuration has "

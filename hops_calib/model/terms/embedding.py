@@ -108,6 +108,7 @@ class EmbeddingGradAllReduce(Term):
     """
 
     name = "embedding_grad_allreduce"
+    category = "dp_reduce"
     params = (
         Param("bytes_per_element", 4.0, 2.0, 4.0, "bytes",
               "bytes per reduced gradient element: 4 for fp32 main grads (Megatron's default with --bf16), 2 for bf16"),
@@ -136,7 +137,7 @@ class EmbeddingGradAllReduce(Term):
             raise ValueError(f"spec {spec.run_id}: term {self.name} needs link fits (calibration/link_bench) and the "
                              "spec has none; ingest the link benchmark or remove the term from the model")
         element = params["bytes_per_element"] if fp32_grad_buffers(spec) else gpt.bytes_per_element(spec.model)
-        nbytes = gpt.padded_vocab(spec.model) * spec.model.hidden_size * element
+        nbytes = gpt.vocab_per_gpu(spec.model) * spec.model.hidden_size * element
         table = spec.collective("all_reduce", 2)
         if table is not None and spec.same_node(0, spec.pp - 1):
             # Both ends in one node: NCCL all-reduces over NVLink, as the node's benchmark measured it (no TCP).

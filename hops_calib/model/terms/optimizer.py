@@ -6,20 +6,33 @@ from typing import Mapping
 
 from hops_calib.model import gpt
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
+from hops_calib.spec import Spec
+
+
+def stage_parameters(spec: Spec, layers: int, rank: int) -> float:
+    """Parameters one GPU of pipeline rank `rank` holds (its share of the tensor-parallel split): its `layers`
+    decoder layers, plus the word embedding (V/t rows) and learned position embeddings on the first stage, the final
+    norm and (tied or not) an output-layer copy of the word embedding on the last stage."""
+    shape = spec.model
+    h = shape.hidden_size
+    vocab = gpt.vocab_per_gpu(shape)
+    total = layers * gpt.layer_parameters(shape)
+    if rank == 0:
+        total += vocab * h + (shape.seq_length * h if shape.position_embedding == "learned_absolute" else 0)
+    if rank == spec.pp - 1:
+        total += gpt.norm_parameters(shape) / 2 + (vocab * h if spec.pp > 1 else 0)
+    return float(total)
 
 
 def rank_parameters(context: Context, rank: int) -> float:
-    """Parameters rank `rank` holds: its decoder layers, plus the word and position embeddings on the first stage,
-    the final LayerNorm and (tied or not) an output-layer copy of the word embedding on the last stage."""
-    shape = context.spec.model
-    h = shape.hidden_size
-    vocab = gpt.padded_vocab(shape)
-    total = context.layout.layers_on_rank(rank) * gpt.layer_parameters(shape)
-    if rank == 0:
-        total += vocab * h + shape.seq_length * h
-    if rank == context.layout.ranks - 1:
-        total += 2 * h + (vocab * h if context.layout.ranks > 1 else 0)
-    return float(total)
+    """Parameters one GPU of pipeline rank `rank` holds (`stage_parameters`)."""
+    return stage_parameters(context.spec, context.layout.layers_on_rank(rank), rank)
+
+
+def optimizer_shard(spec: Spec) -> int:
+    """How many ways a GPU's optimizer state and step are split: over the data-parallel replicas under the
+    distributed optimizer (each updates its 1/d of the parameters, then all-gathers them), else 1."""
+    return spec.dp if spec.distributed_optimizer else 1
 
 
 class OptimizerStep(Term):
@@ -44,6 +57,7 @@ class OptimizerStep(Term):
     """
 
     name = "optimizer_step"
+    category = "optimizer"
     params = (
         Param("bytes_per_parameter", 42.0, 16.0, 64.0, "bytes",
               "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)"),
@@ -62,7 +76,8 @@ class OptimizerStep(Term):
             bytes_per_ms = device.memory_bandwidth_bytes_per_s * self.value(params, "memory_efficiency", device.type) / 1e3
             times.append(self.value(params, "fixed_ms", device.type)
                          + self.value(params, "per_layer_ms", device.type) * context.layout.layers_on_rank(rank)
-                         + rank_parameters(context, rank) * params["bytes_per_parameter"] / bytes_per_ms)
+                         + rank_parameters(context, rank) / optimizer_shard(context.spec)
+                         * params["bytes_per_parameter"] / bytes_per_ms)
         return Contribution(optimizer_ms=tuple(times))
 
 
