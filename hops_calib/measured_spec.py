@@ -30,9 +30,19 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
     benchmark tables when its source has them); ValueError naming what the model does not price."""
     folder = hardware.get("collective_tables")
     collectives = _collectives(folder) if folder else ()
-    return spec_from_args(args, origin or run_id, run_id=run_id,
+    spec = spec_from_args(args, origin or run_id, run_id=run_id,
                           hardware=Hardware(gpu=hardware["gpu"], gpus_per_node=int(hardware["gpus_per_node"])),
                           collectives=collectives, iterations=SIMULATED_ITERATIONS)
+    hops = [(r, r + 1) for r in range(spec.pp - 1)] + ([(spec.pp - 1, 0)] if spec.vp > 1 and spec.pp > 1 else [])
+    missing = [hop for hop in hops if spec.link(*hop) is None]
+    if missing:
+        inside = spec.gpus_per_node is None or all(spec.same_node(a, b) for a, b in missing)
+        raise ValueError(f"nothing prices the hop between stages {missing[0][0]} and {missing[0][1]}"
+                         + (": no collective benchmark of the node (give its all-reduce tables: calibration/"
+                            "allreduce/ beside the log or table, or hardware.collective_tables in hops.base.yaml or "
+                            "the table's sidecar)" if inside else
+                            ": it crosses nodes, and a log or table carries no link benchmark"))
+    return spec
 
 
 def priced(fixtures: list[Any]) -> tuple[list[Any], dict[str, str]]:

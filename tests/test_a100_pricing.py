@@ -187,3 +187,39 @@ flow_cap_gbit_s = 20.9
     apart = spec_from_args(_row(pp=4), "runs.csv", run_id="row", iterations=3,
                            hardware=Hardware(gpu="a100", gpus_per_node=2), collectives=tables)
     assert [(f.src_stage, f.dst_stage) for f in apart.links] == [(0, 1), (2, 3)]
+
+
+@pytest.fixture(scope="module")
+def vtrain_store(allreduce_dir, tmp_path_factory):
+    """The published vTrain table's 160 pure-pipeline rows (t = d = 1) ingested once, with the publishers'
+    all-reduce tables beside them (a link to allreduce-a100/): the runs whose layers the launch floors bound."""
+    import pandas as pd
+
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    root = tmp_path_factory.mktemp("vtrain")
+    table = pd.read_csv(allreduce_dir.parent / "ground_truth_single.csv")
+    pure = table[(table["tensor parallelism"] == 1) & (table["data parallelism"] == 1)]
+    assert len(pure) == 160
+    pure.to_csv(root / "ground_truth_single.csv", index=False)
+    (root / allreduce_dir.name).symlink_to(allreduce_dir)
+    store = FixtureStore(root / "fixtures")
+    assert ingest([root / "ground_truth_single.csv"], store).ok
+    return store.root
+
+
+def test_tune_on_runs_measured_at_iteration_level_minimizes_the_throughput_mape_alone(vtrain_store, tmp_path):
+    from hops_calib.loop.candidate import read_candidate
+    from hops_calib.research.tune import tune, tune_text
+
+    # The cluster hosts' launch floors price the A100 runs' layers launch-bound: lower floors do better.
+    out = tmp_path / "floor.toml"
+    only = ("forward_ms_per_layer@a100", "backward_ms_per_layer@a100")
+    result = tune("layer_launch_floor", vtrain_store, trials=6, seed=1, out=out, only=only)
+    assert result.objectives == ("throughput_mape_pct",) and result.current.bubble_mae_pp is None
+    mapes = [p.score["throughput_mape_pct"] for p in result.front]
+    assert mapes == sorted(mapes) and mapes[0] < result.current.throughput_mape_pct
+    assert result.chosen is not None and "n/a" in tune_text(result)
+    candidate = read_candidate(out)  # the placeholder texts are refused by evaluate, not by the reader
+    assert set(candidate.change.params) == set(only) and "bubble_mae_pp" not in out.read_text()

@@ -285,3 +285,110 @@ def test_vtrain_table_ingests_as_published(tmp_path):
     parallel = [f for f in fixtures if f.launch["tensor_model_parallel_size"] > 1 or f.launch["data_parallel_size"] > 1]
     assert parallel and all(f.not_priced is None for f in fixtures)
     assert {(f.spec.tp, f.spec.dp) for f in parallel} >= {(2, 1), (1, 2), (2, 2), (4, 2), (8, 1)}
+
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _allreduce_tables(folder, gpus=(2, 4, 8), latency_ns=9000.0, bus_gb_s=220.0):
+    """nccl-tests all-reduce tables (trace/collective_bench.py's columns, out-of-place then in-place) of a node whose
+    ring moves `bus_gb_s` GB/s of bus bandwidth after a fixed latency, 1 MiB to 64 MiB."""
+    folder.mkdir(parents=True)
+    for n in gpus:
+        rows = ["size(B),count,type,time(ns),busbw(GB/s),time(ns),busbw(GB/s)"]
+        for size in (2 ** k for k in range(20, 27)):
+            time_ns = latency_ns + size * 2 * (n - 1) / n / bus_gb_s
+            busbw = size / time_ns * 2 * (n - 1) / n
+            rows.append(f"{size},{size // 2},half,{time_ns:.0f},{busbw:.2f},{time_ns:.0f},{busbw:.2f}")
+        (folder / f"AR_GPU{n}_1M_64M_LUT").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mixed_store(tmp_path_factory, repo_root):
+    """The shipped CPU captures (events) beside a run table of A100 pipelines in one node (iteration level), whose
+    all-reduce tables sit in calibration/allreduce/ beside it: three priced runs and one that needs context
+    parallelism (which the model does not price), all in train."""
+    root = tmp_path_factory.mktemp("mixed")
+    store = FixtureStore(root / "fx")
+    assert ingest([repo_root / "traces"], store).ok
+    _allreduce_tables(root / "calibration" / "allreduce")
+    table = root / "a100_sweep.csv"
+    _table([{"pipeline_model_parallel_size": 2, "num_layers": 24, "micro_batch_size": 4, "global_batch_size": 16,
+             "fp16": True, "transformer_impl": "local", "iteration_time_ms": 310.0},
+            {"pipeline_model_parallel_size": 4, "num_layers": 24, "micro_batch_size": 4, "global_batch_size": 16,
+             "fp16": True, "transformer_impl": "local", "iteration_time_ms": 240.0},
+            {"pipeline_model_parallel_size": 4, "num_layers": 24, "micro_batch_size": 2, "global_batch_size": 32,
+             "fp16": True, "transformer_impl": "local", "iteration_time_ms": 520.0},
+            {"tensor_model_parallel_size": 2, "context_parallel_size": 2, "world_size": 4, "num_layers": 24, "global_batch_size": 16,
+             "padded_vocab_size": 50432, "fp16": True, "transformer_impl": "local", "iteration_time_ms": 400.0}],
+           ).to_csv(table, index=False)
+    assert ingest([table], store, split="train").ok
+    return store
+
+
+def test_evaluate_scores_each_metric_on_the_runs_that_have_it(mixed_store, repo_root):
+    events_only = json.loads(_cli("evaluate", "--fixtures", repo_root / "fixtures", "--json").stdout)
+    result = _cli("evaluate", "--fixtures", mixed_store.root, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    kinds = {i: mixed_store.load(i).kind for i in mixed_store.ids("train")}
+    events = sum(k == "events" for k in kinds.values())
+    assert data["n_fixtures"] == len(kinds) - 1 == events + 3
+    assert data["counts"] == {"throughput": events + 3, "steady_throughput": events + 3, "bubble": events,
+                              "utilization": events}
+    # bubble and rho come from the runs with events alone: the CPU captures' own numbers
+    assert data["bubble_mae_pp"] == pytest.approx(events_only["bubble_mae_pp"])
+    assert data["util_spearman_mean"] == pytest.approx(events_only["util_spearman_mean"])
+    assert data["throughput_mape_pct"] == pytest.approx(np.mean([abs(r["throughput_error_pct"])
+                                                                 for r in data["runs"]]))
+    (reason,) = data["left_out"]["reasons"]
+    assert data["left_out"]["count"] == 1 and "--context-parallel-size 2" in reason["reason"]
+    measured = [r for r in data["runs"] if kinds[r["run_id"]] == "iteration"]
+    for run in measured:  # measured over steady iterations: throughput is the steady one, on both sides
+        assert run["bubble_error_pp"] is None and run["util_spearman_rho"] is None
+        assert run["throughput_error_pct"] == pytest.approx(run["steady_throughput_error_pct"])
+        real = mixed_store.load(run["run_id"]).truth.metrics
+        assert run["real_throughput_per_s"] == pytest.approx(real.microbatches_per_iteration
+                                                            / real.iteration_time_ms * 1e3)
+    text = _cli("evaluate", "--fixtures", mixed_store.root)
+    assert "left out 1 run(s) the model does not price" in text.stdout
+    assert f"(on {events} runs with events)" in text.stdout
+
+
+def test_verbs_that_predict_refuse_an_unpriced_run_by_name(mixed_store):
+    (unpriced,) = [i for i in mixed_store.ids() if i.startswith("a100_sweep_t2")]
+    result = _cli("predict", unpriced, "--fixtures", mixed_store.root, "--json")
+    assert result.exit_code == 2
+    error = json.loads(result.stdout)["error"]
+    assert unpriced in error["message"] and "context parallel" in error["message"]
+    listed = json.loads(_cli("fixtures", "list", "--fixtures", mixed_store.root, "--json").stdout)
+    row = next(r for r in listed if r["id"] == unpriced)
+    assert row["kind"] == "iteration" and row["configuration"]["tp"] == 2
+    observed = json.loads(_cli("observe", "--fixtures", mixed_store.root, "--json").stdout)
+    assert observed["left_out"]["count"] == 1 and observed["iteration_level_runs"] == 3
+    assert {r["run_id"] for r in observed["runs"]} == set(mixed_store.ids("train")) - {unpriced}
+
+
+def test_a_store_without_events_scores_throughput_only(tmp_path):
+    path = tmp_path / "pp.csv"
+    (tmp_path / "pp.yaml").write_text("hardware: {collective_tables: node_bench}\n", encoding="utf-8")
+    _allreduce_tables(tmp_path / "node_bench")
+    _table([{"pipeline_model_parallel_size": p, "num_layers": 24, "micro_batch_size": 2, "global_batch_size": 16,
+             "transformer_impl": "local", "bf16": True, "iteration_time_ms": t} for p, t in ((2, 400.0), (4, 330.0))]
+           ).to_csv(path, index=False)
+    store = FixtureStore(tmp_path / "fx")
+    assert ingest([path], store, split="train").ok
+    data = json.loads(_cli("evaluate", "--fixtures", store.root, "--json").stdout)
+    assert data["n_fixtures"] == 2 and data["bubble_mae_pp"] is None and data["util_spearman_mean"] is None
+    assert data["counts"]["bubble"] == 0 and data["counts"]["throughput"] == 2
+    (tmp_path / "pp.yaml").unlink()  # without the node's benchmark nothing prices the hops: not priced, said so
+    assert ingest([path], store).ok
+    result = _cli("evaluate", "--fixtures", store.root, "--json")
+    assert result.exit_code == 2 and "none of the 2 train fixtures is priced" in json.loads(result.stdout)["error"][
+        "message"] and "collective benchmark" in result.stdout

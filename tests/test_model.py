@@ -597,10 +597,14 @@ def test_a_per_device_override_prices_only_that_device_and_round_trips(tmp_path)
     path = tmp_path / "m.toml"
     write_model(path, model)
     assert load_model(path) == model and '"forward_ms_per_layer@a10g" = 2.0' in path.read_text()
-    # The additive floor's per-layer time is one software-stack number, not a per-device one.
-    with pytest.raises(InputError, match="no parameter 'forward_ms_per_layer@a10g'"):
-        parse_model(text.replace("[terms.layer_launch_floor]", "[terms.layer_dispatch_floor]"), origin="m.toml",
-                    catalog=load_catalog())
+    # The additive dispatch time per layer is the software stack's and its host's: a per-device value prices only
+    # that device's stages (the A100 runs' Megatron-DeepSpeed on a DGX host), the others keep the shared one.
+    dispatch = parse_model(text.replace("[terms.layer_launch_floor]", "[terms.layer_dispatch_floor]"),
+                           origin="m.toml", catalog=load_catalog())
+    shared = parse_model(text.replace("[terms.layer_launch_floor]", "[terms.layer_dispatch_floor]").replace(
+        '"forward_ms_per_layer@a10g" = 2.0\n', ""), origin="m.toml", catalog=load_catalog())
+    deltas = [a.forward_ms - b.forward_ms for a, b in zip(dispatch.pipeline(spec).stages, shared.pipeline(spec).stages)]
+    assert deltas == pytest.approx([0.0, 2 * (2.0 - 1.0), 0.0])
 
 
 def test_collective_efficiency_scales_the_all_reduce_bandwidth():

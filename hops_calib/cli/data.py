@@ -10,6 +10,7 @@ from hops_calib.cli.output import guarded
 from hops_calib.store import views
 from hops_calib.store.fixture_store import FixtureStore, StoreError
 from hops_calib.store.ingest import RunOutcome, ingest
+from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
 
 
 def _err(message: str) -> None:
@@ -17,10 +18,16 @@ def _err(message: str) -> None:
 
 
 def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
-                   lenient: bool = False, skew_ms: float | None = None) -> int:
+                   lenient: bool = False, skew_ms: float | None = None, gpu: str | None = None,
+                   gpus_per_node: int | None = None, warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> int:
     """Ingest and print a summary; rejected runs go to stderr. 0 when every run made it, 1 otherwise."""
     from hops_calib.progress import progress_bar
+    from hops_calib.trace.measured import RunHardware
 
+    if (gpu is None) != (gpus_per_node is None):
+        _err("error: --gpu and --gpus-per-node go together (the device type and how many share a node); give both")
+        return 2
+    hardware = RunHardware(gpu=gpu.lower(), gpus_per_node=gpus_per_node) if gpu is not None else None
     store = FixtureStore(fixtures)
     with progress_bar("ingest") as progress:
         def on_run(outcome: RunOutcome) -> None:
@@ -33,7 +40,8 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
         try:
             extra = {} if skew_ms is None else {"skew_ms": skew_ms}
             report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
-                            on_run=on_run, on_start=progress.start, **extra)
+                            on_run=on_run, on_start=progress.start, hardware=hardware,
+                            warmup_iterations=warmup_iterations, **extra)
         except StoreError as err:
             _err(f"error: {err}")
             return 2

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from hops_calib.cli.output import EXIT_OK, EXIT_REJECTED, guarded, print_json
 from hops_calib.errors import InputError
+from hops_calib.loop.score import or_nan
 
 
 def _ledger(path: Path | None) -> Path:
@@ -141,8 +142,8 @@ def _on(suite, metric: str) -> str:
 def _print_suite(label: str, suite) -> None:
     print(f"{label}: {suite.n_fixtures} fixtures, throughput MAPE {suite.throughput_mape_pct:.2f} % (median "
           f"{suite.throughput_median_ape_pct:.2f} %), steady throughput MAPE {suite.steady_throughput_mape_pct:.2f} %, "
-          + (f"bubble MAE {suite.bubble_mae_pp:.2f} pp{_on(suite, 'bubble')}, mean utilization rho "
-             f"{suite.util_spearman_mean:.3f}{_on(suite, 'utilization')}; " if suite.bubble_mae_pp is not None else
+          + (f"bubble MAE {or_nan(suite.bubble_mae_pp):.2f} pp{_on(suite, 'bubble')}, mean utilization rho "
+             f"{or_nan(suite.util_spearman_mean):.3f}{_on(suite, 'utilization')}; " if suite.bubble_mae_pp is not None else
              "no bubble or utilization (no run has events); ")
           + f"stall-noise floor of the throughput MAPE {suite.stall_noise_mape_pct:.2f} % (what random stalls alone "
           f"would cost an otherwise exact model on these runs; the model is "
@@ -372,6 +373,7 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
         else:
             what = "held-out report" if result.split == TEST else "report (not held out)"
             _print_suite(f"{what}, {result.split} split, model {result.model_sha256[:12]}", result.suite)
+            _print_left_out(result.left_out)
             if result.train is not None:
                 print(f"the same model on train: throughput MAPE {result.train.throughput_mape_pct:.2f} % (stall-noise "
                       f"floor {result.train.stall_noise_mape_pct:.2f} %); {result.split} minus train: "
@@ -425,7 +427,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             elif e.get("kind") == "report":
                 aggregates = e.get("aggregates", {})
                 what = (f"report {e.get('split')}: MAPE {aggregates.get('throughput_mape_pct', float('nan')):.2f} %, "
-                        f"bubble MAE {aggregates.get('bubble_mae_pp', float('nan')):.2f} pp")
+                        f"bubble MAE {or_nan(aggregates.get('bubble_mae_pp')):.2f} pp")
             elif e.get("kind") == "compare":
                 what = (f"compare {e.get('before_model_path')} -> {e.get('model_path')}: MAPE "
                         f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
@@ -489,7 +491,7 @@ def ledger_looks_command(ledger_path: Path | None, split: str, as_json: bool) ->
               f"{repeats} repeated an earlier look (the same runs, and the same model or the same predictions)")
         if looks:
             rows = [[str(look.seq), look.time[:16], look.model_sha256[:12], f"{look.throughput_mape_pct:.2f}",
-                     f"{look.bubble_mae_pp:.2f}",
+                     f"{or_nan(look.bubble_mae_pp):.2f}",
                      (f"{look.gap_to_train_pp:+.2f}" if look.gap_to_train_pp is not None else "")
                      + (f" ({look.gap_interval_pp[0]:+.2f} to {look.gap_interval_pp[1]:+.2f})"
                         if look.gap_interval_pp is not None else ""),

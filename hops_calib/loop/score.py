@@ -208,6 +208,11 @@ METRIC_COUNTS = {"throughput": "throughput_error_pct", "steady_throughput": "ste
                  "bubble": "bubble_error_pp", "utilization": "util_spearman_rho"}
 
 
+def or_nan(value: float | None) -> float:
+    """A suite aggregate for display or a number-only record: NaN where no run measured it (None)."""
+    return math.nan if value is None else value
+
+
 def _present(runs: Sequence[RunScore], name: str) -> np.ndarray:
     return np.array([getattr(r, name) for r in runs if getattr(r, name) is not None], dtype=float)
 

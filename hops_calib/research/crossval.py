@@ -45,6 +45,7 @@ from hops_calib.loop.suite import Suite, score_model
 from hops_calib.model.terms import TERMS
 from hops_calib.research.tune import TuneProblem, load_problem, term_values
 from hops_calib.store.split import group_of
+from hops_calib.loop.score import or_nan
 
 DEFAULT_FOLDS = 5
 DEFAULT_EVALUATIONS = 150
@@ -473,9 +474,9 @@ def crossval_text(result: CrossValidation) -> str:
            f"{result.objective}; model "
            f"{result.model_sha256[:12]}",
            f"current model on train: throughput MAPE {result.current.throughput_mape_pct:.2f} %, bubble MAE "
-           f"{result.current.bubble_mae_pp:.2f} pp, rho {result.current.util_spearman_mean:.3f}",
+           f"{or_nan(result.current.bubble_mae_pp):.2f} pp, rho {or_nan(result.current.util_spearman_mean):.3f}",
            f"refit without the fold, on the fold (cross-validated): throughput MAPE {cv.throughput_mape_pct:.2f} %, "
-           f"bubble MAE {cv.bubble_mae_pp:.2f} pp, rho {cv.util_spearman_mean:.3f}; on its own fitting runs "
+           f"bubble MAE {or_nan(cv.bubble_mae_pp):.2f} pp, rho {or_nan(cv.util_spearman_mean):.3f}; on its own fitting runs "
            f"{result.in_sample_mape_pct:.2f} % (optimism {result.optimism_pp:+.2f} pp)"]
     rows = []
     for fold in result.folds:

@@ -25,7 +25,7 @@ from hops_calib.trace.errors import TraceError
 from hops_calib.trace.measured import RunHardware, MeasuredRun
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS, is_megatron_log, read_megatron_log
 from hops_calib.trace.run_table import TableRead, is_run_table, read_run_table
-from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING, collective_tables, is_vtrain_table, read_vtrain_table
+from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING, is_vtrain_table, read_vtrain_table
 from hops_calib.truth import IterationTruth
 from hops_calib.metrics import IterationMetrics
 
@@ -140,7 +140,7 @@ def _check_log_args(path: Path, args: dict[str, Any]) -> None:
         args["data_parallel_size"] = world // (t * p) if type(world) is int and world >= t * p else 1
 
 
-def _record(run: MeasuredRun, split: str, extra_hardware: dict[str, Any]) -> dict[str, Any]:
+def _record(run: MeasuredRun, split: str) -> dict[str, Any]:
     args = run.args
     microbatches = args["global_batch_size"] // (args["micro_batch_size"] * (args.get("data_parallel_size") or 1))
     truth = IterationTruth(metrics=IterationMetrics(microbatches_per_iteration=microbatches,
@@ -148,7 +148,7 @@ def _record(run: MeasuredRun, split: str, extra_hardware: dict[str, Any]) -> dic
                                                     interval_iterations=run.interval_iterations),
                            last_iterations=run.last_iterations, timers_ms=run.timers_ms,
                            timing_log_option=run.timing_log_option, reported=run.reported)
-    texts = {"args": dumps(args).strip(), "hardware": dumps({**run.hardware.to_dict(), **extra_hardware}).strip(),
+    texts = {"args": dumps(args).strip(), "hardware": dumps(run.hardware.to_dict()).strip(),
              "truth": dumps(truth.to_dict()).strip()}
     content = text_digest(f"measured v{MEASURED_INGEST_VERSION}\n" + "\n".join(texts.values()))
     return {"id": run.run_id, "split": split, "group": run.group, "content_hash": content, "origin": run.origin,
@@ -184,9 +184,6 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         return False
     for err in read.errors:
         emit(outcome_type(source=path, error=str(err)))
-    extra = {}
-    if kind == "vtrain" and collective_tables(path) is not None:
-        extra["collective_tables"] = str(collective_tables(path).resolve())
     records, outcomes = [], []
     for run in read.runs:
         outcome = outcome_type(source=path, run_id=run.run_id, warnings=list(run.warnings))
@@ -203,7 +200,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                                  f"split; --split {split} would make the group straddle train and test")
             outcome.split = kept or (split if split != "auto" else hashed_split(run.group, test_fraction))
             context.group_split.setdefault(run.group, outcome.split)
-            records.append(_record(run, outcome.split, extra))
+            records.append(_record(run, outcome.split))
             context.batch[run.run_id] = path
             outcome.status = "updated" if holder == table_id else "new"
         except StoreError as err:

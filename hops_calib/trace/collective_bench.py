@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import re
+from functools import lru_cache
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +114,7 @@ def read_collective_tables(folder: Path) -> tuple[CollectiveTable, ...]:
     return tuple(sorted(tables, key=lambda t: t.gpus))
 
 
+@lru_cache(maxsize=1024)  # pure; a table's 1,024 sizes make a fit worth keeping (one per hop of every spec)
 def ring_link(table: CollectiveTable, src_stage: int, dst_stage: int) -> LinkFit:
     """The p2p link between two GPUs of the table's node, from its all-reduce times by the ring formula.
 

@@ -8,6 +8,7 @@ throughput figures as printed). Nothing here knows about fixtures, specs or mode
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Megatron-LM's defaults (megatron/training/arguments.py) for the settings a run table may leave out. A setting
@@ -34,9 +35,32 @@ class RunHardware:
 
     gpu: str
     gpus_per_node: int
+    # The folder of the machine's collective benchmark (nccl-tests all-reduce tables, `trace.collective_bench`),
+    # which prices the hops inside a node; None when the source has none.
+    collective_tables: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "gpus_per_node": self.gpus_per_node}
+        data: dict[str, Any] = {"gpu": self.gpu, "gpus_per_node": self.gpus_per_node}
+        if self.collective_tables is not None:
+            data["collective_tables"] = self.collective_tables
+        return data
+
+
+def collective_tables_beside(folder: Path, named: Any = None, origin: Path | None = None) -> str | None:
+    """The collective benchmark of a log or table in `folder`: `named` (a `collective_tables` setting, relative to
+    `folder`), else `calibration/allreduce/` there (as in a job directory); None when there is none."""
+    from hops_calib.trace.collective_bench import ALLREDUCE_DIR
+    from hops_calib.trace.errors import TraceError
+
+    if named is not None:
+        path = (folder / str(named)).resolve()
+        if not path.is_dir():
+            raise TraceError(origin or folder, f"names {named!r}, which is not a folder", field="collective_tables",
+                             hint="give the folder of the machine's all-reduce tables (AR_GPU<n>_...), relative to "
+                                  "the file")
+        return str(path)
+    default = folder / ALLREDUCE_DIR
+    return str(default.resolve()) if default.is_dir() else None
 
 
 @dataclass(frozen=True)

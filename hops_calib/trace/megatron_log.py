@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.measured import RunHardware, MeasuredRun
+from hops_calib.trace.measured import MeasuredRun, RunHardware, collective_tables_beside
 from hops_calib.trace.megatron_args import _BLOCK_END, _BLOCK_LINE, _BLOCK_START, parse_value
 
 DEFAULT_WARMUP_ITERATIONS = 2
@@ -119,12 +120,16 @@ def read_hardware_beside(path: Path) -> RunHardware | None:
         raise TraceError(template_path, f"is {per_node!r}" if per_node is not None else "is missing",
                          field="hardware.gpus_per_node",
                          hint="give the GPUs per node as a whole number (or pass --gpus-per-node N)")
-    return RunHardware(gpu=str(gpu).lower(), gpus_per_node=per_node)
+    return RunHardware(gpu=str(gpu).lower(), gpus_per_node=per_node,
+                       collective_tables=collective_tables_beside(path.parent, hardware.get("collective_tables"),
+                                                                  template_path))
 
 
 def resolve_hardware(path: Path, given: RunHardware | None) -> RunHardware:
     """The log's hardware: `hops.base.yaml` beside it, or `given` (--gpu/--gpus-per-node); both must agree."""
     beside = read_hardware_beside(path)
+    if given is not None and given.collective_tables is None:
+        given = replace(given, collective_tables=collective_tables_beside(path.parent))
     if beside and given and beside != given:
         raise TraceError(path.parent / "hops.base.yaml", f"says {beside.gpu} x {beside.gpus_per_node} per node, "
                          f"the command line {given.gpu} x {given.gpus_per_node}", field="hardware",

@@ -29,7 +29,8 @@ from typing import Any, Callable
 
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.measured import (
-    MEGATRON_DEFAULTS, REQUIRED_ARGS, RunHardware, MeasuredRun, model_flops_per_iteration, world_size,
+    MEGATRON_DEFAULTS, REQUIRED_ARGS, MeasuredRun, RunHardware, collective_tables_beside, model_flops_per_iteration,
+    world_size,
 )
 from hops_calib.trace.megatron_args import parse_value
 
@@ -139,8 +140,12 @@ def read_run_table(path: Path | str, *, hardware: RunHardware | None = None, tab
     table_id = table_id or path.stem
     columns, rows, where, word = _rows(path)
     shared_args, shared_hardware = read_sidecar(path)
+    if "collective_tables" not in shared_hardware and hardware is not None and hardware.collective_tables:
+        shared_hardware["collective_tables"] = hardware.collective_tables
+    tables = collective_tables_beside(path.parent, shared_hardware.pop("collective_tables", None),
+                                      path.with_suffix(".yaml"))
     if hardware is not None:
-        for key, value in hardware.to_dict().items():
+        for key, value in ((k, v) for k, v in hardware.to_dict().items() if k != "collective_tables"):
             if shared_hardware.get(key, value) != value:
                 raise TraceError(path.with_suffix(".yaml"), f"says {shared_hardware[key]!r}, the command line "
                                  f"{value!r}", field=f"hardware.{key}", hint="give the hardware once")
@@ -154,6 +159,7 @@ def read_run_table(path: Path | str, *, hardware: RunHardware | None = None, tab
             if translate is not None:
                 cells = translate(cells)
             run = _row_run(path, line, word, cells, shared_args, shared_hardware, table_id)
+            run = replace(run, hardware=replace(run.hardware, collective_tables=tables))
         except TraceError as err:
             result.errors.append(err)
             continue
@@ -200,6 +206,8 @@ def _row_run(path: Path, line: int, word: str, cells: dict[str, Any], shared_arg
     args = {**MEGATRON_DEFAULTS, **shared_args, **args}
     for name in _POSITIVE_INTS:
         value = args.get(name)
+        if isinstance(value, float) and value.is_integer():  # "2.0": a whole number written by a float column
+            value = args[name] = int(value)
         if value is not None and (type(value) is not int or value < 1):
             raise _bad(path, line, word, name, f"is {value!r}, expected a whole number of at least 1",
                        f"fix the cell (or leave it empty for Megatron's default)")

@@ -91,15 +91,10 @@ def translate(cells: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_vtrain_table(path: Path | str, *, table_id: str = "vtrain") -> TableRead:
-    """The vTrain runs as run-table runs (A100, 8 per node); `hardware.collective_tables` points at the
-    all-reduce tables beside the table when they are there."""
+    """The vTrain runs as run-table runs (A100, 8 per node), priced inside the node from the publishers'
+    all-reduce tables beside the table (`allreduce-a100/`) when they are there."""
     path = Path(path)
-    read = read_run_table(path, hardware=RunHardware(gpu=GPU, gpus_per_node=GPUS_PER_NODE), table_id=table_id,
-                          translate=translate, mapping=MAPPING)
-    return read
-
-
-def collective_tables(path: Path) -> Path | None:
-    """The folder of the publishers' all-reduce tables beside the vTrain table, if it is there."""
-    folder = Path(path).parent / ALLREDUCE_DIR
-    return folder if folder.is_dir() else None
+    folder = path.parent / ALLREDUCE_DIR
+    hardware = RunHardware(gpu=GPU, gpus_per_node=GPUS_PER_NODE,
+                           collective_tables=str(folder.resolve()) if folder.is_dir() else None)
+    return read_run_table(path, hardware=hardware, table_id=table_id, translate=translate, mapping=MAPPING)
