@@ -7,6 +7,7 @@ from typing import Mapping
 
 from hops_calib.model import gpt
 from hops_calib.model.collectives import collective_ms
+from hops_calib.model.memory import gradient_bytes
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
 from hops_calib.model.terms.optimizer import rank_parameters
 from hops_calib.spec import Spec
@@ -30,16 +31,6 @@ def tp_collectives_per_layer(spec: Spec) -> dict[str, int]:
     if spec.model.sequence_parallel:
         return {"all_gather": 2, "reduce_scatter": 2}
     return {"all_reduce": 2}
-
-
-def gradient_bytes(spec: Spec) -> int:
-    """Bytes per gradient element that the data-parallel reduction moves: fp32 when Megatron accumulates and reduces
-    gradients in fp32 (--accumulate-allreduce-grads-in-fp32, which bf16 training forces; an fp32 run), else the
-    16-bit training precision."""
-    args = spec.megatron_args
-    if spec.model.precision in ("bf16", "fp32") or args.get("accumulate_allreduce_grads_in_fp32"):
-        return 4
-    return gpt.bytes_per_element(spec.model)
 
 
 def dp_buckets(spec: Spec, parameters: float) -> int:

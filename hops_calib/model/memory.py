@@ -1,0 +1,108 @@
+"""Model room: the peak memory of one GPU of each pipeline stage, in bytes, from the launch alone.
+
+Counted per GPU of a stage (its share of the tensor-parallel split), at the schedule's peak of stored activations:
+
+- weights: the GPU's parameters (`terms.optimizer.stage_parameters`) in the training precision (2 bytes, fp32 4);
+- gradients: Megatron's gradient buffer, one element per parameter (`gradient_bytes`: fp32 under bf16, which
+  Megatron accumulates and reduces in fp32, or with --accumulate-allreduce-grads-in-fp32; else 16-bit);
+- optimizer state: Adam's two fp32 moments, plus fp32 master weights under 16-bit training (12 bytes per
+  parameter; 8 in fp32), split over the d data-parallel replicas under the distributed optimizer (ZeRO-1);
+- activations: a layer's stored activations per microbatch (`gpt.layer_activation_bytes`: Korthikanti et al. 2022,
+  with tensor and sequence parallelism, SwiGLU, GQA and flash attention) times the layers of a model chunk times
+  the chunk-microbatches the schedule holds at its peak (`SimResult.peak_activations`). Full recomputation keeps
+  only each recomputed layer's input (s x b x h, s/t under sequence parallelism) and rebuilds one layer's
+  activations at a time in the backward (its working set is added once); selective recomputation drops the
+  attention core's scores (5as^2b / t). The last stage holds one microbatch's fp32 logits (s x b x V/t x 4).
+
+Not counted: the CUDA context and NCCL buffers, allocator fragmentation, temporary GEMM workspaces (a few GB on a
+real GPU: the margin the `fits` check leaves is the user's to judge; `headroom` says how much is left).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from hops_calib.model import gpt
+from hops_calib.spec import Spec
+
+OPTIMIZER_BYTES_MIXED = 12  # fp32 master weight + Adam m and v per parameter
+OPTIMIZER_BYTES_FP32 = 8  # Adam m and v; the fp32 weight is the master
+
+
+def gradient_bytes(spec: Spec) -> int:
+    """Bytes per gradient element of Megatron's gradient buffer (and its data-parallel reduction): fp32 when it
+    accumulates and reduces in fp32 (--accumulate-allreduce-grads-in-fp32, which bf16 training forces; an fp32
+    run), else the 16-bit training precision."""
+    if spec.model.precision in ("bf16", "fp32") or spec.megatron_args.get("accumulate_allreduce_grads_in_fp32"):
+        return 4
+    return gpt.bytes_per_element(spec.model)
+
+
+def stored_activation_bytes(spec: Spec, layers: int) -> tuple[float, float]:
+    """(bytes one microbatch leaves stored in `layers` decoder layers of a model chunk, bytes of the working set the
+    backward rebuilds at once under full recomputation: one layer's activations, else 0)."""
+    shape = spec.model
+    full = gpt.layer_activation_bytes(shape)
+    if shape.recompute_granularity == "selective":
+        scores = 0.0 if shape.attention_kernel == "flash" else (
+            5.0 * shape.num_attention_heads * shape.seq_length ** 2 * shape.micro_batch_size / shape.tensor_parallel)
+        return layers * (full - scores), 0.0
+    recomputed = shape.recomputed_layers(layers)
+    if not recomputed:
+        return layers * full, 0.0
+    inputs = 2.0 * shape.seq_length * shape.micro_batch_size * shape.hidden_size \
+        / (shape.tensor_parallel if shape.sequence_parallel else 1)
+    return recomputed * inputs + (layers - recomputed) * full, full
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Peak bytes on one GPU of a pipeline stage, by what holds them, against the device's memory."""
+
+    stage: int
+    device: str
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    device_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.device_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.device_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_bytes": self.total_bytes, "headroom_bytes": self.headroom_bytes,
+                "fits": self.fits}
+
+
+def stage_memory(spec: Spec, device_bytes: Sequence[float], peak_activations: Sequence[float]) -> tuple[StageMemory, ...]:
+    """Peak memory of one GPU per stage: `device_bytes` its device's memory, `peak_activations` the chunk-microbatches
+    of stored activations the schedule holds on the rank at its peak (`SimResult.peak_activations`)."""
+    from hops_calib.model.terms.optimizer import optimizer_shard, stage_parameters
+
+    shape = spec.model
+    element = gpt.bytes_per_element(shape)
+    state = OPTIMIZER_BYTES_FP32 if shape.precision == "fp32" else OPTIMIZER_BYTES_MIXED
+    out = []
+    for rank in range(spec.pp):
+        layers = spec.layers_per_stage[rank]
+        parameters = stage_parameters(spec, layers, rank)
+        stored, working = stored_activation_bytes(spec, layers // spec.vp)
+        activations = peak_activations[rank] * stored + working
+        if rank == spec.pp - 1:  # one microbatch's fp32 logits over the GPU's V/t vocabulary columns
+            activations += 4.0 * shape.seq_length * shape.micro_batch_size * gpt.vocab_per_gpu(shape)
+        out.append(StageMemory(stage=rank, device=spec.devices[rank], weights_bytes=parameters * element,
+                               gradients_bytes=parameters * gradient_bytes(spec),
+                               optimizer_bytes=parameters * state / optimizer_shard(spec),
+                               activations_bytes=activations, device_bytes=float(device_bytes[rank])))
+    return tuple(out)
