@@ -675,10 +675,11 @@ def _interleaved(args: dict[str, Any]) -> bool:
         args.get("virtual_pipeline_model_parallel_size") or 1) > 1
 
 
-# The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): one GPU per stage, a
-# `--transformer-impl local` layer (LayerNorm, multi-head attention with learned absolute positions, a masked
-# softmax fused or not, a GeLU MLP of two matmuls), activations stored or recomputed (`recomputation_of`), 16- or 32-bit
-# arithmetic, blocking p2p calls.
+# The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): tensor, sequence, data and
+# pipeline parallelism; Megatron's local or Transformer Engine layer with LayerNorm or RMSNorm, multi-head or
+# grouped-query attention with learned absolute or rotary positions, unfused or fused (flash) attention, a GeLU or
+# SwiGLU MLP; activations stored or recomputed (`recomputation_of`); 16- or 32-bit arithmetic; blocking p2p calls.
+# What it does not price is listed here, each with what it prices instead.
 ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--context-parallel-size", ("context_parallel_size",), 1,
                "context parallel size 1 (each GPU holds whole sequences)", _is(1)),
