@@ -38,10 +38,11 @@ def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stag
 
 
 def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group: str, *, stage: int = 0,
-                  efficiency: float = 1.0, step_latency_ms: float = 0.0) -> float:
+                  efficiency: float = 1.0, step_latency_ms: float = 0.0, contention_step_ms: float = 0.0) -> float:
     """Time of one `op` of an `nbytes` buffer (the whole buffer: an all-gather's output, a reduce-scatter's input)
     over a `group` of `stage`; 0 for a group of one GPU. `efficiency` scales the bandwidth the ring model uses
-    (and the table's rate), `step_latency_ms` is the ring model's latency per step."""
+    (and the table's rate), `step_latency_ms` is the ring model's latency per step, and `contention_step_ms` what
+    each of the ring's steps adds inside a training step over an isolated benchmark (both paths)."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
     n = group_size(spec, group)
@@ -50,8 +51,9 @@ def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group:
     share = 1.0 if op == "all_reduce" else 0.5
     placed = spec.group_nodes(group, stage)
     table = spec.collective("all_reduce", n)
-    if table is not None and (placed is None or placed[0] == 1):
-        return share * table.measured_ms(nbytes) / efficiency
-    bandwidth = ring_bandwidth_bytes_per_ms(spec, device, group, stage) * efficiency
     steps = 2 * (n - 1)
-    return share * (steps * step_latency_ms + steps / n * nbytes / bandwidth)
+    contention = share * steps * contention_step_ms
+    if table is not None and (placed is None or placed[0] == 1):
+        return share * table.measured_ms(nbytes) / efficiency + contention
+    bandwidth = ring_bandwidth_bytes_per_ms(spec, device, group, stage) * efficiency
+    return share * (steps * step_latency_ms + steps / n * nbytes / bandwidth) + contention

@@ -45,7 +45,9 @@ def _collective_params(where: str) -> tuple[Param, ...]:
     """The two parameters of a term made of collectives: the rate they reach and a ring step's latency."""
     return (Param("efficiency", 1.0, 0.1, 1.0, "fraction of benchmark",
                   f"achieved fraction of the benchmarked (or ring-model) collective rate {where}"),
-            Param("step_latency_ms", 0.005, 0.0, 0.1, "ms", "latency of one ring step (NCCL over NVLink: ~5 us)"))
+            Param("step_latency_ms", 0.005, 0.0, 0.1, "ms", "latency of one ring step (NCCL over NVLink: ~5 us)"),
+            Param("contention_step_ms", 0.0, 0.0, 1.0, "ms",
+                  "latency each of a ring's 2(n-1) steps gains inside a training step over an isolated benchmark"))
 
 
 class TensorParallelComm(Term):
@@ -81,7 +83,8 @@ class TensorParallelComm(Term):
             rank = context.layout.rank_of(k)
             layer_ms = sum(count * collective_ms(spec, context.devices[rank], op, nbytes, "tp", stage=rank,
                                                  efficiency=params["efficiency"],
-                                                 step_latency_ms=params["step_latency_ms"])
+                                                 step_latency_ms=params["step_latency_ms"],
+                                                 contention_step_ms=params["contention_step_ms"])
                            for op, count in kinds.items())
             per_stage.append(layers * layer_ms)
         return Contribution(forward_ms=tuple(per_stage), backward_ms=tuple(per_stage))
@@ -118,14 +121,16 @@ class DataParallelGradReduce(Term):
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
             bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), "dp",
                                       stage=rank, efficiency=params["efficiency"],
-                                      step_latency_ms=params["step_latency_ms"])
+                                      step_latency_ms=params["step_latency_ms"],
+                                      contention_step_ms=params["contention_step_ms"])
             whole.append(buckets * bucket_ms)
             tails.append(bucket_ms)
             gather = 0.0
             if spec.distributed_optimizer and not spec.overlap_param_gather:
                 gather = collective_ms(spec, device, "all_gather", parameters * gpt.bytes_per_element(spec.model),
                                        "dp", stage=rank, efficiency=params["efficiency"],
-                                       step_latency_ms=params["step_latency_ms"])
+                                       step_latency_ms=params["step_latency_ms"],
+                                      contention_step_ms=params["contention_step_ms"])
             gathers.append(gather)
         return Contribution(grad_reduce_ms=tuple(whole), grad_reduce_tail_ms=tuple(tails),
                             optimizer_ms=tuple(gathers) if any(gathers) else ())
