@@ -304,3 +304,58 @@ def test_a_3d_what_if_on_a_captures_copy(tmp_path):
     huge = json.loads(_cli("predict", "--job", job, "--model", model_file, "--json").stdout)
     assert huge["fits"] is False and not huge["memory"][0]["fits"]
     assert "would not fit" in _cli("predict", "--job", job, "--model", model_file).stdout
+
+
+# --- ingest: a job directory with more ranks than stages ----------------------------------------------------------
+
+def _tensor_parallel_copy(tmp_path: Path, slow_rank: int, order_flag: str = "") -> Path:
+    """A shipped 2-stage capture recast as t = 2: each stage's log is written for both ranks of its tensor-parallel
+    group (Megatron's rank order: rank = tp + 2 pp, or tp-pp-dp's, which is the same at d = 1), and `slow_rank`'s
+    last event ends 5 ms later, as a rank that lags its group would."""
+    job = tmp_path / "tp2"
+    shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    (job / "megatron_trace").mkdir()
+    args = job / "megatron_args.txt"
+    args.write_text("torchrun --nproc-per-node 4 " + args.read_text().replace(
+        "--tensor-model-parallel-size 1", f"--tensor-model-parallel-size 2{order_flag}"))
+    source = REPO / "traces" / RUN / "megatron_trace"
+    for stage in (0, 1):
+        lines = [json.loads(line) for line in (source / f"rank{stage}.jsonl").read_text().splitlines() if line]
+        for tp in (0, 1):
+            rank = tp + 2 * stage
+            events = [dict(event, rank=rank) for event in lines]
+            if rank == slow_rank:
+                last = max(range(len(events)), key=lambda k: events[k]["end_wall_ns"])
+                events[last]["end_wall_ns"] += 5_000_000
+                events[last]["duration_ms"] += 5.0
+            (job / "megatron_trace" / f"rank{rank}.jsonl").write_text(
+                "".join(json.dumps(event) + "\n" for event in events))
+    return job
+
+
+def test_a_stage_is_timed_by_the_rank_that_paces_it(tmp_path):
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    store = FixtureStore(tmp_path / "fx")
+    report = ingest([_tensor_parallel_copy(tmp_path, slow_rank=1)], store, split="train")
+    assert report.ok, report
+    (fixture_id,) = store.ids()
+    fixture = store.load(fixture_id)
+    events = fixture.events
+    # stage 0's timeline is rank 1's (its last event ends last), stage 1's rank 2's (a tie: the lower rank)
+    assert sorted(set(zip(events["stage"], events["rank"]))) == [(0, 1), (1, 2)]
+    assert fixture.spec.tp == 2 and fixture.spec.gpus == 4
+    single = open_single()
+    assert fixture.truth.metrics.throughput_per_s == pytest.approx(single.truth.metrics.throughput_per_s, rel=0.02)
+    # a rank missing from the directory is named
+    job = _tensor_parallel_copy(tmp_path / "again", slow_rank=0)
+    (job / "megatron_trace" / "rank3.jsonl").unlink()
+    bad = ingest([job], FixtureStore(tmp_path / "fx2"), split="train")
+    assert not bad.ok and "4 ranks (2 pipeline stages x tp 2 x dp 1: 0..3)" in str(bad.outcomes[0].error)
+
+
+def open_single():
+    from hops_calib.loop.suite import open_store
+
+    return open_store(REPO / "fixtures").load(RUN)

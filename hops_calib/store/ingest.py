@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from hops_calib import __version__
-from hops_calib.spec import Spec, build_spec
+from hops_calib.spec import Spec, build_spec, coordinates_of
 from hops_calib.store.fixture_store import (EVENTS_FILE, INDEX, FixtureStore, StoreError, check_fixture_id,
                                            write_events)
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
@@ -102,6 +102,14 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
+def _pacing_rank(group: list[tuple[int, dict[str, np.ndarray]]]) -> tuple[int, dict[str, np.ndarray]]:
+    """Of the ranks that run one stage (its tensor-parallel group and data-parallel replicas), the one that paces
+    it: the rank whose events of the window end last, ties to the lowest rank. Measured, not assumed: with
+    blocking collectives in every layer the group moves together, and the rank whose work ends last is the one
+    the next stage and the optimizer wait for."""
+    return max(group, key=lambda item: (int(item[1]["end_ns"].max()) if len(item[1]["end_ns"]) else -1, -item[0]))
+
+
 def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS) -> RunData:
     """Spec and truth of one job directory, its normalized events written to `events_path` (Parquet).
 
@@ -111,27 +119,21 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     """
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
-    if spec.tp * spec.dp > 1:
-        from hops_calib.trace import find_arguments
-
-        _args, source = find_arguments(job_dir)
-        raise TraceError(source, f"gives tensor parallel size {spec.tp} and data parallel size {spec.dp} (world size "
-                         f"{spec.gpus} / pp {spec.pp}): {spec.gpus} ranks for {spec.pp} stages", field="world_size",
-                         hint="predict --job prices such a launch, but ingest reads one event log per pipeline stage "
-                              "(per-stage truth over tensor- and data-parallel ranks is not read yet): ingest a "
-                              "launch of one process per stage (nnodes x nproc-per-node = pp)")
     files = rank_files(job_dir)
-    if sorted(files) != list(range(spec.pp)):
+    ranks = spec.gpus
+    if sorted(files) != list(range(ranks)):
         raise TraceError(job_dir / TRACE_DIR, f"has logs of ranks {sorted(files)} but the configuration has "
-                         f"{spec.pp} pipeline stages (ranks 0..{spec.pp - 1})", field="rank<r>.jsonl",
+                         f"{ranks} ranks ({spec.pp} pipeline stages x tp {spec.tp} x dp {spec.dp}: 0..{ranks - 1})",
+                         field="rank<r>.jsonl",
                          hint="stage counts of configuration and trace disagree: copy every rank's log, or fix "
-                              "--pipeline-model-parallel-size")
+                              "--pipeline-model-parallel-size (and the tensor and data parallel sizes)")
     device_stage = {device: stage for stage, device in enumerate(spec.device_ids)}
-    parts, hostnames, dropped = [], [], {}
+    parts, hostnames, dropped = {}, [], {}
     for rank, path in files.items():
-        # rank r runs stage r: the launch checks (require_modelled) admit no tensor or data parallelism
+        # Megatron's rank order says which stage a rank runs (rank r runs stage r with t = d = 1)
+        stage = coordinates_of(rank, spec.rank_order, {"tp": spec.tp, "dp": spec.dp, "pp": spec.pp})["pp"]
         columns, report = read_rank_events(path, rank=rank, pp=spec.pp, device_stage=device_stage, lenient=lenient,
-                                           stage=rank)
+                                           stage=stage)
         if report.events == 0:
             after = f" after dropping {sum(report.dropped.values())} bad lines" if report.dropped else ""
             raise TraceError(path, f"rank {rank} has no events{after}",
@@ -140,8 +142,16 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
             dropped[path.name] = dict(report.dropped)
         hostnames.append(report.hostname)
         order = np.lexsort((columns["end_ns"], columns["start_ns"]))  # lines are not in time order
-        parts.append({name: values[order] for name, values in columns.items()})
+        parts.setdefault(stage, []).append((rank, {name: values[order] for name, values in columns.items()}))
         del columns, order
+    pacing = {stage: _pacing_rank(group) for stage, group in parts.items()}
+    if ranks > spec.pp:
+        notes.append("each stage's timeline is its pacing rank's, the one of its tensor-parallel group and "
+                     "data-parallel replicas whose work of the window ends last: "
+                     + ", ".join(f"stage {stage} rank {rank} (of {len(parts[stage])})"
+                                 for stage, (rank, _c) in sorted(pacing.items())))
+    files = {rank: files[rank] for rank, _c in pacing.values()}
+    parts = [columns for _stage, (_rank, columns) in sorted(pacing.items())]
     columns = _concat(parts)
     del parts
     stages_seen = np.unique(columns["stage"])
