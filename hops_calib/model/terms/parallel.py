@@ -33,6 +33,45 @@ def tp_collectives_per_layer(spec: Spec) -> dict[str, int]:
     return {"all_reduce": 2}
 
 
+def hidden_bytes(spec: Spec) -> float:
+    """One s x b x h activation buffer in the training precision: what a layer's collectives move."""
+    shape = spec.model
+    return float(shape.seq_length * shape.micro_batch_size * shape.hidden_size * gpt.bytes_per_element(shape))
+
+
+def tp_collectives(spec: Spec, virtual_stage: int, layers: int) -> dict[str, dict[tuple[str, float], int]]:
+    """Per microbatch, the tensor-parallel collectives a virtual stage with `layers` decoder layers issues, by phase
+    (FORWARD, BACKWARD) and (kind, bytes): its layers' (`tp_collectives_per_layer`), the vocabulary-parallel
+    embedding's on the first (an all-reduce of its s x b x h output; under SP a reduce-scatter, gathered back in the
+    backward), and on the last the output layer's (its input gradient's all-reduce in the backward; under SP an
+    all-gather before it, reduce-scattered back) and the vocabulary-parallel cross entropy's three all-reduces of
+    s x b fp32 values (the logits' maximum, the target logit, the sum of exponentials). Counted from Megatron-core's
+    code and equal to what `hops-calib capture --tp 2` records. Empty at t = 1."""
+    if spec.tp <= 1:
+        return {}
+    shape = spec.model
+    tokens = shape.seq_length * shape.micro_batch_size
+    hidden = hidden_bytes(spec)
+    found: dict[str, dict[tuple[str, float], int]] = {"FORWARD": {}, "BACKWARD": {}}
+
+    def add(phase: str, op: str, nbytes: float, count: int) -> None:
+        if count:
+            found[phase][(op, nbytes)] = found[phase].get((op, nbytes), 0) + count
+
+    for op, count in tp_collectives_per_layer(spec).items():
+        add("FORWARD", op, hidden, layers * count)
+        add("BACKWARD", op, hidden, layers * count)
+    sp = shape.sequence_parallel
+    if virtual_stage == 0:
+        add("FORWARD", "reduce_scatter" if sp else "all_reduce", hidden, 1)
+        add("BACKWARD", "all_gather", hidden, 1 if sp else 0)
+    if virtual_stage == spec.pp * spec.vp - 1:
+        add("FORWARD", "all_gather", hidden, 1 if sp else 0)
+        add("FORWARD", "all_reduce", float(tokens * 4), 3)
+        add("BACKWARD", "reduce_scatter" if sp else "all_reduce", hidden, 1)
+    return found
+
+
 def dp_buckets(spec: Spec, parameters: float) -> int:
     """Buckets a rank's gradients are reduced in (`BUCKET_PARAMETERS`)."""
     if not spec.overlap_grad_reduce or parameters <= 0:
@@ -51,43 +90,49 @@ def _collective_params(where: str) -> tuple[Param, ...]:
 
 
 class TensorParallelComm(Term):
-    """Each decoder layer's tensor-parallel collectives over NVLink, on the critical path of its forward and backward.
+    """Each stage's tensor-parallel collectives, on the critical path of its forward and backward.
 
     Physics: Megatron splits a layer's attention and MLP each into a column-parallel and a row-parallel GEMM over
     the t GPUs of a tensor-parallel group; the row-parallel output is a partial sum that an all-reduce completes
     before the next block (forward), and the column-parallel input gradient likewise (backward): two all-reduces of
-    the s x b x h activations per layer and direction (`tp_collectives_per_layer`); with sequence parallelism each
-    becomes a reduce-scatter plus an all-gather, the same bytes on the wire. The collectives are blocking: the next
-    kernel needs their result, so they add to the layer's time (Transformer Engine's userbuffer overlap, which
-    would hide them, is refused by the spec). Each is priced from the node's all-reduce benchmark at t GPUs where
-    there is one, else by the ring model over NVLink (`hops_calib.model.collectives`); `efficiency` is the
-    fraction of that rate the collectives reach inside a training step (streams and SMs shared with compute), and
-    `step_latency_ms` a ring step's latency. Full recomputation redoes the forward's collectives with the
-    forward (a "layers" term). Left out: the vocabulary-parallel embedding's and loss's small all-reduces.
+    the s x b x h activations per layer and direction; with sequence parallelism each becomes a reduce-scatter plus
+    an all-gather, the same bytes on the wire. The vocabulary-parallel embedding, output layer and cross entropy
+    add their own (`tp_collectives`, which the CPU captures record one for one). The collectives are blocking:
+    every rank of the group waits for the slowest to reach them and the next kernel needs their result, so they
+    add to the stage's time, not under the host's launch floor (Transformer Engine's userbuffer overlap, which
+    would hide them, is refused by the spec); full recomputation runs the recomputed layers' forward collectives
+    again in the backward. Each is priced from the node's all-reduce benchmark at t GPUs where there is one, else
+    by the ring model (`hops_calib.model.collectives`); `efficiency` is the fraction of that rate the collectives
+    reach inside a training step, `step_latency_ms` a ring step's latency and `contention_step_ms` what each step
+    gains over the isolated benchmark.
     """
 
     name = "tensor_parallel_comm"
-    scope = "layers"
     category = "tp_comm"
     params = _collective_params("inside a training step")
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         spec = context.spec
-        kinds = tp_collectives_per_layer(spec)
-        if not kinds:
+        if spec.tp <= 1:
             return Contribution()
-        nbytes = spec.model.seq_length * spec.model.micro_batch_size * spec.model.hidden_size \
-            * gpt.bytes_per_element(spec.model)
-        per_stage = []
-        for k, layers in enumerate(context.layout.layers):
-            rank = context.layout.rank_of(k)
-            layer_ms = sum(count * collective_ms(spec, context.devices[rank], op, nbytes, "tp", stage=rank,
+        layout = context.layout
+        forward, backward = [], []
+        for k, layers in enumerate(layout.layers):
+            rank = layout.rank_of(k)
+
+            def price(counts: dict[tuple[str, float], int]) -> float:
+                return sum(count * collective_ms(spec, context.devices[rank], op, nbytes, "tp", stage=rank,
                                                  efficiency=params["efficiency"],
                                                  step_latency_ms=params["step_latency_ms"],
                                                  contention_step_ms=params["contention_step_ms"])
-                           for op, count in kinds.items())
-            per_stage.append(layers * layer_ms)
-        return Contribution(forward_ms=tuple(per_stage), backward_ms=tuple(per_stage))
+                           for (op, nbytes), count in counts.items())
+
+            phases = tp_collectives(spec, k, layers)
+            # one layer's forward collectives, which full recomputation runs again
+            per_layer = price({(op, hidden_bytes(spec)): count for op, count in tp_collectives_per_layer(spec).items()})
+            forward.append(price(phases["FORWARD"]))
+            backward.append(price(phases["BACKWARD"]) + spec.model.recomputed_layers(layers) * per_layer)
+        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
 
 
 class DataParallelGradReduce(Term):
