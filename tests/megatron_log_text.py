@@ -97,6 +97,15 @@ def timers_block(option: str, times: dict[str, list[float]]) -> list[str]:
     return output_string.split("\n")
 
 
+def legacy_timers_line(times: dict[str, float]) -> str:
+    """Megatron-LM megatron/timers.py::Timers.log before the 2022 rewrite (Megatron-DeepSpeed keeps it): one line,
+    the printing rank's elapsed time of each timer x 1000 / normalizer."""
+    string = "time (ms)"
+    for name, elapsed_time in times.items():
+        string += " | {}: {:.2f}".format(name, elapsed_time)
+    return string
+
+
 def write_log(path, lines: Iterable[str]) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 

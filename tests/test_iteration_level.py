@@ -21,8 +21,8 @@ from hops_calib.trace.measured import RunHardware, model_flops_per_iteration
 from hops_calib.trace.megatron_log import read_megatron_log
 from hops_calib.trace.run_table import read_run_table
 from tests.megatron_log_text import (
-    arguments_block, megatron_deepspeed_iteration, megatron_lm_iteration, padded_vocab_line, timers_block,
-    timestamps, write_log,
+    arguments_block, legacy_timers_line, megatron_deepspeed_iteration, megatron_lm_iteration, padded_vocab_line,
+    timers_block, timestamps, write_log,
 )
 
 ARGS = {
@@ -120,14 +120,20 @@ def test_older_log_without_throughput_timestamp_or_timers_with_cuts(tmp_path):
 def test_megatron_deepspeed_log_reports_its_own_figures(tmp_path):
     path = tmp_path / "ds.log"
     args = {**ARGS, "log_interval": 5}
-    lines = arguments_block(args)
+    lines = [f"[rank1]: {line}" for line in arguments_block(args)]  # torchrun --tee prefixes every line
     for k, seconds in enumerate(_series(6, seed=5)):
-        lines.append(megatron_deepspeed_iteration((k + 1) * 5, 100, (k + 1) * 80, seconds, batch_size=16,
-                                                  seq_length=1024, samples_per_sec=16 / seconds, tflops=90.0 + k))
+        lines.append("[rank1]: " + megatron_deepspeed_iteration((k + 1) * 5, 100, (k + 1) * 80, seconds,
+                                                                 batch_size=16, seq_length=1024,
+                                                                 samples_per_sec=16 / seconds, tflops=90.0 + k))
+        lines.append("[rank1]: " + legacy_timers_line({"forward-compute": 400.0 + k, "backward-compute": 800.0 + k,
+                                                         "optimizer": 30.0}))
     write_log(path, lines)
     run = read_megatron_log(path, hardware=A100)
     assert len(run.iteration_times_ms) == 5  # first interval (1-5) holds the warm-up
+    assert run.args["pipeline_model_parallel_size"] == 2
     assert run.reported["samples_per_s"] == pytest.approx(np.median(16 / _series(6, seed=5)[1:]), rel=1e-3)
+    assert run.timing_log_option == "legacy"
+    assert run.timers_ms["forward-compute"] == {"rank": pytest.approx(np.median(400.0 + np.arange(1, 6)))}
 
 
 def test_bad_log_lines_name_file_line_and_field(tmp_path):
@@ -203,6 +209,8 @@ def test_run_table_with_a_bad_row_ingests_the_others(tmp_path):
     (converted,) = [store.load(i) for i in ids if "l24" in i]
     assert converted.truth.metrics.iteration_time_ms == pytest.approx(8 / 50.0 * 1e3)
     assert converted.launch["tensor_model_parallel_size"] == 1 and converted.launch["fp16"] is False  # defaults
+    result = _cli("ingest", path, "--fixtures", tmp_path / "fx2")  # the command: the good rows in, exit 1
+    assert result.exit_code == 1 and f"{path}:4:" in result.stderr and "3 new" in result.stdout
 
 
 def test_run_table_conversions_agree(tmp_path):
@@ -285,6 +293,13 @@ def test_vtrain_table_ingests_as_published(tmp_path):
     parallel = [f for f in fixtures if f.launch["tensor_model_parallel_size"] > 1 or f.launch["data_parallel_size"] > 1]
     assert parallel and all(f.not_priced is None for f in fixtures)
     assert {(f.spec.tp, f.spec.dp) for f in parallel} >= {(2, 1), (1, 2), (2, 2), (4, 2), (8, 1)}
+    # a held-out run is listed and shown with its configuration only
+    listed = json.loads(_cli("fixtures", "list", "--fixtures", store.root, "--json").stdout)
+    assert len(listed) == 1440 and {r["kind"] for r in listed} == {"iteration"}
+    held = next(r for r in listed if r["split"] == "test")
+    assert held["iteration_time_ms"] is None and held["held_out"] and held["configuration"]["pp"] >= 1
+    shown = json.loads(_cli("fixtures", "show", held["id"], "--fixtures", store.root, "--json").stdout)
+    assert "held_out" in shown and not {"iteration_time_ms", "iteration_periods_ms", "throughput_per_s"} & set(shown)
 
 
 def _cli(*args):
@@ -392,3 +407,45 @@ def test_a_store_without_events_scores_throughput_only(tmp_path):
     result = _cli("evaluate", "--fixtures", store.root, "--json")
     assert result.exit_code == 2 and "none of the 2 train fixtures is priced" in json.loads(result.stdout)["error"][
         "message"] and "collective benchmark" in result.stdout
+
+
+def test_sources_never_take_each_others_places(tmp_path, repo_root):
+    first, second = tmp_path / "a" / "sweep.csv", tmp_path / "b" / "sweep.csv"
+    for path, time_ms in ((first, 100.0), (second, 200.0)):
+        path.parent.mkdir()
+        _table([{"pipeline_model_parallel_size": 2, "iteration_time_ms": time_ms}]).to_csv(path, index=False)
+    store = FixtureStore(tmp_path / "fx")
+    assert ingest([first], store).ok
+    before = {i: store.load(i).truth.metrics.iteration_time_ms for i in store.ids()}
+    again = ingest([second], FixtureStore(store.root))
+    (refused,) = again.rejected
+    assert "another file of the same name" in refused.error and str(first.resolve()) in refused.error
+    kept = FixtureStore(store.root)
+    assert {i: kept.load(i).truth.metrics.iteration_time_ms for i in kept.ids()} == before
+    # a job directory named like a log's run does not replace it, and a file that is no source is named
+    log = tmp_path / "cpu_1f1b_l4_h512_s256_m4_run1.log"
+    _lm_log(log)
+    assert ingest([log], kept, hardware=A100).ok
+    job = repo_root / "traces" / "cpu_1f1b_l4_h512_s256_m4_run1"
+    report = ingest([job], FixtureStore(store.root))
+    (refused,) = report.rejected
+    assert "training log or run table" in refused.error
+    assert FixtureStore(store.root).load("cpu_1f1b_l4_h512_s256_m4_run1").kind == "iteration"
+    stray = tmp_path / "notes.txt"
+    stray.write_text("nothing Megatron printed\n")
+    (refused,) = ingest([stray], FixtureStore(store.root)).rejected
+    assert "not a source ingest reads" in refused.error
+
+
+def test_a_table_folder_missing_its_runs_is_refused_and_written_again(tmp_path):
+    path = tmp_path / "sweep.csv"
+    _table([{"pipeline_model_parallel_size": 2, "iteration_time_ms": 100.0}]).to_csv(path, index=False)
+    store = FixtureStore(tmp_path / "fx")
+    assert ingest([path], store).ok
+    (run_id,) = store.ids()
+    (store.root / "sweep" / RUNS_FILE).unlink()
+    with pytest.raises(FixtureFileError, match=RUNS_FILE):
+        FixtureStore(store.root).load(run_id)
+    report = ingest([path], FixtureStore(store.root))
+    assert report.ok and [o.status for o in report.outcomes] == ["updated"]
+    assert FixtureStore(store.root).load(run_id).truth.metrics.iteration_time_ms == 100.0

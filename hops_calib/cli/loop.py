@@ -302,6 +302,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         print(f"compare {result.before_path} ({result.before_model.sha256[:12]}) -> {result.after_path} "
               f"({result.after_model.sha256[:12]}) on {result.before.suite.n_fixtures} train fixtures "
               f"({result.fixture_set_sha256[:12]})" + (f": {note}" if note else ""))
+        _print_left_out(result.left_out)
         _print_gate(result.before.suite, result.after.suite, result.verdict)
         if result.committed_into is not None:
             kept = "the model after" if result.verdict.accepted else "the model before (the move is undone)"
@@ -563,7 +564,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
     """Every cost term the package implements, whether the model activates it, and its parameters."""
     def run() -> int:
         from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
-        from hops_calib.model import CONSTANTS, TERMS
+        from hops_calib.model import TERMS
 
         model = load_model(model_path)
         rows = []
@@ -578,7 +579,8 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
                                      "by_device": {n.partition("@")[2]: v for n, v in overrides.items()
                                                    if n.partition("@")[0] == p.name}} for p in term.params]})
         devices = [{"type": d.type, "name": d.name,
-                    **{c: {"value": getattr(d, c), "source": d.source(c)} for c in CONSTANTS}} for d in model.devices]
+                    **{c: {"value": v, "source": d.source(c)} for c, v in d.constants().items()}}
+                   for d in model.devices]
         if as_json:
             print_json({"model": str(model_path or DEFAULT_MODEL), "model_sha256": model.sha256, "terms": rows,
                          "devices": devices})
@@ -598,7 +600,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
         print("  (* = active in this model)")
         for device in model.devices:
             print(f"device {device.type}: {device.name}: " + ", ".join(
-                f"{c} {getattr(device, c):.4g}" for c in CONSTANTS))
+                f"{c} {v:.4g}" for c, v in device.constants().items()))
         return EXIT_OK
 
     return guarded(run, as_json)

@@ -35,6 +35,7 @@ class Comparison:
     ledger_path: Path
     ledger_entry: dict[str, Any]
     committed_into: Path | None = None  # the model file the verdict was carried out in (--commit)
+    left_out: dict[str, Any] | None = None  # the train runs the models do not price (`Suite.left_out_summary`)
 
     @property
     def exit_code(self) -> int:
@@ -49,6 +50,7 @@ class Comparison:
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]},
                 "committed_into": str(self.committed_into) if self.committed_into is not None else None,
+                "left_out": self.left_out or {"count": 0, "reasons": []},
                 "runs": [r.to_dict() for r in self.after.runs]}
 
 
@@ -102,6 +104,7 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
         "fixture_set_sha256": suite.sha256,
         "split": TRAIN,
         "n_fixtures": len(suite.ids),
+        **({"left_out": suite.left_out_summary} if suite.left_out else {}),
         "aggregates_before": before.suite.to_dict(),
         "aggregates_after": after.suite.to_dict(),
         **verdict.to_dict(),
@@ -119,7 +122,8 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
                       before_model=before_model, after_path=after_path, after_model=after_model,
                       before=before, after=after, verdict=verdict, note=note,
                       ledger_path=Path(ledger_path), ledger_entry=written,
-                      committed_into=Path(commit_into) if commit_into is not None else None)
+                      committed_into=Path(commit_into) if commit_into is not None else None,
+                      left_out=suite.left_out_summary)
 
 
 def _holds_an_end(path: Path, before: Model, after: Model) -> Callable[[Model], None]:

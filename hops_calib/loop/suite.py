@@ -51,8 +51,6 @@ class Suite:
     @property
     def left_out_summary(self) -> dict[str, Any]:
         """{"count", "reasons": [{"reason", "count", "runs" (up to 3)}]}, as the suite verbs' --json carry it."""
-        from hops_calib.measured_spec import left_out_summary
-
         return left_out_summary(self.left_out)
 
     @property
@@ -105,8 +103,6 @@ def suite_if_any(fixtures_dir: Path | str, split: str) -> Suite | None:
 
 
 def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -> Suite:
-    from hops_calib.measured_spec import priced
-
     fixtures = store.load_many(list(ids))
     strays = [f.id for f in fixtures if f.split != split]
     if strays:  # the index lists them in this split, their own (digested) fixture.json says otherwise
@@ -116,8 +112,6 @@ def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -
                          f"their fixture.json does not; delete {INDEX} (it is rebuilt from the fixture folders)")
     fixtures, left_out = priced(fixtures)
     if not fixtures:
-        from hops_calib.measured_spec import left_out_summary
-
         reasons = "; ".join(f"{r['count']}: {r['reason']}" for r in left_out_summary(left_out)["reasons"])
         raise InputError(fixtures_dir, f"none of the {len(left_out)} {split} fixtures is priced by the cost model "
                          f"({reasons})", field="split", hint="ingest runs the model prices (one GPU per pipeline "
@@ -125,6 +119,30 @@ def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -
     return Suite(fixtures_dir=Path(fixtures_dir), split=split, ids=tuple(f.id for f in fixtures),
                  specs=tuple(f.spec for f in fixtures), truths=tuple(f.truth.metrics for f in fixtures),
                  content_hashes=tuple(f.content_hash for f in fixtures), left_out=left_out)
+
+
+def priced(fixtures: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """The fixtures the cost model prices (every run with events; iteration-level runs whose spec builds), and
+    run id -> why for the others."""
+    kept, reasons = [], {}
+    for fixture in fixtures:
+        reason = fixture.not_priced if fixture.kind != "events" else None
+        if reason is None:
+            kept.append(fixture)
+        else:
+            reasons[fixture.id] = reason
+    return kept, reasons
+
+
+def left_out_summary(reasons: dict[str, str]) -> dict[str, Any]:
+    """What a suite verb says of the runs it did not score (`reasons`: run id -> why): how many, and how many per
+    reason, with up to 3 ids per reason."""
+    by_reason: dict[str, list[str]] = {}
+    for run_id, reason in sorted(reasons.items()):
+        by_reason.setdefault(reason, []).append(run_id)
+    return {"count": len(reasons),
+            "reasons": [{"reason": reason, "count": len(ids), "runs": ids[:3]}
+                        for reason, ids in sorted(by_reason.items(), key=lambda item: -len(item[1]))]}
 
 
 @dataclass(frozen=True)

@@ -607,7 +607,7 @@ class Observation:
     runs: tuple[RunRow, ...]
     overall: tuple[Contributor, ...]  # each quantity over all runs / stages
     ranked: tuple[Contributor, ...]  # every quantity within every group, largest contribution first
-    # The split's runs the model does not price, left out (`hops_calib.measured_spec.left_out_summary`).
+    # The split's runs the model does not price, left out (`hops_calib.loop.suite.left_out_summary`).
     left_out: dict[str, Any] = field(default_factory=lambda: {"count": 0, "reasons": []})
 
     @property
@@ -688,7 +688,7 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
     refuse_test_split(split, "observe")
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     model = load_model(model_path)
-    from hops_calib.measured_spec import left_out_summary, priced
+    from hops_calib.loop.suite import left_out_summary, priced
 
     store = open_store(fixtures_dir)
     ids = store.ids(split)

@@ -431,6 +431,7 @@ class TuneResult:
     candidate_text: str | None
     objective: str = "suite"
     model_path: Path = DEFAULT_MODEL  # the model tuned (a candidate is judged against it)
+    left_out: dict[str, Any] | None = None  # the train runs the model does not price (`Suite.left_out_summary`)
 
     @property
     def objectives(self) -> tuple[str, ...]:
@@ -445,7 +446,8 @@ class TuneResult:
                 "front": [vars(p) for p in self.front], "chosen": vars(self.chosen) if self.chosen else None,
                 "choice_rule": CHOICE_RULE, "chosen_gate": self.verdict.to_dict() if self.verdict else None,
                 "candidate": str(self.candidate_path) if self.candidate_path else None,
-                "no_candidate_reason": self.no_candidate_reason}
+                "no_candidate_reason": self.no_candidate_reason,
+                "left_out": self.left_out or {"count": 0, "reasons": []}}
 
     @property
     def no_candidate_reason(self) -> str | None:
@@ -544,7 +546,8 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
     return TuneResult(term=term, fixtures_dir=Path(fixtures_dir), study_name=study_name, storage=storage_url or "memory", trials_here=trials,
                       trials_in_study=in_study, workers=workers, current=before.suite, front=tuple(front),
                       chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text,
-                      objective=problem.objective, model_path=problem.model_path)
+                      objective=problem.objective, model_path=problem.model_path,
+                      left_out=problem.suite.left_out_summary)
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -562,6 +565,9 @@ def tune_text(result: TuneResult) -> str:
            f"{current.steady_throughput_mape_pct:.2f} %",
            f"{'best trials' if result.objective == 'components' else 'Pareto front'} ({len(result.front)} trials; "
            f"objectives {', '.join(result.objectives)}):"]
+    if result.left_out and result.left_out["count"]:
+        out.insert(2, f"left out {result.left_out['count']} train run(s) the model does not price: " + "; ".join(
+            f"{r['count']} {r['reason']}" for r in result.left_out["reasons"]))
     components = result.objective == "components"
     rows = [[("* " if p is result.chosen else "  ") + str(p.number)] + [f"{p.params[n]:.6g}" for n in names]
             + ([f"{p.score['component_mape_pct']:.2f}"] if components else [])

@@ -76,6 +76,19 @@ class FixtureFileError(StoreError):
                          + (f"; {hint}" if hint else ""))
 
 
+def _is_table(folder: Path) -> bool:
+    """Whether a fixture folder holds iteration-level runs (a runs.parquet; or, with it deleted, a fixture.json of
+    that kind, read only then), rather than one run with events."""
+    if (folder / RUNS_FILE).is_file():
+        return True
+    if (folder / SPEC_FILE).is_file():
+        return False
+    try:
+        return f'"kind": "{TABLE_KIND}"' in (folder / FIXTURE_FILE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
 def check_fixture_id(store_root: Path, fixture_id: str, origin: str = "") -> Path:
     """The folder of `fixture_id` in the store; StoreError when the id would escape the store or hide its folder."""
     where = f" (from {origin})" if origin else ""
@@ -199,7 +212,7 @@ class MeasuredFixture:
     @cached_property
     def spec(self) -> Spec:
         """The spec of the run, from its launch and hardware; NotPriced when the cost model does not price it."""
-        from hops_calib.measured_spec import measured_spec
+        from hops_calib.store.measured_spec import measured_spec
 
         try:
             return measured_spec(self.id, self.launch, self.hardware, self.meta.get("origin", ""))
@@ -329,14 +342,14 @@ class FixtureStore:
         if not self.root.is_dir():
             return []
         return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
-                      and (p / FIXTURE_FILE).is_file() and not (p / RUNS_FILE).is_file())
+                      and (p / FIXTURE_FILE).is_file() and not _is_table(p))
 
     def table_folders(self) -> list[Path]:
         """Folders of runs measured at iteration level (one per ingested log or table)."""
         if not self.root.is_dir():
             return []
         return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
-                      and (p / FIXTURE_FILE).is_file() and (p / RUNS_FILE).is_file())
+                      and (p / FIXTURE_FILE).is_file() and _is_table(p))
 
     def table(self, name: str) -> tuple[dict[str, Any], pd.DataFrame]:
         """A table folder's fixture.json and its runs (one row per run), refused (FixtureFileError) when either
@@ -346,6 +359,8 @@ class FixtureStore:
             folder = self.folder(name)
             path = folder / RUNS_FILE
             hint = _reingest(folder, meta)
+            if not path.is_file():
+                raise FixtureFileError(path, "is missing", hint=hint)
             check_digest(path, meta, hint)
             try:
                 runs = pd.read_parquet(path)
@@ -585,9 +600,10 @@ class FixtureStore:
             "source": meta.get("source", ""),
             "kind": EVENTS_KIND,
             "container": meta["id"],
-            "tp": int(spec.get("megatron_args", {}).get("tensor_model_parallel_size") or 1),
-            "dp": 1,
-            "gpus": int(spec["pp"]),
+            # spec.json writes tp and dp only when they are not 1 (Spec.to_dict)
+            "tp": int(spec["model"].get("tensor_parallel", 1)),
+            "dp": int(spec.get("dp", 1)),
+            "gpus": int(spec["pp"]) * int(spec["model"].get("tensor_parallel", 1)) * int(spec.get("dp", 1)),
             **{name: int(spec["model"][name]) for name in ("num_layers", "hidden_size", "seq_length",
                                                              "micro_batch_size", "global_batch_size")},
         }

@@ -314,14 +314,16 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                 listed = index_splits.get(folder.name)  # the index's record of its split, if any
                 legacy = {"split": listed, "group": group_of(folder.name)} if listed else {}
             stored[folder.name] = legacy
-        group_split = {meta["group"]: meta["split"] for meta in stored.values() if "group" in meta}
+        context = read_context(store, stored)  # the table folders (iteration-level runs) beside the runs' folders
+        group_split = context.group_split
         changed = False
         batch_sources: dict[str, Path] = {}
         for job_dir in job_dirs:
             outcome = RunOutcome(source=job_dir)
             try:
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources,
-                                       split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms)
+                                       split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms,
+                                       measured=context.table_runs.keys() | context.tables.keys())
             except (TraceError, StoreError) as err:
                 outcome.status, outcome.error = "rejected", str(err)
                 if isinstance(err, TraceError) and outcome.run_id in stored:
@@ -333,7 +335,6 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             report.outcomes.append(outcome)
             if on_run:
                 on_run(outcome)
-        context = read_context(store, stored)
         context.event_ids |= set(batch_sources)
 
         for path in measured:
@@ -347,10 +348,22 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         index_file = store.root / INDEX
         # a fixture folder deleted by hand (or one the index does not list) is put right even when nothing changed
         known = set(stored) | set(context.table_runs)
-        stale = index_file.is_file() and set(store.ids()) != known
+        stale = index_file.is_file() and (set(store.ids()) != known or _index_outdated(index_file))
         if changed or stale or (known and not index_file.is_file()):
             store.write_index()
     return report
+
+
+def _index_outdated(index_file: Path) -> bool:
+    """Whether the index lacks a column this version writes (it is rebuilt on every read until written again)."""
+    import pyarrow.parquet as pq
+
+    from hops_calib.store.fixture_store import INDEX_COLUMNS
+
+    try:
+        return not set(INDEX_COLUMNS) <= set(pq.read_schema(index_file).names)
+    except Exception:  # noqa: BLE001 - a damaged index: rewritten too
+        return True
 
 
 def _index_splits(store: FixtureStore) -> dict[str, str]:
@@ -380,12 +393,17 @@ def _check_apart(store_root: Path, job_dirs: list[Path]) -> None:
 
 def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored: dict[str, dict[str, Any]],
                 group_split: dict[str, str], batch_sources: dict[str, Path], *, split: str,
-                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS) -> bool:
-    """Ingest one job directory; returns whether the store changed."""
+                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS,
+                measured: Any = frozenset()) -> bool:
+    """Ingest one job directory; returns whether the store changed. `measured`: the ids of the store's
+    iteration-level runs and table folders, which a run with events may not take."""
     manifest = read_manifest(job_dir)
     run_id = run_id_of(job_dir, manifest)
     outcome.run_id = run_id
     check_fixture_id(store.root, run_id, origin=str(job_dir))
+    if run_id in measured:
+        raise StoreError(f"run id {run_id!r} of {job_dir} is already a run (or the folder of runs) this store holds "
+                         "from a training log or run table; give the job another run_id in its manifest.yaml")
     if run_id in batch_sources:
         raise StoreError(f"run id {run_id!r} comes from two job directories ({batch_sources[run_id]} and {job_dir}); "
                          "ingest one of them, or give one a different manifest run_id")

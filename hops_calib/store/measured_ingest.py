@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -23,15 +22,14 @@ from hops_calib.store.fixture_store import (
 from hops_calib.store.split import group_of, hashed_split
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.measured import RunHardware, MeasuredRun
-from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS, is_megatron_log, read_megatron_log
+from hops_calib.trace.megatron_log import is_megatron_log, read_megatron_log
 from hops_calib.trace.run_table import TableRead, is_run_table, read_run_table
 from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING, is_vtrain_table, read_vtrain_table
-from hops_calib.truth import IterationTruth
 from hops_calib.metrics import IterationMetrics
+from hops_calib.truth import IterationTruth
 
 # Part of every source's content hash: bump when what is stored for the same input changes.
 MEASURED_INGEST_VERSION = 1
-_PADDED_VOCAB = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
 
 
 @dataclass
@@ -115,16 +113,7 @@ def _read_source(path: Path, kind: str, hardware: RunHardware | None, warmup: in
         return read_run_table(path, hardware=hardware)
     run = read_megatron_log(path, hardware=hardware, warmup_iterations=warmup)
     args = dict(run.args)
-    if args.get("padded_vocab_size") is None:  # Megatron prints it when it builds the tokenizer, after the block
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                match = _PADDED_VOCAB.search(line)
-                if match:
-                    args["padded_vocab_size"] = int(match.group(3))
-                    break
     _check_log_args(path, args)
-    from dataclasses import replace
-
     return TableRead(path=path, runs=[replace(run, args=args, group=group_of(run.run_id))], mapping=kind)
 
 
@@ -174,6 +163,9 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         context.batch[table_id] = path
         digest = source_hash(path, mode)
         previous = context.tables.get(table_id)
+        if previous and previous.get("source") and previous["source"] != str(path.resolve()):
+            raise StoreError(f"{path}: the store's folder {table_id} holds the runs of {previous['source']}, another "
+                             "file of the same name; rename this one (its runs go to a folder named after it)")
         if previous and previous.get("content_hash") == digest and _intact(store, table_id):
             for run in store.measured_fixtures(table_id):
                 emit(outcome_type(source=path, run_id=run.id, status="unchanged", split=run.split))

@@ -83,10 +83,6 @@ class MeasuredRun:
     origin: str = ""  # file (and line or row) it was read from
     warnings: tuple[str, ...] = ()
 
-    @property
-    def world_size(self) -> int:
-        return int(self.args.get("world_size") or 0)
-
 
 def world_size(args: dict[str, Any]) -> int:
     """GPUs of a launch: `world_size` when given, else t x p x d (d defaults to 1)."""

@@ -3,7 +3,8 @@
 What is read, and from where the format comes:
 
 - the arguments block (Megatron-LM `megatron/training/arguments.py::_print_args`: a `---- arguments ----` ruler,
-  one `  name ....... value` line per argument, an `---- end of arguments ----` ruler) as the launch;
+  one `  name ....... value` line per argument, an `---- end of arguments ----` ruler) as the launch, and the
+  tokenizer's ` > padded vocab (size: V) with N dummy tokens (new size: P)` line for the vocabulary;
 - the iteration lines (Megatron-LM `megatron/training/training.py::training_log`, printed every `--log-interval`
   iterations): ` [timestamp] iteration N/ TOTAL | key: value | ... |`; the timestamp is optional (older versions
   and Megatron-DeepSpeed print none), fields may be added, missing or reordered (only `elapsed time per iteration
@@ -11,7 +12,13 @@ What is read, and from where the format comes:
 - the timer blocks (megatron-core `megatron/core/timers.py::Timers.get_all_timers_string`, which `training_log`
   calls with `normalizer=args.log_interval` right after the iteration line) under each `--timing-log-option`:
   `max time across ranks (ms):` then `    name ......: 12.34`; `(min, max) time across ranks (ms):` then
-  `    name ......: (10.00, 12.34)`; `times across ranks (ms):` then `  name:` and `     rank  0: 12.34` per rank.
+  `    name ......: (10.00, 12.34)`; `times across ranks (ms):` then `  name:` and `     rank  0: 12.34` per rank;
+  and the one-line form of the timers before that rewrite (Megatron-LM's `megatron/timers.py::Timers.log` until
+  2022, still Megatron-DeepSpeed's): `time (ms) | name: 12.34 | name: 56.78`, the printing rank's own times
+  (stored as `{"rank": ms}`; `timing_log_option` "legacy").
+
+A launcher's per-line prefix (`[rank7]:`, `[default0]:`, as torchrun's --tee and --redirects write) is taken off
+every line first.
 
 Megatron averages the elapsed time (and the timers) over the iterations since the last log line: each kept line
 is one value of the series, the mean over its interval, and keeps that meaning (`interval_iterations`). The first
@@ -44,12 +51,17 @@ REPORTED = {
     "samples per second": "samples_per_s",  # Megatron-DeepSpeed
 }
 
+# megatron/training/tokenizer/tokenizer.py::_vocab_size_with_padding, printed when the tokenizer is built (after the
+# arguments block, which then shows padded_vocab_size None or not at all)
+_PADDED_VOCAB = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _HEADERS = {
     "max time across ranks (ms):": "max",
     "(min, max) time across ranks (ms):": "minmax",
     "times across ranks (ms):": "all",
 }
+_LEGACY_TIMERS = re.compile(r"(?:^|\s)time \(ms\)\s*\|(.*)$")
+_LAUNCHER_PREFIX = re.compile(r"^\[[A-Za-z_]*\d+\]:\s?")
 _MAX_ENTRY = re.compile(r"^\s+(\S+) \.*: (-?\d+(?:\.\d+)?)\s*$")
 _MINMAX_ENTRY = re.compile(r"^\s+(\S+) \.*: \((-?\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?)\)\s*$")
 _ALL_NAME = re.compile(r"^\s+(\S+):\s*$")
@@ -171,12 +183,14 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     option: str | None = None
     timer_option: str | None = None  # the block being read
     timer_name: list[str | None] = [None]  # an `all` block's current timer
+    padded_vocab: int | None = None
     try:
         handle = path.open(encoding="utf-8", errors="replace")
     except OSError as err:
         raise TraceError(path, f"cannot be read: {err}", hint="check the path") from None
     with handle:
         for number, line in enumerate(handle, start=1):
+            line = _LAUNCHER_PREFIX.sub("", line, count=1)
             if in_block:
                 if _BLOCK_END.search(line):
                     in_block = False
@@ -196,6 +210,16 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                 if _read_timer_line(line, timer_option, intervals, timer_name):
                     continue
                 timer_option, timer_name[0] = None, None
+            legacy = _LEGACY_TIMERS.search(line)
+            if legacy and intervals:
+                if option not in (None, "legacy"):
+                    raise TraceError(path, f"one-line timers, earlier blocks under --timing-log-option {option}",
+                                     line=number, field="timers", hint="one log holds one launch: split it")
+                option = "legacy"
+                for name, value in _fields(legacy.group(1)).items():
+                    if value != _CUT:
+                        intervals[-1].timers[name] = {"rank": _number(path, number, name, value)}
+                continue
             header = _header(line)
             if header is not None:
                 if option is not None and header != option:
@@ -206,6 +230,9 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                 continue
             match = _ITERATION.search(line)
             if not match:
+                vocab = _PADDED_VOCAB.search(line) if padded_vocab is None else None
+                if vocab:
+                    padded_vocab = int(vocab.group(3))
                 continue
             fields = _fields(match.group(3))
             elapsed = fields.get(ELAPSED)
@@ -213,7 +240,8 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                 warnings.append(f"{path}:{number}: iteration {match.group(1)} has no '{ELAPSED}' (a line cut "
                                 "short?): skipped")
                 continue
-            intervals.append(_Interval(number, int(match.group(1)), _number(path, number, ELAPSED, elapsed), fields))
+            kept = {name: fields[name] for name in REPORTED if name in fields}  # a long log keeps only what is read
+            intervals.append(_Interval(number, int(match.group(1)), _number(path, number, ELAPSED, elapsed), kept))
             if intervals[-1].elapsed_ms <= 0:
                 raise TraceError(path, f"is {elapsed}: an iteration takes time", line=number, field=ELAPSED,
                                  hint="the line is damaged: fix or delete it")
@@ -227,6 +255,8 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     if not intervals:
         raise TraceError(path, "holds no iteration line with an elapsed time", field=ELAPSED,
                          hint="ingest a log of a run that trained at least one --log-interval")
+    if args.get("padded_vocab_size") is None and padded_vocab is not None:
+        args["padded_vocab_size"] = padded_vocab
     return _measured_run(path, args, resolved, intervals, warmup_iterations, option, warnings, run_id)
 
 

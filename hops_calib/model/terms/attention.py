@@ -11,12 +11,16 @@ from hops_calib.spec import Spec
 
 def softmax_fused(spec: Spec) -> bool:
     """Whether Megatron runs the attention softmax in its fused scale-mask-softmax kernel: masked-softmax fusion on
-    (its default; `--no-masked-softmax-fusion` turns it off), 16-bit inputs and a sequence the kernel takes."""
+    (its default; `--no-masked-softmax-fusion` turns it off), 16-bit inputs and shapes the kernel takes
+    (megatron/core/fusions/fused_softmax.py, `is_kernel_available`: 16 < s <= 4096, s a multiple of 4, heads x
+    micro batch a multiple of 4)."""
     on = spec.megatron_args.get("masked_softmax_fusion")
     if on is None:
         on = not spec.megatron_args.get("no_masked_softmax_fusion", False)
-    s = spec.model.seq_length
-    return bool(on) and spec.model.precision in ("fp16", "bf16") and 16 < s <= 4096 and s % 4 == 0
+    shape = spec.model
+    s = shape.seq_length
+    return (bool(on) and shape.precision in ("fp16", "bf16") and 16 < s <= 4096 and s % 4 == 0
+            and (shape.num_attention_heads * shape.micro_batch_size) % 4 == 0)
 
 
 def attention_dropout(spec: Spec) -> float:
@@ -45,8 +49,9 @@ class AttentionScoreTraffic(Term):
     fraction of the datasheet bandwidth (`memory_efficiency`).
 
     With masked-softmax fusion (Megatron's default; the cluster runs turn it
-    off) a 16-bit run whose sequence fits the kernel (Megatron's
-    FusedScaleMaskSoftmax: 16 < s <= 4096, s a multiple of 4) scales, masks and
+    off) a 16-bit run whose shapes fit the kernel (Megatron's
+    FusedScaleMaskSoftmax: 16 < s <= 4096, s and heads x micro batch multiples
+    of 4) scales, masks and
     softmaxes in one kernel that reads the scores once and writes the
     probabilities once: forward 4 passes (the score GEMM's write, the kernel's
     read and write, the context GEMM's read), backward 7 (the context GEMM's

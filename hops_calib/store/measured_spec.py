@@ -1,4 +1,6 @@
-"""The spec of a run measured at iteration level: its launch (Megatron's args) and hardware, nothing measured.
+"""Store room: the spec of a run measured at iteration level, from its launch (Megatron's args) and hardware, nothing
+measured (a run with events gets its spec at ingest, `spec.build_spec`; this one when it is loaded, so that a model
+that learns to price more runs needs no new ingest).
 
 A run the cost model does not price (context parallelism, experts, FP8, ...) gets no spec: the ValueError (a TraceError
 for a launch setting) says why, and the verbs that would predict it refuse it by name with that reason
@@ -43,27 +45,3 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
                             "the table's sidecar)" if inside else
                             ": it crosses nodes, and a log or table carries no link benchmark"))
     return spec
-
-
-def priced(fixtures: list[Any]) -> tuple[list[Any], dict[str, str]]:
-    """The fixtures the cost model prices (every run with events; iteration-level runs whose spec builds), and
-    run id -> why for the others."""
-    kept, reasons = [], {}
-    for fixture in fixtures:
-        reason = fixture.not_priced if fixture.kind != "events" else None
-        if reason is None:
-            kept.append(fixture)
-        else:
-            reasons[fixture.id] = reason
-    return kept, reasons
-
-
-def left_out_summary(reasons: dict[str, str]) -> dict[str, Any]:
-    """What a suite verb says of the runs it did not score (`reasons`: run id -> why): how many, and how many per
-    reason, with up to 3 ids per reason."""
-    by_reason: dict[str, list[str]] = {}
-    for run_id, reason in sorted(reasons.items()):
-        by_reason.setdefault(reason, []).append(run_id)
-    return {"count": len(reasons),
-            "reasons": [{"reason": reason, "count": len(ids), "runs": ids[:3]}
-                        for reason, ids in sorted(by_reason.items(), key=lambda item: -len(item[1]))]}
