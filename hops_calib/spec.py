@@ -104,6 +104,9 @@ class Spec:
     # Megatron's --rank-order (tp, cp, ep, dp, pp from fastest to slowest by default): which global ranks form a
     # stage's tensor-parallel group, its data-parallel groups, and so which of them share a node
     rank_order: str = "tp-cp-ep-dp-pp"
+    # Ranks time-sharing one device (a CPU capture with more ranks than cores: manifest.yaml's `cores`, the core of
+    # each rank); 1 on a GPU, where every rank has its own
+    ranks_per_device: float = 1.0
 
     @property
     def tp(self) -> int:
@@ -197,7 +200,7 @@ class Spec:
 
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
 _OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "dp", "distributed_optimizer", "overlap_grad_reduce",
-                    "overlap_param_gather", "rank_order")
+                    "overlap_param_gather", "rank_order", "ranks_per_device")
 _OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "tensor_parallel",
                           "sequence_parallel", "swiglu", "num_query_groups", "normalization", "position_embedding",
                           "attention_kernel")
@@ -413,7 +416,7 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
                    links: Sequence[LinkFit] = (), collectives: Sequence[CollectiveTable] = (),
                    configured: str | None = None, schedule_source: Path | str = "manifest.yaml",
                    declared_schedule: str | None = None, iterations: int | None = None,
-                   notes: list[str] | None = None) -> Spec:
+                   notes: list[str] | None = None, ranks_per_device: float = 1.0) -> Spec:
     """The spec of a Megatron launch, from its arguments alone (pure: reads no file).
 
     `args` are Megatron's arguments in their `args.` spelling (as `trace.megatron_args` parses a command line or a
@@ -552,6 +555,7 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         overlap_grad_reduce=bool(args.get("overlap_grad_reduce")),
         overlap_param_gather=bool(args.get("overlap_param_gather")),
         rank_order=rank_order,
+        ranks_per_device=ranks_per_device,
     )
 
 
@@ -569,6 +573,13 @@ def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[Link
     have = {frozenset((fit.src_stage, fit.dst_stage)) for fit in links}
     return tuple(ring_link(tables[0], a, b) for a, b in pairs
                  if frozenset((a, b)) not in have and first_ranks[a] // per_node == first_ranks[b] // per_node)
+
+
+def _ranks_per_core(cores: Any) -> float:
+    """Ranks per core of a capture whose manifest lists each rank's core (`cores`), when ranks share cores; else 1."""
+    if not isinstance(cores, list) or not cores or not all(type(c) is int for c in cores):
+        return 1.0
+    return len(cores) / len(set(cores))
 
 
 def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
@@ -629,6 +640,7 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     return spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
                           collectives=read_collective_tables(job_dir / ALLREDUCE_DIR),
                           configured=manifest.get("configured_schedule"), schedule_source=job_dir / MANIFEST,
+                          ranks_per_device=_ranks_per_core(manifest.get("cores")),
                           declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
                           notes=notes)
 

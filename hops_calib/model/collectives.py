@@ -8,7 +8,8 @@ Pure: reads the spec (which holds the benchmark tables and the placement of rank
   all-reduce's 2(n - 1)/n (NCCL runs the all-reduce as exactly those two), so it takes half the table's time.
 - Ring model otherwise: an all-reduce of S bytes over n GPUs sends 2(n - 1)/n x S over each GPU's slowest hop of
   the ring, in 2(n - 1) steps of a latency each; reduce-scatter and all-gather half of both. A ring inside one
-  node runs at the device's NVLink bandwidth (`intra_node_bandwidth_bytes_per_s`; a device without one, the
+  node runs at the device's NVLink bandwidth (`intra_node_bandwidth_bytes_per_s`; a device without one, as a CPU
+  host whose ranks talk gloo over loopback, at the slowest hop the spec's link benchmark measured, else at the
   network's). A ring across nodes crosses each node boundary once per ring; every GPU of a node runs a group of
   the same kind at the same time (all tp x dp replicas reduce together), so the node's NICs (the device's network
   bandwidth is its GPU's share of them) are shared: each group crossing the node gets the NIC share of the GPUs it
@@ -30,6 +31,9 @@ def group_size(spec: Spec, group: str) -> int:
 def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stage: int = 0) -> float:
     """Bytes per ms over the slowest hop of a `group` ring ("tp" or "dp") of `stage`, with its node's NICs shared."""
     placed = spec.group_nodes(group, stage)
+    if device.intra_node_bandwidth_bytes_per_s is None and spec.links and (placed is None or placed[0] == 1):
+        # no NVLink (a CPU host: gloo over loopback): the hop the link benchmark measured between the host's ranks
+        return min(fit.bytes_per_ms for fit in spec.links)
     intra = device.intra_node_bandwidth_bytes_per_s or device.network_bandwidth_bytes_per_s
     if placed is None or placed[0] == 1:  # one node (or no nodes given: a job directory's single-node group)
         return intra / 1e3
