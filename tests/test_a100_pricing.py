@@ -250,3 +250,32 @@ def test_terms_lists_the_optional_nvlink_constant_and_a_candidate_may_correct_it
                     'device = "a100"\nconstant = "intra_node_bandwidth_bytes_per_s"\nvalue = 2.5e11\n'
                     'source = "a measured figure"\n')
     assert read_candidate(path).change.constant == "intra_node_bandwidth_bytes_per_s"
+
+
+def test_device_only_changes_calibrate_their_device_types_and_not_the_shared_values():
+    """The project's ledger holds the cluster campaign, then the A100 move (NAME@a100 values only, judged on the
+    vTrain runs, committed whole by a compare written before compares recorded their scope): the shared values and
+    the whole model stay calibrated on the cluster runs, the A100's values on the vTrain runs."""
+    from hops_calib.loop import calibration
+    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+
+    record = calibration.read_record(Path(__file__).resolve().parents[1] / "ledger" / "ledger.jsonl")
+    cluster = ("a10g", "h100", "l4")
+    for scope in (calibration.Scope(term="elementwise_traffic"), calibration.Scope(whole_model=True),
+                  calibration.Scope(term="decoder_roofline"), calibration.Scope(devices=("l4",))):
+        fixture_set, _ = record.calibrated_on(scope)
+        assert fixture_set.devices == cluster, scope
+    a100, why = record.calibrated_on(calibration.Scope(devices=("a100",)))
+    assert a100.devices == ("a100",) and a100.n_runs == 111
+    move = [e for e in record.changes if e.get("kind") == "compare" and "a100" in calibration._named(e)[1]]
+    assert move and "scope_devices" not in move[-1]  # inferred from the steps it judged whole
+    # a whole-model comparison is scoped by what differs: the A100's values alone, or something shared
+    model = load_model(DEFAULT_MODEL)
+    roofline = model.active("decoder_roofline")
+    from hops_calib.model import resolve_params
+
+    def with_values(values):
+        return model.with_term(resolve_params("decoder_roofline", values, origin="test", base=roofline.params()))
+
+    assert calibration.scope_of_models(model, with_values({"compute_efficiency@a100": 0.7})).devices == ("a100",)
+    assert calibration.scope_of_models(model, with_values({"compute_efficiency": 0.45})).whole_model

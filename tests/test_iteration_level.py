@@ -209,8 +209,8 @@ def test_run_table_with_a_bad_row_ingests_the_others(tmp_path):
     (converted,) = [store.load(i) for i in ids if "l24" in i]
     assert converted.truth.metrics.iteration_time_ms == pytest.approx(8 / 50.0 * 1e3)
     assert converted.launch["tensor_model_parallel_size"] == 1 and converted.launch["fp16"] is False  # defaults
-    result = _cli("ingest", path, "--fixtures", tmp_path / "fx2")  # the command: the good rows in, exit 1
-    assert result.exit_code == 1 and f"{path}:4:" in result.stderr and "3 new" in result.stdout
+    result = _cli("ingest", path, "--fixtures", tmp_path / "fx2")  # the command: the good rows in, exit 6 (partial)
+    assert result.exit_code == 6 and f"{path}:4:" in result.stderr and "3 new" in result.stdout
 
 
 def test_run_table_conversions_agree(tmp_path):
@@ -294,7 +294,7 @@ def test_vtrain_table_ingests_as_published(tmp_path):
     assert parallel and all(f.not_priced is None for f in fixtures)
     assert {(f.spec.tp, f.spec.dp) for f in parallel} >= {(2, 1), (1, 2), (2, 2), (4, 2), (8, 1)}
     # a held-out run is listed and shown with its configuration only
-    listed = json.loads(_cli("fixtures", "list", "--fixtures", store.root, "--json").stdout)
+    listed = json.loads(_cli("fixtures", "list", "--fixtures", store.root, "--json").stdout)["fixtures"]
     assert len(listed) == 1440 and {r["kind"] for r in listed} == {"iteration"}
     held = next(r for r in listed if r["split"] == "test")
     assert held["iteration_time_ms"] is None and held["held_out"] and held["configuration"]["pp"] >= 1
@@ -382,7 +382,7 @@ def test_verbs_that_predict_refuse_an_unpriced_run_by_name(mixed_store):
     assert result.exit_code == 2
     error = json.loads(result.stdout)["error"]
     assert unpriced in error["message"] and "context parallel" in error["message"]
-    listed = json.loads(_cli("fixtures", "list", "--fixtures", mixed_store.root, "--json").stdout)
+    listed = json.loads(_cli("fixtures", "list", "--fixtures", mixed_store.root, "--json").stdout)["fixtures"]
     row = next(r for r in listed if r["id"] == unpriced)
     assert row["kind"] == "iteration" and row["configuration"]["tp"] == 2
     observed = json.loads(_cli("observe", "--fixtures", mixed_store.root, "--json").stdout)
