@@ -331,7 +331,10 @@ def mixed_store(tmp_path_factory, repo_root):
     parallelism (which the model does not price), all in train."""
     root = tmp_path_factory.mktemp("mixed")
     store = FixtureStore(root / "fx")
-    assert ingest([repo_root / "traces"], store).ok
+    shipped = FixtureStore(repo_root / "fixtures")
+    for split in ("train", "test"):  # each capture in the split the shipped store gives it
+        runs = [repo_root / "traces" / run for run in shipped.ids(split)]
+        assert ingest(runs, store, split=split).ok
     _allreduce_tables(root / "calibration" / "allreduce")
     table = root / "a100_sweep.csv"
     _table([{"pipeline_model_parallel_size": 2, "num_layers": 24, "micro_batch_size": 4, "global_batch_size": 16,
