@@ -377,3 +377,24 @@ def test_ranks_sharing_a_core_each_get_its_share():
     assert [s.host_ms * 4 for s in a.stages] == pytest.approx([s.host_ms for s in b.stages])
     assert [v * 4 for v in a.grad_reduce_ms] == pytest.approx(list(b.grad_reduce_ms))
     assert a.forward_transfer_ms == b.forward_transfer_ms  # the links were measured as they are
+
+
+def test_a_bad_collective_line_is_named_by_file_line_and_field(tmp_path):
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    run = "cpu_1f1b_t2_l4_h256_s128_m4_run1"
+    job = tmp_path / run
+    shutil.copytree(REPO / "traces" / run, job)
+    log = job / "megatron_trace" / "rank1.jsonl"
+    lines = log.read_text().splitlines()
+    number = next(k for k, line in enumerate(lines) if '"collective"' in line)
+    lines[number] = lines[number].replace('"group": "tp"', '"group": "pp"')
+    log.write_text("\n".join(lines) + "\n")
+    report = ingest([job], FixtureStore(tmp_path / "fx"), split="train")
+    assert not report.ok
+    message = str(report.outcomes[0].error)
+    assert f"rank1.jsonl:{number + 1}" in message and "field 'group'" in message and "'pp'" in message
+    # with --lenient the line is dropped and counted; the timeline is the one without it
+    lenient = ingest([job], FixtureStore(tmp_path / "fx2"), split="train", lenient=True)
+    assert lenient.ok
