@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Collection, Iterable, Mapping
 
 from hops_calib.errors import InputError, line_of, parse_toml
@@ -116,7 +117,7 @@ class Model:
             "terms": {t.name: dict(t.values) for t in sorted(self.terms, key=lambda t: t.name)},
         }
 
-    @property
+    @cached_property  # a frozen model's identity never changes; every prediction stamps it
     def sha256(self) -> str:
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
