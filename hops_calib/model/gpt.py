@@ -129,3 +129,17 @@ def padded_vocab(shape: ModelShape) -> int:
 def vocab_per_gpu(shape: ModelShape) -> int:
     """Rows of the word embedding (and columns of the output layer) one GPU holds: the vocabulary splits t ways."""
     return padded_vocab(shape) // _t(shape)
+
+
+def stage_parameters(shape: ModelShape, layers: int, first: bool, last: bool, ranks: int) -> float:
+    """Parameters one GPU of a pipeline rank holds (its share of the tensor-parallel split): its decoder layers,
+    plus the word embedding (V/t rows) and learned position embeddings on the first stage, the final norm and (tied
+    or not) an output-layer copy of the word embedding on the last stage (one rank holding both keeps one copy)."""
+    h = shape.hidden_size
+    vocab = vocab_per_gpu(shape)
+    total = layers * layer_parameters(shape)
+    if first:
+        total += vocab * h + (shape.seq_length * h if shape.position_embedding == "learned_absolute" else 0)
+    if last:
+        total += norm_parameters(shape) / 2 + (vocab * h if ranks > 1 else 0)
+    return float(total)

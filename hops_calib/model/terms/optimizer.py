@@ -10,18 +10,8 @@ from hops_calib.spec import Spec
 
 
 def stage_parameters(spec: Spec, layers: int, rank: int) -> float:
-    """Parameters one GPU of pipeline rank `rank` holds (its share of the tensor-parallel split): its `layers`
-    decoder layers, plus the word embedding (V/t rows) and learned position embeddings on the first stage, the final
-    norm and (tied or not) an output-layer copy of the word embedding on the last stage."""
-    shape = spec.model
-    h = shape.hidden_size
-    vocab = gpt.vocab_per_gpu(shape)
-    total = layers * gpt.layer_parameters(shape)
-    if rank == 0:
-        total += vocab * h + (shape.seq_length * h if shape.position_embedding == "learned_absolute" else 0)
-    if rank == spec.pp - 1:
-        total += gpt.norm_parameters(shape) / 2 + (vocab * h if spec.pp > 1 else 0)
-    return float(total)
+    """Parameters one GPU of pipeline rank `rank` holds with `layers` decoder layers (`gpt.stage_parameters`)."""
+    return gpt.stage_parameters(spec.model, layers, rank == 0, rank == spec.pp - 1, spec.pp)
 
 
 def rank_parameters(context: Context, rank: int) -> float:
