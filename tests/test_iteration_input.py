@@ -197,27 +197,29 @@ def test_one_configuration_from_two_sources_shares_a_group_and_a_copy_is_a_dupli
 
 
 def test_ingest_says_each_runs_split_and_whether_it_is_priced(tmp_path):
+    from tests.test_iteration_level import _allreduce_tables
+
+    _allreduce_tables(tmp_path / "calibration" / "allreduce")  # the node's collective benchmark, beside the table
     path = tmp_path / "mine.csv"
     _sweep([{"pipeline_model_parallel_size": 2, "iteration_time_ms": 520.3},
-            {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "iteration_time_ms": 400.0}]
+            {"pipeline_model_parallel_size": 4, "num_experts": 8, "iteration_time_ms": 300.0}]
            ).to_csv(path, index=False)
     result = _cli("ingest", path, "--fixtures", tmp_path / "fx", "--json")
     assert result.exit_code == 0
     data = json.loads(result.stdout)
     runs = {r["run_id"]: r for r in data["runs"]}
     assert all(r["split"] in ("train", "test") and r["kind"] == "iteration" for r in runs.values())
-    tp = next(r for i, r in runs.items() if "_t2p2" in i)
-    pp = next(r for i, r in runs.items() if "_t1p2" in i)
-    # p2 alone: the hop between its stages inside a node needs the node's collective benchmark, which it lacks
-    assert pp["priced"] is False and "collective benchmark" in pp["not_priced"]
-    assert tp["priced"] is False and tp["not_priced"].startswith("it needs tensor parallelism")
+    local = next(r for i, r in runs.items() if "_t1p2" in i)
+    experts = next(r for i, r in runs.items() if "_t1p4" in i)
+    assert local["priced"] is True and local["not_priced"] is None
+    assert experts["priced"] is False and "--num-experts" in experts["not_priced"]
     notes = "\n".join(data["notes"])
-    assert "priced by the cost model: 0 of the 2" in notes
+    assert "priced by the cost model: 1 of the 2" in notes
     assert ("--split train" in notes) == any(r["split"] == "test" for r in runs.values())
     text = _cli("ingest", path, "--fixtures", tmp_path / "fx2").stdout
     for run_id, run in runs.items():
         assert run_id in text.split(f"to {run['split']}: ")[1].splitlines()[0]
-    assert "not priced (1): it needs tensor parallelism" in text
+    assert "not priced (1): --num-experts" in text
 
 
 def test_throughput_is_labelled_and_samples_per_second_derived(tmp_path):

@@ -46,7 +46,9 @@ KNOWN_ARGS = frozenset(MEGATRON_DEFAULTS) | frozenset(REQUIRED_ARGS) | frozenset
     "no_gradient_accumulation_fusion", "accumulate_allreduce_grads_in_fp32", "attention_softmax_in_fp32",
     "apply_query_key_layer_scaling", "attention_dropout", "hidden_dropout", "use_distributed_optimizer",
     "overlap_grad_reduce", "overlap_param_gather", "train_iters", "log_interval", "seed", "lr",
-    "timing_log_level", "timing_log_option", "tokenizer_type", "params_dtype",
+    "timing_log_level", "timing_log_option", "tokenizer_type", "params_dtype", "attention_backend",
+    "num_key_value_heads", "no_overlap_p2p_communication", "use_rotary_position_embeddings", "use_tp_pp_dp_mapping",
+    "zero_stage", "ds_sequence_parallel_size", "tp_comm_overlap",
 })
 EXTRA_PREFIX = "x_"  # a run table's own column (a note, a date, ...): kept out of the launch, never read
 
