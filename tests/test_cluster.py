@@ -95,22 +95,24 @@ def test_a_hop_with_no_link_is_named_and_a_declared_link_prices_it(shared_runs, 
     assert priced.link(1, 2).bandwidth_gbit_s == pytest.approx(5.0) and "declared" in priced.link(1, 2).source
 
 
-@pytest.mark.parametrize("text, field", [
-    ("nodes: []", "nodes"),
-    ("nodes:\n  - host: a\n    devices: [{id: x}]\n", "nodes[0].devices[0]"),
+@pytest.mark.parametrize("text, field, line", [
+    ("nodes: []", "nodes", 1),
+    ("nodes:\n  - host: a\n    devices: [{id: x}]\n", "nodes[0].devices[0]", 3),
     ("nodes:\n  - host: a\n    devices: [{id: x, gpu: l4}]\nlinks:\n  - hosts: [a, b]\n    bandwidth_gbit_s: 1\n",
-     "links[0].hosts"),
+     "links[0].hosts", 5),
     ("nodes:\n  - host: a\n    devices: [{id: x, gpu: l4}]\nlinks:\n  - hosts: [a, a]\n    bandwidth_gbit_s: -1\n",
-     "links[0]"),
-    ("nodes: [", None),
+     "links[0].bandwidth_gbit_s", 6),
+    ("nodes:\n  - host: a\n    devices: [{id: x, gpu: l4}]\nlinks:\n  - hosts: [a, a]\n    benchmark: [[1, 2]]\n"
+     "    latency_ms: 1\n", "links[0].bandwidth_gbit_s", 5),
+    ("nodes: [", None, 1),
 ])
-def test_a_bad_cluster_file_is_named_with_its_field(tmp_path, text, field):
+def test_a_bad_cluster_file_is_named_with_its_field(tmp_path, text, field, line):
     path = tmp_path / "cluster.yaml"
     path.write_text(text)
     with pytest.raises(InputError) as caught:
         read_cluster(path)
     assert caught.value.origin == str(path) and caught.value.field == field
-    assert field is not None or caught.value.line is not None
+    assert caught.value.line == line  # the line of the offending entry or key
 
 
 def test_a_hand_written_cluster_round_trips(tmp_path):

@@ -103,3 +103,35 @@ def test_the_default_store_is_set_once(tmp_path, monkeypatch):
     monkeypatch.setenv("HOPS_CALIB_FIXTURES", str(store))
     (elsewhere / "hops-calib.toml").unlink()
     assert cli("observe", "--json").exit_code == 0
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(n for n, line in enumerate(text.splitlines(), start=1) if needle in line)
+
+
+def test_cluster_check_names_the_line_of_the_bad_entry(shared_runs, tmp_path):
+    built = tmp_path / "cluster.yaml"
+    assert cli("cluster", shared_runs, "--out", built).exit_code == 0
+    good = cli("cluster", "--check", built, "--json")
+    assert good.exit_code == 0, good.output
+    assert len(json.loads(good.stdout)["links"]) == 21
+    text = built.read_text()
+    hosts = [node["host"] for node in json.loads(good.stdout)["nodes"]]
+    # a hand-written node and a link whose key is misspelt, at the end of the file (after every nodes line)
+    hand = text.replace("links:\n", f"- host: g-new-1\n  devices: [{{id: new_gpu0, gpu: a10g}}]\nlinks:\n", 1)
+    hand += f"- hosts: [g-new-1, {hosts[0]}]\n  bandwith_gbit_s: 5\n"
+    (tmp_path / "typo.yaml").write_text(hand)
+    typo = cli("cluster", "--check", tmp_path / "typo.yaml", "--json")
+    error = json.loads(typo.stdout)["error"]
+    assert typo.exit_code == 2 and error["field"] == "links[21].bandwith_gbit_s"
+    assert error["line"] == _line_of(hand, "bandwith_gbit_s")
+    negative = hand.replace("bandwith_gbit_s: 5", "bandwidth_gbit_s: -5")
+    (tmp_path / "negative.yaml").write_text(negative)
+    error = json.loads(cli("cluster", "--check", tmp_path / "negative.yaml", "--json").stdout)["error"]
+    assert error["field"] == "links[21].bandwidth_gbit_s" and error["line"] == _line_of(negative, "-5")
+    twice = text.replace(f"- host: {hosts[1]}", f"- host: {hosts[0]}", 1)
+    (tmp_path / "twice.yaml").write_text(twice)
+    error = json.loads(cli("cluster", "--check", tmp_path / "twice.yaml", "--json").stdout)["error"]
+    assert error["field"] == "nodes[1].host" and error["line"] == [
+        n for n, line in enumerate(twice.splitlines(), start=1) if f"host: {hosts[0]}" in line][1]
+    assert cli("cluster", "--check", built, shared_runs).exit_code == 2

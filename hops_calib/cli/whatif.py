@@ -175,13 +175,39 @@ def cluster_command(sources: Sequence[Path], out: Path, as_json: bool) -> int:
         if as_json:
             print_json({"out": str(out), **cluster.to_dict(), "notes": list(cluster.notes)})
             return EXIT_OK
-        benchmarked = sum(link.benchmarked for link in cluster.links)
-        devices = sum(node.gpus for node in cluster.nodes)
-        print(f"wrote {out}: {len(cluster.nodes)} hosts, {devices} devices, {len(cluster.links)} links "
-              f"({benchmarked} benchmarked host pairs) from {cluster.origin}")
-        for link in cluster.links:
-            print(f"  {link.src_host} -> {link.dst_host}: {link.bandwidth_gbit_s:.1f} Gbit/s, "
-                  f"{link.latency_ms:.3f} ms ({link.source})")
+        print(f"wrote {out}: {_cluster_summary(cluster)} from {cluster.origin}")
+        _print_links(cluster)
+        return EXIT_OK
+
+    return guarded(run, as_json)
+
+
+def _cluster_summary(cluster) -> str:
+    benchmarked = sum(link.benchmarked for link in cluster.links)
+    devices = sum(node.gpus for node in cluster.nodes)
+    return (f"{len(cluster.nodes)} hosts, {devices} devices, {len(cluster.links)} links ({benchmarked} benchmarked "
+            f"host pairs, {len(cluster.links) - benchmarked} declared)")
+
+
+def _print_links(cluster) -> None:
+    for link in cluster.links:
+        print(f"  {link.src_host} -> {link.dst_host}: {link.bandwidth_gbit_s:.1f} Gbit/s, "
+              f"{link.latency_ms:.3f} ms ({link.source or ('benchmarked' if link.benchmarked else 'declared')})")
+
+
+def cluster_check_command(path: Path, as_json: bool) -> int:
+    """`hops-calib cluster --check FILE`: read a cluster file as every command would; its summary, or its first
+    error (file, line, field, what to do; exit 2)."""
+    from hops_calib.cli.output import guarded
+    from hops_calib.whatif.cluster import read_cluster
+
+    def run() -> int:
+        cluster = read_cluster(path)
+        if as_json:
+            print_json({"status": "ok", "file": str(path), **cluster.to_dict()})
+            return EXIT_OK
+        print(f"{path}: ok, {_cluster_summary(cluster)}")
+        _print_links(cluster)
         return EXIT_OK
 
     return guarded(run, as_json)
