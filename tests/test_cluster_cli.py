@@ -135,3 +135,30 @@ def test_cluster_check_names_the_line_of_the_bad_entry(shared_runs, tmp_path):
     assert error["field"] == "nodes[1].host" and error["line"] == [
         n for n, line in enumerate(twice.splitlines(), start=1) if f"host: {hosts[0]}" in line][1]
     assert cli("cluster", "--check", built, shared_runs).exit_code == 2
+
+
+def test_a_default_cluster_is_named_turned_off_and_not_applied_to_other_machines(shared_runs, tmp_path,
+                                                                                  monkeypatch):
+    built = tmp_path / "cluster.yaml"
+    assert cli("cluster", shared_runs, "--out", built).exit_code == 0
+    job = shared_runs / "exp2_9_g_only_pp4_run65"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HOPS_CALIB_CLUSTER", raising=False)
+    (tmp_path / "hops-calib.toml").write_text(f'[defaults]\ncluster = "{built}"\n')
+    used = json.loads(cli("predict", "--job", job, "--json").stdout)
+    assert used["cluster"].startswith(str(built)) and "hops-calib.toml" in used["cluster"]
+    off = json.loads(cli("predict", "--job", job, "--no-cluster", "--json").stdout)
+    empty = json.loads(cli("predict", "--job", job, "--json", env={"HOPS_CALIB_CLUSTER": ""}).stdout)
+    assert off["cluster"] is None and empty["cluster"] is None
+    assert any("no cluster given" in note for note in off["notes"])
+    # the shared cluster lists no CPU core: as a default it is not applied to the CPU capture, and says so
+    cpu = json.loads(cli("predict", "--job", CPU_JOB, "--json").stdout)
+    assert cpu["cluster"] is None and any("not applied" in note for note in cpu["notes"])
+    plan = json.loads(cli("plan", "--job", CPU_JOB, "--top", "1", "--keep-order", "--keep-split", "--json").stdout)
+    assert plan["cluster"] is None and any("not applied" in note for note in plan["notes"])
+    assert plan["fixtures"].endswith("fixtures")
+    # --slow-link on a pair that is no hop (here the pipeline's ends) is refused, not silently ignored
+    ends = cli("predict", "--job", job, "--slow-link", "0-3:2")
+    assert ends.exit_code == 2 and "ends" in ends.output
+    hop = json.loads(cli("predict", "--job", job, "--slow-link", "1-2:3", "--json").stdout)
+    assert hop["predictions"][0]["perturbed_throughput_per_s"]["mean"] < used["predictions"][0]["throughput_per_s"]

@@ -90,6 +90,22 @@ class Cluster:
     links: tuple[Link, ...] = ()
     origin: str = ""  # the file it was read from, or what it was built from
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # where a default cluster was set (HOPS_CALIB_CLUSTER, a hops-calib.toml); "" when asked for by --cluster
+    default_from: str = field(default="", compare=False)
+
+    def named(self) -> str:
+        """The cluster in words: its file, and where it was set when it was not asked for."""
+        return self.origin + (f" (the default, set by {self.default_from})" if self.default_from else "")
+
+    def for_job(self, device_ids: Sequence[str], notes: list[str]) -> "Cluster | None":
+        """This cluster for a job of `device_ids`; None (said in `notes`) when it is a default that lists none of
+        them: a default cluster is not applied to a job on other machines."""
+        if not self.default_from or any(self.host_of(d) is not None for d in device_ids):
+            return self
+        notes.append(f"the default cluster {self.origin} (set by {self.default_from}) lists none of the job's devices "
+                     f"({', '.join(device_ids)}): not applied; give --cluster FILE to use a cluster anyway, or "
+                     "--no-cluster to silence this")
+        return None
 
     def host_of(self, device_id: str) -> str | None:
         for node in self.nodes:
