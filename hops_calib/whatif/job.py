@@ -247,7 +247,6 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     if perturbations is not None:
         try:
             perturbed = tuple(perturbations.estimate(p.pipeline, p.schedule, spec.device_ids) for p in predictions)
-                              for p in predictions)
         except ValueError as error:
             raise InputError(str(job_dir), f"cannot be simulated under the stragglers or failures asked for: {error}",
                              field="--failure-rate", hint="check the rates and the checkpoint interval") from None
