@@ -67,8 +67,10 @@ def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel]) ->
         origin = float(frame["start_ms"].min()) if len(frame) else 0.0
         columns = {name: frame[name].to_numpy() for name in ("stage", "chunk", "iteration", "microbatch", "kind",
                                                               "phase", "start_ms", "end_ms", "peer_stage")}
-        start_us = (columns["start_ms"].astype(float) - origin) * US_PER_MS
-        duration_us = np.maximum(columns["end_ms"].astype(float) - columns["start_ms"].astype(float), 0.0) * US_PER_MS
+        # to the nanosecond: bars that touch up to floating-point noise (1e-9 us) share a lane
+        start_us = np.round((columns["start_ms"].astype(float) - origin) * US_PER_MS, 3)
+        end_us = np.round((columns["end_ms"].astype(float) - origin) * US_PER_MS, 3)
+        duration_us = np.maximum(end_us - start_us, 0.0)
         is_send = columns["kind"] == TRANSFER
         lanes = _lanes(columns["stage"], is_send, start_us, start_us + duration_us)
         for stage, send, lane in sorted(set(zip(columns["stage"].tolist(), is_send.tolist(), lanes.tolist()))):
