@@ -82,6 +82,11 @@ def test_plot_timeline_writes_a_chrome_trace_beside_the_picture(tmp_path):
     panels = [e["args"]["name"] for e in json.loads((tmp_path / "w.json").read_text())["traceEvents"]
               if e["ph"] == "M" and e["name"] == "process_name"]
     assert len(panels) == 2 and "slowed" in panels[1]
+    # iterations numbered alike in the real run, its prediction and a what-if (a trace's first iteration)
+    firsts = [min(e["args"]["iteration"] for e in json.loads(path.read_text())["traceEvents"]
+                  if e["ph"] == "X" and e["pid"] == pid) for path, pid in ((trace, 1), (trace, 2),
+                                                                           (tmp_path / "w.json", 1))]
+    assert len(set(firsts)) == 1
     wrong = cli("plot", "timeline", "--job", CPU_JOB, "--out", tmp_path / "x.png", "--chrome", tmp_path / "x.txt")
     assert wrong.exit_code == 2 and not (tmp_path / "x.png").exists()
 
