@@ -169,3 +169,14 @@ def test_a_default_cluster_is_named_turned_off_and_not_applied_to_other_machines
     assert ends.exit_code == 2 and "ends" in ends.output
     hop = json.loads(cli("predict", "--job", job, "--slow-link", "1-2:3", "--json").stdout)
     assert hop["predictions"][0]["perturbed_throughput_per_s"]["expected"] < used["predictions"][0]["throughput_per_s"]
+
+
+def test_usage_and_input_errors_share_one_prefix(tmp_path):
+    usage = cli("plan", "--stages", "4", "--microbatches", "8")  # click's usage error
+    bad = cli("cluster", "--check", tmp_path / "missing.yaml")  # the project's input error
+    assert usage.exit_code == bad.exit_code == 2
+    assert "Error" in usage.output and bad.stderr.startswith("Error: ")
+    assert "required there" in cli("plan", "--help").stdout  # the abstract plan's required options say so
+    memory = cli("plan", "--job", CPU_JOB, "--device-memory", "cpu:512GiB", "--top", "1", "--keep-order",
+                 "--keep-split", "--json")
+    assert memory.exit_code == 0 and json.loads(memory.stdout)["current"]["memory_bytes_per_gpu"][0] == 512 * 2 ** 30
