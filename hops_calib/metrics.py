@@ -16,9 +16,12 @@ of iteration i) and steady throughput = microbatches per iteration / median peri
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # the functions read a frame's columns; the simulator's metrics need no pandas
+    import pandas as pd
 
 from hops_calib.timeline import BACKWARD_PHASES, COMPUTE, OPTIMIZER
 

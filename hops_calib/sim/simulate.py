@@ -29,9 +29,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # the frame is built on demand (`SimResult.timeline`); metrics read the columns
+    import pandas as pd
 
 from hops_calib.metrics import IterationParts, TimelineMetrics, column_iteration_parts, column_metrics
 from hops_calib.sim.engine import Rows, run_iteration
@@ -85,6 +88,8 @@ class SimResult:
     @cached_property
     def timeline(self) -> pd.DataFrame:
         """The timeline (schema of `hops_calib.timeline`) by start time, then stage; ties keep execution order."""
+        import pandas as pd
+
         cols = self.columns
         order = np.lexsort((cols["stage"], cols["start_ms"]))
         data = {name: cols[name][order] for name in COLUMNS if name not in ("kind", "phase")}

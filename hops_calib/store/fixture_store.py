@@ -25,13 +25,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import numpy as np
-import pandas as pd
 
 from hops_calib.spec import Spec
-from hops_calib.truth import EVENT_COLUMNS, KIND_DTYPE, PHASE_DTYPE, Truth, to_timeline
+from hops_calib.truth import CATEGORIES, EVENT_COLUMNS, Truth, category_dtype, to_timeline
+
+if TYPE_CHECKING:  # pandas is imported where a frame is read or built; the loop's verbs read JSON and the index
+    import pandas as pd
 
 INDEX = "index.parquet"
 FIXTURE_FILE = "fixture.json"
@@ -41,6 +43,7 @@ EVENTS_FILE = "events.parquet"
 LOCK_FILE = ".lock"
 _TMP_PREFIX = ".tmp-"
 _OLD_PREFIX = ".old-"
+_T = TypeVar("_T")
 # Ids become folder names: letters, digits, '.', '_' and '-', not starting with a dot.
 _SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 
@@ -165,9 +168,17 @@ def read_events(path: Path) -> pd.DataFrame:
     except (OSError, pa.ArrowException) as err:
         raise FixtureFileError(path, f"cannot be read: {err.__class__.__name__}: {err}",
                                hint=_reingest(path.parent)) from None
-    frame["kind"] = frame["kind"].astype(KIND_DTYPE)
-    frame["phase"] = frame["phase"].astype(PHASE_DTYPE)
+    for name in CATEGORIES:
+        frame[name] = frame[name].astype(category_dtype(name))
     return frame
+
+
+def _ids_and_splits(index_file: Path) -> list[tuple[str, str]]:
+    """(id, split) of each row of the index, read with pyarrow alone (`pq.read_table` would import pandas)."""
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(index_file).read(columns=["id", "split"]).to_pydict()
+    return list(zip(table["id"], table["split"]))  # KeyError (an unreadable index) when a column is missing
 
 
 def write_events(columns: dict[str, np.ndarray], path: Path) -> None:
@@ -175,11 +186,10 @@ def write_events(columns: dict[str, np.ndarray], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    names = {"kind": KIND_DTYPE.categories, "phase": PHASE_DTYPE.categories}
     arrays = {}
     for name in EVENT_COLUMNS:
-        if name in names:
-            arrays[name] = pa.DictionaryArray.from_arrays(pa.array(columns[name]), pa.array(list(names[name])))
+        if name in CATEGORIES:
+            arrays[name] = pa.DictionaryArray.from_arrays(pa.array(columns[name]), pa.array(list(CATEGORIES[name])))
         else:
             arrays[name] = pa.array(columns[name])
     pq.write_table(pa.table(arrays), path, compression="zstd")
@@ -258,28 +268,36 @@ class FixtureStore:
         return sorted(p for p in self.root.iterdir()
                       if p.is_dir() and not p.name.startswith(".") and (p / FIXTURE_FILE).is_file())
 
+    def _read_index(self, read: Callable[[Path], _T]) -> _T:
+        """`read(index.parquet)`; FixtureFileError (what to do) when the file cannot be read."""
+        path = self.root / INDEX
+        try:
+            return read(path)
+        except Exception as err:  # noqa: BLE001 - pyarrow raises its own types; all mean an unreadable file
+            raise FixtureFileError(path, f"cannot be read: {type(err).__name__}: {err}",
+                                   hint="delete it: it is rebuilt from the fixture folders (the next ingest "
+                                        "writes it again)") from None
+
     def index(self) -> pd.DataFrame:
         """One row per fixture (columns INDEX_COLUMNS), sorted by id; empty when the store is."""
-        path = self.root / INDEX
-        if path.is_file():
-            try:
-                return pd.read_parquet(path)
-            except Exception as err:  # noqa: BLE001 - pyarrow raises its own types; all mean an unreadable file
-                raise FixtureFileError(path, f"cannot be read: {type(err).__name__}: {err}",
-                                       hint="delete it: it is rebuilt from the fixture folders (the next ingest "
-                                            "writes it again)") from None
+        import pandas as pd
+
+        if (self.root / INDEX).is_file():
+            return self._read_index(pd.read_parquet)
         if self.fixture_folders():
             return self.build_index()
         return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
 
     def ids(self, split: str | None = None) -> list[str]:
-        """Fixture ids, all or those of one split ('train' or 'test')."""
+        """Fixture ids, all or those of one split ('train' or 'test'). Reads the index's two columns with pyarrow
+        alone: the loop's verbs need no pandas (its import is a third of an evaluate's start-up)."""
         if split not in (None, "train", "test"):
             raise StoreError(f"unknown split {split!r}; expected 'train', 'test' or None")
-        index = self.index()
-        if split is not None:
-            index = index[index["split"] == split]
-        return sorted(index["id"].tolist())
+        if (self.root / INDEX).is_file():
+            rows = self._read_index(_ids_and_splits)
+        else:
+            rows = ((row["id"], row["split"]) for row in map(self.index_row, self.fixture_folders()))
+        return sorted(fixture_id for fixture_id, its_split in rows if split is None or its_split == split)
 
     def meta(self, fixture_id: str) -> dict[str, Any]:
         path = self.folder(fixture_id) / FIXTURE_FILE
@@ -442,6 +460,8 @@ class FixtureStore:
         }
 
     def build_index(self) -> pd.DataFrame:
+        import pandas as pd
+
         rows = [self.index_row(folder) for folder in self.fixture_folders()]
         if not rows:
             return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
