@@ -14,7 +14,6 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from hops_calib.metrics import timeline_metrics
 from hops_calib.sim import simulate
 from hops_calib.sim.schedules import check_shape
 from hops_calib.sim.theory import balanced_pipeline, bubble_fraction, microbatches_for_bubble
@@ -71,7 +70,7 @@ def _evaluate(schedule: str, stages: int, microbatches: int, forward: float, bac
               chunks: int = 1, flush: int | None = None) -> Candidate:
     pipeline = balanced_pipeline(stages, microbatches, forward, backward, weight_grad, chunks=chunks)
     result = simulate(pipeline, schedule, gpipe_flush=flush)
-    metrics = timeline_metrics(result.timeline, microbatches, stages)
+    metrics = result.metrics()
     size = flush or microbatches
     return Candidate(
         schedule=schedule, flushes=math.ceil(microbatches / size), flush_size=min(size, microbatches),
