@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hops_calib.cli.output import guarded
 from hops_calib.store import views
 from hops_calib.store.fixture_store import FixtureStore, StoreError
-from hops_calib.store.ingest import RunOutcome, ingest
+
+if TYPE_CHECKING:  # fixtures list/show need no trace reader
+    from hops_calib.store.ingest import RunOutcome
 
 
 def _err(message: str) -> None:
@@ -20,6 +23,7 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
                    lenient: bool = False, skew_ms: float | None = None) -> int:
     """Ingest and print a summary; rejected runs go to stderr. 0 when every run made it, 1 otherwise."""
     from hops_calib.progress import progress_bar
+    from hops_calib.store.ingest import ingest
 
     store = FixtureStore(fixtures)
     with progress_bar("ingest") as progress:

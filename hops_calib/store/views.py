@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hops_calib.store.fixture_store import Fixture, FixtureStore, json_safe
-from hops_calib.store.ingest import IngestReport
+
+if TYPE_CHECKING:  # the fixtures verbs show the store without loading the trace readers ingest needs
+    from hops_calib.store.ingest import IngestReport
 
 LIST_FIELDS = ("id", "split", "group", "schedule", "declared_schedule", "pp", "microbatches", "devices",
                "throughput_per_s", "steady_throughput_per_s", "bubble_ratio", "iteration_time_ms", "idle_ms",
