@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hops_calib.timeline import BACKWARD_PHASES, COMPUTE, OPTIMIZER
+
 if TYPE_CHECKING:  # the functions read a frame's columns; the simulator's metrics need no pandas
     import pandas as pd
-
-from hops_calib.timeline import BACKWARD_PHASES, COMPUTE, OPTIMIZER
 
 
 @dataclass(frozen=True)

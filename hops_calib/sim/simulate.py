@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # the frame is built on demand (`SimResult.timeline`); metrics read the columns
-    import pandas as pd
-
 from hops_calib.metrics import IterationParts, TimelineMetrics, column_iteration_parts, column_metrics
 from hops_calib.sim.engine import Rows, run_iteration
 from hops_calib.sim.pipeline import Pipeline
 from hops_calib.sim.schedules import AUTO, BB, BW, Programs, build_programs
 from hops_calib.timeline import BACKWARD_PHASES, COLUMNS, COMPUTE, KINDS, OPTIMIZER, PHASES
+
+if TYPE_CHECKING:  # the frame is built on demand (`SimResult.timeline`); metrics read the columns
+    import pandas as pd
 
 OPTIMIZER_PHASE = PHASES.index(OPTIMIZER)
 _BACKWARD_CODES = [PHASES.index(phase) for phase in BACKWARD_PHASES]
