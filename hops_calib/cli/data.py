@@ -20,29 +20,41 @@ def _err(message: str) -> None:
 
 
 def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
-                   lenient: bool = False, skew_ms: float | None = None) -> int:
-    """Ingest and print a summary; rejected runs go to stderr. 0 when every run made it, 1 otherwise."""
+                   lenient: bool = False, skew_ms: float | None = None, as_json: bool = False) -> int:
+    """Ingest and print a summary; warnings and rejected runs go to stderr (and, with --json, into the object).
+    0 when every run made it, 6 (partial) when some were rejected and the others stored, 2 for a bad store."""
+    from hops_calib.cli.output import EXIT_OK, EXIT_PARTIAL, print_json
     from hops_calib.progress import progress_bar
     from hops_calib.store.ingest import ingest
 
     store = FixtureStore(fixtures)
-    with progress_bar("ingest") as progress:
-        def on_run(outcome: RunOutcome) -> None:
-            progress.advance(outcome.run_id or str(outcome.source))
-            for warning in outcome.warnings:
-                _err(f"warning: {outcome.run_id}: {warning}")
-            if outcome.status == "rejected":
-                _err(f"rejected: {outcome.run_id}: {outcome.error}" if outcome.run_id else f"rejected: {outcome.error}")
 
-        try:
+    def run() -> int:
+        with progress_bar("ingest", quiet=as_json) as progress:
+            def on_run(outcome: RunOutcome) -> None:
+                progress.advance(outcome.run_id or str(outcome.source))
+                for warning in outcome.warnings:
+                    _err(f"warning: {outcome.run_id}: {warning}")
+                if outcome.status == "rejected":
+                    _err(f"rejected: {outcome.run_id}: {outcome.error}" if outcome.run_id
+                         else f"rejected: {outcome.error}")
+
             extra = {} if skew_ms is None else {"skew_ms": skew_ms}
             report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
                             on_run=on_run, on_start=progress.start, **extra)
-        except StoreError as err:
-            _err(f"error: {err}")
-            return 2
-    print(views.ingest_summary(report, store))
-    return 0 if report.ok else 1
+        code = EXIT_OK if report.ok else EXIT_PARTIAL
+        if as_json:
+            print_json({"fixtures": str(store.root),
+                        **{status: report.count(status) for status in ("new", "updated", "unchanged", "rejected")},
+                        "runs": [{"source": str(o.source), "run_id": o.run_id, "status": o.status, "split": o.split,
+                                  "error": o.error, "warnings": list(o.warnings)} for o in report.outcomes],
+                        "warnings": [f"{o.run_id}: {w}" for o in report.outcomes for w in o.warnings]},
+                       "ok" if report.ok else "partial")
+        else:
+            print(views.ingest_summary(report, store))
+        return code
+
+    return guarded(run, as_json)
 
 
 def list_command(fixtures: Path, as_json: bool = False) -> int:
@@ -50,7 +62,12 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
         store = FixtureStore(fixtures)
         if not store.exists():
             raise StoreError(f"no fixture store at {fixtures}; run: hops-calib ingest SRC --fixtures {fixtures}")
-        print(views.list_json(store) if as_json else views.list_text(store))
+        if as_json:
+            from hops_calib.cli.output import print_json
+
+            print_json({"fixtures_dir": str(store.root), "fixtures": views.fixture_rows(store)})
+        else:
+            print(views.list_text(store))
         return 0
 
     return guarded(run, as_json)
@@ -58,11 +75,14 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
 
 def show_command(fixture_id: str, fixtures: Path, as_json: bool = False) -> int:
     """One fixture; errors (unknown id, missing store, a damaged fixture) exit 2, with --json also as an object."""
-    import json
-
     def run() -> int:
         fixture = FixtureStore(fixtures).load(fixture_id)
-        print(json.dumps(views.show_dict(fixture), indent=1) if as_json else views.show_text(fixture))
+        if as_json:
+            from hops_calib.cli.output import print_json
+
+            print_json(views.show_dict(fixture))
+        else:
+            print(views.show_text(fixture))
         return 0
 
     return guarded(run, as_json)

@@ -19,13 +19,16 @@ def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json
 
 def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
                  study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
-                 objective: str = "suite", only: tuple[str, ...] = ()) -> int:
+                 objective: str = "suite", only: tuple[str, ...] = (), ledger: Path | None = None,
+                 off_record: bool = False) -> int:
+    """Exit 0 a candidate written, 1 none (status no_candidate: no trial beats the model), 4 off the record."""
     from hops_calib.research.tune import tune, tune_text
 
     return run_and_print(f"tune {term}", as_json,
                          lambda bar: tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
                                           study_name=study, workers=workers, seed=seed, out=out,
-                                          progress=bar.update, objective=objective, only=only),
+                                          progress=bar.update, objective=objective, only=only, ledger_path=ledger,
+                                          off_record=off_record),
                          tune_text)
 
 

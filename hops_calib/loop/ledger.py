@@ -60,13 +60,31 @@ def is_checkout(folder: Path) -> bool:
     return (folder / "hops_calib").is_dir() and re.search(r'(?m)^name\s*=\s*"hops-calib"', project) is not None
 
 
-def default_ledger(start: Path | None = None) -> Path:
-    """The project's ledger: `ledger/ledger.jsonl` of the hops-calib checkout enclosing `start` (default: the current
-    directory), else of the checkout this package runs from; LedgerError when neither is a checkout."""
+def default_checkout(start: Path | None = None) -> Path | None:
+    """The hops-calib checkout enclosing `start` (default: the current directory), else the one this package runs
+    from, else None: the one checkout both the default ledger and the default model come from."""
     start = (start or Path.cwd()).resolve()
     for folder in (start, *start.parents, PACKAGE_CHECKOUT):
         if is_checkout(folder):
-            return folder / LEDGER_IN_CHECKOUT
+            return folder
+    return None
+
+
+def checkout_of(path: Path | str) -> Path | None:
+    """The hops-calib checkout a file lies in, or None."""
+    for folder in Path(path).resolve().parents:
+        if is_checkout(folder):
+            return folder
+    return None
+
+
+def default_ledger(start: Path | None = None) -> Path:
+    """The project's ledger: `ledger/ledger.jsonl` of the hops-calib checkout enclosing `start` (default: the current
+    directory), else of the checkout this package runs from; LedgerError when neither is a checkout."""
+    checkout = default_checkout(start)
+    if checkout is not None:
+        return checkout / LEDGER_IN_CHECKOUT
+    start = (start or Path.cwd()).resolve()
     raise LedgerError("--ledger", f"no hops-calib checkout encloses {start}, and the package runs from none "
                       f"({PACKAGE_CHECKOUT}), so there is no default ledger", field="ledger",
                       hint="run from inside the checkout, or name the ledger: --ledger PATH")
@@ -200,6 +218,9 @@ class Verification:
 
 class BrokenLedger(LedgerError):
     """A ledger that fails `verify`: nothing is appended to it."""
+
+    kind = "broken_ledger"
+    exit_code = 5  # hops_calib.cli.output.EXIT_BROKEN_LEDGER
 
     def __init__(self, result: Verification) -> None:
         self.verification = result
