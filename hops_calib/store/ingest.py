@@ -19,10 +19,13 @@ from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec
 from hops_calib.store.fixture_store import (EVENTS_FILE, INDEX, FixtureStore, StoreError, check_fixture_id,
                                            write_events)
+from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
+from hops_calib.trace.measured import RunHardware
+from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
 from hops_calib.trace.structure import DEFAULT_SKEW_MS, check_structure
 from hops_calib.truth import Truth, compact_timeline, compute_truth
 
@@ -203,6 +206,11 @@ def _starts_sorted_within_stage(columns: dict[str, np.ndarray]) -> bool:
 def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
     seen: dict[Path, Path] = {}
     for source in sources:
+        if source.is_file():
+            report.outcomes.append(RunOutcome(source=source, error=f"{source}: not a source ingest reads (a job "
+                                              "directory, a folder of them, a run table .csv/.parquet, or a "
+                                              "Megatron training log)"))
+            continue
         try:
             found = find_job_dirs(Path(source))
         except TraceError as err:
@@ -220,8 +228,11 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
 def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "auto",
            test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
            on_run: Callable[[RunOutcome], None] | None = None,
-           on_start: Callable[[int], None] | None = None) -> IngestReport:
-    """Ingest every job directory under `sources` into `store`; see the module docstring."""
+           on_start: Callable[[int], None] | None = None, hardware: RunHardware | None = None,
+           warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> IngestReport:
+    """Ingest every job directory under `sources`, and every run table or Megatron training log among them, into
+    `store`; see the module docstring. `hardware` (--gpu/--gpus-per-node) and `warmup_iterations` are for logs and
+    tables."""
     if split not in SPLIT_CHOICES:
         raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
     if not 0.0 <= test_fraction <= 1.0:
@@ -230,15 +241,17 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         raise StoreError(f"--clock-skew-ms {skew_ms} is not between 0 and 60000 ms; give the clock offset the nodes "
                          "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
-    job_dirs = _job_dirs([Path(s) for s in sources], report)
+    sources = [Path(s) for s in sources]
+    measured = [s for s in sources if is_measured_source(s)]
+    job_dirs = _job_dirs([s for s in sources if s not in measured], report)
     store.check_writable()
     _check_apart(store.root, job_dirs)
     if on_start:
-        on_start(len(job_dirs))
+        on_start(len(job_dirs) + sum(expected_runs(path) for path in measured))
     for outcome in report.outcomes:  # sources that hold no job directory
         if on_run:
             on_run(outcome)
-    if not job_dirs and not store.exists():
+    if not job_dirs and not measured and not store.exists():
         return report  # nothing to write: no empty store is made for a source that holds no job
     with store.lock():
         store.recover()
@@ -255,14 +268,16 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                 listed = index_splits.get(folder.name)  # the index's record of its split, if any
                 legacy = {"split": listed, "group": group_of(folder.name)} if listed else {}
             stored[folder.name] = legacy
-        group_split = {meta["group"]: meta["split"] for meta in stored.values() if "group" in meta}
+        context = read_context(store, stored)  # the table folders (iteration-level runs) beside the runs' folders
+        group_split = context.group_split
         changed = False
         batch_sources: dict[str, Path] = {}
         for job_dir in job_dirs:
             outcome = RunOutcome(source=job_dir)
             try:
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources,
-                                       split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms)
+                                       split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms,
+                                       measured=context.table_runs.keys() | context.tables.keys())
             except (TraceError, StoreError) as err:
                 outcome.status, outcome.error = "rejected", str(err)
                 if isinstance(err, TraceError) and outcome.run_id in stored:
@@ -274,12 +289,35 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             report.outcomes.append(outcome)
             if on_run:
                 on_run(outcome)
+        context.event_ids |= set(batch_sources)
+
+        for path in measured:
+            runs: list[RunOutcome] = []
+            changed |= ingest_measured(path, store, context, RunOutcome, split=split, test_fraction=test_fraction,
+                                       hardware=hardware, warmup=warmup_iterations, emit=runs.append)
+            report.outcomes += runs
+            for outcome in runs:
+                if on_run:
+                    on_run(outcome)
         index_file = store.root / INDEX
         # a fixture folder deleted by hand (or one the index does not list) is put right even when nothing changed
-        stale = index_file.is_file() and set(store.ids()) != set(stored)
-        if changed or stale or (stored and not index_file.is_file()):
+        known = set(stored) | set(context.table_runs)
+        stale = index_file.is_file() and (set(store.ids()) != known or _index_outdated(index_file))
+        if changed or stale or (known and not index_file.is_file()):
             store.write_index()
     return report
+
+
+def _index_outdated(index_file: Path) -> bool:
+    """Whether the index lacks a column this version writes (it is rebuilt on every read until written again)."""
+    import pyarrow.parquet as pq
+
+    from hops_calib.store.fixture_store import INDEX_COLUMNS
+
+    try:
+        return not set(INDEX_COLUMNS) <= set(pq.read_schema(index_file).names)
+    except Exception:  # noqa: BLE001 - a damaged index: rewritten too
+        return True
 
 
 def _index_splits(store: FixtureStore) -> dict[str, str]:
@@ -309,12 +347,17 @@ def _check_apart(store_root: Path, job_dirs: list[Path]) -> None:
 
 def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored: dict[str, dict[str, Any]],
                 group_split: dict[str, str], batch_sources: dict[str, Path], *, split: str,
-                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS) -> bool:
-    """Ingest one job directory; returns whether the store changed."""
+                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS,
+                measured: Any = frozenset()) -> bool:
+    """Ingest one job directory; returns whether the store changed. `measured`: the ids of the store's
+    iteration-level runs and table folders, which a run with events may not take."""
     manifest = read_manifest(job_dir)
     run_id = run_id_of(job_dir, manifest)
     outcome.run_id = run_id
     check_fixture_id(store.root, run_id, origin=str(job_dir))
+    if run_id in measured:
+        raise StoreError(f"run id {run_id!r} of {job_dir} is already a run (or the folder of runs) this store holds "
+                         "from a training log or run table; give the job another run_id in its manifest.yaml")
     if run_id in batch_sources:
         raise StoreError(f"run id {run_id!r} comes from two job directories ({batch_sources[run_id]} and {job_dir}); "
                          "ingest one of them, or give one a different manifest run_id")
