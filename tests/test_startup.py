@@ -59,7 +59,8 @@ def test_evaluate_scores_the_store_without_pandas(tmp_path: Path):
     assert not loaded & HEAVY, f"evaluate imported {sorted(loaded & HEAVY)}"
 
 
-@pytest.mark.parametrize("verb", ["predict", "predict --job", "terms", "plan", "ledger verify", "fixtures show"])
+@pytest.mark.parametrize("verb", ["predict", "predict --job", "terms", "plan", "ledger verify", "fixtures list",
+                                  "fixtures show"])
 def test_light_verbs_import_no_heavy_library(tmp_path: Path, verb: str):
     fixture_id = train_ids()[0]
     args = {"predict": ("predict", fixture_id, "--fixtures", "fixtures", "--json"),
@@ -67,6 +68,7 @@ def test_light_verbs_import_no_heavy_library(tmp_path: Path, verb: str):
             "terms": ("terms",),
             "plan": ("plan", "--stages", "4", "--microbatches", "8", "--memory-budget", "4", "--json"),
             "ledger verify": ("ledger", "verify"),
+            "fixtures list": ("fixtures", "list", "--fixtures", "fixtures", "--json"),
             "fixtures show": ("fixtures", "show", fixture_id, "--fixtures", "fixtures", "--json")}[verb]
     done, loaded = run_verb(tmp_path, *args)
     assert done.returncode == 0, done.stderr

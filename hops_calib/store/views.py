@@ -46,9 +46,8 @@ def text_table(headers: list[str], rows: list[list[str]], right: set[int] = froz
 
 
 def fixture_rows(store: FixtureStore) -> list[dict[str, Any]]:
-    index = store.index()
     records = []
-    for record in index.to_dict(orient="records"):
+    for record in store.rows():
         configuration = {name: json_safe(record.get(name)) for name in CONFIG_FIELDS}
         configuration["devices"] = list(configuration["devices"] if configuration["devices"] is not None else [])
         record = {name: json_safe(record.get(name)) for name in LIST_FIELDS}
