@@ -27,12 +27,14 @@ batch x data parallel), so samples/s = throughput x micro batch size x data para
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import pandas as pd
 
 from hops_calib.timeline import BACKWARD_PHASES, COMPUTE, OPTIMIZER
+
+if TYPE_CHECKING:  # the functions read a frame's columns; the simulator's metrics need no pandas
+    import pandas as pd
 
 
 @dataclass(frozen=True)

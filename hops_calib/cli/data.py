@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hops_calib.cli.output import guarded
 from hops_calib.errors import InputError
 from hops_calib.store import views
 from hops_calib.store.fixture_store import FixtureStore, StoreError
-from hops_calib.store.ingest import RunOutcome, ingest
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
+
+if TYPE_CHECKING:  # fixtures list/show need no trace reader
+    from hops_calib.store.ingest import RunOutcome
 
 
 def _err(message: str) -> None:
@@ -27,6 +30,7 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
     unknown --gpu, or input of which nothing could be stored."""
     from hops_calib.cli.output import EXIT_INVALID, EXIT_OK, EXIT_PARTIAL, STATUS, print_json
     from hops_calib.progress import progress_bar
+    from hops_calib.store.ingest import ingest
     from hops_calib.trace.measured import RunHardware
 
     if (gpu is None) != (gpus_per_node is None):

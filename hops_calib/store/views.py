@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
 from hops_calib.store.fixture_store import Fixture, FixtureStore, MeasuredFixture, json_safe
-from hops_calib.store.ingest import IngestReport
+
+if TYPE_CHECKING:  # the fixtures verbs show the store without loading the trace readers ingest needs
+    from hops_calib.store.ingest import IngestReport
 
 LIST_FIELDS = ("id", "kind", "split", "group", "schedule", "declared_schedule", "pp", "microbatches", "devices",
                "throughput_per_s", "steady_throughput_per_s", "bubble_ratio", "iteration_time_ms", "idle_ms",
@@ -45,9 +47,8 @@ def text_table(headers: list[str], rows: list[list[str]], right: set[int] = froz
 
 
 def fixture_rows(store: FixtureStore) -> list[dict[str, Any]]:
-    index = store.index()
     records = []
-    for record in index.to_dict(orient="records"):
+    for record in store.rows():
         configuration = {name: json_safe(record.get(name)) for name in CONFIG_FIELDS}
         configuration["devices"] = list(configuration["devices"] if configuration["devices"] is not None else [])
         record = {name: json_safe(record.get(name)) for name in LIST_FIELDS}
