@@ -66,8 +66,17 @@ def test_a_change_committed_on_two_stores_is_judged_on_both_and_refused_on_one(t
         assert error["field"] == "fixtures" and str(omitted.resolve()) in error["message"]
         assert f"--fixtures {one_f_one_b.resolve()} --fixtures {interleaved.resolve()}" in error["hint"]
     assert len(list(read_entries(ledger))) == 2  # the refusals wrote nothing
-    # On both: judged under the defaults; accepted only if every store's rules held.
-    judged = cli("evaluate", second, *both, *common)
+    # Judged off the record on one store, then planned for both: a judgement on more runs is a new one (a plan
+    # without --fixtures refuses the text judged before); its evaluation must be on the stores the plan names.
+    assert cli("evaluate", second, "--fixtures", one_f_one_b, *common, "--off-record").exit_code in (0, 1)
+    assert cli("ledger", "plan", "--note", "n", "--candidate", second, "--ledger", ledger).exit_code == 2
+    plan = json.loads(cli("ledger", "plan", "--note", "host-b on both stores", "--candidate", second, *both,
+                          "--ledger", ledger, "--json").stdout)
+    assert plan["fixtures"] == paths
+    wrong = cli("evaluate", second, "--fixtures", interleaved, *common, "--plan", plan["seq"], "--off-record")
+    assert wrong.exit_code == 2 and json.loads(wrong.stdout)["error"]["field"] == "plan"
+    # On both: accepted only if every store's rules held.
+    judged = cli("evaluate", second, *both, *common, "--plan", plan["seq"])
     assert judged.exit_code in (0, 1), judged.output
     data = json.loads(judged.stdout)
     assert data["calibration"]["store_holds_it"] and len(data["calibration"]["calibrated_on_all"]) == 2

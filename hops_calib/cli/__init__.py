@@ -509,6 +509,10 @@ def ledger_plan(
         None, "--rejudge", help="The ledger entry (seq) of an earlier judgement of the same change, judged again under "
                                 "this plan's rules; required to judge a change the ledger already judged on that "
                                 "model and store."),
+    fixtures: Optional[List[Path]] = typer.Option(
+        None, "--fixtures", help="The store(s) its judgements will be made on (repeatable): their train runs' fixture "
+                                 "set is recorded, evaluate/compare --plan N refuse others, and a candidate judged "
+                                 "before only on other runs needs no --rejudge."),
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the entry as JSON."),
     tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
@@ -517,7 +521,8 @@ def ledger_plan(
     way to judge under tolerances other than the defaults)."""
     from hops_calib.cli.loop import ledger_plan_command
 
-    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ()), rejudge))
+    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ()), rejudge,
+                                         tuple(fixtures or ())))
 
 
 @ledger_app.command("looks")

@@ -111,6 +111,10 @@ def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path |
     if commit_into is not None:  # refuse before scoring: a wrong file must not cost a ledger entry
         _holds_an_end(Path(commit_into), before_model, after_model)(load_model(commit_into))
     suite = load_suites(fixtures_dir, TRAIN)
+    if plan is not None:
+        from hops_calib.loop.plans import check_plan_stores
+
+        check_plan_stores(ledger_path, plan, suite, "compare")
     fixtures_dir = suite.fixtures_dir
     from hops_calib.loop import calibration
 

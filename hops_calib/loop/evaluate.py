@@ -301,6 +301,10 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
         warnings += _stem_is_id(candidate) + _reused_id(judged, candidate)
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suites(fixtures_dir, split)
+    if plan is not None:
+        from hops_calib.loop.plans import check_plan_stores
+
+        check_plan_stores(ledger_path, plan, suite, "evaluate")
     fixtures_dir = suite.fixtures_dir
     check, links = None, {}
     if candidate is not None:
