@@ -749,7 +749,7 @@ def test_an_internal_error_exits_3_with_a_short_message_and_json_when_asked(monk
     def crash(*args, **kwargs):
         raise ZeroDivisionError("deliberate")
 
-    monkeypatch.setattr(evaluate_module, "load_suite", crash)
+    monkeypatch.setattr(evaluate_module, "load_suites", crash)
     result = cli("evaluate", "--fixtures", shared_fixtures)
     assert result.exit_code == 3 and "internal error: ZeroDivisionError: deliberate" in result.stderr
     assert "report it" in result.stderr and "Traceback" not in result.stderr

@@ -43,6 +43,18 @@ FIXTURES_HELP = ("Fixture store folder. Default: $HOPS_CALIB_FIXTURES, else `fix
                  "captures' store).")
 FIXTURES_OPTION = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
                                help=FIXTURES_HELP)
+# Verbs that judge (evaluate, compare, tune): --fixtures may be repeated, for a judgement covering every store a
+# model is calibrated on (the union of their train splits; the gate's rules hold on each store).
+FIXTURES_MANY_OPTION = typer.Option(None, "--fixtures", show_default=False,
+                                    help=FIXTURES_HELP + " Repeat it to judge on several stores at once (every store "
+                                    "the changed part was calibrated on; the gate's rules must hold on each).")
+
+
+def fixtures_given(fixtures: Optional[List[Path]]) -> list[Path]:
+    """The stores of a repeatable --fixtures: those given, else the default store (as --fixtures alone finds it)."""
+    return list(fixtures) if fixtures else [_default("fixtures")()]
+
+
 MODEL_OPTION = typer.Option(None, "--model",
                             help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
 CLUSTER_OPTION = typer.Option(..., "--cluster", default_factory=_default("cluster"), show_default=False,
@@ -405,7 +417,7 @@ def predict(
 @with_tolerances
 def evaluate(
     candidate: Optional[Path] = typer.Argument(None, help="Candidate file (experiments/*.toml): one term changed."),
-    fixtures: Path = FIXTURES_OPTION,
+    fixtures: Optional[List[Path]] = FIXTURES_MANY_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     commit: bool = typer.Option(False, "--commit", help="Write an accepted candidate into the model file."),
@@ -426,7 +438,7 @@ def evaluate(
     """
     from hops_calib.cli.loop import evaluate_command
 
-    raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances, plan,
+    raise typer.Exit(evaluate_command(candidate, fixtures_given(fixtures), model, as_json, commit, ledger, split, tolerances, plan,
                                       off_record=off_record, again=again))
 
 
@@ -434,7 +446,7 @@ def evaluate(
 @with_tolerances
 def compare(
     before: Path = typer.Argument(..., help="The model file to compare against (e.g. the model before a move)."),
-    fixtures: Path = FIXTURES_OPTION,
+    fixtures: Optional[List[Path]] = FIXTURES_MANY_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     note: str = typer.Option("", "--note", help="What the comparison judges (e.g. 'move 029-035'), for the ledger."),
     ledger: Path = LEDGER_OPTION,
@@ -455,7 +467,7 @@ def compare(
     """
     from hops_calib.cli.loop import compare_command
 
-    raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, tolerances, commit_into, plan,
+    raise typer.Exit(compare_command(before, fixtures_given(fixtures), model, note, ledger, as_json, tolerances, commit_into, plan,
                                      off_record=off_record))
 
 
@@ -529,6 +541,10 @@ def ledger_plan(
         None, "--rejudge", help="The ledger entry (seq) of an earlier judgement of the same change, judged again under "
                                 "this plan's rules; required to judge a change the ledger already judged on that "
                                 "model and store."),
+    fixtures: Optional[List[Path]] = typer.Option(
+        None, "--fixtures", help="The store(s) its judgements will be made on (repeatable): their train runs' fixture "
+                                 "set is recorded, evaluate/compare --plan N refuse others, and a candidate judged "
+                                 "before only on other runs needs no --rejudge."),
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the entry as JSON."),
     tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
@@ -537,7 +553,8 @@ def ledger_plan(
     way to judge under tolerances other than the defaults)."""
     from hops_calib.cli.loop import ledger_plan_command
 
-    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ()), rejudge))
+    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ()), rejudge,
+                                         tuple(fixtures or ())))
 
 
 @ledger_app.command("looks")
@@ -678,7 +695,7 @@ def tune(
         None, "--storage", help="Optuna storage URL: sqlite:///FILE or any RDB URL (default: in memory)."),
     study: Optional[str] = typer.Option(None, "--study", help="Study name (default: term, model and fixture set)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes working on the study (needs --storage)."),
-    fixtures: Path = FIXTURES_OPTION,
+    fixtures: Optional[List[Path]] = FIXTURES_MANY_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     out: Optional[Path] = typer.Option(
         None, "--out", help="Candidate file to write (default: experiments/tune-TERM-trialN.toml)."),
@@ -697,7 +714,7 @@ def tune(
     (experiments/ID.toml). Exit 0 written, 1 none (no trial beats the model: status no_candidate), 4 off the record."""
     from hops_calib.cli.research import tune_command
 
-    raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
+    raise typer.Exit(tune_command(term, fixtures_given(fixtures), model, trials, storage, study, workers, seed, out, as_json,
                                   objective, tuple(only or ()), ledger, off_record, split))
 
 

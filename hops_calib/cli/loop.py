@@ -289,12 +289,13 @@ def _print_candidate(result) -> None:
     print(f"hypothesis: {candidate.hypothesis}")
     print(f"model {result.model_path} ({result.model.sha256[:12]}) -> {result.candidate_model.sha256[:12]} on "
           f"{result.before.suite.n_fixtures} {result.split} fixtures ({result.fixture_set_sha256[:12]}, "
-          f"{result.fixtures_dir}); ledger {result.ledger_path}")
+          f"{', '.join(s['fixtures'] for s in result.stores) if result.stores else result.fixtures_dir}); "
+          f"ledger {result.ledger_path}")
     _print_left_out(result.left_out)
     check = result.calibration
     if check is not None:
         print(f"calibration: {check.scope.describe()} was calibrated on "
-              + (f"{check.calibrated.describe()} ({check.how or 'OFF THE RECORD'})" if check.calibrated else
+              + (f"{check.describe_calibrated()} ({check.how or 'OFF THE RECORD'})" if check.calibrated else
                  "nothing yet (no committed change in the ledger)"))
     moved = result.verdict.runs_moved or ()
     if moved:
@@ -539,14 +540,15 @@ def _judgement_note(note: dict[str, Any]) -> str:
 
 
 def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[str, float | str | None], as_json: bool,
-                        candidates: tuple[Path, ...] = (), rejudges: int | None = None) -> int:
+                        candidates: tuple[Path, ...] = (), rejudges: int | None = None,
+                        fixtures: tuple[Path, ...] = ()) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
         from hops_calib.loop.plans import record_plan
 
         limits = _tolerance_limits(tolerances, "ledger plan")
-        entry = record_plan(ledger_path, note, limits, candidates, rejudges)
+        entry = record_plan(ledger_path, note, limits, candidates, rejudges, fixtures)
         if as_json:
             print_json(entry)
         else:
@@ -554,6 +556,8 @@ def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[st
             print(f"tolerances stated: {limits.describe()}")
             if entry.get("rejudges") is not None:
                 print(f"judges again the change of ledger entry {entry['rejudges']} (the new entry links to it)")
+            if entry.get("fixtures"):
+                print(f"stores: {', '.join(entry['fixtures'])} (fixture set {entry['fixture_set_sha256'][:12]})")
             for pinned in entry.get("candidates", []):
                 print(f"candidate pinned: {pinned['id']} ({pinned['path']}, text sha256 {pinned['text_sha256'][:12]})")
             print(f"judge under it with: hops-calib evaluate CANDIDATE --plan {entry['seq']} | "
