@@ -557,13 +557,16 @@ def _line_naming(source: Path, unmodelled_setting: Unmodelled) -> int | None:
     if key is None:
         return None
     flag = "--" + key.replace("_", "-")
+    from hops_calib.trace import TraceError
+    from hops_calib.trace.reading import text_lines
+
     try:
-        lines = Path(source).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+        for number, line in text_lines(Path(source)):
+            line = line.rstrip("\r\n")
+            if f"{flag} " in f"{line} " or f"{flag}=" in line or f" {key} ." in line:
+                return number
+    except TraceError:
         return None
-    for number, line in enumerate(lines, start=1):
-        if f"{flag} " in f"{line} " or f"{flag}=" in line or f" {key} ." in line:
-            return number
     return None
 
 

@@ -25,11 +25,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
 
+from hops_calib.files import atomic_write
 from hops_calib.spec import Spec
 from hops_calib.truth import EVENT_COLUMNS, KIND_DTYPE, PHASE_DTYPE, Truth, to_timeline
 
@@ -39,10 +41,15 @@ SPEC_FILE = "spec.json"
 TRUTH_FILE = "truth.json"
 EVENTS_FILE = "events.parquet"
 LOCK_FILE = ".lock"
+# Written by an ingest while it holds the lock (its PID, sources, and whether it began changing the store); removed
+# when it finishes. Left behind with "writing" while no one holds the lock: the ingest was stopped part way.
+JOURNAL_FILE = ".ingest.json"
+DEFAULT_LOCK_TIMEOUT_S = 600.0
 _TMP_PREFIX = ".tmp-"
 _OLD_PREFIX = ".old-"
-# Ids become folder names: letters, digits, '.', '_' and '-', not starting with a dot.
+# Ids become folder names: letters, digits, '.', '_' and '-', not starting with a dot, not a store file's name.
 _SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+_RESERVED_IDS = frozenset({INDEX})
 
 INDEX_COLUMNS = ("id", "split", "group", "schedule", "declared_schedule", "configured_schedule", "pp", "vp",
                  "microbatches", "iterations", "devices", "throughput_per_s", "steady_throughput_per_s",
@@ -75,6 +82,9 @@ def check_fixture_id(store_root: Path, fixture_id: str, origin: str = "") -> Pat
         raise StoreError(f"run id {fixture_id!r}{where} is not a safe fixture name ({why}; store {store_root}); "
                          "rename the job directory (or set its manifest run_id) to letters, digits, '.', '_' and "
                          "'-'")
+    if fixture_id.lower() in _RESERVED_IDS:
+        raise StoreError(f"run id {fixture_id!r}{where} is the name of the store's own {INDEX} (store {store_root}); "
+                         "rename the job directory (or set its manifest run_id)")
     folder = store_root / fixture_id
     if folder.resolve().parent != store_root.resolve():
         raise StoreError(f"run id {fixture_id!r}{where} resolves outside the store {store_root}")
@@ -241,7 +251,11 @@ class FixtureStore:
                              "folder")
         if not self.root.is_dir():
             return
-        entries = [p for p in self.root.iterdir() if p.name != LOCK_FILE]
+        if (self.root / INDEX).is_dir():
+            raise StoreError(f"{self.root / INDEX} is a folder where the store keeps its index (a job named "
+                             f"{INDEX} was stored by an earlier hops-calib): move it out of {self.root}; the next "
+                             "ingest rebuilds the index")
+        entries = [p for p in self.root.iterdir() if p.name not in (LOCK_FILE, JOURNAL_FILE)]
         if not entries or (self.root / INDEX).is_file() or self.fixture_folders() or self.unfinished():
             return
         shown = ", ".join(sorted(p.name for p in entries)[:4])
@@ -259,7 +273,9 @@ class FixtureStore:
                       if p.is_dir() and not p.name.startswith(".") and (p / FIXTURE_FILE).is_file())
 
     def index(self) -> pd.DataFrame:
-        """One row per fixture (columns INDEX_COLUMNS), sorted by id; empty when the store is."""
+        """One row per fixture (columns INDEX_COLUMNS), sorted by id; empty when the store is. StoreError when an
+        ingest stopped part way (`check_finished`): its index may not list what its folders hold."""
+        self.check_finished()
         path = self.root / INDEX
         if path.is_file():
             try:
@@ -344,12 +360,118 @@ class FixtureStore:
         index = self.index()
         return dict(zip(index["group"], index["split"]))
 
+    # -- an ingest in progress, or one that stopped part way ---------------------------------------------
+    def journal(self) -> dict[str, Any] | None:
+        """What the last ingest to take the lock recorded (pid, sources, started, writing); None without one."""
+        try:
+            data = json.loads((self.root / JOURNAL_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def locked(self) -> bool:
+        """Whether a writer (an ingest) holds the store's lock now; a test that takes and drops it at once."""
+        import fcntl
+
+        try:
+            fd = os.open(self.root / LOCK_FILE, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+
+    def _ingest_named(self, journal: dict[str, Any] | None) -> str:
+        if not journal:
+            return "an ingest"
+        sources = " ".join(str(s) for s in journal.get("sources") or [])
+        return f"the ingest of {sources or '?'} (PID {journal.get('pid', '?')}, started {journal.get('started', '?')})"
+
+    def _rerun(self, journal: dict[str, Any] | None) -> str:
+        sources = " ".join(str(s) for s in (journal or {}).get("sources") or []) or "SRC"
+        return f"hops-calib ingest {sources} --fixtures {self.root}"
+
+    def interrupted(self) -> str | None:
+        """The message for a store an ingest stopped changing part way (its index may lag its folders), else None."""
+        journal = self.journal()
+        if not journal or not journal.get("writing") or self.locked():
+            return None
+        return (f"{self.root}: {self._ingest_named(journal)} stopped before it finished: the index may not list the "
+                f"fixtures it wrote, nor drop the ones it replaced; run `{self._rerun(journal)}` to finish it (the "
+                "fixtures it wrote are kept, unchanged runs are skipped)")
+
+    def check_finished(self) -> None:
+        """StoreError (what to run) when an ingest stopped part way: what the store holds is not what it lists."""
+        message = self.interrupted()
+        if message:
+            raise StoreError(message)
+
+    def running(self) -> str | None:
+        """A warning when an ingest is writing into the store now (its runs appear when it finishes), else None."""
+        if not self.locked():
+            return None
+        journal = self.journal()
+        return (f"{self.root}: {self._ingest_named(journal)} is writing into this store: what follows reads the "
+                "fixtures its index listed before, and the runs it writes appear when it finishes")
+
     # -- writing (callers hold the lock) ---------------------------------------------------------------
-    def lock(self):
-        from filelock import FileLock
+    @contextmanager
+    def lock(self, timeout: float | None = DEFAULT_LOCK_TIMEOUT_S, on_wait: Callable[[str], None] | None = None,
+             sources: Sequence[Path | str] = ()) -> Iterator[None]:
+        """Hold the store's lock for writing (waiting up to `timeout` s, None: without end; `on_wait` hears whom
+        for) and keep its journal: who holds it and, once `begin_writing` is called, that the store is changing."""
+        from filelock import FileLock, Timeout
 
         self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.root / LOCK_FILE))
+        lock = FileLock(str(self.root / LOCK_FILE))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            holder = self._ingest_named(self.journal())
+            if on_wait:
+                on_wait(f"waiting for the store lock held by {holder}"
+                        + (f" (up to {timeout:g} s, --lock-timeout)" if timeout is not None else ""))
+            try:
+                lock.acquire(timeout=-1 if timeout is None else timeout)
+            except Timeout:
+                raise StoreError(f"{self.root}: the store lock is still held by {holder} after {timeout:g} s; run "
+                                 "again when it has finished, or pass a longer --lock-timeout") from None
+        try:
+            left = self.journal()
+            self._left_writing = bool(left and left.get("writing"))  # an earlier ingest stopped part way
+            self._journal = {"pid": os.getpid(), "sources": [str(s) for s in sources],
+                             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             "writing": self._left_writing}
+            atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))
+            yield
+            if not self._journal["writing"] or self._finished:
+                (self.root / JOURNAL_FILE).unlink(missing_ok=True)
+        finally:
+            self._finished = False
+            lock.release()
+
+    _finished = False
+
+    def begin_writing(self) -> None:
+        """Record (before the first change) that the store is changing: should the writer stop before `finish`,
+        readers are told to run the ingest again rather than trust an index that may lag its folders."""
+        if not self._journal["writing"]:
+            self._journal["writing"] = True
+            atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))
+
+    @property
+    def left_unfinished(self) -> bool:
+        """Whether an earlier writer stopped part way (seen when this one took the lock): its index needs rewriting."""
+        return self._left_writing
+
+    def finish(self) -> None:
+        """The index is written: the store is consistent again (the journal goes when the lock is released)."""
+        self._finished = True
 
     def unfinished(self) -> list[str]:
         """Names of what an interrupted writer left (temporary or displaced fixture folders): `recover` clears them."""

@@ -8,6 +8,7 @@ One bad run never stops the others: it is rejected with the reader's message
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,8 +18,8 @@ import numpy as np
 
 from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec
-from hops_calib.store.fixture_store import (EVENTS_FILE, INDEX, FixtureStore, StoreError, check_fixture_id,
-                                           write_events)
+from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, INDEX, FixtureStore,
+                                           StoreError, check_fixture_id, file_digest, write_events)
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
@@ -46,6 +47,7 @@ class RunOutcome:
 class IngestReport:
     store: Path
     outcomes: list[RunOutcome] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the search skipped (hidden jobs, links not followed)
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -204,7 +206,7 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
     seen: dict[Path, Path] = {}
     for source in sources:
         try:
-            found = find_job_dirs(Path(source))
+            found = find_job_dirs(Path(source), report.notes)
         except TraceError as err:
             report.outcomes.append(RunOutcome(source=Path(source), error=str(err)))
             continue
@@ -220,8 +222,10 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
 def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "auto",
            test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
            on_run: Callable[[RunOutcome], None] | None = None,
-           on_start: Callable[[int], None] | None = None) -> IngestReport:
-    """Ingest every job directory under `sources` into `store`; see the module docstring."""
+           on_start: Callable[[int], None] | None = None, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S,
+           on_wait: Callable[[str], None] | None = None) -> IngestReport:
+    """Ingest every job directory under `sources` into `store`; see the module docstring. Waits up to
+    `lock_timeout` s (None: without end) for another writer's lock, telling `on_wait` whom it waits for."""
     if split not in SPLIT_CHOICES:
         raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
     if not 0.0 <= test_fraction <= 1.0:
@@ -240,7 +244,11 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             on_run(outcome)
     if not job_dirs and not store.exists():
         return report  # nothing to write: no empty store is made for a source that holds no job
-    with store.lock():
+    if lock_timeout is not None and not 0.0 <= lock_timeout < math.inf:
+        raise StoreError(f"--lock-timeout {lock_timeout} is not a number of seconds >= 0")
+    with store.lock(timeout=lock_timeout, on_wait=on_wait, sources=[Path(s) for s in sources]):
+        if store.unfinished():
+            store.begin_writing()
         store.recover()
         stored: dict[str, dict[str, Any]] = {}
         index_splits: dict[str, str] | None = None  # read once, when a fixture.json cannot be trusted
@@ -263,8 +271,11 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             try:
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources,
                                        split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms)
-            except (TraceError, StoreError) as err:
-                outcome.status, outcome.error = "rejected", str(err)
+            except Exception as err:  # noqa: BLE001 - one run's failure, whatever it is, is that run's rejection
+                outcome.status = "rejected"
+                outcome.error = str(err) if isinstance(err, (TraceError, StoreError)) else (
+                    f"{job_dir}: internal error while reading this run: {type(err).__name__}: {err} (a bug in "
+                    "hops-calib, not necessarily in the run: please report it; the other runs are ingested)")
                 if isinstance(err, TraceError) and outcome.run_id in stored:
                     # an earlier ingest of these (now bad) files stays in the store and is still scored: say so
                     scored_by = "evaluate" if stored[outcome.run_id].get("split") == "train" else "report"
@@ -277,9 +288,25 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         index_file = store.root / INDEX
         # a fixture folder deleted by hand (or one the index does not list) is put right even when nothing changed
         stale = index_file.is_file() and set(store.ids()) != set(stored)
-        if changed or stale or (stored and not index_file.is_file()):
+        if changed or stale or (stored and not index_file.is_file()) or store.left_unfinished:
+            store.begin_writing()
             store.write_index()
+        store.finish()
     return report
+
+
+def _refuse_clash(store: FixtureStore, run_id: str, previous: dict[str, Any], job_dir: Path, events_sha: str) -> None:
+    """StoreError when the stored fixture of `run_id` is another job's: not ingested from this folder, and other
+    measurements (events). A re-ingest of the same job (same folder, or the same events from a moved copy) updates."""
+    same_source = previous.get("source") == str(job_dir.resolve())
+    same_events = (previous.get(FILE_DIGESTS) or {}).get(EVENTS_FILE) == events_sha
+    if same_source or same_events:
+        return
+    raise StoreError(f"run id {run_id!r} of {job_dir} is already in the store for another job: "
+                     f"{store.root / run_id} holds the measurements ingested from {previous.get('source') or '?'}, "
+                     f"and {job_dir} measured something else (its events differ); two jobs must not share an id, "
+                     "so the stored run is kept. Give this job its own id (rename its folder, or set its manifest "
+                     f"run_id), or delete {store.root / run_id} first to replace the stored run")
 
 
 def _index_splits(store: FixtureStore) -> dict[str, str]:
@@ -338,8 +365,11 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
             previous and "fixture_sha256" in previous and previous.get("content_hash") == digest):
         outcome.warnings.append("the stored fixture's files were changed or damaged after an ingest wrote them: "
                                 f"written again from the job (split {chosen})")
+    store.begin_writing()
     with store.writing(run_id) as folder:
         data = read_run(job_dir, folder / EVENTS_FILE, lenient, skew_ms)
+        if previous and FILE_DIGESTS in previous:
+            _refuse_clash(store, run_id, previous, job_dir, file_digest(folder / EVENTS_FILE))
         outcome.warnings += data.warnings
         meta = {
             "id": run_id,

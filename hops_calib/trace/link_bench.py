@@ -9,6 +9,7 @@ the send call's CUDA-event time is what a pipeline stage waits for.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from hops_calib.spec import LinkFit
 from hops_calib.trace.errors import TraceError
+from hops_calib.trace.reading import bounded_lines, long_line, open_regular
 
 # The benchmark's message sizes are in MiB (torch tensors of size_mb * 2**20 bytes).
 BYTES_PER_MB = 1 << 20
@@ -23,28 +25,42 @@ SENDER_RANK = 0
 _PAIR_FILE = re.compile(r"pair_(\d+)_(\d+)\.jsonl")
 
 
+def _positive(value: object) -> bool:
+    """A positive, finite number (an integer too large for a float is not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return 0 < float(value) < math.inf
+    except OverflowError:
+        return False
+
+
 def read_sender_p50(path: Path) -> list[tuple[float, float]]:
     """(bytes, p50_ms) of the sender's rows; lines that are not JSON objects (NCCL logs) are skipped."""
     points: list[tuple[float, float]] = []
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        for number, line in enumerate(lines, 1):
-            line = line.strip()
+    with open_regular(path) as handle:
+        for number, raw in bounded_lines(handle):
+            if raw is None:
+                raise long_line(path, number)
+            line = raw.decode("utf-8", errors="replace").strip()
             if not line.startswith("{"):
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as err:
+            except (ValueError, RecursionError) as err:  # (JSONDecodeError, an integer too long, nesting too deep)
                 if not line.startswith('{"'):
                     continue  # a log line that happens to start with '{': not a measurement
                 # a row the benchmark began to write (a JSON object's first key) and did not finish, or mangled
-                raise TraceError(path, f"is not valid JSON ({err.msg} at column {err.colno})", line=number,
+                what = (f"{err.msg} at column {err.colno}" if isinstance(err, json.JSONDecodeError)
+                        else "nested too deeply" if isinstance(err, RecursionError) else str(err))
+                raise TraceError(path, f"is not valid JSON ({what})", line=number,
                                  hint="a torn or edited measurement row: re-run the link benchmark, "
                                                     "or delete the line") from None
             if row.get("mode", "p2p") != "p2p":
                 continue
             for field in ("size_mb", "p50_ms"):  # the receiver's rows too: a bad one means a damaged file
                 value = row.get(field)
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                if not _positive(value):
                     raise TraceError(path, f"is {value!r}, expected a positive number", line=number, field=field,
                                      hint="re-run the link benchmark or delete the row")
             if row.get("rank") != SENDER_RANK:

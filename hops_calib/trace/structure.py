@@ -35,6 +35,7 @@ import numpy as np
 from hops_calib.timeline import COMPUTE, KINDS, PHASES
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.events import _loads
+from hops_calib.trace.reading import bounded_lines, open_regular
 
 DEFAULT_SKEW_MS = 2.0
 _COMPUTE = KINDS.index(COMPUTE)
@@ -57,8 +58,8 @@ def locate_all(path: Path, *, iteration: int, kind: int = _COMPUTE, phase: int |
                microbatch: int | None = None, chunk: int | None = None, limit: int | None = None) -> list[int]:
     """Line numbers of the events of `path` of this kind with these values (at most `limit`)."""
     found: list[int] = []
-    with path.open("rb") as lines:
-        for number, raw in enumerate(lines, 1):
+    with open_regular(path) as handle:
+        for number, raw in bounded_lines(handle):
             try:
                 record = _loads(raw)
             except Exception:  # noqa: BLE001 - a line the reader dropped (lenient) matches nothing
