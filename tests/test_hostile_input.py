@@ -1,0 +1,156 @@
+"""No run can crash, hang or overwrite another (issue #21): real shared runs, copied and damaged in tmp folders.
+
+Every case runs the CLI in a fresh process with a generous timeout, so a regression that hangs fails instead of
+stalling the suite, and checks the exit code, the message, that the intact run beside the damaged one was
+ingested, and that nothing outside the store was written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hops_calib.store import FixtureStore
+from hostile_cases import CASES, DAMAGED, INTACT, Case, build, copy_runs
+
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 120  # each case takes about a second; a hang fails here instead of stalling the suite
+
+
+def cli(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("HOPS_CALIB_PROGRESS", None)
+    return subprocess.run([sys.executable, "-m", "hops_calib", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def outside(root: Path, store: Path) -> dict[str, tuple]:
+    """Every entry under `root` but the store (links not followed): kind, size, mtime."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            if path == store or store in path.parents:
+                continue
+            info = path.lstat()
+            found[str(path.relative_to(root))] = (info.st_mode, info.st_size, info.st_mtime_ns)
+    return found
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_hostile_input_is_that_runs_rejection_only(case: Case, shared_runs: Path, tmp_path: Path):
+    source = build(case, shared_runs, tmp_path)
+    store = tmp_path / "fixtures"
+    before = outside(tmp_path, store)
+    done = cli("ingest", str(source), "--fixtures", str(store), *(["--lenient"] if case.lenient else []))
+    message = flat(done.stderr)
+    assert done.returncode == case.exit_code, done.stderr
+    for words in case.says:
+        assert words in message, message
+    assert "internal error" not in message
+    ids = FixtureStore(store).ids()
+    assert ids == sorted([INTACT] + ([DAMAGED] if case.damaged_ingested else [])), ids
+    assert outside(tmp_path, store) == before  # the sources (and anything beside them) untouched
+    again = cli("ingest", str(source / INTACT), "--fixtures", str(store))  # the store is not wedged
+    assert again.returncode == 0, again.stderr
+
+
+def _store_of_two(shared_runs: Path, tmp_path: Path) -> tuple[Path, Path]:
+    source = copy_runs(shared_runs, tmp_path / "src")
+    store = tmp_path / "fixtures"
+    assert cli("ingest", str(source), "--fixtures", str(store)).returncode == 0
+    return source, store
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_clashing_run_id_never_replaces_another_jobs_fixture(shared_runs: Path, tmp_path: Path):
+    source, store = _store_of_two(shared_runs, tmp_path)
+    kept = _files(store / INTACT)
+    other = tmp_path / "c" / "other"
+    shutil.copytree(source / DAMAGED, other)
+    with (other / "manifest.yaml").open("a") as manifest:
+        manifest.write(f"run_id: {INTACT}\n")
+    done = cli("ingest", str(other.parent), "--fixtures", str(store))
+    message = flat(done.stderr)
+    assert done.returncode == 1, done.stderr
+    assert f"run id '{INTACT}' of {other} is already in the store for another job" in message
+    assert str(source / INTACT) in message and "the stored run is kept" in message
+    assert _files(store / INTACT) == kept
+    assert "0 updated" in done.stdout and "1 rejected" in done.stdout
+
+
+def test_the_same_job_reingested_after_a_fix_updates_its_fixture(shared_runs: Path, tmp_path: Path):
+    source, store = _store_of_two(shared_runs, tmp_path)
+    events = source / INTACT / "megatron_trace" / "rank1.jsonl"
+    lines = events.read_text().splitlines(keepends=True)
+    event = json.loads(lines[-1])
+    event["end_wall_ns"] += 1000  # a re-copied log: the same job, its measurements changed a little
+    events.write_text("".join(lines[:-1]) + json.dumps(event) + "\n")
+    done = cli("ingest", str(source / INTACT), "--fixtures", str(store))
+    assert done.returncode == 0 and "1 updated" in done.stdout, done.stderr
+    moved = tmp_path / "moved" / INTACT  # the same measurements from another folder (a moved copy)
+    shutil.copytree(source / INTACT, moved)
+    (moved / "megatron_args.txt").write_text((moved / "megatron_args.txt").read_text() + "\n")
+    done = cli("ingest", str(moved), "--fixtures", str(store))
+    assert done.returncode == 0 and "1 updated" in done.stdout, done.stderr
+
+
+def test_an_ingest_killed_part_way_is_named_to_readers_and_finished_by_the_next(shared_runs: Path, tmp_path: Path):
+    source, store = _store_of_two(shared_runs, tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    child = subprocess.Popen([sys.executable, "-m", "hops_calib", "ingest", str(shared_runs), "--fixtures",
+                              str(store)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while len([p for p in store.iterdir() if (p / "fixture.json").is_file()]) < 6:
+            assert child.poll() is None, "the ingest finished before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    listed = cli("fixtures", "list", "--fixtures", str(store))
+    message = flat(listed.stderr)
+    assert listed.returncode == 2, listed.stdout
+    assert "stopped before it finished" in message
+    assert f"run `hops-calib ingest {shared_runs} --fixtures {store}`" in message
+    evaluated = cli("evaluate", "--fixtures", str(store))
+    assert evaluated.returncode == 2 and "stopped before it finished" in flat(evaluated.stderr)
+    done = cli("ingest", str(shared_runs), "--fixtures", str(store))
+    assert done.returncode == 0, done.stderr
+    listed = cli("fixtures", "list", "--fixtures", str(store), "--json")
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == len(list(shared_runs.iterdir()))
+
+
+def test_a_running_ingest_is_waited_for_and_not_called_stopped(shared_runs: Path, tmp_path: Path):
+    source, store = _store_of_two(shared_runs, tmp_path)
+    holder = FixtureStore(store)
+    with holder.lock(sources=[source]):
+        holder.begin_writing()  # an ingest that is changing the store right now
+        waited = cli("ingest", str(source / INTACT), "--fixtures", str(store), "--lock-timeout", "1")
+        listed = cli("fixtures", "list", "--fixtures", str(store))
+        evaluated = cli("evaluate", "--fixtures", str(store))
+    message = flat(waited.stderr)
+    assert waited.returncode == 2, waited.stderr
+    assert f"waiting for the store lock held by the ingest of {source} (PID {os.getpid()}" in message
+    assert "still held" in message and "--lock-timeout" in message
+    assert listed.returncode == 0 and INTACT in listed.stdout
+    assert "stopped before it finished" not in evaluated.stderr
+    assert "is writing into this store" in flat(evaluated.stderr)
+    done = cli("ingest", str(source / INTACT), "--fixtures", str(store))  # the lock is free again
+    assert done.returncode == 0 and "1 unchanged" in done.stdout, done.stderr
