@@ -355,6 +355,19 @@ class FixtureStore:
     def load_all(self, split: str | None = None) -> list[Fixture]:
         return [self.load(fixture_id) for fixture_id in self.ids(split)]
 
+    def group_digests(self, split: str) -> dict[str, dict[str, list[str]]]:
+        """group -> {"ids": its fixtures in `split`, "digests": their events' sha256 (what the runs measured, as
+        fixture.json records it: a renamed copy of a run has the same)}, for every group with fixtures in `split`."""
+        groups: dict[str, dict[str, list[str]]] = {}
+        for fixture_id in self.ids(split):
+            meta = self.meta(fixture_id)
+            entry = groups.setdefault(meta["group"], {"ids": [], "digests": []})
+            entry["ids"].append(fixture_id)
+            digest = (meta.get(FILE_DIGESTS) or {}).get(EVENTS_FILE)
+            if digest:
+                entry["digests"].append(digest)
+        return groups
+
     def split_of_groups(self) -> dict[str, str]:
         """group -> its stored split, over every fixture in the store."""
         index = self.index()

@@ -1,0 +1,138 @@
+"""The held-out promise: a group the ledger has seen held out is never trained or scored on by accident.
+
+The ledger is the memory. An audited report records the groups it scored as
+test, and every judgement (evaluate, compare) records the groups its store held
+in test, each by name and by its runs' events digests (`held_out_groups`: group
+-> sha256 of each run's events.parquet, which a renamed copy of a run shares).
+The verbs that read the train split (evaluate, compare, tune, crossval,
+observe, predict ID) refuse a store that holds such a group in train, or a run
+whose events are a held-out run's, naming the groups and the entry that held
+them out, unless `--allow-held-out` is given: a judgement then carries the
+override in its entry (`held_out_override`), and a verb that records nothing
+else appends a `held_out_override` entry, so the ledger knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from hops_calib.errors import InputError
+
+HELD_OUT_KEY = "held_out_groups"
+OVERRIDE_KEY = "held_out_override"
+OVERRIDE_KIND = "held_out_override"
+OVERRIDE_FLAG = "--allow-held-out"
+
+
+@dataclass(frozen=True)
+class Leak:
+    """A train group of a store that the ledger remembers as held out (by name, or by a run's events)."""
+
+    group: str  # the store's train group
+    ids: tuple[str, ...]  # its fixtures
+    held_out_as: str  # the held-out group it is (its own name, or the group a copied run came from)
+    by: str  # "name" or "content"
+    seq: int | None  # the ledger entry that held it out
+    look: str  # what that entry was
+
+    def describe(self) -> str:
+        runs = ", ".join(self.ids[:3]) + (", ..." if len(self.ids) > 3 else "")
+        how = (f"held out as {self.held_out_as!r}" if self.by == "name"
+               else f"the same events as a run of held-out group {self.held_out_as!r} (a renamed copy)")
+        return f"{self.group} ({runs}): {how} by ledger entry {self.seq} ({self.look})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "ids": list(self.ids), "held_out_as": self.held_out_as, "by": self.by,
+                "seq": self.seq, "look": self.look}
+
+
+class HeldOutInTrain(InputError):
+    """A store that holds in train what the ledger remembers as held out."""
+
+
+def store_held_out(store) -> dict[str, list[str]]:
+    """The store's test groups and their runs' events digests: what a ledger entry about this store remembers."""
+    return {group: sorted(info["digests"]) for group, info in sorted(store.group_digests("test").items())}
+
+
+def _look(entry: dict[str, Any]) -> str:
+    kind = entry.get("kind", "?")
+    what = ("an audited report on the test split" if kind == "report"
+            else f"{kind} of a store that held it in its test split")
+    return f"{what}, {entry.get('time', '?')}"
+
+
+def remembered(entries: Iterable[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, dict]]]:
+    """(group name -> the first entry that held it out, events digest -> (its group, that entry))."""
+    by_name: dict[str, dict[str, Any]] = {}
+    by_digest: dict[str, tuple[str, dict[str, Any]]] = {}
+    for entry in entries:
+        for group, digests in (entry.get(HELD_OUT_KEY) or {}).items():
+            by_name.setdefault(group, entry)
+            for digest in digests or ():
+                by_digest.setdefault(digest, (group, entry))
+    return by_name, by_digest
+
+
+def leaks(store, entries: Iterable[dict[str, Any]]) -> list[Leak]:
+    """The store's train groups the ledger's entries remember as held out, by name or by a run's events."""
+    by_name, by_digest = remembered(entries)
+    if not by_name:
+        return []
+    found = []
+    for group, info in sorted(store.group_digests("train").items()):
+        ids = tuple(info["ids"])
+        if group in by_name:
+            entry = by_name[group]
+            found.append(Leak(group, ids, group, "name", entry.get("seq"), _look(entry)))
+            continue
+        hit = next((by_digest[d] for d in info["digests"] if d in by_digest), None)
+        if hit is not None:
+            held, entry = hit
+            found.append(Leak(group, ids, held, "content", entry.get("seq"), _look(entry)))
+    return found
+
+
+def _entries(ledger_path: Path | str | None) -> list[dict[str, Any]]:
+    from hops_calib.ledger import LedgerError, read_entries, resolve
+
+    try:
+        path = resolve(ledger_path)
+    except LedgerError:  # no ledger at all (no checkout, none named): nothing is remembered
+        return []
+    return list(read_entries(path)) if Path(path).is_file() else []
+
+
+def guard(store, ledger_path: Path | str | None, verb: str, allow: bool) -> list[Leak]:
+    """Refuse (HeldOutInTrain, exit 2) a store holding in train a group the ledger remembers as held out; with
+    `allow`, return those groups for the caller to record (see `record_override`)."""
+    found = leaks(store, _entries(ledger_path))
+    if found and not allow:
+        lines = "; ".join(leak.describe() for leak in found[:5]) + ("; ..." if len(found) > 5 else "")
+        raise HeldOutInTrain(
+            store.root, f"holds in its train split {len(found)} group(s) the ledger remembers as held out: {lines}",
+            field="split",
+            hint=f"{verb} would fit or judge on the test split. Ingest these runs into the store's test split (or "
+                 f"leave them out); {OVERRIDE_FLAG} goes on regardless, and the ledger records the override")
+    return found
+
+
+def override_record(found: list[Leak]) -> dict[str, Any]:
+    """What a judgement's entry carries when it went on with `--allow-held-out` over held-out groups."""
+    return {OVERRIDE_KEY: [leak.to_dict() for leak in found]} if found else {}
+
+
+def record_override(ledger_path: Path | str | None, verb: str, store, found: list[Leak]) -> dict[str, Any] | None:
+    """Append a `held_out_override` entry for a verb that records nothing else (tune, crossval, observe,
+    predict); None when there was nothing to override."""
+    if not found:
+        return None
+    from hops_calib import ledger
+
+    path = ledger.resolve(ledger_path)
+    ledger.check_appendable(path)
+    return ledger.append(path, {"kind": OVERRIDE_KIND, "time": ledger.now_utc(), "verb": verb,
+                                "fixtures": str(store.root), **override_record(found),
+                                "code_revision": ledger.code_revision()})
