@@ -154,3 +154,16 @@ def test_a_running_ingest_is_waited_for_and_not_called_stopped(shared_runs: Path
     assert "is writing into this store" in flat(evaluated.stderr)
     done = cli("ingest", str(source / INTACT), "--fixtures", str(store))  # the lock is free again
     assert done.returncode == 0 and "1 unchanged" in done.stdout, done.stderr
+
+
+def test_a_damaged_fixture_does_not_wedge_later_ingests(shared_runs: Path, tmp_path: Path):
+    source, store = _store_of_two(shared_runs, tmp_path)
+    (store / DAMAGED / "fixture.json").write_text('{"torn')
+    third = copy_runs(shared_runs, tmp_path / "more", ("exp1_1_all_nodes_run15",))
+    done = cli("ingest", str(third), "--fixtures", str(store))
+    assert done.returncode == 0, done.stderr
+    assert FixtureStore(store).ids() == sorted([DAMAGED, INTACT, "exp1_1_all_nodes_run15"])
+    shown = cli("fixtures", "show", DAMAGED, "--fixtures", str(store))  # still met, and named with the way out
+    assert shown.returncode == 2 and "fixture.json:1" in shown.stderr and "ingest the run's job again" in shown.stderr
+    done = cli("ingest", str(source), "--fixtures", str(store))
+    assert done.returncode == 0 and "1 updated" in done.stdout, done.stderr

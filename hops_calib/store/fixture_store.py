@@ -457,7 +457,7 @@ class FixtureStore:
         try:
             left = self.journal()
             self._left_writing = bool(left and left.get("writing"))  # an earlier ingest stopped part way
-            self._journal = {"pid": os.getpid(), "sources": [str(s) for s in sources],
+            self._journal = {"pid": os.getpid(), "sources": [os.path.abspath(s) for s in sources],
                              "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                              "writing": self._left_writing}
             atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))
@@ -577,12 +577,34 @@ class FixtureStore:
         }
 
     def build_index(self) -> pd.DataFrame:
-        rows = [self.index_row(folder) for folder in self.fixture_folders()]
+        """The index of the fixture folders. A fixture whose files cannot be read (damaged by hand) keeps the row
+        the index had for it, so readers still meet it (and are told to ingest its job again); without one it is
+        left out."""
+        rows, listed = [], None
+        for folder in self.fixture_folders():
+            try:
+                rows.append(self.index_row(folder))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                listed = self._listed_rows() if listed is None else listed
+                if folder.name in listed:
+                    rows.append(listed[folder.name])
         if not rows:
             return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
         frame = pd.DataFrame(rows, columns=list(INDEX_COLUMNS))
         frame["idle_ms"] = frame["idle_ms"].astype("float64")
         return frame.sort_values("id", kind="stable").reset_index(drop=True)
+
+    def _listed_rows(self) -> dict[str, dict[str, Any]]:
+        """id -> its row in the index file as it is ({} without a readable one)."""
+        try:
+            frame = pd.read_parquet(self.root / INDEX)
+        except Exception:  # noqa: BLE001 - no index, or a damaged one: no earlier rows
+            return {}
+        rows = {}
+        for record in frame.to_dict(orient="records"):
+            record["devices"] = list(record.get("devices") if record.get("devices") is not None else [])
+            rows[record["id"]] = record
+        return rows
 
     def write_index(self) -> pd.DataFrame:
         frame = self.build_index()
