@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,29 +29,25 @@ from hostile_cases import CASES, DAMAGED, INTACT, build, copy_runs  # noqa: E402
 TIMEOUT_S = 600
 
 
+# A small interpreter starts the ingest and reports its rusage: a child forked straight from this process would
+# count this process's own memory (the 200 MB lines it built) in its peak RSS.
+_PROBE = ("import os, subprocess, sys, time; t = time.perf_counter(); p = subprocess.Popen(sys.argv[2:]); "
+          "deadline = t + float(sys.argv[1])\n"
+          "while True:\n"
+          "    pid, status, usage = os.wait4(p.pid, os.WNOHANG)\n"
+          "    if pid: break\n"
+          "    if time.perf_counter() > deadline: p.kill(); pid, status, usage = os.wait4(p.pid, 0); break\n"
+          "    time.sleep(0.01)\n"
+          "print(time.perf_counter() - t, usage.ru_maxrss, os.waitstatus_to_exitcode(status), file=sys.__stdout__)")
+
+
 def run_ingest(args: list[str]) -> tuple[int | str, float, float, str]:
     """(exit code, or 'killed' past TIMEOUT_S; wall s; peak RSS MB; stderr) of `python -m hops_calib ingest ARGS`."""
     env = dict(os.environ, PYTHONPATH=str(REPO), HOPS_CALIB_PROGRESS="")
-    start = time.perf_counter()
-    with tempfile.TemporaryFile() as err:
-        child = subprocess.Popen([sys.executable, "-m", "hops_calib", "ingest", *args], stdout=subprocess.DEVNULL,
-                                 stderr=err, env=env)
-        deadline = start + TIMEOUT_S
-        while True:
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                child.kill()
-                pid, status, usage = os.wait4(child.pid, 0)
-                break
-            time.sleep(0.01)
-        wall = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        message = err.read().decode(errors="replace")
-    code: int | str = child.returncode if wall <= TIMEOUT_S else "killed"
-    return code, wall, usage.ru_maxrss / 1024, message
+    done = subprocess.run([sys.executable, "-c", _PROBE, str(TIMEOUT_S), sys.executable, "-m", "hops_calib",
+                           "ingest", *args], capture_output=True, text=True, env=env)
+    wall, rss_kb, code = done.stdout.split()[-3:]
+    return (int(code) if float(wall) <= TIMEOUT_S else "killed"), float(wall), int(rss_kb) / 1024, done.stderr
 
 
 def ingested(store: Path) -> set[str]:
