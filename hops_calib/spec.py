@@ -264,6 +264,11 @@ def configured_schedule(job_dir: Path, manifest: dict[str, Any], vp: int) -> str
     return configured
 
 
+# Microbatches per iteration, and model chunks per stage, a configuration may have: as many as a trace numbers
+# (`hops_calib.trace.events.MAX_INDEX` + 1); predict --job times 32768 microbatches in about 2 s.
+MAX_PER_ITERATION = 1 << 15
+
+
 def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     """The spec of a job directory, from its configuration files alone.
 
@@ -318,6 +323,12 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         raise TraceError(args_source, f"{global_batch} is not a multiple of micro batch {micro_batch} x dp {dp}",
                          field="--global-batch-size", hint="Megatron requires it to divide")
     microbatches = global_batch // (micro_batch * dp)
+    for count, what, flag in ((microbatches, "microbatches per iteration", "--global-batch-size"),
+                              (vp, "model chunks per stage", "--virtual-pipeline-model-parallel-size")):
+        if count > MAX_PER_ITERATION:  # (the simulator times each one: more would run for hours)
+            raise TraceError(args_source, f"gives {count} {what}, more than the {MAX_PER_ITERATION} a trace can "
+                             "number and the simulator times", field=flag,
+                             hint=f"give a configuration of at most {MAX_PER_ITERATION} {what}")
     train_iters = _require_int(args, "train_iters", args_source)
     iterations = train_iters - TRACE_FIRST_ITERATION + 1
     if iterations < 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass
@@ -79,6 +80,12 @@ def _run_id_bomb(job: Path, size: int) -> None:
 def _long_token(job: Path, size: int) -> None:
     path = job / "megatron_args.txt"
     path.write_text(path.read_text().rstrip("\n") + " --data-path " + "a" * size + "\n")
+
+
+def _many_microbatches(job: Path, size: int) -> None:
+    path = job / "megatron_args.txt"
+    text = path.read_text()
+    path.write_text(re.sub(r"--global-batch-size \d+", f"--global-batch-size {size}", text))
 
 
 def _one_line_array(job: Path, size: int) -> None:
@@ -162,6 +169,9 @@ CASES: tuple[Case, ...] = (
          damage_job=lambda job, size: _fifo(job / "megatron_trace" / "rank0.jsonl")),
     Case("huge token in megatron_args.txt", 1, ("megatron_args.txt: is larger than 64 KiB",),
          damage_job=_long_token, small=200_000, large=10_000_000),
+    Case("10^12 microbatches configured", 1, ("megatron_args.txt: field '--global-batch-size'",
+                                              "more than the 32768 a trace can number"),
+         damage_job=_many_microbatches, small=10**12, large=10**12),
     Case("huge single-line JSON array", 1, ("rank0.jsonl:1:", "longer than 64 KiB"),
          damage_job=_one_line_array, small=2_000_000, large=200_000_000),
     Case("huge hostname line", 1, ("rank0.jsonl:1:", "longer than 64 KiB"),
