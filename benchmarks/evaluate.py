@@ -44,9 +44,9 @@ def fresh_evaluate(fixtures: Path, *extra: str) -> tuple[float, float]:
 
 def breakdown(fixtures: Path) -> None:
     start = time.perf_counter()
-    from hops_calib.evaluate import load_suite
+    from hops_calib.loop.suite import load_suite
     from hops_calib.metrics import timeline_metrics  # noqa: F401  (pandas, numpy)
-    from hops_calib.model_files import load_model
+    from hops_calib.loop.model_files import load_model
     from hops_calib.sim import simulate
     imported = time.perf_counter()
     suite = load_suite(fixtures, "train")

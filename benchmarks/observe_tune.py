@@ -44,8 +44,8 @@ def main() -> None:
                 sys.exit("ingest of the shared runs failed")
         import optuna
 
-        from hops_calib.observe import observe
-        from hops_calib.tune import load_problem, objective, open_study
+        from hops_calib.research.observe import observe
+        from hops_calib.research.tune import load_problem, objective, open_study
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         problem = load_problem(args.term, fixtures, args.model)
@@ -67,7 +67,7 @@ def main() -> None:
         observation = observe(fixtures, model_path=args.model)
         print(f"observe, {len(observation.runs)} train fixtures, {len(observation.ranked)} contributors: "
               f"{time.perf_counter() - start:.2f} s")
-        from hops_calib.crossval import crossval
+        from hops_calib.research.crossval import crossval
 
         start = time.perf_counter()
         result = crossval(args.term, fixtures, model_path=args.model, folds=args.folds, evaluations=args.evaluations)

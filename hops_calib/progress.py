@@ -23,6 +23,12 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Protocol
 
 
+def warn(line: str) -> None:
+    """A line for the person running a command, on stderr like the bars (a warning, a worker's error): the rooms
+    below the command layer never print, but what they notice on the way must still reach someone."""
+    print(line, file=sys.stderr)
+
+
 class Progress(Protocol):
     def start(self, total: int) -> None:
         """The number of units of work; call once, before the first `advance`."""

@@ -71,7 +71,7 @@ backward_factor = 2.0
 
 
 def plain_model():
-    from hops_calib.model_files import load_catalog
+    from hops_calib.loop.model_files import load_catalog
     from hops_calib.model import parse_model
 
     return parse_model(PLAIN_MODEL_TOML, origin="tests/conftest.py:PLAIN_MODEL_TOML", catalog=load_catalog())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import plain_model
 
-from hops_calib.candidate import TooManyChanges, parse_candidate
 from hops_calib.errors import InputError
+from hops_calib.loop.candidate import TooManyChanges, parse_candidate
 
 HEADER = 'id = "c1"\nhypothesis = "link time matters"\ngrounding = "bytes over bandwidth"\n'
 
@@ -152,7 +152,7 @@ def test_a_bad_inline_parameter_points_at_its_line():
 
 def _with_l4_floor():
     """The shipped model with a per-device launch floor for the L4 set (whatever the shipped file says)."""
-    from hops_calib.model_files import load_model
+    from hops_calib.loop.model_files import load_model
 
     return parse('[change]\naction = "set"\nterm = "layer_launch_floor"\n'
                  'params = { "forward_ms_per_layer@l4" = 1.234, "backward_ms_per_layer@l4" = 2.345 }\n'

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hops_calib.components import (Components, component_errors_pct, mispriced_time_pct, predicted_components,
+from hops_calib.research.components import (Components, component_errors_pct, mispriced_time_pct, predicted_components,
                                    real_components)
 from hops_calib.sim.pipeline import Pipeline, StageCosts
 

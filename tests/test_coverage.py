@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from hops_calib.coverage import coverage, extrapolations
 from hops_calib.model import gpt
+from hops_calib.model.coverage import coverage, extrapolations
 
 
 def test_train_runs_lie_within_their_own_coverage_and_test_ones_are_named_where_they_leave_it(shared_store):

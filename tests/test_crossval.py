@@ -9,11 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from hops_calib.cli import app
-from hops_calib.crossval import crossval, fold_groups, subset
 from hops_calib.errors import InputError
-from hops_calib.evaluate import load_suite, score_model
-from hops_calib.model_files import load_model
+from hops_calib.loop.model_files import load_model
+from hops_calib.loop.suite import load_suite, score_model
 from hops_calib.model import resolve_params
+from hops_calib.research.crossval import crossval, fold_groups, subset
 from hops_calib.store.split import group_of
 
 TERM, PARAM = "link_transfer", "burst_mib"
@@ -69,7 +69,7 @@ def test_a_refit_never_reads_the_truths_of_its_fold(shared_fixtures, result, mon
     # Make fold 0's runs look twice as fast as they were: its refit must not move, its held-out score must.
     import dataclasses
 
-    import hops_calib.crossval as cv_module
+    import hops_calib.research.crossval as cv_module
 
     fold0 = set(result.folds[0].ids)
     real_load = cv_module.load_problem
@@ -131,7 +131,7 @@ def test_a_refit_starts_from_the_term_defaults_not_from_the_values_fitted_on_eve
 
 
 def test_components_mode_reports_the_objective_it_refit(shared_fixtures):
-    from hops_calib.tune import load_problem
+    from hops_calib.research.tune import load_problem
 
     result = crossval("optimizer_step", shared_fixtures, folds=2, evaluations=3, objective="components",
                       only=("fixed_ms",))

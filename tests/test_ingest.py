@@ -160,7 +160,7 @@ def test_copied_run_with_changed_content_is_updated_in_place(shared_runs, tmp_pa
 
 
 def test_an_ingest_stopped_midway_is_said_and_the_next_one_finishes_it(shared_runs, tmp_path, capsys):
-    from hops_calib.evaluate import open_store
+    from hops_calib.loop.suite import open_store
 
     runs = sorted(shared_runs.iterdir())[:2]
     store = FixtureStore(tmp_path / "fixtures")

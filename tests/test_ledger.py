@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hops_calib import ledger
-from hops_calib.ledger import GENESIS, LedgerError
+from hops_calib.loop import ledger
+from hops_calib.loop.ledger import GENESIS, LedgerError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -119,7 +119,7 @@ def test_a_damaged_line_is_named(tmp_path):
 
 APPENDER = textwrap.dedent("""
     import sys
-    from hops_calib import ledger
+    from hops_calib.loop import ledger
     path, worker, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     for i in range(count):
         ledger.append(path, {"kind": "evaluate", "worker": worker, "i": i, "padding": "x" * (4096 * (i % 3))})
@@ -148,7 +148,7 @@ def test_concurrent_appends_from_several_processes_keep_the_chain(tmp_path):
 KILLED_WRITER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from hops_calib import ledger
+    from hops_calib.loop import ledger
     path, ready = sys.argv[1], Path(sys.argv[2])
 
     def write_half_then_hang(fd, data):

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hops_calib.candidate import read_candidate
 from hops_calib.cli import app
-from hops_calib.evaluate import load_suite, score_model
-from hops_calib.ledger import read_entries
-from hops_calib.model_files import load_model, write_model
+from hops_calib.loop.candidate import read_candidate
+from hops_calib.loop.ledger import read_entries
+from hops_calib.loop.model_files import load_model, write_model
+from hops_calib.loop.suite import load_suite, score_model
 from conftest import PLAIN_MODEL_TOML
 
 REPO = Path(__file__).resolve().parent.parent
@@ -225,7 +225,7 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
     assert data["gap_to_train_pp"] == pytest.approx(data["throughput_mape_pct"] - train["throughput_mape_pct"])
     assert entries[-1]["train_aggregates"] == data["train"]
     # Which held-out configurations the model extrapolates to: counted from the configurations, by feature.
-    from hops_calib.coverage import coverage, extrapolations
+    from hops_calib.model.coverage import coverage, extrapolations
 
     span = coverage([shared_store.load(i).spec for i in shared_store.ids("train")])
     flagged = [extrapolations(shared_store.load(i).spec, span) for i in test_ids]
@@ -313,9 +313,9 @@ def test_terms_lists_every_implemented_term_and_marks_the_active_ones(workspace)
 
 def test_commit_refuses_a_model_file_that_changed_since_it_was_judged(tmp_path):
     """Two accepted candidates judged against the same model: the second commit must not overwrite the first."""
-    from hops_calib.candidate import parse_candidate
     from hops_calib.errors import InputError
-    from hops_calib.evaluate import _commit
+    from hops_calib.loop.candidate import parse_candidate
+    from hops_calib.loop.evaluate import _commit
 
     path, ledger = tmp_path / "model.toml", tmp_path / "ledger.jsonl"
     path.write_text(PLAIN_MODEL_TOML)
@@ -422,7 +422,7 @@ def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, sh
             assert regression["error"] == ("stall-free" if runs[regression["run_id"]]["stall_free_error_pct"]
                                            is not None else "window")
     # The same model's stall-free errors as observe computes them, run by run (None without optimizer events).
-    from hops_calib.observe import observe
+    from hops_calib.research.observe import observe
 
     plain = json.loads(cli("evaluate", "--fixtures", shared_fixtures, "--model", model, "--json",
                            "--run-error", "stall-free").stdout)
@@ -435,7 +435,7 @@ def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, sh
 
 
 def test_recorded_report_quotes_the_last_audit_of_this_model_without_a_new_look(shared_fixtures, tmp_path):
-    from hops_calib.evaluate import recorded_report, report
+    from hops_calib.loop.report import recorded_report, report
 
     ledger = tmp_path / "ledger.jsonl"
     assert recorded_report(shared_fixtures, ledger_path=ledger) is None  # no ledger yet: nothing to quote
@@ -521,9 +521,10 @@ def test_a_plan_can_pin_its_candidates_so_an_edited_or_other_one_is_refused(shar
 
 
 def test_a_planned_judgement_called_from_python_must_use_the_plans_tolerances(shared_fixtures, workspace):
-    from hops_calib.evaluate import evaluate, record_plan
     from hops_calib.errors import InputError
-    from hops_calib.gate import Tolerances
+    from hops_calib.loop.evaluate import evaluate
+    from hops_calib.loop.gate import Tolerances
+    from hops_calib.loop.plans import record_plan
 
     ledger = workspace["ledger"]
     ledger.parent.mkdir(parents=True, exist_ok=True)
@@ -540,8 +541,8 @@ def test_a_planned_judgement_called_from_python_must_use_the_plans_tolerances(sh
 def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_scored(shared_fixtures, tmp_path):
     """A model that predicts every held-out configuration as an earlier look's model did (here: the shipped model
     with a CPU-only parameter changed, which no cluster run reads) learns nothing new from a look."""
+    from hops_calib.loop.model_files import write_model
     from hops_calib.model import resolve_params
-    from hops_calib.model_files import write_model
 
     ledger, shipped = tmp_path / "ledger.jsonl", load_model(None)
 
@@ -611,7 +612,7 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
 
 def test_the_same_model_whose_predictions_moved_is_no_repeat(shared_fixtures, tmp_path):
     """After a change to the simulator's code the same model file predicts otherwise: that look is new."""
-    from hops_calib import ledger as ledger_module
+    from hops_calib.loop import ledger as ledger_module
 
     ledger = tmp_path / "ledger.jsonl"
     suite, shipped = load_suite(shared_fixtures, "test"), load_model(None)
@@ -643,7 +644,7 @@ def _fake_checkout(root: Path) -> Path:
 
 def test_the_default_ledger_is_the_enclosing_checkouts_and_a_missing_one_is_refused_not_created(tmp_path,
                                                                                                  monkeypatch):
-    from hops_calib.ledger import PACKAGE_CHECKOUT, default_ledger
+    from hops_calib.loop.ledger import PACKAGE_CHECKOUT, default_ledger
 
     checkout = _fake_checkout(tmp_path / "checkout")
     deep = checkout / "experiments" / "sub"
@@ -705,7 +706,7 @@ def test_a_damaged_fixture_file_is_bad_input_named_with_its_line_and_the_way_to_
 
 
 def test_an_internal_error_exits_3_with_a_short_message_and_json_when_asked(monkeypatch, shared_fixtures):
-    import hops_calib.evaluate as evaluate_module
+    import hops_calib.loop.evaluate as evaluate_module
 
     def crash(*args, **kwargs):
         raise ZeroDivisionError("deliberate")
@@ -791,7 +792,7 @@ def test_verify_of_a_missing_ledger_names_the_file_not_a_line_0(tmp_path):
 
 
 def test_a_hand_edited_model_file_draws_a_warning(shared_fixtures, tmp_path):
-    from hops_calib.model_files import DEFAULT_MODEL
+    from hops_calib.loop.model_files import DEFAULT_MODEL
 
     edited = tmp_path / "model.toml"
     edited.write_text(DEFAULT_MODEL.read_text().replace("compute_efficiency = 0.5 ", "compute_efficiency = 0.45 ", 1))

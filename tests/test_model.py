@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hops_calib.errors import InputError
 from hops_calib.model import (CONSTANTS, TERMS, ActiveTerm, Context, Contribution, Model, Param, Term, gpt,
                               layout_of, parse_model)
-from hops_calib.components import predicted_components
-from hops_calib.model_files import CATALOG_PATH, DEFAULT_MODEL, load_catalog, load_model, write_model
+from hops_calib.loop.model_files import CATALOG_PATH, DEFAULT_MODEL, load_catalog, load_model, write_model
+from hops_calib.research.components import predicted_components
 from hops_calib.sim.pipeline import Pipeline, StageCosts
 from hops_calib.spec import LinkFit, ModelShape, Spec
 

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from hops_calib.cli import app
-from hops_calib.evaluate import ProtectedSplit
-from hops_calib.observe import observe, part_fixed_errors, stages_fixed_errors
+from hops_calib.loop.suite import ProtectedSplit
+from hops_calib.research.observe import observe, part_fixed_errors, stages_fixed_errors
 
 @pytest.fixture(scope="module")
 def model_path(iteration_terms_model):
@@ -66,7 +66,7 @@ def test_contributors_are_ranked_by_contribution_and_each_is_the_mape_it_removes
 
 
 def _group_of(run, contributor):
-    from hops_calib.observe import run_groups, stage_groups
+    from hops_calib.research.observe import run_groups, stage_groups
 
     if contributor.level == "run":
         return run_groups(run.spec)[contributor.dimension]
@@ -75,7 +75,7 @@ def _group_of(run, contributor):
 
 
 def _stage_in(run, stage, contributor):
-    from hops_calib.observe import stage_groups
+    from hops_calib.research.observe import stage_groups
 
     return stage_groups(run.spec, stage)[contributor.dimension] == contributor.group
 
@@ -97,7 +97,7 @@ def test_counterfactual_of_an_exact_quantity_changes_nothing_and_a_slower_stage_
 
 
 def test_slowest_stage_follows_the_stage_times_misplaced_when_another_stage_is_priced_slowest(observation):
-    from hops_calib.observe import BOTTLENECK_MARGIN, bottleneck
+    from hops_calib.research.observe import BOTTLENECK_MARGIN, bottleneck
 
     rows = {b.run_id: b for b in observation.bottlenecks}
     assert rows and all(b.real_ms > 0 and b.predicted_ms > 0 for b in rows.values())
@@ -149,7 +149,7 @@ def test_cli_json_and_text(shared_fixtures, model_path, observation):
         [c.contribution_pp for c in observation.ranked])
     assert {c["quantity"] for c in data["overall"]} == {"span", "silent", "optimizer", "rest", "forward", "backward"}
     # an agent ties observe to the gate's numbers: the same fixture set, and each run's stall spread
-    from hops_calib.evaluate import load_suite
+    from hops_calib.loop.suite import load_suite
 
     assert data["fixture_set_sha256"] == load_suite(shared_fixtures, "train").sha256
     assert [r["stall_noise_ape_pct"] for r in data["runs"]] == pytest.approx(
@@ -157,7 +157,7 @@ def test_cli_json_and_text(shared_fixtures, model_path, observation):
     run = data["runs"][0]
     assert sum(run["real_parts"][f"{p}_ms"] for p in ("span", "silent", "optimizer", "rest")) == pytest.approx(
         run["real_parts"]["iteration_ms"])
-    from hops_calib.observe import observation_text
+    from hops_calib.research.observe import observation_text
 
     text = observation_text(observation, top=5)
     assert "steady throughput MAPE" in text and observation.ranked[0].sentence() in text
@@ -170,7 +170,7 @@ def test_cli_json_and_text(shared_fixtures, model_path, observation):
 
 def test_measured_replay_depends_on_what_no_event_times_and_on_nothing_measured(shared_fixtures, shared_store,
                                                                                   observation):
-    from hops_calib.observe import measured_replay_error_pct
+    from hops_calib.research.observe import measured_replay_error_pct
 
     replay = observation.measured_replay
     with_optimizer = [r for r in observation.runs if r.real_parts.optimizer_traced]
@@ -211,11 +211,11 @@ def test_observe_runs_on_the_repositorys_cpu_captures_whose_ranks_step_without_a
 
 
 def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_store):
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.loop.score import stall_free_error_pct
     from hops_calib.metrics import timeline_iteration_part_series
-    from hops_calib.model_files import load_model
-    from hops_calib.observe import observe_run
-    from hops_calib.predict import Prediction, predict
-    from hops_calib.score import stall_free_error_pct
+    from hops_calib.model.predict import Prediction, predict
+    from hops_calib.research.observe import observe_run
     from hops_calib.sim import simulate
 
     model = load_model(None)  # the shipped model realizes its stalls
@@ -257,9 +257,9 @@ def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_
 
 
 def test_hop_gaps_read_back_the_simulators_own_hops_and_measure_the_traces(shared_store, observation):
-    from hops_calib.model_files import load_model
-    from hops_calib.observe import hop_gaps, observation_text
-    from hops_calib.predict import predict
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.model.predict import predict
+    from hops_calib.research.observe import hop_gaps, observation_text
 
     model = load_model(None)
     checked = 0

@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from hops_calib.cli import app
-from hops_calib.plan import plan
 from hops_calib.sim.theory import balanced_makespan, bubble_fraction
+from hops_calib.whatif.plan import plan
 
 runner = CliRunner()
 

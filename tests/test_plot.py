@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hops_calib.cli import app
-from hops_calib.ledger import read_entries
+from hops_calib.loop.ledger import read_entries
 from hops_calib.plot import style
 from hops_calib.plot.groups import MIN_DISCLOSED_RUNS, disclosable, group_rows, short_run_id
 from hops_calib.plot.ledger import (FIGURE_SIZE_IN as LEDGER_SIZE_IN, LABEL_CHARS, ledger_figure, read_history,
@@ -149,7 +149,7 @@ def test_parity_png_and_svg(shared_fixtures, shared_store, tmp_path):
 
 
 def test_parity_labels_the_worst_runs_and_refuses_the_test_split(shared_fixtures, tmp_path):
-    from hops_calib.plot.commands import score_split
+    from hops_calib.plot.images import score_split
 
     scored = score_split(shared_fixtures, "train", None)
     out = tmp_path / "parity.svg"
@@ -171,7 +171,7 @@ def test_parity_labels_the_worst_runs_and_refuses_the_test_split(shared_fixtures
 def test_parity_draws_each_runs_random_stall_spread(shared_fixtures):
     from matplotlib.container import ErrorbarContainer
 
-    from hops_calib.plot.commands import score_split
+    from hops_calib.plot.images import score_split
     from hops_calib.plot.parity import parity_figure
 
     scored = score_split(shared_fixtures, "train", None)
@@ -329,7 +329,7 @@ def test_ledger_plot_of_an_empty_or_missing_ledger_says_what_to_do(tmp_path):
 # --- groups and the HTML report ------------------------------------------------------------------
 
 def test_held_out_groups_never_expose_a_small_group(shared_fixtures):
-    from hops_calib.plot.commands import score_split
+    from hops_calib.plot.images import score_split
 
     points = score_split(shared_fixtures, "train", None).points
     for key in (lambda p: p.device_mix, lambda p: p.pp, lambda p: p.microbatches):
@@ -382,7 +382,7 @@ def test_html_report_train_has_tables_images_and_every_run(shared_fixtures, shar
         assert fixture_id not in html
     assert "By device mix" in html and "By pipeline depth" in html
     # Errors outside the ±10 % band are highlighted, as on the parity plot.
-    from hops_calib.plot.commands import score_split
+    from hops_calib.plot.images import score_split
 
     scores = [p.score for p in score_split(shared_fixtures, "train", ledger_with_history["model"]).points]
     outside = sum(abs(s.throughput_error_pct) > 10 for s in scores) + sum(
@@ -392,7 +392,7 @@ def test_html_report_train_has_tables_images_and_every_run(shared_fixtures, shar
 
 def test_html_report_without_a_ledger_option_draws_the_projects_history_of_these_runs(shared_fixtures, shared_store,
                                                                                       tmp_path):
-    from hops_calib.ledger import resolve
+    from hops_calib.loop.ledger import resolve
     from hops_calib.plot.ledger import entries_on
 
     page = tmp_path / "train.html"
@@ -447,7 +447,7 @@ def test_html_report_loads_in_headless_chromium(shared_fixtures, ledger_with_his
 def test_progress_bar_draws_on_a_terminal_and_is_silent_otherwise(shared_fixtures, shared_store, capsys):
     from rich.console import Console
 
-    from hops_calib.evaluate import evaluate
+    from hops_calib.loop.evaluate import evaluate
     from hops_calib.progress import QUIET, progress_bar
 
     with progress_bar("evaluate") as progress:  # pytest captures stdout: not a terminal
@@ -466,7 +466,7 @@ def test_progress_bar_draws_on_a_terminal_and_is_silent_otherwise(shared_fixture
 
 
 def test_evaluate_reports_one_unit_per_prediction(shared_fixtures, shared_store, tmp_path):
-    from hops_calib.evaluate import evaluate
+    from hops_calib.loop.evaluate import evaluate
 
     class Recorder:
         def __init__(self):
@@ -529,7 +529,7 @@ def test_a_polled_count_moves_the_same_bar(capsys):
 def test_later_model_chunks_of_an_interleaved_schedule_are_hatched(train_run, tmp_path):
     import dataclasses
 
-    from hops_calib.predict import predict
+    from hops_calib.model.predict import predict
     from hops_calib.plot.timeline import Panel, timeline_figure
 
     from conftest import plain_model

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from hops_calib.model_files import load_model
-from hops_calib.predict import Prediction, predict
+from hops_calib.loop.model_files import load_model
+from hops_calib.model.predict import Prediction, predict
 from hops_calib.spec import Spec
 
 RUN = "exp2_8_h100_pair_pp2_run63"

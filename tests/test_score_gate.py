@@ -10,9 +10,9 @@ from hypothesis import given
 from scipy.stats import rankdata, spearmanr
 from hypothesis import strategies as st
 
-from hops_calib.gate import Tolerances, gate
+from hops_calib.loop.gate import Tolerances, gate
+from hops_calib.loop.score import aggregate, average_ranks, score_run, spearman_rho
 from hops_calib.metrics import TimelineMetrics
-from hops_calib.score import aggregate, average_ranks, score_run, spearman_rho
 
 
 def metrics(throughput: float, bubble: float, utilization: tuple[float, ...], steady: float | None = None):
@@ -159,7 +159,7 @@ def test_gate_refuses_different_run_sets_and_negative_tolerances():
 
 
 def test_a_suite_change_below_float_rounding_holds():
-    from hops_calib.gate import ROUNDING, _suite_check
+    from hops_calib.loop.gate import ROUNDING, _suite_check
 
     passes, reason = _suite_check("bubble MAE pp", " pp", 2.5126, 2.5126 + ROUNDING / 10, 0.0, higher_is_better=False)
     assert passes and reason.endswith("holds")
@@ -168,7 +168,7 @@ def test_a_suite_change_below_float_rounding_holds():
 
 
 def test_the_mape_bootstrap_resamples_whole_configurations():
-    from hops_calib.score import interval, mape_draws
+    from hops_calib.loop.score import interval, mape_draws
 
     # Two repeats of configuration a (errors 1 %), one run of b (3 %): drawing whole configurations, a resample's
     # MAPE can only be 1 (a, a), 3 (b, b) or 5/3 (a and b); drawing runs one by one would also give e.g. 2.

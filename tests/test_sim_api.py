@@ -142,7 +142,7 @@ def test_a_stall_delays_its_iterations_optimizer_and_everything_after_it(replica
 
 
 def _prediction(pipeline):
-    from hops_calib.predict import Prediction
+    from hops_calib.model.predict import Prediction
 
     result = simulate(pipeline, "1f1b")
     return Prediction(run_id="r", schedule="1f1b", model_sha256="-", pipeline=pipeline, result=result,

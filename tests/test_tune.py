@@ -10,11 +10,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from hops_calib.candidate import read_candidate
 from hops_calib.errors import InputError
-from hops_calib.evaluate import evaluate
+from hops_calib.loop.candidate import read_candidate
+from hops_calib.loop.evaluate import evaluate
 from hops_calib.model.terms import TERMS
-from hops_calib.tune import shares, tune
+from hops_calib.research.tune import shares, tune
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from hops_calib.cli import app
-from hops_calib.evaluate import open_store
-from hops_calib.model_files import load_model
+from hops_calib.loop.model_files import load_model
+from hops_calib.loop.suite import open_store
+from hops_calib.model.predict import predict
 from hops_calib.plot.timeline import figure_size
-from hops_calib.predict import predict
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = "cpu_1f1b_l4_h512_s256_m4_run1"  # train split of the shipped CPU captures
@@ -385,7 +385,7 @@ def test_a_what_if_timeline_draws_the_schedules_that_run_and_names_the_others(tm
 # --- peak activations: one unit, the planner's and the what-if's ------------------------------------------------------
 
 def test_interleaved_peak_activations_count_a_model_chunk_as_a_fraction_of_a_stage_as_the_planner_does(tmp_path):
-    from hops_calib.plan import plan
+    from hops_calib.whatif.plan import plan
 
     job = configuration_only(tmp_path, INTERLEAVED)
     out = predict_job("--job", job, "--schedule", "interleaved_1f1b")
@@ -407,7 +407,7 @@ def test_interleaved_peak_activations_count_a_model_chunk_as_a_fraction_of_a_sta
 
 
 def test_the_walkthroughs_six_stage_interleaved_case_reads_the_same_in_plan_and_predict(shared_runs, tmp_path):
-    from hops_calib.plan import plan
+    from hops_calib.whatif.plan import plan
 
     job = tmp_path / "j"
     shutil.copytree(shared_runs / "exp2_7_batch12_run127", job, ignore=shutil.ignore_patterns("megatron_trace"))

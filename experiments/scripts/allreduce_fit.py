@@ -22,12 +22,12 @@ from collections import defaultdict
 import numpy as np
 from scipy.optimize import least_squares
 
-from hops_calib.evaluate import load_suite, open_store
+from hops_calib.loop.model_files import load_model, write_model
+from hops_calib.loop.suite import load_suite, open_store
 from hops_calib.metrics import timeline_iteration_part_series
 from hops_calib.model.model import resolve_params
+from hops_calib.model.predict import predict
 from hops_calib.model.terms import TERMS
-from hops_calib.model_files import load_model, write_model
-from hops_calib.predict import predict
 
 TERM = "embedding_grad_allreduce"
 

@@ -16,7 +16,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from hops_calib.evaluate import evaluate, open_store, recorded_report, report
+from hops_calib.loop.evaluate import evaluate
+from hops_calib.loop.report import recorded_report, report
+from hops_calib.loop.suite import open_store
 from hops_calib.shared import reference_csv
 
 VARIANTS = ("no_lookahead", "lc_xbar_xopt", "link_calibrated", "trace_replay")
@@ -43,7 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("fixtures")
     parser.add_argument("reference", nargs="?", default=str(reference_csv()))
-    parser.add_argument("--ledger", default=None, help="default: the project's ledger (hops_calib.ledger.resolve)")
+    parser.add_argument("--ledger", default=None, help="default: the project's ledger (hops_calib.loop.ledger.resolve)")
     parser.add_argument("--new-audit", action="store_true",
                         help="run a new audited test report even when the ledger has one for this model")
     args = parser.parse_args()
@@ -52,7 +54,7 @@ def main() -> None:
     train_ids, test_ids = store.ids("train"), store.ids("test")
 
     ours_train = evaluate(args.fixtures).current.suite  # train split only
-    from hops_calib.ledger import resolve
+    from hops_calib.loop.ledger import resolve
 
     ledger = resolve(args.ledger)  # the project's ledger unless named, wherever the script is started
     audited = None if args.new_audit else recorded_report(args.fixtures, split="test", ledger_path=ledger)

@@ -3,7 +3,7 @@
 The product lands one term per candidate (`hops-calib tune` + `evaluate`); when the model sits in a basin of
 compensating errors no single term can leave, this finds the joint optimum the move heads for (candidates
 029-035 took their values from it). Objective: throughput MAPE + W_BUBBLE x bubble MAE + W_RHO x (1 - rho)
-+ W_COMP x mispriced component time (hops_calib.components: the stage, optimizer and between-iteration times
++ W_COMP x mispriced component time (hops_calib.research.components: the stage, optimizer and between-iteration times
 the traces measure), minimized with Powell inside each parameter's plausible range.
 
 Usage: python experiments/scripts/joint_fit.py FIXTURES TERM:PARAM [TERM:PARAM ...] [--model M] [--out M2]
@@ -21,11 +21,11 @@ import argparse
 
 from scipy.optimize import minimize
 
-from hops_calib.components import mispriced_time_pct, predicted_components, real_components
-from hops_calib.evaluate import load_suite, open_store, score_model
+from hops_calib.loop.model_files import load_model, write_model
+from hops_calib.loop.suite import load_suite, open_store, score_model
 from hops_calib.model.model import resolve_params
 from hops_calib.model.terms import TERMS
-from hops_calib.model_files import load_model, write_model
+from hops_calib.research.components import mispriced_time_pct, predicted_components, real_components
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("fixtures")

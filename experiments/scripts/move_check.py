@@ -4,7 +4,7 @@ Superseded by `hops-calib compare BEFORE --model AFTER`, which applies the same 
 the ledger; kept because candidates 029-035 cite it (their text is in the ledger).
 
 A move is a run of one-term candidates that only make sense together (each recorded in the ledger with the relaxed
-tolerances it needed); this applies the product's gate (hops_calib.gate) to the two end models with the
+tolerances it needed); this applies the product's gate (hops_calib.loop.gate) to the two end models with the
 refinement tolerances of experiments/CAMPAIGN.md: the suite must hold or improve, no run's |throughput error| may
 grow by more than 3 pp nor its |bubble error| by more than 2 pp.
 
@@ -15,9 +15,9 @@ Usage: python experiments/scripts/move_check.py MODEL_BEFORE MODEL_AFTER [FIXTUR
 
 import sys
 
-from hops_calib.evaluate import load_suite, score_model
-from hops_calib.gate import Tolerances, gate
-from hops_calib.model_files import load_model
+from hops_calib.loop.gate import Tolerances, gate
+from hops_calib.loop.model_files import load_model
+from hops_calib.loop.suite import load_suite, score_model
 
 before_path, after_path = sys.argv[1], sys.argv[2]
 suite = load_suite(sys.argv[3] if len(sys.argv) > 3 else "fixtures", "train")

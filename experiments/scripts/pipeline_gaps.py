@@ -24,10 +24,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from hops_calib.evaluate import load_suite, open_store
+from hops_calib.loop.model_files import load_model
+from hops_calib.loop.suite import load_suite, open_store
 from hops_calib.metrics import timeline_iteration_part_series
-from hops_calib.model_files import load_model
-from hops_calib.observe import measured_replay_error_pct
+from hops_calib.research.observe import measured_replay_error_pct
 from hops_calib.timeline import COMPUTE
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

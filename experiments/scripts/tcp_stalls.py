@@ -12,9 +12,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from hops_calib.evaluate import open_store
+from hops_calib.loop.score import STALL_EXCESS_MS
+from hops_calib.loop.suite import open_store
 from hops_calib.metrics import timeline_iteration_part_series
-from hops_calib.score import STALL_EXCESS_MS
 
 store = open_store(sys.argv[1] if len(sys.argv) > 1 else "fixtures")
 by_ends: dict[str, list[int]] = defaultdict(lambda: [0, 0])

@@ -6,7 +6,7 @@
 - `model.py`: `Model` (devices + active terms), parsed from and written to TOML text;
 - `models/*.toml`: the shipped model files (`baseline.toml`).
 
-Reading and writing files is done by `hops_calib.model_files`, not here (rule 4).
+Reading and writing files is done by `hops_calib.loop.model_files`, not here (rule 4).
 """
 
 from hops_calib.model.devices import CONSTANTS, DeviceSpec

@@ -2,7 +2,7 @@
 
 `Model.pipeline(spec)` turns what is known before a run into the simulator's
 per-task costs; it reads nothing else. A model is parsed from and written to
-TOML text here (the file I/O lives in `hops_calib.model_files`), and is
+TOML text here (the file I/O lives in `hops_calib.loop.model_files`), and is
 identified by `sha256`, a hash of everything that changes its predictions.
 
 Model file layout:

@@ -1,7 +1,7 @@
 """Plot room: pictures of runs and of the loop (timelines, parity plots, ledger history) and the HTML report.
 
 Figures are built by pure functions over tables and scores (`timeline`,
-`parity`, `ledger`); `commands` loads what they draw and writes the files;
-`html` assembles the self-contained report. matplotlib is imported lazily
+`parity`, `ledger`); `images` loads what the plot verbs draw and writes the
+files (the verbs themselves, which print, are `hops_calib.cli.plot`); `html` assembles the self-contained report. matplotlib is imported lazily
 (`style.pyplot`), so importing this package costs nothing.
 """

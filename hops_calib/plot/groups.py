@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from hops_calib.score import RunScore, SuiteScore, aggregate
+from hops_calib.loop.score import RunScore, SuiteScore, aggregate
 from hops_calib.spec import Spec
 
 # The held-out report shows a group (and the pool of the rest) only when it holds at least this many runs.

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hops_calib.errors import InputError
+from hops_calib.loop.score import SuiteScore
 from hops_calib.plot import style
 from hops_calib.plot.groups import GroupRow, MIN_DISCLOSED_RUNS, RunPoint, disclosable, group_rows
 from hops_calib.plot.parity import BAND
-from hops_calib.score import SuiteScore
 
 REPORT_DPI = 110
 TEST = "test"
@@ -175,8 +175,8 @@ def check_html_path(out: Path) -> None:
 def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None) -> Path:
     """Write the HTML page for `result` (an `evaluate.Report`; a held-out one's audit entry is already in the ledger)."""
     from hops_calib.files import atomic_write
-    from hops_calib.ledger import read_entries
-    from hops_calib.plot.commands import model_label, parity_title, score_split
+    from hops_calib.loop.ledger import read_entries
+    from hops_calib.plot.images import model_label, parity_title, score_split
     from hops_calib.plot.ledger import entries_on, ledger_figure, read_history
     from hops_calib.plot.parity import parity_figure
 
@@ -195,7 +195,7 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
     # e.g. the CPU captures', would draw a false jump on the same line).
     history_path = result.ledger_path
     if history_path is None:
-        from hops_calib.ledger import resolve
+        from hops_calib.loop.ledger import resolve
 
         try:
             history_path = resolve(None)
@@ -203,13 +203,13 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
             history_path = None
     ledger_uri = None
     if history_path is not None and Path(history_path).exists():
-        from hops_calib.evaluate import open_store
+        from hops_calib.loop.suite import open_store
 
         store = open_store(fixtures)
         sizes = {"train": len(store.ids("train")), "test": len(store.ids("test"))}
         attempts, audits = read_history(entries_on(list(read_entries(history_path)), sizes))
         if attempts:
-            from hops_calib.plot.commands import shown_path
+            from hops_calib.plot.images import shown_path
 
             ledger_uri = png_data_uri(ledger_figure(
                 attempts, audits, f"Ledger history on {sizes['train']} train / {sizes['test']} test runs — "
@@ -229,7 +229,7 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
         meta["spread over configurations"] = result.interval_sentence()
     outside = getattr(result, "outside_train", None)
     if outside is not None:
-        from hops_calib.coverage import outside_sentence
+        from hops_calib.model.coverage import outside_sentence
 
         meta["outside the train runs"] = outside_sentence(outside)
     page = render(split=result.split, suite=result.suite, points=scored.points, model_label=model_label(scored.model),

@@ -12,9 +12,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hops_calib.loop.score import SuiteScore
 from hops_calib.plot import style
 from hops_calib.plot.groups import RunPoint, short_run_id
-from hops_calib.score import SuiteScore
 
 SPREAD_COLOUR = "#777777"  # the random-stall spread of a prediction
 BAND = 0.10  # the shaded band: predictions within 10 % of the real value

@@ -16,11 +16,11 @@ from hops_calib.trace.job import (
     read_template,
     run_id_of,
 )
-from hops_calib.trace.link_bench import fit_link, read_link_fits
+from hops_calib.trace.link_bench import LinkFit, fit_link, read_link_fits
 from hops_calib.trace.megatron_args import find_arguments, parse_arguments_block, parse_command_line
 
 __all__ = [
-    "EVENT_DTYPES", "DeviceInfo", "RankLogReport", "TraceError", "find_arguments", "find_job_dirs", "fit_link",
-    "parse_arguments_block", "parse_command_line", "rank_files", "read_device_types", "read_link_fits",
+    "EVENT_DTYPES", "DeviceInfo", "LinkFit", "RankLogReport", "TraceError", "find_arguments", "find_job_dirs",
+    "fit_link", "parse_arguments_block", "parse_command_line", "rank_files", "read_device_types", "read_link_fits",
     "read_manifest", "read_rank_events", "read_stage_map", "read_template", "run_id_of",
 ]

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hops_calib.spec import LinkFit
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.reading import bounded_lines, long_line, open_regular
 
@@ -23,6 +23,76 @@ from hops_calib.trace.reading import bounded_lines, long_line, open_regular
 BYTES_PER_MB = 1 << 20
 SENDER_RANK = 0
 _PAIR_FILE = re.compile(r"pair_(\d+)_(\d+)\.jsonl")
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """Point-to-point link between two stages: time(bytes) = latency + bytes / bandwidth.
+
+    Fitted from the sender's p50 in the link benchmark. Bandwidth in bytes per
+    millisecond keeps the cost formula unit-free: ms = latency_ms + bytes / bytes_per_ms.
+    """
+
+    src_stage: int
+    dst_stage: int
+    latency_ms: float
+    bytes_per_ms: float
+    # Provenance: which benchmark rows made the fit (file name, sizes used).
+    source: str = ""
+    # The benchmark's own medians, (bytes, ms) by increasing size: what `measured_ms` reads.
+    points: tuple[tuple[float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        # JSON round trips give lists; keep the value hashable and equal to what was written.
+        object.__setattr__(self, "points", tuple((float(b), float(ms)) for b, ms in sorted(self.points)))
+
+    @property
+    def bandwidth_gbit_s(self) -> float:
+        return self.bytes_per_ms * 8 * 1e3 / 1e9
+
+    def transfer_ms(self, nbytes: float) -> float:
+        return self.latency_ms + nbytes / self.bytes_per_ms
+
+    def _last_slope_ms_per_byte(self) -> float | None:
+        """The benchmark's cost per byte between its two largest sizes (None with fewer than two points)."""
+        if len(self.points) < 2:
+            return None
+        (b1, t1), (b2, t2) = self.points[-2], self.points[-1]
+        return (t2 - t1) / (b2 - b1)
+
+    def measured_ms(self, nbytes: float) -> float:
+        """The benchmark's median at this message size: piecewise linear between measured sizes.
+
+        Below the smallest size, that point's time scaled by size (no extrapolated latency can go
+        negative); above the largest, the last segment's slope. Without points, the fit.
+        """
+        if not self.points:
+            return self.transfer_ms(nbytes)
+        sizes = [b for b, _ in self.points]
+        times = [ms for _, ms in self.points]
+        if nbytes <= sizes[0]:
+            return times[0] * nbytes / sizes[0]
+        slope = self._last_slope_ms_per_byte()
+        if slope is not None and nbytes >= sizes[-1]:
+            return times[-1] + max(slope, 0.0) * (nbytes - sizes[-1])
+        return float(np.interp(nbytes, sizes, times))
+
+    def burst_ms(self, nbytes: float, burst_bytes: float) -> float:
+        """A message sent now and then rather than back to back: its first `burst_bytes` at the benchmark's
+        smallest message's rate, the rest at its largest messages' rate.
+
+        A shaped network (an instance's bandwidth allowance) lets a short burst through faster than it lets
+        a stream through; the benchmark's back-to-back medians show the stream from the second size on,
+        its smallest message the burst. The rates are the smallest point's ms per byte and the slope of the
+        last two points (never below the burst's cost). Without points, the fit.
+        """
+        if not self.points:
+            return self.transfer_ms(nbytes)
+        (small, small_ms) = self.points[0]
+        burst = small_ms / small
+        stream = max(self._last_slope_ms_per_byte() or burst, burst)
+        fast = min(nbytes, burst_bytes)
+        return fast * burst + (nbytes - fast) * stream
 
 
 def _positive(value: object) -> bool:

@@ -7,7 +7,8 @@ from typing import Mapping
 
 from hops_calib.model import gpt
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
-from hops_calib.spec import LinkFit, Spec
+from hops_calib.spec import Spec
+from hops_calib.trace.link_bench import LinkFit
 
 
 def end_to_end_link(spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.0),

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from hops_calib.coverage import Coverage, Extrapolation, extrapolations
 from hops_calib.errors import InputError
 from hops_calib.model import Model
-from hops_calib.plan import PEAK_KEY, PEAK_UNIT
-from hops_calib.predict import STALL_RANGE_LEVEL, Prediction
+from hops_calib.model.coverage import Coverage, Extrapolation, extrapolations
+from hops_calib.model.predict import STALL_RANGE_LEVEL, Prediction
 from hops_calib.spec import SCHEDULES, Spec
+from hops_calib.whatif.plan import PEAK_KEY, PEAK_UNIT
 
 CHOICES = (*SCHEDULES, "auto")
 
@@ -150,7 +150,7 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
             calibration_name: str = "") -> WhatIf:
     """Predict the run `job_dir` configures under each of `schedules` (default: the configured one); with the
     `calibration` runs' coverage, also say where the configuration lies outside them."""
-    from hops_calib.predict import ScheduleError, predict_schedules
+    from hops_calib.model.predict import ScheduleError, predict_schedules
     from hops_calib.spec import build_spec
     from hops_calib.trace import find_arguments, read_manifest
 

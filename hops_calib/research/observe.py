@@ -67,8 +67,8 @@ import numpy as np
 from hops_calib.errors import InputError
 from hops_calib.metrics import (IterationParts, TimelineMetrics, timeline_iteration_part_series,
                                 timeline_iteration_parts)
+from hops_calib.loop.score import RunScore, SuiteScore, aggregate, score_prediction
 from hops_calib.progress import QUIET, Progress
-from hops_calib.score import RunScore, SuiteScore, aggregate, score_prediction
 from hops_calib.spec import Spec
 from hops_calib.timeline import BACKWARD, BACKWARD_B, COMPUTE, FORWARD
 
@@ -165,7 +165,7 @@ class RunRow:
     real_parts: IterationParts | None
     predicted_parts: IterationParts | None
     stages: tuple[StageRow, ...]
-    prediction: Any = field(repr=False, compare=False)  # hops_calib.predict.Prediction
+    prediction: Any = field(repr=False, compare=False)  # hops_calib.model.predict.Prediction
     measured_replay_error_pct: float | None = None  # throughput error with every measured part from the trace
     # (devices, MiB, gap ms) of every hop whose consumer waited (`hop_gaps`), real and simulated; not in to_dict
     hops: tuple[tuple[str, float, float], ...] = field(default=(), repr=False, compare=False)
@@ -204,7 +204,7 @@ class RunRow:
 
 def observe_run(fixture, model) -> RunRow:
     """Real and predicted parts and stage times of one fixture (its events are read for the real parts)."""
-    from hops_calib.predict import predict
+    from hops_calib.model.predict import predict
 
     spec, truth = fixture.spec, fixture.truth
     try:
@@ -260,7 +260,7 @@ def measured_replay_error_pct(fixture, pipeline, timeline=None, series=None) -> 
     rank steps after its own last backward, as in CPU captures without tied embeddings): the silent stretch is
     then measured from the last rank's backward and can be negative, so it is no barrier's pre-optimizer work.
     """
-    from hops_calib.components import real_components
+    from hops_calib.research.components import real_components
     from hops_calib.sim import simulate
 
     measured = real_components(fixture, timeline, series).values
@@ -642,8 +642,8 @@ def _error_summary(values: list[float | None]) -> dict[str, float] | None:
 def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, split: str = "train",
             progress: Progress = QUIET) -> Observation:
     """Compare every run of the train split with its prediction, and rank where the throughput error comes from."""
-    from hops_calib.evaluate import fixture_set_digest, open_store, refuse_test_split
-    from hops_calib.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.suite import fixture_set_digest, open_store, refuse_test_split
 
     refuse_test_split(split, "observe")
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
@@ -766,12 +766,3 @@ def observation_text(observation: Observation, top: int = 12) -> str:
          + [residual(r, p) for p in PART_QUANTITIES] for r in worst],
         right=set(range(1, 11))))
     return "\n".join(out)
-
-
-def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json: bool, top: int) -> int:
-    """The `observe` verb: text (or JSON) on stdout, a progress bar on a terminal's stderr."""
-    from hops_calib.loop import run_and_print
-
-    return run_and_print("observe", as_json,
-                         lambda bar: observe(fixtures, model_path=model_path, split=split, progress=bar),
-                         lambda observation: observation_text(observation, top=top))

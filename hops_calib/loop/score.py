@@ -167,7 +167,7 @@ def run_fingerprint(run: RunScore) -> str:
 
 
 def score_prediction(run_id: str, real: TimelineMetrics, prediction, series=None) -> RunScore:
-    """`score_run` of a `hops_calib.predict.Prediction`, with its random-stall spread, and with `series` (the
+    """`score_run` of a `hops_calib.model.predict.Prediction`, with its random-stall spread, and with `series` (the
     real run's `timeline_iteration_part_series`) its stall-free error too."""
     score = score_run(run_id, real, prediction.metrics, stall_noise_ape_pct=prediction.stall_noise_ape_pct)
     if series is None:

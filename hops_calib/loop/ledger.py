@@ -43,7 +43,7 @@ from hops_calib.errors import InputError
 
 GENESIS = "0" * 64
 LEDGER_IN_CHECKOUT = Path("ledger") / "ledger.jsonl"
-PACKAGE_CHECKOUT = Path(__file__).resolve().parent.parent  # the checkout this package runs from (if it is one)
+PACKAGE_CHECKOUT = Path(__file__).resolve().parents[2]  # the checkout this package runs from (if it is one)
 LOCK_TIMEOUT_S = 120.0
 
 
@@ -99,7 +99,7 @@ def entry_hash(entry: dict[str, Any]) -> str:
 
 def code_revision() -> str:
     """`git rev-parse HEAD` of the checkout this package runs from (+ '-dirty' with local changes), else 'unknown'."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the package folder
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
@@ -307,13 +307,13 @@ def check_appendable(path: Path | str) -> None:
 def warn_if_broken(path: Path | str) -> Verification:
     """A reader's check: when the ledger fails `verify`, say so on stderr (what it shows may not be the recorded
     history); returns the verification."""
-    import sys
+    from hops_calib.progress import warn
 
     result = verify(path)
     if not result.ok and Path(path).exists():
-        print(f"warning: {path}: the ledger fails verification ({len(result.problems)} problem(s), first: "
-              f"{result.problems[0]}); what is read from it may not be the recorded history (`hops-calib ledger "
-              f"verify --ledger {path}` lists the problems)", file=sys.stderr)
+        warn(f"warning: {path}: the ledger fails verification ({len(result.problems)} problem(s), first: "
+             f"{result.problems[0]}); what is read from it may not be the recorded history (`hops-calib ledger "
+             f"verify --ledger {path}` lists the problems)")
     return result
 
 

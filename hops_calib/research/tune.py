@@ -22,7 +22,7 @@ physically plausible, and the candidate must still pass `hops-calib evaluate`.
 Objective `components` (`--objective components`) instead minimizes one number,
 the share of measured time the model misprices among the quantities each trace
 measures directly (per-stage forward, backward and optimizer medians, the silent stretch
-and the rest of the iteration; `hops_calib.components`) against the costs the
+and the rest of the iteration; `hops_calib.research.components`) against the costs the
 model prices for them. A term is then fitted to the times it is about, not used
 to soak up another term's error in the end-to-end throughput; the front is the
 ten best trials by that error, the suite scores are still recorded, and the
@@ -47,10 +47,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hops_calib.errors import InputError
-from hops_calib.evaluate import PLACEHOLDER, Suite, load_suite, score_model
+from hops_calib.loop.evaluate import PLACEHOLDER
+from hops_calib.loop.model_files import DEFAULT_MODEL
+from hops_calib.loop.score import SuiteScore
+from hops_calib.loop.suite import Suite, load_suite, score_model
 from hops_calib.model import TERMS, Model, resolve_params, unknown_device_overrides
-from hops_calib.model_files import DEFAULT_MODEL
-from hops_calib.score import SuiteScore
+from hops_calib.progress import warn
 
 OBJECTIVES = ("throughput_mape_pct", "bubble_mae_pp", "negative_util_spearman_mean")
 COMPONENT_OBJECTIVES = ("component_mape_pct",)
@@ -74,7 +76,7 @@ class TuneProblem:
     model_path: Path
     suite: Suite
     objective: str = "suite"
-    real_components: tuple = ()  # hops_calib.components.Components per fixture, in components mode
+    real_components: tuple = ()  # hops_calib.research.components.Components per fixture, in components mode
     only: tuple[str, ...] = ()  # search only these parameters (the others keep the model's values); () = all
 
     @property
@@ -82,7 +84,7 @@ class TuneProblem:
         return COMPONENT_OBJECTIVES if self.objective == "components" else OBJECTIVES
 
     def component_mape(self, model: Model) -> float:
-        from hops_calib.components import mispriced_time_pct, predicted_components
+        from hops_calib.research.components import mispriced_time_pct, predicted_components
 
         specs = self.suite.specs
         predicted = [predicted_components(model.pipeline(spec)) for spec in specs]
@@ -130,7 +132,7 @@ def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
 
 def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | None,
                  objective: str = "suite", only: tuple[str, ...] = (), command: str = "tune") -> TuneProblem:
-    from hops_calib.model_files import load_model
+    from hops_calib.loop.model_files import load_model
 
     if term not in TERMS:
         raise InputError(command, f"unknown term {term!r}", field="TERM",
@@ -157,8 +159,8 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
     suite = load_suite(fixtures_dir, "train")
     reals: tuple = ()
     if objective == "components":
-        from hops_calib.components import real_components
-        from hops_calib.evaluate import open_store
+        from hops_calib.loop.suite import open_store
+        from hops_calib.research.components import real_components
 
         store = open_store(fixtures_dir)
         reals = tuple(real_components(store.load(fixture_id)) for fixture_id in suite.ids)
@@ -270,7 +272,7 @@ def run_worker(term: str, fixtures_dir: str, model_path: str | None, storage_url
         study = open_study(problem, make_storage(storage_url), study_name, seed)
         study.optimize(objective(problem), n_trials=trials)
     except InputError as error:
-        print(f"error: tune worker (seed {seed}): {error}", file=sys.stderr)
+        warn(f"error: tune worker (seed {seed}): {error}")
         sys.exit(2)
 
 
@@ -360,7 +362,7 @@ def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[Front
     gate's criteria (`beats`). Returns it and the gate's verdict on it; when none does, None and the verdict on
     the first point that changes the model (None when every point of the front is the current model).
     """
-    from hops_calib.gate import gate
+    from hops_calib.loop.gate import gate
 
     changes = [p for p in front if problem.model_with(p.params).sha256 != problem.model.sha256]
     verdicts = []
@@ -407,7 +409,7 @@ class TuneResult:
     current: SuiteScore
     front: tuple[FrontPoint, ...]
     chosen: FrontPoint | None  # None when no point of the front beats the current model (`beats`)
-    # hops_calib.gate.GateResult of the chosen point against the current model; without a chosen point, of the
+    # hops_calib.loop.gate.GateResult of the chosen point against the current model; without a chosen point, of the
     # lowest-MAPE point that changes the model (None when none does)
     verdict: Any
     candidate_path: Path | None
@@ -561,16 +563,3 @@ def tune_text(result: TuneResult) -> str:
     out.append(f"wrote {result.candidate_path}: replace its {PLACEHOLDER} hypothesis and grounding, then run")
     out.append(f"  {evaluate_command(result.candidate_path, result.fixtures_dir, result.model_path)}")
     return "\n".join(out)
-
-
-def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
-                 study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
-                 objective: str = "suite", only: tuple[str, ...] = ()) -> int:
-    from hops_calib.loop import run_and_print
-
-    return run_and_print(f"tune {term}", as_json,
-                         lambda bar: tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
-                                          study_name=study, workers=workers, seed=seed, out=out,
-                                          progress=bar.update, objective=objective, only=only),
-                         tune_text)
-

@@ -21,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
-from hops_calib.score import RunScore, SuiteScore, interval, mape_draws, run_fingerprint
+from hops_calib.loop.score import RunScore, SuiteScore, interval, mape_draws, run_fingerprint
 from hops_calib.store.split import group_of
 
 

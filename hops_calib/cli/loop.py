@@ -1,104 +1,22 @@
-"""The loop's commands: predict, evaluate, report and ledger, printed as text or JSON, with exit codes.
-
-Exit codes: 0 success (a candidate accepted), 1 a candidate rejected (or a
-ledger that fails verification), 2 invalid input (bad candidate, more than one
-term, protected split, missing store, broken model file or fixture, broken
-ledger, bad option value), 3 an internal error (a bug: a short message on stderr
-and a request to report it; HOPS_CALIB_TRACEBACK=1 prints the traceback). Bad
-input is reported on stderr in one message that names the file, line and field;
-with --json, stdout also gets one object {"error": {...}} (`error_record`).
-"""
+"""The loop's verbs: predict, evaluate, compare, report, ledger and terms, printed as text or JSON, with the exit
+codes of `hops_calib.cli.output`."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
-import traceback
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
+from hops_calib.cli.output import EXIT_OK, EXIT_REJECTED, guarded, print_json
 from hops_calib.errors import InputError
-
-EXIT_OK, EXIT_REJECTED, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
-TRACEBACK_ENV = "HOPS_CALIB_TRACEBACK"
-BUG_HINT = ("this is a bug in hops-calib, not in your input: please report it with the command line and this "
-            f"message ({TRACEBACK_ENV}=1 prints the traceback)")
-
-
-def _print_json(data: Any) -> None:
-    from hops_calib.store.fixture_store import json_safe
-
-    print(json.dumps(json_safe(data), indent=1, allow_nan=False))
-
-
-def error_record(error: BaseException, exit_code: int) -> dict[str, Any]:
-    """What `--json` prints on stdout for an error: {"error": {"message", "file", "line", "field", "problem", "hint",
-    "exit_code", "kind"}} (kind: "input" for bad input, "internal" for a bug); the fields an InputError carries,
-    None where the error has none."""
-    internal = exit_code == EXIT_INTERNAL
-    message = f"internal error: {type(error).__name__}: {error}" if internal else str(error)
-    return {"error": {"message": message, "file": getattr(error, "origin", None), "line": getattr(error, "line", None),
-                      "field": getattr(error, "field", None), "problem": getattr(error, "problem", str(error)),
-                      "hint": BUG_HINT if internal else (getattr(error, "hint", "") or None),
-                      "exit_code": exit_code, "kind": "internal" if internal else "input"}}
-
-
-def internal_error(error: BaseException) -> int:
-    """Report an unexpected error (a bug) in short on stderr, with the traceback only under HOPS_CALIB_TRACEBACK=1;
-    returns EXIT_INTERNAL."""
-    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
-        traceback.print_exception(error)
-    print(f"internal error: {type(error).__name__}: {error}\n{BUG_HINT}", file=sys.stderr)
-    return EXIT_INTERNAL
-
-
-def _guarded(action: Callable[[], int], as_json: bool = False) -> int:
-    """Run a command: bad input becomes one clear stderr line and exit code 2, anything else (a bug) a short
-    message asking for a report and exit code 3, never a traceback that exits 1 (which reads as "rejected").
-    With `as_json`, the error is also one JSON object on stdout (`error_record`)."""
-    try:
-        return action()
-    except BrokenPipeError:
-        raise  # the reader of stdout went away (`| head`): not an error of the verb (cli.main ends quietly)
-    except Exception as error:  # noqa: BLE001 - every error leaves with a documented exit code
-        # A StoreError (unknown fixture id, ...) can only come from a verb that imported the store; importing it
-        # here would cost the ledger verbs a pandas import.
-        store = sys.modules.get("hops_calib.store.fixture_store")
-        bad_input = isinstance(error, InputError) or (store is not None and isinstance(error, store.StoreError))
-        code = EXIT_INVALID if bad_input else EXIT_INTERNAL
-        if bad_input:
-            print(f"error: {error}", file=sys.stderr)
-        else:
-            internal_error(error)
-        if as_json:
-            print(json.dumps(error_record(error, code), indent=1, default=str))
-        return code
 
 
 def _ledger(path: Path | None) -> Path:
-    """The ledger a verb uses: the one named, or the project's (which must exist; `hops_calib.ledger.resolve`)."""
-    from hops_calib.ledger import resolve
+    """The ledger a verb uses: the one named, or the project's (which must exist; `hops_calib.loop.ledger.resolve`)."""
+    from hops_calib.loop.ledger import resolve
 
     return resolve(path)
-
-
-def run_and_print(label: str, as_json: bool, compute: Callable[[Any], Any], text: Callable[[Any], str]) -> int:
-    """A verb that computes one result and prints it: `compute(bar)` under a progress bar on a terminal's stderr,
-    then the result's JSON (`to_dict`) or `text(result)` on stdout; input errors as `_guarded` reports them."""
-    from hops_calib.progress import progress_bar
-
-    def run() -> int:
-        with progress_bar(label, quiet=as_json) as bar:
-            result = compute(bar)
-        if as_json:
-            _print_json(result.to_dict())
-        else:
-            print(text(result))
-        return EXIT_OK
-
-    return _guarded(run, as_json)
 
 
 def _pct(value: float) -> str:
@@ -134,10 +52,10 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
 
 
 def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool) -> int:
-    from hops_calib.evaluate import TEST, open_store
-    from hops_calib.model_files import load_model
-    from hops_calib.predict import predict
-    from hops_calib.score import score_prediction
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.loop.score import score_prediction
+    from hops_calib.loop.suite import TEST, open_store
+    from hops_calib.model.predict import predict
 
     store = open_store(fixtures)
     fixture = store.load(fixture_id)
@@ -149,7 +67,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     score = score_prediction(fixture.id, fixture.truth.metrics, prediction)
     stages = _stage_rows(fixture, prediction)
     if as_json:
-        _print_json({"id": fixture.id, "run_id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
+        print_json({"id": fixture.id, "run_id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
                      "model": model.name, "model_sha256": model.sha256, "errors": score.to_dict(),
                      "real": fixture.truth.metrics.to_dict(), "predicted": prediction.metrics.to_dict(),
                      "stall_throughput_range": prediction.stall_throughput_range()._asdict(),
@@ -203,21 +121,6 @@ def _print_suite(label: str, suite) -> None:
           f"{suite.throughput_mape_pct - suite.stall_noise_mape_pct:+.2f} pp from it)")
 
 
-def _calibration_coverage(fixtures: Path, defaulted: bool = False):
-    """The train split of the fixture store as a what-if's calibration runs, and how to name them (its absolute
-    path, and that it is the default store when --fixtures was not given); (None, why) when there is no store."""
-    from hops_calib.coverage import coverage
-    from hops_calib.evaluate import load_suite
-
-    default = "; --fixtures not given: the default, ./fixtures in the current directory" if defaulted else ""
-    try:
-        suite = load_suite(fixtures, "train")
-    except InputError as error:
-        return None, (f"{error} (store {fixtures.resolve()}{default}; pass --fixtures with the store the model was "
-                      "calibrated on)")
-    return coverage(suite.specs), f"train split of {fixtures.resolve()}, {len(suite.ids)} runs{default}"
-
-
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
                     as_json: bool, job: Path | None = None, schedules: Sequence[str] = (),
                     fixtures_defaulted: bool = False) -> int:
@@ -229,32 +132,25 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
             raise InputError("predict", "--schedule applies to --job (a fixture is predicted as it ran)",
                              field="--schedule")
         if job is not None:
-            from hops_calib.model_files import load_model
-            from hops_calib.whatif import what_if, what_if_text
+            from hops_calib.cli.whatif import predict_job
 
-            result = what_if(job, load_model(model_path), schedules,
-                             *_calibration_coverage(fixtures, fixtures_defaulted))
-            if as_json:
-                _print_json(result.to_dict())
-            else:
-                print(what_if_text(result))
-            return EXIT_OK
+            return predict_job(job, model_path, schedules, fixtures, fixtures_defaulted, as_json)
         if fixture_id is not None:
             return _predict_one(fixture_id, fixtures, model_path, as_json)
-        from hops_calib.evaluate import evaluate
+        from hops_calib.loop.evaluate import evaluate
         from hops_calib.progress import progress_bar
 
         with progress_bar("predict", quiet=as_json) as progress:
             result = evaluate(fixtures, model_path=model_path, progress=progress)
         if as_json:
-            _print_json(result.to_dict())
+            print_json(result.to_dict())
         else:
             _print_runs(result.before.runs)
             _print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the train split",
                          result.before.suite)
         return EXIT_OK
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)
 
 
 # --- evaluate ------------------------------------------------------------------------------------
@@ -263,7 +159,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
                      ledger_path: Path | None, split: str, tolerances: dict[str, float | str | None],
                      plan: int | None = None) -> int:
     def run() -> int:
-        from hops_calib.evaluate import evaluate
+        from hops_calib.loop.evaluate import evaluate
         from hops_calib.progress import progress_bar
 
         limits = _limits(tolerances, "evaluate", ledger_path, plan)
@@ -273,7 +169,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
         for warning in result.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         if as_json:
-            _print_json(result.to_dict())
+            print_json(result.to_dict())
             return result.exit_code
         if result.verdict is None:
             _print_runs(result.before.runs)
@@ -284,7 +180,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
         _print_candidate(result)
         return result.exit_code
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)
 
 
 def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: Path | None, plan: int | None):
@@ -295,13 +191,13 @@ def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: P
     if given:
         raise InputError(verb, f"--plan {plan} fixes the tolerances; {', '.join(given)} given as well", field="plan",
                          hint="drop the tolerance options: the plan's are the ones stated beforehand")
-    from hops_calib.evaluate import plan_tolerances
+    from hops_calib.loop.plans import plan_tolerances
 
     return plan_tolerances(ledger_path, plan)
 
 
 def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
-    from hops_calib.gate import Tolerances
+    from hops_calib.loop.gate import Tolerances
 
     try:
         return Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
@@ -311,7 +207,7 @@ def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
         option = next((flag for name, flag, *_ in TOLERANCE_OPTIONS if f" {name} " in f" {error} "), "tolerance")
         raise InputError(verb, str(error), field=option,
                          hint="window or stall-free" if option == "--run-error" else
-                         "give a finite number >= 0 (the gate's defaults: hops_calib.gate.Tolerances)") from None
+                         "give a finite number >= 0 (the gate's defaults: hops_calib.loop.gate.Tolerances)") from None
 
 
 def _print_candidate(result) -> None:
@@ -352,7 +248,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
                     as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
                     plan: int | None = None) -> int:
     def run() -> int:
-        from hops_calib.evaluate import compare
+        from hops_calib.loop.compare import compare
         from hops_calib.progress import progress_bar
 
         limits = _limits(tolerances, "compare", ledger_path, plan)
@@ -360,7 +256,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
             result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
                              note=note, commit_into=commit_into, plan=plan, progress=progress)
         if as_json:
-            _print_json(result.to_dict())
+            print_json(result.to_dict())
             return result.exit_code
         print(f"compare {result.before_path} ({result.before_model.sha256[:12]}) -> {result.after_path} "
               f"({result.after_model.sha256[:12]}) on {result.before.suite.n_fixtures} train fixtures "
@@ -372,7 +268,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         print(f"ledger: entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
         return result.exit_code
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -381,7 +277,8 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
                    html: Path | None = None, again: bool = False, preview: bool = False,
                    against: Path | None = None) -> int:
     def run() -> int:
-        from hops_calib.evaluate import TEST, TRAIN, preview_look, report
+        from hops_calib.loop.report import preview_look, report
+        from hops_calib.loop.suite import TEST, TRAIN
         from hops_calib.progress import progress_bar
 
         nonlocal split
@@ -399,7 +296,7 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
             seen = preview_look(fixtures, split=split, model_path=model_path, ledger_path=ledger_path,
                                 against=against)
             if as_json:
-                _print_json(seen)
+                print_json(seen)
                 return EXIT_OK
             if seen["against"] is not None:
                 print(f"the model {seen['model_sha256'][:12]} predicts {seen['against']['changed']} of {seen['of']} "
@@ -431,7 +328,7 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
 
             write_report(html, result, fixtures, model_path)
         if as_json:
-            _print_json(result.to_dict())
+            print_json(result.to_dict())
         else:
             what = "held-out report" if result.split == TEST else "report (not held out)"
             _print_suite(f"{what}, {result.split} split, model {result.model_sha256[:12]}", result.suite)
@@ -443,7 +340,7 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
             if result.intervals is not None:
                 print(result.interval_sentence())
             if result.outside_train is not None:
-                from hops_calib.coverage import outside_sentence
+                from hops_calib.model.coverage import outside_sentence
 
                 print(f"of the {result.split} split, {outside_sentence(result.outside_train)}: there the model "
                       "extrapolates (predict --job DIR --fixtures names the features of one configuration)")
@@ -461,7 +358,7 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
                 print(f"wrote {html}")
         return EXIT_OK
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)
 
 
 # --- ledger --------------------------------------------------------------------------------------
@@ -470,14 +367,14 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.ledger import read_entries, warn_if_broken
+        from hops_calib.loop.ledger import read_entries, warn_if_broken
 
         warn_if_broken(ledger_path)
         entries = list(read_entries(ledger_path))
         if last is not None:
             entries = entries[-last:] if last > 0 else []
         if as_json:
-            _print_json(entries)
+            print_json(entries)
             return EXIT_OK
         if not entries:
             print(f"{ledger_path}: no entries")
@@ -507,7 +404,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', e.get('kind', '')):9} {what}")
         return EXIT_OK
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)
 
 
 def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[str, float | str | None], as_json: bool,
@@ -515,12 +412,12 @@ def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[st
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.evaluate import record_plan
+        from hops_calib.loop.plans import record_plan
 
         limits = _tolerance_limits(tolerances, "ledger plan")
         entry = record_plan(ledger_path, note, limits, candidates)
         if as_json:
-            _print_json(entry)
+            print_json(entry)
         else:
             print(f"plan entry {entry['seq']} appended to {ledger_path}: {note}")
             print(f"tolerances stated: {limits.describe()}")
@@ -530,14 +427,14 @@ def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[st
                   f"hops-calib compare BEFORE --model AFTER --plan {entry['seq']}")
         return EXIT_OK
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)
 
 
 def ledger_looks_command(ledger_path: Path | None, split: str, as_json: bool) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.ledger import held_out_looks, read_entries, warn_if_broken
+        from hops_calib.loop.ledger import held_out_looks, read_entries, warn_if_broken
         from hops_calib.store.views import text_table
 
         warn_if_broken(ledger_path)
@@ -545,7 +442,7 @@ def ledger_looks_command(ledger_path: Path | None, split: str, as_json: bool) ->
         models = {look.model_sha256 for look in looks}
         repeats = sum(look.repeat_of is not None for look in looks)
         if as_json:
-            _print_json({"ledger": str(ledger_path), "split": split, "looks": [look.to_dict() for look in looks],
+            print_json({"ledger": str(ledger_path), "split": split, "looks": [look.to_dict() for look in looks],
                          "distinct_models": len(models), "repeated_looks": repeats})
             return EXIT_OK
         print(f"{ledger_path}: {len(looks)} look(s) at the {split} split, at {len(models)} distinct model(s); "
@@ -564,18 +461,18 @@ def ledger_looks_command(ledger_path: Path | None, split: str, as_json: bool) ->
                              right={0, 3, 4, 5, 6, 7, 8}))
         return EXIT_OK
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)
 
 
 def ledger_verify_command(ledger_path: Path | None, as_json: bool) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.ledger import verify
+        from hops_calib.loop.ledger import verify
 
         result = verify(ledger_path)
         if as_json:
-            _print_json(result.to_dict())
+            print_json(result.to_dict())
         elif result.ok:
             print(f"{ledger_path}: {result.entries} entries, chain intact; head sha256 {result.head_sha256}; "
                   f"{result.committed_prefix_note}")
@@ -587,35 +484,35 @@ def ledger_verify_command(ledger_path: Path | None, as_json: bool) -> int:
                   + (f"; {result.committed_prefix_note}" if result.committed_prefix_note else ""), file=sys.stderr)
         return EXIT_OK if result.ok else EXIT_REJECTED
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)
 
 
 def ledger_export_command(ledger_path: Path | None, out: Path) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.ledger import export_parquet, warn_if_broken
+        from hops_calib.loop.ledger import export_parquet, warn_if_broken
 
         warn_if_broken(ledger_path)
         rows = export_parquet(ledger_path, out)
         print(f"wrote {rows} entries to {out}")
         return EXIT_OK
 
-    return _guarded(run)
+    return guarded(run)
 
 
 def ledger_repair_command(ledger_path: Path | None) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.ledger import repair
+        from hops_calib.loop.ledger import repair
 
         aside = repair(ledger_path)
         print(f"{ledger_path}: incomplete last line moved to {aside}" if aside else
               f"{ledger_path}: nothing to repair (last line complete)")
         return EXIT_OK
 
-    return _guarded(run)
+    return guarded(run)
 
 
 # --- terms ---------------------------------------------------------------------------------------
@@ -623,8 +520,8 @@ def ledger_repair_command(ledger_path: Path | None) -> int:
 def terms_command(model_path: Path | None, as_json: bool) -> int:
     """Every cost term the package implements, whether the model activates it, and its parameters."""
     def run() -> int:
+        from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
         from hops_calib.model import CONSTANTS, TERMS
-        from hops_calib.model_files import DEFAULT_MODEL, load_model
 
         model = load_model(model_path)
         rows = []
@@ -641,7 +538,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
         devices = [{"type": d.type, "name": d.name,
                     **{c: {"value": getattr(d, c), "source": d.source(c)} for c in CONSTANTS}} for d in model.devices]
         if as_json:
-            _print_json({"model": str(model_path or DEFAULT_MODEL), "model_sha256": model.sha256, "terms": rows,
+            print_json({"model": str(model_path or DEFAULT_MODEL), "model_sha256": model.sha256, "terms": rows,
                          "devices": devices})
             return EXIT_OK
         print(f"model {model.name} ({model_path or DEFAULT_MODEL}), sha256 {model.sha256[:12]}")
@@ -662,4 +559,4 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
                 f"{c} {getattr(device, c):.4g}" for c in CONSTANTS))
         return EXIT_OK
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)

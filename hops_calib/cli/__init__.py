@@ -1,4 +1,7 @@
-"""The typer app: one thin function per verb, no logic of its own."""
+"""The command layer: the typer app and `main` (the entry point), one thin function per verb that parses its
+options and calls its group's module, the only layer that prints: `data` (ingest, fixtures), `loop` (predict,
+evaluate, compare, report, ledger, terms), `research` (observe, tune, crossval), `whatif` (plan, predict --job),
+`plot`, `capture`; `output` holds what they share (JSON, error objects, exit codes)."""
 
 from __future__ import annotations
 
@@ -53,23 +56,12 @@ def capture(
     force: bool = typer.Option(False, "--force", help="Replace --out if it is an earlier capture (nothing else)."),
 ) -> None:
     """Record a real pipeline run on this machine's CPU cores into a cluster-style job directory (needs the capture extra)."""
-    from hops_calib.capture import CaptureConfig, CaptureConfigError, CaptureError
-    from hops_calib.capture import capture as run_capture
+    from hops_calib.cli.capture import capture_command
 
-    config = CaptureConfig(pp=pp, vp=vp, microbatches=microbatches, iterations=iterations, layers=layers,
-                           hidden=hidden, seq=seq, heads=heads, ffn_hidden=ffn_hidden, vocab=vocab, engine=engine,
-                           schedule=schedule, seed=seed, link_bench=link_bench,
-                           link_bench_iters=link_bench_iters)
-    try:
-        written = run_capture(config, out, force=force)
-    except (CaptureConfigError, CaptureError) as err:
-        typer.echo(f"capture: {err}", err=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        typer.echo(f"capture: interrupted; nothing was written at {out} (the ranks and their staging folder are "
-                   "gone), run the same command again to capture", err=True)
-        raise typer.Exit(130) from None
-    typer.echo(str(written))
+    raise typer.Exit(capture_command(out, force, pp=pp, vp=vp, microbatches=microbatches, iterations=iterations,
+                                     layers=layers, hidden=hidden, seq=seq, heads=heads, ffn_hidden=ffn_hidden,
+                                     vocab=vocab, engine=engine, schedule=schedule, seed=seed, link_bench=link_bench,
+                                     link_bench_iters=link_bench_iters))
 
 
 @app.command()
@@ -88,7 +80,7 @@ def ingest(
              "offsets, before the run is refused as impossible (default: 2)."),
 ) -> None:
     """Ingest Megatron job directories into the Parquet fixture store."""
-    from hops_calib.store.commands import ingest_command
+    from hops_calib.cli.data import ingest_command
 
     raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms))
 
@@ -99,7 +91,7 @@ def fixtures_list(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON array."),
 ) -> None:
     """One line per fixture: split, observed and declared schedule, devices, throughput, bubble (test: withheld)."""
-    from hops_calib.store.commands import list_command
+    from hops_calib.cli.data import list_command
 
     raise typer.Exit(list_command(fixtures, as_json))
 
@@ -111,7 +103,7 @@ def fixtures_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """A readable summary of one fixture: configuration, devices, per-stage medians, metrics, quality flags."""
-    from hops_calib.store.commands import show_command
+    from hops_calib.cli.data import show_command
 
     raise typer.Exit(show_command(fixture_id, fixtures, as_json))
 
@@ -133,17 +125,13 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print {chosen, candidates, ...} as JSON."),
 ) -> None:
     """Choose the pipeline schedule with the lowest bubble that fits a per-device activation budget."""
-    from hops_calib.plan import plan_report
+    from hops_calib.cli.whatif import plan_command
 
-    try:
-        report = plan_report(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost,
-                             chunks, target_bubble, as_json)
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from error
-    typer.echo(report)
+    plan_command(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
+                 target_bubble, as_json)
 
 
-# --- the loop: predict, evaluate, report, ledger (hops_calib.loop) --------------------------------
+# --- the loop: predict, evaluate, report, ledger (hops_calib.cli.loop) --------------------------------
 
 MODEL_OPTION = typer.Option(None, "--model",
                             help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
@@ -210,7 +198,7 @@ def predict(
 ) -> None:
     """Predicted vs real throughput, bubble, per-stage utilization and phase times of a fixture, from the spec
     alone; or, with --job, of a configuration that has not run (what-if, several schedules side by side)."""
-    from hops_calib.loop import predict_command
+    from hops_calib.cli.loop import predict_command
 
     raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json, job, schedules or (),
                                      fixtures_defaulted=fixtures == DEFAULT_FIXTURES))
@@ -231,9 +219,9 @@ def evaluate(
 ) -> None:
     """Score the model on the train split; with a candidate, gate it and record the answer.
 
-    Exit 0 accepted (or no candidate), 1 rejected, 2 invalid input. Tolerances default to hops_calib.gate.Tolerances.
+    Exit 0 accepted (or no candidate), 1 rejected, 2 invalid input. Tolerances default to hops_calib.loop.gate.Tolerances.
     """
-    from hops_calib.loop import evaluate_command
+    from hops_calib.cli.loop import evaluate_command
 
     raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances, plan))
 
@@ -259,7 +247,7 @@ def compare(
     needed; this judges the end against the start under the usual ones, and with --commit keeps the end or undoes
     the move. Exit 0 accepted, 1 rejected, 2 invalid.
     """
-    from hops_calib.loop import compare_command
+    from hops_calib.cli.loop import compare_command
 
     raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, tolerances, commit_into, plan))
 
@@ -295,7 +283,7 @@ def report(
     unless --again. Otherwise it says on how many configurations the
     predictions changed since the last look.
     """
-    from hops_calib.loop import report_command
+    from hops_calib.cli.loop import report_command
 
     raise typer.Exit(report_command(split, fixtures, model, ledger, as_json, html, again, preview, against))
 
@@ -306,7 +294,7 @@ def terms(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (with every device constant's source)."),
 ) -> None:
     """The cost terms a candidate can add, remove or set: which are active, their parameters and bounds; devices."""
-    from hops_calib.loop import terms_command
+    from hops_calib.cli.loop import terms_command
 
     raise typer.Exit(terms_command(model, as_json))
 
@@ -318,7 +306,7 @@ def ledger_show(
     as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
 ) -> None:
     """One line per entry: time, decision, candidate and change, MAPE before -> after."""
-    from hops_calib.loop import ledger_show_command
+    from hops_calib.cli.loop import ledger_show_command
 
     raise typer.Exit(ledger_show_command(ledger, last, as_json))
 
@@ -335,7 +323,7 @@ def ledger_plan(
     tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
 ) -> None:
     """Record, before any of its evaluations, what will be tried and the tolerances it will be judged under."""
-    from hops_calib.loop import ledger_plan_command
+    from hops_calib.cli.loop import ledger_plan_command
 
     raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ())))
 
@@ -347,7 +335,7 @@ def ledger_looks(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Every look at the held-out split: its model, result, the work since the look before, repeats."""
-    from hops_calib.loop import ledger_looks_command
+    from hops_calib.cli.loop import ledger_looks_command
 
     raise typer.Exit(ledger_looks_command(ledger, split, as_json))
 
@@ -358,7 +346,7 @@ def ledger_verify(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Check every line and the hash chain; name each damaged, edited or truncated line. Exit 1 on any problem."""
-    from hops_calib.loop import ledger_verify_command
+    from hops_calib.cli.loop import ledger_verify_command
 
     raise typer.Exit(ledger_verify_command(ledger, as_json))
 
@@ -369,7 +357,7 @@ def ledger_export(
     ledger: Path = LEDGER_OPTION,
 ) -> None:
     """Write the ledger as a Parquet table, one row per entry."""
-    from hops_calib.loop import ledger_export_command
+    from hops_calib.cli.loop import ledger_export_command
 
     raise typer.Exit(ledger_export_command(ledger, out))
 
@@ -377,12 +365,12 @@ def ledger_export(
 @ledger_app.command("repair")
 def ledger_repair(ledger: Path = LEDGER_OPTION) -> None:
     """Set aside an incomplete last line left by an interrupted append (complete entries are never touched)."""
-    from hops_calib.loop import ledger_repair_command
+    from hops_calib.cli.loop import ledger_repair_command
 
     raise typer.Exit(ledger_repair_command(ledger))
 
 
-# --- pictures (hops_calib.plot) ---------------------------------------------------------------------
+# --- pictures (hops_calib.cli.plot, drawn by hops_calib.plot) --------------------------------------------
 
 plot_app = typer.Typer(help="Pictures: timelines (real vs predicted), parity plots, ledger history. PNG or SVG by "
                             "the --out suffix.", no_args_is_help=True)
@@ -408,7 +396,7 @@ def plot_timeline(
 ) -> None:
     """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time; with
     --job, a configuration's predictions under each schedule."""
-    from hops_calib.plot.commands import timeline_command
+    from hops_calib.cli.plot import timeline_command
 
     raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi, job, tuple(schedules or ())))
 
@@ -424,7 +412,7 @@ def plot_parity(
     dpi: float = DPI_OPTION,
 ) -> None:
     """Predicted vs real throughput and bubble, one point per run, coloured by device mix."""
-    from hops_calib.plot.commands import parity_command
+    from hops_calib.cli.plot import parity_command
 
     raise typer.Exit(parity_command(split, fixtures, model, out, label_worst, dpi))
 
@@ -440,12 +428,12 @@ def plot_ledger(
                                    "a ledger holds campaigns on different fixture sets)."),
 ) -> None:
     """Suite MAPE, bubble MAE and rho after each accepted change; rejected candidates and held-out reports marked."""
-    from hops_calib.plot.commands import ledger_command
+    from hops_calib.cli.plot import ledger_command
 
     raise typer.Exit(ledger_command(ledger, out, dpi, candidates))
 
 
-# --- observe and tune: where the error comes from, and one term's parameters (train split only) ---------
+# --- research (hops_calib.cli.research): where the error comes from, one term's parameters, whether they travel ---
 
 
 @app.command()
@@ -457,7 +445,7 @@ def observe(
     top: int = typer.Option(12, "--top", min=1, help="Contributors and runs shown in the text output."),
 ) -> None:
     """Where the throughput error comes from: iteration parts and stage times by group, largest MAPE share first."""
-    from hops_calib.observe import observe_command
+    from hops_calib.cli.research import observe_command
 
     raise typer.Exit(observe_command(fixtures, model, split, as_json, top))
 
@@ -483,7 +471,7 @@ def tune(
         None, "--only", help="Search only this parameter (repeatable); the others keep the model's values."),
 ) -> None:
     """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate."""
-    from hops_calib.tune import tune_command
+    from hops_calib.cli.research import tune_command
 
     raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
                                   objective, tuple(only or ())))
@@ -509,7 +497,7 @@ def crossval(
         None, "--also", help="Another term's parameter refit together with TERM's, as TERM:PARAM (repeatable)."),
 ) -> None:
     """Refit one term without each fold of train configurations and predict that fold: held-out error from train."""
-    from hops_calib.crossval import crossval_command
+    from hops_calib.cli.research import crossval_command
 
     raise typer.Exit(crossval_command(term, fixtures, model, folds, evaluations, seed, as_json, objective,
                                       tuple(only or ()), shared, tuple(also or ())))
@@ -517,12 +505,12 @@ def crossval(
 
 def main() -> None:
     """The entry point. Exit codes: 0 ok / accepted, 1 rejected (or a ledger that fails verify), 2 bad input or
-    usage, 3 an internal error (a bug; the verbs of hops_calib.loop report their own, this catches the rest).
+    usage, 3 an internal error (a bug; the verbs of hops_calib.cli.loop report their own, this catches the rest).
     A usage error (an option's value, an unknown verb) under --json is also one {"error": ...} object on stdout,
     as the verbs' own errors are."""
     import sys
 
-    from hops_calib.loop import error_record, internal_error
+    from hops_calib.cli.output import error_record, internal_error
 
     try:
         code = app(standalone_mode=False)

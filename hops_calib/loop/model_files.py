@@ -12,7 +12,7 @@ from hops_calib.errors import InputError
 from hops_calib.files import atomic_write
 from hops_calib.model import DeviceSpec, Model, parse_catalog, parse_model
 
-MODEL_DIR = Path(__file__).resolve().parent / "model"
+MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
 CATALOG_PATH = MODEL_DIR / "devices.toml"
 SHIPPED_MODELS = MODEL_DIR / "models"
 DEFAULT_MODEL = SHIPPED_MODELS / "baseline.toml"

@@ -1,13 +1,15 @@
-"""Store room: the `ingest` and `fixtures list/show` verbs (what the CLI calls; returns exit codes)."""
+"""The data verbs: `ingest` and `fixtures list/show`, over the store room (`hops_calib.store`); they print the
+store's views and return exit codes."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from hops_calib.cli.output import guarded
+from hops_calib.store import views
 from hops_calib.store.fixture_store import FixtureStore, StoreError
 from hops_calib.store.ingest import RunOutcome, ingest
-from hops_calib.store import views
 
 
 def _err(message: str) -> None:
@@ -40,8 +42,6 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
 
 
 def list_command(fixtures: Path, as_json: bool = False) -> int:
-    from hops_calib.loop import _guarded
-
     def run() -> int:
         store = FixtureStore(fixtures)
         if not store.exists():
@@ -49,18 +49,16 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
         print(views.list_json(store) if as_json else views.list_text(store))
         return 0
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)
 
 
 def show_command(fixture_id: str, fixtures: Path, as_json: bool = False) -> int:
     """One fixture; errors (unknown id, missing store, a damaged fixture) exit 2, with --json also as an object."""
     import json
 
-    from hops_calib.loop import _guarded
-
     def run() -> int:
         fixture = FixtureStore(fixtures).load(fixture_id)
         print(json.dumps(views.show_dict(fixture), indent=1) if as_json else views.show_text(fixture))
         return 0
 
-    return _guarded(run, as_json)
+    return guarded(run, as_json)

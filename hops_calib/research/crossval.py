@@ -40,11 +40,11 @@ from typing import Any, Callable
 import numpy as np
 
 from hops_calib.errors import InputError
-from hops_calib.evaluate import Suite, score_model
-from hops_calib.score import RunScore, SuiteScore, aggregate
-from hops_calib.store.split import group_of
+from hops_calib.loop.score import RunScore, SuiteScore, aggregate
+from hops_calib.loop.suite import Suite, score_model
 from hops_calib.model.terms import TERMS
-from hops_calib.tune import TuneProblem, load_problem, term_values
+from hops_calib.research.tune import TuneProblem, load_problem, term_values
+from hops_calib.store.split import group_of
 
 DEFAULT_FOLDS = 5
 DEFAULT_EVALUATIONS = 150
@@ -510,15 +510,3 @@ def crossval_text(result: CrossValidation) -> str:
 def _short_groups(groups: tuple[str, ...], width: int = 60) -> str:
     text = ", ".join(groups)
     return text if len(text) <= width else text[:width - 1] + "\u2026"
-
-
-def crossval_command(term: str, fixtures: Path, model_path: Path | None, folds: int, evaluations: int, seed: int,
-                     as_json: bool, objective: str = "suite", only: tuple[str, ...] = (), shared: bool = False,
-                     also: tuple[str, ...] = ()) -> int:
-    from hops_calib.loop import run_and_print
-
-    return run_and_print(f"crossval {term}", as_json,
-                         lambda bar: crossval(term, fixtures, model_path=model_path, folds=folds,
-                                              evaluations=evaluations, seed=seed, objective=objective, only=only,
-                                              shared=shared, also=also, progress=bar.update),
-                         crossval_text)

@@ -252,7 +252,7 @@ def _parse_change(raw: dict[str, Any], origin: str, text: str) -> Change:
 
 
 def read_candidate(path: Path | str) -> Candidate:
-    from hops_calib.model_files import read_text
+    from hops_calib.loop.model_files import read_text
 
     path = Path(path)
     return parse_candidate(read_text(path, "candidate file"), origin=str(path))

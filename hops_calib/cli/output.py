@@ -1,0 +1,93 @@
+"""What every verb shares: JSON on stdout, errors as one clear message (and one JSON object under --json), and
+the documented exit codes.
+
+Exit codes: 0 success (a candidate accepted), 1 a candidate rejected (or a
+ledger that fails verification), 2 invalid input (bad candidate, more than one
+term, protected split, missing store, broken model file or fixture, broken
+ledger, bad option value), 3 an internal error (a bug: a short message on stderr
+and a request to report it; HOPS_CALIB_TRACEBACK=1 prints the traceback). Bad
+input is reported on stderr in one message that names the file, line and field;
+with --json, stdout also gets one object {"error": {...}} (`error_record`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+from hops_calib.errors import InputError
+
+EXIT_OK, EXIT_REJECTED, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
+TRACEBACK_ENV = "HOPS_CALIB_TRACEBACK"
+BUG_HINT = ("this is a bug in hops-calib, not in your input: please report it with the command line and this "
+            f"message ({TRACEBACK_ENV}=1 prints the traceback)")
+
+
+def print_json(data: Any) -> None:
+    from hops_calib.store.fixture_store import json_safe
+
+    print(json.dumps(json_safe(data), indent=1, allow_nan=False))
+
+
+def error_record(error: BaseException, exit_code: int) -> dict[str, Any]:
+    """What `--json` prints on stdout for an error: {"error": {"message", "file", "line", "field", "problem", "hint",
+    "exit_code", "kind"}} (kind: "input" for bad input, "internal" for a bug); the fields an InputError carries,
+    None where the error has none."""
+    internal = exit_code == EXIT_INTERNAL
+    message = f"internal error: {type(error).__name__}: {error}" if internal else str(error)
+    return {"error": {"message": message, "file": getattr(error, "origin", None), "line": getattr(error, "line", None),
+                      "field": getattr(error, "field", None), "problem": getattr(error, "problem", str(error)),
+                      "hint": BUG_HINT if internal else (getattr(error, "hint", "") or None),
+                      "exit_code": exit_code, "kind": "internal" if internal else "input"}}
+
+
+def internal_error(error: BaseException) -> int:
+    """Report an unexpected error (a bug) in short on stderr, with the traceback only under HOPS_CALIB_TRACEBACK=1;
+    returns EXIT_INTERNAL."""
+    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        traceback.print_exception(error)
+    print(f"internal error: {type(error).__name__}: {error}\n{BUG_HINT}", file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+def guarded(action: Callable[[], int], as_json: bool = False) -> int:
+    """Run a command: bad input becomes one clear stderr line and exit code 2, anything else (a bug) a short
+    message asking for a report and exit code 3, never a traceback that exits 1 (which reads as "rejected").
+    With `as_json`, the error is also one JSON object on stdout (`error_record`)."""
+    try:
+        return action()
+    except BrokenPipeError:
+        raise  # the reader of stdout went away (`| head`): not an error of the verb (cli.main ends quietly)
+    except Exception as error:  # noqa: BLE001 - every error leaves with a documented exit code
+        # A StoreError (unknown fixture id, ...) can only come from a verb that imported the store; importing it
+        # here would cost the ledger verbs a pandas import.
+        store = sys.modules.get("hops_calib.store.fixture_store")
+        bad_input = isinstance(error, InputError) or (store is not None and isinstance(error, store.StoreError))
+        code = EXIT_INVALID if bad_input else EXIT_INTERNAL
+        if bad_input:
+            print(f"error: {error}", file=sys.stderr)
+        else:
+            internal_error(error)
+        if as_json:
+            print(json.dumps(error_record(error, code), indent=1, default=str))
+        return code
+
+
+def run_and_print(label: str, as_json: bool, compute: Callable[[Any], Any], text: Callable[[Any], str]) -> int:
+    """A verb that computes one result and prints it: `compute(bar)` under a progress bar on a terminal's stderr,
+    then the result's JSON (`to_dict`) or `text(result)` on stdout; input errors as `guarded` reports them."""
+    from hops_calib.progress import progress_bar
+
+    def run() -> int:
+        with progress_bar(label, quiet=as_json) as bar:
+            result = compute(bar)
+        if as_json:
+            print_json(result.to_dict())
+        else:
+            print(text(result))
+        return EXIT_OK
+
+    return guarded(run, as_json)

@@ -1,0 +1,47 @@
+"""The `plot timeline|parity|ledger` verbs: draw with `hops_calib.plot.images`, write the image, say where it went
+and its size; exit codes as the loop's verbs (`hops_calib.cli.output.guarded`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hops_calib.cli.output import EXIT_OK, guarded
+
+
+def _wrote(image) -> int:
+    from hops_calib.plot.images import write_image
+
+    for note in image.notes:
+        print(note)
+    size = write_image(image)
+    print(f"wrote {image.target} ({size})")
+    return EXIT_OK
+
+
+def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int,
+                     out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = ()) -> int:
+    def run() -> int:
+        from hops_calib.plot.images import timeline_image
+
+        return _wrote(timeline_image(fixture_id, fixtures, model_path, iterations, out, dpi, job, schedules))
+
+    return guarded(run)
+
+
+def parity_command(split: str, fixtures: Path, model_path: Path | None, out: Path | None, label_worst: int,
+                   dpi: float) -> int:
+    def run() -> int:
+        from hops_calib.plot.images import parity_image
+
+        return _wrote(parity_image(split, fixtures, model_path, out, label_worst, dpi))
+
+    return guarded(run)
+
+
+def ledger_command(ledger: Path | None, out: Path | None, dpi: float, candidates: str | None = None) -> int:
+    def run() -> int:
+        from hops_calib.plot.images import ledger_image
+
+        return _wrote(ledger_image(ledger, out, dpi, candidates))
+
+    return guarded(run)

@@ -1,0 +1,41 @@
+"""The research verbs: observe, tune and crossval, computed by `hops_calib.research` and printed here as text or
+JSON (a progress bar on a terminal's stderr meanwhile)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hops_calib.cli.output import run_and_print
+
+
+def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json: bool, top: int) -> int:
+    """The `observe` verb: text (or JSON) on stdout, a progress bar on a terminal's stderr."""
+    from hops_calib.research.observe import observation_text, observe
+
+    return run_and_print("observe", as_json,
+                         lambda bar: observe(fixtures, model_path=model_path, split=split, progress=bar),
+                         lambda observation: observation_text(observation, top=top))
+
+
+def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
+                 study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
+                 objective: str = "suite", only: tuple[str, ...] = ()) -> int:
+    from hops_calib.research.tune import tune, tune_text
+
+    return run_and_print(f"tune {term}", as_json,
+                         lambda bar: tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
+                                          study_name=study, workers=workers, seed=seed, out=out,
+                                          progress=bar.update, objective=objective, only=only),
+                         tune_text)
+
+
+def crossval_command(term: str, fixtures: Path, model_path: Path | None, folds: int, evaluations: int, seed: int,
+                     as_json: bool, objective: str = "suite", only: tuple[str, ...] = (), shared: bool = False,
+                     also: tuple[str, ...] = ()) -> int:
+    from hops_calib.research.crossval import crossval, crossval_text
+
+    return run_and_print(f"crossval {term}", as_json,
+                         lambda bar: crossval(term, fixtures, model_path=model_path, folds=folds,
+                                              evaluations=evaluations, seed=seed, objective=objective, only=only,
+                                              shared=shared, also=also, progress=bar.update),
+                         crossval_text)

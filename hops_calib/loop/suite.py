@@ -1,0 +1,140 @@
+"""The fixtures a loop verb scores and a model's scores on them: a split of the store as a `Suite` (its
+fixture set's sha256 names it in the ledger), `score_model` (predict and score every run), and `refuse_test_split`,
+the guard every train-only verb calls (rule 2)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from hops_calib.errors import InputError
+from hops_calib.loop.score import RunScore, SuiteScore, aggregate, score_prediction
+from hops_calib.metrics import TimelineMetrics
+from hops_calib.model import Model
+from hops_calib.progress import QUIET, Progress, warn
+from hops_calib.spec import Spec
+
+TRAIN, TEST = "train", "test"
+SPLITS = (TRAIN, TEST)
+
+
+class ProtectedSplit(InputError):
+    """A train-only verb asked to read the test split."""
+
+
+def refuse_test_split(split: str, verb: str) -> None:
+    """Rule 2: only the held-out report reads the test split."""
+    if split == TEST:
+        raise ProtectedSplit(verb, "refuses the test split: parameters and candidates are judged on train only",
+                             field="split", hint="the test split is read only by `hops-calib report --split "
+                             "test`, which prints suite aggregates and leaves an audit entry in the ledger")
+    if split not in SPLITS:
+        raise InputError(verb, f"unknown split {split!r}", field="split", hint=f"expected one of {SPLITS}")
+
+
+@dataclass(frozen=True)
+class Suite:
+    """The fixtures of one split, as a prediction and the scoring need them: spec and truth metrics, no events."""
+
+    fixtures_dir: Path
+    split: str
+    ids: tuple[str, ...]
+    specs: tuple[Spec, ...]
+    truths: tuple[TimelineMetrics, ...]
+    content_hashes: tuple[str, ...]
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the fixture set: which runs, at which content."""
+        return fixture_set_digest(self.ids, self.content_hashes)
+
+
+def fixture_set_digest(ids: Sequence[str], content_hashes: Sequence[str]) -> str:
+    """The `fixture_set_sha256` of the ledger and every --json: which runs, at which content."""
+    listing = "\n".join(f"{i} {h}" for i, h in sorted(zip(ids, content_hashes)))
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def open_store(fixtures_dir: Path | str):
+    """The fixture store of the loop's verbs. Its loaders raise FixtureFileError (a StoreError: exit 2) naming the
+    file and line of a fixture that is not as ingest wrote it, and saying to ingest its job again."""
+    from hops_calib.store import FixtureStore
+
+    store = FixtureStore(fixtures_dir)
+    if not store.exists():
+        raise InputError(fixtures_dir, "no fixture store here",
+                         hint=f"ingest runs first: hops-calib ingest SRC --fixtures {fixtures_dir}")
+    unfinished = store.unfinished()
+    if unfinished:  # the fixtures there are whole, but the runs being written when it stopped are missing
+        warn(f"warning: {fixtures_dir}: an ingest stopped before it finished ({', '.join(unfinished[:3])}"
+             f"{', ...' if len(unfinished) > 3 else ''}): the runs it was writing are not in the store; run the "
+             "same hops-calib ingest again to finish it")
+    return store
+
+
+def load_suite(fixtures_dir: Path | str, split: str) -> Suite:
+    store = open_store(fixtures_dir)
+    ids = store.ids(split)
+    if not ids:
+        raise InputError(fixtures_dir, f"the fixture store has no {split} fixtures",
+                         hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})")
+    return _suite_of(store, fixtures_dir, split, ids)
+
+
+def suite_if_any(fixtures_dir: Path | str, split: str) -> Suite | None:
+    """`load_suite`, or None when the store has no fixtures in `split` (a store may hold one split only)."""
+    store = open_store(fixtures_dir)
+    ids = store.ids(split)
+    return _suite_of(store, fixtures_dir, split, ids) if ids else None
+
+
+def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -> Suite:
+    fixtures = [store.load(fixture_id) for fixture_id in ids]
+    strays = [f.id for f in fixtures if f.split != split]
+    if strays:  # the index lists them in this split, their own (digested) fixture.json says otherwise
+        from hops_calib.store.fixture_store import INDEX, StoreError
+
+        raise StoreError(f"{Path(fixtures_dir) / INDEX}: lists {', '.join(strays[:3])} in the {split} split, which "
+                         f"their fixture.json does not; delete {INDEX} (it is rebuilt from the fixture folders)")
+    return Suite(fixtures_dir=Path(fixtures_dir), split=split, ids=tuple(ids),
+                 specs=tuple(f.spec for f in fixtures), truths=tuple(f.truth.metrics for f in fixtures),
+                 content_hashes=tuple(f.content_hash for f in fixtures))
+
+
+@dataclass(frozen=True)
+class ModelScore:
+    runs: tuple[RunScore, ...]
+    suite: SuiteScore
+
+
+def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress = QUIET,
+                stall_free: Sequence[Any] | None = None, predictions: Sequence[Any] | None = None) -> ModelScore:
+    """Predict every run of `suite` from its spec alone and score it against its truth.
+
+    `progress` advances once per run; the caller starts it (it may score more than one model).
+    `stall_free`: the runs' `stall_series(suite)`, to score each run's stall-free error as well.
+    `predictions`: the model's predictions of the suite's runs, in order, when the caller already made them.
+    """
+    from hops_calib.model.predict import predict
+
+    runs = []
+    for i, (fixture_id, spec, truth) in enumerate(zip(suite.ids, suite.specs, suite.truths)):
+        try:
+            prediction = predictions[i] if predictions is not None else predict(spec, model)
+            runs.append(score_prediction(fixture_id, truth, prediction,
+                                         stall_free[i] if stall_free is not None else None))
+        except ValueError as error:
+            raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
+                             ) from None
+        progress.advance(fixture_id)
+    return ModelScore(runs=tuple(runs), suite=aggregate(runs))
+
+
+def stall_series(suite: Suite) -> tuple[Any, ...]:
+    """Each run's iteration part series (its stalls), read from its events once for `score_model(stall_free=)`."""
+    from hops_calib.metrics import timeline_iteration_part_series
+
+    store = open_store(suite.fixtures_dir)
+    return tuple(timeline_iteration_part_series(store.load(fixture_id).timeline()) for fixture_id in suite.ids)

@@ -1,0 +1,2 @@
+"""Research: how a person or an agent finds the next change (observe where the error is, tune one term's parameters,
+cross-validate whether they travel, the components of a stage's time); computes, never prints."""

@@ -1,0 +1,159 @@
+"""The package's layout, read from its code: rooms import one way (no cycle), nothing imports the command layer
+but the entry point, and only the command layer prints (progress bars and warnings go through hops_calib.progress,
+on stderr). Imports inside functions (lazy ones) count as much as those at the top."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hops_calib"
+COMMAND_LAYER = "cli"
+ENTRY_POINT = "__main__"
+STDERR_HELPER = Path("progress.py")  # progress bars and warnings, on stderr
+OUTPUT_MODULES = ("typer", "rich")
+
+
+def room_of(module: str, package: str) -> str | None:
+    """hops_calib.loop.gate -> loop; hops_calib.spec -> spec; hops_calib itself or another package -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == package else None
+
+
+def imported_modules(path: Path, root: Path) -> list[tuple[str, int]]:
+    """Every module a file imports (absolute and relative, at any depth of the code), with its line."""
+    rel = path.relative_to(root.parent).with_suffix("")
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(rel.parts[:len(rel.parts) - node.level])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            found.append((module, node.lineno))
+            # `from hops_calib import ledger` imports the module hops_calib.ledger
+            if module == root.name:
+                found += [(f"{module}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def room_graph(root: Path) -> dict[str, dict[str, tuple[Path, int]]]:
+    """room -> {room it imports: (first file, line)}; a top-level module is a room of its own."""
+    graph: dict[str, dict[str, tuple[Path, int]]] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        source = parts[0]
+        edges = graph.setdefault(source, {})
+        for module, line in imported_modules(path, root):
+            target = room_of(module, root.name)
+            if target is not None and target not in (source, "__init__"):
+                edges.setdefault(target, (path, line))
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, object]]) -> list[list[str]]:
+    """The strongly connected components of more than one room (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(room: str) -> None:
+        index[room] = low[room] = len(index)
+        stack.append(room)
+        for other in graph.get(room, {}):
+            if other not in index:
+                visit(other)
+                low[room] = min(low[room], low[other])
+            elif other in stack:
+                low[room] = min(low[room], index[other])
+        if low[room] == index[room]:
+            component = []
+            while True:
+                other = stack.pop()
+                component.append(other)
+                if other == room:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for room in sorted(graph):
+        if room not in index:
+            visit(room)
+    return found
+
+
+def output_calls(path: Path) -> list[str]:
+    """Where a file prints: print(...), typer/rich output, writes to sys.stdout/sys.stderr, imports of typer/rich."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        where = f"{path}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id == "print":
+                found.append(f"{where}: print(...)")
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and \
+                    func.value.id in OUTPUT_MODULES:
+                found.append(f"{where}: {func.value.id}.{func.attr}(...)")
+            elif isinstance(func, ast.Attribute) and func.attr == "write" and isinstance(func.value, ast.Attribute) \
+                    and func.value.attr in ("stdout", "stderr"):
+                found.append(f"{where}: sys.{func.value.attr}.write(...)")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"{where}: imports {name}" for name in names if name.split(".")[0] in OUTPUT_MODULES]
+    return found
+
+
+def printing_below_the_command_layer(root: Path) -> list[str]:
+    return [call for path in sorted(root.rglob("*.py"))
+            if path.relative_to(root).parts[0] not in (COMMAND_LAYER, f"{ENTRY_POINT}.py")
+            and path.relative_to(root) != STDERR_HELPER
+            for call in output_calls(path)]
+
+
+def test_no_import_cycle_between_rooms():
+    graph = room_graph(PACKAGE)
+    assert {"cli", "loop", "research", "whatif", "trace", "store", "sim", "model", "spec"} <= set(graph)
+    assert cycles(graph) == []
+
+
+def test_only_the_entry_point_imports_the_command_layer():
+    graph = room_graph(PACKAGE)
+    importers = {room: f"{edges[COMMAND_LAYER][0]}:{edges[COMMAND_LAYER][1]}" for room, edges in graph.items()
+                 if COMMAND_LAYER in edges and room != ENTRY_POINT}
+    assert importers == {}
+
+
+def test_nothing_below_the_command_layer_prints():
+    assert printing_below_the_command_layer(PACKAGE) == []
+
+
+def test_every_room_says_what_it_is():
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert docstring and len(docstring.split()) >= 5, f"{init} needs a docstring saying what the room holds"
+
+
+def test_the_checks_find_a_cycle_an_upward_import_and_a_print(tmp_path):
+    """The checks above on a package made to break them: they must see each breach, or they prove nothing."""
+    package = tmp_path / "pkg"
+    for folder in ("cli", "loop", "store"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text(f'"""The {folder} room of a made-up package."""\n')
+    (package / "__init__.py").write_text("")
+    (package / "store" / "files.py").write_text("def load():\n    from pkg.loop import gate\n    return gate\n")
+    (package / "loop" / "gate.py").write_text(
+        "import sys\nfrom ..store import files\nfrom pkg import cli\n\n\ndef judge():\n    print('accepted')\n"
+        "    sys.stderr.write('x')\n")
+    (package / "cli" / "verbs.py").write_text("import typer\nfrom pkg.loop.gate import judge\n")
+    graph = room_graph(package)
+    assert graph["store"] == {"loop": (package / "store" / "files.py", 2)}
+    assert set(graph["loop"]) == {"store", "cli"}
+    assert cycles(graph) == [["cli", "loop", "store"]]
+    assert printing_below_the_command_layer(package) == [f"{package / 'loop' / 'gate.py'}:7: print(...)",
+                                                          f"{package / 'loop' / 'gate.py'}:8: sys.stderr.write(...)"]
