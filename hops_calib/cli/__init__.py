@@ -78,11 +78,14 @@ def ingest(
         None, "--clock-skew-ms", min=0.0,
         help="How far (ms) a stage may seem to start before the stage feeding it finished, from the nodes' clock "
              "offsets, before the run is refused as impossible (default: 2)."),
+    lock_timeout: float = typer.Option(
+        600.0, "--lock-timeout", min=0.0,
+        help="Seconds to wait for the store lock another ingest holds (it says whose) before giving up (exit 2)."),
 ) -> None:
     """Ingest Megatron job directories into the Parquet fixture store."""
     from hops_calib.cli.data import ingest_command
 
-    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms))
+    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, lock_timeout))
 
 
 @fixtures_app.command("list")

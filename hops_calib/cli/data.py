@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hops_calib.cli.output import guarded
 from hops_calib.store import views
-from hops_calib.store.fixture_store import FixtureStore, StoreError
+from hops_calib.store.fixture_store import DEFAULT_LOCK_TIMEOUT_S, FixtureStore, StoreError
 from hops_calib.store.ingest import RunOutcome, ingest
 
 
@@ -17,7 +17,8 @@ def _err(message: str) -> None:
 
 
 def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
-                   lenient: bool = False, skew_ms: float | None = None) -> int:
+                   lenient: bool = False, skew_ms: float | None = None,
+                   lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S) -> int:
     """Ingest and print a summary; rejected runs go to stderr. 0 when every run made it, 1 otherwise."""
     from hops_calib.progress import progress_bar
 
@@ -33,10 +34,13 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
         try:
             extra = {} if skew_ms is None else {"skew_ms": skew_ms}
             report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
-                            on_run=on_run, on_start=progress.start, **extra)
+                            on_run=on_run, on_start=progress.start, lock_timeout=lock_timeout,
+                            on_wait=lambda line: _err(f"{line} ..."), **extra)
         except StoreError as err:
             _err(f"error: {err}")
             return 2
+    for note in report.notes:
+        _err(f"note: {note}")
     print(views.ingest_summary(report, store))
     return 0 if report.ok else 1
 
@@ -46,6 +50,9 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
         store = FixtureStore(fixtures)
         if not store.exists():
             raise StoreError(f"no fixture store at {fixtures}; run: hops-calib ingest SRC --fixtures {fixtures}")
+        running = store.running()
+        if running:
+            _err(f"warning: {running}")
         print(views.list_json(store) if as_json else views.list_text(store))
         return 0
 

@@ -96,7 +96,7 @@ def leaks(store, entries: Iterable[dict[str, Any]]) -> list[Leak]:
 
 
 def _entries(ledger_path: Path | str | None) -> list[dict[str, Any]]:
-    from hops_calib.ledger import LedgerError, read_entries, resolve
+    from hops_calib.loop.ledger import LedgerError, read_entries, resolve
 
     try:
         path = resolve(ledger_path)
@@ -129,7 +129,7 @@ def record_override(ledger_path: Path | str | None, verb: str, store, found: lis
     predict); None when there was nothing to override."""
     if not found:
         return None
-    from hops_calib import ledger
+    from hops_calib.loop import ledger
 
     path = ledger.resolve(ledger_path)
     ledger.check_appendable(path)
