@@ -159,6 +159,9 @@ TOLERANCE_OPTIONS = (
 PLAN_OPTION = typer.Option(
     None, "--plan", help="Judge under the tolerances of this ledger plan entry (`ledger plan`), stated beforehand; "
                          "cited in the entry. No tolerance option with it.")
+ALLOW_HELD_OUT_OPTION = typer.Option(
+    False, "--allow-held-out", help="Go on although the store holds in train a group the ledger remembers as held out "
+                                    "(refused otherwise, naming the groups); the ledger records the override.")
 
 
 def with_tolerances(command: Callable[..., None]) -> Callable[..., None]:
@@ -198,13 +201,16 @@ def predict(
                                              "from the repository root: pass the store the model was calibrated on)."),
     model: Optional[Path] = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ledger: Path = LEDGER_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Predicted vs real throughput, bubble, per-stage utilization and phase times of a fixture, from the spec
     alone; or, with --job, of a configuration that has not run (what-if, several schedules side by side)."""
     from hops_calib.cli.loop import predict_command
 
     raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json, job, schedules or (),
-                                     fixtures_defaulted=fixtures == DEFAULT_FIXTURES))
+                                     fixtures_defaulted=fixtures == DEFAULT_FIXTURES, ledger_path=ledger,
+                                     allow_held_out=allow_held_out))
 
 
 @app.command()
@@ -219,6 +225,7 @@ def evaluate(
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
     tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
     plan: Optional[int] = PLAN_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Score the model on the train split; with a candidate, gate it and record the answer.
 
@@ -226,7 +233,8 @@ def evaluate(
     """
     from hops_calib.cli.loop import evaluate_command
 
-    raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances, plan))
+    raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances, plan,
+                                      allow_held_out))
 
 
 @app.command()
@@ -243,6 +251,7 @@ def compare(
         None, "--commit", help="Carry the verdict out in this model file (the one the move's steps were committed "
                                "into, e.g. the shipped model): the model after if accepted, BEFORE if rejected."),
     plan: Optional[int] = PLAN_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Gate a whole model (--model, default the shipped one) against BEFORE on the train split; record the answer.
 
@@ -252,7 +261,8 @@ def compare(
     """
     from hops_calib.cli.loop import compare_command
 
-    raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, tolerances, commit_into, plan))
+    raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, tolerances, commit_into, plan,
+                                     allow_held_out))
 
 
 @app.command()
@@ -446,11 +456,13 @@ def observe(
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (every contributor and run)."),
     top: int = typer.Option(12, "--top", min=1, help="Contributors and runs shown in the text output."),
+    ledger: Path = LEDGER_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Where the throughput error comes from: iteration parts and stage times by group, largest MAPE share first."""
     from hops_calib.cli.research import observe_command
 
-    raise typer.Exit(observe_command(fixtures, model, split, as_json, top))
+    raise typer.Exit(observe_command(fixtures, model, split, as_json, top, ledger, allow_held_out))
 
 
 @app.command()
@@ -472,12 +484,14 @@ def tune(
                                      "the stage, optimizer and between-iteration times the traces measure."),
     only: Optional[List[str]] = typer.Option(
         None, "--only", help="Search only this parameter (repeatable); the others keep the model's values."),
+    ledger: Path = LEDGER_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate."""
     from hops_calib.cli.research import tune_command
 
     raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
-                                  objective, tuple(only or ())))
+                                  objective, tuple(only or ()), ledger, allow_held_out))
 
 
 @app.command()
@@ -498,12 +512,14 @@ def crossval(
                                                         "out first: one value for every device."),
     also: Optional[List[str]] = typer.Option(
         None, "--also", help="Another term's parameter refit together with TERM's, as TERM:PARAM (repeatable)."),
+    ledger: Path = LEDGER_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Refit one term without each fold of train configurations and predict that fold: held-out error from train."""
     from hops_calib.cli.research import crossval_command
 
     raise typer.Exit(crossval_command(term, fixtures, model, folds, evaluations, seed, as_json, objective,
-                                      tuple(only or ()), shared, tuple(also or ())))
+                                      tuple(only or ()), shared, tuple(also or ()), ledger, allow_held_out))
 
 
 def main() -> None:

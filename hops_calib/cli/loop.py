@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from hops_calib.cli.output import EXIT_OK, EXIT_REJECTED, guarded, print_json
+from hops_calib.cli.output import EXIT_OK, EXIT_REJECTED, guarded, held_out_guard, print_json
 from hops_calib.errors import InputError
 
 
@@ -51,7 +51,8 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
     return rows
 
 
-def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool) -> int:
+def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool,
+                 ledger_path: Path | None = None, allow_held_out: bool = False) -> int:
     from hops_calib.loop.model_files import load_model
     from hops_calib.loop.score import score_prediction
     from hops_calib.loop.suite import TEST, open_store
@@ -62,6 +63,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     if fixture.split == TEST:
         raise InputError(f"{fixtures}/{fixture_id}", "is in the test split, which is scored only in aggregate",
                          field="split", hint="`hops-calib report --split test` prints the held-out aggregates")
+    held_out_guard(fixtures, ledger_path, "predict", allow_held_out)()
     model = load_model(model_path)
     prediction = predict(fixture.spec, model)
     score = score_prediction(fixture.id, fixture.truth.metrics, prediction)
@@ -123,7 +125,8 @@ def _print_suite(label: str, suite) -> None:
 
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
                     as_json: bool, job: Path | None = None, schedules: Sequence[str] = (),
-                    fixtures_defaulted: bool = False) -> int:
+                    fixtures_defaulted: bool = False, ledger_path: Path | None = None,
+                    allow_held_out: bool = False) -> int:
     def run() -> int:
         if (fixture_id is not None) + all_train + (job is not None) != 1:
             raise InputError("predict", "give one of a fixture ID, --all (every train fixture) or --job DIR (a "
@@ -136,12 +139,15 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
 
             return predict_job(job, model_path, schedules, fixtures, fixtures_defaulted, as_json)
         if fixture_id is not None:
-            return _predict_one(fixture_id, fixtures, model_path, as_json)
+            return _predict_one(fixture_id, fixtures, model_path, as_json, ledger_path, allow_held_out)
         from hops_calib.loop.evaluate import evaluate
         from hops_calib.progress import progress_bar
 
         with progress_bar("predict", quiet=as_json) as progress:
-            result = evaluate(fixtures, model_path=model_path, progress=progress)
+            result = evaluate(fixtures, model_path=model_path, progress=progress, ledger_path=ledger_path,
+                              allow_held_out=allow_held_out, verb="predict")
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         if as_json:
             print_json(result.to_dict())
         else:
@@ -157,7 +163,7 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
 
 def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | None, as_json: bool, commit: bool,
                      ledger_path: Path | None, split: str, tolerances: dict[str, float | str | None],
-                     plan: int | None = None) -> int:
+                     plan: int | None = None, allow_held_out: bool = False) -> int:
     def run() -> int:
         from hops_calib.loop.evaluate import evaluate
         from hops_calib.progress import progress_bar
@@ -165,7 +171,8 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
         limits = _limits(tolerances, "evaluate", ledger_path, plan)
         with progress_bar("evaluate", quiet=as_json) as progress:
             result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
-                              ledger_path=ledger_path, commit=commit, split=split, plan=plan, progress=progress)
+                              ledger_path=ledger_path, commit=commit, split=split, plan=plan, progress=progress,
+                              allow_held_out=allow_held_out)
         for warning in result.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         if as_json:
@@ -246,7 +253,7 @@ def _print_gate(before, after, verdict) -> None:
 
 def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path | None,
                     as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
-                    plan: int | None = None) -> int:
+                    plan: int | None = None, allow_held_out: bool = False) -> int:
     def run() -> int:
         from hops_calib.loop.compare import compare
         from hops_calib.progress import progress_bar
@@ -254,7 +261,8 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         limits = _limits(tolerances, "compare", ledger_path, plan)
         with progress_bar("compare", quiet=as_json) as progress:
             result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
-                             note=note, commit_into=commit_into, plan=plan, progress=progress)
+                             note=note, commit_into=commit_into, plan=plan, progress=progress,
+                             allow_held_out=allow_held_out)
         if as_json:
             print_json(result.to_dict())
             return result.exit_code

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hops_calib.errors import InputError
+from hops_calib.loop import heldout
 from hops_calib.loop.candidate import Candidate, read_candidate
 from hops_calib.loop.gate import GateResult, Tolerances, gate
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
@@ -123,11 +124,14 @@ def candidate_record(candidate: Candidate) -> dict[str, Any]:
 def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
              candidate_path: Path | str | None = None, tolerances: Tolerances = Tolerances(),
              ledger_path: Path | str | None = None, commit: bool = False, split: str = TRAIN,
-             plan: int | None = None, progress: Progress = QUIET) -> Evaluation:
+             plan: int | None = None, progress: Progress = QUIET, allow_held_out: bool = False,
+             verb: str = "evaluate") -> Evaluation:
     """Score the model on the train split; with a candidate, gate it, record it, and commit it if asked and accepted.
 
     `progress` sees one unit per prediction (two per run with a candidate). `plan`: the ledger entry (`ledger
-    plan`) whose tolerances this judgement was stated under beforehand; they must be the ones given.
+    plan`) whose tolerances this judgement was stated under beforehand; they must be the ones given. A store
+    holding in train a group the ledger remembers as held out is refused unless `allow_held_out`, which the
+    ledger records (`hops_calib.loop.heldout`).
     """
     from hops_calib.loop.model_files import DEFAULT_MODEL, edited_since_written, load_model
 
@@ -145,9 +149,14 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         check_appendable(ledger_path)
     if plan is not None:
         check_plan(ledger_path, plan, tolerances, "evaluate", candidate)
+    if candidate is not None:
+        held_out, found = heldout.judgement_fields(fixtures_dir, ledger_path, verb, allow_held_out)
+        held_out_warnings = [heldout.override_warning(found)] if found else []
+    else:  # nothing else is recorded: an override is an entry of its own
+        held_out, held_out_warnings = {}, heldout.guard_store(fixtures_dir, ledger_path, verb, allow_held_out)
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     model = load_model(model_path)
-    warnings = [w for w in (edited_since_written(model_path, model),) if w]
+    warnings = held_out_warnings + [w for w in (edited_since_written(model_path, model),) if w]
     judged = judgements(ledger_path) if candidate is not None else []
     if candidate is not None:
         warnings += _reused_id(judged, candidate)
@@ -180,6 +189,7 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         **verdict.to_dict(),
         "committed": bool(commit and verdict.accepted),
         **({"plan_seq": plan} if plan is not None else {}),
+        **held_out,
         "code_revision": code_revision(),
     }
     if entry["committed"]:

@@ -105,6 +105,35 @@ def _entries(ledger_path: Path | str | None) -> list[dict[str, Any]]:
     return list(read_entries(path)) if Path(path).is_file() else []
 
 
+def override_warning(found: list[Leak], entry: dict[str, Any] | None = None) -> str:
+    """What a verb that went on over held-out groups (--allow-held-out) says."""
+    where = f" (ledger entry {entry['seq']})" if entry else " (in its ledger entry)"
+    return (f"went on over {len(found)} held-out group(s) in the train split ({OVERRIDE_FLAG}), recorded{where}: "
+            + "; ".join(leak.describe() for leak in found[:5]) + ("; ..." if len(found) > 5 else ""))
+
+
+def guard_store(fixtures_dir: Path | str, ledger_path: Path | str | None, verb: str, allow: bool) -> list[str]:
+    """`guard` for a verb that records nothing else: refuse, or (with `allow`) append the override to the ledger;
+    returns the warnings to print."""
+    from hops_calib.loop.suite import open_store
+
+    store = open_store(fixtures_dir)
+    found = guard(store, ledger_path, verb, allow)
+    return [override_warning(found, record_override(ledger_path, verb, store, found))] if found else []
+
+
+def judgement_fields(fixtures_dir: Path | str, ledger_path: Path | str | None, verb: str,
+                     allow: bool) -> tuple[dict[str, Any], list[Leak]]:
+    """For a judgement (evaluate with a candidate, compare): `guard`, then the fields its entry carries: the store's
+    test groups (remembered as held out from then on) and, when it went on over held-out groups, the override."""
+    from hops_calib.loop.suite import open_store
+
+    store = open_store(fixtures_dir)
+    found = guard(store, ledger_path, verb, allow)
+    held = store_held_out(store)
+    return {**({HELD_OUT_KEY: held} if held else {}), **override_record(found)}, found
+
+
 def guard(store, ledger_path: Path | str | None, verb: str, allow: bool) -> list[Leak]:
     """Refuse (HeldOutInTrain, exit 2) a store holding in train a group the ledger remembers as held out; with
     `allow`, return those groups for the caller to record (see `record_override`)."""
