@@ -476,9 +476,12 @@ def ledger_verify_command(ledger_path: Path | None, as_json: bool) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.loop.ledger import verify
+        from hops_calib.loop.commits import unwritten
+        from hops_calib.loop.ledger import Problem, verify
 
         result = verify(ledger_path)
+        # a commit whose model write did not happen (a crash between the append and the write)
+        result.problems += [Problem(commit.seq, commit.message()) for commit in unwritten(ledger_path)]
         if as_json:
             print_json(result.to_dict())
         elif result.ok:
@@ -513,11 +516,15 @@ def ledger_repair_command(ledger_path: Path | None) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
+        from hops_calib.loop import commits
         from hops_calib.loop.ledger import repair
 
         aside = repair(ledger_path)
+        written = commits.repair(ledger_path)
         print(f"{ledger_path}: incomplete last line moved to {aside}" if aside else
               f"{ledger_path}: nothing to repair (last line complete)")
+        for line in written:
+            print(line)
         return EXIT_OK
 
     return guarded(run)

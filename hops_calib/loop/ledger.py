@@ -171,6 +171,7 @@ def now_utc() -> str:
 class Problem:
     line: int | None  # None: the file as a whole
     message: str
+    torn: bool = False  # an incomplete last line (an interrupted append): `repair` sets it aside
 
     def __str__(self) -> str:
         return self.message if self.line is None else f"line {self.line}: {self.message}"
@@ -204,11 +205,15 @@ class BrokenLedger(LedgerError):
     def __init__(self, result: Verification) -> None:
         self.verification = result
         first = result.problems[0]
+        if all(problem.torn for problem in result.problems):
+            advice = (f"run `hops-calib ledger repair --ledger {result.path}`: it sets the incomplete last line (an "
+                      "interrupted append) aside and keeps every complete entry")
+        else:
+            advice = (f"`hops-calib ledger verify --ledger {result.path}` lists every problem; restore the file from "
+                      "a copy before appending to it (`git checkout -- FILE` also discards every entry appended "
+                      "since the last commit)")
         super().__init__(result.path, f"fails verification ({len(result.problems)} problem(s)), first: {first.message}",
-                         line=first.line, field="ledger",
-                         hint="nothing was appended; `hops-calib ledger verify --ledger "
-                              f"{result.path}` lists every problem; restore the file (git checkout -- FILE, or "
-                              "from a copy) before appending to it")
+                         line=first.line, field="ledger", hint=f"nothing was appended; {advice}")
 
 
 def _committed_copy(path: Path) -> tuple[bytes | None, str]:
@@ -275,7 +280,7 @@ def _verify_bytes(data: bytes, path: Path, committed: bool = True) -> Verificati
     if tail:
         result.problems.append(Problem(len(complete) + 1, f"incomplete last line ({len(tail)} bytes, no newline): an "
                                                           "append was interrupted; it is not an entry (`hops-calib "
-                                                          "ledger repair` sets it aside)"))
+                                                          "ledger repair` sets it aside)", torn=True))
     result.head_sha256 = prev
     if committed:
         _check_committed_prefix(data, path, result)
@@ -291,7 +296,11 @@ def verify(path: Path | str) -> Verification:
         result.problems.append(Problem(None, "the ledger file is missing" if not path.exists() else
                                        "is not a file"))
         return result
-    return _verify_bytes(path.read_bytes(), path)
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):  # an append in flight, or one that was interrupted: ask its lock
+        with _lock(path):
+            data = path.read_bytes()
+    return _verify_bytes(data, path)
 
 
 def check_appendable(path: Path | str) -> None:
