@@ -167,3 +167,14 @@ def test_a_damaged_fixture_does_not_wedge_later_ingests(shared_runs: Path, tmp_p
     assert shown.returncode == 2 and "fixture.json:1" in shown.stderr and "ingest the run's job again" in shown.stderr
     done = cli("ingest", str(source), "--fixtures", str(store))
     assert done.returncode == 0 and "1 updated" in done.stdout, done.stderr
+
+
+def test_what_if_and_plan_refuse_pipelines_they_would_time_for_hours(shared_runs: Path, tmp_path: Path):
+    job = copy_runs(shared_runs, tmp_path / "src", (DAMAGED,)) / DAMAGED
+    args = job / "megatron_args.txt"
+    args.write_text(args.read_text().replace("--global-batch-size 2 ", "--global-batch-size 100000000 "))
+    predicted = cli("predict", "--job", str(job))
+    assert predicted.returncode == 2, predicted.stderr
+    assert "field '--global-batch-size': gives 100000000 microbatches per iteration" in flat(predicted.stderr)
+    planned = cli("plan", "--stages", "1000", "--microbatches", "100000000", "--memory-budget", "1000")
+    assert planned.returncode == 2 and "more than the 524288 the planner simulates" in flat(planned.stderr)

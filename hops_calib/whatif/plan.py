@@ -80,6 +80,11 @@ def _evaluate(schedule: str, stages: int, microbatches: int, forward: float, bac
     )
 
 
+# Stage x chunk x microbatch tasks per iteration the planner simulates for each candidate: 64 stages x 2 chunks x
+# 4096 microbatches (2^19) take about 25 s and 1.7 GB; 2^21 took 85 s and 6.5 GB, 10^11 never ends.
+MAX_TASKS = 1 << 19
+
+
 def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: float = 1.0, backward_cost: float = 2.0,
          weight_grad_cost: float = 0.0, chunks: int = 1, target_bubble: float | None = None) -> Plan:
     """Enumerate the schedules that fit `memory_budget` stage microbatches of activations per device; choose the
@@ -91,6 +96,11 @@ def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: flo
     for name, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
         if value < 1:
             raise ValueError(f"--{name} must be at least 1 (got {value})")
+    if stages * chunks * microbatches > MAX_TASKS:
+        raise ValueError(f"--stages x --chunks x --microbatches is {stages * chunks * microbatches}, more than the "
+                         f"{MAX_TASKS} the planner simulates (each candidate schedule times every one: at the limit "
+                         "about 25 s and 2 GB); plan a smaller pipeline, or fewer microbatches (the bubble depends "
+                         "on their ratio to the stages)")
     if not math.isfinite(memory_budget) or memory_budget < 1:
         raise ValueError(f"--memory-budget must be a finite number of stage microbatches, at least 1 (got "
                          f"{memory_budget}); a budget of --microbatches or more means no memory limit")
