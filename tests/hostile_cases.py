@@ -66,7 +66,8 @@ def _fifo(path: Path) -> None:
 def _template_bomb(job: Path, size: int) -> None:
     path = job / "hops.base.yaml"
     text = path.read_text()
-    path.write_text(ALIAS_BOMB + text.replace("hardware:", "hardware:\n  bomb: *h", 1))
+    assert "hardware:\n  devices:\n" in text
+    path.write_text(ALIAS_BOMB + text.replace("hardware:\n  devices:\n", "hardware:\n  devices: *h\n  listed:\n", 1))
 
 
 def _manifest_bomb(job: Path, size: int) -> None:

@@ -102,6 +102,8 @@ def test_the_override_goes_on_and_the_ledger_records_it(looked, tmp_path: Path):
     assert override["kind"] == "held_out_override" and override["verb"] == "evaluate"
     assert override["held_out_override"][0]["group"] == "innocent_looking"
     assert override["held_out_override"][0]["by"] == "content"
+    shown = cli("ledger", "show", "--ledger", str(own))
+    assert "evaluate on" in shown.stdout and "went on over held-out group(s) innocent_looking" in shown.stdout
 
 
 def test_a_store_without_held_out_groups_is_untouched(looked, repo_root: Path, tmp_path: Path):

@@ -401,6 +401,10 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
                         + (f" ({e['note']})" if e.get("note") else "")
                         + ((", kept" if e.get("decision") == "accepted" else ", undone") + f" in {e['committed_into']}"
                            if e.get("committed") else ""))
+            elif e.get("kind") == "held_out_override":
+                groups = [leak.get("group") for leak in e.get("held_out_override") or []]
+                what = (f"{e.get('verb')} on {e.get('fixtures')} went on over held-out group(s) "
+                        f"{', '.join(map(str, groups))} (--allow-held-out)")
             else:
                 candidate = e.get("candidate") or {}
                 what = (f"{candidate.get('id')} ({candidate.get('change')}): MAPE "
@@ -409,6 +413,8 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
                         + (", committed" if e.get("committed") else ""))
             if e.get("plan_seq") is not None:
                 what += f" (under plan {e['plan_seq']})"
+            if e.get("kind") != "held_out_override" and e.get("held_out_override"):
+                what += " [over held-out groups: --allow-held-out]"
             print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', e.get('kind', '')):9} {what}")
         return EXIT_OK
 
