@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +25,7 @@ from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hash
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
+from hops_calib.trace.reading import open_regular
 from hops_calib.trace.structure import DEFAULT_SKEW_MS, check_structure
 from hops_calib.truth import Truth, compact_timeline, compute_truth
 
@@ -77,10 +79,10 @@ def content_hash(job_dir: Path, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS)
     (a clock-skew allowance other than the default is part of the mode)."""
     mode = f"lenient={lenient}" + (f" skew_ms={skew_ms!r}" if skew_ms != DEFAULT_SKEW_MS else "")
     outer = hashlib.sha256(f"hops-calib ingest v{INGEST_VERSION} {mode}\n".encode())
-    files = sorted(p for p in job_dir.rglob("*") if p.is_file())
+    files = sorted(p for p in job_dir.rglob("*") if p.is_file())  # (rglob never walks into a linked folder)
     for path in files:
-        outer.update(path.relative_to(job_dir).as_posix().encode("utf-8") + b"\0")
-        with path.open("rb") as handle:
+        outer.update(os.fsencode(path.relative_to(job_dir).as_posix()) + b"\0")  # (UTF-8, or the name's own bytes)
+        with open_regular(path) as handle:
             outer.update(hashlib.file_digest(handle, "sha256").digest())
     return outer.hexdigest()
 
