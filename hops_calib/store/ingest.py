@@ -114,7 +114,9 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     spec = build_spec(job_dir, notes)
     files = rank_files(job_dir)
     if sorted(files) != list(range(spec.pp)):
-        raise TraceError(job_dir / TRACE_DIR, f"has logs of ranks {sorted(files)} but the configuration has "
+        ranks = sorted(files)
+        shown = f"{ranks}" if len(ranks) <= 16 else f"[{', '.join(map(str, ranks[:16]))}, ...] ({len(ranks)} logs)"
+        raise TraceError(job_dir / TRACE_DIR, f"has logs of ranks {shown} but the configuration has "
                          f"{spec.pp} pipeline stages (ranks 0..{spec.pp - 1})", field="rank<r>.jsonl",
                          hint="stage counts of configuration and trace disagree: copy every rank's log, or fix "
                               "--pipeline-model-parallel-size")

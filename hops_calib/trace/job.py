@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import load_json, load_yaml
+from hops_calib.trace.reading import (MAX_CONFIG_BYTES, MAX_LAYOUT_BYTES, MAX_LAYOUT_NODES, MAX_YAML_NODES, load_json,
+                                      load_yaml)
 
 TRACE_DIR = "megatron_trace"
 STAGE_MAP = "hops_trace_map.json"
@@ -101,7 +102,7 @@ def read_stage_map(job_dir: Path) -> tuple[str, ...]:
     if not os.path.lexists(path):
         raise TraceError(path, "missing: no stage-to-device map", field="stages",
                          hint='write {"stages": {"0": "<device id>", ...}} with one entry per pipeline stage')
-    data = load_json(path)
+    data = load_json(path, MAX_LAYOUT_BYTES)
     stages = data.get("stages") if isinstance(data, dict) else None
     if not isinstance(stages, dict) or not stages:
         raise TraceError(path, "missing or empty", field="stages",
@@ -126,12 +127,13 @@ class DeviceInfo:
     name: str = ""  # human-readable model, e.g. a CPU model string, when the job recorded one
 
 
-def _read_yaml_mapping(path: Path, keys: str, empty_ok: bool) -> dict[str, Any]:
+def _read_yaml_mapping(path: Path, keys: str, empty_ok: bool, max_bytes: int = MAX_CONFIG_BYTES,
+                       max_nodes: int = MAX_YAML_NODES) -> dict[str, Any]:
     """An optional YAML file holding a mapping: {} when absent (or empty, with `empty_ok`); an error naming the
     file and line when it is not valid YAML, or not a mapping (`keys`: examples of what it should hold)."""
     if not os.path.lexists(path):
         return {}
-    data = load_yaml(path)
+    data = load_yaml(path, max_bytes, max_nodes)
     if data is None and empty_ok:
         return {}
     if not isinstance(data, dict):
@@ -141,7 +143,8 @@ def _read_yaml_mapping(path: Path, keys: str, empty_ok: bool) -> dict[str, Any]:
 
 def read_template(job_dir: Path) -> dict[str, Any]:
     """`hops.base.yaml` as a dict (empty when absent)."""
-    return _read_yaml_mapping(job_dir / TEMPLATE, "pipeline: and hardware:", empty_ok=False)
+    return _read_yaml_mapping(job_dir / TEMPLATE, "pipeline: and hardware:", empty_ok=False,
+                              max_bytes=MAX_LAYOUT_BYTES, max_nodes=MAX_LAYOUT_NODES)
 
 
 def read_device_types(job_dir: Path, template: dict[str, Any] | None = None) -> dict[str, DeviceInfo]:

@@ -2,11 +2,12 @@
 
 Only regular files are read (a FIFO, `/dev/zero` or `/dev/urandom` behind a
 name or a symbolic link is refused without blocking); a configuration file is
-read whole only up to MAX_CONFIG_BYTES, a line only up to MAX_LINE_BYTES, YAML
-only up to MAX_YAML_NODES values with its aliases expanded (a few nested
-aliases expand a small file without bound) and MAX_NESTING levels. The bounds sit far above what real jobs write: the 56
-shared cluster runs and the CPU captures have configuration files of at most
-1.8 KB and lines of at most 367 bytes.
+read whole only up to MAX_CONFIG_BYTES (MAX_LAYOUT_BYTES for the files that
+grow with the stages), a line only up to MAX_LINE_BYTES, YAML only up to a
+number of values with its aliases expanded (a few nested aliases expand a
+small file without bound) and MAX_NESTING levels. The bounds sit far above
+what real jobs write: the 56 shared cluster runs and the CPU captures have
+configuration files of at most 1.8 KB and lines of at most 367 bytes.
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ from typing import Any, BinaryIO, Iterator
 
 from hops_calib.trace.errors import TraceError
 
-MAX_CONFIG_BYTES = 64 << 10  # megatron_args.txt, hops.base.yaml, manifest.yaml, hops_trace_map.json (real: <= 1.8 KB)
+MAX_CONFIG_BYTES = 64 << 10  # megatron_args.txt, manifest.yaml (real: <= 751 bytes)
+# hops.base.yaml, hops_trace_map.json: they grow with the stages and devices (real: <= 1.8 KB for 5 stages, about
+# 350 bytes a stage), so thousands of stages fit
+MAX_LAYOUT_BYTES = 4 << 20
 MAX_LINE_BYTES = 64 << 10  # one line of an event log, link benchmark or rank log (real: <= 367 bytes)
 MAX_NESTING = 32  # levels of YAML mappings and lists (real: 3)
-MAX_YAML_NODES = 10_000  # values of a YAML file with its aliases expanded (real: at most 153 scalars)
+MAX_YAML_NODES = 10_000  # values of manifest.yaml with its aliases expanded (kept in fixture.json; real: <= 6)
+MAX_LAYOUT_NODES = 1_000_000  # values of hops.base.yaml, aliases expanded (real: <= 153 for 5 stages, ~25 a stage)
 MAX_HOSTNAME = 255  # characters of an event's hostname (DNS names have at most 253)
 
 
@@ -72,9 +77,9 @@ def read_config_bytes(path: Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
     with open_regular(path) as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
-        raise TraceError(path, f"is larger than {limit >> 10} KiB, which no configuration file of a job is (the "
-                         "largest real one is 1.8 KB)", hint="copy the job's own file here (this one is another "
-                         "file, or damaged)")
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+        raise TraceError(path, f"is larger than {size}, far more than a job's configuration needs (the largest real "
+                         "one is 1.8 KB)", hint="copy the job's own file here (this one is another file, or damaged)")
     return data
 
 
@@ -119,15 +124,15 @@ def _nesting_error(path: Path, line: int | None) -> TraceError:
                       hint="a job's configuration is a few levels deep: copy the job's own file here")
 
 
-def load_yaml(path: Path) -> Any:
-    """A YAML file's data, safely: bounded size, at most MAX_YAML_NODES values once aliases (`*name`) are expanded,
-    at most MAX_NESTING levels; TraceError (file, line) otherwise, and for text that is not YAML."""
+def load_yaml(path: Path, max_bytes: int = MAX_CONFIG_BYTES, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """A YAML file's data, safely: at most `max_bytes`, at most `max_nodes` values once aliases (`*name`) are
+    expanded, at most MAX_NESTING levels; TraceError (file, line) otherwise, and for text that is not YAML."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~10x faster, same result on safe YAML
-    text = read_config_text(path)
+    text = read_config_text(path, max_bytes)
     try:
-        _check_expansion(path, yaml.parse(text, Loader=loader))
+        _check_expansion(path, yaml.parse(text, Loader=loader), max_nodes)
         return yaml.load(text, Loader=loader)
     except TraceError:
         raise
@@ -139,9 +144,9 @@ def load_yaml(path: Path) -> Any:
         raise TraceError(path, f"holds a value that cannot be read ({err})", hint="fix the value") from None
 
 
-def _check_expansion(path: Path, events: Iterator[Any]) -> None:
+def _check_expansion(path: Path, events: Iterator[Any], max_nodes: int) -> None:
     """TraceError when the YAML events nest deeper than MAX_NESTING or expand (aliases counted at the size of what
-    they name) to more than MAX_YAML_NODES values: a few nested aliases in a small file make billions."""
+    they name) to more than `max_nodes` values: a few nested aliases in a small file make billions."""
     import yaml
 
     sizes: dict[str, int] = {}  # anchor -> values its node expands to
@@ -169,18 +174,18 @@ def _check_expansion(path: Path, events: Iterator[Any]) -> None:
         else:
             total += size
             size = total
-        if size > MAX_YAML_NODES:
-            raise TraceError(path, f"expands to more than {MAX_YAML_NODES} values once its aliases (*name) are "
+        if size > max_nodes:
+            raise TraceError(path, f"expands to more than {max_nodes} values once its aliases (*name) are "
                              "written out", line=event.start_mark.line + 1,
-                             hint="a job's configuration has a few dozen: write the values out instead of nesting "
-                                  "aliases (a few nested ones expand a small file without bound)")
+                             hint="write the values out instead of nesting aliases (a few nested ones expand a "
+                                  "small file without bound)")
 
 
-def load_json(path: Path) -> Any:
-    """A small JSON file's data: bounded size, UTF-8, nesting Python can parse; TraceError (file, line) otherwise."""
+def load_json(path: Path, max_bytes: int = MAX_CONFIG_BYTES) -> Any:
+    """A JSON file's data: at most `max_bytes`, UTF-8, nesting Python can parse; TraceError (file, line) otherwise."""
     import json
 
-    text = read_config_text(path)
+    text = read_config_text(path, max_bytes)
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
