@@ -23,9 +23,9 @@ import shutil
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -238,6 +238,9 @@ class FixtureStore:
 
     def __init__(self, path: Path | str) -> None:
         self.root = Path(path)
+        # the journal of the ingest holding the lock through this object (see `lock`)
+        self._journal: dict[str, Any] = {}
+        self._left_writing = self._finished = False
 
     # -- reading ---------------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -460,15 +463,13 @@ class FixtureStore:
             self._journal = {"pid": os.getpid(), "sources": [os.path.abspath(s) for s in sources],
                              "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                              "writing": self._left_writing}
+            self._finished = False
             atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))
             yield
             if not self._journal["writing"] or self._finished:
                 (self.root / JOURNAL_FILE).unlink(missing_ok=True)
         finally:
-            self._finished = False
             lock.release()
-
-    _finished = False
 
     def begin_writing(self) -> None:
         """Record (before the first change) that the store is changing: should the writer stop before `finish`,
