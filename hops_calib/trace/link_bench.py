@@ -196,7 +196,8 @@ def read_link_fits(bench_dir: Path, pp: int | None = None, notes: list[str] | No
             have = {frozenset((i, j)) for i, j, _ in pairs}
             missing = [f"{k}-{k + 1}" for k in range(pp - 1) if frozenset((k, k + 1)) not in have]
             if ignored:
-                notes.append(f"{bench_dir}: ignored {', '.join(ignored)} (a link benchmark file is named "
+                shown = ", ".join(ignored[:8]) + (f", ... ({len(ignored)} files)" if len(ignored) > 8 else "")
+                notes.append(f"{bench_dir}: ignored {shown} (a link benchmark file is named "
                              "pair_<i>_<j>.jsonl)")
             if pairs and missing:
                 notes.append(f"{bench_dir}: no benchmark for the hop(s) {', '.join(missing)}: they are priced "

@@ -161,6 +161,10 @@ def _check_expansion(path: Path, events: Iterator[Any], max_nodes: int) -> None:
         if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             anchor, size = open_nodes.pop()
         elif isinstance(event, yaml.AliasEvent):
+            if any(node[0] == event.anchor for node in open_nodes):
+                raise TraceError(path, f"the alias *{event.anchor} stands inside the value it names (a value that "
+                                 "holds itself)", line=event.start_mark.line + 1,
+                                 hint="write the value out; a configuration holds no value inside itself")
             anchor, size = None, sizes.get(event.anchor, 1)
         elif isinstance(event, yaml.ScalarEvent):
             anchor, size = event.anchor, 1
