@@ -91,13 +91,13 @@ def read_config_text(path: Path, limit: int = MAX_CONFIG_BYTES) -> str:
 def bounded_lines(handle: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes | None]]:
     """(1-based number, line bytes) of each line; None instead of the bytes for a line longer than `limit`, which is
     skipped without being held in memory."""
-    number = 0
+    number, readline, cap = 0, handle.readline, limit + 1
     while True:
-        raw = handle.readline(limit + 1)
+        raw = readline(cap)
         if not raw:
             return
         number += 1
-        if len(raw) > limit and not raw.endswith(b"\n"):
+        if len(raw) == cap and raw[-1] != 10:  # (10: b"\n")
             while raw and not raw.endswith(b"\n"):  # skip the rest of the long line, a block at a time
                 raw = handle.readline(1 << 16)
             yield number, None
