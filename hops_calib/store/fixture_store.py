@@ -419,7 +419,8 @@ class FixtureStore:
             return None
         return (f"{self.root}: {self._ingest_named(journal)} stopped before it finished: the index may not list the "
                 f"fixtures it wrote, nor drop the ones it replaced; run `{self._rerun(journal)}` to finish it (the "
-                "fixtures it wrote are kept, unchanged runs are skipped)")
+                "fixtures it wrote are kept, unchanged runs are skipped; any ingest into this store puts its index "
+                "right)")
 
     def check_finished(self) -> None:
         """StoreError (what to run) when an ingest stopped part way: what the store holds is not what it lists."""
