@@ -61,7 +61,7 @@ def test_the_look_remembers_its_held_out_groups_by_name_and_content(looked, shar
     assert meta["file_sha256"]["events.parquet"] in groups[meta["group"]]
 
 
-def test_a_renamed_copy_of_a_test_run_in_a_train_store_is_refused(looked, tmp_path: Path):
+def test_a_renamed_copy_of_a_test_run_in_a_train_store_is_refused(looked, shared_fixtures: Path, tmp_path: Path):
     ledger, test_id, job = looked
     copy = _copy(job, tmp_path / "src" / "innocent_looking_run1")
     store = tmp_path / "fixtures"
@@ -72,9 +72,10 @@ def test_a_renamed_copy_of_a_test_run_in_a_train_store_is_refused(looked, tmp_pa
         done = cli(*verb, "--fixtures", str(store), "--ledger", str(ledger))
         message = flat(done.stderr)
         assert done.returncode == 2, (verb, done.stdout, done.stderr)
-        assert "holds in its train split 1 group(s) the ledger remembers as held out" in message
-        assert "innocent_looking (innocent_looking_run1)" in message
-        assert f"a renamed copy" in message and "by ledger entry 1 (an audited report on the test split" in message
+        assert ("holds in its train split 1 group(s) the ledger remembers as held out, by ledger entry 1 (an audited "
+                "report on the test split") in message
+        assert ("innocent_looking (innocent_looking_run1: the same events as a run of held-out group "
+                f"'{FixtureStore(shared_fixtures).meta(test_id)['group']}', a renamed copy)") in message
         assert "--allow-held-out" in message
     assert len(entries(ledger)) == 1  # refusals record nothing
 
@@ -84,7 +85,10 @@ def test_the_same_test_run_forced_into_train_is_refused_by_name(looked, tmp_path
     store = tmp_path / "fixtures"
     assert cli("ingest", str(job), "--fixtures", str(store), "--split", "train").returncode == 0
     done = cli("evaluate", "--fixtures", str(store), "--ledger", str(ledger))
-    assert done.returncode == 2 and f"held out as '{FixtureStore(store).meta(test_id)['group']}'" in flat(done.stderr)
+    group = FixtureStore(store).meta(test_id)["group"]
+    assert done.returncode == 2, done.stderr
+    assert f"remembers as held out, by ledger entry 1 (an audited report on the test split" in flat(done.stderr)
+    assert f"{group} ({test_id})" in flat(done.stderr)
 
 
 def test_the_override_goes_on_and_the_ledger_records_it(looked, tmp_path: Path):
@@ -96,8 +100,8 @@ def test_the_override_goes_on_and_the_ledger_records_it(looked, tmp_path: Path):
     assert cli("ingest", str(copy), "--fixtures", str(store), "--split", "train").returncode == 0
     done = cli("evaluate", "--fixtures", str(store), "--ledger", str(own), "--allow-held-out")
     assert done.returncode == 0, done.stderr
-    assert "went on over 1 held-out group(s) in the train split (--allow-held-out), recorded (ledger entry 2)" in \
-        flat(done.stderr)
+    assert ("went on over 1 held-out group(s) in the train split (--allow-held-out), recorded (ledger entry 2); held "
+            "out by ledger entry 1") in flat(done.stderr)
     override = entries(own)[-1]
     assert override["kind"] == "held_out_override" and override["verb"] == "evaluate"
     assert override["held_out_override"][0]["group"] == "innocent_looking"

@@ -37,15 +37,30 @@ class Leak:
     seq: int | None  # the ledger entry that held it out
     look: str  # what that entry was
 
-    def describe(self) -> str:
+    def named(self) -> str:
+        """The group and its runs, and for a copy, which held-out group it copies."""
         runs = ", ".join(self.ids[:3]) + (", ..." if len(self.ids) > 3 else "")
-        how = (f"held out as {self.held_out_as!r}" if self.by == "name"
-               else f"the same events as a run of held-out group {self.held_out_as!r} (a renamed copy)")
-        return f"{self.group} ({runs}): {how} by ledger entry {self.seq} ({self.look})"
+        copy = (f": the same events as a run of held-out group {self.held_out_as!r}, a renamed copy"
+                if self.by == "content" else "")
+        return f"{self.group} ({runs}{copy})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"group": self.group, "ids": list(self.ids), "held_out_as": self.held_out_as, "by": self.by,
                 "seq": self.seq, "look": self.look}
+
+
+def describe(found: list[Leak], most: int = 8) -> str:
+    """The groups, by the ledger entry that held them out: "by ledger entry 12 (an audited report ...): a (a_run1),
+    b (b_run2); ..."."""
+    by_entry: dict[tuple[Any, str], list[Leak]] = {}
+    for leak in found:
+        by_entry.setdefault((leak.seq, leak.look), []).append(leak)
+    parts = []
+    for (seq, look), leaks in by_entry.items():
+        shown = ", ".join(leak.named() for leak in leaks[:most]) + (f", ... ({len(leaks)} groups)"
+                                                                     if len(leaks) > most else "")
+        parts.append(f"by ledger entry {seq} ({look}): {shown}")
+    return "; ".join(parts)
 
 
 class HeldOutInTrain(InputError):
@@ -108,8 +123,8 @@ def _entries(ledger_path: Path | str | None) -> list[dict[str, Any]]:
 def override_warning(found: list[Leak], entry: dict[str, Any] | None = None) -> str:
     """What a verb that went on over held-out groups (--allow-held-out) says."""
     where = f" (ledger entry {entry['seq']})" if entry else " (in its ledger entry)"
-    return (f"went on over {len(found)} held-out group(s) in the train split ({OVERRIDE_FLAG}), recorded{where}: "
-            + "; ".join(leak.describe() for leak in found[:5]) + ("; ..." if len(found) > 5 else ""))
+    return (f"went on over {len(found)} held-out group(s) in the train split ({OVERRIDE_FLAG}), recorded{where}; "
+            f"held out {describe(found)}")
 
 
 def guard_store(fixtures_dir: Path | str, ledger_path: Path | str | None, verb: str, allow: bool) -> list[str]:
@@ -139,9 +154,9 @@ def guard(store, ledger_path: Path | str | None, verb: str, allow: bool) -> list
     `allow`, return those groups for the caller to record (see `record_override`)."""
     found = leaks(store, _entries(ledger_path))
     if found and not allow:
-        lines = "; ".join(leak.describe() for leak in found[:5]) + ("; ..." if len(found) > 5 else "")
         raise HeldOutInTrain(
-            store.root, f"holds in its train split {len(found)} group(s) the ledger remembers as held out: {lines}",
+            store.root, f"holds in its train split {len(found)} group(s) the ledger remembers as held out, "
+                        f"{describe(found)}",
             field="split",
             hint=f"{verb} would fit or judge on the test split. Ingest these runs into the store's test split (or "
                  f"leave them out); {OVERRIDE_FLAG} goes on regardless, and the ledger records the override")
