@@ -201,10 +201,18 @@ def test_one_bad_run_is_rejected_the_others_land_and_the_exit_code_says_so(run_c
     log.write_text(log.read_text()[:-40])
     store_dir = tmp_path / "fixtures"
     result = CliRunner().invoke(app, ["ingest", str(run_copy.parent), "--fixtures", str(store_dir)])
-    assert result.exit_code == 1
+    assert result.exit_code == 6  # partial: its own exit code (#22), not 1 (rejected)
     assert f"{log}:" in result.stderr and "truncated last line" in result.stderr
     assert FixtureStore(store_dir).ids() == [other.name]
     assert "1 new" in result.stdout and "1 rejected" in result.stdout
+    # --json: one object with the status, every run's outcome and the warnings (not only on stderr)
+    again = CliRunner().invoke(app, ["ingest", str(run_copy.parent), "--fixtures", str(store_dir), "--json"])
+    assert again.exit_code == 6
+    data = json.loads(again.stdout)
+    assert data["status"] == "partial" and data["rejected"] == 1 and data["unchanged"] == 1
+    [bad] = [r for r in data["runs"] if r["status"] == "rejected"]
+    assert f"{log}:" in bad["error"] and "truncated last line" in bad["error"]
+    assert all(isinstance(w, str) for w in data["warnings"])
 
 
 def test_lenient_drops_bad_lines_and_counts_them(run_copy, tmp_path):

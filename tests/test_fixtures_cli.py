@@ -19,7 +19,9 @@ def _run(*args: str):
 def test_list_json_has_one_object_per_fixture(shared_store):
     result = _run("fixtures", "list", "--fixtures", str(shared_store.root), "--json")
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
+    data = json.loads(result.stdout)
+    assert data["status"] == "ok"
+    rows = data["fixtures"]
     index = shared_store.index()
     assert [r["id"] for r in rows] == list(index["id"])
     for row in rows:
@@ -99,4 +101,4 @@ def test_ingest_refuses_bad_options_with_exit_code_2(shared_runs, tmp_path):
     result = _run("ingest", run, "--fixtures", str(tmp_path / "fx"), "--test-fraction", "1.5")
     assert result.exit_code == 2 and "--test-fraction 1.5" in result.stderr
     result = _run("ingest", str(tmp_path / "nowhere"), "--fixtures", str(tmp_path / "fx"))
-    assert result.exit_code == 1 and "does not exist" in result.stderr
+    assert result.exit_code == 6 and "does not exist" in result.stderr  # partial (#22: its own exit code)

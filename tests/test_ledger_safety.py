@@ -34,10 +34,13 @@ def test_a_commit_interrupted_before_the_model_write_is_found_and_repaired(share
 
     verified = cli("ledger", "verify", "--ledger", ledger)
     message = " ".join(verified.stderr.split())
-    assert verified.exit_code == 1
+    assert verified.exit_code == 5  # a ledger that fails verify
     assert (f"{ledger}:1: entry 1 committed model {entry['model_sha256_after'][:12]} into {model.resolve()}, but the "
             f"file holds {before[:12]}, the model the entry was judged against") in message
     assert "`hops-calib ledger repair` writes the committed model" in message
+
+    refused = cli("ledger", "plan", "--note", "next", "--ledger", ledger)  # nothing appended over it
+    assert refused.exit_code == 5 and "run `hops-calib ledger repair" in " ".join(refused.stderr.split())
 
     repaired = cli("ledger", "repair", "--ledger", ledger)
     assert repaired.exit_code == 0, repaired.output
@@ -78,7 +81,7 @@ def test_a_torn_last_line_points_at_repair_not_at_git_checkout(tmp_path):
         handle.write(line[:20])
     refused = cli("ledger", "plan", "--note", "three", "--ledger", ledger)
     message = " ".join(refused.stderr.split())
-    assert refused.exit_code == 2
+    assert refused.exit_code == 5  # a broken ledger
     assert f"run `hops-calib ledger repair --ledger {ledger}`" in message and "git checkout" not in message
     assert cli("ledger", "repair", "--ledger", ledger).exit_code == 0
     assert cli("ledger", "plan", "--note", "three", "--ledger", ledger).exit_code == 0

@@ -112,7 +112,22 @@ def test_an_improving_one_term_candidate_is_accepted_recorded_and_committed(shar
     assert len(data["reasons"]) == 7 and all("fails" not in r for r in data["reasons"])
     low, high = data["mape_change_interval_pp"]  # the improvement, configurations resampled: below zero
     assert low <= data["after"]["throughput_mape_pct"] - data["before"]["throughput_mape_pct"] <= high
-    assert 0 < data["runs_moved"] <= len(data["runs"])  # the term it adds prices something in these runs
+    # the term it adds prices something in these runs, and the JSON says which, with each run's before and after
+    assert 0 < data["n_runs_moved"] == len(data["runs_moved"]) <= len(data["runs"])
+    per_run = {row["run_id"]: row for row in data["per_run"]}
+    assert set(per_run) == {r["run_id"] for r in data["runs"]}
+    assert {i for i, row in per_run.items() if row["moved"]} == set(data["runs_moved"])
+    for run in data["runs"]:  # `runs` are the scored model's (the candidate's); per_run's after is the same
+        row = per_run[run["run_id"]]
+        assert row["after"]["throughput_error_pct"] == run["throughput_error_pct"]
+        assert row["delta"]["throughput_error_pct"] == pytest.approx(
+            row["after"]["throughput_error_pct"] - row["before"]["throughput_error_pct"])
+        assert row["before"]["stall_free_error_pct"].startswith("not_computed")  # no silent null
+    assert data["scored_model"]["sha256"] == data["candidate_model_sha256"] != data["base_model"]["sha256"]
+    assert data["within_noise"] == (low <= 0 <= high)
+    floor = data["stall_noise"]
+    assert floor["after"]["excess_pp"] == pytest.approx(data["after"]["throughput_mape_pct"]
+                                                        - data["after"]["stall_noise_mape_pct"])
     assert model.read_text() == before_text  # without --commit only the ledger changes
     [entry] = list(read_entries(ledger))
     assert entry["decision"] == "accepted" and entry["candidate"]["text"] == candidate.read_text()
@@ -121,8 +136,14 @@ def test_an_improving_one_term_candidate_is_accepted_recorded_and_committed(shar
     assert entry["fixture_set_sha256"] == data["fixture_set_sha256"] and entry["split"] == "train"
     assert entry["aggregates_after"] == data["after"] and entry["code_revision"]
 
+    # --commit belongs on the judging evaluation (#22): a second one would only repeat entry 1, so it is refused...
+    repeat = cli("evaluate", candidate, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                 "--commit")
+    assert repeat.exit_code == 2 and "ledger entry 1 already judged" in repeat.stderr
+    assert len(list(read_entries(ledger))) == 1
+    # ... unless asked for with --again
     committed = cli("evaluate", candidate, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
-                    "--commit")
+                    "--commit", "--again")
     assert committed.exit_code == 0, committed.output
     assert "ACCEPTED" in committed.stdout and f"committed into {model}" in committed.stdout
     assert load_model(model).sha256 == data["candidate_model_sha256"]
@@ -209,7 +230,7 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
         result = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--json", *again)
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
-        assert set(data) == AGGREGATES | {"split", "model_sha256", "ledger", "train", "gap_to_train_pp",
+        assert set(data) == AGGREGATES | {"status", "split", "model_sha256", "ledger", "train", "gap_to_train_pp",
                                           "outside_train", "predictions_changed", "intervals", "model",
                                           "fixture_set_sha256"}
         assert data["n_fixtures"] == len(test_ids) and data["split"] == "test"
@@ -270,15 +291,15 @@ def test_ledger_cli_verifies_and_names_tampered_and_truncated_lines(shared_fixtu
     lines[1] = lines[1].replace('"split":"test"', '"split":"train"')
     ledger.write_text("".join(lines))
     tampered = cli("ledger", "verify", "--ledger", ledger, "--json")
-    assert tampered.exit_code == 1
+    assert tampered.exit_code == 5  # a broken ledger (#22: its own exit code)
     assert [p["line"] for p in json.loads(tampered.stdout)["problems"]] == [2, 3]
 
     lines[1] = lines[1].replace('"split":"train"', '"split":"test"')
     ledger.write_text("".join(lines) + lines[2][:50])
     truncated = cli("ledger", "verify", "--ledger", ledger)
-    assert truncated.exit_code == 1 and f"{ledger}:4: incomplete" in truncated.stderr and "interrupted" in truncated.stderr
+    assert truncated.exit_code == 5 and f"{ledger}:4: incomplete" in truncated.stderr and "interrupted" in truncated.stderr
     blocked = cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger, "--again")
-    assert blocked.exit_code == 2 and "ledger repair" in blocked.stderr
+    assert blocked.exit_code == 5 and "ledger repair" in blocked.stderr
     assert cli("ledger", "repair", "--ledger", ledger).exit_code == 0
     assert cli("ledger", "verify", "--ledger", ledger).exit_code == 0
 
@@ -407,7 +428,7 @@ def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, sh
     window = json.loads(cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
                             "--json").stdout)
     free = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json",
-               "--run-error", "stall-free")
+               "--run-error", "stall-free", "--again")  # the same text judged again, under another per-run rule
     assert free.exit_code in (0, 1), free.output
     data = json.loads(free.stdout)
     # The suite is judged alike; only the per-run rule reads another error, and the entry says which.
@@ -416,18 +437,23 @@ def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, sh
     assert window["tolerances"]["run_throughput_error"] == "window"
     assert list(read_entries(ledger))[-1]["tolerances"]["run_throughput_error"] == "stall-free"
     runs = {r["run_id"]: r for r in data["runs"]}
-    assert all(r["stall_free_error_pct"] is None for r in window["runs"])
+    # not scored without --run-error stall-free, and said so (no silent null)
+    assert all(r["stall_free_error_pct"] == "not_computed (--run-error stall-free computes it)" for r in window["runs"])
     for regression in data["regressions"]:
         if regression["metric"] == "throughput":
-            assert regression["error"] == ("stall-free" if runs[regression["run_id"]]["stall_free_error_pct"]
-                                           is not None else "window")
+            assert regression["error"] == ("stall-free" if isinstance(runs[regression["run_id"]]["stall_free_error_pct"],
+                                                                      float) else "window")
     # The same model's stall-free errors as observe computes them, run by run (None without optimizer events).
     from hops_calib.research.observe import observe
 
     plain = json.loads(cli("evaluate", "--fixtures", shared_fixtures, "--model", model, "--json",
                            "--run-error", "stall-free").stdout)
     observed = {run.id: run.stall_free_error_pct for run in observe(shared_fixtures, model_path=model).runs}
-    assert {r["run_id"]: r["stall_free_error_pct"] for r in plain["runs"]} == pytest.approx(observed)
+    # (a run whose trace cannot give it says why instead of null)
+    assert {r["run_id"]: r["stall_free_error_pct"] for r in plain["runs"] if isinstance(r["stall_free_error_pct"], float)
+            } == pytest.approx({i: v for i, v in observed.items() if v is not None})
+    assert all(r["stall_free_error_pct"].startswith("cannot be computed") for r in plain["runs"]
+               if observed[r["run_id"]] is None)
     assert any(value is not None for value in observed.values())
     bad = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
               "--run-error", "median")
@@ -577,7 +603,7 @@ def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_s
     preview = json.loads(cli("report", "--preview", "--fixtures", shared_fixtures, "--ledger", ledger,
                              "--model", slower_a10g, "--json").stdout)
     assert preview["repeat_of"] is None and ledger.read_bytes() == recorded
-    assert set(preview) == {"split", "model_sha256", "of", "repeat_of", "changed_since", "against"}  # no result
+    assert set(preview) == {"status", "split", "model_sha256", "of", "repeat_of", "changed_since", "against"}
     # --against compares two model files' predictions directly (for looks made before digests were recorded).
     shipped_file = tmp_path / "shipped.toml"
     write_model(shipped_file, shipped)
@@ -741,10 +767,10 @@ def test_a_broken_chain_is_never_appended_to_and_readers_warn(shared_fixtures, w
     ledger.write_text("".join(lines))
     before = ledger.read_bytes()
     plan = cli("ledger", "plan", "--note", "four", "--ledger", ledger)
-    assert plan.exit_code == 2 and "fails verification" in plan.stderr and f"{ledger}:2" in plan.stderr
+    assert plan.exit_code == 5 and "fails verification" in plan.stderr and f"{ledger}:2" in plan.stderr
     judged = cli("evaluate", workspace["experiments"] / "improving.toml", "--fixtures", shared_fixtures, "--model",
                  workspace["model"], "--ledger", ledger, "--json")
-    assert judged.exit_code == 2 and json.loads(judged.stdout)["error"]["line"] == 2
+    assert judged.exit_code == 5 and json.loads(judged.stdout)["error"]["line"] == 2
     assert ledger.read_bytes() == before
     shown = cli("ledger", "show", "--ledger", ledger)
     assert shown.exit_code == 0 and "warning" in shown.stderr and "fails verification" in shown.stderr
@@ -766,10 +792,15 @@ def test_a_plan_is_refused_for_a_candidate_already_judged_and_a_reused_id_warns(
     edited.write_text(HARMFUL.replace("cost nothing", "cost nothing at all"))
     again = cli("evaluate", edited, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json")
     assert again.exit_code == 1
-    [warning] = json.loads(again.stdout)["warnings"]
+    [warning] = [w for w in json.loads(again.stdout)["warnings"] if "judged before" in w]
     assert "'free-links' was judged before with another text (ledger entry 1)" in warning
-    # The very same text on the same model and fixtures once more: recorded (every attempt is), and said to repeat
-    repeat = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json")
+    # The very same text on the same model and fixtures once more: refused (#22: it would only repeat entry 1) ...
+    refused = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json")
+    assert refused.exit_code == 2 and "ledger entry 1 already judged" in json.loads(refused.stdout)["error"]["message"]
+    assert len(list(read_entries(ledger))) == 2
+    # ... unless --again: then recorded, and said to repeat
+    repeat = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json",
+                 "--again")
     assert repeat.exit_code == 1 and len(list(read_entries(ledger))) == 3
     assert any("ledger entry 1 already judged this candidate text on this model and fixture set (rejected)" in w
                for w in json.loads(repeat.stdout)["warnings"])
@@ -787,7 +818,7 @@ def test_ledger_show_refuses_a_non_positive_last(tmp_path, last):
 def test_verify_of_a_missing_ledger_names_the_file_not_a_line_0(tmp_path):
     missing = tmp_path / "nowhere.jsonl"
     result = cli("ledger", "verify", "--ledger", missing)
-    assert result.exit_code == 1 and f"{missing}: the ledger file is missing" in result.stderr
+    assert result.exit_code == 5 and f"{missing}: the ledger file is missing" in result.stderr
     assert "line 0" not in result.stderr
 
 

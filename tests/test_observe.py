@@ -36,8 +36,9 @@ def test_parts_add_up_to_the_iteration_time_on_both_sides(observation):
 
 def test_contributors_are_ranked_by_contribution_and_each_is_the_mape_it_removes(observation):
     ranked = observation.ranked
-    contributions = [c.contribution_pp for c in ranked]
-    assert contributions == sorted(contributions, reverse=True)
+    # #22: ranked by the fixable part of the contribution (the contribution less the repeat noise's share)
+    fixable = [c.fixable_mape_pp for c in ranked]
+    assert fixable == sorted(fixable, reverse=True)
     assert {c.quantity for c in ranked} == {"span", "silent", "optimizer", "rest", "forward", "backward"}
     suite_mape = observation.suite.throughput_mape_pct
     runs = {r.id: r for r in observation.runs}
@@ -294,3 +295,38 @@ def test_hop_gaps_read_back_the_simulators_own_hops_and_measure_the_traces(share
     assert sum(r.n_hops for r in rows) == sum(len(run.hops) for run in observation.runs)
     assert rows[0].to_dict()["residual_ms"] == pytest.approx(rows[0].predicted_ms - rows[0].real_ms)
     assert "Hops whose consumer waited" in observation_text(observation)
+
+
+def test_contributors_separate_bias_from_noise_name_their_terms_and_merge_groupings_of_the_same_runs(observation):
+    from hops_calib.store.split import group_of
+
+    ranked = observation.ranked
+    for c in ranked:  # the contribution split into the repeat noise's share and the rest
+        assert c.fixable_mape_pp + c.noise_mape_pp == pytest.approx(c.contribution_pp, abs=1e-12)
+        assert c.residual_spread_ms >= 0 and (c.noise_ms is None or c.noise_ms >= 0)
+    # one finding per quantity and set of runs carrying it: the other slicings are named, not repeated
+    keys = [(c.quantity, frozenset(c.carriers) if c.carriers else frozenset(c.members)) for c in ranked]
+    assert len(keys) == len(set(keys)) and any(c.same_runs for c in ranked)
+    for c in ranked:  # the carriers hold at least 80 % of the contribution, and they are the group's own runs
+        assert set(c.carriers) <= {r for r, _ in c.members}
+    # a group without repeats of its own takes the suite's relative repeat spread of its quantity
+    assert {c.noise_from for c in ranked} >= {"repeats in the group", "the suite's repeats (relative)"}
+    # noise is the real quantity's spread between repeats of one configuration: recomputed for a contributor
+    c = next(c for c in ranked if c.noise_from == "repeats in the group" and c.level == "stage")
+    runs = {r.id: r for r in observation.runs}
+    values: dict = {}
+    for run_id, stage in c.members:
+        row = next(s for s in runs[run_id].stages if s.stage == stage)
+        values.setdefault((group_of(run_id), stage), []).append(row.real(c.quantity))
+    groups = [np.array(v) for v in values.values() if len(v) > 1]
+    pooled = sum(((g - g.mean()) ** 2).sum() for g in groups) / sum(len(g) - 1 for g in groups)
+    assert c.noise_ms == pytest.approx(float(np.sqrt(pooled)))
+    # terms: every contributor names the parameters pricing its quantity (found by perturbing them), and a
+    # per-device value of a device type none of its runs use does not apply to it
+    assert all(c.terms for c in ranked if c.quantity in ("forward", "backward"))
+    for c in ranked:
+        devices = {d for run_id, _ in c.members for d in runs[run_id].spec.devices}
+        for t in c.terms:
+            if "@" in t["param"] and t["param"].partition("@")[2] not in devices:
+                assert not t["applies"], (c.where, t)
+    assert any(not t["applies"] for c in ranked for t in c.terms)  # inert parameters are flagged

@@ -86,13 +86,19 @@ def test_gate_accepts_an_improvement_and_states_every_check():
     assert len(result.reasons) == 7
     assert "improves" in result.reasons[0] and "holds" in result.reasons[2]
     # run2 is predicted as before: the result counts the runs the change moved.
-    assert result.runs_moved == 2 and result.reasons[-2] == "the change moves the predictions of 2 of 3 runs"
+    # run2 is predicted as before: the result names the runs the change moved.
+    assert result.runs_moved == ("run0", "run1") and result.reasons[-2] == "the change moves the predictions of 2 of 3 runs"
     # The change per run is -6, -5 and 0 pp: resampling the configurations, the suite's change stays in there.
     low, high = result.mape_change_interval_pp
     assert -6.0 <= low < high <= 0.0 and "paired bootstrap" in result.reasons[-1]
+    # within noise exactly when the interval straddles 0, said beside the rules that decided
+    assert result.within_noise == (low <= 0.0 <= high) and result.to_dict()["within_noise"] == result.within_noise
+    assert ("within noise" in result.reasons[-1]) == result.within_noise
+    assert result.to_dict()["decided_by"].startswith("every rule held")
     same = gate(before, before, before_suite, before_suite)
-    assert same.accepted and same.runs_moved == 0 and "changing nothing the scores read" in same.reasons[-2]
-    assert same.to_dict()["runs_moved"] == 0 and same.to_dict()["mape_change_interval_pp"] == [0.0, 0.0]
+    assert same.accepted and same.runs_moved == () and "changing nothing the scores read" in same.reasons[-2]
+    assert same.to_dict()["runs_moved"] == [] and same.to_dict()["n_runs_moved"] == 0
+    assert same.to_dict()["mape_change_interval_pp"] == [0.0, 0.0] and same.within_noise
 
 
 def test_gate_names_a_run_that_regressed_even_when_the_suite_improves():

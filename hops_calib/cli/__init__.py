@@ -78,20 +78,24 @@ def ingest(
         None, "--clock-skew-ms", min=0.0,
         help="How far (ms) a stage may seem to start before the stage feeding it finished, from the nodes' clock "
              "offsets, before the run is refused as impossible (default: 2)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: counts, every run's outcome and "
+                                                       "warnings."),
     lock_timeout: float = typer.Option(
         600.0, "--lock-timeout", min=0.0,
         help="Seconds to wait for the store lock another ingest holds (it says whose) before giving up (exit 2)."),
 ) -> None:
-    """Ingest Megatron job directories into the Parquet fixture store."""
+    """Ingest Megatron job directories into the Parquet fixture store. Exit 0 every run stored, 6 some rejected
+    (the others stored), 2 a bad store."""
     from hops_calib.cli.data import ingest_command
 
-    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, lock_timeout))
+    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, as_json,
+                                    lock_timeout=lock_timeout))
 
 
 @fixtures_app.command("list")
 def fixtures_list(
     fixtures: Path = FIXTURES_OPTION,
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON array."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fixtures: one row each)."),
 ) -> None:
     """One line per fixture: split, observed and declared schedule, devices, throughput, bubble (test: withheld)."""
     from hops_calib.cli.data import list_command
@@ -156,6 +160,10 @@ TOLERANCE_OPTIONS = (
      "Which throughput error the per-run rule reads: window (default) or stall-free (the runs' random retransmission "
      "stalls taken out of both sides, where the trace shows them); the suite rules always read the window error."),
 )
+OFF_RECORD_OPTION = typer.Option(
+    False, "--off-record", help="Judge on a store other than the one the model was calibrated on (per the ledger), "
+                                "or a change that moves no run there; the ledger entry is marked off_record (a change "
+                                "that moves no run is never committed).")
 PLAN_OPTION = typer.Option(
     None, "--plan", help="Judge under the tolerances of this ledger plan entry (`ledger plan`), stated beforehand; "
                          "cited in the entry. No tolerance option with it.")
@@ -183,6 +191,24 @@ def with_tolerances(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 ledger_app = typer.Typer(help="The append-only, hash-chained experiment ledger.", no_args_is_help=True)
 app.add_typer(ledger_app, name="ledger")
+candidate_app = typer.Typer(help="Candidate files (experiments/ID.toml): one term's change each.", no_args_is_help=True)
+app.add_typer(candidate_app, name="candidate")
+
+
+@candidate_app.command("new")
+def candidate_new(
+    term: str = typer.Argument(..., help="The cost term the candidate changes (see `hops-calib terms`)."),
+    candidate_id: Optional[str] = typer.Option(None, "--id", help="The candidate's id and file name (default: the "
+                                                                  "next number in the folder, then the term)."),
+    folder: Path = typer.Option(Path("experiments"), "--dir", help="Where to write it."),
+    model: Optional[Path] = MODEL_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (path, id, text)."),
+) -> None:
+    """Write a scaffold DIR/ID.toml for a one-term change: the term's parameters with the model's current values,
+    defaults and bounds, and the hypothesis and grounding to fill in (evaluate refuses it until they are)."""
+    from hops_calib.cli.loop import candidate_new_command
+
+    raise typer.Exit(candidate_new_command(term, candidate_id, folder, model, as_json))
 
 
 @app.command()
@@ -225,16 +251,21 @@ def evaluate(
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
     tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
     plan: Optional[int] = PLAN_OPTION,
+    off_record: bool = OFF_RECORD_OPTION,
+    again: bool = typer.Option(False, "--again", help="Judge a candidate text the ledger already judged on this "
+                                                      "model and fixture set (refused otherwise: it would repeat it)."),
     allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Score the model on the train split; with a candidate, gate it and record the answer.
 
-    Exit 0 accepted (or no candidate), 1 rejected, 2 invalid input. Tolerances default to hops_calib.loop.gate.Tolerances.
+    Exit 0 accepted (or no candidate), 1 rejected, 2 invalid input, 4 refused: the store is not the one the model
+    was calibrated on, or the candidate moves no run (see README, exit codes). Tolerances default to
+    hops_calib.loop.gate.Tolerances.
     """
     from hops_calib.cli.loop import evaluate_command
 
     raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances, plan,
-                                      allow_held_out))
+                                      off_record=off_record, again=again, allow_held_out=allow_held_out))
 
 
 @app.command()
@@ -251,18 +282,20 @@ def compare(
         None, "--commit", help="Carry the verdict out in this model file (the one the move's steps were committed "
                                "into, e.g. the shipped model): the model after if accepted, BEFORE if rejected."),
     plan: Optional[int] = PLAN_OPTION,
+    off_record: bool = OFF_RECORD_OPTION,
     allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Gate a whole model (--model, default the shipped one) against BEFORE on the train split; record the answer.
 
     For a move: candidates that hold the suite only together land one by one, each with the relaxed tolerances it
     needed; this judges the end against the start under the usual ones, and with --commit keeps the end or undoes
-    the move. Exit 0 accepted, 1 rejected, 2 invalid.
+    the move. Exit 0 accepted, 1 rejected, 2 invalid, 4 off the record (another store than the model's, or the
+    models predict every run alike).
     """
     from hops_calib.cli.loop import compare_command
 
     raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, tolerances, commit_into, plan,
-                                     allow_held_out))
+                                     off_record=off_record, allow_held_out=allow_held_out))
 
 
 @app.command()
@@ -485,13 +518,15 @@ def tune(
     only: Optional[List[str]] = typer.Option(
         None, "--only", help="Search only this parameter (repeatable); the others keep the model's values."),
     ledger: Path = LEDGER_OPTION,
+    off_record: bool = OFF_RECORD_OPTION,
     allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
-    """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate."""
+    """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate
+    (experiments/ID.toml). Exit 0 written, 1 none (no trial beats the model: status no_candidate), 4 off the record."""
     from hops_calib.cli.research import tune_command
 
     raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
-                                  objective, tuple(only or ()), ledger, allow_held_out))
+                                  objective, tuple(only or ()), ledger, off_record, allow_held_out))
 
 
 @app.command()
@@ -523,8 +558,9 @@ def crossval(
 
 
 def main() -> None:
-    """The entry point. Exit codes: 0 ok / accepted, 1 rejected (or a ledger that fails verify), 2 bad input or
-    usage, 3 an internal error (a bug; the verbs of hops_calib.cli.loop report their own, this catches the rest).
+    """The entry point. Exit codes (hops_calib.cli.output; README, "Exit codes"): 0 ok / accepted, 1 rejected, 2 bad
+    input or usage, 4 refused off the record, 5 a broken ledger, 6 a partial ingest, 3 an internal error (a bug;
+    the verbs report their own, this catches the rest).
     A usage error (an option's value, an unknown verb) under --json is also one {"error": ...} object on stdout,
     as the verbs' own errors are."""
     import sys

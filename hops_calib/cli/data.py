@@ -17,32 +17,46 @@ def _err(message: str) -> None:
 
 
 def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
-                   lenient: bool = False, skew_ms: float | None = None,
+                   lenient: bool = False, skew_ms: float | None = None, as_json: bool = False,
                    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S) -> int:
-    """Ingest and print a summary; rejected runs go to stderr. 0 when every run made it, 1 otherwise."""
+    """Ingest and print a summary; warnings, rejected runs, what the search skipped (notes) and whom it waits for
+    go to stderr (and, with --json, into the object). 0 when every run made it, 6 (partial) when some were
+    rejected and the others stored, 2 for a bad store (or a lock still held after `lock_timeout` s)."""
+    from hops_calib.cli.output import EXIT_OK, EXIT_PARTIAL, print_json
     from hops_calib.progress import progress_bar
 
     store = FixtureStore(fixtures)
-    with progress_bar("ingest") as progress:
-        def on_run(outcome: RunOutcome) -> None:
-            progress.advance(outcome.run_id or str(outcome.source))
-            for warning in outcome.warnings:
-                _err(f"warning: {outcome.run_id}: {warning}")
-            if outcome.status == "rejected":
-                _err(f"rejected: {outcome.run_id}: {outcome.error}" if outcome.run_id else f"rejected: {outcome.error}")
 
-        try:
+    def run() -> int:
+        with progress_bar("ingest", quiet=as_json) as progress:
+            def on_run(outcome: RunOutcome) -> None:
+                progress.advance(outcome.run_id or str(outcome.source))
+                for warning in outcome.warnings:
+                    _err(f"warning: {outcome.run_id}: {warning}")
+                if outcome.status == "rejected":
+                    _err(f"rejected: {outcome.run_id}: {outcome.error}" if outcome.run_id
+                         else f"rejected: {outcome.error}")
+
             extra = {} if skew_ms is None else {"skew_ms": skew_ms}
             report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
                             on_run=on_run, on_start=progress.start, lock_timeout=lock_timeout,
                             on_wait=lambda line: _err(f"{line} ..."), **extra)
-        except StoreError as err:
-            _err(f"error: {err}")
-            return 2
-    for note in report.notes:
-        _err(f"note: {note}")
-    print(views.ingest_summary(report, store))
-    return 0 if report.ok else 1
+        code = EXIT_OK if report.ok else EXIT_PARTIAL
+        for note in report.notes:
+            _err(f"note: {note}")
+        if as_json:
+            print_json({"fixtures": str(store.root),
+                        **{status: report.count(status) for status in ("new", "updated", "unchanged", "rejected")},
+                        "runs": [{"source": str(o.source), "run_id": o.run_id, "status": o.status, "split": o.split,
+                                  "error": o.error, "warnings": list(o.warnings)} for o in report.outcomes],
+                        "warnings": [f"{o.run_id}: {w}" for o in report.outcomes for w in o.warnings],
+                        "notes": list(report.notes)},
+                       "ok" if report.ok else "partial")
+        else:
+            print(views.ingest_summary(report, store))
+        return code
+
+    return guarded(run, as_json)
 
 
 def list_command(fixtures: Path, as_json: bool = False) -> int:
@@ -53,7 +67,12 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
         running = store.running()
         if running:
             _err(f"warning: {running}")
-        print(views.list_json(store) if as_json else views.list_text(store))
+        if as_json:
+            from hops_calib.cli.output import print_json
+
+            print_json({"fixtures_dir": str(store.root), "fixtures": views.fixture_rows(store)})
+        else:
+            print(views.list_text(store))
         return 0
 
     return guarded(run, as_json)
@@ -61,11 +80,14 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
 
 def show_command(fixture_id: str, fixtures: Path, as_json: bool = False) -> int:
     """One fixture; errors (unknown id, missing store, a damaged fixture) exit 2, with --json also as an object."""
-    import json
-
     def run() -> int:
         fixture = FixtureStore(fixtures).load(fixture_id)
-        print(json.dumps(views.show_dict(fixture), indent=1) if as_json else views.show_text(fixture))
+        if as_json:
+            from hops_calib.cli.output import print_json
+
+            print_json(views.show_dict(fixture))
+        else:
+            print(views.show_text(fixture))
         return 0
 
     return guarded(run, as_json)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from hops_calib.cli.output import EXIT_OK, EXIT_REJECTED, guarded, held_out_guard, print_json
+from hops_calib.cli.output import EXIT_BROKEN_LEDGER, EXIT_OK, guarded, held_out_guard, print_json
 from hops_calib.errors import InputError
 
 
@@ -163,7 +163,8 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
 
 def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | None, as_json: bool, commit: bool,
                      ledger_path: Path | None, split: str, tolerances: dict[str, float | str | None],
-                     plan: int | None = None, allow_held_out: bool = False) -> int:
+                     plan: int | None = None, off_record: bool = False, again: bool = False,
+                     allow_held_out: bool = False) -> int:
     def run() -> int:
         from hops_calib.loop.evaluate import evaluate
         from hops_calib.progress import progress_bar
@@ -172,16 +173,17 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
         with progress_bar("evaluate", quiet=as_json) as progress:
             result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
                               ledger_path=ledger_path, commit=commit, split=split, plan=plan, progress=progress,
-                              allow_held_out=allow_held_out)
+                              off_record=off_record, again=again, allow_held_out=allow_held_out)
         for warning in result.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         if as_json:
-            print_json(result.to_dict())
+            print_json(result.to_dict(), result.status)
             return result.exit_code
         if result.verdict is None:
             _print_runs(result.before.runs)
             _print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the {result.split} split",
                          result.before.suite)
+            print(f"model file {result.model_path}; ledger {result.ledger_path or '(none: no checkout)'}")
             print(f"tolerances a candidate must meet: {limits.describe()}")
             return EXIT_OK
         _print_candidate(result)
@@ -221,14 +223,35 @@ def _print_candidate(result) -> None:
     candidate = result.candidate
     print(f"candidate {candidate.id} ({candidate.origin}): {candidate.change.describe()}")
     print(f"hypothesis: {candidate.hypothesis}")
-    print(f"model {result.model.sha256[:12]} -> {result.candidate_model.sha256[:12]} on "
-          f"{result.before.suite.n_fixtures} {result.split} fixtures ({result.fixture_set_sha256[:12]})")
+    print(f"model {result.model_path} ({result.model.sha256[:12]}) -> {result.candidate_model.sha256[:12]} on "
+          f"{result.before.suite.n_fixtures} {result.split} fixtures ({result.fixture_set_sha256[:12]}, "
+          f"{result.fixtures_dir}); ledger {result.ledger_path}")
+    check = result.calibration
+    if check is not None:
+        print(f"calibration: {check.scope.describe()} was calibrated on "
+              + (f"{check.calibrated.describe()} ({check.how or 'OFF THE RECORD'})" if check.calibrated else
+                 "nothing yet (no committed change in the ledger)"))
+    moved = result.verdict.runs_moved or ()
+    if moved:
+        _print_moved(result.before, result.after, moved)
     _print_gate(result.before.suite, result.after.suite, result.verdict)
     if result.committed:
         print(f"committed into {result.model_path}")
     elif result.verdict.accepted:
         print(f"not committed (pass --commit to write it into {result.model_path})")
     print(f"ledger: entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
+
+
+def _print_moved(before, after, moved) -> None:
+    """The runs the change moved: window error before -> after, and the bubble error's change."""
+    after_by_id = {r.run_id: r for r in after.runs}
+    width = max(len(i) for i in moved)
+    print(f"runs moved ({len(moved)}): {'run':{width}}  tput err % before -> after   bubble err pp before -> after")
+    for old in before.runs:
+        if old.run_id in moved:
+            new = after_by_id[old.run_id]
+            print(f"  {old.run_id:{width}}  {_pct(old.throughput_error_pct):>8} -> {_pct(new.throughput_error_pct):<8}"
+                  f"        {_pct(old.bubble_error_pp):>7} -> {_pct(new.bubble_error_pp)}")
 
 
 def _print_gate(before, after, verdict) -> None:
@@ -243,7 +266,13 @@ def _print_gate(before, after, verdict) -> None:
         print("regressed runs:")
         for regression in verdict.regressions:
             print(f"  {regression.describe()}")
-    print(f"decision: {verdict.decision.upper()}")
+    for label, suite in (("before", before), ("after", after)):
+        print(f"stall-noise floor {label}: {suite.stall_noise_mape_pct:.3f} % (throughput MAPE "
+              f"{suite.throughput_mape_pct - suite.stall_noise_mape_pct:+.3f} pp above it)")
+    print(f"decision: {verdict.decision.upper()}"
+          + ("" if verdict.within_noise is None else
+             " (the suite MAPE change is within noise: its bootstrap interval straddles 0)" if verdict.within_noise
+             else " (the suite MAPE change is beyond noise)"))
     for reason in verdict.reasons:
         print(f"  - {reason}")
     print(f"tolerances: {verdict.tolerances.describe()}")
@@ -253,7 +282,7 @@ def _print_gate(before, after, verdict) -> None:
 
 def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path | None,
                     as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
-                    plan: int | None = None, allow_held_out: bool = False) -> int:
+                    plan: int | None = None, off_record: bool = False, allow_held_out: bool = False) -> int:
     def run() -> int:
         from hops_calib.loop.compare import compare
         from hops_calib.progress import progress_bar
@@ -262,9 +291,11 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         with progress_bar("compare", quiet=as_json) as progress:
             result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
                              note=note, commit_into=commit_into, plan=plan, progress=progress,
-                             allow_held_out=allow_held_out)
+                             off_record=off_record, allow_held_out=allow_held_out)
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         if as_json:
-            print_json(result.to_dict())
+            print_json(result.to_dict(), result.status)
             return result.exit_code
         print(f"compare {result.before_path} ({result.before_model.sha256[:12]}) -> {result.after_path} "
               f"({result.after_model.sha256[:12]}) on {result.before.suite.n_fixtures} train fixtures "
@@ -382,7 +413,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
         if last is not None:
             entries = entries[-last:] if last > 0 else []
         if as_json:
-            print_json(entries)
+            print_json({"ledger": str(ledger_path), "entries": entries})
             return EXIT_OK
         if not entries:
             print(f"{ledger_path}: no entries")
@@ -482,14 +513,14 @@ def ledger_verify_command(ledger_path: Path | None, as_json: bool) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
-        from hops_calib.loop.commits import unwritten
-        from hops_calib.loop.ledger import Problem, verify
+        from hops_calib.loop.commits import unwritten_problems
+        from hops_calib.loop.ledger import verify
 
         result = verify(ledger_path)
         # a commit whose model write did not happen (a crash between the append and the write)
-        result.problems += [Problem(commit.seq, commit.message()) for commit in unwritten(ledger_path)]
+        result.problems += unwritten_problems(ledger_path)
         if as_json:
-            print_json(result.to_dict())
+            print_json(result.to_dict(), "ok" if result.ok else "broken_ledger")
         elif result.ok:
             print(f"{ledger_path}: {result.entries} entries, chain intact; head sha256 {result.head_sha256}; "
                   f"{result.committed_prefix_note}")
@@ -499,7 +530,7 @@ def ledger_verify_command(ledger_path: Path | None, as_json: bool) -> int:
                       else f"{ledger_path}: {problem.message}", file=sys.stderr)
             print(f"{ledger_path}: {len(result.problems)} problem(s) in {result.entries} entries"
                   + (f"; {result.committed_prefix_note}" if result.committed_prefix_note else ""), file=sys.stderr)
-        return EXIT_OK if result.ok else EXIT_REJECTED
+        return EXIT_OK if result.ok else EXIT_BROKEN_LEDGER
 
     return guarded(run, as_json)
 
@@ -541,7 +572,7 @@ def ledger_repair_command(ledger_path: Path | None) -> int:
 def terms_command(model_path: Path | None, as_json: bool) -> int:
     """Every cost term the package implements, whether the model activates it, and its parameters."""
     def run() -> int:
-        from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+        from hops_calib.loop.model_files import default_model, load_model
         from hops_calib.model import CONSTANTS, TERMS
 
         model = load_model(model_path)
@@ -559,10 +590,10 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
         devices = [{"type": d.type, "name": d.name,
                     **{c: {"value": getattr(d, c), "source": d.source(c)} for c in CONSTANTS}} for d in model.devices]
         if as_json:
-            print_json({"model": str(model_path or DEFAULT_MODEL), "model_sha256": model.sha256, "terms": rows,
+            print_json({"model": str(model_path or default_model()), "model_sha256": model.sha256, "terms": rows,
                          "devices": devices})
             return EXIT_OK
-        print(f"model {model.name} ({model_path or DEFAULT_MODEL}), sha256 {model.sha256[:12]}")
+        print(f"model {model.name} ({model_path or default_model()}), sha256 {model.sha256[:12]}")
         for row in rows:
             print(f"{'*' if row['active'] else ' '} {row['term']}: {row['summary']}")
             for p in row["params"]:
@@ -578,6 +609,28 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
         for device in model.devices:
             print(f"device {device.type}: {device.name}: " + ", ".join(
                 f"{c} {getattr(device, c):.4g}" for c in CONSTANTS))
+        return EXIT_OK
+
+    return guarded(run, as_json)
+
+
+# --- candidate new -------------------------------------------------------------------------------
+
+def candidate_new_command(term: str, candidate_id: str | None, folder: Path, model_path: Path | None,
+                          as_json: bool) -> int:
+    def run() -> int:
+        from hops_calib.loop.candidate import write_scaffold
+        from hops_calib.loop.model_files import default_model, load_model
+
+        model = load_model(model_path)
+        path = write_scaffold(term, model, folder, candidate_id)
+        if as_json:
+            print_json({"path": str(path), "id": path.stem, "term": term, "model": str(model_path or default_model()),
+                        "text": path.read_text(encoding="utf-8")})
+        else:
+            print(f"wrote {path}: fill in its hypothesis and grounding, keep only the values you change, then "
+                  f"hops-calib ledger plan --note \"...\" --candidate {path} and hops-calib evaluate {path} "
+                  "--fixtures DIR --plan N")
         return EXIT_OK
 
     return guarded(run, as_json)

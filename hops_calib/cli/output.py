@@ -1,13 +1,15 @@
-"""What every verb shares: JSON on stdout, errors as one clear message (and one JSON object under --json), and
-the documented exit codes.
+"""What every verb shares: JSON on stdout (every object with a `status`), errors as one clear message (and one
+JSON object under --json), and the exit codes, the same for every verb (README, "Exit codes"):
 
-Exit codes: 0 success (a candidate accepted), 1 a candidate rejected (or a
-ledger that fails verification), 2 invalid input (bad candidate, more than one
-term, protected split, missing store, broken model file or fixture, broken
-ledger, bad option value), 3 an internal error (a bug: a short message on stderr
-and a request to report it; HOPS_CALIB_TRACEBACK=1 prints the traceback). Bad
-input is reported on stderr in one message that names the file, line and field;
-with --json, stdout also gets one object {"error": {...}} (`error_record`).
+    0 ok / accepted          1 rejected (the gate said no; tune: no trial beats the model, no candidate written)
+    2 invalid input/usage    3 internal error (a bug: a short message, HOPS_CALIB_TRACEBACK=1 for the traceback)
+    4 refused off the record (a judgement on a store the model was not calibrated on, or of a change that moves
+      no run there; --off-record judges it anyway)
+    5 broken ledger (fails `ledger verify`: nothing is appended to it)
+    6 partial (ingest: some runs rejected, the others stored)
+
+Bad input is reported on stderr in one message that names the file, line and field; with --json, stdout also gets
+one object {"status", "error": {...}} (`error_record`).
 """
 
 from __future__ import annotations
@@ -21,15 +23,35 @@ from typing import Any, Callable
 from hops_calib.errors import InputError
 
 EXIT_OK, EXIT_REJECTED, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OFF_RECORD, EXIT_BROKEN_LEDGER, EXIT_PARTIAL = 4, 5, 6
+# The `status` of each exit code's JSON (a verb's own result may say more: "accepted", "no_candidate", ...).
+STATUS = {EXIT_OK: "ok", EXIT_REJECTED: "rejected", EXIT_INVALID: "invalid", EXIT_INTERNAL: "internal_error",
+          EXIT_OFF_RECORD: "off_record", EXIT_BROKEN_LEDGER: "broken_ledger", EXIT_PARTIAL: "partial"}
 TRACEBACK_ENV = "HOPS_CALIB_TRACEBACK"
 BUG_HINT = ("this is a bug in hops-calib, not in your input: please report it with the command line and this "
             f"message ({TRACEBACK_ENV}=1 prints the traceback)")
 
 
-def print_json(data: Any) -> None:
+def print_json(data: dict[str, Any], status: str = "ok") -> None:
+    """One JSON object on stdout, `status` first (the object's own `status` when it has one)."""
     from hops_calib.store.fixture_store import json_safe
 
-    print(json.dumps(json_safe(data), indent=1, allow_nan=False))
+    if not isinstance(data, dict):
+        raise TypeError("--json prints one object")
+    print(json.dumps(json_safe({"status": data.get("status", status), **data}), indent=1, allow_nan=False))
+
+
+def exit_code_of(error: BaseException) -> int:
+    """The exit code of an error a verb raised: its own (`OffRecord`: 4, `BrokenLedger`: 5), 2 for other bad input
+    (InputError, StoreError), 3 for anything else (a bug)."""
+    # A StoreError (unknown fixture id, ...) can only come from a verb that imported the store; importing it
+    # here would cost the ledger verbs a pandas import.
+    store = sys.modules.get("hops_calib.store.fixture_store")
+    if isinstance(error, InputError):
+        return getattr(error, "exit_code", EXIT_INVALID)
+    if store is not None and isinstance(error, store.StoreError):
+        return EXIT_INVALID
+    return EXIT_INTERNAL
 
 
 def error_record(error: BaseException, exit_code: int) -> dict[str, Any]:
@@ -38,10 +60,11 @@ def error_record(error: BaseException, exit_code: int) -> dict[str, Any]:
     None where the error has none."""
     internal = exit_code == EXIT_INTERNAL
     message = f"internal error: {type(error).__name__}: {error}" if internal else str(error)
-    return {"error": {"message": message, "file": getattr(error, "origin", None), "line": getattr(error, "line", None),
+    return {"status": STATUS.get(exit_code, "invalid"), "error": {"message": message, "file": getattr(error, "origin", None), "line": getattr(error, "line", None),
                       "field": getattr(error, "field", None), "problem": getattr(error, "problem", str(error)),
                       "hint": BUG_HINT if internal else (getattr(error, "hint", "") or None),
-                      "exit_code": exit_code, "kind": "internal" if internal else "input"}}
+                      "exit_code": exit_code,
+                      "kind": "internal" if internal else getattr(error, "kind", "input")}}
 
 
 def internal_error(error: BaseException) -> int:
@@ -62,12 +85,8 @@ def guarded(action: Callable[[], int], as_json: bool = False) -> int:
     except BrokenPipeError:
         raise  # the reader of stdout went away (`| head`): not an error of the verb (cli.main ends quietly)
     except Exception as error:  # noqa: BLE001 - every error leaves with a documented exit code
-        # A StoreError (unknown fixture id, ...) can only come from a verb that imported the store; importing it
-        # here would cost the ledger verbs a pandas import.
-        store = sys.modules.get("hops_calib.store.fixture_store")
-        bad_input = isinstance(error, InputError) or (store is not None and isinstance(error, store.StoreError))
-        code = EXIT_INVALID if bad_input else EXIT_INTERNAL
-        if bad_input:
+        code = exit_code_of(error)
+        if code != EXIT_INTERNAL:
             print(f"error: {error}", file=sys.stderr)
         else:
             internal_error(error)
@@ -101,9 +120,9 @@ def run_and_print(label: str, as_json: bool, compute: Callable[[Any], Any], text
         with progress_bar(label, quiet=as_json) as bar:
             result = compute(bar)
         if as_json:
-            print_json(result.to_dict())
+            print_json(result.to_dict(), getattr(result, "status", "ok"))
         else:
             print(text(result))
-        return EXIT_OK
+        return getattr(result, "exit_code", EXIT_OK)
 
     return guarded(run, as_json)

@@ -256,3 +256,82 @@ def read_candidate(path: Path | str) -> Candidate:
 
     path = Path(path)
     return parse_candidate(read_text(path, "candidate file"), origin=str(path))
+
+
+# --- a new candidate's scaffold (`hops-calib candidate new TERM`) ----------------------------------
+
+def next_id(experiments: Path, term: str) -> str:
+    """The next candidate id in `experiments/`: one more than the highest leading number there, then the term."""
+    numbers = [int(m.group(1)) for p in experiments.glob("*.toml") if (m := re.match(r"^(\d+)-", p.stem))]
+    return f"{max(numbers, default=0) + 1:03d}-{term.replace('_', '-')}"
+
+
+def scaffold_text(term_name: str, model: Model, candidate_id: str) -> str:
+    """A candidate file for one term, to be filled in: its parameters with the model's current values (or the
+    defaults, for a term the model does not activate: action "add"), each with its default, bounds, unit and
+    meaning, and the hypothesis and grounding marked FILL IN (evaluate refuses them until they are written)."""
+    import inspect
+    import json
+
+    from hops_calib.loop.evaluate import PLACEHOLDER
+
+    if term_name not in TERMS:
+        raise InputError("candidate new", f"unknown term {term_name!r}", field="TERM",
+                         hint=f"the terms implemented: {', '.join(sorted(TERMS))} (hops-calib terms lists them)")
+    if not _ID.match(candidate_id):
+        raise InputError("candidate new", f"id {candidate_id!r} must be letters, digits, '_', '.', '-' (at most 100)",
+                         field="--id")
+    term = TERMS[term_name]
+    active = model.active(term_name)
+    values = active.params() if active else {}
+    action = "set" if active else "add"
+    physics = " ".join((inspect.getdoc(type(term)) or "").split())
+    lines = [
+        f"# A one-term candidate for {term_name} (written by `hops-calib candidate new`; the file's name is its id).",
+        f"# One term: any of {term_name}'s parameters may change together here; another term's may not (its own",
+        "# candidate, judged after this one). Edit the values below (a `set` that changes nothing is refused),",
+        f"# replace both {PLACEHOLDER} texts, then: hops-calib ledger plan --note \"...\" --candidate THIS_FILE,",
+        "# and hops-calib evaluate THIS_FILE --fixtures DIR --plan N [--commit] (see AGENTS.md).",
+        f"# The term's physics: {physics}",
+        f"id = {json.dumps(candidate_id)}",
+        f"hypothesis = {json.dumps(PLACEHOLDER + ': what this change will do to which runs, and by how much (falsifiable)')}",
+        f"grounding = {json.dumps(PLACEHOLDER + ': the mechanism (code, datasheet, trace) that makes the value physical')}",
+        f"expected = {{ throughput_mape_pct = {0.0!r} }}  # what you expect the gate to see (recorded, not checked)",
+        "",
+        "[change]",
+        f'action = "{action}"',
+        f'term = "{term_name}"',
+        "# Keep only the parameters you change (the others keep the model's values). A per-device value is",
+        "# NAME@TYPE (e.g. \"forward_ms_per_layer@l4\"): a change of only such values is judged on that device's runs,",
+        "# any other change on the runs the term's shared values were calibrated on (evaluate names them).",
+        "[change.params]",
+    ]
+    for param in term.params:
+        value = values.get(param.name, param.default)
+        taken = (f"one of {', '.join(f'{c:g}' for c in param.choices)}" if param.choices
+                 else f"bounds [{param.low:g}, {param.high:g}]")
+        lines.append(f"{param.name} = {value!r}  # current {value:g}, default {param.default:g}, {taken} {param.unit}"
+                     f"{', per device' if param.per_device else ''}: {param.doc}")
+        for name, device_value in sorted(values.items()):
+            if name.partition("@")[0] == param.name and "@" in name:
+                lines.append(f"{json.dumps(name)} = {device_value!r}  # current value for device type "
+                             f"{name.partition('@')[2]}")
+    return "\n".join(lines) + "\n"
+
+
+def write_scaffold(term_name: str, model: Model, experiments: Path | str, candidate_id: str | None = None) -> Path:
+    """Write `scaffold_text` to experiments/ID.toml (never over an existing file); returns the path."""
+    from hops_calib.files import atomic_write
+
+    experiments = Path(experiments)
+    if experiments.exists() and not experiments.is_dir():
+        raise InputError(experiments, "is not a folder", field="--dir", hint="name the experiments folder")
+    candidate_id = candidate_id or next_id(experiments, term_name)
+    path = experiments / f"{candidate_id}.toml"
+    text = scaffold_text(term_name, model, candidate_id)
+    if path.exists():
+        raise InputError(path, "exists already; a candidate file is never overwritten (the ledger may cite it)",
+                         field="--id", hint="give another --id")
+    experiments.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, text)
+    return path

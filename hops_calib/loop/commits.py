@@ -84,6 +84,13 @@ def unwritten(ledger_path: Path | str) -> list[UnwrittenCommit]:
     return found
 
 
+def unwritten_problems(ledger_path: Path | str) -> list[Any]:
+    """`unwritten` as `ledger verify` problems (at the entry's line; `ledger repair` writes them)."""
+    from hops_calib.loop.ledger import Problem
+
+    return [Problem(commit.seq, commit.message(), repairable=True) for commit in unwritten(ledger_path)]
+
+
 def _rebuild(commit: UnwrittenCommit, ledger_path: Path):
     """The committed model, rebuilt from the entry, or None when it cannot be rebuilt exactly."""
     from hops_calib.loop.candidate import parse_candidate

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
-from hops_calib.loop.evaluate import record_and_write
+from hops_calib.loop.evaluate import fixture_fields, floor_excess, per_run_changes, record_and_write, run_errors
 from hops_calib.loop.gate import GateResult, Tolerances, gate
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
@@ -36,27 +36,45 @@ class Comparison:
     ledger_path: Path
     ledger_entry: dict[str, Any]
     committed_into: Path | None = None  # the model file the verdict was carried out in (--commit)
+    calibration: Any = None  # hops_calib.loop.calibration.Check
+    stall_free_computed: bool = False
+    warnings: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:
         return 0 if self.verdict.accepted else 1
 
+    @property
+    def status(self) -> str:
+        return self.verdict.decision
+
     def to_dict(self) -> dict[str, Any]:
-        return {"split": TRAIN, "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
+        """`compare --json`: `runs` are the model after's (the scored model); `before` / `after` the two models'."""
+        return {"status": self.status, "split": TRAIN, "fixtures": str(self.fixtures_dir),
+                "fixture_set_sha256": self.fixture_set_sha256,
                 "before_model": str(self.before_path), "model_sha256_before": self.before_model.sha256,
                 "after_model": str(self.after_path), "model_sha256_after": self.after_model.sha256,
+                "scored_model": {"which": "the model after", "path": str(self.after_path),
+                                 "sha256": self.after_model.sha256},
+                "base_model": {"path": str(self.before_path), "sha256": self.before_model.sha256},
+                "ledger_path": str(self.ledger_path), "warnings": list(self.warnings),
                 "note": self.note, "before": self.before.suite.to_dict(), "after": self.after.suite.to_dict(),
+                "stall_noise": floor_excess(self.before, self.after),
                 **self.verdict.to_dict(),
+                "per_run": per_run_changes(self.before, self.after, self.verdict.runs_moved or (),
+                                           self.stall_free_computed),
+                "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+                "off_record": bool(self.ledger_entry.get("off_record")),
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]},
                 "committed_into": str(self.committed_into) if self.committed_into is not None else None,
-                "runs": [r.to_dict() for r in self.after.runs]}
+                "runs": [run_errors(r, self.stall_free_computed) for r in self.after.runs]}
 
 
 def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Path | str | None = None,
             tolerances: Tolerances = Tolerances(), ledger_path: Path | str | None = None, note: str = "",
             commit_into: Path | str | None = None, plan: int | None = None, progress: Progress = QUIET,
-            allow_held_out: bool = False) -> Comparison:
+            off_record: bool = False, allow_held_out: bool = False) -> Comparison:
     """Gate a whole model file (`after_path`, default the shipped one) against another on the train split; record it.
 
     For a move: one-term candidates that hold the suite only together land one by one, each recorded with the
@@ -71,7 +89,7 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     steps were evaluated; they must be the ones given. `allow_held_out`: as for `evaluate`.
     """
     from hops_calib.loop import ledger
-    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.model_files import default_model, load_model
 
     ledger_path = resolve_ledger(ledger_path)
     check_appendable(ledger_path)
@@ -82,7 +100,7 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
         warn(f"warning: {heldout.override_warning(found)}")
 
     before_path = Path(before_path)
-    after_path = Path(after_path) if after_path is not None else DEFAULT_MODEL
+    after_path = Path(after_path) if after_path is not None else default_model()
     before_model, after_model = load_model(before_path), load_model(after_path)
     if before_model.sha256 == after_model.sha256:  # as evaluate refuses a candidate that changes nothing
         raise InputError(str(after_path), f"is the same model as {before_path} (sha256 {after_model.sha256[:12]}): "
@@ -91,11 +109,22 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     if commit_into is not None:  # refuse before scoring: a wrong file must not cost a ledger entry
         _holds_an_end(Path(commit_into), before_model, after_model)(load_model(commit_into))
     suite = load_suite(fixtures_dir, TRAIN)
+    from hops_calib.loop import calibration
+
+    check = calibration.check_store(calibration.read_record(ledger_path), calibration.Scope(whole_model=True), suite,
+                                    "compare", off_record=off_record)
+    warnings = list(check.warnings)
     progress.start(2 * len(suite.ids))
     series = stall_series(suite) if tolerances.stall_free else None
     before = score_model(suite, before_model, origin=str(before_path), progress=progress, stall_free=series)
     after = score_model(suite, after_model, origin=str(after_path), progress=progress, stall_free=series)
     verdict = gate(before.runs, after.runs, before.suite, after.suite, tolerances)
+    unmoved = not verdict.runs_moved
+    if unmoved and (not off_record or commit_into is not None):
+        calibration.refuse_unmoved((), len(suite.ids), f"{after_path} against {before_path}", "compare", check)
+    if unmoved:
+        warnings.append(f"judged off the record (--off-record): {after_path} moves none of the {len(suite.ids)} runs' "
+                        f"predictions against {before_path} on this store")
     entry = {
         "kind": "compare",
         "time": now_utc(),
@@ -104,13 +133,14 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
         "model_path": str(after_path),
         "model_sha256_before": before_model.sha256,
         "model_sha256_after": after_model.sha256,
-        "fixture_set_sha256": suite.sha256,
+        **fixture_fields(suite),
         "split": TRAIN,
         "n_fixtures": len(suite.ids),
         "aggregates_before": before.suite.to_dict(),
         "aggregates_after": after.suite.to_dict(),
         **verdict.to_dict(),
         **({"plan_seq": plan} if plan is not None else {}),
+        **({"off_record": True, "off_record_reason": warnings[-1]} if check.off_record or unmoved else {}),
         **held_out,
         "code_revision": code_revision(),
     }
@@ -125,7 +155,8 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
                       before_model=before_model, after_path=after_path, after_model=after_model,
                       before=before, after=after, verdict=verdict, note=note,
                       ledger_path=Path(ledger_path), ledger_entry=written,
-                      committed_into=Path(commit_into) if commit_into is not None else None)
+                      committed_into=Path(commit_into) if commit_into is not None else None,
+                      calibration=check, stall_free_computed=series is not None, warnings=tuple(warnings))
 
 
 def _holds_an_end(path: Path, before: Model, after: Model) -> Callable[[Model], None]:

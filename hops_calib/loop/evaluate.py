@@ -40,10 +40,16 @@ class Evaluation:
     committed: bool = False
     # What the user should know that does not stop the judgement (a hand-edited model file, a reused candidate id).
     warnings: tuple[str, ...] = ()
+    calibration: Any = None  # hops_calib.loop.calibration.Check of a judgement
+    stall_free_computed: bool = False
 
     @property
     def exit_code(self) -> int:
         return 0 if self.verdict is None or self.verdict.accepted else 1
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.verdict is None else self.verdict.decision
 
     @property
     def current(self) -> ModelScore:
@@ -51,14 +57,21 @@ class Evaluation:
         return self.after or self.before
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON of `evaluate --json`: top-level aggregates and runs are the candidate's when there is one."""
-        data: dict[str, Any] = {"split": self.split, **self.current.suite.to_dict(),
+        """The JSON of `evaluate --json`: top-level aggregates and runs are the scored model's: the candidate's when
+        there is one (`scored_model`), else the model's; `before` / `after` hold the base and the candidate model's."""
+        data: dict[str, Any] = {"status": self.status, "split": self.split, **self.current.suite.to_dict(),
                                 "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
                                 "model": str(self.model_path), "model_sha256": self.model.sha256,
+                                "ledger_path": str(self.ledger_path) if self.ledger_path is not None else None,
                                 "tolerances": self.tolerances.to_dict(), "warnings": list(self.warnings)}
+        data["scored_model"] = {"which": "model", "path": str(self.model_path), "sha256": self.model.sha256}
         data["scored_model_sha256"] = self.model.sha256  # whose numbers the top level holds
+        data["stall_noise"] = floor_excess(self.before, self.after)
         if self.candidate is not None and self.verdict is not None and self.after is not None:
             data.update({
+                "scored_model": {"which": "candidate (the base model with the candidate's change)",
+                                 "path": self.candidate.origin, "sha256": self.candidate_model.sha256},
+                "base_model": {"path": str(self.model_path), "sha256": self.model.sha256},
                 "scored_model_sha256": self.candidate_model.sha256,
                 "candidate": candidate_record(self.candidate),
                 "candidate_model_sha256": self.candidate_model.sha256,
@@ -66,12 +79,73 @@ class Evaluation:
                 "before": self.before.suite.to_dict(),
                 "after": self.after.suite.to_dict(),
                 **self.verdict.to_dict(),
+                "per_run": per_run_changes(self.before, self.after, self.verdict.runs_moved or (),
+                                           self.stall_free_computed),
+                "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+                "off_record": bool(self.ledger_entry.get("off_record")),
                 "committed": self.committed,
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]},
             })
-        data["runs"] = [r.to_dict() for r in self.current.runs]
+        data["runs"] = [run_errors(r, self.stall_free_computed) for r in self.current.runs]
         return data
+
+
+RUN_ERRORS = ("throughput_error_pct", "steady_throughput_error_pct", "bubble_error_pp", "stall_free_error_pct")
+STALL_FREE_OPTION = "--run-error stall-free"
+
+
+def _error_value(run, field: str, stall_free_computed: bool) -> float | str:
+    """One of a run's errors; for the stall-free one, "not_computed" (and the option that computes it) or why it
+    cannot be computed, never a bare null."""
+    value = getattr(run, field)
+    if value is not None:
+        return value
+    if not stall_free_computed:
+        return f"not_computed ({STALL_FREE_OPTION} computes it)"
+    return "cannot be computed: the trace has no optimizer events to read the silent stretch (stalls) from"
+
+
+def run_errors(run, stall_free_computed: bool) -> dict[str, Any]:
+    """A run's scores as `--json` gives them: `RunScore.to_dict`, the stall-free error explained when absent."""
+    data = run.to_dict()
+    data["stall_free_error_pct"] = _error_value(run, "stall_free_error_pct", stall_free_computed)
+    return data
+
+
+def per_run_changes(before: ModelScore, after: ModelScore, moved: Sequence[str], stall_free_computed: bool
+                    ) -> list[dict[str, Any]]:
+    """Per run: the base model's and the scored model's errors (window and steady throughput, bubble, stall-free)
+    and their difference (after - before; of the signed errors, and of the absolute ones the gate reads)."""
+    after_by_id = {r.run_id: r for r in after.runs}
+    rows = []
+    for old in before.runs:
+        new = after_by_id[old.run_id]
+        row: dict[str, Any] = {"run_id": old.run_id, "moved": old.run_id in moved, "before": {}, "after": {},
+                               "delta": {}, "abs_delta": {}}
+        for field in RUN_ERRORS:
+            was, now = (_error_value(r, field, stall_free_computed) for r in (old, new))
+            row["before"][field], row["after"][field] = was, now
+            numbers = isinstance(was, float) and isinstance(now, float)
+            row["delta"][field] = now - was if numbers else was if isinstance(was, str) else now
+            row["abs_delta"][field] = abs(now) - abs(was) if numbers else row["delta"][field]
+        rows.append(row)
+    return rows
+
+
+def floor_excess(before: ModelScore, after: ModelScore | None = None) -> dict[str, Any]:
+    """The stall-noise floor (what random stalls alone cost a model exact in all else, from the model's own placed
+    stalls: it moves with the model) and each model's throughput MAPE in excess of it."""
+    def one(score: ModelScore) -> dict[str, float]:
+        suite = score.suite
+        return {"floor_pct": suite.stall_noise_mape_pct, "throughput_mape_pct": suite.throughput_mape_pct,
+                "excess_pp": suite.throughput_mape_pct - suite.stall_noise_mape_pct}
+
+    data = {"before": one(before)}
+    if after is not None:
+        data["after"] = one(after)
+        data["excess_change_pp"] = data["after"]["excess_pp"] - data["before"]["excess_pp"]
+    return data
 
 
 PLACEHOLDER = "FILL IN"  # what `tune` writes where only a person (or an agent) can give the reason
@@ -103,17 +177,48 @@ def _reused_id(judged: Sequence[dict[str, Any]], candidate: Candidate) -> list[s
 
 
 def _repeated_judgement(judged: Sequence[dict[str, Any]], candidate: Candidate, model_sha256: str,
-                        fixture_set_sha256: str) -> list[str]:
-    """A notice when the ledger already judged this very candidate text on this model and these fixtures: the new
-    entry will repeat that judgement (it is recorded all the same; every attempt is)."""
+                        fixture_set_sha256: str, again: bool) -> list[str]:
+    """Refuse a judgement the ledger already holds (this very candidate text, on this model and these fixtures):
+    a second entry would only repeat the first, and `--commit` belongs on the judging evaluation, not on a second
+    one. With `again` it is judged and recorded anyway, with a notice."""
     same = [e for e in judged
             if e["candidate"].get("text") == candidate.text and e.get("model_sha256_before") == model_sha256
             and e.get("fixture_set_sha256") == fixture_set_sha256]
     if not same:
         return []
     last = same[-1]
+    if not again:
+        raise InputError(candidate.origin, f"ledger entry {last.get('seq')} already judged this candidate text on this "
+                         f"model and fixture set ({last.get('decision')}"
+                         f"{', committed' if last.get('committed') else ', not committed'}); a second evaluation "
+                         "would only repeat it", field="candidate",
+                         hint="--commit goes on the judging evaluation; to land a change judged without it, give it "
+                              "a new id (a new file) and evaluate that with --commit, or pass --again to judge and "
+                              "record this one once more")
     return [f"{candidate.origin}: ledger entry {last.get('seq')} already judged this candidate text on this model and "
-            f"fixture set ({last.get('decision')}); this evaluation repeats it and is recorded as another entry"]
+            f"fixture set ({last.get('decision')}); this evaluation repeats it (--again) and is recorded as another "
+            "entry"]
+
+
+def _other_checkouts(model_path: Path, ledger_path: Path | str) -> list[str]:
+    """A warning when the model file and the ledger lie in two different checkouts: the ledger would record a
+    judgement of a model whose history it does not hold."""
+    from hops_calib.loop.ledger import checkout_of
+
+    model_home, ledger_home = checkout_of(model_path), checkout_of(ledger_path)
+    if model_home is None or ledger_home is None or model_home == ledger_home:
+        return []
+    return [f"the model {model_path} is in the checkout {model_home}, the ledger {ledger_path} in {ledger_home}: "
+            "judge a checkout's model with its own ledger (run from inside the checkout without --model/--ledger)"]
+
+
+def _stem_is_id(candidate: Candidate) -> list[str]:
+    """A warning when the file's name is not its id (the naming scheme: experiments/ID.toml)."""
+    stem = Path(candidate.origin).stem
+    if stem == candidate.id:
+        return []
+    return [f"{candidate.origin}: the file is named {stem!r}, its id is {candidate.id!r}: name a candidate file by its "
+            f"id (experiments/{candidate.id}.toml), so the ledger's id finds the file"]
 
 
 def candidate_record(candidate: Candidate) -> dict[str, Any]:
@@ -124,16 +229,23 @@ def candidate_record(candidate: Candidate) -> dict[str, Any]:
 def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
              candidate_path: Path | str | None = None, tolerances: Tolerances = Tolerances(),
              ledger_path: Path | str | None = None, commit: bool = False, split: str = TRAIN,
-             plan: int | None = None, progress: Progress = QUIET, allow_held_out: bool = False,
-             verb: str = "evaluate") -> Evaluation:
+             plan: int | None = None, progress: Progress = QUIET, off_record: bool = False,
+             again: bool = False, allow_held_out: bool = False, verb: str = "evaluate") -> Evaluation:
     """Score the model on the train split; with a candidate, gate it, record it, and commit it if asked and accepted.
 
     `progress` sees one unit per prediction (two per run with a candidate). `plan`: the ledger entry (`ledger
-    plan`) whose tolerances this judgement was stated under beforehand; they must be the ones given. A store
-    holding in train a group the ledger remembers as held out is refused unless `allow_held_out`, which the
-    ledger records (`hops_calib.loop.heldout`).
+    plan`) whose tolerances this judgement was stated under beforehand; they must be the ones given.
+
+    A candidate is judged only on the runs the part of the model it changes was calibrated on (the ledger's record,
+    `hops_calib.loop.calibration`), and only when it moves at least one run's prediction there; `off_record`
+    judges it anyway and marks the entry (a change that moves no run is never committed). `again`: judge a
+    candidate text the ledger already judged on this model and fixture set (refused otherwise). A store holding
+    in train a group the ledger remembers as held out is refused unless `allow_held_out`, which the ledger
+    records (`hops_calib.loop.heldout`; `verb` names the command in that record).
     """
-    from hops_calib.loop.model_files import DEFAULT_MODEL, edited_since_written, load_model
+    from hops_calib.loop import calibration
+    from hops_calib.loop.ledger import default_ledger
+    from hops_calib.loop.model_files import default_model, edited_since_written, load_model
 
     refuse_test_split(split, "evaluate")
     if plan is not None and candidate_path is None:
@@ -142,11 +254,20 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     if commit and candidate_path is None:
         raise InputError("evaluate", "--commit needs a candidate to commit", field="commit",
                          hint="pass a candidate file: hops-calib evaluate experiments/X.toml --commit")
+    for flag, given in (("--off-record", off_record), ("--again", again)):
+        if given and candidate_path is None:
+            raise InputError("evaluate", f"{flag} applies to the judgement of a candidate; there is none",
+                             field=flag.lstrip("-"), hint="pass a candidate file, or leave the option out")
     candidate = read_candidate(candidate_path) if candidate_path is not None else None
     if candidate is not None:
         _refuse_placeholders(candidate)
         ledger_path = resolve_ledger(ledger_path)  # only a judgement is recorded: scoring alone needs no ledger
         check_appendable(ledger_path)
+    elif ledger_path is None:
+        try:  # named in the output all the same: the ledger a judgement here would be recorded in
+            ledger_path = default_ledger()
+        except InputError:
+            ledger_path = None
     if plan is not None:
         check_plan(ledger_path, plan, tolerances, "evaluate", candidate)
     if candidate is not None:
@@ -154,26 +275,44 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         held_out_warnings = [heldout.override_warning(found)] if found else []
     else:  # nothing else is recorded: an override is an entry of its own
         held_out, held_out_warnings = {}, heldout.guard_store(fixtures_dir, ledger_path, verb, allow_held_out)
-    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model_path = Path(model_path) if model_path is not None else default_model()
     model = load_model(model_path)
     warnings = held_out_warnings + [w for w in (edited_since_written(model_path, model),) if w]
+    if candidate is not None:
+        warnings += _other_checkouts(model_path, ledger_path)
     judged = judgements(ledger_path) if candidate is not None else []
     if candidate is not None:
-        warnings += _reused_id(judged, candidate)
+        warnings += _stem_is_id(candidate) + _reused_id(judged, candidate)
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suite(fixtures_dir, split)
+    check = None
     if candidate is not None:
-        warnings += _repeated_judgement(judged, candidate, model.sha256, suite.sha256)
+        warnings += _repeated_judgement(judged, candidate, model.sha256, suite.sha256, again)
+        check = calibration.check_store(calibration.read_record(ledger_path),
+                                        calibration.scope_of_change(candidate.change), suite, "evaluate",
+                                        off_record=off_record)
+        warnings += check.warnings
     progress.start(len(suite.ids) * (2 if candidate is not None else 1))
     series = stall_series(suite) if tolerances.stall_free else None
     before = score_model(suite, model, origin=str(model_path), progress=progress, stall_free=series)
     common = dict(split=split, fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256,
-                  model_path=model_path, model=model, tolerances=tolerances, before=before, warnings=tuple(warnings))
+                  model_path=model_path, model=model, tolerances=tolerances, before=before,
+                  stall_free_computed=series is not None,
+                  ledger_path=Path(ledger_path) if ledger_path is not None else None)
     if candidate is None:
-        return Evaluation(**common)
+        return Evaluation(**common, warnings=tuple(warnings))
 
     after = score_model(suite, candidate_model, origin=candidate.origin, progress=progress, stall_free=series)
     verdict = gate(before.runs, after.runs, before.suite, after.suite, tolerances)
+    moved = verdict.runs_moved or ()
+    unmoved = not moved
+    if unmoved and (not off_record or commit):
+        calibration.refuse_unmoved(moved, len(suite.ids), f"candidate {candidate.id} ({candidate.change.describe()})",
+                                   "evaluate", check)  # --commit of a value no run tested: refused even so
+    marked = check.off_record or unmoved
+    if unmoved:
+        warnings.append(f"judged off the record (--off-record): {candidate.id} moves none of the {len(suite.ids)} "
+                        "runs' predictions on this store")
     entry = {
         "kind": "evaluate",
         "time": now_utc(),
@@ -181,7 +320,7 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         "model_path": str(model_path),
         "model_sha256_before": model.sha256,
         "model_sha256_after": candidate_model.sha256,
-        "fixture_set_sha256": suite.sha256,
+        **fixture_fields(suite),
         "split": split,
         "n_fixtures": len(suite.ids),
         "aggregates_before": before.suite.to_dict(),
@@ -189,6 +328,8 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         **verdict.to_dict(),
         "committed": bool(commit and verdict.accepted),
         **({"plan_seq": plan} if plan is not None else {}),
+        **({"off_record": True, "off_record_reason": warnings[-1]} if marked else {}),
+        **({"repeat_of_judgement": True} if again and any("(--again)" in w for w in warnings) else {}),
         **held_out,
         "code_revision": code_revision(),
     }
@@ -198,8 +339,18 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         from hops_calib.loop import ledger
 
         written = ledger.append(ledger_path, entry)
-    return Evaluation(**common, candidate=candidate, candidate_model=candidate_model, after=after, verdict=verdict,
-                      ledger_path=Path(ledger_path), ledger_entry=written, committed=entry["committed"])
+    return Evaluation(**common, warnings=tuple(warnings), candidate=candidate, candidate_model=candidate_model,
+                      after=after, verdict=verdict, ledger_entry=written, committed=entry["committed"],
+                      calibration=check)
+
+
+def fixture_fields(suite) -> dict[str, Any]:
+    """What a judgement's ledger entry says of its runs: the fixture set's sha256, the store's path, the run ids and
+    their device types (the calibration record reads them: `hops_calib.loop.calibration`)."""
+    from hops_calib.loop.calibration import store_devices
+
+    return {"fixture_set_sha256": suite.sha256, "fixtures": str(Path(suite.fixtures_dir).resolve()),
+            "fixture_runs": sorted(suite.ids), "fixture_devices": list(store_devices(suite))}
 
 
 def _commit(model_path: Path, model: Model, changed: Model, ledger_path: Path | str, entry: dict[str, Any]

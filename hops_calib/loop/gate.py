@@ -94,7 +94,7 @@ class GateResult:
     tolerances: Tolerances
     # How many of the runs the change predicts otherwise (any scored quantity): a change that holds the suite by
     # moving nothing says so, and one that holds it by trading runs against each other shows how many it moved.
-    runs_moved: int | None = None
+    runs_moved: tuple[str, ...] | None = None  # the ids of the runs whose predictions the change moved
     # The 95 % interval of the suite MAPE's change when the configurations are resampled (paired: the same draws
     # before and after): whether the change would hold on other configurations like these, or is this set's luck.
     mape_change_interval_pp: tuple[float, float] | None = None
@@ -105,12 +105,25 @@ class GateResult:
     def decision(self) -> str:
         return "accepted" if self.accepted else "rejected"
 
+    @property
+    def within_noise(self) -> bool | None:
+        """Whether the suite MAPE's change lies within the noise of which configurations were run: its paired
+        bootstrap interval straddles zero (the rules decide all the same; this says how much the decision rests on)."""
+        if self.mape_change_interval_pp is None:
+            return None
+        low, high = self.mape_change_interval_pp
+        return low <= 0.0 <= high
+
     def to_dict(self) -> dict[str, object]:
         return {"decision": self.decision, "failed_rules": list(self.failed_rules), "reasons": list(self.reasons),
+                "decided_by": (f"failed: {', '.join(self.failed_rules)}" if self.failed_rules
+                               else "every rule held: " + ", ".join(RULES)),
                 "regressions": [r.to_dict() for r in self.regressions], "tolerances": self.tolerances.to_dict(),
-                "runs_moved": self.runs_moved,
+                "runs_moved": list(self.runs_moved) if self.runs_moved is not None else None,
+                "n_runs_moved": len(self.runs_moved) if self.runs_moved is not None else None,
                 "mape_change_interval_pp": (list(self.mape_change_interval_pp)
-                                            if self.mape_change_interval_pp is not None else None)}
+                                            if self.mape_change_interval_pp is not None else None),
+                "within_noise": self.within_noise}
 
 
 # The gate's rules by name, in the order `reasons` gives them: the suite's throughput MAPE, bubble MAE and mean
@@ -177,16 +190,20 @@ def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before
                                   f"-> fails: " + ", ".join(r.run_id for r in regressed)))
         else:
             checks.append((True, f"no run's |{what} error| grew by more than {allowed:g} pp"))
-    moved = sum(run_fingerprint(before_by_id[i]) != run_fingerprint(after_by_id[i]) for i in before_by_id)
-    checks.append((True, f"the change moves the predictions of {moved} of {len(before_by_id)} runs"
-                         + (": it holds the suite by changing nothing the scores read" if moved == 0 else "")))
+    moved = tuple(i for i in sorted(before_by_id)
+                  if run_fingerprint(before_by_id[i]) != run_fingerprint(after_by_id[i]))
+    checks.append((True, f"the change moves the predictions of {len(moved)} of {len(before_by_id)} runs"
+                         + (": it holds the suite by changing nothing the scores read" if not moved else "")))
     ids = sorted(before_by_id)
     groups = [group_of(run_id) for run_id in ids]
     change = mape_draws([after_by_id[i] for i in ids], groups, draws=PAIRED_DRAWS, seed=0,
                         baseline=[before_by_id[i] for i in ids])
     spread = interval(change)
+    noise = spread[0] <= 0.0 <= spread[1]
     checks.append((True, f"throughput MAPE change over resampled configurations (paired bootstrap, 95 %): "
-                         f"{spread[0]:+.3f} to {spread[1]:+.3f} pp"))
+                         f"{spread[0]:+.3f} to {spread[1]:+.3f} pp: "
+                         + ("within noise (the interval straddles 0; the rules decide)" if noise else
+                            "beyond noise (the interval excludes 0)")))
     failed = tuple(rule for rule, (ok, _) in zip(RULES, checks) if not ok)  # the first five checks are the rules
     return GateResult(accepted=all(ok for ok, _ in checks), reasons=tuple(reason for _, reason in checks),
                       regressions=tuple(regressions), tolerances=tolerances, runs_moved=moved,

@@ -60,13 +60,31 @@ def is_checkout(folder: Path) -> bool:
     return (folder / "hops_calib").is_dir() and re.search(r'(?m)^name\s*=\s*"hops-calib"', project) is not None
 
 
-def default_ledger(start: Path | None = None) -> Path:
-    """The project's ledger: `ledger/ledger.jsonl` of the hops-calib checkout enclosing `start` (default: the current
-    directory), else of the checkout this package runs from; LedgerError when neither is a checkout."""
+def default_checkout(start: Path | None = None) -> Path | None:
+    """The hops-calib checkout enclosing `start` (default: the current directory), else the one this package runs
+    from, else None: the one checkout both the default ledger and the default model come from."""
     start = (start or Path.cwd()).resolve()
     for folder in (start, *start.parents, PACKAGE_CHECKOUT):
         if is_checkout(folder):
-            return folder / LEDGER_IN_CHECKOUT
+            return folder
+    return None
+
+
+def checkout_of(path: Path | str) -> Path | None:
+    """The hops-calib checkout a file lies in, or None."""
+    for folder in Path(path).resolve().parents:
+        if is_checkout(folder):
+            return folder
+    return None
+
+
+def default_ledger(start: Path | None = None) -> Path:
+    """The project's ledger: `ledger/ledger.jsonl` of the hops-calib checkout enclosing `start` (default: the current
+    directory), else of the checkout this package runs from; LedgerError when neither is a checkout."""
+    checkout = default_checkout(start)
+    if checkout is not None:
+        return checkout / LEDGER_IN_CHECKOUT
+    start = (start or Path.cwd()).resolve()
     raise LedgerError("--ledger", f"no hops-calib checkout encloses {start}, and the package runs from none "
                       f"({PACKAGE_CHECKOUT}), so there is no default ledger", field="ledger",
                       hint="run from inside the checkout, or name the ledger: --ledger PATH")
@@ -171,7 +189,9 @@ def now_utc() -> str:
 class Problem:
     line: int | None  # None: the file as a whole
     message: str
-    torn: bool = False  # an incomplete last line (an interrupted append): `repair` sets it aside
+    # `ledger repair` puts it right: an incomplete last line (an interrupted append) it sets aside, a commit whose
+    # model write was interrupted it writes (`hops_calib.loop.commits`)
+    repairable: bool = False
 
     def __str__(self) -> str:
         return self.message if self.line is None else f"line {self.line}: {self.message}"
@@ -202,12 +222,16 @@ class Verification:
 class BrokenLedger(LedgerError):
     """A ledger that fails `verify`: nothing is appended to it."""
 
+    kind = "broken_ledger"
+    exit_code = 5  # hops_calib.cli.output.EXIT_BROKEN_LEDGER
+
     def __init__(self, result: Verification) -> None:
         self.verification = result
         first = result.problems[0]
-        if all(problem.torn for problem in result.problems):
-            advice = (f"run `hops-calib ledger repair --ledger {result.path}`: it sets the incomplete last line (an "
-                      "interrupted append) aside and keeps every complete entry")
+        if all(problem.repairable for problem in result.problems):
+            advice = (f"run `hops-calib ledger repair --ledger {result.path}`: it sets an incomplete last line (an "
+                      "interrupted append) aside, keeping every complete entry, and writes a committed model whose "
+                      "write was interrupted")
         else:
             advice = (f"`hops-calib ledger verify --ledger {result.path}` lists every problem; restore the file from "
                       "a copy before appending to it (`git checkout -- FILE` also discards every entry appended "
@@ -280,7 +304,7 @@ def _verify_bytes(data: bytes, path: Path, committed: bool = True) -> Verificati
     if tail:
         result.problems.append(Problem(len(complete) + 1, f"incomplete last line ({len(tail)} bytes, no newline): an "
                                                           "append was interrupted; it is not an entry (`hops-calib "
-                                                          "ledger repair` sets it aside)", torn=True))
+                                                          "ledger repair` sets it aside)", repairable=True))
     result.head_sha256 = prev
     if committed:
         _check_committed_prefix(data, path, result)
@@ -304,11 +328,16 @@ def verify(path: Path | str) -> Verification:
 
 
 def check_appendable(path: Path | str) -> None:
-    """Refuse (BrokenLedger) a ledger that fails `verify`, before a judgement is scored for it; `append` checks
-    again under its lock."""
+    """Refuse (BrokenLedger) a ledger that fails `verify`, or whose latest commit into a model file was never
+    written (`hops_calib.loop.commits`), before a judgement is scored for it; `append` checks the chain again under
+    its lock."""
     path = Path(path)
     if path.is_file() and path.stat().st_size:
         result = verify(path)
+        if result.ok:
+            from hops_calib.loop.commits import unwritten_problems
+
+            result.problems += unwritten_problems(path)
         if not result.ok:
             raise BrokenLedger(result)
 

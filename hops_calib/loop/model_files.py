@@ -31,9 +31,23 @@ def load_catalog(path: Path = CATALOG_PATH) -> dict[str, DeviceSpec]:
     return parse_catalog(read_text(path, "device catalog"), origin=str(path))
 
 
+def default_model() -> Path:
+    """The model the verbs use without --model: the shipped baseline of the checkout whose ledger they use
+    (`hops_calib.loop.ledger.default_checkout`: the one enclosing the current directory, else the package's), so
+    model and ledger always come from the same checkout; the package's own when there is no checkout."""
+    from hops_calib.loop.ledger import PACKAGE_CHECKOUT, default_checkout
+
+    checkout = default_checkout()
+    if checkout is not None and checkout != PACKAGE_CHECKOUT:
+        inside = checkout / DEFAULT_MODEL.relative_to(MODEL_DIR.parent.parent)
+        if inside.is_file():
+            return inside
+    return DEFAULT_MODEL
+
+
 def load_model(path: Path | str | None = None) -> Model:
-    """The model in `path`, or the shipped baseline."""
-    path = Path(path) if path is not None else DEFAULT_MODEL
+    """The model in `path`, or the default one (`default_model`)."""
+    path = Path(path) if path is not None else default_model()
     return parse_model(read_text(path, "model file"), origin=str(path), catalog=load_catalog())
 
 

@@ -110,11 +110,11 @@ def _earlier_looks(ledger_path: Path | str, split: str, fixture_set: str) -> lis
 
 
 def _look_inputs(fixtures_dir: Path | str, split: str, model_path: Path | str | None) -> tuple[Path, Model, Suite]:
-    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.model_files import default_model, load_model
 
     if split not in SPLITS:
         raise InputError("report", f"unknown split {split!r}", field="split", hint=f"expected one of {SPLITS}")
-    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model_path = Path(model_path) if model_path is not None else default_model()
     model = load_model(model_path)
     suite = load_suite(fixtures_dir, split)
     return model_path, model, suite
@@ -265,10 +265,10 @@ def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: 
     """The latest audit entry already in the ledger for this model, split and fixture set, as a `Report`; None if
     there is none. Nothing is scored and nothing is appended: quoting a held-out result again is not a new look.
     """
-    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.model_files import default_model, load_model
 
     ledger_path = resolve_ledger(ledger_path)
-    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model_path = Path(model_path) if model_path is not None else default_model()
     model_sha = load_model(model_path).sha256
     found = next((e for e in reversed(_earlier_looks(ledger_path, split, load_suite(fixtures_dir, split).sha256))
                   if e.get("model_sha256") == model_sha), None)

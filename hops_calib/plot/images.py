@@ -147,13 +147,13 @@ class ScoredSplit:
 
 def score_split(fixtures: Path, split: str, model_path: Path | None, progress: Progress = QUIET) -> ScoredSplit:
     """Predict and score every run of `split`. Callers guard the test split: this function does not."""
-    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.model_files import default_model, load_model
     from hops_calib.loop.suite import load_suite, score_model
 
     model = load_model(model_path)
     suite = load_suite(fixtures, split)
     progress.start(len(suite.ids))
-    scored = score_model(suite, model, origin=str(model_path or DEFAULT_MODEL), progress=progress)
+    scored = score_model(suite, model, origin=str(model_path or default_model()), progress=progress)
     return ScoredSplit(split=split, model=model, fixture_set_sha256=suite.sha256,
                        points=run_points(suite.specs, scored.runs), suite=scored.suite)
 

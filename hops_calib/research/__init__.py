@@ -1,2 +1,3 @@
 """Research: how a person or an agent finds the next change (observe where the error is, tune one term's parameters,
-cross-validate whether they travel, the components of a stage's time); computes, never prints."""
+cross-validate whether they travel, the components of a stage's time, which parameters price which quantity);
+computes, never prints."""

@@ -101,6 +101,7 @@ STAGE_PHRASES = {
     "ends": "stages of runs whose ends are {}",
 }
 DOMINANT_RUNS = 3
+CARRIED = 0.8  # groupings whose contribution these same runs carry (this share of it) are one finding
 
 
 # --- what is compared ------------------------------------------------------------------------------
@@ -358,6 +359,18 @@ class Contributor:
     contribution_pp: float  # throughput MAPE (window) removed if predicted exactly
     steady_contribution_pp: float  # the same on steady-throughput MAPE
     dominant_runs: tuple[dict[str, Any], ...]  # {id, contribution_pp, throughput_error_pct}
+    # Bias against noise: the residual's spread over the members, and the spread of the real quantity between
+    # repeats of one configuration (None without repeats), ms; the contribution split by the residual's mean
+    # square, bias^2 + spread^2: the repeat noise (no term can fix it) and the rest (fixable), pp of MAPE.
+    residual_spread_ms: float = math.nan
+    noise_ms: float | None = None
+    fixable_mape_pp: float = math.nan
+    noise_mape_pp: float = 0.0
+    members: tuple[tuple[str, int | None], ...] = ()  # (run id, stage) of the members; stage None for a part
+    terms: tuple[dict[str, Any], ...] = ()  # research.pricing.terms_of: the parameters pricing it, and applies
+    same_runs: tuple[str, ...] = ()  # other groupings of this quantity carried by the same runs, merged into this one
+    noise_from: str | None = None  # "repeats in the group", "the suite's repeats (relative)", or None (no repeats)
+    carriers: tuple[str, ...] = ()  # the fewest runs carrying >= CARRIED of the contribution (merge key)
 
     @property
     def where(self) -> str:
@@ -380,10 +393,26 @@ class Contributor:
         text += f" (steady {self.steady_contribution_pp:+.1f} pp)"
         if self.dominant_runs:
             text += "; mostly " + ", ".join(f"{r['id']} ({r['contribution_pp']:.1f} pp)" for r in self.dominant_runs)
+        if math.isfinite(self.fixable_mape_pp):
+            text += (f"; fixable {self.fixable_mape_pp:.2f} pp, repeat noise {self.noise_mape_pp:.2f} pp (bias "
+                     f"{self.residual_ms_mean:+.1f} ms, spread {self.residual_spread_ms:.1f} ms, between repeats "
+                     + (f"{self.noise_ms:.1f} ms" + (", the suite's" if self.noise_from and "suite" in self.noise_from
+                                                     else "") + ")" if self.noise_ms is not None
+                        else "n/a: no repeats)"))
+        if self.terms:
+            applies = [f"{t['term']}.{t['param']}" for t in self.terms if t["applies"]]
+            inert = [f"{t['term']}.{t['param']}" for t in self.terms if not t["applies"]]
+            text += ("; priced by " + (", ".join(applies) or "none of its runs' parameters")
+                     + (f" (inert here: {', '.join(inert)})" if inert else ""))
+        if self.same_runs:
+            text += "; the same runs as " + "; ".join(self.same_runs)
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in vars(self).items() if k not in ("dominant_runs", "aliases")},
+        return {**{k: v for k, v in vars(self).items() if k not in ("dominant_runs", "aliases", "members", "carriers")},
+                "carried_by": list(self.carriers),
+                "bias_ms": self.residual_ms_mean,
+                "terms": [dict(t) for t in self.terms], "same_runs": list(self.same_runs),
                 "aliases": [{"dimension": d, "group": g} for d, g in self.aliases],
                 "label": LABELS[self.quantity], "where": self.where,
                 "dominant_runs": [dict(r) for r in self.dominant_runs], "sentence": self.sentence()}
@@ -409,6 +438,7 @@ class _Member:
     real_ms: list[float]
     predicted_ms: list[float]
     fixed: tuple[float, float]
+    stages: tuple[int | None, ...] = (None,)  # the stage of each value (None: a part of the iteration)
 
 
 def _contributor(quantity: str, level: str, dimension: str, group: str, aliases: list[tuple[str, str]],
@@ -431,7 +461,62 @@ def _contributor(quantity: str, level: str, dimension: str, group: str, aliases:
         residual_pct=(_mean(p - r for p, r in zip(predicted, real)) / _mean(real) * 100.0
                       if real and _mean(real) > 0 else math.nan),
         contribution_pp=float(per_run[:, 0].sum()), steady_contribution_pp=float(per_run[:, 1].sum()),
-        dominant_runs=dominant)
+        dominant_runs=dominant, carriers=_carriers(members, per_run[:, 0]),
+        **_bias_and_noise(members, float(per_run[:, 0].sum())))
+
+
+def _carriers(members: list[_Member], per_run: np.ndarray) -> tuple[str, ...]:
+    """The fewest runs whose contributions add up to CARRIED of the group's positive contribution (empty when the
+    group removes nothing)."""
+    positive = np.clip(per_run, 0.0, None)
+    total = float(positive.sum())
+    if total <= 0:
+        return ()
+    order = np.argsort(-positive, kind="stable")
+    carried, out = 0.0, []
+    for i in order:
+        out.append(members[i].run.id)
+        carried += float(positive[i])
+        if carried >= CARRIED * total:
+            break
+    return tuple(sorted(out))
+
+
+def _bias_and_noise(members: list[_Member], contribution_pp: float) -> dict[str, Any]:
+    """The residual's mean (bias) and spread over the members, the real quantity's spread between repeats of one
+    configuration (pooled over configurations run more than once: noise), and the contribution split by the share
+    of the residual's mean square each explains: noise = min(repeat spread^2, residual spread^2), the rest fixable
+    (a term shifting the quantity fixes the bias, one scaling it with the configuration the rest of the spread)."""
+    from hops_calib.store.split import group_of
+
+    residuals = np.array([p - r for m in members for p, r in zip(m.predicted_ms, m.real_ms)])
+    bias, spread = float(np.mean(residuals)), float(np.std(residuals))
+    repeats: dict[tuple[str, int | None], list[float]] = {}
+    for m in members:
+        for stage, real in zip(m.stages, m.real_ms):
+            repeats.setdefault((group_of(m.run.id), stage), []).append(real)
+    groups = [np.array(v) for v in repeats.values() if len(v) > 1]
+    noise = (float(np.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / sum(len(g) - 1 for g in groups)))
+             if groups else None)
+    square = bias ** 2 + spread ** 2
+    noise_share = min(noise ** 2, spread ** 2) / square if noise is not None and square > 0 else 0.0
+    return {"residual_spread_ms": spread, "noise_ms": noise, "noise_mape_pp": contribution_pp * noise_share,
+            "fixable_mape_pp": contribution_pp * (1.0 - noise_share),
+            "noise_from": "repeats in the group" if noise is not None else None,
+            "members": tuple((m.run.id, stage) for m in members for stage in m.stages)}
+
+
+def with_suite_noise(contributor: Contributor, relative_noise: float | None) -> Contributor:
+    """A group without repeats of its own takes the suite's repeat spread of its quantity, relative to the real
+    value (the `all` grouping's noise over its mean), scaled to the group's mean real value."""
+    if contributor.noise_ms is not None or relative_noise is None or not math.isfinite(contributor.real_ms_mean):
+        return contributor
+    noise = relative_noise * abs(contributor.real_ms_mean)
+    square = contributor.residual_ms_mean ** 2 + contributor.residual_spread_ms ** 2
+    share = min(noise ** 2, square) / square if square > 0 else 0.0
+    return replace(contributor, noise_ms=noise, noise_from="the suite's repeats (relative)",
+                   noise_mape_pp=contributor.contribution_pp * share,
+                   fixable_mape_pp=contributor.contribution_pp * (1.0 - share))
 
 
 def _groupings(keys: list[dict[str, str]]) -> dict[tuple[str, str], tuple[list[int], list[tuple[str, str]]]]:
@@ -489,7 +574,8 @@ def stage_contributors(runs: list[RunRow]) -> list[Contributor]:
                     cache[key] = stages_fixed_errors(run, quantity, key[2])
                 if cache[key] is not None:
                     members.append(_Member(run, [r.real(quantity) for r in rows],
-                                           [r.predicted(quantity) for r in rows], cache[key]))
+                                           [r.predicted(quantity) for r in rows], cache[key],
+                                           tuple(r.stage for r in rows)))
             if members:
                 contributors.append(_contributor(quantity, "stage", dimension, group, aliases, members, len(runs),
                                                  sum(len(m.real_ms) for m in members)))
@@ -627,6 +713,8 @@ class Observation:
                 "hops": [h.to_dict() for h in self.hops],
                 "bottlenecks": [b.to_dict() for b in self.bottlenecks],
                 "overall": [c.to_dict() for c in self.overall], "ranked": [c.to_dict() for c in self.ranked],
+                # the same list as ranked, under the name AGENTS.md reads: ranked by fixable_mape_pp
+                "contributors": [c.to_dict() for c in self.ranked],
                 "runs": [r.to_dict() for r in self.runs]}
 
 
@@ -639,14 +727,37 @@ def _error_summary(values: list[float | None]) -> dict[str, float] | None:
             "mean_error_pct": float(np.mean(errors))}
 
 
+def _fixable(contributor: Contributor) -> float:
+    return contributor.fixable_mape_pp if math.isfinite(contributor.fixable_mape_pp) else contributor.contribution_pp
+
+
+def merge_same_runs(ranked: list[Contributor]) -> list[Contributor]:
+    """One finding per quantity and set of runs carrying it: a grouping of a quantity whose contribution the same
+    runs carry (`carriers`: the fewest runs holding CARRIED of it) as one ranked above it (the same runs sliced
+    another way: by shape, depth, ends, ...) is merged into it, named in its `same_runs`. Groupings that remove
+    nothing are kept apart by their members."""
+    kept: dict[tuple[str, frozenset], int] = {}
+    out: list[Contributor] = []
+    for contributor in ranked:
+        key = (contributor.quantity, frozenset(contributor.carriers) if contributor.carriers
+               else frozenset(contributor.members))
+        if key in kept:
+            first = out[kept[key]]
+            out[kept[key]] = replace(first, same_runs=first.same_runs + (contributor.where,))
+            continue
+        kept[key] = len(out)
+        out.append(contributor)
+    return out
+
+
 def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, split: str = "train",
-            progress: Progress = QUIET) -> Observation:
+            progress: Progress = QUIET, with_terms: bool = True) -> Observation:
     """Compare every run of the train split with its prediction, and rank where the throughput error comes from."""
-    from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
+    from hops_calib.loop.model_files import default_model, load_model
     from hops_calib.loop.suite import fixture_set_digest, open_store, refuse_test_split
 
     refuse_test_split(split, "observe")
-    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model_path = Path(model_path) if model_path is not None else default_model()
     model = load_model(model_path)
     store = open_store(fixtures_dir)
     ids = store.ids(split)
@@ -661,8 +772,17 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
         content_hashes.append(fixture.content_hash)
         progress.advance(fixture_id)
     contributors = part_contributors(runs) + stage_contributors(runs)
+    if with_terms:
+        from hops_calib.research.pricing import pricing, terms_of
+
+        found = pricing(runs, model)
+        contributors = [replace(c, terms=tuple(terms_of(found, c.quantity, c.members))) for c in contributors]
+    relative = {c.quantity: c.noise_ms / abs(c.real_ms_mean) for c in contributors
+                if c.dimension == "all" and c.noise_ms is not None and abs(c.real_ms_mean) > 0}
+    contributors = [with_suite_noise(c, relative.get(c.quantity)) for c in contributors]
     overall = tuple(c for c in contributors if c.dimension == "all")
-    ranked = sorted((c for c in contributors if c.dimension != "all"), key=lambda c: -c.contribution_pp)
+    ranked = merge_same_runs(sorted((c for c in contributors if c.dimension != "all"),
+                                    key=lambda c: (-_fixable(c), -c.contribution_pp)))
     return Observation(split=split, fixtures_dir=Path(fixtures_dir), model_path=model_path, model_name=model.name,
                        model_sha256=model.sha256, fixture_set_sha256=fixture_set_digest(ids, content_hashes),
                        suite=aggregate(r.score for r in runs), runs=tuple(runs),

@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 from hops_calib.errors import InputError
 from hops_calib.loop.evaluate import PLACEHOLDER
-from hops_calib.loop.model_files import DEFAULT_MODEL
+from hops_calib.loop.model_files import DEFAULT_MODEL, default_model
 from hops_calib.loop.score import SuiteScore
 from hops_calib.loop.suite import Suite, load_suite, score_model
 from hops_calib.model import TERMS, Model, resolve_params, unknown_device_overrides
@@ -155,7 +155,7 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
     if objective not in OBJECTIVE_MODES:
         raise InputError(command, f"unknown objective {objective!r}", field="objective",
                          hint=f"choose one of {', '.join(OBJECTIVE_MODES)}")
-    model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
+    model_path = Path(model_path) if model_path is not None else default_model()
     suite = load_suite(fixtures_dir, "train")
     reals: tuple = ()
     if objective == "components":
@@ -375,6 +375,15 @@ def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[Front
     return None, (verdicts[0] if verdicts else None)
 
 
+def all_trials(study) -> list[dict[str, Any]]:
+    """Every trial of the study: number, state, parameters, objective values and suite scores (tune --json)."""
+    keys = list(SuiteScore.__dataclass_fields__) + ["component_mape_pct"]
+    return [{"number": t.number, "state": t.state.name, "params": dict(t.params),
+             "objectives": list(t.values) if t.values is not None else None,
+             "score": {k: t.user_attrs[k] for k in keys if k in t.user_attrs}}
+            for t in study.get_trials(deepcopy=False)]
+
+
 def pareto_front(study) -> list[FrontPoint]:
     """The Pareto front (suite mode), or the COMPONENT_FRONT best trials by component error (components mode)."""
     import optuna
@@ -416,13 +425,28 @@ class TuneResult:
     candidate_text: str | None
     objective: str = "suite"
     model_path: Path = DEFAULT_MODEL  # the model tuned (a candidate is judged against it)
+    trials: tuple[dict[str, Any], ...] = ()  # every trial of the study (`all_trials`)
+    calibration: Any = None  # hops_calib.loop.calibration.Check of the store tuned on
+    warnings: tuple[str, ...] = ()
 
     @property
     def objectives(self) -> tuple[str, ...]:
         return COMPONENT_OBJECTIVES if self.objective == "components" else OBJECTIVES
 
+    @property
+    def status(self) -> str:
+        """candidate_written, or no_candidate (exit 1: no trial beats the model on the gate's criteria)."""
+        return "candidate_written" if self.candidate_path is not None else "no_candidate"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.candidate_path is not None else 1
+
     def to_dict(self) -> dict[str, Any]:
-        return {"term": self.term, "study": self.study_name, "storage": self.storage,
+        return {"status": self.status, "term": self.term, "study": self.study_name, "storage": self.storage,
+                "fixtures": str(self.fixtures_dir), "model": str(self.model_path), "warnings": list(self.warnings),
+                "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+                "trials": list(self.trials),
                 "trials_here": self.trials_here, "trials_in_study": self.trials_in_study, "workers": self.workers,
                 "objective": self.objective, "objectives": list(self.objectives), "current": self.current.to_dict(),
                 "front": [vars(p) for p in self.front], "chosen": vars(self.chosen) if self.chosen else None,
@@ -440,7 +464,7 @@ class TuneResult:
 def evaluate_command(candidate: Path | str, fixtures_dir: Path | str, model_path: Path) -> str:
     """The command that judges a tuned candidate against the model it was tuned on."""
     return (f"hops-calib evaluate {candidate} --fixtures {fixtures_dir}"
-            + ("" if model_path == DEFAULT_MODEL else f" --model {model_path}"))
+            + ("" if model_path == default_model() else f" --model {model_path}"))
 
 
 def _moves(before: float, after: float, digits: int) -> str:
@@ -450,7 +474,7 @@ def _moves(before: float, after: float, digits: int) -> str:
 
 
 def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore, study_name: str,
-                   storage: str, trials_in_study: int, front_size: int) -> str:
+                   storage: str, trials_in_study: int, front_size: int, candidate_id: str | None = None) -> str:
     """A one-term candidate setting the chosen values, with hypothesis and grounding marked FILL IN."""
     import inspect
 
@@ -476,7 +500,7 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
         f"# chosen as {CHOICE_RULE}.",
         f"# Replace both {PLACEHOLDER} texts with the physical reason before evaluating it (evaluate refuses them):",
         f"#   {evaluate_command('<this file>', problem.suite.fixtures_dir, problem.model_path)}",
-        f"id = {json.dumps(f'tune-{problem.term}-trial{chosen.number}')}",
+        f"id = {json.dumps(candidate_id or f'tune-{problem.term}-trial{chosen.number}')}",
         f"hypothesis = {json.dumps(hypothesis)}",
         f"grounding = {json.dumps(grounding)}",
         'author = "hops-calib tune"',
@@ -495,12 +519,28 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
 def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None = None, trials: int = DEFAULT_TRIALS,
          storage_url: str | None = None, study_name: str | None = None, workers: int = 1, seed: int = 0,
          out: Path | str | None = None, progress: Callable[[int, int], None] | None = None,
-         objective: str = "suite", only: tuple[str, ...] = ()) -> TuneResult:
-    """Tune one term's parameters on the train split and write the chosen point as a candidate file."""
+         objective: str = "suite", only: tuple[str, ...] = (), ledger_path: Path | str | None = None,
+         off_record: bool = False) -> TuneResult:
+    """Tune one term's parameters on the train split and write the chosen point as a candidate file (named by its
+    id: experiments/ID.toml, or --out whose stem becomes the id).
+
+    Refused (OffRecord) on a store other than the one the parameters were calibrated on (the ledger's record,
+    `hops_calib.loop.calibration`; `ledger_path` default: the project's, none when there is none) unless
+    `off_record`."""
     from hops_calib.files import atomic_write
+    from hops_calib.loop import calibration
+    from hops_calib.loop.ledger import default_ledger
 
     check_run(trials, workers, storage_url)
     problem = load_problem(term, fixtures_dir, model_path, objective, only)
+    if ledger_path is None:
+        try:
+            ledger_path = default_ledger()
+        except InputError:
+            ledger_path = None
+    check = calibration.check_store(calibration.read_record(ledger_path),
+                                    calibration.scope_of_params(term, only), problem.suite, "tune",
+                                    off_record=off_record)
     study_name = study_name or default_study_name(problem)
     study = optimize(problem, trials=trials, storage_url=storage_url, study_name=study_name, workers=workers,
                      seed=seed, fixtures_dir=fixtures_dir, progress=progress)
@@ -516,9 +556,9 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
     in_study = _finished(study)
     path = text = None
     if chosen is not None:
-        text = candidate_text(problem, chosen, before.suite, study_name, storage_url or "memory", in_study,
-                              len(front))
         path = Path(out) if out is not None else Path("experiments") / f"tune-{term}-trial{chosen.number}.toml"
+        text = candidate_text(problem, chosen, before.suite, study_name, storage_url or "memory", in_study,
+                              len(front), candidate_id=path.stem)
         if path.exists():
             raise InputError(path, "exists already; a candidate file is never overwritten (the ledger may cite it)",
                              hint="pass --out with a new file name")
@@ -526,7 +566,8 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
     return TuneResult(term=term, fixtures_dir=Path(fixtures_dir), study_name=study_name, storage=storage_url or "memory", trials_here=trials,
                       trials_in_study=in_study, workers=workers, current=before.suite, front=tuple(front),
                       chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text,
-                      objective=problem.objective, model_path=problem.model_path)
+                      objective=problem.objective, model_path=problem.model_path,
+                      trials=tuple(all_trials(study)), calibration=check, warnings=check.warnings)
 
 
 # --- text -----------------------------------------------------------------------------------------

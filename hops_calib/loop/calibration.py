@@ -1,0 +1,242 @@
+"""Which runs a judgement must be made on: the fixture set the model was calibrated on, read from the ledger.
+
+Every accepted change committed into a model (`evaluate --commit`, `compare --commit` keeping the model after) is
+a ledger entry that names the fixture set it was judged on (`fixture_set_sha256`; since issue #22 also the run ids,
+`fixture_runs`, the runs' device types, `fixture_devices`, and the store's path, `fixtures`). A candidate is
+judged where the part of the model it changes was calibrated:
+
+- values of one device type (`NAME@TYPE` parameters, unset ones, a device constant of TYPE): the fixture set of
+  the latest committed change judged on runs of TYPE;
+- anything else (a term's shared values, adding or removing a term): the fixture set of the latest committed
+  change to that term, or, for a term never changed, of the latest committed change of all;
+- a whole model (`compare`): the fixture set of the latest committed change of all.
+
+A store holds that fixture set when its train split has the same `fixture_set_sha256`, or the same run ids (the
+same runs re-ingested: said as a warning), or, for an entry older than these fields, the same device types and
+number of runs. Entries older than `fixture_devices` count for the device types their change named. A ledger
+with no committed change calibrates nothing: any store may start it. `OffRecord` is the refusal (exit 2);
+`evaluate/compare/tune --off-record` judge anyway and mark the entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from hops_calib.errors import InputError
+
+
+class OffRecord(InputError):
+    """A judgement on runs the model was not calibrated on, or of a change that moves no run."""
+
+    kind = "off_record"
+    exit_code = 4  # hops_calib.cli.output.EXIT_OFF_RECORD
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What part of the model a change touches: one term's shared values, or some device types' values."""
+
+    term: str | None = None  # the term whose shared values (or presence) change; None for device-only changes
+    devices: tuple[str, ...] = ()  # device types whose own values change (NAME@TYPE, a device constant)
+    whole_model: bool = False  # compare: any part
+
+    def describe(self) -> str:
+        if self.whole_model:
+            return "the model as a whole"
+        if self.term is not None:
+            return f"the shared values of term {self.term}"
+        return "the values of device type(s) " + ", ".join(self.devices)
+
+
+def scope_of_change(change) -> Scope:
+    """The `Scope` of a candidate's `Change`."""
+    if change.action == "set_device":
+        return Scope(devices=(change.device,))
+    names = [*change.params, *change.unset]
+    if change.action == "set" and names and all("@" in name for name in names):
+        return Scope(devices=tuple(sorted({name.partition("@")[2] for name in names})))
+    return Scope(term=change.term)
+
+
+def scope_of_params(term: str, names: Sequence[str]) -> Scope:
+    """The `Scope` of a change to `names` of `term` (tune's --only; all parameters when empty)."""
+    if names and all("@" in name for name in names):
+        return Scope(devices=tuple(sorted({name.partition("@")[2] for name in names})))
+    return Scope(term=term)
+
+
+@dataclass(frozen=True)
+class FixtureSet:
+    """A fixture set as the ledger knows it, from the committed entries judged on it."""
+
+    sha256: str
+    n_runs: int | None
+    runs: tuple[str, ...] | None  # recorded since #22
+    devices: tuple[str, ...]  # recorded since #22, else the device types its entries' changes named
+    path: str | None
+    entries: tuple[int, ...]
+
+    def describe(self) -> str:
+        where = f", store {self.path}" if self.path else ""
+        devices = f" on {', '.join(self.devices)}" if self.devices else ""
+        runs = f"{self.n_runs} train runs" if self.n_runs is not None else "train runs"
+        seqs = self.entries
+        entries = (f"ledger entry {seqs[0]}" if len(seqs) == 1 else
+                   f"ledger entries {', '.join(map(str, seqs[:3]))}{', ...' if len(seqs) > 4 else ''}"
+                   + (f", {seqs[-1]}" if len(seqs) > 3 else ""))
+        return f"fixture set {self.sha256[:12]} ({runs}{devices}{where}; {entries})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fixture_set_sha256": self.sha256, "n_runs": self.n_runs, "devices": list(self.devices),
+                "fixtures": self.path, "ledger_entries": list(self.entries)}
+
+
+def _committed_changes(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The entries that changed a model file with a judged change: accepted and committed evaluations, and
+    committed compares that kept the model after."""
+    return [e for e in entries
+            if e.get("kind") in ("evaluate", "compare") and e.get("committed") and e.get("decision") == "accepted"
+            and e.get("fixture_set_sha256")]
+
+
+def _named(entry: dict[str, Any]) -> tuple[str | None, set[str]]:
+    """The term whose shared values (or presence) an evaluate entry's change touched (None for a change of some
+    device types' values only), and the device types it named."""
+    from hops_calib.loop.candidate import parse_candidate
+
+    text = (entry.get("candidate") or {}).get("text")
+    if not text:
+        return None, set()
+    try:
+        change = parse_candidate(text, origin=f"ledger entry {entry.get('seq')}").change
+    except InputError:  # a term since renamed or removed: the entry names nothing this version can read
+        return None, set()
+    scope = scope_of_change(change)
+    named = {name.partition("@")[2] for name in [*change.params, *change.unset] if "@" in name}
+    return scope.term, named | set(scope.devices)
+
+
+@dataclass(frozen=True)
+class Record:
+    """The model's calibration record: the committed changes, in ledger order, with the fixture sets they used."""
+
+    changes: tuple[dict[str, Any], ...]
+    sets: dict[str, FixtureSet]
+
+    @property
+    def empty(self) -> bool:
+        return not self.changes
+
+    def calibrated_on(self, scope: Scope) -> tuple[FixtureSet, str] | None:
+        """The fixture set a change of `scope` must be judged on and why; None when the record is empty."""
+        if not self.changes:
+            return None
+        for entry in reversed(self.changes):
+            term, devices = _named(entry)
+            fixture_set = self.sets[entry["fixture_set_sha256"]]
+            if scope.devices and set(scope.devices) & set(fixture_set.devices):
+                shared = sorted(set(scope.devices) & set(fixture_set.devices))
+                return fixture_set, (f"the latest committed change judged on {', '.join(shared)} runs is ledger "
+                                     f"entry {entry['seq']}")
+            if scope.term is not None and term == scope.term:
+                return fixture_set, (f"the latest committed change to term {scope.term}'s shared values is ledger "
+                                     f"entry {entry['seq']}")
+        latest = self.changes[-1]
+        what = ("no committed change was judged on runs of " + ", ".join(scope.devices) if scope.devices else
+                f"no committed change touched term {scope.term}'s shared values" if scope.term else
+                "the model as a whole")
+        return self.sets[latest["fixture_set_sha256"]], f"{what}: the latest committed change is ledger entry " \
+                                                         f"{latest['seq']}"
+
+
+def read_record(ledger_path: Path | str | None) -> Record:
+    """The calibration record of the ledger at `ledger_path` (empty when there is none)."""
+    from hops_calib.loop.ledger import read_entries
+
+    changes = _committed_changes(read_entries(ledger_path)) if ledger_path is not None else []
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for entry in changes:
+        grouped.setdefault(entry["fixture_set_sha256"], []).append(entry)
+    sets = {}
+    for sha, group in grouped.items():
+        devices: set[str] = set()
+        runs, path = None, None
+        for entry in group:
+            devices |= set(entry.get("fixture_devices") or ()) | _named(entry)[1]
+            runs = tuple(entry["fixture_runs"]) if entry.get("fixture_runs") else runs
+            path = entry.get("fixtures") or path
+        sets[sha] = FixtureSet(sha256=sha, n_runs=group[-1].get("n_fixtures"), runs=runs,
+                               devices=tuple(sorted(devices)), path=path,
+                               entries=tuple(e["seq"] for e in group))
+    return Record(changes=tuple(changes), sets=sets)
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of `check_store`: where the scope was calibrated, whether this store holds it, and the notes."""
+
+    scope: Scope
+    calibrated: FixtureSet | None  # None: the ledger records no committed change
+    why: str
+    holds: bool
+    how: str  # "same fixture set", "same runs re-ingested", "same device types and run count", "", "no record"
+    off_record: bool  # judged anyway (--off-record) although the store does not hold it
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scope": self.scope.describe(), "calibrated_on": self.calibrated.to_dict() if self.calibrated else None,
+                "why": self.why, "store_holds_it": self.holds, "match": self.how or None,
+                "off_record": self.off_record}
+
+
+def store_devices(suite) -> tuple[str, ...]:
+    return tuple(sorted({device for spec in suite.specs for device in spec.devices}))
+
+
+def check_store(record: Record, scope: Scope, suite, verb: str, *, off_record: bool = False) -> Check:
+    """Refuse (OffRecord) a judgement of `scope` on `suite` unless its runs are those the scope was calibrated on,
+    or `off_record` (then the Check says so)."""
+    found = record.calibrated_on(scope)
+    if found is None:
+        return Check(scope, None, "the ledger records no committed change: nothing is calibrated yet", True,
+                     "no record", False)
+    calibrated, why = found
+    devices = store_devices(suite)
+    how, warnings = "", []
+    if suite.sha256 == calibrated.sha256:
+        how = "same fixture set"
+    elif calibrated.runs is not None and tuple(sorted(suite.ids)) == tuple(sorted(calibrated.runs)):
+        how = "same runs re-ingested"
+    elif calibrated.runs is None and calibrated.devices and tuple(calibrated.devices) == devices \
+            and calibrated.n_runs == len(suite.ids):
+        how = "same device types and run count"
+    if how and how != "same fixture set":
+        warnings.append(f"{suite.fixtures_dir}: fixture set {suite.sha256[:12]} is not the {calibrated.describe()} "
+                        f"{scope.describe()} was calibrated on, but holds {how.replace('same', 'the same')} "
+                        "(re-ingested or recaptured): judged as the same runs")
+    if how:
+        return Check(scope, calibrated, why, True, how, False, tuple(warnings))
+    message = (f"{scope.describe()}: calibrated on {calibrated.describe()} ({why}); the store "
+               f"{suite.fixtures_dir} holds fixture set {suite.sha256[:12]} ({len(suite.ids)} train runs on "
+               f"{', '.join(devices)}): a judgement here would not be on the runs the model was fitted to")
+    if not off_record:
+        raise OffRecord(verb, message, field="fixtures",
+                        hint=(f"judge it on that store: --fixtures {calibrated.path}" if calibrated.path else
+                              "judge it on that store (--fixtures DIR of the runs named)")
+                        + "; or, to judge it here anyway and mark the ledger entry off_record, --off-record")
+    return Check(scope, calibrated, why, False, "", True, (f"judged off the record (--off-record): {message}",))
+
+
+def refuse_unmoved(runs_moved: Sequence[str], n_runs: int, what: str, verb: str, check: Check | None) -> None:
+    """Refuse a judgement whose change moves no run's prediction on this store: it would hold the suite by testing
+    nothing, and commit a value no run tested."""
+    if runs_moved:
+        return
+    where = (f"; {check.scope.describe()} was calibrated on {check.calibrated.describe()}"
+             if check is not None and check.calibrated is not None else "")
+    raise OffRecord(verb, f"{what} moves none of the {n_runs} runs' predictions on this store: a judgement here "
+                    f"would test nothing{where}", field="fixtures",
+                    hint="judge it on the runs it prices (--fixtures DIR); --off-record judges it here anyway "
+                         "(never committed: no run tested the value)")

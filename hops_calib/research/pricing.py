@@ -1,0 +1,104 @@
+"""Which parameters price which quantity of which run, found by perturbing each one (observe's `terms`).
+
+For every parameter of every active term (a per-device value NAME@TYPE counts as its own parameter), the model is
+nudged (+10 % of the value, or toward the middle of its bounds from a bound or zero; another of its choices) and
+every run predicted again: the parameter prices a quantity (a stage's forward or backward per microbatch, a part
+of the iteration) of a run when that quantity's prediction moves. A parameter that prices a quantity on some runs
+but not on a contributor's runs is inert there (a max() that never selects it, a device type absent): tuning it
+for those runs is in vain. Pure computation on predictions: no trace is read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from hops_calib.model import TERMS, Model, resolve_params
+
+RELATIVE = 1e-9  # a change smaller than this (relative) is float noise, not a move
+
+
+def _nudged(param, value: float) -> float | None:
+    """Another value of `param` within its bounds near `value`; None when it has no other."""
+    if param.choices:
+        others = [c for c in param.choices if c != value]
+        return others[0] if others else None
+    for candidate in (value * 1.1, value * 0.9, (param.low + param.high) / 2.0, param.low + 0.1 * (param.high - param.low)):
+        if param.low <= candidate <= param.high and candidate != value:
+            return candidate
+    return None
+
+
+def perturbations(model: Model) -> Iterable[tuple[str, str, Model]]:
+    """(term, parameter name, the model with that parameter nudged) for every active term's parameters."""
+    devices = {d.type for d in model.devices}
+    for active in model.terms:
+        term = TERMS.get(active.name)
+        if term is None:
+            continue
+        by_name = {p.name: p for p in term.params}
+        for name, value in active.params().items():
+            param = by_name.get(name.partition("@")[0])
+            new = _nudged(param, value) if param is not None else None
+            if new is None:
+                continue
+            nudged = resolve_params(active.name, {name: new}, origin="observe", base=active.params(),
+                                    device_types=devices)
+            yield active.name, name, model.with_term(nudged)
+
+
+def quantities(spec, prediction) -> dict[tuple[str, int | None], float]:
+    """The quantities observe compares, predicted: per stage forward / backward ms, and the iteration's parts."""
+    values: dict[tuple[str, int | None], float] = {}
+    for row in prediction.stage_phase_ms(spec):
+        values[("forward", row.stage)] = row.forward_ms
+        values[("backward", row.stage)] = row.backward_ms
+    parts = prediction.result.iteration_parts()
+    if parts is not None:
+        for part, value in parts.as_dict().items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values[(part, None)] = float(value)
+    return values
+
+
+def _moved(a: float, b: float) -> bool:
+    return abs(a - b) > RELATIVE * max(abs(a), abs(b), 1e-12)
+
+
+def pricing(runs, model: Model, progress=None) -> dict[tuple[str, str], set[tuple[str, str, int | None]]]:
+    """(term, parameter) -> the (run id, quantity, stage) whose prediction moves when the parameter is nudged.
+
+    `runs`: observe's RunRows (their spec and prediction). `progress(done, total)` after each parameter."""
+    from hops_calib.model.predict import predict
+
+    base = {run.id: quantities(run.spec, run.prediction) for run in runs}
+    nudges = list(perturbations(model))
+    found: dict[tuple[str, str], set[tuple[str, str, int | None]]] = {}
+    for done, (term, name, nudged) in enumerate(nudges, start=1):
+        moved: set[tuple[str, str, int | None]] = set()
+        for run in runs:
+            try:
+                after = quantities(run.spec, predict(run.spec, nudged))
+            except ValueError:
+                continue
+            moved |= {(run.id, q, s) for (q, s), v in after.items()
+                      if (q, s) in base[run.id] and _moved(base[run.id][(q, s)], v)}
+        found[(term, name)] = moved
+        if progress is not None:
+            progress(done, len(nudges))
+    return found
+
+
+def terms_of(found: dict[tuple[str, str], set[tuple[str, str, int | None]]], quantity: str,
+             members: Iterable[tuple[str, int | None]]) -> list[dict[str, Any]]:
+    """The parameters pricing `quantity` anywhere in the suite, each with whether it applies to `members`
+    ((run id, stage) pairs; stage None for a part of the iteration): whether nudging it moved that quantity there."""
+    members = set(members)
+    rows = []
+    for (term, name), moved in found.items():
+        here = {(run, stage) for run, q, stage in moved if q == quantity}
+        if not here:
+            continue
+        applies = len(here & members)
+        rows.append({"term": term, "param": name, "applies": applies > 0, "members_moved": applies,
+                     "members": len(members)})
+    return sorted(rows, key=lambda r: (not r["applies"], r["term"], r["param"]))
