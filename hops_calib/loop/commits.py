@@ -4,7 +4,8 @@
 the model file after it (so a model never changes unrecorded). A crash between
 the two leaves an entry saying `committed` over a file that still holds the
 model the entry was judged against. `unwritten` finds such an entry (the latest
-commit into each model file, when the file holds the model before it);
+commit into each model file, when the file holds the model before it and was
+last written before the entry: a file put back by hand afterwards is newer);
 `ledger verify` reports it and `ledger repair` writes the committed model when
 the entry rebuilds it exactly (the candidate's text applied to the model the
 file holds, or the compared model file), and otherwise says what to do.
@@ -13,6 +14,7 @@ file holds, or the compared model file), and otherwise says what to do.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,8 @@ class UnwrittenCommit:
 
     def message(self) -> str:
         return (f"entry {self.seq} committed model {self.committed_sha256[:12]} into {self.model_file}, but the file "
-                f"holds {self.held_sha256[:12]}, the model the entry was judged against: the write after the ledger "
-                "append did not happen (interrupted), or the file was put back by hand; `hops-calib ledger repair` "
+                f"holds {self.held_sha256[:12]}, the model the entry was judged against, and has not been written "
+                "since: the write after the ledger append did not happen (interrupted); `hops-calib ledger repair` "
                 "writes the committed model")
 
 
@@ -77,9 +79,10 @@ def unwritten(ledger_path: Path | str) -> list[UnwrittenCommit]:
     for path, (entry, committed, before) in latest.items():
         try:
             held = load_model(path).sha256
-        except InputError:  # a file gone or broken: another problem, named by whatever reads it
-            continue
-        if held != committed and held == before:
+            written_after = path.stat().st_mtime >= datetime.fromisoformat(entry["time"]).timestamp()
+        except (InputError, OSError, KeyError, TypeError, ValueError):  # a file gone or broken, an entry without a
+            continue  # time: nothing to tell (a broken file is named by whatever reads it)
+        if held != committed and held == before and not written_after:
             found.append(UnwrittenCommit(int(entry.get("seq", 0)), path, committed, held, entry))
     return found
 
