@@ -11,11 +11,19 @@ numbers compare side by side with the published simulator:
 
 Beside them, the iteration period (first event of iteration i+1 minus first event
 of iteration i) and steady throughput = microbatches per iteration / median period.
+
+Throughput, for both kinds of fixture, is microbatches of one pipeline completed per second over the
+measured window (`throughput_per_s`). A run with events is measured over the HOPS window above; a run
+measured at iteration level (a training log, a run table: `IterationMetrics`) over the whole iterations it
+kept, which are the steady state (warm-up dropped), so its throughput is microbatches per iteration /
+iteration time, and a prediction of it is the simulated steady throughput. Bubble and utilization exist
+only where there are events.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -34,6 +42,7 @@ class TimelineMetrics:
     completed_microbatches: int
     iteration_periods_ms: tuple[float, ...]
     iteration_time_ms: float  # median iteration period (window / iterations when only one iteration)
+    has_events: ClassVar[bool] = True  # bubble and per-stage utilization are measured
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -47,6 +56,64 @@ class TimelineMetrics:
             "iteration_periods_ms": list(self.iteration_periods_ms),
             "iteration_time_ms": self.iteration_time_ms,
         }
+
+
+@dataclass(frozen=True)
+class IterationMetrics:
+    """What a run measured at iteration level gives (no events: no bubble, no per-stage utilization).
+
+    `iteration_periods_ms` are the kept log intervals' mean iteration times, each over
+    `interval_iterations[k]` iterations (Megatron averages over --log-interval); a table row gives one.
+    """
+
+    microbatches_per_iteration: int  # of one pipeline: global batch / (micro batch x data parallel)
+    iteration_periods_ms: tuple[float, ...]
+    interval_iterations: tuple[int, ...]
+    has_events: ClassVar[bool] = False
+    bubble_ratio: ClassVar[None] = None
+    utilization_per_stage: ClassVar[tuple[float, ...]] = ()
+
+    @property
+    def iteration_time_ms(self) -> float:
+        """Median of the logged iteration times."""
+        return float(np.median(self.iteration_periods_ms))
+
+    @property
+    def window_ms(self) -> float:
+        """The time of every kept iteration."""
+        return float(np.dot(self.iteration_periods_ms, self.interval_iterations))
+
+    @property
+    def completed_microbatches(self) -> int:
+        return int(self.microbatches_per_iteration * sum(self.interval_iterations))
+
+    @property
+    def throughput_per_s(self) -> float:
+        """Microbatches completed over the kept iterations per second (their window)."""
+        return self.completed_microbatches / (self.window_ms / 1e3)
+
+    @property
+    def steady_throughput_per_s(self) -> float:
+        return self.microbatches_per_iteration / (self.iteration_time_ms / 1e3)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"microbatches_per_iteration": self.microbatches_per_iteration,
+                "iteration_periods_ms": list(self.iteration_periods_ms),
+                "interval_iterations": list(self.interval_iterations),
+                "throughput_per_s": self.throughput_per_s, "steady_throughput_per_s": self.steady_throughput_per_s,
+                "iteration_time_ms": self.iteration_time_ms, "window_ms": self.window_ms}
+
+
+def comparable_throughputs(real: TimelineMetrics | IterationMetrics, predicted: TimelineMetrics
+                           ) -> tuple[float, float, float, float]:
+    """(real, predicted) throughput and (real, predicted) steady throughput of a run, each pair measured alike:
+    a run with events over the HOPS window on both sides; a run measured at iteration level over whole
+    steady-state iterations, so its prediction is the simulated steady throughput (module docstring)."""
+    if real.has_events:
+        return (real.throughput_per_s, predicted.throughput_per_s, real.steady_throughput_per_s,
+                predicted.steady_throughput_per_s)
+    return (real.throughput_per_s, predicted.steady_throughput_per_s, real.steady_throughput_per_s,
+            predicted.steady_throughput_per_s)
 
 
 def merged_length(starts: np.ndarray, ends: np.ndarray) -> float:

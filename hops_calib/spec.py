@@ -11,8 +11,9 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from hops_calib.trace.collective_bench import CollectiveTable  # the machine's collective benchmark
 from hops_calib.trace.link_bench import LinkFit  # the link benchmark's fit; a Spec carries one per hop
 
 # The HOPS tracing fork of Megatron starts tracing at iteration 3: iterations
@@ -41,6 +42,20 @@ class ModelShape:
     # Megatron clips the global gradient norm at --clip-grad (default 1.0), which all-reduces the norm
     # over the pipeline before every optimizer step; 0 turns clipping off.
     clip_grad: float = 1.0
+    # Activation recomputation (`recomputation_of`): None, "full" (a layer's backward first redoes its whole
+    # forward) or "selective" (only its attention core); for full, "uniform" (every layer, in groups of
+    # recompute_num_layers) or "block" (the first recompute_num_layers layers of each model chunk).
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+
+    def recomputed_layers(self, layers: int) -> int:
+        """How many of a model chunk's `layers` decoder layers redo their whole forward in their backward."""
+        if self.recompute_granularity != "full":
+            return 0
+        if self.recompute_method == "block":
+            return min(layers, self.recompute_num_layers or 0)
+        return layers
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,9 @@ class Spec:
     declared_schedule: str | None = None  # label from a template or scenario name, if any
     device_names: tuple[str, ...] = ()  # human-readable device model per stage, when known
     megatron_args: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
+    # GPUs per node when the hardware was given as a GPU type (a log's or a run table's), else None.
+    gpus_per_node: int | None = None
+    collectives: tuple[CollectiveTable, ...] = ()  # the machine's collective benchmark, when it has one
 
     def __post_init__(self) -> None:
         if len(self.layers_per_stage) != self.pp:
@@ -70,6 +88,17 @@ class Spec:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"spec {self.run_id}: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
 
+    def same_node(self, stage_a: int, stage_b: int) -> bool | None:
+        """Whether two stages share a node, when the hardware says (a GPU type on nodes of gpus_per_node, pipeline
+        rank r on node r // gpus_per_node); None when it does not (a job directory's stage map)."""
+        if not self.gpus_per_node:
+            return None
+        return stage_a // self.gpus_per_node == stage_b // self.gpus_per_node
+
+    def collective(self, op: str, gpus: int) -> CollectiveTable | None:
+        """The machine's benchmark table of `op` on `gpus` GPUs, or None."""
+        return next((t for t in self.collectives if t.op == op and t.gpus == gpus), None)
+
     def link(self, src_stage: int, dst_stage: int) -> LinkFit | None:
         """The fitted link between two stages, in either direction, or None."""
         for fit in self.links:
@@ -78,7 +107,17 @@ class Spec:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        for name in _OPTIONAL_FIELDS:  # written only when set: the text of specs that do not use them stays as it was
+            if data[name] in (None, ()):
+                data.pop(name)
+        for name in _OPTIONAL_SHAPE_FIELDS:
+            if data["model"][name] is None:
+                data["model"].pop(name)
+        for link in data["links"]:
+            if not link["intra_node"]:
+                link.pop("intra_node")
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -88,6 +127,7 @@ class Spec:
         data = dict(data)
         data["links"] = tuple(LinkFit(**link) for link in data.get("links", ()))
         data["model"] = ModelShape(**data["model"])
+        data["collectives"] = tuple(CollectiveTable(**table) for table in data.get("collectives", ()))
         for name in ("layers_per_stage", "devices", "device_ids", "device_names"):
             data[name] = tuple(data.get(name, ()))
         return cls(**data)
@@ -95,6 +135,11 @@ class Spec:
     @classmethod
     def from_json(cls, text: str) -> "Spec":
         return cls.from_dict(json.loads(text))
+
+
+# Spec fields added after fixtures were first written, left out of spec.json at these values.
+_OPTIONAL_FIELDS = ("gpus_per_node", "collectives")
+_OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
 
 
 # ---------------------------------------------------------------------------
@@ -170,25 +215,23 @@ def _require_int(args: dict[str, Any], name: str, source: Any, default: int | No
     return value
 
 
-def configured_schedule(job_dir: Path, manifest: dict[str, Any], vp: int) -> str:
+def configured_schedule(configured: Any, vp: int, source: Path | str = "manifest.yaml") -> str:
     """The schedule the launch configured: Megatron's from its flags, or the launcher's own when it records one.
 
     Megatron runs non-interleaved 1F1B unless virtual pipeline stages are configured. A launcher whose
     schedules have no Megatron flag (`hops-calib capture --engine torch`: GPipe, ZB-H1) writes the schedule it
-    configured as `configured_schedule` in manifest.yaml; cluster manifests have no such key.
+    configured as `configured_schedule` in manifest.yaml (`source`); cluster manifests have no such key (None).
     """
     from hops_calib.trace import TraceError
-    from hops_calib.trace.job import MANIFEST
 
     from_flags = "interleaved_1f1b" if vp > 1 else "1f1b"
-    configured = manifest.get("configured_schedule")
     if configured is None:
         return from_flags
     if configured not in SCHEDULES:
-        raise TraceError(job_dir / MANIFEST, f"is {configured!r}", field="configured_schedule",
+        raise TraceError(source, f"is {configured!r}", field="configured_schedule",
                          hint=f"expected one of {', '.join(SCHEDULES)}, or remove the key")
     if (configured == "interleaved_1f1b") != (vp > 1):
-        raise TraceError(job_dir / MANIFEST, f"is {configured!r} but the arguments configure {vp} model chunk(s) "
+        raise TraceError(source, f"is {configured!r} but the arguments configure {vp} model chunk(s) "
                          "per stage", field="configured_schedule",
                          hint="interleaved 1F1B needs virtual pipeline stages, and only it uses them")
     return configured
@@ -199,8 +242,246 @@ def configured_schedule(job_dir: Path, manifest: dict[str, Any], vp: int) -> str
 MAX_PER_ITERATION = 1 << 15
 
 
+@dataclass(frozen=True)
+class Hardware:
+    """Where a launch's pipeline stages run: what `spec_from_args` needs besides the arguments.
+
+    Either a device type per stage (`devices`, with the stage map's `device_ids` and optional human-readable
+    `device_names`), as a job directory's hops_trace_map.json and hops.base.yaml give it, or one `gpu` type on nodes
+    of `gpus_per_node` (a training log's or a run table's hardware), with Megatron's placement: with tensor and
+    data parallel size 1, pipeline rank r is global rank r, on node r // gpus_per_node. `source` and `field` name
+    where the stage list came from, for the error when it disagrees with --pipeline-model-parallel-size.
+    """
+
+    devices: tuple[str, ...] = ()
+    device_ids: tuple[str, ...] = ()
+    device_names: tuple[str, ...] = ()
+    gpu: str | None = None
+    gpus_per_node: int | None = None
+    source: Path | str = "hardware"
+    field: str = "stages"
+
+    def __post_init__(self) -> None:
+        if (self.gpu is None) == (not self.devices):
+            raise ValueError("Hardware takes either a device type per stage or one gpu type (with gpus_per_node)")
+        if self.gpu is not None and (type(self.gpus_per_node) is not int or self.gpus_per_node < 1):
+            raise ValueError(f"Hardware: gpus_per_node must be a whole number of at least 1, got "
+                             f"{self.gpus_per_node!r}")
+
+    def stages(self, pp: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """(device types, device ids, device names) of the pp stages."""
+        if self.gpu is not None:
+            per_node = int(self.gpus_per_node or 1)
+            ids = tuple(f"node{rank // per_node}_gpu{rank % per_node}" for rank in range(pp))
+            return (self.gpu,) * pp, ids, ()
+        return self.devices, self.device_ids or tuple(f"stage{k}" for k in range(len(self.devices))), \
+            self.device_names
+
+
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+def recomputation_of(args: dict[str, Any], source: Path | str) -> tuple[str | None, str | None, int | None]:
+    """(granularity, method, number of layers) of a launch's activation recomputation, as Megatron reads them.
+
+    `--recompute-granularity full|selective` with `--recompute-method uniform|block` and `--recompute-num-layers N`
+    (Megatron-LM); `--recompute-activations` is selective; the older `--checkpoint-activations` (Megatron-LM before
+    2022 and Megatron-DeepSpeed) is full and uniform, in groups of `--checkpoint-num-layers` (default 1). Full
+    recomputation needs a method (Megatron has no default for it), and block a number of layers. Selective
+    recomputation takes no method. (None, None, None) when nothing is recomputed.
+    """
+    from hops_calib.trace import TraceError
+
+    granularity = args.get("recompute_granularity")
+    method = args.get("recompute_method")
+    number = args.get("recompute_num_layers")
+    if granularity is None and args.get("recompute_activations"):
+        granularity = "selective"
+    if granularity is None and args.get("checkpoint_activations"):
+        granularity, method = "full", method or "uniform"
+        if number is None:
+            number = args.get("checkpoint_num_layers", 1)
+    if granularity is None:
+        return None, None, None
+    if granularity not in RECOMPUTE_GRANULARITIES:
+        raise TraceError(source, f"is {granularity!r}", field="--recompute-granularity",
+                         hint=f"Megatron takes {' or '.join(RECOMPUTE_GRANULARITIES)}")
+    if granularity == "selective":
+        if method is not None:
+            raise TraceError(source, f"is {method!r} with --recompute-granularity selective", field="--recompute-method",
+                             hint="Megatron takes a recompute method only for full recomputation: drop it")
+        return granularity, None, None
+    if method not in RECOMPUTE_METHODS:
+        raise TraceError(source, f"is {method!r} with --recompute-granularity full", field="--recompute-method",
+                         hint=f"full recomputation needs --recompute-method {' or '.join(RECOMPUTE_METHODS)}")
+    if number is None and method == "uniform":
+        number = 1
+    if type(number) is not int or number < 1:
+        raise TraceError(source, f"is {number!r} with --recompute-method {method}", field="--recompute-num-layers",
+                         hint="give the number of layers per recomputed group (uniform) or per model chunk (block), "
+                              "at least 1")
+    return granularity, method, number
+
+
+def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, hardware: Hardware,
+                   links: Sequence[LinkFit] = (), collectives: Sequence[CollectiveTable] = (),
+                   configured: str | None = None, schedule_source: Path | str = "manifest.yaml",
+                   declared_schedule: str | None = None, iterations: int | None = None,
+                   notes: list[str] | None = None) -> Spec:
+    """The spec of a Megatron launch, from its arguments alone (pure: reads no file).
+
+    `args` are Megatron's arguments in their `args.` spelling (as `trace.megatron_args` parses a command line or a
+    log's arguments block), read from `source` (named in errors). `hardware` places the stages; `links` are the
+    link benchmark's fits and `collectives` the collective benchmark's tables of the machine (both measured apart
+    from the run). `configured` is a schedule a launcher recorded (manifest.yaml's `configured_schedule`, named
+    by `schedule_source`), else Megatron's from the flags. `iterations` is the window to simulate; None takes
+    the traced window of --train-iters (the tracing fork traces from iteration TRACE_FIRST_ITERATION). A launch
+    the cost model does not price is refused (`require_modelled`), as is any inconsistent setting: TraceError
+    naming the source, the flag and what to do.
+    """
+    from hops_calib.trace import TraceError
+
+    notes = [] if notes is None else notes
+    require_modelled(args, source)  # a run the cost model cannot price is refused, in ingest and what-if alike
+
+    pp = _require_int(args, "pipeline_model_parallel_size", source, default=1, minimum=1)
+    tp = _require_int(args, "tensor_model_parallel_size", source, default=1, minimum=1)
+    num_layers = _require_int(args, "num_layers", source, minimum=1)
+
+    if args.get("virtual_pipeline_model_parallel_size"):
+        vp = _require_int(args, "virtual_pipeline_model_parallel_size", source)
+    elif args.get("num_layers_per_virtual_pipeline_stage"):
+        per_virtual = _require_int(args, "num_layers_per_virtual_pipeline_stage", source)
+        if per_virtual == 0 or num_layers % (pp * per_virtual):
+            raise TraceError(source, f"{per_virtual} does not divide {num_layers} layers over {pp} stages",
+                             field="--num-layers-per-virtual-pipeline-stage",
+                             hint="num_layers must be a multiple of pp * layers per virtual stage")
+        vp = num_layers // (pp * per_virtual)
+    else:
+        vp = 1
+
+    world = args.get("world_size")
+    if type(world) is int and world > 0:
+        if world % (tp * pp):
+            raise TraceError(source, f"{world} is not a multiple of tp*pp = {tp * pp}", field="world_size")
+        dp = world // (tp * pp)
+    else:
+        dp = _require_int(args, "data_parallel_size", source, default=1) or 1
+    if dp != 1:  # the launcher's world size says so when the arguments do not (require_modelled reads only them)
+        raise TraceError(source, f"gives data parallel size {dp} (world size {world} / (tp {tp} x pp {pp}))",
+                         field="world_size", hint="the model prices data parallel size 1, no gradient all-reduce "
+                         "across replicas: launch one process per pipeline stage (nnodes x nproc-per-node = pp)")
+    micro_batch = _require_int(args, "micro_batch_size", source, default=1, minimum=1)
+    global_batch = _require_int(args, "global_batch_size", source, default=micro_batch * dp, minimum=1)
+    if global_batch % (micro_batch * dp):
+        raise TraceError(source, f"{global_batch} is not a multiple of micro batch {micro_batch} x dp {dp}",
+                         field="--global-batch-size", hint="Megatron requires it to divide")
+    microbatches = global_batch // (micro_batch * dp)
+    for count, what, flag in ((microbatches, "microbatches per iteration", "--global-batch-size"),
+                              (vp, "model chunks per stage", "--virtual-pipeline-model-parallel-size")):
+        if count > MAX_PER_ITERATION:  # (the simulator times each one: more would run for hours)
+            raise TraceError(source, f"gives {count} {what}, more than the {MAX_PER_ITERATION} a trace can "
+                             "number and the simulator times", field=flag,
+                             hint=f"give a configuration of at most {MAX_PER_ITERATION} {what}")
+    if iterations is None:
+        train_iters = _require_int(args, "train_iters", source)
+        iterations = train_iters - TRACE_FIRST_ITERATION + 1
+        if iterations < 1:
+            raise TraceError(source, f"is {train_iters}: the trace starts at iteration {TRACE_FIRST_ITERATION}",
+                             field="--train-iters",
+                             hint=f"a traced run needs at least {TRACE_FIRST_ITERATION} iterations")
+    elif type(iterations) is not int or iterations < 1:
+        raise ValueError(f"spec {run_id}: iterations must be a whole number of at least 1, got {iterations!r}")
+
+    first, last = (_require_int(args, name, source) if args.get(name) is not None else None
+                   for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"))
+    try:
+        layers = split_layers(num_layers, pp, first, last)
+    except ValueError as err:
+        raise TraceError(source, str(err), field="--num-layers",
+                         hint="make the layers divide evenly, or fix --decoder-first/last-pipeline-num-layers") from err
+
+    devices, device_ids, names = hardware.stages(pp)
+    if len(devices) != pp:
+        raise TraceError(hardware.source, f"maps {len(devices)} stages but {Path(source).name} says "
+                         f"--pipeline-model-parallel-size {pp}", field=hardware.field,
+                         hint="the stage counts of the configuration and the stage map must agree")
+
+    links = tuple(links) + _intra_node_links(pp, vp, hardware, links, collectives)
+    schedule = configured_schedule(configured, vp, schedule_source)
+    precision = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32"
+    granularity, method, recompute_layers = recomputation_of(args, source)
+    hidden = _require_int(args, "hidden_size", source, minimum=1)
+    heads = _require_int(args, "num_attention_heads", source, minimum=1)
+    seq = _require_int(args, "seq_length", source, minimum=1)
+    if hidden % heads:
+        raise TraceError(source, f"{heads} does not divide --hidden-size {hidden}", field="--num-attention-heads",
+                         hint="Megatron splits the hidden size evenly over the attention heads")
+    positions = args.get("max_position_embeddings")
+    if type(positions) is int and positions < seq:
+        raise TraceError(source, f"{seq} is more than --max-position-embeddings {positions}",
+                         field="--seq-length", hint="learned absolute positions cover at most "
+                         "--max-position-embeddings tokens: Megatron refuses a longer sequence")
+    # Megatron's args.padded_vocab_size (a log's arguments block, a run table) is the vocabulary it allocated, already
+    # a multiple of --make-vocab-size-divisible-by x t; the cost model pads vocab_size to a multiple of 128, which
+    # leaves it as it is.
+    vocab_key = "padded_vocab_size" if args.get("padded_vocab_size") is not None else "vocab_size"
+    vocab = _require_int(args, vocab_key, source, default=0, minimum=1 if vocab_key in args else 0)
+    model = ModelShape(
+        num_layers=num_layers,
+        hidden_size=hidden,
+        ffn_hidden_size=_require_int(args, "ffn_hidden_size", source, default=4 * hidden, minimum=1),
+        num_attention_heads=heads,
+        seq_length=seq,
+        vocab_size=vocab,
+        micro_batch_size=micro_batch,
+        global_batch_size=global_batch,
+        precision=precision,
+        untie_embeddings=bool(args.get("untie_embeddings_and_output_weights", False)),
+        clip_grad=float(args.get("clip_grad", 1.0)),
+        recompute_granularity=granularity,
+        recompute_method=method,
+        recompute_num_layers=recompute_layers,
+    )
+    return Spec(
+        run_id=run_id,
+        pp=pp,
+        vp=vp,
+        microbatches=microbatches,
+        iterations=iterations,
+        layers_per_stage=layers,
+        devices=tuple(devices),
+        device_ids=tuple(device_ids),
+        links=tuple(links),
+        schedule=schedule,
+        model=model,
+        declared_schedule=declared_schedule,
+        device_names=tuple(names) if any(names) else (),
+        megatron_args=args,
+        gpus_per_node=hardware.gpus_per_node,
+        collectives=tuple(collectives),
+    )
+
+
+def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[LinkFit],
+                      collectives: Sequence[CollectiveTable]) -> tuple[LinkFit, ...]:
+    """Links for the hops within one node that the link benchmark did not measure, from the node's smallest
+    all-reduce table (`trace.collective_bench.ring_link`: the ring formula; a 2-GPU table is a pair)."""
+    tables = sorted((t for t in collectives if t.op == "all_reduce"), key=lambda t: t.gpus)
+    if not tables or not hardware.gpus_per_node:
+        return ()
+    from hops_calib.trace.collective_bench import ring_link
+
+    per_node = hardware.gpus_per_node
+    pairs = [(k, k + 1) for k in range(pp - 1)] + ([(pp - 1, 0)] if vp > 1 and pp > 2 else [])
+    have = {frozenset((fit.src_stage, fit.dst_stage)) for fit in links}
+    return tuple(ring_link(tables[0], a, b) for a, b in pairs
+                 if frozenset((a, b)) not in have and a // per_node == b // per_node)
+
+
 def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
-    """The spec of a job directory, from its configuration files alone.
+    """The spec of a job directory, from its configuration files alone (through `spec_from_args`).
 
     Reads `megatron_args.txt` (or a rank log's arguments block), `hops_trace_map.json`,
     `hops.base.yaml`, `calibration/link_bench/` and `manifest.yaml`; never the
@@ -211,79 +492,21 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         TraceError, find_arguments, read_device_types, read_link_fits, read_manifest, read_stage_map, read_template,
         run_id_of,
     )
-    from hops_calib.trace.job import LINK_BENCH_DIR, STAGE_MAP
+    from hops_calib.trace.job import LINK_BENCH_DIR, MANIFEST, STAGE_MAP, TEMPLATE
 
     job_dir = Path(job_dir)
     notes = [] if notes is None else notes
     manifest = read_manifest(job_dir)
     run_id = run_id_of(job_dir, manifest)
     args, args_source = find_arguments(job_dir)
-    require_modelled(args, args_source)  # a run the cost model cannot price is refused, in ingest and what-if alike
-
+    require_modelled(args, args_source)  # before the job's other files: the launch is refused whatever they say
     pp = _require_int(args, "pipeline_model_parallel_size", args_source, default=1, minimum=1)
-    tp = _require_int(args, "tensor_model_parallel_size", args_source, default=1, minimum=1)
-    num_layers = _require_int(args, "num_layers", args_source, minimum=1)
-
-    if args.get("virtual_pipeline_model_parallel_size"):
-        vp = _require_int(args, "virtual_pipeline_model_parallel_size", args_source)
-    elif args.get("num_layers_per_virtual_pipeline_stage"):
-        per_virtual = _require_int(args, "num_layers_per_virtual_pipeline_stage", args_source)
-        if per_virtual == 0 or num_layers % (pp * per_virtual):
-            raise TraceError(args_source, f"{per_virtual} does not divide {num_layers} layers over {pp} stages",
-                             field="--num-layers-per-virtual-pipeline-stage",
-                             hint="num_layers must be a multiple of pp * layers per virtual stage")
-        vp = num_layers // (pp * per_virtual)
-    else:
-        vp = 1
-
-    world = args.get("world_size")
-    if type(world) is int and world > 0:
-        if world % (tp * pp):
-            raise TraceError(args_source, f"{world} is not a multiple of tp*pp = {tp * pp}", field="world_size")
-        dp = world // (tp * pp)
-    else:
-        dp = _require_int(args, "data_parallel_size", args_source, default=1) or 1
-    if dp != 1:  # the launcher's world size says so when the arguments do not (require_modelled reads only them)
-        raise TraceError(args_source, f"gives data parallel size {dp} (world size {world} / (tp {tp} x pp {pp}))",
-                         field="world_size", hint="the model prices data parallel size 1, no gradient all-reduce "
-                         "across replicas: launch one process per pipeline stage (nnodes x nproc-per-node = pp)")
-    micro_batch = _require_int(args, "micro_batch_size", args_source, default=1, minimum=1)
-    global_batch = _require_int(args, "global_batch_size", args_source, default=micro_batch * dp, minimum=1)
-    if global_batch % (micro_batch * dp):
-        raise TraceError(args_source, f"{global_batch} is not a multiple of micro batch {micro_batch} x dp {dp}",
-                         field="--global-batch-size", hint="Megatron requires it to divide")
-    microbatches = global_batch // (micro_batch * dp)
-    for count, what, flag in ((microbatches, "microbatches per iteration", "--global-batch-size"),
-                              (vp, "model chunks per stage", "--virtual-pipeline-model-parallel-size")):
-        if count > MAX_PER_ITERATION:  # (the simulator times each one: more would run for hours)
-            raise TraceError(args_source, f"gives {count} {what}, more than the {MAX_PER_ITERATION} a trace can "
-                             "number and the simulator times", field=flag,
-                             hint=f"give a configuration of at most {MAX_PER_ITERATION} {what}")
-    train_iters = _require_int(args, "train_iters", args_source)
-    iterations = train_iters - TRACE_FIRST_ITERATION + 1
-    if iterations < 1:
-        raise TraceError(args_source, f"is {train_iters}: the trace starts at iteration {TRACE_FIRST_ITERATION}",
-                         field="--train-iters", hint=f"a traced run needs at least {TRACE_FIRST_ITERATION} iterations")
-
-    first, last = (_require_int(args, name, args_source) if args.get(name) is not None else None
-                   for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"))
-    try:
-        layers = split_layers(num_layers, pp, first, last)
-    except ValueError as err:
-        raise TraceError(args_source, str(err), field="--num-layers",
-                         hint="make the layers divide evenly, or fix --decoder-first/last-pipeline-num-layers") from err
 
     device_ids = read_stage_map(job_dir)
-    if len(device_ids) != pp:
-        raise TraceError(job_dir / STAGE_MAP, f"maps {len(device_ids)} stages but {args_source.name} says "
-                         f"--pipeline-model-parallel-size {pp}", field="stages",
-                         hint="the stage counts of the configuration and the stage map must agree")
     template = read_template(job_dir)
     template_stages = (template.get("pipeline") or {}).get("stages") if isinstance(template.get("pipeline"),
                                                                                    dict) else None
-    if isinstance(template_stages, list):
-        from hops_calib.trace.job import TEMPLATE
-
+    if isinstance(template_stages, list) and len(device_ids) == pp:
         if len(template_stages) != pp:
             raise TraceError(job_dir / TEMPLATE, f"lists {len(template_stages)} stages but {args_source.name} says "
                              f"--pipeline-model-parallel-size {pp}", field="pipeline.stages",
@@ -299,64 +522,24 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     device_types = read_device_types(job_dir, template)
     missing = [d for d in device_ids if d not in device_types]
     if missing:
-        from hops_calib.trace.job import TEMPLATE
-
         raise TraceError(job_dir / TEMPLATE, f"has no entry for device {missing[0]!r} of the stage map",
                          field="hardware.devices", hint="add {id: <device id>, gpu: <type>} for every mapped device")
-    devices = tuple(device_types[d].type for d in device_ids)
-    names = tuple(device_types[d].name for d in device_ids)
+    hardware = Hardware(devices=tuple(device_types[d].type for d in device_ids), device_ids=device_ids,
+                        device_names=tuple(device_types[d].name for d in device_ids), source=job_dir / STAGE_MAP)
 
-    links = read_link_fits(job_dir / LINK_BENCH_DIR, pp, notes)
-    if not links and pp > 1:
+    links = read_link_fits(job_dir / LINK_BENCH_DIR, pp, notes) if len(device_ids) == pp else ()
+    if not links and pp > 1 and len(device_ids) == pp:
         notes.append(f"no link benchmark in {LINK_BENCH_DIR}: the spec has no link fits, so predict, evaluate and "
                      f"report refuse this run until its benchmark (pair_<i>_<i+1>.jsonl) is added and it is ingested "
                      "again")
+    from hops_calib.trace.collective_bench import ALLREDUCE_DIR, read_collective_tables
 
-    schedule = configured_schedule(job_dir, manifest, vp)
     scenario = str(manifest.get("source_scenario") or "")
-    declared = declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]])
-    precision = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32"
-    hidden = _require_int(args, "hidden_size", args_source, minimum=1)
-    heads = _require_int(args, "num_attention_heads", args_source, minimum=1)
-    seq = _require_int(args, "seq_length", args_source, minimum=1)
-    if hidden % heads:
-        raise TraceError(args_source, f"{heads} does not divide --hidden-size {hidden}", field="--num-attention-heads",
-                         hint="Megatron splits the hidden size evenly over the attention heads")
-    positions = args.get("max_position_embeddings")
-    if type(positions) is int and positions < seq:
-        raise TraceError(args_source, f"{seq} is more than --max-position-embeddings {positions}",
-                         field="--seq-length", hint="learned absolute positions cover at most "
-                         "--max-position-embeddings tokens: Megatron refuses a longer sequence")
-    model = ModelShape(
-        num_layers=num_layers,
-        hidden_size=hidden,
-        ffn_hidden_size=_require_int(args, "ffn_hidden_size", args_source, default=4 * hidden, minimum=1),
-        num_attention_heads=heads,
-        seq_length=seq,
-        vocab_size=_require_int(args, "vocab_size", args_source, default=0,
-                                minimum=1 if "vocab_size" in args else 0),
-        micro_batch_size=micro_batch,
-        global_batch_size=global_batch,
-        precision=precision,
-        untie_embeddings=bool(args.get("untie_embeddings_and_output_weights", False)),
-        clip_grad=float(args.get("clip_grad", 1.0)),
-    )
-    return Spec(
-        run_id=run_id,
-        pp=pp,
-        vp=vp,
-        microbatches=microbatches,
-        iterations=iterations,
-        layers_per_stage=layers,
-        devices=devices,
-        device_ids=device_ids,
-        links=links,
-        schedule=schedule,
-        model=model,
-        declared_schedule=declared,
-        device_names=names if any(names) else (),
-        megatron_args=args,
-    )
+    return spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
+                          collectives=read_collective_tables(job_dir / ALLREDUCE_DIR),
+                          configured=manifest.get("configured_schedule"), schedule_source=job_dir / MANIFEST,
+                          declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
+                          notes=notes)
 
 
 # ---------------------------------------------------------------------------
@@ -402,8 +585,9 @@ def _interleaved(args: dict[str, Any]) -> bool:
 
 
 # The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): one GPU per stage, a
-# `--transformer-impl local` layer (LayerNorm, multi-head attention with learned absolute positions, unfused masked
-# softmax, a GeLU MLP of two matmuls), every activation stored, 16- or 32-bit arithmetic, blocking p2p calls.
+# `--transformer-impl local` layer (LayerNorm, multi-head attention with learned absolute positions, a masked
+# softmax fused or not, a GeLU MLP of two matmuls), activations stored or recomputed (`recomputation_of`), 16- or 32-bit
+# arithmetic, blocking p2p calls.
 ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--tensor-model-parallel-size", ("tensor_model_parallel_size",), 1,
                "tensor parallel size 1, a stage's layers on one GPU", _is(1)),
@@ -416,12 +600,6 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--num-experts", ("num_experts",), None, "a dense MLP, no mixture of experts", _is(None, 0, 1)),
     Assumption("--expert-model-parallel-size", ("expert_model_parallel_size",), 1,
                "no expert parallelism", _is(1)),
-    Assumption("--recompute-activations", ("recompute_activations",), False,
-               "no activation recomputation: a backward reads what its forward stored", _off),
-    Assumption("--recompute-granularity", ("recompute_granularity",), None,
-               "no activation recomputation: a backward reads what its forward stored", _is(None)),
-    Assumption("--recompute-method", ("recompute_method",), None,
-               "no activation recomputation: a backward reads what its forward stored", _is(None)),
     Assumption("--swiglu", ("swiglu",), False, "a GeLU MLP of two matmuls, no --swiglu", _off),
     Assumption("--group-query-attention", ("group_query_attention",), False,
                "multi-head attention, as many key/value heads as attention heads", _off),
@@ -441,8 +619,6 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
                _is("local")),
     Assumption("--use-flash-attn", ("use_flash_attn",), False,
                "unfused attention that writes the score matrix, no flash attention", _off),
-    Assumption("--no-masked-softmax-fusion", ("masked_softmax_fusion",), True,
-               "an unfused masked softmax, --no-masked-softmax-fusion", _is(False)),
     Assumption("--fp8-format", ("fp8_format", "fp8"), None, "bf16, fp16 or fp32 arithmetic, no FP8",
                _is(None, False)),
     Assumption("--no-overlap-p2p-communication", ("overlap_p2p_comm", "overlap_p2p_communication"), True,

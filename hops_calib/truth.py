@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from hops_calib import timeline as tl
-from hops_calib.metrics import TimelineMetrics, timeline_metrics
+from hops_calib.metrics import IterationMetrics, TimelineMetrics, timeline_metrics
 
 # Normalized events as stored in a fixture (one row per logged event, sorted by stage then start).
 EVENT_COLUMNS = ("stage", "rank", "chunk", "iteration", "microbatch", "kind", "phase", "start_ns", "end_ns",
@@ -53,6 +53,7 @@ class Truth:
     idle_ms_per_iteration: tuple[float | None, ...]
     optimizer_ms_per_stage: tuple[float | None, ...]  # median OPTIMIZER duration per stage
     t0_ns: int  # wall-clock epoch of the timeline's 0 ms (earliest event start)
+    kind = "events"
 
     @property
     def idle_ms(self) -> float | None:
@@ -103,6 +104,43 @@ class Truth:
             optimizer_ms_per_stage=tuple(data["optimizer_ms_per_stage"]),
             t0_ns=int(data["t0_ns"]),
         )
+
+
+@dataclass(frozen=True)
+class IterationTruth:
+    """What a run measured at iteration level (a training log, a run table row): iteration times, the timers
+    where logged, the run's own throughput figures; no events, so no bubble, utilization or schedule."""
+
+    metrics: IterationMetrics
+    last_iterations: tuple[int, ...] = ()  # the iteration each kept log interval ends at (logs)
+    # Timer -> {"max": ms} / {"min": ms, "max": ms} / {"rank r": ms}: ms per iteration (Megatron's normalizer is
+    # --log-interval), median over the kept intervals.
+    timers_ms: dict[str, dict[str, float]] | None = None
+    timing_log_option: str | None = None
+    reported: dict[str, float] | None = None  # as printed: tflops_per_gpu, samples_per_s
+    kind = "iteration"
+
+    @property
+    def microbatches(self) -> int:
+        return self.metrics.microbatches_per_iteration
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "microbatches_per_iteration": self.metrics.microbatches_per_iteration,
+                "iteration_periods_ms": list(self.metrics.iteration_periods_ms),
+                "interval_iterations": list(self.metrics.interval_iterations),
+                "last_iterations": list(self.last_iterations), "timers_ms": self.timers_ms or {},
+                "timing_log_option": self.timing_log_option, "reported": self.reported or {}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "IterationTruth":
+        metrics = IterationMetrics(microbatches_per_iteration=int(data["microbatches_per_iteration"]),
+                                   iteration_periods_ms=tuple(float(v) for v in data["iteration_periods_ms"]),
+                                   interval_iterations=tuple(int(v) for v in data["interval_iterations"]))
+        if not metrics.iteration_periods_ms or len(metrics.iteration_periods_ms) != len(metrics.interval_iterations):
+            raise ValueError("iteration times and their interval lengths do not pair up")
+        return cls(metrics=metrics, last_iterations=tuple(int(v) for v in data.get("last_iterations", ())),
+                   timers_ms=dict(data.get("timers_ms") or {}), timing_log_option=data.get("timing_log_option"),
+                   reported=dict(data.get("reported") or {}))
 
 
 def compact_timeline(columns: dict[str, np.ndarray], t0_ns: int) -> pd.DataFrame:

@@ -380,9 +380,9 @@ def test_a_template_for_another_pipeline_is_refused(run_copy, tmp_path):
 
 def test_a_launch_the_cost_model_does_not_price_is_refused_at_ingest(run_copy, tmp_path):
     args = run_copy / "megatron_args.txt"
-    args.write_text(args.read_text().rstrip("\n") + " --recompute-activations\n")
+    args.write_text(args.read_text().rstrip("\n") + " --swiglu\n")
     message = _refused(run_copy, tmp_path)
-    _names(message, args, 1, "--recompute-activations")
+    _names(message, args, 1, "--swiglu")
 
 
 def test_a_launcher_that_starts_replicas_is_refused_as_data_parallel(run_copy, tmp_path):

@@ -84,6 +84,8 @@ def test_evaluate_scores_every_train_fixture_and_only_those(shared_fixtures, sha
     train = shared_store.ids("train")
     assert data["n_fixtures"] == len(train) and [r["run_id"] for r in data["runs"]] == train
     assert all(math.isfinite(data[k]) for k in AGGREGATES)
+    # every metric scored on every run: all have events, and the model prices them all
+    assert set(data["counts"].values()) == {data["n_fixtures"]} and data["left_out"]["count"] == 0
     # The suite is the mean of the per-run errors it prints.
     assert data["throughput_mape_pct"] == pytest.approx(
         sum(abs(r["throughput_error_pct"]) for r in data["runs"]) / len(train))
@@ -232,12 +234,12 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
         data = json.loads(result.stdout)
         assert set(data) == AGGREGATES | {"status", "split", "model_sha256", "ledger", "train", "gap_to_train_pp",
                                           "outside_train", "predictions_changed", "intervals", "model",
-                                          "fixture_set_sha256"}
+                                          "fixture_set_sha256", "left_out", "counts"}
         assert data["n_fixtures"] == len(test_ids) and data["split"] == "test"
         assert not any(fixture_id in result.stdout for fixture_id in test_ids)
         entries = list(read_entries(ledger))
         assert len(entries) == run and entries[-1]["kind"] == "report" and entries[-1]["decision"] == "audit"
-        assert entries[-1]["aggregates"] == {k: data[k] for k in AGGREGATES}
+        assert entries[-1]["aggregates"] == {k: data[k] for k in AGGREGATES | {"counts"}}
         assert not any(fixture_id in ledger.read_text() for fixture_id in test_ids)
     # Beside it, the same model on train (what evaluate prints), and the held-out distance from it.
     train = json.loads(cli("evaluate", "--fixtures", shared_fixtures, "--json").stdout)

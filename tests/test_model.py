@@ -31,7 +31,9 @@ def make_spec(pp: int = 4, vp: int = 1, layers: tuple[int, ...] | None = None, d
                        global_batch_size=8, **shape)
     return Spec(run_id="hand-built", pp=pp, vp=vp, microbatches=8, iterations=3, layers_per_stage=layers,
                 devices=devices, device_ids=tuple(f"{d}{i}" for i, d in enumerate(devices)), links=links,
-                schedule="1f1b" if vp == 1 else "interleaved_1f1b", model=model)
+                schedule="1f1b" if vp == 1 else "interleaved_1f1b", model=model,
+                # as the cluster runs launch: unfused softmax, no dropout (Megatron's defaults are fused, 0.1)
+                megatron_args={"masked_softmax_fusion": False, "attention_dropout": 0.0})
 
 
 # --- device catalog -----------------------------------------------------------------------------
@@ -41,7 +43,9 @@ def test_every_catalog_constant_has_a_value_and_a_cited_source():
     catalog = load_catalog()
     assert {"h100", "a10g", "l4", "cpu"} <= set(catalog)
     for device_type, device in catalog.items():
-        for constant in CONSTANTS:
+        assert set(CONSTANTS) <= set(device.constants())
+        assert set(device.constants()) == set(raw[device_type]) - {"name"}
+        for constant in device.constants():
             assert getattr(device, constant) == float(raw[device_type][constant]["value"]) > 0
             assert len(device.source(constant)) > 20, (device_type, constant)
 
@@ -53,6 +57,13 @@ def test_catalog_orders_devices_as_their_datasheets_do():
         assert catalog["h100"].peak_bf16_flops_per_s > catalog[other].peak_bf16_flops_per_s
         assert catalog["h100"].memory_bandwidth_bytes_per_s > catalog[other].memory_bandwidth_bytes_per_s
     assert catalog["a10g"].memory_bandwidth_bytes_per_s == 2 * catalog["l4"].memory_bandwidth_bytes_per_s
+    # The two A100 SXM4 parts share the GA100 chip and its clocks; the 80 GB's HBM2e is the faster memory.
+    a100, small = catalog["a100"], catalog["a100_40gb"]
+    assert a100.peak_bf16_flops_per_s == small.peak_bf16_flops_per_s < catalog["h100"].peak_bf16_flops_per_s
+    assert a100.memory_bandwidth_bytes_per_s > small.memory_bandwidth_bytes_per_s
+    assert a100.memory_bytes == 2 * small.memory_bytes
+    # Only devices with a GPU peer in their node have an intra-node link.
+    assert a100.intra_node_bandwidth_bytes_per_s and catalog["h100"].intra_node_bandwidth_bytes_per_s is None
 
 
 # --- GPT counts ---------------------------------------------------------------------------------
@@ -586,10 +597,14 @@ def test_a_per_device_override_prices_only_that_device_and_round_trips(tmp_path)
     path = tmp_path / "m.toml"
     write_model(path, model)
     assert load_model(path) == model and '"forward_ms_per_layer@a10g" = 2.0' in path.read_text()
-    # The additive floor's per-layer time is one software-stack number, not a per-device one.
-    with pytest.raises(InputError, match="no parameter 'forward_ms_per_layer@a10g'"):
-        parse_model(text.replace("[terms.layer_launch_floor]", "[terms.layer_dispatch_floor]"), origin="m.toml",
-                    catalog=load_catalog())
+    # The additive dispatch time per layer is the software stack's and its host's: a per-device value prices only
+    # that device's stages (the A100 runs' Megatron-DeepSpeed on a DGX host), the others keep the shared one.
+    dispatch = parse_model(text.replace("[terms.layer_launch_floor]", "[terms.layer_dispatch_floor]"),
+                           origin="m.toml", catalog=load_catalog())
+    shared = parse_model(text.replace("[terms.layer_launch_floor]", "[terms.layer_dispatch_floor]").replace(
+        '"forward_ms_per_layer@a10g" = 2.0\n', ""), origin="m.toml", catalog=load_catalog())
+    deltas = [a.forward_ms - b.forward_ms for a, b in zip(dispatch.pipeline(spec).stages, shared.pipeline(spec).stages)]
+    assert deltas == pytest.approx([0.0, 2 * (2.0 - 1.0), 0.0])
 
 
 def test_collective_efficiency_scales_the_all_reduce_bandwidth():

@@ -194,17 +194,13 @@ def _add_flags(job: Path, old: str, new: str) -> None:
 @pytest.mark.parametrize("old,new,flags,modelled", [
     ("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2", ["--tensor-model-parallel-size 2"],
      "tensor parallel size 1"),
-    ("--micro-batch-size 1", "--micro-batch-size 1 --recompute-activations", ["--recompute-activations"],
-     "no activation recomputation"),
-    ("--micro-batch-size 1", "--micro-batch-size 1 --recompute-granularity full --recompute-method uniform",
-     ["--recompute-granularity full", "--recompute-method uniform"], "no activation recomputation"),
     ("--micro-batch-size 1", "--micro-batch-size 1 --swiglu --num-query-groups 2",
      ["--swiglu", "--num-query-groups 2"], "GeLU MLP"),
     ("--micro-batch-size 1", "--micro-batch-size 1 --normalization RMSNorm --position-embedding-type rope",
      ["--normalization RMSNorm", "--position-embedding-type rope"], "LayerNorm"),
     ("--transformer-impl local", "--transformer-impl transformer_engine", ["--transformer-impl transformer_engine"],
      "--transformer-impl local"),
-    ("--no-masked-softmax-fusion ", "", ["no --no-masked-softmax-fusion"], "unfused masked softmax"),
+    ("--transformer-impl local ", "", ["no --transformer-impl"], "--transformer-impl local"),
 ])
 def test_a_launch_with_settings_the_model_does_not_price_is_refused_naming_file_line_and_flag(
         tmp_path, old, new, flags, modelled):
@@ -292,18 +288,19 @@ def test_a_rank_logs_arguments_block_prints_every_default_and_only_real_changes_
     log = job / "logs" / "rank0.out"
     log.write_text(_block(printed))
     assert predict_job("--job", job)["predictions"]
-    log.write_text(_block({**printed, "recompute_granularity": "selective"}))
+    log.write_text(_block({**printed, "swiglu": True}))
     result = cli("predict", "--job", job)
     lines = log.read_text().splitlines()
-    number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("recompute_granularity "))
-    assert result.exit_code == 2 and f"rank0.out:{number}: field '--recompute-granularity'" in result.output
+    number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("swiglu "))
+    assert result.exit_code == 2 and f"rank0.out:{number}: field '--swiglu'" in result.output
     # a setting whose flag is a --no-... switch is named by the block's own key, with its flag beside it
-    log.write_text(_block({**printed, "masked_softmax_fusion": True}))
-    fused = " ".join(cli("predict", "--job", job).output.split())
+    log.write_text(_block({**printed, "num_layers_per_virtual_pipeline_stage": 1}))  # interleaved: p2p overlaps
+    overlapped = " ".join(cli("predict", "--job", job).output.split())
     number = next(n for n, line in enumerate(log.read_text().splitlines(), 1)
-                  if line.lstrip().startswith("masked_softmax_fusion "))
-    assert f"rank0.out:{number}: field 'masked_softmax_fusion'" in fused
-    assert "masked_softmax_fusion = True" in fused and "the flag for it is --no-masked-softmax-fusion" in fused
+                  if line.lstrip().startswith("overlap_p2p_comm "))
+    assert f"rank0.out:{number}: field 'overlap_p2p_comm'" in overlapped
+    assert "overlap_p2p_comm = True" in overlapped
+    assert "the flag for it is --no-overlap-p2p-communication" in overlapped
 
 
 # --- schedules a configuration cannot run: named beside the ones that can, with the launch change that lets them -----

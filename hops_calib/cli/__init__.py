@@ -67,7 +67,8 @@ def capture(
 @app.command()
 def ingest(
     sources: List[Path] = typer.Argument(
-        ..., help="Job directories, or folders holding job directories (searched recursively)."),
+        ..., help="Job directories, or folders holding job directories (searched recursively); Megatron training "
+                  "logs; run tables (.csv, .parquet), the published vTrain table included."),
     fixtures: Path = FIXTURES_OPTION,
     split: str = typer.Option("auto", "--split", help="auto (grouped, hashed), or force train / test."),
     test_fraction: float = typer.Option(0.3, "--test-fraction", help="Share of new configuration groups put in test."),
@@ -78,18 +79,27 @@ def ingest(
         None, "--clock-skew-ms", min=0.0,
         help="How far (ms) a stage may seem to start before the stage feeding it finished, from the nodes' clock "
              "offsets, before the run is refused as impossible (default: 2)."),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", help="Device type (of the model's catalog, e.g. a100) of logs and run tables that do not "
+                            "name theirs (no hops.base.yaml beside a log, no gpu column or sidecar)."),
+    gpus_per_node: Optional[int] = typer.Option(
+        None, "--gpus-per-node", min=1, help="GPUs per node, with --gpu."),
+    warmup_iterations: int = typer.Option(
+        2, "--warmup-iterations", min=0,
+        help="Training logs: drop every logged interval that holds one of the log's first N iterations (slow "
+             "warm-up)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: counts, every run's outcome and "
                                                        "warnings."),
     lock_timeout: float = typer.Option(
         600.0, "--lock-timeout", min=0.0,
         help="Seconds to wait for the store lock another ingest holds (it says whose) before giving up (exit 2)."),
 ) -> None:
-    """Ingest Megatron job directories into the Parquet fixture store. Exit 0 every run stored, 6 some rejected
-    (the others stored), 2 a bad store."""
+    """Ingest Megatron job directories, training logs and run tables into the Parquet fixture store. Exit 0 every
+    run stored, 6 some rejected (the others stored), 2 a bad store."""
     from hops_calib.cli.data import ingest_command
 
-    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, as_json,
-                                    lock_timeout=lock_timeout))
+    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, gpu,
+                                    gpus_per_node, warmup_iterations, as_json, lock_timeout=lock_timeout))
 
 
 @fixtures_app.command("list")

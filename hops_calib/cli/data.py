@@ -10,6 +10,7 @@ from hops_calib.cli.output import guarded
 from hops_calib.store import views
 from hops_calib.store.fixture_store import DEFAULT_LOCK_TIMEOUT_S, FixtureStore, StoreError
 from hops_calib.store.ingest import RunOutcome, ingest
+from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
 
 
 def _err(message: str) -> None:
@@ -17,14 +18,20 @@ def _err(message: str) -> None:
 
 
 def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
-                   lenient: bool = False, skew_ms: float | None = None, as_json: bool = False,
-                   lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S) -> int:
+                   lenient: bool = False, skew_ms: float | None = None, gpu: str | None = None,
+                   gpus_per_node: int | None = None, warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+                   as_json: bool = False, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S) -> int:
     """Ingest and print a summary; warnings, rejected runs, what the search skipped (notes) and whom it waits for
     go to stderr (and, with --json, into the object). 0 when every run made it, 6 (partial) when some were
     rejected and the others stored, 2 for a bad store (or a lock still held after `lock_timeout` s)."""
     from hops_calib.cli.output import EXIT_OK, EXIT_PARTIAL, print_json
     from hops_calib.progress import progress_bar
+    from hops_calib.trace.measured import RunHardware
 
+    if (gpu is None) != (gpus_per_node is None):
+        _err("error: --gpu and --gpus-per-node go together (the device type and how many share a node); give both")
+        return 2
+    hardware = RunHardware(gpu=gpu.lower(), gpus_per_node=gpus_per_node) if gpu is not None else None
     store = FixtureStore(fixtures)
 
     def run() -> int:
@@ -39,7 +46,8 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
 
             extra = {} if skew_ms is None else {"skew_ms": skew_ms}
             report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
-                            on_run=on_run, on_start=progress.start, lock_timeout=lock_timeout,
+                            on_run=on_run, on_start=progress.start, hardware=hardware,
+                            warmup_iterations=warmup_iterations, lock_timeout=lock_timeout,
                             on_wait=lambda line: _err(f"{line} ..."), **extra)
         code = EXIT_OK if report.ok else EXIT_PARTIAL
         for note in report.notes:

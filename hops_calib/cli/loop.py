@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from hops_calib.cli.output import EXIT_BROKEN_LEDGER, EXIT_OK, guarded, held_out_guard, print_json
 from hops_calib.errors import InputError
+from hops_calib.loop.score import or_nan
 
 
 def _ledger(path: Path | None) -> Path:
@@ -19,8 +20,8 @@ def _ledger(path: Path | None) -> Path:
     return resolve(path)
 
 
-def _pct(value: float) -> str:
-    return f"{value:+.1f}" if math.isfinite(value) else "n/a"
+def _pct(value: float | None) -> str:
+    return f"{value:+.1f}" if value is not None and math.isfinite(value) else "n/a"
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -65,8 +66,10 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
                          field="split", hint="`hops-calib report --split test` prints the held-out aggregates")
     held_out_guard(fixtures, ledger_path, "predict", allow_held_out)()
     model = load_model(model_path)
-    prediction = predict(fixture.spec, model)
+    prediction = predict(fixture.spec, model)  # NotPriced (exit 2) names a run the model does not price, and why
     score = score_prediction(fixture.id, fixture.truth.metrics, prediction)
+    if fixture.kind != "events":
+        return _predict_measured(fixture, model, prediction, score, as_json)
     stages = _stage_rows(fixture, prediction)
     if as_json:
         print_json({"id": fixture.id, "run_id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
@@ -101,6 +104,24 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     return EXIT_OK
 
 
+def _predict_measured(fixture, model, prediction, score, as_json: bool) -> int:
+    """`predict ID` of a run measured at iteration level: throughput and iteration time (no events: no stages)."""
+    real, pred, spec = fixture.truth.metrics, prediction.metrics, fixture.spec
+    if as_json:
+        print_json({"id": fixture.id, "run_id": fixture.id, "kind": fixture.kind, "split": fixture.split,
+                    "schedule": prediction.schedule, "model": model.name, "model_sha256": model.sha256,
+                    "errors": score.to_dict(), "real": real.to_dict(), "predicted": pred.to_dict()})
+        return EXIT_OK
+    print(f"{fixture.id}  ({fixture.split}; measured at iteration level; {prediction.schedule}, pp={spec.pp}, "
+          f"{spec.microbatches} microbatches; model {model.name} {model.sha256[:12]})")
+    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: microbatches per second over "
+          "steady-state iterations)")
+    print(f"{'throughput /s':24}{score.real_throughput_per_s:12.3f}{score.predicted_throughput_per_s:12.3f}"
+          f"{_pct(score.throughput_error_pct):>8} %")
+    print(f"{'iteration time ms':24}{real.iteration_time_ms:12.1f}{pred.iteration_time_ms:12.1f}")
+    return EXIT_OK
+
+
 def _print_runs(runs) -> None:
     width = max(len(r.run_id) for r in runs)
     # The stall-free error when it was scored (evaluate --run-error stall-free); '-' where a trace cannot give it.
@@ -109,18 +130,35 @@ def _print_runs(runs) -> None:
           + (f" {'stall-free err %':>16}" if free else ""))
     for r in runs:
         print(f"{r.run_id:{width}}  {_pct(r.throughput_error_pct):>10} {_pct(r.steady_throughput_error_pct):>12} "
-              f"{_pct(r.bubble_error_pp):>13} {r.util_spearman_rho:6.2f}"
+              f"{_pct(r.bubble_error_pp):>13} {_num(r.util_spearman_rho):>6}"
               + (f" {_pct(r.stall_free_error_pct) if r.stall_free_error_pct is not None else '-':>16}"
                  if free else ""))
+
+
+def _on(suite, metric: str) -> str:
+    """' (on N runs)' where a metric was scored on fewer runs than the suite has (those without events)."""
+    count = suite.count(metric)
+    return "" if count == suite.n_fixtures else f" (on {count} runs with events)"
 
 
 def _print_suite(label: str, suite) -> None:
     print(f"{label}: {suite.n_fixtures} fixtures, throughput MAPE {suite.throughput_mape_pct:.2f} % (median "
           f"{suite.throughput_median_ape_pct:.2f} %), steady throughput MAPE {suite.steady_throughput_mape_pct:.2f} %, "
-          f"bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization rho {suite.util_spearman_mean:.3f}; "
-          f"stall-noise floor of the throughput MAPE {suite.stall_noise_mape_pct:.2f} % (what random stalls alone "
+          + (f"bubble MAE {or_nan(suite.bubble_mae_pp):.2f} pp{_on(suite, 'bubble')}, mean utilization rho "
+             f"{or_nan(suite.util_spearman_mean):.3f}{_on(suite, 'utilization')}; " if suite.bubble_mae_pp is not None else
+             "no bubble or utilization (no run has events); ")
+          + f"stall-noise floor of the throughput MAPE {suite.stall_noise_mape_pct:.2f} % (what random stalls alone "
           f"would cost an otherwise exact model on these runs; the model is "
           f"{suite.throughput_mape_pct - suite.stall_noise_mape_pct:+.2f} pp from it)")
+
+
+def _print_left_out(left_out: dict[str, Any] | None) -> None:
+    """How many runs of the split the suite left out (the model does not price them), and why."""
+    if not left_out or not left_out.get("count"):
+        return
+    print(f"left out {left_out['count']} run(s) the model does not price:")
+    for reason in left_out["reasons"]:
+        print(f"  {reason['count']:5d}  {reason['reason']} (e.g. {', '.join(reason['runs'])})")
 
 
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
@@ -154,6 +192,7 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
             _print_runs(result.before.runs)
             _print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the train split",
                          result.before.suite)
+            _print_left_out(result.left_out)
         return EXIT_OK
 
     return guarded(run, as_json)
@@ -183,6 +222,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
             _print_runs(result.before.runs)
             _print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the {result.split} split",
                          result.before.suite)
+            _print_left_out(result.left_out)
             print(f"model file {result.model_path}; ledger {result.ledger_path or '(none: no checkout)'}")
             print(f"tolerances a candidate must meet: {limits.describe()}")
             return EXIT_OK
@@ -226,6 +266,7 @@ def _print_candidate(result) -> None:
     print(f"model {result.model_path} ({result.model.sha256[:12]}) -> {result.candidate_model.sha256[:12]} on "
           f"{result.before.suite.n_fixtures} {result.split} fixtures ({result.fixture_set_sha256[:12]}, "
           f"{result.fixtures_dir}); ledger {result.ledger_path}")
+    _print_left_out(result.left_out)
     check = result.calibration
     if check is not None:
         print(f"calibration: {check.scope.describe()} was calibrated on "
@@ -261,7 +302,7 @@ def _print_gate(before, after, verdict) -> None:
                          ("throughput median APE %", "throughput_median_ape_pct"),
                          ("steady throughput MAPE %", "steady_throughput_mape_pct"),
                          ("bubble MAE pp", "bubble_mae_pp"), ("mean utilization rho", "util_spearman_mean")):
-        print(f"{label:30}{getattr(before, field):10.3f}{getattr(after, field):10.3f}")
+        print(f"{label:30}{_num(getattr(before, field), 3):>10}{_num(getattr(after, field), 3):>10}")
     if verdict.regressions:
         print("regressed runs:")
         for regression in verdict.regressions:
@@ -300,6 +341,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         print(f"compare {result.before_path} ({result.before_model.sha256[:12]}) -> {result.after_path} "
               f"({result.after_model.sha256[:12]}) on {result.before.suite.n_fixtures} train fixtures "
               f"({result.fixture_set_sha256[:12]})" + (f": {note}" if note else ""))
+        _print_left_out(result.left_out)
         _print_gate(result.before.suite, result.after.suite, result.verdict)
         if result.committed_into is not None:
             kept = "the model after" if result.verdict.accepted else "the model before (the move is undone)"
@@ -371,6 +413,7 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
         else:
             what = "held-out report" if result.split == TEST else "report (not held out)"
             _print_suite(f"{what}, {result.split} split, model {result.model_sha256[:12]}", result.suite)
+            _print_left_out(result.left_out)
             if result.train is not None:
                 print(f"the same model on train: throughput MAPE {result.train.throughput_mape_pct:.2f} % (stall-noise "
                       f"floor {result.train.stall_noise_mape_pct:.2f} %); {result.split} minus train: "
@@ -424,7 +467,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             elif e.get("kind") == "report":
                 aggregates = e.get("aggregates", {})
                 what = (f"report {e.get('split')}: MAPE {aggregates.get('throughput_mape_pct', float('nan')):.2f} %, "
-                        f"bubble MAE {aggregates.get('bubble_mae_pp', float('nan')):.2f} pp")
+                        f"bubble MAE {or_nan(aggregates.get('bubble_mae_pp')):.2f} pp")
             elif e.get("kind") == "compare":
                 what = (f"compare {e.get('before_model_path')} -> {e.get('model_path')}: MAPE "
                         f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
@@ -494,7 +537,7 @@ def ledger_looks_command(ledger_path: Path | None, split: str, as_json: bool) ->
               f"{repeats} repeated an earlier look (the same runs, and the same model or the same predictions)")
         if looks:
             rows = [[str(look.seq), look.time[:16], look.model_sha256[:12], f"{look.throughput_mape_pct:.2f}",
-                     f"{look.bubble_mae_pp:.2f}",
+                     f"{or_nan(look.bubble_mae_pp):.2f}",
                      (f"{look.gap_to_train_pp:+.2f}" if look.gap_to_train_pp is not None else "")
                      + (f" ({look.gap_interval_pp[0]:+.2f} to {look.gap_interval_pp[1]:+.2f})"
                         if look.gap_interval_pp is not None else ""),
@@ -573,7 +616,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
     """Every cost term the package implements, whether the model activates it, and its parameters."""
     def run() -> int:
         from hops_calib.loop.model_files import default_model, load_model
-        from hops_calib.model import CONSTANTS, TERMS
+        from hops_calib.model import TERMS
 
         model = load_model(model_path)
         rows = []
@@ -588,7 +631,8 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
                                      "by_device": {n.partition("@")[2]: v for n, v in overrides.items()
                                                    if n.partition("@")[0] == p.name}} for p in term.params]})
         devices = [{"type": d.type, "name": d.name,
-                    **{c: {"value": getattr(d, c), "source": d.source(c)} for c in CONSTANTS}} for d in model.devices]
+                    **{c: {"value": v, "source": d.source(c)} for c, v in d.constants().items()}}
+                   for d in model.devices]
         if as_json:
             print_json({"model": str(model_path or default_model()), "model_sha256": model.sha256, "terms": rows,
                          "devices": devices})
@@ -608,7 +652,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
         print("  (* = active in this model)")
         for device in model.devices:
             print(f"device {device.type}: {device.name}: " + ", ".join(
-                f"{c} {getattr(device, c):.4g}" for c in CONSTANTS))
+                f"{c} {v:.4g}" for c, v in device.constants().items()))
         return EXIT_OK
 
     return guarded(run, as_json)

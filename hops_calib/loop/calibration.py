@@ -8,8 +8,13 @@ judged where the part of the model it changes was calibrated:
 - values of one device type (`NAME@TYPE` parameters, unset ones, a device constant of TYPE): the fixture set of
   the latest committed change judged on runs of TYPE;
 - anything else (a term's shared values, adding or removing a term): the fixture set of the latest committed
-  change to that term, or, for a term never changed, of the latest committed change of all;
-- a whole model (`compare`): the fixture set of the latest committed change of all.
+  change to that term, or, for a term never changed, of the latest committed change that was not of some device
+  types' values only (those calibrate their device types, not the shared values);
+- a whole model (`compare`): the scope of what differs between the two models (`scope_of_models`: a move whose
+  steps changed one device type's values is judged where that device type was calibrated), else the fixture set
+  of the latest committed change that was not of device values only. A committed compare counts for the device
+  types its scope named (`scope_devices`; for an entry older than that field, the steps it judged whole, found
+  in the ledger as the committed evaluations leading from its model before to its model after).
 
 A store holds that fixture set when its train split has the same `fixture_set_sha256`, or the same run ids (the
 same runs re-ingested: said as a warning), or, for an entry older than these fields, the same device types and
@@ -60,6 +65,27 @@ def scope_of_change(change) -> Scope:
     return Scope(term=change.term)
 
 
+def scope_of_models(before, after) -> Scope:
+    """The `Scope` of the difference between two models (`Model`s): the device types whose own values differ
+    (NAME@TYPE parameters, device constants) when nothing shared differs, else the whole model."""
+    a, b = before.canonical(), after.canonical()
+    devices: set[str] = set()
+    for device in set(a["devices"]) | set(b["devices"]):
+        if a["devices"].get(device) != b["devices"].get(device):
+            devices.add(device)
+    for term in set(a["terms"]) | set(b["terms"]):
+        if term not in a["terms"] or term not in b["terms"]:
+            return Scope(whole_model=True)
+        x, y = a["terms"][term], b["terms"][term]
+        for name in set(x) | set(y):
+            if x.get(name) == y.get(name):
+                continue
+            if "@" not in name:
+                return Scope(whole_model=True)
+            devices.add(name.partition("@")[2])
+    return Scope(devices=tuple(sorted(devices))) if devices else Scope(whole_model=True)
+
+
 def scope_of_params(term: str, names: Sequence[str]) -> Scope:
     """The `Scope` of a change to `names` of `term` (tune's --only; all parameters when empty)."""
     if names and all("@" in name for name in names):
@@ -101,11 +127,43 @@ def _committed_changes(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]
             and e.get("fixture_set_sha256")]
 
 
+def _device_only(entry: dict[str, Any]) -> bool:
+    """Whether a committed change was of some device types' values only (they calibrate those device types)."""
+    term, devices = _named(entry)
+    if entry.get("kind") == "compare":
+        return bool(devices)
+    return term is None and bool(devices)
+
+
+def _compare_scopes(changes: Sequence[dict[str, Any]]) -> None:
+    """Give each committed compare entry older than `scope_devices` the device types of the steps it judged whole:
+    the committed evaluations that lead, model by model, from its model before to its model after, when every one
+    of them changed device values only (then the move did). Sets `_scope_devices` on the entry (in memory)."""
+    for k, entry in enumerate(changes):
+        if entry.get("kind") != "compare" or "scope_devices" in entry:
+            continue
+        after, devices = entry.get("model_sha256_after"), set()
+        for step in reversed(changes[:k]):
+            if step.get("kind") != "evaluate" or step.get("model_sha256_after") != after:
+                break
+            term, named = _named(step)
+            if term is not None or not named:
+                break
+            devices |= named
+            after = step.get("model_sha256_before")
+            if after == entry.get("model_sha256_before"):
+                entry["_scope_devices"] = sorted(devices)
+                break
+
+
 def _named(entry: dict[str, Any]) -> tuple[str | None, set[str]]:
     """The term whose shared values (or presence) an evaluate entry's change touched (None for a change of some
-    device types' values only), and the device types it named."""
+    device types' values only), and the device types it named. A compare names no term, and the device types of
+    its scope when that was of device values only."""
     from hops_calib.loop.candidate import parse_candidate
 
+    if entry.get("kind") == "compare":
+        return None, set(entry.get("scope_devices") or entry.get("_scope_devices") or ())
     text = (entry.get("candidate") or {}).get("text")
     if not text:
         return None, set()
@@ -133,7 +191,12 @@ class Record:
         """The fixture set a change of `scope` must be judged on and why; None when the record is empty."""
         if not self.changes:
             return None
-        for entry in reversed(self.changes):
+        if scope.whole_model or scope.term is not None:  # device-only changes calibrate their devices, not these
+            shared = [e for e in self.changes if not _device_only(e)]
+            changes = shared or list(self.changes)
+        else:
+            changes = list(self.changes)
+        for entry in reversed(changes):
             term, devices = _named(entry)
             fixture_set = self.sets[entry["fixture_set_sha256"]]
             if scope.devices and set(scope.devices) & set(fixture_set.devices):
@@ -143,7 +206,7 @@ class Record:
             if scope.term is not None and term == scope.term:
                 return fixture_set, (f"the latest committed change to term {scope.term}'s shared values is ledger "
                                      f"entry {entry['seq']}")
-        latest = self.changes[-1]
+        latest = changes[-1]
         what = ("no committed change was judged on runs of " + ", ".join(scope.devices) if scope.devices else
                 f"no committed change touched term {scope.term}'s shared values" if scope.term else
                 "the model as a whole")
@@ -156,6 +219,7 @@ def read_record(ledger_path: Path | str | None) -> Record:
     from hops_calib.loop.ledger import read_entries
 
     changes = _committed_changes(read_entries(ledger_path)) if ledger_path is not None else []
+    _compare_scopes(changes)
     grouped: dict[str, list[dict[str, Any]]] = {}
     for entry in changes:
         grouped.setdefault(entry["fixture_set_sha256"], []).append(entry)

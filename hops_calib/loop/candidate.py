@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hops_calib.errors import InputError, line_of, parse_toml
-from hops_calib.model import CONSTANTS, TERMS, Model, resolve_params
+from hops_calib.model import CONSTANTS, OPTIONAL_CONSTANTS, TERMS, Model, resolve_params
 
 ACTIONS = ("add", "remove", "set", "set_device")
 _TOP_KEYS = {"id", "hypothesis", "grounding", "change", "expected", "author", "notes"}
@@ -216,9 +216,10 @@ def _parse_change(raw: dict[str, Any], origin: str, text: str) -> Change:
                          field="change", hint=f"action {action!r} takes {sorted(required | optional)}")
     if action == "set_device":
         constant, value, source = raw["constant"], raw["value"], raw["source"]
-        if constant not in CONSTANTS:
+        if constant not in CONSTANTS and constant not in OPTIONAL_CONSTANTS:
             raise InputError(origin, f"unknown device constant {constant!r}", line=line_of(text, "change", "constant"),
-                             field="change.constant", hint=f"device constants are {', '.join(CONSTANTS)}")
+                             field="change.constant", hint=f"device constants are {', '.join(CONSTANTS)} (and, where "
+                                                           f"a device has one, {', '.join(OPTIONAL_CONSTANTS)})")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise InputError(origin, f"value must be a finite positive number, got {value!r}",
                              line=line_of(text, "change", "value"), field="change.value")

@@ -36,6 +36,7 @@ class Comparison:
     ledger_path: Path
     ledger_entry: dict[str, Any]
     committed_into: Path | None = None  # the model file the verdict was carried out in (--commit)
+    left_out: dict[str, Any] | None = None  # the train runs the models do not price (`Suite.left_out_summary`)
     calibration: Any = None  # hops_calib.loop.calibration.Check
     stall_free_computed: bool = False
     warnings: tuple[str, ...] = ()
@@ -68,6 +69,7 @@ class Comparison:
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]},
                 "committed_into": str(self.committed_into) if self.committed_into is not None else None,
+                "left_out": self.left_out or {"count": 0, "reasons": []},
                 "runs": [run_errors(r, self.stall_free_computed) for r in self.after.runs]}
 
 
@@ -111,8 +113,9 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     suite = load_suite(fixtures_dir, TRAIN)
     from hops_calib.loop import calibration
 
-    check = calibration.check_store(calibration.read_record(ledger_path), calibration.Scope(whole_model=True), suite,
-                                    "compare", off_record=off_record)
+    scope = calibration.scope_of_models(before_model, after_model)
+    check = calibration.check_store(calibration.read_record(ledger_path), scope, suite, "compare",
+                                    off_record=off_record)
     warnings = list(check.warnings)
     progress.start(2 * len(suite.ids))
     series = stall_series(suite) if tolerances.stall_free else None
@@ -136,6 +139,8 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
         **fixture_fields(suite),
         "split": TRAIN,
         "n_fixtures": len(suite.ids),
+        **({"left_out": suite.left_out_summary} if suite.left_out else {}),
+        **({"scope_devices": list(scope.devices)} if scope.devices else {}),
         "aggregates_before": before.suite.to_dict(),
         "aggregates_after": after.suite.to_dict(),
         **verdict.to_dict(),
@@ -156,6 +161,7 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
                       before=before, after=after, verdict=verdict, note=note,
                       ledger_path=Path(ledger_path), ledger_entry=written,
                       committed_into=Path(commit_into) if commit_into is not None else None,
+                      left_out=suite.left_out_summary,
                       calibration=check, stall_free_computed=series is not None, warnings=tuple(warnings))
 
 

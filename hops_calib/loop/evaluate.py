@@ -40,6 +40,8 @@ class Evaluation:
     committed: bool = False
     # What the user should know that does not stop the judgement (a hand-edited model file, a reused candidate id).
     warnings: tuple[str, ...] = ()
+    # The split's runs the model does not price, left out of the scores (`Suite.left_out_summary`).
+    left_out: dict[str, Any] | None = None
     calibration: Any = None  # hops_calib.loop.calibration.Check of a judgement
     stall_free_computed: bool = False
 
@@ -63,7 +65,8 @@ class Evaluation:
                                 "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
                                 "model": str(self.model_path), "model_sha256": self.model.sha256,
                                 "ledger_path": str(self.ledger_path) if self.ledger_path is not None else None,
-                                "tolerances": self.tolerances.to_dict(), "warnings": list(self.warnings)}
+                                "tolerances": self.tolerances.to_dict(), "warnings": list(self.warnings),
+                                "left_out": self.left_out or {"count": 0, "reasons": []}}
         data["scored_model"] = {"which": "model", "path": str(self.model_path), "sha256": self.model.sha256}
         data["scored_model_sha256"] = self.model.sha256  # whose numbers the top level holds
         data["stall_noise"] = floor_excess(self.before, self.after)
@@ -298,7 +301,8 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     common = dict(split=split, fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256,
                   model_path=model_path, model=model, tolerances=tolerances, before=before,
                   stall_free_computed=series is not None,
-                  ledger_path=Path(ledger_path) if ledger_path is not None else None)
+                  ledger_path=Path(ledger_path) if ledger_path is not None else None,
+                  left_out=suite.left_out_summary)
     if candidate is None:
         return Evaluation(**common, warnings=tuple(warnings))
 
@@ -323,6 +327,7 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         **fixture_fields(suite),
         "split": split,
         "n_fixtures": len(suite.ids),
+        **({"left_out": suite.left_out_summary} if suite.left_out else {}),
         "aggregates_before": before.suite.to_dict(),
         "aggregates_after": after.suite.to_dict(),
         **verdict.to_dict(),

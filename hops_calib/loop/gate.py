@@ -136,8 +136,11 @@ ROUNDING = 1e-9
 PAIRED_DRAWS = 1000  # configuration resamples for the interval of a change's MAPE effect
 
 
-def _suite_check(label: str, unit: str, before: float, after: float, tolerance: float, higher_is_better: bool
-                 ) -> tuple[bool, str]:
+def _suite_check(label: str, unit: str, before: float | None, after: float | None, tolerance: float,
+                 higher_is_better: bool, count: int | None = None) -> tuple[bool, str]:
+    if before is None or after is None:  # no run of the suite measures it (iteration-level runs only)
+        return True, f"{label}: no run measures it (no events), not judged"
+    on = f" on {count} run(s)" if count is not None else ""
     change = after - before
     worsening = -change if higher_is_better else change
     if abs(worsening) <= ROUNDING:  # the same predictions summed in another order: not a change
@@ -150,7 +153,7 @@ def _suite_check(label: str, unit: str, before: float, after: float, tolerance: 
     else:
         verdict = f"worsens by {worsening:.4g}{unit}" + (", within tolerance" if passes else "")
     bound = "fall" if higher_is_better else "grow"
-    return passes, (f"{label} {before:.4f} -> {after:.4f} (may {bound} by <= {tolerance:g}{unit}): {verdict}"
+    return passes, (f"{label}{on} {before:.4f} -> {after:.4f} (may {bound} by <= {tolerance:g}{unit}): {verdict}"
                     + ("" if passes else " -> fails"))
 
 
@@ -162,13 +165,17 @@ def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before
     if set(before_by_id) != set(after_by_id):
         raise ValueError("the gate compares the same runs before and after; the run sets differ: "
                          f"{sorted(set(before_by_id) ^ set(after_by_id))}")
+    # Each metric on the runs that measure it; the count is said where some runs do not (a mixed suite).
+    def counted(metric: str) -> int | None:
+        return after.count(metric) if after.count(metric) != after.n_fixtures else None
+
     checks = [
         _suite_check("throughput MAPE %", " pp", before.throughput_mape_pct, after.throughput_mape_pct,
                      tolerances.throughput_mape_pp, higher_is_better=False),
         _suite_check("bubble MAE pp", " pp", before.bubble_mae_pp, after.bubble_mae_pp,
-                     tolerances.bubble_mae_pp, higher_is_better=False),
+                     tolerances.bubble_mae_pp, higher_is_better=False, count=counted("bubble")),
         _suite_check("mean utilization rho", "", before.util_spearman_mean, after.util_spearman_mean,
-                     tolerances.util_spearman, higher_is_better=True),
+                     tolerances.util_spearman, higher_is_better=True, count=counted("utilization")),
     ]
     regressions = []
     for run_id in sorted(before_by_id):
@@ -178,6 +185,8 @@ def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before
             throughput, error = "stall_free_error_pct", "stall-free"
         for metric, field, allowed in (("throughput", throughput, tolerances.run_throughput_pp),
                                        ("bubble", "bubble_error_pp", tolerances.run_bubble_pp)):
+            if getattr(old, field) is None or getattr(new, field) is None:  # a run without events has no bubble
+                continue
             was, now = abs(getattr(old, field)), abs(getattr(new, field))
             if now - was > allowed:
                 regressions.append(Regression(run_id, metric, was, now, now - was, allowed,

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from hops_calib.errors import InputError
+from hops_calib.loop.score import or_nan
 
 GENESIS = "0" * 64
 LEDGER_IN_CHECKOUT = Path("ledger") / "ledger.jsonl"
@@ -437,7 +438,7 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
             mape = float(aggregates.get("throughput_mape_pct", float("nan")))
             looks.append(Look(seq=int(entry["seq"]), time=str(entry.get("time", "")), split=split,
                               model_sha256=model, throughput_mape_pct=mape,
-                              bubble_mae_pp=float(aggregates.get("bubble_mae_pp", float("nan"))),
+                              bubble_mae_pp=float(or_nan(aggregates.get("bubble_mae_pp"))),
                               gap_to_train_pp=mape - float(train["throughput_mape_pct"]) if train else None,
                               evaluations_since=evaluations, changes_since=changes,
                               repeat_of=int(repeated["seq"]) if repeated is not None else None,

@@ -36,6 +36,8 @@ class Report:
     # Configuration-bootstrap intervals of the MAPE (and beside a held-out report, of train's and of the gap):
     # `bootstrap_intervals`.
     intervals: dict[str, Any] | None = None
+    # The split's runs the model does not price, left out of the aggregates (`Suite.left_out_summary`).
+    left_out: dict[str, Any] | None = None
 
     @property
     def audited(self) -> bool:
@@ -69,6 +71,7 @@ class Report:
                 "train": self.train.to_dict() if self.train is not None else None,
                 "gap_to_train_pp": self.gap_to_train_pp, "outside_train": self.outside_train,
                 "predictions_changed": self.changed_since, "intervals": self.intervals,
+                "left_out": self.left_out or {"count": 0, "reasons": []},
                 "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
                            "entry_sha256": self.ledger_entry["entry_sha256"]} if self.audited else None}
 
@@ -240,6 +243,7 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
         "fixture_set_sha256": suite.sha256,
         "split": split,
         "n_fixtures": len(suite.ids),
+        **({"left_out": suite.left_out_summary} if suite.left_out else {}),
         "aggregates": scored.suite.to_dict(),
         **({"train_aggregates": train.to_dict()} if train is not None else {}),
         **({"outside_train": outside} if outside is not None else {}),
@@ -257,7 +261,7 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     return Report(split=split, suite=scored.suite, model_sha256=model.sha256,
                   ledger_path=Path(ledger_path) if ledger_path is not None else None, ledger_entry=written,
                   train=train, outside_train=outside, changed_since=changed_since,
-                  intervals=intervals)
+                  intervals=intervals, left_out=suite.left_out_summary)
 
 
 def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
@@ -282,4 +286,5 @@ def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: 
     train = found.get("train_aggregates")
     return Report(split=split, suite=suite_score(found["aggregates"]), model_sha256=model_sha,
                   ledger_path=Path(ledger_path), ledger_entry=found,
-                  train=suite_score(train) if train is not None else None, outside_train=found.get("outside_train"))
+                  train=suite_score(train) if train is not None else None, outside_train=found.get("outside_train"),
+                  left_out=found.get("left_out"))

@@ -21,6 +21,12 @@ ties, and it enters the suite mean like any other run.
 
 Suite: throughput MAPE and median APE, steady-throughput MAPE, bubble MAE (pp),
 mean rho.
+
+Each metric is scored on the runs that measured it, and the suite says how many
+(`counts`): throughput on every run (the one definition of `hops_calib.metrics`:
+a run measured at iteration level against the simulated steady state), bubble and
+utilization only on runs with events (an iteration-level run's are None, and a
+suite without such runs has None for their aggregates).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from hops_calib.metrics import TimelineMetrics
+from hops_calib.metrics import IterationMetrics, TimelineMetrics, comparable_throughputs
 
 UTILIZATION_DECIMALS = 9
 
@@ -71,10 +77,10 @@ class RunScore:
     real_steady_throughput_per_s: float
     predicted_steady_throughput_per_s: float
     steady_throughput_error_pct: float
-    real_bubble_ratio: float
+    real_bubble_ratio: float | None  # None: the run has no events (measured at iteration level)
     predicted_bubble_ratio: float
-    bubble_error_pp: float
-    util_spearman_rho: float
+    bubble_error_pp: float | None
+    util_spearman_rho: float | None
     real_utilization: tuple[float, ...]
     predicted_utilization: tuple[float, ...]
     # Expected |throughput error| from random stalls alone (Prediction.stall_noise_ape_pct): a floor, not a fault.
@@ -98,22 +104,23 @@ def _relative_error_pct(run_id: str, what: str, real: float, predicted: float) -
     return (predicted - real) / real * 100.0
 
 
-def score_run(run_id: str, real: TimelineMetrics, predicted: TimelineMetrics, *,
+def score_run(run_id: str, real: TimelineMetrics | IterationMetrics, predicted: TimelineMetrics, *,
               stall_noise_ape_pct: float = 0.0) -> RunScore:
+    real_tput, predicted_tput, real_steady, predicted_steady = comparable_throughputs(real, predicted)
+    events = real.has_events
     return RunScore(
         run_id=run_id,
-        real_throughput_per_s=real.throughput_per_s,
-        predicted_throughput_per_s=predicted.throughput_per_s,
-        throughput_error_pct=_relative_error_pct(run_id, "throughput", real.throughput_per_s,
-                                                 predicted.throughput_per_s),
-        real_steady_throughput_per_s=real.steady_throughput_per_s,
-        predicted_steady_throughput_per_s=predicted.steady_throughput_per_s,
-        steady_throughput_error_pct=_relative_error_pct(run_id, "steady throughput", real.steady_throughput_per_s,
-                                                        predicted.steady_throughput_per_s),
+        real_throughput_per_s=real_tput,
+        predicted_throughput_per_s=predicted_tput,
+        throughput_error_pct=_relative_error_pct(run_id, "throughput", real_tput, predicted_tput),
+        real_steady_throughput_per_s=real_steady,
+        predicted_steady_throughput_per_s=predicted_steady,
+        steady_throughput_error_pct=_relative_error_pct(run_id, "steady throughput", real_steady, predicted_steady),
         real_bubble_ratio=real.bubble_ratio,
         predicted_bubble_ratio=predicted.bubble_ratio,
-        bubble_error_pp=(predicted.bubble_ratio - real.bubble_ratio) * 100.0,
-        util_spearman_rho=spearman_rho(real.utilization_per_stage, predicted.utilization_per_stage),
+        bubble_error_pp=(predicted.bubble_ratio - real.bubble_ratio) * 100.0 if events else None,
+        util_spearman_rho=spearman_rho(real.utilization_per_stage, predicted.utilization_per_stage) if events
+        else None,
         real_utilization=tuple(real.utilization_per_stage),
         predicted_utilization=tuple(predicted.utilization_per_stage),
         stall_noise_ape_pct=stall_noise_ape_pct,
@@ -137,7 +144,7 @@ def stall_free_error_pct(prediction, real_metrics, series) -> float | None:
     """
     from hops_calib.sim.simulate import stalls_in_window
 
-    if series is None or not series.optimizer_traced.any():
+    if series is None or not real_metrics.has_events or not series.optimizer_traced.any():
         return None
     silent = series.silent_ms[series.optimizer_traced]
     inside = silent[:-1]  # the last traced iteration's silent stretch comes after the window's end
@@ -181,13 +188,33 @@ class SuiteScore:
     throughput_mape_pct: float
     throughput_median_ape_pct: float
     steady_throughput_mape_pct: float
-    bubble_mae_pp: float
-    util_spearman_mean: float
+    bubble_mae_pp: float | None  # None: no run of the suite has events
+    util_spearman_mean: float | None
     # The throughput MAPE a model exact but for the random stalls would score here (mean of the runs' floors).
     stall_noise_mape_pct: float = 0.0
+    # Runs each metric was scored on (METRIC_COUNTS); None in records written before the counts were kept.
+    counts: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
+
+    def count(self, metric: str) -> int:
+        """Runs `metric` (a key of METRIC_COUNTS) was scored on (all of them in an older record)."""
+        return self.n_fixtures if self.counts is None else int(self.counts.get(metric, self.n_fixtures))
+
+
+# metric -> the RunScore field that holds it per run; the suite scores each on the runs where it is not None.
+METRIC_COUNTS = {"throughput": "throughput_error_pct", "steady_throughput": "steady_throughput_error_pct",
+                 "bubble": "bubble_error_pp", "utilization": "util_spearman_rho"}
+
+
+def or_nan(value: float | None) -> float:
+    """A suite aggregate for display or a number-only record: NaN where no run measured it (None)."""
+    return math.nan if value is None else value
+
+
+def _present(runs: Sequence[RunScore], name: str) -> np.ndarray:
+    return np.array([getattr(r, name) for r in runs if getattr(r, name) is not None], dtype=float)
 
 
 def aggregate(runs: Iterable[RunScore]) -> SuiteScore:
@@ -195,14 +222,16 @@ def aggregate(runs: Iterable[RunScore]) -> SuiteScore:
     if not runs:
         raise ValueError("no runs to aggregate")
     throughput = np.abs([r.throughput_error_pct for r in runs])
+    bubble, rho = _present(runs, "bubble_error_pp"), _present(runs, "util_spearman_rho")
     return SuiteScore(
         n_fixtures=len(runs),
         throughput_mape_pct=float(np.mean(throughput)),
         throughput_median_ape_pct=float(np.median(throughput)),
         steady_throughput_mape_pct=float(np.mean(np.abs([r.steady_throughput_error_pct for r in runs]))),
-        bubble_mae_pp=float(np.mean(np.abs([r.bubble_error_pp for r in runs]))),
-        util_spearman_mean=float(np.mean([r.util_spearman_rho for r in runs])),
+        bubble_mae_pp=float(np.mean(np.abs(bubble))) if len(bubble) else None,
+        util_spearman_mean=float(np.mean(rho)) if len(rho) else None,
         stall_noise_mape_pct=float(np.mean([r.stall_noise_ape_pct for r in runs])),
+        counts={metric: sum(getattr(r, name) is not None for r in runs) for metric, name in METRIC_COUNTS.items()},
     )
 
 

@@ -5,13 +5,13 @@ the guard every train-only verb calls (rule 2)."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from hops_calib.errors import InputError
 from hops_calib.loop.score import RunScore, SuiteScore, aggregate, score_prediction
-from hops_calib.metrics import TimelineMetrics
+from hops_calib.metrics import IterationMetrics, TimelineMetrics
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress, warn
 from hops_calib.spec import Spec
@@ -42,8 +42,20 @@ class Suite:
     split: str
     ids: tuple[str, ...]
     specs: tuple[Spec, ...]
-    truths: tuple[TimelineMetrics, ...]
+    truths: tuple[TimelineMetrics | IterationMetrics, ...]
     content_hashes: tuple[str, ...]
+    # Runs of the split the model does not price (tensor or data parallelism, ...): id -> why. Not in `ids`, not
+    # scored, not in the fixture set's sha256 (which names what was scored); every suite verb says how many.
+    left_out: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def left_out_summary(self) -> dict[str, Any]:
+        """{"count", "reasons": [{"reason", "count", "runs" (up to 3)}]}, as the suite verbs' --json carry it."""
+        return left_out_summary(self.left_out)
+
+    @property
+    def has_events(self) -> tuple[bool, ...]:
+        return tuple(truth.has_events for truth in self.truths)
 
     @property
     def sha256(self) -> str:
@@ -96,16 +108,46 @@ def suite_if_any(fixtures_dir: Path | str, split: str) -> Suite | None:
 
 
 def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -> Suite:
-    fixtures = [store.load(fixture_id) for fixture_id in ids]
+    fixtures = store.load_many(list(ids))
     strays = [f.id for f in fixtures if f.split != split]
     if strays:  # the index lists them in this split, their own (digested) fixture.json says otherwise
         from hops_calib.store.fixture_store import INDEX, StoreError
 
         raise StoreError(f"{Path(fixtures_dir) / INDEX}: lists {', '.join(strays[:3])} in the {split} split, which "
                          f"their fixture.json does not; delete {INDEX} (it is rebuilt from the fixture folders)")
-    return Suite(fixtures_dir=Path(fixtures_dir), split=split, ids=tuple(ids),
+    fixtures, left_out = priced(fixtures)
+    if not fixtures:
+        reasons = "; ".join(f"{r['count']}: {r['reason']}" for r in left_out_summary(left_out)["reasons"])
+        raise InputError(fixtures_dir, f"none of the {len(left_out)} {split} fixtures is priced by the cost model "
+                         f"({reasons})", field="split", hint="ingest runs the model prices (one GPU per pipeline "
+                         "stage), or extend the model")
+    return Suite(fixtures_dir=Path(fixtures_dir), split=split, ids=tuple(f.id for f in fixtures),
                  specs=tuple(f.spec for f in fixtures), truths=tuple(f.truth.metrics for f in fixtures),
-                 content_hashes=tuple(f.content_hash for f in fixtures))
+                 content_hashes=tuple(f.content_hash for f in fixtures), left_out=left_out)
+
+
+def priced(fixtures: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """The fixtures the cost model prices (every run with events; iteration-level runs whose spec builds), and
+    run id -> why for the others."""
+    kept, reasons = [], {}
+    for fixture in fixtures:
+        reason = fixture.not_priced if fixture.kind != "events" else None
+        if reason is None:
+            kept.append(fixture)
+        else:
+            reasons[fixture.id] = reason
+    return kept, reasons
+
+
+def left_out_summary(reasons: dict[str, str]) -> dict[str, Any]:
+    """What a suite verb says of the runs it did not score (`reasons`: run id -> why): how many, and how many per
+    reason, with up to 3 ids per reason."""
+    by_reason: dict[str, list[str]] = {}
+    for run_id, reason in sorted(reasons.items()):
+        by_reason.setdefault(reason, []).append(run_id)
+    return {"count": len(reasons),
+            "reasons": [{"reason": reason, "count": len(ids), "runs": ids[:3]}
+                        for reason, ids in sorted(by_reason.items(), key=lambda item: -len(item[1]))]}
 
 
 @dataclass(frozen=True)
@@ -142,4 +184,5 @@ def stall_series(suite: Suite) -> tuple[Any, ...]:
     from hops_calib.metrics import timeline_iteration_part_series
 
     store = open_store(suite.fixtures_dir)
-    return tuple(timeline_iteration_part_series(store.load(fixture_id).timeline()) for fixture_id in suite.ids)
+    return tuple(timeline_iteration_part_series(store.load(fixture_id).timeline()) if events else None
+                 for fixture_id, events in zip(suite.ids, suite.has_events))

@@ -20,6 +20,11 @@ CONSTANTS: dict[str, str] = {
     "memory_bytes": "device memory capacity, bytes",
     "network_bandwidth_bytes_per_s": "nominal network bandwidth of the node the device sits in, bytes/s",
 }
+# Constants only some devices have (a device without a peer in its node has no intra-node link); a device that
+# has one gives it with a source like the others, and a candidate may correct it.
+OPTIONAL_CONSTANTS: dict[str, str] = {
+    "intra_node_bandwidth_bytes_per_s": "nominal GPU-to-GPU bandwidth within the node (NVLink), per direction, bytes/s",
+}
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class DeviceSpec:
     memory_bytes: float
     network_bandwidth_bytes_per_s: float
     sources: tuple[tuple[str, str], ...]  # (constant, citation), one per constant
+    intra_node_bandwidth_bytes_per_s: float | None = None  # OPTIONAL_CONSTANTS: None where the device has none
 
     def source(self, constant: str) -> str:
         return dict(self.sources)[constant]
@@ -43,22 +49,26 @@ class DeviceSpec:
         return replace(self, **{constant: float(value)}, sources=tuple(sorted(sources.items())))
 
     def constants(self) -> dict[str, float]:
-        return {name: getattr(self, name) for name in CONSTANTS}
+        """Every constant the device has: the required ones, and the optional ones it gives."""
+        found = {name: getattr(self, name) for name in CONSTANTS}
+        found.update({name: getattr(self, name) for name in OPTIONAL_CONSTANTS if getattr(self, name) is not None})
+        return found
 
     def to_table(self) -> dict[str, Any]:
         """The TOML table of this device (as in devices.toml)."""
         table: dict[str, Any] = {"name": self.name}
-        for constant in CONSTANTS:
-            table[constant] = {"value": getattr(self, constant), "source": self.source(constant)}
+        for constant, value in self.constants().items():
+            table[constant] = {"value": value, "source": self.source(constant)}
         return table
 
 
 def parse_constant(value: Any, *, origin: str, table: str, constant: str, line: int | None) -> tuple[float, str]:
     """A `{ value = ..., source = "..." }` entry -> (value, source), refusing anything else."""
     field = f"{table}.{constant}"
-    if constant not in CONSTANTS:
+    if constant not in CONSTANTS and constant not in OPTIONAL_CONSTANTS:
         raise InputError(origin, f"unknown device constant {constant!r}", line=line, field=field,
-                         hint=f"device constants are {', '.join(CONSTANTS)}")
+                         hint=f"device constants are {', '.join(CONSTANTS)} (and, optionally, "
+                              f"{', '.join(OPTIONAL_CONSTANTS)})")
     if not isinstance(value, dict) or set(value) != {"value", "source"}:
         raise InputError(origin, "a device constant must be an inline table with exactly 'value' and 'source'",
                          line=line, field=field,
@@ -104,5 +114,6 @@ def parse_devices(tables: Mapping[str, Any], *, origin: str, text: str = "", pre
             raise InputError(origin, f"device type {device_type!r} is missing {missing}", line=line_of(text, header),
                              field=header, hint="give each as { value = ..., source = \"...\" }")
         devices[device_type] = DeviceSpec(type=device_type, name=name.strip(), sources=tuple(sorted(sources.items())),
-                                          **{c: float(values[c]) for c in CONSTANTS})
+                                          **{c: float(values[c]) for c in CONSTANTS},
+                                          **{c: float(values[c]) for c in OPTIONAL_CONSTANTS if c in values})
     return devices

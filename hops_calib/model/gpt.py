@@ -37,6 +37,13 @@ def layer_forward_flops(shape: ModelShape) -> float:
     return 8.0 * b * s * h * h + 4.0 * b * s * h * f + 4.0 * b * s * s * h
 
 
+def attention_core_flops(shape: ModelShape) -> float:
+    """Forward FLOPs of one decoder layer's attention core: the score and context products, 2bs^2h each (the part
+    of `layer_forward_flops` that selective recomputation redoes)."""
+    b, s, h = shape.micro_batch_size, shape.seq_length, shape.hidden_size
+    return 4.0 * b * s * s * h
+
+
 def layer_weight_grad_flops(shape: ModelShape) -> float:
     """Weight-gradient FLOPs of one decoder layer's backward: one matmul per weight matmul of the forward.
 

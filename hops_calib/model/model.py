@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Collection, Iterable, Mapping
 
 from hops_calib.errors import InputError, line_of, parse_toml
-from hops_calib.model.devices import CONSTANTS, DeviceSpec, parse_devices
+from hops_calib.model.devices import DeviceSpec, parse_devices
 from hops_calib.model.terms import TERMS, Context, Contribution, Term, layout_of
 from hops_calib.sim.pipeline import Pipeline, StageCosts
 from hops_calib.spec import Spec
@@ -166,8 +166,8 @@ class Model:
                                  ) from None
         context = Context(spec=spec, layout=layout, devices=tuple(devices))
         totals: dict[str, list[float] | None] = {name: None for name in Contribution.LENGTHS}
-        layer_work: dict[str, list[float]] = {name: [0.0] * layout.virtual_stages for name in ("forward_ms",
-                                                                                                "backward_ms")}
+        layer_work: dict[str, list[float]] = {name: [0.0] * layout.virtual_stages
+                                              for name in ("forward_ms", "backward_ms", "attention_core_ms")}
         pre_optimizer_ms = post_optimizer_ms = 0.0
         stall: tuple[str, float, float] | None = None  # (term, ms, probability)
         switches: dict[str, dict[bool, str]] = {name: {} for name in Contribution.SWITCHES}
@@ -203,10 +203,15 @@ class Model:
         def per(field: str) -> list[float]:
             return totals[field] or [0.0] * getattr(layout, Contribution.LENGTHS[field])
 
+        recompute_work, recompute_floor = recomputation(spec, layout, layer_work["forward_ms"],
+                                                        layer_work["attention_core_ms"], per("forward_floor_ms"))
+        layer_work["backward_ms"] = [b + r for b, r in zip(layer_work["backward_ms"], recompute_work)]
+        floors = {"forward_floor_ms": per("forward_floor_ms"),
+                  "backward_floor_ms": [b + r for b, r in zip(per("backward_floor_ms"), recompute_floor)]}
         # The decoder layers take their GPU work or the host's launch floor under it, whichever is longer.
         for field, floor in (("forward_ms", "forward_floor_ms"), ("backward_ms", "backward_floor_ms")):
             totals[field] = [max(work, bound) + rest for work, bound, rest
-                             in zip(layer_work[field], per(floor), per(field))]
+                             in zip(layer_work[field], floors[floor], per(field))]
 
         stages = tuple(StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w, host_ms=h)
                        for f, b, w, h in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms"),
@@ -242,7 +247,7 @@ class Model:
         ]
         for device in sorted(self.devices, key=lambda d: d.type):
             known = catalog.get(device.type)
-            changed = [c for c in CONSTANTS if known is None or getattr(known, c) != getattr(device, c)
+            changed = [c for c in device.constants() if known is None or getattr(known, c) != getattr(device, c)
                        or known.source(c) != device.source(c)]
             if not changed:
                 continue
@@ -261,6 +266,31 @@ class Model:
                 out.append(f"{key} = {_toml_float(value)}"
                            f"  # {param.unit}, plausible [{_toml_float(param.low)}, {_toml_float(param.high)}]")
         return "\n".join(out) + "\n"
+
+
+def recomputation(spec: Spec, layout, forward_ms: list[float], attention_core_ms: list[float],
+                  forward_floor_ms: list[float]) -> tuple[list[float], list[float]]:
+    """What activation recomputation adds to each virtual stage's backward: (GPU work, host launch floor).
+
+    Mechanism, not a factor: a recomputed layer runs its forward again inside its backward, before the gradient
+    kernels, to rebuild the activations its forward did not keep. Full recomputation redoes the whole forward of
+    the layers it covers (`ModelShape.recomputed_layers`: every layer for the uniform method, the first N of each
+    model chunk for block), so those layers' backward gains their forward's work, as every "layers" term priced
+    it, and their forward's host launch floor (the host launches those kernels again). Selective recomputation
+    redoes only the attention core (`attention_core_ms` of the terms), whose few kernels the floor does not see.
+    The weight-gradient share is unchanged: the recomputed forward belongs to the input-gradient half.
+    """
+    shape = spec.model
+    work, floor = [0.0] * layout.virtual_stages, [0.0] * layout.virtual_stages
+    for k, layers in enumerate(layout.layers):
+        if not layers:
+            continue
+        if shape.recompute_granularity == "selective":
+            work[k] = attention_core_ms[k]
+            continue
+        share = shape.recomputed_layers(layers) / layers
+        work[k], floor[k] = share * forward_ms[k], share * forward_floor_ms[k]
+    return work, floor
 
 
 def _toml_string(value: str) -> str:

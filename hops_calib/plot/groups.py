@@ -67,14 +67,16 @@ class GroupRow:
     suite: SuiteScore
     # Mean signed throughput error: the direction of the error (MAPE only says its size).
     mean_throughput_error_pct: float
-    mean_bubble_error_pp: float
+    mean_bubble_error_pp: float | None  # None: no run of the group has events
 
 
 def _row(label: str, points: Sequence[RunPoint]) -> GroupRow:
     scores = [p.score for p in points]
     return GroupRow(label=label, suite=aggregate(scores),
                     mean_throughput_error_pct=float(np.mean([s.throughput_error_pct for s in scores])),
-                    mean_bubble_error_pp=float(np.mean([s.bubble_error_pp for s in scores])))
+                    mean_bubble_error_pp=float(np.mean(bubble)) if (bubble := [s.bubble_error_pp for s in scores
+                                                                               if s.bubble_error_pp is not None])
+                    else None)
 
 
 def group_rows(points: Sequence[RunPoint], key: Callable[[RunPoint], object],

@@ -114,10 +114,11 @@ def runs_table(points: Sequence[RunPoint]) -> str:
                      _f(s.real_throughput_per_s, 2), _f(s.predicted_throughput_per_s, 2),
                      _off(_f(s.throughput_error_pct, signed=True), abs(s.throughput_error_pct) > 100 * BAND),
                      _f(s.stall_noise_ape_pct, 1),
-                     _f(100 * s.real_bubble_ratio), _f(100 * s.predicted_bubble_ratio),
+                     _f(100 * s.real_bubble_ratio if s.real_bubble_ratio is not None else None),
+                     _f(100 * s.predicted_bubble_ratio if s.real_bubble_ratio is not None else None),
                      # Relative, as on the parity plot: 10 % of a real bubble ratio r is 10 * r pp.
-                     _off(_f(s.bubble_error_pp, signed=True),
-                          abs(s.bubble_error_pp) > 100 * BAND * s.real_bubble_ratio),
+                     _off(_f(s.bubble_error_pp, signed=True), s.bubble_error_pp is not None
+                          and abs(s.bubble_error_pp) > 100 * BAND * s.real_bubble_ratio),
                      _f(s.util_spearman_rho, 2)])
     return _table(["run", "device mix", "stages", "microbatches", "real tput /s", "predicted tput /s",
                    "tput error %", "random stalls ± %", "real bubble %", "predicted bubble %", "bubble error pp", "rho"], rows,

@@ -93,10 +93,19 @@ def parity_figure(points: Sequence[RunPoint], suite: SuiteScore, title: str, lab
     floor = f"; stall-noise floor {suite.stall_noise_mape_pct:.1f} %" if suite.stall_noise_mape_pct > 0 else ""
     left.set_title(f"Throughput: MAPE {suite.throughput_mape_pct:.1f} % "
                    f"(median {suite.throughput_median_ape_pct:.1f} %{floor})", loc="left")
-    _panel(right, 100 * np.array([s.real_bubble_ratio for s in scores]),
-           100 * np.array([s.predicted_bubble_ratio for s in scores]), points, mixes,
-           np.array([s.bubble_error_pp for s in scores]), label_worst, False, "% of stage time idle", "bubble")
-    right.set_title(f"Bubble: MAE {suite.bubble_mae_pp:.1f} pp", loc="left")
+    # Bubble only where there are events: a run measured at iteration level has none.
+    timed = [i for i, s in enumerate(scores) if s.bubble_error_pp is not None]
+    if timed:
+        _panel(right, 100 * np.array([scores[i].real_bubble_ratio for i in timed]),
+               100 * np.array([scores[i].predicted_bubble_ratio for i in timed]), [points[i] for i in timed], mixes,
+               np.array([scores[i].bubble_error_pp for i in timed]), label_worst, False, "% of stage time idle",
+               "bubble")
+        on = "" if len(timed) == len(scores) else f" on the {len(timed)} runs with events"
+        right.set_title(f"Bubble: MAE {suite.bubble_mae_pp:.1f} pp{on}", loc="left")
+    else:
+        right.set_axis_off()
+        right.text(0.5, 0.5, "no bubble: every run was measured at iteration level (no events)", ha="center",
+                   va="center", fontsize=10, wrap=True, transform=right.transAxes)
     figure.suptitle(title, fontsize=12, fontweight="bold")
 
     from matplotlib.lines import Line2D

@@ -45,6 +45,7 @@ from hops_calib.loop.suite import Suite, score_model
 from hops_calib.model.terms import TERMS
 from hops_calib.research.tune import TuneProblem, load_problem, term_values
 from hops_calib.store.split import group_of
+from hops_calib.loop.score import or_nan
 
 DEFAULT_FOLDS = 5
 DEFAULT_EVALUATIONS = 150
@@ -132,6 +133,7 @@ class CrossValidation:
     # current values in the refit's space (the shipped model, less the per-device values --shared took out).
     full_objective: float = float("nan")
     current_objective: float = float("nan")
+    left_out: dict[str, Any] | None = None  # the train runs the model does not price (`Suite.left_out_summary`)
 
     @property
     def full_fell_short(self) -> bool:
@@ -225,7 +227,8 @@ class CrossValidation:
                 "objective_current": self.current_objective, "objective_full_refit": self.full_objective,
                 "short_folds": list(self.short_folds),
                 "disagreeing_params": {n: list(bounds) for n, bounds in self.disagreement.items()},
-                "warnings": self.warnings(), "verdicts": self.verdicts()}
+                "warnings": self.warnings(), "verdicts": self.verdicts(),
+                "left_out": self.left_out or {"count": 0, "reasons": []}}
 
 
 @dataclass(frozen=True)
@@ -457,7 +460,8 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
                            current_component_pct=problem.component_mape(shipped) if components else None,
                            dropped=dropped, also=tuple(also),
                            full_objective=full_component if components else full.throughput_mape_pct,
-                           current_objective=reference_objective(problem, set(suite.ids)))
+                           current_objective=reference_objective(problem, set(suite.ids)),
+                           left_out=suite.left_out_summary)
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -473,10 +477,14 @@ def crossval_text(result: CrossValidation) -> str:
            f"{result.objective}; model "
            f"{result.model_sha256[:12]}",
            f"current model on train: throughput MAPE {result.current.throughput_mape_pct:.2f} %, bubble MAE "
-           f"{result.current.bubble_mae_pp:.2f} pp, rho {result.current.util_spearman_mean:.3f}",
+           f"{or_nan(result.current.bubble_mae_pp):.2f} pp, rho {or_nan(result.current.util_spearman_mean):.3f}",
            f"refit without the fold, on the fold (cross-validated): throughput MAPE {cv.throughput_mape_pct:.2f} %, "
-           f"bubble MAE {cv.bubble_mae_pp:.2f} pp, rho {cv.util_spearman_mean:.3f}; on its own fitting runs "
+           f"bubble MAE {or_nan(cv.bubble_mae_pp):.2f} pp, rho {or_nan(cv.util_spearman_mean):.3f}; on its own fitting "
+           "runs "
            f"{result.in_sample_mape_pct:.2f} % (optimism {result.optimism_pp:+.2f} pp)"]
+    if result.left_out and result.left_out["count"]:
+        out.append(f"left out {result.left_out['count']} train run(s) the model does not price: " + "; ".join(
+            f"{r['count']} {r['reason']}" for r in result.left_out["reasons"]))
     rows = []
     for fold in result.folds:
         rows.append([str(fold.index) + (" !" if fold.fell_short else ""), str(len(fold.ids)), _short_groups(fold.groups),

@@ -204,7 +204,8 @@ class RunRow:
 
 
 def observe_run(fixture, model) -> RunRow:
-    """Real and predicted parts and stage times of one fixture (its events are read for the real parts)."""
+    """Real and predicted parts and stage times of one fixture (its events are read for the real parts; a run
+    measured at iteration level has none: its row holds the scores and the predicted side only)."""
     from hops_calib.model.predict import predict
 
     spec, truth = fixture.spec, fixture.truth
@@ -212,6 +213,14 @@ def observe_run(fixture, model) -> RunRow:
         prediction = predict(spec, model)
     except ValueError as error:
         raise InputError(f"model {model.name}", f"cannot predict fixture {fixture.id}: {error}") from None
+    if fixture.kind != "events":
+        stages = tuple(StageRow(stage=row.stage, device=row.device, position=stage_position(row.stage, spec.pp),
+                                layers=spec.layers_per_stage[row.stage], real_forward_ms=None,
+                                predicted_forward_ms=row.forward_ms, real_backward_ms=None,
+                                predicted_backward_ms=row.backward_ms) for row in prediction.stage_phase_ms(spec))
+        return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction),
+                      real_metrics=truth.metrics, real_parts=None, predicted_parts=prediction.result.iteration_parts(),
+                      stages=stages, prediction=prediction)
     stages = tuple(
         StageRow(stage=row.stage, device=row.device, position=stage_position(row.stage, spec.pp),
                  layers=spec.layers_per_stage[row.stage],
@@ -684,6 +693,18 @@ class Observation:
     runs: tuple[RunRow, ...]
     overall: tuple[Contributor, ...]  # each quantity over all runs / stages
     ranked: tuple[Contributor, ...]  # every quantity within every group, largest contribution first
+    # The split's runs the model does not price, left out (`hops_calib.loop.suite.left_out_summary`).
+    left_out: dict[str, Any] = field(default_factory=lambda: {"count": 0, "reasons": []})
+
+    @property
+    def iteration_level_runs(self) -> int:
+        """Runs measured at iteration level: scored on throughput, and outside every analysis that needs events."""
+        return sum(not r.real_metrics.has_events for r in self.runs)
+
+    @property
+    def by_configuration(self) -> tuple[dict[str, Any], ...]:
+        """`error_by_configuration` of every run."""
+        return error_by_configuration(self.runs)
 
     @property
     def measured_replay(self) -> dict[str, float] | None:
@@ -713,9 +734,28 @@ class Observation:
                 "hops": [h.to_dict() for h in self.hops],
                 "bottlenecks": [b.to_dict() for b in self.bottlenecks],
                 "overall": [c.to_dict() for c in self.overall], "ranked": [c.to_dict() for c in self.ranked],
+                "iteration_level_runs": self.iteration_level_runs, "left_out": self.left_out,
+                "by_configuration": list(self.by_configuration),
                 # the same list as ranked, under the name AGENTS.md reads: ranked by fixable_mape_pp
                 "contributors": [c.to_dict() for c in self.ranked],
                 "runs": [r.to_dict() for r in self.runs]}
+
+
+def error_by_configuration(runs: Sequence[RunRow]) -> tuple[dict[str, Any], ...]:
+    """The throughput error by configuration group (`run_groups`: devices, pipeline ends, shape, microbatches,
+    depth), largest share of the suite's MAPE first: the runs, their MAPE and mean signed error, and the pp of the
+    suite MAPE they carry (what it would lose were they exact). Needs no events, so it covers every run."""
+    if not runs:
+        return ()
+    groups: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        for dimension, group in run_groups(run.spec).items():
+            groups.setdefault((dimension, group), []).append(run.score.throughput_error_pct)
+    rows = [{"dimension": dimension, "group": group, "n_runs": len(errors),
+             "throughput_mape_pct": float(np.mean(np.abs(errors))), "mean_error_pct": float(np.mean(errors)),
+             "contribution_pp": float(np.sum(np.abs(errors)) / len(runs))}
+            for (dimension, group), errors in groups.items() if len(errors) < len(runs)]
+    return tuple(sorted(rows, key=lambda row: -row["contribution_pp"]))
 
 
 def _error_summary(values: list[float | None]) -> dict[str, float] | None:
@@ -759,18 +799,24 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
     refuse_test_split(split, "observe")
     model_path = Path(model_path) if model_path is not None else default_model()
     model = load_model(model_path)
+    from hops_calib.loop.suite import left_out_summary, priced
+
     store = open_store(fixtures_dir)
     ids = store.ids(split)
     if not ids:
         raise InputError(fixtures_dir, f"the fixture store has no {split} fixtures",
                          hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})")
+    fixtures, left_out = priced(store.load_many(ids))
+    if not fixtures:
+        raise InputError(fixtures_dir, f"none of the {len(left_out)} {split} fixtures is priced by the cost model",
+                         field="split", hint="ingest runs the model prices (one GPU per pipeline stage)")
+    ids = [f.id for f in fixtures]
     runs, content_hashes = [], []
     progress.start(len(ids))
-    for fixture_id in ids:
-        fixture = store.load(fixture_id)
+    for fixture in fixtures:
         runs.append(observe_run(fixture, model))
         content_hashes.append(fixture.content_hash)
-        progress.advance(fixture_id)
+        progress.advance(fixture.id)
     contributors = part_contributors(runs) + stage_contributors(runs)
     if with_terms:
         from hops_calib.research.pricing import pricing, terms_of
@@ -786,7 +832,7 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
     return Observation(split=split, fixtures_dir=Path(fixtures_dir), model_path=model_path, model_name=model.name,
                        model_sha256=model.sha256, fixture_set_sha256=fixture_set_digest(ids, content_hashes),
                        suite=aggregate(r.score for r in runs), runs=tuple(runs),
-                       overall=overall, ranked=tuple(ranked))
+                       overall=overall, ranked=tuple(ranked), left_out=left_out_summary(left_out))
 
 
 # --- text -------------------------------------------------------------------------------------------
@@ -802,10 +848,27 @@ def observation_text(observation: Observation, top: int = 12) -> str:
     out = [f"observe: model {observation.model_name} ({observation.model_sha256[:12]}) on {suite.n_fixtures} "
            f"{observation.split} fixtures in {observation.fixtures_dir}",
            f"throughput MAPE {suite.throughput_mape_pct:.2f} % (window; the gate's), steady throughput MAPE "
-           f"{suite.steady_throughput_mape_pct:.2f} %, bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization "
-           f"rho {suite.util_spearman_mean:.3f}",
+           f"{suite.steady_throughput_mape_pct:.2f} %, "
+           + (f"bubble MAE {suite.bubble_mae_pp:.2f} pp, mean utilization rho {suite.util_spearman_mean:.3f}"
+              if suite.bubble_mae_pp is not None else "no bubble or utilization (no run has events)")
+           + (f" (on the {suite.count('bubble')} runs with events)"
+              if suite.bubble_mae_pp is not None and suite.count("bubble") < suite.n_fixtures else ""),
            f"stall-noise floor: {suite.stall_noise_mape_pct:.2f} % of throughput MAPE is what random retransmission "
            "stalls alone cost an otherwise exact model on these runs (Prediction.stall_noise_ape_pct)"]
+    if observation.left_out["count"]:
+        out.append(f"left out {observation.left_out['count']} run(s) the model does not price: " + "; ".join(
+            f"{r['count']} {r['reason']}" for r in observation.left_out["reasons"]))
+    if observation.iteration_level_runs:
+        out.append(f"{observation.iteration_level_runs} run(s) measured at iteration level (no events): scored on "
+                   "throughput and grouped by configuration below; the parts, stages, hops and bottlenecks cover the "
+                   f"{suite.n_fixtures - observation.iteration_level_runs} run(s) with events")
+        rows = [[r["dimension"], r["group"], str(r["n_runs"]), f"{r['throughput_mape_pct']:.2f}",
+                 f"{r['mean_error_pct']:+.2f}", f"{r['contribution_pp']:.2f}"]
+                for r in observation.by_configuration[:top]]
+        if rows:
+            out += ["", "throughput error by configuration group (pp: the suite MAPE its runs carry)",
+                    text_table(["dimension", "group", "runs", "MAPE %", "mean err %", "pp"], rows,
+                               right={2, 3, 4, 5}), ""]
     replay = observation.measured_replay
     if replay is not None:
         out.append(f"measured replay ({replay['n_runs']} runs fed every part their trace measures): throughput MAPE "
@@ -881,7 +944,8 @@ def observation_text(observation: Observation, top: int = 12) -> str:
         [[r.id, f"{r.score.throughput_error_pct:+.1f}", f"{r.score.stall_noise_ape_pct:.1f}",
           f"{r.stall_free_error_pct:+.1f}" if r.stall_free_error_pct is not None else "-",
           f"{r.score.steady_throughput_error_pct:+.1f}",
-          _ms(r.real_parts.iteration_ms if r.real_parts else None),
+          _ms(r.real_parts.iteration_ms if r.real_parts else None if r.real_metrics.has_events
+              else r.real_metrics.iteration_time_ms),
           _ms(r.predicted_parts.iteration_ms if r.predicted_parts else None)]
          + [residual(r, p) for p in PART_QUANTITIES] for r in worst],
         right=set(range(1, 11))))

@@ -81,7 +81,11 @@ class TuneProblem:
 
     @property
     def objectives(self) -> tuple[str, ...]:
-        return COMPONENT_OBJECTIVES if self.objective == "components" else OBJECTIVES
+        """What the study minimizes. A suite without a run that has events (runs measured at iteration level) has
+        no bubble or utilization to score: its one objective is the throughput MAPE."""
+        if self.objective == "components":
+            return COMPONENT_OBJECTIVES
+        return OBJECTIVES if any(self.suite.has_events) else OBJECTIVES[:1]
 
     def component_mape(self, model: Model) -> float:
         from hops_calib.research.components import mispriced_time_pct, predicted_components
@@ -126,8 +130,15 @@ def term_values(model: Model | None, term: str, names: list[str]) -> dict[str, f
     return {name: values.get(name, values[name.partition("@")[0]]) for name in names}
 
 
-def objectives_of(score: SuiteScore) -> tuple[float, float, float]:
-    return score.throughput_mape_pct, score.bubble_mae_pp, -score.util_spearman_mean
+def objectives_of(score: SuiteScore, objectives: tuple[str, ...] = OBJECTIVES) -> tuple[float, ...]:
+    values = {"throughput_mape_pct": score.throughput_mape_pct, "bubble_mae_pp": score.bubble_mae_pp,
+              "negative_util_spearman_mean": None if score.util_spearman_mean is None else -score.util_spearman_mean}
+    return tuple(values[name] for name in objectives)
+
+
+def _number(value: float | None, digits: int) -> str:
+    """A suite aggregate as printed: 'n/a' where no run has the metric (iteration-level runs: bubble, rho)."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | None,
@@ -252,7 +263,7 @@ def objective(problem: TuneProblem) -> Callable:
             component = problem.component_mape(model)
             trial.set_user_attr("component_mape_pct", component)
             return (component,)
-        return objectives_of(score)
+        return objectives_of(score, problem.objectives)
 
     return run
 
@@ -346,15 +357,18 @@ class FrontPoint:
         """The front's order: lowest component error (components mode), then lowest MAPE, then lowest bubble MAE,
         then highest rho, then the earliest trial."""
         s = self.score
-        return (s.get("component_mape_pct", 0.0), s["throughput_mape_pct"], s["bubble_mae_pp"],
-                -s["util_spearman_mean"], self.number)
+        return (s.get("component_mape_pct", 0.0), s["throughput_mape_pct"], s["bubble_mae_pp"] or 0.0,
+                -(s["util_spearman_mean"] or 0.0), self.number)
 
 
 def beats(verdict, before: SuiteScore, after: SuiteScore) -> bool:
     """Whether a point beats the current model on the gate's criteria: accepted, and some suite aggregate better."""
+    def better(a: float | None, b: float | None, lower: bool = True) -> bool:
+        return a is not None and b is not None and (a < b if lower else a > b)
+
     return verdict.accepted and (after.throughput_mape_pct < before.throughput_mape_pct
-                                 or after.bubble_mae_pp < before.bubble_mae_pp
-                                 or after.util_spearman_mean > before.util_spearman_mean)
+                                 or better(after.bubble_mae_pp, before.bubble_mae_pp)
+                                 or better(after.util_spearman_mean, before.util_spearman_mean, lower=False))
 
 
 def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[FrontPoint | None, Any]:
@@ -389,10 +403,11 @@ def pareto_front(study) -> list[FrontPoint]:
     import optuna
 
     keys = list(SuiteScore.__dataclass_fields__)
-    if len(study.directions) == 1:
+    if len(study.directions) == 1:  # components mode, or a suite whose one objective is the throughput MAPE
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         trials = sorted(done, key=lambda t: (t.values[0], t.number))[:COMPONENT_FRONT]
-        keys.append("component_mape_pct")
+        if (study.user_attrs.get(PROBLEM_ATTR) or {}).get("objective") == "components":
+            keys.append("component_mape_pct")
     else:
         trials = study.best_trials
     points = [FrontPoint(number=t.number, params=dict(t.params), score={k: t.user_attrs[k] for k in keys})
@@ -425,13 +440,16 @@ class TuneResult:
     candidate_text: str | None
     objective: str = "suite"
     model_path: Path = DEFAULT_MODEL  # the model tuned (a candidate is judged against it)
+    left_out: dict[str, Any] | None = None  # the train runs the model does not price (`Suite.left_out_summary`)
     trials: tuple[dict[str, Any], ...] = ()  # every trial of the study (`all_trials`)
     calibration: Any = None  # hops_calib.loop.calibration.Check of the store tuned on
     warnings: tuple[str, ...] = ()
 
     @property
     def objectives(self) -> tuple[str, ...]:
-        return COMPONENT_OBJECTIVES if self.objective == "components" else OBJECTIVES
+        if self.objective == "components":
+            return COMPONENT_OBJECTIVES
+        return OBJECTIVES if self.current.bubble_mae_pp is not None else OBJECTIVES[:1]
 
     @property
     def status(self) -> str:
@@ -452,7 +470,8 @@ class TuneResult:
                 "front": [vars(p) for p in self.front], "chosen": vars(self.chosen) if self.chosen else None,
                 "choice_rule": CHOICE_RULE, "chosen_gate": self.verdict.to_dict() if self.verdict else None,
                 "candidate": str(self.candidate_path) if self.candidate_path else None,
-                "no_candidate_reason": self.no_candidate_reason}
+                "no_candidate_reason": self.no_candidate_reason,
+                "left_out": self.left_out or {"count": 0, "reasons": []}}
 
     @property
     def no_candidate_reason(self) -> str | None:
@@ -488,8 +507,8 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
                   f"on the train split ({how}objective {problem.objective}) "
                   f"{_moves(current.throughput_mape_pct, after['throughput_mape_pct'], 2)} throughput MAPE "
                   f"{current.throughput_mape_pct:.2f} -> {after['throughput_mape_pct']:.2f} % (bubble MAE "
-                  f"{current.bubble_mae_pp:.2f} -> {after['bubble_mae_pp']:.2f} pp, mean rho "
-                  f"{current.util_spearman_mean:.3f} -> {after['util_spearman_mean']:.3f})")
+                  f"{_number(current.bubble_mae_pp, 2)} -> {_number(after['bubble_mae_pp'], 2)} pp, mean rho "
+                  f"{_number(current.util_spearman_mean, 3)} -> {_number(after['util_spearman_mean'], 3)})")
     grounding = f"{PLACEHOLDER} why these values are physically plausible. The term's physics: {physics}"
     params = ", ".join(f"{json.dumps(p.name) if '@' in p.name else p.name} = {chosen.params[p.name]!r}"
                        for p in problem.params)
@@ -506,7 +525,8 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
         'author = "hops-calib tune"',
         f"notes = {json.dumps(f'model {problem.model.sha256[:12]}, fixture set {problem.suite.sha256[:12]}')}",
         "expected = { " + ", ".join(f"{k} = {after[k]!r}" for k in ("throughput_mape_pct", "bubble_mae_pp",
-                                                                     "util_spearman_mean")) + " }",
+                                                                     "util_spearman_mean")
+                                    if after[k] is not None) + " }",
         "",
         "[change]",
         f'action = "{action}"',
@@ -567,6 +587,7 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
                       trials_in_study=in_study, workers=workers, current=before.suite, front=tuple(front),
                       chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text,
                       objective=problem.objective, model_path=problem.model_path,
+                      left_out=problem.suite.left_out_summary,
                       trials=tuple(all_trials(study)), calibration=check, warnings=check.warnings)
 
 
@@ -580,15 +601,19 @@ def tune_text(result: TuneResult) -> str:
     out = [f"tune {result.term}: study {result.study_name!r} ({result.storage}); {result.trials_here} trials here "
            f"with {result.workers} worker(s), {result.trials_in_study} in the study",
            f"current model: throughput MAPE {current.throughput_mape_pct:.2f} %, bubble MAE "
-           f"{current.bubble_mae_pp:.2f} pp, mean rho {current.util_spearman_mean:.3f}, steady throughput MAPE "
+           f"{_number(current.bubble_mae_pp, 2)} pp, mean rho {_number(current.util_spearman_mean, 3)}, steady "
+           "throughput MAPE "
            f"{current.steady_throughput_mape_pct:.2f} %",
            f"{'best trials' if result.objective == 'components' else 'Pareto front'} ({len(result.front)} trials; "
            f"objectives {', '.join(result.objectives)}):"]
+    if result.left_out and result.left_out["count"]:
+        out.insert(2, f"left out {result.left_out['count']} train run(s) the model does not price: " + "; ".join(
+            f"{r['count']} {r['reason']}" for r in result.left_out["reasons"]))
     components = result.objective == "components"
     rows = [[("* " if p is result.chosen else "  ") + str(p.number)] + [f"{p.params[n]:.6g}" for n in names]
             + ([f"{p.score['component_mape_pct']:.2f}"] if components else [])
-            + [f"{p.score['throughput_mape_pct']:.2f}", f"{p.score['bubble_mae_pp']:.2f}",
-               f"{p.score['util_spearman_mean']:.3f}", f"{p.score['steady_throughput_mape_pct']:.2f}"]
+            + [f"{p.score['throughput_mape_pct']:.2f}", _number(p.score['bubble_mae_pp'], 2),
+               _number(p.score['util_spearman_mean'], 3), f"{p.score['steady_throughput_mape_pct']:.2f}"]
             for p in result.front]
     headers = (["trial"] + names + (["mispriced %"] if components else [])
                + ["MAPE %", "bubble MAE pp", "rho", "steady MAPE %"])

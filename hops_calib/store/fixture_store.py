@@ -8,6 +8,15 @@ Layout of a store folder:
     <run id>/truth.json      the Truth summary (metrics measured from the events)
     <run id>/events.parquet  the normalized events
 
+Runs measured at iteration level (a training log, a run table: no events) are
+stored one folder per source, one row per run:
+
+    <table id>/fixture.json  kind iteration_table, provenance, the digest of runs.parquet
+    <table id>/runs.parquet  per run: id, split, group, content hash, launch (args), hardware, truth
+
+so 1,440 runs of one table are one atomic write and one digest; every run is
+still a fixture of its own (its id in the index, `load(id)`, its split).
+
 A fixture folder is written under a temporary name and renamed into place, so
 it is either complete or absent. Loading reads the three small JSON files; the
 events are read only when asked for.
@@ -33,13 +42,16 @@ import pandas as pd
 
 from hops_calib.files import atomic_write
 from hops_calib.spec import Spec
-from hops_calib.truth import EVENT_COLUMNS, KIND_DTYPE, PHASE_DTYPE, Truth, to_timeline
+from hops_calib.truth import EVENT_COLUMNS, KIND_DTYPE, PHASE_DTYPE, IterationTruth, Truth, to_timeline
 
 INDEX = "index.parquet"
 FIXTURE_FILE = "fixture.json"
 SPEC_FILE = "spec.json"
 TRUTH_FILE = "truth.json"
 EVENTS_FILE = "events.parquet"
+RUNS_FILE = "runs.parquet"
+TABLE_KIND = "iteration_table"
+EVENTS_KIND, ITERATION_KIND = "events", "iteration"
 LOCK_FILE = ".lock"
 # Written by an ingest while it holds the lock (its PID, sources, and whether it began changing the store); removed
 # when it finishes. Left behind with "writing" while no one holds the lock: the ingest was stopped part way.
@@ -53,7 +65,8 @@ _RESERVED_IDS = frozenset({INDEX})
 
 INDEX_COLUMNS = ("id", "split", "group", "schedule", "declared_schedule", "configured_schedule", "pp", "vp",
                  "microbatches", "iterations", "devices", "throughput_per_s", "steady_throughput_per_s",
-                 "bubble_ratio", "iteration_time_ms", "idle_ms", "dropped_lines", "content_hash", "source")
+                 "bubble_ratio", "iteration_time_ms", "idle_ms", "dropped_lines", "content_hash", "source", "kind", "container", "tp", "dp",
+                 "gpus", "num_layers", "hidden_size", "seq_length", "micro_batch_size", "global_batch_size")
 
 
 class StoreError(ValueError):
@@ -68,6 +81,19 @@ class FixtureFileError(StoreError):
         self.origin, self.line, self.field, self.problem, self.hint = str(origin), line, None, problem, hint
         super().__init__(f"{origin}" + (f":{line}" if line is not None else "") + f": {problem}"
                          + (f"; {hint}" if hint else ""))
+
+
+def _is_table(folder: Path) -> bool:
+    """Whether a fixture folder holds iteration-level runs (a runs.parquet; or, with it deleted, a fixture.json of
+    that kind, read only then), rather than one run with events."""
+    if (folder / RUNS_FILE).is_file():
+        return True
+    if (folder / SPEC_FILE).is_file():
+        return False
+    try:
+        return f'"kind": "{TABLE_KIND}"' in (folder / FIXTURE_FILE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
 
 
 def check_fixture_id(store_root: Path, fixture_id: str, origin: str = "") -> Path:
@@ -152,6 +178,8 @@ class Fixture:
     meta: dict[str, Any] = field(hash=False, compare=False)  # provenance: source, hostnames, ingest version
     path: Path = field(hash=False, compare=False)
 
+    kind = EVENTS_KIND
+
     @cached_property
     def events(self) -> pd.DataFrame:
         """The normalized events (read from Parquet on first use; refused when the file is not the one ingest
@@ -164,6 +192,61 @@ class Fixture:
     def timeline(self) -> pd.DataFrame:
         """The events as a `hops_calib.timeline` table, ms from the run's first event."""
         return to_timeline(self.events, self.truth.t0_ns)
+
+
+class NotPriced(StoreError):
+    """A run the cost model does not price (tensor or data parallelism, ...): listed, but refused by every verb
+    that would predict it, naming it and why."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        self.run_id, self.reason = run_id, reason
+        super().__init__(f"run {run_id} is not priced: {reason}")
+
+
+@dataclass(frozen=True)
+class MeasuredFixture:
+    """One run measured at iteration level (a row of a table folder): its launch, hardware and truth; no events."""
+
+    id: str
+    split: str
+    group: str
+    content_hash: str
+    launch: dict[str, Any]  # Megatron's arguments (args. spelling)
+    hardware: dict[str, Any]  # gpu, gpus_per_node (and collective_tables where the source has them)
+    truth: IterationTruth
+    quality: dict[str, Any]
+    meta: dict[str, Any] = field(hash=False, compare=False)  # the table folder's fixture.json, and the row's origin
+    path: Path = field(hash=False, compare=False)  # the table folder
+    kind = ITERATION_KIND
+
+    @cached_property
+    def spec(self) -> Spec:
+        """The spec of the run, from its launch and hardware; NotPriced when the cost model does not price it."""
+        from hops_calib.store.measured_spec import measured_spec
+
+        try:
+            return measured_spec(self.id, self.launch, self.hardware, self.meta.get("origin", ""))
+        except (ValueError, KeyError, TypeError) as err:
+            problem, name = getattr(err, "problem", None), getattr(err, "field", None)
+            reason = f"{name}: {problem}" if problem and name else problem or str(err)
+            raise NotPriced(self.id, reason) from None
+
+    @property
+    def not_priced(self) -> str | None:
+        """Why the model does not price this run, or None when it does."""
+        try:
+            self.spec
+        except NotPriced as err:
+            return err.reason
+        return None
+
+    @property
+    def events(self) -> pd.DataFrame:
+        raise StoreError(f"fixture {self.id} was measured at iteration level ({self.meta.get('source', '')}): it has "
+                         "no events, so no timeline, bubble or utilization")
+
+    def timeline(self) -> pd.DataFrame:
+        return self.events
 
 
 def read_events(path: Path) -> pd.DataFrame:
@@ -238,6 +321,8 @@ class FixtureStore:
 
     def __init__(self, path: Path | str) -> None:
         self.root = Path(path)
+        self._tables: dict[str, tuple[dict[str, Any], pd.DataFrame]] = {}
+        self._index: pd.DataFrame | None = None
         # the journal of the ingest holding the lock through this object (see `lock`)
         self._journal: dict[str, Any] = {}
         self._left_writing = self._finished = False
@@ -259,7 +344,8 @@ class FixtureStore:
                              f"{INDEX} was stored by an earlier hops-calib): move it out of {self.root}; the next "
                              "ingest rebuilds the index")
         entries = [p for p in self.root.iterdir() if p.name not in (LOCK_FILE, JOURNAL_FILE)]
-        if not entries or (self.root / INDEX).is_file() or self.fixture_folders() or self.unfinished():
+        if not entries or (self.root / INDEX).is_file() or self.fixture_folders() or self.table_folders() \
+                or self.unfinished():
             return
         shown = ", ".join(sorted(p.name for p in entries)[:4])
         raise StoreError(f"--fixtures {self.root} is not a fixture store (no {INDEX}, no fixture folders; it holds "
@@ -272,22 +358,56 @@ class FixtureStore:
     def fixture_folders(self) -> list[Path]:
         if not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.iterdir()
-                      if p.is_dir() and not p.name.startswith(".") and (p / FIXTURE_FILE).is_file())
+        return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                      and (p / FIXTURE_FILE).is_file() and not _is_table(p))
+
+    def table_folders(self) -> list[Path]:
+        """Folders of runs measured at iteration level (one per ingested log or table)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                      and (p / FIXTURE_FILE).is_file() and _is_table(p))
+
+    def table(self, name: str) -> tuple[dict[str, Any], pd.DataFrame]:
+        """A table folder's fixture.json and its runs (one row per run), refused (FixtureFileError) when either
+        is not as ingest wrote it; read once per store object."""
+        if name not in self._tables:
+            meta = self.meta(name)
+            folder = self.folder(name)
+            path = folder / RUNS_FILE
+            hint = _reingest(folder, meta)
+            if not path.is_file():
+                raise FixtureFileError(path, "is missing", hint=hint)
+            check_digest(path, meta, hint)
+            try:
+                runs = pd.read_parquet(path)
+            except Exception as err:  # noqa: BLE001 - pyarrow's own types: an unreadable file
+                raise FixtureFileError(path, f"cannot be read: {type(err).__name__}: {err}", hint=hint) from None
+            self._tables[name] = (meta, runs)
+        return self._tables[name]
 
     def index(self) -> pd.DataFrame:
         """One row per fixture (columns INDEX_COLUMNS), sorted by id; empty when the store is. StoreError when an
         ingest stopped part way (`check_finished`): its index may not list what its folders hold."""
+        if self._index is not None:
+            return self._index
         self.check_finished()
+        self._index = self._read_index()
+        return self._index
+
+    def _read_index(self) -> pd.DataFrame:
         path = self.root / INDEX
         if path.is_file():
             try:
-                return pd.read_parquet(path)
+                frame = pd.read_parquet(path)
+                if not set(INDEX_COLUMNS) <= set(frame.columns):  # written before a column existed: rebuilt
+                    frame = self.build_index()
+                return frame
             except Exception as err:  # noqa: BLE001 - pyarrow raises its own types; all mean an unreadable file
                 raise FixtureFileError(path, f"cannot be read: {type(err).__name__}: {err}",
                                        hint="delete it: it is rebuilt from the fixture folders (the next ingest "
                                             "writes it again)") from None
-        if self.fixture_folders():
+        if self.fixture_folders() or self.table_folders():
             return self.build_index()
         return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
 
@@ -323,9 +443,20 @@ class FixtureStore:
             return None
         return meta if isinstance(meta, dict) and META_DIGEST not in meta else None
 
-    def load(self, fixture_id: str) -> Fixture:
+    def container(self, fixture_id: str) -> str | None:
+        """The table folder holding an iteration-level run (None for a run with its own folder, or unknown)."""
+        index = self.index()
+        rows = index[index["id"] == fixture_id]
+        if len(rows) and rows["kind"].iloc[0] == ITERATION_KIND:
+            return str(rows["container"].iloc[0])
+        return None
+
+    def load(self, fixture_id: str) -> Fixture | MeasuredFixture:
         """The fixture as ingest wrote it; FixtureFileError (file, line, what to do) when one of its files is
         missing, damaged, or changed since (fixture.json records each file's digest)."""
+        container = self.container(fixture_id)
+        if container is not None:
+            return self.load_measured(container, fixture_id)
         meta = self.meta(fixture_id)
         folder = self.folder(fixture_id)
         hint = _reingest(folder, meta)
@@ -344,6 +475,21 @@ class FixtureStore:
         return Fixture(id=meta["id"], split=meta["split"], group=meta["group"], content_hash=meta["content_hash"],
                        spec=spec, truth=truth, quality=meta.get("quality", {}), meta=meta, path=folder)
 
+    def load_measured(self, container: str, fixture_id: str) -> MeasuredFixture:
+        meta, runs = self.table(container)
+        rows = runs[runs["id"] == fixture_id]
+        if not len(rows):
+            raise FixtureFileError(self.folder(container) / RUNS_FILE, f"holds no run {fixture_id!r}, which "
+                                   f"{INDEX} lists", hint=f"delete {self.root / INDEX} (it is rebuilt from the "
+                                   "fixture folders)")
+        return measured_fixture(rows.iloc[0].to_dict(), meta, self.folder(container))
+
+    def measured_fixtures(self, container: str) -> list[MeasuredFixture]:
+        """Every run of a table folder."""
+        meta, runs = self.table(container)
+        folder = self.folder(container)
+        return [measured_fixture(row, meta, folder) for row in runs.to_dict(orient="records")]
+
     def intact(self, fixture_id: str) -> bool:
         """Whether the fixture's files are as ingest wrote them (each recorded digest, and the events file)."""
         try:
@@ -355,8 +501,21 @@ class FixtureStore:
         except (StoreError, OSError):
             return False
 
-    def load_all(self, split: str | None = None) -> list[Fixture]:
-        return [self.load(fixture_id) for fixture_id in self.ids(split)]
+    def load_all(self, split: str | None = None) -> list[Fixture | MeasuredFixture]:
+        return self.load_many(self.ids(split))
+
+    def load_many(self, ids: list[str] | tuple[str, ...]) -> list[Fixture | MeasuredFixture]:
+        """`load` of each id, in order; the runs of one table folder are read together (one pass over its rows)."""
+        index = self.index()
+        wanted = index[index["id"].isin(ids)]
+        measured = wanted[wanted["kind"] == ITERATION_KIND]
+        found: dict[str, Fixture | MeasuredFixture] = {}
+        for container, group in measured.groupby("container"):
+            meta, runs = self.table(str(container))
+            folder = self.folder(str(container))
+            mine = runs[runs["id"].isin(set(group["id"]))]
+            found.update((row["id"], measured_fixture(row, meta, folder)) for row in mine.to_dict(orient="records"))
+        return [found[i] if i in found else self.load(i) for i in ids]
 
     def group_digests(self, split: str) -> dict[str, dict[str, list[str]]]:
         """group -> {"ids": its fixtures in `split`, "digests": their events' sha256 (what the runs measured, as
@@ -576,7 +735,18 @@ class FixtureStore:
             "dropped_lines": int(meta.get("quality", {}).get("dropped_lines", 0)),
             "content_hash": meta["content_hash"],
             "source": meta.get("source", ""),
+            "kind": EVENTS_KIND,
+            "container": meta["id"],
+            "tp": int(spec.get("megatron_args", {}).get("tensor_model_parallel_size") or 1),
+            "dp": 1,
+            "gpus": int(spec["pp"]),
+            **{name: int(spec["model"][name]) for name in ("num_layers", "hidden_size", "seq_length",
+                                                             "micro_batch_size", "global_batch_size")},
         }
+
+    def table_index_rows(self, folder: Path) -> list[dict[str, Any]]:
+        meta, runs = self.table(folder.name)
+        return [measured_index_row(row, meta, folder.name) for row in runs.to_dict(orient="records")]
 
     def build_index(self) -> pd.DataFrame:
         """The index of the fixture folders. A fixture whose files cannot be read (damaged by hand) keeps the row
@@ -590,10 +760,13 @@ class FixtureStore:
                 listed = self._listed_rows() if listed is None else listed
                 if folder.name in listed:
                     rows.append(listed[folder.name])
+        for folder in self.table_folders():
+            rows += self.table_index_rows(folder)
         if not rows:
             return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
         frame = pd.DataFrame(rows, columns=list(INDEX_COLUMNS))
-        frame["idle_ms"] = frame["idle_ms"].astype("float64")
+        for name in ("idle_ms", "bubble_ratio", "throughput_per_s", "steady_throughput_per_s", "iteration_time_ms"):
+            frame[name] = frame[name].astype("float64")
         return frame.sort_values("id", kind="stable").reset_index(drop=True)
 
     def _listed_rows(self) -> dict[str, dict[str, Any]]:
@@ -609,8 +782,64 @@ class FixtureStore:
         return rows
 
     def write_index(self) -> pd.DataFrame:
+        self._tables.clear()
         frame = self.build_index()
+        self._index = None
         tmp = self.root / f"{_TMP_PREFIX}{INDEX}-{uuid.uuid4().hex[:8]}"
         frame.to_parquet(tmp, index=False)
         os.replace(tmp, self.root / INDEX)
         return frame
+
+
+# -- runs measured at iteration level: one row of a table folder's runs.parquet per run -------------------------
+
+RUN_COLUMNS = ("id", "split", "group", "content_hash", "origin", "args", "hardware", "truth", "warnings")
+
+
+def measured_fixture(row: dict[str, Any], meta: dict[str, Any], folder: Path) -> MeasuredFixture:
+    """A run of a table folder from its runs.parquet row (JSON columns decoded)."""
+    try:
+        return MeasuredFixture(
+            id=row["id"], split=row["split"], group=row["group"], content_hash=row["content_hash"],
+            launch=json.loads(row["args"]), hardware=json.loads(row["hardware"]),
+            truth=IterationTruth.from_dict(json.loads(row["truth"])),
+            quality={"warnings": json.loads(row["warnings"]), "origin": row["origin"]},
+            meta={**meta, "origin": row["origin"]}, path=folder)
+    except (ValueError, KeyError, TypeError) as err:
+        raise FixtureFileError(folder / RUNS_FILE, f"run {row.get('id')!r} cannot be used as a fixture: "
+                               f"{type(err).__name__}: {err}", hint=_reingest(folder, meta)) from None
+
+
+def measured_index_row(row: dict[str, Any], meta: dict[str, Any], container: str) -> dict[str, Any]:
+    args, hardware = json.loads(row["args"]), json.loads(row["hardware"])
+    truth = IterationTruth.from_dict(json.loads(row["truth"]))
+    metrics = truth.metrics
+    pp = int(args.get("pipeline_model_parallel_size") or 1)
+    per_virtual = args.get("num_layers_per_virtual_pipeline_stage")
+    vp = int(args["num_layers"]) // (pp * per_virtual) if per_virtual else int(
+        args.get("virtual_pipeline_model_parallel_size") or 1)
+    return {
+        "id": row["id"], "split": row["split"], "group": row["group"], "schedule": None, "declared_schedule": None,
+        "configured_schedule": "interleaved_1f1b" if vp > 1 else "1f1b", "pp": pp, "vp": vp,
+        "microbatches": metrics.microbatches_per_iteration, "iterations": int(sum(metrics.interval_iterations)),
+        "devices": [hardware["gpu"]] * pp, "throughput_per_s": metrics.throughput_per_s,
+        "steady_throughput_per_s": metrics.steady_throughput_per_s, "bubble_ratio": None,
+        "iteration_time_ms": metrics.iteration_time_ms, "idle_ms": None, "dropped_lines": 0,
+        "content_hash": row["content_hash"], "source": row["origin"], "kind": ITERATION_KIND, "container": container,
+        "tp": int(args.get("tensor_model_parallel_size") or 1), "dp": int(args.get("data_parallel_size") or 1),
+        "gpus": int(args.get("world_size") or pp),
+        **{name: int(args[name]) for name in ("num_layers", "hidden_size", "seq_length", "micro_batch_size",
+                                              "global_batch_size")},
+    }
+
+
+def write_table(folder: Path, runs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """A table folder's files into a folder from `FixtureStore.writing`: runs.parquet (one row per run, columns
+    RUN_COLUMNS) and fixture.json with its digest (and its own), as `write_summary` does for a run with events."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({name: pa.array([run[name] for run in runs], type=pa.string()) for name in RUN_COLUMNS})
+    pq.write_table(table, folder / RUNS_FILE, compression="zstd")
+    meta = {**meta, "kind": TABLE_KIND, FILE_DIGESTS: {RUNS_FILE: file_digest(folder / RUNS_FILE)}}
+    (folder / FIXTURE_FILE).write_text(dumps({**meta, META_DIGEST: meta_digest(meta)}), encoding="utf-8")

@@ -21,10 +21,13 @@ from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec
 from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, INDEX, FixtureStore,
                                            StoreError, check_fixture_id, file_digest, write_events)
+from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
+from hops_calib.trace.measured import RunHardware
+from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
 from hops_calib.trace.reading import open_regular
 from hops_calib.trace.structure import DEFAULT_SKEW_MS, check_structure
 from hops_calib.truth import Truth, compact_timeline, compute_truth
@@ -209,6 +212,11 @@ def _starts_sorted_within_stage(columns: dict[str, np.ndarray]) -> bool:
 def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
     seen: dict[Path, Path] = {}
     for source in sources:
+        if source.is_file():
+            report.outcomes.append(RunOutcome(source=source, error=f"{source}: not a source ingest reads (a job "
+                                              "directory, a folder of them, a run table .csv/.parquet, or a "
+                                              "Megatron training log)"))
+            continue
         try:
             found = find_job_dirs(Path(source), report.notes)
         except TraceError as err:
@@ -226,10 +234,13 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
 def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "auto",
            test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
            on_run: Callable[[RunOutcome], None] | None = None,
-           on_start: Callable[[int], None] | None = None, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S,
+           on_start: Callable[[int], None] | None = None, hardware: RunHardware | None = None,
+           warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S,
            on_wait: Callable[[str], None] | None = None) -> IngestReport:
-    """Ingest every job directory under `sources` into `store`; see the module docstring. Waits up to
-    `lock_timeout` s (None: without end) for another writer's lock, telling `on_wait` whom it waits for."""
+    """Ingest every job directory under `sources`, and every run table or Megatron training log among them, into
+    `store`; see the module docstring. `hardware` (--gpu/--gpus-per-node) and `warmup_iterations` are for logs and
+    tables. Waits up to `lock_timeout` s (None: without end) for another writer's lock, telling `on_wait` whom it
+    waits for."""
     if split not in SPLIT_CHOICES:
         raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
     if not 0.0 <= test_fraction <= 1.0:
@@ -238,19 +249,21 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         raise StoreError(f"--clock-skew-ms {skew_ms} is not between 0 and 60000 ms; give the clock offset the nodes "
                          "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
-    job_dirs = _job_dirs([Path(s) for s in sources], report)
+    sources = [Path(s) for s in sources]
+    measured = [s for s in sources if is_measured_source(s)]
+    job_dirs = _job_dirs([s for s in sources if s not in measured], report)
     store.check_writable()
     _check_apart(store.root, job_dirs)
     if on_start:
-        on_start(len(job_dirs))
+        on_start(len(job_dirs) + sum(expected_runs(path) for path in measured))
     for outcome in report.outcomes:  # sources that hold no job directory
         if on_run:
             on_run(outcome)
-    if not job_dirs and not store.exists():
+    if not job_dirs and not measured and not store.exists():
         return report  # nothing to write: no empty store is made for a source that holds no job
     if lock_timeout is not None and not 0.0 <= lock_timeout < math.inf:
         raise StoreError(f"--lock-timeout {lock_timeout} is not a number of seconds >= 0")
-    with store.lock(timeout=lock_timeout, on_wait=on_wait, sources=[Path(s) for s in sources]):
+    with store.lock(timeout=lock_timeout, on_wait=on_wait, sources=sources):
         if store.unfinished():
             store.begin_writing()
         store.recover()
@@ -267,14 +280,16 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                 listed = index_splits.get(folder.name)  # the index's record of its split, if any
                 legacy = {"split": listed, "group": group_of(folder.name)} if listed else {}
             stored[folder.name] = legacy
-        group_split = {meta["group"]: meta["split"] for meta in stored.values() if "group" in meta}
+        context = read_context(store, stored)  # the table folders (iteration-level runs) beside the runs' folders
+        group_split = context.group_split
         changed = False
         batch_sources: dict[str, Path] = {}
         for job_dir in job_dirs:
             outcome = RunOutcome(source=job_dir)
             try:
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources,
-                                       split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms)
+                                       split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms,
+                                       measured=context.table_runs.keys() | context.tables.keys())
             except Exception as err:  # noqa: BLE001 - one run's failure, whatever it is, is that run's rejection
                 outcome.status = "rejected"
                 outcome.error = str(err) if isinstance(err, (TraceError, StoreError)) else (
@@ -289,10 +304,23 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             report.outcomes.append(outcome)
             if on_run:
                 on_run(outcome)
+        context.event_ids |= set(batch_sources)
+
+        if measured:
+            store.begin_writing()  # (the tables and logs may change table folders)
+        for path in measured:
+            runs: list[RunOutcome] = []
+            changed |= ingest_measured(path, store, context, RunOutcome, split=split, test_fraction=test_fraction,
+                                       hardware=hardware, warmup=warmup_iterations, emit=runs.append)
+            report.outcomes += runs
+            for outcome in runs:
+                if on_run:
+                    on_run(outcome)
         index_file = store.root / INDEX
         # a fixture folder deleted by hand (or one the index does not list) is put right even when nothing changed
-        stale = index_file.is_file() and set(store.ids()) != set(stored)
-        if changed or stale or (stored and not index_file.is_file()) or store.left_unfinished:
+        known = set(stored) | set(context.table_runs)
+        stale = index_file.is_file() and (set(store.ids()) != known or _index_outdated(index_file))
+        if changed or stale or (known and not index_file.is_file()) or store.left_unfinished:
             store.begin_writing()
             store.write_index()
         store.finish()
@@ -311,6 +339,18 @@ def _refuse_clash(store: FixtureStore, run_id: str, previous: dict[str, Any], jo
                      f"and {job_dir} measured something else (its events differ); two jobs must not share an id, "
                      "so the stored run is kept. Give this job its own id (rename its folder, or set its manifest "
                      f"run_id), or delete {store.root / run_id} first to replace the stored run")
+
+
+def _index_outdated(index_file: Path) -> bool:
+    """Whether the index lacks a column this version writes (it is rebuilt on every read until written again)."""
+    import pyarrow.parquet as pq
+
+    from hops_calib.store.fixture_store import INDEX_COLUMNS
+
+    try:
+        return not set(INDEX_COLUMNS) <= set(pq.read_schema(index_file).names)
+    except Exception:  # noqa: BLE001 - a damaged index: rewritten too
+        return True
 
 
 def _index_splits(store: FixtureStore) -> dict[str, str]:
@@ -340,12 +380,17 @@ def _check_apart(store_root: Path, job_dirs: list[Path]) -> None:
 
 def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored: dict[str, dict[str, Any]],
                 group_split: dict[str, str], batch_sources: dict[str, Path], *, split: str,
-                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS) -> bool:
-    """Ingest one job directory; returns whether the store changed."""
+                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS,
+                measured: Any = frozenset()) -> bool:
+    """Ingest one job directory; returns whether the store changed. `measured`: the ids of the store's
+    iteration-level runs and table folders, which a run with events may not take."""
     manifest = read_manifest(job_dir)
     run_id = run_id_of(job_dir, manifest)
     outcome.run_id = run_id
     check_fixture_id(store.root, run_id, origin=str(job_dir))
+    if run_id in measured:
+        raise StoreError(f"run id {run_id!r} of {job_dir} is already a run (or the folder of runs) this store holds "
+                         "from a training log or run table; give the job another run_id in its manifest.yaml")
     if run_id in batch_sources:
         raise StoreError(f"run id {run_id!r} comes from two job directories ({batch_sources[run_id]} and {job_dir}); "
                          "ingest one of them, or give one a different manifest run_id")

@@ -6,12 +6,15 @@ import json
 import math
 from typing import Any
 
-from hops_calib.store.fixture_store import Fixture, FixtureStore, json_safe
+from hops_calib.store.fixture_store import Fixture, FixtureStore, MeasuredFixture, json_safe
 from hops_calib.store.ingest import IngestReport
 
-LIST_FIELDS = ("id", "split", "group", "schedule", "declared_schedule", "pp", "microbatches", "devices",
+LIST_FIELDS = ("id", "kind", "split", "group", "schedule", "declared_schedule", "pp", "microbatches", "devices",
                "throughput_per_s", "steady_throughput_per_s", "bubble_ratio", "iteration_time_ms", "idle_ms",
                "dropped_lines", "content_hash")
+# The configuration of a run, in `fixtures list --json` as `configuration` (both kinds).
+CONFIG_FIELDS = ("tp", "pp", "dp", "vp", "gpus", "num_layers", "hidden_size", "seq_length", "micro_batch_size",
+                 "global_batch_size", "microbatches", "devices", "configured_schedule")
 # What a run measured (as opposed to how it was configured). For a test fixture these are withheld: the held-out
 # split is seen only in aggregate, through the audited `hops-calib report --split test`.
 MEASURED_LIST_FIELDS = ("schedule", "throughput_per_s", "steady_throughput_per_s", "bubble_ratio",
@@ -44,8 +47,11 @@ def fixture_rows(store: FixtureStore) -> list[dict[str, Any]]:
     index = store.index()
     records = []
     for record in index.to_dict(orient="records"):
+        configuration = {name: json_safe(record.get(name)) for name in CONFIG_FIELDS}
+        configuration["devices"] = list(configuration["devices"] if configuration["devices"] is not None else [])
         record = {name: json_safe(record.get(name)) for name in LIST_FIELDS}
-        record["devices"] = list(record["devices"] or [])
+        record["devices"] = list(record["devices"] if record["devices"] is not None else [])
+        record["configuration"] = configuration
         if record["split"] == "test":
             record.update({name: None for name in MEASURED_LIST_FIELDS}, held_out=True)
         records.append(record)
@@ -60,9 +66,9 @@ def list_text(store: FixtureStore) -> str:
     rows = fixture_rows(store)
     if not rows:
         return f"no fixtures in {store.root} (run: hops-calib ingest SRC --fixtures {store.root})"
-    headers = ["id", "split", "observed", "declared", "pp", "mb", "devices", "tput/s", "steady/s", "bubble",
+    headers = ["id", "kind", "split", "observed", "declared", "pp", "mb", "devices", "tput/s", "steady/s", "bubble",
                "iter ms", "idle ms"]
-    table = [[r["id"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-", str(r["pp"]),
+    table = [[r["id"], r["kind"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-", str(r["pp"]),
               str(r["microbatches"]), "-".join(r["devices"]), _fmt(r["throughput_per_s"]), _fmt(r["steady_throughput_per_s"]),
               f"{r['bubble_ratio'] * 100:.1f}%" if r["bubble_ratio"] is not None else "-",
               _fmt(r["iteration_time_ms"], 1),
@@ -77,7 +83,11 @@ def list_text(store: FixtureStore) -> str:
     if splits["test"]:
         footer += ("; the measured columns of test fixtures are withheld: the held-out split is seen only in "
                    "aggregate, through the audited `hops-calib report --split test`")
-    return text_table(headers, table, right={4, 5, 7, 8, 9, 10, 11}) + "\n" + footer
+    kinds = {k: sum(r["kind"] == k for r in rows) for k in ("events", "iteration")}
+    if kinds["iteration"]:
+        footer += (f"; {kinds['iteration']} measured at iteration level (no events: no observed schedule, bubble "
+                   f"or idle), {kinds['events']} with events")
+    return text_table(headers, table, right={5, 6, 8, 9, 10, 11, 12}) + "\n" + footer
 
 
 def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
@@ -91,13 +101,81 @@ def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
                      f"test {splits.get('test', 0)})")
 
 
-def show_dict(fixture: Fixture) -> dict[str, Any]:
-    data = _show_dict(fixture)
+def show_dict(fixture: Fixture | MeasuredFixture) -> dict[str, Any]:
+    data = _show_dict(fixture) if fixture.kind == "events" else _measured_show_dict(fixture)
     if fixture.split == "test":
-        for name in MEASURED_SHOW_FIELDS:
-            data.pop(name)
+        for name in MEASURED_SHOW_FIELDS + MEASURED_ITERATION_FIELDS:
+            data.pop(name, None)
         data["held_out"] = HELD_OUT
     return data
+
+
+# What an iteration-level fixture measured (withheld for a test fixture like MEASURED_SHOW_FIELDS).
+MEASURED_ITERATION_FIELDS = ("iteration_periods_ms", "interval_iterations", "last_iterations", "timers_ms",
+                             "timing_log_option", "reported")
+
+
+def _measured_show_dict(fixture: MeasuredFixture) -> dict[str, Any]:
+    metrics, args = fixture.truth.metrics, fixture.launch
+    return json_safe({
+        "id": fixture.id, "kind": fixture.kind, "split": fixture.split, "group": fixture.group,
+        "content_hash": fixture.content_hash, "source": fixture.meta.get("source"),
+        "origin": fixture.meta.get("origin"), "mapping": fixture.meta.get("mapping"),
+        "configuration": {
+            "tp": args.get("tensor_model_parallel_size", 1), "pp": args.get("pipeline_model_parallel_size", 1),
+            "dp": args.get("data_parallel_size", 1), "gpus": args.get("world_size"),
+            "microbatches": metrics.microbatches_per_iteration,
+            **{name: args.get(name) for name in ("num_layers", "hidden_size", "ffn_hidden_size",
+                                                 "num_attention_heads", "seq_length", "padded_vocab_size",
+                                                 "micro_batch_size", "global_batch_size",
+                                                 "num_layers_per_virtual_pipeline_stage", "recompute_granularity",
+                                                 "recompute_method", "recompute_num_layers")},
+            "precision": "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32",
+        },
+        "hardware": fixture.hardware,
+        "launch": args,
+        "not_priced": fixture.not_priced,
+        "throughput_per_s": metrics.throughput_per_s,
+        "steady_throughput_per_s": metrics.steady_throughput_per_s,
+        "iteration_time_ms": metrics.iteration_time_ms,
+        "iteration_periods_ms": list(metrics.iteration_periods_ms),
+        "interval_iterations": list(metrics.interval_iterations),
+        "last_iterations": list(fixture.truth.last_iterations),
+        "timers_ms": fixture.truth.timers_ms, "timing_log_option": fixture.truth.timing_log_option,
+        "reported": fixture.truth.reported,
+        "quality": fixture.quality,
+    })
+
+
+def _measured_show_text(data: dict[str, Any]) -> str:
+    config, hardware = data["configuration"], data["hardware"]
+    lines = [
+        f"{data['id']}  (measured at iteration level; {data['split']} split, group {data['group']})",
+        f"  source        {data['origin']}" + (f" via {data['mapping']}" if data.get("mapping") else ""),
+        f"  model         {config['num_layers']} layers, hidden {config['hidden_size']}, heads "
+        f"{config['num_attention_heads']}, seq {config['seq_length']}, vocab {config['padded_vocab_size']}, "
+        f"{config['precision']}, recompute {config['recompute_granularity'] or 'none'}",
+        f"  parallelism   t {config['tp']}, p {config['pp']}, d {config['dp']} on {config['gpus']} x "
+        f"{hardware.get('gpu')} ({hardware.get('gpus_per_node')} per node); {config['microbatches']} microbatches "
+        f"of {config['micro_batch_size']} per iteration",
+        f"  priced        " + ("yes" if data["not_priced"] is None else f"no: {data['not_priced']}"),
+    ]
+    if "held_out" in data:
+        return "\n".join(lines + [f"  held out      {data['held_out']}"])
+    lines += [
+        f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms median over {len(data['iteration_periods_ms'])} "
+        f"logged value(s) ({sum(data['interval_iterations'])} iterations)",
+        f"  throughput    {_fmt(data['throughput_per_s'], 3)} microbatches/s (kept iterations), "
+        f"{_fmt(data['steady_throughput_per_s'], 3)} steady",
+    ]
+    for name, value in (data.get("reported") or {}).items():
+        lines.append(f"  reported      {name} {_fmt(value, 2)} (as the run printed it)")
+    for name, values in (data.get("timers_ms") or {}).items():
+        lines.append(f"  timer         {name}: " + ", ".join(f"{k} {_fmt(v, 2)}" for k, v in values.items())
+                     + " ms/iteration")
+    for warning in data["quality"].get("warnings", []):
+        lines.append(f"  warning       {warning}")
+    return "\n".join(lines)
 
 
 def _show_dict(fixture: Fixture) -> dict[str, Any]:
@@ -154,8 +232,10 @@ def _show_dict(fixture: Fixture) -> dict[str, Any]:
     })
 
 
-def show_text(fixture: Fixture) -> str:
+def show_text(fixture: Fixture | MeasuredFixture) -> str:
     data = show_dict(fixture)
+    if fixture.kind != "events":
+        return _measured_show_text(data)
     config = data["configuration"]
     header = [
         f"{data['id']}  ({data['split']} split, group {data['group']})",

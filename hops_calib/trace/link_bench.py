@@ -25,6 +25,25 @@ SENDER_RANK = 0
 _PAIR_FILE = re.compile(r"pair_(\d+)_(\d+)\.jsonl")
 
 
+def sorted_points(points) -> tuple[tuple[float, float], ...]:
+    """(bytes, ms) points as floats by increasing size (JSON round trips give lists)."""
+    return tuple((float(b), float(ms)) for b, ms in sorted(points))
+
+
+def interpolate_ms(points: tuple[tuple[float, float], ...], nbytes: float) -> float:
+    """A benchmark's median time at a message size, from its (bytes, ms) medians by increasing size: piecewise
+    linear between measured sizes. Below the smallest size, that point's time scaled by size (no extrapolated
+    latency can go negative); above the largest, the last segment's slope (never negative)."""
+    sizes = [b for b, _ in points]
+    times = [ms for _, ms in points]
+    if nbytes <= sizes[0]:
+        return times[0] * nbytes / sizes[0]
+    if len(points) >= 2 and nbytes >= sizes[-1]:
+        slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+        return times[-1] + max(slope, 0.0) * (nbytes - sizes[-1])
+    return float(np.interp(nbytes, sizes, times))
+
+
 @dataclass(frozen=True)
 class LinkFit:
     """Point-to-point link between two stages: time(bytes) = latency + bytes / bandwidth.
@@ -41,10 +60,13 @@ class LinkFit:
     source: str = ""
     # The benchmark's own medians, (bytes, ms) by increasing size: what `measured_ms` reads.
     points: tuple[tuple[float, float], ...] = ()
+    # A link within one node (NVLink/NVSwitch), priced from the node's collective benchmark: never shaped like an
+    # instance's network allowance, so no burst reading applies.
+    intra_node: bool = False
 
     def __post_init__(self) -> None:
         # JSON round trips give lists; keep the value hashable and equal to what was written.
-        object.__setattr__(self, "points", tuple((float(b), float(ms)) for b, ms in sorted(self.points)))
+        object.__setattr__(self, "points", sorted_points(self.points))
 
     @property
     def bandwidth_gbit_s(self) -> float:
@@ -68,14 +90,7 @@ class LinkFit:
         """
         if not self.points:
             return self.transfer_ms(nbytes)
-        sizes = [b for b, _ in self.points]
-        times = [ms for _, ms in self.points]
-        if nbytes <= sizes[0]:
-            return times[0] * nbytes / sizes[0]
-        slope = self._last_slope_ms_per_byte()
-        if slope is not None and nbytes >= sizes[-1]:
-            return times[-1] + max(slope, 0.0) * (nbytes - sizes[-1])
-        return float(np.interp(nbytes, sizes, times))
+        return interpolate_ms(self.points, nbytes)
 
     def burst_ms(self, nbytes: float, burst_bytes: float) -> float:
         """A message sent now and then rather than back to back: its first `burst_bytes` at the benchmark's

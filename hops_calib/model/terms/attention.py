@@ -6,6 +6,27 @@ from typing import Mapping
 
 from hops_calib.model import gpt
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
+from hops_calib.spec import Spec
+
+
+def softmax_fused(spec: Spec) -> bool:
+    """Whether Megatron runs the attention softmax in its fused scale-mask-softmax kernel: masked-softmax fusion on
+    (its default; `--no-masked-softmax-fusion` turns it off), 16-bit inputs and shapes the kernel takes
+    (megatron/core/fusions/fused_softmax.py, `is_kernel_available`: 16 < s <= 4096, s a multiple of 4, heads x
+    micro batch a multiple of 4)."""
+    on = spec.megatron_args.get("masked_softmax_fusion")
+    if on is None:
+        on = not spec.megatron_args.get("no_masked_softmax_fusion", False)
+    shape = spec.model
+    s = shape.seq_length
+    return (bool(on) and shape.precision in ("fp16", "bf16") and 16 < s <= 4096 and s % 4 == 0
+            and (shape.num_attention_heads * shape.micro_batch_size) % 4 == 0)
+
+
+def attention_dropout(spec: Spec) -> float:
+    """The launch's attention dropout probability (Megatron's default 0.1 when not given)."""
+    value = spec.megatron_args.get("attention_dropout", 0.1)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.1
 
 
 class AttentionScoreTraffic(Term):
@@ -26,6 +47,23 @@ class AttentionScoreTraffic(Term):
     and the two GEMMs, autograd's handling of the in-place mask on a view of the
     score buffer clones and copies the gradient). Streaming kernels reach a
     fraction of the datasheet bandwidth (`memory_efficiency`).
+
+    With masked-softmax fusion (Megatron's default; the cluster runs turn it
+    off) a 16-bit run whose shapes fit the kernel (Megatron's
+    FusedScaleMaskSoftmax: 16 < s <= 4096, s and heads x micro batch multiples
+    of 4) scales, masks and
+    softmaxes in one kernel that reads the scores once and writes the
+    probabilities once: forward 4 passes (the score GEMM's write, the kernel's
+    read and write, the context GEMM's read), backward 7 (the context GEMM's
+    gradient writes the probabilities' gradient and its weight half reads the
+    probabilities; the fused softmax backward reads both and writes the score
+    gradient; the score GEMM's two gradient products read it), counted from the
+    kernels rather than fitted. Attention dropout (--attention-dropout, Megatron's
+    default 0.1; every cluster run sets 0) adds a kernel that reads the
+    probabilities and writes them and a one-byte mask (2.5 passes of 16-bit
+    elements), and its backward reads the gradient and the mask and writes
+    (2.5). Hidden dropout acts on s x b x h elements, a·s/h times fewer than the
+    scores, and is left to the elementwise term.
     """
 
     name = "attention_score_traffic"
@@ -35,16 +73,30 @@ class AttentionScoreTraffic(Term):
         Param("passes_backward", 8.0, 0.0, 40.0, "passes", "16-bit passes over the score matrix in a layer's backward"),
         Param("memory_efficiency", 1.0, 0.05, 1.0, "fraction of peak",
               "achieved fraction of the device memory bandwidth in the score passes (streaming kernels reach 0.8-0.9)"),
+        Param("fused_passes_forward", 4.0, 0.0, 30.0, "passes",
+              "16-bit passes over the score matrix in a layer's forward with the fused scale-mask-softmax kernel"),
+        Param("fused_passes_backward", 7.0, 0.0, 40.0, "passes",
+              "16-bit passes over the score matrix in a layer's backward with the fused scale-mask-softmax kernel"),
+        Param("dropout_passes_forward", 2.5, 0.0, 10.0, "passes",
+              "16-bit passes over the score matrix of attention dropout's forward (read, write, one-byte mask)"),
+        Param("dropout_passes_backward", 2.5, 0.0, 10.0, "passes",
+              "16-bit passes over the score matrix of attention dropout's backward (gradient and mask read, write)"),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         shape = context.spec.model
         score_bytes = (shape.micro_batch_size * shape.num_attention_heads * shape.seq_length ** 2
                        * gpt.bytes_per_element(shape))
+        kind = "fused_passes" if softmax_fused(context.spec) else "passes"
+        passes_forward, passes_backward = params[f"{kind}_forward"], params[f"{kind}_backward"]
+        if attention_dropout(context.spec) > 0:
+            passes_forward += params["dropout_passes_forward"]
+            passes_backward += params["dropout_passes_backward"]
         forward, backward = [], []
         for k, layers in enumerate(context.layout.layers):
             bytes_per_ms = context.device_of(k).memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
             pass_ms = score_bytes / bytes_per_ms
-            forward.append(layers * params["passes_forward"] * pass_ms)
-            backward.append(layers * params["passes_backward"] * pass_ms)
-        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
+            forward.append(layers * passes_forward * pass_ms)
+            backward.append(layers * passes_backward * pass_ms)
+        # Every pass of the forward is the attention core's (selective recomputation redoes them all).
+        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), attention_core_ms=tuple(forward))

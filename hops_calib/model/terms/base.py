@@ -107,7 +107,10 @@ class Contribution:
     Per virtual stage: forward_ms, backward_ms, weight_grad_ms (the part of
     backward_ms that is the weight gradient), host_ms (untraced host time before
     each of its tasks), and forward_floor_ms / backward_floor_ms: lower bounds
-    under the decoder layers' compute (see `Term.scope`). Per hop k -> k+1:
+    under the decoder layers' compute (see `Term.scope`); attention_core_ms, the
+    part of a "layers" term's forward_ms that is the attention core (scores,
+    softmax, dropout, context), which selective recomputation redoes in the
+    backward (`Model.pipeline` prices recomputation). Per hop k -> k+1:
     forward_transfer_ms (activation) and backward_transfer_ms (gradient). Per
     rank: optimizer_ms. Per iteration: pre_optimizer_ms (barrier work after the
     last backward) and post_optimizer_ms (per rank, before the next iteration);
@@ -124,6 +127,7 @@ class Contribution:
     host_ms: tuple[float, ...] = ()
     forward_floor_ms: tuple[float, ...] = ()
     backward_floor_ms: tuple[float, ...] = ()
+    attention_core_ms: tuple[float, ...] = ()
     forward_transfer_ms: tuple[float, ...] = ()
     backward_transfer_ms: tuple[float, ...] = ()
     optimizer_ms: tuple[float, ...] = ()
@@ -147,6 +151,7 @@ class Contribution:
         "host_ms": "virtual_stages",
         "forward_floor_ms": "virtual_stages",
         "backward_floor_ms": "virtual_stages",
+        "attention_core_ms": "virtual_stages",
         "forward_transfer_ms": "hops",
         "backward_transfer_ms": "hops",
         "optimizer_ms": "ranks",

@@ -19,7 +19,11 @@ class LayerDispatchFloor(Term):
     busy; at these shapes (h = 768-2048) the small kernels finish faster than the
     host can launch them, so a layer costs a per-layer host floor plus the GEMM
     work that outlasts its own launch. The same software stack runs on every
-    node, so the floor is one number per direction. The GPU-side timer of a
+    node, so the floor is one number per direction. A machine with another
+    host CPU and software stack takes its own value ("forward_ms_per_layer@a100":
+    the public A100 runs' DGX host and Megatron-DeepSpeed, whose fused softmax
+    and bias-GeLU launch fewer kernels per layer); the cluster's device types
+    share the one stack's value. The GPU-side timer of a
     step (the traced compute event) sees that floor, since the GPU waits on the
     host between kernels. A pipeline step (one microbatch's forward or backward
     on a stage) also needs host work before its first kernel: the schedule's
@@ -43,8 +47,10 @@ class LayerDispatchFloor(Term):
     name = "layer_dispatch_floor"
     scope = "layers"
     params = (
-        Param("forward_ms_per_layer", 1.0, 0.0, 10.0, "ms", "host launch floor of one decoder layer's forward"),
-        Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch floor of one decoder layer's backward"),
+        Param("forward_ms_per_layer", 1.0, 0.0, 10.0, "ms", "host launch floor of one decoder layer's forward",
+              per_device=True),
+        Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch floor of one decoder layer's backward",
+              per_device=True),
         Param("step_ms", 0.0, 0.0, 10.0, "ms",
               "untraced host work before each microbatch step on a stage (forward or backward)", per_device=True),
         Param("step_after_receive_only", 0.0, 0.0, 1.0, "switch",
@@ -54,9 +60,10 @@ class LayerDispatchFloor(Term):
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         layers = context.layout.layers
+        types = [context.device_of(k).type for k in range(len(layers))]
         return Contribution(
-            forward_ms=tuple(n * params["forward_ms_per_layer"] for n in layers),
-            backward_ms=tuple(n * params["backward_ms_per_layer"] for n in layers),
+            forward_ms=tuple(n * self.value(params, "forward_ms_per_layer", t) for n, t in zip(layers, types)),
+            backward_ms=tuple(n * self.value(params, "backward_ms_per_layer", t) for n, t in zip(layers, types)),
             host_ms=tuple(self.value(params, "step_ms", context.device_of(k).type) for k in range(len(layers))),
             host_after_receive_only=True if params["step_after_receive_only"] == 1.0 else None,
         )

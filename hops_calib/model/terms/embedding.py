@@ -41,6 +41,15 @@ def end_to_end_link(spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.
     return direct, False
 
 
+def fp32_grad_buffers(spec: Spec) -> bool:
+    """Whether Megatron keeps (and all-reduces) gradients in fp32: `--accumulate-allreduce-grads-in-fp32`, which
+    Megatron-LM turns on under --bf16 and fp32 training has anyway; under --fp16 without it the grads are fp16."""
+    given = spec.megatron_args.get("accumulate_allreduce_grads_in_fp32")
+    if given is not None:
+        return bool(given)
+    return spec.model.precision != "fp16"
+
+
 class EmbeddingGradAllReduce(Term):
     """Before the optimizer, the first and last stage all-reduce the tied word-embedding gradient over their link.
 
@@ -74,6 +83,13 @@ class EmbeddingGradAllReduce(Term):
     real iteration is. With 1 the stall goes to the simulator as an occasional
     delay (`Pipeline.stall_ms`), which places whole stalls in round(N p) of the
     N iterations, as a typical run has them.
+
+    When both ends sit in one node and the machine's collective benchmark has a
+    2-GPU all-reduce table (`Spec.collectives`: NVLink, no TCP, no stalls), the
+    all-reduce costs that table's measured time at its size. Under --fp16
+    Megatron keeps fp16 gradient buffers unless
+    --accumulate-allreduce-grads-in-fp32 (on by default only with --bf16), so the
+    elements are 2 bytes there; `bytes_per_element` prices fp32 buffers.
 
     The link benchmark times one-way sends; a two-rank all-reduce sends and
     receives at once over the same NICs and adds its reduction kernels, so it
@@ -119,7 +135,12 @@ class EmbeddingGradAllReduce(Term):
         if not spec.links:
             raise ValueError(f"spec {spec.run_id}: term {self.name} needs link fits (calibration/link_bench) and the "
                              "spec has none; ingest the link benchmark or remove the term from the model")
-        nbytes = gpt.padded_vocab(spec.model) * spec.model.hidden_size * params["bytes_per_element"]
+        element = params["bytes_per_element"] if fp32_grad_buffers(spec) else gpt.bytes_per_element(spec.model)
+        nbytes = gpt.padded_vocab(spec.model) * spec.model.hidden_size * element
+        table = spec.collective("all_reduce", 2)
+        if table is not None and spec.same_node(0, spec.pp - 1):
+            # Both ends in one node: NCCL all-reduces over NVLink, as the node's benchmark measured it (no TCP).
+            return Contribution(pre_optimizer_ms=table.measured_ms(nbytes))
         nominal = tuple(context.devices[rank].network_bandwidth_bytes_per_s / 1e3 for rank in (0, spec.pp - 1))
         nic = tuple(params["nic_efficiency"] * rate for rate in nominal)
         cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3

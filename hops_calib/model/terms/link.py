@@ -37,7 +37,10 @@ class LinkTransfer(Term):
     `burst_mib` > 0 a hop is priced instead by `LinkFit.burst_ms`: its first
     `burst_mib` MiB at the rate of the benchmark's smallest message (1 MiB,
     sent within the allowance) and the rest at the rate of its largest
-    messages (the shaped stream). On unshaped links the two rates agree.
+    messages (the shaped stream). On unshaped links the two rates agree. A hop
+    within one node (`LinkFit.intra_node`, priced from the node's all-reduce
+    benchmark by the ring formula) crosses NVLink, which no allowance shapes,
+    and is priced by the weighted reading.
     """
 
     name = "link_transfer"
@@ -64,7 +67,7 @@ class LinkTransfer(Term):
         weight, burst_bytes = params["measured_weight"], params["burst_mib"] * 2**20
 
         def cost(fit) -> float:
-            if burst_bytes > 0:
+            if burst_bytes > 0 and not fit.intra_node:  # an NVLink hop is not shaped: no burst allowance
                 return fit.burst_ms(nbytes, burst_bytes)
             return (1.0 - weight) * fit.transfer_ms(nbytes) + weight * fit.measured_ms(nbytes)
 

@@ -18,7 +18,9 @@ class DecoderRoofline(Term):
     activations the layer stores for backward (Korthikanti et al. 2022). Backward
     computes both the input and the weight gradient, each a matmul the size of the
     forward's, so it costs `backward_factor` times the forward in FLOPs and bytes;
-    its weight-gradient share is the weight matmuls' share of backward FLOPs.
+    its weight-gradient share is the weight matmuls' share of backward FLOPs, and
+    its attention core (what selective recomputation redoes) the score and context
+    products' share of forward FLOPs.
     Peak FLOP/s and bandwidth come from the device specs; the efficiencies are the
     achievable fractions of those peaks. The datasheet peak is at boost clock; a
     power-limited part (the L4 at 72 W) runs sustained GEMMs well below it, so
@@ -46,7 +48,8 @@ class DecoderRoofline(Term):
         forward_bytes = (gpt.layer_parameters(shape) * gpt.bytes_per_element(shape)
                          + gpt.layer_activation_bytes(shape))
         weight_grad_flops = gpt.layer_weight_grad_flops(shape)
-        forward, backward, weight_grad = [], [], []
+        core_share = gpt.attention_core_flops(shape) / forward_flops
+        forward, backward, weight_grad, core = [], [], [], []
         for k, layers in enumerate(context.layout.layers):
             device = context.device_of(k)
             flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device.type) / 1e3
@@ -57,4 +60,6 @@ class DecoderRoofline(Term):
             forward.append(layers * layer_forward_ms)
             backward.append(layers * layer_backward_ms)
             weight_grad.append(layers * layer_backward_ms * weight_grad_flops / (backward_factor * forward_flops))
-        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(weight_grad))
+            core.append(layers * layer_forward_ms * core_share)
+        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(weight_grad),
+                            attention_core_ms=tuple(core))

@@ -1,0 +1,228 @@
+"""Store room: ingest runs measured at iteration level (Megatron training logs, run tables, the vTrain table).
+
+A source file becomes one table folder (`fixture_store` docstring): its runs, each with its own id, group and
+split, written at once. A row that cannot be read is rejected naming file, line (row) and column; the other rows
+are stored. A source whose bytes (and ingest mode) are unchanged, with its folder intact, is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from hops_calib import __version__
+from hops_calib.store.fixture_store import (
+    FIXTURE_FILE, RUNS_FILE, FixtureStore, StoreError, check_digest, check_fixture_id, dumps, text_digest,
+    write_table,
+)
+from hops_calib.store.split import group_of, hashed_split
+from hops_calib.trace.errors import TraceError
+from hops_calib.trace.measured import RunHardware, MeasuredRun
+from hops_calib.trace.megatron_log import is_megatron_log, read_megatron_log
+from hops_calib.trace.run_table import TableRead, is_run_table, read_run_table
+from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING, is_vtrain_table, read_vtrain_table
+from hops_calib.metrics import IterationMetrics
+from hops_calib.truth import IterationTruth
+
+# Part of every source's content hash: bump when what is stored for the same input changes.
+MEASURED_INGEST_VERSION = 1
+
+
+@dataclass
+class MeasuredContext:
+    """What the store already holds, shared by every source of one ingest (and kept up to date by it)."""
+
+    event_ids: set[str]  # runs with their own (events) folder
+    table_runs: dict[str, str]  # run id -> the table folder holding it
+    tables: dict[str, dict[str, Any]]  # table folder -> its fixture.json ({} when it cannot be trusted)
+    group_split: dict[str, str]
+    batch: dict[str, Path] = field(default_factory=dict)  # ids (runs and folders) claimed by this ingest
+
+
+def is_measured_source(path: Path) -> bool:
+    """A file ingest reads as runs measured at iteration level (a run table, or a Megatron training log)."""
+    return path.is_file() and (is_run_table(path) or is_megatron_log(path))
+
+
+def expected_runs(path: Path) -> int:
+    """How many runs a source holds, for progress (a table's rows, one for a log), without reading it whole."""
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # noqa: BLE001 - an unreadable file is reported when it is read
+            return 1
+    if path.suffix.lower() == ".csv":
+        with path.open("rb") as handle:
+            return max(sum(1 for _ in handle) - 1, 1)
+    return 1
+
+
+def source_kind(path: Path) -> str:
+    if is_vtrain_table(path):
+        return "vtrain"
+    if is_run_table(path):
+        return "run table"
+    return "megatron log"
+
+
+def read_context(store: FixtureStore, stored: dict[str, dict[str, Any]]) -> MeasuredContext:
+    """The table folders of the store (their runs' ids, groups and splits); a folder whose files are not as
+    ingest wrote them keeps its groups' splits from the index (as a run with events does)."""
+    context = MeasuredContext(event_ids=set(stored), table_runs={}, tables={},
+                              group_split={m["group"]: m["split"] for m in stored.values() if "group" in m})
+    for folder in store.table_folders():
+        try:
+            meta, runs = store.table(folder.name)
+        except StoreError:
+            context.tables[folder.name] = {}
+            index = store.index() if (store.root / "index.parquet").is_file() else None
+            if index is not None and "container" in index:
+                mine = index[index["container"] == folder.name]
+                for run_id, group, split in zip(mine["id"], mine["group"], mine["split"]):
+                    context.table_runs[run_id] = folder.name
+                    context.group_split.setdefault(group, split)
+            continue
+        context.tables[folder.name] = meta
+        for run_id, group, split in zip(runs["id"], runs["group"], runs["split"]):
+            context.table_runs[run_id] = folder.name
+            context.group_split.setdefault(group, split)
+    return context
+
+
+def source_hash(path: Path, mode: str) -> str:
+    """sha256 of the source's bytes, the files beside it that it reads (sidecar, hops.base.yaml) and the mode."""
+    outer = hashlib.sha256(f"hops-calib measured ingest v{MEASURED_INGEST_VERSION} {mode}\n".encode())
+    for part in (path, path.with_suffix(".yaml"), path.parent / "hops.base.yaml"):
+        if part.is_file():
+            outer.update(part.name.encode() + b"\0")
+            with part.open("rb") as handle:
+                outer.update(hashlib.file_digest(handle, "sha256").digest())
+    return outer.hexdigest()
+
+
+def _read_source(path: Path, kind: str, hardware: RunHardware | None, warmup: int) -> TableRead:
+    if kind == "vtrain":
+        return read_vtrain_table(path)
+    if kind == "run table":
+        return read_run_table(path, hardware=hardware)
+    run = read_megatron_log(path, hardware=hardware, warmup_iterations=warmup)
+    args = dict(run.args)
+    _check_log_args(path, args)
+    return TableRead(path=path, runs=[replace(run, args=args, group=group_of(run.run_id))], mapping=kind)
+
+
+def _check_log_args(path: Path, args: dict[str, Any]) -> None:
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+                 "global_batch_size"):
+        if type(args.get(name)) is not int or args[name] < 1:
+            raise TraceError(path, f"is {args.get(name)!r} in the arguments block", field=name,
+                             hint="the launch needs it as a whole number: ingest the log from its start")
+    if not args.get("data_parallel_size"):
+        world = args.get("world_size")
+        t, p = args.get("tensor_model_parallel_size") or 1, args.get("pipeline_model_parallel_size") or 1
+        args["data_parallel_size"] = world // (t * p) if type(world) is int and world >= t * p else 1
+
+
+def _record(run: MeasuredRun, split: str) -> dict[str, Any]:
+    args = run.args
+    microbatches = args["global_batch_size"] // (args["micro_batch_size"] * (args.get("data_parallel_size") or 1))
+    truth = IterationTruth(metrics=IterationMetrics(microbatches_per_iteration=microbatches,
+                                                    iteration_periods_ms=run.iteration_times_ms,
+                                                    interval_iterations=run.interval_iterations),
+                           last_iterations=run.last_iterations, timers_ms=run.timers_ms,
+                           timing_log_option=run.timing_log_option, reported=run.reported)
+    texts = {"args": dumps(args).strip(), "hardware": dumps(run.hardware.to_dict()).strip(),
+             "truth": dumps(truth.to_dict()).strip()}
+    content = text_digest(f"measured v{MEASURED_INGEST_VERSION}\n" + "\n".join(texts.values()))
+    return {"id": run.run_id, "split": split, "group": run.group, "content_hash": content, "origin": run.origin,
+            **texts, "warnings": json.dumps(list(run.warnings))}
+
+
+def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, outcome_type: Any, *,
+                    split: str, test_fraction: float, hardware: RunHardware | None, warmup: int,
+                    emit: Callable[[Any], None]) -> bool:
+    """Ingest one source file into its table folder; each run (and each bad row) is an outcome passed to `emit`.
+    Returns whether the store changed."""
+    kind = source_kind(path)
+    table_id = "vtrain" if kind == "vtrain" else path.stem
+    mode = f"{kind} warmup={warmup} hardware={hardware.to_dict() if hardware else None}"
+    try:
+        check_fixture_id(store.root, table_id, origin=str(path))
+        if table_id in context.event_ids:
+            raise StoreError(f"{path}: its runs would go to the folder {table_id}, which holds a run with events; "
+                             "rename the file")
+        if table_id in context.batch and context.batch[table_id] != path:
+            raise StoreError(f"{path}: {context.batch[table_id]} is ingested into the same folder {table_id}; "
+                             "rename one of them")
+        context.batch[table_id] = path
+        digest = source_hash(path, mode)
+        previous = context.tables.get(table_id)
+        if previous and previous.get("source") and previous["source"] != str(path.resolve()):
+            raise StoreError(f"{path}: the store's folder {table_id} holds the runs of {previous['source']}, another "
+                             "file of the same name; rename this one (its runs go to a folder named after it)")
+        if previous and previous.get("content_hash") == digest and _intact(store, table_id):
+            for run in store.measured_fixtures(table_id):
+                emit(outcome_type(source=path, run_id=run.id, status="unchanged", split=run.split))
+            return False
+        read = _read_source(path, kind, hardware, warmup)
+    except (TraceError, StoreError) as err:
+        emit(outcome_type(source=path, error=str(err)))
+        return False
+    for err in read.errors:
+        emit(outcome_type(source=path, error=str(err)))
+    records, outcomes = [], []
+    for run in read.runs:
+        outcome = outcome_type(source=path, run_id=run.run_id, warnings=list(run.warnings))
+        try:
+            check_fixture_id(store.root, run.run_id, origin=run.origin)
+            holder = context.table_runs.get(run.run_id)
+            if run.run_id in context.event_ids or (holder is not None and holder != table_id) or (
+                    run.run_id != table_id and run.run_id in context.batch):
+                raise StoreError(f"{run.origin}: run id {run.run_id!r} is already a fixture of this store (from "
+                                 "another source); give the run another run_id")
+            kept = context.group_split.get(run.group)
+            if split != "auto" and kept and kept != split:
+                raise StoreError(f"run {run.run_id} belongs to group {run.group!r}, which is stored in the {kept} "
+                                 f"split; --split {split} would make the group straddle train and test")
+            outcome.split = kept or (split if split != "auto" else hashed_split(run.group, test_fraction))
+            context.group_split.setdefault(run.group, outcome.split)
+            records.append(_record(run, outcome.split))
+            context.batch[run.run_id] = path
+            outcome.status = "updated" if holder == table_id else "new"
+        except StoreError as err:
+            outcome.status, outcome.error = "rejected", str(err)
+        outcomes.append(outcome)
+    if records:
+        meta = {"id": table_id, "content_hash": digest, "ingest_version": MEASURED_INGEST_VERSION,
+                "hops_calib_version": __version__,
+                "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "source": str(path.resolve()), "source_kind": kind,
+                "mapping": VTRAIN_MAPPING if kind == "vtrain" else kind, "runs": len(records),
+                "rejected_rows": len(read.errors)}
+        try:
+            with store.writing(table_id) as folder:
+                write_table(folder, records, meta)
+        except (OSError, StoreError) as err:
+            for outcome in outcomes:
+                outcome.status, outcome.error = "rejected", str(err)
+    for run_id in [r for r, holder in context.table_runs.items() if holder == table_id]:
+        del context.table_runs[run_id]
+    context.table_runs.update({record["id"]: table_id for record in records})
+    for outcome in outcomes:
+        emit(outcome)
+    return bool(records)
+
+
+def _intact(store: FixtureStore, table_id: str) -> bool:
+    folder = store.folder(table_id)
+    try:
+        check_digest(folder / RUNS_FILE, store.meta(table_id), "")
+        return (folder / FIXTURE_FILE).is_file()
+    except (StoreError, OSError):
+        return False

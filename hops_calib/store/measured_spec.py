@@ -1,0 +1,54 @@
+"""Store room: the spec of a run measured at iteration level, from its launch (Megatron's args) and hardware, nothing
+measured (a run with events gets its spec at ingest, `spec.build_spec`; this one when it is loaded, so that a model
+that learns to price more runs needs no new ingest).
+
+A run the cost model does not price (tensor or data parallelism, ...) gets no spec: the ValueError (a TraceError
+for a launch setting) says why, and the verbs that would predict it refuse it by name with that reason
+(`hops_calib.store.fixture_store.NotPriced`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from hops_calib.spec import CollectiveTable, Hardware, Spec, spec_from_args
+
+# Iterations simulated for an iteration-level run: enough for the simulator's steady state (its period repeats
+# from the third), whose median period is the prediction of the measured iteration time.
+SIMULATED_ITERATIONS = 4
+
+
+@lru_cache(maxsize=8)
+def _collectives(folder: str) -> tuple[CollectiveTable, ...]:
+    from hops_calib.trace.collective_bench import read_collective_tables
+
+    return read_collective_tables(Path(folder))
+
+
+def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "") -> Spec:
+    """The Spec of a measured run (`hardware`: gpu, gpus_per_node, and the folder of the machine's collective
+    benchmark tables when its source has them); ValueError naming what the model does not price."""
+    tp = int(args.get("tensor_model_parallel_size") or 1)
+    dp = int(args.get("data_parallel_size") or 1)
+    if tp != 1 or dp != 1:
+        needs = " and ".join(name for name, size in (("tensor", tp), ("data", dp)) if size != 1)
+        raise ValueError(f"it needs {needs} parallelism, which the cost model does not price yet (it prices one "
+                         "GPU per pipeline stage)")
+    folder = hardware.get("collective_tables")
+    collectives = _collectives(folder) if folder else ()
+    spec = spec_from_args(args, origin or run_id, run_id=run_id,
+                          hardware=Hardware(gpu=hardware["gpu"], gpus_per_node=int(hardware["gpus_per_node"])),
+                          collectives=collectives, iterations=SIMULATED_ITERATIONS)
+    hops = [(r, r + 1) for r in range(spec.pp - 1)] + ([(spec.pp - 1, 0)] if spec.vp > 1 and spec.pp > 1 else [])
+    missing = [hop for hop in hops if spec.link(*hop) is None]
+    if missing:
+        inside = spec.gpus_per_node is None or all(a // spec.gpus_per_node == b // spec.gpus_per_node
+                                                   for a, b in missing)
+        raise ValueError(f"nothing prices the hop between stages {missing[0][0]} and {missing[0][1]}"
+                         + (": no collective benchmark of the node (give its all-reduce tables: calibration/"
+                            "allreduce/ beside the log or table, or hardware.collective_tables in hops.base.yaml or "
+                            "the table's sidecar)" if inside else
+                            ": it crosses nodes, and a log or table carries no link benchmark"))
+    return spec

@@ -1,0 +1,281 @@
+"""Trace room: a run table (CSV or Parquet, one measured run per row) as runs.
+
+Columns (README, "Run tables"):
+
+- Megatron's arguments in their `args.` spelling (`tensor_model_parallel_size`, `num_layers`, `fp16`, ...): an
+  absent column (or an empty cell) takes Megatron-LM's default (`MEGATRON_DEFAULTS`); the shape and the vocabulary
+  (`padded_vocab_size`, or `vocab_size`) have none and must be given;
+- the hardware: `gpu` (a device type of the model's catalog) and `gpus_per_node`;
+- the measurement: `iteration_time_ms`, or `samples_per_s` (iteration time = global batch / samples per second), or
+  `tflops_per_gpu` (Megatron-LM's TFLOP/s/GPU: iteration time = `model_flops_per_iteration` / (TFLOP/s x 1e12 x
+  GPUs));
+- optionally `run_id` and `source`.
+
+Settings every row shares may be given once in a sidecar `<table>.yaml` beside the table (`args: {...}`,
+`hardware: {gpu: ..., gpus_per_node: ...}`); a setting both there and in a column is refused as ambiguous.
+Rows that repeat one configuration form one group (`_run<k>` ids when the table names none). A row that cannot be
+read is an error naming the file, its line (CSV: the header is line 1) or row (Parquet) and column; the other rows
+are read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from hops_calib.trace.errors import TraceError
+from hops_calib.trace.measured import (
+    MEGATRON_DEFAULTS, REQUIRED_ARGS, MeasuredRun, RunHardware, collective_tables_beside, model_flops_per_iteration,
+    world_size,
+)
+from hops_calib.trace.megatron_args import parse_value
+
+HARDWARE_COLUMNS = ("gpu", "gpus_per_node")
+MEASUREMENT_COLUMNS = ("iteration_time_ms", "samples_per_s", "tflops_per_gpu")
+META_COLUMNS = ("run_id", "source")
+TABLE_SUFFIXES = (".csv", ".parquet")
+# Arguments that must be whole numbers (>= 1, or >= 0 for the recompute count).
+_POSITIVE_INTS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
+                  "context_parallel_size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                  "seq_length", "micro_batch_size", "global_batch_size", "padded_vocab_size", "vocab_size",
+                  "world_size", "num_layers_per_virtual_pipeline_stage", "max_position_embeddings")
+_BOOLS = ("fp16", "bf16", "sequence_parallel")
+
+
+@dataclass
+class TableRead:
+    """What a run table held: its runs, and an error per row that could not be read."""
+
+    path: Path
+    runs: list[MeasuredRun] = field(default_factory=list)
+    errors: list[TraceError] = field(default_factory=list)
+    mapping: str = "run table"  # or the published table's mapping it was read through
+
+
+def is_run_table(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in TABLE_SUFFIXES
+
+
+def _cell(value: Any) -> Any:
+    """A cell as a Python value: numbers, booleans (True/False/true/false), None for an empty cell."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if hasattr(value, "item"):  # numpy scalars of a Parquet column
+        value = value.item()
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "":
+            return None
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        return parse_value(text)
+    return value
+
+
+def _rows(path: Path) -> tuple[list[str], list[dict[str, Any]], Callable[[int], int], str]:
+    """Columns, rows as dicts, the line (CSV) or row (Parquet) of row k, and the word for it."""
+    import pandas as pd
+
+    try:
+        if path.suffix.lower() == ".parquet":
+            frame = pd.read_parquet(path)
+            where, word = (lambda k: k + 1), "row"
+        else:
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True,
+                                encoding="utf-8-sig")
+            where, word = (lambda k: k + 2), "line"  # the header is line 1
+    except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise their own types; all mean an unreadable table
+        raise TraceError(path, f"cannot be read as a table: {type(err).__name__}: {err}",
+                         hint="a run table is a CSV with a header line, or a Parquet file") from None
+    columns = [str(c).strip() for c in frame.columns]
+    frame.columns = columns
+    return columns, frame.to_dict(orient="records"), where, word
+
+
+def read_sidecar(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(args, hardware) every row of the table shares, from `<table>.yaml` beside it ({} when absent)."""
+    import yaml
+
+    sidecar = path.with_suffix(".yaml")
+    if not sidecar.is_file():
+        return {}, {}
+    try:
+        data = yaml.safe_load(sidecar.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise TraceError(sidecar, f"is not valid YAML ({getattr(err, 'problem', err)})",
+                         line=mark.line + 1 if mark else None, hint="fix the YAML") from None
+    if not isinstance(data, dict) or not set(data) <= {"args", "hardware"}:
+        raise TraceError(sidecar, f"holds {sorted(data) if isinstance(data, dict) else type(data).__name__}",
+                         field="args/hardware", hint="a sidecar holds `args: {name: value}` (Megatron's args. names) "
+                         "and `hardware: {gpu: TYPE, gpus_per_node: N}`, shared by every row")
+    for key in ("args", "hardware"):
+        if not isinstance(data.get(key) or {}, dict):
+            raise TraceError(sidecar, "is not a mapping", field=key, hint=f"write {key}: {{name: value, ...}}")
+    return dict(data.get("args") or {}), dict(data.get("hardware") or {})
+
+
+def config_key(args: dict[str, Any], hardware: RunHardware) -> str:
+    """The configuration a run repeats (every argument and the hardware), as text."""
+    return json.dumps({"args": args, "hardware": hardware.to_dict()}, sort_keys=True, default=str)
+
+
+def config_slug(args: dict[str, Any]) -> str:
+    """A readable name of a configuration: parallelism, depth, width, sequence, batch."""
+    return (f"t{args.get('tensor_model_parallel_size', 1)}p{args.get('pipeline_model_parallel_size', 1)}"
+            f"d{args.get('data_parallel_size', 1)}_l{args['num_layers']}_h{args['hidden_size']}"
+            f"_s{args['seq_length']}_mb{args.get('micro_batch_size', 1)}_gb{args.get('global_batch_size')}")
+
+
+def read_run_table(path: Path | str, *, hardware: RunHardware | None = None, table_id: str | None = None,
+                   translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                   mapping: str = "run table") -> TableRead:
+    """The runs of a run table (module docstring). `translate` maps a published table's row to run-table columns
+    (the vTrain mapping); `hardware` (--gpu/--gpus-per-node) fills the hardware columns where the table has none."""
+    path = Path(path)
+    table_id = table_id or path.stem
+    columns, rows, where, word = _rows(path)
+    shared_args, shared_hardware = read_sidecar(path)
+    if "collective_tables" not in shared_hardware and hardware is not None and hardware.collective_tables:
+        shared_hardware["collective_tables"] = hardware.collective_tables
+    tables = collective_tables_beside(path.parent, shared_hardware.pop("collective_tables", None),
+                                      path.with_suffix(".yaml"))
+    if hardware is not None:
+        for key, value in ((k, v) for k, v in hardware.to_dict().items() if k != "collective_tables"):
+            if shared_hardware.get(key, value) != value:
+                raise TraceError(path.with_suffix(".yaml"), f"says {shared_hardware[key]!r}, the command line "
+                                 f"{value!r}", field=f"hardware.{key}", hint="give the hardware once")
+            shared_hardware[key] = value
+    result = TableRead(path=path, mapping=mapping)
+    keyed: list[tuple[MeasuredRun, str]] = []
+    for k, raw in enumerate(rows):
+        line = where(k)
+        try:
+            cells = {name: _cell(value) for name, value in raw.items()}
+            if translate is not None:
+                cells = translate(cells)
+            run = _row_run(path, line, word, cells, shared_args, shared_hardware, table_id)
+            run = replace(run, hardware=replace(run.hardware, collective_tables=tables))
+        except TraceError as err:
+            result.errors.append(err)
+            continue
+        keyed.append((run, config_key(run.args, run.hardware)))
+    result.runs = _name_runs(table_id, keyed)
+    if not rows:
+        result.errors.append(TraceError(path, "holds no rows", hint="a run table has one measured run per row"))
+    return result
+
+
+def _name_runs(table_id: str, keyed: list[tuple[MeasuredRun, str]]) -> list[MeasuredRun]:
+    """Ids and groups: a run's group is its configuration; rows without a run_id are named after it (`_run<k>`
+    where a configuration repeats, a short digest where two configurations share a readable name)."""
+    slugs: dict[str, set[str]] = {}
+    counts: dict[str, int] = {}
+    for run, key in keyed:
+        slugs.setdefault(config_slug(run.args), set()).add(key)
+        counts[key] = counts.get(key, 0) + 1
+    seen: dict[str, int] = {}
+    named = []
+    for run, key in keyed:
+        slug = config_slug(run.args)
+        if len(slugs[slug]) > 1:
+            slug += "_" + hashlib.sha256(key.encode()).hexdigest()[:6]
+        group = f"{table_id}_{slug}"
+        seen[key] = seen.get(key, 0) + 1
+        run_id = run.run_id or (group + (f"_run{seen[key]}" if counts[key] > 1 else ""))
+        named.append(replace(run, run_id=run_id, group=group))
+    return named
+
+
+def _bad(path: Path, line: int, word: str, column: str, problem: str, hint: str) -> TraceError:
+    return TraceError(path, f"{word} {line}: {problem}", line=line, field=column, hint=hint)
+
+
+def _row_run(path: Path, line: int, word: str, cells: dict[str, Any], shared_args: dict[str, Any],
+             shared_hardware: dict[str, Any], table_id: str) -> MeasuredRun:
+    known = set(HARDWARE_COLUMNS) | set(MEASUREMENT_COLUMNS) | set(META_COLUMNS)
+    args = {name: value for name, value in cells.items() if name not in known and value is not None}
+    for name in args:
+        if name in shared_args:
+            raise _bad(path, line, word, name, f"is given by the column and by {path.with_suffix('.yaml').name}",
+                       "give a setting once: in the sidecar when every row shares it, else as a column")
+    args = {**MEGATRON_DEFAULTS, **shared_args, **args}
+    for name in _POSITIVE_INTS:
+        value = args.get(name)
+        if isinstance(value, float) and value.is_integer():  # "2.0": a whole number written by a float column
+            value = args[name] = int(value)
+        if value is not None and (type(value) is not int or value < 1):
+            raise _bad(path, line, word, name, f"is {value!r}, expected a whole number of at least 1",
+                       f"fix the cell (or leave it empty for Megatron's default)")
+    for name in _BOOLS:
+        if type(args.get(name)) is not bool:
+            raise _bad(path, line, word, name, f"is {args.get(name)!r}, expected true or false", "fix the cell")
+    for name in REQUIRED_ARGS:
+        if args.get(name) is None:
+            raise _bad(path, line, word, name, "is missing: Megatron has no default for it",
+                       f"add a {name} column (or give it in {path.with_suffix('.yaml').name})")
+    if args.get("padded_vocab_size") is None and args.get("vocab_size") is None:
+        raise _bad(path, line, word, "padded_vocab_size", "is missing: the vocabulary has no default",
+                   "add a padded_vocab_size column (Megatron pads the tokenizer's vocabulary to a multiple of "
+                   "128 x tensor parallel size)")
+    args.setdefault("data_parallel_size", 1)
+    gpus = world_size(args)
+    if args.get("world_size") and args["world_size"] != world_size({**args, "world_size": None}):
+        raise _bad(path, line, word, "world_size", f"is {args['world_size']}, but t x p x cp x d = "
+                   f"{world_size({**args, 'world_size': None})}", "make the parallel sizes multiply to the GPUs")
+    args["world_size"] = gpus
+    if args.get("global_batch_size") is None:
+        args["global_batch_size"] = args["micro_batch_size"] * args["data_parallel_size"]
+    if args["global_batch_size"] % (args["micro_batch_size"] * args["data_parallel_size"]):
+        raise _bad(path, line, word, "global_batch_size", f"{args['global_batch_size']} is not a multiple of micro "
+                   f"batch {args['micro_batch_size']} x data parallel {args['data_parallel_size']}",
+                   "Megatron requires it to divide; fix the row")
+    hardware = _row_hardware(path, line, word, cells, shared_hardware)
+    time_ms = _iteration_time(path, line, word, cells, args, gpus)
+    run_id = cells.get("run_id")
+    return MeasuredRun(run_id=str(run_id) if run_id is not None else "", group="", args=args, hardware=hardware,
+                       iteration_times_ms=(time_ms,), interval_iterations=(1,),
+                       reported={name: float(cells[name]) for name in MEASUREMENT_COLUMNS[1:]
+                                 if cells.get(name) is not None},
+                       origin=f"{path}:{line}" + (f" ({cells['source']})" if cells.get("source") else ""))
+
+
+def _row_hardware(path: Path, line: int, word: str, cells: dict[str, Any],
+                  shared: dict[str, Any]) -> RunHardware:
+    values = {}
+    for name in HARDWARE_COLUMNS:
+        if cells.get(name) is not None and name in shared and cells[name] != shared[name]:
+            raise _bad(path, line, word, name, f"is {cells[name]!r}, the sidecar or command line {shared[name]!r}",
+                       "give the hardware once")
+        values[name] = cells.get(name) if cells.get(name) is not None else shared.get(name)
+    if not values["gpu"] or not isinstance(values["gpu"], str):
+        raise _bad(path, line, word, "gpu", f"is {values['gpu']!r}" if values["gpu"] else "is missing",
+                   "give the device type (a gpu column, the sidecar's hardware.gpu, or --gpu TYPE)")
+    if type(values["gpus_per_node"]) is not int or values["gpus_per_node"] < 1:
+        raise _bad(path, line, word, "gpus_per_node", f"is {values['gpus_per_node']!r}" if values["gpus_per_node"]
+                   is not None else "is missing", "give the GPUs per node as a whole number (a gpus_per_node "
+                   "column, the sidecar's hardware.gpus_per_node, or --gpus-per-node N)")
+    return RunHardware(gpu=values["gpu"].lower(), gpus_per_node=values["gpus_per_node"])
+
+
+def _iteration_time(path: Path, line: int, word: str, cells: dict[str, Any], args: dict[str, Any],
+                    gpus: int) -> float:
+    """The measured iteration time (ms), given or converted (module docstring)."""
+    for name in MEASUREMENT_COLUMNS:
+        value = cells.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise _bad(path, line, word, name, f"is {value!r}, expected a positive number",
+                       "fix the cell, or leave it empty and give another measurement column")
+        if name == "iteration_time_ms":
+            return float(value)
+        if name == "samples_per_s":
+            return args["global_batch_size"] / value * 1e3
+        return model_flops_per_iteration(args) / (value * 1e12 * gpus) * 1e3
+    raise _bad(path, line, word, "iteration_time_ms", "no measurement in the row",
+               f"give one of {', '.join(MEASUREMENT_COLUMNS)}")
