@@ -98,17 +98,12 @@ def _rows(path: Path) -> tuple[list[str], list[dict[str, Any]], Callable[[int], 
 
 def read_sidecar(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(args, hardware) every row of the table shares, from `<table>.yaml` beside it ({} when absent)."""
-    import yaml
+    from hops_calib.trace.reading import load_yaml
 
     sidecar = path.with_suffix(".yaml")
     if not sidecar.is_file():
         return {}, {}
-    try:
-        data = yaml.safe_load(sidecar.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise TraceError(sidecar, f"is not valid YAML ({getattr(err, 'problem', err)})",
-                         line=mark.line + 1 if mark else None, hint="fix the YAML") from None
+    data = load_yaml(sidecar) or {}  # (bounded: 64 KiB, aliases expanded at most 10 000 values)
     if not isinstance(data, dict) or not set(data) <= {"args", "hardware"}:
         raise TraceError(sidecar, f"holds {sorted(data) if isinstance(data, dict) else type(data).__name__}",
                          field="args/hardware", hint="a sidecar holds `args: {name: value}` (Megatron's args. names) "
