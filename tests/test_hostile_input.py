@@ -180,3 +180,27 @@ def test_what_if_and_plan_refuse_pipelines_they_would_time_for_hours(shared_runs
     assert "field '--global-batch-size': gives 100000000 microbatches per iteration" in flat(predicted.stderr)
     planned = cli("plan", "--stages", "1000", "--microbatches", "100000000", "--memory-budget", "1000")
     assert planned.returncode == 2 and "more than the 524288 the planner simulates" in flat(planned.stderr)
+
+
+def test_iteration_level_sources_are_read_within_the_same_bounds(tmp_path: Path):
+    """A training log with a 2 MB line (skipped: no line Megatron prints), a run table whose sidecar is an alias
+    bomb (refused naming it), beside each other: the log's run lands, the table is that source's rejection."""
+    from hops_calib.store.ingest import ingest
+    from hops_calib.trace.run_table import read_run_table
+    from hostile_cases import ALIAS_BOMB
+    from test_iteration_level import A100, _lm_log, _table
+
+    log = tmp_path / "gpt_run1.log"
+    _lm_log(log)
+    text = log.read_text()
+    cut = text.index("\n", len(text) // 2) + 1
+    log.write_text(text[:cut] + "x" * 2_000_000 + "\n" + text[cut:])
+    table = tmp_path / "t.parquet"
+    _table([{"pipeline_model_parallel_size": 2, "iteration_time_ms": 100.0}]).to_parquet(table)
+    (tmp_path / "t.yaml").write_text(ALIAS_BOMB + "args: *h\n")
+    with pytest.raises(Exception, match="expands to more than 10000 values"):
+        read_run_table(table)
+    store = FixtureStore(tmp_path / "fx")
+    report = ingest([log, table], store, hardware=A100)
+    assert [o.run_id for o in report.outcomes if o.status == "new"] == ["gpt_run1"]
+    assert any("t.yaml" in (o.error or "") and "expands to more than" in o.error for o in report.rejected)
