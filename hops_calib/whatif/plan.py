@@ -14,10 +14,12 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from hops_calib.metrics import timeline_metrics
 from hops_calib.sim import simulate
 from hops_calib.sim.schedules import check_shape
-from hops_calib.sim.theory import balanced_pipeline, bubble_fraction, microbatches_for_bubble
+from hops_calib.sim.theory import (
+    balanced_makespan, balanced_pipeline, bubble_fraction, closed_form_holds, microbatches_for_bubble,
+    peak_activations,
+)
 
 # Among equal bubbles and memory, the schedule a user would rather run.
 PREFERENCE = ("1f1b", "zb_h1", "interleaved_1f1b", "gpipe")
@@ -67,22 +69,38 @@ class Plan:
         }
 
 
+# Shapes with more compute tasks than this take the closed forms where they hold (`theory.closed_form_holds`,
+# checked against the simulator in the tests) instead of a simulation: 64 stages x 1024 microbatches x 4 chunks
+# is half a million tasks per schedule, seconds of simulation each, for numbers known exactly.
+SIMULATE_UP_TO_TASKS = 20_000
+# Where no closed form holds, the tasks a candidate's simulation may have: 64 stages x 2 chunks x 4096 microbatches
+# (2^19 stage-chunk-microbatches, 2^20 tasks) took about 25 s and 1.7 GB; twice that 85 s and 6.5 GB, 10^11 never ends.
+MAX_SIMULATED_TASKS = 1 << 20
+
+
 def _evaluate(schedule: str, stages: int, microbatches: int, forward: float, backward: float, weight_grad: float,
               chunks: int = 1, flush: int | None = None) -> Candidate:
-    pipeline = balanced_pipeline(stages, microbatches, forward, backward, weight_grad, chunks=chunks)
-    result = simulate(pipeline, schedule, gpipe_flush=flush)
-    metrics = timeline_metrics(result.timeline, microbatches, stages)
     size = flush or microbatches
+    tasks = (3 if schedule == "zb_h1" else 2) * stages * chunks * microbatches
+    if tasks > SIMULATE_UP_TO_TASKS and closed_form_holds(schedule, stages, microbatches, forward, backward,
+                                                          weight_grad, chunks):
+        makespan = balanced_makespan(schedule, stages, microbatches, forward, backward, weight_grad, chunks, flush)
+        peak = max(peak_activations(schedule, stages, microbatches, chunks, flush)) / chunks
+        bubble = 1.0 - microbatches * (forward + backward) / makespan
+    else:
+        if tasks > MAX_SIMULATED_TASKS:
+            raise ValueError(f"{schedule} on --stages {stages} x --chunks {chunks} x --microbatches {microbatches} "
+                             f"has {tasks} tasks, and its closed form does not hold there; the planner simulates at "
+                             f"most {MAX_SIMULATED_TASKS} (about 25 s and 2 GB at the limit): plan a smaller "
+                             "pipeline, or fewer microbatches (the bubble depends on their ratio to the stages)")
+        result = simulate(balanced_pipeline(stages, microbatches, forward, backward, weight_grad, chunks=chunks),
+                          schedule, gpipe_flush=flush)
+        makespan, peak = result.makespan_ms, max(result.peak_stage_activations)
+        bubble = result.metrics().bubble_ratio
     return Candidate(
         schedule=schedule, flushes=math.ceil(microbatches / size), flush_size=min(size, microbatches),
-        peak_activations=max(result.peak_stage_activations), makespan=result.makespan_ms,
-        bubble=metrics.bubble_ratio, utilization=1.0 - metrics.bubble_ratio,
+        peak_activations=peak, makespan=makespan, bubble=bubble, utilization=1.0 - bubble,
     )
-
-
-# Stage x chunk x microbatch tasks per iteration the planner simulates for each candidate: 64 stages x 2 chunks x
-# 4096 microbatches (2^19) take about 25 s and 1.7 GB; 2^21 took 85 s and 6.5 GB, 10^11 never ends.
-MAX_TASKS = 1 << 19
 
 
 def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: float = 1.0, backward_cost: float = 2.0,
@@ -96,11 +114,6 @@ def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: flo
     for name, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
         if value < 1:
             raise ValueError(f"--{name} must be at least 1 (got {value})")
-    if stages * chunks * microbatches > MAX_TASKS:
-        raise ValueError(f"--stages x --chunks x --microbatches is {stages * chunks * microbatches}, more than the "
-                         f"{MAX_TASKS} the planner simulates (each candidate schedule times every one: at the limit "
-                         "about 25 s and 2 GB); plan a smaller pipeline, or fewer microbatches (the bubble depends "
-                         "on their ratio to the stages)")
     if not math.isfinite(memory_budget) or memory_budget < 1:
         raise ValueError(f"--memory-budget must be a finite number of stage microbatches, at least 1 (got "
                          f"{memory_budget}); a budget of --microbatches or more means no memory limit")
@@ -150,7 +163,7 @@ def plan_report(stages: int, microbatches: int, memory_budget: float, forward_co
     """`plan` rendered for the terminal: JSON or a text table (what `hops-calib plan` prints)."""
     result = plan(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
                   target_bubble)
-    return json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result)
+    return json.dumps({"status": "ok", **result.to_dict()}, indent=2) if as_json else format_plan(result)
 
 
 def format_plan(result: Plan) -> str:
