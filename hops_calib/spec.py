@@ -242,9 +242,23 @@ def configured_schedule(configured: Any, vp: int, source: Path | str = "manifest
     return configured
 
 
-# Microbatches per iteration, and model chunks per stage, a configuration may have: as many as a trace numbers
-# (`hops_calib.trace.events.MAX_INDEX` + 1); predict --job times 32768 microbatches in about 2 s.
+# Microbatches per iteration, and model chunks per stage, a configuration may have to be ingested or predicted as
+# it is: as many as a trace numbers (`hops_calib.trace.events.MAX_INDEX` + 1); predict --job times 32768
+# microbatches in about 2 s. (plan --job searches other micro-batch sizes instead: it bounds its own tasks.)
 MAX_PER_ITERATION = 1 << 15
+
+
+def check_simulable(spec: Spec, source: Path | str) -> None:
+    """TraceError naming `source` (the launch's arguments) when the spec has more microbatches per iteration or
+    model chunks per stage than MAX_PER_ITERATION: no trace numbers them, and simulating them would run for hours."""
+    from hops_calib.trace.errors import TraceError
+
+    for count, what, flag in ((spec.microbatches, "microbatches per iteration", "--global-batch-size"),
+                              (spec.vp, "model chunks per stage", "--virtual-pipeline-model-parallel-size")):
+        if count > MAX_PER_ITERATION:
+            raise TraceError(source, f"gives {count} {what}, more than the {MAX_PER_ITERATION} a trace can "
+                             "number and the simulator times", field=flag,
+                             hint=f"give a configuration of at most {MAX_PER_ITERATION} {what}")
 
 
 @dataclass(frozen=True)
@@ -390,12 +404,6 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         raise TraceError(source, f"{global_batch} is not a multiple of micro batch {micro_batch} x dp {dp}",
                          field="--global-batch-size", hint="Megatron requires it to divide")
     microbatches = global_batch // (micro_batch * dp)
-    for count, what, flag in ((microbatches, "microbatches per iteration", "--global-batch-size"),
-                              (vp, "model chunks per stage", "--virtual-pipeline-model-parallel-size")):
-        if count > MAX_PER_ITERATION:  # (the simulator times each one: more would run for hours)
-            raise TraceError(source, f"gives {count} {what}, more than the {MAX_PER_ITERATION} a trace can "
-                             "number and the simulator times", field=flag,
-                             hint=f"give a configuration of at most {MAX_PER_ITERATION} {what}")
     if iterations is None:
         train_iters = _require_int(args, "train_iters", source)
         iterations = train_iters - TRACE_FIRST_ITERATION + 1

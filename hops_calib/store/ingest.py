@@ -18,12 +18,13 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from hops_calib import __version__
-from hops_calib.spec import Spec, build_spec
+from hops_calib.spec import Spec, build_spec, check_simulable
 from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, INDEX, FixtureStore,
                                            StoreError, check_fixture_id, file_digest, write_events)
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
-from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
+from hops_calib.trace import (TraceError, find_arguments, find_job_dirs, rank_files, read_manifest, read_rank_events,
+                              run_id_of)
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
 from hops_calib.trace.measured import RunHardware
@@ -115,6 +116,7 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     """
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
+    check_simulable(spec, find_arguments(job_dir)[1])
     files = rank_files(job_dir)
     if sorted(files) != list(range(spec.pp)):
         ranks = sorted(files)
