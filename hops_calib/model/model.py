@@ -245,7 +245,8 @@ class Model:
 
     def breakdown(self, spec: Spec) -> list[dict[str, float]]:
         """Per pipeline rank, the milliseconds of one iteration on one of its GPUs by what they are (each term's
-        `category`: compute, tp_comm, p2p, dp_reduce, optimizer, host), summed over its tasks: forward and backward
+        `category`: compute, tp_comm, p2p, dp_reduce, ends_allreduce (the tied embedding's, before the optimizer),
+        optimizer, host), summed over its tasks: forward and backward
         per microbatch times the microbatches (recomputation counted as compute), the hops it sends, its optimizer
         step, its gradient reduction (whole; `dp_reduce_exposed` is the part no backward hides) and the
         per-iteration work. The host's launch floors count only by how much they exceed the layers' GPU work (the
@@ -254,7 +255,8 @@ class Model:
         context = self.context(spec)
         layout, m = context.layout, spec.microbatches
         ranks, stages = layout.ranks, layout.virtual_stages
-        out = [dict.fromkeys(("compute", "tp_comm", "p2p", "dp_reduce", "dp_reduce_exposed", "optimizer", "host"),
+        out = [dict.fromkeys(("compute", "tp_comm", "p2p", "dp_reduce", "dp_reduce_exposed", "ends_allreduce",
+                              "optimizer", "host"),
                              0.0) for _ in range(ranks)]
         layer = {"forward_ms": [0.0] * stages, "backward_ms": [0.0] * stages, "attention_core_ms": [0.0] * stages}
         floor = {"forward_floor_ms": [0.0] * stages, "backward_floor_ms": [0.0] * stages}
