@@ -332,6 +332,25 @@ def configured_schedule(configured: Any, vp: int, source: Path | str = "manifest
     return configured
 
 
+# Microbatches per iteration, and model chunks per stage, a configuration may have to be ingested or predicted as
+# it is: as many as a trace numbers (`hops_calib.trace.events.MAX_INDEX` + 1); predict --job times 32768
+# microbatches in about 2 s. (plan --job searches other micro-batch sizes instead: it bounds its own tasks.)
+MAX_PER_ITERATION = 1 << 15
+
+
+def check_simulable(spec: Spec, source: Path | str) -> None:
+    """TraceError naming `source` (the launch's arguments) when the spec has more microbatches per iteration or
+    model chunks per stage than MAX_PER_ITERATION: no trace numbers them, and simulating them would run for hours."""
+    from hops_calib.trace.errors import TraceError
+
+    for count, what, flag in ((spec.microbatches, "microbatches per iteration", "--global-batch-size"),
+                              (spec.vp, "model chunks per stage", "--virtual-pipeline-model-parallel-size")):
+        if count > MAX_PER_ITERATION:
+            raise TraceError(source, f"gives {count} {what}, more than the {MAX_PER_ITERATION} a trace can "
+                             "number and the simulator times", field=flag,
+                             hint=f"give a configuration of at most {MAX_PER_ITERATION} {what}")
+
+
 @dataclass(frozen=True)
 class Hardware:
     """Where a launch's pipeline stages run: what `spec_from_args` needs besides the arguments.
@@ -866,13 +885,16 @@ def _line_naming(source: Path, unmodelled_setting: Unmodelled) -> int | None:
     if key is None:
         return None
     flag = "--" + key.replace("_", "-")
+    from hops_calib.trace import TraceError
+    from hops_calib.trace.reading import text_lines
+
     try:
-        lines = Path(source).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+        for number, line in text_lines(Path(source)):
+            line = line.rstrip("\r\n")
+            if f"{flag} " in f"{line} " or f"{flag}=" in line or f" {key} ." in line:
+                return number
+    except TraceError:
         return None
-    for number, line in enumerate(lines, start=1):
-        if f"{flag} " in f"{line} " or f"{flag}=" in line or f" {key} ." in line:
-            return number
     return None
 
 

@@ -70,14 +70,20 @@ def test_reingest_of_unchanged_runs_changes_nothing(shared_runs, shared_store):
 
 def test_spec_is_built_without_opening_the_event_logs(shared_runs, monkeypatch):
     opened: list[str] = []
-    real_open = io.open
+    real_open, real_os_open = io.open, os.open
 
     def spy(file, *args, **kwargs):
-        opened.append(os.fspath(file))
+        if not isinstance(file, int):  # (an fd os.open gave, which the os.open spy saw)
+            opened.append(os.fspath(file))
         return real_open(file, *args, **kwargs)
+
+    def os_spy(file, *args, **kwargs):
+        opened.append(os.fspath(file))
+        return real_os_open(file, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", spy)
     monkeypatch.setattr(io, "open", spy)
+    monkeypatch.setattr(os, "open", os_spy)
     job_dir = sorted(shared_runs.iterdir())[0]
     spec = build_spec(job_dir)
     assert opened, "the spy saw no file reads; it is not watching the right function"

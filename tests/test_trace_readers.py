@@ -161,3 +161,21 @@ def test_job_dirs_are_found_recursively(shared_runs, tmp_path):
         tmp_path / "batch0" / "nested" / runs[0].name]
     with pytest.raises(TraceError, match="does not exist"):
         find_job_dirs(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("text, says", [
+    ("a: &a [1, *a]\n", "stands inside the value it names"),
+    ("a: &a [x, x]\nb: &b [*a, *a]\nc: &c [*b, *b]\nd: [*c, *c, *c]\n", None),  # a few aliases: fine
+    ("x: " + "[" * 40 + "]" * 40 + "\n", "nests mappings or lists too deeply"),
+])
+def test_yaml_is_read_with_its_aliases_counted_and_its_depth_bounded(tmp_path, text, says):
+    from hops_calib.trace.reading import load_yaml
+
+    path = tmp_path / "manifest.yaml"
+    path.write_text(text)
+    if says is None:
+        assert len(load_yaml(path)["d"]) == 3
+        return
+    with pytest.raises(TraceError, match=says) as error:
+        load_yaml(path)
+    assert error.value.line == 1

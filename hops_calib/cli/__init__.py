@@ -141,13 +141,16 @@ def ingest(
              "warm-up)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: counts, every run's outcome and "
                                                        "warnings."),
+    lock_timeout: float = typer.Option(
+        600.0, "--lock-timeout", min=0.0,
+        help="Seconds to wait for the store lock another ingest holds (it says whose) before giving up (exit 2)."),
 ) -> None:
     """Ingest Megatron job directories, training logs and run tables into the Parquet fixture store. Exit 0 every
     run stored, 6 some rejected (the others stored), 2 a bad store."""
     from hops_calib.cli.data import ingest_command
 
     raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, gpu,
-                                    gpus_per_node, warmup_iterations, as_json))
+                                    gpus_per_node, warmup_iterations, as_json, lock_timeout=lock_timeout))
 
 
 @fixtures_app.command("list")
@@ -350,6 +353,9 @@ PLAN_OPTION = typer.Option(
     None, "--plan", help="Judge under the tolerances of this ledger plan entry (`ledger plan`), stated beforehand; "
                          "cited in the entry. Without it a judgement is under the defaults (recorded as such); the "
                          "tolerance options are refused on a judgement: put them in the plan.")
+ALLOW_HELD_OUT_OPTION = typer.Option(
+    False, "--allow-held-out", help="Go on although the store holds in train a group the ledger remembers as held out "
+                                    "(refused otherwise, naming the groups); the ledger records the override.")
 
 
 # Give a command the tolerance options; it takes them as its `tolerances` parameter (a dict).
@@ -401,6 +407,8 @@ def predict(
     model: Optional[Path] = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     perturbations: dict = None,
+    ledger: Path = LEDGER_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Predicted vs real throughput, bubble, per-stage utilization and phase times of a fixture, from the spec
     alone; or, with --job, of a configuration that has not run (what-if, several schedules side by side; each hop
@@ -410,7 +418,8 @@ def predict(
     raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json, job, schedules or (),
                                      fixtures_defaulted=not _given(ctx, "fixtures"),
                                      cluster=_cluster(ctx, cluster, no_cluster),
-                                     perturbations=perturbations))
+                                     perturbations=perturbations, ledger_path=ledger,
+                                     allow_held_out=allow_held_out))
 
 
 @app.command()
@@ -429,6 +438,7 @@ def evaluate(
     again: bool = typer.Option(False, "--again", help="Judge again a change the ledger already judged on this model "
                                                       "and fixture set, under the same rules (refused otherwise: it "
                                                       "would repeat it; other rules need `ledger plan --rejudge`)."),
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Score the model on the train split; with a candidate, gate it and record the answer.
 
@@ -439,7 +449,7 @@ def evaluate(
     from hops_calib.cli.loop import evaluate_command
 
     raise typer.Exit(evaluate_command(candidate, fixtures_given(fixtures), model, as_json, commit, ledger, split, tolerances, plan,
-                                      off_record=off_record, again=again))
+                                      off_record=off_record, again=again, allow_held_out=allow_held_out))
 
 
 @app.command()
@@ -457,6 +467,7 @@ def compare(
                                "into, e.g. the shipped model): the model after if accepted, BEFORE if rejected."),
     plan: Optional[int] = PLAN_OPTION,
     off_record: bool = OFF_RECORD_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Gate a whole model (--model, default the shipped one) against BEFORE on the train split; record the answer.
 
@@ -468,7 +479,7 @@ def compare(
     from hops_calib.cli.loop import compare_command
 
     raise typer.Exit(compare_command(before, fixtures_given(fixtures), model, note, ledger, as_json, tolerances, commit_into, plan,
-                                     off_record=off_record))
+                                     off_record=off_record, allow_held_out=allow_held_out))
 
 
 @app.command()
@@ -680,11 +691,13 @@ def observe(
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (every contributor and run)."),
     top: int = typer.Option(12, "--top", min=1, help="Contributors and runs shown in the text output."),
+    ledger: Path = LEDGER_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Where the throughput error comes from: iteration parts and stage times by group, largest MAPE share first."""
     from hops_calib.cli.research import observe_command
 
-    raise typer.Exit(observe_command(fixtures, model, split, as_json, top))
+    raise typer.Exit(observe_command(fixtures, model, split, as_json, top, ledger, allow_held_out))
 
 
 @app.command()
@@ -709,13 +722,14 @@ def tune(
     ledger: Path = LEDGER_OPTION,
     off_record: bool = OFF_RECORD_OPTION,
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate
     (experiments/ID.toml). Exit 0 written, 1 none (no trial beats the model: status no_candidate), 4 off the record."""
     from hops_calib.cli.research import tune_command
 
     raise typer.Exit(tune_command(term, fixtures_given(fixtures), model, trials, storage, study, workers, seed, out, as_json,
-                                  objective, tuple(only or ()), ledger, off_record, split))
+                                  objective, tuple(only or ()), ledger, off_record, split, allow_held_out))
 
 
 @app.command()
@@ -737,12 +751,14 @@ def crossval(
     also: Optional[List[str]] = typer.Option(
         None, "--also", help="Another term's parameter refit together with TERM's, as TERM:PARAM (repeatable)."),
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
+    ledger: Path = LEDGER_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Refit one term without each fold of train configurations and predict that fold: held-out error from train."""
     from hops_calib.cli.research import crossval_command
 
     raise typer.Exit(crossval_command(term, fixtures, model, folds, evaluations, seed, as_json, objective,
-                                      tuple(only or ()), shared, tuple(also or ()), split))
+                                      tuple(only or ()), shared, tuple(also or ()), split, ledger, allow_held_out))
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from hops_calib.cli.output import guarded
 from hops_calib.errors import InputError
 from hops_calib.store import views
-from hops_calib.store.fixture_store import FixtureStore, StoreError
+from hops_calib.store.fixture_store import DEFAULT_LOCK_TIMEOUT_S, FixtureStore, StoreError
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
 
 if TYPE_CHECKING:  # fixtures list/show need no trace reader
@@ -24,10 +24,11 @@ def _err(message: str) -> None:
 def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
                    lenient: bool = False, skew_ms: float | None = None, gpu: str | None = None,
                    gpus_per_node: int | None = None, warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
-                   as_json: bool = False) -> int:
-    """Ingest and print a summary; warnings and rejected runs go to stderr (and, with --json, into the object).
-    0 when every run made it, 6 (partial) when some were rejected and the others stored, 2 for a bad store, an
-    unknown --gpu, or input of which nothing could be stored."""
+                   as_json: bool = False, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S) -> int:
+    """Ingest and print a summary; warnings, rejected runs, what the search skipped (notes) and whom it waits for
+    go to stderr (and, with --json, into the object). 0 when every run made it, 6 (partial) when some were
+    rejected and the others stored, 2 for a bad store (or a lock still held after `lock_timeout` s), an unknown
+    --gpu, or input of which nothing could be stored."""
     from hops_calib.cli.output import EXIT_INVALID, EXIT_OK, EXIT_PARTIAL, STATUS, print_json
     from hops_calib.progress import progress_bar
     from hops_calib.store.ingest import ingest
@@ -64,11 +65,14 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
             extra = {} if skew_ms is None else {"skew_ms": skew_ms}
             report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
                             on_run=on_run, on_start=progress.start, hardware=hardware,
-                            warmup_iterations=warmup_iterations, device_types=known, **extra)
+                            warmup_iterations=warmup_iterations, device_types=known, lock_timeout=lock_timeout,
+                            on_wait=lambda line: _err(f"{line} ..."), **extra)
         if not existed:
             store.remove_if_empty()  # a first ingest that stored nothing leaves no store behind
         # every run stored: 0; some rejected, others stored (or there already): 6; nothing usable: 2 (bad input)
         code = EXIT_OK if report.ok else EXIT_PARTIAL if report.stored else EXIT_INVALID
+        for note in report.notes:
+            _err(f"note: {note}")
         if as_json:
             print_json({"fixtures": str(store.root),
                         **{status: report.count(status) for status in ("new", "updated", "unchanged", "rejected")},
@@ -76,7 +80,7 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
                                   "split": o.split, "priced": o.priced, "not_priced": o.not_priced,
                                   "error": o.error, "warnings": list(o.warnings)} for o in report.outcomes],
                         "warnings": [f"{o.run_id}: {w}" for o in report.outcomes for w in o.warnings],
-                        "notes": views.ingest_notes(report)},
+                        "notes": list(report.notes) + views.ingest_notes(report)},
                        STATUS[code])
         else:
             print(views.ingest_summary(report, store))
@@ -90,6 +94,9 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
         store = FixtureStore(fixtures)
         if not store.exists():
             raise StoreError(f"no fixture store at {fixtures}; run: hops-calib ingest SRC --fixtures {fixtures}")
+        running = store.running()
+        if running:
+            _err(f"warning: {running}")
         if as_json:
             from hops_calib.cli.output import print_json
 

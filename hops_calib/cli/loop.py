@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from hops_calib.cli.output import EXIT_BROKEN_LEDGER, EXIT_OK, guarded, print_json
+from hops_calib.cli.output import EXIT_BROKEN_LEDGER, EXIT_OK, guarded, held_out_guard, print_json
 from hops_calib.errors import InputError
 from hops_calib.loop.score import or_nan
 from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
@@ -53,7 +53,8 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
     return rows
 
 
-def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool) -> int:
+def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool,
+                 ledger_path: Path | None = None, allow_held_out: bool = False) -> int:
     from hops_calib.loop.model_files import load_model
     from hops_calib.loop.score import score_prediction
     from hops_calib.loop.suite import TEST, open_store, priced
@@ -65,6 +66,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     if fixture.split == TEST:
         raise InputError(f"{fixtures}/{fixture_id}", "is in the test split, which is scored only in aggregate",
                          field="split", hint="`hops-calib report --split test` prints the held-out aggregates")
+    held_out_guard(fixtures, ledger_path, "predict", allow_held_out)()
     model = load_model(model_path)
     _, reasons = priced([fixture])  # a device type outside the catalog first, then what the spec lacks
     if reasons:
@@ -172,7 +174,8 @@ def _print_left_out(left_out: dict[str, Any] | None) -> None:
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
                     as_json: bool, job: Path | None = None, schedules: Sequence[str] = (),
                     fixtures_defaulted: bool = False, cluster: Path | None = None,
-                    perturbations: dict | None = None) -> int:
+                    perturbations: dict | None = None, ledger_path: Path | None = None,
+                    allow_held_out: bool = False) -> int:
     def run() -> int:
         if (fixture_id is not None) + all_train + (job is not None) != 1:
             raise InputError("predict", "give one of a fixture ID, --all (every train fixture) or --job DIR (a "
@@ -190,12 +193,15 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
             return predict_job(job, model_path, schedules, fixtures, fixtures_defaulted, as_json, cluster,
                                perturbations)
         if fixture_id is not None:
-            return _predict_one(fixture_id, fixtures, model_path, as_json)
+            return _predict_one(fixture_id, fixtures, model_path, as_json, ledger_path, allow_held_out)
         from hops_calib.loop.evaluate import evaluate
         from hops_calib.progress import progress_bar
 
         with progress_bar("predict", quiet=as_json) as progress:
-            result = evaluate(fixtures, model_path=model_path, progress=progress)
+            result = evaluate(fixtures, model_path=model_path, progress=progress, ledger_path=ledger_path,
+                              allow_held_out=allow_held_out, verb="predict")
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         if as_json:
             print_json(result.to_dict())
         else:
@@ -212,7 +218,8 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
 
 def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | None, as_json: bool, commit: bool,
                      ledger_path: Path | None, split: str, tolerances: dict[str, float | str | None],
-                     plan: int | None = None, off_record: bool = False, again: bool = False) -> int:
+                     plan: int | None = None, off_record: bool = False, again: bool = False,
+                     allow_held_out: bool = False) -> int:
     def run() -> int:
         from hops_calib.loop.evaluate import evaluate
         from hops_calib.loop.gate import Tolerances
@@ -222,7 +229,7 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
         with progress_bar("evaluate", quiet=as_json) as progress:
             result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
                               ledger_path=ledger_path, commit=commit, split=split, plan=plan, progress=progress,
-                              off_record=off_record, again=again)
+                              off_record=off_record, again=again, allow_held_out=allow_held_out)
         for warning in result.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         if as_json:
@@ -348,7 +355,7 @@ def _print_gate(before, after, verdict) -> None:
 
 def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path | None,
                     as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
-                    plan: int | None = None, off_record: bool = False) -> int:
+                    plan: int | None = None, off_record: bool = False, allow_held_out: bool = False) -> int:
     def run() -> int:
         from hops_calib.loop.compare import compare
         from hops_calib.progress import progress_bar
@@ -357,7 +364,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         with progress_bar("compare", quiet=as_json) as progress:
             result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
                              note=note, commit_into=commit_into, plan=plan, progress=progress,
-                             off_record=off_record)
+                             off_record=off_record, allow_held_out=allow_held_out)
         for warning in result.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         if as_json:
@@ -506,6 +513,10 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
                         + (f" ({e['note']})" if e.get("note") else "")
                         + ((", kept" if e.get("decision") == "accepted" else ", undone") + f" in {e['committed_into']}"
                            if e.get("committed") else ""))
+            elif e.get("kind") == "held_out_override":
+                groups = [leak.get("group") for leak in e.get("held_out_override") or []]
+                what = (f"{e.get('verb')} on {e.get('fixtures')} went on over held-out group(s) "
+                        f"{', '.join(map(str, groups))} (--allow-held-out)")
             else:
                 candidate = e.get("candidate") or {}
                 what = (f"{candidate.get('id')} ({candidate.get('change')}): MAPE "
@@ -515,6 +526,8 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             note = notes.get(e.get("seq"))
             if note is not None:
                 what += _judgement_note(note)
+            if e.get("kind") != "held_out_override" and e.get("held_out_override"):
+                what += " [over held-out groups: --allow-held-out]"
             print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', e.get('kind', '')):9} {what}")
         return EXIT_OK
 
@@ -605,9 +618,12 @@ def ledger_verify_command(ledger_path: Path | None, as_json: bool) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
+        from hops_calib.loop.commits import unwritten_problems
         from hops_calib.loop.ledger import verify
 
         result = verify(ledger_path)
+        # a commit whose model write did not happen (a crash between the append and the write)
+        result.problems += unwritten_problems(ledger_path)
         if as_json:
             print_json(result.to_dict(), "ok" if result.ok else "broken_ledger")
         elif result.ok:
@@ -642,11 +658,15 @@ def ledger_repair_command(ledger_path: Path | None) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
+        from hops_calib.loop import commits
         from hops_calib.loop.ledger import repair
 
         aside = repair(ledger_path)
+        written = commits.repair(ledger_path)
         print(f"{ledger_path}: incomplete last line moved to {aside}" if aside else
               f"{ledger_path}: nothing to repair (last line complete)")
+        for line in written:
+            print(line)
         return EXIT_OK
 
     return guarded(run)

@@ -95,12 +95,28 @@ def guarded(action: Callable[[], int], as_json: bool = False) -> int:
         return code
 
 
-def run_and_print(label: str, as_json: bool, compute: Callable[[Any], Any], text: Callable[[Any], str]) -> int:
+def held_out_guard(fixtures: Any, ledger_path: Any, verb: str, allow: bool) -> Callable[[], None]:
+    """The held-out guard of a verb that records nothing else (`hops_calib.loop.heldout.guard_store`): it refuses a
+    store holding in train a group the ledger remembers as held out, or prints the override it recorded."""
+    def check() -> None:
+        from hops_calib.loop.heldout import guard_store
+
+        for warning in guard_store(fixtures, ledger_path, verb, allow):
+            print(f"warning: {warning}", file=sys.stderr)
+
+    return check
+
+
+def run_and_print(label: str, as_json: bool, compute: Callable[[Any], Any], text: Callable[[Any], str],
+                  held_out_guard: Callable[[], None] | None = None) -> int:
     """A verb that computes one result and prints it: `compute(bar)` under a progress bar on a terminal's stderr,
-    then the result's JSON (`to_dict`) or `text(result)` on stdout; input errors as `guarded` reports them."""
+    then the result's JSON (`to_dict`) or `text(result)` on stdout; input errors as `guarded` reports them.
+    `held_out_guard` runs first (see `held_out_guard`)."""
     from hops_calib.progress import progress_bar
 
     def run() -> int:
+        if held_out_guard is not None:
+            held_out_guard()
         with progress_bar(label, quiet=as_json) as bar:
             result = compute(bar)
         if as_json:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hops_calib.errors import InputError
+from hops_calib.loop import heldout
 from hops_calib.loop.evaluate import (fixture_fields, floor_excess, judge, per_run_changes, record_and_write,
                                      run_errors)
 from hops_calib.loop.gate import GateResult, Tolerances
@@ -16,7 +17,7 @@ from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.plans import check_plan, check_rejudgement, refuse_unplanned_rules, rules
 from hops_calib.loop.suite import ModelScore, TRAIN, load_suites, score_model, stall_series
 from hops_calib.model import Model
-from hops_calib.progress import QUIET, Progress
+from hops_calib.progress import QUIET, Progress, warn
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class Comparison:
 def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path | str, *, after_path: Path | str | None = None,
             tolerances: Tolerances = Tolerances(), ledger_path: Path | str | None = None, note: str = "",
             commit_into: Path | str | None = None, plan: int | None = None, progress: Progress = QUIET,
-            off_record: bool = False) -> Comparison:
+            off_record: bool = False, allow_held_out: bool = False) -> Comparison:
     """Gate a whole model file (`after_path`, default the shipped one) against another on the train split; record it.
 
     For a move: one-term candidates that hold the suite only together land one by one, each recorded with the
@@ -90,7 +91,7 @@ def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path |
     rejected, so a rejected move is undone in the file and in the ledger's history alike.
 
     `plan`: the ledger entry (`ledger plan`) whose tolerances the move was to be judged under, stated before its
-    steps were evaluated; they must be the ones given.
+    steps were evaluated; they must be the ones given. `allow_held_out`: as for `evaluate`.
     """
     from hops_calib.loop import ledger
     from hops_calib.loop.model_files import default_model, load_model
@@ -100,6 +101,9 @@ def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path |
     refuse_unplanned_rules(tolerances, plan, "compare")
     if plan is not None:
         check_plan(ledger_path, plan, tolerances, "compare")
+    held_out, found = heldout.judgement_fields(fixtures_dir, ledger_path, "compare", allow_held_out)
+    if found:
+        warn(f"warning: {heldout.override_warning(found)}")
 
     before_path = Path(before_path)
     after_path = Path(after_path) if after_path is not None else default_model()
@@ -156,6 +160,7 @@ def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path |
         "rules": rules(plan, tolerances),
         **links,
         **({"off_record": True, "off_record_reason": warnings[-1]} if check.off_record or unmoved else {}),
+        **held_out,
         "code_revision": code_revision(),
     }
     if commit_into is None:

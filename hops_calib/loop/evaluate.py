@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hops_calib.errors import InputError
+from hops_calib.loop import heldout
 from hops_calib.loop.candidate import Candidate, read_candidate
 from hops_calib.loop.gate import GateResult, Tolerances, gate
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
@@ -245,7 +246,7 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
              candidate_path: Path | str | None = None, tolerances: Tolerances = Tolerances(),
              ledger_path: Path | str | None = None, commit: bool = False, split: str = TRAIN,
              plan: int | None = None, progress: Progress = QUIET, off_record: bool = False,
-             again: bool = False) -> Evaluation:
+             again: bool = False, allow_held_out: bool = False, verb: str = "evaluate") -> Evaluation:
     """Score the model on the train split; with a candidate, gate it, record it, and commit it if asked and accepted.
 
     `progress` sees one unit per prediction (two per run with a candidate). `plan`: the ledger entry (`ledger
@@ -261,6 +262,8 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
     `fixtures_dir`: one store, or several judged as one union suite: the gate's rules must hold on each store's
     runs (`gate.gate_stores`), the entry lists each store's fixture set (`fixture_sets`), and the judgement must
     cover every store the changed part was calibrated on.
+    A store holding in train a group the ledger remembers as held out is refused unless `allow_held_out`, which
+    the ledger records (`hops_calib.loop.heldout`; `verb` names the command in that record).
     """
     from hops_calib.loop import calibration
     from hops_calib.loop.ledger import default_ledger
@@ -291,9 +294,14 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
         refuse_unplanned_rules(tolerances, plan, "evaluate")
     if plan is not None:
         check_plan(ledger_path, plan, tolerances, "evaluate", candidate)
+    if candidate is not None:
+        held_out, found = heldout.judgement_fields(fixtures_dir, ledger_path, verb, allow_held_out)
+        held_out_warnings = [heldout.override_warning(found)] if found else []
+    else:  # nothing else is recorded: an override is an entry of its own
+        held_out, held_out_warnings = {}, heldout.guard_store(fixtures_dir, ledger_path, verb, allow_held_out)
     model_path = Path(model_path) if model_path is not None else default_model()
     model = load_model(model_path)
-    warnings = [w for w in (edited_since_written(model_path, model),) if w]
+    warnings = held_out_warnings + [w for w in (edited_since_written(model_path, model),) if w]
     if candidate is not None:
         warnings += _other_checkouts(model_path, ledger_path)
     judged = judgements(ledger_path) if candidate is not None else []
@@ -361,6 +369,7 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
         "rules": rules(plan, tolerances),
         **links,
         **({"off_record": True, "off_record_reason": warnings[-1]} if marked else {}),
+        **held_out,
         "code_revision": code_revision(),
     }
     if entry["committed"]:

@@ -190,6 +190,9 @@ def now_utc() -> str:
 class Problem:
     line: int | None  # None: the file as a whole
     message: str
+    # `ledger repair` puts it right: an incomplete last line (an interrupted append) it sets aside, a commit whose
+    # model write was interrupted it writes (`hops_calib.loop.commits`)
+    repairable: bool = False
 
     def __str__(self) -> str:
         return self.message if self.line is None else f"line {self.line}: {self.message}"
@@ -226,11 +229,16 @@ class BrokenLedger(LedgerError):
     def __init__(self, result: Verification) -> None:
         self.verification = result
         first = result.problems[0]
+        if all(problem.repairable for problem in result.problems):
+            advice = (f"run `hops-calib ledger repair --ledger {result.path}`: it sets an incomplete last line (an "
+                      "interrupted append) aside, keeping every complete entry, and writes a committed model whose "
+                      "write was interrupted")
+        else:
+            advice = (f"`hops-calib ledger verify --ledger {result.path}` lists every problem; restore the file from "
+                      "a copy before appending to it (`git checkout -- FILE` also discards every entry appended "
+                      "since the last commit)")
         super().__init__(result.path, f"fails verification ({len(result.problems)} problem(s)), first: {first.message}",
-                         line=first.line, field="ledger",
-                         hint="nothing was appended; `hops-calib ledger verify --ledger "
-                              f"{result.path}` lists every problem; restore the file (git checkout -- FILE, or "
-                              "from a copy) before appending to it")
+                         line=first.line, field="ledger", hint=f"nothing was appended; {advice}")
 
 
 def _committed_copy(path: Path) -> tuple[bytes | None, str]:
@@ -297,7 +305,7 @@ def _verify_bytes(data: bytes, path: Path, committed: bool = True) -> Verificati
     if tail:
         result.problems.append(Problem(len(complete) + 1, f"incomplete last line ({len(tail)} bytes, no newline): an "
                                                           "append was interrupted; it is not an entry (`hops-calib "
-                                                          "ledger repair` sets it aside)"))
+                                                          "ledger repair` sets it aside)", repairable=True))
     result.head_sha256 = prev
     if committed:
         _check_committed_prefix(data, path, result)
@@ -313,15 +321,24 @@ def verify(path: Path | str) -> Verification:
         result.problems.append(Problem(None, "the ledger file is missing" if not path.exists() else
                                        "is not a file"))
         return result
-    return _verify_bytes(path.read_bytes(), path)
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):  # an append in flight, or one that was interrupted: ask its lock
+        with _lock(path):
+            data = path.read_bytes()
+    return _verify_bytes(data, path)
 
 
 def check_appendable(path: Path | str) -> None:
-    """Refuse (BrokenLedger) a ledger that fails `verify`, before a judgement is scored for it; `append` checks
-    again under its lock."""
+    """Refuse (BrokenLedger) a ledger that fails `verify`, or whose latest commit into a model file was never
+    written (`hops_calib.loop.commits`), before a judgement is scored for it; `append` checks the chain again under
+    its lock."""
     path = Path(path)
     if path.is_file() and path.stat().st_size:
         result = verify(path)
+        if result.ok:
+            from hops_calib.loop.commits import unwritten_problems
+
+            result.problems += unwritten_problems(path)
         if not result.ok:
             raise BrokenLedger(result)
 

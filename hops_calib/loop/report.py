@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hops_calib.errors import InputError
+from hops_calib.loop import heldout
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.score import RunScore, SuiteScore
-from hops_calib.loop.suite import SPLITS, Suite, TEST, TRAIN, load_suite, score_model, suite_if_any
+from hops_calib.loop.suite import SPLITS, Suite, TEST, TRAIN, load_suite, open_store, score_model, suite_if_any
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
 
@@ -249,6 +250,8 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
         "intervals": intervals,
         "prediction_digests": digests,
         **({"repeat_of": int(repeat["seq"])} if repeat is not None else {}),
+        # the groups this look held out, by name and by their runs' events: never trained on from now on
+        **({heldout.HELD_OUT_KEY: heldout.store_held_out(open_store(fixtures_dir))} if split == TEST else {}),
         "decision": "audit",
         "code_revision": code_revision(),
     }

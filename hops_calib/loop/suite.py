@@ -85,11 +85,16 @@ def open_store(fixtures_dir: Path | str):
     if not store.exists():
         raise InputError(fixtures_dir, "no fixture store here",
                          hint=f"ingest runs first: hops-calib ingest SRC --fixtures {fixtures_dir}")
-    unfinished = store.unfinished()
-    if unfinished:  # the fixtures there are whole, but the runs being written when it stopped are missing
-        warn(f"warning: {fixtures_dir}: an ingest stopped before it finished ({', '.join(unfinished[:3])}"
-             f"{', ...' if len(unfinished) > 3 else ''}): the runs it was writing are not in the store; run the "
-             "same hops-calib ingest again to finish it")
+    running = store.running()
+    if running:  # an ingest writing now: its temporary folders are work in progress, not the remains of a crash
+        warn(f"warning: {running}")
+    else:
+        store.check_finished()  # an ingest stopped part way: what to run (its index may lag its folders)
+        unfinished = store.unfinished()
+        if unfinished:  # (left by an ingest of a hops-calib before the journal) the fixtures there are whole
+            warn(f"warning: {fixtures_dir}: an ingest stopped before it finished ({', '.join(unfinished[:3])}"
+                 f"{', ...' if len(unfinished) > 3 else ''}): the runs it was writing are not in the store; run the "
+                 "same hops-calib ingest again to finish it")
     return store
 
 

@@ -32,12 +32,14 @@ import shutil
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from hops_calib.files import atomic_write
 from hops_calib.spec import Spec
 from hops_calib.truth import CATEGORIES, EVENT_COLUMNS, IterationTruth, Truth, category_dtype, to_timeline
 
@@ -53,10 +55,15 @@ RUNS_FILE = "runs.parquet"
 TABLE_KIND = "iteration_table"
 EVENTS_KIND, ITERATION_KIND = "events", "iteration"
 LOCK_FILE = ".lock"
+# Written by an ingest while it holds the lock (its PID, sources, and whether it began changing the store); removed
+# when it finishes. Left behind with "writing" while no one holds the lock: the ingest was stopped part way.
+JOURNAL_FILE = ".ingest.json"
+DEFAULT_LOCK_TIMEOUT_S = 600.0
 _TMP_PREFIX = ".tmp-"
 _OLD_PREFIX = ".old-"
-# Ids become folder names: letters, digits, '.', '_' and '-', not starting with a dot.
+# Ids become folder names: letters, digits, '.', '_' and '-', not starting with a dot, not a store file's name.
 _SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+_RESERVED_IDS = frozenset({INDEX})
 
 INDEX_COLUMNS = ("id", "split", "group", "schedule", "declared_schedule", "configured_schedule", "pp", "vp",
                  "microbatches", "iterations", "devices", "throughput_per_s", "steady_throughput_per_s",
@@ -103,6 +110,9 @@ def check_fixture_id(store_root: Path, fixture_id: str, origin: str = "") -> Pat
         raise StoreError(f"run id {fixture_id!r}{where} is not a safe fixture name ({why}; store {store_root}); "
                          "rename the job directory (or set its manifest run_id) to letters, digits, '.', '_' and "
                          "'-'")
+    if fixture_id.lower() in _RESERVED_IDS:
+        raise StoreError(f"run id {fixture_id!r}{where} is the name of the store's own {INDEX} (store {store_root}); "
+                         "rename the job directory (or set its manifest run_id)")
     folder = store_root / fixture_id
     if folder.resolve().parent != store_root.resolve():
         raise StoreError(f"run id {fixture_id!r}{where} resolves outside the store {store_root}")
@@ -318,6 +328,9 @@ class FixtureStore:
         self._tables: dict[str, tuple[dict[str, Any], pd.DataFrame]] = {}
         self._index: pd.DataFrame | None = None
         self._rows: list[dict[str, Any]] | None = None
+        # the journal of the ingest holding the lock through this object (see `lock`)
+        self._journal: dict[str, Any] = {}
+        self._left_writing = self._finished = False
 
     # -- reading ---------------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -331,7 +344,11 @@ class FixtureStore:
                              "folder")
         if not self.root.is_dir():
             return
-        entries = [p for p in self.root.iterdir() if p.name != LOCK_FILE]
+        if (self.root / INDEX).is_dir():
+            raise StoreError(f"{self.root / INDEX} is a folder where the store keeps its index (a job named "
+                             f"{INDEX} was stored by an earlier hops-calib): move it out of {self.root}; the next "
+                             "ingest rebuilds the index")
+        entries = [p for p in self.root.iterdir() if p.name not in (LOCK_FILE, JOURNAL_FILE)]
         if not entries or (self.root / INDEX).is_file() or self.fixture_folders() or self.table_folders() \
                 or self.unfinished():
             return
@@ -377,9 +394,11 @@ class FixtureStore:
         return self._tables[name]
 
     def index(self) -> pd.DataFrame:
-        """One row per fixture (columns INDEX_COLUMNS), sorted by id; empty when the store is."""
+        """One row per fixture (columns INDEX_COLUMNS), sorted by id; empty when the store is. StoreError when an
+        ingest stopped part way (`check_finished`): its index may not list what its folders hold."""
         if self._index is not None:
             return self._index
+        self.check_finished()
         self._index = self._read_index()
         return self._index
 
@@ -404,6 +423,7 @@ class FixtureStore:
         need no pandas (importing it was a third of an evaluate's start-up). An index without every column is
         rebuilt, as `index` does."""
         if self._rows is None:
+            self.check_finished()  # (as `index`: an ingest that stopped part way leaves an index that may lag)
             path = self.root / INDEX
             rows = None
             if path.is_file():
@@ -522,17 +542,135 @@ class FixtureStore:
             found.update((row["id"], measured_fixture(row, meta, folder)) for row in mine.to_dict(orient="records"))
         return [found[i] if i in found else self.load(i) for i in ids]
 
+    def group_digests(self, split: str) -> dict[str, dict[str, list[str]]]:
+        """group -> {"ids": its fixtures in `split`, "digests": their events' sha256 (what the runs measured, as
+        fixture.json records it: a renamed copy of a run has the same)}, for every group with fixtures in `split`."""
+        groups: dict[str, dict[str, list[str]]] = {}
+        for fixture_id in self.ids(split):
+            meta = self.meta(fixture_id)
+            entry = groups.setdefault(meta["group"], {"ids": [], "digests": []})
+            entry["ids"].append(fixture_id)
+            digest = (meta.get(FILE_DIGESTS) or {}).get(EVENTS_FILE)
+            if digest:
+                entry["digests"].append(digest)
+        return groups
+
     def split_of_groups(self) -> dict[str, str]:
         """group -> its stored split, over every fixture in the store."""
         index = self.index()
         return dict(zip(index["group"], index["split"]))
 
+    # -- an ingest in progress, or one that stopped part way ---------------------------------------------
+    def journal(self) -> dict[str, Any] | None:
+        """What the last ingest to take the lock recorded (pid, sources, started, writing); None without one."""
+        try:
+            data = json.loads((self.root / JOURNAL_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def locked(self) -> bool:
+        """Whether a writer (an ingest) holds the store's lock now; a test that takes and drops it at once."""
+        import fcntl
+
+        try:
+            fd = os.open(self.root / LOCK_FILE, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+
+    def _ingest_named(self, journal: dict[str, Any] | None) -> str:
+        if not journal:
+            return "an ingest"
+        sources = " ".join(str(s) for s in journal.get("sources") or [])
+        return f"the ingest of {sources or '?'} (PID {journal.get('pid', '?')}, started {journal.get('started', '?')})"
+
+    def _rerun(self, journal: dict[str, Any] | None) -> str:
+        sources = " ".join(str(s) for s in (journal or {}).get("sources") or []) or "SRC"
+        return f"hops-calib ingest {sources} --fixtures {self.root}"
+
+    def interrupted(self) -> str | None:
+        """The message for a store an ingest stopped changing part way (its index may lag its folders), else None."""
+        journal = self.journal()
+        if not journal or not journal.get("writing") or self.locked():
+            return None
+        return (f"{self.root}: {self._ingest_named(journal)} stopped before it finished: the index may not list the "
+                f"fixtures it wrote, nor drop the ones it replaced; run `{self._rerun(journal)}` to finish it (the "
+                "fixtures it wrote are kept, unchanged runs are skipped; any ingest into this store puts its index "
+                "right)")
+
+    def check_finished(self) -> None:
+        """StoreError (what to run) when an ingest stopped part way: what the store holds is not what it lists."""
+        message = self.interrupted()
+        if message:
+            raise StoreError(message)
+
+    def running(self) -> str | None:
+        """A warning when an ingest is writing into the store now (its runs appear when it finishes), else None."""
+        if not self.locked():
+            return None
+        journal = self.journal()
+        return (f"{self.root}: {self._ingest_named(journal)} is writing into this store: what follows reads the "
+                "fixtures its index listed before, and the runs it writes appear when it finishes")
+
     # -- writing (callers hold the lock) ---------------------------------------------------------------
-    def lock(self):
-        from filelock import FileLock
+    @contextmanager
+    def lock(self, timeout: float | None = DEFAULT_LOCK_TIMEOUT_S, on_wait: Callable[[str], None] | None = None,
+             sources: Sequence[Path | str] = ()) -> Iterator[None]:
+        """Hold the store's lock for writing (waiting up to `timeout` s, None: without end; `on_wait` hears whom
+        for) and keep its journal: who holds it and, once `begin_writing` is called, that the store is changing."""
+        from filelock import FileLock, Timeout
 
         self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.root / LOCK_FILE))
+        lock = FileLock(str(self.root / LOCK_FILE))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            holder = self._ingest_named(self.journal())
+            if on_wait:
+                on_wait(f"waiting for the store lock held by {holder}"
+                        + (f" (up to {timeout:g} s, --lock-timeout)" if timeout is not None else ""))
+            try:
+                lock.acquire(timeout=-1 if timeout is None else timeout)
+            except Timeout:
+                raise StoreError(f"{self.root}: the store lock is still held by {holder} after {timeout:g} s; run "
+                                 "again when it has finished, or pass a longer --lock-timeout") from None
+        try:
+            left = self.journal()
+            self._left_writing = bool(left and left.get("writing"))  # an earlier ingest stopped part way
+            self._journal = {"pid": os.getpid(), "sources": [os.path.abspath(s) for s in sources],
+                             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             "writing": self._left_writing}
+            self._finished = False
+            atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))
+            yield
+            if not self._journal["writing"] or self._finished:
+                (self.root / JOURNAL_FILE).unlink(missing_ok=True)
+        finally:
+            lock.release()
+
+    def begin_writing(self) -> None:
+        """Record (before the first change) that the store is changing: should the writer stop before `finish`,
+        readers are told to run the ingest again rather than trust an index that may lag its folders."""
+        if not self._journal["writing"]:
+            self._journal["writing"] = True
+            atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))
+
+    @property
+    def left_unfinished(self) -> bool:
+        """Whether an earlier writer stopped part way (seen when this one took the lock): its index needs rewriting."""
+        return self._left_writing
+
+    def finish(self) -> None:
+        """The index is written: the store is consistent again (the journal goes when the lock is released)."""
+        self._finished = True
 
     def remove_if_empty(self) -> None:
         """Remove the store's folder when it holds nothing but the writers' lock (an ingest that stored nothing)."""
@@ -643,9 +781,19 @@ class FixtureStore:
         return [measured_index_row(row, meta, folder.name) for row in runs.to_dict(orient="records")]
 
     def build_index(self) -> pd.DataFrame:
+        """The index of the fixture folders. A fixture whose files cannot be read (damaged by hand) keeps the row
+        the index had for it, so readers still meet it (and are told to ingest its job again); without one it is
+        left out."""
         import pandas as pd
 
-        rows = [self.index_row(folder) for folder in self.fixture_folders()]
+        rows, listed = [], None
+        for folder in self.fixture_folders():
+            try:
+                rows.append(self.index_row(folder))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                listed = self._listed_rows() if listed is None else listed
+                if folder.name in listed:
+                    rows.append(listed[folder.name])
         for folder in self.table_folders():
             rows += self.table_index_rows(folder)
         if not rows:
@@ -654,6 +802,20 @@ class FixtureStore:
         for name in ("idle_ms", "bubble_ratio", "throughput_per_s", "steady_throughput_per_s", "iteration_time_ms"):
             frame[name] = frame[name].astype("float64")
         return frame.sort_values("id", kind="stable").reset_index(drop=True)
+
+    def _listed_rows(self) -> dict[str, dict[str, Any]]:
+        """id -> its row in the index file as it is ({} without a readable one)."""
+        import pyarrow.parquet as pq
+
+        try:  # (with pyarrow alone, as `rows`)
+            records = pq.ParquetFile(self.root / INDEX).read().to_pylist()
+        except Exception:  # noqa: BLE001 - no index, or a damaged one: no earlier rows
+            return {}
+        rows = {}
+        for record in records:
+            record["devices"] = list(record.get("devices") if record.get("devices") is not None else [])
+            rows[record["id"]] = record
+        return rows
 
     def write_index(self) -> pd.DataFrame:
         self._tables.clear()

@@ -8,6 +8,8 @@ One bad run never stops the others: it is rejected with the reader's message
 from __future__ import annotations
 
 import hashlib
+import math
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,16 +18,18 @@ from typing import Any, Callable, Collection, Iterable
 import numpy as np
 
 from hops_calib import __version__
-from hops_calib.spec import Spec, build_spec, coordinates_of
-from hops_calib.store.fixture_store import (EVENTS_FILE, INDEX, FixtureStore, StoreError, check_fixture_id,
-                                           write_events)
+from hops_calib.spec import Spec, build_spec, check_simulable, coordinates_of
+from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, INDEX, FixtureStore,
+                                           StoreError, check_fixture_id, file_digest, write_events)
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
-from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
+from hops_calib.trace import (TraceError, find_arguments, find_job_dirs, rank_files, read_manifest, read_rank_events,
+                              run_id_of)
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
 from hops_calib.trace.measured import RunHardware
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
+from hops_calib.trace.reading import open_regular
 from hops_calib.trace.structure import DEFAULT_SKEW_MS, check_structure
 from hops_calib.truth import Truth, compact_timeline, compute_truth
 
@@ -58,6 +62,7 @@ class RunOutcome:
 class IngestReport:
     store: Path
     outcomes: list[RunOutcome] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the search skipped (hidden jobs, links not followed)
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -92,10 +97,10 @@ def content_hash(job_dir: Path, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS)
     (a clock-skew allowance other than the default is part of the mode)."""
     mode = f"lenient={lenient}" + (f" skew_ms={skew_ms!r}" if skew_ms != DEFAULT_SKEW_MS else "")
     outer = hashlib.sha256(f"hops-calib ingest v{INGEST_VERSION} {mode}\n".encode())
-    files = sorted(p for p in job_dir.rglob("*") if p.is_file())
+    files = sorted(p for p in job_dir.rglob("*") if p.is_file())  # (rglob never walks into a linked folder)
     for path in files:
-        outer.update(path.relative_to(job_dir).as_posix().encode("utf-8") + b"\0")
-        with path.open("rb") as handle:
+        outer.update(os.fsencode(path.relative_to(job_dir).as_posix()) + b"\0")  # (UTF-8, or the name's own bytes)
+        with open_regular(path) as handle:
             outer.update(hashlib.file_digest(handle, "sha256").digest())
     return outer.hexdigest()
 
@@ -151,10 +156,13 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     """
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
+    check_simulable(spec, find_arguments(job_dir)[1])
     files = rank_files(job_dir)
     ranks = spec.gpus
     if sorted(files) != list(range(ranks)):
-        raise TraceError(job_dir / TRACE_DIR, f"has logs of ranks {sorted(files)} but the configuration has "
+        logs = sorted(files)
+        shown = f"{logs}" if len(logs) <= 16 else f"[{', '.join(map(str, logs[:16]))}, ...] ({len(logs)} logs)"
+        raise TraceError(job_dir / TRACE_DIR, f"has logs of ranks {shown} but the configuration has "
                          f"{ranks} ranks ({spec.pp} pipeline stages x tp {spec.tp} x dp {spec.dp}: 0..{ranks - 1})",
                          field="rank<r>.jsonl",
                          hint="stage counts of configuration and trace disagree: copy every rank's log, or fix "
@@ -272,7 +280,7 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
                                               "Megatron training log)"))
             continue
         try:
-            found = find_job_dirs(Path(source))
+            found = find_job_dirs(Path(source), report.notes)
         except TraceError as err:
             report.outcomes.append(RunOutcome(source=Path(source), error=str(err)))
             continue
@@ -290,10 +298,12 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
            on_run: Callable[[RunOutcome], None] | None = None,
            on_start: Callable[[int], None] | None = None, hardware: RunHardware | None = None,
            warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
-           device_types: Collection[str] | None = None) -> IngestReport:
+           device_types: Collection[str] | None = None, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S,
+           on_wait: Callable[[str], None] | None = None) -> IngestReport:
     """Ingest every job directory under `sources`, and every run table or Megatron training log among them, into
     `store`; see the module docstring. `hardware` (--gpu/--gpus-per-node) and `warmup_iterations` are for logs and
-    tables; `device_types` (the catalog's) refuses a log's or table's run on any other device type."""
+    tables; `device_types` (the catalog's) refuses a log's or table's run on any other device type. Waits up to
+    `lock_timeout` s (None: without end) for another writer's lock, telling `on_wait` whom it waits for."""
     if split not in SPLIT_CHOICES:
         raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
     if not 0.0 <= test_fraction <= 1.0:
@@ -314,7 +324,11 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             on_run(outcome)
     if not job_dirs and not measured and not store.exists():
         return report  # nothing to write: no empty store is made for a source that holds no job
-    with store.lock():
+    if lock_timeout is not None and not 0.0 <= lock_timeout < math.inf:
+        raise StoreError(f"--lock-timeout {lock_timeout} is not a number of seconds >= 0")
+    with store.lock(timeout=lock_timeout, on_wait=on_wait, sources=sources):
+        if store.unfinished():
+            store.begin_writing()
         store.recover()
         stored: dict[str, dict[str, Any]] = {}
         index_splits: dict[str, str] | None = None  # read once, when a fixture.json cannot be trusted
@@ -340,8 +354,11 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources,
                                        split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms,
                                        measured=context.table_runs.keys() | context.tables.keys())
-            except (TraceError, StoreError) as err:
-                outcome.status, outcome.error = "rejected", str(err)
+            except Exception as err:  # noqa: BLE001 - one run's failure, whatever it is, is that run's rejection
+                outcome.status = "rejected"
+                outcome.error = str(err) if isinstance(err, (TraceError, StoreError)) else (
+                    f"{job_dir}: internal error while reading this run: {type(err).__name__}: {err} (a bug in "
+                    "hops-calib, not necessarily in the run: please report it; the other runs are ingested)")
                 if isinstance(err, TraceError) and outcome.run_id in stored:
                     # an earlier ingest of these (now bad) files stays in the store and is still scored: say so
                     scored_by = "evaluate" if stored[outcome.run_id].get("split") == "train" else "report"
@@ -353,6 +370,8 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                 on_run(outcome)
         context.event_ids |= set(batch_sources)
 
+        if measured:
+            store.begin_writing()  # (the tables and logs may change table folders)
         for path in measured:
             runs: list[RunOutcome] = []
             changed |= ingest_measured(path, store, context, RunOutcome, split=split, test_fraction=test_fraction,
@@ -365,9 +384,25 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         # a fixture folder deleted by hand (or one the index does not list) is put right even when nothing changed
         known = set(stored) | set(context.table_runs)
         stale = index_file.is_file() and (set(store.ids()) != known or _index_outdated(index_file))
-        if changed or stale or (known and not index_file.is_file()):
+        if changed or stale or (known and not index_file.is_file()) or store.left_unfinished:
+            store.begin_writing()
             store.write_index()
+        store.finish()
     return report
+
+
+def _refuse_clash(store: FixtureStore, run_id: str, previous: dict[str, Any], job_dir: Path, events_sha: str) -> None:
+    """StoreError when the stored fixture of `run_id` is another job's: not ingested from this folder, and other
+    measurements (events). A re-ingest of the same job (same folder, or the same events from a moved copy) updates."""
+    same_source = previous.get("source") == str(job_dir.resolve())
+    same_events = (previous.get(FILE_DIGESTS) or {}).get(EVENTS_FILE) == events_sha
+    if same_source or same_events:
+        return
+    raise StoreError(f"run id {run_id!r} of {job_dir} is already in the store for another job: "
+                     f"{store.root / run_id} holds the measurements ingested from {previous.get('source') or '?'}, "
+                     f"and {job_dir} measured something else (its events differ); two jobs must not share an id, "
+                     "so the stored run is kept. Give this job its own id (rename its folder, or set its manifest "
+                     f"run_id), or delete {store.root / run_id} first to replace the stored run")
 
 
 def _index_outdated(index_file: Path) -> bool:
@@ -443,8 +478,11 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
             previous and "fixture_sha256" in previous and previous.get("content_hash") == digest):
         outcome.warnings.append("the stored fixture's files were changed or damaged after an ingest wrote them: "
                                 f"written again from the job (split {chosen})")
+    store.begin_writing()
     with store.writing(run_id) as folder:
         data = read_run(job_dir, folder / EVENTS_FILE, lenient, skew_ms)
+        if previous and FILE_DIGESTS in previous:
+            _refuse_clash(store, run_id, previous, job_dir, file_digest(folder / EVENTS_FILE))
         outcome.warnings += data.warnings
         meta = {
             "id": run_id,

@@ -18,6 +18,7 @@ import numpy as np
 
 from hops_calib.timeline import COMPUTE, KINDS, PHASES, TRANSFER
 from hops_calib.trace.errors import TraceError
+from hops_calib.trace.reading import MAX_HOSTNAME, MAX_LINE_BYTES, bounded_lines, long_line, open_regular
 
 try:  # orjson parses a line about 3x faster than the standard library; both give the same objects.
     import orjson
@@ -122,6 +123,7 @@ def _is_int(value: Any) -> bool:
 # Values past these wrap in the compact int32 columns (or in the structure checks' packed keys): refused as lines.
 MAX_ITERATION = (1 << 24) - 1
 MAX_INDEX = (1 << 15) - 1  # microbatch, model chunk
+MAX_NS = (1 << 62) - 1  # wall clock in Unix-epoch ns (the year 2116): the checks add allowances without overflow
 
 
 def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, int],
@@ -150,6 +152,13 @@ def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, 
         return "stage", f"is {record['stage']} in the log of rank {rank}, which runs stage {stage}", \
             "with tensor and data parallel size 1 rank r runs stage r: the line belongs to another rank's log, or " \
             "was edited; " + _FIX
+    for name in ("start_wall_ns", "end_wall_ns"):
+        if record[name] > MAX_NS:
+            return name, f"is {record[name]}, past 2^62 ns (the year 2116): not a wall clock in Unix-epoch ns", _FIX
+    hostname = record.get("hostname")
+    if hostname is not None and (type(hostname) is not str or len(hostname) > MAX_HOSTNAME):
+        shown = f"a {type(hostname).__name__}" if type(hostname) is not str else f"{len(hostname)} characters long"
+        return "hostname", f"is {shown}, expected a host name of at most {MAX_HOSTNAME} characters", _FIX
     if record["iteration"] > MAX_ITERATION:
         return "iteration", f"is {record['iteration']}, more than a trace can number (<= {MAX_ITERATION})", _FIX
     if record["end_wall_ns"] < record["start_wall_ns"]:
@@ -212,8 +221,13 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
             raise TraceError(path, problem, line=number, field=field_name, hint=hint)
         report.dropped[reason or f"bad {field_name}"] += 1
 
-    with path.open("rb") as lines:
-        for number, raw in enumerate(lines, 1):
+    with open_regular(path) as handle:
+        for number, raw in bounded_lines(handle):
+            if raw is None:
+                if not lenient:
+                    raise long_line(path, number)
+                report.dropped[f"line longer than {MAX_LINE_BYTES >> 10} KiB"] += 1
+                continue
             if not raw.strip():
                 continue
             try:
@@ -246,14 +260,16 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                 microbatch = record["microbatch"]
                 chunk = record.get("model_chunk", 0)
                 peer = device_stage[record["dst_device"]] if kind == _TRANSFER else -1
-                ok = (type(start) is int and type(end) is int and 0 <= start <= end
+                hostname = record.get("hostname")
+                ok = (type(start) is int and type(end) is int and 0 <= start <= end <= MAX_NS
                       and record["rank"] == rank and type(record["rank"]) is int
                       and type(event_stage) is int and 0 <= event_stage < pp
                       and (stage is None or event_stage == stage)
                       and type(iteration) is int and 0 <= iteration <= MAX_ITERATION
                       and type(chunk) is int and 0 <= chunk <= MAX_INDEX
                       and (type(microbatch) is int and 0 <= microbatch <= MAX_INDEX
-                           or microbatch is None and phase == _OPTIMIZER))
+                           or microbatch is None and phase == _OPTIMIZER)
+                      and (hostname is None or type(hostname) is str and len(hostname) <= MAX_HOSTNAME))
             except (KeyError, TypeError):
                 ok = False
             if not ok:
@@ -262,8 +278,8 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                     problem = ("(event)", "could not be read as an event", "check the event schema")
                 reject(*problem)
                 continue
-            if not report.hostname:
-                report.hostname = str(record.get("hostname", ""))
+            if not report.hostname and hostname:
+                report.hostname = hostname
             rows.append((event_stage, chunk, iteration, -1 if phase == _OPTIMIZER else microbatch, kind, phase, start, end,
                          peer))
             if len(rows) >= _FLUSH_ROWS:

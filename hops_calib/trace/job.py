@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hops_calib.trace.errors import TraceError
+from hops_calib.trace.reading import (MAX_CONFIG_BYTES, MAX_LAYOUT_BYTES, MAX_LAYOUT_NODES, MAX_YAML_NODES, load_json,
+                                      load_yaml)
 
 TRACE_DIR = "megatron_trace"
 STAGE_MAP = "hops_trace_map.json"
@@ -21,40 +21,59 @@ LINK_BENCH_DIR = Path("calibration") / "link_bench"
 # Any of these marks a folder as a job directory (so a job missing its trace is reported, not skipped).
 _JOB_MARKERS = (TRACE_DIR, STAGE_MAP, "megatron_args.txt")
 _RANK_FILE = re.compile(r"rank(\d+)\.jsonl")
-# libyaml's loader is ~10x faster than the pure-Python one; same result on safe YAML.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def _load_yaml(path: Path) -> Any:
-    return yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
 
 
 def is_job_dir(path: Path) -> bool:
     return any((path / marker).exists() for marker in _JOB_MARKERS)
 
 
-def find_job_dirs(source: Path) -> list[Path]:
-    """`source` itself when it is a job directory, else every job directory below it (sorted)."""
+def find_job_dirs(source: Path, notes: list[str] | None = None) -> list[Path]:
+    """`source` itself when it is a job directory, else every job directory below it (sorted).
+
+    The walk never leaves the source tree: a symbolic link to a job directory is taken as that job (once, however
+    many links name it; a folder of links to runs is a common way to pick them), a link to any other folder (`/`,
+    `up -> ..`) is not followed. Job directories whose names start with a dot are skipped; they, and the links not
+    followed, are named in `notes`.
+    """
     if not source.exists():
         raise TraceError(source, "does not exist", hint="pass a job directory or a folder holding job directories")
     if is_job_dir(source):
         return [source]
     found: list[Path] = []
     seen: set[Path] = set()
-    # Symbolic links are followed (a folder of links to job directories is a common way to pick runs); each real
-    # folder is visited once, so a link back up the tree ends the walk there.
-    for root, dirs, _files in os.walk(source, followlinks=True):
+    hidden: list[str] = []
+    unfollowed: list[str] = []
+    for root, dirs, _files in os.walk(source):  # (followlinks=False: links are looked at below, never walked)
         here = Path(root)
-        real = here.resolve()
-        if real in seen:
-            dirs.clear()
-            continue
-        seen.add(real)
-        if here != source and is_job_dir(here):
-            found.append(here)
-            dirs.clear()  # a job directory's own subfolders are not jobs
-        else:
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        walk = []
+        for name in sorted(dirs):
+            path = here / name
+            try:
+                real = path.resolve()
+                job = is_job_dir(real)
+            except (OSError, RuntimeError):  # a link loop
+                real, job = None, False
+            if name.startswith("."):
+                if job:
+                    hidden.append(str(path))
+            elif job:
+                if real not in seen:
+                    seen.add(real)
+                    found.append(path)
+            elif path.is_symlink():
+                unfollowed.append(f"{path} -> {os.readlink(path)}")
+            else:
+                walk.append(name)
+        dirs[:] = walk
+    if notes is not None:
+        if hidden:
+            notes.append(f"skipped {len(hidden)} job director{'y' if len(hidden) == 1 else 'ies'} whose name starts "
+                         f"with a dot (hidden): {', '.join(hidden[:5])}{', ...' if len(hidden) > 5 else ''}; rename "
+                         "to ingest")
+        if unfollowed:
+            notes.append(f"did not follow {len(unfollowed)} symbolic link(s) to folders that are not job "
+                         f"directories: {', '.join(unfollowed[:5])}{', ...' if len(unfollowed) > 5 else ''} (links "
+                         "are followed only to job directories, so the search stays inside the source)")
     return sorted(found)
 
 
@@ -63,11 +82,15 @@ def rank_files(job_dir: Path) -> dict[int, Path]:
     trace = job_dir / TRACE_DIR
     if not trace.is_dir():
         raise TraceError(trace, "missing: no per-rank event logs", hint=f"a job directory needs {TRACE_DIR}/rank<r>.jsonl")
-    files = {}
-    for path in trace.iterdir():
+    files: dict[int, Path] = {}
+    for path in sorted(trace.iterdir()):
         match = _RANK_FILE.fullmatch(path.name)
         if match:
-            files[int(match.group(1))] = path
+            rank = int(match.group(1))
+            if rank in files:
+                raise TraceError(trace, f"holds two logs of rank {rank}: {files[rank].name} and {path.name}",
+                                 field="rank<r>.jsonl", hint="keep one log per rank (remove the copy)")
+            files[rank] = path
     if not files:
         raise TraceError(trace, "holds no rank<r>.jsonl event logs", hint="copy the tracing fork's per-rank logs here")
     return dict(sorted(files.items()))
@@ -76,13 +99,10 @@ def rank_files(job_dir: Path) -> dict[int, Path]:
 def read_stage_map(job_dir: Path) -> tuple[str, ...]:
     """Device id per pipeline stage, from `hops_trace_map.json` ({"stages": {"0": "h100_node0_gpu0", ...}})."""
     path = job_dir / STAGE_MAP
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise TraceError(path, "missing: no stage-to-device map", field="stages",
                          hint='write {"stages": {"0": "<device id>", ...}} with one entry per pipeline stage')
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise TraceError(path, f"not valid JSON ({err.msg})", line=err.lineno, hint="fix the JSON syntax") from err
+    data = load_json(path, MAX_LAYOUT_BYTES)
     stages = data.get("stages") if isinstance(data, dict) else None
     if not isinstance(stages, dict) or not stages:
         raise TraceError(path, "missing or empty", field="stages",
@@ -108,17 +128,13 @@ class DeviceInfo:
     node: str = ""  # the node (machine) it sits on, when the job names one (`node:`): devices of one node share it
 
 
-def _read_yaml_mapping(path: Path, keys: str, empty_ok: bool) -> dict[str, Any]:
+def _read_yaml_mapping(path: Path, keys: str, empty_ok: bool, max_bytes: int = MAX_CONFIG_BYTES,
+                       max_nodes: int = MAX_YAML_NODES) -> dict[str, Any]:
     """An optional YAML file holding a mapping: {} when absent (or empty, with `empty_ok`); an error naming the
     file and line when it is not valid YAML, or not a mapping (`keys`: examples of what it should hold)."""
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
-    try:
-        data = _load_yaml(path)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise TraceError(path, f"not valid YAML ({getattr(err, 'problem', err)})",
-                         line=mark.line + 1 if mark else None, hint="fix the YAML syntax") from err
+    data = load_yaml(path, max_bytes, max_nodes)
     if data is None and empty_ok:
         return {}
     if not isinstance(data, dict):
@@ -128,7 +144,8 @@ def _read_yaml_mapping(path: Path, keys: str, empty_ok: bool) -> dict[str, Any]:
 
 def read_template(job_dir: Path) -> dict[str, Any]:
     """`hops.base.yaml` as a dict (empty when absent)."""
-    return _read_yaml_mapping(job_dir / TEMPLATE, "pipeline: and hardware:", empty_ok=False)
+    return _read_yaml_mapping(job_dir / TEMPLATE, "pipeline: and hardware:", empty_ok=False,
+                              max_bytes=MAX_LAYOUT_BYTES, max_nodes=MAX_LAYOUT_NODES)
 
 
 def read_device_types(job_dir: Path, template: dict[str, Any] | None = None) -> dict[str, DeviceInfo]:
@@ -156,7 +173,8 @@ def read_device_types(job_dir: Path, template: dict[str, Any] | None = None) -> 
 def read_manifest(job_dir: Path) -> dict[str, Any]:
     """Provenance (`manifest.yaml`): source scenario, job ids. Empty when absent."""
     data = _read_yaml_mapping(job_dir / MANIFEST, "source_scenario: and job_id:", empty_ok=True)
-    return {str(k): v for k, v in data.items()}
+    # kept in fixture.json: YAML's dates and other non-JSON values are kept as their text
+    return json.loads(json.dumps({str(k): v for k, v in data.items()}, default=str))
 
 
 def run_id_of(job_dir: Path, manifest: dict[str, Any] | None = None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from hops_calib.trace.errors import TraceError
+from hops_calib.trace.reading import bounded_lines, long_line, open_regular
 
 # The benchmark's message sizes are in MiB (torch tensors of size_mb * 2**20 bytes).
 BYTES_PER_MB = 1 << 20
@@ -112,28 +114,42 @@ class LinkFit:
         return fast * burst + (nbytes - fast) * stream
 
 
+def _positive(value: object) -> bool:
+    """A positive, finite number (an integer too large for a float is not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return 0 < float(value) < math.inf
+    except OverflowError:
+        return False
+
+
 def read_sender_p50(path: Path) -> list[tuple[float, float]]:
     """(bytes, p50_ms) of the sender's rows; lines that are not JSON objects (NCCL logs) are skipped."""
     points: list[tuple[float, float]] = []
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        for number, line in enumerate(lines, 1):
-            line = line.strip()
+    with open_regular(path) as handle:
+        for number, raw in bounded_lines(handle):
+            if raw is None:
+                raise long_line(path, number)
+            line = raw.decode("utf-8", errors="replace").strip()
             if not line.startswith("{"):
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as err:
+            except (ValueError, RecursionError) as err:  # (JSONDecodeError, an integer too long, nesting too deep)
                 if not line.startswith('{"'):
                     continue  # a log line that happens to start with '{': not a measurement
                 # a row the benchmark began to write (a JSON object's first key) and did not finish, or mangled
-                raise TraceError(path, f"is not valid JSON ({err.msg} at column {err.colno})", line=number,
+                what = (f"{err.msg} at column {err.colno}" if isinstance(err, json.JSONDecodeError)
+                        else "nested too deeply" if isinstance(err, RecursionError) else str(err))
+                raise TraceError(path, f"is not valid JSON ({what})", line=number,
                                  hint="a torn or edited measurement row: re-run the link benchmark, "
                                                     "or delete the line") from None
             if row.get("mode", "p2p") != "p2p":
                 continue
             for field in ("size_mb", "p50_ms"):  # the receiver's rows too: a bad one means a damaged file
                 value = row.get(field)
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                if not _positive(value):
                     raise TraceError(path, f"is {value!r}, expected a positive number", line=number, field=field,
                                      hint="re-run the link benchmark or delete the row")
             if row.get("rank") != SENDER_RANK:
@@ -232,7 +248,8 @@ def read_link_fits(bench_dir: Path, pp: int | None = None, notes: list[str] | No
             have = {frozenset((i, j)) for i, j, _ in pairs}
             missing = [f"{k}-{k + 1}" for k in range(pp - 1) if frozenset((k, k + 1)) not in have]
             if ignored:
-                notes.append(f"{bench_dir}: ignored {', '.join(ignored)} (a link benchmark file is named "
+                shown = ", ".join(ignored[:8]) + (f", ... ({len(ignored)} files)" if len(ignored) > 8 else "")
+                notes.append(f"{bench_dir}: ignored {shown} (a link benchmark file is named "
                              "pair_<i>_<j>.jsonl)")
             if pairs and missing:
                 notes.append(f"{bench_dir}: no benchmark for the hop(s) {', '.join(missing)}: they are priced "

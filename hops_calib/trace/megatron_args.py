@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hops_calib.trace.errors import TraceError
+from hops_calib.trace.reading import read_config_text, text_lines
 
 ARGS_FILE = "megatron_args.txt"
-# Megatron prints its arguments between these two rulers (any number of dashes).
-_BLOCK_START = re.compile(r"-{3,}\s*arguments\s*-{3,}")
-_BLOCK_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
+# Megatron prints its arguments between these two rulers (any number of dashes). The patterns run in time linear
+# in the line (a run starts only where the one before it cannot, and nothing matched is given back): a rank log
+# line can be long.
+_BLOCK_START = re.compile(r"(?<!-)-{3,}+\s*+arguments\s*+---")
+_BLOCK_END = re.compile(r"(?<!-)-{3,}+\s*+end of arguments\s*+---")
 # "  num_layers ...................................... 12", possibly behind a launcher prefix like "[rank0]: ".
-_BLOCK_LINE = re.compile(r"(\w+) \.{2,} ?(.*?)\s*$")
+_BLOCK_LINE = re.compile(r"(?<!\w)(\w++) \.{2,}+ ?+(.*)")
 # Files of a job directory that may hold a Megatron rank log (stdout/stderr of the ranks).
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 
@@ -39,7 +42,7 @@ def parse_value(text: str) -> Any:
     if text[:1] in "[(":
         try:
             return ast.literal_eval(text)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, RecursionError, MemoryError):
             pass
     return text
 
@@ -102,7 +105,7 @@ def _launcher_world_size(tokens: list[str]) -> int | None:
 
 
 def read_args_file(path: Path) -> dict[str, Any]:
-    args = parse_command_line(path.read_text(encoding="utf-8"), path)
+    args = parse_command_line(read_config_text(path), path)
     if not args:
         raise TraceError(path, "no --arguments found", line=1,
                          hint="the file must hold Megatron's launch command, e.g. 'pretrain_gpt.py --num-layers 12 ...'")
@@ -125,7 +128,7 @@ def parse_arguments_block(lines: Iterable[str]) -> dict[str, Any] | None:
             return args
         match = _BLOCK_LINE.search(line)
         if match:
-            args[match.group(1)] = parse_value(match.group(2))
+            args[match.group(1)] = parse_value(match.group(2).rstrip())
     return args
 
 
@@ -135,15 +138,14 @@ def find_arguments(job_dir: Path) -> tuple[dict[str, Any], Path]:
     Never opens the event logs (`megatron_trace/`): they hold measurements, not configuration.
     """
     args_file = job_dir / ARGS_FILE
-    if args_file.is_file():
+    if args_file.exists() or args_file.is_symlink():  # (read_config_text refuses what is not a regular file)
         return read_args_file(args_file), args_file
     candidates: list[Path] = []
     for folder in (job_dir, job_dir / "logs"):
         if folder.is_dir():
             candidates += sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _LOG_SUFFIXES)
     for candidate in candidates:
-        with candidate.open(encoding="utf-8", errors="replace") as lines:
-            args = parse_arguments_block(lines)
+        args = parse_arguments_block(text for _, text in text_lines(candidate))
         if args:
             return args, candidate
     raise TraceError(job_dir / ARGS_FILE, "missing: no Megatron configuration in this job directory",

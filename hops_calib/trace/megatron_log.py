@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from hops_calib.trace.errors import TraceError
+from hops_calib.trace.reading import text_lines
 from hops_calib.trace.measured import MeasuredRun, RunHardware, collective_tables_beside
 from hops_calib.trace.megatron_args import _BLOCK_END, _BLOCK_LINE, _BLOCK_START, parse_value
 
@@ -156,14 +157,13 @@ def resolve_hardware(path: Path, given: RunHardware | None) -> RunHardware:
 
 def is_megatron_log(path: Path, probe_lines: int = 2000) -> bool:
     """Whether a file looks like a Megatron training log: an arguments block or an iteration line near its start."""
-    try:
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            for k, line in enumerate(handle):
-                if k >= probe_lines:
-                    break
-                if _BLOCK_START.search(line) or _ITERATION.search(line):
-                    return True
-    except OSError:
+    try:  # (regular files only, lines of at most 64 KiB: `trace.reading`)
+        for number, line in text_lines(path):
+            if number > probe_lines:
+                break
+            if _BLOCK_START.search(line) or _ITERATION.search(line):
+                return True
+    except TraceError:
         return False
     return False
 
@@ -185,81 +185,78 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     timer_option: str | None = None  # the block being read
     timer_name: list[str | None] = [None]  # an `all` block's current timer
     padded_vocab: int | None = None
-    try:
-        handle = path.open(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise TraceError(path, f"cannot be read: {err}", hint="check the path") from None
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            line = _LAUNCHER_PREFIX.sub("", line, count=1)
-            if not line.endswith("\n") and line.strip() and not in_block and (
-                    _ITERATION.search(line) or timer_option is not None or _LEGACY_TIMERS.search(line)):
-                # the log's last line without its newline: the log was cut inside it (a value may be cut too)
-                if not (_ITERATION.search(line) and line.rstrip().endswith("|")):
-                    warnings.append(f"{path}:{number}: the log ends inside this line (no newline after it, "
-                                    "no closing '|'): a line cut short, skipped")
-                    continue
-            if in_block:
-                if _BLOCK_END.search(line):
-                    in_block = False
-                    continue
-                match = _BLOCK_LINE.search(line)
-                if match:
-                    args[match.group(1)] = parse_value(match.group(2))
+    # regular files only; a line over 64 KiB is no line of Megatron's and is skipped; each line keeps its newline,
+    # so the log's last line without one (the log cut inside it) is seen
+    for number, line in text_lines(path):
+        line = _LAUNCHER_PREFIX.sub("", line, count=1)
+        if not line.endswith("\n") and line.strip() and not in_block and (
+                _ITERATION.search(line) or timer_option is not None or _LEGACY_TIMERS.search(line)):
+            # the log's last line without its newline: the log was cut inside it (a value may be cut too)
+            if not (_ITERATION.search(line) and line.rstrip().endswith("|")):
+                warnings.append(f"{path}:{number}: the log ends inside this line (no newline after it, "
+                                "no closing '|'): a line cut short, skipped")
                 continue
-            if _BLOCK_START.search(line):
-                if args is not None:
-                    raise TraceError(path, f"holds a second arguments block (the first at line {block_line}): two "
-                                     "launches in one log", line=number, field="arguments",
-                                     hint="split the log at the second launch and ingest each part")
-                args, in_block, block_line = {}, True, number
+        if in_block:
+            if _BLOCK_END.search(line):
+                in_block = False
                 continue
-            if timer_option is not None:
-                if _read_timer_line(line, timer_option, intervals, timer_name):
-                    continue
-                timer_option, timer_name[0] = None, None
-            legacy = _LEGACY_TIMERS.search(line)
-            if legacy and intervals:
-                if option not in (None, "legacy"):
-                    raise TraceError(path, f"one-line timers, earlier blocks under --timing-log-option {option}",
-                                     line=number, field="timers", hint="one log holds one launch: split it")
-                option = "legacy"
-                for name, value in _fields(legacy.group(1)).items():
-                    if value != _CUT:
-                        intervals[-1].timers[name] = {"rank": _number(path, number, name, value)}
+            match = _BLOCK_LINE.search(line)
+            if match:
+                args[match.group(1)] = parse_value(match.group(2))
+            continue
+        if _BLOCK_START.search(line):
+            if args is not None:
+                raise TraceError(path, f"holds a second arguments block (the first at line {block_line}): two "
+                                 "launches in one log", line=number, field="arguments",
+                                 hint="split the log at the second launch and ingest each part")
+            args, in_block, block_line = {}, True, number
+            continue
+        if timer_option is not None:
+            if _read_timer_line(line, timer_option, intervals, timer_name):
                 continue
-            header = _header(line)
-            if header is not None:
-                if option is not None and header != option:
-                    raise TraceError(path, f"timer block under --timing-log-option {header}, earlier ones under "
-                                     f"{option}", line=number, field="timers",
-                                     hint="one log holds one launch: split it where the launch changed")
-                option = timer_option = header
-                continue
-            match = _ITERATION.search(line)
-            if not match:
-                vocab = _PADDED_VOCAB.search(line) if padded_vocab is None else None
-                if vocab:
-                    padded_vocab = int(vocab.group(3))
-                continue
-            text = match.group(3)
-            cut = not text.rstrip().endswith("|")
-            if cut:  # Megatron ends every field of the line with ' |': what follows the last one was cut
-                text = text[:text.rfind("|") + 1]
-            fields = _fields(text)
-            elapsed = fields.get(ELAPSED)
-            if elapsed is None or elapsed == _CUT or elapsed.endswith(_CUT):
-                warnings.append(f"{path}:{number}: iteration {match.group(1)} has no '{ELAPSED}' (a line cut "
-                                "short?): skipped")
-                continue
-            if cut:
-                warnings.append(f"{path}:{number}: iteration {match.group(1)} does not end with '|' (a line cut "
-                                "short?): its last field is skipped")
-            kept = {name: fields[name] for name in REPORTED if name in fields}  # a long log keeps only what is read
-            intervals.append(_Interval(number, int(match.group(1)), _number(path, number, ELAPSED, elapsed), kept))
-            if intervals[-1].elapsed_ms <= 0:
-                raise TraceError(path, f"is {elapsed}: an iteration takes time", line=number, field=ELAPSED,
-                                 hint="the line is damaged: fix or delete it")
+            timer_option, timer_name[0] = None, None
+        legacy = _LEGACY_TIMERS.search(line)
+        if legacy and intervals:
+            if option not in (None, "legacy"):
+                raise TraceError(path, f"one-line timers, earlier blocks under --timing-log-option {option}",
+                                 line=number, field="timers", hint="one log holds one launch: split it")
+            option = "legacy"
+            for name, value in _fields(legacy.group(1)).items():
+                if value != _CUT:
+                    intervals[-1].timers[name] = {"rank": _number(path, number, name, value)}
+            continue
+        header = _header(line)
+        if header is not None:
+            if option is not None and header != option:
+                raise TraceError(path, f"timer block under --timing-log-option {header}, earlier ones under "
+                                 f"{option}", line=number, field="timers",
+                                 hint="one log holds one launch: split it where the launch changed")
+            option = timer_option = header
+            continue
+        match = _ITERATION.search(line)
+        if not match:
+            vocab = _PADDED_VOCAB.search(line) if padded_vocab is None else None
+            if vocab:
+                padded_vocab = int(vocab.group(3))
+            continue
+        text = match.group(3)
+        cut = not text.rstrip().endswith("|")
+        if cut:  # Megatron ends every field of the line with ' |': what follows the last one was cut
+            text = text[:text.rfind("|") + 1]
+        fields = _fields(text)
+        elapsed = fields.get(ELAPSED)
+        if elapsed is None or elapsed == _CUT or elapsed.endswith(_CUT):
+            warnings.append(f"{path}:{number}: iteration {match.group(1)} has no '{ELAPSED}' (a line cut "
+                            "short?): skipped")
+            continue
+        if cut:
+            warnings.append(f"{path}:{number}: iteration {match.group(1)} does not end with '|' (a line cut "
+                            "short?): its last field is skipped")
+        kept = {name: fields[name] for name in REPORTED if name in fields}  # a long log keeps only what is read
+        intervals.append(_Interval(number, int(match.group(1)), _number(path, number, ELAPSED, elapsed), kept))
+        if intervals[-1].elapsed_ms <= 0:
+            raise TraceError(path, f"is {elapsed}: an iteration takes time", line=number, field=ELAPSED,
+                             hint="the line is damaged: fix or delete it")
     if in_block:
         raise TraceError(path, "the arguments block never ends (no '---- end of arguments ----')", line=block_line,
                          field="arguments", hint="the log was cut inside the block: copy the whole block")

@@ -26,6 +26,7 @@ flagged, since dropping it would leave a hole in the throughput window.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -35,6 +36,7 @@ import numpy as np
 from hops_calib.timeline import COMPUTE, KINDS, PHASES
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.events import _loads
+from hops_calib.trace.reading import bounded_lines, open_regular
 
 DEFAULT_SKEW_MS = 2.0
 _COMPUTE = KINDS.index(COMPUTE)
@@ -57,8 +59,8 @@ def locate_all(path: Path, *, iteration: int, kind: int = _COMPUTE, phase: int |
                microbatch: int | None = None, chunk: int | None = None, limit: int | None = None) -> list[int]:
     """Line numbers of the events of `path` of this kind with these values (at most `limit`)."""
     found: list[int] = []
-    with path.open("rb") as lines:
-        for number, raw in enumerate(lines, 1):
+    with open_regular(path) as handle:
+        for number, raw in bounded_lines(handle):
             try:
                 record = _loads(raw)
             except Exception:  # noqa: BLE001 - a line the reader dropped (lenient) matches nothing
@@ -197,9 +199,11 @@ def _missing(c: dict[str, np.ndarray], compute: np.ndarray, stage: int, iteratio
     phases = (_F, _BB, _BW) if split_backward else (_F, _B)
     parts = []
     for phase in phases:
-        gone = [(chunk, mb) for chunk in range(vp) for mb in range(microbatches) if (phase, chunk, mb) not in have]
-        if phase == _B:  # a split backward stands for a whole one
-            gone = [(chunk, mb) for chunk, mb in gone if (_BB, chunk, mb) not in have]
+        # the first seven, found lazily: the configuration may name far more microbatches than the trace has (a
+        # split backward stands for a whole one)
+        wanted = ((chunk, mb) for chunk in range(vp) for mb in range(microbatches)
+                  if (phase, chunk, mb) not in have and not (phase == _B and (_BB, chunk, mb) in have))
+        gone = list(itertools.islice(wanted, 7))
         if gone:
             shown = ", ".join(f"{mb}" if vp == 1 else f"{mb}/chunk {chunk}" for chunk, mb in gone[:6])
             parts.append(f"{PHASES[phase]} mb {shown}{' ...' if len(gone) > 6 else ''}")

@@ -65,10 +65,12 @@ MAPPING = "vTrain ground_truth_single.csv (hops_calib/trace/vtrain.py)"
 
 def is_vtrain_table(path: Path) -> bool:
     """Whether a CSV's header is the vTrain table's."""
+    from hops_calib.trace.reading import MAX_LINE_BYTES, open_regular
+
     if path.suffix.lower() != ".csv" or not path.is_file():
         return False
-    with path.open(encoding="utf-8-sig", errors="replace") as handle:
-        header = handle.readline()
+    with open_regular(path) as handle:
+        header = handle.readline(MAX_LINE_BYTES).decode("utf-8-sig", errors="replace")
     return {name.strip() for name in header.split(",")} == set(COLUMNS)
 
 

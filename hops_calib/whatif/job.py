@@ -207,7 +207,7 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     coverage, also say where the configuration lies outside them; under `perturbations`, also the throughput of
     seeded perturbed draws."""
     from hops_calib.model.predict import ScheduleError, predict_schedules
-    from hops_calib.spec import build_spec
+    from hops_calib.spec import build_spec, check_simulable
     from hops_calib.trace import find_arguments, read_manifest
 
     job_dir = Path(job_dir)
@@ -224,6 +224,7 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     _args, args_source = find_arguments(job_dir)
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
+    check_simulable(spec, args_source)
     cluster = cluster.for_job(spec.device_ids, notes) if cluster is not None else None
     if spec.pp > 1 and spec.links:  # (a job with no benchmark at all is refused by the model's link term below)
         from hops_calib.whatif.cluster import relinked, unpriced_hint

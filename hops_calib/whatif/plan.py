@@ -73,6 +73,9 @@ class Plan:
 # checked against the simulator in the tests) instead of a simulation: 64 stages x 1024 microbatches x 4 chunks
 # is half a million tasks per schedule, seconds of simulation each, for numbers known exactly.
 SIMULATE_UP_TO_TASKS = 20_000
+# Where no closed form holds, the tasks a candidate's simulation may have: 64 stages x 2 chunks x 4096 microbatches
+# (2^19 stage-chunk-microbatches, 2^20 tasks) took about 25 s and 1.7 GB; twice that 85 s and 6.5 GB, 10^11 never ends.
+MAX_SIMULATED_TASKS = 1 << 20
 
 
 def _evaluate(schedule: str, stages: int, microbatches: int, forward: float, backward: float, weight_grad: float,
@@ -85,6 +88,11 @@ def _evaluate(schedule: str, stages: int, microbatches: int, forward: float, bac
         peak = max(peak_activations(schedule, stages, microbatches, chunks, flush)) / chunks
         bubble = 1.0 - microbatches * (forward + backward) / makespan
     else:
+        if tasks > MAX_SIMULATED_TASKS:
+            raise ValueError(f"{schedule} on --stages {stages} x --chunks {chunks} x --microbatches {microbatches} "
+                             f"has {tasks} tasks, and its closed form does not hold there; the planner simulates at "
+                             f"most {MAX_SIMULATED_TASKS} (about 25 s and 2 GB at the limit): plan a smaller "
+                             "pipeline, or fewer microbatches (the bubble depends on their ratio to the stages)")
         result = simulate(balanced_pipeline(stages, microbatches, forward, backward, weight_grad, chunks=chunks),
                           schedule, gpipe_flush=flush)
         makespan, peak = result.makespan_ms, max(result.peak_stage_activations)

@@ -1,0 +1,140 @@
+"""Committed ledger entries against the model files they wrote.
+
+`evaluate --commit` and `compare --commit` append their entry first and write
+the model file after it (so a model never changes unrecorded). A crash between
+the two leaves an entry saying `committed` over a file that still holds the
+model the entry was judged against. `unwritten` finds such an entry (the latest
+commit into each model file, when the file holds the model before it and was
+last written before the entry: a file put back by hand afterwards is newer);
+`ledger verify` reports it and `ledger repair` writes the committed model when
+the entry rebuilds it exactly (the candidate's text applied to the model the
+file holds, or the compared model file), and otherwise says what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hops_calib.errors import InputError
+from hops_calib.loop.ledger import is_checkout, read_entries
+
+
+@dataclass(frozen=True)
+class UnwrittenCommit:
+    seq: int  # the entry (and its line)
+    model_file: Path
+    committed_sha256: str
+    held_sha256: str  # what the file holds: the model the entry was judged against
+    entry: dict[str, Any]
+
+    def message(self) -> str:
+        return (f"entry {self.seq} committed model {self.committed_sha256[:12]} into {self.model_file}, but the file "
+                f"holds {self.held_sha256[:12]}, the model the entry was judged against, and has not been written "
+                "since: the write after the ledger append did not happen (interrupted); `hops-calib ledger repair` "
+                "writes the committed model")
+
+
+def model_file(recorded: str, ledger_path: Path) -> Path:
+    """The model file an entry names, in the checkout of this ledger: a relative path from the checkout's root, an
+    absolute one inside another checkout (a worktree, a moved clone) at the same place in this one."""
+    path = Path(recorded)
+    root = ledger_path.resolve().parent.parent
+    here = root if is_checkout(root) else Path.cwd()
+    if not path.is_absolute():
+        return here / path
+    for folder in path.parents:
+        if is_checkout(folder):
+            return here / path.relative_to(folder)
+    return path
+
+
+def _commit_of(entry: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(model file as recorded, committed sha256, the other end's sha256) of a committed entry, else None."""
+    if not entry.get("committed"):
+        return None
+    if entry.get("kind") == "evaluate":
+        return entry.get("model_path"), entry.get("model_sha256_after"), entry.get("model_sha256_before")
+    if entry.get("kind") == "compare":
+        kept = entry.get("model_sha256_committed")
+        ends = {entry.get("model_sha256_before"), entry.get("model_sha256_after")} - {kept}
+        return entry.get("committed_into"), kept, next(iter(ends), None)
+    return None
+
+
+def unwritten(ledger_path: Path | str) -> list[UnwrittenCommit]:
+    """The latest commit into each model file, when that file holds the model the commit was judged against."""
+    from hops_calib.loop.model_files import load_model
+
+    ledger_path = Path(ledger_path)
+    latest: dict[Path, tuple[dict[str, Any], str, str]] = {}
+    for entry in read_entries(ledger_path):
+        commit = _commit_of(entry)
+        if commit and all(commit):
+            recorded, committed, before = commit
+            latest[model_file(recorded, ledger_path).resolve()] = (entry, committed, before)
+    found = []
+    for path, (entry, committed, before) in latest.items():
+        try:
+            held = load_model(path).sha256
+            written_after = path.stat().st_mtime >= datetime.fromisoformat(entry["time"]).timestamp()
+        except (InputError, OSError, KeyError, TypeError, ValueError):  # a file gone or broken, an entry without a
+            continue  # time: nothing to tell (a broken file is named by whatever reads it)
+        if held != committed and held == before and not written_after:
+            found.append(UnwrittenCommit(int(entry.get("seq", 0)), path, committed, held, entry))
+    return found
+
+
+def unwritten_problems(ledger_path: Path | str) -> list[Any]:
+    """`unwritten` as `ledger verify` problems (at the entry's line; `ledger repair` writes them)."""
+    from hops_calib.loop.ledger import Problem
+
+    return [Problem(commit.seq, commit.message(), repairable=True) for commit in unwritten(ledger_path)]
+
+
+def _rebuild(commit: UnwrittenCommit, ledger_path: Path):
+    """The committed model, rebuilt from the entry, or None when it cannot be rebuilt exactly."""
+    from hops_calib.loop.candidate import parse_candidate
+    from hops_calib.loop.model_files import load_model
+
+    entry = commit.entry
+    try:
+        if entry.get("kind") == "evaluate":
+            text = (entry.get("candidate") or {}).get("text")
+            model = parse_candidate(text, origin=f"ledger entry {commit.seq}").apply(load_model(commit.model_file))
+        else:
+            ends = [entry.get("model_path"), entry.get("before_model_path")]
+            model = next((m for m in (load_model(model_file(p, ledger_path)) for p in ends if p)
+                          if m.sha256 == commit.committed_sha256), None)
+    except (InputError, TypeError, ValueError):
+        return None
+    return model if model is not None and model.sha256 == commit.committed_sha256 else None
+
+
+def repair(ledger_path: Path | str) -> list[str]:
+    """Write the committed model into each file an interrupted commit left unwritten (under the model file's lock,
+    only if the file still holds the model before); what was done, or what to do, one line each."""
+    from filelock import FileLock
+
+    from hops_calib.loop.ledger import LOCK_TIMEOUT_S
+    from hops_calib.loop.model_files import load_model, write_model
+
+    ledger_path = Path(ledger_path)
+    lines = []
+    for commit in unwritten(ledger_path):
+        model = _rebuild(commit, ledger_path)
+        if model is None:
+            lines.append(f"{commit.message()}; it cannot be rebuilt from the entry (the compared model files "
+                         f"changed): restore {commit.model_file} to model {commit.committed_sha256[:12]} from a "
+                         "copy, or judge the change again with --commit")
+            continue
+        with FileLock(str(commit.model_file) + ".lock", timeout=LOCK_TIMEOUT_S):
+            if load_model(commit.model_file).sha256 != commit.held_sha256:
+                lines.append(f"{commit.model_file} changed meanwhile: left as it is")
+                continue
+            write_model(commit.model_file, model)
+        lines.append(f"{commit.model_file}: wrote model {commit.committed_sha256[:12]}, which ledger entry "
+                     f"{commit.seq} committed (the write had not happened)")
+    return lines

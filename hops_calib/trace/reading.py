@@ -1,0 +1,200 @@
+"""Trace room: bounded reading of a job directory's files, so no input can hang ingest or exhaust memory.
+
+Only regular files are read (a FIFO, `/dev/zero` or `/dev/urandom` behind a
+name or a symbolic link is refused without blocking); a configuration file is
+read whole only up to MAX_CONFIG_BYTES (MAX_LAYOUT_BYTES for the files that
+grow with the stages), a line only up to MAX_LINE_BYTES, YAML only up to a
+number of values with its aliases expanded (a few nested aliases expand a
+small file without bound) and MAX_NESTING levels. The bounds sit far above
+what real jobs write: the 56 shared cluster runs and the CPU captures have
+configuration files of at most 1.8 KB and lines of at most 367 bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+
+from hops_calib.trace.errors import TraceError
+
+MAX_CONFIG_BYTES = 64 << 10  # megatron_args.txt, manifest.yaml (real: <= 751 bytes)
+# hops.base.yaml, hops_trace_map.json: they grow with the stages and devices (real: <= 1.8 KB for 5 stages, about
+# 350 bytes a stage), so thousands of stages fit
+MAX_LAYOUT_BYTES = 4 << 20
+MAX_LINE_BYTES = 64 << 10  # one line of an event log, link benchmark or rank log (real: <= 367 bytes)
+MAX_NESTING = 32  # levels of YAML mappings and lists (real: 3)
+MAX_YAML_NODES = 10_000  # values of manifest.yaml with its aliases expanded (kept in fixture.json; real: <= 6)
+MAX_LAYOUT_NODES = 1_000_000  # values of hops.base.yaml, aliases expanded (real: <= 153 for 5 stages, ~25 a stage)
+MAX_HOSTNAME = 255  # characters of an event's hostname (DNS names have at most 253)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for binary reading; TraceError when it is missing, unreadable, or not a regular file (a FIFO
+    is opened without blocking and refused, a device such as /dev/zero is refused before a byte is read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise TraceError(path, "is missing" + (" (a symbolic link to nothing)" if os.path.islink(path) else ""),
+                         hint="copy the file from the job") from None
+    except OSError as err:
+        raise TraceError(path, f"cannot be read ({err.strerror or err})", hint="check the file's permissions") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            target = f" (a symbolic link to {os.readlink(path)})" if os.path.islink(path) else ""
+            raise TraceError(path, f"is {_kind(mode)}{target}, not a regular file",
+                             hint="ingest reads only regular files: copy the job's file itself here")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def decode_utf8(path: Path, data: bytes, first_line: int = 1) -> str:
+    """`data` as UTF-8 text; TraceError naming the line and column of the first byte that is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = first_line + data.count(b"\n", 0, err.start)
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise TraceError(path, f"is not UTF-8 text (byte 0x{data[err.start]:02x} at column {column})", line=line,
+                         hint="save the file as UTF-8, or copy it again from the job (a damaged copy?)") from None
+
+
+def read_config_bytes(path: Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    with open_regular(path) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+        raise TraceError(path, f"is larger than {size}, far more than a job's configuration needs (the largest real "
+                         "one is 1.8 KB)", hint="copy the job's own file here (this one is another file, or damaged)")
+    return data
+
+
+def read_config_text(path: Path, limit: int = MAX_CONFIG_BYTES) -> str:
+    """A small configuration file's text: a regular file of at most `limit` bytes, UTF-8."""
+    return decode_utf8(path, read_config_bytes(path, limit))
+
+
+def bounded_lines(handle: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes | None]]:
+    """(1-based number, line bytes) of each line; None instead of the bytes for a line longer than `limit`, which is
+    skipped without being held in memory."""
+    number, readline, cap = 0, handle.readline, limit + 1
+    while True:
+        raw = readline(cap)
+        if not raw:
+            return
+        number += 1
+        if len(raw) == cap and raw[-1] != 10:  # (10: b"\n")
+            while raw and not raw.endswith(b"\n"):  # skip the rest of the long line, a block at a time
+                raw = handle.readline(1 << 16)
+            yield number, None
+            continue
+        yield number, raw
+
+
+def long_line(path: Path, number: int, limit: int = MAX_LINE_BYTES) -> TraceError:
+    return TraceError(path, f"the line is longer than {limit >> 10} KiB (the longest line of a real job's files is "
+                      "367 bytes): not a line the job wrote", line=number,
+                      hint="copy the job's own file here (this one is damaged, or another file)")
+
+
+def text_lines(path: Path, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str]]:
+    """(number, text) of each line of a log-like file (undecodable bytes replaced), skipping lines over `limit`."""
+    with open_regular(path) as handle:
+        for number, raw in bounded_lines(handle, limit):
+            if raw is not None:
+                yield number, raw.decode("utf-8", errors="replace")
+
+
+def _nesting_error(path: Path, line: int | None) -> TraceError:
+    return TraceError(path, "nests mappings or lists too deeply" + (f" (more than {MAX_NESTING} levels)" if line else ""), line=line,
+                      hint="a job's configuration is a few levels deep: copy the job's own file here")
+
+
+def load_yaml(path: Path, max_bytes: int = MAX_CONFIG_BYTES, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """A YAML file's data, safely: at most `max_bytes`, at most `max_nodes` values once aliases (`*name`) are
+    expanded, at most MAX_NESTING levels; TraceError (file, line) otherwise, and for text that is not YAML."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~10x faster, same result on safe YAML
+    text = read_config_text(path, max_bytes)
+    try:
+        _check_expansion(path, yaml.parse(text, Loader=loader), max_nodes)
+        return yaml.load(text, Loader=loader)
+    except TraceError:
+        raise
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise TraceError(path, f"not valid YAML ({getattr(err, 'problem', None) or err})",
+                         line=mark.line + 1 if mark else None, hint="fix the YAML syntax") from None
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        raise TraceError(path, f"holds a value that cannot be read ({err})", hint="fix the value") from None
+
+
+def _check_expansion(path: Path, events: Iterator[Any], max_nodes: int) -> None:
+    """TraceError when the YAML events nest deeper than MAX_NESTING or expand (aliases counted at the size of what
+    they name) to more than `max_nodes` values: a few nested aliases in a small file make billions."""
+    import yaml
+
+    sizes: dict[str, int] = {}  # anchor -> values its node expands to
+    open_nodes: list[list[Any]] = []  # [anchor, values so far] of each collection being read
+    total = 0
+    for event in events:
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            open_nodes.append([event.anchor, 1])
+            if len(open_nodes) > MAX_NESTING:
+                raise _nesting_error(path, event.start_mark.line + 1)
+            continue
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, size = open_nodes.pop()
+        elif isinstance(event, yaml.AliasEvent):
+            if any(node[0] == event.anchor for node in open_nodes):
+                raise TraceError(path, f"the alias *{event.anchor} stands inside the value it names (a value that "
+                                 "holds itself)", line=event.start_mark.line + 1,
+                                 hint="write the value out; a configuration holds no value inside itself")
+            anchor, size = None, sizes.get(event.anchor, 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, size = event.anchor, 1
+        else:
+            continue
+        if anchor:
+            sizes[anchor] = size
+        if open_nodes:
+            open_nodes[-1][1] += size
+            size = open_nodes[-1][1]
+        else:
+            total += size
+            size = total
+        if size > max_nodes:
+            raise TraceError(path, f"expands to more than {max_nodes} values once its aliases (*name) are "
+                             "written out", line=event.start_mark.line + 1,
+                             hint="write the values out instead of nesting aliases (a few nested ones expand a "
+                                  "small file without bound)")
+
+
+def load_json(path: Path, max_bytes: int = MAX_CONFIG_BYTES) -> Any:
+    """A JSON file's data: at most `max_bytes`, UTF-8, nesting Python can parse; TraceError (file, line) otherwise."""
+    import json
+
+    text = read_config_text(path, max_bytes)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TraceError(path, f"not valid JSON ({err.msg})", line=err.lineno, hint="fix the JSON syntax") from None
+    except RecursionError:
+        raise _nesting_error(path, None) from None
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        raise TraceError(path, f"holds a value that cannot be read ({err})", hint="fix the value") from None

@@ -1,0 +1,137 @@
+"""The held-out promise (issue #21): once the ledger has seen a group held out, no verb trains or scores on it by
+accident, under its own name or as a renamed copy; a store without such groups is untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hops_calib.store import FixtureStore
+
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 300
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("HOPS_CALIB_PROGRESS", None)
+    return subprocess.run([sys.executable, "-m", "hops_calib", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT_S, env=env)
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def entries(ledger: Path) -> list[dict]:
+    return [json.loads(line) for line in ledger.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def looked(shared_runs: Path, shared_fixtures: Path, tmp_path_factory) -> tuple[Path, str, Path]:
+    """A ledger whose one entry is an audited look at the shared store's test split; a test run of it; its job."""
+    ledger = tmp_path_factory.mktemp("heldout") / "ledger.jsonl"
+    done = cli("report", "--split", "test", "--fixtures", str(shared_fixtures), "--ledger", str(ledger))
+    assert done.returncode == 0, done.stderr
+    test_id = FixtureStore(shared_fixtures).ids("test")[0]
+    return ledger, test_id, shared_runs / test_id
+
+
+def _copy(job: Path, target: Path) -> Path:
+    shutil.copytree(job, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    return target
+
+
+def test_the_look_remembers_its_held_out_groups_by_name_and_content(looked, shared_fixtures: Path):
+    ledger, test_id, _ = looked
+    (entry,) = entries(ledger)
+    store = FixtureStore(shared_fixtures)
+    groups = entry["held_out_groups"]
+    assert set(groups) == {store.meta(i)["group"] for i in store.ids("test")}
+    meta = store.meta(test_id)
+    assert meta["file_sha256"]["events.parquet"] in groups[meta["group"]]
+
+
+def test_a_renamed_copy_of_a_test_run_in_a_train_store_is_refused(looked, shared_fixtures: Path, tmp_path: Path):
+    ledger, test_id, job = looked
+    copy = _copy(job, tmp_path / "src" / "innocent_looking_run1")
+    store = tmp_path / "fixtures"
+    assert cli("ingest", str(copy), "--fixtures", str(store), "--split", "train").returncode == 0
+    model = str(REPO / "hops_calib" / "model" / "models" / "baseline.toml")
+    for verb in (["evaluate"], ["predict", "innocent_looking_run1"], ["observe"], ["compare", model],
+                 ["tune", "decoder_roofline", "--trials", "1"], ["crossval", "decoder_roofline", "--folds", "2"]):
+        done = cli(*verb, "--fixtures", str(store), "--ledger", str(ledger))
+        message = flat(done.stderr)
+        assert done.returncode == 2, (verb, done.stdout, done.stderr)
+        assert ("holds in its train split 1 group(s) the ledger remembers as held out, by ledger entry 1 (an audited "
+                "report on the test split") in message
+        assert ("innocent_looking (innocent_looking_run1: the same events as a run of held-out group "
+                f"'{FixtureStore(shared_fixtures).meta(test_id)['group']}', a renamed copy)") in message
+        assert "--allow-held-out" in message
+    assert len(entries(ledger)) == 1  # refusals record nothing
+
+
+def test_a_held_out_copy_in_the_second_of_several_stores_is_refused(looked, repo_root: Path, tmp_path: Path):
+    """A judgement over several stores (a union suite) guards every store it is given, not only the first."""
+    ledger, _, job = looked
+    copy = _copy(job, tmp_path / "src" / "innocent_looking_run1")
+    store = tmp_path / "fixtures"
+    assert cli("ingest", str(copy), "--fixtures", str(store), "--split", "train").returncode == 0
+    clean = repo_root / "fixtures"
+    for verb in (["evaluate"], ["tune", "decoder_roofline", "--trials", "1"]):
+        done = cli(*verb, "--fixtures", str(clean), "--fixtures", str(store), "--ledger", str(ledger))
+        assert done.returncode == 2, (verb, done.stdout, done.stderr)
+        assert "holds in its train split 1 group(s) the ledger remembers as held out" in flat(done.stderr)
+        assert str(store) in flat(done.stderr)
+    assert len(entries(ledger)) == 1  # refusals record nothing
+
+
+def test_the_same_test_run_forced_into_train_is_refused_by_name(looked, tmp_path: Path):
+    ledger, test_id, job = looked
+    store = tmp_path / "fixtures"
+    assert cli("ingest", str(job), "--fixtures", str(store), "--split", "train").returncode == 0
+    done = cli("evaluate", "--fixtures", str(store), "--ledger", str(ledger))
+    group = FixtureStore(store).meta(test_id)["group"]
+    assert done.returncode == 2, done.stderr
+    assert f"remembers as held out, by ledger entry 1 (an audited report on the test split" in flat(done.stderr)
+    assert f"{group} ({test_id})" in flat(done.stderr)
+
+
+def test_the_override_goes_on_and_the_ledger_records_it(looked, tmp_path: Path):
+    ledger, test_id, job = looked
+    own = tmp_path / "ledger.jsonl"
+    shutil.copy(ledger, own)
+    copy = _copy(job, tmp_path / "src" / "innocent_looking_run1")
+    store = tmp_path / "fixtures"
+    assert cli("ingest", str(copy), "--fixtures", str(store), "--split", "train").returncode == 0
+    done = cli("evaluate", "--fixtures", str(store), "--ledger", str(own), "--allow-held-out")
+    assert done.returncode == 0, done.stderr
+    assert ("went on over 1 held-out group(s) in the train split (--allow-held-out), recorded (ledger entry 2); held "
+            "out by ledger entry 1") in flat(done.stderr)
+    override = entries(own)[-1]
+    assert override["kind"] == "held_out_override" and override["verb"] == "evaluate"
+    assert override["held_out_override"][0]["group"] == "innocent_looking"
+    assert override["held_out_override"][0]["by"] == "content"
+    shown = cli("ledger", "show", "--ledger", str(own))
+    assert "evaluate on" in shown.stdout and "went on over held-out group(s) innocent_looking" in shown.stdout
+
+
+def test_a_store_without_held_out_groups_is_untouched(looked, repo_root: Path, tmp_path: Path):
+    ledger, _, _ = looked
+    store = tmp_path / "fixtures"
+    assert cli("ingest", str(repo_root / "traces"), "--fixtures", str(store)).returncode == 0
+    before = ledger.read_bytes()
+    for verb in (["evaluate"], ["observe"], ["predict", FixtureStore(store).ids("train")[0]]):
+        done = cli(*verb, "--fixtures", str(store), "--ledger", str(ledger))
+        assert done.returncode == 0, (verb, done.stderr)
+        assert "held out" not in done.stderr
+    assert ledger.read_bytes() == before
