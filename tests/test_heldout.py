@@ -95,6 +95,32 @@ def test_a_held_out_copy_in_the_second_of_several_stores_is_refused(looked, repo
     assert len(entries(ledger)) == 1  # refusals record nothing
 
 
+def test_ledger_hold_out_records_a_stores_test_groups_without_a_look(shared_runs: Path, shared_fixtures: Path,
+                                                                      tmp_path: Path):
+    """A store whose test split no report or judgement recorded (entries older than the guard carry no groups) is
+    held out by `ledger hold-out`: a renamed copy of one of its test runs in a train store is refused from then on;
+    holding the same store out again appends nothing."""
+    ledger = tmp_path / "ledger.jsonl"
+    store = FixtureStore(shared_fixtures)
+    test_id = store.ids("test")[0]
+    copy = _copy(shared_runs / test_id, tmp_path / "src" / "innocent_looking_run1")
+    train_store = tmp_path / "fixtures"
+    assert cli("ingest", str(copy), "--fixtures", str(train_store), "--split", "train").returncode == 0
+    before = cli("evaluate", "--fixtures", str(train_store), "--ledger", str(ledger))
+    assert before.returncode == 0, before.stderr  # nothing remembered yet: the copy is scored
+    held = cli("ledger", "hold-out", "--fixtures", str(shared_fixtures), "--ledger", str(ledger), "--json")
+    assert held.returncode == 0, held.stderr
+    (entry,) = entries(ledger)
+    assert entry["kind"] == "held_out_record" and json.loads(held.stdout)["appended"] == entry["seq"]
+    assert set(entry["held_out_groups"]) == {store.meta(i)["group"] for i in store.ids("test")}
+    after = cli("evaluate", "--fixtures", str(train_store), "--ledger", str(ledger))
+    assert after.returncode == 2
+    assert "a record of a store's test split (ledger hold-out)" in flat(after.stderr)
+    again = cli("ledger", "hold-out", "--fixtures", str(shared_fixtures), "--ledger", str(ledger), "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["appended"] is None
+    assert len(entries(ledger)) == 1
+
+
 def test_the_same_test_run_forced_into_train_is_refused_by_name(looked, tmp_path: Path):
     ledger, test_id, job = looked
     store = tmp_path / "fixtures"

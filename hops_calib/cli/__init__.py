@@ -591,6 +591,19 @@ def ledger_verify(
     raise typer.Exit(ledger_verify_command(ledger, as_json))
 
 
+@ledger_app.command("hold-out")
+def ledger_hold_out(
+    fixtures: Path = FIXTURES_OPTION,
+    ledger: Path = LEDGER_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Record a store's test groups (names and events digests) in the ledger without looking at them, so every verb
+    refuses them in a train split from then on (a report or a judgement records them too)."""
+    from hops_calib.cli.loop import ledger_hold_out_command
+
+    raise typer.Exit(ledger_hold_out_command(fixtures, ledger, as_json))
+
+
 @ledger_app.command("export")
 def ledger_export(
     out: Path = typer.Argument(..., help="Parquet file to write."),

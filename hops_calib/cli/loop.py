@@ -654,6 +654,28 @@ def ledger_export_command(ledger_path: Path | None, out: Path) -> int:
     return guarded(run)
 
 
+def ledger_hold_out_command(fixtures: Path, ledger_path: Path | None, as_json: bool) -> int:
+    def run() -> int:
+        nonlocal ledger_path
+        ledger_path = _ledger(ledger_path)
+        from hops_calib.loop.heldout import HELD_OUT_KEY, record_store
+
+        entry = record_store(fixtures, ledger_path)
+        if as_json:
+            print_json({"ledger": str(ledger_path), "fixtures": str(fixtures),
+                        "appended": entry["seq"] if entry else None,
+                        "groups": sorted(entry[HELD_OUT_KEY]) if entry else []}, "ok")
+        elif entry:
+            print(f"{ledger_path}: entry {entry['seq']} holds out the {len(entry[HELD_OUT_KEY])} test group(s) of "
+                  f"{fixtures}; every verb refuses them in a train split from now on")
+        else:
+            print(f"{ledger_path}: nothing appended: {fixtures} has no test split, or the ledger already holds out "
+                  "every group of it")
+        return EXIT_OK
+
+    return guarded(run, as_json)
+
+
 def ledger_repair_command(ledger_path: Path | None) -> int:
     def run() -> int:
         nonlocal ledger_path

@@ -75,6 +75,7 @@ def store_held_out(store) -> dict[str, list[str]]:
 def _look(entry: dict[str, Any]) -> str:
     kind = entry.get("kind", "?")
     what = ("an audited report on the test split" if kind == "report"
+            else "a record of a store's test split (ledger hold-out)" if kind == RECORD_KIND
             else f"{kind} of a store that held it in its test split")
     return f"{what}, {entry.get('time', '?')}"
 
@@ -191,3 +192,24 @@ def record_override(ledger_path: Path | str | None, verb: str, store, found: lis
     return ledger.append(path, {"kind": OVERRIDE_KIND, "time": ledger.now_utc(), "verb": verb,
                                 "fixtures": str(store.root), **override_record(found),
                                 "code_revision": ledger.code_revision()})
+
+
+RECORD_KIND = "held_out_record"
+
+
+def record_store(fixtures_dir: Path | str, ledger_path: Path | str | None) -> dict[str, Any] | None:
+    """Append a `held_out_record` entry: the store's test groups (by name and events digest), remembered as held out
+    from then on, with no look at them. For a store whose test split was assigned before the ledger recorded groups
+    (entries older than this guard carry none) or never judged on; None when the store has no test split, or when
+    the ledger already remembers every group of it (nothing is appended twice)."""
+    from hops_calib.loop import ledger
+
+    store = _open_stores(fixtures_dir)[0]
+    held = store_held_out(store)
+    by_name, _ = remembered(_entries(ledger_path))
+    if not held or set(held) <= set(by_name):
+        return None
+    path = ledger.resolve(ledger_path)
+    ledger.check_appendable(path)
+    return ledger.append(path, {"kind": RECORD_KIND, "time": ledger.now_utc(), "fixtures": str(store.root),
+                                HELD_OUT_KEY: held, "code_revision": ledger.code_revision()})
