@@ -517,6 +517,9 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
                 groups = [leak.get("group") for leak in e.get("held_out_override") or []]
                 what = (f"{e.get('verb')} on {e.get('fixtures')} went on over held-out group(s) "
                         f"{', '.join(map(str, groups))} (--allow-held-out)")
+            elif e.get("kind") == "held_out_record":
+                what = (f"held out the {len(e.get('held_out_groups') or {})} test group(s) of {e.get('fixtures')} "
+                        "(ledger hold-out; nothing scored)")
             else:
                 candidate = e.get("candidate") or {}
                 what = (f"{candidate.get('id')} ({candidate.get('change')}): MAPE "

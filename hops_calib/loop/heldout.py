@@ -211,5 +211,5 @@ def record_store(fixtures_dir: Path | str, ledger_path: Path | str | None) -> di
         return None
     path = ledger.resolve(ledger_path)
     ledger.check_appendable(path)
-    return ledger.append(path, {"kind": RECORD_KIND, "time": ledger.now_utc(), "fixtures": str(store.root),
+    return ledger.append(path, {"kind": RECORD_KIND, "time": ledger.now_utc(), "fixtures": str(Path(store.root).resolve()),
                                 HELD_OUT_KEY: held, "code_revision": ledger.code_revision()})

@@ -546,11 +546,17 @@ class FixtureStore:
         """group -> {"ids": its fixtures in `split`, "digests": their events' sha256 (what the runs measured, as
         fixture.json records it: a renamed copy of a run has the same)}, for every group with fixtures in `split`."""
         groups: dict[str, dict[str, list[str]]] = {}
+        kinds = {row["id"]: row for row in self.rows()}
         for fixture_id in self.ids(split):
-            meta = self.meta(fixture_id)
-            entry = groups.setdefault(meta["group"], {"ids": [], "digests": []})
+            row = kinds.get(fixture_id)
+            if row is not None and row["kind"] == ITERATION_KIND:
+                # a run of a table folder has no events file: its digest is its row's content hash (what it measured)
+                group, digest = row["group"], row["content_hash"]
+            else:
+                meta = self.meta(fixture_id)
+                group, digest = meta["group"], (meta.get(FILE_DIGESTS) or {}).get(EVENTS_FILE)
+            entry = groups.setdefault(group, {"ids": [], "digests": []})
             entry["ids"].append(fixture_id)
-            digest = (meta.get(FILE_DIGESTS) or {}).get(EVENTS_FILE)
             if digest:
                 entry["digests"].append(digest)
         return groups
