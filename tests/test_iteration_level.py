@@ -294,6 +294,11 @@ def test_vtrain_table_ingests_as_published(tmp_path):
     parallel = [f for f in fixtures if f.launch["tensor_model_parallel_size"] > 1 or f.launch["data_parallel_size"] > 1]
     assert parallel and all(f.not_priced is None for f in fixtures)
     assert {(f.spec.tp, f.spec.dp) for f in parallel} >= {(2, 1), (1, 2), (2, 2), (4, 2), (8, 1)}
+    # the held-out guard's memory of the test split: every test group, each run digested by its row's content
+    held_groups = store.group_digests("test")
+    test_rows = index[index["split"] == "test"]
+    assert set(held_groups) == set(test_rows["group"])
+    assert sorted(d for g in held_groups.values() for d in g["digests"]) == sorted(test_rows["content_hash"])
     # a held-out run is listed and shown with its configuration only
     listed = json.loads(_cli("fixtures", "list", "--fixtures", store.root, "--json").stdout)["fixtures"]
     assert len(listed) == 1440 and {r["kind"] for r in listed} == {"iteration"}
