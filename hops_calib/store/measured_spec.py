@@ -9,8 +9,6 @@ for a launch setting) says why, and the verbs that would predict it refuse it by
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from hops_calib.spec import CollectiveTable, Hardware, Spec, spec_from_args
@@ -20,24 +18,20 @@ from hops_calib.spec import CollectiveTable, Hardware, Spec, spec_from_args
 SIMULATED_ITERATIONS = 4
 
 
-@lru_cache(maxsize=8)
-def _collectives(folder: str) -> tuple[CollectiveTable, ...]:
-    from hops_calib.trace.collective_bench import read_collective_tables
-
-    return read_collective_tables(Path(folder))
-
-
-def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "") -> Spec:
-    """The Spec of a measured run (`hardware`: gpu, gpus_per_node, and the folder of the machine's collective
-    benchmark tables when its source has them); ValueError naming what the model does not price."""
+def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "",
+                  collectives: tuple[CollectiveTable, ...] = ()) -> Spec:
+    """The Spec of a measured run (`hardware`: gpu, gpus_per_node; `collectives`: the machine's collective
+    benchmark tables, which the store keeps, when its source had them); ValueError naming what the model does not
+    price."""
     tp = int(args.get("tensor_model_parallel_size") or 1)
     dp = int(args.get("data_parallel_size") or 1)
     if tp != 1 or dp != 1:
         needs = " and ".join(name for name, size in (("tensor", tp), ("data", dp)) if size != 1)
         raise ValueError(f"it needs {needs} parallelism, which the cost model does not price yet (it prices one "
                          "GPU per pipeline stage)")
-    folder = hardware.get("collective_tables")
-    collectives = _collectives(folder) if folder else ()
+    if "collective_tables" in hardware:  # an ingest before the store kept the tables named their source folder
+        raise ValueError(f"an older ingest left its all-reduce tables at {hardware['collective_tables']} instead of "
+                         "keeping them in the store: ingest its source again")
     spec = spec_from_args(args, origin or run_id, run_id=run_id,
                           hardware=Hardware(gpu=hardware["gpu"], gpus_per_node=int(hardware["gpus_per_node"])),
                           collectives=collectives, iterations=SIMULATED_ITERATIONS)
@@ -49,6 +43,6 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
         raise ValueError(f"nothing prices the hop between stages {missing[0][0]} and {missing[0][1]}"
                          + (": no collective benchmark of the node (give its all-reduce tables: calibration/"
                             "allreduce/ beside the log or table, or hardware.collective_tables in hops.base.yaml or "
-                            "the table's sidecar)" if inside else
+                            "the table's sidecar, and ingest it again)" if inside else
                             ": it crosses nodes, and a log or table carries no link benchmark"))
     return spec
