@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hops_calib.shared import REQUIRE_ENV, shared_required, shared_root
+from conftest import need_public_runs
 from hops_calib.store import FixtureStore
 from hops_calib.store.collectives import COLLECTIVES_DIR, HARDWARE_KEY
 from hops_calib.store.fixture_store import FixtureFileError
@@ -18,14 +18,8 @@ from hops_calib.store.ingest import ingest
 
 
 @pytest.fixture(scope="module")
-def vtrain_dir() -> Path:
-    folder = shared_root() / "public-runs" / "vtrain"
-    if not (folder / "ground_truth_single.csv").is_file() or not (folder / "allreduce-a100").is_dir():
-        message = f"the published vTrain table and its all-reduce tables are not at {folder}"
-        if shared_required():
-            pytest.fail(f"{message}, and {REQUIRE_ENV}=1 requires them")
-        pytest.skip(message)
-    return folder
+def vtrain_dir(allreduce_dir) -> Path:
+    return need_public_runs("vtrain", "ground_truth_single.csv").parent
 
 
 def _priced_predictions(store: FixtureStore, limit: int = 6) -> dict[str, float]:

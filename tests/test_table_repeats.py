@@ -8,22 +8,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hops_calib.shared import REQUIRE_ENV, shared_required, shared_root
+from conftest import need_public_runs
 from hops_calib.store import FixtureStore, group_of
 from hops_calib.store.ingest import ingest
 from hops_calib.trace.vtrain import translate
 
 
 @pytest.fixture(scope="module")
-def repeats_store(tmp_path_factory):
+def repeats_store(allreduce_dir, tmp_path_factory):
     """A run table of vTrain's t = d = 1 runs in its own columns, every third configuration measured again (its
     published time x (1 + N(0, 1 %)), seeded), each row with a run_id that does not name its configuration."""
-    folder = shared_root() / "public-runs" / "vtrain"
-    if not (folder / "ground_truth_single.csv").is_file():
-        message = f"the published vTrain table is not at {folder}"
-        if shared_required():
-            pytest.fail(f"{message}, and {REQUIRE_ENV}=1 requires it")
-        pytest.skip(message)
+    folder = need_public_runs("vtrain", "ground_truth_single.csv").parent
     published = pd.read_csv(folder / "ground_truth_single.csv")
     pipeline = published[(published["tensor parallelism"] == 1) & (published["data parallelism"] == 1)]
     rows = []
@@ -38,7 +33,7 @@ def repeats_store(tmp_path_factory):
     table["run_id"] = [f"sweep-{k:04d}" for k in np.random.default_rng(6).permutation(len(table))]
     root = tmp_path_factory.mktemp("repeats")
     (root / "calibration").mkdir()
-    (root / "calibration" / "allreduce").symlink_to(folder / "allreduce-a100")
+    (root / "calibration" / "allreduce").symlink_to(allreduce_dir)
     table.to_csv(root / "sweep.csv", index=False)
     store = FixtureStore(root / "fx")
     assert ingest([root / "sweep.csv"], store).ok

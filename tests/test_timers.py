@@ -13,7 +13,6 @@ import pytest
 from hops_calib.loop.model_files import load_model
 from hops_calib.loop.timers import PREDICTED_TIMERS, predicted_timers_ms
 from hops_calib.model.predict import predict
-from hops_calib.shared import REQUIRE_ENV, shared_required, shared_root
 from hops_calib.store import FixtureStore
 from hops_calib.store.ingest import ingest
 from hops_calib.trace.measured import RunHardware
@@ -30,17 +29,6 @@ ARGS = {
 FACTORS = {"forward-backward": 1.05, "forward-compute": 1.10, "backward-compute": 0.95, "optimizer": 1.25}
 # Each log interval's times relative to the steady ones: the first holds the warm-up (ingest drops it), then noise
 JITTER = np.concatenate([[1.6], 1.0 + np.random.default_rng(1).normal(0.0, 0.002, 9)])
-
-
-@pytest.fixture(scope="module")
-def allreduce_dir():
-    folder = shared_root() / "public-runs" / "vtrain" / "allreduce-a100"
-    if not folder.is_dir():
-        message = f"the published A100 all-reduce tables are not at {folder}"
-        if shared_required():
-            pytest.fail(f"{message}, and {REQUIRE_ENV}=1 requires them")
-        pytest.skip(message)
-    return folder
 
 
 def _write(path, option: str, predicted: dict[str, tuple[float, ...]], iteration_ms: float) -> None:
