@@ -93,3 +93,15 @@ def test_changed_source_tables_are_read_again_by_the_next_ingest(vtrain_dir, tmp
     after = _priced_predictions(FixtureStore(store.root))
     assert after.keys() == before.keys() and all(after[i] > before[i] for i in before)
     assert len(list((store.root / COLLECTIVES_DIR).iterdir())) == 2  # content-addressed: the old copy stays
+
+
+def test_a_run_of_an_older_store_that_named_its_tables_folder_is_left_out_with_the_reason(vtrain_dir, tmp_path):
+    from dataclasses import replace
+
+    store = FixtureStore(tmp_path / "fx")
+    assert ingest([vtrain_dir / "ground_truth_single.csv"], store).ok
+    priced = next(f for f in store.load_all("train") if f.not_priced is None)
+    # as ingest v1 wrote it: the source folder's path in place of the stored tables' digest
+    older = replace(priced, hardware={"gpu": "a100", "gpus_per_node": 8,
+                                      "collective_tables": str(vtrain_dir / "allreduce-a100")})
+    assert "ingest its source again" in older.not_priced and "allreduce-a100" in older.not_priced
