@@ -341,3 +341,10 @@ def _part_columns(timeline: pd.DataFrame) -> dict[str, np.ndarray]:
         start_ms=timeline["start_ms"].to_numpy(dtype=np.float64),
         end_ms=timeline["end_ms"].to_numpy(dtype=np.float64),
     )
+
+
+def schedule_bubble(stages: int, microbatches: int, chunks: int = 1) -> float:
+    """The schedule's own bubble on balanced stages with free transfers, (p-1)/(v m+p-1): 1F1B and GPipe at v = 1,
+    interleaved 1F1B over v model chunks. Not what a trace measures (`TimelineMetrics.bubble_ratio`, the idle share,
+    which also holds unbalanced stages, transfers and the silent stretch before the optimizer)."""
+    return (stages - 1) / (chunks * microbatches + stages - 1)

@@ -79,6 +79,9 @@ class Spec:
     # GPUs per node when the hardware was given as a GPU type (a log's or a run table's), else None.
     gpus_per_node: int | None = None
     collectives: tuple[CollectiveTable, ...] = ()  # the machine's collective benchmark, when it has one
+    # the node of each stage's device when a job directory names them and has a collective benchmark to price
+    # what runs within a node (hops_calib.trace DeviceInfo.node); () otherwise
+    nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.layers_per_stage) != self.pp:
@@ -90,10 +93,12 @@ class Spec:
 
     def same_node(self, stage_a: int, stage_b: int) -> bool | None:
         """Whether two stages share a node, when the hardware says (a GPU type on nodes of gpus_per_node, pipeline
-        rank r on node r // gpus_per_node); None when it does not (a job directory's stage map)."""
-        if not self.gpus_per_node:
-            return None
-        return stage_a // self.gpus_per_node == stage_b // self.gpus_per_node
+        rank r on node r // gpus_per_node; or a job directory's devices with their nodes named); else None."""
+        if self.gpus_per_node:
+            return stage_a // self.gpus_per_node == stage_b // self.gpus_per_node
+        if self.nodes and self.nodes[stage_a] and self.nodes[stage_b]:
+            return self.nodes[stage_a] == self.nodes[stage_b]
+        return None
 
     def collective(self, op: str, gpus: int) -> CollectiveTable | None:
         """The machine's benchmark table of `op` on `gpus` GPUs, or None."""
@@ -128,7 +133,7 @@ class Spec:
         data["links"] = tuple(LinkFit(**link) for link in data.get("links", ()))
         data["model"] = ModelShape(**data["model"])
         data["collectives"] = tuple(CollectiveTable(**table) for table in data.get("collectives", ()))
-        for name in ("layers_per_stage", "devices", "device_ids", "device_names"):
+        for name in ("layers_per_stage", "devices", "device_ids", "device_names", "nodes"):
             data[name] = tuple(data.get(name, ()))
         return cls(**data)
 
@@ -138,7 +143,7 @@ class Spec:
 
 
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
-_OPTIONAL_FIELDS = ("gpus_per_node", "collectives")
+_OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "nodes")
 _OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
 
 
@@ -251,6 +256,7 @@ class Hardware:
     devices: tuple[str, ...] = ()
     device_ids: tuple[str, ...] = ()
     device_names: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()  # with `devices`: the node of each stage's device ("" where not named)
     gpu: str | None = None
     gpus_per_node: int | None = None
     source: Path | str = "hardware"
@@ -262,6 +268,12 @@ class Hardware:
         if self.gpu is not None and (type(self.gpus_per_node) is not int or self.gpus_per_node < 1):
             raise ValueError(f"Hardware: gpus_per_node must be a whole number of at least 1, got "
                              f"{self.gpus_per_node!r}")
+
+    def node_of(self, stage: int) -> str | None:
+        """The node stage `stage` runs on: r // gpus_per_node, or the device's named node; None when unknown."""
+        if self.gpu is not None:
+            return str(stage // int(self.gpus_per_node or 1))
+        return (self.nodes[stage] or None) if stage < len(self.nodes) else None
 
     def stages(self, pp: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """(device types, device ids, device names) of the pp stages."""
@@ -450,6 +462,7 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         megatron_args=args,
         gpus_per_node=hardware.gpus_per_node,
         collectives=tuple(collectives),
+        nodes=tuple(hardware.nodes) if collectives and hardware.gpu is None and any(hardware.nodes) else (),
     )
 
 
@@ -458,15 +471,15 @@ def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[Link
     """Links for the hops within one node that the link benchmark did not measure, from the node's smallest
     all-reduce table (`trace.collective_bench.ring_link`: the ring formula; a 2-GPU table is a pair)."""
     tables = sorted((t for t in collectives if t.op == "all_reduce"), key=lambda t: t.gpus)
-    if not tables or not hardware.gpus_per_node:
+    if not tables:
         return ()
     from hops_calib.trace.collective_bench import ring_link
 
-    per_node = hardware.gpus_per_node
     pairs = [(k, k + 1) for k in range(pp - 1)] + ([(pp - 1, 0)] if vp > 1 and pp > 2 else [])
     have = {frozenset((fit.src_stage, fit.dst_stage)) for fit in links}
     return tuple(ring_link(tables[0], a, b) for a, b in pairs
-                 if frozenset((a, b)) not in have and a // per_node == b // per_node)
+                 if frozenset((a, b)) not in have and hardware.node_of(a) is not None
+                 and hardware.node_of(a) == hardware.node_of(b))
 
 
 def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
@@ -505,30 +518,33 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         if all(order) and tuple(order) != tuple(device_ids):
             raise TraceError(job_dir / TEMPLATE, f"puts the devices in the order {order}, {STAGE_MAP} in "
                              f"{list(device_ids)}", field="pipeline.stages",
-                             hint="the two must agree; after reordering stages (a what-if), reorder both, and re-run "
-                                  "the link benchmark or move its pair_<i>_<j> files along: they measure the hops "
-                                  "by stage position")
+                             hint="the two must agree; after reordering stages (a what-if), reorder both; each hop "
+                                  "is priced by the hosts at its ends, so give predict --cluster (`hops-calib "
+                                  "cluster` builds one from job directories) or re-run the link benchmark")
     device_types = read_device_types(job_dir, template)
     missing = [d for d in device_ids if d not in device_types]
     if missing:
         raise TraceError(job_dir / TEMPLATE, f"has no entry for device {missing[0]!r} of the stage map",
                          field="hardware.devices", hint="add {id: <device id>, gpu: <type>} for every mapped device")
     hardware = Hardware(devices=tuple(device_types[d].type for d in device_ids), device_ids=device_ids,
-                        device_names=tuple(device_types[d].name for d in device_ids), source=job_dir / STAGE_MAP)
+                        device_names=tuple(device_types[d].name for d in device_ids),
+                        nodes=tuple(device_types[d].node for d in device_ids), source=job_dir / STAGE_MAP)
 
     links = read_link_fits(job_dir / LINK_BENCH_DIR, pp, notes) if len(device_ids) == pp else ()
-    if not links and pp > 1 and len(device_ids) == pp:
-        notes.append(f"no link benchmark in {LINK_BENCH_DIR}: the spec has no link fits, so predict, evaluate and "
-                     f"report refuse this run until its benchmark (pair_<i>_<i+1>.jsonl) is added and it is ingested "
-                     "again")
     from hops_calib.trace.collective_bench import ALLREDUCE_DIR, read_collective_tables
 
     scenario = str(manifest.get("source_scenario") or "")
-    return spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
+    spec = spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
                           collectives=read_collective_tables(job_dir / ALLREDUCE_DIR),
                           configured=manifest.get("configured_schedule"), schedule_source=job_dir / MANIFEST,
                           declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
                           notes=notes)
+    if not spec.links and pp > 1 and len(device_ids) == pp:
+        notes.append(f"no link benchmark in {LINK_BENCH_DIR}: the spec has no link fits, so predict, evaluate and "
+                     f"report refuse this run until its benchmark (pair_<i>_<i+1>.jsonl) is added and it is ingested "
+                     f"again (stages on one node, hardware.devices[].node, are priced from {ALLREDUCE_DIR}/ when it "
+                     "holds the node's all-reduce tables)")
+    return spec
 
 
 # ---------------------------------------------------------------------------

@@ -258,3 +258,87 @@ def test_device_only_changes_calibrate_their_device_types_and_not_the_shared_val
 
     assert calibration.scope_of_models(model, with_values({"compute_efficiency@a100": 0.7})).devices == ("a100",)
     assert calibration.scope_of_models(model, with_values({"compute_efficiency": 0.45})).whole_model
+
+
+def _a100_job(row_args: dict, into: Path, allreduce_dir: Path) -> Path:
+    """A job directory launching a vTrain row's configuration on one node's A100s (`node:` named), its
+    calibration/allreduce/ the published tables (linked in place): no link benchmark."""
+    into.mkdir()
+    flags = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers", "hidden_size",
+             "num_attention_heads", "seq_length", "max_position_embeddings", "micro_batch_size", "global_batch_size",
+             "vocab_size", "recompute_granularity", "recompute_method", "recompute_num_layers", "transformer_impl")
+    line = " ".join(f"--{name.replace('_', '-')} {row_args[name]}" for name in flags)
+    (into / "megatron_args.txt").write_text(f"pretrain_gpt.py {line} --fp16 --train-iters 20\n")
+    ids = [f"a100_node0_gpu{k}" for k in range(row_args["pipeline_model_parallel_size"])]
+    (into / "hops_trace_map.json").write_text('{"stages": {%s}}' % ", ".join(f'"{k}": "{d}"' for k, d in
+                                                                           enumerate(ids)))
+    (into / "hops.base.yaml").write_text("hardware:\n  devices:\n" + "".join(
+        f"    - {{id: {d}, gpu: a100, node: dgx0}}\n" for d in ids))
+    (into / "calibration").mkdir()
+    (into / "calibration" / "allreduce").symlink_to(allreduce_dir, target_is_directory=True)
+    return into
+
+
+def test_a_what_if_on_an_a100_job_is_priced_as_its_iteration_level_run_and_planned(vtrain_store, allreduce_dir,
+                                                                                 tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.model.predict import predict
+    from hops_calib.store import FixtureStore
+    from hops_calib.whatif.job import what_if
+
+    store = FixtureStore(vtrain_store)
+    index = store.index()
+    row = index[(index.split == "train") & (index.tp == 1) & (index.dp == 1) & (index.pp == 2)].iloc[-1]
+    fixture = store.load(row.id)
+    job = _a100_job(fixture.spec.megatron_args, tmp_path / "a100job", allreduce_dir)
+    model = load_model()
+
+    result = what_if(job, model)
+    # the hop within the node and the tied-embedding all-reduce between its ends, from the node's tables: the
+    # job directory is priced as the run table's row of the same launch is
+    assert [hop.link.intra_node for hop in result.hops] == [True] and result.spec.same_node(0, 1)
+    assert result.hops[0].src_host == result.hops[0].dst_host == "dgx0"
+    assert result.predictions[0].metrics.iteration_time_ms == pytest.approx(
+        predict(fixture.spec, model).metrics.iteration_time_ms, rel=1e-9)
+
+    out = CliRunner().invoke(app, ["plan", "--job", str(job), "--top", "2", "--keep-order", "--json",
+                                   "--fixtures", str(vtrain_store)])
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.stdout)
+    assert plan["status"] == "ok" and len(plan["best"]) == 2
+    assert plan["current"]["iteration_time_ms"] == pytest.approx(result.predictions[0].metrics.iteration_time_ms,
+                                                                 rel=1e-9)
+    assert all(max(b["peak_memory_bytes_per_gpu"]) <= min(b["memory_bytes_per_gpu"]) for b in plan["best"])
+    # no launch fits in 1 GB: no candidate, exit 1, as every verb's rejection
+    out = CliRunner().invoke(app, ["plan", "--job", str(job), "--keep-order", "--device-memory", "a100:1e9",
+                                   "--json", "--fixtures", str(vtrain_store)])
+    assert out.exit_code == 1 and json.loads(out.stdout)["status"] == "no_candidate" and not json.loads(
+        out.stdout)["best"]
+
+
+def test_recomputed_layers_store_only_their_input_and_selective_recomputation_no_attention_core():
+    from dataclasses import replace
+
+    from hops_calib.model.memory import rank_memory_bytes
+    from hops_calib.spec import ModelShape
+
+    shape = ModelShape(num_layers=8, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16,
+                       seq_length=2048, vocab_size=50304, micro_batch_size=2, global_batch_size=16)
+
+    def per_microbatch(s: ModelShape) -> float:  # one more microbatch in flight on a middle rank of 4 layers
+        return rank_memory_bytes(s, 4, 1, 4, 3) - rank_memory_bytes(s, 4, 1, 4, 2)
+
+    assert per_microbatch(shape) == pytest.approx(4 * gpt.layer_activation_bytes(shape))
+    full = replace(shape, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    assert per_microbatch(full) == pytest.approx(4 * gpt.boundary_activation_bytes(full))
+    block = replace(full, recompute_method="block", recompute_num_layers=3)
+    assert per_microbatch(block) == pytest.approx(3 * gpt.boundary_activation_bytes(block)
+                                                  + gpt.layer_activation_bytes(block))
+    selective = replace(shape, recompute_granularity="selective")
+    a, s, b = shape.num_attention_heads, shape.seq_length, shape.micro_batch_size
+    assert per_microbatch(selective) == pytest.approx(4 * (gpt.layer_activation_bytes(shape) - 5 * a * s * s * b))

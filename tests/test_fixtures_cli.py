@@ -102,3 +102,19 @@ def test_ingest_refuses_bad_options_with_exit_code_2(shared_runs, tmp_path):
     assert result.exit_code == 2 and "--test-fraction 1.5" in result.stderr
     result = _run("ingest", str(tmp_path / "nowhere"), "--fixtures", str(tmp_path / "fx"))
     assert result.exit_code == 6 and "does not exist" in result.stderr  # partial (#22: its own exit code)
+
+
+def test_ingest_says_which_split_each_new_run_went_to_and_how_to_force_train(repo_root, tmp_path):
+    from hops_calib.store import FixtureStore
+
+    store = tmp_path / "fx"
+    result = _run("ingest", str(repo_root / "traces"), "--fixtures", str(store))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    index = FixtureStore(store).index()
+    for split in ("train", "test"):
+        named = next(line for line in lines if line.startswith(f"to {split}: "))
+        assert sorted(named.removeprefix(f"to {split}: ").split(", ")) == sorted(index[index["split"] == split]["id"])
+    assert "--split train" in lines[-1]
+    again = _run("ingest", str(repo_root / "traces"), "--fixtures", str(store))
+    assert len(again.stdout.strip().splitlines()) == 1  # nothing written, no split to tell

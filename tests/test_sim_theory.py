@@ -85,3 +85,26 @@ def test_closed_form_helpers_refuse_bad_input():
         bubble_fraction(0, 4)
     with pytest.raises(ValueError, match=r"assumes W <= min\(F, B\)"):
         balanced_makespan("zb_h1", 4, 8, forward_ms=1.0, backward_ms=2.0, weight_grad_ms=1.5)
+
+
+def test_the_closed_forms_hold_where_they_say_they_do():
+    """Where `closed_form_holds`, the simulation of one balanced iteration has the closed forms' makespan and peak
+    activations (the abstract planner takes them on shapes too large to simulate quickly)."""
+    import itertools
+
+    from hops_calib.sim.theory import closed_form_holds, peak_activations
+
+    checked = 0
+    for p, m, v, (f, b, w) in itertools.product((1, 2, 3, 4, 8), (1, 2, 4, 8, 12, 16), (1, 2, 4),
+                                                ((1, 2, 0), (1, 2, 1), (1, 2, 0.5), (2, 3, 1), (3, 5, 2))):
+        for schedule in ("1f1b", "gpipe", "zb_h1", "interleaved_1f1b"):
+            if (schedule == "interleaved_1f1b") != (v > 1) or (schedule == "interleaved_1f1b" and m % p) \
+                    or (schedule == "zb_h1" and w == 0):
+                continue
+            if not closed_form_holds(schedule, p, m, f, b, w, v):
+                continue
+            result = simulate(balanced(p, m, f, b, w, chunks=v), schedule)
+            assert result.makespan_ms == pytest.approx(balanced_makespan(schedule, p, m, f, b, w, v)), (schedule, p, m)
+            assert result.peak_activations == peak_activations(schedule, p, m, v)
+            checked += 1
+    assert checked > 300

@@ -74,7 +74,7 @@ def test_an_edited_configuration_moves_the_prediction_as_the_edit_says(tmp_path)
     assert after["predictions"][0]["throughput_per_s"] > before["throughput_per_s"]
 
 
-def test_a_what_if_names_the_benchmarked_hops_it_prices_by_stage_position(shared_runs, tmp_path):
+def test_a_what_if_prices_each_hop_by_the_hosts_at_its_ends(shared_runs, tmp_path):
     run = next(d for d in sorted(shared_runs.iterdir()) if d.name.startswith("exp2_15"))  # an H100 and an A10G
     job = tmp_path / run.name
     shutil.copytree(run, job, ignore=shutil.ignore_patterns("megatron_trace"))
@@ -88,18 +88,26 @@ def test_a_what_if_names_the_benchmarked_hops_it_prices_by_stage_position(shared
     stage_map.write_text(json.dumps({"stages": {"0": stages["1"], "1": stages["0"]}}))  # the devices swapped
     refused = cli("predict", "--job", job)  # the template still has the old order: the two must agree
     assert refused.exit_code == 2 and "field 'pipeline.stages'" in refused.output
-    assert "re-run the link benchmark" in " ".join(refused.output.split())
+    assert "--cluster" in " ".join(refused.output.split())
     import yaml
 
     template_file = job / "hops.base.yaml"
     template = yaml.safe_load(template_file.read_text())
     template["pipeline"]["stages"].reverse()
     template_file.write_text(yaml.safe_dump(template))
+    # without a cluster, the hosts can only come from the benchmark's positions: said so
+    alone = cli("predict", "--job", job, "--cluster", tmp_path / "none.yaml")
+    assert alone.exit_code == 2 and "none.yaml" in alone.output
     after = cli("predict", "--job", job)
-    assert after.exit_code == 0, after.output
-    devices = predict_job("--job", job)["links"][0]["devices"]
-    assert devices == list(reversed(before[0]["devices"]))  # the same file now sits between swapped ends, and says so
-    assert "after reordering stages, re-run it" in " ".join(after.output.split())
+    assert after.exit_code == 0 and "no cluster given" in " ".join(after.output.split())
+    # with the cluster of the shared runs, the hop runs from the A10G's host to the H100's: the pair the
+    # benchmark measured the other way round (H100 -> A10G) is not what prices it
+    cluster = tmp_path / "cluster.yaml"
+    assert cli("cluster", shared_runs, "--out", cluster).exit_code == 0
+    hop = predict_job("--job", job, "--cluster", cluster)["links"][0]
+    assert hop["hosts"] == list(reversed(before[0]["hosts"]))
+    assert hop["devices"] == list(reversed(before[0]["devices"]))
+    assert "cluster benchmark" in hop["source"] and hop["source"].startswith("cluster benchmark " + hop["hosts"][0])
 
 
 def test_schedules_side_by_side_and_what_they_hold_in_flight(tmp_path):

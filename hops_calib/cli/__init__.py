@@ -23,8 +23,33 @@ app = typer.Typer(
 fixtures_app = typer.Typer(help="Look at the fixture store.", no_args_is_help=True)
 app.add_typer(fixtures_app, name="fixtures")
 
-DEFAULT_FIXTURES = Path("fixtures")  # relative to the current directory (from the repository root: the CPU captures')
-FIXTURES_OPTION = typer.Option(DEFAULT_FIXTURES, "--fixtures", help="Fixture store folder.")
+def _default(kind: str) -> Callable[[], Path | None]:
+    """The default of --fixtures or --cluster, found when a verb runs (`hops_calib.cli.settings`): the environment,
+    the nearest hops-calib.toml, else ./fixtures and no cluster. A bad project file is a usage error (exit 2)."""
+    def factory() -> Path | None:
+        from hops_calib.cli import settings
+        from hops_calib.errors import InputError
+
+        try:
+            return (settings.default_fixtures() if kind == "fixtures" else settings.default_cluster()).path
+        except InputError as error:
+            raise typer.BadParameter(str(error), param_hint=f"--{kind}") from None
+
+    return factory
+
+
+FIXTURES_HELP = ("Fixture store folder. Default: $HOPS_CALIB_FIXTURES, else `fixtures` under [defaults] of the nearest "
+                 "hops-calib.toml, else ./fixtures of the current directory (from the repository root: the CPU "
+                 "captures' store).")
+FIXTURES_OPTION = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
+                               help=FIXTURES_HELP)
+MODEL_OPTION = typer.Option(None, "--model",
+                            help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
+CLUSTER_OPTION = typer.Option(..., "--cluster", default_factory=_default("cluster"), show_default=False,
+                              help="Cluster file (hosts, devices, links; `hops-calib cluster` writes one): each hop is "
+                                   "priced by the hosts at its ends. Default: $HOPS_CALIB_CLUSTER, else `cluster` "
+                                   "under [defaults] of the nearest hops-calib.toml, else none (each device's host "
+                                   "is the one the job's own link benchmark names at its stage position).")
 
 
 @app.command()
@@ -122,13 +147,76 @@ def fixtures_show(
     raise typer.Exit(show_command(fixture_id, fixtures, as_json))
 
 
+# Stragglers and failures, for predict --job, plot timeline --job and plan --job (hops_calib.whatif.perturbations):
+# (parameter, option, type, help). `with_perturbations` adds them; the command takes one `perturbations` dict.
+PERTURBATION_OPTIONS = (
+    ("slow_device", "--slow-device", List[str],
+     "DEVICE:FACTOR: that device (an id of the stage map, or a stage number with predict/plot) runs its compute "
+     "FACTOR times slower (1.1 = 10 %; thermal throttling, a degraded HBM stack). Repeatable."),
+    ("slow_link", "--slow-link", List[str],
+     "A-B:FACTOR: the link between devices (or stages) A and B moves data FACTOR times slower. Repeatable."),
+    ("stragglers", "--stragglers", str,
+     "P:LOW:HIGH: in every iteration each GPU straggles with chance P, its compute slowed by a factor drawn from "
+     "[LOW, HIGH] (seeded)."),
+    ("failure_rate", "--failure-rate", float,
+     "Failures per hour of the whole job (any device or link; it stops): the cost is the work lost since the last "
+     "checkpoint plus --recovery-s."),
+    ("recovery_s", "--recovery-s", float, "Seconds to recover from a failure (detect, restart, reload; default 300)."),
+    ("checkpoint_every", "--checkpoint-every", int, "Iterations between checkpoints (default 1)."),
+    ("run_iterations", "--run-iterations", int, "Iterations of the run that failures strike (default 1000)."),
+    ("samples", "--samples", int, "Seeded draws per launch when stragglers or failures are random (default 32)."),
+    ("seed", "--seed", int, "Seed of the draws (default 0)."),
+)
+
+
+def option_group(param: str, options: tuple) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A decorator giving a typer command the options of a group ((name, flag, type, help) each); the command takes
+    them as one dict parameter `param` (None where not given)."""
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)
+        keep = [p for p in signature.parameters.values() if p.name != param]
+        added = [inspect.Parameter(f"{param}__{name}", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
+                                   default=typer.Option(None, flag, help=text))
+                 for name, flag, kind, text in options]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> None:
+            group = {name: kwargs.pop(f"{param}__{name}") for name, *_ in options}
+            return command(**kwargs, **{param: group})
+
+        wrapper.__signature__ = signature.replace(parameters=[*keep, *added])  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in [*keep, *added]}
+        del wrapper.__wrapped__  # typer must read the signature above, not the command's
+        return wrapper
+
+    return decorate
+
+
+with_perturbations = option_group("perturbations", PERTURBATION_OPTIONS)
+
+
 @app.command()
+def cluster(
+    sources: List[Path] = typer.Argument(..., help="Job directories, or folders holding them (found recursively)."),
+    out: Path = typer.Option(..., "--out", help="Cluster file to write (YAML)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the cluster as JSON instead of a summary."),
+) -> None:
+    """Build the cluster of job directories: every device's host (the pair files name the hosts of their ranks) and
+    every benchmarked host pair's link (pooled over the runs that measured it). Edit it by hand to declare links."""
+    from hops_calib.cli.whatif import cluster_command
+
+    raise typer.Exit(cluster_command(sources, out, as_json))
+
+
+@app.command()
+@with_perturbations
 def plan(
-    stages: int = typer.Option(..., "--stages", help="Pipeline stages (devices), p."),
-    microbatches: int = typer.Option(..., "--microbatches", help="Microbatches per iteration, m."),
-    memory_budget: float = typer.Option(..., "--memory-budget",
-                                        help="Activations per device, in stage microbatches (one microbatch's "
-                                             "activations of a whole stage; an interleaved chunk counts 1/v)."),
+    stages: Optional[int] = typer.Option(None, "--stages", help="Pipeline stages (devices), p (abstract plan)."),
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", help="Microbatches per iteration, m."),
+    memory_budget: Optional[float] = typer.Option(None, "--memory-budget",
+                                                  help="Activations per device, in stage microbatches (one "
+                                                       "microbatch's activations of a whole stage; an interleaved "
+                                                       "chunk counts 1/v)."),
     forward_cost: float = typer.Option(1.0, "--forward-cost", help="Forward time of one microbatch on one stage."),
     backward_cost: float = typer.Option(2.0, "--backward-cost", help="Whole backward time (input + weight grads)."),
     weight_grad_cost: float = typer.Option(0.0, "--weight-grad-cost",
@@ -136,19 +224,61 @@ def plan(
     chunks: int = typer.Option(1, "--chunks", help="Model chunks per device; > 1 adds interleaved 1F1B."),
     target_bubble: float = typer.Option(None, "--target-bubble",
                                         help="Also print the microbatches balanced 1F1B needs for this bubble."),
-    as_json: bool = typer.Option(False, "--json", help="Print {chosen, candidates, ...} as JSON."),
+    job: Optional[Path] = typer.Option(None, "--job", help="Plan a real job instead: its model and global batch on "
+                                       "its devices (stage order, layer split, schedule, micro-batch size)."),
+    cluster: Optional[Path] = CLUSTER_OPTION,
+    fixtures: Path = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
+                                  help=FIXTURES_HELP + " With --job, the store whose train split the best launches "
+                                  "are checked against: what lies outside it is extrapolated."),
+    model: Optional[Path] = MODEL_OPTION,
+    top: int = typer.Option(5, "--top", help="With --job: how many launches to print."),
+    schedules: Optional[List[str]] = typer.Option(None, "--schedule", help="With --job: search only these schedules "
+                                                  "(repeatable: 1f1b, interleaved_1f1b, zb_h1, gpipe, auto; "
+                                                  "default all)."),
+    fixed_order: bool = typer.Option(False, "--keep-order", help="With --job: keep the job's stage order."),
+    fixed_split: bool = typer.Option(False, "--keep-split", help="With --job: keep the job's layer split."),
+    fixed_micro_batch: bool = typer.Option(False, "--keep-micro-batch", help="With --job: keep its micro-batch size."),
+    device_memory: Optional[List[str]] = typer.Option(None, "--device-memory",
+                                                      help="With --job: TYPE:BYTES, a device type's usable memory "
+                                                           "(default the catalog's capacity). Repeatable."),
+    trials: int = typer.Option(400, "--trials", help="With --job: optuna trials when the space is too large to "
+                                                    "search exhaustively."),
+    exhaustive_limit: int = typer.Option(10000, "--exhaustive-limit",
+                                         help="With --job: search exhaustively up to this many launches."),
+    rank_by: str = typer.Option("throughput", "--rank-by", help="With --job: throughput (nominal), expected or p5 "
+                                "(the mean or the 5th percentile under the stragglers and failures given)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    perturbations: dict = None,
 ) -> None:
-    """Choose the pipeline schedule with the lowest bubble that fits a per-device activation budget."""
-    from hops_calib.cli.whatif import plan_command
+    """Choose the pipeline schedule with the lowest bubble that fits a per-device activation budget (abstract costs);
+    or, with --job, the fastest launches of a real job on its devices, priced by the calibrated model."""
+    from hops_calib.cli.whatif import plan_command, plan_job_command
 
-    plan_command(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
-                 target_bubble, as_json)
+    if job is None:
+        given = [name for name, value in perturbations.items() if value not in (None, [])]
+        if given:
+            raise typer.BadParameter(f"--{given[0].replace('_', '-')} applies to plan --job",
+                                     param_hint=f"--{given[0].replace('_', '-')}")
+        missing = [flag for flag, value in (("--stages", stages), ("--microbatches", microbatches),
+                                            ("--memory-budget", memory_budget)) if value is None]
+        if missing:
+            raise typer.BadParameter(f"an abstract plan needs {', '.join(missing)} (or plan a real job with --job)",
+                                     param_hint=missing[0])
+        plan_command(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
+                     target_bubble, as_json)
+        return
+    abstract = [flag for flag, value in (("--stages", stages), ("--microbatches", microbatches),
+                                         ("--memory-budget", memory_budget)) if value is not None]
+    if abstract:
+        raise typer.BadParameter(f"{abstract[0]} is for the abstract plan; --job plans the job's own model and batch",
+                                 param_hint=abstract[0])
+    raise typer.Exit(plan_job_command(job, cluster, model, top, tuple(schedules or ()), fixed_order, fixed_split,
+                                      fixed_micro_batch, tuple(device_memory or ()), trials, exhaustive_limit,
+                                      rank_by, perturbations, as_json, fixtures))
 
 
 # --- the loop: predict, evaluate, report, ledger (hops_calib.cli.loop) --------------------------------
 
-MODEL_OPTION = typer.Option(None, "--model",
-                            help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
 LEDGER_OPTION = typer.Option(None, "--ledger", show_default=False, help=(
     "Experiment ledger (JSON lines). Default: ledger/ledger.jsonl of the hops-calib checkout enclosing the current "
     "directory, else of the one the package runs from; it must exist: a new ledger only at a path named here."))
@@ -176,23 +306,8 @@ PLAN_OPTION = typer.Option(
                          "cited in the entry. No tolerance option with it.")
 
 
-def with_tolerances(command: Callable[..., None]) -> Callable[..., None]:
-    """Give a typer command the tolerance options; it takes them as its `tolerances` parameter (a dict)."""
-    signature = inspect.signature(command, eval_str=True)
-    keep = [p for p in signature.parameters.values() if p.name != "tolerances"]
-    added = [inspect.Parameter(f"tolerance__{name}", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
-                               default=typer.Option(None, flag, help=text))
-             for name, flag, kind, text in TOLERANCE_OPTIONS]
-
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> None:
-        tolerances = {name: kwargs.pop(f"tolerance__{name}") for name, *_ in TOLERANCE_OPTIONS}
-        return command(**kwargs, tolerances=tolerances)
-
-    wrapper.__signature__ = signature.replace(parameters=[*keep, *added])  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in [*keep, *added]}
-    del wrapper.__wrapped__  # typer must read the signature above, not the command's
-    return wrapper
+# Give a command the tolerance options; it takes them as its `tolerances` parameter (a dict).
+with_tolerances = option_group("tolerances", TOLERANCE_OPTIONS)
 ledger_app = typer.Typer(help="The append-only, hash-chained experiment ledger.", no_args_is_help=True)
 app.add_typer(ledger_app, name="ledger")
 candidate_app = typer.Typer(help="Candidate files (experiments/ID.toml): one term's change each.", no_args_is_help=True)
@@ -215,8 +330,16 @@ def candidate_new(
     raise typer.Exit(candidate_new_command(term, candidate_id, folder, model, as_json))
 
 
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option `name` was given on the command line (not its default or a setting)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 @app.command()
+@with_perturbations
 def predict(
+    ctx: typer.Context,
     fixture_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="Fixture id (train split)."),
     all_train: bool = typer.Option(False, "--all", help="Every train fixture: per-run errors and the suite."),
     job: Optional[Path] = typer.Option(None, "--job", help="A job directory to predict before it runs: "
@@ -224,20 +347,22 @@ def predict(
     schedules: Optional[list[str]] = typer.Option(None, "--schedule", help="With --job: simulate this schedule "
                                                   "(repeatable: 1f1b, interleaved_1f1b, gpipe, zb_h1, auto); "
                                                   "default the configured one."),
-    fixtures: Path = typer.Option(
-        DEFAULT_FIXTURES, "--fixtures", help="Fixture store folder; with --job, the store whose train split the "
-                                             "configuration is checked against for coverage (the default, ./fixtures "
-                                             "in the current directory, is the shipped CPU captures' store when run "
-                                             "from the repository root: pass the store the model was calibrated on)."),
+    fixtures: Path = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
+                                  help=FIXTURES_HELP + " With --job, the store whose train split the configuration "
+                                  "is checked against for coverage: pass the store the model was calibrated on."),
+    cluster: Optional[Path] = CLUSTER_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    perturbations: dict = None,
 ) -> None:
     """Predicted vs real throughput, bubble, per-stage utilization and phase times of a fixture, from the spec
-    alone; or, with --job, of a configuration that has not run (what-if, several schedules side by side)."""
+    alone; or, with --job, of a configuration that has not run (what-if, several schedules side by side; each hop
+    priced by the hosts at its ends; with stragglers and failures, also their mean and 5th-percentile throughput)."""
     from hops_calib.cli.loop import predict_command
 
     raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json, job, schedules or (),
-                                     fixtures_defaulted=fixtures == DEFAULT_FIXTURES))
+                                     fixtures_defaulted=not _given(ctx, "fixtures"), cluster=cluster,
+                                     perturbations=perturbations))
 
 
 @app.command()
@@ -424,6 +549,7 @@ DPI_OPTION = typer.Option(150.0, "--dpi", help="Pixels per inch of a PNG (the fi
 
 
 @plot_app.command("timeline")
+@with_perturbations
 def plot_timeline(
     fixture_id: Optional[str] = typer.Argument(None, metavar="[ID]",
                                                help="Fixture id (train split; see fixtures list)."),
@@ -433,17 +559,22 @@ def plot_timeline(
                                                   "schedule (repeatable); default the configured one."),
     iterations: int = typer.Option(2, "--iterations", help="Show the first K iterations."),
     fixtures: Path = FIXTURES_OPTION,
+    cluster: Optional[Path] = CLUSTER_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
                                        "timeline-ID.png, with --job timeline-<job folder name>.png, in the current "
                                        "directory)."),
+    chrome: Optional[Path] = typer.Option(None, "--chrome", help="Also write the panels, whole runs, as Chrome trace "
+                                          "JSON (*.json: Perfetto or chrome://tracing opens it, zoomable)."),
     dpi: float = DPI_OPTION,
+    perturbations: dict = None,
 ) -> None:
     """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time; with
-    --job, a configuration's predictions under each schedule."""
+    --job, a configuration's predictions under each schedule (and, with stragglers or failures, a perturbed draw)."""
     from hops_calib.cli.plot import timeline_command
 
-    raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi, job, tuple(schedules or ())))
+    raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi, job, tuple(schedules or ()),
+                                      cluster, perturbations, chrome))
 
 
 @plot_app.command("parity")

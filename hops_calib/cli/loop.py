@@ -170,7 +170,8 @@ def _print_left_out(left_out: dict[str, Any] | None) -> None:
 
 def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, model_path: Path | None,
                     as_json: bool, job: Path | None = None, schedules: Sequence[str] = (),
-                    fixtures_defaulted: bool = False) -> int:
+                    fixtures_defaulted: bool = False, cluster: Path | None = None,
+                    perturbations: dict | None = None) -> int:
     def run() -> int:
         if (fixture_id is not None) + all_train + (job is not None) != 1:
             raise InputError("predict", "give one of a fixture ID, --all (every train fixture) or --job DIR (a "
@@ -178,10 +179,15 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
         if schedules and job is None:
             raise InputError("predict", "--schedule applies to --job (a fixture is predicted as it ran)",
                              field="--schedule")
+        given = [name for name, value in (perturbations or {}).items() if value not in (None, [])]
+        if given and job is None:
+            raise InputError("predict", f"--{given[0].replace('_', '-')} applies to --job (a fixture is predicted as "
+                             "it ran)", field=f"--{given[0].replace('_', '-')}")
         if job is not None:
             from hops_calib.cli.whatif import predict_job
 
-            return predict_job(job, model_path, schedules, fixtures, fixtures_defaulted, as_json)
+            return predict_job(job, model_path, schedules, fixtures, fixtures_defaulted, as_json, cluster,
+                               perturbations)
         if fixture_id is not None:
             return _predict_one(fixture_id, fixtures, model_path, as_json)
         from hops_calib.loop.evaluate import evaluate

@@ -15,15 +15,28 @@ def _wrote(image) -> int:
         print(note)
     size = write_image(image)
     print(f"wrote {image.target} ({size})")
+    if image.chrome is not None:
+        import json
+
+        from hops_calib.files import atomic_write
+
+        path, trace = image.chrome
+        atomic_write(path, json.dumps(trace, separators=(",", ":")))
+        print(f"wrote {path} (Chrome trace JSON, {len(trace['traceEvents'])} events: open it in ui.perfetto.dev or "
+              "chrome://tracing)")
     return EXIT_OK
 
 
 def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int,
-                     out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = ()) -> int:
+                     out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = (),
+                     cluster: Path | None = None, perturbations: dict | None = None, chrome: Path | None = None) -> int:
     def run() -> int:
+        from hops_calib.cli.whatif import load_cluster, parse_perturbations
         from hops_calib.plot.images import timeline_image
 
-        return _wrote(timeline_image(fixture_id, fixtures, model_path, iterations, out, dpi, job, schedules))
+        return _wrote(timeline_image(fixture_id, fixtures, model_path, iterations, out, dpi, job, schedules,
+                                     load_cluster(cluster) if job is not None else None,
+                                     parse_perturbations(perturbations, job), chrome))
 
     return guarded(run)
 

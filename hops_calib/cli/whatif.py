@@ -3,6 +3,8 @@ directory priced before it runs), computed by `hops_calib.whatif` and printed he
 
 from __future__ import annotations
 
+import math
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -31,7 +33,13 @@ def _calibration_coverage(fixtures: Path, defaulted: bool = False):
     from hops_calib.loop.suite import load_suite
     from hops_calib.model.coverage import coverage
 
-    default = "; --fixtures not given: the default, ./fixtures in the current directory" if defaulted else ""
+    default = ""
+    if defaulted:
+        from hops_calib.cli.settings import default_fixtures
+
+        origin = default_fixtures().origin
+        default = (f"; --fixtures not given: {origin}" if origin.startswith("the default") else
+                   f"; --fixtures not given: the store set by {origin}")
     try:
         suite = load_suite(fixtures, "train")
     except InputError as error:
@@ -41,15 +49,177 @@ def _calibration_coverage(fixtures: Path, defaulted: bool = False):
 
 
 def predict_job(job: Path, model_path: Path | None, schedules: Sequence[str], fixtures: Path, fixtures_defaulted: bool,
-                as_json: bool) -> int:
+                as_json: bool, cluster: Path | None = None, perturbations: dict | None = None) -> int:
     """`predict --job DIR`: the configuration under each schedule, and where it lies outside the store's train
     runs. Errors are the caller's (`hops_calib.cli.output.guarded`)."""
     from hops_calib.loop.model_files import load_model
     from hops_calib.whatif.job import what_if, what_if_text
 
-    result = what_if(job, load_model(model_path), schedules, *_calibration_coverage(fixtures, fixtures_defaulted))
+    result = what_if(job, load_model(model_path), schedules, *_calibration_coverage(fixtures, fixtures_defaulted),
+                     cluster=load_cluster(cluster), perturbations=parse_perturbations(perturbations, job))
     if as_json:
         print_json(result.to_dict())
     else:
         print(what_if_text(result))
     return EXIT_OK
+
+
+def load_cluster(path: Path | None):
+    """The cluster file, or None when none is given or set."""
+    if path is None:
+        return None
+    from hops_calib.whatif.cluster import read_cluster
+
+    return read_cluster(path)
+
+
+def _factor(text: str, option: str) -> tuple[str, float]:
+    name, sep, value = text.rpartition(":")
+    try:
+        factor = float(value)
+    except ValueError:
+        factor = math.nan
+    if not sep or not name or not (1 <= factor < math.inf):
+        raise InputError(option, f"{text!r} is not NAME:FACTOR with a finite FACTOR >= 1", field=option,
+                         hint=f"e.g. {option} l4_node0_gpu0:1.1 (10 % slower)")
+    return name, factor
+
+
+def parse_perturbations(options: dict | None, job: Path | None = None, stages_allowed: bool = True):
+    """The straggler and failure options as `Perturbations` (None when none is given). Devices are named by id, or,
+    with `stages_allowed`, by stage number in `job`'s stage map."""
+    from hops_calib.sim.perturb import Failure, RandomStragglers
+    from hops_calib.whatif.perturbations import Perturbations
+
+    options = options or {}
+    if all(value in (None, []) for value in options.values()):
+        return None
+    ids: tuple[str, ...] = ()
+    if job is not None and Path(job).is_dir():
+        from hops_calib.trace import read_stage_map
+
+        ids = read_stage_map(Path(job))
+
+    def device(name: str, option: str) -> str:
+        if stages_allowed and name.isdigit() and int(name) < len(ids):
+            return ids[int(name)]
+        if ids and name not in ids:
+            raise InputError(option, f"{name!r} is no device of the job", field=option,
+                             hint=f"name a device id of the stage map ({', '.join(ids)})"
+                                  + (" or a stage number" if stages_allowed else ""))
+        return name
+
+    slow_devices = []
+    for text in options.get("slow_device") or []:
+        name, factor = _factor(text, "--slow-device")
+        slow_devices.append((device(name, "--slow-device"), factor))
+    slow_links = []
+    for text in options.get("slow_link") or []:
+        pair, factor = _factor(text, "--slow-link")
+        cuts = [k for k, char in enumerate(pair) if char == "-"]
+        ends = next(((pair[:k], pair[k + 1:]) for k in cuts
+                     if all(not ids or end in ids or (stages_allowed and end.isdigit() and int(end) < len(ids))
+                            for end in (pair[:k], pair[k + 1:]))), None)
+        if ends is None:
+            raise InputError("--slow-link", f"{pair!r} is not two devices A-B of the job", field="--slow-link",
+                             hint="e.g. --slow-link 0-1:2 (stages) or l4_node0_gpu0-l4_node1_gpu0:2")
+        slow_links.append((device(ends[0], "--slow-link"), device(ends[1], "--slow-link"), factor))
+    stragglers = None
+    if options.get("stragglers"):
+        parts = options["stragglers"].split(":")
+        try:
+            values = [float(x) for x in parts]
+            stragglers = RandomStragglers(*values) if len(values) in (1, 3) else None
+        except ValueError as error:
+            raise InputError("--stragglers", f"{options['stragglers']!r}: {error}", field="--stragglers",
+                             hint="P or P:LOW:HIGH, e.g. 0.05:1.05:1.3") from None
+        if stragglers is None:
+            raise InputError("--stragglers", f"{options['stragglers']!r} is not P or P:LOW:HIGH", field="--stragglers",
+                             hint="e.g. 0.05:1.05:1.3")
+    failures = ()
+    rate = options.get("failure_rate")
+    if rate is not None or options.get("recovery_s") is not None:
+        if rate is None:
+            raise InputError("--recovery-s", "applies with --failure-rate", field="--recovery-s")
+        try:
+            failures = (Failure("the job (any device or link)", rate, options.get("recovery_s") or 300.0),)
+        except ValueError as error:
+            raise InputError("--failure-rate", str(error), field="--failure-rate") from None
+    try:
+        return Perturbations(slow_devices=tuple(slow_devices), slow_links=tuple(slow_links), stragglers=stragglers,
+                             failures=failures, checkpoint_every=options.get("checkpoint_every") or 1,
+                             run_iterations=options.get("run_iterations") or 1000,
+                             samples=options.get("samples") or 32, seed=options.get("seed") or 0)
+    except ValueError as error:
+        raise InputError("predict", str(error), field="--samples") from None
+
+
+def cluster_command(sources: Sequence[Path], out: Path, as_json: bool) -> int:
+    """`hops-calib cluster SRC... --out FILE`: build the cluster of the job directories and write it."""
+    from hops_calib.cli.output import guarded
+    from hops_calib.files import atomic_write
+    from hops_calib.whatif.cluster import cluster_from_jobs, cluster_yaml
+
+    def run() -> int:
+        if out.exists() and not out.is_file():
+            raise InputError(str(out), "is not a file", field="--out", hint="name the cluster file to write")
+        if out.suffix.lower() not in (".yaml", ".yml", ".json"):
+            raise InputError(str(out), "is not a .yaml, .yml or .json file", field="--out",
+                             hint="a cluster file is YAML (JSON is YAML too)")
+        cluster = cluster_from_jobs(sources)
+        text = cluster_yaml(cluster) if out.suffix.lower() != ".json" else __import__("json").dumps(
+            cluster.to_dict(), indent=1)
+        atomic_write(out, text)
+        for note in cluster.notes:
+            print(f"warning: {note}", file=sys.stderr)
+        if as_json:
+            print_json({"out": str(out), **cluster.to_dict(), "notes": list(cluster.notes)})
+            return EXIT_OK
+        benchmarked = sum(link.benchmarked for link in cluster.links)
+        devices = sum(node.gpus for node in cluster.nodes)
+        print(f"wrote {out}: {len(cluster.nodes)} hosts, {devices} devices, {len(cluster.links)} links "
+              f"({benchmarked} benchmarked host pairs) from {cluster.origin}")
+        for link in cluster.links:
+            print(f"  {link.src_host} -> {link.dst_host}: {link.bandwidth_gbit_s:.1f} Gbit/s, "
+                  f"{link.latency_ms:.3f} ms ({link.source})")
+        return EXIT_OK
+
+    return guarded(run, as_json)
+
+
+def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, top: int, schedules: Sequence[str],
+                     keep_order: bool, keep_split: bool, keep_micro_batch: bool, device_memory: Sequence[str],
+                     trials: int, exhaustive_limit: int, rank_by: str, perturbations: dict, as_json: bool,
+                     fixtures: Path | None = None) -> int:
+    """`plan --job DIR`: the best launches of the job on its devices, under a progress bar."""
+    from hops_calib.cli.output import run_and_print
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.whatif.job_plan import SCHEDULES, format_job_plan, plan_job
+
+    seed = perturbations.get("seed") or 0
+
+    def compute(bar):
+        memory: dict[str, float] = {}
+        for text in device_memory:
+            name, sep, value = text.rpartition(":")
+            try:
+                memory[name.lower()] = float(value)
+            except ValueError:
+                sep = ""
+            if not sep or not name or not (0 < memory.get(name.lower(), 0) < math.inf):
+                raise InputError("--device-memory", f"{text!r} is not TYPE:BYTES with BYTES > 0",
+                                 field="--device-memory",
+                                 hint="e.g. --device-memory a10g:22e9 (leave room for the CUDA context)")
+        if not Path(job).is_dir():
+            raise InputError(str(job), "is not a directory", field="--job",
+                             hint="give a Megatron job directory: megatron_args.txt, hops_trace_map.json, "
+                                  "hops.base.yaml and calibration/link_bench/ (no traces needed)")
+        return plan_job(job, load_model(model_path), cluster=load_cluster(cluster), top=top,
+                        schedules=schedules or SCHEDULES, orders=not keep_order, splits=not keep_split,
+                        micro_batch_sizes=not keep_micro_batch, memory_bytes=memory or None, trials=trials,
+                        seed=seed, exhaustive_limit=exhaustive_limit,
+                        perturbations=parse_perturbations(perturbations, job, stages_allowed=False),
+                        rank_by=rank_by, progress=bar,
+                        calibration=_calibration_coverage(fixtures)[0] if fixtures is not None else None)
+
+    return run_and_print("plan", as_json, compute, format_job_plan)

@@ -80,3 +80,17 @@ def boundary_activation_bytes(shape: ModelShape) -> float:
 def padded_vocab(shape: ModelShape) -> int:
     """The vocabulary size Megatron allocates: the next multiple of VOCAB_PADDING."""
     return math.ceil(shape.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+
+
+def stage_parameters(shape: ModelShape, layers: int, first: bool, last: bool, ranks: int) -> float:
+    """Parameters a pipeline rank holds: its decoder layers, plus the word and position embeddings on the first
+    stage, the final LayerNorm and (tied or not) an output-layer copy of the word embedding on the last stage
+    (one rank holding both keeps one copy)."""
+    h = shape.hidden_size
+    vocab = padded_vocab(shape)
+    total = layers * layer_parameters(shape)
+    if first:
+        total += vocab * h + shape.seq_length * h
+    if last:
+        total += 2 * h + (vocab * h if ranks > 1 else 0)
+    return float(total)

@@ -24,6 +24,8 @@ class Image:
     target: Path
     dpi: float
     notes: tuple[str, ...] = ()
+    # the same timelines as Chrome trace JSON (Perfetto, chrome://tracing): the file, and the trace to write there
+    chrome: tuple[Path, dict] | None = None
 
 
 def write_image(image: Image) -> str:
@@ -72,7 +74,7 @@ def _target(out: Path | None, default: str, dpi: float) -> Path:
 
 def metrics_note(metrics) -> str:
     """The headline numbers of a whole run, real or predicted, for a panel title."""
-    return (f"iteration {metrics.iteration_time_ms:,.0f} ms · bubble {100 * metrics.bubble_ratio:.0f} % · "
+    return (f"iteration {metrics.iteration_time_ms:,.0f} ms · idle share (bubble) {100 * metrics.bubble_ratio:.0f} % · "
             f"{metrics.throughput_per_s:.1f} microbatches/s (whole run)")
 
 
@@ -83,8 +85,11 @@ def model_label(model: Model) -> str:
 # --- timeline ------------------------------------------------------------------------------------
 
 def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int,
-                   out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = ()) -> Image:
-    """A fixture's real timeline above the model's prediction, or a job's predicted timeline under each schedule."""
+                   out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = (),
+                   cluster: Any = None, perturbations: Any = None, chrome: Path | None = None) -> Image:
+    """A fixture's real timeline above the model's prediction, or a job's predicted timeline under each schedule
+    (hops priced by the hosts at their ends, with `cluster`; under `perturbations`, each schedule's first perturbed
+    draw below it). With `chrome`, the same panels, whole runs, as Chrome trace JSON too."""
     from hops_calib.loop.model_files import load_model
     from hops_calib.loop.suite import TEST, open_store
     from hops_calib.model.predict import predict
@@ -99,19 +104,35 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     if iterations < 1:
         raise InputError("plot timeline", f"--iterations is {iterations}", field="--iterations",
                          hint="show at least one iteration")
+    if chrome is not None and Path(chrome).suffix.lower() != ".json":
+        raise InputError(str(chrome), "is not a .json file", field="--chrome",
+                         hint="Chrome trace JSON: open it in ui.perfetto.dev or chrome://tracing")
+    if perturbations is not None and job is None:
+        raise InputError("plot timeline", "stragglers and failures apply to --job (a fixture is drawn as it ran)",
+                         field="--slow-device")
     if job is not None:
         from hops_calib.whatif.job import what_if
 
         target = _target(out, f"timeline-{Path(job).name}.png", dpi)
-        result = what_if(job, load_model(model_path), schedules)
+        result = what_if(job, load_model(model_path), schedules, cluster=cluster)
         spec = result.spec
-        panels = [Panel(f"Predicted under {prediction.schedule} by {model_label(result.model)}",
-                        prediction.result.timeline, metrics_note(prediction.metrics))
-                  for prediction in result.predictions]
+        panels = []
+        for prediction in result.predictions:
+            panels.append(Panel(f"Predicted under {prediction.schedule} by {model_label(result.model)}",
+                                prediction.result.timeline, metrics_note(prediction.metrics)))
+            if perturbations is not None:
+                drawn = perturbations.results(prediction.pipeline, prediction.schedule, spec.device_ids)[0]
+                draws = perturbations.samples if perturbations.stragglers is not None else 1
+                panels.append(Panel(f"{prediction.schedule} slowed (draw 1 of {draws}, seed {perturbations.seed})",
+                                    drawn.timeline, metrics_note(drawn.metrics())))
         title = (f"{spec.run_id} (what-if): {spec.pp} stages, {spec.microbatches} microbatches per iteration, "
                  f"first {min(iterations, spec.iterations)} of {spec.iterations} iterations")
         notes = tuple(f"not drawn: {refused.sentence()}" for refused in result.refused)
-        return Image(timeline_figure(title, spec.devices, panels, iterations, dpi=dpi), target, dpi, notes)
+        if perturbations is not None:
+            notes += (f"slowed panels: {perturbations.describe()} (failures cost whole iterations and recoveries, "
+                      "which a timeline of the traced window does not show; predict --job gives their throughput)",)
+        return Image(timeline_figure(title, spec.devices, panels, iterations, dpi=dpi), target, dpi, notes,
+                     _chrome(chrome, title, spec.devices, panels))
     target = _target(out, f"timeline-{fixture_id}.png", dpi)
     fixture = open_store(fixtures).load(fixture_id)
     if fixture.split == TEST:
@@ -129,7 +150,17 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     shown = min(iterations, len(fixture.truth.iterations) or iterations)
     title = (f"{fixture.id}: {prediction.schedule}, {spec.pp} stages, {spec.microbatches} microbatches per "
              f"iteration (first {shown} of {spec.iterations} iterations)")
-    return Image(timeline_figure(title, spec.devices, panels, iterations, dpi=dpi), target, dpi)
+    return Image(timeline_figure(title, spec.devices, panels, iterations, dpi=dpi), target, dpi,
+                 chrome=_chrome(chrome, title, spec.devices, panels))
+
+
+def _chrome(path: Path | None, title: str, devices, panels) -> tuple[Path, dict] | None:
+    """The panels as a Chrome trace for `path` (whole runs: the viewer zooms), or None without one."""
+    if path is None:
+        return None
+    from hops_calib.plot.chrome import chrome_trace
+
+    return Path(path), chrome_trace(title, devices, panels)
 
 
 # --- parity --------------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ def parity_figure(points: Sequence[RunPoint], suite: SuiteScore, title: str, lab
                np.array([scores[i].bubble_error_pp for i in timed]), label_worst, False, "% of stage time idle",
                "bubble")
         on = "" if len(timed) == len(scores) else f" on the {len(timed)} runs with events"
-        right.set_title(f"Bubble: MAE {suite.bubble_mae_pp:.1f} pp{on}", loc="left")
+        right.set_title(f"Idle share (measured bubble): MAE {suite.bubble_mae_pp:.1f} pp{on}", loc="left")
     else:
         right.set_axis_off()
         right.text(0.5, 0.5, "no bubble: every run was measured at iteration level (no events)", ha="center",

@@ -1,4 +1,5 @@
-"""The simulator room: schedules (task order per stage) and the event engine. Pure: no I/O, no global state."""
+"""The simulator room: schedules (task order per stage) and the event engine; stragglers and failures as data
+(`perturb`) and the critical path of a simulated run (`critical`). Pure: no I/O, no global state."""
 
 from hops_calib.sim.engine import DeadlockError
 from hops_calib.sim.pipeline import Pipeline, StageCosts

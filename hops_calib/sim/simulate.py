@@ -138,15 +138,17 @@ def _columns(rows: Rows, iteration: list[int]) -> dict[str, np.ndarray]:
 
 
 def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = None, seed: int = 0,
-             replicate: bool = True) -> SimResult:
+             replicate: bool = True, compute_factors: np.ndarray | None = None) -> SimResult:
     """Simulate `pipeline.iterations` training iterations of `schedule`.
 
     `schedule` is one of "1f1b", "interleaved_1f1b", "gpipe", "zb_h1", "auto";
     `gpipe_flush` runs GPipe in flushes of that many microbatches. Costs are
     deterministic, so `seed` changes nothing today; it is part of the signature so
     that stochastic cost models keep the call explicit and reproducible.
+    `compute_factors[i, r]` (iterations x ranks), when given, multiplies rank r's compute and optimizer step in
+    iteration i + 1 (transient stragglers, `perturb.straggler_factors`); every iteration is then timed.
     """
-    del seed  # no random draw yet (see docstring)
+    del seed  # no random draw here: random perturbations come in drawn (see compute_factors)
     resolved = auto_schedule(pipeline) if schedule == AUTO else schedule
     programs: Programs = build_programs(resolved, pipeline.ranks, pipeline.chunks, pipeline.microbatches, gpipe_flush)
     hops = len(pipeline.stages) - 1
@@ -156,6 +158,14 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     host_ms = [c.host_ms for c in pipeline.stages]
     ranks = pipeline.ranks
     optimizer = list(pipeline.optimizer_ms)
+    if compute_factors is not None:
+        compute_factors = np.asarray(compute_factors, dtype=float)
+        if compute_factors.shape != (pipeline.iterations, ranks) or not np.all(np.isfinite(compute_factors)) \
+                or np.any(compute_factors <= 0):
+            raise ValueError(f"compute_factors must be finite positive numbers of shape (iterations, ranks) = "
+                             f"({pipeline.iterations}, {ranks}); got shape {compute_factors.shape}")
+        replicate = False
+    nominal_task_ms, nominal_optimizer = task_ms, optimizer
 
     rows = Rows.empty()
     iteration: list[int] = []
@@ -165,6 +175,10 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     for number in range(1, pipeline.iterations + 1):
         timed = number
         began = starts
+        if compute_factors is not None:
+            factor = compute_factors[number - 1]
+            task_ms = [[ms * factor[k % ranks] for k, ms in enumerate(row)] for row in nominal_task_ms]
+            optimizer = [ms * factor[r] for r, ms in enumerate(nominal_optimizer)]
         ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer,
                              starts, rows, host_ms, pipeline.host_after_receive_only)
         barrier = max(ends)

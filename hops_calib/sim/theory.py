@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from hops_calib.metrics import schedule_bubble
 from hops_calib.sim.pipeline import Pipeline, StageCosts
 from hops_calib.sim.schedules import interleaved_warmup
 
@@ -30,7 +31,7 @@ def balanced_pipeline(stages: int, microbatches: int, forward_ms: float = 1.0, b
 def bubble_fraction(stages: int, microbatches: int, chunks: int = 1) -> float:
     """Bubble of balanced 1F1B or GPipe, (p-1)/(m+p-1); interleaved over v chunks, (p-1)/(v*m+p-1)."""
     _check_positive(stages=stages, microbatches=microbatches, chunks=chunks)
-    return (stages - 1) / (chunks * microbatches + stages - 1)
+    return schedule_bubble(stages, microbatches, chunks)
 
 
 def microbatches_for_bubble(stages: int, target_bubble: float) -> int:
@@ -94,3 +95,13 @@ def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"{name} must be at least 1 (got {value})")
+
+
+def closed_form_holds(schedule: str, stages: int, microbatches: int, forward_ms: float, backward_ms: float,
+                      weight_grad_ms: float, chunks: int = 1) -> bool:
+    """Whether `balanced_makespan` and `peak_activations` give the simulator's numbers for this shape: always for
+    1F1B, GPipe and interleaved 1F1B (the shapes they run), and for ZB-H1 when W <= min(F, B) (the paper's
+    assumption) and there are at least as many microbatches as stages (fewer leave its warm-up incomplete)."""
+    if schedule != "zb_h1":
+        return True
+    return weight_grad_ms <= min(forward_ms, backward_ms - weight_grad_ms) and microbatches >= stages

@@ -62,11 +62,24 @@ def list_json(store: FixtureStore) -> str:
     return json.dumps(fixture_rows(store), indent=1)
 
 
+# The two bubbles, named apart: what a trace measures (HOPS's bubble ratio, JSON bubble_ratio) and the schedule's own.
+MEASURED_BUBBLE = ("the measured bubble, HOPS's definition: 1 - mean stage utilization over the window, the silent "
+                   "stretch before the optimizer step included")
+
+
+def schedule_bubble(data: dict[str, Any]) -> float:
+    """The schedule's bubble of a shown fixture's configuration on balanced stages, (p-1)/(v m+p-1)."""
+    from hops_calib.metrics import schedule_bubble as bubble
+
+    config = data["configuration"]
+    return bubble(config["pp"], config["microbatches"], config.get("vp", 1))
+
+
 def list_text(store: FixtureStore) -> str:
     rows = fixture_rows(store)
     if not rows:
         return f"no fixtures in {store.root} (run: hops-calib ingest SRC --fixtures {store.root})"
-    headers = ["id", "kind", "split", "observed", "declared", "pp", "mb", "devices", "tput/s", "steady/s", "bubble",
+    headers = ["id", "kind", "split", "observed", "declared", "pp", "mb", "devices", "tput/s", "steady/s", "idle %",
                "iter ms", "idle ms"]
     table = [[r["id"], r["kind"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-", str(r["pp"]),
               str(r["microbatches"]), "-".join(r["devices"]), _fmt(r["throughput_per_s"]), _fmt(r["steady_throughput_per_s"]),
@@ -75,7 +88,8 @@ def list_text(store: FixtureStore) -> str:
               "none" if r["idle_ms"] is not None and r["idle_ms"] < 0 else _fmt(r["idle_ms"], 1)] for r in rows]
     splits = {s: sum(r["split"] == s for r in rows) for s in ("train", "test")}
     groups = len({r["group"] for r in rows})
-    footer = f"{len(rows)} fixtures in {store.root}: train {splits['train']}, test {splits['test']} ({groups} groups)"
+    footer = (f"{len(rows)} fixtures in {store.root}: train {splits['train']}, test {splits['test']} ({groups} groups); "
+              f"idle %: {MEASURED_BUBBLE}")
     if any(r["idle_ms"] is not None and r["idle_ms"] < 0 for r in rows):
         footer += ("; idle 'none': no collective before the optimizer holds the ranks together, so there is no idle "
                    "stretch (its JSON idle_ms is negative: how far the first optimizer step starts before the last "
@@ -97,8 +111,23 @@ def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
         return counts + f"no store made at {store.root} (no run to write)"
     index = store.index()
     splits = index["split"].value_counts().to_dict() if len(index) else {}
-    return counts + (f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
-                     f"test {splits.get('test', 0)})")
+    lines = [counts + (f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
+                       f"test {splits.get('test', 0)})")]
+    written = [o for o in report.outcomes if o.status in ("new", "updated") and o.split]
+    for split in ("train", "test"):
+        ids = sorted(str(o.run_id) for o in written if o.split == split)
+        if ids:
+            shown = ", ".join(ids[:MAX_NAMED]) + (f" and {len(ids) - MAX_NAMED} more" if len(ids) > MAX_NAMED else "")
+            lines.append(f"to {split}: {shown}")
+    if any(o.split == "test" and o.status == "new" for o in written):
+        lines.append("(test runs are held out: only `report --split test` sees them, in aggregate. A run of your own "
+                     "that you want to look at, such as a what-if you launched, goes to train with `ingest SRC "
+                     "--split train`, which applies to runs whose group the store has not seen; a stored split never "
+                     "moves)")
+    return "\n".join(lines)
+
+
+MAX_NAMED = 12  # run ids named per split in the ingest summary
 
 
 def show_dict(fixture: Fixture | MeasuredFixture) -> dict[str, Any]:
@@ -261,7 +290,8 @@ def show_text(fixture: Fixture | MeasuredFixture) -> str:
         f"  throughput    {_fmt(data['throughput_per_s'], 3)} microbatches/s (window), "
         f"{_fmt(data['steady_throughput_per_s'], 3)} steady",
         f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms median period; " + _idle_text(data['idle_ms']),
-        f"  bubble        {data['bubble_ratio'] * 100:.1f}%",
+        f"  idle share    {data['bubble_ratio'] * 100:.1f}% ({MEASURED_BUBBLE}); schedule bubble "
+        f"{100 * schedule_bubble(data):.1f}% ((p-1)/(v m+p-1), the schedule's own on balanced stages)",
         "",
     ]
     headers = ["stage", "device", "layers", "fwd ms", "bwd ms", "opt ms", "util"]

@@ -105,6 +105,7 @@ def read_stage_map(job_dir: Path) -> tuple[str, ...]:
 class DeviceInfo:
     type: str  # "h100", "a10g", "l4", "cpu", ...
     name: str = ""  # human-readable model, e.g. a CPU model string, when the job recorded one
+    node: str = ""  # the node (machine) it sits on, when the job names one (`node:`): devices of one node share it
 
 
 def _read_yaml_mapping(path: Path, keys: str, empty_ok: bool) -> dict[str, Any]:
@@ -131,7 +132,8 @@ def read_template(job_dir: Path) -> dict[str, Any]:
 
 
 def read_device_types(job_dir: Path, template: dict[str, Any] | None = None) -> dict[str, DeviceInfo]:
-    """device id -> type (and name), from `hops.base.yaml` `hardware.devices[]` entries {id, gpu, name?}."""
+    """device id -> type (and name, node), from `hops.base.yaml` `hardware.devices[]` entries {id, gpu, name?,
+    node?}."""
     path = job_dir / TEMPLATE
     template = read_template(job_dir) if template is None else template
     if not template:
@@ -146,7 +148,8 @@ def read_device_types(job_dir: Path, template: dict[str, Any] | None = None) -> 
         if not isinstance(entry, dict) or not entry.get("id") or not entry.get("gpu"):
             raise TraceError(path, f"entry {k} is {entry!r}", field=f"hardware.devices[{k}]",
                              hint="each device needs an id and a gpu type")
-        types[str(entry["id"])] = DeviceInfo(type=str(entry["gpu"]).lower(), name=str(entry.get("name") or ""))
+        types[str(entry["id"])] = DeviceInfo(type=str(entry["gpu"]).lower(), name=str(entry.get("name") or ""),
+                                             node=str(entry.get("node") or ""))
     return types
 
 

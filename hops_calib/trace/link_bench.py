@@ -138,12 +138,37 @@ def read_sender_p50(path: Path) -> list[tuple[float, float]]:
     return points
 
 
+def read_pair_hosts(path: Path) -> tuple[str, str]:
+    """The hosts a pair file measured between: the `hostname` of its sender (rank 0) and receiver (rank 1) rows;
+    "" for a side whose rows name none (an older benchmark)."""
+    hosts = {SENDER_RANK: "", 1 - SENDER_RANK: ""}
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if not line.startswith('{"'):
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # read_sender_p50 names a torn row; a host is only provenance
+            if row.get("rank") in hosts and isinstance(row.get("hostname"), str) and not hosts[row["rank"]]:
+                hosts[row["rank"]] = row["hostname"]
+            if all(hosts.values()):
+                break
+    return hosts[SENDER_RANK], hosts[1 - SENDER_RANK]
+
+
 def fit_link(path: Path, src_stage: int, dst_stage: int) -> LinkFit:
     """Least-squares ms = latency + bytes / bandwidth (latency >= 0) over the sender's p50 rows of one pair file."""
-    points = read_sender_p50(path)
+    return fit_points(read_sender_p50(path), src_stage, dst_stage, path.name, path)
+
+
+def fit_points(points: list[tuple[float, float]], src_stage: int, dst_stage: int, label: str,
+               origin: Path | str) -> LinkFit:
+    """The latency + bandwidth fit of (bytes, ms) measurements (`label` names them in the fit's source, `origin`
+    in errors): least squares, latency held at 0 when the unconstrained fit goes below it."""
     sizes = {size for size, _ in points}
     if len(sizes) < 2:
-        raise TraceError(path, f"has {len(sizes)} distinct message sizes for the sender (rank {SENDER_RANK})",
+        raise TraceError(origin, f"has {len(sizes)} distinct message sizes for the sender (rank {SENDER_RANK})",
                          field="size_mb", hint="a latency + bandwidth fit needs rows of at least two sizes")
     x = np.array([size for size, _ in points])
     y = np.array([ms for _, ms in points])
@@ -157,12 +182,20 @@ def fit_link(path: Path, src_stage: int, dst_stage: int) -> LinkFit:
         note = f"; latency held at 0 (unconstrained fit {intercept:.3f} ms)"
         slope, intercept = float(x @ y / (x @ x)), 0.0
     if not slope > 0:
-        raise TraceError(path, f"time does not grow with message size (slope {slope:.3g} ms/byte)", field="p50_ms",
+        raise TraceError(origin, f"time does not grow with message size (slope {slope:.3g} ms/byte)", field="p50_ms",
                          hint="the benchmark is too noisy to fit a bandwidth; re-run it with more iterations")
     medians = tuple((size, float(np.median([ms for s, ms in points if s == size]))) for size in sorted(sizes))
     return LinkFit(src_stage=src_stage, dst_stage=dst_stage, latency_ms=float(intercept),
-                   bytes_per_ms=float(1.0 / slope), source=f"{path.name}: sender p50 at {len(sizes)} sizes{note}",
+                   bytes_per_ms=float(1.0 / slope), source=f"{label}: sender p50 at {len(sizes)} sizes{note}",
                    points=medians)
+
+
+def pair_files(bench_dir: Path) -> list[tuple[int, int, Path]]:
+    """(i, j, path) of every pair_<i>_<j>.jsonl in the folder, by stage pair (empty when there is no folder)."""
+    if not bench_dir.is_dir():
+        return []
+    return sorted((int(m.group(1)), int(m.group(2)), path) for path in bench_dir.iterdir()
+                  if (m := _PAIR_FILE.fullmatch(path.name)))
 
 
 def read_link_fits(bench_dir: Path, pp: int | None = None, notes: list[str] | None = None) -> tuple[LinkFit, ...]:

@@ -6,6 +6,11 @@ directory holds what Megatron is launched with (`megatron_args.txt`), which devi
 logs are not needed and, when present, not read (the spec is built by `build_spec`, which never opens
 them). Edit a copy of a directory (another --micro-batch-size, another stage order) and predict it, under
 the configured schedule and the ones users compare against.
+
+Each hop is priced by the hosts at its two ends (`whatif.cluster`): the job's own benchmark of that host pair, else
+the cluster's (benchmarked or declared); a hop nothing prices is refused with what to add. Under stragglers and
+failures (`whatif.perturbations`) each schedule's throughput is also given as the mean and 5th percentile of seeded
+draws.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.model.coverage import Coverage, Extrapolation, extrapolations
 from hops_calib.model.predict import STALL_RANGE_LEVEL, Prediction
+from hops_calib.metrics import schedule_bubble
 from hops_calib.spec import SCHEDULES, Spec
+from hops_calib.whatif.cluster import Cluster, Hop
+from hops_calib.whatif.perturbations import Perturbations
 from hops_calib.whatif.plan import PEAK_KEY, PEAK_UNIT
 
 CHOICES = (*SCHEDULES, "auto")
@@ -51,6 +59,10 @@ class WhatIf:
     extrapolations: tuple[Extrapolation, ...] | None = None
     calibration: str = ""  # which runs the configuration was compared with
     refused: tuple[Refused, ...] = ()  # the schedules asked for that cannot run it, in the order asked
+    hops: tuple[Hop, ...] = ()  # every hop as priced: devices, hosts, link
+    perturbations: Perturbations | None = None
+    # per prediction, the throughput (microbatches/s) of each perturbed draw
+    perturbed: tuple[tuple[float, ...], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.spec
@@ -65,20 +77,22 @@ class WhatIf:
                               "layers_per_stage": list(spec.layers_per_stage), "schedule": spec.schedule,
                               "hidden_size": spec.model.hidden_size, "seq_length": spec.model.seq_length,
                               "num_layers": spec.model.num_layers},
-            "links": _links(spec),
-            "predictions": [{"asked": asked, **_prediction_dict(p, spec)}
-                            for asked, p in zip(self.asked, self.predictions)],
+            "links": [hop.to_dict() for hop in self.hops],
+            "perturbations": self.perturbations.describe() if self.perturbations is not None else None,
+            "predictions": [{"asked": asked, **_prediction_dict(p, spec), **_perturbed_dict(draws)}
+                            for asked, p, draws in zip(self.asked, self.predictions,
+                                                       self.perturbed or [()] * len(self.predictions))],
             "refused": [r.to_dict() for r in self.refused],
         }
 
 
-def _links(spec: Spec) -> list[dict[str, Any]]:
-    """The benchmarked hops the prediction prices, by stage position: which devices the stage map now puts at the
-    two ends, and which benchmark file measured them (it measured whatever sat at those positions then)."""
-    return [{"src_stage": fit.src_stage, "dst_stage": fit.dst_stage,
-             "devices": [spec.devices[fit.src_stage], spec.devices[fit.dst_stage]],
-             "bandwidth_gbit_s": fit.bandwidth_gbit_s, "latency_ms": fit.latency_ms, "source": fit.source}
-            for fit in spec.links if max(fit.src_stage, fit.dst_stage) < spec.pp]
+def _perturbed_dict(draws: Sequence[float]) -> dict[str, Any]:
+    if not draws:
+        return {}
+    import numpy as np
+
+    return {"perturbed_throughput_per_s": {"mean": float(np.mean(draws)), "p5": float(np.percentile(draws, 5)),
+                                           "draws": len(draws)}}
 
 
 def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
@@ -88,7 +102,8 @@ def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
         "throughput_per_s": metrics.throughput_per_s,
         "steady_throughput_per_s": metrics.steady_throughput_per_s,
         "iteration_time_ms": metrics.iteration_time_ms,
-        "bubble_ratio": metrics.bubble_ratio,
+        "bubble_ratio": metrics.bubble_ratio,  # the idle share, as a trace of the run would measure it
+        "schedule_bubble": schedule_bubble(spec.pp, spec.microbatches, spec.vp),
         "stall_noise_ape_pct": prediction.stall_noise_ape_pct,
         "stall_throughput_range": prediction.stall_throughput_range()._asdict(),
         PEAK_KEY: list(prediction.result.peak_stage_activations),  # per rank, in stage microbatches
@@ -147,9 +162,12 @@ def _refusal(spec: Spec, schedule: str, args_file: str, manifest_schedule: bool 
 
 
 def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), calibration: Coverage | None = None,
-            calibration_name: str = "") -> WhatIf:
-    """Predict the run `job_dir` configures under each of `schedules` (default: the configured one); with the
-    `calibration` runs' coverage, also say where the configuration lies outside them."""
+            calibration_name: str = "", cluster: Cluster | None = None,
+            perturbations: Perturbations | None = None) -> WhatIf:
+    """Predict the run `job_dir` configures under each of `schedules` (default: the configured one), each hop priced
+    by the hosts at its ends (the job's own benchmark of the pair, else `cluster`'s); with the `calibration` runs'
+    coverage, also say where the configuration lies outside them; under `perturbations`, also the throughput of
+    seeded perturbed draws."""
     from hops_calib.model.predict import ScheduleError, predict_schedules
     from hops_calib.spec import build_spec
     from hops_calib.trace import find_arguments, read_manifest
@@ -168,6 +186,21 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     _args, args_source = find_arguments(job_dir)
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
+    if spec.pp > 1 and spec.links:  # (a job with no benchmark at all is refused by the model's link term below)
+        from hops_calib.whatif.cluster import relinked, unpriced_hint
+
+        spec, hops = relinked(spec, job_dir, cluster, notes)
+        if cluster is None and any(not link.intra_node for link in spec.links):
+            notes.append("no cluster given: each device's host is the one the job's own link benchmark names at its "
+                         "stage position, right only if the benchmark ran with this stage map; after moving stages, "
+                         "give --cluster (`hops-calib cluster` builds one from job directories) so that each hop is "
+                         "priced by the hosts the devices really live on")
+        if any(hop.link is None for hop in hops):
+            raise InputError(str(job_dir), unpriced_hint(hops, cluster), field="--cluster",
+                             hint="a hop is priced by the hosts at its two ends, never by its position in the "
+                                  "pipeline")
+    else:
+        hops = ()
     wanted = tuple(dict.fromkeys(schedules)) or (spec.schedule,)
     # Every schedule that can run is predicted; the others are named with what would let them run.
     recorded = "configured_schedule" in read_manifest(job_dir)  # a launcher's own record (CPU captures)
@@ -187,10 +220,20 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
         raise InputError(str(job_dir), f"cannot be priced by model {model.name!r}: {error}", field="configuration",
                          hint="a what-if needs what the model prices: the link benchmark in calibration/link_bench/ "
                               "(pair_<i>_<j>.jsonl), device types the catalog knows") from None
+    perturbed = ()
+    if perturbations is not None:
+        try:
+            perturbed = tuple(tuple(float(x) for x in perturbations.throughputs(p.pipeline, p.schedule,
+                                                                                 spec.device_ids))
+                              for p in predictions)
+        except ValueError as error:
+            raise InputError(str(job_dir), f"cannot be simulated under the stragglers or failures asked for: {error}",
+                             field="--failure-rate", hint="check the rates and the checkpoint interval") from None
     return WhatIf(job_dir=job_dir, spec=spec, model=model, predictions=predictions, asked=asked,
                   notes=tuple(notes),
                   extrapolations=tuple(extrapolations(spec, calibration)) if calibration is not None else None,
-                  calibration=calibration_name, refused=refused)
+                  calibration=calibration_name, refused=refused, hops=hops, perturbations=perturbations,
+                  perturbed=perturbed)
 
 
 def what_if_text(result: WhatIf) -> str:
@@ -201,12 +244,11 @@ def what_if_text(result: WhatIf) -> str:
              f"({'-'.join(str(n) for n in spec.layers_per_stage)}); configured schedule {spec.schedule}; "
              f"model {model.name} ({model.sha256[:12]}); predicted from the configuration alone"]
     lines += [f"note: {note}" for note in result.notes]
-    if spec.links:
-        lines.append("links, by stage position (a benchmark measured the devices at those positions when it ran: "
-                     "after reordering stages, re-run it or move its pair files along): "
-                     + "; ".join(f"{link['src_stage']}-{link['dst_stage']} ({'-'.join(link['devices'])}) "
-                                 f"{link['bandwidth_gbit_s']:.1f} Gbit/s from {link['source'].split(':')[0]}"
-                                 for link in _links(spec)))
+    if result.hops:
+        lines.append("links, by the hosts at each hop's ends: "
+                     + "; ".join(f"{hop.src_stage}-{hop.dst_stage} ({hop.src_device} on {hop.src_host} -> "
+                                 f"{hop.dst_device} on {hop.dst_host}) {hop.link.bandwidth_gbit_s:.1f} Gbit/s from "
+                                 f"{hop.link.source.split(':')[0]}" for hop in result.hops if hop.link is not None))
     if result.extrapolations is None:
         lines.append(f"calibration coverage not checked: {result.calibration}")
     elif result.extrapolations:
@@ -223,16 +265,25 @@ def what_if_text(result: WhatIf) -> str:
             ("  share of runs in it", lambda p: f"{100 * p.stall_throughput_range().share:.0f} %"),
             ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
             ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
-            ("bubble %", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
+            ("idle share % (bubble)", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
+            ("schedule bubble %", lambda p: f"{100 * schedule_bubble(spec.pp, spec.microbatches, spec.vp):.1f}"),
             ("peak activations (stage mb)", lambda p: f"{max(p.result.peak_stage_activations):g}")]
-    lines.append(f"{'':26}" + "".join(f"{head:>{width}}" for head in heads))
+    lines.append(f"{'':28}" + "".join(f"{head:>{width}}" for head in heads))
     for label, cell in rows:
-        lines.append(f"{label:26}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))
+        lines.append(f"{label:28}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))
+    if result.perturbed:
+        import numpy as np
+
+        for label, value in (("perturbed: mean /s", np.mean), ("perturbed: 5th pct /s", lambda d: np.percentile(d, 5))):
+            lines.append(f"{label:28}" + "".join(f"{value(draws):>{width}.3f}" for draws in result.perturbed))
+        lines.append(f"(perturbed: {result.perturbations.describe()})")
     lines.append(f"(throughput: microbatches per second, {shape.micro_batch_size} sample(s) each; "
                  f"+-: the mean |error| random TCP retransmission stalls alone would give a real run; range: the "
                  f"throughput at least {100 * STALL_RANGE_LEVEL:.0f} % of real runs would show from them alone, whole "
-                 "stall counts, and the share it really holds; peak activations: the most the busiest rank holds, in "
-                 f"{PEAK_UNIT})")
+                 "stall counts, and the share it really holds; idle share: the simulated timeline's idle share, HOPS's "
+                 "bubble, what a trace of the run would measure (the silent stretch before the optimizer included); "
+                 "schedule bubble: the schedule's own on balanced stages, (p-1)/(v m+p-1); peak activations: the most "
+                 f"the busiest rank holds, in {PEAK_UNIT})")
     lines += [f"not predicted: {refused.sentence()}" for refused in result.refused]
     first = result.predictions[0]
     lines.append("")

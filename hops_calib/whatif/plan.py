@@ -14,10 +14,12 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from hops_calib.metrics import timeline_metrics
 from hops_calib.sim import simulate
 from hops_calib.sim.schedules import check_shape
-from hops_calib.sim.theory import balanced_pipeline, bubble_fraction, microbatches_for_bubble
+from hops_calib.sim.theory import (
+    balanced_makespan, balanced_pipeline, bubble_fraction, closed_form_holds, microbatches_for_bubble,
+    peak_activations,
+)
 
 # Among equal bubbles and memory, the schedule a user would rather run.
 PREFERENCE = ("1f1b", "zb_h1", "interleaved_1f1b", "gpipe")
@@ -67,16 +69,29 @@ class Plan:
         }
 
 
+# Shapes with more compute tasks than this take the closed forms where they hold (`theory.closed_form_holds`,
+# checked against the simulator in the tests) instead of a simulation: 64 stages x 1024 microbatches x 4 chunks
+# is half a million tasks per schedule, seconds of simulation each, for numbers known exactly.
+SIMULATE_UP_TO_TASKS = 20_000
+
+
 def _evaluate(schedule: str, stages: int, microbatches: int, forward: float, backward: float, weight_grad: float,
               chunks: int = 1, flush: int | None = None) -> Candidate:
-    pipeline = balanced_pipeline(stages, microbatches, forward, backward, weight_grad, chunks=chunks)
-    result = simulate(pipeline, schedule, gpipe_flush=flush)
-    metrics = timeline_metrics(result.timeline, microbatches, stages)
     size = flush or microbatches
+    tasks = (3 if schedule == "zb_h1" else 2) * stages * chunks * microbatches
+    if tasks > SIMULATE_UP_TO_TASKS and closed_form_holds(schedule, stages, microbatches, forward, backward,
+                                                          weight_grad, chunks):
+        makespan = balanced_makespan(schedule, stages, microbatches, forward, backward, weight_grad, chunks, flush)
+        peak = max(peak_activations(schedule, stages, microbatches, chunks, flush)) / chunks
+        bubble = 1.0 - microbatches * (forward + backward) / makespan
+    else:
+        result = simulate(balanced_pipeline(stages, microbatches, forward, backward, weight_grad, chunks=chunks),
+                          schedule, gpipe_flush=flush)
+        makespan, peak = result.makespan_ms, max(result.peak_stage_activations)
+        bubble = result.metrics().bubble_ratio
     return Candidate(
         schedule=schedule, flushes=math.ceil(microbatches / size), flush_size=min(size, microbatches),
-        peak_activations=max(result.peak_stage_activations), makespan=result.makespan_ms,
-        bubble=metrics.bubble_ratio, utilization=1.0 - metrics.bubble_ratio,
+        peak_activations=peak, makespan=makespan, bubble=bubble, utilization=1.0 - bubble,
     )
 
 
@@ -140,7 +155,7 @@ def plan_report(stages: int, microbatches: int, memory_budget: float, forward_co
     """`plan` rendered for the terminal: JSON or a text table (what `hops-calib plan` prints)."""
     result = plan(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
                   target_bubble)
-    return json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result)
+    return json.dumps({"status": "ok", **result.to_dict()}, indent=2) if as_json else format_plan(result)
 
 
 def format_plan(result: Plan) -> str:

@@ -9,17 +9,10 @@ from hops_calib.model.terms.base import Context, Contribution, Param, Term
 
 
 def rank_parameters(context: Context, rank: int) -> float:
-    """Parameters rank `rank` holds: its decoder layers, plus the word and position embeddings on the first stage,
-    the final LayerNorm and (tied or not) an output-layer copy of the word embedding on the last stage."""
-    shape = context.spec.model
-    h = shape.hidden_size
-    vocab = gpt.padded_vocab(shape)
-    total = context.layout.layers_on_rank(rank) * gpt.layer_parameters(shape)
-    if rank == 0:
-        total += vocab * h + shape.seq_length * h
-    if rank == context.layout.ranks - 1:
-        total += 2 * h + (vocab * h if context.layout.ranks > 1 else 0)
-    return float(total)
+    """Parameters rank `rank` holds (`gpt.stage_parameters`)."""
+    ranks = context.layout.ranks
+    return gpt.stage_parameters(context.spec.model, context.layout.layers_on_rank(rank), rank == 0,
+                                rank == ranks - 1, ranks)
 
 
 class OptimizerStep(Term):

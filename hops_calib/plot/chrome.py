@@ -1,0 +1,99 @@
+"""Plot room: timelines as Chrome trace JSON (the Trace Event Format that Perfetto and chrome://tracing open).
+
+One process per panel (the real run, each prediction), in the panels' order; in each, one thread per stage for its
+compute (forward, backward and its halves, the optimizer step) and one per stage for its sends, so a send never
+hides the compute it overlaps. The format wants the slices of a thread disjoint or nested; where a stage's
+intervals overlap without nesting (real traces have compute events overlapping by up to 3 ms, and sends of both
+directions overlap), the later one goes to an extra thread of the stage ("stage 2 compute +1"). Every interval
+is a complete event (`"ph": "X"`) with microsecond `ts` and `dur` from the start of its timeline; its `args` carry
+the iteration, microbatch, model chunk and, for a send, the stage it goes to. Metadata events (`"ph": "M"`) name
+and order the processes and threads. The whole run is exported, not a window: the viewer zooms.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from hops_calib.files import atomic_write
+from hops_calib.plot.timeline import Panel
+from hops_calib.timeline import TRANSFER
+
+US_PER_MS = 1000.0
+THREADS_PER_STAGE = 100  # thread ids: stage k's compute k*100 + lane, its sends k*100 + 50 + lane
+SEND_LANE_OFFSET = 50
+
+
+def _metadata(name: str, pid: int, args: dict[str, Any], tid: int | None = None) -> dict[str, Any]:
+    event: dict[str, Any] = {"name": name, "ph": "M", "pid": pid, "args": args}
+    if tid is not None:
+        event["tid"] = tid
+    return event
+
+
+def _thread(stage: int, send: bool, lane: int) -> int:
+    return stage * THREADS_PER_STAGE + (SEND_LANE_OFFSET if send else 0) + lane
+
+
+def _lanes(stage: np.ndarray, send: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per interval, the first lane of its stage and kind whose last interval ended by its start (greedy interval
+    partitioning: as few lanes as the most intervals overlapping at once)."""
+    lanes = np.zeros(len(start), dtype=np.int64)
+    ends: dict[tuple[int, bool], list[float]] = {}
+    for i in np.lexsort((-end, start)):  # by start; of equal starts the longer first (it would hold the other)
+        busy = ends.setdefault((int(stage[i]), bool(send[i])), [])
+        lane = next((k for k, last in enumerate(busy) if last <= start[i]), len(busy))
+        if lane == len(busy):
+            if lane >= SEND_LANE_OFFSET:
+                raise ValueError(f"stage {int(stage[i])} has more than {SEND_LANE_OFFSET} intervals of one kind "
+                                 "overlapping at once; not a pipeline timeline")
+            busy.append(end[i])
+        else:
+            busy[lane] = end[i]
+        lanes[i] = lane
+    return lanes
+
+
+def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel]) -> dict[str, Any]:
+    """The Trace Event Format object of `panels` (one process each) over stages running on `devices`."""
+    events: list[dict[str, Any]] = []
+    for pid, panel in enumerate(panels, start=1):
+        events.append(_metadata("process_name", pid, {"name": panel.label}))
+        events.append(_metadata("process_sort_index", pid, {"sort_index": pid}))
+        frame = panel.timeline
+        origin = float(frame["start_ms"].min()) if len(frame) else 0.0
+        columns = {name: frame[name].to_numpy() for name in ("stage", "chunk", "iteration", "microbatch", "kind",
+                                                              "phase", "start_ms", "end_ms", "peer_stage")}
+        start_us = (columns["start_ms"].astype(float) - origin) * US_PER_MS
+        duration_us = np.maximum(columns["end_ms"].astype(float) - columns["start_ms"].astype(float), 0.0) * US_PER_MS
+        is_send = columns["kind"] == TRANSFER
+        lanes = _lanes(columns["stage"], is_send, start_us, start_us + duration_us)
+        for stage, send, lane in sorted(set(zip(columns["stage"].tolist(), is_send.tolist(), lanes.tolist()))):
+            tid = _thread(stage, send, lane)
+            device = devices[stage] if 0 <= stage < len(devices) else "?"
+            name = f"stage {stage} ({device}) {'sends' if send else 'compute'}" + (f" +{lane}" if lane else "")
+            events.append(_metadata("thread_name", pid, {"name": name}, tid))
+            events.append(_metadata("thread_sort_index", pid, {"sort_index": tid}, tid))
+        for i in range(len(frame)):
+            stage, phase = int(columns["stage"][i]), str(columns["phase"][i])
+            args: dict[str, Any] = {"iteration": int(columns["iteration"][i]), "chunk": int(columns["chunk"][i])}
+            if int(columns["microbatch"][i]) >= 0:
+                args["microbatch"] = int(columns["microbatch"][i])
+            if is_send[i]:
+                args["to_stage"] = int(columns["peer_stage"][i])
+            label = f"{'send ' if is_send[i] else ''}{phase}" + (f" mb{args['microbatch']}" if "microbatch" in args
+                                                                 else "")
+            events.append({"name": label, "cat": "transfer" if is_send[i] else "compute", "ph": "X",
+                           "ts": float(start_us[i]), "dur": float(duration_us[i]), "pid": pid,
+                           "tid": _thread(stage, bool(is_send[i]), int(lanes[i])), "args": args})
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
+
+
+def write_chrome_trace(path: Path | str, title: str, devices: Sequence[str], panels: Sequence[Panel]) -> Path:
+    """Write `chrome_trace(...)` to `path` (whole or not at all) and return the path."""
+    path = Path(path)
+    atomic_write(path, json.dumps(chrome_trace(title, devices, panels), separators=(",", ":")))
+    return path

@@ -1,0 +1,724 @@
+"""What-if room: the planner for a real job, which device runs which stage, how many layers each holds, which
+schedule, which micro-batch size - for a job directory's model and global batch, on its devices, priced by a
+calibrated model.
+
+A candidate is a `Launch`: a stage order (device id per stage), Megatron's layer split (even, or the first and/or
+last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even), a schedule (1F1B, interleaved 1F1B
+with v model chunks per rank, ZB-H1, GPipe, or `auto`, the HopsHetero rule choosing 1F1B or ZB-H1) and a micro-batch
+size (the microbatch count follows from the global batch). Each is turned into the launch's arguments and built
+into a spec exactly as a job directory's would be (`spec_from_args`: a split or shape Megatron refuses is refused
+here too), its hops priced by the hosts at their ends (`cluster.LinkBook`: the job's own benchmark of a host pair,
+else the cluster's), simulated, and checked against each device's memory (`model.memory`). Ranked by predicted
+samples per second over the traced window.
+
+Small spaces are searched exhaustively; larger ones by a seeded optuna (TPE) study of `trials` candidates. Under
+stragglers and failures (`Perturbations`), the nominal best `rerank` candidates are simulated again `samples`
+times with drawn stragglers and failures, and ranked by the mean or the 5th percentile of their throughput.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hops_calib.errors import InputError
+from hops_calib.model import Model
+from hops_calib.model.memory import rank_memory_bytes
+from hops_calib.progress import QUIET, Progress
+from hops_calib.sim import simulate
+from hops_calib.sim.simulate import auto_schedule
+from hops_calib.sim.theory import bubble_fraction
+from hops_calib.spec import Spec
+from hops_calib.whatif.cluster import Cluster, LinkBook
+from hops_calib.whatif.perturbations import Perturbations
+
+SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "gpipe", "auto")
+MEGATRON_SCHEDULES = ("1f1b", "interleaved_1f1b")  # what Megatron-LM's own schedules run
+# Launches searched one by one (about 1 ms each); more, and a seeded optuna study samples them.
+EXHAUSTIVE_LIMIT = 10000
+NO_MEGATRON_FLAG = ("has no Megatron-LM flag (Megatron runs 1F1B, or interleaved 1F1B with virtual stages): run it "
+                    "with a runtime that has it, e.g. torch.distributed.pipelining (`hops-calib capture --engine "
+                    "torch --schedule {schedule}` records one)")
+
+
+@dataclass(frozen=True)
+class Launch:
+    order: tuple[str, ...]  # device id per stage
+    first: int | None  # --decoder-first-pipeline-num-layers (None: not pinned)
+    last: int | None  # --decoder-last-pipeline-num-layers
+    schedule: str  # one of SCHEDULES
+    chunks: int  # model chunks per rank (interleaved 1F1B); 1 otherwise
+    micro_batch_size: int
+
+    def label(self) -> str:
+        split = "even" if self.first is None and self.last is None else f"first {self.first}, last {self.last}"
+        schedule = f"{self.schedule} v={self.chunks}" if self.chunks > 1 else self.schedule
+        return f"{schedule}, mbs {self.micro_batch_size}, split {split}, order {'-'.join(self.order)}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    launch: Launch
+    resolved: str  # the schedule simulated (auto resolved)
+    microbatches: int
+    layers_per_stage: tuple[int, ...]
+    samples_per_s: float  # window throughput in samples (microbatches x micro batch size) per second
+    steady_samples_per_s: float
+    iteration_ms: float
+    idle_share: float  # the simulated timeline's idle share (HOPS's bubble definition: what a trace would measure)
+    schedule_bubble: float  # the schedule's own bubble on balanced stages, (p-1)/(v m + p-1)
+    peak_memory_bytes: tuple[float, ...]  # per GPU
+    memory_bytes: tuple[float, ...]  # per GPU, the device's capacity
+    flags: tuple[str, ...]  # changes to the job's launch
+    stage_map: dict[str, str]
+    expected_samples_per_s: float | None = None  # under Perturbations: mean over draws
+    p5_samples_per_s: float | None = None  # and the 5th percentile
+    outside: tuple[str, ...] | None = None  # features outside the calibration runs (None: not checked)
+
+    @property
+    def fits(self) -> bool:
+        return all(peak <= cap for peak, cap in zip(self.peak_memory_bytes, self.memory_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        launch = self.launch
+        return {
+            "schedule": launch.schedule, "resolved_schedule": self.resolved, "chunks": launch.chunks,
+            "micro_batch_size": launch.micro_batch_size, "microbatches": self.microbatches,
+            "decoder_first_pipeline_num_layers": launch.first, "decoder_last_pipeline_num_layers": launch.last,
+            "layers_per_stage": list(self.layers_per_stage), "order": list(launch.order),
+            "throughput_samples_per_s": self.samples_per_s,
+            "steady_throughput_samples_per_s": self.steady_samples_per_s,
+            "iteration_time_ms": self.iteration_ms, "idle_share": self.idle_share,
+            "schedule_bubble": self.schedule_bubble, "peak_memory_bytes_per_gpu": list(self.peak_memory_bytes),
+            "memory_bytes_per_gpu": list(self.memory_bytes), "flags": list(self.flags), "stage_map": self.stage_map,
+            "expected_throughput_samples_per_s": self.expected_samples_per_s,
+            "p5_throughput_samples_per_s": self.p5_samples_per_s,
+            "outside_calibration": list(self.outside) if self.outside is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    job: str
+    model: str
+    search: str  # "exhaustive" or "optuna TPE, seed S, N trials"
+    space: int  # candidates in the space
+    evaluated: int
+    best: tuple[Outcome, ...]  # the best K that fit, best first
+    current: Outcome | None  # the job's own launch, for comparison
+    refused: dict[str, int]  # why candidates could not run or be priced, counted
+    over_memory: int
+    rank_by: str
+    notes: tuple[str, ...] = ()
+    auto_agreement: tuple[int, int] = (0, 0)  # (auto's pick was the faster of 1f1b/zb_h1, pairs compared)
+    best_megatron: Outcome | None = None  # the best launch Megatron-LM runs as it is (1F1B or interleaved 1F1B)
+
+    @property
+    def status(self) -> str:
+        """"ok", or "no_candidate" when no launch runs, is priced and fits in memory (exit 1, as a rejection)."""
+        return "ok" if self.best else "no_candidate"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.best else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "job": self.job, "model": self.model, "search": self.search, "space": self.space,
+                "evaluated": self.evaluated, "rank_by": self.rank_by,
+                "best": [o.to_dict() for o in self.best],
+                "current": self.current.to_dict() if self.current else None,
+                "refused": self.refused, "over_memory": self.over_memory, "notes": list(self.notes),
+                "auto_rule_agreement": {"faster_picked": self.auto_agreement[0], "compared": self.auto_agreement[1]},
+                "best_megatron": self.best_megatron.to_dict() if self.best_megatron else None}
+
+
+class Refusal(Exception):
+    """A candidate that cannot run (Megatron refuses the launch, a schedule cannot run the shape) or cannot be
+    priced (a hop with no link); the reason is counted."""
+
+
+def layer_splits(num_layers: int, pp: int) -> list[tuple[int | None, int | None]]:
+    """Every split Megatron launches: even, or the first and/or last stage pinned with the rest spread evenly
+    (each stage at least one layer)."""
+    from hops_calib.spec import split_layers
+
+    if num_layers > MAX_SPLIT_LAYERS:
+        raise InputError("plan", f"{num_layers} layers have about {num_layers ** 2} first/last settings to search",
+                         field="--keep-split", hint=f"keep the job's split (--keep-split) above {MAX_SPLIT_LAYERS} "
+                                                    "layers")
+    splits: list[tuple[int | None, int | None]] = []
+    options: list[int | None] = [None, *range(1, num_layers + 1)]
+    for first, last in itertools.product(options, options):
+        if pp == 1 and (first, last) != (None, None):
+            continue
+        try:
+            counts = split_layers(num_layers, pp, first, last)
+        except ValueError:
+            continue
+        if min(counts) >= 1 and (first is None or last is None or pp > 1):
+            splits.append((first, last))
+    # two settings giving the same split are one launch: keep the one with fewer pins
+    seen: dict[tuple[int, ...], tuple[int | None, int | None]] = {}
+    for first, last in sorted(splits, key=lambda s: (s[0] is not None) + (s[1] is not None)):
+        seen.setdefault(split_layers(num_layers, pp, first, last), (first, last))
+    return list(seen.values())
+
+
+MAX_SPLIT_LAYERS = 512  # layer splits are searched up to this depth (the settings grow as its square)
+# A launch with more compute tasks per iteration than this is not simulated (a microbatch count in the millions would
+# take minutes per candidate): the planner counts it as refused and says to raise the micro-batch size.
+MAX_TASKS = 200_000
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+@dataclass(frozen=True)
+class Space:
+    """The launches a plan searches, as dimensions: never listed whole (8 stages have 40320 orders alone).
+
+    `devices` None: the job's own order only. Interleaved 1F1B takes the even split only and v model chunks per
+    rank where v divides the layers per rank and the microbatches are a multiple of the stages (Megatron's rule).
+    """
+
+    devices: tuple[str, ...] | None
+    current_order: tuple[str, ...]
+    splits: tuple[tuple[int | None, int | None], ...]
+    sizes: tuple[int, ...]
+    schedules: tuple[str, ...]
+    layers: int
+    pp: int
+    batch: int
+
+    def orders_count(self) -> int:
+        return math.factorial(len(self.devices)) if self.devices is not None else 1
+
+    def orders(self):
+        return itertools.permutations(self.devices) if self.devices is not None else iter([self.current_order])
+
+    def shapes(self) -> list[tuple[int, int | None, int | None, str, int]]:
+        """(micro batch size, first, last, schedule, chunks) of every launch of one order."""
+        out = []
+        for size in self.sizes:
+            m = self.batch // size
+            for schedule in self.schedules:
+                if schedule == "interleaved_1f1b":
+                    out += [(size, None, None, schedule, v) for v in range(2, self.layers // self.pp + 1)
+                            if self.layers % (self.pp * v) == 0 and m % self.pp == 0]
+                else:
+                    out += [(size, first, last, schedule, 1) for first, last in self.splits]
+        return out
+
+    def __len__(self) -> int:
+        return self.orders_count() * len(self.shapes())
+
+    def __iter__(self):
+        shapes = self.shapes()
+        for order in self.orders():
+            for size, first, last, schedule, chunks in shapes:
+                yield Launch(tuple(order), first, last, schedule, chunks, size)
+
+
+class JobPlanner:
+    """Prices launches of one job's model and global batch on its devices (see the module's docstring)."""
+
+    def __init__(self, job_dir: Path | str, model: Model, cluster: Cluster | None = None,
+                 memory_bytes: dict[str, float] | None = None):
+        from hops_calib.spec import build_spec
+        from hops_calib.trace import find_arguments, read_device_types
+
+        self.job_dir = Path(job_dir)
+        self.notes: list[str] = []
+        self.spec = build_spec(self.job_dir, self.notes)
+        self.args, self.args_source = find_arguments(self.job_dir)
+        self.model = model
+        self.cluster = cluster
+        self.book = LinkBook(self.job_dir, self.spec.device_ids, self.spec.links, cluster, self.notes)
+        types = read_device_types(self.job_dir)
+        self.types = {d: types[d].type for d in self.spec.device_ids}
+        self.names = {d: types[d].name for d in self.spec.device_ids}
+        self.nodes = {d: types[d].node for d in self.spec.device_ids}
+        for device_type in set(self.types.values()):
+            try:
+                model.device(device_type)
+            except KeyError:
+                raise InputError(str(self.job_dir), f"runs device type {device_type!r}, which model {model.name!r} "
+                                 "does not know", field="hardware.devices",
+                                 hint="add it to hops_calib/model/devices.toml or the model file's [devices]") from None
+        self._cache: dict[Launch, Outcome | Refusal] = {}
+        self._priced: dict[Launch, tuple[Spec, Any] | Refusal] = {}
+        # each GPU's memory: the catalog's, or what the user gives per device type (headroom for the CUDA context)
+        self.memory_bytes = {t: (memory_bytes or {}).get(t, model.device(t).memory_bytes)
+                             for t in set(self.types.values())}
+        unknown = sorted(set(memory_bytes or {}) - set(self.types.values()))
+        if unknown:
+            raise InputError("plan", f"device type {unknown[0]!r} runs no stage of {self.job_dir}",
+                             field="--device-memory", hint=f"the job's devices are {sorted(set(self.types.values()))}")
+
+    # --- the job's own launch -----------------------------------------------------------------------------------
+
+    def current(self) -> Launch:
+        spec, args = self.spec, self.args
+        first = args.get("decoder_first_pipeline_num_layers")
+        last = args.get("decoder_last_pipeline_num_layers")
+        return Launch(tuple(spec.device_ids), first, last, spec.schedule, spec.vp, spec.model.micro_batch_size)
+
+    # --- the space ----------------------------------------------------------------------------------------------
+
+    def space(self, schedules: Sequence[str] = SCHEDULES, orders: bool = True, splits: bool = True,
+              micro_batch_sizes: bool = True) -> "Space":
+        spec = self.spec
+        current = self.current()
+        return Space(devices=tuple(spec.device_ids) if orders else None, current_order=current.order,
+                     splits=tuple(layer_splits(spec.model.num_layers, spec.pp)) if splits
+                     else ((current.first, current.last),),
+                     sizes=tuple(divisors(spec.model.global_batch_size)) if micro_batch_sizes
+                     else (current.micro_batch_size,),
+                     schedules=tuple(schedules), layers=spec.model.num_layers, pp=spec.pp,
+                     batch=spec.model.global_batch_size)
+
+    # --- one candidate ------------------------------------------------------------------------------------------
+
+    def launch_args(self, launch: Launch) -> dict[str, Any]:
+        args = dict(self.args)
+        args["micro_batch_size"] = launch.micro_batch_size
+        for key, value in (("decoder_first_pipeline_num_layers", launch.first),
+                           ("decoder_last_pipeline_num_layers", launch.last)):
+            if value is None:
+                args.pop(key, None)
+            else:
+                args[key] = value
+        for key in ("virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
+                    "overlap_p2p_comm", "overlap_p2p_communication", "no_overlap_p2p_communication"):
+            args.pop(key, None)
+        if launch.chunks > 1:
+            args["num_layers_per_virtual_pipeline_stage"] = self.spec.model.num_layers // (self.spec.pp * launch.chunks)
+            args["no_overlap_p2p_communication"] = True
+        return args
+
+    def flags(self, launch: Launch) -> tuple[str, ...]:
+        """The changes to the job's launch that run `launch`."""
+        now, out = self.current(), []
+        if launch.micro_batch_size != now.micro_batch_size:
+            out.append(f"--micro-batch-size {launch.micro_batch_size}")
+        for flag, old, new in (("--decoder-first-pipeline-num-layers", now.first, launch.first),
+                               ("--decoder-last-pipeline-num-layers", now.last, launch.last)):
+            if new != old:
+                out.append(f"{flag} {new}" if new is not None else f"remove {flag}")
+        if launch.chunks > 1 and (launch.chunks != now.chunks or now.schedule != "interleaved_1f1b"):
+            per_chunk = self.spec.model.num_layers // (self.spec.pp * launch.chunks)
+            out.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk} --no-overlap-p2p-communication")
+        if launch.chunks == 1 and now.chunks > 1:
+            out.append("remove --num-layers-per-virtual-pipeline-stage (and --virtual-pipeline-model-parallel-size)")
+        if launch.schedule in ("zb_h1", "gpipe"):
+            out.append(f"schedule {launch.schedule}: " + NO_MEGATRON_FLAG.format(schedule=launch.schedule))
+        if launch.order != now.order:
+            out.append("stage map (hops_trace_map.json, and hops.base.yaml pipeline.stages in the same order): "
+                       + ", ".join(f"{k}: {d}" for k, d in enumerate(launch.order)))
+        return tuple(out)
+
+    def candidate_spec(self, launch: Launch) -> Spec:
+        from hops_calib.spec import Hardware, spec_from_args
+        from hops_calib.trace import TraceError
+
+        hops = self.book.hops(launch.order)
+        hardware = Hardware(devices=tuple(self.types[d] for d in launch.order), device_ids=launch.order,
+                            device_names=tuple(self.names[d] for d in launch.order) if any(self.names.values())
+                            else (), nodes=tuple(self.nodes[d] for d in launch.order), source=self.job_dir)
+        try:
+            spec = spec_from_args(self.launch_args(launch), self.args_source, run_id=self.spec.run_id,
+                                  hardware=hardware, links=tuple(h.link for h in hops if h.link),
+                                  collectives=self.spec.collectives, iterations=self.spec.iterations)
+        except (TraceError, ValueError) as error:
+            raise Refusal(f"Megatron refuses the launch: {getattr(error, 'problem', None) or error}") from None
+        # a hop no benchmark prices may lie within one node: the spec prices it from the node's all-reduce tables
+        missing = [h for h in hops if h.link is None and spec.link(h.src_stage, h.dst_stage) is None]
+        if missing:
+            raise Refusal(f"no link for host pair {missing[0].src_host or '?'} -> {missing[0].dst_host or '?'} "
+                          f"({missing[0].src_device} -> {missing[0].dst_device})")
+        return spec
+
+    def evaluate(self, launch: Launch) -> Outcome:
+        """Simulate `launch`; Refusal when it cannot run or be priced."""
+        cached = self._cache.get(launch)
+        if isinstance(cached, Refusal):
+            raise cached
+        if cached is not None:
+            return cached
+        try:
+            outcome = self._evaluate(launch)
+        except Refusal as refusal:
+            self._cache[launch] = refusal
+            raise
+        self._cache[launch] = outcome
+        return outcome
+
+    def priced(self, launch: Launch) -> tuple[Spec, Any]:
+        """The spec and the model's pipeline of `launch` (shared by the schedules of one order, split and size)."""
+        key = replace(launch, schedule="")
+        if key not in self._priced:
+            try:
+                spec = self.candidate_spec(launch)
+                self._priced[key] = (spec, self.pipeline(spec))
+            except Refusal as refusal:
+                self._priced[key] = refusal
+        found = self._priced[key]
+        if isinstance(found, Refusal):
+            raise found
+        return found
+
+    def _evaluate(self, launch: Launch) -> Outcome:
+        from hops_calib.sim.schedules import check_shape
+
+        spec, pipeline = self.priced(launch)
+        schedule = launch.schedule
+        if 2 * spec.microbatches * spec.pp * spec.vp > MAX_TASKS:
+            raise Refusal(f"more than {MAX_TASKS} tasks per iteration to simulate; a larger micro-batch size has fewer")
+        try:
+            check_shape("1f1b" if schedule == "auto" else schedule, spec.pp, spec.vp, spec.microbatches)
+            resolved = auto_schedule(pipeline) if schedule == "auto" else schedule
+            twin = self._cache.get(replace(launch, schedule=resolved)) if schedule == "auto" else None
+            if isinstance(twin, Outcome):  # auto runs exactly the launch of the schedule it picks
+                return replace(twin, launch=launch, flags=self.flags(launch))
+            result = simulate(pipeline, resolved)
+        except ValueError as error:
+            raise Refusal(f"{schedule} cannot run it: {str(error).split(';')[0]}") from None
+        metrics = result.metrics()
+        size = launch.micro_batch_size
+        peaks = tuple(rank_memory_bytes(spec.model, spec.layers_per_stage[r], r, spec.pp,
+                                        result.peak_stage_activations[r]) for r in range(spec.pp))
+        caps = tuple(self.memory_bytes[t] for t in spec.devices)
+        return Outcome(
+            launch=launch, resolved=resolved, microbatches=spec.microbatches, layers_per_stage=spec.layers_per_stage,
+            samples_per_s=metrics.throughput_per_s * size, steady_samples_per_s=metrics.steady_throughput_per_s * size,
+            iteration_ms=metrics.iteration_time_ms, idle_share=metrics.bubble_ratio,
+            schedule_bubble=bubble_fraction(spec.pp, spec.microbatches, spec.vp), peak_memory_bytes=peaks,
+            memory_bytes=caps, flags=self.flags(launch), stage_map={str(k): d for k, d in enumerate(launch.order)})
+
+    def pipeline(self, spec: Spec):
+        try:
+            return self.model.pipeline(spec)
+        except ValueError as error:
+            raise Refusal(f"the model cannot price it: {error}") from None
+
+    # --- under stragglers and failures --------------------------------------------------------------------------
+
+    def perturbed_outcome(self, outcome: Outcome, perturbations: Perturbations) -> Outcome:
+        """`outcome` with its expected and 5th-percentile throughput under `perturbations` (seeded draws)."""
+        launch = outcome.launch
+        _, pipeline = self.priced(launch)
+        rates = perturbations.throughputs(pipeline, outcome.resolved, launch.order) * launch.micro_batch_size
+        return replace(outcome, expected_samples_per_s=float(np.mean(rates)),
+                       p5_samples_per_s=float(np.percentile(rates, 5)))
+
+
+def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = None, top: int = 5,
+             memory_bytes: dict[str, float] | None = None,
+             schedules: Sequence[str] = SCHEDULES, orders: bool = True, splits: bool = True,
+             micro_batch_sizes: bool = True, trials: int = 400, seed: int = 0,
+             exhaustive_limit: int = EXHAUSTIVE_LIMIT, perturbations: Perturbations | None = None,
+             rank_by: str = "throughput", rerank: int = 20, progress: Progress = QUIET,
+             calibration: Any = None) -> JobPlan:
+    """The best `top` launches of the job's model and global batch (see the module's docstring)."""
+    if rank_by not in ("throughput", "expected", "p5"):
+        raise InputError("plan", f"unknown ranking {rank_by!r}", field="--rank-by",
+                         hint="throughput (nominal), expected or p5 (under --slow-device/--stragglers/--failure)")
+    if rank_by != "throughput" and perturbations is None:
+        raise InputError("plan", f"--rank-by {rank_by} ranks under stragglers or failures, and none were given",
+                         field="--rank-by", hint="add --slow-device, --stragglers or --failure-rate")
+    unknown = [s for s in schedules if s not in SCHEDULES]
+    if unknown:
+        raise InputError("plan", f"unknown schedule {unknown[0]!r}", field="--schedule",
+                         hint=f"expected one of {', '.join(SCHEDULES)}")
+    for flag, value, most in (("--top", top, 1000), ("--trials", trials, 100_000), ("--exhaustive-limit",
+                                                                                   exhaustive_limit, 10_000_000)):
+        if not 1 <= value <= most:
+            raise InputError("plan", f"{flag} {value} is outside 1..{most}", field=flag)
+    planner = JobPlanner(job_dir, model, cluster, memory_bytes)
+    space = planner.space(schedules, orders, splits, micro_batch_sizes)
+    if not len(space):
+        raise InputError(str(job_dir), "no launch to search: the schedules asked for cannot run any split",
+                         field="--schedule", hint="allow more schedules, or the layer split")
+    outcomes: dict[Launch, Outcome] = {}
+    refusals: dict[Launch, str] = {}
+
+    def score(launch: Launch) -> Outcome | None:
+        if launch in refusals:
+            return None
+        try:
+            outcome = planner.evaluate(launch)
+        except Refusal as refusal:
+            refusals[launch] = str(refusal)
+            return None
+        outcomes[launch] = outcome
+        return outcome
+
+    if len(space) <= exhaustive_limit:
+        search = "exhaustive"
+        progress.start(len(space))
+        for launch in space:
+            score(launch)
+            progress.advance(launch.schedule)
+    else:
+        _optuna_search(space, score, trials, seed, progress)
+        found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
+        own = score(planner.current())
+        steps = _local_search(space, score, found + ([own] if own is not None else []))
+        search = (f"optuna TPE, seed {seed}, {trials} trials of {len(space)} candidates, then {steps} step(s) of "
+                  "coordinate ascent (order, then split, schedule and micro-batch size) from its best and from the "
+                  "job's own launch")
+    fitting = [o for o in outcomes.values() if o.fits]
+    over_memory = len(outcomes) - len(fitting)
+    # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule
+    fitting.sort(key=lambda o: (-o.samples_per_s, o.launch.schedule == "auto", len(o.flags)))
+    seen: set[tuple] = set()
+    unique = []
+    for outcome in fitting:
+        same = (outcome.launch.order, outcome.layers_per_stage, outcome.resolved, outcome.launch.chunks,
+                outcome.launch.micro_batch_size)
+        if same not in seen:
+            seen.add(same)
+            unique.append(outcome)
+    if perturbations is not None:
+        head = [planner.perturbed_outcome(o, perturbations) for o in unique[:max(rerank, top)]]
+        key = {"throughput": lambda o: -o.samples_per_s, "expected": lambda o: -o.expected_samples_per_s,
+               "p5": lambda o: -o.p5_samples_per_s}[rank_by]
+        head.sort(key=lambda o: (key(o), len(o.flags)))
+        unique = head
+    if calibration is not None:  # where each shown launch lies outside the calibration runs (model.coverage)
+        from hops_calib.model.coverage import extrapolations
+
+        def checked(o: Outcome) -> Outcome:
+            return replace(o, outside=tuple(e.sentence() for e in extrapolations(planner.priced(o.launch)[0],
+                                                                                  calibration)))
+
+        unique = [checked(o) for o in unique[:top]] + unique[top:]
+        megatron = next((o for o in unique if o.resolved in MEGATRON_SCHEDULES), None)
+        megatron = checked(megatron) if megatron is not None else None
+    else:
+        megatron = next((o for o in unique if o.resolved in MEGATRON_SCHEDULES), None)
+    try:
+        current = planner.evaluate(planner.current())
+        if perturbations is not None:
+            current = planner.perturbed_outcome(current, perturbations)
+    except Refusal:
+        current = None
+    notes = list(planner.notes)
+    refused: dict[str, int] = {}
+    for reason in refusals.values():
+        refused[reason] = refused.get(reason, 0) + 1
+    if any(reason.startswith("no link") for reason in refused):
+        notes.append("orders with a hop no benchmark or declared link prices were left out: give --cluster "
+                     "(`hops-calib cluster` builds one from job directories) or declare the links")
+    return JobPlan(job=str(job_dir), model=model.name, search=search, space=len(space),
+                   evaluated=len(outcomes) + len(refusals), best=tuple(unique[:top]),
+                   current=current, refused=refused, over_memory=over_memory, rank_by=rank_by, notes=tuple(notes),
+                   auto_agreement=auto_rule_agreement(list(outcomes.values())),
+                   best_megatron=megatron)
+
+
+def auto_rule_agreement(outcomes: Sequence[Outcome]) -> tuple[int, int]:
+    """Of the launches evaluated under `auto` whose 1f1b and zb_h1 twins were also evaluated: how many times auto's
+    pick (the HopsHetero rule) was the faster of the two in the simulation, and how many were compared."""
+    by_launch = {o.launch: o for o in outcomes}
+    agree = compared = 0
+    for o in outcomes:
+        if o.launch.schedule != "auto":
+            continue
+        twins = [by_launch.get(replace(o.launch, schedule=s)) for s in ("1f1b", "zb_h1")]
+        if None in twins:
+            continue
+        compared += 1
+        faster = max(twins, key=lambda t: t.samples_per_s)
+        agree += faster.resolved == o.resolved or math.isclose(twins[0].samples_per_s, twins[1].samples_per_s,
+                                                               rel_tol=1e-9)
+    return agree, compared
+
+
+def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], trials: int, seed: int,
+                   progress: Progress) -> None:
+    """A seeded TPE study over the space's dimensions: the stage order as a random key per device (sorting the keys
+    gives the order, so TPE can learn that a device belongs early or late), the micro-batch size, the schedule (with
+    its chunks) and the split. A combination outside the space (an interleaved launch Megatron refuses), a candidate
+    that cannot run and one that does not fit memory score nothing."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    shapes = set(space.shapes())
+    schedules = sorted({(schedule, chunks) for _, _, _, schedule, chunks in shapes})
+    devices = space.devices if space.devices is not None else space.current_order
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+    progress.start(trials)
+
+    def objective(trial: Any) -> float:
+        if space.devices is not None:
+            keys = [trial.suggest_float(f"key {device}", 0.0, 1.0) for device in devices]
+            order = tuple(devices[k] for k in sorted(range(len(keys)), key=keys.__getitem__))
+        else:
+            order = space.current_order
+        size = trial.suggest_categorical("micro_batch_size", list(space.sizes))
+        schedule, chunks = schedules[trial.suggest_categorical("schedule", list(range(len(schedules))))]
+        first, last = space.splits[trial.suggest_categorical("split", list(range(len(space.splits))))]
+        if chunks > 1:
+            first = last = None
+        progress.advance(schedule)
+        if (size, first, last, schedule, chunks) not in shapes:
+            return 0.0
+        outcome = score(Launch(order, first, last, schedule, chunks, size))
+        return outcome.samples_per_s if outcome is not None and outcome.fits else 0.0
+
+    study.optimize(objective, n_trials=trials)
+
+
+def _local_search(space: Space, score: Callable[[Launch], Outcome | None], starts: Sequence[Outcome],
+                  max_steps: int = 50) -> int:
+    """Coordinate ascent from each start that fits: evaluate every launch that differs from the current one in the
+    order only (every order up to `ALL_ORDERS` of them, else every swap of two stages) or in the shape only (every
+    split, schedule and micro-batch size of the space), move to the fastest while it is faster. Returns the steps."""
+    shapes = space.shapes()
+    every_order = space.devices is not None and space.orders_count() <= ALL_ORDERS
+    steps = 0
+    for start in starts:
+        if not start.fits:
+            continue
+        current = start
+        for _ in range(max_steps):
+            launch = current.launch
+            if every_order:
+                orders = [tuple(o) for o in space.orders()]
+            elif space.devices is not None:
+                orders = []
+                for i, j in itertools.combinations(range(len(launch.order)), 2):
+                    order = list(launch.order)
+                    order[i], order[j] = order[j], order[i]
+                    orders.append(tuple(order))
+            else:
+                orders = []
+            neighbours = [replace(launch, order=order) for order in orders]
+            neighbours += [Launch(launch.order, first, last, schedule, chunks, size)
+                           for size, first, last, schedule, chunks in shapes]
+            better = current
+            for neighbour in neighbours:
+                outcome = score(neighbour)
+                if outcome is not None and outcome.fits and outcome.samples_per_s > better.samples_per_s:
+                    better = outcome
+            if better is current:
+                break
+            current = better
+            steps += 1
+    return steps
+
+
+ALL_ORDERS = 5040  # up to 7 stages, a step of local search tries every order
+
+
+def format_job_plan(plan: JobPlan) -> str:
+    """The plan as text: the best launches with their numbers and launch changes, then the job's own."""
+    gib = 2 ** 30
+    lines = [f"{plan.job}: model {plan.model}; search {plan.search}; {plan.evaluated} evaluated of {plan.space}; "
+             f"ranked by {'nominal throughput' if plan.rank_by == 'throughput' else plan.rank_by + ' throughput'}"]
+    lines += [f"note: {note}" for note in plan.notes]
+    header = (f"{'#':>2} {'samples/s':>10} {'steady':>8} {'idle %':>7} {'sched. bubble %':>16} {'peak GiB/GPU':>13}"
+              + (f" {'expected':>9} {'p5':>7}" if plan.best and plan.best[0].expected_samples_per_s is not None
+                 else "") + "  launch")
+    lines.append(header)
+
+    def row(tag: str, o: Outcome) -> list[str]:
+        extra = (f" {o.expected_samples_per_s:9.3f} {o.p5_samples_per_s:7.3f}" if o.expected_samples_per_s is not None
+                 else "")
+        resolved = f" (auto -> {o.resolved})" if o.launch.schedule == "auto" else ""
+        out = [f"{tag:>2} {o.samples_per_s:10.3f} {o.steady_samples_per_s:8.3f} {100 * o.idle_share:7.1f} "
+               f"{100 * o.schedule_bubble:16.1f} {max(o.peak_memory_bytes) / gib:13.2f}{extra}  "
+               f"{o.launch.label()}{resolved}; layers {'-'.join(map(str, o.layers_per_stage))}"]
+        out += [f"{'':>5}change: {flag}" for flag in o.flags] or [f"{'':>5}(the job's own launch)"]
+        if o.outside:
+            out.append(f"{'':>5}outside the calibration runs (extrapolated): " + "; ".join(o.outside))
+        return out
+
+    for k, outcome in enumerate(plan.best, start=1):
+        lines += row(str(k), outcome)
+    if not plan.best:
+        lines.append("no launch runs, is priced and fits in memory (see below): nothing to recommend")
+    if plan.best_megatron is not None and plan.best_megatron.launch not in [o.launch for o in plan.best]:
+        lines.append("best that Megatron-LM runs as it is (1F1B or interleaved 1F1B):")
+        lines += row("M", plan.best_megatron)
+    if plan.current is not None:
+        lines += row("now", plan.current)
+    if plan.over_memory:
+        lines.append(f"{plan.over_memory} launch(es) left out: peak memory above a device's capacity")
+    for reason, count in sorted(plan.refused.items(), key=lambda kv: -kv[1])[:5]:
+        lines.append(f"{count} launch(es) cannot run: {reason}")
+    agree, compared = plan.auto_agreement
+    if compared:
+        lines.append(f"auto (HopsHetero rule) picked the faster of 1f1b/zb_h1 in {agree} of {compared} launches")
+    lines.append("samples/s: predicted window throughput (microbatches x micro batch size per second); steady: over "
+                 "the median iteration; idle %: the simulated timeline's idle share (HOPS's bubble, what a trace of "
+                 "the launch would measure, with the silent stretch before the optimizer); sched. bubble %: the "
+                 "schedule's own on balanced stages, (p-1)/(v m+p-1); peak GiB/GPU: weights, gradients, optimizer "
+                 "state and peak activations on the fullest GPU")
+    return "\n".join(lines)
+
+
+# --- against reality: the planner's ranking of configurations that really ran ------------------------------------
+
+@dataclass(frozen=True)
+class GroupAgreement:
+    """Runs of one model, global batch and set of devices that differ only in what the planner searches; per
+    configuration (repeats pooled) the predicted and the mean measured samples per second."""
+
+    key: str
+    configurations: tuple[tuple[str, float, float], ...]  # (run ids, predicted, measured)
+    agreeing: int
+    pairs: int
+
+
+def pairwise_agreement(configurations: Sequence[tuple[str, float, float]]) -> tuple[int, int]:
+    """Pairs of configurations the prediction orders as the measurement does, and pairs compared."""
+    agree = pairs = 0
+    for (_, p1, m1), (_, p2, m2) in itertools.combinations(configurations, 2):
+        pairs += 1
+        agree += (p1 - p2) * (m1 - m2) > 0
+    return agree, pairs
+
+
+def train_group_agreement(store: Any, runs_dir: Path, model: Model, cluster: Cluster | None = None
+                          ) -> list[GroupAgreement]:
+    """For every group of the store's train runs with the same devices, model and global batch and more than one
+    configuration of what the planner searches (stage order, layer split, schedule, micro-batch size): each
+    configuration as the planner prices it (from the run's job directory in `runs_dir`, its own launch) against
+    its measured throughput."""
+    from collections import defaultdict
+
+    groups: dict[tuple, dict[Launch, list[tuple[str, float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for fixture_id in store.ids("train"):
+        fixture = store.load(fixture_id)
+        job = runs_dir / fixture_id
+        if not job.is_dir():
+            continue
+        spec, shape = fixture.spec, fixture.spec.model
+        key = (tuple(sorted(spec.device_ids)), shape.num_layers, shape.hidden_size, shape.ffn_hidden_size,
+               shape.num_attention_heads, shape.seq_length, shape.vocab_size, shape.global_batch_size,
+               shape.precision)
+        planner = JobPlanner(job, model, cluster)
+        launch = planner.current()
+        predicted = planner.evaluate(launch).samples_per_s
+        measured = fixture.truth.metrics.throughput_per_s * shape.micro_batch_size
+        groups[key][launch].append((fixture_id, predicted, measured))
+    out = []
+    for key, by_launch in groups.items():
+        if len(by_launch) < 2:
+            continue
+        configurations = tuple((" + ".join(r[0] for r in runs), float(np.mean([r[1] for r in runs])),
+                                float(np.mean([r[2] for r in runs]))) for runs in by_launch.values())
+        agree, pairs = pairwise_agreement(configurations)
+        label = (f"{len(key[0])} GPUs ({', '.join(key[0])}), {key[1]} layers, hidden {key[2]}, seq {key[5]}, "
+                 f"global batch {key[7]}")
+        out.append(GroupAgreement(label, configurations, agree, pairs))
+    return out

@@ -1,0 +1,103 @@
+"""Chrome trace export (hops_calib.plot.chrome) read back by a reader written here from the Trace Event Format's
+rules (the JSON Object Format: a `traceEvents` list; complete events `ph: X` with `name`, `pid`, `tid`, `ts` and
+`dur` in microseconds; metadata events `ph: M` naming processes and threads; the slices of one thread disjoint or
+nested, else the viewers mis-draw them). No code of the writer is used to read."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from hops_calib.loop.model_files import load_model
+from hops_calib.plot.chrome import write_chrome_trace
+from hops_calib.plot.timeline import Panel
+from hops_calib.model.predict import predict
+from hops_calib.store import FixtureStore
+
+REPO = Path(__file__).resolve().parent.parent
+METADATA_NAMES = {"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"}
+
+
+def read_trace_event_format(path: Path) -> dict:
+    """Parse a Chrome trace file and check the format's rules; return {process name: {thread name: [(name, ts_us,
+    dur_us, args), ...]}}."""
+    data = json.loads(path.read_text())
+    assert isinstance(data, dict) and isinstance(data["traceEvents"], list)
+    assert data.get("displayTimeUnit", "ms") in ("ms", "ns")
+    processes, threads = {}, {}
+    slices = defaultdict(list)
+    for event in data["traceEvents"]:
+        assert isinstance(event, dict) and isinstance(event["ph"], str) and isinstance(event["name"], str)
+        assert isinstance(event["pid"], int)
+        if event["ph"] == "M":
+            assert event["name"] in METADATA_NAMES and isinstance(event["args"], dict)
+            if event["name"] == "process_name":
+                processes[event["pid"]] = event["args"]["name"]
+            elif event["name"] == "thread_name":
+                threads[event["pid"], event["tid"]] = event["args"]["name"]
+            continue
+        assert event["ph"] == "X", event  # the export writes complete events only
+        assert isinstance(event["tid"], int)
+        for key in ("ts", "dur"):
+            assert isinstance(event[key], (int, float)) and not isinstance(event[key], bool) and event[key] >= 0
+        slices[event["pid"], event["tid"]].append((event["name"], event["ts"], event["dur"], event.get("args", {})))
+    out: dict = defaultdict(dict)
+    for (pid, tid), items in slices.items():
+        items.sort(key=lambda item: (item[1], -item[2]))
+        open_ends: list[float] = []  # a stack of enclosing slices' ends
+        for _, ts, dur, _ in items:
+            while open_ends and open_ends[-1] <= ts:
+                open_ends.pop()
+            assert not open_ends or ts + dur <= open_ends[-1] + 1e-6, f"slices overlap without nesting on {tid}"
+            open_ends.append(ts + dur)
+        out[processes[pid]][threads[pid, tid]] = items
+    return dict(out)
+
+
+def _by_stage_phase(frame) -> dict:
+    frame = frame.assign(ms=frame["end_ms"] - frame["start_ms"])
+    groups = frame.groupby(["stage", "kind", "phase"])
+    return {(int(s), k, p): (len(g), float(g["ms"].sum())) for (s, k, p), g in groups}
+
+
+def test_real_and_predicted_lanes_read_back_with_every_interval(tmp_path):
+    store = FixtureStore(REPO / "fixtures")
+    fixture = store.load("cpu_interleaved_v2_l8_h512_s256_m4_run1")
+    real = fixture.timeline()
+    predicted = predict(fixture.spec, load_model()).result.timeline
+    path = write_chrome_trace(tmp_path / "trace.json", fixture.id, fixture.spec.devices,
+                              [Panel("Real run (trace)", real), Panel("Predicted", predicted)])
+    read = read_trace_event_format(path)
+    assert list(read) == ["Real run (trace)", "Predicted"]
+    for name, frame in (("Real run (trace)", real), ("Predicted", predicted)):
+        got: dict = defaultdict(lambda: [0, 0.0])
+        first = float(frame["start_ms"].min())
+        for thread, items in read[name].items():
+            stage = int(thread.split()[1])
+            kind = "transfer" if "sends" in thread else "compute"
+            for label, ts, dur, args in items:
+                phase = label.removeprefix("send ").split()[0]
+                got[stage, kind, phase][0] += 1
+                got[stage, kind, phase][1] += dur / 1000.0
+                assert ts / 1000.0 + first <= float(frame["end_ms"].max()) + 1e-6
+        want = _by_stage_phase(frame)
+        assert set(got) == set(want)
+        for key, (count, ms) in want.items():
+            assert got[key][0] == count and got[key][1] == pytest.approx(ms, rel=1e-9, abs=1e-6), key
+
+
+def test_overlapping_real_intervals_get_their_own_thread(tmp_path):
+    fixture = FixtureStore(REPO / "fixtures").load("cpu_1f1b_l4_h512_s256_m4_run1")
+    real = fixture.timeline()
+    stage0 = real[(real["stage"] == 0) & (real["kind"] == "compute")].sort_values("start_ms")
+    # shift one compute interval so that it starts inside the one before and ends after it (a real-trace overlap)
+    before, victim = stage0.index[0], stage0.index[1]
+    length = real.loc[before, "end_ms"] - real.loc[before, "start_ms"]
+    real.loc[victim, "start_ms"] = real.loc[before, "start_ms"] + length / 2
+    real.loc[victim, "end_ms"] = real.loc[before, "end_ms"] + length
+    read = read_trace_event_format(write_chrome_trace(tmp_path / "t.json", fixture.id, fixture.spec.devices,
+                                                      [Panel("real", real)]))
+    assert any(thread.startswith("stage 0") and "+1" in thread for thread in read["real"])

@@ -1,0 +1,154 @@
+"""The planner for a real job (hops_calib.whatif.job_plan): launches of a job's model and batch on its devices,
+priced as
+predict prices them, checked against memory, ranked; and its ranking of real configurations against their
+measured throughput."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hops_calib.whatif.cluster import cluster_from_jobs
+from hops_calib.errors import InputError
+from hops_calib.whatif.job_plan import (
+    JobPlanner, format_job_plan, layer_splits, pairwise_agreement, plan_job, train_group_agreement,
+)
+from hops_calib.loop.model_files import load_model
+from hops_calib.model.predict import predict
+from hops_calib.sim.perturb import Failure, RandomStragglers
+from hops_calib.whatif.perturbations import Perturbations
+from hops_calib.spec import build_spec, split_layers
+from hops_calib.trace.job import find_job_dirs
+
+REPO = Path(__file__).resolve().parent.parent
+CPU_JOB = REPO / "traces" / "cpu_1f1b_l4_h512_s256_m4_run1"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model()
+
+
+def test_every_split_megatron_launches_is_searched_once():
+    for layers, pp in ((12, 4), (18, 6), (8, 2), (10, 5)):
+        splits = layer_splits(layers, pp)
+        counts = [split_layers(layers, pp, first, last) for first, last in splits]
+        assert len(set(counts)) == len(counts) and (None, None) in splits
+        assert all(sum(c) == layers and min(c) >= 1 for c in counts)
+    assert split_layers(18, 6, 8, 2) in [split_layers(18, 6, *s) for s in layer_splits(18, 6)]  # exp2_35's
+
+
+def test_a_jobs_own_launch_is_priced_as_predict_prices_it(model):
+    for job in find_job_dirs(REPO / "traces"):
+        planner = JobPlanner(job, model)
+        spec = build_spec(job)
+        expected = predict(spec, model).metrics.throughput_per_s * spec.model.micro_batch_size
+        assert planner.evaluate(planner.current()).samples_per_s == pytest.approx(expected, rel=1e-12)
+        assert planner.flags(planner.current()) == ()
+
+
+def test_plan_on_a_cpu_capture_is_exhaustive_ranked_and_fits_memory(model):
+    plan = plan_job(CPU_JOB, model, top=4)
+    assert plan.search == "exhaustive" and plan.evaluated == plan.space and len(plan.best) == 4
+    rates = [o.samples_per_s for o in plan.best]
+    assert rates == sorted(rates, reverse=True) and all(o.fits for o in plan.best)
+    assert plan.best[0].samples_per_s >= plan.current.samples_per_s  # the job's own launch is in the space
+    for outcome in plan.best:
+        assert sum(outcome.layers_per_stage) == 4
+        assert outcome.microbatches * outcome.launch.micro_batch_size == build_spec(CPU_JOB).model.global_batch_size
+    text = format_job_plan(plan)
+    assert "idle %" in text and "sched. bubble %" in text and "now" in text
+
+
+def test_a_device_too_small_leaves_every_launch_out(model, tmp_path):
+    small = model.with_device_constant("cpu", "memory_bytes", 1e6, "test: a 1 MB device")
+    plan = plan_job(CPU_JOB, small, top=3)
+    assert plan.best == () and plan.over_memory > 0
+
+
+def test_a_large_space_is_searched_by_a_seeded_study(model):
+    first = plan_job(CPU_JOB, model, top=3, trials=25, seed=7, exhaustive_limit=10)
+    again = plan_job(CPU_JOB, model, top=3, trials=25, seed=7, exhaustive_limit=10)
+    assert first.search.startswith("optuna TPE, seed 7, 25 trials")
+    assert [o.launch for o in first.best] == [o.launch for o in again.best]
+    exhaustive = plan_job(CPU_JOB, model, top=3)
+    assert first.best[0].samples_per_s == pytest.approx(exhaustive.best[0].samples_per_s, rel=1e-12)
+    assert first.evaluated < exhaustive.evaluated
+
+
+def test_auto_is_the_hopshetero_rule(model):
+    plan = plan_job(CPU_JOB, model, top=50, schedules=("1f1b", "zb_h1", "auto"))
+    _, compared = plan.auto_agreement
+    assert compared > 0
+    planner = JobPlanner(CPU_JOB, model)
+    for outcome in plan.best:
+        if outcome.launch.schedule == "auto":
+            from hops_calib.sim.simulate import auto_schedule
+
+            pipeline = model.pipeline(planner.candidate_spec(outcome.launch))
+            assert outcome.resolved == auto_schedule(pipeline)
+
+
+def test_stragglers_and_failures_lower_the_expected_and_the_p5_throughput(model):
+    device = build_spec(CPU_JOB).device_ids[1]
+    perturbations = Perturbations(slow_devices=((device, 1.1),), stragglers=RandomStragglers(0.2, 1.05, 1.3),
+                                  failures=(Failure("any device", 2.0, 30.0),), run_iterations=200, samples=12)
+    plan = plan_job(CPU_JOB, model, top=3, perturbations=perturbations, rank_by="p5")
+    for outcome in plan.best:
+        assert outcome.p5_samples_per_s <= outcome.expected_samples_per_s < outcome.samples_per_s
+    p5 = [o.p5_samples_per_s for o in plan.best]
+    assert p5 == sorted(p5, reverse=True)
+    with pytest.raises(InputError, match="--rank-by"):
+        plan_job(CPU_JOB, model, rank_by="p5")
+
+
+def test_pairwise_agreement_counts_orderings():
+    assert pairwise_agreement([("a", 1.0, 10.0), ("b", 2.0, 20.0), ("c", 3.0, 5.0)]) == (1, 3)
+
+
+def test_plan_job_on_a_shared_run_with_its_cluster(shared_runs, model):
+    cluster = cluster_from_jobs([shared_runs])
+    job = shared_runs / "exp2_9_g_only_pp4_run65"
+    plan = plan_job(job, model, cluster=cluster, top=3, schedules=("1f1b",), splits=False, micro_batch_sizes=False)
+    assert plan.search == "exhaustive" and plan.space == 24 and not plan.refused  # every order priced by host
+    best = plan.best[0]
+    assert best.samples_per_s >= plan.current.samples_per_s
+    assert any(flag.startswith("stage map") for flag in best.flags) or best.launch == plan.current.launch
+    # without a cluster, orders with a host pair the job never benchmarked are named, not priced by position
+    alone = plan_job(job, model, top=3, schedules=("1f1b",), splits=False, micro_batch_sizes=False)
+    assert any(reason.startswith("no link") for reason in alone.refused)
+
+
+def test_the_planner_ranks_real_train_configurations_mostly_as_measured(shared_runs, shared_store, model):
+    groups = train_group_agreement(shared_store, shared_runs, model)
+    agree = sum(g.agreeing for g in groups)
+    pairs = sum(g.pairs for g in groups)
+    assert len(groups) >= 3 and pairs >= 6
+    assert agree / pairs > 0.5  # better than a coin: the planner's ranking follows the measured one
+
+
+def test_a_large_space_is_counted_not_listed():
+    from hops_calib.whatif.job_plan import SCHEDULES, Space
+
+    space = Space(devices=tuple(f"gpu{k}" for k in range(12)), current_order=tuple(f"gpu{k}" for k in range(12)),
+                  splits=tuple(layer_splits(96, 12)), sizes=(1, 2, 4), schedules=SCHEDULES, layers=96, pp=12,
+                  batch=48)
+    shapes = space.shapes()
+    assert len(space) == 479001600 * len(shapes)  # 12! orders, counted in no time
+    first = next(iter(space))
+    assert first.order == space.current_order and (first.micro_batch_size, first.first, first.last, first.schedule,
+                                                   first.chunks) == shapes[0]
+
+
+def test_a_huge_global_batch_neither_hangs_nor_simulates_millions_of_microbatches(model, tmp_path):
+    import shutil
+
+    job = tmp_path / CPU_JOB.name
+    shutil.copytree(CPU_JOB, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    args = job / "megatron_args.txt"
+    args.write_text(args.read_text().replace("--global-batch-size 4", "--global-batch-size 1048576"))
+    plan = plan_job(job, model, top=2, schedules=("1f1b",), splits=False)
+    assert any("tasks per iteration" in reason for reason in plan.refused)
+    assert plan.best and all(2 * o.microbatches * 2 <= 200_000 for o in plan.best)  # what ran stayed small
+    assert plan.over_memory > 0  # and the largest micro batches do not fit the device
