@@ -8,10 +8,12 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from hops_calib.cli import app
 from hops_calib.loop.ledger import read_entries
+from hops_calib.loop.model_files import load_model
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "hops_calib" / "model" / "models" / "baseline.toml"
@@ -86,6 +88,14 @@ def test_an_accepted_candidate_shows_every_run_before_and_after_and_observe_name
     assert set(moved) == set(data["runs_moved"]) and moved
     for row in moved.values():  # only L4 runs move, and each shows its before, after and delta
         assert row["before"]["throughput_error_pct"] != row["after"]["throughput_error_pct"]
+        # the mechanism: the L4 stages' forward per microbatch is what moved (and what follows from it), never a
+        # backward; a run that did not move shows no phases
+        phases = row["phases_moved"]
+        assert any(name.endswith("forward_ms") for name in phases), phases
+        assert not any(name.endswith("backward_ms") for name in phases)
+        assert all(p["delta"] == pytest.approx(p["after"] - p["before"]) and p["delta"] < 0 for name, p in
+                   phases.items() if name.endswith("forward_ms"))
+    assert not any("phases_moved" in row for row in data["per_run"] if not row["moved"])
     runs = {r["run_id"] for r in data["runs"]}
     assert set(data["runs_moved"]) < runs
     # observe on the cluster runs: terms per contributor, bias apart from noise
@@ -95,6 +105,15 @@ def test_an_accepted_candidate_shows_every_run_before_and_after_and_observe_name
     assert any(c["noise_ms"] is not None and c["noise_mape_pp"] > 0 for c in observed["contributors"])
     assert all(t["term"] and t["param"] and isinstance(t["applies"], bool)
                for c in observed["contributors"] for t in c["terms"])
+    # every parameter of a pricing term is found by nudging, none from a hand list: the random stalls' parameters
+    # move the silent stretch of some iterations (not its median) on the runs they place stalls on
+    [silent] = [c for c in observed["overall"] if c["quantity"] == "silent"]
+    applies = {t["param"]: t["applies"] for t in silent["terms"] if t["term"] == "embedding_grad_allreduce"}
+    assert applies["stall_probability"] and applies["rto_ms"]
+    assert set(applies) == set(load_model(model).active("embedding_grad_allreduce").params())
+    # the fields say what the signs mean
+    assert "predicted minus real" in observed["fields"]["bias_ms"]
+    assert "negative only where errors cancel" in observed["fields"]["fixable_mape_pp"]
 
 
 def test_a_model_and_a_ledger_of_two_checkouts_draw_a_warning_and_the_output_names_both(tmp_path):
@@ -115,3 +134,98 @@ def test_a_model_and_a_ledger_of_two_checkouts_draw_a_warning_and_the_output_nam
     assert any(f"the model {model} is in the checkout {homes[0]}" in w for w in data["warnings"])
     # a new ledger has no record: nothing is calibrated yet, any store may start it
     assert data["calibration"]["calibrated_on"] is None and data["calibration"]["match"] == "no record"
+
+
+def test_a_judged_change_is_judged_again_only_under_a_plan_naming_the_earlier_judgement(tmp_path):
+    """#22's walkthrough: a rejected change copied under a new id and judged with looser tolerance flags was accepted
+    and committed. The change (model before and after, fixture set) is what is judged, not the file; other rules come
+    only from a plan stated before, which names the earlier judgement. On the shipped CPU store, a fresh ledger."""
+    ledger, model, fixtures = tmp_path / "ledger" / "ledger.jsonl", tmp_path / "model.toml", REPO / "fixtures"
+    shutil.copy(SHIPPED, model)
+    change = 'action = "set"\nterm = "decoder_roofline"\nparams = { "compute_efficiency@cpu" = 0.27 }'
+    first = candidate(tmp_path, "cpu-roofline-a", change)
+    judge = ("--fixtures", fixtures, "--model", model, "--ledger", ledger, "--json")
+    judged = cli("evaluate", first, *judge)
+    assert judged.exit_code in (0, 1), judged.output
+    data = json.loads(judged.stdout)
+    # no plan: judged under the default rules, and the entry says so
+    assert data["rules"]["from"] == "defaults" and data["rules"]["default_tolerances"]
+    assert list(read_entries(ledger))[-1]["rules"]["from"] == "defaults"
+    # tolerance options on a judgement are refused, pointing at `ledger plan`
+    copy = candidate(tmp_path, "cpu-roofline-b", change)  # the same change under another id and file
+    loose = cli("evaluate", copy, *judge, "--tolerance-mape-pp", "5", "--tolerance-rho", "0.5")
+    assert loose.exit_code == 2 and "hops-calib ledger plan" in json.loads(loose.stdout)["error"]["message"]
+    # the copy is the same change: refused, naming the earlier judgement; so is the model copied elsewhere
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(model, elsewhere / "model.toml")
+    for where in (model, elsewhere / "model.toml"):
+        again = cli("evaluate", copy, "--fixtures", fixtures, "--model", where, "--ledger", ledger, "--json")
+        assert again.exit_code == 2, again.output
+        error = json.loads(again.stdout)["error"]
+        assert "ledger entry 1 already judged this change" in error["message"] and "--rejudge 1" in error["hint"]
+    # a plan with looser rules that does not name the earlier judgement does not open it
+    unnamed = json.loads(cli("ledger", "plan", "--note", "looser", "--candidate", copy, "--tolerance-mape-pp", "5",
+                             "--ledger", ledger, "--json").stdout)
+    refused = cli("evaluate", copy, *judge, "--plan", unnamed["seq"])
+    assert refused.exit_code == 2 and "ledger entry 1 already judged" in refused.stdout
+    # nor does a plan naming an entry that is not a judgement
+    assert cli("ledger", "plan", "--note", "n", "--candidate", copy, "--rejudge", unnamed["seq"],
+               "--ledger", ledger).exit_code == 2
+    # the plan names it: judged again, and the entry links to the earlier judgement
+    named = json.loads(cli("ledger", "plan", "--note", "looser: why the rules differ", "--candidate", copy,
+                           "--rejudge", "1", "--tolerance-mape-pp", "5", "--tolerance-rho", "0.5", "--ledger", ledger,
+                           "--json").stdout)
+    assert named["rejudges"] == 1
+    outside = elsewhere / "model.toml"
+    rejudged = cli("evaluate", copy, "--fixtures", fixtures, "--model", outside, "--ledger", ledger, "--json",
+                   "--plan", named["seq"], "--commit")
+    assert rejudged.exit_code in (0, 1), rejudged.output
+    data = json.loads(rejudged.stdout)
+    assert data["rejudges"] == 1 and data["earlier_judgements"] == [1]
+    assert data["rules"] == {**data["rules"], "from": f"plan {named['seq']}", "default_tolerances": False}
+    entry = list(read_entries(ledger))[-1]
+    assert entry["rejudges"] == 1 and entry["plan_seq"] == named["seq"]
+    # ledger show says it all: the rules, the tolerances, the earlier judgement, the model file written
+    shown = cli("ledger", "show", "--ledger", ledger).stdout.splitlines()
+    assert "(default rules)" in shown[0]
+    last = shown[-1]
+    assert f"(under plan {named['seq']})" in last and "[tolerances: suite throughput MAPE may grow <= 5 pp" in last
+    assert "judges again the change of entry 1" in last
+    if data["committed"]:
+        assert f"wrote {outside} (WARNING: not a checkout's model file)" in last
+    notes = json.loads(cli("ledger", "show", "--ledger", ledger, "--json").stdout)["judgements"]
+    assert notes["1"]["rules"] == "defaults" and notes[str(entry["seq"])]["earlier_judgements"] == [1]
+    assert cli("ledger", "verify", "--ledger", ledger).exit_code == 0
+
+
+def test_an_off_record_refusal_names_the_store_path_a_judgement_recorded(shared_fixtures, tmp_path):
+    ledger, model = tmp_path / "ledger.jsonl", tmp_path / "model.toml"
+    shutil.copy(REPO / "ledger" / "ledger.jsonl", ledger)
+    shutil.copy(SHIPPED, model)
+    l4 = candidate(tmp_path, "l4-floor", 'action = "set"\nterm = "layer_launch_floor"\n'
+                                         'params = { "forward_ms_per_layer@l4" = 1.52 }')
+    judged = json.loads(cli("evaluate", l4, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                            "--json").stdout)
+    # the project's ledger predates the store path: said, not null
+    assert judged["calibration"]["calibrated_on"]["fixtures"].startswith("not recorded")
+    assert list(read_entries(ledger))[-1]["fixtures"] == str(Path(shared_fixtures).resolve())
+    # from now on the fixture set's store is known: a judgement on the wrong store names its path
+    other = candidate(tmp_path, "l4-floor-2", 'action = "set"\nterm = "layer_launch_floor"\n'
+                                              'params = { "forward_ms_per_layer@l4" = 1.5 }')
+    refused = cli("evaluate", other, "--fixtures", REPO / "fixtures", "--model", model, "--ledger", ledger, "--json")
+    assert refused.exit_code == 4, refused.output
+    error = json.loads(refused.stdout)["error"]
+    assert f"--fixtures {Path(shared_fixtures).resolve()}" in error["hint"]
+    assert f"store {Path(shared_fixtures).resolve()}" in error["message"]
+    # a change that moves no run there is refused naming where the shared values were calibrated
+    inert = candidate(tmp_path, "roofline-memory", 'action = "set"\nterm = "decoder_roofline"\n'
+                                                   'params = { memory_efficiency = 0.85 }')
+    unmoved = cli("evaluate", inert, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json")
+    assert unmoved.exit_code == 4, unmoved.output
+    assert "the shared values of term decoder_roofline were calibrated on" in json.loads(unmoved.stdout)["error"][
+        "message"]
+    right = json.loads(cli("evaluate", other, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
+                           "--json").stdout)
+    assert right["calibration"]["calibrated_on"]["fixtures"] == str(Path(shared_fixtures).resolve())
+    assert right["calibration"]["calibrated_on"]["fixtures_exists"] is True

@@ -187,6 +187,8 @@ def test_a_two_term_candidate_is_refused_naming_both_terms(shared_fixtures, work
 
 @pytest.mark.parametrize("args, needle", [
     (("evaluate", "--split", "test"), "report --split test"),
+    (("tune", "decoder_roofline", "--split", "test"), "report --split test"),  # the same refusal by every verb
+    (("crossval", "decoder_roofline", "--split", "test"), "report --split test"),
     (("evaluate", "--commit"), "--commit needs a candidate"),
     (("evaluate", "--tolerance-run-bubble-pp", "-1"), "must be >= 0"),
     (("predict", "--all", "--model", "missing.toml"), "model file not found"),
@@ -387,7 +389,10 @@ def test_compare_judges_one_whole_model_against_another_and_records_it(shared_fi
 
     missing = cli("compare", tmp_path / "nowhere.toml", "--fixtures", shared_fixtures, "--ledger", ledger)
     assert missing.exit_code == 2 and "nowhere.toml" in missing.stderr
-    negative = cli("compare", plain, "--fixtures", shared_fixtures, "--ledger", ledger, "--tolerance-rho", "-1")
+    # rules come from a plan, never from the judging command's options (and a plan's are checked)
+    loose = cli("compare", plain, "--fixtures", shared_fixtures, "--ledger", ledger, "--tolerance-rho", "0.5")
+    assert loose.exit_code == 2 and "hops-calib ledger plan" in loose.stderr and "--tolerance-rho" in loose.stderr
+    negative = cli("ledger", "plan", "--note", "n", "--ledger", ledger, "--tolerance-rho", "-1")
     assert negative.exit_code == 2 and "util_spearman" in negative.stderr
     assert len(list(read_entries(ledger))) == 2  # refused requests leave no entry
 
@@ -430,8 +435,12 @@ def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, sh
     model, ledger, harmful = workspace["model"], workspace["ledger"], workspace["experiments"] / "harmful.toml"
     window = json.loads(cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
                             "--json").stdout)
+    # The same change judged again under another per-run rule: stated first in a plan naming the earlier judgement.
+    stated = json.loads(cli("ledger", "plan", "--note", "the per-run rule on the stall-free error", "--candidate",
+                            harmful, "--rejudge", "1", "--run-error", "stall-free", "--ledger", ledger,
+                            "--json").stdout)
     free = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json",
-               "--run-error", "stall-free", "--again")  # the same text judged again, under another per-run rule
+               "--plan", stated["seq"])
     assert free.exit_code in (0, 1), free.output
     data = json.loads(free.stdout)
     # The suite is judged alike; only the per-run rule reads another error, and the entry says which.
@@ -439,6 +448,8 @@ def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, sh
     assert data["tolerances"]["run_throughput_error"] == "stall-free"
     assert window["tolerances"]["run_throughput_error"] == "window"
     assert list(read_entries(ledger))[-1]["tolerances"]["run_throughput_error"] == "stall-free"
+    assert data["rejudges"] == 1 and data["rules"]["from"] == f"plan {stated['seq']}"
+    assert window["rules"]["from"] == "defaults" and window["rules"]["default_tolerances"]
     runs = {r["run_id"]: r for r in data["runs"]}
     # not scored without --run-error stall-free, and said so (no silent null)
     assert all(r["stall_free_error_pct"] == "not_computed (--run-error stall-free computes it)" for r in window["runs"])
@@ -458,8 +469,7 @@ def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, sh
     assert all(r["stall_free_error_pct"].startswith("cannot be computed") for r in plain["runs"]
                if observed[r["run_id"]] is None)
     assert any(value is not None for value in observed.values())
-    bad = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
-              "--run-error", "median")
+    bad = cli("ledger", "plan", "--note", "n", "--ledger", ledger, "--run-error", "median")
     assert bad.exit_code == 2 and "window, stall-free" in bad.stderr
 
 
@@ -500,7 +510,7 @@ def test_a_plan_states_the_tolerances_before_and_the_judgements_under_it_cite_it
     entry = list(read_entries(ledger))[-1]
     assert entry["plan_seq"] == 1 and entry["tolerances"] == plan["tolerances"]
     # The plan fixes the rules: giving them again, or citing something that is not a plan, is refused unrecorded.
-    for args, message in ((("--plan", "1", "--tolerance-mape-pp", "1"), "fixes the tolerances"),
+    for args, message in ((("--plan", "1", "--tolerance-mape-pp", "1"), "rules come from a plan"),
                           (("--plan", "2"), "not a plan"), (("--plan", "99"), "has no entry")):
         refused = cli("evaluate", candidate, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
                       *args)
@@ -789,23 +799,31 @@ def test_a_plan_is_refused_for_a_candidate_already_judged_and_a_reused_id_warns(
     late = cli("ledger", "plan", "--note", "looser rules", "--candidate", harmful, "--tolerance-mape-pp", "5",
                "--ledger", ledger)
     assert late.exit_code == 2 and "already judged: ledger entry 1 (rejected" in late.stderr
-    assert "new candidate" in late.stderr and len(list(read_entries(ledger))) == 1
-    # The same id with another text: judged, with a warning that the id now names two changes.
+    assert "--rejudge 1" in late.stderr and len(list(read_entries(ledger))) == 1
+    # The same change under another id and file is the same judgement: refused, naming entry 1 (#22's walkthrough).
+    copy = experiments / "free-links-copy.toml"
+    copy.write_text(HARMFUL.replace('id = "free-links"', 'id = "free-links-copy"'))
+    refused = cli("evaluate", copy, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json")
+    assert refused.exit_code == 2 and "ledger entry 1 already judged this change" in json.loads(refused.stdout)[
+        "error"]["message"]
+    # The same id with another change: judged, with a warning that the id now names two changes.
     edited = experiments / "harmful2.toml"
-    edited.write_text(HARMFUL.replace("cost nothing", "cost nothing at all"))
+    edited.write_text(HARMFUL.replace('action = "remove"\nterm = "link_transfer"\n',
+                                      'action = "set"\nterm = "link_transfer"\nparams = { measured_weight = 0.5 }\n'))
     again = cli("evaluate", edited, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json")
-    assert again.exit_code == 1
+    assert again.exit_code in (0, 1), again.output
     [warning] = [w for w in json.loads(again.stdout)["warnings"] if "judged before" in w]
     assert "'free-links' was judged before with another text (ledger entry 1)" in warning
     # The very same text on the same model and fixtures once more: refused (#22: it would only repeat entry 1) ...
     refused = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json")
     assert refused.exit_code == 2 and "ledger entry 1 already judged" in json.loads(refused.stdout)["error"]["message"]
     assert len(list(read_entries(ledger))) == 2
-    # ... unless --again: then recorded, and said to repeat
+    # ... unless --again (the same rules): then recorded, and said to repeat
     repeat = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json",
                  "--again")
     assert repeat.exit_code == 1 and len(list(read_entries(ledger))) == 3
-    assert any("ledger entry 1 already judged this candidate text on this model and fixture set (rejected)" in w
+    assert json.loads(repeat.stdout)["repeat_of"] == 1
+    assert any("ledger entry 1 already judged this change on this model and fixture set (rejected" in w
                for w in json.loads(repeat.stdout)["warnings"])
 
 

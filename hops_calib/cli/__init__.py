@@ -303,7 +303,8 @@ OFF_RECORD_OPTION = typer.Option(
                                 "that moves no run is never committed).")
 PLAN_OPTION = typer.Option(
     None, "--plan", help="Judge under the tolerances of this ledger plan entry (`ledger plan`), stated beforehand; "
-                         "cited in the entry. No tolerance option with it.")
+                         "cited in the entry. Without it a judgement is under the defaults (recorded as such); the "
+                         "tolerance options are refused on a judgement: put them in the plan.")
 
 
 # Give a command the tolerance options; it takes them as its `tolerances` parameter (a dict).
@@ -378,14 +379,15 @@ def evaluate(
     tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
     plan: Optional[int] = PLAN_OPTION,
     off_record: bool = OFF_RECORD_OPTION,
-    again: bool = typer.Option(False, "--again", help="Judge a candidate text the ledger already judged on this "
-                                                      "model and fixture set (refused otherwise: it would repeat it)."),
+    again: bool = typer.Option(False, "--again", help="Judge again a change the ledger already judged on this model "
+                                                      "and fixture set, under the same rules (refused otherwise: it "
+                                                      "would repeat it; other rules need `ledger plan --rejudge`)."),
 ) -> None:
     """Score the model on the train split; with a candidate, gate it and record the answer.
 
     Exit 0 accepted (or no candidate), 1 rejected, 2 invalid input, 4 refused: the store is not the one the model
-    was calibrated on, or the candidate moves no run (see README, exit codes). Tolerances default to
-    hops_calib.loop.gate.Tolerances.
+    was calibrated on, or the candidate moves no run (see README, exit codes). A judgement is under the gate's
+    defaults (hops_calib.loop.gate.Tolerances) or, with --plan N, under plan N's tolerances.
     """
     from hops_calib.cli.loop import evaluate_command
 
@@ -488,14 +490,19 @@ def ledger_plan(
     candidate: Optional[list[Path]] = typer.Option(
         None, "--candidate", help="A candidate file the plan is for (repeatable): pinned by its text's sha256, so "
                                   "evaluate --plan N refuses any other candidate, an edited one included."),
+    rejudge: Optional[int] = typer.Option(
+        None, "--rejudge", help="The ledger entry (seq) of an earlier judgement of the same change, judged again under "
+                                "this plan's rules; required to judge a change the ledger already judged on that "
+                                "model and store."),
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the entry as JSON."),
     tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
 ) -> None:
-    """Record, before any of its evaluations, what will be tried and the tolerances it will be judged under."""
+    """Record, before any of its evaluations, what will be tried and the tolerances it will be judged under (the only
+    way to judge under tolerances other than the defaults)."""
     from hops_calib.cli.loop import ledger_plan_command
 
-    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ())))
+    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ()), rejudge))
 
 
 @ledger_app.command("looks")
@@ -647,13 +654,14 @@ def tune(
         None, "--only", help="Search only this parameter (repeatable); the others keep the model's values."),
     ledger: Path = LEDGER_OPTION,
     off_record: bool = OFF_RECORD_OPTION,
+    split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
 ) -> None:
     """Optuna study over one term's parameters on the train split; writes the chosen Pareto point as a candidate
     (experiments/ID.toml). Exit 0 written, 1 none (no trial beats the model: status no_candidate), 4 off the record."""
     from hops_calib.cli.research import tune_command
 
     raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
-                                  objective, tuple(only or ()), ledger, off_record))
+                                  objective, tuple(only or ()), ledger, off_record, split))
 
 
 @app.command()
@@ -674,12 +682,13 @@ def crossval(
                                                         "out first: one value for every device."),
     also: Optional[List[str]] = typer.Option(
         None, "--also", help="Another term's parameter refit together with TERM's, as TERM:PARAM (repeatable)."),
+    split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
 ) -> None:
     """Refit one term without each fold of train configurations and predict that fold: held-out error from train."""
     from hops_calib.cli.research import crossval_command
 
     raise typer.Exit(crossval_command(term, fixtures, model, folds, evaluations, seed, as_json, objective,
-                                      tuple(only or ()), shared, tuple(also or ())))
+                                      tuple(only or ()), shared, tuple(also or ()), split))
 
 
 def main() -> None:

@@ -214,9 +214,10 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
                      plan: int | None = None, off_record: bool = False, again: bool = False) -> int:
     def run() -> int:
         from hops_calib.loop.evaluate import evaluate
+        from hops_calib.loop.gate import Tolerances
         from hops_calib.progress import progress_bar
 
-        limits = _limits(tolerances, "evaluate", ledger_path, plan)
+        limits = _limits(tolerances, "evaluate", ledger_path, plan, judged=candidate is not None)
         with progress_bar("evaluate", quiet=as_json) as progress:
             result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
                               ledger_path=ledger_path, commit=commit, split=split, plan=plan, progress=progress,
@@ -232,7 +233,9 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
                          result.before.suite)
             _print_left_out(result.left_out)
             print(f"model file {result.model_path}; ledger {result.ledger_path or '(none: no checkout)'}")
-            print(f"tolerances a candidate must meet: {limits.describe()}")
+            print(f"tolerances a candidate must meet: {limits.describe()}"
+                  + (" (the defaults; other rules only from a plan: hops-calib ledger plan)"
+                     if limits == Tolerances() else ""))
             return EXIT_OK
         _print_candidate(result)
         return result.exit_code
@@ -240,11 +243,23 @@ def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | 
     return guarded(run, as_json)
 
 
-def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: Path | None, plan: int | None):
-    """The tolerances of a judgement: the options given, or, with --plan N, plan N's (and then no option)."""
+def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: Path | None, plan: int | None,
+            judged: bool):
+    """The tolerances of a judgement: the defaults, or, with --plan N, plan N's; tolerance options only where
+    nothing is judged (plain evaluate: --run-error stall-free scores the stall-free error). A judgement's rules other
+    than the defaults are stated beforehand in a plan (`ledger plan`), never given with the judgement."""
+    from hops_calib.cli import TOLERANCE_OPTIONS
+
+    given = [name for name, value in tolerances.items() if value is not None]
+    if judged and given:
+        flags = [flag for name, flag, *_ in TOLERANCE_OPTIONS if name in given]
+        raise InputError(verb, f"{', '.join(flags)}: a judgement's rules come from a plan recorded before it, not "
+                         "from options of the judging command", field=flags[0],
+                         hint="state them first: hops-calib ledger plan --note WHY --candidate FILE "
+                              + " ".join(f"{flag} ..." for flag in flags)
+                              + f" (--rejudge SEQ if the change was judged before), then {verb} ... --plan N")
     if plan is None:
         return _tolerance_limits(tolerances, verb)
-    given = [name for name, value in tolerances.items() if value is not None]
     if given:
         raise InputError(verb, f"--plan {plan} fixes the tolerances; {', '.join(given)} given as well", field="plan",
                          hint="drop the tolerance options: the plan's are the ones stated beforehand")
@@ -336,7 +351,7 @@ def compare_command(before: Path, fixtures: Path, model_path: Path | None, note:
         from hops_calib.loop.compare import compare
         from hops_calib.progress import progress_bar
 
-        limits = _limits(tolerances, "compare", ledger_path, plan)
+        limits = _limits(tolerances, "compare", ledger_path, plan, judged=True)
         with progress_bar("compare", quiet=as_json) as progress:
             result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
                              note=note, commit_into=commit_into, plan=plan, progress=progress,
@@ -463,8 +478,13 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
         entries = list(read_entries(ledger_path))
         if last is not None:
             entries = entries[-last:] if last > 0 else []
+        from hops_calib.loop.plans import judgement_notes
+
+        notes = judgement_notes(list(read_entries(ledger_path)))
         if as_json:
-            print_json({"ledger": str(ledger_path), "entries": entries})
+            print_json({"ledger": str(ledger_path), "entries": entries,
+                        "judgements": {str(seq): note for seq, note in notes.items()
+                                       if seq in {e.get("seq") for e in entries}}})
             return EXIT_OK
         if not entries:
             print(f"{ledger_path}: no entries")
@@ -472,6 +492,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             aggregates_before, aggregates_after = e.get("aggregates_before") or {}, e.get("aggregates_after") or {}
             if e.get("kind") == "plan":
                 what = f"plan: {e.get('note', '')}" + "".join(f" [pins {c.get('id')}]" for c in e.get("candidates", []))
+                what += f" [rejudges entry {e['rejudges']}]" if e.get("rejudges") is not None else ""
             elif e.get("kind") == "report":
                 aggregates = e.get("aggregates", {})
                 what = (f"report {e.get('split')}: MAPE {aggregates.get('throughput_mape_pct', float('nan')):.2f} %, "
@@ -489,28 +510,49 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
                         f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
                         f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
                         + (", committed" if e.get("committed") else ""))
-            if e.get("plan_seq") is not None:
-                what += f" (under plan {e['plan_seq']})"
+            note = notes.get(e.get("seq"))
+            if note is not None:
+                what += _judgement_note(note)
             print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', e.get('kind', '')):9} {what}")
         return EXIT_OK
 
     return guarded(run, as_json)
 
 
+def _judgement_note(note: dict[str, Any]) -> str:
+    """`ledger show`'s words on a judgement's rules, earlier judgements of its change and the model file written."""
+    from hops_calib.loop.gate import Tolerances
+
+    text = f" (under {note['rules']})" if note["rules"] != "defaults" else " (default rules)"
+    if note["tolerances"]:
+        text += f" [tolerances: {Tolerances(**note['tolerances']).describe()}]"
+    if note["rejudges"] is not None:
+        text += f"; judges again the change of entry {note['rejudges']}"
+    elif note["earlier_judgements"]:
+        text += "; the same change was judged in entry " + ", ".join(map(str, note["earlier_judgements"]))
+    if note["model_written"]:
+        text += f"; wrote {note['model_written']}"
+        if note["model_outside_checkout"]:
+            text += " (WARNING: not a checkout's model file)"
+    return text
+
+
 def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[str, float | str | None], as_json: bool,
-                        candidates: tuple[Path, ...] = ()) -> int:
+                        candidates: tuple[Path, ...] = (), rejudges: int | None = None) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
         from hops_calib.loop.plans import record_plan
 
         limits = _tolerance_limits(tolerances, "ledger plan")
-        entry = record_plan(ledger_path, note, limits, candidates)
+        entry = record_plan(ledger_path, note, limits, candidates, rejudges)
         if as_json:
             print_json(entry)
         else:
             print(f"plan entry {entry['seq']} appended to {ledger_path}: {note}")
             print(f"tolerances stated: {limits.describe()}")
+            if entry.get("rejudges") is not None:
+                print(f"judges again the change of ledger entry {entry['rejudges']} (the new entry links to it)")
             for pinned in entry.get("candidates", []):
                 print(f"candidate pinned: {pinned['id']} ({pinned['path']}, text sha256 {pinned['text_sha256'][:12]})")
             print(f"judge under it with: hops-calib evaluate CANDIDATE --plan {entry['seq']} | "

@@ -20,7 +20,7 @@ def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json
 def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
                  study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
                  objective: str = "suite", only: tuple[str, ...] = (), ledger: Path | None = None,
-                 off_record: bool = False) -> int:
+                 off_record: bool = False, split: str = "train") -> int:
     """Exit 0 a candidate written, 1 none (status no_candidate: no trial beats the model), 4 off the record."""
     from hops_calib.research.tune import tune, tune_text
 
@@ -28,17 +28,17 @@ def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int
                          lambda bar: tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
                                           study_name=study, workers=workers, seed=seed, out=out,
                                           progress=bar.update, objective=objective, only=only, ledger_path=ledger,
-                                          off_record=off_record),
+                                          off_record=off_record, split=split),
                          tune_text)
 
 
 def crossval_command(term: str, fixtures: Path, model_path: Path | None, folds: int, evaluations: int, seed: int,
                      as_json: bool, objective: str = "suite", only: tuple[str, ...] = (), shared: bool = False,
-                     also: tuple[str, ...] = ()) -> int:
+                     also: tuple[str, ...] = (), split: str = "train") -> int:
     from hops_calib.research.crossval import crossval, crossval_text
 
     return run_and_print(f"crossval {term}", as_json,
                          lambda bar: crossval(term, fixtures, model_path=model_path, folds=folds,
                                               evaluations=evaluations, seed=seed, objective=objective, only=only,
-                                              shared=shared, also=also, progress=bar.update),
+                                              shared=shared, also=also, progress=bar.update, split=split),
                          crossval_text)

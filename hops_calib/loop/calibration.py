@@ -19,7 +19,7 @@ judged where the part of the model it changes was calibrated:
 A store holds that fixture set when its train split has the same `fixture_set_sha256`, or the same run ids (the
 same runs re-ingested: said as a warning), or, for an entry older than these fields, the same device types and
 number of runs. Entries older than `fixture_devices` count for the device types their change named. A ledger
-with no committed change calibrates nothing: any store may start it. `OffRecord` is the refusal (exit 2);
+with no committed change calibrates nothing: any store may start it. `OffRecord` is the refusal (exit 4);
 `evaluate/compare/tune --off-record` judge anyway and mark the entry.
 """
 
@@ -46,6 +46,11 @@ class Scope:
     term: str | None = None  # the term whose shared values (or presence) change; None for device-only changes
     devices: tuple[str, ...] = ()  # device types whose own values change (NAME@TYPE, a device constant)
     whole_model: bool = False  # compare: any part
+
+    @property
+    def was(self) -> str:
+        """The verb that agrees with `describe()` ("the model ... was", "the shared values ... were")."""
+        return "was" if self.whole_model else "were"
 
     def describe(self) -> str:
         if self.whole_model:
@@ -105,7 +110,7 @@ class FixtureSet:
     entries: tuple[int, ...]
 
     def describe(self) -> str:
-        where = f", store {self.path}" if self.path else ""
+        where = f", store {self.path}{'' if Path(self.path).is_dir() else ' (no longer there)'}" if self.path else ""
         devices = f" on {', '.join(self.devices)}" if self.devices else ""
         runs = f"{self.n_runs} train runs" if self.n_runs is not None else "train runs"
         seqs = self.entries
@@ -116,7 +121,13 @@ class FixtureSet:
 
     def to_dict(self) -> dict[str, Any]:
         return {"fixture_set_sha256": self.sha256, "n_runs": self.n_runs, "devices": list(self.devices),
-                "fixtures": self.path, "ledger_entries": list(self.entries)}
+                "fixtures": self.path if self.path else NO_PATH, "fixtures_exists": bool(self.path) and
+                Path(self.path).is_dir(), "ledger_entries": list(self.entries)}
+
+
+# What `calibrated_on.fixtures` says when no entry judged on the fixture set recorded its store's path.
+NO_PATH = ("not recorded: no ledger entry judged on this fixture set names its store (entries before issue #22 did "
+           "not); a store whose train split holds the same runs is that fixture set")
 
 
 def _committed_changes(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -218,8 +229,12 @@ def read_record(ledger_path: Path | str | None) -> Record:
     """The calibration record of the ledger at `ledger_path` (empty when there is none)."""
     from hops_calib.loop.ledger import read_entries
 
-    changes = _committed_changes(read_entries(ledger_path)) if ledger_path is not None else []
+    entries = list(read_entries(ledger_path)) if ledger_path is not None else []
+    changes = _committed_changes(entries)
     _compare_scopes(changes)
+    # A store's path is provenance (the fixture set's sha256 is its identity): the latest any judgement recorded.
+    paths = {e["fixture_set_sha256"]: e["fixtures"] for e in entries
+             if e.get("kind") in ("evaluate", "compare") and e.get("fixture_set_sha256") and e.get("fixtures")}
     grouped: dict[str, list[dict[str, Any]]] = {}
     for entry in changes:
         grouped.setdefault(entry["fixture_set_sha256"], []).append(entry)
@@ -232,7 +247,7 @@ def read_record(ledger_path: Path | str | None) -> Record:
             runs = tuple(entry["fixture_runs"]) if entry.get("fixture_runs") else runs
             path = entry.get("fixtures") or path
         sets[sha] = FixtureSet(sha256=sha, n_runs=group[-1].get("n_fixtures"), runs=runs,
-                               devices=tuple(sorted(devices)), path=path,
+                               devices=tuple(sorted(devices)), path=paths.get(sha, path),
                                entries=tuple(e["seq"] for e in group))
     return Record(changes=tuple(changes), sets=sets)
 
@@ -278,7 +293,7 @@ def check_store(record: Record, scope: Scope, suite, verb: str, *, off_record: b
         how = "same device types and run count"
     if how and how != "same fixture set":
         warnings.append(f"{suite.fixtures_dir}: fixture set {suite.sha256[:12]} is not the {calibrated.describe()} "
-                        f"{scope.describe()} was calibrated on, but holds {how.replace('same', 'the same')} "
+                        f"{scope.describe()} {scope.was} calibrated on, but holds {how.replace('same', 'the same')} "
                         "(re-ingested or recaptured): judged as the same runs")
     if how:
         return Check(scope, calibrated, why, True, how, False, tuple(warnings))
@@ -288,7 +303,8 @@ def check_store(record: Record, scope: Scope, suite, verb: str, *, off_record: b
     if not off_record:
         raise OffRecord(verb, message, field="fixtures",
                         hint=(f"judge it on that store: --fixtures {calibrated.path}" if calibrated.path else
-                              "judge it on that store (--fixtures DIR of the runs named)")
+                              "judge it on a store of those runs (--fixtures DIR); the ledger records no path for "
+                              "it (entries before issue #22 did not: the next judgement there records one)")
                         + "; or, to judge it here anyway and mark the ledger entry off_record, --off-record")
     return Check(scope, calibrated, why, False, "", True, (f"judged off the record (--off-record): {message}",))
 
@@ -298,7 +314,7 @@ def refuse_unmoved(runs_moved: Sequence[str], n_runs: int, what: str, verb: str,
     nothing, and commit a value no run tested."""
     if runs_moved:
         return
-    where = (f"; {check.scope.describe()} was calibrated on {check.calibrated.describe()}"
+    where = (f"; {check.scope.describe()} {check.scope.was} calibrated on {check.calibrated.describe()}"
              if check is not None and check.calibrated is not None else "")
     raise OffRecord(verb, f"{what} moves none of the {n_runs} runs' predictions on this store: a judgement here "
                     f"would test nothing{where}", field="fixtures",

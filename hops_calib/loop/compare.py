@@ -12,7 +12,7 @@ from hops_calib.loop.evaluate import fixture_fields, floor_excess, per_run_chang
 from hops_calib.loop.gate import GateResult, Tolerances, gate
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
-from hops_calib.loop.plans import check_plan
+from hops_calib.loop.plans import check_plan, check_rejudgement, refuse_unplanned_rules, rules
 from hops_calib.loop.suite import ModelScore, TRAIN, load_suite, score_model, stall_series
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
@@ -58,6 +58,8 @@ class Comparison:
                                  "sha256": self.after_model.sha256},
                 "base_model": {"path": str(self.before_path), "sha256": self.before_model.sha256},
                 "ledger_path": str(self.ledger_path), "warnings": list(self.warnings),
+                "rules": self.ledger_entry.get("rules"), "rejudges": self.ledger_entry.get("rejudges"),
+                "earlier_judgements": self.ledger_entry.get("earlier_judgements", []),
                 "note": self.note, "before": self.before.suite.to_dict(), "after": self.after.suite.to_dict(),
                 "stall_noise": floor_excess(self.before, self.after),
                 **self.verdict.to_dict(),
@@ -94,6 +96,7 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
 
     ledger_path = resolve_ledger(ledger_path)
     check_appendable(ledger_path)
+    refuse_unplanned_rules(tolerances, plan, "compare")
     if plan is not None:
         check_plan(ledger_path, plan, tolerances, "compare")
 
@@ -112,7 +115,10 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     scope = calibration.scope_of_models(before_model, after_model)
     check = calibration.check_store(calibration.read_record(ledger_path), scope, suite, "compare",
                                     off_record=off_record)
-    warnings = list(check.warnings)
+    links, repeated = check_rejudgement(list(ledger.read_entries(ledger_path)), "compare", before_model.sha256,
+                                        after_model.sha256, suite.sha256, tolerances, plan, False,
+                                        f"the move {before_path} -> {after_path}", str(after_path), ledger_path)
+    warnings = [*repeated, *check.warnings]  # the off-record reason, when there is one, stays last
     progress.start(2 * len(suite.ids))
     series = stall_series(suite) if tolerances.stall_free else None
     before = score_model(suite, before_model, origin=str(before_path), progress=progress, stall_free=series)
@@ -141,6 +147,8 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
         "aggregates_after": after.suite.to_dict(),
         **verdict.to_dict(),
         **({"plan_seq": plan} if plan is not None else {}),
+        "rules": rules(plan, tolerances),
+        **links,
         **({"off_record": True, "off_record_reason": warnings[-1]} if check.off_record or unmoved else {}),
         "code_revision": code_revision(),
     }

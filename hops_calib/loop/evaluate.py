@@ -6,6 +6,7 @@ This module returns results; `hops_calib.cli.loop` prints them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -15,7 +16,7 @@ from hops_calib.loop.candidate import Candidate, read_candidate
 from hops_calib.loop.gate import GateResult, Tolerances, gate
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
-from hops_calib.loop.plans import check_plan, judgements
+from hops_calib.loop.plans import check_plan, check_rejudgement, judgements, refuse_unplanned_rules, rules
 from hops_calib.loop.suite import ModelScore, TRAIN, load_suite, refuse_test_split, score_model, stall_series
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
@@ -78,6 +79,10 @@ class Evaluation:
                 "candidate": candidate_record(self.candidate),
                 "candidate_model_sha256": self.candidate_model.sha256,
                 "plan_seq": self.ledger_entry.get("plan_seq"),
+                "rules": self.ledger_entry.get("rules"),
+                "earlier_judgements": self.ledger_entry.get("earlier_judgements", []),
+                "rejudges": self.ledger_entry.get("rejudges"),
+                "repeat_of": self.ledger_entry.get("repeat_of"),
                 "before": self.before.suite.to_dict(),
                 "after": self.after.suite.to_dict(),
                 **self.verdict.to_dict(),
@@ -120,11 +125,14 @@ def per_run_changes(before: ModelScore, after: ModelScore, moved: Sequence[str],
     """Per run: the base model's and the scored model's errors (window and steady throughput, bubble, stall-free)
     and their difference (after - before; of the signed errors, and of the absolute ones the gate reads)."""
     after_by_id = {r.run_id: r for r in after.runs}
+    after_phases = dict(zip((r.run_id for r in after.runs), after.phases))
     rows = []
-    for old in before.runs:
+    for old, was_phases in itertools.zip_longest(before.runs, before.phases):
         new = after_by_id[old.run_id]
         row: dict[str, Any] = {"run_id": old.run_id, "moved": old.run_id in moved, "before": {}, "after": {},
                                "delta": {}, "abs_delta": {}}
+        if row["moved"] and was_phases is not None and old.run_id in after_phases:
+            row["phases_moved"] = phase_changes(was_phases, after_phases[old.run_id])
         for field in RUN_ERRORS:
             was, now = (_error_value(r, field, stall_free_computed) for r in (old, new))
             row["before"][field], row["after"][field] = was, now
@@ -133,6 +141,27 @@ def per_run_changes(before: ModelScore, after: ModelScore, moved: Sequence[str],
             row["abs_delta"][field] = abs(now) - abs(was) if numbers else row["delta"][field]
         rows.append(row)
     return rows
+
+
+def phase_name(quantity: str, stage: int | None) -> str:
+    """A phase duration's name in the JSON: 'stage 2 forward_ms', 'silent_ms (median)', 'silent_ms (mean)'."""
+    part, _, how = quantity.partition(".")
+    if stage is not None:
+        return f"stage {stage} {part}_ms"
+    return f"{part}_ms ({'mean over iterations' if how == 'mean' else 'median'})"
+
+
+def phase_changes(before: dict[tuple[str, int | None], float], after: dict[tuple[str, int | None], float]
+                  ) -> dict[str, dict[str, float]]:
+    """The predicted phase durations that changed (a stage's forward/backward per microbatch and optimizer step,
+    the iteration's span, silent stretch, optimizer and rest), before and after, ms: the mechanism half of a
+    hypothesis, checked run by run."""
+    out = {}
+    for key, was in before.items():
+        now = after.get(key)
+        if now is not None and abs(now - was) > 1e-9 * max(abs(now), abs(was), 1e-12):
+            out[phase_name(*key)] = {"before": was, "after": now, "delta": now - was}
+    return out
 
 
 def floor_excess(before: ModelScore, after: ModelScore | None = None) -> dict[str, Any]:
@@ -178,36 +207,15 @@ def _reused_id(judged: Sequence[dict[str, Any]], candidate: Candidate) -> list[s
             f"{seqs}): give a changed candidate a new id, so each id names one change in the ledger"]
 
 
-def _repeated_judgement(judged: Sequence[dict[str, Any]], candidate: Candidate, model_sha256: str,
-                        fixture_set_sha256: str, again: bool) -> list[str]:
-    """Refuse a judgement the ledger already holds (this very candidate text, on this model and these fixtures):
-    a second entry would only repeat the first, and `--commit` belongs on the judging evaluation, not on a second
-    one. With `again` it is judged and recorded anyway, with a notice."""
-    same = [e for e in judged
-            if e["candidate"].get("text") == candidate.text and e.get("model_sha256_before") == model_sha256
-            and e.get("fixture_set_sha256") == fixture_set_sha256]
-    if not same:
-        return []
-    last = same[-1]
-    if not again:
-        raise InputError(candidate.origin, f"ledger entry {last.get('seq')} already judged this candidate text on this "
-                         f"model and fixture set ({last.get('decision')}"
-                         f"{', committed' if last.get('committed') else ', not committed'}); a second evaluation "
-                         "would only repeat it", field="candidate",
-                         hint="--commit goes on the judging evaluation; to land a change judged without it, give it "
-                              "a new id (a new file) and evaluate that with --commit, or pass --again to judge and "
-                              "record this one once more")
-    return [f"{candidate.origin}: ledger entry {last.get('seq')} already judged this candidate text on this model and "
-            f"fixture set ({last.get('decision')}); this evaluation repeats it (--again) and is recorded as another "
-            "entry"]
-
-
 def _other_checkouts(model_path: Path, ledger_path: Path | str) -> list[str]:
     """A warning when the model file and the ledger lie in two different checkouts: the ledger would record a
     judgement of a model whose history it does not hold."""
     from hops_calib.loop.ledger import checkout_of
 
     model_home, ledger_home = checkout_of(model_path), checkout_of(ledger_path)
+    if model_home is None and ledger_home is not None:
+        return [f"the model {model_path} lies outside any checkout, the ledger {ledger_path} in {ledger_home}: the "
+                "ledger records a judgement (and with --commit a change) of a file that is not the checkout's model"]
     if model_home is None or ledger_home is None or model_home == ledger_home:
         return []
     return [f"the model {model_path} is in the checkout {model_home}, the ledger {ledger_path} in {ledger_home}: "
@@ -241,7 +249,9 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     A candidate is judged only on the runs the part of the model it changes was calibrated on (the ledger's record,
     `hops_calib.loop.calibration`), and only when it moves at least one run's prediction there; `off_record`
     judges it anyway and marks the entry (a change that moves no run is never committed). `again`: judge a
-    candidate text the ledger already judged on this model and fixture set (refused otherwise).
+    change the ledger already judged on this model and fixture set once more under the same rules (refused
+    otherwise; other rules need a plan naming the earlier judgement: `hops_calib.loop.plans.check_rejudgement`).
+    `tolerances` other than the defaults only with `plan` (`plans.refuse_unplanned_rules`).
     """
     from hops_calib.loop import calibration
     from hops_calib.loop.ledger import default_ledger
@@ -268,6 +278,8 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
             ledger_path = default_ledger()
         except InputError:
             ledger_path = None
+    if candidate is not None:
+        refuse_unplanned_rules(tolerances, plan, "evaluate")
     if plan is not None:
         check_plan(ledger_path, plan, tolerances, "evaluate", candidate)
     model_path = Path(model_path) if model_path is not None else default_model()
@@ -280,9 +292,15 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         warnings += _stem_is_id(candidate) + _reused_id(judged, candidate)
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suite(fixtures_dir, split)
-    check = None
+    check, links = None, {}
     if candidate is not None:
-        warnings += _repeated_judgement(judged, candidate, model.sha256, suite.sha256, again)
+        from hops_calib.loop.ledger import read_entries
+
+        links, repeated = check_rejudgement(list(read_entries(ledger_path)), "evaluate", model.sha256,
+                                            candidate_model.sha256, suite.sha256, tolerances, plan, again,
+                                            f"candidate {candidate.id} ({candidate.change.describe()})",
+                                            candidate.origin, ledger_path)
+        warnings += repeated
         check = calibration.check_store(calibration.read_record(ledger_path),
                                         calibration.scope_of_change(candidate.change), suite, "evaluate",
                                         off_record=off_record)
@@ -325,8 +343,9 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
         **verdict.to_dict(),
         "committed": bool(commit and verdict.accepted),
         **({"plan_seq": plan} if plan is not None else {}),
+        "rules": rules(plan, tolerances),
+        **links,
         **({"off_record": True, "off_record_reason": warnings[-1]} if marked else {}),
-        **({"repeat_of_judgement": True} if again and any("(--again)" in w for w in warnings) else {}),
         "code_revision": code_revision(),
     }
     if entry["committed"]:

@@ -151,6 +151,9 @@ def left_out_summary(reasons: dict[str, str]) -> dict[str, Any]:
 class ModelScore:
     runs: tuple[RunScore, ...]
     suite: SuiteScore
+    # Per run (in order), the predicted phase durations (`Prediction.phase_ms`): what a candidate's per-run
+    # changes show, so that an agent sees whether the quantity it targeted moved.
+    phases: tuple[dict[tuple[str, int | None], float], ...] = ()
 
 
 def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress = QUIET,
@@ -163,17 +166,18 @@ def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress =
     """
     from hops_calib.model.predict import predict
 
-    runs = []
+    runs, phases = [], []
     for i, (fixture_id, spec, truth) in enumerate(zip(suite.ids, suite.specs, suite.truths)):
         try:
             prediction = predictions[i] if predictions is not None else predict(spec, model)
             runs.append(score_prediction(fixture_id, truth, prediction,
                                          stall_free[i] if stall_free is not None else None, suite.groups[i]))
+            phases.append(prediction.phase_ms(spec))
         except ValueError as error:
             raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
                              ) from None
         progress.advance(fixture_id)
-    return ModelScore(runs=tuple(runs), suite=aggregate(runs))
+    return ModelScore(runs=tuple(runs), suite=aggregate(runs), phases=tuple(phases))
 
 
 def stall_series(suite: Suite) -> tuple[Any, ...]:

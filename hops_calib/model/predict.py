@@ -112,6 +112,25 @@ class Prediction:
 
         return StallRange(at(most), at(fewest), sum(pmf[fewest:most + 1]))
 
+    def phase_ms(self, spec: Spec) -> dict[tuple[str, int | None], float]:
+        """The predicted durations an agent checks a hypothesis on, keyed (quantity, stage; None for the iteration):
+        each stage's forward, backward (per microbatch) and optimizer step, and the iteration's parts (span, silent
+        stretch, optimizer, rest: medians over iterations, as observe compares them) with each part's mean over
+        iterations as `PART.mean` (a random stall placed in some iterations moves it, not the median)."""
+        values: dict[tuple[str, int | None], float] = {}
+        for row in self.stage_phase_ms(spec):
+            values[("forward", row.stage)] = row.forward_ms
+            values[("backward", row.stage)] = row.backward_ms
+            if row.optimizer_ms is not None:
+                values[("optimizer", row.stage)] = row.optimizer_ms
+        parts, series = self.result.iteration_parts(), self.result.iteration_part_series()
+        for part, value in (parts.as_dict().items() if parts is not None else ()):
+            values[(part, None)] = float(value)
+            every = getattr(series, f"{part}_ms", None) if series is not None else None
+            if every is not None and len(every):
+                values[(f"{part}.mean", None)] = float(every.mean())
+        return values
+
     def stage_phase_ms(self, spec: Spec) -> list[StagePhaseMs]:
         pipeline, ranks = self.pipeline, self.pipeline.ranks
         rows = []

@@ -391,13 +391,17 @@ def _also(specs: tuple[str, ...], selected: tuple[str, ...] = (), term_refit: st
 def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None = None, folds: int = DEFAULT_FOLDS,
              evaluations: int = DEFAULT_EVALUATIONS, seed: int = 0, objective: str = "suite",
              only: tuple[str, ...] = (), shared: bool = False, also: tuple[str, ...] = (),
-             progress: Callable[[int, int], None] | None = None) -> CrossValidation:
-    """Refit `term` on K - 1 folds of the train split's configurations and predict the Kth, for each K.
+             progress: Callable[[int, int], None] | None = None, split: str = "train") -> CrossValidation:
+    """Refit `term` on K - 1 folds of the train split's configurations and predict the Kth, for each K (`split`
+    other than train is refused, as by every verb but `report`).
 
     `shared`: take the refit parameters' per-device values (NAME@TYPE) out of the model first, so that one value
     serves every device: does the per-device freedom travel better than a shared value? `also`: other terms'
     parameters ("TERM:PARAM") refit together with the term's, as a move's joint refit is.
     """
+    from hops_calib.loop.suite import refuse_test_split
+
+    refuse_test_split(split, "crossval")
     if evaluations < 1:
         raise InputError("crossval", "--evaluations must be at least 1", field="evaluations")
     problem = load_problem(term, fixtures_dir, model_path, objective, only, command="crossval")  # train only

@@ -304,9 +304,10 @@ def _errors_pct(run: RunRow, throughput_per_s: float, steady_per_s: float) -> tu
             (steady_per_s - real.steady_throughput_per_s) / real.steady_throughput_per_s * 100.0)
 
 
-def part_fixed_errors(run: RunRow, part: str) -> tuple[float, float] | None:
-    """Throughput and steady-throughput error % of `run` with part `part` of its iteration predicted exactly."""
-    residual = run.part_residual_ms(part)
+def part_fixed_errors(run: RunRow, part: str, shift_ms: float | None = None) -> tuple[float, float] | None:
+    """Throughput and steady-throughput error % of `run` with part `part` of its iteration predicted exactly (or,
+    with `shift_ms`, predicted `shift_ms` shorter: a group's bias taken out)."""
+    residual = run.part_residual_ms(part) if shift_ms is None else shift_ms
     if residual is None:
         return None
     predicted = run.prediction.metrics
@@ -319,10 +320,12 @@ def part_fixed_errors(run: RunRow, part: str) -> tuple[float, float] | None:
                        predicted.steady_throughput_per_s * predicted.iteration_time_ms / period)
 
 
-def stages_fixed_errors(run: RunRow, quantity: str, stages: frozenset[int]) -> tuple[float, float] | None:
-    """Errors of `run` simulated again with `quantity` (forward / backward) of `stages` at the real medians.
+def stages_fixed_errors(run: RunRow, quantity: str, stages: frozenset[int], shift_ms: float | None = None
+                        ) -> tuple[float, float] | None:
+    """Errors of `run` simulated again with `quantity` (forward / backward) of `stages` at the real medians (or,
+    with `shift_ms`, at the predicted value less `shift_ms`: a group's bias taken out).
 
-    Each of a rank's model chunks is scaled by real / predicted, so their mean is the real median.
+    Each of a rank's model chunks is scaled by target / predicted, so their mean is the target.
     """
     from hops_calib.sim import simulate
 
@@ -335,6 +338,8 @@ def stages_fixed_errors(run: RunRow, quantity: str, stages: frozenset[int]) -> t
         if row.stage not in stages or real is None:
             continue
         predicted = row.predicted(quantity)
+        if shift_ms is not None:
+            real = max(predicted - shift_ms, 0.0)
         factor = real / predicted if predicted > 0 else None
         if quantity == "forward":
             costs[k] = replace(cost, forward_ms=cost.forward_ms * factor if factor is not None
@@ -371,12 +376,14 @@ class Contributor:
     steady_contribution_pp: float  # the same on steady-throughput MAPE
     dominant_runs: tuple[dict[str, Any], ...]  # {id, contribution_pp, throughput_error_pct}
     # Bias against noise: the residual's spread over the members, and the spread of the real quantity between
-    # repeats of one configuration (None without repeats), ms; the contribution split by the residual's mean
-    # square, bias^2 + spread^2: the repeat noise (no term can fix it) and the rest (fixable), pp of MAPE.
+    # repeats of one configuration (None without repeats), ms.
     residual_spread_ms: float = math.nan
     noise_ms: float | None = None
+    # The throughput MAPE (window, pp of the suite) that taking the bias out would save: every member's quantity
+    # predicted `residual_ms_mean` shorter (what one term shifting the quantity can do), the runs scored again as
+    # for the contribution. Negative only where errors cancel: the bias offsets another error of those runs.
     fixable_mape_pp: float = math.nan
-    noise_mape_pp: float = 0.0
+    noise_mape_pp: float = 0.0  # the contribution's share that the repeat noise explains (no term can fix it)
     members: tuple[tuple[str, int | None], ...] = ()  # (run id, stage) of the members; stage None for a part
     terms: tuple[dict[str, Any], ...] = ()  # research.pricing.terms_of: the parameters pricing it, and applies
     same_runs: tuple[str, ...] = ()  # other groupings of this quantity carried by the same runs, merged into this one
@@ -460,6 +467,9 @@ def _contributor(quantity: str, level: str, dimension: str, group: str, aliases:
     per_run = (now - fixed) / n_suite
     real = [v for m in members for v in m.real_ms]
     predicted = [v for m in members for v in m.predicted_ms]
+    bias = _mean(p - r for p, r in zip(predicted, real))
+    unbiased = np.abs(np.array([_unbiased_errors(m, quantity, level, bias) for m in members]))
+    fixable = float(((now - unbiased) / n_suite)[:, 0].sum())
     order = np.argsort(-per_run[:, 0], kind="stable")
     dominant = tuple({"id": members[i].run.id, "run_id": members[i].run.id, "contribution_pp": float(per_run[i, 0]),
                       "throughput_error_pct": members[i].run.score.throughput_error_pct}
@@ -473,7 +483,18 @@ def _contributor(quantity: str, level: str, dimension: str, group: str, aliases:
                       if real and _mean(real) > 0 else math.nan),
         contribution_pp=float(per_run[:, 0].sum()), steady_contribution_pp=float(per_run[:, 1].sum()),
         dominant_runs=dominant, carriers=_carriers(members, per_run[:, 0]),
-        **_bias_and_noise(members, float(per_run[:, 0].sum())))
+        **_bias_and_noise(members, float(per_run[:, 0].sum()), fixable))
+
+
+def _unbiased_errors(member: _Member, quantity: str, level: str, bias_ms: float) -> tuple[float, float]:
+    """A member run's throughput and steady errors % with the group's bias taken out of its quantity (its errors as
+    they are where that cannot be computed)."""
+    run = member.run
+    if level == "run":
+        errors = part_fixed_errors(run, quantity, shift_ms=bias_ms)
+    else:
+        errors = stages_fixed_errors(run, quantity, frozenset(member.stages), shift_ms=bias_ms)
+    return errors if errors is not None else (run.score.throughput_error_pct, run.score.steady_throughput_error_pct)
 
 
 def _carriers(members: list[_Member], per_run: np.ndarray) -> tuple[str, ...]:
@@ -493,11 +514,12 @@ def _carriers(members: list[_Member], per_run: np.ndarray) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def _bias_and_noise(members: list[_Member], contribution_pp: float) -> dict[str, Any]:
+def _bias_and_noise(members: list[_Member], contribution_pp: float, fixable_pp: float) -> dict[str, Any]:
     """The residual's mean (bias) and spread over the members, the real quantity's spread between repeats of one
-    configuration (pooled over configurations run more than once: noise), and the contribution split by the share
-    of the residual's mean square each explains: noise = min(repeat spread^2, residual spread^2), the rest fixable
-    (a term shifting the quantity fixes the bias, one scaling it with the configuration the rest of the spread)."""
+    configuration (pooled over configurations run more than once: noise; a configuration is the runs' stored
+    group), and the contribution's share the noise explains, by the residual's mean square:
+    min(repeat spread^2, residual spread^2) / (bias^2 + spread^2).
+    `fixable_pp`: the MAPE taking the bias out saves (`_unbiased_errors`)."""
     residuals = np.array([p - r for m in members for p, r in zip(m.predicted_ms, m.real_ms)])
     bias, spread = float(np.mean(residuals)), float(np.std(residuals))
     repeats: dict[tuple[str, int | None], list[float]] = {}
@@ -510,7 +532,7 @@ def _bias_and_noise(members: list[_Member], contribution_pp: float) -> dict[str,
     square = bias ** 2 + spread ** 2
     noise_share = min(noise ** 2, spread ** 2) / square if noise is not None and square > 0 else 0.0
     return {"residual_spread_ms": spread, "noise_ms": noise, "noise_mape_pp": contribution_pp * noise_share,
-            "fixable_mape_pp": contribution_pp * (1.0 - noise_share),
+            "fixable_mape_pp": fixable_pp,
             "noise_from": "repeats in the group" if noise is not None else None,
             "members": tuple((m.run.id, stage) for m in members for stage in m.stages)}
 
@@ -524,8 +546,7 @@ def with_suite_noise(contributor: Contributor, relative_noise: float | None) -> 
     square = contributor.residual_ms_mean ** 2 + contributor.residual_spread_ms ** 2
     share = min(noise ** 2, square) / square if square > 0 else 0.0
     return replace(contributor, noise_ms=noise, noise_from="the suite's repeats (relative)",
-                   noise_mape_pp=contributor.contribution_pp * share,
-                   fixable_mape_pp=contributor.contribution_pp * (1.0 - share))
+                   noise_mape_pp=contributor.contribution_pp * share)
 
 
 def _groupings(keys: list[dict[str, str]]) -> dict[tuple[str, str], tuple[list[int], list[tuple[str, str]]]]:
@@ -738,7 +759,25 @@ class Observation:
                 "by_configuration": list(self.by_configuration),
                 # the same list as ranked, under the name AGENTS.md reads: ranked by fixable_mape_pp
                 "contributors": [c.to_dict() for c in self.ranked],
+                "fields": CONTRIBUTOR_FIELDS,
                 "runs": [r.to_dict() for r in self.runs]}
+
+
+# What a contributor's numbers mean, in observe --json (`fields`), as AGENTS.md says.
+CONTRIBUTOR_FIELDS = {
+    "bias_ms": "the residual's mean over the members: predicted minus real, ms (positive: the model predicts the "
+               "quantity too long, so too low a throughput; negative: too short)",
+    "residual_pct": "bias_ms over the real mean, % (the same sign)",
+    "contribution_pp": "throughput MAPE (window, pp of the suite) removed if the quantity were predicted exactly on "
+                       "the members; negative where its error offsets another",
+    "fixable_mape_pp": "throughput MAPE (pp of the suite) that taking the bias out would save: every member's quantity "
+                       "predicted bias_ms shorter, the runs scored again; negative only where errors cancel (the bias "
+                       "offsets another error of those runs: removing it alone makes MAPE worse)",
+    "noise_mape_pp": "the contribution's share explained by the spread between repeats of one configuration (no term "
+                     "can fix it)",
+    "terms": "every parameter of the terms pricing the quantity (found by nudging each); applies false: nudging it "
+             "moves the quantity of none of the members (tuning it there is in vain)",
+}
 
 
 def error_by_configuration(runs: Sequence[RunRow]) -> tuple[dict[str, Any], ...]:

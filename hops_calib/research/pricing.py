@@ -3,7 +3,9 @@
 For every parameter of every active term (a per-device value NAME@TYPE counts as its own parameter), the model is
 nudged (+10 % of the value, or toward the middle of its bounds from a bound or zero; another of its choices) and
 every run predicted again: the parameter prices a quantity (a stage's forward or backward per microbatch, a part
-of the iteration) of a run when that quantity's prediction moves. A parameter that prices a quantity on some runs
+of the iteration: its median or its value in any iteration, so the random stalls' parameters price the silent
+stretch) of a run when that quantity's prediction moves. No list of parameters is kept by hand: every parameter
+of every active term is nudged. A parameter that prices a quantity on some runs
 but not on a contributor's runs is inert there (a max() that never selects it, a device type absent): tuning it
 for those runs is in vain. Pure computation on predictions: no trace is read.
 """
@@ -46,22 +48,26 @@ def perturbations(model: Model) -> Iterable[tuple[str, str, Model]]:
             yield active.name, name, model.with_term(nudged)
 
 
-def quantities(spec, prediction) -> dict[tuple[str, int | None], float]:
-    """The quantities observe compares, predicted: per stage forward / backward ms, and the iteration's parts."""
-    values: dict[tuple[str, int | None], float] = {}
-    for row in prediction.stage_phase_ms(spec):
-        values[("forward", row.stage)] = row.forward_ms
-        values[("backward", row.stage)] = row.backward_ms
-    parts = prediction.result.iteration_parts()
-    if parts is not None:
-        for part, value in parts.as_dict().items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                values[(part, None)] = float(value)
+def quantities(spec, prediction) -> dict[tuple[str, int | None], tuple[float, ...]]:
+    """The quantities observe compares, predicted (`Prediction.phase_ms`): per stage forward / backward ms, and the
+    iteration's parts, each part as its median and its mean over iterations (a stall placed in some iterations moves
+    the window and those iterations, not the median: its parameters price the part all the same)."""
+    values: dict[tuple[str, int | None], tuple[float, ...]] = {}
+    for (quantity, stage), value in prediction.phase_ms(spec).items():
+        if stage is not None and quantity not in ("forward", "backward"):
+            continue  # observe compares stages by forward and backward only
+        key = (quantity.partition(".")[0], stage)
+        values[key] = values.get(key, ()) + (value,)
+    series = prediction.result.iteration_part_series()  # every iteration: a stall moved to another one moves too
+    for (quantity, stage) in list(values):
+        every = getattr(series, f"{quantity}_ms", None) if series is not None and stage is None else None
+        if every is not None:
+            values[(quantity, stage)] += tuple(map(float, every))
     return values
 
 
-def _moved(a: float, b: float) -> bool:
-    return abs(a - b) > RELATIVE * max(abs(a), abs(b), 1e-12)
+def _moved(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return len(a) != len(b) or any(abs(x - y) > RELATIVE * max(abs(x), abs(y), 1e-12) for x, y in zip(a, b))
 
 
 def pricing(runs, model: Model, progress=None) -> dict[tuple[str, str], set[tuple[str, str, int | None]]]:
@@ -90,14 +96,17 @@ def pricing(runs, model: Model, progress=None) -> dict[tuple[str, str], set[tupl
 
 def terms_of(found: dict[tuple[str, str], set[tuple[str, str, int | None]]], quantity: str,
              members: Iterable[tuple[str, int | None]]) -> list[dict[str, Any]]:
-    """The parameters pricing `quantity` anywhere in the suite, each with whether it applies to `members`
-    ((run id, stage) pairs; stage None for a part of the iteration): whether nudging it moved that quantity there."""
+    """The parameters of every term pricing `quantity` anywhere in the suite, each with whether it applies to
+    `members` ((run id, stage) pairs; stage None for a part of the iteration): whether nudging it moved that quantity
+    there. A pricing term's parameter that moves it nowhere (a max() that never selects it, a shared value every
+    device overrides) is listed too, with applies false: tuning it is in vain."""
     members = set(members)
+    pricing_terms = {term for (term, _), moved in found.items() if any(q == quantity for _, q, _ in moved)}
     rows = []
     for (term, name), moved in found.items():
-        here = {(run, stage) for run, q, stage in moved if q == quantity}
-        if not here:
+        if term not in pricing_terms:
             continue
+        here = {(run, stage) for run, q, stage in moved if q == quantity}
         applies = len(here & members)
         rows.append({"term": term, "param": name, "applies": applies > 0, "members_moved": applies,
                      "members": len(members)})

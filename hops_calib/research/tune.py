@@ -540,8 +540,9 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
          storage_url: str | None = None, study_name: str | None = None, workers: int = 1, seed: int = 0,
          out: Path | str | None = None, progress: Callable[[int, int], None] | None = None,
          objective: str = "suite", only: tuple[str, ...] = (), ledger_path: Path | str | None = None,
-         off_record: bool = False) -> TuneResult:
-    """Tune one term's parameters on the train split and write the chosen point as a candidate file (named by its
+         off_record: bool = False, split: str = "train") -> TuneResult:
+    """Tune one term's parameters on the train split (`split` other than train is refused, as by every verb but
+    `report`) and write the chosen point as a candidate file (named by its
     id: experiments/ID.toml, or --out whose stem becomes the id).
 
     Refused (OffRecord) on a store other than the one the parameters were calibrated on (the ledger's record,
@@ -551,6 +552,9 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
     from hops_calib.loop import calibration
     from hops_calib.loop.ledger import default_ledger
 
+    from hops_calib.loop.suite import refuse_test_split
+
+    refuse_test_split(split, "tune")
     check_run(trials, workers, storage_url)
     problem = load_problem(term, fixtures_dir, model_path, objective, only)
     if ledger_path is None:

@@ -33,7 +33,8 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from hops_calib.metrics import IterationParts, TimelineMetrics, column_iteration_parts, column_metrics
+from hops_calib.metrics import (IterationPartSeries, IterationParts, TimelineMetrics, column_iteration_part_series,
+                                column_iteration_parts, column_metrics)
 from hops_calib.sim.engine import Rows, run_iteration
 from hops_calib.sim.pipeline import Pipeline
 from hops_calib.sim.schedules import AUTO, BB, BW, Programs, build_programs
@@ -104,12 +105,17 @@ class SimResult:
 
     def iteration_parts(self) -> IterationParts | None:
         """The median iteration cut into span, silent stretch, optimizer and rest (the real runs' function)."""
+        return column_iteration_parts(**self._part_columns())
+
+    def iteration_part_series(self) -> IterationPartSeries | None:
+        """Every iteration's parts (the real runs' function): what the median hides, e.g. a stall in some of them."""
+        return column_iteration_part_series(**self._part_columns())
+
+    def _part_columns(self) -> dict[str, np.ndarray]:
         cols = self.columns
-        return column_iteration_parts(
-            iteration=cols["iteration"], is_compute=cols["kind"] == KINDS.index(COMPUTE),
-            is_backward=np.isin(cols["phase"], _BACKWARD_CODES), is_optimizer=cols["phase"] == OPTIMIZER_PHASE,
-            start_ms=cols["start_ms"], end_ms=cols["end_ms"],
-        )
+        return dict(iteration=cols["iteration"], is_compute=cols["kind"] == KINDS.index(COMPUTE),
+                    is_backward=np.isin(cols["phase"], _BACKWARD_CODES), is_optimizer=cols["phase"] == OPTIMIZER_PHASE,
+                    start_ms=cols["start_ms"], end_ms=cols["end_ms"])
 
 
 def _task_ms(pipeline: Pipeline) -> list[list[float]]:
