@@ -48,6 +48,22 @@ class ModelShape:
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
+    # How Megatron builds each layer, when it is not the legacy local GPT layer (`layer_settings_of`). The counts in
+    # hops_calib/model/gpt.py are per GPU: a layer's split weights and heads divide over the tensor-parallel group.
+    tensor_parallel: int = 1  # --tensor-model-parallel-size: each layer's GEMMs and heads split t ways
+    sequence_parallel: bool = False  # --sequence-parallel: the norms, dropouts and residuals split t ways too
+    swiglu: bool = False  # --swiglu: a gated MLP of three h x f matmuls (fc1 writes 2f)
+    num_query_groups: int | None = None  # --group-query-attention --num-query-groups g: g key/value heads
+    normalization: str = "LayerNorm"  # or "RMSNorm" (no bias, no mean)
+    position_embedding: str = "learned_absolute"  # or "rope" (no position table; a rotation of q and k)
+    # "unfused": the score matrix is written and read (attention_score_traffic); "flash": a fused attention kernel
+    # (flash attention, Transformer Engine's fused attention) that keeps the scores on chip, stores none of them
+    attention_kernel: str = "unfused"
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: the query groups under grouped-query attention, else one per attention head."""
+        return self.num_query_groups or self.num_attention_heads
 
     def recomputed_layers(self, layers: int) -> int:
         """How many of a model chunk's `layers` decoder layers redo their whole forward in their backward."""
@@ -79,6 +95,27 @@ class Spec:
     # GPUs per node when the hardware was given as a GPU type (a log's or a run table's), else None.
     gpus_per_node: int | None = None
     collectives: tuple[CollectiveTable, ...] = ()  # the machine's collective benchmark, when it has one
+    # Parallelism besides the pipeline (issue #19). Each stage runs on tp x dp GPUs (ModelShape.tensor_parallel
+    # is tp): dp replicas of its tensor-parallel group, which run alike, so the simulator prices one of them.
+    dp: int = 1  # data-parallel replicas: world / (tp x pp x cp)
+    distributed_optimizer: bool = False  # --use-distributed-optimizer: grads reduce-scattered, params all-gathered
+    overlap_grad_reduce: bool = False  # --overlap-grad-reduce: bucketed reduction overlapped with the backward
+    overlap_param_gather: bool = False  # --overlap-param-gather: the param all-gather overlapped with the forward
+    # Megatron's --rank-order (tp, cp, ep, dp, pp from fastest to slowest by default): which global ranks form a
+    # stage's tensor-parallel group, its data-parallel groups, and so which of them share a node
+    rank_order: str = "tp-cp-ep-dp-pp"
+    # Ranks time-sharing one device (a CPU capture with more ranks than cores: manifest.yaml's `cores`, the core of
+    # each rank); 1 on a GPU, where every rank has its own
+    ranks_per_device: float = 1.0
+
+    @property
+    def tp(self) -> int:
+        return self.model.tensor_parallel
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the launch: tp x dp per stage."""
+        return self.pp * self.tp * self.dp
     # the node of each stage's device when a job directory names them and has a collective benchmark to price
     # what runs within a node (hops_calib.trace DeviceInfo.node); () otherwise
     nodes: tuple[str, ...] = ()
@@ -91,14 +128,38 @@ class Spec:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"spec {self.run_id}: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
 
+    def rank(self, tp_rank: int = 0, dp_rank: int = 0, pp_rank: int = 0) -> int:
+        """The global rank of GPU (tp_rank, dp_rank, pp_rank) under the launch's rank order."""
+        return global_rank(self.rank_order, {"tp": (tp_rank, self.tp), "dp": (dp_rank, self.dp),
+                                             "pp": (pp_rank, self.pp)})
+
+    def node_of(self, rank: int) -> int | None:
+        return rank // self.gpus_per_node if self.gpus_per_node else None
+
     def same_node(self, stage_a: int, stage_b: int) -> bool | None:
-        """Whether two stages share a node, when the hardware says (a GPU type on nodes of gpus_per_node, pipeline
-        rank r on node r // gpus_per_node; or a job directory's devices with their nodes named); else None."""
+        """Whether two stages' corresponding GPUs (same tp and dp coordinates) share a node, when the hardware says
+        (a GPU type on nodes of gpus_per_node, global rank r on node r // gpus_per_node; or a job directory's devices
+        with their nodes named); else None."""
         if self.gpus_per_node:
-            return stage_a // self.gpus_per_node == stage_b // self.gpus_per_node
+            return all(self.node_of(self.rank(t, d, stage_a)) == self.node_of(self.rank(t, d, stage_b))
+                       for t in range(self.tp) for d in range(self.dp))
         if self.nodes and self.nodes[stage_a] and self.nodes[stage_b]:
             return self.nodes[stage_a] == self.nodes[stage_b]
         return None
+
+    def group_nodes(self, group: str, stage: int = 0) -> tuple[int, int] | None:
+        """(nodes one `group` ("tp" or "dp") of `stage` spans, GPUs of one node in it), or None without nodes.
+
+        Every group of a kind is laid out alike under a rank order, so the first one (the other coordinates 0)
+        stands for all."""
+        if not self.gpus_per_node:
+            return None
+        size = self.tp if group == "tp" else self.dp
+        ranks = [self.rank(k, 0, stage) if group == "tp" else self.rank(0, k, stage) for k in range(size)]
+        nodes: dict[int, int] = {}
+        for rank in ranks:
+            nodes[rank // self.gpus_per_node] = nodes.get(rank // self.gpus_per_node, 0) + 1
+        return len(nodes), max(nodes.values())
 
     def collective(self, op: str, gpus: int) -> CollectiveTable | None:
         """The machine's benchmark table of `op` on `gpus` GPUs, or None."""
@@ -114,10 +175,10 @@ class Spec:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         for name in _OPTIONAL_FIELDS:  # written only when set: the text of specs that do not use them stays as it was
-            if data[name] in (None, ()):
+            if data[name] in (None, ()) or data[name] == _default_of(Spec, name):
                 data.pop(name)
         for name in _OPTIONAL_SHAPE_FIELDS:
-            if data["model"][name] is None:
+            if data["model"][name] is None or data["model"][name] == _default_of(ModelShape, name):
                 data["model"].pop(name)
         for link in data["links"]:
             if not link["intra_node"]:
@@ -143,8 +204,37 @@ class Spec:
 
 
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
-_OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "nodes")
-_OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+_OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "dp", "distributed_optimizer", "overlap_grad_reduce",
+                    "overlap_param_gather", "rank_order", "ranks_per_device", "nodes")
+_OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "tensor_parallel",
+                          "sequence_parallel", "swiglu", "num_query_groups", "normalization", "position_embedding",
+                          "attention_kernel")
+
+
+def _default_of(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def global_rank(order: str, coordinates: dict[str, tuple[int, int]]) -> int:
+    """The global rank of a GPU from its (index, size) per parallel dimension, under a Megatron rank order
+    ("tp-cp-ep-dp-pp": the first dimension varies fastest); dimensions not given have size 1."""
+    rank, stride = 0, 1
+    for dim in order.split("-"):
+        index, size = coordinates.get(dim, (0, 1))
+        rank += index * stride
+        stride *= size
+    return rank
+
+
+def coordinates_of(rank: int, order: str, sizes: dict[str, int]) -> dict[str, int]:
+    """A global rank's index per parallel dimension (`sizes`: size per dimension, absent ones 1) under a rank
+    order: the inverse of `global_rank`."""
+    found = {}
+    for dim in order.split("-"):
+        size = sizes.get(dim, 1)
+        found[dim] = rank % size
+        rank //= size
+    return found
 
 
 # ---------------------------------------------------------------------------
@@ -269,17 +359,22 @@ class Hardware:
             raise ValueError(f"Hardware: gpus_per_node must be a whole number of at least 1, got "
                              f"{self.gpus_per_node!r}")
 
-    def node_of(self, stage: int) -> str | None:
-        """The node stage `stage` runs on: r // gpus_per_node, or the device's named node; None when unknown."""
+    def node_of(self, stage: int, first_ranks: Sequence[int] | None = None) -> str | None:
+        """The node stage `stage` runs on: its first GPU's global rank // gpus_per_node (`first_ranks`, default the
+        stage), or the device's named node; None when unknown."""
         if self.gpu is not None:
-            return str(stage // int(self.gpus_per_node or 1))
+            rank = first_ranks[stage] if first_ranks is not None else stage
+            return str(rank // int(self.gpus_per_node or 1))
         return (self.nodes[stage] or None) if stage < len(self.nodes) else None
 
-    def stages(self, pp: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-        """(device types, device ids, device names) of the pp stages."""
+    def stages(self, pp: int, first_ranks: Sequence[int] | None = None
+               ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """(device types, device ids, device names) of the pp stages; with a GPU type, a stage is named by its first
+        GPU (`first_ranks`: the global rank of each stage's (tp 0, dp 0) GPU; default r for stage r)."""
         if self.gpu is not None:
             per_node = int(self.gpus_per_node or 1)
-            ids = tuple(f"node{rank // per_node}_gpu{rank % per_node}" for rank in range(pp))
+            ranks = list(first_ranks) if first_ranks is not None else list(range(pp))
+            ids = tuple(f"node{rank // per_node}_gpu{rank % per_node}" for rank in ranks)
             return (self.gpu,) * pp, ids, ()
         return self.devices, self.device_ids or tuple(f"stage{k}" for k in range(len(self.devices))), \
             self.device_names
@@ -335,7 +430,7 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
                    links: Sequence[LinkFit] = (), collectives: Sequence[CollectiveTable] = (),
                    configured: str | None = None, schedule_source: Path | str = "manifest.yaml",
                    declared_schedule: str | None = None, iterations: int | None = None,
-                   notes: list[str] | None = None) -> Spec:
+                   notes: list[str] | None = None, ranks_per_device: float = 1.0) -> Spec:
     """The spec of a Megatron launch, from its arguments alone (pure: reads no file).
 
     `args` are Megatron's arguments in their `args.` spelling (as `trace.megatron_args` parses a command line or a
@@ -371,14 +466,15 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     world = args.get("world_size")
     if type(world) is int and world > 0:
         if world % (tp * pp):
-            raise TraceError(source, f"{world} is not a multiple of tp*pp = {tp * pp}", field="world_size")
+            raise TraceError(source, f"{world} is not a multiple of tp*pp = {tp * pp}", field="world_size",
+                             hint="launch tp x pp x dp GPUs")
         dp = world // (tp * pp)
+        given = args.get("data_parallel_size")
+        if type(given) is int and given > 0 and given != dp:
+            raise TraceError(source, f"{given}, but world size {world} / (tp {tp} x pp {pp}) = {dp}",
+                             field="--data-parallel-size", hint="make the parallel sizes multiply to the GPUs")
     else:
         dp = _require_int(args, "data_parallel_size", source, default=1) or 1
-    if dp != 1:  # the launcher's world size says so when the arguments do not (require_modelled reads only them)
-        raise TraceError(source, f"gives data parallel size {dp} (world size {world} / (tp {tp} x pp {pp}))",
-                         field="world_size", hint="the model prices data parallel size 1, no gradient all-reduce "
-                         "across replicas: launch one process per pipeline stage (nnodes x nproc-per-node = pp)")
     micro_batch = _require_int(args, "micro_batch_size", source, default=1, minimum=1)
     global_batch = _require_int(args, "global_batch_size", source, default=micro_batch * dp, minimum=1)
     if global_batch % (micro_batch * dp):
@@ -403,13 +499,16 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         raise TraceError(source, str(err), field="--num-layers",
                          hint="make the layers divide evenly, or fix --decoder-first/last-pipeline-num-layers") from err
 
-    devices, device_ids, names = hardware.stages(pp)
+    rank_order = rank_order_of(args, source)
+    sizes = {"tp": (0, tp), "dp": (0, dp), "pp": (0, pp)}
+    first_ranks = [global_rank(rank_order, {**sizes, "pp": (k, pp)}) for k in range(pp)]
+    devices, device_ids, names = hardware.stages(pp, first_ranks)
     if len(devices) != pp:
         raise TraceError(hardware.source, f"maps {len(devices)} stages but {Path(source).name} says "
                          f"--pipeline-model-parallel-size {pp}", field=hardware.field,
                          hint="the stage counts of the configuration and the stage map must agree")
 
-    links = tuple(links) + _intra_node_links(pp, vp, hardware, links, collectives)
+    links = tuple(links) + _intra_node_links(pp, vp, hardware, links, collectives, first_ranks)
     schedule = configured_schedule(configured, vp, schedule_source)
     precision = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32"
     granularity, method, recompute_layers = recomputation_of(args, source)
@@ -429,10 +528,11 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     # leaves it as it is.
     vocab_key = "padded_vocab_size" if args.get("padded_vocab_size") is not None else "vocab_size"
     vocab = _require_int(args, vocab_key, source, default=0, minimum=1 if vocab_key in args else 0)
+    ffn = _require_int(args, "ffn_hidden_size", source, default=4 * hidden, minimum=1)
     model = ModelShape(
         num_layers=num_layers,
         hidden_size=hidden,
-        ffn_hidden_size=_require_int(args, "ffn_hidden_size", source, default=4 * hidden, minimum=1),
+        ffn_hidden_size=ffn,
         num_attention_heads=heads,
         seq_length=seq,
         vocab_size=vocab,
@@ -444,7 +544,9 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         recompute_granularity=granularity,
         recompute_method=method,
         recompute_num_layers=recompute_layers,
+        **layer_settings_of(args, source, tp, heads, ffn),
     )
+    zero = args.get("zero_stage") or 0
     return Spec(
         run_id=run_id,
         pp=pp,
@@ -462,12 +564,18 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         megatron_args=args,
         gpus_per_node=hardware.gpus_per_node,
         collectives=tuple(collectives),
+        dp=dp,
+        distributed_optimizer=bool(args.get("use_distributed_optimizer")) or zero in (1, 2),
+        overlap_grad_reduce=bool(args.get("overlap_grad_reduce")),
+        overlap_param_gather=bool(args.get("overlap_param_gather")),
+        rank_order=rank_order,
+        ranks_per_device=ranks_per_device,
         nodes=tuple(hardware.nodes) if collectives and hardware.gpu is None and any(hardware.nodes) else (),
     )
 
 
 def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[LinkFit],
-                      collectives: Sequence[CollectiveTable]) -> tuple[LinkFit, ...]:
+                      collectives: Sequence[CollectiveTable], first_ranks: Sequence[int]) -> tuple[LinkFit, ...]:
     """Links for the hops within one node that the link benchmark did not measure, from the node's smallest
     all-reduce table (`trace.collective_bench.ring_link`: the ring formula; a 2-GPU table is a pair)."""
     tables = sorted((t for t in collectives if t.op == "all_reduce"), key=lambda t: t.gpus)
@@ -478,8 +586,15 @@ def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[Link
     pairs = [(k, k + 1) for k in range(pp - 1)] + ([(pp - 1, 0)] if vp > 1 and pp > 2 else [])
     have = {frozenset((fit.src_stage, fit.dst_stage)) for fit in links}
     return tuple(ring_link(tables[0], a, b) for a, b in pairs
-                 if frozenset((a, b)) not in have and hardware.node_of(a) is not None
-                 and hardware.node_of(a) == hardware.node_of(b))
+                 if frozenset((a, b)) not in have and hardware.node_of(a, first_ranks) is not None
+                 and hardware.node_of(a, first_ranks) == hardware.node_of(b, first_ranks))
+
+
+def _ranks_per_core(cores: Any) -> float:
+    """Ranks per core of a capture whose manifest lists each rank's core (`cores`), when ranks share cores; else 1."""
+    if not isinstance(cores, list) or not cores or not all(type(c) is int for c in cores):
+        return 1.0
+    return len(cores) / len(set(cores))
 
 
 def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
@@ -537,6 +652,7 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     spec = spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
                           collectives=read_collective_tables(job_dir / ALLREDUCE_DIR),
                           configured=manifest.get("configured_schedule"), schedule_source=job_dir / MANIFEST,
+                          ranks_per_device=_ranks_per_core(manifest.get("cores")),
                           declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
                           notes=notes)
     if not spec.links and pp > 1 and len(device_ids) == pp:
@@ -589,47 +705,118 @@ def _interleaved(args: dict[str, Any]) -> bool:
         args.get("virtual_pipeline_model_parallel_size") or 1) > 1
 
 
-# The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): one GPU per stage, a
-# `--transformer-impl local` layer (LayerNorm, multi-head attention with learned absolute positions, a masked
-# softmax fused or not, a GeLU MLP of two matmuls), activations stored or recomputed (`recomputation_of`), 16- or 32-bit
-# arithmetic, blocking p2p calls.
+# The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): tensor, sequence, data and
+# pipeline parallelism; Megatron's local or Transformer Engine layer with LayerNorm or RMSNorm, multi-head or
+# grouped-query attention with learned absolute or rotary positions, unfused or fused (flash) attention, a GeLU or
+# SwiGLU MLP; activations stored or recomputed (`recomputation_of`); 16- or 32-bit arithmetic; blocking p2p calls.
+# What it does not price is listed here, each with what it prices instead.
 ASSUMPTIONS: tuple[Assumption, ...] = (
-    Assumption("--tensor-model-parallel-size", ("tensor_model_parallel_size",), 1,
-               "tensor parallel size 1, a stage's layers on one GPU", _is(1)),
-    Assumption("--context-parallel-size", ("context_parallel_size",), 1, "context parallel size 1", _is(1)),
-    # Megatron turns sequence parallelism off at tensor parallel size 1 (it splits along the TP group).
-    Assumption("--sequence-parallel", ("sequence_parallel",), False, "no sequence parallelism",
-               lambda value, args: _off(value, args) or (args.get("tensor_model_parallel_size") or 1) == 1),
-    Assumption("--data-parallel-size", ("data_parallel_size",), 1,
-               "data parallel size 1, no gradient all-reduce across replicas", _is(1, None)),
+    Assumption("--context-parallel-size", ("context_parallel_size",), 1,
+               "context parallel size 1 (each GPU holds whole sequences)", _is(1)),
+    # DeepSpeed-Ulysses sequence parallelism (Megatron-DeepSpeed) splits the sequence over GPUs: context
+    # parallelism by another name, with all-to-alls the model does not price.
+    Assumption("--ds-sequence-parallel-size", ("ds_sequence_parallel_size",), 1,
+               "no DeepSpeed-Ulysses sequence parallelism (its all-to-alls are not priced)", _is(1, None)),
     Assumption("--num-experts", ("num_experts",), None, "a dense MLP, no mixture of experts", _is(None, 0, 1)),
     Assumption("--expert-model-parallel-size", ("expert_model_parallel_size",), 1,
                "no expert parallelism", _is(1)),
-    Assumption("--swiglu", ("swiglu",), False, "a GeLU MLP of two matmuls, no --swiglu", _off),
-    Assumption("--group-query-attention", ("group_query_attention",), False,
-               "multi-head attention, as many key/value heads as attention heads", _off),
-    # Megatron reads --num-query-groups only with --group-query-attention, and its arguments block prints the
-    # unused default; on a command line without that switch it still states an intent the model does not price.
-    Assumption("--num-query-groups", ("num_query_groups",), None,
-               "multi-head attention, as many key/value heads as attention heads",
-               lambda value, args: value in (None, args.get("num_attention_heads"))
-               or args.get("group_query_attention") is False),
     Assumption("--multi-latent-attention", ("multi_latent_attention",), False,
-               "multi-head attention, no multi-latent attention", _off),
-    Assumption("--normalization", ("normalization",), "LayerNorm", "LayerNorm", _is("LayerNorm")),
+               "multi-head or grouped-query attention, no multi-latent attention", _off),
+    Assumption("--normalization", ("normalization",), "LayerNorm", "LayerNorm or RMSNorm",
+               lambda value, args: str(value).lower() in ("layernorm", "rmsnorm")),
     Assumption("--position-embedding-type", ("position_embedding_type",), "learned_absolute",
-               "learned absolute position embeddings", _is("learned_absolute")),
+               "learned absolute or rotary (rope) position embeddings", _is("learned_absolute", "rope")),
     Assumption("--transformer-impl", ("transformer_impl",), "transformer_engine",
-               "Megatron's local layer, --transformer-impl local",
-               _is("local")),
-    Assumption("--use-flash-attn", ("use_flash_attn",), False,
-               "unfused attention that writes the score matrix, no flash attention", _off),
+               "Megatron's local layer or Transformer Engine's (--transformer-impl local|transformer_engine)",
+               _is("local", "transformer_engine")),
     Assumption("--fp8-format", ("fp8_format", "fp8"), None, "bf16, fp16 or fp32 arithmetic, no FP8",
                _is(None, False)),
+    # Transformer Engine's userbuffers overlap hides TP communication behind GEMMs; the model puts it on the
+    # critical path.
+    Assumption("--tp-comm-overlap", ("tp_comm_overlap",), False,
+               "tensor-parallel communication on the critical path, no --tp-comm-overlap", _off),
+    # ZeRO stage 1 and 2 shard what Megatron's distributed optimizer shards (optimizer state; gradients
+    # reduce-scattered); stage 3 also shards the weights, gathering them per layer.
+    Assumption("--zero-stage", ("zero_stage",), 0, "ZeRO stage 0, 1 or 2 (priced as the distributed optimizer)",
+               _is(None, 0, 1, 2)),
     Assumption("--no-overlap-p2p-communication", ("overlap_p2p_comm", "overlap_p2p_communication"), True,
                "blocking p2p calls, which interleaved runs get with --no-overlap-p2p-communication",
                lambda value, args: value is False or not _interleaved(args)),
 )
+
+
+def attention_kernel_of(args: dict[str, Any]) -> str:
+    """Whether a launch's attention writes the score matrix ("unfused") or runs a fused kernel that keeps it on
+    chip ("flash"). Megatron's local layer is unfused unless --use-flash-attn (Megatron-DeepSpeed also spells it
+    --use-flash-attn-v1/-v2/-triton/-builder); Transformer Engine's layer picks its flash or cuDNN fused attention
+    (TE's default) unless --attention-backend unfused|local asks otherwise."""
+    backend = str(args.get("attention_backend") or "auto").lower().rsplit(".", 1)[-1]
+    if backend in ("unfused", "local"):
+        return "unfused"
+    if backend in ("flash", "fused"):
+        return "flash"
+    if any(args.get(name) for name in ("use_flash_attn", "use_flash_attn_v1", "use_flash_attn_v2",
+                                       "use_flash_attn_triton", "use_flash_attn_builder")):
+        return "flash"
+    return "flash" if args.get("transformer_impl", "transformer_engine") == "transformer_engine" else "unfused"
+
+
+def layer_settings_of(args: dict[str, Any], source: Path | str, tp: int, heads: int, ffn: int
+                      ) -> dict[str, Any]:
+    """The ModelShape fields of a launch's layer besides its sizes: tensor and sequence parallelism, SwiGLU, grouped
+    query attention, the norm, the positions and the attention kernel, in Megatron-LM's spelling or
+    Megatron-DeepSpeed's older one (--num-key-value-heads, --use-rotary-position-embeddings, --normalization
+    rmsnorm). TraceError for a setting Megatron itself refuses (heads or groups that t does not divide)."""
+    from hops_calib.trace import TraceError
+
+    groups = None
+    if args.get("group_query_attention") or args.get("num_key_value_heads"):
+        key = "num_query_groups" if args.get("group_query_attention") else "num_key_value_heads"
+        groups = _require_int(args, key, source, minimum=1)
+        if heads % groups:
+            raise TraceError(source, f"{groups} does not divide --num-attention-heads {heads}",
+                             field="--" + key.replace("_", "-"), hint="each query group takes a whole number of heads")
+        if groups == heads:
+            groups = None  # as many groups as heads is multi-head attention
+    for name, size in (("--num-attention-heads", heads), ("--num-query-groups", groups or heads),
+                       ("--ffn-hidden-size", ffn)):
+        if size % tp:
+            raise TraceError(source, f"{size} is not divisible by --tensor-model-parallel-size {tp}", field=name,
+                             hint="Megatron splits heads, query groups and the MLP over the tensor-parallel group: "
+                                  "pick a size they divide by")
+    rope = args.get("position_embedding_type", "learned_absolute") == "rope" or bool(
+        args.get("use_rotary_position_embeddings"))
+    return {
+        "tensor_parallel": tp,
+        # Megatron turns sequence parallelism off at tensor parallel size 1: it splits along the TP group
+        "sequence_parallel": bool(args.get("sequence_parallel")) and tp > 1,
+        "swiglu": bool(args.get("swiglu")),
+        "num_query_groups": groups,
+        "normalization": "RMSNorm" if str(args.get("normalization", "LayerNorm")).lower() == "rmsnorm"
+        else "LayerNorm",
+        "position_embedding": "rope" if rope else "learned_absolute",
+        "attention_kernel": attention_kernel_of(args),
+    }
+
+
+RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-pp-dp", "tp-dp-pp")
+
+
+def rank_order_of(args: dict[str, Any], source: Path | str) -> str:
+    """Megatron's rank order of a launch: --rank-order when given, tp-pp-dp under --use-tp-pp-dp-mapping, else
+    its default tp-cp-ep-dp-pp (tensor-parallel ranks adjacent, then data-parallel, then pipeline)."""
+    from hops_calib.trace import TraceError
+
+    order = args.get("rank_order")
+    if order is None:
+        return "tp-cp-ep-pp-dp" if args.get("use_tp_pp_dp_mapping") else "tp-cp-ep-dp-pp"
+    dims = str(order).lower().split("-")
+    if sorted(d for d in dims if d in ("tp", "dp", "pp")) != ["dp", "pp", "tp"] or set(dims) - {"tp", "cp", "ep",
+                                                                                                "dp", "pp"}:
+        raise TraceError(source, f"is {order!r}", field="--rank-order",
+                         hint="name each of tp, dp and pp once (cp and ep optional), fastest first, joined by '-': "
+                              "e.g. tp-cp-ep-dp-pp (Megatron's default)")
+    return "-".join(dims)
 
 
 @dataclass(frozen=True)

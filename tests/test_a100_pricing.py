@@ -179,12 +179,21 @@ flow_cap_gbit_s = 20.9
 
 @pytest.fixture(scope="module")
 def vtrain_store(allreduce_dir, tmp_path_factory):
-    """The published vTrain table ingested once (1,440 runs; 111 priced train runs)."""
+    """The published vTrain table's 160 pure-pipeline rows (t = d = 1) ingested once, with the publishers'
+    all-reduce tables beside them (a link to allreduce-a100/): the runs whose layers the launch floors bound."""
+    import pandas as pd
+
     from hops_calib.store import FixtureStore
     from hops_calib.store.ingest import ingest
 
-    store = FixtureStore(tmp_path_factory.mktemp("vtrain") / "fixtures")
-    assert ingest([allreduce_dir.parent / "ground_truth_single.csv"], store).ok
+    root = tmp_path_factory.mktemp("vtrain")
+    table = pd.read_csv(allreduce_dir.parent / "ground_truth_single.csv")
+    pure = table[(table["tensor parallelism"] == 1) & (table["data parallelism"] == 1)]
+    assert len(pure) == 160
+    pure.to_csv(root / "ground_truth_single.csv", index=False)
+    (root / allreduce_dir.name).symlink_to(allreduce_dir)
+    store = FixtureStore(root / "fixtures")
+    assert ingest([root / "ground_truth_single.csv"], store).ok
     return store.root
 
 

@@ -380,15 +380,15 @@ def test_a_template_for_another_pipeline_is_refused(run_copy, tmp_path):
 
 def test_a_launch_the_cost_model_does_not_price_is_refused_at_ingest(run_copy, tmp_path):
     args = run_copy / "megatron_args.txt"
-    args.write_text(args.read_text().rstrip("\n") + " --swiglu\n")
+    args.write_text(args.read_text().rstrip("\n") + " --num-experts 8\n")
     message = _refused(run_copy, tmp_path)
-    _names(message, args, 1, "--swiglu")
+    _names(message, args, 1, "--num-experts")
 
 
-def test_a_launcher_that_starts_replicas_is_refused_as_data_parallel(run_copy, tmp_path):
+def test_a_launcher_that_starts_replicas_needs_their_logs(run_copy, tmp_path):
     args = run_copy / "megatron_args.txt"
     pp = int(re.search(r"--pipeline-model-parallel-size (\d+)", args.read_text()).group(1))
     args.write_text(f"torchrun --nnodes 2 --nproc-per-node {pp} " + args.read_text())
     message = _refused(run_copy, tmp_path)
-    _names(message, args, None, "world_size")
-    assert f"data parallel size 2 (world size {2 * pp}" in message
+    _names(message, run_copy / "megatron_trace", None, "rank<r>.jsonl")
+    assert f"{2 * pp} ranks ({pp} pipeline stages x tp 1 x dp 2: 0..{2 * pp - 1})" in message

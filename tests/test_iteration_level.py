@@ -288,10 +288,11 @@ def test_vtrain_table_ingests_as_published(tmp_path):
         key = (row["tensor parallelism"], row["data parallelism"], row["pipeline parallelism"], row["# layers"],
                row["hidden size"], row["micro batch"], row["global batch"])
         assert by_config.loc[key] == pytest.approx(row["iteration time (ms)"])
-    # tensor- and data-parallel runs are listed, and say why they are not priced
+    # tensor- and data-parallel runs are priced too (issue #19): every run has a spec
     fixtures = store.load_all("train")
-    parallel = [f for f in fixtures if f.launch["tensor_model_parallel_size"] > 1]
-    assert parallel and all(f.not_priced.startswith("it needs tensor") for f in parallel)
+    parallel = [f for f in fixtures if f.launch["tensor_model_parallel_size"] > 1 or f.launch["data_parallel_size"] > 1]
+    assert parallel and all(f.not_priced is None for f in fixtures)
+    assert {(f.spec.tp, f.spec.dp) for f in parallel} >= {(2, 1), (1, 2), (2, 2), (4, 2), (8, 1)}
     # a held-out run is listed and shown with its configuration only
     listed = json.loads(_cli("fixtures", "list", "--fixtures", store.root, "--json").stdout)["fixtures"]
     assert len(listed) == 1440 and {r["kind"] for r in listed} == {"iteration"}
@@ -326,11 +327,14 @@ def _allreduce_tables(folder, gpus=(2, 4, 8), latency_ns=9000.0, bus_gb_s=220.0)
 @pytest.fixture(scope="module")
 def mixed_store(tmp_path_factory, repo_root):
     """The shipped CPU captures (events) beside a run table of A100 pipelines in one node (iteration level), whose
-    all-reduce tables sit in calibration/allreduce/ beside it: three priced runs and one that needs tensor
-    parallelism, all in train."""
+    all-reduce tables sit in calibration/allreduce/ beside it: three priced runs and one that needs context
+    parallelism (which the model does not price), all in train."""
     root = tmp_path_factory.mktemp("mixed")
     store = FixtureStore(root / "fx")
-    assert ingest([repo_root / "traces"], store).ok
+    shipped = FixtureStore(repo_root / "fixtures")
+    for split in ("train", "test"):  # each capture in the split the shipped store gives it
+        runs = [repo_root / "traces" / run for run in shipped.ids(split)]
+        assert ingest(runs, store, split=split).ok
     _allreduce_tables(root / "calibration" / "allreduce")
     table = root / "a100_sweep.csv"
     _table([{"pipeline_model_parallel_size": 2, "num_layers": 24, "micro_batch_size": 4, "global_batch_size": 16,
@@ -339,7 +343,7 @@ def mixed_store(tmp_path_factory, repo_root):
              "fp16": True, "transformer_impl": "local", "iteration_time_ms": 240.0},
             {"pipeline_model_parallel_size": 4, "num_layers": 24, "micro_batch_size": 2, "global_batch_size": 32,
              "fp16": True, "transformer_impl": "local", "iteration_time_ms": 520.0},
-            {"tensor_model_parallel_size": 2, "world_size": 2, "num_layers": 24, "global_batch_size": 16,
+            {"tensor_model_parallel_size": 2, "context_parallel_size": 2, "world_size": 4, "num_layers": 24, "global_batch_size": 16,
              "padded_vocab_size": 50432, "fp16": True, "transformer_impl": "local", "iteration_time_ms": 400.0}],
            ).to_csv(table, index=False)
     assert ingest([table], store, split="train").ok
@@ -362,7 +366,7 @@ def test_evaluate_scores_each_metric_on_the_runs_that_have_it(mixed_store, repo_
     assert data["throughput_mape_pct"] == pytest.approx(np.mean([abs(r["throughput_error_pct"])
                                                                  for r in data["runs"]]))
     (reason,) = data["left_out"]["reasons"]
-    assert data["left_out"]["count"] == 1 and reason["reason"].startswith("it needs tensor parallelism")
+    assert data["left_out"]["count"] == 1 and "--context-parallel-size 2" in reason["reason"]
     measured = [r for r in data["runs"] if kinds[r["run_id"]] == "iteration"]
     for run in measured:  # measured over steady iterations: throughput is the steady one, on both sides
         assert run["bubble_error_pp"] is None and run["util_spearman_rho"] is None
@@ -380,7 +384,7 @@ def test_verbs_that_predict_refuse_an_unpriced_run_by_name(mixed_store):
     result = _cli("predict", unpriced, "--fixtures", mixed_store.root, "--json")
     assert result.exit_code == 2
     error = json.loads(result.stdout)["error"]
-    assert unpriced in error["message"] and "tensor parallelism" in error["message"]
+    assert unpriced in error["message"] and "context parallel" in error["message"]
     listed = json.loads(_cli("fixtures", "list", "--fixtures", mixed_store.root, "--json").stdout)["fixtures"]
     row = next(r for r in listed if r["id"] == unpriced)
     assert row["kind"] == "iteration" and row["configuration"]["tp"] == 2

@@ -60,6 +60,6 @@ def test_without_iterations_the_traced_window_of_train_iters_is_required():
 
 
 def test_unpriced_launch_is_refused_by_name():
-    with pytest.raises(TraceError, match="--tensor-model-parallel-size 2"):
-        spec_from_args(_launch(tensor_model_parallel_size=2), "table.csv", run_id="row7", iterations=3,
+    with pytest.raises(TraceError, match="--context-parallel-size 2"):
+        spec_from_args(_launch(context_parallel_size=2), "table.csv", run_id="row7", iterations=3,
                        hardware=Hardware(gpu="a100", gpus_per_node=8))

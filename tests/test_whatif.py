@@ -200,15 +200,16 @@ def _add_flags(job: Path, old: str, new: str) -> None:
 
 
 @pytest.mark.parametrize("old,new,flags,modelled", [
-    ("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2", ["--tensor-model-parallel-size 2"],
-     "tensor parallel size 1"),
-    ("--micro-batch-size 1", "--micro-batch-size 1 --swiglu --num-query-groups 2",
-     ["--swiglu", "--num-query-groups 2"], "GeLU MLP"),
-    ("--micro-batch-size 1", "--micro-batch-size 1 --normalization RMSNorm --position-embedding-type rope",
-     ["--normalization RMSNorm", "--position-embedding-type rope"], "LayerNorm"),
-    ("--transformer-impl local", "--transformer-impl transformer_engine", ["--transformer-impl transformer_engine"],
-     "--transformer-impl local"),
-    ("--transformer-impl local ", "", ["no --transformer-impl"], "--transformer-impl local"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --context-parallel-size 2", ["--context-parallel-size 2"],
+     "context parallel size 1"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --num-experts 8 --multi-latent-attention",
+     ["--num-experts 8", "--multi-latent-attention"], "a dense MLP"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --normalization Foo --position-embedding-type none",
+     ["--normalization Foo", "--position-embedding-type none"], "LayerNorm or RMSNorm"),
+    ("--transformer-impl local", "--transformer-impl inference_optimized",
+     ["--transformer-impl inference_optimized"], "--transformer-impl local|transformer_engine"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --fp8-format hybrid --tp-comm-overlap",
+     ["--fp8-format hybrid", "--tp-comm-overlap"], "no FP8"),
 ])
 def test_a_launch_with_settings_the_model_does_not_price_is_refused_naming_file_line_and_flag(
         tmp_path, old, new, flags, modelled):
@@ -228,15 +229,15 @@ def test_a_launch_with_settings_the_model_does_not_price_is_refused_naming_file_
     assert cli("plot", "timeline", "--job", job, "--out", out).exit_code == 2 and not out.exists()
 
 
-def test_the_walkthroughs_cluster_run_with_tensor_parallelism_is_refused(shared_runs, tmp_path):
+def test_the_walkthroughs_cluster_run_with_context_parallelism_is_refused(shared_runs, tmp_path):
     job = tmp_path / "j"
     shutil.copytree(shared_runs / "exp2_7_batch12_run127", job, ignore=shutil.ignore_patterns("megatron_trace"))
     for path in [job, *job.rglob("*")]:
         path.chmod(path.stat().st_mode | 0o200)
     assert predict_job("--job", job)["predictions"]
-    _add_flags(job, "--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
+    _add_flags(job, "--tensor-model-parallel-size 1", "--tensor-model-parallel-size 1 --context-parallel-size 2")
     result = cli("predict", "--job", job)
-    assert result.exit_code == 2 and "field '--tensor-model-parallel-size'" in result.output
+    assert result.exit_code == 2 and "field '--context-parallel-size'" in result.output
 
 
 def test_interleaved_launches_need_blocking_p2p_calls(tmp_path):
@@ -296,11 +297,11 @@ def test_a_rank_logs_arguments_block_prints_every_default_and_only_real_changes_
     log = job / "logs" / "rank0.out"
     log.write_text(_block(printed))
     assert predict_job("--job", job)["predictions"]
-    log.write_text(_block({**printed, "swiglu": True}))
+    log.write_text(_block({**printed, "num_experts": 8}))
     result = cli("predict", "--job", job)
     lines = log.read_text().splitlines()
-    number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("swiglu "))
-    assert result.exit_code == 2 and f"rank0.out:{number}: field '--swiglu'" in result.output
+    number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("num_experts "))
+    assert result.exit_code == 2 and f"rank0.out:{number}: field '--num-experts'" in result.output
     # a setting whose flag is a --no-... switch is named by the block's own key, with its flag beside it
     log.write_text(_block({**printed, "num_layers_per_virtual_pipeline_stage": 1}))  # interleaved: p2p overlaps
     overlapped = " ".join(cli("predict", "--job", job).output.split())

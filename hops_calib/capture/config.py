@@ -27,7 +27,7 @@ WARMUP_ITERATIONS = TRACE_FIRST_ITERATION - 1
 # Megatron-LM's flags that every capture shares (fp32: no --bf16, since the CPU run is fp32; --clip-grad 0.0,
 # since each rank steps torch's AdamW on its own, with no gradient-norm all-reduce across the pipeline).
 _FIXED_ARGS = (
-    "--tensor-model-parallel-size 1 --micro-batch-size 1 --lr 1.0e-4 --min-lr 1.0e-4 "
+    "--tensor-model-parallel-size {tp} --micro-batch-size 1 --lr 1.0e-4 --min-lr 1.0e-4 "
     "--lr-decay-style constant --transformer-impl local --no-persist-layer-norm "
     "--no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-bias-dropout-fusion "
     "--untie-embeddings-and-output-weights --clip-grad 0.0 --mock-data --tokenizer-type NullTokenizer "
@@ -49,10 +49,13 @@ def _memory_bytes() -> int | None:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    """One capture: a GPT model split over `pp` CPU ranks (each with `vp` model chunks)."""
+    """One capture: a GPT model split over `pp` pipeline stages (each with `vp` model chunks), each stage on a
+    tensor-parallel group of `tp` CPU ranks, replicated `dp` times (tp x dp x pp ranks in all)."""
 
     pp: int = 2
     vp: int = 1
+    tp: int = 1
+    dp: int = 1
     microbatches: int = 4
     iterations: int = 4  # traced iterations (numbered from TRACE_FIRST_ITERATION)
     layers: int = 4
@@ -70,6 +73,11 @@ class CaptureConfig:
     @property
     def ffn(self) -> int:
         return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def world(self) -> int:
+        """Ranks of the capture: tp x dp x pp."""
+        return self.tp * self.dp * self.pp
 
     @property
     def virtual_stages(self) -> int:
@@ -99,7 +107,8 @@ class CaptureConfig:
             if not condition:
                 raise CaptureConfigError(f"--{option}: {message}")
 
-        for option, value in (("pp", self.pp), ("vp", self.vp), ("microbatches", self.microbatches),
+        for option, value in (("pp", self.pp), ("vp", self.vp), ("tp", self.tp), ("dp", self.dp),
+                              ("microbatches", self.microbatches),
                               ("iterations", self.iterations), ("layers", self.layers), ("hidden", self.hidden),
                               ("seq", self.seq), ("heads", self.heads), ("vocab", self.vocab),
                               ("link-bench-iters", self.link_bench_iters)):
@@ -108,15 +117,21 @@ class CaptureConfig:
              f"is {self.ffn_hidden!r}; pass a positive integer (or 0 for 4 x --hidden)")
         need(self.pp >= 2, "pp", f"is {self.pp}; a pipeline capture needs at least 2 ranks")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        need(self.pp <= max(cores, 2) * 4, "pp", f"is {self.pp}: one process per rank on {cores} core(s) would "
-             "time mostly the scheduler; pass at most 4 ranks per core (one per core gives honest timings)")
+        need(self.world <= max(cores, 2) * 4, "pp", f"gives {self.world} ranks (tp x dp x pp): one process per "
+             f"rank on {cores} core(s) would time mostly the scheduler; pass at most 4 ranks per core (one per core "
+             "gives honest timings)")
+        for option, size in (("heads", self.heads), ("ffn-hidden", self.ffn), ("vocab", self.vocab)):
+            need(size % self.tp == 0, option, f"{size} is not divisible by --tp {self.tp}: Megatron splits it over "
+                 "the tensor-parallel group")
+        need(self.tp == 1 and self.dp == 1 or self.engine == "megatron", "tp",
+             "tensor and data parallelism run on the megatron engine only")
         # A rank holds its chunk's weights and fp32 optimizer state (~16 bytes per parameter) plus activations:
         # refuse what cannot fit in this machine's memory before any rank starts.
         per_layer = 12 * self.hidden * self.hidden + 2 * self.hidden * (self.ffn - 4 * self.hidden)
         params = (self.layers // max(self.pp, 1)) * per_layer + self.vocab * self.hidden
         activations = self.microbatches * self.seq * (self.hidden * 34 + 5 * self.heads * self.seq) * 4 * max(
             self.layers // max(self.pp, 1), 1)
-        need_bytes = self.pp * (16 * params + activations)
+        need_bytes = self.dp * self.pp * (16 * params + activations)  # tensor parallelism splits, replicas copy
         total = _memory_bytes()
         need(total is None or need_bytes <= 0.8 * total, "hidden",
              f"this shape needs about {need_bytes / 2**30:.1f} GiB over {self.pp} ranks, more than 80 % of this "
@@ -145,6 +160,7 @@ class CaptureConfig:
     def megatron_args(self) -> str:
         """The Megatron-LM launch command line equivalent to this capture (one line, like megatron_args.txt)."""
         parts = [
+            *([f"torchrun --nproc-per-node {self.world}"] if self.world > self.pp else []),
             "pretrain_gpt.py",
             f"--pipeline-model-parallel-size {self.pp}",
         ]
@@ -159,18 +175,19 @@ class CaptureConfig:
             f"--num-attention-heads {self.heads}",
             f"--seq-length {self.seq}",
             f"--max-position-embeddings {self.seq}",
-            f"--global-batch-size {self.microbatches}",
+            f"--global-batch-size {self.microbatches * self.dp}",
             f"--train-iters {self.train_iters}",
             f"--eval-interval {self.train_iters}",
             f"--vocab-size {self.vocab}",
             f"--seed {self.seed}",
-            _FIXED_ARGS,
+            _FIXED_ARGS.format(tp=self.tp),
         ]
         return " ".join(parts)
 
     def cli_args(self) -> list[str]:
         """The `hops-calib capture` options that reproduce this configuration."""
-        args = [f"--pp={self.pp}", f"--vp={self.vp}", f"--microbatches={self.microbatches}",
+        args = [f"--pp={self.pp}", f"--vp={self.vp}", *([f"--tp={self.tp}"] if self.tp > 1 else []),
+                *([f"--dp={self.dp}"] if self.dp > 1 else []), f"--microbatches={self.microbatches}",
                 f"--iterations={self.iterations}", f"--layers={self.layers}", f"--hidden={self.hidden}",
                 f"--seq={self.seq}", f"--heads={self.heads}", f"--ffn-hidden={self.ffn}", f"--vocab={self.vocab}",
                 f"--engine={self.engine}", f"--schedule={self.resolved_schedule}", f"--seed={self.seed}"]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hops_calib.files import atomic_write
 from hops_calib.timeline import COMPUTE, OPTIMIZER, PHASES, TRANSFER
+from hops_calib.trace.events import COLLECTIVE
 
 
 class WallClock:
@@ -42,11 +43,22 @@ class EventLog:
     """Events of one rank; only iterations opened with `begin_iteration(n)` (n not None) are recorded."""
 
     rank: int
-    device_ids: tuple[str, ...]  # per rank (= stage)
+    device_ids: tuple[str, ...]  # per rank
     hostname: str
     with_chunks: bool = False  # write `model_chunk` (runs with more than one chunk per rank)
     events: list[dict[str, object]] = field(default_factory=list)
     iteration: int | None = None
+    # With tensor or data parallelism, the stage of every global rank and the stage map's device per stage (a
+    # transfer names the receiving stage's device); empty: rank r runs stage r on device_ids[r]
+    rank_stage: tuple[int, ...] = ()
+    stage_devices: tuple[str, ...] = ()
+
+    @property
+    def stage(self) -> int:
+        return self.rank_stage[self.rank] if self.rank_stage else self.rank
+
+    def _stage_device(self, rank: int) -> str:
+        return self.stage_devices[self.rank_stage[rank]] if self.rank_stage else self.device_ids[rank]
 
     @property
     def recording(self) -> bool:
@@ -61,7 +73,7 @@ class EventLog:
             raise ValueError(f"rank {self.rank}: unknown phase {phase!r}; expected one of {PHASES}")
         return {
             "rank": self.rank,
-            "stage": self.rank,
+            "stage": self.stage,
             "iteration": self.iteration,
             "microbatch": int(microbatch),
             "event_type": kind,
@@ -86,11 +98,27 @@ class EventLog:
         if not self.recording:
             return
         event = self._event(TRANSFER, phase, microbatch, start_ns, end_ns)
-        event["src_device"] = self.device_ids[self.rank]
-        event["dst_device"] = self.device_ids[dst_rank]
+        event["src_device"] = self._stage_device(self.rank)
+        event["dst_device"] = self._stage_device(dst_rank)
         event["hostname"] = self.hostname
         if self.with_chunks:
             event["model_chunk"] = int(chunk)
+        self.events.append(event)
+
+    def collective(self, op: str, group: str, phase: str, microbatch: int | None, nbytes: int, start_ns: int,
+                   end_ns: int) -> None:
+        """A collective this rank took part in (`op` over its `group`, "tp" or "dp"), in the phase that issued it:
+        the layer's forward or backward of `microbatch`, or the gradient reduction after the backwards (BACKWARD,
+        microbatch None). An `event_type: collective` line; readers before it skip nothing else."""
+        if not self.recording:
+            return
+        event = {
+            "rank": self.rank, "stage": self.stage, "iteration": self.iteration,
+            "microbatch": None if microbatch is None else int(microbatch), "event_type": COLLECTIVE,
+            "phase": phase, "collective": op, "group": group, "bytes": int(nbytes),
+            "start_wall_ns": int(start_ns), "end_wall_ns": int(end_ns), "duration_ms": (end_ns - start_ns) / 1e6,
+            "device_id": self.device_ids[self.rank], "hostname": self.hostname,
+        }
         self.events.append(event)
 
     def write(self, path: Path) -> None:

@@ -63,6 +63,26 @@ def device_ids(cores: list[int]) -> tuple[str, ...]:
     return tuple(f"{DEVICE_TYPE}_node0_core{core}_rank{rank}" for rank, core in enumerate(cores))
 
 
+RANK_ORDER = "tp-cp-ep-dp-pp"  # megatron-core's initialize_model_parallel default
+
+
+def stage_first_ranks(config: CaptureConfig) -> tuple[int, ...]:
+    """The global rank of each stage's first GPU (tensor-parallel rank 0 of replica 0), in Megatron's rank order."""
+    from hops_calib.spec import global_rank
+
+    return tuple(global_rank(RANK_ORDER, {"tp": (0, config.tp), "dp": (0, config.dp), "pp": (k, config.pp)})
+                 for k in range(config.pp))
+
+
+def stage_layout(config: CaptureConfig, ids: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(the stage of every global rank, the stage map's device per stage: its first rank's device id)."""
+    from hops_calib.spec import coordinates_of
+
+    sizes = {"tp": config.tp, "dp": config.dp, "pp": config.pp}
+    rank_stage = tuple(coordinates_of(rank, RANK_ORDER, sizes)["pp"] for rank in range(config.world))
+    return rank_stage, tuple(ids[rank] for rank in stage_first_ranks(config))
+
+
 def stage_map(ids: tuple[str, ...]) -> str:
     return json.dumps({"stages": {str(stage): device for stage, device in enumerate(ids)}}, indent=2) + "\n"
 
@@ -84,8 +104,9 @@ def template(config: CaptureConfig, ids: tuple[str, ...], cpu_name: str) -> str:
             "interconnect": {"same_node": "gloo_tcp_loopback"},
         },
     }
-    header = (f"# Written by hops-calib capture: a {config.engine} {config.resolved_schedule} run on {config.pp} CPU "
-              f"ranks ({config.vp} model chunk(s) each), one core and one thread per rank.\n")
+    header = (f"# Written by hops-calib capture: a {config.engine} {config.resolved_schedule} run on {config.world} "
+              f"CPU ranks ({config.pp} stages x tp {config.tp} x dp {config.dp}; {config.vp} model chunk(s) each), "
+              "one thread per rank.\n")
     return header + yaml.safe_dump(body, sort_keys=False)
 
 
@@ -97,6 +118,7 @@ def manifest(config: CaptureConfig, run_id: str, command: str, facts: dict[str, 
         "link_bench_source": "same worker processes, after the training loop" if config.link_bench else None,
         "description": (f"CPU capture: GPT {config.layers} layers, hidden {config.hidden}, seq {config.seq}, "
                         f"{config.microbatches} microbatches, pp {config.pp}, vp {config.vp}, "
+                        + (f"tp {config.tp}, dp {config.dp}, " if config.world > config.pp else "") + 
                         f"schedule {config.resolved_schedule}; iterations 1-2 untraced warm-up"),
         "command": command,
         **facts,

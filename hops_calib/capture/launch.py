@@ -59,9 +59,12 @@ def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: li
         from hops_calib.capture.events import EventLog, WallClock
 
         ids = jobdir.device_ids(cores)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=config.pp)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=config.world)
         try:
-            log = EventLog(rank=rank, device_ids=ids, hostname=hostname, with_chunks=config.vp > 1)
+            rank_stage, stage_devices = jobdir.stage_layout(config, ids)
+            log = EventLog(rank=rank, device_ids=ids, hostname=hostname, with_chunks=config.vp > 1,
+                           rank_stage=rank_stage if config.world > config.pp else (),
+                           stage_devices=stage_devices if config.world > config.pp else ())
             clock = WallClock()
             if config.engine == "megatron":
                 from hops_calib.capture import megatron_engine as engine
@@ -76,7 +79,8 @@ def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: li
             if config.link_bench:
                 from hops_calib.capture import link_bench
 
-                bench = link_bench.run(rank, config.pp, hostname, iters=config.link_bench_iters)
+                bench = link_bench.run(rank, config.pp, hostname, iters=config.link_bench_iters,
+                                       stage_ranks=jobdir.stage_first_ranks(config))
             results.put((rank, "ok", {"facts": facts, "bench": bench, "events": len(log.events)}))
         finally:
             dist.destroy_process_group()
@@ -172,8 +176,9 @@ def capture(config: CaptureConfig, out: Path, force: bool = False, command: str 
 
 
 def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) -> None:
-    cores = _rank_cores(config.pp)
+    cores = _rank_cores(config.world)
     ids = jobdir.device_ids(cores)
+    _rank_stage, stage_devices = jobdir.stage_layout(config, ids)
     host = jobdir.hostname()
     cpu_name = jobdir.cpu_model_name()
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -183,13 +188,13 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
     port = _free_port()
     processes = [context.Process(target=_worker, name=f"hops-capture-rank{rank}",
                                  args=(rank, config, port, str(staging), cores, host, results))
-                 for rank in range(config.pp)]
+                 for rank in range(config.world)]
     for process in processes:
         process.start()
     reports: dict[int, dict[str, Any]] = {}
     waited_s = 0.0
     try:
-        while len(reports) < config.pp:
+        while len(reports) < config.world:
             try:
                 rank, status, payload = results.get(timeout=_POLL_S)
             except queue.Empty:
@@ -233,23 +238,23 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
         "cores": cores,
         # More ranks than cores time-slice, which inflates every compute time (about 1.8x for 4 ranks on 2 cores).
         "ranks_share_cores": len(set(cores)) < len(cores),
-        "threads_per_rank": [reports[r]["facts"]["torch_threads"] for r in range(config.pp)],
-        "affinity_per_rank": [reports[r]["facts"]["affinity"] for r in range(config.pp)],
+        "threads_per_rank": [reports[r]["facts"]["torch_threads"] for r in range(config.world)],
+        "affinity_per_rank": [reports[r]["facts"]["affinity"] for r in range(config.world)],
         "backend": "gloo",
         "precision": "fp32",
         "warmup_iterations_untraced": WARMUP_ITERATIONS,
         "traced_iterations": config.iterations,
-        "parameters_per_rank": [reports[r]["facts"].get("parameters") for r in range(config.pp)],
-        "layers_per_rank": [reports[r]["facts"].get("layers") for r in range(config.pp)],
-        "events_per_rank": [reports[r]["events"] for r in range(config.pp)],
+        "parameters_per_rank": [reports[r]["facts"].get("parameters") for r in range(config.world)],
+        "layers_per_rank": [reports[r]["facts"].get("layers") for r in range(config.world)],
+        "events_per_rank": [reports[r]["events"] for r in range(config.world)],
         "load_average_before": load_before,
         "load_average_after": jobdir.load_average(),
         "started_at": started.isoformat(timespec="seconds"),
         "finished_at": finished.isoformat(timespec="seconds"),
         "versions": _versions(),
     }
-    atomic_write(staging / jobdir.STAGE_MAP, jobdir.stage_map(ids))
-    atomic_write(staging / jobdir.TEMPLATE, jobdir.template(config, ids, cpu_name))
+    atomic_write(staging / jobdir.STAGE_MAP, jobdir.stage_map(stage_devices))
+    atomic_write(staging / jobdir.TEMPLATE, jobdir.template(config, stage_devices, cpu_name))
     atomic_write(staging / jobdir.ARGS_FILE, config.megatron_args() + "\n")
     atomic_write(staging / jobdir.MANIFEST, jobdir.manifest(config, run_id, command, facts))
     if config.link_bench:

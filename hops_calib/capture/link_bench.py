@@ -39,15 +39,18 @@ def summarize(times_ms: list[float]) -> dict[str, float]:
 
 
 def run(rank: int, world: int, hostname: str, warmup: int = WARMUP, iters: int = ITERS,
-        sizes_mb: tuple[int, ...] = SIZES_MB) -> dict[str, list[dict[str, Any]]]:
-    """Benchmark every adjacent pair; returns {pair label: rows of this rank} (empty for pairs it is not in)."""
+        sizes_mb: tuple[int, ...] = SIZES_MB, stage_ranks: tuple[int, ...] | None = None
+        ) -> dict[str, list[dict[str, Any]]]:
+    """Benchmark every adjacent pair of the `world` stages (`stage_ranks`: the global rank standing for each stage,
+    default rank k for stage k); returns {pair label: rows of this rank} (empty for pairs it is not in)."""
     import torch
     import torch.distributed as dist
 
     rows: dict[str, list[dict[str, Any]]] = {}
-    for sender in range(world - 1):
-        receiver = sender + 1
-        label = f"pair_{sender}_{receiver}"
+    stage_ranks = stage_ranks or tuple(range(world))
+    for stage in range(world - 1):
+        sender, receiver = stage_ranks[stage], stage_ranks[stage + 1]
+        label = f"pair_{stage}_{stage + 1}"
         dist.barrier()
         if rank not in (sender, receiver):
             continue

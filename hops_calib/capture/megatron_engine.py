@@ -15,7 +15,15 @@ exchanges through:
   FORWARD produced (activation) or a BACKWARD produced (input gradient), as the
   cluster traces log NCCL dispatch. Like theirs, its duration is not the wire
   time; the link benchmark is;
-- OPTIMIZER: `optimizer.step()` plus zeroing the gradients, once per iteration.
+- OPTIMIZER: `optimizer.step()` plus zeroing the gradients, once per iteration;
+- a `collective` line (the schema extension of issue #19) for every collective on the tensor-parallel group
+  that a forward or backward step issues through torch.distributed (Megatron's mappings, the column-parallel
+  layers' input-gradient all-reduce, the vocabulary-parallel cross entropy), with its host-side call time, and
+  for the data-parallel gradient all-reduce after the last backward (`--dp`: one flat all-reduce of every
+  gradient, averaged, as Megatron's DDP without --overlap-grad-reduce).
+
+With `--tp t` Megatron-core splits each layer over t ranks (`tensor_model_parallel_size`, no sequence
+parallelism); with `--dp d` it builds d replicas of each stage, in its default rank order (tp-cp-ep-dp-pp).
 
 The optimizer is torch's AdamW (Megatron's Adam with decoupled weight decay),
 not Megatron's distributed optimizer wrapper, which needs its CUDA-only DDP
@@ -71,14 +79,22 @@ class MegatronTracer:
         self.clock = clock
         self._labels: dict[int, _Label] = {}
         self._restore: list[tuple[Any, str, Callable[..., Any]]] = []
+        self._step: tuple[str, int] | None = None  # (phase, microbatch) of the forward or backward step running
 
     def install(self) -> None:
+        import torch.distributed as dist
+        from megatron.core import parallel_state
         from megatron.core.pipeline_parallel import p2p_communication, schedules
 
+        self._tp_group = parallel_state.get_tensor_model_parallel_group()
+        self._tp_size = parallel_state.get_tensor_model_parallel_world_size()  # Megatron still calls a group of 1
         for owner, name, wrapper in ((schedules, "forward_step", self._wrap_forward),
                                      (schedules, "backward_step", self._wrap_backward),
                                      (p2p_communication, "_batched_p2p_ops", self._wrap_p2p),
-                                     (p2p_communication, "_p2p_ops", self._wrap_p2p)):
+                                     (p2p_communication, "_p2p_ops", self._wrap_p2p),
+                                     (dist, "all_reduce", self._wrap_tp("all_reduce")),
+                                     (dist, "all_gather_into_tensor", self._wrap_tp("all_gather")),
+                                     (dist, "reduce_scatter_tensor", self._wrap_tp("reduce_scatter"))):
             original = getattr(owner, name)
             self._restore.append((owner, name, original))
             setattr(owner, name, wrapper(original))
@@ -104,7 +120,11 @@ class MegatronTracer:
                                    "this megatron-core version is not supported by hops-calib capture")
             chunk = kwargs.get("vp_stage") or 0
             start = self.clock.now_ns()
-            result = original(*args, **kwargs)
+            self._step = (FORWARD, microbatch)
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self._step = None
             end = self.clock.now_ns()
             self.log.compute(FORWARD, microbatch, chunk, start, end)
             self._label(result[0], FORWARD, microbatch, chunk)
@@ -118,13 +138,42 @@ class MegatronTracer:
             if label is None or label.phase != FORWARD:
                 raise RuntimeError("Megatron ran a backward step whose forward output was not traced")
             start = self.clock.now_ns()
-            input_grad = original(input_tensor, output_tensor, *args, **kwargs)
+            self._step = (BACKWARD, label.microbatch)
+            try:
+                input_grad = original(input_tensor, output_tensor, *args, **kwargs)
+            finally:
+                self._step = None
             end = self.clock.now_ns()
             self.log.compute(BACKWARD, label.microbatch, label.chunk, start, end)
             self._label(input_grad, BACKWARD, label.microbatch, label.chunk)
             return input_grad
 
         return backward_step
+
+    def _wrap_tp(self, op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Every tensor-parallel collective goes through torch.distributed (Megatron's mappings, the column-parallel
+        layers' input-gradient all-reduce in their backward, the vocabulary-parallel cross entropy): one on the
+        tensor-parallel group inside a forward or backward step is logged in that step, with the host time of its
+        call (an asynchronous one's dispatch, as the p2p transfers')."""
+
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            def collective(*args: Any, **kwargs: Any) -> Any:
+                start = self.clock.now_ns()
+                result = original(*args, **kwargs)
+                end = self.clock.now_ns()
+                group = kwargs.get("group", args[2] if op == "all_reduce" and len(args) > 2 else None)
+                if self._step is not None and group is self._tp_group and self._tp_size > 1:
+                    tensor = args[1] if op != "all_reduce" else args[0]  # the input (a gather's output is args[0])
+                    phase, microbatch = self._step
+                    nbytes = tensor.numel() * tensor.element_size()
+                    if op == "all_gather":
+                        nbytes = args[0].numel() * args[0].element_size()  # the whole gathered buffer
+                    self.log.collective(op, "tp", phase, microbatch, nbytes, start, end)
+                return result
+
+            return collective
+
+        return wrap
 
     def _wrap_p2p(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """Megatron's communicator posts each exchange through one of these (batched or not), by keyword."""
@@ -143,6 +192,28 @@ class MegatronTracer:
         return p2p_ops
 
 
+def _reduce_gradients(parameters: list[Any], log: EventLog, clock: WallClock) -> None:
+    """Average the gradients over the data-parallel replicas after the last backward, as Megatron's DDP does
+    without --overlap-grad-reduce (one flat buffer, one all-reduce: its finalize_model_grads), logged as the
+    BACKWARD phase's `dp` all-reduce with no microbatch."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_data_parallel_group()
+    grads = [p.grad for p in parameters if p.grad is not None]
+    start = clock.now_ns()
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+    end = clock.now_ns()
+    log.collective("all_reduce", "dp", BACKWARD, None, flat.numel() * flat.element_size(), start, end)
+
+
 def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock) -> dict[str, Any]:
     """Build this rank's model chunks, run warm-up and traced iterations; return facts for the manifest."""
     import torch
@@ -158,12 +229,14 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     vp_size = config.vp if config.vp > 1 else None
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=world,
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=config.tp,
+                                             pipeline_model_parallel_size=config.pp,
                                              virtual_pipeline_model_parallel_size=vp_size)
     torch.manual_seed(config.seed)
     transformer = TransformerConfig(
         num_layers=config.layers, hidden_size=config.hidden, num_attention_heads=config.heads,
-        ffn_hidden_size=config.ffn, pipeline_model_parallel_size=world,
+        ffn_hidden_size=config.ffn, pipeline_model_parallel_size=config.pp,
+        tensor_model_parallel_size=config.tp, sequence_parallel=False,
         virtual_pipeline_model_parallel_size=vp_size, pipeline_dtype=torch.float32, params_dtype=torch.float32,
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False,
         masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
@@ -214,6 +287,8 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
                 model=chunks if vp_size else chunks[0],
                 num_microbatches=config.microbatches, seq_length=config.seq, micro_batch_size=1,
             )
+            if config.dp > 1:
+                _reduce_gradients(parameters, log, clock)
             start = clock.now_ns()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -63,7 +63,10 @@ def capture(
     out: Path = typer.Option(..., "--out", help="Job directory to write; its name is the run id (cpu_<config>_run<k>)."),
     pp: int = typer.Option(2, "--pp", help="Pipeline ranks (one process each, pinned to its own core)."),
     vp: int = typer.Option(1, "--vp", help="Model chunks per rank (>1 runs the interleaved 1F1B schedule)."),
-    microbatches: int = typer.Option(4, "--microbatches", help="Microbatches per iteration (= global batch)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks per stage (megatron engine; gloo)."),
+    dp: int = typer.Option(1, "--dp", help="Data-parallel replicas (megatron engine; gradients all-reduced after "
+                                           "the backwards)."),
+    microbatches: int = typer.Option(4, "--microbatches", help="Microbatches per iteration per replica."),
     iterations: int = typer.Option(4, "--iterations", help="Traced iterations, after 2 untraced warm-up ones."),
     layers: int = typer.Option(4, "--layers", help="Decoder layers in all (split evenly over pp * vp chunks)."),
     hidden: int = typer.Option(512, "--hidden", help="Hidden size."),
@@ -83,7 +86,7 @@ def capture(
     """Record a real pipeline run on this machine's CPU cores into a cluster-style job directory (needs the capture extra)."""
     from hops_calib.cli.capture import capture_command
 
-    raise typer.Exit(capture_command(out, force, pp=pp, vp=vp, microbatches=microbatches, iterations=iterations,
+    raise typer.Exit(capture_command(out, force, pp=pp, vp=vp, tp=tp, dp=dp, microbatches=microbatches, iterations=iterations,
                                      layers=layers, hidden=hidden, seq=seq, heads=heads, ffn_hidden=ffn_hidden,
                                      vocab=vocab, engine=engine, schedule=schedule, seed=seed, link_bench=link_bench,
                                      link_bench_iters=link_bench_iters))

@@ -1,9 +1,10 @@
 """Model room: counts of a Megatron GPT model (FLOPs, parameters, bytes) that cost terms build on.
 
 All counts are per microbatch (micro batch size b, sequence length s, hidden h,
-FFN hidden f, a attention heads), for Megatron's `--transformer-impl local`
-GPT layer: LayerNorm, QKV projection, core attention, output projection,
-LayerNorm, two-matmul MLP. A matmul of (m x k) by (k x n) costs 2mkn FLOPs.
+FFN hidden f, a attention heads, g key/value heads, t tensor-parallel GPUs) and per GPU, for Megatron's GPT
+layer: a norm (LayerNorm or RMSNorm), QKV projection, core attention, output projection, a norm, an MLP of two
+matmuls (three with SwiGLU). Tensor parallelism splits the matmuls and heads t ways (column- then row-parallel);
+the norms stay whole unless sequence parallelism splits them. A matmul of (m x k) by (k x n) costs 2mkn FLOPs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 
 from hops_calib.spec import ModelShape
 
-# Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by (default 128) times TP (1 here).
+# Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by (default 128) times TP.
 VOCAB_PADDING = 128
 
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -26,71 +27,119 @@ def bytes_per_element(shape: ModelShape) -> int:
                          ) from None
 
 
-def layer_forward_flops(shape: ModelShape) -> float:
-    """Forward FLOPs of one decoder layer.
-
-    QKV (6bsh^2) + output projection (2bsh^2) + MLP (4bsfh) + attention scores
-    and context (4bs^2h). With f = 4h this is Megatron's 24bsh^2 + 4bs^2h
-    (Narayanan et al., SC'21, eq. 2 without the LM head).
-    """
-    b, s, h, f = shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
-    return 8.0 * b * s * h * h + 4.0 * b * s * h * f + 4.0 * b * s * s * h
+def _t(shape: ModelShape) -> int:
+    return max(1, int(shape.tensor_parallel))
 
 
-def attention_core_flops(shape: ModelShape) -> float:
-    """Forward FLOPs of one decoder layer's attention core: the score and context products, 2bs^2h each (the part
-    of `layer_forward_flops` that selective recomputation redoes)."""
-    b, s, h = shape.micro_batch_size, shape.seq_length, shape.hidden_size
-    return 4.0 * b * s * s * h
+def qkv_width(shape: ModelShape) -> float:
+    """Output width of the QKV projection: h for the queries plus 2 x (kv heads x head size) for keys and values
+    (2h under multi-head attention; less under grouped-query attention)."""
+    h = shape.hidden_size
+    return h + 2.0 * h * shape.kv_heads / shape.num_attention_heads
+
+
+def mlp_matmuls(shape: ModelShape) -> int:
+    """h x f matmuls of the MLP: two (fc1, fc2), or three under SwiGLU (fc1 is 2f wide: gate and value)."""
+    return 3 if shape.swiglu else 2
 
 
 def layer_weight_grad_flops(shape: ModelShape) -> float:
-    """Weight-gradient FLOPs of one decoder layer's backward: one matmul per weight matmul of the forward.
+    """FLOPs of one decoder layer's weight matmuls (per GPU: split t ways by tensor parallelism), which is also the
+    weight-gradient FLOPs of its backward: one matmul per weight matmul of the forward.
 
-    The attention score/context products have no weights, so they appear only in
-    the input-gradient half.
+    QKV 2bsh(h + 2hg/a) (6bsh^2 with as many key/value heads as heads), output projection 2bsh^2, MLP 2bshf per
+    h x f matmul (two, three with SwiGLU). The attention score/context products have no weights, so they appear
+    only in the input-gradient half.
     """
     b, s, h, f = shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
-    return 8.0 * b * s * h * h + 4.0 * b * s * h * f
+    return (2.0 * b * s * h * (qkv_width(shape) + h) + 2.0 * mlp_matmuls(shape) * b * s * h * f) / _t(shape)
+
+
+def attention_core_flops(shape: ModelShape) -> float:
+    """Forward FLOPs of one decoder layer's attention core: the score and context products, 2bs^2h each (per GPU:
+    a/t heads each), the part of `layer_forward_flops` that selective recomputation redoes."""
+    b, s, h = shape.micro_batch_size, shape.seq_length, shape.hidden_size
+    return 4.0 * b * s * s * h / _t(shape)
+
+
+def layer_forward_flops(shape: ModelShape) -> float:
+    """Forward FLOPs of one decoder layer on one GPU of its tensor-parallel group.
+
+    QKV (6bsh^2) + output projection (2bsh^2) + MLP (4bsfh) + attention scores
+    and context (4bs^2h), all over t. With f = 4h and t = 1 this is Megatron's 24bsh^2 + 4bs^2h
+    (Narayanan et al., SC'21, eq. 2 without the LM head); SwiGLU and grouped-query attention as
+    `layer_weight_grad_flops` says.
+    """
+    return layer_weight_grad_flops(shape) + attention_core_flops(shape)
+
+
+def norm_parameters(shape: ModelShape) -> float:
+    """Parameters of one layer's two norms, replicated on every GPU of the tensor-parallel group: a weight and a
+    bias of h each for LayerNorm, a weight only for RMSNorm."""
+    return (4.0 if shape.normalization == "LayerNorm" else 2.0) * shape.hidden_size
 
 
 def layer_parameters(shape: ModelShape) -> float:
-    """Parameters of one decoder layer: QKV 3h^2+3h, projection h^2+h, MLP 2hf+f+h, two LayerNorms 4h."""
+    """Parameters of one decoder layer on one GPU: QKV h(h + 2hg/a) + its bias, projection h^2 + h, MLP h x f per
+    matmul with biases (f per fc1 column, h for fc2), split t ways; the two norms replicated. With t = 1, multi-head
+    attention, GeLU and LayerNorm: 4h^2 + 2hf + 9h + f."""
     h, f = shape.hidden_size, shape.ffn_hidden_size
-    return 4.0 * h * h + 2.0 * h * f + 9.0 * h + f
+    fc1 = (mlp_matmuls(shape) - 1) * f  # fc1's output width
+    split = (h * qkv_width(shape) + qkv_width(shape) + h * h + h * fc1 + fc1 + f * h) / _t(shape)
+    # Row-parallel layers (projection, fc2) keep their bias whole on every GPU.
+    return split + 2.0 * h + norm_parameters(shape)
 
 
 def layer_activation_bytes(shape: ModelShape) -> float:
-    """Bytes of activations one decoder layer's forward writes and its backward reads (16-bit training).
+    """Bytes of activations one decoder layer's forward writes and its backward reads on one GPU (16-bit training).
 
     Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
-    Transformer Models", sec. 4.1): sbh(34 + 5as/h) with f = 4h, i.e. attention
-    11sbh + 5as^2b, MLP 3sbh + 4sbf (19sbh at f = 4h), LayerNorms 4sbh.
+    Transformer Models", sec. 4.1-4.2): sbh(34 + 5as/h) with f = 4h at t = 1, i.e. attention
+    11sbh + 5as^2b, MLP 3sbh + 4sbf (19sbh at f = 4h), LayerNorms 4sbh. Under tensor
+    parallelism the norms' inputs, the attention and MLP inputs and the two dropout masks (10sbh) stay
+    whole on every GPU and the rest splits t ways, sbh(10 + 24/t + 5as/(ht)); with sequence
+    parallelism everything splits. Grouped-query attention keeps g/a of the key and value
+    tensors (4sbh at a = g), SwiGLU keeps fc1's 2f-wide output and its f-wide product (6sbf
+    instead of 4sbf); a flash kernel stores no score matrix (the 5as^2b).
     """
     b, s, h, f, a = (shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.ffn_hidden_size,
                      shape.num_attention_heads)
-    return 18.0 * s * b * h + 4.0 * s * b * f + 5.0 * a * s * s * b
+    t = _t(shape)
+    whole = 10.0 * s * b * h
+    kv = 4.0 * s * b * h * shape.kv_heads / a
+    mlp = (6.0 if shape.swiglu else 4.0) * s * b * f
+    scores = 0.0 if shape.attention_kernel == "flash" else 5.0 * a * s * s * b
+    split = 4.0 * s * b * h + kv + mlp + scores  # Q 2sbh + projection input 2sbh, K and V, MLP, scores
+    return (whole + split) / t if shape.sequence_parallel else whole + split / t
 
 
 def boundary_activation_bytes(shape: ModelShape) -> float:
-    """Bytes sent between pipeline stages per microbatch: the hidden states, s x b x h elements."""
-    return float(shape.seq_length * shape.micro_batch_size * shape.hidden_size * bytes_per_element(shape))
+    """Bytes sent between pipeline stages per microbatch by one GPU: the hidden states, s x b x h elements (s/t x b
+    x h under sequence parallelism, each GPU of the group sending its slice)."""
+    tokens = shape.seq_length // _t(shape) if shape.sequence_parallel else shape.seq_length
+    return float(tokens * shape.micro_batch_size * shape.hidden_size * bytes_per_element(shape))
 
 
 def padded_vocab(shape: ModelShape) -> int:
-    """The vocabulary size Megatron allocates: the next multiple of VOCAB_PADDING."""
-    return math.ceil(shape.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+    """The vocabulary size Megatron allocates: the next multiple of VOCAB_PADDING x t."""
+    multiple = VOCAB_PADDING * _t(shape)
+    return math.ceil(shape.vocab_size / multiple) * multiple
+
+
+def vocab_per_gpu(shape: ModelShape) -> int:
+    """Rows of the word embedding (and columns of the output layer) one GPU holds: the vocabulary splits t ways."""
+    return padded_vocab(shape) // _t(shape)
 
 
 def stage_parameters(shape: ModelShape, layers: int, first: bool, last: bool, ranks: int) -> float:
-    """Parameters a pipeline rank holds: its decoder layers, plus the word and position embeddings on the first
-    stage, the final LayerNorm and (tied or not) an output-layer copy of the word embedding on the last stage
-    (one rank holding both keeps one copy)."""
+    """Parameters one GPU of a pipeline rank holds (its share of the tensor-parallel split): its decoder layers,
+    plus the word embedding (V/t rows) and learned position embeddings on the first stage, the final norm and (tied
+    or not) an output-layer copy of the word embedding on the last stage (one rank holding both keeps one copy)."""
     h = shape.hidden_size
-    vocab = padded_vocab(shape)
+    vocab = vocab_per_gpu(shape)
     total = layers * layer_parameters(shape)
     if first:
-        total += vocab * h + shape.seq_length * h
+        total += vocab * h + (shape.seq_length * h if shape.position_embedding == "learned_absolute" else 0)
     if last:
-        total += 2 * h + (vocab * h if ranks > 1 else 0)
+        total += norm_parameters(shape) / 2 + (vocab * h if ranks > 1 else 0)
     return float(total)

@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Collection, Iterable, Mapping
 
 from hops_calib.errors import InputError, line_of, parse_toml
@@ -116,7 +117,7 @@ class Model:
             "terms": {t.name: dict(t.values) for t in sorted(self.terms, key=lambda t: t.name)},
         }
 
-    @property
+    @cached_property  # a frozen model's identity never changes; every prediction stamps it
     def sha256(self) -> str:
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
@@ -152,8 +153,8 @@ class Model:
 
     # --- the one thing a model does ----------------------------------------------------------------
 
-    def pipeline(self, spec: Spec) -> Pipeline:
-        """The simulator's input for `spec`: the sum of every active term's contribution."""
+    def context(self, spec: Spec) -> Context:
+        """What the terms see of `spec`: its layout and the device spec of every rank."""
         layout = layout_of(spec)
         devices = []
         for rank, device_type in enumerate(spec.devices):
@@ -164,7 +165,12 @@ class Model:
                                  f"{self.name!r} does not know (known: {sorted(d.type for d in self.devices)}); add it "
                                  "to hops_calib/model/devices.toml or to the model file's [devices] with sources"
                                  ) from None
-        context = Context(spec=spec, layout=layout, devices=tuple(devices))
+        return Context(spec=spec, layout=layout, devices=tuple(devices))
+
+    def pipeline(self, spec: Spec) -> Pipeline:
+        """The simulator's input for `spec`: the sum of every active term's contribution."""
+        context = self.context(spec)
+        layout = context.layout
         totals: dict[str, list[float] | None] = {name: None for name in Contribution.LENGTHS}
         layer_work: dict[str, list[float]] = {name: [0.0] * layout.virtual_stages
                                               for name in ("forward_ms", "backward_ms", "attention_core_ms")}
@@ -213,7 +219,10 @@ class Model:
             totals[field] = [max(work, bound) + rest for work, bound, rest
                              in zip(layer_work[field], floors[floor], per(field))]
 
-        stages = tuple(StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w, host_ms=h)
+        # Ranks that time-share a device (a CPU capture with more ranks than cores) each get 1/k of it: every task of
+        # a rank, its host time included (the host is the same core), takes k times as long.
+        k = spec.ranks_per_device
+        stages = tuple(StageCosts(forward_ms=k * f, backward_ms=k * b, weight_grad_ms=k * w, host_ms=k * h)
                        for f, b, w, h in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms"),
                                              per("host_ms")))
         return Pipeline(
@@ -223,7 +232,9 @@ class Model:
             iterations=spec.iterations,
             forward_transfer_ms=tuple(totals["forward_transfer_ms"] or ()),
             backward_transfer_ms=tuple(totals["backward_transfer_ms"] or ()),
-            optimizer_ms=tuple(totals["optimizer_ms"] or ()),
+            optimizer_ms=tuple(k * v for v in totals["optimizer_ms"] or ()),
+            grad_reduce_ms=tuple(k * v for v in totals["grad_reduce_ms"] or ()),
+            grad_reduce_tail_ms=tuple(k * v for v in totals["grad_reduce_tail_ms"] or ()),
             pre_optimizer_ms=pre_optimizer_ms,
             post_optimizer_ms=post_optimizer_ms,
             stall_ms=stall[1] if stall else 0.0,
@@ -231,6 +242,63 @@ class Model:
             # A switch no term sets keeps the simulator's own default.
             **{switch: next(iter(setters)) for switch, setters in switches.items() if setters},
         )
+
+    def breakdown(self, spec: Spec) -> list[dict[str, float]]:
+        """Per pipeline rank, the milliseconds of one iteration on one of its GPUs by what they are (each term's
+        `category`: compute, tp_comm, p2p, dp_reduce, optimizer, host), summed over its tasks: forward and backward
+        per microbatch times the microbatches (recomputation counted as compute), the hops it sends, its optimizer
+        step, its gradient reduction (whole; `dp_reduce_exposed` is the part no backward hides) and the
+        per-iteration work. The host's launch floors count only by how much they exceed the layers' GPU work (the
+        simulator takes the longer of the two). A sum of work, not the critical path: waiting (the bubble) is not
+        in it."""
+        context = self.context(spec)
+        layout, m = context.layout, spec.microbatches
+        ranks, stages = layout.ranks, layout.virtual_stages
+        out = [dict.fromkeys(("compute", "tp_comm", "p2p", "dp_reduce", "dp_reduce_exposed", "optimizer", "host"),
+                             0.0) for _ in range(ranks)]
+        layer = {"forward_ms": [0.0] * stages, "backward_ms": [0.0] * stages, "attention_core_ms": [0.0] * stages}
+        floor = {"forward_floor_ms": [0.0] * stages, "backward_floor_ms": [0.0] * stages}
+        reduce_whole, reduce_tail, last_backward = [0.0] * ranks, [0.0] * ranks, [0.0] * ranks
+
+        def at(values: tuple[float, ...], k: int) -> float:
+            return values[k] if values else 0.0
+
+        for active in self.terms:
+            part = active.term.contribute(context, active.params())
+            category = active.term.category
+            for k in range(stages):
+                rank = layout.rank_of(k)
+                out[rank][category] += m * (at(part.forward_ms, k) + at(part.backward_ms, k))
+                out[rank]["host"] += m * at(part.host_ms, k)
+                if k < ranks:  # chunk 0: the rank's last backward of an iteration
+                    last_backward[rank] += at(part.backward_ms, k)
+                if active.term.scope == "layers":
+                    for field, values in layer.items():
+                        values[k] += at(getattr(part, field), k)
+                for field, values in floor.items():
+                    values[k] += at(getattr(part, field), k)
+            for k in range(layout.hops):
+                out[layout.rank_of(k)][category] += m * at(part.forward_transfer_ms, k)
+                out[layout.rank_of(k + 1)][category] += m * at(part.backward_transfer_ms, k)
+            for rank in range(ranks):
+                out[rank][category] += (at(part.optimizer_ms, rank) + part.pre_optimizer_ms
+                                        + part.stall_probability * part.stall_ms)
+                out[rank]["host"] += part.post_optimizer_ms
+                reduce_whole[rank] += at(part.grad_reduce_ms, rank)
+                reduce_tail[rank] += at(part.grad_reduce_tail_ms, rank)
+        redo_work, redo_floor = recomputation(spec, layout, layer["forward_ms"], layer["attention_core_ms"],
+                                              floor["forward_floor_ms"])
+        for k in range(stages):
+            rank = layout.rank_of(k)
+            out[rank]["compute"] += m * redo_work[k]
+            excess = (max(0.0, floor["forward_floor_ms"][k] - layer["forward_ms"][k])
+                      + max(0.0, floor["backward_floor_ms"][k] + redo_floor[k] - layer["backward_ms"][k] - redo_work[k]))
+            out[rank]["host"] += m * excess
+        for rank in range(ranks):
+            out[rank]["dp_reduce"] += reduce_whole[rank]
+            if reduce_whole[rank]:
+                out[rank]["dp_reduce_exposed"] = max(reduce_tail[rank], reduce_whole[rank] - last_backward[rank])
+        return out
 
     # --- text -----------------------------------------------------------------------------------
 

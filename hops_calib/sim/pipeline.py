@@ -40,6 +40,14 @@ class Pipeline:
     # (a barrier: all ranks wait for the slowest) and before the optimizer step, e.g.
     # gradient and embedding all-reduces, loss reporting.
     pre_optimizer_ms: float = 0.0
+    # Per rank, its data-parallel gradient reduction (all-reduce, or reduce-scatter under the distributed
+    # optimizer), which each rank starts on its own after its backwards, before any barrier: `grad_reduce_ms` is
+    # its whole time, `grad_reduce_tail_ms` the part that cannot run under the rank's last backward. Without
+    # overlap the two are equal (the reduction follows the last backward); with Megatron's --overlap-grad-reduce
+    # the buckets reduce while the last backward runs and only the last bucket follows it, so the rank is done at
+    # max(last backward end + tail, last backward start + whole). Empty: no reduction.
+    grad_reduce_ms: tuple[float, ...] = ()
+    grad_reduce_tail_ms: tuple[float, ...] = ()
     # Per rank, between its optimizer end and its first task of the next iteration.
     post_optimizer_ms: float = 0.0
     # An occasional delay of the pre-optimizer work (a TCP retransmission timeout on the all-reduce's flow):
@@ -81,13 +89,20 @@ class Pipeline:
                 raise ValueError(f"{name} has {len(value)} entries; expected {hops} (one per adjacent virtual-stage pair)")
         if self.optimizer_ms and len(self.optimizer_ms) != self.ranks:
             raise ValueError(f"optimizer_ms has {len(self.optimizer_ms)} entries; expected {self.ranks} (one per rank)")
+        for name in ("grad_reduce_ms", "grad_reduce_tail_ms"):
+            if getattr(self, name) and len(getattr(self, name)) != self.ranks:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries; expected {self.ranks} (one per rank)")
+        if len(self.grad_reduce_tail_ms) != len(self.grad_reduce_ms) or any(
+                tail > whole for tail, whole in zip(self.grad_reduce_tail_ms, self.grad_reduce_ms)):
+            raise ValueError("grad_reduce_tail_ms needs one entry per grad_reduce_ms entry, none longer than it")
         for k, cost in enumerate(self.stages):
             values = (cost.forward_ms, cost.backward_ms, cost.weight_grad_ms, cost.host_ms)
             if not all(0 <= v < math.inf for v in values) or cost.weight_grad_ms > cost.backward_ms:
                 raise ValueError(f"virtual stage {k}: costs must be finite, >= 0 and weight_grad_ms <= backward_ms "
                                  f"({cost})")
         # A negative or NaN time would silently reorder the simulated timeline.
-        for name in ("forward_transfer_ms", "backward_transfer_ms", "optimizer_ms"):
+        for name in ("forward_transfer_ms", "backward_transfer_ms", "optimizer_ms", "grad_reduce_ms",
+                     "grad_reduce_tail_ms"):
             for index, value in enumerate(getattr(self, name)):
                 if not 0 <= value < math.inf:
                     raise ValueError(f"{name}[{index}] = {value}: times must be finite and >= 0")

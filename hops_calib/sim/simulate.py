@@ -143,6 +143,22 @@ def _columns(rows: Rows, iteration: list[int]) -> dict[str, np.ndarray]:
     }
 
 
+def _after_grad_reduce(pipeline: Pipeline, rows: Rows, first_row: int, ends: list[float]) -> list[float]:
+    """Each rank's end once its gradient reduction is done (`Pipeline.grad_reduce_ms`): after its last backward by
+    the tail, and no earlier than the whole reduction from that backward's start (rows from `first_row` are this
+    iteration's)."""
+    last_start = [0.0] * pipeline.ranks
+    last_end = [-1.0] * pipeline.ranks
+    for k in range(first_row, len(rows.stage)):
+        if rows.is_transfer[k]:
+            continue
+        rank = rows.stage[k]
+        if rows.end_ms[k] > last_end[rank]:
+            last_end[rank], last_start[rank] = rows.end_ms[k], rows.start_ms[k]
+    return [max(end + tail, start + whole) for end, start, tail, whole
+            in zip(ends, last_start, pipeline.grad_reduce_tail_ms, pipeline.grad_reduce_ms)]
+
+
 def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = None, seed: int = 0,
              replicate: bool = True, compute_factors: np.ndarray | None = None) -> SimResult:
     """Simulate `pipeline.iterations` training iterations of `schedule`.
@@ -181,12 +197,15 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     for number in range(1, pipeline.iterations + 1):
         timed = number
         began = starts
+        first_row = len(rows.stage)
         if compute_factors is not None:
             factor = compute_factors[number - 1]
             task_ms = [[ms * factor[k % ranks] for k, ms in enumerate(row)] for row in nominal_task_ms]
             optimizer = [ms * factor[r] for r, ms in enumerate(nominal_optimizer)]
         ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer,
                              starts, rows, host_ms, pipeline.host_after_receive_only)
+        if pipeline.grad_reduce_ms:
+            ends = _after_grad_reduce(pipeline, rows, first_row, ends)
         barrier = max(ends)
         barriers.append(barrier)
         optimizer_starts = [(barrier if pipeline.optimizer_barrier else end) + pipeline.pre_optimizer_ms

@@ -605,9 +605,10 @@ class FixtureStore:
             "source": meta.get("source", ""),
             "kind": EVENTS_KIND,
             "container": meta["id"],
-            "tp": int(spec.get("megatron_args", {}).get("tensor_model_parallel_size") or 1),
-            "dp": 1,
-            "gpus": int(spec["pp"]),
+            # spec.json writes tp and dp only when they are not 1 (Spec.to_dict)
+            "tp": int(spec["model"].get("tensor_parallel", 1)),
+            "dp": int(spec.get("dp", 1)),
+            "gpus": int(spec["pp"]) * int(spec["model"].get("tensor_parallel", 1)) * int(spec.get("dp", 1)),
             **{name: int(spec["model"][name]) for name in ("num_layers", "hidden_size", "seq_length",
                                                              "micro_batch_size", "global_batch_size")},
         }

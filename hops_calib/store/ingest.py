@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from hops_calib import __version__
-from hops_calib.spec import Spec, build_spec
+from hops_calib.spec import Spec, build_spec, coordinates_of
 from hops_calib.store.fixture_store import (EVENTS_FILE, INDEX, FixtureStore, StoreError, check_fixture_id,
                                            write_events)
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
@@ -102,6 +102,32 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
+def _pacing_pipeline(spec: Spec, ends: dict[int, int]) -> dict[int, int]:
+    """stage -> rank of the pipeline that paces the run: of the tp x dp pipelines (the ranks with one tensor- and
+    one data-parallel index, one per stage, which exchange activations with each other), the one whose traced
+    window ends last (`ends`: each rank's last event end), ties to the lowest indices. Measured, not assumed; one
+    whole pipeline, so every hop's sender and receiver are the ranks that really exchanged."""
+    best: tuple[int, dict[int, int]] | None = None
+    for dp_rank in range(spec.dp):
+        for tp_rank in range(spec.tp):
+            ranks = {stage: spec.rank(tp_rank, dp_rank, stage) for stage in range(spec.pp)}
+            end = max(ends[rank] for rank in ranks.values())
+            if best is None or end > best[0]:
+                best = (end, ranks)
+    assert best is not None
+    return best[1]
+
+
+def _collective_summary(pacing: dict[int, tuple[int, dict[str, np.ndarray]]], collectives: dict[int, list],
+                        spec: Spec) -> list[dict]:
+    """Per stage, what its pacing rank's `collective` lines say (`trace.collectives.summarize`)."""
+    from hops_calib.trace.collectives import summarize
+
+    return [{"stage": stage, "rank": rank,
+             **summarize(collectives.get(rank, []), columns, spec.iterations, spec.microbatches)}
+            for stage, (rank, columns) in sorted(pacing.items())]
+
+
 def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS) -> RunData:
     """Spec and truth of one job directory, its normalized events written to `events_path` (Parquet).
 
@@ -112,17 +138,21 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
     files = rank_files(job_dir)
-    if sorted(files) != list(range(spec.pp)):
+    ranks = spec.gpus
+    if sorted(files) != list(range(ranks)):
         raise TraceError(job_dir / TRACE_DIR, f"has logs of ranks {sorted(files)} but the configuration has "
-                         f"{spec.pp} pipeline stages (ranks 0..{spec.pp - 1})", field="rank<r>.jsonl",
+                         f"{ranks} ranks ({spec.pp} pipeline stages x tp {spec.tp} x dp {spec.dp}: 0..{ranks - 1})",
+                         field="rank<r>.jsonl",
                          hint="stage counts of configuration and trace disagree: copy every rank's log, or fix "
-                              "--pipeline-model-parallel-size")
+                              "--pipeline-model-parallel-size (and the tensor and data parallel sizes)")
     device_stage = {device: stage for stage, device in enumerate(spec.device_ids)}
-    parts, hostnames, dropped = [], [], {}
+    parts, hostnames, dropped = {}, [], {}
+    collectives: dict[int, list] = {}
     for rank, path in files.items():
-        # rank r runs stage r: the launch checks (require_modelled) admit no tensor or data parallelism
+        # Megatron's rank order says which stage a rank runs (rank r runs stage r with t = d = 1)
+        stage = coordinates_of(rank, spec.rank_order, {"tp": spec.tp, "dp": spec.dp, "pp": spec.pp})["pp"]
         columns, report = read_rank_events(path, rank=rank, pp=spec.pp, device_stage=device_stage, lenient=lenient,
-                                           stage=rank)
+                                           stage=stage)
         if report.events == 0:
             after = f" after dropping {sum(report.dropped.values())} bad lines" if report.dropped else ""
             raise TraceError(path, f"rank {rank} has no events{after}",
@@ -130,9 +160,23 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
         if report.dropped:
             dropped[path.name] = dict(report.dropped)
         hostnames.append(report.hostname)
+        if report.collectives:
+            collectives[rank] = report.collectives
         order = np.lexsort((columns["end_ns"], columns["start_ns"]))  # lines are not in time order
-        parts.append({name: values[order] for name, values in columns.items()})
+        parts.setdefault(stage, []).append((rank, {name: values[order] for name, values in columns.items()}))
         del columns, order
+    by_rank = {rank: columns for group in parts.values() for rank, columns in group}
+    ends = {rank: int(columns["end_ns"].max()) if len(columns["end_ns"]) else -1 for rank, columns in by_rank.items()}
+    pacing = {stage: (rank, by_rank[rank]) for stage, rank in _pacing_pipeline(spec, ends).items()}
+    if ranks > spec.pp:
+        last = {stage: max(group, key=lambda item: ends[item[0]])[0] for stage, group in parts.items()}
+        notes.append("the timeline is the pacing pipeline's (of the tp x dp pipelines, the one whose window ends "
+                     "last): ranks " + ", ".join(f"{rank} (stage {stage})" for stage, (rank, _c) in sorted(pacing.items()))
+                     + "; the rank of each stage whose window ends last: "
+                     + ", ".join(f"{rank} (stage {stage})" for stage, rank in sorted(last.items())))
+    files = {rank: files[rank] for rank, _c in pacing.values()}
+    collective_summary = _collective_summary(pacing, collectives, spec) if collectives else None
+    parts = [columns for _stage, (_rank, columns) in sorted(pacing.items())]
     columns = _concat(parts)
     del parts
     stages_seen = np.unique(columns["stage"])
@@ -192,6 +236,8 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
         "events": int(n_events),
         "warnings": warnings,
     }
+    if collective_summary is not None:  # only runs whose logs have collective lines (old fixtures stay as they were)
+        quality["collectives"] = collective_summary
     return RunData(spec=spec, truth=truth, quality=quality, hostnames=hostnames, warnings=warnings)
 
 

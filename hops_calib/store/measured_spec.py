@@ -2,7 +2,7 @@
 measured (a run with events gets its spec at ingest, `spec.build_spec`; this one when it is loaded, so that a model
 that learns to price more runs needs no new ingest).
 
-A run the cost model does not price (tensor or data parallelism, ...) gets no spec: the ValueError (a TraceError
+A run the cost model does not price (context parallelism, experts, FP8, ...) gets no spec: the ValueError (a TraceError
 for a launch setting) says why, and the verbs that would predict it refuse it by name with that reason
 (`hops_calib.store.fixture_store.NotPriced`).
 """
@@ -23,12 +23,6 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
     """The Spec of a measured run (`hardware`: gpu, gpus_per_node; `collectives`: the machine's collective
     benchmark tables, which the store keeps, when its source had them); ValueError naming what the model does not
     price."""
-    tp = int(args.get("tensor_model_parallel_size") or 1)
-    dp = int(args.get("data_parallel_size") or 1)
-    if tp != 1 or dp != 1:
-        needs = " and ".join(name for name, size in (("tensor", tp), ("data", dp)) if size != 1)
-        raise ValueError(f"it needs {needs} parallelism, which the cost model does not price yet (it prices one "
-                         "GPU per pipeline stage)")
     if "collective_tables" in hardware:  # an ingest before the store kept the tables named their source folder
         raise ValueError(f"an older ingest left its all-reduce tables at {hardware['collective_tables']} instead of "
                          "keeping them in the store: ingest its source again")
@@ -38,8 +32,7 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
     hops = [(r, r + 1) for r in range(spec.pp - 1)] + ([(spec.pp - 1, 0)] if spec.vp > 1 and spec.pp > 1 else [])
     missing = [hop for hop in hops if spec.link(*hop) is None]
     if missing:
-        inside = spec.gpus_per_node is None or all(a // spec.gpus_per_node == b // spec.gpus_per_node
-                                                   for a, b in missing)
+        inside = spec.gpus_per_node is None or all(spec.same_node(a, b) for a, b in missing)
         raise ValueError(f"nothing prices the hop between stages {missing[0][0]} and {missing[0][1]}"
                          + (": no collective benchmark of the node (give its all-reduce tables: calibration/"
                             "allreduce/ beside the log or table, or hardware.collective_tables in hops.base.yaml or "

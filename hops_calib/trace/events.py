@@ -48,6 +48,27 @@ EVENT_DTYPES: dict[str, str] = {
 }
 _FLUSH_ROWS = 1 << 16
 
+# A collective a rank took part in (schema extension of issue #19, written by `hops-calib capture`; the tracing
+# fork's logs have none): `collective` all_reduce | reduce_scatter | all_gather, `group` tp | dp, `phase` the phase
+# that issued it (FORWARD, BACKWARD), `microbatch` (null for the gradient reduction after the backwards), `bytes`.
+# Kept apart from the timeline's columns (`RankLogReport.collectives`), so every reader of events sees what it saw.
+COLLECTIVE = "collective"
+COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather")
+COLLECTIVE_GROUPS = ("tp", "dp")
+
+
+@dataclass(frozen=True)
+class CollectiveEvent:
+    iteration: int
+    phase: str
+    microbatch: int | None
+    op: str
+    group: str
+    nbytes: int
+    start_ns: int
+    end_ns: int
+
+
 _FIX = "fix the line, or drop it with --lenient"
 _REQUIRED = ("rank", "stage", "iteration", "event_type", "phase", "start_wall_ns", "end_wall_ns")
 
@@ -62,6 +83,7 @@ class RankLogReport:
     events: int = 0
     dropped: Counter = field(default_factory=Counter)  # reason -> lines dropped (lenient only)
     hostname: str = ""
+    collectives: list[CollectiveEvent] = field(default_factory=list)  # its `collective` lines, in file order
 
 
 # Per-event values in the order the reader collects them (rank is constant per log, added at the end).
@@ -150,6 +172,29 @@ def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, 
     return None
 
 
+def check_collective(record: dict[str, Any], *, rank: int, pp: int, stage: int | None) -> tuple[str, str, str] | None:
+    """(field, problem, what to do) for the first thing wrong with a `collective` line, or None."""
+    for name in ("rank", "stage", "iteration", "start_wall_ns", "end_wall_ns", "bytes"):
+        if not _is_int(record.get(name)) or record[name] < 0:
+            return name, f"is {record.get(name)!r}, expected a non-negative integer", _FIX
+    if record["rank"] != rank:
+        return "rank", f"is {record['rank']} in the log of rank {rank}", "each rank<r>.jsonl holds only rank r's events"
+    if record["stage"] >= pp or (stage is not None and record["stage"] != stage):
+        return "stage", f"is {record['stage']}; rank {rank} runs stage {stage}", _FIX
+    if record.get("collective") not in COLLECTIVE_OPS:
+        return "collective", f"is {record.get('collective')!r}", f"expected one of {list(COLLECTIVE_OPS)}: {_FIX}"
+    if record.get("group") not in COLLECTIVE_GROUPS:
+        return "group", f"is {record.get('group')!r}", f"expected one of {list(COLLECTIVE_GROUPS)}: {_FIX}"
+    if record.get("phase") not in ("FORWARD", "BACKWARD"):
+        return "phase", f"is {record.get('phase')!r} on a collective", f"expected FORWARD or BACKWARD: {_FIX}"
+    microbatch = record.get("microbatch")
+    if microbatch is not None and (not _is_int(microbatch) or not 0 <= microbatch <= MAX_INDEX):
+        return "microbatch", f"is {microbatch!r}, expected an integer 0..{MAX_INDEX} or null", _FIX
+    if record["end_wall_ns"] < record["start_wall_ns"]:
+        return "end_wall_ns", "is before start_wall_ns", "the event ends before it starts: " + _FIX
+    return None
+
+
 def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[str, int],
                      lenient: bool = False, stage: int | None = None) -> tuple[dict[str, np.ndarray], RankLogReport]:
     """Normalized event columns (EVENT_DTYPES) of one rank log, and what the read found.
@@ -180,6 +225,15 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                 else:
                     reject(None, f"not valid JSON ({err})", "fix the line, or ingest with --lenient to drop it",
                            "malformed JSON")
+                continue
+            if type(record) is dict and record.get("event_type") == COLLECTIVE:
+                problem = check_collective(record, rank=rank, pp=pp, stage=stage)
+                if problem is not None:
+                    reject(*problem)
+                else:
+                    report.collectives.append(CollectiveEvent(
+                        record["iteration"], record["phase"], record.get("microbatch"), record["collective"],
+                        record["group"], record["bytes"], record["start_wall_ns"], record["end_wall_ns"]))
                 continue
             # Fast path for the common, valid event; anything unusual goes through check_record.
             try:

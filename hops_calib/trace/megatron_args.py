@@ -84,7 +84,8 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
 
 
 def _launcher_world_size(tokens: list[str]) -> int | None:
-    """nnodes x nproc-per-node of a torchrun (torch.distributed.run) launch, when both are plain integers."""
+    """nnodes (default 1) x nproc-per-node of a torchrun (torch.distributed.run) launch, when both are plain
+    integers."""
     found: dict[str, str] = {}
     for k, token in enumerate(tokens):
         if not token.startswith("--"):
@@ -95,7 +96,7 @@ def _launcher_world_size(tokens: list[str]) -> int | None:
             value = inline or (tokens[k + 1] if k + 1 < len(tokens) else "")
             found[name] = value
     try:
-        return int(found["nnodes"]) * int(found["nproc-per-node"])
+        return int(found.get("nnodes", "1")) * int(found["nproc-per-node"])  # torchrun's default: one node
     except (KeyError, ValueError):  # absent, an elastic range ("1:4"), or "gpu"/"auto"
         return None
 

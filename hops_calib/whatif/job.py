@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.model.coverage import Coverage, Extrapolation, extrapolations
+from hops_calib.model.memory import StageMemory, stage_memory
 from hops_calib.model.predict import STALL_RANGE_LEVEL, Prediction
 from hops_calib.metrics import schedule_bubble
 from hops_calib.spec import SCHEDULES, Spec
@@ -63,6 +64,12 @@ class WhatIf:
     perturbations: Perturbations | None = None
     # per prediction, the throughput (microbatches/s) of each perturbed draw
     perturbed: tuple[tuple[float, ...], ...] = ()
+    breakdown: tuple[dict[str, float], ...] = ()  # per stage, ms of one iteration by kind (`Model.breakdown`)
+    memory: tuple[StageMemory, ...] = ()  # per stage, one GPU's peak under the first schedule predicted
+
+    @property
+    def fits(self) -> bool:
+        return all(stage.fits for stage in self.memory)
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.spec
@@ -76,7 +83,15 @@ class WhatIf:
                               "microbatches": spec.microbatches, "iterations": spec.iterations,
                               "layers_per_stage": list(spec.layers_per_stage), "schedule": spec.schedule,
                               "hidden_size": spec.model.hidden_size, "seq_length": spec.model.seq_length,
-                              "num_layers": spec.model.num_layers},
+                              "num_layers": spec.model.num_layers, "tp": spec.tp, "dp": spec.dp,
+                              "gpus": spec.gpus, "sequence_parallel": spec.model.sequence_parallel,
+                              "distributed_optimizer": spec.distributed_optimizer,
+                              "overlap_grad_reduce": spec.overlap_grad_reduce,
+                              "recompute": spec.model.recompute_granularity,
+                              "attention_kernel": spec.model.attention_kernel, "rank_order": spec.rank_order},
+            "breakdown_ms_per_iteration": [{"stage": k, **parts} for k, parts in enumerate(self.breakdown)],
+            "memory": [stage.to_dict() for stage in self.memory],
+            "fits": self.fits,
             "links": [hop.to_dict() for hop in self.hops],
             "perturbations": self.perturbations.describe() if self.perturbations is not None else None,
             "predictions": [{"asked": asked, **_prediction_dict(p, spec), **_perturbed_dict(draws)}
@@ -220,6 +235,8 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
         raise InputError(str(job_dir), f"cannot be priced by model {model.name!r}: {error}", field="configuration",
                          hint="a what-if needs what the model prices: the link benchmark in calibration/link_bench/ "
                               "(pair_<i>_<j>.jsonl), device types the catalog knows") from None
+    memory = stage_memory(spec, [model.device(d).memory_bytes for d in spec.devices],
+                          predictions[0].result.peak_stage_activations)
     perturbed = ()
     if perturbations is not None:
         try:
@@ -230,7 +247,7 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
             raise InputError(str(job_dir), f"cannot be simulated under the stragglers or failures asked for: {error}",
                              field="--failure-rate", hint="check the rates and the checkpoint interval") from None
     return WhatIf(job_dir=job_dir, spec=spec, model=model, predictions=predictions, asked=asked,
-                  notes=tuple(notes),
+                  notes=tuple(notes), breakdown=tuple(model.breakdown(spec)), memory=memory,
                   extrapolations=tuple(extrapolations(spec, calibration)) if calibration is not None else None,
                   calibration=calibration_name, refused=refused, hops=hops, perturbations=perturbations,
                   perturbed=perturbed)
@@ -239,7 +256,9 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
 def what_if_text(result: WhatIf) -> str:
     spec, model = result.spec, result.model
     shape = spec.model
-    lines = [f"{result.job_dir}: {spec.pp} stages ({'-'.join(spec.devices)}), {spec.microbatches} microbatches x "
+    parallel = (f" x tp {spec.tp} x dp {spec.dp} = {spec.gpus} GPUs" if spec.gpus > spec.pp else "")
+    lines = [f"{result.job_dir}: {spec.pp} stages{parallel} ({'-'.join(spec.devices)}), {spec.microbatches} "
+             "microbatches x "
              f"{spec.iterations} iterations, h={shape.hidden_size} s={shape.seq_length} layers={shape.num_layers} "
              f"({'-'.join(str(n) for n in spec.layers_per_stage)}); configured schedule {spec.schedule}; "
              f"model {model.name} ({model.sha256[:12]}); predicted from the configuration alone"]
@@ -293,4 +312,33 @@ def what_if_text(result: WhatIf) -> str:
         optimizer = f"{row.optimizer_ms:.2f}" if row.optimizer_ms is not None else "n/a"
         lines.append(f"{row.stage:>5} {row.device:8}{first.metrics.utilization_per_stage[row.stage]:7.3f}"
                      f"{row.forward_ms:9.2f}{row.backward_ms:9.2f}{optimizer:>9}")
+    lines += _breakdown_lines(result)
     return "\n".join(lines)
+
+
+_PARTS = (("compute", "compute"), ("tp_comm", "TP comm"), ("p2p", "p2p"), ("dp_reduce", "DP reduce"),
+          ("dp_reduce_exposed", "exposed"), ("optimizer", "optimizer"), ("host", "host"))
+
+
+def _breakdown_lines(result: WhatIf) -> list[str]:
+    """Per stage: one GPU's work of an iteration by kind, and its peak memory against the device's."""
+    lines = ["", "per stage, one GPU, ms of one iteration by kind (work summed over its tasks, not the critical path; "
+                 "exposed: the part of the DP reduction no backward hides):",
+             f"{'stage':>5}" + "".join(f"{label:>11}" for _key, label in _PARTS)]
+    for k, parts in enumerate(result.breakdown):
+        lines.append(f"{k:>5}" + "".join(f"{parts[key]:11.2f}" for key, _label in _PARTS))
+    gb = 1e9
+    lines += ["", "peak memory per GPU, GB (weights, gradients, optimizer state, activations at the schedule's "
+                  "peak; CUDA context, NCCL buffers and fragmentation not counted):",
+              f"{'stage':>5}{'weights':>10}{'grads':>10}{'optim':>10}{'activ':>10}{'total':>10}{'device':>10}"]
+    for stage in result.memory:
+        lines.append(f"{stage.stage:>5}{stage.weights_bytes / gb:10.2f}{stage.gradients_bytes / gb:10.2f}"
+                     f"{stage.optimizer_bytes / gb:10.2f}{stage.activations_bytes / gb:10.2f}"
+                     f"{stage.total_bytes / gb:10.2f}{stage.device_bytes / gb:10.2f}"
+                     + ("" if stage.fits else "  DOES NOT FIT"))
+    if not result.fits:
+        worst = min(result.memory, key=lambda stage: stage.headroom_bytes)
+        lines.append(f"this launch would not fit: stage {worst.stage} needs {worst.total_bytes / gb:.1f} GB of "
+                     f"{worst.device_bytes / gb:.1f} GB; more tensor or pipeline parallelism, the distributed "
+                     "optimizer, recomputation or a smaller micro batch would lower it")
+    return lines

@@ -28,7 +28,7 @@ import numpy as np
 
 from hops_calib.errors import InputError
 from hops_calib.model import Model
-from hops_calib.model.memory import rank_memory_bytes
+from hops_calib.model.memory import stage_memory
 from hops_calib.progress import QUIET, Progress
 from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
@@ -335,7 +335,8 @@ class JobPlanner:
         try:
             spec = spec_from_args(self.launch_args(launch), self.args_source, run_id=self.spec.run_id,
                                   hardware=hardware, links=tuple(h.link for h in hops if h.link),
-                                  collectives=self.spec.collectives, iterations=self.spec.iterations)
+                                  collectives=self.spec.collectives, iterations=self.spec.iterations,
+                                  ranks_per_device=self.spec.ranks_per_device)
         except (TraceError, ValueError) as error:
             raise Refusal(f"Megatron refuses the launch: {getattr(error, 'problem', None) or error}") from None
         # a hop no benchmark prices may lie within one node: the spec prices it from the node's all-reduce tables
@@ -392,9 +393,8 @@ class JobPlanner:
             raise Refusal(f"{schedule} cannot run it: {str(error).split(';')[0]}") from None
         metrics = result.metrics()
         size = launch.micro_batch_size
-        peaks = tuple(rank_memory_bytes(spec.model, spec.layers_per_stage[r], r, spec.pp,
-                                        result.peak_stage_activations[r]) for r in range(spec.pp))
         caps = tuple(self.memory_bytes[t] for t in spec.devices)
+        peaks = tuple(stage.total_bytes for stage in stage_memory(spec, caps, result.peak_stage_activations))
         return Outcome(
             launch=launch, resolved=resolved, microbatches=spec.microbatches, layers_per_stage=spec.layers_per_stage,
             samples_per_s=metrics.throughput_per_s * size, steady_samples_per_s=metrics.steady_throughput_per_s * size,

@@ -20,6 +20,7 @@ from hops_calib.model.terms.input_embedding import InputEmbedding
 from hops_calib.model.terms.link import LinkTransfer
 from hops_calib.model.terms.optimizer import GradientSync, OptimizerStep
 from hops_calib.model.terms.output_layer import OutputLayerLoss
+from hops_calib.model.terms.parallel import DataParallelGradReduce, TensorParallelComm
 from hops_calib.model.terms.roofline import DecoderRoofline
 
 _ALL: tuple[Term, ...] = (
@@ -35,6 +36,8 @@ _ALL: tuple[Term, ...] = (
     InputEmbedding(),
     AttentionScoreTraffic(),
     ElementwiseTraffic(),
+    TensorParallelComm(),
+    DataParallelGradReduce(),
 )
 
 TERMS: Mapping[str, Term] = MappingProxyType({term.name: term for term in _ALL})

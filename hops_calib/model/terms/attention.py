@@ -85,8 +85,11 @@ class AttentionScoreTraffic(Term):
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         shape = context.spec.model
+        if shape.attention_kernel == "flash":  # a fused kernel keeps the scores on chip: no traffic of its own
+            return Contribution()
+        # a / t heads per GPU of a tensor-parallel group
         score_bytes = (shape.micro_batch_size * shape.num_attention_heads * shape.seq_length ** 2
-                       * gpt.bytes_per_element(shape))
+                       * gpt.bytes_per_element(shape)) / shape.tensor_parallel
         kind = "fused_passes" if softmax_fused(context.spec) else "passes"
         passes_forward, passes_backward = params[f"{kind}_forward"], params[f"{kind}_backward"]
         if attention_dropout(context.spec) > 0:

@@ -112,7 +112,8 @@ class Contribution:
     softmax, dropout, context), which selective recomputation redoes in the
     backward (`Model.pipeline` prices recomputation). Per hop k -> k+1:
     forward_transfer_ms (activation) and backward_transfer_ms (gradient). Per
-    rank: optimizer_ms. Per iteration: pre_optimizer_ms (barrier work after the
+    rank: optimizer_ms, and grad_reduce_ms with grad_reduce_tail_ms (the rank's data-parallel gradient reduction
+    and the part of it no backward hides: `Pipeline`'s fields). Per iteration: pre_optimizer_ms (barrier work after the
     last backward) and post_optimizer_ms (per rank, before the next iteration);
     stall_ms with stall_probability: an occasional delay of the pre-optimizer work
     (at most one term may price one).
@@ -131,6 +132,8 @@ class Contribution:
     forward_transfer_ms: tuple[float, ...] = ()
     backward_transfer_ms: tuple[float, ...] = ()
     optimizer_ms: tuple[float, ...] = ()
+    grad_reduce_ms: tuple[float, ...] = ()
+    grad_reduce_tail_ms: tuple[float, ...] = ()
     pre_optimizer_ms: float = 0.0
     post_optimizer_ms: float = 0.0
     stall_ms: float = 0.0
@@ -155,6 +158,8 @@ class Contribution:
         "forward_transfer_ms": "hops",
         "backward_transfer_ms": "hops",
         "optimizer_ms": "ranks",
+        "grad_reduce_ms": "ranks",
+        "grad_reduce_tail_ms": "ranks",
     }
 
 
@@ -163,6 +168,10 @@ class Term(ABC):
 
     name: ClassVar[str]
     params: ClassVar[tuple[Param, ...]] = ()
+    # What the term's time is, in `predict --job`'s breakdown of a stage (`Model.breakdown`): "compute", "tp_comm"
+    # (tensor-parallel collectives), "p2p", "dp_reduce" (data-parallel and embedding gradient reductions),
+    # "optimizer" or "host".
+    category: ClassVar[str] = "compute"
     # "layers": the term prices the GPU work of the decoder layers, which the floors (forward_floor_ms,
     # backward_floor_ms) bound from below: a stage's layers take max(sum of "layers" terms, sum of floors).
     # "stage": everything else, added on top (output layer, embedding, host time, ...).

@@ -45,6 +45,7 @@ class LayerDispatchFloor(Term):
     """
 
     name = "layer_dispatch_floor"
+    category = "host"
     scope = "layers"
     params = (
         Param("forward_ms_per_layer", 1.0, 0.0, 10.0, "ms", "host launch floor of one decoder layer's forward",
@@ -89,6 +90,7 @@ class LayerLaunchFloor(Term):
     """
 
     name = "layer_launch_floor"
+    category = "host"
     params = (
         Param("forward_ms_per_layer", 1.3, 0.0, 10.0, "ms", "host launch time of one decoder layer's forward",
               per_device=True),

@@ -60,10 +60,15 @@ class ElementwiseTraffic(Term):
         shape = context.spec.model
         element = gpt.bytes_per_element(shape)
         tokens = shape.micro_batch_size * shape.seq_length
-        forward_bytes = tokens * element * (params["hidden_passes_forward"] * shape.hidden_size
-                                            + params["ffn_passes_forward"] * shape.ffn_hidden_size)
-        backward_bytes = tokens * element * (params["hidden_passes_backward"] * shape.hidden_size
-                                             + params["ffn_passes_backward"] * shape.ffn_hidden_size)
+        # Per GPU of a tensor-parallel group: the MLP's s x b x f activations split t ways; the s x b x h ones
+        # (norms, residuals, dropouts) stay whole unless sequence parallelism splits them.
+        t = shape.tensor_parallel
+        hidden = shape.hidden_size / (t if shape.sequence_parallel else 1)
+        ffn = shape.ffn_hidden_size / t
+        forward_bytes = tokens * element * (params["hidden_passes_forward"] * hidden
+                                            + params["ffn_passes_forward"] * ffn)
+        backward_bytes = tokens * element * (params["hidden_passes_backward"] * hidden
+                                             + params["ffn_passes_backward"] * ffn)
         if not gradient_accumulation_fused(context.spec.megatron_args):
             backward_bytes += params["accumulation_bytes_per_parameter"] * gpt.layer_parameters(shape)
         forward, backward = [], []

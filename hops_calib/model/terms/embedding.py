@@ -108,6 +108,7 @@ class EmbeddingGradAllReduce(Term):
     """
 
     name = "embedding_grad_allreduce"
+    category = "dp_reduce"
     params = (
         Param("bytes_per_element", 4.0, 2.0, 4.0, "bytes",
               "bytes per reduced gradient element: 4 for fp32 main grads (Megatron's default with --bf16), 2 for bf16"),
@@ -132,12 +133,20 @@ class EmbeddingGradAllReduce(Term):
         spec = context.spec
         if spec.pp == 1 or spec.model.untie_embeddings:
             return Contribution()
+        element = params["bytes_per_element"] if fp32_grad_buffers(spec) else gpt.bytes_per_element(spec.model)
+        nbytes = gpt.vocab_per_gpu(spec.model) * spec.model.hidden_size * element
+        table = spec.collective("all_reduce", 2)
+        if not spec.links and spec.gpus_per_node and not (table is not None and spec.same_node(0, spec.pp - 1)):
+            # GPUs placed on nodes, no link benchmark: a 2-GPU ring all-reduce (each end sends the buffer once) over
+            # NVLink within a node, else over the end GPU's share of its node's NICs
+            device = context.devices[0]
+            inside = spec.same_node(0, spec.pp - 1) and device.intra_node_bandwidth_bytes_per_s
+            rate = device.intra_node_bandwidth_bytes_per_s if inside else (
+                params["nic_efficiency"] * device.network_bandwidth_bytes_per_s)
+            return Contribution(pre_optimizer_ms=nbytes / (rate / 1e3))
         if not spec.links:
             raise ValueError(f"spec {spec.run_id}: term {self.name} needs link fits (calibration/link_bench) and the "
                              "spec has none; ingest the link benchmark or remove the term from the model")
-        element = params["bytes_per_element"] if fp32_grad_buffers(spec) else gpt.bytes_per_element(spec.model)
-        nbytes = gpt.padded_vocab(spec.model) * spec.model.hidden_size * element
-        table = spec.collective("all_reduce", 2)
         if table is not None and spec.same_node(0, spec.pp - 1):
             # Both ends in one node: NCCL all-reduces over NVLink, as the node's benchmark measured it (no TCP).
             return Contribution(pre_optimizer_ms=table.measured_ms(nbytes))

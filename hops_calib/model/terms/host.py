@@ -30,6 +30,7 @@ class IterationHostOverhead(Term):
     """
 
     name = "iteration_host_overhead"
+    category = "host"
     params = (
         Param("host_ms", 1.0, 0.0, 500.0, "ms", "host time per iteration between optimizer end and next forward"),
         Param("per_peer_ms", 0.0, 0.0, 10.0, "ms",

@@ -33,7 +33,7 @@ class InputEmbedding(Term):
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         layout, shape = context.layout, context.spec.model
         device = context.device_of(0)
-        grad_ms = gpt.padded_vocab(shape) * shape.hidden_size * GRAD_BYTES / (device.memory_bandwidth_bytes_per_s / 1e3)
+        grad_ms = gpt.vocab_per_gpu(shape) * shape.hidden_size * GRAD_BYTES / (device.memory_bandwidth_bytes_per_s / 1e3)
         forward, backward = [0.0] * layout.virtual_stages, [0.0] * layout.virtual_stages
         forward[0] = self.value(params, "forward_ms", device.type)
         backward[0] = self.value(params, "backward_ms", device.type) + params["grad_passes"] * grad_ms

@@ -44,6 +44,7 @@ class LinkTransfer(Term):
     """
 
     name = "link_transfer"
+    category = "p2p"
     params = (
         Param("measured_weight", 0.0, 0.0, 1.0, "weight",
               "0: latency + bandwidth fit; 1: the benchmark's median at the message size (interpolated)"),
@@ -56,7 +57,7 @@ class LinkTransfer(Term):
         spec, layout = context.spec, context.layout
         if layout.hops == 0:
             return Contribution()
-        if not spec.links:
+        if not spec.links and not spec.gpus_per_node:
             from hops_calib.errors import InputError
 
             raise InputError(f"run {spec.run_id}", f"has no link benchmark, and term {self.name} prices its hops "
@@ -71,9 +72,18 @@ class LinkTransfer(Term):
                 return fit.burst_ms(nbytes, burst_bytes)
             return (1.0 - weight) * fit.transfer_ms(nbytes) + weight * fit.measured_ms(nbytes)
 
-        slowest_ms = max(cost(fit) for fit in spec.links)
+        def unmeasured(a: int, b: int) -> float:
+            """A hop no benchmark measured, between GPUs placed on nodes: over NVLink within a node, else over
+            the sending GPU's share of its node's NICs (every GPU of a stage sends its own hop at once)."""
+            device = context.devices[a]
+            inside = spec.same_node(a, b) and device.intra_node_bandwidth_bytes_per_s
+            rate = device.intra_node_bandwidth_bytes_per_s if inside else device.network_bandwidth_bytes_per_s
+            return nbytes / (rate / 1e3)
+
+        slowest_ms = max((cost(fit) for fit in spec.links), default=0.0)
         times = []
         for k in range(layout.hops):
-            fit = spec.link(layout.rank_of(k), layout.rank_of(k + 1))
-            times.append(cost(fit) if fit is not None else slowest_ms)
+            a, b = layout.rank_of(k), layout.rank_of(k + 1)
+            fit = spec.link(a, b)
+            times.append(cost(fit) if fit is not None else unmeasured(a, b) if spec.gpus_per_node else slowest_ms)
         return Contribution(forward_transfer_ms=tuple(times), backward_transfer_ms=tuple(times))

@@ -6,13 +6,23 @@ from typing import Mapping
 
 from hops_calib.model import gpt
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
+from hops_calib.spec import Spec
+
+
+def stage_parameters(spec: Spec, layers: int, rank: int) -> float:
+    """Parameters one GPU of pipeline rank `rank` holds with `layers` decoder layers (`gpt.stage_parameters`)."""
+    return gpt.stage_parameters(spec.model, layers, rank == 0, rank == spec.pp - 1, spec.pp)
 
 
 def rank_parameters(context: Context, rank: int) -> float:
-    """Parameters rank `rank` holds (`gpt.stage_parameters`)."""
-    ranks = context.layout.ranks
-    return gpt.stage_parameters(context.spec.model, context.layout.layers_on_rank(rank), rank == 0,
-                                rank == ranks - 1, ranks)
+    """Parameters one GPU of pipeline rank `rank` holds (`stage_parameters`)."""
+    return stage_parameters(context.spec, context.layout.layers_on_rank(rank), rank)
+
+
+def optimizer_shard(spec: Spec) -> int:
+    """How many ways a GPU's optimizer state and step are split: over the data-parallel replicas under the
+    distributed optimizer (each updates its 1/d of the parameters, then all-gathers them), else 1."""
+    return spec.dp if spec.distributed_optimizer else 1
 
 
 class OptimizerStep(Term):
@@ -37,6 +47,7 @@ class OptimizerStep(Term):
     """
 
     name = "optimizer_step"
+    category = "optimizer"
     params = (
         Param("bytes_per_parameter", 42.0, 16.0, 64.0, "bytes",
               "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)"),
@@ -55,7 +66,8 @@ class OptimizerStep(Term):
             bytes_per_ms = device.memory_bandwidth_bytes_per_s * self.value(params, "memory_efficiency", device.type) / 1e3
             times.append(self.value(params, "fixed_ms", device.type)
                          + self.value(params, "per_layer_ms", device.type) * context.layout.layers_on_rank(rank)
-                         + rank_parameters(context, rank) * params["bytes_per_parameter"] / bytes_per_ms)
+                         + rank_parameters(context, rank) / optimizer_shard(context.spec)
+                         * params["bytes_per_parameter"] / bytes_per_ms)
         return Contribution(optimizer_ms=tuple(times))
 
 

@@ -50,7 +50,7 @@ class OutputLayerLoss(Term):
         last = layout.virtual_stages - 1
         device = context.device_of(last)
         tokens = shape.seq_length * shape.micro_batch_size
-        vocab = gpt.padded_vocab(shape)
+        vocab = gpt.vocab_per_gpu(shape)  # the output layer is vocabulary-parallel: V/t columns per GPU
         flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device.type) / 1e3
         bytes_per_ms = device.memory_bandwidth_bytes_per_s / 1e3
         logit_ms = tokens * vocab * LOGIT_BYTES / bytes_per_ms

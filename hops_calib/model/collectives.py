@@ -1,0 +1,63 @@
+"""Model room: the time of one collective (all-reduce, reduce-scatter, all-gather) over a tensor- or data-parallel
+group of a launch, from the machine's collective benchmark where it has one, else from a ring over its links.
+
+Pure: reads the spec (which holds the benchmark tables and the placement of ranks on nodes) and device constants.
+
+- Measured: a group inside one node whose size has an all-reduce table (`Spec.collective`) takes the table's time
+  at the message size. A ring reduce-scatter or all-gather of a buffer moves (n - 1)/n of it per GPU, half of the
+  all-reduce's 2(n - 1)/n (NCCL runs the all-reduce as exactly those two), so it takes half the table's time.
+- Ring model otherwise: an all-reduce of S bytes over n GPUs sends 2(n - 1)/n x S over each GPU's slowest hop of
+  the ring, in 2(n - 1) steps of a latency each; reduce-scatter and all-gather half of both. A ring inside one
+  node runs at the device's NVLink bandwidth (`intra_node_bandwidth_bytes_per_s`; a device without one, as a CPU
+  host whose ranks talk gloo over loopback, at the slowest hop the spec's link benchmark measured, else at the
+  network's). A ring across nodes crosses each node boundary once per ring; every GPU of a node runs a group of
+  the same kind at the same time (all tp x dp replicas reduce together), so the node's NICs (the device's network
+  bandwidth is its GPU's share of them) are shared: each group crossing the node gets the NIC share of the GPUs it
+  has there (NCCL spreads a ring's channels over the NICs of its GPUs), however many other groups also cross.
+"""
+
+from __future__ import annotations
+
+from hops_calib.model.devices import DeviceSpec
+from hops_calib.spec import Spec
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def group_size(spec: Spec, group: str) -> int:
+    return spec.tp if group == "tp" else spec.dp
+
+
+def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stage: int = 0) -> float:
+    """Bytes per ms over the slowest hop of a `group` ring ("tp" or "dp") of `stage`, with its node's NICs shared."""
+    placed = spec.group_nodes(group, stage)
+    if device.intra_node_bandwidth_bytes_per_s is None and spec.links and (placed is None or placed[0] == 1):
+        # no NVLink (a CPU host: gloo over loopback): the hop the link benchmark measured between the host's ranks
+        return min(fit.bytes_per_ms for fit in spec.links)
+    intra = device.intra_node_bandwidth_bytes_per_s or device.network_bandwidth_bytes_per_s
+    if placed is None or placed[0] == 1:  # one node (or no nodes given: a job directory's single-node group)
+        return intra / 1e3
+    _nodes, per_node = placed
+    return min(intra, device.network_bandwidth_bytes_per_s * per_node) / 1e3
+
+
+def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group: str, *, stage: int = 0,
+                  efficiency: float = 1.0, step_latency_ms: float = 0.0, contention_step_ms: float = 0.0) -> float:
+    """Time of one `op` of an `nbytes` buffer (the whole buffer: an all-gather's output, a reduce-scatter's input)
+    over a `group` of `stage`; 0 for a group of one GPU. `efficiency` scales the bandwidth the ring model uses
+    (and the table's rate), `step_latency_ms` is the ring model's latency per step, and `contention_step_ms` what
+    each of the ring's steps adds inside a training step over an isolated benchmark (both paths)."""
+    if op not in OPS:
+        raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
+    n = group_size(spec, group)
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    share = 1.0 if op == "all_reduce" else 0.5
+    placed = spec.group_nodes(group, stage)
+    table = spec.collective("all_reduce", n)
+    steps = 2 * (n - 1)
+    contention = share * steps * contention_step_ms
+    if table is not None and (placed is None or placed[0] == 1):
+        return share * table.measured_ms(nbytes) / efficiency + contention
+    bandwidth = ring_bandwidth_bytes_per_ms(spec, device, group, stage) * efficiency
+    return share * (steps * step_latency_ms + steps / n * nbytes / bandwidth) + contention

@@ -1,0 +1,400 @@
+"""Tensor x pipeline x data parallelism and modern layers (issue #19): the spec reads them, the counts and
+collectives match their closed forms, the simulator places the gradient reduction, and `predict --job` prices a 3D
+what-if on a copy of a shipped capture with its breakdown and memory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hops_calib.cli import app
+from hops_calib.loop.model_files import load_model, write_model
+from hops_calib.model import gpt
+from hops_calib.model.collectives import collective_ms
+from hops_calib.model.memory import stage_memory
+from hops_calib.model.model import resolve_params
+from hops_calib.model.predict import predict
+from hops_calib.model.terms.optimizer import rank_parameters
+from hops_calib.sim.pipeline import Pipeline, StageCosts
+from hops_calib.sim.simulate import simulate
+from hops_calib.spec import Hardware, coordinates_of, global_rank, spec_from_args
+from hops_calib.timeline import OPTIMIZER, PHASES
+from hops_calib.trace import TraceError
+from hops_calib.trace.collective_bench import CollectiveTable
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = "cpu_1f1b_l4_h512_s256_m4_run1"
+A100 = Hardware(gpu="a100", gpus_per_node=8)
+
+
+def _launch(**changes):
+    args = {"pipeline_model_parallel_size": 2, "num_layers": 8, "hidden_size": 2048, "num_attention_heads": 16,
+            "seq_length": 1024, "max_position_embeddings": 1024, "micro_batch_size": 2, "global_batch_size": 64,
+            "vocab_size": 50257, "bf16": True, "transformer_impl": "local"}
+    args.update(changes)
+    return args
+
+
+def _spec(hardware=A100, collectives=(), **changes):
+    return spec_from_args(_launch(**changes), "launch.txt", run_id="r", iterations=3, hardware=hardware,
+                          collectives=collectives)
+
+
+def _model_3d():
+    model = load_model()
+    for name in ("tensor_parallel_comm", "data_parallel_grad_reduce"):
+        model = model.with_term(resolve_params(name, {}, origin="test"))
+    return model
+
+
+# --- spec --------------------------------------------------------------------------------------------------------
+
+def test_megatron_lm_and_megatron_deepspeed_spellings_give_the_same_layer():
+    lm = _spec(tensor_model_parallel_size=2, world_size=8, sequence_parallel=True, swiglu=True,
+               group_query_attention=True, num_query_groups=4, position_embedding_type="rope",
+               normalization="RMSNorm", use_distributed_optimizer=True, overlap_grad_reduce=True,
+               transformer_impl="local", use_flash_attn=True)
+    ds = _spec(tensor_model_parallel_size=2, world_size=8, sequence_parallel=True, swiglu=True,
+               num_key_value_heads=4, use_rotary_position_embeddings=True, normalization="rmsnorm",
+               zero_stage=1, overlap_grad_reduce=True, transformer_impl="local", use_flash_attn_v2=True)
+    assert lm.model == ds.model
+    assert (lm.tp, lm.dp, lm.gpus) == (ds.tp, ds.dp, ds.gpus) == (2, 2, 8)
+    assert lm.distributed_optimizer and ds.distributed_optimizer and lm.overlap_grad_reduce
+    shape = lm.model
+    assert (shape.swiglu, shape.kv_heads, shape.normalization, shape.position_embedding, shape.attention_kernel) == (
+        True, 4, "RMSNorm", "rope", "flash")
+    # Transformer Engine's layer runs its fused attention unless the backend says otherwise; sequence parallelism is
+    # off at t = 1, as Megatron turns it off
+    assert _spec(transformer_impl="transformer_engine").model.attention_kernel == "flash"
+    assert _spec(transformer_impl="transformer_engine", attention_backend="unfused").model.attention_kernel == \
+        "unfused"
+    assert _spec(sequence_parallel=True).model.sequence_parallel is False
+    # old specs stay byte-identical: the new fields are written only when set
+    plain = _spec()
+    assert "tensor_parallel" not in plain.to_json() and '"dp"' not in plain.to_json()
+    assert type(lm).from_json(lm.to_json()) == lm
+
+
+@pytest.mark.parametrize("changes,flag", [
+    ({"context_parallel_size": 2, "world_size": 8}, "--context-parallel-size"),
+    ({"ds_sequence_parallel_size": 2}, "--ds-sequence-parallel-size"),
+    ({"num_experts": 8}, "--num-experts"),
+    ({"fp8_format": "hybrid"}, "--fp8-format"),
+    ({"zero_stage": 3}, "--zero-stage"),
+    ({"tp_comm_overlap": True, "tensor_model_parallel_size": 2}, "--tp-comm-overlap"),
+    ({"multi_latent_attention": True}, "--multi-latent-attention"),
+])
+def test_what_stays_refused_is_named_precisely(changes, flag):
+    with pytest.raises(TraceError, match="does not model") as caught:
+        _spec(**changes)
+    assert caught.value.field == flag
+
+
+def test_sizes_tensor_parallelism_cannot_split_are_refused():
+    with pytest.raises(TraceError, match="not divisible by --tensor-model-parallel-size 3"):
+        _spec(tensor_model_parallel_size=3, world_size=6, num_attention_heads=16)
+    with pytest.raises(TraceError, match="does not divide --num-attention-heads"):
+        _spec(group_query_attention=True, num_query_groups=5)
+    with pytest.raises(TraceError, match="3, but world size 8 / \\(tp 2 x pp 2\\) = 2"):
+        _spec(tensor_model_parallel_size=2, world_size=8, data_parallel_size=3)
+
+
+def test_rank_order_places_stages_and_groups_on_nodes_as_megatron_does():
+    sizes = {"tp": 2, "dp": 4, "pp": 2}
+    for order in ("tp-cp-ep-dp-pp", "tp-pp-dp"):
+        ranks = [global_rank(order, {d: (c[d], sizes[d]) for d in sizes})
+                 for c in (coordinates_of(r, order, sizes) for r in range(16))]
+        assert ranks == list(range(16))  # one is the other's inverse, over every rank
+    # Megatron's default: rank = tp + t * (dp + d * pp); stage 1 starts at rank t*d = 8, on the second node
+    spec = _spec(tensor_model_parallel_size=2, world_size=16)
+    assert spec.rank(1, 3, 1) == 1 + 2 * (3 + 4 * 1)
+    assert spec.device_ids == ("node0_gpu0", "node1_gpu0") and spec.same_node(0, 1) is False
+    assert spec.group_nodes("tp") == (1, 2) and spec.group_nodes("dp") == (1, 4)
+    # tp-pp-dp: the pipeline's neighbours sit next to each other, the replicas a node apart
+    spread = _spec(tensor_model_parallel_size=2, world_size=16, use_tp_pp_dp_mapping=True)
+    assert spread.device_ids == ("node0_gpu0", "node0_gpu2") and spread.same_node(0, 1) is True
+    assert spread.group_nodes("dp") == (2, 2)
+    with pytest.raises(TraceError, match="--rank-order"):
+        _spec(rank_order="tp-dp")
+
+
+# --- counts (closed forms of Korthikanti et al. 2022 and Narayanan et al. 2021) ---------------------------------
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_per_gpu_counts_split_as_the_papers_say(t):
+    whole = _spec().model
+    shape = _spec(tensor_model_parallel_size=t, world_size=2 * t).model
+    s, b, h, a = shape.seq_length, shape.micro_batch_size, shape.hidden_size, shape.num_attention_heads
+    # activations sbh(10 + 24/t + 5as/(ht)); with sequence parallelism sbh(34/t + 5as/(ht))
+    assert gpt.layer_activation_bytes(shape) == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
+    sp = _spec(tensor_model_parallel_size=t, world_size=2 * t, sequence_parallel=True).model
+    assert gpt.layer_activation_bytes(sp) == pytest.approx(s * b * h * (34 / t + 5 * a * s / (h * t)))
+    flash = _spec(tensor_model_parallel_size=t, world_size=2 * t, transformer_impl="transformer_engine").model
+    assert gpt.layer_activation_bytes(flash) == pytest.approx(s * b * h * (10 + 24 / t))
+    # FLOPs: the group's GPUs together do the layer's 24bsh^2 + 4bs^2h
+    assert t * gpt.layer_forward_flops(shape) == pytest.approx(24 * b * s * h * h + 4 * b * s * s * h)
+    # parameters: the group together holds the layer once, plus t - 1 more copies of what stays whole
+    replicated = gpt.norm_parameters(shape) + 2 * h  # the norms, the row-parallel layers' biases
+    assert t * gpt.layer_parameters(shape) == pytest.approx(gpt.layer_parameters(whole) + (t - 1) * replicated)
+
+
+def test_swiglu_and_grouped_query_attention_counts():
+    shape = _spec(swiglu=True, ffn_hidden_size=5632, group_query_attention=True, num_query_groups=4).model
+    s, b, h, f = shape.seq_length, shape.micro_batch_size, shape.hidden_size, shape.ffn_hidden_size
+    qkv = h + 2 * h * 4 / 16  # queries + keys and values of 4 groups of 128
+    assert gpt.layer_weight_grad_flops(shape) == pytest.approx(2 * b * s * h * (qkv + h) + 3 * 2 * b * s * h * f)
+    rms = _spec(normalization="RMSNorm").model
+    assert gpt.layer_parameters(_spec().model) - gpt.layer_parameters(rms) == 2 * h  # no norm biases
+
+
+# --- collectives -------------------------------------------------------------------------------------------------
+
+def test_collectives_from_the_nodes_table_else_the_ring_formula():
+    model = load_model()
+    a100 = model.device("a100")
+    table = CollectiveTable("all_reduce", 4, ((2**20, 0.05), (2**30, 5.0)))
+    spec = _spec(tensor_model_parallel_size=4, world_size=8, collectives=(table,))
+    size = 2**25
+    assert collective_ms(spec, a100, "all_reduce", size, "tp") == pytest.approx(table.measured_ms(size))
+    assert collective_ms(spec, a100, "reduce_scatter", size, "tp") == pytest.approx(table.measured_ms(size) / 2)
+    assert collective_ms(spec, a100, "all_reduce", size, "dp") == 0.0  # d = 1
+    # no table: ring over NVLink, 2(n-1)/n S / B + 2(n-1) latencies
+    bare = _spec(tensor_model_parallel_size=4, world_size=8)
+    nvlink = a100.intra_node_bandwidth_bytes_per_s / 1e3
+    assert collective_ms(bare, a100, "all_reduce", size, "tp", step_latency_ms=0.01) == pytest.approx(
+        6 * 0.01 + 2 * 3 / 4 * size / nvlink)
+    # a data-parallel ring across nodes: t8 fills a node, so each replica's GPU is alone on its node and has one
+    # NIC share; with t2 x d8 on 8-GPU nodes, a replica group puts 4 GPUs on each of 2 nodes: 4 NIC shares
+    spread = _spec(tensor_model_parallel_size=8, world_size=64, num_attention_heads=16)
+    nic = a100.network_bandwidth_bytes_per_s / 1e3
+    assert spread.group_nodes("dp") == (4, 1)
+    assert collective_ms(spread, a100, "all_reduce", size, "dp") == pytest.approx(2 * 3 / 4 * size / nic)
+    pairs = _spec(tensor_model_parallel_size=2, world_size=32)
+    assert pairs.group_nodes("dp") == (2, 4)
+    assert collective_ms(pairs, a100, "all_reduce", size, "dp") == pytest.approx(2 * 7 / 8 * size / (4 * nic))
+
+
+# --- simulator: where the data-parallel reduction sits -----------------------------------------------------------
+
+@pytest.mark.parametrize("whole,tail", [(0.0, 0.0), (7.0, 7.0), (7.0, 1.0), (2.5, 1.0)])
+def test_gradient_reduction_follows_the_last_backward_or_hides_under_it(whole, tail):
+    m, forward, backward, optimizer = 4, 2.0, 4.0, 3.0
+    pipeline = Pipeline(stages=(StageCosts(forward, backward),), microbatches=m, iterations=3,
+                        optimizer_ms=(optimizer,), grad_reduce_ms=(whole,) if whole else (),
+                        grad_reduce_tail_ms=(tail,) if whole else ())
+    result = simulate(pipeline, "1f1b")
+    columns = result.columns
+    first_optimizer = float(columns["start_ms"][(columns["phase"] == PHASES.index(OPTIMIZER)) & (columns["iteration"] == 1)][0])
+    # one rank: its last backward ends at m(f + b) and started b before; the step waits for the reduction
+    exposed = max(tail, whole - backward) if whole else 0.0
+    assert first_optimizer == pytest.approx(m * (forward + backward) + exposed)
+    with pytest.raises(ValueError, match="grad_reduce_tail_ms"):
+        Pipeline(stages=pipeline.stages, microbatches=m, grad_reduce_ms=(1.0,), grad_reduce_tail_ms=(2.0,))
+
+
+# --- model ---------------------------------------------------------------------------------------------------------
+
+def test_the_parallel_terms_price_nothing_at_t_and_d_1():
+    """Every run calibrated so far (cluster, CPU, vTrain pure pipeline) prices exactly as before with the terms."""
+    for spec in (_spec(), _spec(pipeline_model_parallel_size=4)):
+        assert load_model().pipeline(spec) == _model_3d().pipeline(spec)
+
+
+def test_tensor_parallel_comm_is_two_collectives_per_layer_and_direction():
+    table = CollectiveTable("all_reduce", 2, ((2**20, 0.04), (2**30, 6.0)))
+    model = load_model()
+    extra = _model_3d()
+    for sp in (False, True):
+        spec = _spec(tensor_model_parallel_size=2, world_size=4, sequence_parallel=sp, collectives=(table,))
+        message = spec.model.seq_length * spec.model.micro_batch_size * spec.model.hidden_size * 2
+        layers = spec.layers_per_stage[0]
+        term = dict(extra.breakdown(spec)[0])["tp_comm"]
+        # forward and backward, 2 all-reduces each (or 2 all-gathers + 2 reduce-scatters: the same time), and the
+        # vocabulary-parallel embedding's output (an all-reduce, or a reduce-scatter and an all-gather back)
+        assert term == pytest.approx(spec.microbatches * (layers * 2 * 2 + 1) * table.measured_ms(message))
+        assert model.breakdown(spec)[0]["tp_comm"] == 0.0
+
+
+def test_data_parallel_reduction_all_reduce_or_reduce_scatter_and_gather():
+    model = _model_3d()
+    plain = _spec(world_size=8)  # d = 4
+    dist = _spec(world_size=8, use_distributed_optimizer=True)
+    a100 = model.device("a100")
+    nbytes = rank_parameters(model.context(plain), 0) * 4  # bf16: fp32 gradient reduction
+    reduce_plain = model.pipeline(plain).grad_reduce_ms[0]
+    assert reduce_plain == pytest.approx(collective_ms(plain, a100, "all_reduce", nbytes, "dp", step_latency_ms=0.005))
+    pipeline = model.pipeline(dist)
+    assert pipeline.grad_reduce_ms[0] == pytest.approx(reduce_plain / 2, rel=1e-3)
+    # the distributed optimizer steps 1/d of the parameters and all-gathers the 16-bit weights after it
+    gather = collective_ms(dist, a100, "all_gather", nbytes / 2, "dp", step_latency_ms=0.005)
+    base = model.without_term("data_parallel_grad_reduce")
+    optimizer_step = base.pipeline(plain).optimizer_ms[0] - base.pipeline(dist).optimizer_ms[0]
+    assert optimizer_step > 0 and pipeline.optimizer_ms[0] == pytest.approx(base.pipeline(dist).optimizer_ms[0] + gather)
+    # overlapped: only one bucket of 40M parameters is left after the last backward
+    overlapped = model.pipeline(_spec(world_size=8, overlap_grad_reduce=True))
+    assert overlapped.grad_reduce_tail_ms[0] < overlapped.grad_reduce_ms[0]
+
+
+def test_memory_per_gpu_splits_as_the_launch_says():
+    plain = _spec(world_size=8)
+    dist = _spec(world_size=8, use_distributed_optimizer=True)
+    peak = [2, 1]
+    a, b = stage_memory(plain, [80e9] * 2, peak), stage_memory(dist, [80e9] * 2, peak)
+    assert b[0].optimizer_bytes == pytest.approx(a[0].optimizer_bytes / 4)
+    assert (b[0].weights_bytes, b[0].gradients_bytes) == (a[0].weights_bytes, a[0].gradients_bytes)
+    assert a[0].gradients_bytes == 2 * a[0].weights_bytes  # bf16 weights, fp32 gradient buffer
+    full = stage_memory(_spec(world_size=8, recompute_granularity="full", recompute_method="uniform"), [80e9] * 2,
+                        peak)
+    shape = plain.model
+    layers = plain.layers_per_stage[0]
+    inputs = 2 * shape.seq_length * shape.micro_batch_size * shape.hidden_size
+    assert full[0].activations_bytes == pytest.approx(2 * layers * inputs + gpt.layer_activation_bytes(shape))
+    assert a[0].activations_bytes == pytest.approx(2 * layers * gpt.layer_activation_bytes(shape))
+
+
+def test_tasks_grow_with_stages_and_microbatches_not_gpus():
+    small = {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16, "pipeline_model_parallel_size": 8}
+    model = _model_3d()
+    wide = spec_from_args(_launch(**small, tensor_model_parallel_size=8, world_size=512, global_batch_size=128),
+                          "x", run_id="wide", iterations=3, hardware=A100)
+    narrow = spec_from_args(_launch(**small, global_batch_size=16), "x", run_id="narrow", iterations=3,
+                            hardware=A100)
+    assert wide.gpus == 512 and wide.microbatches == narrow.microbatches == 8
+    assert len(predict(wide, model).result.columns["stage"]) == len(predict(narrow, model).result.columns["stage"])
+
+
+# --- predict --job: a 3D what-if on a copy of a capture -------------------------------------------------------------
+
+def _cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_a_3d_what_if_on_a_captures_copy(tmp_path):
+    job = tmp_path / "job"
+    shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    model_file = tmp_path / "m3d.toml"
+    write_model(model_file, _model_3d())
+    args = job / "megatron_args.txt"
+    base = json.loads(_cli("predict", "--job", job, "--model", model_file, "--json").stdout)
+    text = args.read_text()
+    args.write_text("torchrun --nproc-per-node 8 " + text.replace(
+        "--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2 --sequence-parallel "
+        "--use-distributed-optimizer").replace("--global-batch-size 4", "--global-batch-size 8"))
+    result = _cli("predict", "--job", job, "--model", model_file, "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    config = out["configuration"]
+    assert (config["tp"], config["dp"], config["pp"], config["gpus"]) == (2, 2, 2, 8)
+    assert config["microbatches"] == base["configuration"]["microbatches"] == 4
+    parts = out["breakdown_ms_per_iteration"]
+    assert len(parts) == 2 and all(p["tp_comm"] > 0 and p["dp_reduce"] > 0 and p["p2p"] > 0 for p in parts)
+    assert all(p["tp_comm"] == 0 and p["dp_reduce"] == 0 for p in base["breakdown_ms_per_iteration"])
+    # half the GEMMs per GPU: the stage's compute falls; the memory per GPU falls too, and fits
+    assert all(new["compute"] < old["compute"] for new, old in zip(parts, base["breakdown_ms_per_iteration"]))
+    assert all(new["total_bytes"] < old["total_bytes"] for new, old in zip(out["memory"], base["memory"]))
+    assert out["fits"] is True
+    text_out = _cli("predict", "--job", job, "--model", model_file).stdout
+    assert "tp 2 x dp 2 = 8 GPUs" in text_out and "TP comm" in text_out and "peak memory per GPU" in text_out
+    # a shape that cannot fit the device is flagged, in JSON and text
+    args.write_text(args.read_text().replace("--hidden-size 512", "--hidden-size 16384").replace(
+        "--ffn-hidden-size 2048", "--ffn-hidden-size 65536"))
+    huge = json.loads(_cli("predict", "--job", job, "--model", model_file, "--json").stdout)
+    assert huge["fits"] is False and not huge["memory"][0]["fits"]
+    assert "would not fit" in _cli("predict", "--job", job, "--model", model_file).stdout
+
+
+# --- ingest: a job directory with more ranks than stages ----------------------------------------------------------
+
+def _tensor_parallel_copy(tmp_path: Path, slow_rank: int, order_flag: str = "") -> Path:
+    """A shipped 2-stage capture recast as t = 2: each stage's log is written for both ranks of its tensor-parallel
+    group (Megatron's rank order: rank = tp + 2 pp, or tp-pp-dp's, which is the same at d = 1), and `slow_rank`'s
+    last event ends 5 ms later, as a rank that lags its group would."""
+    job = tmp_path / "tp2"
+    shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    (job / "megatron_trace").mkdir()
+    args = job / "megatron_args.txt"
+    args.write_text("torchrun --nproc-per-node 4 " + args.read_text().replace(
+        "--tensor-model-parallel-size 1", f"--tensor-model-parallel-size 2{order_flag}"))
+    source = REPO / "traces" / RUN / "megatron_trace"
+    for stage in (0, 1):
+        lines = [json.loads(line) for line in (source / f"rank{stage}.jsonl").read_text().splitlines() if line]
+        for tp in (0, 1):
+            rank = tp + 2 * stage
+            events = [dict(event, rank=rank) for event in lines]
+            if rank == slow_rank:
+                last = max(range(len(events)), key=lambda k: events[k]["end_wall_ns"])
+                events[last]["end_wall_ns"] += 5_000_000
+                events[last]["duration_ms"] += 5.0
+            (job / "megatron_trace" / f"rank{rank}.jsonl").write_text(
+                "".join(json.dumps(event) + "\n" for event in events))
+    return job
+
+
+def test_a_stage_is_timed_by_the_rank_that_paces_it(tmp_path):
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    store = FixtureStore(tmp_path / "fx")
+    report = ingest([_tensor_parallel_copy(tmp_path, slow_rank=1)], store, split="train")
+    assert report.ok, report
+    (fixture_id,) = store.ids()
+    fixture = store.load(fixture_id)
+    events = fixture.events
+    # the pacing pipeline is tensor-parallel rank 1's (rank 1 ends last): ranks 1 and 3
+    assert sorted(set(zip(events["stage"], events["rank"]))) == [(0, 1), (1, 3)]
+    assert any("ranks 1 (stage 0), 3 (stage 1)" in warning for warning in fixture.quality["warnings"])
+    assert fixture.spec.tp == 2 and fixture.spec.gpus == 4
+    single = open_single()
+    assert fixture.truth.metrics.throughput_per_s == pytest.approx(single.truth.metrics.throughput_per_s, rel=0.02)
+    # a rank missing from the directory is named
+    job = _tensor_parallel_copy(tmp_path / "again", slow_rank=0)
+    (job / "megatron_trace" / "rank3.jsonl").unlink()
+    bad = ingest([job], FixtureStore(tmp_path / "fx2"), split="train")
+    assert not bad.ok and "4 ranks (2 pipeline stages x tp 2 x dp 1: 0..3)" in str(bad.outcomes[0].error)
+
+
+def open_single():
+    from hops_calib.loop.suite import open_store
+
+    return open_store(REPO / "fixtures").load(RUN)
+
+
+def test_ranks_sharing_a_core_each_get_its_share():
+    """A CPU capture with more ranks than cores (manifest.yaml's cores): every task of a rank takes k times as long."""
+    from hops_calib.loop.suite import open_store
+
+    fixture = open_store(REPO / "fixtures").load("cpu_1f1b_t2d2_l4_h256_s128_m4_run1")
+    shared = fixture.spec
+    assert shared.ranks_per_device == 4.0  # 8 ranks on 2 cores
+    alone = type(shared).from_dict({**shared.to_dict(), "ranks_per_device": 1.0})
+    model = _model_3d()
+    a, b = model.pipeline(alone), model.pipeline(shared)
+    assert [s.forward_ms * 4 for s in a.stages] == pytest.approx([s.forward_ms for s in b.stages])
+    assert [s.host_ms * 4 for s in a.stages] == pytest.approx([s.host_ms for s in b.stages])
+    assert [v * 4 for v in a.grad_reduce_ms] == pytest.approx(list(b.grad_reduce_ms))
+    assert a.forward_transfer_ms == b.forward_transfer_ms  # the links were measured as they are
+
+
+def test_a_bad_collective_line_is_named_by_file_line_and_field(tmp_path):
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    run = "cpu_1f1b_t2_l4_h256_s128_m4_run1"
+    job = tmp_path / run
+    shutil.copytree(REPO / "traces" / run, job)
+    log = job / "megatron_trace" / "rank1.jsonl"
+    lines = log.read_text().splitlines()
+    number = next(k for k, line in enumerate(lines) if '"collective"' in line)
+    lines[number] = lines[number].replace('"group": "tp"', '"group": "pp"')
+    log.write_text("\n".join(lines) + "\n")
+    report = ingest([job], FixtureStore(tmp_path / "fx"), split="train")
+    assert not report.ok
+    message = str(report.outcomes[0].error)
+    assert f"rank1.jsonl:{number + 1}" in message and "field 'group'" in message and "'pp'" in message
+    # with --lenient the line is dropped and counted; the timeline is the one without it
+    lenient = ingest([job], FixtureStore(tmp_path / "fx2"), split="train", lenient=True)
+    assert lenient.ok
