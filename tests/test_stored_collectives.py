@@ -27,7 +27,10 @@ def _priced_predictions(store: FixtureStore, limit: int = 6) -> dict[str, float]
     from hops_calib.model.predict import predict
 
     model = load_model(default_model())
-    priced = sorted((f for f in store.load_all("train") if f.not_priced is None), key=lambda f: f.id)[:limit]
+    # pipelines on one GPU per stage: every hop between stages is priced from the node's tables (ring formula)
+    pipelines = (f for f in store.load_all("train") if f.launch["pipeline_model_parallel_size"] > 1
+                 and f.launch["tensor_model_parallel_size"] == f.launch["data_parallel_size"] == 1)
+    priced = sorted((f for f in pipelines if f.not_priced is None), key=lambda f: f.id)[:limit]
     assert priced
     return {f.id: predict(f.spec, model).metrics.iteration_time_ms for f in priced}
 
