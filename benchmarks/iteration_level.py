@@ -72,7 +72,7 @@ def main() -> None:
             again_cpu.append(CPU[-1])
         print(f"ingest of {options.table.name} into a new store: {_figures(fresh, fresh_cpu)}; target <= 3 s")
         print(f"ingest again, every run unchanged: {_figures(again, again_cpu)}")
-        print(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "")
+        print(done.stdout.strip().splitlines()[0] if done.stdout.strip() else "")  # the counts line
         times, cpu = [], []
         for _ in range(options.repeats):
             seconds, done = timed("evaluate", "--fixtures", str(Path(tmp) / "fx0"), "--json")

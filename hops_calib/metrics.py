@@ -18,17 +18,23 @@ measured at iteration level (a training log, a run table: `IterationMetrics`) ov
 kept, which are the steady state (warm-up dropped), so its throughput is microbatches per iteration /
 iteration time, and a prediction of it is the simulated steady throughput. Bubble and utilization exist
 only where there are events.
+
+Samples per second (what a training log's own figures count) follow from it: each microbatch of one pipeline
+is `micro_batch_size` samples on each of the `data_parallel_size` replicas (global batch = microbatches x micro
+batch x data parallel), so samples/s = throughput x micro batch size x data parallel size (`samples_per_s`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import pandas as pd
 
 from hops_calib.timeline import BACKWARD_PHASES, COMPUTE, OPTIMIZER
+
+if TYPE_CHECKING:  # the functions read a frame's columns; the simulator's metrics need no pandas
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,16 @@ class IterationMetrics:
                 "interval_iterations": list(self.interval_iterations),
                 "throughput_per_s": self.throughput_per_s, "steady_throughput_per_s": self.steady_throughput_per_s,
                 "iteration_time_ms": self.iteration_time_ms, "window_ms": self.window_ms}
+
+
+THROUGHPUT_UNIT = "microbatches of one pipeline per second"
+
+
+def samples_per_s(throughput_per_s: float | None, micro_batch_size: int, data_parallel_size: int = 1) -> float | None:
+    """Samples per second of a throughput in microbatches of one pipeline per second (module docstring)."""
+    if throughput_per_s is None:
+        return None
+    return float(throughput_per_s) * int(micro_batch_size) * int(data_parallel_size or 1)
 
 
 def comparable_throughputs(real: TimelineMetrics | IterationMetrics, predicted: TimelineMetrics

@@ -22,7 +22,10 @@ One row per interval. Times are milliseconds from the start of the run
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built: the simulator and evaluate never build one
+    import pandas as pd
 
 FORWARD = "FORWARD"
 BACKWARD = "BACKWARD"
@@ -51,11 +54,15 @@ COLUMNS = {
 
 def empty() -> pd.DataFrame:
     """A timeline with no rows and the right dtypes."""
+    import pandas as pd
+
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in COLUMNS.items()})
 
 
 def from_records(records: dict[str, object] | list[dict[str, object]]) -> pd.DataFrame:
     """Build a timeline from columns (dict of sequences) or rows, coercing dtypes and checking values."""
+    import pandas as pd
+
     frame = pd.DataFrame(records)
     for name, default in (("chunk", 0), ("peer_stage", -1), ("microbatch", -1)):
         if name not in frame.columns:

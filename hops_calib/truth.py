@@ -9,19 +9,29 @@ are measured alike (rule 3).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from hops_calib import timeline as tl
 from hops_calib.metrics import IterationMetrics, TimelineMetrics, timeline_metrics
 
+if TYPE_CHECKING:  # imported where events become a frame: a fixture's stored truth (`Truth.from_dict`) needs none
+    import pandas as pd
+
 # Normalized events as stored in a fixture (one row per logged event, sorted by stage then start).
 EVENT_COLUMNS = ("stage", "rank", "chunk", "iteration", "microbatch", "kind", "phase", "start_ns", "end_ns",
                  "peer_stage")
-KIND_DTYPE = pd.CategoricalDtype(list(tl.KINDS))
-PHASE_DTYPE = pd.CategoricalDtype(list(tl.PHASES))
+CATEGORIES = {"kind": tl.KINDS, "phase": tl.PHASES}  # the event columns stored as categoricals, and their names
+
+
+@cache
+def category_dtype(column: str) -> pd.CategoricalDtype:
+    """The categorical dtype of the event column `column` ('kind' or 'phase')."""
+    import pandas as pd
+
+    return pd.CategoricalDtype(list(CATEGORIES[column]))
 
 
 @dataclass(frozen=True)
@@ -152,9 +162,11 @@ def compact_timeline(columns: dict[str, np.ndarray], t0_ns: int) -> pd.DataFrame
     multi-gigabyte trace fits in memory. Consumes `columns`' start_ns/end_ns
     (they become the ms columns in place).
     """
+    import pandas as pd
+
     data: dict[str, Any] = {name: columns[name] for name in ("stage", "chunk", "iteration", "microbatch")}
-    data["kind"] = pd.Categorical.from_codes(columns["kind"], dtype=KIND_DTYPE)
-    data["phase"] = pd.Categorical.from_codes(columns["phase"], dtype=PHASE_DTYPE)
+    for name in CATEGORIES:
+        data[name] = pd.Categorical.from_codes(columns[name], dtype=category_dtype(name))
     for name in ("start", "end"):
         nanoseconds = columns.pop(f"{name}_ns")
         # In place: integer ns relative to t0 are exact; then one float conversion (same values as to_timeline).
@@ -167,6 +179,8 @@ def compact_timeline(columns: dict[str, np.ndarray], t0_ns: int) -> pd.DataFrame
 
 def _as_strings(values: pd.Series) -> pd.api.extensions.ExtensionArray:
     """A categorical column as the timeline's string dtype (a take on the categories: cheaper than astype)."""
+    import pandas as pd
+
     if isinstance(values.dtype, pd.CategoricalDtype):
         names = np.asarray(values.cat.categories, dtype=object)
         return pd.array(names[values.cat.codes.to_numpy()], dtype="string")
@@ -175,6 +189,8 @@ def _as_strings(values: pd.Series) -> pd.api.extensions.ExtensionArray:
 
 def to_timeline(events: pd.DataFrame, t0_ns: int | None = None) -> pd.DataFrame:
     """Events as a timeline (`hops_calib.timeline`): ms from `t0_ns` (default: the earliest start)."""
+    import pandas as pd
+
     start = events["start_ns"].to_numpy()
     if t0_ns is None:
         t0_ns = int(start.min()) if len(start) else 0
@@ -197,6 +213,8 @@ class _Columns:
     """The timeline's columns as numpy arrays (phases as codes into timeline.PHASES), read once."""
 
     def __init__(self, timeline: pd.DataFrame) -> None:
+        import pandas as pd
+
         # Native dtypes (int32 on a compact timeline): no widened copies of a multi-million-row table.
         self.stage = timeline["stage"].to_numpy()
         self.chunk = timeline["chunk"].to_numpy()

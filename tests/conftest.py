@@ -5,10 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from hops_calib.shared import REQUIRE_ENV, shared_required, shared_runs_dir
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Property tests judge behaviour, not speed: Hypothesis' per-example deadline (200 ms by default) is a timing
+# assertion, and on a loaded 2-core machine it failed a correct test. No deadline, and no too-slow health check.
+settings.register_profile("hops-calib", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("hops-calib")
 
 
 def need_shared_runs() -> Path:

@@ -207,8 +207,13 @@ def test_an_off_record_refusal_names_the_store_path_a_judgement_recorded(shared_
                                          'params = { "forward_ms_per_layer@l4" = 1.52 }')
     judged = json.loads(cli("evaluate", l4, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger,
                             "--json").stdout)
-    # the project's ledger predates the store path: said, not null
-    assert judged["calibration"]["calibrated_on"]["fixtures"].startswith("not recorded")
+    # the store path the project's ledger last recorded for the cluster fixture set (entries before #22 recorded
+    # none: said, not null; judgements since, e.g. on several stores, list it in fixture_sets)
+    recorded = [part["fixtures"] for e in read_entries(REPO / "ledger" / "ledger.jsonl")
+                for part in (e.get("fixture_sets") or [e]) if isinstance(part.get("fixtures"), str)
+                and part.get("fixture_set_sha256", "").startswith(CLUSTER_SET)]
+    said = judged["calibration"]["calibrated_on"]["fixtures"]
+    assert said == recorded[-1] if recorded else said.startswith("not recorded")
     assert list(read_entries(ledger))[-1]["fixtures"] == str(Path(shared_fixtures).resolve())
     # from now on the fixture set's store is known: a judgement on the wrong store names its path
     other = candidate(tmp_path, "l4-floor-2", 'action = "set"\nterm = "layer_launch_floor"\n'

@@ -95,22 +95,24 @@ def test_a_hop_with_no_link_is_named_and_a_declared_link_prices_it(shared_runs, 
     assert priced.link(1, 2).bandwidth_gbit_s == pytest.approx(5.0) and "declared" in priced.link(1, 2).source
 
 
-@pytest.mark.parametrize("text, field", [
-    ("nodes: []", "nodes"),
-    ("nodes:\n  - host: a\n    devices: [{id: x}]\n", "nodes[0].devices[0]"),
+@pytest.mark.parametrize("text, field, line", [
+    ("nodes: []", "nodes", 1),
+    ("nodes:\n  - host: a\n    devices: [{id: x}]\n", "nodes[0].devices[0]", 3),
     ("nodes:\n  - host: a\n    devices: [{id: x, gpu: l4}]\nlinks:\n  - hosts: [a, b]\n    bandwidth_gbit_s: 1\n",
-     "links[0].hosts"),
+     "links[0].hosts", 5),
     ("nodes:\n  - host: a\n    devices: [{id: x, gpu: l4}]\nlinks:\n  - hosts: [a, a]\n    bandwidth_gbit_s: -1\n",
-     "links[0]"),
-    ("nodes: [", None),
+     "links[0].bandwidth_gbit_s", 6),
+    ("nodes:\n  - host: a\n    devices: [{id: x, gpu: l4}]\nlinks:\n  - hosts: [a, a]\n    benchmark: [[1, 2]]\n"
+     "    latency_ms: 1\n", "links[0].bandwidth_gbit_s", 5),
+    ("nodes: [", None, 1),
 ])
-def test_a_bad_cluster_file_is_named_with_its_field(tmp_path, text, field):
+def test_a_bad_cluster_file_is_named_with_its_field(tmp_path, text, field, line):
     path = tmp_path / "cluster.yaml"
     path.write_text(text)
     with pytest.raises(InputError) as caught:
         read_cluster(path)
     assert caught.value.origin == str(path) and caught.value.field == field
-    assert field is not None or caught.value.line is not None
+    assert caught.value.line == line  # the line of the offending entry or key
 
 
 def test_a_hand_written_cluster_round_trips(tmp_path):
@@ -121,3 +123,27 @@ def test_a_hand_written_cluster_round_trips(tmp_path):
     back = read_cluster(path)
     assert back.nodes == cluster.nodes and back.links == cluster.links and back.host_of("g2") == "h2"
     assert back.link("h2", "h1") == (cluster.links[0], True)  # the other direction prices it when alone
+
+
+def test_the_ends_all_reduce_is_shown_and_explains_the_cluster_gap(shared_runs, shared_cluster, tmp_path):
+    """Reversing exp2_9 moves its ends onto other hosts: with and without the cluster, the what-if names the
+    all-reduce between the ends, the hosts and link estimate pricing it, and its time accounts for most of the
+    iteration-time difference between the two (the pipeline part hardly moves)."""
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.whatif.job import what_if, what_if_text
+
+    run, real = REORDERED[0]
+    job = reordered_what_if(shared_runs / run, list(build_spec(shared_runs / real).device_ids), tmp_path)
+    model = load_model(None)
+    with_cluster, without = what_if(job, model, cluster=shared_cluster), what_if(job, model)
+    ends = [result.to_dict()["end_collective"] for result in (with_cluster, without)]
+    assert all(end["bytes"] > 0 and end["ms"] > 0 and end["stages"] == [0, 3] for end in ends)
+    # the ends' hosts as the cluster places the devices, and as the job's benchmark names them by position
+    assert ends[0]["hosts"] == [shared_cluster.host_of(d) for d in ends[0]["devices"]]
+    assert ends[0]["hosts"] != ends[1]["hosts"] and ends[0]["source"] != ends[1]["source"]
+    gap = (with_cluster.predictions[0].metrics.iteration_time_ms - without.predictions[0].metrics.iteration_time_ms)
+    assert abs(gap) > 0.1 * without.predictions[0].metrics.iteration_time_ms
+    assert abs((ends[0]["ms"] - ends[1]["ms"]) - gap) < 0.25 * abs(gap)
+    text = what_if_text(with_cluster)
+    assert "between the ends, before the optimizer" in text and ends[0]["hosts"][0] in text
+    assert with_cluster.to_dict()["cluster"] == shared_cluster.origin

@@ -57,7 +57,9 @@ def test_predict_job_under_a_slow_device_and_failures(tmp_path):
     assert slowed.exit_code == 0, slowed.output
     data = json.loads(slowed.stdout)
     drawn = data["predictions"][0]["perturbed_throughput_per_s"]
-    assert drawn["draws"] == 8 and drawn["p5"] <= drawn["mean"] < nominal["throughput_per_s"]
+    assert drawn["draws"] == 8 and drawn["p5"] <= drawn["expected"] < nominal["throughput_per_s"]
+    low, high = drawn["expected_ci95"]
+    assert low <= drawn["expected"] <= high
     assert "1.2x slower" in data["perturbations"] and "fails 2/h" in data["perturbations"]
     refused = cli("predict", "--job", CPU_JOB, "--stragglers", "2:1:1")
     assert refused.exit_code == 2 and "probability" in refused.output
@@ -80,6 +82,11 @@ def test_plot_timeline_writes_a_chrome_trace_beside_the_picture(tmp_path):
     panels = [e["args"]["name"] for e in json.loads((tmp_path / "w.json").read_text())["traceEvents"]
               if e["ph"] == "M" and e["name"] == "process_name"]
     assert len(panels) == 2 and "slowed" in panels[1]
+    # iterations numbered alike in the real run, its prediction and a what-if (a trace's first iteration)
+    firsts = [min(e["args"]["iteration"] for e in json.loads(path.read_text())["traceEvents"]
+                  if e["ph"] == "X" and e["pid"] == pid) for path, pid in ((trace, 1), (trace, 2),
+                                                                           (tmp_path / "w.json", 1))]
+    assert len(set(firsts)) == 1
     wrong = cli("plot", "timeline", "--job", CPU_JOB, "--out", tmp_path / "x.png", "--chrome", tmp_path / "x.txt")
     assert wrong.exit_code == 2 and not (tmp_path / "x.png").exists()
 
@@ -103,3 +110,73 @@ def test_the_default_store_is_set_once(tmp_path, monkeypatch):
     monkeypatch.setenv("HOPS_CALIB_FIXTURES", str(store))
     (elsewhere / "hops-calib.toml").unlink()
     assert cli("observe", "--json").exit_code == 0
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(n for n, line in enumerate(text.splitlines(), start=1) if needle in line)
+
+
+def test_cluster_check_names_the_line_of_the_bad_entry(shared_runs, tmp_path):
+    built = tmp_path / "cluster.yaml"
+    assert cli("cluster", shared_runs, "--out", built).exit_code == 0
+    good = cli("cluster", "--check", built, "--json")
+    assert good.exit_code == 0, good.output
+    assert len(json.loads(good.stdout)["links"]) == 21
+    text = built.read_text()
+    hosts = [node["host"] for node in json.loads(good.stdout)["nodes"]]
+    # a hand-written node and a link whose key is misspelt, at the end of the file (after every nodes line)
+    hand = text.replace("links:\n", f"- host: g-new-1\n  devices: [{{id: new_gpu0, gpu: a10g}}]\nlinks:\n", 1)
+    hand += f"- hosts: [g-new-1, {hosts[0]}]\n  bandwith_gbit_s: 5\n"
+    (tmp_path / "typo.yaml").write_text(hand)
+    typo = cli("cluster", "--check", tmp_path / "typo.yaml", "--json")
+    error = json.loads(typo.stdout)["error"]
+    assert typo.exit_code == 2 and error["field"] == "links[21].bandwith_gbit_s"
+    assert error["line"] == _line_of(hand, "bandwith_gbit_s")
+    negative = hand.replace("bandwith_gbit_s: 5", "bandwidth_gbit_s: -5")
+    (tmp_path / "negative.yaml").write_text(negative)
+    error = json.loads(cli("cluster", "--check", tmp_path / "negative.yaml", "--json").stdout)["error"]
+    assert error["field"] == "links[21].bandwidth_gbit_s" and error["line"] == _line_of(negative, "-5")
+    twice = text.replace(f"- host: {hosts[1]}", f"- host: {hosts[0]}", 1)
+    (tmp_path / "twice.yaml").write_text(twice)
+    error = json.loads(cli("cluster", "--check", tmp_path / "twice.yaml", "--json").stdout)["error"]
+    assert error["field"] == "nodes[1].host" and error["line"] == [
+        n for n, line in enumerate(twice.splitlines(), start=1) if f"host: {hosts[0]}" in line][1]
+    assert cli("cluster", "--check", built, shared_runs).exit_code == 2
+
+
+def test_a_default_cluster_is_named_turned_off_and_not_applied_to_other_machines(shared_runs, tmp_path,
+                                                                                  monkeypatch):
+    built = tmp_path / "cluster.yaml"
+    assert cli("cluster", shared_runs, "--out", built).exit_code == 0
+    job = shared_runs / "exp2_9_g_only_pp4_run65"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HOPS_CALIB_CLUSTER", raising=False)
+    (tmp_path / "hops-calib.toml").write_text(f'[defaults]\ncluster = "{built}"\n')
+    used = json.loads(cli("predict", "--job", job, "--json").stdout)
+    assert used["cluster"].startswith(str(built)) and "hops-calib.toml" in used["cluster"]
+    off = json.loads(cli("predict", "--job", job, "--no-cluster", "--json").stdout)
+    empty = json.loads(cli("predict", "--job", job, "--json", env={"HOPS_CALIB_CLUSTER": ""}).stdout)
+    assert off["cluster"] is None and empty["cluster"] is None
+    assert any("no cluster given" in note for note in off["notes"])
+    # the shared cluster lists no CPU core: as a default it is not applied to the CPU capture, and says so
+    cpu = json.loads(cli("predict", "--job", CPU_JOB, "--json").stdout)
+    assert cpu["cluster"] is None and any("not applied" in note for note in cpu["notes"])
+    plan = json.loads(cli("plan", "--job", CPU_JOB, "--top", "1", "--keep-order", "--keep-split", "--json").stdout)
+    assert plan["cluster"] is None and any("not applied" in note for note in plan["notes"])
+    assert str(tmp_path / "fixtures") in plan["fixtures"]  # the store it looked for is named, even when absent
+    # --slow-link on a pair that is no hop (here the pipeline's ends) is refused, not silently ignored
+    ends = cli("predict", "--job", job, "--slow-link", "0-3:2")
+    assert ends.exit_code == 2 and "ends" in ends.output
+    hop = json.loads(cli("predict", "--job", job, "--slow-link", "1-2:3", "--json").stdout)
+    assert hop["predictions"][0]["perturbed_throughput_per_s"]["expected"] < used["predictions"][0]["throughput_per_s"]
+
+
+def test_usage_and_input_errors_share_one_prefix(tmp_path):
+    usage = cli("plan", "--stages", "4", "--microbatches", "8")  # click's usage error
+    bad = cli("cluster", "--check", tmp_path / "missing.yaml")  # the project's input error
+    assert usage.exit_code == bad.exit_code == 2
+    assert "Error" in usage.output and bad.stderr.startswith("Error: ")
+    assert "required there" in cli("plan", "--help").stdout  # the abstract plan's required options say so
+    memory = cli("plan", "--job", CPU_JOB, "--device-memory", "cpu:512GiB", "--top", "1", "--keep-order",
+                 "--keep-split", "--json")
+    assert memory.exit_code == 0 and json.loads(memory.stdout)["current"]["memory_bytes_per_gpu"][0] == 512 * 2 ** 30

@@ -101,7 +101,7 @@ def test_ingest_refuses_bad_options_with_exit_code_2(shared_runs, tmp_path):
     result = _run("ingest", run, "--fixtures", str(tmp_path / "fx"), "--test-fraction", "1.5")
     assert result.exit_code == 2 and "--test-fraction 1.5" in result.stderr
     result = _run("ingest", str(tmp_path / "nowhere"), "--fixtures", str(tmp_path / "fx"))
-    assert result.exit_code == 6 and "does not exist" in result.stderr  # partial (#22: its own exit code)
+    assert result.exit_code == 2 and "does not exist" in result.stderr  # nothing could be stored: bad input
 
 
 def test_ingest_says_which_split_each_new_run_went_to_and_how_to_force_train(repo_root, tmp_path):

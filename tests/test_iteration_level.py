@@ -235,8 +235,9 @@ def test_parquet_row_errors_name_the_row_and_the_sidecar_fills_shared_settings(t
     frame = frame.drop(columns=["gpu", "gpus_per_node"])
     path = tmp_path / "t.parquet"
     frame.to_parquet(path)
-    read = read_run_table(path)
-    assert [e.field for e in read.errors] == ["gpu", "num_layers"]  # row 2: the first problem found
+    with pytest.raises(TraceError) as err:  # no hardware anywhere: one error for the table, not one per row
+        read_run_table(path)
+    assert err.value.field == "gpu" and "t.yaml" in str(err.value)
     (tmp_path / "t.yaml").write_text("hardware: {gpu: a100, gpus_per_node: 8}\nargs: {fp16: true}\n")
     read = read_run_table(path)
     (error,) = read.errors

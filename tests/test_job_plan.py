@@ -45,7 +45,7 @@ def test_a_jobs_own_launch_is_priced_as_predict_prices_it(model):
         spec = build_spec(job)
         expected = predict(spec, model).metrics.throughput_per_s * spec.model.micro_batch_size
         assert planner.evaluate(planner.current()).samples_per_s == pytest.approx(expected, rel=1e-12)
-        assert planner.flags(planner.current()) == ()
+        assert planner.changes(planner.current())["words"] == ()
 
 
 def test_plan_on_a_cpu_capture_is_exhaustive_ranked_and_fits_memory(model):
@@ -152,3 +152,59 @@ def test_a_huge_global_batch_neither_hangs_nor_simulates_millions_of_microbatche
     assert any("tasks per iteration" in reason for reason in plan.refused)
     assert plan.best and all(2 * o.microbatches * 2 <= 200_000 for o in plan.best)  # what ran stayed small
     assert plan.over_memory > 0  # and the largest micro batches do not fit the device
+
+
+def _apply(job: Path, argv: list[str], remove: list[str], into: Path) -> Path:
+    """A copy of `job` whose megatron_args.txt takes the plan's argv tokens and removals, as a user would."""
+    import shlex
+    import shutil
+
+    copy = into / job.name
+    shutil.copytree(job, copy, ignore=shutil.ignore_patterns("megatron_trace", "megatron_summary.json"))
+    path = copy / "megatron_args.txt"
+    tokens = shlex.split(path.read_text())
+    out, k = [], 0
+    setting = {argv[i]: argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+               for i in range(len(argv)) if argv[i].startswith("--")}
+    while k < len(tokens):  # drop every flag the plan sets or removes, with its value
+        token = tokens[k]
+        has_value = k + 1 < len(tokens) and not tokens[k + 1].startswith("--")
+        if token in setting or token in remove:
+            k += 2 if has_value else 1
+            continue
+        out.append(token)
+        k += 1
+    path.write_text(" ".join(out + argv) + "\n")
+    return copy
+
+
+def test_the_plans_flags_are_argv_that_launch_what_it_priced(model, tmp_path):
+    """JSON flags are argv tokens: put into the job's own launch they give the layer split and microbatches the
+    planner priced; prose (a schedule with no Megatron-LM flag) goes to notes; each schedule's bubble is its own
+    closed form (ZB-H1 below 1F1B's (p-1)/(m+p-1) on the same launch); fits is said for the job's own launch."""
+    import json
+
+    from hops_calib.metrics import schedule_bubble
+
+    job = REPO / "traces" / "cpu_1f1b_l6_h384_s256_m4_run1"
+    plan = plan_job(job, model, top=40, schedules=("1f1b", "zb_h1"), orders=False)
+    data = json.loads(json.dumps(plan.to_dict()))
+    changed = [o for o in data["best"] if o["flags"]]
+    assert changed and all(isinstance(t, str) and " " not in t for o in changed for t in o["flags"])
+    for outcome in changed[:3]:
+        spec = build_spec(_apply(job, outcome["flags"], outcome["remove_flags"], tmp_path / str(id(outcome))))
+        assert list(spec.layers_per_stage) == outcome["layers_per_stage"]
+        assert spec.microbatches == outcome["microbatches"]
+    zb = [o for o in data["best"] if o["schedule"] == "zb_h1"]
+    assert zb and all(any("zb_h1" in note for note in o["notes"]) for o in zb)
+    assert all(not any(flag.startswith("schedule") for flag in o["flags"]) for o in zb)
+    for o in data["best"]:
+        balanced = schedule_bubble(len(o["layers_per_stage"]), o["microbatches"])
+        if o["schedule"] == "1f1b":
+            assert o["schedule_bubble"] == pytest.approx(balanced)
+        else:
+            assert 0 < o["schedule_bubble"] < balanced
+    assert data["current"]["fits"] is True
+    tight = plan_job(job, model, top=1, orders=False,
+                     memory_bytes={"cpu": 0.999 * max(plan.current.peak_memory_bytes)})
+    assert tight.to_dict()["current"]["fits"] is False and "DOES NOT FIT" in format_job_plan(tight)

@@ -218,7 +218,7 @@ def test_predict_one_train_fixture_and_refuse_a_test_one(shared_fixtures, shared
         list(fixture.truth.metrics.utilization_per_stage))
     assert all(s["predicted_forward_ms"] > 0 for s in data["stages"])
     text = cli("predict", train_id, "--fixtures", shared_fixtures)
-    assert text.exit_code == 0 and "throughput /s" in text.stdout and "microbatches per second" in text.stdout and "fwd ms real" in text.stdout
+    assert text.exit_code == 0 and "throughput /s" in text.stdout and "microbatches of one pipeline per second" in text.stdout and "fwd ms real" in text.stdout
     refused = cli("predict", test_id, "--fixtures", shared_fixtures)
     assert refused.exit_code == 2 and "test split" in refused.stderr
     everything = cli("predict", "--all", "--fixtures", shared_fixtures, "--json")
@@ -750,7 +750,7 @@ def test_an_internal_error_exits_3_with_a_short_message_and_json_when_asked(monk
     def crash(*args, **kwargs):
         raise ZeroDivisionError("deliberate")
 
-    monkeypatch.setattr(evaluate_module, "load_suite", crash)
+    monkeypatch.setattr(evaluate_module, "load_suites", crash)
     result = cli("evaluate", "--fixtures", shared_fixtures)
     assert result.exit_code == 3 and "internal error: ZeroDivisionError: deliberate" in result.stderr
     assert "report it" in result.stderr and "Traceback" not in result.stderr

@@ -192,6 +192,9 @@ def test_parity_draws_each_runs_random_stall_spread(shared_fixtures):
 def test_short_run_ids():
     assert short_run_id("exp2_9_g_only_pp4_run107") == "exp2_9 run107"
     assert short_run_id("cpu_pp2") == "cpu_pp2"
+    # a log's or table's run named after its configuration: every part of it, both ends, less the source's name
+    assert short_run_id("vtrain_t1p4d1_l12_h1024_s1024_mb1_gb2") == "p4 l12 h1024 s1024 mb1 gb2"
+    assert short_run_id("sweep_t2p2d1_l24_h2048_s1024_mb1_gb16_run2") == "t2 p2 l24 h2048 s1024 mb1 gb16 run2"
     assert "…" in short_run_id("a" * 40) and len(short_run_id("a" * 40)) == 24
     # both ends kept: repeats of one configuration stay apart
     run1, run2 = (short_run_id(f"cpu_interleaved_v2_l8_h512_s256_m4_run{k}", limit=18) for k in (1, 2))

@@ -108,3 +108,17 @@ def test_the_closed_forms_hold_where_they_say_they_do():
             assert result.peak_activations == peak_activations(schedule, p, m, v)
             checked += 1
     assert checked > 300
+
+
+@pytest.mark.parametrize("schedule,chunks", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)])
+@pytest.mark.parametrize("stages,microbatches", [(2, 4), (4, 8), (4, 16), (6, 12)])
+def test_each_schedules_own_bubble_is_the_simulated_one_on_balanced_stages(schedule, chunks, stages, microbatches):
+    """`pipeline_schedule_bubble` (what plan and predict print as the schedule bubble) is the bubble the simulator
+    gives that schedule on balanced stages with free transfers: ZB-H1's below 1F1B's, not the 1F1B form."""
+    from hops_calib.sim.theory import pipeline_schedule_bubble
+
+    pipeline = balanced(stages, microbatches, 1.0, 2.0, 1.0 if schedule == "zb_h1" else 0.0, chunks=chunks)
+    result = simulate(pipeline, schedule)
+    assert pipeline_schedule_bubble(pipeline, schedule) == pytest.approx(bubble(result), abs=1e-9)
+    if schedule == "zb_h1":
+        assert pipeline_schedule_bubble(pipeline, schedule) < bubble_fraction(stages, microbatches)

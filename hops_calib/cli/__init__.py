@@ -38,18 +38,41 @@ def _default(kind: str) -> Callable[[], Path | None]:
     return factory
 
 
-FIXTURES_HELP = ("Fixture store folder. Default: $HOPS_CALIB_FIXTURES, else `fixtures` under [defaults] of the nearest "
+FIXTURES_HELP = ("Fixture store folder. Default: $HOPS_CALIB_FIXTURES, else `fixtures` under \\[defaults] of the nearest "
                  "hops-calib.toml, else ./fixtures of the current directory (from the repository root: the CPU "
                  "captures' store).")
 FIXTURES_OPTION = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
                                help=FIXTURES_HELP)
+# Verbs that judge (evaluate, compare, tune): --fixtures may be repeated, for a judgement covering every store a
+# model is calibrated on (the union of their train splits; the gate's rules hold on each store).
+FIXTURES_MANY_OPTION = typer.Option(None, "--fixtures", show_default=False,
+                                    help=FIXTURES_HELP + " Repeat it to judge on several stores at once (every store "
+                                    "the changed part was calibrated on; the gate's rules must hold on each).")
+
+
+def fixtures_given(fixtures: Optional[List[Path]]) -> list[Path]:
+    """The stores of a repeatable --fixtures: those given, else the default store (as --fixtures alone finds it)."""
+    return list(fixtures) if fixtures else [_default("fixtures")()]
+
+
 MODEL_OPTION = typer.Option(None, "--model",
                             help="Model file (default: the shipped hops_calib/model/models/baseline.toml).")
 CLUSTER_OPTION = typer.Option(..., "--cluster", default_factory=_default("cluster"), show_default=False,
                               help="Cluster file (hosts, devices, links; `hops-calib cluster` writes one): each hop is "
                                    "priced by the hosts at its ends. Default: $HOPS_CALIB_CLUSTER, else `cluster` "
-                                   "under [defaults] of the nearest hops-calib.toml, else none (each device's host "
+                                   "under \\[defaults] of the nearest hops-calib.toml, else none (each device's host "
                                    "is the one the job's own link benchmark names at its stage position).")
+NO_CLUSTER_OPTION = typer.Option(False, "--no-cluster", help="Use no cluster, whatever $HOPS_CALIB_CLUSTER or a "
+                                 "hops-calib.toml sets (HOPS_CALIB_CLUSTER= set empty does the same).")
+
+
+def _cluster(ctx: typer.Context, cluster: Path | None, no_cluster: bool):
+    """The cluster a verb uses and where it came from (`cli.settings.cluster_choice`)."""
+    from hops_calib.cli.settings import cluster_choice
+
+    if no_cluster and _given(ctx, "cluster"):
+        raise typer.BadParameter("--cluster and --no-cluster contradict each other", param_hint="--no-cluster")
+    return cluster_choice(cluster, _given(ctx, "cluster"), no_cluster)
 
 
 @app.command()
@@ -157,10 +180,12 @@ PERTURBATION_OPTIONS = (
      "DEVICE:FACTOR: that device (an id of the stage map, or a stage number with predict/plot) runs its compute "
      "FACTOR times slower (1.1 = 10 %; thermal throttling, a degraded HBM stack). Repeatable."),
     ("slow_link", "--slow-link", List[str],
-     "A-B:FACTOR: the link between devices (or stages) A and B moves data FACTOR times slower. Repeatable."),
+     "A-B:FACTOR: the hop between devices (or stages) A and B moves data FACTOR times slower: predict/plot refuse a "
+     "pair that is no hop of the stage map; plan slows it in the launches where A and B are neighbours. The "
+     "all-reduce between the pipeline's ends is not slowed. Repeatable."),
     ("stragglers", "--stragglers", str,
      "P:LOW:HIGH: in every iteration each GPU straggles with chance P, its compute slowed by a factor drawn from "
-     "[LOW, HIGH] (seeded)."),
+     "\\[LOW, HIGH] (seeded)."),
     ("failure_rate", "--failure-rate", float,
      "Failures per hour of the whole job (any device or link; it stops): the cost is the work lost since the last "
      "checkpoint plus --recovery-s."),
@@ -200,24 +225,40 @@ with_perturbations = option_group("perturbations", PERTURBATION_OPTIONS)
 
 @app.command()
 def cluster(
-    sources: List[Path] = typer.Argument(..., help="Job directories, or folders holding them (found recursively)."),
-    out: Path = typer.Option(..., "--out", help="Cluster file to write (YAML)."),
+    sources: Optional[List[Path]] = typer.Argument(None, help="Job directories, or folders holding them (found "
+                                                   "recursively)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Cluster file to write (YAML)."),
+    check: Optional[Path] = typer.Option(None, "--check", help="Instead: read this cluster file (written by hand or "
+                                         "edited) and say what it holds, or the line, field and fix of its first "
+                                         "error (exit 2)."),
     as_json: bool = typer.Option(False, "--json", help="Print the cluster as JSON instead of a summary."),
 ) -> None:
     """Build the cluster of job directories: every device's host (the pair files name the hosts of their ranks) and
-    every benchmarked host pair's link (pooled over the runs that measured it). Edit it by hand to declare links."""
-    from hops_calib.cli.whatif import cluster_command
+    every benchmarked host pair's link (pooled over the runs that measured it). Edit it by hand to declare links;
+    --check FILE validates it."""
+    from hops_calib.cli.whatif import cluster_check_command, cluster_command
 
+    if check is not None:
+        if sources or out is not None:
+            raise typer.BadParameter("--check reads a cluster file; it takes no job directories and no --out",
+                                     param_hint="--check")
+        raise typer.Exit(cluster_check_command(check, as_json))
+    if not sources or out is None:
+        raise typer.BadParameter("give job directories and --out FILE (or --check FILE)", param_hint="--out")
     raise typer.Exit(cluster_command(sources, out, as_json))
 
 
 @app.command()
 @with_perturbations
 def plan(
-    stages: Optional[int] = typer.Option(None, "--stages", help="Pipeline stages (devices), p (abstract plan)."),
-    microbatches: Optional[int] = typer.Option(None, "--microbatches", help="Microbatches per iteration, m."),
+    ctx: typer.Context,
+    stages: Optional[int] = typer.Option(None, "--stages", help="Pipeline stages (devices), p (abstract plan; "
+                                         "required there)."),
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", help="Microbatches per iteration, m "
+                                               "(abstract plan; required there)."),
     memory_budget: Optional[float] = typer.Option(None, "--memory-budget",
-                                                  help="Activations per device, in stage microbatches (one "
+                                                  help="Abstract plan, required there: activations per device, in "
+                                                       "stage microbatches (one "
                                                        "microbatch's activations of a whole stage; an interleaved "
                                                        "chunk counts 1/v)."),
     forward_cost: float = typer.Option(1.0, "--forward-cost", help="Forward time of one microbatch on one stage."),
@@ -230,6 +271,7 @@ def plan(
     job: Optional[Path] = typer.Option(None, "--job", help="Plan a real job instead: its model and global batch on "
                                        "its devices (stage order, layer split, schedule, micro-batch size)."),
     cluster: Optional[Path] = CLUSTER_OPTION,
+    no_cluster: bool = NO_CLUSTER_OPTION,
     fixtures: Path = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
                                   help=FIXTURES_HELP + " With --job, the store whose train split the best launches "
                                   "are checked against: what lies outside it is extrapolated."),
@@ -275,7 +317,7 @@ def plan(
     if abstract:
         raise typer.BadParameter(f"{abstract[0]} is for the abstract plan; --job plans the job's own model and batch",
                                  param_hint=abstract[0])
-    raise typer.Exit(plan_job_command(job, cluster, model, top, tuple(schedules or ()), fixed_order, fixed_split,
+    raise typer.Exit(plan_job_command(job, _cluster(ctx, cluster, no_cluster), model, top, tuple(schedules or ()), fixed_order, fixed_split,
                                       fixed_micro_batch, tuple(device_memory or ()), trials, exhaustive_limit,
                                       rank_by, perturbations, as_json, fixtures))
 
@@ -355,6 +397,7 @@ def predict(
                                   help=FIXTURES_HELP + " With --job, the store whose train split the configuration "
                                   "is checked against for coverage: pass the store the model was calibrated on."),
     cluster: Optional[Path] = CLUSTER_OPTION,
+    no_cluster: bool = NO_CLUSTER_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     perturbations: dict = None,
@@ -365,7 +408,8 @@ def predict(
     from hops_calib.cli.loop import predict_command
 
     raise typer.Exit(predict_command(fixture_id, all_train, fixtures, model, as_json, job, schedules or (),
-                                     fixtures_defaulted=not _given(ctx, "fixtures"), cluster=cluster,
+                                     fixtures_defaulted=not _given(ctx, "fixtures"),
+                                     cluster=_cluster(ctx, cluster, no_cluster),
                                      perturbations=perturbations))
 
 
@@ -373,7 +417,7 @@ def predict(
 @with_tolerances
 def evaluate(
     candidate: Optional[Path] = typer.Argument(None, help="Candidate file (experiments/*.toml): one term changed."),
-    fixtures: Path = FIXTURES_OPTION,
+    fixtures: Optional[List[Path]] = FIXTURES_MANY_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     commit: bool = typer.Option(False, "--commit", help="Write an accepted candidate into the model file."),
@@ -394,7 +438,7 @@ def evaluate(
     """
     from hops_calib.cli.loop import evaluate_command
 
-    raise typer.Exit(evaluate_command(candidate, fixtures, model, as_json, commit, ledger, split, tolerances, plan,
+    raise typer.Exit(evaluate_command(candidate, fixtures_given(fixtures), model, as_json, commit, ledger, split, tolerances, plan,
                                       off_record=off_record, again=again))
 
 
@@ -402,7 +446,7 @@ def evaluate(
 @with_tolerances
 def compare(
     before: Path = typer.Argument(..., help="The model file to compare against (e.g. the model before a move)."),
-    fixtures: Path = FIXTURES_OPTION,
+    fixtures: Optional[List[Path]] = FIXTURES_MANY_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     note: str = typer.Option("", "--note", help="What the comparison judges (e.g. 'move 029-035'), for the ledger."),
     ledger: Path = LEDGER_OPTION,
@@ -423,7 +467,7 @@ def compare(
     """
     from hops_calib.cli.loop import compare_command
 
-    raise typer.Exit(compare_command(before, fixtures, model, note, ledger, as_json, tolerances, commit_into, plan,
+    raise typer.Exit(compare_command(before, fixtures_given(fixtures), model, note, ledger, as_json, tolerances, commit_into, plan,
                                      off_record=off_record))
 
 
@@ -497,6 +541,10 @@ def ledger_plan(
         None, "--rejudge", help="The ledger entry (seq) of an earlier judgement of the same change, judged again under "
                                 "this plan's rules; required to judge a change the ledger already judged on that "
                                 "model and store."),
+    fixtures: Optional[List[Path]] = typer.Option(
+        None, "--fixtures", help="The store(s) its judgements will be made on (repeatable): their train runs' fixture "
+                                 "set is recorded, evaluate/compare --plan N refuse others, and a candidate judged "
+                                 "before only on other runs needs no --rejudge."),
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the entry as JSON."),
     tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
@@ -505,7 +553,8 @@ def ledger_plan(
     way to judge under tolerances other than the defaults)."""
     from hops_calib.cli.loop import ledger_plan_command
 
-    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ()), rejudge))
+    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ()), rejudge,
+                                         tuple(fixtures or ())))
 
 
 @ledger_app.command("looks")
@@ -561,6 +610,7 @@ DPI_OPTION = typer.Option(150.0, "--dpi", help="Pixels per inch of a PNG (the fi
 @plot_app.command("timeline")
 @with_perturbations
 def plot_timeline(
+    ctx: typer.Context,
     fixture_id: Optional[str] = typer.Argument(None, metavar="[ID]",
                                                help="Fixture id (train split; see fixtures list)."),
     job: Optional[Path] = typer.Option(None, "--job", help="Instead of a fixture: a job directory that has not run "
@@ -570,6 +620,7 @@ def plot_timeline(
     iterations: int = typer.Option(2, "--iterations", help="Show the first K iterations."),
     fixtures: Path = FIXTURES_OPTION,
     cluster: Optional[Path] = CLUSTER_OPTION,
+    no_cluster: bool = NO_CLUSTER_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
                                        "timeline-ID.png, with --job timeline-<job folder name>.png, in the current "
@@ -584,7 +635,7 @@ def plot_timeline(
     from hops_calib.cli.plot import timeline_command
 
     raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi, job, tuple(schedules or ()),
-                                      cluster, perturbations, chrome))
+                                      _cluster(ctx, cluster, no_cluster), perturbations, chrome))
 
 
 @plot_app.command("parity")
@@ -644,7 +695,7 @@ def tune(
         None, "--storage", help="Optuna storage URL: sqlite:///FILE or any RDB URL (default: in memory)."),
     study: Optional[str] = typer.Option(None, "--study", help="Study name (default: term, model and fixture set)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes working on the study (needs --storage)."),
-    fixtures: Path = FIXTURES_OPTION,
+    fixtures: Optional[List[Path]] = FIXTURES_MANY_OPTION,
     model: Optional[Path] = MODEL_OPTION,
     out: Optional[Path] = typer.Option(
         None, "--out", help="Candidate file to write (default: experiments/tune-TERM-trialN.toml)."),
@@ -663,7 +714,7 @@ def tune(
     (experiments/ID.toml). Exit 0 written, 1 none (no trial beats the model: status no_candidate), 4 off the record."""
     from hops_calib.cli.research import tune_command
 
-    raise typer.Exit(tune_command(term, fixtures, model, trials, storage, study, workers, seed, out, as_json,
+    raise typer.Exit(tune_command(term, fixtures_given(fixtures), model, trials, storage, study, workers, seed, out, as_json,
                                   objective, tuple(only or ()), ledger, off_record, split))
 
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hops_calib.cli.output import guarded
+from hops_calib.errors import InputError
 from hops_calib.store import views
 from hops_calib.store.fixture_store import FixtureStore, StoreError
-from hops_calib.store.ingest import RunOutcome, ingest
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
+
+if TYPE_CHECKING:  # fixtures list/show need no trace reader
+    from hops_calib.store.ingest import RunOutcome
 
 
 def _err(message: str) -> None:
@@ -22,18 +26,32 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
                    gpus_per_node: int | None = None, warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
                    as_json: bool = False) -> int:
     """Ingest and print a summary; warnings and rejected runs go to stderr (and, with --json, into the object).
-    0 when every run made it, 6 (partial) when some were rejected and the others stored, 2 for a bad store."""
-    from hops_calib.cli.output import EXIT_OK, EXIT_PARTIAL, print_json
+    0 when every run made it, 6 (partial) when some were rejected and the others stored, 2 for a bad store, an
+    unknown --gpu, or input of which nothing could be stored."""
+    from hops_calib.cli.output import EXIT_INVALID, EXIT_OK, EXIT_PARTIAL, STATUS, print_json
     from hops_calib.progress import progress_bar
+    from hops_calib.store.ingest import ingest
     from hops_calib.trace.measured import RunHardware
 
     if (gpu is None) != (gpus_per_node is None):
-        _err("error: --gpu and --gpus-per-node go together (the device type and how many share a node); give both")
+        _err("Error: --gpu and --gpus-per-node go together (the device type and how many share a node); give both")
         return 2
     hardware = RunHardware(gpu=gpu.lower(), gpus_per_node=gpus_per_node) if gpu is not None else None
     store = FixtureStore(fixtures)
+    existed = store.exists()
 
     def run() -> int:
+        from hops_calib.loop.model_files import device_types
+
+        known = device_types()
+        if hardware is not None and hardware.gpu not in known:
+            raise InputError("ingest", f"{gpu!r} is not a device type of the catalog (known: "
+                             f"{', '.join(sorted(known))})", field="--gpu", hint="name one of them (a100: A100 SXM4 "
+                             "80 GB), or add the type with its constants and their sources to "
+                             "hops_calib/model/devices.toml")
+        return ingest_and_print(known)
+
+    def ingest_and_print(known: frozenset[str]) -> int:
         with progress_bar("ingest", quiet=as_json) as progress:
             def on_run(outcome: RunOutcome) -> None:
                 progress.advance(outcome.run_id or str(outcome.source))
@@ -46,15 +64,20 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
             extra = {} if skew_ms is None else {"skew_ms": skew_ms}
             report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
                             on_run=on_run, on_start=progress.start, hardware=hardware,
-                            warmup_iterations=warmup_iterations, **extra)
-        code = EXIT_OK if report.ok else EXIT_PARTIAL
+                            warmup_iterations=warmup_iterations, device_types=known, **extra)
+        if not existed:
+            store.remove_if_empty()  # a first ingest that stored nothing leaves no store behind
+        # every run stored: 0; some rejected, others stored (or there already): 6; nothing usable: 2 (bad input)
+        code = EXIT_OK if report.ok else EXIT_PARTIAL if report.stored else EXIT_INVALID
         if as_json:
             print_json({"fixtures": str(store.root),
                         **{status: report.count(status) for status in ("new", "updated", "unchanged", "rejected")},
-                        "runs": [{"source": str(o.source), "run_id": o.run_id, "status": o.status, "split": o.split,
+                        "runs": [{"source": str(o.source), "run_id": o.run_id, "kind": o.kind, "status": o.status,
+                                  "split": o.split, "priced": o.priced, "not_priced": o.not_priced,
                                   "error": o.error, "warnings": list(o.warnings)} for o in report.outcomes],
-                        "warnings": [f"{o.run_id}: {w}" for o in report.outcomes for w in o.warnings]},
-                       "ok" if report.ok else "partial")
+                        "warnings": [f"{o.run_id}: {w}" for o in report.outcomes for w in o.warnings],
+                        "notes": views.ingest_notes(report)},
+                       STATUS[code])
         else:
             print(views.ingest_summary(report, store))
         return code

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from hops_calib.cli.output import EXIT_BROKEN_LEDGER, EXIT_OK, guarded, print_json
 from hops_calib.errors import InputError
 from hops_calib.loop.score import or_nan
+from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
 
 
 def _ledger(path: Path | None) -> Path:
@@ -55,8 +56,9 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
 def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool) -> int:
     from hops_calib.loop.model_files import load_model
     from hops_calib.loop.score import score_prediction
-    from hops_calib.loop.suite import TEST, open_store
+    from hops_calib.loop.suite import TEST, open_store, priced
     from hops_calib.model.predict import predict
+    from hops_calib.store.fixture_store import NotPriced
 
     store = open_store(fixtures)
     fixture = store.load(fixture_id)
@@ -64,7 +66,10 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
         raise InputError(f"{fixtures}/{fixture_id}", "is in the test split, which is scored only in aggregate",
                          field="split", hint="`hops-calib report --split test` prints the held-out aggregates")
     model = load_model(model_path)
-    prediction = predict(fixture.spec, model)  # NotPriced (exit 2) names a run the model does not price, and why
+    _, reasons = priced([fixture])  # a device type outside the catalog first, then what the spec lacks
+    if reasons:
+        raise NotPriced(fixture.id, reasons[fixture.id])  # exit 2: names the run and why
+    prediction = predict(fixture.spec, model)
     score = score_prediction(fixture.id, fixture.truth.metrics, prediction, group=fixture.group)
     if fixture.kind != "events":
         return _predict_measured(fixture, model, prediction, score, as_json)
@@ -79,7 +84,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     real, pred, spec = fixture.truth.metrics, prediction.metrics, fixture.spec
     print(f"{fixture.id}  ({fixture.split}; {prediction.schedule}, pp={spec.pp}, {spec.microbatches} microbatches x "
           f"{spec.iterations} iterations; model {model.name} {model.sha256[:12]})")
-    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: microbatches per second, "
+    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: {THROUGHPUT_UNIT}, "
           f"{spec.model.micro_batch_size} sample(s) each)")
     print(f"{'throughput /s':24}{real.throughput_per_s:12.3f}{pred.throughput_per_s:12.3f}"
           f"{_pct(score.throughput_error_pct):>8} %"
@@ -87,6 +92,8 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
              f"{prediction.stall_throughput_range().text()})" if score.stall_noise_ape_pct else ""))
     print(f"{'steady throughput /s':24}{real.steady_throughput_per_s:12.3f}{pred.steady_throughput_per_s:12.3f}"
           f"{_pct(score.steady_throughput_error_pct):>8} %")
+    print(f"{'samples /s':24}{samples_per_s(real.throughput_per_s, spec.model.micro_batch_size):12.2f}"
+          f"{samples_per_s(pred.throughput_per_s, spec.model.micro_batch_size):12.2f}")
     print(f"{'bubble %':24}{100 * real.bubble_ratio:12.1f}{100 * pred.bubble_ratio:12.1f}"
           f"{_pct(score.bubble_error_pp):>7} pp")
     print(f"{'iteration time ms':24}{real.iteration_time_ms:12.1f}{pred.iteration_time_ms:12.1f}")
@@ -112,10 +119,13 @@ def _predict_measured(fixture, model, prediction, score, as_json: bool) -> int:
         return EXIT_OK
     print(f"{fixture.id}  ({fixture.split}; measured at iteration level; {prediction.schedule}, pp={spec.pp}, "
           f"{spec.microbatches} microbatches; model {model.name} {model.sha256[:12]})")
-    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: microbatches per second over "
-          "steady-state iterations)")
+    print(f"{'':24}{'real':>12}{'predicted':>12}{'error':>10}    (throughput: {THROUGHPUT_UNIT}; real over the "
+          "kept iterations, predicted over the simulated steady state)")
     print(f"{'throughput /s':24}{score.real_throughput_per_s:12.3f}{score.predicted_throughput_per_s:12.3f}"
           f"{_pct(score.throughput_error_pct):>8} %")
+    mb, dp = spec.model.micro_batch_size, fixture.launch.get("data_parallel_size") or 1
+    print(f"{'samples /s':24}{samples_per_s(score.real_throughput_per_s, mb, dp):12.2f}"
+          f"{samples_per_s(score.predicted_throughput_per_s, mb, dp):12.2f}    (x micro batch {mb} x data parallel {dp})")
     print(f"{'iteration time ms':24}{real.iteration_time_ms:12.1f}{pred.iteration_time_ms:12.1f}")
     return EXIT_OK
 
@@ -288,12 +298,13 @@ def _print_candidate(result) -> None:
     print(f"hypothesis: {candidate.hypothesis}")
     print(f"model {result.model_path} ({result.model.sha256[:12]}) -> {result.candidate_model.sha256[:12]} on "
           f"{result.before.suite.n_fixtures} {result.split} fixtures ({result.fixture_set_sha256[:12]}, "
-          f"{result.fixtures_dir}); ledger {result.ledger_path}")
+          f"{', '.join(s['fixtures'] for s in result.stores) if result.stores else result.fixtures_dir}); "
+          f"ledger {result.ledger_path}")
     _print_left_out(result.left_out)
     check = result.calibration
     if check is not None:
         print(f"calibration: {check.scope.describe()} was calibrated on "
-              + (f"{check.calibrated.describe()} ({check.how or 'OFF THE RECORD'})" if check.calibrated else
+              + (f"{check.describe_calibrated()} ({check.how or 'OFF THE RECORD'})" if check.calibrated else
                  "nothing yet (no committed change in the ledger)"))
     moved = result.verdict.runs_moved or ()
     if moved:
@@ -538,14 +549,15 @@ def _judgement_note(note: dict[str, Any]) -> str:
 
 
 def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[str, float | str | None], as_json: bool,
-                        candidates: tuple[Path, ...] = (), rejudges: int | None = None) -> int:
+                        candidates: tuple[Path, ...] = (), rejudges: int | None = None,
+                        fixtures: tuple[Path, ...] = ()) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
         from hops_calib.loop.plans import record_plan
 
         limits = _tolerance_limits(tolerances, "ledger plan")
-        entry = record_plan(ledger_path, note, limits, candidates, rejudges)
+        entry = record_plan(ledger_path, note, limits, candidates, rejudges, fixtures)
         if as_json:
             print_json(entry)
         else:
@@ -553,6 +565,8 @@ def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[st
             print(f"tolerances stated: {limits.describe()}")
             if entry.get("rejudges") is not None:
                 print(f"judges again the change of ledger entry {entry['rejudges']} (the new entry links to it)")
+            if entry.get("fixtures"):
+                print(f"stores: {', '.join(entry['fixtures'])} (fixture set {entry['fixture_set_sha256'][:12]})")
             for pinned in entry.get("candidates", []):
                 print(f"candidate pinned: {pinned['id']} ({pinned['path']}, text sha256 {pinned['text_sha256'][:12]})")
             print(f"judge under it with: hops-calib evaluate CANDIDATE --plan {entry['seq']} | "

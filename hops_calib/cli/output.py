@@ -87,7 +87,7 @@ def guarded(action: Callable[[], int], as_json: bool = False) -> int:
     except Exception as error:  # noqa: BLE001 - every error leaves with a documented exit code
         code = exit_code_of(error)
         if code != EXIT_INTERNAL:
-            print(f"error: {error}", file=sys.stderr)
+            print(f"Error: {error}", file=sys.stderr)  # as click words its usage errors: one prefix
         else:
             internal_error(error)
         if as_json:

@@ -2,7 +2,8 @@
 
 Looked up in this order, first found wins:
 
-1. the environment: `HOPS_CALIB_FIXTURES` (a fixture store), `HOPS_CALIB_CLUSTER` (a cluster file);
+1. the environment: `HOPS_CALIB_FIXTURES` (a fixture store), `HOPS_CALIB_CLUSTER` (a cluster file; set and empty:
+   no cluster);
 2. a project file, `hops-calib.toml`, in the current directory or the nearest parent that has one:
 
    ```toml
@@ -14,7 +15,7 @@ Looked up in this order, first found wins:
 3. the built-in default: `./fixtures` of the current directory (the shipped CPU store at the repository's root),
    and no cluster.
 
-An option given on the command line always wins over all three.
+An option given on the command line always wins over all three (`--no-cluster`: none).
 """
 
 from __future__ import annotations
@@ -78,7 +79,19 @@ def default_fixtures(start: Path | None = None) -> Setting:
 
 
 def default_cluster(start: Path | None = None) -> Setting:
-    """The cluster file a command uses when --cluster is not given (path None: no cluster)."""
-    if os.environ.get(CLUSTER_ENV):
-        return Setting(Path(os.environ[CLUSTER_ENV]), CLUSTER_ENV)
+    """The cluster file a command uses when --cluster is not given (path None: no cluster). HOPS_CALIB_CLUSTER set
+    but empty means no cluster, whatever a project file says."""
+    if CLUSTER_ENV in os.environ:
+        value = os.environ[CLUSTER_ENV]
+        return Setting(Path(value) if value else None, CLUSTER_ENV)
     return _from_project("cluster", start) or Setting(None, "none given")
+
+
+def cluster_choice(path: Path | None, given: bool, off: bool) -> Setting:
+    """The cluster a verb uses: none with --no-cluster; the file of --cluster (origin "--cluster"); else the
+    default and where it was set."""
+    if off:
+        return Setting(None, "--no-cluster")
+    if given:
+        return Setting(path, "--cluster")
+    return Setting(path, default_cluster().origin if path is not None else "none given")

@@ -64,13 +64,20 @@ def predict_job(job: Path, model_path: Path | None, schedules: Sequence[str], fi
     return EXIT_OK
 
 
-def load_cluster(path: Path | None):
-    """The cluster file, or None when none is given or set."""
-    if path is None:
-        return None
+def load_cluster(choice):
+    """The cluster file of `choice` (a `cli.settings.Setting`, or a path: given on the command line), or None when
+    none is given or set. A default one knows where it was set (`Cluster.default_from`)."""
+    from dataclasses import replace
+
+    from hops_calib.cli.settings import Setting
     from hops_calib.whatif.cluster import read_cluster
 
-    return read_cluster(path)
+    if not isinstance(choice, Setting):
+        choice = Setting(choice, "--cluster")
+    if choice.path is None:
+        return None
+    cluster = read_cluster(choice.path)
+    return cluster if choice.origin == "--cluster" else replace(cluster, default_from=choice.origin)
 
 
 def _factor(text: str, option: str) -> tuple[str, float]:
@@ -123,7 +130,19 @@ def parse_perturbations(options: dict | None, job: Path | None = None, stages_al
         if ends is None:
             raise InputError("--slow-link", f"{pair!r} is not two devices A-B of the job", field="--slow-link",
                              hint="e.g. --slow-link 0-1:2 (stages) or l4_node0_gpu0-l4_node1_gpu0:2")
-        slow_links.append((device(ends[0], "--slow-link"), device(ends[1], "--slow-link"), factor))
+        a, b = device(ends[0], "--slow-link"), device(ends[1], "--slow-link")
+        if stages_allowed and ids and abs(ids.index(a) - ids.index(b)) != 1:
+            # a what-if's stage map is fixed: a pair that is no hop of it would change nothing
+            i, j = sorted((ids.index(a), ids.index(b)))
+            ends_pair = (i, j) == (0, len(ids) - 1)
+            raise InputError("--slow-link", f"{pair!r} (stages {i}-{j}) is no hop of the pipeline, so no transfer "
+                             "runs over it" + (": it names the pipeline's ends, whose tied-embedding all-reduce "
+                                               "before the optimizer is priced by an estimate from the ends' links "
+                                               "(the 'between the ends' line), not by a link --slow-link slows"
+                                               if ends_pair else ""), field="--slow-link",
+                             hint="name two neighbouring stages, e.g. " + ", ".join(
+                                 f"{k}-{k + 1}" for k in range(len(ids) - 1)) + " (a slowed hop's transfers stretch)")
+        slow_links.append((a, b, factor))
     stragglers = None
     if options.get("stragglers"):
         parts = options["stragglers"].split(":")
@@ -175,16 +194,57 @@ def cluster_command(sources: Sequence[Path], out: Path, as_json: bool) -> int:
         if as_json:
             print_json({"out": str(out), **cluster.to_dict(), "notes": list(cluster.notes)})
             return EXIT_OK
-        benchmarked = sum(link.benchmarked for link in cluster.links)
-        devices = sum(node.gpus for node in cluster.nodes)
-        print(f"wrote {out}: {len(cluster.nodes)} hosts, {devices} devices, {len(cluster.links)} links "
-              f"({benchmarked} benchmarked host pairs) from {cluster.origin}")
-        for link in cluster.links:
-            print(f"  {link.src_host} -> {link.dst_host}: {link.bandwidth_gbit_s:.1f} Gbit/s, "
-                  f"{link.latency_ms:.3f} ms ({link.source})")
+        print(f"wrote {out}: {_cluster_summary(cluster)} from {cluster.origin}")
+        _print_links(cluster)
         return EXIT_OK
 
     return guarded(run, as_json)
+
+
+def _cluster_summary(cluster) -> str:
+    benchmarked = sum(link.benchmarked for link in cluster.links)
+    devices = sum(node.gpus for node in cluster.nodes)
+    return (f"{len(cluster.nodes)} hosts, {devices} devices, {len(cluster.links)} links ({benchmarked} benchmarked "
+            f"host pairs, {len(cluster.links) - benchmarked} declared)")
+
+
+def _print_links(cluster) -> None:
+    for link in cluster.links:
+        print(f"  {link.src_host} -> {link.dst_host}: {link.bandwidth_gbit_s:.1f} Gbit/s, "
+              f"{link.latency_ms:.3f} ms ({link.source or ('benchmarked' if link.benchmarked else 'declared')})")
+
+
+def cluster_check_command(path: Path, as_json: bool) -> int:
+    """`hops-calib cluster --check FILE`: read a cluster file as every command would; its summary, or its first
+    error (file, line, field, what to do; exit 2)."""
+    from hops_calib.cli.output import guarded
+    from hops_calib.whatif.cluster import read_cluster
+
+    def run() -> int:
+        cluster = read_cluster(path)
+        if as_json:
+            print_json({"status": "ok", "file": str(path), **cluster.to_dict()})
+            return EXIT_OK
+        print(f"{path}: ok, {_cluster_summary(cluster)}")
+        _print_links(cluster)
+        return EXIT_OK
+
+    return guarded(run, as_json)
+
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30,
+          "tib": 2 ** 40}
+
+
+def _bytes(text: str) -> float:
+    """A memory size: bytes, or a number with a unit (GiB, GB, MiB, MB, ...; any case); nan when it is neither."""
+    import re
+
+    found = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", text)
+    try:
+        return float(found.group(1)) * _UNITS[found.group(2).lower()] if found else math.nan
+    except (KeyError, ValueError):
+        return math.nan
 
 
 def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, top: int, schedules: Sequence[str],
@@ -202,14 +262,11 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
         memory: dict[str, float] = {}
         for text in device_memory:
             name, sep, value = text.rpartition(":")
-            try:
-                memory[name.lower()] = float(value)
-            except ValueError:
-                sep = ""
-            if not sep or not name or not (0 < memory.get(name.lower(), 0) < math.inf):
-                raise InputError("--device-memory", f"{text!r} is not TYPE:BYTES with BYTES > 0",
-                                 field="--device-memory",
-                                 hint="e.g. --device-memory a10g:22e9 (leave room for the CUDA context)")
+            memory[name.lower()] = _bytes(value)
+            if not sep or not name or not (0 < memory[name.lower()] < math.inf):
+                raise InputError("--device-memory", f"{text!r} is not TYPE:SIZE with SIZE > 0 (bytes, or with a "
+                                 "unit: GiB, GB, MiB, MB)", field="--device-memory",
+                                 hint="e.g. --device-memory a10g:20GiB or a10g:22e9 (leave room for the CUDA context)")
         if not Path(job).is_dir():
             raise InputError(str(job), "is not a directory", field="--job",
                              hint="give a Megatron job directory: megatron_args.txt, hops_trace_map.json, "
@@ -219,7 +276,8 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
                         micro_batch_sizes=not keep_micro_batch, memory_bytes=memory or None, trials=trials,
                         seed=seed, exhaustive_limit=exhaustive_limit,
                         perturbations=parse_perturbations(perturbations, job, stages_allowed=False),
-                        rank_by=rank_by, progress=bar,
-                        calibration=_calibration_coverage(fixtures)[0] if fixtures is not None else None)
+                        rank_by=rank_by, progress=bar, calibration=coverage, store=store)
+
+    coverage, store = _calibration_coverage(fixtures) if fixtures is not None else (None, "")
 
     return run_and_print("plan", as_json, compute, format_job_plan)

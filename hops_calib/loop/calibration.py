@@ -16,6 +16,11 @@ judged where the part of the model it changes was calibrated:
   types its scope named (`scope_devices`; for an entry older than that field, the steps it judged whole, found
   in the ledger as the committed evaluations leading from its model before to its model after).
 
+A judgement may cover several stores (`--fixtures` repeated; its entry lists each store's fixture set in
+`fixture_sets`): a change committed on several stores calibrated its scope on all of them, and a later judgement of
+that scope must cover every one (more stores are fine); a device-only change needs only the stores of its device
+types among them.
+
 A store holds that fixture set when its train split has the same `fixture_set_sha256`, or the same run ids (the
 same runs re-ingested: said as a warning), or, for an entry older than these fields, the same device types and
 number of runs. Entries older than `fixture_devices` count for the device types their change named. A ledger
@@ -187,6 +192,14 @@ def _named(entry: dict[str, Any]) -> tuple[str | None, set[str]]:
     return scope.term, named | set(scope.devices)
 
 
+def _stores_of(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each store a judgement covered: (its fixture set's sha256, the fields describing it: `fixtures`,
+    `fixture_runs`, `fixture_devices`, `n_fixtures`): the entry's `fixture_sets`, else the entry itself (one store)."""
+    if entry.get("fixture_sets"):
+        return [(part["fixture_set_sha256"], part) for part in entry["fixture_sets"]]
+    return [(entry["fixture_set_sha256"], entry)]
+
+
 @dataclass(frozen=True)
 class Record:
     """The model's calibration record: the committed changes, in ledger order, with the fixture sets they used."""
@@ -199,7 +212,13 @@ class Record:
         return not self.changes
 
     def calibrated_on(self, scope: Scope) -> tuple[FixtureSet, str] | None:
-        """The fixture set a change of `scope` must be judged on and why; None when the record is empty."""
+        """The (first) fixture set a change of `scope` must be judged on and why; None when the record is empty."""
+        found = self.calibrated_sets(scope)
+        return None if found is None else (found[0][0], found[1])
+
+    def calibrated_sets(self, scope: Scope) -> tuple[tuple[FixtureSet, ...], str] | None:
+        """Every fixture set a change of `scope` must be judged on (one per store the change that calibrated it
+        covered) and why; None when the record is empty."""
         if not self.changes:
             return None
         if scope.whole_model or scope.term is not None:  # device-only changes calibrate their devices, not these
@@ -209,20 +228,21 @@ class Record:
             changes = list(self.changes)
         for entry in reversed(changes):
             term, devices = _named(entry)
-            fixture_set = self.sets[entry["fixture_set_sha256"]]
-            if scope.devices and set(scope.devices) & set(fixture_set.devices):
-                shared = sorted(set(scope.devices) & set(fixture_set.devices))
-                return fixture_set, (f"the latest committed change judged on {', '.join(shared)} runs is ledger "
-                                     f"entry {entry['seq']}")
+            sets = tuple(self.sets[sha] for sha, _ in _stores_of(entry))
+            hit = tuple(fs for fs in sets if set(scope.devices) & set(fs.devices)) if scope.devices else ()
+            if hit:
+                shared = sorted(set(scope.devices) & {d for fs in hit for d in fs.devices})
+                return hit, (f"the latest committed change judged on {', '.join(shared)} runs is ledger "
+                             f"entry {entry['seq']}")
             if scope.term is not None and term == scope.term:
-                return fixture_set, (f"the latest committed change to term {scope.term}'s shared values is ledger "
-                                     f"entry {entry['seq']}")
+                return sets, (f"the latest committed change to term {scope.term}'s shared values is ledger "
+                              f"entry {entry['seq']}")
         latest = changes[-1]
         what = ("no committed change was judged on runs of " + ", ".join(scope.devices) if scope.devices else
                 f"no committed change touched term {scope.term}'s shared values" if scope.term else
                 "the model as a whole")
-        return self.sets[latest["fixture_set_sha256"]], f"{what}: the latest committed change is ledger entry " \
-                                                         f"{latest['seq']}"
+        return (tuple(self.sets[sha] for sha, _ in _stores_of(latest)),
+                f"{what}: the latest committed change is ledger entry {latest['seq']}")
 
 
 def read_record(ledger_path: Path | str | None) -> Record:
@@ -233,22 +253,24 @@ def read_record(ledger_path: Path | str | None) -> Record:
     changes = _committed_changes(entries)
     _compare_scopes(changes)
     # A store's path is provenance (the fixture set's sha256 is its identity): the latest any judgement recorded.
-    paths = {e["fixture_set_sha256"]: e["fixtures"] for e in entries
-             if e.get("kind") in ("evaluate", "compare") and e.get("fixture_set_sha256") and e.get("fixtures")}
-    grouped: dict[str, list[dict[str, Any]]] = {}
+    paths = {sha: part["fixtures"] for e in entries
+             if e.get("kind") in ("evaluate", "compare") and e.get("fixture_set_sha256")
+             for sha, part in _stores_of(e) if isinstance(part.get("fixtures"), str)}
+    grouped: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for entry in changes:
-        grouped.setdefault(entry["fixture_set_sha256"], []).append(entry)
+        for sha, part in _stores_of(entry):
+            grouped.setdefault(sha, []).append((entry, part))
     sets = {}
     for sha, group in grouped.items():
         devices: set[str] = set()
         runs, path = None, None
-        for entry in group:
-            devices |= set(entry.get("fixture_devices") or ()) | _named(entry)[1]
-            runs = tuple(entry["fixture_runs"]) if entry.get("fixture_runs") else runs
-            path = entry.get("fixtures") or path
-        sets[sha] = FixtureSet(sha256=sha, n_runs=group[-1].get("n_fixtures"), runs=runs,
+        for entry, part in group:
+            devices |= set(part.get("fixture_devices") or ()) | (_named(entry)[1] if part is entry else set())
+            runs = tuple(part["fixture_runs"]) if part.get("fixture_runs") else runs
+            path = part.get("fixtures") if isinstance(part.get("fixtures"), str) else path
+        sets[sha] = FixtureSet(sha256=sha, n_runs=group[-1][1].get("n_fixtures"), runs=runs,
                                devices=tuple(sorted(devices)), path=paths.get(sha, path),
-                               entries=tuple(e["seq"] for e in group))
+                               entries=tuple(e["seq"] for e, _ in group))
     return Record(changes=tuple(changes), sets=sets)
 
 
@@ -263,9 +285,16 @@ class Check:
     how: str  # "same fixture set", "same runs re-ingested", "same device types and run count", "", "no record"
     off_record: bool  # judged anyway (--off-record) although the store does not hold it
     warnings: tuple[str, ...] = ()
+    calibrated_all: tuple[FixtureSet, ...] = ()  # every fixture set the scope was calibrated on (`calibrated` first)
+
+    def describe_calibrated(self) -> str:
+        sets = self.calibrated_all or ((self.calibrated,) if self.calibrated else ())
+        return " and ".join(fs.describe() for fs in sets)
 
     def to_dict(self) -> dict[str, Any]:
         return {"scope": self.scope.describe(), "calibrated_on": self.calibrated.to_dict() if self.calibrated else None,
+                "calibrated_on_all": [fs.to_dict() for fs in self.calibrated_all or
+                                      ((self.calibrated,) if self.calibrated else ())],
                 "why": self.why, "store_holds_it": self.holds, "match": self.how or None,
                 "off_record": self.off_record}
 
@@ -274,39 +303,61 @@ def store_devices(suite) -> tuple[str, ...]:
     return tuple(sorted({device for spec in suite.specs for device in spec.devices}))
 
 
+def _match(suite, calibrated: FixtureSet) -> str:
+    """How one store's `suite` holds `calibrated` ("" when it does not)."""
+    if suite.sha256 == calibrated.sha256:
+        return "same fixture set"
+    if calibrated.runs is not None and tuple(sorted(suite.ids)) == tuple(sorted(calibrated.runs)):
+        return "same runs re-ingested"
+    if calibrated.runs is None and calibrated.devices and tuple(calibrated.devices) == store_devices(suite) \
+            and calibrated.n_runs == len(suite.ids):
+        return "same device types and run count"
+    return ""
+
+
 def check_store(record: Record, scope: Scope, suite, verb: str, *, off_record: bool = False) -> Check:
-    """Refuse (OffRecord) a judgement of `scope` on `suite` unless its runs are those the scope was calibrated on,
-    or `off_record` (then the Check says so)."""
-    found = record.calibrated_on(scope)
+    """Refuse (OffRecord) a judgement of `scope` on `suite` (one store, or the union of several: `Suite.stores`)
+    unless its stores hold every fixture set the scope was calibrated on, or `off_record` (then the Check says so)."""
+    found = record.calibrated_sets(scope)
     if found is None:
         return Check(scope, None, "the ledger records no committed change: nothing is calibrated yet", True,
                      "no record", False)
-    calibrated, why = found
-    devices = store_devices(suite)
-    how, warnings = "", []
-    if suite.sha256 == calibrated.sha256:
-        how = "same fixture set"
-    elif calibrated.runs is not None and tuple(sorted(suite.ids)) == tuple(sorted(calibrated.runs)):
-        how = "same runs re-ingested"
-    elif calibrated.runs is None and calibrated.devices and tuple(calibrated.devices) == devices \
-            and calibrated.n_runs == len(suite.ids):
-        how = "same device types and run count"
-    if how and how != "same fixture set":
-        warnings.append(f"{suite.fixtures_dir}: fixture set {suite.sha256[:12]} is not the {calibrated.describe()} "
-                        f"{scope.describe()} {scope.was} calibrated on, but holds {how.replace('same', 'the same')} "
-                        "(re-ingested or recaptured): judged as the same runs")
-    if how:
-        return Check(scope, calibrated, why, True, how, False, tuple(warnings))
-    message = (f"{scope.describe()}: calibrated on {calibrated.describe()} ({why}); the store "
-               f"{suite.fixtures_dir} holds fixture set {suite.sha256[:12]} ({len(suite.ids)} train runs on "
-               f"{', '.join(devices)}): a judgement here would not be on the runs the model was fitted to")
+    sets, why = found
+    hows, warnings, missing = [], [], []
+    for calibrated in sets:
+        matched = [(part, how) for part in suite.stores for how in (_match(part, calibrated),) if how]
+        if not matched:
+            missing.append(calibrated)
+            continue
+        part, how = matched[0]
+        hows.append(how)
+        if how != "same fixture set":
+            warnings.append(f"{part.fixtures_dir}: fixture set {part.sha256[:12]} is not the {calibrated.describe()} "
+                            f"{scope.describe()} {scope.was} calibrated on, but holds {how.replace('same', 'the same')}"
+                            " (re-ingested or recaptured): judged as the same runs")
+    how = "; ".join(dict.fromkeys(hows))
+    if not missing:
+        return Check(scope, sets[0], why, True, how, False, tuple(warnings), sets)
+    if len(sets) == 1 and len(suite.stores) == 1:
+        calibrated = sets[0]
+        message = (f"{scope.describe()}: calibrated on {calibrated.describe()} ({why}); the store "
+                   f"{suite.fixtures_dir} holds fixture set {suite.sha256[:12]} ({len(suite.ids)} train runs on "
+                   f"{', '.join(store_devices(suite))}): a judgement here would not be on the runs the model was "
+                   "fitted to")
+    else:
+        given = ", ".join(f"{part.fixtures_dir} ({part.sha256[:12]})" for part in suite.stores)
+        message = (f"{scope.describe()}: calibrated on {' and '.join(fs.describe() for fs in sets)} ({why}); the "
+                   f"judgement's store(s) {given} omit {' and '.join(fs.describe() for fs in missing)}: a judgement "
+                   "must cover every store the model was fitted to")
     if not off_record:
+        paths = [fs.path for fs in sets]
         raise OffRecord(verb, message, field="fixtures",
-                        hint=(f"judge it on that store: --fixtures {calibrated.path}" if calibrated.path else
+                        hint=(("judge it on that store: " if len(sets) == 1 else "judge it on all of them: ")
+                              + " ".join(f"--fixtures {path}" for path in paths) if all(paths) else
                               "judge it on a store of those runs (--fixtures DIR); the ledger records no path for "
                               "it (entries before issue #22 did not: the next judgement there records one)")
                         + "; or, to judge it here anyway and mark the ledger entry off_record, --off-record")
-    return Check(scope, calibrated, why, False, "", True, (f"judged off the record (--off-record): {message}",))
+    return Check(scope, sets[0], why, False, "", True, (f"judged off the record (--off-record): {message}",), sets)
 
 
 def refuse_unmoved(runs_moved: Sequence[str], n_runs: int, what: str, verb: str, check: Check | None) -> None:
@@ -314,7 +365,7 @@ def refuse_unmoved(runs_moved: Sequence[str], n_runs: int, what: str, verb: str,
     nothing, and commit a value no run tested."""
     if runs_moved:
         return
-    where = (f"; {check.scope.describe()} {check.scope.was} calibrated on {check.calibrated.describe()}"
+    where = (f"; {check.scope.describe()} {check.scope.was} calibrated on {check.describe_calibrated()}"
              if check is not None and check.calibrated is not None else "")
     raise OffRecord(verb, f"{what} moves none of the {n_runs} runs' predictions on this store: a judgement here "
                     f"would test nothing{where}", field="fixtures",

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hops_calib.errors import InputError
-from hops_calib.loop.evaluate import fixture_fields, floor_excess, per_run_changes, record_and_write, run_errors
-from hops_calib.loop.gate import GateResult, Tolerances, gate
+from hops_calib.loop.evaluate import (fixture_fields, floor_excess, judge, per_run_changes, record_and_write,
+                                     run_errors)
+from hops_calib.loop.gate import GateResult, Tolerances
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.plans import check_plan, check_rejudgement, refuse_unplanned_rules, rules
-from hops_calib.loop.suite import ModelScore, TRAIN, load_suite, score_model, stall_series
+from hops_calib.loop.suite import ModelScore, TRAIN, load_suites, score_model, stall_series
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
 
@@ -74,7 +75,7 @@ class Comparison:
                 "runs": [run_errors(r, self.stall_free_computed) for r in self.after.runs]}
 
 
-def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Path | str | None = None,
+def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path | str, *, after_path: Path | str | None = None,
             tolerances: Tolerances = Tolerances(), ledger_path: Path | str | None = None, note: str = "",
             commit_into: Path | str | None = None, plan: int | None = None, progress: Progress = QUIET,
             off_record: bool = False) -> Comparison:
@@ -109,7 +110,12 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
                          hint="compare the model before a move's first step with the model after its last")
     if commit_into is not None:  # refuse before scoring: a wrong file must not cost a ledger entry
         _holds_an_end(Path(commit_into), before_model, after_model)(load_model(commit_into))
-    suite = load_suite(fixtures_dir, TRAIN)
+    suite = load_suites(fixtures_dir, TRAIN)
+    if plan is not None:
+        from hops_calib.loop.plans import check_plan_stores
+
+        check_plan_stores(ledger_path, plan, suite, "compare")
+    fixtures_dir = suite.fixtures_dir
     from hops_calib.loop import calibration
 
     scope = calibration.scope_of_models(before_model, after_model)
@@ -123,7 +129,7 @@ def compare(fixtures_dir: Path | str, before_path: Path | str, *, after_path: Pa
     series = stall_series(suite) if tolerances.stall_free else None
     before = score_model(suite, before_model, origin=str(before_path), progress=progress, stall_free=series)
     after = score_model(suite, after_model, origin=str(after_path), progress=progress, stall_free=series)
-    verdict = gate(before.runs, after.runs, before.suite, after.suite, tolerances)
+    verdict = judge(suite, before, after, tolerances)
     unmoved = not verdict.runs_moved
     if unmoved and (not off_record or commit_into is not None):
         calibration.refuse_unmoved((), len(suite.ids), f"{after_path} against {before_path}", "compare", check)

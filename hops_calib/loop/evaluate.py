@@ -17,7 +17,7 @@ from hops_calib.loop.gate import GateResult, Tolerances, gate
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.plans import check_plan, check_rejudgement, judgements, refuse_unplanned_rules, rules
-from hops_calib.loop.suite import ModelScore, TRAIN, load_suite, refuse_test_split, score_model, stall_series
+from hops_calib.loop.suite import ModelScore, TRAIN, load_suites, refuse_test_split, score_model, stall_series
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
 
@@ -44,6 +44,8 @@ class Evaluation:
     left_out: dict[str, Any] | None = None
     calibration: Any = None  # hops_calib.loop.calibration.Check of a judgement
     stall_free_computed: bool = False
+    # Each store's path when several were judged together (`--fixtures` repeated); () for one.
+    stores: tuple[dict[str, Any], ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -62,7 +64,10 @@ class Evaluation:
         """The JSON of `evaluate --json`: top-level aggregates and runs are the scored model's: the candidate's when
         there is one (`scored_model`), else the model's; `before` / `after` hold the base and the candidate model's."""
         data: dict[str, Any] = {"status": self.status, "split": self.split, **self.current.suite.to_dict(),
-                                "fixtures": str(self.fixtures_dir), "fixture_set_sha256": self.fixture_set_sha256,
+                                "fixtures": ([s["fixtures"] for s in self.stores] if self.stores else
+                                             str(self.fixtures_dir)),
+                                "fixture_set_sha256": self.fixture_set_sha256,
+                                **({"fixture_sets": list(self.stores)} if self.stores else {}),
                                 "model": str(self.model_path), "model_sha256": self.model.sha256,
                                 "ledger_path": str(self.ledger_path) if self.ledger_path is not None else None,
                                 "tolerances": self.tolerances.to_dict(), "warnings": list(self.warnings),
@@ -236,7 +241,7 @@ def candidate_record(candidate: Candidate) -> dict[str, Any]:
             "target": candidate.change.target, "hypothesis": candidate.hypothesis, "text": candidate.text}
 
 
-def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
+def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Path | str | None = None,
              candidate_path: Path | str | None = None, tolerances: Tolerances = Tolerances(),
              ledger_path: Path | str | None = None, commit: bool = False, split: str = TRAIN,
              plan: int | None = None, progress: Progress = QUIET, off_record: bool = False,
@@ -252,6 +257,10 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     change the ledger already judged on this model and fixture set once more under the same rules (refused
     otherwise; other rules need a plan naming the earlier judgement: `hops_calib.loop.plans.check_rejudgement`).
     `tolerances` other than the defaults only with `plan` (`plans.refuse_unplanned_rules`).
+
+    `fixtures_dir`: one store, or several judged as one union suite: the gate's rules must hold on each store's
+    runs (`gate.gate_stores`), the entry lists each store's fixture set (`fixture_sets`), and the judgement must
+    cover every store the changed part was calibrated on.
     """
     from hops_calib.loop import calibration
     from hops_calib.loop.ledger import default_ledger
@@ -291,7 +300,12 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
     if candidate is not None:
         warnings += _stem_is_id(candidate) + _reused_id(judged, candidate)
     candidate_model = candidate.apply(model) if candidate is not None else None
-    suite = load_suite(fixtures_dir, split)
+    suite = load_suites(fixtures_dir, split)
+    if plan is not None:
+        from hops_calib.loop.plans import check_plan_stores
+
+        check_plan_stores(ledger_path, plan, suite, "evaluate")
+    fixtures_dir = suite.fixtures_dir
     check, links = None, {}
     if candidate is not None:
         from hops_calib.loop.ledger import read_entries
@@ -312,12 +326,13 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
                   model_path=model_path, model=model, tolerances=tolerances, before=before,
                   stall_free_computed=series is not None,
                   ledger_path=Path(ledger_path) if ledger_path is not None else None,
-                  left_out=suite.left_out_summary)
+                  left_out=suite.left_out_summary,
+                  stores=tuple(store_fields(part) for part in suite.parts))
     if candidate is None:
         return Evaluation(**common, warnings=tuple(warnings))
 
     after = score_model(suite, candidate_model, origin=candidate.origin, progress=progress, stall_free=series)
-    verdict = gate(before.runs, after.runs, before.suite, after.suite, tolerances)
+    verdict = judge(suite, before, after, tolerances)
     moved = verdict.runs_moved or ()
     unmoved = not moved
     if unmoved and (not off_record or commit):
@@ -361,11 +376,35 @@ def evaluate(fixtures_dir: Path | str, *, model_path: Path | str | None = None,
 
 def fixture_fields(suite) -> dict[str, Any]:
     """What a judgement's ledger entry says of its runs: the fixture set's sha256, the store's path, the run ids and
-    their device types (the calibration record reads them: `hops_calib.loop.calibration`)."""
+    their device types (the calibration record reads them: `hops_calib.loop.calibration`). For several stores
+    (`Suite.parts`): the union's sha256, the paths, and each store's own fields in `fixture_sets`."""
+    if not suite.parts:
+        return store_fields(suite, with_count=False)
+    from hops_calib.loop.calibration import store_devices
+
+    return {"fixture_set_sha256": suite.sha256, "fixtures": [str(Path(p.fixtures_dir).resolve()) for p in suite.parts],
+            "fixture_devices": list(store_devices(suite)),
+            "fixture_sets": [store_fields(part) for part in suite.parts]}
+
+
+def store_fields(suite, with_count: bool = True) -> dict[str, Any]:
+    """One store's fixture set as a judgement records it."""
     from hops_calib.loop.calibration import store_devices
 
     return {"fixture_set_sha256": suite.sha256, "fixtures": str(Path(suite.fixtures_dir).resolve()),
-            "fixture_runs": sorted(suite.ids), "fixture_devices": list(store_devices(suite))}
+            "fixture_runs": sorted(suite.ids), "fixture_devices": list(store_devices(suite)),
+            **({"n_fixtures": len(suite.ids)} if with_count else {})}
+
+
+def judge(suite, before: ModelScore, after: ModelScore, tolerances: Tolerances) -> GateResult:
+    """The gate's verdict of `after` against `before` on `suite`: on one store, `gate`; on several, each store's
+    rules (`gate_stores`)."""
+    if not suite.parts:
+        return gate(before.runs, after.runs, before.suite, after.suite, tolerances)
+    from hops_calib.loop.gate import gate_stores
+
+    return gate_stores(before.runs, after.runs, [(str(Path(p.fixtures_dir).resolve()), p.ids) for p in suite.parts],
+                       tolerances)
 
 
 def _commit(model_path: Path, model: Model, changed: Model, ledger_path: Path | str, entry: dict[str, Any]

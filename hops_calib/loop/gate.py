@@ -99,6 +99,9 @@ class GateResult:
     mape_change_interval_pp: tuple[float, float] | None = None
     # The rules that failed, by name (RULES), for a reader that should not parse `reasons`.
     failed_rules: tuple[str, ...] = ()
+    # A judgement on several stores (`gate_stores`): each store's path and its own verdict (the suite rules and the
+    # per-run rules held on its runs alone); () for one store.
+    stores: tuple[tuple[str, "GateResult"], ...] = ()
 
     @property
     def decision(self) -> str:
@@ -122,7 +125,9 @@ class GateResult:
                 "n_runs_moved": len(self.runs_moved) if self.runs_moved is not None else None,
                 "mape_change_interval_pp": (list(self.mape_change_interval_pp)
                                             if self.mape_change_interval_pp is not None else None),
-                "within_noise": self.within_noise}
+                "within_noise": self.within_noise,
+                **({"stores": [{"fixtures": path, **{k: v for k, v in verdict.to_dict().items() if k != "tolerances"}}
+                               for path, verdict in self.stores]} if self.stores else {})}
 
 
 # The gate's rules by name, in the order `reasons` gives them: the suite's throughput MAPE, bubble MAE and mean
@@ -216,3 +221,28 @@ def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before
     return GateResult(accepted=all(ok for ok, _ in checks), reasons=tuple(reason for _, reason in checks),
                       regressions=tuple(regressions), tolerances=tolerances, runs_moved=moved,
                       mape_change_interval_pp=spread, failed_rules=failed)
+
+
+def gate_stores(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore],
+                stores: Sequence[tuple[str, Sequence[str]]], tolerances: Tolerances = Tolerances()) -> GateResult:
+    """The gate of a judgement on several stores (`stores`: each store's path and run ids): every rule must hold on
+    each store's runs alone (suite MAPE, bubble MAE where measured, rho, per-run regressions), so that no store's
+    suite pays for another's; a store whose runs the change does not move holds trivially. `runs_moved` and the
+    bootstrap interval are of all the runs together; `stores` keeps each store's own verdict."""
+    from hops_calib.loop.score import aggregate
+
+    before_by_id = {r.run_id: r for r in before_runs}
+    after_by_id = {r.run_id: r for r in after_runs}
+    whole = gate(before_runs, after_runs, aggregate(list(before_runs)), aggregate(list(after_runs)), tolerances)
+    verdicts = []
+    for path, ids in stores:
+        old, new = [before_by_id[i] for i in ids], [after_by_id[i] for i in ids]
+        verdicts.append((path, gate(old, new, aggregate(old), aggregate(new), tolerances)))
+    reasons = [f"store {path}: {reason}" for path, verdict in verdicts for reason in verdict.reasons[:len(RULES) + 1]]
+    reasons += [f"all {len(stores)} stores: {reason}" for reason in whole.reasons[len(RULES):]]
+    failed = tuple(rule for rule in RULES if any(rule in verdict.failed_rules for _, verdict in verdicts))
+    return GateResult(accepted=all(verdict.accepted for _, verdict in verdicts), reasons=tuple(reasons),
+                      regressions=tuple(r for _, verdict in verdicts for r in verdict.regressions),
+                      tolerances=tolerances, runs_moved=whole.runs_moved,
+                      mape_change_interval_pp=whole.mape_change_interval_pp, failed_rules=failed,
+                      stores=tuple(verdicts))

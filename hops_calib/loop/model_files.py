@@ -31,6 +31,11 @@ def load_catalog(path: Path = CATALOG_PATH) -> dict[str, DeviceSpec]:
     return parse_catalog(read_text(path, "device catalog"), origin=str(path))
 
 
+def device_types() -> frozenset[str]:
+    """The device types of the shipped catalog, which every model knows (a model file may add, never remove)."""
+    return frozenset(load_catalog())
+
+
 def default_model() -> Path:
     """The model the verbs use without --model: the shipped baseline of the checkout whose ledger they use
     (`hops_calib.loop.ledger.default_checkout`: the one enclosing the current directory, else the package's), so

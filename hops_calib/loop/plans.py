@@ -38,12 +38,16 @@ def _text_sha256_of(text: str) -> str:
 
 
 def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
-                candidates: Sequence[Path | str] = (), rejudges: int | None = None) -> dict[str, Any]:
+                candidates: Sequence[Path | str] = (), rejudges: int | None = None,
+                fixtures: Sequence[Path | str] = ()) -> dict[str, Any]:
     """Append a plan entry: what is about to be tried and the tolerances it will be judged under, before any of
     its evaluations. `evaluate --plan N` and `compare --plan N` then judge under exactly those tolerances and cite it.
     `candidates`: the candidate files the plan is for, pinned by their text's sha256: `evaluate --plan N` then
     refuses any other candidate, an edited one included. `rejudges`: the earlier judgement (a ledger seq) of the
     change this plan judges again under its rules; a pinned candidate whose text was judged before needs it.
+    `fixtures`: the store(s) the plan's judgements will be made on (their train split's fixture set is recorded,
+    and `evaluate/compare --plan N` refuse others); a candidate text judged before only on other runs is then not
+    judged again (a judgement covering more stores is a new judgement).
     """
     from hops_calib.loop import ledger
 
@@ -65,8 +69,14 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
         if not pinned and named.get("kind") == "evaluate":
             raise InputError("ledger plan", f"--rejudge {rejudges} needs the candidate judged again (--candidate "
                              "FILE)", field="candidate", hint="pin the candidate that makes the same change")
+    stores = None
+    if fixtures:
+        from hops_calib.loop.suite import TRAIN, load_suites
+
+        stores = load_suites(list(fixtures), TRAIN)
     judged = {_text_sha256_of(e["candidate"].get("text", "")): e
-              for e in entries if e.get("kind") == "evaluate" and e.get("candidate")}
+              for e in entries if e.get("kind") == "evaluate" and e.get("candidate")
+              and (stores is None or e.get("fixture_set_sha256") == stores.sha256)}
     for candidate in pinned:
         earlier = judged.get(_text_sha256(candidate))
         if earlier is not None and rejudges is None:
@@ -80,6 +90,8 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
     return ledger.append(ledger_path, {"kind": "plan", "time": now_utc(), "note": note,
                                        "tolerances": tolerances.to_dict(),
                                        **({"rejudges": rejudges} if rejudges is not None else {}),
+                                       **({"fixtures": [str(Path(p.fixtures_dir).resolve()) for p in stores.stores],
+                                           "fixture_set_sha256": stores.sha256} if stores is not None else {}),
                                        **({"candidates": [{"id": c.id, "path": c.origin, "text_sha256": _text_sha256(c)}
                                                           for c in pinned]} if pinned else {}),
                                        "code_revision": code_revision()})
@@ -204,6 +216,17 @@ def check_plan(ledger_path: Path | str, seq: int, tolerances: Tolerances, verb: 
                          + (f": {candidate.id} was edited after the plan" if same_id else ""), field="plan",
                          hint="judge the candidate as it was planned, or state a new plan for this one "
                               "(hops-calib ledger plan --candidate FILE ...)")
+
+
+def check_plan_stores(ledger_path: Path | str, seq: int, suite, verb: str) -> None:
+    """Refuse a judgement under plan `seq` on other stores than the plan named (`ledger plan --fixtures`)."""
+    entry = read_plan(ledger_path, seq)
+    stated = entry.get("fixture_set_sha256")
+    if stated is not None and stated != suite.sha256:
+        raise InputError(verb, f"plan {seq} was stated for the train runs of {', '.join(entry.get('fixtures', []))} "
+                         f"(fixture set {stated[:12]}); this judgement's stores hold fixture set {suite.sha256[:12]}",
+                         field="plan", hint="judge on the stores the plan names: "
+                         + " ".join(f"--fixtures {path}" for path in entry.get("fixtures", [])))
 
 
 def judgement_notes(entries: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:

@@ -48,6 +48,13 @@ class Suite:
     # Runs of the split the model does not price (tensor or data parallelism, ...): id -> why. Not in `ids`, not
     # scored, not in the fixture set's sha256 (which names what was scored); every suite verb says how many.
     left_out: dict[str, str] = field(default_factory=dict, compare=False)
+    # A union of several stores' suites (`union_suite`): the stores' own suites, in order; () for one store.
+    parts: tuple["Suite", ...] = field(default=(), compare=False)
+
+    @property
+    def stores(self) -> tuple["Suite", ...]:
+        """The one-store suites this suite is made of (itself for one store)."""
+        return self.parts or (self,)
 
     @property
     def left_out_summary(self) -> dict[str, Any]:
@@ -96,6 +103,40 @@ def load_suite(fixtures_dir: Path | str, split: str) -> Suite:
     return _suite_of(store, fixtures_dir, split, ids)
 
 
+def load_suites(fixtures_dirs: Path | str | Sequence[Path | str], split: str) -> Suite:
+    """The suite of one store, or the union of several stores' suites (`union_suite`) when given several."""
+    dirs = [fixtures_dirs] if isinstance(fixtures_dirs, (str, Path)) else list(fixtures_dirs)
+    if not dirs:
+        raise InputError("--fixtures", "no fixture store given", field="fixtures", hint="pass --fixtures DIR")
+    resolved = [Path(d).resolve() for d in dirs]
+    twice = sorted({str(d) for d in resolved if resolved.count(d) > 1})
+    if twice:
+        raise InputError("--fixtures", f"the store {twice[0]} is given more than once", field="fixtures",
+                         hint="name each store once")
+    suites = [load_suite(d, split) for d in dirs]
+    return suites[0] if len(suites) == 1 else union_suite(suites)
+
+
+def union_suite(suites: Sequence[Suite]) -> Suite:
+    """One suite of several stores' runs (a judgement covering every store a model is calibrated on): their runs in
+    store order, its sha256 the fixture set of them all; `parts` keeps each store's suite (the gate's suite rules
+    hold per store). A run id in two stores is refused: the stores would hold one run twice."""
+    seen: dict[str, Path] = {}
+    for suite in suites:
+        for run_id in suite.ids:
+            if run_id in seen:
+                raise InputError(suite.fixtures_dir, f"run {run_id} is also in the store {seen[run_id]}",
+                                 field="fixtures", hint="judge on stores that hold different runs (one store per "
+                                 "set of runs)")
+            seen[run_id] = suite.fixtures_dir
+    left_out = {k: v for suite in suites for k, v in suite.left_out.items()}
+    return Suite(fixtures_dir=suites[0].fixtures_dir, split=suites[0].split,
+                 ids=tuple(i for s in suites for i in s.ids), specs=tuple(x for s in suites for x in s.specs),
+                 truths=tuple(x for s in suites for x in s.truths),
+                 content_hashes=tuple(x for s in suites for x in s.content_hashes), left_out=left_out,
+                 parts=tuple(suites))
+
+
 def suite_if_any(fixtures_dir: Path | str, split: str) -> Suite | None:
     """`load_suite`, or None when the store has no fixtures in `split` (a store may hold one split only)."""
     store = open_store(fixtures_dir)
@@ -123,12 +164,27 @@ def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -
                  left_out=left_out)
 
 
+def unknown_device(devices: Sequence[str], known: frozenset[str]) -> str | None:
+    """Why a run on `devices` cannot be priced by any model of the catalog, or None."""
+    unknown = sorted(set(devices) - known)
+    if not unknown:
+        return None
+    return (f"device type {unknown[0]!r} is not in the catalog (hops_calib/model/devices.toml knows "
+            f"{', '.join(sorted(known))})")
+
+
 def priced(fixtures: list[Any]) -> tuple[list[Any], dict[str, str]]:
-    """The fixtures the cost model prices (every run with events; iteration-level runs whose spec builds), and
-    run id -> why for the others."""
+    """The fixtures the cost model prices (runs with events, iteration-level runs whose spec builds, on device types
+    of the catalog), and run id -> why for the others: one unpriceable run is left out, never the whole store."""
+    from hops_calib.loop.model_files import device_types
+
     kept, reasons = [], {}
+    known = device_types()
     for fixture in fixtures:
-        reason = fixture.not_priced if fixture.kind != "events" else None
+        if fixture.kind == "events":
+            reason = unknown_device(fixture.spec.devices, known)
+        else:
+            reason = unknown_device([str(fixture.hardware.get("gpu"))], known) or fixture.not_priced
         if reason is None:
             kept.append(fixture)
         else:
@@ -184,6 +240,8 @@ def stall_series(suite: Suite) -> tuple[Any, ...]:
     """Each run's iteration part series (its stalls), read from its events once for `score_model(stall_free=)`."""
     from hops_calib.metrics import timeline_iteration_part_series
 
+    if suite.parts:
+        return tuple(series for part in suite.parts for series in stall_series(part))
     store = open_store(suite.fixtures_dir)
     return tuple(timeline_iteration_part_series(store.load(fixture_id).timeline()) if events else None
                  for fixture_id, events in zip(suite.ids, suite.has_events))

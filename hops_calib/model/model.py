@@ -161,10 +161,11 @@ class Model:
             try:
                 devices.append(self.device(device_type))
             except KeyError:
-                raise ValueError(f"spec {spec.run_id}: stage {rank} runs on device type {device_type!r}, which model "
-                                 f"{self.name!r} does not know (known: {sorted(d.type for d in self.devices)}); add it "
-                                 "to hops_calib/model/devices.toml or to the model file's [devices] with sources"
-                                 ) from None
+                # bad input (exit 2), not a bug: a run of a device type the catalog lacks
+                raise InputError(f"spec {spec.run_id}", f"stage {rank} runs on device type {device_type!r}, which "
+                                 f"model {self.name!r} does not know (known: {sorted(d.type for d in self.devices)})",
+                                 field="gpu", hint="add it to hops_calib/model/devices.toml or to the model file's "
+                                 "[devices] with sources") from None
         return Context(spec=spec, layout=layout, devices=tuple(devices))
 
     def pipeline(self, spec: Spec) -> Pipeline:
@@ -245,7 +246,8 @@ class Model:
 
     def breakdown(self, spec: Spec) -> list[dict[str, float]]:
         """Per pipeline rank, the milliseconds of one iteration on one of its GPUs by what they are (each term's
-        `category`: compute, tp_comm, p2p, dp_reduce, optimizer, host), summed over its tasks: forward and backward
+        `category`: compute, tp_comm, p2p, dp_reduce, ends_allreduce (the tied embedding's, before the optimizer),
+        optimizer, host), summed over its tasks: forward and backward
         per microbatch times the microbatches (recomputation counted as compute), the hops it sends, its optimizer
         step, its gradient reduction (whole; `dp_reduce_exposed` is the part no backward hides) and the
         per-iteration work. The host's launch floors count only by how much they exceed the layers' GPU work (the
@@ -254,7 +256,8 @@ class Model:
         context = self.context(spec)
         layout, m = context.layout, spec.microbatches
         ranks, stages = layout.ranks, layout.virtual_stages
-        out = [dict.fromkeys(("compute", "tp_comm", "p2p", "dp_reduce", "dp_reduce_exposed", "optimizer", "host"),
+        out = [dict.fromkeys(("compute", "tp_comm", "p2p", "dp_reduce", "dp_reduce_exposed", "ends_allreduce",
+                              "optimizer", "host"),
                              0.0) for _ in range(ranks)]
         layer = {"forward_ms": [0.0] * stages, "backward_ms": [0.0] * stages, "attention_core_ms": [0.0] * stages}
         floor = {"forward_floor_ms": [0.0] * stages, "backward_floor_ms": [0.0] * stages}

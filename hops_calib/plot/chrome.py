@@ -67,9 +67,14 @@ def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel]) ->
         origin = float(frame["start_ms"].min()) if len(frame) else 0.0
         columns = {name: frame[name].to_numpy() for name in ("stage", "chunk", "iteration", "microbatch", "kind",
                                                               "phase", "start_ms", "end_ms", "peer_stage")}
-        start_us = (columns["start_ms"].astype(float) - origin) * US_PER_MS
-        duration_us = np.maximum(columns["end_ms"].astype(float) - columns["start_ms"].astype(float), 0.0) * US_PER_MS
+        # to the nanosecond: bars that touch up to floating-point noise (1e-9 us) share a lane
+        start_us = np.round((columns["start_ms"].astype(float) - origin) * US_PER_MS, 3)
+        end_us = np.round((columns["end_ms"].astype(float) - origin) * US_PER_MS, 3)
+        duration_us = np.maximum(end_us - start_us, 0.0)
         is_send = columns["kind"] == TRANSFER
+        # iterations numbered as the panel says (a simulation counts from 1, a real trace from Megatron's 3)
+        shift = (panel.first_iteration_label - int(columns["iteration"].min())
+                 if panel.first_iteration_label is not None and len(frame) else 0)
         lanes = _lanes(columns["stage"], is_send, start_us, start_us + duration_us)
         for stage, send, lane in sorted(set(zip(columns["stage"].tolist(), is_send.tolist(), lanes.tolist()))):
             tid = _thread(stage, send, lane)
@@ -79,7 +84,7 @@ def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel]) ->
             events.append(_metadata("thread_sort_index", pid, {"sort_index": tid}, tid))
         for i in range(len(frame)):
             stage, phase = int(columns["stage"][i]), str(columns["phase"][i])
-            args: dict[str, Any] = {"iteration": int(columns["iteration"][i]), "chunk": int(columns["chunk"][i])}
+            args: dict[str, Any] = {"iteration": int(columns["iteration"][i]) + shift, "chunk": int(columns["chunk"][i])}
             if int(columns["microbatch"][i]) >= 0:
                 args["microbatch"] = int(columns["microbatch"][i])
             if is_send[i]:

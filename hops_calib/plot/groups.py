@@ -29,11 +29,23 @@ def device_mix(devices: Iterable[str]) -> str:
 _RUN_ID = re.compile(r"^(exp\d+_\d+)_.*_(run\d+)$")
 
 
+# The id a log's or table's run gets from its configuration (hops_calib.trace.run_table.config_slug)
+_CONFIG_ID = re.compile(r"^.*?_t(\d+)p(\d+)d(\d+)_l(\d+)_h(\d+)_s(\d+)_mb(\d+)_gb(\d+)(?:_[0-9a-f]{6})?(?:_(run\d+))?$")
+
+
 def short_run_id(run_id: str, limit: int = 24) -> str:
-    """A label that fits beside a point: 'exp2_9_g_only_pp4_run107' -> 'exp2_9 run107'."""
+    """A label that fits beside a point: 'exp2_9_g_only_pp4_run107' -> 'exp2_9 run107'; a run named after its
+    configuration keeps all of it, less its source: 'vtrain_t1p4d1_l12_h1024_s1024_mb1_gb2' -> 'p4 l12 h1024 s1024
+    mb1 gb2' (t and d when not 1)."""
     match = _RUN_ID.match(run_id)
     if match:
         return f"{match.group(1)} {match.group(2)}"
+    match = _CONFIG_ID.match(run_id)
+    if match and len(run_id) > limit:
+        t, p, d, layers, hidden, seq, micro, batch, repeat = match.groups()
+        parts = ([f"t{t}"] if t != "1" else []) + [f"p{p}"] + ([f"d{d}"] if d != "1" else []) + [
+            f"l{layers}", f"h{hidden}", f"s{seq}", f"mb{micro}", f"gb{batch}"] + ([repeat] if repeat else [])
+        return " ".join(parts)
     if len(run_id) <= limit:
         return run_id
     # keep both ends: a run's configuration starts the id and its repeat number ends it (run1 / run2)

@@ -111,6 +111,7 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
         raise InputError("plot timeline", "stragglers and failures apply to --job (a fixture is drawn as it ran)",
                          field="--slow-device")
     if job is not None:
+        from hops_calib.spec import TRACE_FIRST_ITERATION
         from hops_calib.whatif.job import what_if
 
         target = _target(out, f"timeline-{Path(job).name}.png", dpi)
@@ -118,13 +119,16 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
         spec = result.spec
         panels = []
         for prediction in result.predictions:
+            # numbered as a trace of the launch would be: the tracing fork starts at iteration TRACE_FIRST_ITERATION
             panels.append(Panel(f"Predicted under {prediction.schedule} by {model_label(result.model)}",
-                                prediction.result.timeline, metrics_note(prediction.metrics)))
+                                prediction.result.timeline, metrics_note(prediction.metrics),
+                                first_iteration_label=TRACE_FIRST_ITERATION))
             if perturbations is not None:
                 drawn = perturbations.results(prediction.pipeline, prediction.schedule, spec.device_ids)[0]
                 draws = perturbations.samples if perturbations.stragglers is not None else 1
                 panels.append(Panel(f"{prediction.schedule} slowed (draw 1 of {draws}, seed {perturbations.seed})",
-                                    drawn.timeline, metrics_note(drawn.metrics())))
+                                    drawn.timeline, metrics_note(drawn.metrics()),
+                                    first_iteration_label=TRACE_FIRST_ITERATION))
         title = (f"{spec.run_id} (what-if): {spec.pp} stages, {spec.microbatches} microbatches per iteration, "
                  f"first {min(iterations, spec.iterations)} of {spec.iterations} iterations")
         notes = tuple(f"not drawn: {refused.sentence()}" for refused in result.refused)

@@ -857,7 +857,7 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
         content_hashes.append(fixture.content_hash)
         progress.advance(fixture.id)
     contributors = part_contributors(runs) + stage_contributors(runs)
-    if with_terms:
+    if with_terms and contributors:  # (the parts and stages come from events: no run with events, nothing to price)
         from hops_calib.research.pricing import pricing, terms_of
 
         found = pricing(runs, model)
@@ -902,9 +902,11 @@ def observation_text(observation: Observation, top: int = 12) -> str:
         out.append(f"left out {observation.left_out['count']} run(s) the model does not price: " + "; ".join(
             f"{r['count']} {r['reason']}" for r in observation.left_out["reasons"]))
     if observation.iteration_level_runs:
+        events = suite.n_fixtures - observation.iteration_level_runs
         out.append(f"{observation.iteration_level_runs} run(s) measured at iteration level (no events): scored on "
-                   "throughput and grouped by configuration below; the parts, stages, hops and bottlenecks cover the "
-                   f"{suite.n_fixtures - observation.iteration_level_runs} run(s) with events")
+                   "throughput and grouped by configuration below" + (
+                       f"; the parts, stages, hops and bottlenecks cover the {events} run(s) with events"
+                       if events else ""))
         rows = [[r["dimension"], r["group"], str(r["n_runs"]), f"{r['throughput_mape_pct']:.2f}",
                  f"{r['mean_error_pct']:+.2f}", f"{r['contribution_pp']:.2f}"]
                 for r in observation.by_configuration[:top]]
@@ -931,6 +933,19 @@ def observation_text(observation: Observation, top: int = 12) -> str:
                             f"{c.contribution_pp:.2f}", f"{c.steady_contribution_pp:.2f}"]
                 for i, c in enumerate(contributors, start=1)]
 
+    if observation.iteration_level_runs == suite.n_fixtures:  # no events: no parts, stages, hops or bottlenecks
+        out.append("No run has events, so there are no iteration parts, stage times, hops or slowest stages to rank: "
+                   "what observe can say of these runs is their throughput error, by configuration group above and "
+                   "per run below. Runs with events (job directories) add the rest.")
+        out.append("")
+        worst = sorted(observation.runs, key=lambda r: -abs(r.score.throughput_error_pct))[:top]
+        out.append(f"Runs by |throughput error| ({len(worst)} of {len(observation.runs)}):")
+        out.append(text_table(["run", "tput err %", "steady err %", "real iter ms", "pred iter ms"],
+                              [[r.id, f"{r.score.throughput_error_pct:+.1f}",
+                                f"{r.score.steady_throughput_error_pct:+.1f}", _ms(r.real_metrics.iteration_time_ms),
+                                _ms(r.predicted_parts.iteration_ms if r.predicted_parts else None)] for r in worst],
+                              right={1, 2, 3, 4}))
+        return "\n".join(out)
     numbers = ["runs", "stages", "real ms", "pred ms", "resid ms", "resid", "MAPE pp", "steady pp"]
     out.append("Over all runs: parts of the median iteration (ms, mean over runs) and per-microbatch stage times "
                "(mean over stages). MAPE pp = throughput MAPE removed if predicted exactly.")

@@ -44,13 +44,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hops_calib.errors import InputError
 from hops_calib.loop.evaluate import PLACEHOLDER
 from hops_calib.loop.model_files import DEFAULT_MODEL, default_model
 from hops_calib.loop.score import SuiteScore
-from hops_calib.loop.suite import Suite, load_suite, score_model
+from hops_calib.loop.suite import Suite, load_suites, score_model
 from hops_calib.model import TERMS, Model, resolve_params, unknown_device_overrides
 from hops_calib.progress import warn
 
@@ -141,7 +141,12 @@ def _number(value: float | None, digits: int) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | None,
+def store_dirs(fixtures_dir: Path | str | Sequence[Path | str]) -> list[str]:
+    """The store(s) of a --fixtures given once or repeated, as strings (a worker process's arguments)."""
+    return [str(fixtures_dir)] if isinstance(fixtures_dir, (str, Path)) else [str(d) for d in fixtures_dir]
+
+
+def load_problem(term: str, fixtures_dir: Path | str | Sequence[Path | str], model_path: Path | str | None,
                  objective: str = "suite", only: tuple[str, ...] = (), command: str = "tune") -> TuneProblem:
     from hops_calib.loop.model_files import load_model
 
@@ -167,14 +172,14 @@ def load_problem(term: str, fixtures_dir: Path | str, model_path: Path | str | N
         raise InputError(command, f"unknown objective {objective!r}", field="objective",
                          hint=f"choose one of {', '.join(OBJECTIVE_MODES)}")
     model_path = Path(model_path) if model_path is not None else default_model()
-    suite = load_suite(fixtures_dir, "train")
+    suite = load_suites(fixtures_dir, "train")
     reals: tuple = ()
     if objective == "components":
         from hops_calib.loop.suite import open_store
         from hops_calib.research.components import real_components
 
-        store = open_store(fixtures_dir)
-        reals = tuple(real_components(store.load(fixture_id)) for fixture_id in suite.ids)
+        reals = tuple(real_components(store.load(fixture_id)) for part in suite.stores
+                      for store in (open_store(part.fixtures_dir),) for fixture_id in part.ids)
     model = load_model(model_path)
     known = {d.type for d in model.devices}
     strangers = unknown_device_overrides(only, known)
@@ -274,8 +279,8 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def run_worker(term: str, fixtures_dir: str, model_path: str | None, storage_url: str, study_name: str, trials: int,
-               seed: int, objective_mode: str = "suite", only: tuple[str, ...] = ()) -> None:
+def run_worker(term: str, fixtures_dir: str | list[str], model_path: str | None, storage_url: str, study_name: str,
+               trials: int, seed: int, objective_mode: str = "suite", only: tuple[str, ...] = ()) -> None:
     """One worker process: join the study and run `trials` trials (the entry point of --workers)."""
     _quiet_optuna()
     try:
@@ -322,7 +327,7 @@ def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, stud
         study.optimize(objective(problem), n_trials=trials, callbacks=[callback] if callback else None)
         return study
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no database connection crosses a fork
-    processes = [context.Process(target=run_worker, args=(problem.term, str(fixtures_dir),
+    processes = [context.Process(target=run_worker, args=(problem.term, store_dirs(fixtures_dir),
                                                           str(problem.model_path), storage_url, study_name, share,
                                                           seed + k, problem.objective, problem.only), daemon=True)
                  for k, share in enumerate(shares(trials, workers)) if share]
@@ -376,13 +381,14 @@ def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[Front
     gate's criteria (`beats`). Returns it and the gate's verdict on it; when none does, None and the verdict on
     the first point that changes the model (None when every point of the front is the current model).
     """
-    from hops_calib.loop.gate import gate
+    from hops_calib.loop.evaluate import judge
+    from hops_calib.loop.gate import Tolerances
 
     changes = [p for p in front if problem.model_with(p.params).sha256 != problem.model.sha256]
     verdicts = []
     for point in changes:
         after = score_model(problem.suite, problem.model_with(point.params), origin=f"tune {problem.term}")
-        verdict = gate(before.runs, after.runs, before.suite, after.suite)
+        verdict = judge(problem.suite, before, after, Tolerances())
         if beats(verdict, before.suite, after.suite):
             return point, verdict
         verdicts.append(verdict)
@@ -444,6 +450,7 @@ class TuneResult:
     trials: tuple[dict[str, Any], ...] = ()  # every trial of the study (`all_trials`)
     calibration: Any = None  # hops_calib.loop.calibration.Check of the store tuned on
     warnings: tuple[str, ...] = ()
+    fixtures_dirs: tuple[str, ...] = ()  # every store tuned on (--fixtures repeated); () for `fixtures_dir` alone
 
     @property
     def objectives(self) -> tuple[str, ...]:
@@ -462,7 +469,8 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "term": self.term, "study": self.study_name, "storage": self.storage,
-                "fixtures": str(self.fixtures_dir), "model": str(self.model_path), "warnings": list(self.warnings),
+                "fixtures": list(self.fixtures_dirs) if len(self.fixtures_dirs) > 1 else str(self.fixtures_dir),
+                "model": str(self.model_path), "warnings": list(self.warnings),
                 "calibration": self.calibration.to_dict() if self.calibration is not None else None,
                 "trials": list(self.trials),
                 "trials_here": self.trials_here, "trials_in_study": self.trials_in_study, "workers": self.workers,
@@ -480,9 +488,9 @@ class TuneResult:
         return NO_CANDIDATE if self.verdict is None else NO_WINNER
 
 
-def evaluate_command(candidate: Path | str, fixtures_dir: Path | str, model_path: Path) -> str:
-    """The command that judges a tuned candidate against the model it was tuned on."""
-    return (f"hops-calib evaluate {candidate} --fixtures {fixtures_dir}"
+def evaluate_command(candidate: Path | str, fixtures_dir: Path | str | Sequence[Path | str], model_path: Path) -> str:
+    """The command that judges a tuned candidate against the model it was tuned on (on every store it was tuned on)."""
+    return (f"hops-calib evaluate {candidate} " + " ".join(f"--fixtures {d}" for d in store_dirs(fixtures_dir))
             + ("" if model_path == default_model() else f" --model {model_path}"))
 
 
@@ -518,7 +526,7 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
         f"# Trial {chosen.number} of a front of {front_size} (objectives: {', '.join(problem.objectives)}),",
         f"# chosen as {CHOICE_RULE}.",
         f"# Replace both {PLACEHOLDER} texts with the physical reason before evaluating it (evaluate refuses them):",
-        f"#   {evaluate_command('<this file>', problem.suite.fixtures_dir, problem.model_path)}",
+        f"#   {evaluate_command('<this file>', [p.fixtures_dir for p in problem.suite.stores], problem.model_path)}",
         f"id = {json.dumps(candidate_id or f'tune-{problem.term}-trial{chosen.number}')}",
         f"hypothesis = {json.dumps(hypothesis)}",
         f"grounding = {json.dumps(grounding)}",
@@ -587,12 +595,13 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
             raise InputError(path, "exists already; a candidate file is never overwritten (the ledger may cite it)",
                              hint="pass --out with a new file name")
         atomic_write(path, text)
-    return TuneResult(term=term, fixtures_dir=Path(fixtures_dir), study_name=study_name, storage=storage_url or "memory", trials_here=trials,
+    return TuneResult(term=term, fixtures_dir=problem.suite.fixtures_dir, study_name=study_name, storage=storage_url or "memory", trials_here=trials,
                       trials_in_study=in_study, workers=workers, current=before.suite, front=tuple(front),
                       chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text,
                       objective=problem.objective, model_path=problem.model_path,
                       left_out=problem.suite.left_out_summary,
-                      trials=tuple(all_trials(study)), calibration=check, warnings=check.warnings)
+                      trials=tuple(all_trials(study)), calibration=check, warnings=check.warnings,
+                      fixtures_dirs=tuple(store_dirs(fixtures_dir)))
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -631,5 +640,5 @@ def tune_text(result: TuneResult) -> str:
     out.append(f"chosen (*): trial {result.chosen.number}, {CHOICE_RULE}")
     out.append("the gate accepts it against the current model on the train split")
     out.append(f"wrote {result.candidate_path}: replace its {PLACEHOLDER} hypothesis and grounding, then run")
-    out.append(f"  {evaluate_command(result.candidate_path, result.fixtures_dir, result.model_path)}")
+    out.append(f"  {evaluate_command(result.candidate_path, result.fixtures_dirs or result.fixtures_dir, result.model_path)}")
     return "\n".join(out)

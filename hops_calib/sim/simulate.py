@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from hops_calib.metrics import (IterationPartSeries, IterationParts, TimelineMetrics, column_iteration_part_series,
                                 column_iteration_parts, column_metrics)
@@ -39,6 +39,9 @@ from hops_calib.sim.engine import Rows, run_iteration
 from hops_calib.sim.pipeline import Pipeline
 from hops_calib.sim.schedules import AUTO, BB, BW, Programs, build_programs
 from hops_calib.timeline import BACKWARD_PHASES, COLUMNS, COMPUTE, KINDS, OPTIMIZER, PHASES
+
+if TYPE_CHECKING:  # the frame is built on demand (`SimResult.timeline`); metrics read the columns
+    import pandas as pd
 
 OPTIMIZER_PHASE = PHASES.index(OPTIMIZER)
 _BACKWARD_CODES = [PHASES.index(phase) for phase in BACKWARD_PHASES]
@@ -86,6 +89,8 @@ class SimResult:
     @cached_property
     def timeline(self) -> pd.DataFrame:
         """The timeline (schema of `hops_calib.timeline`) by start time, then stage; ties keep execution order."""
+        import pandas as pd
+
         cols = self.columns
         order = np.lexsort((cols["stage"], cols["start_ms"]))
         data = {name: cols[name][order] for name in COLUMNS if name not in ("kind", "phase")}

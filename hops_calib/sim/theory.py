@@ -105,3 +105,28 @@ def closed_form_holds(schedule: str, stages: int, microbatches: int, forward_ms:
     if schedule != "zb_h1":
         return True
     return weight_grad_ms <= min(forward_ms, backward_ms - weight_grad_ms) and microbatches >= stages
+
+
+def schedule_bubble_of(schedule: str, stages: int, microbatches: int, chunks: int = 1, forward_ms: float = 1.0,
+                       backward_ms: float = 2.0, weight_grad_ms: float = 0.0) -> float:
+    """The schedule's own bubble on balanced stages with free transfers, from its closed-form makespan:
+    1 - m (f + b) / makespan. 1F1B and GPipe (one flush): (p-1)/(m+p-1); interleaved 1F1B: (p-1)/(v m+p-1); ZB-H1:
+    (p-1)(F+B-W) / (m(f+b) + (p-1)(F+B-W)), its deferred weight gradients filling the bubble. ZB-H1's form assumes
+    W <= min(F, B); a larger W cannot fill more than those slots, so W is taken at most min(F, b/2) there."""
+    if schedule == "zb_h1":
+        weight_grad_ms = min(weight_grad_ms, forward_ms, backward_ms / 2)
+    work = microbatches * (forward_ms + backward_ms)
+    makespan = balanced_makespan(schedule, stages, microbatches, forward_ms, backward_ms, weight_grad_ms, chunks)
+    return 1.0 - work / makespan if makespan > 0 else 0.0
+
+
+def pipeline_schedule_bubble(pipeline: Pipeline, schedule: str) -> float:
+    """`schedule_bubble_of` for a pipeline's ranks, on its mean per-rank forward, backward and weight-gradient
+    costs (the balanced pipeline nearest it)."""
+    stages = pipeline.stages
+    ranks = len(stages) // max(1, pipeline.chunks)
+    mean = [sum(getattr(s, name) for s in stages) * pipeline.chunks / len(stages)
+            for name in ("forward_ms", "backward_ms", "weight_grad_ms")]
+    if mean[0] + mean[1] <= 0:
+        return schedule_bubble(ranks, pipeline.microbatches, pipeline.chunks)
+    return schedule_bubble_of(schedule, ranks, pipeline.microbatches, pipeline.chunks, *mean)

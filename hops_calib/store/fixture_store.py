@@ -36,13 +36,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
-import pandas as pd
 
 from hops_calib.spec import Spec
-from hops_calib.truth import EVENT_COLUMNS, KIND_DTYPE, PHASE_DTYPE, IterationTruth, Truth, to_timeline
+from hops_calib.truth import CATEGORIES, EVENT_COLUMNS, IterationTruth, Truth, category_dtype, to_timeline
+
+if TYPE_CHECKING:  # pandas is imported where a frame is read or built; the loop's verbs read JSON and the index
+    import pandas as pd
 
 INDEX = "index.parquet"
 FIXTURE_FILE = "fixture.json"
@@ -215,16 +217,14 @@ class MeasuredFixture:
     def spec(self) -> Spec:
         """The spec of the run, from its launch and hardware; NotPriced when the cost model does not price it."""
         from hops_calib.store.collectives import HARDWARE_KEY, load_collectives
-        from hops_calib.store.measured_spec import measured_spec
+        from hops_calib.store.measured_spec import measured_spec, reason_of
 
         digest = self.hardware.get(HARDWARE_KEY)
         collectives = load_collectives(self.path.parent, digest) if digest else ()  # FixtureFileError if not intact
         try:
             return measured_spec(self.id, self.launch, self.hardware, self.meta.get("origin", ""), collectives)
         except (ValueError, KeyError, TypeError) as err:
-            problem, name = getattr(err, "problem", None), getattr(err, "field", None)
-            reason = f"{name}: {problem}" if problem and name else problem or str(err)
-            raise NotPriced(self.id, reason) from None
+            raise NotPriced(self.id, reason_of(err)) from None
 
     @property
     def not_priced(self) -> str | None:
@@ -253,9 +253,14 @@ def read_events(path: Path) -> pd.DataFrame:
     except (OSError, pa.ArrowException) as err:
         raise FixtureFileError(path, f"cannot be read: {err.__class__.__name__}: {err}",
                                hint=_reingest(path.parent)) from None
-    frame["kind"] = frame["kind"].astype(KIND_DTYPE)
-    frame["phase"] = frame["phase"].astype(PHASE_DTYPE)
+    for name in CATEGORIES:
+        frame[name] = frame[name].astype(category_dtype(name))
     return frame
+
+
+def _unreadable_index(path: Path, err: Exception) -> FixtureFileError:
+    return FixtureFileError(path, f"cannot be read: {type(err).__name__}: {err}",
+                            hint="delete it: it is rebuilt from the fixture folders (the next ingest writes it again)")
 
 
 def write_events(columns: dict[str, np.ndarray], path: Path) -> None:
@@ -263,11 +268,10 @@ def write_events(columns: dict[str, np.ndarray], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    names = {"kind": KIND_DTYPE.categories, "phase": PHASE_DTYPE.categories}
     arrays = {}
     for name in EVENT_COLUMNS:
-        if name in names:
-            arrays[name] = pa.DictionaryArray.from_arrays(pa.array(columns[name]), pa.array(list(names[name])))
+        if name in CATEGORIES:
+            arrays[name] = pa.DictionaryArray.from_arrays(pa.array(columns[name]), pa.array(list(CATEGORIES[name])))
         else:
             arrays[name] = pa.array(columns[name])
     pq.write_table(pa.table(arrays), path, compression="zstd")
@@ -318,6 +322,7 @@ class FixtureStore:
         self.root = Path(path)
         self._tables: dict[str, tuple[dict[str, Any], pd.DataFrame]] = {}
         self._index: pd.DataFrame | None = None
+        self._rows: list[dict[str, Any]] | None = None
 
     # -- reading ---------------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -360,6 +365,8 @@ class FixtureStore:
         """A table folder's fixture.json and its runs (one row per run), refused (FixtureFileError) when either
         is not as ingest wrote it; read once per store object."""
         if name not in self._tables:
+            import pandas as pd
+
             meta = self.meta(name)
             folder = self.folder(name)
             path = folder / RUNS_FILE
@@ -382,6 +389,8 @@ class FixtureStore:
         return self._index
 
     def _read_index(self) -> pd.DataFrame:
+        import pandas as pd
+
         path = self.root / INDEX
         if path.is_file():
             try:
@@ -390,21 +399,35 @@ class FixtureStore:
                     frame = self.build_index()
                 return frame
             except Exception as err:  # noqa: BLE001 - pyarrow raises its own types; all mean an unreadable file
-                raise FixtureFileError(path, f"cannot be read: {type(err).__name__}: {err}",
-                                       hint="delete it: it is rebuilt from the fixture folders (the next ingest "
-                                            "writes it again)") from None
+                raise _unreadable_index(path, err) from None
         if self.fixture_folders() or self.table_folders():
             return self.build_index()
         return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The index as one dict per fixture (columns INDEX_COLUMNS), read with pyarrow alone: the loop's verbs
+        need no pandas (importing it was a third of an evaluate's start-up). An index without every column is
+        rebuilt, as `index` does."""
+        if self._rows is None:
+            path = self.root / INDEX
+            rows = None
+            if path.is_file():
+                import pyarrow.parquet as pq
+
+                try:  # (pq.read_table would import pandas, through pyarrow.dataset)
+                    index_file = pq.ParquetFile(path)
+                    if set(INDEX_COLUMNS) <= set(index_file.schema_arrow.names):
+                        rows = index_file.read().to_pylist()
+                except Exception as err:  # noqa: BLE001 - pyarrow raises its own types; all mean an unreadable file
+                    raise _unreadable_index(path, err) from None
+            self._rows = rows if rows is not None else self.index().to_dict(orient="records")
+        return self._rows
 
     def ids(self, split: str | None = None) -> list[str]:
         """Fixture ids, all or those of one split ('train' or 'test')."""
         if split not in (None, "train", "test"):
             raise StoreError(f"unknown split {split!r}; expected 'train', 'test' or None")
-        index = self.index()
-        if split is not None:
-            index = index[index["split"] == split]
-        return sorted(index["id"].tolist())
+        return sorted(row["id"] for row in self.rows() if split is None or row["split"] == split)
 
     def meta(self, fixture_id: str) -> dict[str, Any]:
         path = self.folder(fixture_id) / FIXTURE_FILE
@@ -431,10 +454,9 @@ class FixtureStore:
 
     def container(self, fixture_id: str) -> str | None:
         """The table folder holding an iteration-level run (None for a run with its own folder, or unknown)."""
-        index = self.index()
-        rows = index[index["id"] == fixture_id]
-        if len(rows) and rows["kind"].iloc[0] == ITERATION_KIND:
-            return str(rows["container"].iloc[0])
+        row = next((row for row in self.rows() if row["id"] == fixture_id), None)
+        if row is not None and row["kind"] == ITERATION_KIND:
+            return str(row["container"])
         return None
 
     def load(self, fixture_id: str) -> Fixture | MeasuredFixture:
@@ -492,14 +514,16 @@ class FixtureStore:
 
     def load_many(self, ids: list[str] | tuple[str, ...]) -> list[Fixture | MeasuredFixture]:
         """`load` of each id, in order; the runs of one table folder are read together (one pass over its rows)."""
-        index = self.index()
-        wanted = index[index["id"].isin(ids)]
-        measured = wanted[wanted["kind"] == ITERATION_KIND]
+        wanted = set(ids)
+        measured: dict[str, set[str]] = {}  # container -> its runs asked for
+        for row in self.rows():
+            if row["id"] in wanted and row["kind"] == ITERATION_KIND:
+                measured.setdefault(str(row["container"]), set()).add(row["id"])
         found: dict[str, Fixture | MeasuredFixture] = {}
-        for container, group in measured.groupby("container"):
-            meta, runs = self.table(str(container))
-            folder = self.folder(str(container))
-            mine = runs[runs["id"].isin(set(group["id"]))]
+        for container, its_ids in sorted(measured.items()):
+            meta, runs = self.table(container)
+            folder = self.folder(container)
+            mine = runs[runs["id"].isin(its_ids)]
             found.update((row["id"], measured_fixture(row, meta, folder)) for row in mine.to_dict(orient="records"))
         return [found[i] if i in found else self.load(i) for i in ids]
 
@@ -514,6 +538,12 @@ class FixtureStore:
 
         self.root.mkdir(parents=True, exist_ok=True)
         return FileLock(str(self.root / LOCK_FILE))
+
+    def remove_if_empty(self) -> None:
+        """Remove the store's folder when it holds nothing but the writers' lock (an ingest that stored nothing)."""
+        if self.root.is_dir() and {p.name for p in self.root.iterdir()} <= {LOCK_FILE}:
+            (self.root / LOCK_FILE).unlink(missing_ok=True)
+            self.root.rmdir()
 
     def unfinished(self) -> list[str]:
         """Names of what an interrupted writer left (temporary or displaced fixture folders): `recover` clears them."""
@@ -618,6 +648,8 @@ class FixtureStore:
         return [measured_index_row(row, meta, folder.name) for row in runs.to_dict(orient="records")]
 
     def build_index(self) -> pd.DataFrame:
+        import pandas as pd
+
         rows = [self.index_row(folder) for folder in self.fixture_folders()]
         for folder in self.table_folders():
             rows += self.table_index_rows(folder)
@@ -631,7 +663,7 @@ class FixtureStore:
     def write_index(self) -> pd.DataFrame:
         self._tables.clear()
         frame = self.build_index()
-        self._index = None
+        self._index = self._rows = None
         tmp = self.root / f"{_TMP_PREFIX}{INDEX}-{uuid.uuid4().hex[:8]}"
         frame.to_parquet(tmp, index=False)
         os.replace(tmp, self.root / INDEX)

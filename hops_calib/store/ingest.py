@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import numpy as np
 
@@ -43,6 +43,15 @@ class RunOutcome:
     split: str | None = None
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    kind: str = "events"  # or "iteration" (a run of a log or table)
+    not_priced: str | None = None  # an iteration-level run the cost model does not price: why
+
+    @property
+    def priced(self) -> bool | None:
+        """Whether the cost model prices the run as ingested (None: a run with events, whose launch ingest checks)."""
+        if self.kind != "iteration" or self.status == "rejected":
+            return None
+        return self.not_priced is None
 
 
 @dataclass
@@ -60,6 +69,11 @@ class IngestReport:
     @property
     def ok(self) -> bool:
         return not self.rejected
+
+    @property
+    def stored(self) -> bool:
+        """Whether some run of the sources is in the store now (written, or there already)."""
+        return any(o.status in ("new", "updated", "unchanged") for o in self.outcomes)
 
 
 @dataclass
@@ -275,10 +289,11 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
            test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
            on_run: Callable[[RunOutcome], None] | None = None,
            on_start: Callable[[int], None] | None = None, hardware: RunHardware | None = None,
-           warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> IngestReport:
+           warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+           device_types: Collection[str] | None = None) -> IngestReport:
     """Ingest every job directory under `sources`, and every run table or Megatron training log among them, into
     `store`; see the module docstring. `hardware` (--gpu/--gpus-per-node) and `warmup_iterations` are for logs and
-    tables."""
+    tables; `device_types` (the catalog's) refuses a log's or table's run on any other device type."""
     if split not in SPLIT_CHOICES:
         raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
     if not 0.0 <= test_fraction <= 1.0:
@@ -288,7 +303,7 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                          "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
     sources = [Path(s) for s in sources]
-    measured = [s for s in sources if is_measured_source(s)]
+    measured = list({s.resolve(): s for s in reversed(sources) if is_measured_source(s)}.values())[::-1]  # once each
     job_dirs = _job_dirs([s for s in sources if s not in measured], report)
     store.check_writable()
     _check_apart(store.root, job_dirs)
@@ -315,6 +330,7 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                 legacy = {"split": listed, "group": group_of(folder.name)} if listed else {}
             stored[folder.name] = legacy
         context = read_context(store, stored)  # the table folders (iteration-level runs) beside the runs' folders
+        context.device_types = frozenset(device_types) if device_types is not None else None
         group_split = context.group_split
         changed = False
         batch_sources: dict[str, Path] = {}

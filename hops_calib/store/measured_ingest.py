@@ -22,11 +22,12 @@ from hops_calib.store.fixture_store import (
 from hops_calib.store.collectives import (
     HARDWARE_KEY as COLLECTIVES_KEY, load_collectives, source_digest, store_collectives,
 )
+from hops_calib.store.measured_spec import not_priced
 from hops_calib.store.split import group_of, hashed_split
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.measured import RunHardware, MeasuredRun
+from hops_calib.trace.measured import KNOWN_ARGS, VOCAB_ARGS, RunHardware, MeasuredRun
 from hops_calib.trace.megatron_log import is_megatron_log, read_megatron_log
-from hops_calib.trace.run_table import TableRead, is_run_table, read_run_table
+from hops_calib.trace.run_table import TableRead, is_run_table, read_run_table, read_sidecar
 from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING, is_vtrain_table, read_vtrain_table
 from hops_calib.metrics import IterationMetrics
 from hops_calib.truth import IterationTruth
@@ -46,6 +47,12 @@ class MeasuredContext:
     group_split: dict[str, str]
     batch: dict[str, Path] = field(default_factory=dict)  # ids (runs and folders) claimed by this ingest
     collectives: dict[str, str] = field(default_factory=dict)  # a source's all-reduce table folder -> stored digest
+    # A configuration (launch settings and machine, `configuration_of`) -> the group its runs form, over every
+    # source: the same configuration from another table or log joins it (and so its split).
+    config_group: dict[str, str] = field(default_factory=dict)
+    # (configuration, measurement) -> (run id, table folder, origin): a run measured so is stored once.
+    measurements: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)
+    device_types: frozenset[str] | None = None  # the catalog's device types (None: not checked)
 
 
 def is_measured_source(path: Path) -> bool:
@@ -94,10 +101,40 @@ def read_context(store: FixtureStore, stored: dict[str, dict[str, Any]]) -> Meas
                     context.group_split.setdefault(group, split)
             continue
         context.tables[folder.name] = meta
-        for run_id, group, split in zip(runs["id"], runs["group"], runs["split"]):
+        for run_id, group, split, args, hardware, truth, origin in zip(
+                runs["id"], runs["group"], runs["split"], runs["args"], runs["hardware"], runs["truth"],
+                runs["origin"]):
             context.table_runs[run_id] = folder.name
             context.group_split.setdefault(group, split)
+            try:
+                key = configuration_of(json.loads(args), json.loads(hardware))
+                measured = json.loads(truth)
+                measured = measurement_of(measured["iteration_periods_ms"], measured["interval_iterations"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            context.config_group.setdefault(key, group)
+            context.measurements.setdefault((key, measured), (run_id, folder.name, origin))
     return context
+
+
+# Launch settings that do not change what a run measures per iteration (when and how long it ran, how it logs).
+_NOT_CONFIGURATION = ("train_iters", "log_interval", "seed", "lr", "timing_log_level", "timing_log_option",
+                      "tokenizer_type")
+
+
+def configuration_of(args: dict[str, Any], hardware: dict[str, Any]) -> str:
+    """A run's configuration as text, the same whichever source gave it (a table, its Parquet copy, a log): the
+    launch settings a run table may hold (`KNOWN_ARGS`, less when and how it logged), unset and off ones left out,
+    and the machine (device type, GPUs per node)."""
+    settings = {name: value for name, value in args.items()
+                if name in KNOWN_ARGS and name not in _NOT_CONFIGURATION and value is not None and value is not False}
+    machine = {"gpu": str(hardware.get("gpu")).lower(), "gpus_per_node": hardware.get("gpus_per_node")}
+    return json.dumps({"args": settings, "hardware": machine}, sort_keys=True, default=str)
+
+
+def measurement_of(periods_ms: Any, intervals: Any) -> str:
+    """What a run measured (its iteration times and the iterations each covers), as text."""
+    return json.dumps([[float(t) for t in periods_ms], [int(n) for n in intervals]])
 
 
 def source_hash(path: Path, mode: str) -> str:
@@ -117,9 +154,26 @@ def _read_source(path: Path, kind: str, hardware: RunHardware | None, warmup: in
     if kind == "run table":
         return read_run_table(path, hardware=hardware)
     run = read_megatron_log(path, hardware=hardware, warmup_iterations=warmup)
-    args = dict(run.args)
+    args = _with_sidecar(path, dict(run.args))
     _check_log_args(path, args)
     return TableRead(path=path, runs=[replace(run, args=args, group=group_of(run.run_id))], mapping=kind)
+
+
+def _with_sidecar(path: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """A log's arguments with the settings its sidecar `<log>.yaml` gives (`args: {...}`: what the log does not
+    print, such as the vocabulary of a log cut before the tokenizer's line); a setting the log prints otherwise is
+    refused as ambiguous."""
+    sidecar = read_sidecar(path)
+    if sidecar.hardware or sidecar.extra_columns:
+        raise TraceError(sidecar.path, "gives hardware or extra_columns to a training log", field="hardware",
+                         hint=f"a log's hardware goes into hops.base.yaml beside it (hardware: {{gpu: TYPE, "
+                         f"gpus_per_node: N}}) or --gpu/--gpus-per-node; {sidecar.path.name} holds args only")
+    for name, value in sidecar.args.items():
+        if args.get(name) is not None and args[name] != value:
+            raise TraceError(sidecar.path, f"says {value!r}, the log's arguments block {args[name]!r}",
+                             field=f"args.{name}", hint="give a setting once: drop it from the sidecar")
+        args[name] = value
+    return args
 
 
 def _check_log_args(path: Path, args: dict[str, Any]) -> None:
@@ -128,6 +182,13 @@ def _check_log_args(path: Path, args: dict[str, Any]) -> None:
         if type(args.get(name)) is not int or args[name] < 1:
             raise TraceError(path, f"is {args.get(name)!r} in the arguments block", field=name,
                              hint="the launch needs it as a whole number: ingest the log from its start")
+    if all(args.get(name) is None for name in VOCAB_ARGS):
+        raise TraceError(path, "the log prints no vocabulary (no padded_vocab_size in its arguments block, no "
+                         "tokenizer line ' > padded vocab (size: V) with N dummy tokens (new size: P)'): without it "
+                         "the embedding and the output layer would go unpriced", field="padded_vocab_size",
+                         hint=f"ingest the log from its start (Megatron prints the tokenizer's line before training), "
+                         f"or write args: {{padded_vocab_size: P}} into {path.with_suffix('.yaml').name} beside it "
+                         "(P: the vocabulary padded to a multiple of 128 x tensor parallel size)")
     if not args.get("data_parallel_size"):
         world = args.get("world_size")
         t, p = args.get("tensor_model_parallel_size") or 1, args.get("pipeline_model_parallel_size") or 1
@@ -166,8 +227,10 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         if table_id in context.event_ids:
             raise StoreError(f"{path}: its runs would go to the folder {table_id}, which holds a run with events; "
                              "rename the file")
-        if table_id in context.batch and context.batch[table_id] != path:
-            raise StoreError(f"{path}: {context.batch[table_id]} is ingested into the same folder {table_id}; "
+        if table_id in context.batch:
+            same = context.batch[table_id].resolve() == path.resolve()
+            raise StoreError(f"{path}: listed twice in this ingest (read once: the second time is skipped)" if same
+                             else f"{path}: {context.batch[table_id]} is ingested into the same folder {table_id}; "
                              "rename one of them")
         context.batch[table_id] = path
         digest = source_hash(path, mode)
@@ -175,10 +238,13 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         if previous and previous.get("source") and previous["source"] != str(path.resolve()):
             raise StoreError(f"{path}: the store's folder {table_id} holds the runs of {previous['source']}, another "
                              "file of the same name; rename this one (its runs go to a folder named after it)")
-        if previous and previous.get("content_hash") == digest and _intact(store, table_id) and _same_collectives(
-                store, previous):
+        if previous and previous.get("content_hash") == digest and _intact(store, table_id) and _same_collectives(store, previous) and (
+                "rejected" in previous or not previous.get("rejected_rows")):
+            for message in previous.get("rejected") or []:  # the bad rows are still bad: said every time
+                emit(outcome_type(source=path, error=message))
             for run in store.measured_fixtures(table_id):
-                emit(outcome_type(source=path, run_id=run.id, status="unchanged", split=run.split))
+                emit(outcome_type(source=path, run_id=run.id, status="unchanged", split=run.split,
+                                  kind="iteration"))
             return False
         read = _read_source(path, kind, hardware, warmup)
         used = {run.hardware.collective_tables for run in read.runs} - {None}
@@ -187,11 +253,13 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
     except (TraceError, StoreError) as err:
         emit(outcome_type(source=path, error=str(err)))
         return False
-    for err in read.errors:
-        emit(outcome_type(source=path, error=str(err)))
+    rejected = [str(err) for err in read.errors]
+    for message in rejected:
+        emit(outcome_type(source=path, error=message))
     records, outcomes = [], []
-    for run in read.runs:
-        outcome = outcome_type(source=path, run_id=run.run_id, warnings=list(run.warnings))
+    for k, run in enumerate(read.runs):
+        outcome = outcome_type(source=path, run_id=run.run_id, kind="iteration",
+                               warnings=(list(read.warnings) if k == 0 else []) + list(run.warnings))
         try:
             check_fixture_id(store.root, run.run_id, origin=run.origin)
             holder = context.table_runs.get(run.run_id)
@@ -199,6 +267,8 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                     run.run_id != table_id and run.run_id in context.batch):
                 raise StoreError(f"{run.origin}: run id {run.run_id!r} is already a fixture of this store (from "
                                  "another source); give the run another run_id")
+            _check_device(run, context.device_types, kind)
+            run = _same_configuration(run, table_id, context)
             kept = context.group_split.get(run.group)
             if split != "auto" and kept and kept != split:
                 raise StoreError(f"run {run.run_id} belongs to group {run.group!r}, which is stored in the {kept} "
@@ -208,8 +278,13 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
             records.append(_record(run, outcome.split, context.collectives))
             context.batch[run.run_id] = path
             outcome.status = "updated" if holder == table_id else "new"
-        except StoreError as err:
+            stored_hardware = {k: v for k, v in run.hardware.to_dict().items() if k != "collective_tables"}
+            tables = (load_collectives(store.root, context.collectives[run.hardware.collective_tables])
+                      if run.hardware.collective_tables else ())
+            outcome.not_priced = not_priced(run.run_id, run.args, stored_hardware, run.origin, tables)
+        except (StoreError, TraceError) as err:
             outcome.status, outcome.error = "rejected", str(err)
+            rejected.append(str(err) if str(err).startswith(str(path)) else f"{run.run_id}: {err}")
         outcomes.append(outcome)
     if records:
         meta = {"id": table_id, "content_hash": digest, "ingest_version": MEASURED_INGEST_VERSION,
@@ -217,7 +292,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                 "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "source": str(path.resolve()), "source_kind": kind,
                 "mapping": VTRAIN_MAPPING if kind == "vtrain" else kind, "runs": len(records),
-                "rejected_rows": len(read.errors),
+                "rejected_rows": len(rejected), "rejected": rejected,
                 "collective_sources": {folder: context.collectives[folder] for folder in sorted(used)}}
         try:
             with store.writing(table_id) as folder:
@@ -244,6 +319,34 @@ def _same_collectives(store: FixtureStore, meta: dict[str, Any]) -> bool:
         except (TraceError, StoreError, OSError):
             return False
     return True
+
+
+def _check_device(run: MeasuredRun, known: frozenset[str] | None, kind: str) -> None:
+    """TraceError for a run on a device type the catalog does not know (no model could price it)."""
+    if known is None or run.hardware.gpu in known:
+        return
+    # a log's hardware is hops.base.yaml's beside it (the command line's --gpu is checked before)
+    origin = Path(run.origin).parent / "hops.base.yaml" if kind == "megatron log" else run.origin
+    raise TraceError(origin, f"is {run.hardware.gpu!r}, which is not a device type of the catalog (known: "
+                     f"{', '.join(sorted(known))})", field="hardware.gpu" if kind == "megatron log" else "gpu",
+                     hint="name one of them (a100: A100 SXM4 80 GB), or add the type with its constants and their "
+                     "sources to hops_calib/model/devices.toml")
+
+
+def _same_configuration(run: MeasuredRun, table_id: str, context: MeasuredContext) -> MeasuredRun:
+    """The run in the group its configuration already has in the store or this ingest (from any source), so repeats
+    from two sources share a split; StoreError when another source already holds the same measurement of it (a
+    copy of the same table, say)."""
+    key = configuration_of(run.args, run.hardware.to_dict())
+    measured = measurement_of(run.iteration_times_ms, run.interval_iterations)
+    found = context.measurements.get((key, measured))
+    if found is not None and found[1] != table_id:
+        raise StoreError(f"{run.origin}: a duplicate of run {found[0]} ({found[2]}): the same configuration and the "
+                         "same measurement, from another source; ingest one copy of a table or log (drop this row, "
+                         "or give it the run's own measurement)")
+    context.measurements.setdefault((key, measured), (run.run_id, table_id, run.origin))
+    group = context.config_group.setdefault(key, run.group)
+    return replace(run, group=group) if group != run.group else run
 
 
 def _intact(store: FixtureStore, table_id: str) -> bool:

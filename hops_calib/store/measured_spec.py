@@ -39,3 +39,19 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
                             "the table's sidecar, and ingest it again)" if inside else
                             ": it crosses nodes, and a log or table carries no link benchmark"))
     return spec
+
+
+def reason_of(err: Exception) -> str:
+    """Why a run is not priced, from the error `measured_spec` raised (a TraceError names the setting)."""
+    problem, name = getattr(err, "problem", None), getattr(err, "field", None)
+    return f"{name}: {problem}" if problem and name else problem or str(err)
+
+
+def not_priced(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "",
+               collectives: tuple[CollectiveTable, ...] = ()) -> str | None:
+    """Why the cost model cannot price the run (what `fixtures show` says), or None when it can."""
+    try:
+        measured_spec(run_id, args, hardware, origin, collectives)
+    except (ValueError, KeyError, TypeError) as err:
+        return reason_of(err)
+    return None

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
 from hops_calib.store.fixture_store import Fixture, FixtureStore, MeasuredFixture, json_safe
-from hops_calib.store.ingest import IngestReport
+
+if TYPE_CHECKING:  # the fixtures verbs show the store without loading the trace readers ingest needs
+    from hops_calib.store.ingest import IngestReport
 
 LIST_FIELDS = ("id", "kind", "split", "group", "schedule", "declared_schedule", "pp", "microbatches", "devices",
                "throughput_per_s", "steady_throughput_per_s", "bubble_ratio", "iteration_time_ms", "idle_ms",
@@ -17,9 +20,9 @@ CONFIG_FIELDS = ("tp", "pp", "dp", "vp", "gpus", "num_layers", "hidden_size", "s
                  "global_batch_size", "microbatches", "devices", "configured_schedule")
 # What a run measured (as opposed to how it was configured). For a test fixture these are withheld: the held-out
 # split is seen only in aggregate, through the audited `hops-calib report --split test`.
-MEASURED_LIST_FIELDS = ("schedule", "throughput_per_s", "steady_throughput_per_s", "bubble_ratio",
+MEASURED_LIST_FIELDS = ("schedule", "throughput_per_s", "steady_throughput_per_s", "samples_per_s", "bubble_ratio",
                         "iteration_time_ms", "idle_ms")
-MEASURED_SHOW_FIELDS = ("schedule", "schedule_agreement", "throughput_per_s", "steady_throughput_per_s",
+MEASURED_SHOW_FIELDS = ("schedule", "schedule_agreement", "throughput_per_s", "steady_throughput_per_s", "samples_per_s",
                         "bubble_ratio", "utilization_per_stage", "iteration_time_ms", "iteration_periods_ms", "idle_ms",
                         "idle_ms_per_iteration", "makespan_ms", "traced_iterations", "stages", "phase_stats")
 HELD_OUT = ("a test fixture: its measured results are seen only in aggregate, through the audited "
@@ -44,13 +47,14 @@ def text_table(headers: list[str], rows: list[list[str]], right: set[int] = froz
 
 
 def fixture_rows(store: FixtureStore) -> list[dict[str, Any]]:
-    index = store.index()
     records = []
-    for record in index.to_dict(orient="records"):
+    for record in store.rows():
         configuration = {name: json_safe(record.get(name)) for name in CONFIG_FIELDS}
         configuration["devices"] = list(configuration["devices"] if configuration["devices"] is not None else [])
         record = {name: json_safe(record.get(name)) for name in LIST_FIELDS}
         record["devices"] = list(record["devices"] if record["devices"] is not None else [])
+        record["samples_per_s"] = json_safe(samples_per_s(record["throughput_per_s"], configuration["micro_batch_size"]
+                                                          or 1, configuration["dp"] or 1))
         record["configuration"] = configuration
         if record["split"] == "test":
             record.update({name: None for name in MEASURED_LIST_FIELDS}, held_out=True)
@@ -79,10 +83,11 @@ def list_text(store: FixtureStore) -> str:
     rows = fixture_rows(store)
     if not rows:
         return f"no fixtures in {store.root} (run: hops-calib ingest SRC --fixtures {store.root})"
-    headers = ["id", "kind", "split", "observed", "declared", "pp", "mb", "devices", "tput/s", "steady/s", "idle %",
-               "iter ms", "idle ms"]
-    table = [[r["id"], r["kind"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-", str(r["pp"]),
-              str(r["microbatches"]), "-".join(r["devices"]), _fmt(r["throughput_per_s"]), _fmt(r["steady_throughput_per_s"]),
+    headers = ["id", "kind", "split", "observed", "declared", "pp", "m", "devices", "ubatch/s", "steady ubatch/s",
+               "samples/s", "idle %", "iter ms", "idle ms"]
+    table = [[r["id"], r["kind"], r["split"], r["schedule"] or "-", r["declared_schedule"] or "-",
+              str(r["pp"]), str(r["microbatches"]), "-".join(r["devices"]), _fmt(r["throughput_per_s"]),
+              _fmt(r["steady_throughput_per_s"]), _fmt(r["samples_per_s"]),
               f"{r['bubble_ratio'] * 100:.1f}%" if r["bubble_ratio"] is not None else "-",
               _fmt(r["iteration_time_ms"], 1),
               "none" if r["idle_ms"] is not None and r["idle_ms"] < 0 else _fmt(r["idle_ms"], 1)] for r in rows]
@@ -101,7 +106,45 @@ def list_text(store: FixtureStore) -> str:
     if kinds["iteration"]:
         footer += (f"; {kinds['iteration']} measured at iteration level (no events: no observed schedule, bubble "
                    f"or idle), {kinds['events']} with events")
-    return text_table(headers, table, right={5, 6, 8, 9, 10, 11, 12}) + "\n" + footer
+    footer += (f"; m: microbatches per iteration; ubatch/s: throughput in {THROUGHPUT_UNIT} (kept iterations; "
+               "steady: over the median iteration), samples/s = ubatch/s x micro batch size x data parallel size "
+               "(hops_calib.metrics)")
+    return text_table(headers, table, right={5, 6, 8, 9, 10, 11, 12, 13}) + "\n" + footer
+
+
+MAX_NAMED = 12  # run ids named per split (and per reason a run is not priced) in the ingest summary
+
+
+def _named(ids: list[str]) -> str:
+    return ", ".join(ids[:MAX_NAMED]) + (f" and {len(ids) - MAX_NAMED} more" if len(ids) > MAX_NAMED else "")
+
+
+def ingest_notes(report: IngestReport) -> list[str]:
+    """What ingest says of the runs it wrote (text lines, and `notes` of --json): the split each went to, how to
+    keep one's own runs in train, and which iteration-level runs the cost model does not price, and why."""
+    written = [o for o in report.outcomes if o.status in ("new", "updated") and o.split]
+    notes = []
+    for split in ("train", "test"):
+        ids = sorted(str(o.run_id) for o in written if o.split == split)
+        if ids:
+            notes.append(f"to {split}: {_named(ids)}")
+    if any(o.split == "test" and o.status == "new" for o in written):
+        notes.append("(test runs are held out: only `report --split test` sees them, in aggregate. A run of your own "
+                     "that you want to look at, such as a what-if you launched, goes to train with `ingest SRC "
+                     "--split train`, which applies to runs whose group the store has not seen; a stored split never "
+                     "moves)")
+    measured = [o for o in written if o.priced is not None]
+    if measured:
+        priced = sum(bool(o.priced) for o in measured)
+        notes.append(f"priced by the cost model: {priced} of the {len(measured)} iteration-level runs written"
+                     + ("" if priced < len(measured) else " (every one)"))
+        by_reason: dict[str, list[str]] = {}
+        for outcome in measured:
+            if outcome.not_priced is not None:
+                by_reason.setdefault(outcome.not_priced, []).append(str(outcome.run_id))
+        for reason, ids in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+            notes.append(f"not priced ({len(ids)}): {reason} [{_named(sorted(ids))}]")
+    return notes
 
 
 def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
@@ -111,23 +154,8 @@ def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
         return counts + f"no store made at {store.root} (no run to write)"
     index = store.index()
     splits = index["split"].value_counts().to_dict() if len(index) else {}
-    lines = [counts + (f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
-                       f"test {splits.get('test', 0)})")]
-    written = [o for o in report.outcomes if o.status in ("new", "updated") and o.split]
-    for split in ("train", "test"):
-        ids = sorted(str(o.run_id) for o in written if o.split == split)
-        if ids:
-            shown = ", ".join(ids[:MAX_NAMED]) + (f" and {len(ids) - MAX_NAMED} more" if len(ids) > MAX_NAMED else "")
-            lines.append(f"to {split}: {shown}")
-    if any(o.split == "test" and o.status == "new" for o in written):
-        lines.append("(test runs are held out: only `report --split test` sees them, in aggregate. A run of your own "
-                     "that you want to look at, such as a what-if you launched, goes to train with `ingest SRC "
-                     "--split train`, which applies to runs whose group the store has not seen; a stored split never "
-                     "moves)")
-    return "\n".join(lines)
-
-
-MAX_NAMED = 12  # run ids named per split in the ingest summary
+    return "\n".join([counts + (f"store {store.root} holds {len(index)} fixtures (train {splits.get('train', 0)}, "
+                                f"test {splits.get('test', 0)})")] + ingest_notes(report))
 
 
 def show_dict(fixture: Fixture | MeasuredFixture) -> dict[str, Any]:
@@ -166,6 +194,8 @@ def _measured_show_dict(fixture: MeasuredFixture) -> dict[str, Any]:
         "not_priced": fixture.not_priced,
         "throughput_per_s": metrics.throughput_per_s,
         "steady_throughput_per_s": metrics.steady_throughput_per_s,
+        "samples_per_s": samples_per_s(metrics.throughput_per_s, args.get("micro_batch_size") or 1,
+                                       args.get("data_parallel_size") or 1),
         "iteration_time_ms": metrics.iteration_time_ms,
         "iteration_periods_ms": list(metrics.iteration_periods_ms),
         "interval_iterations": list(metrics.interval_iterations),
@@ -192,10 +222,12 @@ def _measured_show_text(data: dict[str, Any]) -> str:
     if "held_out" in data:
         return "\n".join(lines + [f"  held out      {data['held_out']}"])
     lines += [
-        f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms median over {len(data['iteration_periods_ms'])} "
-        f"logged value(s) ({sum(data['interval_iterations'])} iterations)",
-        f"  throughput    {_fmt(data['throughput_per_s'], 3)} microbatches/s (kept iterations), "
-        f"{_fmt(data['steady_throughput_per_s'], 3)} steady",
+        f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms " + (
+            f"median over {len(data['iteration_periods_ms'])} logged value(s) "
+            f"({_count(sum(data['interval_iterations']), 'iteration')})" if data.get("last_iterations") else
+            "(one measured value: a row of a table)"),
+        f"  throughput    {_fmt(data['throughput_per_s'], 3)} {THROUGHPUT_UNIT} (kept iterations), "
+        f"{_fmt(data['steady_throughput_per_s'], 3)} steady; {_fmt(data['samples_per_s'], 2)} samples/s",
     ]
     for name, value in (data.get("reported") or {}).items():
         lines.append(f"  reported      {name} {_fmt(value, 2)} (as the run printed it)")
@@ -205,6 +237,10 @@ def _measured_show_text(data: dict[str, Any]) -> str:
     for warning in data["quality"].get("warnings", []):
         lines.append(f"  warning       {warning}")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _show_dict(fixture: Fixture) -> dict[str, Any]:
@@ -247,6 +283,7 @@ def _show_dict(fixture: Fixture) -> dict[str, Any]:
         "schedule_agreement": truth.schedule_agreement,
         "throughput_per_s": metrics.throughput_per_s,
         "steady_throughput_per_s": metrics.steady_throughput_per_s,
+        "samples_per_s": samples_per_s(metrics.throughput_per_s, model.micro_batch_size),
         "bubble_ratio": metrics.bubble_ratio,
         "utilization_per_stage": list(metrics.utilization_per_stage),
         "iteration_time_ms": metrics.iteration_time_ms,
@@ -287,8 +324,8 @@ def show_text(fixture: Fixture | MeasuredFixture) -> str:
         + (f" (agrees on {data['schedule_agreement'] * 100:.0f}% of stage-iterations)"
            if data["schedule_agreement"] is not None else "")
         + f"; configured {data['configured_schedule']}; declared {data['declared_schedule'] or '-'}",
-        f"  throughput    {_fmt(data['throughput_per_s'], 3)} microbatches/s (window), "
-        f"{_fmt(data['steady_throughput_per_s'], 3)} steady",
+        f"  throughput    {_fmt(data['throughput_per_s'], 3)} {THROUGHPUT_UNIT} (window), "
+        f"{_fmt(data['steady_throughput_per_s'], 3)} steady; {_fmt(data['samples_per_s'], 2)} samples/s",
         f"  iteration     {_fmt(data['iteration_time_ms'], 1)} ms median period; " + _idle_text(data['idle_ms']),
         f"  idle share    {data['bubble_ratio'] * 100:.1f}% ({MEASURED_BUBBLE}); schedule bubble "
         f"{100 * schedule_bubble(data):.1f}% ((p-1)/(v m+p-1), the schedule's own on balanced stages)",

@@ -2,25 +2,32 @@
 
 Each reader streams its file and raises `TraceError` naming file, line, field
 and the fix when the input is bad. Nothing here knows about fixtures or metrics.
+
+The names below are imported from their module on first use: a spec needs only
+`LinkFit`, and importing the package for it would load every reader (YAML among
+them) into each verb's start-up.
 """
 
-from hops_calib.trace.errors import TraceError
-from hops_calib.trace.events import EVENT_DTYPES, RankLogReport, read_rank_events
-from hops_calib.trace.job import (
-    DeviceInfo,
-    find_job_dirs,
-    rank_files,
-    read_device_types,
-    read_manifest,
-    read_stage_map,
-    read_template,
-    run_id_of,
-)
-from hops_calib.trace.link_bench import LinkFit, fit_link, read_link_fits
-from hops_calib.trace.megatron_args import find_arguments, parse_arguments_block, parse_command_line
+from __future__ import annotations
 
-__all__ = [
-    "EVENT_DTYPES", "DeviceInfo", "LinkFit", "RankLogReport", "TraceError", "find_arguments", "find_job_dirs",
-    "fit_link", "parse_arguments_block", "parse_command_line", "rank_files", "read_device_types", "read_link_fits",
-    "read_manifest", "read_rank_events", "read_stage_map", "read_template", "run_id_of",
-]
+import importlib
+from typing import Any
+
+_MODULE_OF = {
+    "TraceError": "errors",
+    "EVENT_DTYPES": "events", "RankLogReport": "events", "read_rank_events": "events",
+    "DeviceInfo": "job", "find_job_dirs": "job", "rank_files": "job", "read_device_types": "job",
+    "read_manifest": "job", "read_stage_map": "job", "read_template": "job", "run_id_of": "job",
+    "LinkFit": "link_bench", "fit_link": "link_bench", "read_link_fits": "link_bench",
+    "find_arguments": "megatron_args", "parse_arguments_block": "megatron_args", "parse_command_line": "megatron_args",
+}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value

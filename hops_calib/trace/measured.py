@@ -27,6 +27,30 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
     "sequence_parallel": False,
 }
 REQUIRED_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
+# The vocabulary has no default either: one of these (Megatron's args.padded_vocab_size, the one it allocated, or
+# the tokenizer's vocab_size, which the spec pads to a multiple of 128).
+VOCAB_ARGS = ("padded_vocab_size", "vocab_size")
+# Megatron's arguments (args. spelling) a run table or a sidecar may give: what the spec and the cost model read, what
+# they refuse when set (hops_calib.spec.ASSUMPTIONS; a test keeps the two in step), and common settings that do not
+# change what is priced. Any other column is refused as unknown (a misspelling would silently take the default)
+# unless it is declared as the table's own: an `x_` prefix, or the sidecar's `extra_columns`.
+KNOWN_ARGS = frozenset(MEGATRON_DEFAULTS) | frozenset(REQUIRED_ARGS) | frozenset(VOCAB_ARGS) | frozenset({
+    "data_parallel_size", "world_size", "global_batch_size", "ffn_hidden_size", "max_position_embeddings",
+    "make_vocab_size_divisible_by", "untie_embeddings_and_output_weights", "clip_grad",
+    "virtual_pipeline_model_parallel_size", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+    "checkpoint_activations", "checkpoint_num_layers", "recompute_activations", "distribute_saved_activations",
+    "num_experts", "expert_model_parallel_size", "swiglu", "group_query_attention", "num_query_groups",
+    "multi_latent_attention", "normalization", "position_embedding_type", "transformer_impl", "use_flash_attn",
+    "fp8_format", "fp8", "overlap_p2p_comm", "overlap_p2p_communication", "masked_softmax_fusion",
+    "no_masked_softmax_fusion", "bias_gelu_fusion", "bias_dropout_fusion", "gradient_accumulation_fusion",
+    "no_gradient_accumulation_fusion", "accumulate_allreduce_grads_in_fp32", "attention_softmax_in_fp32",
+    "apply_query_key_layer_scaling", "attention_dropout", "hidden_dropout", "use_distributed_optimizer",
+    "overlap_grad_reduce", "overlap_param_gather", "train_iters", "log_interval", "seed", "lr",
+    "timing_log_level", "timing_log_option", "tokenizer_type", "params_dtype", "attention_backend",
+    "num_key_value_heads", "no_overlap_p2p_communication", "use_rotary_position_embeddings", "use_tp_pp_dp_mapping",
+    "zero_stage", "ds_sequence_parallel_size", "tp_comm_overlap",
+})
+EXTRA_PREFIX = "x_"  # a run table's own column (a note, a date, ...): kept out of the launch, never read
 
 
 @dataclass(frozen=True)

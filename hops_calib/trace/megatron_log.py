@@ -8,7 +8,8 @@ What is read, and from where the format comes:
 - the iteration lines (Megatron-LM `megatron/training/training.py::training_log`, printed every `--log-interval`
   iterations): ` [timestamp] iteration N/ TOTAL | key: value | ... |`; the timestamp is optional (older versions
   and Megatron-DeepSpeed print none), fields may be added, missing or reordered (only `elapsed time per iteration
-  (ms)` is needed), and a field or line cut to `...` is skipped;
+  (ms)` is needed), and a field or line cut to `...` is skipped; Megatron ends every field with ` |`, so what
+  follows a line's last `|` was cut (skipped), and the log's last line without its newline is cut (skipped);
 - the timer blocks (megatron-core `megatron/core/timers.py::Timers.get_all_timers_string`, which `training_log`
   calls with `normalizer=args.log_interval` right after the iteration line) under each `--timing-log-option`:
   `max time across ranks (ms):` then `    name ......: 12.34`; `(min, max) time across ranks (ms):` then
@@ -191,6 +192,13 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     with handle:
         for number, line in enumerate(handle, start=1):
             line = _LAUNCHER_PREFIX.sub("", line, count=1)
+            if not line.endswith("\n") and line.strip() and not in_block and (
+                    _ITERATION.search(line) or timer_option is not None or _LEGACY_TIMERS.search(line)):
+                # the log's last line without its newline: the log was cut inside it (a value may be cut too)
+                if not (_ITERATION.search(line) and line.rstrip().endswith("|")):
+                    warnings.append(f"{path}:{number}: the log ends inside this line (no newline after it, "
+                                    "no closing '|'): a line cut short, skipped")
+                    continue
             if in_block:
                 if _BLOCK_END.search(line):
                     in_block = False
@@ -234,12 +242,19 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                 if vocab:
                     padded_vocab = int(vocab.group(3))
                 continue
-            fields = _fields(match.group(3))
+            text = match.group(3)
+            cut = not text.rstrip().endswith("|")
+            if cut:  # Megatron ends every field of the line with ' |': what follows the last one was cut
+                text = text[:text.rfind("|") + 1]
+            fields = _fields(text)
             elapsed = fields.get(ELAPSED)
             if elapsed is None or elapsed == _CUT or elapsed.endswith(_CUT):
                 warnings.append(f"{path}:{number}: iteration {match.group(1)} has no '{ELAPSED}' (a line cut "
                                 "short?): skipped")
                 continue
+            if cut:
+                warnings.append(f"{path}:{number}: iteration {match.group(1)} does not end with '|' (a line cut "
+                                "short?): its last field is skipped")
             kept = {name: fields[name] for name in REPORTED if name in fields}  # a long log keeps only what is read
             intervals.append(_Interval(number, int(match.group(1)), _number(path, number, ELAPSED, elapsed), kept))
             if intervals[-1].elapsed_ms <= 0:

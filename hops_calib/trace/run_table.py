@@ -29,8 +29,8 @@ from typing import Any, Callable
 
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.measured import (
-    MEGATRON_DEFAULTS, REQUIRED_ARGS, MeasuredRun, RunHardware, collective_tables_beside, model_flops_per_iteration,
-    world_size,
+    EXTRA_PREFIX, KNOWN_ARGS, MEGATRON_DEFAULTS, REQUIRED_ARGS, VOCAB_ARGS, MeasuredRun, RunHardware,
+    collective_tables_beside, model_flops_per_iteration, world_size,
 )
 from hops_calib.trace.megatron_args import parse_value
 
@@ -54,6 +54,7 @@ class TableRead:
     runs: list[MeasuredRun] = field(default_factory=list)
     errors: list[TraceError] = field(default_factory=list)
     mapping: str = "run table"  # or the published table's mapping it was read through
+    warnings: list[str] = field(default_factory=list)  # about every run of the table (said once)
 
 
 def is_run_table(path: Path) -> bool:
@@ -96,27 +97,79 @@ def _rows(path: Path) -> tuple[list[str], list[dict[str, Any]], Callable[[int], 
     return columns, frame.to_dict(orient="records"), where, word
 
 
-def read_sidecar(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(args, hardware) every row of the table shares, from `<table>.yaml` beside it ({} when absent)."""
+@dataclass
+class Sidecar:
+    """What `<source>.yaml` beside a table (or a log) gives every run of it."""
+
+    path: Path
+    args: dict[str, Any] = field(default_factory=dict)  # Megatron's arguments, args. spelling
+    hardware: dict[str, Any] = field(default_factory=dict)  # gpu, gpus_per_node, collective_tables
+    extra_columns: tuple[str, ...] = ()  # the table's own columns, kept out of the launch (as `x_` ones)
+
+
+SIDECAR_KEYS = ("args", "hardware", "extra_columns")
+SIDECAR_HARDWARE = ("gpu", "gpus_per_node", "collective_tables")
+
+
+def unknown_names(names: list[str], known: Any) -> str:
+    """`'pipeline_parallel_size' (did you mean pipeline_model_parallel_size?), ...` for names not in `known`."""
+    import difflib
+
+    parts = []
+    for name in names:
+        close = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.6)
+        parts.append(f"{name!r}" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    return ", ".join(parts)
+
+
+def _yaml_line(text: str, key: str) -> int | None:
+    import re
+
+    pattern = re.compile(rf"^\s*-?\s*{re.escape(key)}\s*:")
+    return next((k for k, line in enumerate(text.splitlines(), start=1) if pattern.match(line)), None)
+
+
+def read_sidecar(path: Path) -> Sidecar:
+    """What every run of the table (or log) at `path` shares, from `<name>.yaml` beside it (empty when absent):
+    `args` (Megatron's names), `hardware` (gpu, gpus_per_node, collective_tables), `extra_columns`. Unknown keys
+    are refused, naming the closest known ones."""
     import yaml
 
     sidecar = path.with_suffix(".yaml")
     if not sidecar.is_file():
-        return {}, {}
+        return Sidecar(path=sidecar)
+    text = sidecar.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(sidecar.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         raise TraceError(sidecar, f"is not valid YAML ({getattr(err, 'problem', err)})",
                          line=mark.line + 1 if mark else None, hint="fix the YAML") from None
-    if not isinstance(data, dict) or not set(data) <= {"args", "hardware"}:
-        raise TraceError(sidecar, f"holds {sorted(data) if isinstance(data, dict) else type(data).__name__}",
-                         field="args/hardware", hint="a sidecar holds `args: {name: value}` (Megatron's args. names) "
-                         "and `hardware: {gpu: TYPE, gpus_per_node: N}`, shared by every row")
+    hint = ("a sidecar holds `args: {name: value}` (Megatron's args. names), `hardware: {gpu: TYPE, gpus_per_node: "
+            "N}` and optionally `extra_columns: [name, ...]` (the table's own columns), shared by every row")
+    if not isinstance(data, dict):
+        raise TraceError(sidecar, f"holds a {type(data).__name__}, not a mapping", field="args/hardware", hint=hint)
+    unknown = [str(k) for k in data if k not in SIDECAR_KEYS]
+    if unknown:
+        raise TraceError(sidecar, f"has unknown keys: {unknown_names(unknown, SIDECAR_KEYS)}",
+                         line=_yaml_line(text, unknown[0]), field=unknown[0], hint=hint)
     for key in ("args", "hardware"):
         if not isinstance(data.get(key) or {}, dict):
-            raise TraceError(sidecar, "is not a mapping", field=key, hint=f"write {key}: {{name: value, ...}}")
-    return dict(data.get("args") or {}), dict(data.get("hardware") or {})
+            raise TraceError(sidecar, "is not a mapping", line=_yaml_line(text, key), field=key,
+                             hint=f"write {key}: {{name: value, ...}}")
+    args, hardware = dict(data.get("args") or {}), dict(data.get("hardware") or {})
+    for where, given, known in (("args", args, KNOWN_ARGS), ("hardware", hardware, SIDECAR_HARDWARE)):
+        unknown = [str(k) for k in given if k not in known]
+        if unknown:
+            raise TraceError(sidecar, f"has unknown {where} keys: {unknown_names(unknown, known)}",
+                             line=_yaml_line(text, unknown[0]), field=f"{where}.{unknown[0]}",
+                             hint="fix the spelling (Megatron's args. names)" if where == "args" else
+                             f"hardware takes {', '.join(SIDECAR_HARDWARE)}")
+    extra = data.get("extra_columns") or []
+    if not isinstance(extra, list) or not all(isinstance(name, str) for name in extra):
+        raise TraceError(sidecar, f"is {extra!r}", line=_yaml_line(text, "extra_columns"), field="extra_columns",
+                         hint="write extra_columns: [name, ...] (columns of the table that are not settings)")
+    return Sidecar(path=sidecar, args=args, hardware=hardware, extra_columns=tuple(extra))
 
 
 def config_key(args: dict[str, Any], hardware: RunHardware) -> str:
@@ -141,7 +194,15 @@ def read_run_table(path: Path | str, *, hardware: RunHardware | None = None, tab
     path = Path(path)
     table_id = table_id or path.stem
     columns, rows, where, word = _rows(path)
-    shared_args, shared_hardware = read_sidecar(path)
+    sidecar = read_sidecar(path)
+    shared_args, shared_hardware = sidecar.args, sidecar.hardware
+    result = TableRead(path=path, mapping=mapping)
+    if translate is None:
+        columns = _check_columns(path, columns, sidecar, hardware, word)
+        if not {"fp16", "bf16"} & (set(columns) | set(shared_args)):
+            result.warnings.append(f"{path}: no fp16 or bf16 column, and {sidecar.path.name} gives neither: every "
+                                   "row is priced in fp32 (Megatron's default); add args: {bf16: true} (or fp16) "
+                                   f"to {sidecar.path.name} if the runs used 16-bit arithmetic")
     if "collective_tables" not in shared_hardware and hardware is not None and hardware.collective_tables:
         shared_hardware["collective_tables"] = hardware.collective_tables
     tables = collective_tables_beside(path.parent, shared_hardware.pop("collective_tables", None),
@@ -152,12 +213,11 @@ def read_run_table(path: Path | str, *, hardware: RunHardware | None = None, tab
                 raise TraceError(path.with_suffix(".yaml"), f"says {shared_hardware[key]!r}, the command line "
                                  f"{value!r}", field=f"hardware.{key}", hint="give the hardware once")
             shared_hardware[key] = value
-    result = TableRead(path=path, mapping=mapping)
     keyed: list[tuple[MeasuredRun, str]] = []
     for k, raw in enumerate(rows):
         line = where(k)
         try:
-            cells = {name: _cell(value) for name, value in raw.items()}
+            cells = {name: _cell(raw[name]) for name in columns}
             if translate is not None:
                 cells = translate(cells)
             run = _row_run(path, line, word, cells, shared_args, shared_hardware, table_id)
@@ -170,6 +230,46 @@ def read_run_table(path: Path | str, *, hardware: RunHardware | None = None, tab
     if not rows:
         result.errors.append(TraceError(path, "holds no rows", hint="a run table has one measured run per row"))
     return result
+
+
+def _check_columns(path: Path, columns: list[str], sidecar: Sidecar, hardware: RunHardware | None,
+                   word: str) -> list[str]:
+    """The columns of a run table that are settings or measurements; TraceError for the whole table when a column
+    is unknown (a misspelling would take Megatron's default silently) or a setting without a default is given
+    nowhere (neither a column nor the sidecar)."""
+    line = 1 if word == "line" else None  # a CSV's header line
+    extra = set(sidecar.extra_columns)
+    known = KNOWN_ARGS | set(HARDWARE_COLUMNS) | set(MEASUREMENT_COLUMNS) | set(META_COLUMNS)
+    unknown = [c for c in columns if c not in known and c not in extra and not c.startswith(EXTRA_PREFIX)]
+    if unknown:
+        raise TraceError(path, f"has unknown columns: {unknown_names(unknown, known)}", line=line, field=unknown[0],
+                         hint=f"rename a misspelled column to Megatron's args. name (README, 'Run tables'); a column "
+                         f"of your own that is not a setting is kept out of the launch when its name starts with "
+                         f"'{EXTRA_PREFIX}' or {sidecar.path.name} lists it under extra_columns"
+                         + ("" if set(columns) & set(MEASUREMENT_COLUMNS) else
+                            f"; the measurement is one of {', '.join(MEASUREMENT_COLUMNS)}"))
+    given = set(columns) | set(sidecar.args)
+    side = sidecar.path.name
+    for name in REQUIRED_ARGS:
+        if name not in given:
+            raise TraceError(path, f"has no {name} column, and {side} gives none: Megatron has no default for it",
+                             line=line, field=name, hint=f"add a {name} column (or args: {{{name}: N}} in {side})")
+    if not given & set(VOCAB_ARGS):
+        raise TraceError(path, f"has no padded_vocab_size column, and {side} gives none: the vocabulary has no "
+                         "default (without it the embedding and the output layer would go unpriced)", line=line,
+                         field="padded_vocab_size", hint=f"add a padded_vocab_size column or args: "
+                         f"{{padded_vocab_size: N}} in {side} (Megatron's vocabulary padded to a multiple of 128 x "
+                         "tensor parallel size, as its log prints in ' > padded vocab ... (new size: N)')")
+    for name in HARDWARE_COLUMNS:
+        if name not in columns and name not in sidecar.hardware and hardware is None:
+            raise TraceError(path, f"has no {name} column, and neither {side} nor the command line gives it",
+                             line=line, field=name, hint="give the hardware: gpu and gpus_per_node columns, "
+                             f"hardware: {{gpu: TYPE, gpus_per_node: N}} in {side}, or --gpu TYPE --gpus-per-node N")
+    if not set(columns) & set(MEASUREMENT_COLUMNS):
+        raise TraceError(path, "has no measurement column", line=line, field="iteration_time_ms",
+                         hint=f"give one of {', '.join(MEASUREMENT_COLUMNS)} (README, 'Run tables', says how "
+                         "samples/s and TFLOP/s/GPU convert)")
+    return [c for c in columns if c not in extra and not c.startswith(EXTRA_PREFIX)]
 
 
 def _name_runs(table_id: str, keyed: list[tuple[MeasuredRun, str]]) -> list[MeasuredRun]:
@@ -194,7 +294,9 @@ def _name_runs(table_id: str, keyed: list[tuple[MeasuredRun, str]]) -> list[Meas
 
 
 def _bad(path: Path, line: int, word: str, column: str, problem: str, hint: str) -> TraceError:
-    return TraceError(path, f"{word} {line}: {problem}", line=line, field=column, hint=hint)
+    # `file:N:` reads as a line: a Parquet file's row says that it is a row
+    return TraceError(path, problem if word == "line" else f"{word} {line}: {problem}", line=line, field=column,
+                      hint=hint)
 
 
 def _row_run(path: Path, line: int, word: str, cells: dict[str, Any], shared_args: dict[str, Any],
@@ -218,12 +320,12 @@ def _row_run(path: Path, line: int, word: str, cells: dict[str, Any], shared_arg
             raise _bad(path, line, word, name, f"is {args.get(name)!r}, expected true or false", "fix the cell")
     for name in REQUIRED_ARGS:
         if args.get(name) is None:
-            raise _bad(path, line, word, name, "is missing: Megatron has no default for it",
-                       f"add a {name} column (or give it in {path.with_suffix('.yaml').name})")
+            raise _bad(path, line, word, name, "is empty: Megatron has no default for it",
+                       f"fill the cell (or give it once in {path.with_suffix('.yaml').name})")
     if args.get("padded_vocab_size") is None and args.get("vocab_size") is None:
-        raise _bad(path, line, word, "padded_vocab_size", "is missing: the vocabulary has no default",
-                   "add a padded_vocab_size column (Megatron pads the tokenizer's vocabulary to a multiple of "
-                   "128 x tensor parallel size)")
+        raise _bad(path, line, word, "padded_vocab_size", "is empty: the vocabulary has no default",
+                   "fill the cell (Megatron pads the tokenizer's vocabulary to a multiple of 128 x tensor parallel "
+                   "size)")
     args.setdefault("data_parallel_size", 1)
     gpus = world_size(args)
     if args.get("world_size") and args["world_size"] != world_size({**args, "world_size": None}):

@@ -90,6 +90,22 @@ class Cluster:
     links: tuple[Link, ...] = ()
     origin: str = ""  # the file it was read from, or what it was built from
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # where a default cluster was set (HOPS_CALIB_CLUSTER, a hops-calib.toml); "" when asked for by --cluster
+    default_from: str = field(default="", compare=False)
+
+    def named(self) -> str:
+        """The cluster in words: its file, and where it was set when it was not asked for."""
+        return self.origin + (f" (the default, set by {self.default_from})" if self.default_from else "")
+
+    def for_job(self, device_ids: Sequence[str], notes: list[str]) -> "Cluster | None":
+        """This cluster for a job of `device_ids`; None (said in `notes`) when it is a default that lists none of
+        them: a default cluster is not applied to a job on other machines."""
+        if not self.default_from or any(self.host_of(d) is not None for d in device_ids):
+            return self
+        notes.append(f"the default cluster {self.origin} (set by {self.default_from}) lists none of the job's devices "
+                     f"({', '.join(device_ids)}): not applied; give --cluster FILE to use a cluster anyway, or "
+                     "--no-cluster to silence this")
+        return None
 
     def host_of(self, device_id: str) -> str | None:
         for node in self.nodes:
@@ -130,18 +146,52 @@ def cluster_yaml(cluster: Cluster) -> str:
 
 # --- reading a cluster file ---------------------------------------------------------------------------------------
 
-def _line_of(text: str, needle: str) -> int | None:
-    for number, line in enumerate(text.splitlines(), start=1):
-        if needle in line:
-            return number
-    return None
+_LINK_KEYS = ("hosts", "bandwidth_gbit_s", "latency_ms", "benchmark", "source")
+
+
+class _Marks:
+    """The line (1-based) of every node of a YAML document, by its path (("links", 21, "bandwidth_gbit_s")), read
+    from yaml's composed node tree: an error names the line of the entry or key it is about."""
+
+    def __init__(self, root: Any):
+        self.lines: dict[tuple, int] = {}
+        if root is not None:
+            self._walk(root, ())
+
+    def _walk(self, node: Any, path: tuple) -> None:
+        import yaml
+
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                self.lines[(*path, name, "key")] = key.start_mark.line + 1
+                self._walk(value, (*path, name))
+        elif isinstance(node, yaml.SequenceNode):
+            for k, item in enumerate(node.value):
+                self._walk(item, (*path, k))
+
+    def line(self, *path: Any) -> int | None:
+        """The line of `path`; the line of its key when given (`key=True` paths end with "key"); else of its nearest
+        ancestor that exists."""
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            if (*path, "key") in self.lines:
+                return self.lines[(*path, "key")]
+            path = path[:-1]
+        return self.lines.get(())
 
 
 def read_cluster(path: Path | str) -> Cluster:
-    """A cluster file (YAML, or JSON, which YAML reads too). Errors name the file, line and field."""
+    """A cluster file (YAML, or JSON, which YAML reads too). Errors name the file, the line of the offending entry
+    or key, and the field."""
     import yaml
 
     path = Path(path)
+    if str(path) in ("", "."):
+        raise InputError(str(path), "is no file name", field="--cluster",
+                         hint="give a cluster file, or --no-cluster for none")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
@@ -150,6 +200,7 @@ def read_cluster(path: Path | str) -> Cluster:
     if len(text) > 64 << 20:
         raise InputError(str(path), "is larger than 64 MiB; not a cluster description", field="--cluster")
     try:
+        marks = _Marks(yaml.compose(text, Loader=yaml.SafeLoader))
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
@@ -157,30 +208,34 @@ def read_cluster(path: Path | str) -> Cluster:
                          line=mark.line + 1 if mark else None, hint="fix the syntax") from None
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list) or not data["nodes"]:
         raise InputError(str(path), "needs a non-empty list 'nodes'", field="nodes",
+                         line=marks.line("nodes") if isinstance(data, dict) else marks.line(),
                          hint="nodes: [{host: NAME, devices: [{id: DEVICE_ID, gpu: TYPE}]}]")
 
-    def fail(problem: str, where: str, needle: str | None = None, hint: str = "") -> InputError:
-        return InputError(str(path), problem, field=where, line=_line_of(text, needle) if needle else None, hint=hint)
+    def fail(problem: str, where: str, at: tuple, hint: str = "") -> InputError:
+        return InputError(str(path), problem, field=where, line=marks.line(*at), hint=hint)
 
     nodes, seen_devices, seen_hosts = [], set(), set()
     for k, entry in enumerate(data["nodes"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("host"), str) or not entry["host"]:
-            raise fail(f"entry {k} is {entry!r}", f"nodes[{k}].host", hint="each node needs a host name")
+            raise fail(f"entry {k} is {entry!r}", f"nodes[{k}].host", ("nodes", k, "host"),
+                       hint="each node needs a host name")
         host = entry["host"]
         if host in seen_hosts:
-            raise fail(f"host {host!r} is listed twice", f"nodes[{k}].host", host, "list each host once")
+            raise fail(f"host {host!r} is listed twice", f"nodes[{k}].host", ("nodes", k, "host"),
+                       "list each host once")
         seen_hosts.add(host)
         devices = entry.get("devices")
         if not isinstance(devices, list) or not devices:
-            raise fail(f"host {host!r} has no devices", f"nodes[{k}].devices", host,
+            raise fail(f"host {host!r} has no devices", f"nodes[{k}].devices", ("nodes", k, "devices"),
                        "devices: [{id: DEVICE_ID, gpu: TYPE}] (one per GPU)")
         parsed = []
         for d, device in enumerate(devices):
             where = f"nodes[{k}].devices[{d}]"
             if not isinstance(device, dict) or not device.get("id") or not device.get("gpu"):
-                raise fail(f"is {device!r}", where, host, "each device needs an id and a gpu type")
+                raise fail(f"is {device!r}", where, ("nodes", k, "devices", d),
+                           "each device needs an id and a gpu type")
             if str(device["id"]) in seen_devices:
-                raise fail(f"device {device['id']!r} is listed twice", where, str(device["id"]),
+                raise fail(f"device {device['id']!r} is listed twice", where, ("nodes", k, "devices", d, "id"),
                            "a device id lives on one host")
             seen_devices.add(str(device["id"]))
             parsed.append(Device(str(device["id"]), str(device["gpu"]).lower(), str(device.get("name") or "")))
@@ -189,30 +244,49 @@ def read_cluster(path: Path | str) -> Cluster:
     for k, entry in enumerate(data.get("links") or []):
         where = f"links[{k}]"
         hosts = entry.get("hosts") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict):
+            raise fail(f"is {entry!r}", where, ("links", k), "{hosts: [SENDER, RECEIVER], bandwidth_gbit_s: G}")
         if not (isinstance(hosts, list) and len(hosts) == 2 and all(isinstance(h, str) for h in hosts)):
-            raise fail(f"is {entry!r}", f"{where}.hosts", hint="hosts: [SENDER_HOST, RECEIVER_HOST]")
+            raise fail(f"is {entry!r}", f"{where}.hosts", ("links", k, "hosts"),
+                       "hosts: [SENDER_HOST, RECEIVER_HOST]")
         unknown = [h for h in hosts if h not in seen_hosts]
         if unknown:
-            raise fail(f"names host {unknown[0]!r}, which no node lists", f"{where}.hosts", unknown[0],
+            raise fail(f"names host {unknown[0]!r}, which no node lists", f"{where}.hosts",
+                       ("links", k, "hosts", hosts.index(unknown[0])),
                        "add the node, or fix the host name")
-        try:
-            latency = float(entry.get("latency_ms", 0.0))
-            bandwidth = float(entry["bandwidth_gbit_s"])
-            points = tuple((float(b), float(ms)) for b, ms in entry.get("benchmark") or ())
-        except (KeyError, TypeError, ValueError):
-            raise fail("needs bandwidth_gbit_s (a number), latency_ms (a number, default 0) and, optionally, "
-                       "benchmark: [[bytes, ms], ...]", where, hosts[1]) from None
-        if not (math.isfinite(latency) and latency >= 0 and math.isfinite(bandwidth) and bandwidth > 0):
-            raise fail(f"latency {latency} ms and bandwidth {bandwidth} Gbit/s must be finite, latency >= 0 and "
-                       "bandwidth > 0", where, hosts[1])
-        if any(not (b > 0 and ms > 0 and math.isfinite(b) and math.isfinite(ms)) for b, ms in points):
-            raise fail("benchmark points must be positive (bytes, ms) pairs", f"{where}.benchmark", hosts[1])
+        unknown_keys = [key for key in entry if key not in _LINK_KEYS]
+        if unknown_keys:
+            raise fail(f"unknown key {unknown_keys[0]!r}", f"{where}.{unknown_keys[0]}",
+                       ("links", k, unknown_keys[0], "key"), f"a link takes {', '.join(_LINK_KEYS)}")
+        if "bandwidth_gbit_s" not in entry:
+            raise fail("needs bandwidth_gbit_s", f"{where}.bandwidth_gbit_s", ("links", k),
+                       "bandwidth_gbit_s: G (a number > 0), latency_ms: L (default 0)")
+        values = {}
+        for key, low in (("latency_ms", 0.0), ("bandwidth_gbit_s", None)):
+            raw = entry.get(key, 0.0)
+            number = raw if isinstance(raw, (int, float)) and not isinstance(raw, bool) else math.nan
+            if not (math.isfinite(number) and (number > 0 if low is None else number >= low)):
+                raise fail(f"is {raw!r}; must be a finite number " + ("> 0" if low is None else ">= 0"),
+                           f"{where}.{key}", ("links", k, key), f"{key}: a number in "
+                           + ("Gbit/s" if low is None else "ms"))
+            values[key] = float(number)
+        latency, bandwidth = values["latency_ms"], values["bandwidth_gbit_s"]
+        points = []
+        for n, point in enumerate(entry.get("benchmark") or ()):
+            ok = (isinstance(point, list) and len(point) == 2
+                  and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+                          for x in point))
+            if not ok:
+                raise fail(f"is {point!r}; must be a positive [bytes, ms] pair", f"{where}.benchmark[{n}]",
+                           ("links", k, "benchmark", n), "benchmark: [[bytes, ms], ...]")
+            points.append((float(point[0]), float(point[1])))
         links.append(Link(hosts[0], hosts[1], latency, bandwidth, tuple(sorted(points)),
                           str(entry.get("source") or "")))
     pairs = [(link.src_host, link.dst_host) for link in links]
     if len(set(pairs)) != len(pairs):
-        twice = next(p for p in pairs if pairs.count(p) > 1)
-        raise fail(f"the link {twice[0]} -> {twice[1]} is listed twice", "links", twice[1], "keep one")
+        twice = max(k for k, p in enumerate(pairs) if pairs.count(p) > 1)
+        raise fail(f"the link {pairs[twice][0]} -> {pairs[twice][1]} is listed twice", f"links[{twice}]",
+                   ("links", twice), "keep one")
     return Cluster(tuple(nodes), tuple(links), origin=str(path))
 
 

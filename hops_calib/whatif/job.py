@@ -24,7 +24,7 @@ from hops_calib.model import Model
 from hops_calib.model.coverage import Coverage, Extrapolation, extrapolations
 from hops_calib.model.memory import StageMemory, stage_memory
 from hops_calib.model.predict import STALL_RANGE_LEVEL, Prediction
-from hops_calib.metrics import schedule_bubble
+from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import SCHEDULES, Spec
 from hops_calib.whatif.cluster import Cluster, Hop
 from hops_calib.whatif.perturbations import Perturbations
@@ -62,8 +62,10 @@ class WhatIf:
     refused: tuple[Refused, ...] = ()  # the schedules asked for that cannot run it, in the order asked
     hops: tuple[Hop, ...] = ()  # every hop as priced: devices, hosts, link
     perturbations: Perturbations | None = None
-    # per prediction, the throughput (microbatches/s) of each perturbed draw
-    perturbed: tuple[tuple[float, ...], ...] = ()
+    # per prediction, its throughput (microbatches/s) under the perturbations (`whatif.perturbations.Estimate`)
+    perturbed: tuple[Any, ...] = ()
+    end_collective: Any = None  # the all-reduce between the pipeline's ends (model.terms.embedding.EndCollective)
+    cluster: str = ""  # the cluster file used, and where it was set ("" none)
     breakdown: tuple[dict[str, float], ...] = ()  # per stage, ms of one iteration by kind (`Model.breakdown`)
     memory: tuple[StageMemory, ...] = ()  # per stage, one GPU's peak under the first schedule predicted
 
@@ -92,22 +94,43 @@ class WhatIf:
             "breakdown_ms_per_iteration": [{"stage": k, **parts} for k, parts in enumerate(self.breakdown)],
             "memory": [stage.to_dict() for stage in self.memory],
             "fits": self.fits,
+            "cluster": self.cluster or None,
             "links": [hop.to_dict() for hop in self.hops],
+            "end_collective": self.end_collective_dict(),
             "perturbations": self.perturbations.describe() if self.perturbations is not None else None,
-            "predictions": [{"asked": asked, **_prediction_dict(p, spec), **_perturbed_dict(draws)}
-                            for asked, p, draws in zip(self.asked, self.predictions,
-                                                       self.perturbed or [()] * len(self.predictions))],
+            "predictions": [{"asked": asked, **_prediction_dict(p, spec),
+                             **({"perturbed_throughput_per_s": estimate.to_dict()} if estimate else {})}
+                            for asked, p, estimate in zip(self.asked, self.predictions,
+                                                          self.perturbed or [None] * len(self.predictions))],
             "refused": [r.to_dict() for r in self.refused],
         }
 
 
-def _perturbed_dict(draws: Sequence[float]) -> dict[str, Any]:
-    if not draws:
-        return {}
-    import numpy as np
+    def end_ends(self) -> tuple[str, str]:
+        """The devices and hosts of the first and the last stage, in words."""
+        ids = self.spec.device_ids
+        hosts = {h.src_device: h.src_host for h in self.hops} | {h.dst_device: h.dst_host for h in self.hops}
+        return tuple(f"stage {k} ({ids[k]}{' on ' + hosts[ids[k]] if hosts.get(ids[k]) else ''})"
+                     for k in (0, len(ids) - 1))
 
-    return {"perturbed_throughput_per_s": {"mean": float(np.mean(draws)), "p5": float(np.percentile(draws, 5)),
-                                           "draws": len(draws)}}
+    def end_collective_dict(self) -> dict[str, Any] | None:
+        if self.end_collective is None:
+            return None
+        ids = self.spec.device_ids
+        hosts = {h.src_device: h.src_host for h in self.hops} | {h.dst_device: h.dst_host for h in self.hops}
+        return {**self.end_collective.to_dict(), "stages": [0, len(ids) - 1], "devices": [ids[0], ids[-1]],
+                "hosts": [hosts.get(ids[0]) or None, hosts.get(ids[-1]) or None]}
+
+
+def end_collective_of(spec: Spec, model: Model):
+    """How `model` prices `spec`'s all-reduce between the pipeline's ends (None: the model has no such term, or the
+    launch reduces nothing between its ends)."""
+    from hops_calib.model.terms.embedding import EmbeddingGradAllReduce, end_collective
+
+    active = model.active(EmbeddingGradAllReduce.name)
+    if active is None:
+        return None
+    return end_collective(spec, active.params(), tuple(model.device(t) for t in spec.devices))
 
 
 def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
@@ -118,7 +141,7 @@ def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
         "steady_throughput_per_s": metrics.steady_throughput_per_s,
         "iteration_time_ms": metrics.iteration_time_ms,
         "bubble_ratio": metrics.bubble_ratio,  # the idle share, as a trace of the run would measure it
-        "schedule_bubble": schedule_bubble(spec.pp, spec.microbatches, spec.vp),
+        "schedule_bubble": pipeline_schedule_bubble(prediction.pipeline, prediction.schedule),
         "stall_noise_ape_pct": prediction.stall_noise_ape_pct,
         "stall_throughput_range": prediction.stall_throughput_range()._asdict(),
         PEAK_KEY: list(prediction.result.peak_stage_activations),  # per rank, in stage microbatches
@@ -201,6 +224,7 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     _args, args_source = find_arguments(job_dir)
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
+    cluster = cluster.for_job(spec.device_ids, notes) if cluster is not None else None
     if spec.pp > 1 and spec.links:  # (a job with no benchmark at all is refused by the model's link term below)
         from hops_calib.whatif.cluster import relinked, unpriced_hint
 
@@ -240,14 +264,14 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     perturbed = ()
     if perturbations is not None:
         try:
-            perturbed = tuple(tuple(float(x) for x in perturbations.throughputs(p.pipeline, p.schedule,
-                                                                                 spec.device_ids))
-                              for p in predictions)
+            perturbed = tuple(perturbations.estimate(p.pipeline, p.schedule, spec.device_ids) for p in predictions)
         except ValueError as error:
             raise InputError(str(job_dir), f"cannot be simulated under the stragglers or failures asked for: {error}",
                              field="--failure-rate", hint="check the rates and the checkpoint interval") from None
     return WhatIf(job_dir=job_dir, spec=spec, model=model, predictions=predictions, asked=asked,
                   notes=tuple(notes), breakdown=tuple(model.breakdown(spec)), memory=memory,
+                  end_collective=end_collective_of(spec, model),
+                  cluster=cluster.named() if cluster is not None else "",
                   extrapolations=tuple(extrapolations(spec, calibration)) if calibration is not None else None,
                   calibration=calibration_name, refused=refused, hops=hops, perturbations=perturbations,
                   perturbed=perturbed)
@@ -268,6 +292,17 @@ def what_if_text(result: WhatIf) -> str:
                      + "; ".join(f"{hop.src_stage}-{hop.dst_stage} ({hop.src_device} on {hop.src_host} -> "
                                  f"{hop.dst_device} on {hop.dst_host}) {hop.link.bandwidth_gbit_s:.1f} Gbit/s from "
                                  f"{hop.link.source.split(':')[0]}" for hop in result.hops if hop.link is not None))
+    if result.end_collective is not None:
+        end = result.end_collective
+        first, last = result.end_ends()
+        priced = (f"at {end.link.bandwidth_gbit_s:.1f} Gbit/s and {end.link.latency_ms:.3f} ms"
+                  + (" (one TCP flow's ceiling)" if end.capped else "") if end.link is not None else "")
+        stall = (f" + {end.ms - end.transfer_ms:.1f} ms expected retransmission stall ({100 * end.stall_probability:.1f}"
+                 " % chance)" if end.ms > end.transfer_ms else "")
+        lines.append(f"between the ends, before the optimizer: the tied-embedding gradient all-reduce {first} <-> {last}, "
+                     f"{end.nbytes / 2 ** 20:.1f} MiB {priced + ', ' if priced else ''}priced by {end.source()}: "
+                     f"{end.transfer_ms:.1f} ms{stall} every iteration, while every rank waits")
+    lines.append(f"cluster: {result.cluster or 'none'}")
     if result.extrapolations is None:
         lines.append(f"calibration coverage not checked: {result.calibration}")
     elif result.extrapolations:
@@ -285,23 +320,27 @@ def what_if_text(result: WhatIf) -> str:
             ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
             ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
             ("idle share % (bubble)", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
-            ("schedule bubble %", lambda p: f"{100 * schedule_bubble(spec.pp, spec.microbatches, spec.vp):.1f}"),
+            ("schedule bubble %", lambda p: f"{100 * pipeline_schedule_bubble(p.pipeline, p.schedule):.1f}"),
             ("peak activations (stage mb)", lambda p: f"{max(p.result.peak_stage_activations):g}")]
     lines.append(f"{'':28}" + "".join(f"{head:>{width}}" for head in heads))
     for label, cell in rows:
         lines.append(f"{label:28}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))
     if result.perturbed:
-        import numpy as np
-
-        for label, value in (("perturbed: mean /s", np.mean), ("perturbed: 5th pct /s", lambda d: np.percentile(d, 5))):
-            lines.append(f"{label:28}" + "".join(f"{value(draws):>{width}.3f}" for draws in result.perturbed))
-        lines.append(f"(perturbed: {result.perturbations.describe()})")
+        for label, value in (("perturbed: expected /s", lambda e: f"{e.expected:.3f}"),
+                             ("  95 % interval", lambda e: f"{e.low:.3f}-{e.high:.3f}"),
+                             ("perturbed: 5th pct /s", lambda e: f"{e.p5:.3f}")):
+            lines.append(f"{label:28}" + "".join(f"{value(e):>{width}}" for e in result.perturbed))
+        lines.append(f"(perturbed: {result.perturbations.describe()}; expected: the run's work over its expected "
+                     "wall time, failures in closed form, random stragglers over the draws, with the 95 % interval "
+                     "of that Monte-Carlo mean)")
     lines.append(f"(throughput: microbatches per second, {shape.micro_batch_size} sample(s) each; "
                  f"+-: the mean |error| random TCP retransmission stalls alone would give a real run; range: the "
                  f"throughput at least {100 * STALL_RANGE_LEVEL:.0f} % of real runs would show from them alone, whole "
                  "stall counts, and the share it really holds; idle share: the simulated timeline's idle share, HOPS's "
                  "bubble, what a trace of the run would measure (the silent stretch before the optimizer included); "
-                 "schedule bubble: the schedule's own on balanced stages, (p-1)/(v m+p-1); peak activations: the most "
+                 "schedule bubble: the schedule's own closed form on balanced stages (the launch's mean stage costs): "
+                 "(p-1)/(v m+p-1) for 1F1B, GPipe and interleaved 1F1B, less for ZB-H1 (its weight gradients fill "
+                 "the bubble); peak activations: the most "
                  f"the busiest rank holds, in {PEAK_UNIT})")
     lines += [f"not predicted: {refused.sentence()}" for refused in result.refused]
     first = result.predictions[0]
@@ -317,13 +356,15 @@ def what_if_text(result: WhatIf) -> str:
 
 
 _PARTS = (("compute", "compute"), ("tp_comm", "TP comm"), ("p2p", "p2p"), ("dp_reduce", "DP reduce"),
-          ("dp_reduce_exposed", "exposed"), ("optimizer", "optimizer"), ("host", "host"))
+          ("dp_reduce_exposed", "exposed"), ("ends_allreduce", "ends AR"), ("optimizer", "optimizer"),
+          ("host", "host"))
 
 
 def _breakdown_lines(result: WhatIf) -> list[str]:
     """Per stage: one GPU's work of an iteration by kind, and its peak memory against the device's."""
     lines = ["", "per stage, one GPU, ms of one iteration by kind (work summed over its tasks, not the critical path; "
-                 "exposed: the part of the DP reduction no backward hides):",
+                 "exposed: the part of the DP reduction no backward hides; ends AR: the tied-embedding all-reduce between the "
+                 "first and last stage before the optimizer, every rank waiting for it):",
              f"{'stage':>5}" + "".join(f"{label:>11}" for _key, label in _PARTS)]
     for k, parts in enumerate(result.breakdown):
         lines.append(f"{k:>5}" + "".join(f"{parts[key]:11.2f}" for key, _label in _PARTS))

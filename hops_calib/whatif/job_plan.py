@@ -32,7 +32,7 @@ from hops_calib.model.memory import stage_memory
 from hops_calib.progress import QUIET, Progress
 from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
-from hops_calib.sim.theory import bubble_fraction
+from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import Spec
 from hops_calib.whatif.cluster import Cluster, LinkBook
 from hops_calib.whatif.perturbations import Perturbations
@@ -56,7 +56,8 @@ class Launch:
     micro_batch_size: int
 
     def label(self) -> str:
-        split = "even" if self.first is None and self.last is None else f"first {self.first}, last {self.last}"
+        pinned = [f"{end} stage {n} layers" for end, n in (("first", self.first), ("last", self.last)) if n is not None]
+        split = " and ".join(pinned) + ", the rest even" if pinned else "even"
         schedule = f"{self.schedule} v={self.chunks}" if self.chunks > 1 else self.schedule
         return f"{schedule}, mbs {self.micro_batch_size}, split {split}, order {'-'.join(self.order)}"
 
@@ -74,10 +75,14 @@ class Outcome:
     schedule_bubble: float  # the schedule's own bubble on balanced stages, (p-1)/(v m + p-1)
     peak_memory_bytes: tuple[float, ...]  # per GPU
     memory_bytes: tuple[float, ...]  # per GPU, the device's capacity
-    flags: tuple[str, ...]  # changes to the job's launch
+    flags: tuple[str, ...]  # changes to the job's launch, in words (one per change)
     stage_map: dict[str, str]
-    expected_samples_per_s: float | None = None  # under Perturbations: mean over draws
-    p5_samples_per_s: float | None = None  # and the 5th percentile
+    expected_samples_per_s: float | None = None  # under Perturbations: the run's work over its expected wall time
+    p5_samples_per_s: float | None = None  # and the draws' 5th percentile
+    argv: tuple[str, ...] = ()  # Megatron-LM arguments to add or set, as argv tokens (flag, value, flag, ...)
+    remove: tuple[str, ...] = ()  # Megatron-LM arguments to remove from the launch
+    launch_notes: tuple[str, ...] = ()  # what no flag says: a schedule Megatron-LM lacks, moving ranks between hosts
+    expected_ci95: tuple[float, float] | None = None  # the expected throughput's 95 % Monte-Carlo interval
     outside: tuple[str, ...] | None = None  # features outside the calibration runs (None: not checked)
 
     @property
@@ -95,8 +100,11 @@ class Outcome:
             "steady_throughput_samples_per_s": self.steady_samples_per_s,
             "iteration_time_ms": self.iteration_ms, "idle_share": self.idle_share,
             "schedule_bubble": self.schedule_bubble, "peak_memory_bytes_per_gpu": list(self.peak_memory_bytes),
-            "memory_bytes_per_gpu": list(self.memory_bytes), "flags": list(self.flags), "stage_map": self.stage_map,
+            "memory_bytes_per_gpu": list(self.memory_bytes), "fits": self.fits,
+            "flags": list(self.argv), "remove_flags": list(self.remove), "notes": list(self.launch_notes),
+            "changes": list(self.flags), "stage_map": self.stage_map,
             "expected_throughput_samples_per_s": self.expected_samples_per_s,
+            "expected_throughput_ci95": list(self.expected_ci95) if self.expected_ci95 is not None else None,
             "p5_throughput_samples_per_s": self.p5_samples_per_s,
             "outside_calibration": list(self.outside) if self.outside is not None else None,
         }
@@ -117,6 +125,8 @@ class JobPlan:
     notes: tuple[str, ...] = ()
     auto_agreement: tuple[int, int] = (0, 0)  # (auto's pick was the faster of 1f1b/zb_h1, pairs compared)
     best_megatron: Outcome | None = None  # the best launch Megatron-LM runs as it is (1F1B or interleaved 1F1B)
+    cluster: str = ""  # the cluster file used and where it was set ("": none)
+    store: str = ""  # the fixture store whose train split the launches were checked against ("": not checked)
 
     @property
     def status(self) -> str:
@@ -128,7 +138,8 @@ class JobPlan:
         return 0 if self.best else 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "job": self.job, "model": self.model, "search": self.search, "space": self.space,
+        return {"status": self.status, "job": self.job, "model": self.model, "cluster": self.cluster or None,
+                "fixtures": self.store or None, "search": self.search, "space": self.space,
                 "evaluated": self.evaluated, "rank_by": self.rank_by,
                 "best": [o.to_dict() for o in self.best],
                 "current": self.current.to_dict() if self.current else None,
@@ -239,7 +250,7 @@ class JobPlanner:
         self.spec = build_spec(self.job_dir, self.notes)
         self.args, self.args_source = find_arguments(self.job_dir)
         self.model = model
-        self.cluster = cluster
+        self.cluster = cluster = cluster.for_job(self.spec.device_ids, self.notes) if cluster is not None else None
         self.book = LinkBook(self.job_dir, self.spec.device_ids, self.spec.links, cluster, self.notes)
         types = read_device_types(self.job_dir)
         self.types = {d: types[d].type for d in self.spec.device_ids}
@@ -303,26 +314,50 @@ class JobPlanner:
             args["no_overlap_p2p_communication"] = True
         return args
 
-    def flags(self, launch: Launch) -> tuple[str, ...]:
-        """The changes to the job's launch that run `launch`."""
-        now, out = self.current(), []
+    def changes(self, launch: Launch) -> dict[str, tuple[str, ...]]:
+        """The changes to the job's launch that run `launch`: `argv` (tokens to add or set), `remove` (flags to
+        take out), `notes` (what no flag says), and `words` (each change in one line, for text)."""
+        now, argv, remove, notes, words = self.current(), [], [], [], []
         if launch.micro_batch_size != now.micro_batch_size:
-            out.append(f"--micro-batch-size {launch.micro_batch_size}")
+            argv += ["--micro-batch-size", str(launch.micro_batch_size)]
+            words.append(f"--micro-batch-size {launch.micro_batch_size}")
         for flag, old, new in (("--decoder-first-pipeline-num-layers", now.first, launch.first),
                                ("--decoder-last-pipeline-num-layers", now.last, launch.last)):
             if new != old:
-                out.append(f"{flag} {new}" if new is not None else f"remove {flag}")
+                if new is not None:
+                    argv += [flag, str(new)]
+                    words.append(f"{flag} {new}")
+                else:
+                    remove.append(flag)
+                    words.append(f"remove {flag}")
         if launch.chunks > 1 and (launch.chunks != now.chunks or now.schedule != "interleaved_1f1b"):
             per_chunk = self.spec.model.num_layers // (self.spec.pp * launch.chunks)
-            out.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk} --no-overlap-p2p-communication")
+            argv += ["--num-layers-per-virtual-pipeline-stage", str(per_chunk), "--no-overlap-p2p-communication"]
+            words.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk} --no-overlap-p2p-communication")
         if launch.chunks == 1 and now.chunks > 1:
-            out.append("remove --num-layers-per-virtual-pipeline-stage (and --virtual-pipeline-model-parallel-size)")
+            remove += ["--num-layers-per-virtual-pipeline-stage", "--virtual-pipeline-model-parallel-size"]
+            words.append("remove --num-layers-per-virtual-pipeline-stage (and --virtual-pipeline-model-parallel-size)")
         if launch.schedule in ("zb_h1", "gpipe"):
-            out.append(f"schedule {launch.schedule}: " + NO_MEGATRON_FLAG.format(schedule=launch.schedule))
+            notes.append(f"schedule {launch.schedule}: " + NO_MEGATRON_FLAG.format(schedule=launch.schedule))
+            words.append(notes[-1])
         if launch.order != now.order:
-            out.append("stage map (hops_trace_map.json, and hops.base.yaml pipeline.stages in the same order): "
-                       + ", ".join(f"{k}: {d}" for k, d in enumerate(launch.order)))
-        return tuple(out)
+            hosts = [self.book.device_hosts.get(d) or "" for d in launch.order]
+            where = ", ".join(f"{k}: {d}" + (f" on {h}" if h else "") for k, (d, h) in enumerate(zip(launch.order,
+                                                                                                   hosts)))
+            notes.append(f"stage map {where}. Megatron gives pipeline rank k to global rank k (tensor and data "
+                         "parallel 1), so start the process of global rank k on the host of stage k's device: "
+                         "torchrun --node-rank k on that host (one GPU per node; with several, its GPU's "
+                         "CUDA_VISIBLE_DEVICES and local rank), or list the hosts in this order in the hostfile "
+                         "(mpirun/deepspeed) or the SLURM nodelist with --distribution=arbitrary; then write "
+                         "hops_trace_map.json and hops.base.yaml pipeline.stages in the same order")
+            words.append(notes[-1])
+        return {"argv": tuple(argv), "remove": tuple(remove), "notes": tuple(notes), "words": tuple(words)}
+
+    def flags(self, launch: Launch) -> dict[str, Any]:
+        """`changes` as Outcome's fields."""
+        changes = self.changes(launch)
+        return {"flags": changes["words"], "argv": changes["argv"], "remove": changes["remove"],
+                "launch_notes": changes["notes"]}
 
     def candidate_spec(self, launch: Launch) -> Spec:
         from hops_calib.spec import Hardware, spec_from_args
@@ -387,7 +422,7 @@ class JobPlanner:
             resolved = auto_schedule(pipeline) if schedule == "auto" else schedule
             twin = self._cache.get(replace(launch, schedule=resolved)) if schedule == "auto" else None
             if isinstance(twin, Outcome):  # auto runs exactly the launch of the schedule it picks
-                return replace(twin, launch=launch, flags=self.flags(launch))
+                return replace(twin, launch=launch, **self.flags(launch))
             result = simulate(pipeline, resolved)
         except ValueError as error:
             raise Refusal(f"{schedule} cannot run it: {str(error).split(';')[0]}") from None
@@ -399,8 +434,8 @@ class JobPlanner:
             launch=launch, resolved=resolved, microbatches=spec.microbatches, layers_per_stage=spec.layers_per_stage,
             samples_per_s=metrics.throughput_per_s * size, steady_samples_per_s=metrics.steady_throughput_per_s * size,
             iteration_ms=metrics.iteration_time_ms, idle_share=metrics.bubble_ratio,
-            schedule_bubble=bubble_fraction(spec.pp, spec.microbatches, spec.vp), peak_memory_bytes=peaks,
-            memory_bytes=caps, flags=self.flags(launch), stage_map={str(k): d for k, d in enumerate(launch.order)})
+            schedule_bubble=pipeline_schedule_bubble(pipeline, resolved), peak_memory_bytes=peaks,
+            memory_bytes=caps, **self.flags(launch), stage_map={str(k): d for k, d in enumerate(launch.order)})
 
     def pipeline(self, spec: Spec):
         try:
@@ -414,9 +449,9 @@ class JobPlanner:
         """`outcome` with its expected and 5th-percentile throughput under `perturbations` (seeded draws)."""
         launch = outcome.launch
         _, pipeline = self.priced(launch)
-        rates = perturbations.throughputs(pipeline, outcome.resolved, launch.order) * launch.micro_batch_size
-        return replace(outcome, expected_samples_per_s=float(np.mean(rates)),
-                       p5_samples_per_s=float(np.percentile(rates, 5)))
+        estimate = perturbations.estimate(pipeline, outcome.resolved, launch.order).scaled(launch.micro_batch_size)
+        return replace(outcome, expected_samples_per_s=estimate.expected, p5_samples_per_s=estimate.p5,
+                       expected_ci95=(estimate.low, estimate.high))
 
 
 def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = None, top: int = 5,
@@ -425,7 +460,7 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
              micro_batch_sizes: bool = True, trials: int = 400, seed: int = 0,
              exhaustive_limit: int = EXHAUSTIVE_LIMIT, perturbations: Perturbations | None = None,
              rank_by: str = "throughput", rerank: int = 20, progress: Progress = QUIET,
-             calibration: Any = None) -> JobPlan:
+             calibration: Any = None, store: str = "") -> JobPlan:
     """The best `top` launches of the job's model and global batch (see the module's docstring)."""
     if rank_by not in ("throughput", "expected", "p5"):
         raise InputError("plan", f"unknown ranking {rank_by!r}", field="--rank-by",
@@ -515,13 +550,17 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     for reason in refusals.values():
         refused[reason] = refused.get(reason, 0) + 1
     if any(reason.startswith("no link") for reason in refused):
-        notes.append("orders with a hop no benchmark or declared link prices were left out: give --cluster "
-                     "(`hops-calib cluster` builds one from job directories) or declare the links")
+        notes.append("orders with a hop no benchmark or declared link prices were left out (unpriced, not "
+                     "impossible): " + (f"declare the missing links in {planner.cluster.origin}"
+                                        if planner.cluster is not None else
+                                        "give --cluster (`hops-calib cluster` builds one from job directories) or "
+                                        "declare the links"))
     return JobPlan(job=str(job_dir), model=model.name, search=search, space=len(space),
                    evaluated=len(outcomes) + len(refusals), best=tuple(unique[:top]),
                    current=current, refused=refused, over_memory=over_memory, rank_by=rank_by, notes=tuple(notes),
                    auto_agreement=auto_rule_agreement(list(outcomes.values())),
-                   best_megatron=megatron)
+                   best_megatron=megatron, cluster=planner.cluster.named() if planner.cluster is not None else "",
+                   store=store)
 
 
 def auto_rule_agreement(outcomes: Sequence[Outcome]) -> tuple[int, int]:
@@ -623,7 +662,8 @@ def format_job_plan(plan: JobPlan) -> str:
     """The plan as text: the best launches with their numbers and launch changes, then the job's own."""
     gib = 2 ** 30
     lines = [f"{plan.job}: model {plan.model}; search {plan.search}; {plan.evaluated} evaluated of {plan.space}; "
-             f"ranked by {'nominal throughput' if plan.rank_by == 'throughput' else plan.rank_by + ' throughput'}"]
+             f"ranked by {'nominal throughput' if plan.rank_by == 'throughput' else plan.rank_by + ' throughput'}",
+             f"cluster: {plan.cluster or 'none'}; calibration runs: {plan.store or 'not checked'}"]
     lines += [f"note: {note}" for note in plan.notes]
     header = (f"{'#':>2} {'samples/s':>10} {'steady':>8} {'idle %':>7} {'sched. bubble %':>16} {'peak GiB/GPU':>13}"
               + (f" {'expected':>9} {'p5':>7}" if plan.best and plan.best[0].expected_samples_per_s is not None
@@ -638,6 +678,10 @@ def format_job_plan(plan: JobPlan) -> str:
                f"{100 * o.schedule_bubble:16.1f} {max(o.peak_memory_bytes) / gib:13.2f}{extra}  "
                f"{o.launch.label()}{resolved}; layers {'-'.join(map(str, o.layers_per_stage))}"]
         out += [f"{'':>5}change: {flag}" for flag in o.flags] or [f"{'':>5}(the job's own launch)"]
+        if not o.fits:
+            over = [f"stage {r} {peak / gib:.2f} > {cap / gib:.2f} GiB" for r, (peak, cap)
+                    in enumerate(zip(o.peak_memory_bytes, o.memory_bytes)) if peak > cap]
+            out.append(f"{'':>5}DOES NOT FIT in memory: " + "; ".join(over))
         if o.outside:
             out.append(f"{'':>5}outside the calibration runs (extrapolated): " + "; ".join(o.outside))
         return out
@@ -654,14 +698,22 @@ def format_job_plan(plan: JobPlan) -> str:
     if plan.over_memory:
         lines.append(f"{plan.over_memory} launch(es) left out: peak memory above a device's capacity")
     for reason, count in sorted(plan.refused.items(), key=lambda kv: -kv[1])[:5]:
-        lines.append(f"{count} launch(es) cannot run: {reason}")
+        lines.append(f"{count} launch(es) " + ("unpriced" if reason.startswith("no link") else "cannot run")
+                     + f": {reason}")
+    widths = [100 * (o.expected_ci95[1] - o.expected_ci95[0]) / 2 / o.expected_samples_per_s
+              for o in (*plan.best, *([plan.current] if plan.current else [])) if o.expected_ci95 is not None]
+    if widths:
+        lines.append(f"expected: the run's work over its expected wall time (failures in closed form, random "
+                     f"stragglers over the draws): its 95 % interval is within +-{max(widths):.2f} %"
+                     + ("" if max(widths) <= 0.5 else "; give more --samples to narrow it"))
     agree, compared = plan.auto_agreement
     if compared:
         lines.append(f"auto (HopsHetero rule) picked the faster of 1f1b/zb_h1 in {agree} of {compared} launches")
     lines.append("samples/s: predicted window throughput (microbatches x micro batch size per second); steady: over "
                  "the median iteration; idle %: the simulated timeline's idle share (HOPS's bubble, what a trace of "
                  "the launch would measure, with the silent stretch before the optimizer); sched. bubble %: the "
-                 "schedule's own on balanced stages, (p-1)/(v m+p-1); peak GiB/GPU: weights, gradients, optimizer "
+                 "schedule's own closed form on balanced stages (the launch's mean stage costs): (p-1)/(v m+p-1) for 1F1B, "
+                 "GPipe and interleaved 1F1B, less for ZB-H1; peak GiB/GPU: weights, gradients, optimizer "
                  "state and peak activations on the fullest GPU")
     return "\n".join(lines)
 

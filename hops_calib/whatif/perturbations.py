@@ -16,8 +16,36 @@ import numpy as np
 
 from hops_calib.sim import Pipeline, SimResult, simulate
 from hops_calib.sim.perturb import (
-    Failure, RandomStragglers, SlowDevice, SlowLink, failure_run_ms, perturbed, straggler_factors,
+    Failure, RandomStragglers, SlowDevice, SlowLink, expected_failure_wall_ms, failure_run_ms, perturbed,
+    straggler_factors,
 )
+
+Z95 = 1.959963984540054  # the normal distribution's two-sided 95 % quantile
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A launch's throughput (per second) under perturbations: the expected one, total work over the expected wall
+    time (failures in closed form, `expected_failure_wall_ms`; stragglers averaged over the seeded draws), with the
+    95 % confidence interval of the Monte-Carlo part (equal to it when nothing random is drawn), and the 5th
+    percentile of the draws' throughputs."""
+
+    expected: float
+    low: float
+    high: float
+    p5: float
+    draws: int
+
+    def scaled(self, factor: float) -> "Estimate":
+        return Estimate(self.expected * factor, self.low * factor, self.high * factor, self.p5 * factor, self.draws)
+
+    @property
+    def half_width_pct(self) -> float:
+        return 100 * (self.high - self.low) / 2 / self.expected if self.expected > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"expected": self.expected, "expected_ci95": [self.low, self.high],
+                "expected_ci95_half_width_pct": self.half_width_pct, "p5": self.p5, "draws": self.draws}
 
 
 @dataclass(frozen=True)
@@ -76,9 +104,24 @@ class Perturbations:
             rates.append(rate)
         return np.asarray(rates)
 
+    def estimate(self, pipeline: Pipeline, schedule: str, order: Sequence[str]) -> Estimate:
+        """The expected throughput (microbatches per second: the run's work over its expected wall time), its 95 %
+        interval and the draws' 5th percentile (see `Estimate`)."""
+        results = self.results(pipeline, schedule, order)
+        periods = np.array([pipeline.microbatches / r.metrics().throughput_per_s * 1e3 for r in results])
+        walls = np.array([expected_failure_wall_ms(period, self.run_iterations, self.failures, self.checkpoint_every)
+                          for period in periods])
+        work = pipeline.microbatches * self.run_iterations * 1e3  # microbatches, per ms -> per s
+        mean = float(walls.mean())
+        half = Z95 * float(walls.std(ddof=1)) / np.sqrt(len(walls)) if len(walls) > 1 else 0.0
+        p5 = float(np.percentile(self.throughputs(pipeline, schedule, order), 5))
+        return Estimate(work / mean, work / (mean + half), work / (mean - half) if mean > half else np.inf, p5,
+                        len(results) * (self.samples if self.failures and len(results) == 1 else 1))
+
     def describe(self) -> str:
         parts = [f"{device} {factor:g}x slower" for device, factor in self.slow_devices]
-        parts += [f"link {a}-{b} {factor:g}x slower" for a, b, factor in self.slow_links]
+        parts += [f"hop {a}-{b} {factor:g}x slower (where they are neighbouring stages)" for a, b, factor
+                  in self.slow_links]
         if self.stragglers is not None:
             s = self.stragglers
             parts.append(f"random stragglers (each GPU, each iteration, chance {s.probability:g}, {s.low:g}-"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from hops_calib.model import gpt
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
@@ -108,7 +109,7 @@ class EmbeddingGradAllReduce(Term):
     """
 
     name = "embedding_grad_allreduce"
-    category = "dp_reduce"
+    category = "ends_allreduce"  # the breakdown shows it apart: it is what moves when the ends move
     params = (
         Param("bytes_per_element", 4.0, 2.0, 4.0, "bytes",
               "bytes per reduced gradient element: 4 for fp32 main grads (Megatron's default with --bf16), 2 for bf16"),
@@ -130,38 +131,85 @@ class EmbeddingGradAllReduce(Term):
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
-        spec = context.spec
-        if spec.pp == 1 or spec.model.untie_embeddings:
+        price = end_collective(context.spec, params, context.devices)
+        if price is None:
             return Contribution()
-        element = params["bytes_per_element"] if fp32_grad_buffers(spec) else gpt.bytes_per_element(spec.model)
-        nbytes = gpt.vocab_per_gpu(spec.model) * spec.model.hidden_size * element
-        table = spec.collective("all_reduce", 2)
-        if not spec.links and spec.gpus_per_node and not (table is not None and spec.same_node(0, spec.pp - 1)):
-            # GPUs placed on nodes, no link benchmark: a 2-GPU ring all-reduce (each end sends the buffer once) over
-            # NVLink within a node, else over the end GPU's share of its node's NICs
-            device = context.devices[0]
-            inside = spec.same_node(0, spec.pp - 1) and device.intra_node_bandwidth_bytes_per_s
-            rate = device.intra_node_bandwidth_bytes_per_s if inside else (
-                params["nic_efficiency"] * device.network_bandwidth_bytes_per_s)
-            return Contribution(pre_optimizer_ms=nbytes / (rate / 1e3))
-        if not spec.links:
-            raise ValueError(f"spec {spec.run_id}: term {self.name} needs link fits (calibration/link_bench) and the "
-                             "spec has none; ingest the link benchmark or remove the term from the model")
-        if table is not None and spec.same_node(0, spec.pp - 1):
-            # Both ends in one node: NCCL all-reduces over NVLink, as the node's benchmark measured it (no TCP).
-            return Contribution(pre_optimizer_ms=table.measured_ms(nbytes))
-        nominal = tuple(context.devices[rank].network_bandwidth_bytes_per_s / 1e3 for rank in (0, spec.pp - 1))
-        nic = tuple(params["nic_efficiency"] * rate for rate in nominal)
-        cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3
-        link, capped = end_to_end_link(spec, nic, cap)
-        slowdown = 1.0
-        overrun = max(0.0, min(nominal) / cap - 1.0) if capped else 0.0
-        slowdown += params["overrun_loss"] * overrun
-        link = LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms,
-                       bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"] / slowdown, source=link.source)
-        probability = min(1.0, params["stall_probability"] * (1.0 + params["stall_overrun_gain"] * overrun)) \
-            if capped else 0.0
-        if params["realize_stalls"] == 1.0:
-            return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes), stall_ms=params["rto_ms"],
-                                stall_probability=probability)
-        return Contribution(pre_optimizer_ms=link.transfer_ms(nbytes) + probability * params["rto_ms"])
+        if price.stall_ms:
+            return Contribution(pre_optimizer_ms=price.transfer_ms, stall_ms=price.stall_ms,
+                                stall_probability=price.stall_probability)
+        return Contribution(pre_optimizer_ms=price.transfer_ms + price.expected_stall_ms)
+
+
+@dataclass(frozen=True)
+class EndCollective:
+    """The tied word-embedding gradient all-reduce between the first and the last stage, as priced: its bytes, the
+    link it runs over (None: the node's 2-GPU all-reduce table), its time, and the retransmission stall it risks
+    (`stall_ms` > 0: realized as whole stalls; else `expected_stall_ms` is added to every iteration)."""
+
+    nbytes: float
+    link: LinkFit | None
+    transfer_ms: float
+    capped: bool  # the one-TCP-flow ceiling, not a NIC or a measured link, sets its bandwidth
+    stall_probability: float = 0.0
+    stall_ms: float = 0.0
+    expected_stall_ms: float = 0.0
+
+    @property
+    def ms(self) -> float:
+        """Its time in an average iteration, the stall weighted by its probability."""
+        return self.transfer_ms + self.expected_stall_ms + self.stall_probability * self.stall_ms
+
+    def source(self) -> str:
+        return "the node's 2-GPU all-reduce table (NVLink)" if self.link is None else self.link.source
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"what": "tied word-embedding gradient all-reduce between the first and the last stage, before the "
+                        "optimizer", "bytes": self.nbytes, "ms": self.ms, "transfer_ms": self.transfer_ms,
+                "stall_probability": self.stall_probability,
+                "stall_ms": self.stall_ms or (self.expected_stall_ms / self.stall_probability
+                                              if self.stall_probability else 0.0),
+                "bandwidth_gbit_s": self.link.bandwidth_gbit_s if self.link else None,
+                "latency_ms": self.link.latency_ms if self.link else None, "capped_at_one_tcp_flow": self.capped,
+                "source": self.source()}
+
+
+def end_collective(spec: Spec, params: Mapping[str, float], devices: Sequence[Any]) -> EndCollective | None:
+    """How `EmbeddingGradAllReduce` prices `spec`'s end-to-end all-reduce (None: no tied embedding to reduce, or
+    one stage). `devices`: the model's device specs per rank."""
+    if spec.pp == 1 or spec.model.untie_embeddings:
+        return None
+    element = params["bytes_per_element"] if fp32_grad_buffers(spec) else gpt.bytes_per_element(spec.model)
+    nbytes = gpt.vocab_per_gpu(spec.model) * spec.model.hidden_size * element
+    table = spec.collective("all_reduce", 2)
+    if not spec.links and spec.gpus_per_node and not (table is not None and spec.same_node(0, spec.pp - 1)):
+        # GPUs placed on nodes, no link benchmark: a 2-GPU ring all-reduce (each end sends the buffer once) over
+        # NVLink within a node, else over the end GPU's share of its node's NICs
+        device = devices[0]
+        inside = spec.same_node(0, spec.pp - 1) and device.intra_node_bandwidth_bytes_per_s
+        rate = device.intra_node_bandwidth_bytes_per_s if inside else (
+            params["nic_efficiency"] * device.network_bandwidth_bytes_per_s)
+        link = LinkFit(0, spec.pp - 1, latency_ms=0.0, bytes_per_ms=rate / 1e3,
+                       source="NVLink within the node" if inside else "the end GPU's share of its node's NICs")
+        return EndCollective(nbytes, link, nbytes / (rate / 1e3), False)
+    if not spec.links:
+        raise ValueError(f"spec {spec.run_id}: term {EmbeddingGradAllReduce.name} needs link fits "
+                         "(calibration/link_bench) and the spec has none; ingest the link benchmark or remove the "
+                         "term from the model")
+    if table is not None and spec.same_node(0, spec.pp - 1):
+        # Both ends in one node: NCCL all-reduces over NVLink, as the node's benchmark measured it (no TCP).
+        return EndCollective(nbytes, None, table.measured_ms(nbytes), False)
+    nominal = tuple(devices[rank].network_bandwidth_bytes_per_s / 1e3 for rank in (0, spec.pp - 1))
+    nic = tuple(params["nic_efficiency"] * rate for rate in nominal)
+    cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3
+    link, capped = end_to_end_link(spec, nic, cap)
+    slowdown = 1.0
+    overrun = max(0.0, min(nominal) / cap - 1.0) if capped else 0.0
+    slowdown += params["overrun_loss"] * overrun
+    link = LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms,
+                   bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"] / slowdown, source=link.source)
+    probability = min(1.0, params["stall_probability"] * (1.0 + params["stall_overrun_gain"] * overrun)) \
+        if capped else 0.0
+    transfer = link.transfer_ms(nbytes)
+    if params["realize_stalls"] == 1.0 and probability > 0:
+        return EndCollective(nbytes, link, transfer, capped, probability, stall_ms=params["rto_ms"])
+    return EndCollective(nbytes, link, transfer, capped, probability, expected_stall_ms=probability * params["rto_ms"])
