@@ -133,8 +133,8 @@ def union_suite(suites: Sequence[Suite]) -> Suite:
     return Suite(fixtures_dir=suites[0].fixtures_dir, split=suites[0].split,
                  ids=tuple(i for s in suites for i in s.ids), specs=tuple(x for s in suites for x in s.specs),
                  truths=tuple(x for s in suites for x in s.truths),
-                 content_hashes=tuple(x for s in suites for x in s.content_hashes), left_out=left_out,
-                 parts=tuple(suites))
+                 content_hashes=tuple(x for s in suites for x in s.content_hashes),
+                 groups=tuple(x for s in suites for x in s.groups), left_out=left_out, parts=tuple(suites))
 
 
 def suite_if_any(fixtures_dir: Path | str, split: str) -> Suite | None:
