@@ -26,7 +26,7 @@ batch x data parallel), so samples/s = throughput x micro batch size x data para
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -75,6 +75,8 @@ class IterationMetrics:
     microbatches_per_iteration: int  # of one pipeline: global batch / (micro batch x data parallel)
     iteration_periods_ms: tuple[float, ...]
     interval_iterations: tuple[int, ...]
+    # Megatron's logged timers where the run logged them (`IterationTruth.timers_ms`), scored by loop/timers.py
+    timers_ms: dict[str, dict[str, float]] | None = field(default=None, compare=False, hash=False)
     has_events: ClassVar[bool] = False
     bubble_ratio: ClassVar[None] = None
     utilization_per_stage: ClassVar[tuple[float, ...]] = ()

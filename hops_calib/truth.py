@@ -145,7 +145,8 @@ class IterationTruth:
     def from_dict(cls, data: dict[str, Any]) -> "IterationTruth":
         metrics = IterationMetrics(microbatches_per_iteration=int(data["microbatches_per_iteration"]),
                                    iteration_periods_ms=tuple(float(v) for v in data["iteration_periods_ms"]),
-                                   interval_iterations=tuple(int(v) for v in data["interval_iterations"]))
+                                   interval_iterations=tuple(int(v) for v in data["interval_iterations"]),
+                                   timers_ms=dict(data.get("timers_ms") or {}) or None)
         if not metrics.iteration_periods_ms or len(metrics.iteration_periods_ms) != len(metrics.interval_iterations):
             raise ValueError("iteration times and their interval lengths do not pair up")
         return cls(metrics=metrics, last_iterations=tuple(int(v) for v in data.get("last_iterations", ())),

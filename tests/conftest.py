@@ -29,6 +29,26 @@ def need_shared_runs() -> Path:
     pytest.skip(message)
 
 
+def need_public_runs(*parts: str) -> Path:
+    """A path under ../shared/public-runs/ (the vTrain set: read in place, never vendored); skip (or fail under
+    HOPS_CALIB_REQUIRE_SHARED=1) when absent."""
+    from hops_calib.shared import shared_root
+
+    path = shared_root().joinpath("public-runs", *parts)
+    if path.exists():
+        return path
+    message = f"{path} is not there (shared/ is not in the repository)"
+    if shared_required():
+        pytest.fail(f"{message}, and {REQUIRE_ENV}=1 requires it")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def allreduce_dir() -> Path:
+    """The published A100 all-reduce tables (../shared/public-runs/vtrain/allreduce-a100/)."""
+    return need_public_runs("vtrain", "allreduce-a100")
+
+
 @pytest.fixture(scope="session")
 def shared_runs() -> Path:
     return need_shared_runs()

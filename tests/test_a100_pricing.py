@@ -12,21 +12,9 @@ import pytest
 from hops_calib.model import gpt
 from hops_calib.loop.model_files import load_catalog
 from hops_calib.model import parse_model
-from hops_calib.shared import REQUIRE_ENV, shared_required, shared_root
 from hops_calib.spec import Hardware, spec_from_args
 from hops_calib.trace import TraceError
 from hops_calib.trace.collective_bench import read_allreduce_table, read_collective_tables, ring_link
-
-
-@pytest.fixture(scope="module")
-def allreduce_dir() -> Path:
-    folder = shared_root() / "public-runs" / "vtrain" / "allreduce-a100"
-    if not folder.is_dir():
-        message = f"the published A100 all-reduce tables are not at {folder}"
-        if shared_required():
-            pytest.fail(f"{message}, and {REQUIRE_ENV}=1 requires them")
-        pytest.skip(message)
-    return folder
 
 
 def _bus_bandwidth_column(path: Path) -> dict[float, float]:

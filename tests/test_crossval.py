@@ -34,9 +34,9 @@ def test_folds_hold_whole_train_configurations_and_never_a_test_run(result, shar
         others = {group_of(run) for f in result.folds if f is not fold for run in f.ids}
         assert not set(fold.groups) & others  # repeats of a configuration never straddle two folds
     # The same seed deals the same folds; another seed deals other ones.
-    ids = tuple(sorted(train))
-    assert fold_groups(ids, 3, 7) == fold_groups(ids, 3, 7) == [f.groups for f in result.folds]
-    assert fold_groups(ids, 3, 8) != fold_groups(ids, 3, 7)
+    groups = tuple(shared_store.load(i).group for i in sorted(train))
+    assert fold_groups(groups, 3, 7) == fold_groups(groups, 3, 7) == [f.groups for f in result.folds]
+    assert fold_groups(groups, 3, 8) != fold_groups(groups, 3, 7)
 
 
 def test_each_refit_is_scored_on_its_fold_and_its_complement_as_evaluate_would(result, shared_fixtures):

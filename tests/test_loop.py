@@ -236,12 +236,13 @@ def test_report_prints_aggregates_only_and_leaves_an_audit_entry_each_time(share
         data = json.loads(result.stdout)
         assert set(data) == AGGREGATES | {"status", "split", "model_sha256", "ledger", "train", "gap_to_train_pp",
                                           "outside_train", "predictions_changed", "intervals", "model",
-                                          "fixture_set_sha256", "left_out", "counts"}
+                                          "fixture_set_sha256", "left_out", "counts", "timers"}
         assert data["n_fixtures"] == len(test_ids) and data["split"] == "test"
         assert not any(fixture_id in result.stdout for fixture_id in test_ids)
         entries = list(read_entries(ledger))
         assert len(entries) == run and entries[-1]["kind"] == "report" and entries[-1]["decision"] == "audit"
-        assert entries[-1]["aggregates"] == {k: data[k] for k in AGGREGATES | {"counts"}}
+        assert entries[-1]["aggregates"] == {k: data[k] for k in AGGREGATES | {"counts", "timers"}}
+        assert data["timers"] is None  # no cluster run logged Megatron's timers
         assert not any(fixture_id in ledger.read_text() for fixture_id in test_ids)
     # Beside it, the same model on train (what evaluate prints), and the held-out distance from it.
     train = json.loads(cli("evaluate", "--fixtures", shared_fixtures, "--json").stdout)

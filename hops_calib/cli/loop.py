@@ -72,7 +72,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     if reasons:
         raise NotPriced(fixture.id, reasons[fixture.id])  # exit 2: names the run and why
     prediction = predict(fixture.spec, model)
-    score = score_prediction(fixture.id, fixture.truth.metrics, prediction)
+    score = score_prediction(fixture.id, fixture.truth.metrics, prediction, group=fixture.group)
     if fixture.kind != "events":
         return _predict_measured(fixture, model, prediction, score, as_json)
     stages = _stage_rows(fixture, prediction)
@@ -160,6 +160,15 @@ def _print_suite(label: str, suite) -> None:
           + f"stall-noise floor of the throughput MAPE {suite.stall_noise_mape_pct:.2f} % (what random stalls alone "
           f"would cost an otherwise exact model on these runs; the model is "
           f"{suite.throughput_mape_pct - suite.stall_noise_mape_pct:+.2f} pp from it)")
+    print_timers(suite)
+
+
+def print_timers(suite) -> None:
+    """Megatron's logged timers against the simulation's (hops_calib/loop/timers.py), where runs logged them."""
+    from hops_calib.loop.timers import timers_text
+
+    if suite.timers:
+        print("  " + timers_text(suite.timers))
 
 
 def _print_left_out(left_out: dict[str, Any] | None) -> None:

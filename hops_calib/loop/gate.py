@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
 from hops_calib.loop.score import RunScore, SuiteScore, interval, mape_draws, run_fingerprint
-from hops_calib.store.split import group_of
 
 
 RUN_THROUGHPUT_ERRORS = ("window", "stall-free")
@@ -209,7 +208,7 @@ def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before
     checks.append((True, f"the change moves the predictions of {len(moved)} of {len(before_by_id)} runs"
                          + (": it holds the suite by changing nothing the scores read" if not moved else "")))
     ids = sorted(before_by_id)
-    groups = [group_of(run_id) for run_id in ids]
+    groups = [after_by_id[i].group for i in ids]
     change = mape_draws([after_by_id[i] for i in ids], groups, draws=PAIRED_DRAWS, seed=0,
                         baseline=[before_by_id[i] for i in ids])
     spread = interval(change)

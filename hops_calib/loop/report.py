@@ -182,19 +182,17 @@ def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Pat
 BOOTSTRAP_DRAWS, INTERVAL_LEVEL = 2000, 0.95
 
 
-def bootstrap_intervals(ids: Sequence[str], runs: Sequence[RunScore], train_ids: Sequence[str] | None = None,
-                        train_runs: Sequence[RunScore] | None = None) -> dict[str, Any]:
+def bootstrap_intervals(runs: Sequence[RunScore], train_runs: Sequence[RunScore] | None = None) -> dict[str, Any]:
     """95 % intervals of the throughput MAPE over configurations: resample a split's configurations (repeats
     together) with replacement, seeded, and read the MAPE's spread; with train's runs, also train's and the
     held-out minus train gap's (the two splits resampled independently). Aggregates only: no run is named."""
     from hops_calib.loop.score import interval, mape_draws
-    from hops_calib.store.split import group_of
 
-    draws = mape_draws(runs, [group_of(i) for i in ids], draws=BOOTSTRAP_DRAWS, seed=0)
+    draws = mape_draws(runs, [r.group for r in runs], draws=BOOTSTRAP_DRAWS, seed=0)
     out: dict[str, Any] = {"level": INTERVAL_LEVEL, "draws": BOOTSTRAP_DRAWS, "resampled": "configurations",
                            "throughput_mape_pct": interval(draws, INTERVAL_LEVEL)}
-    if train_runs is not None and train_ids is not None:
-        train_draws = mape_draws(train_runs, [group_of(i) for i in train_ids], draws=BOOTSTRAP_DRAWS, seed=1)
+    if train_runs is not None:
+        train_draws = mape_draws(train_runs, [r.group for r in train_runs], draws=BOOTSTRAP_DRAWS, seed=1)
         out["train_throughput_mape_pct"] = interval(train_draws, INTERVAL_LEVEL)
         out["gap_to_train_pp"] = interval(draws - train_draws, INTERVAL_LEVEL)
     return out
@@ -228,8 +226,7 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     scored = score_model(suite, model, origin=str(model_path), progress=progress, predictions=predictions)
     train_scored = score_model(train_suite, model, origin=str(model_path), progress=progress) if train_suite else None
     train = train_scored.suite if train_scored is not None else None
-    intervals = bootstrap_intervals(suite.ids, scored.runs, train_suite.ids if train_suite else None,
-                                    train_scored.runs if train_scored is not None else None)
+    intervals = bootstrap_intervals(scored.runs, train_scored.runs if train_scored is not None else None)
     outside = None
     if train_suite is not None:
         from hops_calib.model.coverage import coverage, outside_counts

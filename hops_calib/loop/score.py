@@ -32,8 +32,8 @@ suite without such runs has None for their aggregates).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -88,6 +88,11 @@ class RunScore:
     # The throughput error with the real run's stalls and the simulation's placed ones taken out of both windows
     # (`stall_free_error_pct`); None when not computed or not computable (no optimizer events).
     stall_free_error_pct: float | None = None
+    # The configuration the run repeats (its stored group: repeats share a split, a fold, a bootstrap draw).
+    group: str = ""
+    # Logged timer -> relative error (%) of its predicted largest value over ranks (None: no counterpart), on a
+    # run that logged timers (`hops_calib.loop.timers`); None on a run that logged none.
+    timer_errors_pct: dict[str, float | None] | None = field(default=None, hash=False)
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -105,7 +110,11 @@ def _relative_error_pct(run_id: str, what: str, real: float, predicted: float) -
 
 
 def score_run(run_id: str, real: TimelineMetrics | IterationMetrics, predicted: TimelineMetrics, *,
-              stall_noise_ape_pct: float = 0.0) -> RunScore:
+              stall_noise_ape_pct: float = 0.0, group: str | None = None) -> RunScore:
+    """A run's errors; `group`: the configuration it repeats as the store holds it (a run with events: its id
+    without `_run<N>`, which is also the default here)."""
+    from hops_calib.store.split import group_of
+
     real_tput, predicted_tput, real_steady, predicted_steady = comparable_throughputs(real, predicted)
     events = real.has_events
     return RunScore(
@@ -124,6 +133,7 @@ def score_run(run_id: str, real: TimelineMetrics | IterationMetrics, predicted: 
         real_utilization=tuple(real.utilization_per_stage),
         predicted_utilization=tuple(predicted.utilization_per_stage),
         stall_noise_ape_pct=stall_noise_ape_pct,
+        group=group if group is not None else group_of(run_id),
     )
 
 
@@ -173,10 +183,17 @@ def run_fingerprint(run: RunScore) -> str:
                                   run.predicted_bubble_ratio, run.predicted_utilization, run.stall_noise_ape_pct)
 
 
-def score_prediction(run_id: str, real: TimelineMetrics, prediction, series=None) -> RunScore:
+def score_prediction(run_id: str, real: TimelineMetrics, prediction, series=None, group: str | None = None
+                     ) -> RunScore:
     """`score_run` of a `hops_calib.model.predict.Prediction`, with its random-stall spread, and with `series` (the
     real run's `timeline_iteration_part_series`) its stall-free error too."""
-    score = score_run(run_id, real, prediction.metrics, stall_noise_ape_pct=prediction.stall_noise_ape_pct)
+    score = score_run(run_id, real, prediction.metrics, stall_noise_ape_pct=prediction.stall_noise_ape_pct,
+                      group=group)
+    logged = getattr(real, "timers_ms", None)
+    if logged:
+        from hops_calib.loop.timers import timer_errors_pct
+
+        score = replace(score, timer_errors_pct=timer_errors_pct(logged, prediction.result.columns) or None)
     if series is None:
         return score
     return replace(score, stall_free_error_pct=stall_free_error_pct(prediction, real, series))
@@ -194,6 +211,9 @@ class SuiteScore:
     stall_noise_mape_pct: float = 0.0
     # Runs each metric was scored on (METRIC_COUNTS); None in records written before the counts were kept.
     counts: dict[str, int] | None = None
+    # Megatron's logged timers (`hops_calib.loop.timers.timer_summary`): per timer the runs that logged it, those
+    # scored and their MAPE; None where no run logged timers. Reported, not judged by the gate.
+    timers: dict[str, dict[str, Any]] | None = field(default=None, hash=False)
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -232,7 +252,16 @@ def aggregate(runs: Iterable[RunScore]) -> SuiteScore:
         util_spearman_mean=float(np.mean(rho)) if len(rho) else None,
         stall_noise_mape_pct=float(np.mean([r.stall_noise_ape_pct for r in runs])),
         counts={metric: sum(getattr(r, name) is not None for r in runs) for metric, name in METRIC_COUNTS.items()},
+        timers=_timers(runs),
     )
+
+
+def _timers(runs: Sequence[RunScore]) -> dict[str, dict[str, Any]] | None:
+    if not any(r.timer_errors_pct for r in runs):
+        return None
+    from hops_calib.loop.timers import timer_summary
+
+    return timer_summary(r.timer_errors_pct for r in runs)
 
 
 def _group_draws(groups: Sequence[str], draws: int, rng: np.random.Generator) -> np.ndarray:

@@ -44,6 +44,7 @@ class Suite:
     specs: tuple[Spec, ...]
     truths: tuple[TimelineMetrics | IterationMetrics, ...]
     content_hashes: tuple[str, ...]
+    groups: tuple[str, ...]  # each run's stored group (the configuration it repeats; a run table's own rows too)
     # Runs of the split the model does not price (tensor or data parallelism, ...): id -> why. Not in `ids`, not
     # scored, not in the fixture set's sha256 (which names what was scored); every suite verb says how many.
     left_out: dict[str, str] = field(default_factory=dict, compare=False)
@@ -137,8 +138,8 @@ def union_suite(suites: Sequence[Suite]) -> Suite:
     return Suite(fixtures_dir=suites[0].fixtures_dir, split=suites[0].split,
                  ids=tuple(i for s in suites for i in s.ids), specs=tuple(x for s in suites for x in s.specs),
                  truths=tuple(x for s in suites for x in s.truths),
-                 content_hashes=tuple(x for s in suites for x in s.content_hashes), left_out=left_out,
-                 parts=tuple(suites))
+                 content_hashes=tuple(x for s in suites for x in s.content_hashes),
+                 groups=tuple(x for s in suites for x in s.groups), left_out=left_out, parts=tuple(suites))
 
 
 def suite_if_any(fixtures_dir: Path | str, split: str) -> Suite | None:
@@ -164,7 +165,8 @@ def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -
                          "stage), or extend the model")
     return Suite(fixtures_dir=Path(fixtures_dir), split=split, ids=tuple(f.id for f in fixtures),
                  specs=tuple(f.spec for f in fixtures), truths=tuple(f.truth.metrics for f in fixtures),
-                 content_hashes=tuple(f.content_hash for f in fixtures), left_out=left_out)
+                 content_hashes=tuple(f.content_hash for f in fixtures), groups=tuple(f.group for f in fixtures),
+                 left_out=left_out)
 
 
 def unknown_device(devices: Sequence[str], known: frozenset[str]) -> str | None:
@@ -230,7 +232,7 @@ def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress =
         try:
             prediction = predictions[i] if predictions is not None else predict(spec, model)
             runs.append(score_prediction(fixture_id, truth, prediction,
-                                         stall_free[i] if stall_free is not None else None))
+                                         stall_free[i] if stall_free is not None else None, suite.groups[i]))
             phases.append(prediction.phase_ms(spec))
         except ValueError as error:
             raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"

@@ -44,7 +44,6 @@ from hops_calib.loop.score import RunScore, SuiteScore, aggregate
 from hops_calib.loop.suite import Suite, score_model
 from hops_calib.model.terms import TERMS
 from hops_calib.research.tune import TuneProblem, load_problem, term_values
-from hops_calib.store.split import group_of
 from hops_calib.loop.score import or_nan
 
 DEFAULT_FOLDS = 5
@@ -63,12 +62,14 @@ def subset(suite: Suite, ids: tuple[str, ...], keep: list[int] | None = None) ->
     keep = _positions(suite, ids) if keep is None else keep
     return replace(suite, ids=tuple(suite.ids[i] for i in keep), specs=tuple(suite.specs[i] for i in keep),
                    truths=tuple(suite.truths[i] for i in keep),
-                   content_hashes=tuple(suite.content_hashes[i] for i in keep))
+                   content_hashes=tuple(suite.content_hashes[i] for i in keep),
+                   groups=tuple(suite.groups[i] for i in keep))
 
 
-def fold_groups(ids: tuple[str, ...], folds: int, seed: int) -> list[tuple[str, ...]]:
-    """The configurations of each fold: a seeded shuffle of the sorted configuration names, dealt into `folds`."""
-    groups = sorted({group_of(i) for i in ids})
+def fold_groups(run_groups: tuple[str, ...], folds: int, seed: int) -> list[tuple[str, ...]]:
+    """The configurations of each fold: a seeded shuffle of the sorted configuration names (the runs' stored
+    groups, `Suite.groups`), dealt into `folds`."""
+    groups = sorted(set(run_groups))
     if folds < 2 or folds > len(groups):
         raise InputError("crossval", f"--folds {folds} for {len(groups)} configurations on the train split",
                          field="folds", hint=f"choose 2 to {len(groups)} folds (each holds whole configurations)")
@@ -411,7 +412,7 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     if also:
         problem = JointProblem(problem, _also(also, tuple(p.name for p in problem.params), term))
     suite = problem.suite
-    parts = fold_groups(suite.ids, folds, seed)
+    parts = fold_groups(suite.groups, folds, seed)
     current = score_model(suite, shipped, origin=f"crossval {term}")
     current_errors = {r.run_id: r.throughput_error_pct for r in current.runs}
     components = objective == "components"
@@ -427,7 +428,7 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
 
     results = []
     for index, groups in enumerate(parts):
-        held = tuple(i for i in suite.ids if group_of(i) in groups)
+        held = tuple(i for i, group in zip(suite.ids, suite.groups) if group in groups)
         fit_problem = _fold_problem(problem, tuple(i for i in suite.ids if i not in held))
 
         def step(calls: int, offset: int = index * evaluations) -> None:

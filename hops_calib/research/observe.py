@@ -218,7 +218,8 @@ def observe_run(fixture, model) -> RunRow:
                                 layers=spec.layers_per_stage[row.stage], real_forward_ms=None,
                                 predicted_forward_ms=row.forward_ms, real_backward_ms=None,
                                 predicted_backward_ms=row.backward_ms) for row in prediction.stage_phase_ms(spec))
-        return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction),
+        return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction,
+                                                                        group=fixture.group),
                       real_metrics=truth.metrics, real_parts=None, predicted_parts=prediction.result.iteration_parts(),
                       stages=stages, prediction=prediction)
     stages = tuple(
@@ -229,7 +230,8 @@ def observe_run(fixture, model) -> RunRow:
         for row in prediction.stage_phase_ms(spec))
     timeline = fixture.timeline()
     series = timeline_iteration_part_series(timeline)
-    return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction, series),
+    return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction, series,
+                                                                    fixture.group),
                   real_metrics=truth.metrics, real_parts=timeline_iteration_parts(timeline),
                   predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
                   measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, series=series),
@@ -514,17 +516,16 @@ def _carriers(members: list[_Member], per_run: np.ndarray) -> tuple[str, ...]:
 
 def _bias_and_noise(members: list[_Member], contribution_pp: float, fixable_pp: float) -> dict[str, Any]:
     """The residual's mean (bias) and spread over the members, the real quantity's spread between repeats of one
-    configuration (pooled over configurations run more than once: noise), and the contribution's share the noise
-    explains, by the residual's mean square: min(repeat spread^2, residual spread^2) / (bias^2 + spread^2).
+    configuration (pooled over configurations run more than once: noise; a configuration is the runs' stored
+    group), and the contribution's share the noise explains, by the residual's mean square:
+    min(repeat spread^2, residual spread^2) / (bias^2 + spread^2).
     `fixable_pp`: the MAPE taking the bias out saves (`_unbiased_errors`)."""
-    from hops_calib.store.split import group_of
-
     residuals = np.array([p - r for m in members for p, r in zip(m.predicted_ms, m.real_ms)])
     bias, spread = float(np.mean(residuals)), float(np.std(residuals))
     repeats: dict[tuple[str, int | None], list[float]] = {}
     for m in members:
         for stage, real in zip(m.stages, m.real_ms):
-            repeats.setdefault((group_of(m.run.id), stage), []).append(real)
+            repeats.setdefault((m.run.score.group, stage), []).append(real)
     groups = [np.array(v) for v in repeats.values() if len(v) > 1]
     noise = (float(np.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / sum(len(g) - 1 for g in groups)))
              if groups else None)
@@ -893,6 +894,10 @@ def observation_text(observation: Observation, top: int = 12) -> str:
               if suite.bubble_mae_pp is not None and suite.count("bubble") < suite.n_fixtures else ""),
            f"stall-noise floor: {suite.stall_noise_mape_pct:.2f} % of throughput MAPE is what random retransmission "
            "stalls alone cost an otherwise exact model on these runs (Prediction.stall_noise_ape_pct)"]
+    if suite.timers:
+        from hops_calib.loop.timers import timers_text
+
+        out.append(timers_text(suite.timers))
     if observation.left_out["count"]:
         out.append(f"left out {observation.left_out['count']} run(s) the model does not price: " + "; ".join(
             f"{r['count']} {r['reason']}" for r in observation.left_out["reasons"]))

@@ -13,6 +13,8 @@ stored one folder per source, one row per run:
 
     <table id>/fixture.json  kind iteration_table, provenance, the digest of runs.parquet
     <table id>/runs.parquet  per run: id, split, group, content hash, launch (args), hardware, truth
+    .collectives/<sha256>.json  the all-reduce tables runs are priced with, named by digest in their hardware,
+                             one file per machine shared by its runs (`store.collectives`)
 
 so 1,440 runs of one table are one atomic write and one digest; every run is
 still a fixture of its own (its id in the index, `load(id)`, its split).
@@ -214,7 +216,7 @@ class MeasuredFixture:
     group: str
     content_hash: str
     launch: dict[str, Any]  # Megatron's arguments (args. spelling)
-    hardware: dict[str, Any]  # gpu, gpus_per_node (and collective_tables where the source has them)
+    hardware: dict[str, Any]  # gpu, gpus_per_node (and the digest of its all-reduce tables in the store, collectives)
     truth: IterationTruth
     quality: dict[str, Any]
     meta: dict[str, Any] = field(hash=False, compare=False)  # the table folder's fixture.json, and the row's origin
@@ -224,10 +226,13 @@ class MeasuredFixture:
     @cached_property
     def spec(self) -> Spec:
         """The spec of the run, from its launch and hardware; NotPriced when the cost model does not price it."""
+        from hops_calib.store.collectives import HARDWARE_KEY, load_collectives
         from hops_calib.store.measured_spec import measured_spec, reason_of
 
+        digest = self.hardware.get(HARDWARE_KEY)
+        collectives = load_collectives(self.path.parent, digest) if digest else ()  # FixtureFileError if not intact
         try:
-            return measured_spec(self.id, self.launch, self.hardware, self.meta.get("origin", ""))
+            return measured_spec(self.id, self.launch, self.hardware, self.meta.get("origin", ""), collectives)
         except (ValueError, KeyError, TypeError) as err:
             raise NotPriced(self.id, reason_of(err)) from None
 

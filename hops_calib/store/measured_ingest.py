@@ -19,6 +19,9 @@ from hops_calib.store.fixture_store import (
     FIXTURE_FILE, RUNS_FILE, FixtureStore, StoreError, check_digest, check_fixture_id, dumps, text_digest,
     write_table,
 )
+from hops_calib.store.collectives import (
+    HARDWARE_KEY as COLLECTIVES_KEY, load_collectives, source_digest, store_collectives,
+)
 from hops_calib.store.measured_spec import not_priced
 from hops_calib.store.split import group_of, hashed_split
 from hops_calib.trace.errors import TraceError
@@ -30,7 +33,8 @@ from hops_calib.metrics import IterationMetrics
 from hops_calib.truth import IterationTruth
 
 # Part of every source's content hash: bump when what is stored for the same input changes.
-MEASURED_INGEST_VERSION = 1
+# v2: the runs' all-reduce tables are kept in the store (`store.collectives`), named by digest in their hardware.
+MEASURED_INGEST_VERSION = 2
 
 
 @dataclass
@@ -42,6 +46,7 @@ class MeasuredContext:
     tables: dict[str, dict[str, Any]]  # table folder -> its fixture.json ({} when it cannot be trusted)
     group_split: dict[str, str]
     batch: dict[str, Path] = field(default_factory=dict)  # ids (runs and folders) claimed by this ingest
+    collectives: dict[str, str] = field(default_factory=dict)  # a source's all-reduce table folder -> stored digest
     # A configuration (launch settings and machine, `configuration_of`) -> the group its runs form, over every
     # source: the same configuration from another table or log joins it (and so its split).
     config_group: dict[str, str] = field(default_factory=dict)
@@ -190,15 +195,19 @@ def _check_log_args(path: Path, args: dict[str, Any]) -> None:
         args["data_parallel_size"] = world // (t * p) if type(world) is int and world >= t * p else 1
 
 
-def _record(run: MeasuredRun, split: str) -> dict[str, Any]:
+def _record(run: MeasuredRun, split: str, collectives: dict[str, str]) -> dict[str, Any]:
     args = run.args
+    hardware = run.hardware.to_dict()
+    folder = hardware.pop("collective_tables", None)
+    if folder is not None:  # the tables themselves are in the store, named by their digest
+        hardware[COLLECTIVES_KEY] = collectives[folder]
     microbatches = args["global_batch_size"] // (args["micro_batch_size"] * (args.get("data_parallel_size") or 1))
     truth = IterationTruth(metrics=IterationMetrics(microbatches_per_iteration=microbatches,
                                                     iteration_periods_ms=run.iteration_times_ms,
                                                     interval_iterations=run.interval_iterations),
                            last_iterations=run.last_iterations, timers_ms=run.timers_ms,
                            timing_log_option=run.timing_log_option, reported=run.reported)
-    texts = {"args": dumps(args).strip(), "hardware": dumps(run.hardware.to_dict()).strip(),
+    texts = {"args": dumps(args).strip(), "hardware": dumps(hardware).strip(),
              "truth": dumps(truth.to_dict()).strip()}
     content = text_digest(f"measured v{MEASURED_INGEST_VERSION}\n" + "\n".join(texts.values()))
     return {"id": run.run_id, "split": split, "group": run.group, "content_hash": content, "origin": run.origin,
@@ -229,7 +238,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         if previous and previous.get("source") and previous["source"] != str(path.resolve()):
             raise StoreError(f"{path}: the store's folder {table_id} holds the runs of {previous['source']}, another "
                              "file of the same name; rename this one (its runs go to a folder named after it)")
-        if previous and previous.get("content_hash") == digest and _intact(store, table_id) and (
+        if previous and previous.get("content_hash") == digest and _intact(store, table_id) and _same_collectives(store, previous) and (
                 "rejected" in previous or not previous.get("rejected_rows")):
             for message in previous.get("rejected") or []:  # the bad rows are still bad: said every time
                 emit(outcome_type(source=path, error=message))
@@ -238,6 +247,9 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                                   kind="iteration"))
             return False
         read = _read_source(path, kind, hardware, warmup)
+        used = {run.hardware.collective_tables for run in read.runs} - {None}
+        for folder in sorted(used - set(context.collectives)):
+            context.collectives[folder] = store_collectives(store.root, folder)
     except (TraceError, StoreError) as err:
         emit(outcome_type(source=path, error=str(err)))
         return False
@@ -263,10 +275,13 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                                  f"split; --split {split} would make the group straddle train and test")
             outcome.split = kept or (split if split != "auto" else hashed_split(run.group, test_fraction))
             context.group_split.setdefault(run.group, outcome.split)
-            records.append(_record(run, outcome.split))
+            records.append(_record(run, outcome.split, context.collectives))
             context.batch[run.run_id] = path
             outcome.status = "updated" if holder == table_id else "new"
-            outcome.not_priced = not_priced(run.run_id, run.args, run.hardware.to_dict(), run.origin)
+            stored_hardware = {k: v for k, v in run.hardware.to_dict().items() if k != "collective_tables"}
+            tables = (load_collectives(store.root, context.collectives[run.hardware.collective_tables])
+                      if run.hardware.collective_tables else ())
+            outcome.not_priced = not_priced(run.run_id, run.args, stored_hardware, run.origin, tables)
         except (StoreError, TraceError) as err:
             outcome.status, outcome.error = "rejected", str(err)
             rejected.append(str(err) if str(err).startswith(str(path)) else f"{run.run_id}: {err}")
@@ -277,7 +292,8 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                 "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "source": str(path.resolve()), "source_kind": kind,
                 "mapping": VTRAIN_MAPPING if kind == "vtrain" else kind, "runs": len(records),
-                "rejected_rows": len(rejected), "rejected": rejected}
+                "rejected_rows": len(rejected), "rejected": rejected,
+                "collective_sources": {folder: context.collectives[folder] for folder in sorted(used)}}
         try:
             with store.writing(table_id) as folder:
                 write_table(folder, records, meta)
@@ -290,6 +306,19 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
     for outcome in outcomes:
         emit(outcome)
     return bool(records)
+
+
+def _same_collectives(store: FixtureStore, meta: dict[str, Any]) -> bool:
+    """Whether the all-reduce tables a table folder's runs were priced with are still those of their source folders
+    and in the store (else ingest reads the source again)."""
+    for folder, digest in (meta.get("collective_sources") or {}).items():
+        try:
+            if source_digest(folder) != digest:
+                return False
+            load_collectives(store.root, digest)
+        except (TraceError, StoreError, OSError):
+            return False
+    return True
 
 
 def _check_device(run: MeasuredRun, known: frozenset[str] | None, kind: str) -> None:

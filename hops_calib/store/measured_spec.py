@@ -9,8 +9,6 @@ for a launch setting) says why, and the verbs that would predict it refuse it by
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from hops_calib.spec import CollectiveTable, Hardware, Spec, spec_from_args
@@ -20,18 +18,14 @@ from hops_calib.spec import CollectiveTable, Hardware, Spec, spec_from_args
 SIMULATED_ITERATIONS = 4
 
 
-@lru_cache(maxsize=8)
-def _collectives(folder: str) -> tuple[CollectiveTable, ...]:
-    from hops_calib.trace.collective_bench import read_collective_tables
-
-    return read_collective_tables(Path(folder))
-
-
-def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "") -> Spec:
-    """The Spec of a measured run (`hardware`: gpu, gpus_per_node, and the folder of the machine's collective
-    benchmark tables when its source has them); ValueError naming what the model does not price."""
-    folder = hardware.get("collective_tables")
-    collectives = _collectives(folder) if folder else ()
+def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "",
+                  collectives: tuple[CollectiveTable, ...] = ()) -> Spec:
+    """The Spec of a measured run (`hardware`: gpu, gpus_per_node; `collectives`: the machine's collective
+    benchmark tables, which the store keeps, when its source had them); ValueError naming what the model does not
+    price."""
+    if "collective_tables" in hardware:  # an ingest before the store kept the tables named their source folder
+        raise ValueError(f"an older ingest left its all-reduce tables at {hardware['collective_tables']} instead of "
+                         "keeping them in the store: ingest its source again")
     spec = spec_from_args(args, origin or run_id, run_id=run_id,
                           hardware=Hardware(gpu=hardware["gpu"], gpus_per_node=int(hardware["gpus_per_node"])),
                           collectives=collectives, iterations=SIMULATED_ITERATIONS)
@@ -42,7 +36,7 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
         raise ValueError(f"nothing prices the hop between stages {missing[0][0]} and {missing[0][1]}"
                          + (": no collective benchmark of the node (give its all-reduce tables: calibration/"
                             "allreduce/ beside the log or table, or hardware.collective_tables in hops.base.yaml or "
-                            "the table's sidecar)" if inside else
+                            "the table's sidecar, and ingest it again)" if inside else
                             ": it crosses nodes, and a log or table carries no link benchmark"))
     return spec
 
@@ -53,10 +47,11 @@ def reason_of(err: Exception) -> str:
     return f"{name}: {problem}" if problem and name else problem or str(err)
 
 
-def not_priced(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "") -> str | None:
+def not_priced(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "",
+               collectives: tuple[CollectiveTable, ...] = ()) -> str | None:
     """Why the cost model cannot price the run (what `fixtures show` says), or None when it can."""
     try:
-        measured_spec(run_id, args, hardware, origin)
+        measured_spec(run_id, args, hardware, origin, collectives)
     except (ValueError, KeyError, TypeError) as err:
         return reason_of(err)
     return None

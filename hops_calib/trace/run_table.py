@@ -168,8 +168,10 @@ def read_sidecar(path: Path) -> Sidecar:
 
 
 def config_key(args: dict[str, Any], hardware: RunHardware) -> str:
-    """The configuration a run repeats (every argument and the hardware), as text."""
-    return json.dumps({"args": args, "hardware": hardware.to_dict()}, sort_keys=True, default=str)
+    """The configuration a run repeats (every argument and the hardware), as text: the same on every machine (the
+    folder its all-reduce tables were read from is left out; it is one per table)."""
+    machine = {k: v for k, v in hardware.to_dict().items() if k != "collective_tables"}
+    return json.dumps({"args": args, "hardware": machine}, sort_keys=True, default=str)
 
 
 def config_slug(args: dict[str, Any]) -> str:
