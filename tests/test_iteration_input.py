@@ -174,6 +174,27 @@ def test_a_table_with_a_bad_row_is_partial_on_every_ingest(tmp_path):
         assert f"{path}:3: field 'iteration_time_ms': is 'abc'" in result.stderr and "line 3" not in result.stderr
 
 
+def test_a_run_table_is_read_within_bounds(tmp_path):
+    """A table of more rows than a run table may hold is refused whole, before a row is priced or a rejection per row
+    printed (10^6 garbage rows took 87 s and 5.1 GB); a FIFO named as a table is refused without blocking."""
+    import os
+
+    from hops_calib.trace.reading import MAX_TABLE_ROWS
+
+    path = tmp_path / "huge.csv"
+    rows = _sweep([{"pipeline_model_parallel_size": 2, "iteration_time_ms": 520.3}])
+    pd.concat([rows] * (MAX_TABLE_ROWS + 1), ignore_index=True).to_csv(path, index=False)
+    result = _cli("ingest", path, "--fixtures", tmp_path / "fx")
+    assert result.exit_code == 2, result.output
+    assert f"holds {MAX_TABLE_ROWS + 1:,} rows, more than a run table may ({MAX_TABLE_ROWS:,})" in result.stderr
+    assert "split the table into several files" in result.stderr
+    assert not (tmp_path / "fx").exists()
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    result = _cli("ingest", fifo, "--fixtures", tmp_path / "fx2")
+    assert result.exit_code == 2 and f"rejected: {fifo}" in result.stderr  # not read as a table (nor waited on)
+
+
 def test_one_configuration_from_two_sources_shares_a_group_and_a_copy_is_a_duplicate(tmp_path):
     rows = [{"pipeline_model_parallel_size": p, "global_batch_size": gb, "iteration_time_ms": ms}
             for p, gb, ms in ((2, 16, 270.1), (2, 32, 520.3), (4, 16, 160.2), (4, 32, 290.7), (4, 64, 560.9))]

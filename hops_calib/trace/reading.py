@@ -27,6 +27,10 @@ MAX_LINE_BYTES = 64 << 10  # one line of an event log, link benchmark or rank lo
 MAX_NESTING = 32  # levels of YAML mappings and lists (real: 3)
 MAX_YAML_NODES = 10_000  # values of manifest.yaml with its aliases expanded (kept in fixture.json; real: <= 6)
 MAX_LAYOUT_NODES = 1_000_000  # values of hops.base.yaml, aliases expanded (real: <= 153 for 5 stages, ~25 a stage)
+# a run table (CSV or Parquet, one measured run per row): the published vTrain table is 1,440 rows in 80 KB; a sweep
+# of 100,000 runs is about 10 MB
+MAX_TABLE_BYTES = 64 << 20
+MAX_TABLE_ROWS = 100_000
 MAX_HOSTNAME = 255  # characters of an event's hostname (DNS names have at most 253)
 
 

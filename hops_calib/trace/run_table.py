@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -81,17 +82,28 @@ def _rows(path: Path) -> tuple[list[str], list[dict[str, Any]], Callable[[int], 
     """Columns, rows as dicts, the line (CSV) or row (Parquet) of row k, and the word for it."""
     import pandas as pd
 
-    try:
-        if path.suffix.lower() == ".parquet":
-            frame = pd.read_parquet(path)
-            where, word = (lambda k: k + 1), "row"
-        else:
-            frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True,
-                                encoding="utf-8-sig")
-            where, word = (lambda k: k + 2), "line"  # the header is line 1
-    except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise their own types; all mean an unreadable table
-        raise TraceError(path, f"cannot be read as a table: {type(err).__name__}: {err}",
-                         hint="a run table is a CSV with a header line, or a Parquet file") from None
+    from hops_calib.trace.reading import MAX_TABLE_BYTES, MAX_TABLE_ROWS, open_regular
+
+    with open_regular(path) as handle:  # a regular file only (no FIFO or device), of a bounded size
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_TABLE_BYTES:
+            raise TraceError(path, f"is {size / (1 << 20):.0f} MiB, more than a run table may be "
+                             f"({MAX_TABLE_BYTES >> 20} MiB, about {MAX_TABLE_ROWS:,} runs)",
+                             hint="split the table into several files and ingest them together")
+        try:
+            if path.suffix.lower() == ".parquet":
+                frame = pd.read_parquet(handle)
+                where, word = (lambda k: k + 1), "row"
+            else:
+                frame = pd.read_csv(handle, dtype=str, keep_default_na=False, skipinitialspace=True,
+                                    encoding="utf-8-sig")
+                where, word = (lambda k: k + 2), "line"  # the header is line 1
+        except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise their own types; all mean an unreadable table
+            raise TraceError(path, f"cannot be read as a table: {type(err).__name__}: {err}",
+                             hint="a run table is a CSV with a header line, or a Parquet file") from None
+    if len(frame) > MAX_TABLE_ROWS:
+        raise TraceError(path, f"holds {len(frame):,} rows, more than a run table may ({MAX_TABLE_ROWS:,})",
+                         hint="split the table into several files and ingest them together")
     columns = [str(c).strip() for c in frame.columns]
     frame.columns = columns
     return columns, frame.to_dict(orient="records"), where, word
