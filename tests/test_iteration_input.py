@@ -15,6 +15,7 @@ import pytest
 
 from hops_calib.store import FixtureStore
 from hops_calib.store.ingest import ingest
+from hops_calib.trace.errors import TraceError
 from hops_calib.trace.megatron_log import read_megatron_log
 from tests.megatron_log_text import arguments_block, megatron_lm_iteration
 from tests.test_iteration_level import A100, ARGS, _lm_log, _series
@@ -193,6 +194,28 @@ def test_a_run_table_is_read_within_bounds(tmp_path):
     os.mkfifo(fifo)
     result = _cli("ingest", fifo, "--fixtures", tmp_path / "fx2")
     assert result.exit_code == 2 and f"rejected: {fifo}" in result.stderr  # not read as a table (nor waited on)
+
+
+def test_an_iteration_longer_than_a_day_is_refused_in_a_table_and_a_log(tmp_path):
+    """1e308 ms was stored and overflowed the metrics to a throughput of 0; a samples/s that converts to more than a
+    day is refused the same way (its unit?)."""
+    path = tmp_path / "sweep.csv"
+    _sweep([{"pipeline_model_parallel_size": 2, "iteration_time_ms": 520.3},
+            {"pipeline_model_parallel_size": 4, "iteration_time_ms": 1e308},
+            {"pipeline_model_parallel_size": 4, "global_batch_size": 64, "samples_per_s": 1e-6}]).to_csv(path, index=False)
+    result = _cli("ingest", path, "--fixtures", tmp_path / "fx")
+    assert result.exit_code == 6 and "2 rejected" in result.stdout, result.output
+    assert f"{path}:3: field 'iteration_time_ms': is 1e+308: an iteration of 1e+308 ms, more than a day" in result.stderr
+    assert f"{path}:4: field 'samples_per_s'" in result.stderr and "more than a day" in result.stderr
+    log = tmp_path / "gpt_run1.log"
+    _lm_log(log)
+    text = log.read_text(encoding="utf-8")
+    marker = "elapsed time per iteration (ms): "
+    start = text.index(marker) + len(marker)
+    end = text.index(" |", start)
+    log.write_text(text[:start] + "1e308" + text[end:], encoding="utf-8")
+    with pytest.raises(TraceError, match="more than a day for one iteration"):
+        read_megatron_log(log, hardware=A100)
 
 
 def test_one_configuration_from_two_sources_shares_a_group_and_a_copy_is_a_duplicate(tmp_path):

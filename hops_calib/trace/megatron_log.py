@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import text_lines
+from hops_calib.trace.reading import MAX_ITERATION_MS, text_lines
 from hops_calib.trace.measured import MeasuredRun, RunHardware, collective_tables_beside
 from hops_calib.trace.megatron_args import _BLOCK_END, _BLOCK_LINE, _BLOCK_START, parse_value
 
@@ -257,6 +257,9 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
         if intervals[-1].elapsed_ms <= 0:
             raise TraceError(path, f"is {elapsed}: an iteration takes time", line=number, field=ELAPSED,
                              hint="the line is damaged: fix or delete it")
+        if intervals[-1].elapsed_ms > MAX_ITERATION_MS:
+            raise TraceError(path, f"is {elapsed[:40]} ms, more than a day for one iteration", line=number,
+                             field=ELAPSED, hint="the line is damaged: fix or delete it")
     if in_block:
         raise TraceError(path, "the arguments block never ends (no '---- end of arguments ----')", line=block_line,
                          field="arguments", hint="the log was cut inside the block: copy the whole block")

@@ -31,6 +31,9 @@ MAX_LAYOUT_NODES = 1_000_000  # values of hops.base.yaml, aliases expanded (real
 # of 100,000 runs is about 10 MB
 MAX_TABLE_BYTES = 64 << 20
 MAX_TABLE_ROWS = 100_000
+# one measured training iteration: a day (real: under 2 s for the vTrain runs, under 1 s for the cluster runs); a
+# longer one is a damaged or mis-scaled number (1e308 ms overflowed the metrics to a throughput of 0)
+MAX_ITERATION_MS = 86_400_000.0
 MAX_HOSTNAME = 255  # characters of an event's hostname (DNS names have at most 253)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hops_calib.trace.errors import TraceError
+from hops_calib.trace.reading import MAX_ITERATION_MS
 from hops_calib.trace.measured import (
     EXTRA_PREFIX, KNOWN_ARGS, MEGATRON_DEFAULTS, REQUIRED_ARGS, VOCAB_ARGS, MeasuredRun, RunHardware,
     collective_tables_beside, model_flops_per_iteration, world_size,
@@ -384,9 +385,14 @@ def _iteration_time(path: Path, line: int, word: str, cells: dict[str, Any], arg
             raise _bad(path, line, word, name, f"is {value!r}, expected a positive number",
                        "fix the cell, or leave it empty and give another measurement column")
         if name == "iteration_time_ms":
-            return float(value)
-        if name == "samples_per_s":
-            return args["global_batch_size"] / value * 1e3
-        return model_flops_per_iteration(args) / (value * 1e12 * gpus) * 1e3
+            time_ms = float(value)
+        elif name == "samples_per_s":
+            time_ms = args["global_batch_size"] / value * 1e3
+        else:
+            time_ms = model_flops_per_iteration(args) / (value * 1e12 * gpus) * 1e3
+        if not time_ms <= MAX_ITERATION_MS:
+            raise _bad(path, line, word, name, f"is {value!r}: an iteration of {time_ms:.3g} ms, more than a day",
+                       "fix the cell (its unit?)")
+        return time_ms
     raise _bad(path, line, word, "iteration_time_ms", "no measurement in the row",
                f"give one of {', '.join(MEASUREMENT_COLUMNS)}")
