@@ -19,6 +19,11 @@ BUCKET_PARAMETERS = 40_000_000
 BUCKET_PARAMETERS_PER_REPLICA = 1_000_000
 
 
+def _rates(params: Mapping[str, float]) -> dict[str, float]:
+    """The collective-pricing parameters both terms share (`_collective_params`), as collective_ms takes them."""
+    return {name: params[name] for name in ("efficiency", "step_latency_ms", "contention_step_ms")}
+
+
 def tp_collectives_per_layer(spec: Spec) -> dict[str, int]:
     """The tensor-parallel collectives one decoder layer issues in its forward (and, as many, in its backward), by
     kind, each of one s x b x h activation buffer (Megatron's column- then row-parallel attention and MLP,
@@ -81,7 +86,7 @@ def dp_buckets(spec: Spec, parameters: float) -> int:
 
 
 def _collective_params(where: str) -> tuple[Param, ...]:
-    """The two parameters of a term made of collectives: the rate they reach and a ring step's latency."""
+    """The parameters of a term made of collectives: the rate they reach, a ring step's latency and its contention."""
     return (Param("efficiency", 1.0, 0.1, 1.0, "fraction of benchmark",
                   f"achieved fraction of the benchmarked (or ring-model) collective rate {where}"),
             Param("step_latency_ms", 0.005, 0.0, 0.1, "ms", "latency of one ring step (NCCL over NVLink: ~5 us)"),
@@ -122,9 +127,7 @@ class TensorParallelComm(Term):
 
             def price(counts: dict[tuple[str, float], int]) -> float:
                 return sum(count * collective_ms(spec, context.devices[rank], op, nbytes, "tp", stage=rank,
-                                                 efficiency=params["efficiency"],
-                                                 step_latency_ms=params["step_latency_ms"],
-                                                 contention_step_ms=params["contention_step_ms"])
+                                                 **_rates(params))
                            for (op, nbytes), count in counts.items())
 
             phases = tp_collectives(spec, k, layers)
@@ -165,17 +168,13 @@ class DataParallelGradReduce(Term):
             buckets = dp_buckets(spec, parameters)
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
             bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), "dp",
-                                      stage=rank, efficiency=params["efficiency"],
-                                      step_latency_ms=params["step_latency_ms"],
-                                      contention_step_ms=params["contention_step_ms"])
+                                      stage=rank, **_rates(params))
             whole.append(buckets * bucket_ms)
             tails.append(bucket_ms)
             gather = 0.0
             if spec.distributed_optimizer and not spec.overlap_param_gather:
                 gather = collective_ms(spec, device, "all_gather", parameters * gpt.bytes_per_element(spec.model),
-                                       "dp", stage=rank, efficiency=params["efficiency"],
-                                       step_latency_ms=params["step_latency_ms"],
-                                      contention_step_ms=params["contention_step_ms"])
+                                       "dp", stage=rank, **_rates(params))
             gathers.append(gather)
         return Contribution(grad_reduce_ms=tuple(whole), grad_reduce_tail_ms=tuple(tails),
                             optimizer_ms=tuple(gathers) if any(gathers) else ())
