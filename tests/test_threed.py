@@ -205,18 +205,57 @@ def test_the_parallel_terms_price_nothing_at_t_and_d_1():
 
 
 def test_tensor_parallel_comm_is_two_collectives_per_layer_and_direction():
-    table = CollectiveTable("all_reduce", 2, ((2**20, 0.04), (2**30, 6.0)))
+    """Forward: 2 blocking collectives per layer; backward: the QKV's and fc1's input-gradient collectives overlap
+    their weight-gradient GEMMs (priced at the device's peak), so each is exposed only by what outlasts it."""
+    table = CollectiveTable("all_reduce", 2, ((2**20, 0.1), (2**30, 60.0)))
     model = load_model()
     extra = _model_3d()
     for sp in (False, True):
         spec = _spec(tensor_model_parallel_size=2, world_size=4, sequence_parallel=sp, collectives=(table,))
-        message = spec.model.seq_length * spec.model.micro_batch_size * spec.model.hidden_size * 2
+        shape = spec.model
+        tokens = shape.seq_length * shape.micro_batch_size
+        message = tokens * shape.hidden_size * 2
         layers = spec.layers_per_stage[0]
+        one = table.measured_ms(message) * (0.5 if sp else 1.0)  # a reduce-scatter or all-gather moves half
+        peak_per_ms = model.device("a100").peak_bf16_flops_per_s / 1e3
+        wgrad_qkv = 2 * tokens * shape.hidden_size * 3 * shape.hidden_size / 2 / peak_per_ms
+        wgrad_fc1 = 2 * tokens * shape.hidden_size * shape.ffn_hidden_size / 2 / peak_per_ms
+        exposed = max(0.0, one - wgrad_qkv) + max(0.0, one - wgrad_fc1)
+        assert 0 < exposed < 2 * one  # at this small shape the GEMMs hide part of each, not all
+        blocking_backward = 2 * one if sp else 0.0  # the row-parallel gradients' all-gathers under SP
         term = dict(extra.breakdown(spec)[0])["tp_comm"]
-        # forward and backward, 2 all-reduces each (or 2 all-gathers + 2 reduce-scatters: the same time), and the
-        # vocabulary-parallel embedding's output (an all-reduce, or a reduce-scatter and an all-gather back)
-        assert term == pytest.approx(spec.microbatches * (layers * 2 * 2 + 1) * table.measured_ms(message))
+        # forward: 2 all-reduces per layer (or 2 all-gathers + 2 reduce-scatters: the same time) and the
+        # vocabulary-parallel embedding's output (an all-reduce, or a reduce-scatter and its all-gather back)
+        forward = layers * 2 * (2 * one if sp else one) + (one if sp else one)
+        backward = layers * (blocking_backward + exposed) + (one if sp else 0.0)
+        assert term == pytest.approx(spec.microbatches * (forward + backward))
         assert model.breakdown(spec)[0]["tp_comm"] == 0.0
+
+
+def test_tensor_parallel_backward_collectives_hide_under_large_weight_gradients():
+    """The asynchronous input-gradient all-reduces: a small layer exposes them, a large one hides them (its
+    weight-gradient GEMMs outlast them), so the backward costs only the recomputed forward's collectives."""
+    table = CollectiveTable("all_reduce", 8, ((2**20, 0.09), (2**30, 5.3)))
+    extra = _model_3d()
+    small = _spec(tensor_model_parallel_size=8, world_size=16, collectives=(table,))
+    large = _spec(tensor_model_parallel_size=8, world_size=16, hidden_size=8192, ffn_hidden_size=32768,
+                  num_attention_heads=64, seq_length=4096, max_position_embeddings=4096,
+                  collectives=(table,))
+    for spec, hidden in ((small, False), (large, True)):
+        term = extra.active("tensor_parallel_comm")
+        part = term.term.contribute(extra.context(spec), term.params())
+        layers = spec.layers_per_stage[0]
+        one = table.measured_ms(spec.model.seq_length * spec.model.micro_batch_size * spec.model.hidden_size * 2)
+        recomputed = spec.model.recomputed_layers(layers) * 2 * one
+        peak_per_ms = extra.device("a100").peak_bf16_flops_per_s / 1e3
+        tokens, h = spec.model.seq_length * spec.model.micro_batch_size, spec.model.hidden_size
+        exposed = (max(0.0, one - 2 * tokens * h * 3 * h / 8 / peak_per_ms)
+                   + max(0.0, one - 2 * tokens * h * spec.model.ffn_hidden_size / 8 / peak_per_ms))
+        assert part.backward_ms[0] == pytest.approx(recomputed + layers * exposed)
+        if hidden:
+            assert exposed == 0.0
+        else:
+            assert part.backward_ms[0] - recomputed > layers * one  # most of the two per layer exposed
 
 
 def test_data_parallel_reduction_all_reduce_or_reduce_scatter_and_gather():

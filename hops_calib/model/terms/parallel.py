@@ -38,6 +38,22 @@ def tp_collectives_per_layer(spec: Spec) -> dict[str, int]:
     return {"all_reduce": 2}
 
 
+def tp_async_backward(spec: Spec) -> tuple[tuple[str, float], ...]:
+    """The backward collectives of one decoder layer that overlap a weight-gradient GEMM, as (kind, that GEMM's
+    FLOPs per GPU): the column-parallel QKV's and fc1's input-gradient all-reduces (under sequence parallelism
+    reduce-scatters), each launched asynchronously before its layer's weight gradient is computed
+    (`TensorParallelComm`). The other backward collectives (under sequence parallelism the row-parallel layers'
+    gradient all-gathers) block. None at t = 1."""
+    if spec.tp <= 1:
+        return ()
+    shape = spec.model
+    op = "reduce_scatter" if shape.sequence_parallel else "all_reduce"
+    tokens = shape.seq_length * shape.micro_batch_size
+    fc1_width = shape.ffn_hidden_size * (2 if shape.swiglu else 1)
+    return ((op, 2.0 * tokens * shape.hidden_size * gpt.qkv_width(shape) / spec.tp),
+            (op, 2.0 * tokens * shape.hidden_size * fc1_width / spec.tp))
+
+
 def hidden_bytes(spec: Spec) -> float:
     """One s x b x h activation buffer in the training precision: what a layer's collectives move."""
     shape = spec.model
@@ -110,6 +126,13 @@ class TensorParallelComm(Term):
     by the ring model (`hops_calib.model.collectives`); `efficiency` is the fraction of that rate the collectives
     reach inside a training step, `step_latency_ms` a ring step's latency and `contention_step_ms` what each step
     gains over the isolated benchmark.
+
+    The backward's column-parallel input-gradient collectives (the QKV's and fc1's: all-reduces, or under sequence
+    parallelism reduce-scatters) are asynchronous: Megatron launches each and computes the layer's weight gradient
+    before waiting on it (`LinearWithGradAccumulationAndAsyncCommunication`, default since Megatron-LM 2022; the
+    `--no-async-tensor-model-parallel-allreduce` switch of older Megatron-LM / Megatron-DeepSpeed turns it off), so
+    only what outlasts that weight-gradient GEMM is exposed (`tp_exposed_backward_ms`; the GEMM at the device's
+    peak, so the exposure is an upper bound). Small layers expose most of it, large ones almost none.
     """
 
     name = "tensor_parallel_comm"
@@ -133,8 +156,14 @@ class TensorParallelComm(Term):
             phases = tp_collectives(spec, k, layers)
             # one layer's forward collectives, which full recomputation runs again
             per_layer = price({(op, hidden_bytes(spec)): count for op, count in tp_collectives_per_layer(spec).items()})
+            overlapped = tp_async_backward(spec)
+            blocking = dict(phases["BACKWARD"])
+            for op, _ in overlapped:
+                blocking[(op, hidden_bytes(spec))] -= layers
+            exposed = sum(max(0.0, price({(op, hidden_bytes(spec)): 1}) - flops / (context.devices[rank].peak_bf16_flops_per_s / 1e3))
+                          for op, flops in overlapped)
             forward.append(price(phases["FORWARD"]))
-            backward.append(price(phases["BACKWARD"]) + spec.model.recomputed_layers(layers) * per_layer)
+            backward.append(price(blocking) + layers * exposed + spec.model.recomputed_layers(layers) * per_layer)
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
 
 
