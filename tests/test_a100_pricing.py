@@ -140,6 +140,43 @@ def test_fused_softmax_and_attention_dropout_change_the_passes_over_the_scores()
     assert fp32[0] == pytest.approx(2 * unfused[0])  # 4-byte elements, unfused passes
 
 
+def test_the_fused_softmax_needs_attention_batches_per_tensor_parallel_partition_in_whole_blocks():
+    """Megatron's is_kernel_available counts b x np with np the heads of ONE tensor-parallel partition: 16 heads at
+    t = 8 leave 2 per GPU, so micro batch 1 (2 attention batches) falls back to the unfused softmax, micro batch 2
+    (4) fuses; at 128 keys or fewer a block takes 8 rows, so 4 attention batches no longer suffice."""
+    from hops_calib.model.terms.attention import softmax_fused
+
+    def fused(**changes):
+        args = _row(pp=1, micro=changes.pop("micro", 1), masked_softmax_fusion=True, **changes)
+        return softmax_fused(_spec({**args, "world_size": args.get("tensor_model_parallel_size", 1)}))
+
+    assert fused() and fused(tensor_model_parallel_size=4)  # 16 and 4 heads per GPU
+    assert not fused(tensor_model_parallel_size=8)  # 2 heads x micro batch 1
+    assert fused(tensor_model_parallel_size=8, micro=2)  # 2 x 2
+    assert not fused(num_attention_heads=4, seq_length=128, max_position_embeddings=128)  # 4 rows, 8 per block
+    assert fused(num_attention_heads=8, seq_length=128, max_position_embeddings=128)
+
+
+def test_the_unfused_fallback_raises_the_launch_floor_only_where_the_fused_kernel_was_asked_for_and_missed():
+    from hops_calib.model.terms import TERMS
+    from hops_calib.model.terms.base import Context, layout_of
+
+    term = TERMS["attention_score_traffic"]
+    params = {**term.defaults(), "fallback_host_ms": 0.4}
+
+    def floors(**changes):
+        args = _row(pp=1, micro=1, layers=12, tensor_model_parallel_size=8, world_size=8, **changes)
+        spec = _spec(args)
+        part = term.contribute(Context(spec=spec, layout=layout_of(spec), devices=(load_catalog()["a100"],)),
+                               params)
+        return part.forward_floor_ms, part.backward_floor_ms
+
+    assert floors(masked_softmax_fusion=True) == (pytest.approx((12 * 0.4,)), pytest.approx((12 * 0.4,)))
+    assert floors(masked_softmax_fusion=True, micro_batch_size=2) == ((), ())  # 2 heads x 2: the kernel fits
+    assert floors(masked_softmax_fusion=False) == ((), ())  # unfused by choice: calibrated with those ops
+    assert floors(masked_softmax_fusion=True, fp16=False) == ((), ())  # fp32: the kernel was never eligible
+
+
 @pytest.mark.parametrize("args,field", [
     ({"recompute_granularity": "full"}, "--recompute-method"),
     ({"recompute_granularity": "full", "recompute_method": "block"}, "--recompute-num-layers"),
@@ -208,7 +245,10 @@ def test_tune_on_runs_measured_at_iteration_level_minimizes_the_throughput_mape_
     model_path.write_text(PLAIN_MODEL_TOML)
     out = tmp_path / "roofline.toml"
     only = ("compute_efficiency@a100",)
-    result = tune("decoder_roofline", vtrain_store, model_path=model_path, trials=6, seed=1, out=out, only=only)
+    # a ledger of its own: the plain model has no calibration record (the project's ledger records the A100
+    # values on the whole vTrain store, and would refuse this pure-pipeline subset as off the record)
+    result = tune("decoder_roofline", vtrain_store, model_path=model_path, trials=6, seed=1, out=out, only=only,
+                  ledger_path=tmp_path / "ledger.jsonl")
     assert result.objectives == ("throughput_mape_pct",) and result.current.bubble_mae_pp is None
     mapes = [p.score["throughput_mape_pct"] for p in result.front]
     assert mapes == sorted(mapes) and mapes[0] < result.current.throughput_mape_pct
@@ -242,8 +282,9 @@ def test_terms_lists_the_optional_nvlink_constant_and_a_candidate_may_correct_it
 
 def test_device_only_changes_calibrate_their_device_types_and_not_the_shared_values():
     """The project's ledger holds the cluster campaign, then the A100 move (NAME@a100 values only, judged on the
-    vTrain runs, committed whole by a compare written before compares recorded their scope): the shared values and
-    the whole model stay calibrated on the cluster runs, the A100's values on the vTrain runs."""
+    vTrain runs, committed whole by a compare written before compares recorded their scope), then the TP/DP terms on
+    all three stores: the shared values and the whole model stay calibrated on the cluster runs, the A100's values on
+    the vTrain runs."""
     from hops_calib.loop import calibration
     from hops_calib.loop.model_files import DEFAULT_MODEL, load_model
 
@@ -254,7 +295,9 @@ def test_device_only_changes_calibrate_their_device_types_and_not_the_shared_val
         fixture_set, _ = record.calibrated_on(scope)
         assert fixture_set.devices == cluster, scope
     a100, why = record.calibrated_on(calibration.Scope(devices=("a100",)))
-    assert a100.devices == ("a100",) and a100.n_runs == 111
+    # since the data- and tensor-parallel terms were committed on every vTrain train run (entries 146 and 148),
+    # the A100's values stand on those 982 runs, no longer on the 111 pure-pipeline ones of the A100 move
+    assert a100.devices == ("a100",) and a100.n_runs == 982 and 148 in a100.entries
     move = [e for e in record.changes if e.get("kind") == "compare" and "a100" in calibration._named(e)[1]]
     assert move and "scope_devices" not in move[-1]  # inferred from the steps it judged whole
     # a whole-model comparison is scoped by what differs: the A100's values alone, or something shared

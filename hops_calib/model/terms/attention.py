@@ -9,18 +9,37 @@ from hops_calib.model.terms.base import Context, Contribution, Param, Term
 from hops_calib.spec import Spec
 
 
+def softmax_batch_per_block(key_length: int) -> int:
+    """Rows (attention batches) one CUDA block of Megatron's fused causal softmax takes: 4 warps of 32 threads,
+    two rows per warp up to 128 keys, one beyond (csrc/megatron/scaled_masked_softmax.h, get_batch_per_block)."""
+    return 8 if key_length <= 128 else 4
+
+
 def softmax_fused(spec: Spec) -> bool:
     """Whether Megatron runs the attention softmax in its fused scale-mask-softmax kernel: masked-softmax fusion on
     (its default; `--no-masked-softmax-fusion` turns it off), 16-bit inputs and shapes the kernel takes
-    (megatron/core/fusions/fused_softmax.py, `is_kernel_available`: 16 < s <= 4096, s a multiple of 4, heads x
-    micro batch a multiple of 4)."""
+    (megatron/core/fusions/fused_softmax.py, `is_kernel_available`: 16 < s <= 4096, s a multiple of 4, and the
+    attention batches b x np, np the heads PER TENSOR-PARALLEL PARTITION, a multiple of 4 and of the kernel's
+    batches per block for the causal mask). Otherwise Megatron falls back to separate scale, mask and softmax
+    kernels (`forward_torch_softmax`): at t = 8 with 16 heads and micro batch 1, b x np = 2."""
     on = spec.megatron_args.get("masked_softmax_fusion")
     if on is None:
         on = not spec.megatron_args.get("no_masked_softmax_fusion", False)
     shape = spec.model
     s = shape.seq_length
+    attention_batches = shape.micro_batch_size * (shape.num_attention_heads // max(1, shape.tensor_parallel))
     return (bool(on) and shape.precision in ("fp16", "bf16") and 16 < s <= 4096 and s % 4 == 0
-            and (shape.num_attention_heads * shape.micro_batch_size) % 4 == 0)
+            and attention_batches % 4 == 0 and attention_batches % softmax_batch_per_block(s) == 0)
+
+
+def softmax_fallback(spec: Spec) -> bool:
+    """Whether a 16-bit launch asked for the fused softmax (masked-softmax fusion on, Megatron's default) but its
+    shape does not fit the kernel (`softmax_fused`), so Megatron runs separate scale, mask and softmax kernels with
+    their fp32 casts instead (FusedScaleMaskSoftmax.forward_torch_softmax)."""
+    on = spec.megatron_args.get("masked_softmax_fusion")
+    if on is None:
+        on = not spec.megatron_args.get("no_masked_softmax_fusion", False)
+    return bool(on) and spec.model.precision in ("fp16", "bf16") and not softmax_fused(spec)
 
 
 def attention_dropout(spec: Spec) -> float:
@@ -64,6 +83,14 @@ class AttentionScoreTraffic(Term):
     elements), and its backward reads the gradient and the mask and writes
     (2.5). Hidden dropout acts on s x b x h elements, a·s/h times fewer than the
     scores, and is left to the elementwise term.
+
+    A 16-bit launch that asks for the fused kernel but whose shape does not fit it
+    (`softmax_fallback`: b x heads per tensor-parallel GPU not a multiple of 4,
+    e.g. t = 8 with 16 heads at micro batch 1) runs Megatron's unfused path
+    instead: the unfused passes, and separate cast, scale, mask, softmax and cast
+    kernels whose host launches (`fallback_host_ms` per layer and direction) raise
+    the layer's launch floor. Launches that turn the fusion off were calibrated
+    with those ops in their floors and take nothing extra.
     """
 
     name = "attention_score_traffic"
@@ -81,6 +108,9 @@ class AttentionScoreTraffic(Term):
               "16-bit passes over the score matrix of attention dropout's forward (read, write, one-byte mask)"),
         Param("dropout_passes_backward", 2.5, 0.0, 10.0, "passes",
               "16-bit passes over the score matrix of attention dropout's backward (gradient and mask read, write)"),
+        Param("fallback_host_ms", 0.0, 0.0, 5.0, "ms",
+              "host time per layer and direction the unfused softmax's separate ops add when a 16-bit launch's shape "
+              "does not fit the fused kernel it asked for (on the launch floor)"),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -101,5 +131,10 @@ class AttentionScoreTraffic(Term):
             pass_ms = score_bytes / bytes_per_ms
             forward.append(layers * passes_forward * pass_ms)
             backward.append(layers * passes_backward * pass_ms)
+        # The fallback's extra ops are host launches: they raise the layers' launch floor (each direction, and the
+        # recomputed forward's with it), which binds where the GPU work is short.
+        floor = tuple(layers * params["fallback_host_ms"] for layers in context.layout.layers) \
+            if params["fallback_host_ms"] and softmax_fallback(context.spec) else ()
         # Every pass of the forward is the attention core's (selective recomputation redoes them all).
-        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), attention_core_ms=tuple(forward))
+        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), attention_core_ms=tuple(forward),
+                            forward_floor_ms=floor, backward_floor_ms=floor)
