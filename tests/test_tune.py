@@ -76,8 +76,10 @@ def test_no_candidate_is_written_when_no_trial_beats_the_model_on_the_gates_crit
     import json
 
     out = tmp_path / "elementwise.toml"
+    # a ledger of its own: the project's records the shared values on all three stores the model stands on
+    ledger = ["--ledger", str(tmp_path / "ledger.jsonl")]
     done = CliRunner().invoke(app, ["tune", "elementwise_traffic", "--trials", "2", "--fixtures", str(shared_fixtures),
-                                    "--out", str(out), "--json"])
+                                    "--out", str(out), "--json", *ledger])
     assert done.exit_code == 1, done.output  # no candidate: status and exit code say so (#22)
     data = json.loads(done.stdout)
     assert data["status"] == "no_candidate"
@@ -90,7 +92,7 @@ def test_no_candidate_is_written_when_no_trial_beats_the_model_on_the_gates_crit
     gate = data["chosen_gate"]
     assert gate["decision"] == "rejected" and "suite_throughput_mape" in gate["failed_rules"]
     text = CliRunner().invoke(app, ["tune", "elementwise_traffic", "--trials", "2", "--fixtures",
-                                    str(shared_fixtures), "--out", str(out)])
+                                    str(shared_fixtures), "--out", str(out), *ledger])
     assert "no candidate written" in text.stdout and "-> fails" in text.stdout and not out.exists()
 
 
