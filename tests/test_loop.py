@@ -439,6 +439,11 @@ def test_evaluate_can_judge_each_run_by_its_stall_free_error(shared_fixtures, sh
     stated = json.loads(cli("ledger", "plan", "--note", "the per-run rule on the stall-free error", "--candidate",
                             harmful, "--rejudge", "1", "--run-error", "stall-free", "--ledger", ledger,
                             "--json").stdout)
+    # naming entry 1 for a judgement on other runs (another store) is refused when the plan is stated, not later
+    other_runs = cli("ledger", "plan", "--note", "the same on the CPU store", "--candidate", harmful, "--rejudge", "1",
+                     "--fixtures", REPO / "fixtures", "--ledger", ledger)
+    assert other_runs.exit_code == 2 and "--rejudge 1" in other_runs.stderr and "other runs" in other_runs.stderr
+    assert len(list(read_entries(ledger))) == 2  # the evaluation and the first plan: nothing appended
     free = cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger, "--json",
                "--plan", stated["seq"])
     assert free.exit_code in (0, 1), free.output

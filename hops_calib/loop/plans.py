@@ -74,6 +74,12 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
         from hops_calib.loop.suite import TRAIN, load_suites
 
         stores = load_suites(list(fixtures), TRAIN)
+    if rejudges is not None and stores is not None and named.get("fixture_set_sha256") not in (None, stores.sha256):
+        raise InputError("ledger plan", f"--rejudge {rejudges}: ledger entry {rejudges} judged fixture set "
+                         f"{str(named.get('fixture_set_sha256'))[:12]}, and this plan's --fixtures hold "
+                         f"{stores.sha256[:12]}: a judgement on other runs is not the same judgement again",
+                         field="rejudge", hint="leave out --rejudge (the judgement on these stores is a new one), "
+                         "or plan on the stores entry " f"{rejudges} judged")
     judged = {_text_sha256_of(e["candidate"].get("text", "")): e
               for e in entries if e.get("kind") == "evaluate" and e.get("candidate")
               and (stores is None or e.get("fixture_set_sha256") == stores.sha256)}
