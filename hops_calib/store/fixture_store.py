@@ -419,8 +419,9 @@ class FixtureStore:
                 return frame
             except Exception as err:  # noqa: BLE001 - pyarrow raises its own types; all mean an unreadable file
                 raise _unreadable_index(path, err) from None
-        if self.fixture_folders() or self.table_folders():
-            return self.build_index()
+        if (self.fixture_folders() or self.table_folders()) and (self._journal or not self.locked()):
+            return self.build_index()  # (an index deleted by hand; while another ingest writes, its folders are not
+            # what the store holds yet: no run, as its index would list before it finishes)
         return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
 
     def rows(self) -> list[dict[str, Any]]:
@@ -461,6 +462,11 @@ class FixtureStore:
                    meta else "changed after ingest wrote it (its sha256 is not the one it records)")
             raise FixtureFileError(path, f"{why}; its split and provenance cannot be trusted",
                                    hint=_reingest(path.parent, meta if isinstance(meta, dict) else None))
+        if meta.get("id") != fixture_id:  # whole and digested, but another run's: a folder copied over this one
+            raise FixtureFileError(path, f"is the fixture of run {meta.get('id')!r}, not of {fixture_id!r} (its "
+                                   "folder): another run's fixture was copied over it, so what it holds is not "
+                                   f"{fixture_id}'s", hint=f"delete {path.parent} and ingest the job of "
+                                   f"{fixture_id} again (hops-calib ingest JOB --fixtures {path.parent.parent})")
         return meta
 
     def legacy_meta(self, fixture_id: str) -> dict[str, Any] | None:
@@ -661,7 +667,14 @@ class FixtureStore:
                              "writing": self._left_writing}
             self._finished = False
             atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))
+            new = not (self.root / INDEX).exists() and not self.fixture_folders() and not self.table_folders()
+            if new:
+                # A new store gets its (empty) index before any fixture folder: readers see no run until the index
+                # lists them at the end, as during any later ingest (they read the index, never the folders).
+                self.write_index()
             yield
+            if new and self._lists_nothing() and not self.fixture_folders() and not self.table_folders():
+                (self.root / INDEX).unlink(missing_ok=True)  # nothing stored: the store is as it was
             if not self._journal["writing"] or self._finished:
                 (self.root / JOURNAL_FILE).unlink(missing_ok=True)
         finally:
@@ -688,6 +701,17 @@ class FixtureStore:
         if self.root.is_dir() and {p.name for p in self.root.iterdir()} <= {LOCK_FILE}:
             (self.root / LOCK_FILE).unlink(missing_ok=True)
             self.root.rmdir()
+
+    def _lists_nothing(self) -> bool:
+        """Whether the index file is absent or lists no run."""
+        import pyarrow.parquet as pq
+
+        if not (self.root / INDEX).is_file():
+            return True
+        try:
+            return pq.ParquetFile(self.root / INDEX).metadata.num_rows == 0
+        except Exception:  # noqa: BLE001 - a damaged index: not ours to remove
+            return False
 
     def unfinished(self) -> list[str]:
         """Names of what an interrupted writer left (temporary or displaced fixture folders): `recover` clears them."""
@@ -754,6 +778,8 @@ class FixtureStore:
 
     def index_row(self, folder: Path) -> dict[str, Any]:
         meta = json.loads((folder / FIXTURE_FILE).read_text(encoding="utf-8"))
+        if meta["id"] != folder.name:  # another run's fixture copied over this folder: not listed as either
+            raise ValueError(f"{folder / FIXTURE_FILE} is the fixture of {meta['id']!r}")
         spec = json.loads((folder / SPEC_FILE).read_text(encoding="utf-8"))
         truth = Truth.from_dict(json.loads((folder / TRUTH_FILE).read_text(encoding="utf-8")))
         metrics = truth.metrics
