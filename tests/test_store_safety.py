@@ -219,3 +219,30 @@ def test_a_reader_sees_no_run_of_a_first_ingest_until_it_finishes(job: Path, rep
     bad = FixtureStore(tmp_path / "bad")
     assert not ingest([job], bad).ok
     assert [p.name for p in bad.root.iterdir()] == [".lock"]
+
+
+def test_a_copy_of_a_stored_run_under_another_id_is_refused(job: Path, repo_root: Path, tmp_path: Path):
+    """A copy of a stored run under a new name (as is, or with every timestamp shifted) would be split by its own
+    name: a test run's copy could land in train, and the store would count one measurement twice. Ingest refuses it,
+    naming the run it copies and its split, whether that run was stored before or comes in the same ingest; the run
+    itself, under its own id, is ingested as ever, and another run of the same configuration is no copy."""
+    from job_copies import copy_job, shifted_copy
+
+    store = FixtureStore(tmp_path / "fixtures")
+    assert ingest([job], store, split="test").ok
+    copies = [copy_job(job, tmp_path / "copies" / "fresh_run1"), shifted_copy(job, tmp_path / "shifted" / "fresh_run1",
+                                                                               1000)]
+    for copy in copies:
+        report = ingest([copy], store)
+        assert report.count("rejected") == 1, [o.status for o in report.outcomes]
+        assert (f"run 'fresh_run1' of {copy} is a copy of run '{RUN}' of this store (test split): the same "
+                "configuration and events") in report.rejected[0].error
+        assert FixtureStore(store.root).ids() == [RUN]  # nothing of the copy was written
+    fresh = FixtureStore(tmp_path / "fresh")
+    report = ingest([job, copies[1]], fresh)  # the run and its copy in one ingest: the copy is refused
+    assert [o.status for o in report.outcomes] == ["new", "rejected"] and FixtureStore(fresh.root).ids() == [RUN]
+    assert ingest([job], store).count("unchanged") == 1
+    repeat = job.parent / "cpu_1f1b_l4_h512_s256_m4_run2"  # the same configuration, measured again
+    shutil.copytree(repo_root / "traces" / repeat.name, repeat)
+    assert ingest([repeat], store).count("new") == 1
+    assert store.meta(RUN)["events_fingerprint"] != store.meta(repeat.name)["events_fingerprint"]

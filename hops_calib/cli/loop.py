@@ -682,7 +682,7 @@ def ledger_hold_out_command(fixtures: Path, ledger_path: Path | None, as_json: b
                   f"{fixtures}; every verb refuses them in a train split from now on")
         else:
             print(f"{ledger_path}: nothing appended: {fixtures} has no test split, or the ledger already holds out "
-                  "every group of it")
+                  "every group of it, by name and by every run's digest and fingerprint")
         return EXIT_OK
 
     return guarded(run, as_json)

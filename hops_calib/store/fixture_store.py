@@ -141,6 +141,35 @@ def meta_digest(meta: dict[str, Any]) -> str:
 
 
 META_DIGEST, FILE_DIGESTS = "fixture_sha256", "file_sha256"
+# fixture.json's `events_fingerprint` (`events_fingerprint`): what the run measured, whatever its id, folder or clock
+FINGERPRINT = "events_fingerprint"
+TIMING_KEY = "timing:"  # an events fingerprint among a group's digests (the ledger's held_out_groups)
+_CONFIGURATION = ("model", "pp", "vp", "dp", "microbatches", "devices")
+
+
+def events_fingerprint(columns: Any, spec: dict[str, Any]) -> str:
+    """sha256 of what a run measured, whatever its id, its folder or its clocks: its configuration (the spec's
+    model, pipeline and device types) and its events in stored order, each stage's times counted from that stage's
+    first event. A copy of a run under another name, or with every timestamp shifted (on one clock, or each
+    rank's by its own amount), has the same; two runs of one configuration never do (their timings differ).
+    `columns`: the event columns (`EVENT_COLUMNS`), as ingest holds them or as read from events.parquet."""
+    import hashlib
+
+    outer = hashlib.sha256(b"hops-calib events fingerprint v1\n")
+    outer.update(dumps({key: spec.get(key) for key in _CONFIGURATION}).encode())
+
+    def values(name: str) -> np.ndarray:
+        column = columns[name]
+        return np.asarray(column, dtype=np.int64)
+
+    stage, start = values("stage"), values("start_ns")
+    first = np.full(int(stage.max()) + 1 if len(stage) else 0, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, stage, start)
+    origin = first[stage]
+    for name in EVENT_COLUMNS:
+        column = values(name)
+        outer.update(name.encode() + b"\0" + (column - origin if name in ("start_ns", "end_ns") else column).tobytes())
+    return outer.hexdigest()
 
 
 def _json_default(value: Any) -> Any:
@@ -268,6 +297,34 @@ def read_events(path: Path) -> pd.DataFrame:
     return frame
 
 
+def _event_codes(path: Path, hint: str) -> dict[str, np.ndarray]:
+    """The event columns of an events.parquet as ingest held them (kind and phase as codes), with pyarrow alone (the
+    loop's verbs read no pandas)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path).read(columns=list(EVENT_COLUMNS)).unify_dictionaries()
+    except (OSError, pa.ArrowException) as err:
+        raise FixtureFileError(path, f"cannot be read: {err.__class__.__name__}: {err}", hint=hint) from None
+    def integers(array: Any) -> np.ndarray:  # (Arrow's to_numpy imports pandas: read the data buffer itself)
+        if array.null_count:
+            raise FixtureFileError(path, f"has empty values in an integer column ({array.type})", hint=hint)
+        values = np.frombuffer(array.buffers()[1], dtype=np.dtype(str(array.type)))
+        return values[array.offset:array.offset + len(array)]
+
+    columns = {}
+    for name in EVENT_COLUMNS:
+        column = table.column(name).combine_chunks()
+        if name in CATEGORIES:  # stored as a dictionary: its indices, mapped onto the category order ingest used
+            known = list(CATEGORIES[name])
+            codes = np.array([known.index(value) for value in column.dictionary.to_pylist()], dtype=np.int64)
+            columns[name] = codes[integers(column.indices)]
+        else:
+            columns[name] = integers(column)
+    return columns
+
+
 def _unreadable_index(path: Path, err: Exception) -> FixtureFileError:
     return FixtureFileError(path, f"cannot be read: {type(err).__name__}: {err}",
                             hint="delete it: it is rebuilt from the fixture folders (the next ingest writes it again)")
@@ -333,6 +390,7 @@ class FixtureStore:
         self._tables: dict[str, tuple[dict[str, Any], pd.DataFrame]] = {}
         self._index: pd.DataFrame | None = None
         self._rows: list[dict[str, Any]] | None = None
+        self._fingerprints: dict[str, str] = {}  # fixtures whose fixture.json records none: computed once
         # the journal of the ingest holding the lock through this object (see `lock`)
         self._journal: dict[str, Any] = {}
         self._left_writing = self._finished = False
@@ -553,23 +611,41 @@ class FixtureStore:
             found.update((row["id"], measured_fixture(row, meta, folder)) for row in mine.to_dict(orient="records"))
         return [found[i] if i in found else self.load(i) for i in ids]
 
+    def fingerprint(self, fixture_id: str) -> str:
+        """The `events_fingerprint` of a run with events: as its fixture.json records it, else (a fixture ingested
+        before it was recorded) computed from its events.parquet and spec.json, checked against their digests."""
+        meta = self.meta(fixture_id)
+        if meta.get(FINGERPRINT):
+            return meta[FINGERPRINT]
+        if fixture_id not in self._fingerprints:
+            folder = self.folder(fixture_id)
+            hint = _reingest(folder, meta)
+            spec_text = _read_text(folder / SPEC_FILE, hint)
+            check_digest(folder / SPEC_FILE, meta, hint, text_digest(spec_text))
+            check_digest(folder / EVENTS_FILE, meta, hint)
+            self._fingerprints[fixture_id] = events_fingerprint(_event_codes(folder / EVENTS_FILE, hint),
+                                                                _parse_json(folder / SPEC_FILE, spec_text, hint))
+        return self._fingerprints[fixture_id]
+
     def group_digests(self, split: str) -> dict[str, dict[str, list[str]]]:
-        """group -> {"ids": its fixtures in `split`, "digests": their events' sha256 (what the runs measured, as
-        fixture.json records it: a renamed copy of a run has the same)}, for every group with fixtures in `split`."""
+        """group -> {"ids": its fixtures in `split`, "digests": what the runs measured, whatever their names: a run
+        with events by its events' sha256 (as fixture.json records it) and its `events_fingerprint` (prefixed
+        `TIMING_KEY`: the same for a copy whose timestamps were shifted), a run of a table folder by its row's content
+        hash}, for every group with fixtures in `split`."""
         groups: dict[str, dict[str, list[str]]] = {}
         kinds = {row["id"]: row for row in self.rows()}
         for fixture_id in self.ids(split):
             row = kinds.get(fixture_id)
             if row is not None and row["kind"] == ITERATION_KIND:
                 # a run of a table folder has no events file: its digest is its row's content hash (what it measured)
-                group, digest = row["group"], row["content_hash"]
+                group, digests = row["group"], [row["content_hash"]]
             else:
                 meta = self.meta(fixture_id)
-                group, digest = meta["group"], (meta.get(FILE_DIGESTS) or {}).get(EVENTS_FILE)
+                group = meta["group"]
+                digests = [(meta.get(FILE_DIGESTS) or {}).get(EVENTS_FILE), TIMING_KEY + self.fingerprint(fixture_id)]
             entry = groups.setdefault(group, {"ids": [], "digests": []})
             entry["ids"].append(fixture_id)
-            if digest:
-                entry["digests"].append(digest)
+            entry["digests"] += [digest for digest in digests if digest]
         return groups
 
     def split_of_groups(self) -> dict[str, str]:
