@@ -755,6 +755,7 @@ class FixtureStore:
                 (self.root / JOURNAL_FILE).unlink(missing_ok=True)
         finally:
             lock.release()
+            self._journal = {}  # (no longer the writer: it reads as any reader)
 
     def begin_writing(self) -> None:
         """Record (before the first change) that the store is changing: should the writer stop before `finish`,
