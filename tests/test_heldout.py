@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hops_calib.store import FixtureStore
+from job_copies import copy_job, shifted_copy
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300
@@ -44,11 +44,43 @@ def looked(shared_runs: Path, shared_fixtures: Path, tmp_path_factory) -> tuple[
     return ledger, test_id, shared_runs / test_id
 
 
-def _copy(job: Path, target: Path) -> Path:
-    shutil.copytree(job, target)
-    for path in [target, *target.rglob("*")]:
-        path.chmod(path.stat().st_mode | stat.S_IWUSR)
-    return target
+def test_a_copy_of_a_test_run_with_its_timestamps_shifted_is_refused(looked, shared_runs: Path, shared_fixtures: Path,
+                                                                      tmp_path: Path):
+    """The events file of a copy whose timestamps were shifted by a microsecond is not the held-out run's, but what
+    it measured is: the ledger remembers each held-out run's events fingerprint too (its configuration and its
+    events, each stage's times counted from its first event), and a train run with it is refused as a copy. A genuine
+    repeat of a held-out configuration (another run, its own timings) is not taken for one."""
+    ledger, test_id, job = looked
+    (entry,) = entries(ledger)
+    assert any(d.startswith("timing:") for digests in entry["held_out_groups"].values() for d in digests)
+    copy = shifted_copy(job, tmp_path / "src" / "fresh_run1", 1000)
+    store = tmp_path / "fixtures"
+    assert cli("ingest", str(copy), "--fixtures", str(store), "--split", "train").returncode == 0
+    stored = FixtureStore(store).meta("fresh_run1")
+    assert stored["file_sha256"]["events.parquet"] not in json.dumps(entry)  # not the held-out events file
+    group = FixtureStore(shared_fixtures).meta(test_id)["group"]
+    for verb in (["evaluate"], ["observe"], ["tune", "decoder_roofline", "--trials", "1"]):
+        done = cli(*verb, "--fixtures", str(store), "--ledger", str(ledger))
+        assert done.returncode == 2, (verb, done.stdout, done.stderr)
+        assert (f"fresh (fresh_run1: the same configuration and events as a run of held-out group '{group}' up to a "
+                "shift of its timestamps, a copy)") in flat(done.stderr)
+    overridden = tmp_path / "own.jsonl"
+    shutil.copy(ledger, overridden)
+    assert cli("observe", "--fixtures", str(store), "--ledger", str(overridden), "--allow-held-out").returncode == 0
+    assert entries(overridden)[-1]["held_out_override"][0]["by"] == "timing"
+    assert len(entries(ledger)) == 1
+    # two runs of one configuration measured apart: the same configuration, their own timings, no match
+    runs = sorted(p.name for p in shared_runs.iterdir() if p.name.startswith("exp2_1_all_nodes_run"))
+    assert len(runs) == 2
+    held, other = tmp_path / "held", tmp_path / "other"
+    assert cli("ingest", str(shared_runs / runs[0]), "--fixtures", str(held), "--split", "test").returncode == 0
+    own = tmp_path / "repeats.jsonl"
+    assert cli("ledger", "hold-out", "--fixtures", str(held), "--ledger", str(own)).returncode == 0
+    repeat = copy_job(shared_runs / runs[1], tmp_path / "src2" / "fresh_run1")
+    assert cli("ingest", str(repeat), "--fixtures", str(other), "--split", "train").returncode == 0
+    assert FixtureStore(other).load("fresh_run1").spec.model == FixtureStore(held).load(runs[0]).spec.model
+    done = cli("evaluate", "--fixtures", str(other), "--ledger", str(own))
+    assert done.returncode == 0 and "held out" not in done.stderr, done.stderr
 
 
 def test_the_look_remembers_its_held_out_groups_by_name_and_content(looked, shared_fixtures: Path):
@@ -63,7 +95,7 @@ def test_the_look_remembers_its_held_out_groups_by_name_and_content(looked, shar
 
 def test_a_renamed_copy_of_a_test_run_in_a_train_store_is_refused(looked, shared_fixtures: Path, tmp_path: Path):
     ledger, test_id, job = looked
-    copy = _copy(job, tmp_path / "src" / "innocent_looking_run1")
+    copy = copy_job(job, tmp_path / "src" / "innocent_looking_run1")
     store = tmp_path / "fixtures"
     assert cli("ingest", str(copy), "--fixtures", str(store), "--split", "train").returncode == 0
     model = str(REPO / "hops_calib" / "model" / "models" / "baseline.toml")
@@ -83,7 +115,7 @@ def test_a_renamed_copy_of_a_test_run_in_a_train_store_is_refused(looked, shared
 def test_a_held_out_copy_in_the_second_of_several_stores_is_refused(looked, repo_root: Path, tmp_path: Path):
     """A judgement over several stores (a union suite) guards every store it is given, not only the first."""
     ledger, _, job = looked
-    copy = _copy(job, tmp_path / "src" / "innocent_looking_run1")
+    copy = copy_job(job, tmp_path / "src" / "innocent_looking_run1")
     store = tmp_path / "fixtures"
     assert cli("ingest", str(copy), "--fixtures", str(store), "--split", "train").returncode == 0
     clean = repo_root / "fixtures"
@@ -103,7 +135,7 @@ def test_ledger_hold_out_records_a_stores_test_groups_without_a_look(shared_runs
     ledger = tmp_path / "ledger.jsonl"
     store = FixtureStore(shared_fixtures)
     test_id = store.ids("test")[0]
-    copy = _copy(shared_runs / test_id, tmp_path / "src" / "innocent_looking_run1")
+    copy = copy_job(shared_runs / test_id, tmp_path / "src" / "innocent_looking_run1")
     train_store = tmp_path / "fixtures"
     assert cli("ingest", str(copy), "--fixtures", str(train_store), "--split", "train").returncode == 0
     before = cli("evaluate", "--fixtures", str(train_store), "--ledger", str(ledger))
@@ -136,7 +168,7 @@ def test_the_override_goes_on_and_the_ledger_records_it(looked, tmp_path: Path):
     ledger, test_id, job = looked
     own = tmp_path / "ledger.jsonl"
     shutil.copy(ledger, own)
-    copy = _copy(job, tmp_path / "src" / "innocent_looking_run1")
+    copy = copy_job(job, tmp_path / "src" / "innocent_looking_run1")
     store = tmp_path / "fixtures"
     assert cli("ingest", str(copy), "--fixtures", str(store), "--split", "train").returncode == 0
     done = cli("evaluate", "--fixtures", str(store), "--ledger", str(own), "--allow-held-out")
@@ -161,3 +193,27 @@ def test_a_store_without_held_out_groups_is_untouched(looked, repo_root: Path, t
         assert done.returncode == 0, (verb, done.stderr)
         assert "held out" not in done.stderr
     assert ledger.read_bytes() == before
+
+
+def test_ledger_hold_out_adds_the_fingerprints_an_older_entry_lacks(looked, shared_fixtures: Path, tmp_path: Path):
+    """An entry written before fingerprints were recorded holds each run's events digest only: a shifted copy passes
+    it. `ledger hold-out` of the same store then appends the fingerprints (once), and the copy is refused."""
+    from hops_calib.loop import ledger as ledger_module
+
+    _, test_id, job = looked
+    own = tmp_path / "ledger.jsonl"
+    store = FixtureStore(shared_fixtures)
+    older = {group: [d for d in info["digests"] if not d.startswith("timing:")]
+             for group, info in store.group_digests("test").items()}
+    ledger_module.append(own, {"kind": "held_out_record", "time": ledger_module.now_utc(),
+                               "fixtures": str(shared_fixtures), "held_out_groups": older})
+    copy = shifted_copy(job, tmp_path / "src" / "fresh_run1", 1000)
+    train_store = tmp_path / "fixtures"
+    assert cli("ingest", str(copy), "--fixtures", str(train_store), "--split", "train").returncode == 0
+    assert cli("evaluate", "--fixtures", str(train_store), "--ledger", str(own)).returncode == 0
+    for appended in (True, False):
+        held = cli("ledger", "hold-out", "--fixtures", str(shared_fixtures), "--ledger", str(own), "--json")
+        assert held.returncode == 0 and (json.loads(held.stdout)["appended"] is not None) == appended
+    assert len(entries(own)) == 2
+    done = cli("evaluate", "--fixtures", str(train_store), "--ledger", str(own))
+    assert done.returncode == 2 and "up to a shift of its timestamps, a copy" in flat(done.stderr)

@@ -296,3 +296,22 @@ def test_verify_of_a_missing_file_says_so_without_a_line(tmp_path):
     result = ledger.verify(tmp_path / "none.jsonl")
     assert not result.ok and result.problems[0].line is None and "missing" in str(result.problems[0])
     assert "line" not in str(result.problems[0])
+
+
+def test_a_look_on_another_fixture_set_repeats_one_whose_runs_it_shares():
+    """`look_repeats` across fixture sets: runs in common by id key or by what they measured (a renamed copy), with
+    the same model, or with every run predicted as that look did; a look before run keys were recorded counts as
+    the same runs only when it predicted as many configurations exactly alike."""
+    earlier = {"fixture_set_sha256": "f1", "model_sha256": "A", "prediction_digests": ["p1", "p2", "p3"],
+               "run_keys": [["i1", "m1"], ["i2", "m2"], ["i3", "m3"]]}
+    older = {k: v for k, v in earlier.items() if k != "run_keys"}
+    new_runs = [["i9", "m9"]]
+    assert ledger.look_repeats(earlier, "f2", "A", ["p2", "x"], [["i2", "m2"], ["i9", "m9"]])  # same model, overlap
+    assert ledger.look_repeats(earlier, "f2", "A", ["p1"], [["renamed", "m1"]])  # a renamed copy of run 1
+    assert not ledger.look_repeats(earlier, "f2", "A", ["p9"], new_runs)  # other runs: a new look
+    assert ledger.look_repeats(earlier, "f2", "B", ["p1", "p3"], [["i1", "m1"], ["i3", "x"]])  # predicted alike
+    assert not ledger.look_repeats(earlier, "f2", "B", ["p1", "p9"], [["i1", "m1"], ["i9", "m9"]])  # one run new
+    assert not ledger.look_repeats(earlier, "f2", "B", ["p1", "q"], [["i1", "m1"], ["i2", "m2"]])  # one moved
+    assert ledger.look_repeats(older, "f2", "B", ["p1", "p2", "p3"], new_runs * 3)
+    assert not ledger.look_repeats(older, "f2", "A", ["p1", "p2"], new_runs * 2)
+    assert ledger.look_repeats(earlier, "f1", "A", ["q1", "q2", "q3"], None) is False  # same set: `repeats`

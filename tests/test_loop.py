@@ -582,6 +582,58 @@ def test_a_planned_judgement_called_from_python_must_use_the_plans_tolerances(sh
     assert len(list(read_entries(ledger))) == 1  # refused before anything was recorded
 
 
+def test_a_look_at_runs_an_earlier_look_scored_repeats_it_under_another_fixture_set(shared_runs, shared_fixtures,
+                                                                                    shared_store, tmp_path):
+    """The fixture set's sha256 changes when the store is re-ingested (here with --lenient: other content hashes) or
+    holds other runs (here five of the test runs alone): the same model looking again at those runs, from its own
+    file or a copy elsewhere, learns nothing new. Each look records its runs' keys (a digest of the id and of what
+    the run measured, no id in the clear), and a look sharing runs with an earlier one repeats it when the model is
+    the same, or when it predicts every run it scores as that look did; a model that moves them looks."""
+    import shutil
+
+    from hops_calib.loop.model_files import default_model
+    from hops_calib.model import resolve_params
+    from hops_calib.store import FixtureStore
+
+    ledger, shipped = tmp_path / "ledger.jsonl", load_model(None)
+    assert cli("report", "--split", "test", "--fixtures", shared_fixtures, "--ledger", ledger).exit_code == 0
+    (entry,) = read_entries(ledger)
+    assert len(entry["run_keys"]) == entry["n_fixtures"] == len(shared_store.ids("test"))
+    assert not any(fixture_id in ledger.read_text() for fixture_id in shared_store.ids("test"))
+    recorded = ledger.read_bytes()
+    again, some = tmp_path / "again", tmp_path / "some"
+    assert cli("ingest", shared_runs, "--fixtures", again, "--lenient").exit_code == 0
+    with_a10g = [i for i in shared_store.ids("test") if "a10g" in shared_store.load(i).spec.devices][:5]
+    assert cli("ingest", *[shared_runs / i for i in with_a10g], "--fixtures", some).exit_code == 0
+    assert FixtureStore(some).ids("test") == with_a10g
+    for store in (again, some):
+        assert load_suite(store, "test").sha256 != entry["fixture_set_sha256"]
+    copied = tmp_path / "elsewhere" / "copy.toml"
+    copied.parent.mkdir()
+    shutil.copy(default_model(), copied)
+    cpu_only, slower_a10g = tmp_path / "cpu_only.toml", tmp_path / "slower_a10g.toml"
+    for path, term, params in ((cpu_only, "decoder_roofline", {"compute_efficiency@cpu": 0.123}),
+                               (slower_a10g, "layer_launch_floor", {"forward_ms_per_layer@a10g": 2.5})):
+        write_model(path, shipped.with_term(resolve_params(term, params, origin="test",
+                                                           base=shipped.active(term).params())))
+    for store in (again, some):
+        for model in (None, copied, cpu_only):  # the same model (its file, a copy) or the same predictions
+            model_args = ("--model", model) if model else ()
+            refused = cli("report", "--split", "test", "--fixtures", store, "--ledger", ledger, *model_args)
+            assert refused.exit_code == 2, (store, model, refused.output)
+            assert "would repeat entry 1" in refused.stderr and "under another fixture set" in refused.stderr
+            preview = cli("report", "--preview", "--fixtures", store, "--ledger", ledger, *model_args, "--json")
+            assert json.loads(preview.stdout)["repeat_of"] == 1
+    assert ledger.read_bytes() == recorded
+    # a model that moves the predictions of those runs looks; the same model again with --again is a repeat
+    assert cli("report", "--split", "test", "--fixtures", some, "--ledger", ledger, "--model", slower_a10g
+               ).exit_code == 0
+    assert cli("report", "--split", "test", "--fixtures", again, "--ledger", ledger, "--again").exit_code == 0
+    assert list(read_entries(ledger))[-1]["repeat_of"] == 1
+    looks = json.loads(cli("ledger", "looks", "--ledger", ledger, "--json").stdout)["looks"]
+    assert [look["repeat_of"] for look in looks] == [None, None, 1]
+
+
 def test_a_look_that_would_repeat_an_earlier_one_is_refused_before_anything_is_scored(shared_fixtures, tmp_path):
     """A model that predicts every held-out configuration as an earlier look's model did (here: the shipped model
     with a CPU-only parameter changed, which no cluster run reads) learns nothing new from a look."""

@@ -168,3 +168,81 @@ def test_links_to_job_directories_are_followed_once(job: Path, repo_root: Path, 
     (picked / "other").symlink_to(other, target_is_directory=True)
     report = ingest([picked], FixtureStore(tmp_path / "fixtures"))
     assert report.ok and sorted(o.run_id for o in report.outcomes) == sorted([RUN, other.name])
+
+
+def test_a_fixture_folder_holding_another_runs_copy_is_refused_and_the_next_ingest_rewrites_it(
+        job: Path, repo_root: Path, tmp_path: Path):
+    """A whole, digested fixture copied over another run's folder passes every file digest: the folder's name and
+    the fixture's own id must agree, else the copy would be scored (or listed) as the run whose folder it took."""
+    other = job.parent / "cpu_1f1b_l4_h512_s512_m6_run1"
+    shutil.copytree(repo_root / "traces" / other.name, other)
+    store = FixtureStore(tmp_path / "fixtures")
+    assert ingest([job], store, split="train").ok and ingest([other], store, split="test").ok
+    shutil.rmtree(store.root / RUN)
+    shutil.copytree(store.root / other.name, store.root / RUN)  # the test run's fixture, in the train run's folder
+    fresh = FixtureStore(store.root)
+    with pytest.raises(StoreError, match=f"is the fixture of run '{other.name}', not of '{RUN}'"):
+        fresh.load(RUN)
+    assert not fresh.intact(RUN)
+    result = CliRunner().invoke(app, ["evaluate", "--fixtures", str(store.root), "--ledger",
+                                      str(tmp_path / "ledger.jsonl")])
+    assert result.exit_code == 2 and f"delete {store.root / RUN}" in " ".join(result.output.split())
+    (store.root / "index.parquet").unlink()  # rebuilt from the folders: the copy is listed under neither name twice
+    assert FixtureStore(store.root).ids() == [other.name]
+    again = ingest([job], store)
+    assert again.count("updated") == 1 and store.load(RUN).split == "train" and store.load(RUN).id == RUN
+    assert FixtureStore(store.root).ids("train") == [RUN] and FixtureStore(store.root).ids("test") == [other.name]
+
+
+def test_a_reader_sees_no_run_of_a_first_ingest_until_it_finishes(job: Path, repo_root: Path, tmp_path: Path):
+    """Later ingests replace the index at their end, and readers read only the index: a store's first ingest
+    writes an empty index before its first fixture folder, so that readers meanwhile see an empty store rather
+    than the runs written so far; a first ingest that stores nothing leaves only its lock, as before."""
+    other = job.parent / "cpu_1f1b_l4_h512_s512_m6_run1"
+    shutil.copytree(repo_root / "traces" / other.name, other)
+    root = tmp_path / "fixtures"
+    seen: list[list[str]] = []
+    report = ingest([job.parent], FixtureStore(root), on_run=lambda outcome: seen.append(FixtureStore(root).ids()))
+    assert report.ok and len(seen) == 2
+    assert seen == [[], []]  # the first run's folder was in place while the second was read: not listed
+    assert FixtureStore(root).ids() == sorted([RUN, other.name])
+    # the same with the index deleted by hand: while an ingest writes, its folders are not read as the store
+    (root / "index.parquet").unlink()
+    third = job.parent / "cpu_1f1b_l4_h768_s256_m8_run1"
+    shutil.copytree(repo_root / "traces" / third.name, third)
+    seen.clear()
+    assert ingest([third], FixtureStore(root), on_run=lambda outcome: seen.append(FixtureStore(root).ids())).ok
+    assert seen == [[]] and len(FixtureStore(root).ids()) == 3
+    empty = tmp_path / "empty"
+    assert not ingest([job.parent / "missing"], FixtureStore(empty)).ok and not empty.exists()
+    (job / "megatron_args.txt").write_text("garbage\n")
+    bad = FixtureStore(tmp_path / "bad")
+    assert not ingest([job], bad).ok
+    assert [p.name for p in bad.root.iterdir()] == [".lock"]
+
+
+def test_a_copy_of_a_stored_run_under_another_id_is_refused(job: Path, repo_root: Path, tmp_path: Path):
+    """A copy of a stored run under a new name (as is, or with every timestamp shifted) would be split by its own
+    name: a test run's copy could land in train, and the store would count one measurement twice. Ingest refuses it,
+    naming the run it copies and its split, whether that run was stored before or comes in the same ingest; the run
+    itself, under its own id, is ingested as ever, and another run of the same configuration is no copy."""
+    from job_copies import copy_job, shifted_copy
+
+    store = FixtureStore(tmp_path / "fixtures")
+    assert ingest([job], store, split="test").ok
+    copies = [copy_job(job, tmp_path / "copies" / "fresh_run1"), shifted_copy(job, tmp_path / "shifted" / "fresh_run1",
+                                                                               1000)]
+    for copy in copies:
+        report = ingest([copy], store)
+        assert report.count("rejected") == 1, [o.status for o in report.outcomes]
+        assert (f"run 'fresh_run1' of {copy} is a copy of run '{RUN}' of this store (test split): the same "
+                "configuration and events") in report.rejected[0].error
+        assert FixtureStore(store.root).ids() == [RUN]  # nothing of the copy was written
+    fresh = FixtureStore(tmp_path / "fresh")
+    report = ingest([job, copies[1]], fresh)  # the run and its copy in one ingest: the copy is refused
+    assert [o.status for o in report.outcomes] == ["new", "rejected"] and FixtureStore(fresh.root).ids() == [RUN]
+    assert ingest([job], store).count("unchanged") == 1
+    repeat = job.parent / "cpu_1f1b_l4_h512_s256_m4_run2"  # the same configuration, measured again
+    shutil.copytree(repo_root / "traces" / repeat.name, repeat)
+    assert ingest([repeat], store).count("new") == 1
+    assert store.meta(RUN)["events_fingerprint"] != store.meta(repeat.name)["events_fingerprint"]

@@ -425,8 +425,9 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
                       f"{split} configurations otherwise than {against} ({seen['against']['model_sha256'][:12]})")
             if seen["repeat_of"] is not None:
                 print(f"a look at the {split} split now would repeat entry {seen['repeat_of']}: the model "
-                      f"{seen['model_sha256'][:12]} predicts all {seen['of']} configurations as that look's did, "
-                      "so `report` would refuse it (read its result with `hops-calib ledger looks`)")
+                      f"{seen['model_sha256'][:12]} is that look's, or predicts all {seen['of']} configurations as "
+                      "it did, on runs it scored; so `report` would refuse it (read its result with `hops-calib "
+                      "ledger looks`)")
             elif seen["changed_since"] is not None:
                 since = seen["changed_since"]
                 print(f"a look at the {split} split now: the model {seen['model_sha256'][:12]} predicts "
@@ -472,7 +473,8 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
                 print(f"predictions changed since the look of entry {since['seq']} on {since['changed']} of "
                       f"{since['of']} configurations")
             if "repeat_of" in result.ledger_entry:
-                print(f"a repeat of entry {result.ledger_entry['repeat_of']} (--again): the same predictions")
+                print(f"a repeat of entry {result.ledger_entry['repeat_of']} (--again): the same model or the same "
+                      "predictions, on runs it scored")
             if result.audited:
                 print(f"audit entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
             else:
@@ -682,7 +684,7 @@ def ledger_hold_out_command(fixtures: Path, ledger_path: Path | None, as_json: b
                   f"{fixtures}; every verb refuses them in a train split from now on")
         else:
             print(f"{ledger_path}: nothing appended: {fixtures} has no test split, or the ledger already holds out "
-                  "every group of it")
+                  "every group of it, by name and by every run's digest and fingerprint")
         return EXIT_OK
 
     return guarded(run, as_json)

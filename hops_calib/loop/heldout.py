@@ -2,8 +2,10 @@
 
 The ledger is the memory. An audited report records the groups it scored as
 test, and every judgement (evaluate, compare) records the groups its store held
-in test, each by name and by its runs' events digests (`held_out_groups`: group
--> sha256 of each run's events.parquet, which a renamed copy of a run shares).
+in test, each by name and by what its runs measured (`held_out_groups`: group
+-> the sha256 of each run's events.parquet, which a renamed copy of a run
+shares, and its `events_fingerprint` as `timing:<sha256>`, which a copy with
+its timestamps shifted shares too; a table's run by its row's content hash).
 The verbs that read the train split (evaluate, compare, tune, crossval,
 observe, predict ID) refuse a store that holds such a group in train, or a run
 whose events are a held-out run's, naming the groups and the entry that held
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hops_calib.errors import InputError
+from hops_calib.store.fixture_store import TIMING_KEY
 
 HELD_OUT_KEY = "held_out_groups"
 OVERRIDE_KEY = "held_out_override"
@@ -33,7 +36,7 @@ class Leak:
     group: str  # the store's train group
     ids: tuple[str, ...]  # its fixtures
     held_out_as: str  # the held-out group it is (its own name, or the group a copied run came from)
-    by: str  # "name" or "content"
+    by: str  # "name", "content" (the same events file) or "timing" (the same events up to a shift of the clocks)
     seq: int | None  # the ledger entry that held it out
     look: str  # what that entry was
 
@@ -41,7 +44,9 @@ class Leak:
         """The group and its runs, and for a copy, which held-out group it copies."""
         runs = ", ".join(self.ids[:3]) + (", ..." if len(self.ids) > 3 else "")
         copy = (f": the same events as a run of held-out group {self.held_out_as!r}, a renamed copy"
-                if self.by == "content" else "")
+                if self.by == "content" else
+                f": the same configuration and events as a run of held-out group {self.held_out_as!r} up to a shift "
+                "of its timestamps, a copy" if self.by == "timing" else "")
         return f"{self.group} ({runs}{copy})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,11 +109,17 @@ def leaks(store, entries: Iterable[dict[str, Any]]) -> list[Leak]:
             entry = by_name[group]
             found.append(Leak(group, ids, group, "name", entry.get("seq"), _look(entry)))
             continue
-        hit = next((by_digest[d] for d in info["digests"] if d in by_digest), None)
+        hit = next((d for d in sorted(info["digests"], key=_exact_first) if d in by_digest), None)
         if hit is not None:
-            held, entry = hit
-            found.append(Leak(group, ids, held, "content", entry.get("seq"), _look(entry)))
+            held, entry = by_digest[hit]
+            found.append(Leak(group, ids, held, "timing" if hit.startswith(TIMING_KEY) else "content",
+                              entry.get("seq"), _look(entry)))
     return found
+
+
+def _exact_first(digest: str) -> bool:
+    """Sort key: a run's exact events digest before its fingerprint (an exact copy is named as one)."""
+    return digest.startswith(TIMING_KEY)
 
 
 def _entries(ledger_path: Path | str | None) -> list[dict[str, Any]]:
@@ -200,14 +211,15 @@ RECORD_KIND = "held_out_record"
 def record_store(fixtures_dir: Path | str, ledger_path: Path | str | None) -> dict[str, Any] | None:
     """Append a `held_out_record` entry: the store's test groups (by name and events digest), remembered as held out
     from then on, with no look at them. For a store whose test split was assigned before the ledger recorded groups
-    (entries older than this guard carry none) or never judged on; None when the store has no test split, or when
-    the ledger already remembers every group of it (nothing is appended twice)."""
+    (entries older than this guard carry none, entries older than the fingerprints carry no `timing:` keys) or
+    never judged on; None when the store has no test split, or when the ledger already remembers every group of it
+    by name and every digest of its runs (nothing is appended twice)."""
     from hops_calib.loop import ledger
 
     store = _open_stores(fixtures_dir)[0]
     held = store_held_out(store)
-    by_name, _ = remembered(_entries(ledger_path))
-    if not held or set(held) <= set(by_name):
+    by_name, by_digest = remembered(_entries(ledger_path))
+    if not held or (set(held) <= set(by_name) and {d for ds in held.values() for d in ds} <= set(by_digest)):
         return None
     path = ledger.resolve(ledger_path)
     ledger.check_appendable(path)

@@ -385,7 +385,8 @@ class Look:
     gap_to_train_pp: float | None  # held-out minus train MAPE of the same model, when the entry carries train's
     evaluations_since: int  # candidate evaluations and comparisons since the previous look (any decision)
     changes_since: int  # of those, the ones that changed a model file (accepted and committed; committed compares)
-    # the seq of an earlier look at the same fixture set with the same model or the same predictions, if any
+    # the seq of an earlier look it repeats (`look_repeats`: the same fixture set, or runs in common, with the same
+    # model or the same predictions), if any
     repeat_of: int | None
     # configurations predicted otherwise than at the last earlier look on the same fixture set that recorded its
     # predictions' digests (report since session 6); None when either look has none
@@ -418,11 +419,41 @@ def repeats(earlier: dict[str, Any], model_sha256: str, digests: list[str] | Non
     return earlier.get("model_sha256") == model_sha256
 
 
+RUN_KEYS = "run_keys"  # a report's runs, in suite order, without their names: [sha of the id, what it measured]
+
+
+def look_repeats(earlier: dict[str, Any], fixture_set: str, model_sha256: str, digests: list[str] | None,
+                 run_keys: list[list[str]] | None) -> bool:
+    """Whether a look (its fixture set, model, prediction digests and `run_keys`, in suite order) repeats the
+    `earlier` look of the same split. On the same fixture set: `repeats`. On another (the store re-ingested, its
+    runs moved, runs added or dropped): when some of its runs are the earlier look's (the same id, or the same
+    measurement under another id) and the model is the same, or every run it scores is one of the earlier look's
+    predicted alike. An earlier look that recorded no run keys counts as the same runs when it predicted as many
+    configurations exactly alike, in order."""
+    if earlier.get("fixture_set_sha256") == fixture_set:
+        return repeats(earlier, model_sha256, digests)
+    theirs, their_digests = earlier.get(RUN_KEYS), earlier.get("prediction_digests")
+    if not theirs:
+        return bool(digests) and their_digests == digests
+    if not run_keys:
+        return False
+    where = {key: i for i, keys in enumerate(theirs) for key in keys}
+    matched = [(j, next((where[key] for key in keys if key in where), None)) for j, keys in enumerate(run_keys)]
+    shared = [(j, i) for j, i in matched if i is not None]
+    if not shared:
+        return False
+    if earlier.get("model_sha256") == model_sha256:
+        return True
+    return (len(shared) == len(run_keys) and bool(digests) and bool(their_digests)
+            and all(digests[j] == their_digests[i] for j, i in shared))
+
+
 def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], split: str = "test") -> list[Look]:
     """Every report on `split` (the held-out split), in order, with the work between it and the look before: how
     adaptively the held-out split was used, at a glance."""
     looks: list[Look] = []
     earlier: dict[str, list[dict[str, Any]]] = {}  # fixture set -> its looks so far, in order
+    every: list[dict[str, Any]] = []  # every look so far, in order
     evaluations = changes = 0
     for entry in entries:
         kind = entry.get("kind")
@@ -432,8 +463,10 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
         elif kind == "report" and entry.get("split") == split:
             aggregates, train = entry.get("aggregates") or {}, entry.get("train_aggregates")
             model, digests = entry.get("model_sha256", ""), entry.get("prediction_digests")
-            before = earlier.setdefault(entry.get("fixture_set_sha256", ""), [])
-            repeated = next((e for e in before if repeats(e, model, digests)), None)
+            fixture_set = entry.get("fixture_set_sha256", "")
+            before = earlier.setdefault(fixture_set, [])
+            repeated = next((e for e in every if look_repeats(e, fixture_set, model, digests, entry.get(RUN_KEYS))),
+                            None)
             recorded = next((e for e in reversed(before) if e.get("prediction_digests")), None)
             mape = float(aggregates.get("throughput_mape_pct", float("nan")))
             looks.append(Look(seq=int(entry["seq"]), time=str(entry.get("time", "")), split=split,
@@ -446,6 +479,7 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
                                   recorded["prediction_digests"] if recorded else None, digests),
                               gap_interval_pp=_gap_interval(entry)))
             before.append(entry)
+            every.append(entry)
             evaluations = changes = 0
     return looks
 

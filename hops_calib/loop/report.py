@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
-from hops_calib.loop.ledger import code_revision, now_utc
+from hops_calib.loop.ledger import RUN_KEYS, code_revision, now_utc
 from hops_calib.loop.score import RunScore, SuiteScore
 from hops_calib.loop.suite import SPLITS, Suite, TEST, TRAIN, load_suite, open_store, score_model, suite_if_any
 from hops_calib.model import Model
@@ -92,24 +92,41 @@ class RepeatedLook(InputError):
     """A held-out report whose answer the ledger already holds: the model predicts every configuration as an
     earlier look's did."""
 
-    def __init__(self, split: str, entry: dict[str, Any], n: int) -> None:
+    def __init__(self, split: str, entry: dict[str, Any], n: int, fixture_set: str) -> None:
         self.seq = int(entry["seq"])
+        model = str(entry.get("model_sha256", ""))[:12]
         same = ("the same model" if "prediction_digests" not in entry else
-                f"model {str(entry.get('model_sha256', ''))[:12]}, whose predictions on all {n} {split} "
-                f"configurations are this model's")
+                f"model {model}, whose predictions on all {n} {split} configurations are this model's")
+        if entry.get("fixture_set_sha256") != fixture_set:  # (`ledger.look_repeats`)
+            same = (f"model {model} on runs this look scores, under another fixture set (the runs re-ingested, moved "
+                    f"or renamed, or runs added or dropped since): the same model, or this model's predictions of "
+                    f"every run")
         super().__init__("report", f"this look would repeat entry {self.seq} ({same}): its result is already in "
                          f"the ledger, and nothing was scored or appended", field="split",
                          hint=f"read it with `hops-calib ledger looks`; a change that moves no {split} prediction "
                               "tells nothing new there. Pass --again to look anyway (recorded as a repeat)")
 
 
-def _earlier_looks(ledger_path: Path | str, split: str, fixture_set: str) -> list[dict[str, Any]]:
+def _earlier_looks(ledger_path: Path | str, split: str, fixture_set: str | None) -> list[dict[str, Any]]:
+    """The ledger's looks at `split`, in order: on `fixture_set`, or on any fixture set (None)."""
     from hops_calib.loop import ledger
 
     if not Path(ledger_path).exists():
         return []
     return [e for e in ledger.read_entries(ledger_path) if e.get("kind") == "report" and e.get("split") == split
-            and e.get("fixture_set_sha256") == fixture_set]
+            and fixture_set in (None, e.get("fixture_set_sha256"))]
+
+
+def run_keys(suite: Suite) -> list[list[str]]:
+    """Each run of a suite, in order, by what names it and what it measured, without naming it: [sha256 of its id,
+    its events fingerprint (a run with events) or its row's content hash (a table's run)], 16 hex digits each. A
+    later look at the same runs, re-ingested, moved or renamed, shares one of them."""
+    store = open_store(suite.fixtures_dir)
+    keys = []
+    for run_id, content, events in zip(suite.ids, suite.content_hashes, suite.has_events):
+        measured = store.fingerprint(run_id) if events else content
+        keys.append([hashlib.sha256(f"run id {run_id}".encode()).hexdigest()[:16], measured[:16]])
+    return keys
 
 
 def _look_inputs(fixtures_dir: Path | str, split: str, model_path: Path | str | None) -> tuple[Path, Model, Suite]:
@@ -135,21 +152,28 @@ def _predicted_digests(suite: Suite, model: Model, model_path: Path | str, split
 
 
 def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: str, ledger_path: Path | str):
-    """The model's predictions of `suite`, their digests, the earlier look this one would repeat (or None), and
-    {"seq", "changed", "of"} against the latest earlier look that recorded its digests (or None)."""
-    from hops_calib.loop.ledger import predictions_moved, repeats
+    """The model's predictions of `suite`, their digests, the suite's `run_keys` (None for train), the earlier look
+    this one would repeat (or None), and {"seq", "changed", "of"} against the latest earlier look on the same
+    fixture set that recorded its digests (or None)."""
+    from hops_calib.loop.ledger import look_repeats, predictions_moved
 
     predictions, digests = _predicted_digests(suite, model, model_path, split)
-    earlier = _earlier_looks(ledger_path, split, suite.sha256) if split != TRAIN else []
+    if split == TRAIN:
+        return predictions, digests, None, None, None
+    keys = run_keys(suite)
+    earlier = _earlier_looks(ledger_path, split, None)
     # The same model whose predictions moved (the simulator's code changed) is no repeat: its look tells what the
-    # code change did. Where a look recorded no digests (before they existed), the same model stands in.
-    repeat = next((e for e in reversed(earlier) if repeats(e, model.sha256, digests)), None)
-    recorded = next((e for e in reversed(earlier) if e.get("prediction_digests")), None)
+    # code change did. Where a look recorded no digests (before they existed), the same model stands in. A look at
+    # another fixture set repeats one whose runs it shares (`look_repeats`): re-ingesting or moving the runs, or
+    # adding some, does not make the same model's look new.
+    repeat = next((e for e in reversed(earlier) if look_repeats(e, suite.sha256, model.sha256, digests, keys)), None)
+    recorded = next((e for e in reversed(earlier) if e.get("prediction_digests")
+                     and e.get("fixture_set_sha256") == suite.sha256), None)
     changed_since = None
     if recorded is not None:
         changed_since = {"seq": int(recorded["seq"]), "of": len(digests),
                          "changed": predictions_moved(recorded["prediction_digests"], digests)}
-    return predictions, digests, repeat, changed_since
+    return predictions, digests, keys, repeat, changed_since
 
 
 def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
@@ -166,7 +190,7 @@ def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Pat
 
     warn_if_broken(ledger_path)
     model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
-    _, digests, repeat, changed_since = _look_against_earlier(suite, model, model_path, split, ledger_path)
+    _, digests, _keys, repeat, changed_since = _look_against_earlier(suite, model, model_path, split, ledger_path)
     compared = None
     if against is not None:
         from hops_calib.loop.model_files import load_model
@@ -205,9 +229,10 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
 
     Only aggregates leave this function: no per-run error, so nobody can tune
     against single held-out runs through it. A held-out look whose model predicts every configuration as an
-    earlier look's model did (same digests, or the same model) is refused before anything is scored
-    (`RepeatedLook`), unless `again`: its answer is in the ledger already. The entry records the predictions'
-    digests in the suite's order (no fixture id), so that later looks can be compared with it.
+    earlier look's model did (same digests, or the same model), or that shares runs with an earlier look on
+    another fixture set (`ledger.look_repeats`), is refused before anything is scored (`RepeatedLook`), unless
+    `again`: its answer is in the ledger already. The entry records the predictions' digests and the runs'
+    `run_keys` in the suite's order (no fixture id), so that later looks can be compared with it.
     """
     from hops_calib.loop import ledger
 
@@ -217,9 +242,10 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
         check_appendable(ledger_path)
     model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
     # The predictions first, from the configurations alone: whether this look can tell anything new.
-    predictions, digests, repeat, changed_since = _look_against_earlier(suite, model, model_path, split, ledger_path)
+    predictions, digests, keys, repeat, changed_since = _look_against_earlier(suite, model, model_path, split,
+                                                                              ledger_path)
     if repeat is not None and not again:
-        raise RepeatedLook(split, repeat, len(digests))
+        raise RepeatedLook(split, repeat, len(digests), suite.sha256)
     # Beside a held-out report, the same model on train: the distance the calibration promise is judged by.
     train_suite = suite_if_any(fixtures_dir, TRAIN) if split != TRAIN else None
     progress.start(len(suite.ids) + (len(train_suite.ids) if train_suite is not None else 0))
@@ -246,6 +272,7 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
         **({"outside_train": outside} if outside is not None else {}),
         "intervals": intervals,
         "prediction_digests": digests,
+        **({RUN_KEYS: keys} if keys is not None else {}),
         **({"repeat_of": int(repeat["seq"])} if repeat is not None else {}),
         # the groups this look held out, by name and by their runs' events: never trained on from now on
         **({heldout.HELD_OUT_KEY: heldout.store_held_out(open_store(fixtures_dir))} if split == TEST else {}),

@@ -141,6 +141,35 @@ def meta_digest(meta: dict[str, Any]) -> str:
 
 
 META_DIGEST, FILE_DIGESTS = "fixture_sha256", "file_sha256"
+# fixture.json's `events_fingerprint` (`events_fingerprint`): what the run measured, whatever its id, folder or clock
+FINGERPRINT = "events_fingerprint"
+TIMING_KEY = "timing:"  # an events fingerprint among a group's digests (the ledger's held_out_groups)
+_CONFIGURATION = ("model", "pp", "vp", "dp", "microbatches", "devices")
+_FINGERPRINT_ROWS = 1 << 18
+
+
+def events_fingerprint(columns: Any, spec: dict[str, Any]) -> str:
+    """sha256 of what a run measured, whatever its id, its folder or its clocks: its configuration (the spec's
+    model, pipeline and device types) and its events in stored order, each stage's times counted from that stage's
+    first event. A copy of a run under another name, or with every timestamp shifted (on one clock, or each
+    rank's by its own amount), has the same; two runs of one configuration never do (their timings differ).
+    `columns`: the event columns (`EVENT_COLUMNS`), as ingest holds them or as read from events.parquet."""
+    import hashlib
+
+    outer = hashlib.sha256(b"hops-calib events fingerprint v1\n")
+    outer.update(dumps({key: spec.get(key) for key in _CONFIGURATION}).encode())
+    stage, start = np.asarray(columns["stage"]), np.asarray(columns["start_ns"], dtype=np.int64)
+    first = np.full(int(stage.max()) + 1 if len(stage) else 0, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, stage, start)
+    for name in EVENT_COLUMNS:  # (in slices: a 2 GB trace's events hashed in a few MB beside its columns)
+        outer.update(name.encode() + b"\0")
+        column = np.asarray(columns[name])
+        for low in range(0, len(column), _FINGERPRINT_ROWS):
+            part = column[low:low + _FINGERPRINT_ROWS].astype(np.int64)
+            if name in ("start_ns", "end_ns"):
+                part -= first[stage[low:low + _FINGERPRINT_ROWS]]
+            outer.update(part.tobytes())
+    return outer.hexdigest()
 
 
 def _json_default(value: Any) -> Any:
@@ -268,6 +297,34 @@ def read_events(path: Path) -> pd.DataFrame:
     return frame
 
 
+def _event_codes(path: Path, hint: str) -> dict[str, np.ndarray]:
+    """The event columns of an events.parquet as ingest held them (kind and phase as codes), with pyarrow alone (the
+    loop's verbs read no pandas)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path).read(columns=list(EVENT_COLUMNS)).unify_dictionaries()
+    except (OSError, pa.ArrowException) as err:
+        raise FixtureFileError(path, f"cannot be read: {err.__class__.__name__}: {err}", hint=hint) from None
+    def integers(array: Any) -> np.ndarray:  # (Arrow's to_numpy imports pandas: read the data buffer itself)
+        if array.null_count:
+            raise FixtureFileError(path, f"has empty values in an integer column ({array.type})", hint=hint)
+        values = np.frombuffer(array.buffers()[1], dtype=np.dtype(str(array.type)))
+        return values[array.offset:array.offset + len(array)]
+
+    columns = {}
+    for name in EVENT_COLUMNS:
+        column = table.column(name).combine_chunks()
+        if name in CATEGORIES:  # stored as a dictionary: its indices, mapped onto the category order ingest used
+            known = list(CATEGORIES[name])
+            codes = np.array([known.index(value) for value in column.dictionary.to_pylist()], dtype=np.int64)
+            columns[name] = codes[integers(column.indices)]
+        else:
+            columns[name] = integers(column)
+    return columns
+
+
 def _unreadable_index(path: Path, err: Exception) -> FixtureFileError:
     return FixtureFileError(path, f"cannot be read: {type(err).__name__}: {err}",
                             hint="delete it: it is rebuilt from the fixture folders (the next ingest writes it again)")
@@ -333,6 +390,7 @@ class FixtureStore:
         self._tables: dict[str, tuple[dict[str, Any], pd.DataFrame]] = {}
         self._index: pd.DataFrame | None = None
         self._rows: list[dict[str, Any]] | None = None
+        self._fingerprints: dict[str, str] = {}  # fixtures whose fixture.json records none: computed once
         # the journal of the ingest holding the lock through this object (see `lock`)
         self._journal: dict[str, Any] = {}
         self._left_writing = self._finished = False
@@ -419,8 +477,9 @@ class FixtureStore:
                 return frame
             except Exception as err:  # noqa: BLE001 - pyarrow raises its own types; all mean an unreadable file
                 raise _unreadable_index(path, err) from None
-        if self.fixture_folders() or self.table_folders():
-            return self.build_index()
+        if (self.fixture_folders() or self.table_folders()) and (self._journal or not self.locked()):
+            return self.build_index()  # (an index deleted by hand; while another ingest writes, its folders are not
+            # what the store holds yet: no run, as its index would list before it finishes)
         return pd.DataFrame({name: pd.Series(dtype="object") for name in INDEX_COLUMNS})
 
     def rows(self) -> list[dict[str, Any]]:
@@ -461,6 +520,11 @@ class FixtureStore:
                    meta else "changed after ingest wrote it (its sha256 is not the one it records)")
             raise FixtureFileError(path, f"{why}; its split and provenance cannot be trusted",
                                    hint=_reingest(path.parent, meta if isinstance(meta, dict) else None))
+        if meta.get("id") != fixture_id:  # whole and digested, but another run's: a folder copied over this one
+            raise FixtureFileError(path, f"is the fixture of run {meta.get('id')!r}, not of {fixture_id!r} (its "
+                                   "folder): another run's fixture was copied over it, so what it holds is not "
+                                   f"{fixture_id}'s", hint=f"delete {path.parent} and ingest the job of "
+                                   f"{fixture_id} again (hops-calib ingest JOB --fixtures {path.parent.parent})")
         return meta
 
     def legacy_meta(self, fixture_id: str) -> dict[str, Any] | None:
@@ -547,23 +611,41 @@ class FixtureStore:
             found.update((row["id"], measured_fixture(row, meta, folder)) for row in mine.to_dict(orient="records"))
         return [found[i] if i in found else self.load(i) for i in ids]
 
+    def fingerprint(self, fixture_id: str) -> str:
+        """The `events_fingerprint` of a run with events: as its fixture.json records it, else (a fixture ingested
+        before it was recorded) computed from its events.parquet and spec.json, checked against their digests."""
+        meta = self.meta(fixture_id)
+        if meta.get(FINGERPRINT):
+            return meta[FINGERPRINT]
+        if fixture_id not in self._fingerprints:
+            folder = self.folder(fixture_id)
+            hint = _reingest(folder, meta)
+            spec_text = _read_text(folder / SPEC_FILE, hint)
+            check_digest(folder / SPEC_FILE, meta, hint, text_digest(spec_text))
+            check_digest(folder / EVENTS_FILE, meta, hint)
+            self._fingerprints[fixture_id] = events_fingerprint(_event_codes(folder / EVENTS_FILE, hint),
+                                                                _parse_json(folder / SPEC_FILE, spec_text, hint))
+        return self._fingerprints[fixture_id]
+
     def group_digests(self, split: str) -> dict[str, dict[str, list[str]]]:
-        """group -> {"ids": its fixtures in `split`, "digests": their events' sha256 (what the runs measured, as
-        fixture.json records it: a renamed copy of a run has the same)}, for every group with fixtures in `split`."""
+        """group -> {"ids": its fixtures in `split`, "digests": what the runs measured, whatever their names: a run
+        with events by its events' sha256 (as fixture.json records it) and its `events_fingerprint` (prefixed
+        `TIMING_KEY`: the same for a copy whose timestamps were shifted), a run of a table folder by its row's content
+        hash}, for every group with fixtures in `split`."""
         groups: dict[str, dict[str, list[str]]] = {}
         kinds = {row["id"]: row for row in self.rows()}
         for fixture_id in self.ids(split):
             row = kinds.get(fixture_id)
             if row is not None and row["kind"] == ITERATION_KIND:
                 # a run of a table folder has no events file: its digest is its row's content hash (what it measured)
-                group, digest = row["group"], row["content_hash"]
+                group, digests = row["group"], [row["content_hash"]]
             else:
                 meta = self.meta(fixture_id)
-                group, digest = meta["group"], (meta.get(FILE_DIGESTS) or {}).get(EVENTS_FILE)
+                group = meta["group"]
+                digests = [(meta.get(FILE_DIGESTS) or {}).get(EVENTS_FILE), TIMING_KEY + self.fingerprint(fixture_id)]
             entry = groups.setdefault(group, {"ids": [], "digests": []})
             entry["ids"].append(fixture_id)
-            if digest:
-                entry["digests"].append(digest)
+            entry["digests"] += [digest for digest in digests if digest]
         return groups
 
     def split_of_groups(self) -> dict[str, str]:
@@ -661,11 +743,19 @@ class FixtureStore:
                              "writing": self._left_writing}
             self._finished = False
             atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))
+            new = not (self.root / INDEX).exists() and not self.fixture_folders() and not self.table_folders()
+            if new:
+                # A new store gets its (empty) index before any fixture folder: readers see no run until the index
+                # lists them at the end, as during any later ingest (they read the index, never the folders).
+                self.write_index()
             yield
+            if new and self._lists_nothing() and not self.fixture_folders() and not self.table_folders():
+                (self.root / INDEX).unlink(missing_ok=True)  # nothing stored: the store is as it was
             if not self._journal["writing"] or self._finished:
                 (self.root / JOURNAL_FILE).unlink(missing_ok=True)
         finally:
             lock.release()
+            self._journal = {}  # (no longer the writer: it reads as any reader)
 
     def begin_writing(self) -> None:
         """Record (before the first change) that the store is changing: should the writer stop before `finish`,
@@ -688,6 +778,17 @@ class FixtureStore:
         if self.root.is_dir() and {p.name for p in self.root.iterdir()} <= {LOCK_FILE}:
             (self.root / LOCK_FILE).unlink(missing_ok=True)
             self.root.rmdir()
+
+    def _lists_nothing(self) -> bool:
+        """Whether the index file is absent or lists no run."""
+        import pyarrow.parquet as pq
+
+        if not (self.root / INDEX).is_file():
+            return True
+        try:
+            return pq.ParquetFile(self.root / INDEX).metadata.num_rows == 0
+        except Exception:  # noqa: BLE001 - a damaged index: not ours to remove
+            return False
 
     def unfinished(self) -> list[str]:
         """Names of what an interrupted writer left (temporary or displaced fixture folders): `recover` clears them."""
@@ -754,6 +855,8 @@ class FixtureStore:
 
     def index_row(self, folder: Path) -> dict[str, Any]:
         meta = json.loads((folder / FIXTURE_FILE).read_text(encoding="utf-8"))
+        if meta["id"] != folder.name:  # another run's fixture copied over this folder: not listed as either
+            raise ValueError(f"{folder / FIXTURE_FILE} is the fixture of {meta['id']!r}")
         spec = json.loads((folder / SPEC_FILE).read_text(encoding="utf-8"))
         truth = Truth.from_dict(json.loads((folder / TRUTH_FILE).read_text(encoding="utf-8")))
         metrics = truth.metrics

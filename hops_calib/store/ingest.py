@@ -8,6 +8,7 @@ One bad run never stops the others: it is rejected with the reader's message
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -19,8 +20,9 @@ import numpy as np
 
 from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec, check_simulable, coordinates_of
-from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, INDEX, FixtureStore,
-                                           StoreError, check_fixture_id, file_digest, write_events)
+from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, FINGERPRINT, INDEX,
+                                           FixtureStore, StoreError, check_fixture_id, events_fingerprint, file_digest,
+                                           write_events)
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.trace import (TraceError, find_arguments, find_job_dirs, rank_files, read_manifest, read_rank_events,
@@ -90,6 +92,7 @@ class RunData:
     quality: dict[str, Any]
     hostnames: list[str]
     warnings: list[str]
+    fingerprint: str = ""  # `events_fingerprint`: what the run measured, whatever its name or clocks
 
 
 def content_hash(job_dir: Path, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS) -> str:
@@ -222,6 +225,7 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     n_events = len(stage)
     del stage
     write_events(columns, events_path)
+    fingerprint = events_fingerprint(columns, json.loads(spec.to_json()))
     t0_ns = int(columns["start_ns"].min())
     timeline = compact_timeline(columns, t0_ns)
     del columns
@@ -260,7 +264,8 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     }
     if collective_summary is not None:  # only runs whose logs have collective lines (old fixtures stay as they were)
         quality["collectives"] = collective_summary
-    return RunData(spec=spec, truth=truth, quality=quality, hostnames=hostnames, warnings=warnings)
+    return RunData(spec=spec, truth=truth, quality=quality, hostnames=hostnames, warnings=warnings,
+                   fingerprint=fingerprint)
 
 
 def _starts_sorted_within_stage(columns: dict[str, np.ndarray]) -> bool:
@@ -348,10 +353,11 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         group_split = context.group_split
         changed = False
         batch_sources: dict[str, Path] = {}
+        copies = _Copies(store, stored)
         for job_dir in job_dirs:
             outcome = RunOutcome(source=job_dir)
             try:
-                changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources,
+                changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources, copies,
                                        split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms,
                                        measured=context.table_runs.keys() | context.tables.keys())
             except Exception as err:  # noqa: BLE001 - one run's failure, whatever it is, is that run's rejection
@@ -442,8 +448,37 @@ def _check_apart(store_root: Path, job_dirs: list[Path]) -> None:
                              "outside the job directories, e.g. --fixtures fixtures")
 
 
+class _Copies:
+    """The `events_fingerprint` of every run with events in the store (read once, when a run is first written) and
+    in this ingest: a run whose fingerprint another id holds is a copy of that run."""
+
+    def __init__(self, store: FixtureStore, stored: dict[str, dict[str, Any]]) -> None:
+        self.store, self.stored = store, stored
+        self.holders: dict[str, str] | None = None  # fingerprint -> run id
+
+    def refuse(self, run_id: str, job_dir: Path, fingerprint: str) -> None:
+        """StoreError when another run of the store (or of this ingest) measured exactly this: the same
+        configuration and events, up to its name, folder and clocks; else remember it as `run_id`'s."""
+        if self.holders is None:
+            self.holders = {}
+            for other in self.stored:
+                try:
+                    self.holders.setdefault(self.store.fingerprint(other), other)
+                except (StoreError, OSError):  # a damaged fixture: rewritten when its own job is ingested
+                    continue
+        holder = self.holders.get(fingerprint)
+        if holder is not None and holder != run_id:
+            split = self.stored.get(holder, {}).get("split")
+            raise StoreError(f"run {run_id!r} of {job_dir} is a copy of run {holder!r} of this store"
+                             + (f" ({split} split)" if split else "") + ": the same configuration and events, up to "
+                             "the name and a shift of the clocks; a copy would count one measurement twice (and a "
+                             "test run's, under a new name, could land in train). Ingest one copy of a job; to keep "
+                             f"it under the new id instead, delete {self.store.root / holder} first")
+        self.holders[fingerprint] = run_id
+
+
 def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored: dict[str, dict[str, Any]],
-                group_split: dict[str, str], batch_sources: dict[str, Path], *, split: str,
+                group_split: dict[str, str], batch_sources: dict[str, Path], copies: _Copies, *, split: str,
                 test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS,
                 measured: Any = frozenset()) -> bool:
     """Ingest one job directory; returns whether the store changed. `measured`: the ids of the store's
@@ -483,6 +518,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
         data = read_run(job_dir, folder / EVENTS_FILE, lenient, skew_ms)
         if previous and FILE_DIGESTS in previous:
             _refuse_clash(store, run_id, previous, job_dir, file_digest(folder / EVENTS_FILE))
+        copies.refuse(run_id, job_dir, data.fingerprint)
         outcome.warnings += data.warnings
         meta = {
             "id": run_id,
@@ -496,6 +532,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
             "manifest": manifest,
             "hostnames": data.hostnames,
             "quality": data.quality,
+            FINGERPRINT: data.fingerprint,
         }
         store.write_summary(folder, meta=meta, spec=data.spec, truth=data.truth)
     group_split[group] = chosen

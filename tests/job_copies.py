@@ -1,0 +1,33 @@
+"""Copies of a job directory as someone slipping a run past the held-out guard would make them: under another name,
+writable, and with every event's timestamps shifted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+from pathlib import Path
+
+
+def copy_job(job: Path, target: Path) -> Path:
+    """`job` copied to `target` (another name), every file writable (the shared runs are read-only)."""
+    shutil.copytree(job, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    return target
+
+
+def shifted_copy(job: Path, target: Path, shift_ns: int) -> Path:
+    """`copy_job`, with every event's timestamps shifted: rank r's by shift_ns + 7 r ns (each rank's clock its own
+    offset; a microsecond and a few ns, far inside ingest's clock-skew allowance)."""
+    copy_job(job, target)
+    for log in sorted((target / "megatron_trace").glob("rank*.jsonl")):
+        lines = []
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            for key in ("start_wall_ns", "end_wall_ns"):
+                if key in event:
+                    event[key] += shift_ns + 7 * int(event["rank"])
+            lines.append(json.dumps(event))
+        log.write_text("\n".join(lines) + "\n")
+    return target
