@@ -103,3 +103,27 @@ def test_a_store_given_twice_or_runs_in_two_stores_are_refused(tmp_path):
         assert error["field"] == "fixtures"
     assert "also in the store" in json.loads(cli("evaluate", "--fixtures", store, "--fixtures", other, "--json"
                                                  ).stdout)["error"]["message"]
+
+
+def test_a_store_grown_since_its_calibration_still_holds_its_runs(tmp_path):
+    """New captures added to a store the model was calibrated on (a grown store: the calibrated runs and more) still
+    hold the calibration, with a warning; a store that lost one of those runs does not."""
+    small = store_of(tmp_path, "small", lambda name: "interleaved" not in name)
+    ledger, model = tmp_path / "ledger" / "ledger.jsonl", tmp_path / "model.toml"
+    shutil.copy(SHIPPED, model)
+    common = ("--model", model, "--ledger", ledger, "--json")
+    first = candidate(tmp_path, "host-a", 'action = "set"\nterm = "iteration_host_overhead"\nparams = { host_ms = 2.5 }')
+    plan = json.loads(cli("ledger", "plan", "--note", "start the record on the small store", "--candidate", first,
+                          "--tolerance-mape-pp", "50", "--tolerance-bubble-mae-pp", "50", "--tolerance-rho", "2",
+                          "--tolerance-run-throughput-pp", "50", "--tolerance-run-bubble-pp", "50", "--ledger", ledger,
+                          "--json").stdout)
+    assert cli("evaluate", first, "--fixtures", small, *common, "--plan", plan["seq"], "--commit").exit_code == 0
+    second = candidate(tmp_path, "host-b", 'action = "set"\nterm = "iteration_host_overhead"\nparams = { host_ms = 2.9 }')
+    grown = store_of(tmp_path, "grown", lambda name: True)
+    judged = cli("evaluate", second, "--fixtures", grown, *common)
+    assert judged.exit_code in (0, 1), judged.output
+    calibration = json.loads(judged.stdout)["calibration"]
+    assert calibration["store_holds_it"] and "more" in calibration["match"]
+    shrunk = store_of(tmp_path, "shrunk", lambda name: "interleaved" not in name and "l6_h384" not in name)
+    refused = cli("evaluate", second, "--fixtures", shrunk, *common)
+    assert refused.exit_code == 4, refused.output

@@ -40,7 +40,9 @@ args = parser.parse_args()
 
 suite = load_suite(args.fixtures, "train")  # never the test split
 store = open_store(args.fixtures)
-reals = [real_components(store.load(fixture_id)) for fixture_id in suite.ids]
+# the traced components (stage, optimizer, between-iteration times) where the runs have events; iteration-level
+# runs (a table's, a training log's) have none: fit them with --w-comp 0 (and --w-bubble 0 --w-rho 0)
+reals = [real_components(store.load(fixture_id)) for fixture_id in suite.ids] if args.w_comp else []
 base = load_model(args.model)
 names = [tuple(p.split(":", 1)) for p in args.params]
 bounds, start = [], []
@@ -65,12 +67,12 @@ def objective(x, show=False):
     model = model_at(x)
     suite_score = score_model(suite, model, origin="joint_fit").suite
     mispriced = mispriced_time_pct(reals, [predicted_components(model.pipeline(s)) for s in suite.specs],
-                                   [s.microbatches for s in suite.specs], [s.pp for s in suite.specs])
-    value = (suite_score.throughput_mape_pct + args.w_bubble * suite_score.bubble_mae_pp
-             + args.w_rho * (1 - suite_score.util_spearman_mean) + args.w_comp * mispriced)
+                                   [s.microbatches for s in suite.specs], [s.pp for s in suite.specs]) if reals else 0.0
+    bubble, rho = suite_score.bubble_mae_pp or 0.0, suite_score.util_spearman_mean or 1.0  # None without events
+    value = (suite_score.throughput_mape_pct + args.w_bubble * bubble + args.w_rho * (1 - rho) + args.w_comp * mispriced)
     if show:
-        print(f"MAPE {suite_score.throughput_mape_pct:.3f} %, bubble MAE {suite_score.bubble_mae_pp:.3f} pp, "
-              f"rho {suite_score.util_spearman_mean:.3f}, mispriced {mispriced:.2f} %, objective {value:.3f}")
+        print(f"MAPE {suite_score.throughput_mape_pct:.3f} %, bubble MAE {bubble:.3f} pp, "
+              f"rho {rho:.3f}, mispriced {mispriced:.2f} %, objective {value:.3f}")
     return value
 
 

@@ -309,6 +309,8 @@ def _match(suite, calibrated: FixtureSet) -> str:
         return "same fixture set"
     if calibrated.runs is not None and tuple(sorted(suite.ids)) == tuple(sorted(calibrated.runs)):
         return "same runs re-ingested"
+    if calibrated.runs is not None and set(calibrated.runs) < set(suite.ids):
+        return f"same runs and {len(set(suite.ids) - set(calibrated.runs))} more"
     if calibrated.runs is None and calibrated.devices and tuple(calibrated.devices) == store_devices(suite) \
             and calibrated.n_runs == len(suite.ids):
         return "same device types and run count"
@@ -334,7 +336,7 @@ def check_store(record: Record, scope: Scope, suite, verb: str, *, off_record: b
         if how != "same fixture set":
             warnings.append(f"{part.fixtures_dir}: fixture set {part.sha256[:12]} is not the {calibrated.describe()} "
                             f"{scope.describe()} {scope.was} calibrated on, but holds {how.replace('same', 'the same')}"
-                            " (re-ingested or recaptured): judged as the same runs")
+                            " (re-ingested, recaptured or grown): judged as holding those runs")
     how = "; ".join(dict.fromkeys(hows))
     if not missing:
         return Check(scope, sets[0], why, True, how, False, tuple(warnings), sets)
