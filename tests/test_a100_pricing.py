@@ -299,7 +299,10 @@ def test_device_only_changes_calibrate_their_device_types_and_not_the_shared_val
     # the A100's values stand on those 982 runs, no longer on the 111 pure-pipeline ones of the A100 move
     assert a100.devices == ("a100",) and a100.n_runs == 982 and 148 in a100.entries
     move = [e for e in record.changes if e.get("kind") == "compare" and "a100" in calibration._named(e)[1]]
-    assert move and "scope_devices" not in move[-1]  # inferred from the steps it judged whole
+    # the A100 move 02-05's compare (entry 130) predates recorded scopes: inferred from the steps it judged whole;
+    # the later move 07-09's compare records its scope, the A100 alone
+    assert move and "scope_devices" not in move[0] and move[0]["seq"] == 130
+    assert move[-1]["seq"] > 130 and move[-1].get("scope_devices") == ["a100"]
     # a whole-model comparison is scoped by what differs: the A100's values alone, or something shared
     model = load_model(DEFAULT_MODEL)
     roofline = model.active("decoder_roofline")
