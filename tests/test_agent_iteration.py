@@ -234,3 +234,33 @@ def test_an_off_record_refusal_names_the_store_path_a_judgement_recorded(shared_
                            "--json").stdout)
     assert right["calibration"]["calibrated_on"]["fixtures"] == str(Path(shared_fixtures).resolve())
     assert right["calibration"]["calibrated_on"]["fixtures_exists"] is True
+
+
+def test_a_store_that_grew_holds_the_runs_it_was_calibrated_on():
+    """Runs added to a store since its values were calibrated (new captures in train) leave it the store of that
+    calibration, as more stores are fine: a judgement there covers every run the values were fitted to. A store
+    missing one of them, or of other device types, does not hold it."""
+    from hops_calib.loop import calibration
+    from hops_calib.loop.calibration import FixtureSet, Scope, check_store, read_record
+    from hops_calib.loop.suite import load_suites
+    from hops_calib.store import FixtureStore
+
+    suite = load_suites(REPO / "fixtures", "train")
+    ids = sorted(suite.ids)
+    recorded = sorted(FixtureStore(REPO / "fixtures").ids("train"))
+    assert ids == recorded and len(ids) > 2
+    for runs, holds in ((ids, "same runs re-ingested"), (ids[:-2], "same runs and 2 added since"),
+                        ([*ids[:-1], "cpu_not_in_the_store_run1"], "")):
+        fixture_set = FixtureSet(sha256="0" * 64, n_runs=len(runs), runs=tuple(runs), devices=("cpu",), path=None,
+                                 entries=(1,))
+        assert calibration._match(suite, fixture_set) == holds
+    # an entry older than the run ids: the same device types and at least its count of runs
+    for n_runs, holds in ((len(ids), "same device types and run count"),
+                          (len(ids) - 5, "same device types and 5 runs more"), (len(ids) + 1, "")):
+        legacy = FixtureSet(sha256="0" * 64, n_runs=n_runs, runs=None, devices=("cpu",), path=None, entries=(1,))
+        assert calibration._match(suite, legacy) == holds
+    assert calibration._match(suite, FixtureSet("0" * 64, 2, None, ("a100",), None, (1,))) == ""
+    # the project's ledger: the CPU values were calibrated on 6 train runs, which this store holds with the others
+    check = check_store(read_record(REPO / "ledger" / "ledger.jsonl"), Scope(devices=("cpu",)), suite, "evaluate")
+    assert check.holds and check.calibrated.n_runs <= len(ids)
+    assert all("judged on them and the runs added" in w for w in check.warnings if "runs more" in w)

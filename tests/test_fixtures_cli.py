@@ -106,6 +106,7 @@ def test_ingest_refuses_bad_options_with_exit_code_2(shared_runs, tmp_path):
 
 def test_ingest_says_which_split_each_new_run_went_to_and_how_to_force_train(repo_root, tmp_path):
     from hops_calib.store import FixtureStore
+    from hops_calib.store.views import MAX_NAMED
 
     store = tmp_path / "fx"
     result = _run("ingest", str(repo_root / "traces"), "--fixtures", str(store))
@@ -113,8 +114,12 @@ def test_ingest_says_which_split_each_new_run_went_to_and_how_to_force_train(rep
     lines = result.stdout.strip().splitlines()
     index = FixtureStore(store).index()
     for split in ("train", "test"):
-        named = next(line for line in lines if line.startswith(f"to {split}: "))
-        assert sorted(named.removeprefix(f"to {split}: ").split(", ")) == sorted(index[index["split"] == split]["id"])
+        named = next(line for line in lines if line.startswith(f"to {split}: ")).removeprefix(f"to {split}: ")
+        expected = sorted(index[index["split"] == split]["id"])
+        # at most MAX_NAMED ids are named, then how many more
+        named, _, more = named.partition(" and ")
+        assert named.split(", ") == expected[:MAX_NAMED]
+        assert more == (f"{len(expected) - MAX_NAMED} more" if len(expected) > MAX_NAMED else "")
     assert "--split train" in lines[-1]
     again = _run("ingest", str(repo_root / "traces"), "--fixtures", str(store))
     assert len(again.stdout.strip().splitlines()) == 1  # nothing written, no split to tell

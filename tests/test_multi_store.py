@@ -123,7 +123,7 @@ def test_a_store_grown_since_its_calibration_still_holds_its_runs(tmp_path):
     judged = cli("evaluate", second, "--fixtures", grown, *common)
     assert judged.exit_code in (0, 1), judged.output
     calibration = json.loads(judged.stdout)["calibration"]
-    assert calibration["store_holds_it"] and "more" in calibration["match"]
+    assert calibration["store_holds_it"] and "added since" in calibration["match"]
     shrunk = store_of(tmp_path, "shrunk", lambda name: "interleaved" not in name and "l6_h384" not in name)
     refused = cli("evaluate", second, "--fixtures", shrunk, *common)
     assert refused.exit_code == 4, refused.output

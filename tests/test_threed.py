@@ -258,6 +258,23 @@ def test_tensor_parallel_backward_collectives_hide_under_large_weight_gradients(
             assert part.backward_ms[0] - recomputed > layers * one  # most of the two per layer exposed
 
 
+def test_collective_parameters_are_per_device_type():
+    """The collectives' rate, step latency and contention are the machine's (NCCL over NVLink, gloo between
+    time-shared CPU cores): a NAME@cpu value prices a CPU capture's collectives and leaves an A100 launch's."""
+    from hops_calib.loop.suite import open_store
+
+    cpu = open_store(REPO / "fixtures").load("cpu_1f1b_t2d2_l2_h384_s128_m3_run1").spec
+    a100 = _spec(tensor_model_parallel_size=2, world_size=8, collectives=(
+        CollectiveTable("all_reduce", 2, ((2**20, 0.04), (2**30, 6.0))),))
+    base = _model_3d()
+    for term in ("tensor_parallel_comm", "data_parallel_grad_reduce"):
+        tuned = base.with_term(resolve_params(term, {"contention_step_ms@cpu": 0.5}, origin="test"))
+        category = {"tensor_parallel_comm": "tp_comm", "data_parallel_grad_reduce": "dp_reduce"}[term]
+        before, after = base.breakdown(cpu), tuned.breakdown(cpu)
+        assert all(new[category] > old[category] for old, new in zip(before, after)), term
+        assert tuned.breakdown(a100) == base.breakdown(a100), term
+
+
 def test_data_parallel_reduction_all_reduce_or_reduce_scatter_and_gather():
     model = _model_3d()
     plain = _spec(world_size=8)  # d = 4

@@ -21,9 +21,18 @@ declare -A RUNS=(
   [cpu_interleaved_v2_l4_h640_s384_m6_run1]="--vp 2 --layers 4 --hidden 640 --heads 10 --seq 384 --microbatches 6"
   # tensor and data parallelism (issue #19): 4 and 8 ranks on the 2 cores, so ranks share cores (manifest:
   # ranks_share_cores); tiny shapes, 20 timed sends per link-benchmark size
-  [cpu_1f1b_t2_l4_h256_s128_m4_run1]="--tp 2 --layers 4 --hidden 256 --heads 4 --seq 128 --microbatches 4 --link-bench-iters 20"
-  [cpu_1f1b_d2_l4_h256_s128_m4_run1]="--dp 2 --layers 4 --hidden 256 --heads 4 --seq 128 --microbatches 4 --link-bench-iters 20"
-  [cpu_1f1b_t2d2_l4_h256_s128_m4_run1]="--tp 2 --dp 2 --layers 4 --hidden 256 --heads 4 --seq 128 --microbatches 4 --link-bench-iters 20"
+  [cpu_1f1b_t2_l4_h256_s128_m4_run1]="--tp 2 --layers 4 --hidden 256 --heads 4 --seq 128 --microbatches 4 --iterations 4 --link-bench-iters 20"
+  [cpu_1f1b_d2_l4_h256_s128_m4_run1]="--dp 2 --layers 4 --hidden 256 --heads 4 --seq 128 --microbatches 4 --iterations 4 --link-bench-iters 20"
+  [cpu_1f1b_t2d2_l4_h256_s128_m4_run1]="--tp 2 --dp 2 --layers 4 --hidden 256 --heads 4 --seq 128 --microbatches 4 --iterations 4 --link-bench-iters 20"
+  # the same structure in other shapes, ingested into the train split (`--split train`) so the CPU pricing of
+  # tensor- and data-parallel collectives can be calibrated: fewer traced iterations keep each under 250 KB (8 ranks log twice as much: 3 microbatches there)
+  [cpu_1f1b_t2_l4_h384_s128_m4_run1]="--tp 2 --layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 4 --iterations 3 --link-bench-iters 20"
+  [cpu_1f1b_t2_l4_h256_s256_m4_run1]="--tp 2 --layers 4 --hidden 256 --heads 4 --seq 256 --microbatches 4 --iterations 3 --link-bench-iters 20"
+  [cpu_1f1b_d2_l4_h384_s128_m4_run1]="--dp 2 --layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 4 --iterations 4 --link-bench-iters 20"
+  [cpu_1f1b_t2d2_l2_h384_s128_m3_run1]="--tp 2 --dp 2 --layers 2 --hidden 384 --heads 6 --seq 128 --microbatches 3 --iterations 3 --link-bench-iters 20"
+  # the t2 shape without tensor parallelism, on the same (current) capture machine: what the collectives and the
+  # sharing of cores add is read against it
+  [cpu_1f1b_l4_h384_s128_m4_run1]="--layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 4 --iterations 4 --link-bench-iters 20"
 )
 
 # Other work competing for the cores now: runnable processes besides this sampler, averaged over 5 s

@@ -23,7 +23,7 @@ types among them.
 
 A store holds that fixture set when its train split has the same `fixture_set_sha256`, or the same run ids (the
 same runs re-ingested: said as a warning), or, for an entry older than these fields, the same device types and
-number of runs. Entries older than `fixture_devices` count for the device types their change named. A ledger
+number of runs; or those and more (runs added to the store since: said as a warning), as more stores are fine. Entries older than `fixture_devices` count for the device types their change named. A ledger
 with no committed change calibrates nothing: any store may start it. `OffRecord` is the refusal (exit 4);
 `evaluate/compare/tune --off-record` judge anyway and mark the entry.
 """
@@ -282,7 +282,8 @@ class Check:
     calibrated: FixtureSet | None  # None: the ledger records no committed change
     why: str
     holds: bool
-    how: str  # "same fixture set", "same runs re-ingested", "same device types and run count", "", "no record"
+    how: str  # "same fixture set", "same runs re-ingested" (or "... and N added since"), "same device types and run
+    # count" (or "... and N runs more"), "", "no record"
     off_record: bool  # judged anyway (--off-record) although the store does not hold it
     warnings: tuple[str, ...] = ()
     calibrated_all: tuple[FixtureSet, ...] = ()  # every fixture set the scope was calibrated on (`calibrated` first)
@@ -304,16 +305,18 @@ def store_devices(suite) -> tuple[str, ...]:
 
 
 def _match(suite, calibrated: FixtureSet) -> str:
-    """How one store's `suite` holds `calibrated` ("" when it does not)."""
+    """How one store's `suite` holds `calibrated` ("" when it does not). A store whose train split grew (runs added
+    since, as captures are) holds it too, as a judgement on more stores does: every run the part was fitted to is
+    judged again, each under the per-run rules."""
     if suite.sha256 == calibrated.sha256:
         return "same fixture set"
-    if calibrated.runs is not None and tuple(sorted(suite.ids)) == tuple(sorted(calibrated.runs)):
-        return "same runs re-ingested"
-    if calibrated.runs is not None and set(calibrated.runs) < set(suite.ids):
-        return f"same runs and {len(set(suite.ids) - set(calibrated.runs))} more"
+    if calibrated.runs is not None and set(calibrated.runs) <= set(suite.ids):
+        return ("same runs re-ingested" if len(calibrated.runs) == len(set(suite.ids)) else
+                f"same runs and {len(set(suite.ids)) - len(calibrated.runs)} added since")
     if calibrated.runs is None and calibrated.devices and tuple(calibrated.devices) == store_devices(suite) \
-            and calibrated.n_runs == len(suite.ids):
-        return "same device types and run count"
+            and calibrated.n_runs is not None and calibrated.n_runs <= len(suite.ids):
+        return ("same device types and run count" if calibrated.n_runs == len(suite.ids) else
+                f"same device types and {len(suite.ids) - calibrated.n_runs} runs more")
     return ""
 
 
@@ -334,9 +337,11 @@ def check_store(record: Record, scope: Scope, suite, verb: str, *, off_record: b
         part, how = matched[0]
         hows.append(how)
         if how != "same fixture set":
+            grown = " added since" in how or " runs more" in how
             warnings.append(f"{part.fixtures_dir}: fixture set {part.sha256[:12]} is not the {calibrated.describe()} "
                             f"{scope.describe()} {scope.was} calibrated on, but holds {how.replace('same', 'the same')}"
-                            " (re-ingested, recaptured or grown): judged as holding those runs")
+                            + (": judged on them and the runs added (the first judgement committed here records "
+                               "this fixture set)" if grown else " (re-ingested or recaptured): judged as the same runs"))
     how = "; ".join(dict.fromkeys(hows))
     if not missing:
         return Check(scope, sets[0], why, True, how, False, tuple(warnings), sets)

@@ -19,9 +19,11 @@ BUCKET_PARAMETERS = 40_000_000
 BUCKET_PARAMETERS_PER_REPLICA = 1_000_000
 
 
-def _rates(params: Mapping[str, float]) -> dict[str, float]:
-    """The collective-pricing parameters both terms share (`_collective_params`), as collective_ms takes them."""
-    return {name: params[name] for name in ("efficiency", "step_latency_ms", "contention_step_ms")}
+def _rates(params: Mapping[str, float], device_type: str) -> dict[str, float]:
+    """The collective-pricing parameters both terms share (`_collective_params`) for one device type (its
+    NAME@TYPE overrides, else the shared values), as collective_ms takes them."""
+    return {name: Term.value(params, name, device_type) for name in ("efficiency", "step_latency_ms",
+                                                                       "contention_step_ms")}
 
 
 def tp_collectives_per_layer(spec: Spec) -> dict[str, int]:
@@ -102,12 +104,15 @@ def dp_buckets(spec: Spec, parameters: float) -> int:
 
 
 def _collective_params(where: str) -> tuple[Param, ...]:
-    """The parameters of a term made of collectives: the rate they reach, a ring step's latency and its contention."""
+    """The parameters of a term made of collectives: the rate they reach, a ring step's latency and its contention;
+    each a property of the machine (NCCL over NVLink, gloo between time-shared CPU cores), so per device type."""
     return (Param("efficiency", 1.0, 0.1, 1.0, "fraction of benchmark",
-                  f"achieved fraction of the benchmarked (or ring-model) collective rate {where}"),
-            Param("step_latency_ms", 0.005, 0.0, 0.1, "ms", "latency of one ring step (NCCL over NVLink: ~5 us)"),
+                  f"achieved fraction of the benchmarked (or ring-model) collective rate {where}", per_device=True),
+            Param("step_latency_ms", 0.005, 0.0, 0.1, "ms", "latency of one ring step (NCCL over NVLink: ~5 us)",
+                  per_device=True),
             Param("contention_step_ms", 0.0, 0.0, 1.0, "ms",
-                  "latency each of a ring's 2(n-1) steps gains inside a training step over an isolated benchmark"))
+                  "latency each of a ring's 2(n-1) steps gains inside a training step over an isolated benchmark",
+                  per_device=True))
 
 
 class TensorParallelComm(Term):
@@ -149,8 +154,9 @@ class TensorParallelComm(Term):
             rank = layout.rank_of(k)
 
             def price(counts: dict[tuple[str, float], int]) -> float:
-                return sum(count * collective_ms(spec, context.devices[rank], op, nbytes, "tp", stage=rank,
-                                                 **_rates(params))
+                device = context.devices[rank]
+                return sum(count * collective_ms(spec, device, op, nbytes, "tp", stage=rank,
+                                                 **_rates(params, device.type))
                            for (op, nbytes), count in counts.items())
 
             phases = tp_collectives(spec, k, layers)
@@ -196,14 +202,15 @@ class DataParallelGradReduce(Term):
             parameters = rank_parameters(context, rank)
             buckets = dp_buckets(spec, parameters)
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
+            rates = _rates(params, device.type)
             bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), "dp",
-                                      stage=rank, **_rates(params))
+                                      stage=rank, **rates)
             whole.append(buckets * bucket_ms)
             tails.append(bucket_ms)
             gather = 0.0
             if spec.distributed_optimizer and not spec.overlap_param_gather:
                 gather = collective_ms(spec, device, "all_gather", parameters * gpt.bytes_per_element(spec.model),
-                                       "dp", stage=rank, **_rates(params))
+                                       "dp", stage=rank, **rates)
             gathers.append(gather)
         return Contribution(grad_reduce_ms=tuple(whole), grad_reduce_tail_ms=tuple(tails),
                             optimizer_ms=tuple(gathers) if any(gathers) else ())
