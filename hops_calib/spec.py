@@ -629,6 +629,8 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         run_id_of,
     )
     from hops_calib.trace.job import LINK_BENCH_DIR, MANIFEST, STAGE_MAP, TEMPLATE
+    from hops_calib.trace.megatron_args import launcher_gpus_per_node
+    from hops_calib.trace.reading import read_config_text
 
     job_dir = Path(job_dir)
     notes = [] if notes is None else notes
@@ -674,6 +676,14 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
                           ranks_per_device=_ranks_per_core(manifest.get("cores")),
                           declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
                           notes=notes)
+    per_node = launcher_gpus_per_node(read_config_text(args_source)) if args_source.suffix == ".txt" else None
+    if per_node is not None and spec.gpus_per_node is None:
+        # A multi-node torchrun launch places global rank r on node r // nproc-per-node: the groups that span nodes
+        # (a data-parallel group across nodes, say) are priced over the NICs, not the node's NVLink table.
+        spec = dataclasses.replace(spec, gpus_per_node=per_node)
+        notes.append(f"{args_source.name}: torchrun --nnodes > 1 with --nproc-per-node {per_node}: global rank r on "
+                     f"node r // {per_node} (Megatron's rank order {spec.rank_order}), collectives of groups that "
+                     "span nodes priced over the nodes' NICs")
     if not spec.links and pp > 1 and len(device_ids) == pp:
         notes.append(f"no link benchmark in {LINK_BENCH_DIR}: the spec has no link fits, so predict, evaluate and "
                      f"report refuse this run until its benchmark (pair_<i>_<i+1>.jsonl) is added and it is ingested "

@@ -454,3 +454,37 @@ def test_a_bad_collective_line_is_named_by_file_line_and_field(tmp_path):
     # with --lenient the line is dropped and counted; the timeline is the one without it
     lenient = ingest([job], FixtureStore(tmp_path / "fx2"), split="train", lenient=True)
     assert lenient.ok
+
+
+def test_a_multi_node_torchrun_launch_prices_a_data_parallel_group_across_nodes_over_the_nics(tmp_path):
+    """torchrun --nnodes 4 --nproc-per-node 2 puts global rank r on node r // 2: with t = 2 (rank order tp first)
+    each tensor-parallel pair fills a node and each data-parallel pair spans two, so its gradient all-reduce is
+    priced by the ring over the nodes' NICs, slower than the one-node launch of the same job."""
+    from hops_calib.spec import build_spec
+    from hops_calib.trace.megatron_args import launcher_gpus_per_node
+
+    assert launcher_gpus_per_node("torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --num-layers 2") == 8
+    assert launcher_gpus_per_node("torchrun --nproc-per-node=8 pretrain_gpt.py") is None  # one node: no count needed
+    assert launcher_gpus_per_node("torchrun --nnodes 1:4 --nproc-per-node 8 pretrain_gpt.py") is None  # elastic
+    assert launcher_gpus_per_node("pretrain_gpt.py --nnodes 2") is None  # not the launcher's
+
+    job = tmp_path / "job"
+    shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    # the same job on A100s (the capture's devices retyped), whose NICs are slower than the node's NVLink
+    base = job / "hops.base.yaml"
+    base.write_text(base.read_text().replace("gpu: cpu", "gpu: a100"))
+    args = job / "megatron_args.txt"
+    text = args.read_text().replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
+    model = _model_3d()
+
+    def spec_and_reduce(launcher: str):
+        args.write_text(launcher + text)
+        spec = build_spec(job)
+        return spec, model.breakdown(spec)[0]["dp_reduce"]
+
+    one_node, reduce_one = spec_and_reduce("torchrun --nproc-per-node 8 ")
+    two_nodes, reduce_two = spec_and_reduce("torchrun --nnodes 4 --nproc-per-node 2 ")
+    assert one_node.gpus_per_node is None and two_nodes.gpus_per_node == 2
+    assert (two_nodes.tp, two_nodes.dp, two_nodes.pp) == (2, 2, 2)
+    assert two_nodes.group_nodes("tp") == (1, 2) and two_nodes.group_nodes("dp") == (2, 1)
+    assert reduce_two > reduce_one > 0

@@ -86,9 +86,24 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
     return args
 
 
-def _launcher_world_size(tokens: list[str]) -> int | None:
-    """nnodes (default 1) x nproc-per-node of a torchrun (torch.distributed.run) launch, when both are plain
-    integers."""
+def launcher_gpus_per_node(text: str) -> int | None:
+    """GPUs (processes) per node of a multi-node torchrun launch: --nproc-per-node when --nnodes is a plain integer
+    above 1 (a one-node launch places every rank on one node, which needs no count); None otherwise."""
+    try:
+        tokens = shlex.split(text, comments=False)
+    except ValueError:
+        return None
+    scripts = [k for k, token in enumerate(tokens) if token.endswith(".py")]
+    found = _launcher_options(tokens[:scripts[-1]]) if scripts else {}
+    try:
+        nodes, per_node = int(found.get("nnodes", "1")), int(found["nproc-per-node"])
+    except (KeyError, ValueError):
+        return None
+    return per_node if nodes > 1 and per_node >= 1 else None
+
+
+def _launcher_options(tokens: list[str]) -> dict[str, str]:
+    """torchrun's --nnodes and --nproc-per-node (either spelling, either form) among the launcher's tokens."""
     found: dict[str, str] = {}
     for k, token in enumerate(tokens):
         if not token.startswith("--"):
@@ -96,8 +111,14 @@ def _launcher_world_size(tokens: list[str]) -> int | None:
         name, _, inline = token[2:].partition("=")
         name = name.replace("_", "-")
         if name in ("nnodes", "nproc-per-node"):
-            value = inline or (tokens[k + 1] if k + 1 < len(tokens) else "")
-            found[name] = value
+            found[name] = inline or (tokens[k + 1] if k + 1 < len(tokens) else "")
+    return found
+
+
+def _launcher_world_size(tokens: list[str]) -> int | None:
+    """nnodes (default 1) x nproc-per-node of a torchrun (torch.distributed.run) launch, when both are plain
+    integers."""
+    found = _launcher_options(tokens)
     try:
         return int(found.get("nnodes", "1")) * int(found["nproc-per-node"])  # torchrun's default: one node
     except (KeyError, ValueError):  # absent, an elastic range ("1:4"), or "gpu"/"auto"
