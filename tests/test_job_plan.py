@@ -43,7 +43,8 @@ def test_a_jobs_own_launch_is_priced_as_predict_prices_it(model):
     for job in find_job_dirs(REPO / "traces"):
         planner = JobPlanner(job, model)
         spec = build_spec(job)
-        expected = predict(spec, model).metrics.throughput_per_s * spec.model.micro_batch_size
+        # samples of every data-parallel replica (the d = 2 captures count both)
+        expected = predict(spec, model).metrics.throughput_per_s * spec.model.micro_batch_size * spec.dp
         assert planner.evaluate(planner.current()).samples_per_s == pytest.approx(expected, rel=1e-12)
         assert planner.changes(planner.current())["words"] == ()
 

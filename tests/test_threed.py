@@ -330,6 +330,8 @@ def _cli(*args):
 
 
 def test_a_3d_what_if_on_a_captures_copy(tmp_path):
+    from hops_calib.spec import build_spec
+
     job = tmp_path / "job"
     shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
     model_file = tmp_path / "m3d.toml"
@@ -353,6 +355,14 @@ def test_a_3d_what_if_on_a_captures_copy(tmp_path):
     assert all(new["compute"] < old["compute"] for new, old in zip(parts, base["breakdown_ms_per_iteration"]))
     assert all(new["total_bytes"] < old["total_bytes"] for new, old in zip(out["memory"], base["memory"]))
     assert out["fits"] is True
+    # the whole job's rates: every replica's samples, tokens, and the model FLOP/s per GPU they imply (MFU)
+    first = out["predictions"][0]
+    samples = first["throughput_per_s"] * 1 * 2  # micro batch 1, d = 2
+    assert first["samples_per_s"] == pytest.approx(samples) and first["tokens_per_s"] == pytest.approx(samples * 256)
+    shape = build_spec(job).model
+    per_sample = 3 * (4 * (24 * 256 * 512 ** 2 + 4 * 256 ** 2 * 512) + 2 * 256 * 512 * gpt.padded_vocab(shape))
+    assert first["model_tflops_per_gpu"] == pytest.approx(samples * per_sample / 8 / 1e12)
+    assert first["mfu"] == pytest.approx(first["model_tflops_per_gpu"] * 1e12 / load_model().device("cpu").peak_bf16_flops_per_s)
     text_out = _cli("predict", "--job", job, "--model", model_file).stdout
     assert "tp 2 x dp 2 = 8 GPUs" in text_out and "TP comm" in text_out and "peak memory per GPU" in text_out
     # a shape that cannot fit the device is flagged, in JSON and text

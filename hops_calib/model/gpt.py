@@ -73,6 +73,16 @@ def layer_forward_flops(shape: ModelShape) -> float:
     return layer_weight_grad_flops(shape) + attention_core_flops(shape)
 
 
+def model_flops_per_sample(shape: ModelShape) -> float:
+    """Training FLOPs of one sample through the whole model, the forward and the backward's two matmuls per
+    forward matmul (3x the forward), without recomputation: what model FLOPs utilization (MFU) counts (Narayanan et
+    al., SC'21, eq. 3 / Chowdhery et al. 2022): every decoder layer whole (not split t ways) and the LM head's
+    2shV."""
+    layers = shape.num_layers * layer_forward_flops(shape) * _t(shape) / shape.micro_batch_size
+    head = 2.0 * shape.seq_length * shape.hidden_size * padded_vocab(shape)
+    return 3.0 * (layers + head)
+
+
 def norm_parameters(shape: ModelShape) -> float:
     """Parameters of one layer's two norms, replicated on every GPU of the tensor-parallel group: a weight and a
     bias of h each for LayerNorm, a weight only for RMSNorm."""

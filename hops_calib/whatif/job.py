@@ -98,13 +98,19 @@ class WhatIf:
             "links": [hop.to_dict() for hop in self.hops],
             "end_collective": self.end_collective_dict(),
             "perturbations": self.perturbations.describe() if self.perturbations is not None else None,
-            "predictions": [{"asked": asked, **_prediction_dict(p, spec),
+            "predictions": [{"asked": asked, **_prediction_dict(p, spec, self.peak_flops_per_s),
                              **({"perturbed_throughput_per_s": estimate.to_dict()} if estimate else {})}
                             for asked, p, estimate in zip(self.asked, self.predictions,
                                                           self.perturbed or [None] * len(self.predictions))],
             "refused": [r.to_dict() for r in self.refused],
         }
 
+
+    @property
+    def peak_flops_per_s(self) -> float:
+        """The devices' dense 16-bit peak, averaged over the stages (MFU's denominator; one type in most launches)."""
+        peaks = [self.model.device(device).peak_bf16_flops_per_s for device in self.spec.devices]
+        return sum(peaks) / len(peaks) if peaks else 0.0
 
     def end_ends(self) -> tuple[str, str]:
         """The devices and hosts of the first and the last stage, in words."""
@@ -133,11 +139,25 @@ def end_collective_of(spec: Spec, model: Model):
     return end_collective(spec, active.params(), tuple(model.device(t) for t in spec.devices))
 
 
-def _prediction_dict(prediction: Prediction, spec: Spec) -> dict[str, Any]:
+def model_rates(prediction: Prediction, spec: Spec, peak_flops_per_s: float) -> dict[str, float]:
+    """The prediction's window throughput as the whole job's samples and tokens per second (every data-parallel
+    replica), the model FLOP/s per GPU they imply (`gpt.model_flops_per_sample`: no recomputation counted) and
+    that as a share of the devices' peak (MFU)."""
+    from hops_calib.metrics import samples_per_s
+    from hops_calib.model import gpt
+
+    samples = samples_per_s(prediction.metrics.throughput_per_s, spec.model.micro_batch_size, spec.dp) or 0.0
+    per_gpu = samples * gpt.model_flops_per_sample(spec.model) / spec.gpus
+    return {"samples_per_s": samples, "tokens_per_s": samples * spec.model.seq_length,
+            "model_tflops_per_gpu": per_gpu / 1e12, "mfu": per_gpu / peak_flops_per_s if peak_flops_per_s else 0.0}
+
+
+def _prediction_dict(prediction: Prediction, spec: Spec, peak_flops_per_s: float = 0.0) -> dict[str, Any]:
     metrics = prediction.metrics
     return {
         "schedule": prediction.schedule,
         "throughput_per_s": metrics.throughput_per_s,
+        **model_rates(prediction, spec, peak_flops_per_s),
         "steady_throughput_per_s": metrics.steady_throughput_per_s,
         "iteration_time_ms": metrics.iteration_time_ms,
         "bubble_ratio": metrics.bubble_ratio,  # the idle share, as a trace of the run would measure it
@@ -319,6 +339,9 @@ def what_if_text(result: WhatIf) -> str:
             ("  range from stalls", lambda p: "{:.3f}-{:.3f}".format(*p.stall_throughput_range()[:2])),
             ("  share of runs in it", lambda p: f"{100 * p.stall_throughput_range().share:.0f} %"),
             ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
+            ("samples /s (all replicas)", lambda p: f"{model_rates(p, spec, result.peak_flops_per_s)['samples_per_s']:.2f}"),
+            ("model TFLOP/s per GPU", lambda p: f"{model_rates(p, spec, result.peak_flops_per_s)['model_tflops_per_gpu']:.1f}"),
+            ("  MFU % of peak", lambda p: f"{100 * model_rates(p, spec, result.peak_flops_per_s)['mfu']:.1f}"),
             ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
             ("idle share % (bubble)", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
             ("schedule bubble %", lambda p: f"{100 * pipeline_schedule_bubble(p.pipeline, p.schedule):.1f}"),

@@ -68,7 +68,7 @@ class Outcome:
     resolved: str  # the schedule simulated (auto resolved)
     microbatches: int
     layers_per_stage: tuple[int, ...]
-    samples_per_s: float  # window throughput in samples (microbatches x micro batch size) per second
+    samples_per_s: float  # window throughput in samples (microbatches x micro batch size x replicas) per second
     steady_samples_per_s: float
     iteration_ms: float
     idle_share: float  # the simulated timeline's idle share (HOPS's bubble definition: what a trace would measure)
@@ -427,7 +427,7 @@ class JobPlanner:
         except ValueError as error:
             raise Refusal(f"{schedule} cannot run it: {str(error).split(';')[0]}") from None
         metrics = result.metrics()
-        size = launch.micro_batch_size
+        size = launch.micro_batch_size * spec.dp  # samples per microbatch step of every data-parallel replica
         caps = tuple(self.memory_bytes[t] for t in spec.devices)
         peaks = tuple(stage.total_bytes for stage in stage_memory(spec, caps, result.peak_stage_activations))
         return Outcome(
@@ -709,8 +709,8 @@ def format_job_plan(plan: JobPlan) -> str:
     agree, compared = plan.auto_agreement
     if compared:
         lines.append(f"auto (HopsHetero rule) picked the faster of 1f1b/zb_h1 in {agree} of {compared} launches")
-    lines.append("samples/s: predicted window throughput (microbatches x micro batch size per second); steady: over "
-                 "the median iteration; idle %: the simulated timeline's idle share (HOPS's bubble, what a trace of "
+    lines.append("samples/s: predicted window throughput (microbatches x micro batch size x data-parallel replicas "
+                 "per second); steady: over the median iteration; idle %: the simulated timeline's idle share (HOPS's bubble, what a trace of "
                  "the launch would measure, with the silent stretch before the optimizer); sched. bubble %: the "
                  "schedule's own closed form on balanced stages (the launch's mean stage costs): (p-1)/(v m+p-1) for 1F1B, "
                  "GPipe and interleaved 1F1B, less for ZB-H1; peak GiB/GPU: weights, gradients, optimizer "
