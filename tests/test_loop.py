@@ -562,6 +562,13 @@ def test_a_plan_can_pin_its_candidates_so_an_edited_or_other_one_is_refused(shar
     bad.write_text("id = \"x\"\n")
     assert cli("ledger", "plan", "--note", "n", "--candidate", bad, "--ledger", ledger).exit_code == 2
     assert len(list(read_entries(ledger))) == 2
+    # Nor one whose reason is still the placeholder `candidate new` wrote: it could never be judged
+    scaffold = cli("candidate", "new", "iteration_host_overhead", "--id", "unfilled", "--model", model,
+                   "--dir", experiments)
+    assert scaffold.exit_code == 0, scaffold.output
+    unfilled = cli("ledger", "plan", "--note", "n", "--candidate", experiments / "unfilled.toml", "--ledger", ledger)
+    assert unfilled.exit_code == 2 and "still says 'FILL IN'" in unfilled.stderr
+    assert len(list(read_entries(ledger))) == 2
 
 
 def test_a_planned_judgement_called_from_python_must_use_the_plans_tolerances(shared_fixtures, workspace):

@@ -274,8 +274,6 @@ def scaffold_text(term_name: str, model: Model, candidate_id: str) -> str:
     import inspect
     import json
 
-    from hops_calib.loop.evaluate import PLACEHOLDER
-
     if term_name not in TERMS:
         raise InputError("candidate new", f"unknown term {term_name!r}", field="TERM",
                          hint=f"the terms implemented: {', '.join(sorted(TERMS))} (hops-calib terms lists them)")
@@ -336,3 +334,19 @@ def write_scaffold(term_name: str, model: Model, experiments: Path | str, candid
     experiments.mkdir(parents=True, exist_ok=True)
     atomic_write(path, text)
     return path
+
+
+PLACEHOLDER = "FILL IN"  # what `candidate new` and `tune` write where only a person (or an agent) can give the reason
+
+
+def refuse_placeholders(candidate: Candidate) -> None:
+    """A candidate whose hypothesis or grounding still holds the placeholder is neither planned nor judged: the
+    ledger keeps every entry for good, and one without its reason would say nothing about why it was tried."""
+    from hops_calib.errors import line_of
+
+    for key in ("hypothesis", "grounding"):
+        if PLACEHOLDER in getattr(candidate, key):
+            raise InputError(candidate.origin, f"its {key} still says {PLACEHOLDER!r}", field=key,
+                             line=line_of(candidate.text, None, key),
+                             hint=f"write the {key} (why this change, on what physical ground) in place of the "
+                                  "placeholder `candidate new` or `tune` left, then plan or evaluate it")

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
-from hops_calib.loop.candidate import Candidate, read_candidate
+from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
 from hops_calib.loop.gate import GateResult, Tolerances, gate
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
@@ -185,22 +185,6 @@ def floor_excess(before: ModelScore, after: ModelScore | None = None) -> dict[st
     return data
 
 
-PLACEHOLDER = "FILL IN"  # what `tune` writes where only a person (or an agent) can give the reason
-
-
-def _refuse_placeholders(candidate: Candidate) -> None:
-    """A candidate whose hypothesis or grounding still holds tune's placeholder is not judged: the ledger keeps
-    every judgement for good, and one without its reason would say nothing about why it was tried."""
-    from hops_calib.errors import line_of
-
-    for key in ("hypothesis", "grounding"):
-        if PLACEHOLDER in getattr(candidate, key):
-            raise InputError(candidate.origin, f"its {key} still says {PLACEHOLDER!r}", field=key,
-                             line=line_of(candidate.text, None, key),
-                             hint=f"write the {key} (why this change, on what physical ground) in place of the "
-                                  "placeholder tune left, then evaluate it")
-
-
 def _reused_id(judged: Sequence[dict[str, Any]], candidate: Candidate) -> list[str]:
     """A warning when the ledger judged another text under this candidate's id: the id no longer names one
     change, and the ledger's history of it mixes two."""
@@ -282,7 +266,7 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
                              field=flag.lstrip("-"), hint="pass a candidate file, or leave the option out")
     candidate = read_candidate(candidate_path) if candidate_path is not None else None
     if candidate is not None:
-        _refuse_placeholders(candidate)
+        refuse_placeholders(candidate)
         ledger_path = resolve_ledger(ledger_path)  # only a judgement is recorded: scoring alone needs no ledger
         check_appendable(ledger_path)
     elif ledger_path is None:

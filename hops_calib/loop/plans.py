@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hops_calib.errors import InputError
-from hops_calib.loop.candidate import Candidate, read_candidate
+from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
 from hops_calib.loop.gate import Tolerances
 from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
@@ -57,6 +57,8 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
         raise InputError("ledger plan", "a plan needs a note", field="note",
                          hint="say what will be tried and why these tolerances, e.g. --note 'move 060-062: ...'")
     pinned = [read_candidate(path) for path in candidates]  # a candidate that cannot be read is refused now
+    for candidate in pinned:  # a plan pins the text: one still holding the placeholder could never be judged
+        refuse_placeholders(candidate)
     entries = list(ledger.read_entries(ledger_path))
     if rejudges is not None:
         named = next((e for e in entries if e.get("seq") == rejudges), None)

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hops_calib.errors import InputError
-from hops_calib.loop.evaluate import PLACEHOLDER
+from hops_calib.loop.candidate import PLACEHOLDER
 from hops_calib.loop.model_files import DEFAULT_MODEL, default_model
 from hops_calib.loop.score import SuiteScore
 from hops_calib.loop.suite import Suite, load_suites, score_model
