@@ -684,7 +684,10 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         notes.append(f"{args_source.name}: torchrun --nnodes > 1 with --nproc-per-node {per_node}: global rank r on "
                      f"node r // {per_node} (Megatron's rank order {spec.rank_order}), collectives of groups that "
                      "span nodes priced over the nodes' NICs")
-    if not spec.links and pp > 1 and len(device_ids) == pp:
+    if not spec.links and pp > 1 and len(device_ids) == pp and spec.gpus_per_node:
+        notes.append(f"no link benchmark in {LINK_BENCH_DIR}: each hop priced by NVLink within a node and by the "
+                     "GPU's share of its node's NICs across nodes (the launch's placement)")
+    elif not spec.links and pp > 1 and len(device_ids) == pp:
         notes.append(f"no link benchmark in {LINK_BENCH_DIR}: the spec has no link fits, so predict, evaluate and "
                      f"report refuse this run until its benchmark (pair_<i>_<i+1>.jsonl) is added and it is ingested "
                      f"again (stages on one node, hardware.devices[].node, are priced from {ALLREDUCE_DIR}/ when it "

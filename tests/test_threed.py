@@ -498,3 +498,10 @@ def test_a_multi_node_torchrun_launch_prices_a_data_parallel_group_across_nodes_
     assert (two_nodes.tp, two_nodes.dp, two_nodes.pp) == (2, 2, 2)
     assert two_nodes.group_nodes("tp") == (1, 2) and two_nodes.group_nodes("dp") == (2, 1)
     assert reduce_two > reduce_one > 0
+    # without a link benchmark the placement prices the hops: the job predicts, and says how
+    shutil.rmtree(job / "calibration" / "link_bench")
+    notes: list[str] = []
+    spec = build_spec(job, notes)
+    assert spec.links == () and any("NICs across nodes" in note for note in notes)
+    predicted = _cli("predict", "--job", job, "--json")
+    assert predicted.exit_code == 0, predicted.output
