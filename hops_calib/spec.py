@@ -763,6 +763,11 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
                _is("local", "transformer_engine")),
     Assumption("--fp8-format", ("fp8_format", "fp8"), None, "bf16, fp16 or fp32 arithmetic, no FP8",
                _is(None, False)),
+    # Megatron-LM's older FP8 switches (before --fp8-format): the same FP8 arithmetic
+    Assumption("--fp8-hybrid", ("fp8_hybrid",), False, "bf16, fp16 or fp32 arithmetic, no FP8", _is(None, False)),
+    Assumption("--fp8-e4m3", ("fp8_e4m3",), False, "bf16, fp16 or fp32 arithmetic, no FP8", _is(None, False)),
+    Assumption("--hybrid-override-pattern", ("hybrid_override_pattern",), None,
+               "transformer layers only, no hybrid (Mamba) layer pattern", _is(None)),
     # Transformer Engine's userbuffers overlap hides TP communication behind GEMMs; the model puts it on the
     # critical path.
     Assumption("--tp-comm-overlap", ("tp_comm_overlap",), False,
@@ -911,16 +916,51 @@ def _line_naming(source: Path, unmodelled_setting: Unmodelled) -> int | None:
     return None
 
 
+# A command line's flag spelt within a letter or two of an argument the project knows (`trace.measured.KNOWN_ARGS`:
+# what the spec reads, what ASSUMPTIONS refuse, common settings) is a typo that would silently price another launch
+# (`--sequence-paralel` prices no sequence parallelism).
+TYPO_SIMILARITY = 0.92  # difflib ratio: one or two letters in a long flag name
+
+
+def misspelt(args: dict[str, Any]) -> list[tuple[str, str]]:
+    """(given, meant) for each argument that is not one the project knows but nearly spells one (`KNOWN_ARGS`,
+    ASSUMPTIONS' keys)."""
+    from difflib import SequenceMatcher
+
+    from hops_calib.trace.measured import KNOWN_ARGS
+
+    known = KNOWN_ARGS | {key for assumption in ASSUMPTIONS for key in assumption.keys}
+    found = []
+    for given in args:
+        if given in known or given.removeprefix("no_") in known or len(given) < 6:
+            continue
+        meant = max(known, key=lambda k: SequenceMatcher(None, given, k).ratio())
+        if SequenceMatcher(None, given, meant).ratio() >= TYPO_SIMILARITY:
+            found.append((given, meant))
+    return found
+
+
 def require_modelled(args: dict[str, Any], source: Path | str) -> None:
     """Refuse a launch (`args` read from `source`) with a setting the cost model does not price: a TraceError
     naming the file, the line and flag of the first such setting, every one of them, and what is priced.
 
     `build_spec` calls it, so ingest and `predict --job` (what-if) refuse the same launches.
     """
+    from hops_calib.trace.errors import TraceError
+
+    # a command line as a user writes it; a rank log's arguments block holds the names Megatron itself parsed
+    typos = misspelt(args) if Path(source).name == "megatron_args.txt" else []
+    if typos:
+        given, meant = typos[0]
+        flag, right = "--" + given.replace("_", "-"), "--" + meant.replace("_", "-")
+        raise TraceError(source, "has flags the model does not know but that nearly spell ones it prices: "
+                         + "; ".join(f"--{g.replace('_', '-')} (--{m.replace('_', '-')}?)" for g, m in typos),
+                         line=_line_naming(Path(source), Unmodelled(flag=flag, key=given, value=None, modelled="")),
+                         field=flag, hint=f"did you mean {right}? Megatron would refuse the unknown flag; spell it as "
+                                          "Megatron does, so that the prediction prices what the launch runs")
     found = unmodelled(args)
     if not found:
         return
-    from hops_calib.trace.errors import TraceError
 
     first = found[0]
     raise TraceError(source, "configures what the simulator does not model: "

@@ -505,3 +505,30 @@ def test_a_multi_node_torchrun_launch_prices_a_data_parallel_group_across_nodes_
     assert spec.links == () and any("NICs across nodes" in note for note in notes)
     predicted = _cli("predict", "--job", job, "--json")
     assert predicted.exit_code == 0, predicted.output
+
+
+def test_a_misspelt_priced_flag_and_the_older_fp8_switches_are_refused(tmp_path):
+    """`--sequence-paralel` would silently price no sequence parallelism: a command line's flag that nearly spells
+    one the model prices is refused naming the line and the flag meant; Megatron-LM's older FP8 switches and a
+    hybrid (Mamba) layer pattern are refused like --fp8-format. Megatron-DeepSpeed's own spellings pass."""
+    from hops_calib.spec import require_modelled
+    from hops_calib.trace.megatron_args import read_args_file
+
+    def refusal(flags: str) -> str | None:
+        path = tmp_path / "megatron_args.txt"
+        path.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 8 --hidden-size 1024 "
+                        f"--num-attention-heads 16 --tensor-model-parallel-size 2 {flags}\n")
+        try:
+            require_modelled(read_args_file(path), path)
+        except TraceError as error:
+            return str(error)
+        return None
+
+    typo = refusal("--sequence-paralel")
+    assert typo is not None and "megatron_args.txt:1" in typo and "did you mean --sequence-parallel" in typo
+    assert "--tensor-model-paralel-size" in refusal("--tensor-model-paralel-size 2")
+    for flags in ("--fp8-hybrid", "--fp8-e4m3", "--hybrid-override-pattern M*M*"):
+        assert flags.split()[0] in refusal(flags)
+    for fine in ("--sequence-parallel", "--use-flash-attn-v2", "--no-masked-softmax-fusion",
+                 "--no-overlap-p2p-communication", "--num-key-value-heads 4 --group-query-attention"):
+        assert refusal(fine) is None, fine

@@ -48,7 +48,8 @@ KNOWN_ARGS = frozenset(MEGATRON_DEFAULTS) | frozenset(REQUIRED_ARGS) | frozenset
     "overlap_grad_reduce", "overlap_param_gather", "train_iters", "log_interval", "seed", "lr",
     "timing_log_level", "timing_log_option", "tokenizer_type", "params_dtype", "attention_backend",
     "num_key_value_heads", "no_overlap_p2p_communication", "use_rotary_position_embeddings", "use_tp_pp_dp_mapping",
-    "zero_stage", "ds_sequence_parallel_size", "tp_comm_overlap",
+    "zero_stage", "ds_sequence_parallel_size", "tp_comm_overlap", "fp8_hybrid", "fp8_e4m3", "hybrid_override_pattern",
+    "use_flash_attn_v1", "use_flash_attn_v2", "use_flash_attn_triton", "use_flash_attn_builder",
 })
 EXTRA_PREFIX = "x_"  # a run table's own column (a note, a date, ...): kept out of the launch, never read
 
