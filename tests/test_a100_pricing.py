@@ -397,3 +397,24 @@ def test_recomputed_layers_store_only_their_input_and_selective_recomputation_no
     selective = replace(shape, recompute_granularity="selective")
     a, s, b = shape.num_attention_heads, shape.seq_length, shape.micro_batch_size
     assert per_microbatch(selective) == pytest.approx(4 * (gpt.layer_activation_bytes(shape) - 5 * a * s * s * b))
+
+
+def test_a_measured_run_across_nodes_prices_its_hops_over_the_nics(allreduce_dir):
+    """A log's or table's run on nodes of 8 A100s whose pipeline crosses nodes (t 8: each stage a node) has no
+    link benchmark: its hops are priced over the sending GPU's share of its node's NICs, as the model's link term
+    does (it was refused); a hop inside a node without the node's tables is still refused."""
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.store.measured_spec import measured_spec
+
+    tables = read_collective_tables(allreduce_dir)
+    args = _row(pp=4, micro=1, tensor_model_parallel_size=8, world_size=32)
+    spec = measured_spec("row", args, {"gpu": "a100", "gpus_per_node": 8}, collectives=tables)
+    assert [spec.same_node(k, k + 1) for k in range(3)] == [False, False, False]
+    hop = load_model().active("link_transfer")
+    part = hop.term.contribute(load_model().context(spec), hop.params())
+    nic = load_catalog()["a100"].network_bandwidth_bytes_per_s / 1e3
+    assert part.forward_transfer_ms == pytest.approx((gpt.boundary_activation_bytes(spec.model) / nic,) * 3)
+    # two stages on one node (t 4), no tables: nothing measured prices the NVLink hop
+    with pytest.raises(ValueError, match="no collective benchmark of the node"):
+        measured_spec("row", _row(pp=2, micro=1, tensor_model_parallel_size=4, world_size=8),
+                      {"gpu": "a100", "gpus_per_node": 8})

@@ -30,14 +30,15 @@ def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], o
                           hardware=Hardware(gpu=hardware["gpu"], gpus_per_node=int(hardware["gpus_per_node"])),
                           collectives=collectives, iterations=SIMULATED_ITERATIONS)
     hops = [(r, r + 1) for r in range(spec.pp - 1)] + ([(spec.pp - 1, 0)] if spec.vp > 1 and spec.pp > 1 else [])
-    missing = [hop for hop in hops if spec.link(*hop) is None]
+    # A hop between nodes is priced over the sending GPU's share of its node's NICs (`LinkTransfer`); one inside a
+    # node wants the node's measured all-reduce tables (their ring gives its link), not a datasheet's NVLink rate.
+    missing = [hop for hop in hops if spec.link(*hop) is None
+               and (spec.gpus_per_node is None or spec.same_node(*hop))]
     if missing:
-        inside = spec.gpus_per_node is None or all(spec.same_node(a, b) for a, b in missing)
-        raise ValueError(f"nothing prices the hop between stages {missing[0][0]} and {missing[0][1]}"
-                         + (": no collective benchmark of the node (give its all-reduce tables: calibration/"
-                            "allreduce/ beside the log or table, or hardware.collective_tables in hops.base.yaml or "
-                            "the table's sidecar, and ingest it again)" if inside else
-                            ": it crosses nodes, and a log or table carries no link benchmark"))
+        raise ValueError(f"nothing prices the hop between stages {missing[0][0]} and {missing[0][1]}: no collective "
+                         "benchmark of the node (give its all-reduce tables: calibration/allreduce/ beside the log "
+                         "or table, or hardware.collective_tables in hops.base.yaml or the table's sidecar, and "
+                         "ingest it again)")
     return spec
 
 
