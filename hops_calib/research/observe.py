@@ -90,6 +90,8 @@ RUN_PHRASES = {
     "shape": "runs of shape {}",
     "microbatches": "runs with {} microbatches",
     "pp": "runs of pipeline depth {}",
+    "parallel": "runs at tensor x data parallel {}",
+    "micro_batch": "runs of micro batch {}",
 }
 STAGE_PHRASES = {
     "all": "all stages",
@@ -114,6 +116,8 @@ def run_groups(spec: Spec) -> dict[str, str]:
         "shape": f"h{spec.model.hidden_size} s{spec.model.seq_length} L{'-'.join(map(str, spec.layers_per_stage))}",
         "microbatches": str(spec.microbatches),
         "pp": str(spec.pp),
+        "parallel": f"t{spec.tp} d{spec.dp}",
+        "micro_batch": str(spec.model.micro_batch_size),
     }
 
 
