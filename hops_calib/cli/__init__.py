@@ -395,7 +395,12 @@ def predict(
     fixture_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="Fixture id (train split)."),
     all_train: bool = typer.Option(False, "--all", help="Every train fixture: per-run errors and the suite."),
     job: Optional[Path] = typer.Option(None, "--job", help="A job directory to predict before it runs: "
-                                       "megatron_args.txt, hops_trace_map.json, hops.base.yaml, link benchmark."),
+                                       "megatron_args.txt (Megatron's flags: tensor, pipeline, data and sequence "
+                                       "parallelism, distributed optimizer, recomputation, modern layers; torchrun "
+                                       "--nnodes/--nproc-per-node place ranks on nodes), hops_trace_map.json, "
+                                       "hops.base.yaml (the GPU type), link benchmark (optional on nodes). Prints "
+                                       "the time by kind per stage, memory per GPU, samples/s and MFU; a flag the "
+                                       "model does not price is refused naming it."),
     schedules: Optional[list[str]] = typer.Option(None, "--schedule", help="With --job: simulate this schedule "
                                                   "(repeatable: 1f1b, interleaved_1f1b, gpipe, zb_h1, auto); "
                                                   "default the configured one."),
