@@ -532,3 +532,40 @@ def test_a_misspelt_priced_flag_and_the_older_fp8_switches_are_refused(tmp_path)
     for fine in ("--sequence-parallel", "--use-flash-attn-v2", "--no-masked-softmax-fusion",
                  "--no-overlap-p2p-communication", "--num-key-value-heads 4 --group-query-attention"):
         assert refusal(fine) is None, fine
+
+
+def test_plan_parallel_searches_the_layouts_of_a_jobs_gpus(tmp_path):
+    """plan --job DIR --parallel: every t x p x d x micro-batch layout of the job's 8 GPUs that Megatron accepts is
+    priced by the calibrated model, the job's own one as predict --job prices it, the best that fit ranked by
+    samples/s; mixed device types are refused."""
+    from hops_calib.whatif.layouts import candidate_layouts
+
+    job = tmp_path / "job"
+    shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    base = job / "hops.base.yaml"
+    base.write_text(base.read_text().replace("gpu: cpu", "gpu: a100"))
+    args = job / "megatron_args.txt"
+    # two nodes of 4, no link benchmark: every layout's hops priced from the placement, the job's own too
+    args.write_text("torchrun --nnodes 2 --nproc-per-node 4 " + args.read_text().replace("--global-batch-size 4",
+                                                                                        "--global-batch-size 16"))
+    shutil.rmtree(job / "calibration" / "link_bench")
+    # 4 layers, 8 heads, batch 16 on 8 GPUs: t | 8 heads, p | 4 layers, d = 8 / (t p), 16 % (mb d) == 0
+    shape = {"num_attention_heads": 8, "num_layers": 4, "global_batch_size": 16}
+    layouts = candidate_layouts(shape, 8, 4, (1, 2))  # t at most a node's 4 GPUs
+    assert (4, 1, 2, 2) in layouts and (1, 4, 2, 1) in layouts and (2, 2, 2, 2) in layouts
+    assert all(t * p * d == 8 and t <= 4 and 4 % p == 0 and 16 % (mb * d) == 0 for t, p, d, mb in layouts)
+    assert len(layouts) == len(set(layouts)) == 2 * sum(1 for t in (1, 2, 4) for p in (1, 2, 4) if (8 // t) % p == 0)
+    out = _cli("plan", "--job", job, "--parallel", "--top", "50", "--json")
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.stdout)
+    own = json.loads(_cli("predict", "--job", job, "--json").stdout)["predictions"][0]
+    assert (plan["current"]["tp"], plan["current"]["pp"], plan["current"]["dp"]) == (1, 2, 4)
+    assert plan["current"]["samples_per_s"] == pytest.approx(own["samples_per_s"])
+    rates = [b["samples_per_s"] for b in plan["best"]]
+    assert rates == sorted(rates, reverse=True) and all(b["fits"] for b in plan["best"]) and len(rates) > 5
+    text = _cli("plan", "--job", job, "--parallel").stdout
+    assert "layouts priced" in text and "MFU %" in text and "\njob " in text
+    # two device types: the search needs one
+    base.write_text(base.read_text().replace("gpu: a100", "gpu: h100", 1))
+    mixed = _cli("plan", "--job", job, "--parallel")
+    assert mixed.exit_code == 2 and "one GPU type" in mixed.stderr

@@ -283,6 +283,9 @@ def plan(
     schedules: Optional[List[str]] = typer.Option(None, "--schedule", help="With --job: search only these schedules "
                                                   "(repeatable: 1f1b, interleaved_1f1b, zb_h1, gpipe, auto; "
                                                   "default all)."),
+    parallel: bool = typer.Option(False, "--parallel", help="With --job: search how to split its GPUs instead, "
+                                  "tensor x pipeline x data parallel and the micro-batch size (one GPU type), "
+                                  "keeping the launch's other settings."),
     fixed_order: bool = typer.Option(False, "--keep-order", help="With --job: keep the job's stage order."),
     fixed_split: bool = typer.Option(False, "--keep-split", help="With --job: keep the job's layer split."),
     fixed_micro_batch: bool = typer.Option(False, "--keep-micro-batch", help="With --job: keep its micro-batch size."),
@@ -320,6 +323,10 @@ def plan(
     if abstract:
         raise typer.BadParameter(f"{abstract[0]} is for the abstract plan; --job plans the job's own model and batch",
                                  param_hint=abstract[0])
+    if parallel:
+        from hops_calib.cli.whatif import plan_layouts_command
+
+        raise typer.Exit(plan_layouts_command(job, model, top, as_json))
     raise typer.Exit(plan_job_command(job, _cluster(ctx, cluster, no_cluster), model, top, tuple(schedules or ()), fixed_order, fixed_split,
                                       fixed_micro_batch, tuple(device_memory or ()), trials, exhaustive_limit,
                                       rank_by, perturbations, as_json, fixtures))

@@ -281,3 +281,19 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
     coverage, store = _calibration_coverage(fixtures) if fixtures is not None else (None, "")
 
     return run_and_print("plan", as_json, compute, format_job_plan)
+
+
+def plan_layouts_command(job: Path, model_path: Path | None, top: int, as_json: bool) -> int:
+    """`plan --job DIR --parallel`: the fastest tensor x pipeline x data parallel layouts of the job's GPUs."""
+    from hops_calib.cli.output import run_and_print
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.whatif.layouts import format_layout_plan, search_layouts
+
+    def compute(bar):
+        if not Path(job).is_dir():
+            raise InputError(str(job), "is not a directory", field="--job",
+                             hint="give a Megatron job directory: megatron_args.txt, hops_trace_map.json and "
+                                  "hops.base.yaml (the GPU type)")
+        return search_layouts(job, load_model(model_path), top=top, progress=bar)
+
+    return run_and_print("plan", as_json, compute, format_layout_plan)
