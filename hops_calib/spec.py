@@ -669,6 +669,15 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     links = read_link_fits(job_dir / LINK_BENCH_DIR, pp, notes) if len(device_ids) == pp else ()
     from hops_calib.trace.collective_bench import ALLREDUCE_DIR, read_collective_tables
 
+    cores = manifest.get("cores")
+    world = args.get("world_size")
+    if isinstance(cores, list) and cores and type(world) is int and len(cores) != world:
+        # a capture's copy relaunched on more ranks: the cores it lists no longer say how ranks share them
+        raise TraceError(job_dir / MANIFEST, f"lists {len(cores)} cores (one per rank of the capture) for a launch of "
+                         f"{world} ranks", field="cores",
+                         hint=f"list each of the {world} ranks' core (e.g. [0, 1, 0, 1, ...] for {world} ranks on 2 "
+                              "cores: ranks sharing a core are priced at 1/k of it), or remove `cores` to price each "
+                              "rank a device of its own")
     scenario = str(manifest.get("source_scenario") or "")
     spec = spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
                           collectives=read_collective_tables(job_dir / ALLREDUCE_DIR),

@@ -5,6 +5,7 @@ what-if on a copy of a shipped capture with its breakdown and memory."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -293,6 +294,12 @@ def test_data_parallel_reduction_all_reduce_or_reduce_scatter_and_gather():
     # overlapped: only one bucket of 40M parameters is left after the last backward
     overlapped = model.pipeline(_spec(world_size=8, overlap_grad_reduce=True))
     assert overlapped.grad_reduce_tail_ms[0] < overlapped.grad_reduce_ms[0]
+    # the breakdown's exposed part: the reduction no backward hides, and the all-gather after the step (not under
+    # --overlap-param-gather, which hides it in the next forwards)
+    parts = model.breakdown(dist)[0]
+    hidden = model.breakdown(_spec(world_size=8, use_distributed_optimizer=True, overlap_param_gather=True))[0]
+    assert parts["dp_reduce_exposed"] == pytest.approx(hidden["dp_reduce_exposed"] + gather)
+    assert parts["dp_reduce"] == pytest.approx(hidden["dp_reduce"] + gather)
 
 
 def test_memory_per_gpu_splits_as_the_launch_says():
@@ -329,11 +336,20 @@ def _cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+def _capture_copy(job: Path) -> Path:
+    """A 2-rank capture's directory copied for a what-if on more ranks: its manifest's `cores` (the capture's two)
+    taken out, as the refusal of a stale list asks, so each rank is priced a device of its own."""
+    shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    manifest = job / "manifest.yaml"
+    manifest.write_text(re.sub(r"^cores:\n(?:- \d+\n)+", "", manifest.read_text(), flags=re.M))
+    return job
+
+
 def test_a_3d_what_if_on_a_captures_copy(tmp_path):
     from hops_calib.spec import build_spec
 
     job = tmp_path / "job"
-    shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    _capture_copy(job)
     model_file = tmp_path / "m3d.toml"
     write_model(model_file, _model_3d())
     args = job / "megatron_args.txt"
@@ -363,6 +379,12 @@ def test_a_3d_what_if_on_a_captures_copy(tmp_path):
     per_sample = 3 * (4 * (24 * 256 * 512 ** 2 + 4 * 256 ** 2 * 512) + 2 * 256 * 512 * gpt.padded_vocab(shape))
     assert first["model_tflops_per_gpu"] == pytest.approx(samples * per_sample / 8 / 1e12)
     assert first["mfu"] == pytest.approx(first["model_tflops_per_gpu"] * 1e12 / load_model().device("cpu").peak_bf16_flops_per_s)
+    # the capture's own `cores` (2, for its 2 ranks) no longer say how 8 ranks share the cores: refused, not priced
+    stale = tmp_path / "stale"
+    shutil.copytree(REPO / "traces" / RUN, stale, ignore=shutil.ignore_patterns("megatron_trace"))
+    (stale / "megatron_args.txt").write_text(args.read_text())
+    refused = _cli("predict", "--job", stale, "--model", model_file)
+    assert refused.exit_code == 2 and "manifest.yaml: field 'cores'" in refused.stderr and "8 ranks" in refused.stderr
     text_out = _cli("predict", "--job", job, "--model", model_file).stdout
     assert "tp 2 x dp 2 = 8 GPUs" in text_out and "TP comm" in text_out and "peak memory per GPU" in text_out
     # a shape that cannot fit the device is flagged, in JSON and text
@@ -380,7 +402,7 @@ def _tensor_parallel_copy(tmp_path: Path, slow_rank: int, order_flag: str = "") 
     group (Megatron's rank order: rank = tp + 2 pp, or tp-pp-dp's, which is the same at d = 1), and `slow_rank`'s
     last event ends 5 ms later, as a rank that lags its group would."""
     job = tmp_path / "tp2"
-    shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    _capture_copy(job)
     (job / "megatron_trace").mkdir()
     args = job / "megatron_args.txt"
     args.write_text("torchrun --nproc-per-node 4 " + args.read_text().replace(
@@ -479,7 +501,7 @@ def test_a_multi_node_torchrun_launch_prices_a_data_parallel_group_across_nodes_
     assert launcher_gpus_per_node("pretrain_gpt.py --nnodes 2") is None  # not the launcher's
 
     job = tmp_path / "job"
-    shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    _capture_copy(job)
     # the same job on A100s (the capture's devices retyped), whose NICs are slower than the node's NVLink
     base = job / "hops.base.yaml"
     base.write_text(base.read_text().replace("gpu: cpu", "gpu: a100"))
@@ -541,7 +563,7 @@ def test_plan_parallel_searches_the_layouts_of_a_jobs_gpus(tmp_path):
     from hops_calib.whatif.layouts import candidate_layouts
 
     job = tmp_path / "job"
-    shutil.copytree(REPO / "traces" / RUN, job, ignore=shutil.ignore_patterns("megatron_trace"))
+    _capture_copy(job)
     base = job / "hops.base.yaml"
     base.write_text(base.read_text().replace("gpu: cpu", "gpu: a100"))
     args = job / "megatron_args.txt"
@@ -569,3 +591,24 @@ def test_plan_parallel_searches_the_layouts_of_a_jobs_gpus(tmp_path):
     base.write_text(base.read_text().replace("gpu: a100", "gpu: h100", 1))
     mixed = _cli("plan", "--job", job, "--parallel")
     assert mixed.exit_code == 2 and "one GPU type" in mixed.stderr
+
+
+def test_the_readmes_gpu_job_recipe_predicts_and_plans(tmp_path):
+    """README's "A job on GPU nodes, before it runs" block, as written (its hops-calib calls through the CLI here):
+    the 512-A100 job predicts, fits, and plan --parallel ranks its layouts, the launch's own among them."""
+    import subprocess
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    start = text.index("mkdir -p gpt175b")
+    block = text[start:text.index("```", start)]
+    setup, _, calls = block.rpartition("cd .. && ")
+    assert calls.strip() == "hops-calib predict --job gpt175b && hops-calib plan --job gpt175b --parallel"
+    subprocess.run(["bash", "-c", setup], cwd=tmp_path, check=True)
+    predicted = _cli("predict", "--job", tmp_path / "gpt175b", "--json")
+    assert predicted.exit_code == 0, predicted.output
+    out = json.loads(predicted.stdout)
+    assert out["fits"] and (out["configuration"]["tp"], out["configuration"]["pp"], out["configuration"]["dp"]) == (8, 8, 8)
+    assert 0.2 < out["predictions"][0]["mfu"] < 0.7  # a plausible share of the A100's peak
+    plan = json.loads(_cli("plan", "--job", tmp_path / "gpt175b", "--parallel", "--json").stdout)
+    assert plan["gpus"] == 512 and plan["gpus_per_node"] == 8 and plan["best"]
+    assert plan["current"]["samples_per_s"] == pytest.approx(out["predictions"][0]["samples_per_s"])

@@ -249,7 +249,8 @@ class Model:
         `category`: compute, tp_comm, p2p, dp_reduce, ends_allreduce (the tied embedding's, before the optimizer),
         optimizer, host), summed over its tasks: forward and backward
         per microbatch times the microbatches (recomputation counted as compute), the hops it sends, its optimizer
-        step, its gradient reduction (whole; `dp_reduce_exposed` is the part no backward hides) and the
+        step, its gradient reduction (whole; `dp_reduce_exposed` is the part no backward hides, with the distributed
+        optimizer's parameter all-gather after the step) and the
         per-iteration work. The host's launch floors count only by how much they exceed the layers' GPU work (the
         simulator takes the longer of the two). A sum of work, not the critical path: waiting (the bubble) is not
         in it."""
@@ -262,6 +263,7 @@ class Model:
         layer = {"forward_ms": [0.0] * stages, "backward_ms": [0.0] * stages, "attention_core_ms": [0.0] * stages}
         floor = {"forward_floor_ms": [0.0] * stages, "backward_floor_ms": [0.0] * stages}
         reduce_whole, reduce_tail, last_backward = [0.0] * ranks, [0.0] * ranks, [0.0] * ranks
+        after_step = [0.0] * ranks  # DP work after the optimizer step (the distributed optimizer's all-gather)
 
         def at(values: tuple[float, ...], k: int) -> float:
             return values[k] if values else 0.0
@@ -286,6 +288,8 @@ class Model:
             for rank in range(ranks):
                 out[rank][category] += (at(part.optimizer_ms, rank) + part.pre_optimizer_ms
                                         + part.stall_probability * part.stall_ms)
+                if category == "dp_reduce":
+                    after_step[rank] += at(part.optimizer_ms, rank)
                 out[rank]["host"] += part.post_optimizer_ms
                 reduce_whole[rank] += at(part.grad_reduce_ms, rank)
                 reduce_tail[rank] += at(part.grad_reduce_tail_ms, rank)
@@ -299,8 +303,10 @@ class Model:
             out[rank]["host"] += m * excess
         for rank in range(ranks):
             out[rank]["dp_reduce"] += reduce_whole[rank]
-            if reduce_whole[rank]:
-                out[rank]["dp_reduce_exposed"] = max(reduce_tail[rank], reduce_whole[rank] - last_backward[rank])
+            if reduce_whole[rank] or after_step[rank]:
+                # what no backward hides: the reduction beyond the last backward, and all of what follows the step
+                out[rank]["dp_reduce_exposed"] = (max(reduce_tail[rank], reduce_whole[rank] - last_backward[rank])
+                                                  + after_step[rank])
         return out
 
     # --- text -----------------------------------------------------------------------------------

@@ -340,7 +340,7 @@ def what_if_text(result: WhatIf) -> str:
             ("  share of runs in it", lambda p: f"{100 * p.stall_throughput_range().share:.0f} %"),
             ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
             ("samples /s (all replicas)", lambda p: f"{model_rates(p, spec, result.peak_flops_per_s)['samples_per_s']:.2f}"),
-            ("model TFLOP/s per GPU", lambda p: f"{model_rates(p, spec, result.peak_flops_per_s)['model_tflops_per_gpu']:.1f}"),
+            ("model TFLOP/s per GPU", lambda p: f"{model_rates(p, spec, result.peak_flops_per_s)['model_tflops_per_gpu']:.3g}"),
             ("  MFU % of peak", lambda p: f"{100 * model_rates(p, spec, result.peak_flops_per_s)['mfu']:.1f}"),
             ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
             ("idle share % (bubble)", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),

@@ -59,11 +59,13 @@ class LayoutPlan:
     priced: int
     refused: int
     notes: tuple[str, ...] = field(default=())
+    over_memory: int = 0  # priced layouts whose busiest GPU would not fit
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": "ok", "job": self.job, "gpus": self.gpus, "gpus_per_node": self.gpus_per_node,
                 "device": self.device, "current": self.current.to_dict(), "best": [b.to_dict() for b in self.best],
-                "priced": self.priced, "refused": self.refused, "notes": list(self.notes)}
+                "priced": self.priced, "refused": self.refused, "over_memory": self.over_memory,
+                "notes": list(self.notes)}
 
 
 def _divisors(n: int) -> list[int]:
@@ -158,12 +160,14 @@ def search_layouts(job_dir: Path | str, model: Model, *, top: int = 5,
                    == (own.tp, own.pp, own.dp, own.model.micro_batch_size))
     best = sorted((layout for layout in priced if layout.fits), key=lambda layout: -layout.samples_per_s)[:top]
     return LayoutPlan(job=str(job_dir), gpus=gpus, gpus_per_node=per_node, device=device, current=current,
-                      best=tuple(best), priced=len(priced), refused=len(found) - len(priced), notes=tuple(notes))
+                      best=tuple(best), priced=len(priced), refused=len(found) - len(priced), notes=tuple(notes),
+                      over_memory=sum(1 for layout in priced if not layout.fits))
 
 
 def format_layout_plan(plan: LayoutPlan) -> str:
     lines = [f"{plan.job}: {plan.gpus} {plan.device} GPUs, {plan.gpus_per_node} per node; {plan.priced} layouts "
-             f"priced, {plan.refused} refused (Megatron's shape rules or what the model does not price)"]
+             f"priced ({plan.over_memory} would not fit the GPUs' memory, left out), {plan.refused} refused "
+             "(Megatron's shape rules or what the model does not price)"]
     header = f"{'#':>3} {'t':>3} {'p':>3} {'d':>4} {'mb':>3} {'samples/s':>10} {'MFU %':>6} {'iter ms':>10} {'GB/GPU':>7}"
     lines.append(header)
 
@@ -178,8 +182,9 @@ def format_layout_plan(plan: LayoutPlan) -> str:
     lines.append(row("job", current) if not current.refused else f"job {current.name}: {current.refused}")
     lines.append("samples/s: every data-parallel replica's; MFU: model FLOPs (3x forward, LM head, no recomputation) "
                  "over the GPUs' peak; GB/GPU: the most any stage's GPU holds (weights, gradients, optimizer state, "
-                 "activations at the schedule's peak) against the device's capacity. The launch's other settings "
-                 "are kept; ranks are placed on nodes as the launch places them.")
+                 "activations at the schedule's peak) against the device's capacity, with no room counted for the "
+                 "CUDA context, NCCL buffers or fragmentation (a few GB: prefer a layout with that headroom). The "
+                 "launch's other settings are kept; ranks are placed on nodes as the launch places them.")
     for note in plan.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
