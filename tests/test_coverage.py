@@ -48,3 +48,27 @@ def test_a_new_device_type_is_named_with_the_pairs_it_makes(shared_store):
     assert ("end device pair", "cpu-cpu") in found
     with pytest.raises(ValueError, match="no configurations"):
         coverage([])
+
+
+def test_parallelism_and_layer_settings_the_calibration_runs_lacked_are_named():
+    """A 512-GPU launch with sequence parallelism, the distributed optimizer, flash attention, bf16 and a
+    data-parallel group across nodes, against single-node fp16 runs with none of them: each is named."""
+    from hops_calib.spec import Hardware, spec_from_args
+
+    def spec(**changes):
+        args = {"pipeline_model_parallel_size": 2, "num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16,
+                "seq_length": 1024, "max_position_embeddings": 1024, "micro_batch_size": 1,
+                "global_batch_size": 16, "vocab_size": 50257, "fp16": True, "transformer_impl": "local",
+                "tensor_model_parallel_size": 2, "world_size": 8, **changes}
+        return spec_from_args(args, "launch.txt", run_id="r", iterations=3,
+                              hardware=Hardware(gpu="a100", gpus_per_node=8))
+
+    span = coverage([spec(), spec(micro_batch_size=2)])
+    assert extrapolations(spec(), span) == []
+    big = spec(fp16=False, bf16=True, sequence_parallel=True, use_distributed_optimizer=True, use_flash_attn=True,
+               world_size=64, global_batch_size=256)
+    named = {e.feature: (e.value, e.calibrated) for e in extrapolations(big, span)}
+    assert named["precision"] == ("bf16", "fp16") and named["attention kernel"][0] == "flash"
+    assert named["sequence parallelism"] == ("on", "off") and named["distributed optimizer"] == ("on", "off")
+    assert named["tensor or data parallel group across nodes"] == ("yes", "no")
+    assert named["data parallel size"][0] == "16"

@@ -4,8 +4,10 @@ A calibrated model interpolates well and extrapolates as well as its physics: a 
 schedule that no train run had is priced by parameters nothing pinned for it. Before trusting a what-if, a user
 should know which of its features are new. The features are the ones the cost terms read: device types, the
 device pairs a hop crosses, the pair of end devices the embedding all-reduce joins, the schedule and
-interleaving, and the ranges of the model shape, the message a hop carries, the microbatches (also per stage:
-fewer than the stages never fill the pipeline), the pipeline depth and the layers on a stage. Only
+interleaving, the precision, attention kernel, recomputation, sequence parallelism, distributed optimizer and
+whether a tensor- or data-parallel group spans nodes, and the ranges of the model shape, the message a hop
+carries, the microbatches (also per stage: fewer than the stages never fill the pipeline), the pipeline depth, the
+layers on a stage and the tensor- and data-parallel sizes. Only
 configurations are compared (specs, known before a run); no result of any run is read.
 """
 
@@ -30,14 +32,25 @@ def _numbers(spec: Spec) -> dict[str, float]:
             "microbatches": spec.microbatches, "pipeline depth": spec.pp,
             # Fewer microbatches than stages never fills the pipeline: another regime of the schedule.
             "microbatches per stage": round(spec.microbatches / spec.pp, 3),
-            "layers on a stage": max(spec.layers_per_stage), "model chunks per stage": spec.vp}
+            "layers on a stage": max(spec.layers_per_stage), "model chunks per stage": spec.vp,
+            "tensor parallel size": spec.tp, "data parallel size": spec.dp}
 
 
 def _sets(spec: Spec) -> dict[str, set[str]]:
     return {"device type": set(spec.devices),
             "hop device pair": {_pair(a, b) for a, b in zip(spec.devices, spec.devices[1:])},
             "end device pair": {_pair(spec.devices[0], spec.devices[-1])} if spec.pp > 1 else set(),
-            "schedule": {spec.schedule}}
+            "schedule": {spec.schedule},
+            "precision": {spec.model.precision}, "attention kernel": {spec.model.attention_kernel},
+            "recomputation": {spec.model.recompute_granularity or "none"},
+            "sequence parallelism": {"on" if spec.model.sequence_parallel else "off"},
+            "distributed optimizer": {"on" if spec.distributed_optimizer else "off"},
+            "tensor or data parallel group across nodes": {"yes" if _group_across_nodes(spec) else "no"}}
+
+
+def _group_across_nodes(spec: Spec) -> bool:
+    """Whether a tensor- or data-parallel group of the launch spans nodes (its collectives then cross the NICs)."""
+    return any((spec.group_nodes(group) or (1, 0))[0] > 1 for group in ("tp", "dp"))
 
 
 @dataclass(frozen=True)
