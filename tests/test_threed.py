@@ -612,3 +612,11 @@ def test_the_readmes_gpu_job_recipe_predicts_and_plans(tmp_path):
     plan = json.loads(_cli("plan", "--job", tmp_path / "gpt175b", "--parallel", "--json").stdout)
     assert plan["gpus"] == 512 and plan["gpus_per_node"] == 8 and plan["best"]
     assert plan["current"]["samples_per_s"] == pytest.approx(out["predictions"][0]["samples_per_s"])
+
+
+def test_predict_of_a_data_parallel_capture_counts_every_replicas_samples():
+    out = _cli("predict", "cpu_1f1b_d2_l4_h384_s128_m4_run1", "--fixtures", REPO / "fixtures", "--json")
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    for side, key in (("real", "real"), ("predicted", "predicted")):
+        assert data["samples_per_s"][side] == pytest.approx(data[key]["throughput_per_s"] * 1 * 2)  # mb 1, d 2

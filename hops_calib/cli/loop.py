@@ -80,6 +80,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
         print_json({"id": fixture.id, "run_id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
                      "model": model.name, "model_sha256": model.sha256, "errors": score.to_dict(),
                      "real": fixture.truth.metrics.to_dict(), "predicted": prediction.metrics.to_dict(),
+                     "samples_per_s": _samples(fixture.truth.metrics, prediction.metrics, fixture.spec),
                      "stall_throughput_range": prediction.stall_throughput_range()._asdict(),
                      "stages": stages})
         return EXIT_OK
@@ -112,13 +113,20 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     return EXIT_OK
 
 
+def _samples(real, predicted, spec) -> dict[str, float | None]:
+    """Real and predicted samples per second of every data-parallel replica (the text's `samples /s` row)."""
+    return {side: samples_per_s(metrics.throughput_per_s, spec.model.micro_batch_size, spec.dp)
+            for side, metrics in (("real", real), ("predicted", predicted))}
+
+
 def _predict_measured(fixture, model, prediction, score, as_json: bool) -> int:
     """`predict ID` of a run measured at iteration level: throughput and iteration time (no events: no stages)."""
     real, pred, spec = fixture.truth.metrics, prediction.metrics, fixture.spec
     if as_json:
         print_json({"id": fixture.id, "run_id": fixture.id, "kind": fixture.kind, "split": fixture.split,
                     "schedule": prediction.schedule, "model": model.name, "model_sha256": model.sha256,
-                    "errors": score.to_dict(), "real": real.to_dict(), "predicted": pred.to_dict()})
+                    "errors": score.to_dict(), "real": real.to_dict(), "predicted": pred.to_dict(),
+                    "samples_per_s": _samples(real, pred, spec)})
         return EXIT_OK
     print(f"{fixture.id}  ({fixture.split}; measured at iteration level; {prediction.schedule}, pp={spec.pp}, "
           f"{spec.microbatches} microbatches; model {model.name} {model.sha256[:12]})")
