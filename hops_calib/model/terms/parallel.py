@@ -136,7 +136,7 @@ class TensorParallelComm(Term):
     parallelism reduce-scatters) are asynchronous: Megatron launches each and computes the layer's weight gradient
     before waiting on it (`LinearWithGradAccumulationAndAsyncCommunication`, default since Megatron-LM 2022; the
     `--no-async-tensor-model-parallel-allreduce` switch of older Megatron-LM / Megatron-DeepSpeed turns it off), so
-    only what outlasts that weight-gradient GEMM is exposed (`tp_exposed_backward_ms`; the GEMM at the device's
+    only what outlasts that weight-gradient GEMM is exposed (`tp_async_backward`; the GEMM at the device's
     peak, so the exposure is an upper bound). Small layers expose most of it, large ones almost none.
     """
 
@@ -150,24 +150,24 @@ class TensorParallelComm(Term):
             return Contribution()
         layout = context.layout
         forward, backward = [], []
+        hidden, overlapped = hidden_bytes(spec), tp_async_backward(spec)
         for k, layers in enumerate(layout.layers):
             rank = layout.rank_of(k)
+            device = context.devices[rank]
+            rates = _rates(params, device.type)
 
             def price(counts: dict[tuple[str, float], int]) -> float:
-                device = context.devices[rank]
-                return sum(count * collective_ms(spec, device, op, nbytes, "tp", stage=rank,
-                                                 **_rates(params, device.type))
+                return sum(count * collective_ms(spec, device, op, nbytes, "tp", stage=rank, **rates)
                            for (op, nbytes), count in counts.items())
 
             phases = tp_collectives(spec, k, layers)
             # one layer's forward collectives, which full recomputation runs again
-            per_layer = price({(op, hidden_bytes(spec)): count for op, count in tp_collectives_per_layer(spec).items()})
-            overlapped = tp_async_backward(spec)
+            per_layer = price({(op, hidden): count for op, count in tp_collectives_per_layer(spec).items()})
             blocking = dict(phases["BACKWARD"])
             for op, _ in overlapped:
-                blocking[(op, hidden_bytes(spec))] -= layers
-            exposed = sum(max(0.0, price({(op, hidden_bytes(spec)): 1}) - flops / (context.devices[rank].peak_bf16_flops_per_s / 1e3))
-                          for op, flops in overlapped)
+                blocking[(op, hidden)] -= layers
+            flops_per_ms = device.peak_bf16_flops_per_s / 1e3
+            exposed = sum(max(0.0, price({(op, hidden): 1}) - flops / flops_per_ms) for op, flops in overlapped)
             forward.append(price(phases["FORWARD"]))
             backward.append(price(blocking) + layers * exposed + spec.model.recomputed_layers(layers) * per_layer)
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
