@@ -334,14 +334,15 @@ def what_if_text(result: WhatIf) -> str:
     heads = [p.schedule if asked == p.schedule else f"{asked}: {p.schedule}"
              for asked, p in zip(result.asked, result.predictions)]
     width = max(14, *(len(head) + 2 for head in heads))
+    rates = {id(p): model_rates(p, spec, result.peak_flops_per_s) for p in result.predictions}
     rows = [("throughput /s (window)", lambda p: f"{p.metrics.throughput_per_s:.3f}"),
             ("  random stalls: +-", lambda p: f"{p.stall_noise_ape_pct:.1f} %"),
             ("  range from stalls", lambda p: "{:.3f}-{:.3f}".format(*p.stall_throughput_range()[:2])),
             ("  share of runs in it", lambda p: f"{100 * p.stall_throughput_range().share:.0f} %"),
             ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
-            ("samples /s (all replicas)", lambda p: f"{model_rates(p, spec, result.peak_flops_per_s)['samples_per_s']:.2f}"),
-            ("model TFLOP/s per GPU", lambda p: f"{model_rates(p, spec, result.peak_flops_per_s)['model_tflops_per_gpu']:.3g}"),
-            ("  MFU % of peak", lambda p: f"{100 * model_rates(p, spec, result.peak_flops_per_s)['mfu']:.1f}"),
+            ("samples /s (all replicas)", lambda p: f"{rates[id(p)]['samples_per_s']:.2f}"),
+            ("model TFLOP/s per GPU", lambda p: f"{rates[id(p)]['model_tflops_per_gpu']:.3g}"),
+            ("  MFU % of peak", lambda p: f"{100 * rates[id(p)]['mfu']:.1f}"),
             ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
             ("idle share % (bubble)", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
             ("schedule bubble %", lambda p: f"{100 * pipeline_schedule_bubble(p.pipeline, p.schedule):.1f}"),

@@ -99,13 +99,12 @@ def search_layouts(job_dir: Path | str, model: Model, *, top: int = 5,
                    micro_batch_sizes: Sequence[int] = DEFAULT_MICRO_BATCH_SIZES,
                    progress: Progress = QUIET) -> LayoutPlan:
     """The fastest layouts of the job's GPUs that fit (see the module's docstring), and the job's own."""
-    from hops_calib.metrics import samples_per_s
-    from hops_calib.model import gpt
     from hops_calib.model.memory import stage_memory
     from hops_calib.model.predict import predict
     from hops_calib.spec import Hardware, build_spec, spec_from_args
     from hops_calib.trace import TraceError, find_arguments
     from hops_calib.trace.collective_bench import ALLREDUCE_DIR, read_collective_tables
+    from hops_calib.whatif.job import model_rates
 
     job_dir = Path(job_dir)
     notes: list[str] = []
@@ -145,13 +144,11 @@ def search_layouts(job_dir: Path | str, model: Model, *, top: int = 5,
             found.append(Layout(t, p, d, mb, refused=str(getattr(error, "problem", None) or error).split(";")[0]))
             progress.advance(f"t{t} p{p} d{d}")
             continue
-        metrics = prediction.metrics
-        samples = samples_per_s(metrics.throughput_per_s, mb, d) or 0.0
+        rates = model_rates(prediction, spec, peak)  # as predict --job reports them
         memory = stage_memory(spec, [catalog_bytes] * spec.pp, prediction.result.peak_stage_activations)
         most = max(stage.total_bytes for stage in memory)
-        found.append(Layout(t, p, d, mb, samples_per_s=samples,
-                            mfu=samples * gpt.model_flops_per_sample(spec.model) / gpus / peak if peak else 0.0,
-                            iteration_ms=metrics.iteration_time_ms, peak_memory_bytes=most,
+        found.append(Layout(t, p, d, mb, samples_per_s=rates["samples_per_s"], mfu=rates["mfu"],
+                            iteration_ms=prediction.metrics.iteration_time_ms, peak_memory_bytes=most,
                             memory_bytes=catalog_bytes, fits=most <= catalog_bytes))
         progress.advance(f"t{t} p{p} d{d}")
     priced = [layout for layout in found if not layout.refused]
