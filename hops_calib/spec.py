@@ -906,9 +906,9 @@ def unmodelled(args: dict[str, Any]) -> list[Unmodelled]:
     return found
 
 
-def _line_naming(source: Path, unmodelled_setting: Unmodelled) -> int | None:
-    """1-based line of `source` that names the setting (a command line's flag, a block's key); None if none does."""
-    key = unmodelled_setting.key
+def _line_naming(source: Path, key: str | None) -> int | None:
+    """1-based line of `source` that names the setting `key` (a command line's flag, a block's key); None if none
+    does."""
     if key is None:
         return None
     flag = "--" + key.replace("_", "-")
@@ -934,7 +934,7 @@ TYPO_SIMILARITY = 0.92  # difflib ratio: one or two letters in a long flag name
 def misspelt(args: dict[str, Any]) -> list[tuple[str, str]]:
     """(given, meant) for each argument that is not one the project knows but nearly spells one (`KNOWN_ARGS`,
     ASSUMPTIONS' keys)."""
-    from difflib import SequenceMatcher
+    from difflib import get_close_matches
 
     from hops_calib.trace.measured import KNOWN_ARGS
 
@@ -943,9 +943,9 @@ def misspelt(args: dict[str, Any]) -> list[tuple[str, str]]:
     for given in args:
         if given in known or given.removeprefix("no_") in known or len(given) < 6:
             continue
-        meant = max(known, key=lambda k: SequenceMatcher(None, given, k).ratio())
-        if SequenceMatcher(None, given, meant).ratio() >= TYPO_SIMILARITY:
-            found.append((given, meant))
+        meant = get_close_matches(given, known, n=1, cutoff=TYPO_SIMILARITY)
+        if meant:
+            found.append((given, meant[0]))
     return found
 
 
@@ -964,7 +964,7 @@ def require_modelled(args: dict[str, Any], source: Path | str) -> None:
         flag, right = "--" + given.replace("_", "-"), "--" + meant.replace("_", "-")
         raise TraceError(source, "has flags the model does not know but that nearly spell ones it prices: "
                          + "; ".join(f"--{g.replace('_', '-')} (--{m.replace('_', '-')}?)" for g, m in typos),
-                         line=_line_naming(Path(source), Unmodelled(flag=flag, key=given, value=None, modelled="")),
+                         line=_line_naming(Path(source), given),
                          field=flag, hint=f"did you mean {right}? Megatron would refuse the unknown flag; spell it as "
                                           "Megatron does, so that the prediction prices what the launch runs")
     found = unmodelled(args)
@@ -973,7 +973,7 @@ def require_modelled(args: dict[str, Any], source: Path | str) -> None:
 
     first = found[0]
     raise TraceError(source, "configures what the simulator does not model: "
-                     + "; ".join(u.sentence() for u in found), line=_line_naming(Path(source), first),
+                     + "; ".join(u.sentence() for u in found), line=_line_naming(Path(source), first.key),
                      field=first.field,
                      hint="a prediction would price another configuration than this launch; change the launch to "
                           "what the model prices, or extend the model (hops_calib/model) and hops_calib.spec."

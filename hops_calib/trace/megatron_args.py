@@ -52,18 +52,9 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
 
     A flag with no value is True; a flag with several values gets a list.
     """
-    try:
-        tokens = shlex.split(text, comments=False)
-    except ValueError as err:
-        raise TraceError(path, f"cannot split the command line ({err})", line=1,
-                         hint="write the launch command on one line with balanced quotes") from err
-    # Options before the training script belong to the launcher (torchrun --nproc-per-node ...); the world size
-    # they give is the launch's (Megatron computes the data parallel size from it).
-    scripts = [k for k, token in enumerate(tokens) if token.endswith(".py")]
-    launcher_world = None
-    if scripts:
-        launcher_world = _launcher_world_size(tokens[:scripts[-1]])
-        tokens = tokens[scripts[-1] + 1:]
+    launcher, tokens = _split(text, path)
+    # the world size the launcher gives is the launch's (Megatron computes the data parallel size from it)
+    launcher_world = _launcher_world_size(launcher) if launcher is not None else None
     args: dict[str, Any] = {}
     key: str | None = None
     values: list[Any] = []
@@ -86,15 +77,28 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
     return args
 
 
+def _split(text: str, path: Path | str) -> tuple[list[str] | None, list[str]]:
+    """A command line's tokens before the training script (the launcher's: torchrun --nproc-per-node ...; None
+    without a script) and after it (the script's arguments)."""
+    try:
+        tokens = shlex.split(text, comments=False)
+    except ValueError as err:
+        raise TraceError(path, f"cannot split the command line ({err})", line=1,
+                         hint="write the launch command on one line with balanced quotes") from err
+    scripts = [k for k, token in enumerate(tokens) if token.endswith(".py")]
+    if not scripts:
+        return None, tokens
+    return tokens[:scripts[-1]], tokens[scripts[-1] + 1:]
+
+
 def launcher_gpus_per_node(text: str) -> int | None:
     """GPUs (processes) per node of a multi-node torchrun launch: --nproc-per-node when --nnodes is a plain integer
     above 1 (a one-node launch places every rank on one node, which needs no count); None otherwise."""
     try:
-        tokens = shlex.split(text, comments=False)
-    except ValueError:
+        launcher, _ = _split(text, ARGS_FILE)
+    except TraceError:
         return None
-    scripts = [k for k, token in enumerate(tokens) if token.endswith(".py")]
-    found = _launcher_options(tokens[:scripts[-1]]) if scripts else {}
+    found = _launcher_options(launcher) if launcher is not None else {}
     try:
         nodes, per_node = int(found.get("nnodes", "1")), int(found["nproc-per-node"])
     except (KeyError, ValueError):
