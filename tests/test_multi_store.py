@@ -27,6 +27,17 @@ def store_of(tmp_path: Path, name: str, keep) -> Path:
     return store
 
 
+def wide_plan(tmp_path: Path, ledger: Path, note: str) -> tuple[Path, dict]:
+    """The first change of a fresh record (the host overhead at 2.5 ms) and a plan with wide tolerances, so that it
+    is committed whatever the CPU numbers are."""
+    first = candidate(tmp_path, "host-a", 'action = "set"\nterm = "iteration_host_overhead"\nparams = { host_ms = 2.5 }')
+    plan = json.loads(cli("ledger", "plan", "--note", note, "--candidate", first,
+                          "--tolerance-mape-pp", "50", "--tolerance-bubble-mae-pp", "50", "--tolerance-rho", "2",
+                          "--tolerance-run-throughput-pp", "50", "--tolerance-run-bubble-pp", "50", "--ledger", ledger,
+                          "--json").stdout)
+    return first, plan
+
+
 def test_a_change_committed_on_two_stores_is_judged_on_both_and_refused_on_one(tmp_path):
     one_f_one_b = store_of(tmp_path, "one_f_one_b", lambda name: "interleaved" not in name)
     interleaved = store_of(tmp_path, "interleaved", lambda name: "interleaved" in name)
@@ -34,12 +45,7 @@ def test_a_change_committed_on_two_stores_is_judged_on_both_and_refused_on_one(t
     shutil.copy(SHIPPED, model)
     both = ("--fixtures", one_f_one_b, "--fixtures", interleaved)
     common = ("--model", model, "--ledger", ledger, "--json")
-    # A plan with wide tolerances, so that the first change is committed whatever the CPU numbers are.
-    first = candidate(tmp_path, "host-a", 'action = "set"\nterm = "iteration_host_overhead"\nparams = { host_ms = 2.5 }')
-    plan = json.loads(cli("ledger", "plan", "--note", "start the record on both stores", "--candidate", first,
-                          "--tolerance-mape-pp", "50", "--tolerance-bubble-mae-pp", "50", "--tolerance-rho", "2",
-                          "--tolerance-run-throughput-pp", "50", "--tolerance-run-bubble-pp", "50", "--ledger", ledger,
-                          "--json").stdout)
+    first, plan = wide_plan(tmp_path, ledger, "start the record on both stores")
     judged = cli("evaluate", first, *both, *common, "--plan", plan["seq"], "--commit")
     assert judged.exit_code == 0, judged.output
     data = json.loads(judged.stdout)
@@ -112,11 +118,7 @@ def test_a_store_grown_since_its_calibration_still_holds_its_runs(tmp_path):
     ledger, model = tmp_path / "ledger" / "ledger.jsonl", tmp_path / "model.toml"
     shutil.copy(SHIPPED, model)
     common = ("--model", model, "--ledger", ledger, "--json")
-    first = candidate(tmp_path, "host-a", 'action = "set"\nterm = "iteration_host_overhead"\nparams = { host_ms = 2.5 }')
-    plan = json.loads(cli("ledger", "plan", "--note", "start the record on the small store", "--candidate", first,
-                          "--tolerance-mape-pp", "50", "--tolerance-bubble-mae-pp", "50", "--tolerance-rho", "2",
-                          "--tolerance-run-throughput-pp", "50", "--tolerance-run-bubble-pp", "50", "--ledger", ledger,
-                          "--json").stdout)
+    first, plan = wide_plan(tmp_path, ledger, "start the record on the small store")
     assert cli("evaluate", first, "--fixtures", small, *common, "--plan", plan["seq"], "--commit").exit_code == 0
     second = candidate(tmp_path, "host-b", 'action = "set"\nterm = "iteration_host_overhead"\nparams = { host_ms = 2.9 }')
     grown = store_of(tmp_path, "grown", lambda name: True)
