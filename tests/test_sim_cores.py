@@ -134,3 +134,21 @@ def test_sharing_prices_a_capture_between_its_own_cores_and_the_flat_share():
         ("shared", spec), ("flat", dataclasses.replace(spec, cores=())),
         ("alone", dataclasses.replace(spec, cores=(), ranks_per_device=1.0)))}
     assert rate["flat"] < rate["shared"] < rate["alone"]
+
+
+def test_phase_times_of_ranks_sharing_cores_are_what_the_simulation_served():
+    """What observe, tune's components and evaluate's moved phases compare with a trace: on shared cores the
+    served time (a flat k: k x the cost), not the cost alone; without sharing, the cost."""
+    from hops_calib.model.predict import stage_phase_ms
+    from hops_calib.research.components import predicted_components
+
+    base = _pipeline(iteration_barrier=True, optimizer_barrier=False)
+    flat = dataclasses.replace(base, core_load=((2.0, 0.0), (0.0, 2.0)))
+    rows = stage_phase_ms(flat, ["cpu", "cpu"], simulate(flat, "1f1b"))
+    assert [r.forward_ms for r in rows] == pytest.approx([2 * s.forward_ms for s in base.stages])
+    assert [r.backward_ms for r in rows] == pytest.approx([2 * s.backward_ms for s in base.stages])
+    assert [r.optimizer_ms for r in rows] == pytest.approx([2 * v for v in base.optimizer_ms])
+    assert predicted_components(flat, "1f1b").values["forward/1"] == pytest.approx(2 * base.stages[1].forward_ms)
+    assert [r.forward_ms for r in stage_phase_ms(base, ["cpu", "cpu"])] == [s.forward_ms for s in base.stages]
+    with pytest.raises(ValueError, match="name its schedule"):
+        predicted_components(flat)

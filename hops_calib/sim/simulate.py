@@ -109,6 +109,16 @@ class SimResult:
             microbatches_per_iteration=self.microbatches, pp=self.ranks,
         )
 
+    def served_ms(self, rank: int, phase: str) -> float | None:
+        """The median simulated duration of rank `rank`'s tasks of `phase` (FORWARD, BACKWARD, OPTIMIZER, ...), or
+        None when it ran none: on ranks sharing a core (processor sharing) what a trace measures of a task, which
+        its cost alone is not."""
+        cols = self.columns
+        mask = (cols["stage"] == rank) & (cols["kind"] == KINDS.index(COMPUTE)) & (cols["phase"] == PHASES.index(phase))
+        if not mask.any():
+            return None
+        return float(np.median(cols["end_ms"][mask] - cols["start_ms"][mask]))
+
     def iteration_parts(self) -> IterationParts | None:
         """The median iteration cut into span, silent stretch, optimizer and rest (the real runs' function)."""
         return column_iteration_parts(**self._part_columns())
