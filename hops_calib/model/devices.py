@@ -39,10 +39,6 @@ class DeviceSpec:
     network_bandwidth_bytes_per_s: float
     sources: tuple[tuple[str, str], ...]  # (constant, citation), one per constant
     intra_node_bandwidth_bytes_per_s: float | None = None  # OPTIONAL_CONSTANTS: None where the device has none
-    # Another device type of the catalog whose calibrated values (a term's NAME@FAMILY) this one takes where it has
-    # none of its own (NAME@TYPE): a second machine of a kind already calibrated (another CPU) starts from them,
-    # with its own constants. One level, never itself.
-    family: str | None = None
 
     def source(self, constant: str) -> str:
         return dict(self.sources)[constant]
@@ -58,14 +54,9 @@ class DeviceSpec:
         found.update({name: getattr(self, name) for name in OPTIONAL_CONSTANTS if getattr(self, name) is not None})
         return found
 
-    def value_keys(self, name: str) -> tuple[str, ...]:
-        """Where a term's parameter `name` is looked up for this device, first found wins: its own NAME@TYPE, its
-        family's NAME@FAMILY, the shared NAME."""
-        return (f"{name}@{self.type}",) + ((f"{name}@{self.family}",) if self.family else ()) + (name,)
-
     def to_table(self) -> dict[str, Any]:
         """The TOML table of this device (as in devices.toml)."""
-        table: dict[str, Any] = {"name": self.name, **({"family": self.family} if self.family else {})}
+        table: dict[str, Any] = {"name": self.name}
         for constant, value in self.constants().items():
             table[constant] = {"value": value, "source": self.source(constant)}
         return table
@@ -113,15 +104,8 @@ def parse_devices(tables: Mapping[str, Any], *, origin: str, text: str = "", pre
         if not isinstance(name, str) or not name.strip():
             raise InputError(origin, "a new device type needs a 'name' (the product name)",
                              line=line_of(text, header), field=f"{header}.name")
-        family = table.get("family", known.family if known else None)
-        if family is not None and (not isinstance(family, str) or family == device_type
-                                   or family not in devices and family not in tables):
-            raise InputError(origin, f"family {family!r} is not another device type of the catalog",
-                             line=line_of(text, header, "family"), field=f"{header}.family",
-                             hint="name the device type whose calibrated values (NAME@TYPE) this one starts from, "
-                                  "or leave family out")
         for constant, raw in table.items():
-            if constant in ("name", "family"):
+            if constant == "name":
                 continue
             values[constant], sources[constant] = parse_constant(
                 raw, origin=origin, table=header, constant=constant, line=line_of(text, header, constant))
@@ -130,7 +114,6 @@ def parse_devices(tables: Mapping[str, Any], *, origin: str, text: str = "", pre
             raise InputError(origin, f"device type {device_type!r} is missing {missing}", line=line_of(text, header),
                              field=header, hint="give each as { value = ..., source = \"...\" }")
         devices[device_type] = DeviceSpec(type=device_type, name=name.strip(), sources=tuple(sorted(sources.items())),
-                                          family=family,
                                           **{c: float(values[c]) for c in CONSTANTS},
                                           **{c: float(values[c]) for c in OPTIONAL_CONSTANTS if c in values})
     return devices

@@ -113,8 +113,7 @@ class Model:
     def canonical(self) -> dict[str, Any]:
         """Everything that changes a prediction, in a canonical form (names, descriptions, citations excluded)."""
         return {
-            "devices": {d.type: {**d.constants(), **({"family": d.family} if d.family else {})}
-                        for d in sorted(self.devices, key=lambda d: d.type)},
+            "devices": {d.type: d.constants() for d in sorted(self.devices, key=lambda d: d.type)},
             "terms": {t.name: dict(t.values) for t in sorted(self.terms, key=lambda t: t.name)},
         }
 
@@ -327,14 +326,11 @@ class Model:
             known = catalog.get(device.type)
             changed = [c for c in device.constants() if known is None or getattr(known, c) != getattr(device, c)
                        or known.source(c) != device.source(c)]
-            family = device.family if known is None or known.family != device.family else None
-            if not changed and family is None:
+            if not changed:
                 continue
             out += ["", f"[devices.{device.type}]"]
             if known is None or known.name != device.name:
                 out.append(f"name = {_toml_string(device.name)}")
-            if family:
-                out.append(f"family = {_toml_string(family)}")
             for constant in changed:
                 out.append(f"{constant} = {{ value = {_toml_float(getattr(device, constant))}, "
                            f"source = {_toml_string(device.source(constant))} }}")

@@ -194,13 +194,9 @@ class Term(ABC):
         raise KeyError(name)
 
     @staticmethod
-    def value(params: Mapping[str, float], name: str, device: DeviceSpec) -> float:
-        """A parameter's value for one device: its "NAME@TYPE" override, else its family's "NAME@FAMILY"
-        (`DeviceSpec.family`), else NAME's value."""
-        for key in device.value_keys(name):
-            if key in params:
-                return params[key]
-        return params[name]
+    def value(params: Mapping[str, float], name: str, device_type: str) -> float:
+        """A parameter's value for one device type: its "NAME@TYPE" override, else NAME's value."""
+        return params.get(f"{name}@{device_type}", params[name])
 
     @classmethod
     def defaults(cls) -> dict[str, float]:

@@ -61,11 +61,11 @@ class LayerDispatchFloor(Term):
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         layers = context.layout.layers
-        devices = [context.device_of(k) for k in range(len(layers))]
+        types = [context.device_of(k).type for k in range(len(layers))]
         return Contribution(
-            forward_ms=tuple(n * self.value(params, "forward_ms_per_layer", d) for n, d in zip(layers, devices)),
-            backward_ms=tuple(n * self.value(params, "backward_ms_per_layer", d) for n, d in zip(layers, devices)),
-            host_ms=tuple(self.value(params, "step_ms", d) for d in devices),
+            forward_ms=tuple(n * self.value(params, "forward_ms_per_layer", t) for n, t in zip(layers, types)),
+            backward_ms=tuple(n * self.value(params, "backward_ms_per_layer", t) for n, t in zip(layers, types)),
+            host_ms=tuple(self.value(params, "step_ms", context.device_of(k).type) for k in range(len(layers))),
             host_after_receive_only=True if params["step_after_receive_only"] == 1.0 else None,
         )
 
@@ -101,7 +101,7 @@ class LayerLaunchFloor(Term):
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         forward, backward = [], []
         for k, layers in enumerate(context.layout.layers):
-            device = context.device_of(k)
+            device = context.device_of(k).type
             forward.append(layers * self.value(params, "forward_ms_per_layer", device))
             backward.append(layers * self.value(params, "backward_ms_per_layer", device))
         return Contribution(forward_floor_ms=tuple(forward), backward_floor_ms=tuple(backward))

@@ -35,6 +35,6 @@ class InputEmbedding(Term):
         device = context.device_of(0)
         grad_ms = gpt.vocab_per_gpu(shape) * shape.hidden_size * GRAD_BYTES / (device.memory_bandwidth_bytes_per_s / 1e3)
         forward, backward = [0.0] * layout.virtual_stages, [0.0] * layout.virtual_stages
-        forward[0] = self.value(params, "forward_ms", device)
-        backward[0] = self.value(params, "backward_ms", device) + params["grad_passes"] * grad_ms
+        forward[0] = self.value(params, "forward_ms", device.type)
+        backward[0] = self.value(params, "backward_ms", device.type) + params["grad_passes"] * grad_ms
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(backward))

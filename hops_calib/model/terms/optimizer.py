@@ -63,9 +63,9 @@ class OptimizerStep(Term):
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         times = []
         for rank, device in enumerate(context.devices):
-            bytes_per_ms = device.memory_bandwidth_bytes_per_s * self.value(params, "memory_efficiency", device) / 1e3
-            times.append(self.value(params, "fixed_ms", device)
-                         + self.value(params, "per_layer_ms", device) * context.layout.layers_on_rank(rank)
+            bytes_per_ms = device.memory_bandwidth_bytes_per_s * self.value(params, "memory_efficiency", device.type) / 1e3
+            times.append(self.value(params, "fixed_ms", device.type)
+                         + self.value(params, "per_layer_ms", device.type) * context.layout.layers_on_rank(rank)
                          + rank_parameters(context, rank) / optimizer_shard(context.spec)
                          * params["bytes_per_parameter"] / bytes_per_ms)
         return Contribution(optimizer_ms=tuple(times))

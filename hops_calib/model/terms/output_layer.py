@@ -51,14 +51,14 @@ class OutputLayerLoss(Term):
         device = context.device_of(last)
         tokens = shape.seq_length * shape.micro_batch_size
         vocab = gpt.vocab_per_gpu(shape)  # the output layer is vocabulary-parallel: V/t columns per GPU
-        flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device) / 1e3
+        flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device.type) / 1e3
         bytes_per_ms = device.memory_bandwidth_bytes_per_s / 1e3
         logit_ms = tokens * vocab * LOGIT_BYTES / bytes_per_ms
         gemm_ms = 2.0 * tokens * shape.hidden_size * vocab / flops_per_ms
         zeros = [0.0] * layout.virtual_stages
         forward, backward, weight_grad = list(zeros), list(zeros), list(zeros)
         forward[last] = (gemm_ms + params["logit_passes_forward"] * logit_ms
-                         + self.value(params, "host_ms", device))
+                         + self.value(params, "host_ms", device.type))
         backward[last] = 2.0 * gemm_ms + params["logit_passes_backward"] * logit_ms
         weight_grad[last] = gemm_ms  # the weight-gradient GEMM is half of the backward projection
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(weight_grad))

@@ -7,7 +7,6 @@ from typing import Mapping
 
 from hops_calib.model import gpt
 from hops_calib.model.collectives import collective_ms
-from hops_calib.model.devices import DeviceSpec
 from hops_calib.model.memory import gradient_bytes
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
 from hops_calib.model.terms.optimizer import rank_parameters
@@ -20,10 +19,10 @@ BUCKET_PARAMETERS = 40_000_000
 BUCKET_PARAMETERS_PER_REPLICA = 1_000_000
 
 
-def _rates(params: Mapping[str, float], device: DeviceSpec) -> dict[str, float]:
+def _rates(params: Mapping[str, float], device_type: str) -> dict[str, float]:
     """The collective-pricing parameters both terms share (`_collective_params`) for one device type (its
     NAME@TYPE overrides, else the shared values), as collective_ms takes them."""
-    return {name: Term.value(params, name, device) for name in ("efficiency", "step_latency_ms",
+    return {name: Term.value(params, name, device_type) for name in ("efficiency", "step_latency_ms",
                                                                        "contention_step_ms")}
 
 
@@ -155,7 +154,7 @@ class TensorParallelComm(Term):
         for k, layers in enumerate(layout.layers):
             rank = layout.rank_of(k)
             device = context.devices[rank]
-            rates = _rates(params, device)
+            rates = _rates(params, device.type)
 
             def price(counts: dict[tuple[str, float], int]) -> float:
                 return sum(count * collective_ms(spec, device, op, nbytes, "tp", stage=rank, **rates)
@@ -203,7 +202,7 @@ class DataParallelGradReduce(Term):
             parameters = rank_parameters(context, rank)
             buckets = dp_buckets(spec, parameters)
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
-            rates = _rates(params, device)
+            rates = _rates(params, device.type)
             bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), "dp",
                                       stage=rank, **rates)
             whole.append(buckets * bucket_ms)

@@ -52,10 +52,10 @@ class DecoderRoofline(Term):
         forward, backward, weight_grad, core = [], [], [], []
         for k, layers in enumerate(context.layout.layers):
             device = context.device_of(k)
-            flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device) / 1e3
+            flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device.type) / 1e3
             bytes_per_ms = device.memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
             layer_forward_ms = max(forward_flops / flops_per_ms, forward_bytes / bytes_per_ms)
-            backward_factor = self.value(params, "backward_factor", device)
+            backward_factor = self.value(params, "backward_factor", device.type)
             layer_backward_ms = backward_factor * layer_forward_ms
             forward.append(layers * layer_forward_ms)
             backward.append(layers * layer_backward_ms)
