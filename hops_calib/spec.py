@@ -628,6 +628,14 @@ def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[Link
                  and hardware.node_of(a, first_ranks) == hardware.node_of(b, first_ranks))
 
 
+def shared_cores(cores: Any, gpus: int) -> tuple[int, ...]:
+    """The core of every rank (`manifest.yaml`'s `cores`, one per rank of a launch of `gpus`) when some ranks
+    share a core, which `Spec.core_load` then prices by processor sharing; () otherwise."""
+    if not isinstance(cores, list) or len(cores) != gpus or not all(type(c) is int for c in cores):
+        return ()
+    return tuple(cores) if len(set(cores)) < len(cores) else ()
+
+
 def _ranks_per_core(cores: Any) -> float:
     """Ranks per core of a capture whose manifest lists each rank's core (`cores`), when ranks share cores; else 1."""
     if not isinstance(cores, list) or not cores or not all(type(c) is int for c in cores):
@@ -704,8 +712,8 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
                           ranks_per_device=_ranks_per_core(manifest.get("cores")),
                           declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
                           notes=notes)
-    if spec.ranks_per_device != 1 and len(cores) == spec.gpus:
-        spec = dataclasses.replace(spec, cores=tuple(cores))  # which ranks share a core: priced by processor sharing
+    if shared_cores(cores, spec.gpus):  # which ranks share a core: priced by processor sharing
+        spec = dataclasses.replace(spec, cores=shared_cores(cores, spec.gpus))
     per_node = launcher_gpus_per_node(read_config_text(args_source)) if args_source.suffix == ".txt" else None
     if per_node is not None and spec.gpus_per_node is None:
         # A multi-node torchrun launch places global rank r on node r // nproc-per-node: the groups that span nodes

@@ -37,7 +37,7 @@ from hops_calib.truth import Truth, compact_timeline, compute_truth
 
 # Bump when the fixture content for the same input changes (new columns, new truth fields, ...):
 # it is part of the content hash, so a new version re-ingests every run once.
-INGEST_VERSION = 4  # 4: a capture whose ranks share cores records them (Spec.cores)
+INGEST_VERSION = 3
 SPLIT_CHOICES = ("auto",) + SPLITS
 
 
