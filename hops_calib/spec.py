@@ -107,6 +107,9 @@ class Spec:
     # Ranks time-sharing one device (a CPU capture with more ranks than cores: manifest.yaml's `cores`, the core of
     # each rank); 1 on a GPU, where every rank has its own
     ranks_per_device: float = 1.0
+    # The core of every global rank when ranks time-share cores (`manifest.yaml`'s `cores` of such a capture), so
+    # which ranks share one is known (`core_load`); () otherwise
+    cores: tuple[int, ...] = ()
 
     @property
     def tp(self) -> int:
@@ -132,6 +135,22 @@ class Spec:
         """The global rank of GPU (tp_rank, dp_rank, pp_rank) under the launch's rank order."""
         return global_rank(self.rank_order, {"tp": (tp_rank, self.tp), "dp": (dp_rank, self.dp),
                                              "pp": (pp_rank, self.pp)})
+
+    def core_load(self) -> tuple[tuple[float, ...], ...]:
+        """Per pipeline rank s, how many processes of each pipeline rank q share s's core (`Pipeline.core_load`):
+        the ranks of stage q (every tensor- and data-parallel copy, in the rank order) on the core of s's first
+        rank. From `cores` when given; else a flat `ranks_per_device` copies of each rank's own stage (the other
+        sharers unknown); () for one rank per device."""
+        if self.cores:
+            sizes = {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+            stage_of = [coordinates_of(rank, self.rank_order, sizes)["pp"] for rank in range(len(self.cores))]
+            return tuple(tuple(float(sum(1 for rank, core in enumerate(self.cores)
+                                         if core == self.cores[self.rank(0, 0, s)] and stage_of[rank] == q))
+                               for q in range(self.pp)) for s in range(self.pp))
+        if self.ranks_per_device != 1:
+            return tuple(tuple(self.ranks_per_device if q == s else 0.0 for q in range(self.pp))
+                         for s in range(self.pp))
+        return ()
 
     def node_of(self, rank: int) -> int | None:
         return rank // self.gpus_per_node if self.gpus_per_node else None
@@ -194,7 +213,7 @@ class Spec:
         data["links"] = tuple(LinkFit(**link) for link in data.get("links", ()))
         data["model"] = ModelShape(**data["model"])
         data["collectives"] = tuple(CollectiveTable(**table) for table in data.get("collectives", ()))
-        for name in ("layers_per_stage", "devices", "device_ids", "device_names", "nodes"):
+        for name in ("layers_per_stage", "devices", "device_ids", "device_names", "nodes", "cores"):
             data[name] = tuple(data.get(name, ()))
         return cls(**data)
 
@@ -205,7 +224,7 @@ class Spec:
 
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
 _OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "dp", "distributed_optimizer", "overlap_grad_reduce",
-                    "overlap_param_gather", "rank_order", "ranks_per_device", "nodes")
+                    "overlap_param_gather", "rank_order", "ranks_per_device", "nodes", "cores")
 _OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "tensor_parallel",
                           "sequence_parallel", "swiglu", "num_query_groups", "normalization", "position_embedding",
                           "attention_kernel")
@@ -609,6 +628,14 @@ def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[Link
                  and hardware.node_of(a, first_ranks) == hardware.node_of(b, first_ranks))
 
 
+def shared_cores(cores: Any, gpus: int) -> tuple[int, ...]:
+    """The core of every rank (`manifest.yaml`'s `cores`, one per rank of a launch of `gpus`) when some ranks
+    share a core, which `Spec.core_load` then prices by processor sharing; () otherwise."""
+    if not isinstance(cores, list) or len(cores) != gpus or not all(type(c) is int for c in cores):
+        return ()
+    return tuple(cores) if len(set(cores)) < len(cores) else ()
+
+
 def _ranks_per_core(cores: Any) -> float:
     """Ranks per core of a capture whose manifest lists each rank's core (`cores`), when ranks share cores; else 1."""
     if not isinstance(cores, list) or not cores or not all(type(c) is int for c in cores):
@@ -685,6 +712,8 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
                           ranks_per_device=_ranks_per_core(manifest.get("cores")),
                           declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
                           notes=notes)
+    if shared_cores(cores, spec.gpus):  # which ranks share a core: priced by processor sharing
+        spec = dataclasses.replace(spec, cores=shared_cores(cores, spec.gpus))
     per_node = launcher_gpus_per_node(read_config_text(args_source)) if args_source.suffix == ".txt" else None
     if per_node is not None and spec.gpus_per_node is None:
         # A multi-node torchrun launch places global rank r on node r // nproc-per-node: the groups that span nodes

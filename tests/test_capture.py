@@ -33,6 +33,40 @@ def parse_args(text: str) -> dict[str, str | None]:
     return args
 
 
+# ---- the host CPU (no torch needed) ----
+
+XEON_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Processor
+stepping\t: 8
+cpu MHz\t\t: 2100.000
+flags\t\t: fpu vme sse2 avx avx2 avx512f avx512bw amx_bf16 amx_tile avx512_bf16
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+cpu MHz\t\t: 1800.000
+flags\t\t: fpu sse2
+"""
+
+
+def test_the_manifest_names_the_core_not_only_its_brand(tmp_path):
+    """A model name may say only "AMD EPYC": the manifest records vendor, family and model numbers, clock and the
+    widest vector instructions (what sets a core's FLOP rate), from the first processor's block."""
+    from hops_calib.capture.jobdir import cpu_identity
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(XEON_CPUINFO)
+    assert cpu_identity(info) == {"vendor": "GenuineIntel", "family": 6, "model": 143, "stepping": 8,
+                                  "mhz": 2100.0, "vector": "avx512f", "bf16": True, "amx": True}
+    info.write_text(XEON_CPUINFO.replace(" avx512f avx512bw amx_bf16 amx_tile avx512_bf16", ""))
+    assert cpu_identity(info)["vector"] == "avx2" and cpu_identity(info)["amx"] is False
+    assert cpu_identity(tmp_path / "missing") == {}
+
+
 # ---- configuration (no torch needed) ----
 
 @pytest.mark.parametrize("changes, option", [
@@ -183,6 +217,8 @@ def check_job_dir(config: CaptureConfig, job: Path) -> dict[int, list[dict]]:
     manifest = yaml.safe_load((job / "manifest.yaml").read_text())
     assert manifest["job_id"] == job.name and manifest["versions"]["torch"].startswith("2.13.0")
     assert manifest["threads_per_rank"] == [1] * config.pp
+    from hops_calib.capture.jobdir import cpu_identity
+    assert manifest["cpu"] == cpu_identity() and manifest["cpu"].get("vector")  # which core, not only its brand
     assert [len(cores) for cores in manifest["affinity_per_rank"]] == [1] * config.pp  # each rank pinned
 
     chunks = config.vp

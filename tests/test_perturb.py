@@ -32,7 +32,10 @@ def _pipelines(store: FixtureStore):
 def _check_slow_bottleneck(store: FixtureStore) -> int:
     """For every train run: slow the rank holding most of the critical path by 10 %. A makespan is a maximum over
     dependency paths, so the run grows by at least 10 % of what the rank holds on the nominal path and by at most
-    10 % of what it holds on the slowed run's path (unstretched); where the path stays, exactly the first."""
+    10 % of what it holds on the slowed run's path (unstretched); where the path stays, exactly the first.
+    Ranks sharing a core (processor sharing) hold their tasks' served time, which a 10 % larger work stretches by
+    less where the rank ends up computing alone: there the run grows, by less than 10 % of what the rank holds
+    and of the whole run."""
     exact = 0
     checked = 0
     for fixture_id, schedule, pipeline in _pipelines(store):
@@ -42,6 +45,10 @@ def _check_slow_bottleneck(store: FixtureStore) -> int:
         slowed_pipeline = perturbed(pipeline, [SlowDevice(bottleneck, SLOWER)])
         slowed = simulate(slowed_pipeline, schedule)
         grown = slowed.makespan_ms - nominal.makespan_ms
+        if pipeline.shares_cores:
+            assert 0 < grown < (SLOWER - 1) * min(held[bottleneck], nominal.makespan_ms), (fixture_id, grown)
+            checked += 1
+            continue
         at_least = (SLOWER - 1) * held[bottleneck]
         at_most = (SLOWER - 1) * critical_share(slowed, slowed_pipeline).compute_ms[bottleneck] / SLOWER
         assert at_least * (1 - 1e-9) <= grown <= at_most * (1 + 1e-9), (fixture_id, at_least, grown, at_most)

@@ -43,6 +43,36 @@ def cpu_model_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor() or platform.machine() or "unknown cpu"
 
 
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """What tells one CPU core from another, from the first processor of /proc/cpuinfo: vendor, family and model
+    numbers (a "model name" may say only "AMD EPYC"), the clock it reports, and the widest vector instructions
+    (a core's FLOP per cycle). {} where the file is unreadable (another OS)."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block is enough: a VM's vCPUs are alike
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    widest = next((isa for isa in ("avx512f", "avx2", "avx", "sse2") if isa in flags), None)
+    found: dict[str, Any] = {"vendor": fields.get("vendor_id"), "vector": widest,
+                             "bf16": "avx512_bf16" in flags or "amx_bf16" in flags, "amx": "amx_tile" in flags}
+    for key, name in (("cpu family", "family"), ("model", "model"), ("stepping", "stepping")):
+        if fields.get(key, "").isdigit():
+            found[name] = int(fields[key])
+    try:
+        found["mhz"] = round(float(fields["cpu MHz"]), 1)
+    except (KeyError, ValueError):
+        pass
+    return {key: value for key, value in found.items() if value is not None} if fields else {}
+
+
 def hostname() -> str:
     return socket.gethostname()
 

@@ -235,6 +235,8 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
            if key in reports[0]["facts"]},
         "host": host,
         "cpu_model": cpu_name,
+        # which core it is (the model name alone may say only "AMD EPYC"): a different core is another device
+        "cpu": jobdir.cpu_identity(),
         "cores": cores,
         # More ranks than cores time-slice, which inflates every compute time (about 1.8x for 4 ranks on 2 cores).
         "ranks_share_cores": len(set(cores)) < len(cores),

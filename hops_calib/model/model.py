@@ -220,10 +220,7 @@ class Model:
             totals[field] = [max(work, bound) + rest for work, bound, rest
                              in zip(layer_work[field], floors[floor], per(field))]
 
-        # Ranks that time-share a device (a CPU capture with more ranks than cores) each get 1/k of it: every task of
-        # a rank, its host time included (the host is the same core), takes k times as long.
-        k = spec.ranks_per_device
-        stages = tuple(StageCosts(forward_ms=k * f, backward_ms=k * b, weight_grad_ms=k * w, host_ms=k * h)
+        stages = tuple(StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w, host_ms=h)
                        for f, b, w, h in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms"),
                                              per("host_ms")))
         return Pipeline(
@@ -233,9 +230,12 @@ class Model:
             iterations=spec.iterations,
             forward_transfer_ms=tuple(totals["forward_transfer_ms"] or ()),
             backward_transfer_ms=tuple(totals["backward_transfer_ms"] or ()),
-            optimizer_ms=tuple(k * v for v in totals["optimizer_ms"] or ()),
-            grad_reduce_ms=tuple(k * v for v in totals["grad_reduce_ms"] or ()),
-            grad_reduce_tail_ms=tuple(k * v for v in totals["grad_reduce_tail_ms"] or ()),
+            optimizer_ms=tuple(totals["optimizer_ms"] or ()),
+            grad_reduce_ms=tuple(totals["grad_reduce_ms"] or ()),
+            grad_reduce_tail_ms=tuple(totals["grad_reduce_tail_ms"] or ()),
+            # Ranks that time-share a device (a CPU capture with more ranks than cores) are served by processor
+            # sharing in the simulator: each computes at its core's share among the ranks computing there then.
+            core_load=spec.core_load(),
             pre_optimizer_ms=pre_optimizer_ms,
             post_optimizer_ms=post_optimizer_ms,
             stall_ms=stall[1] if stall else 0.0,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from hops_calib.model import Model
 from hops_calib.spec import Spec
+from hops_calib.timeline import BACKWARD, FORWARD, OPTIMIZER
 
 if TYPE_CHECKING:
     from hops_calib.metrics import TimelineMetrics
@@ -132,16 +133,29 @@ class Prediction:
         return values
 
     def stage_phase_ms(self, spec: Spec) -> list[StagePhaseMs]:
-        pipeline, ranks = self.pipeline, self.pipeline.ranks
-        rows = []
-        for rank in range(ranks):
-            chunks = pipeline.stages[rank::ranks]
-            rows.append(StagePhaseMs(
-                stage=rank, device=spec.devices[rank],
-                forward_ms=sum(c.forward_ms for c in chunks) / len(chunks),
-                backward_ms=sum(c.backward_ms for c in chunks) / len(chunks),
-                optimizer_ms=pipeline.optimizer_ms[rank] if pipeline.optimizer_ms else None))
-        return rows
+        return stage_phase_ms(self.pipeline, spec.devices, self.result)
+
+
+def stage_phase_ms(pipeline: Pipeline, devices: Sequence[str], result: SimResult | None = None) -> list[StagePhaseMs]:
+    """Each rank's predicted forward, backward and optimizer step: its costs (the mean over its model chunks), or
+    where ranks share cores the median of what the simulation served (`result`, required then: a task's time
+    there depends on what its core mates run meanwhile)."""
+    ranks, rows = pipeline.ranks, []
+    shared = pipeline.shares_cores
+    if shared and result is None:
+        raise ValueError("ranks sharing cores: their phase times come from the simulation; pass its result")
+    for rank in range(ranks):
+        chunks = pipeline.stages[rank::ranks]
+        forward = sum(c.forward_ms for c in chunks) / len(chunks)
+        backward = sum(c.backward_ms for c in chunks) / len(chunks)
+        optimizer = pipeline.optimizer_ms[rank] if pipeline.optimizer_ms else None
+        if shared:
+            forward = result.served_ms(rank, FORWARD) or forward
+            backward = result.served_ms(rank, BACKWARD) or backward
+            optimizer = result.served_ms(rank, OPTIMIZER) if optimizer is not None else None
+        rows.append(StagePhaseMs(stage=rank, device=devices[rank], forward_ms=forward, backward_ms=backward,
+                                 optimizer_ms=optimizer))
+    return rows
 
 
 

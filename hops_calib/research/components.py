@@ -42,6 +42,8 @@ def real_components(fixture, timeline=None, series=None) -> Components:
     `timeline_iteration_part_series`, likewise (then the timeline is not needed).
     """
     truth, values = fixture.truth, {}
+    if fixture.kind != "events":  # measured per iteration (a log's, a table's): no per-stage phases to fit
+        return Components(values)
     for stage in range(fixture.spec.pp):
         forward = truth.phase_median_ms(stage, FORWARD)
         backward = truth.backward_median_ms(stage)
@@ -59,15 +61,24 @@ def real_components(fixture, timeline=None, series=None) -> Components:
     return Components(values)
 
 
-def predicted_components(pipeline: Pipeline) -> Components:
-    """The same quantities as the model prices them (per rank: the mean over its model chunks)."""
-    ranks, values = pipeline.ranks, {}
-    for rank in range(ranks):
-        chunks = pipeline.stages[rank::ranks]
-        values[f"forward/{rank}"] = sum(c.forward_ms for c in chunks) / len(chunks)
-        values[f"backward/{rank}"] = sum(c.backward_ms for c in chunks) / len(chunks)
-        if pipeline.optimizer_ms:
-            values[f"optimizer/{rank}"] = pipeline.optimizer_ms[rank]
+def predicted_components(pipeline: Pipeline, schedule: str | None = None) -> Components:
+    """The same quantities as the model prices them (per rank: the mean over its model chunks; where ranks share
+    cores, what the simulation of `schedule` serves them: `hops_calib.model.predict.stage_phase_ms`)."""
+    from hops_calib.model.predict import stage_phase_ms
+
+    result = None
+    if pipeline.shares_cores:
+        from hops_calib.sim import simulate
+
+        if schedule is None:
+            raise ValueError("ranks sharing cores: their components come from a simulation; name its schedule")
+        result = simulate(pipeline, schedule)
+    values = {}
+    for row in stage_phase_ms(pipeline, [""] * pipeline.ranks, result):
+        values[f"forward/{row.stage}"] = row.forward_ms
+        values[f"backward/{row.stage}"] = row.backward_ms
+        if row.optimizer_ms is not None:
+            values[f"optimizer/{row.stage}"] = row.optimizer_ms
     values["silent"] = pipeline.expected_pre_optimizer_ms
     values["rest"] = pipeline.post_optimizer_ms
     return Components(values)

@@ -90,10 +90,11 @@ class TuneProblem:
     def component_mape(self, model: Model) -> float:
         from hops_calib.research.components import mispriced_time_pct, predicted_components
 
-        specs = self.suite.specs
-        predicted = [predicted_components(model.pipeline(spec)) for spec in specs]
-        return mispriced_time_pct(list(self.real_components), predicted, [s.microbatches for s in specs],
-                                  [s.pp for s in specs])
+        # the runs that measured components (not those measured per iteration)
+        pairs = [(spec, real) for spec, real in zip(self.suite.specs, self.real_components) if real.values]
+        predicted = [predicted_components(model.pipeline(spec), spec.schedule) for spec, _ in pairs]
+        return mispriced_time_pct([real for _, real in pairs], predicted, [s.microbatches for s, _ in pairs],
+                                  [s.pp for s, _ in pairs])
 
     @property
     def params(self):

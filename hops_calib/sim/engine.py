@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hops_calib.sim.cores import Cores
 from hops_calib.sim.schedules import COMPUTE, POST, Programs
 
 NOT_YET = -1.0  # times are >= 0, so a negative stamp means "has not happened"
@@ -54,7 +55,8 @@ class DeadlockError(RuntimeError):
 def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]],
                   forward_transfer_ms: list[float], backward_transfer_ms: list[float],
                   start_ms: list[float], rows: Rows, host_ms: list[float] | None = None,
-                  host_after_receive_only: bool = False) -> list[float]:
+                  host_after_receive_only: bool = False, cores: Cores | None = None,
+                  tails: list[list[tuple[int, float]]] | None = None) -> list[float]:
     """Time one iteration starting each rank at `start_ms[rank]`; append its rows; return each rank's end.
 
     `task_ms[phase][virtual_stage]` is a compute cost; `forward_transfer_ms[k]` the
@@ -63,6 +65,11 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
     input is there: the rank is held, but no compute row is recorded for it. With
     `host_after_receive_only`, only tasks whose input arrives over a link pay it
     (`Pipeline.host_after_receive_only`).
+
+    With `cores` (ranks time-sharing processors, `hops_calib.sim.cores`), a task's host time and cost are work
+    served at the rank's share of its core: each is submitted when its input is there, and the ranks sweep on
+    once `cores` says which task ends next; after its program each rank runs its `tails[rank]` (phase, work)
+    items there too (the gradient reduction, the optimizer step; phase -1 records no row).
     """
     host = host_ms or [0.0] * programs.virtual_stages
     ranks, m = programs.ranks, programs.microbatches
@@ -75,6 +82,9 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
     link_free = [0.0] * (2 * ranks)  # index sender_rank * 2 + direction
     clock = list(start_ms)
     position = [0] * ranks
+    served: list[list[float] | None] = [None] * ranks  # shared cores: the times of the task a rank waits on
+    submitted = [False] * ranks
+    closed = [False] * ranks  # done with the iteration
     # Bound methods and locals: this loop runs thousands of times per calibration trial.
     add_stage, add_chunk, add_mb = rows.stage.append, rows.chunk.append, rows.microbatch.append
     add_transfer, add_phase = rows.is_transfer.append, rows.phase.append
@@ -104,10 +114,10 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
         progressed = False
         for rank in range(ranks):
             ops = per_rank[rank]
+            if closed[rank]:
+                continue
             i = position[rank]
             n = len(ops)
-            if i == n:
-                continue
             now = clock[rank]
             while i < n:
                 op = ops[i]
@@ -119,9 +129,20 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
                             break  # fire-and-forget: the input has not been sent yet
                         if ready > now:
                             now = ready
-                    if needs >= 0 or not host_after_receive_only:
-                        now += host[stage]
-                    end = now + task_ms[phase][stage]
+                    if cores is not None:  # served at the core's share: the task's times once `cores` has them
+                        marks = served[rank]
+                        if marks is None:
+                            if not submitted[rank]:
+                                paid = host[stage] if needs >= 0 or not host_after_receive_only else 0.0
+                                cores.submit(rank, now, (paid, task_ms[phase][stage]))
+                                submitted[rank] = True
+                            break
+                        served[rank], submitted[rank] = None, False
+                        now, end = marks[2], marks[3]
+                    else:
+                        if needs >= 0 or not host_after_receive_only:
+                            now += host[stage]
+                        end = now + task_ms[phase][stage]
                     add_stage(rank); add_chunk(stage // ranks); add_mb(microbatch); add_transfer(False)  # noqa: E702
                     add_phase(phase); add_start(now); add_end(end); add_peer(-1)  # noqa: E702
                     now = end
@@ -161,11 +182,41 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
                 progressed = True
                 position[rank] = i
                 clock[rank] = now
-                if i == n:
-                    unfinished -= 1
+            if i == n:
+                if cores is not None and tails and tails[rank]:
+                    now, done = _run_tail(cores, rank, now, tails[rank], served, submitted, rows)
+                    if not done:
+                        continue
+                    clock[rank] = now
+                    progressed = True
+                closed[rank] = True
+                unfinished -= 1
         if unfinished and not progressed:
+            if cores is not None and cores.active:
+                for rank, marks in cores.advance():
+                    served[rank] = marks
+                continue
             raise DeadlockError(_describe_deadlock(programs, per_rank, position))
     return clock
+
+
+def _run_tail(cores: Cores, rank: int, now: float, tail: list[tuple[int, float]], served: list, submitted: list,
+              rows: Rows) -> tuple[float, bool]:
+    """A rank's work after its program on shared cores: submitted once, recorded when served; (clock, done)."""
+    marks = served[rank]
+    if marks is None:
+        if not submitted[rank]:
+            cores.submit(rank, now, [work for _, work in tail])
+            submitted[rank] = True
+        return now, False
+    served[rank], submitted[rank] = None, False
+    for k, (phase, _) in enumerate(tail):
+        if phase >= 0:
+            rows.stage.append(rank); rows.chunk.append(0); rows.microbatch.append(-1)  # noqa: E702
+            rows.is_transfer.append(False); rows.phase.append(phase)  # noqa: E702
+            rows.start_ms.append(marks[2 * k]); rows.end_ms.append(marks[2 * k + 1])  # noqa: E702
+            rows.peer_stage.append(-1)
+    return marks[-1], True
 
 
 def _describe_deadlock(programs: Programs, per_rank, position: list[int]) -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hops_calib.sim.cores import check_load, is_unshared
+
 
 @dataclass(frozen=True)
 class StageCosts:
@@ -72,6 +74,11 @@ class Pipeline:
     # previous step (stage 0's forwards after a backward, the last stage's backward after its forward: no p2p
     # call between them) was dispatched while the GPU still ran the previous one, and its host time hides.
     host_after_receive_only: bool = False
+    # Ranks that time-share processors (a CPU capture with more ranks than cores; `hops_calib.sim.cores`):
+    # core_load[r][q] processes running rank q's work share rank r's core, so r computes at
+    # 1 / sum_q core_load[r][q] * busy_q of full speed. Its tasks, host time, gradient reduction and optimizer step
+    # are served so; transfers are not (they wait on the link). Empty: every rank has a device of its own.
+    core_load: tuple[tuple[float, ...], ...] = ()
 
     @property
     def ranks(self) -> int:
@@ -109,8 +116,15 @@ class Pipeline:
         for name in ("pre_optimizer_ms", "post_optimizer_ms", "stall_ms"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name} = {getattr(self, name)}: times must be finite and >= 0")
+        if self.core_load:
+            check_load(self.core_load, self.ranks)
         if not 0 <= self.stall_probability <= 1:
             raise ValueError(f"stall_probability = {self.stall_probability}: a probability must be in [0, 1]")
+
+    @property
+    def shares_cores(self) -> bool:
+        """Whether some ranks time-share a processor (a `core_load` other than the identity)."""
+        return bool(self.core_load) and not is_unshared(self.core_load)
 
     @property
     def expected_pre_optimizer_ms(self) -> float:

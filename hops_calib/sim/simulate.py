@@ -35,6 +35,7 @@ import numpy as np
 
 from hops_calib.metrics import (IterationPartSeries, IterationParts, TimelineMetrics, column_iteration_part_series,
                                 column_iteration_parts, column_metrics)
+from hops_calib.sim.cores import Cores
 from hops_calib.sim.engine import Rows, run_iteration
 from hops_calib.sim.pipeline import Pipeline
 from hops_calib.sim.schedules import AUTO, BB, BW, Programs, build_programs
@@ -107,6 +108,16 @@ class SimResult:
             start_ms=cols["start_ms"], end_ms=cols["end_ms"],
             microbatches_per_iteration=self.microbatches, pp=self.ranks,
         )
+
+    def served_ms(self, rank: int, phase: str) -> float | None:
+        """The median simulated duration of rank `rank`'s tasks of `phase` (FORWARD, BACKWARD, OPTIMIZER, ...), or
+        None when it ran none: on ranks sharing a core (processor sharing) what a trace measures of a task, which
+        its cost alone is not."""
+        cols = self.columns
+        mask = (cols["stage"] == rank) & (cols["kind"] == KINDS.index(COMPUTE)) & (cols["phase"] == PHASES.index(phase))
+        if not mask.any():
+            return None
+        return float(np.median(cols["end_ms"][mask] - cols["start_ms"][mask]))
 
     def iteration_parts(self) -> IterationParts | None:
         """The median iteration cut into span, silent stretch, optimizer and rest (the real runs' function)."""
@@ -193,6 +204,7 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
                              f"({pipeline.iterations}, {ranks}); got shape {compute_factors.shape}")
         replicate = False
     nominal_task_ms, nominal_optimizer = task_ms, optimizer
+    cores = Cores(pipeline.core_load) if pipeline.shares_cores else None
 
     rows = Rows.empty()
     iteration: list[int] = []
@@ -207,22 +219,22 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
             factor = compute_factors[number - 1]
             task_ms = [[ms * factor[k % ranks] for k, ms in enumerate(row)] for row in nominal_task_ms]
             optimizer = [ms * factor[r] for r, ms in enumerate(nominal_optimizer)]
-        ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer,
-                             starts, rows, host_ms, pipeline.host_after_receive_only)
-        if pipeline.grad_reduce_ms:
-            ends = _after_grad_reduce(pipeline, rows, first_row, ends)
-        barrier = max(ends)
+        if cores is not None:
+            ends, barrier, starts = _shared_iteration(pipeline, programs, cores, task_ms, optimizer, forward_transfer,
+                                                      backward_transfer, starts, rows, host_ms)
+        else:
+            ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer,
+                                 starts, rows, host_ms, pipeline.host_after_receive_only)
+            if pipeline.grad_reduce_ms:
+                ends = _after_grad_reduce(pipeline, rows, first_row, ends)
+            barrier = max(ends)
+            optimizer_starts = [(barrier if pipeline.optimizer_barrier else end) + pipeline.pre_optimizer_ms
+                                for end in ends]
+            starts = [start + pipeline.post_optimizer_ms for start in optimizer_starts]
+            for rank, cost in enumerate(optimizer):
+                _optimizer_row(rows, rank, optimizer_starts[rank], optimizer_starts[rank] + cost)
+                starts[rank] += cost
         barriers.append(barrier)
-        optimizer_starts = [(barrier if pipeline.optimizer_barrier else end) + pipeline.pre_optimizer_ms
-                            for end in ends]
-        starts = [start + pipeline.post_optimizer_ms for start in optimizer_starts]
-        for rank, cost in enumerate(optimizer):
-            optimizer_start = optimizer_starts[rank]
-            rows.stage.append(rank); rows.chunk.append(0); rows.microbatch.append(-1)  # noqa: E702
-            rows.is_transfer.append(False); rows.phase.append(OPTIMIZER_PHASE)  # noqa: E702
-            rows.start_ms.append(optimizer_start); rows.end_ms.append(optimizer_start + cost)  # noqa: E702
-            rows.peer_stage.append(-1)
-            starts[rank] += cost
         if pipeline.iteration_barrier:
             starts = [max(starts)] * ranks
         iteration.extend([number] * (len(rows.stage) - len(iteration)))
@@ -243,6 +255,46 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
         makespan_ms=float(columns["end_ms"].max()), peak_activations=programs.peak_activations,
         columns=columns, chunks=pipeline.chunks,
     )
+
+
+def _optimizer_row(rows: Rows, rank: int, start: float, end: float) -> None:
+    rows.stage.append(rank); rows.chunk.append(0); rows.microbatch.append(-1)  # noqa: E702
+    rows.is_transfer.append(False); rows.phase.append(OPTIMIZER_PHASE)  # noqa: E702
+    rows.start_ms.append(start); rows.end_ms.append(end)  # noqa: E702
+    rows.peer_stage.append(-1)
+
+
+def _shared_iteration(pipeline: Pipeline, programs: Programs, cores: Cores, task_ms: list[list[float]],
+                      optimizer: list[float], forward_transfer: list[float], backward_transfer: list[float],
+                      starts: list[float], rows: Rows, host_ms: list[float]
+                      ) -> tuple[list[float], float, list[float]]:
+    """One iteration on ranks that share cores: (each rank's end of its pipeline work, the barrier, each rank's
+    start of the next iteration). Each rank's gradient reduction follows its last task as work on its core (the
+    captures reduce after the last backward: an overlapped reduction's part under that backward is not modelled
+    here), and so does its optimizer step unless the step waits for every rank (`optimizer_barrier`): then the
+    steps start together after the barrier and share the cores among themselves."""
+    ranks = pipeline.ranks
+    reduce = list(pipeline.grad_reduce_tail_ms) or [0.0] * ranks
+    steps = optimizer or [0.0] * ranks
+    alone = not pipeline.optimizer_barrier
+    tails = [[(-1, reduce[r])] + ([(-1, pipeline.pre_optimizer_ms), (OPTIMIZER_PHASE if optimizer else -1, steps[r])]
+                                   if alone else []) for r in range(ranks)]
+    ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer, starts, rows,
+                         host_ms, pipeline.host_after_receive_only, cores, tails)
+    if alone:
+        # the rank's end before its step: the step's row starts after the reduction and the pre-optimizer work
+        return ends, max(ends), [end + pipeline.post_optimizer_ms for end in ends]
+    barrier = max(ends)
+    begin = barrier + pipeline.pre_optimizer_ms
+    nexts = [begin + pipeline.post_optimizer_ms] * ranks
+    if optimizer:
+        for rank in range(ranks):
+            cores.submit(rank, begin, (steps[rank],))
+        while cores.active:
+            for rank, marks in cores.advance():
+                _optimizer_row(rows, rank, marks[0], marks[1])
+                nexts[rank] += marks[1] - begin
+    return ends, barrier, nexts
 
 
 def _uniform_shift(before: list[float], after: list[float]) -> bool:

@@ -33,7 +33,7 @@ import re
 import shutil
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import numpy as np
 
 from hops_calib.files import atomic_write
-from hops_calib.spec import Spec
+from hops_calib.spec import Spec, shared_cores
 from hops_calib.truth import CATEGORIES, EVENT_COLUMNS, IterationTruth, Truth, category_dtype, to_timeline
 
 if TYPE_CHECKING:  # pandas is imported where a frame is read or built; the loop's verbs read JSON and the index
@@ -564,6 +564,10 @@ class FixtureStore:
                 raise FixtureFileError(folder / name, f"cannot be used as a fixture file: {type(err).__name__}: "
                                        f"{err}", hint=hint) from None
         spec, truth = parsed
+        if spec.ranks_per_device != 1 and not spec.cores:
+            # written before specs recorded which ranks share a core: the manifest the fixture kept says it
+            cores = shared_cores((meta.get("manifest") or {}).get("cores"), spec.gpus)
+            spec = replace(spec, cores=cores) if cores else spec
         return Fixture(id=meta["id"], split=meta["split"], group=meta["group"], content_hash=meta["content_hash"],
                        spec=spec, truth=truth, quality=meta.get("quality", {}), meta=meta, path=folder)
 

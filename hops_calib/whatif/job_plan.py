@@ -374,6 +374,8 @@ class JobPlanner:
                                   ranks_per_device=self.spec.ranks_per_device)
         except (TraceError, ValueError) as error:
             raise Refusal(f"Megatron refuses the launch: {getattr(error, 'problem', None) or error}") from None
+        if self.spec.cores and len(self.spec.cores) == spec.gpus:  # the capture's ranks on its cores, as launched
+            spec = replace(spec, cores=self.spec.cores)
         # a hop no benchmark prices may lie within one node: the spec prices it from the node's all-reduce tables
         missing = [h for h in hops if h.link is None and spec.link(h.src_stage, h.dst_stage) is None]
         if missing:
