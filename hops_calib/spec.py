@@ -625,18 +625,17 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     the run it predicts). Remarks that do not stop the build go to `notes`.
     """
     from hops_calib.trace import (
-        TraceError, find_arguments, read_device_types, read_link_fits, read_manifest, read_stage_map, read_template,
+        TraceError, find_launch, read_device_types, read_link_fits, read_manifest, read_stage_map, read_template,
         run_id_of,
     )
     from hops_calib.trace.job import LINK_BENCH_DIR, MANIFEST, STAGE_MAP, TEMPLATE
-    from hops_calib.trace.megatron_args import launcher_gpus_per_node
-    from hops_calib.trace.reading import read_config_text
 
     job_dir = Path(job_dir)
     notes = [] if notes is None else notes
     manifest = read_manifest(job_dir)
     run_id = run_id_of(job_dir, manifest)
-    args, args_source = find_arguments(job_dir)
+    launch = find_launch(job_dir)  # read once: the arguments and torchrun's placement
+    args, args_source = launch.args, launch.source
     require_modelled(args, args_source)  # before the job's other files: the launch is refused whatever they say
     pp = _require_int(args, "pipeline_model_parallel_size", args_source, default=1, minimum=1)
 
@@ -685,7 +684,7 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
                           ranks_per_device=_ranks_per_core(manifest.get("cores")),
                           declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
                           notes=notes)
-    per_node = launcher_gpus_per_node(read_config_text(args_source)) if args_source.suffix == ".txt" else None
+    per_node = launch.gpus_per_node
     if per_node is not None and spec.gpus_per_node is None:
         # A multi-node torchrun launch places global rank r on node r // nproc-per-node: the groups that span nodes
         # (a data-parallel group across nodes, say) are priced over the NICs, not the node's NVLink table.
