@@ -626,14 +626,10 @@ def test_plan_parallel_searches_the_layouts_of_a_jobs_gpus(tmp_path):
 def test_the_readmes_gpu_job_recipe_predicts_and_plans(tmp_path):
     """README's "A job on GPU nodes, before it runs" block, as written (its hops-calib calls through the CLI here):
     the 512-A100 job predicts, fits, and plan --parallel ranks its layouts, the launch's own among them."""
-    import subprocess
+    from job_copies import readme_gpu_job
 
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    start = text.index("mkdir -p gpt175b")
-    block = text[start:text.index("```", start)]
-    setup, _, calls = block.rpartition("cd .. && ")
-    assert calls.strip() == "hops-calib predict --job gpt175b && hops-calib plan --job gpt175b --parallel"
-    subprocess.run(["bash", "-c", setup], cwd=tmp_path, check=True)
+    _, calls = readme_gpu_job(tmp_path)
+    assert calls == "hops-calib predict --job gpt175b && hops-calib plan --job gpt175b --parallel"
     predicted = _cli("predict", "--job", tmp_path / "gpt175b", "--json")
     assert predicted.exit_code == 0, predicted.output
     out = json.loads(predicted.stdout)

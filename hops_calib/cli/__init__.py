@@ -329,7 +329,9 @@ def plan(
                                                       help="With --job: TYPE:BYTES, a device type's usable memory "
                                                            "(default the catalog's capacity). Repeatable."),
     trials: int = typer.Option(400, "--trials", help="With --job: optuna trials when the space is too large to "
-                                                    "search exhaustively."),
+                                                    "search exhaustively; the coordinate ascent after them prices "
+                                                    "at most 2,000,000 simulated tasks' worth of launches at the "
+                                                    "job's own launch's size, or this many if more."),
     exhaustive_limit: int = typer.Option(10000, "--exhaustive-limit",
                                          help="With --job: search exhaustively up to this many launches."),
     rank_by: str = typer.Option("throughput", "--rank-by", help="With --job: throughput (nominal), expected or p5 "
