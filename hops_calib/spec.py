@@ -119,6 +119,10 @@ class Spec:
     # the node of each stage's device when a job directory names them and has a collective benchmark to price
     # what runs within a node (hops_calib.trace DeviceInfo.node); () otherwise
     nodes: tuple[str, ...] = ()
+    # The transport NCCL runs the launch's traffic between nodes over, as the launch's environment says it
+    # (NCCL_NET, NCCL_IB_DISABLE: trace.megatron_args.Launch.transport); "" when it says nothing, and then the
+    # links' own (`LinkFit.transport`) decide
+    transport: str = ""
 
     def __post_init__(self) -> None:
         if len(self.layers_per_stage) != self.pp:
@@ -181,8 +185,9 @@ class Spec:
             if data["model"][name] is None or data["model"][name] == _default_of(ModelShape, name):
                 data["model"].pop(name)
         for link in data["links"]:
-            if not link["intra_node"]:
-                link.pop("intra_node")
+            for name in ("intra_node", "transport"):  # written only when set, as the optional fields
+                if not link[name]:
+                    link.pop(name)
         return data
 
     def to_json(self) -> str:
@@ -205,7 +210,7 @@ class Spec:
 
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
 _OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "dp", "distributed_optimizer", "overlap_grad_reduce",
-                    "overlap_param_gather", "rank_order", "ranks_per_device", "nodes")
+                    "overlap_param_gather", "rank_order", "ranks_per_device", "nodes", "transport")
 _OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "tensor_parallel",
                           "sequence_parallel", "swiglu", "num_query_groups", "normalization", "position_embedding",
                           "attention_kernel")
@@ -666,6 +671,11 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
                         nodes=tuple(device_types[d].node for d in device_ids), source=job_dir / STAGE_MAP)
 
     links = read_link_fits(job_dir / LINK_BENCH_DIR, pp, notes) if len(device_ids) == pp else ()
+    transport = launch.transport()  # the training launch's own environment, where it says, over the benchmark's
+    other = sorted({fit.transport for fit in links if fit.transport and fit.transport != transport})
+    if transport and other:
+        notes.append(f"{LINK_BENCH_DIR} ran over {', '.join(other)}, {args_source.name}'s environment sets "
+                     f"{transport}: the links are priced as the launch's transport")
     from hops_calib.trace.collective_bench import ALLREDUCE_DIR, read_collective_tables
 
     cores = manifest.get("cores")
@@ -692,6 +702,8 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         notes.append(f"{args_source.name}: torchrun --nnodes > 1 with --nproc-per-node {per_node}: global rank r on "
                      f"node r // {per_node} (Megatron's rank order {spec.rank_order}), collectives of groups that "
                      "span nodes priced over the nodes' NICs")
+    if transport:
+        spec = dataclasses.replace(spec, transport=transport)
     if not spec.links and pp > 1 and len(device_ids) == pp and spec.gpus_per_node:
         notes.append(f"no link benchmark in {LINK_BENCH_DIR}: each hop priced by NVLink within a node and by the "
                      "GPU's share of its node's NICs across nodes (the launch's placement)")

@@ -56,6 +56,23 @@ class Launch:
     args: dict[str, Any]
     source: Path
     gpus_per_node: int | None = None
+    # NAME=VALUE assignments before the launcher on the command line (`NCCL_NET=Socket torchrun ...`): the launch's
+    # environment, as far as the file says it
+    environment: tuple[tuple[str, str], ...] = ()
+
+    def transport(self) -> str:
+        """The transport NCCL runs inter-node traffic over, as the launch's environment says it (`transport_name`):
+        NCCL_NET names it; NCCL_IB_DISABLE=1 without a network plugin (NCCL_NET_PLUGIN) leaves NCCL its socket
+        transport; "" when the environment says neither. NCCL_SOCKET_IFNAME says nothing: it names the interface
+        of NCCL's bootstrap connections, which InfiniBand runs use too."""
+        from hops_calib.trace.link_bench import transport_name
+
+        env = dict(self.environment)
+        if env.get("NCCL_NET"):
+            return transport_name(env["NCCL_NET"])
+        if env.get("NCCL_IB_DISABLE", "").strip().lower() in ("1", "true", "yes") and not env.get("NCCL_NET_PLUGIN"):
+            return "socket"
+        return ""
 
 
 def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any]:
@@ -66,10 +83,15 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
     return _parse_launch(text, path)[0]
 
 
-def _parse_launch(text: str, path: Path | str) -> tuple[dict[str, Any], int | None]:
-    """A command line's arguments (`parse_command_line`) and its launcher's GPUs per node (`launcher_gpus_per_node`),
-    from one split of it."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a shell variable's name, as `NAME=value cmd` assigns it
+
+
+def _parse_launch(text: str, path: Path | str) -> tuple[dict[str, Any], int | None, tuple[tuple[str, str], ...]]:
+    """A command line's arguments (`parse_command_line`), its launcher's GPUs per node (`launcher_gpus_per_node`)
+    and the environment assignments before its launcher, from one split of it."""
     launcher, tokens = _split(text, path)
+    environment = tuple((name, value) for name, sep, value in (token.partition("=") for token in launcher or ())
+                        if sep and _ENV_NAME.fullmatch(name))
     # the world size the launcher gives is the launch's (Megatron computes the data parallel size from it)
     launcher_world, per_node = _launcher_layout(launcher) if launcher is not None else (None, None)
     args: dict[str, Any] = {}
@@ -91,7 +113,7 @@ def _parse_launch(text: str, path: Path | str) -> tuple[dict[str, Any], int | No
     flush()
     if launcher_world is not None and "world_size" not in args:
         args["world_size"] = launcher_world
-    return args, per_node
+    return args, per_node, environment
 
 
 def _split(text: str, path: Path | str) -> tuple[list[str] | None, list[str]]:
@@ -149,11 +171,11 @@ def read_args_file(path: Path) -> dict[str, Any]:
 
 def read_launch_file(path: Path) -> Launch:
     """The launch of a `megatron_args.txt`: its arguments and torchrun's placement, from one read of the file."""
-    args, per_node = _parse_launch(read_config_text(path), path)
+    args, per_node, environment = _parse_launch(read_config_text(path), path)
     if not args:
         raise TraceError(path, "no --arguments found", line=1,
                          hint="the file must hold Megatron's launch command, e.g. 'pretrain_gpt.py --num-layers 12 ...'")
-    return Launch(args, path, per_node)
+    return Launch(args, path, per_node, environment)
 
 
 def parse_arguments_block(lines: Iterable[str]) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ import numpy as np
 from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.model.memory import stage_memory
+from hops_calib.model.terms.embedding import transport_note
 from hops_calib.progress import QUIET, Progress
 from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
@@ -298,6 +299,9 @@ class JobPlanner:
         self.notes: list[str] = []
         self.spec = build_spec(self.job_dir, self.notes)
         self.args, self.args_source = find_arguments(self.job_dir)
+        note = transport_note(self.spec)
+        if note:
+            self.notes.append(note)
         self.model = model
         self.cluster = cluster = cluster.for_job(self.spec.device_ids, self.notes) if cluster is not None else None
         self.book = LinkBook(self.job_dir, self.spec.device_ids, self.spec.links, cluster, self.notes)
@@ -460,9 +464,11 @@ class JobPlanner:
                                   ranks_per_device=self.spec.ranks_per_device)
         except (TraceError, ValueError) as error:
             raise Refusal(f"Megatron refuses the launch: {getattr(error, 'problem', None) or error}") from None
+        # what the launch's command line says besides Megatron's arguments (build_spec's): its environment's transport
+        spec = replace(spec, transport=self.spec.transport)
         if spec.gpus_per_node is None and self.spec.gpus_per_node:
-            # the launch's torchrun placement (build_spec's): without a link benchmark it prices every hop the
-            # cluster does not, by NVLink within a node and the NICs across nodes, as predict --job does
+            # and torchrun's placement: without a link benchmark it prices every hop the cluster does not, by
+            # NVLink within a node and the NICs across nodes, as predict --job does
             spec = replace(spec, gpus_per_node=self.spec.gpus_per_node)
             if not self.spec.links:
                 return spec
