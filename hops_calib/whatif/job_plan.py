@@ -746,9 +746,9 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
     """Coordinate ascent from each start that fits: evaluate every launch that differs from the current one in the
     order only (every distinct order up to `ALL_ORDERS` of them, else every swap of two stages) or in the shape only
     (every split, schedule and micro-batch size of the space), nearest first (the fewest of schedule, micro-batch
-    size, order and split changed, in that order), and move to the fastest of the nearest that holds a faster one,
-    while there is one. At most `budget` launches not priced before (`known`) are priced, shown on `progress` after
-    `done` units. Returns the steps and whether the budget stopped the ascent."""
+    size, order and split changed, in that order), and move to the fastest while it is faster. At most `budget`
+    launches not priced before (`known`) are priced, shown on `progress` after `done` units. Returns the steps and
+    whether the budget stopped the ascent."""
     shapes = space.shapes()
     every_order = space.devices is not None and space.orders_count() <= ALL_ORDERS
     steps = spent = 0
@@ -784,22 +784,19 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
             neighbours = [replace(launch, order=order) for order in orders]
             neighbours += [Launch(launch.order, first, last, schedule, chunks, size)
                            for size, first, last, schedule, chunks in shapes]
+            # nearest first (one change: the schedule, the micro-batch size, the order, the split; then two, ...):
+            # what a budget leaves unpriced is the farthest
+            neighbours.sort(key=lambda n: (distance(n, launch), axis(n, launch)))
             better = current
-            # nearest first: every launch one change away (the schedule, the micro-batch size, the order, the split),
-            # then two, ...; the move is made after the first distance that holds a faster one
-            for _, near in itertools.groupby(sorted(neighbours, key=lambda n: (distance(n, launch), axis(n, launch))),
-                                             key=lambda n: distance(n, launch)):
-                for neighbour in near:
-                    if not known(neighbour):
-                        if spent >= budget:
-                            return steps, True
-                        spent += 1
-                        progress.update(done + spent, done + budget)
-                    outcome = score(neighbour)
-                    if outcome is not None and outcome.fits and outcome.samples_per_s > better.samples_per_s:
-                        better = outcome
-                if better is not current:
-                    break
+            for neighbour in neighbours:
+                if not known(neighbour):
+                    if spent >= budget:
+                        return steps, True
+                    spent += 1
+                    progress.update(done + spent, done + budget)
+                outcome = score(neighbour)
+                if outcome is not None and outcome.fits and outcome.samples_per_s > better.samples_per_s:
+                    better = outcome
             if better is current:
                 break
             current = better
