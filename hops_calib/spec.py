@@ -122,6 +122,10 @@ class Spec:
     # the node of each stage's device when a job directory names them and has a collective benchmark to price
     # what runs within a node (hops_calib.trace DeviceInfo.node); () otherwise
     nodes: tuple[str, ...] = ()
+    # The transport NCCL runs the launch's traffic between nodes over, as the launch's environment says it
+    # (NCCL_NET, NCCL_IB_DISABLE: trace.megatron_args.Launch.transport); "" when it says nothing, and then the
+    # links' own (`LinkFit.transport`) decide
+    transport: str = ""
 
     def __post_init__(self) -> None:
         if len(self.layers_per_stage) != self.pp:
@@ -200,8 +204,9 @@ class Spec:
             if data["model"][name] is None or data["model"][name] == _default_of(ModelShape, name):
                 data["model"].pop(name)
         for link in data["links"]:
-            if not link["intra_node"]:
-                link.pop("intra_node")
+            for name in ("intra_node", "transport"):  # written only when set, as the optional fields
+                if not link[name]:
+                    link.pop(name)
         return data
 
     def to_json(self) -> str:
@@ -224,7 +229,7 @@ class Spec:
 
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
 _OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "dp", "distributed_optimizer", "overlap_grad_reduce",
-                    "overlap_param_gather", "rank_order", "ranks_per_device", "nodes", "cores")
+                    "overlap_param_gather", "rank_order", "ranks_per_device", "nodes", "cores", "transport")
 _OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "tensor_parallel",
                           "sequence_parallel", "swiglu", "num_query_groups", "normalization", "position_embedding",
                           "attention_kernel")
@@ -652,18 +657,17 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     the run it predicts). Remarks that do not stop the build go to `notes`.
     """
     from hops_calib.trace import (
-        TraceError, find_arguments, read_device_types, read_link_fits, read_manifest, read_stage_map, read_template,
+        TraceError, find_launch, read_device_types, read_link_fits, read_manifest, read_stage_map, read_template,
         run_id_of,
     )
     from hops_calib.trace.job import LINK_BENCH_DIR, MANIFEST, STAGE_MAP, TEMPLATE
-    from hops_calib.trace.megatron_args import launcher_gpus_per_node
-    from hops_calib.trace.reading import read_config_text
 
     job_dir = Path(job_dir)
     notes = [] if notes is None else notes
     manifest = read_manifest(job_dir)
     run_id = run_id_of(job_dir, manifest)
-    args, args_source = find_arguments(job_dir)
+    launch = find_launch(job_dir)  # read once: the arguments and torchrun's placement
+    args, args_source = launch.args, launch.source
     require_modelled(args, args_source)  # before the job's other files: the launch is refused whatever they say
     pp = _require_int(args, "pipeline_model_parallel_size", args_source, default=1, minimum=1)
 
@@ -694,6 +698,11 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
                         nodes=tuple(device_types[d].node for d in device_ids), source=job_dir / STAGE_MAP)
 
     links = read_link_fits(job_dir / LINK_BENCH_DIR, pp, notes) if len(device_ids) == pp else ()
+    transport = launch.transport()  # the training launch's own environment, where it says, over the benchmark's
+    other = sorted({fit.transport for fit in links if fit.transport and fit.transport != transport})
+    if transport and other:
+        notes.append(f"{LINK_BENCH_DIR} ran over {', '.join(other)}, {args_source.name}'s environment sets "
+                     f"{transport}: the links are priced as the launch's transport")
     from hops_calib.trace.collective_bench import ALLREDUCE_DIR, read_collective_tables
 
     cores = manifest.get("cores")
@@ -714,7 +723,7 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
                           notes=notes)
     if shared_cores(cores, spec.gpus):  # which ranks share a core: priced by processor sharing
         spec = dataclasses.replace(spec, cores=shared_cores(cores, spec.gpus))
-    per_node = launcher_gpus_per_node(read_config_text(args_source)) if args_source.suffix == ".txt" else None
+    per_node = launch.gpus_per_node
     if per_node is not None and spec.gpus_per_node is None:
         # A multi-node torchrun launch places global rank r on node r // nproc-per-node: the groups that span nodes
         # (a data-parallel group across nodes, say) are priced over the NICs, not the node's NVLink table.
@@ -722,6 +731,8 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         notes.append(f"{args_source.name}: torchrun --nnodes > 1 with --nproc-per-node {per_node}: global rank r on "
                      f"node r // {per_node} (Megatron's rank order {spec.rank_order}), collectives of groups that "
                      "span nodes priced over the nodes' NICs")
+    if transport:
+        spec = dataclasses.replace(spec, transport=transport)
     if not spec.links and pp > 1 and len(device_ids) == pp and spec.gpus_per_node:
         notes.append(f"no link benchmark in {LINK_BENCH_DIR}: each hop priced by NVLink within a node and by the "
                      "GPU's share of its node's NICs across nodes (the launch's placement)")

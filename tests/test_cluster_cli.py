@@ -182,3 +182,37 @@ def test_usage_and_input_errors_share_one_prefix(tmp_path):
     memory = cli("plan", "--job", CPU_JOB, "--device-memory", "cpu:512GiB", "--top", "1", "--keep-order",
                  "--keep-split", "--json")
     assert memory.exit_code == 0 and json.loads(memory.stdout)["current"]["memory_bytes_per_gpu"][0] == 512 * 2 ** 30
+
+
+def test_plan_refuses_an_option_its_way_of_planning_does_not_read():
+    """plan has three ways (abstract; --job's order/split/schedule search; --job --parallel's layout search): an
+    option given to a way that ignores it is refused naming it, the way that reads it and what to do, instead of a
+    plan that silently searched without it (--parallel --keep-order ran the full layout search)."""
+    abstract = ("--stages", "4", "--microbatches", "8", "--memory-budget", "4")
+    for way, option, reads in (
+            (("--job", CPU_JOB, "--parallel"), ("--keep-order",), "without --parallel"),
+            (("--job", CPU_JOB, "--parallel"), ("--schedule", "1f1b"), "without --parallel"),
+            (("--job", CPU_JOB, "--parallel"), ("--trials", "5"), "without --parallel"),
+            (("--job", CPU_JOB, "--parallel"), ("--device-memory", "cpu:1GiB"), "without --parallel"),
+            (("--job", CPU_JOB, "--parallel"), ("--slow-device", "cpu_node0_core0:1.1"), "without --parallel"),
+            (("--job", CPU_JOB, "--parallel"), ("--fixtures", REPO / "fixtures"), "without --parallel"),
+            (("--job", CPU_JOB, "--parallel"), ("--chunks", "2"), "abstract plan"),
+            (abstract, ("--parallel",), "--job DIR --parallel"),
+            (abstract, ("--keep-order",), "without --parallel"),
+            (abstract, ("--top", "3"), "--job DIR"),
+            (("--job", CPU_JOB), ("--chunks", "2"), "abstract plan"),
+            (("--job", CPU_JOB), ("--target-bubble", "0.1"), "abstract plan")):
+        result = cli("plan", *way, *option)
+        assert result.exit_code == 2, (way, option, result.output)
+        said = " ".join(result.output.replace("│", " ").split())  # rich boxes the message on a terminal
+        assert option[0] in said and reads in said and f"Drop {option[0]}" in said, said
+    # every option of plan is read by some way (a new one must be listed where it is read, else it is refused)
+    from typer.main import get_command
+
+    from hops_calib.cli import _PLAN_WAYS
+
+    params = {p.name for p in get_command(app).commands["plan"].params}
+    assert params == set().union(*(reads for _, reads in _PLAN_WAYS.values()))
+    # each way still takes its own options
+    assert cli("plan", *abstract, "--chunks", "2", "--json").exit_code == 0
+    assert cli("plan", "--job", CPU_JOB, "--parallel", "--top", "1", "--json").exit_code == 0

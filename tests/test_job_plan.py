@@ -5,6 +5,8 @@ measured throughput."""
 
 from __future__ import annotations
 
+import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -68,12 +70,26 @@ def test_a_device_too_small_leaves_every_launch_out(model, tmp_path):
     assert plan.best == () and plan.over_memory > 0
 
 
-def test_a_large_space_is_searched_by_a_seeded_study(model):
-    first = plan_job(CPU_JOB, model, top=3, trials=25, seed=7, exhaustive_limit=10)
-    again = plan_job(CPU_JOB, model, top=3, trials=25, seed=7, exhaustive_limit=10)
-    assert first.search.startswith("optuna TPE, seed 7, 25 trials")
+def _two_hosts(path: Path, there: float, back: float) -> Path:
+    """A cluster file putting the CPU capture's two cores on two hosts, the link between them declared at `there`
+    Gbit/s one way and `back` the other."""
+    path.write_text("nodes:\n" + "".join(f"  - {{host: h{k}, devices: [{{id: cpu_node0_core{k}, gpu: cpu}}]}}\n"
+                                         for k in (0, 1))
+                    + f"links:\n  - {{hosts: [h0, h1], latency_ms: 0.05, bandwidth_gbit_s: {there}}}\n"
+                    + f"  - {{hosts: [h1, h0], latency_ms: 0.05, bandwidth_gbit_s: {back}}}\n")
+    return path
+
+
+def test_a_large_space_is_searched_by_a_seeded_study(model, tmp_path):
+    from hops_calib.whatif.cluster import read_cluster
+
+    # the two cores on hosts whose link is slower one way: the two orders differ (else one order is searched)
+    cluster = read_cluster(_two_hosts(tmp_path / "cluster.yaml", 8, 2))
+    first = plan_job(CPU_JOB, model, cluster=cluster, top=3, trials=25, seed=7, exhaustive_limit=10)
+    again = plan_job(CPU_JOB, model, cluster=cluster, top=3, trials=25, seed=7, exhaustive_limit=10)
+    assert first.search.startswith("optuna TPE, seed 7, 25 trials") and first.orders == 2
     assert [o.launch for o in first.best] == [o.launch for o in again.best]
-    exhaustive = plan_job(CPU_JOB, model, top=3)
+    exhaustive = plan_job(CPU_JOB, model, cluster=cluster, top=3)
     assert first.best[0].samples_per_s == pytest.approx(exhaustive.best[0].samples_per_s, rel=1e-12)
     assert first.evaluated < exhaustive.evaluated
 
@@ -209,3 +225,65 @@ def test_the_plans_flags_are_argv_that_launch_what_it_priced(model, tmp_path):
     tight = plan_job(job, model, top=1, orders=False,
                      memory_bytes={"cpu": 0.999 * max(plan.current.peak_memory_bytes)})
     assert tight.to_dict()["current"]["fits"] is False and "DOES NOT FIT" in format_job_plan(tight)
+
+
+def test_interchangeable_devices_price_alike_so_one_order_of_their_kinds_is_searched(model, tmp_path):
+    """Devices nothing tells apart (one type, the same links to every other device at every position) price a launch
+    the same wherever they sit: the planner searches one order per sequence of kinds (n! / n_1! n_2! ...), each by
+    the order the job's own launch gives its devices, so the job's own order stands for itself. A slowed device is
+    a kind of its own."""
+    from hops_calib.whatif.cluster import read_cluster
+    from hops_calib.whatif.job_plan import Launch, SCHEDULES, Space
+
+    # the CPU capture's two cores on one host: one kind; swapping them changes no price
+    planner = JobPlanner(CPU_JOB, model)
+    own = planner.current()
+    swapped = Launch(own.order[::-1], own.first, own.last, own.schedule, own.chunks, own.micro_batch_size)
+    assert planner.kinds() == (0, 0) and planner.space().orders_count() == 1
+    assert planner.evaluate(swapped).samples_per_s == planner.evaluate(own).samples_per_s
+    assert planner.kinds(distinct=("cpu_node0_core1",)) == (0, 1)
+    # on two hosts whose link is slower one way they are two kinds, and the swap prices otherwise
+    apart = JobPlanner(CPU_JOB, model, read_cluster(_two_hosts(tmp_path / "cluster.yaml", 8, 2)))
+    assert apart.kinds() == (0, 1) and apart.space().orders_count() == 2
+    assert apart.evaluate(swapped).samples_per_s != apart.evaluate(apart.current()).samples_per_s
+    # the same rate both ways: alike again
+    alike = JobPlanner(CPU_JOB, model, read_cluster(_two_hosts(tmp_path / "same.yaml", 8, 8)))
+    assert alike.kinds() == (0, 0)
+    # the orders of kinds: each once, canonical, counted without listing
+    devices = ("a0", "b0", "a1", "c0", "b1", "a2")
+    space = Space(devices=devices, current_order=devices, splits=((None, None),), sizes=(1,), schedules=SCHEDULES,
+                  layers=6, pp=6, batch=6, kinds=(0, 1, 0, 2, 1, 0))
+    orders = list(space.orders())
+    assert len(orders) == len(set(orders)) == space.orders_count() == 720 // (6 * 2)
+    kinds = {"a": 0, "b": 1, "c": 2}
+    assert len({tuple(kinds[d[0]] for d in order) for order in orders}) == 60
+    assert all(space.canonical(order) == order for order in orders) and space.canonical(devices) == devices
+    assert space.canonical(("a2", "b1", "a1", "c0", "b0", "a0")) == ("a0", "b0", "a1", "c0", "b1", "a2")
+    alone = Space(devices=devices, current_order=devices, splits=((None, None),), sizes=(1,), schedules=SCHEDULES,
+                  layers=6, pp=6, batch=6)
+    assert list(alone.orders()) == list(itertools.permutations(devices))  # every device its own kind: as before
+
+
+def test_plan_on_readmes_512_gpu_job_prices_its_launches_and_stays_bounded(model, tmp_path):
+    """README's 512-A100 job (8 stage devices, 40,320 orders; no link benchmark): its launches are priced from
+    torchrun's placement as predict --job prices them (the planner had refused every one: 'no link'), its 8
+    devices are one kind (one order searched), and the coordinate ascent after the study stops at its budget of
+    launches priced, said in a note, instead of running for hours over 56,470 shapes a step."""
+    from job_copies import readme_gpu_job
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    job, _ = readme_gpu_job(tmp_path)
+    planner = JobPlanner(job, model)
+    own = planner.evaluate(planner.current())
+    predicted = json.loads(CliRunner().invoke(app, ["predict", "--job", str(job), "--json"]).stdout)
+    assert own.samples_per_s == pytest.approx(predicted["predictions"][0]["samples_per_s"], rel=1e-12)
+    assert planner.kinds() == (0,) * 8
+    plan = plan_job(job, model, top=2, trials=20, ascent_tasks=40 * 3072)  # 40 launches of its own size
+    assert plan.orders == 1 and plan.space == len(planner.space().shapes())
+    assert plan.search.endswith("stopped at its budget of 40 launches priced")
+    assert plan.evaluated <= 20 + 40 + 1 and plan.best and plan.current is not None
+    assert any("interchangeable devices" in note and "1 distinct stage order(s) searched of 40320" in note
+               for note in plan.notes)
+    assert any("budget of 40 launches" in note and "--trials" in note for note in plan.notes)

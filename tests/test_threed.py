@@ -345,6 +345,16 @@ def _capture_copy(job: Path) -> Path:
     return job
 
 
+def _a100_tp2_copy(job: Path) -> tuple[Path, str]:
+    """The capture's copy on A100s (its devices retyped; their NICs are slower than the node's NVLink) at t = 2: its
+    megatron_args.txt and the launch's script part, for a test to put a launcher before."""
+    _capture_copy(job)
+    base = job / "hops.base.yaml"
+    base.write_text(base.read_text().replace("gpu: cpu", "gpu: a100"))
+    args = job / "megatron_args.txt"
+    return args, args.read_text().replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
+
+
 def test_a_3d_what_if_on_a_captures_copy(tmp_path):
     from hops_calib.spec import build_spec
 
@@ -504,12 +514,7 @@ def test_a_multi_node_torchrun_launch_prices_a_data_parallel_group_across_nodes_
     assert launcher_gpus_per_node("pretrain_gpt.py --nnodes 2") is None  # not the launcher's
 
     job = tmp_path / "job"
-    _capture_copy(job)
-    # the same job on A100s (the capture's devices retyped), whose NICs are slower than the node's NVLink
-    base = job / "hops.base.yaml"
-    base.write_text(base.read_text().replace("gpu: cpu", "gpu: a100"))
-    args = job / "megatron_args.txt"
-    text = args.read_text().replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
+    args, text = _a100_tp2_copy(job)
     model = _model_3d()
 
     def spec_and_reduce(launcher: str):
@@ -530,6 +535,31 @@ def test_a_multi_node_torchrun_launch_prices_a_data_parallel_group_across_nodes_
     assert spec.links == () and any("NICs across nodes" in note for note in notes)
     predicted = _cli("predict", "--job", job, "--json")
     assert predicted.exit_code == 0, predicted.output
+
+
+def test_build_spec_reads_the_launch_once_for_its_arguments_and_its_node_layout(tmp_path, monkeypatch):
+    """build_spec takes Megatron's arguments and torchrun's placement (--nnodes, --nproc-per-node) from one read of
+    megatron_args.txt (it read the file twice); the placement comes out as before: global rank r on node r // G."""
+    from hops_calib.spec import build_spec
+    from hops_calib.trace import reading
+
+    job = tmp_path / "job"
+    args, text = _a100_tp2_copy(job)
+    read = []
+    real = reading.read_config_bytes
+    monkeypatch.setattr(reading, "read_config_bytes", lambda path, *rest: read.append(Path(path).name) or real(path,
+                                                                                                              *rest))
+    for launcher, per_node, tp_nodes, dp_nodes in (("torchrun --nnodes 4 --nproc-per-node 2 ", 2, (1, 2), (2, 1)),
+                                                   ("torchrun --nnodes=2 --nproc_per_node=4 ", 4, (1, 2), (1, 2)),
+                                                   ("torchrun --nproc-per-node 8 ", None, None, None),
+                                                   ("", None, None, None)):
+        args.write_text(launcher + text)
+        read.clear()
+        spec = build_spec(job)
+        assert read.count("megatron_args.txt") == 1, (launcher, read)
+        assert spec.gpus_per_node == per_node and (spec.tp, spec.dp, spec.pp) == (2, 2 if launcher else 1, 2)
+        if per_node:
+            assert spec.group_nodes("tp") == tp_nodes and spec.group_nodes("dp") == dp_nodes
 
 
 def test_a_misspelt_priced_flag_and_the_older_fp8_switches_are_refused(tmp_path):
@@ -599,14 +629,10 @@ def test_plan_parallel_searches_the_layouts_of_a_jobs_gpus(tmp_path):
 def test_the_readmes_gpu_job_recipe_predicts_and_plans(tmp_path):
     """README's "A job on GPU nodes, before it runs" block, as written (its hops-calib calls through the CLI here):
     the 512-A100 job predicts, fits, and plan --parallel ranks its layouts, the launch's own among them."""
-    import subprocess
+    from job_copies import readme_gpu_job
 
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    start = text.index("mkdir -p gpt175b")
-    block = text[start:text.index("```", start)]
-    setup, _, calls = block.rpartition("cd .. && ")
-    assert calls.strip() == "hops-calib predict --job gpt175b && hops-calib plan --job gpt175b --parallel"
-    subprocess.run(["bash", "-c", setup], cwd=tmp_path, check=True)
+    _, calls = readme_gpu_job(tmp_path)
+    assert calls == "hops-calib predict --job gpt175b && hops-calib plan --job gpt175b --parallel"
     predicted = _cli("predict", "--job", tmp_path / "gpt175b", "--json")
     assert predicted.exit_code == 0, predicted.output
     out = json.loads(predicted.stdout)

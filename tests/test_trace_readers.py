@@ -179,3 +179,26 @@ def test_yaml_is_read_with_its_aliases_counted_and_its_depth_bounded(tmp_path, t
     with pytest.raises(TraceError, match=says) as error:
         load_yaml(path)
     assert error.value.line == 1
+
+
+def test_a_pair_file_says_its_transport_by_a_field_or_nccls_own_line(tmp_path):
+    """`transport` rows or NCCL's `Using network NAME` line (NCCL_DEBUG=INFO) give the link's transport, spelled as
+    NCCL_NET spells it; a file naming two is refused at the line of the second; a file naming none says ''."""
+    from hops_calib.trace.link_bench import fit_link, transport_name
+
+    rows = [json.dumps({"label": "pair_0_1", "mode": "p2p", "rank": 0, "world_size": 2, "hostname": "a",
+                        "size_mb": size, "p50_ms": 0.1 + size / 2.5}) for size in (1, 2, 4, 16, 64)]
+    pair = tmp_path / "pair_0_1.jsonl"
+    pair.write_text("NCCL version 2.28.9+cuda13.0\n" + "\n".join(rows) + "\n")
+    assert fit_link(pair, 0, 1).transport == ""
+    pair.write_text("\n".join(["node1:77:77 [0] NCCL INFO Using network Socket", *rows]) + "\n")
+    assert fit_link(pair, 0, 1).transport == "socket"
+    pair.write_text("\n".join([rows[0].replace('"mode"', '"transport": "InfiniBand", "mode"'), *rows[1:]]) + "\n")
+    assert fit_link(pair, 0, 1).transport == "ib"
+    pair.write_text("\n".join([*rows, "node1:77:77 [0] NCCL INFO Using network IB",
+                               "node1:78:78 [0] NCCL INFO Using network Socket"]) + "\n")
+    with pytest.raises(TraceError) as refused:
+        fit_link(pair, 0, 1)
+    assert "pair_0_1.jsonl:7" in str(refused.value) and "'socket'" in str(refused.value)
+    assert [transport_name(n) for n in ("Socket", "IB", "RoCE", "AWS  Libfabric")] == ["socket", "ib", "ib",
+                                                                                     "aws libfabric"]

@@ -464,3 +464,41 @@ def test_a_timeline_without_out_goes_to_the_current_directory_as_help_says(tmp_p
     assert result.exit_code == 0, result.output
     written = where / f"timeline-{job.name}.png"
     assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {written} " in result.stdout
+
+
+def test_the_tcp_ceiling_and_stalls_apply_only_over_sockets(shared_runs, tmp_path):
+    """The ends' all-reduce is priced as one NCCL TCP flow (its ceiling, its retransmission stalls) where the launch or
+    the link benchmark says sockets, and, as on the cluster runs, where nothing says, with a note; over InfiniBand or
+    RoCE (NCCL_NET=IB in the launch's environment, or NCCL's 'Using network IB' line in the pair files) neither."""
+    from job_copies import copy_job
+
+    def what_if(name: str, environment: str = "", network: str = "") -> dict:
+        job = copy_job(shared_runs / "exp2_1_all_nodes_run51", tmp_path / name)  # h100 .. l4 ends: at the ceiling
+        shutil.rmtree(job / "megatron_trace")
+        args = job / "megatron_args.txt"
+        args.write_text(environment + args.read_text())
+        if network:  # NCCL_DEBUG=INFO's own line, between the rows as NCCL writes it
+            for pair in (job / "calibration" / "link_bench").glob("pair_*.jsonl"):
+                lines = pair.read_text().splitlines()
+                pair.write_text("\n".join([lines[0], f"g-hetero-st-p5-1:2741:2741 [0] NCCL INFO Using network "
+                                           f"{network}", *lines[1:]]) + "\n")
+        out = cli("predict", "--job", job, "--json")
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout)
+
+    unsaid, sockets, disabled = what_if("unsaid"), what_if("socket", "NCCL_NET=Socket "), what_if(
+        "disabled", "NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=ens32 ")
+    for tcp in (unsaid, sockets, disabled):  # today's pricing, whether said or not
+        assert tcp["end_collective"] == unsaid["end_collective"] and tcp["predictions"] == unsaid["predictions"]
+    assert unsaid["end_collective"]["capped_at_one_tcp_flow"] and unsaid["end_collective"]["stall_probability"] > 0
+    said = [any("transport is not said" in note for note in d["notes"]) for d in (unsaid, sockets, disabled)]
+    assert said == [True, False, False]
+    for verbs in (what_if("ib", "NCCL_NET=IB "), what_if("logged", network="IB")):
+        end = verbs["end_collective"]
+        assert not end["capped_at_one_tcp_flow"] and end["stall_probability"] == 0
+        assert end["bandwidth_gbit_s"] > unsaid["end_collective"]["bandwidth_gbit_s"]
+        assert end["ms"] < unsaid["end_collective"]["ms"]
+        assert verbs["predictions"][0]["throughput_per_s"] > unsaid["predictions"][0]["throughput_per_s"]
+        assert not any("transport is not said" in note for note in verbs["notes"])
+    # a socket interface alone says nothing (InfiniBand runs name their bootstrap interface too)
+    assert what_if("ifname", "NCCL_SOCKET_IFNAME=ens32 ")["end_collective"] == unsaid["end_collective"]

@@ -251,6 +251,40 @@ def cluster(
     raise typer.Exit(cluster_command(sources, out, as_json))
 
 
+# What each way of planning reads of plan's options, and how to name it. An option given on the command line to a
+# way that does not read it is refused (exit 2) naming the way that does, never silently ignored; a new option of
+# plan is refused everywhere until it is listed for the ways that read it.
+_PLAN_WAYS = {
+    "abstract": ("the abstract plan (--stages, --microbatches, --memory-budget)",
+                 {"stages", "microbatches", "memory_budget", "forward_cost", "backward_cost", "weight_grad_cost",
+                  "chunks", "target_bubble", "as_json"}),
+    "job": ("plan --job DIR without --parallel (its search of stage order, layer split, schedule, micro batch)",
+            {"job", "cluster", "no_cluster", "fixtures", "model", "top", "schedules", "fixed_order", "fixed_split",
+             "fixed_micro_batch", "device_memory", "trials", "exhaustive_limit", "rank_by", "as_json",
+             *(f"perturbations__{name}" for name, *_ in PERTURBATION_OPTIONS)}),
+    "parallel": ("plan --job DIR --parallel (its search of t x p x d layouts and micro batch, hops priced from "
+                 "the placement)",
+                 {"job", "parallel", "model", "top", "as_json"}),
+}
+
+
+def _refuse_unread(ctx: typer.Context, way: str) -> None:
+    """Refuse (a usage error, exit 2) the first option given on the command line that `way` of planning does not
+    read, naming the option, the way that reads it and what to do."""
+    what, reads = _PLAN_WAYS[way]
+    for param in ctx.command.params:
+        if param.name in reads or not _given(ctx, param.name):
+            continue
+        flag = max(param.opts, key=len)
+        others = [name for name, (_, read) in _PLAN_WAYS.items() if param.name in read]
+        where = " or ".join(_PLAN_WAYS[name][0] for name in others) or "no way of planning"
+        switch = ("; or drop --parallel to run that search" if way == "parallel" and "job" in others else
+                  "; or plan a real job with --job DIR" if way == "abstract" and others else
+                  "; or drop --job for the abstract plan" if others == ["abstract"] else "")
+        raise typer.BadParameter(f"it does nothing in {what}: only {where} reads it. Drop {flag}{switch}.",
+                                 param_hint=flag)
+
+
 @app.command()
 @with_perturbations
 def plan(
@@ -285,7 +319,9 @@ def plan(
                                                   "default all)."),
     parallel: bool = typer.Option(False, "--parallel", help="With --job: search how to split its GPUs instead, "
                                   "tensor x pipeline x data parallel and the micro-batch size (one GPU type), "
-                                  "keeping the launch's other settings."),
+                                  "keeping the launch's other settings; it takes --model, --top and --json, and "
+                                  "refuses the other search's options (--schedule, --keep-*, --trials, --cluster, "
+                                  "stragglers, ...)."),
     fixed_order: bool = typer.Option(False, "--keep-order", help="With --job: keep the job's stage order."),
     fixed_split: bool = typer.Option(False, "--keep-split", help="With --job: keep the job's layer split."),
     fixed_micro_batch: bool = typer.Option(False, "--keep-micro-batch", help="With --job: keep its micro-batch size."),
@@ -293,7 +329,9 @@ def plan(
                                                       help="With --job: TYPE:BYTES, a device type's usable memory "
                                                            "(default the catalog's capacity). Repeatable."),
     trials: int = typer.Option(400, "--trials", help="With --job: optuna trials when the space is too large to "
-                                                    "search exhaustively."),
+                                                    "search exhaustively; the coordinate ascent after them prices "
+                                                    "at most 2,000,000 simulated tasks' worth of launches at the "
+                                                    "job's own launch's size, or this many if more."),
     exhaustive_limit: int = typer.Option(10000, "--exhaustive-limit",
                                          help="With --job: search exhaustively up to this many launches."),
     rank_by: str = typer.Option("throughput", "--rank-by", help="With --job: throughput (nominal), expected or p5 "
@@ -305,11 +343,8 @@ def plan(
     or, with --job, the fastest launches of a real job on its devices, priced by the calibrated model."""
     from hops_calib.cli.whatif import plan_command, plan_job_command
 
+    _refuse_unread(ctx, "abstract" if job is None else "parallel" if parallel else "job")
     if job is None:
-        given = [name for name, value in perturbations.items() if value not in (None, [])]
-        if given:
-            raise typer.BadParameter(f"--{given[0].replace('_', '-')} applies to plan --job",
-                                     param_hint=f"--{given[0].replace('_', '-')}")
         missing = [flag for flag, value in (("--stages", stages), ("--microbatches", microbatches),
                                             ("--memory-budget", memory_budget)) if value is None]
         if missing:
@@ -318,11 +353,6 @@ def plan(
         plan_command(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
                      target_bubble, as_json)
         return
-    abstract = [flag for flag, value in (("--stages", stages), ("--microbatches", microbatches),
-                                         ("--memory-budget", memory_budget)) if value is not None]
-    if abstract:
-        raise typer.BadParameter(f"{abstract[0]} is for the abstract plan; --job plans the job's own model and batch",
-                                 param_hint=abstract[0])
     if parallel:
         from hops_calib.cli.whatif import plan_layouts_command
 

@@ -19,7 +19,8 @@ _MODULE_OF = {
     "DeviceInfo": "job", "find_job_dirs": "job", "rank_files": "job", "read_device_types": "job",
     "read_manifest": "job", "read_stage_map": "job", "read_template": "job", "run_id_of": "job",
     "LinkFit": "link_bench", "fit_link": "link_bench", "read_link_fits": "link_bench",
-    "find_arguments": "megatron_args", "parse_arguments_block": "megatron_args", "parse_command_line": "megatron_args",
+    "Launch": "megatron_args", "find_arguments": "megatron_args", "find_launch": "megatron_args",
+    "parse_arguments_block": "megatron_args", "parse_command_line": "megatron_args",
 }
 
 __all__ = sorted(_MODULE_OF)

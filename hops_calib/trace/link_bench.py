@@ -4,6 +4,11 @@
 message size) between stages i (rank 0, the sender) and j (rank 1, the
 receiver), with NCCL's own log lines interleaved. The fit uses the sender's p50:
 the send call's CUDA-event time is what a pipeline stage waits for.
+
+The file may say the transport the pair ran over (`LinkFit.transport`): a row's
+`transport` field, or NCCL's own line `NCCL INFO Using network <name>` (printed
+under NCCL_DEBUG=INFO: `Socket` for its TCP socket transport, `IB` for verbs,
+InfiniBand or RoCE, or a plugin's name such as `AWS Libfabric`).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import bisect
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +72,9 @@ class LinkFit:
     # A link within one node (NVLink/NVSwitch), priced from the node's collective benchmark: never shaped like an
     # instance's network allowance, so no burst reading applies.
     intra_node: bool = False
+    # The transport NCCL ran the link over, as the benchmark or the launch says (`transport_name`): "socket" (TCP
+    # sockets, NCCL_NET=Socket), "ib" (verbs: InfiniBand or RoCE), another network's name, or "" when nothing said.
+    transport: str = ""
 
     def __post_init__(self) -> None:
         # JSON round trips give lists; keep the value hashable and equal to what was written.
@@ -124,15 +132,49 @@ def _positive(value: object) -> bool:
         return False
 
 
+# NCCL's log line naming the network it chose (net.cc: "Using network %s"), behind its "host:pid:tid NCCL INFO" prefix.
+_NCCL_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
+
+
+def transport_name(name: str) -> str:
+    """A transport as `LinkFit.transport` spells it: NCCL's network names (`Socket`, `IB`; NCCL_NET's values) and
+    the plain words for them, lower-cased: "socket" for TCP sockets, "ib" for verbs (InfiniBand, RoCE), else the
+    name itself ("" for none)."""
+    name = " ".join(name.split()).lower()
+    return {"sockets": "socket", "tcp": "socket", "infiniband": "ib", "roce": "ib", "verbs": "ib"}.get(name, name)
+
+
 def read_sender_p50(path: Path) -> list[tuple[float, float]]:
     """(bytes, p50_ms) of the sender's rows; lines that are not JSON objects (NCCL logs) are skipped."""
+    return read_pair(path)[0]
+
+
+def read_pair(path: Path) -> tuple[list[tuple[float, float]], str]:
+    """(bytes, p50_ms) of the sender's rows, and the transport the file says (`transport_name`; "" when it says
+    none): from its rows' `transport` field or NCCL's `Using network` line. Two different ones are refused."""
     points: list[tuple[float, float]] = []
+    transport, said = "", 0
+
+    def say(name: object, number: int, field: str) -> None:
+        nonlocal transport, said
+        if not isinstance(name, str) or not transport_name(name):
+            raise TraceError(path, f"is {name!r}, expected a transport's name", line=number, field=field,
+                             hint="socket, ib, or NCCL's network name (NCCL_NET)")
+        if transport and transport_name(name) != transport:
+            raise TraceError(path, f"says transport {transport_name(name)!r}, line {said} said {transport!r}",
+                             line=number, field=field, hint="one pair file holds one benchmark over one transport: "
+                                                             "a file pasted together from two runs? keep one")
+        transport, said = transport_name(name), said or number
+
     with open_regular(path) as handle:
         for number, raw in bounded_lines(handle):
             if raw is None:
                 raise long_line(path, number)
             line = raw.decode("utf-8", errors="replace").strip()
             if not line.startswith("{"):
+                network = _NCCL_NETWORK.search(line)
+                if network:
+                    say(network.group(1), number, "NCCL INFO Using network")
                 continue
             try:
                 row = json.loads(line)
@@ -147,6 +189,8 @@ def read_sender_p50(path: Path) -> list[tuple[float, float]]:
                                                     "or delete the line") from None
             if row.get("mode", "p2p") != "p2p":
                 continue
+            if "transport" in row:
+                say(row["transport"], number, "transport")
             for field in ("size_mb", "p50_ms"):  # the receiver's rows too: a bad one means a damaged file
                 value = row.get(field)
                 if not _positive(value):
@@ -155,7 +199,7 @@ def read_sender_p50(path: Path) -> list[tuple[float, float]]:
             if row.get("rank") != SENDER_RANK:
                 continue
             points.append((float(row["size_mb"]) * BYTES_PER_MB, float(row["p50_ms"])))
-    return points
+    return points, transport
 
 
 def read_pair_hosts(path: Path) -> tuple[str, str]:
@@ -178,8 +222,11 @@ def read_pair_hosts(path: Path) -> tuple[str, str]:
 
 
 def fit_link(path: Path, src_stage: int, dst_stage: int) -> LinkFit:
-    """Least-squares ms = latency + bytes / bandwidth (latency >= 0) over the sender's p50 rows of one pair file."""
-    return fit_points(read_sender_p50(path), src_stage, dst_stage, path.name, path)
+    """Least-squares ms = latency + bytes / bandwidth (latency >= 0) over the sender's p50 rows of one pair file, with
+    the transport the file says."""
+    points, transport = read_pair(path)
+    fit = fit_points(points, src_stage, dst_stage, path.name, path)
+    return replace(fit, transport=transport) if transport else fit
 
 
 def fit_points(points: list[tuple[float, float]], src_stage: int, dst_stage: int, label: str,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -47,14 +48,52 @@ def parse_value(text: str) -> Any:
     return text
 
 
+@dataclass(frozen=True)
+class Launch:
+    """A job's launch, read once: Megatron's arguments, the file they came from, and the GPUs per node of a
+    multi-node torchrun launch (global rank r on node r // gpus_per_node; None for a one-node launch, a command
+    line without a launcher, or a rank log's arguments block, which prints no placement)."""
+    args: dict[str, Any]
+    source: Path
+    gpus_per_node: int | None = None
+    # NAME=VALUE assignments before the launcher on the command line (`NCCL_NET=Socket torchrun ...`): the launch's
+    # environment, as far as the file says it
+    environment: tuple[tuple[str, str], ...] = ()
+
+    def transport(self) -> str:
+        """The transport NCCL runs inter-node traffic over, as the launch's environment says it (`transport_name`):
+        NCCL_NET names it; NCCL_IB_DISABLE=1 without a network plugin (NCCL_NET_PLUGIN) leaves NCCL its socket
+        transport; "" when the environment says neither. NCCL_SOCKET_IFNAME says nothing: it names the interface
+        of NCCL's bootstrap connections, which InfiniBand runs use too."""
+        from hops_calib.trace.link_bench import transport_name
+
+        env = dict(self.environment)
+        if env.get("NCCL_NET"):
+            return transport_name(env["NCCL_NET"])
+        if env.get("NCCL_IB_DISABLE", "").strip().lower() in ("1", "true", "yes") and not env.get("NCCL_NET_PLUGIN"):
+            return "socket"
+        return ""
+
+
 def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any]:
     """Arguments of a `pretrain_gpt.py --flag value ...` command line.
 
     A flag with no value is True; a flag with several values gets a list.
     """
+    return _parse_launch(text, path)[0]
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a shell variable's name, as `NAME=value cmd` assigns it
+
+
+def _parse_launch(text: str, path: Path | str) -> tuple[dict[str, Any], int | None, tuple[tuple[str, str], ...]]:
+    """A command line's arguments (`parse_command_line`), its launcher's GPUs per node (`launcher_gpus_per_node`)
+    and the environment assignments before its launcher, from one split of it."""
     launcher, tokens = _split(text, path)
+    environment = tuple((name, value) for name, sep, value in (token.partition("=") for token in launcher or ())
+                        if sep and _ENV_NAME.fullmatch(name))
     # the world size the launcher gives is the launch's (Megatron computes the data parallel size from it)
-    launcher_world = _launcher_world_size(launcher) if launcher is not None else None
+    launcher_world, per_node = _launcher_layout(launcher) if launcher is not None else (None, None)
     args: dict[str, Any] = {}
     key: str | None = None
     values: list[Any] = []
@@ -74,7 +113,7 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
     flush()
     if launcher_world is not None and "world_size" not in args:
         args["world_size"] = launcher_world
-    return args
+    return args, per_node, environment
 
 
 def _split(text: str, path: Path | str) -> tuple[list[str] | None, list[str]]:
@@ -98,12 +137,7 @@ def launcher_gpus_per_node(text: str) -> int | None:
         launcher, _ = _split(text, ARGS_FILE)
     except TraceError:
         return None
-    found = _launcher_options(launcher) if launcher is not None else {}
-    try:
-        nodes, per_node = int(found.get("nnodes", "1")), int(found["nproc-per-node"])
-    except (KeyError, ValueError):
-        return None
-    return per_node if nodes > 1 and per_node >= 1 else None
+    return _launcher_layout(launcher)[1] if launcher is not None else None
 
 
 def _launcher_options(tokens: list[str]) -> dict[str, str]:
@@ -119,22 +153,29 @@ def _launcher_options(tokens: list[str]) -> dict[str, str]:
     return found
 
 
-def _launcher_world_size(tokens: list[str]) -> int | None:
-    """nnodes (default 1) x nproc-per-node of a torchrun (torch.distributed.run) launch, when both are plain
-    integers."""
+def _launcher_layout(tokens: list[str]) -> tuple[int | None, int | None]:
+    """The world size of a torchrun (torch.distributed.run) launch, nnodes (default 1) x nproc-per-node, and its
+    GPUs per node when nnodes > 1; each None unless the counts it needs are plain integers (absent, an elastic
+    range "1:4", or "gpu"/"auto" are not)."""
     found = _launcher_options(tokens)
     try:
-        return int(found.get("nnodes", "1")) * int(found["nproc-per-node"])  # torchrun's default: one node
-    except (KeyError, ValueError):  # absent, an elastic range ("1:4"), or "gpu"/"auto"
-        return None
+        nodes, per_node = int(found.get("nnodes", "1")), int(found["nproc-per-node"])  # torchrun's default: one node
+    except (KeyError, ValueError):
+        return None, None
+    return nodes * per_node, (per_node if nodes > 1 and per_node >= 1 else None)
 
 
 def read_args_file(path: Path) -> dict[str, Any]:
-    args = parse_command_line(read_config_text(path), path)
+    return read_launch_file(path).args
+
+
+def read_launch_file(path: Path) -> Launch:
+    """The launch of a `megatron_args.txt`: its arguments and torchrun's placement, from one read of the file."""
+    args, per_node, environment = _parse_launch(read_config_text(path), path)
     if not args:
         raise TraceError(path, "no --arguments found", line=1,
                          hint="the file must hold Megatron's launch command, e.g. 'pretrain_gpt.py --num-layers 12 ...'")
-    return args
+    return Launch(args, path, per_node, environment)
 
 
 def parse_arguments_block(lines: Iterable[str]) -> dict[str, Any] | None:
@@ -158,13 +199,19 @@ def parse_arguments_block(lines: Iterable[str]) -> dict[str, Any] | None:
 
 
 def find_arguments(job_dir: Path) -> tuple[dict[str, Any], Path]:
-    """The configuration of a job: `megatron_args.txt`, else the first rank log with an arguments block.
+    """The configuration of a job and the file it came from (`find_launch`)."""
+    launch = find_launch(job_dir)
+    return launch.args, launch.source
+
+
+def find_launch(job_dir: Path) -> Launch:
+    """The launch of a job: `megatron_args.txt`, else the first rank log with an arguments block.
 
     Never opens the event logs (`megatron_trace/`): they hold measurements, not configuration.
     """
     args_file = job_dir / ARGS_FILE
     if args_file.exists() or args_file.is_symlink():  # (read_config_text refuses what is not a regular file)
-        return read_args_file(args_file), args_file
+        return read_launch_file(args_file)
     candidates: list[Path] = []
     for folder in (job_dir, job_dir / "logs"):
         if folder.is_dir():
@@ -172,7 +219,7 @@ def find_arguments(job_dir: Path) -> tuple[dict[str, Any], Path]:
     for candidate in candidates:
         args = parse_arguments_block(text for _, text in text_lines(candidate))
         if args:
-            return args, candidate
+            return Launch(args, candidate)
     raise TraceError(job_dir / ARGS_FILE, "missing: no Megatron configuration in this job directory",
                      field="megatron arguments",
                      hint=f"add {ARGS_FILE} with the launch command, or a rank log (*.log/*.out in the job "

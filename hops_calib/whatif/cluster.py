@@ -439,16 +439,16 @@ class LinkBook:
         elsewhere = [fit for got, fit in self.own if got == hosts]
         if elsewhere:
             fit = elsewhere[0]
-            return LinkFit(a, b, fit.latency_ms, fit.bytes_per_ms, f"{fit.source} (the job's benchmark of {hosts[0]} "
-                           f"-> {hosts[1]} at stages {fit.src_stage}-{fit.dst_stage})", fit.points)
+            return replace(fit, src_stage=a, dst_stage=b, source=f"{fit.source} (the job's benchmark of {hosts[0]} "
+                           f"-> {hosts[1]} at stages {fit.src_stage}-{fit.dst_stage})")
         found = self.cluster.link(*hosts) if self.cluster is not None else None
         if found is not None:
             return found[0].fit(a, b, reverse=found[1])
         reverse = [fit for got, fit in self.own if got == hosts[::-1]]
         if reverse:
             fit = reverse[0]
-            return LinkFit(a, b, fit.latency_ms, fit.bytes_per_ms,
-                           f"{fit.source} ({hosts[0]} -> {hosts[1]}, measured the other way)", fit.points)
+            return replace(fit, src_stage=a, dst_stage=b,
+                           source=f"{fit.source} ({hosts[0]} -> {hosts[1]}, measured the other way)")
         return None
 
     def hops(self, device_ids: Sequence[str]) -> tuple[Hop, ...]:

@@ -261,6 +261,11 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
                                   "pipeline")
     else:
         hops = ()
+    from hops_calib.model.terms.embedding import transport_note
+
+    note = transport_note(spec)
+    if note:
+        notes.append(note)
     wanted = tuple(dict.fromkeys(schedules)) or (spec.schedule,)
     # Every schedule that can run is predicted; the others are named with what would let them run.
     recorded = "configured_schedule" in read_manifest(job_dir)  # a launcher's own record (CPU captures)

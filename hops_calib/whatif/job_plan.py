@@ -29,6 +29,7 @@ import numpy as np
 from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.model.memory import stage_memory
+from hops_calib.model.terms.embedding import transport_note
 from hops_calib.progress import QUIET, Progress
 from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
@@ -127,6 +128,7 @@ class JobPlan:
     best_megatron: Outcome | None = None  # the best launch Megatron-LM runs as it is (1F1B or interleaved 1F1B)
     cluster: str = ""  # the cluster file used and where it was set ("": none)
     store: str = ""  # the fixture store whose train split the launches were checked against ("": not checked)
+    orders: int = 1  # distinct stage orders in the space (orders of kinds of interchangeable devices)
 
     @property
     def status(self) -> str:
@@ -139,7 +141,7 @@ class JobPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "job": self.job, "model": self.model, "cluster": self.cluster or None,
-                "fixtures": self.store or None, "search": self.search, "space": self.space,
+                "fixtures": self.store or None, "search": self.search, "space": self.space, "orders": self.orders,
                 "evaluated": self.evaluated, "rank_by": self.rank_by,
                 "best": [o.to_dict() for o in self.best],
                 "current": self.current.to_dict() if self.current else None,
@@ -195,8 +197,12 @@ def divisors(n: int) -> list[int]:
 class Space:
     """The launches a plan searches, as dimensions: never listed whole (8 stages have 40320 orders alone).
 
-    `devices` None: the job's own order only. Interleaved 1F1B takes the even split only and v model chunks per
-    rank where v divides the layers per rank and the microbatches are a multiple of the stages (Megatron's rule).
+    `devices` None: the job's own order only. Devices of one kind (`kinds`: an index per device of `devices`, equal
+    for interchangeable devices, see `JobPlanner.kinds`) price alike wherever they sit, so only orders of kinds are
+    distinct launches: each is searched once, by its canonical device order (the devices of a kind in the order the
+    job's own launch has them, so the job's own order is its own canonical one). Interleaved 1F1B takes the even
+    split only and v model chunks per rank where v divides the layers per rank and the microbatches are a multiple
+    of the stages (Megatron's rule).
     """
 
     devices: tuple[str, ...] | None
@@ -207,12 +213,56 @@ class Space:
     layers: int
     pp: int
     batch: int
+    kinds: tuple[int, ...] = ()  # () : every device a kind of its own
+
+    def _kind(self) -> dict[str, int]:
+        devices = self.devices if self.devices is not None else self.current_order
+        return dict(zip(devices, self.kinds or range(len(devices))))
 
     def orders_count(self) -> int:
-        return math.factorial(len(self.devices)) if self.devices is not None else 1
+        """Distinct orders: n! / (n_1! n_2! ...) for n devices of kinds of n_k each."""
+        if self.devices is None:
+            return 1
+        counts: dict[int, int] = {}
+        for kind in self._kind().values():
+            counts[kind] = counts.get(kind, 0) + 1
+        return math.factorial(len(self.devices)) // math.prod(math.factorial(c) for c in counts.values())
+
+    def canonical(self, order: Sequence[str]) -> tuple[str, ...]:
+        """The device order that stands for every order with the same kinds at the same stages."""
+        kind = self._kind()
+        queues: dict[int, list[str]] = {}
+        for device in self.current_order:
+            queues.setdefault(kind[device], []).append(device)
+        taken = {k: iter(devices) for k, devices in queues.items()}
+        return tuple(next(taken[kind[device]]) for device in order)
 
     def orders(self):
-        return itertools.permutations(self.devices) if self.devices is not None else iter([self.current_order])
+        """Every distinct order, canonical, in lexicographic order of kind sequences (with every device a kind of
+        its own: itertools.permutations' order, the job's own first)."""
+        if self.devices is None:
+            yield self.current_order
+            return
+        kind = self._kind()
+        by_kind: dict[int, list[str]] = {}
+        for device in self.current_order:
+            by_kind.setdefault(kind[device], []).append(device)
+        rank = {k: r for r, k in enumerate(by_kind)}  # kinds numbered as the job's own order meets them
+        sequence = sorted(rank[kind[d]] for d in self.current_order)
+        kinds = list(by_kind)
+        while True:
+            taken = {k: iter(devices) for k, devices in by_kind.items()}
+            yield tuple(next(taken[kinds[r]]) for r in sequence)
+            i = len(sequence) - 2  # the next permutation of the multiset (Narayana's algorithm)
+            while i >= 0 and sequence[i] >= sequence[i + 1]:
+                i -= 1
+            if i < 0:
+                return
+            j = len(sequence) - 1
+            while sequence[j] <= sequence[i]:
+                j -= 1
+            sequence[i], sequence[j] = sequence[j], sequence[i]
+            sequence[i + 1:] = reversed(sequence[i + 1:])
 
     def shapes(self) -> list[tuple[int, int | None, int | None, str, int]]:
         """(micro batch size, first, last, schedule, chunks) of every launch of one order."""
@@ -249,6 +299,9 @@ class JobPlanner:
         self.notes: list[str] = []
         self.spec = build_spec(self.job_dir, self.notes)
         self.args, self.args_source = find_arguments(self.job_dir)
+        note = transport_note(self.spec)
+        if note:
+            self.notes.append(note)
         self.model = model
         self.cluster = cluster = cluster.for_job(self.spec.device_ids, self.notes) if cluster is not None else None
         self.book = LinkBook(self.job_dir, self.spec.device_ids, self.spec.links, cluster, self.notes)
@@ -283,11 +336,48 @@ class JobPlanner:
 
     # --- the space ----------------------------------------------------------------------------------------------
 
+    def kinds(self, distinct: Sequence[str] = ()) -> tuple[int, ...]:
+        """Each device's kind (an index per device of the job's stage map; equal: interchangeable). Two devices are
+        interchangeable when a launch prices the same with them swapped: the same type; the same node where the spec
+        prices hops within a node from it (a collective benchmark and named nodes); neither named in `distinct` (a
+        slowed device or link); and every link the book prices from or to either of them, at every hop position, the
+        same either way (the hosts' links to each other device's host, and between the two). Swaps that keep every
+        price compose, so the kinds are classes: only orders of kinds need pricing."""
+        ids = tuple(self.spec.device_ids)
+        hosts = self.book.device_hosts
+        positions = [(hop.src_stage, hop.dst_stage) for hop in self.book.hops(ids)]
+        priced: dict[tuple[str, str], int] = {}
+        alike: dict[tuple, int] = {}  # each distinct way of pricing a host pair, numbered: compared as numbers
+
+        def links(a: str, b: str) -> int:
+            """The links from a's host to b's host at every hop position, without the names they carry."""
+            pair = (hosts.get(a, ""), hosts.get(b, ""))
+            if pair not in priced:
+                fits = (self.book.link(i, j, pair) for i, j in positions)
+                key = tuple(None if fit is None else replace(fit, src_stage=0, dst_stage=0, source="") for fit in fits)
+                priced[pair] = alike.setdefault(key, len(alike))
+            return priced[pair]
+
+        def swappable(a: str, b: str) -> bool:
+            if (self.types[a], self.nodes[a] if self.spec.nodes else "") != (
+                    self.types[b], self.nodes[b] if self.spec.nodes else "") or a in distinct or b in distinct:
+                return False
+            return links(a, b) == links(b, a) and all(links(a, c) == links(b, c) and links(c, a) == links(c, b)
+                                                      for c in ids if c not in (a, b))
+
+        kind = list(range(len(ids)))
+        for j, b in enumerate(ids):
+            kind[j] = next((kind[i] for i, a in enumerate(ids[:j]) if swappable(a, b)), j)
+        return tuple(kind)
+
     def space(self, schedules: Sequence[str] = SCHEDULES, orders: bool = True, splits: bool = True,
-              micro_batch_sizes: bool = True) -> "Space":
+              micro_batch_sizes: bool = True, distinct: Sequence[str] = ()) -> "Space":
+        """The launches to search; devices named in `distinct` (slowed by a perturbation) are of a kind of their
+        own."""
         spec = self.spec
         current = self.current()
         return Space(devices=tuple(spec.device_ids) if orders else None, current_order=current.order,
+                     kinds=self.kinds(distinct) if orders else (),
                      splits=tuple(layer_splits(spec.model.num_layers, spec.pp)) if splits
                      else ((current.first, current.last),),
                      sizes=tuple(divisors(spec.model.global_batch_size)) if micro_batch_sizes
@@ -376,6 +466,14 @@ class JobPlanner:
             raise Refusal(f"Megatron refuses the launch: {getattr(error, 'problem', None) or error}") from None
         if self.spec.cores and len(self.spec.cores) == spec.gpus:  # the capture's ranks on its cores, as launched
             spec = replace(spec, cores=self.spec.cores)
+        # what the launch's command line says besides Megatron's arguments (build_spec's): its environment's transport
+        spec = replace(spec, transport=self.spec.transport)
+        if spec.gpus_per_node is None and self.spec.gpus_per_node:
+            # and torchrun's placement: without a link benchmark it prices every hop the cluster does not, by
+            # NVLink within a node and the NICs across nodes, as predict --job does
+            spec = replace(spec, gpus_per_node=self.spec.gpus_per_node)
+            if not self.spec.links:
+                return spec
         # a hop no benchmark prices may lie within one node: the spec prices it from the node's all-reduce tables
         missing = [h for h in hops if h.link is None and spec.link(h.src_stage, h.dst_stage) is None]
         if missing:
@@ -462,7 +560,7 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
              micro_batch_sizes: bool = True, trials: int = 400, seed: int = 0,
              exhaustive_limit: int = EXHAUSTIVE_LIMIT, perturbations: Perturbations | None = None,
              rank_by: str = "throughput", rerank: int = 20, progress: Progress = QUIET,
-             calibration: Any = None, store: str = "") -> JobPlan:
+             calibration: Any = None, store: str = "", ascent_tasks: int | None = None) -> JobPlan:
     """The best `top` launches of the job's model and global batch (see the module's docstring)."""
     if rank_by not in ("throughput", "expected", "p5"):
         raise InputError("plan", f"unknown ranking {rank_by!r}", field="--rank-by",
@@ -479,7 +577,11 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
         if not 1 <= value <= most:
             raise InputError("plan", f"{flag} {value} is outside 1..{most}", field=flag)
     planner = JobPlanner(job_dir, model, cluster, memory_bytes)
-    space = planner.space(schedules, orders, splits, micro_batch_sizes)
+    slowed = () if perturbations is None else (*(d for d, _ in perturbations.slow_devices),
+                                               *(d for a, b, _ in perturbations.slow_links for d in (a, b)))
+    space = planner.space(schedules, orders, splits, micro_batch_sizes, distinct=slowed)
+    if space.devices is not None and space.orders_count() < math.factorial(len(space.devices)):
+        planner.notes.append(_interchangeable(space))
     if not len(space):
         raise InputError(str(job_dir), "no launch to search: the schedules asked for cannot run any split",
                          field="--schedule", hint="allow more schedules, or the layer split")
@@ -507,10 +609,21 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
         _optuna_search(space, score, trials, seed, progress)
         found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
         own = score(planner.current())
-        steps = _local_search(space, score, found + ([own] if own is not None else []))
+        budget = ascent_budget(planner.spec, trials, ascent_tasks or ASCENT_TASKS)
+        steps, stopped = _local_search(space, score, found + ([own] if own is not None else []),
+                                       lambda launch: launch in outcomes or launch in refusals, budget, progress,
+                                       done=trials)
         search = (f"optuna TPE, seed {seed}, {trials} trials of {len(space)} candidates, then {steps} step(s) of "
-                  "coordinate ascent (order, then split, schedule and micro-batch size) from its best and from the "
-                  "job's own launch")
+                  "coordinate ascent (nearest launches first: schedule, micro-batch size, order, split) from its best "
+                  "and from the job's own launch")
+        if stopped:
+            search += f", stopped at its budget of {budget} launches priced"
+            planner.notes.append(
+                f"the coordinate ascent stopped at its budget of {budget} launches priced "
+                f"({ascent_tasks or ASCENT_TASKS:,} simulated tasks at the job's own launch's "
+                f"{_tasks(planner.spec):,} per iteration, or --trials if more): the best found, not "
+                "proven best; give more --trials, or keep a dimension (--keep-order, --keep-split, "
+                "--keep-micro-batch, --schedule)")
     fitting = [o for o in outcomes.values() if o.fits]
     over_memory = len(outcomes) - len(fitting)
     # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule
@@ -562,7 +675,18 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                    current=current, refused=refused, over_memory=over_memory, rank_by=rank_by, notes=tuple(notes),
                    auto_agreement=auto_rule_agreement(list(outcomes.values())),
                    best_megatron=megatron, cluster=planner.cluster.named() if planner.cluster is not None else "",
-                   store=store)
+                   store=store, orders=space.orders_count())
+
+
+def _interchangeable(space: Space) -> str:
+    """The note naming the devices a plan took as interchangeable, and the orders that left to price."""
+    groups: dict[int, list[str]] = {}
+    for device, kind in zip(space.devices, space.kinds):
+        groups.setdefault(kind, []).append(device)
+    alike = [", ".join(devices) for devices in groups.values() if len(devices) > 1]
+    return (f"interchangeable devices (same type, same links at every position: a launch prices the same with any "
+            f"two swapped): {'; '.join(alike)}. {space.orders_count()} distinct stage order(s) searched of "
+            f"{math.factorial(len(space.devices))}")
 
 
 def auto_rule_agreement(outcomes: Sequence[Outcome]) -> tuple[int, int]:
@@ -599,9 +723,9 @@ def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], tria
     progress.start(trials)
 
     def objective(trial: Any) -> float:
-        if space.devices is not None:
+        if space.orders_count() > 1:
             keys = [trial.suggest_float(f"key {device}", 0.0, 1.0) for device in devices]
-            order = tuple(devices[k] for k in sorted(range(len(keys)), key=keys.__getitem__))
+            order = space.canonical(devices[k] for k in sorted(range(len(keys)), key=keys.__getitem__))
         else:
             order = space.current_order
         size = trial.suggest_categorical("micro_batch_size", list(space.sizes))
@@ -619,13 +743,29 @@ def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], tria
 
 
 def _local_search(space: Space, score: Callable[[Launch], Outcome | None], starts: Sequence[Outcome],
-                  max_steps: int = 50) -> int:
+                  known: Callable[[Launch], bool], budget: int, progress: Progress = QUIET, done: int = 0,
+                  max_steps: int = 50) -> tuple[int, bool]:
     """Coordinate ascent from each start that fits: evaluate every launch that differs from the current one in the
-    order only (every order up to `ALL_ORDERS` of them, else every swap of two stages) or in the shape only (every
-    split, schedule and micro-batch size of the space), move to the fastest while it is faster. Returns the steps."""
+    order only (every distinct order up to `ALL_ORDERS` of them, else every swap of two stages) or in the shape only
+    (every split, schedule and micro-batch size of the space), nearest first (the fewest of schedule, micro-batch
+    size, order and split changed, in that order), and move to the fastest while it is faster. At most `budget`
+    launches not priced before (`known`) are priced, shown on `progress` after `done` units. Returns the steps and
+    whether the budget stopped the ascent."""
     shapes = space.shapes()
     every_order = space.devices is not None and space.orders_count() <= ALL_ORDERS
-    steps = 0
+    steps = spent = 0
+
+    def changed(a: Launch, b: Launch) -> tuple[bool, bool, bool, bool]:
+        """Which of the schedule, the micro-batch size, the order and the split differ."""
+        return ((a.schedule, a.chunks) != (b.schedule, b.chunks), a.micro_batch_size != b.micro_batch_size,
+                a.order != b.order, (a.first, a.last) != (b.first, b.last))
+
+    def distance(a: Launch, b: Launch) -> int:
+        return sum(changed(a, b))
+
+    def axis(a: Launch, b: Launch) -> tuple[bool, ...]:
+        return tuple(not flag for flag in changed(a, b))  # the schedule's changes first, the split's last
+
     for start in starts:
         if not start.fits:
             continue
@@ -639,14 +779,23 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
                 for i, j in itertools.combinations(range(len(launch.order)), 2):
                     order = list(launch.order)
                     order[i], order[j] = order[j], order[i]
-                    orders.append(tuple(order))
+                    orders.append(space.canonical(order))  # a swap of two devices of one kind changes nothing
+                orders = list(dict.fromkeys(orders))
             else:
                 orders = []
             neighbours = [replace(launch, order=order) for order in orders]
             neighbours += [Launch(launch.order, first, last, schedule, chunks, size)
                            for size, first, last, schedule, chunks in shapes]
+            # nearest first (one change: the schedule, the micro-batch size, the order, the split; then two, ...):
+            # what a budget leaves unpriced is the farthest
+            neighbours.sort(key=lambda n: (distance(n, launch), axis(n, launch)))
             better = current
             for neighbour in neighbours:
+                if not known(neighbour):
+                    if spent >= budget:
+                        return steps, True
+                    spent += 1
+                    progress.update(done + spent, done + budget)
                 outcome = score(neighbour)
                 if outcome is not None and outcome.fits and outcome.samples_per_s > better.samples_per_s:
                     better = outcome
@@ -654,7 +803,24 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
                 break
             current = better
             steps += 1
-    return steps
+    return steps, False
+
+
+# The coordinate ascent after a study prices at most this many simulated tasks' worth of launches, counted at the
+# job's own launch's size: a 512-GPU launch of 192 microbatches on 8 stages (3072 tasks, about 60 ms to price) gets
+# 651 launches, a 6-stage cluster run's thousands (about 1 ms each).
+ASCENT_TASKS = 2_000_000
+
+
+def _tasks(spec: Spec) -> int:
+    """The compute tasks of one iteration of `spec` (a forward and a backward per microbatch, stage and chunk)."""
+    return 2 * spec.microbatches * spec.pp * spec.vp
+
+
+def ascent_budget(spec: Spec, trials: int, tasks: int = ASCENT_TASKS) -> int:
+    """The launches the coordinate ascent may price on the job of `spec` (its own launch): `tasks` simulated tasks'
+    worth at its size, and at least `trials`."""
+    return max(trials, tasks // max(_tasks(spec), 1))
 
 
 ALL_ORDERS = 5040  # up to 7 stages, a step of local search tries every order

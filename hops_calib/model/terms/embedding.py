@@ -42,6 +42,37 @@ def end_to_end_link(spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.
     return direct, False
 
 
+def links_transport(spec: Spec) -> str:
+    """The transport of `spec`'s traffic between nodes: the launch's (`Spec.transport`), else its links' between
+    nodes (`LinkFit.transport`): "socket" when one runs over TCP sockets, "" when one says nothing (or there is
+    none), else the one (or the "/"-joined several) they name."""
+    if spec.transport:
+        return spec.transport
+    names = {fit.transport for fit in spec.links if not fit.intra_node}
+    if "socket" in names or "" in names or not names:
+        return "socket" if "socket" in names else ""
+    return "/".join(sorted(names))
+
+
+def over_sockets(spec: Spec) -> bool:
+    """Whether the ends' all-reduce is priced as NCCL's TCP socket transport, with one flow's ceiling and its
+    retransmission stalls: when a link says sockets, and when nothing says (the cluster runs' own transport, kept
+    as the default); not over verbs (InfiniBand, RoCE) or a network plugin, which have neither."""
+    return links_transport(spec) in ("socket", "")
+
+
+def transport_note(spec: Spec) -> str | None:
+    """What a what-if says when `spec`'s links between nodes do not say their transport and so are priced as TCP
+    sockets (None when they say, or there are none)."""
+    if (links_transport(spec) or spec.pp == 1 or spec.model.untie_embeddings
+            or not any(not fit.intra_node for fit in spec.links)):
+        return None
+    return ("the links' transport is not said (no `transport` field or NCCL 'Using network' line in "
+            "calibration/link_bench, no NCCL_NET or NCCL_IB_DISABLE=1 at the start of megatron_args.txt's command line): the "
+            "ends' all-reduce is priced as NCCL's TCP socket transport, with one flow's ceiling and its retransmission "
+            "stalls, as on the cluster runs; on InfiniBand or RoCE start it with NCCL_NET=IB and neither applies")
+
+
 def fp32_grad_buffers(spec: Spec) -> bool:
     """Whether Megatron keeps (and all-reduces) gradients in fp32: `--accumulate-allreduce-grads-in-fp32`, which
     Megatron-LM turns on under --bf16 and fp32 training has anyway; under --fp16 without it the grads are fp16."""
@@ -72,6 +103,10 @@ class EmbeddingGradAllReduce(Term):
     protocol efficiency (TCP/IP and NCCL framing). NCCL's socket transport moves
     one connection's data through one TCP flow, whose throughput is bounded
     below the NIC by the host stack (`flow_cap_gbit_s`), benchmarked pair or not.
+    Over verbs (InfiniBand, RoCE: `LinkFit.transport` "ib") or a network plugin the
+    NIC moves the data without a TCP flow: no ceiling, no retransmission timeout
+    (`over_sockets`); a link that does not say its transport is priced as sockets,
+    as the cluster runs' were.
 
     A flow that runs at that ceiling, not paced by a slower NIC, overruns a
     queue now and then; a lost segment at the tail of the transfer is recovered
@@ -200,7 +235,8 @@ def end_collective(spec: Spec, params: Mapping[str, float], devices: Sequence[An
         return EndCollective(nbytes, None, table.measured_ms(nbytes), False)
     nominal = tuple(devices[rank].network_bandwidth_bytes_per_s / 1e3 for rank in (0, spec.pp - 1))
     nic = tuple(params["nic_efficiency"] * rate for rate in nominal)
-    cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3
+    # one TCP flow's ceiling, and so its overrun and stalls, only where NCCL runs over sockets (or nothing says)
+    cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3 if over_sockets(spec) else math.inf
     link, capped = end_to_end_link(spec, nic, cap)
     slowdown = 1.0
     overrun = max(0.0, min(nominal) / cap - 1.0) if capped else 0.0
