@@ -180,3 +180,30 @@ def test_an_ingest_stopped_midway_is_said_and_the_next_one_finishes_it(shared_ru
     assert store.unfinished() == [] and store.ids() == sorted(r.name for r in runs)
     open_store(store.root)
     assert capsys.readouterr().err == ""
+
+
+def test_a_source_beside_the_store_is_recorded_relative_so_the_store_travels_with_its_folder(repo_root, tmp_path):
+    """The shipped store records `traces/NAME` (beside `fixtures/`), not the path of the machine that ingested it:
+    a moved copy of the folder re-ingests its runs as unchanged; a source elsewhere is recorded whole."""
+    shipped = FixtureStore(repo_root / "fixtures")
+    assert shipped.ids() and all(
+        json.loads((repo_root / "fixtures" / fid / "fixture.json").read_text())["source"] == f"traces/{fid}"
+        for fid in shipped.ids())
+
+    name = "cpu_1f1b_l4_h512_s256_m4_run1"
+    project = tmp_path / "project"
+    shutil.copytree(repo_root / "traces" / name, project / "traces" / name)
+    store = FixtureStore(project / "fixtures")
+    assert ingest([project / "traces"], store).outcomes[0].status == "new"
+    assert store.load(name).meta["source"] == f"traces/{name}"
+    assert store.index().set_index("id").loc[name, "source"] == f"traces/{name}"
+
+    moved = tmp_path / "moved"
+    shutil.move(project, moved)
+    assert ingest([moved / "traces"], FixtureStore(moved / "fixtures")).outcomes[0].status == "unchanged"
+
+    outside = tmp_path / "elsewhere" / name
+    shutil.copytree(moved / "traces" / name, outside)
+    other = FixtureStore(tmp_path / "stores" / "fixtures")
+    ingest([outside], other)
+    assert other.load(name).meta["source"] == str(outside.resolve())

@@ -100,6 +100,22 @@ def _is_table(folder: Path) -> bool:
         return False
 
 
+def recorded_source(path: Path, store_root: Path) -> str:
+    """Where a run came from, as the store records it: relative to the store folder's parent when the source lies
+    under it (a repository's `traces/` beside its `fixtures/`: the record holds in every clone), else absolute."""
+    resolved = Path(path).resolve()
+    try:
+        return resolved.relative_to(Path(store_root).resolve().parent).as_posix()
+    except ValueError:
+        return str(resolved)
+
+
+def source_path(recorded: str, store_root: Path) -> Path:
+    """The path a recorded source names (`recorded_source`'s inverse)."""
+    path = Path(recorded)
+    return path if path.is_absolute() else Path(store_root).resolve().parent / path
+
+
 def check_fixture_id(store_root: Path, fixture_id: str, origin: str = "") -> Path:
     """The folder of `fixture_id` in the store; StoreError when the id would escape the store or hide its folder."""
     where = f" (from {origin})" if origin else ""
@@ -348,7 +364,8 @@ def write_events(columns: dict[str, np.ndarray], path: Path) -> None:
 
 
 def _reingest(folder: Path, meta: dict[str, Any] | None = None) -> str:
-    source = (meta or {}).get("source") or "JOB"
+    recorded = (meta or {}).get("source")
+    source = source_path(recorded, folder.parent) if recorded else "JOB"
     return (f"ingest the run's job again (hops-calib ingest {source} --fixtures {folder.parent}): it rewrites a "
             "fixture that is not as ingest wrote it")
 

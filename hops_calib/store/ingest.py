@@ -22,7 +22,7 @@ from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec, check_simulable, coordinates_of
 from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, FINGERPRINT, INDEX,
                                            FixtureStore, StoreError, check_fixture_id, events_fingerprint, file_digest,
-                                           write_events)
+                                           recorded_source, source_path, write_events)
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.trace import (TraceError, find_arguments, find_job_dirs, rank_files, read_manifest, read_rank_events,
@@ -400,12 +400,13 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
 def _refuse_clash(store: FixtureStore, run_id: str, previous: dict[str, Any], job_dir: Path, events_sha: str) -> None:
     """StoreError when the stored fixture of `run_id` is another job's: not ingested from this folder, and other
     measurements (events). A re-ingest of the same job (same folder, or the same events from a moved copy) updates."""
-    same_source = previous.get("source") == str(job_dir.resolve())
+    same_source = bool(previous.get("source")) and source_path(previous["source"], store.root) == job_dir.resolve()
     same_events = (previous.get(FILE_DIGESTS) or {}).get(EVENTS_FILE) == events_sha
     if same_source or same_events:
         return
     raise StoreError(f"run id {run_id!r} of {job_dir} is already in the store for another job: "
-                     f"{store.root / run_id} holds the measurements ingested from {previous.get('source') or '?'}, "
+                     f"{store.root / run_id} holds the measurements ingested from "
+                     f"{source_path(previous['source'], store.root) if previous.get('source') else '?'}, "
                      f"and {job_dir} measured something else (its events differ); two jobs must not share an id, "
                      "so the stored run is kept. Give this job its own id (rename its folder, or set its manifest "
                      f"run_id), or delete {store.root / run_id} first to replace the stored run")
@@ -528,7 +529,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
             "ingest_version": INGEST_VERSION,
             "hops_calib_version": __version__,
             "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "source": str(job_dir.resolve()),
+            "source": recorded_source(job_dir, store.root),
             "manifest": manifest,
             "hostnames": data.hostnames,
             "quality": data.quality,

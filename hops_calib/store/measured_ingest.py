@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from hops_calib import __version__
 from hops_calib.store.fixture_store import (
-    FIXTURE_FILE, RUNS_FILE, FixtureStore, StoreError, check_digest, check_fixture_id, dumps, text_digest,
-    write_table,
+    FIXTURE_FILE, RUNS_FILE, FixtureStore, StoreError, check_digest, check_fixture_id, dumps, recorded_source,
+    source_path, text_digest, write_table,
 )
 from hops_calib.store.collectives import (
     HARDWARE_KEY as COLLECTIVES_KEY, load_collectives, source_digest, store_collectives,
@@ -235,8 +235,9 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         context.batch[table_id] = path
         digest = source_hash(path, mode)
         previous = context.tables.get(table_id)
-        if previous and previous.get("source") and previous["source"] != str(path.resolve()):
-            raise StoreError(f"{path}: the store's folder {table_id} holds the runs of {previous['source']}, another "
+        if previous and previous.get("source") and source_path(previous["source"], store.root) != path.resolve():
+            raise StoreError(f"{path}: the store's folder {table_id} holds the runs of "
+                             f"{source_path(previous['source'], store.root)}, another "
                              "file of the same name; rename this one (its runs go to a folder named after it)")
         if previous and previous.get("content_hash") == digest and _intact(store, table_id) and _same_collectives(store, previous) and (
                 "rejected" in previous or not previous.get("rejected_rows")):
@@ -290,7 +291,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         meta = {"id": table_id, "content_hash": digest, "ingest_version": MEASURED_INGEST_VERSION,
                 "hops_calib_version": __version__,
                 "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "source": str(path.resolve()), "source_kind": kind,
+                "source": recorded_source(path, store.root), "source_kind": kind,
                 "mapping": VTRAIN_MAPPING if kind == "vtrain" else kind, "runs": len(records),
                 "rejected_rows": len(rejected), "rejected": rejected,
                 "collective_sources": {folder: context.collectives[folder] for folder in sorted(used)}}
