@@ -693,6 +693,11 @@ def test_the_launchs_transport_prices_the_readmes_gpu_job_without_a_link_benchma
     assert "priced by the end GPU's share of its node's NICs, capped at one TCP flow's ceiling" in sockets_text
     assert "priced by capped" not in sockets_text and "expected retransmission stall" in sockets_text
     assert "transport between nodes is not said" in unsaid_text
+    # plan --job --parallel prices the launch's own layout as predict --job does, over the same transport
+    for priced, copy in ((sockets, sockets_job), (unsaid, tmp_path / "unsaid")):
+        plan = json.loads(_cli("plan", "--job", copy, "--parallel", "--json").stdout)
+        assert plan["current"]["samples_per_s"] == pytest.approx(priced["predictions"][0]["samples_per_s"], rel=1e-12)
+        assert any("transport between nodes is not said" in note for note in plan["notes"]) == (priced is unsaid)
 
 
 def test_predict_jobs_per_stage_optimizer_phase_reconciles_with_the_breakdown(tmp_path):
