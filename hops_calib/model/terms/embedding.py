@@ -130,7 +130,8 @@ class EmbeddingGradAllReduce(Term):
     Over verbs (InfiniBand, RoCE: `LinkFit.transport` "ib") or a network plugin the
     NIC moves the data without a TCP flow: no ceiling, no retransmission timeout
     (`over_sockets`); a link that does not say its transport is priced as sockets,
-    as the cluster runs' were.
+    as the cluster runs' were. Without a link benchmark the end GPU's NIC share
+    prices it, held at the same ceiling over sockets; unsaid there, as verbs.
 
     A flow that runs at that ceiling, not paced by a slower NIC, overruns a
     queue now and then; a lost segment at the tail of the transfer is recovered
