@@ -643,6 +643,87 @@ def test_the_readmes_gpu_job_recipe_predicts_and_plans(tmp_path):
     assert plan["current"]["samples_per_s"] == pytest.approx(out["predictions"][0]["samples_per_s"])
 
 
+def test_the_launchs_transport_prices_the_readmes_gpu_job_without_a_link_benchmark(tmp_path):
+    """README's 512-A100 job has no link benchmark: its hops, collectives and ends' all-reduce across nodes are
+    priced from the NIC share. NCCL_NET=Socket or NCCL_IB_DISABLE=1 before its launch holds every connection across
+    nodes under one TCP flow's ceiling (the model's flow_cap_gbit_s) and gives the ends' all-reduce its stall
+    expectation; NCCL_NET=IB prices the NICs as when nothing is said, and then a note says so."""
+    from job_copies import readme_gpu_job
+
+    from hops_calib.model.collectives import ring_bandwidth_bytes_per_ms
+    from hops_calib.spec import build_spec
+
+    job, _ = readme_gpu_job(tmp_path)
+    launch = (job / "megatron_args.txt").read_text()
+
+    def what_if(name: str, environment: str) -> tuple[dict, str, Path]:
+        copy = tmp_path / name
+        shutil.copytree(job, copy)
+        (copy / "megatron_args.txt").write_text(environment + launch)
+        out = _cli("predict", "--job", copy, "--json")
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout), _cli("predict", "--job", copy).stdout, copy
+
+    (unsaid, unsaid_text, _), (ib, _, _) = what_if("unsaid", ""), what_if("ib", "NCCL_NET=IB ")
+    (sockets, sockets_text, sockets_job), (disabled, _, _) = (what_if("socket", "NCCL_NET=Socket "),
+                                                             what_if("disabled", "NCCL_IB_DISABLE=1 "))
+    assert ib["predictions"] == unsaid["predictions"] and ib["end_collective"] == unsaid["end_collective"]
+    assert sockets["predictions"] == disabled["predictions"]
+    assert sockets["end_collective"] == disabled["end_collective"]
+    said = [any("transport between nodes is not said" in note for note in d["notes"])
+            for d in (unsaid, ib, sockets, disabled)]
+    assert said == [True, False, False, False]
+    model = load_model(REPO / "hops_calib" / "model" / "models" / "baseline.toml")
+    ends = dict(next(t for t in model.terms if t.name == "embedding_grad_allreduce").values)
+    flow = ends["flow_cap_gbit_s"]
+    tcp, nic = sockets["end_collective"], unsaid["end_collective"]
+    assert not nic["capped_at_one_tcp_flow"] and nic["stall_probability"] == 0 and nic["bandwidth_gbit_s"] > flow
+    assert tcp["capped_at_one_tcp_flow"] and tcp["stall_probability"] >= ends["stall_probability"] > 0
+    assert tcp["bandwidth_gbit_s"] <= flow * ends["collective_efficiency"] and tcp["ms"] > nic["ms"]
+    # the data-parallel rings crossing nodes (one GPU of each group per node at t 8) and the hops between nodes
+    spec = build_spec(sockets_job)
+    context = model.context(spec)
+    bandwidth = ring_bandwidth_bytes_per_ms(spec, context.devices[0], "dp", 0, context.connection_cap_bytes_per_ms)
+    assert bandwidth * 8 / 1e6 == pytest.approx(flow)  # bytes/ms -> Gbit/s
+    for over_tcp, over_nic in zip(sockets["breakdown_ms_per_iteration"], unsaid["breakdown_ms_per_iteration"]):
+        assert over_tcp["dp_reduce"] > over_nic["dp_reduce"] and over_tcp["p2p"] > over_nic["p2p"]
+        assert over_tcp["compute"] == over_nic["compute"]
+    assert sockets["predictions"][0]["samples_per_s"] < unsaid["predictions"][0]["samples_per_s"]
+    # the text names the ceiling after what it caps
+    assert "priced by the end GPU's share of its node's NICs, capped at one TCP flow's ceiling" in sockets_text
+    assert "priced by capped" not in sockets_text and "expected retransmission stall" in sockets_text
+    assert "transport between nodes is not said" in unsaid_text
+    # plan --job --parallel prices the launch's own layout as predict --job does, over the same transport
+    for priced, copy in ((sockets, sockets_job), (unsaid, tmp_path / "unsaid")):
+        plan = json.loads(_cli("plan", "--job", copy, "--parallel", "--json").stdout)
+        assert plan["current"]["samples_per_s"] == pytest.approx(priced["predictions"][0]["samples_per_s"], rel=1e-12)
+        assert any("transport between nodes is not said" in note for note in plan["notes"]) == (priced is unsaid)
+
+
+def test_predict_jobs_per_stage_optimizer_phase_reconciles_with_the_breakdown(tmp_path):
+    """The per-stage 'opt ms' is the rank's optimizer phase: its step (the breakdown's optimizer) plus, with the
+    distributed optimizer and no --overlap-param-gather, the all-gather of the updated weights after it
+    (`dp_param_gather`, inside DP reduce); the legend says so. Hidden under the forwards, the phase is the step."""
+    from job_copies import readme_gpu_job
+
+    job, _ = readme_gpu_job(tmp_path)
+    out = json.loads(_cli("predict", "--job", job, "--json").stdout)
+    text = _cli("predict", "--job", job).stdout
+    stages, parts = out["predictions"][0]["stages"], out["breakdown_ms_per_iteration"]
+    for row, part in zip(stages, parts):
+        assert part["dp_param_gather"] > 10 * part["optimizer"]  # 512 GPUs: the gather outweighs the step
+        assert row["optimizer_ms"] == pytest.approx(part["optimizer"] + part["dp_param_gather"], rel=1e-9)
+        assert part["dp_param_gather"] < part["dp_reduce_exposed"] <= part["dp_reduce"]
+    assert (f"the distributed optimizer's all-gather of the updated weights after it, "
+            f"{parts[0]['dp_param_gather']:.2f} ms on stage 0") in text
+    args = job / "megatron_args.txt"
+    args.write_text(args.read_text().replace(" --train-iters", " --overlap-param-gather --overlap-grad-reduce --train-iters"))
+    hidden = json.loads(_cli("predict", "--job", job, "--json").stdout)
+    for row, part in zip(hidden["predictions"][0]["stages"], hidden["breakdown_ms_per_iteration"]):
+        assert part["dp_param_gather"] == 0 and row["optimizer_ms"] == pytest.approx(part["optimizer"], rel=1e-9)
+    assert "all-gather of the updated weights" not in _cli("predict", "--job", job).stdout
+
+
 def test_predict_of_a_data_parallel_capture_counts_every_replicas_samples():
     out = _cli("predict", "cpu_1f1b_d2_l4_h384_s128_m4_run1", "--fixtures", REPO / "fixtures", "--json")
     assert out.exit_code == 0, out.output

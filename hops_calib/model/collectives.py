@@ -14,9 +14,13 @@ Pure: reads the spec (which holds the benchmark tables and the placement of rank
   the same kind at the same time (all tp x dp replicas reduce together), so the node's NICs (the device's network
   bandwidth is its GPU's share of them) are shared: each group crossing the node gets the NIC share of the GPUs it
   has there (NCCL spreads a ring's channels over the NICs of its GPUs), however many other groups also cross.
+  Over NCCL's TCP socket transport a ring's crossing is one connection, held under one TCP flow's ceiling
+  (`Context.connection_cap_bytes_per_ms`, the ceiling the ends' all-reduce measured), whatever the NICs could do.
 """
 
 from __future__ import annotations
+
+import math
 
 from hops_calib.model.devices import DeviceSpec
 from hops_calib.spec import Spec
@@ -28,8 +32,10 @@ def group_size(spec: Spec, group: str) -> int:
     return spec.tp if group == "tp" else spec.dp
 
 
-def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stage: int = 0) -> float:
-    """Bytes per ms over the slowest hop of a `group` ring ("tp" or "dp") of `stage`, with its node's NICs shared."""
+def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stage: int = 0,
+                                connection_cap_bytes_per_ms: float = math.inf) -> float:
+    """Bytes per ms over the slowest hop of a `group` ring ("tp" or "dp") of `stage`, with its node's NICs shared,
+    and a hop across nodes held under one connection's ceiling (`Context.connection_cap_bytes_per_ms`)."""
     placed = spec.group_nodes(group, stage)
     if device.intra_node_bandwidth_bytes_per_s is None and spec.links and (placed is None or placed[0] == 1):
         # no NVLink (a CPU host: gloo over loopback): the hop the link benchmark measured between the host's ranks
@@ -38,15 +44,17 @@ def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stag
     if placed is None or placed[0] == 1:  # one node (or no nodes given: a job directory's single-node group)
         return intra / 1e3
     _nodes, per_node = placed
-    return min(intra, device.network_bandwidth_bytes_per_s * per_node) / 1e3
+    return min(intra / 1e3, device.network_bandwidth_bytes_per_s * per_node / 1e3, connection_cap_bytes_per_ms)
 
 
 def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group: str, *, stage: int = 0,
-                  efficiency: float = 1.0, step_latency_ms: float = 0.0, contention_step_ms: float = 0.0) -> float:
+                  efficiency: float = 1.0, step_latency_ms: float = 0.0, contention_step_ms: float = 0.0,
+                  connection_cap_bytes_per_ms: float = math.inf) -> float:
     """Time of one `op` of an `nbytes` buffer (the whole buffer: an all-gather's output, a reduce-scatter's input)
     over a `group` of `stage`; 0 for a group of one GPU. `efficiency` scales the bandwidth the ring model uses
     (and the table's rate), `step_latency_ms` is the ring model's latency per step, and `contention_step_ms` what
-    each of the ring's steps adds inside a training step over an isolated benchmark (both paths)."""
+    each of the ring's steps adds inside a training step over an isolated benchmark (both paths);
+    `connection_cap_bytes_per_ms` holds a ring's hop across nodes under one connection's ceiling."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
     n = group_size(spec, group)
@@ -59,5 +67,5 @@ def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group:
     contention = share * steps * contention_step_ms
     if table is not None and (placed is None or placed[0] == 1):
         return share * table.measured_ms(nbytes) / efficiency + contention
-    bandwidth = ring_bandwidth_bytes_per_ms(spec, device, group, stage) * efficiency
+    bandwidth = ring_bandwidth_bytes_per_ms(spec, device, group, stage, connection_cap_bytes_per_ms) * efficiency
     return share * (steps * step_latency_ms + steps / n * nbytes / bandwidth) + contention

@@ -166,7 +166,14 @@ class Model:
                                  f"model {self.name!r} does not know (known: {sorted(d.type for d in self.devices)})",
                                  field="gpu", hint="add it to hops_calib/model/devices.toml or to the model file's "
                                  "[devices] with sources") from None
-        return Context(spec=spec, layout=layout, devices=tuple(devices))
+        # One TCP flow's ceiling is measured once, as the ends' all-reduce term's parameter (the link benchmark's
+        # own 64 MiB medians, experiments/CAMPAIGN.md 045); over sockets every connection across nodes is one such
+        # flow, so the hops and collectives priced from the NIC share are held under it too.
+        from hops_calib.model.terms.embedding import EmbeddingGradAllReduce, socket_flow_bytes_per_ms
+
+        ends = [active for active in self.terms if active.name == EmbeddingGradAllReduce.name]
+        cap = socket_flow_bytes_per_ms(spec, ends[0].params()["flow_cap_gbit_s"]) if ends else math.inf
+        return Context(spec=spec, layout=layout, devices=tuple(devices), connection_cap_bytes_per_ms=cap)
 
     def pipeline(self, spec: Spec) -> Pipeline:
         """The simulator's input for `spec`: the sum of every active term's contribution."""
@@ -250,15 +257,16 @@ class Model:
         optimizer, host), summed over its tasks: forward and backward
         per microbatch times the microbatches (recomputation counted as compute), the hops it sends, its optimizer
         step, its gradient reduction (whole; `dp_reduce_exposed` is the part no backward hides, with the distributed
-        optimizer's parameter all-gather after the step) and the
+        optimizer's parameter all-gather after the step, which `dp_param_gather` gives alone: the simulator runs it
+        in the rank's optimizer phase, `Pipeline.optimizer_ms` = `optimizer` + `dp_param_gather`) and the
         per-iteration work. The host's launch floors count only by how much they exceed the layers' GPU work (the
         simulator takes the longer of the two). A sum of work, not the critical path: waiting (the bubble) is not
         in it."""
         context = self.context(spec)
         layout, m = context.layout, spec.microbatches
         ranks, stages = layout.ranks, layout.virtual_stages
-        out = [dict.fromkeys(("compute", "tp_comm", "p2p", "dp_reduce", "dp_reduce_exposed", "ends_allreduce",
-                              "optimizer", "host"),
+        out = [dict.fromkeys(("compute", "tp_comm", "p2p", "dp_reduce", "dp_reduce_exposed", "dp_param_gather",
+                              "ends_allreduce", "optimizer", "host"),
                              0.0) for _ in range(ranks)]
         layer = {"forward_ms": [0.0] * stages, "backward_ms": [0.0] * stages, "attention_core_ms": [0.0] * stages}
         floor = {"forward_floor_ms": [0.0] * stages, "backward_floor_ms": [0.0] * stages}
@@ -303,6 +311,7 @@ class Model:
             out[rank]["host"] += m * excess
         for rank in range(ranks):
             out[rank]["dp_reduce"] += reduce_whole[rank]
+            out[rank]["dp_param_gather"] = after_step[rank]
             if reduce_whole[rank] or after_step[rank]:
                 # what no backward hides: the reduction beyond the last backward, and all of what follows the step
                 out[rank]["dp_reduce_exposed"] = (max(reduce_tail[rank], reduce_whole[rank] - last_backward[rank])

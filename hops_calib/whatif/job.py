@@ -321,8 +321,7 @@ def what_if_text(result: WhatIf) -> str:
     if result.end_collective is not None:
         end = result.end_collective
         first, last = result.end_ends()
-        priced = (f"at {end.link.bandwidth_gbit_s:.1f} Gbit/s and {end.link.latency_ms:.3f} ms"
-                  + (" (one TCP flow's ceiling)" if end.capped else "") if end.link is not None else "")
+        priced = f"at {end.link.bandwidth_gbit_s:.1f} Gbit/s and {end.link.latency_ms:.3f} ms" if end.link else ""
         stall = (f" + {end.ms - end.transfer_ms:.1f} ms expected retransmission stall ({100 * end.stall_probability:.1f}"
                  " % chance)" if end.ms > end.transfer_ms else "")
         lines.append(f"between the ends, before the optimizer: the tied-embedding gradient all-reduce {first} <-> {last}, "
@@ -381,6 +380,10 @@ def what_if_text(result: WhatIf) -> str:
         optimizer = f"{row.optimizer_ms:.2f}" if row.optimizer_ms is not None else "n/a"
         lines.append(f"{row.stage:>5} {row.device:8}{first.metrics.utilization_per_stage[row.stage]:7.3f}"
                      f"{row.forward_ms:9.2f}{row.backward_ms:9.2f}{optimizer:>9}")
+    gather = result.breakdown[0]["dp_param_gather"] if result.breakdown else 0.0
+    lines.append("(opt ms: the rank's optimizer phase: its step, the breakdown's optimizer column below"
+                 + (f", plus the distributed optimizer's all-gather of the updated weights after it, {gather:.2f} ms "
+                    "on stage 0, which the breakdown counts in DP reduce and exposed" if gather else "") + ")")
     lines += _breakdown_lines(result)
     return "\n".join(lines)
 

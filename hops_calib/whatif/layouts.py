@@ -12,7 +12,7 @@ optimizer, recomputation, the schedule) is kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -101,6 +101,7 @@ def search_layouts(job_dir: Path | str, model: Model, *, top: int = 5,
     """The fastest layouts of the job's GPUs that fit (see the module's docstring), and the job's own."""
     from hops_calib.model.memory import stage_memory
     from hops_calib.model.predict import predict
+    from hops_calib.model.terms.embedding import transport_note
     from hops_calib.spec import Hardware, build_spec, spec_from_args
     from hops_calib.trace import TraceError, find_arguments
     from hops_calib.trace.collective_bench import ALLREDUCE_DIR, read_collective_tables
@@ -109,6 +110,9 @@ def search_layouts(job_dir: Path | str, model: Model, *, top: int = 5,
     job_dir = Path(job_dir)
     notes: list[str] = []
     own = build_spec(job_dir, notes)  # the job as it is: refuses what the model does not price, names the file
+    note = transport_note(own)
+    if note:
+        notes.append(note)
     types = set(own.devices)
     if len(types) != 1:
         raise InputError(str(job_dir), f"runs on several device types ({', '.join(sorted(types))}): a layout search "
@@ -139,6 +143,8 @@ def search_layouts(job_dir: Path | str, model: Model, *, top: int = 5,
             spec = spec_from_args(changed, source, run_id=f"{own.run_id}_t{t}p{p}d{d}mb{mb}",
                                   hardware=Hardware(gpu=device, gpus_per_node=per_node), collectives=tables,
                                   iterations=own.iterations)
+            # what the launch's command line says besides Megatron's arguments: its environment's transport
+            spec = replace(spec, transport=own.transport)
             prediction = predict(spec, model)
         except (TraceError, ValueError) as error:
             found.append(Layout(t, p, d, mb, refused=str(getattr(error, "problem", None) or error).split(";")[0]))

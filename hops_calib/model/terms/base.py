@@ -9,6 +9,7 @@ Contributions of the active terms add up into one `Pipeline`.
 from __future__ import annotations
 
 import inspect
+import math
 from abc import ABC, abstractmethod
 import re
 from dataclasses import dataclass, replace
@@ -95,6 +96,10 @@ class Context:
     spec: Spec
     layout: Layout
     devices: tuple[DeviceSpec, ...]  # per rank
+    # One NCCL connection's ceiling between nodes, bytes per ms: one TCP flow's where the traffic between nodes
+    # runs over sockets (`embedding.over_sockets`), none (inf) over verbs or a plugin; every hop and collective
+    # across nodes priced from the NIC share is held under it (`Model.context`)
+    connection_cap_bytes_per_ms: float = math.inf
 
     def device_of(self, virtual_stage: int) -> DeviceSpec:
         return self.devices[self.layout.rank_of(virtual_stage)]

@@ -36,10 +36,15 @@ def end_to_end_link(spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.
         fit = fit or min(spec.links, key=lambda f: f.bytes_per_ms)
         direct = LinkFit(0, last, latency_ms=fit.latency_ms, bytes_per_ms=slower or fit.bytes_per_ms,
                          source=f"estimated from the ends' links and NICs ({fit.source})")
-    if direct.bytes_per_ms > flow_cap_bytes_per_ms:
-        return LinkFit(0, last, latency_ms=direct.latency_ms, bytes_per_ms=flow_cap_bytes_per_ms,
-                       source=f"capped at one TCP flow ({direct.source})"), True
-    return direct, False
+    return flow_capped(direct, flow_cap_bytes_per_ms)
+
+
+def flow_capped(link: LinkFit, flow_cap_bytes_per_ms: float) -> tuple[LinkFit, bool]:
+    """`link` held under one TCP flow's ceiling, and whether the ceiling, not the link, sets its bandwidth."""
+    if link.bytes_per_ms > flow_cap_bytes_per_ms:
+        return LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms, bytes_per_ms=flow_cap_bytes_per_ms,
+                       source=f"{link.source}, capped at one TCP flow's ceiling"), True
+    return link, False
 
 
 def links_transport(spec: Spec) -> str:
@@ -55,22 +60,41 @@ def links_transport(spec: Spec) -> str:
 
 
 def over_sockets(spec: Spec) -> bool:
-    """Whether the ends' all-reduce is priced as NCCL's TCP socket transport, with one flow's ceiling and its
-    retransmission stalls: when a link says sockets, and when nothing says (the cluster runs' own transport, kept
-    as the default); not over verbs (InfiniBand, RoCE) or a network plugin, which have neither."""
-    return links_transport(spec) in ("socket", "")
+    """Whether `spec`'s traffic between nodes runs over NCCL's TCP socket transport, each connection one flow with
+    its ceiling (and, for the ends' all-reduce, its retransmission stalls): when the launch or a link says
+    sockets; when nothing says, where a link benchmark prices it (the cluster runs' own transport, kept as the
+    default) but not where the NIC share prices it (the device's NIC, as NCCL runs it when nothing is said: over
+    verbs on the InfiniBand NICs of the catalog's A100 nodes); never over verbs (InfiniBand, RoCE) or a network
+    plugin, which have neither."""
+    said = links_transport(spec)
+    return said == "socket" or (said == "" and bool(spec.links))
+
+
+def socket_flow_bytes_per_ms(spec: Spec, flow_cap_gbit_s: float) -> float:
+    """The ceiling of one NCCL connection between nodes, bytes per ms: `flow_cap_gbit_s` over sockets
+    (`over_sockets`), none (inf) otherwise."""
+    return flow_cap_gbit_s * 1e9 / 8 / 1e3 if over_sockets(spec) else math.inf
 
 
 def transport_note(spec: Spec) -> str | None:
-    """What a what-if says when `spec`'s links between nodes do not say their transport and so are priced as TCP
-    sockets (None when they say, or there are none)."""
-    if (links_transport(spec) or spec.pp == 1 or spec.model.untie_embeddings
-            or not any(not fit.intra_node for fit in spec.links)):
+    """What a what-if says when the launch's traffic between nodes does not say its transport: how it is then
+    priced (None when it says, or nothing crosses nodes)."""
+    if links_transport(spec):
         return None
-    return ("the links' transport is not said (no `transport` field or NCCL 'Using network' line in "
-            "calibration/link_bench, no NCCL_NET or NCCL_IB_DISABLE=1 at the start of megatron_args.txt's command line): the "
-            "ends' all-reduce is priced as NCCL's TCP socket transport, with one flow's ceiling and its retransmission "
-            "stalls, as on the cluster runs; on InfiniBand or RoCE start it with NCCL_NET=IB and neither applies")
+    how = "no NCCL_NET or NCCL_IB_DISABLE=1 at the start of megatron_args.txt's command line"
+    if any(not fit.intra_node for fit in spec.links):
+        if spec.pp == 1 or spec.model.untie_embeddings:
+            return None
+        return (f"the links' transport is not said (no `transport` field or NCCL 'Using network' line in "
+                f"calibration/link_bench, {how}): the ends' all-reduce is priced as NCCL's TCP socket transport, with "
+                "one flow's ceiling and its retransmission stalls, as on the cluster runs; on InfiniBand or RoCE "
+                "start it with NCCL_NET=IB and neither applies")
+    if not spec.links and spec.gpus_per_node and spec.gpus > spec.gpus_per_node:
+        return (f"the transport between nodes is not said ({how}): collectives and hops across nodes are priced "
+                "at the GPUs' share of their nodes' NICs, as NCCL runs verbs (InfiniBand, RoCE); over TCP sockets "
+                "start the line with NCCL_NET=Socket (or NCCL_IB_DISABLE=1): each connection across nodes is then "
+                "capped at one TCP flow's ceiling and the ends' all-reduce risks its retransmission stalls")
+    return None
 
 
 def fp32_grad_buffers(spec: Spec) -> bool:
@@ -106,7 +130,8 @@ class EmbeddingGradAllReduce(Term):
     Over verbs (InfiniBand, RoCE: `LinkFit.transport` "ib") or a network plugin the
     NIC moves the data without a TCP flow: no ceiling, no retransmission timeout
     (`over_sockets`); a link that does not say its transport is priced as sockets,
-    as the cluster runs' were.
+    as the cluster runs' were. Without a link benchmark the end GPU's NIC share
+    prices it, held at the same ceiling over sockets; unsaid there, as verbs.
 
     A flow that runs at that ceiling, not paced by a slower NIC, overruns a
     queue now and then; a lost segment at the tail of the transfer is recovered
@@ -216,28 +241,31 @@ def end_collective(spec: Spec, params: Mapping[str, float], devices: Sequence[An
     element = params["bytes_per_element"] if fp32_grad_buffers(spec) else gpt.bytes_per_element(spec.model)
     nbytes = gpt.vocab_per_gpu(spec.model) * spec.model.hidden_size * element
     table = spec.collective("all_reduce", 2)
+    # one TCP flow's ceiling, and so its overrun and stalls, only where NCCL runs over sockets (`over_sockets`)
+    cap = socket_flow_bytes_per_ms(spec, params["flow_cap_gbit_s"])
+    nominal = tuple(devices[rank].network_bandwidth_bytes_per_s / 1e3 for rank in (0, spec.pp - 1))
     if not spec.links and spec.gpus_per_node and not (table is not None and spec.same_node(0, spec.pp - 1)):
         # GPUs placed on nodes, no link benchmark: a 2-GPU ring all-reduce (each end sends the buffer once) over
-        # NVLink within a node, else over the end GPU's share of its node's NICs
+        # NVLink within a node, else over the end GPU's share of its node's NICs, as one TCP flow over sockets
         device = devices[0]
         inside = spec.same_node(0, spec.pp - 1) and device.intra_node_bandwidth_bytes_per_s
         rate = device.intra_node_bandwidth_bytes_per_s if inside else (
             params["nic_efficiency"] * device.network_bandwidth_bytes_per_s)
         link = LinkFit(0, spec.pp - 1, latency_ms=0.0, bytes_per_ms=rate / 1e3,
                        source="NVLink within the node" if inside else "the end GPU's share of its node's NICs")
-        return EndCollective(nbytes, link, nbytes / (rate / 1e3), False)
-    if not spec.links:
-        raise ValueError(f"spec {spec.run_id}: term {EmbeddingGradAllReduce.name} needs link fits "
-                         "(calibration/link_bench) and the spec has none; ingest the link benchmark or remove the "
-                         "term from the model")
-    if table is not None and spec.same_node(0, spec.pp - 1):
-        # Both ends in one node: NCCL all-reduces over NVLink, as the node's benchmark measured it (no TCP).
-        return EndCollective(nbytes, None, table.measured_ms(nbytes), False)
-    nominal = tuple(devices[rank].network_bandwidth_bytes_per_s / 1e3 for rank in (0, spec.pp - 1))
-    nic = tuple(params["nic_efficiency"] * rate for rate in nominal)
-    # one TCP flow's ceiling, and so its overrun and stalls, only where NCCL runs over sockets (or nothing says)
-    cap = params["flow_cap_gbit_s"] * 1e9 / 8 / 1e3 if over_sockets(spec) else math.inf
-    link, capped = end_to_end_link(spec, nic, cap)
+        if inside or link.bytes_per_ms <= cap:
+            return EndCollective(nbytes, link, nbytes / (rate / 1e3), False)
+        link, capped = flow_capped(link, cap)  # the flow, measured by the link benchmark as the other path's
+    else:
+        if not spec.links:
+            raise ValueError(f"spec {spec.run_id}: term {EmbeddingGradAllReduce.name} needs link fits "
+                             "(calibration/link_bench) and the spec has none; ingest the link benchmark or remove the "
+                             "term from the model")
+        if table is not None and spec.same_node(0, spec.pp - 1):
+            # Both ends in one node: NCCL all-reduces over NVLink, as the node's benchmark measured it (no TCP).
+            return EndCollective(nbytes, None, table.measured_ms(nbytes), False)
+        nic = tuple(params["nic_efficiency"] * rate for rate in nominal)
+        link, capped = end_to_end_link(spec, nic, cap)
     slowdown = 1.0
     overrun = max(0.0, min(nominal) / cap - 1.0) if capped else 0.0
     slowdown += params["overrun_loss"] * overrun

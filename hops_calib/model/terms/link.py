@@ -74,11 +74,13 @@ class LinkTransfer(Term):
 
         def unmeasured(a: int, b: int) -> float:
             """A hop no benchmark measured, between GPUs placed on nodes: over NVLink within a node, else over
-            the sending GPU's share of its node's NICs (every GPU of a stage sends its own hop at once)."""
+            the sending GPU's share of its node's NICs (every GPU of a stage sends its own hop at once), held
+            under one connection's ceiling (one TCP flow's over sockets: `Context.connection_cap_bytes_per_ms`)."""
             device = context.devices[a]
             inside = spec.same_node(a, b) and device.intra_node_bandwidth_bytes_per_s
-            rate = device.intra_node_bandwidth_bytes_per_s if inside else device.network_bandwidth_bytes_per_s
-            return nbytes / (rate / 1e3)
+            if inside:
+                return nbytes / (device.intra_node_bandwidth_bytes_per_s / 1e3)
+            return nbytes / min(device.network_bandwidth_bytes_per_s / 1e3, context.connection_cap_bytes_per_ms)
 
         slowest_ms = max((cost(fit) for fit in spec.links), default=0.0)
         times = []

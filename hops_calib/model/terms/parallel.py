@@ -19,11 +19,13 @@ BUCKET_PARAMETERS = 40_000_000
 BUCKET_PARAMETERS_PER_REPLICA = 1_000_000
 
 
-def _rates(params: Mapping[str, float], device_type: str) -> dict[str, float]:
+def _rates(context: Context, params: Mapping[str, float], device_type: str) -> dict[str, float]:
     """The collective-pricing parameters both terms share (`_collective_params`) for one device type (its
-    NAME@TYPE overrides, else the shared values), as collective_ms takes them."""
-    return {name: Term.value(params, name, device_type) for name in ("efficiency", "step_latency_ms",
-                                                                       "contention_step_ms")}
+    NAME@TYPE overrides, else the shared values), with one connection's ceiling across nodes (the context's: one TCP
+    flow's over sockets), as collective_ms takes them."""
+    return {**{name: Term.value(params, name, device_type) for name in ("efficiency", "step_latency_ms",
+                                                                          "contention_step_ms")},
+            "connection_cap_bytes_per_ms": context.connection_cap_bytes_per_ms}
 
 
 def tp_collectives_per_layer(spec: Spec) -> dict[str, int]:
@@ -154,7 +156,7 @@ class TensorParallelComm(Term):
         for k, layers in enumerate(layout.layers):
             rank = layout.rank_of(k)
             device = context.devices[rank]
-            rates = _rates(params, device.type)
+            rates = _rates(context, params, device.type)
 
             def price(counts: dict[tuple[str, float], int]) -> float:
                 return sum(count * collective_ms(spec, device, op, nbytes, "tp", stage=rank, **rates)
@@ -202,7 +204,7 @@ class DataParallelGradReduce(Term):
             parameters = rank_parameters(context, rank)
             buckets = dp_buckets(spec, parameters)
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
-            rates = _rates(params, device.type)
+            rates = _rates(context, params, device.type)
             bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), "dp",
                                       stage=rank, **rates)
             whole.append(buckets * bucket_ms)
