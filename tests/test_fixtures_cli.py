@@ -123,3 +123,18 @@ def test_ingest_says_which_split_each_new_run_went_to_and_how_to_force_train(rep
     assert "--split train" in lines[-1]
     again = _run("ingest", str(repo_root / "traces"), "--fixtures", str(store))
     assert len(again.stdout.strip().splitlines()) == 1  # nothing written, no split to tell
+
+
+def test_show_and_list_agree_on_samples_per_s_of_every_shipped_run(repo_root):
+    """`fixtures show` counts every data-parallel replica as `fixtures list` does (a d2 run ships in fixtures/)."""
+    store = str(repo_root / "fixtures")
+    rows = json.loads(_run("fixtures", "list", "--fixtures", store, "--json").stdout)["fixtures"]
+    data_parallel = [row for row in rows if row["split"] == "train" and (row["configuration"]["dp"] or 1) > 1]
+    assert data_parallel, "the shipped store has a data-parallel train run"
+    for row in rows:
+        if row["split"] != "train":
+            continue
+        shown = json.loads(_run("fixtures", "show", row["id"], "--fixtures", store, "--json").stdout)
+        assert shown["samples_per_s"] == row["samples_per_s"], row["id"]
+        text = _run("fixtures", "show", row["id"], "--fixtures", store).stdout
+        assert f"{row['samples_per_s']:.2f} samples/s" in text, row["id"]
