@@ -502,3 +502,35 @@ def test_the_tcp_ceiling_and_stalls_apply_only_over_sockets(shared_runs, tmp_pat
         assert not any("transport is not said" in note for note in verbs["notes"])
     # a socket interface alone says nothing (InfiniBand runs name their bootstrap interface too)
     assert what_if("ifname", "NCCL_SOCKET_IFNAME=ens32 ")["end_collective"] == unsaid["end_collective"]
+
+
+def test_a_job_directory_given_as_a_fixture_id_is_answered_with_the_command_meant(tmp_path, monkeypatch):
+    job = configuration_only(tmp_path)
+    store = REPO / "fixtures"
+    for verb, meant in ((["predict"], f"did you mean `hops-calib predict --job {job}`"),
+                        (["plot", "timeline"], f"did you mean `hops-calib plot timeline --job {job}`"),
+                        (["fixtures", "show"], f"did you mean `hops-calib ingest {job} --fixtures {store}`")):
+        result = cli(*verb, job, "--fixtures", store)
+        assert result.exit_code == 2 and meant in result.output, result.output
+    # with no store where --fixtures points, the same answer (not "no fixture store here")
+    result = cli("predict", job, "--fixtures", tmp_path / "no_store")
+    assert result.exit_code == 2 and "--job" in result.output and "no fixture store" not in result.output
+    # a folder that is no job directory stays a fixture id, and a fixture id that is also its run's folder here
+    # (the shipped traces/ beside fixtures/) is the fixture
+    assert "did you mean" not in cli("predict", tmp_path, "--fixtures", store).output
+    monkeypatch.chdir(REPO / "traces")
+    result = cli("predict", RUN, "--fixtures", store)
+    assert result.exit_code == 0 and RUN in result.output
+
+
+def test_predict_and_plan_say_alike_what_a_job_directory_holds(tmp_path):
+    """One message for a --job that is no directory, and it names the link benchmark as optional, as the README's
+    GPU recipe (torchrun places ranks on nodes, no calibration/ folder) has it."""
+    messages = set()
+    for args in (["predict"], ["plan"], ["plan", "--parallel"], ["plot", "timeline"]):
+        result = cli(*args, "--job", tmp_path / "nowhere")
+        assert result.exit_code == 2, result.output
+        messages.add(" ".join(result.output.split()))
+    [message] = messages
+    assert "megatron_args.txt" in message and "hops_trace_map.json" in message and "hops.base.yaml" in message
+    assert "calibration/link_bench/ only where" in message

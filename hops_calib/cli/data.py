@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hops_calib.cli.output import guarded
+from hops_calib.cli.output import guarded, refuse_job_dir_as_id
 from hops_calib.errors import InputError
 from hops_calib.store import views
 from hops_calib.store.fixture_store import DEFAULT_LOCK_TIMEOUT_S, FixtureStore, StoreError
@@ -111,6 +111,8 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
 def show_command(fixture_id: str, fixtures: Path, as_json: bool = False) -> int:
     """One fixture; errors (unknown id, missing store, a damaged fixture) exit 2, with --json also as an object."""
     def run() -> int:
+        refuse_job_dir_as_id(fixture_id, fixtures, f"`hops-calib ingest DIR --fixtures {fixtures}`, then "
+                             "`hops-calib fixtures show` with its run id")
         fixture = FixtureStore(fixtures).load(fixture_id)
         if as_json:
             from hops_calib.cli.output import print_json
