@@ -287,3 +287,27 @@ def test_plan_on_readmes_512_gpu_job_prices_its_launches_and_stays_bounded(model
     assert any("interchangeable devices" in note and "1 distinct stage order(s) searched of 40320" in note
                for note in plan.notes)
     assert any("budget of 40 launches" in note and "--trials" in note for note in plan.notes)
+
+
+def test_memory_is_in_gb_in_every_plan_and_bytes_in_json(tmp_path):
+    """plan --job and plan --job --parallel show memory in GB (10^9 bytes), as predict --job does; --json in bytes."""
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    def run(*args):
+        result = CliRunner().invoke(app, [*args])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    planned = json.loads(run("plan", "--job", str(CPU_JOB), "--trials", "3", "--top", "1", "--json"))
+    text = run("plan", "--job", str(CPU_JOB), "--trials", "3", "--top", "1")
+    assert "GiB" not in text and "peak GB/GPU" in text and "GB: 10^9 bytes" in text
+    peak = max(planned["best"][0]["peak_memory_bytes_per_gpu"])
+    first = next(following for line, following in zip(text.splitlines(), text.splitlines()[1:])
+                 if "peak GB/GPU" in line)
+    # the row: #, samples/s, steady, idle %, sched. bubble %, peak GB/GPU, launch
+    assert float(first.split()[5]) == pytest.approx(peak / 1e9, abs=0.005)
+    layouts = run("plan", "--job", str(CPU_JOB), "--parallel")
+    assert "GiB" not in layouts and "GB/GPU (GB: 10^9 bytes)" in layouts
+    assert "GB (weights" in run("predict", "--job", str(CPU_JOB))

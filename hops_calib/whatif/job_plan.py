@@ -28,7 +28,7 @@ import numpy as np
 
 from hops_calib.errors import InputError
 from hops_calib.model import Model
-from hops_calib.model.memory import stage_memory
+from hops_calib.model.memory import GB, stage_memory
 from hops_calib.model.terms.embedding import transport_note
 from hops_calib.progress import QUIET, Progress
 from hops_calib.sim import simulate
@@ -828,12 +828,11 @@ ALL_ORDERS = 5040  # up to 7 stages, a step of local search tries every order
 
 def format_job_plan(plan: JobPlan) -> str:
     """The plan as text: the best launches with their numbers and launch changes, then the job's own."""
-    gib = 2 ** 30
     lines = [f"{plan.job}: model {plan.model}; search {plan.search}; {plan.evaluated} evaluated of {plan.space}; "
              f"ranked by {'nominal throughput' if plan.rank_by == 'throughput' else plan.rank_by + ' throughput'}",
              f"cluster: {plan.cluster or 'none'}; calibration runs: {plan.store or 'not checked'}"]
     lines += [f"note: {note}" for note in plan.notes]
-    header = (f"{'#':>2} {'samples/s':>10} {'steady':>8} {'idle %':>7} {'sched. bubble %':>16} {'peak GiB/GPU':>13}"
+    header = (f"{'#':>2} {'samples/s':>10} {'steady':>8} {'idle %':>7} {'sched. bubble %':>16} {'peak GB/GPU':>12}"
               + (f" {'expected':>9} {'p5':>7}" if plan.best and plan.best[0].expected_samples_per_s is not None
                  else "") + "  launch")
     lines.append(header)
@@ -843,11 +842,11 @@ def format_job_plan(plan: JobPlan) -> str:
                  else "")
         resolved = f" (auto -> {o.resolved})" if o.launch.schedule == "auto" else ""
         out = [f"{tag:>2} {o.samples_per_s:10.3f} {o.steady_samples_per_s:8.3f} {100 * o.idle_share:7.1f} "
-               f"{100 * o.schedule_bubble:16.1f} {max(o.peak_memory_bytes) / gib:13.2f}{extra}  "
+               f"{100 * o.schedule_bubble:16.1f} {max(o.peak_memory_bytes) / GB:12.2f}{extra}  "
                f"{o.launch.label()}{resolved}; layers {'-'.join(map(str, o.layers_per_stage))}"]
         out += [f"{'':>5}change: {flag}" for flag in o.flags] or [f"{'':>5}(the job's own launch)"]
         if not o.fits:
-            over = [f"stage {r} {peak / gib:.2f} > {cap / gib:.2f} GiB" for r, (peak, cap)
+            over = [f"stage {r} {peak / GB:.2f} > {cap / GB:.2f} GB" for r, (peak, cap)
                     in enumerate(zip(o.peak_memory_bytes, o.memory_bytes)) if peak > cap]
             out.append(f"{'':>5}DOES NOT FIT in memory: " + "; ".join(over))
         if o.outside:
@@ -881,8 +880,8 @@ def format_job_plan(plan: JobPlan) -> str:
                  "per second); steady: over the median iteration; idle %: the simulated timeline's idle share (HOPS's bubble, what a trace of "
                  "the launch would measure, with the silent stretch before the optimizer); sched. bubble %: the "
                  "schedule's own closed form on balanced stages (the launch's mean stage costs): (p-1)/(v m+p-1) for 1F1B, "
-                 "GPipe and interleaved 1F1B, less for ZB-H1; peak GiB/GPU: weights, gradients, optimizer "
-                 "state and peak activations on the fullest GPU")
+                 "GPipe and interleaved 1F1B, less for ZB-H1; peak GB/GPU: weights, gradients, optimizer "
+                 "state and peak activations on the fullest GPU (GB: 10^9 bytes)")
     return "\n".join(lines)
 
 
