@@ -648,6 +648,29 @@ def _ranks_per_core(cores: Any) -> float:
     return len(cores) / len(set(cores))
 
 
+def core_sharing_note(manifest: dict[str, Any], path: Path) -> str | None:
+    """A note when `ranks_share_cores` disagrees with `cores`, else None. The capture writes the flag from `cores`
+    (true when two ranks list one core: hops_calib/capture/launch.py) and nothing reads it back: the spec prices
+    the sharing from `cores` alone (`shared_cores`), so the note says which the prediction follows."""
+    from hops_calib.trace.reading import read_config_text, yaml_key_line
+
+    cores, said = manifest.get("cores"), manifest.get("ranks_share_cores")
+    if said is None or not isinstance(cores, list) or not cores or not all(type(c) is int for c in cores):
+        return None
+    shared = len(set(cores)) < len(cores)
+    if said is shared:
+        return None
+    groups = {c: [r for r, core in enumerate(cores) if core == c] for c in dict.fromkeys(cores)}
+    how = ("; ".join(f"ranks {', '.join(map(str, ranks))} share core {c}" for c, ranks in groups.items()
+                     if len(ranks) > 1) if shared else "every rank has a core of its own")
+    line = yaml_key_line(read_config_text(path), "ranks_share_cores")
+    said_text = str(said).lower() if isinstance(said, bool) else repr(said)
+    return (f"{path}{f':{line}' if line else ''}: field 'ranks_share_cores' says {said_text}, but its cores "
+            f"{cores} say {how}: priced as `cores` says ({'processor sharing' if shared else 'a core per rank'}); "
+            f"the capture writes the flag from `cores`, so fix `cores` if it is wrong, else set ranks_share_cores: "
+            f"{str(shared).lower()}")
+
+
 def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     """The spec of a job directory, from its configuration files alone (through `spec_from_args`).
 
@@ -717,8 +740,11 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         raise TraceError(job_dir / MANIFEST, f"lists {len(cores)} cores (one per rank of the capture) for a launch of "
                          f"{world} ranks", field="cores",
                          hint=f"list each of the {world} ranks' core (e.g. [0, 1, 0, 1, ...] for {world} ranks on 2 "
-                              "cores: ranks sharing a core are priced at 1/k of it), or remove `cores` to price each "
-                              "rank a device of its own")
+                              "cores: ranks sharing a core are priced at 1/k of it; ranks_share_cores: true beside "
+                              "it), or remove `cores` to price each rank a device of its own")
+    note = core_sharing_note(manifest, job_dir / MANIFEST)
+    if note:
+        notes.append(note)
     scenario = str(manifest.get("source_scenario") or "")
     spec = spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
                           collectives=read_collective_tables(job_dir / ALLREDUCE_DIR),

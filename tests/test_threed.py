@@ -654,3 +654,31 @@ def test_predict_of_a_data_parallel_capture_counts_every_replicas_samples():
     data = json.loads(out.stdout)
     for side, key in (("real", "real"), ("predicted", "predicted")):
         assert data["samples_per_s"][side] == pytest.approx(data[key]["throughput_per_s"] * 1 * 2)  # mb 1, d 2
+
+
+def test_ranks_share_cores_that_disagrees_with_cores_is_named_and_cores_is_priced(tmp_path):
+    """The capture writes `ranks_share_cores` from `cores` and only `cores` is priced: a manifest whose flag denies
+    the sharing its cores list (a hand edit of one of them) is predicted and ingested as `cores` says, with a note
+    (a warning) naming the file, line and field; the shipped captures, whose two agree, get none."""
+    from hops_calib.spec import build_spec, core_sharing_note
+    from hops_calib.trace.job import find_job_dirs, read_manifest
+
+    for job in find_job_dirs(REPO / "traces"):
+        assert core_sharing_note(read_manifest(job), job / "manifest.yaml") is None, job
+    shared = "cpu_1f1b_d2_l4_h384_s128_m4_run1"  # 4 ranks on 2 cores
+    job = tmp_path / shared
+    shutil.copytree(REPO / "traces" / shared, job)
+    manifest = job / "manifest.yaml"
+    lines = manifest.read_text().splitlines()
+    line = next(k for k, text in enumerate(lines, start=1) if text == "ranks_share_cores: true")
+    lines[line - 1] = "ranks_share_cores: false"
+    manifest.write_text("\n".join(lines) + "\n")
+    notes: list[str] = []
+    spec = build_spec(job, notes)
+    assert spec.cores == tuple(read_manifest(job)["cores"]) and len(set(spec.cores)) < len(spec.cores)
+    [note] = [n for n in notes if "ranks_share_cores" in n]
+    assert f"manifest.yaml:{line}: field 'ranks_share_cores' says false" in note and "share core 0" in note
+    predicted = _cli("predict", "--job", job)
+    assert predicted.exit_code == 0 and "field 'ranks_share_cores'" in predicted.stdout
+    ingested = _cli("ingest", job, "--fixtures", tmp_path / "fx")
+    assert ingested.exit_code == 0 and "field 'ranks_share_cores'" in ingested.stderr
