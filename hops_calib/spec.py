@@ -648,6 +648,29 @@ def _ranks_per_core(cores: Any) -> float:
     return len(cores) / len(set(cores))
 
 
+def core_sharing_note(manifest: dict[str, Any], path: Path) -> str | None:
+    """A note when `ranks_share_cores` disagrees with `cores`, else None. The capture writes the flag from `cores`
+    (true when two ranks list one core: hops_calib/capture/launch.py) and nothing reads it back: the spec prices
+    the sharing from `cores` alone (`shared_cores`), so the note says which the prediction follows."""
+    from hops_calib.trace.reading import read_config_text, yaml_key_line
+
+    cores, said = manifest.get("cores"), manifest.get("ranks_share_cores")
+    if said is None or not isinstance(cores, list) or not cores or not all(type(c) is int for c in cores):
+        return None
+    shared = len(set(cores)) < len(cores)
+    if said is shared:
+        return None
+    groups = {c: [r for r, core in enumerate(cores) if core == c] for c in dict.fromkeys(cores)}
+    how = ("; ".join(f"ranks {', '.join(map(str, ranks))} share core {c}" for c, ranks in groups.items()
+                     if len(ranks) > 1) if shared else "every rank has a core of its own")
+    line = yaml_key_line(read_config_text(path), "ranks_share_cores")
+    said_text = str(said).lower() if isinstance(said, bool) else repr(said)
+    return (f"{path}{f':{line}' if line else ''}: field 'ranks_share_cores' says {said_text}, but its cores "
+            f"{cores} say {how}: priced as `cores` says ({'processor sharing' if shared else 'a core per rank'}); "
+            f"the capture writes the flag from `cores`, so fix `cores` if it is wrong, else set ranks_share_cores: "
+            f"{str(shared).lower()}")
+
+
 def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     """The spec of a job directory, from its configuration files alone (through `spec_from_args`).
 
@@ -661,6 +684,7 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         run_id_of,
     )
     from hops_calib.trace.job import LINK_BENCH_DIR, MANIFEST, STAGE_MAP, TEMPLATE
+    from hops_calib.trace.megatron_args import ARGS_FILE
 
     job_dir = Path(job_dir)
     notes = [] if notes is None else notes
@@ -669,6 +693,10 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     launch = find_launch(job_dir)  # read once: the arguments and torchrun's placement
     args, args_source = launch.args, launch.source
     require_modelled(args, args_source)  # before the job's other files: the launch is refused whatever they say
+    if args_source.name == ARGS_FILE:  # a command line as a user writes it (a rank log's block: Megatron's own names)
+        note = unknown_flags_note(args, args_source)
+        if note:
+            notes.append(note)
     pp = _require_int(args, "pipeline_model_parallel_size", args_source, default=1, minimum=1)
 
     device_ids = read_stage_map(job_dir)
@@ -712,8 +740,11 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         raise TraceError(job_dir / MANIFEST, f"lists {len(cores)} cores (one per rank of the capture) for a launch of "
                          f"{world} ranks", field="cores",
                          hint=f"list each of the {world} ranks' core (e.g. [0, 1, 0, 1, ...] for {world} ranks on 2 "
-                              "cores: ranks sharing a core are priced at 1/k of it), or remove `cores` to price each "
-                              "rank a device of its own")
+                              "cores: ranks sharing a core are priced at 1/k of it; ranks_share_cores: true beside "
+                              "it), or remove `cores` to price each rank a device of its own")
+    note = core_sharing_note(manifest, job_dir / MANIFEST)
+    if note:
+        notes.append(note)
     scenario = str(manifest.get("source_scenario") or "")
     spec = spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
                           collectives=read_collective_tables(job_dir / ALLREDUCE_DIR),
@@ -966,27 +997,43 @@ def _line_naming(source: Path, key: str | None) -> int | None:
 
 
 # A command line's flag spelt within a letter or two of an argument the project knows (`trace.measured.KNOWN_ARGS`:
-# what the spec reads, what ASSUMPTIONS refuse, common settings) is a typo that would silently price another launch
-# (`--sequence-paralel` prices no sequence parallelism).
+# what the spec reads, what ASSUMPTIONS refuse, common settings) may be a typo that silently prices another launch
+# (`--sequence-paralel` prices no sequence parallelism): its note names the flag it nearly spells.
 TYPO_SIMILARITY = 0.92  # difflib ratio: one or two letters in a long flag name
 
 
-def misspelt(args: dict[str, Any]) -> list[tuple[str, str]]:
-    """(given, meant) for each argument that is not one the project knows but nearly spells one (`KNOWN_ARGS`,
-    ASSUMPTIONS' keys)."""
+def unknown_flags(args: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """(given, meant or None) for each argument the project neither prices nor knows (`KNOWN_ARGS`, ASSUMPTIONS'
+    keys, a known `--no-<key>`), with the known one it nearly spells, if any. Not refused: the list of known
+    arguments need not hold every Megatron flag; `unknown_flags_note` tells the user."""
     from difflib import get_close_matches
 
     from hops_calib.trace.measured import KNOWN_ARGS
 
     known = KNOWN_ARGS | {key for assumption in ASSUMPTIONS for key in assumption.keys}
-    found = []
+    found: list[tuple[str, str | None]] = []
     for given in args:
-        if given in known or given.removeprefix("no_") in known or len(given) < 6:
+        if given in known or given.removeprefix("no_") in known:
             continue
-        meant = get_close_matches(given, known, n=1, cutoff=TYPO_SIMILARITY)
-        if meant:
-            found.append((given, meant[0]))
+        meant = get_close_matches(given, known, n=1, cutoff=TYPO_SIMILARITY) if len(given) >= 6 else []
+        found.append((given, meant[0] if meant else None))
     return found
+
+
+def unknown_flags_note(args: dict[str, Any], source: Path | str) -> str | None:
+    """The note for a command line's flags the model neither prices nor knows (`unknown_flags`), or None: "ignored:
+    --frobnicate" with the file and line, and the flag a near-miss may mean."""
+    found = unknown_flags(args)
+    if not found:
+        return None
+    flag = lambda key: "--" + key.replace("_", "-")  # noqa: E731
+    lines = {given: _line_naming(Path(source), given) for given, _ in found}
+    one_line = len(set(lines.values())) == 1
+    named = ", ".join(flag(given) + ("" if one_line or lines[given] is None else f" (line {lines[given]})")
+                      + (f" (did you mean {flag(meant)}?)" if meant else "") for given, meant in found)
+    where = Path(source).name + (f":{lines[found[0][0]]}" if one_line and lines[found[0][0]] is not None else "")
+    return (f"ignored: {named} ({where}): flags the model neither prices nor knows, so the prediction is the "
+            "launch's without them (spell a flag as Megatron does for it to count)")
 
 
 def require_modelled(args: dict[str, Any], source: Path | str) -> None:
@@ -997,16 +1044,19 @@ def require_modelled(args: dict[str, Any], source: Path | str) -> None:
     """
     from hops_calib.trace.errors import TraceError
 
-    # a command line as a user writes it; a rank log's arguments block holds the names Megatron itself parsed
-    typos = misspelt(args) if Path(source).name == "megatron_args.txt" else []
+    # A near-miss of a flag the project knows is a typo Megatron would refuse, and a prediction would price another
+    # launch (`--sequence-paralel`: no sequence parallelism); refused, on a command line as a user writes it (a rank
+    # log's arguments block holds the names Megatron itself parsed). A flag near nothing known is only noted.
+    typos = [(given, meant) for given, meant in unknown_flags(args) if meant] \
+        if Path(source).name == "megatron_args.txt" else []
     if typos:
         given, meant = typos[0]
-        flag, right = "--" + given.replace("_", "-"), "--" + meant.replace("_", "-")
-        raise TraceError(source, "has flags the model does not know but that nearly spell ones it prices: "
-                         + "; ".join(f"--{g.replace('_', '-')} (--{m.replace('_', '-')}?)" for g, m in typos),
-                         line=_line_naming(Path(source), given),
-                         field=flag, hint=f"did you mean {right}? Megatron would refuse the unknown flag; spell it as "
-                                          "Megatron does, so that the prediction prices what the launch runs")
+        flag = lambda key: "--" + key.replace("_", "-")  # noqa: E731
+        raise TraceError(source, "has flags the model does not know but that nearly spell ones it knows: "
+                         + "; ".join(f"{flag(g)} ({flag(m)}?)" for g, m in typos),
+                         line=_line_naming(Path(source), given), field=flag(given),
+                         hint=f"did you mean {flag(meant)}? Megatron would refuse the unknown flag; spell it as "
+                              "Megatron does, so that the prediction prices what the launch runs")
     found = unmodelled(args)
     if not found:
         return

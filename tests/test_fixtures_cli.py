@@ -123,3 +123,41 @@ def test_ingest_says_which_split_each_new_run_went_to_and_how_to_force_train(rep
     assert "--split train" in lines[-1]
     again = _run("ingest", str(repo_root / "traces"), "--fixtures", str(store))
     assert len(again.stdout.strip().splitlines()) == 1  # nothing written, no split to tell
+
+
+def test_show_and_list_agree_on_samples_per_s_of_every_shipped_run(repo_root):
+    """`fixtures show` counts every data-parallel replica as `fixtures list` does (a d2 run ships in fixtures/)."""
+    store = str(repo_root / "fixtures")
+    rows = json.loads(_run("fixtures", "list", "--fixtures", store, "--json").stdout)["fixtures"]
+    data_parallel = [row for row in rows if row["split"] == "train" and (row["configuration"]["dp"] or 1) > 1]
+    assert data_parallel, "the shipped store has a data-parallel train run"
+    for row in rows:
+        if row["split"] != "train":
+            continue
+        shown = json.loads(_run("fixtures", "show", row["id"], "--fixtures", store, "--json").stdout)
+        assert shown["samples_per_s"] == row["samples_per_s"], row["id"]
+        text = _run("fixtures", "show", row["id"], "--fixtures", store).stdout
+        assert f"{row['samples_per_s']:.2f} samples/s" in text, row["id"]
+
+
+def test_listing_a_job_directory_as_a_store_suggests_an_ingest_that_works(repo_root, tmp_path):
+    """`fixtures list --fixtures <job dir>` is bad input (exit 2) whose suggestion runs: ingest the job into a store;
+    before, it listed nothing (exit 0) and suggested ingesting into the job directory, which ingest refuses."""
+    import re
+    import shutil
+
+    job = tmp_path / "cpu_1f1b_l4_h384_s128_m4_run1"
+    shutil.copytree(repo_root / "traces" / job.name, job)
+    result = _run("fixtures", "list", "--fixtures", str(job))
+    assert result.exit_code == 2 and "is a job directory, not a fixture store" in result.stderr
+    suggested = re.search(r"hops-calib (ingest \S+ --fixtures) STORE", result.stderr)
+    assert suggested and suggested.group(1) == f"ingest {job} --fixtures"
+    store = tmp_path / "store"
+    assert _run(*suggested.group(1).split(), str(store)).exit_code == 0
+    listed = _run("fixtures", "list", "--fixtures", str(store))
+    assert listed.exit_code == 0 and job.name in listed.stdout
+    # any other folder that is no store is said to be one, as ingest would say
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x\n")
+    result = _run("fixtures", "list", "--fixtures", str(tmp_path / "notes"))
+    assert result.exit_code == 2 and "is not a fixture store" in result.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -282,8 +283,39 @@ def test_plan_on_readmes_512_gpu_job_prices_its_launches_and_stays_bounded(model
     assert planner.kinds() == (0,) * 8
     plan = plan_job(job, model, top=2, trials=20, ascent_tasks=40 * 3072)  # 40 launches of its own size
     assert plan.orders == 1 and plan.space == len(planner.space().shapes())
-    assert plan.search.endswith("stopped at its budget of 40 launches priced")
     assert plan.evaluated <= 20 + 40 + 1 and plan.best and plan.current is not None
     assert any("interchangeable devices" in note and "1 distinct stage order(s) searched of 40320" in note
                for note in plan.notes)
-    assert any("budget of 40 launches" in note and "--trials" in note for note in plan.notes)
+    # what happened, not "0 step(s) ... stopped at its budget": the budget ran out inside a neighbourhood scan
+    found = re.search(r"then coordinate ascent .*: (\d+) move\(s\) to a faster neighbour; its budget of 40 new "
+                      r"launches ran out inside step (\d+)'s neighbourhood scan \(ascending from (the study's best|"
+                      r"the job's own launch)\): ([\d,]+) of ([\d,]+) neighbours looked at$", plan.search)
+    assert found, plan.search
+    steps, step, scanned, neighbours = (int(found.group(k).replace(",", "")) for k in (1, 2, 4, 5))
+    assert steps >= 0 and step >= 1 and 0 <= scanned < neighbours
+    assert any("coordinate ascent stopped: its budget of 40 new launches ran out" in note and "--trials" in note
+               for note in plan.notes)
+
+
+def test_memory_is_in_gb_in_every_plan_and_bytes_in_json(tmp_path):
+    """plan --job and plan --job --parallel show memory in GB (10^9 bytes), as predict --job does; --json in bytes."""
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    def run(*args):
+        result = CliRunner().invoke(app, [*args])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    planned = json.loads(run("plan", "--job", str(CPU_JOB), "--trials", "3", "--top", "1", "--json"))
+    text = run("plan", "--job", str(CPU_JOB), "--trials", "3", "--top", "1")
+    assert "GiB" not in text and "peak GB/GPU" in text and "GB: 10^9 bytes" in text
+    peak = max(planned["best"][0]["peak_memory_bytes_per_gpu"])
+    first = next(following for line, following in zip(text.splitlines(), text.splitlines()[1:])
+                 if "peak GB/GPU" in line)
+    # the row: #, samples/s, steady, idle %, sched. bubble %, peak GB/GPU, launch
+    assert float(first.split()[5]) == pytest.approx(peak / 1e9, abs=0.005)
+    layouts = run("plan", "--job", str(CPU_JOB), "--parallel")
+    assert "GiB" not in layouts and "GB/GPU (GB: 10^9 bytes)" in layouts
+    assert "GB (weights" in run("predict", "--job", str(CPU_JOB))

@@ -502,3 +502,95 @@ def test_the_tcp_ceiling_and_stalls_apply_only_over_sockets(shared_runs, tmp_pat
         assert not any("transport is not said" in note for note in verbs["notes"])
     # a socket interface alone says nothing (InfiniBand runs name their bootstrap interface too)
     assert what_if("ifname", "NCCL_SOCKET_IFNAME=ens32 ")["end_collective"] == unsaid["end_collective"]
+
+
+def test_a_job_directory_given_as_a_fixture_id_is_answered_with_the_command_meant(tmp_path, monkeypatch):
+    job = configuration_only(tmp_path)
+    store = REPO / "fixtures"
+    for verb, meant in ((["predict"], f"did you mean `hops-calib predict --job {job}`"),
+                        (["plot", "timeline"], f"did you mean `hops-calib plot timeline --job {job}`"),
+                        (["fixtures", "show"], f"did you mean `hops-calib ingest {job} --fixtures {store}`")):
+        result = cli(*verb, job, "--fixtures", store)
+        assert result.exit_code == 2 and meant in result.output, result.output
+    # with no store where --fixtures points, the same answer (not "no fixture store here")
+    result = cli("predict", job, "--fixtures", tmp_path / "no_store")
+    assert result.exit_code == 2 and "--job" in result.output and "no fixture store" not in result.output
+    # a folder that is no job directory stays a fixture id, and a fixture id that is also its run's folder here
+    # (the shipped traces/ beside fixtures/) is the fixture
+    assert "did you mean" not in cli("predict", tmp_path, "--fixtures", store).output
+    monkeypatch.chdir(REPO / "traces")
+    result = cli("predict", RUN, "--fixtures", store)
+    assert result.exit_code == 0 and RUN in result.output
+
+
+def test_predict_and_plan_say_alike_what_a_job_directory_holds(tmp_path):
+    """One message for a --job that is no directory, and it names the link benchmark as optional, as the README's
+    GPU recipe (torchrun places ranks on nodes, no calibration/ folder) has it."""
+    messages = set()
+    for args in (["predict"], ["plan"], ["plan", "--parallel"], ["plot", "timeline"]):
+        result = cli(*args, "--job", tmp_path / "nowhere")
+        assert result.exit_code == 2, result.output
+        messages.add(" ".join(result.output.split()))
+    [message] = messages
+    assert "megatron_args.txt" in message and "hops_trace_map.json" in message and "hops.base.yaml" in message
+    assert "calibration/link_bench/ only where" in message
+
+
+# Megatron-LM's common flags (megatron/training/arguments.py) a real launch line carries and that price nothing.
+COMMON_FLAGS = ("--lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 "
+                "--adam-beta2 0.95 --init-method-std 0.02 --attention-dropout 0.0 --hidden-dropout 0.0 "
+                "--log-interval 1 --save ckpt --load ckpt --data-path data/my_text_document "
+                "--tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt --split 949,50,1 "
+                "--eval-interval 1000 --eval-iters 10 --seed 1234 --distributed-backend gloo --use-mcore-models "
+                "--no-masked-softmax-fusion --tensorboard-dir tb --wandb-project p --lr-warmup-iters 10 "
+                "--weight-decay-incr-style constant --save-interval 1000 --log-throughput --num-workers 2")
+
+
+def test_flags_the_model_neither_prices_nor_knows_are_noted_in_predict_plan_and_ingest(tmp_path):
+    """--frobnicate is not refused (the project's list of Megatron flags may lack a real one) but every verb that
+    reads the launch names it; a near-miss of a known flag also names the flag meant. Common flags get no note."""
+    job = configuration_only(tmp_path)
+    args = job / "megatron_args.txt"
+    args.write_text(args.read_text().rstrip("\n") + " " + COMMON_FLAGS + "\n")
+    plain = predict_job("--job", job)
+    assert not [n for n in plain["notes"] if "ignored" in n]
+    args.write_text(args.read_text().rstrip("\n") + " --frobnicate 3 --sequence-paralel\n")
+    noted = predict_job("--job", job)
+    [note] = [n for n in noted["notes"] if n.startswith("ignored: ")]
+    assert "--frobnicate" in note and "--sequence-paralel (did you mean --sequence-parallel?)" in note
+    assert "megatron_args.txt:1" in note
+    # priced as without them
+    assert noted["predictions"][0]["throughput_per_s"] == plain["predictions"][0]["throughput_per_s"]
+    text = cli("predict", "--job", job)
+    assert text.exit_code == 0 and "note: ignored: --frobnicate" in text.output
+    for plan in (["plan", "--job", job, "--trials", "3"], ["plan", "--job", job, "--parallel"]):
+        result = cli(*plan)
+        assert result.exit_code == 0 and "ignored: --frobnicate" in result.output, (plan, result.output)
+    run = tmp_path / "captured" / RUN  # the capture itself, traces and all, with the same launch line
+    shutil.copytree(REPO / "traces" / RUN, run)
+    shutil.copyfile(args, run / "megatron_args.txt")
+    result = cli("ingest", run, "--fixtures", tmp_path / "fx")
+    assert result.exit_code == 0 and "ignored: --frobnicate" in result.stderr, result.output
+
+
+def test_real_launch_lines_get_no_ignored_note(shared_runs):
+    """The 56 cluster runs, the shipped captures, the README's GPU recipe and the vTrain rows (their stated and
+    assumed Megatron settings) hold no flag the project does not know."""
+    import re
+
+    from hops_calib.spec import unknown_flags
+    from hops_calib.trace import find_arguments, parse_command_line
+    from hops_calib.trace.job import find_job_dirs
+    from hops_calib.trace.vtrain import read_vtrain_table
+
+    jobs = find_job_dirs(shared_runs) + find_job_dirs(REPO / "traces")
+    assert len(jobs) >= 56
+    for job in jobs:
+        assert unknown_flags(find_arguments(job)[0]) == [], job
+    [recipe] = re.findall(r'echo "(torchrun [^"]*)" > megatron_args.txt', (REPO / "README.md").read_text())
+    assert unknown_flags(parse_command_line(recipe.replace("\\\n", " "))) == []
+    assert unknown_flags(parse_command_line("pretrain_gpt.py " + COMMON_FLAGS)) == []
+    from conftest import need_public_runs
+
+    table = read_vtrain_table(need_public_runs("vtrain", "ground_truth_single.csv"))
+    assert table.runs and all(unknown_flags(run.args) == [] for run in table.runs)

@@ -437,7 +437,8 @@ def predict(
                                        "--nnodes/--nproc-per-node place ranks on nodes), hops_trace_map.json, "
                                        "hops.base.yaml (the GPU type), link benchmark (optional on nodes). Prints "
                                        "the time by kind per stage, memory per GPU, samples/s and MFU; a flag the "
-                                       "model does not price is refused naming it."),
+                                       "model does not price is refused naming it, one it does not know is "
+                                       "named in a note."),
     schedules: Optional[list[str]] = typer.Option(None, "--schedule", help="With --job: simulate this schedule "
                                                   "(repeatable: 1f1b, interleaved_1f1b, gpipe, zb_h1, auto); "
                                                   "default the configured one."),

@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hops_calib.cli.output import guarded
+from hops_calib.cli.output import guarded, refuse_job_dir_as_id
 from hops_calib.errors import InputError
 from hops_calib.store import views
 from hops_calib.store.fixture_store import DEFAULT_LOCK_TIMEOUT_S, FixtureStore, StoreError
+from hops_calib.trace.job import is_job_dir
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
 
 if TYPE_CHECKING:  # fixtures list/show need no trace reader
@@ -94,6 +95,11 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
         store = FixtureStore(fixtures)
         if not store.exists():
             raise StoreError(f"no fixture store at {fixtures}; run: hops-calib ingest SRC --fixtures {fixtures}")
+        if is_job_dir(Path(fixtures)):
+            raise StoreError(f"--fixtures {fixtures} is a job directory, not a fixture store; ingest it into a store "
+                             f"(a new folder, or an existing store such as the shipped fixtures/): hops-calib ingest "
+                             f"{fixtures} --fixtures STORE, then hops-calib fixtures list --fixtures STORE")
+        store.check_writable()  # a folder that holds something else is said to be one, not listed as an empty store
         running = store.running()
         if running:
             _err(f"warning: {running}")
@@ -111,6 +117,8 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
 def show_command(fixture_id: str, fixtures: Path, as_json: bool = False) -> int:
     """One fixture; errors (unknown id, missing store, a damaged fixture) exit 2, with --json also as an object."""
     def run() -> int:
+        refuse_job_dir_as_id(fixture_id, fixtures, f"`hops-calib ingest DIR --fixtures {fixtures}`, then "
+                             "`hops-calib fixtures show` with its run id")
         fixture = FixtureStore(fixtures).load(fixture_id)
         if as_json:
             from hops_calib.cli.output import print_json

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from hops_calib.cli.output import EXIT_BROKEN_LEDGER, EXIT_OK, guarded, held_out_guard, print_json
+from hops_calib.cli.output import (EXIT_BROKEN_LEDGER, EXIT_OK, guarded, held_out_guard, print_json,
+                                    refuse_job_dir_as_id)
 from hops_calib.errors import InputError
 from hops_calib.loop.score import or_nan
 from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
@@ -195,6 +196,7 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
                     perturbations: dict | None = None, ledger_path: Path | None = None,
                     allow_held_out: bool = False) -> int:
     def run() -> int:
+        refuse_job_dir_as_id(fixture_id, fixtures, "`hops-calib predict --job DIR`")
         if (fixture_id is not None) + all_train + (job is not None) != 1:
             raise InputError("predict", "give one of a fixture ID, --all (every train fixture) or --job DIR (a "
                              "configuration that has not run)", field="ID")

@@ -126,3 +126,23 @@ def run_and_print(label: str, as_json: bool, compute: Callable[[Any], Any], text
         return getattr(result, "exit_code", EXIT_OK)
 
     return guarded(run, as_json)
+
+
+def refuse_job_dir_as_id(fixture_id: str | None, fixtures: Any, instead: str) -> None:
+    """InputError (exit 2) when `fixture_id` is no fixture of the store `fixtures` but an existing job directory
+    (megatron_args.txt, hops_trace_map.json or megatron_trace/ inside): a forgotten --job, or a run not ingested.
+    `instead` says the command line meant, with DIR where the directory goes."""
+    from pathlib import Path
+
+    from hops_calib.store.fixture_store import StoreError, check_fixture_id
+    from hops_calib.trace.job import is_job_dir
+
+    if fixture_id is None or not Path(fixture_id).is_dir() or not is_job_dir(Path(fixture_id)):
+        return
+    try:
+        if check_fixture_id(Path(fixtures), fixture_id).is_dir():
+            return  # a fixture of the store that is also a folder here (its run's job directory): the id is meant
+    except StoreError:
+        pass
+    raise InputError(fixture_id, "is a job directory, not a fixture id", field="ID",
+                     hint=f"did you mean {instead.replace('DIR', fixture_id)}?")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hops_calib.cli.output import EXIT_OK, guarded
+from hops_calib.cli.output import EXIT_OK, guarded, refuse_job_dir_as_id
 
 
 def _wrote(image) -> int:
@@ -34,6 +34,7 @@ def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | 
         from hops_calib.cli.whatif import load_cluster, parse_perturbations
         from hops_calib.plot.images import timeline_image
 
+        refuse_job_dir_as_id(fixture_id, fixtures, "`hops-calib plot timeline --job DIR`")
         return _wrote(timeline_image(fixture_id, fixtures, model_path, iterations, out, dpi, job, schedules,
                                      load_cluster(cluster) if job is not None else None,
                                      parse_perturbations(perturbations, job), chrome))

@@ -12,6 +12,7 @@ import typer
 
 from hops_calib.cli.output import EXIT_OK, print_json
 from hops_calib.errors import InputError
+from hops_calib.trace.job import require_job_dir
 
 
 def plan_command(stages: int, microbatches: int, memory_budget: float, forward_cost: float, backward_cost: float,
@@ -267,10 +268,7 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
                 raise InputError("--device-memory", f"{text!r} is not TYPE:SIZE with SIZE > 0 (bytes, or with a "
                                  "unit: GiB, GB, MiB, MB)", field="--device-memory",
                                  hint="e.g. --device-memory a10g:20GiB or a10g:22e9 (leave room for the CUDA context)")
-        if not Path(job).is_dir():
-            raise InputError(str(job), "is not a directory", field="--job",
-                             hint="give a Megatron job directory: megatron_args.txt, hops_trace_map.json, "
-                                  "hops.base.yaml and calibration/link_bench/ (no traces needed)")
+        require_job_dir(job)
         return plan_job(job, load_model(model_path), cluster=load_cluster(cluster), top=top,
                         schedules=schedules or SCHEDULES, orders=not keep_order, splits=not keep_split,
                         micro_batch_sizes=not keep_micro_batch, memory_bytes=memory or None, trials=trials,
@@ -290,10 +288,7 @@ def plan_layouts_command(job: Path, model_path: Path | None, top: int, as_json: 
     from hops_calib.whatif.layouts import format_layout_plan, search_layouts
 
     def compute(bar):
-        if not Path(job).is_dir():
-            raise InputError(str(job), "is not a directory", field="--job",
-                             hint="give a Megatron job directory: megatron_args.txt, hops_trace_map.json and "
-                                  "hops.base.yaml (the GPU type)")
+        require_job_dir(job)
         return search_layouts(job, load_model(model_path), top=top, progress=bar)
 
     return run_and_print("plan", as_json, compute, format_layout_plan)

@@ -29,6 +29,9 @@ from typing import Any, Sequence
 from hops_calib.model import gpt
 from hops_calib.spec import ModelShape, Spec
 
+# The unit of every memory figure in text output: GB, 10^9 bytes, as GPU datasheets count ("A100 80 GB"); --json
+# gives bytes (keys ending in _bytes).
+GB = 1e9
 OPTIMIZER_BYTES_MIXED = 12  # fp32 master weight + Adam m and v per parameter
 OPTIMIZER_BYTES_FP32 = 8  # Adam m and v; the fp32 weight is the master
 LOGIT_BYTES = 4  # the loss reads fp32 logits

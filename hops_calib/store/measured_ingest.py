@@ -25,7 +25,7 @@ from hops_calib.store.collectives import (
 from hops_calib.store.measured_spec import not_priced
 from hops_calib.store.split import group_of, hashed_split
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.measured import KNOWN_ARGS, VOCAB_ARGS, RunHardware, MeasuredRun
+from hops_calib.trace.measured import KNOWN_ARGS, QUIET_ARGS, VOCAB_ARGS, RunHardware, MeasuredRun
 from hops_calib.trace.megatron_log import is_megatron_log, read_megatron_log
 from hops_calib.trace.run_table import TableRead, is_run_table, read_run_table, read_sidecar
 from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING, is_vtrain_table, read_vtrain_table
@@ -118,8 +118,8 @@ def read_context(store: FixtureStore, stored: dict[str, dict[str, Any]]) -> Meas
 
 
 # Launch settings that do not change what a run measures per iteration (when and how long it ran, how it logs).
-_NOT_CONFIGURATION = ("train_iters", "log_interval", "seed", "lr", "timing_log_level", "timing_log_option",
-                      "tokenizer_type")
+_NOT_CONFIGURATION = frozenset({"train_iters", "log_interval", "seed", "lr", "timing_log_level", "timing_log_option",
+                                "tokenizer_type"}) | QUIET_ARGS
 
 
 def configuration_of(args: dict[str, Any], hardware: dict[str, Any]) -> str:

@@ -283,7 +283,7 @@ def _show_dict(fixture: Fixture) -> dict[str, Any]:
         "schedule_agreement": truth.schedule_agreement,
         "throughput_per_s": metrics.throughput_per_s,
         "steady_throughput_per_s": metrics.steady_throughput_per_s,
-        "samples_per_s": samples_per_s(metrics.throughput_per_s, model.micro_batch_size),
+        "samples_per_s": samples_per_s(metrics.throughput_per_s, model.micro_batch_size, spec.dp),
         "bubble_ratio": metrics.bubble_ratio,
         "utilization_per_stage": list(metrics.utilization_per_stage),
         "iteration_time_ms": metrics.iteration_time_ms,

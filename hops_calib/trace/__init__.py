@@ -18,6 +18,7 @@ _MODULE_OF = {
     "EVENT_DTYPES": "events", "RankLogReport": "events", "read_rank_events": "events",
     "DeviceInfo": "job", "find_job_dirs": "job", "rank_files": "job", "read_device_types": "job",
     "read_manifest": "job", "read_stage_map": "job", "read_template": "job", "run_id_of": "job",
+    "is_job_dir": "job", "require_job_dir": "job",
     "LinkFit": "link_bench", "fit_link": "link_bench", "read_link_fits": "link_bench",
     "Launch": "megatron_args", "find_arguments": "megatron_args", "find_launch": "megatron_args",
     "parse_arguments_block": "megatron_args", "parse_command_line": "megatron_args",

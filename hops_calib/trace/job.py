@@ -27,6 +27,21 @@ def is_job_dir(path: Path) -> bool:
     return any((path / marker).exists() for marker in _JOB_MARKERS)
 
 
+# What a job directory to predict or plan holds (README, "Predict a configuration before it runs"): the one wording of
+# `predict --job`, `plot timeline --job` and `plan --job`.
+JOB_DIR_HINT = (f"give a Megatron job directory: megatron_args.txt, {STAGE_MAP} and {TEMPLATE} (the GPU type), and "
+                f"{LINK_BENCH_DIR.as_posix()}/ only where neither torchrun's node placement (--nnodes, "
+                "--nproc-per-node) nor --cluster prices the hops (no traces needed)")
+
+
+def require_job_dir(path: Path | str, field: str = "--job") -> Path:
+    """`path` as a Path when it is a directory; else TraceError naming it and what a job directory holds."""
+    path = Path(path)
+    if not path.is_dir():
+        raise TraceError(path, "is not a directory", field=field, hint=JOB_DIR_HINT)
+    return path
+
+
 def find_job_dirs(source: Path, notes: list[str] | None = None) -> list[Path]:
     """`source` itself when it is a job directory, else every job directory below it (sorted).
 

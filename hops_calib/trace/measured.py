@@ -30,6 +30,46 @@ REQUIRED_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length
 # The vocabulary has no default either: one of these (Megatron's args.padded_vocab_size, the one it allocated, or
 # the tokenizer's vocab_size, which the spec pads to a multiple of 128).
 VOCAB_ARGS = ("padded_vocab_size", "vocab_size")
+# Megatron-LM's common settings (megatron/training/arguments.py; Megatron-DeepSpeed's own) that change nothing the
+# model prices: the optimizer's hyper-parameters, initialization, data and tokenizer, checkpoints, logging and
+# evaluation, kernels and fusions that move no priced term. Known, so that a real launch line earns no
+# "ignored" note (`hops_calib.spec.unknown_flags`); never part of a run's configuration (measured_ingest). A setting
+# that changes what an iteration computes, sends or keeps (--kv-channels, --optimizer sgd, --grad-reduce-in-bf16,
+# --ddp-bucket-size, DeepSpeed's activation partitioning, ...) is left out on purpose: unpriced, so it is noted.
+QUIET_ARGS = frozenset({
+    "lr", "min_lr", "lr_decay_style", "lr_decay_iters", "lr_decay_samples", "lr_warmup_fraction", "lr_warmup_iters",
+    "lr_warmup_samples", "lr_warmup_init", "decoupled_lr", "decoupled_min_lr", "weight_decay", "start_weight_decay",
+    "end_weight_decay", "weight_decay_incr_style", "adam_beta1", "adam_beta2", "adam_eps", "loss_scale",
+    "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis", "override_opt_param_scheduler",
+    "use_checkpoint_opt_param_scheduler", "rampup_batch_size", "train_samples", "init_method_std",
+    "init_method_xavier_uniform", "use_cpu_initialization", "perform_initialization", "layernorm_epsilon",
+    "norm_epsilon", "apply_layernorm_1p", "apply_residual_connection_post_layernorm", "persist_layer_norm",
+    "no_persist_layer_norm", "openai_gelu", "squared_relu", "onnx_safe", "rotary_percent", "rotary_base",
+    "rotary_interleaved", "rotary_seq_len_interpolation_factor", "use_rope_scaling", "rope_fusion",
+    "no_rope_fusion", "qk_layernorm", "add_bias_linear", "disable_bias_linear", "add_qkv_bias",
+    "bias_swiglu_fusion", "no_bias_swiglu_fusion", "no_bias_gelu_fusion", "no_bias_dropout_fusion",
+    "cross_entropy_loss_fusion", "async_tensor_model_parallel_allreduce",
+    "no_async_tensor_model_parallel_allreduce", "save", "load", "save_interval", "non_persistent_save_interval",
+    "no_save_optim", "no_save_rng", "no_load_optim", "no_load_rng", "finetune", "pretrained_checkpoint",
+    "use_checkpoint_args", "exit_on_missing_checkpoint", "ckpt_format", "auto_detect_ckpt_format", "use_dist_ckpt",
+    "dist_ckpt_strictness", "ckpt_fully_parallel_save", "ckpt_fully_parallel_load", "async_save", "exit_interval",
+    "exit_duration_in_mins", "exit_signal_handler", "data_path", "train_data_path", "valid_data_path",
+    "test_data_path", "data_cache_path", "mock_data", "split", "dataloader_type", "num_workers",
+    "num_dataset_builder_threads", "reset_position_ids", "reset_attention_mask", "eod_mask_loss",
+    "create_attention_mask_in_dataloader", "no_create_attention_mask_in_dataloader", "data_sharding",
+    "tokenizer_model", "vocab_file", "merge_file", "vocab_extra_ids", "eval_interval", "eval_iters", "skip_train",
+    "distributed_backend", "distributed_timeout_minutes", "local_rank", "lazy_mpu_init", "use_mcore_models",
+    "use_legacy_models", "tensorboard_dir", "tensorboard_log_interval", "tensorboard_queue_size",
+    "log_timers_to_tensorboard", "log_params_norm", "log_num_zeros_in_grad", "log_throughput",
+    "log_validation_ppl_to_tensorboard", "log_memory_to_tensorboard", "log_world_size_to_tensorboard",
+    "log_loss_scale_to_tensorboard", "log_batch_size_to_tensorboard", "log_learning_rate_to_tensorboard",
+    "log_progress", "log_straggler", "wandb_project", "wandb_exp_name", "wandb_save_dir", "enable_one_logger",
+    "one_logger_project", "barrier_with_L1_time", "no_barrier_with_level_1_timing", "empty_unused_memory_level",
+    "check_for_nan_in_loss_and_grad", "no_check_for_nan_in_loss_and_grad", "manual_gc", "manual_gc_interval",
+    "deterministic_mode", "calculate_per_token_loss", "profile", "profile_step_start", "profile_step_end",
+    "profile_ranks", "use_pytorch_profiler", "record_memory_history", "memory_snapshot_path", "bert_binary_head",
+    "test_mode",
+})
 # Megatron's arguments (args. spelling) a run table or a sidecar may give: what the spec and the cost model read, what
 # they refuse when set (hops_calib.spec.ASSUMPTIONS; a test keeps the two in step), and common settings that do not
 # change what is priced. Any other column is refused as unknown (a misspelling would silently take the default)
@@ -49,8 +89,8 @@ KNOWN_ARGS = frozenset(MEGATRON_DEFAULTS) | frozenset(REQUIRED_ARGS) | frozenset
     "timing_log_level", "timing_log_option", "tokenizer_type", "params_dtype", "attention_backend",
     "num_key_value_heads", "no_overlap_p2p_communication", "use_rotary_position_embeddings", "use_tp_pp_dp_mapping",
     "zero_stage", "ds_sequence_parallel_size", "tp_comm_overlap", "fp8_hybrid", "fp8_e4m3", "hybrid_override_pattern",
-    "use_flash_attn_v1", "use_flash_attn_v2", "use_flash_attn_triton", "use_flash_attn_builder",
-})
+    "use_flash_attn_v1", "use_flash_attn_v2", "use_flash_attn_triton", "use_flash_attn_builder", "rank_order",
+}) | QUIET_ARGS
 EXTRA_PREFIX = "x_"  # a run table's own column (a note, a date, ...): kept out of the launch, never read
 
 

@@ -131,6 +131,15 @@ def _nesting_error(path: Path, line: int | None) -> TraceError:
                       hint="a job's configuration is a few levels deep: copy the job's own file here")
 
 
+def yaml_key_line(text: str, key: str) -> int | None:
+    """1-based line of a YAML document's text that sets `key` (`key:`, or `- key:` in a list), the first; None when
+    none does."""
+    import re
+
+    pattern = re.compile(rf"^\s*-?\s*{re.escape(key)}\s*:")
+    return next((k for k, line in enumerate(text.splitlines(), start=1) if pattern.match(line)), None)
+
+
 def load_yaml(path: Path, max_bytes: int = MAX_CONFIG_BYTES, max_nodes: int = MAX_YAML_NODES) -> Any:
     """A YAML file's data, safely: at most `max_bytes`, at most `max_nodes` values once aliases (`*name`) are
     expanded, at most MAX_NESTING levels; TraceError (file, line) otherwise, and for text that is not YAML."""

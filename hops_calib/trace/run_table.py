@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import MAX_ITERATION_MS
+from hops_calib.trace.reading import MAX_ITERATION_MS, yaml_key_line
 from hops_calib.trace.measured import (
     EXTRA_PREFIX, KNOWN_ARGS, MEGATRON_DEFAULTS, REQUIRED_ARGS, VOCAB_ARGS, MeasuredRun, RunHardware,
     collective_tables_beside, model_flops_per_iteration, world_size,
@@ -135,13 +135,6 @@ def unknown_names(names: list[str], known: Any) -> str:
     return ", ".join(parts)
 
 
-def _yaml_line(text: str, key: str) -> int | None:
-    import re
-
-    pattern = re.compile(rf"^\s*-?\s*{re.escape(key)}\s*:")
-    return next((k for k, line in enumerate(text.splitlines(), start=1) if pattern.match(line)), None)
-
-
 def read_sidecar(path: Path) -> Sidecar:
     """What every run of the table (or log) at `path` shares, from `<name>.yaml` beside it (empty when absent):
     `args` (Megatron's names), `hardware` (gpu, gpus_per_node, collective_tables), `extra_columns`. Unknown keys
@@ -160,22 +153,22 @@ def read_sidecar(path: Path) -> Sidecar:
     unknown = [str(k) for k in data if k not in SIDECAR_KEYS]
     if unknown:
         raise TraceError(sidecar, f"has unknown keys: {unknown_names(unknown, SIDECAR_KEYS)}",
-                         line=_yaml_line(text, unknown[0]), field=unknown[0], hint=hint)
+                         line=yaml_key_line(text, unknown[0]), field=unknown[0], hint=hint)
     for key in ("args", "hardware"):
         if not isinstance(data.get(key) or {}, dict):
-            raise TraceError(sidecar, "is not a mapping", line=_yaml_line(text, key), field=key,
+            raise TraceError(sidecar, "is not a mapping", line=yaml_key_line(text, key), field=key,
                              hint=f"write {key}: {{name: value, ...}}")
     args, hardware = dict(data.get("args") or {}), dict(data.get("hardware") or {})
     for where, given, known in (("args", args, KNOWN_ARGS), ("hardware", hardware, SIDECAR_HARDWARE)):
         unknown = [str(k) for k in given if k not in known]
         if unknown:
             raise TraceError(sidecar, f"has unknown {where} keys: {unknown_names(unknown, known)}",
-                             line=_yaml_line(text, unknown[0]), field=f"{where}.{unknown[0]}",
+                             line=yaml_key_line(text, unknown[0]), field=f"{where}.{unknown[0]}",
                              hint="fix the spelling (Megatron's args. names)" if where == "args" else
                              f"hardware takes {', '.join(SIDECAR_HARDWARE)}")
     extra = data.get("extra_columns") or []
     if not isinstance(extra, list) or not all(isinstance(name, str) for name in extra):
-        raise TraceError(sidecar, f"is {extra!r}", line=_yaml_line(text, "extra_columns"), field="extra_columns",
+        raise TraceError(sidecar, f"is {extra!r}", line=yaml_key_line(text, "extra_columns"), field="extra_columns",
                          hint="write extra_columns: [name, ...] (columns of the table that are not settings)")
     return Sidecar(path=sidecar, args=args, hardware=hardware, extra_columns=tuple(extra))
 

@@ -228,13 +228,9 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     seeded perturbed draws."""
     from hops_calib.model.predict import ScheduleError, predict_schedules
     from hops_calib.spec import build_spec, check_simulable
-    from hops_calib.trace import find_arguments, read_manifest
+    from hops_calib.trace import find_arguments, read_manifest, require_job_dir
 
-    job_dir = Path(job_dir)
-    if not job_dir.is_dir():
-        raise InputError(str(job_dir), "is not a directory", field="--job",
-                         hint="give a Megatron job directory: megatron_args.txt, hops_trace_map.json, hops.base.yaml "
-                              "and calibration/link_bench/ (no traces needed)")
+    job_dir = require_job_dir(job_dir)
     unknown = [s for s in schedules if s not in CHOICES]
     if unknown:
         raise InputError("predict", f"unknown schedule {unknown[0]!r}", field="--schedule",

@@ -28,7 +28,7 @@ import numpy as np
 
 from hops_calib.errors import InputError
 from hops_calib.model import Model
-from hops_calib.model.memory import stage_memory
+from hops_calib.model.memory import GB, stage_memory
 from hops_calib.model.terms.embedding import transport_note
 from hops_calib.progress import QUIET, Progress
 from hops_calib.sim import simulate
@@ -610,17 +610,23 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
         found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
         own = score(planner.current())
         budget = ascent_budget(planner.spec, trials, ascent_tasks or ASCENT_TASKS)
-        steps, stopped = _local_search(space, score, found + ([own] if own is not None else []),
+        starts = found + ([own] if own is not None else [])
+        steps, stopped = _local_search(space, score, starts,
                                        lambda launch: launch in outcomes or launch in refusals, budget, progress,
                                        done=trials)
-        search = (f"optuna TPE, seed {seed}, {trials} trials of {len(space)} candidates, then {steps} step(s) of "
-                  "coordinate ascent (nearest launches first: schedule, micro-batch size, order, split) from its best "
-                  "and from the job's own launch")
-        if stopped:
-            search += f", stopped at its budget of {budget} launches priced"
+        search = (f"optuna TPE, seed {seed}, {trials} trials of {len(space)} candidates, then coordinate ascent "
+                  "(nearest launches first: schedule, micro-batch size, order, split) from its best and from the "
+                  f"job's own launch: {steps} move(s) to a faster neighbour")
+        if stopped is not None:
+            start = ("the job's own launch" if own is not None and stopped.start == len(starts) - 1
+                     else "the study's best")
+            ran_out = (f"its budget of {budget} new launches ran out inside step {stopped.step}'s neighbourhood "
+                       f"scan (ascending from {start}): {stopped.scanned:,} of {stopped.neighbours:,} neighbours "
+                       "looked at")
+            search += f"; {ran_out}"
             planner.notes.append(
-                f"the coordinate ascent stopped at its budget of {budget} launches priced "
-                f"({ascent_tasks or ASCENT_TASKS:,} simulated tasks at the job's own launch's "
+                f"the coordinate ascent stopped: {ran_out} "
+                f"(budget: {ascent_tasks or ASCENT_TASKS:,} simulated tasks at the job's own launch's "
                 f"{_tasks(planner.spec):,} per iteration, or --trials if more): the best found, not "
                 "proven best; give more --trials, or keep a dimension (--keep-order, --keep-split, "
                 "--keep-micro-batch, --schedule)")
@@ -744,13 +750,13 @@ def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], tria
 
 def _local_search(space: Space, score: Callable[[Launch], Outcome | None], starts: Sequence[Outcome],
                   known: Callable[[Launch], bool], budget: int, progress: Progress = QUIET, done: int = 0,
-                  max_steps: int = 50) -> tuple[int, bool]:
+                  max_steps: int = 50) -> tuple[int, AscentStop | None]:
     """Coordinate ascent from each start that fits: evaluate every launch that differs from the current one in the
     order only (every distinct order up to `ALL_ORDERS` of them, else every swap of two stages) or in the shape only
     (every split, schedule and micro-batch size of the space), nearest first (the fewest of schedule, micro-batch
     size, order and split changed, in that order), and move to the fastest while it is faster. At most `budget`
-    launches not priced before (`known`) are priced, shown on `progress` after `done` units. Returns the steps and
-    whether the budget stopped the ascent."""
+    launches not priced before (`known`) are priced, shown on `progress` after `done` units. Returns the steps taken
+    (moves to a faster neighbour) and, when the budget stopped the ascent, where (`AscentStop`)."""
     shapes = space.shapes()
     every_order = space.devices is not None and space.orders_count() <= ALL_ORDERS
     steps = spent = 0
@@ -766,11 +772,11 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
     def axis(a: Launch, b: Launch) -> tuple[bool, ...]:
         return tuple(not flag for flag in changed(a, b))  # the schedule's changes first, the split's last
 
-    for start in starts:
+    for index, start in enumerate(starts):
         if not start.fits:
             continue
         current = start
-        for _ in range(max_steps):
+        for step in range(1, max_steps + 1):
             launch = current.launch
             if every_order:
                 orders = [tuple(o) for o in space.orders()]
@@ -790,10 +796,10 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
             # what a budget leaves unpriced is the farthest
             neighbours.sort(key=lambda n: (distance(n, launch), axis(n, launch)))
             better = current
-            for neighbour in neighbours:
+            for scanned, neighbour in enumerate(neighbours):
                 if not known(neighbour):
                     if spent >= budget:
-                        return steps, True
+                        return steps, AscentStop(index, step, scanned, len(neighbours))
                     spent += 1
                     progress.update(done + spent, done + budget)
                 outcome = score(neighbour)
@@ -803,7 +809,18 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
                 break
             current = better
             steps += 1
-    return steps, False
+    return steps, None
+
+
+@dataclass(frozen=True)
+class AscentStop:
+    """Where the coordinate ascent's budget ran out: scanning the neighbours of step `step` (1: the start's own
+    neighbourhood) from start `start` (an index of the starts), `scanned` of its `neighbours` looked at."""
+
+    start: int
+    step: int
+    scanned: int
+    neighbours: int
 
 
 # The coordinate ascent after a study prices at most this many simulated tasks' worth of launches, counted at the
@@ -828,12 +845,11 @@ ALL_ORDERS = 5040  # up to 7 stages, a step of local search tries every order
 
 def format_job_plan(plan: JobPlan) -> str:
     """The plan as text: the best launches with their numbers and launch changes, then the job's own."""
-    gib = 2 ** 30
     lines = [f"{plan.job}: model {plan.model}; search {plan.search}; {plan.evaluated} evaluated of {plan.space}; "
              f"ranked by {'nominal throughput' if plan.rank_by == 'throughput' else plan.rank_by + ' throughput'}",
              f"cluster: {plan.cluster or 'none'}; calibration runs: {plan.store or 'not checked'}"]
     lines += [f"note: {note}" for note in plan.notes]
-    header = (f"{'#':>2} {'samples/s':>10} {'steady':>8} {'idle %':>7} {'sched. bubble %':>16} {'peak GiB/GPU':>13}"
+    header = (f"{'#':>2} {'samples/s':>10} {'steady':>8} {'idle %':>7} {'sched. bubble %':>16} {'peak GB/GPU':>12}"
               + (f" {'expected':>9} {'p5':>7}" if plan.best and plan.best[0].expected_samples_per_s is not None
                  else "") + "  launch")
     lines.append(header)
@@ -843,11 +859,11 @@ def format_job_plan(plan: JobPlan) -> str:
                  else "")
         resolved = f" (auto -> {o.resolved})" if o.launch.schedule == "auto" else ""
         out = [f"{tag:>2} {o.samples_per_s:10.3f} {o.steady_samples_per_s:8.3f} {100 * o.idle_share:7.1f} "
-               f"{100 * o.schedule_bubble:16.1f} {max(o.peak_memory_bytes) / gib:13.2f}{extra}  "
+               f"{100 * o.schedule_bubble:16.1f} {max(o.peak_memory_bytes) / GB:12.2f}{extra}  "
                f"{o.launch.label()}{resolved}; layers {'-'.join(map(str, o.layers_per_stage))}"]
         out += [f"{'':>5}change: {flag}" for flag in o.flags] or [f"{'':>5}(the job's own launch)"]
         if not o.fits:
-            over = [f"stage {r} {peak / gib:.2f} > {cap / gib:.2f} GiB" for r, (peak, cap)
+            over = [f"stage {r} {peak / GB:.2f} > {cap / GB:.2f} GB" for r, (peak, cap)
                     in enumerate(zip(o.peak_memory_bytes, o.memory_bytes)) if peak > cap]
             out.append(f"{'':>5}DOES NOT FIT in memory: " + "; ".join(over))
         if o.outside:
@@ -881,8 +897,8 @@ def format_job_plan(plan: JobPlan) -> str:
                  "per second); steady: over the median iteration; idle %: the simulated timeline's idle share (HOPS's bubble, what a trace of "
                  "the launch would measure, with the silent stretch before the optimizer); sched. bubble %: the "
                  "schedule's own closed form on balanced stages (the launch's mean stage costs): (p-1)/(v m+p-1) for 1F1B, "
-                 "GPipe and interleaved 1F1B, less for ZB-H1; peak GiB/GPU: weights, gradients, optimizer "
-                 "state and peak activations on the fullest GPU")
+                 "GPipe and interleaved 1F1B, less for ZB-H1; peak GB/GPU: weights, gradients, optimizer "
+                 "state and peak activations on the fullest GPU (GB: 10^9 bytes)")
     return "\n".join(lines)
 
 

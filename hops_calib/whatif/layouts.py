@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from hops_calib.errors import InputError
 from hops_calib.model import Model
+from hops_calib.model.memory import GB
 from hops_calib.progress import QUIET, Progress
 
 MAX_LAYOUTS = 2000  # a bound on the work (a 512-GPU job has a few hundred)
@@ -177,14 +178,14 @@ def format_layout_plan(plan: LayoutPlan) -> str:
     def row(rank: str, layout: Layout) -> str:
         return (f"{rank:>3} {layout.tp:>3} {layout.pp:>3} {layout.dp:>4} {layout.micro_batch_size:>3} "
                 f"{layout.samples_per_s:>10.2f} {100 * layout.mfu:>6.1f} {layout.iteration_ms:>10.1f} "
-                f"{layout.peak_memory_bytes / 1e9:>7.1f}" + ("" if layout.fits else "  does not fit"))
+                f"{layout.peak_memory_bytes / GB:>7.1f}" + ("" if layout.fits else "  does not fit"))
 
     for k, layout in enumerate(plan.best, 1):
         lines.append(row(str(k), layout))
     current = plan.current
     lines.append(row("job", current) if not current.refused else f"job {current.name}: {current.refused}")
     lines.append("samples/s: every data-parallel replica's; MFU: model FLOPs (3x forward, LM head, no recomputation) "
-                 "over the GPUs' peak; GB/GPU: the most any stage's GPU holds (weights, gradients, optimizer state, "
+                 "over the GPUs' peak; GB/GPU (GB: 10^9 bytes): the most any stage's GPU holds (weights, gradients, optimizer state, "
                  "activations at the schedule's peak) against the device's capacity, with no room counted for the "
                  "CUDA context, NCCL buffers or fragmentation (a few GB: prefer a layout with that headroom). The "
                  "launch's other settings are kept; ranks are placed on nodes as the launch places them.")
