@@ -740,7 +740,7 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
         raise TraceError(job_dir / MANIFEST, f"lists {len(cores)} cores (one per rank of the capture) for a launch of "
                          f"{world} ranks", field="cores",
                          hint=f"list each of the {world} ranks' core (e.g. [0, 1, 0, 1, ...] for {world} ranks on 2 "
-                              "cores: ranks sharing a core are priced at 1/k of it; ranks_share_cores: true beside "
+                              "cores: ranks sharing a core are served by processor sharing; ranks_share_cores: true beside "
                               "it), or remove `cores` to price each rank a device of its own")
     note = core_sharing_note(manifest, job_dir / MANIFEST)
     if note:

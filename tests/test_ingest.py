@@ -197,6 +197,8 @@ def test_a_source_beside_the_store_is_recorded_relative_so_the_store_travels_wit
     assert ingest([project / "traces"], store).outcomes[0].status == "new"
     assert store.load(name).meta["source"] == f"traces/{name}"
     assert store.index().set_index("id").loc[name, "source"] == f"traces/{name}"
+    from hops_calib.store.views import show_dict
+    assert show_dict(store.load(name))["source"] == str((project / "traces" / name).resolve())  # shown as a path
 
     moved = tmp_path / "moved"
     shutil.move(project, moved)

@@ -595,3 +595,23 @@ def test_real_launch_lines_get_no_ignored_note(shared_runs):
 
     table = read_vtrain_table(need_public_runs("vtrain", "ground_truth_single.csv"))
     assert table.runs and all(unknown_flags(run.args) == [] for run in table.runs)
+
+
+def test_predict_job_text_gives_tokens_and_says_shared_core_phases_are_served_times(tmp_path):
+    """The job's tokens/s is printed beside its samples/s (micro batch x sequence per sample), and on ranks sharing
+    a CPU core the legend says the per-stage phases are what the simulation served, not the breakdown's work."""
+    run = "cpu_1f1b_d2_l4_h384_s128_m4_run1"  # 4 ranks on the 2 cores
+    job = configuration_only(tmp_path, run)
+    out = predict_job("--job", job)
+    [got] = out["predictions"]
+    text = cli("predict", "--job", job)
+    assert text.exit_code == 0, text.output
+    [line] = [line for line in text.output.splitlines() if line.startswith("tokens /s (all replicas)")]
+    assert float(line.split()[-1]) == pytest.approx(got["tokens_per_s"], abs=0.5)
+    assert got["tokens_per_s"] == pytest.approx(got["samples_per_s"] * out["configuration"]["seq_length"])
+    assert "as the simulation served them to ranks sharing a core" in text.output
+    served = [s["optimizer_ms"] for s in got["stages"]]
+    work = [row["optimizer"] for row in out["breakdown_ms_per_iteration"]]
+    assert all(s > w for s, w in zip(served, work))
+    plain = cli("predict", "--job", configuration_only(tmp_path / "own", RUN))
+    assert "sharing a core" not in plain.output

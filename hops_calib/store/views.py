@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
-from hops_calib.store.fixture_store import Fixture, FixtureStore, MeasuredFixture, json_safe
+from hops_calib.store.fixture_store import Fixture, FixtureStore, MeasuredFixture, json_safe, source_path
 
 if TYPE_CHECKING:  # the fixtures verbs show the store without loading the trace readers ingest needs
     from hops_calib.store.ingest import IngestReport
@@ -172,11 +172,18 @@ MEASURED_ITERATION_FIELDS = ("iteration_periods_ms", "interval_iterations", "las
                              "timing_log_option", "reported")
 
 
+def _source(fixture: Fixture | MeasuredFixture) -> str | None:
+    """Where the run was ingested from, as a path (`fixture_store.source_path`: the store records one beside it
+    relative to the store's parent)."""
+    recorded = fixture.meta.get("source")
+    return str(source_path(recorded, fixture.path.parent)) if recorded else None
+
+
 def _measured_show_dict(fixture: MeasuredFixture) -> dict[str, Any]:
     metrics, args = fixture.truth.metrics, fixture.launch
     return json_safe({
         "id": fixture.id, "kind": fixture.kind, "split": fixture.split, "group": fixture.group,
-        "content_hash": fixture.content_hash, "source": fixture.meta.get("source"),
+        "content_hash": fixture.content_hash, "source": _source(fixture),
         "origin": fixture.meta.get("origin"), "mapping": fixture.meta.get("mapping"),
         "configuration": {
             "tp": args.get("tensor_model_parallel_size", 1), "pp": args.get("pipeline_model_parallel_size", 1),
@@ -264,7 +271,7 @@ def _show_dict(fixture: Fixture) -> dict[str, Any]:
         "split": fixture.split,
         "group": fixture.group,
         "content_hash": fixture.content_hash,
-        "source": fixture.meta.get("source"),
+        "source": _source(fixture),
         "configuration": {
             "pp": spec.pp, "vp": spec.vp, "microbatches": spec.microbatches, "iterations": spec.iterations,
             "num_layers": model.num_layers, "hidden_size": model.hidden_size,

@@ -341,6 +341,7 @@ def what_if_text(result: WhatIf) -> str:
             ("  share of runs in it", lambda p: f"{100 * p.stall_throughput_range().share:.0f} %"),
             ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
             ("samples /s (all replicas)", lambda p: f"{rates[id(p)]['samples_per_s']:.2f}"),
+            ("tokens /s (all replicas)", lambda p: f"{rates[id(p)]['tokens_per_s']:.0f}"),
             ("model TFLOP/s per GPU", lambda p: f"{rates[id(p)]['model_tflops_per_gpu']:.3g}"),
             ("  MFU % of peak", lambda p: f"{100 * rates[id(p)]['mfu']:.1f}"),
             ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
@@ -377,9 +378,13 @@ def what_if_text(result: WhatIf) -> str:
         lines.append(f"{row.stage:>5} {row.device:8}{first.metrics.utilization_per_stage[row.stage]:7.3f}"
                      f"{row.forward_ms:9.2f}{row.backward_ms:9.2f}{optimizer:>9}")
     gather = result.breakdown[0]["dp_param_gather"] if result.breakdown else 0.0
+    shared = bool(spec.cores)
     lines.append("(opt ms: the rank's optimizer phase: its step, the breakdown's optimizer column below"
                  + (f", plus the distributed optimizer's all-gather of the updated weights after it, {gather:.2f} ms "
-                    "on stage 0, which the breakdown counts in DP reduce and exposed" if gather else "") + ")")
+                    "on stage 0, which the breakdown counts in DP reduce and exposed" if gather else "")
+                 + ("; fwd, bwd and opt ms are as the simulation served them to ranks sharing a core (processor "
+                    "sharing: longer while another rank of the core computes), the breakdown their work alone"
+                    if shared else "") + ")")
     lines += _breakdown_lines(result)
     return "\n".join(lines)
 
