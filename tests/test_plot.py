@@ -579,3 +579,41 @@ def _lines_init_with(progress_module, ticks):
 
     return init
 
+
+
+def test_the_default_timeline_of_a_job_of_many_microbatches_draws_a_readable_window(tmp_path):
+    """README's 175B GPU job (192 microbatches an iteration): two whole iterations give a forward ~1.5 px and the
+    picture turns to moire. The default draws only the start of one iteration, each forward at least MIN_TASK_PX
+    wide, says so in the title and a note; --iterations 2 still draws both whole iterations."""
+    from job_copies import readme_gpu_job
+
+    from hops_calib.plot.images import timeline_image
+    from hops_calib.plot.timeline import MIN_TASK_PX, PLOT_WIDTH_SHARE
+    from hops_calib.timeline import COMPUTE, FORWARD
+
+    job, _ = readme_gpu_job(tmp_path)
+    out = tmp_path / "t.png"
+
+    def forward_px(image):
+        ax = image.figure.axes[0]
+        x_min, x_max = ax.get_xlim()
+        return image.figure.get_figwidth() * PLOT_WIDTH_SHARE * DPI / (x_max - x_min), x_max
+
+    default = timeline_image(None, tmp_path, None, None, out, DPI, job)
+    whole = timeline_image(None, tmp_path, None, 2, out, DPI, job)
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.whatif.job import what_if
+
+    timeline = what_if(job, load_model(None), ()).predictions[0].result.timeline
+    forwards = timeline[(timeline["kind"] == COMPUTE) & (timeline["phase"] == FORWARD)]
+    forward_ms = float((forwards["end_ms"] - forwards["start_ms"]).median())
+    px_default, span_default = forward_px(default)
+    px_whole, span_whole = forward_px(whole)
+    assert forward_ms * px_whole < MIN_TASK_PX  # two whole iterations: unreadable (the walkthrough's picture)
+    assert forward_ms * px_default >= MIN_TASK_PX * 0.99
+    assert span_default < span_whole
+    title = default.figure._suptitle.get_text()
+    assert "ms of 1 of" in title and "microbatches 0-" in title and "of 192" in title
+    assert any(note.startswith("drawn: the first") and "--iterations K" in note for note in default.notes)
+    assert "first 2 of" in whole.figure._suptitle.get_text()
+    assert not any(note.startswith("drawn:") for note in whole.notes)

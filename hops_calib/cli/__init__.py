@@ -684,7 +684,9 @@ def plot_timeline(
                                        "(what-if; its configuration files only)."),
     schedules: Optional[list[str]] = typer.Option(None, "--schedule", help="With --job: one predicted panel per "
                                                   "schedule (repeatable); default the configured one."),
-    iterations: int = typer.Option(2, "--iterations", help="Show the first K iterations."),
+    iterations: Optional[int] = typer.Option(None, "--iterations", help="Show the first K whole iterations. "
+                                             "Default 2, fewer, down to the start of one, when a forward would be "
+                                             "under 6 px wide (the title says which window is drawn)."),
     fixtures: Path = FIXTURES_OPTION,
     cluster: Optional[Path] = CLUSTER_OPTION,
     no_cluster: bool = NO_CLUSTER_OPTION,

@@ -27,7 +27,7 @@ def _wrote(image) -> int:
     return EXIT_OK
 
 
-def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int,
+def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int | None,
                      out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = (),
                      cluster: Path | None = None, perturbations: dict | None = None, chrome: Path | None = None) -> int:
     def run() -> int:

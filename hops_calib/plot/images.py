@@ -84,7 +84,7 @@ def model_label(model: Model) -> str:
 
 # --- timeline ------------------------------------------------------------------------------------
 
-def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int,
+def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int | None,
                    out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = (),
                    cluster: Any = None, perturbations: Any = None, chrome: Path | None = None) -> Image:
     """A fixture's real timeline above the model's prediction, or a job's predicted timeline under each schedule
@@ -93,7 +93,7 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     from hops_calib.loop.model_files import load_model
     from hops_calib.loop.suite import TEST, open_store
     from hops_calib.model.predict import predict
-    from hops_calib.plot.timeline import Panel, timeline_figure
+    from hops_calib.plot.timeline import Panel, figure_size, shown_window, timeline_figure
 
     if (fixture_id is None) == (job is None):
         raise InputError("plot timeline", "give a fixture ID (real above predicted) or --job DIR (a configuration "
@@ -101,7 +101,7 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     if schedules and job is None:
         raise InputError("plot timeline", "--schedule applies to --job (a fixture is drawn as it ran)",
                          field="--schedule")
-    if iterations < 1:
+    if iterations is not None and iterations < 1:
         raise InputError("plot timeline", f"--iterations is {iterations}", field="--iterations",
                          hint="show at least one iteration")
     if chrome is not None and Path(chrome).suffix.lower() != ".json":
@@ -129,13 +129,15 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
                 panels.append(Panel(f"{prediction.schedule} slowed (draw 1 of {draws}, seed {perturbations.seed})",
                                     drawn.timeline, metrics_note(drawn.metrics()),
                                     first_iteration_label=TRACE_FIRST_ITERATION))
+        shown = shown_window([panel.timeline for panel in panels], iterations, figure_size(spec.pp)[0], dpi)
         title = (f"{spec.run_id} (what-if): {spec.pp} stages, {spec.microbatches} microbatches per iteration, "
-                 f"first {min(iterations, spec.iterations)} of {spec.iterations} iterations")
-        notes = tuple(f"not drawn: {refused.sentence()}" for refused in result.refused)
+                 f"{shown.describe(spec.iterations, spec.microbatches)}")
+        notes = _window_notes(shown, iterations)
+        notes += tuple(f"not drawn: {refused.sentence()}" for refused in result.refused)
         if perturbations is not None:
             notes += (f"slowed panels: {perturbations.describe()} (failures cost whole iterations and recoveries, "
                       "which a timeline of the traced window does not show; predict --job gives their throughput)",)
-        return Image(timeline_figure(title, spec.devices, panels, iterations, dpi=dpi), target, dpi, notes,
+        return Image(timeline_figure(title, spec.devices, panels, shown, dpi=dpi), target, dpi, notes,
                      _chrome(chrome, title, spec.devices, panels))
     target = _target(out, f"timeline-{fixture_id}.png", dpi)
     fixture = open_store(fixtures).load(fixture_id)
@@ -151,11 +153,24 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     panels = [Panel("Real run (trace)", real, metrics_note(fixture.truth.metrics)),
               Panel(f"Predicted by {model_label(model)}", prediction.result.timeline,
                     metrics_note(prediction.metrics), first_iteration_label=first_real)]
-    shown = min(iterations, len(fixture.truth.iterations) or iterations)
+    shown = shown_window([panel.timeline for panel in panels], iterations, figure_size(spec.pp)[0], dpi)
+    traced = len(fixture.truth.iterations) or spec.iterations
     title = (f"{fixture.id}: {prediction.schedule}, {spec.pp} stages, {spec.microbatches} microbatches per "
-             f"iteration (first {shown} of {spec.iterations} iterations)")
-    return Image(timeline_figure(title, spec.devices, panels, iterations, dpi=dpi), target, dpi,
-                 chrome=_chrome(chrome, title, spec.devices, panels))
+             f"iteration ({shown.describe(traced, spec.microbatches)})")
+    return Image(timeline_figure(title, spec.devices, panels, shown, dpi=dpi), target, dpi,
+                 _window_notes(shown, iterations), chrome=_chrome(chrome, title, spec.devices, panels))
+
+
+def _window_notes(shown: Any, asked: int | None) -> tuple[str, ...]:
+    """What the default window left out, and how to draw more: said when it drew less than the default."""
+    from hops_calib.plot.timeline import DEFAULT_ITERATIONS, MIN_TASK_PX
+
+    if asked is not None or (shown.span_ms is None and shown.iterations == DEFAULT_ITERATIONS):
+        return ()
+    window = (f"the first {shown.span_ms:,.0f} ms of one iteration" if shown.span_ms is not None
+              else f"{shown.iterations} iteration(s)")
+    return (f"drawn: {window}, so that a forward is at least {MIN_TASK_PX:.0f} px wide; --iterations K draws K "
+            "whole iterations (dense), --chrome FILE writes whole runs to zoom into",)
 
 
 def _chrome(path: Path | None, title: str, devices, panels) -> tuple[Path, dict] | None:

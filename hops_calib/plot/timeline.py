@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from hops_calib.plot import style
-from hops_calib.timeline import COMPUTE, OPTIMIZER, PHASES, TRANSFER
+from hops_calib.timeline import COMPUTE, FORWARD, OPTIMIZER, PHASES, TRANSFER
 
 LANE_HALF = 0.42  # lane: the stage's whole row; what is not covered by a bar is idle
 BAR_TOP, BAR_BOTTOM = -0.34, 0.26  # compute bars (y grows downwards: stage 0 on top)
@@ -24,6 +24,9 @@ SEND_TOP, SEND_BOTTOM = 0.30, 0.42  # sends: a thin strip at the bottom of the l
 LABEL_FONT_PT = 6.5  # microbatch numbers, inside the bars wide enough to hold them
 LATER_CHUNK = "later model chunk"  # legend key of hatched bars
 MIN_EDGE_PX = 5.0  # a white edge separates neighbouring bars, but would swallow a narrower one
+MIN_TASK_PX = 6.0  # the default window gives a typical forward at least this many pixels (narrower ones read as moire)
+DEFAULT_ITERATIONS = 2
+PLOT_WIDTH_SHARE = 0.86  # the plot area is about 86 % of the figure's width
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,48 @@ class Window:
     end_ms: float
 
 
-def iteration_window(timeline: pd.DataFrame, iterations: int) -> Window:
-    """The first `iterations` iterations of `timeline`, shifted to start at 0 ms."""
+@dataclass(frozen=True)
+class Shown:
+    """What a figure draws: the first `iterations` iterations, or, with `span_ms`, only their first span_ms."""
+
+    iterations: int
+    span_ms: float | None = None
+    forwards: int | None = None  # with span_ms: the first stage's forwards that start inside it
+
+    def describe(self, of_iterations: int, microbatches: int) -> str:
+        if self.span_ms is None:
+            return f"first {min(self.iterations, of_iterations)} of {of_iterations} iterations"
+        return (f"first {self.span_ms:,.0f} ms of 1 of {of_iterations} iterations: microbatches 0-"
+                f"{max(self.forwards - 1, 0)} of {microbatches}")
+
+
+def shown_window(timelines: Sequence[pd.DataFrame], iterations: int | None, width_in: float,
+                 dpi: float) -> Shown:
+    """The window a figure draws. Asked for K iterations (`iterations`), those; by default DEFAULT_ITERATIONS, fewer
+    when a typical (median) forward would be narrower than MIN_TASK_PX, and only the start of the first one (the
+    warm-up and the first steady microbatches) when even one iteration is too many to read."""
+    if iterations is not None:
+        return Shown(iterations)
+    forward_ms = float(np.median(np.concatenate([
+        (t["end_ms"] - t["start_ms"]).to_numpy()[((t["kind"] == COMPUTE) & (t["phase"] == FORWARD)).to_numpy()]
+        for t in timelines]) if timelines else np.array([np.nan])))
+    plot_px = width_in * PLOT_WIDTH_SHARE * dpi
+    if not forward_ms > 0:
+        return Shown(DEFAULT_ITERATIONS)
+    for k in range(DEFAULT_ITERATIONS, 0, -1):
+        end_ms = max(iteration_window(t, k).end_ms for t in timelines) * 1.01
+        if forward_ms * plot_px / end_ms >= MIN_TASK_PX:
+            return Shown(k)
+    span_ms = forward_ms * plot_px / MIN_TASK_PX
+    first = [iteration_window(t, 1).rows for t in timelines]
+    forwards = max(int(((r["kind"] == COMPUTE) & (r["phase"] == FORWARD) & (r["stage"] == 0)
+                        & (r["start_ms"] < span_ms)).sum()) for r in first)
+    return Shown(1, span_ms, forwards)
+
+
+def iteration_window(timeline: pd.DataFrame, iterations: int, span_ms: float | None = None) -> Window:
+    """The first `iterations` iterations of `timeline`, shifted to start at 0 ms; with `span_ms`, only the tasks
+    that start inside its first span_ms (cut at its end)."""
     if iterations < 1:
         raise ValueError(f"--iterations is {iterations}; show at least one iteration")
     if timeline.empty:
@@ -56,6 +99,10 @@ def iteration_window(timeline: pd.DataFrame, iterations: int) -> Window:
     rows = timeline[timeline["iteration"].isin(numbers)]
     origin = float(rows["start_ms"].min())
     rows = rows.assign(start_ms=rows["start_ms"] - origin, end_ms=rows["end_ms"] - origin)
+    if span_ms is not None:
+        rows = rows[rows["start_ms"] < span_ms]
+        rows = rows.assign(end_ms=rows["end_ms"].clip(upper=span_ms))
+        numbers = numbers[np.isin(numbers, rows["iteration"].unique())]
     starts = rows.groupby("iteration")["start_ms"].min().reindex(numbers)
     return Window(rows=rows, iterations=tuple(int(n) for n in numbers),
                   iteration_starts_ms=tuple(float(s) for s in starts), end_ms=float(rows["end_ms"].max()))
@@ -127,17 +174,19 @@ def _draw_panel(ax: Any, window: Window, panel: Panel, stages: int, x_max: float
     return drawn
 
 
-def timeline_figure(title: str, devices: Sequence[str], panels: Sequence[Panel], iterations: int = 2,
-                    dpi: float = style.DEFAULT_DPI) -> Any:
-    """A figure with one panel per entry of `panels`, stacked, sharing a time axis in ms."""
+def timeline_figure(title: str, devices: Sequence[str], panels: Sequence[Panel],
+                    iterations: int | Shown = DEFAULT_ITERATIONS, dpi: float = style.DEFAULT_DPI) -> Any:
+    """A figure with one panel per entry of `panels`, stacked, sharing a time axis in ms, over the window
+    `iterations` (K iterations, or a `shown_window`)."""
     plt = style.pyplot()
     stages = len(devices)
-    windows = [iteration_window(panel.timeline, iterations) for panel in panels]
-    x_max = max(window.end_ms for window in windows) * 1.01
+    shown = iterations if isinstance(iterations, Shown) else Shown(iterations)
+    windows = [iteration_window(panel.timeline, shown.iterations, shown.span_ms) for panel in panels]
+    x_max = (shown.span_ms if shown.span_ms is not None else max(window.end_ms for window in windows)) * 1.01
     width_in, height_in = figure_size(stages, len(panels))
     figure, axes = plt.subplots(len(panels), 1, figsize=(width_in, height_in), sharex=True, dpi=dpi,
                                 layout="constrained", squeeze=False)
-    px_per_ms = width_in * 0.86 * dpi / x_max  # the plot area is about 86 % of the width
+    px_per_ms = width_in * PLOT_WIDTH_SHARE * dpi / x_max
     drawn: set[str] = set()
     for ax, window, panel in zip(axes[:, 0], windows, panels):
         drawn |= _draw_panel(ax, window, panel, stages, x_max, px_per_ms, dpi)
