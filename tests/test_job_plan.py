@@ -286,13 +286,21 @@ def test_plan_on_readmes_512_gpu_job_prices_its_launches_and_stays_bounded(model
     assert plan.evaluated <= 20 + 40 + 1 and plan.best and plan.current is not None
     assert any("interchangeable devices" in note and "1 distinct stage order(s) searched of 40320" in note
                for note in plan.notes)
-    # what happened, not "0 step(s) ... stopped at its budget": the budget ran out inside a neighbourhood scan
-    found = re.search(r"then coordinate ascent .*: (\d+) move\(s\) to a faster neighbour; its budget of 40 new "
-                      r"launches ran out inside step (\d+)'s neighbourhood scan \(ascending from (the study's best|"
-                      r"the job's own launch)\): ([\d,]+) of ([\d,]+) neighbours looked at$", plan.search)
+    # what happened, not "0 step(s) ... stopped at its budget": the budget ran out inside a neighbourhood scan; and
+    # the counts add up (the walkthrough's "724 of 56,471 neighbours" against a budget of 651 and a space of 56,470)
+    found = re.search(r"^optuna TPE, seed 0, 20 trials over ([\d,]+) candidates \(([\d,]+) distinct launches priced: "
+                      r"the others repeated one or fell outside the space\), the job's own launch \((priced by the "
+                      r"study|1 more)\), then coordinate ascent .*: (\d+) move\(s\) to a faster neighbour, ([\d,]+) new "
+                      r"launches priced; its budget of 40 new launches ran out inside step (\d+)'s neighbourhood scan "
+                      r"\(ascending from (the study's best|the job's own launch)\): ([\d,]+) of its ([\d,]+) neighbours "
+                      r"looked at \(([\d,]+) priced new, ([\d,]+) priced before\)$", plan.search)
     assert found, plan.search
-    steps, step, scanned, neighbours = (int(found.group(k).replace(",", "")) for k in (1, 2, 4, 5))
-    assert steps >= 0 and step >= 1 and 0 <= scanned < neighbours
+    space, studied, steps, new, step, scanned, neighbours, fresh, before = (
+        int(found.group(k).replace(",", "")) for k in (1, 2, 4, 5, 6, 8, 9, 10, 11))
+    assert space == plan.space and studied <= 20 and steps >= 0 and step >= 1
+    assert plan.evaluated == studied + (found.group(3) == "1 more") + new and fresh <= new == 40
+    assert scanned == fresh + before < neighbours == plan.space - 1  # one order: every other shape, not itself
+    assert f"{plan.evaluated:,} distinct launches priced of {plan.space:,} candidates" in format_job_plan(plan)
     assert any("coordinate ascent stopped: its budget of 40 new launches ran out" in note and "--trials" in note
                for note in plan.notes)
 

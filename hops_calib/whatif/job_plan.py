@@ -607,22 +607,30 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
             progress.advance(launch.schedule)
     else:
         _optuna_search(space, score, trials, seed, progress)
+        studied = len(outcomes) + len(refusals)
         found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
+        own_known = planner.current() in outcomes or planner.current() in refusals
         own = score(planner.current())
         budget = ascent_budget(planner.spec, trials, ascent_tasks or ASCENT_TASKS)
         starts = found + ([own] if own is not None else [])
         steps, stopped = _local_search(space, score, starts,
                                        lambda launch: launch in outcomes or launch in refusals, budget, progress,
                                        done=trials)
-        search = (f"optuna TPE, seed {seed}, {trials} trials of {len(space)} candidates, then coordinate ascent "
-                  "(nearest launches first: schedule, micro-batch size, order, split) from its best and from the "
-                  f"job's own launch: {steps} move(s) to a faster neighbour")
+        # every count says what it counts: the study's trials repeat launches and fall outside the space, the job's
+        # own launch is priced once, and the ascent's budget counts only launches not priced before
+        search = (f"optuna TPE, seed {seed}, {trials} trials over {len(space):,} candidates ({studied:,} distinct "
+                  "launches priced: the others repeated one or fell outside the space), the job's own launch ("
+                  f"{'priced by the study' if own_known else '1 more'}), then coordinate ascent (nearest launches "
+                  "first: schedule, micro-batch size, order, split) from the study's best and from the job's own "
+                  f"launch: {steps} move(s) to a faster neighbour, "
+                  f"{len(outcomes) + len(refusals) - studied - (not own_known):,} new launches priced")
         if stopped is not None:
             start = ("the job's own launch" if own is not None and stopped.start == len(starts) - 1
                      else "the study's best")
-            ran_out = (f"its budget of {budget} new launches ran out inside step {stopped.step}'s neighbourhood "
-                       f"scan (ascending from {start}): {stopped.scanned:,} of {stopped.neighbours:,} neighbours "
-                       "looked at")
+            ran_out = (f"its budget of {budget:,} new launches ran out inside step {stopped.step}'s neighbourhood "
+                       f"scan (ascending from {start}): {stopped.scanned:,} of its {stopped.neighbours:,} "
+                       f"neighbours looked at ({stopped.scanned - stopped.known:,} priced new, {stopped.known:,} "
+                       "priced before)")
             search += f"; {ran_out}"
             planner.notes.append(
                 f"the coordinate ascent stopped: {ran_out} "
@@ -794,12 +802,17 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
                            for size, first, last, schedule, chunks in shapes]
             # nearest first (one change: the schedule, the micro-batch size, the order, the split; then two, ...):
             # what a budget leaves unpriced is the farthest
+            # each once, the launch itself not its own neighbour (its order and its shape are among the candidates)
+            neighbours = [n for n in dict.fromkeys(neighbours) if n != launch]
             neighbours.sort(key=lambda n: (distance(n, launch), axis(n, launch)))
             better = current
+            already = 0  # neighbours scanned that were priced before (the study's, an earlier step's)
             for scanned, neighbour in enumerate(neighbours):
-                if not known(neighbour):
+                if known(neighbour):
+                    already += 1
+                else:
                     if spent >= budget:
-                        return steps, AscentStop(index, step, scanned, len(neighbours))
+                        return steps, AscentStop(index, step, scanned, len(neighbours), already)
                     spent += 1
                     progress.update(done + spent, done + budget)
                 outcome = score(neighbour)
@@ -815,12 +828,14 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
 @dataclass(frozen=True)
 class AscentStop:
     """Where the coordinate ascent's budget ran out: scanning the neighbours of step `step` (1: the start's own
-    neighbourhood) from start `start` (an index of the starts), `scanned` of its `neighbours` looked at."""
+    neighbourhood) from start `start` (an index of the starts), `scanned` of its `neighbours` looked at, `known` of
+    them priced before (the rest priced new, against the budget)."""
 
     start: int
     step: int
     scanned: int
     neighbours: int
+    known: int = 0
 
 
 # The coordinate ascent after a study prices at most this many simulated tasks' worth of launches, counted at the
@@ -845,7 +860,8 @@ ALL_ORDERS = 5040  # up to 7 stages, a step of local search tries every order
 
 def format_job_plan(plan: JobPlan) -> str:
     """The plan as text: the best launches with their numbers and launch changes, then the job's own."""
-    lines = [f"{plan.job}: model {plan.model}; search {plan.search}; {plan.evaluated} evaluated of {plan.space}; "
+    lines = [f"{plan.job}: model {plan.model}; search {plan.search}; {plan.evaluated:,} distinct launches priced "
+             f"of {plan.space:,} candidates; "
              f"ranked by {'nominal throughput' if plan.rank_by == 'throughput' else plan.rank_by + ' throughput'}",
              f"cluster: {plan.cluster or 'none'}; calibration runs: {plan.store or 'not checked'}"]
     lines += [f"note: {note}" for note in plan.notes]
