@@ -23,6 +23,15 @@ class InputError(ValueError):
         super().__init__(f"{where}: {what}" + (f"; {hint}" if hint else ""))
 
 
+def given_together(choices: dict[str, bool]) -> str:
+    """The start of a 'give one of ...' message saying which of the exclusive `choices` (what the user typed: a
+    label per choice, True where given) were given together; empty when none was."""
+    given = [label for label, on in choices.items() if on]
+    if len(given) < 2:
+        return ""
+    return f"{' and '.join(given)} were both given: " if len(given) == 2 else f"{', '.join(given)} were all given: "
+
+
 def line_of(text: str, table: str | None, key: str | None = None) -> int | None:
     """1-based line of `key` inside TOML table `[table]` (top level when None), or of the header itself.
 

@@ -201,6 +201,28 @@ def test_invalid_requests_exit_2_with_a_reason(shared_fixtures, args, needle):
     assert needle in result.stderr
 
 
+def test_an_id_with_job_says_which_were_given_together(tmp_path):
+    """predict --job DIR ID (the walkthrough's slip) and plot timeline ID --job DIR: the refusal names the two given
+    together, not only 'give one of ...'; given none, it says what to give, as before. README's GPU job and a
+    shipped train run."""
+    from job_copies import readme_gpu_job
+
+    from hops_calib.loop.suite import open_store
+
+    job, _ = readme_gpu_job(tmp_path)
+    run = open_store(REPO / "fixtures").ids("train")[0]
+    both = cli("predict", "--job", job, run, "--fixtures", REPO / "fixtures")
+    assert both.exit_code == 2 and f"ID {run} and --job {job} were both given: give one of" in both.stderr
+    every = cli("predict", "--all", "--job", job, run, "--fixtures", REPO / "fixtures")
+    assert every.exit_code == 2 and f"ID {run}, --all, --job {job} were all given" in every.stderr
+    drawn = cli("plot", "timeline", run, "--job", job, "--fixtures", REPO / "fixtures", "--out", tmp_path / "t.png")
+    assert drawn.exit_code == 2 and f"ID {run} and --job {job} were both given" in drawn.stderr
+    assert not (tmp_path / "t.png").exists()
+    for args in (("predict",), ("plot", "timeline")):
+        none = cli(*args, "--fixtures", REPO / "fixtures")
+        assert none.exit_code == 2 and "given" not in none.stderr and "give " in none.stderr
+
+
 def test_a_missing_store_says_how_to_make_one(tmp_path):
     result = cli("evaluate", "--fixtures", tmp_path / "nowhere")
     assert result.exit_code == 2 and "hops-calib ingest" in result.stderr

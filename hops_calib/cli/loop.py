@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from hops_calib.cli.output import (EXIT_BROKEN_LEDGER, EXIT_OK, guarded, held_out_guard, print_json,
                                     refuse_job_dir_as_id)
-from hops_calib.errors import InputError
+from hops_calib.errors import InputError, given_together
 from hops_calib.loop.score import or_nan
 from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
 
@@ -197,9 +197,10 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
                     allow_held_out: bool = False) -> int:
     def run() -> int:
         refuse_job_dir_as_id(fixture_id, fixtures, "`hops-calib predict --job DIR`")
-        if (fixture_id is not None) + all_train + (job is not None) != 1:
-            raise InputError("predict", "give one of a fixture ID, --all (every train fixture) or --job DIR (a "
-                             "configuration that has not run)", field="ID")
+        choices = {f"ID {fixture_id}": fixture_id is not None, "--all": all_train, f"--job {job}": job is not None}
+        if sum(choices.values()) != 1:
+            raise InputError("predict", f"{given_together(choices)}give one of a fixture ID, --all (every train "
+                             "fixture) or --job DIR (a configuration that has not run)", field="ID")
         if schedules and job is None:
             raise InputError("predict", "--schedule applies to --job (a fixture is predicted as it ran)",
                              field="--schedule")

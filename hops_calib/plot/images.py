@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hops_calib.errors import InputError
+from hops_calib.errors import InputError, given_together
 from hops_calib.loop.score import SuiteScore
 from hops_calib.model import Model
 from hops_calib.plot import style
@@ -96,7 +96,8 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     from hops_calib.plot.timeline import Panel, figure_size, shown_window, timeline_figure
 
     if (fixture_id is None) == (job is None):
-        raise InputError("plot timeline", "give a fixture ID (real above predicted) or --job DIR (a configuration "
+        raise InputError("plot timeline", f"{given_together({f'ID {fixture_id}': fixture_id is not None, f'--job {job}': job is not None})}"
+                         "give a fixture ID (real above predicted) or --job DIR (a configuration "
                          "that has not run: one predicted panel per --schedule)", field="ID")
     if schedules and job is None:
         raise InputError("plot timeline", "--schedule applies to --job (a fixture is drawn as it ran)",
