@@ -216,3 +216,28 @@ def test_plan_refuses_an_option_its_way_of_planning_does_not_read():
     # each way still takes its own options
     assert cli("plan", *abstract, "--chunks", "2", "--json").exit_code == 0
     assert cli("plan", "--job", CPU_JOB, "--parallel", "--top", "1", "--json").exit_code == 0
+
+
+def test_a_device_outside_the_job_is_refused_with_the_stages_and_ids_it_has(tmp_path):
+    """--slow-device 9:1.1 on README's 8-stage GPU job: the refusal says stage 9 is outside its stages 0-7 and
+    names the device ids too (it had said only "'9' is no device of the job"); a wrong id and a wrong link end
+    say the same range."""
+    from job_copies import readme_gpu_job
+
+    from hops_calib.trace import read_stage_map
+
+    job, _ = readme_gpu_job(tmp_path)
+    ids = read_stage_map(job)
+    last = len(ids) - 1
+    valid = f"a stage number 0-{last} ({len(ids)} stages) or a device id of the stage map ({', '.join(ids)})"
+    stage = cli("predict", "--job", job, "--slow-device", f"{len(ids) + 1}:1.1")
+    assert stage.exit_code == 2
+    assert f"stage {len(ids) + 1} is outside the job's stages 0-{last}; name {valid}" in stage.stderr
+    planned = cli("plan", "--job", job, "--slow-device", "1:1.1")  # a plan reorders the stages: ids only
+    assert planned.exit_code == 2 and "a stage number names none); name a device id of the stage map" in planned.stderr
+    named = cli("predict", "--job", job, "--slow-device", "gpu99:1.1")
+    assert named.exit_code == 2 and f"'gpu99' is no device of the job; name {valid}" in named.stderr
+    link = cli("predict", "--job", job, "--slow-link", f"{last}-{last + 2}:2")
+    assert link.exit_code == 2 and f"each end {valid}" in link.stderr
+    inside = cli("predict", "--job", job, "--slow-device", f"{last}:1.1", "--json")
+    assert inside.exit_code == 0, inside.output

@@ -108,13 +108,19 @@ def parse_perturbations(options: dict | None, job: Path | None = None, stages_al
 
         ids = read_stage_map(Path(job))
 
+    # what names a device: its id in the stage map, or (where allowed) its stage number
+    valid = (f"a stage number 0-{len(ids) - 1} ({len(ids)} stages) or a device id of the stage map "
+             f"({', '.join(ids)})" if stages_allowed else f"a device id of the stage map ({', '.join(ids)})")
+
     def device(name: str, option: str) -> str:
         if stages_allowed and name.isdigit() and int(name) < len(ids):
             return ids[int(name)]
         if ids and name not in ids:
-            raise InputError(option, f"{name!r} is no device of the job", field=option,
-                             hint=f"name a device id of the stage map ({', '.join(ids)})"
-                                  + (" or a stage number" if stages_allowed else ""))
+            problem = (f"{name!r} is no device of the job" if not name.isdigit() else
+                       f"stage {name} is outside the job's stages 0-{len(ids) - 1}" if stages_allowed else
+                       f"{name!r} is no device of the job (a plan moves devices between stages: a stage number "
+                       "names none)")
+            raise InputError(option, problem, field=option, hint=f"name {valid}")
         return name
 
     slow_devices = []
@@ -130,7 +136,8 @@ def parse_perturbations(options: dict | None, job: Path | None = None, stages_al
                             for end in (pair[:k], pair[k + 1:]))), None)
         if ends is None:
             raise InputError("--slow-link", f"{pair!r} is not two devices A-B of the job", field="--slow-link",
-                             hint="e.g. --slow-link 0-1:2 (stages) or l4_node0_gpu0-l4_node1_gpu0:2")
+                             hint=(f"each end {valid}; " if ids else "")
+                             + "e.g. --slow-link 0-1:2 (stages) or l4_node0_gpu0-l4_node1_gpu0:2")
         a, b = device(ends[0], "--slow-link"), device(ends[1], "--slow-link")
         if stages_allowed and ids and abs(ids.index(a) - ids.index(b)) != 1:
             # a what-if's stage map is fixed: a pair that is no hop of it would change nothing
