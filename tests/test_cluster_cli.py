@@ -52,8 +52,10 @@ def test_plan_job_text_and_its_bad_options(tmp_path):
 
 def test_predict_job_under_a_slow_device_and_failures(tmp_path):
     nominal = json.loads(cli("predict", "--job", CPU_JOB, "--json").stdout)["predictions"][0]
+    # a long run (the launch's own --train-iters is a few iterations, which a failure at 2/h seldom strikes: its
+    # draws' 5th percentile then lies above the expectation, which counts the rare failure's whole cost)
     slowed = cli("predict", "--job", CPU_JOB, "--slow-device", "1:1.2", "--failure-rate", "2", "--recovery-s", "30",
-                 "--samples", "8", "--json")
+                 "--samples", "8", "--run-iterations", "1000", "--json")
     assert slowed.exit_code == 0, slowed.output
     data = json.loads(slowed.stdout)
     drawn = data["predictions"][0]["perturbed_throughput_per_s"]
@@ -241,3 +243,30 @@ def test_a_device_outside_the_job_is_refused_with_the_stages_and_ids_it_has(tmp_
     assert link.exit_code == 2 and f"each end {valid}" in link.stderr
     inside = cli("predict", "--job", job, "--slow-device", f"{last}:1.1", "--json")
     assert inside.exit_code == 0, inside.output
+
+
+def test_failures_strike_the_launchs_own_run_length(tmp_path):
+    """--failure-rate on README's GPU job (--train-iters 100) priced failures over 1000 iterations: now over the
+    launch's --train-iters, said so, unless --run-iterations says otherwise (and then that is said)."""
+    from job_copies import readme_gpu_job
+
+    from hops_calib.trace.megatron_args import find_launch
+
+    job, _ = readme_gpu_job(tmp_path)
+    train_iters = find_launch(job).args["train_iters"]
+    assert train_iters != 1000  # the old default: this job tells them apart
+
+    def perturbed(*extra):
+        result = cli("predict", "--job", job, "--failure-rate", "0.5", "--recovery-s", "300", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        return data["perturbations"], data["predictions"][0]["perturbed_throughput_per_s"]
+
+    said, own = perturbed()
+    assert f"over {train_iters} iterations (the launch's --train-iters, megatron_args.txt)" in said
+    said_given, given = perturbed("--run-iterations", train_iters)
+    assert f"over {train_iters} iterations (--run-iterations)" in said_given and given == own
+    said_long, longer = perturbed("--run-iterations", 1000)
+    assert "over 1000 iterations (--run-iterations)" in said_long and longer["p5"] != own["p5"]
+    text = cli("predict", "--job", job, "--failure-rate", "0.5")
+    assert text.exit_code == 0 and f"over {train_iters} iterations (the launch's --train-iters" in text.stdout

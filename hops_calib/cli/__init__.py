@@ -194,7 +194,7 @@ PERTURBATION_OPTIONS = (
      "checkpoint plus --recovery-s."),
     ("recovery_s", "--recovery-s", float, "Seconds to recover from a failure (detect, restart, reload; default 300)."),
     ("checkpoint_every", "--checkpoint-every", int, "Iterations between checkpoints (default 1)."),
-    ("run_iterations", "--run-iterations", int, "Iterations of the run that failures strike (default 1000)."),
+    ("run_iterations", "--run-iterations", int, "Iterations of the run that failures strike (default: the launch's --train-iters, else 1000)."),
     ("samples", "--samples", int, "Seeded draws per launch when stragglers or failures are random (default 32)."),
     ("seed", "--seed", int, "Seed of the draws (default 0)."),
 )

@@ -172,13 +172,35 @@ def parse_perturbations(options: dict | None, job: Path | None = None, stages_al
             failures = (Failure("the job (any device or link)", rate, options.get("recovery_s") or 300.0),)
         except ValueError as error:
             raise InputError("--failure-rate", str(error), field="--failure-rate") from None
+    run_iterations, run_from = _run_iterations(options.get("run_iterations"), job)
     try:
         return Perturbations(slow_devices=tuple(slow_devices), slow_links=tuple(slow_links), stragglers=stragglers,
                              failures=failures, checkpoint_every=options.get("checkpoint_every") or 1,
-                             run_iterations=options.get("run_iterations") or 1000,
+                             run_iterations=run_iterations, run_iterations_from=run_from,
                              samples=options.get("samples") or 32, seed=options.get("seed") or 0)
     except ValueError as error:
         raise InputError("predict", str(error), field="--samples") from None
+
+
+def _run_iterations(given: int | None, job: Path | None) -> tuple[int, str]:
+    """The iterations of the run failures strike and where that number comes from: --run-iterations when given,
+    else the launch's --train-iters (the whole run, warm-up included), else DEFAULT_RUN_ITERATIONS."""
+    from hops_calib.whatif.perturbations import DEFAULT_RUN_ITERATIONS
+
+    if given is not None:
+        return given, "--run-iterations"
+    if job is not None and Path(job).is_dir():
+        from hops_calib.trace import TraceError
+        from hops_calib.trace.megatron_args import find_launch
+
+        try:
+            launch = find_launch(Path(job))
+        except TraceError:  # the prediction itself reports the launch it cannot read
+            launch = None
+        iters = launch.args.get("train_iters") if launch is not None else None
+        if type(iters) is int and iters >= 1:
+            return iters, f"the launch's --train-iters, {launch.source.name}"
+    return DEFAULT_RUN_ITERATIONS, "default: the launch gives no --train-iters; --run-iterations N sets it"
 
 
 def cluster_command(sources: Sequence[Path], out: Path, as_json: bool) -> int:

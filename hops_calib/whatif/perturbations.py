@@ -48,6 +48,10 @@ class Estimate:
                 "expected_ci95_half_width_pct": self.half_width_pct, "p5": self.p5, "draws": self.draws}
 
 
+# Iterations of a run the failures strike when neither the launch (--train-iters) nor --run-iterations says.
+DEFAULT_RUN_ITERATIONS = 1000
+
+
 @dataclass(frozen=True)
 class Perturbations:
     slow_devices: tuple[tuple[str, float], ...] = ()  # (device id, compute factor)
@@ -55,7 +59,8 @@ class Perturbations:
     stragglers: RandomStragglers | None = None
     failures: tuple[Failure, ...] = ()  # the whole job stops when any one fails
     checkpoint_every: int = 1  # iterations between checkpoints: a failure loses those since the last one
-    run_iterations: int = 1000  # iterations of the run the failures strike (a real run is longer than its trace)
+    run_iterations: int = DEFAULT_RUN_ITERATIONS  # iterations of the run the failures strike (the whole run)
+    run_iterations_from: str = ""  # where run_iterations came from (the launch's --train-iters, --run-iterations)
     samples: int = 32  # draws per launch when something is random
     seed: int = 0
 
@@ -129,7 +134,7 @@ class Perturbations:
         parts += [f"{f.what} fails {f.rate_per_hour:g}/h, {f.recovery_s:g} s to recover" for f in self.failures]
         if self.failures:
             parts.append(f"checkpoint every {self.checkpoint_every} iteration(s), over {self.run_iterations} "
-                         "iterations")
+                         f"iterations ({self.run_iterations_from or 'default'})")
         if self.random:
             parts.append(f"{self.samples} seeded draws (seed {self.seed})")
         return "; ".join(parts) or "none"
