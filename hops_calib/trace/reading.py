@@ -143,10 +143,14 @@ def yaml_key_line(text: str, key: str) -> int | None:
 def load_yaml(path: Path, max_bytes: int = MAX_CONFIG_BYTES, max_nodes: int = MAX_YAML_NODES) -> Any:
     """A YAML file's data, safely: at most `max_bytes`, at most `max_nodes` values once aliases (`*name`) are
     expanded, at most MAX_NESTING levels; TraceError (file, line) otherwise, and for text that is not YAML."""
+    return parse_yaml(path, read_config_text(path, max_bytes), max_nodes)
+
+
+def parse_yaml(path: Path, text: str, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """`load_yaml` of a file's text already read (`read_config_text`), for a caller that also needs the text."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~10x faster, same result on safe YAML
-    text = read_config_text(path, max_bytes)
     try:
         _check_expansion(path, yaml.parse(text, Loader=loader), max_nodes)
         return yaml.load(text, Loader=loader)

@@ -139,13 +139,13 @@ def read_sidecar(path: Path) -> Sidecar:
     """What every run of the table (or log) at `path` shares, from `<name>.yaml` beside it (empty when absent):
     `args` (Megatron's names), `hardware` (gpu, gpus_per_node, collective_tables), `extra_columns`. Unknown keys
     are refused, naming the closest known ones."""
-    from hops_calib.trace.reading import load_yaml, read_config_text
+    from hops_calib.trace.reading import parse_yaml, read_config_text
 
     sidecar = path.with_suffix(".yaml")
     if not sidecar.is_file():
         return Sidecar(path=sidecar)
-    data = load_yaml(sidecar) or {}  # (bounded: 64 KiB, aliases expanded at most 10 000 values)
-    text = read_config_text(sidecar)  # (for the lines of its keys: the file is at most 64 KiB)
+    text = read_config_text(sidecar)  # (bounded: 64 KiB; kept for the lines of its keys)
+    data = parse_yaml(sidecar, text) or {}  # (aliases expanded at most 10 000 values)
     hint = ("a sidecar holds `args: {name: value}` (Megatron's args. names), `hardware: {gpu: TYPE, gpus_per_node: "
             "N}` and optionally `extra_columns: [name, ...]` (the table's own columns), shared by every row")
     if not isinstance(data, dict):
