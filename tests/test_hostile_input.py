@@ -207,3 +207,23 @@ def test_iteration_level_sources_are_read_within_the_same_bounds(tmp_path: Path)
     report = ingest([log, table], store, hardware=A100)
     assert [o.run_id for o in report.outcomes if o.status == "new"] == ["gpt_run1"]
     assert any("t.yaml" in (o.error or "") and "expands to more than" in o.error for o in report.rejected)
+
+
+def test_a_run_table_cell_too_large_for_a_float_is_that_rows_rejection(tmp_path: Path):
+    """An iteration_time_ms cell of 400 digits parses as an integer no float holds: the positivity check named the
+    row and field for a damaged number but crashed on this one (OverflowError, the whole ingest an internal error).
+    It is the row's rejection, as a link benchmark's size of 400 digits is that file's; the row beside it lands."""
+    from hops_calib.store.ingest import ingest
+    from test_iteration_level import _table
+
+    path = tmp_path / "sweep.csv"
+    _table([{"pipeline_model_parallel_size": 2, "iteration_time_ms": 120.5},
+            {"pipeline_model_parallel_size": 4, "iteration_time_ms": 7}]).to_csv(path, index=False)
+    text = path.read_text()
+    huge = "9" * 400
+    path.write_text(text[:text.rindex(",7")] + f",{huge}\n")
+    report = ingest([path], FixtureStore(tmp_path / "fx"))
+    assert [o.status for o in report.outcomes].count("new") == 1
+    (rejected,) = report.rejected
+    assert "sweep.csv:3" in rejected.error and "field 'iteration_time_ms'" in rejected.error
+    assert "expected a positive number" in rejected.error

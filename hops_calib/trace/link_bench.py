@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import bounded_lines, long_line, open_regular
+from hops_calib.trace.reading import bounded_lines, long_line, open_regular, positive_number
 
 # The benchmark's message sizes are in MiB (torch tensors of size_mb * 2**20 bytes).
 BYTES_PER_MB = 1 << 20
@@ -122,16 +121,6 @@ class LinkFit:
         return fast * burst + (nbytes - fast) * stream
 
 
-def _positive(value: object) -> bool:
-    """A positive, finite number (an integer too large for a float is not)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return 0 < float(value) < math.inf
-    except OverflowError:
-        return False
-
-
 # NCCL's log line naming the network it chose (net.cc: "Using network %s"), behind its "host:pid:tid NCCL INFO" prefix.
 _NCCL_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 
@@ -193,7 +182,7 @@ def read_pair(path: Path) -> tuple[list[tuple[float, float]], str]:
                 say(row["transport"], number, "transport")
             for field in ("size_mb", "p50_ms"):  # the receiver's rows too: a bad one means a damaged file
                 value = row.get(field)
-                if not _positive(value):
+                if not positive_number(value):
                     raise TraceError(path, f"is {value!r}, expected a positive number", line=number, field=field,
                                      hint="re-run the link benchmark or delete the row")
             if row.get("rank") != SENDER_RANK:

@@ -12,6 +12,7 @@ configuration files of at most 1.8 KB and lines of at most 367 bytes.
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from pathlib import Path
@@ -35,6 +36,17 @@ MAX_TABLE_ROWS = 100_000
 # longer one is a damaged or mis-scaled number (1e308 ms overflowed the metrics to a throughput of 0)
 MAX_ITERATION_MS = 86_400_000.0
 MAX_HOSTNAME = 255  # characters of an event's hostname (DNS names have at most 253)
+
+
+def positive_number(value: object) -> bool:
+    """Whether a parsed value is a positive, finite number: not a bool, and not an integer too large for a float
+    (`math.isfinite` raises OverflowError on one: a 400-digit cell is a damaged value, not a crash)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return 0 < float(value) < math.inf
+    except OverflowError:
+        return False
 
 
 def _kind(mode: int) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import MAX_ITERATION_MS, yaml_key_line
+from hops_calib.trace.reading import MAX_ITERATION_MS, positive_number, yaml_key_line
 from hops_calib.trace.measured import (
     EXTRA_PREFIX, KNOWN_ARGS, MEGATRON_DEFAULTS, REQUIRED_ARGS, VOCAB_ARGS, MeasuredRun, RunHardware,
     collective_tables_beside, model_flops_per_iteration, world_size,
@@ -374,7 +374,7 @@ def _iteration_time(path: Path, line: int, word: str, cells: dict[str, Any], arg
         value = cells.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        if not positive_number(value):
             raise _bad(path, line, word, name, f"is {value!r}, expected a positive number",
                        "fix the cell, or leave it empty and give another measurement column")
         if name == "iteration_time_ms":
