@@ -506,7 +506,10 @@ def test_a_multi_node_torchrun_launch_prices_a_data_parallel_group_across_nodes_
     each tensor-parallel pair fills a node and each data-parallel pair spans two, so its gradient all-reduce is
     priced by the ring over the nodes' NICs, slower than the one-node launch of the same job."""
     from hops_calib.spec import build_spec
-    from hops_calib.trace.megatron_args import launcher_gpus_per_node
+    from hops_calib.trace.megatron_args import ARGS_FILE, _parse_launch
+
+    def launcher_gpus_per_node(text: str) -> int | None:  # what read_launch_file gives as Launch.gpus_per_node
+        return _parse_launch(text, ARGS_FILE)[1]
 
     assert launcher_gpus_per_node("torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --num-layers 2") == 8
     assert launcher_gpus_per_node("torchrun --nproc-per-node=8 pretrain_gpt.py") is None  # one node: no count needed

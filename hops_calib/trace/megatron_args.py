@@ -87,8 +87,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a shell variable's name, as
 
 
 def _parse_launch(text: str, path: Path | str) -> tuple[dict[str, Any], int | None, tuple[tuple[str, str], ...]]:
-    """A command line's arguments (`parse_command_line`), its launcher's GPUs per node (`launcher_gpus_per_node`)
-    and the environment assignments before its launcher, from one split of it."""
+    """A command line's arguments (`parse_command_line`), its launcher's GPUs per node (`Launch.gpus_per_node`:
+    --nproc-per-node when --nnodes is a plain integer above 1, else None) and the environment assignments before
+    its launcher, from one split of it."""
     launcher, tokens = _split(text, path)
     environment = tuple((name, value) for name, sep, value in (token.partition("=") for token in launcher or ())
                         if sep and _ENV_NAME.fullmatch(name))
@@ -128,16 +129,6 @@ def _split(text: str, path: Path | str) -> tuple[list[str] | None, list[str]]:
     if not scripts:
         return None, tokens
     return tokens[:scripts[-1]], tokens[scripts[-1] + 1:]
-
-
-def launcher_gpus_per_node(text: str) -> int | None:
-    """GPUs (processes) per node of a multi-node torchrun launch: --nproc-per-node when --nnodes is a plain integer
-    above 1 (a one-node launch places every rank on one node, which needs no count); None otherwise."""
-    try:
-        launcher, _ = _split(text, ARGS_FILE)
-    except TraceError:
-        return None
-    return _launcher_layout(launcher)[1] if launcher is not None else None
 
 
 def _launcher_options(tokens: list[str]) -> dict[str, str]:
