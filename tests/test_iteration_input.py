@@ -243,6 +243,19 @@ def test_one_configuration_from_two_sources_shares_a_group_and_a_copy_is_a_dupli
     assert {s for v in by_config.values() for _, s in v} == {"train", "test"}  # both splits are used
 
 
+def test_a_source_listed_twice_however_spelled_is_read_once(tmp_path, monkeypatch):
+    """The same table given as a relative path, an absolute one and through a `..`: its runs are ingested once, and
+    no spelling of it is rejected as a source ingest does not read (the other spellings were sent to the job
+    directory search, which called the table 'not a source ingest reads')."""
+    rows = [{"pipeline_model_parallel_size": p, "iteration_time_ms": ms} for p, ms in ((2, 270.1), (4, 160.2))]
+    (tmp_path / "sub").mkdir()
+    _sweep(rows).to_csv(tmp_path / "sweep.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    report = ingest(["sweep.csv", tmp_path / "sweep.csv", "sub/../sweep.csv"], FixtureStore(tmp_path / "fx"))
+    assert report.ok, [o.error for o in report.rejected]
+    assert sorted(o.status for o in report.outcomes) == ["new", "new"]
+
+
 def test_ingest_says_each_runs_split_and_whether_it_is_priced(tmp_path):
     from tests.test_iteration_level import _allreduce_tables
 

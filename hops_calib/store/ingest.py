@@ -318,8 +318,9 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                          "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
     sources = [Path(s) for s in sources]
-    measured = list({s.resolve(): s for s in reversed(sources) if is_measured_source(s)}.values())[::-1]  # once each
-    job_dirs = _job_dirs([s for s in sources if s not in measured], report)
+    is_measured = {s: is_measured_source(s) for s in sources}
+    measured = list({s.resolve(): s for s in reversed(sources) if is_measured[s]}.values())[::-1]  # once each
+    job_dirs = _job_dirs([s for s in sources if not is_measured[s]], report)
     store.check_writable()
     _check_apart(store.root, job_dirs)
     if on_start:

@@ -227,10 +227,8 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         if table_id in context.event_ids:
             raise StoreError(f"{path}: its runs would go to the folder {table_id}, which holds a run with events; "
                              "rename the file")
-        if table_id in context.batch:
-            same = context.batch[table_id].resolve() == path.resolve()
-            raise StoreError(f"{path}: listed twice in this ingest (read once: the second time is skipped)" if same
-                             else f"{path}: {context.batch[table_id]} is ingested into the same folder {table_id}; "
+        if table_id in context.batch:  # (ingest reads a source listed twice, however spelled, once)
+            raise StoreError(f"{path}: {context.batch[table_id]} is ingested into the same folder {table_id}; "
                              "rename one of them")
         context.batch[table_id] = path
         digest = source_hash(path, mode)
