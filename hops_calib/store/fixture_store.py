@@ -862,15 +862,16 @@ class FixtureStore:
             raise
 
     @staticmethod
-    def write_summary(folder: Path, *, meta: dict[str, Any], spec: Spec, truth: Truth) -> None:
-        """The small files of a fixture (spec, truth, fixture.json) into a folder from `writing`; fixture.json
+    def write_summary(folder: Path, *, meta: dict[str, Any], spec: Spec, truth: Truth, events_sha256: str) -> None:
+        """The small files of a fixture (spec, truth, fixture.json) into a folder from `writing`, beside its events
+        (written first, by read_run; `events_sha256`: their `file_digest`, which ingest has already taken); fixture.json
         records the digests of every file (`file_sha256`) and of its own content (`fixture_sha256`), so a later hand
         edit is refused rather than scored."""
         texts = {SPEC_FILE: spec.to_json() + "\n", TRUTH_FILE: dumps(truth.to_dict())}
         for name, text in texts.items():
             (folder / name).write_text(text, encoding="utf-8")
         digests = {name: text_digest(text) for name, text in texts.items()}
-        digests[EVENTS_FILE] = file_digest(folder / EVENTS_FILE)  # written first (read_run)
+        digests[EVENTS_FILE] = events_sha256
         meta = {**meta, FILE_DIGESTS: digests}
         (folder / FIXTURE_FILE).write_text(dumps({**meta, META_DIGEST: meta_digest(meta)}), encoding="utf-8")
 

@@ -518,8 +518,9 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
     store.begin_writing()
     with store.writing(run_id) as folder:
         data = read_run(job_dir, folder / EVENTS_FILE, lenient, skew_ms)
+        events_sha = file_digest(folder / EVENTS_FILE)  # (hashed once: the clash check and fixture.json's record)
         if previous and FILE_DIGESTS in previous:
-            _refuse_clash(store, run_id, previous, job_dir, file_digest(folder / EVENTS_FILE))
+            _refuse_clash(store, run_id, previous, job_dir, events_sha)
         copies.refuse(run_id, job_dir, data.fingerprint)
         outcome.warnings += data.warnings
         meta = {
@@ -536,7 +537,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
             "quality": data.quality,
             FINGERPRINT: data.fingerprint,
         }
-        store.write_summary(folder, meta=meta, spec=data.spec, truth=data.truth)
+        store.write_summary(folder, meta=meta, spec=data.spec, truth=data.truth, events_sha256=events_sha)
     group_split[group] = chosen
     outcome.status = "updated" if previous is not None else "new"
     return True
