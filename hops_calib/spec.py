@@ -321,10 +321,15 @@ def split_layers(num_layers: int, pp: int, first: int | None = None, last: int |
     return tuple(c if c is not None else rest // free for c in counts)
 
 
+def _flag(key: str) -> str:
+    """The command-line flag of an argument's `args.` name: num_layers -> --num-layers."""
+    return "--" + key.replace("_", "-")
+
+
 def _require_int(args: dict[str, Any], name: str, source: Any, default: int | None = None, minimum: int = 0) -> int:
     from hops_calib.trace.errors import TraceError
 
-    flag = "--" + name.replace("_", "-")
+    flag = _flag(name)
     value = args.get(name, default)
     if type(value) is not int or value < minimum:
         expected = "a non-negative integer" if minimum == 0 else f"a whole number of at least {minimum}"
@@ -892,7 +897,7 @@ def layer_settings_of(args: dict[str, Any], source: Path | str, tp: int, heads: 
         groups = _require_int(args, key, source, minimum=1)
         if heads % groups:
             raise TraceError(source, f"{groups} does not divide --num-attention-heads {heads}",
-                             field="--" + key.replace("_", "-"), hint="each query group takes a whole number of heads")
+                             field=_flag(key), hint="each query group takes a whole number of heads")
         if groups == heads:
             groups = None  # as many groups as heads is multi-head attention
     for name, size in (("--num-attention-heads", heads), ("--num-query-groups", groups or heads),
@@ -958,7 +963,7 @@ class Unmodelled:
     @property
     def names_flag(self) -> bool:
         """Whether the setting was found under the flag's own name (`--swiglu` / `swiglu`)."""
-        return self.key is None or "--" + self.key.replace("_", "-") == self.flag
+        return self.key is None or _flag(self.key) == self.flag
 
     @property
     def field(self) -> str:
@@ -982,7 +987,7 @@ def _line_naming(source: Path, key: str | None) -> int | None:
     does."""
     if key is None:
         return None
-    flag = "--" + key.replace("_", "-")
+    flag = _flag(key)
     from hops_calib.trace import TraceError
     from hops_calib.trace.reading import text_lines
 
@@ -1026,11 +1031,10 @@ def unknown_flags_note(args: dict[str, Any], source: Path | str) -> str | None:
     found = unknown_flags(args)
     if not found:
         return None
-    flag = lambda key: "--" + key.replace("_", "-")  # noqa: E731
     lines = {given: _line_naming(Path(source), given) for given, _ in found}
     one_line = len(set(lines.values())) == 1
-    named = ", ".join(flag(given) + ("" if one_line or lines[given] is None else f" (line {lines[given]})")
-                      + (f" (did you mean {flag(meant)}?)" if meant else "") for given, meant in found)
+    named = ", ".join(_flag(given) + ("" if one_line or lines[given] is None else f" (line {lines[given]})")
+                      + (f" (did you mean {_flag(meant)}?)" if meant else "") for given, meant in found)
     where = Path(source).name + (f":{lines[found[0][0]]}" if one_line and lines[found[0][0]] is not None else "")
     return (f"ignored: {named} ({where}): flags the model neither prices nor knows, so the prediction is the "
             "launch's without them (spell a flag as Megatron does for it to count)")
@@ -1043,19 +1047,19 @@ def require_modelled(args: dict[str, Any], source: Path | str) -> None:
     `build_spec` calls it, so ingest and `predict --job` (what-if) refuse the same launches.
     """
     from hops_calib.trace.errors import TraceError
+    from hops_calib.trace.megatron_args import ARGS_FILE
 
     # A near-miss of a flag the project knows is a typo Megatron would refuse, and a prediction would price another
     # launch (`--sequence-paralel`: no sequence parallelism); refused, on a command line as a user writes it (a rank
     # log's arguments block holds the names Megatron itself parsed). A flag near nothing known is only noted.
     typos = [(given, meant) for given, meant in unknown_flags(args) if meant] \
-        if Path(source).name == "megatron_args.txt" else []
+        if Path(source).name == ARGS_FILE else []
     if typos:
         given, meant = typos[0]
-        flag = lambda key: "--" + key.replace("_", "-")  # noqa: E731
         raise TraceError(source, "has flags the model does not know but that nearly spell ones it knows: "
-                         + "; ".join(f"{flag(g)} ({flag(m)}?)" for g, m in typos),
-                         line=_line_naming(Path(source), given), field=flag(given),
-                         hint=f"did you mean {flag(meant)}? Megatron would refuse the unknown flag; spell it as "
+                         + "; ".join(f"{_flag(g)} ({_flag(m)}?)" for g, m in typos),
+                         line=_line_naming(Path(source), given), field=_flag(given),
+                         hint=f"did you mean {_flag(meant)}? Megatron would refuse the unknown flag; spell it as "
                               "Megatron does, so that the prediction prices what the launch runs")
     found = unmodelled(args)
     if not found:
