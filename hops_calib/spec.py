@@ -638,17 +638,22 @@ def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[Link
                  and hardware.node_of(a, first_ranks) == hardware.node_of(b, first_ranks))
 
 
+def _lists_cores(cores: Any) -> bool:
+    """Whether `manifest.yaml`'s `cores` lists a core (an integer) for each rank."""
+    return isinstance(cores, list) and bool(cores) and all(type(c) is int for c in cores)
+
+
 def shared_cores(cores: Any, gpus: int) -> tuple[int, ...]:
     """The core of every rank (`manifest.yaml`'s `cores`, one per rank of a launch of `gpus`) when some ranks
     share a core, which `Spec.core_load` then prices by processor sharing; () otherwise."""
-    if not isinstance(cores, list) or len(cores) != gpus or not all(type(c) is int for c in cores):
+    if not _lists_cores(cores) or len(cores) != gpus:
         return ()
     return tuple(cores) if len(set(cores)) < len(cores) else ()
 
 
 def _ranks_per_core(cores: Any) -> float:
     """Ranks per core of a capture whose manifest lists each rank's core (`cores`), when ranks share cores; else 1."""
-    if not isinstance(cores, list) or not cores or not all(type(c) is int for c in cores):
+    if not _lists_cores(cores):
         return 1.0
     return len(cores) / len(set(cores))
 
@@ -660,7 +665,7 @@ def core_sharing_note(manifest: dict[str, Any], path: Path) -> str | None:
     from hops_calib.trace.reading import read_config_text, yaml_key_line
 
     cores, said = manifest.get("cores"), manifest.get("ranks_share_cores")
-    if said is None or not isinstance(cores, list) or not cores or not all(type(c) is int for c in cores):
+    if said is None or not _lists_cores(cores):
         return None
     shared = len(set(cores)) < len(cores)
     if said is shared:
@@ -754,11 +759,12 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     spec = spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
                           collectives=read_collective_tables(job_dir / ALLREDUCE_DIR),
                           configured=manifest.get("configured_schedule"), schedule_source=job_dir / MANIFEST,
-                          ranks_per_device=_ranks_per_core(manifest.get("cores")),
+                          ranks_per_device=_ranks_per_core(cores),
                           declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
                           notes=notes)
-    if shared_cores(cores, spec.gpus):  # which ranks share a core: priced by processor sharing
-        spec = dataclasses.replace(spec, cores=shared_cores(cores, spec.gpus))
+    sharing = shared_cores(cores, spec.gpus)
+    if sharing:  # which ranks share a core: priced by processor sharing
+        spec = dataclasses.replace(spec, cores=sharing)
     per_node = launch.gpus_per_node
     if per_node is not None and spec.gpus_per_node is None:
         # A multi-node torchrun launch places global rank r on node r // nproc-per-node: the groups that span nodes
