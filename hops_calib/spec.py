@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -147,10 +148,11 @@ class Spec:
         sharers unknown); () for one rank per device."""
         if self.cores:
             sizes = {"tp": self.tp, "dp": self.dp, "pp": self.pp}
-            stage_of = [coordinates_of(rank, self.rank_order, sizes)["pp"] for rank in range(len(self.cores))]
-            return tuple(tuple(float(sum(1 for rank, core in enumerate(self.cores)
-                                         if core == self.cores[self.rank(0, 0, s)] and stage_of[rank] == q))
-                               for q in range(self.pp)) for s in range(self.pp))
+            # processes per (core, stage): every rank counted once, under its core and its pipeline rank
+            sharers = Counter((core, coordinates_of(rank, self.rank_order, sizes)["pp"])
+                              for rank, core in enumerate(self.cores))
+            return tuple(tuple(float(sharers[self.cores[self.rank(0, 0, s)], q]) for q in range(self.pp))
+                         for s in range(self.pp))
         if self.ranks_per_device != 1:
             return tuple(tuple(self.ranks_per_device if q == s else 0.0 for q in range(self.pp))
                          for s in range(self.pp))
