@@ -47,6 +47,13 @@ class Rows:
     def empty(cls) -> "Rows":
         return cls([], [], [], [], [], [], [], [])
 
+    def add_step(self, rank: int, phase: int, start_ms: float, end_ms: float) -> None:
+        """A compute row of `rank` outside any microbatch (chunk 0, microbatch -1): its optimizer step."""
+        self.stage.append(rank); self.chunk.append(0); self.microbatch.append(-1)  # noqa: E702
+        self.is_transfer.append(False); self.phase.append(phase)  # noqa: E702
+        self.start_ms.append(start_ms); self.end_ms.append(end_ms)  # noqa: E702
+        self.peer_stage.append(-1)
+
 
 class DeadlockError(RuntimeError):
     """No rank can make progress: the programs wait on each other."""
@@ -212,10 +219,7 @@ def _run_tail(cores: Cores, rank: int, now: float, tail: list[tuple[int, float]]
     served[rank], submitted[rank] = None, False
     for k, (phase, _) in enumerate(tail):
         if phase >= 0:
-            rows.stage.append(rank); rows.chunk.append(0); rows.microbatch.append(-1)  # noqa: E702
-            rows.is_transfer.append(False); rows.phase.append(phase)  # noqa: E702
-            rows.start_ms.append(marks[2 * k]); rows.end_ms.append(marks[2 * k + 1])  # noqa: E702
-            rows.peer_stage.append(-1)
+            rows.add_step(rank, phase, marks[2 * k], marks[2 * k + 1])
     return marks[-1], True
 
 
