@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hops_calib.trace.collective_bench import CollectiveTable  # the machine's collective benchmark
+from hops_calib.trace.events import MAX_INDEX  # the largest microbatch and model chunk a trace numbers
 from hops_calib.trace.link_bench import LinkFit  # the link benchmark's fit; a Spec carries one per hop
 
 # The HOPS tracing fork of Megatron starts tracing at iteration 3: iterations
@@ -364,9 +365,9 @@ def configured_schedule(configured: Any, vp: int, source: Path | str = "manifest
 
 
 # Microbatches per iteration, and model chunks per stage, a configuration may have to be ingested or predicted as
-# it is: as many as a trace numbers (`hops_calib.trace.events.MAX_INDEX` + 1); predict --job times 32768
-# microbatches in about 2 s. (plan --job searches other micro-batch sizes instead: it bounds its own tasks.)
-MAX_PER_ITERATION = 1 << 15
+# it is: as many as a trace numbers; predict --job times 32768 microbatches in about 2 s. (plan --job searches
+# other micro-batch sizes instead: it bounds its own tasks.)
+MAX_PER_ITERATION = MAX_INDEX + 1
 
 
 def check_simulable(spec: Spec, source: Path | str) -> None:
