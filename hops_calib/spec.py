@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from hops_calib.trace.collective_bench import CollectiveTable  # the machine's collective benchmark
+from hops_calib.trace.events import MAX_INDEX  # the largest microbatch and model chunk a trace numbers
 from hops_calib.trace.link_bench import LinkFit  # the link benchmark's fit; a Spec carries one per hop
 
 # The HOPS tracing fork of Megatron starts tracing at iteration 3: iterations
@@ -147,10 +149,11 @@ class Spec:
         sharers unknown); () for one rank per device."""
         if self.cores:
             sizes = {"tp": self.tp, "dp": self.dp, "pp": self.pp}
-            stage_of = [coordinates_of(rank, self.rank_order, sizes)["pp"] for rank in range(len(self.cores))]
-            return tuple(tuple(float(sum(1 for rank, core in enumerate(self.cores)
-                                         if core == self.cores[self.rank(0, 0, s)] and stage_of[rank] == q))
-                               for q in range(self.pp)) for s in range(self.pp))
+            # processes per (core, stage): every rank counted once, under its core and its pipeline rank
+            sharers = Counter((core, coordinates_of(rank, self.rank_order, sizes)["pp"])
+                              for rank, core in enumerate(self.cores))
+            return tuple(tuple(float(sharers[self.cores[self.rank(0, 0, s)], q]) for q in range(self.pp))
+                         for s in range(self.pp))
         if self.ranks_per_device != 1:
             return tuple(tuple(self.ranks_per_device if q == s else 0.0 for q in range(self.pp))
                          for s in range(self.pp))
@@ -321,10 +324,15 @@ def split_layers(num_layers: int, pp: int, first: int | None = None, last: int |
     return tuple(c if c is not None else rest // free for c in counts)
 
 
+def _flag(key: str) -> str:
+    """The command-line flag of an argument's `args.` name: num_layers -> --num-layers."""
+    return "--" + key.replace("_", "-")
+
+
 def _require_int(args: dict[str, Any], name: str, source: Any, default: int | None = None, minimum: int = 0) -> int:
     from hops_calib.trace.errors import TraceError
 
-    flag = "--" + name.replace("_", "-")
+    flag = _flag(name)
     value = args.get(name, default)
     if type(value) is not int or value < minimum:
         expected = "a non-negative integer" if minimum == 0 else f"a whole number of at least {minimum}"
@@ -357,9 +365,9 @@ def configured_schedule(configured: Any, vp: int, source: Path | str = "manifest
 
 
 # Microbatches per iteration, and model chunks per stage, a configuration may have to be ingested or predicted as
-# it is: as many as a trace numbers (`hops_calib.trace.events.MAX_INDEX` + 1); predict --job times 32768
-# microbatches in about 2 s. (plan --job searches other micro-batch sizes instead: it bounds its own tasks.)
-MAX_PER_ITERATION = 1 << 15
+# it is: as many as a trace numbers; predict --job times 32768 microbatches in about 2 s. (plan --job searches
+# other micro-batch sizes instead: it bounds its own tasks.)
+MAX_PER_ITERATION = MAX_INDEX + 1
 
 
 def check_simulable(spec: Spec, source: Path | str) -> None:
@@ -633,17 +641,22 @@ def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[Link
                  and hardware.node_of(a, first_ranks) == hardware.node_of(b, first_ranks))
 
 
+def _lists_cores(cores: Any) -> bool:
+    """Whether `manifest.yaml`'s `cores` lists a core (an integer) for each rank."""
+    return isinstance(cores, list) and bool(cores) and all(type(c) is int for c in cores)
+
+
 def shared_cores(cores: Any, gpus: int) -> tuple[int, ...]:
     """The core of every rank (`manifest.yaml`'s `cores`, one per rank of a launch of `gpus`) when some ranks
     share a core, which `Spec.core_load` then prices by processor sharing; () otherwise."""
-    if not isinstance(cores, list) or len(cores) != gpus or not all(type(c) is int for c in cores):
+    if not _lists_cores(cores) or len(cores) != gpus:
         return ()
     return tuple(cores) if len(set(cores)) < len(cores) else ()
 
 
 def _ranks_per_core(cores: Any) -> float:
     """Ranks per core of a capture whose manifest lists each rank's core (`cores`), when ranks share cores; else 1."""
-    if not isinstance(cores, list) or not cores or not all(type(c) is int for c in cores):
+    if not _lists_cores(cores):
         return 1.0
     return len(cores) / len(set(cores))
 
@@ -655,7 +668,7 @@ def core_sharing_note(manifest: dict[str, Any], path: Path) -> str | None:
     from hops_calib.trace.reading import read_config_text, yaml_key_line
 
     cores, said = manifest.get("cores"), manifest.get("ranks_share_cores")
-    if said is None or not isinstance(cores, list) or not cores or not all(type(c) is int for c in cores):
+    if said is None or not _lists_cores(cores):
         return None
     shared = len(set(cores)) < len(cores)
     if said is shared:
@@ -749,11 +762,12 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
     spec = spec_from_args(args, args_source, run_id=run_id, hardware=hardware, links=links,
                           collectives=read_collective_tables(job_dir / ALLREDUCE_DIR),
                           configured=manifest.get("configured_schedule"), schedule_source=job_dir / MANIFEST,
-                          ranks_per_device=_ranks_per_core(manifest.get("cores")),
+                          ranks_per_device=_ranks_per_core(cores),
                           declared_schedule=declared_schedule_of(template, [run_id, scenario.rsplit("/", 1)[-1]]),
                           notes=notes)
-    if shared_cores(cores, spec.gpus):  # which ranks share a core: priced by processor sharing
-        spec = dataclasses.replace(spec, cores=shared_cores(cores, spec.gpus))
+    sharing = shared_cores(cores, spec.gpus)
+    if sharing:  # which ranks share a core: priced by processor sharing
+        spec = dataclasses.replace(spec, cores=sharing)
     per_node = launch.gpus_per_node
     if per_node is not None and spec.gpus_per_node is None:
         # A multi-node torchrun launch places global rank r on node r // nproc-per-node: the groups that span nodes
@@ -892,7 +906,7 @@ def layer_settings_of(args: dict[str, Any], source: Path | str, tp: int, heads: 
         groups = _require_int(args, key, source, minimum=1)
         if heads % groups:
             raise TraceError(source, f"{groups} does not divide --num-attention-heads {heads}",
-                             field="--" + key.replace("_", "-"), hint="each query group takes a whole number of heads")
+                             field=_flag(key), hint="each query group takes a whole number of heads")
         if groups == heads:
             groups = None  # as many groups as heads is multi-head attention
     for name, size in (("--num-attention-heads", heads), ("--num-query-groups", groups or heads),
@@ -958,7 +972,7 @@ class Unmodelled:
     @property
     def names_flag(self) -> bool:
         """Whether the setting was found under the flag's own name (`--swiglu` / `swiglu`)."""
-        return self.key is None or "--" + self.key.replace("_", "-") == self.flag
+        return self.key is None or _flag(self.key) == self.flag
 
     @property
     def field(self) -> str:
@@ -982,7 +996,7 @@ def _line_naming(source: Path, key: str | None) -> int | None:
     does."""
     if key is None:
         return None
-    flag = "--" + key.replace("_", "-")
+    flag = _flag(key)
     from hops_calib.trace import TraceError
     from hops_calib.trace.reading import text_lines
 
@@ -1026,11 +1040,10 @@ def unknown_flags_note(args: dict[str, Any], source: Path | str) -> str | None:
     found = unknown_flags(args)
     if not found:
         return None
-    flag = lambda key: "--" + key.replace("_", "-")  # noqa: E731
     lines = {given: _line_naming(Path(source), given) for given, _ in found}
     one_line = len(set(lines.values())) == 1
-    named = ", ".join(flag(given) + ("" if one_line or lines[given] is None else f" (line {lines[given]})")
-                      + (f" (did you mean {flag(meant)}?)" if meant else "") for given, meant in found)
+    named = ", ".join(_flag(given) + ("" if one_line or lines[given] is None else f" (line {lines[given]})")
+                      + (f" (did you mean {_flag(meant)}?)" if meant else "") for given, meant in found)
     where = Path(source).name + (f":{lines[found[0][0]]}" if one_line and lines[found[0][0]] is not None else "")
     return (f"ignored: {named} ({where}): flags the model neither prices nor knows, so the prediction is the "
             "launch's without them (spell a flag as Megatron does for it to count)")
@@ -1043,19 +1056,19 @@ def require_modelled(args: dict[str, Any], source: Path | str) -> None:
     `build_spec` calls it, so ingest and `predict --job` (what-if) refuse the same launches.
     """
     from hops_calib.trace.errors import TraceError
+    from hops_calib.trace.megatron_args import ARGS_FILE
 
     # A near-miss of a flag the project knows is a typo Megatron would refuse, and a prediction would price another
     # launch (`--sequence-paralel`: no sequence parallelism); refused, on a command line as a user writes it (a rank
     # log's arguments block holds the names Megatron itself parsed). A flag near nothing known is only noted.
     typos = [(given, meant) for given, meant in unknown_flags(args) if meant] \
-        if Path(source).name == "megatron_args.txt" else []
+        if Path(source).name == ARGS_FILE else []
     if typos:
         given, meant = typos[0]
-        flag = lambda key: "--" + key.replace("_", "-")  # noqa: E731
         raise TraceError(source, "has flags the model does not know but that nearly spell ones it knows: "
-                         + "; ".join(f"{flag(g)} ({flag(m)}?)" for g, m in typos),
-                         line=_line_naming(Path(source), given), field=flag(given),
-                         hint=f"did you mean {flag(meant)}? Megatron would refuse the unknown flag; spell it as "
+                         + "; ".join(f"{_flag(g)} ({_flag(m)}?)" for g, m in typos),
+                         line=_line_naming(Path(source), given), field=_flag(given),
+                         hint=f"did you mean {_flag(meant)}? Megatron would refuse the unknown flag; spell it as "
                               "Megatron does, so that the prediction prices what the launch runs")
     found = unmodelled(args)
     if not found:

@@ -171,8 +171,8 @@ class Model:
         # flow, so the hops and collectives priced from the NIC share are held under it too.
         from hops_calib.model.terms.embedding import EmbeddingGradAllReduce, socket_flow_bytes_per_ms
 
-        ends = [active for active in self.terms if active.name == EmbeddingGradAllReduce.name]
-        cap = socket_flow_bytes_per_ms(spec, ends[0].params()["flow_cap_gbit_s"]) if ends else math.inf
+        ends = self.active(EmbeddingGradAllReduce.name)
+        cap = socket_flow_bytes_per_ms(spec, ends.params()["flow_cap_gbit_s"]) if ends is not None else math.inf
         return Context(spec=spec, layout=layout, devices=tuple(devices), connection_cap_bytes_per_ms=cap)
 
     def pipeline(self, spec: Spec) -> Pipeline:

@@ -22,6 +22,7 @@ order the sender issues them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hops_calib.sim.cores import Cores
@@ -46,6 +47,13 @@ class Rows:
     @classmethod
     def empty(cls) -> "Rows":
         return cls([], [], [], [], [], [], [], [])
+
+    def add_step(self, rank: int, phase: int, start_ms: float, end_ms: float) -> None:
+        """A compute row of `rank` outside any microbatch (chunk 0, microbatch -1): its optimizer step."""
+        self.stage.append(rank); self.chunk.append(0); self.microbatch.append(-1)  # noqa: E702
+        self.is_transfer.append(False); self.phase.append(phase)  # noqa: E702
+        self.start_ms.append(start_ms); self.end_ms.append(end_ms)  # noqa: E702
+        self.peer_stage.append(-1)
 
 
 class DeadlockError(RuntimeError):
@@ -83,7 +91,6 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
     clock = list(start_ms)
     position = [0] * ranks
     served: list[list[float] | None] = [None] * ranks  # shared cores: the times of the task a rank waits on
-    submitted = [False] * ranks
     closed = [False] * ranks  # done with the iteration
     # Bound methods and locals: this loop runs thousands of times per calibration trial.
     add_stage, add_chunk, add_mb = rows.stage.append, rows.chunk.append, rows.microbatch.append
@@ -130,14 +137,10 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
                         if ready > now:
                             now = ready
                     if cores is not None:  # served at the core's share: the task's times once `cores` has them
-                        marks = served[rank]
+                        paid = host[stage] if needs >= 0 or not host_after_receive_only else 0.0
+                        marks = _serve(cores, rank, now, (paid, task_ms[phase][stage]), served)
                         if marks is None:
-                            if not submitted[rank]:
-                                paid = host[stage] if needs >= 0 or not host_after_receive_only else 0.0
-                                cores.submit(rank, now, (paid, task_ms[phase][stage]))
-                                submitted[rank] = True
                             break
-                        served[rank], submitted[rank] = None, False
                         now, end = marks[2], marks[3]
                     else:
                         if needs >= 0 or not host_after_receive_only:
@@ -184,7 +187,7 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
                 clock[rank] = now
             if i == n:
                 if cores is not None and tails and tails[rank]:
-                    now, done = _run_tail(cores, rank, now, tails[rank], served, submitted, rows)
+                    now, done = _run_tail(cores, rank, now, tails[rank], served, rows)
                     if not done:
                         continue
                     clock[rank] = now
@@ -200,22 +203,28 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
     return clock
 
 
-def _run_tail(cores: Cores, rank: int, now: float, tail: list[tuple[int, float]], served: list, submitted: list,
-              rows: Rows) -> tuple[float, bool]:
-    """A rank's work after its program on shared cores: submitted once, recorded when served; (clock, done)."""
+def _serve(cores: Cores, rank: int, now: float, work: Sequence[float], served: list[list[float] | None]
+           ) -> list[float] | None:
+    """The [start, end] of each item of `work` once `cores` has served it to `rank` (`served[rank]`, taken), else
+    None: submitted from `now` the first time the rank asks (while its chain runs, `cores.active` holds it)."""
     marks = served[rank]
     if marks is None:
-        if not submitted[rank]:
-            cores.submit(rank, now, [work for _, work in tail])
-            submitted[rank] = True
+        if rank not in cores.active:
+            cores.submit(rank, now, work)
+        return None
+    served[rank] = None
+    return marks
+
+
+def _run_tail(cores: Cores, rank: int, now: float, tail: list[tuple[int, float]], served: list,
+              rows: Rows) -> tuple[float, bool]:
+    """A rank's work after its program on shared cores: submitted once, recorded when served; (clock, done)."""
+    marks = _serve(cores, rank, now, [work for _, work in tail], served)
+    if marks is None:
         return now, False
-    served[rank], submitted[rank] = None, False
     for k, (phase, _) in enumerate(tail):
         if phase >= 0:
-            rows.stage.append(rank); rows.chunk.append(0); rows.microbatch.append(-1)  # noqa: E702
-            rows.is_transfer.append(False); rows.phase.append(phase)  # noqa: E702
-            rows.start_ms.append(marks[2 * k]); rows.end_ms.append(marks[2 * k + 1])  # noqa: E702
-            rows.peer_stage.append(-1)
+            rows.add_step(rank, phase, marks[2 * k], marks[2 * k + 1])
     return marks[-1], True
 
 

@@ -232,7 +232,7 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
                                 for end in ends]
             starts = [start + pipeline.post_optimizer_ms for start in optimizer_starts]
             for rank, cost in enumerate(optimizer):
-                _optimizer_row(rows, rank, optimizer_starts[rank], optimizer_starts[rank] + cost)
+                rows.add_step(rank, OPTIMIZER_PHASE, optimizer_starts[rank], optimizer_starts[rank] + cost)
                 starts[rank] += cost
         barriers.append(barrier)
         if pipeline.iteration_barrier:
@@ -255,13 +255,6 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
         makespan_ms=float(columns["end_ms"].max()), peak_activations=programs.peak_activations,
         columns=columns, chunks=pipeline.chunks,
     )
-
-
-def _optimizer_row(rows: Rows, rank: int, start: float, end: float) -> None:
-    rows.stage.append(rank); rows.chunk.append(0); rows.microbatch.append(-1)  # noqa: E702
-    rows.is_transfer.append(False); rows.phase.append(OPTIMIZER_PHASE)  # noqa: E702
-    rows.start_ms.append(start); rows.end_ms.append(end)  # noqa: E702
-    rows.peer_stage.append(-1)
 
 
 def _shared_iteration(pipeline: Pipeline, programs: Programs, cores: Cores, task_ms: list[list[float]],
@@ -292,7 +285,7 @@ def _shared_iteration(pipeline: Pipeline, programs: Programs, cores: Cores, task
             cores.submit(rank, begin, (steps[rank],))
         while cores.active:
             for rank, marks in cores.advance():
-                _optimizer_row(rows, rank, marks[0], marks[1])
+                rows.add_step(rank, OPTIMIZER_PHASE, marks[0], marks[1])
                 nexts[rank] += marks[1] - begin
     return ends, barrier, nexts
 

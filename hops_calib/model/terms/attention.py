@@ -15,6 +15,15 @@ def softmax_batch_per_block(key_length: int) -> int:
     return 8 if key_length <= 128 else 4
 
 
+def softmax_fusion_asked(spec: Spec) -> bool:
+    """Whether the launch asks for Megatron's fused scale-mask-softmax: masked-softmax fusion on (its default;
+    `--no-masked-softmax-fusion` turns it off)."""
+    on = spec.megatron_args.get("masked_softmax_fusion")
+    if on is None:
+        on = not spec.megatron_args.get("no_masked_softmax_fusion", False)
+    return bool(on)
+
+
 def softmax_fused(spec: Spec) -> bool:
     """Whether Megatron runs the attention softmax in its fused scale-mask-softmax kernel: masked-softmax fusion on
     (its default; `--no-masked-softmax-fusion` turns it off), 16-bit inputs and shapes the kernel takes
@@ -22,13 +31,10 @@ def softmax_fused(spec: Spec) -> bool:
     attention batches b x np, np the heads PER TENSOR-PARALLEL PARTITION, a multiple of 4 and of the kernel's
     batches per block for the causal mask). Otherwise Megatron falls back to separate scale, mask and softmax
     kernels (`forward_torch_softmax`): at t = 8 with 16 heads and micro batch 1, b x np = 2."""
-    on = spec.megatron_args.get("masked_softmax_fusion")
-    if on is None:
-        on = not spec.megatron_args.get("no_masked_softmax_fusion", False)
     shape = spec.model
     s = shape.seq_length
     attention_batches = shape.micro_batch_size * (shape.num_attention_heads // max(1, shape.tensor_parallel))
-    return (bool(on) and shape.precision in ("fp16", "bf16") and 16 < s <= 4096 and s % 4 == 0
+    return (softmax_fusion_asked(spec) and shape.precision in ("fp16", "bf16") and 16 < s <= 4096 and s % 4 == 0
             and attention_batches % 4 == 0 and attention_batches % softmax_batch_per_block(s) == 0)
 
 
@@ -36,10 +42,7 @@ def softmax_fallback(spec: Spec) -> bool:
     """Whether a 16-bit launch asked for the fused softmax (masked-softmax fusion on, Megatron's default) but its
     shape does not fit the kernel (`softmax_fused`), so Megatron runs separate scale, mask and softmax kernels with
     their fp32 casts instead (FusedScaleMaskSoftmax.forward_torch_softmax)."""
-    on = spec.megatron_args.get("masked_softmax_fusion")
-    if on is None:
-        on = not spec.megatron_args.get("no_masked_softmax_fusion", False)
-    return bool(on) and spec.model.precision in ("fp16", "bf16") and not softmax_fused(spec)
+    return softmax_fusion_asked(spec) and spec.model.precision in ("fp16", "bf16") and not softmax_fused(spec)
 
 
 def attention_dropout(spec: Spec) -> float:

@@ -54,9 +54,9 @@ def links_transport(spec: Spec) -> str:
     if spec.transport:
         return spec.transport
     names = {fit.transport for fit in spec.links if not fit.intra_node}
-    if "socket" in names or "" in names or not names:
-        return "socket" if "socket" in names else ""
-    return "/".join(sorted(names))
+    if "socket" in names:
+        return "socket"
+    return "" if "" in names else "/".join(sorted(names))
 
 
 def over_sockets(spec: Spec) -> bool:
