@@ -22,7 +22,7 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -228,14 +228,24 @@ class Space:
             counts[kind] = counts.get(kind, 0) + 1
         return math.factorial(len(self.devices)) // math.prod(math.factorial(c) for c in counts.values())
 
+    def _by_kind(self) -> tuple[dict[str, int], dict[int, list[str]]]:
+        """Each device's kind, and each kind's devices in the order the job's own launch has them."""
+        kind = self._kind()
+        by_kind: dict[int, list[str]] = {}
+        for device in self.current_order:
+            by_kind.setdefault(kind[device], []).append(device)
+        return kind, by_kind
+
+    @staticmethod
+    def _deal(by_kind: dict[int, list[str]], kinds: Iterable[int]) -> tuple[str, ...]:
+        """The canonical order of a sequence of kinds: at each stage the next device of its kind."""
+        taken = {k: iter(devices) for k, devices in by_kind.items()}
+        return tuple(next(taken[k]) for k in kinds)
+
     def canonical(self, order: Sequence[str]) -> tuple[str, ...]:
         """The device order that stands for every order with the same kinds at the same stages."""
-        kind = self._kind()
-        queues: dict[int, list[str]] = {}
-        for device in self.current_order:
-            queues.setdefault(kind[device], []).append(device)
-        taken = {k: iter(devices) for k, devices in queues.items()}
-        return tuple(next(taken[kind[device]]) for device in order)
+        kind, by_kind = self._by_kind()
+        return self._deal(by_kind, (kind[device] for device in order))
 
     def orders(self):
         """Every distinct order, canonical, in lexicographic order of kind sequences (with every device a kind of
@@ -243,16 +253,12 @@ class Space:
         if self.devices is None:
             yield self.current_order
             return
-        kind = self._kind()
-        by_kind: dict[int, list[str]] = {}
-        for device in self.current_order:
-            by_kind.setdefault(kind[device], []).append(device)
+        kind, by_kind = self._by_kind()
         rank = {k: r for r, k in enumerate(by_kind)}  # kinds numbered as the job's own order meets them
         sequence = sorted(rank[kind[d]] for d in self.current_order)
         kinds = list(by_kind)
         while True:
-            taken = {k: iter(devices) for k, devices in by_kind.items()}
-            yield tuple(next(taken[kinds[r]]) for r in sequence)
+            yield self._deal(by_kind, (kinds[r] for r in sequence))
             i = len(sequence) - 2  # the next permutation of the multiset (Narayana's algorithm)
             while i >= 0 and sequence[i] >= sequence[i + 1]:
                 i -= 1
