@@ -775,16 +775,12 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
     every_order = space.devices is not None and space.orders_count() <= ALL_ORDERS
     steps = spent = 0
 
-    def changed(a: Launch, b: Launch) -> tuple[bool, bool, bool, bool]:
-        """Which of the schedule, the micro-batch size, the order and the split differ."""
-        return ((a.schedule, a.chunks) != (b.schedule, b.chunks), a.micro_batch_size != b.micro_batch_size,
-                a.order != b.order, (a.first, a.last) != (b.first, b.last))
-
-    def distance(a: Launch, b: Launch) -> int:
-        return sum(changed(a, b))
-
-    def axis(a: Launch, b: Launch) -> tuple[bool, ...]:
-        return tuple(not flag for flag in changed(a, b))  # the schedule's changes first, the split's last
+    def nearness(a: Launch, b: Launch) -> tuple[int, tuple[bool, ...]]:
+        """How many of the schedule, the micro-batch size, the order and the split differ, then which: the
+        schedule's changes first, the split's last."""
+        changed = ((a.schedule, a.chunks) != (b.schedule, b.chunks), a.micro_batch_size != b.micro_batch_size,
+                   a.order != b.order, (a.first, a.last) != (b.first, b.last))
+        return sum(changed), tuple(not flag for flag in changed)
 
     for index, start in enumerate(starts):
         if not start.fits:
@@ -806,11 +802,11 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
             neighbours = [replace(launch, order=order) for order in orders]
             neighbours += [Launch(launch.order, first, last, schedule, chunks, size)
                            for size, first, last, schedule, chunks in shapes]
-            # nearest first (one change: the schedule, the micro-batch size, the order, the split; then two, ...):
-            # what a budget leaves unpriced is the farthest
             # each once, the launch itself not its own neighbour (its order and its shape are among the candidates)
             neighbours = [n for n in dict.fromkeys(neighbours) if n != launch]
-            neighbours.sort(key=lambda n: (distance(n, launch), axis(n, launch)))
+            # nearest first (one change: the schedule, the micro-batch size, the order, the split; then two, ...):
+            # what a budget leaves unpriced is the farthest
+            neighbours.sort(key=lambda n: nearness(n, launch))
             better = current
             already = 0  # neighbours scanned that were priced before (the study's, an earlier step's)
             for scanned, neighbour in enumerate(neighbours):
