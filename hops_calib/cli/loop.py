@@ -96,8 +96,8 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
              f"{prediction.stall_throughput_range().text()})" if score.stall_noise_ape_pct else ""))
     print(f"{'steady throughput /s':24}{real.steady_throughput_per_s:12.3f}{pred.steady_throughput_per_s:12.3f}"
           f"{_pct(score.steady_throughput_error_pct):>8} %")
-    print(f"{'samples /s':24}{samples_per_s(real.throughput_per_s, spec.model.micro_batch_size, spec.dp):12.2f}"
-          f"{samples_per_s(pred.throughput_per_s, spec.model.micro_batch_size, spec.dp):12.2f}"
+    samples = _samples(real, pred, spec)
+    print(f"{'samples /s':24}{samples['real']:12.2f}{samples['predicted']:12.2f}"
           + (f"    (all {spec.dp} data-parallel replicas)" if spec.dp > 1 else ""))
     print(f"{'bubble %':24}{100 * real.bubble_ratio:12.1f}{100 * pred.bubble_ratio:12.1f}"
           f"{_pct(score.bubble_error_pp):>7} pp")
