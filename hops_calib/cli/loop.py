@@ -510,6 +510,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
         entries = list(read_entries(ledger_path))
         if last is not None:
             entries = entries[-last:] if last > 0 else []
+        from hops_calib.loop.heldout import HELD_OUT_KEY, OVERRIDE_KEY, OVERRIDE_KIND, RECORD_KIND
         from hops_calib.loop.plans import judgement_notes
 
         notes = judgement_notes(list(read_entries(ledger_path)))
@@ -536,12 +537,12 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
                         + (f" ({e['note']})" if e.get("note") else "")
                         + ((", kept" if e.get("decision") == "accepted" else ", undone") + f" in {e['committed_into']}"
                            if e.get("committed") else ""))
-            elif e.get("kind") == "held_out_override":
-                groups = [leak.get("group") for leak in e.get("held_out_override") or []]
+            elif e.get("kind") == OVERRIDE_KIND:
+                groups = [leak.get("group") for leak in e.get(OVERRIDE_KEY) or []]
                 what = (f"{e.get('verb')} on {e.get('fixtures')} went on over held-out group(s) "
                         f"{', '.join(map(str, groups))} (--allow-held-out)")
-            elif e.get("kind") == "held_out_record":
-                what = (f"held out the {len(e.get('held_out_groups') or {})} test group(s) of {e.get('fixtures')} "
+            elif e.get("kind") == RECORD_KIND:
+                what = (f"held out the {len(e.get(HELD_OUT_KEY) or {})} test group(s) of {e.get('fixtures')} "
                         "(ledger hold-out; nothing scored)")
             else:
                 candidate = e.get("candidate") or {}
@@ -552,7 +553,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             note = notes.get(e.get("seq"))
             if note is not None:
                 what += _judgement_note(note)
-            if e.get("kind") != "held_out_override" and e.get("held_out_override"):
+            if e.get("kind") != OVERRIDE_KIND and e.get(OVERRIDE_KEY):
                 what += " [over held-out groups: --allow-held-out]"
             print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', e.get('kind', '')):9} {what}")
         return EXIT_OK
