@@ -228,7 +228,7 @@ class Space:
             counts[kind] = counts.get(kind, 0) + 1
         return math.factorial(len(self.devices)) // math.prod(math.factorial(c) for c in counts.values())
 
-    def _by_kind(self) -> tuple[dict[str, int], dict[int, list[str]]]:
+    def by_kind(self) -> tuple[dict[str, int], dict[int, list[str]]]:
         """Each device's kind, and each kind's devices in the order the job's own launch has them."""
         kind = self._kind()
         by_kind: dict[int, list[str]] = {}
@@ -244,7 +244,7 @@ class Space:
 
     def canonical(self, order: Sequence[str]) -> tuple[str, ...]:
         """The device order that stands for every order with the same kinds at the same stages."""
-        kind, by_kind = self._by_kind()
+        kind, by_kind = self.by_kind()
         return self._deal(by_kind, (kind[device] for device in order))
 
     def orders(self):
@@ -253,7 +253,7 @@ class Space:
         if self.devices is None:
             yield self.current_order
             return
-        kind, by_kind = self._by_kind()
+        kind, by_kind = self.by_kind()
         rank = {k: r for r, k in enumerate(by_kind)}  # kinds numbered as the job's own order meets them
         sequence = sorted(rank[kind[d]] for d in self.current_order)
         kinds = list(by_kind)
@@ -700,10 +700,7 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
 
 def _interchangeable(space: Space) -> str:
     """The note naming the devices a plan took as interchangeable, and the orders that left to price."""
-    groups: dict[int, list[str]] = {}
-    for device, kind in zip(space.devices, space.kinds):
-        groups.setdefault(kind, []).append(device)
-    alike = [", ".join(devices) for devices in groups.values() if len(devices) > 1]
+    alike = [", ".join(devices) for devices in space.by_kind()[1].values() if len(devices) > 1]
     return (f"interchangeable devices (same type, same links at every position: a launch prices the same with any "
             f"two swapped): {'; '.join(alike)}. {space.orders_count()} distinct stage order(s) searched of "
             f"{math.factorial(len(space.devices))}")
