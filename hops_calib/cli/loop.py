@@ -96,8 +96,8 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
              f"{prediction.stall_throughput_range().text()})" if score.stall_noise_ape_pct else ""))
     print(f"{'steady throughput /s':24}{real.steady_throughput_per_s:12.3f}{pred.steady_throughput_per_s:12.3f}"
           f"{_pct(score.steady_throughput_error_pct):>8} %")
-    print(f"{'samples /s':24}{samples_per_s(real.throughput_per_s, spec.model.micro_batch_size, spec.dp):12.2f}"
-          f"{samples_per_s(pred.throughput_per_s, spec.model.micro_batch_size, spec.dp):12.2f}"
+    samples = _samples(real, pred, spec)
+    print(f"{'samples /s':24}{samples['real']:12.2f}{samples['predicted']:12.2f}"
           + (f"    (all {spec.dp} data-parallel replicas)" if spec.dp > 1 else ""))
     print(f"{'bubble %':24}{100 * real.bubble_ratio:12.1f}{100 * pred.bubble_ratio:12.1f}"
           f"{_pct(score.bubble_error_pp):>7} pp")
@@ -510,6 +510,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
         entries = list(read_entries(ledger_path))
         if last is not None:
             entries = entries[-last:] if last > 0 else []
+        from hops_calib.loop.heldout import HELD_OUT_KEY, OVERRIDE_KEY, OVERRIDE_KIND, RECORD_KIND
         from hops_calib.loop.plans import judgement_notes
 
         notes = judgement_notes(list(read_entries(ledger_path)))
@@ -536,12 +537,12 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
                         + (f" ({e['note']})" if e.get("note") else "")
                         + ((", kept" if e.get("decision") == "accepted" else ", undone") + f" in {e['committed_into']}"
                            if e.get("committed") else ""))
-            elif e.get("kind") == "held_out_override":
-                groups = [leak.get("group") for leak in e.get("held_out_override") or []]
+            elif e.get("kind") == OVERRIDE_KIND:
+                groups = [leak.get("group") for leak in e.get(OVERRIDE_KEY) or []]
                 what = (f"{e.get('verb')} on {e.get('fixtures')} went on over held-out group(s) "
                         f"{', '.join(map(str, groups))} (--allow-held-out)")
-            elif e.get("kind") == "held_out_record":
-                what = (f"held out the {len(e.get('held_out_groups') or {})} test group(s) of {e.get('fixtures')} "
+            elif e.get("kind") == RECORD_KIND:
+                what = (f"held out the {len(e.get(HELD_OUT_KEY) or {})} test group(s) of {e.get('fixtures')} "
                         "(ledger hold-out; nothing scored)")
             else:
                 candidate = e.get("candidate") or {}
@@ -552,7 +553,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             note = notes.get(e.get("seq"))
             if note is not None:
                 what += _judgement_note(note)
-            if e.get("kind") != "held_out_override" and e.get("held_out_override"):
+            if e.get("kind") != OVERRIDE_KIND and e.get(OVERRIDE_KEY):
                 what += " [over held-out groups: --allow-held-out]"
             print(f"{e.get('seq'):>4} {e.get('time', '')[:19]} {e.get('decision', e.get('kind', '')):9} {what}")
         return EXIT_OK

@@ -26,6 +26,7 @@ from hops_calib.store.fixture_store import TIMING_KEY
 HELD_OUT_KEY = "held_out_groups"
 OVERRIDE_KEY = "held_out_override"
 OVERRIDE_KIND = "held_out_override"
+RECORD_KIND = "held_out_record"
 OVERRIDE_FLAG = "--allow-held-out"
 
 
@@ -203,9 +204,6 @@ def record_override(ledger_path: Path | str | None, verb: str, store, found: lis
     return ledger.append(path, {"kind": OVERRIDE_KIND, "time": ledger.now_utc(), "verb": verb,
                                 "fixtures": str(store.root), **override_record(found),
                                 "code_revision": ledger.code_revision()})
-
-
-RECORD_KIND = "held_out_record"
 
 
 def record_store(fixtures_dir: Path | str, ledger_path: Path | str | None) -> dict[str, Any] | None:

@@ -78,13 +78,14 @@ def shown_window(timelines: Sequence[pd.DataFrame], iterations: int | None, widt
     if not forward_ms > 0:
         return Shown(DEFAULT_ITERATIONS)
     for k in range(DEFAULT_ITERATIONS, 0, -1):
-        end_ms = max(iteration_window(t, k).end_ms for t in timelines) * 1.01
+        windows = [iteration_window(t, k) for t in timelines]
+        end_ms = max(window.end_ms for window in windows) * 1.01
         if forward_ms * plot_px / end_ms >= MIN_TASK_PX:
             return Shown(k)
     span_ms = forward_ms * plot_px / MIN_TASK_PX
-    first = [iteration_window(t, 1).rows for t in timelines]
+    # the loop's last windows are the first iteration's
     forwards = max(int(((r["kind"] == COMPUTE) & (r["phase"] == FORWARD) & (r["stage"] == 0)
-                        & (r["start_ms"] < span_ms)).sum()) for r in first)
+                        & (r["start_ms"] < span_ms)).sum()) for r in (window.rows for window in windows))
     return Shown(1, span_ms, forwards)
 
 

@@ -22,7 +22,7 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -228,14 +228,24 @@ class Space:
             counts[kind] = counts.get(kind, 0) + 1
         return math.factorial(len(self.devices)) // math.prod(math.factorial(c) for c in counts.values())
 
+    def by_kind(self) -> tuple[dict[str, int], dict[int, list[str]]]:
+        """Each device's kind, and each kind's devices in the order the job's own launch has them."""
+        kind = self._kind()
+        by_kind: dict[int, list[str]] = {}
+        for device in self.current_order:
+            by_kind.setdefault(kind[device], []).append(device)
+        return kind, by_kind
+
+    @staticmethod
+    def _deal(by_kind: dict[int, list[str]], kinds: Iterable[int]) -> tuple[str, ...]:
+        """The canonical order of a sequence of kinds: at each stage the next device of its kind."""
+        taken = {k: iter(devices) for k, devices in by_kind.items()}
+        return tuple(next(taken[k]) for k in kinds)
+
     def canonical(self, order: Sequence[str]) -> tuple[str, ...]:
         """The device order that stands for every order with the same kinds at the same stages."""
-        kind = self._kind()
-        queues: dict[int, list[str]] = {}
-        for device in self.current_order:
-            queues.setdefault(kind[device], []).append(device)
-        taken = {k: iter(devices) for k, devices in queues.items()}
-        return tuple(next(taken[kind[device]]) for device in order)
+        kind, by_kind = self.by_kind()
+        return self._deal(by_kind, (kind[device] for device in order))
 
     def orders(self):
         """Every distinct order, canonical, in lexicographic order of kind sequences (with every device a kind of
@@ -243,16 +253,12 @@ class Space:
         if self.devices is None:
             yield self.current_order
             return
-        kind = self._kind()
-        by_kind: dict[int, list[str]] = {}
-        for device in self.current_order:
-            by_kind.setdefault(kind[device], []).append(device)
+        kind, by_kind = self.by_kind()
         rank = {k: r for r, k in enumerate(by_kind)}  # kinds numbered as the job's own order meets them
         sequence = sorted(rank[kind[d]] for d in self.current_order)
         kinds = list(by_kind)
         while True:
-            taken = {k: iter(devices) for k, devices in by_kind.items()}
-            yield tuple(next(taken[kinds[r]]) for r in sequence)
+            yield self._deal(by_kind, (kinds[r] for r in sequence))
             i = len(sequence) - 2  # the next permutation of the multiset (Narayana's algorithm)
             while i >= 0 and sequence[i] >= sequence[i + 1]:
                 i -= 1
@@ -694,10 +700,7 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
 
 def _interchangeable(space: Space) -> str:
     """The note naming the devices a plan took as interchangeable, and the orders that left to price."""
-    groups: dict[int, list[str]] = {}
-    for device, kind in zip(space.devices, space.kinds):
-        groups.setdefault(kind, []).append(device)
-    alike = [", ".join(devices) for devices in groups.values() if len(devices) > 1]
+    alike = [", ".join(devices) for devices in space.by_kind()[1].values() if len(devices) > 1]
     return (f"interchangeable devices (same type, same links at every position: a launch prices the same with any "
             f"two swapped): {'; '.join(alike)}. {space.orders_count()} distinct stage order(s) searched of "
             f"{math.factorial(len(space.devices))}")
@@ -769,16 +772,12 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
     every_order = space.devices is not None and space.orders_count() <= ALL_ORDERS
     steps = spent = 0
 
-    def changed(a: Launch, b: Launch) -> tuple[bool, bool, bool, bool]:
-        """Which of the schedule, the micro-batch size, the order and the split differ."""
-        return ((a.schedule, a.chunks) != (b.schedule, b.chunks), a.micro_batch_size != b.micro_batch_size,
-                a.order != b.order, (a.first, a.last) != (b.first, b.last))
-
-    def distance(a: Launch, b: Launch) -> int:
-        return sum(changed(a, b))
-
-    def axis(a: Launch, b: Launch) -> tuple[bool, ...]:
-        return tuple(not flag for flag in changed(a, b))  # the schedule's changes first, the split's last
+    def nearness(a: Launch, b: Launch) -> tuple[int, tuple[bool, ...]]:
+        """How many of the schedule, the micro-batch size, the order and the split differ, then which: the
+        schedule's changes first, the split's last."""
+        changed = ((a.schedule, a.chunks) != (b.schedule, b.chunks), a.micro_batch_size != b.micro_batch_size,
+                   a.order != b.order, (a.first, a.last) != (b.first, b.last))
+        return sum(changed), tuple(not flag for flag in changed)
 
     for index, start in enumerate(starts):
         if not start.fits:
@@ -800,11 +799,11 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
             neighbours = [replace(launch, order=order) for order in orders]
             neighbours += [Launch(launch.order, first, last, schedule, chunks, size)
                            for size, first, last, schedule, chunks in shapes]
-            # nearest first (one change: the schedule, the micro-batch size, the order, the split; then two, ...):
-            # what a budget leaves unpriced is the farthest
             # each once, the launch itself not its own neighbour (its order and its shape are among the candidates)
             neighbours = [n for n in dict.fromkeys(neighbours) if n != launch]
-            neighbours.sort(key=lambda n: (distance(n, launch), axis(n, launch)))
+            # nearest first (one change: the schedule, the micro-batch size, the order, the split; then two, ...):
+            # what a budget leaves unpriced is the farthest
+            neighbours.sort(key=lambda n: nearness(n, launch))
             better = current
             already = 0  # neighbours scanned that were priced before (the study's, an earlier step's)
             for scanned, neighbour in enumerate(neighbours):

@@ -20,6 +20,7 @@ from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.model.memory import GB
 from hops_calib.progress import QUIET, Progress
+from hops_calib.whatif.job_plan import divisors
 
 MAX_LAYOUTS = 2000  # a bound on the work (a 512-GPU job has a few hundred)
 
@@ -69,10 +70,6 @@ class LayoutPlan:
                 "notes": list(self.notes)}
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
-
-
 def candidate_layouts(args: dict[str, Any], gpus: int, gpus_per_node: int,
                       micro_batch_sizes: Sequence[int]) -> list[tuple[int, int, int, int]]:
     """(t, p, d, micro batch) of every layout of `gpus` GPUs the launch's shape allows: t dividing the heads, at most
@@ -80,10 +77,10 @@ def candidate_layouts(args: dict[str, Any], gpus: int, gpus_per_node: int,
     heads, layers = int(args["num_attention_heads"]), int(args["num_layers"])
     batch = int(args.get("global_batch_size") or 0)
     out = []
-    for t in _divisors(min(gpus, gpus_per_node)):
+    for t in divisors(min(gpus, gpus_per_node)):
         if heads % t or gpus % t:
             continue
-        for p in _divisors(layers):
+        for p in divisors(layers):
             if (gpus // t) % p:
                 continue
             d = gpus // (t * p)
