@@ -684,13 +684,15 @@ def core_sharing_note(manifest: dict[str, Any], path: Path) -> str | None:
             f"{str(shared).lower()}")
 
 
-def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
+def build_spec(job_dir: Path | str, notes: list[str] | None = None, *, simulable: bool = False) -> Spec:
     """The spec of a job directory, from its configuration files alone (through `spec_from_args`).
 
     Reads `megatron_args.txt` (or a rank log's arguments block), `hops_trace_map.json`,
     `hops.base.yaml`, `calibration/link_bench/` and `manifest.yaml`; never the
     event logs in `megatron_trace/` (rule 1: a prediction sees no measurement of
-    the run it predicts). Remarks that do not stop the build go to `notes`.
+    the run it predicts). Remarks that do not stop the build go to `notes`. With `simulable`, the launch must also
+    be one the simulator times (`check_simulable`, naming the file its arguments came from): ingest and predict ask
+    it; a plan, which searches other launches of the job, does not.
     """
     from hops_calib.trace import (
         TraceError, find_launch, read_device_types, read_link_fits, read_manifest, read_stage_map, read_template,
@@ -786,6 +788,8 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None) -> Spec:
                      f"report refuse this run until its benchmark (pair_<i>_<i+1>.jsonl) is added and it is ingested "
                      f"again (stages on one node, hardware.devices[].node, are priced from {ALLREDUCE_DIR}/ when it "
                      "holds the node's all-reduce tables)")
+    if simulable:
+        check_simulable(spec, args_source)
     return spec
 
 

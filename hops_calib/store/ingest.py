@@ -19,13 +19,13 @@ from typing import Any, Callable, Collection, Iterable
 import numpy as np
 
 from hops_calib import __version__
-from hops_calib.spec import Spec, build_spec, check_simulable, coordinates_of
+from hops_calib.spec import Spec, build_spec, coordinates_of
 from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, FINGERPRINT, INDEX,
                                            FixtureStore, StoreError, check_fixture_id, events_fingerprint, file_digest,
                                            recorded_source, source_path, write_events)
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
-from hops_calib.trace import (TraceError, find_arguments, find_job_dirs, rank_files, read_manifest, read_rank_events,
+from hops_calib.trace import (TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events,
                               run_id_of)
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
@@ -158,8 +158,7 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     well under 1 GB.
     """
     notes: list[str] = []
-    spec = build_spec(job_dir, notes)
-    check_simulable(spec, find_arguments(job_dir)[1])
+    spec = build_spec(job_dir, notes, simulable=True)
     files = rank_files(job_dir)
     ranks = spec.gpus
     if sorted(files) != list(range(ranks)):
