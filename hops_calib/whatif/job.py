@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.model.coverage import Coverage, Extrapolation, extrapolations
-from hops_calib.model.memory import StageMemory, stage_memory
+from hops_calib.model.memory import GB, StageMemory, stage_memory
 from hops_calib.model.predict import STALL_RANGE_LEVEL, Prediction
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import SCHEDULES, Spec
@@ -402,18 +402,17 @@ def _breakdown_lines(result: WhatIf) -> list[str]:
              f"{'stage':>5}" + "".join(f"{label:>11}" for _key, label in _PARTS)]
     for k, parts in enumerate(result.breakdown):
         lines.append(f"{k:>5}" + "".join(f"{parts[key]:11.2f}" for key, _label in _PARTS))
-    gb = 1e9
     lines += ["", "peak memory per GPU, GB (weights, gradients, optimizer state, activations at the schedule's "
                   "peak; CUDA context, NCCL buffers and fragmentation not counted):",
               f"{'stage':>5}{'weights':>10}{'grads':>10}{'optim':>10}{'activ':>10}{'total':>10}{'device':>10}"]
     for stage in result.memory:
-        lines.append(f"{stage.stage:>5}{stage.weights_bytes / gb:10.2f}{stage.gradients_bytes / gb:10.2f}"
-                     f"{stage.optimizer_bytes / gb:10.2f}{stage.activations_bytes / gb:10.2f}"
-                     f"{stage.total_bytes / gb:10.2f}{stage.device_bytes / gb:10.2f}"
+        lines.append(f"{stage.stage:>5}{stage.weights_bytes / GB:10.2f}{stage.gradients_bytes / GB:10.2f}"
+                     f"{stage.optimizer_bytes / GB:10.2f}{stage.activations_bytes / GB:10.2f}"
+                     f"{stage.total_bytes / GB:10.2f}{stage.device_bytes / GB:10.2f}"
                      + ("" if stage.fits else "  DOES NOT FIT"))
     if not result.fits:
         worst = min(result.memory, key=lambda stage: stage.headroom_bytes)
-        lines.append(f"this launch would not fit: stage {worst.stage} needs {worst.total_bytes / gb:.1f} GB of "
-                     f"{worst.device_bytes / gb:.1f} GB; more tensor or pipeline parallelism, the distributed "
+        lines.append(f"this launch would not fit: stage {worst.stage} needs {worst.total_bytes / GB:.1f} GB of "
+                     f"{worst.device_bytes / GB:.1f} GB; more tensor or pipeline parallelism, the distributed "
                      "optimizer, recomputation or a smaller micro batch would lower it")
     return lines
