@@ -121,6 +121,18 @@ def test_stragglers_and_failures_lower_the_expected_and_the_p5_throughput(model)
         plan_job(CPU_JOB, model, rank_by="p5")
 
 
+def test_expected_and_p5_count_every_data_parallel_replica_as_the_nominal_throughput_does(model):
+    """On a job with two data-parallel replicas the expected and 5th-percentile samples/s under mild stragglers
+    sit just below the nominal samples/s, which counts both replicas: not near half of it (one replica's)."""
+    job = REPO / "traces" / "cpu_1f1b_d2_l4_h384_s128_m4_run1"
+    assert build_spec(job).dp == 2
+    perturbations = Perturbations(stragglers=RandomStragglers(0.05, 1.01, 1.02), run_iterations=200, samples=8)
+    plan = plan_job(job, model, top=2, perturbations=perturbations, orders=False)
+    for outcome in plan.best:
+        assert 0.9 * outcome.samples_per_s < outcome.p5_samples_per_s <= outcome.expected_samples_per_s
+        assert outcome.expected_samples_per_s <= outcome.samples_per_s
+
+
 def test_pairwise_agreement_counts_orderings():
     assert pairwise_agreement([("a", 1.0, 10.0), ("b", 2.0, 20.0), ("c", 3.0, 5.0)]) == (1, 3)
 

@@ -293,6 +293,12 @@ class Space:
                 yield Launch(tuple(order), first, last, schedule, chunks, size)
 
 
+def _step_samples(launch: Launch, spec: Spec) -> int:
+    """Samples per microbatch step of the pipeline, every data-parallel replica's: what turns its throughput
+    (microbatches per second) into the job's samples per second, nominal or under perturbations alike."""
+    return launch.micro_batch_size * spec.dp
+
+
 class JobPlanner:
     """Prices launches of one job's model and global batch on its devices (see the module's docstring)."""
 
@@ -533,7 +539,7 @@ class JobPlanner:
         except ValueError as error:
             raise Refusal(f"{schedule} cannot run it: {str(error).split(';')[0]}") from None
         metrics = result.metrics()
-        size = launch.micro_batch_size * spec.dp  # samples per microbatch step of every data-parallel replica
+        size = _step_samples(launch, spec)
         caps = tuple(self.memory_bytes[t] for t in spec.devices)
         peaks = tuple(stage.total_bytes for stage in stage_memory(spec, caps, result.peak_stage_activations))
         return Outcome(
@@ -554,8 +560,8 @@ class JobPlanner:
     def perturbed_outcome(self, outcome: Outcome, perturbations: Perturbations) -> Outcome:
         """`outcome` with its expected and 5th-percentile throughput under `perturbations` (seeded draws)."""
         launch = outcome.launch
-        _, pipeline = self.priced(launch)
-        estimate = perturbations.estimate(pipeline, outcome.resolved, launch.order).scaled(launch.micro_batch_size)
+        spec, pipeline = self.priced(launch)
+        estimate = perturbations.estimate(pipeline, outcome.resolved, launch.order).scaled(_step_samples(launch, spec))
         return replace(outcome, expected_samples_per_s=estimate.expected, p5_samples_per_s=estimate.p5,
                        expected_ci95=(estimate.low, estimate.high))
 
