@@ -418,3 +418,26 @@ def test_a_measured_run_across_nodes_prices_its_hops_over_the_nics(allreduce_dir
     with pytest.raises(ValueError, match="no collective benchmark of the node"):
         measured_spec("row", _row(pp=2, micro=1, tensor_model_parallel_size=4, world_size=8),
                       {"gpu": "a100", "gpus_per_node": 8})
+
+
+def test_predict_of_an_iteration_level_run_gives_the_same_samples_per_s_in_text_and_json(vtrain_store):
+    """`predict ID` of a table's run: the JSON's samples/s are the text's row, both from the throughputs its
+    throughput row compares (x micro batch x data parallel)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+    from hops_calib.store import FixtureStore
+
+    index = FixtureStore(vtrain_store).index()
+    for _, row in index[(index.split == "train") & (index.micro_batch_size > 1)].head(3).iterrows():
+        run = CliRunner().invoke(app, ["predict", row.id, "--fixtures", str(vtrain_store), "--json"])
+        assert run.exit_code == 0, run.output
+        data = json.loads(run.output)
+        errors, samples = data["errors"], data["samples_per_s"]
+        assert samples["predicted"] == pytest.approx(errors["predicted_throughput_per_s"] * row.micro_batch_size)
+        assert samples["real"] == pytest.approx(errors["real_throughput_per_s"] * row.micro_batch_size)
+        text = CliRunner().invoke(app, ["predict", row.id, "--fixtures", str(vtrain_store)]).output
+        [line] = [line for line in text.splitlines() if line.startswith("samples /s")]
+        assert line.split()[2:4] == [f"{samples['real']:.2f}", f"{samples['predicted']:.2f}"]

@@ -123,11 +123,15 @@ def _samples(real, predicted, spec) -> dict[str, float | None]:
 def _predict_measured(fixture, model, prediction, score, as_json: bool) -> int:
     """`predict ID` of a run measured at iteration level: throughput and iteration time (no events: no stages)."""
     real, pred, spec = fixture.truth.metrics, prediction.metrics, fixture.spec
+    # samples/s from the throughputs the score compares (the text's throughput row), for text and JSON alike
+    mb = spec.model.micro_batch_size
+    samples = {side: samples_per_s(throughput, mb, spec.dp) for side, throughput
+               in (("real", score.real_throughput_per_s), ("predicted", score.predicted_throughput_per_s))}
     if as_json:
         print_json({"id": fixture.id, "run_id": fixture.id, "kind": fixture.kind, "split": fixture.split,
                     "schedule": prediction.schedule, "model": model.name, "model_sha256": model.sha256,
                     "errors": score.to_dict(), "real": real.to_dict(), "predicted": pred.to_dict(),
-                    "samples_per_s": _samples(real, pred, spec)})
+                    "samples_per_s": samples})
         return EXIT_OK
     print(f"{fixture.id}  ({fixture.split}; measured at iteration level; {prediction.schedule}, pp={spec.pp}, "
           f"{spec.microbatches} microbatches; model {model.name} {model.sha256[:12]})")
@@ -135,9 +139,8 @@ def _predict_measured(fixture, model, prediction, score, as_json: bool) -> int:
           "kept iterations, predicted over the simulated steady state)")
     print(f"{'throughput /s':24}{score.real_throughput_per_s:12.3f}{score.predicted_throughput_per_s:12.3f}"
           f"{_pct(score.throughput_error_pct):>8} %")
-    mb, dp = spec.model.micro_batch_size, fixture.launch.get("data_parallel_size") or 1
-    print(f"{'samples /s':24}{samples_per_s(score.real_throughput_per_s, mb, dp):12.2f}"
-          f"{samples_per_s(score.predicted_throughput_per_s, mb, dp):12.2f}    (x micro batch {mb} x data parallel {dp})")
+    print(f"{'samples /s':24}{samples['real']:12.2f}{samples['predicted']:12.2f}    "
+          f"(x micro batch {mb} x data parallel {spec.dp})")
     print(f"{'iteration time ms':24}{real.iteration_time_ms:12.1f}{pred.iteration_time_ms:12.1f}")
     return EXIT_OK
 
