@@ -35,7 +35,13 @@ _MODULE_OF = {
     "build_spec": "job_dir", "core_sharing_note": "job_dir", "shared_cores": "job_dir",
 }
 
-__all__ = sorted(_MODULE_OF)
+__all__ = ["ASSUMPTIONS", "Assumption", "CollectiveTable", "Hardware", "LinkFit", "MAX_INDEX", "MAX_PER_ITERATION",
+           "ModelShape", "RANK_ORDERS", "RECOMPUTE_GRANULARITIES", "RECOMPUTE_METHODS", "SCHEDULES", "SCHEDULE_ALIASES",
+           "Spec", "TRACE_FIRST_ITERATION", "TYPO_SIMILARITY", "Unmodelled", "attention_kernel_of", "build_spec",
+           "check_simulable", "configured_schedule", "coordinates_of", "core_sharing_note", "declared_schedule_of",
+           "global_rank", "layer_settings_of", "normalize_schedule_label", "rank_order_of", "recomputation_of",
+           "require_modelled", "shared_cores", "spec_from_args", "split_layers", "unknown_flags", "unknown_flags_note",
+           "unmodelled"]
 
 if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` imports each on first use
     from hops_calib.spec.arguments import (
