@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hops_calib.errors import InputError
-from hops_calib.store.fixture_store import TIMING_KEY
+from hops_calib.store.digests import TIMING_KEY
 
 HELD_OUT_KEY = "held_out_groups"
 OVERRIDE_KEY = "held_out_override"

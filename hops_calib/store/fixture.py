@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hops_calib.spec.types import Spec
+from hops_calib.store.collectives import HARDWARE_KEY, load_collectives
 from hops_calib.store.digests import (EVENTS_FILE, EVENTS_KIND, INDEX, ITERATION_KIND, RUNS_FILE, FixtureFileError,
                                       StoreError, check_digest)
+from hops_calib.store.measured_spec import measured_spec, reason_of
 from hops_calib.truth import CATEGORIES, IterationTruth, Truth, category_dtype, to_timeline
 
 if TYPE_CHECKING:  # pandas is imported where a frame is read or built; the loop's verbs read JSON and the index
@@ -120,9 +122,6 @@ class MeasuredFixture:
     @cached_property
     def spec(self) -> Spec:
         """The spec of the run, from its launch and hardware; NotPriced when the cost model does not price it."""
-        from hops_calib.store.collectives import HARDWARE_KEY, load_collectives
-        from hops_calib.store.measured_spec import measured_spec, reason_of
-
         digest = self.hardware.get(HARDWARE_KEY)
         collectives = load_collectives(self.path.parent, digest) if digest else ()  # FixtureFileError if not intact
         try:
