@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 
 def warn(line: str) -> None:
@@ -58,8 +59,8 @@ class _RichBar:
     """A transient rich bar: it disappears when the command ends, leaving only the command's own output."""
 
     def __init__(self, label: str, console: Any = None) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
-            TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
 
         self._bar = RichProgress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.description}"), transient=True, console=console)

@@ -34,7 +34,7 @@ def install() -> contextlib.AbstractContextManager[Any]:
     class CudaToCpu(TorchFunctionMode):
         """Rewrites CUDA placements of torch calls to the CPU."""
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch protocol)
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = dict(kwargs or {})
             if is_cuda_device(kwargs.get("device")):
                 kwargs["device"] = "cpu"

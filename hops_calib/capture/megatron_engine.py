@@ -34,8 +34,9 @@ layer spec, fp32, dropout 0, untied embeddings.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from hops_calib.capture.config import CaptureConfig
 from hops_calib.capture.events import EventLog, WallClock

@@ -21,7 +21,8 @@ NCCL dispatch.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hops_calib.capture.config import CaptureConfig
 from hops_calib.capture.events import EventLog, WallClock

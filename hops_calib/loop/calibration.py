@@ -30,9 +30,10 @@ with no committed change calibrates nothing: any store may start it. `OffRecord`
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 
@@ -227,7 +228,7 @@ class Record:
         else:
             changes = list(self.changes)
         for entry in reversed(changes):
-            term, devices = _named(entry)
+            term, _ = _named(entry)
             sets = tuple(self.sets[sha] for sha, _ in _stores_of(entry))
             hit = tuple(fs for fs in sets if set(scope.devices) & set(fs.devices)) if scope.devices else ()
             if hit:

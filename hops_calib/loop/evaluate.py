@@ -7,18 +7,19 @@ This module returns results; `hops_calib.cli.loop` prints them.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
 from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
 from hops_calib.loop.gate import GateResult, Tolerances, gate
-from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
-from hops_calib.loop.ledger import code_revision, now_utc
+from hops_calib.loop.ledger import check_appendable, code_revision, now_utc
+from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.plans import check_plan, check_rejudgement, judgements, refuse_unplanned_rules, rules
-from hops_calib.loop.suite import ModelScore, TRAIN, load_suites, refuse_test_split, score_model, stall_series
+from hops_calib.loop.suite import TRAIN, ModelScore, load_suites, refuse_test_split, score_model, stall_series
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
 

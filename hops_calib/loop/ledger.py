@@ -35,9 +35,10 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.score import or_nan
@@ -183,7 +184,7 @@ def append(path: Path | str, entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def now_utc() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)
@@ -495,7 +496,7 @@ def repair(path: Path | str) -> Path | None:
         if not data or data.endswith(b"\n"):
             return None
         keep = data.rfind(b"\n") + 1
-        aside = path.with_name(f"{path.name}.partial-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S%fZ}")
+        aside = path.with_name(f"{path.name}.partial-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S%fZ}")
         from hops_calib.files import atomic_write
 
         atomic_write(aside, data[keep:])

@@ -12,14 +12,15 @@ very rules it had."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
 from hops_calib.loop.gate import Tolerances
-from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
-from hops_calib.loop.ledger import code_revision, now_utc
+from hops_calib.loop.ledger import check_appendable, code_revision, now_utc
+from hops_calib.loop.ledger import resolve as resolve_ledger
 
 
 def judgements(ledger_path: Path | str) -> list[dict[str, Any]]:
@@ -81,7 +82,7 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
                          f"{str(named.get('fixture_set_sha256'))[:12]}, and this plan's --fixtures hold "
                          f"{stores.sha256[:12]}: a judgement on other runs is not the same judgement again",
                          field="rejudge", hint="leave out --rejudge (the judgement on these stores is a new one), "
-                         "or plan on the stores entry " f"{rejudges} judged")
+                         f"or plan on the stores entry {rejudges} judged")
     judged = {_text_sha256_of(e["candidate"].get("text", "")): e
               for e in entries if e.get("kind") == "evaluate" and e.get("candidate")
               and (stores is None or e.get("fixture_set_sha256") == stores.sha256)}

@@ -4,16 +4,17 @@ what a look would tell (`preview_look`), and the bootstrap intervals of a report
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
-from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
-from hops_calib.loop.ledger import RUN_KEYS, code_revision, now_utc
+from hops_calib.loop.ledger import RUN_KEYS, check_appendable, code_revision, now_utc
+from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.score import RunScore, SuiteScore
-from hops_calib.loop.suite import SPLITS, Suite, TEST, TRAIN, load_suite, open_store, score_model, suite_if_any
+from hops_calib.loop.suite import SPLITS, TEST, TRAIN, Suite, load_suite, open_store, score_model, suite_if_any
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
 

@@ -23,7 +23,8 @@ logged but have no counterpart with their meaning yet: they are counted as not p
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -13,8 +13,9 @@ configurations are compared (specs, known before a run); no result of any run is
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from hops_calib.model import gpt
 from hops_calib.spec import Spec

@@ -9,8 +9,8 @@ run's error can be read off or recovered by subtraction (see `disclosable`).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import base64
 import html
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.score import SuiteScore
 from hops_calib.plot import style
-from hops_calib.plot.groups import GroupRow, MIN_DISCLOSED_RUNS, RunPoint, disclosable, group_rows
+from hops_calib.plot.groups import MIN_DISCLOSED_RUNS, GroupRow, RunPoint, disclosable, group_rows
 from hops_calib.plot.parity import BAND
 
 REPORT_DPI = 110

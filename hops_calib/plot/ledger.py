@@ -15,8 +15,9 @@ hundreds of percent to a few, and the late steps matter as much as the first.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.plot import style
 

@@ -9,8 +9,9 @@ time axis, so a prediction that runs too fast ends visibly early.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -33,18 +33,18 @@ have returned) is flagged, and its values are left out of the verdict on which p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from hops_calib.errors import InputError
-from hops_calib.loop.score import RunScore, SuiteScore, aggregate
+from hops_calib.loop.score import RunScore, SuiteScore, aggregate, or_nan
 from hops_calib.loop.suite import Suite, score_model
 from hops_calib.model.terms import TERMS
 from hops_calib.research.tune import TuneProblem, load_problem, term_values
-from hops_calib.loop.score import or_nan
 
 DEFAULT_FOLDS = 5
 DEFAULT_EVALUATIONS = 150

@@ -42,9 +42,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.candidate import PLACEHOLDER
@@ -560,7 +561,6 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
     from hops_calib.files import atomic_write
     from hops_calib.loop import calibration
     from hops_calib.loop.ledger import default_ledger
-
     from hops_calib.loop.suite import refuse_test_split
 
     refuse_test_split(split, "tune")
@@ -631,7 +631,7 @@ def tune_text(result: TuneResult) -> str:
             for p in result.front]
     headers = (["trial"] + names + (["mispriced %"] if components else [])
                + ["MAPE %", "bubble MAE pp", "rho", "steady MAPE %"])
-    out.append(text_table(headers, rows, right=set(range(0, len(headers)))))
+    out.append(text_table(headers, rows, right=set(range(len(headers)))))
     if result.chosen is None:
         out.append(f"no candidate written: {result.no_candidate_reason}")
         if result.verdict is not None:

@@ -11,22 +11,34 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable
+from typing import Any
 
 import numpy as np
 
 from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec, coordinates_of
-from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, FINGERPRINT, INDEX,
-                                           FixtureStore, StoreError, check_fixture_id, events_fingerprint, file_digest,
-                                           recorded_source, source_path, write_events)
+from hops_calib.store.fixture_store import (
+    DEFAULT_LOCK_TIMEOUT_S,
+    EVENTS_FILE,
+    FILE_DIGESTS,
+    FINGERPRINT,
+    INDEX,
+    FixtureStore,
+    StoreError,
+    check_fixture_id,
+    events_fingerprint,
+    file_digest,
+    recorded_source,
+    source_path,
+    write_events,
+)
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
-from hops_calib.trace import (TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events,
-                              run_id_of)
+from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
 from hops_calib.trace.measured import RunHardware
@@ -529,7 +541,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
             "content_hash": digest,
             "ingest_version": INGEST_VERSION,
             "hops_calib_version": __version__,
-            "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "source": recorded_source(job_dir, store.root),
             "manifest": manifest,
             "hostnames": data.hostnames,

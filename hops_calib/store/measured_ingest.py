@@ -9,27 +9,43 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hops_calib import __version__
-from hops_calib.store.fixture_store import (
-    FIXTURE_FILE, RUNS_FILE, FixtureStore, StoreError, check_digest, check_fixture_id, dumps, recorded_source,
-    source_path, text_digest, write_table,
+from hops_calib.metrics import IterationMetrics
+from hops_calib.store.collectives import (
+    HARDWARE_KEY as COLLECTIVES_KEY,
 )
 from hops_calib.store.collectives import (
-    HARDWARE_KEY as COLLECTIVES_KEY, load_collectives, source_digest, store_collectives,
+    load_collectives,
+    source_digest,
+    store_collectives,
+)
+from hops_calib.store.fixture_store import (
+    FIXTURE_FILE,
+    RUNS_FILE,
+    FixtureStore,
+    StoreError,
+    check_digest,
+    check_fixture_id,
+    dumps,
+    recorded_source,
+    source_path,
+    text_digest,
+    write_table,
 )
 from hops_calib.store.measured_spec import not_priced
 from hops_calib.store.split import group_of, hashed_split
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.measured import KNOWN_ARGS, QUIET_ARGS, VOCAB_ARGS, RunHardware, MeasuredRun
+from hops_calib.trace.measured import KNOWN_ARGS, QUIET_ARGS, VOCAB_ARGS, MeasuredRun, RunHardware
 from hops_calib.trace.megatron_log import is_megatron_log, read_megatron_log
 from hops_calib.trace.run_table import TableRead, is_run_table, read_run_table, read_sidecar
-from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING, is_vtrain_table, read_vtrain_table
-from hops_calib.metrics import IterationMetrics
+from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING
+from hops_calib.trace.vtrain import is_vtrain_table, read_vtrain_table
 from hops_calib.truth import IterationTruth
 
 # Part of every source's content hash: bump when what is stored for the same input changes.
@@ -288,7 +304,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
     if records:
         meta = {"id": table_id, "content_hash": digest, "ingest_version": MEASURED_INGEST_VERSION,
                 "hops_calib_version": __version__,
-                "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "source": recorded_source(path, store.root), "source_kind": kind,
                 "mapping": VTRAIN_MAPPING if kind == "vtrain" else kind, "runs": len(records),
                 "rejected_rows": len(rejected), "rejected": rejected,

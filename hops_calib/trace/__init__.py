@@ -24,7 +24,7 @@ _MODULE_OF = {
     "parse_arguments_block": "megatron_args", "parse_command_line": "megatron_args",
 }
 
-__all__ = sorted(_MODULE_OF)
+__all__ = sorted(_MODULE_OF)  # noqa: PLE0605 - the lazily loaded names are the table's keys
 
 
 def __getattr__(name: str) -> Any:

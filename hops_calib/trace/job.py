@@ -10,8 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import (MAX_CONFIG_BYTES, MAX_LAYOUT_BYTES, MAX_LAYOUT_NODES, MAX_YAML_NODES, load_json,
-                                      load_yaml)
+from hops_calib.trace.reading import (
+    MAX_CONFIG_BYTES,
+    MAX_LAYOUT_BYTES,
+    MAX_LAYOUT_NODES,
+    MAX_YAML_NODES,
+    load_json,
+    load_yaml,
+)
 
 TRACE_DIR = "megatron_trace"
 STAGE_MAP = "hops_trace_map.json"

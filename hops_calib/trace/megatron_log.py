@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import MAX_ITERATION_MS, text_lines
 from hops_calib.trace.measured import MeasuredRun, RunHardware, collective_tables_beside
 from hops_calib.trace.megatron_args import _BLOCK_END, _BLOCK_LINE, _BLOCK_START, parse_value
+from hops_calib.trace.reading import MAX_ITERATION_MS, text_lines
 
 DEFAULT_WARMUP_ITERATIONS = 2
 # Megatron-LM's default --log-interval: the first line's interval when the arguments do not say.
@@ -189,13 +189,13 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     # so the log's last line without one (the log cut inside it) is seen
     for number, line in text_lines(path):
         line = _LAUNCHER_PREFIX.sub("", line, count=1)
+        # the log's last line without its newline: the log was cut inside it (a value may be cut too)
         if not line.endswith("\n") and line.strip() and not in_block and (
-                _ITERATION.search(line) or timer_option is not None or _LEGACY_TIMERS.search(line)):
-            # the log's last line without its newline: the log was cut inside it (a value may be cut too)
-            if not (_ITERATION.search(line) and line.rstrip().endswith("|")):
-                warnings.append(f"{path}:{number}: the log ends inside this line (no newline after it, "
-                                "no closing '|'): a line cut short, skipped")
-                continue
+                _ITERATION.search(line) or timer_option is not None or _LEGACY_TIMERS.search(line)) and not (
+                _ITERATION.search(line) and line.rstrip().endswith("|")):
+            warnings.append(f"{path}:{number}: the log ends inside this line (no newline after it, "
+                            "no closing '|'): a line cut short, skipped")
+            continue
         if in_block:
             if _BLOCK_END.search(line):
                 in_block = False

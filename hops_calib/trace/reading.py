@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 from hops_calib.trace.errors import TraceError
 

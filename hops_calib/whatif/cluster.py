@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -97,7 +98,7 @@ class Cluster:
         """The cluster in words: its file, and where it was set when it was not asked for."""
         return self.origin + (f" (the default, set by {self.default_from})" if self.default_from else "")
 
-    def for_job(self, device_ids: Sequence[str], notes: list[str]) -> "Cluster | None":
+    def for_job(self, device_ids: Sequence[str], notes: list[str]) -> Cluster | None:
         """This cluster for a job of `device_ids`; None (said in `notes`) when it is a default that lists none of
         them: a default cluster is not applied to a job on other machines."""
         if not self.default_from or any(self.host_of(d) is not None for d in device_ids):

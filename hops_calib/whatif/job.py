@@ -15,9 +15,10 @@ draws.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.model import Model
@@ -175,9 +176,8 @@ def _refusal(spec: Spec, schedule: str, args_file: str, manifest_schedule: bool 
     """Why `schedule` cannot run the configuration `spec` describes, and which launch flags would let it; None when
     it can. The rules are the simulator's (`check_shape`); the remedies are Megatron's flags in `args_file` (and
     the launcher's `configured_schedule` in manifest.yaml when it records one: `manifest_schedule`)."""
-    from hops_calib.trace.job import MANIFEST
-
     from hops_calib.sim.schedules import check_shape
+    from hops_calib.trace.job import MANIFEST
 
     p, v, m = spec.pp, spec.vp, spec.microbatches
     try:
