@@ -21,7 +21,10 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 
 def warn(line: str) -> None:
@@ -64,7 +67,7 @@ class _RichBar:
 
         self._bar = RichProgress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.description}"), transient=True, console=console)
-        self._task = None
+        self._task: TaskID | None = None
 
     def start(self, total: int) -> None:
         # One unit is over before a bar could be read: it would only flicker.

@@ -82,8 +82,8 @@ class Truth:
         whole = self.phase_median_ms(stage, tl.BACKWARD)
         if whole is not None:
             return whole
-        halves = [self.phase_median_ms(stage, phase) for phase in (tl.BACKWARD_B, tl.BACKWARD_W)]
-        return None if None in halves else sum(halves)
+        b, w = (self.phase_median_ms(stage, phase) for phase in (tl.BACKWARD_B, tl.BACKWARD_W))
+        return None if b is None or w is None else b + w
 
     def to_dict(self) -> dict[str, Any]:
         return {

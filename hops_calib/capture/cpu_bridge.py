@@ -64,7 +64,8 @@ def install() -> contextlib.AbstractContextManager[Any]:
     def module_cuda(self: torch.nn.Module, device: object = None) -> torch.nn.Module:
         return self
 
-    torch.nn.Module.cuda = module_cuda
+    # A method replaced on the class for every module (setattr: mypy refuses assigning to a method).
+    setattr(torch.nn.Module, "cuda", module_cuda)  # noqa: B010
 
     from megatron.core.tensor_parallel import random as megatron_random
 

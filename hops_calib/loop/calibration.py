@@ -127,8 +127,8 @@ class FixtureSet:
 
     def to_dict(self) -> dict[str, Any]:
         return {"fixture_set_sha256": self.sha256, "n_runs": self.n_runs, "devices": list(self.devices),
-                "fixtures": self.path if self.path else NO_PATH, "fixtures_exists": bool(self.path) and
-                Path(self.path).is_dir(), "ledger_entries": list(self.entries)}
+                "fixtures": self.path if self.path else NO_PATH, "fixtures_exists": bool(self.path and
+                Path(self.path).is_dir()), "ledger_entries": list(self.entries)}
 
 
 # What `calibrated_on.fixtures` says when no entry judged on the fixture set recorded its store's path.
@@ -232,8 +232,8 @@ class Record:
             sets = tuple(self.sets[sha] for sha, _ in _stores_of(entry))
             hit = tuple(fs for fs in sets if set(scope.devices) & set(fs.devices)) if scope.devices else ()
             if hit:
-                shared = sorted(set(scope.devices) & {d for fs in hit for d in fs.devices})
-                return hit, (f"the latest committed change judged on {', '.join(shared)} runs is ledger "
+                common = sorted(set(scope.devices) & {d for fs in hit for d in fs.devices})
+                return hit, (f"the latest committed change judged on {', '.join(common)} runs is ledger "
                              f"entry {entry['seq']}")
             if scope.term is not None and term == scope.term:
                 return sets, (f"the latest committed change to term {scope.term}'s shared values is ledger "

@@ -445,8 +445,9 @@ def look_repeats(earlier: dict[str, Any], fixture_set: str, model_sha256: str, d
         return False
     if earlier.get("model_sha256") == model_sha256:
         return True
-    return (len(shared) == len(run_keys) and bool(digests) and bool(their_digests)
-            and all(digests[j] == their_digests[i] for j, i in shared))
+    if not digests or not their_digests:
+        return False
+    return len(shared) == len(run_keys) and all(digests[j] == their_digests[i] for j, i in shared)
 
 
 def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], split: str = "test") -> list[Look]:

@@ -51,7 +51,7 @@ def predicted_timers_ms(columns: Mapping[str, np.ndarray]) -> dict[str, tuple[fl
     for i in steady:
         of = iteration == i
         begin = float(start[of].min())
-        per = {name: [] for name in PREDICTED_TIMERS}
+        per: dict[str, list[float]] = {name: [] for name in PREDICTED_TIMERS}
         for rank in range(ranks):
             mine = of & (stage == rank)
             steps = mine & optimizer

@@ -100,8 +100,8 @@ def extrapolations(spec: Spec, span: Coverage) -> list[Extrapolation]:
             calibrated = _number(low) if low == high else f"{_number(low)}-{_number(high)}"
             found.append(Extrapolation(feature, _number(value), calibrated))
     for feature, values in _sets(spec).items():
-        for value in sorted(values - span.seen[feature]):
-            found.append(Extrapolation(feature, value, ", ".join(sorted(span.seen[feature])) or "none"))
+        for name in sorted(values - span.seen[feature]):
+            found.append(Extrapolation(feature, name, ", ".join(sorted(span.seen[feature])) or "none"))
     return found
 
 

@@ -47,7 +47,8 @@ class DeviceSpec:
     def with_constant(self, constant: str, value: float, source: str) -> DeviceSpec:
         sources = dict(self.sources)
         sources[constant] = source
-        return replace(self, **{constant: float(value)}, sources=tuple(sorted(sources.items())))
+        changes: dict[str, Any] = {constant: float(value), "sources": tuple(sorted(sources.items()))}
+        return replace(self, **changes)
 
     def constants(self) -> dict[str, float]:
         """Every constant the device has: the required ones, and the optional ones it gives."""

@@ -150,7 +150,7 @@ def stage_phase_ms(pipeline: Pipeline, devices: Sequence[str], result: SimResult
         forward = sum(c.forward_ms for c in chunks) / len(chunks)
         backward = sum(c.backward_ms for c in chunks) / len(chunks)
         optimizer = pipeline.optimizer_ms[rank] if pipeline.optimizer_ms else None
-        if shared:
+        if shared and result is not None:  # (result is given where ranks share cores: checked above)
             forward = result.served_ms(rank, FORWARD) or forward
             backward = result.served_ms(rank, BACKWARD) or backward
             optimizer = result.served_ms(rank, OPTIMIZER) if optimizer is not None else None

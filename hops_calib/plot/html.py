@@ -119,6 +119,7 @@ def runs_table(points: Sequence[RunPoint]) -> str:
                      _f(100 * s.predicted_bubble_ratio if s.real_bubble_ratio is not None else None),
                      # Relative, as on the parity plot: 10 % of a real bubble ratio r is 10 * r pp.
                      _off(_f(s.bubble_error_pp, signed=True), s.bubble_error_pp is not None
+                          and s.real_bubble_ratio is not None
                           and abs(s.bubble_error_pp) > 100 * BAND * s.real_bubble_ratio),
                      _f(s.util_spearman_rho, 2)])
     return _table(["run", "device mix", "stages", "microbatches", "real tput /s", "predicted tput /s",

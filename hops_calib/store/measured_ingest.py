@@ -257,14 +257,14 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                 "rejected" in previous or not previous.get("rejected_rows")):
             for message in previous.get("rejected") or []:  # the bad rows are still bad: said every time
                 emit(outcome_type(source=path, error=message))
-            for run in store.measured_fixtures(table_id):
-                emit(outcome_type(source=path, run_id=run.id, status="unchanged", split=run.split,
+            for fixture in store.measured_fixtures(table_id):
+                emit(outcome_type(source=path, run_id=fixture.id, status="unchanged", split=fixture.split,
                                   kind="iteration"))
             return False
         read = _read_source(path, kind, hardware, warmup)
-        used = {run.hardware.collective_tables for run in read.runs} - {None}
-        for folder in sorted(used - set(context.collectives)):
-            context.collectives[folder] = store_collectives(store.root, folder)
+        used = {run.hardware.collective_tables for run in read.runs if run.hardware.collective_tables is not None}
+        for name in sorted(used - set(context.collectives)):
+            context.collectives[name] = store_collectives(store.root, name)
     except (TraceError, StoreError) as err:
         emit(outcome_type(source=path, error=str(err)))
         return False

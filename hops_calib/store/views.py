@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
@@ -37,7 +38,7 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def text_table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
+def text_table(headers: list[str], rows: list[list[str]], right: Collection[int] = frozenset()) -> str:
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
@@ -159,7 +160,7 @@ def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
 
 
 def show_dict(fixture: Fixture | MeasuredFixture) -> dict[str, Any]:
-    data = _show_dict(fixture) if fixture.kind == "events" else _measured_show_dict(fixture)
+    data = _show_dict(fixture) if isinstance(fixture, Fixture) else _measured_show_dict(fixture)
     if fixture.split == "test":
         for name in MEASURED_SHOW_FIELDS + MEASURED_ITERATION_FIELDS:
             data.pop(name, None)

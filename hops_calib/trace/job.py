@@ -73,7 +73,7 @@ def find_job_dirs(source: Path, notes: list[str] | None = None) -> list[Path]:
                 real = path.resolve()
                 job = is_job_dir(real)
             except (OSError, RuntimeError):  # a link loop
-                real, job = None, False
+                real, job = path, False
             if name.startswith("."):
                 if job:
                     hidden.append(str(path))

@@ -148,8 +148,9 @@ def resolve_hardware(path: Path, given: RunHardware | None) -> RunHardware:
         raise TraceError(path.parent / "hops.base.yaml", f"says {beside.gpu} x {beside.gpus_per_node} per node, "
                          f"the command line {given.gpu} x {given.gpus_per_node}", field="hardware",
                          hint="drop --gpu/--gpus-per-node, or make hops.base.yaml say the same")
-    if beside or given:
-        return beside or given
+    found = beside or given
+    if found is not None:
+        return found
     raise TraceError(path, "the log does not say which hardware ran it", field="hardware",
                      hint="pass --gpu TYPE --gpus-per-node N, or put a hops.base.yaml with hardware: {gpu: TYPE, "
                           "gpus_per_node: N} beside the log")
@@ -177,6 +178,7 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                          hint="give the number of first iterations to drop (0 keeps all)")
     resolved = resolve_hardware(path, hardware)
     args: dict[str, Any] | None = None
+    block: dict[str, Any] = {}  # the arguments block being read: `args`, once its start is seen
     in_block = False
     block_line = 0
     intervals: list[_Interval] = []
@@ -202,14 +204,15 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                 continue
             match = _BLOCK_LINE.search(line)
             if match:
-                args[match.group(1)] = parse_value(match.group(2))
+                block[match.group(1)] = parse_value(match.group(2))
             continue
         if _BLOCK_START.search(line):
             if args is not None:
                 raise TraceError(path, f"holds a second arguments block (the first at line {block_line}): two "
                                  "launches in one log", line=number, field="arguments",
                                  hint="split the log at the second launch and ingest each part")
-            args, in_block, block_line = {}, True, number
+            args = block = {}
+            in_block, block_line = True, number
             continue
         if timer_option is not None:
             if _read_timer_line(line, timer_option, intervals, timer_name):
