@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, TypeGuard
 
 from hops_calib.trace.collective_bench import CollectiveTable  # the machine's collective benchmark
 from hops_calib.trace.events import MAX_INDEX  # the largest microbatch and model chunk a trace numbers
@@ -216,7 +217,7 @@ class Spec:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Spec":
+    def from_dict(cls, data: dict[str, Any]) -> Spec:
         data = dict(data)
         data["links"] = tuple(LinkFit(**link) for link in data.get("links", ()))
         data["model"] = ModelShape(**data["model"])
@@ -226,7 +227,7 @@ class Spec:
         return cls(**data)
 
     @classmethod
-    def from_json(cls, text: str) -> "Spec":
+    def from_json(cls, text: str) -> Spec:
         return cls.from_dict(json.loads(text))
 
 
@@ -641,7 +642,7 @@ def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[Link
                  and hardware.node_of(a, first_ranks) == hardware.node_of(b, first_ranks))
 
 
-def _lists_cores(cores: Any) -> bool:
+def _lists_cores(cores: Any) -> TypeGuard[list[int]]:
     """Whether `manifest.yaml`'s `cores` lists a core (an integer) for each rank."""
     return isinstance(cores, list) and bool(cores) and all(type(c) is int for c in cores)
 
@@ -695,7 +696,13 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None, *, simulable
     it; a plan, which searches other launches of the job, does not.
     """
     from hops_calib.trace import (
-        TraceError, find_launch, read_device_types, read_link_fits, read_manifest, read_stage_map, read_template,
+        TraceError,
+        find_launch,
+        read_device_types,
+        read_link_fits,
+        read_manifest,
+        read_stage_map,
+        read_template,
         run_id_of,
     )
     from hops_calib.trace.job import LINK_BENCH_DIR, MANIFEST, STAGE_MAP, TEMPLATE

@@ -32,12 +32,13 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -285,7 +286,7 @@ class MeasuredFixture:
     def not_priced(self) -> str | None:
         """Why the model does not price this run, or None when it does."""
         try:
-            self.spec
+            _ = self.spec  # built for the refusal it raises
         except NotPriced as err:
             return err.reason
         return None
@@ -573,14 +574,14 @@ class FixtureStore:
         data = {name: _parse_json(folder / name, text, hint) for name, text in texts.items()}
         for name, text in texts.items():
             check_digest(folder / name, meta, hint, text_digest(text))
-        parsed = []
-        for name, build in ((SPEC_FILE, Spec.from_dict), (TRUTH_FILE, Truth.from_dict)):
-            try:
-                parsed.append(build(data[name]))
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
-                raise FixtureFileError(folder / name, f"cannot be used as a fixture file: {type(err).__name__}: "
-                                       f"{err}", hint=hint) from None
-        spec, truth = parsed
+        name = SPEC_FILE
+        try:
+            spec = Spec.from_dict(data[name])
+            name = TRUTH_FILE
+            truth = Truth.from_dict(data[name])
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise FixtureFileError(folder / name, f"cannot be used as a fixture file: {type(err).__name__}: "
+                                   f"{err}", hint=hint) from None
         if spec.ranks_per_device != 1 and not spec.cores:
             # written before specs recorded which ranks share a core: the manifest the fixture kept says it
             cores = shared_cores((meta.get("manifest") or {}).get("cores"), spec.gpus)
@@ -760,7 +761,7 @@ class FixtureStore:
             left = self.journal()
             self._left_writing = bool(left and left.get("writing"))  # an earlier ingest stopped part way
             self._journal = {"pid": os.getpid(), "sources": [os.path.abspath(s) for s in sources],
-                             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             "started": datetime.now(UTC).isoformat(timespec="seconds"),
                              "writing": self._left_writing}
             self._finished = False
             atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))
