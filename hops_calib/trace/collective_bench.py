@@ -18,6 +18,7 @@ import numpy as np
 
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.link_bench import LinkFit, interpolate_ms, sorted_points
+from hops_calib.trace.reading import strict_lines
 
 ALLREDUCE_DIR = "calibration/allreduce"
 _TABLE_FILE = re.compile(r"AR_GPU(\d+)_")
@@ -54,17 +55,6 @@ def gpus_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _lines(path: Path):
-    """The table's lines as text: a regular file, UTF-8 (the first bad byte named by line), lines of at most 64 KiB."""
-    from hops_calib.trace.reading import bounded_lines, decode_utf8, long_line, open_regular
-
-    with open_regular(path) as handle:
-        for number, raw in bounded_lines(handle):
-            if raw is None:
-                raise long_line(path, number)
-            yield decode_utf8(path, raw, number)
-
-
 def read_allreduce_table(path: Path) -> CollectiveTable:
     """One nccl-tests all-reduce table: the in-place median time (ms) by message size (bytes)."""
     path = Path(path)
@@ -74,7 +64,7 @@ def read_allreduce_table(path: Path) -> CollectiveTable:
                          hint="name an all-reduce table AR_GPU<n>_..., n >= 2 the GPUs it was measured on")
     points: dict[float, float] = {}
     try:
-        rows = csv.reader(_lines(path))
+        rows = csv.reader(strict_lines(path))
         header = next(rows, None)
         if header is None or tuple(cell.strip() for cell in header) != HEADER:
             raise TraceError(path, f"has the header {header!r}", line=1, field="header",

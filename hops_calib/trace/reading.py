@@ -138,6 +138,16 @@ def text_lines(path: Path, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, s
                 yield number, raw.decode("utf-8", errors="replace")
 
 
+def strict_lines(path: Path) -> Iterator[str]:
+    """A table's lines as text: a regular file, UTF-8 (the first bad byte named by line), lines of at most
+    MAX_LINE_BYTES (TraceError naming the line otherwise)."""
+    with open_regular(path) as handle:
+        for number, raw in bounded_lines(handle):
+            if raw is None:
+                raise long_line(path, number)
+            yield decode_utf8(path, raw, number)
+
+
 def _nesting_error(path: Path, line: int | None) -> TraceError:
     return TraceError(path, "nests mappings or lists too deeply" + (f" (more than {MAX_NESTING} levels)" if line else ""), line=line,
                       hint="a job's configuration is a few levels deep: copy the job's own file here")
