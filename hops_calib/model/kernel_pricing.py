@@ -31,11 +31,19 @@ FlashAttention-2, Dao 2023, arXiv 2307.08691: 50-73 % of A100 peak forward, lowe
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from hops_calib.model.devices import DeviceSpec
-from hops_calib.model.kernels import ATTENTION, COLLECTIVE, DGRAD, FLASH_BLOCK, GEMM, MEMORY, Kernel
+from hops_calib.model.kernels import (
+    ATTENTION,
+    COLLECTIVE,
+    DGRAD,
+    FLASH_BLOCK,
+    GEMM,
+    MEMORY,
+    Kernel,
+)
 from hops_calib.trace.component_tables import ComponentTables
 from hops_calib.trace.link_bench import interpolate_ms
 

@@ -41,8 +41,9 @@ kernel reads plus what it writes, once each (a kernel's own traffic, no cache re
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from hops_calib.model import gpt
 from hops_calib.spec import ModelShape

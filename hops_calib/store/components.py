@@ -12,13 +12,14 @@ datasheets (the kernel terms' default curves).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from hops_calib.store.addressed import digest_of, get_text, put_text, stamp_of
 from hops_calib.spec.types import Spec
+from hops_calib.store.addressed import digest_of, get_text, put_text, stamp_of
 from hops_calib.trace.component_tables import ComponentTables, read_component_tables
 
 COMPONENTS_STORE_DIR = ".components"

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from hops_calib.model.devices import DeviceSpec
 from hops_calib.model.kernel_pricing import Pricer, Rates
-from hops_calib.model.kernels import COLLECTIVE, RECOMPUTE, WGRAD, KernelSettings, layer_backward, layer_forward, \
-    recomputed, settings_from_args
+from hops_calib.model.kernels import (
+    COLLECTIVE,
+    RECOMPUTE,
+    WGRAD,
+    KernelSettings,
+    layer_backward,
+    layer_forward,
+    recomputed,
+    settings_from_args,
+)
 from hops_calib.model.terms.attention import softmax_fused
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
 from hops_calib.model.terms.elementwise import gradient_accumulation_fused
@@ -23,7 +31,7 @@ def kernel_settings(spec: Spec) -> KernelSettings:
 
 def rates_of(params: Mapping[str, float], device_type: str) -> Rates:
     """The pricing rates of one device type from the term's parameters (NAME@TYPE overrides first)."""
-    value = lambda name: Term.value(params, name, device_type)  # noqa: E731
+    value = lambda name: Term.value(params, name, device_type)
     return Rates(gemm_efficiency=value("gemm_efficiency"), gemm_k_half=value("gemm_k_half"),
                  memory_efficiency=value("memory_efficiency"), kernel_latency_us=value("kernel_latency_us"),
                  flash_forward_efficiency=value("flash_forward_efficiency"),
