@@ -6,7 +6,9 @@ and refused on reading when changed, torn or missing.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
+from typing import Any, Callable
 
 from hops_calib.files import atomic_write
 from hops_calib.store.digests import FixtureFileError, text_digest
@@ -31,6 +33,22 @@ def _file_ok(path: Path, digest: str) -> bool:
         return digest_of(path.read_text(encoding="utf-8")) == digest
     except (OSError, UnicodeDecodeError):
         return False
+
+
+def load_parsed(store_root: Path, folder: str, digest: str, parse: Callable[[Any], Any], *, what: str, hint: str
+                ) -> Any:
+    """`parse` of the JSON of the store's file `folder/<digest>.json`, checked against its digest (`get_text`);
+    a file checked once is read again only when it changes (its mtime or size)."""
+    path = Path(store_root).resolve() / folder / f"{digest}.json"
+    return _load(str(path), digest, stamp_of(path), parse, what, hint)
+
+
+@lru_cache(maxsize=32)
+def _load(path_text: str, digest: str, stamp: tuple[int, int] | None, parse: Callable[[Any], Any], what: str,
+          hint: str) -> Any:
+    import json
+
+    return parse(json.loads(get_text(Path(path_text), digest, what=what, hint=hint)))
 
 
 def stamp_of(path: Path) -> tuple[int, int] | None:

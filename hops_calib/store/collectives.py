@@ -15,10 +15,9 @@ which no fixture id may, so it never takes a run's place.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from pathlib import Path
 
-from hops_calib.store.addressed import digest_of, get_text, put_text, stamp_of
+from hops_calib.store.addressed import digest_of, load_parsed, put_text
 from hops_calib.trace.collective_bench import CollectiveTable, read_collective_tables
 
 COLLECTIVES_DIR = ".collectives"
@@ -45,15 +44,12 @@ def store_collectives(store_root: Path, folder: str | Path) -> str:
 def load_collectives(store_root: Path, digest: str) -> tuple[CollectiveTable, ...]:
     """The tables a run names by `digest`, from the store; FixtureFileError when the file is missing or not the one
     ingest wrote."""
-    path = Path(store_root).resolve() / COLLECTIVES_DIR / f"{digest}.json"
-    return _load(str(path), digest, stamp_of(path))
+    return load_parsed(store_root, COLLECTIVES_DIR, digest, _parse, what="the all-reduce tables of runs that name them",
+                       hint=("ingest the runs' source again (it stores the all-reduce tables they are priced "
+                             "with); a store is moved or copied whole, its .collectives folder too"))
 
 
-@lru_cache(maxsize=16)  # a file checked once is read again only when it changes (its mtime or size)
-def _load(path_text: str, digest: str, stamp: tuple[int, int] | None) -> tuple[CollectiveTable, ...]:
-    hint = ("ingest the runs' source again (it stores the all-reduce tables they are priced with); a store is "
-            "moved or copied whole, its .collectives folder too")
-    text = get_text(Path(path_text), digest, what="the all-reduce tables of runs that name them", hint=hint)
+def _parse(data: list) -> tuple[CollectiveTable, ...]:
     return tuple(CollectiveTable(op=t["op"], gpus=int(t["gpus"]), source=t["source"],
                                  points=tuple((float(b), float(ms)) for b, ms in t["points"]))
-                 for t in json.loads(text))
+                 for t in data)

@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from hops_calib.spec.types import Spec
-from hops_calib.store.addressed import digest_of, get_text, put_text, stamp_of
+from hops_calib.store.addressed import digest_of, load_parsed, put_text
 from hops_calib.trace.component_tables import ComponentTables, read_component_tables
 
 COMPONENTS_STORE_DIR = ".components"
@@ -49,18 +48,15 @@ def store_components(store_root: Path, folder: str | Path) -> str | None:
 def load_components(store_root: Path, digest: str) -> tuple[ComponentTables, ...]:
     """The tables a run names by `digest`, from the store; FixtureFileError when the file is missing or not the one
     ingest wrote."""
-    path = Path(store_root).resolve() / COMPONENTS_STORE_DIR / f"{digest}.json"
-    return _load(str(path), digest, stamp_of(path))
+    return load_parsed(store_root, COMPONENTS_STORE_DIR, digest, _parse, what="the component tables of runs that name them",
+                       hint=("ingest the runs' source again (it stores the component tables they are priced "
+                             "with); a store is moved or copied whole, its .components folder too"))
 
 
-@lru_cache(maxsize=16)  # a file checked once is read again only when it changes (its mtime or size)
-def _load(path_text: str, digest: str, stamp: tuple[int, int] | None) -> tuple[ComponentTables, ...]:
-    hint = ("ingest the runs' source again (it stores the component tables they are priced with); a store is moved "
-            "or copied whole, its .components folder too")
-    text = get_text(Path(path_text), digest, what="the component tables of runs that name them", hint=hint)
+def _parse(data: list) -> tuple[ComponentTables, ...]:
     return tuple(ComponentTables(device=t["device"], gemm=tuple(tuple(r) for r in t["gemm"]),
                                  memory=tuple(tuple(r) for r in t["memory"]), source=t["source"])
-                 for t in json.loads(text))
+                 for t in data)
 
 
 def with_stored_components(spec: Spec, store_root: Path, hardware: Mapping[str, Any]) -> Spec:

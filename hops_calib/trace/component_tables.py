@@ -14,13 +14,12 @@ from any run, like the collective benchmark (`collective_bench`), and price the 
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import MAX_TABLE_ROWS, strict_lines
+from hops_calib.trace.reading import MAX_TABLE_ROWS, csv_rows
 
 COMPONENTS_DIR = "calibration/components"
 GEMM_HEADER = ("device", "dtype", "m", "n", "k", "time_s")
@@ -76,29 +75,13 @@ def _cell(path: Path, row: list[str], header: tuple[str, ...], column: str, line
 
 
 def _rows(path: Path, header: tuple[str, ...]):
-    """(line, cells) of a component table after its header; TraceError naming the line for anything else."""
-    rows = csv.reader(strict_lines(path))
-    try:
-        first = next(rows, None)
-        if first is None or tuple(cell.strip() for cell in first) != header:
-            raise TraceError(path, f"has the header {first!r}", line=1, field="header",
-                             hint=f"expected the columns {','.join(header)} (`hops-calib bench` writes them)")
-        for number, row in enumerate(rows, start=2):
-            if not row or not "".join(row).strip():
-                continue
-            if number > MAX_TABLE_ROWS + 1:
-                raise TraceError(path, f"has more than {MAX_TABLE_ROWS} rows", line=number,
-                                 hint="a component table holds one row per measured shape: split or thin it")
-            if len(row) != len(header):
-                raise TraceError(path, f"has {len(row)} columns, expected {len(header)}", line=number,
-                                 hint="a torn or edited row: re-run the benchmark or delete the line")
-            device = row[0].strip()
-            if not device:
-                raise TraceError(path, "names no device", line=number, field="device",
-                                 hint="give the device type the table was measured on (e.g. h100, a100, cpu)")
-            yield number, device, row
-    except csv.Error as err:
-        raise TraceError(path, f"is not a CSV table ({err})", hint="give the benchmark's CSV output") from None
+    """(line, device, cells) of a component table after its header; TraceError naming the line for anything else."""
+    for number, row in csv_rows(path, header, "`hops-calib bench`'s", MAX_TABLE_ROWS):
+        device = row[0].strip()
+        if not device:
+            raise TraceError(path, "names no device", line=number, field="device",
+                             hint="give the device type the table was measured on (e.g. h100, a100, cpu)")
+        yield number, device, row
 
 
 def read_gemm_table(path: Path) -> dict[str, list[tuple[str, int, int, int, float]]]:
