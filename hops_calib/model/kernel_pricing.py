@@ -47,8 +47,8 @@ from hops_calib.model.kernels import (
 from hops_calib.trace.component_tables import ComponentTables
 from hops_calib.trace.link_bench import interpolate_ms
 
-DEFAULT_GEMM_CURVE = "datasheet-gemm-1: gemm_efficiency x K / (K + gemm_k_half) of the datasheet peak, tile and wave " \
-                     "quantized, at least bytes / (memory_efficiency x datasheet bandwidth)"
+DEFAULT_GEMM_CURVE = ("datasheet-gemm-1: gemm_efficiency x K / (K + gemm_k_half) of the datasheet peak, tile and wave "
+                      "quantized, at least bytes / (memory_efficiency x datasheet bandwidth)")
 DEFAULT_MEMORY_CURVE = "datasheet-memory-1: kernel_latency_us + bytes / (memory_efficiency x datasheet bandwidth)"
 
 TILES_16BIT = ((256, 128), (128, 256), (128, 128))
