@@ -429,6 +429,8 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
         if against is not None and not preview:
             raise InputError("report", "--against compares predictions without looking; it goes with --preview",
                              field="against", hint="hops-calib report --preview --against OLD_MODEL.toml")
+        if split == TRAIN:  # per-run errors of the train split (--html): none of a held-out run
+            held_out_guard(fixtures, ledger_path, "report --split train", False)()
         if preview:
             seen = preview_look(fixtures, split=split, model_path=model_path, ledger_path=ledger_path,
                                 against=against)

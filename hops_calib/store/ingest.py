@@ -24,6 +24,7 @@ from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE,
                                            FixtureStore, StoreError, check_fixture_id, events_fingerprint, file_digest,
                                            recorded_source, source_path, write_events)
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
+from hops_calib.store.guard import stored_content_hash
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.trace import (TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events,
                               run_id_of)
@@ -503,7 +504,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
                          f"remove the group's fixtures from {store.root} first")
     chosen = kept or (split if split != "auto" else hashed_split(group, test_fraction))
     outcome.split = chosen
-    digest = content_hash(job_dir, lenient, skew_ms)
+    digest = stored_content_hash(store.root, content_hash(job_dir, lenient, skew_ms), chosen)
     previous = stored.get(run_id)
     if previous and previous.get("content_hash") == digest and store.intact(run_id):
         outcome.status = "unchanged"
