@@ -664,11 +664,14 @@ def ledger_export(
 
 
 @ledger_app.command("repair")
-def ledger_repair(ledger: Path = LEDGER_OPTION) -> None:
+def ledger_repair(
+    ledger: Path = LEDGER_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
     """Set aside an incomplete last line left by an interrupted append (complete entries are never touched)."""
     from hops_calib.cli.loop import ledger_repair_command
 
-    raise typer.Exit(ledger_repair_command(ledger))
+    raise typer.Exit(ledger_repair_command(ledger, as_json))
 
 
 # --- pictures (hops_calib.cli.plot, drawn by hops_calib.plot) --------------------------------------------

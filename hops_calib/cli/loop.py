@@ -708,7 +708,7 @@ def ledger_hold_out_command(fixtures: Path, ledger_path: Path | None, as_json: b
     return guarded(run, as_json)
 
 
-def ledger_repair_command(ledger_path: Path | None) -> int:
+def ledger_repair_command(ledger_path: Path | None, as_json: bool = False) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
@@ -717,13 +717,17 @@ def ledger_repair_command(ledger_path: Path | None) -> int:
 
         aside = repair(ledger_path)
         written = commits.repair(ledger_path)
+        if as_json:
+            print_json({"ledger": str(ledger_path), "set_aside": str(aside) if aside else None,
+                        "repaired": bool(aside), "commits": list(written)})
+            return EXIT_OK
         print(f"{ledger_path}: incomplete last line moved to {aside}" if aside else
               f"{ledger_path}: nothing to repair (last line complete)")
         for line in written:
             print(line)
         return EXIT_OK
 
-    return guarded(run)
+    return guarded(run, as_json)
 
 
 # --- terms ---------------------------------------------------------------------------------------

@@ -521,6 +521,18 @@ def export_parquet(path: Path | str, out: Path | str) -> int:
             else:
                 row[key] = value
         rows.append(row)
+    # a field whose type changed between entries (runs_moved: a count, later the ids, as JSON text) is written as
+    # JSON text in every row: one Parquet column holds one type
+    kinds: dict[str, set[type]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if value is not None:
+                kinds.setdefault(key, set()).add(float if type(value) is int else type(value))
+    mixed = {key for key, types in kinds.items() if len(types) > 1}
+    for row in rows:
+        for key in mixed & set(row):
+            if row[key] is not None and not isinstance(row[key], str):
+                row[key] = json.dumps(row[key])
     frame = pd.DataFrame(rows)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
