@@ -64,10 +64,15 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
                          else f"rejected: {outcome.error}")
 
             extra = {} if skew_ms is None else {"skew_ms": skew_ms}
-            report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
-                            on_run=on_run, on_start=progress.start, hardware=hardware,
-                            warmup_iterations=warmup_iterations, device_types=known, lock_timeout=lock_timeout,
-                            on_wait=lambda line: _err(f"{line} ..."), **extra)
+            try:
+                report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
+                                on_run=on_run, on_start=progress.start, hardware=hardware,
+                                warmup_iterations=warmup_iterations, device_types=known, lock_timeout=lock_timeout,
+                                on_wait=lambda line: _err(f"{line} ..."), **extra)
+            except Exception:
+                if not existed:
+                    store.remove_if_empty()  # (a first ingest stopped by a full disk leaves no store behind)
+                raise
         if not existed:
             store.remove_if_empty()  # a first ingest that stored nothing leaves no store behind
         # every run stored: 0; some rejected, others stored (or there already): 6; nothing usable: 2 (bad input)

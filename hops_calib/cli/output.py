@@ -85,6 +85,10 @@ def guarded(action: Callable[[], int], as_json: bool = False) -> int:
     except BrokenPipeError:
         raise  # the reader of stdout went away (`| head`): not an error of the verb (cli.main ends quietly)
     except Exception as error:  # noqa: BLE001 - every error leaves with a documented exit code
+        from hops_calib.errors import DiskFull, is_disk_full
+
+        if is_disk_full(error):  # a write the verb did not name: its file, else the folder it ran in
+            error = DiskFull(getattr(error, "filename", None) or os.getcwd())
         code = exit_code_of(error)
         if code != EXIT_INTERNAL:
             print(f"Error: {error}", file=sys.stderr)  # as click words its usage errors: one prefix

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from hops_calib.errors import InputError
+from hops_calib.errors import DiskFull, InputError, is_disk_full
 from hops_calib.loop.score import or_nan
 
 GENESIS = "0" * 64
@@ -173,10 +173,16 @@ def append(path: Path | str, entry: dict[str, Any]) -> dict[str, Any]:
         written["seq"] = data.count(b"\n") + 1
         written["prev_sha256"] = sha256_hex(last) if last is not None else GENESIS
         written["entry_sha256"] = entry_hash(written)
+        line = canonical_json(written) + b"\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            _write_all(fd, canonical_json(written) + b"\n")
+            _write_all(fd, line)
             os.fsync(fd)
+        except OSError as error:  # nothing half-appended: the ledger is cut back to its last whole entry
+            os.ftruncate(fd, len(data))
+            if is_disk_full(error):
+                raise DiskFull(path, len(line)) from None
+            raise
         finally:
             os.close(fd)
     return written

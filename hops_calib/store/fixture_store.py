@@ -769,7 +769,13 @@ class FixtureStore:
                 # A new store gets its (empty) index before any fixture folder: readers see no run until the index
                 # lists them at the end, as during any later ingest (they read the index, never the folders).
                 self.write_index()
-            yield
+            try:
+                yield
+            except BaseException:
+                if new and self._lists_nothing() and not self.fixture_folders() and not self.table_folders():
+                    for name in (INDEX, JOURNAL_FILE, ".secret"):  # a new store that stored nothing: as it was
+                        (self.root / name).unlink(missing_ok=True)
+                raise
             if new and self._lists_nothing() and not self.fixture_folders() and not self.table_folders():
                 (self.root / INDEX).unlink(missing_ok=True)  # nothing stored: the store is as it was
             if not self._journal["writing"] or self._finished:
@@ -857,8 +863,12 @@ class FixtureStore:
                 shutil.rmtree(displaced)
             else:
                 tmp.rename(final)
-        except BaseException:
+        except BaseException as error:
             shutil.rmtree(tmp, ignore_errors=True)
+            from hops_calib.errors import DiskFull, is_disk_full
+
+            if is_disk_full(error):
+                raise DiskFull(final) from None
             raise
 
     @staticmethod
@@ -958,8 +968,16 @@ class FixtureStore:
         frame = self.build_index()
         self._index = self._rows = None
         tmp = self.root / f"{_TMP_PREFIX}{INDEX}-{uuid.uuid4().hex[:8]}"
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, self.root / INDEX)
+        try:
+            frame.to_parquet(tmp, index=False)
+            os.replace(tmp, self.root / INDEX)
+        except BaseException as error:
+            tmp.unlink(missing_ok=True)
+            from hops_calib.errors import DiskFull, is_disk_full
+
+            if is_disk_full(error):
+                raise DiskFull(self.root / INDEX) from None
+            raise
         return frame
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Collection, Iterable
 import numpy as np
 
 from hops_calib import __version__
+from hops_calib.errors import DiskFull
 from hops_calib.spec import Spec, build_spec, coordinates_of
 from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, FINGERPRINT, INDEX,
                                            FixtureStore, StoreError, check_fixture_id, events_fingerprint, file_digest,
@@ -361,6 +362,8 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources, copies,
                                        split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms,
                                        measured=context.table_runs.keys() | context.tables.keys())
+            except DiskFull:
+                raise  # no run after it could be written either: the ingest stops, its half-written run removed
             except Exception as err:  # noqa: BLE001 - one run's failure, whatever it is, is that run's rejection
                 outcome.status = "rejected"
                 outcome.error = str(err) if isinstance(err, (TraceError, StoreError)) else (

@@ -66,8 +66,14 @@ def _lines(path: Path):
 
 
 def read_allreduce_table(path: Path) -> CollectiveTable:
-    """One nccl-tests all-reduce table: the in-place median time (ms) by message size (bytes)."""
+    """One nccl-tests all-reduce table: the in-place median time (ms) by message size (bytes); a regular file in
+    its folder (no link out of it) of at most MAX_COLLECTIVE_TABLE_BYTES."""
+    from hops_calib.trace.reading import MAX_COLLECTIVE_TABLE_BYTES, quoted, refuse_large, refuse_link_out
+
     path = Path(path)
+    refuse_link_out(path, path.parent)
+    refuse_large(path, MAX_COLLECTIVE_TABLE_BYTES, "an all-reduce table",
+                 "give the benchmark's own table (nccl-tests prints one row per message size)")
     gpus = gpus_of(path)
     if gpus is None or gpus < 2:
         raise TraceError(path, "does not name its GPU count", field="file name",
@@ -77,8 +83,9 @@ def read_allreduce_table(path: Path) -> CollectiveTable:
         rows = csv.reader(_lines(path))
         header = next(rows, None)
         if header is None or tuple(cell.strip() for cell in header) != HEADER:
-            raise TraceError(path, f"has the header {header!r}", line=1, field="header",
-                             hint=f"expected nccl-tests' columns {','.join(HEADER)}")
+            shown = quoted(",".join(header)) if header is not None else "nothing"
+            raise TraceError(path, f"does not start with nccl-tests' header (it starts {shown})", line=1,
+                             field="header", hint=f"expected nccl-tests' columns {','.join(HEADER)}")
         for number, row in enumerate(rows, start=2):
             if not row or not "".join(row).strip():
                 continue
@@ -91,7 +98,7 @@ def read_allreduce_table(path: Path) -> CollectiveTable:
                 except ValueError:
                     value = float("nan")
                 if not value > 0 or value == float("inf"):
-                    raise TraceError(path, f"is {row[column]!r}, expected a positive number", line=number,
+                    raise TraceError(path, f"is {quoted(row[column])}, expected a positive number", line=number,
                                      field=HEADER[column] + (" (in-place)" if column == IN_PLACE_TIME else ""),
                                      hint="re-run the benchmark or delete the row")
             size = float(row[0])
@@ -100,7 +107,8 @@ def read_allreduce_table(path: Path) -> CollectiveTable:
                                  hint="one row per message size: delete the repeat")
             points[size] = float(row[IN_PLACE_TIME]) / 1e6
     except csv.Error as err:
-        raise TraceError(path, f"is not a CSV table ({err})", hint="give the benchmark's CSV output") from None
+        raise TraceError(path, f"is not a CSV table ({quoted(str(err), 60)})",
+                         hint="give the benchmark's CSV output") from None
     if len(points) < 2:
         raise TraceError(path, f"has {len(points)} measured sizes", field=HEADER[0],
                          hint="a table needs rows of at least two message sizes")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
@@ -35,7 +36,17 @@ MAX_TABLE_ROWS = 100_000
 # one measured training iteration: a day (real: under 2 s for the vTrain runs, under 1 s for the cluster runs); a
 # longer one is a damaged or mis-scaled number (1e308 ms overflowed the metrics to a throughput of 0)
 MAX_ITERATION_MS = 86_400_000.0
+# and at least a microsecond: an iteration launches a forward and a backward kernel per layer, and one kernel launch
+# alone takes microseconds (the CPU captures' fastest iterations take milliseconds); 1e-300 ms is a damaged number
+MIN_ITERATION_MS = 1e-3
 MAX_HOSTNAME = 255  # characters of an event's hostname (DNS names have at most 253)
+# an all-reduce table (nccl-tests output, one row per message size): the published A100 ones are 56 KB for 1,024
+# sizes; 4 MiB holds 70,000 sizes
+MAX_COLLECTIVE_TABLE_BYTES = 4 << 20
+# a training log: Megatron prints about 400 bytes per logged iteration (timers included), so 256 MiB is over
+# 600,000 logged iterations; ingest reads it a line at a time (benchmarks/hostile.py: rate and peak memory)
+MAX_LOG_BYTES = 256 << 20
+QUOTED_BYTES = 16  # the most of a file's content an error message quotes
 
 
 def positive_number(value: object) -> bool:
@@ -79,6 +90,42 @@ def open_regular(path: Path) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def quoted(text: str, limit: int = QUOTED_BYTES) -> str:
+    """At most `limit` characters of a file's content, for an error message (a file that is not the expected one
+    may hold anything: a message never echoes more than a few bytes of it)."""
+    text = str(text)
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
+
+
+def size_of(path: Path) -> int:
+    """The size of a regular file (0 when it cannot be read: the reader then says why)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def refuse_large(path: Path, limit: int, what: str, hint: str) -> None:
+    """TraceError before a byte is read when the file at `path` is larger than `limit`."""
+    size = size_of(path)
+    if size > limit:
+        raise TraceError(path, f"is {size / 2**20:.1f} MiB, more than the {limit >> 20} MiB {what} may be (a "
+                         "bound against input that would exhaust memory or time)", hint=hint)
+
+
+def refuse_link_out(path: Path, root: Path) -> None:
+    """TraceError when `path` is a symbolic link (or lies under one) that leads out of `root`: a table is read from
+    the folder it is in, never through a link to a file elsewhere (its content is not echoed)."""
+    try:
+        target = Path(os.path.realpath(path))
+        inside = Path(os.path.realpath(root))
+    except OSError:
+        return
+    if target != inside and inside not in target.parents:
+        raise TraceError(path, f"is a symbolic link out of {root} (to {target})", field="file",
+                         hint="copy the file itself into the folder; ingest does not follow links out of it")
 
 
 def decode_utf8(path: Path, data: bytes, first_line: int = 1) -> str:
@@ -130,12 +177,28 @@ def long_line(path: Path, number: int, limit: int = MAX_LINE_BYTES) -> TraceErro
                       hint="copy the job's own file here (this one is damaged, or another file)")
 
 
+# a terminal's colour and cursor codes (ECMA-48 CSI sequences, and the two-byte escapes): a log written through a
+# terminal or `tee` from one carries them around its lines
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+
+
+def clean_line(text: str) -> str:
+    """A log line as the program wrote it: without terminal colour codes and without the carriage return of a
+    Windows line end (`\r\n` reads as `\n`; a last line cut after its `\r` loses it too)."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    if text.endswith("\r\n"):
+        return text[:-2] + "\n"
+    return text[:-1] if text.endswith("\r") else text
+
+
 def text_lines(path: Path, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str]]:
-    """(number, text) of each line of a log-like file (undecodable bytes replaced), skipping lines over `limit`."""
+    """(number, text) of each line of a log-like file (undecodable bytes replaced, `clean_line`), skipping lines
+    over `limit`; read a line at a time, so memory stays a line's whatever the file's size."""
     with open_regular(path) as handle:
         for number, raw in bounded_lines(handle, limit):
             if raw is not None:
-                yield number, raw.decode("utf-8", errors="replace")
+                yield number, clean_line(raw.decode("utf-8", errors="replace"))
 
 
 def _nesting_error(path: Path, line: int | None) -> TraceError:
