@@ -15,6 +15,7 @@ import pytest
 from hops_calib.store import FixtureStore
 from hops_calib.store.guard import configuration_digest
 from job_copies import copy_job, shifted_copy
+from ledger_args import with_new_ledger
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300
@@ -23,7 +24,7 @@ TIMEOUT_S = 300
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env.pop("HOPS_CALIB_PROGRESS", None)
-    return subprocess.run([sys.executable, "-m", "hops_calib", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hops_calib", *with_new_ledger(args)], capture_output=True, text=True,
                           timeout=TIMEOUT_S, env=env)
 
 

@@ -60,8 +60,10 @@ params = { compute_efficiency = 0.3 }
 '''
 
 
+from ledger_args import with_new_ledger
+
 def cli(*args: str):
-    return CliRunner().invoke(app, [str(a) for a in args])
+    return CliRunner().invoke(app, with_new_ledger(args))
 
 
 @pytest.fixture()

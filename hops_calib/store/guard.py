@@ -84,13 +84,15 @@ def store_secret(root: Path | str, create: bool = False) -> bytes | None:
     return key
 
 
-def stored_content_hash(root: Path | str, digest: str, split: str) -> str:
+def stored_content_hash(root: Path | str, digest: str, split: str, create: bool = True) -> str | None:
     """The content hash a store records for a run: `digest` itself for a train run, keyed with the store's secret
-    (HMAC-SHA256, `KEYED_KEY` + hex) for a test run."""
+    (HMAC-SHA256, `KEYED_KEY` + hex) for a test run; None for a test run when the store has no secret yet and
+    `create` is false (no recorded hash can be it)."""
     if split != "test":
         return digest
-    key = store_secret(root, create=True)
-    assert key is not None
+    key = store_secret(root, create=create)
+    if key is None:
+        return None
     return KEYED_KEY + hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
 
 

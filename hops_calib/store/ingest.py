@@ -507,7 +507,8 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
                          f"remove the group's fixtures from {store.root} first")
     chosen = kept or (split if split != "auto" else hashed_split(group, test_fraction))
     outcome.split = chosen
-    digest = stored_content_hash(store.root, content_hash(job_dir, lenient, skew_ms), chosen)
+    plain = content_hash(job_dir, lenient, skew_ms)
+    digest = stored_content_hash(store.root, plain, chosen, create=False)  # (the secret is made when a run is written)
     previous = stored.get(run_id)
     if previous and previous.get("content_hash") == digest and store.intact(run_id):
         outcome.status = "unchanged"
@@ -530,7 +531,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
             "id": run_id,
             "split": chosen,
             "group": group,
-            "content_hash": digest,
+            "content_hash": digest or stored_content_hash(store.root, plain, chosen),
             "ingest_version": INGEST_VERSION,
             "hops_calib_version": __version__,
             "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
