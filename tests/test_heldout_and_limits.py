@@ -326,7 +326,7 @@ def test_links_out_of_the_source_folder_are_refused_without_echoing_content(tmp_
 
 
 def test_size_bounds_refuse_before_reading(tmp_path: Path, repo_root: Path):
-    """Issue #32 case 8: an all-reduce table over 4 MiB, a training log over 256 MiB (sparse files: refused by their
+    """Issue #32 case 8: an all-reduce table over 4 MiB, a training log over 64 MiB (sparse files: refused by their
     size, before a byte is read) and a candidate file of 10 MB (refused before the append-only ledger)."""
     src = tmp_path / "src"
     table = vtrain_copy(src)
@@ -339,7 +339,7 @@ def test_size_bounds_refuse_before_reading(tmp_path: Path, repo_root: Path):
     with log.open("r+b") as handle:
         handle.truncate(300 << 20)
     done = cli("ingest", log, "--fixtures", tmp_path / "s2")
-    assert done.returncode == 2 and "is 300.0 MiB, more than the 256 MiB a training log may be" in flat(done.stderr)
+    assert done.returncode == 2 and "is 300.0 MiB, more than the 64 MiB a training log may be" in flat(done.stderr)
     ledger = tmp_path / "ledger.jsonl"
     shutil.copy(repo_root / "ledger" / "ledger.jsonl", ledger)
     before = ledger.read_bytes()
