@@ -72,7 +72,7 @@ def store_secret(root: Path | str, create: bool = False) -> bytes | None:
         if not create:
             return None
     except ValueError:
-        from hops_calib.store.fixture_store import StoreError
+        from hops_calib.store.digests import StoreError
 
         raise StoreError(f"{path} is not a store secret (64 hex digits); delete it and ingest the store's test runs "
                          "again") from None
@@ -99,7 +99,7 @@ def stored_content_hash(root: Path | str, digest: str, split: str, create: bool 
 def held_out_ids(store: Any) -> set[str]:
     """The store's test runs: those the index lists in test, and those whose own record (fixture.json, a table
     folder's runs.parquet) says test whatever the index says."""
-    from hops_calib.store.fixture_store import ITERATION_KIND, StoreError
+    from hops_calib.store.digests import ITERATION_KIND, StoreError
 
     held = set()
     tables: dict[str, dict[str, str]] = {}
