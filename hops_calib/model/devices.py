@@ -88,15 +88,15 @@ def parse_constant(value: Any, *, origin: str, table: str, constant: str, line: 
     number, source = value["value"], value["source"]
     if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) or number <= 0:
         raise InputError(origin, f"value must be a finite positive number, got {number!r}", line=line, field=field)
+    if not isinstance(source, str) or not source.strip():
+        raise InputError(origin, "source must name where the number comes from (a vendor spec sheet)", line=line,
+                         field=field)
     low, high = BOUNDS[constant]
     if not low <= number <= high:
         raise InputError(origin, f"value {number:.3g} is outside the physical bounds of {constant} ({low:.0e} to "
                          f"{high:.0e}, {CONSTANTS.get(constant) or OPTIONAL_CONSTANTS[constant]})", line=line,
                          field=field, hint="check the number and its unit against the datasheet (SI units: FLOP/s, "
                                            "bytes/s, bytes)")
-    if not isinstance(source, str) or not source.strip():
-        raise InputError(origin, "source must name where the number comes from (a vendor spec sheet)", line=line,
-                         field=field)
     return float(number), source.strip()
 
 
