@@ -142,7 +142,7 @@ def main() -> None:
         link = tmp / "linked"
         link.mkdir()
         (link / "runs.csv").symlink_to(secret)
-        case("7 ingest a table linked out of its folder (refused)", ["ingest", link / "runs.csv", "--fixtures",
+        case("7 ingest a table linked to a password file (refused, 16 chars quoted)", ["ingest", link / "runs.csv", "--fixtures",
                                                                      tmp / "l"])
         semi = tmp / "semi"
         semi.mkdir()

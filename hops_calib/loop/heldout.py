@@ -61,7 +61,8 @@ class Leak:
                 if self.by == "content" else
                 f": the configuration of a run of held-out group {self.held_out_as!r} (a copy, a near-copy or "
                 "another run of it)" if self.by == "configuration" else
-                ": its own fixture record says test (the index lists it in train)" if self.by == "record" else
+                ": its own fixture record says test (the index lists it in train: delete index.parquet, it is "
+                "rebuilt from the fixture folders)" if self.by == "record" else
                 f": the same configuration and events as a run of held-out group {self.held_out_as!r} up to a shift "
                 "of its timestamps, a copy" if self.by == "timing" else "")
         return f"{self.group} ({runs}{copy})"

@@ -38,8 +38,7 @@ from typing import Any
 import numpy as np
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import (MAX_ITERATION_MS, MAX_LOG_BYTES, MIN_ITERATION_MS, refuse_large,
-                                      refuse_link_out, text_lines)
+from hops_calib.trace.reading import MAX_ITERATION_MS, MAX_LOG_BYTES, MIN_ITERATION_MS, refuse_large, text_lines
 from hops_calib.trace.measured import MeasuredRun, RunHardware, collective_tables_beside
 from hops_calib.trace.megatron_args import _BLOCK_END, _BLOCK_LINE, _BLOCK_START, parse_value
 
@@ -176,7 +175,6 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     if warmup_iterations < 0:
         raise TraceError(path, f"--warmup-iterations {warmup_iterations} is negative", field="warmup_iterations",
                          hint="give the number of first iterations to drop (0 keeps all)")
-    refuse_link_out(path, path.parent)
     refuse_large(path, MAX_LOG_BYTES, "a training log", "ingest the log of one launch (split a longer log at its "
                  "launches), or cut it to the iterations to keep")
     resolved = resolve_hardware(path, hardware)

@@ -117,8 +117,9 @@ def refuse_large(path: Path, limit: int, what: str, hint: str) -> None:
 
 
 def refuse_link_out(path: Path, root: Path) -> None:
-    """TraceError when `path` is a symbolic link (or lies under one) that leads out of `root`: a table is read from
-    the folder it is in, never through a link to a file elsewhere (its content is not echoed)."""
+    """TraceError when `path` is a symbolic link (or lies under one) that leads out of `root`: a file found inside a
+    source's folder (an all-reduce table of its tables folder) is read from that folder, never through a link to a
+    file elsewhere. (A source named on the command line is read where it leads: it is the file named.)"""
     try:
         target = Path(os.path.realpath(path))
         inside = Path(os.path.realpath(root))

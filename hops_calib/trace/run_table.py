@@ -83,9 +83,8 @@ def _rows(path: Path) -> tuple[list[str], list[dict[str, Any]], Callable[[int], 
     """Columns, rows as dicts, the line (CSV) or row (Parquet) of row k, and the word for it."""
     import pandas as pd
 
-    from hops_calib.trace.reading import MAX_TABLE_BYTES, MAX_TABLE_ROWS, open_regular, quoted, refuse_link_out
+    from hops_calib.trace.reading import MAX_TABLE_BYTES, MAX_TABLE_ROWS, open_regular, quoted
 
-    refuse_link_out(path, path.parent)
     with open_regular(path) as handle:  # a regular file only (no FIFO or device), of a bounded size
         size = os.fstat(handle.fileno()).st_size
         if size > MAX_TABLE_BYTES:
@@ -133,7 +132,8 @@ def unknown_names(names: list[str], known: Any) -> str:
     parts = []
     for name in names:
         close = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.6)
-        parts.append(quoted(name, 40) + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+        parts.append(quoted(name, 32 if len(names) > 1 else 16) + (f" (did you mean {' or '.join(close)}?)"
+                                                                   if close else ""))
         if len(parts) == 8:
             parts.append(f"... ({len(names)} in all)")
             break
@@ -256,7 +256,7 @@ def _check_columns(path: Path, columns: list[str], sidecar: Sidecar, hardware: R
                              "index=False))")
     if unknown:
         raise TraceError(path, f"has unknown columns: {unknown_names(unknown, known)}", line=line,
-                         field=unknown[0][:40],
+                         field=unknown[0][:16],
                          hint=f"rename a misspelled column to Megatron's args. name (README, 'Run tables'); a column "
                          f"of your own that is not a setting is kept out of the launch when its name starts with "
                          f"'{EXTRA_PREFIX}' or {sidecar.path.name} lists it under extra_columns"
