@@ -76,6 +76,10 @@ def megatron_log(folder: Path, megabytes: float) -> tuple[Path, int]:
     return path, lines
 
 
+def shipped_path() -> Path:
+    return REPO / "ledger" / "ledger.jsonl"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -142,12 +146,51 @@ def main() -> None:
         link = tmp / "linked"
         link.mkdir()
         (link / "runs.csv").symlink_to(secret)
-        case("7 ingest a table linked to a password file (refused, 16 chars quoted)", ["ingest", link / "runs.csv", "--fixtures",
-                                                                     tmp / "l"])
+        case("7 ingest a table linked to a password file (refused)", ["ingest", link / "runs.csv", "--fixtures",
+                                                                      tmp / "l"])
         semi = tmp / "semi"
         semi.mkdir()
         (semi / "sweep.csv").write_text(table.read_text().replace(",", ";"))
         case("9 ingest a semicolon CSV (hint)", ["ingest", semi / "sweep.csv", "--fixtures", tmp / "s"])
+        tiny = tmp / "tiny"
+        tiny.mkdir()
+        rows_ = list(csv.reader(table.open(newline="")))
+        rows_[1][-1] = "1e-300"
+        with (tiny / table.name).open("w", newline="") as handle:
+            csv.writer(handle).writerows(rows_)
+        shutil.copytree(src / "allreduce-a100", tiny / "allreduce-a100")
+        case("9 ingest a vTrain row of 1e-300 ms (that row refused)", ["ingest", tiny / table.name, "--fixtures",
+                                                                        tmp / "tiny_fx"])
+        near = tmp / "near"
+        near.mkdir()
+        shutil.copy(table, near / table.name)
+        shutil.copytree(src / "allreduce-a100", near / "allreduce-a100")
+        near_rows = list(csv.reader((near / table.name).open(newline="")))
+        for row in near_rows[1:]:
+            row[-1] = repr(float(row[-1]) * 1.001)
+        with (near / table.name).open("w", newline="") as handle:
+            csv.writer(handle).writerows(near_rows)
+        vt_ledger = tmp / "vt.jsonl"
+        run(["ledger", "hold-out", "--fixtures", tmp / "vt", "--ledger", vt_ledger, "--new-ledger"])
+        run(["ingest", near / table.name, "--fixtures", tmp / "near_fx", "--split", "train"])
+        case("5 evaluate vTrain rows x 1.001 in train (refused)", ["evaluate", "--fixtures", tmp / "near_fx",
+                                                                   "--ledger", vt_ledger])
+        model = tmp / "model.toml"
+        model.write_text((REPO / "hops_calib" / "model" / "models" / "baseline.toml").read_text()
+                         + '\n[devices.h100]\npeak_bf16_flops_per_s = { value = 1e300, source = "typo" }\n')
+        case("9 evaluate a model with a 1e300 FLOP/s device (refused)", ["evaluate", "--model", model, "--fixtures",
+                                                                         REPO / "fixtures", "--ledger", shipped_path()])
+        proc = tmp / "proc"
+        shutil.copytree(tmp / "log", proc)
+        (proc / "hops.base.yaml").write_text("hardware: {gpu: a100, gpus_per_node: 8, collective_tables: /proc}\n")
+        case("9 ingest a log whose collective_tables is /proc (refused)", ["ingest", proc / log.name, "--fixtures",
+                                                                           tmp / "proc_fx"])
+        ansi = tmp / "ansi"
+        shutil.copytree(tmp / "log", ansi)
+        data = (ansi / log.name).read_bytes()
+        (ansi / log.name).write_bytes(b"".join(b"\x1b[32m" + line.rstrip(b"\n") + b"\x1b[0m\n"
+                                               for line in data.splitlines(keepends=True)))
+        case("6 ingest the same log with ANSI colour codes", ["ingest", ansi / log.name, "--fixtures", tmp / "ansi_fx"])
         candidate = tmp / "big.toml"
         candidate.write_text('id = "big"\nhypothesis = "' + "x" * (10 << 20) + '"\ngrounding = "g"\n')
         shipped = tmp / "shipped.jsonl"
