@@ -64,6 +64,18 @@ class DeviceSpec:
         return table
 
 
+# Physical bounds of each constant (SI units): a value outside is a typo or a unit slip, not a device. Wide on
+# purpose: from a single CPU core (about 1e9 FLOP/s, 1e9 B/s of memory, 1e8 bytes) to a thousand times the largest
+# accelerator of the catalog (989.5e12 FLOP/s, 3.35e12 B/s, 80e9 bytes; links of 3.072e11 B/s).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "peak_bf16_flops_per_s": (1e8, 1e18),
+    "memory_bandwidth_bytes_per_s": (1e8, 1e16),
+    "memory_bytes": (1e6, 1e15),
+    "network_bandwidth_bytes_per_s": (1e5, 1e15),
+    "intra_node_bandwidth_bytes_per_s": (1e5, 1e15),
+}
+
+
 def parse_constant(value: Any, *, origin: str, table: str, constant: str, line: int | None) -> tuple[float, str]:
     """A `{ value = ..., source = "..." }` entry -> (value, source), refusing anything else."""
     field = f"{table}.{constant}"
@@ -81,6 +93,12 @@ def parse_constant(value: Any, *, origin: str, table: str, constant: str, line: 
     if not isinstance(source, str) or not source.strip():
         raise InputError(origin, "source must name where the number comes from (a vendor spec sheet)", line=line,
                          field=field)
+    low, high = BOUNDS[constant]
+    if not low <= number <= high:
+        raise InputError(origin, f"value {number:.3g} is outside the physical bounds of {constant} ({low:.0e} to "
+                         f"{high:.0e}, {CONSTANTS.get(constant) or OPTIONAL_CONSTANTS[constant]})", line=line,
+                         field=field, hint="check the number and its unit against the datasheet (SI units: FLOP/s, "
+                                           "bytes/s, bytes)")
     return float(number), source.strip()
 
 

@@ -21,6 +21,7 @@ from hops_calib.store.collectives import HARDWARE_KEY as COLLECTIVES_KEY
 from hops_calib.store.collectives import load_collectives, source_digest, store_collectives
 from hops_calib.store.digests import FIXTURE_FILE, RUNS_FILE, StoreError, check_digest, dumps, text_digest
 from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
+from hops_calib.store.guard import stored_content_hash
 from hops_calib.store.measured_spec import not_priced
 from hops_calib.store.split import group_of, hashed_split
 from hops_calib.store.writer import FixtureStore, write_table
@@ -195,7 +196,7 @@ def _check_log_args(path: Path, args: dict[str, Any]) -> None:
         args["data_parallel_size"] = world // (t * p) if type(world) is int and world >= t * p else 1
 
 
-def _record(run: MeasuredRun, split: str, collectives: dict[str, str]) -> dict[str, Any]:
+def _record(run: MeasuredRun, split: str, collectives: dict[str, str], root: Path) -> dict[str, Any]:
     args = run.args
     hardware = run.hardware.to_dict()
     folder = hardware.pop("collective_tables", None)
@@ -209,7 +210,8 @@ def _record(run: MeasuredRun, split: str, collectives: dict[str, str]) -> dict[s
                            timing_log_option=run.timing_log_option, reported=run.reported)
     texts = {"args": dumps(args).strip(), "hardware": dumps(hardware).strip(),
              "truth": dumps(truth.to_dict()).strip()}
-    content = text_digest(f"measured v{MEASURED_INGEST_VERSION}\n" + "\n".join(texts.values()))
+    content = stored_content_hash(root, text_digest(f"measured v{MEASURED_INGEST_VERSION}\n" + "\n".join(texts.values())),
+                                  split)
     return {"id": run.run_id, "split": split, "group": run.group, "content_hash": content, "origin": run.origin,
             **texts, "warnings": json.dumps(list(run.warnings))}
 
@@ -274,7 +276,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                                  f"split; --split {split} would make the group straddle train and test")
             outcome.split = kept or (split if split != "auto" else hashed_split(run.group, test_fraction))
             context.group_split.setdefault(run.group, outcome.split)
-            records.append(_record(run, outcome.split, context.collectives))
+            records.append(_record(run, outcome.split, context.collectives, store.root))
             context.batch[run.run_id] = path
             outcome.status = "updated" if holder == table_id else "new"
             stored_hardware = {k: v for k, v in run.hardware.to_dict().items() if k != "collective_tables"}
