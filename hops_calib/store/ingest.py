@@ -23,6 +23,7 @@ from hops_calib.spec import Spec, build_spec, coordinates_of
 from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, FINGERPRINT, INDEX,
                                            FixtureStore, StoreError, check_fixture_id, events_fingerprint, file_digest,
                                            recorded_source, source_path, write_events)
+from hops_calib.trace.dgxc import dgxc_table_in
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.trace import (TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events,
@@ -316,7 +317,7 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         raise StoreError(f"--clock-skew-ms {skew_ms} is not between 0 and 60000 ms; give the clock offset the nodes "
                          "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
-    sources = [Path(s) for s in sources]
+    sources = [dgxc_table_in(Path(s)) or Path(s) for s in sources]  # the dgxc set's folder: its runs.csv
     is_measured = {s: is_measured_source(s) for s in sources}
     measured = list({s.resolve(): s for s in reversed(sources) if is_measured[s]}.values())[::-1]  # once each
     job_dirs = _job_dirs([s for s in sources if not is_measured[s]], report)
