@@ -10,10 +10,18 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hops_calib.capture.bench import (  # noqa: E402
-    BenchPlan, GEMM_COLUMNS, MEMORY_COLUMNS, MEMORY_KERNELS, job_gemm_shapes, run_bench,
+from hops_calib.capture.bench import (
+    GEMM_COLUMNS,
+    MEMORY_COLUMNS,
+    MEMORY_KERNELS,
+    BenchPlan,
+    job_gemm_shapes,
+    run_bench,
 )
-from hops_calib.trace.collective_bench import read_allreduce_table, read_collective_tables  # noqa: E402
+from hops_calib.trace.collective_bench import (
+    read_allreduce_table,
+    read_collective_tables,
+)
 
 pytestmark = pytest.mark.capture
 TRACES = Path(__file__).resolve().parent.parent / "traces"

@@ -28,9 +28,10 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hops_calib.files import atomic_write
 
@@ -134,7 +135,6 @@ class _Clock:
         self.torch, self.cuda = torch, cuda
 
     def per_call_s(self, call: Callable[[], Any], repeats: int, min_s: float = 2e-3, max_inner: int = 200) -> float:
-        torch = self.torch
         call()  # warm-up (allocation, kernel selection)
         inner = 1
         first = self._loop(call, 1)
@@ -188,10 +188,9 @@ def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None
             if time.monotonic() > deadlines[0]:
                 result.skipped += 1
                 continue
-            a = torch.randn(m, k, device=device, dtype=_dtype(torch, dtype))
-            b = torch.randn(k, n, device=device, dtype=_dtype(torch, dtype))
-            rows.append((plan.device, dtype, m, n, k, f"{clock.per_call_s(lambda: torch.matmul(a, b), plan.repeats):.9g}"))
-            del a, b
+            call = _gemm(torch, m, n, k, _dtype(torch, dtype), device)
+            rows.append((plan.device, dtype, m, n, k, f"{clock.per_call_s(call, plan.repeats):.9g}"))
+            del call
             result.measured += 1
             advance(f"gemm {dtype} {m}x{n}x{k}")
     if rows:
@@ -207,17 +206,10 @@ def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None
                 result.skipped += 1
                 continue
             elements = max(plan.row, target // (_MEMORY_FACTOR[kernel] * size) // plan.row * plan.row)
-            x = torch.randn(elements, device=device, dtype=dtype)
-            y = torch.empty_like(x)
-            z = torch.empty_like(x)
-            matrix = x.view(-1, plan.row)
-            call = {"copy": lambda: y.copy_(x), "add": lambda: torch.add(x, y, out=z),
-                    "layernorm": lambda: torch.nn.functional.layer_norm(matrix, (plan.row,)),
-                    "softmax": lambda: torch.softmax(matrix, dim=-1),
-                    "gelu": lambda: torch.nn.functional.gelu(x)}[kernel]
+            call = _memory_kernel(torch, kernel, elements, plan.row, dtype, device)
             moved = _MEMORY_FACTOR[kernel] * elements * size
             rows.append((plan.device, kernel, moved, f"{clock.per_call_s(call, plan.repeats):.9g}"))
-            del x, y, z, matrix
+            del call
             result.measured += 1
             advance(f"{kernel} {moved} B")
     if rows:
@@ -249,6 +241,23 @@ def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None
                             "left out (give --budget-s more, or fewer shapes and sizes)")
     result.seconds = time.monotonic() - began
     return result
+
+
+def _gemm(torch: Any, m: int, n: int, k: int, dtype: Any, device: Any) -> Callable[[], Any]:
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    return lambda: torch.matmul(a, b)
+
+
+def _memory_kernel(torch: Any, kernel: str, elements: int, row: int, dtype: Any, device: Any) -> Callable[[], Any]:
+    """One call of a memory-bound kernel on `elements` elements (rows of `row` for the norm and the softmax)."""
+    x = torch.randn(elements, device=device, dtype=dtype)
+    y, z = torch.empty_like(x), torch.empty_like(x)
+    matrix = x.view(-1, row)
+    return {"copy": lambda: y.copy_(x), "add": lambda: torch.add(x, y, out=z),
+            "layernorm": lambda: torch.nn.functional.layer_norm(matrix, (row,)),
+            "softmax": lambda: torch.softmax(matrix, dim=-1),
+            "gelu": lambda: torch.nn.functional.gelu(x)}[kernel]
 
 
 def nccl_table(op: str, n: int, points: list[tuple[int, int, float, float]]) -> str:
@@ -333,7 +342,7 @@ def _calls(torch: Any, dist: Any, op: str, count: int, n: int, rank: int, device
     part = torch.ones(count // n, device=device)
     other = torch.empty_like(whole)
     if op == "all_reduce":
-        call = lambda: dist.all_reduce(whole)  # noqa: E731 - torch has no out-of-place all-reduce
+        call = lambda: dist.all_reduce(whole)  # torch has no out-of-place all-reduce
         return call, call
     if op == "all_gather":
         return (lambda: dist.all_gather_into_tensor(other, part),
@@ -347,7 +356,7 @@ def _calls(torch: Any, dist: Any, op: str, count: int, n: int, rank: int, device
         return (lambda: dist.reduce_scatter_tensor(part, whole),
                 lambda: dist.reduce_scatter_tensor(whole[rank * (count // n):(rank + 1) * (count // n)], whole))
     if op == "all_to_all":
-        call = lambda: dist.all_to_all_single(other, whole)  # noqa: E731 - no in-place all-to-all
+        call = lambda: dist.all_to_all_single(other, whole)  # no in-place all-to-all
         return call, call
     # send/recv: each rank sends one message to the next rank and receives one from the previous (nccl-tests'
     # sendrecv_perf)

@@ -10,7 +10,14 @@ import typer
 def bench_command(out: Path, job: Path | None, device: str, dtypes: list[str], budget_s: float, group_sizes: str,
                   quick: bool, repeats: int) -> int:
     """0 and the tables written; 2 without torch or on a bad option or job."""
-    from hops_calib.capture.bench import DTYPES, _torch, default_plan, device_type_of, job_gemm_shapes, run_bench
+    from hops_calib.capture.bench import (
+        DTYPES,
+        _torch,
+        default_plan,
+        device_type_of,
+        job_gemm_shapes,
+        run_bench,
+    )
     from hops_calib.errors import InputError
     from hops_calib.progress import progress_bar
     from hops_calib.trace.errors import TraceError
