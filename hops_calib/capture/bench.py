@@ -182,39 +182,20 @@ def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None
     # each phase may use the budget up to its share, what an earlier one leaves flowing on
     deadlines = [began + plan.budget_s * share for share in (0.4, 0.6, 1.0)]
 
-    rows: list[tuple] = []
-    for dtype in plan.dtypes:
-        for m, n, k in plan.gemm_shapes:
-            if time.monotonic() > deadlines[0]:
-                result.skipped += 1
-                continue
-            call = _gemm(torch, m, n, k, _dtype(torch, dtype), device)
-            rows.append((plan.device, dtype, m, n, k, f"{clock.per_call_s(call, plan.repeats):.9g}"))
-            del call
-            result.measured += 1
-            advance(f"gemm {dtype} {m}x{n}x{k}")
-    if rows:
-        atomic_write(out / "gemm.csv", _csv_text(GEMM_COLUMNS, rows))
-        result.files.append(out / "gemm.csv")
-
-    rows = []
+    gemms = [(dtype, m, n, k) for dtype in plan.dtypes for m, n, k in plan.gemm_shapes]
+    _table(out / "gemm.csv", GEMM_COLUMNS, gemms, deadlines[0], result, advance, lambda item: (
+        (plan.device, *item), _gemm(torch, *item[1:], _dtype(torch, item[0]), device), clock, plan.repeats))
     dtype = _dtype(torch, plan.dtypes[0])
     size = torch.empty((), dtype=dtype).element_size()
-    for kernel in plan.kernels:
-        for target in plan.memory_bytes:
-            if time.monotonic() > deadlines[1]:
-                result.skipped += 1
-                continue
-            elements = max(plan.row, target // (_MEMORY_FACTOR[kernel] * size) // plan.row * plan.row)
-            call = _memory_kernel(torch, kernel, elements, plan.row, dtype, device)
-            moved = _MEMORY_FACTOR[kernel] * elements * size
-            rows.append((plan.device, kernel, moved, f"{clock.per_call_s(call, plan.repeats):.9g}"))
-            del call
-            result.measured += 1
-            advance(f"{kernel} {moved} B")
-    if rows:
-        atomic_write(out / "memory.csv", _csv_text(MEMORY_COLUMNS, rows))
-        result.files.append(out / "memory.csv")
+
+    def kernel_item(item: tuple[str, int]) -> tuple[tuple, Callable[[], Any], _Clock, int]:
+        kernel, target = item
+        elements = max(plan.row, target // (_MEMORY_FACTOR[kernel] * size) // plan.row * plan.row)
+        return ((plan.device, kernel, _MEMORY_FACTOR[kernel] * elements * size),
+                _memory_kernel(torch, kernel, elements, plan.row, dtype, device), clock, plan.repeats)
+
+    kernels = [(kernel, target) for kernel in plan.kernels for target in plan.memory_bytes]
+    _table(out / "memory.csv", MEMORY_COLUMNS, kernels, deadlines[1], result, advance, kernel_item)
 
     folder = out / "collectives"
     for n in plan.group_sizes:
@@ -241,6 +222,25 @@ def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None
                             "left out (give --budget-s more, or fewer shapes and sizes)")
     result.seconds = time.monotonic() - began
     return result
+
+
+def _table(path: Path, columns: Sequence[str], items: list[tuple], deadline: float, result: BenchResult,
+           advance: Callable[[str], None], prepare: Callable[[tuple], tuple]) -> None:
+    """Time each item (`prepare(item)`: its row's leading cells, the call, the clock, the repeats) until the
+    deadline, and write the table of those measured (none: no file)."""
+    rows = []
+    for item in items:
+        if time.monotonic() > deadline:
+            result.skipped += 1
+            continue
+        cells, call, clock, repeats = prepare(item)
+        rows.append((*cells, f"{clock.per_call_s(call, repeats):.9g}"))
+        del call
+        result.measured += 1
+        advance(" ".join(map(str, item)))
+    if rows:
+        atomic_write(path, _csv_text(columns, rows))
+        result.files.append(path)
 
 
 def _gemm(torch: Any, m: int, n: int, k: int, dtype: Any, device: Any) -> Callable[[], Any]:

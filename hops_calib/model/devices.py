@@ -67,30 +67,6 @@ class Part:
     def source(self, constant: str) -> str:
         return dict(self.sources)[constant]
 
-    def peak_flops_per_s(self, dtype: str = "bf16") -> float:
-        """The dense tensor peak for `dtype` (bf16, fp16, fp8, tf32; fp32 reads tf32, Megatron's fp32 GEMMs run on
-        TF32 tensor cores where PyTorch allows it). A device that states none for the dtype falls back to its bf16
-        peak (fp8 on an Ampere GPU runs no faster than bf16; the CPU host states only one peak)."""
-        name = PEAKS.get("tf32" if dtype == "fp32" else dtype)
-        if name is None:
-            raise ValueError(f"no tensor peak for dtype {dtype!r}; known: {', '.join(PEAKS)}, fp32")
-        value = getattr(self, name)
-        return float(value) if value is not None else self.peak_bf16_flops_per_s
-
-    def node_words(self) -> str:
-        """The node this device type stands for, in words (for predict's notes)."""
-        if self.node is None:
-            return f"{self.type}: {self.name}"
-        parts = [f"{int(self.gpus_per_node)} x {self.gpu_name or self.gpu}" if self.gpus_per_node else
-                 (self.gpu_name or str(self.gpu))]
-        if self.intra_node_bandwidth_bytes_per_s:
-            parts.append(f"{self.intra_node_bandwidth_bytes_per_s / 1e9:g} GB/s per direction between GPUs")
-        else:
-            parts.append("no GPU peer in the node")
-        if self.nics_per_node and self.nic_bandwidth_bytes_per_s:
-            parts.append(f"{int(self.nics_per_node)} x {self.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s NICs")
-        return f"{self.type}: node {self.node} ({self.node_name}; {', '.join(parts)})"
-
 
 @dataclass(frozen=True)
 class DeviceSpec:
