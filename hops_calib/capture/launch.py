@@ -116,7 +116,7 @@ def check_out(out: Path, force: bool) -> None:
     """CaptureError unless `out` can take a new job directory: a new name whose parent is (or can become) a folder,
     or, with `force`, an earlier capture's job directory. `--force` never removes anything else (a mistyped --out
     must not wipe a project), and a capture never lands inside a fixture store or another job directory."""
-    from hops_calib.store.fixture_store import FIXTURE_FILE, INDEX
+    from hops_calib.store.digests import FIXTURE_FILE, INDEX
     from hops_calib.trace import TraceError, read_manifest
     from hops_calib.trace.job import is_job_dir
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from hops_calib.cli.output import guarded, refuse_job_dir_as_id
 from hops_calib.errors import InputError
 from hops_calib.store import views
-from hops_calib.store.fixture_store import DEFAULT_LOCK_TIMEOUT_S, FixtureStore, StoreError
+from hops_calib.store.digests import DEFAULT_LOCK_TIMEOUT_S, StoreError
+from hops_calib.store.writer import FixtureStore
 from hops_calib.trace.job import is_job_dir
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
 

@@ -60,7 +60,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     from hops_calib.loop.score import score_prediction
     from hops_calib.loop.suite import TEST, open_store, priced
     from hops_calib.model.predict import predict
-    from hops_calib.store.fixture_store import NotPriced
+    from hops_calib.store.fixture import NotPriced
 
     store = open_store(fixtures)
     fixture = store.load(fixture_id)

@@ -12,7 +12,8 @@ from hops_calib.loop import heldout
 from hops_calib.loop.evaluate import (fixture_fields, floor_excess, judge, per_run_changes, record_and_write,
                                      run_errors)
 from hops_calib.loop.gate import GateResult, Tolerances
-from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
+from hops_calib.loop.commits import check_appendable
+from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.plans import check_plan, check_rejudgement, refuse_unplanned_rules, rules
 from hops_calib.loop.suite import ModelScore, TRAIN, load_suites, score_model, stall_series

@@ -15,7 +15,8 @@ from hops_calib.errors import InputError
 from hops_calib.loop import heldout
 from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
 from hops_calib.loop.gate import GateResult, Tolerances, gate
-from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
+from hops_calib.loop.commits import check_appendable
+from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.plans import check_plan, check_rejudgement, judgements, refuse_unplanned_rules, rules
 from hops_calib.loop.suite import ModelScore, TRAIN, load_suites, refuse_test_split, score_model, stall_series
@@ -200,7 +201,7 @@ def _reused_id(judged: Sequence[dict[str, Any]], candidate: Candidate) -> list[s
 def _other_checkouts(model_path: Path, ledger_path: Path | str) -> list[str]:
     """A warning when the model file and the ledger lie in two different checkouts: the ledger would record a
     judgement of a model whose history it does not hold."""
-    from hops_calib.loop.ledger import checkout_of
+    from hops_calib.loop.checkout import checkout_of
 
     model_home, ledger_home = checkout_of(model_path), checkout_of(ledger_path)
     if model_home is None and ledger_home is not None:

@@ -33,50 +33,23 @@ import datetime as dt
 import hashlib
 import json
 import os
-import re
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from hops_calib.errors import InputError
+# the checkout's helpers are read from here as well as from loop.checkout
+from hops_calib.loop.checkout import PACKAGE_CHECKOUT, checkout_of, default_checkout, is_checkout  # noqa: F401
 from hops_calib.loop.score import or_nan
 
 GENESIS = "0" * 64
 LEDGER_IN_CHECKOUT = Path("ledger") / "ledger.jsonl"
-PACKAGE_CHECKOUT = Path(__file__).resolve().parents[2]  # the checkout this package runs from (if it is one)
 LOCK_TIMEOUT_S = 120.0
 
 
 class LedgerError(InputError):
     """A ledger that cannot be appended to or read as it is."""
-
-
-def is_checkout(folder: Path) -> bool:
-    """Whether `folder` is the root of a hops-calib checkout (its pyproject names the project, the package is there)."""
-    try:
-        project = (folder / "pyproject.toml").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return False
-    return (folder / "hops_calib").is_dir() and re.search(r'(?m)^name\s*=\s*"hops-calib"', project) is not None
-
-
-def default_checkout(start: Path | None = None) -> Path | None:
-    """The hops-calib checkout enclosing `start` (default: the current directory), else the one this package runs
-    from, else None: the one checkout both the default ledger and the default model come from."""
-    start = (start or Path.cwd()).resolve()
-    for folder in (start, *start.parents, PACKAGE_CHECKOUT):
-        if is_checkout(folder):
-            return folder
-    return None
-
-
-def checkout_of(path: Path | str) -> Path | None:
-    """The hops-calib checkout a file lies in, or None."""
-    for folder in Path(path).resolve().parents:
-        if is_checkout(folder):
-            return folder
-    return None
 
 
 def default_ledger(start: Path | None = None) -> Path:
@@ -326,21 +299,6 @@ def verify(path: Path | str) -> Verification:
         with _lock(path):
             data = path.read_bytes()
     return _verify_bytes(data, path)
-
-
-def check_appendable(path: Path | str) -> None:
-    """Refuse (BrokenLedger) a ledger that fails `verify`, or whose latest commit into a model file was never
-    written (`hops_calib.loop.commits`), before a judgement is scored for it; `append` checks the chain again under
-    its lock."""
-    path = Path(path)
-    if path.is_file() and path.stat().st_size:
-        result = verify(path)
-        if result.ok:
-            from hops_calib.loop.commits import unwritten_problems
-
-            result.problems += unwritten_problems(path)
-        if not result.ok:
-            raise BrokenLedger(result)
 
 
 def warn_if_broken(path: Path | str) -> Verification:

@@ -18,7 +18,8 @@ from typing import Any, Sequence
 from hops_calib.errors import InputError
 from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
 from hops_calib.loop.gate import Tolerances
-from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
+from hops_calib.loop.commits import check_appendable
+from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.ledger import code_revision, now_utc
 
 

@@ -10,7 +10,8 @@ from typing import Any, Sequence
 
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
-from hops_calib.loop.ledger import check_appendable, resolve as resolve_ledger
+from hops_calib.loop.commits import check_appendable
+from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.ledger import RUN_KEYS, code_revision, now_utc
 from hops_calib.loop.score import RunScore, SuiteScore
 from hops_calib.loop.suite import SPLITS, Suite, TEST, TRAIN, load_suite, open_store, score_model, suite_if_any

@@ -153,7 +153,7 @@ def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -
     fixtures = store.load_many(list(ids))
     strays = [f.id for f in fixtures if f.split != split]
     if strays:  # the index lists them in this split, their own (digested) fixture.json says otherwise
-        from hops_calib.store.fixture_store import INDEX, StoreError
+        from hops_calib.store.digests import INDEX, StoreError
 
         raise StoreError(f"{Path(fixtures_dir) / INDEX}: lists {', '.join(strays[:3])} in the {split} split, which "
                          f"their fixture.json does not; delete {INDEX} (it is rebuilt from the fixture folders)")

@@ -20,14 +20,15 @@ import numpy as np
 
 from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec, coordinates_of
-from hops_calib.store.fixture_store import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, FINGERPRINT, INDEX,
-                                           FixtureStore, StoreError, check_fixture_id, events_fingerprint, file_digest,
-                                           recorded_source, source_path, write_events)
-from hops_calib.trace.dgxc import dgxc_table_in
+from hops_calib.store.digests import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, FINGERPRINT, INDEX,
+                                     StoreError, events_fingerprint, file_digest)
+from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
+from hops_calib.store.writer import FixtureStore, write_events
 from hops_calib.trace import (TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events,
                               run_id_of)
+from hops_calib.trace.dgxc import dgxc_table_in
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
 from hops_calib.trace.measured import RunHardware
@@ -417,7 +418,7 @@ def _index_outdated(index_file: Path) -> bool:
     """Whether the index lacks a column this version writes (it is rebuilt on every read until written again)."""
     import pyarrow.parquet as pq
 
-    from hops_calib.store.fixture_store import INDEX_COLUMNS
+    from hops_calib.store.digests import INDEX_COLUMNS
 
     try:
         return not set(INDEX_COLUMNS) <= set(pq.read_schema(index_file).names)

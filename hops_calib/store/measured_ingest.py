@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hops_calib import __version__
-from hops_calib.store.fixture_store import (
-    FIXTURE_FILE, RUNS_FILE, FixtureStore, StoreError, check_digest, check_fixture_id, dumps, recorded_source,
-    source_path, text_digest, write_table,
-)
 from hops_calib.store.collectives import (
     HARDWARE_KEY as COLLECTIVES_KEY, load_collectives, source_digest, store_collectives,
 )
+from hops_calib.store.digests import FIXTURE_FILE, RUNS_FILE, StoreError, check_digest, dumps, text_digest
+from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
+from hops_calib.store.writer import FixtureStore, write_table
 from hops_calib.store.measured_spec import not_priced
 from hops_calib.store.split import group_of, hashed_split
 from hops_calib.trace.errors import TraceError

@@ -7,7 +7,9 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
-from hops_calib.store.fixture_store import Fixture, FixtureStore, MeasuredFixture, json_safe, source_path
+from hops_calib.store.digests import json_safe
+from hops_calib.store.fixture import Fixture, MeasuredFixture, source_path
+from hops_calib.store.writer import FixtureStore
 
 if TYPE_CHECKING:  # the fixtures verbs show the store without loading the trace readers ingest needs
     from hops_calib.store.ingest import IngestReport
@@ -173,7 +175,7 @@ MEASURED_ITERATION_FIELDS = ("iteration_periods_ms", "interval_iterations", "las
 
 
 def _source(fixture: Fixture | MeasuredFixture) -> str | None:
-    """Where the run was ingested from, as a path (`fixture_store.source_path`: the store records one beside it
+    """Where the run was ingested from, as a path (`fixture.source_path`: the store records one beside it
     relative to the store's parent)."""
     recorded = fixture.meta.get("source")
     return str(source_path(recorded, fixture.path.parent)) if recorded else None
