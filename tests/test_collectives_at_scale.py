@@ -131,3 +131,12 @@ def test_with_overlap_and_enough_backward_only_the_last_bucket_is_exposed():
     unreduced = iteration_ms(span_base)
     assert iteration_ms(reduce_plain) == pytest.approx(unreduced + reduce_plain.grad_reduce_ms[0], rel=1e-9)
     assert iteration_ms(reduce_overlapped) == pytest.approx(unreduced + tail, rel=1e-9)
+
+
+@pytest.mark.parametrize("given", ["lots", 0, -5, float("inf")])
+def test_a_bad_ddp_bucket_size_is_named(given):
+    from hops_calib.errors import InputError
+
+    spec = _spec(overlap_grad_reduce=True, ddp_bucket_size=given)
+    with pytest.raises(InputError, match="ddp-bucket-size"):
+        dp_buckets(spec, 1e9)

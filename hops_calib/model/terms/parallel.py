@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TypedDict
 
 from hops_calib.model import gpt
 from hops_calib.model.collectives import ALGORITHMS, collective_ms
@@ -19,13 +20,23 @@ BUCKET_PARAMETERS = 40_000_000
 BUCKET_PARAMETERS_PER_REPLICA = 1_000_000
 
 
-def _rates(context: Context, params: Mapping[str, float], device_type: str) -> dict[str, float]:
+class Rates(TypedDict):
+    """What collective_ms takes of a term's parameters and the context."""
+
+    efficiency: float
+    step_latency_ms: float
+    contention_step_ms: float
+    connection_cap_bytes_per_ms: float
+
+
+def _rates(context: Context, params: Mapping[str, float], device_type: str) -> Rates:
     """The collective-pricing parameters both terms share (`_collective_params`) for one device type (its
     NAME@TYPE overrides, else the shared values), with one connection's ceiling across nodes (the context's: one TCP
     flow's over sockets), as collective_ms takes them."""
-    return {**{name: Term.value(params, name, device_type) for name in ("efficiency", "step_latency_ms",
-                                                                          "contention_step_ms")},
-            "connection_cap_bytes_per_ms": context.connection_cap_bytes_per_ms}
+    return Rates(efficiency=Term.value(params, "efficiency", device_type),
+                 step_latency_ms=Term.value(params, "step_latency_ms", device_type),
+                 contention_step_ms=Term.value(params, "contention_step_ms", device_type),
+                 connection_cap_bytes_per_ms=context.connection_cap_bytes_per_ms)
 
 
 def tp_collectives_per_layer(spec: Spec) -> dict[str, int]:
@@ -97,6 +108,21 @@ def tp_collectives(spec: Spec, virtual_stage: int, layers: int) -> dict[str, dic
     return found
 
 
+def _bucket_size(spec: Spec, given: object) -> float:
+    """--ddp-bucket-size as a positive number of parameters, else an InputError naming the run and the field."""
+    try:
+        size = float(given)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        size = math.nan
+    if not size > 0 or math.isinf(size):
+        from hops_calib.errors import InputError
+
+        raise InputError(f"run {spec.run_id}", f"--ddp-bucket-size {given!r} is not a positive number of parameters",
+                         field="ddp_bucket_size", hint="give the bucket size in parameters (Megatron's unit), or "
+                                                       "leave the flag out for Megatron's default")
+    return size
+
+
 def dp_buckets(spec: Spec, parameters: float, rank: int = 0, first_rank_only: bool = False) -> int:
     """Buckets `rank`'s gradients are reduced in: without --overlap-grad-reduce one; with it buckets of
     --ddp-bucket-size parameters where the launch gives one, else of `BUCKET_PARAMETERS` (Megatron-core:
@@ -106,7 +132,8 @@ def dp_buckets(spec: Spec, parameters: float, rank: int = 0, first_rank_only: bo
     if not spec.overlap_grad_reduce or parameters <= 0 or (first_rank_only and rank > 0):
         return 1
     given = spec.megatron_args.get("ddp_bucket_size")
-    size = float(given) if given else max(BUCKET_PARAMETERS, BUCKET_PARAMETERS_PER_REPLICA * spec.dp)
+    size = _bucket_size(spec, given) if given is not None else max(BUCKET_PARAMETERS,
+                                                                    BUCKET_PARAMETERS_PER_REPLICA * spec.dp)
     return max(1, math.ceil(parameters / size))
 
 
@@ -233,16 +260,16 @@ class DataParallelGradReduce(Term):
             parameters = rank_parameters(context, rank)
             buckets = dp_buckets(spec, parameters, rank, first_rank_only)
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
-            rates = {**_rates(context, params, device.type), "algorithm": algorithm,
-                     "net_step_latency_ms": Term.value(params, "net_step_latency_ms", device.type)}
+            rates = _rates(context, params, device.type)
+            net = Term.value(params, "net_step_latency_ms", device.type)
             bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), "dp",
-                                      stage=rank, **rates)
+                                      stage=rank, algorithm=algorithm, net_step_latency_ms=net, **rates)
             whole.append(buckets * bucket_ms)
             tails.append(bucket_ms)
             gather = 0.0
             if spec.distributed_optimizer and not spec.overlap_param_gather:
                 gather = collective_ms(spec, device, "all_gather", parameters * gpt.bytes_per_element(spec.model),
-                                       "dp", stage=rank, **rates)
+                                       "dp", stage=rank, algorithm=algorithm, net_step_latency_ms=net, **rates)
             gathers.append(gather)
         return Contribution(grad_reduce_ms=tuple(whole), grad_reduce_tail_ms=tuple(tails),
                             optimizer_ms=tuple(gathers) if any(gathers) else ())
