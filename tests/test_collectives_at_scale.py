@@ -140,3 +140,13 @@ def test_a_bad_ddp_bucket_size_is_named(given):
     spec = _spec(overlap_grad_reduce=True, ddp_bucket_size=given)
     with pytest.raises(InputError, match="ddp-bucket-size"):
         dp_buckets(spec, 1e9)
+
+
+def test_the_new_switches_at_their_defaults_leave_the_shipped_models_identity():
+    from hops_calib.loop.model_files import WRITTEN_HEADER, default_model
+
+    model = load_model()
+    written = WRITTEN_HEADER.search(default_model().read_text(encoding="utf-8"))
+    assert written is not None and model.sha256 == written.group(1)  # the header the gate last wrote
+    assert _model().sha256 == model.sha256  # the term resolved afresh, its inert switches at their defaults
+    assert _model(first_rank_buckets=1.0).sha256 != model.sha256  # switched on: another model

@@ -240,13 +240,14 @@ class DataParallelGradReduce(Term):
     params = _collective_params("for gradient reduction, beside the backward's kernels") + (
         Param("algorithm", 0.0, 0.0, 2.0, "choice",
               "collective algorithm of a group across nodes: 0 flat ring, 1 two levels (NVLink inside the node, "
-              "the NIC share across), 2 the faster of the two per message (NCCL's tuner)", choices=(0.0, 1.0, 2.0)),
+              "the NIC share across), 2 the faster of the two per message (NCCL's tuner)", choices=(0.0, 1.0, 2.0),
+              inert=True),
         Param("net_step_latency_ms", 0.0, 0.0, 0.1, "ms",
               "latency each ring step across nodes adds over an NVLink step (InfiniBand and NCCL's proxy: ~5-10 us)",
-              per_device=True),
+              per_device=True, inert=True),
         Param("first_rank_buckets", 0.0, 0.0, 1.0, "switch",
               "1: under --overlap-grad-reduce only the first pipeline rank buckets (Megatron-core); 0: every rank",
-              choices=(0.0, 1.0)),
+              choices=(0.0, 1.0), inert=True),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
