@@ -17,6 +17,7 @@ from hops_calib.model.kernels import (
     PHASES,
     RECOMPUTE,
     WGRAD,
+    fp8_weight_kernels,
     stage_kernels,
 )
 from hops_calib.model.model import Model
@@ -122,7 +123,7 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
         if not count:
             continue
         if kernel.op == COLLECTIVE:
-            ms = collective_ms(spec, device, kernel.kind, kernel.bytes, "tp", stage=rank, **rates)
+            ms = collective_ms(spec, device, kernel.kind, kernel.bytes, kernel.group or "tp", stage=rank, **rates)
             rows.append(KernelRow(kernel.name, kernel.phase, kernel.op, kernel.kind, "", kernel.dtype, count, 0.0,
                                   kernel.bytes, ms, "overlapped collective" if kernel.overlapped else "collective",
                                   None, None, "tensor_parallel_comm (the node's all-reduce table, else the ring)"))
@@ -132,6 +133,12 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
                               kernel.flops, kernel.bytes, priced.ms, priced.bound, priced.efficiency, priced.waves,
                               priced.source))
     notes += pricing_notes(model, spec) if active else []
+    casts = fp8_weight_kernels(spec.model, kernel_settings(spec))
+    if casts and layout.layers[stage]:
+        ms = layout.layers[stage] * sum(pricer.price(k).ms for k in casts)
+        notes.append(f"FP8: the {len(casts)} linear weights of each layer are cast to FP8 with their transpose once "
+                     f"per iteration (TE caches them from the first microbatch): {ms:.3f} ms per iteration for the "
+                     "stage, not in the per-microbatch rows")
     return KernelTable(stage=stage, device=device.type, layers=layout.layers[stage], rows=tuple(rows),
                        notes=tuple(notes))
 

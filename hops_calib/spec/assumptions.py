@@ -55,7 +55,8 @@ def _interleaved(args: dict[str, Any]) -> bool:
 # The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): tensor, sequence, data and
 # pipeline parallelism; Megatron's local or Transformer Engine layer with LayerNorm or RMSNorm, multi-head or
 # grouped-query attention with learned absolute or rotary positions, unfused or fused (flash) attention, a GeLU or
-# SwiGLU MLP; activations stored or recomputed (`recomputation_of`); 16- or 32-bit arithmetic; blocking p2p calls.
+# SwiGLU MLP; activations stored or recomputed (`recomputation_of`); 16- or 32-bit arithmetic, FP8 GEMMs through TE;
+# blocking p2p calls.
 # What it does not price is listed here, each with what it prices instead.
 ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--context-parallel-size", ("context_parallel_size",), 1,
@@ -76,11 +77,30 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--transformer-impl", ("transformer_impl",), "transformer_engine",
                "Megatron's local layer or Transformer Engine's (--transformer-impl local|transformer_engine)",
                _is("local", "transformer_engine")),
-    Assumption("--fp8-format", ("fp8_format", "fp8"), None, "bf16, fp16 or fp32 arithmetic, no FP8",
-               _is(None, False)),
+    # FP8 through Transformer Engine: the linear layers' GEMMs in FP8 with their casts (`model/kernels.py`
+    # `_linear`, priced by `decoder_kernels`), on the TE layer only (the local layer has no FP8 path).
+    Assumption("--fp8-format", ("fp8_format", "fp8"), None,
+               "no FP8, or --fp8-format hybrid|e4m3 with --transformer-impl transformer_engine",
+               lambda value, args: value in (None, False) or (
+                   value in ("hybrid", "e4m3") and args.get("transformer_impl", "transformer_engine")
+                   == "transformer_engine")),
     # Megatron-LM's older FP8 switches (before --fp8-format): the same FP8 arithmetic
-    Assumption("--fp8-hybrid", ("fp8_hybrid",), False, "bf16, fp16 or fp32 arithmetic, no FP8", _is(None, False)),
-    Assumption("--fp8-e4m3", ("fp8_e4m3",), False, "bf16, fp16 or fp32 arithmetic, no FP8", _is(None, False)),
+    Assumption("--fp8-hybrid", ("fp8_hybrid",), False, "the FP8 of --fp8-format hybrid, on the TE layer",
+               lambda value, args: not value or args.get("transformer_impl", "transformer_engine")
+               == "transformer_engine"),
+    Assumption("--fp8-e4m3", ("fp8_e4m3",), False, "the FP8 of --fp8-format e4m3, on the TE layer",
+               lambda value, args: not value or args.get("transformer_impl", "transformer_engine")
+               == "transformer_engine"),
+    # mxfp8 is Blackwell's (no Blackwell device in the catalog); custom is a quantizer factory's code
+    Assumption("--fp8-recipe", ("fp8_recipe",), "delayed", "FP8 recipe delayed, tensorwise or blockwise",
+               _is(None, "delayed", "tensorwise", "blockwise")),
+    Assumption("--fp8-dot-product-attention", ("fp8_dot_product_attention",), False,
+               "the attention core in 16 bits under FP8 (no --fp8-dot-product-attention)", _off),
+    Assumption("--fp8-multi-head-attention", ("fp8_multi_head_attention",), False,
+               "the attention block in 16 bits under FP8 (no --fp8-multi-head-attention)", _off),
+    # keeping the first and last layers in bf16 makes a stage's layers differ; the kernels are one layer's list
+    Assumption("--first-last-layers-bf16", ("first_last_layers_bf16",), False,
+               "every layer in the launch's precision (no --first-last-layers-bf16)", _off),
     Assumption("--hybrid-override-pattern", ("hybrid_override_pattern",), None,
                "transformer layers only, no hybrid (Mamba) layer pattern", _is(None)),
     # Transformer Engine's userbuffers overlap hides TP communication behind GEMMs; the model puts it on the

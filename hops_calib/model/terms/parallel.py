@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from hops_calib.model import gpt
 from hops_calib.model.collectives import collective_ms
-from hops_calib.model.memory import gradient_bytes
+from hops_calib.model.memory import gradient_bytes, parameter_gather_bytes
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
 from hops_calib.model.terms.optimizer import rank_parameters
 from hops_calib.spec import Spec
@@ -182,9 +182,9 @@ class DataParallelGradReduce(Term):
     Physics: the d replicas of a stage each hold the gradients of their own microbatches; before the optimizer
     step Megatron all-reduces them over the data-parallel group (with the distributed optimizer it
     reduce-scatters them instead, each replica then updates its 1/d of the parameters and all-gathers the updated
-    16-bit weights). The bytes are the rank's parameters (on one GPU of its tensor-parallel group) times the
-    gradient element (`gradient_bytes`: fp32 under bf16). Without --overlap-grad-reduce the reduction is one
-    collective after the rank's last backward; with it, Megatron reduces a bucket (`dp_buckets`) as soon as the
+    16-bit weights, the linear ones in FP8 under --fp8-param-gather: `memory.parameter_gather_bytes`). The bytes
+    are the rank's parameters (on one GPU of its tensor-parallel group) times the gradient element
+    (`gradient_bytes`: fp32 under bf16). Without --overlap-grad-reduce the reduction is one collective after the rank's last backward; with it, Megatron reduces a bucket (`dp_buckets`) as soon as the
     last microbatch's backward has produced it, so all but the last bucket run under that backward
     (`Pipeline.grad_reduce_tail_ms`). The parameter all-gather follows the optimizer step, unless
     --overlap-param-gather hides it under the next iteration's forwards (taken as fully hidden). Collectives are
@@ -212,7 +212,8 @@ class DataParallelGradReduce(Term):
             tails.append(bucket_ms)
             gather = 0.0
             if spec.distributed_optimizer and not spec.overlap_param_gather:
-                gather = collective_ms(spec, device, "all_gather", parameters * gpt.bytes_per_element(spec.model),
+                gather = collective_ms(spec, device, "all_gather",
+                                       parameter_gather_bytes(spec, parameters, spec.layers_per_stage[rank]),
                                        "dp", stage=rank, **rates)
             gathers.append(gather)
         return Contribution(grad_reduce_ms=tuple(whole), grad_reduce_tail_ms=tuple(tails),
