@@ -133,6 +133,11 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
                               kernel.flops, kernel.bytes, priced.ms, priced.bound, priced.efficiency, priced.waves,
                               priced.source))
     notes += pricing_notes(model, spec) if active else []
+    for phase in (FORWARD, DGRAD):
+        exposed = cp_ring_exposed_ms(rows, phase)
+        if exposed is not None:
+            notes.append(f"context parallelism ({phase}): the KV exchanges run under the attention steps; "
+                         f"{exposed:.4f} ms per layer stays exposed (each exchange past its step's attention)")
     casts = fp8_weight_kernels(spec.model, kernel_settings(spec))
     if casts and layout.layers[stage]:
         ms = layout.layers[stage] * sum(pricer.price(k).ms for k in casts)
@@ -141,6 +146,17 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
                      "stage, not in the per-microbatch rows")
     return KernelTable(stage=stage, device=device.type, layers=layout.layers[stage], rows=tuple(rows),
                        notes=tuple(notes))
+
+
+def cp_ring_exposed_ms(rows: list[KernelRow] | tuple[KernelRow, ...], phase: str) -> float | None:
+    """The p2p ring's exposed time per layer in `phase`: exchange k travels while attention step k runs (TE's
+    `AttnFuncWithCPAndKVP2P` posts the next step's send/recv before computing), so what is left of each exchange past
+    its step's kernel is exposed: sum of max(0, exchange_k - step_k). None without a ring."""
+    exchanges = [r.ms for r in rows if r.kind == "send_recv" and r.phase == phase]
+    steps = [r.ms for r in rows if r.op == "attention" and r.phase == phase and ".cp_step" in r.name]
+    if not exchanges:
+        return None
+    return sum(max(0.0, x - s) for x, s in zip(exchanges, steps))
 
 
 def kernel_table_text(table: KernelTable) -> list[str]:

@@ -113,6 +113,7 @@ class KernelSettings:
     fp8_recipe: str = "delayed"
     fp8_param_gather: bool = False  # --fp8-param-gather: the model's weights kept in FP8, all-gathered in FP8
     fp8_wgrad: bool = True  # --no-fp8-wgrad: the weight gradient in 16 bits
+    cp_comm_type: str = "p2p"  # --cp-comm-type p2p|a2a|allgather (context parallelism's exchange)
 
     def dropout(self, which: str) -> bool:
         return (self.hidden_dropout if which == "hidden" else self.attention_dropout) > 0
@@ -171,7 +172,14 @@ def settings_from_args(args: Mapping[str, Any], *, softmax_fused: bool,
         fp8_recipe=str(args.get("fp8_recipe") or "delayed"),
         fp8_param_gather=bool(args.get("fp8_param_gather")),
         fp8_wgrad=_flag(args, "fp8_wgrad", True),
+        cp_comm_type=_cp_comm_type(args),
     )
+
+
+def _cp_comm_type(args: Mapping[str, Any]) -> str:
+    """--cp-comm-type (a list, one per layer, in Megatron-LM; one value for all layers is what is priced)."""
+    value = args.get("cp_comm_type") or "p2p"
+    return str(value[0] if isinstance(value, list) and value else value)
 
 
 class _Builder:
@@ -221,8 +229,9 @@ class _Dims:
     heads: int  # a / t
     groups: int  # g / t
     ffn: int  # f / t
-    s: int
+    s: int  # the whole sequence (the keys a query attends to)
     b: int
+    cp: int = 1  # context-parallel GPUs: each holds s / cp of every sequence's tokens
 
     @property
     def q(self) -> int:
@@ -239,11 +248,11 @@ class _Dims:
 
 def _dims(shape: ModelShape) -> _Dims:
     t = max(1, int(shape.tensor_parallel))
-    tokens = shape.seq_length * shape.micro_batch_size
+    tokens = gpt.local_tokens(shape)  # s / cp x b under context parallelism
     return _Dims(t=t, tokens=tokens, local=tokens // t if shape.sequence_parallel else tokens,
                  h=shape.hidden_size, head=shape.hidden_size // shape.num_attention_heads,
                  heads=shape.num_attention_heads // t, groups=shape.kv_heads // t, ffn=shape.ffn_hidden_size // t,
-                 s=shape.seq_length, b=shape.micro_batch_size)
+                 s=shape.seq_length, b=shape.micro_batch_size, cp=max(1, int(shape.context_parallel)))
 
 
 _LINEAR = "tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication"
@@ -339,6 +348,9 @@ def _core_attention(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) ->
     causal = 0.5  # Megatron's count: only the lower triangle of the causal scores is multiplied
     batch = d.b * d.heads
     lse = batch * d.s * FP32
+    if d.cp > 1:
+        _context_parallel_attention(b, d, s, backward)
+        return
     if shape.attention_kernel == "flash":
         full = 4.0 * batch * d.s * d.s * d.head
         executed = full * causal * (1 + min(FLASH_BLOCK, d.s) / d.s)
@@ -440,6 +452,85 @@ def _fp8_quantize(b: _Builder, name: str, elements: int, s: KernelSettings, phas
     if s.fp8_recipe == "tensorwise":
         b.memory(f"{name}.amax", "amax", elements * b.e, source=_TE_FP8, phase=phase)
     b.memory(name, "cast_transpose", elements * (b.e + 2 * FP8_BYTES), source=_TE_FP8, phase=phase)
+
+
+_TE_CP = "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py"
+CP_COMM_TYPES = ("p2p", "a2a", "allgather")
+
+
+def _context_parallel_attention(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) -> None:
+    """The attention core under context parallelism (megatron-core hands TE's `DotProductAttention` its cp group and
+    `cp_comm_type`: `extensions/transformer_engine.py` `TEDotProductAttention.__init__`; TE's
+    `attn_forward_func_with_cp`). Each GPU holds s / cp tokens of every sequence as two chunks of c = s / 2cp
+    (chunks i and 2cp - 1 - i: `megatron/core/utils.py` `get_batch_on_this_cp_rank`), so every GPU does 1/cp of the
+    causal work: s^2 / 2cp score entries (Megatron's count), executed as flash blocks (the diagonal's whole blocks
+    on its own chunks).
+
+    p2p (`AttnFuncWithCPAndKVP2P`, the default): cp steps; step 0 its own KV (two causal blocks and one full one),
+    each later step the KV chunk the ring brought (two full c x c blocks), 2c^2 entries a step. While a step runs,
+    the next KV chunk (k and v of its s / cp tokens) is sent on around the ring (cp - 1 exchanges, overlapped with
+    the step's attention), and each step's partial output is merged by its log-sum-exp (a correction kernel).
+    Backward: the same cp steps, the KV and its gradient sent around together (cp - 1 exchanges of twice the bytes).
+    a2a (`AttnFuncWithCPAndQKVOA2A`, DeepSpeed-Ulysses): q, k, v all-to-all'd from a sequence split to a head split,
+    one flash kernel over the whole sequence on a / (t cp) heads, the output all-to-all'd back; backward the output
+    gradient and the q, k, v gradients likewise; not overlapped. allgather (`AttnFuncWithCPAndKVAllGather`): the KV
+    all-gathered over the group, the two query chunks against the keys before them, the KV gradient
+    reduce-scattered back."""
+    e, cp = b.e, d.cp
+    batch = d.b * d.heads
+    chunk = d.s // (2 * cp)
+    per_entry = 4.0 * batch * d.head  # score and context products, 2 FLOPs a multiply-add each
+    kv_bytes = 2 * d.tokens * d.kv * e  # k and v of the GPU's s / cp tokens
+    q_bytes, out_bytes = d.tokens * d.q * e, d.tokens * d.q * e
+    lse = batch * (d.s // cp) * FP32
+    comm = s.cp_comm_type
+    step_model = 2.0 * chunk * chunk * per_entry  # Megatron's count per step: 2c^2 entries
+    diagonal = float(min(FLASH_BLOCK, chunk) * chunk) * per_entry  # step 0's causal blocks run their diagonal whole
+    functions = {"p2p": "AttnFuncWithCPAndKVP2P", "a2a": "AttnFuncWithCPAndQKVOA2A",
+                 "allgather": "AttnFuncWithCPAndKVAllGather"}
+    source = f"{_TE_CP} ({functions.get(comm, comm)})"
+    factor, model_factor = (FLASH_BACKWARD_PRODUCTS, 2.0) if backward else (1.0, 1.0)
+    name = "attention.core_flash" + (".backward" if backward else "")
+    if backward:
+        b.memory("attention.core_flash.backward_preprocess", "sum", 2 * out_bytes + lse, source=source)
+    if comm == "a2a":
+        tag = "backward" if backward else "forward"
+        b.collective(f"attention.cp_a2a_{'grad_output' if backward else 'qkv'}", "all_to_all",
+                     out_bytes if backward else q_bytes + kv_bytes, group="cp", source=source)
+        heads = batch // cp
+        full = 4.0 * heads * d.head * d.s * d.s
+        b.kernels.append(Kernel(name, ATTENTION, b.phase, dtype=b.dtype, m=d.s, n=d.s, k=d.head, batch=heads,
+                                flops=full * 0.5 * (1 + min(FLASH_BLOCK, d.s) / d.s) * factor,
+                                model_flops=full * 0.5 * model_factor, bytes=float(2 * (q_bytes + kv_bytes)),
+                                core_attention=not backward, source=source))
+        b.collective(f"attention.cp_a2a_{'grad_qkv' if backward else 'output'}", "all_to_all",
+                     q_bytes + kv_bytes if backward else out_bytes, group="cp", source=f"{source} ({tag})")
+        return
+    if comm == "allgather":
+        if not backward:
+            b.collective("attention.cp_kv_all_gather", "all_gather", kv_bytes * cp, group="cp", source=source)
+        flops = (cp * step_model + diagonal) * factor
+        b.kernels.append(Kernel(name, ATTENTION, b.phase, dtype=b.dtype, m=d.s // cp, n=d.s, k=d.head, batch=batch,
+                                flops=flops, model_flops=cp * step_model * model_factor,
+                                bytes=float(q_bytes + kv_bytes * cp + out_bytes + lse), core_attention=not backward,
+                                source=source))
+        if backward:
+            b.collective("attention.cp_kv_grad_reduce_scatter", "reduce_scatter", kv_bytes * cp, group="cp",
+                         source=source)
+        return
+    for step in range(cp):
+        if step < cp - 1:  # the next step's KV (with its gradient in the backward) travels under this step
+            b.collective(f"attention.cp_kv_exchange.step{step}", "send_recv", kv_bytes * (2 if backward else 1),
+                         group="cp", overlapped=True, source=source)
+        b.kernels.append(Kernel(f"{name}.cp_step{step}", ATTENTION, b.phase, dtype=b.dtype, m=d.s // cp,
+                                n=d.s // cp, k=d.head, batch=batch,
+                                flops=(step_model + (diagonal if step == 0 else 0.0)) * factor,
+                                model_flops=step_model * model_factor,
+                                bytes=float(q_bytes + kv_bytes + out_bytes + lse), core_attention=not backward,
+                                source=source))
+        if step and not backward:
+            b.memory(f"attention.cp_out_correction.step{step}", "add", 3 * d.tokens * d.q * FP32 + 2 * lse,
+                     source=f"{_TE_CP} (flash_attn_fwd_out_correction)", core=True)
 
 
 def _linear(b: _Builder, name: str, m_tokens: int, out: int, inp: int, s: KernelSettings, backward: bool, *,
@@ -780,7 +871,7 @@ def fp8_scaling_kernels(shape: ModelShape, s: KernelSettings, layers: int, histo
     for phase, tensors in ((FORWARD, 3), (DGRAD, 2)):
         entries = gemms * tensors * (history + 2)  # the amax history, the scale and its inverse
         b.collective(f"fp8.amax_all_reduce.{phase}", "all_reduce", gemms * tensors * AMAX_ENTRY_BYTES, phase=phase,
-                     group="dp", dtype="fp32", source="fp8_utils.py get_fp8_context (fp8_autocast's fp8_group)")
+                     group="dp_cp", dtype="fp32", source="fp8_utils.py get_fp8_context (fp8_autocast's fp8_group)")
         b.memory(f"fp8.amax_and_scale_update.{phase}", "amax", 2 * entries * AMAX_ENTRY_BYTES, phase=phase,
                  source=_TE_FP8)
     return tuple(b.kernels)

@@ -62,7 +62,7 @@ def fp8_activation_saving(shape: ModelShape) -> float:
     """Bytes one layer's stored activations shrink by when the linear layers save their inputs in FP8 (1 B an
     element instead of 2): the QKV and fc1 inputs, whole on every GPU of the group without sequence parallelism, and
     the projection's and fc2's, split t ways (`gpt.layer_activation_bytes`' split)."""
-    s, b, h, f = shape.seq_length, shape.micro_batch_size, shape.hidden_size, shape.ffn_hidden_size
+    s, b, h, f = gpt.local_seq(shape), shape.micro_batch_size, shape.hidden_size, shape.ffn_hidden_size
     t = max(1, shape.tensor_parallel)
     whole, split = 2.0 * s * b * h, float(s * b * h + s * b * f)
     return (whole + split) / t if shape.sequence_parallel else whole + split / t
@@ -143,7 +143,7 @@ def _stage(shape: ModelShape, layers: int, rank: int, ranks: int, peak_stage_mic
     stored, working = stored_activation_bytes(shape, layers, fp8=bool(fp8))
     activations = peak_stage_microbatches * stored + working
     if rank == ranks - 1:  # one microbatch's fp32 logits over the GPU's V/t vocabulary columns
-        activations += LOGIT_BYTES * shape.seq_length * shape.micro_batch_size * gpt.vocab_per_gpu(shape)
+        activations += LOGIT_BYTES * gpt.local_tokens(shape) * gpt.vocab_per_gpu(shape)
     return StageMemory(stage=rank, device=device, weights_bytes=weights,
                        gradients_bytes=parameters * gradient, optimizer_bytes=parameters * state / shard,
                        activations_bytes=activations, device_bytes=float(device_bytes))
@@ -153,7 +153,7 @@ def stage_memory(spec: Spec, device_bytes: Sequence[float], peak_stage_microbatc
                  ) -> tuple[StageMemory, ...]:
     """Peak memory of one GPU per stage: `device_bytes` its device's memory, `peak_stage_microbatches` the stage
     microbatches of stored activations the schedule holds on the rank at its peak (`SimResult.peak_stage_activations`)."""
-    shard = spec.dp if spec.distributed_optimizer else 1
+    shard = spec.dp * spec.cp if spec.distributed_optimizer else 1  # sharded over the data x context group
     return tuple(_stage(spec.model, spec.layers_per_stage[rank], rank, spec.pp, peak_stage_microbatches[rank],
                         gradient=gradient_bytes(spec), shard=shard, device=spec.devices[rank],
                         device_bytes=device_bytes[rank], fp8=fp8_mode(spec)) for rank in range(spec.pp))

@@ -59,8 +59,16 @@ def _interleaved(args: dict[str, Any]) -> bool:
 # blocking p2p calls.
 # What it does not price is listed here, each with what it prices instead.
 ASSUMPTIONS: tuple[Assumption, ...] = (
+    # Context parallelism (`model/kernels.py` `_core_attention`: TE's attention with a cp group): only TE's
+    # DotProductAttention has it (the local one asserts cp == 1)
     Assumption("--context-parallel-size", ("context_parallel_size",), 1,
-               "context parallel size 1 (each GPU holds whole sequences)", _is(1)),
+               "context parallel size 1, or more with --transformer-impl transformer_engine",
+               lambda value, args: value in (None, 1) or (isinstance(value, int) and value > 1 and args.get(
+                   "transformer_impl", "transformer_engine") == "transformer_engine")),
+    # a2a+p2p needs --hierarchical-context-parallel-sizes, a two-level exchange not priced
+    Assumption("--cp-comm-type", ("cp_comm_type",), "p2p", "--cp-comm-type p2p, a2a or allgather",
+               lambda value, args: (value[0] if isinstance(value, list) and len(set(value)) == 1 else value)
+               in (None, "p2p", "a2a", "allgather")),
     # DeepSpeed-Ulysses sequence parallelism (Megatron-DeepSpeed) splits the sequence over GPUs: context
     # parallelism by another name, with all-to-alls the model does not price.
     Assumption("--ds-sequence-parallel-size", ("ds_sequence_parallel_size",), 1,

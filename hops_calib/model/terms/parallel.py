@@ -52,7 +52,7 @@ def tp_async_backward(spec: Spec) -> tuple[tuple[str, float], ...]:
         return ()
     shape = spec.model
     op = "reduce_scatter" if shape.sequence_parallel else "all_reduce"
-    tokens = shape.seq_length * shape.micro_batch_size
+    tokens = gpt.local_tokens(shape)
     fc1_width = shape.ffn_hidden_size * (2 if shape.swiglu else 1)
     return ((op, 2.0 * tokens * shape.hidden_size * gpt.qkv_width(shape) / spec.tp),
             (op, 2.0 * tokens * shape.hidden_size * fc1_width / spec.tp))
@@ -61,7 +61,7 @@ def tp_async_backward(spec: Spec) -> tuple[tuple[str, float], ...]:
 def hidden_bytes(spec: Spec) -> float:
     """One s x b x h activation buffer in the training precision: what a layer's collectives move."""
     shape = spec.model
-    return float(shape.seq_length * shape.micro_batch_size * shape.hidden_size * gpt.bytes_per_element(shape))
+    return float(gpt.local_tokens(shape) * shape.hidden_size * gpt.bytes_per_element(shape))
 
 
 def tp_collectives(spec: Spec, virtual_stage: int, layers: int) -> dict[str, dict[tuple[str, float], int]]:
@@ -75,7 +75,7 @@ def tp_collectives(spec: Spec, virtual_stage: int, layers: int) -> dict[str, dic
     if spec.tp <= 1:
         return {}
     shape = spec.model
-    tokens = shape.seq_length * shape.micro_batch_size
+    tokens = gpt.local_tokens(shape)
     hidden = hidden_bytes(spec)
     found: dict[str, dict[tuple[str, float], int]] = {"FORWARD": {}, "BACKWARD": {}}
 
@@ -101,7 +101,7 @@ def dp_buckets(spec: Spec, parameters: float) -> int:
     """Buckets a rank's gradients are reduced in (`BUCKET_PARAMETERS`)."""
     if not spec.overlap_grad_reduce or parameters <= 0:
         return 1
-    size = max(BUCKET_PARAMETERS, BUCKET_PARAMETERS_PER_REPLICA * spec.dp)
+    size = max(BUCKET_PARAMETERS, BUCKET_PARAMETERS_PER_REPLICA * spec.dp * spec.cp)
     return max(1, math.ceil(parameters / size))
 
 
@@ -198,15 +198,18 @@ class DataParallelGradReduce(Term):
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         spec = context.spec
-        if spec.dp <= 1:
+        if spec.dp * spec.cp <= 1:
             return Contribution()
+        # the gradients are reduced over the data x context-parallel group (`DistributedDataParallel` over
+        # `get_data_parallel_group(with_context_parallel=True)`): every CP rank holds gradients of its own tokens
+        group = "dp_cp" if spec.cp > 1 else "dp"
         whole, tails, gathers = [], [], []
         for rank, device in enumerate(context.devices):
             parameters = rank_parameters(context, rank)
             buckets = dp_buckets(spec, parameters)
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
             rates = _rates(context, params, device.type)
-            bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), "dp",
+            bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), group,
                                       stage=rank, **rates)
             whole.append(buckets * bucket_ms)
             tails.append(bucket_ms)
@@ -214,7 +217,7 @@ class DataParallelGradReduce(Term):
             if spec.distributed_optimizer and not spec.overlap_param_gather:
                 gather = collective_ms(spec, device, "all_gather",
                                        parameter_gather_bytes(spec, parameters, spec.layers_per_stage[rank]),
-                                       "dp", stage=rank, **rates)
+                                       group, stage=rank, **rates)
             gathers.append(gather)
         return Contribution(grad_reduce_ms=tuple(whole), grad_reduce_tail_ms=tuple(tails),
                             optimizer_ms=tuple(gathers) if any(gathers) else ())
