@@ -80,6 +80,27 @@ def _cluster(ctx: typer.Context, cluster: Path | None, no_cluster: bool):
 
 
 @app.command()
+def bench(
+    out: Path = typer.Option(..., "--out", help="Folder to write gemm.csv, memory.csv and collectives/ into."),
+    job: Path = typer.Option(None, "--job", help="A job directory: measure the GEMM shapes its layer runs (t, micro "
+                             "batch, s, h, ffn from its launch) instead of the standard grid."),
+    device: str = typer.Option("", "--device", help="The catalog device type the tables are for (default: from "
+                               "the GPU's name, or cpu)."),
+    dtype: list[str] = typer.Option([], "--dtype", help="GEMM dtypes: bf16, fp16, fp32 (repeatable; default bf16 "
+                                    "on a GPU, fp32 on the CPU)."),
+    budget_s: float = typer.Option(300.0, "--budget-s", help="Time budget in s: items beyond it are left out."),
+    group_sizes: str = typer.Option("", "--group-sizes", help="Ranks per collective group, e.g. 2,4,8 (default: "
+                                    "2, 4, 8 up to the GPUs or cores)."),
+    quick: bool = typer.Option(False, "--quick", help="A tiny grid (a few seconds): checks the setup."),
+    repeats: int = typer.Option(5, "--repeats", help="Timed repeats per item (the median is written)."),
+) -> None:
+    """Measure this machine's component tables (GEMMs, memory-bound kernels, collectives) with torch (needs the capture extra)."""
+    from hops_calib.cli.bench import bench_command
+
+    raise typer.Exit(bench_command(out, job, device, list(dtype), budget_s, group_sizes, quick, repeats))
+
+
+@app.command()
 def version() -> None:
     """Print the hops-calib version."""
     typer.echo(__version__)

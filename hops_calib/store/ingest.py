@@ -38,6 +38,7 @@ from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.store.writer import FixtureStore, write_events
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
+from hops_calib.trace.dgxc import dgxc_table_in
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
 from hops_calib.trace.measured import RunHardware
@@ -328,7 +329,7 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         raise StoreError(f"--clock-skew-ms {skew_ms} is not between 0 and 60000 ms; give the clock offset the nodes "
                          "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
-    paths = [Path(s) for s in sources]
+    paths = [dgxc_table_in(Path(s)) or Path(s) for s in sources]  # the dgxc set's folder: its runs.csv
     is_measured = {s: is_measured_source(s) for s in paths}
     measured = list({s.resolve(): s for s in reversed(paths) if is_measured[s]}.values())[::-1]  # once each
     job_dirs = _job_dirs([s for s in paths if not is_measured[s]], report)
