@@ -111,10 +111,15 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
                "every layer in the launch's precision (no --first-last-layers-bf16)", _off),
     Assumption("--hybrid-override-pattern", ("hybrid_override_pattern",), None,
                "transformer layers only, no hybrid (Mamba) layer pattern", _is(None)),
-    # Transformer Engine's userbuffers overlap hides TP communication behind GEMMs; the model puts it on the
-    # critical path.
+    # Transformer Engine's userbuffers overlap hides TP communication behind GEMMs (`model/terms/parallel.py`
+    # `tp_overlap_pairs`); Megatron allows it only with sequence parallelism (and TE's layer)
     Assumption("--tp-comm-overlap", ("tp_comm_overlap",), False,
-               "tensor-parallel communication on the critical path, no --tp-comm-overlap", _off),
+               "no --tp-comm-overlap, or it with --sequence-parallel and the TE layer",
+               lambda value, args: not value or (bool(args.get("sequence_parallel")) and args.get(
+                   "transformer_impl", "transformer_engine") == "transformer_engine")),
+    # the input gradient's reduce-scatter pipelined with its GEMM instead of the bulk overlap: not priced
+    Assumption("--tp-comm-overlap-rs-dgrad", ("tp_comm_overlap_rs_dgrad",), False,
+               "the bulk reduce-scatter of the input gradient (no --tp-comm-overlap-rs-dgrad)", _off),
     # ZeRO stage 1 and 2 shard what Megatron's distributed optimizer shards (optimizer state; gradients
     # reduce-scattered); stage 3 also shards the weights, gathering them per layer.
     Assumption("--zero-stage", ("zero_stage",), 0, "ZeRO stage 0, 1 or 2 (priced as the distributed optimizer)",
