@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hops_calib.model.collectives import collective_ms
+from hops_calib.model.kernel_pricing import peak_flops_per_s
 from hops_calib.model.kernels import (
     COLLECTIVE,
     DGRAD,
@@ -23,7 +24,13 @@ from hops_calib.model.kernels import (
 from hops_calib.model.model import Model
 from hops_calib.model.terms import TERMS, Term, layout_of
 from hops_calib.model.terms.decoder_kernels import kernel_settings, pricer_of
-from hops_calib.model.terms.parallel import _rates
+from hops_calib.model.terms.parallel import (
+    _rates,
+    hidden_bytes,
+    overlap_exposed_ms,
+    tp_comm_overlap,
+    tp_overlap_pairs,
+)
 from hops_calib.spec import Spec
 
 
@@ -138,6 +145,15 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
         if exposed is not None:
             notes.append(f"context parallelism ({phase}): the KV exchanges run under the attention steps; "
                          f"{exposed:.4f} ms per layer stays exposed (each exchange past its step's attention)")
+    if tp_comm_overlap(spec) and layout.layers[stage]:
+        hidden = hidden_bytes(spec)
+        peak = peak_flops_per_s(device, "fp8" if kernel_settings(spec).fp8 else "bf16") / 1e3
+        exposed = {phase: sum(overlap_exposed_ms(collective_ms(spec, device, op, hidden, "tp", stage=rank, **rates),
+                                                 flops / peak, method, spec.tp) for op, flops, method in pairs)
+                   for phase, pairs in tp_overlap_pairs(spec).items()}
+        notes.append(f"--tp-comm-overlap: the layers' collectives run under their GEMMs (TE's userbuffers); "
+                     f"tensor_parallel_comm prices {exposed['FORWARD']:.4f} ms forward and "
+                     f"{exposed['BACKWARD']:.4f} ms backward per layer as exposed, not the rows' whole times")
     casts = fp8_weight_kernels(spec.model, kernel_settings(spec))
     if casts and layout.layers[stage]:
         ms = layout.layers[stage] * sum(pricer.price(k).ms for k in casts)
