@@ -214,8 +214,10 @@ def _reduce_gradients(parameters: list[Any], log: EventLog, clock: WallClock) ->
     log.collective("all_reduce", "dp", BACKWARD, None, flat.numel() * flat.element_size(), start, end)
 
 
-def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock) -> dict[str, Any]:
-    """Build this rank's model chunks, run warm-up and traced iterations; return facts for the manifest."""
+def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock,
+        profile_path: Any = None) -> dict[str, Any]:
+    """Build this rank's model chunks, run warm-up and traced iterations; return facts for the manifest.
+    `profile_path`: where the rank's PyTorch profiler trace of the traced iterations goes (`config.profile`)."""
     import torch
 
     from hops_calib.capture import cpu_bridge
@@ -278,8 +280,16 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
     forward_backward = get_forward_backward_func()
     tracer = MegatronTracer(log, clock)
     tracer.install()
+    profiler = None
+    if profile_path is not None:
+        from hops_calib.capture.profiling import RankProfiler
+
+        profiler = RankProfiler(profile_path, TRACE_FIRST_ITERATION, config.train_iters)
+        profiler.start()
     try:
         for iteration in range(1, config.train_iters + 1):
+            if profiler is not None:
+                profiler.step()
             log.begin_iteration(iteration if iteration >= TRACE_FIRST_ITERATION else None)
             forward_backward(
                 forward_step_func=forward_step_func,
@@ -295,6 +305,8 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
             end = clock.now_ns()
             log.compute(OPTIMIZER, config.microbatches - 1, 0, start, end)
             tracer.end_iteration()
+        if profiler is not None:
+            profiler.stop()
     finally:
         tracer.uninstall()
         log.begin_iteration(None)
