@@ -223,7 +223,11 @@ def read_kineto(path: Path) -> RankProfile:
     if "traceEvents" not in head and not head and base is None:
         base = _later_key(path, "baseTimeNanoseconds")
 
-    steps, spans, optimizer, zero_grad, sends, collectives = [], [], [], [], [], []
+    steps, spans, optimizer, zero_grad = [], [], [], []
+    # A send (collective) can show three times, nested: c10d's operator, its record_param_comms, NCCL's range.
+    # The first kind the trace has is read.
+    sends_by: dict[str, list[tuple[float, float]]] = {"c10d": [], "record_param_comms": [], "nccl": []}
+    collectives_by: dict[str, list[tuple[str, float, float, int, str]]] = {"record_param_comms": [], "c10d": []}
     ops = _Rows("ts", "dur", "tid", "name", "shape", "external")
     kernels = _Rows("ts", "dur", "name", "correlation", "external")
     runtime = _Rows("ts", "correlation")
@@ -260,7 +264,7 @@ def read_kineto(path: Path) -> RankProfile:
             elif is_zero_grad_range(name):
                 zero_grad.append((ts, ts + dur))
             elif _NCCL_SEND.match(name):
-                sends.append((ts, ts + dur))
+                sends_by["nccl"].append((ts, ts + dur))
             elif name.endswith("_step") and (kind := schedule_step(name)):
                 spans.append((kind, ts, ts + dur))
             continue
@@ -268,14 +272,15 @@ def read_kineto(path: Path) -> RankProfile:
             if name == "record_param_comms":
                 collective = str(args.get("Collective name", ""))
                 if collective == "send":
-                    sends.append((ts, ts + dur))
+                    sends_by["record_param_comms"].append((ts, ts + dur))
                 elif collective in _COLLECTIVES:
                     group = _GROUPS.get(str(args.get("Process Group Description", "")), "")
-                    collectives.append((_COLLECTIVES[collective], ts, ts + dur, _bytes_of(args), group))
+                    collectives_by["record_param_comms"].append((_COLLECTIVES[collective], ts, ts + dur,
+                                                                 _bytes_of(args), group))
             elif name == "c10d::send":
-                sends.append((ts, ts + dur))
+                sends_by["c10d"].append((ts, ts + dur))
             elif name in _GLOO_COLLECTIVES:
-                collectives.append((_GLOO_COLLECTIVES[name], ts, ts + dur, _bytes_of(args), ""))
+                collectives_by["c10d"].append((_GLOO_COLLECTIVES[name], ts, ts + dur, _bytes_of(args), ""))
             external = args.get("External id")
             tid = event.get("tid")
             ops.add(ts, dur, tid if type(tid) is int else -1, names(name), shapes(_shape(args)),
@@ -294,6 +299,8 @@ def read_kineto(path: Path) -> RankProfile:
                    hint="give the rank's Chrome-trace JSON that torch.profiler wrote (export_chrome_trace or the "
                         "tensorboard trace handler)")
 
+    sends = next((found for found in sends_by.values() if found), [])
+    collectives = next((found for found in collectives_by.values() if found), [])
     op_cols, kernel_cols, runtime_cols = ops.finish(), kernels.finish(), runtime.finish()
     starts = [values for values in (op_cols["ts"], kernel_cols["ts"]) if len(values)]
     starts += [np.array([s for _k, s, _e in spans] + [s for _n, s, _e in steps], dtype=np.float64)]

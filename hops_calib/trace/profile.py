@@ -239,8 +239,13 @@ def assemble(profile: RankProfile, *, rank: int, stage: int, pp: int, vp: int, m
 
     # OPTIMIZER: first optimizer range to the end of the last optimizer (or following zero_grad) range, per window
     optimizer_rows = _optimizer_rows(profile, windows)
-    for window, (start, end) in optimizer_rows.items():
-        rows.append((stage, 0, iterations[window], microbatches - 1, KINDS.index(COMPUTE), _OPT, start, end, -1))
+    if optimizer_rows:
+        opt_windows = sorted(optimizer_rows)
+        host = np.array([optimizer_rows[w] for w in opt_windows], dtype=np.int64)
+        opt_start, opt_end = _device_intervals(profile, host[:, 0], host[:, 1])
+        for k, window in enumerate(opt_windows):
+            rows.append((stage, 0, iterations[window], microbatches - 1, KINDS.index(COMPUTE), _OPT,
+                         int(opt_start[k]), int(opt_end[k]), -1))
 
     rows += _send_rows(profile, windows, iterations, labels, span_start, stage, pp, vp)
     for op, start, end, nbytes, group in profile.collectives:
