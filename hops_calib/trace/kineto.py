@@ -193,16 +193,20 @@ class _Rows:
                 for name, parts in self.chunks.items()}
 
 
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
 def _events(path: Path) -> Iterator[dict[str, Any]]:
     ijson = _ijson()
     with _open(path) as raw:
         handle = _Counting(raw)
         try:
             yield from ijson.items(handle, "traceEvents.item", use_float=True)
-        except ijson.IncompleteJSONError as err:
-            raise _bad(path, f"ends inside the JSON (cut short?): {err}", handle.lines) from None
         except ijson.JSONError as err:
-            raise _bad(path, f"is not valid JSON near here ({err})", handle.lines) from None
+            if "premature EOF" in str(err) or "Incomplete JSON" in str(err):
+                raise _bad(path, f"ends inside the JSON (cut short?): {_first_line(err)}", handle.lines) from None
+            raise _bad(path, f"is not valid JSON near this line ({_first_line(err)})", handle.lines) from None
         except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as err:
             raise _bad(path, f"cannot be read ({type(err).__name__}: {err})", handle.lines) from None
 

@@ -244,7 +244,7 @@ def assemble(profile: RankProfile, *, rank: int, stage: int, pp: int, vp: int, m
         host = np.array([optimizer_rows[w] for w in opt_windows], dtype=np.int64)
         opt_start, opt_end = _device_intervals(profile, host[:, 0], host[:, 1])
         for k, window in enumerate(opt_windows):
-            rows.append((stage, 0, iterations[window], microbatches - 1, KINDS.index(COMPUTE), _OPT,
+            rows.append((stage, 0, iterations[window], -1, KINDS.index(COMPUTE), _OPT,  # (-1: as events.py)
                          int(opt_start[k]), int(opt_end[k]), -1))
 
     rows += _send_rows(profile, windows, iterations, labels, span_start, stage, pp, vp)
