@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 import numpy as np
+from orjson import dumps as _dumps
 
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.profile import (
@@ -143,7 +144,10 @@ def _shape(args: dict[str, Any]) -> str:
     dims = args.get("Input Dims")
     if not dims:
         return ""
-    return json.dumps(dims, separators=(",", ":"))
+    try:
+        return _dumps(dims).decode()
+    except (TypeError, ValueError):  # (orjson refuses an integer past 64 bits: a damaged field, kept as text)
+        return json.dumps(dims, separators=(",", ":"))
 
 
 def _bytes_of(args: dict[str, Any]) -> int:
@@ -169,22 +173,19 @@ class _Rows:
 
     def __init__(self, *names: str) -> None:
         self.names = names
-        self.lists: dict[str, list[Any]] = {name: [] for name in names}
+        self.rows: list[tuple[Any, ...]] = []
         self.chunks: dict[str, list[np.ndarray]] = {name: [] for name in names}
 
     def add(self, *values: Any) -> None:
-        for name, value in zip(self.names, values):
-            self.lists[name].append(value)
-        if len(self.lists[self.names[0]]) >= _FLUSH:
+        self.rows.append(values)
+        if len(self.rows) >= _FLUSH:
             self.flush()
 
     def flush(self) -> None:
-        for name in self.names:
-            values = self.lists[name]
-            if values:
-                self.chunks[name].append(np.array(values, dtype=np.float64 if name in ("ts", "dur")
-                                                  else np.int64))
-                values.clear()
+        if self.rows:
+            for name, values in zip(self.names, zip(*self.rows)):
+                self.chunks[name].append(np.array(values, dtype=np.float64 if name in ("ts", "dur") else np.int64))
+            self.rows.clear()
 
     def finish(self) -> dict[str, np.ndarray]:
         self.flush()
