@@ -208,3 +208,29 @@ def test_two_traces_of_one_rank_are_refused(tmp_path):
     shutil.copy(job / "torch_profile" / "rank-0.json.gz", job / "torch_profile" / "host_1.123.pt.trace.json.gz")
     with pytest.raises(TraceError, match="two traces of rank 0"):
         find_rank_traces(job)
+
+
+def test_the_chrome_export_nests_kernel_classes_under_the_real_phases(tmp_path):
+    from hops_calib.plot.chrome import chrome_trace
+    from hops_calib.plot.timeline import Panel
+
+    name = next(n for n in PROFILED if "1f1b" in n)
+    store, report = _ingest([_kineto_only(REPO / "traces" / name, tmp_path)], tmp_path / "fk")
+    fixture = store.load(name)
+    trace = chrome_trace(name, fixture.spec.devices, [Panel("real", fixture.timeline(), kernels=fixture.truth.kernels)])
+    bars = [e for e in trace["traceEvents"] if e.get("cat") == "compute"]
+    slices = [e for e in trace["traceEvents"] if e.get("cat") == "kernels"]
+    assert slices and {s["args"]["kernel_class"] for s in slices} >= {"gemm", "elementwise"}
+    steps = {}
+    for bar in bars:
+        inside = [s for s in slices if s["tid"] == bar["tid"] and bar["ts"] <= s["ts"] < bar["ts"] + bar["dur"]]
+        assert inside and sum(s["dur"] for s in inside) <= bar["dur"] + 1e-3  # nested, never past the bar
+        assert all(s["ts"] + s["dur"] <= bar["ts"] + bar["dur"] + 1e-3 for s in inside)
+        steps[bar["tid"], bar["name"].split()[0]] = steps.get((bar["tid"], bar["name"].split()[0]), 0) + 1
+    forward = [k for k in fixture.truth.kernels if k.stage == 0 and k.phase == "FORWARD" and k.kernel_class == "gemm"]
+    per_step_ms = sum(k.per_iteration_ms for k in forward) / fixture.spec.microbatches
+    shown = {round(s["args"]["mean_ms_per_step"], 9) for s in slices
+             if s["args"]["kernel_class"] == "gemm" and s["tid"] < 50 and not s["args"]["scaled"]
+             and any(b["tid"] == s["tid"] and b["name"].startswith("FORWARD") and b["ts"] <= s["ts"] < b["ts"] + b["dur"]
+                     for b in bars)}
+    assert shown == {round(per_step_ms, 9)}
