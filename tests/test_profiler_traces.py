@@ -1,5 +1,5 @@
 """Profiler traces in: PyTorch profiler (Kineto) traces recorded on this machine by `capture --profile` (shipped in
-traces/*_prof_run*), and GENERATED GPU traces (Kineto JSON and Nsight Systems SQLite, tests/profiler_synth.py)."""
+profiles/*_prof_run*), and GENERATED GPU traces (Kineto JSON and Nsight Systems SQLite, tests/profiler_synth.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profiler_synth import job_dir, pipeline_run, write_kineto  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-PROFILED = sorted(path.name for path in (REPO / "traces").glob("*_prof_run*"))
+PROFILES = REPO / "profiles"  # profiled captures: apart from traces/, which calibrates the CPU model
+PROFILED = sorted(path.name for path in PROFILES.glob("*_prof_run*"))
 _PHASE = {"F": "FORWARD", "B": "BACKWARD", "OPT": "OPTIMIZER"}
 
 
@@ -47,7 +48,7 @@ def _compute(fixture) -> dict[tuple[int, int, int, int, str], tuple[int, int]]:
 def test_profiled_captures_are_shipped():
     assert len(PROFILED) >= 2 and any("interleaved" in name for name in PROFILED)
     for name in PROFILED:
-        files = sorted((REPO / "traces" / name / "torch_profile").iterdir())
+        files = sorted((PROFILES / name / "torch_profile").iterdir())
         assert [f.name for f in files] == ["rank-0.json.gz", "rank-1.json.gz"]
 
 
@@ -57,7 +58,7 @@ def test_the_kineto_trace_alone_gives_the_event_logs_truth(name, tmp_path):
     profiler interval inside the event log's own (the log stamps around the call the profiler's range sits in) up to
     the two clocks' agreement, and every truth number within what those boundary gaps (the profiler's own
     overhead at each range, measured here) can move it."""
-    job = REPO / "traces" / name
+    job = PROFILES / name
     kineto_store, report = _ingest([_kineto_only(job, tmp_path)], tmp_path / "fk")
     assert report.ok, [o.error for o in report.rejected]
     log_store, report = _ingest([job], tmp_path / "fe")
@@ -94,7 +95,7 @@ def test_kernel_truth_is_in_fixtures_show_and_agrees_with_the_launch(tmp_path):
     from hops_calib.cli import app
 
     name = next(n for n in PROFILED if "1f1b" in n)
-    store, report = _ingest([_kineto_only(REPO / "traces" / name, tmp_path)], tmp_path / "fk")
+    store, report = _ingest([_kineto_only(PROFILES / name, tmp_path)], tmp_path / "fk")
     assert report.ok
     result = CliRunner().invoke(app, ["fixtures", "show", name, "--fixtures", str(store.root), "--json"])
     assert result.exit_code == 0, result.output
@@ -215,7 +216,7 @@ def test_the_chrome_export_nests_kernel_classes_under_the_real_phases(tmp_path):
     from hops_calib.plot.timeline import Panel
 
     name = next(n for n in PROFILED if "1f1b" in n)
-    store, report = _ingest([_kineto_only(REPO / "traces" / name, tmp_path)], tmp_path / "fk")
+    store, report = _ingest([_kineto_only(PROFILES / name, tmp_path)], tmp_path / "fk")
     fixture = store.load(name)
     trace = chrome_trace(name, fixture.spec.devices, [Panel("real", fixture.timeline(), kernels=fixture.truth.kernels)])
     bars = [e for e in trace["traceEvents"] if e.get("cat") == "compute"]

@@ -33,11 +33,6 @@ declare -A RUNS=(
   # the t2 shape without tensor parallelism, on the same (current) capture machine: what the collectives and the
   # sharing of cores add is read against it
   [cpu_1f1b_l4_h384_s128_m4_run1]="--layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 4 --iterations 4 --link-bench-iters 20"
-  # a PyTorch profiler (Kineto) trace per rank beside the event log (issue #29, docs/traces.md): small shapes and 2
-  # iterations keep each torch_profile/rank-<r>.json.gz under 0.8 MB (the Python stack is most of it); the
-  # profiler slows the run, so these are for the trace readers, not for calibrating the CPU model
-  [cpu_1f1b_l2_h256_s128_m4_prof_run1]="--layers 2 --hidden 256 --heads 4 --seq 128 --microbatches 4 --iterations 2 --link-bench-iters 20 --profile"
-  [cpu_interleaved_v2_l4_h256_s128_m2_prof_run1]="--vp 2 --layers 4 --hidden 256 --heads 4 --seq 128 --microbatches 2 --iterations 2 --link-bench-iters 20 --profile"
 )
 
 # Other work competing for the cores now: runnable processes besides this sampler, averaged over 5 s
