@@ -1,10 +1,15 @@
-"""The package's layout, read from its code: rooms import one way (no cycle), nothing imports the command layer
-but the entry point, and only the command layer prints (progress bars and warnings go through hops_calib.progress,
-on stderr). Imports inside functions (lazy ones) count as much as those at the top."""
+"""The package's layout, read from its code: rooms import one way (no cycle), modules too (no cycle between any
+two), nothing imports the command layer but the entry point, only the command layer prints (progress bars and
+warnings go through hops_calib.progress, on stderr), and the simulator core loads no trace reader. Imports inside
+functions (lazy ones) count as much as those at the top."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hops_calib"
@@ -20,23 +25,32 @@ def room_of(module: str, package: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[0] == package else None
 
 
-def imported_modules(path: Path, root: Path) -> list[tuple[str, int]]:
-    """Every module a file imports (absolute and relative, at any depth of the code), with its line."""
+def imports_of(path: Path, root: Path) -> list[tuple[str, list[str], int]]:
+    """Every import of a file (absolute and relative, at any depth of the code): (module, the names imported from it,
+    none for `import m`, line)."""
     rel = path.relative_to(root.parent).with_suffix("")
-    found = []
+    found: list[tuple[str, list[str], int]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno) for alias in node.names]
+            found += [(alias.name, [], node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = ".".join(rel.parts[:len(rel.parts) - node.level])
                 module = f"{base}.{node.module}" if node.module else base
             else:
                 module = node.module or ""
-            found.append((module, node.lineno))
-            # `from hops_calib import ledger` imports the module hops_calib.ledger
-            if module == root.name:
-                found += [(f"{module}.{alias.name}", node.lineno) for alias in node.names]
+            found.append((module, [alias.name for alias in node.names], node.lineno))
+    return found
+
+
+def imported_modules(path: Path, root: Path) -> list[tuple[str, int]]:
+    """Every module a file imports (absolute and relative, at any depth of the code), with its line."""
+    found = []
+    for module, names, line in imports_of(path, root):
+        found.append((module, line))
+        # `from hops_calib import ledger` imports the module hops_calib.ledger
+        if module == root.name:
+            found += [(f"{module}.{name}", line) for name in names]
     return found
 
 
@@ -56,8 +70,38 @@ def room_graph(root: Path) -> dict[str, dict[str, tuple[Path, int]]]:
     return graph
 
 
+def module_name(path: Path, root: Path) -> str:
+    """hops_calib/loop/gate.py -> hops_calib.loop.gate; hops_calib/store/__init__.py -> hops_calib.store."""
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph(root: Path) -> dict[str, dict[str, tuple[Path, int]]]:
+    """module -> {module of the package it imports: (file, line)}, imports at any depth of the code. `from a.b import
+    c` imports the module a.b.c when there is one, else a.b; an import names the module itself, not the packages
+    above it (their __init__ runs too, but holds only the room's names)."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+
+    def known(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, dict[str, tuple[Path, int]]] = {}
+    for source, path in paths.items():
+        edges = graph.setdefault(source, {})
+        for module, names, line in imports_of(path, root):
+            if module.split(".")[0] != root.name:
+                continue
+            for target in {known(f"{module}.{name}" if f"{module}.{name}" in paths else module)
+                           for name in names or [""]}:
+                if target is not None and target != source:
+                    edges.setdefault(target, (path, line))
+    return graph
+
+
 def cycles(graph: dict[str, dict[str, object]]) -> list[list[str]]:
-    """The strongly connected components of more than one room (Tarjan)."""
+    """The strongly connected components of more than one node (room or module) (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -122,6 +166,29 @@ def test_no_import_cycle_between_rooms():
     assert cycles(graph) == []
 
 
+# Module cycles left inside the command layer, which issue #30's split of cli/ into a module per verb group removes.
+KNOWN_MODULE_CYCLES = [["hops_calib.cli", "hops_calib.cli.loop"]]
+
+
+def test_no_import_cycle_between_modules():
+    graph = module_graph(PACKAGE)
+    assert {"hops_calib.loop.ledger", "hops_calib.loop.commits", "hops_calib.store.digests"} <= set(graph)
+    found = cycles(graph)
+    assert [cycle for cycle in found if cycle not in KNOWN_MODULE_CYCLES] == []
+
+
+def test_the_simulator_loads_no_trace_reader_nor_how_a_spec_is_built():
+    """`import hops_calib.sim` (in a fresh interpreter) loads nothing of the trace room and of the spec room only the
+    schedules' names: the simulator core is pure."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", "import json, sys, hops_calib.sim; print(json.dumps(sorted(sys.modules)))"],
+                          capture_output=True, text=True, env=env, cwd=PACKAGE.parent, check=True)
+    loaded = [name for name in json.loads(done.stdout) if name.startswith("hops_calib.")]
+    assert "hops_calib.sim.simulate" in loaded
+    assert [name for name in loaded if name.split(".")[1] == "trace"] == []
+    assert [name for name in loaded if name.split(".")[1] == "spec"] == ["hops_calib.spec", "hops_calib.spec.schedules"]
+
+
 def test_only_the_entry_point_imports_the_command_layer():
     graph = room_graph(PACKAGE)
     importers = {room: f"{edges[COMMAND_LAYER][0]}:{edges[COMMAND_LAYER][1]}" for room, edges in graph.items()
@@ -157,3 +224,21 @@ def test_the_checks_find_a_cycle_an_upward_import_and_a_print(tmp_path):
     assert cycles(graph) == [["cli", "loop", "store"]]
     assert printing_below_the_command_layer(package) == [f"{package / 'loop' / 'gate.py'}:7: print(...)",
                                                           f"{package / 'loop' / 'gate.py'}:8: sys.stderr.write(...)"]
+
+
+def test_the_module_check_finds_a_cycle_held_apart_by_a_lazy_import(tmp_path):
+    """Two modules of one room that import each other, one of them inside a function (`from . import x` and a
+    dotted import among them): the module graph sees the cycle the room graph cannot."""
+    package = tmp_path / "pkg"
+    (package / "loop").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "loop" / "__init__.py").write_text('"""The loop room of a made-up package."""\nfrom pkg.loop.gate import judge\n')
+    (package / "loop" / "gate.py").write_text("from pkg.loop import ledger\n\n\ndef judge():\n    return ledger\n")
+    (package / "loop" / "ledger.py").write_text("def append():\n    from . import gate\n    return gate\n")
+    (package / "loop" / "score.py").write_text("import pkg.loop.ledger\n")
+    graph = module_graph(package)
+    assert graph["pkg.loop"] == {"pkg.loop.gate": (package / "loop" / "__init__.py", 2)}
+    assert graph["pkg.loop.ledger"] == {"pkg.loop.gate": (package / "loop" / "ledger.py", 2)}
+    assert graph["pkg.loop.score"] == {"pkg.loop.ledger": (package / "loop" / "score.py", 1)}
+    assert cycles(room_graph(package)) == []
+    assert cycles(graph) == [["pkg.loop.gate", "pkg.loop.ledger"]]

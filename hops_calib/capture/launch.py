@@ -92,7 +92,7 @@ def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: li
             dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - report every failure of the rank to the parent, then exit non-zero
         results.put((rank, "error", traceback.format_exc()))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
 
 
 def _versions() -> dict[str, str]:
@@ -122,7 +122,7 @@ def check_out(out: Path, force: bool) -> None:
     """CaptureError unless `out` can take a new job directory: a new name whose parent is (or can become) a folder,
     or, with `force`, an earlier capture's job directory. `--force` never removes anything else (a mistyped --out
     must not wipe a project), and a capture never lands inside a fixture store or another job directory."""
-    from hops_calib.store.fixture_store import FIXTURE_FILE, INDEX
+    from hops_calib.store.digests import FIXTURE_FILE, INDEX
     from hops_calib.trace import TraceError, read_manifest
     from hops_calib.trace.job import is_job_dir
 
@@ -187,7 +187,7 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
     _rank_stage, stage_devices = jobdir.stage_layout(config, ids)
     host = jobdir.hostname()
     cpu_name = jobdir.cpu_model_name()
-    started = _dt.datetime.now(_dt.timezone.utc)
+    started = _dt.datetime.now(_dt.UTC)
     load_before = jobdir.load_average()
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
@@ -231,7 +231,7 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
     if failed:
         raise CaptureError(f"{', '.join(failed)} exited with an error after reporting")
 
-    finished = _dt.datetime.now(_dt.timezone.utc)
+    finished = _dt.datetime.now(_dt.UTC)
     facts = {
         "engine": config.engine,
         # Read back by ingest (spec.configured_schedule): the torch engine's schedules have no Megatron flag.

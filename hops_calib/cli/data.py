@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from hops_calib.cli.output import guarded, refuse_job_dir_as_id
 from hops_calib.errors import InputError
 from hops_calib.store import views
-from hops_calib.store.fixture_store import DEFAULT_LOCK_TIMEOUT_S, FixtureStore, StoreError
+from hops_calib.store.digests import DEFAULT_LOCK_TIMEOUT_S, StoreError
+from hops_calib.store.writer import FixtureStore
 from hops_calib.trace.job import is_job_dir
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
 
@@ -38,7 +39,8 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
     if (gpu is None) != (gpus_per_node is None):
         _err("Error: --gpu and --gpus-per-node go together (the device type and how many share a node); give both")
         return 2
-    hardware = RunHardware(gpu=gpu.lower(), gpus_per_node=gpus_per_node) if gpu is not None else None
+    hardware = (RunHardware(gpu=gpu.lower(), gpus_per_node=gpus_per_node)
+                if gpu is not None and gpus_per_node is not None else None)
     store = FixtureStore(fixtures)
     existed = store.exists()
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from hops_calib.cli.output import (EXIT_BROKEN_LEDGER, EXIT_OK, guarded, held_out_guard, print_json,
-                                    refuse_job_dir_as_id)
+from hops_calib.cli.output import EXIT_BROKEN_LEDGER, EXIT_OK, guarded, held_out_guard, print_json, refuse_job_dir_as_id
 from hops_calib.errors import InputError, given_together
 from hops_calib.loop.score import or_nan
 from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
@@ -60,7 +60,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     from hops_calib.loop.score import score_prediction
     from hops_calib.loop.suite import TEST, open_store, priced
     from hops_calib.model.predict import predict
-    from hops_calib.store.fixture_store import NotPriced
+    from hops_calib.store.fixture import NotPriced
 
     store = open_store(fixtures)
     fixture = store.load(fixture_id)
@@ -240,7 +240,7 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
 
 # --- evaluate ------------------------------------------------------------------------------------
 
-def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | None, as_json: bool, commit: bool,
+def evaluate_command(candidate: Path | None, fixtures: Path | Sequence[Path], model_path: Path | None, as_json: bool, commit: bool,
                      ledger_path: Path | None, split: str, tolerances: dict[str, float | str | None],
                      plan: int | None = None, off_record: bool = False, again: bool = False,
                      allow_held_out: bool = False) -> int:
@@ -304,7 +304,8 @@ def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
     from hops_calib.loop.gate import Tolerances
 
     try:
-        return Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
+        given: dict[str, Any] = {name: value for name, value in tolerances.items() if value is not None}
+        return Tolerances(**given)
     except ValueError as error:
         from hops_calib.cli import TOLERANCE_OPTIONS
 
@@ -377,7 +378,7 @@ def _print_gate(before, after, verdict) -> None:
 
 # --- compare -------------------------------------------------------------------------------------
 
-def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path | None,
+def compare_command(before: Path, fixtures: Path | Sequence[Path], model_path: Path | None, note: str, ledger_path: Path | None,
                     as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
                     plan: int | None = None, off_record: bool = False, allow_held_out: bool = False) -> int:
     def run() -> int:
@@ -553,7 +554,8 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
                         f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
                         f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
                         + (", committed" if e.get("committed") else ""))
-            note = notes.get(e.get("seq"))
+            seq = e.get("seq")
+            note = notes.get(seq) if isinstance(seq, int) else None
             if note is not None:
                 what += _judgement_note(note)
             if e.get("kind") != OVERRIDE_KIND and e.get(OVERRIDE_KEY):
@@ -733,7 +735,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
         from hops_calib.model import TERMS
 
         model = load_model(model_path)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name, term in TERMS.items():
             active = model.active(name)
             values = active.params() if active else {}

@@ -18,7 +18,8 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hops_calib.errors import InputError
 
@@ -34,7 +35,7 @@ BUG_HINT = ("this is a bug in hops-calib, not in your input: please report it wi
 
 def print_json(data: dict[str, Any], status: str = "ok") -> None:
     """One JSON object on stdout, `status` first (the object's own `status` when it has one)."""
-    from hops_calib.store.fixture_store import json_safe
+    from hops_calib.store.digests import json_safe
 
     if not isinstance(data, dict):
         raise TypeError("--json prints one object")
@@ -46,7 +47,7 @@ def exit_code_of(error: BaseException) -> int:
     (InputError, StoreError), 3 for anything else (a bug)."""
     # A StoreError (unknown fixture id, ...) can only come from a verb that imported the store; importing it
     # here would cost the ledger verbs a pandas import.
-    store = sys.modules.get("hops_calib.store.fixture_store")
+    store = sys.modules.get("hops_calib.store.digests")
     if isinstance(error, InputError):
         return getattr(error, "exit_code", EXIT_INVALID)
     if store is not None and isinstance(error, store.StoreError):
@@ -134,7 +135,8 @@ def refuse_job_dir_as_id(fixture_id: str | None, fixtures: Any, instead: str) ->
     `instead` says the command line meant, with DIR where the directory goes."""
     from pathlib import Path
 
-    from hops_calib.store.fixture_store import StoreError, check_fixture_id
+    from hops_calib.store.digests import StoreError
+    from hops_calib.store.fixture import check_fixture_id
     from hops_calib.trace.job import is_job_dir
 
     if fixture_id is None or not Path(fixture_id).is_dir() or not is_job_dir(Path(fixture_id)):

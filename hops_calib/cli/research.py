@@ -3,6 +3,7 @@ JSON (a progress bar on a terminal's stderr meanwhile)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from hops_calib.cli.output import held_out_guard, run_and_print
@@ -19,7 +20,7 @@ def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json
                          held_out_guard=held_out_guard(fixtures, ledger_path, "observe", allow_held_out))
 
 
-def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
+def tune_command(term: str, fixtures: Path | Sequence[Path], model_path: Path | None, trials: int, storage: str | None,
                  study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
                  objective: str = "suite", only: tuple[str, ...] = (), ledger: Path | None = None,
                  off_record: bool = False, split: str = "train", allow_held_out: bool = False) -> int:

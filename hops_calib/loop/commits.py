@@ -9,6 +9,8 @@ last written before the entry: a file put back by hand afterwards is newer);
 `ledger verify` reports it and `ledger repair` writes the committed model when
 the entry rebuilds it exactly (the candidate's text applied to the model the
 file holds, or the compared model file), and otherwise says what to do.
+`check_appendable`, the guard every judgement passes before it is scored,
+refuses a ledger that fails `verify` or holds such an entry.
 """
 
 from __future__ import annotations
@@ -16,10 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hops_calib.errors import InputError
-from hops_calib.loop.ledger import is_checkout, read_entries
+from hops_calib.loop.candidate import parse_candidate
+from hops_calib.loop.checkout import is_checkout
+from hops_calib.loop.ledger import LOCK_TIMEOUT_S, BrokenLedger, Problem, read_entries, verify
+from hops_calib.loop.model_files import load_model, write_model
+
+if TYPE_CHECKING:
+    from hops_calib.model.model import Model
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,7 @@ def model_file(recorded: str, ledger_path: Path) -> Path:
     return path
 
 
-def _commit_of(entry: dict[str, Any]) -> tuple[str, str, str] | None:
+def _commit_of(entry: dict[str, Any]) -> tuple[str | None, str | None, str | None] | None:
     """(model file as recorded, committed sha256, the other end's sha256) of a committed entry, else None."""
     if not entry.get("committed"):
         return None
@@ -66,14 +74,11 @@ def _commit_of(entry: dict[str, Any]) -> tuple[str, str, str] | None:
 
 def unwritten(ledger_path: Path | str) -> list[UnwrittenCommit]:
     """The latest commit into each model file, when that file holds the model the commit was judged against."""
-    from hops_calib.loop.model_files import load_model
-
     ledger_path = Path(ledger_path)
     latest: dict[Path, tuple[dict[str, Any], str, str]] = {}
     for entry in read_entries(ledger_path):
-        commit = _commit_of(entry)
-        if commit and all(commit):
-            recorded, committed, before = commit
+        recorded, committed, before = _commit_of(entry) or (None, None, None)
+        if recorded and committed and before:
             latest[model_file(recorded, ledger_path).resolve()] = (entry, committed, before)
     found = []
     for path, (entry, committed, before) in latest.items():
@@ -89,20 +94,18 @@ def unwritten(ledger_path: Path | str) -> list[UnwrittenCommit]:
 
 def unwritten_problems(ledger_path: Path | str) -> list[Any]:
     """`unwritten` as `ledger verify` problems (at the entry's line; `ledger repair` writes them)."""
-    from hops_calib.loop.ledger import Problem
-
     return [Problem(commit.seq, commit.message(), repairable=True) for commit in unwritten(ledger_path)]
 
 
-def _rebuild(commit: UnwrittenCommit, ledger_path: Path):
+def _rebuild(commit: UnwrittenCommit, ledger_path: Path) -> Model | None:
     """The committed model, rebuilt from the entry, or None when it cannot be rebuilt exactly."""
-    from hops_calib.loop.candidate import parse_candidate
-    from hops_calib.loop.model_files import load_model
-
     entry = commit.entry
+    model: Model | None
     try:
         if entry.get("kind") == "evaluate":
             text = (entry.get("candidate") or {}).get("text")
+            if not isinstance(text, str):
+                return None
             model = parse_candidate(text, origin=f"ledger entry {commit.seq}").apply(load_model(commit.model_file))
         else:
             ends = [entry.get("model_path"), entry.get("before_model_path")]
@@ -117,9 +120,6 @@ def repair(ledger_path: Path | str) -> list[str]:
     """Write the committed model into each file an interrupted commit left unwritten (under the model file's lock,
     only if the file still holds the model before); what was done, or what to do, one line each."""
     from filelock import FileLock
-
-    from hops_calib.loop.ledger import LOCK_TIMEOUT_S
-    from hops_calib.loop.model_files import load_model, write_model
 
     ledger_path = Path(ledger_path)
     lines = []
@@ -138,3 +138,16 @@ def repair(ledger_path: Path | str) -> list[str]:
         lines.append(f"{commit.model_file}: wrote model {commit.committed_sha256[:12]}, which ledger entry "
                      f"{commit.seq} committed (the write had not happened)")
     return lines
+
+
+def check_appendable(path: Path | str) -> None:
+    """Refuse (BrokenLedger) a ledger that fails `verify`, or whose latest commit into a model file was never
+    written (`unwritten`), before a judgement is scored for it; `ledger.append` checks the chain again under its
+    lock."""
+    path = Path(path)
+    if path.is_file() and path.stat().st_size:
+        result = verify(path)
+        if result.ok:
+            result.problems += unwritten_problems(path)
+        if not result.ok:
+            raise BrokenLedger(result)

@@ -18,11 +18,10 @@ model's own error on that run. The suite rules always read the window error.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Sequence
 
 from hops_calib.loop.score import RunScore, SuiteScore, interval, mape_draws, run_fingerprint
-
 
 RUN_THROUGHPUT_ERRORS = ("window", "stall-free")
 
@@ -101,7 +100,7 @@ class GateResult:
     failed_rules: tuple[str, ...] = ()
     # A judgement on several stores (`gate_stores`): each store's path and its own verdict (the suite rules and the
     # per-run rules held on its runs alone); () for one store.
-    stores: tuple[tuple[str, "GateResult"], ...] = ()
+    stores: tuple[tuple[str, GateResult], ...] = ()
 
     @property
     def decision(self) -> str:

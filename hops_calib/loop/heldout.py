@@ -16,12 +16,13 @@ else appends a `held_out_override` entry, so the ledger knows.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
-from hops_calib.store.fixture_store import TIMING_KEY
+from hops_calib.store.digests import TIMING_KEY
 
 HELD_OUT_KEY = "held_out_groups"
 OVERRIDE_KEY = "held_out_override"
@@ -198,9 +199,10 @@ def record_override(ledger_path: Path | str | None, verb: str, store, found: lis
     if not found:
         return None
     from hops_calib.loop import ledger
+    from hops_calib.loop.commits import check_appendable
 
     path = ledger.resolve(ledger_path)
-    ledger.check_appendable(path)
+    check_appendable(path)
     return ledger.append(path, {"kind": OVERRIDE_KIND, "time": ledger.now_utc(), "verb": verb,
                                 "fixtures": str(store.root), **override_record(found),
                                 "code_revision": ledger.code_revision()})
@@ -213,6 +215,7 @@ def record_store(fixtures_dir: Path | str, ledger_path: Path | str | None) -> di
     never judged on; None when the store has no test split, or when the ledger already remembers every group of it
     by name and every digest of its runs (nothing is appended twice)."""
     from hops_calib.loop import ledger
+    from hops_calib.loop.commits import check_appendable
 
     store = _open_stores(fixtures_dir)[0]
     held = store_held_out(store)
@@ -220,6 +223,6 @@ def record_store(fixtures_dir: Path | str, ledger_path: Path | str | None) -> di
     if not held or (set(held) <= set(by_name) and {d for ds in held.values() for d in ds} <= set(by_digest)):
         return None
     path = ledger.resolve(ledger_path)
-    ledger.check_appendable(path)
+    check_appendable(path)
     return ledger.append(path, {"kind": RECORD_KIND, "time": ledger.now_utc(), "fixtures": str(Path(store.root).resolve()),
                                 HELD_OUT_KEY: held, "code_revision": ledger.code_revision()})

@@ -33,50 +33,25 @@ import datetime as dt
 import hashlib
 import json
 import os
-import re
 import subprocess
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hops_calib.errors import InputError
+
+# the checkout's helpers are read from here as well as from loop.checkout
+from hops_calib.loop.checkout import PACKAGE_CHECKOUT, checkout_of, default_checkout, is_checkout  # noqa: F401
 from hops_calib.loop.score import or_nan
 
 GENESIS = "0" * 64
 LEDGER_IN_CHECKOUT = Path("ledger") / "ledger.jsonl"
-PACKAGE_CHECKOUT = Path(__file__).resolve().parents[2]  # the checkout this package runs from (if it is one)
 LOCK_TIMEOUT_S = 120.0
 
 
 class LedgerError(InputError):
     """A ledger that cannot be appended to or read as it is."""
-
-
-def is_checkout(folder: Path) -> bool:
-    """Whether `folder` is the root of a hops-calib checkout (its pyproject names the project, the package is there)."""
-    try:
-        project = (folder / "pyproject.toml").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return False
-    return (folder / "hops_calib").is_dir() and re.search(r'(?m)^name\s*=\s*"hops-calib"', project) is not None
-
-
-def default_checkout(start: Path | None = None) -> Path | None:
-    """The hops-calib checkout enclosing `start` (default: the current directory), else the one this package runs
-    from, else None: the one checkout both the default ledger and the default model come from."""
-    start = (start or Path.cwd()).resolve()
-    for folder in (start, *start.parents, PACKAGE_CHECKOUT):
-        if is_checkout(folder):
-            return folder
-    return None
-
-
-def checkout_of(path: Path | str) -> Path | None:
-    """The hops-calib checkout a file lies in, or None."""
-    for folder in Path(path).resolve().parents:
-        if is_checkout(folder):
-            return folder
-    return None
 
 
 def default_ledger(start: Path | None = None) -> Path:
@@ -183,7 +158,7 @@ def append(path: Path | str, entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def now_utc() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)
@@ -328,21 +303,6 @@ def verify(path: Path | str) -> Verification:
     return _verify_bytes(data, path)
 
 
-def check_appendable(path: Path | str) -> None:
-    """Refuse (BrokenLedger) a ledger that fails `verify`, or whose latest commit into a model file was never
-    written (`hops_calib.loop.commits`), before a judgement is scored for it; `append` checks the chain again under
-    its lock."""
-    path = Path(path)
-    if path.is_file() and path.stat().st_size:
-        result = verify(path)
-        if result.ok:
-            from hops_calib.loop.commits import unwritten_problems
-
-            result.problems += unwritten_problems(path)
-        if not result.ok:
-            raise BrokenLedger(result)
-
-
 def warn_if_broken(path: Path | str) -> Verification:
     """A reader's check: when the ledger fails `verify`, say so on stderr (what it shows may not be the recorded
     history); returns the verification."""
@@ -444,8 +404,9 @@ def look_repeats(earlier: dict[str, Any], fixture_set: str, model_sha256: str, d
         return False
     if earlier.get("model_sha256") == model_sha256:
         return True
-    return (len(shared) == len(run_keys) and bool(digests) and bool(their_digests)
-            and all(digests[j] == their_digests[i] for j, i in shared))
+    if not digests or not their_digests:
+        return False
+    return len(shared) == len(run_keys) and all(digests[j] == their_digests[i] for j, i in shared)
 
 
 def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], split: str = "test") -> list[Look]:
@@ -495,7 +456,7 @@ def repair(path: Path | str) -> Path | None:
         if not data or data.endswith(b"\n"):
             return None
         keep = data.rfind(b"\n") + 1
-        aside = path.with_name(f"{path.name}.partial-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S%fZ}")
+        aside = path.with_name(f"{path.name}.partial-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S%fZ}")
         from hops_calib.files import atomic_write
 
         atomic_write(aside, data[keep:])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hops_calib.errors import InputError
 from hops_calib.files import atomic_write
+from hops_calib.loop.checkout import PACKAGE_CHECKOUT, default_checkout
 from hops_calib.model import DeviceSpec, Model, parse_catalog, parse_model
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
@@ -38,10 +39,8 @@ def device_types() -> frozenset[str]:
 
 def default_model() -> Path:
     """The model the verbs use without --model: the shipped baseline of the checkout whose ledger they use
-    (`hops_calib.loop.ledger.default_checkout`: the one enclosing the current directory, else the package's), so
+    (`hops_calib.loop.checkout.default_checkout`: the one enclosing the current directory, else the package's), so
     model and ledger always come from the same checkout; the package's own when there is no checkout."""
-    from hops_calib.loop.ledger import PACKAGE_CHECKOUT, default_checkout
-
     checkout = default_checkout()
     if checkout is not None and checkout != PACKAGE_CHECKOUT:
         inside = checkout / DEFAULT_MODEL.relative_to(MODEL_DIR.parent.parent)

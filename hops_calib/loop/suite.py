@@ -5,9 +5,10 @@ the guard every train-only verb calls (rule 2)."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.score import RunScore, SuiteScore, aggregate, score_prediction
@@ -49,10 +50,10 @@ class Suite:
     # scored, not in the fixture set's sha256 (which names what was scored); every suite verb says how many.
     left_out: dict[str, str] = field(default_factory=dict, compare=False)
     # A union of several stores' suites (`union_suite`): the stores' own suites, in order; () for one store.
-    parts: tuple["Suite", ...] = field(default=(), compare=False)
+    parts: tuple[Suite, ...] = field(default=(), compare=False)
 
     @property
-    def stores(self) -> tuple["Suite", ...]:
+    def stores(self) -> tuple[Suite, ...]:
         """The one-store suites this suite is made of (itself for one store)."""
         return self.parts or (self,)
 
@@ -153,7 +154,7 @@ def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -
     fixtures = store.load_many(list(ids))
     strays = [f.id for f in fixtures if f.split != split]
     if strays:  # the index lists them in this split, their own (digested) fixture.json says otherwise
-        from hops_calib.store.fixture_store import INDEX, StoreError
+        from hops_calib.store.digests import INDEX, StoreError
 
         raise StoreError(f"{Path(fixtures_dir) / INDEX}: lists {', '.join(strays[:3])} in the {split} split, which "
                          f"their fixture.json does not; delete {INDEX} (it is rebuilt from the fixture folders)")

@@ -19,8 +19,9 @@ themselves (the fixture keeps durations by kernel and shape, not each kernel's s
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

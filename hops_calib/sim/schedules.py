@@ -54,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from hops_calib.spec import SCHEDULES
+from hops_calib.spec.schedules import SCHEDULES
 from hops_calib.timeline import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, PHASES
 
 COMPUTE = 0

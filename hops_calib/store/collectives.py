@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from hops_calib.files import atomic_write
+from hops_calib.store.digests import FixtureFileError, text_digest
 from hops_calib.trace.collective_bench import CollectiveTable, read_collective_tables
 
 COLLECTIVES_DIR = ".collectives"
@@ -32,8 +33,6 @@ def tables_text(tables: tuple[CollectiveTable, ...]) -> str:
 
 
 def _digest(text: str) -> str:
-    from hops_calib.store.fixture_store import text_digest
-
     return text_digest(text)
 
 
@@ -74,8 +73,6 @@ def load_collectives(store_root: Path, digest: str) -> tuple[CollectiveTable, ..
 
 @lru_cache(maxsize=16)  # a file checked once is read again only when it changes (its mtime or size)
 def _load(path_text: str, digest: str, stamp: tuple[int, int] | None) -> tuple[CollectiveTable, ...]:
-    from hops_calib.store.fixture_store import FixtureFileError
-
     path = Path(path_text)
     hint = ("ingest the runs' source again (it stores the all-reduce tables they are priced with); a store is "
             "moved or copied whole, its .collectives folder too")

@@ -4,7 +4,7 @@ that learns to price more runs needs no new ingest).
 
 A run the cost model does not price (context parallelism, experts, FP8, ...) gets no spec: the ValueError (a TraceError
 for a launch setting) says why, and the verbs that would predict it refuse it by name with that reason
-(`hops_calib.store.fixture_store.NotPriced`).
+(`hops_calib.store.fixture.NotPriced`).
 """
 
 from __future__ import annotations

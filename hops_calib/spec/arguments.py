@@ -1,0 +1,381 @@
+"""Megatron's arguments read into a spec (`spec_from_args`, pure: reads no file): the layer split, the schedule,
+activation recomputation, the layer's settings, the rank order, and the limits a simulable launch keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hops_calib.spec.assumptions import _flag, require_modelled
+from hops_calib.spec.schedules import SCHEDULES
+from hops_calib.spec.types import Hardware, ModelShape, Spec, global_rank
+from hops_calib.trace.collective_bench import CollectiveTable  # the machine's collective benchmark
+from hops_calib.trace.events import MAX_INDEX  # the largest microbatch and model chunk a trace numbers
+from hops_calib.trace.link_bench import LinkFit  # the link benchmark's fit; a Spec carries one per hop
+
+# The HOPS tracing fork of Megatron starts tracing at iteration 3: iterations
+# 1-2 are warm-up and absent from the event logs. CPU captures follow the same
+# convention, so the traced iteration count is derivable from --train-iters.
+TRACE_FIRST_ITERATION = 3
+
+
+def split_layers(num_layers: int, pp: int, first: int | None = None, last: int | None = None) -> tuple[int, ...]:
+    """Decoder layers per pipeline rank, as Megatron splits them.
+
+    `--decoder-first/last-pipeline-num-layers` pin the first/last rank; the
+    remaining layers are spread evenly over the other ranks (they must divide).
+    """
+    if pp == 1:
+        return (num_layers,)
+    counts: list[int | None] = [None] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    pinned = [c for c in counts if c is not None]
+    free = counts.count(None)
+    rest = num_layers - sum(pinned)
+    if rest < 0 or (free == 0 and rest != 0) or (free and rest % free):
+        pins = [f"{label} stage {count}" for label, count in (("first", first), ("last", last)) if count is not None]
+        raise ValueError(f"{num_layers} layers cannot be split evenly over {pp} stages"
+                         + (f" with {' and '.join(pins)} pinned: {rest} left for {free} stages" if pins else ""))
+    return tuple(c if c is not None else rest // free for c in counts)
+
+
+def _require_int(args: dict[str, Any], name: str, source: Any, default: int | None = None, minimum: int = 0) -> int:
+    from hops_calib.trace.errors import TraceError
+
+    flag = _flag(name)
+    value = args.get(name, default)
+    if type(value) is not int or value < minimum:
+        expected = "a non-negative integer" if minimum == 0 else f"a whole number of at least {minimum}"
+        raise TraceError(source, f"is {value!r}, expected {expected}" if name in args else "is missing",
+                         field=flag, hint=f"give {flag} {expected}" if name in args
+                         else f"the spec needs it; add {flag} to the launch command")
+    return value
+
+
+def configured_schedule(configured: Any, vp: int, source: Path | str = "manifest.yaml") -> str:
+    """The schedule the launch configured: Megatron's from its flags, or the launcher's own when it records one.
+
+    Megatron runs non-interleaved 1F1B unless virtual pipeline stages are configured. A launcher whose
+    schedules have no Megatron flag (`hops-calib capture --engine torch`: GPipe, ZB-H1) writes the schedule it
+    configured as `configured_schedule` in manifest.yaml (`source`); cluster manifests have no such key (None).
+    """
+    from hops_calib.trace import TraceError
+
+    from_flags = "interleaved_1f1b" if vp > 1 else "1f1b"
+    if configured is None:
+        return from_flags
+    if configured not in SCHEDULES:
+        raise TraceError(source, f"is {configured!r}", field="configured_schedule",
+                         hint=f"expected one of {', '.join(SCHEDULES)}, or remove the key")
+    if (configured == "interleaved_1f1b") != (vp > 1):
+        raise TraceError(source, f"is {configured!r} but the arguments configure {vp} model chunk(s) "
+                         "per stage", field="configured_schedule",
+                         hint="interleaved 1F1B needs virtual pipeline stages, and only it uses them")
+    return configured
+
+
+# Microbatches per iteration, and model chunks per stage, a configuration may have to be ingested or predicted as
+# it is: as many as a trace numbers; predict --job times 32768 microbatches in about 2 s. (plan --job searches
+# other micro-batch sizes instead: it bounds its own tasks.)
+MAX_PER_ITERATION = MAX_INDEX + 1
+
+
+def check_simulable(spec: Spec, source: Path | str) -> None:
+    """TraceError naming `source` (the launch's arguments) when the spec has more microbatches per iteration or
+    model chunks per stage than MAX_PER_ITERATION: no trace numbers them, and simulating them would run for hours."""
+    from hops_calib.trace.errors import TraceError
+
+    for count, what, flag in ((spec.microbatches, "microbatches per iteration", "--global-batch-size"),
+                              (spec.vp, "model chunks per stage", "--virtual-pipeline-model-parallel-size")):
+        if count > MAX_PER_ITERATION:
+            raise TraceError(source, f"gives {count} {what}, more than the {MAX_PER_ITERATION} a trace can "
+                             "number and the simulator times", field=flag,
+                             hint=f"give a configuration of at most {MAX_PER_ITERATION} {what}")
+
+
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+def recomputation_of(args: dict[str, Any], source: Path | str) -> tuple[str | None, str | None, int | None]:
+    """(granularity, method, number of layers) of a launch's activation recomputation, as Megatron reads them.
+
+    `--recompute-granularity full|selective` with `--recompute-method uniform|block` and `--recompute-num-layers N`
+    (Megatron-LM); `--recompute-activations` is selective; the older `--checkpoint-activations` (Megatron-LM before
+    2022 and Megatron-DeepSpeed) is full and uniform, in groups of `--checkpoint-num-layers` (default 1). Full
+    recomputation needs a method (Megatron has no default for it), and block a number of layers. Selective
+    recomputation takes no method. (None, None, None) when nothing is recomputed.
+    """
+    from hops_calib.trace import TraceError
+
+    granularity = args.get("recompute_granularity")
+    method = args.get("recompute_method")
+    number = args.get("recompute_num_layers")
+    if granularity is None and args.get("recompute_activations"):
+        granularity = "selective"
+    if granularity is None and args.get("checkpoint_activations"):
+        granularity, method = "full", method or "uniform"
+        if number is None:
+            number = args.get("checkpoint_num_layers", 1)
+    if granularity is None:
+        return None, None, None
+    if granularity not in RECOMPUTE_GRANULARITIES:
+        raise TraceError(source, f"is {granularity!r}", field="--recompute-granularity",
+                         hint=f"Megatron takes {' or '.join(RECOMPUTE_GRANULARITIES)}")
+    if granularity == "selective":
+        if method is not None:
+            raise TraceError(source, f"is {method!r} with --recompute-granularity selective", field="--recompute-method",
+                             hint="Megatron takes a recompute method only for full recomputation: drop it")
+        return granularity, None, None
+    if method not in RECOMPUTE_METHODS:
+        raise TraceError(source, f"is {method!r} with --recompute-granularity full", field="--recompute-method",
+                         hint=f"full recomputation needs --recompute-method {' or '.join(RECOMPUTE_METHODS)}")
+    if number is None and method == "uniform":
+        number = 1
+    if type(number) is not int or number < 1:
+        raise TraceError(source, f"is {number!r} with --recompute-method {method}", field="--recompute-num-layers",
+                         hint="give the number of layers per recomputed group (uniform) or per model chunk (block), "
+                              "at least 1")
+    return granularity, method, number
+
+
+def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, hardware: Hardware,
+                   links: Sequence[LinkFit] = (), collectives: Sequence[CollectiveTable] = (),
+                   configured: str | None = None, schedule_source: Path | str = "manifest.yaml",
+                   declared_schedule: str | None = None, iterations: int | None = None,
+                   notes: list[str] | None = None, ranks_per_device: float = 1.0) -> Spec:
+    """The spec of a Megatron launch, from its arguments alone (pure: reads no file).
+
+    `args` are Megatron's arguments in their `args.` spelling (as `trace.megatron_args` parses a command line or a
+    log's arguments block), read from `source` (named in errors). `hardware` places the stages; `links` are the
+    link benchmark's fits and `collectives` the collective benchmark's tables of the machine (both measured apart
+    from the run). `configured` is a schedule a launcher recorded (manifest.yaml's `configured_schedule`, named
+    by `schedule_source`), else Megatron's from the flags. `iterations` is the window to simulate; None takes
+    the traced window of --train-iters (the tracing fork traces from iteration TRACE_FIRST_ITERATION). A launch
+    the cost model does not price is refused (`require_modelled`), as is any inconsistent setting: TraceError
+    naming the source, the flag and what to do.
+    """
+    from hops_calib.trace import TraceError
+
+    notes = [] if notes is None else notes
+    require_modelled(args, source)  # a run the cost model cannot price is refused, in ingest and what-if alike
+
+    pp = _require_int(args, "pipeline_model_parallel_size", source, default=1, minimum=1)
+    tp = _require_int(args, "tensor_model_parallel_size", source, default=1, minimum=1)
+    num_layers = _require_int(args, "num_layers", source, minimum=1)
+
+    if args.get("virtual_pipeline_model_parallel_size"):
+        vp = _require_int(args, "virtual_pipeline_model_parallel_size", source)
+    elif args.get("num_layers_per_virtual_pipeline_stage"):
+        per_virtual = _require_int(args, "num_layers_per_virtual_pipeline_stage", source)
+        if per_virtual == 0 or num_layers % (pp * per_virtual):
+            raise TraceError(source, f"{per_virtual} does not divide {num_layers} layers over {pp} stages",
+                             field="--num-layers-per-virtual-pipeline-stage",
+                             hint="num_layers must be a multiple of pp * layers per virtual stage")
+        vp = num_layers // (pp * per_virtual)
+    else:
+        vp = 1
+
+    world = args.get("world_size")
+    if type(world) is int and world > 0:
+        if world % (tp * pp):
+            raise TraceError(source, f"{world} is not a multiple of tp*pp = {tp * pp}", field="world_size",
+                             hint="launch tp x pp x dp GPUs")
+        dp = world // (tp * pp)
+        given = args.get("data_parallel_size")
+        if type(given) is int and given > 0 and given != dp:
+            raise TraceError(source, f"{given}, but world size {world} / (tp {tp} x pp {pp}) = {dp}",
+                             field="--data-parallel-size", hint="make the parallel sizes multiply to the GPUs")
+    else:
+        dp = _require_int(args, "data_parallel_size", source, default=1) or 1
+    micro_batch = _require_int(args, "micro_batch_size", source, default=1, minimum=1)
+    global_batch = _require_int(args, "global_batch_size", source, default=micro_batch * dp, minimum=1)
+    if global_batch % (micro_batch * dp):
+        raise TraceError(source, f"{global_batch} is not a multiple of micro batch {micro_batch} x dp {dp}",
+                         field="--global-batch-size", hint="Megatron requires it to divide")
+    microbatches = global_batch // (micro_batch * dp)
+    if iterations is None:
+        train_iters = _require_int(args, "train_iters", source)
+        iterations = train_iters - TRACE_FIRST_ITERATION + 1
+        if iterations < 1:
+            raise TraceError(source, f"is {train_iters}: the trace starts at iteration {TRACE_FIRST_ITERATION}",
+                             field="--train-iters",
+                             hint=f"a traced run needs at least {TRACE_FIRST_ITERATION} iterations")
+    elif type(iterations) is not int or iterations < 1:
+        raise ValueError(f"spec {run_id}: iterations must be a whole number of at least 1, got {iterations!r}")
+
+    first, last = (_require_int(args, name, source) if args.get(name) is not None else None
+                   for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"))
+    try:
+        layers = split_layers(num_layers, pp, first, last)
+    except ValueError as err:
+        raise TraceError(source, str(err), field="--num-layers",
+                         hint="make the layers divide evenly, or fix --decoder-first/last-pipeline-num-layers") from err
+
+    rank_order = rank_order_of(args, source)
+    sizes = {"tp": (0, tp), "dp": (0, dp), "pp": (0, pp)}
+    first_ranks = [global_rank(rank_order, {**sizes, "pp": (k, pp)}) for k in range(pp)]
+    devices, device_ids, names = hardware.stages(pp, first_ranks)
+    if len(devices) != pp:
+        raise TraceError(hardware.source, f"maps {len(devices)} stages but {Path(source).name} says "
+                         f"--pipeline-model-parallel-size {pp}", field=hardware.field,
+                         hint="the stage counts of the configuration and the stage map must agree")
+
+    links = tuple(links) + _intra_node_links(pp, vp, hardware, links, collectives, first_ranks)
+    schedule = configured_schedule(configured, vp, schedule_source)
+    precision = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32"
+    granularity, method, recompute_layers = recomputation_of(args, source)
+    hidden = _require_int(args, "hidden_size", source, minimum=1)
+    heads = _require_int(args, "num_attention_heads", source, minimum=1)
+    seq = _require_int(args, "seq_length", source, minimum=1)
+    if hidden % heads:
+        raise TraceError(source, f"{heads} does not divide --hidden-size {hidden}", field="--num-attention-heads",
+                         hint="Megatron splits the hidden size evenly over the attention heads")
+    positions = args.get("max_position_embeddings")
+    if type(positions) is int and positions < seq:
+        raise TraceError(source, f"{seq} is more than --max-position-embeddings {positions}",
+                         field="--seq-length", hint="learned absolute positions cover at most "
+                         "--max-position-embeddings tokens: Megatron refuses a longer sequence")
+    # Megatron's args.padded_vocab_size (a log's arguments block, a run table) is the vocabulary it allocated, already
+    # a multiple of --make-vocab-size-divisible-by x t; the cost model pads vocab_size to a multiple of 128, which
+    # leaves it as it is.
+    vocab_key = "padded_vocab_size" if args.get("padded_vocab_size") is not None else "vocab_size"
+    vocab = _require_int(args, vocab_key, source, default=0, minimum=1 if vocab_key in args else 0)
+    ffn = _require_int(args, "ffn_hidden_size", source, default=4 * hidden, minimum=1)
+    model = ModelShape(
+        num_layers=num_layers,
+        hidden_size=hidden,
+        ffn_hidden_size=ffn,
+        num_attention_heads=heads,
+        seq_length=seq,
+        vocab_size=vocab,
+        micro_batch_size=micro_batch,
+        global_batch_size=global_batch,
+        precision=precision,
+        untie_embeddings=bool(args.get("untie_embeddings_and_output_weights", False)),
+        clip_grad=float(args.get("clip_grad", 1.0)),
+        recompute_granularity=granularity,
+        recompute_method=method,
+        recompute_num_layers=recompute_layers,
+        **layer_settings_of(args, source, tp, heads, ffn),
+    )
+    zero = args.get("zero_stage") or 0
+    return Spec(
+        run_id=run_id,
+        pp=pp,
+        vp=vp,
+        microbatches=microbatches,
+        iterations=iterations,
+        layers_per_stage=layers,
+        devices=tuple(devices),
+        device_ids=tuple(device_ids),
+        links=tuple(links),
+        schedule=schedule,
+        model=model,
+        declared_schedule=declared_schedule,
+        device_names=tuple(names) if any(names) else (),
+        megatron_args=args,
+        gpus_per_node=hardware.gpus_per_node,
+        collectives=tuple(collectives),
+        dp=dp,
+        distributed_optimizer=bool(args.get("use_distributed_optimizer")) or zero in (1, 2),
+        overlap_grad_reduce=bool(args.get("overlap_grad_reduce")),
+        overlap_param_gather=bool(args.get("overlap_param_gather")),
+        rank_order=rank_order,
+        ranks_per_device=ranks_per_device,
+        nodes=tuple(hardware.nodes) if collectives and hardware.gpu is None and any(hardware.nodes) else (),
+    )
+
+
+def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[LinkFit],
+                      collectives: Sequence[CollectiveTable], first_ranks: Sequence[int]) -> tuple[LinkFit, ...]:
+    """Links for the hops within one node that the link benchmark did not measure, from the node's smallest
+    all-reduce table (`trace.collective_bench.ring_link`: the ring formula; a 2-GPU table is a pair)."""
+    tables = sorted((t for t in collectives if t.op == "all_reduce"), key=lambda t: t.gpus)
+    if not tables:
+        return ()
+    from hops_calib.trace.collective_bench import ring_link
+
+    pairs = [(k, k + 1) for k in range(pp - 1)] + ([(pp - 1, 0)] if vp > 1 and pp > 2 else [])
+    have = {frozenset((fit.src_stage, fit.dst_stage)) for fit in links}
+    return tuple(ring_link(tables[0], a, b) for a, b in pairs
+                 if frozenset((a, b)) not in have and hardware.node_of(a, first_ranks) is not None
+                 and hardware.node_of(a, first_ranks) == hardware.node_of(b, first_ranks))
+
+
+def attention_kernel_of(args: dict[str, Any]) -> str:
+    """Whether a launch's attention writes the score matrix ("unfused") or runs a fused kernel that keeps it on
+    chip ("flash"). Megatron's local layer is unfused unless --use-flash-attn (Megatron-DeepSpeed also spells it
+    --use-flash-attn-v1/-v2/-triton/-builder); Transformer Engine's layer picks its flash or cuDNN fused attention
+    (TE's default) unless --attention-backend unfused|local asks otherwise."""
+    backend = str(args.get("attention_backend") or "auto").lower().rsplit(".", 1)[-1]
+    if backend in ("unfused", "local"):
+        return "unfused"
+    if backend in ("flash", "fused"):
+        return "flash"
+    if any(args.get(name) for name in ("use_flash_attn", "use_flash_attn_v1", "use_flash_attn_v2",
+                                       "use_flash_attn_triton", "use_flash_attn_builder")):
+        return "flash"
+    return "flash" if args.get("transformer_impl", "transformer_engine") == "transformer_engine" else "unfused"
+
+
+def layer_settings_of(args: dict[str, Any], source: Path | str, tp: int, heads: int, ffn: int
+                      ) -> dict[str, Any]:
+    """The ModelShape fields of a launch's layer besides its sizes: tensor and sequence parallelism, SwiGLU, grouped
+    query attention, the norm, the positions and the attention kernel, in Megatron-LM's spelling or
+    Megatron-DeepSpeed's older one (--num-key-value-heads, --use-rotary-position-embeddings, --normalization
+    rmsnorm). TraceError for a setting Megatron itself refuses (heads or groups that t does not divide)."""
+    from hops_calib.trace import TraceError
+
+    groups = None
+    if args.get("group_query_attention") or args.get("num_key_value_heads"):
+        key = "num_query_groups" if args.get("group_query_attention") else "num_key_value_heads"
+        groups = _require_int(args, key, source, minimum=1)
+        if heads % groups:
+            raise TraceError(source, f"{groups} does not divide --num-attention-heads {heads}",
+                             field=_flag(key), hint="each query group takes a whole number of heads")
+        if groups == heads:
+            groups = None  # as many groups as heads is multi-head attention
+    for name, size in (("--num-attention-heads", heads), ("--num-query-groups", groups or heads),
+                       ("--ffn-hidden-size", ffn)):
+        if size % tp:
+            raise TraceError(source, f"{size} is not divisible by --tensor-model-parallel-size {tp}", field=name,
+                             hint="Megatron splits heads, query groups and the MLP over the tensor-parallel group: "
+                                  "pick a size they divide by")
+    rope = args.get("position_embedding_type", "learned_absolute") == "rope" or bool(
+        args.get("use_rotary_position_embeddings"))
+    return {
+        "tensor_parallel": tp,
+        # Megatron turns sequence parallelism off at tensor parallel size 1: it splits along the TP group
+        "sequence_parallel": bool(args.get("sequence_parallel")) and tp > 1,
+        "swiglu": bool(args.get("swiglu")),
+        "num_query_groups": groups,
+        "normalization": "RMSNorm" if str(args.get("normalization", "LayerNorm")).lower() == "rmsnorm"
+        else "LayerNorm",
+        "position_embedding": "rope" if rope else "learned_absolute",
+        "attention_kernel": attention_kernel_of(args),
+    }
+
+
+RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-pp-dp", "tp-dp-pp")
+
+
+def rank_order_of(args: dict[str, Any], source: Path | str) -> str:
+    """Megatron's rank order of a launch: --rank-order when given, tp-pp-dp under --use-tp-pp-dp-mapping, else
+    its default tp-cp-ep-dp-pp (tensor-parallel ranks adjacent, then data-parallel, then pipeline)."""
+    from hops_calib.trace import TraceError
+
+    order = args.get("rank_order")
+    if order is None:
+        return "tp-cp-ep-pp-dp" if args.get("use_tp_pp_dp_mapping") else "tp-cp-ep-dp-pp"
+    dims = str(order).lower().split("-")
+    if sorted(d for d in dims if d in ("tp", "dp", "pp")) != ["dp", "pp", "tp"] or set(dims) - {"tp", "cp", "ep",
+                                                                                                "dp", "pp"}:
+        raise TraceError(source, f"is {order!r}", field="--rank-order",
+                         hint="name each of tp, dp and pp once (cp and ep optional), fastest first, joined by '-': "
+                              "e.g. tp-cp-ep-dp-pp (Megatron's default)")
+    return "-".join(dims)

@@ -1,0 +1,230 @@
+"""What the cost model assumes of a launch: the settings it prices (ASSUMPTIONS), the ones a launch sets that it
+does not (`unmodelled`, refused by `require_modelled`), and flags it neither prices nor knows (`unknown_flags`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def _flag(key: str) -> str:
+    """The command-line flag of an argument's `args.` name: num_layers -> --num-layers."""
+    return "--" + key.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """One Megatron launch setting the cost model assumes: the model prices `modelled`, nothing else.
+
+    `keys` are the setting's names in the parsed arguments (a command line's `--no-<key>` form counts as <key> =
+    False); `default` is Megatron-LM's when the launch does not name it; `fits(value, args)` says whether the model
+    prices the value. Settings not listed here (logging, seeds, paths, learning rate, ...) do not change what an
+    iteration computes, or are priced (`--untie-embeddings-and-output-weights`, `--clip-grad`,
+    `--no-gradient-accumulation-fusion`, the split of layers, the shape, the batch), and are not checked.
+    """
+
+    flag: str  # the command-line flag a user edits
+    keys: tuple[str, ...]
+    default: Any
+    modelled: str  # what the model prices, in words
+    fits: Any  # Callable[[value, args], bool]
+
+    def value(self, args: dict[str, Any]) -> tuple[str | None, Any]:
+        """(the key it was found under, or None when unset, and the value Megatron runs with)."""
+        for key in self.keys:
+            if key in args:
+                return key, args[key]
+            if f"no_{key}" in args:
+                return f"no_{key}", not args[f"no_{key}"]
+        return None, self.default
+
+
+def _is(*values: Any):
+    return lambda value, args: value in values
+
+
+_off = _is(False, None)  # a switch left off (a rank log's block prints False; None where a version prints that)
+
+
+def _interleaved(args: dict[str, Any]) -> bool:
+    return bool(args.get("num_layers_per_virtual_pipeline_stage")) or (
+        args.get("virtual_pipeline_model_parallel_size") or 1) > 1
+
+
+# The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): tensor, sequence, data and
+# pipeline parallelism; Megatron's local or Transformer Engine layer with LayerNorm or RMSNorm, multi-head or
+# grouped-query attention with learned absolute or rotary positions, unfused or fused (flash) attention, a GeLU or
+# SwiGLU MLP; activations stored or recomputed (`recomputation_of`); 16- or 32-bit arithmetic; blocking p2p calls.
+# What it does not price is listed here, each with what it prices instead.
+ASSUMPTIONS: tuple[Assumption, ...] = (
+    Assumption("--context-parallel-size", ("context_parallel_size",), 1,
+               "context parallel size 1 (each GPU holds whole sequences)", _is(1)),
+    # DeepSpeed-Ulysses sequence parallelism (Megatron-DeepSpeed) splits the sequence over GPUs: context
+    # parallelism by another name, with all-to-alls the model does not price.
+    Assumption("--ds-sequence-parallel-size", ("ds_sequence_parallel_size",), 1,
+               "no DeepSpeed-Ulysses sequence parallelism (its all-to-alls are not priced)", _is(1, None)),
+    Assumption("--num-experts", ("num_experts",), None, "a dense MLP, no mixture of experts", _is(None, 0, 1)),
+    Assumption("--expert-model-parallel-size", ("expert_model_parallel_size",), 1,
+               "no expert parallelism", _is(1)),
+    Assumption("--multi-latent-attention", ("multi_latent_attention",), False,
+               "multi-head or grouped-query attention, no multi-latent attention", _off),
+    Assumption("--normalization", ("normalization",), "LayerNorm", "LayerNorm or RMSNorm",
+               lambda value, args: str(value).lower() in ("layernorm", "rmsnorm")),
+    Assumption("--position-embedding-type", ("position_embedding_type",), "learned_absolute",
+               "learned absolute or rotary (rope) position embeddings", _is("learned_absolute", "rope")),
+    Assumption("--transformer-impl", ("transformer_impl",), "transformer_engine",
+               "Megatron's local layer or Transformer Engine's (--transformer-impl local|transformer_engine)",
+               _is("local", "transformer_engine")),
+    Assumption("--fp8-format", ("fp8_format", "fp8"), None, "bf16, fp16 or fp32 arithmetic, no FP8",
+               _is(None, False)),
+    # Megatron-LM's older FP8 switches (before --fp8-format): the same FP8 arithmetic
+    Assumption("--fp8-hybrid", ("fp8_hybrid",), False, "bf16, fp16 or fp32 arithmetic, no FP8", _is(None, False)),
+    Assumption("--fp8-e4m3", ("fp8_e4m3",), False, "bf16, fp16 or fp32 arithmetic, no FP8", _is(None, False)),
+    Assumption("--hybrid-override-pattern", ("hybrid_override_pattern",), None,
+               "transformer layers only, no hybrid (Mamba) layer pattern", _is(None)),
+    # Transformer Engine's userbuffers overlap hides TP communication behind GEMMs; the model puts it on the
+    # critical path.
+    Assumption("--tp-comm-overlap", ("tp_comm_overlap",), False,
+               "tensor-parallel communication on the critical path, no --tp-comm-overlap", _off),
+    # ZeRO stage 1 and 2 shard what Megatron's distributed optimizer shards (optimizer state; gradients
+    # reduce-scattered); stage 3 also shards the weights, gathering them per layer.
+    Assumption("--zero-stage", ("zero_stage",), 0, "ZeRO stage 0, 1 or 2 (priced as the distributed optimizer)",
+               _is(None, 0, 1, 2)),
+    Assumption("--no-overlap-p2p-communication", ("overlap_p2p_comm", "overlap_p2p_communication"), True,
+               "blocking p2p calls, which interleaved runs get with --no-overlap-p2p-communication",
+               lambda value, args: value is False or not _interleaved(args)),
+)
+
+
+@dataclass(frozen=True)
+class Unmodelled:
+    """A launch setting the cost model does not price: the flag, the value the launch runs with, what is priced."""
+
+    flag: str
+    key: str | None  # the name it was found under in the arguments (None: unset, Megatron's default applies)
+    value: Any
+    modelled: str
+    setting: str = ""  # Megatron's name of the setting (the arguments block's)
+
+    def sentence(self) -> str:
+        if self.key is None:
+            return (f"no {self.flag}, so Megatron's default {self.setting} = {self.value!r} applies (the model "
+                    f"prices {self.modelled})")
+        if not self.names_flag:  # found under a name of its own (a block's key for a --no-... flag)
+            return f"{self.key} = {self.value!r} (the model prices {self.modelled}; the flag for it is {self.flag})"
+        shown = "" if self.value is True else f" {self.value}"
+        return f"{self.flag}{shown} (the model prices {self.modelled})"
+
+    @property
+    def names_flag(self) -> bool:
+        """Whether the setting was found under the flag's own name (`--swiglu` / `swiglu`)."""
+        return self.key is None or _flag(self.key) == self.flag
+
+    @property
+    def field(self) -> str:
+        """What the launch file calls it: the flag, or the arguments block's key."""
+        return self.flag if self.names_flag else str(self.key)
+
+
+def unmodelled(args: dict[str, Any]) -> list[Unmodelled]:
+    """The settings of a launch's parsed arguments (`megatron_args.txt` or a rank log's block) that the cost model
+    does not price, in the order of ASSUMPTIONS; empty when it prices them all."""
+    found = []
+    for assumption in ASSUMPTIONS:
+        key, value = assumption.value(args)
+        if not assumption.fits(value, args):
+            found.append(Unmodelled(assumption.flag, key, value, assumption.modelled, assumption.keys[0]))
+    return found
+
+
+def _line_naming(source: Path, key: str | None) -> int | None:
+    """1-based line of `source` that names the setting `key` (a command line's flag, a block's key); None if none
+    does."""
+    if key is None:
+        return None
+    flag = _flag(key)
+    from hops_calib.trace import TraceError
+    from hops_calib.trace.reading import text_lines
+
+    try:
+        for number, line in text_lines(Path(source)):
+            line = line.rstrip("\r\n")
+            if f"{flag} " in f"{line} " or f"{flag}=" in line or f" {key} ." in line:
+                return number
+    except TraceError:
+        return None
+    return None
+
+
+# A command line's flag spelt within a letter or two of an argument the project knows (`trace.measured.KNOWN_ARGS`:
+# what the spec reads, what ASSUMPTIONS refuse, common settings) may be a typo that silently prices another launch
+# (`--sequence-paralel` prices no sequence parallelism): its note names the flag it nearly spells.
+TYPO_SIMILARITY = 0.92  # difflib ratio: one or two letters in a long flag name
+
+
+def unknown_flags(args: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """(given, meant or None) for each argument the project neither prices nor knows (`KNOWN_ARGS`, ASSUMPTIONS'
+    keys, a known `--no-<key>`), with the known one it nearly spells, if any. Not refused: the list of known
+    arguments need not hold every Megatron flag; `unknown_flags_note` tells the user."""
+    from difflib import get_close_matches
+
+    from hops_calib.trace.measured import KNOWN_ARGS
+
+    known = KNOWN_ARGS | {key for assumption in ASSUMPTIONS for key in assumption.keys}
+    found: list[tuple[str, str | None]] = []
+    for given in args:
+        if given in known or given.removeprefix("no_") in known:
+            continue
+        meant = get_close_matches(given, known, n=1, cutoff=TYPO_SIMILARITY) if len(given) >= 6 else []
+        found.append((given, meant[0] if meant else None))
+    return found
+
+
+def unknown_flags_note(args: dict[str, Any], source: Path | str) -> str | None:
+    """The note for a command line's flags the model neither prices nor knows (`unknown_flags`), or None: "ignored:
+    --frobnicate" with the file and line, and the flag a near-miss may mean."""
+    found = unknown_flags(args)
+    if not found:
+        return None
+    lines = {given: _line_naming(Path(source), given) for given, _ in found}
+    one_line = len(set(lines.values())) == 1
+    named = ", ".join(_flag(given) + ("" if one_line or lines[given] is None else f" (line {lines[given]})")
+                      + (f" (did you mean {_flag(meant)}?)" if meant else "") for given, meant in found)
+    where = Path(source).name + (f":{lines[found[0][0]]}" if one_line and lines[found[0][0]] is not None else "")
+    return (f"ignored: {named} ({where}): flags the model neither prices nor knows, so the prediction is the "
+            "launch's without them (spell a flag as Megatron does for it to count)")
+
+
+def require_modelled(args: dict[str, Any], source: Path | str) -> None:
+    """Refuse a launch (`args` read from `source`) with a setting the cost model does not price: a TraceError
+    naming the file, the line and flag of the first such setting, every one of them, and what is priced.
+
+    `build_spec` calls it, so ingest and `predict --job` (what-if) refuse the same launches.
+    """
+    from hops_calib.trace.errors import TraceError
+    from hops_calib.trace.megatron_args import ARGS_FILE
+
+    # A near-miss of a flag the project knows is a typo Megatron would refuse, and a prediction would price another
+    # launch (`--sequence-paralel`: no sequence parallelism); refused, on a command line as a user writes it (a rank
+    # log's arguments block holds the names Megatron itself parsed). A flag near nothing known is only noted.
+    typos = [(given, meant) for given, meant in unknown_flags(args) if meant] \
+        if Path(source).name == ARGS_FILE else []
+    if typos:
+        given, meant = typos[0]
+        raise TraceError(source, "has flags the model does not know but that nearly spell ones it knows: "
+                         + "; ".join(f"{_flag(g)} ({_flag(m)}?)" for g, m in typos),
+                         line=_line_naming(Path(source), given), field=_flag(given),
+                         hint=f"did you mean {_flag(meant)}? Megatron would refuse the unknown flag; spell it as "
+                              "Megatron does, so that the prediction prices what the launch runs")
+    found = unmodelled(args)
+    if not found:
+        return
+
+    first = found[0]
+    raise TraceError(source, "configures what the simulator does not model: "
+                     + "; ".join(u.sentence() for u in found), line=_line_naming(Path(source), first.key),
+                     field=first.field,
+                     hint="a prediction would price another configuration than this launch; change the launch to "
+                          "what the model prices, or extend the model (hops_calib/model) and hops_calib.spec."
+                          "ASSUMPTIONS together")
