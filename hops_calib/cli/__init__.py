@@ -130,6 +130,9 @@ def capture(
                                     "evaluate and report refuse it: hops are priced from the benchmark)."),
     link_bench_iters: int = typer.Option(50, "--link-bench-iters", help="Timed sends per message size."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it is an earlier capture (nothing else)."),
+    profile: bool = typer.Option(False, "--profile", help="Also record a PyTorch profiler (Kineto) trace of the traced "
+                                 "iterations per rank, torch_profile/rank-<r>.json.gz, as Megatron's --profile "
+                                 "--use-pytorch-profiler (shapes and call stack; it slows the run: docs/traces.md)."),
 ) -> None:
     """Record a real pipeline run on this machine's CPU cores into a cluster-style job directory (needs the capture extra)."""
     from hops_calib.cli.capture import capture_command
@@ -137,7 +140,7 @@ def capture(
     raise typer.Exit(capture_command(out, force, pp=pp, vp=vp, tp=tp, dp=dp, microbatches=microbatches, iterations=iterations,
                                      layers=layers, hidden=hidden, seq=seq, heads=heads, ffn_hidden=ffn_hidden,
                                      vocab=vocab, engine=engine, schedule=schedule, seed=seed, link_bench=link_bench,
-                                     link_bench_iters=link_bench_iters))
+                                     link_bench_iters=link_bench_iters, profile=profile))
 
 
 @app.command()

@@ -12,7 +12,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,15 +37,16 @@ from hops_calib.store.guard import stored_content_hash
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.store.writer import FixtureStore, write_events
-from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
+from hops_calib.trace import TraceError, find_job_dirs, read_manifest, run_id_of
 from hops_calib.trace.dgxc import dgxc_table_in
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
 from hops_calib.trace.measured import RunHardware
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
+from hops_calib.trace.rank_traces import EVENT_LOG, find_rank_traces, read_rank_trace
 from hops_calib.trace.reading import open_regular
 from hops_calib.trace.structure import DEFAULT_SKEW_MS, check_structure
-from hops_calib.truth import Truth, compact_timeline, compute_truth
+from hops_calib.truth import Truth, compact_timeline, compute_truth, kernel_truth, megatron_interleaved_order
 
 # Bump when the fixture content for the same input changes (new columns, new truth fields, ...):
 # it is part of the content hash, so a new version re-ingests every run once.
@@ -171,7 +172,7 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     """
     notes: list[str] = []
     spec = build_spec(job_dir, notes, simulable=True)
-    files = rank_files(job_dir)
+    source, files = find_rank_traces(job_dir)
     ranks = spec.gpus
     if sorted(files) != list(range(ranks)):
         logs = sorted(files)
@@ -186,11 +187,15 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     hostnames: list[str] = []
     dropped: dict[str, dict[str, int]] = {}
     collectives: dict[int, list] = {}
+    kernel_rows: dict[int, Any] = {}  # rank -> its profiler trace's kernel rows
     for rank, path in files.items():
         # Megatron's rank order says which stage a rank runs (rank r runs stage r with t = d = 1)
         stage = coordinates_of(rank, spec.rank_order, {"tp": spec.tp, "dp": spec.dp, "pp": spec.pp})["pp"]
-        columns, report = read_rank_events(path, rank=rank, pp=spec.pp, device_stage=device_stage, lenient=lenient,
-                                           stage=stage)
+        columns, report, kernels = read_rank_trace(source, path, rank=rank, stage=stage, pp=spec.pp, vp=spec.vp,
+                                                   microbatches=spec.microbatches, device_stage=device_stage,
+                                                   lenient=lenient, pass_order=_pass_order(spec))
+        if kernels is not None:
+            kernel_rows[rank] = kernels
         if report.events == 0:
             after = f" after dropping {sum(report.dropped.values())} bad lines" if report.dropped else ""
             raise TraceError(path, f"rank {rank} has no events{after}",
@@ -243,6 +248,9 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     del columns
     truth = compute_truth(timeline, spec.pp, t0_ns)
     del timeline
+    if kernel_rows:  # the pacing pipeline's ranks, one per stage, as the timeline
+        truth = replace(truth, kernels=kernel_truth([kernel_rows[rank] for rank, _c in pacing.values()
+                                                     if rank in kernel_rows], max(len(truth.iterations), 1)))
 
     warnings = list(notes)
     if len(truth.iterations) != spec.iterations:
@@ -274,10 +282,17 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
         "events": int(n_events),
         "warnings": warnings,
     }
+    if source != EVENT_LOG:  # (event-log fixtures stay as they were)
+        quality["trace_source"] = source
     if collective_summary is not None:  # only runs whose logs have collective lines (old fixtures stay as they were)
         quality["collectives"] = collective_summary
     return RunData(spec=spec, truth=truth, quality=quality, hostnames=hostnames, warnings=warnings,
                    fingerprint=fingerprint)
+
+
+def _pass_order(spec: Spec) -> Callable[[int, int], list[tuple[bool, int]]]:
+    """(is_forward, chunk) of each pass of an iteration on a stage, for a profiler trace's schedule steps."""
+    return lambda stage, microbatches: megatron_interleaved_order(spec.pp, stage, microbatches, spec.vp)
 
 
 def _starts_sorted_within_stage(columns: dict[str, np.ndarray]) -> bool:

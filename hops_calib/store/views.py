@@ -27,7 +27,8 @@ MEASURED_LIST_FIELDS = ("schedule", "throughput_per_s", "steady_throughput_per_s
                         "iteration_time_ms", "idle_ms", "content_hash")
 MEASURED_SHOW_FIELDS = ("content_hash", "schedule", "schedule_agreement", "throughput_per_s", "steady_throughput_per_s", "samples_per_s",
                         "bubble_ratio", "utilization_per_stage", "iteration_time_ms", "iteration_periods_ms", "idle_ms",
-                        "idle_ms_per_iteration", "makespan_ms", "traced_iterations", "stages", "phase_stats")
+                        "idle_ms_per_iteration", "makespan_ms", "traced_iterations", "stages", "phase_stats",
+                        "kernels")
 HELD_OUT = ("a test fixture: its measured results are seen only in aggregate, through the audited "
             "`hops-calib report --split test`")
 
@@ -314,6 +315,8 @@ def _show_dict(fixture: Fixture) -> dict[str, Any]:
         "traced_iterations": list(truth.iterations),
         "stages": stages,
         "phase_stats": [vars(s) for s in truth.phase_stats],
+        # per-kernel truth of a run ingested from a profiler trace (Kineto, Nsight Systems); absent otherwise
+        **({"kernels": [vars(k) for k in truth.kernels]} if truth.kernels else {}),
         "quality": fixture.quality,
     })
 
