@@ -882,7 +882,7 @@ def test_a_plan_is_refused_for_a_candidate_already_judged_and_a_reused_id_warns(
     experiments, model, ledger = workspace["experiments"], workspace["model"], workspace["ledger"]
     harmful = experiments / "harmful.toml"
     assert cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger).exit_code == 1
-    late = cli("ledger", "plan", "--note", "looser rules", "--candidate", harmful, "--tolerance-mape-pp", "5",
+    late = cli("ledger", "plan", "--note", "looser rules", "--candidate", harmful, "--tolerance-mape-pp", "0.5",
                "--ledger", ledger)
     assert late.exit_code == 2 and "already judged: ledger entry 1 (rejected" in late.stderr
     assert "--rejudge 1" in late.stderr and len(list(read_entries(ledger))) == 1

@@ -303,8 +303,10 @@ def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: P
 def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
     from hops_calib.loop.gate import Tolerances
 
+    from hops_calib.loop.plans import refuse_beyond_caps
+
     try:
-        return Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
+        limits = Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
     except ValueError as error:
         from hops_calib.cli import TOLERANCE_OPTIONS
 
@@ -312,6 +314,8 @@ def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
         raise InputError(verb, str(error), field=option,
                          hint="window or stall-free" if option == "--run-error" else
                          "give a finite number >= 0 (the gate's defaults: hops_calib.loop.gate.Tolerances)") from None
+    refuse_beyond_caps(limits, verb)
+    return limits
 
 
 def _print_candidate(result) -> None:
@@ -373,6 +377,10 @@ def _print_gate(before, after, verdict) -> None:
     for reason in verdict.reasons:
         print(f"  - {reason}")
     print(f"tolerances: {verdict.tolerances.describe()}")
+    from hops_calib.loop.gate import describe_looser, looser_rules
+
+    if looser_rules(verdict.tolerances):
+        print(describe_looser(looser_rules(verdict.tolerances)))
 
 
 # --- compare -------------------------------------------------------------------------------------
@@ -514,13 +522,18 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
         if last is not None:
             entries = entries[-last:] if last > 0 else []
         from hops_calib.loop.heldout import HELD_OUT_KEY, OVERRIDE_KEY, OVERRIDE_KIND, RECORD_KIND
+        from hops_calib.loop.gate import describe_looser, looser_rules
         from hops_calib.loop.plans import judgement_notes
 
         notes = judgement_notes(list(read_entries(ledger_path)))
         if as_json:
             print_json({"ledger": str(ledger_path), "entries": entries,
                         "judgements": {str(seq): note for seq, note in notes.items()
-                                       if seq in {e.get("seq") for e in entries}}})
+                                       if seq in {e.get("seq") for e in entries}},
+                        # plans stating rules looser than the defaults, each with its default and cap
+                        "looser_plans": {str(e["seq"]): looser_rules(e["tolerances"]) for e in entries
+                                         if e.get("kind") == "plan" and isinstance(e.get("tolerances"), dict)
+                                         and looser_rules(e["tolerances"])}})
             return EXIT_OK
         if not entries:
             print(f"{ledger_path}: no entries")
@@ -528,6 +541,8 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             aggregates_before, aggregates_after = e.get("aggregates_before") or {}, e.get("aggregates_after") or {}
             if e.get("kind") == "plan":
                 what = f"plan: {e.get('note', '')}" + "".join(f" [pins {c.get('id')}]" for c in e.get("candidates", []))
+                what += (f" [{describe_looser(looser_rules(e['tolerances']))}]"
+                         if isinstance(e.get("tolerances"), dict) and looser_rules(e["tolerances"]) else "")
                 what += f" [rejudges entry {e['rejudges']}]" if e.get("rejudges") is not None else ""
             elif e.get("kind") == "report":
                 aggregates = e.get("aggregates", {})
@@ -566,11 +581,14 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
 
 def _judgement_note(note: dict[str, Any]) -> str:
     """`ledger show`'s words on a judgement's rules, earlier judgements of its change and the model file written."""
-    from hops_calib.loop.gate import Tolerances
+    from hops_calib.loop.gate import Tolerances, describe_looser
 
-    text = f" (under {note['rules']})" if note["rules"] != "defaults" else " (default rules)"
+    text = (" (default rules)" if note["rules"] == "defaults" else f" (under {note['rules']})"
+            if note["rules"].startswith("plan ") else f" ({note['rules']})")
     if note["tolerances"]:
         text += f" [tolerances: {Tolerances(**note['tolerances']).describe()}]"
+    if note.get("looser_rules"):
+        text += f" [{describe_looser(note['looser_rules'])}]"
     if note["rejudges"] is not None:
         text += f"; judges again the change of entry {note['rejudges']}"
     elif note["earlier_judgements"]:
@@ -592,11 +610,15 @@ def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[st
 
         limits = _tolerance_limits(tolerances, "ledger plan")
         entry = record_plan(ledger_path, note, limits, candidates, rejudges, fixtures)
+        from hops_calib.loop.gate import describe_looser, looser_rules
+
         if as_json:
-            print_json(entry)
+            print_json({**entry, "looser_rules": looser_rules(limits)})
         else:
             print(f"plan entry {entry['seq']} appended to {ledger_path}: {note}")
             print(f"tolerances stated: {limits.describe()}")
+            if looser_rules(limits):
+                print(describe_looser(looser_rules(limits)) + ": every judgement under this plan is marked so")
             if entry.get("rejudges") is not None:
                 print(f"judges again the change of ledger entry {entry['rejudges']} (the new entry links to it)")
             if entry.get("fixtures"):
