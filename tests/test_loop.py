@@ -631,9 +631,9 @@ def test_a_look_at_runs_an_earlier_look_scored_repeats_it_under_another_fixture_
     assert not any(fixture_id in ledger.read_text() for fixture_id in shared_store.ids("test"))
     recorded = ledger.read_bytes()
     again, some = tmp_path / "again", tmp_path / "some"
-    assert cli("ingest", shared_runs, "--fixtures", again, "--lenient").exit_code == 0
+    assert cli("ingest", shared_runs, "--fixtures", again, "--lenient", "--split", "auto").exit_code == 0
     with_a10g = [i for i in shared_store.ids("test") if "a10g" in shared_store.load(i).spec.devices][:5]
-    assert cli("ingest", *[shared_runs / i for i in with_a10g], "--fixtures", some).exit_code == 0
+    assert cli("ingest", *[shared_runs / i for i in with_a10g], "--fixtures", some, "--split", "auto").exit_code == 0
     assert FixtureStore(some).ids("test") == with_a10g
     for store in (again, some):
         assert load_suite(store, "test").sha256 != entry["fixture_set_sha256"]

@@ -109,6 +109,7 @@ def test_a_judgement_under_looser_rules_is_marked_in_evaluate_json_and_ledger_sh
     assert marks["run_throughput_error"]["value"] == "stall-free"
     assert data["rules"]["looser_rules"] == data["looser_rules"] and "looser_rules" in data["fields"]
     assert "opposite sign" in data["fields"]["throughput_error_pct"]
+    assert data["calibration"]["rule"].startswith("A judgement must cover every store")
     last = cli("ledger", "show", "--ledger", ledger).stdout.splitlines()[-1]
     assert "LOOSER than the defaults: run_throughput_pp 3.5 (default 2, cap 4)" in last
     # plain evaluate, under the defaults: no mark

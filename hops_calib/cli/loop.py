@@ -797,13 +797,13 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
 # --- candidate new -------------------------------------------------------------------------------
 
 def candidate_new_command(term: str, candidate_id: str | None, folder: Path, model_path: Path | None,
-                          as_json: bool) -> int:
+                          as_json: bool, devices: tuple[str, ...] = ()) -> int:
     def run() -> int:
         from hops_calib.loop.candidate import write_scaffold
         from hops_calib.loop.model_files import default_model, load_model
 
         model = load_model(model_path)
-        path = write_scaffold(term, model, folder, candidate_id)
+        path = write_scaffold(term, model, folder, candidate_id, devices)
         if as_json:
             print_json({"path": str(path), "id": path.stem, "term": term, "model": str(model_path or default_model()),
                         "text": path.read_text(encoding="utf-8")})
