@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class InputError(ValueError):
     """Input that cannot be used as it is.
@@ -11,8 +13,8 @@ class InputError(ValueError):
     The CLI turns it into exit code 2.
     """
 
-    def __init__(self, origin: str, problem: str, *, line: int | None = None, field: str | None = None,
-                 hint: str = "") -> None:
+    def __init__(self, origin: str | os.PathLike[str], problem: str, *, line: int | None = None,
+                 field: str | None = None, hint: str = "") -> None:
         self.origin = str(origin)
         self.line = line
         self.field = field
@@ -75,7 +77,7 @@ def parse_toml(text: str, origin: str, allowed_keys: set[str] | None = None) -> 
         raise InputError(origin, f"not valid TOML: {problem}", line=int(at.group(1)) if at else None,
                          hint="fix the syntax at the line named") from None
     unknown = sorted(set(data) - allowed_keys) if allowed_keys is not None else []
-    if unknown:
+    if unknown and allowed_keys is not None:
         raise InputError(origin, f"unknown top-level key(s) {unknown}",
                          line=line_of(text, None, unknown[0]) or line_of(text, unknown[0]), field=unknown[0],
                          hint=f"expected only {sorted(allowed_keys)}")

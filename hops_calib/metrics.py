@@ -200,10 +200,7 @@ def column_metrics(stage: np.ndarray, iteration: np.ndarray, microbatch: np.ndar
     first_by_iteration = np.full(len(iterations), np.inf)
     np.minimum.at(first_by_iteration, first_row, start_ms)
     periods = np.diff(first_by_iteration)
-    if len(periods):
-        iteration_time = float(np.median(periods))
-    else:
-        iteration_time = window
+    iteration_time = float(np.median(periods)) if len(periods) else window
     steady = microbatches_per_iteration / (iteration_time / 1e3) if iteration_time > 0 else float("nan")
 
     return TimelineMetrics(

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 
 def warn(line: str) -> None:
@@ -58,12 +62,12 @@ class _RichBar:
     """A transient rich bar: it disappears when the command ends, leaving only the command's own output."""
 
     def __init__(self, label: str, console: Any = None) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
-            TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
 
         self._bar = RichProgress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.description}"), transient=True, console=console)
-        self._task = None
+        self._task: TaskID | None = None
 
     def start(self, total: int) -> None:
         # One unit is over before a bar could be read: it would only flicker.

@@ -82,8 +82,8 @@ class Truth:
         whole = self.phase_median_ms(stage, tl.BACKWARD)
         if whole is not None:
             return whole
-        halves = [self.phase_median_ms(stage, phase) for phase in (tl.BACKWARD_B, tl.BACKWARD_W)]
-        return None if None in halves else sum(halves)
+        b, w = (self.phase_median_ms(stage, phase) for phase in (tl.BACKWARD_B, tl.BACKWARD_W))
+        return None if b is None or w is None else b + w
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,7 +99,7 @@ class Truth:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Truth":
+    def from_dict(cls, data: dict[str, Any]) -> Truth:
         metrics = dict(data["metrics"])
         for name in ("utilization_per_stage", "iteration_periods_ms"):
             metrics[name] = tuple(metrics[name])
@@ -142,7 +142,7 @@ class IterationTruth:
                 "timing_log_option": self.timing_log_option, "reported": self.reported or {}}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "IterationTruth":
+    def from_dict(cls, data: dict[str, Any]) -> IterationTruth:
         metrics = IterationMetrics(microbatches_per_iteration=int(data["microbatches_per_iteration"]),
                                    iteration_periods_ms=tuple(float(v) for v in data["iteration_periods_ms"]),
                                    interval_iterations=tuple(int(v) for v in data["interval_iterations"]),
@@ -344,7 +344,7 @@ def _phase_stats(cols: _Columns, pp: int) -> tuple[PhaseStats, ...]:
             if len(values) == 0:
                 continue
             p10, median, p90 = np.quantile(values, [0.1, 0.5, 0.9])
-            stats.append(PhaseStats(stage=stage, phase=phase, count=int(len(values)), median_ms=float(median),
+            stats.append(PhaseStats(stage=stage, phase=phase, count=len(values), median_ms=float(median),
                                     mean_ms=float(values.mean()), p10_ms=float(p10), p90_ms=float(p90)))
     return tuple(stats)
 

@@ -1,5 +1,5 @@
 """Job directories for tests: copies of one as someone slipping a run past the held-out guard would make them (under
-another name, writable, every event's timestamps shifted), and README's GPU job recipe as written."""
+another name, writable, every event's timestamps shifted), and the what-if page's GPU job recipe as written."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def readme_gpu_job(folder: Path) -> tuple[Path, str]:
-    """README's GPU job recipe (its shell block "A job on GPU nodes, before it runs") run as written in `folder`: the
+    """docs/whatif.md's GPU job recipe (its shell block "A job on GPU nodes, before it runs") run as written in `folder`: the
     job directory it makes (gpt175b: 512 A100s, t 8 x p 8 x d 8 on 64 nodes) and the hops-calib calls it ends with."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "whatif.md").read_text(encoding="utf-8")
     start = text.index("mkdir -p gpt175b")
     setup, _, calls = text[start:text.index("```", start)].rpartition("cd .. && ")
     subprocess.run(["bash", "-c", setup], cwd=folder, check=True)

@@ -221,7 +221,7 @@ def test_plan_refuses_an_option_its_way_of_planning_does_not_read():
 
 
 def test_a_device_outside_the_job_is_refused_with_the_stages_and_ids_it_has(tmp_path):
-    """--slow-device 9:1.1 on README's 8-stage GPU job: the refusal says stage 9 is outside its stages 0-7 and
+    """--slow-device 9:1.1 on docs/whatif.md's 8-stage GPU job: the refusal says stage 9 is outside its stages 0-7 and
     names the device ids too (it had said only "'9' is no device of the job"); a wrong id and a wrong link end
     say the same range."""
     from job_copies import readme_gpu_job
@@ -246,7 +246,7 @@ def test_a_device_outside_the_job_is_refused_with_the_stages_and_ids_it_has(tmp_
 
 
 def test_failures_strike_the_launchs_own_run_length(tmp_path):
-    """--failure-rate on README's GPU job (--train-iters 100) priced failures over 1000 iterations: now over the
+    """--failure-rate on docs/whatif.md's GPU job (--train-iters 100) priced failures over 1000 iterations: now over the
     launch's --train-iters, said so, unless --run-iterations says otherwise (and then that is said)."""
     from job_copies import readme_gpu_job
 

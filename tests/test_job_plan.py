@@ -278,7 +278,7 @@ def test_interchangeable_devices_price_alike_so_one_order_of_their_kinds_is_sear
 
 
 def test_plan_on_readmes_512_gpu_job_prices_its_launches_and_stays_bounded(model, tmp_path):
-    """README's 512-A100 job (8 stage devices, 40,320 orders; no link benchmark): its launches are priced from
+    """docs/whatif.md's 512-A100 job (8 stage devices, 40,320 orders; no link benchmark): its launches are priced from
     torchrun's placement as predict --job prices them (the planner had refused every one: 'no link'), its 8
     devices are one kind (one order searched), and the coordinate ascent after the study stops at its budget of
     launches priced, said in a note, instead of running for hours over 56,470 shapes a step."""

@@ -203,7 +203,7 @@ def test_invalid_requests_exit_2_with_a_reason(shared_fixtures, args, needle):
 
 def test_an_id_with_job_says_which_were_given_together(tmp_path):
     """predict --job DIR ID (the walkthrough's slip) and plot timeline ID --job DIR: the refusal names the two given
-    together, not only 'give one of ...'; given none, it says what to give, as before. README's GPU job and a
+    together, not only 'give one of ...'; given none, it says what to give, as before. docs/whatif.md's GPU job and a
     shipped train run."""
     from job_copies import readme_gpu_job
 

@@ -399,7 +399,7 @@ def test_html_report_without_a_ledger_option_draws_the_projects_history_of_these
     from hops_calib.plot.ledger import entries_on
 
     page = tmp_path / "train.html"
-    result = cli("report", "--split", "train", "--fixtures", shared_fixtures, "--html", page)  # the README's line
+    result = cli("report", "--split", "train", "--fixtures", shared_fixtures, "--html", page)  # docs/results.md's line
     assert result.exit_code == 0, result.output
     assert page.read_text().count('src="data:image/png;base64,') == 2
     # the history keeps the entries that scored this store's splits; another store's (the CPU captures') go
@@ -582,7 +582,7 @@ def _lines_init_with(progress_module, ticks):
 
 
 def test_the_default_timeline_of_a_job_of_many_microbatches_draws_a_readable_window(tmp_path):
-    """README's 175B GPU job (192 microbatches an iteration): two whole iterations give a forward ~1.5 px and the
+    """docs/whatif.md's 175B GPU job (192 microbatches an iteration): two whole iterations give a forward ~1.5 px and the
     picture turns to moire. The default draws only the start of one iteration, each forward at least MIN_TASK_PX
     wide, says so in the title and a note; --iterations 2 still draws both whole iterations."""
     from job_copies import readme_gpu_job

@@ -636,8 +636,8 @@ def test_plan_parallel_searches_the_layouts_of_a_jobs_gpus(tmp_path):
     assert mixed.exit_code == 2 and "one GPU type" in mixed.stderr
 
 
-def test_the_readmes_gpu_job_recipe_predicts_and_plans(tmp_path):
-    """README's "A job on GPU nodes, before it runs" block, as written (its hops-calib calls through the CLI here):
+def test_the_whatif_pages_gpu_job_recipe_predicts_and_plans(tmp_path):
+    """docs/whatif.md's "A job on GPU nodes, before it runs" block, as written (its hops-calib calls through the CLI here):
     the 512-A100 job predicts, fits, and plan --parallel ranks its layouts, the launch's own among them."""
     from job_copies import readme_gpu_job
 
@@ -654,7 +654,7 @@ def test_the_readmes_gpu_job_recipe_predicts_and_plans(tmp_path):
 
 
 def test_the_launchs_transport_prices_the_readmes_gpu_job_without_a_link_benchmark(tmp_path):
-    """README's 512-A100 job has no link benchmark: its hops, collectives and ends' all-reduce across nodes are
+    """docs/whatif.md's 512-A100 job has no link benchmark: its hops, collectives and ends' all-reduce across nodes are
     priced from the NIC share. NCCL_NET=Socket or NCCL_IB_DISABLE=1 before its launch holds every connection across
     nodes under one TCP flow's ceiling (the model's flow_cap_gbit_s) and gives the ends' all-reduce its stall
     expectation; NCCL_NET=IB prices the NICs as when nothing is said, and then a note says so."""

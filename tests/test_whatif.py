@@ -524,7 +524,7 @@ def test_a_job_directory_given_as_a_fixture_id_is_answered_with_the_command_mean
 
 
 def test_predict_and_plan_say_alike_what_a_job_directory_holds(tmp_path):
-    """One message for a --job that is no directory, and it names the link benchmark as optional, as the README's
+    """One message for a --job that is no directory, and it names the link benchmark as optional, as docs/whatif.md's
     GPU recipe (torchrun places ranks on nodes, no calibration/ folder) has it."""
     messages = set()
     for args in (["predict"], ["plan"], ["plan", "--parallel"], ["plot", "timeline"]):
@@ -575,7 +575,7 @@ def test_flags_the_model_neither_prices_nor_knows_are_noted_in_predict_plan_and_
 
 
 def test_real_launch_lines_get_no_ignored_note(shared_runs):
-    """The 56 cluster runs, the shipped captures, the README's GPU recipe and the vTrain rows (their stated and
+    """The 56 cluster runs, the shipped captures, docs/whatif.md's GPU recipe and the vTrain rows (their stated and
     assumed Megatron settings) hold no flag the project does not know."""
     import re
 
@@ -588,7 +588,7 @@ def test_real_launch_lines_get_no_ignored_note(shared_runs):
     assert len(jobs) >= 56
     for job in jobs:
         assert unknown_flags(find_arguments(job)[0]) == [], job
-    [recipe] = re.findall(r'echo "(torchrun [^"]*)" > megatron_args.txt', (REPO / "README.md").read_text())
+    [recipe] = re.findall(r'echo "(torchrun [^"]*)" > megatron_args.txt', (REPO / "docs" / "whatif.md").read_text())
     assert unknown_flags(parse_command_line(recipe.replace("\\\n", " "))) == []
     assert unknown_flags(parse_command_line("pretrain_gpt.py " + COMMON_FLAGS)) == []
     from conftest import need_public_runs

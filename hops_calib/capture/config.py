@@ -8,7 +8,6 @@ harder to read.
 from __future__ import annotations
 
 import os
-
 import shlex
 from dataclasses import dataclass, replace
 
@@ -97,7 +96,7 @@ class CaptureConfig:
             return self.schedule
         return "interleaved_1f1b" if self.vp > 1 else "1f1b"
 
-    def resolved(self) -> "CaptureConfig":
+    def resolved(self) -> CaptureConfig:
         """This configuration with the schedule filled in, after validation."""
         self.validate()
         return replace(self, schedule=self.resolved_schedule)
@@ -123,7 +122,7 @@ class CaptureConfig:
         for option, size in (("heads", self.heads), ("ffn-hidden", self.ffn), ("vocab", self.vocab)):
             need(size % self.tp == 0, option, f"{size} is not divisible by --tp {self.tp}: Megatron splits it over "
                  "the tensor-parallel group")
-        need(self.tp == 1 and self.dp == 1 or self.engine == "megatron", "tp",
+        need((self.tp == 1 and self.dp == 1) or self.engine == "megatron", "tp",
              "tensor and data parallelism run on the megatron engine only")
         # A rank holds its chunk's weights and fp32 optimizer state (~16 bytes per parameter) plus activations:
         # refuse what cannot fit in this machine's memory before any rank starts.

@@ -34,7 +34,7 @@ def install() -> contextlib.AbstractContextManager[Any]:
     class CudaToCpu(TorchFunctionMode):
         """Rewrites CUDA placements of torch calls to the CPU."""
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch protocol)
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = dict(kwargs or {})
             if is_cuda_device(kwargs.get("device")):
                 kwargs["device"] = "cpu"
@@ -64,7 +64,8 @@ def install() -> contextlib.AbstractContextManager[Any]:
     def module_cuda(self: torch.nn.Module, device: object = None) -> torch.nn.Module:
         return self
 
-    torch.nn.Module.cuda = module_cuda
+    # A method replaced on the class for every module (setattr: mypy refuses assigning to a method).
+    setattr(torch.nn.Module, "cuda", module_cuda)  # noqa: B010
 
     from megatron.core.tensor_parallel import random as megatron_random
 

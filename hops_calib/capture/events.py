@@ -112,7 +112,7 @@ class EventLog:
         microbatch None). An `event_type: collective` line; readers before it skip nothing else."""
         if not self.recording:
             return
-        event = {
+        event: dict[str, object] = {
             "rank": self.rank, "stage": self.stage, "iteration": self.iteration,
             "microbatch": None if microbatch is None else int(microbatch), "event_type": COLLECTIVE,
             "phase": phase, "collective": op, "group": group, "bytes": int(nbytes),

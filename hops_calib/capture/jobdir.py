@@ -13,6 +13,7 @@ a capture like any cluster run:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -23,10 +24,14 @@ from typing import Any
 import yaml
 
 from hops_calib.capture.config import CaptureConfig
-from hops_calib.files import atomic_write
-# The layout's names are the reader's (ingest), so writer and reader cannot drift apart.
-from hops_calib.trace.job import LINK_BENCH_DIR, MANIFEST, STAGE_MAP, TEMPLATE, TRACE_DIR
-from hops_calib.trace.megatron_args import ARGS_FILE
+
+# The layout's names are the reader's (ingest), so writer and reader cannot drift apart; launch writes through them.
+from hops_calib.trace.job import LINK_BENCH_DIR as LINK_BENCH_DIR
+from hops_calib.trace.job import MANIFEST as MANIFEST
+from hops_calib.trace.job import STAGE_MAP as STAGE_MAP
+from hops_calib.trace.job import TEMPLATE as TEMPLATE
+from hops_calib.trace.job import TRACE_DIR as TRACE_DIR
+from hops_calib.trace.megatron_args import ARGS_FILE as ARGS_FILE
 
 DEVICE_TYPE = "cpu"
 
@@ -66,10 +71,8 @@ def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     for key, name in (("cpu family", "family"), ("model", "model"), ("stepping", "stepping")):
         if fields.get(key, "").isdigit():
             found[name] = int(fields[key])
-    try:
+    with contextlib.suppress(KeyError, ValueError):
         found["mhz"] = round(float(fields["cpu MHz"]), 1)
-    except (KeyError, ValueError):
-        pass
     return {key: value for key, value in found.items() if value is not None} if fields else {}
 
 
@@ -148,7 +151,7 @@ def manifest(config: CaptureConfig, run_id: str, command: str, facts: dict[str, 
         "link_bench_source": "same worker processes, after the training loop" if config.link_bench else None,
         "description": (f"CPU capture: GPT {config.layers} layers, hidden {config.hidden}, seq {config.seq}, "
                         f"{config.microbatches} microbatches, pp {config.pp}, vp {config.vp}, "
-                        + (f"tp {config.tp}, dp {config.dp}, " if config.world > config.pp else "") + 
+                        + (f"tp {config.tp}, dp {config.dp}, " if config.world > config.pp else "") +
                         f"schedule {config.resolved_schedule}; iterations 1-2 untraced warm-up"),
         "command": command,
         **facts,

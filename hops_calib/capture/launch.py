@@ -86,7 +86,7 @@ def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: li
             dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - report every failure of the rank to the parent, then exit non-zero
         results.put((rank, "error", traceback.format_exc()))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
 
 
 def _versions() -> dict[str, str]:
@@ -181,7 +181,7 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
     _rank_stage, stage_devices = jobdir.stage_layout(config, ids)
     host = jobdir.hostname()
     cpu_name = jobdir.cpu_model_name()
-    started = _dt.datetime.now(_dt.timezone.utc)
+    started = _dt.datetime.now(_dt.UTC)
     load_before = jobdir.load_average()
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
@@ -225,7 +225,7 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
     if failed:
         raise CaptureError(f"{', '.join(failed)} exited with an error after reporting")
 
-    finished = _dt.datetime.now(_dt.timezone.utc)
+    finished = _dt.datetime.now(_dt.UTC)
     facts = {
         "engine": config.engine,
         # Read back by ingest (spec.configured_schedule): the torch engine's schedules have no Megatron flag.

@@ -34,8 +34,9 @@ layer spec, fp32, dropout 0, untied embeddings.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from hops_calib.capture.config import CaptureConfig
 from hops_calib.capture.events import EventLog, WallClock
@@ -182,8 +183,9 @@ class MegatronTracer:
             start = self.clock.now_ns()
             requests = original(**kwargs)
             end = self.clock.now_ns()
-            for tensor, peer in ((kwargs.get("tensor_send_next"), kwargs.get("next_pipeline_rank")),
-                                 (kwargs.get("tensor_send_prev"), kwargs.get("prev_pipeline_rank"))):
+            # the peers' ranks are required keywords of Megatron's _p2p_ops and _batched_p2p_ops
+            for tensor, peer in ((kwargs.get("tensor_send_next"), kwargs["next_pipeline_rank"]),
+                                 (kwargs.get("tensor_send_prev"), kwargs["prev_pipeline_rank"])):
                 label = self._labels.get(id(tensor)) if tensor is not None else None
                 if label is not None and label.tensor is tensor:
                     self.log.transfer(label.phase, label.microbatch, label.chunk, int(peer), start, end)

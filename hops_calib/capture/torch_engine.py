@@ -21,7 +21,8 @@ NCCL dispatch.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hops_calib.capture.config import CaptureConfig
 from hops_calib.capture.events import EventLog, WallClock
@@ -55,8 +56,9 @@ def build_stage_module(config: CaptureConfig, virtual_stage: int) -> Any:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             batch, seq, hidden = x.shape
             q, k, v = self.qkv(self.attention_norm(x)).split(hidden, dim=-1)
-            heads = [t.view(batch, seq, config.heads, hidden // config.heads).transpose(1, 2) for t in (q, k, v)]
-            attended = functional.scaled_dot_product_attention(*heads, is_causal=True)
+            query, key, value = (t.view(batch, seq, config.heads, hidden // config.heads).transpose(1, 2)
+                                 for t in (q, k, v))
+            attended = functional.scaled_dot_product_attention(query, key, value, is_causal=True)
             x = x + self.attention_out(attended.transpose(1, 2).reshape(batch, seq, hidden))
             return x + self.mlp_out(functional.gelu(self.mlp_in(self.mlp_norm(x))))
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Protocol, TypeGuard
 
 import typer
 
@@ -50,9 +51,12 @@ FIXTURES_MANY_OPTION = typer.Option(None, "--fixtures", show_default=False,
                                     "the changed part was calibrated on; the gate's rules must hold on each).")
 
 
-def fixtures_given(fixtures: Optional[List[Path]]) -> list[Path]:
+def fixtures_given(fixtures: list[Path] | None) -> list[Path]:
     """The stores of a repeatable --fixtures: those given, else the default store (as --fixtures alone finds it)."""
-    return list(fixtures) if fixtures else [_default("fixtures")()]
+    if fixtures:
+        return list(fixtures)
+    found = _default("fixtures")()
+    return [found] if found is not None else []  # (the default store is always a path)
 
 
 MODEL_OPTION = typer.Option(None, "--model",
@@ -117,7 +121,7 @@ def capture(
 
 @app.command()
 def ingest(
-    sources: List[Path] = typer.Argument(
+    sources: list[Path] = typer.Argument(
         ..., help="Job directories, or folders holding job directories (searched recursively); Megatron training "
                   "logs; run tables (.csv, .parquet), the published vTrain table included."),
     fixtures: Path = FIXTURES_OPTION,
@@ -129,14 +133,14 @@ def ingest(
     lenient: bool = typer.Option(
         False, "--lenient", help="Drop bad event lines, repeated events and iterations a cut-short log left "
                                  "incomplete (counted in quality flags) instead of rejecting the run."),
-    clock_skew_ms: Optional[float] = typer.Option(
+    clock_skew_ms: float | None = typer.Option(
         None, "--clock-skew-ms", min=0.0,
         help="How far (ms) a stage may seem to start before the stage feeding it finished, from the nodes' clock "
              "offsets, before the run is refused as impossible (default: 2)."),
-    gpu: Optional[str] = typer.Option(
+    gpu: str | None = typer.Option(
         None, "--gpu", help="Device type (of the model's catalog, e.g. a100) of logs and run tables that do not "
                             "name theirs (no hops.base.yaml beside a log, no gpu column or sidecar)."),
-    gpus_per_node: Optional[int] = typer.Option(
+    gpus_per_node: int | None = typer.Option(
         None, "--gpus-per-node", min=1, help="GPUs per node, with --gpu."),
     warmup_iterations: int = typer.Option(
         2, "--warmup-iterations", min=0,
@@ -182,10 +186,10 @@ def fixtures_show(
 # Stragglers and failures, for predict --job, plot timeline --job and plan --job (hops_calib.whatif.perturbations):
 # (parameter, option, type, help). `with_perturbations` adds them; the command takes one `perturbations` dict.
 PERTURBATION_OPTIONS = (
-    ("slow_device", "--slow-device", List[str],
+    ("slow_device", "--slow-device", list[str],
      "DEVICE:FACTOR: that device (an id of the stage map, or a stage number with predict/plot) runs its compute "
      "FACTOR times slower (1.1 = 10 %; thermal throttling, a degraded HBM stack). Repeatable."),
-    ("slow_link", "--slow-link", List[str],
+    ("slow_link", "--slow-link", list[str],
      "A-B:FACTOR: the hop between devices (or stages) A and B moves data FACTOR times slower: predict/plot refuse a "
      "pair that is no hop of the stage map; plan slows it in the launches where A and B are neighbours. The "
      "all-reduce between the pipeline's ends is not slowed. Repeatable."),
@@ -209,7 +213,7 @@ def option_group(param: str, options: tuple) -> Callable[[Callable[..., None]], 
     def decorate(command: Callable[..., None]) -> Callable[..., None]:
         signature = inspect.signature(command, eval_str=True)
         keep = [p for p in signature.parameters.values() if p.name != param]
-        added = [inspect.Parameter(f"{param}__{name}", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
+        added = [inspect.Parameter(f"{param}__{name}", inspect.Parameter.KEYWORD_ONLY, annotation=kind | None,
                                    default=typer.Option(None, flag, help=text))
                  for name, flag, kind, text in options]
 
@@ -231,10 +235,10 @@ with_perturbations = option_group("perturbations", PERTURBATION_OPTIONS)
 
 @app.command()
 def cluster(
-    sources: Optional[List[Path]] = typer.Argument(None, help="Job directories, or folders holding them (found "
+    sources: list[Path] | None = typer.Argument(None, help="Job directories, or folders holding them (found "
                                                    "recursively)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Cluster file to write (YAML)."),
-    check: Optional[Path] = typer.Option(None, "--check", help="Instead: read this cluster file (written by hand or "
+    out: Path | None = typer.Option(None, "--out", help="Cluster file to write (YAML)."),
+    check: Path | None = typer.Option(None, "--check", help="Instead: read this cluster file (written by hand or "
                                          "edited) and say what it holds, or the line, field and fix of its first "
                                          "error (exit 2)."),
     as_json: bool = typer.Option(False, "--json", help="Print the cluster as JSON instead of a summary."),
@@ -292,11 +296,11 @@ def _refuse_unread(ctx: typer.Context, way: str) -> None:
 @with_perturbations
 def plan(
     ctx: typer.Context,
-    stages: Optional[int] = typer.Option(None, "--stages", help="Pipeline stages (devices), p (abstract plan; "
+    stages: int | None = typer.Option(None, "--stages", help="Pipeline stages (devices), p (abstract plan; "
                                          "required there)."),
-    microbatches: Optional[int] = typer.Option(None, "--microbatches", help="Microbatches per iteration, m "
+    microbatches: int | None = typer.Option(None, "--microbatches", help="Microbatches per iteration, m "
                                                "(abstract plan; required there)."),
-    memory_budget: Optional[float] = typer.Option(None, "--memory-budget",
+    memory_budget: float | None = typer.Option(None, "--memory-budget",
                                                   help="Abstract plan, required there: activations per device, in "
                                                        "stage microbatches (one "
                                                        "microbatch's activations of a whole stage; an interleaved "
@@ -308,16 +312,16 @@ def plan(
     chunks: int = typer.Option(1, "--chunks", help="Model chunks per device; > 1 adds interleaved 1F1B."),
     target_bubble: float = typer.Option(None, "--target-bubble",
                                         help="Also print the microbatches balanced 1F1B needs for this bubble."),
-    job: Optional[Path] = typer.Option(None, "--job", help="Plan a real job instead: its model and global batch on "
+    job: Path | None = typer.Option(None, "--job", help="Plan a real job instead: its model and global batch on "
                                        "its devices (stage order, layer split, schedule, micro-batch size)."),
-    cluster: Optional[Path] = CLUSTER_OPTION,
+    cluster: Path | None = CLUSTER_OPTION,
     no_cluster: bool = NO_CLUSTER_OPTION,
     fixtures: Path = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
                                   help=FIXTURES_HELP + " With --job, the store whose train split the best launches "
                                   "are checked against: what lies outside it is extrapolated."),
-    model: Optional[Path] = MODEL_OPTION,
+    model: Path | None = MODEL_OPTION,
     top: int = typer.Option(5, "--top", help="With --job: how many launches to print."),
-    schedules: Optional[List[str]] = typer.Option(None, "--schedule", help="With --job: search only these schedules "
+    schedules: list[str] | None = typer.Option(None, "--schedule", help="With --job: search only these schedules "
                                                   "(repeatable: 1f1b, interleaved_1f1b, zb_h1, gpipe, auto; "
                                                   "default all)."),
     parallel: bool = typer.Option(False, "--parallel", help="With --job: search how to split its GPUs instead, "
@@ -328,7 +332,7 @@ def plan(
     fixed_order: bool = typer.Option(False, "--keep-order", help="With --job: keep the job's stage order."),
     fixed_split: bool = typer.Option(False, "--keep-split", help="With --job: keep the job's layer split."),
     fixed_micro_batch: bool = typer.Option(False, "--keep-micro-batch", help="With --job: keep its micro-batch size."),
-    device_memory: Optional[List[str]] = typer.Option(None, "--device-memory",
+    device_memory: list[str] | None = typer.Option(None, "--device-memory",
                                                       help="With --job: TYPE:BYTES, a device type's usable memory "
                                                            "(default the catalog's capacity). Repeatable."),
     trials: int = typer.Option(400, "--trials", help="With --job: optuna trials when the space is too large to "
@@ -340,7 +344,7 @@ def plan(
     rank_by: str = typer.Option("throughput", "--rank-by", help="With --job: throughput (nominal), expected or p5 "
                                 "(the mean or the 5th percentile under the stragglers and failures given)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    perturbations: dict = None,
+    perturbations: dict | None = None,
 ) -> None:
     """Choose the pipeline schedule with the lowest bubble that fits a per-device activation budget (abstract costs);
     or, with --job, the fastest launches of a real job on its devices, priced by the calibrated model."""
@@ -348,9 +352,9 @@ def plan(
 
     _refuse_unread(ctx, "abstract" if job is None else "parallel" if parallel else "job")
     if job is None:
-        missing = [flag for flag, value in (("--stages", stages), ("--microbatches", microbatches),
-                                            ("--memory-budget", memory_budget)) if value is None]
-        if missing:
+        if stages is None or microbatches is None or memory_budget is None:
+            missing = [flag for flag, value in (("--stages", stages), ("--microbatches", microbatches),
+                                                ("--memory-budget", memory_budget)) if value is None]
             raise typer.BadParameter(f"an abstract plan needs {', '.join(missing)} (or plan a real job with --job)",
                                      param_hint=missing[0])
         plan_command(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
@@ -409,12 +413,12 @@ app.add_typer(candidate_app, name="candidate")
 @candidate_app.command("new")
 def candidate_new(
     term: str = typer.Argument(..., help="The cost term the candidate changes (see `hops-calib terms`)."),
-    candidate_id: Optional[str] = typer.Option(None, "--id", help="The candidate's id and file name (default: the "
+    candidate_id: str | None = typer.Option(None, "--id", help="The candidate's id and file name (default: the "
                                                                   "next number in the folder, then the term)."),
     folder: Path = typer.Option(Path("experiments"), "--dir", help="Where to write it."),
-    model: Optional[Path] = MODEL_OPTION,
+    model: Path | None = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (path, id, text)."),
-    device: Optional[List[str]] = typer.Option(
+    device: list[str] | None = typer.Option(
         None, "--device", help="Also write a per-device override NAME@TYPE for this device type (repeatable), for "
                                "every parameter that takes one and has none for it yet, at its current value."),
 ) -> None:
@@ -435,9 +439,9 @@ def _given(ctx: typer.Context, name: str) -> bool:
 @with_perturbations
 def predict(
     ctx: typer.Context,
-    fixture_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="Fixture id (train split)."),
+    fixture_id: str | None = typer.Argument(None, metavar="[ID]", help="Fixture id (train split)."),
     all_train: bool = typer.Option(False, "--all", help="Every train fixture: per-run errors and the suite."),
-    job: Optional[Path] = typer.Option(None, "--job", help="A job directory to predict before it runs: "
+    job: Path | None = typer.Option(None, "--job", help="A job directory to predict before it runs: "
                                        "megatron_args.txt (Megatron's flags: tensor, pipeline, data and sequence "
                                        "parallelism, distributed optimizer, recomputation, modern layers; torchrun "
                                        "--nnodes/--nproc-per-node place ranks on nodes), hops_trace_map.json, "
@@ -445,17 +449,17 @@ def predict(
                                        "the time by kind per stage, memory per GPU, samples/s and MFU; a flag the "
                                        "model does not price is refused naming it, one it does not know is "
                                        "named in a note."),
-    schedules: Optional[list[str]] = typer.Option(None, "--schedule", help="With --job: simulate this schedule "
+    schedules: list[str] | None = typer.Option(None, "--schedule", help="With --job: simulate this schedule "
                                                   "(repeatable: 1f1b, interleaved_1f1b, gpipe, zb_h1, auto); "
                                                   "default the configured one."),
     fixtures: Path = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
                                   help=FIXTURES_HELP + " With --job, the store whose train split the configuration "
                                   "is checked against for coverage: pass the store the model was calibrated on."),
-    cluster: Optional[Path] = CLUSTER_OPTION,
+    cluster: Path | None = CLUSTER_OPTION,
     no_cluster: bool = NO_CLUSTER_OPTION,
-    model: Optional[Path] = MODEL_OPTION,
+    model: Path | None = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    perturbations: dict = None,
+    perturbations: dict | None = None,
     ledger: Path = LEDGER_OPTION,
     allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
@@ -474,15 +478,15 @@ def predict(
 @app.command()
 @with_tolerances
 def evaluate(
-    candidate: Optional[Path] = typer.Argument(None, help="Candidate file (experiments/*.toml): one term changed."),
-    fixtures: Optional[List[Path]] = FIXTURES_MANY_OPTION,
-    model: Optional[Path] = MODEL_OPTION,
+    candidate: Path | None = typer.Argument(None, help="Candidate file (experiments/*.toml): one term changed."),
+    fixtures: list[Path] | None = FIXTURES_MANY_OPTION,
+    model: Path | None = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     commit: bool = typer.Option(False, "--commit", help="Write an accepted candidate into the model file."),
     ledger: Path = LEDGER_OPTION,
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
-    tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
-    plan: Optional[int] = PLAN_OPTION,
+    tolerances: dict | None = None,  # the tolerance options, added by with_tolerances
+    plan: int | None = PLAN_OPTION,
     off_record: bool = OFF_RECORD_OPTION,
     again: bool = typer.Option(False, "--again", help="Judge again a change the ledger already judged on this model "
                                                       "and fixture set, under the same rules (refused otherwise: it "
@@ -497,7 +501,7 @@ def evaluate(
     """
     from hops_calib.cli.loop import evaluate_command
 
-    raise typer.Exit(evaluate_command(candidate, fixtures_given(fixtures), model, as_json, commit, ledger, split, tolerances, plan,
+    raise typer.Exit(evaluate_command(candidate, fixtures_given(fixtures), model, as_json, commit, ledger, split, tolerances or {}, plan,
                                       off_record=off_record, again=again, allow_held_out=allow_held_out))
 
 
@@ -505,16 +509,16 @@ def evaluate(
 @with_tolerances
 def compare(
     before: Path = typer.Argument(..., help="The model file to compare against (e.g. the model before a move)."),
-    fixtures: Optional[List[Path]] = FIXTURES_MANY_OPTION,
-    model: Optional[Path] = MODEL_OPTION,
+    fixtures: list[Path] | None = FIXTURES_MANY_OPTION,
+    model: Path | None = MODEL_OPTION,
     note: str = typer.Option("", "--note", help="What the comparison judges (e.g. 'move 029-035'), for the ledger."),
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
-    commit_into: Optional[Path] = typer.Option(
+    tolerances: dict | None = None,  # the tolerance options, added by with_tolerances
+    commit_into: Path | None = typer.Option(
         None, "--commit", help="Carry the verdict out in this model file (the one the move's steps were committed "
                                "into, e.g. the shipped model): the model after if accepted, BEFORE if rejected."),
-    plan: Optional[int] = PLAN_OPTION,
+    plan: int | None = PLAN_OPTION,
     off_record: bool = OFF_RECORD_OPTION,
     allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
@@ -527,20 +531,20 @@ def compare(
     """
     from hops_calib.cli.loop import compare_command
 
-    raise typer.Exit(compare_command(before, fixtures_given(fixtures), model, note, ledger, as_json, tolerances, commit_into, plan,
+    raise typer.Exit(compare_command(before, fixtures_given(fixtures), model, note, ledger, as_json, tolerances or {}, commit_into, plan,
                                      off_record=off_record, allow_held_out=allow_held_out))
 
 
 @app.command()
 def report(
-    split: Optional[str] = typer.Option(
+    split: str | None = typer.Option(
         None, "--split", help="test: an audited look at the held-out split (counted in the ledger); train. Required "
                               "for a look, so that none is taken by default; --preview alone previews test."),
     fixtures: Path = FIXTURES_OPTION,
-    model: Optional[Path] = MODEL_OPTION,
+    model: Path | None = MODEL_OPTION,
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    html: Optional[Path] = typer.Option(
+    html: Path | None = typer.Option(
         None, "--html", help="Also write a self-contained HTML page (aggregates, breakdowns; for train also the "
                              "parity plot and one row per run)."),
     again: bool = typer.Option(
@@ -550,7 +554,7 @@ def report(
         False, "--preview", help="Only say what a look would tell that the ledger does not: on how many held-out "
                                  "configurations the predictions changed since the last look, or which look it "
                                  "would repeat. Reads no result, appends nothing."),
-    against: Optional[Path] = typer.Option(
+    against: Path | None = typer.Option(
         None, "--against", help="With --preview: also count the held-out configurations this model predicts "
                                 "otherwise than the model file given (for a look made before digests were "
                                 "recorded: git show REV:hops_calib/model/models/baseline.toml > old.toml)."),
@@ -569,7 +573,7 @@ def report(
 
 @app.command()
 def terms(
-    model: Optional[Path] = MODEL_OPTION,
+    model: Path | None = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON (with every device constant's source)."),
 ) -> None:
     """The cost terms a candidate can add, remove or set: which are active, their parameters and bounds; devices."""
@@ -581,7 +585,7 @@ def terms(
 @ledger_app.command("show")
 def ledger_show(
     ledger: Path = LEDGER_OPTION,
-    last: Optional[int] = typer.Option(None, "--last", min=1, help="Only the last N entries (N >= 1)."),
+    last: int | None = typer.Option(None, "--last", min=1, help="Only the last N entries (N >= 1)."),
     as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
 ) -> None:
     """One line per entry: time, decision, candidate and change, MAPE before -> after."""
@@ -594,26 +598,26 @@ def ledger_show(
 @with_tolerances
 def ledger_plan(
     note: str = typer.Option(..., "--note", help="What will be tried, and why these tolerances."),
-    candidate: Optional[list[Path]] = typer.Option(
+    candidate: list[Path] | None = typer.Option(
         None, "--candidate", help="A candidate file the plan is for (repeatable): pinned by its text's sha256, so "
                                   "evaluate --plan N refuses any other candidate, an edited one included."),
-    rejudge: Optional[int] = typer.Option(
+    rejudge: int | None = typer.Option(
         None, "--rejudge", help="The ledger entry (seq) of an earlier judgement of the same change, judged again under "
                                 "this plan's rules; required to judge a change the ledger already judged on that "
                                 "model and store."),
-    fixtures: Optional[List[Path]] = typer.Option(
+    fixtures: list[Path] | None = typer.Option(
         None, "--fixtures", help="The store(s) its judgements will be made on (repeatable): their train runs' fixture "
                                  "set is recorded, evaluate/compare --plan N refuse others, and a candidate judged "
                                  "before only on other runs needs no --rejudge."),
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the entry as JSON."),
-    tolerances: Optional[dict] = None,  # the tolerance options, added by with_tolerances
+    tolerances: dict | None = None,  # the tolerance options, added by with_tolerances
 ) -> None:
     """Record, before any of its evaluations, what will be tried and the tolerances it will be judged under (the only
     way to judge under tolerances other than the defaults)."""
     from hops_calib.cli.loop import ledger_plan_command
 
-    raise typer.Exit(ledger_plan_command(ledger, note, tolerances, as_json, tuple(candidate or ()), rejudge,
+    raise typer.Exit(ledger_plan_command(ledger, note, tolerances or {}, as_json, tuple(candidate or ()), rejudge,
                                          tuple(fixtures or ())))
 
 
@@ -684,26 +688,26 @@ DPI_OPTION = typer.Option(150.0, "--dpi", help="Pixels per inch of a PNG (the fi
 @with_perturbations
 def plot_timeline(
     ctx: typer.Context,
-    fixture_id: Optional[str] = typer.Argument(None, metavar="[ID]",
+    fixture_id: str | None = typer.Argument(None, metavar="[ID]",
                                                help="Fixture id (train split; see fixtures list)."),
-    job: Optional[Path] = typer.Option(None, "--job", help="Instead of a fixture: a job directory that has not run "
+    job: Path | None = typer.Option(None, "--job", help="Instead of a fixture: a job directory that has not run "
                                        "(what-if; its configuration files only)."),
-    schedules: Optional[list[str]] = typer.Option(None, "--schedule", help="With --job: one predicted panel per "
+    schedules: list[str] | None = typer.Option(None, "--schedule", help="With --job: one predicted panel per "
                                                   "schedule (repeatable); default the configured one."),
-    iterations: Optional[int] = typer.Option(None, "--iterations", help="Show the first K whole iterations. "
+    iterations: int | None = typer.Option(None, "--iterations", help="Show the first K whole iterations. "
                                              "Default 2, fewer, down to the start of one, when a forward would be "
                                              "under 6 px wide (the title says which window is drawn)."),
     fixtures: Path = FIXTURES_OPTION,
-    cluster: Optional[Path] = CLUSTER_OPTION,
+    cluster: Path | None = CLUSTER_OPTION,
     no_cluster: bool = NO_CLUSTER_OPTION,
-    model: Optional[Path] = MODEL_OPTION,
-    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
+    model: Path | None = MODEL_OPTION,
+    out: Path | None = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
                                        "timeline-ID.png, with --job timeline-<job folder name>.png, in the current "
                                        "directory)."),
-    chrome: Optional[Path] = typer.Option(None, "--chrome", help="Also write the panels, whole runs, as Chrome trace "
+    chrome: Path | None = typer.Option(None, "--chrome", help="Also write the panels, whole runs, as Chrome trace "
                                           "JSON (*.json: Perfetto or chrome://tracing opens it, zoomable)."),
     dpi: float = DPI_OPTION,
-    perturbations: dict = None,
+    perturbations: dict | None = None,
 ) -> None:
     """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time; with
     --job, a configuration's predictions under each schedule (and, with stragglers or failures, a perturbed draw)."""
@@ -717,8 +721,8 @@ def plot_timeline(
 def plot_parity(
     split: str = typer.Option("train", "--split", help="Only 'train': held-out runs are seen only in aggregate."),
     fixtures: Path = FIXTURES_OPTION,
-    model: Optional[Path] = MODEL_OPTION,
-    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
+    model: Path | None = MODEL_OPTION,
+    out: Path | None = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
                                        "parity-train.png in the current directory)."),
     label_worst: int = typer.Option(3, "--label-worst", help="Label this many worst runs in each panel."),
     dpi: float = DPI_OPTION,
@@ -732,10 +736,10 @@ def plot_parity(
 @plot_app.command("ledger")
 def plot_ledger(
     ledger: Path = LEDGER_OPTION,
-    out: Optional[Path] = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
+    out: Path | None = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
                                        "ledger-history.png in the current directory)."),
     dpi: float = DPI_OPTION,
-    candidates: Optional[str] = typer.Option(
+    candidates: str | None = typer.Option(
         None, "--candidates", help="Only candidates whose id matches this regular expression (one campaign, when "
                                    "a ledger holds campaigns on different fixture sets)."),
 ) -> None:
@@ -751,7 +755,7 @@ def plot_ledger(
 @app.command()
 def observe(
     fixtures: Path = FIXTURES_OPTION,
-    model: Optional[Path] = MODEL_OPTION,
+    model: Path | None = MODEL_OPTION,
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (every contributor and run)."),
     top: int = typer.Option(12, "--top", min=1, help="Contributors and runs shown in the text output."),
@@ -768,15 +772,15 @@ def observe(
 def tune(
     term: str = typer.Argument(..., help="The cost term whose parameters are searched (see `hops-calib terms`)."),
     trials: int = typer.Option(60, "--trials", min=1, help="Trials to run (shared among the workers)."),
-    storage: Optional[str] = typer.Option(
+    storage: str | None = typer.Option(
         None, "--storage", help="Optuna storage URL: sqlite:///FILE, postgresql://USER:PASSWORD@HOST/DB (the [db] "
                                 "extra) or any RDB URL. Default: $HOPS_CALIB_STORAGE, else `storage` under \\[defaults] "
                                 "of the nearest hops-calib.toml, else in memory."),
-    study: Optional[str] = typer.Option(None, "--study", help="Study name (default: term, model and fixture set)."),
+    study: str | None = typer.Option(None, "--study", help="Study name (default: term, model and fixture set)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes working on the study (needs --storage)."),
-    fixtures: Optional[List[Path]] = FIXTURES_MANY_OPTION,
-    model: Optional[Path] = MODEL_OPTION,
-    out: Optional[Path] = typer.Option(
+    fixtures: list[Path] | None = FIXTURES_MANY_OPTION,
+    model: Path | None = MODEL_OPTION,
+    out: Path | None = typer.Option(
         None, "--out", help="Candidate file to write (default: experiments/tune-TERM-trialN.toml)."),
     seed: int = typer.Option(0, "--seed", help="Sampler seed (tpe: worker k uses seed + k; sobol: the study's)."),
     sampler: str = typer.Option(
@@ -786,7 +790,7 @@ def tune(
     objective: str = typer.Option(
         "suite", "--objective", help="suite: throughput MAPE, bubble MAE, -rho (Pareto); components: the error of "
                                      "the stage, optimizer and between-iteration times the traces measure."),
-    only: Optional[List[str]] = typer.Option(
+    only: list[str] | None = typer.Option(
         None, "--only", help="Search only this parameter (repeatable); the others keep the model's values."),
     ledger: Path = LEDGER_OPTION,
     off_record: bool = OFF_RECORD_OPTION,
@@ -810,14 +814,14 @@ def crossval(
                                     help="Model evaluations per refit at most (one refit per fold, from defaults)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the fold assignment."),
     fixtures: Path = FIXTURES_OPTION,
-    model: Optional[Path] = MODEL_OPTION,
+    model: Path | None = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (every fold and train run)."),
     objective: str = typer.Option("suite", "--objective", help="As for tune: suite or components."),
-    only: Optional[List[str]] = typer.Option(
+    only: list[str] | None = typer.Option(
         None, "--only", help="Refit only this parameter (repeatable); the others keep the model's values."),
     shared: bool = typer.Option(False, "--shared", help="Take the refit parameters' per-device values (NAME@TYPE) "
                                                         "out first: one value for every device."),
-    also: Optional[List[str]] = typer.Option(
+    also: list[str] | None = typer.Option(
         None, "--also", help="Another term's parameter refit together with TERM's, as TERM:PARAM (repeatable)."),
     split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
     ledger: Path = LEDGER_OPTION,
@@ -828,6 +832,20 @@ def crossval(
 
     raise typer.Exit(crossval_command(term, fixtures, model, folds, evaluations, seed, as_json, objective,
                                       tuple(only or ()), shared, tuple(also or ()), split, ledger, allow_held_out))
+
+
+class _UsageError(Protocol):
+    """A usage error as typer raises it (click's ClickException, which typer vendors in its recent versions)."""
+
+    exit_code: int
+
+    def show(self) -> None: ...
+
+    def format_message(self) -> str: ...
+
+
+def _is_usage_error(error: Exception) -> TypeGuard[_UsageError]:
+    return hasattr(error, "show") and isinstance(getattr(error, "exit_code", None), int)
 
 
 def main() -> None:
@@ -851,16 +869,17 @@ def main() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(141)
     except Exception as error:  # noqa: BLE001 - a crash must not exit 1, which reads as "rejected"
-        if hasattr(error, "show") and isinstance(getattr(error, "exit_code", None), int):  # a usage error
-            error.show()
-            if "--json" in sys.argv[1:] and error.exit_code != 0:
+        usage = error if _is_usage_error(error) else None
+        if usage is not None:
+            usage.show()
+            if "--json" in sys.argv[1:] and usage.exit_code != 0:
                 import json
 
-                record = error_record(error, error.exit_code)
-                record["error"]["message"] = record["error"]["problem"] = error.format_message()
+                record = error_record(error, usage.exit_code)
+                record["error"]["message"] = record["error"]["problem"] = usage.format_message()
                 param = getattr(error, "param", None)
                 record["error"]["field"] = "/".join(getattr(param, "opts", None) or []) or None
                 print(json.dumps(record, indent=1, default=str))
-            sys.exit(error.exit_code)
+            sys.exit(usage.exit_code)
         sys.exit(internal_error(error))
     sys.exit(code if isinstance(code, int) else 0)

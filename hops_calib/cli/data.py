@@ -39,7 +39,8 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "source", t
     if (gpu is None) != (gpus_per_node is None):
         _err("Error: --gpu and --gpus-per-node go together (the device type and how many share a node); give both")
         return 2
-    hardware = RunHardware(gpu=gpu.lower(), gpus_per_node=gpus_per_node) if gpu is not None else None
+    hardware = (RunHardware(gpu=gpu.lower(), gpus_per_node=gpus_per_node)
+                if gpu is not None and gpus_per_node is not None else None)
     store = FixtureStore(fixtures)
     existed = store.exists()
 

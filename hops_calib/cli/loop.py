@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from hops_calib.cli.output import (EXIT_BROKEN_LEDGER, EXIT_OK, guarded, held_out_guard, print_json,
-                                    refuse_job_dir_as_id)
+from hops_calib.cli.output import EXIT_BROKEN_LEDGER, EXIT_OK, guarded, held_out_guard, print_json, refuse_job_dir_as_id
 from hops_calib.errors import InputError, given_together
 from hops_calib.loop.score import or_nan
 from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
@@ -240,7 +240,7 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
 
 # --- evaluate ------------------------------------------------------------------------------------
 
-def evaluate_command(candidate: Path | None, fixtures: Path, model_path: Path | None, as_json: bool, commit: bool,
+def evaluate_command(candidate: Path | None, fixtures: Path | Sequence[Path], model_path: Path | None, as_json: bool, commit: bool,
                      ledger_path: Path | None, split: str, tolerances: dict[str, float | str | None],
                      plan: int | None = None, off_record: bool = False, again: bool = False,
                      allow_held_out: bool = False) -> int:
@@ -302,11 +302,11 @@ def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: P
 
 def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
     from hops_calib.loop.gate import Tolerances
-
     from hops_calib.loop.plans import refuse_beyond_caps
 
     try:
-        limits = Tolerances(**{name: value for name, value in tolerances.items() if value is not None})
+        given: dict[str, Any] = {name: value for name, value in tolerances.items() if value is not None}
+        limits = Tolerances(**given)
     except ValueError as error:
         from hops_calib.cli import TOLERANCE_OPTIONS
 
@@ -385,7 +385,7 @@ def _print_gate(before, after, verdict) -> None:
 
 # --- compare -------------------------------------------------------------------------------------
 
-def compare_command(before: Path, fixtures: Path, model_path: Path | None, note: str, ledger_path: Path | None,
+def compare_command(before: Path, fixtures: Path | Sequence[Path], model_path: Path | None, note: str, ledger_path: Path | None,
                     as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
                     plan: int | None = None, off_record: bool = False, allow_held_out: bool = False) -> int:
     def run() -> int:
@@ -521,8 +521,8 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
         entries = list(read_entries(ledger_path))
         if last is not None:
             entries = entries[-last:] if last > 0 else []
-        from hops_calib.loop.heldout import HELD_OUT_KEY, OVERRIDE_KEY, OVERRIDE_KIND, RECORD_KIND
         from hops_calib.loop.gate import describe_looser, looser_rules
+        from hops_calib.loop.heldout import HELD_OUT_KEY, OVERRIDE_KEY, OVERRIDE_KIND, RECORD_KIND
         from hops_calib.loop.plans import judgement_notes
 
         notes = judgement_notes(list(read_entries(ledger_path)))
@@ -568,7 +568,8 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
                         f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
                         f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
                         + (", committed" if e.get("committed") else ""))
-            note = notes.get(e.get("seq"))
+            seq = e.get("seq")
+            note = notes.get(seq) if isinstance(seq, int) else None
             if note is not None:
                 what += _judgement_note(note)
             if e.get("kind") != OVERRIDE_KIND and e.get(OVERRIDE_KEY):
@@ -755,7 +756,7 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
         from hops_calib.model import TERMS
 
         model = load_model(model_path)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name, term in TERMS.items():
             active = model.active(name)
             values = active.params() if active else {}

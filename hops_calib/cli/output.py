@@ -18,7 +18,8 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hops_calib.errors import InputError
 

@@ -3,6 +3,7 @@ JSON (a progress bar on a terminal's stderr meanwhile)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from hops_calib.cli.output import held_out_guard, run_and_print
@@ -19,15 +20,14 @@ def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json
                          held_out_guard=held_out_guard(fixtures, ledger_path, "observe", allow_held_out))
 
 
-def tune_command(term: str, fixtures: Path, model_path: Path | None, trials: int, storage: str | None,
+def tune_command(term: str, fixtures: Path | Sequence[Path], model_path: Path | None, trials: int, storage: str | None,
                  study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
                  objective: str = "suite", only: tuple[str, ...] = (), ledger: Path | None = None,
                  off_record: bool = False, split: str = "train", allow_held_out: bool = False,
                  sampler: str = "tpe") -> int:
     """Exit 0 a candidate written, 1 none (status no_candidate: no trial beats the model), 4 off the record."""
-    from hops_calib.research.tune import tune, tune_text
-
     from hops_calib.cli.settings import default_storage
+    from hops_calib.research.tune import tune, tune_text
 
     # without --storage: $HOPS_CALIB_STORAGE, else the nearest hops-calib.toml's [defaults] storage, else memory
     return run_and_print(f"tune {term}", as_json,

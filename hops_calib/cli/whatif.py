@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 import typer
 
 from hops_calib.cli.output import EXIT_OK, print_json
 from hops_calib.errors import InputError
 from hops_calib.trace.job import require_job_dir
+
+if TYPE_CHECKING:
+    from hops_calib.model.coverage import Coverage
 
 
 def plan_command(stages: int, microbatches: int, memory_budget: float, forward_cost: float, backward_cost: float,
@@ -28,7 +32,7 @@ def plan_command(stages: int, microbatches: int, memory_budget: float, forward_c
     typer.echo(report)
 
 
-def _calibration_coverage(fixtures: Path, defaulted: bool = False):
+def _calibration_coverage(fixtures: Path, defaulted: bool = False) -> tuple[Coverage | None, str]:
     """The train split of the fixture store as a what-if's calibration runs, and how to name them (its absolute
     path, and that it is the default store when --fixtures was not given); (None, why) when there is no store."""
     from hops_calib.loop.suite import load_suite
@@ -163,7 +167,7 @@ def parse_perturbations(options: dict | None, job: Path | None = None, stages_al
         if stragglers is None:
             raise InputError("--stragglers", f"{options['stragglers']!r} is not P or P:LOW:HIGH", field="--stragglers",
                              hint="e.g. 0.05:1.05:1.3")
-    failures = ()
+    failures: tuple[Failure, ...] = ()
     rate = options.get("failure_rate")
     if rate is not None or options.get("recovery_s") is not None:
         if rate is None:
@@ -198,7 +202,7 @@ def _run_iterations(given: int | None, job: Path | None) -> tuple[int, str]:
         except TraceError:  # the prediction itself reports the launch it cannot read
             launch = None
         iters = launch.args.get("train_iters") if launch is not None else None
-        if type(iters) is int and iters >= 1:
+        if launch is not None and type(iters) is int and iters >= 1:
             return iters, f"the launch's --train-iters, {launch.source.name}"
     return DEFAULT_RUN_ITERATIONS, "default: the launch gives no --train-iters; --run-iterations N sets it"
 
@@ -279,14 +283,14 @@ def _bytes(text: str) -> float:
 
 def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, top: int, schedules: Sequence[str],
                      keep_order: bool, keep_split: bool, keep_micro_batch: bool, device_memory: Sequence[str],
-                     trials: int, exhaustive_limit: int, rank_by: str, perturbations: dict, as_json: bool,
+                     trials: int, exhaustive_limit: int, rank_by: str, perturbations: dict | None, as_json: bool,
                      fixtures: Path | None = None) -> int:
     """`plan --job DIR`: the best launches of the job on its devices, under a progress bar."""
     from hops_calib.cli.output import run_and_print
     from hops_calib.loop.model_files import load_model
     from hops_calib.whatif.job_plan import SCHEDULES, format_job_plan, plan_job
 
-    seed = perturbations.get("seed") or 0
+    seed = (perturbations or {}).get("seed") or 0
 
     def compute(bar):
         memory: dict[str, float] = {}

@@ -30,12 +30,12 @@ with no committed change calibrates nothing: any store may start it. `OffRecord`
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
-
 
 # Which stores a judgement must cover: the one rule, stated the same in AGENTS.md and in every judgement's
 # `calibration.rule` (tests/test_fields.py checks that the two agree).
@@ -137,8 +137,8 @@ class FixtureSet:
 
     def to_dict(self) -> dict[str, Any]:
         return {"fixture_set_sha256": self.sha256, "n_runs": self.n_runs, "devices": list(self.devices),
-                "fixtures": self.path if self.path else NO_PATH, "fixtures_exists": bool(self.path) and
-                Path(self.path).is_dir(), "ledger_entries": list(self.entries)}
+                "fixtures": self.path if self.path else NO_PATH, "fixtures_exists": bool(self.path and
+                Path(self.path).is_dir()), "ledger_entries": list(self.entries)}
 
 
 # What `calibrated_on.fixtures` says when no entry judged on the fixture set recorded its store's path.
@@ -238,12 +238,12 @@ class Record:
         else:
             changes = list(self.changes)
         for entry in reversed(changes):
-            term, devices = _named(entry)
+            term, _ = _named(entry)
             sets = tuple(self.sets[sha] for sha, _ in _stores_of(entry))
             hit = tuple(fs for fs in sets if set(scope.devices) & set(fs.devices)) if scope.devices else ()
             if hit:
-                shared = sorted(set(scope.devices) & {d for fs in hit for d in fs.devices})
-                return hit, (f"the latest committed change judged on {', '.join(shared)} runs is ledger "
+                common = sorted(set(scope.devices) & {d for fs in hit for d in fs.devices})
+                return hit, (f"the latest committed change judged on {', '.join(common)} runs is ledger "
                              f"entry {entry['seq']}")
             if scope.term is not None and term == scope.term:
                 return sets, (f"the latest committed change to term {scope.term}'s shared values is ledger "

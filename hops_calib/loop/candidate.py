@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError, line_of, parse_toml
 from hops_calib.model import CONSTANTS, OPTIONAL_CONSTANTS, TERMS, Model, resolve_params
@@ -72,6 +73,20 @@ class Change:
     source: str | None = None
 
     @property
+    def term_name(self) -> str:
+        """The term an add, remove or set change names (parse_candidate requires it of those actions)."""
+        if self.term is None:
+            raise ValueError(f"a {self.action!r} change that names no term")
+        return self.term
+
+    @property
+    def device_constant(self) -> tuple[str, str, float, str]:
+        """A set_device change's (device type, constant, value, source), which parse_candidate requires of it."""
+        if self.device is None or self.constant is None or self.value is None or self.source is None:
+            raise ValueError(f"a {self.action!r} change without its device, constant, value and source")
+        return self.device, self.constant, self.value, self.source
+
+    @property
     def target(self) -> str:
         """What the change touches: 'term NAME' or 'device TYPE.CONSTANT'."""
         if self.action == "set_device":
@@ -106,7 +121,7 @@ class Candidate:
                 raise InputError(origin, f"term {change.term!r} is already active in model {model.name!r}",
                                  line=line_of(text, "change", "term"), field="change.term",
                                  hint='use action = "set" to change its parameters')
-            changed = model.with_term(resolve_params(change.term, change.params, origin=origin, text=text,
+            changed = model.with_term(resolve_params(change.term_name, change.params, origin=origin, text=text,
                                                      table="change.params", device_types=known_devices))
         elif change.action in ("remove", "set"):
             if active is None:
@@ -117,7 +132,7 @@ class Candidate:
                 if len(model.terms) == 1:
                     raise InputError(origin, f"removing {change.term!r} would leave the model with no terms",
                                      field="change.term")
-                changed = model.without_term(change.term)
+                changed = model.without_term(change.term_name)
             else:
                 base = active.params()
                 for name in change.unset:
@@ -127,16 +142,17 @@ class Candidate:
                                          line=line_of(text, "change", "unset"), field="change.unset",
                                          hint=f"its per-device values are {', '.join(present) or 'none'}")
                     del base[name]
-                changed = model.with_term(resolve_params(change.term, change.params, origin=origin, text=text,
+                changed = model.with_term(resolve_params(change.term_name, change.params, origin=origin, text=text,
                                                          table="change.params", base=base, device_types=known_devices))
         else:
+            device, constant, value, source = change.device_constant
             try:
-                model.device(change.device)
+                model.device(device)
             except KeyError:
-                raise InputError(origin, f"unknown device type {change.device!r} (known: "
+                raise InputError(origin, f"unknown device type {device!r} (known: "
                                  f"{', '.join(d.type for d in model.devices)})", line=line_of(text, "change", "device"),
                                  field="change.device") from None
-            changed = model.with_device_constant(change.device, change.constant, change.value, change.source)
+            changed = model.with_device_constant(device, constant, value, source)
         if changed.sha256 == model.sha256:
             raise InputError(origin, f"the change ({change.describe()}) leaves the model's predictions unchanged",
                              field="change", hint="a candidate must change something the model predicts with")
@@ -212,7 +228,7 @@ def _parse_change(raw: dict[str, Any], origin: str, text: str) -> Change:
     if missing or extra:
         problem = "; ".join(p for p in (f"missing {missing}" if missing else "",
                                         f"not allowed {extra}" if extra else "") if p)
-        raise InputError(origin, f"action {action!r}: {problem}", line=line_of(text, "change", (extra or [None])[0]),
+        raise InputError(origin, f"action {action!r}: {problem}", line=line_of(text, "change", extra[0] if extra else None),
                          field="change", hint=f"action {action!r} takes {sorted(required | optional)}")
     if action == "set_device":
         constant, value, source = raw["constant"], raw["value"], raw["source"]

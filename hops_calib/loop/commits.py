@@ -18,13 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.candidate import parse_candidate
 from hops_calib.loop.checkout import is_checkout
 from hops_calib.loop.ledger import LOCK_TIMEOUT_S, BrokenLedger, Problem, read_entries, verify
 from hops_calib.loop.model_files import load_model, write_model
+
+if TYPE_CHECKING:
+    from hops_calib.model.model import Model
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ def model_file(recorded: str, ledger_path: Path) -> Path:
     return path
 
 
-def _commit_of(entry: dict[str, Any]) -> tuple[str, str, str] | None:
+def _commit_of(entry: dict[str, Any]) -> tuple[str | None, str | None, str | None] | None:
     """(model file as recorded, committed sha256, the other end's sha256) of a committed entry, else None."""
     if not entry.get("committed"):
         return None
@@ -74,9 +77,8 @@ def unwritten(ledger_path: Path | str) -> list[UnwrittenCommit]:
     ledger_path = Path(ledger_path)
     latest: dict[Path, tuple[dict[str, Any], str, str]] = {}
     for entry in read_entries(ledger_path):
-        commit = _commit_of(entry)
-        if commit and all(commit):
-            recorded, committed, before = commit
+        recorded, committed, before = _commit_of(entry) or (None, None, None)
+        if recorded and committed and before:
             latest[model_file(recorded, ledger_path).resolve()] = (entry, committed, before)
     found = []
     for path, (entry, committed, before) in latest.items():
@@ -95,12 +97,15 @@ def unwritten_problems(ledger_path: Path | str) -> list[Any]:
     return [Problem(commit.seq, commit.message(), repairable=True) for commit in unwritten(ledger_path)]
 
 
-def _rebuild(commit: UnwrittenCommit, ledger_path: Path):
+def _rebuild(commit: UnwrittenCommit, ledger_path: Path) -> Model | None:
     """The committed model, rebuilt from the entry, or None when it cannot be rebuilt exactly."""
     entry = commit.entry
+    model: Model | None
     try:
         if entry.get("kind") == "evaluate":
             text = (entry.get("candidate") or {}).get("text")
+            if not isinstance(text, str):
+                return None
             model = parse_candidate(text, origin=f"ledger entry {commit.seq}").apply(load_model(commit.model_file))
         else:
             ends = [entry.get("model_path"), entry.get("before_model_path")]

@@ -3,20 +3,28 @@ the answer, and with `commit_into` keep the end or undo the move."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
-from hops_calib.loop.evaluate import (JUDGEMENT_FIELDS, fixture_fields, floor_excess, judge, per_run_changes,
-                                     record_and_write, run_errors)
-from hops_calib.loop.gate import GateResult, Tolerances, looser_rules
 from hops_calib.loop.commits import check_appendable
-from hops_calib.loop.ledger import resolve as resolve_ledger
+from hops_calib.loop.evaluate import (
+    JUDGEMENT_FIELDS,
+    fixture_fields,
+    floor_excess,
+    judge,
+    per_run_changes,
+    record_and_write,
+    run_errors,
+)
+from hops_calib.loop.gate import GateResult, Tolerances, looser_rules
 from hops_calib.loop.ledger import code_revision, now_utc
+from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.plans import check_plan, check_rejudgement, refuse_unplanned_rules, rules
-from hops_calib.loop.suite import ModelScore, TRAIN, load_suites, score_model, stall_series
+from hops_calib.loop.suite import TRAIN, ModelScore, load_suites, score_model, stall_series
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress, warn
 

@@ -7,19 +7,20 @@ This module returns results; `hops_calib.cli.loop` prints them.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
 from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
-from hops_calib.loop.gate import GateResult, Tolerances, gate, looser_rules
 from hops_calib.loop.commits import check_appendable
-from hops_calib.loop.ledger import resolve as resolve_ledger
+from hops_calib.loop.gate import GateResult, Tolerances, gate, looser_rules
 from hops_calib.loop.ledger import code_revision, now_utc
+from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.plans import check_plan, check_rejudgement, judgements, refuse_unplanned_rules, rules
-from hops_calib.loop.suite import ModelScore, TRAIN, load_suites, refuse_test_split, score_model, stall_series
+from hops_calib.loop.suite import TRAIN, ModelScore, load_suites, refuse_test_split, score_model, stall_series
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
 
@@ -77,29 +78,31 @@ class Evaluation:
         data["scored_model"] = {"which": "model", "path": str(self.model_path), "sha256": self.model.sha256}
         data["scored_model_sha256"] = self.model.sha256  # whose numbers the top level holds
         data["stall_noise"] = floor_excess(self.before, self.after)
-        if self.candidate is not None and self.verdict is not None and self.after is not None:
+        candidate_model, entry = self.candidate_model, self.ledger_entry
+        if (self.candidate is not None and self.verdict is not None and self.after is not None
+                and candidate_model is not None and entry is not None):  # (a judgement always has both)
             data.update({
                 "scored_model": {"which": "candidate (the base model with the candidate's change)",
-                                 "path": self.candidate.origin, "sha256": self.candidate_model.sha256},
+                                 "path": self.candidate.origin, "sha256": candidate_model.sha256},
                 "base_model": {"path": str(self.model_path), "sha256": self.model.sha256},
-                "scored_model_sha256": self.candidate_model.sha256,
+                "scored_model_sha256": candidate_model.sha256,
                 "candidate": candidate_record(self.candidate),
-                "candidate_model_sha256": self.candidate_model.sha256,
-                "plan_seq": self.ledger_entry.get("plan_seq"),
-                "rules": self.ledger_entry.get("rules"),
-                "earlier_judgements": self.ledger_entry.get("earlier_judgements", []),
-                "rejudges": self.ledger_entry.get("rejudges"),
-                "repeat_of": self.ledger_entry.get("repeat_of"),
+                "candidate_model_sha256": candidate_model.sha256,
+                "plan_seq": entry.get("plan_seq"),
+                "rules": entry.get("rules"),
+                "earlier_judgements": entry.get("earlier_judgements", []),
+                "rejudges": entry.get("rejudges"),
+                "repeat_of": entry.get("repeat_of"),
                 "before": self.before.suite.to_dict(),
                 "after": self.after.suite.to_dict(),
                 **self.verdict.to_dict(),
                 "per_run": per_run_changes(self.before, self.after, self.verdict.runs_moved or (),
                                            self.stall_free_computed),
                 "calibration": self.calibration.to_dict() if self.calibration is not None else None,
-                "off_record": bool(self.ledger_entry.get("off_record")),
+                "off_record": bool(entry.get("off_record")),
                 "committed": self.committed,
-                "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
-                           "entry_sha256": self.ledger_entry["entry_sha256"]},
+                "ledger": {"path": str(self.ledger_path), "seq": entry["seq"],
+                           "entry_sha256": entry["entry_sha256"]},
             })
         data["looser_rules"] = looser_rules(self.tolerances)
         data["runs"] = [run_errors(r, self.stall_free_computed) for r in self.current.runs]
@@ -172,9 +175,10 @@ def per_run_changes(before: ModelScore, after: ModelScore, moved: Sequence[str],
         for field in RUN_ERRORS:
             was, now = (_error_value(r, field, stall_free_computed) for r in (old, new))
             row["before"][field], row["after"][field] = was, now
-            numbers = isinstance(was, float) and isinstance(now, float)
-            row["delta"][field] = now - was if numbers else was if isinstance(was, str) else now
-            row["abs_delta"][field] = abs(now) - abs(was) if numbers else row["delta"][field]
+            if isinstance(was, float) and isinstance(now, float):
+                row["delta"][field], row["abs_delta"][field] = now - was, abs(now) - abs(was)
+            else:
+                row["delta"][field] = row["abs_delta"][field] = was if isinstance(was, str) else now
         rows.append(row)
     return rows
 
@@ -208,7 +212,7 @@ def floor_excess(before: ModelScore, after: ModelScore | None = None) -> dict[st
         return {"floor_pct": suite.stall_noise_mape_pct, "throughput_mape_pct": suite.throughput_mape_pct,
                 "excess_pp": suite.throughput_mape_pct - suite.stall_noise_mape_pct}
 
-    data = {"before": one(before)}
+    data: dict[str, Any] = {"before": one(before)}
     if after is not None:
         data["after"] = one(after)
         data["excess_change_pp"] = data["after"]["excess_pp"] - data["before"]["excess_pp"]
@@ -295,10 +299,11 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
             raise InputError("evaluate", f"{flag} applies to the judgement of a candidate; there is none",
                              field=flag.lstrip("-"), hint="pass a candidate file, or leave the option out")
     candidate = read_candidate(candidate_path) if candidate_path is not None else None
+    judged_in: Path | None = None  # the ledger a judgement is recorded in: set exactly when there is a candidate
     if candidate is not None:
         refuse_placeholders(candidate)
-        ledger_path = resolve_ledger(ledger_path)  # only a judgement is recorded: scoring alone needs no ledger
-        check_appendable(ledger_path)
+        judged_in = ledger_path = resolve_ledger(ledger_path)  # only a judgement is recorded: scoring needs none
+        check_appendable(judged_in)
     elif ledger_path is None:
         try:  # named in the output all the same: the ledger a judgement here would be recorded in
             ledger_path = default_ledger()
@@ -306,8 +311,8 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
             ledger_path = None
     if candidate is not None:
         refuse_unplanned_rules(tolerances, plan, "evaluate")
-    if plan is not None:
-        check_plan(ledger_path, plan, tolerances, "evaluate", candidate)
+    if plan is not None and judged_in is not None:  # (a plan without a candidate is refused above)
+        check_plan(judged_in, plan, tolerances, "evaluate", candidate)
     if candidate is not None:
         held_out, found = heldout.judgement_fields(fixtures_dir, ledger_path, verb, allow_held_out)
         held_out_warnings = [heldout.override_warning(found)] if found else []
@@ -316,42 +321,43 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
     model_path = Path(model_path) if model_path is not None else default_model()
     model = load_model(model_path)
     warnings = held_out_warnings + [w for w in (edited_since_written(model_path, model),) if w]
-    if candidate is not None:
-        warnings += _other_checkouts(model_path, ledger_path)
-    judged = judgements(ledger_path) if candidate is not None else []
+    if judged_in is not None:
+        warnings += _other_checkouts(model_path, judged_in)
+    judged = judgements(judged_in) if judged_in is not None else []
     if candidate is not None:
         warnings += _stem_is_id(candidate) + _reused_id(judged, candidate)
     candidate_model = candidate.apply(model) if candidate is not None else None
     suite = load_suites(fixtures_dir, split)
-    if plan is not None:
+    if plan is not None and judged_in is not None:
         from hops_calib.loop.plans import check_plan_stores
 
-        check_plan_stores(ledger_path, plan, suite, "evaluate")
+        check_plan_stores(judged_in, plan, suite, "evaluate")
     fixtures_dir = suite.fixtures_dir
-    check, links = None, {}
-    if candidate is not None:
+    check = None
+    links: dict[str, Any] = {}
+    if candidate is not None and candidate_model is not None and judged_in is not None:
         from hops_calib.loop.ledger import read_entries
 
-        links, repeated = check_rejudgement(list(read_entries(ledger_path)), "evaluate", model.sha256,
+        links, repeated = check_rejudgement(list(read_entries(judged_in)), "evaluate", model.sha256,
                                             candidate_model.sha256, suite.sha256, tolerances, plan, again,
                                             f"candidate {candidate.id} ({candidate.change.describe()})",
-                                            candidate.origin, ledger_path)
+                                            candidate.origin, judged_in)
         warnings += repeated
-        check = calibration.check_store(calibration.read_record(ledger_path),
+        check = calibration.check_store(calibration.read_record(judged_in),
                                         calibration.scope_of_change(candidate.change), suite, "evaluate",
                                         off_record=off_record)
         warnings += check.warnings
     progress.start(len(suite.ids) * (2 if candidate is not None else 1))
     series = stall_series(suite) if tolerances.stall_free else None
     before = score_model(suite, model, origin=str(model_path), progress=progress, stall_free=series)
-    common = dict(split=split, fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256,
-                  model_path=model_path, model=model, tolerances=tolerances, before=before,
-                  stall_free_computed=series is not None,
-                  ledger_path=Path(ledger_path) if ledger_path is not None else None,
-                  left_out=suite.left_out_summary,
-                  stores=tuple(store_fields(part) for part in suite.parts))
-    if candidate is None:
-        return Evaluation(**common, warnings=tuple(warnings))
+    scored = Evaluation(split=split, fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256,
+                        model_path=model_path, model=model, tolerances=tolerances, before=before,
+                        stall_free_computed=series is not None,
+                        ledger_path=Path(ledger_path) if ledger_path is not None else None,
+                        left_out=suite.left_out_summary,
+                        stores=tuple(store_fields(part) for part in suite.parts), warnings=tuple(warnings))
+    if candidate is None or candidate_model is None or judged_in is None or check is None:  # (all four, or none)
+        return scored
 
     after = score_model(suite, candidate_model, origin=candidate.origin, progress=progress, stall_free=series)
     verdict = judge(suite, before, after, tolerances)
@@ -387,14 +393,14 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
         "code_revision": code_revision(),
     }
     if entry["committed"]:
-        written = _commit(model_path, model, candidate_model, ledger_path, entry)
+        written = _commit(model_path, model, candidate_model, judged_in, entry)
     else:
         from hops_calib.loop import ledger
 
-        written = ledger.append(ledger_path, entry)
-    return Evaluation(**common, warnings=tuple(warnings), candidate=candidate, candidate_model=candidate_model,
-                      after=after, verdict=verdict, ledger_entry=written, committed=entry["committed"],
-                      calibration=check)
+        written = ledger.append(judged_in, entry)
+    return replace(scored, warnings=tuple(warnings), candidate=candidate, candidate_model=candidate_model,
+                   after=after, verdict=verdict, ledger_entry=written, committed=entry["committed"],
+                   calibration=check)
 
 
 def fixture_fields(suite) -> dict[str, Any]:

@@ -22,11 +22,10 @@ model's own error on that run. The suite rules always read the window error.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Sequence
 
 from hops_calib.loop.score import RunScore, SuiteScore, interval, mape_draws, run_fingerprint
-
 
 RUN_THROUGHPUT_ERRORS = ("window", "stall-free")
 
@@ -91,7 +90,7 @@ CAP_HINT = ("a change that needs more than the cap regresses runs beyond noise: 
             "(observe, per_run) and fix that first, or judge the two changes together")
 
 
-def looser_rules(tolerances: dict[str, object] | "Tolerances") -> list[dict[str, object]]:
+def looser_rules(tolerances: dict[str, object] | Tolerances) -> list[dict[str, object]]:
     """The rules of `tolerances` looser than the gate's defaults: each tolerance above its default, with the
     default, the cap (`TOLERANCE_CAPS`) and whether it is beyond the cap (`beyond_cap`: a plan recorded before the
     caps; no judgement is made under it today), and the per-run rule reading the stall-free error (another reading,
@@ -101,8 +100,8 @@ def looser_rules(tolerances: dict[str, object] | "Tolerances") -> list[dict[str,
     defaults = Tolerances().to_dict()
     marks: list[dict[str, object]] = []
     for name, (cap, reason) in TOLERANCE_CAPS.items():
-        value = given.get(name, defaults[name])
-        if isinstance(value, (int, float)) and value > defaults[name]:
+        value, default = given.get(name, defaults[name]), defaults[name]
+        if isinstance(value, (int, float)) and isinstance(default, (int, float)) and value > default:
             marks.append({"tolerance": name, "value": value, "default": defaults[name], "cap": cap,
                           "beyond_cap": value > cap, "cap_reason": reason})
     reading = given.get("run_throughput_error", "window")
@@ -128,7 +127,7 @@ def describe_looser(marks: Sequence[dict[str, object]]) -> str:
     return "LOOSER than the defaults: " + ", ".join(parts)
 
 
-def beyond_caps(tolerances: "Tolerances") -> list[tuple[str, float, float, str]]:
+def beyond_caps(tolerances: Tolerances) -> list[tuple[str, float, float, str]]:
     """The tolerances past their cap: (name, value, cap, reason) each."""
     given = tolerances.to_dict()
     return [(name, float(given[name]), cap, reason) for name, (cap, reason) in TOLERANCE_CAPS.items()
@@ -175,7 +174,7 @@ class GateResult:
     failed_rules: tuple[str, ...] = ()
     # A judgement on several stores (`gate_stores`): each store's path and its own verdict (the suite rules and the
     # per-run rules held on its runs alone); () for one store.
-    stores: tuple[tuple[str, "GateResult"], ...] = ()
+    stores: tuple[tuple[str, GateResult], ...] = ()
 
     @property
     def decision(self) -> str:

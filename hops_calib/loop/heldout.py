@@ -16,9 +16,10 @@ else appends a `held_out_override` entry, so the ledger knows.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.store.digests import TIMING_KEY

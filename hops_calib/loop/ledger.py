@@ -34,11 +34,13 @@ import hashlib
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hops_calib.errors import InputError
+
 # the checkout's helpers are read from here as well as from loop.checkout
 from hops_calib.loop.checkout import PACKAGE_CHECKOUT, checkout_of, default_checkout, is_checkout  # noqa: F401
 from hops_calib.loop.score import or_nan
@@ -156,7 +158,7 @@ def append(path: Path | str, entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def now_utc() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)
@@ -402,8 +404,9 @@ def look_repeats(earlier: dict[str, Any], fixture_set: str, model_sha256: str, d
         return False
     if earlier.get("model_sha256") == model_sha256:
         return True
-    return (len(shared) == len(run_keys) and bool(digests) and bool(their_digests)
-            and all(digests[j] == their_digests[i] for j, i in shared))
+    if not digests or not their_digests:
+        return False
+    return len(shared) == len(run_keys) and all(digests[j] == their_digests[i] for j, i in shared)
 
 
 def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], split: str = "test") -> list[Look]:
@@ -453,7 +456,7 @@ def repair(path: Path | str) -> Path | None:
         if not data or data.endswith(b"\n"):
             return None
         keep = data.rfind(b"\n") + 1
-        aside = path.with_name(f"{path.name}.partial-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S%fZ}")
+        aside = path.with_name(f"{path.name}.partial-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S%fZ}")
         from hops_calib.files import atomic_write
 
         atomic_write(aside, data[keep:])

@@ -12,15 +12,16 @@ very rules it had."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
-from hops_calib.loop.gate import CAP_HINT, TOLERANCE_FLAGS, Tolerances, beyond_caps, looser_rules
 from hops_calib.loop.commits import check_appendable
-from hops_calib.loop.ledger import resolve as resolve_ledger
+from hops_calib.loop.gate import CAP_HINT, TOLERANCE_FLAGS, Tolerances, beyond_caps, looser_rules
 from hops_calib.loop.ledger import code_revision, now_utc
+from hops_calib.loop.ledger import resolve as resolve_ledger
 
 
 def judgements(ledger_path: Path | str) -> list[dict[str, Any]]:
@@ -62,6 +63,7 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
     for candidate in pinned:  # a plan pins the text: one still holding the placeholder could never be judged
         refuse_placeholders(candidate)
     entries = list(ledger.read_entries(ledger_path))
+    named: dict[str, Any] | None = None  # the entry judged again (--rejudge)
     if rejudges is not None:
         named = next((e for e in entries if e.get("seq") == rejudges), None)
         if named is None or named.get("kind") not in JUDGEMENT_KINDS:
@@ -78,12 +80,12 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
         from hops_calib.loop.suite import TRAIN, load_suites
 
         stores = load_suites(list(fixtures), TRAIN)
-    if rejudges is not None and stores is not None and named.get("fixture_set_sha256") not in (None, stores.sha256):
+    if named is not None and stores is not None and named.get("fixture_set_sha256") not in (None, stores.sha256):
         raise InputError("ledger plan", f"--rejudge {rejudges}: ledger entry {rejudges} judged fixture set "
                          f"{str(named.get('fixture_set_sha256'))[:12]}, and this plan's --fixtures hold "
                          f"{stores.sha256[:12]}: a judgement on other runs is not the same judgement again",
                          field="rejudge", hint="leave out --rejudge (the judgement on these stores is a new one), "
-                         "or plan on the stores entry " f"{rejudges} judged")
+                         f"or plan on the stores entry {rejudges} judged")
     judged = {_text_sha256_of(e["candidate"].get("text", "")): e
               for e in entries if e.get("kind") == "evaluate" and e.get("candidate")
               and (stores is None or e.get("fixture_set_sha256") == stores.sha256)}
@@ -125,7 +127,7 @@ def refuse_beyond_caps(tolerances: Tolerances, verb: str, plan: int | None = Non
     over = beyond_caps(tolerances)
     if not over:
         return
-    name, value, cap, reason = over[0]
+    name, _value, cap, _reason = over[0]
     where = f"plan {plan} holds " if plan is not None else ""
     raise InputError(verb, where + "; ".join(f"{n} = {v:g} beyond its cap {c:g} ({r})" for n, v, c, r in over),
                      field=TOLERANCE_FLAGS[name],
@@ -146,10 +148,11 @@ def refuse_unplanned_rules(tolerances: Tolerances, plan: int | None, verb: str) 
                               f"(--rejudge SEQ if the change was judged before), then {verb} ... --plan N")
 
 
-def earlier_judgements(entries: Sequence[dict[str, Any]], kind: str, model_before: str, model_after: str,
-                       fixture_set_sha256: str) -> list[dict[str, Any]]:
+def earlier_judgements(entries: Sequence[dict[str, Any]], kind: str | None, model_before: str | None,
+                       model_after: str | None, fixture_set_sha256: str | None) -> list[dict[str, Any]]:
     """The ledger's judgements of the same change: `kind` entries from the same model before to the same model
-    after, on the same fixture set (whatever the candidate's id, file or wording)."""
+    after, on the same fixture set (whatever the candidate's id, file or wording; None: an entry's missing field,
+    matched as written)."""
     return [e for e in entries if e.get("kind") == kind and e.get("model_sha256_before") == model_before
             and e.get("model_sha256_after") == model_after and e.get("fixture_set_sha256") == fixture_set_sha256]
 
@@ -200,8 +203,9 @@ def check_rejudgement(entries: Sequence[dict[str, Any]], kind: str, model_before
                      + ("; --again repeats it under the same rules" if same_rules else ""))
 
 
-def read_plan(ledger_path: Path | str, seq: int) -> dict[str, Any]:
-    """The plan entry `seq` of the ledger; a clear refusal when it is missing or is not a plan."""
+def read_plan(ledger_path: Path | str | None, seq: int) -> dict[str, Any]:
+    """The plan entry `seq` of the ledger (None: the project's); a clear refusal when it is missing or is not a
+    plan."""
     from hops_calib.loop import ledger
 
     ledger_path = resolve_ledger(ledger_path)
@@ -216,13 +220,13 @@ def read_plan(ledger_path: Path | str, seq: int) -> dict[str, Any]:
                      hint="record the plan first: hops-calib ledger plan --note ... [tolerance options]")
 
 
-def plan_tolerances(ledger_path: Path | str, seq: int, entry: dict[str, Any] | None = None) -> Tolerances:
-    """Plan `seq`'s tolerances (from `entry` when the caller has read it)."""
+def plan_tolerances(ledger_path: Path | str | None, seq: int, entry: dict[str, Any] | None = None) -> Tolerances:
+    """Plan `seq`'s tolerances (from `entry` when the caller has read it) in the ledger (None: the project's)."""
     entry = entry if entry is not None else read_plan(ledger_path, seq)
     try:
         return Tolerances(**entry["tolerances"])
     except (TypeError, ValueError) as error:
-        raise InputError(ledger_path, f"plan {seq} holds tolerances this version cannot read: {error}",
+        raise InputError(resolve_ledger(ledger_path), f"plan {seq} holds tolerances this version cannot read: {error}",
                          field="plan") from None
 
 
@@ -285,7 +289,7 @@ def judgement_notes(entries: Sequence[dict[str, Any]]) -> dict[int, dict[str, An
             "looser_rules": looser_rules(tolerances) if isinstance(tolerances, dict) else [],
             "earlier_judgements": earlier, "rejudges": entry.get("rejudges"),
             "model_written": written,
-            "model_outside_checkout": bool(written) and not _in_a_checkout(written),
+            "model_outside_checkout": bool(written and not _in_a_checkout(written)),
         }
         notes[entry["seq"]] = note
         seen.append(entry)

@@ -4,17 +4,18 @@ what a look would tell (`preview_look`), and the bootstrap intervals of a report
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
 from hops_calib.loop.commits import check_appendable
-from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.ledger import RUN_KEYS, code_revision, now_utc
+from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.score import RunScore, SuiteScore
-from hops_calib.loop.suite import SPLITS, Suite, TEST, TRAIN, load_suite, open_store, score_model, suite_if_any
+from hops_calib.loop.suite import SPLITS, TEST, TRAIN, Suite, load_suite, open_store, score_model, suite_if_any
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
 
@@ -152,14 +153,14 @@ def _predicted_digests(suite: Suite, model: Model, model_path: Path | str, split
     return predictions, [prediction_digest(p) for p in predictions]
 
 
-def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: str, ledger_path: Path | str):
+def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: str, ledger_path: Path | None):
     """The model's predictions of `suite`, their digests, the suite's `run_keys` (None for train), the earlier look
     this one would repeat (or None), and {"seq", "changed", "of"} against the latest earlier look on the same
-    fixture set that recorded its digests (or None)."""
+    fixture set that recorded its digests (or None). `ledger_path`: a held-out look's ledger (None for train)."""
     from hops_calib.loop.ledger import look_repeats, predictions_moved
 
     predictions, digests = _predicted_digests(suite, model, model_path, split)
-    if split == TRAIN:
+    if split == TRAIN or ledger_path is None:
         return predictions, digests, None, None, None
     keys = run_keys(suite)
     earlier = _earlier_looks(ledger_path, split, None)
@@ -238,13 +239,14 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     from hops_calib.loop import ledger
 
     # A train report reads and appends nothing; a held-out look needs the project's ledger (or the one named).
-    ledger_path = resolve_ledger(ledger_path) if split != TRAIN else ledger_path
-    if split != TRAIN:
-        check_appendable(ledger_path)
+    audit_ledger = resolve_ledger(ledger_path) if split != TRAIN else None
+    if audit_ledger is not None:
+        check_appendable(audit_ledger)
+        ledger_path = audit_ledger
     model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
     # The predictions first, from the configurations alone: whether this look can tell anything new.
     predictions, digests, keys, repeat, changed_since = _look_against_earlier(suite, model, model_path, split,
-                                                                              ledger_path)
+                                                                              audit_ledger)
     if repeat is not None and not again:
         raise RepeatedLook(split, repeat, len(digests), suite.sha256)
     # Beside a held-out report, the same model on train: the distance the calibration promise is judged by.
@@ -282,7 +284,7 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     }
     # Only a look at the held-out split is audited; the train split may be read at will, so a train report
     # leaves the ledger alone (its record, unappended, still describes the page it may write).
-    written = ledger.append(ledger_path, entry) if split != TRAIN else entry
+    written = ledger.append(audit_ledger, entry) if audit_ledger is not None else entry
     return Report(split=split, suite=scored.suite, model_sha256=model.sha256,
                   ledger_path=Path(ledger_path) if ledger_path is not None else None, ledger_entry=written,
                   train=train, outside_train=outside, changed_since=changed_since,

@@ -32,8 +32,9 @@ suite without such runs has None for their aggregates).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -127,7 +128,7 @@ def score_run(run_id: str, real: TimelineMetrics | IterationMetrics, predicted: 
         steady_throughput_error_pct=_relative_error_pct(run_id, "steady throughput", real_steady, predicted_steady),
         real_bubble_ratio=real.bubble_ratio,
         predicted_bubble_ratio=predicted.bubble_ratio,
-        bubble_error_pp=(predicted.bubble_ratio - real.bubble_ratio) * 100.0 if events else None,
+        bubble_error_pp=(predicted.bubble_ratio - real.bubble_ratio) * 100.0 if real.bubble_ratio is not None else None,
         util_spearman_rho=spearman_rho(real.utilization_per_stage, predicted.utilization_per_stage) if events
         else None,
         real_utilization=tuple(real.utilization_per_stage),
@@ -183,7 +184,7 @@ def run_fingerprint(run: RunScore) -> str:
                                   run.predicted_bubble_ratio, run.predicted_utilization, run.stall_noise_ape_pct)
 
 
-def score_prediction(run_id: str, real: TimelineMetrics, prediction, series=None, group: str | None = None
+def score_prediction(run_id: str, real: TimelineMetrics | IterationMetrics, prediction, series=None, group: str | None = None
                      ) -> RunScore:
     """`score_run` of a `hops_calib.model.predict.Prediction`, with its random-stall spread, and with `series` (the
     real run's `timeline_iteration_part_series`) its stall-free error too."""

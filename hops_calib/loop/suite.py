@@ -5,9 +5,10 @@ the guard every train-only verb calls (rule 2)."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.score import RunScore, SuiteScore, aggregate, score_prediction
@@ -49,10 +50,10 @@ class Suite:
     # scored, not in the fixture set's sha256 (which names what was scored); every suite verb says how many.
     left_out: dict[str, str] = field(default_factory=dict, compare=False)
     # A union of several stores' suites (`union_suite`): the stores' own suites, in order; () for one store.
-    parts: tuple["Suite", ...] = field(default=(), compare=False)
+    parts: tuple[Suite, ...] = field(default=(), compare=False)
 
     @property
-    def stores(self) -> tuple["Suite", ...]:
+    def stores(self) -> tuple[Suite, ...]:
         """The one-store suites this suite is made of (itself for one store)."""
         return self.parts or (self,)
 

@@ -23,7 +23,8 @@ logged but have no counterpart with their meaning yet: they are counted as not p
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def predicted_timers_ms(columns: Mapping[str, np.ndarray]) -> dict[str, tuple[fl
     for i in steady:
         of = iteration == i
         begin = float(start[of].min())
-        per = {name: [] for name in PREDICTED_TIMERS}
+        per: dict[str, list[float]] = {name: [] for name in PREDICTED_TIMERS}
         for rank in range(ranks):
             mine = of & (stage == rank)
             steps = mine & optimizer

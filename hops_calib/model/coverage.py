@@ -13,8 +13,9 @@ configurations are compared (specs, known before a run); no result of any run is
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from hops_calib.model import gpt
 from hops_calib.spec import Spec
@@ -99,8 +100,8 @@ def extrapolations(spec: Spec, span: Coverage) -> list[Extrapolation]:
             calibrated = _number(low) if low == high else f"{_number(low)}-{_number(high)}"
             found.append(Extrapolation(feature, _number(value), calibrated))
     for feature, values in _sets(spec).items():
-        for value in sorted(values - span.seen[feature]):
-            found.append(Extrapolation(feature, value, ", ".join(sorted(span.seen[feature])) or "none"))
+        for name in sorted(values - span.seen[feature]):
+            found.append(Extrapolation(feature, name, ", ".join(sorted(span.seen[feature])) or "none"))
     return found
 
 

@@ -8,8 +8,9 @@ module does no I/O (rule 4).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from hops_calib.errors import InputError, line_of
 
@@ -43,10 +44,11 @@ class DeviceSpec:
     def source(self, constant: str) -> str:
         return dict(self.sources)[constant]
 
-    def with_constant(self, constant: str, value: float, source: str) -> "DeviceSpec":
+    def with_constant(self, constant: str, value: float, source: str) -> DeviceSpec:
         sources = dict(self.sources)
         sources[constant] = source
-        return replace(self, **{constant: float(value)}, sources=tuple(sorted(sources.items())))
+        changes: dict[str, Any] = {constant: float(value), "sources": tuple(sorted(sources.items()))}
+        return replace(self, **changes)
 
     def constants(self) -> dict[str, float]:
         """Every constant the device has: the required ones, and the optional ones it gives."""

@@ -23,8 +23,9 @@ MB to a few GB on a real GPU): leave headroom (`StageMemory.headroom_bytes` says
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.model import gpt
 from hops_calib.spec import ModelShape, Spec

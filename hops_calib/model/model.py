@@ -23,9 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any
 
 from hops_calib.errors import InputError, line_of, parse_toml
 from hops_calib.model.devices import DeviceSpec, parse_devices
@@ -80,7 +81,8 @@ def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, tex
             per_device = [p.name for p in term.params if p.per_device]
             raise InputError(origin, f"term {term_name!r} has no parameter {name!r}", line=line, field=field,
                              hint=f"its parameters are {sorted(known) or 'none'}"
-                                  + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""))
+                                  + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else "")
+                             ) from None
         if device_types is not None and unknown_device_overrides([name], device_types):
             device = name.partition("@")[2]
             raise InputError(origin, f"{name!r} is a value for device type {device!r}, which the model does not know "
@@ -138,16 +140,16 @@ class Model:
 
     # --- one-term changes (each returns a new model) ---------------------------------------------
 
-    def with_term(self, active: ActiveTerm) -> "Model":
+    def with_term(self, active: ActiveTerm) -> Model:
         """This model with `active` added, or replacing the same term's parameters."""
         if self.active(active.name) is None:
             return replace(self, terms=self.terms + (active,))
         return replace(self, terms=tuple(active if t.name == active.name else t for t in self.terms))
 
-    def without_term(self, term_name: str) -> "Model":
+    def without_term(self, term_name: str) -> Model:
         return replace(self, terms=tuple(t for t in self.terms if t.name != term_name))
 
-    def with_device_constant(self, device_type: str, constant: str, value: float, source: str) -> "Model":
+    def with_device_constant(self, device_type: str, constant: str, value: float, source: str) -> Model:
         updated = self.device(device_type).with_constant(constant, value, source)
         return replace(self, devices=tuple(updated if d.type == device_type else d for d in self.devices))
 
@@ -179,7 +181,7 @@ class Model:
         """The simulator's input for `spec`: the sum of every active term's contribution."""
         context = self.context(spec)
         layout = context.layout
-        totals: dict[str, list[float] | None] = {name: None for name in Contribution.LENGTHS}
+        totals: dict[str, list[float] | None] = dict.fromkeys(Contribution.LENGTHS)
         layer_work: dict[str, list[float]] = {name: [0.0] * layout.virtual_stages
                                               for name in ("forward_ms", "backward_ms", "attention_core_ms")}
         pre_optimizer_ms = post_optimizer_ms = 0.0

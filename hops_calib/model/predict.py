@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 from hops_calib.model import Model
 from hops_calib.spec import Spec
@@ -51,9 +52,9 @@ class Prediction:
     run_id: str
     schedule: str
     model_sha256: str
-    pipeline: "Pipeline"
-    result: "SimResult"
-    metrics: "TimelineMetrics"
+    pipeline: Pipeline
+    result: SimResult
+    metrics: TimelineMetrics
 
     def _stall_counts(self) -> tuple[list[float], int] | None:
         """The chances of K = 0..N-1 stalls in the throughput window (Binomial(N - 1, p)) and the placed count;
@@ -149,7 +150,7 @@ def stage_phase_ms(pipeline: Pipeline, devices: Sequence[str], result: SimResult
         forward = sum(c.forward_ms for c in chunks) / len(chunks)
         backward = sum(c.backward_ms for c in chunks) / len(chunks)
         optimizer = pipeline.optimizer_ms[rank] if pipeline.optimizer_ms else None
-        if shared:
+        if shared and result is not None:  # (result is given where ranks share cores: checked above)
             forward = result.served_ms(rank, FORWARD) or forward
             backward = result.served_ms(rank, BACKWARD) or backward
             optimizer = result.served_ms(rank, OPTIMIZER) if optimizer is not None else None

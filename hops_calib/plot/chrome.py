@@ -13,8 +13,9 @@ and order the processes and threads. The whole run is exported, not a window: th
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

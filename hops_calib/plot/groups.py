@@ -9,13 +9,17 @@ run's error can be read off or recovered by subtraction (see `disclosable`).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hops_calib.loop.score import RunScore, SuiteScore, aggregate
 from hops_calib.spec import Spec
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
 
 # The held-out report shows a group (and the pool of the rest) only when it holds at least this many runs.
 MIN_DISCLOSED_RUNS = 5
@@ -91,13 +95,13 @@ def _row(label: str, points: Sequence[RunPoint]) -> GroupRow:
                     else None)
 
 
-def group_rows(points: Sequence[RunPoint], key: Callable[[RunPoint], object],
+def group_rows(points: Sequence[RunPoint], key: Callable[[RunPoint], SupportsRichComparison],
                label: Callable[[object], str] = str) -> list[GroupRow]:
     """One row per value of `key`, ordered by that value."""
     return [_row(label(value), members) for value, members in _grouped(points, key)]
 
 
-def disclosable(points: Sequence[RunPoint], key: Callable[[RunPoint], object],
+def disclosable(points: Sequence[RunPoint], key: Callable[[RunPoint], SupportsRichComparison],
                 label: Callable[[object], str] = str, min_runs: int = MIN_DISCLOSED_RUNS) -> list[GroupRow] | None:
     """Group rows safe to show for a held-out split, or None when no grouping is.
 
@@ -121,8 +125,9 @@ def disclosable(points: Sequence[RunPoint], key: Callable[[RunPoint], object],
     return rows
 
 
-def _grouped(points: Sequence[RunPoint], key: Callable[[RunPoint], object]) -> list[tuple[object, list[RunPoint]]]:
-    groups: dict[object, list[RunPoint]] = {}
+def _grouped(points: Sequence[RunPoint],
+             key: Callable[[RunPoint], SupportsRichComparison]) -> list[tuple[object, list[RunPoint]]]:
+    groups: dict[SupportsRichComparison, list[RunPoint]] = {}
     for point in points:
         groups.setdefault(key(point), []).append(point)
     return [(value, groups[value]) for value in sorted(groups)]

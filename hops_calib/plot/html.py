@@ -14,13 +14,14 @@ from __future__ import annotations
 import base64
 import html
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.score import SuiteScore
 from hops_calib.plot import style
-from hops_calib.plot.groups import GroupRow, MIN_DISCLOSED_RUNS, RunPoint, disclosable, group_rows
+from hops_calib.plot.groups import MIN_DISCLOSED_RUNS, GroupRow, RunPoint, disclosable, group_rows
 from hops_calib.plot.parity import BAND
 
 REPORT_DPI = 110
@@ -118,6 +119,7 @@ def runs_table(points: Sequence[RunPoint]) -> str:
                      _f(100 * s.predicted_bubble_ratio if s.real_bubble_ratio is not None else None),
                      # Relative, as on the parity plot: 10 % of a real bubble ratio r is 10 * r pp.
                      _off(_f(s.bubble_error_pp, signed=True), s.bubble_error_pp is not None
+                          and s.real_bubble_ratio is not None
                           and abs(s.bubble_error_pp) > 100 * BAND * s.real_bubble_ratio),
                      _f(s.util_spearman_rho, 2)])
     return _table(["run", "device mix", "stages", "microbatches", "real tput /s", "predicted tput /s",

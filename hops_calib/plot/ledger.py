@@ -15,8 +15,9 @@ hundreds of percent to a few, and the late steps matter as much as the first.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.plot import style
 
@@ -124,7 +125,7 @@ def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: s
     accepted = [a for a in attempts if a.accepted and a.committed]
     uncommitted = [a for a in attempts if a.accepted and not a.committed]
     rejected = [a for a in attempts if not a.accepted]
-    last_seq = max(e.seq for e in [*attempts, *audits])
+    last_seq = max([a.seq for a in attempts] + [a.seq for a in audits])
     for ax, (field, label, direction, min_span, log) in zip(axes, METRICS):
         if log:
             ax.set_yscale("log")

@@ -8,7 +8,8 @@ so they can be looked up (`hops-calib predict ID`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

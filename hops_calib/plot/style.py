@@ -94,4 +94,4 @@ def close(figure: Any) -> None:
 def pixel_size(figure: Any, dpi: float = DEFAULT_DPI) -> tuple[int, int]:
     """Width and height in pixels of the PNG `figure_bytes` writes at `dpi`."""
     width, height = figure.get_size_inches()
-    return int(round(width * dpi)), int(round(height * dpi))
+    return round(float(width) * dpi), round(float(height) * dpi)

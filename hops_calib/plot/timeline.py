@@ -9,8 +9,9 @@ time axis, so a prediction that runs too fast ends visibly early.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -61,7 +62,7 @@ class Shown:
         if self.span_ms is None:
             return f"first {min(self.iterations, of_iterations)} of {of_iterations} iterations"
         return (f"first {self.span_ms:,.0f} ms of 1 of {of_iterations} iterations: microbatches 0-"
-                f"{max(self.forwards - 1, 0)} of {microbatches}")
+                f"{max((self.forwards or 0) - 1, 0)} of {microbatches}")
 
 
 def shown_window(timelines: Sequence[pd.DataFrame], iterations: int | None, width_in: float,
@@ -197,10 +198,11 @@ def timeline_figure(title: str, devices: Sequence[str], panels: Sequence[Panel],
     bottom.set_xlabel("time since the first event of the window (ms)")
     figure.suptitle(title, fontsize=12, fontweight="bold")
 
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=style.PHASE_COLOURS[p], label=style.PHASE_LABELS[p]) for p in PHASES if p in drawn]
+    handles: list[Artist] = [Patch(facecolor=style.PHASE_COLOURS[p], label=style.PHASE_LABELS[p]) for p in PHASES if p in drawn]
     handles.append(Line2D([], [], color=style.TRANSFER_COLOUR, linewidth=3, label="send to the next/previous stage"))
     if LATER_CHUNK in drawn:
         handles.append(Patch(facecolor=style.GUIDE_COLOUR, edgecolor="white", hatch="///",

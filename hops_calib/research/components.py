@@ -41,7 +41,8 @@ def real_components(fixture, timeline=None, series=None) -> Components:
     `timeline`: the fixture's `timeline()`, when the caller has built it already; `series`: its
     `timeline_iteration_part_series`, likewise (then the timeline is not needed).
     """
-    truth, values = fixture.truth, {}
+    truth = fixture.truth
+    values: dict[str, float] = {}
     if fixture.kind != "events":  # measured per iteration (a log's, a table's): no per-stage phases to fit
         return Components(values)
     for stage in range(fixture.spec.pp):

@@ -33,18 +33,18 @@ have returned) is flagged, and its values are left out of the verdict on which p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from hops_calib.errors import InputError
-from hops_calib.loop.score import RunScore, SuiteScore, aggregate
+from hops_calib.loop.score import RunScore, SuiteScore, aggregate, or_nan
 from hops_calib.loop.suite import Suite, score_model
 from hops_calib.model.terms import TERMS
 from hops_calib.research.tune import TuneProblem, load_problem, term_values
-from hops_calib.loop.score import or_nan
 
 DEFAULT_FOLDS = 5
 DEFAULT_EVALUATIONS = 150
@@ -275,7 +275,10 @@ class JointProblem:
 
 
 def _term_and_name(problem, name: str) -> tuple[str, str]:
-    return tuple(name.split(":", 1)) if ":" in name else (problem.term, name)  # type: ignore[return-value]
+    if ":" in name:
+        term, _, param = name.partition(":")
+        return term, param
+    return problem.term, name
 
 
 def _values(problem, model) -> dict[str, float]:
@@ -295,7 +298,7 @@ def _fold_problem(problem, ids: tuple[str, ...]):
     return replace(problem, suite=subset(problem.suite, ids, keep), real_components=reals)
 
 
-def refit(problem: TuneProblem, evaluations: int, seed: int = 0,
+def refit(problem: TuneProblem | JointProblem, evaluations: int, seed: int = 0,
           progress: Callable[[int], None] | None = None) -> dict[str, float]:
     """The term's continuous parameters minimizing the problem's runs' error, found without the model's values.
 
@@ -404,13 +407,14 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     refuse_test_split(split, "crossval")
     if evaluations < 1:
         raise InputError("crossval", "--evaluations must be at least 1", field="evaluations")
-    problem = load_problem(term, fixtures_dir, model_path, objective, only, command="crossval")  # train only
-    shipped = problem.model
+    base = load_problem(term, fixtures_dir, model_path, objective, only, command="crossval")  # train only
+    shipped = base.model
     dropped: tuple[str, ...] = ()
     if shared:
-        problem, dropped = _shared_problem(problem)
+        base, dropped = _shared_problem(base)
+    problem: TuneProblem | JointProblem = base
     if also:
-        problem = JointProblem(problem, _also(also, tuple(p.name for p in problem.params), term))
+        problem = JointProblem(base, _also(also, tuple(p.name for p in base.params), term))
     suite = problem.suite
     parts = fold_groups(suite.groups, folds, seed)
     current = score_model(suite, shipped, origin=f"crossval {term}")
@@ -440,15 +444,15 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
         held_problem = _fold_problem(problem, held)
         held_out = score_model(held_problem.suite, model, origin=f"crossval {term} fold {index}")
         in_sample = score_model(fit_problem.suite, model, origin=f"crossval {term} fold {index}").suite
-        in_sample_component = fit_problem.component_mape(model) if components else None
+        in_sample_objective = fit_problem.component_mape(model) if components else in_sample.throughput_mape_pct
         results.append(Fold(index=index, groups=groups, ids=held, params=values,
                             current=aggregate([r for r in current.runs if r.run_id in held]),
                             held_out=held_out.suite, in_sample=in_sample,
                             errors={r.run_id: (current_errors[r.run_id], r.throughput_error_pct)
                                     for r in held_out.runs}, runs=tuple(held_out.runs),
                             held_out_component_pct=held_problem.component_mape(model) if components else None,
-                            in_sample_component_pct=in_sample_component,
-                            in_sample_objective=in_sample_component if components else in_sample.throughput_mape_pct,
+                            in_sample_component_pct=in_sample_objective if components else None,
+                            in_sample_objective=in_sample_objective,
                             current_in_sample_objective=reference_objective(fit_problem, set(fit_problem.suite.ids))))
     full_values = refit(problem, evaluations, seed + len(parts),
                         lambda calls: progress(len(parts) * evaluations + calls, evaluations * (len(parts) + 1))
@@ -456,15 +460,15 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     current_values = _values(problem, shipped)
     full_model = problem.model_with(full_values)
     full = score_model(suite, full_model, origin=f"crossval {term}").suite
-    full_component = problem.component_mape(full_model) if components else None
+    full_objective = problem.component_mape(full_model) if components else full.throughput_mape_pct
     return CrossValidation(term=term, model_sha256=shipped.sha256, fixture_set_sha256=suite.sha256, seed=seed,
                            evaluations=evaluations, objective=objective, only=tuple(only),
                            current_params={k: current_values[k] for k in results[0].params},
                            current=current.suite, folds=tuple(results), full_params=full_values,
-                           full=full, full_component_pct=full_component,
+                           full=full, full_component_pct=full_objective if components else None,
                            current_component_pct=problem.component_mape(shipped) if components else None,
                            dropped=dropped, also=tuple(also),
-                           full_objective=full_component if components else full.throughput_mape_pct,
+                           full_objective=full_objective,
                            current_objective=reference_objective(problem, set(suite.ids)),
                            left_out=suite.left_out_summary)
 

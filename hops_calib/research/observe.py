@@ -58,16 +58,16 @@ stage's device would inherit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
 from hops_calib.errors import InputError
-from hops_calib.metrics import (IterationParts, TimelineMetrics, timeline_iteration_part_series,
-                                timeline_iteration_parts)
 from hops_calib.loop.score import RunScore, SuiteScore, aggregate, score_prediction
+from hops_calib.metrics import IterationParts, TimelineMetrics, timeline_iteration_part_series, timeline_iteration_parts
 from hops_calib.progress import QUIET, Progress
 from hops_calib.spec import Spec
 from hops_calib.timeline import BACKWARD, BACKWARD_B, COMPUTE, FORWARD
@@ -497,7 +497,8 @@ def _unbiased_errors(member: _Member, quantity: str, level: str, bias_ms: float)
     if level == "run":
         errors = part_fixed_errors(run, quantity, shift_ms=bias_ms)
     else:
-        errors = stages_fixed_errors(run, quantity, frozenset(member.stages), shift_ms=bias_ms)
+        errors = stages_fixed_errors(run, quantity, frozenset(s for s in member.stages if s is not None),
+                                     shift_ms=bias_ms)
     return errors if errors is not None else (run.score.throughput_error_pct, run.score.steady_throughput_error_pct)
 
 
@@ -578,9 +579,12 @@ def part_contributors(runs: list[RunRow]) -> list[Contributor]:
     for part in PART_QUANTITIES:
         fixed = {run.id: part_fixed_errors(run, part) for run in runs}
         for (dimension, group), (indices, aliases) in _groupings([run_groups(r.spec) for r in runs]).items():
-            members = [_Member(run, [run.real_parts.as_dict()[part]], [run.predicted_parts.as_dict()[part]],
-                               fixed[run.id])
-                       for run in (runs[i] for i in indices) if fixed[run.id] is not None]
+            members = []
+            for run in (runs[i] for i in indices):
+                # (a run without parts has no residual: its fixed errors are None)
+                errors, real, predicted = fixed[run.id], run.real_parts, run.predicted_parts
+                if errors is not None and real is not None and predicted is not None:
+                    members.append(_Member(run, [real.as_dict()[part]], [predicted.as_dict()[part]], errors))
             if members:
                 contributors.append(_contributor(part, "run", dimension, group, aliases, members, len(runs), None))
     return contributors
@@ -606,9 +610,10 @@ def stage_contributors(runs: list[RunRow]) -> list[Contributor]:
                 key = (run.id, quantity, frozenset(r.stage for r in rows))
                 if key not in cache:
                     cache[key] = stages_fixed_errors(run, quantity, key[2])
-                if cache[key] is not None:
-                    members.append(_Member(run, [r.real(quantity) for r in rows],
-                                           [r.predicted(quantity) for r in rows], cache[key],
+                errors = cache[key]
+                if errors is not None:  # (each row kept has a real value: by_run keeps only those)
+                    members.append(_Member(run, [real for r in rows if (real := r.real(quantity)) is not None],
+                                           [r.predicted(quantity) for r in rows], errors,
                                            tuple(r.stage for r in rows)))
             if members:
                 contributors.append(_contributor(quantity, "stage", dimension, group, aliases, members, len(runs),
@@ -693,9 +698,10 @@ class BottleneckRow:
 def bottleneck(run: RunRow) -> BottleneckRow | None:
     """The run's slowest stage on both sides; None when a stage has no real forward or backward time."""
     stages = run.stages
-    if not stages or any(s.real_forward_ms is None or s.real_backward_ms is None for s in stages):
+    real = [s.real_forward_ms + s.real_backward_ms for s in stages
+            if s.real_forward_ms is not None and s.real_backward_ms is not None]
+    if not stages or len(real) < len(stages):
         return None
-    real = [s.real_forward_ms + s.real_backward_ms for s in stages]
     predicted = [s.predicted_forward_ms + s.predicted_backward_ms for s in stages]
     r, p = int(np.argmax(real)), int(np.argmax(predicted))
     return BottleneckRow(run_id=run.id, real_stage=stages[r].stage, real_device=stages[r].device, real_ms=real[r],
@@ -914,12 +920,12 @@ def observation_text(observation: Observation, top: int = 12) -> str:
                    "throughput and grouped by configuration below" + (
                        f"; the parts, stages, hops and bottlenecks cover the {events} run(s) with events"
                        if events else ""))
-        rows = [[r["dimension"], r["group"], str(r["n_runs"]), f"{r['throughput_mape_pct']:.2f}",
-                 f"{r['mean_error_pct']:+.2f}", f"{r['contribution_pp']:.2f}"]
-                for r in observation.by_configuration[:top]]
-        if rows:
+        groups = [[r["dimension"], r["group"], str(r["n_runs"]), f"{r['throughput_mape_pct']:.2f}",
+                   f"{r['mean_error_pct']:+.2f}", f"{r['contribution_pp']:.2f}"]
+                  for r in observation.by_configuration[:top]]
+        if groups:
             out += ["", "throughput error by configuration group (pp: the suite MAPE its runs carry)",
-                    text_table(["dimension", "group", "runs", "MAPE %", "mean err %", "pp"], rows,
+                    text_table(["dimension", "group", "runs", "MAPE %", "mean err %", "pp"], groups,
                                right={2, 3, 4, 5}), ""]
     replay = observation.measured_replay
     if replay is not None:

@@ -12,7 +12,8 @@ for those runs is in vain. Pure computation on predictions: no trace is read.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from hops_calib.model import TERMS, Model, resolve_params
 

@@ -51,9 +51,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Literal
 
 from hops_calib.errors import InputError
 from hops_calib.loop.candidate import PLACEHOLDER
@@ -141,7 +142,9 @@ def term_values(model: Model | None, term: str, names: list[str]) -> dict[str, f
     return {name: values.get(name, values[name.partition("@")[0]]) for name in names}
 
 
-def objectives_of(score: SuiteScore, objectives: tuple[str, ...] = OBJECTIVES) -> tuple[float, ...]:
+def objectives_of(score: SuiteScore, objectives: tuple[str, ...] = OBJECTIVES) -> tuple[float | None, ...]:
+    """The suite's value of each objective: None for one it cannot score (no run with events), which the study is
+    never asked to minimize (`TuneProblem.objectives`)."""
     values = {"throughput_mape_pct": score.throughput_mape_pct, "bubble_mae_pp": score.bubble_mae_pp,
               "negative_util_spearman_mean": None if score.util_spearman_mean is None else -score.util_spearman_mean}
     return tuple(values[name] for name in objectives)
@@ -262,7 +265,7 @@ def sobol_sampler(seed: int):
     import math
 
     import optuna
-    from scipy.stats import qmc
+    from scipy.stats import qmc  # type: ignore[import-untyped]  # (scipy ships no stubs)
 
     class SobolSampler(optuna.samplers.BaseSampler):
         def __init__(self) -> None:
@@ -312,7 +315,7 @@ def open_study(problem: TuneProblem, storage, study_name: str, seed: int, sample
     (a worker `optimize` starts follows the study's)."""
     import optuna
 
-    directions = ["minimize"] * len(problem.objectives)
+    directions: list[Literal["minimize", "maximize"]] = ["minimize"] * len(problem.objectives)
     try:
         study = optuna.create_study(storage=storage, study_name=study_name, directions=directions,
                                     sampler=make_sampler(sampler_kind, seed))
@@ -356,7 +359,7 @@ def study_sampler(recorded: dict[str, Any]) -> tuple[str, int]:
 
 
 def objective(problem: TuneProblem) -> Callable:
-    def run(trial) -> tuple[float, ...]:
+    def run(trial) -> tuple[float | None, ...]:
         values = {p.name: trial.suggest_categorical(p.name, p.choices) if p.choices
                   else trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in problem.params}
         model = problem.model_with(values)
@@ -413,8 +416,8 @@ def _finished(study) -> int:
 
 
 def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, study_name: str, workers: int,
-             seed: int, fixtures_dir: Path | str, progress: Callable[[int, int], None] | None = None,
-             sampler: str = "tpe"):
+             seed: int, fixtures_dir: Path | str | Sequence[Path | str],
+             progress: Callable[[int, int], None] | None = None, sampler: str = "tpe"):
     """Run `trials` trials on the study with `workers` processes; return the study (reloaded with every trial)."""
     import multiprocessing
 
@@ -612,7 +615,7 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
     after = chosen.score
     how = ("mispricing the stage, optimizer and between-iteration times the traces measure by "
            f"{chosen.score['component_mape_pct']:.2f} % of their time; " if problem.objective == "components" else "")
-    physics = " ".join(inspect.getdoc(type(term)).split())
+    physics = " ".join((inspect.getdoc(type(term)) or "").split())
     hypothesis = (f"{PLACEHOLDER} why: {'setting' if action == 'set' else 'adding'} {problem.term} with the values tuned "
                   f"on the train split ({how}objective {problem.objective}) "
                   f"{_moves(current.throughput_mape_pct, after['throughput_mape_pct'], 2)} throughput MAPE "
@@ -646,7 +649,7 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
     return "\n".join(lines) + "\n"
 
 
-def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None = None, trials: int = DEFAULT_TRIALS,
+def tune(term: str, fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Path | str | None = None, trials: int = DEFAULT_TRIALS,
          storage_url: str | None = None, study_name: str | None = None, workers: int = 1, seed: int = 0,
          out: Path | str | None = None, progress: Callable[[int, int], None] | None = None,
          objective: str = "suite", only: tuple[str, ...] = (), ledger_path: Path | str | None = None,
@@ -661,7 +664,6 @@ def tune(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None =
     from hops_calib.files import atomic_write
     from hops_calib.loop import calibration
     from hops_calib.loop.ledger import default_ledger
-
     from hops_calib.loop.suite import refuse_test_split
 
     refuse_test_split(split, "tune")
@@ -733,8 +735,8 @@ def tune_text(result: TuneResult) -> str:
             for p in result.front]
     headers = (["trial"] + names + (["mispriced %"] if components else [])
                + ["MAPE %", "bubble MAE pp", "rho", "steady MAPE %"])
-    out.append(text_table(headers, rows, right=set(range(0, len(headers)))))
-    if result.chosen is None:
+    out.append(text_table(headers, rows, right=set(range(len(headers)))))
+    if result.chosen is None or result.candidate_path is None:  # (a chosen point's candidate is always written)
         out.append(f"no candidate written: {result.no_candidate_reason}")
         if result.verdict is not None:
             out.append("the gate against the current model, on the lowest-MAPE point that changes it:")

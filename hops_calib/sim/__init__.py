@@ -6,4 +6,4 @@ from hops_calib.sim.pipeline import Pipeline, StageCosts
 from hops_calib.sim.schedules import SCHEDULE_CHOICES
 from hops_calib.sim.simulate import SimResult, auto_schedule, simulate
 
-__all__ = ["DeadlockError", "Pipeline", "SCHEDULE_CHOICES", "SimResult", "StageCosts", "auto_schedule", "simulate"]
+__all__ = ["SCHEDULE_CHOICES", "DeadlockError", "Pipeline", "SimResult", "StageCosts", "auto_schedule", "simulate"]

@@ -45,7 +45,7 @@ class Rows:
     peer_stage: list[int]
 
     @classmethod
-    def empty(cls) -> "Rows":
+    def empty(cls) -> Rows:
         return cls([], [], [], [], [], [], [], [])
 
     def add_step(self, rank: int, phase: int, start_ms: float, end_ms: float) -> None:

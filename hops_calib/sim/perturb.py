@@ -26,8 +26,8 @@ N iterations under failures.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 
@@ -96,9 +96,9 @@ def perturbed(pipeline: Pipeline, devices: Sequence[SlowDevice] = (), links: Seq
     for slow in devices:
         if slow.rank >= ranks:
             raise ValueError(f"slow device: rank {slow.rank} is not in a pipeline of {ranks} ranks")
-    for slow in links:
-        if max(slow.rank_a, slow.rank_b) >= ranks:
-            raise ValueError(f"slow link {slow.rank_a}-{slow.rank_b}: not in a pipeline of {ranks} ranks")
+    for link in links:
+        if max(link.rank_a, link.rank_b) >= ranks:
+            raise ValueError(f"slow link {link.rank_a}-{link.rank_b}: not in a pipeline of {ranks} ranks")
     factor = [1.0] * ranks
     for slow in devices:
         factor[slow.rank] *= slow.factor
@@ -107,11 +107,11 @@ def perturbed(pipeline: Pipeline, devices: Sequence[SlowDevice] = (), links: Seq
                    for k, c in enumerate(pipeline.stages))
     optimizer = tuple(ms * factor[r] for r, ms in enumerate(pipeline.optimizer_ms))
     hop_factor = [1.0] * (len(pipeline.stages) - 1)
-    for slow in links:
-        pair = {slow.rank_a, slow.rank_b}
+    for link in links:
+        pair = {link.rank_a, link.rank_b}
         for k in range(len(hop_factor)):
             if {k % ranks, (k + 1) % ranks} == pair:
-                hop_factor[k] *= slow.factor
+                hop_factor[k] *= link.factor
     forward = tuple(ms * f for ms, f in zip(pipeline.forward_transfer_ms, hop_factor))
     backward = tuple(ms * f for ms, f in zip(pipeline.backward_transfer_ms, hop_factor))
     return replace(pipeline, stages=stages, optimizer_ms=optimizer, forward_transfer_ms=forward,

@@ -33,8 +33,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hops_calib.metrics import (IterationPartSeries, IterationParts, TimelineMetrics, column_iteration_part_series,
-                                column_iteration_parts, column_metrics)
+from hops_calib.metrics import (
+    IterationParts,
+    IterationPartSeries,
+    TimelineMetrics,
+    column_iteration_part_series,
+    column_iteration_parts,
+    column_metrics,
+)
 from hops_calib.sim.cores import Cores
 from hops_calib.sim.engine import Rows, run_iteration
 from hops_calib.sim.pipeline import Pipeline

@@ -3,8 +3,9 @@ activation recomputation, the layer's settings, the rank order, and the limits a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.spec.assumptions import _flag, require_modelled
 from hops_calib.spec.schedules import SCHEDULES
@@ -12,7 +13,6 @@ from hops_calib.spec.types import Hardware, ModelShape, Spec, global_rank
 from hops_calib.trace.collective_bench import CollectiveTable  # the machine's collective benchmark
 from hops_calib.trace.events import MAX_INDEX  # the largest microbatch and model chunk a trace numbers
 from hops_calib.trace.link_bench import LinkFit  # the link benchmark's fit; a Spec carries one per hop
-
 
 # The HOPS tracing fork of Megatron starts tracing at iteration 3: iterations
 # 1-2 are warm-up and absent from the event logs. CPU captures follow the same

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from hops_calib.spec.arguments import _require_int, check_simulable, spec_from_args
 from hops_calib.spec.assumptions import require_modelled, unknown_flags_note
@@ -13,7 +13,7 @@ from hops_calib.spec.schedules import declared_schedule_of
 from hops_calib.spec.types import Hardware, Spec
 
 
-def _lists_cores(cores: Any) -> bool:
+def _lists_cores(cores: Any) -> TypeGuard[list[int]]:
     """Whether `manifest.yaml`'s `cores` lists a core (an integer) for each rank."""
     return isinstance(cores, list) and bool(cores) and all(type(c) is int for c in cores)
 
@@ -67,7 +67,13 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None, *, simulable
     it; a plan, which searches other launches of the job, does not.
     """
     from hops_calib.trace import (
-        TraceError, find_launch, read_device_types, read_link_fits, read_manifest, read_stage_map, read_template,
+        TraceError,
+        find_launch,
+        read_device_types,
+        read_link_fits,
+        read_manifest,
+        read_stage_map,
+        read_template,
         run_id_of,
     )
     from hops_calib.trace.job import LINK_BENCH_DIR, MANIFEST, STAGE_MAP, TEMPLATE

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe", "zb_h1")
 
 

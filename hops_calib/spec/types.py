@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.spec.schedules import SCHEDULES
 from hops_calib.trace.collective_bench import CollectiveTable  # the machine's collective benchmark
@@ -208,7 +209,7 @@ class Spec:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Spec":
+    def from_dict(cls, data: dict[str, Any]) -> Spec:
         data = dict(data)
         data["links"] = tuple(LinkFit(**link) for link in data.get("links", ()))
         data["model"] = ModelShape(**data["model"])
@@ -218,7 +219,7 @@ class Spec:
         return cls(**data)
 
     @classmethod
-    def from_json(cls, text: str) -> "Spec":
+    def from_json(cls, text: str) -> Spec:
         return cls.from_dict(json.loads(text))
 
 

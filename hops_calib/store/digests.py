@@ -12,7 +12,6 @@ import numpy as np
 
 from hops_calib.truth import EVENT_COLUMNS
 
-
 INDEX = "index.parquet"
 FIXTURE_FILE = "fixture.json"
 SPEC_FILE = "spec.json"

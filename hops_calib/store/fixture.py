@@ -13,8 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from hops_calib.spec.types import Spec
 from hops_calib.store.collectives import HARDWARE_KEY, load_collectives
-from hops_calib.store.digests import (EVENTS_FILE, EVENTS_KIND, INDEX, ITERATION_KIND, RUNS_FILE, FixtureFileError,
-                                      StoreError, check_digest)
+from hops_calib.store.digests import (
+    EVENTS_FILE,
+    EVENTS_KIND,
+    INDEX,
+    ITERATION_KIND,
+    RUNS_FILE,
+    FixtureFileError,
+    StoreError,
+    check_digest,
+)
 from hops_calib.store.measured_spec import measured_spec, reason_of
 from hops_calib.truth import CATEGORIES, IterationTruth, Truth, category_dtype, to_timeline
 
@@ -133,7 +141,7 @@ class MeasuredFixture:
     def not_priced(self) -> str | None:
         """Why the model does not price this run, or None when it does."""
         try:
-            self.spec
+            _ = self.spec  # built for the refusal it raises
         except NotPriced as err:
             return err.reason
         return None

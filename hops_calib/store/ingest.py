@@ -11,23 +11,31 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable
+from typing import Any
 
 import numpy as np
 
 from hops_calib import __version__
 from hops_calib.spec import Spec, build_spec, coordinates_of
-from hops_calib.store.digests import (DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, FINGERPRINT, INDEX,
-                                     StoreError, events_fingerprint, file_digest)
+from hops_calib.store.digests import (
+    DEFAULT_LOCK_TIMEOUT_S,
+    EVENTS_FILE,
+    FILE_DIGESTS,
+    FINGERPRINT,
+    INDEX,
+    StoreError,
+    events_fingerprint,
+    file_digest,
+)
 from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, STATED, group_of, hashed_split, stated_split
 from hops_calib.store.writer import FixtureStore, write_events
-from hops_calib.trace import (TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events,
-                              run_id_of)
+from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
 from hops_calib.trace.measured import RunHardware
@@ -172,7 +180,9 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
                          hint="stage counts of configuration and trace disagree: copy every rank's log, or fix "
                               "--pipeline-model-parallel-size (and the tensor and data parallel sizes)")
     device_stage = {device: stage for stage, device in enumerate(spec.device_ids)}
-    parts, hostnames, dropped = {}, [], {}
+    parts: dict[int, list[tuple[int, dict[str, np.ndarray]]]] = {}  # per stage: (rank, its columns)
+    hostnames: list[str] = []
+    dropped: dict[str, dict[str, int]] = {}
     collectives: dict[int, list] = {}
     for rank, path in files.items():
         # Megatron's rank order says which stage a rank runs (rank r runs stage r with t = d = 1)
@@ -202,8 +212,7 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
                      + ", ".join(f"{rank} (stage {stage})" for stage, rank in sorted(last.items())))
     files = {rank: files[rank] for rank, _c in pacing.values()}
     collective_summary = _collective_summary(pacing, collectives, spec) if collectives else None
-    parts = [columns for _stage, (_rank, columns) in sorted(pacing.items())]
-    columns = _concat(parts)
+    columns = _concat([columns for _stage, (_rank, columns) in sorted(pacing.items())])
     del parts
     stages_seen = np.unique(columns["stage"])
     if stages_seen.tolist() != list(range(spec.pp)):
@@ -217,14 +226,14 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
         dropped["(run)"] = dict(structure.dropped)
     notes.extend(structure.notes)
     # Ranks are time-sorted and come in rank order: that is (stage, start) order when rank r runs stage r.
-    stage = columns["stage"]
-    if len(stage) > 1 and not (np.all(stage[1:] >= stage[:-1]) and _starts_sorted_within_stage(columns)):
-        order = np.lexsort((columns["end_ns"], columns["start_ns"], stage))
+    stages = columns["stage"]
+    if len(stages) > 1 and not (np.all(stages[1:] >= stages[:-1]) and _starts_sorted_within_stage(columns)):
+        order = np.lexsort((columns["end_ns"], columns["start_ns"], stages))
         for name in columns:
             columns[name] = columns[name][order]
         del order
-    n_events = len(stage)
-    del stage
+    n_events = len(stages)
+    del stages
     write_events(columns, events_path)
     fingerprint = events_fingerprint(columns, json.loads(spec.to_json()))
     t0_ns = int(columns["start_ns"].min())
@@ -321,10 +330,10 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
         raise StoreError(f"--clock-skew-ms {skew_ms} is not between 0 and 60000 ms; give the clock offset the nodes "
                          "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
-    sources = [Path(s) for s in sources]
-    is_measured = {s: is_measured_source(s) for s in sources}
-    measured = list({s.resolve(): s for s in reversed(sources) if is_measured[s]}.values())[::-1]  # once each
-    job_dirs = _job_dirs([s for s in sources if not is_measured[s]], report)
+    paths = [Path(s) for s in sources]
+    is_measured = {s: is_measured_source(s) for s in paths}
+    measured = list({s.resolve(): s for s in reversed(paths) if is_measured[s]}.values())[::-1]  # once each
+    job_dirs = _job_dirs([s for s in paths if not is_measured[s]], report)
     store.check_writable()
     _check_apart(store.root, job_dirs)
     if on_start:
@@ -336,7 +345,7 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
         return report  # nothing to write: no empty store is made for a source that holds no job
     if lock_timeout is not None and not 0.0 <= lock_timeout < math.inf:
         raise StoreError(f"--lock-timeout {lock_timeout} is not a number of seconds >= 0")
-    with store.lock(timeout=lock_timeout, on_wait=on_wait, sources=sources):
+    with store.lock(timeout=lock_timeout, on_wait=on_wait, sources=paths):
         if store.unfinished():
             store.begin_writing()
         store.recover()
@@ -389,12 +398,13 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
         for path in measured:
             runs: list[RunOutcome] = []
             try:
-                asked, fraction, why, forced = _asked_split(path, split, test_fraction)
+                stated = _asked_split(path, split, test_fraction)
             except StoreError as err:
                 runs.append(RunOutcome(source=path, error=str(err)))
-                asked = None
-            if asked is not None:
-                changed |= ingest_measured(path, store, context, RunOutcome, split=asked, forced=forced,
+                stated = None
+            if stated is not None:
+                table_split, fraction, why, forced = stated
+                changed |= ingest_measured(path, store, context, RunOutcome, split=table_split, forced=forced,
                                            test_fraction=fraction, hardware=hardware, warmup=warmup_iterations,
                                            emit=runs.append)
                 for outcome in runs:
@@ -561,7 +571,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
             "content_hash": digest,
             "ingest_version": INGEST_VERSION,
             "hops_calib_version": __version__,
-            "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "source": recorded_source(job_dir, store.root),
             "manifest": manifest,
             "hostnames": data.hostnames,

@@ -9,26 +9,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hops_calib import __version__
-from hops_calib.store.collectives import (
-    HARDWARE_KEY as COLLECTIVES_KEY, load_collectives, source_digest, store_collectives,
-)
+from hops_calib.metrics import IterationMetrics
+from hops_calib.store.collectives import HARDWARE_KEY as COLLECTIVES_KEY
+from hops_calib.store.collectives import load_collectives, source_digest, store_collectives
 from hops_calib.store.digests import FIXTURE_FILE, RUNS_FILE, StoreError, check_digest, dumps, text_digest
 from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
-from hops_calib.store.writer import FixtureStore, write_table
 from hops_calib.store.measured_spec import not_priced
 from hops_calib.store.split import group_of, hashed_split
+from hops_calib.store.writer import FixtureStore, write_table
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.measured import KNOWN_ARGS, QUIET_ARGS, VOCAB_ARGS, RunHardware, MeasuredRun
+from hops_calib.trace.measured import KNOWN_ARGS, QUIET_ARGS, VOCAB_ARGS, MeasuredRun, RunHardware
 from hops_calib.trace.megatron_log import is_megatron_log, read_megatron_log
 from hops_calib.trace.run_table import TableRead, is_run_table, read_run_table, read_sidecar
-from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING, is_vtrain_table, read_vtrain_table
-from hops_calib.metrics import IterationMetrics
+from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING
+from hops_calib.trace.vtrain import is_vtrain_table, read_vtrain_table
 from hops_calib.truth import IterationTruth
 
 # Part of every source's content hash: bump when what is stored for the same input changes.
@@ -241,14 +242,15 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                 "rejected" in previous or not previous.get("rejected_rows")):
             for message in previous.get("rejected") or []:  # the bad rows are still bad: said every time
                 emit(outcome_type(source=path, error=message))
-            for run in store.measured_fixtures(table_id):
-                emit(outcome_type(source=path, run_id=run.id, status="unchanged", split=run.split, kind="iteration",
-                                  split_from=f"kept: its configuration group is stored in {run.split}"))
+            for fixture in store.measured_fixtures(table_id):
+                emit(outcome_type(source=path, run_id=fixture.id, status="unchanged", split=fixture.split,
+                                  kind="iteration", split_from=f"kept: its configuration group is stored in "
+                                                              f"{fixture.split}"))
             return False
         read = _read_source(path, kind, hardware, warmup)
-        used = {run.hardware.collective_tables for run in read.runs} - {None}
-        for folder in sorted(used - set(context.collectives)):
-            context.collectives[folder] = store_collectives(store.root, folder)
+        used = {run.hardware.collective_tables for run in read.runs if run.hardware.collective_tables is not None}
+        for name in sorted(used - set(context.collectives)):
+            context.collectives[name] = store_collectives(store.root, name)
     except (TraceError, StoreError) as err:
         emit(outcome_type(source=path, error=str(err)))
         return False
@@ -290,7 +292,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
     if records:
         meta = {"id": table_id, "content_hash": digest, "ingest_version": MEASURED_INGEST_VERSION,
                 "hops_calib_version": __version__,
-                "ingested_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "source": recorded_source(path, store.root), "source_kind": kind,
                 "mapping": VTRAIN_MAPPING if kind == "vtrain" else kind, "runs": len(records),
                 "rejected_rows": len(rejected), "rejected": rejected,

@@ -14,11 +14,30 @@ import numpy as np
 from hops_calib.spec.job_dir import shared_cores
 from hops_calib.spec.types import Spec
 from hops_calib.store.digests import (
-    EVENTS_FILE, EVENTS_KIND, FILE_DIGESTS, FINGERPRINT, FIXTURE_FILE, INDEX, INDEX_COLUMNS, ITERATION_KIND,
-    JOURNAL_FILE, LOCK_FILE, META_DIGEST, RUNS_FILE, SPEC_FILE, TABLE_KIND, TIMING_KEY, TRUTH_FILE, FixtureFileError,
-    StoreError, check_digest, events_fingerprint, meta_digest, text_digest,
+    EVENTS_FILE,
+    EVENTS_KIND,
+    FILE_DIGESTS,
+    FINGERPRINT,
+    FIXTURE_FILE,
+    INDEX,
+    INDEX_COLUMNS,
+    ITERATION_KIND,
+    JOURNAL_FILE,
+    LOCK_FILE,
+    META_DIGEST,
+    RUNS_FILE,
+    SPEC_FILE,
+    TABLE_KIND,
+    TIMING_KEY,
+    TRUTH_FILE,
+    FixtureFileError,
+    StoreError,
+    check_digest,
+    events_fingerprint,
+    meta_digest,
+    text_digest,
 )
-from hops_calib.store.fixture import (Fixture, MeasuredFixture, _reingest, check_fixture_id, measured_fixture)
+from hops_calib.store.fixture import Fixture, MeasuredFixture, _reingest, check_fixture_id, measured_fixture
 from hops_calib.truth import CATEGORIES, EVENT_COLUMNS, IterationTruth, Truth
 
 if TYPE_CHECKING:  # pandas is imported where a frame is read or built; the loop's verbs read JSON and the index
@@ -246,14 +265,14 @@ class FixtureReader:
         data = {name: _parse_json(folder / name, text, hint) for name, text in texts.items()}
         for name, text in texts.items():
             check_digest(folder / name, meta, hint, text_digest(text))
-        parsed = []
-        for name, build in ((SPEC_FILE, Spec.from_dict), (TRUTH_FILE, Truth.from_dict)):
-            try:
-                parsed.append(build(data[name]))
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
-                raise FixtureFileError(folder / name, f"cannot be used as a fixture file: {type(err).__name__}: "
-                                       f"{err}", hint=hint) from None
-        spec, truth = parsed
+        name = SPEC_FILE
+        try:
+            spec = Spec.from_dict(data[name])
+            name = TRUTH_FILE
+            truth = Truth.from_dict(data[name])
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise FixtureFileError(folder / name, f"cannot be used as a fixture file: {type(err).__name__}: "
+                                   f"{err}", hint=hint) from None
         if spec.ranks_per_device != 1 and not spec.cores:
             # written before specs recorded which ranks share a core: the manifest the fixture kept says it
             cores = shared_cores((meta.get("manifest") or {}).get("cores"), spec.gpus)

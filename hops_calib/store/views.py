@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from hops_calib.metrics import THROUGHPUT_UNIT, samples_per_s
@@ -39,7 +40,7 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def text_table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
+def text_table(headers: list[str], rows: list[list[str]], right: Collection[int] = frozenset()) -> str:
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
@@ -59,7 +60,7 @@ def fixture_rows(store: FixtureStore) -> list[dict[str, Any]]:
                                                           or 1, configuration["dp"] or 1))
         record["configuration"] = configuration
         if record["split"] == "test":
-            record.update({name: None for name in MEASURED_LIST_FIELDS}, held_out=True)
+            record.update(dict.fromkeys(MEASURED_LIST_FIELDS), held_out=True)
         records.append(record)
     return records
 
@@ -176,7 +177,7 @@ def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
 
 
 def show_dict(fixture: Fixture | MeasuredFixture) -> dict[str, Any]:
-    data = _show_dict(fixture) if fixture.kind == "events" else _measured_show_dict(fixture)
+    data = _show_dict(fixture) if isinstance(fixture, Fixture) else _measured_show_dict(fixture)
     if fixture.split == "test":
         for name in MEASURED_SHOW_FIELDS + MEASURED_ITERATION_FIELDS:
             data.pop(name, None)
@@ -241,7 +242,7 @@ def _measured_show_text(data: dict[str, Any]) -> str:
         f"  parallelism   t {config['tp']}, p {config['pp']}, d {config['dp']} on {config['gpus']} x "
         f"{hardware.get('gpu')} ({hardware.get('gpus_per_node')} per node); {config['microbatches']} microbatches "
         f"of {config['micro_batch_size']} per iteration",
-        f"  priced        " + ("yes" if data["not_priced"] is None else f"no: {data['not_priced']}"),
+        "  priced        " + ("yes" if data["not_priced"] is None else f"no: {data['not_priced']}"),
     ]
     if "held_out" in data:
         return "\n".join(lines + [f"  held out      {data['held_out']}"])
@@ -368,8 +369,8 @@ def _links_and_quality(data: dict[str, Any]) -> list[str]:
     if data["links"]:
         lines.append("")
         lines.append("  links (link benchmark, sender p50): " + ", ".join(
-            f"{l['src_stage']}->{l['dst_stage']} {l['latency_ms']:.3f} ms + {l['bandwidth_gbit_s']:.1f} Gbit/s"
-            for l in data["links"]))
+            f"{link['src_stage']}->{link['dst_stage']} {link['latency_ms']:.3f} ms + {link['bandwidth_gbit_s']:.1f} Gbit/s"
+            for link in data["links"]))
     quality = data["quality"]
     lines.append("")
     lines.append(f"  quality       {quality.get('events', '?')} events, {quality.get('dropped_lines', 0)} lines dropped"

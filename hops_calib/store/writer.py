@@ -7,19 +7,36 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hops_calib.files import atomic_write
 from hops_calib.spec.types import Spec
 from hops_calib.store.digests import (
-    DEFAULT_LOCK_TIMEOUT_S, EVENTS_FILE, FILE_DIGESTS, FIXTURE_FILE, INDEX, JOURNAL_FILE, LOCK_FILE, META_DIGEST,
-    RUNS_FILE, SPEC_FILE, TABLE_KIND, TRUTH_FILE, _OLD_PREFIX, _TMP_PREFIX, StoreError, dumps, file_digest,
-    meta_digest, text_digest,
+    _OLD_PREFIX,
+    _TMP_PREFIX,
+    DEFAULT_LOCK_TIMEOUT_S,
+    EVENTS_FILE,
+    FILE_DIGESTS,
+    FIXTURE_FILE,
+    INDEX,
+    JOURNAL_FILE,
+    LOCK_FILE,
+    META_DIGEST,
+    RUNS_FILE,
+    SPEC_FILE,
+    TABLE_KIND,
+    TRUTH_FILE,
+    StoreError,
+    dumps,
+    file_digest,
+    meta_digest,
+    text_digest,
 )
 from hops_calib.store.fixture import RUN_COLUMNS
 from hops_calib.store.reader import FixtureReader
@@ -96,7 +113,7 @@ class FixtureStore(FixtureReader):
             left = self.journal()
             self._left_writing = bool(left and left.get("writing"))  # an earlier ingest stopped part way
             self._journal = {"pid": os.getpid(), "sources": [os.path.abspath(s) for s in sources],
-                             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             "started": datetime.now(UTC).isoformat(timespec="seconds"),
                              "writing": self._left_writing}
             self._finished = False
             atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))

@@ -11,7 +11,31 @@ them) into each verb's start-up.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, for the type checker (at run time each loads on first use, below)
+    from hops_calib.trace.errors import TraceError
+    from hops_calib.trace.events import EVENT_DTYPES, RankLogReport, read_rank_events
+    from hops_calib.trace.job import (
+        DeviceInfo,
+        find_job_dirs,
+        is_job_dir,
+        rank_files,
+        read_device_types,
+        read_manifest,
+        read_stage_map,
+        read_template,
+        require_job_dir,
+        run_id_of,
+    )
+    from hops_calib.trace.link_bench import LinkFit, fit_link, read_link_fits
+    from hops_calib.trace.megatron_args import (
+        Launch,
+        find_arguments,
+        find_launch,
+        parse_arguments_block,
+        parse_command_line,
+    )
 
 _MODULE_OF = {
     "TraceError": "errors",
@@ -24,7 +48,7 @@ _MODULE_OF = {
     "parse_arguments_block": "megatron_args", "parse_command_line": "megatron_args",
 }
 
-__all__ = sorted(_MODULE_OF)
+__all__ = sorted(_MODULE_OF)  # noqa: PLE0605 - the lazily loaded names are the table's keys
 
 
 def __getattr__(name: str) -> Any:

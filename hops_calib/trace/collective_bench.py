@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import csv
 import re
-from functools import lru_cache
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np

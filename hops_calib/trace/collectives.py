@@ -5,7 +5,8 @@ data-parallel gradient reduction sits in the iteration. Pure."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -149,9 +150,9 @@ def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, 
         return "stage", f"is {record['stage']} but the configuration has {pp} pipeline stages", \
             "check --pipeline-model-parallel-size and the stage map"
     if stage is not None and record["stage"] != stage:
-        return "stage", f"is {record['stage']} in the log of rank {rank}, which runs stage {stage}", \
-            "with tensor and data parallel size 1 rank r runs stage r: the line belongs to another rank's log, or " \
-            "was edited; " + _FIX
+        return "stage", f"is {record['stage']} in the log of rank {rank}, which runs stage {stage}", (
+            "with tensor and data parallel size 1 rank r runs stage r: the line belongs to another rank's log, or "
+            "was edited; " + _FIX)
     for name in ("start_wall_ns", "end_wall_ns"):
         if record[name] > MAX_NS:
             return name, f"is {record[name]}, past 2^62 ns (the year 2116): not a wall clock in Unix-epoch ns", _FIX
@@ -267,9 +268,9 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                       and (stage is None or event_stage == stage)
                       and type(iteration) is int and 0 <= iteration <= MAX_ITERATION
                       and type(chunk) is int and 0 <= chunk <= MAX_INDEX
-                      and (type(microbatch) is int and 0 <= microbatch <= MAX_INDEX
-                           or microbatch is None and phase == _OPTIMIZER)
-                      and (hostname is None or type(hostname) is str and len(hostname) <= MAX_HOSTNAME))
+                      and ((type(microbatch) is int and 0 <= microbatch <= MAX_INDEX)
+                           or (microbatch is None and phase == _OPTIMIZER))
+                      and (hostname is None or (type(hostname) is str and len(hostname) <= MAX_HOSTNAME)))
             except (KeyError, TypeError):
                 ok = False
             if not ok:

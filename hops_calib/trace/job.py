@@ -10,8 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import (MAX_CONFIG_BYTES, MAX_LAYOUT_BYTES, MAX_LAYOUT_NODES, MAX_YAML_NODES, load_json,
-                                      load_yaml)
+from hops_calib.trace.reading import (
+    MAX_CONFIG_BYTES,
+    MAX_LAYOUT_BYTES,
+    MAX_LAYOUT_NODES,
+    MAX_YAML_NODES,
+    load_json,
+    load_yaml,
+)
 
 TRACE_DIR = "megatron_trace"
 STAGE_MAP = "hops_trace_map.json"
@@ -67,7 +73,7 @@ def find_job_dirs(source: Path, notes: list[str] | None = None) -> list[Path]:
                 real = path.resolve()
                 job = is_job_dir(real)
             except (OSError, RuntimeError):  # a link loop
-                real, job = None, False
+                real, job = path, False
             if name.startswith("."):
                 if job:
                     hidden.append(str(path))

@@ -10,9 +10,10 @@ from __future__ import annotations
 import ast
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.reading import read_config_text, text_lines

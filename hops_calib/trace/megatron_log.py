@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import MAX_ITERATION_MS, text_lines
 from hops_calib.trace.measured import MeasuredRun, RunHardware, collective_tables_beside
 from hops_calib.trace.megatron_args import _BLOCK_END, _BLOCK_LINE, _BLOCK_START, parse_value
+from hops_calib.trace.reading import MAX_ITERATION_MS, text_lines
 
 DEFAULT_WARMUP_ITERATIONS = 2
 # Megatron-LM's default --log-interval: the first line's interval when the arguments do not say.
@@ -148,8 +148,9 @@ def resolve_hardware(path: Path, given: RunHardware | None) -> RunHardware:
         raise TraceError(path.parent / "hops.base.yaml", f"says {beside.gpu} x {beside.gpus_per_node} per node, "
                          f"the command line {given.gpu} x {given.gpus_per_node}", field="hardware",
                          hint="drop --gpu/--gpus-per-node, or make hops.base.yaml say the same")
-    if beside or given:
-        return beside or given
+    found = beside or given
+    if found is not None:
+        return found
     raise TraceError(path, "the log does not say which hardware ran it", field="hardware",
                      hint="pass --gpu TYPE --gpus-per-node N, or put a hops.base.yaml with hardware: {gpu: TYPE, "
                           "gpus_per_node: N} beside the log")
@@ -177,6 +178,7 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
                          hint="give the number of first iterations to drop (0 keeps all)")
     resolved = resolve_hardware(path, hardware)
     args: dict[str, Any] | None = None
+    block: dict[str, Any] = {}  # the arguments block being read: `args`, once its start is seen
     in_block = False
     block_line = 0
     intervals: list[_Interval] = []
@@ -189,27 +191,28 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     # so the log's last line without one (the log cut inside it) is seen
     for number, line in text_lines(path):
         line = _LAUNCHER_PREFIX.sub("", line, count=1)
+        # the log's last line without its newline: the log was cut inside it (a value may be cut too)
         if not line.endswith("\n") and line.strip() and not in_block and (
-                _ITERATION.search(line) or timer_option is not None or _LEGACY_TIMERS.search(line)):
-            # the log's last line without its newline: the log was cut inside it (a value may be cut too)
-            if not (_ITERATION.search(line) and line.rstrip().endswith("|")):
-                warnings.append(f"{path}:{number}: the log ends inside this line (no newline after it, "
-                                "no closing '|'): a line cut short, skipped")
-                continue
+                _ITERATION.search(line) or timer_option is not None or _LEGACY_TIMERS.search(line)) and not (
+                _ITERATION.search(line) and line.rstrip().endswith("|")):
+            warnings.append(f"{path}:{number}: the log ends inside this line (no newline after it, "
+                            "no closing '|'): a line cut short, skipped")
+            continue
         if in_block:
             if _BLOCK_END.search(line):
                 in_block = False
                 continue
             match = _BLOCK_LINE.search(line)
             if match:
-                args[match.group(1)] = parse_value(match.group(2))
+                block[match.group(1)] = parse_value(match.group(2))
             continue
         if _BLOCK_START.search(line):
             if args is not None:
                 raise TraceError(path, f"holds a second arguments block (the first at line {block_line}): two "
                                  "launches in one log", line=number, field="arguments",
                                  hint="split the log at the second launch and ingest each part")
-            args, in_block, block_line = {}, True, number
+            args = block = {}
+            in_block, block_line = True, number
             continue
         if timer_option is not None:
             if _read_timer_line(line, timer_option, intervals, timer_name):

@@ -12,11 +12,13 @@ configuration files of at most 1.8 KB and lines of at most 367 bytes.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 from hops_calib.trace.errors import TraceError
 
@@ -58,7 +60,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: Path) -> BinaryIO:
+def open_regular(path: Path) -> io.BufferedReader:
     """`path` opened for binary reading; TraceError when it is missing, unreadable, or not a regular file (a FIFO
     is opened without blocking and refused, a device such as /dev/zero is refused before a byte is read)."""
     try:

@@ -24,17 +24,26 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.reading import MAX_ITERATION_MS, positive_number, yaml_key_line
 from hops_calib.trace.measured import (
-    EXTRA_PREFIX, KNOWN_ARGS, MEGATRON_DEFAULTS, REQUIRED_ARGS, VOCAB_ARGS, MeasuredRun, RunHardware,
-    collective_tables_beside, model_flops_per_iteration, world_size,
+    EXTRA_PREFIX,
+    KNOWN_ARGS,
+    MEGATRON_DEFAULTS,
+    REQUIRED_ARGS,
+    VOCAB_ARGS,
+    MeasuredRun,
+    RunHardware,
+    collective_tables_beside,
+    model_flops_per_iteration,
+    world_size,
 )
 from hops_calib.trace.megatron_args import parse_value
+from hops_calib.trace.reading import MAX_ITERATION_MS, positive_number, yaml_key_line
 
 HARDWARE_COLUMNS = ("gpu", "gpus_per_node")
 MEASUREMENT_COLUMNS = ("iteration_time_ms", "samples_per_s", "tflops_per_gpu")
@@ -315,7 +324,7 @@ def _row_run(path: Path, line: int, word: str, cells: dict[str, Any], shared_arg
             value = args[name] = int(value)
         if value is not None and (type(value) is not int or value < 1):
             raise _bad(path, line, word, name, f"is {value!r}, expected a whole number of at least 1",
-                       f"fix the cell (or leave it empty for Megatron's default)")
+                       "fix the cell (or leave it empty for Megatron's default)")
     for name in _BOOLS:
         if type(args.get(name)) is not bool:
             raise _bad(path, line, word, name, f"is {args.get(name)!r}, expected true or false", "fix the cell")

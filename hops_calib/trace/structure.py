@@ -27,9 +27,10 @@ flagged, since dropping it would leave a hole in the throughput window.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,8 @@ def locate_all(path: Path, *, iteration: int, kind: int = _COMPUTE, phase: int |
     found: list[int] = []
     with open_regular(path) as handle:
         for number, raw in bounded_lines(handle):
+            if raw is None:  # a line over the limit, which the reader dropped
+                continue
             try:
                 record = _loads(raw)
             except Exception:  # noqa: BLE001 - a line the reader dropped (lenient) matches nothing
@@ -237,7 +240,7 @@ def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: 
     weight = counts[:, :, _BW]
     optimizer = counts[:, :, _OPT]
     # a stage logs its optimizer step in every iteration or in none (a trace without them: see the quality flags)
-    logs_optimizer = optimizer.any(axis=1, keepdims=True)
+    logs_optimizer = np.any(optimizer, axis=1, keepdims=True)
     complete = ((forward == expected) & (backward == expected) & ((weight == 0) | (weight == counts[:, :, _BB]))
                 & ((optimizer == 1) | ~logs_optimizer))
     whole = complete.all(axis=0)  # per iteration: every stage complete

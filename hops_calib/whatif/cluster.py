@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -97,7 +98,7 @@ class Cluster:
         """The cluster in words: its file, and where it was set when it was not asked for."""
         return self.origin + (f" (the default, set by {self.default_from})" if self.default_from else "")
 
-    def for_job(self, device_ids: Sequence[str], notes: list[str]) -> "Cluster | None":
+    def for_job(self, device_ids: Sequence[str], notes: list[str]) -> Cluster | None:
         """This cluster for a job of `device_ids`; None (said in `notes`) when it is a default that lists none of
         them: a default cluster is not applied to a job on other machines."""
         if not self.default_from or any(self.host_of(d) is not None for d in device_ids):
@@ -336,12 +337,12 @@ def cluster_from_jobs(sources: Iterable[Path | str]) -> Cluster:
         except (TraceError, OSError, ValueError) as error:
             notes.append(f"{job}: left out ({error})")
     by_host: dict[str, list[Device]] = defaultdict(list)
-    for device_id, hosts in sorted(device_hosts.items()):
-        if len(hosts) > 1:
-            notes.append(f"device {device_id} appears on hosts {sorted(hosts)} in different runs; left out (give "
+    for device_id, seen_on in sorted(device_hosts.items()):
+        if len(seen_on) > 1:
+            notes.append(f"device {device_id} appears on hosts {sorted(seen_on)} in different runs; left out (give "
                          "each device id one host)")
             continue
-        by_host[next(iter(hosts))].append(device_info[device_id])
+        by_host[next(iter(seen_on))].append(device_info[device_id])
     links = []
     for (src, dst), sizes in sorted(measured.items()):
         if src not in by_host or dst not in by_host:
@@ -413,13 +414,13 @@ class LinkBook:
                 if host and stage < len(device_ids):
                     by_position.setdefault(stage, host)
         self.device_hosts: dict[str, str] = {}
-        positional = []
+        positional: list[str] = []
         for stage, device_id in enumerate(device_ids):
-            host = cluster.host_of(device_id) if cluster is not None else None
-            if host is None and by_position.get(stage):
-                host = by_position[stage]
+            listed = cluster.host_of(device_id) if cluster is not None else None
+            if listed is None and by_position.get(stage):
+                listed = by_position[stage]
                 positional.append(device_id)
-            self.device_hosts[device_id] = host or ""
+            self.device_hosts[device_id] = listed or ""
         if notes is not None and cluster is not None and positional:
             notes.append(f"cluster {cluster.origin} does not list device(s) {', '.join(positional)}: their host is "
                          "the one the job's link benchmark names at their stage position (add them to the cluster "

@@ -15,9 +15,10 @@ draws.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.model import Model
@@ -27,7 +28,7 @@ from hops_calib.model.predict import STALL_RANGE_LEVEL, Prediction
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import SCHEDULES, Spec
 from hops_calib.whatif.cluster import Cluster, Hop
-from hops_calib.whatif.perturbations import Perturbations
+from hops_calib.whatif.perturbations import Estimate, Perturbations
 from hops_calib.whatif.plan import PEAK_KEY, PEAK_UNIT
 
 CHOICES = (*SCHEDULES, "auto")
@@ -116,8 +117,10 @@ class WhatIf:
         """The devices and hosts of the first and the last stage, in words."""
         ids = self.spec.device_ids
         hosts = {h.src_device: h.src_host for h in self.hops} | {h.dst_device: h.dst_host for h in self.hops}
-        return tuple(f"stage {k} ({ids[k]}{' on ' + hosts[ids[k]] if hosts.get(ids[k]) else ''})"
-                     for k in (0, len(ids) - 1))
+        def stage(k: int) -> str:
+            return f"stage {k} ({ids[k]}{' on ' + hosts[ids[k]] if hosts.get(ids[k]) else ''})"
+
+        return stage(0), stage(len(ids) - 1)
 
     def end_collective_dict(self) -> dict[str, Any] | None:
         if self.end_collective is None:
@@ -184,9 +187,8 @@ def _refusal(spec: Spec, schedule: str, args_file: str, manifest_schedule: bool 
     """Why `schedule` cannot run the configuration `spec` describes, and which launch flags would let it; None when
     it can. The rules are the simulator's (`check_shape`); the remedies are Megatron's flags in `args_file` (and
     the launcher's `configured_schedule` in manifest.yaml when it records one: `manifest_schedule`)."""
-    from hops_calib.trace.job import MANIFEST
-
     from hops_calib.sim.schedules import check_shape
+    from hops_calib.trace.job import MANIFEST
 
     p, v, m = spec.pp, spec.vp, spec.microbatches
     try:
@@ -292,7 +294,7 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
                               "(pair_<i>_<j>.jsonl), device types the catalog knows") from None
     memory = stage_memory(spec, [model.device(d).memory_bytes for d in spec.devices],
                           predictions[0].result.peak_stage_activations)
-    perturbed = ()
+    perturbed: tuple[Estimate, ...] = ()
     if perturbations is not None:
         try:
             perturbed = tuple(perturbations.estimate(p.pipeline, p.schedule, spec.device_ids) for p in predictions)
@@ -362,7 +364,7 @@ def what_if_text(result: WhatIf) -> str:
     lines.append(f"{'':28}" + "".join(f"{head:>{width}}" for head in heads))
     for label, cell in rows:
         lines.append(f"{label:28}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))
-    if result.perturbed:
+    if result.perturbed and result.perturbations is not None:
         for label, value in (("perturbed: expected /s", lambda e: f"{e.expected:.3f}"),
                              ("  95 % interval", lambda e: f"{e.low:.3f}-{e.high:.3f}"),
                              ("perturbed: 5th pct /s", lambda e: f"{e.p5:.3f}")):
@@ -386,13 +388,13 @@ def what_if_text(result: WhatIf) -> str:
                  + (f"; this launch recomputes ({shape.recompute_granularity}), so HFU > MFU)"
                     if shape.recompute_granularity else "; this launch recomputes nothing, so the two are equal)"))
     lines += [f"not predicted: {refused.sentence()}" for refused in result.refused]
-    first = result.predictions[0]
+    shown = result.predictions[0]
     lines.append("")
-    lines.append(f"per stage under {first.schedule}:")
+    lines.append(f"per stage under {shown.schedule}:")
     lines.append(f"{'stage':>5} {'device':8}{'util':>7}{'fwd ms':>9}{'bwd ms':>9}{'opt ms':>9}")
-    for row in first.stage_phase_ms(spec):
+    for row in shown.stage_phase_ms(spec):
         optimizer = f"{row.optimizer_ms:.2f}" if row.optimizer_ms is not None else "n/a"
-        lines.append(f"{row.stage:>5} {row.device:8}{first.metrics.utilization_per_stage[row.stage]:7.3f}"
+        lines.append(f"{row.stage:>5} {row.device:8}{shown.metrics.utilization_per_stage[row.stage]:7.3f}"
                      f"{row.forward_ms:9.2f}{row.backward_ms:9.2f}{optimizer:>9}")
     gather = result.breakdown[0]["dp_param_gather"] if result.breakdown else 0.0
     shared = bool(spec.cores)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -242,7 +243,7 @@ class Space:
         taken = {k: iter(devices) for k, devices in by_kind.items()}
         return tuple(next(taken[k]) for k in kinds)
 
-    def canonical(self, order: Sequence[str]) -> tuple[str, ...]:
+    def canonical(self, order: Iterable[str]) -> tuple[str, ...]:
         """The device order that stands for every order with the same kinds at the same stages."""
         kind, by_kind = self.by_kind()
         return self._deal(by_kind, (kind[device] for device in order))
@@ -272,7 +273,7 @@ class Space:
 
     def shapes(self) -> list[tuple[int, int | None, int | None, str, int]]:
         """(micro batch size, first, last, schedule, chunks) of every launch of one order."""
-        out = []
+        out: list[tuple[int, int | None, int | None, str, int]] = []
         for size in self.sizes:
             m = self.batch // size
             for schedule in self.schedules:
@@ -383,7 +384,7 @@ class JobPlanner:
         return tuple(kind)
 
     def space(self, schedules: Sequence[str] = SCHEDULES, orders: bool = True, splits: bool = True,
-              micro_batch_sizes: bool = True, distinct: Sequence[str] = ()) -> "Space":
+              micro_batch_sizes: bool = True, distinct: Sequence[str] = ()) -> Space:
         """The launches to search; devices named in `distinct` (slowed by a perturbation) are of a kind of their
         own."""
         spec = self.spec
@@ -709,7 +710,7 @@ def _interchangeable(space: Space) -> str:
     alike = [", ".join(devices) for devices in space.by_kind()[1].values() if len(devices) > 1]
     return (f"interchangeable devices (same type, same links at every position: a launch prices the same with any "
             f"two swapped): {'; '.join(alike)}. {space.orders_count()} distinct stage order(s) searched of "
-            f"{math.factorial(len(space.devices))}")
+            f"{math.factorial(len(space.devices or space.current_order))}")
 
 
 def auto_rule_agreement(outcomes: Sequence[Outcome]) -> tuple[int, int]:
@@ -720,13 +721,12 @@ def auto_rule_agreement(outcomes: Sequence[Outcome]) -> tuple[int, int]:
     for o in outcomes:
         if o.launch.schedule != "auto":
             continue
-        twins = [by_launch.get(replace(o.launch, schedule=s)) for s in ("1f1b", "zb_h1")]
-        if None in twins:
+        one, other = (by_launch.get(replace(o.launch, schedule=s)) for s in ("1f1b", "zb_h1"))
+        if one is None or other is None:
             continue
         compared += 1
-        faster = max(twins, key=lambda t: t.samples_per_s)
-        agree += faster.resolved == o.resolved or math.isclose(twins[0].samples_per_s, twins[1].samples_per_s,
-                                                               rel_tol=1e-9)
+        faster = max((one, other), key=lambda t: t.samples_per_s)
+        agree += faster.resolved == o.resolved or math.isclose(one.samples_per_s, other.samples_per_s, rel_tol=1e-9)
     return agree, compared
 
 
@@ -906,7 +906,8 @@ def format_job_plan(plan: JobPlan) -> str:
         lines.append(f"{count} launch(es) " + ("unpriced" if reason.startswith("no link") else "cannot run")
                      + f": {reason}")
     widths = [100 * (o.expected_ci95[1] - o.expected_ci95[0]) / 2 / o.expected_samples_per_s
-              for o in (*plan.best, *([plan.current] if plan.current else [])) if o.expected_ci95 is not None]
+              for o in (*plan.best, *([plan.current] if plan.current else []))
+              if o.expected_ci95 is not None and o.expected_samples_per_s is not None]
     if widths:
         lines.append(f"expected: the run's work over its expected wall time (failures in closed form, random "
                      f"stragglers over the draws): its 95 % interval is within +-{max(widths):.2f} %"

@@ -9,14 +9,20 @@ draws and its throughput given as the mean and the 5th percentile.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from hops_calib.sim import Pipeline, SimResult, simulate
 from hops_calib.sim.perturb import (
-    Failure, RandomStragglers, SlowDevice, SlowLink, expected_failure_wall_ms, failure_run_ms, perturbed,
+    Failure,
+    RandomStragglers,
+    SlowDevice,
+    SlowLink,
+    expected_failure_wall_ms,
+    failure_run_ms,
+    perturbed,
     straggler_factors,
 )
 
@@ -36,7 +42,7 @@ class Estimate:
     p5: float
     draws: int
 
-    def scaled(self, factor: float) -> "Estimate":
+    def scaled(self, factor: float) -> Estimate:
         return Estimate(self.expected * factor, self.low * factor, self.high * factor, self.p5 * factor, self.draws)
 
     @property

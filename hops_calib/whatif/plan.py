@@ -17,7 +17,11 @@ from dataclasses import asdict, dataclass
 from hops_calib.sim import simulate
 from hops_calib.sim.schedules import check_shape
 from hops_calib.sim.theory import (
-    balanced_makespan, balanced_pipeline, bubble_fraction, closed_form_holds, microbatches_for_bubble,
+    balanced_makespan,
+    balanced_pipeline,
+    bubble_fraction,
+    closed_form_holds,
+    microbatches_for_bubble,
     peak_activations,
 )
 

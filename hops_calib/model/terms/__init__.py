@@ -7,11 +7,11 @@ in `_ALL` below. It is inert until a model file or a candidate activates it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
-from hops_calib.model.terms.base import Context, Contribution, Layout, Param, Term, layout_of
 from hops_calib.model.terms.attention import AttentionScoreTraffic
+from hops_calib.model.terms.base import Context, Contribution, Layout, Param, Term, layout_of
 from hops_calib.model.terms.dispatch import LayerDispatchFloor, LayerLaunchFloor
 from hops_calib.model.terms.elementwise import ElementwiseTraffic
 from hops_calib.model.terms.embedding import EmbeddingGradAllReduce

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import inspect
 import math
-from abc import ABC, abstractmethod
 import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
 from hops_calib.model.devices import DeviceSpec
 from hops_calib.spec import Spec
-
 
 DEVICE_LABEL = re.compile(r"^[a-z0-9_]+$")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from hops_calib.model import gpt
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
@@ -77,9 +77,9 @@ class LinkTransfer(Term):
             the sending GPU's share of its node's NICs (every GPU of a stage sends its own hop at once), held
             under one connection's ceiling (one TCP flow's over sockets: `Context.connection_cap_bytes_per_ms`)."""
             device = context.devices[a]
-            inside = spec.same_node(a, b) and device.intra_node_bandwidth_bytes_per_s
+            inside = device.intra_node_bandwidth_bytes_per_s if spec.same_node(a, b) else None
             if inside:
-                return nbytes / (device.intra_node_bandwidth_bytes_per_s / 1e3)
+                return nbytes / (inside / 1e3)
             return nbytes / min(device.network_bandwidth_bytes_per_s / 1e3, context.connection_cap_bytes_per_ms)
 
         slowest_ms = max((cost(fit) for fit in spec.links), default=0.0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from hops_calib.model import gpt
 from hops_calib.model.collectives import collective_ms
@@ -159,7 +159,8 @@ class TensorParallelComm(Term):
             rates = _rates(context, params, device.type)
 
             def price(counts: dict[tuple[str, float], int]) -> float:
-                return sum(count * collective_ms(spec, device, op, nbytes, "tp", stage=rank, **rates)
+                # called only within this iteration, so the loop's current device, rank and rates are the ones meant
+                return sum(count * collective_ms(spec, device, op, nbytes, "tp", stage=rank, **rates)  # noqa: B023
                            for (op, nbytes), count in counts.items())
 
             phases = tp_collectives(spec, k, layers)
