@@ -68,6 +68,9 @@ class CaptureConfig:
     seed: int = 1234
     link_bench: bool = True
     link_bench_iters: int = 50  # timed sends per message size (after 10 warm-up sends), as the cluster benchmark
+    # Record a PyTorch profiler (Kineto) trace of the traced iterations on every rank, beside the event log, as
+    # Megatron-LM's --profile --use-pytorch-profiler (capture/profiling.py)
+    profile: bool = False
 
     @property
     def ffn(self) -> int:
@@ -124,6 +127,8 @@ class CaptureConfig:
                  "the tensor-parallel group")
         need((self.tp == 1 and self.dp == 1) or self.engine == "megatron", "tp",
              "tensor and data parallelism run on the megatron engine only")
+        need(not self.profile or self.engine == "megatron", "profile",
+             "the PyTorch profiler trace is recorded on the megatron engine only")
         # A rank holds its chunk's weights and fp32 optimizer state (~16 bytes per parameter) plus activations:
         # refuse what cannot fit in this machine's memory before any rank starts.
         per_layer = 12 * self.hidden * self.hidden + 2 * self.hidden * (self.ffn - 4 * self.hidden)
@@ -181,6 +186,11 @@ class CaptureConfig:
             f"--seed {self.seed}",
             _FIXED_ARGS.format(tp=self.tp),
         ]
+        if self.profile:  # Megatron's flags for the same trace: the profiled passes are the traced iterations
+            parts.append(f"--profile --use-pytorch-profiler --profile-step-start {TRACE_FIRST_ITERATION} "
+                         f"--profile-step-end {self.train_iters + 1} --profile-ranks "
+                         + " ".join(str(rank) for rank in range(self.world))
+                         + " --pytorch-profiler-collect-shapes --pytorch-profiler-collect-callstack")
         return " ".join(parts)
 
     def cli_args(self) -> list[str]:
@@ -190,6 +200,8 @@ class CaptureConfig:
                 f"--iterations={self.iterations}", f"--layers={self.layers}", f"--hidden={self.hidden}",
                 f"--seq={self.seq}", f"--heads={self.heads}", f"--ffn-hidden={self.ffn}", f"--vocab={self.vocab}",
                 f"--engine={self.engine}", f"--schedule={self.resolved_schedule}", f"--seed={self.seed}"]
+        if self.profile:
+            args.append("--profile")
         if not self.link_bench:
             args.append("--no-link-bench")
         elif self.link_bench_iters != CaptureConfig.link_bench_iters:

@@ -216,8 +216,29 @@ def _reduce_gradients(parameters: list[Any], log: EventLog, clock: WallClock) ->
     log.collective("all_reduce", "dp", BACKWARD, None, flat.numel() * flat.element_size(), start, end)
 
 
-def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock) -> dict[str, Any]:
-    """Build this rank's model chunks, run warm-up and traced iterations; return facts for the manifest."""
+@dataclass
+class RankModel:
+    """One rank's Megatron-core model chunks, optimizer and step function, as `build` makes them."""
+
+    chunks: list[Any]
+    parameters: list[Any]
+    optimizer: Any
+    forward_step_func: Callable[..., Any]
+    vp_size: int | None
+    transformer: Any
+
+    def train_step(self, forward_backward: Callable[..., Any], config: CaptureConfig) -> None:
+        """One schedule call of Megatron's (the microbatches' forwards and backwards)."""
+        forward_backward(
+            forward_step_func=self.forward_step_func,
+            data_iterator=[None] * config.vp if self.vp_size else None,
+            model=self.chunks if self.vp_size else self.chunks[0],
+            num_microbatches=config.microbatches, seq_length=config.seq, micro_batch_size=1,
+        )
+
+
+def build(config: CaptureConfig) -> RankModel:
+    """Megatron's parallel state, this rank's GPT model chunks (local layer spec, fp32), AdamW and mock data."""
     import torch
 
     from hops_calib.capture import cpu_bridge
@@ -227,7 +248,6 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     vp_size = config.vp if config.vp > 1 else None
@@ -277,18 +297,32 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
 
         return output, loss_func
 
+    return RankModel(chunks, parameters, optimizer, forward_step_func, vp_size, transformer)
+
+
+def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock,
+        profile_path: Any = None) -> dict[str, Any]:
+    """Build this rank's model chunks, run warm-up and traced iterations; return facts for the manifest.
+    `profile_path`: where the rank's PyTorch profiler trace of the traced iterations goes (`config.profile`)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    built = build(config)
+    chunks, parameters, optimizer, transformer = built.chunks, built.parameters, built.optimizer, built.transformer
     forward_backward = get_forward_backward_func()
     tracer = MegatronTracer(log, clock)
     tracer.install()
+    profiler = None
+    if profile_path is not None:
+        from hops_calib.capture.profiling import RankProfiler
+
+        profiler = RankProfiler(profile_path, TRACE_FIRST_ITERATION, config.train_iters)
+        profiler.start()
     try:
         for iteration in range(1, config.train_iters + 1):
+            if profiler is not None:
+                profiler.step()
             log.begin_iteration(iteration if iteration >= TRACE_FIRST_ITERATION else None)
-            forward_backward(
-                forward_step_func=forward_step_func,
-                data_iterator=[None] * config.vp if vp_size else None,
-                model=chunks if vp_size else chunks[0],
-                num_microbatches=config.microbatches, seq_length=config.seq, micro_batch_size=1,
-            )
+            built.train_step(forward_backward, config)
             if config.dp > 1:
                 _reduce_gradients(parameters, log, clock)
             start = clock.now_ns()
@@ -297,6 +331,8 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
             end = clock.now_ns()
             log.compute(OPTIMIZER, config.microbatches - 1, 0, start, end)
             tracer.end_iteration()
+        if profiler is not None:
+            profiler.stop()
     finally:
         tracer.uninstall()
         log.begin_iteration(None)

@@ -8,6 +8,12 @@ directions overlap), the later one goes to an extra thread of the stage ("stage 
 is a complete event (`"ph": "X"`) with microsecond `ts` and `dur` from the start of its timeline; its `args` carry
 the iteration, microbatch, model chunk and, for a send, the stage it goes to. Metadata events (`"ph": "M"`) name
 and order the processes and threads. The whole run is exported, not a window: the viewer zooms.
+
+A real run read from a profiler trace (Kineto, Nsight) carries its per-kernel truth: under each of its compute
+bars the export nests one slice per kernel class (gemm, attention, ...), in order of time, each the class's mean
+time per step of that stage and phase (`per_iteration_ms` over the phase's steps per iteration), scaled down
+together where they would overrun the bar. They are aggregates of the trace's kernels, not the kernels
+themselves (the fixture keeps durations by kernel and shape, not each kernel's start).
 """
 
 from __future__ import annotations
@@ -95,7 +101,44 @@ def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel]) ->
             events.append({"name": label, "cat": "transfer" if is_send[i] else "compute", "ph": "X",
                            "ts": float(start_us[i]), "dur": float(duration_us[i]), "pid": pid,
                            "tid": _thread(stage, bool(is_send[i]), int(lanes[i])), "args": args})
+        if panel.kernels:
+            events += _kernel_slices(panel.kernels, columns, start_us, duration_us, is_send, lanes, pid)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
+
+
+def _kernel_slices(kernels: Sequence[Any], columns: dict[str, np.ndarray], start_us: np.ndarray,
+                   duration_us: np.ndarray, is_send: np.ndarray, lanes: np.ndarray, pid: int) -> list[dict[str, Any]]:
+    """Slices of kernel classes nested under each compute bar (module docstring)."""
+    compute = ~is_send
+    steps: dict[tuple[int, str], int] = {}  # (stage, phase) -> steps per iteration
+    iterations = max(len(set(columns["iteration"][compute].tolist())), 1)
+    for stage, phase in zip(columns["stage"][compute].tolist(), columns["phase"][compute].tolist()):
+        steps[(stage, str(phase))] = steps.get((stage, str(phase)), 0) + 1
+    per_step: dict[tuple[int, str], dict[str, float]] = {}
+    for kernel in kernels:
+        key = (kernel.stage, kernel.phase)
+        if key in steps:
+            classes = per_step.setdefault(key, {})
+            classes[kernel.kernel_class] = classes.get(kernel.kernel_class, 0.0) + (
+                kernel.per_iteration_ms * iterations / steps[key])
+    out: list[dict[str, Any]] = []
+    for i in np.flatnonzero(compute):
+        stage, phase = int(columns["stage"][i]), str(columns["phase"][i])
+        classes = per_step.get((stage, phase))
+        if not classes:
+            continue
+        total_us = sum(classes.values()) * US_PER_MS
+        scale = min(1.0, float(duration_us[i]) / total_us) if total_us > 0 else 0.0
+        at, end = float(start_us[i]), float(start_us[i] + duration_us[i])
+        for label, ms in sorted(classes.items(), key=lambda item: -item[1]):
+            width = min(round(ms * US_PER_MS * scale, 3), round(end - at, 3))  # (rounding never runs past the bar)
+            if width <= 0:
+                continue
+            out.append({"name": f"{label} (kernels)", "cat": "kernels", "ph": "X", "ts": round(at, 3), "dur": width,
+                        "pid": pid, "tid": _thread(stage, False, int(lanes[i])),
+                        "args": {"kernel_class": label, "mean_ms_per_step": ms, "scaled": scale < 1.0}})
+            at += width
+    return out
 
 
 def write_chrome_trace(path: Path | str, title: str, devices: Sequence[str], panels: Sequence[Panel]) -> Path:

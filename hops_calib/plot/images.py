@@ -151,7 +151,7 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     real = fixture.timeline()
     first_real = int(real["iteration"].min())
     spec = fixture.spec
-    panels = [Panel("Real run (trace)", real, metrics_note(fixture.truth.metrics)),
+    panels = [Panel("Real run (trace)", real, metrics_note(fixture.truth.metrics), kernels=fixture.truth.kernels),
               Panel(f"Predicted by {model_label(model)}", prediction.result.timeline,
                     metrics_note(prediction.metrics), first_iteration_label=first_real)]
     shown = shown_window([panel.timeline for panel in panels], iterations, figure_size(spec.pp)[0], dpi)

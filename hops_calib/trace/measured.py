@@ -67,7 +67,8 @@ QUIET_ARGS = frozenset({
     "one_logger_project", "barrier_with_L1_time", "no_barrier_with_level_1_timing", "empty_unused_memory_level",
     "check_for_nan_in_loss_and_grad", "no_check_for_nan_in_loss_and_grad", "manual_gc", "manual_gc_interval",
     "deterministic_mode", "calculate_per_token_loss", "profile", "profile_step_start", "profile_step_end",
-    "profile_ranks", "use_pytorch_profiler", "record_memory_history", "memory_snapshot_path", "bert_binary_head",
+    "profile_ranks", "use_pytorch_profiler", "pytorch_profiler_collect_shapes", "pytorch_profiler_collect_callstack",
+    "pytorch_profiler_collect_chakra", "record_shapes", "nvtx_ranges", "record_memory_history", "memory_snapshot_path", "bert_binary_head",
     "test_mode",
 })
 # Megatron's arguments (args. spelling) a run table or a sidecar may give: what the spec and the cost model read, what
