@@ -104,8 +104,8 @@ if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` imports
         unmodelled,
     )
     from hops_calib.spec.job_dir import build_spec, core_sharing_note, shared_cores
-    from hops_calib.spec.stage_layers import split_layers
     from hops_calib.spec.schedules import SCHEDULE_ALIASES, SCHEDULES, declared_schedule_of, normalize_schedule_label
+    from hops_calib.spec.stage_layers import split_layers
     from hops_calib.spec.types import (
         CollectiveTable,
         Hardware,

@@ -255,7 +255,7 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         overlap_param_gather=bool(args.get("overlap_param_gather")),
         rank_order=rank_order,
         ranks_per_device=ranks_per_device,
-        overlap_p2p=schedule == "interleaved_1f1b" and overlapped_p2p(args),
+        overlap_p2p=overlapped_p2p(args, interleaved=schedule == "interleaved_1f1b"),
         layers_per_virtual_stage=stage_layers.per_virtual_stage,
         nodes=tuple(hardware.nodes) if collectives and hardware.gpu is None and any(hardware.nodes) else (),
     )

@@ -48,6 +48,15 @@ _off = _is(False, None)  # a switch left off (a rank log's block prints False; N
 
 
 def _interleaved(args: dict[str, Any]) -> bool:
+    """Whether the launch configures virtual stages (a layout of more stages than ranks does too)."""
+    layout = args.get("pipeline_model_parallel_layout")
+    if layout:
+        from hops_calib.spec.stage_layers import LayoutError, parse_layout
+
+        try:
+            return len(parse_layout(str(layout))) > (args.get("pipeline_model_parallel_size") or 1)
+        except LayoutError:
+            return False  # refused with its reason when the spec reads the split
     return bool(args.get("num_layers_per_virtual_pipeline_stage")) or (
         args.get("virtual_pipeline_model_parallel_size") or 1) > 1
 
@@ -104,17 +113,18 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
 )
 
 
-def overlapped_p2p(args: dict[str, Any]) -> bool:
+def overlapped_p2p(args: dict[str, Any], interleaved: bool | None = None) -> bool:
     """Whether a launch's interleaved schedule overlaps its p2p calls with compute: Megatron-LM's
     --overlap-p2p-communication is on by default (off with --no-overlap-p2p-communication) and applies only with
     virtual pipeline stages (Megatron-core refuses overlap_p2p_comm without them:
-    forward_backward_pipelining_without_interleaving in megatron/core/pipeline_parallel/schedules.py)."""
+    forward_backward_pipelining_without_interleaving in megatron/core/pipeline_parallel/schedules.py).
+    `interleaved`: whether the launch runs virtual stages (None: from its virtual-pipeline flags)."""
+    if not (_interleaved(args) if interleaved is None else interleaved):
+        return False
     for key in ("overlap_p2p_comm", "overlap_p2p_communication"):
         if key in args:
-            return bool(args[key]) and _interleaved(args)
-    if args.get("no_overlap_p2p_communication"):
-        return False
-    return _interleaved(args)
+            return bool(args[key])
+    return not args.get("no_overlap_p2p_communication")
 
 
 @dataclass(frozen=True)
