@@ -108,6 +108,8 @@ def capture(
     link_bench: bool = typer.Option(True, "--link-bench/--no-link-bench", help="Run the gloo p2p link benchmark (without it the run ingests, but predict, "
                                     "evaluate and report refuse it: hops are priced from the benchmark)."),
     link_bench_iters: int = typer.Option(50, "--link-bench-iters", help="Timed sends per message size."),
+    overlap_p2p: bool = typer.Option(False, "--overlap-p2p", help="Overlap the interleaved schedule's p2p with "
+                                     "compute (Megatron's overlap_p2p_comm, Megatron-LM's default with --vp > 1)."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it is an earlier capture (nothing else)."),
 ) -> None:
     """Record a real pipeline run on this machine's CPU cores into a cluster-style job directory (needs the capture extra)."""
@@ -116,7 +118,7 @@ def capture(
     raise typer.Exit(capture_command(out, force, pp=pp, vp=vp, tp=tp, dp=dp, microbatches=microbatches, iterations=iterations,
                                      layers=layers, hidden=hidden, seq=seq, heads=heads, ffn_hidden=ffn_hidden,
                                      vocab=vocab, engine=engine, schedule=schedule, seed=seed, link_bench=link_bench,
-                                     link_bench_iters=link_bench_iters))
+                                     link_bench_iters=link_bench_iters, overlap_p2p=overlap_p2p))
 
 
 @app.command()
