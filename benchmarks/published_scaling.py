@@ -1,7 +1,7 @@
 """Benchmark: the shipped model against published Megatron-LM throughput at scale (32 to 3,072 A100s). Prints
 figures; asserts nothing.
 
-    python benchmarks/published_scaling.py [--micro-batch 1 2 4]
+    python benchmarks/published_scaling.py [--micro-batch 1 2 4] [--model MODEL.toml]
 
 The model is calibrated on one A100 node (the public vTrain runs: h <= 2048, s = 1024, <= 8 GPUs). Whether its
 terms extrapolate by their physics is what a user asks before trusting `plan` on a large job; no measurement of
@@ -55,6 +55,9 @@ def hardware_flops(batch: int, layers: int, hidden: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro-batch", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--model", type=Path, default=None,
+                        help="model file to price with (default: the shipped model); e.g. one that activates "
+                             "decoder_kernels in place of decoder_roofline")
     options = parser.parse_args()
 
     from hops_calib.errors import InputError
@@ -62,7 +65,7 @@ def main() -> None:
     from hops_calib.model.predict import predict
     from hops_calib.spec import Hardware, spec_from_args
 
-    model = load_model()
+    model = load_model(options.model) if options.model else load_model()
     print(f"model {model.name} ({model.sha256[:12]}); teraFLOP/s per GPU, recomputation counted (SC21 eq. 3); "
           f"ratio = predicted / published")
     header = f"{'model':>5} {'t':>2} {'p':>3} {'d':>3} {'GPUs':>5} {'published':>9}"

@@ -455,6 +455,12 @@ def predict(
     no_cluster: bool = NO_CLUSTER_OPTION,
     model: Path | None = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    kernels: bool = typer.Option(False, "--kernels", help="With --job: also the kernel table of a stage (each "
+                                 "kernel Megatron launches per microbatch: shape, FLOPs, bytes, time, what bounds "
+                                 "it; priced by decoder_kernels' values, its defaults when the model does not "
+                                 "activate it)."),
+    kernel_stage: int | None = typer.Option(None, "--kernel-stage", help="With --kernels: the virtual stage to "
+                                               "list (default: the slowest).", show_default=False),
     perturbations: dict | None = None,
     ledger: Path = LEDGER_OPTION,
     allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
@@ -468,7 +474,7 @@ def predict(
                                      fixtures_defaulted=not _given(ctx, "fixtures"),
                                      cluster=_cluster(ctx, cluster, no_cluster),
                                      perturbations=perturbations, ledger_path=ledger,
-                                     allow_held_out=allow_held_out))
+                                     allow_held_out=allow_held_out, kernels=kernels, kernel_stage=kernel_stage))
 
 
 @app.command()

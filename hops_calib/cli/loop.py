@@ -197,7 +197,7 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
                     as_json: bool, job: Path | None = None, schedules: Sequence[str] = (),
                     fixtures_defaulted: bool = False, cluster: Path | None = None,
                     perturbations: dict | None = None, ledger_path: Path | None = None,
-                    allow_held_out: bool = False) -> int:
+                    allow_held_out: bool = False, kernels: bool = False, kernel_stage: int | None = None) -> int:
     def run() -> int:
         refuse_job_dir_as_id(fixture_id, fixtures, "`hops-calib predict --job DIR`")
         choices = {f"ID {fixture_id}": fixture_id is not None, "--all": all_train, f"--job {job}": job is not None}
@@ -211,11 +211,17 @@ def predict_command(fixture_id: str | None, all_train: bool, fixtures: Path, mod
         if given and job is None:
             raise InputError("predict", f"--{given[0].replace('_', '-')} applies to --job (a fixture is predicted as "
                              "it ran)", field=f"--{given[0].replace('_', '-')}")
+        if (kernels or kernel_stage is not None) and job is None:
+            raise InputError("predict", "--kernels applies to --job (the kernel table of a configuration's stage)",
+                             field="--kernels")
+        if kernel_stage is not None and not kernels:
+            raise InputError("predict", "--kernel-stage chooses the stage of --kernels", field="--kernel-stage",
+                             hint="add --kernels")
         if job is not None:
             from hops_calib.cli.whatif import predict_job
 
             return predict_job(job, model_path, schedules, fixtures, fixtures_defaulted, as_json, cluster,
-                               perturbations)
+                               perturbations, kernels=kernels, kernel_stage=kernel_stage)
         if fixture_id is not None:
             return _predict_one(fixture_id, fixtures, model_path, as_json, ledger_path, allow_held_out)
         from hops_calib.loop.evaluate import evaluate

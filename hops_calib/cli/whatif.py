@@ -54,14 +54,16 @@ def _calibration_coverage(fixtures: Path, defaulted: bool = False) -> tuple[Cove
 
 
 def predict_job(job: Path, model_path: Path | None, schedules: Sequence[str], fixtures: Path, fixtures_defaulted: bool,
-                as_json: bool, cluster: Path | None = None, perturbations: dict | None = None) -> int:
+                as_json: bool, cluster: Path | None = None, perturbations: dict | None = None, *,
+                kernels: bool = False, kernel_stage: int | None = None) -> int:
     """`predict --job DIR`: the configuration under each schedule, and where it lies outside the store's train
     runs. Errors are the caller's (`hops_calib.cli.output.guarded`)."""
     from hops_calib.loop.model_files import load_model
     from hops_calib.whatif.job import what_if, what_if_text
 
     result = what_if(job, load_model(model_path), schedules, *_calibration_coverage(fixtures, fixtures_defaulted),
-                     cluster=load_cluster(cluster), perturbations=parse_perturbations(perturbations, job))
+                     cluster=load_cluster(cluster), perturbations=parse_perturbations(perturbations, job),
+                     kernels=kernels, kernel_stage=kernel_stage)
     if as_json:
         print_json(result.to_dict())
     else:

@@ -158,6 +158,11 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None, *, simulable
                      "span nodes priced over the nodes' NICs")
     if transport:
         spec = dataclasses.replace(spec, transport=transport)
+    from hops_calib.trace.component_tables import COMPONENTS_DIR, read_component_tables
+
+    components = read_component_tables(job_dir / COMPONENTS_DIR)
+    if components:  # the machine's GEMM and memory tables, which the kernel terms price with
+        spec = dataclasses.replace(spec, component_tables=components)
     if not spec.links and pp > 1 and len(device_ids) == pp and spec.gpus_per_node:
         notes.append(f"no link benchmark in {LINK_BENCH_DIR}: each hop priced by NVLink within a node and by the "
                      "GPU's share of its node's NICs across nodes (the launch's placement)")

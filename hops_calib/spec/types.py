@@ -16,6 +16,7 @@ from typing import Any
 
 from hops_calib.spec.schedules import SCHEDULES
 from hops_calib.trace.collective_bench import CollectiveTable  # the machine's collective benchmark
+from hops_calib.trace.component_tables import ComponentTables  # the machine's GEMM and memory-kernel tables
 from hops_calib.trace.link_bench import LinkFit  # the link benchmark's fit; a Spec carries one per hop
 
 
@@ -128,6 +129,9 @@ class Spec:
     # (NCCL_NET, NCCL_IB_DISABLE: trace.megatron_args.Launch.transport); "" when it says nothing, and then the
     # links' own (`LinkFit.transport`) decide
     transport: str = ""
+    # The machine's component tables (GEMM and memory-bound kernel times, one entry per device type measured), which
+    # the kernel terms price with; () where it has none (those devices are priced from their datasheet)
+    component_tables: tuple[ComponentTables, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.layers_per_stage) != self.pp:
@@ -201,6 +205,10 @@ class Spec:
         """The machine's benchmark table of `op` on `gpus` GPUs, or None."""
         return next((t for t in self.collectives if t.op == op and t.gpus == gpus), None)
 
+    def components(self, device_type: str) -> ComponentTables | None:
+        """The machine's component tables of `device_type`, or None."""
+        return next((t for t in self.component_tables if t.device == device_type), None)
+
     def link(self, src_stage: int, dst_stage: int) -> LinkFit | None:
         """The fitted link between two stages, in either direction, or None."""
         for fit in self.links:
@@ -231,6 +239,7 @@ class Spec:
         data["links"] = tuple(LinkFit(**link) for link in data.get("links", ()))
         data["model"] = ModelShape(**data["model"])
         data["collectives"] = tuple(CollectiveTable(**table) for table in data.get("collectives", ()))
+        data["component_tables"] = tuple(ComponentTables(**table) for table in data.get("component_tables", ()))
         for name in ("layers_per_stage", "devices", "device_ids", "device_names", "nodes", "cores",
                      "layers_per_virtual_stage"):
             data[name] = tuple(data.get(name, ()))
@@ -244,7 +253,7 @@ class Spec:
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
 _OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "dp", "distributed_optimizer", "overlap_grad_reduce",
                     "overlap_param_gather", "rank_order", "ranks_per_device", "nodes", "cores", "transport",
-                    "overlap_p2p", "layers_per_virtual_stage")
+                    "component_tables", "overlap_p2p", "layers_per_virtual_stage")
 _OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "tensor_parallel",
                           "sequence_parallel", "swiglu", "num_query_groups", "normalization", "position_embedding",
                           "attention_kernel")

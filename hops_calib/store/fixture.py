@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from hops_calib.spec.types import Spec
 from hops_calib.store.collectives import HARDWARE_KEY, load_collectives
+from hops_calib.store.components import with_stored_components
 from hops_calib.store.digests import (
     EVENTS_FILE,
     EVENTS_KIND,
@@ -133,9 +134,10 @@ class MeasuredFixture:
         digest = self.hardware.get(HARDWARE_KEY)
         collectives = load_collectives(self.path.parent, digest) if digest else ()  # FixtureFileError if not intact
         try:
-            return measured_spec(self.id, self.launch, self.hardware, self.meta.get("origin", ""), collectives)
+            spec = measured_spec(self.id, self.launch, self.hardware, self.meta.get("origin", ""), collectives)
         except (ValueError, KeyError, TypeError) as err:
             raise NotPriced(self.id, reason_of(err)) from None
+        return with_stored_components(spec, self.path.parent, self.hardware)
 
     @property
     def not_priced(self) -> str | None:

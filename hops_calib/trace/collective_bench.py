@@ -8,7 +8,6 @@ size, measured on n GPUs of one node. It is the intra-node counterpart of the li
 
 from __future__ import annotations
 
-import csv
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,6 +17,7 @@ import numpy as np
 
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.link_bench import LinkFit, interpolate_ms, sorted_points
+from hops_calib.trace.reading import csv_rows
 
 ALLREDUCE_DIR = "calibration/allreduce"
 _TABLE_FILE = re.compile(r"AR_GPU(\d+)_")
@@ -54,17 +54,6 @@ def gpus_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _lines(path: Path):
-    """The table's lines as text: a regular file, UTF-8 (the first bad byte named by line), lines of at most 64 KiB."""
-    from hops_calib.trace.reading import bounded_lines, decode_utf8, long_line, open_regular
-
-    with open_regular(path) as handle:
-        for number, raw in bounded_lines(handle):
-            if raw is None:
-                raise long_line(path, number)
-            yield decode_utf8(path, raw, number)
-
-
 def read_allreduce_table(path: Path) -> CollectiveTable:
     """One nccl-tests all-reduce table: the in-place median time (ms) by message size (bytes)."""
     path = Path(path)
@@ -73,34 +62,21 @@ def read_allreduce_table(path: Path) -> CollectiveTable:
         raise TraceError(path, "does not name its GPU count", field="file name",
                          hint="name an all-reduce table AR_GPU<n>_..., n >= 2 the GPUs it was measured on")
     points: dict[float, float] = {}
-    try:
-        rows = csv.reader(_lines(path))
-        header = next(rows, None)
-        if header is None or tuple(cell.strip() for cell in header) != HEADER:
-            raise TraceError(path, f"has the header {header!r}", line=1, field="header",
-                             hint=f"expected nccl-tests' columns {','.join(HEADER)}")
-        for number, row in enumerate(rows, start=2):
-            if not row or not "".join(row).strip():
-                continue
-            if len(row) != len(HEADER):
-                raise TraceError(path, f"has {len(row)} columns, expected {len(HEADER)}", line=number,
-                                 hint="a torn or edited row: re-run the benchmark or delete the line")
-            for column in (0, IN_PLACE_TIME):
-                try:
-                    value = float(row[column])
-                except ValueError:
-                    value = float("nan")
-                if not value > 0 or value == float("inf"):
-                    raise TraceError(path, f"is {row[column]!r}, expected a positive number", line=number,
-                                     field=HEADER[column] + (" (in-place)" if column == IN_PLACE_TIME else ""),
-                                     hint="re-run the benchmark or delete the row")
-            size = float(row[0])
-            if size in points:
-                raise TraceError(path, f"repeats message size {row[0]}", line=number, field=HEADER[0],
-                                 hint="one row per message size: delete the repeat")
-            points[size] = float(row[IN_PLACE_TIME]) / 1e6
-    except csv.Error as err:
-        raise TraceError(path, f"is not a CSV table ({err})", hint="give the benchmark's CSV output") from None
+    for number, row in csv_rows(path, HEADER, "nccl-tests'"):
+        for column in (0, IN_PLACE_TIME):
+            try:
+                value = float(row[column])
+            except ValueError:
+                value = float("nan")
+            if not value > 0 or value == float("inf"):
+                raise TraceError(path, f"is {row[column]!r}, expected a positive number", line=number,
+                                 field=HEADER[column] + (" (in-place)" if column == IN_PLACE_TIME else ""),
+                                 hint="re-run the benchmark or delete the row")
+        size = float(row[0])
+        if size in points:
+            raise TraceError(path, f"repeats message size {row[0]}", line=number, field=HEADER[0],
+                             hint="one row per message size: delete the repeat")
+        points[size] = float(row[IN_PLACE_TIME]) / 1e6
     if len(points) < 2:
         raise TraceError(path, f"has {len(points)} measured sizes", field=HEADER[0],
                          hint="a table needs rows of at least two message sizes")

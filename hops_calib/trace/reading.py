@@ -140,6 +140,43 @@ def text_lines(path: Path, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, s
                 yield number, raw.decode("utf-8", errors="replace")
 
 
+def strict_lines(path: Path) -> Iterator[str]:
+    """A table's lines as text: a regular file, UTF-8 (the first bad byte named by line), lines of at most
+    MAX_LINE_BYTES (TraceError naming the line otherwise)."""
+    with open_regular(path) as handle:
+        for number, raw in bounded_lines(handle):
+            if raw is None:
+                raise long_line(path, number)
+            yield decode_utf8(path, raw, number)
+
+
+def csv_rows(path: Path, header: tuple[str, ...], expected: str, max_rows: int | None = None
+             ) -> Iterator[tuple[int, list[str]]]:
+    """(line, cells) of a benchmark's CSV table after its header (`strict_lines`), blank lines skipped; TraceError
+    naming the line for another header (`expected` says whose columns), a row of another width, more than `max_rows`
+    rows, or text that is not CSV."""
+    import csv
+
+    rows = csv.reader(strict_lines(path))
+    try:
+        first = next(rows, None)
+        if first is None or tuple(cell.strip() for cell in first) != header:
+            raise TraceError(path, f"has the header {first!r}", line=1, field="header",
+                             hint=f"expected {expected} columns {','.join(header)}")
+        for number, row in enumerate(rows, start=2):
+            if not row or not "".join(row).strip():
+                continue
+            if max_rows is not None and number > max_rows + 1:
+                raise TraceError(path, f"has more than {max_rows} rows", line=number,
+                                 hint="a benchmark table holds one row per measured size or shape: split or thin it")
+            if len(row) != len(header):
+                raise TraceError(path, f"has {len(row)} columns, expected {len(header)}", line=number,
+                                 hint="a torn or edited row: re-run the benchmark or delete the line")
+            yield number, row
+    except csv.Error as err:
+        raise TraceError(path, f"is not a CSV table ({err})", hint="give the benchmark's CSV output") from None
+
+
 def _nesting_error(path: Path, line: int | None) -> TraceError:
     return TraceError(path, "nests mappings or lists too deeply" + (f" (more than {MAX_NESTING} levels)" if line else ""), line=line,
                       hint="a job's configuration is a few levels deep: copy the job's own file here")

@@ -69,6 +69,7 @@ class WhatIf:
     cluster: str = ""  # the cluster file used, and where it was set ("" none)
     breakdown: tuple[dict[str, float], ...] = ()  # per stage, ms of one iteration by kind (`Model.breakdown`)
     memory: tuple[StageMemory, ...] = ()  # per stage, one GPU's peak under the first schedule predicted
+    kernels: Any = None  # the kernel table of one stage when asked for (`model.kernel_table.KernelTable`)
 
     @property
     def fits(self) -> bool:
@@ -104,6 +105,7 @@ class WhatIf:
                             for asked, p, estimate in zip(self.asked, self.predictions,
                                                           self.perturbed or [None] * len(self.predictions))],
             "refused": [r.to_dict() for r in self.refused],
+            **({"kernels": self.kernels.to_dict()} if self.kernels is not None else {}),
         }
 
 
@@ -223,11 +225,13 @@ def _refusal(spec: Spec, schedule: str, args_file: str, manifest_schedule: bool 
 
 def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), calibration: Coverage | None = None,
             calibration_name: str = "", cluster: Cluster | None = None,
-            perturbations: Perturbations | None = None) -> WhatIf:
+            perturbations: Perturbations | None = None, kernels: bool = False,
+            kernel_stage: int | None = None) -> WhatIf:
     """Predict the run `job_dir` configures under each of `schedules` (default: the configured one), each hop priced
     by the hosts at its ends (the job's own benchmark of the pair, else `cluster`'s); with the `calibration` runs'
     coverage, also say where the configuration lies outside them; under `perturbations`, also the throughput of
-    seeded perturbed draws."""
+    seeded perturbed draws; with `kernels`, the kernel table of virtual stage `kernel_stage` (default the slowest)."""
+    from hops_calib.model.kernel_table import kernel_table, pricing_notes
     from hops_calib.model.predict import ScheduleError, predict_schedules
     from hops_calib.spec import build_spec, check_simulable
     from hops_calib.trace import find_arguments, read_manifest, require_job_dir
@@ -292,13 +296,21 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
         except ValueError as error:
             raise InputError(str(job_dir), f"cannot be simulated under the stragglers or failures asked for: {error}",
                              field="--failure-rate", hint="check the rates and the checkpoint interval") from None
+    notes += pricing_notes(model, spec)
+    table = None
+    if kernels:
+        try:
+            table = kernel_table(model, spec, kernel_stage)
+        except ValueError as error:
+            raise InputError("predict", str(error), field="--kernel-stage",
+                             hint="give a virtual stage of the job (chunk c of rank r is c x pp + r)") from None
     return WhatIf(job_dir=job_dir, spec=spec, model=model, predictions=predictions, asked=asked,
                   notes=tuple(notes), breakdown=tuple(model.breakdown(spec)), memory=memory,
                   end_collective=end_collective_of(spec, model),
                   cluster=cluster.named() if cluster is not None else "",
                   extrapolations=tuple(extrapolations(spec, calibration)) if calibration is not None else None,
                   calibration=calibration_name, refused=refused, hops=hops, perturbations=perturbations,
-                  perturbed=perturbed)
+                  perturbed=perturbed, kernels=table)
 
 
 def what_if_text(result: WhatIf) -> str:
@@ -388,6 +400,10 @@ def what_if_text(result: WhatIf) -> str:
                     "sharing: longer while another rank of the core computes), the breakdown their work alone"
                     if shared else "") + ")")
     lines += _breakdown_lines(result)
+    if result.kernels is not None:
+        from hops_calib.model.kernel_table import kernel_table_text
+
+        lines += kernel_table_text(result.kernels)
     return "\n".join(lines)
 
 

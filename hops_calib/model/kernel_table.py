@@ -1,0 +1,154 @@
+"""Model room: the kernel table of one pipeline stage, what `predict --job DIR --kernels` prints: each kernel the stage
+launches per microbatch (`hops_calib.model.kernels`) with its shape, FLOPs, bytes, time and what bounds it
+(`hops_calib.model.kernel_pricing`, with the `decoder_kernels` term's values in the model, or its defaults when the
+model does not activate it), and its tensor-parallel collectives priced as `tensor_parallel_comm` prices them. Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hops_calib.model.collectives import collective_ms
+from hops_calib.model.kernels import (
+    COLLECTIVE,
+    DGRAD,
+    FORWARD,
+    PHASES,
+    RECOMPUTE,
+    WGRAD,
+    stage_kernels,
+)
+from hops_calib.model.model import Model
+from hops_calib.model.terms import TERMS, Term, layout_of
+from hops_calib.model.terms.decoder_kernels import kernel_settings, pricer_of
+from hops_calib.model.terms.parallel import _rates
+from hops_calib.spec import Spec
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    name: str
+    phase: str
+    op: str
+    kind: str
+    shape: str
+    dtype: str
+    count: int  # launches per microbatch (the stage's layers for a layer's kernel)
+    flops: float  # per launch, executed
+    bytes: float  # per launch
+    ms: float  # per launch
+    bound: str
+    efficiency: float | None
+    waves: int | None
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kernel": self.name, "phase": self.phase, "op": self.op, "kind": self.kind, "shape": self.shape,
+                "dtype": self.dtype, "count": self.count, "flops": self.flops, "bytes": self.bytes, "ms": self.ms,
+                "total_ms": self.ms * self.count, "bound": self.bound, "efficiency": self.efficiency,
+                "waves": self.waves, "source": self.source}
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    stage: int  # virtual stage
+    device: str
+    layers: int
+    rows: tuple[KernelRow, ...]
+    notes: tuple[str, ...]
+
+    def total_ms(self, phase: str, collectives: bool = False) -> float:
+        """Milliseconds per microbatch of the phase's kernels (`collectives`: of its collectives instead)."""
+        return sum(r.ms * r.count for r in self.rows if r.phase == phase and (r.op == COLLECTIVE) == collectives)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "device": self.device, "layers": self.layers,
+                "totals_ms": {phase: self.total_ms(phase) for phase in PHASES},
+                "collectives_ms": {phase: self.total_ms(phase, collectives=True) for phase in PHASES},
+                "launches": sum(r.count for r in self.rows), "notes": list(self.notes),
+                "kernels": [r.to_dict() for r in self.rows]}
+
+
+def slowest_stage(model: Model, spec: Spec) -> int:
+    """The virtual stage whose forward plus backward the model prices longest (the pipeline's bottleneck)."""
+    stages = model.pipeline(spec).stages
+    return max(range(len(stages)), key=lambda k: stages[k].forward_ms + stages[k].backward_ms)
+
+
+def pricing_notes(model: Model, spec: Spec) -> list[str]:
+    """Where the model's kernel term prices each device type of `spec` from: the machine's component tables, or the
+    datasheet through the default curves (said for every device without a table). Empty when the model does not
+    activate `decoder_kernels`."""
+    active = model.active("decoder_kernels")
+    if active is None:
+        return []
+    notes = []
+    for device_type in sorted(set(spec.devices)):
+        sources = pricer_of(spec, model.device(device_type), active.params()).sources()
+        if spec.components(device_type) is None or Term.value(active.params(), "use_tables", device_type) != 1.0:
+            notes.append(f"{device_type} has no component tables here: decoder_kernels prices its GEMMs from its "
+                         f"datasheet by the default curve {sources['gemm']}, its memory-bound kernels by "
+                         f"{sources['memory']} (`hops-calib bench` measures a machine's tables)")
+        else:
+            notes.append(f"{device_type}: GEMMs priced from the {sources['gemm']}; memory-bound kernels from the "
+                         f"{sources['memory']}")
+    return notes
+
+
+def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTable:
+    """The kernels of virtual stage `stage` (default: the slowest, `slowest_stage`) per microbatch, priced."""
+    layout = layout_of(spec)
+    if stage is None:
+        stage = slowest_stage(model, spec)
+    if not 0 <= stage < layout.virtual_stages:
+        raise ValueError(f"stage {stage} is outside the job's virtual stages 0-{layout.virtual_stages - 1}")
+    term = TERMS["decoder_kernels"]
+    active = model.active("decoder_kernels")
+    params = active.params() if active else term.defaults()
+    notes = [] if active else [("the model does not activate decoder_kernels: the table prices with the term's "
+                                "defaults (datasheet curves); the stage's predicted times come from the model's own "
+                                "terms")]
+    rank = layout.rank_of(stage)
+    device = model.device(spec.devices[rank])
+    pricer = pricer_of(spec, device, params)
+    comm = model.active("tensor_parallel_comm")
+    comm_params = comm.params() if comm else TERMS["tensor_parallel_comm"].defaults()
+    rates = _rates(model.context(spec), comm_params, device.type)
+    kernels = stage_kernels(spec.model, kernel_settings(spec), layout.layers[stage], first=stage == 0,
+                            last=stage == layout.virtual_stages - 1)
+    rows = []
+    for kernel, count in kernels.rows():
+        if not count:
+            continue
+        if kernel.op == COLLECTIVE:
+            ms = collective_ms(spec, device, kernel.kind, kernel.bytes, "tp", stage=rank, **rates)
+            rows.append(KernelRow(kernel.name, kernel.phase, kernel.op, kernel.kind, "", kernel.dtype, count, 0.0,
+                                  kernel.bytes, ms, "overlapped collective" if kernel.overlapped else "collective",
+                                  None, None, "tensor_parallel_comm (the node's all-reduce table, else the ring)"))
+            continue
+        priced = pricer.price(kernel)
+        rows.append(KernelRow(kernel.name, kernel.phase, kernel.op, kernel.kind, kernel.shape, kernel.dtype, count,
+                              kernel.flops, kernel.bytes, priced.ms, priced.bound, priced.efficiency, priced.waves,
+                              priced.source))
+    notes += pricing_notes(model, spec) if active else []
+    return KernelTable(stage=stage, device=device.type, layers=layout.layers[stage], rows=tuple(rows),
+                       notes=tuple(notes))
+
+
+def kernel_table_text(table: KernelTable) -> list[str]:
+    """The table as text lines: one row per kernel, then the totals by phase."""
+    lines = [(f"kernels of virtual stage {table.stage} ({table.device}, {table.layers} layers), per microbatch: "
+              "time per launch x launches; bound: what sets the time")]
+    lines.append(f"  {'kernel':44} {'phase':9} {'M x N x K':22} {'n':>4} {'GFLOP':>9} {'MB':>9} {'ms':>9} "
+                 f"{'x n ms':>9}  bound")
+    for r in table.rows:
+        eff = f" ({100 * r.efficiency:.0f} %)" if r.efficiency is not None and r.op != COLLECTIVE else ""
+        lines.append(f"  {r.name[:44]:44} {r.phase:9} {r.shape[:22]:22} {r.count:>4} {r.flops / 1e9:>9.3f} "
+                     f"{r.bytes / 1e6:>9.2f} {r.ms:>9.4f} {r.ms * r.count:>9.3f}  {r.bound}{eff}")
+    lines.append("  kernels (ms per microbatch): " + ", ".join(
+        f"{phase} {table.total_ms(phase):.3f}" for phase in (FORWARD, DGRAD, WGRAD, RECOMPUTE))
+        + "; tensor-parallel collectives: " + ", ".join(
+        f"{phase} {table.total_ms(phase, collectives=True):.3f}" for phase in (FORWARD, DGRAD, RECOMPUTE)))
+    lines += [f"  note: {note}" for note in table.notes]
+    return lines
