@@ -142,3 +142,31 @@ def test_layout_errors_name_their_flag():
     assert error.value.flag == "--pipeline-model-parallel-layout"
     assert stage_layers_of({**BASE}, "a", 14, 2).per_rank == (7, 7)
     assert dataclasses.is_dataclass(stage_layers_of({**BASE}, "a", 14, 2))
+
+
+def test_the_planner_searches_the_interleaved_splits_that_account_for_embedding_and_loss():
+    # 4 layers on 2 ranks: with the embedding and the loss counted, 6 pieces make 3 chunks of one per rank, the
+    # first and last virtual stages holding no decoder layer (0, 1, 1, 1, 1, 0): a launch no other split builds.
+    from pathlib import Path
+
+    from hops_calib.whatif.job_plan import JobPlanner, Launch, accounted_splits
+
+    job = Path(__file__).resolve().parent.parent / "traces" / "cpu_interleaved_v2_l4_h640_s384_m6_run1"
+    planner = JobPlanner(job, load_model(None))
+    space = planner.space(schedules=("interleaved_1f1b",), orders=False, micro_batch_sizes=False)
+    accounted = [launch for launch in space if launch.accounted != (False, False)]
+    assert [(launch.chunks, launch.accounted) for launch in accounted] == [(3, (True, True))]
+    assert accounted_splits(4, 2, 1, [(2, 2), (1, 3), (3, 1)]) == []  # on one chunk it is a first/last pin
+    outcome = planner.evaluate(accounted[0])
+    spec = planner.candidate_spec(accounted[0])
+    assert spec.layers_per_virtual_stage == (0, 1, 1, 1, 1, 0) and spec.vp == 3
+    assert outcome.samples_per_s > 0
+    assert set(outcome.argv) >= {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                                 "--num-layers-per-virtual-pipeline-stage"}
+    assert "even with the embedding and loss as a layer" in accounted[0].label()
+    # the job's own launch keeps its blocking p2p; an interleaved candidate of a job without the flag overlaps
+    assert not spec.overlap_p2p
+    plain = Launch(planner.current().order, None, None, "interleaved_1f1b", 2, 1)
+    args = {key: value for key, value in planner.launch_args(plain).items() if "overlap_p2p" not in key}
+    assert spec_from_args(args, planner.args_source, run_id="x", hardware=Hardware(
+        devices=planner.spec.devices, device_ids=planner.spec.device_ids, source="x")).overlap_p2p
