@@ -246,6 +246,7 @@ class Model:
             # Ranks that time-share a device (a CPU capture with more ranks than cores) are served by processor
             # sharing in the simulator: each computes at its core's share among the ranks computing there then.
             core_load=spec.core_load(),
+            overlap_p2p=spec.overlap_p2p,
             pre_optimizer_ms=pre_optimizer_ms,
             post_optimizer_ms=post_optimizer_ms,
             stall_ms=stall[1] if stall else 0.0,

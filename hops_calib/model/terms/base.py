@@ -78,7 +78,11 @@ class Layout:
 
 
 def layout_of(spec: Spec) -> Layout:
-    """The virtual-stage layout of a spec; a rank's layers are split evenly over its chunks, as Megatron requires."""
+    """The virtual-stage layout of a spec: its layers per virtual stage when it gives them (Megatron's
+    get_num_layers_to_build, megatron/core/transformer/transformer_block.py), else each rank's split evenly over its
+    chunks, as Megatron requires then."""
+    if spec.layers_per_virtual_stage:
+        return Layout(ranks=spec.pp, chunks=spec.vp, layers=tuple(spec.layers_per_virtual_stage))
     layers: list[int] = [0] * (spec.pp * spec.vp)
     for rank, on_rank in enumerate(spec.layers_per_stage):
         if on_rank % spec.vp:
