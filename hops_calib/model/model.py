@@ -191,11 +191,11 @@ class Model:
                     mask[k] = mask[k] or active.term.covers(params, context.device_of(k).type)
         out = []
         for active, part in parts:
-            mask = covered.get(active.name)
-            if mask is not None and any(mask):
-                part = replace(part, **{field: tuple(0.0 if mask[k] else v for k, v in enumerate(values))
-                                        for field in Contribution.LAYER_FIELDS
-                                        if (values := getattr(part, field))})
+            taken = covered.get(active.name)
+            if taken is not None and any(taken):
+                zeroed: dict[str, Any] = {field: tuple(0.0 if taken[k] else v for k, v in enumerate(values))
+                                          for field in Contribution.LAYER_FIELDS if (values := getattr(part, field))}
+                part = replace(part, **zeroed)
             out.append((active, part))
         return out
 

@@ -119,7 +119,12 @@ class DecoderKernels(Term):
         forward_kernels = layer_forward(shape, settings)
         backward_kernels = layer_backward(shape, settings)
         priced: dict[str, tuple[float, float, float, float, float, float]] = {}
-        forward, backward, weight_grad, core, forward_floor, backward_floor = [], [], [], [], [], []
+        forward: list[float] = []
+        backward: list[float] = []
+        weight_grad: list[float] = []
+        core: list[float] = []
+        forward_floor: list[float] = []
+        backward_floor: list[float] = []
         for k, layers in enumerate(context.layout.layers):
             device = context.device_of(k)
             if not self.covers(params, device.type):
