@@ -82,3 +82,32 @@ def parse_toml(text: str, origin: str, allowed_keys: set[str] | None = None) -> 
                          line=line_of(text, None, unknown[0]) or line_of(text, unknown[0]), field=unknown[0],
                          hint=f"expected only {sorted(allowed_keys)}")
     return data
+
+
+NO_SPACE_ERRNOS = frozenset({28, 122, 27})  # ENOSPC, EDQUOT, EFBIG: the disk (or the quota, or a file limit) is full
+
+
+class DiskFull(InputError):
+    """A write that found no space left (exit 2): it names the path, the free space there and what the write
+    needed; what was half-written has been removed by the writer."""
+
+    def __init__(self, path: object, needed: int | None = None) -> None:
+        import shutil
+        from pathlib import Path
+
+        where = Path(str(path))
+        probe = next((p for p in (where, *where.parents) if p.exists()), Path("."))
+        try:
+            free = shutil.disk_usage(probe).free
+        except OSError:
+            free = None
+        have = f"{free / 2**20:.1f} MiB free there" if free is not None else "the free space there unknown"
+        need = f", and this write needed about {needed / 2**20:.1f} MiB more" if needed else ""
+        super().__init__(str(path), f"no space left on the device to write it ({have}{need}); what was half-written "
+                         "has been removed", field="disk",
+                         hint=f"free at least {max(needed or 0, 1 << 20) / 2**20:.1f} MiB on that file system (or "
+                              "write elsewhere) and run the command again")
+
+
+def is_disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS

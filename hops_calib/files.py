@@ -31,6 +31,10 @@ def atomic_write(path: Path | str, data: bytes | str) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        from hops_calib.errors import DiskFull, is_disk_full
+
+        if is_disk_full(error):
+            raise DiskFull(path, len(payload)) from None
         raise

@@ -20,8 +20,10 @@ SHIPPED = REPO / "hops_calib" / "model" / "models" / "baseline.toml"
 CLUSTER_SET = "34432cc1de87"  # the fixture set the ledger's cluster entries were judged on (ingested from ../shared)
 
 
+from ledger_args import with_new_ledger
+
 def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
+    return CliRunner().invoke(app, with_new_ledger(args))
 
 
 def candidate(folder: Path, name: str, change: str) -> Path:

@@ -365,7 +365,7 @@ def test_misnamed_and_missing_link_files_are_named(run_copy, tmp_path):
     # (an empty ledger of its own: the smallest shared run may be one the project's ledger holds out, and this test
     # is about the link, not the held-out guard)
     result = CliRunner().invoke(app, ["evaluate", "--fixtures", str(tmp_path / "fixtures"),
-                                      "--ledger", str(tmp_path / "ledger.jsonl")])
+                                      "--ledger", str(tmp_path / "ledger.jsonl"), "--new-ledger"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "has no link benchmark" in " ".join(result.output.split())
 

@@ -169,6 +169,15 @@ def test_the_usage_check_finds_a_misspelt_option_and_verb():
     assert check_usage("hops-calib capture --no-link-bench --out X", root) == []
 
 
+def test_no_runnable_docs_block_installs_anything():
+    """A runnable block runs in the test's own environment (the one README's first command makes): a `pip install`
+    there would re-point that environment's editable install at the block's temporary checkout. Installs go in
+    `text` blocks or behind the needs-shared mark."""
+    installing = [(page, k) for page, k, block in runnable_blocks()
+                  if any(word in block for word in ("pip install", "pip3 install", "apt-get install"))]
+    assert not installing, f"runnable docs blocks that install: {installing}; make them text blocks"
+
+
 @pytest.mark.parametrize("page,index,block", [
     pytest.param(*b, id=f"{b[0]}-{b[1]}", marks=[pytest.mark.capture] if "hops-calib capture" in b[2] else [])
     for b in runnable_blocks()])

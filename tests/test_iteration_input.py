@@ -107,7 +107,7 @@ def test_a_device_type_outside_the_catalog_is_refused_at_ingest_and_left_out_by_
     result = _cli("ingest", path, "--gpu", "v100", "--gpus-per-node", "8", "--fixtures", tmp_path / "fx")
     assert result.exit_code == 2 and "'v100'" in result.stderr
     assert all(t in result.stderr for t in _catalog())  # the catalog's types are named
-    (tmp_path / "hops.base.yaml").write_text("hardware:\n  gpu: h200\n  gpus_per_node: 8\n", encoding="utf-8")
+    (tmp_path / "hops.base.yaml").write_text("hardware:\n  gpu: mi300x\n  gpus_per_node: 8\n", encoding="utf-8")
     result = _cli("ingest", path, "--fixtures", tmp_path / "fx", "--json")
     assert result.exit_code == 2
     [run] = json.loads(result.stdout)["runs"]
@@ -122,9 +122,9 @@ def test_a_device_type_outside_the_catalog_is_refused_at_ingest_and_left_out_by_
     evaluated = _cli("evaluate", "--fixtures", store.root, "--json")
     assert evaluated.exit_code == 0, evaluated.output
     left = json.loads(evaluated.stdout)["left_out"]
-    assert left["count"] == 1 and "'h200' is not in the catalog" in left["reasons"][0]["reason"]
+    assert left["count"] == 1 and "'mi300x' is not in the catalog" in left["reasons"][0]["reason"]
     predicted = _cli("predict", "gpt_run1", "--fixtures", store.root)
-    assert predicted.exit_code == 2 and "'h200'" in predicted.stderr
+    assert predicted.exit_code == 2 and "'mi300x'" in predicted.stderr
 
 
 def _sweep(rows: list[dict]) -> pd.DataFrame:

@@ -41,13 +41,68 @@ def make_spec(pp: int = 4, vp: int = 1, layers: tuple[int, ...] | None = None, d
 def test_every_catalog_constant_has_a_value_and_a_cited_source():
     raw = tomllib.loads(CATALOG_PATH.read_text())
     catalog = load_catalog()
-    assert {"h100", "a10g", "l4", "cpu"} <= set(catalog)
+    assert {"h100", "a10g", "l4", "cpu", "h100_dgx", "h200", "b200", "a100"} <= set(catalog)
     for device_type, device in catalog.items():
         assert set(CONSTANTS) <= set(device.constants())
-        assert set(device.constants()) == set(raw[device_type]) - {"name"}
+        table = raw[device_type]
+        gpu, node = raw["gpus"].get(table.get("gpu"), {}), raw["nodes"].get(table.get("node"), {})
         for constant in device.constants():
-            assert getattr(device, constant) == float(raw[device_type][constant]["value"]) > 0
+            # given by the device type itself, else its GPU's or its node's, else derived from the node
+            stated = table.get(constant) or gpu.get(constant) or node.get(constant)
+            if stated is not None:
+                assert getattr(device, constant) == float(stated["value"]) > 0, (device_type, constant)
             assert len(device.source(constant)) > 20, (device_type, constant)
+        assert set(device.constants()) >= {c for c in table if c not in ("name", "gpu", "node", "uncalibrated")}
+        assert set(device.constants()) >= set(gpu) - {"name"}
+
+
+def test_catalog_splits_gpus_from_nodes():
+    catalog = load_catalog()
+    cloud, dgx = catalog["h100"], catalog["h100_dgx"]
+    # one GPU part, two nodes: the same tensor cores and HBM, another network and fabric
+    assert cloud.gpu == dgx.gpu == "h100_sxm"
+    for constant in ("peak_bf16_flops_per_s", "peak_fp8_flops_per_s", "memory_bandwidth_bytes_per_s",
+                     "memory_bytes", "sm_count"):
+        assert getattr(cloud, constant) == getattr(dgx, constant)
+    # the network constant is the GPU's share of its node's NICs
+    for device in catalog.values():
+        if device.node is not None:
+            assert device.network_bandwidth_bytes_per_s == pytest.approx(
+                device.nics_per_node * device.nic_bandwidth_bytes_per_s / device.gpus_per_node)
+            assert "node " in device.source("network_bandwidth_bytes_per_s")
+    assert cloud.gpus_per_node == 1 and cloud.intra_node_bandwidth_bytes_per_s is None
+    assert dgx.gpus_per_node == 8 and dgx.nics_per_node == 8 and dgx.nic_bandwidth_bytes_per_s * 8 == 400e9
+    assert dgx.intra_node_bandwidth_bytes_per_s == dgx.nvlink_bandwidth_bytes_per_s > 100 * 1e9
+    assert dgx.network_bandwidth_bytes_per_s == 4 * cloud.network_bandwidth_bytes_per_s
+    # H200: the H100's tensor cores, more and faster HBM; B200 marked uncalibrated; the A100 a DGX A100 node
+    h200 = catalog["h200"]
+    assert h200.peak_bf16_flops_per_s == dgx.peak_bf16_flops_per_s and h200.peak_fp8_flops_per_s == dgx.peak_fp8_flops_per_s
+    assert h200.memory_bytes == 141e9 and h200.memory_bandwidth_bytes_per_s == 4.8e12
+    assert catalog["b200"].uncalibrated and catalog["b200"].peak_bf16_flops_per_s > dgx.peak_bf16_flops_per_s
+    assert not dgx.uncalibrated and not catalog["h100"].uncalibrated
+    assert catalog["a100"].node == "dgx_a100" and catalog["a100"].gpus_per_node == 8
+
+
+def test_peaks_per_dtype_fall_back_to_bf16():
+    catalog = load_catalog()
+    dgx, a100, cpu = catalog["h100_dgx"], catalog["a100"], catalog["cpu"]
+    assert dgx.peak_flops_per_s("fp8") == 2 * dgx.peak_flops_per_s("bf16")
+    assert dgx.peak_flops_per_s("fp32") == dgx.peak_tf32_flops_per_s == pytest.approx(dgx.peak_bf16_flops_per_s / 2, rel=1e-3)
+    assert a100.peak_fp8_flops_per_s is None and a100.peak_flops_per_s("fp8") == a100.peak_bf16_flops_per_s
+    assert cpu.peak_flops_per_s("fp16") == cpu.peak_bf16_flops_per_s
+    with pytest.raises(ValueError, match="int4"):
+        dgx.peak_flops_per_s("int4")
+
+
+def test_a_model_file_cannot_name_catalog_parts():
+    text = '[model]\nname = "m"\n[devices.h100]\ngpu = "h200_sxm"\n[terms.decoder_roofline]\n'
+    with pytest.raises(InputError, match="only the catalog"):
+        parse_model(text, origin="m.toml", catalog=load_catalog())
+    # a constant of a composed device type is overridden as before, its GPU and node kept
+    text = ('[model]\nname = "m"\n[devices.h100_dgx]\nnic_bandwidth_bytes_per_s = { value = 25e9, source = '
+            '"a cluster with 200 Gb/s NICs, its own sheet" }\n[terms.decoder_roofline]\n')
+    device = parse_model(text, origin="m.toml", catalog=load_catalog()).device("h100_dgx")
+    assert device.nic_bandwidth_bytes_per_s == 25e9 and device.node == "dgx_h100"
 
 
 def test_catalog_orders_devices_as_their_datasheets_do():

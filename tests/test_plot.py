@@ -53,8 +53,10 @@ term = "iteration_host_overhead"
 }
 
 
+from ledger_args import with_new_ledger
+
 def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
+    return CliRunner().invoke(app, with_new_ledger(args))
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -185,7 +185,7 @@ def test_a_fixture_folder_holding_another_runs_copy_is_refused_and_the_next_inge
         fresh.load(RUN)
     assert not fresh.intact(RUN)
     result = CliRunner().invoke(app, ["evaluate", "--fixtures", str(store.root), "--ledger",
-                                      str(tmp_path / "ledger.jsonl")])
+                                      str(tmp_path / "ledger.jsonl"), "--new-ledger"])
     assert result.exit_code == 2 and f"delete {store.root / RUN}" in " ".join(result.output.split())
     (store.root / "index.parquet").unlink()  # rebuilt from the folders: the copy is listed under neither name twice
     assert FixtureStore(store.root).ids() == [other.name]

@@ -77,7 +77,7 @@ def test_no_candidate_is_written_when_no_trial_beats_the_model_on_the_gates_crit
 
     out = tmp_path / "elementwise.toml"
     # a ledger of its own: the project's records the shared values on all three stores the model stands on
-    ledger = ["--ledger", str(tmp_path / "ledger.jsonl")]
+    ledger = ["--ledger", str(tmp_path / "ledger.jsonl"), "--new-ledger"]
     done = CliRunner().invoke(app, ["tune", "elementwise_traffic", "--trials", "2", "--fixtures", str(shared_fixtures),
                                     "--out", str(out), "--json", *ledger])
     assert done.exit_code == 1, done.output  # no candidate: status and exit code say so (#22)

@@ -80,6 +80,27 @@ def _cluster(ctx: typer.Context, cluster: Path | None, no_cluster: bool):
 
 
 @app.command()
+def bench(
+    out: Path = typer.Option(..., "--out", help="Folder to write gemm.csv, memory.csv and collectives/ into."),
+    job: Path = typer.Option(None, "--job", help="A job directory: measure the GEMM shapes its layer runs (t, micro "
+                             "batch, s, h, ffn from its launch) instead of the standard grid."),
+    device: str = typer.Option("", "--device", help="The catalog device type the tables are for (default: from "
+                               "the GPU's name, or cpu)."),
+    dtype: list[str] = typer.Option([], "--dtype", help="GEMM dtypes: bf16, fp16, fp32 (repeatable; default bf16 "
+                                    "on a GPU, fp32 on the CPU)."),
+    budget_s: float = typer.Option(300.0, "--budget-s", help="Time budget in s: items beyond it are left out."),
+    group_sizes: str = typer.Option("", "--group-sizes", help="Ranks per collective group, e.g. 2,4,8 (default: "
+                                    "2, 4, 8 up to the GPUs or cores)."),
+    quick: bool = typer.Option(False, "--quick", help="A tiny grid (a few seconds): checks the setup."),
+    repeats: int = typer.Option(5, "--repeats", help="Timed repeats per item (the median is written)."),
+) -> None:
+    """Measure this machine's component tables (GEMMs, memory-bound kernels, collectives) with torch (needs the capture extra)."""
+    from hops_calib.cli.bench import bench_command
+
+    raise typer.Exit(bench_command(out, job, device, list(dtype), budget_s, group_sizes, quick, repeats))
+
+
+@app.command()
 def version() -> None:
     """Print the hops-calib version."""
     typer.echo(__version__)
@@ -157,15 +178,22 @@ def ingest(
                                     gpus_per_node, warmup_iterations, as_json, lock_timeout=lock_timeout))
 
 
+LEDGER_OPTION = typer.Option(None, "--ledger", show_default=False, help=(
+    "Experiment ledger (JSON lines). Default: ledger/ledger.jsonl of the hops-calib checkout enclosing the current "
+    "directory, else of the one the package runs from; it must exist: a new ledger only at a path named here."))
+
+
 @fixtures_app.command("list")
 def fixtures_list(
     fixtures: Path = FIXTURES_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fixtures: one row each)."),
+    ledger: Path = LEDGER_OPTION,
 ) -> None:
-    """One line per fixture: split, observed and declared schedule, devices, throughput, bubble (test: withheld)."""
+    """One line per fixture: split, observed and declared schedule, devices, throughput, bubble (test, and train runs
+    held out: withheld)."""
     from hops_calib.cli.data import list_command
 
-    raise typer.Exit(list_command(fixtures, as_json))
+    raise typer.Exit(list_command(fixtures, as_json, ledger))
 
 
 @fixtures_app.command("show")
@@ -173,11 +201,12 @@ def fixtures_show(
     fixture_id: str = typer.Argument(..., metavar="ID", help="Fixture id (see fixtures list)."),
     fixtures: Path = FIXTURES_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ledger: Path = LEDGER_OPTION,
 ) -> None:
     """A readable summary of one fixture: configuration, devices, per-stage medians, metrics, quality flags."""
     from hops_calib.cli.data import show_command
 
-    raise typer.Exit(show_command(fixture_id, fixtures, as_json))
+    raise typer.Exit(show_command(fixture_id, fixtures, as_json, ledger))
 
 
 # Stragglers and failures, for predict --job, plot timeline --job and plan --job (hops_calib.whatif.perturbations):
@@ -368,9 +397,6 @@ def plan(
 
 # --- the loop: predict, evaluate, report, ledger (hops_calib.cli.loop) --------------------------------
 
-LEDGER_OPTION = typer.Option(None, "--ledger", show_default=False, help=(
-    "Experiment ledger (JSON lines). Default: ledger/ledger.jsonl of the hops-calib checkout enclosing the current "
-    "directory, else of the one the package runs from; it must exist: a new ledger only at a path named here."))
 # The gate's tolerance options, declared once: (Tolerances field, option, type, help). `with_tolerances` adds them
 # to a command, which receives them as one `tolerances` dict (None where not given).
 TOLERANCE_OPTIONS = (
@@ -669,11 +695,14 @@ def ledger_export(
 
 
 @ledger_app.command("repair")
-def ledger_repair(ledger: Path = LEDGER_OPTION) -> None:
+def ledger_repair(
+    ledger: Path = LEDGER_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
     """Set aside an incomplete last line left by an interrupted append (complete entries are never touched)."""
     from hops_calib.cli.loop import ledger_repair_command
 
-    raise typer.Exit(ledger_repair_command(ledger))
+    raise typer.Exit(ledger_repair_command(ledger, as_json))
 
 
 # --- pictures (hops_calib.cli.plot, drawn by hops_calib.plot) --------------------------------------------
@@ -707,6 +736,7 @@ def plot_timeline(
     chrome: Path | None = typer.Option(None, "--chrome", help="Also write the panels, whole runs, as Chrome trace "
                                           "JSON (*.json: Perfetto or chrome://tracing opens it, zoomable)."),
     dpi: float = DPI_OPTION,
+    ledger: Path = LEDGER_OPTION,
     perturbations: dict | None = None,
 ) -> None:
     """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time; with
@@ -714,7 +744,7 @@ def plot_timeline(
     from hops_calib.cli.plot import timeline_command
 
     raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi, job, tuple(schedules or ()),
-                                      _cluster(ctx, cluster, no_cluster), perturbations, chrome))
+                                      _cluster(ctx, cluster, no_cluster), perturbations, chrome, ledger))
 
 
 @plot_app.command("parity")
@@ -726,11 +756,12 @@ def plot_parity(
                                        "parity-train.png in the current directory)."),
     label_worst: int = typer.Option(3, "--label-worst", help="Label this many worst runs in each panel."),
     dpi: float = DPI_OPTION,
+    ledger: Path = LEDGER_OPTION,
 ) -> None:
     """Predicted vs real throughput and bubble, one point per run, coloured by device mix."""
     from hops_calib.cli.plot import parity_command
 
-    raise typer.Exit(parity_command(split, fixtures, model, out, label_worst, dpi))
+    raise typer.Exit(parity_command(split, fixtures, model, out, label_worst, dpi, ledger))
 
 
 @plot_app.command("ledger")
@@ -841,6 +872,44 @@ class _UsageError(Protocol):
 
 def _is_usage_error(error: Exception) -> TypeGuard[_UsageError]:
     return hasattr(error, "show") and isinstance(getattr(error, "exit_code", None), int)
+
+
+# --- a ledger is the held-out memory: one that does not exist is started only on purpose --------------------
+
+NEW_LEDGER_OPTION = typer.Option(False, "--new-ledger", help="Start a new ledger at the --ledger PATH given (a "
+                                 "--ledger that does not exist is refused otherwise: a new ledger remembers nothing "
+                                 "held out).")
+
+
+def _with_new_ledger(command: Callable[..., None]) -> Callable[..., None]:
+    """A command with a `ledger` parameter, given --new-ledger: without it, a --ledger naming no file is refused
+    (exit 2) before the command runs."""
+    signature = inspect.signature(command, eval_str=True)
+    if "ledger" not in signature.parameters or "new_ledger" in signature.parameters:
+        return command
+    added = inspect.Parameter("new_ledger", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                              default=NEW_LEDGER_OPTION)
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        from hops_calib.cli.output import refuse_missing_ledger
+
+        code = refuse_missing_ledger(kwargs.get("ledger"), kwargs.pop("new_ledger"), bool(kwargs.get("as_json")))
+        if code:
+            raise typer.Exit(code)
+        return command(**kwargs)
+
+    parameters = [*signature.parameters.values(), added]
+    wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+    del wrapper.__wrapped__
+    return wrapper
+
+
+for _typer in [app, *(group.typer_instance for group in app.registered_groups if group.typer_instance)]:
+    for _info in _typer.registered_commands:
+        if _info.callback is not None:
+            _info.callback = _with_new_ledger(_info.callback)
 
 
 def main() -> None:

@@ -66,10 +66,15 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
                          else f"rejected: {outcome.error}")
 
             extra = {} if skew_ms is None else {"skew_ms": skew_ms}
-            report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
-                            on_run=on_run, on_start=progress.start, hardware=hardware,
-                            warmup_iterations=warmup_iterations, device_types=known, lock_timeout=lock_timeout,
-                            on_wait=lambda line: _err(f"{line} ..."), **extra)
+            try:
+                report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
+                                on_run=on_run, on_start=progress.start, hardware=hardware,
+                                warmup_iterations=warmup_iterations, device_types=known, lock_timeout=lock_timeout,
+                                on_wait=lambda line: _err(f"{line} ..."), **extra)
+            except Exception:
+                if not existed:
+                    store.remove_if_empty()  # (a first ingest stopped by a full disk leaves no store behind)
+                raise
         if not existed:
             store.remove_if_empty()  # a first ingest that stored nothing leaves no store behind
         # every run stored: 0; some rejected, others stored (or there already): 6; nothing usable: 2 (bad input)
@@ -92,7 +97,7 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
     return guarded(run, as_json)
 
 
-def list_command(fixtures: Path, as_json: bool = False) -> int:
+def list_command(fixtures: Path, as_json: bool = False, ledger: Path | None = None) -> int:
     def run() -> int:
         store = FixtureStore(fixtures)
         if not store.exists():
@@ -105,29 +110,36 @@ def list_command(fixtures: Path, as_json: bool = False) -> int:
         running = store.running()
         if running:
             _err(f"warning: {running}")
+        from hops_calib.loop.heldout import withheld
+
+        held = withheld(store, ledger)
         if as_json:
             from hops_calib.cli.output import print_json
 
-            print_json({"fixtures_dir": str(store.root), "fixtures": views.fixture_rows(store)})
+            print_json({"fixtures_dir": str(store.root), "fixtures": views.fixture_rows(store, held)})
         else:
-            print(views.list_text(store))
+            print(views.list_text(store, held))
         return 0
 
     return guarded(run, as_json)
 
 
-def show_command(fixture_id: str, fixtures: Path, as_json: bool = False) -> int:
+def show_command(fixture_id: str, fixtures: Path, as_json: bool = False, ledger: Path | None = None) -> int:
     """One fixture; errors (unknown id, missing store, a damaged fixture) exit 2, with --json also as an object."""
     def run() -> int:
         refuse_job_dir_as_id(fixture_id, fixtures, f"`hops-calib ingest DIR --fixtures {fixtures}`, then "
                              "`hops-calib fixtures show` with its run id")
-        fixture = FixtureStore(fixtures).load(fixture_id)
+        store = FixtureStore(fixtures)
+        fixture = store.load(fixture_id)
+        from hops_calib.loop.heldout import held_out_reason
+
+        why = held_out_reason(store, fixture_id, ledger) if fixture.split == "train" else None
         if as_json:
             from hops_calib.cli.output import print_json
 
-            print_json(views.show_dict(fixture))
+            print_json(views.show_dict(fixture, why))
         else:
-            print(views.show_text(fixture))
+            print(views.show_text(fixture, why))
         return 0
 
     return guarded(run, as_json)

@@ -436,6 +436,8 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
         if against is not None and not preview:
             raise InputError("report", "--against compares predictions without looking; it goes with --preview",
                              field="against", hint="hops-calib report --preview --against OLD_MODEL.toml")
+        if split == TRAIN:  # per-run errors of the train split (--html): none of a held-out run
+            held_out_guard(fixtures, ledger_path, "report --split train", False)()
         if preview:
             seen = preview_look(fixtures, split=split, model_path=model_path, ledger_path=ledger_path,
                                 against=against)
@@ -714,7 +716,7 @@ def ledger_hold_out_command(fixtures: Path, ledger_path: Path | None, as_json: b
     return guarded(run, as_json)
 
 
-def ledger_repair_command(ledger_path: Path | None) -> int:
+def ledger_repair_command(ledger_path: Path | None, as_json: bool = False) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
@@ -723,13 +725,17 @@ def ledger_repair_command(ledger_path: Path | None) -> int:
 
         aside = repair(ledger_path)
         written = commits.repair(ledger_path)
+        if as_json:
+            print_json({"ledger": str(ledger_path), "set_aside": str(aside) if aside else None,
+                        "repaired": bool(aside), "commits": list(written)})
+            return EXIT_OK
         print(f"{ledger_path}: incomplete last line moved to {aside}" if aside else
               f"{ledger_path}: nothing to repair (last line complete)")
         for line in written:
             print(line)
         return EXIT_OK
 
-    return guarded(run)
+    return guarded(run, as_json)
 
 
 # --- terms ---------------------------------------------------------------------------------------

@@ -86,6 +86,10 @@ def guarded(action: Callable[[], int], as_json: bool = False) -> int:
     except BrokenPipeError:
         raise  # the reader of stdout went away (`| head`): not an error of the verb (cli.main ends quietly)
     except Exception as error:  # noqa: BLE001 - every error leaves with a documented exit code
+        from hops_calib.errors import DiskFull, is_disk_full
+
+        if is_disk_full(error):  # a write the verb did not name: its file, else the folder it ran in
+            error = DiskFull(getattr(error, "filename", None) or os.getcwd())
         code = exit_code_of(error)
         if code != EXIT_INTERNAL:
             print(f"Error: {error}", file=sys.stderr)  # as click words its usage errors: one prefix
@@ -148,3 +152,20 @@ def refuse_job_dir_as_id(fixture_id: str | None, fixtures: Any, instead: str) ->
         pass
     raise InputError(fixture_id, "is a job directory, not a fixture id", field="ID",
                      hint=f"did you mean {instead.replace('DIR', fixture_id)}?")
+
+
+def refuse_missing_ledger(ledger: Any, new_ledger: bool, as_json: bool) -> int:
+    """EXIT_INVALID, said on stderr (and as JSON), when --ledger names no file and --new-ledger was not given: a
+    ledger that does not exist remembers nothing held out, so a verb using it would guard nothing. 0 otherwise."""
+    from pathlib import Path
+
+    if ledger is None or new_ledger or Path(ledger).exists():
+        return 0
+    error = InputError(str(ledger), "no ledger there: a new ledger remembers no held-out run, so nothing the "
+                       "project's ledger holds out would be guarded", field="ledger",
+                       hint=f"name an existing ledger (the project's is ledger/ledger.jsonl), or start a new one "
+                            f"on purpose: --ledger {ledger} --new-ledger")
+    print(f"Error: {error}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(error_record(error, EXIT_INVALID), indent=1, default=str))
+    return EXIT_INVALID

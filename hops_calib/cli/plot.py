@@ -29,12 +29,17 @@ def _wrote(image) -> int:
 
 def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int | None,
                      out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = (),
-                     cluster: Path | None = None, perturbations: dict | None = None, chrome: Path | None = None) -> int:
+                     cluster: Path | None = None, perturbations: dict | None = None, chrome: Path | None = None,
+                     ledger: Path | None = None) -> int:
     def run() -> int:
         from hops_calib.cli.whatif import load_cluster, parse_perturbations
         from hops_calib.plot.images import timeline_image
 
         refuse_job_dir_as_id(fixture_id, fixtures, "`hops-calib plot timeline --job DIR`")
+        if fixture_id is not None and job is None:
+            from hops_calib.loop.heldout import refuse_held_out_run
+
+            refuse_held_out_run(fixtures, fixture_id, ledger, "plot timeline")
         return _wrote(timeline_image(fixture_id, fixtures, model_path, iterations, out, dpi, job, schedules,
                                      load_cluster(cluster) if job is not None else None,
                                      parse_perturbations(perturbations, job), chrome))
@@ -43,10 +48,12 @@ def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | 
 
 
 def parity_command(split: str, fixtures: Path, model_path: Path | None, out: Path | None, label_worst: int,
-                   dpi: float) -> int:
+                   dpi: float, ledger: Path | None = None) -> int:
     def run() -> int:
+        from hops_calib.cli.output import held_out_guard
         from hops_calib.plot.images import parity_image
 
+        held_out_guard(fixtures, ledger, "plot parity", False)()
         return _wrote(parity_image(split, fixtures, model_path, out, label_worst, dpi))
 
     return guarded(run)

@@ -158,11 +158,22 @@ class Candidate:
         return changed
 
 
+# A candidate goes whole into the append-only ledger: bounded before it is read. The longest text field of the
+# campaign's candidates (experiments/) is 1,488 characters, their largest file under 8 KiB.
+MAX_CANDIDATE_BYTES = 64 << 10
+MAX_TEXT_CHARS = 16_000
+
+
 def _text_field(data: dict[str, Any], key: str, origin: str, text: str) -> str:
     value = data.get(key)
     if not isinstance(value, str) or not value.strip():
         raise InputError(origin, f"'{key}' is required and must be non-empty text", line=line_of(text, None, key),
                          field=key, hint="a candidate states its falsifiable hypothesis and its physical grounding")
+    if len(value) > MAX_TEXT_CHARS:
+        raise InputError(origin, f"'{key}' is {len(value):,} characters, more than the {MAX_TEXT_CHARS:,} a "
+                         "candidate's text may be (it goes whole into the append-only ledger)",
+                         line=line_of(text, None, key), field=key,
+                         hint="state the hypothesis in a paragraph; put long evidence in a file and cite it")
     return value.strip()
 
 
@@ -268,7 +279,18 @@ def _parse_change(raw: dict[str, Any], origin: str, text: str) -> Change:
 
 
 def read_candidate(path: Path | str) -> Candidate:
+    import os
+
     from hops_calib.loop.model_files import read_text
+
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0  # (read_text says why it cannot be read)
+    if size > MAX_CANDIDATE_BYTES:
+        raise InputError(path, f"is {size / 2**20:.1f} MiB, more than the {MAX_CANDIDATE_BYTES >> 10} KiB a candidate "
+                         "file may be (it goes whole into the append-only ledger)", field="candidate",
+                         hint="a candidate holds its hypothesis, grounding and the values it changes: cut it down")
 
     path = Path(path)
     return parse_candidate(read_text(path, "candidate file"), origin=str(path))

@@ -1,17 +1,26 @@
-"""The held-out promise: a group the ledger has seen held out is never trained or scored on by accident.
+"""The held-out promise: a configuration the ledger or the store holds out is never trained or scored on by accident.
 
 The ledger is the memory. An audited report records the groups it scored as
-test, and every judgement (evaluate, compare) records the groups its store held
-in test, each by name and by what its runs measured (`held_out_groups`: group
--> the sha256 of each run's events.parquet, which a renamed copy of a run
-shares, and its `events_fingerprint` as `timing:<sha256>`, which a copy with
-its timestamps shifted shares too; a table's run by its row's content hash).
+test, and every judgement (evaluate, compare) and `ledger hold-out` records
+the groups its store held in test, each by name and by the configuration of
+each of its runs (`held_out_groups`: group -> `config:<sha256>` of each run's
+launch and devices, `hops_calib.store.guard`): nothing a run measured, so no
+entry lets a test truth be computed. Entries written before this rule hold
+what the runs measured instead (the sha256 of each run's events.parquet, its
+`timing:` events fingerprint, a table row's content hash); they are still
+matched, and no new entry adds such a digest.
+
 The verbs that read the train split (evaluate, compare, tune, crossval,
-observe, predict ID) refuse a store that holds such a group in train, or a run
-whose events are a held-out run's, naming the groups and the entry that held
-them out, unless `--allow-held-out` is given: a judgement then carries the
-override in its entry (`held_out_override`), and a verb that records nothing
-else appends a `held_out_override` entry, so the ledger knows.
+observe, predict ID, report --split train, plot timeline and parity, fixtures
+list and show) refuse, or withhold the measurement of, a train run that is held
+out: by its group's name, by its configuration (a copy, a near-copy, another
+run of a held-out configuration: no tolerance on the measurement separates a
+near-copy from a repeat, the repeats of one configuration agree within 0.07 %),
+by the store's own test split (the same configuration under another group), or
+by its own fixture record (an index.parquet edited to list a test run in
+train). `--allow-held-out` goes on: a judgement then carries the override in
+its entry (`held_out_override`), and a verb that records nothing else appends a
+`held_out_override` entry, so the ledger knows.
 """
 
 from __future__ import annotations
@@ -23,11 +32,13 @@ from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.store.digests import TIMING_KEY
+from hops_calib.store.guard import CONFIG_KEY, configuration_digest, held_out_ids
 
 HELD_OUT_KEY = "held_out_groups"
 OVERRIDE_KEY = "held_out_override"
 OVERRIDE_KIND = "held_out_override"
 RECORD_KIND = "held_out_record"
+OWN_KIND = "store"  # the store's own test split, remembered beside the ledger's entries
 OVERRIDE_FLAG = "--allow-held-out"
 
 
@@ -38,7 +49,9 @@ class Leak:
     group: str  # the store's train group
     ids: tuple[str, ...]  # its fixtures
     held_out_as: str  # the held-out group it is (its own name, or the group a copied run came from)
-    by: str  # "name", "content" (the same events file) or "timing" (the same events up to a shift of the clocks)
+    # "name", "configuration" (a run of a held-out configuration), "record" (its own fixture record says test),
+    # "content" (the same events file) or "timing" (the same events up to a shift of the clocks)
+    by: str
     seq: int | None  # the ledger entry that held it out
     look: str  # what that entry was
 
@@ -47,6 +60,10 @@ class Leak:
         runs = ", ".join(self.ids[:3]) + (", ..." if len(self.ids) > 3 else "")
         copy = (f": the same events as a run of held-out group {self.held_out_as!r}, a renamed copy"
                 if self.by == "content" else
+                f": the configuration of a run of held-out group {self.held_out_as!r} (a copy, a near-copy or "
+                "another run of it)" if self.by == "configuration" else
+                ": its own fixture record says test (the index lists it in train: delete index.parquet, it is "
+                "rebuilt from the fixture folders)" if self.by == "record" else
                 f": the same configuration and events as a run of held-out group {self.held_out_as!r} up to a shift "
                 "of its timestamps, a copy" if self.by == "timing" else "")
         return f"{self.group} ({runs}{copy})"
@@ -66,7 +83,7 @@ def describe(found: list[Leak], most: int = 8) -> str:
     for (seq, look), leaks in by_entry.items():
         shown = ", ".join(leak.named() for leak in leaks[:most]) + (f", ... ({len(leaks)} groups)"
                                                                      if len(leaks) > most else "")
-        parts.append(f"by ledger entry {seq} ({look}): {shown}")
+        parts.append(f"by ledger entry {seq} ({look}): {shown}" if seq is not None else f"by the store ({look}): {shown}")
     return "; ".join(parts)
 
 
@@ -74,13 +91,26 @@ class HeldOutInTrain(InputError):
     """A store that holds in train what the ledger remembers as held out."""
 
 
+def _configurations(store, ids: Iterable[str]) -> dict[str, dict[str, list[str]]]:
+    """group -> {"ids": its fixtures among `ids`, "digests": their configuration digests}."""
+    groups: dict[str, dict[str, list[str]]] = {}
+    for fixture in store.load_many(sorted(ids)):
+        entry = groups.setdefault(fixture.group, {"ids": [], "digests": []})
+        entry["ids"].append(fixture.id)
+        entry["digests"].append(configuration_digest(fixture))
+    return groups
+
+
 def store_held_out(store) -> dict[str, list[str]]:
-    """The store's test groups and their runs' events digests: what a ledger entry about this store remembers."""
-    return {group: sorted(info["digests"]) for group, info in sorted(store.group_digests("test").items())}
+    """The store's test groups and their runs' configuration digests: what a ledger entry about this store
+    remembers (nothing the runs measured)."""
+    return {group: sorted(set(info["digests"])) for group, info in sorted(_configurations(store, held_out_ids(store)).items())}
 
 
 def _look(entry: dict[str, Any]) -> str:
     kind = entry.get("kind", "?")
+    if kind == OWN_KIND:
+        return "its own test split"
     what = ("an audited report on the test split" if kind == "report"
             else "a record of a store's test split (ledger hold-out)" if kind == RECORD_KIND
             else f"{kind} of a store that held it in its test split")
@@ -100,21 +130,43 @@ def remembered(entries: Iterable[dict[str, Any]]) -> tuple[dict[str, dict[str, A
 
 
 def leaks(store, entries: Iterable[dict[str, Any]]) -> list[Leak]:
-    """The store's train groups the ledger's entries remember as held out, by name or by a run's events."""
-    by_name, by_digest = remembered(entries)
-    if not by_name:
-        return []
+    """The store's train groups that are held out: by their own fixture record (an edited index), by the name the
+    ledger remembers, by a run's configuration (the ledger's, or the store's own test split's), or by a run's
+    events (entries written before configurations were recorded)."""
+    held = held_out_ids(store)
+    own = {"seq": None, "kind": OWN_KIND, HELD_OUT_KEY: store_held_out(store)}
+    by_name, by_digest = remembered([own, *entries])
+    by_name = {group: entry for group, entry in by_name.items() if entry is not own}
+    train = list(store.ids("train"))
     found = []
-    for group, info in sorted(store.group_digests("train").items()):
+    group_of = {row["id"]: row["group"] for row in store.rows()}
+    recorded: dict[str, list[str]] = {}
+    for fixture_id in train:
+        if fixture_id in held:
+            recorded.setdefault(group_of[fixture_id], []).append(fixture_id)
+    for group, members in sorted(recorded.items()):
+        found.append(Leak(group, tuple(members), group, "record", None, "its own fixture record"))
+    rest = [i for i in train if i not in held]
+    if not rest or not (by_name or by_digest):
+        return found
+    configs = _configurations(store, rest)
+    measured = (store.group_digests("train") if any(not d.startswith(CONFIG_KEY) for d in by_digest) else {})
+    for group, info in sorted(configs.items()):
         ids = tuple(info["ids"])
         if group in by_name:
             entry = by_name[group]
             found.append(Leak(group, ids, group, "name", entry.get("seq"), _look(entry)))
             continue
-        hit = next((d for d in sorted(info["digests"], key=_exact_first) if d in by_digest), None)
+        hit = next((d for d in info["digests"] if d in by_digest), None)
         if hit is not None:
-            held, entry = by_digest[hit]
-            found.append(Leak(group, ids, held, "timing" if hit.startswith(TIMING_KEY) else "content",
+            held_as, entry = by_digest[hit]
+            found.append(Leak(group, ids, held_as, "configuration", entry.get("seq"), _look(entry)))
+            continue
+        old = (measured.get(group) or {}).get("digests", [])
+        hit = next((d for d in sorted(old, key=_exact_first) if d in by_digest), None)
+        if hit is not None:
+            held_as, entry = by_digest[hit]
+            found.append(Leak(group, ids, held_as, "timing" if hit.startswith(TIMING_KEY) else "content",
                               entry.get("seq"), _look(entry)))
     return found
 
@@ -180,8 +232,7 @@ def guard(store, ledger_path: Path | str | None, verb: str, allow: bool) -> list
     found = leaks(store, _entries(ledger_path))
     if found and not allow:
         raise HeldOutInTrain(
-            store.root, f"holds in its train split {len(found)} group(s) the ledger remembers as held out, "
-                        f"{describe(found)}",
+            store.root, f"holds in its train split {len(found)} group(s) held out, {describe(found)}",
             field="split",
             hint=f"{verb} would fit or judge on the test split. Ingest these runs into the store's test split (or "
                  f"leave them out); {OVERRIDE_FLAG} goes on regardless, and the ledger records the override")
@@ -209,11 +260,11 @@ def record_override(ledger_path: Path | str | None, verb: str, store, found: lis
 
 
 def record_store(fixtures_dir: Path | str, ledger_path: Path | str | None) -> dict[str, Any] | None:
-    """Append a `held_out_record` entry: the store's test groups (by name and events digest), remembered as held out
-    from then on, with no look at them. For a store whose test split was assigned before the ledger recorded groups
-    (entries older than this guard carry none, entries older than the fingerprints carry no `timing:` keys) or
-    never judged on; None when the store has no test split, or when the ledger already remembers every group of it
-    by name and every digest of its runs (nothing is appended twice)."""
+    """Append a `held_out_record` entry: the store's test groups (by name and configuration digest), remembered as
+    held out from then on, with no look at them. For a store whose test split was assigned before the ledger
+    recorded groups (entries older than this guard carry none, older entries carry measured digests, no
+    configurations) or never judged on; None when the store has no test split, or when the ledger already remembers
+    every group of it by name and every configuration of its runs (nothing is appended twice)."""
     from hops_calib.loop import ledger
     from hops_calib.loop.commits import check_appendable
 
@@ -226,3 +277,25 @@ def record_store(fixtures_dir: Path | str, ledger_path: Path | str | None) -> di
     check_appendable(path)
     return ledger.append(path, {"kind": RECORD_KIND, "time": ledger.now_utc(), "fixtures": str(Path(store.root).resolve()),
                                 HELD_OUT_KEY: held, "code_revision": ledger.code_revision()})
+
+
+def withheld(store, ledger_path: Path | str | None) -> dict[str, str]:
+    """The store's train runs whose measurement a listing withholds (id -> why): each run of a held-out train group
+    (`leaks`), by what held it out."""
+    return {fixture_id: f"{describe([leak])}" for leak in leaks(store, _entries(ledger_path)) for fixture_id in leak.ids}
+
+
+def held_out_reason(store, fixture_id: str, ledger_path: Path | str | None) -> str | None:
+    """Why the train run `fixture_id` is held out (`withheld`), or None."""
+    return withheld(store, ledger_path).get(fixture_id)
+
+
+def refuse_held_out_run(fixtures_dir: Path | str, fixture_id: str, ledger_path: Path | str | None, verb: str) -> None:
+    """HeldOutInTrain (exit 2) when the train run `fixture_id` is held out (`withheld`): a verb that shows one run's
+    measurement (plot timeline) shows none of a held-out one."""
+    store = _open_stores(fixtures_dir)[0]
+    why = held_out_reason(store, fixture_id, ledger_path)
+    if why:
+        raise HeldOutInTrain(store.root, f"run {fixture_id} is held out, {why}", field="ID",
+                             hint=f"{verb} shows a run's measurement, which a held-out run keeps to the audited "
+                                  "`hops-calib report --split test`; pick a train run that is not held out")

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hops_calib.errors import InputError
+from hops_calib.errors import DiskFull, InputError, is_disk_full
 
 # the checkout's helpers are read from here as well as from loop.checkout
 from hops_calib.loop.checkout import PACKAGE_CHECKOUT, checkout_of, default_checkout, is_checkout  # noqa: F401
@@ -148,10 +148,16 @@ def append(path: Path | str, entry: dict[str, Any]) -> dict[str, Any]:
         written["seq"] = data.count(b"\n") + 1
         written["prev_sha256"] = sha256_hex(last) if last is not None else GENESIS
         written["entry_sha256"] = entry_hash(written)
+        line = canonical_json(written) + b"\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            _write_all(fd, canonical_json(written) + b"\n")
+            _write_all(fd, line)
             os.fsync(fd)
+        except OSError as error:  # nothing half-appended: the ledger is cut back to its last whole entry
+            os.ftruncate(fd, len(data))
+            if is_disk_full(error):
+                raise DiskFull(path, len(line)) from None
+            raise
         finally:
             os.close(fd)
     return written
@@ -482,6 +488,18 @@ def export_parquet(path: Path | str, out: Path | str) -> int:
             else:
                 row[key] = value
         rows.append(row)
+    # a field whose type changed between entries (runs_moved: a count, later the ids, as JSON text) is written as
+    # JSON text in every row: one Parquet column holds one type
+    kinds: dict[str, set[type]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if value is not None:
+                kinds.setdefault(key, set()).add(float if type(value) is int else type(value))
+    mixed = {key for key, types in kinds.items() if len(types) > 1}
+    for row in rows:
+        for key in mixed & set(row):
+            if row[key] is not None and not isinstance(row[key], str):
+                row[key] = json.dumps(row[key])
     frame = pd.DataFrame(rows)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -120,14 +120,17 @@ def _earlier_looks(ledger_path: Path | str, split: str, fixture_set: str | None)
 
 
 def run_keys(suite: Suite) -> list[list[str]]:
-    """Each run of a suite, in order, by what names it and what it measured, without naming it: [sha256 of its id,
-    its events fingerprint (a run with events) or its row's content hash (a table's run)], 16 hex digits each. A
-    later look at the same runs, re-ingested, moved or renamed, shares one of them."""
+    """Each run of a suite, in order, by what names it and how it was configured, without naming it and without
+    anything it measured: [sha256 of its id, its configuration digest (`hops_calib.store.guard`)], 16 hex digits
+    each. A later look at the same runs, re-ingested, moved or renamed, shares one of them. (Entries written before
+    carry a measured digest as the second key: they match no later look by it, only by the id.)"""
+    from hops_calib.store.guard import CONFIG_KEY, configuration_digest
+
     store = open_store(suite.fixtures_dir)
     keys = []
-    for run_id, content, events in zip(suite.ids, suite.content_hashes, suite.has_events):
-        measured = store.fingerprint(run_id) if events else content
-        keys.append([hashlib.sha256(f"run id {run_id}".encode()).hexdigest()[:16], measured[:16]])
+    for fixture in store.load_many(list(suite.ids)):
+        keys.append([hashlib.sha256(f"run id {fixture.id}".encode()).hexdigest()[:16],
+                     configuration_digest(fixture)[len(CONFIG_KEY):][:16]])
     return keys
 
 

@@ -151,6 +151,8 @@ def suite_if_any(fixtures_dir: Path | str, split: str) -> Suite | None:
 
 
 def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -> Suite:
+    from hops_calib.store.guard import configuration_digest
+
     fixtures = store.load_many(list(ids))
     strays = [f.id for f in fixtures if f.split != split]
     if strays:  # the index lists them in this split, their own (digested) fixture.json says otherwise
@@ -164,9 +166,12 @@ def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -
         raise InputError(fixtures_dir, f"none of the {len(left_out)} {split} fixtures is priced by the cost model "
                          f"({reasons})", field="split", hint="ingest runs the model prices (one GPU per pipeline "
                          "stage), or extend the model")
+    # a test suite's fixture set is named by its runs' configurations: its digest, in a look's ledger entry and
+    # JSON, says nothing they measured (hops_calib.store.guard)
+    hashes = tuple(configuration_digest(f) if split == "test" else f.content_hash for f in fixtures)
     return Suite(fixtures_dir=Path(fixtures_dir), split=split, ids=tuple(f.id for f in fixtures),
                  specs=tuple(f.spec for f in fixtures), truths=tuple(f.truth.metrics for f in fixtures),
-                 content_hashes=tuple(f.content_hash for f in fixtures), groups=tuple(f.group for f in fixtures),
+                 content_hashes=hashes, groups=tuple(f.group for f in fixtures),
                  left_out=left_out)
 
 

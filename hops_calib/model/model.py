@@ -29,7 +29,7 @@ from functools import cached_property
 from typing import Any
 
 from hops_calib.errors import InputError, line_of, parse_toml
-from hops_calib.model.devices import DeviceSpec, parse_devices
+from hops_calib.model.devices import DeviceSpec, parse_catalog_tables, parse_devices
 from hops_calib.model.terms import TERMS, Context, Contribution, Term, layout_of
 from hops_calib.sim.pipeline import Pipeline, StageCosts
 from hops_calib.spec import Spec
@@ -437,4 +437,4 @@ def parse_model(text: str, *, origin: str, catalog: Mapping[str, DeviceSpec]) ->
 def parse_catalog(text: str, *, origin: str) -> dict[str, DeviceSpec]:
     """The device catalog (devices.toml text)."""
     data = parse_toml(text, origin)
-    return parse_devices(data, origin=origin, text=text)
+    return parse_catalog_tables(data, origin=origin, text=text)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from hops_calib import __version__
+from hops_calib.errors import DiskFull
 from hops_calib.spec import Spec, build_spec, coordinates_of
 from hops_calib.store.digests import (
     DEFAULT_LOCK_TIMEOUT_S,
@@ -32,10 +33,12 @@ from hops_calib.store.digests import (
     file_digest,
 )
 from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
+from hops_calib.store.guard import stored_content_hash
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
 from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
 from hops_calib.store.writer import FixtureStore, write_events
 from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
+from hops_calib.trace.dgxc import dgxc_table_in
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
 from hops_calib.trace.measured import RunHardware
@@ -326,7 +329,7 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         raise StoreError(f"--clock-skew-ms {skew_ms} is not between 0 and 60000 ms; give the clock offset the nodes "
                          "may have, in ms (default 2)")
     report = IngestReport(store=store.root)
-    paths = [Path(s) for s in sources]
+    paths = [dgxc_table_in(Path(s)) or Path(s) for s in sources]  # the dgxc set's folder: its runs.csv
     is_measured = {s: is_measured_source(s) for s in paths}
     measured = list({s.resolve(): s for s in reversed(paths) if is_measured[s]}.values())[::-1]  # once each
     job_dirs = _job_dirs([s for s in paths if not is_measured[s]], report)
@@ -370,6 +373,8 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources, copies,
                                        split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms,
                                        measured=context.table_runs.keys() | context.tables.keys())
+            except DiskFull:
+                raise  # no run after it could be written either: the ingest stops, its half-written run removed
             except Exception as err:  # noqa: BLE001 - one run's failure, whatever it is, is that run's rejection
                 outcome.status = "rejected"
                 outcome.error = str(err) if isinstance(err, (TraceError, StoreError)) else (
@@ -513,7 +518,8 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
                          f"remove the group's fixtures from {store.root} first")
     chosen = kept or (split if split != "auto" else hashed_split(group, test_fraction))
     outcome.split = chosen
-    digest = content_hash(job_dir, lenient, skew_ms)
+    plain = content_hash(job_dir, lenient, skew_ms)
+    digest = stored_content_hash(store.root, plain, chosen, create=False)  # (the secret is made when a run is written)
     previous = stored.get(run_id)
     if previous and previous.get("content_hash") == digest and store.intact(run_id):
         outcome.status = "unchanged"
@@ -536,7 +542,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
             "id": run_id,
             "split": chosen,
             "group": group,
-            "content_hash": digest,
+            "content_hash": digest or stored_content_hash(store.root, plain, chosen),
             "ingest_version": INGEST_VERSION,
             "hops_calib_version": __version__,
             "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -21,14 +21,17 @@ from hops_calib.store.collectives import HARDWARE_KEY as COLLECTIVES_KEY
 from hops_calib.store.collectives import load_collectives, source_digest, store_collectives
 from hops_calib.store.digests import FIXTURE_FILE, RUNS_FILE, StoreError, check_digest, dumps, text_digest
 from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
+from hops_calib.store.guard import stored_content_hash
 from hops_calib.store.measured_spec import not_priced
 from hops_calib.store.split import group_of, hashed_split
 from hops_calib.store.writer import FixtureStore, write_table
+from hops_calib.trace.dgxc import COMPANIONS as DGXC_COMPANIONS
+from hops_calib.trace.dgxc import TABLE_ID as DGXC_TABLE_ID
+from hops_calib.trace.dgxc import is_dgxc_table, read_dgxc_table
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.measured import KNOWN_ARGS, QUIET_ARGS, VOCAB_ARGS, MeasuredRun, RunHardware
 from hops_calib.trace.megatron_log import is_megatron_log, read_megatron_log
 from hops_calib.trace.run_table import TableRead, is_run_table, read_run_table, read_sidecar
-from hops_calib.trace.vtrain import MAPPING as VTRAIN_MAPPING
 from hops_calib.trace.vtrain import is_vtrain_table, read_vtrain_table
 from hops_calib.truth import IterationTruth
 
@@ -78,6 +81,8 @@ def expected_runs(path: Path) -> int:
 def source_kind(path: Path) -> str:
     if is_vtrain_table(path):
         return "vtrain"
+    if is_dgxc_table(path):
+        return "dgxc"
     if is_run_table(path):
         return "run table"
     return "megatron log"
@@ -138,9 +143,11 @@ def measurement_of(periods_ms: Any, intervals: Any) -> str:
 
 
 def source_hash(path: Path, mode: str) -> str:
-    """sha256 of the source's bytes, the files beside it that it reads (sidecar, hops.base.yaml) and the mode."""
+    """sha256 of the source's bytes, the files beside it that it reads (sidecar, hops.base.yaml; a dgxc table's
+    models.csv and settings.csv) and the mode."""
     outer = hashlib.sha256(f"hops-calib measured ingest v{MEASURED_INGEST_VERSION} {mode}\n".encode())
-    for part in (path, path.with_suffix(".yaml"), path.parent / "hops.base.yaml"):
+    companions = tuple(path.parent / name for name in DGXC_COMPANIONS) if mode.startswith("dgxc ") else ()
+    for part in (path, path.with_suffix(".yaml"), path.parent / "hops.base.yaml", *companions):
         if part.is_file():
             outer.update(part.name.encode() + b"\0")
             with part.open("rb") as handle:
@@ -151,6 +158,8 @@ def source_hash(path: Path, mode: str) -> str:
 def _read_source(path: Path, kind: str, hardware: RunHardware | None, warmup: int) -> TableRead:
     if kind == "vtrain":
         return read_vtrain_table(path)
+    if kind == "dgxc":
+        return read_dgxc_table(path)
     if kind == "run table":
         return read_run_table(path, hardware=hardware)
     run = read_megatron_log(path, hardware=hardware, warmup_iterations=warmup)
@@ -195,7 +204,7 @@ def _check_log_args(path: Path, args: dict[str, Any]) -> None:
         args["data_parallel_size"] = world // (t * p) if type(world) is int and world >= t * p else 1
 
 
-def _record(run: MeasuredRun, split: str, collectives: dict[str, str]) -> dict[str, Any]:
+def _record(run: MeasuredRun, split: str, collectives: dict[str, str], root: Path) -> dict[str, Any]:
     args = run.args
     hardware = run.hardware.to_dict()
     folder = hardware.pop("collective_tables", None)
@@ -209,7 +218,8 @@ def _record(run: MeasuredRun, split: str, collectives: dict[str, str]) -> dict[s
                            timing_log_option=run.timing_log_option, reported=run.reported)
     texts = {"args": dumps(args).strip(), "hardware": dumps(hardware).strip(),
              "truth": dumps(truth.to_dict()).strip()}
-    content = text_digest(f"measured v{MEASURED_INGEST_VERSION}\n" + "\n".join(texts.values()))
+    content = stored_content_hash(root, text_digest(f"measured v{MEASURED_INGEST_VERSION}\n" + "\n".join(texts.values())),
+                                  split)
     return {"id": run.run_id, "split": split, "group": run.group, "content_hash": content, "origin": run.origin,
             **texts, "warnings": json.dumps(list(run.warnings))}
 
@@ -220,7 +230,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
     """Ingest one source file into its table folder; each run (and each bad row) is an outcome passed to `emit`.
     Returns whether the store changed."""
     kind = source_kind(path)
-    table_id = "vtrain" if kind == "vtrain" else path.stem
+    table_id = {"vtrain": "vtrain", "dgxc": DGXC_TABLE_ID}.get(kind, path.stem)
     mode = f"{kind} warmup={warmup} hardware={hardware.to_dict() if hardware else None}"
     try:
         check_fixture_id(store.root, table_id, origin=str(path))
@@ -274,7 +284,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                                  f"split; --split {split} would make the group straddle train and test")
             outcome.split = kept or (split if split != "auto" else hashed_split(run.group, test_fraction))
             context.group_split.setdefault(run.group, outcome.split)
-            records.append(_record(run, outcome.split, context.collectives))
+            records.append(_record(run, outcome.split, context.collectives, store.root))
             context.batch[run.run_id] = path
             outcome.status = "updated" if holder == table_id else "new"
             stored_hardware = {k: v for k, v in run.hardware.to_dict().items() if k != "collective_tables"}
@@ -290,7 +300,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                 "hops_calib_version": __version__,
                 "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "source": recorded_source(path, store.root), "source_kind": kind,
-                "mapping": VTRAIN_MAPPING if kind == "vtrain" else kind, "runs": len(records),
+                "mapping": read.mapping, "runs": len(records),
                 "rejected_rows": len(rejected), "rejected": rejected,
                 "collective_sources": {folder: context.collectives[folder] for folder in sorted(used)}}
         try:

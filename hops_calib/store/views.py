@@ -24,8 +24,8 @@ CONFIG_FIELDS = ("tp", "pp", "dp", "vp", "gpus", "num_layers", "hidden_size", "s
 # What a run measured (as opposed to how it was configured). For a test fixture these are withheld: the held-out
 # split is seen only in aggregate, through the audited `hops-calib report --split test`.
 MEASURED_LIST_FIELDS = ("schedule", "throughput_per_s", "steady_throughput_per_s", "samples_per_s", "bubble_ratio",
-                        "iteration_time_ms", "idle_ms")
-MEASURED_SHOW_FIELDS = ("schedule", "schedule_agreement", "throughput_per_s", "steady_throughput_per_s", "samples_per_s",
+                        "iteration_time_ms", "idle_ms", "content_hash")
+MEASURED_SHOW_FIELDS = ("content_hash", "schedule", "schedule_agreement", "throughput_per_s", "steady_throughput_per_s", "samples_per_s",
                         "bubble_ratio", "utilization_per_stage", "iteration_time_ms", "iteration_periods_ms", "idle_ms",
                         "idle_ms_per_iteration", "makespan_ms", "traced_iterations", "stages", "phase_stats")
 HELD_OUT = ("a test fixture: its measured results are seen only in aggregate, through the audited "
@@ -49,7 +49,10 @@ def text_table(headers: list[str], rows: list[list[str]], right: Collection[int]
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def fixture_rows(store: FixtureStore) -> list[dict[str, Any]]:
+def fixture_rows(store: FixtureStore, withheld: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """One record per fixture; a test fixture's measured fields (and those of a run in `withheld`: id -> why it is
+    held out, `hops_calib.loop.heldout.withheld`) are None, with `held_out` true."""
+    withheld = withheld or {}
     records = []
     for record in store.rows():
         configuration = {name: json_safe(record.get(name)) for name in CONFIG_FIELDS}
@@ -59,14 +62,16 @@ def fixture_rows(store: FixtureStore) -> list[dict[str, Any]]:
         record["samples_per_s"] = json_safe(samples_per_s(record["throughput_per_s"], configuration["micro_batch_size"]
                                                           or 1, configuration["dp"] or 1))
         record["configuration"] = configuration
-        if record["split"] == "test":
+        if record["split"] == "test" or record["id"] in withheld:
             record.update(dict.fromkeys(MEASURED_LIST_FIELDS), held_out=True)
+            if record["id"] in withheld:
+                record["held_out_by"] = withheld[record["id"]]
         records.append(record)
     return records
 
 
-def list_json(store: FixtureStore) -> str:
-    return json.dumps(fixture_rows(store), indent=1)
+def list_json(store: FixtureStore, withheld: dict[str, str] | None = None) -> str:
+    return json.dumps(fixture_rows(store, withheld), indent=1)
 
 
 # The two bubbles, named apart: what a trace measures (HOPS's bubble ratio, JSON bubble_ratio) and the schedule's own.
@@ -82,8 +87,8 @@ def schedule_bubble(data: dict[str, Any]) -> float:
     return bubble(config["pp"], config["microbatches"], config.get("vp", 1))
 
 
-def list_text(store: FixtureStore) -> str:
-    rows = fixture_rows(store)
+def list_text(store: FixtureStore, withheld: dict[str, str] | None = None) -> str:
+    rows = fixture_rows(store, withheld)
     if not rows:
         return f"no fixtures in {store.root} (run: hops-calib ingest SRC --fixtures {store.root})"
     headers = ["id", "kind", "split", "observed", "declared", "pp", "m", "devices", "ubatch/s", "steady ubatch/s",
@@ -102,6 +107,9 @@ def list_text(store: FixtureStore) -> str:
         footer += ("; idle 'none': no collective before the optimizer holds the ranks together, so there is no idle "
                    "stretch (its JSON idle_ms is negative: how far the first optimizer step starts before the last "
                    "backward ends)")
+    if withheld:
+        footer += (f"; the measured columns of {len(withheld)} train fixture(s) held out are withheld too (see "
+                   "`fixtures list --json`, held_out_by)")
     if splits["test"]:
         footer += ("; the measured columns of test fixtures are withheld: the held-out split is seen only in "
                    "aggregate, through the audited `hops-calib report --split test`")
@@ -161,12 +169,14 @@ def ingest_summary(report: IngestReport, store: FixtureStore) -> str:
                                 f"test {splits.get('test', 0)})")] + ingest_notes(report))
 
 
-def show_dict(fixture: Fixture | MeasuredFixture) -> dict[str, Any]:
+def show_dict(fixture: Fixture | MeasuredFixture, held_out_by: str | None = None) -> dict[str, Any]:
+    """What `fixtures show` prints; a test fixture's measured fields (and those of a train run held out:
+    `held_out_by` says why) left out, `held_out` saying why."""
     data = _show_dict(fixture) if isinstance(fixture, Fixture) else _measured_show_dict(fixture)
-    if fixture.split == "test":
+    if fixture.split == "test" or held_out_by:
         for name in MEASURED_SHOW_FIELDS + MEASURED_ITERATION_FIELDS:
             data.pop(name, None)
-        data["held_out"] = HELD_OUT
+        data["held_out"] = HELD_OUT if not held_out_by else f"held out {held_out_by}: its measured results are withheld"
     return data
 
 
@@ -308,8 +318,8 @@ def _show_dict(fixture: Fixture) -> dict[str, Any]:
     })
 
 
-def show_text(fixture: Fixture | MeasuredFixture) -> str:
-    data = show_dict(fixture)
+def show_text(fixture: Fixture | MeasuredFixture, held_out_by: str | None = None) -> str:
+    data = show_dict(fixture, held_out_by)
     if fixture.kind != "events":
         return _measured_show_text(data)
     config = data["configuration"]

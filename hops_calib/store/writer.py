@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hops_calib.errors import DiskFull, is_disk_full
 from hops_calib.files import atomic_write
 from hops_calib.spec.types import Spec
 from hops_calib.store.digests import (
@@ -39,6 +40,7 @@ from hops_calib.store.digests import (
     text_digest,
 )
 from hops_calib.store.fixture import RUN_COLUMNS
+from hops_calib.store.guard import SECRET_FILE
 from hops_calib.store.reader import FixtureReader
 from hops_calib.truth import CATEGORIES, EVENT_COLUMNS, Truth
 
@@ -122,7 +124,13 @@ class FixtureStore(FixtureReader):
                 # A new store gets its (empty) index before any fixture folder: readers see no run until the index
                 # lists them at the end, as during any later ingest (they read the index, never the folders).
                 self.write_index()
-            yield
+            try:
+                yield
+            except BaseException:
+                if new and self._lists_nothing() and not self.fixture_folders() and not self.table_folders():
+                    for name in (INDEX, JOURNAL_FILE, SECRET_FILE):  # a new store that stored nothing: as it was
+                        (self.root / name).unlink(missing_ok=True)
+                raise
             if new and self._lists_nothing() and not self.fixture_folders() and not self.table_folders():
                 (self.root / INDEX).unlink(missing_ok=True)  # nothing stored: the store is as it was
             if not self._journal["writing"] or self._finished:
@@ -210,8 +218,10 @@ class FixtureStore(FixtureReader):
                 shutil.rmtree(displaced)
             else:
                 tmp.rename(final)
-        except BaseException:
+        except BaseException as error:
             shutil.rmtree(tmp, ignore_errors=True)
+            if is_disk_full(error):
+                raise DiskFull(final) from None
             raise
 
     @staticmethod
@@ -233,8 +243,14 @@ class FixtureStore(FixtureReader):
         frame = self.build_index()
         self._index = self._rows = None
         tmp = self.root / f"{_TMP_PREFIX}{INDEX}-{uuid.uuid4().hex[:8]}"
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, self.root / INDEX)
+        try:
+            frame.to_parquet(tmp, index=False)
+            os.replace(tmp, self.root / INDEX)
+        except BaseException as error:
+            tmp.unlink(missing_ok=True)
+            if is_disk_full(error):
+                raise DiskFull(self.root / INDEX) from None
+            raise
         return frame
 
 

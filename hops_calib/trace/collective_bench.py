@@ -55,8 +55,14 @@ def gpus_of(path: Path) -> int | None:
 
 
 def read_allreduce_table(path: Path) -> CollectiveTable:
-    """One nccl-tests all-reduce table: the in-place median time (ms) by message size (bytes)."""
+    """One nccl-tests all-reduce table: the in-place median time (ms) by message size (bytes); a regular file in
+    its folder (no link out of it) of at most MAX_COLLECTIVE_TABLE_BYTES."""
+    from hops_calib.trace.reading import MAX_COLLECTIVE_TABLE_BYTES, quoted, refuse_large, refuse_link_out
+
     path = Path(path)
+    refuse_link_out(path, path.parent)
+    refuse_large(path, MAX_COLLECTIVE_TABLE_BYTES, "an all-reduce table",
+                 "give the benchmark's own table (nccl-tests prints one row per message size)")
     gpus = gpus_of(path)
     if gpus is None or gpus < 2:
         raise TraceError(path, "does not name its GPU count", field="file name",
@@ -69,7 +75,7 @@ def read_allreduce_table(path: Path) -> CollectiveTable:
             except ValueError:
                 value = float("nan")
             if not value > 0 or value == float("inf"):
-                raise TraceError(path, f"is {row[column]!r}, expected a positive number", line=number,
+                raise TraceError(path, f"is {quoted(row[column])}, expected a positive number", line=number,
                                  field=HEADER[column] + (" (in-place)" if column == IN_PLACE_TIME else ""),
                                  hint="re-run the benchmark or delete the row")
         size = float(row[0])

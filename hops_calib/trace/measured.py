@@ -111,6 +111,35 @@ class RunHardware:
         return data
 
 
+MAX_FOLDER_ENTRIES = 10_000  # entries of a collective_tables folder looked at (real: 7 tables)
+
+
+def _check_tables_folder(path: Path, named: Any, origin: Path) -> None:
+    """TraceError when a named collective_tables folder holds no all-reduce table: no regular file AR_GPU<n>_...
+    among its first MAX_FOLDER_ENTRIES entries (a system folder such as /proc, or the wrong folder)."""
+    import itertools
+    import stat
+
+    from hops_calib.trace.collective_bench import gpus_of
+    from hops_calib.trace.errors import TraceError
+
+    try:
+        entries = list(itertools.islice(path.iterdir(), MAX_FOLDER_ENTRIES))
+    except OSError as err:
+        raise TraceError(origin, f"names {named!r}, a folder that cannot be read ({err.strerror})",
+                         field="collective_tables", hint="give the folder of the machine's all-reduce tables") from None
+    for entry in entries:
+        try:
+            if gpus_of(entry) is not None and stat.S_ISREG(entry.lstat().st_mode):
+                return
+        except OSError:
+            continue
+    more = "+" if len(entries) == MAX_FOLDER_ENTRIES else ""
+    raise TraceError(origin, f"names {named!r}, a folder of {len(entries)}{more} entries none of which is an "
+                     "all-reduce table (a regular file named AR_GPU<n>_...)", field="collective_tables",
+                     hint="give the folder of the machine's nccl-tests all-reduce tables, relative to the file")
+
+
 def collective_tables_beside(folder: Path, named: Any = None, origin: Path | None = None) -> str | None:
     """The collective benchmark of a log or table in `folder`: `named` (a `collective_tables` setting, relative to
     `folder`), else `calibration/allreduce/` there (as in a job directory); None when there is none."""
@@ -123,6 +152,7 @@ def collective_tables_beside(folder: Path, named: Any = None, origin: Path | Non
             raise TraceError(origin or folder, f"names {named!r}, which is not a folder", field="collective_tables",
                              hint="give the folder of the machine's all-reduce tables (AR_GPU<n>_...), relative to "
                                   "the file")
+        _check_tables_folder(path, named, origin or folder)
         return str(path)
     default = folder / ALLREDUCE_DIR
     return str(default.resolve()) if default.is_dir() else None

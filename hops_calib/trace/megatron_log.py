@@ -40,7 +40,7 @@ import numpy as np
 from hops_calib.trace.errors import TraceError
 from hops_calib.trace.measured import MeasuredRun, RunHardware, collective_tables_beside
 from hops_calib.trace.megatron_args import _BLOCK_END, _BLOCK_LINE, _BLOCK_START, parse_value
-from hops_calib.trace.reading import MAX_ITERATION_MS, text_lines
+from hops_calib.trace.reading import MAX_ITERATION_MS, MAX_LOG_BYTES, MIN_ITERATION_MS, refuse_large, text_lines
 
 DEFAULT_WARMUP_ITERATIONS = 2
 # Megatron-LM's default --log-interval: the first line's interval when the arguments do not say.
@@ -176,6 +176,8 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     if warmup_iterations < 0:
         raise TraceError(path, f"--warmup-iterations {warmup_iterations} is negative", field="warmup_iterations",
                          hint="give the number of first iterations to drop (0 keeps all)")
+    refuse_large(path, MAX_LOG_BYTES, "a training log", "ingest the log of one launch (split a longer log at its "
+                 "launches), or cut it to the iterations to keep")
     resolved = resolve_hardware(path, hardware)
     args: dict[str, Any] | None = None
     block: dict[str, Any] = {}  # the arguments block being read: `args`, once its start is seen
@@ -260,6 +262,9 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
         if intervals[-1].elapsed_ms <= 0:
             raise TraceError(path, f"is {elapsed}: an iteration takes time", line=number, field=ELAPSED,
                              hint="the line is damaged: fix or delete it")
+        if intervals[-1].elapsed_ms < MIN_ITERATION_MS:
+            raise TraceError(path, f"is {elapsed[:24]} ms, less than a microsecond for one iteration", line=number,
+                             field=ELAPSED, hint="the line is damaged: fix or delete it")
         if intervals[-1].elapsed_ms > MAX_ITERATION_MS:
             raise TraceError(path, f"is {elapsed[:40]} ms, more than a day for one iteration", line=number,
                              field=ELAPSED, hint="the line is damaged: fix or delete it")

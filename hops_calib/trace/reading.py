@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +38,18 @@ MAX_TABLE_ROWS = 100_000
 # one measured training iteration: a day (real: under 2 s for the vTrain runs, under 1 s for the cluster runs); a
 # longer one is a damaged or mis-scaled number (1e308 ms overflowed the metrics to a throughput of 0)
 MAX_ITERATION_MS = 86_400_000.0
+# and at least a microsecond: an iteration launches a forward and a backward kernel per layer, and one kernel launch
+# alone takes microseconds (the fastest real ones: 58 ms, vTrain); 1e-300 ms is a damaged number
+MIN_ITERATION_MS = 1e-3
 MAX_HOSTNAME = 255  # characters of an event's hostname (DNS names have at most 253)
+# an all-reduce table (nccl-tests output, one row per message size): the published A100 ones are 56 KB for 1,024
+# sizes; 4 MiB holds 70,000 sizes
+MAX_COLLECTIVE_TABLE_BYTES = 4 << 20
+# a training log: Megatron prints about 90 bytes per line, a logged iteration with its timers about 800 bytes, so
+# 64 MiB is over 80,000 logged iterations; read a line at a time, its iterations kept (benchmarks/limits.py: a 64 MB
+# log of 740,000 lines ingests in 37 s at 417 MB peak memory)
+MAX_LOG_BYTES = 64 << 20
+QUOTED_BYTES = 16  # the most of a file's content an error message quotes
 
 
 def positive_number(value: object) -> bool:
@@ -81,6 +93,43 @@ def open_regular(path: Path) -> io.BufferedReader:
     except BaseException:
         os.close(fd)
         raise
+
+
+def quoted(text: str, limit: int = QUOTED_BYTES) -> str:
+    """At most `limit` characters of a file's content, for an error message (a file that is not the expected one
+    may hold anything: a message never echoes more than a few bytes of it)."""
+    text = str(text)
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
+
+
+def size_of(path: Path) -> int:
+    """The size of a regular file (0 when it cannot be read: the reader then says why)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def refuse_large(path: Path, limit: int, what: str, hint: str) -> None:
+    """TraceError before a byte is read when the file at `path` is larger than `limit`."""
+    size = size_of(path)
+    if size > limit:
+        raise TraceError(path, f"is {size / 2**20:.1f} MiB, more than the {limit >> 20} MiB {what} may be (a "
+                         "bound against input that would exhaust memory or time)", hint=hint)
+
+
+def refuse_link_out(path: Path, root: Path) -> None:
+    """TraceError when `path` is a symbolic link (or lies under one) that leads out of `root`: a file found inside a
+    source's folder (an all-reduce table of its tables folder) is read from that folder, never through a link to a
+    file elsewhere. (A source named on the command line is read where it leads: it is the file named.)"""
+    try:
+        target = Path(os.path.realpath(path))
+        inside = Path(os.path.realpath(root))
+    except OSError:
+        return
+    if target != inside and inside not in target.parents:
+        raise TraceError(path, f"is a symbolic link out of {root} (to {target})", field="file",
+                         hint="copy the file itself into the folder; ingest does not follow links out of it")
 
 
 def decode_utf8(path: Path, data: bytes, first_line: int = 1) -> str:
@@ -132,12 +181,28 @@ def long_line(path: Path, number: int, limit: int = MAX_LINE_BYTES) -> TraceErro
                       hint="copy the job's own file here (this one is damaged, or another file)")
 
 
+# a terminal's colour and cursor codes (ECMA-48 CSI sequences, and the two-byte escapes): a log written through a
+# terminal or `tee` from one carries them around its lines
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+
+
+def clean_line(text: str) -> str:
+    """A log line as the program wrote it: without terminal colour codes and without the carriage return of a
+    Windows line end (`\r\n` reads as `\n`; a last line cut after its `\r` loses it too)."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    if text.endswith("\r\n"):
+        return text[:-2] + "\n"
+    return text[:-1] if text.endswith("\r") else text
+
+
 def text_lines(path: Path, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str]]:
-    """(number, text) of each line of a log-like file (undecodable bytes replaced), skipping lines over `limit`."""
+    """(number, text) of each line of a log-like file (undecodable bytes replaced, `clean_line`), skipping lines
+    over `limit`; read a line at a time, so memory stays a line's whatever the file's size."""
     with open_regular(path) as handle:
         for number, raw in bounded_lines(handle, limit):
             if raw is not None:
-                yield number, raw.decode("utf-8", errors="replace")
+                yield number, clean_line(raw.decode("utf-8", errors="replace"))
 
 
 def strict_lines(path: Path) -> Iterator[str]:
@@ -161,7 +226,8 @@ def csv_rows(path: Path, header: tuple[str, ...], expected: str, max_rows: int |
     try:
         first = next(rows, None)
         if first is None or tuple(cell.strip() for cell in first) != header:
-            raise TraceError(path, f"has the header {first!r}", line=1, field="header",
+            shown = quoted(",".join(first)) if first is not None else "nothing"
+            raise TraceError(path, f"does not start with {expected} header (it starts {shown})", line=1, field="header",
                              hint=f"expected {expected} columns {','.join(header)}")
         for number, row in enumerate(rows, start=2):
             if not row or not "".join(row).strip():
@@ -174,7 +240,7 @@ def csv_rows(path: Path, header: tuple[str, ...], expected: str, max_rows: int |
                                  hint="a torn or edited row: re-run the benchmark or delete the line")
             yield number, row
     except csv.Error as err:
-        raise TraceError(path, f"is not a CSV table ({err})", hint="give the benchmark's CSV output") from None
+        raise TraceError(path, f"is not a CSV table ({quoted(str(err), 60)})", hint="give the benchmark's CSV output") from None
 
 
 def _nesting_error(path: Path, line: int | None) -> TraceError:

@@ -43,7 +43,7 @@ from hops_calib.trace.measured import (
     world_size,
 )
 from hops_calib.trace.megatron_args import parse_value
-from hops_calib.trace.reading import MAX_ITERATION_MS, positive_number, yaml_key_line
+from hops_calib.trace.reading import MAX_ITERATION_MS, MIN_ITERATION_MS, positive_number, quoted, yaml_key_line
 
 HARDWARE_COLUMNS = ("gpu", "gpus_per_node")
 MEASUREMENT_COLUMNS = ("iteration_time_ms", "samples_per_s", "tflops_per_gpu")
@@ -92,7 +92,7 @@ def _rows(path: Path) -> tuple[list[str], list[dict[str, Any]], Callable[[int], 
     """Columns, rows as dicts, the line (CSV) or row (Parquet) of row k, and the word for it."""
     import pandas as pd
 
-    from hops_calib.trace.reading import MAX_TABLE_BYTES, MAX_TABLE_ROWS, open_regular
+    from hops_calib.trace.reading import MAX_TABLE_BYTES, MAX_TABLE_ROWS, open_regular, quoted
 
     with open_regular(path) as handle:  # a regular file only (no FIFO or device), of a bounded size
         size = os.fstat(handle.fileno()).st_size
@@ -109,7 +109,7 @@ def _rows(path: Path) -> tuple[list[str], list[dict[str, Any]], Callable[[int], 
                                     encoding="utf-8-sig")
                 where, word = (lambda k: k + 2), "line"  # the header is line 1
         except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise their own types; all mean an unreadable table
-            raise TraceError(path, f"cannot be read as a table: {type(err).__name__}: {err}",
+            raise TraceError(path, f"cannot be read as a table: {type(err).__name__}: {quoted(str(err), 80)}",
                              hint="a run table is a CSV with a header line, or a Parquet file") from None
     if len(frame) > MAX_TABLE_ROWS:
         raise TraceError(path, f"holds {len(frame):,} rows, more than a run table may ({MAX_TABLE_ROWS:,})",
@@ -133,6 +133,7 @@ SIDECAR_KEYS = ("args", "hardware", "extra_columns")
 SIDECAR_HARDWARE = ("gpu", "gpus_per_node", "collective_tables")
 
 
+
 def unknown_names(names: list[str], known: Any) -> str:
     """`'pipeline_parallel_size' (did you mean pipeline_model_parallel_size?), ...` for names not in `known`."""
     import difflib
@@ -140,7 +141,11 @@ def unknown_names(names: list[str], known: Any) -> str:
     parts = []
     for name in names:
         close = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.6)
-        parts.append(f"{name!r}" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+        parts.append(quoted(name, 32 if len(names) > 1 else 16) + (f" (did you mean {' or '.join(close)}?)"
+                                                                   if close else ""))
+        if len(parts) == 8:
+            parts.append(f"... ({len(names)} in all)")
+            break
     return ", ".join(parts)
 
 
@@ -251,8 +256,16 @@ def _check_columns(path: Path, columns: list[str], sidecar: Sidecar, hardware: R
     extra = set(sidecar.extra_columns)
     known = KNOWN_ARGS | set(HARDWARE_COLUMNS) | set(MEASUREMENT_COLUMNS) | set(META_COLUMNS)
     unknown = [c for c in columns if c not in known and c not in extra and not c.startswith(EXTRA_PREFIX)]
+    if word == "line" and len(columns) == 1 and unknown:
+        delimiter = next((d for d in (";", "\t", "|") if d in columns[0]), None)
+        if delimiter is not None:
+            raise TraceError(path, f"has one column: its header is split by {delimiter!r}, not by commas",
+                             line=1, field="header", hint=f"a run table is comma-separated: save it as CSV with ',' "
+                             f"between the cells (e.g. pandas: read_csv(path, sep={delimiter!r}).to_csv(new, "
+                             "index=False))")
     if unknown:
-        raise TraceError(path, f"has unknown columns: {unknown_names(unknown, known)}", line=line, field=unknown[0],
+        raise TraceError(path, f"has unknown columns: {unknown_names(unknown, known)}", line=line,
+                         field=unknown[0][:16],
                          hint=f"rename a misspelled column to Megatron's args. name (README, 'Run tables'); a column "
                          f"of your own that is not a setting is kept out of the launch when its name starts with "
                          f"'{EXTRA_PREFIX}' or {sidecar.path.name} lists it under extra_columns"
@@ -394,6 +407,10 @@ def _iteration_time(path: Path, line: int, word: str, cells: dict[str, Any], arg
             time_ms = model_flops_per_iteration(args) / (value * 1e12 * gpus) * 1e3
         if not time_ms <= MAX_ITERATION_MS:
             raise _bad(path, line, word, name, f"is {value!r}: an iteration of {time_ms:.3g} ms, more than a day",
+                       "fix the cell (its unit?)")
+        if not time_ms >= MIN_ITERATION_MS:
+            raise _bad(path, line, word, name, f"is {quoted(str(value), 24)}: an iteration of {time_ms:.3g} ms, "
+                       f"less than {MIN_ITERATION_MS * 1e3:.0f} microsecond (no kernel launches that fast)",
                        "fix the cell (its unit?)")
         return time_ms
     raise _bad(path, line, word, "iteration_time_ms", "no measurement in the row",

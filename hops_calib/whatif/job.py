@@ -223,6 +223,26 @@ def _refusal(spec: Spec, schedule: str, args_file: str, manifest_schedule: bool 
     return Refused(schedule, reason, " and ".join(steps))
 
 
+def _on_nodes(spec: Spec, model: Model, notes: list[str]) -> Spec:
+    """The spec with its ranks on its device type's nodes where the launch states none and spans more than one
+    (`model.devices.node_notes`), with what predict says of the nodes."""
+    from dataclasses import replace
+
+    from hops_calib.model.devices import node_notes
+
+    try:
+        devices = [model.device(d) for d in spec.devices]
+    except KeyError:  # an unknown device type is refused, naming the catalog, when the model prices the spec
+        return spec
+    said, per_node = node_notes(devices, spec.gpus_per_node)
+    notes.extend(said)
+    if per_node is not None and spec.gpus > per_node:
+        notes.append(f"ranks placed on nodes of {per_node} GPUs (global rank r on node r // {per_node}, Megatron's "
+                     f"rank order {spec.rank_order}): groups that span nodes are priced over the nodes' NICs")
+        return replace(spec, gpus_per_node=per_node)
+    return spec
+
+
 def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), calibration: Coverage | None = None,
             calibration_name: str = "", cluster: Cluster | None = None,
             perturbations: Perturbations | None = None, kernels: bool = False,
@@ -247,6 +267,7 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     notes: list[str] = []
     spec = build_spec(job_dir, notes)
     check_simulable(spec, args_source)
+    spec = _on_nodes(spec, model, notes)
     cluster = cluster.for_job(spec.device_ids, notes) if cluster is not None else None
     if spec.pp > 1 and spec.links:  # (a job with no benchmark at all is refused by the model's link term below)
         from hops_calib.whatif.cluster import relinked, unpriced_hint
