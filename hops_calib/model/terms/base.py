@@ -154,6 +154,10 @@ class Contribution:
     optimizer_barrier: bool | None = None
     host_after_receive_only: bool | None = None
 
+    # The per-virtual-stage fields of the decoder layers' work and its floors: what a superseding term takes over.
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("forward_ms", "backward_ms", "weight_grad_ms", "attention_core_ms",
+                                               "forward_floor_ms", "backward_floor_ms")
+
     SWITCHES: ClassVar[tuple[str, ...]] = ("blocking_p2p", "iteration_barrier", "optimizer_barrier",
                                            "host_after_receive_only")
 
@@ -188,6 +192,13 @@ class Term(ABC):
     # backward_floor_ms) bound from below: a stage's layers take max(sum of "layers" terms, sum of floors).
     # "stage": everything else, added on top (output layer, embedding, host time, ...).
     scope: ClassVar[str] = "stage"
+    # Terms whose decoder-layer work and floors (`Contribution.LAYER_FIELDS`) this term prices in their place: on a
+    # stage whose device type this term covers (`covers`), `Model` drops those fields of theirs; elsewhere they stand.
+    supersedes: ClassVar[tuple[str, ...]] = ()
+
+    def covers(self, params: Mapping[str, float], device_type: str) -> bool:
+        """Whether this term prices, on `device_type`, the layer work of the terms it supersedes."""
+        return bool(self.supersedes)
 
     @classmethod
     def summary(cls) -> str:
