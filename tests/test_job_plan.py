@@ -168,7 +168,7 @@ def test_a_large_space_is_counted_not_listed():
     assert len(space) == 479001600 * len(shapes)  # 12! orders, counted in no time
     first = next(iter(space))
     assert first.order == space.current_order and (first.micro_batch_size, first.first, first.last, first.schedule,
-                                                   first.chunks) == shapes[0]
+                                                   first.chunks, first.accounted) == shapes[0]
 
 
 def test_a_huge_global_batch_neither_hangs_nor_simulates_millions_of_microbatches(model, tmp_path):

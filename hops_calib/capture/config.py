@@ -71,6 +71,9 @@ class CaptureConfig:
     # Record a PyTorch profiler (Kineto) trace of the traced iterations on every rank, beside the event log, as
     # Megatron-LM's --profile --use-pytorch-profiler (capture/profiling.py)
     profile: bool = False
+    # Megatron's overlap_p2p_comm (interleaved only, Megatron-LM's default there): the steady state's sends and
+    # receives posted ahead and waited on later; off, the calls block around each task (--no-overlap-p2p-communication)
+    overlap_p2p: bool = False
 
     @property
     def ffn(self) -> int:
@@ -158,6 +161,9 @@ class CaptureConfig:
                  f"{self.microbatches} is not a multiple of --pp {self.pp}, which the interleaved schedule requires")
         else:
             need(self.vp == 1, "vp", f"is {self.vp}, but schedule {schedule!r} runs one model chunk per rank; pass --vp 1")
+        need(not self.overlap_p2p or (schedule == "interleaved_1f1b" and self.engine == "megatron"), "overlap-p2p",
+             "overlaps only Megatron's interleaved schedule's p2p (its non-interleaved one refuses overlap_p2p_comm); "
+             "pass --vp 2 or drop --overlap-p2p")
         need(self.microbatches >= self.pp or schedule == "gpipe", "microbatches",
              f"{self.microbatches} is fewer than --pp {self.pp}; the pipeline would never fill")
 
@@ -169,9 +175,9 @@ class CaptureConfig:
             f"--pipeline-model-parallel-size {self.pp}",
         ]
         if self.vp > 1:
-            # Megatron-LM overlaps the interleaved schedule's p2p with compute unless told not to; captures don't.
-            parts.append(f"--num-layers-per-virtual-pipeline-stage {self.layers_per_chunk} "
-                         "--no-overlap-p2p-communication")
+            # Megatron-LM overlaps the interleaved schedule's p2p with compute unless told not to.
+            parts.append(f"--num-layers-per-virtual-pipeline-stage {self.layers_per_chunk}"
+                         + ("" if self.overlap_p2p else " --no-overlap-p2p-communication"))
         parts += [
             f"--num-layers {self.layers}",
             f"--hidden-size {self.hidden}",
@@ -202,6 +208,8 @@ class CaptureConfig:
                 f"--engine={self.engine}", f"--schedule={self.resolved_schedule}", f"--seed={self.seed}"]
         if self.profile:
             args.append("--profile")
+        if self.overlap_p2p:
+            args.append("--overlap-p2p")
         if not self.link_bench:
             args.append("--no-link-bench")
         elif self.link_bench_iters != CaptureConfig.link_bench_iters:

@@ -263,10 +263,11 @@ def build(config: CaptureConfig) -> RankModel:
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False,
         masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
         apply_rope_fusion=False,
-        # No p2p overlap (megatron_args.txt says --no-overlap-p2p-communication for interleaved runs): the
-        # exchanges block around each compute, as the simulator's schedules model them. Unbatched isend/irecv
-        # (gloo has no coalescing, so batching would only reorder the same calls).
-        overlap_p2p_comm=False,
+        # Without --overlap-p2p (megatron_args.txt says --no-overlap-p2p-communication for interleaved runs) the
+        # exchanges block around each compute; with it the interleaved schedule posts its steady state's ahead
+        # (overlap_p2p_comm). Unbatched isend/irecv either way (gloo has no coalescing, so batching would only
+        # reorder the same calls; Megatron refuses batching with overlap).
+        overlap_p2p_comm=config.overlap_p2p,
         batch_p2p_comm=False,
     )
     chunks = []

@@ -129,6 +129,8 @@ def capture(
     link_bench: bool = typer.Option(True, "--link-bench/--no-link-bench", help="Run the gloo p2p link benchmark (without it the run ingests, but predict, "
                                     "evaluate and report refuse it: hops are priced from the benchmark)."),
     link_bench_iters: int = typer.Option(50, "--link-bench-iters", help="Timed sends per message size."),
+    overlap_p2p: bool = typer.Option(False, "--overlap-p2p", help="Overlap the interleaved schedule's p2p with "
+                                     "compute (Megatron's overlap_p2p_comm, Megatron-LM's default with --vp > 1)."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it is an earlier capture (nothing else)."),
     profile: bool = typer.Option(False, "--profile", help="Also record a PyTorch profiler (Kineto) trace of the traced "
                                  "iterations per rank, torch_profile/rank-<r>.json.gz, as Megatron's --profile "
@@ -140,7 +142,8 @@ def capture(
     raise typer.Exit(capture_command(out, force, pp=pp, vp=vp, tp=tp, dp=dp, microbatches=microbatches, iterations=iterations,
                                      layers=layers, hidden=hidden, seq=seq, heads=heads, ffn_hidden=ffn_hidden,
                                      vocab=vocab, engine=engine, schedule=schedule, seed=seed, link_bench=link_bench,
-                                     link_bench_iters=link_bench_iters, profile=profile))
+                                     link_bench_iters=link_bench_iters, profile=profile,
+                                     overlap_p2p=overlap_p2p))
 
 
 @app.command()

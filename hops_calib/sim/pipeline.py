@@ -70,6 +70,9 @@ class Pipeline:
     # Megatron's 1F1B exchanges are blocking send/receive pairs: a transfer starts only when
     # both sender and receiver have reached it, and both are held until it completes.
     blocking_p2p: bool = True
+    # Megatron's overlap_p2p_comm (interleaved 1F1B only; Megatron-LM's default there): the steady state's p2p calls
+    # are posted after each task and waited on before the task that needs them (`schedules` module docstring).
+    overlap_p2p: bool = False
     # Whether a task's untraced host time (StageCosts.host_ms) shows only when its input arrives over a link.
     # Megatron's p2p calls synchronize the host with the GPU (batch_p2p_sync), so the host work of a step that
     # received its input follows the receive on the rank's critical path; a step whose input is the rank's own

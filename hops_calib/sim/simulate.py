@@ -194,7 +194,8 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     """
     del seed  # no random draw here: random perturbations come in drawn (see compute_factors)
     resolved = auto_schedule(pipeline) if schedule == AUTO else schedule
-    programs: Programs = build_programs(resolved, pipeline.ranks, pipeline.chunks, pipeline.microbatches, gpipe_flush)
+    programs: Programs = build_programs(resolved, pipeline.ranks, pipeline.chunks, pipeline.microbatches, gpipe_flush,
+                                        pipeline.overlap_p2p)
     hops = len(pipeline.stages) - 1
     forward_transfer = list(pipeline.forward_transfer_ms) or [0.0] * hops
     backward_transfer = list(pipeline.backward_transfer_ms) or [0.0] * hops

@@ -48,6 +48,15 @@ _off = _is(False, None)  # a switch left off (a rank log's block prints False; N
 
 
 def _interleaved(args: dict[str, Any]) -> bool:
+    """Whether the launch configures virtual stages (a layout of more stages than ranks does too)."""
+    layout = args.get("pipeline_model_parallel_layout")
+    if layout:
+        from hops_calib.spec.stage_layers import LayoutError, parse_layout
+
+        try:
+            return len(parse_layout(str(layout))) > (args.get("pipeline_model_parallel_size") or 1)
+        except LayoutError:
+            return False  # refused with its reason when the spec reads the split
     return bool(args.get("num_layers_per_virtual_pipeline_stage")) or (
         args.get("virtual_pipeline_model_parallel_size") or 1) > 1
 
@@ -56,7 +65,7 @@ def _interleaved(args: dict[str, Any]) -> bool:
 # pipeline parallelism; Megatron's local or Transformer Engine layer with LayerNorm or RMSNorm, multi-head or
 # grouped-query attention with learned absolute or rotary positions, unfused or fused (flash) attention, a GeLU or
 # SwiGLU MLP; activations stored or recomputed (`recomputation_of`); 16- or 32-bit arithmetic, FP8 GEMMs through TE;
-# blocking p2p calls.
+# context parallelism; blocking, batched or (interleaved 1F1B) overlapped p2p calls.
 # What it does not price is listed here, each with what it prices instead.
 ASSUMPTIONS: tuple[Assumption, ...] = (
     # Context parallelism (`model/kernels.py` `_core_attention`: TE's attention with a cp group): only TE's
@@ -124,10 +133,30 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
     # reduce-scattered); stage 3 also shards the weights, gathering them per layer.
     Assumption("--zero-stage", ("zero_stage",), 0, "ZeRO stage 0, 1 or 2 (priced as the distributed optimizer)",
                _is(None, 0, 1, 2)),
-    Assumption("--no-overlap-p2p-communication", ("overlap_p2p_comm", "overlap_p2p_communication"), True,
-               "blocking p2p calls, which interleaved runs get with --no-overlap-p2p-communication",
-               lambda value, args: value is False or not _interleaved(args)),
+    # Megatron's interleaved schedule posts the warm-up's p2p calls ahead too with this switch
+    # (forward_backward_pipelining_with_interleaving, overlap_p2p_comm_warmup_flush); the simulator posts only the
+    # steady state's (hops_calib.sim.schedules).
+    Assumption("--overlap-p2p-communication-warmup-flush", ("overlap_p2p_comm_warmup_flush", "overlap_p2p_communication_warmup_flush"), False,
+               "blocking warm-up and cool-down p2p calls (overlapped ones only in the steady state)", _off),
+    # Megatron refuses both at once ("Can not use both overlap_p2p_comm and batch_p2p_comm", schedules.py)
+    Assumption("--batch-p2p-comm", ("batch_p2p_comm",), None,
+               "batched p2p calls only with blocking ones (--no-overlap-p2p-communication), as Megatron requires",
+               lambda value, args: not value or not overlapped_p2p(args)),
 )
+
+
+def overlapped_p2p(args: dict[str, Any], interleaved: bool | None = None) -> bool:
+    """Whether a launch's interleaved schedule overlaps its p2p calls with compute: Megatron-LM's
+    --overlap-p2p-communication is on by default (off with --no-overlap-p2p-communication) and applies only with
+    virtual pipeline stages (Megatron-core refuses overlap_p2p_comm without them:
+    forward_backward_pipelining_without_interleaving in megatron/core/pipeline_parallel/schedules.py).
+    `interleaved`: whether the launch runs virtual stages (None: from its virtual-pipeline flags)."""
+    if not (_interleaved(args) if interleaved is None else interleaved):
+        return False
+    for key in ("overlap_p2p_comm", "overlap_p2p_communication"):
+        if key in args:
+            return bool(args[key])
+    return not args.get("no_overlap_p2p_communication")
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,13 @@ class Spec:
     # Ranks time-sharing one device (a CPU capture with more ranks than cores: manifest.yaml's `cores`, the core of
     # each rank); 1 on a GPU, where every rank has its own
     ranks_per_device: float = 1.0
+    # Megatron's overlap_p2p_comm (interleaved 1F1B, on by default there): the steady state's p2p calls are posted
+    # ahead and waited on later (`hops_calib.sim.schedules`); False: blocking (or batched) calls
+    overlap_p2p: bool = False
+    # Decoder layers per virtual stage (virtual stage k is model chunk k // pp on rank k % pp) when Megatron builds
+    # them unevenly over a rank's chunks (--account-for-embedding/loss-in-pipeline-split, or
+    # --pipeline-model-parallel-layout); () when each rank's layers are split evenly over its chunks
+    layers_per_virtual_stage: tuple[int, ...] = ()
     # The core of every global rank when ranks time-share cores (`manifest.yaml`'s `cores` of such a capture), so
     # which ranks share one is known (`core_load`); () otherwise
     cores: tuple[int, ...] = ()
@@ -141,6 +148,16 @@ class Spec:
             raise ValueError(f"spec {self.run_id}: {len(self.devices)} devices for pp={self.pp}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"spec {self.run_id}: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
+        if self.overlap_p2p and self.schedule != "interleaved_1f1b":
+            raise ValueError(f"spec {self.run_id}: overlapped p2p runs only under interleaved_1f1b, not "
+                             f"{self.schedule!r}")
+        if self.layers_per_virtual_stage:
+            chunks = self.layers_per_virtual_stage
+            if len(chunks) != self.pp * self.vp or any(n < 0 for n in chunks) or tuple(
+                    sum(chunks[rank::self.pp]) for rank in range(self.pp)) != tuple(self.layers_per_stage):
+                raise ValueError(f"spec {self.run_id}: layers_per_virtual_stage {chunks} must give pp x vp = "
+                                 f"{self.pp * self.vp} counts, each rank's summing to layers_per_stage "
+                                 f"{self.layers_per_stage}")
 
     def rank(self, tp_rank: int = 0, dp_rank: int = 0, pp_rank: int = 0, cp_rank: int = 0) -> int:
         """The global rank of GPU (tp_rank, dp_rank, pp_rank, cp_rank) under the launch's rank order."""
@@ -242,7 +259,8 @@ class Spec:
         data["model"] = ModelShape(**data["model"])
         data["collectives"] = tuple(CollectiveTable(**table) for table in data.get("collectives", ()))
         data["component_tables"] = tuple(ComponentTables(**table) for table in data.get("component_tables", ()))
-        for name in ("layers_per_stage", "devices", "device_ids", "device_names", "nodes", "cores"):
+        for name in ("layers_per_stage", "devices", "device_ids", "device_names", "nodes", "cores",
+                     "layers_per_virtual_stage"):
             data[name] = tuple(data.get(name, ()))
         return cls(**data)
 
@@ -254,7 +272,7 @@ class Spec:
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
 _OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "dp", "distributed_optimizer", "overlap_grad_reduce",
                     "overlap_param_gather", "rank_order", "ranks_per_device", "nodes", "cores", "transport",
-                    "component_tables")
+                    "component_tables", "overlap_p2p", "layers_per_virtual_stage")
 _OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "tensor_parallel",
                           "sequence_parallel", "swiglu", "num_query_groups", "normalization", "position_embedding",
                           "attention_kernel", "context_parallel")

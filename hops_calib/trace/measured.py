@@ -92,6 +92,8 @@ KNOWN_ARGS = frozenset(MEGATRON_DEFAULTS) | frozenset(REQUIRED_ARGS) | frozenset
     "num_key_value_heads", "no_overlap_p2p_communication", "use_rotary_position_embeddings", "use_tp_pp_dp_mapping",
     "zero_stage", "ds_sequence_parallel_size", "tp_comm_overlap", "fp8_hybrid", "fp8_e4m3", "hybrid_override_pattern",
     "use_flash_attn_v1", "use_flash_attn_v2", "use_flash_attn_triton", "use_flash_attn_builder", "rank_order",
+    "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    "batch_p2p_comm", "overlap_p2p_comm_warmup_flush", "overlap_p2p_communication_warmup_flush",
 }) | QUIET_ARGS
 EXTRA_PREFIX = "x_"  # a run table's own column (a note, a date, ...): kept out of the launch, never read
 

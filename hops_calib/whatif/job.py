@@ -220,7 +220,7 @@ def _refusal(spec: Spec, schedule: str, args_file: str, manifest_schedule: bool 
                                              f"{layers} over {p} stages holds fewer) in {args_file}")
         choices = " or ".join(f"{n} ({layers // (p * n)} chunks per rank)" for n in per_chunk)
         steps.append(f"add --num-layers-per-virtual-pipeline-stage N (decoder layers per model chunk; N = {choices}) "
-                     f"and --no-overlap-p2p-communication to {args_file}")
+                     f"to {args_file}")
         if manifest_schedule:
             steps.append(f"set configured_schedule to interleaved_1f1b in {MANIFEST}")
     if m % p:

@@ -3,7 +3,8 @@ schedule, which micro-batch size - for a job directory's model and global batch,
 calibrated model.
 
 A candidate is a `Launch`: a stage order (device id per stage), Megatron's layer split (even, or the first and/or
-last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even), a schedule (1F1B, interleaved 1F1B
+last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even, or even with the embedding and/or the
+loss counted as a layer, --account-for-embedding/loss-in-pipeline-split), a schedule (1F1B, interleaved 1F1B
 with v model chunks per rank, ZB-H1, GPipe, or `auto`, the HopsHetero rule choosing 1F1B or ZB-H1) and a micro-batch
 size (the microbatch count follows from the global batch). Each is turned into the launch's arguments and built
 into a spec exactly as a job directory's would be (`spec_from_args`: a split or shape Megatron refuses is refused
@@ -56,10 +57,15 @@ class Launch:
     schedule: str  # one of SCHEDULES
     chunks: int  # model chunks per rank (interleaved 1F1B); 1 otherwise
     micro_batch_size: int
+    # (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split): the embedding and/or the loss
+    # counted as a layer of the even split (never with first/last pinned: Megatron asserts so)
+    accounted: tuple[bool, bool] = (False, False)
 
     def label(self) -> str:
         pinned = [f"{end} stage {n} layers" for end, n in (("first", self.first), ("last", self.last)) if n is not None]
-        split = " and ".join(pinned) + ", the rest even" if pinned else "even"
+        pieces = [piece for piece, on in zip(("embedding", "loss"), self.accounted) if on]
+        split = (" and ".join(pinned) + ", the rest even" if pinned
+                 else f"even with the {' and '.join(pieces)} as a layer" if pieces else "even")
         schedule = f"{self.schedule} v={self.chunks}" if self.chunks > 1 else self.schedule
         return f"{schedule}, mbs {self.micro_batch_size}, split {split}, order {'-'.join(self.order)}"
 
@@ -97,6 +103,8 @@ class Outcome:
             "schedule": launch.schedule, "resolved_schedule": self.resolved, "chunks": launch.chunks,
             "micro_batch_size": launch.micro_batch_size, "microbatches": self.microbatches,
             "decoder_first_pipeline_num_layers": launch.first, "decoder_last_pipeline_num_layers": launch.last,
+            "account_for_embedding_in_pipeline_split": launch.accounted[0],
+            "account_for_loss_in_pipeline_split": launch.accounted[1],
             "layers_per_stage": list(self.layers_per_stage), "order": list(launch.order),
             "throughput_samples_per_s": self.samples_per_s,
             "steady_throughput_samples_per_s": self.steady_samples_per_s,
@@ -183,6 +191,37 @@ def layer_splits(num_layers: int, pp: int) -> list[tuple[int | None, int | None]
     return list(seen.values())
 
 
+ACCOUNTING_FLAGS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+
+
+def accounted_splits(num_layers: int, pp: int, chunks: int = 1, taken: Iterable[tuple[int, ...]] = ()
+                     ) -> list[tuple[bool, bool]]:
+    """The (embedding, loss) accounting Megatron runs on `num_layers` over `pp` ranks of `chunks` model chunks,
+    besides none: the layers plus the pieces counted divide evenly over the virtual stages, and the first and last
+    keep a layer to give up (`spec.stage_layers.layers_accounting`, Megatron's get_num_layers_to_build). One that
+    builds the layers of a split in `taken` (decoder layers per rank, one chunk each), or the even split's, is that
+    launch: left out."""
+    from hops_calib.spec.stage_layers import LayoutError, layers_accounting
+
+    if pp == 1:
+        return []
+    seen = set(taken) if chunks == 1 else set()
+    if num_layers % (pp * chunks) == 0:
+        seen.add((num_layers // (pp * chunks),) * (pp * chunks) if chunks > 1 else (num_layers // pp,) * pp)
+    found = []
+    for accounted in ((True, False), (False, True), (True, True)):
+        try:
+            split = layers_accounting(num_layers, pp, chunks, *accounted)
+        except LayoutError:
+            continue
+        layers = split.per_virtual_stage or (split.per_rank if chunks == 1 else tuple(
+            split.per_rank[k % pp] // chunks for k in range(pp * chunks)))
+        if layers not in seen:
+            seen.add(layers)
+            found.append(accounted)
+    return found
+
+
 MAX_SPLIT_LAYERS = 512  # layer splits are searched up to this depth (the settings grow as its square)
 # A launch with more compute tasks per iteration than this is not simulated (a microbatch count in the millions would
 # take minutes per candidate): the planner counts it as refused and says to raise the micro-batch size.
@@ -203,7 +242,8 @@ class Space:
     distinct launches: each is searched once, by its canonical device order (the devices of a kind in the order the
     job's own launch has them, so the job's own order is its own canonical one). Interleaved 1F1B takes the even
     split only and v model chunks per rank where v divides the layers per rank and the microbatches are a multiple
-    of the stages (Megatron's rule).
+    of the stages (Megatron's rule); with `accounting`, also the even splits that count the embedding and/or the
+    loss as a layer (`accounted_splits`: on one chunk per rank they build what a first/last pin builds).
     """
 
     devices: tuple[str, ...] | None
@@ -215,6 +255,7 @@ class Space:
     pp: int
     batch: int
     kinds: tuple[int, ...] = ()  # () : every device a kind of its own
+    accounting: bool = False  # also the even split with the embedding and/or loss counted (`accounted_splits`)
 
     def _kind(self) -> dict[str, int]:
         devices = self.devices if self.devices is not None else self.current_order
@@ -271,17 +312,27 @@ class Space:
             sequence[i], sequence[j] = sequence[j], sequence[i]
             sequence[i + 1:] = reversed(sequence[i + 1:])
 
-    def shapes(self) -> list[tuple[int, int | None, int | None, str, int]]:
-        """(micro batch size, first, last, schedule, chunks) of every launch of one order."""
-        out: list[tuple[int, int | None, int | None, str, int]] = []
+    def shapes(self) -> list[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]]:
+        """(micro batch size, first, last, schedule, chunks, accounted) of every launch of one order."""
+        out: list[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]] = []
+        none = (False, False)
+        if self.accounting:
+            from hops_calib.spec import split_layers
+
+            taken = [split_layers(self.layers, self.pp, first, last) for first, last in self.splits]
         for size in self.sizes:
             m = self.batch // size
             for schedule in self.schedules:
                 if schedule == "interleaved_1f1b":
-                    out += [(size, None, None, schedule, v) for v in range(2, self.layers // self.pp + 1)
-                            if self.layers % (self.pp * v) == 0 and m % self.pp == 0]
+                    for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
+                        if m % self.pp == 0:
+                            out += [(size, None, None, schedule, v, none)] if self.layers % (self.pp * v) == 0 else []
+                            out += [(size, None, None, schedule, v, accounted) for accounted
+                                    in (accounted_splits(self.layers, self.pp, v) if self.accounting else ())]
                 else:
-                    out += [(size, first, last, schedule, 1) for first, last in self.splits]
+                    out += [(size, first, last, schedule, 1, none) for first, last in self.splits]
+                    out += [(size, None, None, schedule, 1, accounted) for accounted
+                            in (accounted_splits(self.layers, self.pp, 1, taken) if self.accounting else ())]
         return out
 
     def __len__(self) -> int:
@@ -290,8 +341,8 @@ class Space:
     def __iter__(self):
         shapes = self.shapes()
         for order in self.orders():
-            for size, first, last, schedule, chunks in shapes:
-                yield Launch(tuple(order), first, last, schedule, chunks, size)
+            for size, first, last, schedule, chunks, accounted in shapes:
+                yield Launch(tuple(order), first, last, schedule, chunks, size, accounted)
 
 
 def _step_samples(launch: Launch, spec: Spec) -> int:
@@ -345,7 +396,10 @@ class JobPlanner:
         spec, args = self.spec, self.args
         first = args.get("decoder_first_pipeline_num_layers")
         last = args.get("decoder_last_pipeline_num_layers")
-        return Launch(tuple(spec.device_ids), first, last, spec.schedule, spec.vp, spec.model.micro_batch_size)
+        accounted = (bool(args.get("account_for_embedding_in_pipeline_split")),
+                     bool(args.get("account_for_loss_in_pipeline_split")))
+        return Launch(tuple(spec.device_ids), first, last, spec.schedule, spec.vp, spec.model.micro_batch_size,
+                      accounted)
 
     # --- the space ----------------------------------------------------------------------------------------------
 
@@ -396,7 +450,7 @@ class JobPlanner:
                      sizes=tuple(divisors(spec.model.global_batch_size)) if micro_batch_sizes
                      else (current.micro_batch_size,),
                      schedules=tuple(schedules), layers=spec.model.num_layers, pp=spec.pp,
-                     batch=spec.model.global_batch_size)
+                     batch=spec.model.global_batch_size, accounting=splits)
 
     # --- one candidate ------------------------------------------------------------------------------------------
 
@@ -409,13 +463,23 @@ class JobPlanner:
                 args.pop(key, None)
             else:
                 args[key] = value
-        for key in ("virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
-                    "overlap_p2p_comm", "overlap_p2p_communication", "no_overlap_p2p_communication"):
+        for key, on in zip(("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"),
+                           launch.accounted):
+            if on:
+                args[key] = True
+            else:
+                args.pop(key, None)
+        # the job's own p2p setting stays: Megatron-LM overlaps an interleaved schedule's p2p unless told not to
+        for key in ("virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage"):
             args.pop(key, None)
         if launch.chunks > 1:
-            args["num_layers_per_virtual_pipeline_stage"] = self.spec.model.num_layers // (self.spec.pp * launch.chunks)
-            args["no_overlap_p2p_communication"] = True
+            args["num_layers_per_virtual_pipeline_stage"] = self._per_chunk(launch)
         return args
+
+    def _per_chunk(self, launch: Launch) -> int:
+        """--num-layers-per-virtual-pipeline-stage of an interleaved launch (the embedding and loss count when the
+        split accounts for them, as Megatron-LM counts them)."""
+        return (self.spec.model.num_layers + sum(launch.accounted)) // (self.spec.pp * launch.chunks)
 
     def changes(self, launch: Launch) -> dict[str, tuple[str, ...]]:
         """The changes to the job's launch that run `launch`: `argv` (tokens to add or set), `remove` (flags to
@@ -433,10 +497,15 @@ class JobPlanner:
                 else:
                     remove.append(flag)
                     words.append(f"remove {flag}")
-        if launch.chunks > 1 and (launch.chunks != now.chunks or now.schedule != "interleaved_1f1b"):
-            per_chunk = self.spec.model.num_layers // (self.spec.pp * launch.chunks)
-            argv += ["--num-layers-per-virtual-pipeline-stage", str(per_chunk), "--no-overlap-p2p-communication"]
-            words.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk} --no-overlap-p2p-communication")
+        for flag, old, new in zip(ACCOUNTING_FLAGS, now.accounted, launch.accounted):
+            if new != old:
+                (argv.append if new else remove.append)(flag)
+                words.append(flag if new else f"remove {flag}")
+        if launch.chunks > 1 and (launch.chunks != now.chunks or now.schedule != "interleaved_1f1b"
+                                  or launch.accounted != now.accounted):
+            per_chunk = self._per_chunk(launch)
+            argv += ["--num-layers-per-virtual-pipeline-stage", str(per_chunk)]
+            words.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
         if launch.chunks == 1 and now.chunks > 1:
             remove += ["--num-layers-per-virtual-pipeline-stage", "--virtual-pipeline-model-parallel-size"]
             words.append("remove --num-layers-per-virtual-pipeline-stage (and --virtual-pipeline-model-parallel-size)")
@@ -740,7 +809,10 @@ def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], tria
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shapes = set(space.shapes())
-    schedules = sorted({(schedule, chunks) for _, _, _, schedule, chunks in shapes})
+    schedules = sorted({(schedule, chunks) for _, _, _, schedule, chunks, _ in shapes})
+    # the split as one dimension: the space's first/last settings, then the even split's accounted variants
+    splits = [(first, last, (False, False)) for first, last in space.splits] + [
+        (None, None, accounted) for accounted in ((True, False), (False, True), (True, True)) if space.accounting]
     devices = space.devices if space.devices is not None else space.current_order
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
     progress.start(trials)
@@ -753,13 +825,13 @@ def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], tria
             order = space.current_order
         size = trial.suggest_categorical("micro_batch_size", list(space.sizes))
         schedule, chunks = schedules[trial.suggest_categorical("schedule", list(range(len(schedules))))]
-        first, last = space.splits[trial.suggest_categorical("split", list(range(len(space.splits))))]
+        first, last, accounted = splits[trial.suggest_categorical("split", list(range(len(splits))))]
         if chunks > 1:
             first = last = None
         progress.advance(schedule)
-        if (size, first, last, schedule, chunks) not in shapes:
+        if (size, first, last, schedule, chunks, accounted) not in shapes:
             return 0.0
-        outcome = score(Launch(order, first, last, schedule, chunks, size))
+        outcome = score(Launch(order, first, last, schedule, chunks, size, accounted))
         return outcome.samples_per_s if outcome is not None and outcome.fits else 0.0
 
     study.optimize(objective, n_trials=trials)
@@ -782,7 +854,7 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
         """How many of the schedule, the micro-batch size, the order and the split differ, then which: the
         schedule's changes first, the split's last."""
         changed = ((a.schedule, a.chunks) != (b.schedule, b.chunks), a.micro_batch_size != b.micro_batch_size,
-                   a.order != b.order, (a.first, a.last) != (b.first, b.last))
+                   a.order != b.order, (a.first, a.last, a.accounted) != (b.first, b.last, b.accounted))
         return sum(changed), tuple(not flag for flag in changed)
 
     for index, start in enumerate(starts):
@@ -803,8 +875,8 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
             else:
                 orders = []
             neighbours = [replace(launch, order=order) for order in orders]
-            neighbours += [Launch(launch.order, first, last, schedule, chunks, size)
-                           for size, first, last, schedule, chunks in shapes]
+            neighbours += [Launch(launch.order, first, last, schedule, chunks, size, accounted)
+                           for size, first, last, schedule, chunks, accounted in shapes]
             # each once, the launch itself not its own neighbour (its order and its shape are among the candidates)
             neighbours = [n for n in dict.fromkeys(neighbours) if n != launch]
             # nearest first (one change: the schedule, the micro-batch size, the order, the split; then two, ...):

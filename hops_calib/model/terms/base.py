@@ -78,7 +78,11 @@ class Layout:
 
 
 def layout_of(spec: Spec) -> Layout:
-    """The virtual-stage layout of a spec; a rank's layers are split evenly over its chunks, as Megatron requires."""
+    """The virtual-stage layout of a spec: its layers per virtual stage when it gives them (Megatron's
+    get_num_layers_to_build, megatron/core/transformer/transformer_block.py), else each rank's split evenly over its
+    chunks, as Megatron requires then."""
+    if spec.layers_per_virtual_stage:
+        return Layout(ranks=spec.pp, chunks=spec.vp, layers=tuple(spec.layers_per_virtual_stage))
     layers: list[int] = [0] * (spec.pp * spec.vp)
     for rank, on_rank in enumerate(spec.layers_per_stage):
         if on_rank % spec.vp:
@@ -150,6 +154,10 @@ class Contribution:
     optimizer_barrier: bool | None = None
     host_after_receive_only: bool | None = None
 
+    # The per-virtual-stage fields of the decoder layers' work and its floors: what a superseding term takes over.
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("forward_ms", "backward_ms", "weight_grad_ms", "attention_core_ms",
+                                               "forward_floor_ms", "backward_floor_ms")
+
     SWITCHES: ClassVar[tuple[str, ...]] = ("blocking_p2p", "iteration_barrier", "optimizer_barrier",
                                            "host_after_receive_only")
 
@@ -184,6 +192,13 @@ class Term(ABC):
     # backward_floor_ms) bound from below: a stage's layers take max(sum of "layers" terms, sum of floors).
     # "stage": everything else, added on top (output layer, embedding, host time, ...).
     scope: ClassVar[str] = "stage"
+    # Terms whose decoder-layer work and floors (`Contribution.LAYER_FIELDS`) this term prices in their place: on a
+    # stage whose device type this term covers (`covers`), `Model` drops those fields of theirs; elsewhere they stand.
+    supersedes: ClassVar[tuple[str, ...]] = ()
+
+    def covers(self, params: Mapping[str, float], device_type: str) -> bool:
+        """Whether this term prices, on `device_type`, the layer work of the terms it supersedes."""
+        return bool(self.supersedes)
 
     @classmethod
     def summary(cls) -> str:
