@@ -69,13 +69,13 @@ def test_ingest_stores_every_row_and_names_what_the_model_does_not_price(dgxc_di
     assert index.groupby("group")["split"].nunique().max() == 1 and index["group"].nunique() == 14
     fixtures = {f.id: f for f in store.load_all("train")}
     reasons = {run_id: f.not_priced for run_id, f in fixtures.items()}
+    # FP8, context parallelism, TP overlap and overlapped p2p are priced; what is left is the 405B runs' uneven
+    # pipeline split, which the set does not state
     for run_id, reason in reasons.items():
-        if "_fp8_" in run_id:
-            assert reason and "--fp8-format" in reason
-        if "llama3.1-8b" in run_id or "llama3.1-405b" in run_id:
-            assert reason and "--context-parallel-size 2" in reason
-        if "gpt3-175b" in run_id:
-            assert reason and "--tp-comm-overlap" in reason and "overlap_p2p_comm" in reason
+        assert not reason or ("llama3.1-405b" in run_id and reason.startswith("--num-layers:")), (run_id, reason)
+    priced = [run_id for run_id, reason in reasons.items() if not reason]
+    assert any("_fp8_" in r for r in priced) and any("llama3.1-8b" in r for r in priced)  # FP8 and CP 2
+    assert any("gpt3-175b" in r for r in priced)  # TP overlap and overlapped p2p with virtual stages
     # ingesting again changes nothing
     again = ingest([dgxc_dir / "runs.csv"], FixtureStore(store.root))
     assert again.ok and again.count("unchanged") == 68

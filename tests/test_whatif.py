@@ -209,7 +209,7 @@ def _add_flags(job: Path, old: str, new: str) -> None:
     ("--transformer-impl local", "--transformer-impl inference_optimized",
      ["--transformer-impl inference_optimized"], "--transformer-impl local|transformer_engine"),
     ("--micro-batch-size 1", "--micro-batch-size 1 --fp8-format hybrid --tp-comm-overlap",
-     ["--fp8-format hybrid", "--tp-comm-overlap"], "no FP8"),
+     ["--fp8-format hybrid", "--tp-comm-overlap"], "with --transformer-impl transformer_engine"),
 ])
 def test_a_launch_with_settings_the_model_does_not_price_is_refused_naming_file_line_and_flag(
         tmp_path, old, new, flags, modelled):

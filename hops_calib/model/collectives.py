@@ -26,10 +26,12 @@ from hops_calib.model.devices import DeviceSpec
 from hops_calib.spec import Spec
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
+POINT_OPS = ("send_recv", "all_to_all")  # context parallelism's exchanges, priced by the ring's hop bandwidth
 
 
 def group_size(spec: Spec, group: str) -> int:
-    return spec.tp if group == "tp" else spec.dp
+    """GPUs of a group: "tp", "cp", "dp", or "dp_cp" (data x context parallel)."""
+    return {"tp": spec.tp, "cp": spec.cp, "dp_cp": spec.dp * spec.cp}.get(group, spec.dp)
 
 
 def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stage: int = 0,
@@ -55,11 +57,17 @@ def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group:
     (and the table's rate), `step_latency_ms` is the ring model's latency per step, and `contention_step_ms` what
     each of the ring's steps adds inside a training step over an isolated benchmark (both paths);
     `connection_cap_bytes_per_ms` holds a ring's hop across nodes under one connection's ceiling."""
-    if op not in OPS:
-        raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
+    if op not in OPS + POINT_OPS:
+        raise ValueError(f"unknown collective {op!r}; expected one of {OPS + POINT_OPS}")
     n = group_size(spec, group)
     if n <= 1 or nbytes <= 0:
         return 0.0
+    if op in POINT_OPS:
+        # send_recv: one hop of the group's ring moves nbytes (context parallelism's KV exchange, every GPU sending
+        # and receiving at once); all_to_all: each GPU keeps 1/n of its nbytes and exchanges the rest, n - 1 steps
+        bandwidth = ring_bandwidth_bytes_per_ms(spec, device, group, stage, connection_cap_bytes_per_ms) * efficiency
+        steps, moved = (1, nbytes) if op == "send_recv" else (n - 1, nbytes * (n - 1) / n)
+        return steps * step_latency_ms + moved / bandwidth + steps * contention_step_ms
     share = 1.0 if op == "all_reduce" else 0.5
     placed = spec.group_nodes(group, stage)
     table = spec.collective("all_reduce", n)

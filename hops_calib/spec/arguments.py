@@ -155,15 +155,18 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     stage_layers = stage_layers_of(args, source, num_layers, pp)
     vp = stage_layers.vp
 
+    cp = _require_int(args, "context_parallel_size", source, default=1, minimum=1)
     world = args.get("world_size")
     if type(world) is int and world > 0:
-        if world % (tp * pp):
-            raise TraceError(source, f"{world} is not a multiple of tp*pp = {tp * pp}", field="world_size",
-                             hint="launch tp x pp x dp GPUs")
-        dp = world // (tp * pp)
+        named = f"tp*pp*cp = {tp * pp * cp}" if cp > 1 else f"tp*pp = {tp * pp}"
+        if world % (tp * pp * cp):
+            raise TraceError(source, f"{world} is not a multiple of {named}", field="world_size",
+                             hint="launch tp x pp x cp x dp GPUs")
+        dp = world // (tp * pp * cp)
         given = args.get("data_parallel_size")
         if type(given) is int and given > 0 and given != dp:
-            raise TraceError(source, f"{given}, but world size {world} / (tp {tp} x pp {pp}) = {dp}",
+            where = f"tp {tp} x pp {pp}" + (f" x cp {cp}" if cp > 1 else "")
+            raise TraceError(source, f"{given}, but world size {world} / ({where}) = {dp}",
                              field="--data-parallel-size", hint="make the parallel sizes multiply to the GPUs")
     else:
         dp = _require_int(args, "data_parallel_size", source, default=1) or 1
@@ -185,7 +188,7 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
 
     layers = stage_layers.per_rank
     rank_order = rank_order_of(args, source)
-    sizes = {"tp": (0, tp), "dp": (0, dp), "pp": (0, pp)}
+    sizes = {"tp": (0, tp), "dp": (0, dp), "pp": (0, pp), "cp": (0, cp)}
     first_ranks = [global_rank(rank_order, {**sizes, "pp": (k, pp)}) for k in range(pp)]
     devices, device_ids, names = hardware.stages(pp, first_ranks)
     if len(devices) != pp:
@@ -214,6 +217,10 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     vocab_key = "padded_vocab_size" if args.get("padded_vocab_size") is not None else "vocab_size"
     vocab = _require_int(args, vocab_key, source, default=0, minimum=1 if vocab_key in args else 0)
     ffn = _require_int(args, "ffn_hidden_size", source, default=4 * hidden, minimum=1)
+    if cp > 1 and seq % (2 * cp):
+        raise TraceError(source, f"{seq} is not divisible by 2 x --context-parallel-size {cp}", field="--seq-length",
+                         hint="context parallelism cuts each sequence into 2 cp chunks (megatron/core/utils.py "
+                              "get_batch_on_this_cp_rank)")
     model = ModelShape(
         num_layers=num_layers,
         hidden_size=hidden,
@@ -230,7 +237,12 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         recompute_method=method,
         recompute_num_layers=recompute_layers,
         **layer_settings_of(args, source, tp, heads, ffn),
+        context_parallel=cp,
     )
+    if cp > 1 and model.attention_kernel != "flash":
+        raise TraceError(source, f"{cp} with unfused attention", field="--context-parallel-size",
+                         hint="context parallelism runs in TE's flash / cuDNN fused attention (TE's "
+                              "AttnFuncWithCPAndKVP2P); drop --attention-backend unfused|local")
     zero = args.get("zero_stage") or 0
     return Spec(
         run_id=run_id,

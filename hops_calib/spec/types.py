@@ -55,6 +55,10 @@ class ModelShape:
     # "unfused": the score matrix is written and read (attention_score_traffic); "flash": a fused attention kernel
     # (flash attention, Transformer Engine's fused attention) that keeps the scores on chip, stores none of them
     attention_kernel: str = "unfused"
+    # --context-parallel-size: each sequence split cp ways (2 cp chunks, rank i holding chunks i and 2cp-1-i for
+    # causal load balancing: megatron/core/utils.py get_batch_on_this_cp_rank); every kernel but attention's keys
+    # sees s/cp tokens
+    context_parallel: int = 1
 
     @property
     def kv_heads(self) -> int:
@@ -119,9 +123,13 @@ class Spec:
         return self.model.tensor_parallel
 
     @property
+    def cp(self) -> int:
+        return self.model.context_parallel
+
+    @property
     def gpus(self) -> int:
-        """GPUs of the launch: tp x dp per stage."""
-        return self.pp * self.tp * self.dp
+        """GPUs of the launch: tp x cp x dp per stage."""
+        return self.pp * self.tp * self.cp * self.dp
     # the node of each stage's device when a job directory names them and has a collective benchmark to price
     # what runs within a node (hops_calib.trace DeviceInfo.node); () otherwise
     nodes: tuple[str, ...] = ()
@@ -151,10 +159,10 @@ class Spec:
                                  f"{self.pp * self.vp} counts, each rank's summing to layers_per_stage "
                                  f"{self.layers_per_stage}")
 
-    def rank(self, tp_rank: int = 0, dp_rank: int = 0, pp_rank: int = 0) -> int:
-        """The global rank of GPU (tp_rank, dp_rank, pp_rank) under the launch's rank order."""
+    def rank(self, tp_rank: int = 0, dp_rank: int = 0, pp_rank: int = 0, cp_rank: int = 0) -> int:
+        """The global rank of GPU (tp_rank, dp_rank, pp_rank, cp_rank) under the launch's rank order."""
         return global_rank(self.rank_order, {"tp": (tp_rank, self.tp), "dp": (dp_rank, self.dp),
-                                             "pp": (pp_rank, self.pp)})
+                                             "pp": (pp_rank, self.pp), "cp": (cp_rank, self.cp)})
 
     def core_load(self) -> tuple[tuple[float, ...], ...]:
         """Per pipeline rank s, how many processes of each pipeline rank q share s's core (`Pipeline.core_load`):
@@ -187,15 +195,26 @@ class Spec:
             return self.nodes[stage_a] == self.nodes[stage_b]
         return None
 
+    def group_ranks(self, group: str, stage: int = 0) -> list[int]:
+        """The global ranks of the first `group` of `stage`: "tp", "cp", "dp", or "dp_cp" (the data- and
+        context-parallel group the gradients are reduced over: `parallel_state.get_data_parallel_group(
+        with_context_parallel=True)`)."""
+        if group == "tp":
+            return [self.rank(k, 0, stage) for k in range(self.tp)]
+        if group == "cp":
+            return [self.rank(0, 0, stage, k) for k in range(self.cp)]
+        if group == "dp_cp":
+            return [self.rank(0, d, stage, c) for c in range(self.cp) for d in range(self.dp)]
+        return [self.rank(0, k, stage) for k in range(self.dp)]
+
     def group_nodes(self, group: str, stage: int = 0) -> tuple[int, int] | None:
-        """(nodes one `group` ("tp" or "dp") of `stage` spans, GPUs of one node in it), or None without nodes.
+        """(nodes one `group` (`group_ranks`) of `stage` spans, GPUs of one node in it), or None without nodes.
 
         Every group of a kind is laid out alike under a rank order, so the first one (the other coordinates 0)
         stands for all."""
         if not self.gpus_per_node:
             return None
-        size = self.tp if group == "tp" else self.dp
-        ranks = [self.rank(k, 0, stage) if group == "tp" else self.rank(0, k, stage) for k in range(size)]
+        ranks = self.group_ranks(group, stage)
         nodes: dict[int, int] = {}
         for rank in ranks:
             nodes[rank // self.gpus_per_node] = nodes.get(rank // self.gpus_per_node, 0) + 1
@@ -256,7 +275,7 @@ _OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "dp", "distributed_optimizer
                     "component_tables", "overlap_p2p", "layers_per_virtual_stage")
 _OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "tensor_parallel",
                           "sequence_parallel", "swiglu", "num_query_groups", "normalization", "position_embedding",
-                          "attention_kernel")
+                          "attention_kernel", "context_parallel")
 
 
 def _default_of(cls: type, name: str) -> Any:

@@ -346,7 +346,8 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
 def what_if_text(result: WhatIf) -> str:
     spec, model = result.spec, result.model
     shape = spec.model
-    parallel = (f" x tp {spec.tp} x dp {spec.dp} = {spec.gpus} GPUs" if spec.gpus > spec.pp else "")
+    parallel = (f" x tp {spec.tp}" + (f" x cp {spec.cp}" if spec.cp > 1 else "") + f" x dp {spec.dp} = {spec.gpus} GPUs"
+                if spec.gpus > spec.pp else "")
     lines = [f"{result.job_dir}: {spec.pp} stages{parallel} ({'-'.join(spec.devices)}), {spec.microbatches} "
              "microbatches x "
              f"{spec.iterations} iterations, h={shape.hidden_size} s={shape.seq_length} layers={shape.num_layers} "

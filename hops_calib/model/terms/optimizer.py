@@ -22,7 +22,7 @@ def rank_parameters(context: Context, rank: int) -> float:
 def optimizer_shard(spec: Spec) -> int:
     """How many ways a GPU's optimizer state and step are split: over the data-parallel replicas under the
     distributed optimizer (each updates its 1/d of the parameters, then all-gathers them), else 1."""
-    return spec.dp if spec.distributed_optimizer else 1
+    return spec.dp * spec.cp if spec.distributed_optimizer else 1  # the data x context-parallel group
 
 
 class OptimizerStep(Term):
