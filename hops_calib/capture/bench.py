@@ -342,7 +342,8 @@ def _calls(torch: Any, dist: Any, op: str, count: int, n: int, rank: int, device
     part = torch.ones(count // n, device=device)
     other = torch.empty_like(whole)
     if op == "all_reduce":
-        call = lambda: dist.all_reduce(whole)  # torch has no out-of-place all-reduce
+        def call():  # torch has no out-of-place all-reduce
+            dist.all_reduce(whole)
         return call, call
     if op == "all_gather":
         return (lambda: dist.all_gather_into_tensor(other, part),
@@ -356,7 +357,8 @@ def _calls(torch: Any, dist: Any, op: str, count: int, n: int, rank: int, device
         return (lambda: dist.reduce_scatter_tensor(part, whole),
                 lambda: dist.reduce_scatter_tensor(whole[rank * (count // n):(rank + 1) * (count // n)], whole))
     if op == "all_to_all":
-        call = lambda: dist.all_to_all_single(other, whole)  # no in-place all-to-all
+        def call():  # no in-place all-to-all
+            dist.all_to_all_single(other, whole)
         return call, call
     # send/recv: each rank sends one message to the next rank and receives one from the previous (nccl-tests'
     # sendrecv_perf)

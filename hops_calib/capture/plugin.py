@@ -40,8 +40,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hops_calib.capture.events import EventLog, WallClock
 from hops_calib.spec import TRACE_FIRST_ITERATION
