@@ -184,7 +184,7 @@ def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None
 
     gemms = [(dtype, m, n, k) for dtype in plan.dtypes for m, n, k in plan.gemm_shapes]
     _table(out / "gemm.csv", GEMM_COLUMNS, gemms, deadlines[0], result, advance, lambda item: (
-        (plan.device, *item), _gemm(torch, *item[1:], _dtype(torch, item[0]), device), clock, plan.repeats))
+        (plan.device, *item), _gemm(torch, item[1], item[2], item[3], _dtype(torch, item[0]), device), clock, plan.repeats))
     dtype = _dtype(torch, plan.dtypes[0])
     size = torch.empty((), dtype=dtype).element_size()
 
@@ -375,6 +375,8 @@ def default_plan(*, device: str, cuda: bool, dtypes: Sequence[str] = (), shapes:
                  repeats: int = 5) -> BenchPlan:
     """The plan of one bench run: a job's shapes or the standard grid, memory sizes and message sizes for a GPU
     (64 KiB-1 GiB; 1 KiB-1 GiB messages) or the CPU (smaller), or `quick`'s tiny ones (a few seconds)."""
+    memory: tuple[int, ...]
+    messages: tuple[int, ...]
     if quick:
         memory = (1 << 16, 1 << 20)
         messages = (1 << 12, 1 << 16)
