@@ -224,7 +224,7 @@ def test_a_near_copy_of_a_held_out_table_row_is_refused(tmp_path: Path):
     that held the first store's test split out (a vTrain run's id is its configuration: the copy is refused by its
     group's name; a renamed copy of a run with events by its configuration, tests/test_heldout.py)."""
     first, second = tmp_path / "first", tmp_path / "second"
-    assert cli("ingest", vtrain_copy(tmp_path / "src1"), "--fixtures", first).returncode == 0
+    assert cli("ingest", vtrain_copy(tmp_path / "src1"), "--fixtures", first, "--split", "auto").returncode == 0
     ledger = tmp_path / "ledger.jsonl"
     assert cli("ledger", "hold-out", "--fixtures", first, "--ledger", ledger).returncode == 0
     test_id = FixtureStore(first).ids("test")[0]
