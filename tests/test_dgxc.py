@@ -61,7 +61,7 @@ def test_every_row_reads_as_published(dgxc_dir):
 
 def test_ingest_stores_every_row_and_names_what_the_model_does_not_price(dgxc_dir, tmp_path):
     store = FixtureStore(tmp_path / "fx")
-    report = ingest([dgxc_dir], store)  # the folder: its runs.csv with models.csv and settings.csv
+    report = ingest([dgxc_dir], store, split="auto")  # the folder: its runs.csv with models.csv and settings.csv
     assert report.ok and report.count("new") == 68
     index = store.index()
     assert len(index) == 68 and set(index["kind"]) == {"iteration"}
@@ -77,7 +77,7 @@ def test_ingest_stores_every_row_and_names_what_the_model_does_not_price(dgxc_di
     assert any("_fp8_" in r for r in priced) and any("llama3.1-8b" in r for r in priced)  # FP8 and CP 2
     assert any("gpt3-175b" in r for r in priced)  # TP overlap and overlapped p2p with virtual stages
     # ingesting again changes nothing
-    again = ingest([dgxc_dir / "runs.csv"], FixtureStore(store.root))
+    again = ingest([dgxc_dir / "runs.csv"], FixtureStore(store.root), split="auto")
     assert again.ok and again.count("unchanged") == 68
 
 

@@ -42,14 +42,14 @@ def test_a_plan_past_a_cap_is_refused_naming_the_tolerance_the_cap_and_the_hint(
     ledger = tmp_path / "ledger" / "ledger.jsonl"
     cap = TOLERANCE_CAPS[name][0]
     flag = TOLERANCE_FLAGS[name]
-    refused = cli("ledger", "plan", "--note", "wider", "--ledger", ledger, flag, cap * 1.5, "--json")
+    refused = cli("ledger", "plan", "--note", "wider", "--ledger", ledger, "--new-ledger", flag, cap * 1.5, "--json")
     assert refused.exit_code == 2, refused.output
     error = json.loads(refused.stdout)["error"]
     assert error["field"] == flag and f"{name} = {cap * 1.5:g} beyond its cap {cap:g}" in error["problem"]
     assert f"{flag} <= {cap:g}" in error["hint"] and "fix that first" in error["hint"]
     assert not ledger.exists() or not list(read_entries(ledger))  # nothing appended
     # at the cap: recorded, and marked looser
-    stated = cli("ledger", "plan", "--note", "at the cap", "--ledger", ledger, flag, cap)
+    stated = cli("ledger", "plan", "--note", "at the cap", "--ledger", ledger, "--new-ledger", flag, cap)
     assert stated.exit_code == 0, stated.output
     assert "LOOSER than the defaults" in stated.stdout and f"cap {cap:g})" in stated.stdout
     shown = cli("ledger", "show", "--ledger", ledger, "--json")
@@ -96,7 +96,7 @@ def test_a_judgement_under_looser_rules_is_marked_in_evaluate_json_and_ledger_sh
     change = tmp_path / "cpu-roofline.toml"
     change.write_text('id = "cpu-roofline"\nhypothesis = "h"\ngrounding = "g"\n\n[change]\naction = "set"\n'
                       'term = "decoder_roofline"\nparams = { "compute_efficiency@cpu" = 0.27 }\n')
-    plan = json.loads(cli("ledger", "plan", "--note", "one stall's room", "--candidate", change, "--ledger", ledger,
+    plan = json.loads(cli("ledger", "plan", "--note", "one stall's room", "--candidate", change, "--ledger", ledger, "--new-ledger",
                           "--tolerance-run-throughput-pp", "3.5", "--run-error", "stall-free", "--json").stdout)
     assert [m["tolerance"] for m in plan["looser_rules"]] == ["run_throughput_pp", "run_throughput_error"]
     judged = cli("evaluate", change, "--fixtures", REPO / "fixtures", "--model", model, "--ledger", ledger,

@@ -73,7 +73,7 @@ def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: li
             if config.profile:
                 from hops_calib.capture.profiling import PROFILE_DIR, trace_name
 
-                facts = engine.run(rank, config.pp, config, log, clock,  # type: ignore[call-arg]
+                facts = engine.run(rank, config.pp, config, log, clock,
                                    profile_path=Path(job_dir) / PROFILE_DIR / trace_name(rank))
             else:
                 facts = engine.run(rank, config.pp, config, log, clock)

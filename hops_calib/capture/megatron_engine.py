@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hops_calib.capture.config import CaptureConfig
-from hops_calib.capture.events import EventLog, WallClock
+from hops_calib.capture.events import Clock, EventLog, WallClock
 from hops_calib.spec import TRACE_FIRST_ITERATION
 from hops_calib.timeline import BACKWARD, FORWARD, OPTIMIZER
 
@@ -75,7 +75,7 @@ def _first_tensor(value: Any) -> Any:
 class MegatronTracer:
     """Wraps Megatron's forward/backward steps and p2p exchange posting; records into an EventLog."""
 
-    def __init__(self, log: EventLog, clock: WallClock) -> None:
+    def __init__(self, log: EventLog, clock: Clock) -> None:
         self.log = log
         self.clock = clock
         self._labels: dict[int, _Label] = {}

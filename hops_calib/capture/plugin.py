@@ -40,8 +40,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hops_calib.capture.events import EventLog, WallClock
 from hops_calib.spec import TRACE_FIRST_ITERATION
@@ -86,7 +87,7 @@ class PluginTracer:
             self._restore.append((owner, "get_forward_backward_func", owner.get_forward_backward_func))
             owner.get_forward_backward_func = get_forward_backward_func
         for module_name in ("megatron.training.training",):  # a name imported before install (Megatron-LM)
-            module = sys.modules.get(module_name)
+            module: Any = sys.modules.get(module_name)
             if module is not None and hasattr(module, "get_forward_backward_func"):
                 self._restore.append((module, "get_forward_backward_func", module.get_forward_backward_func))
                 module.get_forward_backward_func = get_forward_backward_func

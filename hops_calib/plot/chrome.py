@@ -124,13 +124,13 @@ def _kernel_slices(kernels: Sequence[Any], columns: dict[str, np.ndarray], start
     out: list[dict[str, Any]] = []
     for i in np.flatnonzero(compute):
         stage, phase = int(columns["stage"][i]), str(columns["phase"][i])
-        classes = per_step.get((stage, phase))
-        if not classes:
+        step_classes = per_step.get((stage, phase))
+        if not step_classes:
             continue
-        total_us = sum(classes.values()) * US_PER_MS
+        total_us = sum(step_classes.values()) * US_PER_MS
         scale = min(1.0, float(duration_us[i]) / total_us) if total_us > 0 else 0.0
         at, end = float(start_us[i]), float(start_us[i] + duration_us[i])
-        for label, ms in sorted(classes.items(), key=lambda item: -item[1]):
+        for label, ms in sorted(step_classes.items(), key=lambda item: -item[1]):
             width = min(round(ms * US_PER_MS * scale, 3), round(end - at, 3))  # (rounding never runs past the bar)
             if width <= 0:
                 continue

@@ -29,8 +29,9 @@ import gzip
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 import numpy as np
 from orjson import dumps as _dumps

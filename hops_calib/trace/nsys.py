@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 
 from hops_calib.trace.errors import TraceError
-from hops_calib.trace.profile import (RankProfile, is_optimizer_range, is_zero_grad_range, profiler_step,
-                                      schedule_step)
+from hops_calib.trace.profile import RankProfile, is_optimizer_range, is_zero_grad_range, profiler_step, schedule_step
 from hops_calib.trace.reading import open_regular
 
 _ITERATION = re.compile(r"iteration[ #_]?(\d+)$")

@@ -29,9 +29,9 @@ How the pieces map (../shared/docs/profiler-traces.md §3):
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

@@ -12,8 +12,9 @@ A profiler trace also gives kernel rows (`profile.KernelRows`), the per-kernel t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
