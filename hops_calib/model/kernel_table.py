@@ -148,12 +148,12 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
     if tp_comm_overlap(spec) and layout.layers[stage]:
         hidden = hidden_bytes(spec)
         peak = peak_flops_per_s(device, "fp8" if kernel_settings(spec).fp8 else "bf16") / 1e3
-        exposed = {phase: sum(overlap_exposed_ms(collective_ms(spec, device, op, hidden, "tp", stage=rank, **rates),
+        overlap_ms = {phase: sum(overlap_exposed_ms(collective_ms(spec, device, op, hidden, "tp", stage=rank, **rates),
                                                  flops / peak, method, spec.tp) for op, flops, method in pairs)
                    for phase, pairs in tp_overlap_pairs(spec).items()}
         notes.append(f"--tp-comm-overlap: the layers' collectives run under their GEMMs (TE's userbuffers); "
-                     f"tensor_parallel_comm prices {exposed['FORWARD']:.4f} ms forward and "
-                     f"{exposed['BACKWARD']:.4f} ms backward per layer as exposed, not the rows' whole times")
+                     f"tensor_parallel_comm prices {overlap_ms['FORWARD']:.4f} ms forward and "
+                     f"{overlap_ms['BACKWARD']:.4f} ms backward per layer as exposed, not the rows' whole times")
     casts = fp8_weight_kernels(spec.model, kernel_settings(spec))
     if casts and layout.layers[stage]:
         ms = layout.layers[stage] * sum(pricer.price(k).ms for k in casts)
