@@ -63,13 +63,17 @@ def _by_stage_phase(frame) -> dict:
     return {(int(s), k, p): (len(g), float(g["ms"].sum())) for (s, k, p), g in groups}
 
 
-def test_real_and_predicted_lanes_read_back_with_every_interval(tmp_path):
-    store = FixtureStore(REPO / "fixtures")
-    fixture = store.load("cpu_interleaved_v2_l8_h512_s256_m4_run1")
+def _real_and_predicted_export(path: Path, iterations: int | None):
+    """A shipped interleaved run and its prediction exported to `path`: (path, real timeline, predicted one)."""
+    fixture = FixtureStore(REPO / "fixtures").load("cpu_interleaved_v2_l8_h512_s256_m4_run1")
     real = fixture.timeline()
     predicted = predict(fixture.spec, load_model()).result.timeline
-    path = write_chrome_trace(tmp_path / "trace.json", fixture.id, fixture.spec.devices,
-                              [Panel("Real run (trace)", real), Panel("Predicted", predicted)], iterations=None)
+    return write_chrome_trace(path, fixture.id, fixture.spec.devices,
+                              [Panel("Real run (trace)", real), Panel("Predicted", predicted)], iterations), real, predicted
+
+
+def test_real_and_predicted_lanes_read_back_with_every_interval(tmp_path):
+    path, real, predicted = _real_and_predicted_export(tmp_path / "trace.json", None)
     read = read_trace_event_format(path)
     assert json.loads(path.read_text())["otherData"]["window"]["windowed"] is False  # whole runs, as asked
     assert list(read) == ["Real run (trace)", "Predicted"]
@@ -123,12 +127,7 @@ def test_intervals_touching_up_to_float_noise_share_a_thread(tmp_path):
 
 
 def test_the_default_export_holds_the_first_iterations_of_each_panel_and_says_so(tmp_path):
-    store = FixtureStore(REPO / "fixtures")
-    fixture = store.load("cpu_interleaved_v2_l8_h512_s256_m4_run1")
-    real = fixture.timeline()
-    predicted = predict(fixture.spec, load_model()).result.timeline
-    path = write_chrome_trace(tmp_path / "trace.json", fixture.id, fixture.spec.devices,
-                              [Panel("Real run (trace)", real), Panel("Predicted", predicted)], iterations=2)
+    path, real, predicted = _real_and_predicted_export(tmp_path / "trace.json", 2)
     read = read_trace_event_format(path)
     window = json.loads(path.read_text())["otherData"]["window"]
     assert window["windowed"] and window["iterations"] == 2

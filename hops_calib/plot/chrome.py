@@ -133,8 +133,8 @@ def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel],
                            "tid": _thread(stage, bool(is_send[i]), int(lanes[i])), "args": args})
         if panel.kernels:
             events += _kernel_slices(panel.kernels, columns, start_us, duration_us, is_send, lanes, pid)
-    window = {"iterations": iterations, "windowed": any(p["iterations_shown"] < p["iterations"] for p in shown_panels),
-              "panels": shown_panels}
+    window: dict[str, Any] = {"iterations": iterations, "panels": shown_panels,
+                              "windowed": any(p["iterations_shown"] < p["iterations"] for p in shown_panels)}
     window["note"] = window_note(window)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title, "window": window}}
 

@@ -177,7 +177,7 @@ def kernel_section(fixtures: Sequence[Any], model) -> dict[str, Any] | None:
     for measured, predicted in runs:
         for key in set(measured.classes) | set(predicted.classes):
             by_class[key[2]].append((measured.classes.get(key, 0.0), predicted.classes.get(key, 0.0)))
-    classes = []
+    classes: list[dict[str, Any]] = []
     for label, pairs in by_class.items():
         real, pred = sum(m for m, _ in pairs), sum(p for _, p in pairs)
         scale, fixable = _fixable(pairs)
@@ -188,13 +188,14 @@ def kernel_section(fixtures: Sequence[Any], model) -> dict[str, Any] | None:
             "priced": label in priced,
             "fixed_by": UNPRICED if label not in priced else FIXED_BY.get(label, MEMORY_FIX)})
     classes.sort(key=lambda row: -row["mispriced_ms"])
-    gemms = []
+    gemms: list[dict[str, Any]] = []
     for measured, predicted in runs:
-        for (stage, phase, shape), real in sorted(measured.gemms.items()):
-            pred = predicted.gemms.get((stage, phase, shape))
+        for (stage, phase, shape), measured_ms in sorted(measured.gemms.items()):
+            predicted_ms = predicted.gemms.get((stage, phase, shape))
             gemms.append({"run": measured.run_id, "stage": stage, "phase": phase, "batch_m_n_k": list(shape),
-                          "measured_ms": real, "predicted_ms": pred,
-                          "error_pct": (pred - real) / real * 100.0 if pred is not None and real > 0 else None})
+                          "measured_ms": measured_ms, "predicted_ms": predicted_ms,
+                          "error_pct": (predicted_ms - measured_ms) / measured_ms * 100.0
+                          if predicted_ms is not None and measured_ms > 0 else None})
     matched = [g for g in gemms if g["predicted_ms"] is not None]
     return {"runs": [m.run_id for m, _ in runs],
             "unit": "ms per iteration, summed over the runs' stages and the FORWARD and BACKWARD phases",

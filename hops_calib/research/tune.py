@@ -206,7 +206,6 @@ def load_problem(term: str, fixtures_dir: Path | str | Sequence[Path | str], mod
     if objective == "components":
         from hops_calib.loop.suite import open_store
         from hops_calib.research.components import real_components
-
         from hops_calib.research.kernel_truth import measured_kernels
 
         loaded = [store.load(fixture_id) for part in suite.stores
