@@ -230,7 +230,7 @@ def vtrain_store(allreduce_dir, tmp_path_factory):
     pure.to_csv(root / "ground_truth_single.csv", index=False)
     (root / allreduce_dir.name).symlink_to(allreduce_dir)
     store = FixtureStore(root / "fixtures")
-    assert ingest([root / "ground_truth_single.csv"], store).ok
+    assert ingest([root / "ground_truth_single.csv"], store, split="auto").ok
     return store.root
 
 

@@ -149,7 +149,10 @@ def ingest(
         ..., help="Job directories, or folders holding job directories (searched recursively); Megatron training "
                   "logs; run tables (.csv, .parquet), the published vTrain table included."),
     fixtures: Path = FIXTURES_OPTION,
-    split: str = typer.Option("auto", "--split", help="auto (grouped, hashed), or force train / test."),
+    split: str = typer.Option(
+        "source", "--split", help="source (default): the split the source states in a hops-calib-source.toml beside "
+                                  "it, else train (your own runs); auto: the grouped, hashed train/test split the "
+                                  "calibration sets need; or force train / test. A stored group keeps its split."),
     test_fraction: float = typer.Option(0.3, "--test-fraction", help="Share of new configuration groups put in test."),
     lenient: bool = typer.Option(
         False, "--lenient", help="Drop bad event lines, repeated events and iterations a cut-short log left "
@@ -444,12 +447,15 @@ def candidate_new(
     folder: Path = typer.Option(Path("experiments"), "--dir", help="Where to write it."),
     model: Path | None = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (path, id, text)."),
+    device: list[str] | None = typer.Option(
+        None, "--device", help="Also write a per-device override NAME@TYPE for this device type (repeatable), for "
+                               "every parameter that takes one and has none for it yet, at its current value."),
 ) -> None:
     """Write a scaffold DIR/ID.toml for a one-term change: the term's parameters with the model's current values,
     defaults and bounds, and the hypothesis and grounding to fill in (evaluate refuses it until they are)."""
     from hops_calib.cli.loop import candidate_new_command
 
-    raise typer.Exit(candidate_new_command(term, candidate_id, folder, model, as_json))
+    raise typer.Exit(candidate_new_command(term, candidate_id, folder, model, as_json, tuple(device or ())))
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -821,14 +827,19 @@ def tune(
     term: str = typer.Argument(..., help="The cost term whose parameters are searched (see `hops-calib terms`)."),
     trials: int = typer.Option(60, "--trials", min=1, help="Trials to run (shared among the workers)."),
     storage: str | None = typer.Option(
-        None, "--storage", help="Optuna storage URL: sqlite:///FILE or any RDB URL (default: in memory)."),
+        None, "--storage", help="Optuna storage URL: sqlite:///FILE, postgresql://USER:PASSWORD@HOST/DB (the [db] "
+                                "extra) or any RDB URL. Default: $HOPS_CALIB_STORAGE, else `storage` under \\[defaults] "
+                                "of the nearest hops-calib.toml, else in memory."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: term, model and fixture set)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes working on the study (needs --storage)."),
     fixtures: list[Path] | None = FIXTURES_MANY_OPTION,
     model: Path | None = MODEL_OPTION,
     out: Path | None = typer.Option(
         None, "--out", help="Candidate file to write (default: experiments/tune-TERM-trialN.toml)."),
-    seed: int = typer.Option(0, "--seed", help="Sampler seed (worker k uses seed + k)."),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed (tpe: worker k uses seed + k; sobol: the study's)."),
+    sampler: str = typer.Option(
+        "tpe", "--sampler", help="tpe (learns from the trials so far), or sobol (trial k is the study's k-th Sobol "
+                                 "point: the same study with any number of workers; docs/distributed-tuning.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     objective: str = typer.Option(
         "suite", "--objective", help="suite: throughput MAPE, bubble MAE, -rho (Pareto); components: the error of "
@@ -845,7 +856,7 @@ def tune(
     from hops_calib.cli.research import tune_command
 
     raise typer.Exit(tune_command(term, fixtures_given(fixtures), model, trials, storage, study, workers, seed, out, as_json,
-                                  objective, tuple(only or ()), ledger, off_record, split, allow_held_out))
+                                  objective, tuple(only or ()), ledger, off_record, split, allow_held_out, sampler))
 
 
 @app.command()

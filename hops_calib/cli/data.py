@@ -23,7 +23,7 @@ def _err(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
+def ingest_command(sources: list[Path], fixtures: Path, split: str = "source", test_fraction: float = 0.3,
                    lenient: bool = False, skew_ms: float | None = None, gpu: str | None = None,
                    gpus_per_node: int | None = None, warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
                    as_json: bool = False, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S) -> int:
@@ -84,9 +84,11 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
         if as_json:
             print_json({"fixtures": str(store.root),
                         **{status: report.count(status) for status in ("new", "updated", "unchanged", "rejected")},
+                        "counts": views.ingest_counts(report, store),
                         "runs": [{"source": str(o.source), "run_id": o.run_id, "kind": o.kind, "status": o.status,
-                                  "split": o.split, "priced": o.priced, "not_priced": o.not_priced,
-                                  "error": o.error, "warnings": list(o.warnings)} for o in report.outcomes],
+                                  "split": o.split, "split_from": o.split_from, "priced": o.priced,
+                                  "not_priced": o.not_priced, "error": o.error, "warnings": list(o.warnings)}
+                                 for o in report.outcomes],
                         "warnings": [f"{o.run_id}: {w}" for o in report.outcomes for w in o.warnings],
                         "notes": list(report.notes) + views.ingest_notes(report)},
                        STATUS[code])

@@ -23,15 +23,19 @@ def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json
 def tune_command(term: str, fixtures: Path | Sequence[Path], model_path: Path | None, trials: int, storage: str | None,
                  study: str | None, workers: int, seed: int, out: Path | None, as_json: bool,
                  objective: str = "suite", only: tuple[str, ...] = (), ledger: Path | None = None,
-                 off_record: bool = False, split: str = "train", allow_held_out: bool = False) -> int:
+                 off_record: bool = False, split: str = "train", allow_held_out: bool = False,
+                 sampler: str = "tpe") -> int:
     """Exit 0 a candidate written, 1 none (status no_candidate: no trial beats the model), 4 off the record."""
+    from hops_calib.cli.settings import default_storage
     from hops_calib.research.tune import tune, tune_text
 
+    # without --storage: $HOPS_CALIB_STORAGE, else the nearest hops-calib.toml's [defaults] storage, else memory
     return run_and_print(f"tune {term}", as_json,
-                         lambda bar: tune(term, fixtures, model_path=model_path, trials=trials, storage_url=storage,
+                         lambda bar: tune(term, fixtures, model_path=model_path, trials=trials,
+                                          storage_url=storage if storage is not None else default_storage()[0],
                                           study_name=study, workers=workers, seed=seed, out=out,
                                           progress=bar.update, objective=objective, only=only, ledger_path=ledger,
-                                          off_record=off_record, split=split),
+                                          off_record=off_record, split=split, sampler=sampler),
                          tune_text, held_out_guard=held_out_guard(fixtures, ledger, "tune", allow_held_out))
 
 

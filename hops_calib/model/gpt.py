@@ -83,6 +83,20 @@ def model_flops_per_sample(shape: ModelShape) -> float:
     return 3.0 * (layers + head)
 
 
+def recomputed_flops_per_sample(shape: ModelShape, layers_per_chunk: list[int] | tuple[int, ...]) -> float:
+    """FLOPs one sample's recomputation adds to `model_flops_per_sample` (what hardware FLOPs utilization, HFU,
+    counts on top of MFU: Korthikanti et al. 2022, Sec. 6; Narayanan et al., SC'21, eq. 3 counts the full
+    recomputed forward, 4x the forward instead of 3x): full recomputation redoes the whole forward of the layers it
+    covers (`ModelShape.recomputed_layers` of each model chunk of `layers_per_chunk`), selective recomputation the
+    attention core of every layer (`attention_core_flops`); nothing without recomputation. The LM head is never
+    recomputed."""
+    per_sample = _t(shape) / shape.micro_batch_size  # per-GPU, per-micro-batch FLOPs to the whole sample's
+    if shape.recompute_granularity == "selective":
+        return shape.num_layers * attention_core_flops(shape) * per_sample
+    layers = sum(shape.recomputed_layers(n) for n in layers_per_chunk if n)
+    return layers * layer_forward_flops(shape) * per_sample
+
+
 def norm_parameters(shape: ModelShape) -> float:
     """Parameters of one layer's two norms, replicated on every GPU of the tensor-parallel group: a weight and a
     bias of h each for LayerNorm, a weight only for RMSNorm."""

@@ -242,6 +242,7 @@ class Model:
             optimizer_ms=tuple(totals["optimizer_ms"] or ()),
             grad_reduce_ms=tuple(totals["grad_reduce_ms"] or ()),
             grad_reduce_tail_ms=tuple(totals["grad_reduce_tail_ms"] or ()),
+            post_optimizer_rank_ms=tuple(totals["post_optimizer_rank_ms"] or ()),
             # Ranks that time-share a device (a CPU capture with more ranks than cores) are served by processor
             # sharing in the simulator: each computes at its core's share among the ranks computing there then.
             core_load=spec.core_load(),
@@ -300,7 +301,7 @@ class Model:
                                         + part.stall_probability * part.stall_ms)
                 if category == "dp_reduce":
                     after_step[rank] += at(part.optimizer_ms, rank)
-                out[rank]["host"] += part.post_optimizer_ms
+                out[rank]["host"] += part.post_optimizer_ms + at(part.post_optimizer_rank_ms, rank)
                 reduce_whole[rank] += at(part.grad_reduce_ms, rank)
                 reduce_tail[rank] += at(part.grad_reduce_tail_ms, rank)
         redo_work, redo_floor = recomputation(spec, layout, layer["forward_ms"], layer["attention_core_ms"],

@@ -294,7 +294,7 @@ def measured_replay_error_pct(fixture, pipeline, timeline=None, series=None) -> 
                               weight_grad_ms=share * backward))
     replay = replace(pipeline, stages=tuple(stages),
                      optimizer_ms=tuple(measured[f"optimizer/{rank}"] for rank in range(ranks)),
-                     pre_optimizer_ms=measured["silent"], post_optimizer_ms=measured["rest"],
+                     pre_optimizer_ms=measured["silent"], post_optimizer_ms=measured["rest"], post_optimizer_rank_ms=(),
                      stall_ms=0.0, stall_probability=0.0)  # the measured silent stretch is a mean: stalls included
     real = fixture.truth.metrics.throughput_per_s
     return (simulate(replay, fixture.spec.schedule).metrics().throughput_per_s - real) / real * 100.0
@@ -781,6 +781,9 @@ CONTRIBUTOR_FIELDS = {
     "bias_ms": "the residual's mean over the members: predicted minus real, ms (positive: the model predicts the "
                "quantity too long, so too low a throughput; negative: too short)",
     "residual_pct": "bias_ms over the real mean, % (the same sign)",
+    "mean_error_pct": "the mean throughput error, predicted minus real throughput over real, % (by_configuration, "
+                      "stall_free, runs[]: throughput_error_pct): the opposite sign of bias_ms (positive: the model "
+                      "predicts the runs too fast, their quantities too short)",
     "contribution_pp": "throughput MAPE (window, pp of the suite) removed if the quantity were predicted exactly on "
                        "the members; negative where its error offsets another",
     "fixable_mape_pp": "throughput MAPE (pp of the suite) that taking the bias out would save: every member's quantity "

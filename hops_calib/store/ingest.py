@@ -35,7 +35,7 @@ from hops_calib.store.digests import (
 from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
 from hops_calib.store.guard import stored_content_hash
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
-from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
+from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, STATED, group_of, hashed_split, stated_split
 from hops_calib.store.writer import FixtureStore, write_events
 from hops_calib.trace import TraceError, find_job_dirs, read_manifest, run_id_of
 from hops_calib.trace.dgxc import dgxc_table_in
@@ -51,7 +51,7 @@ from hops_calib.truth import Truth, compact_timeline, compute_truth, kernel_trut
 # Bump when the fixture content for the same input changes (new columns, new truth fields, ...):
 # it is part of the content hash, so a new version re-ingests every run once.
 INGEST_VERSION = 3
-SPLIT_CHOICES = ("auto",) + SPLITS
+SPLIT_CHOICES = (STATED, "auto") + SPLITS
 
 
 @dataclass
@@ -63,6 +63,7 @@ class RunOutcome:
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     kind: str = "events"  # or "iteration" (a run of a log or table)
+    split_from: str | None = None  # why the run went to its split (kept, --split, the source's file, your own)
     not_priced: str | None = None  # an iteration-level run the cost model does not price: why
 
     @property
@@ -325,7 +326,7 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
     return list(seen.values())
 
 
-def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "auto",
+def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = STATED,
            test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
            on_run: Callable[[RunOutcome], None] | None = None,
            on_start: Callable[[int], None] | None = None, hardware: RunHardware | None = None,
@@ -335,7 +336,10 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
     """Ingest every job directory under `sources`, and every run table or Megatron training log among them, into
     `store`; see the module docstring. `hardware` (--gpu/--gpus-per-node) and `warmup_iterations` are for logs and
     tables; `device_types` (the catalog's) refuses a log's or table's run on any other device type. Waits up to
-    `lock_timeout` s (None: without end) for another writer's lock, telling `on_wait` whom it waits for."""
+    `lock_timeout` s (None: without end) for another writer's lock, telling `on_wait` whom it waits for.
+    `split`: "source" (default): the split each source states (`split.SOURCE_FILE` beside it), else train (a user's
+    own runs); "auto": the grouped, hashed split (what the calibration sets need); "train" / "test": all there. A
+    group already stored keeps its split whatever is asked (a forced other one is refused)."""
     if split not in SPLIT_CHOICES:
         raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
     if not 0.0 <= test_fraction <= 1.0:
@@ -379,14 +383,17 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         context = read_context(store, stored)  # the table folders (iteration-level runs) beside the runs' folders
         context.device_types = frozenset(device_types) if device_types is not None else None
         group_split = context.group_split
+        context.stored_groups = frozenset(group_split)
         changed = False
         batch_sources: dict[str, Path] = {}
         copies = _Copies(store, stored)
         for job_dir in job_dirs:
             outcome = RunOutcome(source=job_dir)
             try:
+                asked, fraction, outcome.split_from, forced = _asked_split(job_dir, split, test_fraction)
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources, copies,
-                                       split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms,
+                                       split=asked, forced=forced, test_fraction=fraction, lenient=lenient,
+                                       skew_ms=skew_ms, stored_groups=context.stored_groups,
                                        measured=context.table_runs.keys() | context.tables.keys())
             except DiskFull:
                 raise  # no run after it could be written either: the ingest stops, its half-written run removed
@@ -410,8 +417,18 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             store.begin_writing()  # (the tables and logs may change table folders)
         for path in measured:
             runs: list[RunOutcome] = []
-            changed |= ingest_measured(path, store, context, RunOutcome, split=split, test_fraction=test_fraction,
-                                       hardware=hardware, warmup=warmup_iterations, emit=runs.append)
+            try:
+                stated = _asked_split(path, split, test_fraction)
+            except StoreError as err:
+                runs.append(RunOutcome(source=path, error=str(err)))
+                stated = None
+            if stated is not None:
+                table_split, fraction, why, forced = stated
+                changed |= ingest_measured(path, store, context, RunOutcome, split=table_split, forced=forced,
+                                           test_fraction=fraction, hardware=hardware, warmup=warmup_iterations,
+                                           emit=runs.append)
+                for outcome in runs:
+                    outcome.split_from = outcome.split_from or why
             report.outcomes += runs
             for outcome in runs:
                 if on_run:
@@ -425,6 +442,18 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             store.write_index()
         store.finish()
     return report
+
+
+def _asked_split(source: Path, split: str, test_fraction: float) -> tuple[str, float, str, bool]:
+    """The split asked of a source's runs, its test fraction, why, and whether it was forced (`--split` given, so a
+    group stored in the other split is refused); else what the source states (`split.stated_split`), else train
+    (a group already stored keeping its split: `_ingest_one`)."""
+    if split != STATED:
+        return split, test_fraction, f"--split {split}", True
+    try:
+        return (*stated_split(source, test_fraction), False)
+    except ValueError as error:
+        raise StoreError(str(error)) from None
 
 
 def _refuse_clash(store: FixtureStore, run_id: str, previous: dict[str, Any], job_dir: Path, events_sha: str) -> None:
@@ -510,7 +539,8 @@ class _Copies:
 
 def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored: dict[str, dict[str, Any]],
                 group_split: dict[str, str], batch_sources: dict[str, Path], copies: _Copies, *, split: str,
-                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS,
+                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS, forced: bool = True,
+                stored_groups: Collection[str] = frozenset(),
                 measured: Any = frozenset()) -> bool:
     """Ingest one job directory; returns whether the store changed. `measured`: the ids of the store's
     iteration-level runs and table folders, which a run with events may not take."""
@@ -527,10 +557,12 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
     batch_sources[run_id] = job_dir
     group = group_of(run_id)
     kept = stored.get(run_id, {}).get("split") or group_split.get(group)
-    if split != "auto" and kept and kept != split:
+    if forced and split != "auto" and kept and kept != split:
         raise StoreError(f"run {run_id} belongs to group {group!r}, which is stored in the {kept} split; "
                          f"--split {split} would make the group straddle train and test. Leave out --split, or "
                          f"remove the group's fixtures from {store.root} first")
+    if kept and (run_id in stored or group in stored_groups):
+        outcome.split_from = f"kept: its configuration group is stored in {kept}"
     chosen = kept or (split if split != "auto" else hashed_split(group, test_fraction))
     outcome.split = chosen
     plain = content_hash(job_dir, lenient, skew_ms)

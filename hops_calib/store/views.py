@@ -139,11 +139,13 @@ def ingest_notes(report: IngestReport) -> list[str]:
     for split in ("train", "test"):
         ids = sorted(str(o.run_id) for o in written if o.split == split)
         if ids:
-            notes.append(f"to {split}: {_named(ids)}")
+            reasons = sorted({o.split_from for o in written if o.split == split and o.split_from})
+            notes.append(f"to {split}: {_named(ids)}" + (f" ({'; '.join(reasons)})" if reasons else ""))
     if any(o.split == "test" and o.status == "new" for o in written):
         notes.append("(test runs are held out: only `report --split test` sees them, in aggregate. A run of your own "
-                     "that you want to look at, such as a what-if you launched, goes to train with `ingest SRC "
-                     "--split train`, which applies to runs whose group the store has not seen; a stored split never "
+                     "that you want to look at, such as a what-if you launched, goes to train: `ingest` puts a source "
+                     "in train unless it states another split (a hops-calib-source.toml beside it) or --split asks, "
+                     "and --split train forces it for runs whose group the store has not seen; a stored split never "
                      "moves)")
     measured = [o for o in written if o.priced is not None]
     if measured:
@@ -157,6 +159,19 @@ def ingest_notes(report: IngestReport) -> list[str]:
         for reason, ids in sorted(by_reason.items(), key=lambda item: -len(item[1])):
             notes.append(f"not priced ({len(ids)}): {reason} [{_named(sorted(ids))}]")
     return notes
+
+
+def ingest_counts(report: IngestReport, store: FixtureStore) -> dict[str, Any]:
+    """`ingest --json`'s `counts`: this ingest's runs by outcome (stored = new + updated + unchanged) and by the
+    split they went to, and the store's fixtures by split after it."""
+    stored = [o for o in report.outcomes if o.status != "rejected"]
+    index = store.index() if store.exists() else None
+    held = index["split"].value_counts().to_dict() if index is not None and len(index) else {}
+    return {"runs": len(report.outcomes), "stored": len(stored),
+            **{status: report.count(status) for status in ("new", "updated", "unchanged", "rejected")},
+            "train": sum(o.split == "train" for o in stored), "test": sum(o.split == "test" for o in stored),
+            "store_fixtures": int(sum(held.values())), "store_train": int(held.get("train", 0)),
+            "store_test": int(held.get("test", 0))}
 
 
 def ingest_summary(report: IngestReport, store: FixtureStore) -> str:

@@ -146,15 +146,24 @@ def end_collective_of(spec: Spec, model: Model):
 
 def model_rates(prediction: Prediction, spec: Spec, peak_flops_per_s: float) -> dict[str, float]:
     """The prediction's window throughput as the whole job's samples and tokens per second (every data-parallel
-    replica), the model FLOP/s per GPU they imply (`gpt.model_flops_per_sample`: no recomputation counted) and
-    that as a share of the devices' peak (MFU)."""
+    replica), and the FLOP/s per GPU they imply counted both ways: model FLOPs (`gpt.model_flops_per_sample`: no
+    recomputation; Megatron-LM's logged "throughput per GPU (TFLOP/s/GPU)", num_floating_point_operations in
+    megatron/training/training.py) and hardware FLOPs (the recomputed forward counted as well:
+    `gpt.recomputed_flops_per_sample`; Narayanan et al., SC'21, eq. 3), each as a share of the devices' peak:
+    model FLOPs utilization (MFU) and hardware FLOPs utilization (HFU; Chowdhery et al. 2022, Korthikanti et al.
+    2022). Without recomputation the two are equal."""
     from hops_calib.metrics import samples_per_s
     from hops_calib.model import gpt
 
     samples = samples_per_s(prediction.metrics.throughput_per_s, spec.model.micro_batch_size, spec.dp) or 0.0
     per_gpu = samples * gpt.model_flops_per_sample(spec.model) / spec.gpus
+    chunks = [layers // spec.vp + (1 if c < layers % spec.vp else 0)
+              for layers in spec.layers_per_stage for c in range(spec.vp)]
+    hardware = per_gpu + samples * gpt.recomputed_flops_per_sample(spec.model, chunks) / spec.gpus
+    share = (lambda flops: flops / peak_flops_per_s) if peak_flops_per_s else (lambda flops: 0.0)
     return {"samples_per_s": samples, "tokens_per_s": samples * spec.model.seq_length,
-            "model_tflops_per_gpu": per_gpu / 1e12, "mfu": per_gpu / peak_flops_per_s if peak_flops_per_s else 0.0}
+            "model_tflops_per_gpu": per_gpu / 1e12, "mfu": share(per_gpu),
+            "hardware_tflops_per_gpu": hardware / 1e12, "hfu": share(hardware)}
 
 
 def _prediction_dict(prediction: Prediction, spec: Spec, peak_flops_per_s: float = 0.0) -> dict[str, Any]:
@@ -377,8 +386,10 @@ def what_if_text(result: WhatIf) -> str:
             ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
             ("samples /s (all replicas)", lambda p: f"{rates[id(p)]['samples_per_s']:.2f}"),
             ("tokens /s (all replicas)", lambda p: f"{rates[id(p)]['tokens_per_s']:.0f}"),
-            ("model TFLOP/s per GPU", lambda p: f"{rates[id(p)]['model_tflops_per_gpu']:.3g}"),
+            ("TFLOP/s/GPU model (MFU)", lambda p: f"{rates[id(p)]['model_tflops_per_gpu']:.3g}"),
             ("  MFU % of peak", lambda p: f"{100 * rates[id(p)]['mfu']:.1f}"),
+            ("TFLOP/s/GPU hardware (HFU)", lambda p: f"{rates[id(p)]['hardware_tflops_per_gpu']:.3g}"),
+            ("  HFU % of peak", lambda p: f"{100 * rates[id(p)]['hfu']:.1f}"),
             ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
             ("idle share % (bubble)", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
             ("schedule bubble %", lambda p: f"{100 * pipeline_schedule_bubble(p.pipeline, p.schedule):.1f}"),
@@ -403,6 +414,12 @@ def what_if_text(result: WhatIf) -> str:
                  "(p-1)/(v m+p-1) for 1F1B, GPipe and interleaved 1F1B, less for ZB-H1 (its weight gradients fill "
                  "the bubble); peak activations: the most "
                  f"the busiest rank holds, in {PEAK_UNIT})")
+    lines.append("(TFLOP/s per GPU counted two ways: model FLOPs, recomputation not counted, as Megatron-LM logs "
+                 "'throughput per GPU (TFLOP/s/GPU)', over the peak: model FLOPs utilization, MFU; hardware FLOPs, "
+                 "the recomputed forward counted as well, as Narayanan et al. (SC'21, eq. 3) count it, over the peak: "
+                 "hardware FLOPs utilization, HFU"
+                 + (f"; this launch recomputes ({shape.recompute_granularity}), so HFU > MFU)"
+                    if shape.recompute_granularity else "; this launch recomputes nothing, so the two are equal)"))
     lines += [f"not predicted: {refused.sentence()}" for refused in result.refused]
     shown = result.predictions[0]
     lines.append("")

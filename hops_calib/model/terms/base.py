@@ -119,7 +119,8 @@ class Contribution:
     forward_transfer_ms (activation) and backward_transfer_ms (gradient). Per
     rank: optimizer_ms, and grad_reduce_ms with grad_reduce_tail_ms (the rank's data-parallel gradient reduction
     and the part of it no backward hides: `Pipeline`'s fields). Per iteration: pre_optimizer_ms (barrier work after the
-    last backward) and post_optimizer_ms (per rank, before the next iteration);
+    last backward) and post_optimizer_ms (on every rank, before the next iteration; post_optimizer_rank_ms: each
+    rank's own part of it, where it differs by device type);
     stall_ms with stall_probability: an occasional delay of the pre-optimizer work
     (at most one term may price one).
     Switches (blocking_p2p, iteration_barrier, optimizer_barrier, host_after_receive_only;
@@ -139,6 +140,7 @@ class Contribution:
     optimizer_ms: tuple[float, ...] = ()
     grad_reduce_ms: tuple[float, ...] = ()
     grad_reduce_tail_ms: tuple[float, ...] = ()
+    post_optimizer_rank_ms: tuple[float, ...] = ()  # per rank, on top of post_optimizer_ms
     pre_optimizer_ms: float = 0.0
     post_optimizer_ms: float = 0.0
     stall_ms: float = 0.0
@@ -165,6 +167,7 @@ class Contribution:
         "optimizer_ms": "ranks",
         "grad_reduce_ms": "ranks",
         "grad_reduce_tail_ms": "ranks",
+        "post_optimizer_rank_ms": "ranks",
     }
 
 

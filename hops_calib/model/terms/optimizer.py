@@ -50,7 +50,8 @@ class OptimizerStep(Term):
     category = "optimizer"
     params = (
         Param("bytes_per_parameter", 42.0, 16.0, 64.0, "bytes",
-              "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)"),
+              "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)",
+              per_device=True),
         Param("memory_efficiency", 0.8, 0.005, 1.0, "fraction of peak",
               "achieved fraction of the device memory bandwidth by the optimizer's elementwise kernels", log=True,
               per_device=True),
@@ -67,7 +68,7 @@ class OptimizerStep(Term):
             times.append(self.value(params, "fixed_ms", device.type)
                          + self.value(params, "per_layer_ms", device.type) * context.layout.layers_on_rank(rank)
                          + rank_parameters(context, rank) / optimizer_shard(context.spec)
-                         * params["bytes_per_parameter"] / bytes_per_ms)
+                         * self.value(params, "bytes_per_parameter", device.type) / bytes_per_ms)
         return Contribution(optimizer_ms=tuple(times))
 
 
