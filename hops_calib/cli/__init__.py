@@ -745,8 +745,13 @@ def plot_timeline(
     out: Path | None = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
                                        "timeline-ID.png, with --job timeline-<job folder name>.png, in the current "
                                        "directory)."),
-    chrome: Path | None = typer.Option(None, "--chrome", help="Also write the panels, whole runs, as Chrome trace "
-                                          "JSON (*.json: Perfetto or chrome://tracing opens it, zoomable)."),
+    chrome: Path | None = typer.Option(None, "--chrome", help="Also write the panels as Chrome trace JSON (*.json: "
+                                          "Perfetto or chrome://tracing opens it, zoomable): their first 3 "
+                                          "iterations, see --chrome-iterations and --chrome-all."),
+    chrome_iterations: int | None = typer.Option(None, "--chrome-iterations", help="With --chrome: export each "
+                                                    "panel's first K iterations (default 3)."),
+    chrome_all: bool = typer.Option(False, "--chrome-all", help="With --chrome: export whole runs (a large job's "
+                                       "can be hundreds of MB)."),
     dpi: float = DPI_OPTION,
     ledger: Path = LEDGER_OPTION,
     perturbations: dict | None = None,
@@ -756,7 +761,16 @@ def plot_timeline(
     from hops_calib.cli.plot import timeline_command
 
     raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi, job, tuple(schedules or ()),
-                                      _cluster(ctx, cluster, no_cluster), perturbations, chrome, ledger))
+                                      _cluster(ctx, cluster, no_cluster), perturbations, chrome, ledger,
+                                      _chrome_window(chrome_iterations, chrome_all)))
+
+
+def _chrome_window(iterations: int | None, whole: bool) -> int | None:
+    """The Chrome export's window: K iterations, None for whole runs, -1 for the default."""
+    if whole and iterations is not None:
+        raise typer.BadParameter("--chrome-iterations and --chrome-all given together: give one (K iterations, or "
+                                 "whole runs)", param_hint="--chrome-all")
+    return None if whole else -1 if iterations is None else iterations
 
 
 @plot_app.command("parity")

@@ -726,6 +726,9 @@ class Observation:
     ranked: tuple[Contributor, ...]  # every quantity within every group, largest contribution first
     # The split's runs the model does not price, left out (`hops_calib.loop.suite.left_out_summary`).
     left_out: dict[str, Any] = field(default_factory=lambda: {"count": 0, "reasons": []})
+    # Measured against predicted kernel time by class, over the runs with kernel truth
+    # (`hops_calib.research.kernel_truth.kernel_section`); None when no run has any.
+    kernel_classes: dict[str, Any] | None = None
 
     @property
     def iteration_level_runs(self) -> int:
@@ -766,7 +769,7 @@ class Observation:
                 "bottlenecks": [b.to_dict() for b in self.bottlenecks],
                 "overall": [c.to_dict() for c in self.overall], "ranked": [c.to_dict() for c in self.ranked],
                 "iteration_level_runs": self.iteration_level_runs, "left_out": self.left_out,
-                "by_configuration": list(self.by_configuration),
+                "by_configuration": list(self.by_configuration), "kernel_classes": self.kernel_classes,
                 # the same list as ranked, under the name AGENTS.md reads: ranked by fixable_mape_pp
                 "contributors": [c.to_dict() for c in self.ranked],
                 "fields": CONTRIBUTOR_FIELDS,
@@ -847,6 +850,7 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
     """Compare every run of the train split with its prediction, and rank where the throughput error comes from."""
     from hops_calib.loop.model_files import default_model, load_model
     from hops_calib.loop.suite import fixture_set_digest, open_store, refuse_test_split
+    from hops_calib.research.kernel_truth import kernel_section
 
     refuse_test_split(split, "observe")
     model_path = Path(model_path) if model_path is not None else default_model()
@@ -884,7 +888,8 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
     return Observation(split=split, fixtures_dir=Path(fixtures_dir), model_path=model_path, model_name=model.name,
                        model_sha256=model.sha256, fixture_set_sha256=fixture_set_digest(ids, content_hashes),
                        suite=aggregate(r.score for r in runs), runs=tuple(runs),
-                       overall=overall, ranked=tuple(ranked), left_out=left_out_summary(left_out))
+                       overall=overall, ranked=tuple(ranked), left_out=left_out_summary(left_out),
+                       kernel_classes=kernel_section(fixtures, model))
 
 
 # --- text -------------------------------------------------------------------------------------------

@@ -26,7 +26,11 @@ and the rest of the iteration; `hops_calib.research.components`) against the cos
 model prices for them. A term is then fitted to the times it is about, not used
 to soak up another term's error in the end-to-end throughput; the front is the
 ten best trials by that error, the suite scores are still recorded, and the
-choice still prefers a point the gate accepts.
+choice still prefers a point the gate accepts. A term that prices each kernel
+(`decoder_kernels`) is fitted, on the train runs that carry kernel truth (a
+profiler trace's kernel times, `Truth.kernels`), to those kernels' times by class
+(`hops_calib.research.kernel_truth`): GEMM parameters to GEMM kernels, not to
+iteration totals; the other runs keep their components.
 
 Storage: none keeps the study in memory (one process); `sqlite:///FILE` or any
 optuna RDB URL (postgresql://, mysql://) lets several processes, here or on
@@ -49,6 +53,7 @@ docs/distributed-tuning.md says how to point workers at one PostgreSQL database.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -67,6 +72,7 @@ from hops_calib.progress import warn
 OBJECTIVES = ("throughput_mape_pct", "bubble_mae_pp", "negative_util_spearman_mean")
 COMPONENT_OBJECTIVES = ("component_mape_pct",)
 OBJECTIVE_MODES = ("suite", "components")
+KERNEL_TERMS = ("decoder_kernels",)  # terms that price each kernel: components mode fits them to kernel truth
 COMPONENT_FRONT = 10  # trials shown and considered in components mode
 DEFAULT_TRIALS = 60
 SQLITE_TIMEOUT_S = 60  # concurrent workers wait for sqlite's write lock instead of failing
@@ -88,6 +94,9 @@ class TuneProblem:
     suite: Suite
     objective: str = "suite"
     real_components: tuple = ()  # hops_calib.research.components.Components per fixture, in components mode
+    # hops_calib.research.kernel_truth.RunKernels per fixture (None without kernel truth), in components mode for a
+    # term that prices kernels (KERNEL_TERMS)
+    real_kernels: tuple = ()
     only: tuple[str, ...] = ()  # search only these parameters (the others keep the model's values); () = all
 
     @property
@@ -98,14 +107,28 @@ class TuneProblem:
             return COMPONENT_OBJECTIVES
         return OBJECTIVES if any(self.suite.has_events) else OBJECTIVES[:1]
 
-    def component_mape(self, model: Model) -> float:
-        from hops_calib.research.components import mispriced_time_pct, predicted_components
+    @property
+    def kernel_runs(self) -> int:
+        """Train runs whose kernel truth the components objective fits (a term of KERNEL_TERMS only)."""
+        return sum(real is not None for real in self.real_kernels) if self.term in KERNEL_TERMS else 0
 
-        # the runs that measured components (not those measured per iteration)
-        pairs = [(spec, real) for spec, real in zip(self.suite.specs, self.real_components) if real.values]
-        predicted = [predicted_components(model.pipeline(spec), spec.schedule) for spec, _ in pairs]
-        return mispriced_time_pct([real for _, real in pairs], predicted, [s.microbatches for s, _ in pairs],
-                                  [s.pp for s, _ in pairs])
+    def component_mape(self, model: Model) -> float:
+        """Mean over runs of the share of measured time the model misprices: of a run with kernel truth, when the
+        term prices kernels, its kernels' time (`kernel_truth.mispriced_kernel_share`); of the others, their
+        components' (`components.mispriced_time_pct`)."""
+        from hops_calib.research.components import mispriced_time_pct, predicted_components
+        from hops_calib.research.kernel_truth import mispriced_kernel_share, predicted_kernels
+
+        kernels = self.real_kernels if self.kernel_runs else (None,) * len(self.real_components)
+        shares = []
+        for spec, real, measured in zip(self.suite.specs, self.real_components, kernels):
+            if measured is not None:
+                shares.append(mispriced_kernel_share(measured, predicted_kernels(model, spec)))
+            elif real.values:  # a run that measured components (not one measured per iteration)
+                predicted = predicted_components(model.pipeline(spec), spec.schedule)
+                shares.append(mispriced_time_pct([real], [predicted], [spec.microbatches], [spec.pp]))
+        shares = [s for s in shares if s is not None and math.isfinite(s)]
+        return sum(shares) / len(shares) if shares else float("nan")
 
     @property
     def params(self):
@@ -119,7 +142,8 @@ class TuneProblem:
         """What a study records about itself, and must match when continued."""
         return {"term": self.term, "space": self.space(), "model_sha256": self.model.sha256,
                 "fixture_set_sha256": self.suite.sha256, "objective": self.objective,
-                "objectives": list(self.objectives)}
+                "objectives": list(self.objectives),
+                **({"kernel_truth_runs": self.kernel_runs} if self.kernel_runs else {})}
 
     def model_with(self, values: dict[str, float]) -> Model:
         base = self.model.active(self.term)
@@ -188,12 +212,16 @@ def load_problem(term: str, fixtures_dir: Path | str | Sequence[Path | str], mod
     model_path = Path(model_path) if model_path is not None else default_model()
     suite = load_suites(fixtures_dir, "train")
     reals: tuple = ()
+    kernels: tuple = ()
     if objective == "components":
         from hops_calib.loop.suite import open_store
         from hops_calib.research.components import real_components
+        from hops_calib.research.kernel_truth import measured_kernels
 
-        reals = tuple(real_components(store.load(fixture_id)) for part in suite.stores
-                      for store in (open_store(part.fixtures_dir),) for fixture_id in part.ids)
+        loaded = [store.load(fixture_id) for part in suite.stores
+                  for store in (open_store(part.fixtures_dir),) for fixture_id in part.ids]
+        reals = tuple(real_components(fixture) for fixture in loaded)
+        kernels = tuple(measured_kernels(fixture) for fixture in loaded) if term in KERNEL_TERMS else ()
     model = load_model(model_path)
     known = {d.type for d in model.devices}
     strangers = unknown_device_overrides(only, known)
@@ -203,7 +231,8 @@ def load_problem(term: str, fixtures_dir: Path | str | Sequence[Path | str], mod
                          hint="a per-device parameter (NAME@TYPE) takes a device type of the model: a value for no "
                               "device changes nothing to search")
     return TuneProblem(term=term, model=model, model_path=model_path, suite=suite,
-                       objective=objective, real_components=reals, only=tuple(only))
+                       objective=objective, real_components=reals, real_kernels=kernels,
+                       only=tuple(only))
 
 
 # --- the study ------------------------------------------------------------------------------------
