@@ -85,8 +85,9 @@ class RunKernels:
 
 
 def measured_kernels(fixture) -> RunKernels | None:
-    """The run's measured kernel times in the phases the kernel model prices; None without kernel truth."""
-    rows = [k for k in fixture.truth.kernels if k.phase in MEASURED_PHASES]
+    """The run's measured kernel times in the phases the kernel model prices; None without kernel truth (a run
+    measured at iteration level has none: its truth is an `IterationTruth`)."""
+    rows = [k for k in getattr(fixture.truth, "kernels", ()) if k.phase in MEASURED_PHASES]
     if not rows:
         return None
     classes: dict[tuple[int, str, str], float] = defaultdict(float)

@@ -76,6 +76,8 @@ QUIET_ARGS = frozenset({
 # change what is priced. Any other column is refused as unknown (a misspelling would silently take the default)
 # unless it is declared as the table's own: an `x_` prefix, or the sidecar's `extra_columns`.
 KNOWN_ARGS = frozenset(MEGATRON_DEFAULTS) | frozenset(REQUIRED_ARGS) | frozenset(VOCAB_ARGS) | frozenset({
+    "fp8_recipe", "first_last_layers_bf16", "fp8_multi_head_attention", "fp8_dot_product_attention",
+    "cp_comm_type", "tp_comm_overlap_rs_dgrad",
     "data_parallel_size", "world_size", "global_batch_size", "ffn_hidden_size", "max_position_embeddings",
     "make_vocab_size_divisible_by", "untie_embeddings_and_output_weights", "clip_grad",
     "virtual_pipeline_model_parallel_size", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
