@@ -120,15 +120,15 @@ class TuneProblem:
         from hops_calib.research.kernel_truth import mispriced_kernel_share, predicted_kernels
 
         kernels = self.real_kernels if self.kernel_runs else (None,) * len(self.real_components)
-        shares = []
+        shares: list[float | None] = []
         for spec, real, measured in zip(self.suite.specs, self.real_components, kernels):
             if measured is not None:
                 shares.append(mispriced_kernel_share(measured, predicted_kernels(model, spec)))
             elif real.values:  # a run that measured components (not one measured per iteration)
                 predicted = predicted_components(model.pipeline(spec), spec.schedule)
                 shares.append(mispriced_time_pct([real], [predicted], [spec.microbatches], [spec.pp]))
-        shares = [s for s in shares if s is not None and math.isfinite(s)]
-        return sum(shares) / len(shares) if shares else float("nan")
+        finite = [s for s in shares if s is not None and math.isfinite(s)]
+        return sum(finite) / len(finite) if finite else float("nan")
 
     @property
     def params(self):
