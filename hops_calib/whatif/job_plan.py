@@ -30,7 +30,7 @@ import numpy as np
 
 from hops_calib.errors import InputError
 from hops_calib.model import Model
-from hops_calib.model.memory import GB, stage_memory
+from hops_calib.model.memory import stage_memory
 from hops_calib.model.terms.embedding import transport_note
 from hops_calib.progress import QUIET, Progress
 from hops_calib.sim import simulate
@@ -933,67 +933,6 @@ def ascent_budget(spec: Spec, trials: int, tasks: int = ASCENT_TASKS) -> int:
 
 
 ALL_ORDERS = 5040  # up to 7 stages, a step of local search tries every order
-
-
-def format_job_plan(plan: JobPlan) -> str:
-    """The plan as text: the best launches with their numbers and launch changes, then the job's own."""
-    lines = [f"{plan.job}: model {plan.model}; search {plan.search}; {plan.evaluated:,} distinct launches priced "
-             f"of {plan.space:,} candidates; "
-             f"ranked by {'nominal throughput' if plan.rank_by == 'throughput' else plan.rank_by + ' throughput'}",
-             f"cluster: {plan.cluster or 'none'}; calibration runs: {plan.store or 'not checked'}"]
-    lines += [f"note: {note}" for note in plan.notes]
-    header = (f"{'#':>2} {'samples/s':>10} {'steady':>8} {'idle %':>7} {'sched. bubble %':>16} {'peak GB/GPU':>12}"
-              + (f" {'expected':>9} {'p5':>7}" if plan.best and plan.best[0].expected_samples_per_s is not None
-                 else "") + "  launch")
-    lines.append(header)
-
-    def row(tag: str, o: Outcome) -> list[str]:
-        extra = (f" {o.expected_samples_per_s:9.3f} {o.p5_samples_per_s:7.3f}" if o.expected_samples_per_s is not None
-                 else "")
-        resolved = f" (auto -> {o.resolved})" if o.launch.schedule == "auto" else ""
-        out = [f"{tag:>2} {o.samples_per_s:10.3f} {o.steady_samples_per_s:8.3f} {100 * o.idle_share:7.1f} "
-               f"{100 * o.schedule_bubble:16.1f} {max(o.peak_memory_bytes) / GB:12.2f}{extra}  "
-               f"{o.launch.label()}{resolved}; layers {'-'.join(map(str, o.layers_per_stage))}"]
-        out += [f"{'':>5}change: {flag}" for flag in o.flags] or [f"{'':>5}(the job's own launch)"]
-        if not o.fits:
-            over = [f"stage {r} {peak / GB:.2f} > {cap / GB:.2f} GB" for r, (peak, cap)
-                    in enumerate(zip(o.peak_memory_bytes, o.memory_bytes)) if peak > cap]
-            out.append(f"{'':>5}DOES NOT FIT in memory: " + "; ".join(over))
-        if o.outside:
-            out.append(f"{'':>5}outside the calibration runs (extrapolated): " + "; ".join(o.outside))
-        return out
-
-    for k, outcome in enumerate(plan.best, start=1):
-        lines += row(str(k), outcome)
-    if not plan.best:
-        lines.append("no launch runs, is priced and fits in memory (see below): nothing to recommend")
-    if plan.best_megatron is not None and plan.best_megatron.launch not in [o.launch for o in plan.best]:
-        lines.append("best that Megatron-LM runs as it is (1F1B or interleaved 1F1B):")
-        lines += row("M", plan.best_megatron)
-    if plan.current is not None:
-        lines += row("now", plan.current)
-    if plan.over_memory:
-        lines.append(f"{plan.over_memory} launch(es) left out: peak memory above a device's capacity")
-    for reason, count in sorted(plan.refused.items(), key=lambda kv: -kv[1])[:5]:
-        lines.append(f"{count} launch(es) " + ("unpriced" if reason.startswith("no link") else "cannot run")
-                     + f": {reason}")
-    widths = [100 * (o.expected_ci95[1] - o.expected_ci95[0]) / 2 / o.expected_samples_per_s
-              for o in (*plan.best, *([plan.current] if plan.current else []))
-              if o.expected_ci95 is not None and o.expected_samples_per_s is not None]
-    if widths:
-        lines.append(f"expected: the run's work over its expected wall time (failures in closed form, random "
-                     f"stragglers over the draws): its 95 % interval is within +-{max(widths):.2f} %"
-                     + ("" if max(widths) <= 0.5 else "; give more --samples to narrow it"))
-    agree, compared = plan.auto_agreement
-    if compared:
-        lines.append(f"auto (HopsHetero rule) picked the faster of 1f1b/zb_h1 in {agree} of {compared} launches")
-    lines.append("samples/s: predicted window throughput (microbatches x micro batch size x data-parallel replicas "
-                 "per second); steady: over the median iteration; idle %: the simulated timeline's idle share (HOPS's bubble, what a trace of "
-                 "the launch would measure, with the silent stretch before the optimizer); sched. bubble %: the "
-                 "schedule's own closed form on balanced stages (the launch's mean stage costs): (p-1)/(v m+p-1) for 1F1B, "
-                 "GPipe and interleaved 1F1B, less for ZB-H1; peak GB/GPU: weights, gradients, optimizer "
-                 "state and peak activations on the fullest GPU (GB: 10^9 bytes)")
-    return "\n".join(lines)
 
 
 # --- against reality: the planner's ranking of configurations that really ran ------------------------------------
