@@ -8,15 +8,9 @@ from collections.abc import Callable, Iterable
 
 from hops_calib.cli.render.evaluate import timers_text
 from hops_calib.cli.render.tables import text_table
-from hops_calib.research.observe import (
-    BOTTLENECK_MARGIN,
-    LABELS,
-    PART_QUANTITIES,
-    Contributor,
-    Observation,
-    RunRow,
-    _signed,
-)
+from hops_calib.research.observe import Observation
+from hops_calib.research.observe_contributors import Contributor, _signed
+from hops_calib.research.observe_rows import BOTTLENECK_MARGIN, LABELS, PART_QUANTITIES, RunRow
 
 
 def _ms(value: float | None) -> str:
