@@ -20,7 +20,7 @@ from typing import Any
 from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
-from hops_calib.whatif.job_plan import divisors
+from hops_calib.whatif.launch_space import divisors
 
 MAX_LAYOUTS = 2000  # a bound on the work (a 512-GPU job has a few hundred)
 

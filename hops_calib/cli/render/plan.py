@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from hops_calib.model.memory import GB
-from hops_calib.whatif.job_plan import JobPlan, Outcome
+from hops_calib.whatif.job_plan import JobPlan
+from hops_calib.whatif.launch_pricing import Outcome
 from hops_calib.whatif.layouts import Layout, LayoutPlan
 from hops_calib.whatif.plan import PEAK_UNIT, Plan
 
