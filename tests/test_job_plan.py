@@ -15,8 +15,9 @@ import pytest
 from hops_calib.whatif.cluster import cluster_from_jobs
 from hops_calib.errors import InputError
 from hops_calib.whatif.job_plan import (
-    JobPlanner, format_job_plan, layer_splits, pairwise_agreement, plan_job, train_group_agreement,
+    JobPlanner, layer_splits, pairwise_agreement, plan_job, train_group_agreement,
 )
+from hops_calib.cli.render.plan import format_job_plan
 from hops_calib.loop.model_files import load_model
 from hops_calib.model.predict import predict
 from hops_calib.sim.perturb import Failure, RandomStragglers

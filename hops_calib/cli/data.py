@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hops_calib.cli.output import guarded, refuse_job_dir_as_id
+from hops_calib.cli.render import fixtures as render
 from hops_calib.errors import InputError
 from hops_calib.store import views
 from hops_calib.store.digests import DEFAULT_LOCK_TIMEOUT_S, StoreError
@@ -93,7 +94,7 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "source", t
                         "notes": list(report.notes) + views.ingest_notes(report)},
                        STATUS[code])
         else:
-            print(views.ingest_summary(report, store))
+            print(render.ingest_summary(report, store))
         return code
 
     return guarded(run, as_json)
@@ -120,7 +121,7 @@ def list_command(fixtures: Path, as_json: bool = False, ledger: Path | None = No
 
             print_json({"fixtures_dir": str(store.root), "fixtures": views.fixture_rows(store, held)})
         else:
-            print(views.list_text(store, held))
+            print(render.list_text(store, held))
         return 0
 
     return guarded(run, as_json)
@@ -141,7 +142,7 @@ def show_command(fixture_id: str, fixtures: Path, as_json: bool = False, ledger:
 
             print_json(views.show_dict(fixture, why))
         else:
-            print(views.show_text(fixture, why))
+            print(render.show_text(fixture, why))
         return 0
 
     return guarded(run, as_json)

@@ -178,7 +178,7 @@ def _print_suite(label: str, suite) -> None:
 
 def print_timers(suite) -> None:
     """Megatron's logged timers against the simulation's (hops_calib/loop/timers.py), where runs logged them."""
-    from hops_calib.loop.timers import timers_text
+    from hops_calib.cli.render.evaluate import timers_text
 
     if suite.timers:
         print("  " + timers_text(suite.timers))
@@ -645,8 +645,8 @@ def ledger_looks_command(ledger_path: Path | None, split: str, as_json: bool) ->
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
+        from hops_calib.cli.render.tables import text_table
         from hops_calib.loop.ledger import held_out_looks, read_entries, warn_if_broken
-        from hops_calib.store.views import text_table
 
         warn_if_broken(ledger_path)
         looks = held_out_looks(read_entries(ledger_path), split)

@@ -16,8 +16,6 @@ from hops_calib.model.kernels import (
     DGRAD,
     FORWARD,
     PHASES,
-    RECOMPUTE,
-    WGRAD,
     fp8_weight_kernels,
     stage_kernels,
 )
@@ -175,19 +173,3 @@ def cp_ring_exposed_ms(rows: list[KernelRow] | tuple[KernelRow, ...], phase: str
     return sum(max(0.0, x - s) for x, s in zip(exchanges, steps))
 
 
-def kernel_table_text(table: KernelTable) -> list[str]:
-    """The table as text lines: one row per kernel, then the totals by phase."""
-    lines = [(f"kernels of virtual stage {table.stage} ({table.device}, {table.layers} layers), per microbatch: "
-              "time per launch x launches; bound: what sets the time")]
-    lines.append(f"  {'kernel':44} {'phase':9} {'M x N x K':22} {'n':>4} {'GFLOP':>9} {'MB':>9} {'ms':>9} "
-                 f"{'x n ms':>9}  bound")
-    for r in table.rows:
-        eff = f" ({100 * r.efficiency:.0f} %)" if r.efficiency is not None and r.op != COLLECTIVE else ""
-        lines.append(f"  {r.name[:44]:44} {r.phase:9} {r.shape[:22]:22} {r.count:>4} {r.flops / 1e9:>9.3f} "
-                     f"{r.bytes / 1e6:>9.2f} {r.ms:>9.4f} {r.ms * r.count:>9.3f}  {r.bound}{eff}")
-    lines.append("  kernels (ms per microbatch): " + ", ".join(
-        f"{phase} {table.total_ms(phase):.3f}" for phase in (FORWARD, DGRAD, WGRAD, RECOMPUTE))
-        + "; tensor-parallel collectives: " + ", ".join(
-        f"{phase} {table.total_ms(phase, collectives=True):.3f}" for phase in (FORWARD, DGRAD, RECOMPUTE)))
-    lines += [f"  note: {note}" for note in table.notes]
-    return lines
