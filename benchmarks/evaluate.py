@@ -109,7 +109,7 @@ def main() -> None:
             from hops_calib.store.ingest import ingest
 
             fixtures = Path(tmp) / "fixtures"
-            report = ingest([shared_runs_dir()], FixtureStore(fixtures))
+            report = ingest([shared_runs_dir()], FixtureStore(fixtures), split="auto")
             if not report.ok:
                 sys.exit("ingest of the shared runs failed")
         fresh_evaluate(fixtures)  # warm the page cache once

@@ -48,6 +48,26 @@ class PhaseStats:
 
 
 @dataclass(frozen=True)
+class KernelStats:
+    """Durations of one kernel (a GPU trace: device time) or operator (a CPU trace: the operator's self time) with
+    one input shape, on one stage in one phase, over the traced iterations, in ms."""
+
+    stage: int
+    phase: str  # FORWARD, BACKWARD, OPTIMIZER, or OTHER (outside every schedule and optimizer step)
+    kernel_class: str  # gemm, attention, softmax, norm, elementwise, communication, memcpy, optimizer, ... (trace.profile)
+    name: str
+    shape: str | None  # the launching operator's `Input Dims` as JSON; None where the trace recorded none
+    count: int
+    per_iteration_ms: float  # total over the traced iterations / their number
+    median_ms: float | None  # None on the '(other kernels)' rows, which sum many kernels
+    mean_ms: float
+    source: str  # "gpu_kernel" or "cpu_op"
+
+
+MAX_KERNEL_ROWS = 2000  # (stage, phase, kernel, shape) rows kept, by total time; the rest are summed per class
+
+
+@dataclass(frozen=True)
 class Truth:
     metrics: TimelineMetrics
     observed_schedule: str  # from the order of compute events per stage and iteration
@@ -63,6 +83,8 @@ class Truth:
     idle_ms_per_iteration: tuple[float | None, ...]
     optimizer_ms_per_stage: tuple[float | None, ...]  # median OPTIMIZER duration per stage
     t0_ns: int  # wall-clock epoch of the timeline's 0 ms (earliest event start)
+    # Per-kernel truth, from a profiler trace (Kineto, Nsight Systems): () for a run ingested from event logs
+    kernels: tuple[KernelStats, ...] = ()
     kind = "events"
 
     @property
@@ -96,6 +118,7 @@ class Truth:
             "idle_ms_per_iteration": list(self.idle_ms_per_iteration),
             "optimizer_ms_per_stage": list(self.optimizer_ms_per_stage),
             "t0_ns": self.t0_ns,
+            **({"kernels": [vars(k) for k in self.kernels]} if self.kernels else {}),
         }
 
     @classmethod
@@ -113,6 +136,7 @@ class Truth:
             idle_ms_per_iteration=tuple(data["idle_ms_per_iteration"]),
             optimizer_ms_per_stage=tuple(data["optimizer_ms_per_stage"]),
             t0_ns=int(data["t0_ns"]),
+            kernels=tuple(KernelStats(**k) for k in data.get("kernels", ())),
         )
 
 
@@ -386,3 +410,45 @@ def compute_truth(timeline: pd.DataFrame, pp: int, t0_ns: int = 0) -> Truth:
         optimizer_ms_per_stage=tuple(optimizer_ms),
         t0_ns=int(t0_ns),
     )
+
+
+def kernel_truth(parts: list[Any], iterations: int) -> tuple[KernelStats, ...]:
+    """KernelStats of the kernel rows of a run's ranks (`trace.profile.KernelRows`, one per stage), the largest
+    MAX_KERNEL_ROWS by total time; the rest summed into one row per (stage, phase, class) named '(other kernels)'."""
+    import pandas as pd
+
+    from hops_calib.trace.profile import OTHER_PHASE, kernel_class
+
+    frames = []
+    for part in parts:
+        if not len(part.duration_ns):
+            continue
+        names = np.asarray(part.names, dtype=object)
+        shapes = np.asarray(part.shapes + [""], dtype=object)
+        phase_names = np.asarray(list(tl.PHASES) + [OTHER_PHASE], dtype=object)
+        frames.append(pd.DataFrame({
+            "stage": part.stage, "phase": phase_names[np.where(part.phase < 0, len(tl.PHASES), part.phase)],
+            "name": names[part.name_id], "shape": shapes[np.where(part.shape_id < 0, len(shapes) - 1, part.shape_id)],
+            "ms": part.duration_ns / 1e6, "source": "gpu_kernel" if part.device else "cpu_op"}))
+    if not frames:
+        return ()
+    rows = pd.concat(frames, ignore_index=True)
+    grouped = rows.groupby(["stage", "phase", "name", "shape", "source"], sort=False)["ms"]
+    table = grouped.agg(["count", "sum", "median", "mean"]).reset_index().sort_values("sum", ascending=False)
+    table["kernel_class"] = [kernel_class(name) for name in table["name"]]
+    kept, rest = table.iloc[:MAX_KERNEL_ROWS], table.iloc[MAX_KERNEL_ROWS:]
+    stats = [KernelStats(stage=int(r.stage), phase=str(r.phase), kernel_class=str(r.kernel_class), name=str(r.name),
+                         shape=str(r.shape) or None, count=int(r.count), per_iteration_ms=float(r.sum) / iterations,
+                         median_ms=float(r.median), mean_ms=float(r.mean), source=str(r.source))
+             for r in kept.itertuples()]
+    if len(rest):
+        rest = rest.assign(total=rest["sum"])
+        for (stage, phase, label, source), group in rest.groupby(["stage", "phase", "kernel_class", "source"]):
+            count = int(group["count"].sum())
+            stats.append(KernelStats(stage=int(stage), phase=str(phase), kernel_class=str(label),
+                                     name="(other kernels)", shape=None, count=count,
+                                     per_iteration_ms=float(group["total"].sum()) / iterations,
+                                     median_ms=None, mean_ms=float(group["total"].sum()) / count,
+                                     source=str(source)))
+    return tuple(sorted(stats, key=lambda k: (k.stage, tl.PHASES.index(k.phase) if k.phase in tl.PHASES else 9,
+                                              -k.per_iteration_ms)))

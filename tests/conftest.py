@@ -66,7 +66,7 @@ def shared_store(shared_runs, tmp_path_factory):
     from hops_calib.store.ingest import ingest
 
     store = FixtureStore(tmp_path_factory.mktemp("shared-store") / "fixtures")
-    report = ingest([shared_runs], store)
+    report = ingest([shared_runs], store, split="auto")
     assert report.ok, [o.error for o in report.rejected]
     return store
 

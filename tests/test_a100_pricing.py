@@ -230,13 +230,14 @@ def vtrain_store(allreduce_dir, tmp_path_factory):
     pure.to_csv(root / "ground_truth_single.csv", index=False)
     (root / allreduce_dir.name).symlink_to(allreduce_dir)
     store = FixtureStore(root / "fixtures")
-    assert ingest([root / "ground_truth_single.csv"], store).ok
+    assert ingest([root / "ground_truth_single.csv"], store, split="auto").ok
     return store.root
 
 
 def test_tune_on_runs_measured_at_iteration_level_minimizes_the_throughput_mape_alone(vtrain_store, tmp_path):
     from hops_calib.loop.candidate import read_candidate
-    from hops_calib.research.tune import tune, tune_text
+    from hops_calib.cli.render.research import tune_text
+    from hops_calib.research.tune import tune
 
     from conftest import PLAIN_MODEL_TOML
 

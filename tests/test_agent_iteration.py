@@ -167,7 +167,7 @@ def test_a_judged_change_is_judged_again_only_under_a_plan_naming_the_earlier_ju
         error = json.loads(again.stdout)["error"]
         assert "ledger entry 1 already judged this change" in error["message"] and "--rejudge 1" in error["hint"]
     # a plan with looser rules that does not name the earlier judgement does not open it
-    unnamed = json.loads(cli("ledger", "plan", "--note", "looser", "--candidate", copy, "--tolerance-mape-pp", "5",
+    unnamed = json.loads(cli("ledger", "plan", "--note", "looser", "--candidate", copy, "--tolerance-mape-pp", "0.5",
                              "--ledger", ledger, "--json").stdout)
     refused = cli("evaluate", copy, *judge, "--plan", unnamed["seq"])
     assert refused.exit_code == 2 and "ledger entry 1 already judged" in refused.stdout
@@ -176,7 +176,7 @@ def test_a_judged_change_is_judged_again_only_under_a_plan_naming_the_earlier_ju
                "--ledger", ledger).exit_code == 2
     # the plan names it: judged again, and the entry links to the earlier judgement
     named = json.loads(cli("ledger", "plan", "--note", "looser: why the rules differ", "--candidate", copy,
-                           "--rejudge", "1", "--tolerance-mape-pp", "5", "--tolerance-rho", "0.5", "--ledger", ledger,
+                           "--rejudge", "1", "--tolerance-mape-pp", "0.5", "--tolerance-rho", "0.1", "--ledger", ledger,
                            "--json").stdout)
     assert named["rejudges"] == 1
     outside = elsewhere / "model.toml"
@@ -192,7 +192,7 @@ def test_a_judged_change_is_judged_again_only_under_a_plan_naming_the_earlier_ju
     shown = cli("ledger", "show", "--ledger", ledger).stdout.splitlines()
     assert "(default rules)" in shown[0]
     last = shown[-1]
-    assert f"(under plan {named['seq']})" in last and "[tolerances: suite throughput MAPE may grow <= 5 pp" in last
+    assert f"(under plan {named['seq']})" in last and "[tolerances: suite throughput MAPE may grow <= 0.5 pp" in last
     assert "judges again the change of entry 1" in last
     if data["committed"]:
         assert f"wrote {outside} (WARNING: not a checkout's model file)" in last

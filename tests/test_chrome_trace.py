@@ -63,14 +63,19 @@ def _by_stage_phase(frame) -> dict:
     return {(int(s), k, p): (len(g), float(g["ms"].sum())) for (s, k, p), g in groups}
 
 
-def test_real_and_predicted_lanes_read_back_with_every_interval(tmp_path):
-    store = FixtureStore(REPO / "fixtures")
-    fixture = store.load("cpu_interleaved_v2_l8_h512_s256_m4_run1")
+def _real_and_predicted_export(path: Path, iterations: int | None):
+    """A shipped interleaved run and its prediction exported to `path`: (path, real timeline, predicted one)."""
+    fixture = FixtureStore(REPO / "fixtures").load("cpu_interleaved_v2_l8_h512_s256_m4_run1")
     real = fixture.timeline()
     predicted = predict(fixture.spec, load_model()).result.timeline
-    path = write_chrome_trace(tmp_path / "trace.json", fixture.id, fixture.spec.devices,
-                              [Panel("Real run (trace)", real), Panel("Predicted", predicted)])
+    return write_chrome_trace(path, fixture.id, fixture.spec.devices,
+                              [Panel("Real run (trace)", real), Panel("Predicted", predicted)], iterations), real, predicted
+
+
+def test_real_and_predicted_lanes_read_back_with_every_interval(tmp_path):
+    path, real, predicted = _real_and_predicted_export(tmp_path / "trace.json", None)
     read = read_trace_event_format(path)
+    assert json.loads(path.read_text())["otherData"]["window"]["windowed"] is False  # whole runs, as asked
     assert list(read) == ["Real run (trace)", "Predicted"]
     for name, frame in (("Real run (trace)", real), ("Predicted", predicted)):
         got: dict = defaultdict(lambda: [0, 0.0])
@@ -119,3 +124,49 @@ def test_intervals_touching_up_to_float_noise_share_a_thread(tmp_path):
     read = read_trace_event_format(write_chrome_trace(tmp_path / "u.json", fixture.id, fixture.spec.devices,
                                                       [Panel("predicted", predicted)]))
     assert any(thread.startswith("stage 0") and "+1" in thread for thread in read["predicted"])
+
+
+def test_the_default_export_holds_the_first_iterations_of_each_panel_and_says_so(tmp_path):
+    path, real, predicted = _real_and_predicted_export(tmp_path / "trace.json", 2)
+    read = read_trace_event_format(path)
+    window = json.loads(path.read_text())["otherData"]["window"]
+    assert window["windowed"] and window["iterations"] == 2
+    for (name, frame), shown in zip((("Real run (trace)", real), ("Predicted", predicted)), window["panels"]):
+        first_two = sorted(set(frame["iteration"]))[:2]
+        kept = frame[frame["iteration"].isin(first_two)]
+        assert shown["iterations_shown"] == 2 and shown["iterations"] == frame["iteration"].nunique() > 2
+        assert shown["intervals_shown"] == len(kept) < len(frame) == shown["intervals"]
+        items = [item for thread in read[name].values() for item in thread]
+        assert len(items) == len(kept)
+        assert _by_stage_phase(kept).keys() == {
+            (int(t.split()[1]), "transfer" if "sends" in t else "compute", label.removeprefix("send ").split()[0])
+            for t, thread in read[name].items() for label, *_ in thread}
+
+
+def test_the_175b_jobs_chrome_export_is_bounded_and_says_it_is_windowed(tmp_path):
+    """docs/whatif.md's 175B GPU job: 98 predicted iterations of 192 microbatches on 8 stages, 565,000 intervals and
+    218 MB as a whole run. The default export holds 3 iterations: at most 3/98 of the intervals (as events, counted,
+    plus the metadata: under 20,000 events), and the trace and the command's output say it is a window."""
+    from job_copies import readme_gpu_job
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    job, _ = readme_gpu_job(tmp_path)
+    trace_path = tmp_path / "175b.json"
+    result = CliRunner().invoke(app, ["plot", "timeline", "--job", str(job), "--chrome", str(trace_path),
+                                      "--out", str(tmp_path / "175b.png"), "--no-cluster"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(trace_path.read_text())
+    window = data["otherData"]["window"]
+    assert window["windowed"] and window["iterations"] == 3
+    (panel,) = window["panels"]
+    assert panel["iterations_shown"] == 3 and panel["iterations"] > 50  # a long run, cut to its start
+    assert panel["intervals_shown"] <= panel["intervals"] * 3 / panel["iterations"] * 1.05
+    intervals = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    assert len(intervals) == panel["intervals_shown"]
+    assert len(data["traceEvents"]) < 20_000
+    labels = [e["args"]["labels"] for e in data["traceEvents"] if e["name"] == "process_labels"]
+    assert labels == [f"first 3 of {panel['iterations']} iterations"]
+    assert "exported: the first 3 iterations" in result.output and "--chrome-all" in result.output
+    read_trace_event_format(trace_path)  # still a well-formed trace

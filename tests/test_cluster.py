@@ -130,7 +130,8 @@ def test_the_ends_all_reduce_is_shown_and_explains_the_cluster_gap(shared_runs, 
     all-reduce between the ends, the hosts and link estimate pricing it, and its time accounts for most of the
     iteration-time difference between the two (the pipeline part hardly moves)."""
     from hops_calib.loop.model_files import load_model
-    from hops_calib.whatif.job import what_if, what_if_text
+    from hops_calib.cli.render.predict import what_if_text
+    from hops_calib.whatif.job import what_if
 
     run, real = REORDERED[0]
     job = reordered_what_if(shared_runs / run, list(build_spec(shared_runs / real).device_ids), tmp_path)

@@ -85,7 +85,7 @@ def test_unknown_fixture_and_missing_store_are_clear_errors(shared_store, tmp_pa
 
 
 def test_ingest_is_quiet_when_stdout_is_not_a_terminal(shared_runs, shared_store):
-    result = _run("ingest", str(shared_runs), "--fixtures", str(shared_store.root))
+    result = _run("ingest", str(shared_runs), "--fixtures", str(shared_store.root), "--split", "auto")
     assert result.exit_code == 0
     n = len(shared_store.ids())
     assert result.stdout.strip().splitlines() == [
@@ -115,6 +115,9 @@ def test_ingest_says_which_split_each_new_run_went_to_and_how_to_force_train(rep
     index = FixtureStore(store).index()
     for split in ("train", "test"):
         named = next(line for line in lines if line.startswith(f"to {split}: ")).removeprefix(f"to {split}: ")
+        # and why: the project's captures state the grouped split beside them (traces/hops-calib-source.toml)
+        named, _, why = named.partition(" (")
+        assert "hops-calib-source.toml states split = 'auto'" in why
         expected = sorted(index[index["split"] == split]["id"])
         # at most MAX_NAMED ids are named, then how many more
         named, _, more = named.partition(" and ")

@@ -81,7 +81,7 @@ def test_no_printed_or_ledgered_field_of_a_test_run_depends_on_its_measurement(t
     held-out groups) are the same for both; the stores' own content hash of the row is keyed (no sha256 of the row)."""
     a_store, b_store = tmp_path / "a" / "fixtures", tmp_path / "b" / "fixtures"
     a_csv = vtrain_copy(tmp_path / "a" / "src")
-    assert cli("ingest", a_csv, "--fixtures", a_store).returncode == 0
+    assert cli("ingest", a_csv, "--fixtures", a_store, "--split", "auto").returncode == 0
     store = FixtureStore(a_store)
     test_id = store.ids("test")[0]
     row = next(k for k, r in enumerate(store.rows()) if r["id"] == test_id)
@@ -90,7 +90,7 @@ def test_no_printed_or_ledgered_field_of_a_test_run_depends_on_its_measurement(t
     order = [run.run_id for run in read_vtrain_table(a_csv).runs]
     b_csv = vtrain_copy(tmp_path / "b" / "src", order.index(test_id), 1.001)
     assert a_csv.read_text() != b_csv.read_text()
-    assert cli("ingest", b_csv, "--fixtures", b_store).returncode == 0
+    assert cli("ingest", b_csv, "--fixtures", b_store, "--split", "auto").returncode == 0
 
     def printed(root: Path) -> dict:
         listing = json.loads(cli("fixtures", "list", "--fixtures", root, "--json").stdout)["fixtures"]
@@ -183,7 +183,7 @@ def test_a_split_edited_in_the_index_does_not_move_a_test_run(shared_runs: Path,
     test_job = next(p for p in runs if hashed_split(group_of(p.name)) == "test")
     train_job = next(p for p in runs if hashed_split(group_of(p.name)) == "train")
     store = tmp_path / "fixtures"
-    assert cli("ingest", test_job, train_job, "--fixtures", store).returncode == 0
+    assert cli("ingest", test_job, train_job, "--fixtures", store, "--split", "auto").returncode == 0
     index = store / "index.parquet"
     table = pq.read_table(index).to_pylist()
     for row in table:
@@ -224,7 +224,7 @@ def test_a_near_copy_of_a_held_out_table_row_is_refused(tmp_path: Path):
     that held the first store's test split out (a vTrain run's id is its configuration: the copy is refused by its
     group's name; a renamed copy of a run with events by its configuration, tests/test_heldout.py)."""
     first, second = tmp_path / "first", tmp_path / "second"
-    assert cli("ingest", vtrain_copy(tmp_path / "src1"), "--fixtures", first).returncode == 0
+    assert cli("ingest", vtrain_copy(tmp_path / "src1"), "--fixtures", first, "--split", "auto").returncode == 0
     ledger = tmp_path / "ledger.jsonl"
     assert cli("ledger", "hold-out", "--fixtures", first, "--ledger", ledger).returncode == 0
     test_id = FixtureStore(first).ids("test")[0]

@@ -63,7 +63,7 @@ def test_ids_filter_by_split(shared_store):
 
 def test_reingest_of_unchanged_runs_changes_nothing(shared_runs, shared_store):
     before = _snapshot(shared_store.root)
-    report = ingest([shared_runs], shared_store)
+    report = ingest([shared_runs], shared_store, split="auto")
     assert report.ok and report.count("unchanged") == len(report.outcomes) == shared_store.index().shape[0]
     assert _snapshot(shared_store.root) == before
 
@@ -121,9 +121,9 @@ def test_split_is_grouped_and_stable_when_runs_are_added(shared_runs, shared_sto
     # A store that first sees only a third of the runs, then all of them.
     partial = FixtureStore(tmp_path / "fixtures")
     first = job_dirs[::3]
-    assert ingest(first, partial).ok
+    assert ingest(first, partial, split="auto").ok
     first_splits = dict(zip(partial.index()["id"], partial.index()["split"]))
-    assert ingest([shared_runs], partial).ok
+    assert ingest([shared_runs], partial, split="auto").ok
     final = dict(zip(partial.index()["id"], partial.index()["split"]))
     assert {k: final[k] for k in first_splits} == first_splits
     assert final == dict(zip(shared_store.index()["id"], shared_store.index()["split"]))

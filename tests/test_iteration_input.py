@@ -230,7 +230,7 @@ def test_one_configuration_from_two_sources_shares_a_group_and_a_copy_is_a_dupli
     again = [{**row, "iteration_time_ms": row["iteration_time_ms"] * 1.01} for row in rows]
     _sweep(again).to_csv(tmp_path / "monday.csv", index=False)
     store = FixtureStore(tmp_path / "fx")
-    first = ingest([tmp_path / "sweep.csv", tmp_path / "monday.csv"], store)
+    first = ingest([tmp_path / "sweep.csv", tmp_path / "monday.csv"], store, split="auto")
     assert first.ok
     copy = ingest([tmp_path / "sweep_copy.parquet"], store)
     assert copy.count("rejected") == len(rows) and all("a duplicate of run sweep_" in o.error for o in copy.rejected)

@@ -275,7 +275,7 @@ def test_vtrain_table_ingests_as_published(tmp_path):
             pytest.fail(f"{table} is missing and HOPS_CALIB_REQUIRE_SHARED=1 requires it")
         pytest.skip(f"the vTrain table is not at {table} (shared/ is not in the repository)")
     store = FixtureStore(tmp_path / "fx")
-    report = ingest([table], store)
+    report = ingest([table], store, split="auto")
     assert report.ok and report.count("new") == 1440
     published = pd.read_csv(table)
     index = store.index()

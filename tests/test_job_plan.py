@@ -15,8 +15,9 @@ import pytest
 from hops_calib.whatif.cluster import cluster_from_jobs
 from hops_calib.errors import InputError
 from hops_calib.whatif.job_plan import (
-    JobPlanner, format_job_plan, layer_splits, pairwise_agreement, plan_job, train_group_agreement,
+    JobPlanner, layer_splits, pairwise_agreement, plan_job, train_group_agreement,
 )
+from hops_calib.cli.render.plan import format_job_plan
 from hops_calib.loop.model_files import load_model
 from hops_calib.model.predict import predict
 from hops_calib.sim.perturb import Failure, RandomStragglers
@@ -168,7 +169,7 @@ def test_a_large_space_is_counted_not_listed():
     assert len(space) == 479001600 * len(shapes)  # 12! orders, counted in no time
     first = next(iter(space))
     assert first.order == space.current_order and (first.micro_batch_size, first.first, first.last, first.schedule,
-                                                   first.chunks) == shapes[0]
+                                                   first.chunks, first.accounted) == shapes[0]
 
 
 def test_a_huge_global_batch_neither_hangs_nor_simulates_millions_of_microbatches(model, tmp_path):

@@ -42,7 +42,7 @@ def iteration_model_flops(spec) -> float:
     per_microbatch = sum(K.total_model_flops(K.stage_kernels(spec.model, settings, layers, first=k == 0,
                                                              last=k == layout.virtual_stages - 1).rows())
                          for k, layers in enumerate(layout.layers))
-    return per_microbatch * spec.microbatches * spec.dp * spec.tp
+    return per_microbatch * spec.microbatches * spec.dp * spec.tp * spec.cp
 
 
 def launch_spec(args: dict, run_id: str = "launch"):

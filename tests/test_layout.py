@@ -1,6 +1,7 @@
 """The package's layout, read from its code: rooms import one way (no cycle), modules too (no cycle between any
 two), nothing imports the command layer but the entry point, only the command layer prints (progress bars and
-warnings go through hops_calib.progress, on stderr), and the simulator core loads no trace reader. Imports inside
+warnings go through hops_calib.progress, on stderr), only the command layer lays text out in columns (its render
+package turns the rooms' data into text), and the simulator core loads no trace reader. Imports inside
 functions (lazy ones) count as much as those at the top."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,10 @@ COMMAND_LAYER = "cli"
 ENTRY_POINT = "__main__"
 STDERR_HELPER = Path("progress.py")  # progress bars and warnings, on stderr
 OUTPUT_MODULES = ("typer", "rich")
+RENDER = Path("cli") / "render"  # the command layer's text for people
+# A format spec that pads a value to a width ("{x:>10}", "{x:9.2f}", "{name:<17}"): a column of a text table. A
+# zero-filled width ("{n:03d}", "{byte:02x}") numbers or encodes, and lays out nothing.
+COLUMN_SPEC = re.compile(r"^(?:.?[<>^=])?[+\- ]?#?(?!0)\d+")
 
 
 def room_of(module: str, package: str) -> str | None:
@@ -160,6 +166,36 @@ def printing_below_the_command_layer(root: Path) -> list[str]:
             for call in output_calls(path)]
 
 
+def column_layouts(path: Path) -> list[str]:
+    """Where a file lays text out in columns: a format spec padding to a width, or str.ljust/rjust/center."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.FormattedValue) and isinstance(node.format_spec, ast.JoinedStr):
+            spec = "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in node.format_spec.values)
+            if COLUMN_SPEC.match(spec):
+                found.append(((node.lineno, node.col_offset), f"{path}:{node.lineno}: width {spec!r}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("ljust", "rjust", "center"):
+            found.append(((node.lineno, node.col_offset), f"{path}:{node.lineno}: .{node.func.attr}(...)"))
+    return [where for _, where in sorted(found, key=lambda item: item[0])]  # stable: an f-string's fields in order
+
+
+def columns_below_the_command_layer(root: Path) -> list[str]:
+    return [layout for path in sorted(root.rglob("*.py")) if path.relative_to(root).parts[0] != COMMAND_LAYER
+            for layout in column_layouts(path)]
+
+
+def render_imports_outside_it(root: Path) -> list[str]:
+    """What the render package imports of the command layer beyond itself (it turns data into text; the verbs
+    call it, not the other way round), and its imports of typer/rich."""
+    render = ".".join((root.name, *RENDER.parts))
+    return [f"{path}:{line}: imports {module}" for path in sorted((root / RENDER).rglob("*.py"))
+            for module, line in imported_modules(path, root)
+            if (room_of(module, root.name) == COMMAND_LAYER and module != render
+                and not module.startswith(render + "."))
+            or module.split(".")[0] in OUTPUT_MODULES]
+
+
 def test_no_import_cycle_between_rooms():
     graph = room_graph(PACKAGE)
     assert {"cli", "loop", "research", "whatif", "trace", "store", "sim", "model", "spec"} <= set(graph)
@@ -200,6 +236,17 @@ def test_nothing_below_the_command_layer_prints():
     assert printing_below_the_command_layer(PACKAGE) == []
 
 
+def test_only_the_command_layer_lays_out_text_tables():
+    """Rooms return data; text for people, its tables above all, is built in cli/render (and the verbs)."""
+    assert columns_below_the_command_layer(PACKAGE) == []
+
+
+def test_the_render_package_turns_data_into_text_and_nothing_else():
+    assert (PACKAGE / RENDER / "__init__.py").is_file()
+    assert render_imports_outside_it(PACKAGE) == []
+    assert [call for path in sorted((PACKAGE / RENDER).rglob("*.py")) for call in output_calls(path)] == []
+
+
 def test_every_room_says_what_it_is():
     for init in sorted(PACKAGE.glob("*/__init__.py")):
         docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
@@ -216,14 +263,23 @@ def test_the_checks_find_a_cycle_an_upward_import_and_a_print(tmp_path):
     (package / "store" / "files.py").write_text("def load():\n    from pkg.loop import gate\n    return gate\n")
     (package / "loop" / "gate.py").write_text(
         "import sys\nfrom ..store import files\nfrom pkg import cli\n\n\ndef judge():\n    print('accepted')\n"
-        "    sys.stderr.write('x')\n")
+        "    sys.stderr.write('x')\n\n\ndef table(rows):\n    return [f'{r.id:03d} {r.name:<12}{r.ms:9.2f}' for r in rows]\n"
+        "\n\ndef cell(text):\n    return text.rjust(8)\n")
     (package / "cli" / "verbs.py").write_text("import typer\nfrom pkg.loop.gate import judge\n")
+    (package / "cli" / "render").mkdir()
+    (package / "cli" / "render" / "__init__.py").write_text("")
+    (package / "cli" / "render" / "gate.py").write_text(
+        "from pkg.cli.render import tables\nfrom pkg.cli import verbs\n\n\ndef text(x):\n    return f'{x:>10}'\n")
     graph = room_graph(package)
     assert graph["store"] == {"loop": (package / "store" / "files.py", 2)}
     assert set(graph["loop"]) == {"store", "cli"}
     assert cycles(graph) == [["cli", "loop", "store"]]
     assert printing_below_the_command_layer(package) == [f"{package / 'loop' / 'gate.py'}:7: print(...)",
                                                           f"{package / 'loop' / 'gate.py'}:8: sys.stderr.write(...)"]
+    gate = package / "loop" / "gate.py"
+    assert columns_below_the_command_layer(package) == [f"{gate}:12: width '<12'", f"{gate}:12: width '9.2f'",
+                                                        f"{gate}:16: .rjust(...)"]  # the zero-filled id is none
+    assert render_imports_outside_it(package) == [f"{package / 'cli' / 'render' / 'gate.py'}:2: imports pkg.cli"]
 
 
 def test_the_module_check_finds_a_cycle_held_apart_by_a_lazy_import(tmp_path):

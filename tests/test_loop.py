@@ -633,9 +633,9 @@ def test_a_look_at_runs_an_earlier_look_scored_repeats_it_under_another_fixture_
     assert not any(fixture_id in ledger.read_text() for fixture_id in shared_store.ids("test"))
     recorded = ledger.read_bytes()
     again, some = tmp_path / "again", tmp_path / "some"
-    assert cli("ingest", shared_runs, "--fixtures", again, "--lenient").exit_code == 0
+    assert cli("ingest", shared_runs, "--fixtures", again, "--lenient", "--split", "auto").exit_code == 0
     with_a10g = [i for i in shared_store.ids("test") if "a10g" in shared_store.load(i).spec.devices][:5]
-    assert cli("ingest", *[shared_runs / i for i in with_a10g], "--fixtures", some).exit_code == 0
+    assert cli("ingest", *[shared_runs / i for i in with_a10g], "--fixtures", some, "--split", "auto").exit_code == 0
     assert FixtureStore(some).ids("test") == with_a10g
     # a test fixture set is named by its runs' configurations (nothing they measured): re-ingested, the same set
     assert load_suite(again, "test").sha256 == entry["fixture_set_sha256"]
@@ -886,7 +886,7 @@ def test_a_plan_is_refused_for_a_candidate_already_judged_and_a_reused_id_warns(
     experiments, model, ledger = workspace["experiments"], workspace["model"], workspace["ledger"]
     harmful = experiments / "harmful.toml"
     assert cli("evaluate", harmful, "--fixtures", shared_fixtures, "--model", model, "--ledger", ledger).exit_code == 1
-    late = cli("ledger", "plan", "--note", "looser rules", "--candidate", harmful, "--tolerance-mape-pp", "5",
+    late = cli("ledger", "plan", "--note", "looser rules", "--candidate", harmful, "--tolerance-mape-pp", "0.5",
                "--ledger", ledger)
     assert late.exit_code == 2 and "already judged: ledger entry 1 (rejected" in late.stderr
     assert "--rejudge 1" in late.stderr and len(list(read_entries(ledger))) == 1

@@ -32,8 +32,8 @@ def wide_plan(tmp_path: Path, ledger: Path, note: str) -> tuple[Path, dict]:
     is committed whatever the CPU numbers are."""
     first = candidate(tmp_path, "host-a", 'action = "set"\nterm = "iteration_host_overhead"\nparams = { host_ms = 2.5 }')
     plan = json.loads(cli("ledger", "plan", "--note", note, "--candidate", first,
-                          "--tolerance-mape-pp", "50", "--tolerance-bubble-mae-pp", "50", "--tolerance-rho", "2",
-                          "--tolerance-run-throughput-pp", "50", "--tolerance-run-bubble-pp", "50", "--ledger", ledger,
+                          "--tolerance-mape-pp", "0.5", "--tolerance-bubble-mae-pp", "0.5", "--tolerance-rho", "0.1",
+                          "--tolerance-run-throughput-pp", "4", "--tolerance-run-bubble-pp", "4", "--ledger", ledger,
                           "--json").stdout)
     return first, plan
 

@@ -159,7 +159,7 @@ def test_cli_json_and_text(shared_fixtures, model_path, observation):
     run = data["runs"][0]
     assert sum(run["real_parts"][f"{p}_ms"] for p in ("span", "silent", "optimizer", "rest")) == pytest.approx(
         run["real_parts"]["iteration_ms"])
-    from hops_calib.research.observe import observation_text
+    from hops_calib.cli.render.observe import observation_text
 
     text = observation_text(observation, top=5)
     assert "steady throughput MAPE" in text and observation.ranked[0].sentence() in text
@@ -261,7 +261,8 @@ def test_stall_free_error_takes_the_random_stall_count_out_of_both_sides(shared_
 def test_hop_gaps_read_back_the_simulators_own_hops_and_measure_the_traces(shared_store, observation):
     from hops_calib.loop.model_files import load_model
     from hops_calib.model.predict import predict
-    from hops_calib.research.observe import hop_gaps, observation_text
+    from hops_calib.cli.render.observe import observation_text
+    from hops_calib.research.observe import hop_gaps
 
     model = load_model(None)
     checked = 0

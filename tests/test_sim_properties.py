@@ -42,6 +42,7 @@ def pipelines(draw, schedule):
         pre_optimizer_ms=draw(cost), post_optimizer_ms=draw(cost), blocking_p2p=draw(st.booleans()),
         iteration_barrier=draw(st.booleans()), optimizer_barrier=draw(st.booleans()),
         host_after_receive_only=draw(st.booleans()),
+        overlap_p2p=schedule == "interleaved_1f1b" and draw(st.booleans()),
         # an occasional stall of the pre-optimizer work, placed whole in some iterations
         stall_ms=draw(st.sampled_from([0.0, 0.0, 5.0, 40.0])), stall_probability=draw(st.sampled_from([0.0, 0.3, 0.6])),
     )
@@ -94,6 +95,16 @@ def check_timeline(pipeline: Pipeline, result, schedule: str) -> None:
             assert start >= compute[(it, "FORWARD", k, mb)][1] - EPS
         elif phase == "BACKWARD_W":
             assert start >= compute[(it, "BACKWARD_B", k, mb)][1] - EPS
+
+    # one transfer at a time per link (sender, direction), in the order the sender produced them
+    links = defaultdict(list)
+    for (it, phase, k, mb), (start, end) in transfer.items():
+        produced = compute[(it, "FORWARD" if phase == "FORWARD" else grad_phase, k, mb)][1]
+        links[(k % p, phase)].append((start, end, produced))
+    for moved in links.values():
+        moved.sort()
+        for (_, end, made), (start, _, made_next) in zip(moved, moved[1:]):
+            assert start >= end - EPS and made_next >= made - EPS
 
     # one task at a time per rank
     for intervals in by_rank.values():
@@ -161,7 +172,8 @@ def check_blocking(pipeline: Pipeline, result, schedule: str, flush) -> None:
     blocking_starts = result.timeline.sort_values(key)["start_ms"].to_numpy()
     free_starts = free.timeline.sort_values(key)["start_ms"].to_numpy()
     assert (blocking_starts >= free_starts - 1e-6).all()
-    if schedule != "zb_h1":  # ZB-H1 computes W while its gradient send is in flight, by design
+    # ZB-H1 computes W while its gradient send is in flight, by design; so does overlapped p2p the next task
+    if schedule != "zb_h1" and not pipeline.overlap_p2p:
         frame = result.timeline
         busy = defaultdict(list)
         for t in frame[(frame["kind"] == "compute") & (frame["end_ms"] > frame["start_ms"])].itertuples():

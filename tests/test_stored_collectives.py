@@ -37,7 +37,7 @@ def _priced_predictions(store: FixtureStore, limit: int = 6) -> dict[str, float]
 
 def test_the_vtrain_runs_share_one_stored_copy_of_their_tables(vtrain_dir, tmp_path):
     store = FixtureStore(tmp_path / "fx")
-    assert ingest([vtrain_dir / "ground_truth_single.csv"], store).ok
+    assert ingest([vtrain_dir / "ground_truth_single.csv"], store, split="auto").ok
     (stored,) = (store.root / COLLECTIVES_DIR).iterdir()
     fixtures = store.load_all()
     assert len(fixtures) == 1440 and {f.hardware[HARDWARE_KEY] for f in fixtures} == {stored.stem}
@@ -56,7 +56,7 @@ def _own_copy(vtrain_dir: Path, tmp_path: Path) -> tuple[Path, FixtureStore]:
     (source / "ground_truth_single.csv").symlink_to(vtrain_dir / "ground_truth_single.csv")
     shutil.copytree(vtrain_dir / "allreduce-a100", source / "allreduce-a100")
     store = FixtureStore(tmp_path / "fx")
-    assert ingest([source / "ground_truth_single.csv"], store).ok
+    assert ingest([source / "ground_truth_single.csv"], store, split="auto").ok
     return source, store
 
 
@@ -85,13 +85,13 @@ def test_a_moved_store_predicts_without_the_source_tables_and_a_changed_copy_is_
 def test_changed_source_tables_are_read_again_by_the_next_ingest(vtrain_dir, tmp_path):
     source, store = _own_copy(vtrain_dir, tmp_path)
     before = _priced_predictions(store)
-    assert ingest([source / "ground_truth_single.csv"], FixtureStore(store.root)).count("unchanged") == 1440
+    assert ingest([source / "ground_truth_single.csv"], FixtureStore(store.root), split="auto").count("unchanged") == 1440
     # a slower node: every in-place time of the tables doubled
     for table in (source / "allreduce-a100").iterdir():
         lines = table.read_text().splitlines()
         rows = [line.split(",") for line in lines[1:] if line.strip()]
         table.write_text("\n".join([lines[0], *(",".join(r[:5] + [str(float(r[5]) * 2)] + r[6:]) for r in rows)]))
-    again = ingest([source / "ground_truth_single.csv"], FixtureStore(store.root))
+    again = ingest([source / "ground_truth_single.csv"], FixtureStore(store.root), split="auto")
     assert again.ok and again.count("unchanged") == 0
     after = _priced_predictions(FixtureStore(store.root))
     assert after.keys() == before.keys() and all(after[i] > before[i] for i in before)
@@ -102,7 +102,7 @@ def test_a_run_of_an_older_store_that_named_its_tables_folder_is_left_out_with_t
     from dataclasses import replace
 
     store = FixtureStore(tmp_path / "fx")
-    assert ingest([vtrain_dir / "ground_truth_single.csv"], store).ok
+    assert ingest([vtrain_dir / "ground_truth_single.csv"], store, split="auto").ok
     priced = next(f for f in store.load_all("train") if f.not_priced is None)
     # as ingest v1 wrote it: the source folder's path in place of the stored tables' digest
     older = replace(priced, hardware={"gpu": "a100", "gpus_per_node": 8,

@@ -84,7 +84,10 @@ def test_megatron_lm_and_megatron_deepspeed_spellings_give_the_same_layer():
     ({"context_parallel_size": 2, "world_size": 8}, "--context-parallel-size"),
     ({"ds_sequence_parallel_size": 2}, "--ds-sequence-parallel-size"),
     ({"num_experts": 8}, "--num-experts"),
-    ({"fp8_format": "hybrid"}, "--fp8-format"),
+    ({"fp8_format": "hybrid", "transformer_impl": "local"}, "--fp8-format"),
+    ({"fp8_format": "hybrid", "transformer_impl": "transformer_engine", "fp8_recipe": "mxfp8"}, "--fp8-recipe"),
+    ({"fp8_format": "hybrid", "transformer_impl": "transformer_engine", "fp8_dot_product_attention": True}, "--fp8-dot-product-attention"),
+    ({"fp8_format": "hybrid", "transformer_impl": "transformer_engine", "first_last_layers_bf16": True}, "--first-last-layers-bf16"),
     ({"zero_stage": 3}, "--zero-stage"),
     ({"tp_comm_overlap": True, "tensor_model_parallel_size": 2}, "--tp-comm-overlap"),
     ({"multi_latent_attention": True}, "--multi-latent-attention"),
@@ -566,7 +569,8 @@ def test_build_spec_reads_the_launch_once_for_its_arguments_and_its_node_layout(
 
 
 def test_the_older_fp8_switches_and_near_miss_typos_are_refused_and_unknown_flags_are_noted(tmp_path):
-    """Megatron-LM's older FP8 switches and a hybrid (Mamba) layer pattern are refused like --fp8-format; so is a
+    """Megatron-LM's older FP8 switches on the local layer and a hybrid (Mamba) layer pattern are refused like
+    --fp8-format there; so is a
     near-miss of a flag the project knows (`--sequence-paralel` would silently price no sequence parallelism, and
     Megatron refuses it), naming the flag meant. A flag near nothing the project knows is not refused (its list
     need not hold every Megatron flag) but named in a note. Megatron-DeepSpeed's own spellings pass without one."""
@@ -592,8 +596,10 @@ def test_the_older_fp8_switches_and_near_miss_typos_are_refused_and_unknown_flag
     refused, note = read("--frobnicate 3")
     assert refused is None and "ignored: --frobnicate" in note and "megatron_args.txt:1" in note
     assert "did you mean" not in note
-    for flags in ("--fp8-hybrid", "--fp8-e4m3", "--hybrid-override-pattern M*M*"):
+    for flags in ("--fp8-hybrid --transformer-impl local", "--fp8-e4m3 --transformer-impl local",
+                  "--hybrid-override-pattern M*M*"):
         assert flags.split()[0] in read(flags)[0]
+    assert read("--fp8-hybrid") == (None, None)  # on the TE layer, priced as --fp8-format hybrid
     for fine in ("--sequence-parallel", "--use-flash-attn-v2", "--no-masked-softmax-fusion",
                  "--no-overlap-p2p-communication", "--num-key-value-heads 4 --group-query-attention"):
         assert read(fine) == (None, None), fine

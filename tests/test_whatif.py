@@ -209,7 +209,7 @@ def _add_flags(job: Path, old: str, new: str) -> None:
     ("--transformer-impl local", "--transformer-impl inference_optimized",
      ["--transformer-impl inference_optimized"], "--transformer-impl local|transformer_engine"),
     ("--micro-batch-size 1", "--micro-batch-size 1 --fp8-format hybrid --tp-comm-overlap",
-     ["--fp8-format hybrid", "--tp-comm-overlap"], "no FP8"),
+     ["--fp8-format hybrid", "--tp-comm-overlap"], "with --transformer-impl transformer_engine"),
 ])
 def test_a_launch_with_settings_the_model_does_not_price_is_refused_naming_file_line_and_flag(
         tmp_path, old, new, flags, modelled):
@@ -240,12 +240,36 @@ def test_the_walkthroughs_cluster_run_with_context_parallelism_is_refused(shared
     assert result.exit_code == 2 and "field '--context-parallel-size'" in result.output
 
 
-def test_interleaved_launches_need_blocking_p2p_calls(tmp_path):
+def test_interleaved_launches_price_megatrons_default_overlapped_p2p(tmp_path):
+    # Without --no-overlap-p2p-communication Megatron-LM overlaps the interleaved schedule's p2p calls with compute:
+    # priced as such (the steady state's transfers run under the next task), never slower on this CPU capture
+    # whose hops cost little next to its tasks.
     job = configuration_only(tmp_path, INTERLEAVED)
+    [blocking] = predict_job("--job", job)["predictions"]
     _add_flags(job, "--no-overlap-p2p-communication ", "")
+    [overlapped] = predict_job("--job", job)["predictions"]
+    assert overlapped["schedule"] == blocking["schedule"] == "interleaved_1f1b"
+    assert overlapped["throughput_per_s"] >= blocking["throughput_per_s"]
+    assert overlapped["throughput_per_s"] != blocking["throughput_per_s"]
+
+
+@pytest.mark.parametrize("flags,field", [
+    ("--overlap-p2p-communication-warmup-flush", "--overlap-p2p-communication-warmup-flush"),
+    ("--batch-p2p-comm", "--batch-p2p-comm"),  # with overlap on: Megatron refuses both at once
+])
+def test_what_stays_refused_of_the_p2p_settings_names_its_flag(tmp_path, flags, field):
+    job = configuration_only(tmp_path, INTERLEAVED)
+    _add_flags(job, "--no-overlap-p2p-communication ", flags + " ")
     result = cli("predict", "--job", job)
-    assert result.exit_code == 2 and "--no-overlap-p2p-communication" in result.output
-    assert "overlap_p2p_comm = True" in " ".join(result.output.split())
+    assert result.exit_code == 2 and f"field '{field}'" in result.output
+
+
+def test_batched_blocking_p2p_is_priced_as_blocking(tmp_path):
+    # batch_isend_irecv posts a call's sends and receives together and waits on all, as the unbatched calls do.
+    job = configuration_only(tmp_path, INTERLEAVED)
+    before = predict_job("--job", job)["predictions"]
+    _add_flags(job, "--no-overlap-p2p-communication ", "--no-overlap-p2p-communication --batch-p2p-comm ")
+    assert predict_job("--job", job)["predictions"] == before
 
 
 def test_settings_that_do_not_change_the_cost_are_accepted_and_change_nothing(tmp_path):
@@ -302,14 +326,15 @@ def test_a_rank_logs_arguments_block_prints_every_default_and_only_real_changes_
     lines = log.read_text().splitlines()
     number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("num_experts "))
     assert result.exit_code == 2 and f"rank0.out:{number}: field '--num-experts'" in result.output
-    # a setting whose flag is a --no-... switch is named by the block's own key, with its flag beside it
-    log.write_text(_block({**printed, "num_layers_per_virtual_pipeline_stage": 1}))  # interleaved: p2p overlaps
-    overlapped = " ".join(cli("predict", "--job", job).output.split())
+    # p2p overlap (the block's overlap_p2p_comm True) is priced (test above); its warm-up flush is refused, at the
+    # line of the block's own key, named by its flag
+    log.write_text(_block({**printed, "num_layers_per_virtual_pipeline_stage": 1,
+                           "overlap_p2p_comm_warmup_flush": True}))
+    flushed = " ".join(cli("predict", "--job", job).output.split())
     number = next(n for n, line in enumerate(log.read_text().splitlines(), 1)
-                  if line.lstrip().startswith("overlap_p2p_comm "))
-    assert f"rank0.out:{number}: field 'overlap_p2p_comm'" in overlapped
-    assert "overlap_p2p_comm = True" in overlapped
-    assert "the flag for it is --no-overlap-p2p-communication" in overlapped
+                  if line.lstrip().startswith("overlap_p2p_comm_warmup_flush "))
+    assert f"rank0.out:{number}: field 'overlap_p2p_comm_warmup_flush'" in flushed
+    assert "the flag for it is --overlap-p2p-communication-warmup-flush" in flushed
 
 
 # --- schedules a configuration cannot run: named beside the ones that can, with the launch change that lets them -----

@@ -184,7 +184,7 @@ def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None
 
     gemms = [(dtype, m, n, k) for dtype in plan.dtypes for m, n, k in plan.gemm_shapes]
     _table(out / "gemm.csv", GEMM_COLUMNS, gemms, deadlines[0], result, advance, lambda item: (
-        (plan.device, *item), _gemm(torch, *item[1:], _dtype(torch, item[0]), device), clock, plan.repeats))
+        (plan.device, *item), _gemm(torch, item[1], item[2], item[3], _dtype(torch, item[0]), device), clock, plan.repeats))
     dtype = _dtype(torch, plan.dtypes[0])
     size = torch.empty((), dtype=dtype).element_size()
 
@@ -342,7 +342,8 @@ def _calls(torch: Any, dist: Any, op: str, count: int, n: int, rank: int, device
     part = torch.ones(count // n, device=device)
     other = torch.empty_like(whole)
     if op == "all_reduce":
-        call = lambda: dist.all_reduce(whole)  # torch has no out-of-place all-reduce
+        def call():  # torch has no out-of-place all-reduce
+            dist.all_reduce(whole)
         return call, call
     if op == "all_gather":
         return (lambda: dist.all_gather_into_tensor(other, part),
@@ -356,7 +357,8 @@ def _calls(torch: Any, dist: Any, op: str, count: int, n: int, rank: int, device
         return (lambda: dist.reduce_scatter_tensor(part, whole),
                 lambda: dist.reduce_scatter_tensor(whole[rank * (count // n):(rank + 1) * (count // n)], whole))
     if op == "all_to_all":
-        call = lambda: dist.all_to_all_single(other, whole)  # no in-place all-to-all
+        def call():  # no in-place all-to-all
+            dist.all_to_all_single(other, whole)
         return call, call
     # send/recv: each rank sends one message to the next rank and receives one from the previous (nccl-tests'
     # sendrecv_perf)
@@ -373,6 +375,8 @@ def default_plan(*, device: str, cuda: bool, dtypes: Sequence[str] = (), shapes:
                  repeats: int = 5) -> BenchPlan:
     """The plan of one bench run: a job's shapes or the standard grid, memory sizes and message sizes for a GPU
     (64 KiB-1 GiB; 1 KiB-1 GiB messages) or the CPU (smaller), or `quick`'s tiny ones (a few seconds)."""
+    memory: tuple[int, ...]
+    messages: tuple[int, ...]
     if quick:
         memory = (1 << 16, 1 << 20)
         messages = (1 << 12, 1 << 16)

@@ -68,6 +68,12 @@ class CaptureConfig:
     seed: int = 1234
     link_bench: bool = True
     link_bench_iters: int = 50  # timed sends per message size (after 10 warm-up sends), as the cluster benchmark
+    # Record a PyTorch profiler (Kineto) trace of the traced iterations on every rank, beside the event log, as
+    # Megatron-LM's --profile --use-pytorch-profiler (capture/profiling.py)
+    profile: bool = False
+    # Megatron's overlap_p2p_comm (interleaved only, Megatron-LM's default there): the steady state's sends and
+    # receives posted ahead and waited on later; off, the calls block around each task (--no-overlap-p2p-communication)
+    overlap_p2p: bool = False
 
     @property
     def ffn(self) -> int:
@@ -124,6 +130,8 @@ class CaptureConfig:
                  "the tensor-parallel group")
         need((self.tp == 1 and self.dp == 1) or self.engine == "megatron", "tp",
              "tensor and data parallelism run on the megatron engine only")
+        need(not self.profile or self.engine == "megatron", "profile",
+             "the PyTorch profiler trace is recorded on the megatron engine only")
         # A rank holds its chunk's weights and fp32 optimizer state (~16 bytes per parameter) plus activations:
         # refuse what cannot fit in this machine's memory before any rank starts.
         per_layer = 12 * self.hidden * self.hidden + 2 * self.hidden * (self.ffn - 4 * self.hidden)
@@ -153,6 +161,9 @@ class CaptureConfig:
                  f"{self.microbatches} is not a multiple of --pp {self.pp}, which the interleaved schedule requires")
         else:
             need(self.vp == 1, "vp", f"is {self.vp}, but schedule {schedule!r} runs one model chunk per rank; pass --vp 1")
+        need(not self.overlap_p2p or (schedule == "interleaved_1f1b" and self.engine == "megatron"), "overlap-p2p",
+             "overlaps only Megatron's interleaved schedule's p2p (its non-interleaved one refuses overlap_p2p_comm); "
+             "pass --vp 2 or drop --overlap-p2p")
         need(self.microbatches >= self.pp or schedule == "gpipe", "microbatches",
              f"{self.microbatches} is fewer than --pp {self.pp}; the pipeline would never fill")
 
@@ -164,9 +175,9 @@ class CaptureConfig:
             f"--pipeline-model-parallel-size {self.pp}",
         ]
         if self.vp > 1:
-            # Megatron-LM overlaps the interleaved schedule's p2p with compute unless told not to; captures don't.
-            parts.append(f"--num-layers-per-virtual-pipeline-stage {self.layers_per_chunk} "
-                         "--no-overlap-p2p-communication")
+            # Megatron-LM overlaps the interleaved schedule's p2p with compute unless told not to.
+            parts.append(f"--num-layers-per-virtual-pipeline-stage {self.layers_per_chunk}"
+                         + ("" if self.overlap_p2p else " --no-overlap-p2p-communication"))
         parts += [
             f"--num-layers {self.layers}",
             f"--hidden-size {self.hidden}",
@@ -181,6 +192,11 @@ class CaptureConfig:
             f"--seed {self.seed}",
             _FIXED_ARGS.format(tp=self.tp),
         ]
+        if self.profile:  # Megatron's flags for the same trace: the profiled passes are the traced iterations
+            parts.append(f"--profile --use-pytorch-profiler --profile-step-start {TRACE_FIRST_ITERATION} "
+                         f"--profile-step-end {self.train_iters + 1} --profile-ranks "
+                         + " ".join(str(rank) for rank in range(self.world))
+                         + " --pytorch-profiler-collect-shapes --pytorch-profiler-collect-callstack")
         return " ".join(parts)
 
     def cli_args(self) -> list[str]:
@@ -190,6 +206,10 @@ class CaptureConfig:
                 f"--iterations={self.iterations}", f"--layers={self.layers}", f"--hidden={self.hidden}",
                 f"--seq={self.seq}", f"--heads={self.heads}", f"--ffn-hidden={self.ffn}", f"--vocab={self.vocab}",
                 f"--engine={self.engine}", f"--schedule={self.resolved_schedule}", f"--seed={self.seed}"]
+        if self.profile:
+            args.append("--profile")
+        if self.overlap_p2p:
+            args.append("--overlap-p2p")
         if not self.link_bench:
             args.append("--no-link-bench")
         elif self.link_bench_iters != CaptureConfig.link_bench_iters:

@@ -21,10 +21,17 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from hops_calib.files import atomic_write
 from hops_calib.timeline import COMPUTE, OPTIMIZER, PHASES, TRANSFER
 from hops_calib.trace.events import COLLECTIVE
+
+
+class Clock(Protocol):
+    """What a tracer reads its times from: nanoseconds since the Unix epoch."""
+
+    def now_ns(self) -> int: ...
 
 
 class WallClock:

@@ -70,7 +70,13 @@ def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: li
                 from hops_calib.capture import megatron_engine as engine
             else:
                 from hops_calib.capture import torch_engine as engine  # type: ignore[no-redef]
-            facts = engine.run(rank, config.pp, config, log, clock)
+            if config.profile:
+                from hops_calib.capture.profiling import PROFILE_DIR, trace_name
+
+                facts = engine.run(rank, config.pp, config, log, clock,
+                                   profile_path=Path(job_dir) / PROFILE_DIR / trace_name(rank))
+            else:
+                facts = engine.run(rank, config.pp, config, log, clock)
             # What the rank really ran on, after any library had its say: the provenance of every timing.
             facts["affinity"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
             facts["torch_threads"] = torch.get_num_threads()

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hops_calib.capture.config import CaptureConfig
-from hops_calib.capture.events import EventLog, WallClock
+from hops_calib.capture.events import Clock, EventLog, WallClock
 from hops_calib.spec import TRACE_FIRST_ITERATION
 from hops_calib.timeline import BACKWARD, FORWARD, OPTIMIZER
 
@@ -75,7 +75,7 @@ def _first_tensor(value: Any) -> Any:
 class MegatronTracer:
     """Wraps Megatron's forward/backward steps and p2p exchange posting; records into an EventLog."""
 
-    def __init__(self, log: EventLog, clock: WallClock) -> None:
+    def __init__(self, log: EventLog, clock: Clock) -> None:
         self.log = log
         self.clock = clock
         self._labels: dict[int, _Label] = {}
@@ -216,8 +216,29 @@ def _reduce_gradients(parameters: list[Any], log: EventLog, clock: WallClock) ->
     log.collective("all_reduce", "dp", BACKWARD, None, flat.numel() * flat.element_size(), start, end)
 
 
-def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock) -> dict[str, Any]:
-    """Build this rank's model chunks, run warm-up and traced iterations; return facts for the manifest."""
+@dataclass
+class RankModel:
+    """One rank's Megatron-core model chunks, optimizer and step function, as `build` makes them."""
+
+    chunks: list[Any]
+    parameters: list[Any]
+    optimizer: Any
+    forward_step_func: Callable[..., Any]
+    vp_size: int | None
+    transformer: Any
+
+    def train_step(self, forward_backward: Callable[..., Any], config: CaptureConfig) -> None:
+        """One schedule call of Megatron's (the microbatches' forwards and backwards)."""
+        forward_backward(
+            forward_step_func=self.forward_step_func,
+            data_iterator=[None] * config.vp if self.vp_size else None,
+            model=self.chunks if self.vp_size else self.chunks[0],
+            num_microbatches=config.microbatches, seq_length=config.seq, micro_batch_size=1,
+        )
+
+
+def build(config: CaptureConfig) -> RankModel:
+    """Megatron's parallel state, this rank's GPT model chunks (local layer spec, fp32), AdamW and mock data."""
     import torch
 
     from hops_calib.capture import cpu_bridge
@@ -227,7 +248,6 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     vp_size = config.vp if config.vp > 1 else None
@@ -243,10 +263,11 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False,
         masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
         apply_rope_fusion=False,
-        # No p2p overlap (megatron_args.txt says --no-overlap-p2p-communication for interleaved runs): the
-        # exchanges block around each compute, as the simulator's schedules model them. Unbatched isend/irecv
-        # (gloo has no coalescing, so batching would only reorder the same calls).
-        overlap_p2p_comm=False,
+        # Without --overlap-p2p (megatron_args.txt says --no-overlap-p2p-communication for interleaved runs) the
+        # exchanges block around each compute; with it the interleaved schedule posts its steady state's ahead
+        # (overlap_p2p_comm). Unbatched isend/irecv either way (gloo has no coalescing, so batching would only
+        # reorder the same calls; Megatron refuses batching with overlap).
+        overlap_p2p_comm=config.overlap_p2p,
         batch_p2p_comm=False,
     )
     chunks = []
@@ -277,18 +298,32 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
 
         return output, loss_func
 
+    return RankModel(chunks, parameters, optimizer, forward_step_func, vp_size, transformer)
+
+
+def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock,
+        profile_path: Any = None) -> dict[str, Any]:
+    """Build this rank's model chunks, run warm-up and traced iterations; return facts for the manifest.
+    `profile_path`: where the rank's PyTorch profiler trace of the traced iterations goes (`config.profile`)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    built = build(config)
+    chunks, parameters, optimizer, transformer = built.chunks, built.parameters, built.optimizer, built.transformer
     forward_backward = get_forward_backward_func()
     tracer = MegatronTracer(log, clock)
     tracer.install()
+    profiler = None
+    if profile_path is not None:
+        from hops_calib.capture.profiling import RankProfiler
+
+        profiler = RankProfiler(profile_path, TRACE_FIRST_ITERATION, config.train_iters)
+        profiler.start()
     try:
         for iteration in range(1, config.train_iters + 1):
+            if profiler is not None:
+                profiler.step()
             log.begin_iteration(iteration if iteration >= TRACE_FIRST_ITERATION else None)
-            forward_backward(
-                forward_step_func=forward_step_func,
-                data_iterator=[None] * config.vp if vp_size else None,
-                model=chunks if vp_size else chunks[0],
-                num_microbatches=config.microbatches, seq_length=config.seq, micro_batch_size=1,
-            )
+            built.train_step(forward_backward, config)
             if config.dp > 1:
                 _reduce_gradients(parameters, log, clock)
             start = clock.now_ns()
@@ -297,6 +332,8 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
             end = clock.now_ns()
             log.compute(OPTIMIZER, config.microbatches - 1, 0, start, end)
             tracer.end_iteration()
+        if profiler is not None:
+            profiler.stop()
     finally:
         tracer.uninstall()
         log.begin_iteration(None)

@@ -129,7 +129,12 @@ def capture(
     link_bench: bool = typer.Option(True, "--link-bench/--no-link-bench", help="Run the gloo p2p link benchmark (without it the run ingests, but predict, "
                                     "evaluate and report refuse it: hops are priced from the benchmark)."),
     link_bench_iters: int = typer.Option(50, "--link-bench-iters", help="Timed sends per message size."),
+    overlap_p2p: bool = typer.Option(False, "--overlap-p2p", help="Overlap the interleaved schedule's p2p with "
+                                     "compute (Megatron's overlap_p2p_comm, Megatron-LM's default with --vp > 1)."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it is an earlier capture (nothing else)."),
+    profile: bool = typer.Option(False, "--profile", help="Also record a PyTorch profiler (Kineto) trace of the traced "
+                                 "iterations per rank, torch_profile/rank-<r>.json.gz, as Megatron's --profile "
+                                 "--use-pytorch-profiler (shapes and call stack; it slows the run: docs/traces.md)."),
 ) -> None:
     """Record a real pipeline run on this machine's CPU cores into a cluster-style job directory (needs the capture extra)."""
     from hops_calib.cli.capture import capture_command
@@ -137,7 +142,8 @@ def capture(
     raise typer.Exit(capture_command(out, force, pp=pp, vp=vp, tp=tp, dp=dp, microbatches=microbatches, iterations=iterations,
                                      layers=layers, hidden=hidden, seq=seq, heads=heads, ffn_hidden=ffn_hidden,
                                      vocab=vocab, engine=engine, schedule=schedule, seed=seed, link_bench=link_bench,
-                                     link_bench_iters=link_bench_iters))
+                                     link_bench_iters=link_bench_iters, profile=profile,
+                                     overlap_p2p=overlap_p2p))
 
 
 @app.command()
@@ -146,7 +152,10 @@ def ingest(
         ..., help="Job directories, or folders holding job directories (searched recursively); Megatron training "
                   "logs; run tables (.csv, .parquet), the published vTrain table included."),
     fixtures: Path = FIXTURES_OPTION,
-    split: str = typer.Option("auto", "--split", help="auto (grouped, hashed), or force train / test."),
+    split: str = typer.Option(
+        "source", "--split", help="source (default): the split the source states in a hops-calib-source.toml beside "
+                                  "it, else train (your own runs); auto: the grouped, hashed train/test split the "
+                                  "calibration sets need; or force train / test. A stored group keeps its split."),
     test_fraction: float = typer.Option(0.3, "--test-fraction", help="Share of new configuration groups put in test."),
     lenient: bool = typer.Option(
         False, "--lenient", help="Drop bad event lines, repeated events and iterations a cut-short log left "
@@ -441,12 +450,15 @@ def candidate_new(
     folder: Path = typer.Option(Path("experiments"), "--dir", help="Where to write it."),
     model: Path | None = MODEL_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (path, id, text)."),
+    device: list[str] | None = typer.Option(
+        None, "--device", help="Also write a per-device override NAME@TYPE for this device type (repeatable), for "
+                               "every parameter that takes one and has none for it yet, at its current value."),
 ) -> None:
     """Write a scaffold DIR/ID.toml for a one-term change: the term's parameters with the model's current values,
     defaults and bounds, and the hypothesis and grounding to fill in (evaluate refuses it until they are)."""
     from hops_calib.cli.loop import candidate_new_command
 
-    raise typer.Exit(candidate_new_command(term, candidate_id, folder, model, as_json))
+    raise typer.Exit(candidate_new_command(term, candidate_id, folder, model, as_json, tuple(device or ())))
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -733,8 +745,13 @@ def plot_timeline(
     out: Path | None = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
                                        "timeline-ID.png, with --job timeline-<job folder name>.png, in the current "
                                        "directory)."),
-    chrome: Path | None = typer.Option(None, "--chrome", help="Also write the panels, whole runs, as Chrome trace "
-                                          "JSON (*.json: Perfetto or chrome://tracing opens it, zoomable)."),
+    chrome: Path | None = typer.Option(None, "--chrome", help="Also write the panels as Chrome trace JSON (*.json: "
+                                          "Perfetto or chrome://tracing opens it, zoomable): their first 3 "
+                                          "iterations, see --chrome-iterations and --chrome-all."),
+    chrome_iterations: int | None = typer.Option(None, "--chrome-iterations", help="With --chrome: export each "
+                                                    "panel's first K iterations (default 3)."),
+    chrome_all: bool = typer.Option(False, "--chrome-all", help="With --chrome: export whole runs (a large job's "
+                                       "can be hundreds of MB)."),
     dpi: float = DPI_OPTION,
     ledger: Path = LEDGER_OPTION,
     perturbations: dict | None = None,
@@ -744,7 +761,16 @@ def plot_timeline(
     from hops_calib.cli.plot import timeline_command
 
     raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi, job, tuple(schedules or ()),
-                                      _cluster(ctx, cluster, no_cluster), perturbations, chrome, ledger))
+                                      _cluster(ctx, cluster, no_cluster), perturbations, chrome, ledger,
+                                      _chrome_window(chrome_iterations, chrome_all)))
+
+
+def _chrome_window(iterations: int | None, whole: bool) -> int | None:
+    """The Chrome export's window: K iterations, None for whole runs, -1 for the default."""
+    if whole and iterations is not None:
+        raise typer.BadParameter("--chrome-iterations and --chrome-all given together: give one (K iterations, or "
+                                 "whole runs)", param_hint="--chrome-all")
+    return None if whole else -1 if iterations is None else iterations
 
 
 @plot_app.command("parity")
@@ -804,14 +830,19 @@ def tune(
     term: str = typer.Argument(..., help="The cost term whose parameters are searched (see `hops-calib terms`)."),
     trials: int = typer.Option(60, "--trials", min=1, help="Trials to run (shared among the workers)."),
     storage: str | None = typer.Option(
-        None, "--storage", help="Optuna storage URL: sqlite:///FILE or any RDB URL (default: in memory)."),
+        None, "--storage", help="Optuna storage URL: sqlite:///FILE, postgresql://USER:PASSWORD@HOST/DB (the [db] "
+                                "extra) or any RDB URL. Default: $HOPS_CALIB_STORAGE, else `storage` under \\[defaults] "
+                                "of the nearest hops-calib.toml, else in memory."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: term, model and fixture set)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes working on the study (needs --storage)."),
     fixtures: list[Path] | None = FIXTURES_MANY_OPTION,
     model: Path | None = MODEL_OPTION,
     out: Path | None = typer.Option(
         None, "--out", help="Candidate file to write (default: experiments/tune-TERM-trialN.toml)."),
-    seed: int = typer.Option(0, "--seed", help="Sampler seed (worker k uses seed + k)."),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed (tpe: worker k uses seed + k; sobol: the study's)."),
+    sampler: str = typer.Option(
+        "tpe", "--sampler", help="tpe (learns from the trials so far), or sobol (trial k is the study's k-th Sobol "
+                                 "point: the same study with any number of workers; docs/distributed-tuning.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     objective: str = typer.Option(
         "suite", "--objective", help="suite: throughput MAPE, bubble MAE, -rho (Pareto); components: the error of "
@@ -828,7 +859,7 @@ def tune(
     from hops_calib.cli.research import tune_command
 
     raise typer.Exit(tune_command(term, fixtures_given(fixtures), model, trials, storage, study, workers, seed, out, as_json,
-                                  objective, tuple(only or ()), ledger, off_record, split, allow_held_out))
+                                  objective, tuple(only or ()), ledger, off_record, split, allow_held_out, sampler))
 
 
 @app.command()

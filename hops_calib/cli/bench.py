@@ -40,7 +40,8 @@ def bench_command(out: Path, job: Path | None, device: str, dtypes: list[str], b
                    err=True)
         return 2
     cuda = torch.cuda.is_available()
-    shapes, row = (), None
+    shapes: tuple[tuple[int, int, int], ...] = ()
+    row: int | None = None
     if job is not None:
         try:
             (row, shapes), words = job_gemm_shapes(job)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hops_calib.cli.output import guarded, refuse_job_dir_as_id
+from hops_calib.cli.render import fixtures as render
 from hops_calib.errors import InputError
 from hops_calib.store import views
 from hops_calib.store.digests import DEFAULT_LOCK_TIMEOUT_S, StoreError
@@ -23,7 +24,7 @@ def _err(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", test_fraction: float = 0.3,
+def ingest_command(sources: list[Path], fixtures: Path, split: str = "source", test_fraction: float = 0.3,
                    lenient: bool = False, skew_ms: float | None = None, gpu: str | None = None,
                    gpus_per_node: int | None = None, warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
                    as_json: bool = False, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S) -> int:
@@ -84,14 +85,16 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "auto", tes
         if as_json:
             print_json({"fixtures": str(store.root),
                         **{status: report.count(status) for status in ("new", "updated", "unchanged", "rejected")},
+                        "counts": views.ingest_counts(report, store),
                         "runs": [{"source": str(o.source), "run_id": o.run_id, "kind": o.kind, "status": o.status,
-                                  "split": o.split, "priced": o.priced, "not_priced": o.not_priced,
-                                  "error": o.error, "warnings": list(o.warnings)} for o in report.outcomes],
+                                  "split": o.split, "split_from": o.split_from, "priced": o.priced,
+                                  "not_priced": o.not_priced, "error": o.error, "warnings": list(o.warnings)}
+                                 for o in report.outcomes],
                         "warnings": [f"{o.run_id}: {w}" for o in report.outcomes for w in o.warnings],
                         "notes": list(report.notes) + views.ingest_notes(report)},
                        STATUS[code])
         else:
-            print(views.ingest_summary(report, store))
+            print(render.ingest_summary(report, store))
         return code
 
     return guarded(run, as_json)
@@ -118,7 +121,7 @@ def list_command(fixtures: Path, as_json: bool = False, ledger: Path | None = No
 
             print_json({"fixtures_dir": str(store.root), "fixtures": views.fixture_rows(store, held)})
         else:
-            print(views.list_text(store, held))
+            print(render.list_text(store, held))
         return 0
 
     return guarded(run, as_json)
@@ -139,7 +142,7 @@ def show_command(fixture_id: str, fixtures: Path, as_json: bool = False, ledger:
 
             print_json(views.show_dict(fixture, why))
         else:
-            print(views.show_text(fixture, why))
+            print(render.show_text(fixture, why))
         return 0
 
     return guarded(run, as_json)

@@ -178,7 +178,7 @@ def _print_suite(label: str, suite) -> None:
 
 def print_timers(suite) -> None:
     """Megatron's logged timers against the simulation's (hops_calib/loop/timers.py), where runs logged them."""
-    from hops_calib.loop.timers import timers_text
+    from hops_calib.cli.render.evaluate import timers_text
 
     if suite.timers:
         print("  " + timers_text(suite.timers))
@@ -308,10 +308,11 @@ def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: P
 
 def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
     from hops_calib.loop.gate import Tolerances
+    from hops_calib.loop.plans import refuse_beyond_caps
 
     try:
         given: dict[str, Any] = {name: value for name, value in tolerances.items() if value is not None}
-        return Tolerances(**given)
+        limits = Tolerances(**given)
     except ValueError as error:
         from hops_calib.cli import TOLERANCE_OPTIONS
 
@@ -319,6 +320,8 @@ def _tolerance_limits(tolerances: dict[str, float | str | None], verb: str):
         raise InputError(verb, str(error), field=option,
                          hint="window or stall-free" if option == "--run-error" else
                          "give a finite number >= 0 (the gate's defaults: hops_calib.loop.gate.Tolerances)") from None
+    refuse_beyond_caps(limits, verb)
+    return limits
 
 
 def _print_candidate(result) -> None:
@@ -380,6 +383,10 @@ def _print_gate(before, after, verdict) -> None:
     for reason in verdict.reasons:
         print(f"  - {reason}")
     print(f"tolerances: {verdict.tolerances.describe()}")
+    from hops_calib.loop.gate import describe_looser, looser_rules
+
+    if looser_rules(verdict.tolerances):
+        print(describe_looser(looser_rules(verdict.tolerances)))
 
 
 # --- compare -------------------------------------------------------------------------------------
@@ -522,6 +529,7 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
         entries = list(read_entries(ledger_path))
         if last is not None:
             entries = entries[-last:] if last > 0 else []
+        from hops_calib.loop.gate import describe_looser, looser_rules
         from hops_calib.loop.heldout import HELD_OUT_KEY, OVERRIDE_KEY, OVERRIDE_KIND, RECORD_KIND
         from hops_calib.loop.plans import judgement_notes
 
@@ -529,7 +537,11 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
         if as_json:
             print_json({"ledger": str(ledger_path), "entries": entries,
                         "judgements": {str(seq): note for seq, note in notes.items()
-                                       if seq in {e.get("seq") for e in entries}}})
+                                       if seq in {e.get("seq") for e in entries}},
+                        # plans stating rules looser than the defaults, each with its default and cap
+                        "looser_plans": {str(e["seq"]): looser_rules(e["tolerances"]) for e in entries
+                                         if e.get("kind") == "plan" and isinstance(e.get("tolerances"), dict)
+                                         and looser_rules(e["tolerances"])}})
             return EXIT_OK
         if not entries:
             print(f"{ledger_path}: no entries")
@@ -537,6 +549,8 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             aggregates_before, aggregates_after = e.get("aggregates_before") or {}, e.get("aggregates_after") or {}
             if e.get("kind") == "plan":
                 what = f"plan: {e.get('note', '')}" + "".join(f" [pins {c.get('id')}]" for c in e.get("candidates", []))
+                what += (f" [{describe_looser(looser_rules(e['tolerances']))}]"
+                         if isinstance(e.get("tolerances"), dict) and looser_rules(e["tolerances"]) else "")
                 what += f" [rejudges entry {e['rejudges']}]" if e.get("rejudges") is not None else ""
             elif e.get("kind") == "report":
                 aggregates = e.get("aggregates", {})
@@ -576,11 +590,14 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
 
 def _judgement_note(note: dict[str, Any]) -> str:
     """`ledger show`'s words on a judgement's rules, earlier judgements of its change and the model file written."""
-    from hops_calib.loop.gate import Tolerances
+    from hops_calib.loop.gate import Tolerances, describe_looser
 
-    text = f" (under {note['rules']})" if note["rules"] != "defaults" else " (default rules)"
+    text = (" (default rules)" if note["rules"] == "defaults" else f" (under {note['rules']})"
+            if note["rules"].startswith("plan ") else f" ({note['rules']})")
     if note["tolerances"]:
         text += f" [tolerances: {Tolerances(**note['tolerances']).describe()}]"
+    if note.get("looser_rules"):
+        text += f" [{describe_looser(note['looser_rules'])}]"
     if note["rejudges"] is not None:
         text += f"; judges again the change of entry {note['rejudges']}"
     elif note["earlier_judgements"]:
@@ -602,11 +619,15 @@ def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[st
 
         limits = _tolerance_limits(tolerances, "ledger plan")
         entry = record_plan(ledger_path, note, limits, candidates, rejudges, fixtures)
+        from hops_calib.loop.gate import describe_looser, looser_rules
+
         if as_json:
-            print_json(entry)
+            print_json({**entry, "looser_rules": looser_rules(limits)})
         else:
             print(f"plan entry {entry['seq']} appended to {ledger_path}: {note}")
             print(f"tolerances stated: {limits.describe()}")
+            if looser_rules(limits):
+                print(describe_looser(looser_rules(limits)) + ": every judgement under this plan is marked so")
             if entry.get("rejudges") is not None:
                 print(f"judges again the change of ledger entry {entry['rejudges']} (the new entry links to it)")
             if entry.get("fixtures"):
@@ -624,8 +645,8 @@ def ledger_looks_command(ledger_path: Path | None, split: str, as_json: bool) ->
     def run() -> int:
         nonlocal ledger_path
         ledger_path = _ledger(ledger_path)
+        from hops_calib.cli.render.tables import text_table
         from hops_calib.loop.ledger import held_out_looks, read_entries, warn_if_broken
-        from hops_calib.store.views import text_table
 
         warn_if_broken(ledger_path)
         looks = held_out_looks(read_entries(ledger_path), split)
@@ -789,13 +810,13 @@ def terms_command(model_path: Path | None, as_json: bool) -> int:
 # --- candidate new -------------------------------------------------------------------------------
 
 def candidate_new_command(term: str, candidate_id: str | None, folder: Path, model_path: Path | None,
-                          as_json: bool) -> int:
+                          as_json: bool, devices: tuple[str, ...] = ()) -> int:
     def run() -> int:
         from hops_calib.loop.candidate import write_scaffold
         from hops_calib.loop.model_files import default_model, load_model
 
         model = load_model(model_path)
-        path = write_scaffold(term, model, folder, candidate_id)
+        path = write_scaffold(term, model, folder, candidate_id, devices)
         if as_json:
             print_json({"path": str(path), "id": path.stem, "term": term, "model": str(model_path or default_model()),
                         "text": path.read_text(encoding="utf-8")})

@@ -24,13 +24,16 @@ def _wrote(image) -> int:
         atomic_write(path, json.dumps(trace, separators=(",", ":")))
         print(f"wrote {path} (Chrome trace JSON, {len(trace['traceEvents'])} events: open it in ui.perfetto.dev or "
               "chrome://tracing)")
+        window = trace.get("otherData", {}).get("window")
+        if window:
+            print(f"  exported: {window['note']}")
     return EXIT_OK
 
 
 def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int | None,
                      out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = (),
                      cluster: Path | None = None, perturbations: dict | None = None, chrome: Path | None = None,
-                     ledger: Path | None = None) -> int:
+                     ledger: Path | None = None, chrome_iterations: int | None = -1) -> int:
     def run() -> int:
         from hops_calib.cli.whatif import load_cluster, parse_perturbations
         from hops_calib.plot.images import timeline_image
@@ -42,7 +45,7 @@ def timeline_command(fixture_id: str | None, fixtures: Path, model_path: Path | 
             refuse_held_out_run(fixtures, fixture_id, ledger, "plot timeline")
         return _wrote(timeline_image(fixture_id, fixtures, model_path, iterations, out, dpi, job, schedules,
                                      load_cluster(cluster) if job is not None else None,
-                                     parse_perturbations(perturbations, job), chrome))
+                                     parse_perturbations(perturbations, job), chrome, chrome_iterations))
 
     return guarded(run)
 

@@ -10,6 +10,7 @@ Looked up in this order, first found wins:
    [defaults]
    fixtures = "/data/hops-fixtures"   # relative paths are relative to this file
    cluster = "cluster.yaml"
+   storage = "postgresql://hops@db-host/hops_calib"   # tune's optuna storage (a URL, kept as written)
    ```
 
 3. the built-in default: `./fixtures` of the current directory (the shipped CPU store at the repository's root),
@@ -29,7 +30,9 @@ from hops_calib.errors import InputError, parse_toml
 PROJECT_FILE = "hops-calib.toml"
 FIXTURES_ENV = "HOPS_CALIB_FIXTURES"
 CLUSTER_ENV = "HOPS_CALIB_CLUSTER"
-_KEYS = {"fixtures", "cluster"}
+STORAGE_ENV = "HOPS_CALIB_STORAGE"
+_KEYS = {"fixtures", "cluster", "storage"}
+_URLS = {"storage"}  # values kept as written (not paths)
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,8 @@ def project_file(start: Path | None = None) -> Path | None:
     return None
 
 
-def _from_project(key: str, start: Path | None) -> Setting | None:
+def _project_value(key: str, start: Path | None) -> tuple[str, Path] | None:
+    """`key` under [defaults] of the nearest project file, as written, and the file; None when not set."""
     path = project_file(start)
     if path is None:
         return None
@@ -57,7 +61,7 @@ def _from_project(key: str, start: Path | None) -> Setting | None:
     defaults = data.get("defaults", {})
     if not isinstance(defaults, dict):
         raise InputError(str(path), "is not a table", field="defaults", hint="write [defaults] with fixtures = "
-                         "\"DIR\" and/or cluster = \"FILE\"")
+                         "\"DIR\", cluster = \"FILE\" and/or storage = \"URL\"")
     unknown = sorted(set(defaults) - _KEYS)
     if unknown:
         raise InputError(str(path), f"unknown key {unknown[0]!r}", field=f"defaults.{unknown[0]}",
@@ -66,7 +70,16 @@ def _from_project(key: str, start: Path | None) -> Setting | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise InputError(str(path), f"is {value!r}", field=f"defaults.{key}", hint="give a path as a string")
+        raise InputError(str(path), f"is {value!r}", field=f"defaults.{key}",
+                         hint="give a URL as a string" if key in _URLS else "give a path as a string")
+    return value, path
+
+
+def _from_project(key: str, start: Path | None) -> Setting | None:
+    found = _project_value(key, start)
+    if found is None:
+        return None
+    value, path = found
     return Setting((path.parent / value).resolve() if not Path(value).is_absolute() else Path(value), str(path))
 
 
@@ -85,6 +98,15 @@ def default_cluster(start: Path | None = None) -> Setting:
         value = os.environ[CLUSTER_ENV]
         return Setting(Path(value) if value else None, CLUSTER_ENV)
     return _from_project("cluster", start) or Setting(None, "none given")
+
+
+def default_storage(start: Path | None = None) -> tuple[str | None, str]:
+    """tune's optuna storage URL when --storage is not given, and where it was set: $HOPS_CALIB_STORAGE, else
+    `storage` under [defaults] of the nearest hops-calib.toml, else none (the study in memory)."""
+    if os.environ.get(STORAGE_ENV):
+        return os.environ[STORAGE_ENV], STORAGE_ENV
+    found = _project_value("storage", start)
+    return (found[0], str(found[1])) if found is not None else (None, "none given")
 
 
 def cluster_choice(path: Path | None, given: bool, off: bool) -> Setting:

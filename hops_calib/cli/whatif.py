@@ -3,6 +3,7 @@ directory priced before it runs), computed by `hops_calib.whatif` and printed he
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections.abc import Sequence
@@ -22,11 +23,13 @@ if TYPE_CHECKING:
 def plan_command(stages: int, microbatches: int, memory_budget: float, forward_cost: float, backward_cost: float,
                  weight_grad_cost: float, chunks: int, target_bubble: float | None, as_json: bool) -> None:
     """Print the plan (a bad value is a usage error naming it, exit 2)."""
-    from hops_calib.whatif.plan import plan_report
+    from hops_calib.cli.render.plan import format_plan
+    from hops_calib.whatif.plan import plan
 
     try:
-        report = plan_report(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost,
-                             chunks, target_bubble, as_json)
+        result = plan(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
+                      target_bubble)
+        report = json.dumps({"status": "ok", **result.to_dict()}, indent=2) if as_json else format_plan(result)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
     typer.echo(report)
@@ -58,8 +61,9 @@ def predict_job(job: Path, model_path: Path | None, schedules: Sequence[str], fi
                 kernels: bool = False, kernel_stage: int | None = None) -> int:
     """`predict --job DIR`: the configuration under each schedule, and where it lies outside the store's train
     runs. Errors are the caller's (`hops_calib.cli.output.guarded`)."""
+    from hops_calib.cli.render.predict import what_if_text
     from hops_calib.loop.model_files import load_model
-    from hops_calib.whatif.job import what_if, what_if_text
+    from hops_calib.whatif.job import what_if
 
     result = what_if(job, load_model(model_path), schedules, *_calibration_coverage(fixtures, fixtures_defaulted),
                      cluster=load_cluster(cluster), perturbations=parse_perturbations(perturbations, job),
@@ -289,8 +293,9 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
                      fixtures: Path | None = None) -> int:
     """`plan --job DIR`: the best launches of the job on its devices, under a progress bar."""
     from hops_calib.cli.output import run_and_print
+    from hops_calib.cli.render.plan import format_job_plan
     from hops_calib.loop.model_files import load_model
-    from hops_calib.whatif.job_plan import SCHEDULES, format_job_plan, plan_job
+    from hops_calib.whatif.job_plan import SCHEDULES, plan_job
 
     seed = (perturbations or {}).get("seed") or 0
 
@@ -319,8 +324,9 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
 def plan_layouts_command(job: Path, model_path: Path | None, top: int, as_json: bool) -> int:
     """`plan --job DIR --parallel`: the fastest tensor x pipeline x data parallel layouts of the job's GPUs."""
     from hops_calib.cli.output import run_and_print
+    from hops_calib.cli.render.plan import format_layout_plan
     from hops_calib.loop.model_files import load_model
-    from hops_calib.whatif.layouts import format_layout_plan, search_layouts
+    from hops_calib.whatif.layouts import search_layouts
 
     def compute(bar):
         require_job_dir(job)

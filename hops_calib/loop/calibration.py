@@ -37,6 +37,16 @@ from typing import Any
 
 from hops_calib.errors import InputError
 
+# Which stores a judgement must cover: the one rule, stated the same in AGENTS.md and in every judgement's
+# `calibration.rule` (tests/test_fields.py checks that the two agree).
+COVERAGE_RULE = (
+    "A judgement must cover every store the part it changes was calibrated on, and may cover more. A change of one "
+    "device type's values only (NAME@TYPE parameters, that type's constants) was calibrated on the stores of the "
+    "latest committed change judged on that type's runs; any other change (a term's shared values, adding or "
+    "removing a term, a whole model) on the stores of the latest committed change to that term, or, for a term "
+    "never changed, of the latest committed change that was not of device values only. A judgement missing one of "
+    "them is refused (exit 4, the hint lists every --fixtures to pass) unless --off-record marks it.")
+
 
 class OffRecord(InputError):
     """A judgement on runs the model was not calibrated on, or of a change that moves no run."""
@@ -298,7 +308,7 @@ class Check:
                 "calibrated_on_all": [fs.to_dict() for fs in self.calibrated_all or
                                       ((self.calibrated,) if self.calibrated else ())],
                 "why": self.why, "store_holds_it": self.holds, "match": self.how or None,
-                "off_record": self.off_record}
+                "off_record": self.off_record, "rule": COVERAGE_RULE}
 
 
 def store_devices(suite) -> tuple[str, ...]:

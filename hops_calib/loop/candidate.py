@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -304,10 +305,13 @@ def next_id(experiments: Path, term: str) -> str:
     return f"{max(numbers, default=0) + 1:03d}-{term.replace('_', '-')}"
 
 
-def scaffold_text(term_name: str, model: Model, candidate_id: str) -> str:
+def scaffold_text(term_name: str, model: Model, candidate_id: str, devices: Sequence[str] = ()) -> str:
     """A candidate file for one term, to be filled in: its parameters with the model's current values (or the
     defaults, for a term the model does not activate: action "add"), each with its default, bounds, unit and
-    meaning, and the hypothesis and grounding marked FILL IN (evaluate refuses them until they are written)."""
+    meaning, and the hypothesis and grounding marked FILL IN (evaluate refuses them until they are written).
+    `devices`: device types to write a new per-device override (NAME@TYPE) for, for every parameter that takes one
+    and has none for that type yet, at the value the type is priced with now (so that it changes nothing until
+    edited)."""
     import inspect
     import json
 
@@ -318,6 +322,15 @@ def scaffold_text(term_name: str, model: Model, candidate_id: str) -> str:
         raise InputError("candidate new", f"id {candidate_id!r} must be letters, digits, '_', '.', '-' (at most 100)",
                          field="--id")
     term = TERMS[term_name]
+    catalog = {device.type for device in model.devices}
+    for device in devices:
+        if device not in catalog:
+            raise InputError("candidate new", f"device type {device!r} is not in the model's catalog (known: "
+                             f"{', '.join(sorted(catalog))})", field="--device",
+                             hint="name a device type of hops_calib/model/devices.toml (a100, h100, l4, ...)")
+    if devices and not any(param.per_device for param in term.params):
+        raise InputError("candidate new", f"term {term_name} has no parameter that takes a per-device value",
+                         field="--device", hint="its parameters are the same for every device; leave out --device")
     active = model.active(term_name)
     values = active.params() if active else {}
     action = "set" if active else "add"
@@ -352,10 +365,15 @@ def scaffold_text(term_name: str, model: Model, candidate_id: str) -> str:
             if name.partition("@")[0] == param.name and "@" in name:
                 lines.append(f"{json.dumps(name)} = {device_value!r}  # current value for device type "
                              f"{name.partition('@')[2]}")
+        for device in devices if param.per_device else ():
+            if f"{param.name}@{device}" not in values:
+                lines.append(f"{json.dumps(f'{param.name}@{device}')} = {value!r}  # new: {device}'s own value "
+                             f"(now the shared {value:g}; edit it, or drop the line)")
     return "\n".join(lines) + "\n"
 
 
-def write_scaffold(term_name: str, model: Model, experiments: Path | str, candidate_id: str | None = None) -> Path:
+def write_scaffold(term_name: str, model: Model, experiments: Path | str, candidate_id: str | None = None,
+                   devices: Sequence[str] = ()) -> Path:
     """Write `scaffold_text` to experiments/ID.toml (never over an existing file); returns the path."""
     from hops_calib.files import atomic_write
 
@@ -364,7 +382,7 @@ def write_scaffold(term_name: str, model: Model, experiments: Path | str, candid
         raise InputError(experiments, "is not a folder", field="--dir", hint="name the experiments folder")
     candidate_id = candidate_id or next_id(experiments, term_name)
     path = experiments / f"{candidate_id}.toml"
-    text = scaffold_text(term_name, model, candidate_id)
+    text = scaffold_text(term_name, model, candidate_id, devices)
     if path.exists():
         raise InputError(path, "exists already; a candidate file is never overwritten (the ledger may cite it)",
                          field="--id", hint="give another --id")

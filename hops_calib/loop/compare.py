@@ -11,8 +11,16 @@ from typing import Any
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
 from hops_calib.loop.commits import check_appendable
-from hops_calib.loop.evaluate import fixture_fields, floor_excess, judge, per_run_changes, record_and_write, run_errors
-from hops_calib.loop.gate import GateResult, Tolerances
+from hops_calib.loop.evaluate import (
+    JUDGEMENT_FIELDS,
+    fixture_fields,
+    floor_excess,
+    judge,
+    per_run_changes,
+    record_and_write,
+    run_errors,
+)
+from hops_calib.loop.gate import GateResult, Tolerances, looser_rules
 from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.plans import check_plan, check_rejudgement, refuse_unplanned_rules, rules
@@ -74,7 +82,9 @@ class Comparison:
                            "entry_sha256": self.ledger_entry["entry_sha256"]},
                 "committed_into": str(self.committed_into) if self.committed_into is not None else None,
                 "left_out": self.left_out or {"count": 0, "reasons": []},
-                "runs": [run_errors(r, self.stall_free_computed) for r in self.after.runs]}
+                "looser_rules": looser_rules(self.verdict.tolerances),
+                "runs": [run_errors(r, self.stall_free_computed) for r in self.after.runs],
+                "fields": JUDGEMENT_FIELDS}
 
 
 def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path | str, *, after_path: Path | str | None = None,

@@ -16,7 +16,7 @@ from hops_calib.errors import InputError
 from hops_calib.loop import heldout
 from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
 from hops_calib.loop.commits import check_appendable
-from hops_calib.loop.gate import GateResult, Tolerances, gate
+from hops_calib.loop.gate import GateResult, Tolerances, gate, looser_rules
 from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.ledger import resolve as resolve_ledger
 from hops_calib.loop.plans import check_plan, check_rejudgement, judgements, refuse_unplanned_rules, rules
@@ -104,20 +104,49 @@ class Evaluation:
                 "ledger": {"path": str(self.ledger_path), "seq": entry["seq"],
                            "entry_sha256": entry["entry_sha256"]},
             })
+        data["looser_rules"] = looser_rules(self.tolerances)
         data["runs"] = [run_errors(r, self.stall_free_computed) for r in self.current.runs]
+        data["fields"] = JUDGEMENT_FIELDS
         return data
+
+
+# What the numbers of `evaluate --json` and `compare --json` mean (`fields`), as AGENTS.md says.
+JUDGEMENT_FIELDS = {
+    "looser_rules": "the judgement's rules looser than the gate's defaults, [] under the defaults: each tolerance "
+                    "above its default (tolerance, value, default, cap, beyond_cap, cap_reason; a plan past the cap "
+                    "is refused, so beyond_cap is true only of ledger entries older than the caps) and a per-run rule "
+                    "reading the stall-free error; ledger show and the results tables mark them the same way",
+    "throughput_error_pct": "a run's throughput error, predicted minus real over real, % (positive: the model "
+                            "predicts the run too fast, its time too short; the opposite sign of observe's bias_ms)",
+    "mean_error_pct": "the mean of throughput_error_pct over the runs (signed: positive, predicted too fast)",
+    "bubble_error_pp": "predicted minus real idle share (bubble ratio), pp; not_measured on a run without per-phase "
+                       "events",
+    "stall_free_error_pct": "throughput_error_pct with the random retransmission stalls taken out of both sides "
+                            "(--run-error stall-free computes it, where the trace has optimizer events)",
+    "within_noise": "the suite MAPE change's paired bootstrap interval (mape_change_interval_pp) straddles 0",
+    "rules": "where the rules came from (from: defaults or plan N) and their tolerances",
+}
 
 
 RUN_ERRORS = ("throughput_error_pct", "steady_throughput_error_pct", "bubble_error_pp", "stall_free_error_pct")
 STALL_FREE_OPTION = "--run-error stall-free"
 
 
+# Why a run has no bubble error: the idle share is read from per-phase events, which a run measured by its
+# iteration times alone (a Megatron log, a table row) does not have; no option computes it.
+NO_BUBBLE = ("not_measured (the run has no per-phase events, only iteration times: its idle share cannot be read; "
+             "no option computes it)")
+
+
 def _error_value(run, field: str, stall_free_computed: bool) -> float | str:
-    """One of a run's errors; for the stall-free one, "not_computed" (and the option that computes it) or why it
-    cannot be computed, never a bare null."""
+    """One of a run's errors; where absent, why, never a bare null: the bubble error of a run without events is not
+    measured (`NO_BUBBLE`); the stall-free one "not_computed" (and the option that computes it) or why it cannot be
+    computed."""
     value = getattr(run, field)
     if value is not None:
         return value
+    if field == "bubble_error_pp":
+        return NO_BUBBLE
     if not stall_free_computed:
         return f"not_computed ({STALL_FREE_OPTION} computes it)"
     return "cannot be computed: the trace has no optimizer events to read the silent stretch (stalls) from"

@@ -7,6 +7,10 @@ Accept when all of these hold (tolerances configurable, stated in every result):
 - no run's |throughput error| grows by more than `run_throughput_pp` (default 2 pp);
 - no run's |bubble error| grows by more than `run_bubble_pp` (default 2 pp).
 
+A plan may loosen each tolerance up to its cap (`TOLERANCE_CAPS`, each with its reason) and no further; every
+judgement under rules looser than these defaults is marked (`looser_rules`) in its JSON, its ledger entry and
+`ledger show` (docs/loop-rules.md).
+
 `run_throughput_error` says which throughput error the per-run rule reads: "window" (default: the error
 the suite MAPE averages) or "stall-free" (`RunScore.stall_free_error_pct`: the real run's retransmission
 stalls and the simulation's placed ones taken out of both windows, where the trace shows them; the window
@@ -58,6 +62,76 @@ class Tolerances:
         return (f"suite throughput MAPE may grow <= {self.throughput_mape_pp:g} pp, bubble MAE <= "
                 f"{self.bubble_mae_pp:g} pp, mean rho may fall <= {self.util_spearman:g}; per run |{which}| "
                 f"may grow <= {self.run_throughput_pp:g} pp, |bubble error| <= {self.run_bubble_pp:g} pp")
+
+
+# The most a plan may loosen each tolerance beyond the gate's defaults, and why (`ledger plan` refuses a plan past a
+# cap, exit 2, and no judgement is made under one recorded before the caps). A tolerance above its default is
+# "looser"; every judgement under looser rules is marked (`looser_rules`), whether or not it is within the cap.
+TOLERANCE_CAPS: dict[str, tuple[float, str]] = {
+    "throughput_mape_pp": (0.5, "a quarter of the measured run-to-run noise of repeated configurations (2.2 % mean "
+                                "throughput, the cluster runs): a plan may let the suite pay less than noise would, "
+                                "never a visible share of its error"),
+    "bubble_mae_pp": (0.5, "the same bound for the suite's bubble MAE (pp of idle share): a quarter of a stall's "
+                           "swing of a run's idle share"),
+    "util_spearman": (0.1, "half the fall one adjacent swap of a 4-stage pipeline's utilization order costs "
+                           "(rho 1 -> 0.8): the shallowest pipelines' stage order may not be given up"),
+    "run_throughput_pp": (4.0, "one retransmission stall more or fewer than the simulation places: a 200 ms TCP "
+                               "timeout in one iteration of a window moves a run's throughput by 3-4 %; a run's error "
+                               "growing by more is the model's (read it stall-free, --run-error stall-free, rather "
+                               "than loosen the rule)"),
+    "run_bubble_pp": (4.0, "the same stall in a run's idle share: one 200 ms wait in one iteration of a window "
+                           "moves the measured bubble by 3-4 pp"),
+}
+# The options of `ledger plan` that set each tolerance (the command layer declares them: cli.TOLERANCE_OPTIONS).
+TOLERANCE_FLAGS = {"throughput_mape_pp": "--tolerance-mape-pp", "bubble_mae_pp": "--tolerance-bubble-mae-pp",
+                   "util_spearman": "--tolerance-rho", "run_throughput_pp": "--tolerance-run-throughput-pp",
+                   "run_bubble_pp": "--tolerance-run-bubble-pp", "run_throughput_error": "--run-error"}
+CAP_HINT = ("a change that needs more than the cap regresses runs beyond noise: find the error it trades against "
+            "(observe, per_run) and fix that first, or judge the two changes together")
+
+
+def looser_rules(tolerances: dict[str, object] | Tolerances) -> list[dict[str, object]]:
+    """The rules of `tolerances` looser than the gate's defaults: each tolerance above its default, with the
+    default, the cap (`TOLERANCE_CAPS`) and whether it is beyond the cap (`beyond_cap`: a plan recorded before the
+    caps; no judgement is made under it today), and the per-run rule reading the stall-free error (another reading,
+    no cap). [] under the defaults or tighter rules. Reads a ledger entry's dict as well (older entries lack
+    `run_throughput_error`: the window error)."""
+    given = tolerances.to_dict() if isinstance(tolerances, Tolerances) else dict(tolerances)
+    defaults = Tolerances().to_dict()
+    marks: list[dict[str, object]] = []
+    for name, (cap, reason) in TOLERANCE_CAPS.items():
+        value, default = given.get(name, defaults[name]), defaults[name]
+        if isinstance(value, (int, float)) and isinstance(default, (int, float)) and value > default:
+            marks.append({"tolerance": name, "value": value, "default": defaults[name], "cap": cap,
+                          "beyond_cap": value > cap, "cap_reason": reason})
+    reading = given.get("run_throughput_error", "window")
+    if reading != defaults["run_throughput_error"]:
+        marks.append({"tolerance": "run_throughput_error", "value": reading,
+                      "default": defaults["run_throughput_error"], "cap": None, "beyond_cap": False,
+                      "cap_reason": "another reading of the per-run rule (the runs' random stalls taken out of both "
+                                    "sides), not a wider bound"})
+    return marks
+
+
+def describe_looser(marks: Sequence[dict[str, object]]) -> str:
+    """One line for `ledger show` and the text output: LOOSER than the defaults, each rule with default and cap."""
+    if not marks:
+        return ""
+    parts = []
+    for mark in marks:
+        if mark["cap"] is None:
+            parts.append(f"{mark['tolerance']} {mark['value']} (default {mark['default']})")
+        else:
+            parts.append(f"{mark['tolerance']} {mark['value']:g} (default {mark['default']:g}, cap {mark['cap']:g}"
+                         + (": BEYOND the cap" if mark["beyond_cap"] else "") + ")")
+    return "LOOSER than the defaults: " + ", ".join(parts)
+
+
+def beyond_caps(tolerances: Tolerances) -> list[tuple[str, float, float, str]]:
+    """The tolerances past their cap: (name, value, cap, reason) each."""
+    given = tolerances.to_dict()
+    return [(name, float(given[name]), cap, reason) for name, (cap, reason) in TOLERANCE_CAPS.items()
+            if float(given[name]) > cap]
 
 
 @dataclass(frozen=True)

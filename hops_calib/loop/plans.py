@@ -19,7 +19,7 @@ from typing import Any
 from hops_calib.errors import InputError
 from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
 from hops_calib.loop.commits import check_appendable
-from hops_calib.loop.gate import Tolerances
+from hops_calib.loop.gate import CAP_HINT, TOLERANCE_FLAGS, Tolerances, beyond_caps, looser_rules
 from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.ledger import resolve as resolve_ledger
 
@@ -54,6 +54,7 @@ def record_plan(ledger_path: Path | str, note: str, tolerances: Tolerances,
     from hops_calib.loop import ledger
 
     ledger_path = resolve_ledger(ledger_path)
+    refuse_beyond_caps(tolerances, "ledger plan")
     check_appendable(ledger_path)
     if not note.strip():
         raise InputError("ledger plan", "a plan needs a note", field="note",
@@ -113,9 +114,26 @@ DEFAULTS = "defaults"
 
 
 def rules(plan: int | None, tolerances: Tolerances) -> dict[str, Any]:
-    """Where a judgement's rules came from, as its ledger entry and JSON say: a plan's, or the gate's defaults."""
+    """Where a judgement's rules came from, as its ledger entry and JSON say: a plan's, or the gate's defaults, and
+    the rules looser than the defaults (`looser_rules`: [] when none)."""
     return {"from": f"plan {plan}" if plan is not None else DEFAULTS, "plan_seq": plan,
-            "tolerances": tolerances.to_dict(), "default_tolerances": tolerances == Tolerances()}
+            "tolerances": tolerances.to_dict(), "default_tolerances": tolerances == Tolerances(),
+            "looser_rules": looser_rules(tolerances)}
+
+
+def refuse_beyond_caps(tolerances: Tolerances, verb: str, plan: int | None = None) -> None:
+    """Refuse tolerances past their cap (`gate.TOLERANCE_CAPS`), naming each, its cap and the cap's reason; `plan`:
+    the ledger plan that holds them (recorded before the caps existed: it stays in the ledger, judged under never)."""
+    over = beyond_caps(tolerances)
+    if not over:
+        return
+    name, _value, cap, _reason = over[0]
+    where = f"plan {plan} holds " if plan is not None else ""
+    raise InputError(verb, where + "; ".join(f"{n} = {v:g} beyond its cap {c:g} ({r})" for n, v, c, r in over),
+                     field=TOLERANCE_FLAGS[name],
+                     hint=(f"state a plan within the caps ({TOLERANCE_FLAGS[name]} <= {cap:g}); " if plan is None else
+                           f"plan {plan} was recorded before the caps: state a new plan within them "
+                           f"({TOLERANCE_FLAGS[name]} <= {cap:g}); ") + CAP_HINT)
 
 
 def refuse_unplanned_rules(tolerances: Tolerances, plan: int | None, verb: str) -> None:
@@ -218,6 +236,7 @@ def check_plan(ledger_path: Path | str, seq: int, tolerances: Tolerances, verb: 
     candidates, with a candidate that is not one of them as they were when the plan was recorded."""
     entry = read_plan(ledger_path, seq)
     stated = plan_tolerances(ledger_path, seq, entry)
+    refuse_beyond_caps(stated, verb, plan=seq)
     if stated != tolerances:
         raise InputError(verb, f"the tolerances given differ from plan {seq}'s ({stated.describe()})", field="plan",
                          hint="a planned judgement keeps the rules stated before it; pass --plan alone")
@@ -254,7 +273,9 @@ def judgement_notes(entries: Sequence[dict[str, Any]]) -> dict[int, dict[str, An
         if entry.get("kind") not in JUDGEMENT_KINDS:
             continue
         tolerances = entry.get("tolerances")
-        default = isinstance(tolerances, dict) and tolerances == Tolerances().to_dict()
+        # an entry older than `run_throughput_error` read the window error, the default
+        default = isinstance(tolerances, dict) and {"run_throughput_error": "window", **tolerances} == \
+            Tolerances().to_dict()
         earlier = entry.get("earlier_judgements")
         if earlier is None:
             earlier = [e.get("seq") for e in earlier_judgements(seen, entry.get("kind"), entry.get("model_sha256_before"),
@@ -262,8 +283,10 @@ def judgement_notes(entries: Sequence[dict[str, Any]]) -> dict[int, dict[str, An
                                                                  entry.get("fixture_set_sha256"))]
         written = entry.get("committed_into") or (entry.get("model_path") if entry.get("committed") else None)
         note: dict[str, Any] = {
-            "rules": f"plan {entry['plan_seq']}" if entry.get("plan_seq") is not None else DEFAULTS,
+            "rules": (f"plan {entry['plan_seq']}" if entry.get("plan_seq") is not None else DEFAULTS if default
+                      else "rules given with the judgement (an entry older than plans)"),
             "tolerances": None if default else tolerances,
+            "looser_rules": looser_rules(tolerances) if isinstance(tolerances, dict) else [],
             "earlier_judgements": earlier, "rejudges": entry.get("rejudges"),
             "model_written": written,
             "model_outside_checkout": bool(written and not _in_a_checkout(written)),

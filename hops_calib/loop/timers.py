@@ -91,15 +91,6 @@ def timer_errors_pct(logged: Mapping[str, Mapping[str, float]] | None, columns: 
     return out
 
 
-def timers_text(summary: Mapping[str, Mapping[str, Any]]) -> str:
-    """One line of a `timer_summary`: the scored timers' MAPE and run counts, then the ones logged unpredicted."""
-    scored = ", ".join(f"{name} {t['mape_pct']:.2f} % (on {t['scored']} runs)" for name, t in summary.items()
-                       if t["scored"])
-    unscored = ", ".join(f"{name} ({t['runs']} runs)" for name, t in summary.items() if not t["scored"])
-    return ("logged timers, MAPE of the largest over ranks: " + (scored or "none predicted")
-            + (f"; logged, no predicted counterpart: {unscored}" if unscored else ""))
-
-
 def timer_summary(per_run: Iterable[Mapping[str, float | None] | None]) -> dict[str, dict[str, Any]]:
     """Timer -> {"runs": logged on, "scored": runs with a prediction, "mape_pct" (None when none),
     "predicted": whether the simulation has its counterpart}, over the runs' `timer_errors_pct`."""

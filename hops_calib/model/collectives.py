@@ -39,10 +39,12 @@ from hops_calib.spec import Spec
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 ALGORITHMS = ("ring", "two_level", "fastest")
+POINT_OPS = ("send_recv", "all_to_all")  # context parallelism's exchanges, priced by the ring's hop bandwidth
 
 
 def group_size(spec: Spec, group: str) -> int:
-    return spec.tp if group == "tp" else spec.dp
+    """GPUs of a group: "tp", "cp", "dp", or "dp_cp" (data x context parallel)."""
+    return {"tp": spec.tp, "cp": spec.cp, "dp_cp": spec.dp * spec.cp}.get(group, spec.dp)
 
 
 def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stage: int = 0,
@@ -71,13 +73,19 @@ def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group:
     `connection_cap_bytes_per_ms` holds a ring's hop across nodes under one connection's ceiling. `algorithm`
     ("ring", "two_level", "fastest": `ALGORITHMS`) prices a group spanning nodes, whose steps across nodes each
     add `net_step_latency_ms`; a group inside one node is a ring whatever it says."""
-    if op not in OPS:
-        raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
+    if op not in OPS + POINT_OPS:
+        raise ValueError(f"unknown collective {op!r}; expected one of {OPS + POINT_OPS}")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown collective algorithm {algorithm!r}; expected one of {ALGORITHMS}")
     n = group_size(spec, group)
     if n <= 1 or nbytes <= 0:
         return 0.0
+    if op in POINT_OPS:
+        # send_recv: one hop of the group's ring moves nbytes (context parallelism's KV exchange, every GPU sending
+        # and receiving at once); all_to_all: each GPU keeps 1/n of its nbytes and exchanges the rest, n - 1 steps
+        bandwidth = ring_bandwidth_bytes_per_ms(spec, device, group, stage, connection_cap_bytes_per_ms) * efficiency
+        steps, moved = (1, nbytes) if op == "send_recv" else (n - 1, nbytes * (n - 1) / n)
+        return steps * step_latency_ms + moved / bandwidth + steps * contention_step_ms
     share = 1.0 if op == "all_reduce" else 0.5
     placed = spec.group_nodes(group, stage)
     table = spec.collective("all_reduce", n)

@@ -170,7 +170,8 @@ def node_notes(devices: list[DeviceSpec], stated_per_node: int | None) -> tuple[
     on its device type's node, and said so; when every stage's device type has the same node of more than one
     GPU and the launch spans more GPUs than one such node holds, its ranks are placed on those nodes (Megatron's
     rank order: global rank r on node r // GPUs per node). A device no measured run backs says so too."""
-    notes, kinds = [], {}
+    notes: list[str] = []
+    kinds: dict[str, DeviceSpec] = {}
     for device in devices:
         kinds.setdefault(device.type, device)
     for device in kinds.values():
@@ -259,9 +260,10 @@ def composed(gpu: Part | None, node: Part | None) -> tuple[dict[str, float], dic
         values.update(gpu.values)
         sources.update((c, f"GPU {gpu.key}: {s}") for c, s in gpu.sources)
     if node is not None:
-        per_node, nics, speed = (node.get(c) for c in NODE_REQUIRED)
-        for constant in ("gpus_per_node", "nics_per_node", "nic_bandwidth_bytes_per_s"):
-            values[constant], sources[constant] = node.get(constant), f"node {node.key}: {node.source(constant)}"
+        required = {c: dict(node.values)[c] for c in NODE_REQUIRED}  # the parser refuses a node without them
+        per_node, nics, speed = (required[c] for c in NODE_REQUIRED)
+        for constant in NODE_REQUIRED:
+            values[constant], sources[constant] = required[constant], f"node {node.key}: {node.source(constant)}"
         values["network_bandwidth_bytes_per_s"] = nics * speed / per_node
         sources["network_bandwidth_bytes_per_s"] = (
             f"node {node.key}: {nics:g} NIC(s) x {speed:g} B/s over {per_node:g} GPU(s) per node, the GPU's share; "
@@ -341,10 +343,9 @@ def parse_devices(tables: Mapping[str, Any], *, origin: str, text: str = "", pre
             meta.update(gpu=links["gpu"].key, gpu_name=links["gpu"].name)
         if links["node"] is not None:
             meta.update(node=links["node"].key, node_name=links["node"].name)
+        numbers: dict[str, Any] = {c: float(values[c]) for c in (*CONSTANTS, *OPTIONAL_CONSTANTS) if c in values}
         devices[device_type] = DeviceSpec(type=device_type, name=name.strip(), sources=tuple(sorted(sources.items())),
-                                          uncalibrated=uncalibrated, **meta,
-                                          **{c: float(values[c]) for c in CONSTANTS},
-                                          **{c: float(values[c]) for c in OPTIONAL_CONSTANTS if c in values})
+                                          uncalibrated=uncalibrated, **meta, **numbers)
     return devices
 
 

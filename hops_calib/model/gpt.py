@@ -31,6 +31,20 @@ def _t(shape: ModelShape) -> int:
     return max(1, int(shape.tensor_parallel))
 
 
+def _cp(shape: ModelShape) -> int:
+    return max(1, int(shape.context_parallel))
+
+
+def local_seq(shape: ModelShape) -> int:
+    """The tokens of a sequence one GPU holds: s / cp under context parallelism (its two load-balanced chunks)."""
+    return shape.seq_length // _cp(shape)
+
+
+def local_tokens(shape: ModelShape) -> int:
+    """The tokens of a microbatch one GPU of a context-parallel group computes: s / cp x b."""
+    return local_seq(shape) * shape.micro_batch_size
+
+
 def qkv_width(shape: ModelShape) -> float:
     """Output width of the QKV projection: h for the queries plus 2 x (kv heads x head size) for keys and values
     (2h under multi-head attention; less under grouped-query attention)."""
@@ -51,15 +65,16 @@ def layer_weight_grad_flops(shape: ModelShape) -> float:
     h x f matmul (two, three with SwiGLU). The attention score/context products have no weights, so they appear
     only in the input-gradient half.
     """
-    b, s, h, f = shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
+    b, s, h, f = shape.micro_batch_size, local_seq(shape), shape.hidden_size, shape.ffn_hidden_size
     return (2.0 * b * s * h * (qkv_width(shape) + h) + 2.0 * mlp_matmuls(shape) * b * s * h * f) / _t(shape)
 
 
 def attention_core_flops(shape: ModelShape) -> float:
     """Forward FLOPs of one decoder layer's attention core: the score and context products, 2bs^2h each (per GPU:
-    a/t heads each), the part of `layer_forward_flops` that selective recomputation redoes."""
+    a/t heads each; under context parallelism 1/cp of them, its s/cp queries against all s keys, the causal work
+    balanced over the group), the part of `layer_forward_flops` that selective recomputation redoes."""
     b, s, h = shape.micro_batch_size, shape.seq_length, shape.hidden_size
-    return 4.0 * b * s * s * h / _t(shape)
+    return 4.0 * b * s * s * h / _t(shape) / _cp(shape)
 
 
 def layer_forward_flops(shape: ModelShape) -> float:
@@ -78,9 +93,23 @@ def model_flops_per_sample(shape: ModelShape) -> float:
     forward matmul (3x the forward), without recomputation: what model FLOPs utilization (MFU) counts (Narayanan et
     al., SC'21, eq. 3 / Chowdhery et al. 2022): every decoder layer whole (not split t ways) and the LM head's
     2shV."""
-    layers = shape.num_layers * layer_forward_flops(shape) * _t(shape) / shape.micro_batch_size
+    layers = shape.num_layers * layer_forward_flops(shape) * _t(shape) * _cp(shape) / shape.micro_batch_size
     head = 2.0 * shape.seq_length * shape.hidden_size * padded_vocab(shape)
     return 3.0 * (layers + head)
+
+
+def recomputed_flops_per_sample(shape: ModelShape, layers_per_chunk: list[int] | tuple[int, ...]) -> float:
+    """FLOPs one sample's recomputation adds to `model_flops_per_sample` (what hardware FLOPs utilization, HFU,
+    counts on top of MFU: Korthikanti et al. 2022, Sec. 6; Narayanan et al., SC'21, eq. 3 counts the full
+    recomputed forward, 4x the forward instead of 3x): full recomputation redoes the whole forward of the layers it
+    covers (`ModelShape.recomputed_layers` of each model chunk of `layers_per_chunk`), selective recomputation the
+    attention core of every layer (`attention_core_flops`); nothing without recomputation. The LM head is never
+    recomputed."""
+    per_sample = _t(shape) / shape.micro_batch_size  # per-GPU, per-micro-batch FLOPs to the whole sample's
+    if shape.recompute_granularity == "selective":
+        return shape.num_layers * attention_core_flops(shape) * per_sample
+    layers = sum(shape.recomputed_layers(n) for n in layers_per_chunk if n)
+    return layers * layer_forward_flops(shape) * per_sample
 
 
 def norm_parameters(shape: ModelShape) -> float:
@@ -112,7 +141,7 @@ def layer_activation_bytes(shape: ModelShape) -> float:
     tensors (4sbh at a = g), SwiGLU keeps fc1's 2f-wide output and its f-wide product (6sbf
     instead of 4sbf); a flash kernel stores no score matrix (the 5as^2b).
     """
-    b, s, h, f, a = (shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.ffn_hidden_size,
+    b, s, h, f, a = (shape.micro_batch_size, local_seq(shape), shape.hidden_size, shape.ffn_hidden_size,
                      shape.num_attention_heads)
     t = _t(shape)
     whole = 10.0 * s * b * h
@@ -126,7 +155,7 @@ def layer_activation_bytes(shape: ModelShape) -> float:
 def boundary_activation_bytes(shape: ModelShape) -> float:
     """Bytes sent between pipeline stages per microbatch by one GPU: the hidden states, s x b x h elements (s/t x b
     x h under sequence parallelism, each GPU of the group sending its slice)."""
-    tokens = shape.seq_length // _t(shape) if shape.sequence_parallel else shape.seq_length
+    tokens = local_seq(shape) // _t(shape) if shape.sequence_parallel else local_seq(shape)
     return float(tokens * shape.micro_batch_size * shape.hidden_size * bytes_per_element(shape))
 
 

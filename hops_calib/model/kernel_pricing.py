@@ -77,11 +77,30 @@ def sm_count(device: DeviceSpec) -> int | None:
     return found[0] if found else None
 
 
+# Dense FP8 tensor peaks where the catalog gives no `peak_fp8_flops_per_s`: twice the bf16 peak on the devices with
+# FP8 tensor cores (the datasheets list both, with sparsity, at a ratio of 2). Devices not listed have no FP8 tensor
+# cores (A100, A10G: Ampere) and an FP8 GEMM on them is refused.
+FP8_PEAK_FALLBACK: Mapping[str, str] = {
+    "h100": "NVIDIA H100 datasheet, SXM column: FP8 Tensor Core 3,958 TFLOPS with sparsity, BF16 1,979: 2 x bf16",
+    "h200": "NVIDIA H200 datasheet: FP8 Tensor Core 3,958 TFLOPS with sparsity, BF16 1,979: 2 x bf16",
+    "l4": "NVIDIA L4 datasheet: FP8 Tensor Core 485 TFLOPS with sparsity, BF16 242: 2 x bf16",
+}
+
+
 def peak_flops_per_s(device: DeviceSpec, dtype: str) -> float:
     """The dense peak for a GEMM's dtype: the catalog's `peak_<dtype>_flops_per_s` where it has one, else the
     bf16 peak (the fp16 and bf16 tensor peaks are equal on every GPU of the catalog; fp32 and tf32 runs are priced
-    at it too until the catalog gives their own)."""
-    return float(getattr(device, f"peak_{dtype}_flops_per_s", None) or device.peak_bf16_flops_per_s)
+    at it too until the catalog gives their own), and for fp8 twice the bf16 peak on a device of
+    `FP8_PEAK_FALLBACK` (a ValueError on a device without FP8 tensor cores)."""
+    given = getattr(device, f"peak_{dtype}_flops_per_s", None)
+    if given:
+        return float(given)
+    if dtype == "fp8":
+        if device.type not in FP8_PEAK_FALLBACK:
+            raise ValueError(f"device {device.type!r} has no FP8 tensor cores (no peak_fp8_flops_per_s in the catalog "
+                             f"and not one of {', '.join(FP8_PEAK_FALLBACK)}): an FP8 launch cannot run on it")
+        return 2.0 * float(device.peak_bf16_flops_per_s)
+    return float(device.peak_bf16_flops_per_s)
 
 
 @dataclass(frozen=True)

@@ -10,19 +10,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from hops_calib.model.collectives import collective_ms
+from hops_calib.model.kernel_pricing import peak_flops_per_s
 from hops_calib.model.kernels import (
     COLLECTIVE,
     DGRAD,
     FORWARD,
     PHASES,
-    RECOMPUTE,
-    WGRAD,
+    fp8_weight_kernels,
     stage_kernels,
 )
 from hops_calib.model.model import Model
 from hops_calib.model.terms import TERMS, Term, layout_of
 from hops_calib.model.terms.decoder_kernels import kernel_settings, pricer_of
-from hops_calib.model.terms.parallel import _rates
+from hops_calib.model.terms.parallel import (
+    _rates,
+    hidden_bytes,
+    overlap_exposed_ms,
+    tp_comm_overlap,
+    tp_overlap_pairs,
+)
 from hops_calib.spec import Spec
 
 
@@ -122,7 +128,7 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
         if not count:
             continue
         if kernel.op == COLLECTIVE:
-            ms = collective_ms(spec, device, kernel.kind, kernel.bytes, "tp", stage=rank, **rates)
+            ms = collective_ms(spec, device, kernel.kind, kernel.bytes, kernel.group or "tp", stage=rank, **rates)
             rows.append(KernelRow(kernel.name, kernel.phase, kernel.op, kernel.kind, "", kernel.dtype, count, 0.0,
                                   kernel.bytes, ms, "overlapped collective" if kernel.overlapped else "collective",
                                   None, None, "tensor_parallel_comm (the node's all-reduce table, else the ring)"))
@@ -132,23 +138,38 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
                               kernel.flops, kernel.bytes, priced.ms, priced.bound, priced.efficiency, priced.waves,
                               priced.source))
     notes += pricing_notes(model, spec) if active else []
+    for phase in (FORWARD, DGRAD):
+        exposed = cp_ring_exposed_ms(rows, phase)
+        if exposed is not None:
+            notes.append(f"context parallelism ({phase}): the KV exchanges run under the attention steps; "
+                         f"{exposed:.4f} ms per layer stays exposed (each exchange past its step's attention)")
+    if tp_comm_overlap(spec) and layout.layers[stage]:
+        hidden = hidden_bytes(spec)
+        peak = peak_flops_per_s(device, "fp8" if kernel_settings(spec).fp8 else "bf16") / 1e3
+        overlap_ms = {phase: sum(overlap_exposed_ms(collective_ms(spec, device, op, hidden, "tp", stage=rank, **rates),
+                                                 flops / peak, method, spec.tp) for op, flops, method in pairs)
+                   for phase, pairs in tp_overlap_pairs(spec).items()}
+        notes.append(f"--tp-comm-overlap: the layers' collectives run under their GEMMs (TE's userbuffers); "
+                     f"tensor_parallel_comm prices {overlap_ms['FORWARD']:.4f} ms forward and "
+                     f"{overlap_ms['BACKWARD']:.4f} ms backward per layer as exposed, not the rows' whole times")
+    casts = fp8_weight_kernels(spec.model, kernel_settings(spec))
+    if casts and layout.layers[stage]:
+        ms = layout.layers[stage] * sum(pricer.price(k).ms for k in casts)
+        notes.append(f"FP8: the {len(casts)} linear weights of each layer are cast to FP8 with their transpose once "
+                     f"per iteration (TE caches them from the first microbatch): {ms:.3f} ms per iteration for the "
+                     "stage, not in the per-microbatch rows")
     return KernelTable(stage=stage, device=device.type, layers=layout.layers[stage], rows=tuple(rows),
                        notes=tuple(notes))
 
 
-def kernel_table_text(table: KernelTable) -> list[str]:
-    """The table as text lines: one row per kernel, then the totals by phase."""
-    lines = [(f"kernels of virtual stage {table.stage} ({table.device}, {table.layers} layers), per microbatch: "
-              "time per launch x launches; bound: what sets the time")]
-    lines.append(f"  {'kernel':44} {'phase':9} {'M x N x K':22} {'n':>4} {'GFLOP':>9} {'MB':>9} {'ms':>9} "
-                 f"{'x n ms':>9}  bound")
-    for r in table.rows:
-        eff = f" ({100 * r.efficiency:.0f} %)" if r.efficiency is not None and r.op != COLLECTIVE else ""
-        lines.append(f"  {r.name[:44]:44} {r.phase:9} {r.shape[:22]:22} {r.count:>4} {r.flops / 1e9:>9.3f} "
-                     f"{r.bytes / 1e6:>9.2f} {r.ms:>9.4f} {r.ms * r.count:>9.3f}  {r.bound}{eff}")
-    lines.append("  kernels (ms per microbatch): " + ", ".join(
-        f"{phase} {table.total_ms(phase):.3f}" for phase in (FORWARD, DGRAD, WGRAD, RECOMPUTE))
-        + "; tensor-parallel collectives: " + ", ".join(
-        f"{phase} {table.total_ms(phase, collectives=True):.3f}" for phase in (FORWARD, DGRAD, RECOMPUTE)))
-    lines += [f"  note: {note}" for note in table.notes]
-    return lines
+def cp_ring_exposed_ms(rows: list[KernelRow] | tuple[KernelRow, ...], phase: str) -> float | None:
+    """The p2p ring's exposed time per layer in `phase`: exchange k travels while attention step k runs (TE's
+    `AttnFuncWithCPAndKVP2P` posts the next step's send/recv before computing), so what is left of each exchange past
+    its step's kernel is exposed: sum of max(0, exchange_k - step_k). None without a ring."""
+    exchanges = [r.ms for r in rows if r.kind == "send_recv" and r.phase == phase]
+    steps = [r.ms for r in rows if r.op == "attention" and r.phase == phase and ".cp_step" in r.name]
+    if not exchanges:
+        return None
+    return sum(max(0.0, x - s) for x, s in zip(exchanges, steps))
+
+

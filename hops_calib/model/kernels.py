@@ -52,6 +52,7 @@ FORWARD, DGRAD, WGRAD, RECOMPUTE = "forward", "dgrad", "wgrad", "recompute"
 PHASES = (FORWARD, DGRAD, WGRAD, RECOMPUTE)
 GEMM, ATTENTION, MEMORY, COLLECTIVE = "gemm", "attention", "memory", "collective"
 FP32 = 4
+FP8_BYTES = 1  # an FP8 element (E4M3 or E5M2)
 MASK_BYTES = 1  # a dropout or attention mask element (torch.bool / uint8)
 INDEX_BYTES = 8  # token ids and positions (int64)
 # Flash attention's rows per thread block: the causal kernel runs the diagonal blocks whole, so it executes
@@ -105,6 +106,14 @@ class KernelSettings:
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     softmax_in_fp32: bool = False  # --attention-softmax-in-fp32
+    # FP8 through Transformer Engine (`transformer/transformer_config.py` fp8, fp8_recipe, fp8_param, fp8_wgrad):
+    # "" (16-bit GEMMs), "hybrid" (E4M3 forward, E5M2 gradients) or "e4m3"; the recipe: "delayed" (Megatron's
+    # default), "tensorwise" (current scaling) or "blockwise"
+    fp8: str = ""
+    fp8_recipe: str = "delayed"
+    fp8_param_gather: bool = False  # --fp8-param-gather: the model's weights kept in FP8, all-gathered in FP8
+    fp8_wgrad: bool = True  # --no-fp8-wgrad: the weight gradient in 16 bits
+    cp_comm_type: str = "p2p"  # --cp-comm-type p2p|a2a|allgather (context parallelism's exchange)
 
     def dropout(self, which: str) -> bool:
         return (self.hidden_dropout if which == "hidden" else self.attention_dropout) > 0
@@ -122,6 +131,23 @@ def _flag(args: Mapping[str, Any], name: str, default: bool) -> bool:
 def _probability(args: Mapping[str, Any], name: str) -> float:
     value = args.get(name, 0.1)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.1
+
+
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise")  # the recipes priced (mxfp8 is Blackwell's; custom is code)
+
+
+def fp8_format(args: Mapping[str, Any]) -> str:
+    """The launch's FP8 format: `--fp8-format hybrid|e4m3` (`args.fp8`), Megatron-LM's older `--fp8-hybrid` /
+    `--fp8-e4m3`, else "" (no FP8)."""
+    for key in ("fp8", "fp8_format"):
+        value = args.get(key)
+        if isinstance(value, str) and value:
+            return value
+    if args.get("fp8_hybrid"):
+        return "hybrid"
+    if args.get("fp8_e4m3"):
+        return "e4m3"
+    return ""
 
 
 def settings_from_args(args: Mapping[str, Any], *, softmax_fused: bool,
@@ -142,7 +168,18 @@ def settings_from_args(args: Mapping[str, Any], *, softmax_fused: bool,
         hidden_dropout=_probability(args, "hidden_dropout"),
         attention_dropout=_probability(args, "attention_dropout"),
         softmax_in_fp32=bool(args.get("attention_softmax_in_fp32")),
+        fp8=fp8_format(args),
+        fp8_recipe=str(args.get("fp8_recipe") or "delayed"),
+        fp8_param_gather=bool(args.get("fp8_param_gather")),
+        fp8_wgrad=_flag(args, "fp8_wgrad", True),
+        cp_comm_type=_cp_comm_type(args),
     )
+
+
+def _cp_comm_type(args: Mapping[str, Any]) -> str:
+    """--cp-comm-type (a list, one per layer, in Megatron-LM; one value for all layers is what is priced)."""
+    value = args.get("cp_comm_type") or "p2p"
+    return str(value[0] if isinstance(value, list) and value else value)
 
 
 class _Builder:
@@ -155,15 +192,17 @@ class _Builder:
         self.kernels: list[Kernel] = []
 
     def gemm(self, name: str, m: int, n: int, k: int, *, batch: int = 1, source: str, accumulate_fp32: bool = False,
-             core: bool = False, model_share: float = 1.0, phase: str | None = None) -> None:
+             core: bool = False, model_share: float = 1.0, phase: str | None = None, fp8: bool = False) -> None:
         """A GEMM of (m x k) by (k x n): 2mnk FLOPs (x batch); reads A and B, writes C (with `accumulate_fp32`,
         reads and writes the fp32 main gradient instead: `wgrad_gemm_accum_fp32`). `model_share`: the part of
-        its FLOPs Megatron's count credits (1/2 for the causal score and context products)."""
+        its FLOPs Megatron's count credits (1/2 for the causal score and context products). `fp8`: A and B in FP8
+        (one byte each), C in the training precision (TE's FP8 GEMM, `te.cpp_extensions.general_gemm`)."""
         flops = 2.0 * batch * m * n * k
         out = 2 * FP32 if accumulate_fp32 else self.e
-        self.kernels.append(Kernel(name, GEMM, phase or self.phase, dtype=self.dtype, m=m, n=n, k=k, batch=batch,
-                                   flops=flops, model_flops=flops * model_share,
-                                   bytes=float(batch * (m * k + k * n) * self.e + batch * m * n * out),
+        operand = FP8_BYTES if fp8 else self.e
+        self.kernels.append(Kernel(name, GEMM, phase or self.phase, dtype="fp8" if fp8 else self.dtype, m=m, n=n, k=k,
+                                   batch=batch, flops=flops, model_flops=flops * model_share,
+                                   bytes=float(batch * (m * k + k * n) * operand + batch * m * n * out),
                                    core_attention=core, source=source))
 
     def memory(self, name: str, kind: str, nbytes: float, *, source: str, core: bool = False,
@@ -172,10 +211,10 @@ class _Builder:
                                    bytes=float(nbytes), core_attention=core, source=source))
 
     def collective(self, name: str, op: str, nbytes: float, *, source: str, overlapped: bool = False,
-                   phase: str | None = None) -> None:
-        if max(1, self.shape.tensor_parallel) > 1:
-            self.kernels.append(Kernel(name, COLLECTIVE, phase or self.phase, kind=op, dtype=self.dtype,
-                                       bytes=float(nbytes), group="tp", overlapped=overlapped, source=source))
+                   phase: str | None = None, group: str = "tp", dtype: str = "") -> None:
+        if group != "tp" or max(1, self.shape.tensor_parallel) > 1:
+            self.kernels.append(Kernel(name, COLLECTIVE, phase or self.phase, kind=op, dtype=dtype or self.dtype,
+                                       bytes=float(nbytes), group=group, overlapped=overlapped, source=source))
 
 
 @dataclass(frozen=True)
@@ -190,8 +229,9 @@ class _Dims:
     heads: int  # a / t
     groups: int  # g / t
     ffn: int  # f / t
-    s: int
+    s: int  # the whole sequence (the keys a query attends to)
     b: int
+    cp: int = 1  # context-parallel GPUs: each holds s / cp of every sequence's tokens
 
     @property
     def q(self) -> int:
@@ -208,11 +248,11 @@ class _Dims:
 
 def _dims(shape: ModelShape) -> _Dims:
     t = max(1, int(shape.tensor_parallel))
-    tokens = shape.seq_length * shape.micro_batch_size
+    tokens = gpt.local_tokens(shape)  # s / cp x b under context parallelism
     return _Dims(t=t, tokens=tokens, local=tokens // t if shape.sequence_parallel else tokens,
                  h=shape.hidden_size, head=shape.hidden_size // shape.num_attention_heads,
                  heads=shape.num_attention_heads // t, groups=shape.kv_heads // t, ffn=shape.ffn_hidden_size // t,
-                 s=shape.seq_length, b=shape.micro_batch_size)
+                 s=shape.seq_length, b=shape.micro_batch_size, cp=max(1, int(shape.context_parallel)))
 
 
 _LINEAR = "tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication"
@@ -226,10 +266,10 @@ _MAPPINGS = "tensor_parallel/mappings.py"
 _LAYER_TRAFFIC = "experiments/scripts/layer_traffic.py (ATen ops of the local layer, counted)"
 
 
-def _norm(b: _Builder, name: str, d: _Dims, backward: bool, te: bool) -> None:
+def _norm(b: _Builder, name: str, d: _Dims, backward: bool, te: bool, fp8_out: bool = False) -> None:
     """LayerNorm or RMSNorm over the local tokens: forward reads x and writes y and the fp32 statistics (mean and
     rstd; rstd only for RMSNorm); backward reads dy, x and the statistics and writes dx, then reduces the
-    weight's (and bias's) per-block partial gradients."""
+    weight's (and bias's) per-block partial gradients. `fp8_out`: TE's norm writes y in FP8 (`_fp8_norm_fused`)."""
     shape = b.shape
     rms = shape.normalization == "RMSNorm"
     kind = "rmsnorm" if rms else "layernorm"
@@ -238,7 +278,7 @@ def _norm(b: _Builder, name: str, d: _Dims, backward: bool, te: bool) -> None:
               else f"{_LAYER} (the spec's norm: FusedLayerNorm / WrappedTorchNorm)")
     act = d.local * d.h * b.e
     if not backward:
-        b.memory(f"{name}", kind, 2 * act + stats, source=source)
+        b.memory(f"{name}", kind, act + (d.local * d.h * FP8_BYTES if fp8_out else act) + stats, source=source)
         return
     b.memory(f"{name}.backward", kind, 3 * act + stats, source=source)
     blocks = d.local // FLASH_BLOCK + 1  # the partial weight gradients, one row per block of tokens, reduced
@@ -308,6 +348,9 @@ def _core_attention(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) ->
     causal = 0.5  # Megatron's count: only the lower triangle of the causal scores is multiplied
     batch = d.b * d.heads
     lse = batch * d.s * FP32
+    if d.cp > 1:
+        _context_parallel_attention(b, d, s, backward)
+        return
     if shape.attention_kernel == "flash":
         full = 4.0 * batch * d.s * d.s * d.head
         executed = full * causal * (1 + min(FLASH_BLOCK, d.s) / d.s)
@@ -385,22 +428,139 @@ def _core_attention(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) ->
             b.memory(f"attention.repeat_{tensor}.backward", "sum", d.tokens * (d.q + d.kv) * e, source=_CORE)
 
 
+_TE_FP8 = "transformer_engine/pytorch/module (TE's quantizers under fp8_autocast; megatron-core fp8_utils.py get_fp8_context)"
+
+
+def _fp8(s: KernelSettings) -> bool:
+    """The linear layers' GEMMs run in FP8: --fp8-format with the Transformer Engine layer (`fp8_utils.py`
+    `get_fp8_context` wraps the TE modules in `fp8_autocast`; the local layer has no FP8 path)."""
+    return bool(s.fp8) and s.transformer_engine
+
+
+def _fp8_norm_fused(s: KernelSettings) -> bool:
+    """Under delayed scaling TE's `LayerNormLinear` has its norm kernel write the FP8 input directly (the scale is
+    last step's); current (tensorwise) and blockwise scaling need the tensor's amax first, so the norm writes 16 bits
+    and the input is quantized after it."""
+    return _fp8(s) and s.fp8_recipe == "delayed"
+
+
+def _fp8_quantize(b: _Builder, name: str, elements: int, s: KernelSettings, phase: str | None = None) -> None:
+    """A 16-bit tensor quantized to FP8 for a GEMM, with its transpose (Hopper's FP8 GEMM takes only the TN layout,
+    so the weight gradient needs X^T and dY^T in FP8: TE's `cast_transpose`, reads 2 B, writes 1 + 1 B per element).
+    Tensorwise (current) scaling first reads the tensor for its amax (`Float8CurrentScalingQuantizer`); delayed
+    scaling uses the amax history's scale; blockwise computes each block's scale inside the cast."""
+    if s.fp8_recipe == "tensorwise":
+        b.memory(f"{name}.amax", "amax", elements * b.e, source=_TE_FP8, phase=phase)
+    b.memory(name, "cast_transpose", elements * (b.e + 2 * FP8_BYTES), source=_TE_FP8, phase=phase)
+
+
+_TE_CP = "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py"
+CP_COMM_TYPES = ("p2p", "a2a", "allgather")
+
+
+def _context_parallel_attention(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) -> None:
+    """The attention core under context parallelism (megatron-core hands TE's `DotProductAttention` its cp group and
+    `cp_comm_type`: `extensions/transformer_engine.py` `TEDotProductAttention.__init__`; TE's
+    `attn_forward_func_with_cp`). Each GPU holds s / cp tokens of every sequence as two chunks of c = s / 2cp
+    (chunks i and 2cp - 1 - i: `megatron/core/utils.py` `get_batch_on_this_cp_rank`), so every GPU does 1/cp of the
+    causal work: s^2 / 2cp score entries (Megatron's count), executed as flash blocks (the diagonal's whole blocks
+    on its own chunks).
+
+    p2p (`AttnFuncWithCPAndKVP2P`, the default): cp steps; step 0 its own KV (two causal blocks and one full one),
+    each later step the KV chunk the ring brought (two full c x c blocks), 2c^2 entries a step. While a step runs,
+    the next KV chunk (k and v of its s / cp tokens) is sent on around the ring (cp - 1 exchanges, overlapped with
+    the step's attention), and each step's partial output is merged by its log-sum-exp (a correction kernel).
+    Backward: the same cp steps, the KV and its gradient sent around together (cp - 1 exchanges of twice the bytes).
+    a2a (`AttnFuncWithCPAndQKVOA2A`, DeepSpeed-Ulysses): q, k, v all-to-all'd from a sequence split to a head split,
+    one flash kernel over the whole sequence on a / (t cp) heads, the output all-to-all'd back; backward the output
+    gradient and the q, k, v gradients likewise; not overlapped. allgather (`AttnFuncWithCPAndKVAllGather`): the KV
+    all-gathered over the group, the two query chunks against the keys before them, the KV gradient
+    reduce-scattered back."""
+    e, cp = b.e, d.cp
+    batch = d.b * d.heads
+    chunk = d.s // (2 * cp)
+    per_entry = 4.0 * batch * d.head  # score and context products, 2 FLOPs a multiply-add each
+    kv_bytes = 2 * d.tokens * d.kv * e  # k and v of the GPU's s / cp tokens
+    q_bytes, out_bytes = d.tokens * d.q * e, d.tokens * d.q * e
+    lse = batch * (d.s // cp) * FP32
+    comm = s.cp_comm_type
+    step_model = 2.0 * chunk * chunk * per_entry  # Megatron's count per step: 2c^2 entries
+    diagonal = float(min(FLASH_BLOCK, chunk) * chunk) * per_entry  # step 0's causal blocks run their diagonal whole
+    functions = {"p2p": "AttnFuncWithCPAndKVP2P", "a2a": "AttnFuncWithCPAndQKVOA2A",
+                 "allgather": "AttnFuncWithCPAndKVAllGather"}
+    source = f"{_TE_CP} ({functions.get(comm, comm)})"
+    factor, model_factor = (FLASH_BACKWARD_PRODUCTS, 2.0) if backward else (1.0, 1.0)
+    name = "attention.core_flash" + (".backward" if backward else "")
+    if backward:
+        b.memory("attention.core_flash.backward_preprocess", "sum", 2 * out_bytes + lse, source=source)
+    if comm == "a2a":
+        tag = "backward" if backward else "forward"
+        b.collective(f"attention.cp_a2a_{'grad_output' if backward else 'qkv'}", "all_to_all",
+                     out_bytes if backward else q_bytes + kv_bytes, group="cp", source=source)
+        heads = batch // cp
+        full = 4.0 * heads * d.head * d.s * d.s
+        b.kernels.append(Kernel(name, ATTENTION, b.phase, dtype=b.dtype, m=d.s, n=d.s, k=d.head, batch=heads,
+                                flops=full * 0.5 * (1 + min(FLASH_BLOCK, d.s) / d.s) * factor,
+                                model_flops=full * 0.5 * model_factor, bytes=float(2 * (q_bytes + kv_bytes)),
+                                core_attention=not backward, source=source))
+        b.collective(f"attention.cp_a2a_{'grad_qkv' if backward else 'output'}", "all_to_all",
+                     q_bytes + kv_bytes if backward else out_bytes, group="cp", source=f"{source} ({tag})")
+        return
+    if comm == "allgather":
+        if not backward:
+            b.collective("attention.cp_kv_all_gather", "all_gather", kv_bytes * cp, group="cp", source=source)
+        flops = (cp * step_model + diagonal) * factor
+        b.kernels.append(Kernel(name, ATTENTION, b.phase, dtype=b.dtype, m=d.s // cp, n=d.s, k=d.head, batch=batch,
+                                flops=flops, model_flops=cp * step_model * model_factor,
+                                bytes=float(q_bytes + kv_bytes * cp + out_bytes + lse), core_attention=not backward,
+                                source=source))
+        if backward:
+            b.collective("attention.cp_kv_grad_reduce_scatter", "reduce_scatter", kv_bytes * cp, group="cp",
+                         source=source)
+        return
+    for step in range(cp):
+        if step < cp - 1:  # the next step's KV (with its gradient in the backward) travels under this step
+            b.collective(f"attention.cp_kv_exchange.step{step}", "send_recv", kv_bytes * (2 if backward else 1),
+                         group="cp", overlapped=True, source=source)
+        b.kernels.append(Kernel(f"{name}.cp_step{step}", ATTENTION, b.phase, dtype=b.dtype, m=d.s // cp,
+                                n=d.s // cp, k=d.head, batch=batch,
+                                flops=(step_model + (diagonal if step == 0 else 0.0)) * factor,
+                                model_flops=step_model * model_factor,
+                                bytes=float(q_bytes + kv_bytes + out_bytes + lse), core_attention=not backward,
+                                source=source))
+        if step and not backward:
+            b.memory(f"attention.cp_out_correction.step{step}", "add", 3 * d.tokens * d.q * FP32 + 2 * lse,
+                     source=f"{_TE_CP} (flash_attn_fwd_out_correction)", core=True)
+
+
 def _linear(b: _Builder, name: str, m_tokens: int, out: int, inp: int, s: KernelSettings, backward: bool, *,
-            bias_fused_in: bool, source: str) -> None:
+            bias_fused_in: bool, source: str, norm_fused: bool = False) -> None:
     """A linear layer's GEMMs: forward (m_tokens x inp) by (inp x out); backward the input gradient and the weight
     gradient, the latter into the fp32 main gradient with gradient-accumulation fusion, else a 16-bit gradient
     that the DDP hook adds into main_grad (reads the gradient and main_grad, writes main_grad: 2 + 4 + 4 bytes per
     weight). `bias_fused_in`: the bias is this layer's own (not skipped on to a fusion): the local layer adds it in
     a separate kernel forward and sums its gradient backward; a TE GEMM adds it in the epilogue and reduces its
-    gradient inside the weight-gradient GEMM."""
+    gradient inside the weight-gradient GEMM.
+
+    FP8 (`_fp8`): all three GEMMs in FP8 (the weight gradient in 16 bits under --no-fp8-wgrad), the input quantized
+    with its transpose before the forward GEMM (`norm_fused` under delayed scaling: the norm wrote it in FP8, only
+    the transpose is left: reads and writes 1 B per element), the output gradient quantized before the input
+    gradient's; the weight's FP8 copy and transpose are made once per iteration (`fp8_weight_kernels`)."""
+    fp8 = _fp8(s)
     if not backward:
-        b.gemm(f"{name}", m_tokens, out, inp, source=source)
+        if fp8 and norm_fused and _fp8_norm_fused(s):
+            b.memory(f"{name}.fp8_input_transpose", "transpose", 2 * m_tokens * inp * FP8_BYTES, source=_TE_FP8)
+        elif fp8:
+            _fp8_quantize(b, f"{name}.fp8_cast_input", m_tokens * inp, s)
+        b.gemm(f"{name}", m_tokens, out, inp, source=source, fp8=fp8)
         if s.bias and bias_fused_in and not s.transformer_engine:
             b.memory(f"{name}.bias_add", "add", 2 * m_tokens * out * b.e, source=f"{_LINEAR}.forward (output + bias)")
         return
-    b.gemm(f"{name}.dgrad", m_tokens, inp, out, source=source, phase=DGRAD)
+    if fp8:
+        _fp8_quantize(b, f"{name}.fp8_cast_grad_output", m_tokens * out, s, phase=DGRAD)
+    b.gemm(f"{name}.dgrad", m_tokens, inp, out, source=source, phase=DGRAD, fp8=fp8)
     b.gemm(f"{name}.wgrad", out, inp, m_tokens, source=source, phase=WGRAD,
-           accumulate_fp32=s.gradient_accumulation_fusion)
+           accumulate_fp32=s.gradient_accumulation_fusion, fp8=fp8 and s.fp8_wgrad)
     if not s.gradient_accumulation_fusion:
         b.memory(f"{name}.main_grad_add", "add", out * inp * (b.e + 2 * FP32),
                  source="distributed/distributed_data_parallel.py _make_backward_post_hook (main_grad.add_)",
@@ -452,11 +612,15 @@ def layer_forward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     sp = shape.sequence_parallel
     hidden = d.tokens * d.h * e  # one s x b x h buffer: what the layer's collectives move
     linear = _TE_LINEAR if te else _LINEAR
+    fused = _fp8_norm_fused(s)  # the norms write FP8, and the sequence-parallel all-gathers move it
+    gathered = hidden // b.e * FP8_BYTES if fused else hidden
     # attention block
-    _norm(b, "attention.input_norm", d, False, te)
+    _norm(b, "attention.input_norm", d, False, te, fp8_out=fused)
     if sp:
-        b.collective("attention.qkv_all_gather", "all_gather", hidden, source=f"{linear} (sequence parallel input)")
-    _linear(b, "attention.linear_qkv", d.tokens, d.qkv, d.h, s, False, bias_fused_in=True, source=linear)
+        b.collective("attention.qkv_all_gather", "all_gather", gathered, source=f"{linear} (sequence parallel input)",
+                     dtype="fp8" if fused else "")
+    _linear(b, "attention.linear_qkv", d.tokens, d.qkv, d.h, s, False, bias_fused_in=True, source=linear,
+            norm_fused=True)
     _rope(b, d, s, False)
     _core_attention(b, d, s, False)
     _linear(b, "attention.linear_proj", d.tokens, d.h, d.q, s, False, bias_fused_in=False, source=linear)
@@ -464,11 +628,12 @@ def layer_forward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
                  "all_reduce", hidden, source=f"{_MAPPINGS} (RowParallelLinear output)")
     _bias_dropout_add(b, "attention.bias_dropout_add", d, s, False)
     # MLP block
-    _norm(b, "mlp.pre_norm", d, False, te)
+    _norm(b, "mlp.pre_norm", d, False, te, fp8_out=fused)
     if sp:
-        b.collective("mlp.fc1_all_gather", "all_gather", hidden, source=f"{linear} (sequence parallel input)")
+        b.collective("mlp.fc1_all_gather", "all_gather", gathered, source=f"{linear} (sequence parallel input)",
+                     dtype="fp8" if fused else "")
     fc1 = d.ffn * (2 if shape.swiglu else 1)
-    _linear(b, "mlp.linear_fc1", d.tokens, fc1, d.h, s, False, bias_fused_in=False, source=linear)
+    _linear(b, "mlp.linear_fc1", d.tokens, fc1, d.h, s, False, bias_fused_in=False, source=linear, norm_fused=True)
     _activation(b, d, s, False)
     _linear(b, "mlp.linear_fc2", d.tokens, d.h, d.ffn, s, False, bias_fused_in=False, source=linear)
     b.collective("mlp.fc2_" + ("reduce_scatter" if sp else "all_reduce"), "reduce_scatter" if sp else "all_reduce",
@@ -486,6 +651,7 @@ def layer_backward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     hidden = d.tokens * d.h * b.e
     linear = _TE_LINEAR if te else _LINEAR
     fc1 = d.ffn * (2 if shape.swiglu else 1)
+    saved = hidden // b.e * FP8_BYTES if _fp8(s) else hidden  # the saved input, gathered again (FP8 under FP8)
     # MLP block
     _bias_dropout_add(b, "mlp.bias_dropout_add", d, s, True)
     if sp:  # the reduce-scatter's backward: gather the output gradient
@@ -493,7 +659,8 @@ def layer_backward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     _linear(b, "mlp.linear_fc2", d.tokens, d.h, d.ffn, s, True, bias_fused_in=False, source=linear)
     _activation(b, d, s, True)
     if sp:  # the input again, for the weight gradient (asynchronous, under the input-gradient GEMM)
-        b.collective("mlp.fc1_input_all_gather", "all_gather", hidden, overlapped=True, source=f"{_LINEAR}.backward")
+        b.collective("mlp.fc1_input_all_gather", "all_gather", saved, overlapped=True, source=f"{_LINEAR}.backward",
+                     dtype="fp8" if _fp8(s) else "")
     _linear(b, "mlp.linear_fc1", d.tokens, fc1, d.h, s, True, bias_fused_in=False, source=linear)
     b.collective("mlp.fc1_dgrad_" + ("reduce_scatter" if sp else "all_reduce"), "reduce_scatter" if sp else
                  "all_reduce", hidden, overlapped=True, source=f"{_LINEAR}.backward (async, under the weight gradient)")
@@ -511,8 +678,8 @@ def layer_backward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
         b.memory("attention.qkv_grad_cat", "cat", 2 * d.tokens * d.qkv * b.e, source="transformer/attention.py "
                  "SelfAttention.get_query_key_value_tensors (split backward)")
     if sp:
-        b.collective("attention.qkv_input_all_gather", "all_gather", hidden, overlapped=True,
-                     source=f"{_LINEAR}.backward")
+        b.collective("attention.qkv_input_all_gather", "all_gather", saved, overlapped=True,
+                     source=f"{_LINEAR}.backward", dtype="fp8" if _fp8(s) else "")
     _linear(b, "attention.linear_qkv", d.tokens, d.qkv, d.h, s, True, bias_fused_in=True, source=linear)
     b.collective("attention.qkv_dgrad_" + ("reduce_scatter" if sp else "all_reduce"), "reduce_scatter" if sp else
                  "all_reduce", hidden, overlapped=True, source=f"{_LINEAR}.backward (async, under the weight gradient)")
@@ -660,6 +827,56 @@ def optimizer_kernels(shape: ModelShape, parameters: float, shard: int, *, distr
     return tuple(b.kernels)
 
 
+def linear_weights(shape: ModelShape) -> tuple[tuple[str, int, int], ...]:
+    """(name, out, in) of a decoder layer's four linear weights on one GPU of its tensor-parallel group."""
+    d = _dims(shape)
+    return (("attention.linear_qkv", d.qkv, d.h), ("attention.linear_proj", d.h, d.q),
+            ("mlp.linear_fc1", d.ffn * (2 if shape.swiglu else 1), d.h), ("mlp.linear_fc2", d.h, d.ffn))
+
+
+def fp8_weight_kernels(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
+    """One decoder layer's FP8 weight casts, once per iteration: TE caches a weight's FP8 copy and its transpose
+    from the first microbatch on (`extensions/transformer_engine.py` `TELinear.forward` passes `is_first_microbatch`;
+    megatron-core sets it True after each optimizer step). A 16-bit weight is cast with its transpose (reads 2 B,
+    writes 1 + 1 B); under --fp8-param-gather the weight already is FP8 (the optimizer writes it: `fp8_utils.py`
+    `quantize_param_shard`), and only its transpose is made (1 + 1 B). Empty without FP8."""
+    if not _fp8(s):
+        return ()
+    b = _Builder(shape, FORWARD)
+    for name, out, inp in linear_weights(shape):
+        if s.fp8_param_gather:
+            b.memory(f"{name}.fp8_weight_transpose", "transpose", 2 * out * inp * FP8_BYTES, source=_TE_FP8)
+        else:
+            b.memory(f"{name}.fp8_weight_cast", "cast_transpose", out * inp * (b.e + 2 * FP8_BYTES), source=_TE_FP8)
+    return tuple(b.kernels)
+
+
+AMAX_ENTRY_BYTES = FP32  # one fp32 amax (and scale) per quantized tensor and history slot
+
+
+def fp8_scaling_kernels(shape: ModelShape, s: KernelSettings, layers: int, history: int = 1
+                        ) -> tuple[Kernel, ...]:
+    """Delayed scaling's bookkeeping for a model chunk of `layers` layers, per microbatch: under delayed scaling
+    megatron-core wraps the whole block in one `fp8_autocast` (`transformer/transformer_block.py`
+    `TransformerBlock.forward`: `use_outer_quantization_context`), whose exit all-reduces the amaxes over the amax
+    reduction group (`fp8_utils.py` `get_fp8_context`: `get_amax_reduction_group(with_context_parallel=True)`,
+    data x tensor x context parallel) and updates every scale in one fused kernel (TE's
+    `amax_and_scale_update`); the same after the backward. Forward: three quantized tensors per GEMM (input,
+    weight, output), backward two (output gradient, input gradient), `history` slots each (--fp8-amax-history-len).
+    Empty without FP8 or for another recipe."""
+    if not _fp8(s) or s.fp8_recipe != "delayed" or not layers:
+        return ()
+    b = _Builder(shape, FORWARD)
+    gemms = len(linear_weights(shape)) * layers
+    for phase, tensors in ((FORWARD, 3), (DGRAD, 2)):
+        entries = gemms * tensors * (history + 2)  # the amax history, the scale and its inverse
+        b.collective(f"fp8.amax_all_reduce.{phase}", "all_reduce", gemms * tensors * AMAX_ENTRY_BYTES, phase=phase,
+                     group="dp_cp", dtype="fp32", source="fp8_utils.py get_fp8_context (fp8_autocast's fp8_group)")
+        b.memory(f"fp8.amax_and_scale_update.{phase}", "amax", 2 * entries * AMAX_ENTRY_BYTES, phase=phase,
+                 source=_TE_FP8)
+    return tuple(b.kernels)
+
+
 @dataclass(frozen=True)
 class StageKernels:
     """What one virtual stage launches per microbatch: (kernel, count) rows, the per-layer lists kept apart."""
@@ -676,7 +893,8 @@ class StageKernels:
 def stage_kernels(shape: ModelShape, s: KernelSettings, layers: int, *, first: bool, last: bool) -> StageKernels:
     """The kernels of a virtual stage with `layers` decoder layers, per microbatch (`first`: it holds the
     embedding; `last`: the output layer and loss)."""
-    ends = (embedding_kernels(shape, s) if first else ()) + (output_kernels(shape, s) if last else ())
+    ends = ((embedding_kernels(shape, s) if first else ()) + (output_kernels(shape, s) if last else ())
+            + fp8_scaling_kernels(shape, s, layers))
     return StageKernels(layers=layers, layer=(layer_forward(shape, s) + layer_backward(shape, s)) if layers else (),
                         recompute=recomputed(shape, s, layers) if layers else (), ends=ends)
 

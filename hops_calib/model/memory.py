@@ -17,6 +17,13 @@ per GPU of a stage (its share of the tensor-parallel split), at the schedule's p
   recomputation drops the attention core's scores (5as^2b / t). The last stage holds one microbatch's fp32
   logits (s x b x V/t x 4).
 
+FP8 through Transformer Engine (`kernels.fp8_format` with the TE layer): each linear weight also has its FP8 copy
+and transpose, cached from the first microbatch (2 B per weight: `kernels.fp8_weight_kernels`); under
+--fp8-param-gather the weight itself is FP8 (`fp8_utils.py` `quantize_param_shard`), 1 B plus its 1 B transpose
+instead of 2 B. The linear layers save their inputs for the weight gradient in FP8 (TE's quantized input, kept
+columnwise): the QKV and fc1 inputs (s b h each) and the projection and fc2 inputs (s b h, s b f) at 1 B an element
+instead of 2 (`fp8_activation_saving`).
+
 Not counted: the CUDA context and NCCL buffers, allocator fragmentation, temporary GEMM workspaces (a few hundred
 MB to a few GB on a real GPU): leave headroom (`StageMemory.headroom_bytes` says how much is left).
 """
@@ -27,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hops_calib.model import gpt
+from hops_calib.model import gpt, kernels
 from hops_calib.spec import ModelShape, Spec
 
 # The unit of every memory figure in text output: GB, 10^9 bytes, as GPU datasheets count ("A100 80 GB"); --json
@@ -51,10 +58,40 @@ def _gradient_bytes(shape: ModelShape) -> int:
     return 4 if shape.precision in ("bf16", "fp32") else gpt.bytes_per_element(shape)
 
 
-def stored_activation_bytes(shape: ModelShape, layers: int) -> tuple[float, float]:
+def fp8_activation_saving(shape: ModelShape) -> float:
+    """Bytes one layer's stored activations shrink by when the linear layers save their inputs in FP8 (1 B an
+    element instead of 2): the QKV and fc1 inputs, whole on every GPU of the group without sequence parallelism, and
+    the projection's and fc2's, split t ways (`gpt.layer_activation_bytes`' split)."""
+    s, b, h, f = gpt.local_seq(shape), shape.micro_batch_size, shape.hidden_size, shape.ffn_hidden_size
+    t = max(1, shape.tensor_parallel)
+    whole, split = 2.0 * s * b * h, float(s * b * h + s * b * f)
+    return (whole + split) / t if shape.sequence_parallel else whole + split / t
+
+
+def fp8_mode(spec: Spec) -> str:
+    """"" (no FP8), "cast" (FP8 GEMMs, 16-bit weights with cached FP8 copies) or "param" (--fp8-param-gather)."""
+    args = spec.megatron_args
+    if not kernels.fp8_format(args) or str(args.get("transformer_impl", "transformer_engine")) != "transformer_engine":
+        return ""
+    return "param" if args.get("fp8_param_gather") else "cast"
+
+
+def parameter_gather_bytes(spec: Spec, parameters: float, layers: int) -> float:
+    """Bytes the distributed optimizer all-gathers for a rank's `parameters` (`layers` decoder layers) after its
+    step: the 16-bit weights, the linear ones in FP8 under --fp8-param-gather (`fp8_utils.py`
+    `quantize_param_shard` quantizes each shard before the gather; biases and norms stay 16-bit)."""
+    element = gpt.bytes_per_element(spec.model)
+    if fp8_mode(spec) != "param":
+        return parameters * element
+    linear = layers * sum(out * inp for _, out, inp in kernels.linear_weights(spec.model))
+    return parameters * element - linear * (element - kernels.FP8_BYTES)
+
+
+def stored_activation_bytes(shape: ModelShape, layers: int, fp8: bool = False) -> tuple[float, float]:
     """(bytes one microbatch leaves stored in `layers` decoder layers, bytes of the working set the backward
-    rebuilds at once under full recomputation: one layer's activations, else 0)."""
-    full = gpt.layer_activation_bytes(shape)
+    rebuilds at once under full recomputation: one layer's activations, else 0). `fp8`: the linear layers save
+    their inputs in FP8."""
+    full = gpt.layer_activation_bytes(shape) - (fp8_activation_saving(shape) if fp8 else 0.0)
     if shape.recompute_granularity == "selective":
         scores = 0.0 if shape.attention_kernel == "flash" else (
             5.0 * shape.num_attention_heads * shape.seq_length ** 2 * shape.micro_batch_size / shape.tensor_parallel)
@@ -95,15 +132,19 @@ class StageMemory:
 
 
 def _stage(shape: ModelShape, layers: int, rank: int, ranks: int, peak_stage_microbatches: float, *,
-           gradient: int, shard: int, device: str = "", device_bytes: float = 0.0) -> StageMemory:
+           gradient: int, shard: int, device: str = "", device_bytes: float = 0.0, fp8: str = "") -> StageMemory:
     element = gpt.bytes_per_element(shape)
     state = OPTIMIZER_BYTES_FP32 if shape.precision == "fp32" else OPTIMIZER_BYTES_MIXED
     parameters = gpt.stage_parameters(shape, layers, rank == 0, rank == ranks - 1, ranks)
-    stored, working = stored_activation_bytes(shape, layers)
+    weights = parameters * element
+    if fp8:  # FP8 copies and transposes of the linear weights (under "param" the 16-bit weight is FP8 instead)
+        linear = layers * sum(out * inp for _, out, inp in kernels.linear_weights(shape))
+        weights += linear * 2 * kernels.FP8_BYTES - (linear * element if fp8 == "param" else 0)
+    stored, working = stored_activation_bytes(shape, layers, fp8=bool(fp8))
     activations = peak_stage_microbatches * stored + working
     if rank == ranks - 1:  # one microbatch's fp32 logits over the GPU's V/t vocabulary columns
-        activations += LOGIT_BYTES * shape.seq_length * shape.micro_batch_size * gpt.vocab_per_gpu(shape)
-    return StageMemory(stage=rank, device=device, weights_bytes=parameters * element,
+        activations += LOGIT_BYTES * gpt.local_tokens(shape) * gpt.vocab_per_gpu(shape)
+    return StageMemory(stage=rank, device=device, weights_bytes=weights,
                        gradients_bytes=parameters * gradient, optimizer_bytes=parameters * state / shard,
                        activations_bytes=activations, device_bytes=float(device_bytes))
 
@@ -112,10 +153,10 @@ def stage_memory(spec: Spec, device_bytes: Sequence[float], peak_stage_microbatc
                  ) -> tuple[StageMemory, ...]:
     """Peak memory of one GPU per stage: `device_bytes` its device's memory, `peak_stage_microbatches` the stage
     microbatches of stored activations the schedule holds on the rank at its peak (`SimResult.peak_stage_activations`)."""
-    shard = spec.dp if spec.distributed_optimizer else 1
+    shard = spec.dp * spec.cp if spec.distributed_optimizer else 1  # sharded over the data x context group
     return tuple(_stage(spec.model, spec.layers_per_stage[rank], rank, spec.pp, peak_stage_microbatches[rank],
                         gradient=gradient_bytes(spec), shard=shard, device=spec.devices[rank],
-                        device_bytes=device_bytes[rank]) for rank in range(spec.pp))
+                        device_bytes=device_bytes[rank], fp8=fp8_mode(spec)) for rank in range(spec.pp))
 
 
 def rank_memory_bytes(shape: ModelShape, layers: int, rank: int, ranks: int, peak_stage_microbatches: float) -> float:

@@ -183,6 +183,28 @@ class Model:
         cap = socket_flow_bytes_per_ms(spec, ends.params()["flow_cap_gbit_s"]) if ends is not None else math.inf
         return Context(spec=spec, layout=layout, devices=tuple(devices), connection_cap_bytes_per_ms=cap)
 
+    def contributions(self, context: Context) -> list[tuple[ActiveTerm, Contribution]]:
+        """Every active term's contribution, in model order, with a superseded term's layer fields zeroed on the
+        virtual stages whose device type an active superseding term covers (`Term.supersedes`, `Term.covers`)."""
+        parts = [(active, active.term.contribute(context, active.params())) for active in self.terms]
+        stages = context.layout.virtual_stages
+        covered: dict[str, list[bool]] = {}
+        for active in self.terms:
+            params = active.params()
+            for name in active.term.supersedes:
+                mask = covered.setdefault(name, [False] * stages)
+                for k in range(stages):
+                    mask[k] = mask[k] or active.term.covers(params, context.device_of(k).type)
+        out = []
+        for active, part in parts:
+            taken = covered.get(active.name)
+            if taken is not None and any(taken):
+                zeroed: dict[str, Any] = {field: tuple(0.0 if taken[k] else v for k, v in enumerate(values))
+                                          for field in Contribution.LAYER_FIELDS if (values := getattr(part, field))}
+                part = replace(part, **zeroed)
+            out.append((active, part))
+        return out
+
     def pipeline(self, spec: Spec) -> Pipeline:
         """The simulator's input for `spec`: the sum of every active term's contribution."""
         context = self.context(spec)
@@ -193,8 +215,7 @@ class Model:
         pre_optimizer_ms = post_optimizer_ms = 0.0
         stall: tuple[str, float, float] | None = None  # (term, ms, probability)
         switches: dict[str, dict[bool, str]] = {name: {} for name in Contribution.SWITCHES}
-        for active in self.terms:
-            part = active.term.contribute(context, active.params())
+        for active, part in self.contributions(context):
             for field, length_name in Contribution.LENGTHS.items():
                 values = getattr(part, field)
                 if not values:
@@ -248,9 +269,11 @@ class Model:
             optimizer_ms=tuple(totals["optimizer_ms"] or ()),
             grad_reduce_ms=tuple(totals["grad_reduce_ms"] or ()),
             grad_reduce_tail_ms=tuple(totals["grad_reduce_tail_ms"] or ()),
+            post_optimizer_rank_ms=tuple(totals["post_optimizer_rank_ms"] or ()),
             # Ranks that time-share a device (a CPU capture with more ranks than cores) are served by processor
             # sharing in the simulator: each computes at its core's share among the ranks computing there then.
             core_load=spec.core_load(),
+            overlap_p2p=spec.overlap_p2p,
             pre_optimizer_ms=pre_optimizer_ms,
             post_optimizer_ms=post_optimizer_ms,
             stall_ms=stall[1] if stall else 0.0,
@@ -284,8 +307,7 @@ class Model:
         def at(values: tuple[float, ...], k: int) -> float:
             return values[k] if values else 0.0
 
-        for active in self.terms:
-            part = active.term.contribute(context, active.params())
+        for active, part in self.contributions(context):
             category = active.term.category
             for k in range(stages):
                 rank = layout.rank_of(k)
@@ -306,7 +328,7 @@ class Model:
                                         + part.stall_probability * part.stall_ms)
                 if category == "dp_reduce":
                     after_step[rank] += at(part.optimizer_ms, rank)
-                out[rank]["host"] += part.post_optimizer_ms
+                out[rank]["host"] += part.post_optimizer_ms + at(part.post_optimizer_rank_ms, rank)
                 reduce_whole[rank] += at(part.grad_reduce_ms, rank)
                 reduce_tail[rank] += at(part.grad_reduce_tail_ms, rank)
         redo_work, redo_floor = recomputation(spec, layout, layer["forward_ms"], layer["attention_core_ms"],

@@ -7,7 +7,19 @@ intervals overlap without nesting (real traces have compute events overlapping b
 directions overlap), the later one goes to an extra thread of the stage ("stage 2 compute +1"). Every interval
 is a complete event (`"ph": "X"`) with microsecond `ts` and `dur` from the start of its timeline; its `args` carry
 the iteration, microbatch, model chunk and, for a send, the stage it goes to. Metadata events (`"ph": "M"`) name
-and order the processes and threads. The whole run is exported, not a window: the viewer zooms.
+and order the processes and threads.
+
+The export is a window: each panel's first CHROME_ITERATIONS iterations (`iterations`; None exports whole runs).
+A whole run of a large job does not stay usable in a viewer (the 175B job of docs/whatif.md predicts 98
+iterations of 192 microbatches on 8 stages: 565,000 intervals, 218 MB of JSON), and its iterations repeat one
+another. The trace says what it holds: `otherData.window` gives, per panel, the iterations and intervals shown of
+how many, and each process carries a `process_labels` entry ("first 3 of 98 iterations").
+
+A real run read from a profiler trace (Kineto, Nsight) carries its per-kernel truth: under each of its compute
+bars the export nests one slice per kernel class (gemm, attention, ...), in order of time, each the class's mean
+time per step of that stage and phase (`per_iteration_ms` over the phase's steps per iteration), scaled down
+together where they would overrun the bar. They are aggregates of the trace's kernels, not the kernels
+themselves (the fixture keeps durations by kernel and shape, not each kernel's start).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from hops_calib.plot.timeline import Panel
 from hops_calib.timeline import TRANSFER
 
 US_PER_MS = 1000.0
+CHROME_ITERATIONS = 3  # iterations per panel an export holds by default
 THREADS_PER_STAGE = 100  # thread ids: stage k's compute k*100 + lane, its sends k*100 + 50 + lane
 SEND_LANE_OFFSET = 50
 
@@ -58,13 +71,36 @@ def _lanes(stage: np.ndarray, send: np.ndarray, start: np.ndarray, end: np.ndarr
     return lanes
 
 
-def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel]) -> dict[str, Any]:
-    """The Trace Event Format object of `panels` (one process each) over stages running on `devices`."""
+def window_note(window: dict[str, Any]) -> str:
+    """One line on what an export's window holds (`otherData.window`)."""
+    shown = "; ".join(f"{p['label']}: {p['iterations_shown']} of {p['iterations']} iterations, "
+                      f"{p['intervals_shown']:,} of {p['intervals']:,} intervals" for p in window["panels"])
+    how = ("whole runs" if window["iterations"] is None
+           else f"the first {window['iterations']} iterations of each panel (--chrome-all exports whole runs)")
+    return f"{how}: {shown}"
+
+
+def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel],
+                 iterations: int | None = CHROME_ITERATIONS) -> dict[str, Any]:
+    """The Trace Event Format object of `panels` (one process each) over stages running on `devices`: each panel's
+    first `iterations` iterations (None: all of them; module docstring)."""
+    if iterations is not None and iterations < 1:
+        raise ValueError(f"a Chrome export holds at least one iteration, not {iterations}")
     events: list[dict[str, Any]] = []
+    shown_panels: list[dict[str, Any]] = []
     for pid, panel in enumerate(panels, start=1):
-        events.append(_metadata("process_name", pid, {"name": panel.label}))
-        events.append(_metadata("process_sort_index", pid, {"sort_index": pid}))
         frame = panel.timeline
+        numbers = sorted(set(frame["iteration"].tolist()))
+        kept = numbers if iterations is None else numbers[:iterations]
+        if len(kept) < len(numbers):
+            frame = frame[frame["iteration"].isin(kept)]
+        shown_panels.append({"label": panel.label, "iterations_shown": len(kept), "iterations": len(numbers),
+                             "intervals_shown": len(frame), "intervals": len(panel.timeline)})
+        events.append(_metadata("process_name", pid, {"name": panel.label}))
+        events.append(_metadata("process_labels", pid, {"labels": f"first {len(kept)} of {len(numbers)} iterations"
+                                                        if len(kept) < len(numbers) else
+                                                        f"all {len(numbers)} iterations"}))
+        events.append(_metadata("process_sort_index", pid, {"sort_index": pid}))
         origin = float(frame["start_ms"].min()) if len(frame) else 0.0
         columns = {name: frame[name].to_numpy() for name in ("stage", "chunk", "iteration", "microbatch", "kind",
                                                               "phase", "start_ms", "end_ms", "peer_stage")}
@@ -95,11 +131,52 @@ def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel]) ->
             events.append({"name": label, "cat": "transfer" if is_send[i] else "compute", "ph": "X",
                            "ts": float(start_us[i]), "dur": float(duration_us[i]), "pid": pid,
                            "tid": _thread(stage, bool(is_send[i]), int(lanes[i])), "args": args})
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
+        if panel.kernels:
+            events += _kernel_slices(panel.kernels, columns, start_us, duration_us, is_send, lanes, pid)
+    window: dict[str, Any] = {"iterations": iterations, "panels": shown_panels,
+                              "windowed": any(p["iterations_shown"] < p["iterations"] for p in shown_panels)}
+    window["note"] = window_note(window)
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title, "window": window}}
 
 
-def write_chrome_trace(path: Path | str, title: str, devices: Sequence[str], panels: Sequence[Panel]) -> Path:
+def _kernel_slices(kernels: Sequence[Any], columns: dict[str, np.ndarray], start_us: np.ndarray,
+                   duration_us: np.ndarray, is_send: np.ndarray, lanes: np.ndarray, pid: int) -> list[dict[str, Any]]:
+    """Slices of kernel classes nested under each compute bar (module docstring)."""
+    compute = ~is_send
+    steps: dict[tuple[int, str], int] = {}  # (stage, phase) -> steps per iteration
+    iterations = max(len(set(columns["iteration"][compute].tolist())), 1)
+    for stage, phase in zip(columns["stage"][compute].tolist(), columns["phase"][compute].tolist()):
+        steps[(stage, str(phase))] = steps.get((stage, str(phase)), 0) + 1
+    per_step: dict[tuple[int, str], dict[str, float]] = {}
+    for kernel in kernels:
+        key = (kernel.stage, kernel.phase)
+        if key in steps:
+            classes = per_step.setdefault(key, {})
+            classes[kernel.kernel_class] = classes.get(kernel.kernel_class, 0.0) + (
+                kernel.per_iteration_ms * iterations / steps[key])
+    out: list[dict[str, Any]] = []
+    for i in np.flatnonzero(compute):
+        stage, phase = int(columns["stage"][i]), str(columns["phase"][i])
+        step_classes = per_step.get((stage, phase))
+        if not step_classes:
+            continue
+        total_us = sum(step_classes.values()) * US_PER_MS
+        scale = min(1.0, float(duration_us[i]) / total_us) if total_us > 0 else 0.0
+        at, end = float(start_us[i]), float(start_us[i] + duration_us[i])
+        for label, ms in sorted(step_classes.items(), key=lambda item: -item[1]):
+            width = min(round(ms * US_PER_MS * scale, 3), round(end - at, 3))  # (rounding never runs past the bar)
+            if width <= 0:
+                continue
+            out.append({"name": f"{label} (kernels)", "cat": "kernels", "ph": "X", "ts": round(at, 3), "dur": width,
+                        "pid": pid, "tid": _thread(stage, False, int(lanes[i])),
+                        "args": {"kernel_class": label, "mean_ms_per_step": ms, "scaled": scale < 1.0}})
+            at += width
+    return out
+
+
+def write_chrome_trace(path: Path | str, title: str, devices: Sequence[str], panels: Sequence[Panel],
+                       iterations: int | None = CHROME_ITERATIONS) -> Path:
     """Write `chrome_trace(...)` to `path` (whole or not at all) and return the path."""
     path = Path(path)
-    atomic_write(path, json.dumps(chrome_trace(title, devices, panels), separators=(",", ":")))
+    atomic_write(path, json.dumps(chrome_trace(title, devices, panels, iterations), separators=(",", ":")))
     return path

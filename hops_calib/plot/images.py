@@ -86,10 +86,12 @@ def model_label(model: Model) -> str:
 
 def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | None, iterations: int | None,
                    out: Path | None, dpi: float, job: Path | None = None, schedules: tuple[str, ...] = (),
-                   cluster: Any = None, perturbations: Any = None, chrome: Path | None = None) -> Image:
+                   cluster: Any = None, perturbations: Any = None, chrome: Path | None = None,
+                   chrome_iterations: int | None = -1) -> Image:
     """A fixture's real timeline above the model's prediction, or a job's predicted timeline under each schedule
     (hops priced by the hosts at their ends, with `cluster`; under `perturbations`, each schedule's first perturbed
-    draw below it). With `chrome`, the same panels, whole runs, as Chrome trace JSON too."""
+    draw below it). With `chrome`, the same panels as Chrome trace JSON too: their first `chrome_iterations`
+    iterations (-1: `plot.chrome.CHROME_ITERATIONS`; None: whole runs)."""
     from hops_calib.loop.model_files import load_model
     from hops_calib.loop.suite import TEST, open_store
     from hops_calib.model.predict import predict
@@ -105,6 +107,9 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     if iterations is not None and iterations < 1:
         raise InputError("plot timeline", f"--iterations is {iterations}", field="--iterations",
                          hint="show at least one iteration")
+    if chrome_iterations is not None and chrome_iterations != -1 and chrome_iterations < 1:
+        raise InputError("plot timeline", f"--chrome-iterations is {chrome_iterations}", field="--chrome-iterations",
+                         hint="export at least one iteration, or --chrome-all for whole runs")
     if chrome is not None and Path(chrome).suffix.lower() != ".json":
         raise InputError(str(chrome), "is not a .json file", field="--chrome",
                          hint="Chrome trace JSON: open it in ui.perfetto.dev or chrome://tracing")
@@ -139,7 +144,7 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
             notes += (f"slowed panels: {perturbations.describe()} (failures cost whole iterations and recoveries, "
                       "which a timeline of the traced window does not show; predict --job gives their throughput)",)
         return Image(timeline_figure(title, spec.devices, panels, shown, dpi=dpi), target, dpi, notes,
-                     _chrome(chrome, title, spec.devices, panels))
+                     _chrome(chrome, title, spec.devices, panels, chrome_iterations))
     target = _target(out, f"timeline-{fixture_id}.png", dpi)
     fixture = open_store(fixtures).load(fixture_id)
     if fixture.split == TEST:
@@ -151,7 +156,7 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     real = fixture.timeline()
     first_real = int(real["iteration"].min())
     spec = fixture.spec
-    panels = [Panel("Real run (trace)", real, metrics_note(fixture.truth.metrics)),
+    panels = [Panel("Real run (trace)", real, metrics_note(fixture.truth.metrics), kernels=fixture.truth.kernels),
               Panel(f"Predicted by {model_label(model)}", prediction.result.timeline,
                     metrics_note(prediction.metrics), first_iteration_label=first_real)]
     shown = shown_window([panel.timeline for panel in panels], iterations, figure_size(spec.pp)[0], dpi)
@@ -159,7 +164,7 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     title = (f"{fixture.id}: {prediction.schedule}, {spec.pp} stages, {spec.microbatches} microbatches per "
              f"iteration ({shown.describe(traced, spec.microbatches)})")
     return Image(timeline_figure(title, spec.devices, panels, shown, dpi=dpi), target, dpi,
-                 _window_notes(shown, iterations), chrome=_chrome(chrome, title, spec.devices, panels))
+                 _window_notes(shown, iterations), chrome=_chrome(chrome, title, spec.devices, panels, chrome_iterations))
 
 
 def _window_notes(shown: Any, asked: int | None) -> tuple[str, ...]:
@@ -171,16 +176,18 @@ def _window_notes(shown: Any, asked: int | None) -> tuple[str, ...]:
     window = (f"the first {shown.span_ms:,.0f} ms of one iteration" if shown.span_ms is not None
               else f"{shown.iterations} iteration(s)")
     return (f"drawn: {window}, so that a forward is at least {MIN_TASK_PX:.0f} px wide; --iterations K draws K "
-            "whole iterations (dense), --chrome FILE writes whole runs to zoom into",)
+            "whole iterations (dense), --chrome FILE writes a Chrome trace to zoom into",)
 
 
-def _chrome(path: Path | None, title: str, devices, panels) -> tuple[Path, dict] | None:
-    """The panels as a Chrome trace for `path` (whole runs: the viewer zooms), or None without one."""
+def _chrome(path: Path | None, title: str, devices, panels, iterations: int | None = -1
+            ) -> tuple[Path, dict] | None:
+    """The panels as a Chrome trace for `path` (their first `iterations`, -1: the export's default; None: whole
+    runs), or None without one."""
     if path is None:
         return None
-    from hops_calib.plot.chrome import chrome_trace
+    from hops_calib.plot.chrome import CHROME_ITERATIONS, chrome_trace
 
-    return Path(path), chrome_trace(title, devices, panels)
+    return Path(path), chrome_trace(title, devices, panels, CHROME_ITERATIONS if iterations == -1 else iterations)
 
 
 # --- parity --------------------------------------------------------------------------------------

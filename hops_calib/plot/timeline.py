@@ -40,6 +40,9 @@ class Panel:
     # Number shown for the panel's first iteration (real traces start at Megatron's iteration 3;
     # a simulation numbers from 1, and is labelled like the run it predicts).
     first_iteration_label: int | None = None
+    # Per-kernel truth of a real run read from a profiler trace (`Truth.kernels`): the Chrome export nests each
+    # phase's kernel classes under its bars
+    kernels: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ def predicted_components(pipeline: Pipeline, schedule: str | None = None) -> Com
         if row.optimizer_ms is not None:
             values[f"optimizer/{row.stage}"] = row.optimizer_ms
     values["silent"] = pipeline.expected_pre_optimizer_ms
-    values["rest"] = pipeline.post_optimizer_ms
+    values["rest"] = pipeline.post_optimizer_ms + max(pipeline.post_optimizer_rank_ms, default=0.0)
     return Components(values)
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from hops_calib.errors import InputError
-from hops_calib.loop.score import RunScore, SuiteScore, aggregate, or_nan
+from hops_calib.loop.score import RunScore, SuiteScore, aggregate
 from hops_calib.loop.suite import Suite, score_model
 from hops_calib.model.terms import TERMS
 from hops_calib.research.tune import TuneProblem, load_problem, term_values
@@ -471,59 +471,3 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
                            full_objective=full_objective,
                            current_objective=reference_objective(problem, set(suite.ids)),
                            left_out=suite.left_out_summary)
-
-
-# --- text -----------------------------------------------------------------------------------------
-
-def crossval_text(result: CrossValidation) -> str:
-    from hops_calib.store.views import text_table
-
-    names = list(result.current_params)
-    cv = result.held_out
-    out = [f"crossval {result.term}: {len(result.folds)} folds of the train split's configurations (seed "
-           f"{result.seed}); each refit searched from the term's defaults (TPE, then CMA-ES), at most "
-           f"{result.evaluations} evaluations, objective "
-           f"{result.objective}; model "
-           f"{result.model_sha256[:12]}",
-           f"current model on train: throughput MAPE {result.current.throughput_mape_pct:.2f} %, bubble MAE "
-           f"{or_nan(result.current.bubble_mae_pp):.2f} pp, rho {or_nan(result.current.util_spearman_mean):.3f}",
-           f"refit without the fold, on the fold (cross-validated): throughput MAPE {cv.throughput_mape_pct:.2f} %, "
-           f"bubble MAE {or_nan(cv.bubble_mae_pp):.2f} pp, rho {or_nan(cv.util_spearman_mean):.3f}; on its own fitting "
-           "runs "
-           f"{result.in_sample_mape_pct:.2f} % (optimism {result.optimism_pp:+.2f} pp)"]
-    if result.left_out and result.left_out["count"]:
-        out.append(f"left out {result.left_out['count']} train run(s) the model does not price: " + "; ".join(
-            f"{r['count']} {r['reason']}" for r in result.left_out["reasons"]))
-    rows = []
-    for fold in result.folds:
-        rows.append([str(fold.index) + (" !" if fold.fell_short else ""), str(len(fold.ids)), _short_groups(fold.groups),
-                     f"{fold.current.throughput_mape_pct:.2f}", f"{fold.held_out.throughput_mape_pct:.2f}",
-                     f"{fold.in_sample.throughput_mape_pct:.2f}"] + [f"{fold.params[n]:.4g}" for n in names])
-    rows.append(["all", str(result.full.n_fixtures), "none: the same refit on every train run", "", "",
-                 f"{result.full.throughput_mape_pct:.2f}"] + [f"{result.full_params[n]:.4g}" for n in names])
-    rows.append(["now", "", "the current model's values", f"{result.current.throughput_mape_pct:.2f}", "", ""]
-                + [f"{result.current_params[n]:.4g}" for n in names])
-    headers = ["fold", "runs", "configurations held out", "current %", "held out %", "in sample %"] + names
-    out.append(text_table(headers, rows, right={0, 1, 3, 4, 5, *range(6, 6 + len(names))}))
-    if result.also:
-        out.append("refit together with the term: " + ", ".join(result.also))
-    if result.dropped:
-        out.append("per-device values taken out, one value refit for every device: " + ", ".join(result.dropped))
-    if result.objective == "components":
-        out.append(f"mispriced share of the measured times (the refits' objective): cross-validated "
-                   f"{result.held_out_component_pct:.2f} %, in sample {result.in_sample_component_pct:.2f} %, the "
-                   f"refit on every train run {result.full_component_pct:.2f} %, the current values "
-                   f"{result.current_component_pct:.2f} %")
-    out += [f"warning: {w}" for w in result.warnings()]
-    out += result.verdicts()
-    worst = sorted(((abs(h) - abs(c), run, c, h) for f in result.folds for run, (c, h) in f.errors.items()),
-                   reverse=True)[:3]
-    if worst and worst[0][0] > 0:
-        out.append("runs the refit predicts worst when their configuration is held out (throughput error %, "
-                   "current -> held out): " + "; ".join(f"{run} {c:+.1f} -> {h:+.1f}" for _, run, c, h in worst))
-    return "\n".join(out)
-
-
-def _short_groups(groups: tuple[str, ...], width: int = 60) -> str:
-    text = ", ".join(groups)
-    return text if len(text) <= width else text[:width - 1] + "\u2026"

@@ -26,20 +26,34 @@ and the rest of the iteration; `hops_calib.research.components`) against the cos
 model prices for them. A term is then fitted to the times it is about, not used
 to soak up another term's error in the end-to-end throughput; the front is the
 ten best trials by that error, the suite scores are still recorded, and the
-choice still prefers a point the gate accepts.
+choice still prefers a point the gate accepts. A term that prices each kernel
+(`decoder_kernels`) is fitted, on the train runs that carry kernel truth (a
+profiler trace's kernel times, `Truth.kernels`), to those kernels' times by class
+(`hops_calib.research.kernel_truth`): GEMM parameters to GEMM kernels, not to
+iteration totals; the other runs keep their components.
 
 Storage: none keeps the study in memory (one process); `sqlite:///FILE` or any
 optuna RDB URL (postgresql://, mysql://) lets several processes, here or on
 other machines, work on one study. `--workers K` runs K processes on it, each
-with its own sampler seed (seed + k) and its share of the trials. A study
-remembers its term, parameter space, base model and fixture set, and refuses to
-be continued with different ones. Processes started by hand on one study should
-be given different seeds: with equal seeds their random start-up trials repeat.
+with its share of the trials. A study remembers its term, parameter space, base
+model, fixture set and sampler, and refuses to be continued with different ones.
+
+Samplers (`--sampler`): `tpe` (default) learns from the trials so far, so what a
+worker tries depends on which trials the others finished first: each worker has its
+own seed (seed + k; processes started by hand on one study should be given
+different seeds, or their random start-up trials repeat), and the study is not
+reproducible across worker counts. `sobol` draws trial k's values from the
+study's scrambled Sobol sequence (its seed, recorded in the study): trial numbers
+are unique in an RDB storage (optuna assigns them under a row lock), so N trials
+run by any number of workers, on any machines, are the same N points as one
+worker's, and the study, its front and the chosen candidate are the same.
+docs/distributed-tuning.md says how to point workers at one PostgreSQL database.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -58,10 +72,12 @@ from hops_calib.progress import warn
 OBJECTIVES = ("throughput_mape_pct", "bubble_mae_pp", "negative_util_spearman_mean")
 COMPONENT_OBJECTIVES = ("component_mape_pct",)
 OBJECTIVE_MODES = ("suite", "components")
+KERNEL_TERMS = ("decoder_kernels",)  # terms that price each kernel: components mode fits them to kernel truth
 COMPONENT_FRONT = 10  # trials shown and considered in components mode
 DEFAULT_TRIALS = 60
 SQLITE_TIMEOUT_S = 60  # concurrent workers wait for sqlite's write lock instead of failing
-PROBLEM_ATTR = "hops_calib_tune"  # the study's record of its problem (TuneProblem.identity)
+PROBLEM_ATTR = "hops_calib_tune"  # the study's record of its problem (TuneProblem.identity) and its sampler
+SAMPLERS = ("tpe", "sobol")
 JOIN_WAIT_S = 30.0  # how long a joining process waits for the creating one to write that record
 CHOICE_RULE = ("the lowest-MAPE Pareto point (ties: bubble MAE, then higher rho) that beats the current model on the "
                "gate's criteria: the gate accepts it with default tolerances and it improves at least one suite "
@@ -78,6 +94,9 @@ class TuneProblem:
     suite: Suite
     objective: str = "suite"
     real_components: tuple = ()  # hops_calib.research.components.Components per fixture, in components mode
+    # hops_calib.research.kernel_truth.RunKernels per fixture (None without kernel truth), in components mode for a
+    # term that prices kernels (KERNEL_TERMS)
+    real_kernels: tuple = ()
     only: tuple[str, ...] = ()  # search only these parameters (the others keep the model's values); () = all
 
     @property
@@ -88,14 +107,28 @@ class TuneProblem:
             return COMPONENT_OBJECTIVES
         return OBJECTIVES if any(self.suite.has_events) else OBJECTIVES[:1]
 
-    def component_mape(self, model: Model) -> float:
-        from hops_calib.research.components import mispriced_time_pct, predicted_components
+    @property
+    def kernel_runs(self) -> int:
+        """Train runs whose kernel truth the components objective fits (a term of KERNEL_TERMS only)."""
+        return sum(real is not None for real in self.real_kernels) if self.term in KERNEL_TERMS else 0
 
-        # the runs that measured components (not those measured per iteration)
-        pairs = [(spec, real) for spec, real in zip(self.suite.specs, self.real_components) if real.values]
-        predicted = [predicted_components(model.pipeline(spec), spec.schedule) for spec, _ in pairs]
-        return mispriced_time_pct([real for _, real in pairs], predicted, [s.microbatches for s, _ in pairs],
-                                  [s.pp for s, _ in pairs])
+    def component_mape(self, model: Model) -> float:
+        """Mean over runs of the share of measured time the model misprices: of a run with kernel truth, when the
+        term prices kernels, its kernels' time (`kernel_truth.mispriced_kernel_share`); of the others, their
+        components' (`components.mispriced_time_pct`)."""
+        from hops_calib.research.components import mispriced_time_pct, predicted_components
+        from hops_calib.research.kernel_truth import mispriced_kernel_share, predicted_kernels
+
+        kernels = self.real_kernels if self.kernel_runs else (None,) * len(self.real_components)
+        shares: list[float | None] = []
+        for spec, real, measured in zip(self.suite.specs, self.real_components, kernels):
+            if measured is not None:
+                shares.append(mispriced_kernel_share(measured, predicted_kernels(model, spec)))
+            elif real.values:  # a run that measured components (not one measured per iteration)
+                predicted = predicted_components(model.pipeline(spec), spec.schedule)
+                shares.append(mispriced_time_pct([real], [predicted], [spec.microbatches], [spec.pp]))
+        finite = [s for s in shares if s is not None and math.isfinite(s)]
+        return sum(finite) / len(finite) if finite else float("nan")
 
     @property
     def params(self):
@@ -109,7 +142,8 @@ class TuneProblem:
         """What a study records about itself, and must match when continued."""
         return {"term": self.term, "space": self.space(), "model_sha256": self.model.sha256,
                 "fixture_set_sha256": self.suite.sha256, "objective": self.objective,
-                "objectives": list(self.objectives)}
+                "objectives": list(self.objectives),
+                **({"kernel_truth_runs": self.kernel_runs} if self.kernel_runs else {})}
 
     def model_with(self, values: dict[str, float]) -> Model:
         base = self.model.active(self.term)
@@ -178,12 +212,16 @@ def load_problem(term: str, fixtures_dir: Path | str | Sequence[Path | str], mod
     model_path = Path(model_path) if model_path is not None else default_model()
     suite = load_suites(fixtures_dir, "train")
     reals: tuple = ()
+    kernels: tuple = ()
     if objective == "components":
         from hops_calib.loop.suite import open_store
         from hops_calib.research.components import real_components
+        from hops_calib.research.kernel_truth import measured_kernels
 
-        reals = tuple(real_components(store.load(fixture_id)) for part in suite.stores
-                      for store in (open_store(part.fixtures_dir),) for fixture_id in part.ids)
+        loaded = [store.load(fixture_id) for part in suite.stores
+                  for store in (open_store(part.fixtures_dir),) for fixture_id in part.ids]
+        reals = tuple(real_components(fixture) for fixture in loaded)
+        kernels = tuple(measured_kernels(fixture) for fixture in loaded) if term in KERNEL_TERMS else ()
     model = load_model(model_path)
     known = {d.type for d in model.devices}
     strangers = unknown_device_overrides(only, known)
@@ -193,7 +231,8 @@ def load_problem(term: str, fixtures_dir: Path | str | Sequence[Path | str], mod
                          hint="a per-device parameter (NAME@TYPE) takes a device type of the model: a value for no "
                               "device changes nothing to search")
     return TuneProblem(term=term, model=model, model_path=model_path, suite=suite,
-                       objective=objective, real_components=reals, only=tuple(only))
+                       objective=objective, real_components=reals, real_kernels=kernels,
+                       only=tuple(only))
 
 
 # --- the study ------------------------------------------------------------------------------------
@@ -227,21 +266,95 @@ def make_storage(url: str | None):
                           "postgresql://user@host/db (its driver must be installed)")
 
 
-def open_study(problem: TuneProblem, storage, study_name: str, seed: int):
-    """Create the study (enqueueing the current values as its first trial) or join it; check it is this problem's."""
+def shown_storage(url: str | None) -> str:
+    """A storage URL as output and candidate files show it: its password hidden; "memory" for none."""
+    if url is None:
+        return "memory"
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL sqlalchemy parses: make_storage refuses it, naming it
+        return url
+
+
+def make_sampler(kind: str, seed: int):
+    """The optuna sampler of `kind` (`SAMPLERS`) seeded with `seed`."""
     import optuna
 
-    sampler = optuna.samplers.TPESampler(seed=seed)
+    if kind not in SAMPLERS:
+        raise InputError("tune", f"unknown sampler {kind!r}", field="sampler", hint=f"one of {', '.join(SAMPLERS)}")
+    return optuna.samplers.TPESampler(seed=seed) if kind == "tpe" else sobol_sampler(seed)
+
+
+def sobol_sampler(seed: int):
+    """A sampler that gives trial number k the k-th point of one scrambled Sobol sequence over the study's
+    parameters (in the order the trial asks for them; a log-scaled parameter uniform in its log), whatever process
+    asks: so any number of workers sharing an RDB storage run the same trials as one does."""
+    import math
+
+    import optuna
+    from scipy.stats import qmc  # type: ignore[import-untyped]  # (scipy ships no stubs)
+
+    class SobolSampler(optuna.samplers.BaseSampler):
+        def __init__(self) -> None:
+            self._points: dict[int, list[list[float]]] = {}  # dimension -> the sequence's points so far
+            self._engines: dict[int, Any] = {}
+            self.dimensions = 8  # enough for any term's parameters (a term has at most a handful)
+
+        def infer_relative_search_space(self, study, trial):
+            return {}
+
+        def sample_relative(self, study, trial, search_space):
+            return {}
+
+        def _point(self, number: int) -> list[float]:
+            engine = self._engines.setdefault(self.dimensions, qmc.Sobol(d=self.dimensions, scramble=True,
+                                                                          seed=seed))
+            points = self._points.setdefault(self.dimensions, [])
+            if number >= len(points):
+                import warnings
+
+                with warnings.catch_warnings():  # balance properties want powers of 2; any prefix is still fixed
+                    warnings.simplefilter("ignore")
+                    points.extend(engine.random(number + 1 - len(points)).tolist())
+            return points[number]
+
+        def sample_independent(self, study, trial, param_name, param_distribution):
+            index = len(trial.distributions)  # the parameters in the order the trial asks for them
+            if index >= self.dimensions:
+                raise ValueError(f"the Sobol sampler draws at most {self.dimensions} parameters")
+            u = self._point(trial.number)[index]
+            if isinstance(param_distribution, optuna.distributions.CategoricalDistribution):
+                choices = param_distribution.choices
+                return choices[min(int(u * len(choices)), len(choices) - 1)]
+            low, high = param_distribution.low, param_distribution.high
+            if getattr(param_distribution, "log", False):
+                return min(high, max(low, math.exp(math.log(low) + u * (math.log(high) - math.log(low)))))
+            return min(high, max(low, low + u * (high - low)))
+
+    return SobolSampler()
+
+
+def open_study(problem: TuneProblem, storage, study_name: str, seed: int, sampler_kind: str = "tpe",
+               joined_by_hand: bool = True):
+    """Create the study (enqueueing the current values as its first trial) or join it; check it is this problem's.
+    The study records its sampler and seed; a process joining it uses that sampler (for `sobol`, the study's seed:
+    the same sequence; for `tpe`, its own `seed`). `joined_by_hand`: refuse a join asking for another sampler
+    (a worker `optimize` starts follows the study's)."""
+    import optuna
+
     directions: list[Literal["minimize", "maximize"]] = ["minimize"] * len(problem.objectives)
     try:
-        study = optuna.create_study(storage=storage, study_name=study_name, directions=directions, sampler=sampler)
+        study = optuna.create_study(storage=storage, study_name=study_name, directions=directions,
+                                    sampler=make_sampler(sampler_kind, seed))
         # One attribute, written at once: a process joining a moment later sees all of it or none.
-        study.set_user_attr(PROBLEM_ATTR, problem.identity())
+        study.set_user_attr(PROBLEM_ATTR, {**problem.identity(), "sampler": {"kind": sampler_kind, "seed": seed}})
         study.enqueue_trial(problem.start_values())
         return study
     except optuna.exceptions.DuplicatedStudyError:
         pass
-    study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+    study = optuna.load_study(study_name=study_name, storage=storage, sampler=make_sampler("tpe", seed))
     deadline = time.monotonic() + JOIN_WAIT_S
     while PROBLEM_ATTR not in study.user_attrs and time.monotonic() < deadline:
         time.sleep(0.1)  # created a moment ago by a process that has not written its record yet
@@ -257,7 +370,21 @@ def open_study(problem: TuneProblem, storage, study_name: str, seed: int):
                          + ", ".join(f"{key} is {recorded.get(key)!r}, here {expected[key]!r}" for key in differ),
                          field="study", hint="choose another --study name (the default one names the term, the "
                                              "model and the fixture set)")
+    kind, study_seed = study_sampler(recorded)
+    if joined_by_hand and kind != sampler_kind:
+        raise InputError("--sampler", f"study {study_name!r} samples with {kind}; this process asks for "
+                         f"{sampler_kind}", field="sampler", hint=f"join it with --sampler {kind}, or choose "
+                                                                  "another --study name")
+    if kind == "sobol" or seed != study_seed:
+        study = optuna.load_study(study_name=study_name, storage=storage,
+                                  sampler=make_sampler(kind, study_seed if kind == "sobol" else seed))
     return study
+
+
+def study_sampler(recorded: dict[str, Any]) -> tuple[str, int]:
+    """The sampler kind and seed a study records (a study from before the record: tpe)."""
+    sampler = recorded.get("sampler") or {}
+    return str(sampler.get("kind", "tpe")), int(sampler.get("seed", 0))
 
 
 def objective(problem: TuneProblem) -> Callable:
@@ -284,12 +411,13 @@ def _quiet_optuna() -> None:
 
 
 def run_worker(term: str, fixtures_dir: str | list[str], model_path: str | None, storage_url: str, study_name: str,
-               trials: int, seed: int, objective_mode: str = "suite", only: tuple[str, ...] = ()) -> None:
+               trials: int, seed: int, objective_mode: str = "suite", only: tuple[str, ...] = (),
+               sampler_kind: str = "tpe") -> None:
     """One worker process: join the study and run `trials` trials (the entry point of --workers)."""
     _quiet_optuna()
     try:
         problem = load_problem(term, fixtures_dir, model_path, objective_mode, only)
-        study = open_study(problem, make_storage(storage_url), study_name, seed)
+        study = open_study(problem, make_storage(storage_url), study_name, seed, sampler_kind, joined_by_hand=False)
         study.optimize(objective(problem), n_trials=trials)
     except InputError as error:
         warn(f"error: tune worker (seed {seed}): {error}")
@@ -317,14 +445,15 @@ def _finished(study) -> int:
 
 
 def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, study_name: str, workers: int,
-             seed: int, fixtures_dir: Path | str | Sequence[Path | str], progress: Callable[[int, int], None] | None = None):
+             seed: int, fixtures_dir: Path | str | Sequence[Path | str],
+             progress: Callable[[int, int], None] | None = None, sampler: str = "tpe"):
     """Run `trials` trials on the study with `workers` processes; return the study (reloaded with every trial)."""
     import multiprocessing
 
     _quiet_optuna()
     check_run(trials, workers, storage_url)
     storage = make_storage(storage_url)
-    study = open_study(problem, storage, study_name, seed)
+    study = open_study(problem, storage, study_name, seed, sampler)
     before = _finished(study)
     if workers == 1:
         callback = (lambda study_, trial: progress(_finished(study_) - before, trials)) if progress else None
@@ -333,7 +462,8 @@ def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, stud
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no database connection crosses a fork
     processes = [context.Process(target=run_worker, args=(problem.term, store_dirs(fixtures_dir),
                                                           str(problem.model_path), storage_url, study_name, share,
-                                                          seed + k, problem.objective, problem.only), daemon=True)
+                                                          seed + k, problem.objective, problem.only, sampler),
+                                       daemon=True)
                  for k, share in enumerate(shares(trials, workers)) if share]
     for process in processes:
         process.start()
@@ -552,7 +682,7 @@ def tune(term: str, fixtures_dir: Path | str | Sequence[Path | str], *, model_pa
          storage_url: str | None = None, study_name: str | None = None, workers: int = 1, seed: int = 0,
          out: Path | str | None = None, progress: Callable[[int, int], None] | None = None,
          objective: str = "suite", only: tuple[str, ...] = (), ledger_path: Path | str | None = None,
-         off_record: bool = False, split: str = "train") -> TuneResult:
+         off_record: bool = False, split: str = "train", sampler: str = "tpe") -> TuneResult:
     """Tune one term's parameters on the train split (`split` other than train is refused, as by every verb but
     `report`) and write the chosen point as a candidate file (named by its
     id: experiments/ID.toml, or --out whose stem becomes the id).
@@ -577,8 +707,9 @@ def tune(term: str, fixtures_dir: Path | str | Sequence[Path | str], *, model_pa
                                     calibration.scope_of_params(term, only), problem.suite, "tune",
                                     off_record=off_record)
     study_name = study_name or default_study_name(problem)
+    make_sampler(sampler, seed)  # an unknown sampler is refused before any work
     study = optimize(problem, trials=trials, storage_url=storage_url, study_name=study_name, workers=workers,
-                     seed=seed, fixtures_dir=fixtures_dir, progress=progress)
+                     seed=seed, fixtures_dir=fixtures_dir, progress=progress, sampler=sampler)
     before = score_model(problem.suite, problem.model, origin=str(problem.model_path))
     if storage_url is not None:  # every worker's trials, as the storage holds them now
         import optuna
@@ -592,56 +723,16 @@ def tune(term: str, fixtures_dir: Path | str | Sequence[Path | str], *, model_pa
     path = text = None
     if chosen is not None:
         path = Path(out) if out is not None else Path("experiments") / f"tune-{term}-trial{chosen.number}.toml"
-        text = candidate_text(problem, chosen, before.suite, study_name, storage_url or "memory", in_study,
+        text = candidate_text(problem, chosen, before.suite, study_name, shown_storage(storage_url), in_study,
                               len(front), candidate_id=path.stem)
         if path.exists():
             raise InputError(path, "exists already; a candidate file is never overwritten (the ledger may cite it)",
                              hint="pass --out with a new file name")
         atomic_write(path, text)
-    return TuneResult(term=term, fixtures_dir=problem.suite.fixtures_dir, study_name=study_name, storage=storage_url or "memory", trials_here=trials,
+    return TuneResult(term=term, fixtures_dir=problem.suite.fixtures_dir, study_name=study_name, storage=shown_storage(storage_url), trials_here=trials,
                       trials_in_study=in_study, workers=workers, current=before.suite, front=tuple(front),
                       chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text,
                       objective=problem.objective, model_path=problem.model_path,
                       left_out=problem.suite.left_out_summary,
                       trials=tuple(all_trials(study)), calibration=check, warnings=check.warnings,
                       fixtures_dirs=tuple(store_dirs(fixtures_dir)))
-
-
-# --- text -----------------------------------------------------------------------------------------
-
-def tune_text(result: TuneResult) -> str:
-    from hops_calib.store.views import text_table
-
-    names = list(result.front[0].params) if result.front else []
-    current = result.current
-    out = [f"tune {result.term}: study {result.study_name!r} ({result.storage}); {result.trials_here} trials here "
-           f"with {result.workers} worker(s), {result.trials_in_study} in the study",
-           f"current model: throughput MAPE {current.throughput_mape_pct:.2f} %, bubble MAE "
-           f"{_number(current.bubble_mae_pp, 2)} pp, mean rho {_number(current.util_spearman_mean, 3)}, steady "
-           "throughput MAPE "
-           f"{current.steady_throughput_mape_pct:.2f} %",
-           f"{'best trials' if result.objective == 'components' else 'Pareto front'} ({len(result.front)} trials; "
-           f"objectives {', '.join(result.objectives)}):"]
-    if result.left_out and result.left_out["count"]:
-        out.insert(2, f"left out {result.left_out['count']} train run(s) the model does not price: " + "; ".join(
-            f"{r['count']} {r['reason']}" for r in result.left_out["reasons"]))
-    components = result.objective == "components"
-    rows = [[("* " if p is result.chosen else "  ") + str(p.number)] + [f"{p.params[n]:.6g}" for n in names]
-            + ([f"{p.score['component_mape_pct']:.2f}"] if components else [])
-            + [f"{p.score['throughput_mape_pct']:.2f}", _number(p.score['bubble_mae_pp'], 2),
-               _number(p.score['util_spearman_mean'], 3), f"{p.score['steady_throughput_mape_pct']:.2f}"]
-            for p in result.front]
-    headers = (["trial"] + names + (["mispriced %"] if components else [])
-               + ["MAPE %", "bubble MAE pp", "rho", "steady MAPE %"])
-    out.append(text_table(headers, rows, right=set(range(len(headers)))))
-    if result.chosen is None or result.candidate_path is None:  # (a chosen point's candidate is always written)
-        out.append(f"no candidate written: {result.no_candidate_reason}")
-        if result.verdict is not None:
-            out.append("the gate against the current model, on the lowest-MAPE point that changes it:")
-            out += [f"  - {reason}" for reason in result.verdict.reasons]
-        return "\n".join(out)
-    out.append(f"chosen (*): trial {result.chosen.number}, {CHOICE_RULE}")
-    out.append("the gate accepts it against the current model on the train split")
-    out.append(f"wrote {result.candidate_path}: replace its {PLACEHOLDER} hypothesis and grounding, then run")
-    out.append(f"  {evaluate_command(result.candidate_path, result.fixtures_dirs or result.fixtures_dir, result.model_path)}")
-    return "\n".join(out)

@@ -50,8 +50,10 @@ class Pipeline:
     # max(last backward end + tail, last backward start + whole). Empty: no reduction.
     grad_reduce_ms: tuple[float, ...] = ()
     grad_reduce_tail_ms: tuple[float, ...] = ()
-    # Per rank, between its optimizer end and its first task of the next iteration.
+    # Per rank, between its optimizer end and its first task of the next iteration: post_optimizer_ms on every
+    # rank, plus the rank's own post_optimizer_rank_ms where given (host time that differs by device type).
     post_optimizer_ms: float = 0.0
+    post_optimizer_rank_ms: tuple[float, ...] = ()
     # An occasional delay of the pre-optimizer work (a TCP retransmission timeout on the all-reduce's flow):
     # with probability stall_probability an iteration's pre-optimizer work takes stall_ms longer. The simulator
     # realizes it as a typical run would (see `simulate`), so the window averages the stalls and the median
@@ -68,6 +70,9 @@ class Pipeline:
     # Megatron's 1F1B exchanges are blocking send/receive pairs: a transfer starts only when
     # both sender and receiver have reached it, and both are held until it completes.
     blocking_p2p: bool = True
+    # Megatron's overlap_p2p_comm (interleaved 1F1B only; Megatron-LM's default there): the steady state's p2p calls
+    # are posted after each task and waited on before the task that needs them (`schedules` module docstring).
+    overlap_p2p: bool = False
     # Whether a task's untraced host time (StageCosts.host_ms) shows only when its input arrives over a link.
     # Megatron's p2p calls synchronize the host with the GPU (batch_p2p_sync), so the host work of a step that
     # received its input follows the receive on the rank's critical path; a step whose input is the rank's own
@@ -96,7 +101,7 @@ class Pipeline:
                 raise ValueError(f"{name} has {len(value)} entries; expected {hops} (one per adjacent virtual-stage pair)")
         if self.optimizer_ms and len(self.optimizer_ms) != self.ranks:
             raise ValueError(f"optimizer_ms has {len(self.optimizer_ms)} entries; expected {self.ranks} (one per rank)")
-        for name in ("grad_reduce_ms", "grad_reduce_tail_ms"):
+        for name in ("grad_reduce_ms", "grad_reduce_tail_ms", "post_optimizer_rank_ms"):
             if getattr(self, name) and len(getattr(self, name)) != self.ranks:
                 raise ValueError(f"{name} has {len(getattr(self, name))} entries; expected {self.ranks} (one per rank)")
         if len(self.grad_reduce_tail_ms) != len(self.grad_reduce_ms) or any(
@@ -109,7 +114,7 @@ class Pipeline:
                                  f"({cost})")
         # A negative or NaN time would silently reorder the simulated timeline.
         for name in ("forward_transfer_ms", "backward_transfer_ms", "optimizer_ms", "grad_reduce_ms",
-                     "grad_reduce_tail_ms"):
+                     "grad_reduce_tail_ms", "post_optimizer_rank_ms"):
             for index, value in enumerate(getattr(self, name)):
                 if not 0 <= value < math.inf:
                     raise ValueError(f"{name}[{index}] = {value}: times must be finite and >= 0")
@@ -125,6 +130,10 @@ class Pipeline:
     def shares_cores(self) -> bool:
         """Whether some ranks time-share a processor (a `core_load` other than the identity)."""
         return bool(self.core_load) and not is_unshared(self.core_load)
+
+    def post_ms(self, rank: int) -> float:
+        """Rank `rank`'s time between its optimizer end and its next iteration's first task."""
+        return self.post_optimizer_ms + (self.post_optimizer_rank_ms[rank] if self.post_optimizer_rank_ms else 0.0)
 
     @property
     def expected_pre_optimizer_ms(self) -> float:

@@ -27,14 +27,28 @@ Schedules (the exchanges are Megatron's; GPipe and ZB-H1 reuse the same calls):
   and one backward per step (F, send_forward_recv_backward, B, send_backward_recv_forward;
   the last step ends with send_backward), then the cool-down backwards
   (recv_backward, B, send_backward).
-- ``interleaved_1f1b``: `forward_backward_pipelining_with_interleaving` without p2p
-  overlap. Forward number i runs chunk (i mod pv) // p on microbatch
+- ``interleaved_1f1b``: `forward_backward_pipelining_with_interleaving` (megatron/core/
+  pipeline_parallel/schedules.py). Forward number i runs chunk (i mod pv) // p on microbatch
   (i // pv) * p + i mod p (microbatches go through the chunks in groups of p; backwards
   take the chunks in reverse); rank r warms up with (p-r-1)*2 + (v-1)*p forwards (all of
   them when m == p), capped at m*v; a steady step is F, B, then one
   send_forward_backward_recv_forward_backward. Megatron refuses m % p != 0 (schedules.py);
   so do we. (Older Megatron-LM `arguments.py` also refused p <= 2 without p2p overlap, but
   Megatron-core's schedule runs p = 2: the shipped CPU captures are p = 2, v = 2.)
+  With ``overlap_p2p`` (`config.overlap_p2p_comm`, Megatron-LM's default with virtual stages)
+  the same tasks run in the same order, but the steady state's calls are posted without
+  waiting, as that function's `pp_post_forward` / `pp_post_backward` do: after each forward,
+  send_forward_recv_forward is posted (isend/irecv, `_communicate(wait_on_reqs=False)` in
+  p2p_communication.py) and the previous forward's send is waited on; before the next
+  forward the oldest posted receive of an activation is waited on (`pp_pre_forward`), and
+  likewise for the backward's send_backward_recv_backward (`pp_pre_backward`). The warm-up's
+  forward calls stay blocking, its last one receives only the activation and posts the
+  first gradient's receive; the cool-down's calls block, each backward first waiting on the
+  oldest posted gradient receive; the last posted gradient send is waited on at the end.
+  (`overlap_p2p_comm_warmup_flush`, which posts the warm-up's calls too, is not modelled.)
+  Batched p2p (`batch_p2p_comm`, `torch.distributed.batch_isend_irecv`) posts a call's
+  sends and receives together and waits on all of them, as the unbatched calls do
+  (`_communicate` waits on every request before returning): the blocking programs.
 - ``gpipe``: in flushes of k microbatches, all forwards then all backwards (microbatch
   order) per flush; blocking calls recv before a task and send after it.
 - ``zb_h1``: Megatron's 1F1B order with the backward split into B (input gradient, sent
@@ -147,6 +161,20 @@ class _Builder:
         if sends or receives:
             self.ops.append((EXCHANGE, sends, tuple(receives)))
 
+    def post(self, sends: tuple[int, ...] = (), recv_prev: bool = False, recv_next: bool = False
+             ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """One p2p call posted without waiting (Megatron's `overlap_p2p_comm`); (its sends, its receives)."""
+        sends = tuple(t for t in sends if t >= 0)
+        receives = ((self.pending_inputs.popleft(),) if recv_prev else ()) + \
+            ((self.pending_grads.popleft(),) if recv_next else ())
+        if sends or receives:
+            self.ops.append((POST, sends, receives))
+        return sends, receives
+
+    def wait(self, transfer: int, sent: bool) -> None:
+        """Wait on one transfer posted before (a request's `wait()`): an EXCHANGE that posts nothing new."""
+        self.ops.append((EXCHANGE, (transfer,), ()) if sent else (EXCHANGE, (), (transfer,)))
+
     def finish(self) -> tuple[tuple, ...]:
         if self.pending_inputs or self.pending_grads:  # a bug in a builder, never a user error
             raise AssertionError(f"rank {self.rank}: {len(self.pending_inputs)} inputs and "
@@ -228,7 +256,9 @@ def interleaved_warmup(rank: int, ranks: int, chunks: int, microbatches: int) ->
     return min((ranks - rank - 1) * 2 + (chunks - 1) * ranks, total)
 
 
-def _interleaved(rank: int, ranks: int, chunks: int, microbatches: int) -> tuple[tuple, ...]:
+def _interleaved(rank: int, ranks: int, chunks: int, microbatches: int, overlap: bool = False) -> tuple[tuple, ...]:
+    """Megatron's interleaved 1F1B on one rank, with blocking p2p calls or (`overlap`) the steady state's posted
+    ahead and waited on later (`forward_backward_pipelining_with_interleaving` with `overlap_p2p_comm`)."""
     p, v, m, r = ranks, chunks, microbatches, rank
     total = m * v
     build = _Builder(r, p, v, m)
@@ -241,19 +271,38 @@ def _interleaved(rank: int, ranks: int, chunks: int, microbatches: int) -> tuple
     all_warmup = m == p
     warmup = interleaved_warmup(r, p, v, m)
     remaining = total - warmup
+    # Overlap: the requests posted and not yet waited on, as the schedule's recv_prev_wait_handles and
+    # recv_next_wait_handles (FIFO) and send_next_wait_handle / send_prev_wait_handle (the latest send) hold them.
+    recv_prev_handles: deque[int] = deque()
+    recv_next_handles: deque[int] = deque()
+    send_handles: list[int | None] = [None, None]  # [send_next, send_prev]
+
+    def post(sends: tuple[int, ...], recv_prev: bool, recv_next: bool, direction: int) -> None:
+        sent, received = build.post(sends, recv_prev=recv_prev, recv_next=recv_next)
+        (recv_prev_handles if direction == 0 else recv_next_handles).extend(received)
+        previous = send_handles[direction]
+        if previous is not None:
+            build.wait(previous, sent=True)
+        send_handles[direction] = sent[0] if sent else None
+
+    def wait_received(handles: deque[int], needed: bool) -> None:
+        if needed and handles:
+            build.wait(handles.popleft(), sent=False)
 
     build.exchange(recv_prev=not first_rank)  # input of chunk 0's first forward
     for i in range(warmup):
         sent = build.forward(*task(i, True))
         recv_prev = not (first_rank and interleaved_chunk(i + 1, p, v, True) == 0) and i != total - 1
         if i == warmup - 1 and not all_warmup:
-            build.exchange((sent,), recv_prev=recv_prev, recv_next=not last_rank)
+            if overlap:  # the activation blocks; the first gradient's receive is posted
+                build.exchange((sent,), recv_prev=recv_prev)
+                post((), False, not last_rank, 1)
+            else:
+                build.exchange((sent,), recv_prev=recv_prev, recv_next=not last_rank)
         else:
             build.exchange((sent,), recv_prev=recv_prev)
     for k in range(remaining):
         forward_k = k + warmup
-        sent_forward = build.forward(*task(forward_k, True))
-        sent_backward = build.backward(*task(k, False))
         recv_prev = True
         if first_rank:  # rank 0 runs p-1 forwards ahead of the last rank
             recv_prev = interleaved_chunk(forward_k - (p - 1), p, v, True) != v - 1
@@ -262,13 +311,29 @@ def _interleaved(rank: int, ranks: int, chunks: int, microbatches: int) -> tuple
             recv_next = interleaved_chunk(k - (p - 1), p, v, False) != 0
         if k == remaining - 1:
             recv_prev = False
+        if overlap:
+            forward_task, backward_task = task(forward_k, True), task(k, False)
+            wait_received(recv_prev_handles, forward_task[0] != 0)  # pp_pre_forward
+            post((build.forward(*forward_task),), recv_prev, False, 0)  # pp_post_forward
+            wait_received(recv_next_handles, backward_task[0] != p * v - 1)  # pp_pre_backward
+            post((build.backward(*backward_task),), False, recv_next, 1)  # pp_post_backward
+            continue
+        sent_forward = build.forward(*task(forward_k, True))
+        sent_backward = build.backward(*task(k, False))
         build.exchange((sent_forward, sent_backward), recv_prev=recv_prev, recv_next=recv_next)
     if all_warmup:
         build.exchange(recv_next=not last_rank)
     for k in range(remaining, total):
-        sent = build.backward(*task(k, False))
+        backward_task = task(k, False)
+        if overlap:
+            wait_received(recv_next_handles, backward_task[0] != p * v - 1 and k != 0)
+        sent = build.backward(*backward_task)
         recv_next = not (last_rank and interleaved_chunk(k + 1, p, v, False) == v - 1) and k != total - 1
         build.exchange((sent,), recv_next=recv_next)
+    if send_handles[1] is not None:
+        build.wait(send_handles[1], sent=True)
+    if recv_prev_handles or recv_next_handles:  # Megatron asserts both are cleared at the end of a step
+        raise AssertionError(f"rank {r}: posted receives never waited on: {recv_prev_handles} {recv_next_handles}")
     return build.finish()
 
 
@@ -284,10 +349,15 @@ def _peak_activations(ops: tuple[tuple, ...], releasing_phase: int) -> int:
     return peak
 
 
-def check_shape(schedule: str, ranks: int, chunks: int, microbatches: int, gpipe_flush: int | None = None) -> None:
+def check_shape(schedule: str, ranks: int, chunks: int, microbatches: int, gpipe_flush: int | None = None,
+                overlap_p2p: bool = False) -> None:
     """Raise ValueError when the schedule cannot run this pipeline shape (naming the rule)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULE_CHOICES}")
+    if overlap_p2p and schedule != "interleaved_1f1b":
+        raise ValueError(f"overlapped p2p runs only under interleaved_1f1b, not {schedule!r}: Megatron's "
+                         "non-interleaved schedule refuses overlap_p2p_comm (schedules.py, "
+                         "forward_backward_pipelining_without_interleaving)")
     if gpipe_flush is not None:
         if schedule != "gpipe":
             raise ValueError(f"gpipe_flush={gpipe_flush} only applies to the gpipe schedule, not {schedule!r}")
@@ -308,9 +378,10 @@ def check_shape(schedule: str, ranks: int, chunks: int, microbatches: int, gpipe
 
 @lru_cache(maxsize=256)
 def build_programs(schedule: str, ranks: int, chunks: int, microbatches: int,
-                   gpipe_flush: int | None = None) -> Programs:
-    """Every rank's operations for one iteration of `schedule` (cached: they depend on the shape only)."""
-    check_shape(schedule, ranks, chunks, microbatches, gpipe_flush)
+                   gpipe_flush: int | None = None, overlap_p2p: bool = False) -> Programs:
+    """Every rank's operations for one iteration of `schedule` (cached: they depend on the shape only); with
+    `overlap_p2p`, interleaved 1F1B's calls posted ahead and waited on later (Megatron's overlap_p2p_comm)."""
+    check_shape(schedule, ranks, chunks, microbatches, gpipe_flush, overlap_p2p)
     if schedule == "1f1b":
         per_rank = [_one_f_one_b(r, ranks, microbatches) for r in range(ranks)]
     elif schedule == "zb_h1":
@@ -318,7 +389,7 @@ def build_programs(schedule: str, ranks: int, chunks: int, microbatches: int,
     elif schedule == "gpipe":
         per_rank = [_gpipe(r, ranks, microbatches, gpipe_flush or microbatches) for r in range(ranks)]
     else:
-        per_rank = [_interleaved(r, ranks, chunks, microbatches) for r in range(ranks)]
+        per_rank = [_interleaved(r, ranks, chunks, microbatches, overlap_p2p) for r in range(ranks)]
     releasing = BW if schedule == "zb_h1" else B
     return Programs(
         schedule=schedule, ranks=ranks, chunks=chunks, microbatches=microbatches,

@@ -194,7 +194,8 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     """
     del seed  # no random draw here: random perturbations come in drawn (see compute_factors)
     resolved = auto_schedule(pipeline) if schedule == AUTO else schedule
-    programs: Programs = build_programs(resolved, pipeline.ranks, pipeline.chunks, pipeline.microbatches, gpipe_flush)
+    programs: Programs = build_programs(resolved, pipeline.ranks, pipeline.chunks, pipeline.microbatches, gpipe_flush,
+                                        pipeline.overlap_p2p)
     hops = len(pipeline.stages) - 1
     forward_transfer = list(pipeline.forward_transfer_ms) or [0.0] * hops
     backward_transfer = list(pipeline.backward_transfer_ms) or [0.0] * hops
@@ -236,7 +237,7 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
             barrier = max(ends)
             optimizer_starts = [(barrier if pipeline.optimizer_barrier else end) + pipeline.pre_optimizer_ms
                                 for end in ends]
-            starts = [start + pipeline.post_optimizer_ms for start in optimizer_starts]
+            starts = [start + pipeline.post_ms(rank) for rank, start in enumerate(optimizer_starts)]
             for rank, cost in enumerate(optimizer):
                 rows.add_step(rank, OPTIMIZER_PHASE, optimizer_starts[rank], optimizer_starts[rank] + cost)
                 starts[rank] += cost
@@ -282,10 +283,10 @@ def _shared_iteration(pipeline: Pipeline, programs: Programs, cores: Cores, task
                          host_ms, pipeline.host_after_receive_only, cores, tails)
     if alone:
         # the rank's end before its step: the step's row starts after the reduction and the pre-optimizer work
-        return ends, max(ends), [end + pipeline.post_optimizer_ms for end in ends]
+        return ends, max(ends), [end + pipeline.post_ms(rank) for rank, end in enumerate(ends)]
     barrier = max(ends)
     begin = barrier + pipeline.pre_optimizer_ms
-    nexts = [begin + pipeline.post_optimizer_ms] * ranks
+    nexts = [begin + pipeline.post_ms(rank) for rank in range(ranks)]
     if optimizer:
         for rank in range(ranks):
             cores.submit(rank, begin, (steps[rank],))

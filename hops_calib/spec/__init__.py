@@ -8,6 +8,7 @@ measured from the run's own events (rule 1 of the design); `truth` holds those.
     schedules    the schedules a spec may ask for, and the labels naming them
     arguments    Megatron's arguments read into a spec (`spec_from_args`, pure)
     assumptions  the launch settings the cost model prices, and the refusal of others
+    stage_layers which decoder layers each pipeline stage builds, as Megatron splits them
     job_dir      the spec of a job directory (`build_spec`), and the cores its ranks share
 
 The names below are imported from their module on first use: the simulator needs
@@ -28,7 +29,7 @@ _MODULE_OF = {
     "RECOMPUTE_GRANULARITIES": "arguments", "RECOMPUTE_METHODS": "arguments", "TRACE_FIRST_ITERATION": "arguments",
     "attention_kernel_of": "arguments", "check_simulable": "arguments", "configured_schedule": "arguments",
     "layer_settings_of": "arguments", "rank_order_of": "arguments", "recomputation_of": "arguments",
-    "spec_from_args": "arguments", "split_layers": "arguments",
+    "spec_from_args": "arguments", "split_layers": "stage_layers", "stage_layers_of": "arguments",
     "ASSUMPTIONS": "assumptions", "Assumption": "assumptions", "TYPO_SIMILARITY": "assumptions",
     "Unmodelled": "assumptions", "require_modelled": "assumptions", "unknown_flags": "assumptions",
     "unknown_flags_note": "assumptions", "unmodelled": "assumptions",
@@ -69,6 +70,7 @@ __all__ = [
     "shared_cores",
     "spec_from_args",
     "split_layers",
+    "stage_layers_of",
     "unknown_flags",
     "unknown_flags_note",
     "unmodelled",
@@ -89,7 +91,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` imports
         rank_order_of,
         recomputation_of,
         spec_from_args,
-        split_layers,
+        stage_layers_of,
     )
     from hops_calib.spec.assumptions import (
         ASSUMPTIONS,
@@ -103,6 +105,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` imports
     )
     from hops_calib.spec.job_dir import build_spec, core_sharing_note, shared_cores
     from hops_calib.spec.schedules import SCHEDULE_ALIASES, SCHEDULES, declared_schedule_of, normalize_schedule_label
+    from hops_calib.spec.stage_layers import split_layers
     from hops_calib.spec.types import (
         CollectiveTable,
         Hardware,

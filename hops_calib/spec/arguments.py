@@ -7,8 +7,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hops_calib.spec.assumptions import _flag, require_modelled
+from hops_calib.spec.assumptions import _flag, overlapped_p2p, require_modelled
 from hops_calib.spec.schedules import SCHEDULES
+from hops_calib.spec.stage_layers import (
+    LayoutError,
+    StageLayers,
+    layers_accounting,
+    layers_from_layout,
+    split_layers,
+)
 from hops_calib.spec.types import Hardware, ModelShape, Spec, global_rank
 from hops_calib.trace.collective_bench import CollectiveTable  # the machine's collective benchmark
 from hops_calib.trace.events import MAX_INDEX  # the largest microbatch and model chunk a trace numbers
@@ -18,29 +25,6 @@ from hops_calib.trace.link_bench import LinkFit  # the link benchmark's fit; a S
 # 1-2 are warm-up and absent from the event logs. CPU captures follow the same
 # convention, so the traced iteration count is derivable from --train-iters.
 TRACE_FIRST_ITERATION = 3
-
-
-def split_layers(num_layers: int, pp: int, first: int | None = None, last: int | None = None) -> tuple[int, ...]:
-    """Decoder layers per pipeline rank, as Megatron splits them.
-
-    `--decoder-first/last-pipeline-num-layers` pin the first/last rank; the
-    remaining layers are spread evenly over the other ranks (they must divide).
-    """
-    if pp == 1:
-        return (num_layers,)
-    counts: list[int | None] = [None] * pp
-    if first is not None:
-        counts[0] = first
-    if last is not None:
-        counts[-1] = last
-    pinned = [c for c in counts if c is not None]
-    free = counts.count(None)
-    rest = num_layers - sum(pinned)
-    if rest < 0 or (free == 0 and rest != 0) or (free and rest % free):
-        pins = [f"{label} stage {count}" for label, count in (("first", first), ("last", last)) if count is not None]
-        raise ValueError(f"{num_layers} layers cannot be split evenly over {pp} stages"
-                         + (f" with {' and '.join(pins)} pinned: {rest} left for {free} stages" if pins else ""))
-    return tuple(c if c is not None else rest // free for c in counts)
 
 
 def _require_int(args: dict[str, Any], name: str, source: Any, default: int | None = None, minimum: int = 0) -> int:
@@ -168,27 +152,21 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     tp = _require_int(args, "tensor_model_parallel_size", source, default=1, minimum=1)
     num_layers = _require_int(args, "num_layers", source, minimum=1)
 
-    if args.get("virtual_pipeline_model_parallel_size"):
-        vp = _require_int(args, "virtual_pipeline_model_parallel_size", source)
-    elif args.get("num_layers_per_virtual_pipeline_stage"):
-        per_virtual = _require_int(args, "num_layers_per_virtual_pipeline_stage", source)
-        if per_virtual == 0 or num_layers % (pp * per_virtual):
-            raise TraceError(source, f"{per_virtual} does not divide {num_layers} layers over {pp} stages",
-                             field="--num-layers-per-virtual-pipeline-stage",
-                             hint="num_layers must be a multiple of pp * layers per virtual stage")
-        vp = num_layers // (pp * per_virtual)
-    else:
-        vp = 1
+    stage_layers = stage_layers_of(args, source, num_layers, pp)
+    vp = stage_layers.vp
 
+    cp = _require_int(args, "context_parallel_size", source, default=1, minimum=1)
     world = args.get("world_size")
     if type(world) is int and world > 0:
-        if world % (tp * pp):
-            raise TraceError(source, f"{world} is not a multiple of tp*pp = {tp * pp}", field="world_size",
-                             hint="launch tp x pp x dp GPUs")
-        dp = world // (tp * pp)
+        named = f"tp*pp*cp = {tp * pp * cp}" if cp > 1 else f"tp*pp = {tp * pp}"
+        if world % (tp * pp * cp):
+            raise TraceError(source, f"{world} is not a multiple of {named}", field="world_size",
+                             hint="launch tp x pp x cp x dp GPUs")
+        dp = world // (tp * pp * cp)
         given = args.get("data_parallel_size")
         if type(given) is int and given > 0 and given != dp:
-            raise TraceError(source, f"{given}, but world size {world} / (tp {tp} x pp {pp}) = {dp}",
+            where = f"tp {tp} x pp {pp}" + (f" x cp {cp}" if cp > 1 else "")
+            raise TraceError(source, f"{given}, but world size {world} / ({where}) = {dp}",
                              field="--data-parallel-size", hint="make the parallel sizes multiply to the GPUs")
     else:
         dp = _require_int(args, "data_parallel_size", source, default=1) or 1
@@ -208,16 +186,9 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     elif type(iterations) is not int or iterations < 1:
         raise ValueError(f"spec {run_id}: iterations must be a whole number of at least 1, got {iterations!r}")
 
-    first, last = (_require_int(args, name, source) if args.get(name) is not None else None
-                   for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"))
-    try:
-        layers = split_layers(num_layers, pp, first, last)
-    except ValueError as err:
-        raise TraceError(source, str(err), field="--num-layers",
-                         hint="make the layers divide evenly, or fix --decoder-first/last-pipeline-num-layers") from err
-
+    layers = stage_layers.per_rank
     rank_order = rank_order_of(args, source)
-    sizes = {"tp": (0, tp), "dp": (0, dp), "pp": (0, pp)}
+    sizes = {"tp": (0, tp), "dp": (0, dp), "pp": (0, pp), "cp": (0, cp)}
     first_ranks = [global_rank(rank_order, {**sizes, "pp": (k, pp)}) for k in range(pp)]
     devices, device_ids, names = hardware.stages(pp, first_ranks)
     if len(devices) != pp:
@@ -246,6 +217,10 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     vocab_key = "padded_vocab_size" if args.get("padded_vocab_size") is not None else "vocab_size"
     vocab = _require_int(args, vocab_key, source, default=0, minimum=1 if vocab_key in args else 0)
     ffn = _require_int(args, "ffn_hidden_size", source, default=4 * hidden, minimum=1)
+    if cp > 1 and seq % (2 * cp):
+        raise TraceError(source, f"{seq} is not divisible by 2 x --context-parallel-size {cp}", field="--seq-length",
+                         hint="context parallelism cuts each sequence into 2 cp chunks (megatron/core/utils.py "
+                              "get_batch_on_this_cp_rank)")
     model = ModelShape(
         num_layers=num_layers,
         hidden_size=hidden,
@@ -262,7 +237,12 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         recompute_method=method,
         recompute_num_layers=recompute_layers,
         **layer_settings_of(args, source, tp, heads, ffn),
+        context_parallel=cp,
     )
+    if cp > 1 and model.attention_kernel != "flash":
+        raise TraceError(source, f"{cp} with unfused attention", field="--context-parallel-size",
+                         hint="context parallelism runs in TE's flash / cuDNN fused attention (TE's "
+                              "AttnFuncWithCPAndKVP2P); drop --attention-backend unfused|local")
     zero = args.get("zero_stage") or 0
     return Spec(
         run_id=run_id,
@@ -287,8 +267,69 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         overlap_param_gather=bool(args.get("overlap_param_gather")),
         rank_order=rank_order,
         ranks_per_device=ranks_per_device,
+        overlap_p2p=overlapped_p2p(args, interleaved=schedule == "interleaved_1f1b"),
+        layers_per_virtual_stage=stage_layers.per_virtual_stage,
         nodes=tuple(hardware.nodes) if collectives and hardware.gpu is None and any(hardware.nodes) else (),
     )
+
+
+_SPLIT_FLAGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+
+
+def stage_layers_of(args: dict[str, Any], source: Path | str, num_layers: int, pp: int) -> StageLayers:
+    """The model chunks per rank and the decoder layers of each rank (and virtual stage) a launch builds, as
+    Megatron's get_num_layers_to_build does (`hops_calib.spec.stage_layers`); TraceError naming the flag for a split
+    Megatron refuses."""
+    from hops_calib.trace import TraceError
+
+    layout = args.get("pipeline_model_parallel_layout")
+    given = [name for name in _SPLIT_FLAGS + ("num_layers_per_virtual_pipeline_stage",
+                                              "virtual_pipeline_model_parallel_size") if args.get(name)]
+    try:
+        if layout:
+            if given:  # Megatron-LM's arguments.py: a layout replaces every other way of splitting
+                raise LayoutError(f"is given with {_flag(given[0])}; the layout alone splits the layers",
+                                  "--pipeline-model-parallel-layout")
+            return layers_from_layout(str(layout), num_layers, pp)
+        embedding, loss = (bool(args.get(name)) for name in _SPLIT_FLAGS[2:])
+        pins = [name for name in _SPLIT_FLAGS[:2] if args.get(name) is not None]
+        if pins and (embedding or loss):  # asserted in get_num_layers_to_build
+            raise LayoutError(f"is given with {_flag(pins[0])}: Megatron does not support a standalone embedding or "
+                              "loss stage with uneven first/last stages",
+                              _flag(_SPLIT_FLAGS[2] if embedding else _SPLIT_FLAGS[3]))
+        vp = _chunks_of(args, source, num_layers + embedding + loss, pp)
+        if embedding or loss:
+            return layers_accounting(num_layers, pp, vp, embedding, loss)
+        first, last = (_require_int(args, name, source) if name in pins else None for name in _SPLIT_FLAGS[:2])
+        try:
+            per_rank = split_layers(num_layers, pp, first, last)
+        except ValueError as err:
+            raise LayoutError(str(err), "--num-layers") from err
+        return StageLayers(vp=vp, per_rank=per_rank, per_virtual_stage=())
+    except LayoutError as err:
+        hint = ("write the layout as Megatron reads it (E first, L last, |-separated stages, pp x vp of them)"
+                if err.flag == "--pipeline-model-parallel-layout" else
+                "make the layers divide evenly, or fix --decoder-first/last-pipeline-num-layers or the "
+                "--account-for-embedding/loss-in-pipeline-split flags")
+        raise TraceError(source, str(err), field=err.flag, hint=hint) from err
+
+
+def _chunks_of(args: dict[str, Any], source: Path | str, pieces: int, pp: int) -> int:
+    """Model chunks per rank from --virtual-pipeline-model-parallel-size or --num-layers-per-virtual-pipeline-stage
+    (`pieces`: the decoder layers, plus the embedding and loss when the split accounts for them)."""
+    from hops_calib.trace import TraceError
+
+    if args.get("virtual_pipeline_model_parallel_size"):
+        return _require_int(args, "virtual_pipeline_model_parallel_size", source)
+    if args.get("num_layers_per_virtual_pipeline_stage"):
+        per_virtual = _require_int(args, "num_layers_per_virtual_pipeline_stage", source)
+        if per_virtual == 0 or pieces % (pp * per_virtual):
+            raise TraceError(source, f"{per_virtual} does not divide {pieces} layers over {pp} stages",
+                             field="--num-layers-per-virtual-pipeline-stage",
+                             hint="num_layers must be a multiple of pp * layers per virtual stage")
+        return pieces // (pp * per_virtual)
+    return 1
 
 
 def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[LinkFit],

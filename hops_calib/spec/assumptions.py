@@ -48,6 +48,15 @@ _off = _is(False, None)  # a switch left off (a rank log's block prints False; N
 
 
 def _interleaved(args: dict[str, Any]) -> bool:
+    """Whether the launch configures virtual stages (a layout of more stages than ranks does too)."""
+    layout = args.get("pipeline_model_parallel_layout")
+    if layout:
+        from hops_calib.spec.stage_layers import LayoutError, parse_layout
+
+        try:
+            return len(parse_layout(str(layout))) > (args.get("pipeline_model_parallel_size") or 1)
+        except LayoutError:
+            return False  # refused with its reason when the spec reads the split
     return bool(args.get("num_layers_per_virtual_pipeline_stage")) or (
         args.get("virtual_pipeline_model_parallel_size") or 1) > 1
 
@@ -55,11 +64,20 @@ def _interleaved(args: dict[str, Any]) -> bool:
 # The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): tensor, sequence, data and
 # pipeline parallelism; Megatron's local or Transformer Engine layer with LayerNorm or RMSNorm, multi-head or
 # grouped-query attention with learned absolute or rotary positions, unfused or fused (flash) attention, a GeLU or
-# SwiGLU MLP; activations stored or recomputed (`recomputation_of`); 16- or 32-bit arithmetic; blocking p2p calls.
+# SwiGLU MLP; activations stored or recomputed (`recomputation_of`); 16- or 32-bit arithmetic, FP8 GEMMs through TE;
+# context parallelism; blocking, batched or (interleaved 1F1B) overlapped p2p calls.
 # What it does not price is listed here, each with what it prices instead.
 ASSUMPTIONS: tuple[Assumption, ...] = (
+    # Context parallelism (`model/kernels.py` `_core_attention`: TE's attention with a cp group): only TE's
+    # DotProductAttention has it (the local one asserts cp == 1)
     Assumption("--context-parallel-size", ("context_parallel_size",), 1,
-               "context parallel size 1 (each GPU holds whole sequences)", _is(1)),
+               "context parallel size 1, or more with --transformer-impl transformer_engine",
+               lambda value, args: value in (None, 1) or (isinstance(value, int) and value > 1 and args.get(
+                   "transformer_impl", "transformer_engine") == "transformer_engine")),
+    # a2a+p2p needs --hierarchical-context-parallel-sizes, a two-level exchange not priced
+    Assumption("--cp-comm-type", ("cp_comm_type",), "p2p", "--cp-comm-type p2p, a2a or allgather",
+               lambda value, args: (value[0] if isinstance(value, list) and len(set(value)) == 1 else value)
+               in (None, "p2p", "a2a", "allgather")),
     # DeepSpeed-Ulysses sequence parallelism (Megatron-DeepSpeed) splits the sequence over GPUs: context
     # parallelism by another name, with all-to-alls the model does not price.
     Assumption("--ds-sequence-parallel-size", ("ds_sequence_parallel_size",), 1,
@@ -76,25 +94,69 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption("--transformer-impl", ("transformer_impl",), "transformer_engine",
                "Megatron's local layer or Transformer Engine's (--transformer-impl local|transformer_engine)",
                _is("local", "transformer_engine")),
-    Assumption("--fp8-format", ("fp8_format", "fp8"), None, "bf16, fp16 or fp32 arithmetic, no FP8",
-               _is(None, False)),
+    # FP8 through Transformer Engine: the linear layers' GEMMs in FP8 with their casts (`model/kernels.py`
+    # `_linear`, priced by `decoder_kernels`), on the TE layer only (the local layer has no FP8 path).
+    Assumption("--fp8-format", ("fp8_format", "fp8"), None,
+               "no FP8, or --fp8-format hybrid|e4m3 with --transformer-impl transformer_engine",
+               lambda value, args: value in (None, False) or (
+                   value in ("hybrid", "e4m3") and args.get("transformer_impl", "transformer_engine")
+                   == "transformer_engine")),
     # Megatron-LM's older FP8 switches (before --fp8-format): the same FP8 arithmetic
-    Assumption("--fp8-hybrid", ("fp8_hybrid",), False, "bf16, fp16 or fp32 arithmetic, no FP8", _is(None, False)),
-    Assumption("--fp8-e4m3", ("fp8_e4m3",), False, "bf16, fp16 or fp32 arithmetic, no FP8", _is(None, False)),
+    Assumption("--fp8-hybrid", ("fp8_hybrid",), False, "the FP8 of --fp8-format hybrid, on the TE layer",
+               lambda value, args: not value or args.get("transformer_impl", "transformer_engine")
+               == "transformer_engine"),
+    Assumption("--fp8-e4m3", ("fp8_e4m3",), False, "the FP8 of --fp8-format e4m3, on the TE layer",
+               lambda value, args: not value or args.get("transformer_impl", "transformer_engine")
+               == "transformer_engine"),
+    # mxfp8 is Blackwell's (no Blackwell device in the catalog); custom is a quantizer factory's code
+    Assumption("--fp8-recipe", ("fp8_recipe",), "delayed", "FP8 recipe delayed, tensorwise or blockwise",
+               _is(None, "delayed", "tensorwise", "blockwise")),
+    Assumption("--fp8-dot-product-attention", ("fp8_dot_product_attention",), False,
+               "the attention core in 16 bits under FP8 (no --fp8-dot-product-attention)", _off),
+    Assumption("--fp8-multi-head-attention", ("fp8_multi_head_attention",), False,
+               "the attention block in 16 bits under FP8 (no --fp8-multi-head-attention)", _off),
+    # keeping the first and last layers in bf16 makes a stage's layers differ; the kernels are one layer's list
+    Assumption("--first-last-layers-bf16", ("first_last_layers_bf16",), False,
+               "every layer in the launch's precision (no --first-last-layers-bf16)", _off),
     Assumption("--hybrid-override-pattern", ("hybrid_override_pattern",), None,
                "transformer layers only, no hybrid (Mamba) layer pattern", _is(None)),
-    # Transformer Engine's userbuffers overlap hides TP communication behind GEMMs; the model puts it on the
-    # critical path.
+    # Transformer Engine's userbuffers overlap hides TP communication behind GEMMs (`model/terms/parallel.py`
+    # `tp_overlap_pairs`); Megatron allows it only with sequence parallelism (and TE's layer)
     Assumption("--tp-comm-overlap", ("tp_comm_overlap",), False,
-               "tensor-parallel communication on the critical path, no --tp-comm-overlap", _off),
+               "no --tp-comm-overlap, or it with --sequence-parallel and the TE layer",
+               lambda value, args: not value or (bool(args.get("sequence_parallel")) and args.get(
+                   "transformer_impl", "transformer_engine") == "transformer_engine")),
+    # the input gradient's reduce-scatter pipelined with its GEMM instead of the bulk overlap: not priced
+    Assumption("--tp-comm-overlap-rs-dgrad", ("tp_comm_overlap_rs_dgrad",), False,
+               "the bulk reduce-scatter of the input gradient (no --tp-comm-overlap-rs-dgrad)", _off),
     # ZeRO stage 1 and 2 shard what Megatron's distributed optimizer shards (optimizer state; gradients
     # reduce-scattered); stage 3 also shards the weights, gathering them per layer.
     Assumption("--zero-stage", ("zero_stage",), 0, "ZeRO stage 0, 1 or 2 (priced as the distributed optimizer)",
                _is(None, 0, 1, 2)),
-    Assumption("--no-overlap-p2p-communication", ("overlap_p2p_comm", "overlap_p2p_communication"), True,
-               "blocking p2p calls, which interleaved runs get with --no-overlap-p2p-communication",
-               lambda value, args: value is False or not _interleaved(args)),
+    # Megatron's interleaved schedule posts the warm-up's p2p calls ahead too with this switch
+    # (forward_backward_pipelining_with_interleaving, overlap_p2p_comm_warmup_flush); the simulator posts only the
+    # steady state's (hops_calib.sim.schedules).
+    Assumption("--overlap-p2p-communication-warmup-flush", ("overlap_p2p_comm_warmup_flush", "overlap_p2p_communication_warmup_flush"), False,
+               "blocking warm-up and cool-down p2p calls (overlapped ones only in the steady state)", _off),
+    # Megatron refuses both at once ("Can not use both overlap_p2p_comm and batch_p2p_comm", schedules.py)
+    Assumption("--batch-p2p-comm", ("batch_p2p_comm",), None,
+               "batched p2p calls only with blocking ones (--no-overlap-p2p-communication), as Megatron requires",
+               lambda value, args: not value or not overlapped_p2p(args)),
 )
+
+
+def overlapped_p2p(args: dict[str, Any], interleaved: bool | None = None) -> bool:
+    """Whether a launch's interleaved schedule overlaps its p2p calls with compute: Megatron-LM's
+    --overlap-p2p-communication is on by default (off with --no-overlap-p2p-communication) and applies only with
+    virtual pipeline stages (Megatron-core refuses overlap_p2p_comm without them:
+    forward_backward_pipelining_without_interleaving in megatron/core/pipeline_parallel/schedules.py).
+    `interleaved`: whether the launch runs virtual stages (None: from its virtual-pipeline flags)."""
+    if not (_interleaved(args) if interleaved is None else interleaved):
+        return False
+    for key in ("overlap_p2p_comm", "overlap_p2p_communication"):
+        if key in args:
+            return bool(args[key])
+    return not args.get("no_overlap_p2p_communication")
 
 
 @dataclass(frozen=True)

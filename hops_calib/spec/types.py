@@ -55,6 +55,10 @@ class ModelShape:
     # "unfused": the score matrix is written and read (attention_score_traffic); "flash": a fused attention kernel
     # (flash attention, Transformer Engine's fused attention) that keeps the scores on chip, stores none of them
     attention_kernel: str = "unfused"
+    # --context-parallel-size: each sequence split cp ways (2 cp chunks, rank i holding chunks i and 2cp-1-i for
+    # causal load balancing: megatron/core/utils.py get_batch_on_this_cp_rank); every kernel but attention's keys
+    # sees s/cp tokens
+    context_parallel: int = 1
 
     @property
     def kv_heads(self) -> int:
@@ -103,6 +107,13 @@ class Spec:
     # Ranks time-sharing one device (a CPU capture with more ranks than cores: manifest.yaml's `cores`, the core of
     # each rank); 1 on a GPU, where every rank has its own
     ranks_per_device: float = 1.0
+    # Megatron's overlap_p2p_comm (interleaved 1F1B, on by default there): the steady state's p2p calls are posted
+    # ahead and waited on later (`hops_calib.sim.schedules`); False: blocking (or batched) calls
+    overlap_p2p: bool = False
+    # Decoder layers per virtual stage (virtual stage k is model chunk k // pp on rank k % pp) when Megatron builds
+    # them unevenly over a rank's chunks (--account-for-embedding/loss-in-pipeline-split, or
+    # --pipeline-model-parallel-layout); () when each rank's layers are split evenly over its chunks
+    layers_per_virtual_stage: tuple[int, ...] = ()
     # The core of every global rank when ranks time-share cores (`manifest.yaml`'s `cores` of such a capture), so
     # which ranks share one is known (`core_load`); () otherwise
     cores: tuple[int, ...] = ()
@@ -112,9 +123,13 @@ class Spec:
         return self.model.tensor_parallel
 
     @property
+    def cp(self) -> int:
+        return self.model.context_parallel
+
+    @property
     def gpus(self) -> int:
-        """GPUs of the launch: tp x dp per stage."""
-        return self.pp * self.tp * self.dp
+        """GPUs of the launch: tp x cp x dp per stage."""
+        return self.pp * self.tp * self.cp * self.dp
     # the node of each stage's device when a job directory names them and has a collective benchmark to price
     # what runs within a node (hops_calib.trace DeviceInfo.node); () otherwise
     nodes: tuple[str, ...] = ()
@@ -133,11 +148,21 @@ class Spec:
             raise ValueError(f"spec {self.run_id}: {len(self.devices)} devices for pp={self.pp}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"spec {self.run_id}: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
+        if self.overlap_p2p and self.schedule != "interleaved_1f1b":
+            raise ValueError(f"spec {self.run_id}: overlapped p2p runs only under interleaved_1f1b, not "
+                             f"{self.schedule!r}")
+        if self.layers_per_virtual_stage:
+            chunks = self.layers_per_virtual_stage
+            if len(chunks) != self.pp * self.vp or any(n < 0 for n in chunks) or tuple(
+                    sum(chunks[rank::self.pp]) for rank in range(self.pp)) != tuple(self.layers_per_stage):
+                raise ValueError(f"spec {self.run_id}: layers_per_virtual_stage {chunks} must give pp x vp = "
+                                 f"{self.pp * self.vp} counts, each rank's summing to layers_per_stage "
+                                 f"{self.layers_per_stage}")
 
-    def rank(self, tp_rank: int = 0, dp_rank: int = 0, pp_rank: int = 0) -> int:
-        """The global rank of GPU (tp_rank, dp_rank, pp_rank) under the launch's rank order."""
+    def rank(self, tp_rank: int = 0, dp_rank: int = 0, pp_rank: int = 0, cp_rank: int = 0) -> int:
+        """The global rank of GPU (tp_rank, dp_rank, pp_rank, cp_rank) under the launch's rank order."""
         return global_rank(self.rank_order, {"tp": (tp_rank, self.tp), "dp": (dp_rank, self.dp),
-                                             "pp": (pp_rank, self.pp)})
+                                             "pp": (pp_rank, self.pp), "cp": (cp_rank, self.cp)})
 
     def core_load(self) -> tuple[tuple[float, ...], ...]:
         """Per pipeline rank s, how many processes of each pipeline rank q share s's core (`Pipeline.core_load`):
@@ -170,15 +195,26 @@ class Spec:
             return self.nodes[stage_a] == self.nodes[stage_b]
         return None
 
+    def group_ranks(self, group: str, stage: int = 0) -> list[int]:
+        """The global ranks of the first `group` of `stage`: "tp", "cp", "dp", or "dp_cp" (the data- and
+        context-parallel group the gradients are reduced over: `parallel_state.get_data_parallel_group(
+        with_context_parallel=True)`)."""
+        if group == "tp":
+            return [self.rank(k, 0, stage) for k in range(self.tp)]
+        if group == "cp":
+            return [self.rank(0, 0, stage, k) for k in range(self.cp)]
+        if group == "dp_cp":
+            return [self.rank(0, d, stage, c) for c in range(self.cp) for d in range(self.dp)]
+        return [self.rank(0, k, stage) for k in range(self.dp)]
+
     def group_nodes(self, group: str, stage: int = 0) -> tuple[int, int] | None:
-        """(nodes one `group` ("tp" or "dp") of `stage` spans, GPUs of one node in it), or None without nodes.
+        """(nodes one `group` (`group_ranks`) of `stage` spans, GPUs of one node in it), or None without nodes.
 
         Every group of a kind is laid out alike under a rank order, so the first one (the other coordinates 0)
         stands for all."""
         if not self.gpus_per_node:
             return None
-        size = self.tp if group == "tp" else self.dp
-        ranks = [self.rank(k, 0, stage) if group == "tp" else self.rank(0, k, stage) for k in range(size)]
+        ranks = self.group_ranks(group, stage)
         nodes: dict[int, int] = {}
         for rank in ranks:
             nodes[rank // self.gpus_per_node] = nodes.get(rank // self.gpus_per_node, 0) + 1
@@ -223,7 +259,8 @@ class Spec:
         data["model"] = ModelShape(**data["model"])
         data["collectives"] = tuple(CollectiveTable(**table) for table in data.get("collectives", ()))
         data["component_tables"] = tuple(ComponentTables(**table) for table in data.get("component_tables", ()))
-        for name in ("layers_per_stage", "devices", "device_ids", "device_names", "nodes", "cores"):
+        for name in ("layers_per_stage", "devices", "device_ids", "device_names", "nodes", "cores",
+                     "layers_per_virtual_stage"):
             data[name] = tuple(data.get(name, ()))
         return cls(**data)
 
@@ -235,10 +272,10 @@ class Spec:
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
 _OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "dp", "distributed_optimizer", "overlap_grad_reduce",
                     "overlap_param_gather", "rank_order", "ranks_per_device", "nodes", "cores", "transport",
-                    "component_tables")
+                    "component_tables", "overlap_p2p", "layers_per_virtual_stage")
 _OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "tensor_parallel",
                           "sequence_parallel", "swiglu", "num_query_groups", "normalization", "position_embedding",
-                          "attention_kernel")
+                          "attention_kernel", "context_parallel")
 
 
 def _default_of(cls: type, name: str) -> Any:

@@ -12,7 +12,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,22 +35,23 @@ from hops_calib.store.digests import (
 from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
 from hops_calib.store.guard import stored_content_hash
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
-from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, group_of, hashed_split
+from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, STATED, group_of, hashed_split, stated_split
 from hops_calib.store.writer import FixtureStore, write_events
-from hops_calib.trace import TraceError, find_job_dirs, rank_files, read_manifest, read_rank_events, run_id_of
+from hops_calib.trace import TraceError, find_job_dirs, read_manifest, run_id_of
 from hops_calib.trace.dgxc import dgxc_table_in
 from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
 from hops_calib.trace.measured import RunHardware
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
+from hops_calib.trace.rank_traces import EVENT_LOG, find_rank_traces, read_rank_trace
 from hops_calib.trace.reading import open_regular
 from hops_calib.trace.structure import DEFAULT_SKEW_MS, check_structure
-from hops_calib.truth import Truth, compact_timeline, compute_truth
+from hops_calib.truth import Truth, compact_timeline, compute_truth, kernel_truth, megatron_interleaved_order
 
 # Bump when the fixture content for the same input changes (new columns, new truth fields, ...):
 # it is part of the content hash, so a new version re-ingests every run once.
 INGEST_VERSION = 3
-SPLIT_CHOICES = ("auto",) + SPLITS
+SPLIT_CHOICES = (STATED, "auto") + SPLITS
 
 
 @dataclass
@@ -62,6 +63,7 @@ class RunOutcome:
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     kind: str = "events"  # or "iteration" (a run of a log or table)
+    split_from: str | None = None  # why the run went to its split (kept, --split, the source's file, your own)
     not_priced: str | None = None  # an iteration-level run the cost model does not price: why
 
     @property
@@ -171,7 +173,7 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     """
     notes: list[str] = []
     spec = build_spec(job_dir, notes, simulable=True)
-    files = rank_files(job_dir)
+    source, files = find_rank_traces(job_dir)
     ranks = spec.gpus
     if sorted(files) != list(range(ranks)):
         logs = sorted(files)
@@ -186,11 +188,15 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     hostnames: list[str] = []
     dropped: dict[str, dict[str, int]] = {}
     collectives: dict[int, list] = {}
+    kernel_rows: dict[int, Any] = {}  # rank -> its profiler trace's kernel rows
     for rank, path in files.items():
         # Megatron's rank order says which stage a rank runs (rank r runs stage r with t = d = 1)
         stage = coordinates_of(rank, spec.rank_order, {"tp": spec.tp, "dp": spec.dp, "pp": spec.pp})["pp"]
-        columns, report = read_rank_events(path, rank=rank, pp=spec.pp, device_stage=device_stage, lenient=lenient,
-                                           stage=stage)
+        columns, report, kernels = read_rank_trace(source, path, rank=rank, stage=stage, pp=spec.pp, vp=spec.vp,
+                                                   microbatches=spec.microbatches, device_stage=device_stage,
+                                                   lenient=lenient, pass_order=_pass_order(spec))
+        if kernels is not None:
+            kernel_rows[rank] = kernels
         if report.events == 0:
             after = f" after dropping {sum(report.dropped.values())} bad lines" if report.dropped else ""
             raise TraceError(path, f"rank {rank} has no events{after}",
@@ -243,6 +249,9 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     del columns
     truth = compute_truth(timeline, spec.pp, t0_ns)
     del timeline
+    if kernel_rows:  # the pacing pipeline's ranks, one per stage, as the timeline
+        truth = replace(truth, kernels=kernel_truth([kernel_rows[rank] for rank, _c in pacing.values()
+                                                     if rank in kernel_rows], max(len(truth.iterations), 1)))
 
     warnings = list(notes)
     if len(truth.iterations) != spec.iterations:
@@ -274,10 +283,17 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
         "events": int(n_events),
         "warnings": warnings,
     }
+    if source != EVENT_LOG:  # (event-log fixtures stay as they were)
+        quality["trace_source"] = source
     if collective_summary is not None:  # only runs whose logs have collective lines (old fixtures stay as they were)
         quality["collectives"] = collective_summary
     return RunData(spec=spec, truth=truth, quality=quality, hostnames=hostnames, warnings=warnings,
                    fingerprint=fingerprint)
+
+
+def _pass_order(spec: Spec) -> Callable[[int, int], list[tuple[bool, int]]]:
+    """(is_forward, chunk) of each pass of an iteration on a stage, for a profiler trace's schedule steps."""
+    return lambda stage, microbatches: megatron_interleaved_order(spec.pp, stage, microbatches, spec.vp)
 
 
 def _starts_sorted_within_stage(columns: dict[str, np.ndarray]) -> bool:
@@ -310,7 +326,7 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
     return list(seen.values())
 
 
-def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "auto",
+def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = STATED,
            test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
            on_run: Callable[[RunOutcome], None] | None = None,
            on_start: Callable[[int], None] | None = None, hardware: RunHardware | None = None,
@@ -320,7 +336,10 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
     """Ingest every job directory under `sources`, and every run table or Megatron training log among them, into
     `store`; see the module docstring. `hardware` (--gpu/--gpus-per-node) and `warmup_iterations` are for logs and
     tables; `device_types` (the catalog's) refuses a log's or table's run on any other device type. Waits up to
-    `lock_timeout` s (None: without end) for another writer's lock, telling `on_wait` whom it waits for."""
+    `lock_timeout` s (None: without end) for another writer's lock, telling `on_wait` whom it waits for.
+    `split`: "source" (default): the split each source states (`split.SOURCE_FILE` beside it), else train (a user's
+    own runs); "auto": the grouped, hashed split (what the calibration sets need); "train" / "test": all there. A
+    group already stored keeps its split whatever is asked (a forced other one is refused)."""
     if split not in SPLIT_CHOICES:
         raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
     if not 0.0 <= test_fraction <= 1.0:
@@ -364,14 +383,17 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
         context = read_context(store, stored)  # the table folders (iteration-level runs) beside the runs' folders
         context.device_types = frozenset(device_types) if device_types is not None else None
         group_split = context.group_split
+        context.stored_groups = frozenset(group_split)
         changed = False
         batch_sources: dict[str, Path] = {}
         copies = _Copies(store, stored)
         for job_dir in job_dirs:
             outcome = RunOutcome(source=job_dir)
             try:
+                asked, fraction, outcome.split_from, forced = _asked_split(job_dir, split, test_fraction)
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources, copies,
-                                       split=split, test_fraction=test_fraction, lenient=lenient, skew_ms=skew_ms,
+                                       split=asked, forced=forced, test_fraction=fraction, lenient=lenient,
+                                       skew_ms=skew_ms, stored_groups=context.stored_groups,
                                        measured=context.table_runs.keys() | context.tables.keys())
             except DiskFull:
                 raise  # no run after it could be written either: the ingest stops, its half-written run removed
@@ -395,8 +417,18 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             store.begin_writing()  # (the tables and logs may change table folders)
         for path in measured:
             runs: list[RunOutcome] = []
-            changed |= ingest_measured(path, store, context, RunOutcome, split=split, test_fraction=test_fraction,
-                                       hardware=hardware, warmup=warmup_iterations, emit=runs.append)
+            try:
+                stated = _asked_split(path, split, test_fraction)
+            except StoreError as err:
+                runs.append(RunOutcome(source=path, error=str(err)))
+                stated = None
+            if stated is not None:
+                table_split, fraction, why, forced = stated
+                changed |= ingest_measured(path, store, context, RunOutcome, split=table_split, forced=forced,
+                                           test_fraction=fraction, hardware=hardware, warmup=warmup_iterations,
+                                           emit=runs.append)
+                for outcome in runs:
+                    outcome.split_from = outcome.split_from or why
             report.outcomes += runs
             for outcome in runs:
                 if on_run:
@@ -410,6 +442,18 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = "
             store.write_index()
         store.finish()
     return report
+
+
+def _asked_split(source: Path, split: str, test_fraction: float) -> tuple[str, float, str, bool]:
+    """The split asked of a source's runs, its test fraction, why, and whether it was forced (`--split` given, so a
+    group stored in the other split is refused); else what the source states (`split.stated_split`), else train
+    (a group already stored keeping its split: `_ingest_one`)."""
+    if split != STATED:
+        return split, test_fraction, f"--split {split}", True
+    try:
+        return (*stated_split(source, test_fraction), False)
+    except ValueError as error:
+        raise StoreError(str(error)) from None
 
 
 def _refuse_clash(store: FixtureStore, run_id: str, previous: dict[str, Any], job_dir: Path, events_sha: str) -> None:
@@ -495,7 +539,8 @@ class _Copies:
 
 def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored: dict[str, dict[str, Any]],
                 group_split: dict[str, str], batch_sources: dict[str, Path], copies: _Copies, *, split: str,
-                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS,
+                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS, forced: bool = True,
+                stored_groups: Collection[str] = frozenset(),
                 measured: Any = frozenset()) -> bool:
     """Ingest one job directory; returns whether the store changed. `measured`: the ids of the store's
     iteration-level runs and table folders, which a run with events may not take."""
@@ -512,10 +557,12 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
     batch_sources[run_id] = job_dir
     group = group_of(run_id)
     kept = stored.get(run_id, {}).get("split") or group_split.get(group)
-    if split != "auto" and kept and kept != split:
+    if forced and split != "auto" and kept and kept != split:
         raise StoreError(f"run {run_id} belongs to group {group!r}, which is stored in the {kept} split; "
                          f"--split {split} would make the group straddle train and test. Leave out --split, or "
                          f"remove the group's fixtures from {store.root} first")
+    if kept and (run_id in stored or group in stored_groups):
+        outcome.split_from = f"kept: its configuration group is stored in {kept}"
     chosen = kept or (split if split != "auto" else hashed_split(group, test_fraction))
     outcome.split = chosen
     plain = content_hash(job_dir, lenient, skew_ms)

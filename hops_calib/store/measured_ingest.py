@@ -56,6 +56,7 @@ class MeasuredContext:
     # (configuration, measurement) -> (run id, table folder, origin): a run measured so is stored once.
     measurements: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)
     device_types: frozenset[str] | None = None  # the catalog's device types (None: not checked)
+    stored_groups: frozenset[str] = frozenset()  # the groups the store held before this ingest (their split kept)
 
 
 def is_measured_source(path: Path) -> bool:
@@ -226,7 +227,7 @@ def _record(run: MeasuredRun, split: str, collectives: dict[str, str], root: Pat
 
 def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, outcome_type: Any, *,
                     split: str, test_fraction: float, hardware: RunHardware | None, warmup: int,
-                    emit: Callable[[Any], None]) -> bool:
+                    emit: Callable[[Any], None], forced: bool = True) -> bool:
     """Ingest one source file into its table folder; each run (and each bad row) is an outcome passed to `emit`.
     Returns whether the store changed."""
     kind = source_kind(path)
@@ -253,7 +254,8 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
                 emit(outcome_type(source=path, error=message))
             for fixture in store.measured_fixtures(table_id):
                 emit(outcome_type(source=path, run_id=fixture.id, status="unchanged", split=fixture.split,
-                                  kind="iteration"))
+                                  kind="iteration", split_from=f"kept: its configuration group is stored in "
+                                                              f"{fixture.split}"))
             return False
         read = _read_source(path, kind, hardware, warmup)
         used = {run.hardware.collective_tables for run in read.runs if run.hardware.collective_tables is not None}
@@ -279,7 +281,9 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
             _check_device(run, context.device_types, kind)
             run = _same_configuration(run, table_id, context)
             kept = context.group_split.get(run.group)
-            if split != "auto" and kept and kept != split:
+            if kept and run.group in context.stored_groups:
+                outcome.split_from = f"kept: its configuration group is stored in {kept}"
+            if forced and split != "auto" and kept and kept != split:
                 raise StoreError(f"run {run.run_id} belongs to group {run.group!r}, which is stored in the {kept} "
                                  f"split; --split {split} would make the group straddle train and test")
             outcome.split = kept or (split if split != "auto" else hashed_split(run.group, test_fraction))

@@ -27,3 +27,41 @@ def hashed_split(group: str, test_fraction: float = DEFAULT_TEST_FRACTION) -> st
         raise ValueError(f"test fraction {test_fraction} is not between 0 and 1")
     draw = int.from_bytes(hashlib.sha256(group.encode("utf-8")).digest()[:8], "big") / 2.0**64
     return "test" if draw < test_fraction else "train"
+
+
+# A source states the split its runs need in this file, beside them (in a source folder, or in the folder of a run
+# table or log, or of a job directory): `split = "auto"` (the grouped, hashed split calibration sets need), "train"
+# or "test", optionally `test_fraction`. A source that states nothing is the user's own: its runs go to train
+# unless `ingest --split` asks otherwise.
+SOURCE_FILE = "hops-calib-source.toml"
+STATED = "source"  # ingest's default: the split the source states, else train
+OWN_DEFAULT = "train"
+
+
+def stated_split(path, test_fraction: float = DEFAULT_TEST_FRACTION) -> tuple[str, float, str]:
+    """The split the source at `path` states for its runs (`SOURCE_FILE` in `path` itself when a folder, or in its
+    parent folder), the test fraction, and where that came from ("PATH states split = ..." or "your own source:
+    train unless --split asks"). ValueError naming the file and field for a file that cannot be read."""
+    import tomllib
+    from pathlib import Path
+
+    path = Path(path)
+    for folder in ([path] if path.is_dir() else []) + [path.parent]:
+        sidecar = folder / SOURCE_FILE
+        if not sidecar.is_file():
+            continue
+        try:
+            data = tomllib.loads(sidecar.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+            raise ValueError(f"{sidecar}: cannot be read as TOML ({error}); it states how ingest splits the runs "
+                             f"beside it: split = \"auto\", \"train\" or \"test\"") from None
+        split = data.get("split")
+        if split not in ("auto",) + SPLITS:
+            raise ValueError(f"{sidecar}: field 'split' is {split!r}; give \"auto\" (the grouped, hashed split), "
+                             "\"train\" or \"test\"")
+        fraction = data.get("test_fraction", test_fraction)
+        if not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"{sidecar}: field 'test_fraction' is {fraction!r}; give a number between 0 and 1")
+        return split, float(fraction), f"{sidecar} states split = {split!r}"
+    return OWN_DEFAULT, test_fraction, ("your own source (no " + SOURCE_FILE + " beside it): train; "
+                                        "--split auto for the grouped train/test split")

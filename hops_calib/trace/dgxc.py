@@ -229,7 +229,7 @@ class Mapping:
             found = self.setting(model, setting)
             stated = _switch(self.settings_path, found[0], setting, found[1]) if found else None
             if arg == "recompute_granularity":
-                if stated:
+                if stated and found:
                     raise TraceError(self.settings_path, f"says {found[1]!r}", line=found[0], field=setting,
                                      hint="the dgxc mapping reads no recomputation method: extend it")
                 args[arg] = None if stated is not None else ASSUMED[arg]

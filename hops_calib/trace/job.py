@@ -25,7 +25,7 @@ TEMPLATE = "hops.base.yaml"
 MANIFEST = "manifest.yaml"
 LINK_BENCH_DIR = Path("calibration") / "link_bench"
 # Any of these marks a folder as a job directory (so a job missing its trace is reported, not skipped).
-_JOB_MARKERS = (TRACE_DIR, STAGE_MAP, "megatron_args.txt")
+_JOB_MARKERS = (TRACE_DIR, STAGE_MAP, "megatron_args.txt", "torch_profile", "nsys")  # (profiler traces: rank_traces)
 _RANK_FILE = re.compile(r"rank(\d+)\.jsonl")
 
 

@@ -67,7 +67,8 @@ QUIET_ARGS = frozenset({
     "one_logger_project", "barrier_with_L1_time", "no_barrier_with_level_1_timing", "empty_unused_memory_level",
     "check_for_nan_in_loss_and_grad", "no_check_for_nan_in_loss_and_grad", "manual_gc", "manual_gc_interval",
     "deterministic_mode", "calculate_per_token_loss", "profile", "profile_step_start", "profile_step_end",
-    "profile_ranks", "use_pytorch_profiler", "record_memory_history", "memory_snapshot_path", "bert_binary_head",
+    "profile_ranks", "use_pytorch_profiler", "pytorch_profiler_collect_shapes", "pytorch_profiler_collect_callstack",
+    "pytorch_profiler_collect_chakra", "record_shapes", "nvtx_ranges", "record_memory_history", "memory_snapshot_path", "bert_binary_head",
     "test_mode",
 })
 # Megatron's arguments (args. spelling) a run table or a sidecar may give: what the spec and the cost model read, what
@@ -75,13 +76,16 @@ QUIET_ARGS = frozenset({
 # change what is priced. Any other column is refused as unknown (a misspelling would silently take the default)
 # unless it is declared as the table's own: an `x_` prefix, or the sidecar's `extra_columns`.
 KNOWN_ARGS = frozenset(MEGATRON_DEFAULTS) | frozenset(REQUIRED_ARGS) | frozenset(VOCAB_ARGS) | frozenset({
+    "fp8_recipe", "first_last_layers_bf16", "fp8_multi_head_attention", "fp8_dot_product_attention",
+    "cp_comm_type", "tp_comm_overlap_rs_dgrad",
     "data_parallel_size", "world_size", "global_batch_size", "ffn_hidden_size", "max_position_embeddings",
     "make_vocab_size_divisible_by", "untie_embeddings_and_output_weights", "clip_grad",
     "virtual_pipeline_model_parallel_size", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
     "checkpoint_activations", "checkpoint_num_layers", "recompute_activations", "distribute_saved_activations",
     "num_experts", "expert_model_parallel_size", "swiglu", "group_query_attention", "num_query_groups",
     "multi_latent_attention", "normalization", "position_embedding_type", "transformer_impl", "use_flash_attn",
-    "fp8_format", "fp8", "overlap_p2p_comm", "overlap_p2p_communication", "masked_softmax_fusion",
+    "fp8_format", "fp8", "fp8_param_gather", "fp8_wgrad", "fp8_amax_history_len", "fp8_amax_compute_algo",
+    "fp8_margin", "overlap_p2p_comm", "overlap_p2p_communication", "masked_softmax_fusion",
     "no_masked_softmax_fusion", "bias_gelu_fusion", "bias_dropout_fusion", "gradient_accumulation_fusion",
     "no_gradient_accumulation_fusion", "accumulate_allreduce_grads_in_fp32", "attention_softmax_in_fp32",
     "apply_query_key_layer_scaling", "attention_dropout", "hidden_dropout", "use_distributed_optimizer",
@@ -90,6 +94,8 @@ KNOWN_ARGS = frozenset(MEGATRON_DEFAULTS) | frozenset(REQUIRED_ARGS) | frozenset
     "num_key_value_heads", "no_overlap_p2p_communication", "use_rotary_position_embeddings", "use_tp_pp_dp_mapping",
     "zero_stage", "ds_sequence_parallel_size", "tp_comm_overlap", "fp8_hybrid", "fp8_e4m3", "hybrid_override_pattern",
     "use_flash_attn_v1", "use_flash_attn_v2", "use_flash_attn_triton", "use_flash_attn_builder", "rank_order",
+    "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    "batch_p2p_comm", "overlap_p2p_comm_warmup_flush", "overlap_p2p_communication_warmup_flush",
     "ddp_bucket_size",
 }) | QUIET_ARGS
 EXTRA_PREFIX = "x_"  # a run table's own column (a note, a date, ...): kept out of the launch, never read

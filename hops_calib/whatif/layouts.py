@@ -19,9 +19,8 @@ from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.model import Model
-from hops_calib.model.memory import GB
 from hops_calib.progress import QUIET, Progress
-from hops_calib.whatif.job_plan import divisors
+from hops_calib.whatif.launch_space import divisors
 
 MAX_LAYOUTS = 2000  # a bound on the work (a 512-GPU job has a few hundred)
 
@@ -166,27 +165,3 @@ def search_layouts(job_dir: Path | str, model: Model, *, top: int = 5,
                       over_memory=sum(1 for layout in priced if not layout.fits))
 
 
-def format_layout_plan(plan: LayoutPlan) -> str:
-    lines = [f"{plan.job}: {plan.gpus} {plan.device} GPUs, {plan.gpus_per_node} per node; {plan.priced} layouts "
-             f"priced ({plan.over_memory} would not fit the GPUs' memory, left out), {plan.refused} refused "
-             "(Megatron's shape rules or what the model does not price)"]
-    header = f"{'#':>3} {'t':>3} {'p':>3} {'d':>4} {'mb':>3} {'samples/s':>10} {'MFU %':>6} {'iter ms':>10} {'GB/GPU':>7}"
-    lines.append(header)
-
-    def row(rank: str, layout: Layout) -> str:
-        return (f"{rank:>3} {layout.tp:>3} {layout.pp:>3} {layout.dp:>4} {layout.micro_batch_size:>3} "
-                f"{layout.samples_per_s:>10.2f} {100 * layout.mfu:>6.1f} {layout.iteration_ms:>10.1f} "
-                f"{layout.peak_memory_bytes / GB:>7.1f}" + ("" if layout.fits else "  does not fit"))
-
-    for k, layout in enumerate(plan.best, 1):
-        lines.append(row(str(k), layout))
-    current = plan.current
-    lines.append(row("job", current) if not current.refused else f"job {current.name}: {current.refused}")
-    lines.append("samples/s: every data-parallel replica's; MFU: model FLOPs (3x forward, LM head, no recomputation) "
-                 "over the GPUs' peak; GB/GPU (GB: 10^9 bytes): the most any stage's GPU holds (weights, gradients, optimizer state, "
-                 "activations at the schedule's peak) against the device's capacity, with no room counted for the "
-                 "CUDA context, NCCL buffers or fragmentation (a few GB: prefer a layout with that headroom). The "
-                 "launch's other settings are kept; ranks are placed on nodes as the launch places them.")
-    for note in plan.notes:
-        lines.append(f"note: {note}")
-    return "\n".join(lines)

@@ -10,7 +10,6 @@ function, as for real runs.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 
@@ -161,34 +160,3 @@ def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: flo
     return Plan(chosen=fitting[0], candidates=tuple(fitting), rejected=tuple(rejected), closed_form=closed_form)
 
 
-def plan_report(stages: int, microbatches: int, memory_budget: float, forward_cost: float = 1.0,
-                backward_cost: float = 2.0, weight_grad_cost: float = 0.0, chunks: int = 1,
-                target_bubble: float | None = None, as_json: bool = False) -> str:
-    """`plan` rendered for the terminal: JSON or a text table (what `hops-calib plan` prints)."""
-    result = plan(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
-                  target_bubble)
-    return json.dumps({"status": "ok", **result.to_dict()}, indent=2) if as_json else format_plan(result)
-
-
-def format_plan(result: Plan) -> str:
-    """A plain-text table of the plan, chosen schedule first."""
-    header = f"{'schedule':<18}{'flushes':>8}{'peak act.':>11}{'makespan':>11}{'bubble':>9}{'util.':>8}"
-    lines = [header]
-    for c in result.candidates:
-        mark = "*" if c is result.chosen else " "
-        lines.append(f"{mark}{c.schedule:<17}{c.flushes:>8}{c.peak_activations:>11g}{c.makespan:>11g}"
-                     f"{c.bubble:>9.3f}{c.utilization:>8.3f}")
-    for r in result.rejected:
-        lines.append(f" {r.schedule}: not feasible, {r.reason}")
-    chosen = result.chosen
-    lines.append(f"chosen: {chosen.schedule}" + (f" in {chosen.flushes} flushes" if chosen.flushes > 1 else "")
-                 + f" (utilization {chosen.utilization:.3f})")
-    forms = result.closed_form
-    lines.append("closed form, balanced stages: 1F1B bubble (p-1)/(m+p-1) = " + f"{forms['bubble_1f1b']:.3f}"
-                 + (f", interleaved (p-1)/(v m+p-1) = {forms['bubble_interleaved']:.3f}"
-                    if "bubble_interleaved" in forms else ""))
-    lines.append(f"peak act.: activations on the fullest device, in {PEAK_UNIT}")
-    if "microbatches_for_target_bubble" in result.closed_form:
-        lines.append(f"balanced 1F1B reaches bubble <= {result.closed_form['target_bubble']:g} with "
-                     f"{result.closed_form['microbatches_for_target_bubble']:g} microbatches")
-    return "\n".join(lines)

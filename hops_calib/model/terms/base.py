@@ -81,7 +81,11 @@ class Layout:
 
 
 def layout_of(spec: Spec) -> Layout:
-    """The virtual-stage layout of a spec; a rank's layers are split evenly over its chunks, as Megatron requires."""
+    """The virtual-stage layout of a spec: its layers per virtual stage when it gives them (Megatron's
+    get_num_layers_to_build, megatron/core/transformer/transformer_block.py), else each rank's split evenly over its
+    chunks, as Megatron requires then."""
+    if spec.layers_per_virtual_stage:
+        return Layout(ranks=spec.pp, chunks=spec.vp, layers=tuple(spec.layers_per_virtual_stage))
     layers: list[int] = [0] * (spec.pp * spec.vp)
     for rank, on_rank in enumerate(spec.layers_per_stage):
         if on_rank % spec.vp:
@@ -122,7 +126,8 @@ class Contribution:
     forward_transfer_ms (activation) and backward_transfer_ms (gradient). Per
     rank: optimizer_ms, and grad_reduce_ms with grad_reduce_tail_ms (the rank's data-parallel gradient reduction
     and the part of it no backward hides: `Pipeline`'s fields). Per iteration: pre_optimizer_ms (barrier work after the
-    last backward) and post_optimizer_ms (per rank, before the next iteration);
+    last backward) and post_optimizer_ms (on every rank, before the next iteration; post_optimizer_rank_ms: each
+    rank's own part of it, where it differs by device type);
     stall_ms with stall_probability: an occasional delay of the pre-optimizer work
     (at most one term may price one).
     Switches (blocking_p2p, iteration_barrier, optimizer_barrier, host_after_receive_only;
@@ -142,6 +147,7 @@ class Contribution:
     optimizer_ms: tuple[float, ...] = ()
     grad_reduce_ms: tuple[float, ...] = ()
     grad_reduce_tail_ms: tuple[float, ...] = ()
+    post_optimizer_rank_ms: tuple[float, ...] = ()  # per rank, on top of post_optimizer_ms
     pre_optimizer_ms: float = 0.0
     post_optimizer_ms: float = 0.0
     stall_ms: float = 0.0
@@ -150,6 +156,10 @@ class Contribution:
     iteration_barrier: bool | None = None
     optimizer_barrier: bool | None = None
     host_after_receive_only: bool | None = None
+
+    # The per-virtual-stage fields of the decoder layers' work and its floors: what a superseding term takes over.
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("forward_ms", "backward_ms", "weight_grad_ms", "attention_core_ms",
+                                               "forward_floor_ms", "backward_floor_ms")
 
     SWITCHES: ClassVar[tuple[str, ...]] = ("blocking_p2p", "iteration_barrier", "optimizer_barrier",
                                            "host_after_receive_only")
@@ -168,6 +178,7 @@ class Contribution:
         "optimizer_ms": "ranks",
         "grad_reduce_ms": "ranks",
         "grad_reduce_tail_ms": "ranks",
+        "post_optimizer_rank_ms": "ranks",
     }
 
 
@@ -184,6 +195,13 @@ class Term(ABC):
     # backward_floor_ms) bound from below: a stage's layers take max(sum of "layers" terms, sum of floors).
     # "stage": everything else, added on top (output layer, embedding, host time, ...).
     scope: ClassVar[str] = "stage"
+    # Terms whose decoder-layer work and floors (`Contribution.LAYER_FIELDS`) this term prices in their place: on a
+    # stage whose device type this term covers (`covers`), `Model` drops those fields of theirs; elsewhere they stand.
+    supersedes: ClassVar[tuple[str, ...]] = ()
+
+    def covers(self, params: Mapping[str, float], device_type: str) -> bool:
+        """Whether this term prices, on `device_type`, the layer work of the terms it supersedes."""
+        return bool(self.supersedes)
 
     @classmethod
     def summary(cls) -> str:

@@ -65,15 +65,21 @@ class DecoderKernels(Term):
     The host launches every kernel (PyTorch's dispatcher, the CUDA launch): `launch_us` of host time per kernel, so
     a layer can go no faster than its kernel count times that, whatever its GPU work: the layer's floor (the
     simulator takes the longer of the two), the mechanism the fitted per-layer launch floor stands in for. With
-    these the term can replace `decoder_roofline`, `attention_score_traffic`, `elementwise_traffic` and the per-layer
-    floors (`layer_launch_floor`, `layer_dispatch_floor`'s per-layer times); it is inactive until a model activates
-    it. Every parameter may take a value per device type; `use_tables` = 0 prices from the datasheet even where the
-    machine has tables.
+    these the term replaces `decoder_roofline`, `attention_score_traffic`, `elementwise_traffic` and the per-layer
+    times and floors (`layer_launch_floor`, `layer_dispatch_floor`'s per-layer times; its per-task host step stays)
+    on the device types it is `enabled` for (`Term.supersedes`: `Model` drops their layer work there), and prices
+    nothing on the others, where those terms stand. Every parameter may take a value per device type; `use_tables`
+    = 0 prices from the datasheet even where the machine has tables.
     """
 
     name = "decoder_kernels"
     scope = "layers"
+    supersedes = ("decoder_roofline", "attention_score_traffic", "elementwise_traffic", "layer_launch_floor",
+                  "layer_dispatch_floor")
     params = (
+        Param("enabled", 1.0, 0.0, 1.0, "switch",
+              "1: the layers of this device type are priced as their kernels, in place of the terms this one "
+              "supersedes; 0: by those terms (this one prices nothing there)", choices=(0.0, 1.0), per_device=True),
         Param("gemm_efficiency", 0.8, 0.1, 1.0, "fraction of peak",
               "default curve: a full tile's achieved fraction of the dense peak at large K, where the device has no "
               "GEMM table (cuBLAS reaches 0.7-0.9 on large 16-bit GEMMs)", per_device=True),
@@ -95,10 +101,17 @@ class DecoderKernels(Term):
         Param("launch_us", 5.0, 0.0, 200.0, "us",
               "host time to launch one kernel (PyTorch dispatch and cudaLaunchKernel); kernels x this floors a "
               "layer", per_device=True),
+        Param("backward_launch_us", 5.0, 0.0, 400.0, "us",
+              "host time to launch one kernel of the backward (the autograd engine's per-node work on top of the "
+              "dispatch and cudaLaunchKernel); the backward's kernels x this floor a layer's backward",
+              per_device=True),
         Param("use_tables", 1.0, 0.0, 1.0, "switch",
               "1: price from the machine's GEMM and memory tables where it has them; 0: from the datasheet",
               choices=(0.0, 1.0), per_device=True),
     )
+
+    def covers(self, params: Mapping[str, float], device_type: str) -> bool:
+        return self.value(params, "enabled", device_type) == 1.0
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         spec = context.spec
@@ -106,12 +119,22 @@ class DecoderKernels(Term):
         forward_kernels = layer_forward(shape, settings)
         backward_kernels = layer_backward(shape, settings)
         priced: dict[str, tuple[float, float, float, float, float, float]] = {}
-        forward, backward, weight_grad, core, forward_floor, backward_floor = [], [], [], [], [], []
+        forward: list[float] = []
+        backward: list[float] = []
+        weight_grad: list[float] = []
+        core: list[float] = []
+        forward_floor: list[float] = []
+        backward_floor: list[float] = []
         for k, layers in enumerate(context.layout.layers):
             device = context.device_of(k)
+            if not self.covers(params, device.type):
+                for values in (forward, backward, weight_grad, core, forward_floor, backward_floor):
+                    values.append(0.0)
+                continue
             if device.type not in priced:
                 pricer = pricer_of(spec, device, params)
                 launch_ms = self.value(params, "launch_us", device.type) / 1e3
+                backward_launch_ms = self.value(params, "backward_launch_us", device.type) / 1e3
                 ms = {id(kernel): pricer.price(kernel).ms for kernel in forward_kernels + backward_kernels}
                 compute = [kernel for kernel in forward_kernels if kernel.op != COLLECTIVE]
                 priced[device.type] = (
@@ -119,7 +142,7 @@ class DecoderKernels(Term):
                     sum(ms[id(kernel)] for kernel in backward_kernels),
                     sum(ms[id(kernel)] for kernel in backward_kernels if kernel.phase == WGRAD),
                     sum(ms[id(kernel)] for kernel in compute if kernel.core_attention),
-                    launch_ms * len(forward_kernels), launch_ms * len(backward_kernels))
+                    launch_ms * len(forward_kernels), backward_launch_ms * len(backward_kernels))
             f, b, w, c, ff, bf = priced[device.type]
             launch_ms = self.value(params, "launch_us", device.type) / 1e3
             # selective recomputation's kernels are launched again in the backward (full recomputation's floor is

@@ -59,7 +59,7 @@ class ElementwiseTraffic(Term):
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         shape = context.spec.model
         element = gpt.bytes_per_element(shape)
-        tokens = shape.micro_batch_size * shape.seq_length
+        tokens = gpt.local_tokens(shape)  # s / cp x b under context parallelism
         # Per GPU of a tensor-parallel group: the MLP's s x b x f activations split t ways; the s x b x h ones
         # (norms, residuals, dropouts) stay whole unless sequence parallelism splits them.
         t = shape.tensor_parallel

@@ -22,7 +22,7 @@ def rank_parameters(context: Context, rank: int) -> float:
 def optimizer_shard(spec: Spec) -> int:
     """How many ways a GPU's optimizer state and step are split: over the data-parallel replicas under the
     distributed optimizer (each updates its 1/d of the parameters, then all-gathers them), else 1."""
-    return spec.dp if spec.distributed_optimizer else 1
+    return spec.dp * spec.cp if spec.distributed_optimizer else 1  # the data x context-parallel group
 
 
 class OptimizerStep(Term):
@@ -50,7 +50,8 @@ class OptimizerStep(Term):
     category = "optimizer"
     params = (
         Param("bytes_per_parameter", 42.0, 16.0, 64.0, "bytes",
-              "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)"),
+              "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)",
+              per_device=True),
         Param("memory_efficiency", 0.8, 0.005, 1.0, "fraction of peak",
               "achieved fraction of the device memory bandwidth by the optimizer's elementwise kernels", log=True,
               per_device=True),
@@ -67,7 +68,7 @@ class OptimizerStep(Term):
             times.append(self.value(params, "fixed_ms", device.type)
                          + self.value(params, "per_layer_ms", device.type) * context.layout.layers_on_rank(rank)
                          + rank_parameters(context, rank) / optimizer_shard(context.spec)
-                         * params["bytes_per_parameter"] / bytes_per_ms)
+                         * self.value(params, "bytes_per_parameter", device.type) / bytes_per_ms)
         return Contribution(optimizer_ms=tuple(times))
 
 

@@ -49,7 +49,7 @@ class OutputLayerLoss(Term):
         layout, shape = context.layout, context.spec.model
         last = layout.virtual_stages - 1
         device = context.device_of(last)
-        tokens = shape.seq_length * shape.micro_batch_size
+        tokens = gpt.local_tokens(shape)  # s / cp x b under context parallelism
         vocab = gpt.vocab_per_gpu(shape)  # the output layer is vocabulary-parallel: V/t columns per GPU
         flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device.type) / 1e3
         bytes_per_ms = device.memory_bandwidth_bytes_per_s / 1e3

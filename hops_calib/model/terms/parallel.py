@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TypedDict
+from typing import Any, TypedDict
 
-from hops_calib.model import gpt
+from hops_calib.model import gpt, kernels
 from hops_calib.model.collectives import ALGORITHMS, collective_ms
-from hops_calib.model.memory import gradient_bytes
+from hops_calib.model.devices import DeviceSpec
+from hops_calib.model.kernel_pricing import peak_flops_per_s
+from hops_calib.model.memory import gradient_bytes, parameter_gather_bytes
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
 from hops_calib.model.terms.optimizer import rank_parameters
 from hops_calib.spec import Spec
@@ -63,16 +65,72 @@ def tp_async_backward(spec: Spec) -> tuple[tuple[str, float], ...]:
         return ()
     shape = spec.model
     op = "reduce_scatter" if shape.sequence_parallel else "all_reduce"
-    tokens = shape.seq_length * shape.micro_batch_size
+    tokens = gpt.local_tokens(shape)
     fc1_width = shape.ffn_hidden_size * (2 if shape.swiglu else 1)
     return ((op, 2.0 * tokens * shape.hidden_size * gpt.qkv_width(shape) / spec.tp),
             (op, 2.0 * tokens * shape.hidden_size * fc1_width / spec.tp))
 
 
+# Transformer Engine's userbuffers overlap (--tp-comm-overlap; megatron-core hands TE `ub_overlap_ag`,
+# `ub_overlap_rs`, `ub_bulk_dgrad`, `ub_bulk_wgrad`: `extensions/transformer_engine.py` TELinear /
+# TELayerNormColumnParallelLinear, from `model_parallel_config.py` tp_comm_overlap_ag / _rs / tp_comm_bulk_dgrad /
+# _wgrad, all on by default). TE's methods (`transformer_engine/pytorch/module/base.py` `initialize_ub`):
+# ring_exchange for the all-gathers fused with a GEMM (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad: t chunks, the
+# GEMM of one chunk while the next arrives), pipeline for the reduce-scatters after the row-parallel forward GEMMs
+# (proj_fprop, fc2_fprop: `num_splits` 4 by default, each chunk reduce-scattered while the next is computed), bulk
+# for the backward's all-gather of the input under the input-gradient GEMM and the reduce-scatter of the input
+# gradient under the weight-gradient GEMM.
+RING, PIPELINE, BULK = "ring_exchange", "pipeline", "bulk"
+TP_OVERLAP_PIPELINE_SPLITS = 4
+
+
+def tp_comm_overlap(spec: Spec) -> bool:
+    """Whether the launch overlaps its layers' tensor-parallel collectives with their GEMMs (--tp-comm-overlap,
+    which Megatron allows only with sequence parallelism and the TE layer)."""
+    return bool(spec.megatron_args.get("tp_comm_overlap")) and spec.tp > 1 and spec.model.sequence_parallel
+
+
+def tp_overlap_pairs(spec: Spec) -> dict[str, tuple[tuple[str, float, str], ...]]:
+    """Per phase, one decoder layer's overlapped collectives as (kind, FLOPs per GPU of the GEMM it runs under,
+    method): forward the QKV's and fc1's input all-gathers (ring exchange with their GEMMs) and the projection's and
+    fc2's output reduce-scatters (pipelined with theirs); backward the row-parallel layers' output-gradient
+    all-gathers (ring exchange with their input-gradient GEMMs) and the column-parallel layers' input-gradient
+    reduce-scatters (bulk, under their weight-gradient GEMMs). A switch turned off (--disable-tp-comm-overlap-ag,
+    -rs, --disable-tp-comm-bulk-wgrad) leaves its collectives out: they block."""
+    args, shape, t = spec.megatron_args, spec.model, spec.tp
+    tokens, h = gpt.local_tokens(shape), shape.hidden_size
+    fc1 = shape.ffn_hidden_size * (2 if shape.swiglu else 1)
+    q = shape.num_attention_heads * (h // shape.num_attention_heads)
+    flops = {"qkv": 2.0 * tokens * h * gpt.qkv_width(shape) / t, "proj": 2.0 * tokens * h * q / t,
+             "fc1": 2.0 * tokens * h * fc1 / t, "fc2": 2.0 * tokens * h * shape.ffn_hidden_size / t}
+
+    def on(name: str) -> bool:
+        return args.get(name, True) is not False and not args.get(f"disable_{name}")
+
+    ag, rs, bulk = on("tp_comm_overlap_ag"), on("tp_comm_overlap_rs"), on("tp_comm_bulk_wgrad")
+    forward = ([("all_gather", flops["qkv"], RING), ("all_gather", flops["fc1"], RING)] if ag else []) + (
+        [("reduce_scatter", flops["proj"], PIPELINE), ("reduce_scatter", flops["fc2"], PIPELINE)] if rs else [])
+    backward = ([("all_gather", flops["fc2"], RING), ("all_gather", flops["proj"], RING)] if ag else []) + (
+        [("reduce_scatter", flops["fc1"], BULK), ("reduce_scatter", flops["qkv"], BULK)] if bulk else [])
+    return {"FORWARD": tuple(forward), "BACKWARD": tuple(backward)}
+
+
+def overlap_exposed_ms(comm_ms: float, gemm_ms: float, method: str, t: int) -> float:
+    """What of a collective overlapped with its GEMM stays on the critical path. Ring exchange (t chunks): the GEMM
+    starts on the GPU's own chunk, each of the t - 1 others exposes what its transfer outlasts a chunk's GEMM.
+    Pipeline (`TP_OVERLAP_PIPELINE_SPLITS` chunks): the same, plus the last chunk's reduce-scatter after the last
+    GEMM. Bulk: what the collective outlasts the GEMM it runs under."""
+    if method == BULK:
+        return max(0.0, comm_ms - gemm_ms)
+    n = t if method == RING else TP_OVERLAP_PIPELINE_SPLITS
+    tail = comm_ms / n if method == PIPELINE else 0.0
+    return tail + (n - 1) * max(0.0, (comm_ms - gemm_ms) / n)
+
+
 def hidden_bytes(spec: Spec) -> float:
     """One s x b x h activation buffer in the training precision: what a layer's collectives move."""
     shape = spec.model
-    return float(shape.seq_length * shape.micro_batch_size * shape.hidden_size * gpt.bytes_per_element(shape))
+    return float(gpt.local_tokens(shape) * shape.hidden_size * gpt.bytes_per_element(shape))
 
 
 def tp_collectives(spec: Spec, virtual_stage: int, layers: int) -> dict[str, dict[tuple[str, float], int]]:
@@ -86,7 +144,7 @@ def tp_collectives(spec: Spec, virtual_stage: int, layers: int) -> dict[str, dic
     if spec.tp <= 1:
         return {}
     shape = spec.model
-    tokens = shape.seq_length * shape.micro_batch_size
+    tokens = gpt.local_tokens(shape)
     hidden = hidden_bytes(spec)
     found: dict[str, dict[tuple[str, float], int]] = {"FORWARD": {}, "BACKWARD": {}}
 
@@ -133,7 +191,7 @@ def dp_buckets(spec: Spec, parameters: float, rank: int = 0, first_rank_only: bo
         return 1
     given = spec.megatron_args.get("ddp_bucket_size")
     size = _bucket_size(spec, given) if given is not None else max(BUCKET_PARAMETERS,
-                                                                    BUCKET_PARAMETERS_PER_REPLICA * spec.dp)
+                                                                    BUCKET_PARAMETERS_PER_REPLICA * spec.dp * spec.cp)
     return max(1, math.ceil(parameters / size))
 
 
@@ -159,8 +217,9 @@ class TensorParallelComm(Term):
     an all-gather, the same bytes on the wire. The vocabulary-parallel embedding, output layer and cross entropy
     add their own (`tp_collectives`, which the CPU captures record one for one). The collectives are blocking:
     every rank of the group waits for the slowest to reach them and the next kernel needs their result, so they
-    add to the stage's time, not under the host's launch floor (Transformer Engine's userbuffer overlap, which
-    would hide them, is refused by the spec); full recomputation runs the recomputed layers' forward collectives
+    add to the stage's time, not under the host's launch floor (with Transformer Engine's userbuffers overlap,
+    --tp-comm-overlap, the layers' collectives run under their GEMMs instead: `tp_overlap_pairs`,
+    `overlap_exposed_ms`); full recomputation runs the recomputed layers' forward collectives
     again in the backward. Each is priced from the node's all-reduce benchmark at t GPUs where there is one, else
     by the ring model (`hops_calib.model.collectives`); `efficiency` is the fraction of that rate the collectives
     reach inside a training step, `step_latency_ms` a ring step's latency and `contention_step_ms` what each step
@@ -196,6 +255,11 @@ class TensorParallelComm(Term):
                            for (op, nbytes), count in counts.items())
 
             phases = tp_collectives(spec, k, layers)
+            if tp_comm_overlap(spec):
+                forward_ms, backward_ms = self._overlapped(spec, device, rank, rates, phases, layers, price)
+                forward.append(forward_ms)
+                backward.append(backward_ms)
+                continue
             # one layer's forward collectives, which full recomputation runs again
             per_layer = price({(op, hidden): count for op, count in tp_collectives_per_layer(spec).items()})
             blocking = dict(phases["BACKWARD"])
@@ -207,6 +271,30 @@ class TensorParallelComm(Term):
             backward.append(price(blocking) + layers * exposed + spec.model.recomputed_layers(layers) * per_layer)
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
 
+    @staticmethod
+    def _overlapped(spec: Spec, device: DeviceSpec, rank: int, rates: dict[str, float],
+                    phases: dict[str, dict[tuple[str, float], int]], layers: int, price: Any) -> tuple[float, float]:
+        """(forward, backward) ms of a virtual stage under --tp-comm-overlap: each layer's overlapped collectives
+        expose `overlap_exposed_ms` against their GEMMs (at the device's peak for the GEMMs' precision, so the
+        exposure is an upper bound), the rest (the embedding's and output layer's, a switched-off method's) block;
+        full recomputation runs the forward's again."""
+        hidden = hidden_bytes(spec)
+        fp8 = bool(kernels.fp8_format(spec.megatron_args))
+        flops_per_ms = peak_flops_per_s(device, "fp8" if fp8 else "bf16") / 1e3
+        pairs = tp_overlap_pairs(spec)
+        exposed, blocking = {}, {}
+        for phase in ("FORWARD", "BACKWARD"):
+            exposed[phase] = sum(overlap_exposed_ms(collective_ms(spec, device, op, hidden, "tp", stage=rank, **rates),
+                                                    flops / flops_per_ms, method, spec.tp)
+                                 for op, flops, method in pairs[phase])
+            counts = dict(phases[phase])
+            for op, _, _ in pairs[phase]:
+                counts[(op, hidden)] -= layers
+            blocking[phase] = price(counts)
+        recomputed = spec.model.recomputed_layers(layers)
+        return (blocking["FORWARD"] + layers * exposed["FORWARD"],
+                blocking["BACKWARD"] + layers * exposed["BACKWARD"] + recomputed * exposed["FORWARD"])
+
 
 class DataParallelGradReduce(Term):
     """Each rank reduces its gradients over its data-parallel replicas after its backwards, or under them in buckets.
@@ -214,7 +302,8 @@ class DataParallelGradReduce(Term):
     Physics: the d replicas of a stage each hold the gradients of their own microbatches; before the optimizer
     step Megatron all-reduces them over the data-parallel group (with the distributed optimizer it
     reduce-scatters them instead, each replica then updates its 1/d of the parameters and all-gathers the updated
-    16-bit weights: megatron/core/distributed/param_and_grad_buffer.py, _ParamAndGradBucketGroup.start_grad_sync
+    16-bit weights, the linear ones in FP8 under --fp8-param-gather: `memory.parameter_gather_bytes`;
+    megatron/core/distributed/param_and_grad_buffer.py, _ParamAndGradBucketGroup.start_grad_sync
     and start_param_sync). The bytes are the rank's parameters (on one GPU of its tensor-parallel group) times
     the gradient element (`gradient_bytes`: fp32 under bf16). Without --overlap-grad-reduce the reduction is one
     collective after the rank's last backward (DistributedDataParallel.finish_grad_sync, called by
@@ -252,10 +341,13 @@ class DataParallelGradReduce(Term):
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         spec = context.spec
-        if spec.dp <= 1:
+        if spec.dp * spec.cp <= 1:
             return Contribution()
         algorithm = ALGORITHMS[int(params["algorithm"])]
         first_rank_only = bool(params["first_rank_buckets"])
+        # the gradients are reduced over the data x context-parallel group (`DistributedDataParallel` over
+        # `get_data_parallel_group(with_context_parallel=True)`): every CP rank holds gradients of its own tokens
+        group = "dp_cp" if spec.cp > 1 else "dp"
         whole, tails, gathers = [], [], []
         for rank, device in enumerate(context.devices):
             parameters = rank_parameters(context, rank)
@@ -263,14 +355,15 @@ class DataParallelGradReduce(Term):
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
             rates = _rates(context, params, device.type)
             net = Term.value(params, "net_step_latency_ms", device.type)
-            bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), "dp",
+            bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), group,
                                       stage=rank, algorithm=algorithm, net_step_latency_ms=net, **rates)
             whole.append(buckets * bucket_ms)
             tails.append(bucket_ms)
             gather = 0.0
             if spec.distributed_optimizer and not spec.overlap_param_gather:
-                gather = collective_ms(spec, device, "all_gather", parameters * gpt.bytes_per_element(spec.model),
-                                       "dp", stage=rank, algorithm=algorithm, net_step_latency_ms=net, **rates)
+                gather = collective_ms(spec, device, "all_gather",
+                                       parameter_gather_bytes(spec, parameters, spec.layers_per_stage[rank]),
+                                       group, stage=rank, algorithm=algorithm, net_step_latency_ms=net, **rates)
             gathers.append(gather)
         return Contribution(grad_reduce_ms=tuple(whole), grad_reduce_tail_ms=tuple(tails),
                             optimizer_ms=tuple(gathers) if any(gathers) else ())

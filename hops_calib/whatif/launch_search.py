@@ -1,0 +1,154 @@
+"""The launch search's search: a seeded optuna (TPE) study over a space too large to price whole, then coordinate
+ascent from its best and from the job's own launch, under a budget of simulated tasks. See
+`hops_calib.whatif.job_plan`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hops_calib.progress import QUIET, Progress
+from hops_calib.spec import Spec
+from hops_calib.whatif.launch_pricing import Outcome
+from hops_calib.whatif.launch_space import Launch, Space
+
+# Launches searched one by one (about 1 ms each); more, and a seeded optuna study samples them.
+EXHAUSTIVE_LIMIT = 10000
+
+
+def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], trials: int, seed: int,
+                   progress: Progress) -> None:
+    """A seeded TPE study over the space's dimensions: the stage order as a random key per device (sorting the keys
+    gives the order, so TPE can learn that a device belongs early or late), the micro-batch size, the schedule (with
+    its chunks) and the split. A combination outside the space (an interleaved launch Megatron refuses), a candidate
+    that cannot run and one that does not fit memory score nothing."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    shapes = set(space.shapes())
+    schedules = sorted({(schedule, chunks) for _, _, _, schedule, chunks, _ in shapes})
+    # the split as one dimension: the space's first/last settings, then the even split's accounted variants
+    splits = [(first, last, (False, False)) for first, last in space.splits] + [
+        (None, None, accounted) for accounted in ((True, False), (False, True), (True, True)) if space.accounting]
+    devices = space.devices if space.devices is not None else space.current_order
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+    progress.start(trials)
+
+    def objective(trial: Any) -> float:
+        if space.orders_count() > 1:
+            keys = [trial.suggest_float(f"key {device}", 0.0, 1.0) for device in devices]
+            order = space.canonical(devices[k] for k in sorted(range(len(keys)), key=keys.__getitem__))
+        else:
+            order = space.current_order
+        size = trial.suggest_categorical("micro_batch_size", list(space.sizes))
+        schedule, chunks = schedules[trial.suggest_categorical("schedule", list(range(len(schedules))))]
+        first, last, accounted = splits[trial.suggest_categorical("split", list(range(len(splits))))]
+        if chunks > 1:
+            first = last = None
+        progress.advance(schedule)
+        if (size, first, last, schedule, chunks, accounted) not in shapes:
+            return 0.0
+        outcome = score(Launch(order, first, last, schedule, chunks, size, accounted))
+        return outcome.samples_per_s if outcome is not None and outcome.fits else 0.0
+
+    study.optimize(objective, n_trials=trials)
+
+
+def _local_search(space: Space, score: Callable[[Launch], Outcome | None], starts: Sequence[Outcome],
+                  known: Callable[[Launch], bool], budget: int, progress: Progress = QUIET, done: int = 0,
+                  max_steps: int = 50) -> tuple[int, AscentStop | None]:
+    """Coordinate ascent from each start that fits: evaluate every launch that differs from the current one in the
+    order only (every distinct order up to `ALL_ORDERS` of them, else every swap of two stages) or in the shape only
+    (every split, schedule and micro-batch size of the space), nearest first (the fewest of schedule, micro-batch
+    size, order and split changed, in that order), and move to the fastest while it is faster. At most `budget`
+    launches not priced before (`known`) are priced, shown on `progress` after `done` units. Returns the steps taken
+    (moves to a faster neighbour) and, when the budget stopped the ascent, where (`AscentStop`)."""
+    shapes = space.shapes()
+    every_order = space.devices is not None and space.orders_count() <= ALL_ORDERS
+    steps = spent = 0
+
+    def nearness(a: Launch, b: Launch) -> tuple[int, tuple[bool, ...]]:
+        """How many of the schedule, the micro-batch size, the order and the split differ, then which: the
+        schedule's changes first, the split's last."""
+        changed = ((a.schedule, a.chunks) != (b.schedule, b.chunks), a.micro_batch_size != b.micro_batch_size,
+                   a.order != b.order, (a.first, a.last, a.accounted) != (b.first, b.last, b.accounted))
+        return sum(changed), tuple(not flag for flag in changed)
+
+    for index, start in enumerate(starts):
+        if not start.fits:
+            continue
+        current = start
+        for step in range(1, max_steps + 1):
+            launch = current.launch
+            if every_order:
+                orders = [tuple(o) for o in space.orders()]
+            elif space.devices is not None:
+                orders = []
+                for i, j in itertools.combinations(range(len(launch.order)), 2):
+                    order = list(launch.order)
+                    order[i], order[j] = order[j], order[i]
+                    orders.append(space.canonical(order))  # a swap of two devices of one kind changes nothing
+                orders = list(dict.fromkeys(orders))
+            else:
+                orders = []
+            neighbours = [replace(launch, order=order) for order in orders]
+            neighbours += [Launch(launch.order, first, last, schedule, chunks, size, accounted)
+                           for size, first, last, schedule, chunks, accounted in shapes]
+            # each once, the launch itself not its own neighbour (its order and its shape are among the candidates)
+            neighbours = [n for n in dict.fromkeys(neighbours) if n != launch]
+            # nearest first (one change: the schedule, the micro-batch size, the order, the split; then two, ...):
+            # what a budget leaves unpriced is the farthest
+            neighbours.sort(key=lambda n: nearness(n, launch))
+            better = current
+            already = 0  # neighbours scanned that were priced before (the study's, an earlier step's)
+            for scanned, neighbour in enumerate(neighbours):
+                if known(neighbour):
+                    already += 1
+                else:
+                    if spent >= budget:
+                        return steps, AscentStop(index, step, scanned, len(neighbours), already)
+                    spent += 1
+                    progress.update(done + spent, done + budget)
+                outcome = score(neighbour)
+                if outcome is not None and outcome.fits and outcome.samples_per_s > better.samples_per_s:
+                    better = outcome
+            if better is current:
+                break
+            current = better
+            steps += 1
+    return steps, None
+
+
+@dataclass(frozen=True)
+class AscentStop:
+    """Where the coordinate ascent's budget ran out: scanning the neighbours of step `step` (1: the start's own
+    neighbourhood) from start `start` (an index of the starts), `scanned` of its `neighbours` looked at, `known` of
+    them priced before (the rest priced new, against the budget)."""
+
+    start: int
+    step: int
+    scanned: int
+    neighbours: int
+    known: int = 0
+
+
+# The coordinate ascent after a study prices at most this many simulated tasks' worth of launches, counted at the
+# job's own launch's size: a 512-GPU launch of 192 microbatches on 8 stages (3072 tasks, about 60 ms to price) gets
+# 651 launches, a 6-stage cluster run's thousands (about 1 ms each).
+ASCENT_TASKS = 2_000_000
+
+
+def _tasks(spec: Spec) -> int:
+    """The compute tasks of one iteration of `spec` (a forward and a backward per microbatch, stage and chunk)."""
+    return 2 * spec.microbatches * spec.pp * spec.vp
+
+
+def ascent_budget(spec: Spec, trials: int, tasks: int = ASCENT_TASKS) -> int:
+    """The launches the coordinate ascent may price on the job of `spec` (its own launch): `tasks` simulated tasks'
+    worth at its size, and at least `trials`."""
+    return max(trials, tasks // max(_tasks(spec), 1))
+
+
+ALL_ORDERS = 5040  # up to 7 stages, a step of local search tries every order

@@ -1,0 +1,214 @@
+"""The launch search's space: a `Launch` (stage order, layer split, schedule, micro-batch size) and the `Space` of
+launches a plan searches, as dimensions (never listed whole), with Megatron's layer splits. See
+`hops_calib.whatif.job_plan`."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hops_calib.errors import InputError
+
+SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "gpipe", "auto")
+MEGATRON_SCHEDULES = ("1f1b", "interleaved_1f1b")  # what Megatron-LM's own schedules run
+
+
+@dataclass(frozen=True)
+class Launch:
+    order: tuple[str, ...]  # device id per stage
+    first: int | None  # --decoder-first-pipeline-num-layers (None: not pinned)
+    last: int | None  # --decoder-last-pipeline-num-layers
+    schedule: str  # one of SCHEDULES
+    chunks: int  # model chunks per rank (interleaved 1F1B); 1 otherwise
+    micro_batch_size: int
+    # (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split): the embedding and/or the loss
+    # counted as a layer of the even split (never with first/last pinned: Megatron asserts so)
+    accounted: tuple[bool, bool] = (False, False)
+
+    def label(self) -> str:
+        pinned = [f"{end} stage {n} layers" for end, n in (("first", self.first), ("last", self.last)) if n is not None]
+        pieces = [piece for piece, on in zip(("embedding", "loss"), self.accounted) if on]
+        split = (" and ".join(pinned) + ", the rest even" if pinned
+                 else f"even with the {' and '.join(pieces)} as a layer" if pieces else "even")
+        schedule = f"{self.schedule} v={self.chunks}" if self.chunks > 1 else self.schedule
+        return f"{schedule}, mbs {self.micro_batch_size}, split {split}, order {'-'.join(self.order)}"
+
+
+def layer_splits(num_layers: int, pp: int) -> list[tuple[int | None, int | None]]:
+    """Every split Megatron launches: even, or the first and/or last stage pinned with the rest spread evenly
+    (each stage at least one layer)."""
+    from hops_calib.spec import split_layers
+
+    if num_layers > MAX_SPLIT_LAYERS:
+        raise InputError("plan", f"{num_layers} layers have about {num_layers ** 2} first/last settings to search",
+                         field="--keep-split", hint=f"keep the job's split (--keep-split) above {MAX_SPLIT_LAYERS} "
+                                                    "layers")
+    splits: list[tuple[int | None, int | None]] = []
+    options: list[int | None] = [None, *range(1, num_layers + 1)]
+    for first, last in itertools.product(options, options):
+        if pp == 1 and (first, last) != (None, None):
+            continue
+        try:
+            counts = split_layers(num_layers, pp, first, last)
+        except ValueError:
+            continue
+        if min(counts) >= 1 and (first is None or last is None or pp > 1):
+            splits.append((first, last))
+    # two settings giving the same split are one launch: keep the one with fewer pins
+    seen: dict[tuple[int, ...], tuple[int | None, int | None]] = {}
+    for first, last in sorted(splits, key=lambda s: (s[0] is not None) + (s[1] is not None)):
+        seen.setdefault(split_layers(num_layers, pp, first, last), (first, last))
+    return list(seen.values())
+
+
+MAX_SPLIT_LAYERS = 512  # layer splits are searched up to this depth (the settings grow as its square)
+
+
+ACCOUNTING_FLAGS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+
+
+def accounted_splits(num_layers: int, pp: int, chunks: int = 1, taken: Iterable[tuple[int, ...]] = ()
+                     ) -> list[tuple[bool, bool]]:
+    """The (embedding, loss) accounting Megatron runs on `num_layers` over `pp` ranks of `chunks` model chunks,
+    besides none: the layers plus the pieces counted divide evenly over the virtual stages, and the first and last
+    keep a layer to give up (`spec.stage_layers.layers_accounting`, Megatron's get_num_layers_to_build). One that
+    builds the layers of a split in `taken` (decoder layers per rank, one chunk each), or the even split's, is that
+    launch: left out."""
+    from hops_calib.spec.stage_layers import LayoutError, layers_accounting
+
+    if pp == 1:
+        return []
+    seen = set(taken) if chunks == 1 else set()
+    if num_layers % (pp * chunks) == 0:
+        seen.add((num_layers // (pp * chunks),) * (pp * chunks) if chunks > 1 else (num_layers // pp,) * pp)
+    found = []
+    for accounted in ((True, False), (False, True), (True, True)):
+        try:
+            split = layers_accounting(num_layers, pp, chunks, *accounted)
+        except LayoutError:
+            continue
+        layers = split.per_virtual_stage or (split.per_rank if chunks == 1 else tuple(
+            split.per_rank[k % pp] // chunks for k in range(pp * chunks)))
+        if layers not in seen:
+            seen.add(layers)
+            found.append(accounted)
+    return found
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+@dataclass(frozen=True)
+class Space:
+    """The launches a plan searches, as dimensions: never listed whole (8 stages have 40320 orders alone).
+
+    `devices` None: the job's own order only. Devices of one kind (`kinds`: an index per device of `devices`, equal
+    for interchangeable devices, see `JobPlanner.kinds`) price alike wherever they sit, so only orders of kinds are
+    distinct launches: each is searched once, by its canonical device order (the devices of a kind in the order the
+    job's own launch has them, so the job's own order is its own canonical one). Interleaved 1F1B takes the even
+    split only and v model chunks per rank where v divides the layers per rank and the microbatches are a multiple
+    of the stages (Megatron's rule); with `accounting`, also the even splits that count the embedding and/or the
+    loss as a layer (`accounted_splits`: on one chunk per rank they build what a first/last pin builds).
+    """
+
+    devices: tuple[str, ...] | None
+    current_order: tuple[str, ...]
+    splits: tuple[tuple[int | None, int | None], ...]
+    sizes: tuple[int, ...]
+    schedules: tuple[str, ...]
+    layers: int
+    pp: int
+    batch: int
+    kinds: tuple[int, ...] = ()  # () : every device a kind of its own
+    accounting: bool = False  # also the even split with the embedding and/or loss counted (`accounted_splits`)
+
+    def _kind(self) -> dict[str, int]:
+        devices = self.devices if self.devices is not None else self.current_order
+        return dict(zip(devices, self.kinds or range(len(devices))))
+
+    def orders_count(self) -> int:
+        """Distinct orders: n! / (n_1! n_2! ...) for n devices of kinds of n_k each."""
+        if self.devices is None:
+            return 1
+        counts: dict[int, int] = {}
+        for kind in self._kind().values():
+            counts[kind] = counts.get(kind, 0) + 1
+        return math.factorial(len(self.devices)) // math.prod(math.factorial(c) for c in counts.values())
+
+    def by_kind(self) -> tuple[dict[str, int], dict[int, list[str]]]:
+        """Each device's kind, and each kind's devices in the order the job's own launch has them."""
+        kind = self._kind()
+        by_kind: dict[int, list[str]] = {}
+        for device in self.current_order:
+            by_kind.setdefault(kind[device], []).append(device)
+        return kind, by_kind
+
+    @staticmethod
+    def _deal(by_kind: dict[int, list[str]], kinds: Iterable[int]) -> tuple[str, ...]:
+        """The canonical order of a sequence of kinds: at each stage the next device of its kind."""
+        taken = {k: iter(devices) for k, devices in by_kind.items()}
+        return tuple(next(taken[k]) for k in kinds)
+
+    def canonical(self, order: Iterable[str]) -> tuple[str, ...]:
+        """The device order that stands for every order with the same kinds at the same stages."""
+        kind, by_kind = self.by_kind()
+        return self._deal(by_kind, (kind[device] for device in order))
+
+    def orders(self):
+        """Every distinct order, canonical, in lexicographic order of kind sequences (with every device a kind of
+        its own: itertools.permutations' order, the job's own first)."""
+        if self.devices is None:
+            yield self.current_order
+            return
+        kind, by_kind = self.by_kind()
+        rank = {k: r for r, k in enumerate(by_kind)}  # kinds numbered as the job's own order meets them
+        sequence = sorted(rank[kind[d]] for d in self.current_order)
+        kinds = list(by_kind)
+        while True:
+            yield self._deal(by_kind, (kinds[r] for r in sequence))
+            i = len(sequence) - 2  # the next permutation of the multiset (Narayana's algorithm)
+            while i >= 0 and sequence[i] >= sequence[i + 1]:
+                i -= 1
+            if i < 0:
+                return
+            j = len(sequence) - 1
+            while sequence[j] <= sequence[i]:
+                j -= 1
+            sequence[i], sequence[j] = sequence[j], sequence[i]
+            sequence[i + 1:] = reversed(sequence[i + 1:])
+
+    def shapes(self) -> list[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]]:
+        """(micro batch size, first, last, schedule, chunks, accounted) of every launch of one order."""
+        out: list[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]] = []
+        none = (False, False)
+        if self.accounting:
+            from hops_calib.spec import split_layers
+
+            taken = [split_layers(self.layers, self.pp, first, last) for first, last in self.splits]
+        for size in self.sizes:
+            m = self.batch // size
+            for schedule in self.schedules:
+                if schedule == "interleaved_1f1b":
+                    for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
+                        if m % self.pp == 0:
+                            out += [(size, None, None, schedule, v, none)] if self.layers % (self.pp * v) == 0 else []
+                            out += [(size, None, None, schedule, v, accounted) for accounted
+                                    in (accounted_splits(self.layers, self.pp, v) if self.accounting else ())]
+                else:
+                    out += [(size, first, last, schedule, 1, none) for first, last in self.splits]
+                    out += [(size, None, None, schedule, 1, accounted) for accounted
+                            in (accounted_splits(self.layers, self.pp, 1, taken) if self.accounting else ())]
+        return out
+
+    def __len__(self) -> int:
+        return self.orders_count() * len(self.shapes())
+
+    def __iter__(self):
+        shapes = self.shapes()
+        for order in self.orders():
+            for size, first, last, schedule, chunks, accounted in shapes:
+                yield Launch(tuple(order), first, last, schedule, chunks, size, accounted)

@@ -1,0 +1,68 @@
+"""A user's own runs go to train unless asked: `ingest` puts a source in train unless it states another split
+(hops-calib-source.toml beside it) or `--split` asks; it says where each run went and why (`runs[].split_from`,
+`counts`). On copies of real cluster runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from hops_calib.cli import app
+from hops_calib.store.split import SOURCE_FILE, group_of, hashed_split
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def own_runs(shared_runs: Path, folder: Path) -> list[str]:
+    """Copies of two real runs, one of a group the hashed split puts in test and one of a train group."""
+    runs = sorted(p.name for p in shared_runs.iterdir() if p.is_dir())
+    test = next(r for r in runs if hashed_split(group_of(r)) == "test")
+    train = next(r for r in runs if hashed_split(group_of(r)) == "train")
+    folder.mkdir()
+    for run in (test, train):
+        shutil.copytree(shared_runs / run, folder / run)
+    return [test, train]
+
+
+def test_own_runs_go_to_train_and_ingest_says_where_and_why(shared_runs, tmp_path):
+    test, train = own_runs(shared_runs, tmp_path / "mine")
+    done = cli("ingest", tmp_path / "mine", "--fixtures", tmp_path / "fx", "--json")
+    assert done.exit_code == 0, done.output
+    data = json.loads(done.stdout)
+    assert {r["run_id"]: r["split"] for r in data["runs"]} == {test: "train", train: "train"}
+    assert all("your own source" in r["split_from"] and "--split auto" in r["split_from"] for r in data["runs"])
+    assert data["counts"] == {**data["counts"], "runs": 2, "stored": 2, "new": 2, "rejected": 0, "train": 2,
+                              "test": 0, "store_fixtures": 2, "store_train": 2, "store_test": 0}
+    text = cli("ingest", tmp_path / "mine", "--fixtures", tmp_path / "fx2").stdout
+    assert "to train: " in text and "your own source" in text and "to test" not in text
+    # a stored group keeps its split: the same runs again, nothing moves, and they say why
+    again = json.loads(cli("ingest", tmp_path / "mine", "--fixtures", tmp_path / "fx", "--json").stdout)
+    assert all(r["split_from"].startswith("kept: ") for r in again["runs"])
+    assert again["counts"]["unchanged"] == 2 and again["counts"]["train"] == 2
+
+
+def test_the_grouped_split_when_asked_or_when_the_source_states_it(shared_runs, tmp_path):
+    test, train = own_runs(shared_runs, tmp_path / "sweep")
+    asked = json.loads(cli("ingest", tmp_path / "sweep", "--fixtures", tmp_path / "a", "--split", "auto",
+                           "--json").stdout)
+    assert {r["run_id"]: r["split"] for r in asked["runs"]} == {test: "test", train: "train"}
+    assert {r["split_from"] for r in asked["runs"]} == {"--split auto"}
+    assert (asked["counts"]["train"], asked["counts"]["test"]) == (1, 1)
+    # the source states it: a calibration set's own file beside its runs
+    (tmp_path / "sweep" / SOURCE_FILE).write_text('split = "auto"\n')
+    stated = json.loads(cli("ingest", tmp_path / "sweep", "--fixtures", tmp_path / "b", "--json").stdout)
+    assert {r["run_id"]: r["split"] for r in stated["runs"]} == {test: "test", train: "train"}
+    assert all(f"{SOURCE_FILE} states split = 'auto'" in r["split_from"] for r in stated["runs"])
+    # one run of it ingested alone: the file beside its folder still says so
+    alone = json.loads(cli("ingest", tmp_path / "sweep" / test, "--fixtures", tmp_path / "c", "--json").stdout)
+    assert alone["runs"][0]["split"] == "test"
+    # a file that cannot say: refused, naming it and the field
+    (tmp_path / "sweep" / SOURCE_FILE).write_text('split = "holdout"\n')
+    bad = json.loads(cli("ingest", tmp_path / "sweep", "--fixtures", tmp_path / "d", "--json").stdout)
+    assert all(r["status"] == "rejected" and SOURCE_FILE in r["error"] and "'split'" in r["error"]
+               for r in bad["runs"])
