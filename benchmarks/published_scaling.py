@@ -1,7 +1,7 @@
 """Benchmark: the shipped model against published Megatron-LM throughput at scale (32 to 3,072 A100s). Prints
 figures; asserts nothing.
 
-    python benchmarks/published_scaling.py [--micro-batch 1 2 4] [--model MODEL.toml]
+    python benchmarks/published_scaling.py [--micro-batch 1 2 4] [--model MODEL.toml] [--collectives STORE]
 
 The model is calibrated on one A100 node (the public vTrain runs: h <= 2048, s = 1024, <= 8 GPUs). Whether its
 terms extrapolate by their physics is what a user asks before trusting `plan` on a large job; no measurement of
@@ -14,7 +14,10 @@ recomputed forward (their eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh) FLOPs per iter
 computes from the predicted iteration time the same way.
 
 What the table does not give is the micro-batch size (and, for the pipelined models, whether the interleaved
-schedule ran), so each model is priced at every --micro-batch and the spread is part of the answer. The
+schedule ran), so each model is priced at every --micro-batch and the spread is part of the answer.
+Without tables the collectives inside a node are priced by the ring model at the catalog's NVLink bandwidth;
+`--collectives STORE` prices them instead from the all-reduce tables of an A100 node that STORE keeps (the vTrain
+store's: NCCL on an 8-GPU SXM4 node on NVSwitch, the node type of the paper), as `predict` does for a stored run. The
 published figures below are transcribed from the paper's Table 1 (columns: parameters, heads, hidden, layers,
 t, p, GPUs, batch, teraFLOP/s per GPU); check them against the paper before citing this script's output.
 """
@@ -52,12 +55,27 @@ def hardware_flops(batch: int, layers: int, hidden: int) -> float:
     return 96.0 * batch * SEQ * layers * hidden ** 2 * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden))
 
 
+def node_tables(store: Path) -> tuple:
+    """The all-reduce tables of the first A100 run in `store` that has any (a run's tables are its node's)."""
+    from hops_calib.store import FixtureStore
+
+    fixtures = FixtureStore(store)
+    for fixture_id in fixtures.ids():
+        fixture = fixtures.load(fixture_id)
+        if getattr(fixture, "hardware", {}).get("gpu") == "a100" and fixture.spec.collectives:
+            return tuple(fixture.spec.collectives)
+    raise SystemExit(f"{store}: no A100 run with collective tables")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro-batch", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--model", type=Path, default=None,
                         help="model file to price with (default: the shipped model); e.g. one that activates "
                              "decoder_kernels in place of decoder_roofline")
+    parser.add_argument("--collectives", type=Path, default=None,
+                        help="fixture store whose A100 runs' all-reduce tables price the collectives inside a node "
+                             "(e.g. a store the vTrain table was ingested into)")
     options = parser.parse_args()
 
     from hops_calib.errors import InputError
@@ -66,6 +84,10 @@ def main() -> None:
     from hops_calib.spec import Hardware, spec_from_args
 
     model = load_model(options.model) if options.model else load_model()
+    tables = node_tables(options.collectives) if options.collectives else ()
+    if options.collectives:
+        print(f"collectives inside a node: the all-reduce tables of {options.collectives} "
+              f"({', '.join(str(t.gpus) for t in tables)} GPUs)")
     print(f"model {model.name} ({model.sha256[:12]}); teraFLOP/s per GPU, recomputation counted (SC21 eq. 3); "
           f"ratio = predicted / published")
     header = f"{'model':>5} {'t':>2} {'p':>3} {'d':>3} {'GPUs':>5} {'published':>9}"
@@ -79,7 +101,7 @@ def main() -> None:
             try:
                 spec = spec_from_args(launch(heads, hidden, layers, tp, pp, gpus, batch, micro), "benchmark",
                                       run_id=f"sc21_{name}_mb{micro}", iterations=2,
-                                      hardware=Hardware(gpu="a100", gpus_per_node=8))
+                                      hardware=Hardware(gpu="a100", gpus_per_node=8), collectives=tables)
             except InputError as error:  # a micro batch the batch does not divide
                 line += f" | {'':>6}{'-':>5} {'-':>5}"
                 print(f"  ({name} mb {micro}: {error})", file=sys.stderr)

@@ -16,6 +16,18 @@ Pure: reads the spec (which holds the benchmark tables and the placement of rank
   has there (NCCL spreads a ring's channels over the NICs of its GPUs), however many other groups also cross.
   Over NCCL's TCP socket transport a ring's crossing is one connection, held under one TCP flow's ceiling
   (`Context.connection_cap_bytes_per_ms`, the ceiling the ends' all-reduce measured), whatever the NICs could do.
+  Every step of a ring that crosses nodes waits for its slowest hop, a network one: each of its 2(n - 1) steps
+  takes the network's latency (`net_step_latency_ms`, added to the NVLink step's).
+- Two levels (`algorithm="two_level"`, a group of N nodes with g > 1 GPUs in each): the reduction as NCCL's
+  tree and hierarchical algorithms run it, a level per fabric: a reduce-scatter inside each node over NVLink
+  ((g - 1)/g x S per GPU, g - 1 NVLink steps; the node's g-GPU table where the spec has one), an all-reduce of
+  each GPU's S/g across the N nodes over its own share of the node's NICs (2(N - 1)/N x S/g, 2(N - 1) network
+  steps), and an all-gather inside the node like the reduce-scatter. A reduce-scatter is the first two levels'
+  reduce-scatter halves, an all-gather the mirror. Against the flat ring it sends 1/g of the buffer over the
+  network per GPU at its own NIC share (the ring: all of it, over the g GPUs' shares together: the same network
+  time) and takes 2(g - 1) + 2(N - 1) steps instead of 2(gN - 1), at the price of the NVLink passes, which the
+  ring pipelines under its network hops. `algorithm="fastest"` takes the faster of the two per message, as
+  NCCL's tuner picks among its algorithms by their modelled time (NCCL src/graph/tuning.cc, ncclTopoTuneModel).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from hops_calib.model.devices import DeviceSpec
 from hops_calib.spec import Spec
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
+ALGORITHMS = ("ring", "two_level", "fastest")
 POINT_OPS = ("send_recv", "all_to_all")  # context parallelism's exchanges, priced by the ring's hop bandwidth
 
 
@@ -51,14 +64,19 @@ def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stag
 
 def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group: str, *, stage: int = 0,
                   efficiency: float = 1.0, step_latency_ms: float = 0.0, contention_step_ms: float = 0.0,
-                  connection_cap_bytes_per_ms: float = math.inf) -> float:
+                  connection_cap_bytes_per_ms: float = math.inf, algorithm: str = "ring",
+                  net_step_latency_ms: float = 0.0) -> float:
     """Time of one `op` of an `nbytes` buffer (the whole buffer: an all-gather's output, a reduce-scatter's input)
     over a `group` of `stage`; 0 for a group of one GPU. `efficiency` scales the bandwidth the ring model uses
     (and the table's rate), `step_latency_ms` is the ring model's latency per step, and `contention_step_ms` what
     each of the ring's steps adds inside a training step over an isolated benchmark (both paths);
-    `connection_cap_bytes_per_ms` holds a ring's hop across nodes under one connection's ceiling."""
+    `connection_cap_bytes_per_ms` holds a ring's hop across nodes under one connection's ceiling. `algorithm`
+    ("ring", "two_level", "fastest": `ALGORITHMS`) prices a group spanning nodes, whose steps across nodes each
+    add `net_step_latency_ms`; a group inside one node is a ring whatever it says."""
     if op not in OPS + POINT_OPS:
         raise ValueError(f"unknown collective {op!r}; expected one of {OPS + POINT_OPS}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown collective algorithm {algorithm!r}; expected one of {ALGORITHMS}")
     n = group_size(spec, group)
     if n <= 1 or nbytes <= 0:
         return 0.0
@@ -75,5 +93,39 @@ def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group:
     contention = share * steps * contention_step_ms
     if table is not None and (placed is None or placed[0] == 1):
         return share * table.measured_ms(nbytes) / efficiency + contention
+    latency = step_latency_ms + (net_step_latency_ms if placed is not None and placed[0] > 1 else 0.0)
     bandwidth = ring_bandwidth_bytes_per_ms(spec, device, group, stage, connection_cap_bytes_per_ms) * efficiency
-    return share * (steps * step_latency_ms + steps / n * nbytes / bandwidth) + contention
+    ring = share * (steps * latency + steps / n * nbytes / bandwidth) + contention
+    if algorithm == "ring" or placed is None or placed[0] == 1 or placed[1] == 1:
+        return ring
+    two = two_level_ms(spec, device, op, nbytes, placed, efficiency=efficiency, step_latency_ms=step_latency_ms,
+                       contention_step_ms=contention_step_ms,
+                       connection_cap_bytes_per_ms=connection_cap_bytes_per_ms,
+                       net_step_latency_ms=net_step_latency_ms)
+    return two if algorithm == "two_level" else min(ring, two)
+
+
+def two_level_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, placed: tuple[int, int], *,
+                 efficiency: float = 1.0, step_latency_ms: float = 0.0, contention_step_ms: float = 0.0,
+                 connection_cap_bytes_per_ms: float = math.inf, net_step_latency_ms: float = 0.0) -> float:
+    """`op` of `nbytes` over a group placed as `placed` = (N nodes, g GPUs in each), a level per fabric: inside
+    the node over NVLink (the node's g-GPU all-reduce table where the spec has one, halved for each of the
+    reduce-scatter and the all-gather), across the nodes a ring over N of each GPU's S/g at its share of the
+    node's NICs (under one connection's ceiling over sockets). An all-reduce is reduce-scatter inside, all-reduce
+    across, all-gather inside; a reduce-scatter (all-gather) the halves of the first two (last two)."""
+    nodes, per_node = placed
+    intra = device.intra_node_bandwidth_bytes_per_s or device.network_bandwidth_bytes_per_s
+    table = spec.collective("all_reduce", per_node)
+    if table is not None:
+        inside_half = 0.5 * table.measured_ms(nbytes) / efficiency
+    else:
+        inside_half = (per_node - 1) * step_latency_ms + (per_node - 1) / per_node * nbytes / (
+            intra / 1e3 * efficiency)
+    inside_half += (per_node - 1) * contention_step_ms
+    nic = min(device.network_bandwidth_bytes_per_s / 1e3, connection_cap_bytes_per_ms) * efficiency
+    across_steps = 2 * (nodes - 1)
+    across = (across_steps * (step_latency_ms + net_step_latency_ms + contention_step_ms)
+              + across_steps / nodes * (nbytes / per_node) / nic)
+    if op == "all_reduce":
+        return 2 * inside_half + across
+    return inside_half + 0.5 * across

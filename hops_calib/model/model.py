@@ -51,6 +51,12 @@ class ActiveTerm:
     def params(self) -> dict[str, float]:
         return dict(self.values)
 
+    def identity(self) -> dict[str, float]:
+        """Its values as they make the model's identity: all of them, but an `inert` parameter at its default (which
+        prices the term as it was before the parameter existed) left out, so adding one moves no model's sha256."""
+        inert = {p.name: p.default for p in self.term.params if p.inert}
+        return {name: value for name, value in self.values if not (name in inert and value == inert[name])}
+
 
 def unknown_device_overrides(names: Iterable[str], device_types: Collection[str]) -> list[str]:
     """The per-device names (NAME@TYPE) among `names` whose TYPE is none of `device_types`: values for no device."""
@@ -116,7 +122,7 @@ class Model:
         """Everything that changes a prediction, in a canonical form (names, descriptions, citations excluded)."""
         return {
             "devices": {d.type: d.constants() for d in sorted(self.devices, key=lambda d: d.type)},
-            "terms": {t.name: dict(t.values) for t in sorted(self.terms, key=lambda t: t.name)},
+            "terms": {t.name: t.identity() for t in sorted(self.terms, key=lambda t: t.name)},
         }
 
     @cached_property  # a frozen model's identity never changes; every prediction stamps it

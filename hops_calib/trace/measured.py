@@ -35,7 +35,7 @@ VOCAB_ARGS = ("padded_vocab_size", "vocab_size")
 # evaluation, kernels and fusions that move no priced term. Known, so that a real launch line earns no
 # "ignored" note (`hops_calib.spec.unknown_flags`); never part of a run's configuration (measured_ingest). A setting
 # that changes what an iteration computes, sends or keeps (--kv-channels, --optimizer sgd, --grad-reduce-in-bf16,
-# --ddp-bucket-size, DeepSpeed's activation partitioning, ...) is left out on purpose: unpriced, so it is noted.
+# DeepSpeed's activation partitioning, ...) is left out on purpose: unpriced, so it is noted.
 QUIET_ARGS = frozenset({
     "lr", "min_lr", "lr_decay_style", "lr_decay_iters", "lr_decay_samples", "lr_warmup_fraction", "lr_warmup_iters",
     "lr_warmup_samples", "lr_warmup_init", "decoupled_lr", "decoupled_min_lr", "weight_decay", "start_weight_decay",
@@ -96,6 +96,7 @@ KNOWN_ARGS = frozenset(MEGATRON_DEFAULTS) | frozenset(REQUIRED_ARGS) | frozenset
     "use_flash_attn_v1", "use_flash_attn_v2", "use_flash_attn_triton", "use_flash_attn_builder", "rank_order",
     "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
     "batch_p2p_comm", "overlap_p2p_comm_warmup_flush", "overlap_p2p_communication_warmup_flush",
+    "ddp_bucket_size",
 }) | QUIET_ARGS
 EXTRA_PREFIX = "x_"  # a run table's own column (a note, a date, ...): kept out of the launch, never read
 

@@ -40,6 +40,9 @@ class Param:
     # A switch, or any parameter whose meaningful values are few: the only values it may take (tuning draws
     # from them instead of the range).
     choices: tuple[float, ...] = ()
+    # A parameter added to a term whose default prices the term exactly as it was without it: at that default it is
+    # no part of a model's identity (`ActiveTerm.identity`), so adding it leaves every model's sha256 as it was.
+    inert: bool = False
 
     def __post_init__(self) -> None:
         if not self.low <= self.default <= self.high:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from hops_calib.model import gpt, kernels
-from hops_calib.model.collectives import collective_ms
+from hops_calib.model.collectives import ALGORITHMS, collective_ms
 from hops_calib.model.devices import DeviceSpec
 from hops_calib.model.kernel_pricing import peak_flops_per_s
 from hops_calib.model.memory import gradient_bytes, parameter_gather_bytes
@@ -22,13 +22,23 @@ BUCKET_PARAMETERS = 40_000_000
 BUCKET_PARAMETERS_PER_REPLICA = 1_000_000
 
 
-def _rates(context: Context, params: Mapping[str, float], device_type: str) -> dict[str, float]:
+class Rates(TypedDict):
+    """What collective_ms takes of a term's parameters and the context."""
+
+    efficiency: float
+    step_latency_ms: float
+    contention_step_ms: float
+    connection_cap_bytes_per_ms: float
+
+
+def _rates(context: Context, params: Mapping[str, float], device_type: str) -> Rates:
     """The collective-pricing parameters both terms share (`_collective_params`) for one device type (its
     NAME@TYPE overrides, else the shared values), with one connection's ceiling across nodes (the context's: one TCP
     flow's over sockets), as collective_ms takes them."""
-    return {**{name: Term.value(params, name, device_type) for name in ("efficiency", "step_latency_ms",
-                                                                          "contention_step_ms")},
-            "connection_cap_bytes_per_ms": context.connection_cap_bytes_per_ms}
+    return Rates(efficiency=Term.value(params, "efficiency", device_type),
+                 step_latency_ms=Term.value(params, "step_latency_ms", device_type),
+                 contention_step_ms=Term.value(params, "contention_step_ms", device_type),
+                 connection_cap_bytes_per_ms=context.connection_cap_bytes_per_ms)
 
 
 def tp_collectives_per_layer(spec: Spec) -> dict[str, int]:
@@ -156,11 +166,32 @@ def tp_collectives(spec: Spec, virtual_stage: int, layers: int) -> dict[str, dic
     return found
 
 
-def dp_buckets(spec: Spec, parameters: float) -> int:
-    """Buckets a rank's gradients are reduced in (`BUCKET_PARAMETERS`)."""
-    if not spec.overlap_grad_reduce or parameters <= 0:
+def _bucket_size(spec: Spec, given: object) -> float:
+    """--ddp-bucket-size as a positive number of parameters, else an InputError naming the run and the field."""
+    try:
+        size = float(given)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        size = math.nan
+    if not size > 0 or math.isinf(size):
+        from hops_calib.errors import InputError
+
+        raise InputError(f"run {spec.run_id}", f"--ddp-bucket-size {given!r} is not a positive number of parameters",
+                         field="ddp_bucket_size", hint="give the bucket size in parameters (Megatron's unit), or "
+                                                       "leave the flag out for Megatron's default")
+    return size
+
+
+def dp_buckets(spec: Spec, parameters: float, rank: int = 0, first_rank_only: bool = False) -> int:
+    """Buckets `rank`'s gradients are reduced in: without --overlap-grad-reduce one; with it buckets of
+    --ddp-bucket-size parameters where the launch gives one, else of `BUCKET_PARAMETERS` (Megatron-core:
+    DistributedDataParallel.__init__, ddp_config.bucket_size = max(40000000, 1000000 * dp_group.size())). With
+    `first_rank_only`, as Megatron-core buckets: only on the first pipeline rank (the same __init__ sets
+    bucket_size = None when pp_rank > 0, one bucket of every gradient), whose gradients are the last ready."""
+    if not spec.overlap_grad_reduce or parameters <= 0 or (first_rank_only and rank > 0):
         return 1
-    size = max(BUCKET_PARAMETERS, BUCKET_PARAMETERS_PER_REPLICA * spec.dp * spec.cp)
+    given = spec.megatron_args.get("ddp_bucket_size")
+    size = _bucket_size(spec, given) if given is not None else max(BUCKET_PARAMETERS,
+                                                                    BUCKET_PARAMETERS_PER_REPLICA * spec.dp * spec.cp)
     return max(1, math.ceil(parameters / size))
 
 
@@ -271,42 +302,68 @@ class DataParallelGradReduce(Term):
     Physics: the d replicas of a stage each hold the gradients of their own microbatches; before the optimizer
     step Megatron all-reduces them over the data-parallel group (with the distributed optimizer it
     reduce-scatters them instead, each replica then updates its 1/d of the parameters and all-gathers the updated
-    16-bit weights, the linear ones in FP8 under --fp8-param-gather: `memory.parameter_gather_bytes`). The bytes
-    are the rank's parameters (on one GPU of its tensor-parallel group) times the gradient element
-    (`gradient_bytes`: fp32 under bf16). Without --overlap-grad-reduce the reduction is one collective after the rank's last backward; with it, Megatron reduces a bucket (`dp_buckets`) as soon as the
-    last microbatch's backward has produced it, so all but the last bucket run under that backward
-    (`Pipeline.grad_reduce_tail_ms`). The parameter all-gather follows the optimizer step, unless
-    --overlap-param-gather hides it under the next iteration's forwards (taken as fully hidden). Collectives are
-    priced by `hops_calib.model.collectives` (the node's benchmark, else a ring over NVLink and the node's shared
-    NICs); `efficiency` is the fraction of that rate reached beside the backward's kernels.
+    16-bit weights, the linear ones in FP8 under --fp8-param-gather: `memory.parameter_gather_bytes`;
+    megatron/core/distributed/param_and_grad_buffer.py, _ParamAndGradBucketGroup.start_grad_sync
+    and start_param_sync). The bytes are the rank's parameters (on one GPU of its tensor-parallel group) times
+    the gradient element (`gradient_bytes`: fp32 under bf16). Without --overlap-grad-reduce the reduction is one
+    collective after the rank's last backward (DistributedDataParallel.finish_grad_sync, called by
+    megatron/core/distributed/finalize_model_grads.py, finalize_model_grads); with it, Megatron reduces a bucket
+    (`dp_buckets`) as soon as the last microbatch's backward has produced it (the backward post-hook's
+    register_grad_ready; earlier microbatches run under no_sync), so all but the last bucket run under that
+    backward (`Pipeline.grad_reduce_tail_ms`). Megatron-core buckets only on the first pipeline rank
+    (DistributedDataParallel.__init__: bucket_size = None when pp_rank > 0; Megatron-LM's get_model also turns
+    bucketing off for model chunks after the first): `first_rank_buckets` = 1 prices that, each later rank's
+    whole reduction following its last backward (the other ranks' cool-down backwards hide it in the
+    simulator); 0 buckets every rank. The parameter all-gather follows the optimizer step, unless
+    --overlap-param-gather hides it under the next iteration's forwards (taken as fully hidden: the forward
+    pre-hook waits on each bucket's all-gather, dispatched one bucket ahead). Collectives are priced by
+    `hops_calib.model.collectives` (the node's benchmark, else a ring over NVLink and the node's shared NICs, or
+    with `algorithm` = 1 two levels: a reduce-scatter inside the node on NVLink, an all-reduce across the nodes at
+    each GPU's NIC share, an all-gather inside; 2 the faster of the two per bucket, as NCCL's tuner chooses);
+    `net_step_latency_ms` is what each ring step across nodes adds over an NVLink step, and `efficiency` the
+    fraction of the rate reached beside the backward's kernels.
     """
 
     name = "data_parallel_grad_reduce"
     category = "dp_reduce"
-    params = _collective_params("for gradient reduction, beside the backward's kernels")
+    params = _collective_params("for gradient reduction, beside the backward's kernels") + (
+        Param("algorithm", 0.0, 0.0, 2.0, "choice",
+              "collective algorithm of a group across nodes: 0 flat ring, 1 two levels (NVLink inside the node, "
+              "the NIC share across), 2 the faster of the two per message (NCCL's tuner)", choices=(0.0, 1.0, 2.0),
+              inert=True),
+        Param("net_step_latency_ms", 0.0, 0.0, 0.1, "ms",
+              "latency each ring step across nodes adds over an NVLink step (InfiniBand and NCCL's proxy: ~5-10 us)",
+              per_device=True, inert=True),
+        Param("first_rank_buckets", 0.0, 0.0, 1.0, "switch",
+              "1: under --overlap-grad-reduce only the first pipeline rank buckets (Megatron-core); 0: every rank",
+              choices=(0.0, 1.0), inert=True),
+    )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         spec = context.spec
         if spec.dp * spec.cp <= 1:
             return Contribution()
+        algorithm = ALGORITHMS[int(params["algorithm"])]
+        first_rank_only = bool(params["first_rank_buckets"])
         # the gradients are reduced over the data x context-parallel group (`DistributedDataParallel` over
         # `get_data_parallel_group(with_context_parallel=True)`): every CP rank holds gradients of its own tokens
         group = "dp_cp" if spec.cp > 1 else "dp"
         whole, tails, gathers = [], [], []
         for rank, device in enumerate(context.devices):
             parameters = rank_parameters(context, rank)
-            buckets = dp_buckets(spec, parameters)
+            buckets = dp_buckets(spec, parameters, rank, first_rank_only)
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
             rates = _rates(context, params, device.type)
+            net = Term.value(params, "net_step_latency_ms", device.type)
             bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), group,
-                                      stage=rank, **rates)
+                                      stage=rank, algorithm=algorithm, net_step_latency_ms=net, **rates)
             whole.append(buckets * bucket_ms)
             tails.append(bucket_ms)
             gather = 0.0
             if spec.distributed_optimizer and not spec.overlap_param_gather:
                 gather = collective_ms(spec, device, "all_gather",
                                        parameter_gather_bytes(spec, parameters, spec.layers_per_stage[rank]),
-                                       group, stage=rank, **rates)
+                                       group, stage=rank, algorithm=algorithm, net_step_latency_ms=net, **rates)
             gathers.append(gather)
         return Contribution(grad_reduce_ms=tuple(whole), grad_reduce_tail_ms=tuple(tails),
                             optimizer_ms=tuple(gathers) if any(gathers) else ())
