@@ -178,13 +178,20 @@ def ingest(
     lock_timeout: float = typer.Option(
         600.0, "--lock-timeout", min=0.0,
         help="Seconds to wait for the store lock another ingest holds (it says whose) before giving up (exit 2)."),
+    source: str = typer.Option(
+        "auto", "--source",
+        help="Which per-rank traces of a job directory to read (docs/traces.md). auto (default): the timing from "
+             "megatron_trace/ (event logs), else from the profiler traces, and the per-kernel truth from "
+             "torch_profile/ (Kineto) or nsys/ where present, both at once when the job holds an event log and a "
+             "profiler trace; events, kineto, nsys: that source alone."),
 ) -> None:
     """Ingest Megatron job directories, training logs and run tables into the Parquet fixture store. Exit 0 every
     run stored, 6 some rejected (the others stored), 2 a bad store."""
     from hops_calib.cli.data import ingest_command
 
     raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, gpu,
-                                    gpus_per_node, warmup_iterations, as_json, lock_timeout=lock_timeout))
+                                    gpus_per_node, warmup_iterations, as_json, lock_timeout=lock_timeout,
+                                    source=source))
 
 
 LEDGER_OPTION = typer.Option(None, "--ledger", show_default=False, help=(
