@@ -235,3 +235,101 @@ def test_the_chrome_export_nests_kernel_classes_under_the_real_phases(tmp_path):
              and any(b["tid"] == s["tid"] and b["name"].startswith("FORWARD") and b["ts"] <= s["ts"] < b["ts"] + b["dur"]
                      for b in bars)}
     assert shown == {round(per_step_ms, 9)}
+
+
+def _log_lines(job: Path, edit) -> None:
+    """Rewrite every rank's event log of `job` line by line: `edit(event)` returns the event to keep, or None."""
+    for log in sorted((job / "megatron_trace").glob("rank*.jsonl")):
+        kept = [edit(json.loads(line)) for line in log.read_text().splitlines() if line.strip()]
+        log.write_text("".join(json.dumps(event) + "\n" for event in kept if event is not None))
+
+
+@pytest.mark.parametrize("name", PROFILED)
+def test_a_job_with_event_logs_and_kineto_keeps_the_logs_timing_and_gets_the_kernel_truth(name, tmp_path):
+    """The shipped profiled captures hold both sources: ingest (--source auto) times the run from the event logs,
+    exactly as --source events does, and attaches the Kineto traces' per-kernel truth, exactly as --source kineto
+    gives it; the report says which source gave what."""
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    stores = {}
+    for source in ("auto", "events", "kineto"):
+        stores[source] = FixtureStore(tmp_path / source)
+        report = ingest([PROFILES / name], stores[source], split="train", source=source)
+        assert report.ok, [o.error for o in report.rejected]
+        (outcome,) = report.outcomes
+        assert outcome.profiled and outcome.sources
+        stores[source] = (stores[source].load(name), outcome.sources)
+    (merged, said), (logs, said_events), (kineto, said_kineto) = stores["auto"], stores["events"], stores["kineto"]
+    assert said == "timing from event logs (megatron_trace/), per-kernel truth from Kineto (torch_profile/)"
+    assert "no per-kernel truth" in said_events and "not read: Kineto (torch_profile/)" in said_events
+    assert said_kineto.startswith("timing and per-kernel truth from Kineto") and "event logs" in said_kineto
+    assert merged.events.equals(logs.events) and merged.truth.metrics == logs.truth.metrics
+    assert merged.truth.phase_stats == logs.truth.phase_stats and not logs.truth.kernels
+    assert merged.truth.kernels and merged.truth.kernels == kineto.truth.kernels
+    assert merged.quality["kernel_source"] == "kineto" and "trace_source" not in merged.quality
+    assert kineto.quality["trace_source"] == "kineto" and "kernel_source" not in kineto.quality
+
+
+def test_the_kineto_kernel_truth_is_aligned_to_the_event_logs_iterations(tmp_path):
+    """Kernel rows count on the iterations the event logs hold (both numbered by Megatron's iteration): an event log
+    that kept one of the two profiled iterations gets that iteration's kernels, per iteration; one whose iterations
+    the profiler never traced gets none, and a warning that says why."""
+    from hops_calib.store.ingest import ingest
+    from hops_calib.trace.kineto import read_kineto
+    from hops_calib.trace.profile import assemble
+    from hops_calib.store import FixtureStore
+
+    name = next(n for n in PROFILED if "1f1b" in n)
+    one = tmp_path / "one" / name
+    shutil.copytree(PROFILES / name, one)
+    _log_lines(one, lambda event: event if event["iteration"] == 3 else None)
+    store = FixtureStore(tmp_path / "f1")
+    report = ingest([one], store, split="train")
+    assert report.ok, [o.error for o in report.rejected]
+    fixture = store.load(name)
+    assert fixture.truth.iterations == (3,)
+    for rank in range(fixture.spec.pp):
+        trace = one / "torch_profile" / f"rank-{rank}.json.gz"
+        _c, _r, rows = assemble(read_kineto(trace), rank=rank, stage=rank, pp=fixture.spec.pp, vp=1,
+                                microbatches=fixture.spec.microbatches)
+        assert set(rows.iteration.tolist()) == {3, 4}
+        expected_ms = rows.duration_ns[rows.iteration == 3].sum() / 1e6
+        shown_ms = sum(k.per_iteration_ms for k in fixture.truth.kernels if k.stage == rank)
+        assert shown_ms == pytest.approx(expected_ms, rel=1e-9)
+
+    later = tmp_path / "later" / name
+    shutil.copytree(PROFILES / name, later)
+    _log_lines(later, lambda event: {**event, "iteration": event["iteration"] + 10})
+    store = FixtureStore(tmp_path / "f2")
+    report = ingest([later], store, split="train")
+    assert report.ok, [o.error for o in report.rejected]
+    assert not store.load(name).truth.kernels and "kernel_source" not in store.load(name).quality
+    (warning,) = [w for w in report.outcomes[0].warnings if "per-kernel truth" in w]
+    assert "share no iteration" in warning and "[13, 14]" in warning and "--profile-step-start" in warning
+
+
+def test_ingest_of_the_profiled_captures_shows_kernels_and_evaluates(tmp_path):
+    """The command line: `ingest profiles` says which source gave what, `fixtures show --json` has the kernels,
+    `evaluate` scores the store; --source nsys on a job without nsys/ is refused, naming the field and the fix."""
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    runner, store = CliRunner(), str(tmp_path / "p")
+    result = runner.invoke(app, ["ingest", str(PROFILES), "--fixtures", store])
+    assert result.exit_code == 0, result.output
+    assert ("timing from event logs (megatron_trace/), per-kernel truth from Kineto (torch_profile/): "
+            + ", ".join(PROFILED)) in result.stdout
+    for name in PROFILED:
+        shown = json.loads(runner.invoke(app, ["fixtures", "show", name, "--fixtures", store, "--json"]).stdout)
+        assert shown["kernels"] and {k["source"] for k in shown["kernels"]} == {"cpu_op"}
+        assert shown["quality"]["kernel_source"] == "kineto"
+    result = runner.invoke(app, ["evaluate", "--fixtures", store])
+    assert result.exit_code == 0, result.output
+    assert all(name in result.stdout for name in PROFILED)
+    result = runner.invoke(app, ["ingest", str(PROFILES), "--fixtures", str(tmp_path / "n"), "--source", "nsys",
+                                 "--json"])
+    assert result.exit_code == 2
+    errors = [run["error"] for run in json.loads(result.stdout)["runs"]]
+    assert len(errors) == 2 and all("field '--source'" in e and "Nsight Systems (nsys/)" in e for e in errors)
