@@ -751,10 +751,11 @@ def plot_timeline(
     model: Path | None = MODEL_OPTION,
     out: Path | None = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
                                        "timeline-ID.png, with --job timeline-<job folder name>.png, in the current "
-                                       "directory)."),
-    chrome: Path | None = typer.Option(None, "--chrome", help="Also write the panels as Chrome trace JSON (*.json: "
-                                          "Perfetto or chrome://tracing opens it, zoomable): their first 3 "
-                                          "iterations, see --chrome-iterations and --chrome-all."),
+                                       "directory; with --chrome, no image unless --out asks for one)."),
+    chrome: Path | None = typer.Option(None, "--chrome", help="Write the panels as Chrome trace JSON (*.json: "
+                                          "Perfetto or chrome://tracing opens it, zoomable) instead of an image "
+                                          "(as well as one with --out): their first 3 iterations, see "
+                                          "--chrome-iterations and --chrome-all."),
     chrome_iterations: int | None = typer.Option(None, "--chrome-iterations", help="With --chrome: export each "
                                                     "panel's first K iterations (default 3)."),
     chrome_all: bool = typer.Option(False, "--chrome-all", help="With --chrome: export whole runs (a large job's "
