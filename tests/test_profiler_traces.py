@@ -333,3 +333,53 @@ def test_ingest_of_the_profiled_captures_shows_kernels_and_evaluates(tmp_path):
     assert result.exit_code == 2
     errors = [run["error"] for run in json.loads(result.stdout)["runs"]]
     assert len(errors) == 2 and all("field '--source'" in e and "Nsight Systems (nsys/)" in e for e in errors)
+
+
+def _strips(ax, top: float, bottom: float) -> list[tuple[int, float, float, str]]:
+    """(stage, start, width, colour) of every rectangle of `ax` spanning y (stage + top, stage + bottom)."""
+    from matplotlib.colors import to_hex
+
+    found = []
+    for collection in ax.collections:
+        colours = [to_hex(c) for c in collection.get_facecolors()]
+        for k, path in enumerate(collection.get_paths()):
+            (x0, y0), (x1, y1) = path.vertices.min(axis=0), path.vertices.max(axis=0)
+            stage = round(y0 - top)
+            if abs(y0 - (stage + top)) < 1e-9 and abs(y1 - (stage + bottom)) < 1e-9:
+                found.append((stage, float(x0), float(x1 - x0), colours[k % len(colours)]))
+    return found
+
+
+def test_the_png_timeline_draws_the_kernel_classes_under_the_real_phases(tmp_path):
+    """Under each compute bar of the real panel a strip of kernel classes, end to end inside the bar, summing to the
+    phase's kernel time per step (or the bar, where they would overrun it); the legend names the classes; the
+    prediction, and a run without kernel truth, get no strip."""
+    from hops_calib.plot import style
+    from hops_calib.plot.timeline import (BAR_TOP, KERNEL_BOTTOM, KERNEL_TOP, Panel, kernel_classes_per_step,
+                                          timeline_figure)
+
+    name = next(n for n in PROFILED if "1f1b" in n)
+    store, report = _ingest([PROFILES / name], tmp_path / "f")
+    fixture = store.load(name)
+    real = fixture.timeline()
+    figure = timeline_figure(name, fixture.spec.devices, [Panel("real", real, kernels=fixture.truth.kernels),
+                                                          Panel("plain", real)], dpi=60)
+    real_ax, plain_ax = figure.axes
+    strips = _strips(real_ax, KERNEL_TOP, KERNEL_BOTTOM)
+    assert strips and not _strips(plain_ax, KERNEL_TOP, KERNEL_BOTTOM)
+    compute = real[real["kind"] == "compute"]
+    per_step = kernel_classes_per_step(fixture.truth.kernels, compute["stage"].to_numpy(),
+                                       compute["phase"].to_numpy(), compute["iteration"].to_numpy())
+    origin = float(real["start_ms"].min())
+    for stage, phase, start, end in zip(compute["stage"], compute["phase"], compute["start_ms"], compute["end_ms"]):
+        start, end = start - origin, end - origin
+        inside = [s for s in strips if s[0] == stage and start - 1e-9 <= s[1] < end]
+        assert inside and all(s[1] + s[2] <= end + 1e-9 for s in inside)
+        expected = min(end - start, sum(per_step[(stage, str(phase))].values()))
+        assert sum(s[2] for s in inside) == pytest.approx(expected, rel=1e-9)
+    assert {s[3] for s in strips} >= {style.kernel_colour(label).lower() for label in ("gemm", "elementwise")}
+    bars = _strips(real_ax, BAR_TOP, 0.10)
+    assert len(bars) == len(compute)  # the real run's bars make room for the strip; the plain panel's do not
+    assert len(_strips(plain_ax, BAR_TOP, 0.26)) == len(compute)
+    labels = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+    assert "gemm kernels (strip under a step)" in labels and "elementwise kernels" in labels
