@@ -35,7 +35,16 @@ from hops_calib.store.digests import (
 from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
 from hops_calib.store.guard import stored_content_hash
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
-from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, STATED, group_of, hashed_split, stated_split
+from hops_calib.store.split import (
+    DEFAULT_TEST_FRACTION,
+    SOURCE_FILE,
+    SPLITS,
+    STATED,
+    Stated,
+    assigned_split,
+    group_of,
+    stated_split,
+)
 from hops_calib.store.writer import FixtureStore, write_events
 from hops_calib.trace import TraceError, find_job_dirs, read_manifest, run_id_of
 from hops_calib.trace.dgxc import dgxc_table_in
@@ -450,9 +459,10 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
         for job_dir in job_dirs:
             outcome = RunOutcome(source=job_dir)
             try:
-                asked, fraction, outcome.split_from, forced = _asked_split(job_dir, split, test_fraction)
+                asked, fraction, outcome.split_from, forced, groups = _asked_split(job_dir, split, test_fraction)
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources, copies,
                                        split=asked, forced=forced, test_fraction=fraction, lenient=lenient,
+                                       stated=groups,
                                        skew_ms=skew_ms, stored_groups=context.stored_groups, source=source,
                                        measured=context.table_runs.keys() | context.tables.keys())
             except DiskFull:
@@ -483,10 +493,10 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
                 runs.append(RunOutcome(source=path, error=str(err)))
                 stated = None
             if stated is not None:
-                table_split, fraction, why, forced = stated
+                table_split, fraction, why, forced, groups = stated
                 changed |= ingest_measured(path, store, context, RunOutcome, split=table_split, forced=forced,
                                            test_fraction=fraction, hardware=hardware, warmup=warmup_iterations,
-                                           emit=runs.append)
+                                           emit=runs.append, stated_groups=groups.groups if groups else None)
                 for outcome in runs:
                     outcome.split_from = outcome.split_from or why
             report.outcomes += runs
@@ -504,16 +514,35 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
     return report
 
 
-def _asked_split(source: Path, split: str, test_fraction: float) -> tuple[str, float, str, bool]:
-    """The split asked of a source's runs, its test fraction, why, and whether it was forced (`--split` given, so a
-    group stored in the other split is refused); else what the source states (`split.stated_split`), else train
-    (a group already stored keeping its split: `_ingest_one`)."""
+def _asked_split(source: Path, split: str, test_fraction: float) -> tuple[str, float, str, bool, Stated | None]:
+    """The split asked of a source's runs, its test fraction, why, whether it was forced (`--split` given, so a
+    group stored in the other split is refused), and what the source states (`split.stated_split`: with the
+    groups it names) where --split does not ask; its own runs go to train (a group already stored keeping its
+    split: `_ingest_one`)."""
     if split != STATED:
-        return split, test_fraction, f"--split {split}", True
+        return split, test_fraction, f"--split {split}", True, None
     try:
-        return (*stated_split(source, test_fraction), False)
+        stated = stated_split(source, test_fraction)
     except ValueError as error:
         raise StoreError(str(error)) from None
+    return stated.split, stated.test_fraction, stated.why, False, stated
+
+
+def _named_group(group: str, kept: str | None, stated: Stated | None,
+                 why: str | None) -> tuple[str | None, str | None]:
+    """Why a run goes to its split where its source's file names its group (`[groups]`), and a warning where the
+    store keeps the group (`kept`: its split in the store before this ingest) in the other split (a stored split
+    never moves)."""
+    named = stated.groups.get(group) if stated else None
+    if named is None or stated is None:
+        return why, None
+    if kept is None:
+        return stated.groups_why, None
+    if kept != named:
+        return why, (f"the source's {SOURCE_FILE} puts group {group!r} in {named}, but this store keeps it in "
+                     f"{kept} (a stored split never moves): the store stays as it is; ingest into a new store to "
+                     f"have the file's split, or change the file's entry to {kept!r}")
+    return why, None
 
 
 def _refuse_clash(store: FixtureStore, run_id: str, previous: dict[str, Any], job_dir: Path, events_sha: str) -> None:
@@ -601,7 +630,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
                 group_split: dict[str, str], batch_sources: dict[str, Path], copies: _Copies, *, split: str,
                 test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS, forced: bool = True,
                 stored_groups: Collection[str] = frozenset(),
-                measured: Any = frozenset(), source: str = AUTO) -> bool:
+                measured: Any = frozenset(), source: str = AUTO, stated: Stated | None = None) -> bool:
     """Ingest one job directory; returns whether the store changed. `measured`: the ids of the store's
     iteration-level runs and table folders, which a run with events may not take."""
     manifest = read_manifest(job_dir)
@@ -621,9 +650,13 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
         raise StoreError(f"run {run_id} belongs to group {group!r}, which is stored in the {kept} split; "
                          f"--split {split} would make the group straddle train and test. Leave out --split, or "
                          f"remove the group's fixtures from {store.root} first")
-    if kept and (run_id in stored or group in stored_groups):
+    stored_kept = kept if kept and (run_id in stored or group in stored_groups) else None
+    if stored_kept:
         outcome.split_from = f"kept: its configuration group is stored in {kept}"
-    chosen = kept or (split if split != "auto" else hashed_split(group, test_fraction))
+    outcome.split_from, note = _named_group(group, stored_kept, stated, outcome.split_from)
+    if note:
+        outcome.warnings.append(note)
+    chosen = kept or assigned_split(group, split, test_fraction, stated.groups if stated else None)
     outcome.split = chosen
     plan = plan_traces(job_dir, source)
     outcome.sources, outcome.profiled = plan.describe(), plan.present != (EVENT_LOG,)
