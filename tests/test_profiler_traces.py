@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from profiler_synth import job_dir, pipeline_run, write_kineto  # noqa: E402
+from profiler_synth import job_dir, pipeline_run, write_kineto
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "profiles"  # profiled captures: apart from traces/, which calibrates the CPU model
@@ -275,10 +275,10 @@ def test_the_kineto_kernel_truth_is_aligned_to_the_event_logs_iterations(tmp_pat
     """Kernel rows count on the iterations the event logs hold (both numbered by Megatron's iteration): an event log
     that kept one of the two profiled iterations gets that iteration's kernels, per iteration; one whose iterations
     the profiler never traced gets none, and a warning that says why."""
+    from hops_calib.store import FixtureStore
     from hops_calib.store.ingest import ingest
     from hops_calib.trace.kineto import read_kineto
     from hops_calib.trace.profile import assemble
-    from hops_calib.store import FixtureStore
 
     name = next(n for n in PROFILED if "1f1b" in n)
     one = tmp_path / "one" / name
@@ -355,11 +355,18 @@ def test_the_png_timeline_draws_the_kernel_classes_under_the_real_phases(tmp_pat
     phase's kernel time per step (or the bar, where they would overrun it); the legend names the classes; the
     prediction, and a run without kernel truth, get no strip."""
     from hops_calib.plot import style
-    from hops_calib.plot.timeline import (BAR_TOP, KERNEL_BOTTOM, KERNEL_TOP, Panel, kernel_classes_per_step,
-                                          timeline_figure)
+    from hops_calib.plot.timeline import (
+        BAR_TOP,
+        KERNEL_BOTTOM,
+        KERNEL_TOP,
+        Panel,
+        kernel_classes_per_step,
+        timeline_figure,
+    )
 
     name = next(n for n in PROFILED if "1f1b" in n)
     store, report = _ingest([PROFILES / name], tmp_path / "f")
+    assert report.ok, [o.error for o in report.rejected]
     fixture = store.load(name)
     real = fixture.timeline()
     figure = timeline_figure(name, fixture.spec.devices, [Panel("real", real, kernels=fixture.truth.kernels),

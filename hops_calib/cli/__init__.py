@@ -764,8 +764,9 @@ def plot_timeline(
     ledger: Path = LEDGER_OPTION,
     perturbations: dict | None = None,
 ) -> None:
-    """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time; with
-    --job, a configuration's predictions under each schedule (and, with stragglers or failures, a perturbed draw)."""
+    """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time, and
+    the kernel classes under each step where the run has per-kernel truth (a profiler trace); with --job, a
+    configuration's predictions under each schedule (and, with stragglers or failures, a perturbed draw)."""
     from hops_calib.cli.plot import timeline_command
 
     raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi, job, tuple(schedules or ()),

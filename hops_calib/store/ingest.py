@@ -318,7 +318,9 @@ def _beside_kernels(plan: TracePlan, spec: Spec, truth: Truth, pacing: dict[int,
     ProfilerStep#N, the log's `iteration`); () with a note saying why where the traces cannot give it."""
     from hops_calib.trace.rank_traces import describe_source
 
-    shown = describe_source(plan.kernels)
+    kind = plan.kernels
+    assert kind is not None, "a plan without a kernel source has no kernels beside its event logs"
+    shown = describe_source(kind)
     device_stage = {device: stage for stage, device in enumerate(spec.device_ids)}
     rows, covered = [], set(truth.iterations)
     for stage, (rank, _columns) in sorted(pacing.items()):
@@ -328,7 +330,7 @@ def _beside_kernels(plan: TracePlan, spec: Spec, truth: Truth, pacing: dict[int,
                          "timeline's pipeline runs; profile every rank (--profile-ranks) to get it")
             return ()
         try:
-            columns, _report, kernels = read_rank_trace(plan.kernels, path, rank=rank, stage=stage, pp=spec.pp,
+            columns, _report, kernels = read_rank_trace(kind, path, rank=rank, stage=stage, pp=spec.pp,
                                                         vp=spec.vp, microbatches=spec.microbatches,
                                                         device_stage=device_stage, pass_order=_pass_order(spec))
         except TraceError as error:
