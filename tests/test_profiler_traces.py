@@ -390,3 +390,25 @@ def test_the_png_timeline_draws_the_kernel_classes_under_the_real_phases(tmp_pat
     assert len(_strips(plain_ax, BAR_TOP, 0.26)) == len(compute)
     labels = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
     assert "gemm kernels (strip under a step)" in labels and "elementwise kernels" in labels
+
+
+def test_an_unusable_kineto_folder_beside_the_event_logs_leaves_the_logs_timing(tmp_path):
+    """Two traces of one rank beside good event logs: the run is still timed by its logs, with no kernel truth, and
+    ingest says why and what to do; --source kineto refuses it, naming the file."""
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    name = next(n for n in PROFILED if "1f1b" in n)
+    job = tmp_path / "jobs" / name
+    shutil.copytree(PROFILES / name, job)
+    shutil.copy(job / "torch_profile" / "rank-0.json.gz", job / "torch_profile" / "rank-0.copy.json.gz")
+    store = FixtureStore(tmp_path / "f")
+    report = ingest([job], store, split="train")
+    assert report.ok, [o.error for o in report.rejected]
+    (outcome,) = report.outcomes
+    assert outcome.sources == ("timing from event logs (megatron_trace/), no per-kernel truth (not read: Kineto "
+                               "(torch_profile/), unusable: the run's warning says why)")
+    assert any("two traces of rank 0" in w and "--source events" in w for w in outcome.warnings)
+    assert not store.load(name).truth.kernels and store.load(name).truth.iterations
+    refused = ingest([job], FixtureStore(tmp_path / "k"), split="train", source="kineto")
+    assert "two traces of rank 0" in refused.outcomes[0].error

@@ -270,6 +270,8 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
                                                      if rank in kernel_rows], max(len(truth.iterations), 1)))
     elif plan.kernels:
         truth = replace(truth, kernels=_beside_kernels(plan, spec, truth, pacing, notes))
+    elif plan.note:
+        notes.append(f"no per-kernel truth: {plan.note}")
 
     warnings = list(notes)
     if len(truth.iterations) != spec.iterations:

@@ -94,6 +94,7 @@ class TracePlan:
     kernel_files: dict[int, Path] = field(default_factory=dict)
     present: tuple[str, ...] = ()  # every source the job directory holds
     asked: str = AUTO
+    note: str = ""  # why a profiler trace beside the event logs gives no kernel truth (its files are unusable)
 
     @property
     def key(self) -> str:
@@ -116,6 +117,7 @@ class TracePlan:
         if not unread:
             return said
         why = (f"as --source {self.asked} asks" if self.asked != AUTO else
+               "unusable: the run's warning says why" if self.note else
                "; ".join(f"--source {_CHOICE[kind]} reads it alone" for kind in unread))
         return said + f" (not read: {', '.join(_SHOWN[kind] for kind in unread)}, {why})"
 
@@ -129,9 +131,17 @@ def plan_traces(job_dir: Path, source: str = AUTO) -> TracePlan:
     present = present_sources(job_dir)
     if not present:
         rank_files(job_dir)  # (raises: no per-rank traces of any kind)
+    note, kernel_files = "", {}
     if source == AUTO:
         timing = present[0]
         kernels = next((kind for kind in present if kind != EVENT_LOG), None) if timing == EVENT_LOG else None
+        if kernels:
+            try:
+                kernel_files = _source_files(job_dir, kernels)
+            except TraceError as error:  # the event logs still time the run
+                note = (f"{error}; the timing is the event logs', with no per-kernel truth: fix the traces, or "
+                        "ingest with --source events to leave them out")
+                kernels = None
     else:
         timing, kernels = _ASKED[source], None
         if timing not in present:
@@ -139,8 +149,8 @@ def plan_traces(job_dir: Path, source: str = AUTO) -> TracePlan:
             raise TraceError(job_dir, f"holds no {_SHOWN[timing]} for --source {source}; it holds {held}",
                              field="--source", hint="leave out --source (auto reads what the directory holds), or "
                                                     "give one of the sources it holds")
-    return TracePlan(timing=timing, files=_source_files(job_dir, timing), kernels=kernels,
-                     kernel_files=_source_files(job_dir, kernels) if kernels else {}, present=present, asked=source)
+    return TracePlan(timing=timing, files=_source_files(job_dir, timing), kernels=kernels, kernel_files=kernel_files,
+                     present=present, asked=source, note=note)
 
 
 def find_rank_traces(job_dir: Path) -> tuple[str, dict[int, Path]]:
