@@ -115,9 +115,9 @@ def test_ingest_says_which_split_each_new_run_went_to_and_how_to_force_train(rep
     index = FixtureStore(store).index()
     for split in ("train", "test"):
         named = next(line for line in lines if line.startswith(f"to {split}: ")).removeprefix(f"to {split}: ")
-        # and why: the project's captures state the grouped split beside them (traces/hops-calib-source.toml)
+        # and why: the project's captures state each group's split beside them (traces/hops-calib-source.toml)
         named, _, why = named.partition(" (")
-        assert "hops-calib-source.toml states split = 'auto'" in why
+        assert "hops-calib-source.toml names the group's split ([groups])" in why
         expected = sorted(index[index["split"] == split]["id"])
         # at most MAX_NAMED ids are named, then how many more
         named, _, more = named.partition(" and ")

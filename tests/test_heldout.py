@@ -238,3 +238,37 @@ def test_an_older_entry_with_measured_digests_still_guards_and_hold_out_adds_con
     assert all(d.startswith("config:") for ds in entries(own)[-1]["held_out_groups"].values() for d in ds)
     done = cli("evaluate", "--fixtures", str(shifted), "--ledger", str(own))
     assert done.returncode == 2 and "the configuration of a run of held-out group" in flat(done.stderr)
+
+
+def test_the_refusal_names_the_runs_and_the_commands_that_move_them_to_test(repo_root: Path, tmp_path: Path):
+    """The shipped store's test groups held out (`ledger hold-out`), then a store of traces/ split by the hash alone
+    (no [groups] in its source file): evaluate refuses it, naming the runs and the commands that move them to
+    test; those commands, run as given, make a store evaluate scores."""
+    import re
+    import shlex
+
+    ledger = tmp_path / "ledger.jsonl"
+    assert cli("ledger", "hold-out", "--fixtures", str(repo_root / "fixtures"), "--ledger", str(ledger),
+               "--new-ledger").returncode == 0
+    source = tmp_path / "traces"
+    shutil.copytree(repo_root / "traces", source)
+    (source / "hops-calib-source.toml").write_text('split = "auto"\n')
+    store = tmp_path / "hashed"
+    assert cli("ingest", str(source), "--fixtures", str(store)).returncode == 0
+    held = set(FixtureStore(repo_root / "fixtures").ids("test"))
+    leaked = sorted(held & set(FixtureStore(store).ids("train")))
+    assert leaked  # the hash puts some of the shipped store's test groups in train
+    done = cli("evaluate", "--fixtures", str(store), "--ledger", str(ledger))
+    message = flat(done.stderr)
+    assert done.returncode == 2 and f"Move the run(s) {', '.join(leaked)} to the test split" in message
+    command = re.search(r"rm -r .*? --split test", message).group(0)
+    assert all(str(store / run) in command and str(source / run) in command for run in leaked)
+    for part in command.split(" && "):
+        words = shlex.split(part)
+        if words[0] == "hops-calib":
+            assert cli(*words[1:]).returncode == 0
+        else:
+            assert subprocess.run(words, timeout=TIMEOUT_S).returncode == 0
+    assert set(FixtureStore(store).ids("test")) >= held
+    done = cli("evaluate", "--fixtures", str(store), "--ledger", str(ledger))
+    assert done.returncode == 0, done.stderr

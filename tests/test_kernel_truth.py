@@ -75,7 +75,8 @@ def test_a_store_without_kernel_truth_has_no_kernel_section(tmp_path):
     from hops_calib.store.ingest import ingest
 
     store = FixtureStore(tmp_path / "store")
-    assert ingest([PROFILED[0]], store, split="train").ok  # with its event logs: truth from them, no kernels
+    # its event logs alone (--source events): truth from them, no kernels
+    assert ingest([PROFILED[0]], store, split="train", source="events").ok
     assert _observe_json(store.root)["kernel_classes"] is None
 
 

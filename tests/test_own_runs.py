@@ -66,3 +66,46 @@ def test_the_grouped_split_when_asked_or_when_the_source_states_it(shared_runs, 
     bad = json.loads(cli("ingest", tmp_path / "sweep", "--fixtures", tmp_path / "d", "--json").stdout)
     assert all(r["status"] == "rejected" and SOURCE_FILE in r["error"] and "'split'" in r["error"]
                for r in bad["runs"])
+
+
+def test_a_store_ingested_afresh_from_traces_splits_as_the_shipped_store(repo_root, tmp_path):
+    """traces/hops-calib-source.toml names each group's split ([groups]): a fresh store of traces/ holds every run
+    in the split the shipped fixtures/ store holds it in, and `evaluate` (the project's ledger) scores it."""
+    from hops_calib.store import FixtureStore
+
+    done = cli("ingest", repo_root / "traces", "--fixtures", tmp_path / "f", "--json")
+    assert done.exit_code == 0, done.output
+    fresh, shipped = FixtureStore(tmp_path / "f").index(), FixtureStore(repo_root / "fixtures").index()
+    assert dict(zip(fresh["id"], fresh["split"])) == dict(zip(shipped["id"], shipped["split"]))
+    assert set(fresh["split"]) == {"train", "test"}
+    named = [r for r in json.loads(done.stdout)["runs"] if "names the group's split" in r["split_from"]]
+    assert len(named) == len(fresh)
+    scored = cli("evaluate", "--fixtures", tmp_path / "f")
+    assert scored.exit_code == 0, scored.output
+    assert f"on the train split: {int((fresh['split'] == 'train').sum())} fixtures" in scored.stdout
+
+
+def test_the_source_file_names_the_split_of_groups(shared_runs, tmp_path):
+    """A [groups] entry wins over `split` for its group; a store that holds the group already keeps it, saying the
+    file disagrees; an entry that is not train/test, or names a run rather than a group, is refused by field."""
+    test, train = own_runs(shared_runs, tmp_path / "sweep")
+    sidecar = tmp_path / "sweep" / SOURCE_FILE
+    sidecar.write_text(f'split = "auto"\n[groups]\n"{group_of(test)}" = "train"\n')
+    data = json.loads(cli("ingest", tmp_path / "sweep", "--fixtures", tmp_path / "a", "--json").stdout)
+    runs = {r["run_id"]: r for r in data["runs"]}
+    assert runs[test]["split"] == "train" and "names the group's split ([groups])" in runs[test]["split_from"]
+    assert runs[train]["split"] == "train" and "states split = 'auto'" in runs[train]["split_from"]
+    sidecar.write_text(f'split = "auto"\n[groups]\n"{group_of(test)}" = "test"\n')
+    again = json.loads(cli("ingest", tmp_path / "sweep", "--fixtures", tmp_path / "a", "--json").stdout)
+    runs = {r["run_id"]: r for r in again["runs"]}
+    assert runs[test]["split"] == "train" and runs[test]["status"] == "unchanged"
+    (warning,) = runs[test]["warnings"]
+    assert f"puts group '{group_of(test)}' in test, but this store keeps it in train" in warning
+    fresh = json.loads(cli("ingest", tmp_path / "sweep", "--fixtures", tmp_path / "b", "--json").stdout)
+    assert {r["run_id"]: r["split"] for r in fresh["runs"]} == {test: "test", train: "train"}
+    for entry, field in ((f'"{group_of(test)}" = "holdout"', f"'groups.{group_of(test)}'"),
+                         (f'"{test}" = "test"', "names a run, not a group")):
+        sidecar.write_text(f'split = "auto"\n[groups]\n{entry}\n')
+        bad = json.loads(cli("ingest", tmp_path / "sweep", "--fixtures", tmp_path / "c", "--json").stdout)
+        assert all(r["status"] == "rejected" and str(sidecar) in r["error"] and field in r["error"]
+                   for r in bad["runs"]), bad["runs"]

@@ -105,6 +105,24 @@ def test_timeline_svg_is_well_formed_and_titled(shared_fixtures, train_run, tmp_
         assert f"stage {stage} · {device.upper()}" in text
 
 
+def test_timeline_with_chrome_writes_only_what_was_asked(shared_fixtures, train_run, tmp_path, monkeypatch):
+    """--chrome alone writes the Chrome trace and no picture (none into the working directory); with --out, both."""
+    monkeypatch.chdir(tmp_path)
+    trace = tmp_path / "trace.json"
+    result = cli("plot", "timeline", train_run.id, "--fixtures", shared_fixtures, "--chrome", trace)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]
+    assert json.loads(trace.read_text())["traceEvents"] and ".png" not in result.stdout
+    out = tmp_path / "pictures" / "t.png"
+    out.parent.mkdir()
+    result = cli("plot", "timeline", train_run.id, "--fixtures", shared_fixtures, "--chrome", trace, "--out", out,
+                 "--dpi", DPI)
+    assert result.exit_code == 0, result.output
+    assert png_size(out) == expected_px(figure_size(train_run.spec.pp))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pictures", "trace.json"]
+    assert f"wrote {out}" in result.stdout and f"wrote {trace}" in result.stdout
+
+
 def test_the_window_holds_the_first_iterations_from_zero(train_run):
     real = train_run.timeline()
     for k in (1, 2, 3):

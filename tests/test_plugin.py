@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,36 @@ def test_the_plugin_traces_an_unmodified_megatron_core_run(tmp_path):
     assert report.ok, [o.error for o in report.rejected]
     truth = store.load(job.name).truth
     assert truth.observed_schedule == "1f1b" and truth.schedule_agreement == 1.0 and truth.iterations == (3, 4)
+
+
+def test_the_plugin_command_says_how_to_use_it():
+    """`python -m hops_calib.capture.plugin --help` prints what it does and exits 0; bad usage exits 2 with the
+    usage, what is wrong and where the help is; the script's own arguments pass through unchanged."""
+    def plugin(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hops_calib.capture.plugin", *args], capture_output=True,
+                              text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+
+    shown = plugin("--help")
+    assert shown.returncode == 0 and "--out JOB_DIR" in shown.stdout and "--trace-from N" in shown.stdout
+    assert "megatron_trace/rank<r>.jsonl" in shown.stdout and "torchrun" in shown.stdout
+    for args, said in ((), "required: --out"), (("--out", "x", "--", "no_such_script.py"), "is not a file"), \
+            (("--out", "x", "--trace-from", "0", "s.py"), "--trace-from: '0'"), \
+            (("--out", "x", "--num-layers", "2", "s.py"), "unknown option --num-layers"):
+        bad = plugin(*args)
+        assert bad.returncode == 2, (args, bad.stderr)
+        assert bad.stderr.startswith("usage: python -m hops_calib.capture.plugin --out JOB_DIR") and said in bad.stderr
+        assert "--help says more" in bad.stderr
+
+
+def test_the_plugin_command_passes_the_scripts_arguments_through(tmp_path):
+    """Whatever follows SCRIPT (or `--`) is the script's: its own --help and --out reach it unchanged."""
+    script = tmp_path / "train.py"
+    script.write_text("import json, sys\nopen(sys.argv[-1], 'w').write(json.dumps(sys.argv))\n")
+    seen = tmp_path / "argv.json"
+    for args in (["--out", str(tmp_path / "job"), "--", str(script), "--help", "--out", "z", str(seen)],
+                 [f"--out={tmp_path / 'job'}", "--trace-from", "4", str(script), "--help", "--out", "z", str(seen)]):
+        done = subprocess.run([sys.executable, "-m", "hops_calib.capture.plugin", *args], capture_output=True,
+                              text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(seen.read_text()) == [str(script), "--help", "--out", "z", str(seen)]
+        seen.unlink()

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from profiler_synth import job_dir, pipeline_run, write_kineto  # noqa: E402
+from profiler_synth import job_dir, pipeline_run, write_kineto
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "profiles"  # profiled captures: apart from traces/, which calibrates the CPU model
@@ -235,3 +235,180 @@ def test_the_chrome_export_nests_kernel_classes_under_the_real_phases(tmp_path):
              and any(b["tid"] == s["tid"] and b["name"].startswith("FORWARD") and b["ts"] <= s["ts"] < b["ts"] + b["dur"]
                      for b in bars)}
     assert shown == {round(per_step_ms, 9)}
+
+
+def _log_lines(job: Path, edit) -> None:
+    """Rewrite every rank's event log of `job` line by line: `edit(event)` returns the event to keep, or None."""
+    for log in sorted((job / "megatron_trace").glob("rank*.jsonl")):
+        kept = [edit(json.loads(line)) for line in log.read_text().splitlines() if line.strip()]
+        log.write_text("".join(json.dumps(event) + "\n" for event in kept if event is not None))
+
+
+@pytest.mark.parametrize("name", PROFILED)
+def test_a_job_with_event_logs_and_kineto_keeps_the_logs_timing_and_gets_the_kernel_truth(name, tmp_path):
+    """The shipped profiled captures hold both sources: ingest (--source auto) times the run from the event logs,
+    exactly as --source events does, and attaches the Kineto traces' per-kernel truth, exactly as --source kineto
+    gives it; the report says which source gave what."""
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    stores = {}
+    for source in ("auto", "events", "kineto"):
+        stores[source] = FixtureStore(tmp_path / source)
+        report = ingest([PROFILES / name], stores[source], split="train", source=source)
+        assert report.ok, [o.error for o in report.rejected]
+        (outcome,) = report.outcomes
+        assert outcome.profiled and outcome.sources
+        stores[source] = (stores[source].load(name), outcome.sources)
+    (merged, said), (logs, said_events), (kineto, said_kineto) = stores["auto"], stores["events"], stores["kineto"]
+    assert said == "timing from event logs (megatron_trace/), per-kernel truth from Kineto (torch_profile/)"
+    assert "no per-kernel truth" in said_events and "not read: Kineto (torch_profile/)" in said_events
+    assert said_kineto.startswith("timing and per-kernel truth from Kineto") and "event logs" in said_kineto
+    assert merged.events.equals(logs.events) and merged.truth.metrics == logs.truth.metrics
+    assert merged.truth.phase_stats == logs.truth.phase_stats and not logs.truth.kernels
+    assert merged.truth.kernels and merged.truth.kernels == kineto.truth.kernels
+    assert merged.quality["kernel_source"] == "kineto" and "trace_source" not in merged.quality
+    assert kineto.quality["trace_source"] == "kineto" and "kernel_source" not in kineto.quality
+
+
+def test_the_kineto_kernel_truth_is_aligned_to_the_event_logs_iterations(tmp_path):
+    """Kernel rows count on the iterations the event logs hold (both numbered by Megatron's iteration): an event log
+    that kept one of the two profiled iterations gets that iteration's kernels, per iteration; one whose iterations
+    the profiler never traced gets none, and a warning that says why."""
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+    from hops_calib.trace.kineto import read_kineto
+    from hops_calib.trace.profile import assemble
+
+    name = next(n for n in PROFILED if "1f1b" in n)
+    one = tmp_path / "one" / name
+    shutil.copytree(PROFILES / name, one)
+    _log_lines(one, lambda event: event if event["iteration"] == 3 else None)
+    store = FixtureStore(tmp_path / "f1")
+    report = ingest([one], store, split="train")
+    assert report.ok, [o.error for o in report.rejected]
+    fixture = store.load(name)
+    assert fixture.truth.iterations == (3,)
+    for rank in range(fixture.spec.pp):
+        trace = one / "torch_profile" / f"rank-{rank}.json.gz"
+        _c, _r, rows = assemble(read_kineto(trace), rank=rank, stage=rank, pp=fixture.spec.pp, vp=1,
+                                microbatches=fixture.spec.microbatches)
+        assert set(rows.iteration.tolist()) == {3, 4}
+        expected_ms = rows.duration_ns[rows.iteration == 3].sum() / 1e6
+        shown_ms = sum(k.per_iteration_ms for k in fixture.truth.kernels if k.stage == rank)
+        assert shown_ms == pytest.approx(expected_ms, rel=1e-9)
+
+    later = tmp_path / "later" / name
+    shutil.copytree(PROFILES / name, later)
+    _log_lines(later, lambda event: {**event, "iteration": event["iteration"] + 10})
+    store = FixtureStore(tmp_path / "f2")
+    report = ingest([later], store, split="train")
+    assert report.ok, [o.error for o in report.rejected]
+    assert not store.load(name).truth.kernels and "kernel_source" not in store.load(name).quality
+    (warning,) = [w for w in report.outcomes[0].warnings if "per-kernel truth" in w]
+    assert "share no iteration" in warning and "[13, 14]" in warning and "--profile-step-start" in warning
+
+
+def test_ingest_of_the_profiled_captures_shows_kernels_and_evaluates(tmp_path):
+    """The command line: `ingest profiles` says which source gave what, `fixtures show --json` has the kernels,
+    `evaluate` scores the store; --source nsys on a job without nsys/ is refused, naming the field and the fix."""
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    runner, store = CliRunner(), str(tmp_path / "p")
+    result = runner.invoke(app, ["ingest", str(PROFILES), "--fixtures", store])
+    assert result.exit_code == 0, result.output
+    assert ("timing from event logs (megatron_trace/), per-kernel truth from Kineto (torch_profile/): "
+            + ", ".join(PROFILED)) in result.stdout
+    for name in PROFILED:
+        shown = json.loads(runner.invoke(app, ["fixtures", "show", name, "--fixtures", store, "--json"]).stdout)
+        assert shown["kernels"] and {k["source"] for k in shown["kernels"]} == {"cpu_op"}
+        assert shown["quality"]["kernel_source"] == "kineto"
+    result = runner.invoke(app, ["evaluate", "--fixtures", store])
+    assert result.exit_code == 0, result.output
+    assert all(name in result.stdout for name in PROFILED)
+    result = runner.invoke(app, ["ingest", str(PROFILES), "--fixtures", str(tmp_path / "n"), "--source", "nsys",
+                                 "--json"])
+    assert result.exit_code == 2
+    errors = [run["error"] for run in json.loads(result.stdout)["runs"]]
+    assert len(errors) == 2 and all("field '--source'" in e and "Nsight Systems (nsys/)" in e for e in errors)
+
+
+def _strips(ax, top: float, bottom: float) -> list[tuple[int, float, float, str]]:
+    """(stage, start, width, colour) of every rectangle of `ax` spanning y (stage + top, stage + bottom)."""
+    from matplotlib.colors import to_hex
+
+    found = []
+    for collection in ax.collections:
+        colours = [to_hex(c) for c in collection.get_facecolors()]
+        for k, path in enumerate(collection.get_paths()):
+            (x0, y0), (x1, y1) = path.vertices.min(axis=0), path.vertices.max(axis=0)
+            stage = round(y0 - top)
+            if abs(y0 - (stage + top)) < 1e-9 and abs(y1 - (stage + bottom)) < 1e-9:
+                found.append((stage, float(x0), float(x1 - x0), colours[k % len(colours)]))
+    return found
+
+
+def test_the_png_timeline_draws_the_kernel_classes_under_the_real_phases(tmp_path):
+    """Under each compute bar of the real panel a strip of kernel classes, end to end inside the bar, summing to the
+    phase's kernel time per step (or the bar, where they would overrun it); the legend names the classes; the
+    prediction, and a run without kernel truth, get no strip."""
+    from hops_calib.plot import style
+    from hops_calib.plot.timeline import (
+        BAR_TOP,
+        KERNEL_BOTTOM,
+        KERNEL_TOP,
+        Panel,
+        kernel_classes_per_step,
+        timeline_figure,
+    )
+
+    name = next(n for n in PROFILED if "1f1b" in n)
+    store, report = _ingest([PROFILES / name], tmp_path / "f")
+    assert report.ok, [o.error for o in report.rejected]
+    fixture = store.load(name)
+    real = fixture.timeline()
+    figure = timeline_figure(name, fixture.spec.devices, [Panel("real", real, kernels=fixture.truth.kernels),
+                                                          Panel("plain", real)], dpi=60)
+    real_ax, plain_ax = figure.axes
+    strips = _strips(real_ax, KERNEL_TOP, KERNEL_BOTTOM)
+    assert strips and not _strips(plain_ax, KERNEL_TOP, KERNEL_BOTTOM)
+    compute = real[real["kind"] == "compute"]
+    per_step = kernel_classes_per_step(fixture.truth.kernels, compute["stage"].to_numpy(),
+                                       compute["phase"].to_numpy(), compute["iteration"].to_numpy())
+    origin = float(real["start_ms"].min())
+    for stage, phase, start, end in zip(compute["stage"], compute["phase"], compute["start_ms"], compute["end_ms"]):
+        start, end = start - origin, end - origin
+        inside = [s for s in strips if s[0] == stage and start - 1e-9 <= s[1] < end]
+        assert inside and all(s[1] + s[2] <= end + 1e-9 for s in inside)
+        expected = min(end - start, sum(per_step[(stage, str(phase))].values()))
+        assert sum(s[2] for s in inside) == pytest.approx(expected, rel=1e-9)
+    assert {s[3] for s in strips} >= {style.kernel_colour(label).lower() for label in ("gemm", "elementwise")}
+    bars = _strips(real_ax, BAR_TOP, 0.10)
+    assert len(bars) == len(compute)  # the real run's bars make room for the strip; the plain panel's do not
+    assert len(_strips(plain_ax, BAR_TOP, 0.26)) == len(compute)
+    labels = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+    assert "gemm kernels (strip under a step)" in labels and "elementwise kernels" in labels
+
+
+def test_an_unusable_kineto_folder_beside_the_event_logs_leaves_the_logs_timing(tmp_path):
+    """Two traces of one rank beside good event logs: the run is still timed by its logs, with no kernel truth, and
+    ingest says why and what to do; --source kineto refuses it, naming the file."""
+    from hops_calib.store import FixtureStore
+    from hops_calib.store.ingest import ingest
+
+    name = next(n for n in PROFILED if "1f1b" in n)
+    job = tmp_path / "jobs" / name
+    shutil.copytree(PROFILES / name, job)
+    shutil.copy(job / "torch_profile" / "rank-0.json.gz", job / "torch_profile" / "rank-0.copy.json.gz")
+    store = FixtureStore(tmp_path / "f")
+    report = ingest([job], store, split="train")
+    assert report.ok, [o.error for o in report.rejected]
+    (outcome,) = report.outcomes
+    assert outcome.sources == ("timing from event logs (megatron_trace/), no per-kernel truth (not read: Kineto "
+                               "(torch_profile/), unusable: the run's warning says why)")
+    assert any("two traces of rank 0" in w and "--source events" in w for w in outcome.warnings)
+    assert not store.load(name).truth.kernels and store.load(name).truth.iterations
+    refused = ingest([job], FixtureStore(tmp_path / "k"), split="train", source="kineto")
+    assert "two traces of rank 0" in refused.outcomes[0].error

@@ -480,8 +480,8 @@ def test_coverage_names_the_store_it_read_and_whether_it_was_the_default(tmp_pat
 
 def test_a_timeline_without_out_goes_to_the_current_directory_as_help_says(tmp_path, monkeypatch):
     job = configuration_only(tmp_path)
-    assert "(default: timeline-ID.png, with --job timeline-<job folder name>.png, in the current directory)" in _flat(
-        cli("plot", "timeline", "--help").output)
+    assert ("(default: timeline-ID.png, with --job timeline-<job folder name>.png, in the current directory; with "
+            "--chrome, no image unless --out asks for one)") in _flat(cli("plot", "timeline", "--help").output)
     where = tmp_path / "cwd"
     where.mkdir()
     monkeypatch.chdir(where)

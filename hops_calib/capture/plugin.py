@@ -253,29 +253,89 @@ def install(out: str | Path, **options: Any) -> PluginTracer:
     return _ACTIVE
 
 
+def _parser() -> Any:
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> Any:  # (exits 2, as argparse does, saying where the help is)
+            self.print_usage(sys.stderr)
+            self.exit(2, f"{self.prog}: error: {message}\n(python -m hops_calib.capture.plugin --help says more)\n")
+
+    parser = Parser(
+        prog="python -m hops_calib.capture.plugin",
+        usage="%(prog)s --out JOB_DIR [--trace-from N] [--] SCRIPT [ARGS...]",
+        description="Run a Megatron-LM or Megatron-core training script unmodified, with the hops-calib tracer "
+                    "loaded: each rank writes the documented event log JOB_DIR/megatron_trace/rank<r>.jsonl (and "
+                    "tracer.rank<r>.json, the tracer's own cost) when its process exits. Every stamp is the host's "
+                    "wall clock: on a GPU a step's span is its launch time (docs/traces.md).",
+        epilog="examples:\n"
+               "  torchrun --nproc-per-node 8 -m hops_calib.capture.plugin --out runs/my_job -- pretrain_gpt.py "
+               "ARGS...\n"
+               "  python -m hops_calib.capture.plugin --out runs/my_job train.py --num-layers 4\n"
+               "then: add hops.base.yaml (the device types) to the job directory, and "
+               "hops-calib ingest runs/my_job --fixtures STORE.\n"
+               "In your own script instead: from hops_calib.capture import plugin; plugin.install('runs/my_job')",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, metavar="JOB_DIR",
+                        help="the job directory to write (megatron_trace/, and megatron_args.txt and "
+                             "hops_trace_map.json on rank 0 where absent)")
+    parser.add_argument("--trace-from", type=_positive, default=TRACE_FIRST_ITERATION, metavar="N",
+                        help=f"log iterations from the N-th training call on (default {TRACE_FIRST_ITERATION}: "
+                             "the first ones warm up)")
+    parser.add_argument("script", metavar="SCRIPT", help="the training script, run as __main__ (as python SCRIPT "
+                                                          "ARGS...); ARGS, the script's own, are passed unchanged")
+    return parser
+
+
+_VALUED = ("--out", "--trace-from")  # the plugin's options that take a value
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the plugin's own arguments up to and with SCRIPT, the script's ARGS): SCRIPT is the first word after `--`,
+    or else the first that is neither an option nor an option's value."""
+    k = 0
+    while k < len(argv):
+        word = argv[k]
+        if word == "--":
+            return argv[:k] + argv[k + 1:k + 2], argv[k + 2:]
+        if not word.startswith("-"):
+            return argv[:k + 1], argv[k + 1:]
+        k += 2 if word in _VALUED else 1
+    return argv, []
+
+
+def _positive(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1 (the first training call to log)")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m hops_calib.capture.plugin --out JOB_DIR [--trace-from N] [--] SCRIPT ARGS...`: run SCRIPT traced."""
+    """`python -m hops_calib.capture.plugin --out JOB_DIR [--trace-from N] [--] SCRIPT ARGS...`: run SCRIPT traced.
+    --help prints what it does and exits 0; bad usage exits 2 with the usage and what is wrong."""
     import runpy
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    options: dict[str, Any] = {}
-    out = None
-    while argv and argv[0].startswith("--"):
-        flag = argv.pop(0)
-        if flag == "--":
-            break
-        if flag == "--out" and argv:
-            out = argv.pop(0)
-        elif flag == "--trace-from" and argv:
-            options["trace_from"] = int(argv.pop(0))
-        else:
-            raise SystemExit(f"hops_calib.capture.plugin: unknown option {flag}; usage: --out JOB_DIR [--trace-from "
-                             "N] [--] SCRIPT ARGS...")
-    if out is None or not argv:
-        raise SystemExit("usage: python -m hops_calib.capture.plugin --out JOB_DIR [--trace-from N] [--] SCRIPT ARGS...")
-    install(out, **options)
-    sys.argv = argv
-    runpy.run_path(argv[0], run_name="__main__")
+    parser = _parser()
+    own, args = _split(list(sys.argv[1:] if argv is None else argv))
+    unknown = [word for k, word in enumerate(own) if word.startswith("-") and (k == 0 or own[k - 1] not in _VALUED)
+               and word.split("=")[0] not in _VALUED + ("-h", "--help")]
+    if unknown:
+        parser.error(f"unknown option {unknown[0]}: the plugin's own options (--out, --trace-from) come before "
+                     "SCRIPT; the script's options after it (or after --)")
+    parsed = parser.parse_args(own)
+    script = parsed.script
+    if not Path(script).is_file():
+        parser.error(f"SCRIPT {script!r} is not a file: give the training script's path (e.g. pretrain_gpt.py), "
+                     "after --out JOB_DIR and --")
+    install(parsed.out, trace_from=parsed.trace_from)
+    sys.argv = [script, *args]
+    runpy.run_path(script, run_name="__main__")
 
 
 if __name__ == "__main__":

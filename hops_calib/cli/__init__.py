@@ -178,13 +178,20 @@ def ingest(
     lock_timeout: float = typer.Option(
         600.0, "--lock-timeout", min=0.0,
         help="Seconds to wait for the store lock another ingest holds (it says whose) before giving up (exit 2)."),
+    source: str = typer.Option(
+        "auto", "--source",
+        help="Which per-rank traces of a job directory to read (docs/traces.md). auto (default): the timing from "
+             "megatron_trace/ (event logs), else from the profiler traces, and the per-kernel truth from "
+             "torch_profile/ (Kineto) or nsys/ where present, both at once when the job holds an event log and a "
+             "profiler trace; events, kineto, nsys: that source alone."),
 ) -> None:
     """Ingest Megatron job directories, training logs and run tables into the Parquet fixture store. Exit 0 every
     run stored, 6 some rejected (the others stored), 2 a bad store."""
     from hops_calib.cli.data import ingest_command
 
     raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, gpu,
-                                    gpus_per_node, warmup_iterations, as_json, lock_timeout=lock_timeout))
+                                    gpus_per_node, warmup_iterations, as_json, lock_timeout=lock_timeout,
+                                    source=source))
 
 
 LEDGER_OPTION = typer.Option(None, "--ledger", show_default=False, help=(
@@ -744,10 +751,11 @@ def plot_timeline(
     model: Path | None = MODEL_OPTION,
     out: Path | None = typer.Option(None, "--out", help="Image to write, *.png or *.svg (default: "
                                        "timeline-ID.png, with --job timeline-<job folder name>.png, in the current "
-                                       "directory)."),
-    chrome: Path | None = typer.Option(None, "--chrome", help="Also write the panels as Chrome trace JSON (*.json: "
-                                          "Perfetto or chrome://tracing opens it, zoomable): their first 3 "
-                                          "iterations, see --chrome-iterations and --chrome-all."),
+                                       "directory; with --chrome, no image unless --out asks for one)."),
+    chrome: Path | None = typer.Option(None, "--chrome", help="Write the panels as Chrome trace JSON (*.json: "
+                                          "Perfetto or chrome://tracing opens it, zoomable) instead of an image "
+                                          "(as well as one with --out): their first 3 iterations, see "
+                                          "--chrome-iterations and --chrome-all."),
     chrome_iterations: int | None = typer.Option(None, "--chrome-iterations", help="With --chrome: export each "
                                                     "panel's first K iterations (default 3)."),
     chrome_all: bool = typer.Option(False, "--chrome-all", help="With --chrome: export whole runs (a large job's "
@@ -756,8 +764,9 @@ def plot_timeline(
     ledger: Path = LEDGER_OPTION,
     perturbations: dict | None = None,
 ) -> None:
-    """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time; with
-    --job, a configuration's predictions under each schedule (and, with stragglers or failures, a perturbed draw)."""
+    """The real run above its prediction on one time axis: a lane per stage, bars by phase, sends, idle time, and
+    the kernel classes under each step where the run has per-kernel truth (a profiler trace); with --job, a
+    configuration's predictions under each schedule (and, with stragglers or failures, a perturbed draw)."""
     from hops_calib.cli.plot import timeline_command
 
     raise typer.Exit(timeline_command(fixture_id, fixtures, model, iterations, out, dpi, job, tuple(schedules or ()),

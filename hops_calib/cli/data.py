@@ -27,7 +27,8 @@ def _err(message: str) -> None:
 def ingest_command(sources: list[Path], fixtures: Path, split: str = "source", test_fraction: float = 0.3,
                    lenient: bool = False, skew_ms: float | None = None, gpu: str | None = None,
                    gpus_per_node: int | None = None, warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
-                   as_json: bool = False, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S) -> int:
+                   as_json: bool = False, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S,
+                   source: str = "auto") -> int:
     """Ingest and print a summary; warnings, rejected runs, what the search skipped (notes) and whom it waits for
     go to stderr (and, with --json, into the object). 0 when every run made it, 6 (partial) when some were
     rejected and the others stored, 2 for a bad store (or a lock still held after `lock_timeout` s), an unknown
@@ -71,7 +72,7 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "source", t
                 report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
                                 on_run=on_run, on_start=progress.start, hardware=hardware,
                                 warmup_iterations=warmup_iterations, device_types=known, lock_timeout=lock_timeout,
-                                on_wait=lambda line: _err(f"{line} ..."), **extra)
+                                on_wait=lambda line: _err(f"{line} ..."), source=source, **extra)
             except Exception:
                 if not existed:
                     store.remove_if_empty()  # (a first ingest stopped by a full disk leaves no store behind)
@@ -87,7 +88,8 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "source", t
                         **{status: report.count(status) for status in ("new", "updated", "unchanged", "rejected")},
                         "counts": views.ingest_counts(report, store),
                         "runs": [{"source": str(o.source), "run_id": o.run_id, "kind": o.kind, "status": o.status,
-                                  "split": o.split, "split_from": o.split_from, "priced": o.priced,
+                                  "split": o.split, "split_from": o.split_from, "sources": o.sources,
+                                  "priced": o.priced,
                                   "not_priced": o.not_priced, "error": o.error, "warnings": list(o.warnings)}
                                  for o in report.outcomes],
                         "warnings": [f"{o.run_id}: {w}" for o in report.outcomes for w in o.warnings],

@@ -13,8 +13,9 @@ def _wrote(image) -> int:
 
     for note in image.notes:
         print(note)
-    size = write_image(image)
-    print(f"wrote {image.target} ({size})")
+    if image.target is not None:
+        size = write_image(image)
+        print(f"wrote {image.target} ({size})")
     if image.chrome is not None:
         import json
 

@@ -233,10 +233,36 @@ def guard(store, ledger_path: Path | str | None, verb: str, allow: bool) -> list
     if found and not allow:
         raise HeldOutInTrain(
             store.root, f"holds in its train split {len(found)} group(s) held out, {describe(found)}",
-            field="split",
-            hint=f"{verb} would fit or judge on the test split. Ingest these runs into the store's test split (or "
-                 f"leave them out); {OVERRIDE_FLAG} goes on regardless, and the ledger records the override")
+            field="split", hint=f"{verb} would fit or judge on the test split. {move_to_test(store, found)}; "
+                                f"{OVERRIDE_FLAG} goes on regardless, and the ledger records the override")
     return found
+
+
+def move_to_test(store, found: list[Leak]) -> str:
+    """What to do about held-out groups in a store's train split: the runs to move, and the commands that move
+    them (a stored split never moves, so their fixtures are deleted and ingested again with --split test)."""
+    import shlex
+
+    from hops_calib.store.fixture import source_path
+
+    ids = [fixture_id for leak in found if leak.by != "record" for fixture_id in leak.ids]
+    if not ids:
+        return "Delete the store's index.parquet (it is rebuilt from the fixture folders)"
+    sources = []
+    for fixture_id in ids:
+        try:
+            recorded = store.meta(fixture_id).get("source")
+        except Exception:  # noqa: BLE001 - a damaged record: the user names the job directory
+            recorded = None
+        sources.append(str(source_path(recorded, store.root)) if recorded else f"JOB_DIR_OF_{fixture_id}")
+    root = Path(store.root)
+    return (f"Move the run(s) {', '.join(ids)} to the test split: rm -r "
+            + " ".join(shlex.quote(str(root / fixture_id)) for fixture_id in ids)
+            + " && hops-calib ingest " + " ".join(shlex.quote(source) for source in sources)
+            + f" --fixtures {shlex.quote(str(root))} --split test (a stored split never moves: the fixtures are "
+              "deleted, then ingested again); for a source of runs, state the groups' split in its "
+              "hops-calib-source.toml ([groups] GROUP = \"test\") so that a store ingested afresh from it holds "
+              "them out")
 
 
 def override_record(found: list[Leak]) -> dict[str, Any]:

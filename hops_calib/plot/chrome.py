@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from hops_calib.files import atomic_write
-from hops_calib.plot.timeline import Panel
+from hops_calib.plot.timeline import Panel, kernel_classes_per_step, kernel_segments
 from hops_calib.timeline import TRANSFER
 
 US_PER_MS = 1000.0
@@ -143,34 +143,20 @@ def _kernel_slices(kernels: Sequence[Any], columns: dict[str, np.ndarray], start
                    duration_us: np.ndarray, is_send: np.ndarray, lanes: np.ndarray, pid: int) -> list[dict[str, Any]]:
     """Slices of kernel classes nested under each compute bar (module docstring)."""
     compute = ~is_send
-    steps: dict[tuple[int, str], int] = {}  # (stage, phase) -> steps per iteration
-    iterations = max(len(set(columns["iteration"][compute].tolist())), 1)
-    for stage, phase in zip(columns["stage"][compute].tolist(), columns["phase"][compute].tolist()):
-        steps[(stage, str(phase))] = steps.get((stage, str(phase)), 0) + 1
-    per_step: dict[tuple[int, str], dict[str, float]] = {}
-    for kernel in kernels:
-        key = (kernel.stage, kernel.phase)
-        if key in steps:
-            classes = per_step.setdefault(key, {})
-            classes[kernel.kernel_class] = classes.get(kernel.kernel_class, 0.0) + (
-                kernel.per_iteration_ms * iterations / steps[key])
+    per_step = kernel_classes_per_step(kernels, columns["stage"][compute], columns["phase"][compute],
+                                       columns["iteration"][compute])
     out: list[dict[str, Any]] = []
     for i in np.flatnonzero(compute):
         stage, phase = int(columns["stage"][i]), str(columns["phase"][i])
         step_classes = per_step.get((stage, phase))
         if not step_classes:
             continue
-        total_us = sum(step_classes.values()) * US_PER_MS
-        scale = min(1.0, float(duration_us[i]) / total_us) if total_us > 0 else 0.0
-        at, end = float(start_us[i]), float(start_us[i] + duration_us[i])
-        for label, ms in sorted(step_classes.items(), key=lambda item: -item[1]):
-            width = min(round(ms * US_PER_MS * scale, 3), round(end - at, 3))  # (rounding never runs past the bar)
-            if width <= 0:
-                continue
-            out.append({"name": f"{label} (kernels)", "cat": "kernels", "ph": "X", "ts": round(at, 3), "dur": width,
+        segments, scaled = kernel_segments(step_classes, float(start_us[i]), float(duration_us[i]), US_PER_MS,
+                                           digits=3)
+        for label, at, width, ms in segments:
+            out.append({"name": f"{label} (kernels)", "cat": "kernels", "ph": "X", "ts": at, "dur": width,
                         "pid": pid, "tid": _thread(stage, False, int(lanes[i])),
-                        "args": {"kernel_class": label, "mean_ms_per_step": ms, "scaled": scale < 1.0}})
-            at += width
+                        "args": {"kernel_class": label, "mean_ms_per_step": ms, "scaled": scaled}})
     return out
 
 

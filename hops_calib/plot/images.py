@@ -18,10 +18,11 @@ from hops_calib.progress import QUIET, Progress
 
 @dataclass(frozen=True)
 class Image:
-    """A figure to write to `target`, and lines to say before it is written (what was not drawn, and why)."""
+    """A figure to write to `target`, and lines to say before it is written (what was not drawn, and why). No
+    figure and no target: only the Chrome trace was asked for (`plot timeline --chrome` without --out)."""
 
     figure: Any
-    target: Path
+    target: Path | None
     dpi: float
     notes: tuple[str, ...] = ()
     # the same timelines as Chrome trace JSON (Perfetto, chrome://tracing): the file, and the trace to write there
@@ -32,6 +33,7 @@ def write_image(image: Image) -> str:
     """Write the figure atomically; its format and size as the line saying where it went shows them
     ('PNG, 1200x800 px')."""
     figure, out, dpi = image.figure, image.target, image.dpi
+    assert out is not None, "an image without a target has nothing to write"
     fmt = style.image_format(out)
     width, height = style.pixel_size(figure, dpi)
     style.save_figure(figure, out, dpi)
@@ -67,9 +69,13 @@ def _target(out: Path | None, default: str, dpi: float) -> Path:
     saying where it went does); checked before any work is done."""
     target = out if out is not None else Path.cwd() / default
     style.image_format(target)
+    _check_dpi(dpi)
+    return target
+
+
+def _check_dpi(dpi: float) -> None:
     if not 20 <= dpi <= 600:
         raise InputError("plot", f"--dpi {dpi} is outside 20..600", field="--dpi", hint="150 suits a screen")
-    return target
 
 
 def metrics_note(metrics) -> str:
@@ -91,11 +97,12 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     """A fixture's real timeline above the model's prediction, or a job's predicted timeline under each schedule
     (hops priced by the hosts at their ends, with `cluster`; under `perturbations`, each schedule's first perturbed
     draw below it). With `chrome`, the same panels as Chrome trace JSON too: their first `chrome_iterations`
-    iterations (-1: `plot.chrome.CHROME_ITERATIONS`; None: whole runs)."""
+    iterations (-1: `plot.chrome.CHROME_ITERATIONS`; None: whole runs), and the picture only where `out` asks for
+    it (with `chrome` and no `out`, nothing is drawn: the Chrome trace is what was asked)."""
     from hops_calib.loop.model_files import load_model
     from hops_calib.loop.suite import TEST, open_store
     from hops_calib.model.predict import predict
-    from hops_calib.plot.timeline import Panel, figure_size, shown_window, timeline_figure
+    from hops_calib.plot.timeline import Panel, figure_size, shown_window
 
     if (fixture_id is None) == (job is None):
         raise InputError("plot timeline", f"{given_together({f'ID {fixture_id}': fixture_id is not None, f'--job {job}': job is not None})}"
@@ -120,7 +127,7 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
         from hops_calib.spec import TRACE_FIRST_ITERATION
         from hops_calib.whatif.job import what_if
 
-        target = _target(out, f"timeline-{Path(job).name}.png", dpi)
+        target = _timeline_target(out, chrome, f"timeline-{Path(job).name}.png", dpi)
         result = what_if(job, load_model(model_path), schedules, cluster=cluster)
         spec = result.spec
         panels = []
@@ -143,9 +150,9 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
         if perturbations is not None:
             notes += (f"slowed panels: {perturbations.describe()} (failures cost whole iterations and recoveries, "
                       "which a timeline of the traced window does not show; predict --job gives their throughput)",)
-        return Image(timeline_figure(title, spec.devices, panels, shown, dpi=dpi), target, dpi, notes,
+        return Image(_timeline_figure(target, title, spec.devices, panels, shown, dpi), target, dpi, notes,
                      _chrome(chrome, title, spec.devices, panels, chrome_iterations))
-    target = _target(out, f"timeline-{fixture_id}.png", dpi)
+    target = _timeline_target(out, chrome, f"timeline-{fixture_id}.png", dpi)
     fixture = open_store(fixtures).load(fixture_id)
     if fixture.split == TEST:
         raise InputError(f"{fixtures}/{fixture_id}", "is in the test split, which is seen only in aggregate",
@@ -163,8 +170,23 @@ def timeline_image(fixture_id: str | None, fixtures: Path, model_path: Path | No
     traced = len(fixture.truth.iterations) or spec.iterations
     title = (f"{fixture.id}: {prediction.schedule}, {spec.pp} stages, {spec.microbatches} microbatches per "
              f"iteration ({shown.describe(traced, spec.microbatches)})")
-    return Image(timeline_figure(title, spec.devices, panels, shown, dpi=dpi), target, dpi,
+    return Image(_timeline_figure(target, title, spec.devices, panels, shown, dpi), target, dpi,
                  _window_notes(shown, iterations), chrome=_chrome(chrome, title, spec.devices, panels, chrome_iterations))
+
+
+def _timeline_target(out: Path | None, chrome: Path | None, default: str, dpi: float) -> Path | None:
+    """The timeline picture to write: --out, else `default` in the current directory, except where --chrome alone
+    was given (then no picture)."""
+    if chrome is not None and out is None:
+        _check_dpi(dpi)
+        return None
+    return _target(out, default, dpi)
+
+
+def _timeline_figure(target: Path | None, title: str, devices: Any, panels: list, shown: Any, dpi: float) -> Any:
+    from hops_calib.plot.timeline import timeline_figure
+
+    return None if target is None else timeline_figure(title, devices, panels, shown, dpi=dpi)
 
 
 def _window_notes(shown: Any, asked: int | None) -> tuple[str, ...]:

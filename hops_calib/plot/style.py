@@ -24,6 +24,18 @@ PHASE_COLOURS = {
 }
 PHASE_LABELS = {FORWARD: "forward", BACKWARD: "backward", BACKWARD_B: "backward B (input grad)",
                 BACKWARD_W: "backward W (weight grad)", OPTIMIZER: "optimizer step"}
+# Kernel classes (trace.profile.KERNEL_CLASSES) under the timeline's bars: Paul Tol's "muted" qualitative scheme
+# (Tol 2021, "Colour Schemes", SRON/EPS/TN/09-002, fig. 4), also colour-blind safe, distinct from the phases'.
+KERNEL_COLOURS = {"gemm": "#332288", "attention": "#88CCEE", "elementwise": "#44AA99", "norm": "#DDCC77",
+                  "softmax": "#CC6677", "communication": "#882255", "memcpy": "#117733", "optimizer": "#999933",
+                  "reduction": "#AA4499", "embedding": "#6699CC"}
+OTHER_KERNELS, OTHER_KERNEL_COLOUR = "other", "#BBBBBB"
+
+
+def kernel_colour(kernel_class: str) -> str:
+    return KERNEL_COLOURS.get(kernel_class, OTHER_KERNEL_COLOUR)
+
+
 TRANSFER_COLOUR = "#000000"
 IDLE_COLOUR = "#E4E4E4"
 GUIDE_COLOUR = "#555555"

@@ -5,6 +5,15 @@ table, real or simulated alike): one lane per stage, compute bars coloured by
 phase, sends as thin black marks along the lane's lower edge, idle time as the
 bare grey lane, and a dashed line where each iteration begins. Panels share the
 time axis, so a prediction that runs too fast ends visibly early.
+
+A real run with per-kernel truth (read from a profiler trace: `Truth.kernels`)
+gets a thin strip under each compute bar of its lanes (one lane per stage: the
+rank of the pipeline the timeline is of), split into its kernel classes (gemm,
+attention, ...) in order of time: each the class's mean time per step of that
+stage and phase (`kernel_classes_per_step`), scaled down together where they would
+overrun the bar (`kernel_segments`, as the Chrome export nests them). Aggregates,
+not the kernels themselves: a fixture keeps durations by kernel and shape, not
+each kernel's start.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ from hops_calib.timeline import COMPUTE, FORWARD, OPTIMIZER, PHASES, TRANSFER
 
 LANE_HALF = 0.42  # lane: the stage's whole row; what is not covered by a bar is idle
 BAR_TOP, BAR_BOTTOM = -0.34, 0.26  # compute bars (y grows downwards: stage 0 on top)
+KERNEL_BAR_BOTTOM, KERNEL_TOP, KERNEL_BOTTOM = 0.10, 0.13, 0.27  # with kernel truth: shorter bars, the strip under
+MIN_KERNEL_SHARE = 0.02  # a kernel class drawing less of a panel's kernel time is drawn (and named) as "other"
 SEND_TOP, SEND_BOTTOM = 0.30, 0.42  # sends: a thin strip at the bottom of the lane
 LABEL_FONT_PT = 6.5  # microbatch numbers, inside the bars wide enough to hold them
 LATER_CHUNK = "later model chunk"  # legend key of hatched bars
@@ -40,8 +51,8 @@ class Panel:
     # Number shown for the panel's first iteration (real traces start at Megatron's iteration 3;
     # a simulation numbers from 1, and is labelled like the run it predicts).
     first_iteration_label: int | None = None
-    # Per-kernel truth of a real run read from a profiler trace (`Truth.kernels`): the Chrome export nests each
-    # phase's kernel classes under its bars
+    # Per-kernel truth of a real run read from a profiler trace (`Truth.kernels`): its kernel classes are drawn
+    # under the bars (a strip per lane), and nested under them in the Chrome export
     kernels: tuple = ()
 
 
@@ -113,6 +124,44 @@ def iteration_window(timeline: pd.DataFrame, iterations: int, span_ms: float | N
                   iteration_starts_ms=tuple(float(s) for s in starts), end_ms=float(rows["end_ms"].max()))
 
 
+def kernel_classes_per_step(kernels: Sequence[Any], stage: np.ndarray, phase: np.ndarray,
+                            iteration: np.ndarray) -> dict[tuple[int, str], dict[str, float]]:
+    """(stage, phase) -> kernel class -> its mean ms per step, of a timeline's compute steps (`stage`, `phase`,
+    `iteration` of each): the class's `per_iteration_ms` over the phase's steps per iteration."""
+    iterations = max(len(set(iteration.tolist())), 1)
+    steps: dict[tuple[int, str], int] = {}  # (stage, phase) -> steps in the timeline
+    for key in zip(stage.tolist(), (str(p) for p in phase.tolist())):
+        steps[key] = steps.get(key, 0) + 1
+    per_step: dict[tuple[int, str], dict[str, float]] = {}
+    for kernel in kernels:
+        key = (kernel.stage, kernel.phase)
+        if key in steps:
+            classes = per_step.setdefault(key, {})
+            classes[kernel.kernel_class] = classes.get(kernel.kernel_class, 0.0) + (
+                kernel.per_iteration_ms * iterations / steps[key])
+    return per_step
+
+
+def kernel_segments(classes: dict[str, float], start: float, duration: float, unit: float = 1.0,
+                    digits: int | None = None) -> tuple[list[tuple[str, float, float, float]], bool]:
+    """The kernel classes of one step laid end to end inside its bar (start, duration, in ms x `unit`), largest
+    first: (class, start, width, its ms per step) each, and whether they were scaled down to fit the bar; widths
+    rounded to `digits` where given, never past the bar's end."""
+    total = sum(classes.values()) * unit
+    scale = min(1.0, duration / total) if total > 0 else 0.0
+    at, end = start, start + duration
+    out = []
+    for label, ms in sorted(classes.items(), key=lambda item: -item[1]):
+        width = ms * unit * scale
+        if digits is not None:
+            width, at = min(round(width, digits), round(end - at, digits)), round(at, digits)
+        if width <= 0:
+            continue
+        out.append((label, at, width, ms))
+        at += width
+    return out, scale < 1.0
+
+
 def figure_size(stages: int, panels: int = 2) -> tuple[float, float]:
     """Width and height in inches: a fixed width, and a height that grows with the stages drawn."""
     panel_height = 0.4 * stages + 0.85
@@ -123,11 +172,42 @@ def _stage_labels(devices: Sequence[str]) -> list[str]:
     return [f"stage {stage} · {device.upper()}" for stage, device in enumerate(devices)]
 
 
+def _draw_kernels(ax: Any, window: Window, panel: Panel) -> dict[str, float]:
+    """The strip of kernel classes under each compute bar (module docstring); class -> ms drawn (for the legend)."""
+    whole = panel.timeline[panel.timeline["kind"] == COMPUTE]
+    per_step = kernel_classes_per_step(panel.kernels, whole["stage"].to_numpy(), whole["phase"].to_numpy(),
+                                       whole["iteration"].to_numpy())
+    compute = window.rows[window.rows["kind"] == COMPUTE]
+    segments: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    drawn: dict[str, float] = {}
+    for stage, phase, start, end in zip(compute["stage"].tolist(), compute["phase"].tolist(),
+                                        compute["start_ms"].tolist(), compute["end_ms"].tolist()):
+        classes = per_step.get((int(stage), str(phase)))
+        if not classes:
+            continue
+        for label, at, width, _ms in kernel_segments(classes, start, end - start)[0]:
+            segments.setdefault((int(stage), label), []).append((at, width))
+            drawn[label] = drawn.get(label, 0.0) + width
+    total = sum(drawn.values())
+    shown = {label for label, ms in drawn.items() if ms >= MIN_KERNEL_SHARE * total and label != style.OTHER_KERNELS}
+    for (stage, label), spans in segments.items():
+        colour = style.kernel_colour(label if label in shown else style.OTHER_KERNELS)
+        ax.broken_barh(spans, (stage + KERNEL_TOP, KERNEL_BOTTOM - KERNEL_TOP), facecolors=colour, linewidth=0,
+                       zorder=2)
+    legend: dict[str, float] = {}
+    for label, ms in drawn.items():
+        key = label if label in shown else style.OTHER_KERNELS
+        legend[key] = legend.get(key, 0.0) + ms
+    return legend
+
+
 def _draw_panel(ax: Any, window: Window, panel: Panel, stages: int, x_max: float, px_per_ms: float,
-                dpi: float) -> set[str]:
-    """Draw one panel; returns the phases it drew (for the legend)."""
+                dpi: float) -> tuple[set[str], dict[str, float]]:
+    """Draw one panel; returns the phases it drew and the kernel classes with the ms drawn of each (the legend)."""
     rows = window.rows
     drawn: set[str] = set()
+    kernels = _draw_kernels(ax, window, panel) if panel.kernels else {}
+    bar_bottom = KERNEL_BAR_BOTTOM if kernels else BAR_BOTTOM
     for stage in range(stages):
         ax.broken_barh([(0.0, window.end_ms)], (stage - LANE_HALF, 2 * LANE_HALF), facecolors=style.IDLE_COLOUR,
                        linewidth=0, zorder=1)
@@ -139,7 +219,7 @@ def _draw_panel(ax: Any, window: Window, panel: Panel, stages: int, x_max: float
         width_px = widths * px_per_ms
         edges = np.where(width_px >= MIN_EDGE_PX, "white", colour)
         # Interleaved schedules run several model chunks per rank: the later ones are hatched.
-        ax.broken_barh(list(zip(starts, widths)), (stage + BAR_TOP, BAR_BOTTOM - BAR_TOP), facecolors=colour,
+        ax.broken_barh(list(zip(starts, widths)), (stage + BAR_TOP, bar_bottom - BAR_TOP), facecolors=colour,
                        edgecolors=list(edges), linewidth=0.4, zorder=2, hatch="///" if later else None)
         drawn.add(str(phase))
         if later:
@@ -153,7 +233,7 @@ def _draw_panel(ax: Any, window: Window, panel: Panel, stages: int, x_max: float
         needed_px = char_px * np.array([len(str(m)) for m in microbatches]) + 4
         if (microbatches >= 0).all() and (width_px >= needed_px).all():
             for start, width, microbatch in zip(starts, widths, microbatches):
-                ax.text(start + width / 2, stage + (BAR_TOP + BAR_BOTTOM) / 2, str(microbatch), ha="center",
+                ax.text(start + width / 2, stage + (BAR_TOP + bar_bottom) / 2, str(microbatch), ha="center",
                         va="center", fontsize=LABEL_FONT_PT, color="white", zorder=3)
     sends = rows[rows["kind"] == TRANSFER]
     for stage, marks in sends.groupby("stage", sort=False):
@@ -176,7 +256,7 @@ def _draw_panel(ax: Any, window: Window, panel: Panel, stages: int, x_max: float
     ax.spines["left"].set_visible(False)
     title = panel.label + (f"  —  {panel.note}" if panel.note else "")
     ax.set_title(title, loc="left", fontsize=10.5)
-    return drawn
+    return drawn, kernels
 
 
 def timeline_figure(title: str, devices: Sequence[str], panels: Sequence[Panel],
@@ -193,8 +273,12 @@ def timeline_figure(title: str, devices: Sequence[str], panels: Sequence[Panel],
                                 layout="constrained", squeeze=False)
     px_per_ms = width_in * PLOT_WIDTH_SHARE * dpi / x_max
     drawn: set[str] = set()
+    kernels: dict[str, float] = {}
     for ax, window, panel in zip(axes[:, 0], windows, panels):
-        drawn |= _draw_panel(ax, window, panel, stages, x_max, px_per_ms, dpi)
+        phases, classes = _draw_panel(ax, window, panel, stages, x_max, px_per_ms, dpi)
+        drawn |= phases
+        for label, ms in classes.items():
+            kernels[label] = kernels.get(label, 0.0) + ms
         ax.set_yticklabels(_stage_labels(devices))
     bottom = axes[-1, 0]
     bottom.set_xlim(0, x_max)
@@ -213,6 +297,11 @@ def timeline_figure(title: str, devices: Sequence[str], panels: Sequence[Panel],
     handles.append(Patch(facecolor=style.IDLE_COLOUR, label="idle"))
     handles.append(Line2D([], [], color=style.GUIDE_COLOUR, linestyle="--", label="iteration start"))
     # One row while it fits the figure's width (zero-bubble runs add two backward kinds), else two.
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles) if len(handles) <= 6
-                  else (len(handles) + 1) // 2, fontsize=9)
+    ncol = len(handles) if len(handles) <= 6 else (len(handles) + 1) // 2
+    if kernels:  # the classes drawn under the bars, largest first ("other" last), on two rows with the rest
+        order = sorted(kernels, key=lambda label: (label == style.OTHER_KERNELS, -kernels[label]))
+        handles += [Patch(facecolor=style.kernel_colour(label), label=f"{label} kernels (strip under a step)"
+                          if k == 0 else f"{label} kernels") for k, label in enumerate(order)]
+        ncol = (len(handles) + 1) // 2
+    figure.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=9)
     return figure

@@ -35,7 +35,16 @@ from hops_calib.store.digests import (
 from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
 from hops_calib.store.guard import stored_content_hash
 from hops_calib.store.measured_ingest import expected_runs, ingest_measured, is_measured_source, read_context
-from hops_calib.store.split import DEFAULT_TEST_FRACTION, SPLITS, STATED, group_of, hashed_split, stated_split
+from hops_calib.store.split import (
+    DEFAULT_TEST_FRACTION,
+    SOURCE_FILE,
+    SPLITS,
+    STATED,
+    Stated,
+    assigned_split,
+    group_of,
+    stated_split,
+)
 from hops_calib.store.writer import FixtureStore, write_events
 from hops_calib.trace import TraceError, find_job_dirs, read_manifest, run_id_of
 from hops_calib.trace.dgxc import dgxc_table_in
@@ -43,7 +52,7 @@ from hops_calib.trace.events import EVENT_DTYPES
 from hops_calib.trace.job import TRACE_DIR
 from hops_calib.trace.measured import RunHardware
 from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
-from hops_calib.trace.rank_traces import EVENT_LOG, find_rank_traces, read_rank_trace
+from hops_calib.trace.rank_traces import AUTO, EVENT_LOG, SOURCE_CHOICES, TracePlan, plan_traces, read_rank_trace
 from hops_calib.trace.reading import open_regular
 from hops_calib.trace.structure import DEFAULT_SKEW_MS, check_structure
 from hops_calib.truth import Truth, compact_timeline, compute_truth, kernel_truth, megatron_interleaved_order
@@ -63,6 +72,8 @@ class RunOutcome:
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     kind: str = "events"  # or "iteration" (a run of a log or table)
+    sources: str | None = None  # a run with events: which trace source gave what (`TracePlan.describe`)
+    profiled: bool = False  # its job directory holds a profiler trace (Kineto, Nsight Systems)
     split_from: str | None = None  # why the run went to its split (kept, --split, the source's file, your own)
     not_priced: str | None = None  # an iteration-level run the cost model does not price: why
 
@@ -109,10 +120,12 @@ class RunData:
     fingerprint: str = ""  # `events_fingerprint`: what the run measured, whatever its name or clocks
 
 
-def content_hash(job_dir: Path, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS) -> str:
+def content_hash(job_dir: Path, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS, plan_key: str = "") -> str:
     """sha256 over every file of the job directory (relative names and bytes), the ingest version and mode
-    (a clock-skew allowance other than the default is part of the mode)."""
-    mode = f"lenient={lenient}" + (f" skew_ms={skew_ms!r}" if skew_ms != DEFAULT_SKEW_MS else "")
+    (a clock-skew allowance other than the default, and what is read of a directory holding two trace sources,
+    `TracePlan.key`, are part of the mode)."""
+    mode = (f"lenient={lenient}" + (f" skew_ms={skew_ms!r}" if skew_ms != DEFAULT_SKEW_MS else "")
+            + (f" {plan_key}" if plan_key else ""))
     outer = hashlib.sha256(f"hops-calib ingest v{INGEST_VERSION} {mode}\n".encode())
     files = sorted(p for p in job_dir.rglob("*") if p.is_file())  # (rglob never walks into a linked folder)
     for path in files:
@@ -164,8 +177,10 @@ def _collective_summary(pacing: dict[int, tuple[int, dict[str, np.ndarray]]], co
             for stage, (rank, columns) in sorted(pacing.items())]
 
 
-def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS) -> RunData:
-    """Spec and truth of one job directory, its normalized events written to `events_path` (Parquet).
+def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
+             plan: TracePlan | None = None) -> RunData:
+    """Spec and truth of one job directory, its normalized events written to `events_path` (Parquet); `plan`:
+    which traces give the timing and the per-kernel truth (default: `plan_traces`' auto choice).
 
     Raises TraceError on bad input (see `hops_calib.trace`). Memory stays near
     the compact event columns (~35 bytes per event), so a 2 GB trace fits in
@@ -173,7 +188,8 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     """
     notes: list[str] = []
     spec = build_spec(job_dir, notes, simulable=True)
-    source, files = find_rank_traces(job_dir)
+    plan = plan_traces(job_dir) if plan is None else plan
+    source, files = plan.timing, plan.files
     ranks = spec.gpus
     if sorted(files) != list(range(ranks)):
         logs = sorted(files)
@@ -252,6 +268,10 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     if kernel_rows:  # the pacing pipeline's ranks, one per stage, as the timeline
         truth = replace(truth, kernels=kernel_truth([kernel_rows[rank] for rank, _c in pacing.values()
                                                      if rank in kernel_rows], max(len(truth.iterations), 1)))
+    elif plan.kernels:
+        truth = replace(truth, kernels=_beside_kernels(plan, spec, truth, pacing, notes))
+    elif plan.note:
+        notes.append(f"no per-kernel truth: {plan.note}")
 
     warnings = list(notes)
     if len(truth.iterations) != spec.iterations:
@@ -285,10 +305,58 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     }
     if source != EVENT_LOG:  # (event-log fixtures stay as they were)
         quality["trace_source"] = source
+    if plan.kernels and truth.kernels:
+        quality["kernel_source"] = plan.kernels
     if collective_summary is not None:  # only runs whose logs have collective lines (old fixtures stay as they were)
         quality["collectives"] = collective_summary
     return RunData(spec=spec, truth=truth, quality=quality, hostnames=hostnames, warnings=warnings,
                    fingerprint=fingerprint)
+
+
+def _beside_kernels(plan: TracePlan, spec: Spec, truth: Truth, pacing: dict[int, tuple[int, Any]],
+                    notes: list[str]) -> tuple[Any, ...]:
+    """The per-kernel truth of the profiler traces beside the event logs (`plan.kernels`), of the pacing
+    pipeline's ranks, on the iterations the event logs' truth holds (both number them by Megatron's iteration:
+    ProfilerStep#N, the log's `iteration`); () with a note saying why where the traces cannot give it."""
+    from hops_calib.trace.rank_traces import describe_source
+
+    kind = plan.kernels
+    assert kind is not None, "a plan without a kernel source has no kernels beside its event logs"
+    shown = describe_source(kind)
+    device_stage = {device: stage for stage, device in enumerate(spec.device_ids)}
+    rows, covered = [], set(truth.iterations)
+    for stage, (rank, _columns) in sorted(pacing.items()):
+        path = plan.kernel_files.get(rank)
+        if path is None:
+            notes.append(f"no per-kernel truth: {shown} holds no trace of rank {rank} (stage {stage}), which the "
+                         "timeline's pipeline runs; profile every rank (--profile-ranks) to get it")
+            return ()
+        try:
+            columns, _report, kernels = read_rank_trace(kind, path, rank=rank, stage=stage, pp=spec.pp,
+                                                        vp=spec.vp, microbatches=spec.microbatches,
+                                                        device_stage=device_stage, pass_order=_pass_order(spec))
+        except TraceError as error:
+            notes.append(f"no per-kernel truth (the timing is the event logs'): {error}; fix or remove the "
+                         f"trace, or ingest with --source events to leave it out")
+            return ()
+        if kernels is None or not len(kernels.duration_ns):
+            notes.append(f"no per-kernel truth: {path} holds no kernels or operators in its profiled steps")
+            return ()
+        covered &= set(np.unique(columns["iteration"]).tolist())
+        rows.append(kernels)
+    if not covered:
+        notes.append(f"no per-kernel truth: the profiler traces ({shown}) and the event logs share no iteration "
+                     f"(the logs hold {list(truth.iterations)}); profile the logged iterations "
+                     "(--profile-step-start/--profile-step-end)")
+        return ()
+    if covered != set(truth.iterations):
+        notes.append(f"the per-kernel truth covers iterations {sorted(covered)} of the event logs' "
+                     f"{list(truth.iterations)} (the profiled ones)")
+    keep = np.array(sorted(covered), dtype=np.int64)
+    aligned = [replace(part, **{name: getattr(part, name)[np.isin(part.iteration, keep)]
+                                for name in ("name_id", "shape_id", "phase", "iteration", "duration_ns")})
+               for part in rows]
+    return kernel_truth(aligned, len(covered))
 
 
 def _pass_order(spec: Spec) -> Callable[[int, int], list[tuple[bool, int]]]:
@@ -332,16 +400,21 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
            on_start: Callable[[int], None] | None = None, hardware: RunHardware | None = None,
            warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
            device_types: Collection[str] | None = None, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S,
-           on_wait: Callable[[str], None] | None = None) -> IngestReport:
+           on_wait: Callable[[str], None] | None = None, source: str = AUTO) -> IngestReport:
     """Ingest every job directory under `sources`, and every run table or Megatron training log among them, into
     `store`; see the module docstring. `hardware` (--gpu/--gpus-per-node) and `warmup_iterations` are for logs and
     tables; `device_types` (the catalog's) refuses a log's or table's run on any other device type. Waits up to
     `lock_timeout` s (None: without end) for another writer's lock, telling `on_wait` whom it waits for.
     `split`: "source" (default): the split each source states (`split.SOURCE_FILE` beside it), else train (a user's
     own runs); "auto": the grouped, hashed split (what the calibration sets need); "train" / "test": all there. A
-    group already stored keeps its split whatever is asked (a forced other one is refused)."""
+    group already stored keeps its split whatever is asked (a forced other one is refused).
+    `source` (`rank_traces.SOURCE_CHOICES`): what a job directory's traces give (`rank_traces.plan_traces`): "auto"
+    (default) the timing from its event logs, else its profiler traces, and the per-kernel truth from a profiler
+    trace; "events", "kineto", "nsys": that source alone."""
     if split not in SPLIT_CHOICES:
         raise StoreError(f"unknown split {split!r}; expected one of {SPLIT_CHOICES}")
+    if source not in SOURCE_CHOICES:
+        raise StoreError(f"unknown --source {source!r}; expected one of {', '.join(SOURCE_CHOICES)}")
     if not 0.0 <= test_fraction <= 1.0:
         raise StoreError(f"--test-fraction {test_fraction} is not between 0 and 1")
     if not 0.0 <= skew_ms <= 60_000.0:  # (NaN fails too)
@@ -390,10 +463,11 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
         for job_dir in job_dirs:
             outcome = RunOutcome(source=job_dir)
             try:
-                asked, fraction, outcome.split_from, forced = _asked_split(job_dir, split, test_fraction)
+                asked, fraction, outcome.split_from, forced, groups = _asked_split(job_dir, split, test_fraction)
                 changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources, copies,
                                        split=asked, forced=forced, test_fraction=fraction, lenient=lenient,
-                                       skew_ms=skew_ms, stored_groups=context.stored_groups,
+                                       stated=groups,
+                                       skew_ms=skew_ms, stored_groups=context.stored_groups, source=source,
                                        measured=context.table_runs.keys() | context.tables.keys())
             except DiskFull:
                 raise  # no run after it could be written either: the ingest stops, its half-written run removed
@@ -423,10 +497,10 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
                 runs.append(RunOutcome(source=path, error=str(err)))
                 stated = None
             if stated is not None:
-                table_split, fraction, why, forced = stated
+                table_split, fraction, why, forced, groups = stated
                 changed |= ingest_measured(path, store, context, RunOutcome, split=table_split, forced=forced,
                                            test_fraction=fraction, hardware=hardware, warmup=warmup_iterations,
-                                           emit=runs.append)
+                                           emit=runs.append, stated_groups=groups.groups if groups else None)
                 for outcome in runs:
                     outcome.split_from = outcome.split_from or why
             report.outcomes += runs
@@ -444,16 +518,35 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
     return report
 
 
-def _asked_split(source: Path, split: str, test_fraction: float) -> tuple[str, float, str, bool]:
-    """The split asked of a source's runs, its test fraction, why, and whether it was forced (`--split` given, so a
-    group stored in the other split is refused); else what the source states (`split.stated_split`), else train
-    (a group already stored keeping its split: `_ingest_one`)."""
+def _asked_split(source: Path, split: str, test_fraction: float) -> tuple[str, float, str, bool, Stated | None]:
+    """The split asked of a source's runs, its test fraction, why, whether it was forced (`--split` given, so a
+    group stored in the other split is refused), and what the source states (`split.stated_split`: with the
+    groups it names) where --split does not ask; its own runs go to train (a group already stored keeping its
+    split: `_ingest_one`)."""
     if split != STATED:
-        return split, test_fraction, f"--split {split}", True
+        return split, test_fraction, f"--split {split}", True, None
     try:
-        return (*stated_split(source, test_fraction), False)
+        stated = stated_split(source, test_fraction)
     except ValueError as error:
         raise StoreError(str(error)) from None
+    return stated.split, stated.test_fraction, stated.why, False, stated
+
+
+def _named_group(group: str, kept: str | None, stated: Stated | None,
+                 why: str | None) -> tuple[str | None, str | None]:
+    """Why a run goes to its split where its source's file names its group (`[groups]`), and a warning where the
+    store keeps the group (`kept`: its split in the store before this ingest) in the other split (a stored split
+    never moves)."""
+    named = stated.groups.get(group) if stated else None
+    if named is None or stated is None:
+        return why, None
+    if kept is None:
+        return stated.groups_why, None
+    if kept != named:
+        return why, (f"the source's {SOURCE_FILE} puts group {group!r} in {named}, but this store keeps it in "
+                     f"{kept} (a stored split never moves): the store stays as it is; ingest into a new store to "
+                     f"have the file's split, or change the file's entry to {kept!r}")
+    return why, None
 
 
 def _refuse_clash(store: FixtureStore, run_id: str, previous: dict[str, Any], job_dir: Path, events_sha: str) -> None:
@@ -541,7 +634,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
                 group_split: dict[str, str], batch_sources: dict[str, Path], copies: _Copies, *, split: str,
                 test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS, forced: bool = True,
                 stored_groups: Collection[str] = frozenset(),
-                measured: Any = frozenset()) -> bool:
+                measured: Any = frozenset(), source: str = AUTO, stated: Stated | None = None) -> bool:
     """Ingest one job directory; returns whether the store changed. `measured`: the ids of the store's
     iteration-level runs and table folders, which a run with events may not take."""
     manifest = read_manifest(job_dir)
@@ -561,11 +654,17 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
         raise StoreError(f"run {run_id} belongs to group {group!r}, which is stored in the {kept} split; "
                          f"--split {split} would make the group straddle train and test. Leave out --split, or "
                          f"remove the group's fixtures from {store.root} first")
-    if kept and (run_id in stored or group in stored_groups):
+    stored_kept = kept if kept and (run_id in stored or group in stored_groups) else None
+    if stored_kept:
         outcome.split_from = f"kept: its configuration group is stored in {kept}"
-    chosen = kept or (split if split != "auto" else hashed_split(group, test_fraction))
+    outcome.split_from, note = _named_group(group, stored_kept, stated, outcome.split_from)
+    if note:
+        outcome.warnings.append(note)
+    chosen = kept or assigned_split(group, split, test_fraction, stated.groups if stated else None)
     outcome.split = chosen
-    plain = content_hash(job_dir, lenient, skew_ms)
+    plan = plan_traces(job_dir, source)
+    outcome.sources, outcome.profiled = plan.describe(), plan.present != (EVENT_LOG,)
+    plain = content_hash(job_dir, lenient, skew_ms, plan.key)
     digest = stored_content_hash(store.root, plain, chosen, create=False)  # (the secret is made when a run is written)
     previous = stored.get(run_id)
     if previous and previous.get("content_hash") == digest and store.intact(run_id):
@@ -579,7 +678,7 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
                                 f"written again from the job (split {chosen})")
     store.begin_writing()
     with store.writing(run_id) as folder:
-        data = read_run(job_dir, folder / EVENTS_FILE, lenient, skew_ms)
+        data = read_run(job_dir, folder / EVENTS_FILE, lenient, skew_ms, plan)
         events_sha = file_digest(folder / EVENTS_FILE)  # (hashed once: the clash check and fixture.json's record)
         if previous and FILE_DIGESTS in previous:
             _refuse_clash(store, run_id, previous, job_dir, events_sha)

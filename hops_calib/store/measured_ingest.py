@@ -23,7 +23,7 @@ from hops_calib.store.digests import FIXTURE_FILE, RUNS_FILE, StoreError, check_
 from hops_calib.store.fixture import check_fixture_id, recorded_source, source_path
 from hops_calib.store.guard import stored_content_hash
 from hops_calib.store.measured_spec import not_priced
-from hops_calib.store.split import group_of, hashed_split
+from hops_calib.store.split import assigned_split, group_of
 from hops_calib.store.writer import FixtureStore, write_table
 from hops_calib.trace.dgxc import COMPANIONS as DGXC_COMPANIONS
 from hops_calib.trace.dgxc import TABLE_ID as DGXC_TABLE_ID
@@ -227,9 +227,10 @@ def _record(run: MeasuredRun, split: str, collectives: dict[str, str], root: Pat
 
 def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, outcome_type: Any, *,
                     split: str, test_fraction: float, hardware: RunHardware | None, warmup: int,
-                    emit: Callable[[Any], None], forced: bool = True) -> bool:
+                    emit: Callable[[Any], None], forced: bool = True,
+                    stated_groups: dict[str, str] | None = None) -> bool:
     """Ingest one source file into its table folder; each run (and each bad row) is an outcome passed to `emit`.
-    Returns whether the store changed."""
+    `stated_groups`: the groups the source's file names, with their split. Returns whether the store changed."""
     kind = source_kind(path)
     table_id = {"vtrain": "vtrain", "dgxc": DGXC_TABLE_ID}.get(kind, path.stem)
     mode = f"{kind} warmup={warmup} hardware={hardware.to_dict() if hardware else None}"
@@ -286,7 +287,7 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
             if forced and split != "auto" and kept and kept != split:
                 raise StoreError(f"run {run.run_id} belongs to group {run.group!r}, which is stored in the {kept} "
                                  f"split; --split {split} would make the group straddle train and test")
-            outcome.split = kept or (split if split != "auto" else hashed_split(run.group, test_fraction))
+            outcome.split = kept or assigned_split(run.group, split, test_fraction, stated_groups)
             context.group_split.setdefault(run.group, outcome.split)
             records.append(_record(run, outcome.split, context.collectives, store.root))
             context.batch[run.run_id] = path

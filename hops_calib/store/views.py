@@ -74,7 +74,7 @@ def _named(ids: list[str]) -> str:
 
 def ingest_notes(report: IngestReport) -> list[str]:
     """What ingest says of the runs it wrote (text lines, and `notes` of --json): the split each went to, how to
-    keep one's own runs in train, and which iteration-level runs the cost model does not price, and why."""
+    keep one's own runs in train, which trace source gave what for the runs of a profiled job directory, and which iteration-level runs the cost model does not price, and why."""
     written = [o for o in report.outcomes if o.status in ("new", "updated") and o.split]
     notes = []
     for split in ("train", "test"):
@@ -88,6 +88,12 @@ def ingest_notes(report: IngestReport) -> list[str]:
                      "in train unless it states another split (a hops-calib-source.toml beside it) or --split asks, "
                      "and --split train forces it for runs whose group the store has not seen; a stored split never "
                      "moves)")
+    by_sources: dict[str, list[str]] = {}  # runs of a profiled job directory: which trace gave what
+    for outcome in report.outcomes:
+        if outcome.profiled and outcome.sources and outcome.status != "rejected":
+            by_sources.setdefault(outcome.sources, []).append(str(outcome.run_id))
+    for said, ids in sorted(by_sources.items()):
+        notes.append(f"{said}: {_named(sorted(ids))}")
     measured = [o for o in written if o.priced is not None]
     if measured:
         priced = sum(bool(o.priced) for o in measured)
