@@ -83,9 +83,9 @@ def test_fixable_is_the_suite_mape_the_fitted_scale_saves(observation):
         real = np.array([r.real_metrics.iteration_time_ms for r in members])
         x = np.array([r.breakdown_ms[c.quantity] for r in members]) / real
         y = np.array([r.prediction.metrics.iteration_time_ms for r in members]) / real - 1
-        deviation = lambda a: float(np.abs(y - a * x).sum())  # noqa: E731
         if abs(c.scale) < 1.0:
-            assert deviation(c.scale) <= min(deviation(c.scale + 0.01), deviation(c.scale - 0.01)) + 1e-12
+            best, lower, upper = (float(np.abs(y - a * x).sum()) for a in (c.scale, c.scale - 0.01, c.scale + 0.01))
+            assert best <= min(lower, upper) + 1e-12
 
 
 def test_observe_json_on_the_vtrain_store_has_the_event_stores_schema(vtrain, repo_root):

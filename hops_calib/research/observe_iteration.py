@@ -31,6 +31,7 @@ Pure computation on predictions and the runs' iteration times.
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from hops_calib.research.observe_contributors import DOMINANT_RUNS, Contributor, _carriers, _groupings
@@ -77,7 +78,7 @@ def fitted_scale(x: np.ndarray, y: np.ndarray) -> float:
 
 def _contributor(quantity: str, dimension: str, group: str, aliases: list[tuple[str, str]], runs: list[RunRow],
                  n_suite: int) -> Contributor | None:
-    terms = np.array([r.breakdown_ms[quantity] for r in runs])  # (every run here has one: iteration_contributors)
+    terms = np.array([(r.breakdown_ms or {})[quantity] for r in runs])  # (each has one: iteration_contributors)
     if not np.any(terms != 0):
         return None  # the term prices nothing on these runs
     real = np.array([r.real_metrics.iteration_time_ms for r in runs])
