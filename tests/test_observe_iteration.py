@@ -103,3 +103,12 @@ def test_observe_json_on_the_vtrain_store_has_the_event_stores_schema(vtrain, re
     # the held-out promise holds on this store too
     refused = CliRunner().invoke(app, ["observe", "--fixtures", str(vtrain.root), "--split", "test", "--json"])
     assert refused.exit_code == 2 and json.loads(refused.stdout)["status"] == "invalid"
+
+
+def test_ingest_of_the_vtrain_folder_names_the_table_to_ingest(tmp_path):
+    """The folder holds the table beside its licence and README, no job directory: ingest names the file."""
+    table = need_public_runs("vtrain", "ground_truth_single.csv")
+    out = CliRunner().invoke(app, ["ingest", str(table.parent), "--fixtures", str(tmp_path / "fx"), "--json"])
+    assert out.exit_code == 2
+    [run] = json.loads(out.stdout)["runs"]
+    assert run["error"].endswith(f"ingest them by name ({table})")
