@@ -47,6 +47,11 @@ forward and backward hops, which cross a pair in opposite directions, cancels
 most of an offset between the two hosts' clocks. Interleaved runs are left out
 (a rank's chunks make a step's producer ambiguous in the trace).
 
+Runs measured at iteration level (training logs, run tables, the vTrain table) have no events: no part or stage
+of theirs is measured. Their contributors are the terms of each run's predicted iteration (the model's breakdown
+on the busiest rank, and the bubble), fitted to the runs' iteration residuals within each configuration group
+(`hops_calib.research.observe_iteration`), in the same schema (`level` "iteration", `implied` true).
+
 The slowest stage (forward plus backward per microbatch, which paces a
 pipeline's steady state) is compared per run: a run is flagged where the model
 calls another stage the slowest (one the traces show more than 5 % faster) or
