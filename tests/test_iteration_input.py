@@ -310,5 +310,7 @@ def test_observe_on_runs_without_events_says_so_plainly(tmp_path):
     assert ingest([path], FixtureStore(tmp_path / "fx"), split="train").ok
     result = _cli("observe", "--fixtures", tmp_path / "fx")
     assert result.exit_code == 0, result.output
-    assert "No run has events" in result.stdout and "Largest contributors" not in result.stdout
+    # no measured part or stage: the contributors are the terms of the predicted iteration (observe_iteration)
+    assert "No run has events" in result.stdout and "Largest contributors (a term within one group)" in result.stdout
+    assert "Findings:" in result.stdout and "fitted to the iteration residuals" in result.stdout
     assert "Runs by |throughput error| (4 of 4)" in result.stdout

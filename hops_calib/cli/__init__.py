@@ -729,6 +729,10 @@ def ledger_repair(
 plot_app = typer.Typer(help="Pictures: timelines (real vs predicted), parity plots, ledger history. PNG or SVG by "
                             "the --out suffix.", no_args_is_help=True)
 app.add_typer(plot_app, name="plot")
+
+from hops_calib.cli.job import job_app  # noqa: E402  (the job verbs: their own module)
+
+app.add_typer(job_app, name="job")
 DPI_OPTION = typer.Option(150.0, "--dpi", help="Pixels per inch of a PNG (the figure's size is fixed in inches).")
 
 

@@ -54,6 +54,12 @@ def _stage_rows(fixture, prediction) -> list[dict[str, Any]]:
     return rows
 
 
+def launch_sections(spec, model, prediction, real=None, throughput_per_s=None):
+    from hops_calib.cli.whatif import launch_sections as sections
+
+    return sections(spec, model, prediction, real, throughput_per_s)
+
+
 def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_json: bool,
                  ledger_path: Path | None = None, allow_held_out: bool = False) -> int:
     from hops_calib.loop.model_files import load_model
@@ -77,13 +83,14 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
     if fixture.kind != "events":
         return _predict_measured(fixture, model, prediction, score, as_json)
     stages = _stage_rows(fixture, prediction)
+    launch, launch_text = launch_sections(fixture.spec, model, prediction, fixture.truth.metrics)
     if as_json:
         print_json({"id": fixture.id, "run_id": fixture.id, "split": fixture.split, "schedule": prediction.schedule,
                      "model": model.name, "model_sha256": model.sha256, "errors": score.to_dict(),
                      "real": fixture.truth.metrics.to_dict(), "predicted": prediction.metrics.to_dict(),
                      "samples_per_s": _samples(fixture.truth.metrics, prediction.metrics, fixture.spec),
                      "stall_throughput_range": prediction.stall_throughput_range()._asdict(),
-                     "stages": stages})
+                     "stages": stages, **launch})
         return EXIT_OK
     real, pred, spec = fixture.truth.metrics, prediction.metrics, fixture.spec
     print(f"{fixture.id}  ({fixture.split}; {prediction.schedule}, pp={spec.pp}, {spec.microbatches} microbatches x "
@@ -111,6 +118,7 @@ def _predict_one(fixture_id: str, fixtures: Path, model_path: Path | None, as_js
               f"{_num(row['real_forward_ms']):>13}{_num(row['predicted_forward_ms']):>8}"
               f"{_num(row['real_backward_ms']):>13}{_num(row['predicted_backward_ms']):>8}"
               f"{_num(row['real_optimizer_ms']):>13}{_num(row['predicted_optimizer_ms']):>8}")
+    print("\n".join(launch_text))
     return EXIT_OK
 
 
@@ -127,11 +135,12 @@ def _predict_measured(fixture, model, prediction, score, as_json: bool) -> int:
     mb = spec.model.micro_batch_size
     samples = {side: samples_per_s(throughput, mb, spec.dp) for side, throughput
                in (("real", score.real_throughput_per_s), ("predicted", score.predicted_throughput_per_s))}
+    launch, launch_text = launch_sections(spec, model, prediction, real, score.predicted_throughput_per_s)
     if as_json:
         print_json({"id": fixture.id, "run_id": fixture.id, "kind": fixture.kind, "split": fixture.split,
                     "schedule": prediction.schedule, "model": model.name, "model_sha256": model.sha256,
                     "errors": score.to_dict(), "real": real.to_dict(), "predicted": pred.to_dict(),
-                    "samples_per_s": samples})
+                    "samples_per_s": samples, **launch})
         return EXIT_OK
     print(f"{fixture.id}  ({fixture.split}; measured at iteration level; {prediction.schedule}, pp={spec.pp}, "
           f"{spec.microbatches} microbatches; model {model.name} {model.sha256[:12]})")
@@ -142,6 +151,7 @@ def _predict_measured(fixture, model, prediction, score, as_json: bool) -> int:
     print(f"{'samples /s':24}{samples['real']:12.2f}{samples['predicted']:12.2f}    "
           f"(x micro batch {mb} x data parallel {spec.dp})")
     print(f"{'iteration time ms':24}{real.iteration_time_ms:12.1f}{pred.iteration_time_ms:12.1f}")
+    print("\n".join(launch_text))
     return EXIT_OK
 
 

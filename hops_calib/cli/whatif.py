@@ -75,6 +75,32 @@ def predict_job(job: Path, model_path: Path | None, schedules: Sequence[str], fi
     return EXIT_OK
 
 
+def launch_sections(spec, model, prediction, real=None, throughput_per_s: float | None = None
+                    ) -> tuple[dict, list[str]]:
+    """What `predict --job` prints of a launch beside its throughput, for `predict ID` of a stored run: the time by
+    kind per stage, the memory per GPU, samples/s and MFU/HFU, what it is priced with, and (`real`: the run's
+    measured metrics) Megatron's logged timers beside the simulation's; `throughput_per_s`: the predicted
+    throughput the run is scored by (`whatif.job.model_rates`). JSON fields and text lines."""
+    from hops_calib.cli.render.predict import breakdown_lines, pricing_lines, timer_lines
+    from hops_calib.loop.timers import timer_rows
+    from hops_calib.whatif.job import launch_memory, model_rates, peak_flops_per_s, pricing_inputs
+
+    breakdown = model.breakdown(spec)
+    memory = launch_memory(spec, model, prediction)
+    rates = model_rates(prediction, spec, peak_flops_per_s(spec, model), throughput_per_s)
+    timers = timer_rows(getattr(real, "timers_ms", None), prediction.result.columns)
+    inputs = pricing_inputs(spec)
+    data = {"breakdown_ms_per_iteration": [{"stage": k, **parts} for k, parts in enumerate(breakdown)],
+            "memory": [stage.to_dict() for stage in memory], "fits": all(stage.fits for stage in memory),
+            "predicted_rates": rates, "timers": timers, "pricing_inputs": inputs}
+    lines = ["", f"predicted: {rates['samples_per_s']:.2f} samples/s, {rates['tokens_per_s']:.0f} tokens/s (all "
+                 f"replicas); TFLOP/s/GPU model {rates['model_tflops_per_gpu']:.3g} (MFU {100 * rates['mfu']:.1f} %), "
+                 f"hardware {rates['hardware_tflops_per_gpu']:.3g} (HFU {100 * rates['hfu']:.1f} %; model FLOPs leave "
+                 "recomputation out, as Megatron-LM logs them, hardware FLOPs count it)"]
+    lines += breakdown_lines(breakdown, memory) + timer_lines(timers) + pricing_lines(inputs)
+    return data, lines
+
+
 def load_cluster(choice):
     """The cluster file of `choice` (a `cli.settings.Setting`, or a path: given on the command line), or None when
     none is given or set. A default one knows where it was set (`Cluster.default_from`)."""

@@ -91,6 +91,24 @@ def timer_errors_pct(logged: Mapping[str, Mapping[str, float]] | None, columns: 
     return out
 
 
+def timer_rows(logged: Mapping[str, Mapping[str, float]] | None, columns: Mapping[str, np.ndarray]
+               ) -> list[dict[str, Any]]:
+    """One run's logged timers beside the simulation's: per timer the logged and predicted largest value over ranks
+    (ms per iteration; predicted None without a counterpart) and the error %, as `timer_errors_pct` scores them."""
+    if not logged:
+        return []
+    predicted = predicted_timers_ms(columns)
+    rows = []
+    for name in sorted(logged):
+        real = logged_max_ms(logged[name])
+        if real is None:
+            continue
+        value = max(predicted[name]) if name in predicted else None
+        rows.append({"timer": name, "logged_ms": real, "predicted_ms": value,
+                     "error_pct": (value / real - 1.0) * 100.0 if value is not None else None})
+    return rows
+
+
 def timer_summary(per_run: Iterable[Mapping[str, float | None] | None]) -> dict[str, dict[str, Any]]:
     """Timer -> {"runs": logged on, "scored": runs with a prediction, "mape_pct" (None when none),
     "predicted": whether the simulation has its counterpart}, over the runs' `timer_errors_pct`."""

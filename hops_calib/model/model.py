@@ -286,7 +286,8 @@ class Model:
         """Per pipeline rank, the milliseconds of one iteration on one of its GPUs by what they are (each term's
         `category`: compute, tp_comm, p2p, dp_reduce, ends_allreduce (the tied embedding's, before the optimizer),
         optimizer, host), summed over its tasks: forward and backward
-        per microbatch times the microbatches (recomputation counted as compute), the hops it sends, its optimizer
+        per microbatch times the microbatches (recomputation counted as compute, and alone as `recompute`: the part
+        of compute the recomputed forward adds), the hops it sends, its optimizer
         step, its gradient reduction (whole; `dp_reduce_exposed` is the part no backward hides, with the distributed
         optimizer's parameter all-gather after the step, which `dp_param_gather` gives alone: the simulator runs it
         in the rank's optimizer phase, `Pipeline.optimizer_ms` = `optimizer` + `dp_param_gather`) and the
@@ -296,8 +297,8 @@ class Model:
         context = self.context(spec)
         layout, m = context.layout, spec.microbatches
         ranks, stages = layout.ranks, layout.virtual_stages
-        out = [dict.fromkeys(("compute", "tp_comm", "p2p", "dp_reduce", "dp_reduce_exposed", "dp_param_gather",
-                              "ends_allreduce", "optimizer", "host"),
+        out = [dict.fromkeys(("compute", "recompute", "tp_comm", "p2p", "dp_reduce", "dp_reduce_exposed",
+                              "dp_param_gather", "ends_allreduce", "optimizer", "host"),
                              0.0) for _ in range(ranks)]
         layer = {"forward_ms": [0.0] * stages, "backward_ms": [0.0] * stages, "attention_core_ms": [0.0] * stages}
         floor = {"forward_floor_ms": [0.0] * stages, "backward_floor_ms": [0.0] * stages}
@@ -336,6 +337,7 @@ class Model:
         for k in range(stages):
             rank = layout.rank_of(k)
             out[rank]["compute"] += m * redo_work[k]
+            out[rank]["recompute"] += m * redo_work[k]
             excess = (max(0.0, floor["forward_floor_ms"][k] - layer["forward_ms"][k])
                       + max(0.0, floor["backward_floor_ms"][k] + redo_floor[k] - layer["backward_ms"][k] - redo_work[k]))
             out[rank]["host"] += m * excess

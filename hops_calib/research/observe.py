@@ -47,6 +47,11 @@ forward and backward hops, which cross a pair in opposite directions, cancels
 most of an offset between the two hosts' clocks. Interleaved runs are left out
 (a rank's chunks make a step's producer ambiguous in the trace).
 
+Runs measured at iteration level (training logs, run tables, the vTrain table) have no events: no part or stage
+of theirs is measured. Their contributors are the terms of each run's predicted iteration (the model's breakdown
+on the busiest rank, and the bubble), fitted to the runs' iteration residuals within each configuration group
+(`hops_calib.research.observe_iteration`), in the same schema (`level` "iteration", `implied` true).
+
 The slowest stage (forward plus backward per microbatch, which paces a
 pipeline's steady state) is compared per run: a run is flagged where the model
 calls another stage the slowest (one the traces show more than 5 % faster) or
@@ -84,6 +89,7 @@ from hops_calib.research.observe_contributors import (
     stages_fixed_errors,
     with_suite_noise,
 )
+from hops_calib.research.observe_iteration import iteration_contributors, measured_terms, pricing_sample
 from hops_calib.research.observe_rows import (
     BOTTLENECK_MARGIN,
     LABELS,
@@ -235,11 +241,19 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
     if with_terms and contributors:  # (the parts and stages come from events: no run with events, nothing to price)
         from hops_calib.research.pricing import pricing, terms_of
 
-        found = pricing(runs, model)
+        found = pricing([r for r in runs if r.real_metrics.has_events], model)
         contributors = [replace(c, terms=tuple(terms_of(found, c.quantity, c.members))) for c in contributors]
     relative = {c.quantity: c.noise_ms / abs(c.real_ms_mean) for c in contributors
                 if c.dimension == "all" and c.noise_ms is not None and abs(c.real_ms_mean) > 0}
     contributors = [with_suite_noise(c, relative.get(c.quantity)) for c in contributors]
+    # the runs without events: the terms of their predicted iteration, fitted to their iteration residuals
+    iteration = iteration_contributors(runs, len(runs))
+    if with_terms and iteration:
+        from hops_calib.research.pricing import pricing, terms_of
+
+        found = pricing(pricing_sample(runs), model, measure=measured_terms)
+        iteration = [replace(c, terms=tuple(terms_of(found, c.quantity, c.members))) for c in iteration]
+    contributors += iteration
     overall = tuple(c for c in contributors if c.dimension == "all")
     ranked = merge_same_runs(sorted((c for c in contributors if c.dimension != "all"),
                                     key=lambda c: (-_fixable(c), -c.contribution_pp)))

@@ -31,6 +31,10 @@ RUN_PHRASES = {
     "pp": "runs of pipeline depth {}",
     "parallel": "runs at tensor x data parallel {}",
     "micro_batch": "runs of micro batch {}",
+    "tp": "runs of tensor parallel {}",
+    "dp": "runs of data parallel {}",
+    "hidden": "runs of hidden size {}",
+    "seq": "runs of sequence length {}",
 }
 STAGE_PHRASES = {
     "all": "all stages",
@@ -138,16 +142,23 @@ class Contributor:
     same_runs: tuple[str, ...] = ()  # other groupings of this quantity carried by the same runs, merged into this one
     noise_from: str | None = None  # "repeats in the group", "the suite's repeats (relative)", or None (no repeats)
     carriers: tuple[str, ...] = ()  # the fewest runs carrying >= CARRIED of the contribution (merge key)
+    # A term of the predicted iteration on runs without events (`research.observe_iteration`): the fitted share of
+    # the term its members' iteration residuals imply (bias_ms = scale x predicted_ms_mean), and `implied` true:
+    # real_ms_mean is what that scale implies, no event measures it.
+    scale: float = math.nan
+    implied: bool = False
 
     @property
     def where(self) -> str:
-        phrases = RUN_PHRASES if self.level == "run" else STAGE_PHRASES
+        phrases = STAGE_PHRASES if self.level == "stage" else RUN_PHRASES
         text = phrases[self.dimension].format(self.group)
         if self.aliases:
             text += " (= " + " = ".join(phrases[d].format(g) for d, g in self.aliases) + ")"
         return text
 
     def sentence(self) -> str:
+        if self.level == "iteration":
+            return self._iteration_sentence()
         direction = "over" if self.residual_ms_mean > 0 else "under"
         members = f"{self.n_runs} runs" + (f", {self.n_stages} stages" if self.n_stages is not None else "")
         text = (f"{LABELS[self.quantity]} {direction}-predicted by {abs(self.residual_ms_mean):.1f} ms "
@@ -171,6 +182,27 @@ class Contributor:
             inert = [f"{t['term']}.{t['param']}" for t in self.terms if not t["applies"]]
             text += ("; priced by " + (", ".join(applies) or "none of its runs' parameters")
                      + (f" (inert here: {', '.join(inert)})" if inert else ""))
+        if self.same_runs:
+            text += "; the same runs as " + "; ".join(self.same_runs)
+        return text
+
+    def _iteration_sentence(self) -> str:
+        direction = "over" if self.residual_ms_mean > 0 else "under"
+        text = (f"{LABELS[self.quantity]} {direction}-predicted by {abs(self.residual_ms_mean):.1f} ms per iteration "
+                f"({_signed(100 * self.scale, '%')} of its predicted {self.predicted_ms_mean:.1f} ms, fitted to the "
+                f"iteration residuals) on {self.where}; {self.n_runs} runs; taking that out saves "
+                f"{self.fixable_mape_pp:.2f} pp of throughput MAPE (at most {self.contribution_pp:.2f} pp were each "
+                "run's whole error in it)")
+        if self.dominant_runs:
+            text += "; mostly " + ", ".join(f"{r['id']} ({r['contribution_pp']:.2f} pp)" for r in self.dominant_runs)
+        text += (f"; residual spread left {self.residual_spread_ms:.1f} ms, between repeats "
+                 + (f"{self.noise_ms:.1f} ms (noise {self.noise_mape_pp:.2f} pp)" if self.noise_ms is not None
+                    else "n/a: no repeats"))
+        if self.terms:
+            applies = [f"{t['term']}.{t['param']}" for t in self.terms if t["applies"]]
+            text += "; priced by " + (", ".join(applies) or "none of its runs' parameters")
+        elif self.quantity == "bubble":
+            text += "; no term prices it alone: the schedule's idle time follows the stages' costs"
         if self.same_runs:
             text += "; the same runs as " + "; ".join(self.same_runs)
         return text
@@ -231,7 +263,7 @@ def _contributor(quantity: str, level: str, dimension: str, group: str, aliases:
         residual_pct=(_mean(p - r for p, r in zip(predicted, real)) / _mean(real) * 100.0
                       if real and _mean(real) > 0 else math.nan),
         contribution_pp=float(per_run[:, 0].sum()), steady_contribution_pp=float(per_run[:, 1].sum()),
-        dominant_runs=dominant, carriers=_carriers(members, per_run[:, 0]),
+        dominant_runs=dominant, carriers=_carriers([m.run.id for m in members], per_run[:, 0]),
         **_bias_and_noise(members, float(per_run[:, 0].sum()), fixable))
 
 
@@ -247,7 +279,7 @@ def _unbiased_errors(member: _Member, quantity: str, level: str, bias_ms: float)
     return errors if errors is not None else (run.score.throughput_error_pct, run.score.steady_throughput_error_pct)
 
 
-def _carriers(members: list[_Member], per_run: np.ndarray) -> tuple[str, ...]:
+def _carriers(ids: list[str], per_run: np.ndarray) -> tuple[str, ...]:
     """The fewest runs whose contributions add up to CARRIED of the group's positive contribution (empty when the
     group removes nothing)."""
     positive = np.clip(per_run, 0.0, None)
@@ -257,7 +289,7 @@ def _carriers(members: list[_Member], per_run: np.ndarray) -> tuple[str, ...]:
     order = np.argsort(-positive, kind="stable")
     carried, out = 0.0, []
     for i in order:
-        out.append(members[i].run.id)
+        out.append(ids[i])
         carried += float(positive[i])
         if carried >= CARRIED * total:
             break
@@ -383,6 +415,15 @@ CONTRIBUTOR_FIELDS = {
                      "can fix it)",
     "terms": "every parameter of the terms pricing the quantity (found by nudging each); applies false: nudging it "
              "moves the quantity of none of the members (tuning it there is in vain)",
+    "level": "run: a part of the iteration, stage: a per-microbatch time (both measured by events); iteration: a term "
+             "of the predicted iteration on runs without events (compute, recompute, tp_comm, dp_reduce exposed, "
+             "p2p, ends_allreduce, optimizer, host, bubble: they add up to the predicted iteration time)",
+    "scale": "level iteration: the term's share that the members' iteration residuals imply, fitted (relative to "
+             "the real iteration time, through the origin, least absolute deviations, within -1..1: the term between "
+             "twice and none of its predicted value): bias_ms = scale x predicted_ms_mean",
+    "implied": "true where no event measures the quantity (level iteration): real_ms_mean is the predicted value "
+               "less bias_ms; contribution_pp is then at most what the term could remove (each member's whole "
+               "residual taken out of it, never below zero), fixable_mape_pp what removing the fitted scale saves",
 }
 
 
@@ -395,10 +436,10 @@ def merge_same_runs(ranked: list[Contributor]) -> list[Contributor]:
     runs carry (`carriers`: the fewest runs holding CARRIED of it) as one ranked above it (the same runs sliced
     another way: by shape, depth, ends, ...) is merged into it, named in its `same_runs`. Groupings that remove
     nothing are kept apart by their members."""
-    kept: dict[tuple[str, frozenset], int] = {}
+    kept: dict[tuple[str, str, frozenset], int] = {}
     out: list[Contributor] = []
     for contributor in ranked:
-        key = (contributor.quantity, frozenset(contributor.carriers) if contributor.carriers
+        key = (contributor.level, contributor.quantity, frozenset(contributor.carriers) if contributor.carriers
                else frozenset(contributor.members))
         if key in kept:
             first = out[kept[key]]

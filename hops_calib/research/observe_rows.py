@@ -25,7 +25,35 @@ LABELS = {
     "rest": "rest to next iteration",
     "forward": "forward per microbatch",
     "backward": "backward per microbatch",
+    # the terms of a predicted iteration on runs without events (`research.observe_iteration`)
+    "compute": "compute (less recomputation)",
+    "recompute": "recomputation (the forward again, its collectives included)",
+    "tp_comm": "tensor-parallel collectives",
+    "dp_reduce": "exposed data-parallel reduction",
+    "p2p": "pipeline p2p",
+    "ends_allreduce": "ends all-reduce",
+    "host": "host time",
+    "bubble": "bubble (idle on the busiest rank)",
 }
+
+
+# The terms of a predicted iteration, in the breakdown's order; they add up to the predicted iteration time.
+ITERATION_QUANTITIES = ("compute", "recompute", "tp_comm", "dp_reduce", "p2p", "ends_allreduce", "optimizer",
+                        "host", "bubble")
+
+
+def iteration_terms(breakdown: list[dict[str, float]], iteration_ms: float) -> dict[str, float]:
+    """The predicted iteration of a run cut into `ITERATION_QUANTITIES` (ms), on the pipeline rank with the most
+    work: its breakdown (compute less recomputation, the exposed DP reduction with the distributed optimizer's
+    all-gather) and the bubble, the iteration time less that work."""
+    def work(parts: dict[str, float]) -> dict[str, float]:
+        return {"compute": parts["compute"] - parts.get("recompute", 0.0), "recompute": parts.get("recompute", 0.0),
+                "tp_comm": parts["tp_comm"], "dp_reduce": parts["dp_reduce_exposed"], "p2p": parts["p2p"],
+                "ends_allreduce": parts["ends_allreduce"], "optimizer": parts["optimizer"], "host": parts["host"]}
+
+    ranks = [work(parts) for parts in breakdown]
+    busiest = max(ranks, key=lambda parts: sum(parts.values()))
+    return {**busiest, "bubble": iteration_ms - sum(busiest.values())}
 
 
 # --- what is compared ------------------------------------------------------------------------------
@@ -97,6 +125,8 @@ class RunRow:
     # (devices, MiB, gap ms) of every hop whose consumer waited (`hop_gaps`), real and simulated; not in to_dict
     hops: tuple[tuple[str, float, float], ...] = field(default=(), repr=False, compare=False)
     predicted_hops: tuple[tuple[str, float, float], ...] = field(default=(), repr=False, compare=False)
+    # The predicted iteration by term (`research.observe_iteration.iteration_terms`), ms
+    breakdown_ms: dict[str, float] | None = None
 
     @property
     def stall_free_error_pct(self) -> float | None:
@@ -126,6 +156,7 @@ class RunRow:
             "measured_replay_error_pct": self.measured_replay_error_pct,
             "stall_free_error_pct": self.stall_free_error_pct,
             "stall_noise_ape_pct": self.score.stall_noise_ape_pct,
+            "predicted_terms_ms": self.breakdown_ms,
         }
 
 
@@ -139,6 +170,7 @@ def observe_run(fixture, model) -> RunRow:
         prediction = predict(spec, model)
     except ValueError as error:
         raise InputError(f"model {model.name}", f"cannot predict fixture {fixture.id}: {error}") from None
+    terms = iteration_terms(model.breakdown(spec), prediction.metrics.iteration_time_ms)
     if fixture.kind != "events":
         stages = tuple(StageRow(stage=row.stage, device=row.device, position=stage_position(row.stage, spec.pp),
                                 layers=spec.layers_per_stage[row.stage], real_forward_ms=None,
@@ -147,7 +179,7 @@ def observe_run(fixture, model) -> RunRow:
         return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction,
                                                                         group=fixture.group),
                       real_metrics=truth.metrics, real_parts=None, predicted_parts=prediction.result.iteration_parts(),
-                      stages=stages, prediction=prediction)
+                      stages=stages, prediction=prediction, breakdown_ms=terms)
     stages = tuple(
         StageRow(stage=row.stage, device=row.device, position=stage_position(row.stage, spec.pp),
                  layers=spec.layers_per_stage[row.stage],
@@ -161,7 +193,8 @@ def observe_run(fixture, model) -> RunRow:
                   real_metrics=truth.metrics, real_parts=timeline_iteration_parts(timeline),
                   predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
                   measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, series=series),
-                  hops=hop_gaps(spec, timeline), predicted_hops=hop_gaps(spec, prediction.result.timeline))
+                  hops=hop_gaps(spec, timeline), predicted_hops=hop_gaps(spec, prediction.result.timeline),
+                  breakdown_ms=terms)
 
 
 def hop_gaps(spec: Spec, timeline) -> tuple[tuple[str, float, float], ...]:

@@ -71,20 +71,28 @@ def _moved(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     return len(a) != len(b) or any(abs(x - y) > RELATIVE * max(abs(x), abs(y), 1e-12) for x, y in zip(a, b))
 
 
-def pricing(runs, model: Model, progress=None) -> dict[tuple[str, str], set[tuple[str, str, int | None]]]:
+def pricing(runs, model: Model, progress=None, measure=None
+            ) -> dict[tuple[str, str], set[tuple[str, str, int | None]]]:
     """(term, parameter) -> the (run id, quantity, stage) whose prediction moves when the parameter is nudged.
 
-    `runs`: observe's RunRows (their spec and prediction). `progress(done, total)` after each parameter."""
+    `runs`: observe's RunRows (their spec and prediction). `progress(done, total)` after each parameter.
+    `measure(spec, model)`: the quantities compared (default `quantities` of the prediction)."""
     from hops_calib.model.predict import predict
 
-    base = {run.id: quantities(run.spec, run.prediction) for run in runs}
+    if measure is None:
+        def measure(spec, nudged):
+            return quantities(spec, predict(spec, nudged))
+
+        base = {run.id: quantities(run.spec, run.prediction) for run in runs}
+    else:
+        base = {run.id: measure(run.spec, model) for run in runs}
     nudges = list(perturbations(model))
     found: dict[tuple[str, str], set[tuple[str, str, int | None]]] = {}
     for done, (term, name, nudged) in enumerate(nudges, start=1):
         moved: set[tuple[str, str, int | None]] = set()
         for run in runs:
             try:
-                after = quantities(run.spec, predict(run.spec, nudged))
+                after = measure(run.spec, nudged)
             except ValueError:
                 continue
             moved |= {(run.id, q, s) for (q, s), v in after.items()

@@ -372,6 +372,16 @@ def _starts_sorted_within_stage(columns: dict[str, np.ndarray]) -> bool:
     return bool(np.all(later | ~same))
 
 
+def _first_files(folder: Path, limit: int = 200) -> list[Path]:
+    """The first `limit` regular files directly in `folder` (none when it cannot be read)."""
+    import itertools
+
+    try:
+        return [p for p in itertools.islice(folder.iterdir(), limit) if p.is_file() and not p.is_symlink()]
+    except OSError:
+        return []
+
+
 def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
     seen: dict[Path, Path] = {}
     for source in sources:
@@ -386,9 +396,14 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
             report.outcomes.append(RunOutcome(source=Path(source), error=str(err)))
             continue
         if not found:
+            # a folder of logs or run tables (the vTrain folder: its table beside its licence) is no folder of runs
+            tables = sorted(p.name for p in _first_files(Path(source)) if is_measured_source(p))
             report.outcomes.append(RunOutcome(source=Path(source), error=f"{source}: no job directories found "
                                               "(a job directory holds megatron_trace/, hops_trace_map.json or "
-                                              "megatron_args.txt)"))
+                                              "megatron_args.txt)" + (
+                                                  f"; it holds run tables or training logs: ingest them by name "
+                                                  f"({', '.join(str(Path(source) / t) for t in tables)})"
+                                                  if tables else "")))
         for job_dir in found:
             seen.setdefault(job_dir.resolve(), job_dir)
     return list(seen.values())

@@ -96,6 +96,7 @@ class WhatIf:
             "breakdown_ms_per_iteration": [{"stage": k, **parts} for k, parts in enumerate(self.breakdown)],
             "memory": [stage.to_dict() for stage in self.memory],
             "fits": self.fits,
+            "pricing_inputs": pricing_inputs(spec),
             "cluster": self.cluster or None,
             "links": [hop.to_dict() for hop in self.hops],
             "end_collective": self.end_collective_dict(),
@@ -112,8 +113,7 @@ class WhatIf:
     @property
     def peak_flops_per_s(self) -> float:
         """The devices' dense 16-bit peak, averaged over the stages (MFU's denominator; one type in most launches)."""
-        peaks = [self.model.device(device).peak_bf16_flops_per_s for device in self.spec.devices]
-        return sum(peaks) / len(peaks) if peaks else 0.0
+        return peak_flops_per_s(self.spec, self.model)
 
     def end_ends(self) -> tuple[str, str]:
         """The devices and hosts of the first and the last stage, in words."""
@@ -133,6 +133,47 @@ class WhatIf:
                 "hosts": [hosts.get(ids[0]) or None, hosts.get(ids[-1]) or None]}
 
 
+def peak_flops_per_s(spec: Spec, model: Model) -> float:
+    """The devices' dense 16-bit peak, averaged over the stages (MFU's denominator; one type in most launches)."""
+    peaks = [model.device(device).peak_bf16_flops_per_s for device in spec.devices]
+    return sum(peaks) / len(peaks) if peaks else 0.0
+
+
+def launch_memory(spec: Spec, model: Model, prediction: Prediction) -> tuple[StageMemory, ...]:
+    """Per stage, one GPU's peak memory under `prediction`'s schedule (`model.memory.stage_memory`)."""
+    return stage_memory(spec, [model.device(d).memory_bytes for d in spec.devices],
+                        prediction.result.peak_stage_activations)
+
+
+def pricing_inputs(spec: Spec) -> dict[str, Any]:
+    """What measured a launch's spec is priced with besides its configuration, so that two prices of one launch
+    (a log's or a table row's run, a job directory) name what differs between them: the link benchmark (each hop's
+    fit: its stages, bandwidth, latency, transport), the node's collective tables (the GPU counts they cover and a
+    digest of their points, where they were read from aside), the transport the launch's environment names, and
+    which hops stay within a node (the placement: a node's GPUs per node, or the job's devices' nodes)."""
+    import hashlib
+    import json
+
+    points = [[t.op, t.gpus, [list(p) for p in t.points]] for t in sorted(spec.collectives,
+                                                                         key=lambda t: (t.op, t.gpus))]
+    return {
+        "link_benchmark": [{"stages": [fit.src_stage, fit.dst_stage], "bandwidth_gbit_s": fit.bandwidth_gbit_s,
+                            "latency_ms": fit.latency_ms, "transport": fit.transport or None}
+                           for fit in spec.links] or None,
+        "collective_tables": {"ops_gpus": [[t.op, t.gpus] for t in sorted(spec.collectives,
+                                                                          key=lambda t: (t.op, t.gpus))],
+                              "points_sha256": hashlib.sha256(json.dumps(points).encode()).hexdigest()}
+        if spec.collectives else None,
+        "transport": spec.transport or None,
+        "hops_within_a_node": [spec.same_node(k, k + 1) for k in range(spec.pp - 1)],
+    }
+
+
+def pricing_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The `pricing_inputs` entries in which two prices of a launch differ, by name."""
+    return [name for name in a if a[name] != b.get(name)]
+
+
 def end_collective_of(spec: Spec, model: Model):
     """How `model` prices `spec`'s all-reduce between the pipeline's ends (None: the model has no such term, or the
     launch reduces nothing between its ends)."""
@@ -144,18 +185,21 @@ def end_collective_of(spec: Spec, model: Model):
     return end_collective(spec, active.params(), tuple(model.device(t) for t in spec.devices))
 
 
-def model_rates(prediction: Prediction, spec: Spec, peak_flops_per_s: float) -> dict[str, float]:
+def model_rates(prediction: Prediction, spec: Spec, peak_flops_per_s: float,
+                throughput_per_s: float | None = None) -> dict[str, float]:
     """The prediction's window throughput as the whole job's samples and tokens per second (every data-parallel
     replica), and the FLOP/s per GPU they imply counted both ways: model FLOPs (`gpt.model_flops_per_sample`: no
     recomputation; Megatron-LM's logged "throughput per GPU (TFLOP/s/GPU)", num_floating_point_operations in
     megatron/training/training.py) and hardware FLOPs (the recomputed forward counted as well:
     `gpt.recomputed_flops_per_sample`; Narayanan et al., SC'21, eq. 3), each as a share of the devices' peak:
     model FLOPs utilization (MFU) and hardware FLOPs utilization (HFU; Chowdhery et al. 2022, Korthikanti et al.
-    2022). Without recomputation the two are equal."""
+    2022). Without recomputation the two are equal. `throughput_per_s`: another throughput of the prediction's
+    (microbatches/s; the steady state an iteration-level run is scored by) in place of the window's."""
     from hops_calib.metrics import samples_per_s
     from hops_calib.model import gpt
 
-    samples = samples_per_s(prediction.metrics.throughput_per_s, spec.model.micro_batch_size, spec.dp) or 0.0
+    throughput = prediction.metrics.throughput_per_s if throughput_per_s is None else throughput_per_s
+    samples = samples_per_s(throughput, spec.model.micro_batch_size, spec.dp) or 0.0
     per_gpu = samples * gpt.model_flops_per_sample(spec.model) / spec.gpus
     chunks = [layers // spec.vp + (1 if c < layers % spec.vp else 0)
               for layers in spec.layers_per_stage for c in range(spec.vp)]
@@ -317,8 +361,7 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
         raise InputError(str(job_dir), f"cannot be priced by model {model.name!r}: {error}", field="configuration",
                          hint="a what-if needs what the model prices: the link benchmark in calibration/link_bench/ "
                               "(pair_<i>_<j>.jsonl), device types the catalog knows") from None
-    memory = stage_memory(spec, [model.device(d).memory_bytes for d in spec.devices],
-                          predictions[0].result.peak_stage_activations)
+    memory = launch_memory(spec, model, predictions[0])
     perturbed: tuple[Estimate, ...] = ()
     if perturbations is not None:
         try:

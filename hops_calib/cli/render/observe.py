@@ -67,10 +67,26 @@ def observation_text(observation: Observation, top: int = 12) -> str:
                 for i, c in enumerate(contributors, start=1)]
 
     if observation.iteration_level_runs == suite.n_fixtures:  # no events: no parts, stages, hops or bottlenecks
-        out.append("No run has events, so there are no iteration parts, stage times, hops or slowest stages to rank: "
-                   "what observe can say of these runs is their throughput error, by configuration group above and "
-                   "per run below. Runs with events (job directories) add the rest.")
+        out.append("No run has events, so no iteration part, stage time, hop or slowest stage is measured: each term "
+                   "of the predicted iteration (the model's breakdown on the busiest rank, and the bubble) is fitted "
+                   "to the runs' iteration residuals within each configuration group. Runs with events (job "
+                   "directories) add the measured parts.")
         out.append("")
+        shown = observation.ranked[:top]
+        if shown:
+            out.append(f"Largest contributors (a term within one group), {len(shown)} of {len(observation.ranked)}; "
+                       "scale: the term's share the residuals imply (positive: predicted too long); fixable pp: the "
+                       "throughput MAPE taking it out saves; at most pp: were each run's whole error in it:")
+            out.append(text_table(["#", "term", "group", "runs", "pred ms", "scale", "bias ms", "fixable pp",
+                                   "at most pp"],
+                                  [[str(i), LABELS[c.quantity], c.where, str(c.n_runs), _ms(c.predicted_ms_mean),
+                                    _signed(100 * c.scale, "%"), _ms(c.residual_ms_mean), f"{c.fixable_mape_pp:.2f}",
+                                    f"{c.contribution_pp:.2f}"] for i, c in enumerate(shown, start=1)],
+                                  right={0} | set(range(3, 9))))
+            out.append("")
+            out.append("Findings:")
+            out += [f"{i}. {c.sentence()}" for i, c in enumerate(shown[:3], start=1)]
+            out.append("")
         worst = sorted(observation.runs, key=lambda r: -abs(r.score.throughput_error_pct))[:top]
         out.append(f"Runs by |throughput error| ({len(worst)} of {len(observation.runs)}):")
         out.append(text_table(["run", "tput err %", "steady err %", "real iter ms", "pred iter ms"],

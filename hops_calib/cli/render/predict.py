@@ -3,12 +3,15 @@ the stages, the iteration by kind, the memory per GPU and the kernels, from a `W
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from hops_calib.model.kernel_table import KernelTable
 from hops_calib.model.kernels import COLLECTIVE, DGRAD, FORWARD, RECOMPUTE, WGRAD
-from hops_calib.model.memory import GB
+from hops_calib.model.memory import GB, StageMemory
 from hops_calib.model.predict import STALL_RANGE_LEVEL
 from hops_calib.sim.theory import pipeline_schedule_bubble
-from hops_calib.whatif.job import WhatIf, model_rates
+from hops_calib.whatif.job import WhatIf, model_rates, pricing_inputs
 from hops_calib.whatif.plan import PEAK_UNIT
 
 
@@ -108,38 +111,69 @@ def what_if_text(result: WhatIf) -> str:
                     "sharing: longer while another rank of the core computes), the breakdown their work alone"
                     if shared else "") + ")")
     lines += _breakdown_lines(result)
+    lines += pricing_lines(pricing_inputs(spec))
     if result.kernels is not None:
         lines += kernel_table_text(result.kernels)
     return "\n".join(lines)
 
 
-_PARTS = (("compute", "compute"), ("tp_comm", "TP comm"), ("p2p", "p2p"), ("dp_reduce", "DP reduce"),
+_PARTS = (("compute", "compute"), ("recompute", "of it recomp"), ("tp_comm", "TP comm"), ("p2p", "p2p"), ("dp_reduce", "DP reduce"),
           ("dp_reduce_exposed", "exposed"), ("ends_allreduce", "ends AR"), ("optimizer", "optimizer"),
           ("host", "host"))
 
 
 def _breakdown_lines(result: WhatIf) -> list[str]:
+    return breakdown_lines(result.breakdown, result.memory)
+
+
+def breakdown_lines(breakdown: Sequence[Mapping[str, float]], memory: Sequence[StageMemory]) -> list[str]:
     """Per stage: one GPU's work of an iteration by kind, and its peak memory against the device's."""
     lines = ["", "per stage, one GPU, ms of one iteration by kind (work summed over its tasks, not the critical path; "
+                 "of it recomp: the part of compute the recomputed forward adds; "
                  "exposed: the part of the DP reduction no backward hides; ends AR: the tied-embedding all-reduce between the "
                  "first and last stage before the optimizer, every rank waiting for it):",
-             f"{'stage':>5}" + "".join(f"{label:>11}" for _key, label in _PARTS)]
-    for k, parts in enumerate(result.breakdown):
-        lines.append(f"{k:>5}" + "".join(f"{parts[key]:11.2f}" for key, _label in _PARTS))
+             f"{'stage':>5}" + "".join(f"{label:>13}" for _key, label in _PARTS)]
+    for k, parts in enumerate(breakdown):
+        lines.append(f"{k:>5}" + "".join(f"{parts[key]:13.2f}" for key, _label in _PARTS))
     lines += ["", "peak memory per GPU, GB (weights, gradients, optimizer state, activations at the schedule's "
                   "peak; CUDA context, NCCL buffers and fragmentation not counted):",
               f"{'stage':>5}{'weights':>10}{'grads':>10}{'optim':>10}{'activ':>10}{'total':>10}{'device':>10}"]
-    for stage in result.memory:
+    for stage in memory:
         lines.append(f"{stage.stage:>5}{stage.weights_bytes / GB:10.2f}{stage.gradients_bytes / GB:10.2f}"
                      f"{stage.optimizer_bytes / GB:10.2f}{stage.activations_bytes / GB:10.2f}"
                      f"{stage.total_bytes / GB:10.2f}{stage.device_bytes / GB:10.2f}"
                      + ("" if stage.fits else "  DOES NOT FIT"))
-    if not result.fits:
-        worst = min(result.memory, key=lambda stage: stage.headroom_bytes)
+    if not all(stage.fits for stage in memory):
+        worst = min(memory, key=lambda stage: stage.headroom_bytes)
         lines.append(f"this launch would not fit: stage {worst.stage} needs {worst.total_bytes / GB:.1f} GB of "
                      f"{worst.device_bytes / GB:.1f} GB; more tensor or pipeline parallelism, the distributed "
                      "optimizer, recomputation or a smaller micro batch would lower it")
     return lines
+
+
+def timer_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A run's logged timers beside the simulation's (`loop.timers.timer_rows`)."""
+    if not rows:
+        return []
+    lines = ["", "Megatron's logged timers, ms per iteration, the largest over ranks (logged / predicted / error):"]
+    for row in rows:
+        predicted = (f"{row['predicted_ms']:10.2f}{row['error_pct']:+9.1f} %" if row["predicted_ms"] is not None
+                     else f"{'-':>10}  (no predicted counterpart)")
+        lines.append(f"  {row['timer']:32}{row['logged_ms']:10.2f}{predicted}")
+    return lines
+
+
+def pricing_lines(inputs: Mapping[str, Any]) -> list[str]:
+    """What the launch is priced with besides its configuration (`whatif.job.pricing_inputs`)."""
+    links = inputs["link_benchmark"]
+    tables = inputs["collective_tables"]
+    return ["", "priced with: link benchmark " + (", ".join(
+        f"{a}-{b} {link['bandwidth_gbit_s']:.1f} Gbit/s" for link in links for a, b in [link["stages"]])
+        if links else "none") + "; collective tables " + (
+        f"{', '.join(f'{op} x{gpus}' for op, gpus in tables['ops_gpus'])} (points {tables['points_sha256'][:12]})"
+        if tables else "none") + f"; transport {inputs['transport'] or 'not stated'}; hops within a node "
+        + (", ".join("yes" if same else "no" if same is not None else "?" for same in inputs["hops_within_a_node"])
+           or "none (one stage)")]
 
 
 def kernel_table_text(table: KernelTable) -> list[str]:
