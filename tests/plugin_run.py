@@ -7,7 +7,9 @@ Each rank first runs ITERATIONS iterations untraced (the schedule Megatron retur
 installed), then installs the plugin and runs ITERATIONS traced ones (iterations 1-2 are warm-up, logged from 3
 as the fork does), timing every iteration with perf_counter: the medians of iterations 3.. of both blocks give the
 plugin's overhead, written to JOB_DIR/overhead.rank<r>.json. Rank 0 then writes the job's remaining files
-(megatron_args.txt, hops.base.yaml, manifest.yaml) so that `hops-calib ingest JOB_DIR` reads it.
+(megatron_args.txt, hops.base.yaml, manifest.yaml) and the gloo link benchmark the ranks ran after the traced
+block (calibration/link_bench/, as `hops-calib capture` writes it), so that `hops-calib ingest JOB_DIR` reads it
+and `hops-calib evaluate` prices its hops.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ def _rank(rank: int, port: int, job: str, iterations: int) -> None:
     Path(job, f"overhead.rank{rank}.json").write_text(json.dumps({
         "plain_ms": plain, "traced_ms": traced, "plain_median_ms": statistics.median(plain[skip:]),
         "traced_median_ms": statistics.median(traced[skip:])}) + "\n")
+    # the link benchmark `hops-calib capture` runs, so that the job prices its p2p hops (a CPU run needs one)
+    from hops_calib.capture import link_bench
+
+    bench = link_bench.run(rank, CONFIG.pp, socket.gethostname(), iters=20)
+    Path(job, f"link_bench.rank{rank}.json").write_text(json.dumps(bench) + "\n")
     dist.destroy_process_group()
 
 
@@ -90,6 +97,15 @@ def main() -> None:
     stages = json.loads((job / "hops_trace_map.json").read_text())["stages"]
     ids = tuple(stages[str(s)] for s in range(CONFIG.pp))
     (job / "hops.base.yaml").write_text(jobdir.template(config, ids, jobdir.cpu_model_name()))
+    reports = [json.loads(path.read_text()) for path in sorted(job.glob("link_bench.rank*.json"))]
+    bench_dir = job / jobdir.LINK_BENCH_DIR
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    for label in sorted({label for report in reports for label in report}):
+        rows = sorted((row for report in reports for row in report.get(label, [])),
+                      key=lambda row: (row["size_mb"], row["rank"]))
+        (bench_dir / f"{label}.jsonl").write_text(jobdir.link_bench_text(rows, "gloo p2p benchmark, tests/plugin_run.py"))
+    for path in job.glob("link_bench.rank*.json"):
+        path.unlink()
     (job / "manifest.yaml").write_text(f"run_id: {job.name}\nsource_scenario: tests/plugin_run.py (the hops-calib "
                                        "plugin on an unmodified Megatron-core run)\n")
 

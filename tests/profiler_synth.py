@@ -375,3 +375,36 @@ def job_dir(root: Path, name: str, runs: list[RankRun], *, kind: str = "kineto",
             folder.mkdir(exist_ok=True)
             write_nsys(folder / f"rank{run.rank}.sqlite", run)
     return job
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python tests/profiler_synth.py {kineto,nsys} OUT [--pp P --microbatches M --iterations N]`: write one
+    GENERATED job directory OUT (its name is the run id) that `hops-calib ingest OUT` reads."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python tests/profiler_synth.py",
+        description="Write a GENERATED job directory of profiler traces that follow the documented formats (a "
+                    "non-interleaved 1F1B run on H100s; ../shared/docs/profiler-traces.md): torch_profile/ "
+                    "(Kineto JSON) or nsys/ (an Nsight Systems SQLite export). Its timings are made up: use it to "
+                    "see what the readers make of such a file, not to calibrate.")
+    parser.add_argument("kind", choices=("kineto", "nsys"), help="which profiler's files to write")
+    parser.add_argument("out", type=Path, help="the job directory to create (must not exist); its name is the run id")
+    parser.add_argument("--pp", type=int, default=2, help="pipeline stages, one rank each (default 2)")
+    parser.add_argument("--microbatches", type=int, default=4, help="microbatches per iteration (default 4)")
+    parser.add_argument("--iterations", type=int, default=2, help="profiled iterations (default 2)")
+    args = parser.parse_args(argv)
+    if args.out.exists():
+        parser.error(f"{args.out} exists; give a new directory")
+    if not (1 <= args.pp <= 64 and 1 <= args.microbatches <= 256 and 1 <= args.iterations <= 64):
+        parser.error("--pp must be 1-64, --microbatches 1-256, --iterations 1-64")
+    runs = pipeline_run(pp=args.pp, microbatches=args.microbatches, iterations=args.iterations)
+    job = job_dir(args.out.parent, args.out.name, runs, kind=args.kind, microbatches=args.microbatches,
+                  iterations=args.iterations)
+    print(f"wrote {job} (GENERATED {args.kind} traces of {args.pp} ranks); next: hops-calib ingest {job} "
+          "--fixtures STORE")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

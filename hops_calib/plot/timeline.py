@@ -283,7 +283,11 @@ def timeline_figure(title: str, devices: Sequence[str], panels: Sequence[Panel],
     bottom = axes[-1, 0]
     bottom.set_xlim(0, x_max)
     bottom.set_xlabel("time since the first event of the window (ms)")
-    figure.suptitle(title, fontsize=12, fontweight="bold")
+    # a bold 12 pt character is about 0.6 em wide: wrap the title to the figure's width so a long run id stays whole
+    import textwrap
+
+    figure.suptitle("\n".join(textwrap.wrap(title, max(40, int(width_in * 72 / (12 * 0.62))))), fontsize=12,
+                    fontweight="bold")
 
     from matplotlib.artist import Artist
     from matplotlib.lines import Line2D

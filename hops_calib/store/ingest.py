@@ -274,6 +274,10 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
         notes.append(f"no per-kernel truth: {plan.note}")
 
     warnings = list(notes)
+    generated = read_manifest(job_dir).get("generated")
+    if generated:
+        warnings.insert(0, f"GENERATED, not a real run (manifest.yaml: generated: {str(generated)[:120]}): its "
+                           "timings show that the readers work, not what a device does; keep it out of calibration")
     if len(truth.iterations) != spec.iterations:
         warnings.append(f"the trace has {len(truth.iterations)} iterations; --train-iters implies {spec.iterations}")
     if truth.microbatches != spec.microbatches:
