@@ -1,5 +1,5 @@
-"""The data verbs: `ingest` and `fixtures list/show`, over the store room (`hops_calib.store`); they print the
-store's views and return exit codes."""
+"""The `ingest` verb: job directories, training logs and run tables into the fixture store (`hops_calib.store`);
+it prints a summary (or one JSON object) and returns the exit code of the outcome."""
 
 from __future__ import annotations
 
@@ -7,34 +7,71 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hops_calib.cli.output import guarded, refuse_job_dir_as_id
-from hops_calib.cli.render import fixtures as render
-from hops_calib.errors import InputError
-from hops_calib.store import views
-from hops_calib.store.digests import DEFAULT_LOCK_TIMEOUT_S, StoreError
-from hops_calib.store.writer import FixtureStore
-from hops_calib.trace.job import is_job_dir
-from hops_calib.trace.megatron_log import DEFAULT_WARMUP_ITERATIONS
+import typer
 
-if TYPE_CHECKING:  # fixtures list/show need no trace reader
+from hops_calib.cli.options import FIXTURES_OPTION
+from hops_calib.cli.output import guarded
+
+if TYPE_CHECKING:
     from hops_calib.store.ingest import RunOutcome
+
+
+def ingest(
+    sources: list[Path] = typer.Argument(
+        ..., help="Job directories, or folders holding job directories (searched recursively); Megatron training "
+                  "logs; run tables (.csv, .parquet), the published vTrain table included."),
+    fixtures: Path = FIXTURES_OPTION,
+    split: str = typer.Option(
+        "source", "--split", help="source (default): the split the source states in a hops-calib-source.toml beside "
+                                  "it, else train (your own runs); auto: the grouped, hashed train/test split the "
+                                  "calibration sets need; or force train / test. A stored group keeps its split."),
+    test_fraction: float = typer.Option(0.3, "--test-fraction", help="Share of new configuration groups put in test."),
+    lenient: bool = typer.Option(
+        False, "--lenient", help="Drop bad event lines, repeated events and iterations a cut-short log left "
+                                 "incomplete (counted in quality flags) instead of rejecting the run."),
+    clock_skew_ms: float | None = typer.Option(
+        None, "--clock-skew-ms", min=0.0,
+        help="How far (ms) a stage may seem to start before the stage feeding it finished, from the nodes' clock "
+             "offsets, before the run is refused as impossible (default: 2)."),
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="Device type (of the model's catalog, e.g. a100) of logs and run tables that do not "
+                            "name theirs (no hops.base.yaml beside a log, no gpu column or sidecar)."),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", min=1, help="GPUs per node, with --gpu."),
+    warmup_iterations: int = typer.Option(
+        2, "--warmup-iterations", min=0,
+        help="Training logs: drop every logged interval that holds one of the log's first N iterations (slow "
+             "warm-up)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: counts, every run's outcome and "
+                                                       "warnings."),
+    lock_timeout: float = typer.Option(
+        600.0, "--lock-timeout", min=0.0,
+        help="Seconds to wait for the store lock another ingest holds (it says whose) before giving up (exit 2)."),
+) -> None:
+    """Ingest Megatron job directories, training logs and run tables into the Parquet fixture store. Exit 0 every
+    run stored, 6 some rejected (the others stored), 2 a bad store."""
+    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, gpu,
+                                    gpus_per_node, warmup_iterations, as_json, lock_timeout=lock_timeout))
 
 
 def _err(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def ingest_command(sources: list[Path], fixtures: Path, split: str = "source", test_fraction: float = 0.3,
-                   lenient: bool = False, skew_ms: float | None = None, gpu: str | None = None,
-                   gpus_per_node: int | None = None, warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
-                   as_json: bool = False, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S) -> int:
+def ingest_command(sources: list[Path], fixtures: Path, split: str, test_fraction: float, lenient: bool,
+                   skew_ms: float | None, gpu: str | None, gpus_per_node: int | None, warmup_iterations: int,
+                   as_json: bool, lock_timeout: float | None) -> int:
     """Ingest and print a summary; warnings, rejected runs, what the search skipped (notes) and whom it waits for
     go to stderr (and, with --json, into the object). 0 when every run made it, 6 (partial) when some were
     rejected and the others stored, 2 for a bad store (or a lock still held after `lock_timeout` s), an unknown
     --gpu, or input of which nothing could be stored."""
     from hops_calib.cli.output import EXIT_INVALID, EXIT_OK, EXIT_PARTIAL, STATUS, print_json
+    from hops_calib.cli.render import fixtures as render
+    from hops_calib.errors import InputError
     from hops_calib.progress import progress_bar
+    from hops_calib.store import views
     from hops_calib.store.ingest import ingest
+    from hops_calib.store.writer import FixtureStore
     from hops_calib.trace.measured import RunHardware
 
     if (gpu is None) != (gpus_per_node is None):
@@ -96,53 +133,5 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str = "source", t
         else:
             print(render.ingest_summary(report, store))
         return code
-
-    return guarded(run, as_json)
-
-
-def list_command(fixtures: Path, as_json: bool = False, ledger: Path | None = None) -> int:
-    def run() -> int:
-        store = FixtureStore(fixtures)
-        if not store.exists():
-            raise StoreError(f"no fixture store at {fixtures}; run: hops-calib ingest SRC --fixtures {fixtures}")
-        if is_job_dir(Path(fixtures)):
-            raise StoreError(f"--fixtures {fixtures} is a job directory, not a fixture store; ingest it into a store "
-                             f"(a new folder, or an existing store such as the shipped fixtures/): hops-calib ingest "
-                             f"{fixtures} --fixtures STORE, then hops-calib fixtures list --fixtures STORE")
-        store.check_writable()  # a folder that holds something else is said to be one, not listed as an empty store
-        running = store.running()
-        if running:
-            _err(f"warning: {running}")
-        from hops_calib.loop.heldout import withheld
-
-        held = withheld(store, ledger)
-        if as_json:
-            from hops_calib.cli.output import print_json
-
-            print_json({"fixtures_dir": str(store.root), "fixtures": views.fixture_rows(store, held)})
-        else:
-            print(render.list_text(store, held))
-        return 0
-
-    return guarded(run, as_json)
-
-
-def show_command(fixture_id: str, fixtures: Path, as_json: bool = False, ledger: Path | None = None) -> int:
-    """One fixture; errors (unknown id, missing store, a damaged fixture) exit 2, with --json also as an object."""
-    def run() -> int:
-        refuse_job_dir_as_id(fixture_id, fixtures, f"`hops-calib ingest DIR --fixtures {fixtures}`, then "
-                             "`hops-calib fixtures show` with its run id")
-        store = FixtureStore(fixtures)
-        fixture = store.load(fixture_id)
-        from hops_calib.loop.heldout import held_out_reason
-
-        why = held_out_reason(store, fixture_id, ledger) if fixture.split == "train" else None
-        if as_json:
-            from hops_calib.cli.output import print_json
-
-            print_json(views.show_dict(fixture, why))
-        else:
-            print(render.show_text(fixture, why))
-        return 0
 
     return guarded(run, as_json)
