@@ -927,7 +927,7 @@ def megatron_flops(args: Mapping[str, Any], batch_size: int) -> float:
         total = B x s x (expansion x L x h x f x (3/2 if SwiGLU) + attention + 3 x 2 x h x V_padded)
 
     The file is Megatron-LM's training loop, not part of the megatron-core package installed here, so this is
-    that function re-written from its source; `tests/test_kernels.py` checks the kernels' FLOPs against it.
+    that function re-written from its source; `tests/model/test_kernels.py` checks the kernels' FLOPs against it.
     """
     for unsupported in ("num_experts", "multi_latent_attention", "mtp_num_layers", "hybrid_override_pattern"):
         if args.get(unsupported):
