@@ -4,7 +4,6 @@ another), printed as text or JSON with the exit codes of `hops_calib.cli.output`
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +48,37 @@ def evaluate(
     was calibrated on, or the candidate moves no run (see README, exit codes). A judgement is under the gate's
     defaults (hops_calib.loop.gate.Tolerances) or, with --plan N, under plan N's tolerances.
     """
-    raise typer.Exit(evaluate_command(candidate, fixtures_given(fixtures), model, as_json, commit, ledger, split, tolerances or {}, plan,
-                                      off_record=off_record, again=again, allow_held_out=allow_held_out))
+    stores = fixtures_given(fixtures)
+
+    def run() -> int:
+        from hops_calib.loop.evaluate import evaluate as judge
+        from hops_calib.loop.gate import Tolerances
+        from hops_calib.progress import progress_bar
+
+        limits = _limits(tolerances or {}, "evaluate", ledger, plan, judged=candidate is not None)
+        with progress_bar("evaluate", quiet=as_json) as progress:
+            result = judge(stores, model_path=model, candidate_path=candidate, tolerances=limits, ledger_path=ledger,
+                           commit=commit, split=split, plan=plan, progress=progress, off_record=off_record,
+                           again=again, allow_held_out=allow_held_out)
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        if as_json:
+            print_json(result.to_dict(), result.status)
+            return result.exit_code
+        if result.verdict is None:
+            print_runs(result.before.runs)
+            print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the {result.split} split",
+                        result.before.suite)
+            print_left_out(result.left_out)
+            print(f"model file {result.model_path}; ledger {result.ledger_path or '(none: no checkout)'}")
+            print(f"tolerances a candidate must meet: {limits.describe()}"
+                  + (" (the defaults; other rules only from a plan: hops-calib ledger plan)"
+                     if limits == Tolerances() else ""))
+            return EXIT_OK
+        _print_candidate(result)
+        return result.exit_code
+
+    raise typer.Exit(guarded(run, as_json))
 
 
 @with_tolerances
@@ -76,43 +104,34 @@ def compare(
     the move. Exit 0 accepted, 1 rejected, 2 invalid, 4 off the record (another store than the model's, or the
     models predict every run alike).
     """
-    raise typer.Exit(compare_command(before, fixtures_given(fixtures), model, note, ledger, as_json, tolerances or {}, commit_into, plan,
-                                     off_record=off_record, allow_held_out=allow_held_out))
+    stores = fixtures_given(fixtures)
 
-
-def evaluate_command(candidate: Path | None, fixtures: Path | Sequence[Path], model_path: Path | None, as_json: bool, commit: bool,
-                     ledger_path: Path | None, split: str, tolerances: dict[str, float | str | None],
-                     plan: int | None = None, off_record: bool = False, again: bool = False,
-                     allow_held_out: bool = False) -> int:
     def run() -> int:
-        from hops_calib.loop.evaluate import evaluate
-        from hops_calib.loop.gate import Tolerances
+        from hops_calib.loop.compare import compare as judge
         from hops_calib.progress import progress_bar
 
-        limits = _limits(tolerances, "evaluate", ledger_path, plan, judged=candidate is not None)
-        with progress_bar("evaluate", quiet=as_json) as progress:
-            result = evaluate(fixtures, model_path=model_path, candidate_path=candidate, tolerances=limits,
-                              ledger_path=ledger_path, commit=commit, split=split, plan=plan, progress=progress,
-                              off_record=off_record, again=again, allow_held_out=allow_held_out)
+        limits = _limits(tolerances or {}, "compare", ledger, plan, judged=True)
+        with progress_bar("compare", quiet=as_json) as progress:
+            result = judge(stores, before, after_path=model, tolerances=limits, ledger_path=ledger, note=note,
+                           commit_into=commit_into, plan=plan, progress=progress, off_record=off_record,
+                           allow_held_out=allow_held_out)
         for warning in result.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         if as_json:
             print_json(result.to_dict(), result.status)
             return result.exit_code
-        if result.verdict is None:
-            print_runs(result.before.runs)
-            print_suite(f"model {result.model.name} ({result.model.sha256[:12]}) on the {result.split} split",
-                         result.before.suite)
-            print_left_out(result.left_out)
-            print(f"model file {result.model_path}; ledger {result.ledger_path or '(none: no checkout)'}")
-            print(f"tolerances a candidate must meet: {limits.describe()}"
-                  + (" (the defaults; other rules only from a plan: hops-calib ledger plan)"
-                     if limits == Tolerances() else ""))
-            return EXIT_OK
-        _print_candidate(result)
+        print(f"compare {result.before_path} ({result.before_model.sha256[:12]}) -> {result.after_path} "
+              f"({result.after_model.sha256[:12]}) on {result.before.suite.n_fixtures} train fixtures "
+              f"({result.fixture_set_sha256[:12]})" + (f": {note}" if note else ""))
+        print_left_out(result.left_out)
+        _print_gate(result.before.suite, result.after.suite, result.verdict)
+        if result.committed_into is not None:
+            kept = "the model after" if result.verdict.accepted else "the model before (the move is undone)"
+            print(f"committed {kept} into {result.committed_into}")
+        print(f"ledger: entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
         return result.exit_code
 
-    return guarded(run, as_json)
+    raise typer.Exit(guarded(run, as_json))
 
 
 def _limits(tolerances: dict[str, float | str | None], verb: str, ledger_path: Path | None, plan: int | None,
@@ -217,36 +236,3 @@ def _print_gate(before, after, verdict) -> None:
 
     if looser_rules(verdict.tolerances):
         print(describe_looser(looser_rules(verdict.tolerances)))
-
-
-# --- compare -------------------------------------------------------------------------------------
-
-def compare_command(before: Path, fixtures: Path | Sequence[Path], model_path: Path | None, note: str, ledger_path: Path | None,
-                    as_json: bool, tolerances: dict[str, float | str | None], commit_into: Path | None = None,
-                    plan: int | None = None, off_record: bool = False, allow_held_out: bool = False) -> int:
-    def run() -> int:
-        from hops_calib.loop.compare import compare
-        from hops_calib.progress import progress_bar
-
-        limits = _limits(tolerances, "compare", ledger_path, plan, judged=True)
-        with progress_bar("compare", quiet=as_json) as progress:
-            result = compare(fixtures, before, after_path=model_path, tolerances=limits, ledger_path=ledger_path,
-                             note=note, commit_into=commit_into, plan=plan, progress=progress,
-                             off_record=off_record, allow_held_out=allow_held_out)
-        for warning in result.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
-        if as_json:
-            print_json(result.to_dict(), result.status)
-            return result.exit_code
-        print(f"compare {result.before_path} ({result.before_model.sha256[:12]}) -> {result.after_path} "
-              f"({result.after_model.sha256[:12]}) on {result.before.suite.n_fixtures} train fixtures "
-              f"({result.fixture_set_sha256[:12]})" + (f": {note}" if note else ""))
-        print_left_out(result.left_out)
-        _print_gate(result.before.suite, result.after.suite, result.verdict)
-        if result.committed_into is not None:
-            kept = "the model after" if result.verdict.accepted else "the model before (the move is undone)"
-            print(f"committed {kept} into {result.committed_into}")
-        print(f"ledger: entry {result.ledger_entry['seq']} appended to {result.ledger_path}")
-        return result.exit_code
-
-    return guarded(run, as_json)

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from hops_calib.store.ingest import RunOutcome
 
 
+def _err(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 def ingest(
     sources: list[Path] = typer.Argument(
         ..., help="Job directories, or folders holding job directories (searched recursively); Megatron training "
@@ -50,33 +54,21 @@ def ingest(
 ) -> None:
     """Ingest Megatron job directories, training logs and run tables into the Parquet fixture store. Exit 0 every
     run stored, 6 some rejected (the others stored), 2 a bad store."""
-    raise typer.Exit(ingest_command(sources, fixtures, split, test_fraction, lenient, clock_skew_ms, gpu,
-                                    gpus_per_node, warmup_iterations, as_json, lock_timeout=lock_timeout))
-
-
-def _err(message: str) -> None:
-    print(message, file=sys.stderr)
-
-
-def ingest_command(sources: list[Path], fixtures: Path, split: str, test_fraction: float, lenient: bool,
-                   skew_ms: float | None, gpu: str | None, gpus_per_node: int | None, warmup_iterations: int,
-                   as_json: bool, lock_timeout: float | None) -> int:
-    """Ingest and print a summary; warnings, rejected runs, what the search skipped (notes) and whom it waits for
-    go to stderr (and, with --json, into the object). 0 when every run made it, 6 (partial) when some were
-    rejected and the others stored, 2 for a bad store (or a lock still held after `lock_timeout` s), an unknown
-    --gpu, or input of which nothing could be stored."""
+    # Warnings, rejected runs, what the search skipped (notes) and whom it waits for go to stderr (and, with --json,
+    # into the object); exit 2 also for a lock still held after --lock-timeout s, an unknown --gpu, or input of
+    # which nothing could be stored.
     from hops_calib.cli.output import EXIT_INVALID, EXIT_OK, EXIT_PARTIAL, STATUS, print_json
     from hops_calib.cli.render import fixtures as render
     from hops_calib.errors import InputError
     from hops_calib.progress import progress_bar
     from hops_calib.store import views
-    from hops_calib.store.ingest import ingest
+    from hops_calib.store.ingest import ingest as ingest_sources
     from hops_calib.store.writer import FixtureStore
     from hops_calib.trace.measured import RunHardware
 
     if (gpu is None) != (gpus_per_node is None):
         _err("Error: --gpu and --gpus-per-node go together (the device type and how many share a node); give both")
-        return 2
+        raise typer.Exit(2)
     hardware = (RunHardware(gpu=gpu.lower(), gpus_per_node=gpus_per_node)
                 if gpu is not None and gpus_per_node is not None else None)
     store = FixtureStore(fixtures)
@@ -103,12 +95,12 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str, test_fractio
                     _err(f"rejected: {outcome.run_id}: {outcome.error}" if outcome.run_id
                          else f"rejected: {outcome.error}")
 
-            extra = {} if skew_ms is None else {"skew_ms": skew_ms}
+            extra = {} if clock_skew_ms is None else {"skew_ms": clock_skew_ms}
             try:
-                report = ingest(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
-                                on_run=on_run, on_start=progress.start, hardware=hardware,
-                                warmup_iterations=warmup_iterations, device_types=known, lock_timeout=lock_timeout,
-                                on_wait=lambda line: _err(f"{line} ..."), **extra)
+                report = ingest_sources(sources, store, split=split, test_fraction=test_fraction, lenient=lenient,
+                                        on_run=on_run, on_start=progress.start, hardware=hardware,
+                                        warmup_iterations=warmup_iterations, device_types=known,
+                                        lock_timeout=lock_timeout, on_wait=lambda line: _err(f"{line} ..."), **extra)
             except Exception:
                 if not existed:
                     store.remove_if_empty()  # (a first ingest stopped by a full disk leaves no store behind)
@@ -134,4 +126,4 @@ def ingest_command(sources: list[Path], fixtures: Path, split: str, test_fractio
             print(render.ingest_summary(report, store))
         return code
 
-    return guarded(run, as_json)
+    raise typer.Exit(guarded(run, as_json))

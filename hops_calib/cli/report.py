@@ -43,14 +43,9 @@ def report(
     unless --again. Otherwise it says on how many configurations the
     predictions changed since the last look.
     """
-    raise typer.Exit(report_command(split, fixtures, model, ledger, as_json, html, again, preview, against))
-
-
-def report_command(split: str | None, fixtures: Path, model_path: Path | None, ledger_path: Path | None, as_json: bool,
-                   html: Path | None = None, again: bool = False, preview: bool = False,
-                   against: Path | None = None) -> int:
     def run() -> int:
-        from hops_calib.loop.report import preview_look, report
+        from hops_calib.loop.report import preview_look
+        from hops_calib.loop.report import report as audited_report
         from hops_calib.loop.suite import TEST, TRAIN
         from hops_calib.progress import progress_bar
 
@@ -66,9 +61,9 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
             raise InputError("report", "--against compares predictions without looking; it goes with --preview",
                              field="against", hint="hops-calib report --preview --against OLD_MODEL.toml")
         if split == TRAIN:  # per-run errors of the train split (--html): none of a held-out run
-            held_out_guard(fixtures, ledger_path, "report --split train", False)()
+            held_out_guard(fixtures, ledger, "report --split train", False)()
         if preview:
-            seen = preview_look(fixtures, split=split, model_path=model_path, ledger_path=ledger_path,
+            seen = preview_look(fixtures, split=split, model_path=model, ledger_path=ledger,
                                 against=against)
             if as_json:
                 print_json(seen)
@@ -97,12 +92,12 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
 
             check_html_path(html)  # before the audit entry: a bad name must not cost one
         with progress_bar("report", quiet=as_json) as progress:
-            result = report(fixtures, split=split, model_path=model_path, ledger_path=ledger_path,
+            result = audited_report(fixtures, split=split, model_path=model, ledger_path=ledger,
                             progress=progress, again=again)
         if html is not None:
             from hops_calib.plot.html import write_report
 
-            write_report(html, result, fixtures, model_path)
+            write_report(html, result, fixtures, model)
         if as_json:
             print_json(result.to_dict())
         else:
@@ -136,4 +131,5 @@ def report_command(split: str | None, fixtures: Path, model_path: Path | None, l
                 print(f"wrote {html}")
         return EXIT_OK
 
-    return guarded(run, as_json)
+
+    raise typer.Exit(guarded(run, as_json))
