@@ -3,7 +3,7 @@
     python benchmarks/limits.py [--out TABLE.txt] [--log-mb 64]
 
 Builds its inputs in a temporary folder from copies of the shared runs and the published vTrain table (as
-tests/test_heldout_and_limits.py does), then runs `python -m hops_calib ...` per case and prints the child's exit
+tests/loop/test_heldout_and_limits.py does), then runs `python -m hops_calib ...` per case and prints the child's exit
 code, wall time and peak RSS (ru_maxrss from wait4, as benchmarks/hostile.py). The ingest rate of a training log is
 measured on a log of --log-mb MB written with Megatron's own format strings (tests/megatron_log_text.py). Prints
 figures; asserts nothing.

@@ -1,6 +1,6 @@
 """Hostile and unlucky input for ingest: one real shared run, copied and damaged, beside an intact one.
 
-Used by tests/test_hostile_input.py (small sizes) and benchmarks/hostile.py (the sizes of issue #21). Each case
+Used by tests/store/test_hostile_input.py (small sizes) and benchmarks/hostile.py (the sizes of issue #21). Each case
 damages the copy of `DAMAGED` in a source folder that also holds a copy of `INTACT`, and says what ingest must
 answer: the exit code and words of the message. The other run must be ingested whatever the case.
 """

@@ -1,5 +1,5 @@
 """Command lines of tests that start their own ledgers: `--new-ledger` beside a `--ledger` that does not exist yet
-(a verb refuses a ledger path that names no file without it; tests/test_heldout_and_limits.py checks the refusal)."""
+(a verb refuses a ledger path that names no file without it; tests/loop/test_heldout_and_limits.py checks the refusal)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ declare -A RUNS=(
   # sharing of cores add is read against it
   [cpu_1f1b_l4_h384_s128_m4_run1]="--layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 4 --iterations 4 --link-bench-iters 20"
   # interleaved 1F1B with Megatron's overlapped p2p (overlap_p2p_comm, Megatron-LM's default with virtual stages;
-  # issue #28): its order of events per rank is checked against the simulator's program in tests/test_overlap_capture.py
+  # issue #28): its order of events per rank is checked against the simulator's program in tests/sim/test_overlap_capture.py
   [cpu_interleaved_overlap_v2_l4_h384_s128_m6_run1]="--vp 2 --overlap-p2p --layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 6 --iterations 4 --link-bench-iters 20"
 )
 

@@ -7,6 +7,24 @@ from pathlib import Path
 import typer
 
 
+def bench(
+    out: Path = typer.Option(..., "--out", help="Folder to write gemm.csv, memory.csv and collectives/ into."),
+    job: Path = typer.Option(None, "--job", help="A job directory: measure the GEMM shapes its layer runs (t, micro "
+                             "batch, s, h, ffn from its launch) instead of the standard grid."),
+    device: str = typer.Option("", "--device", help="The catalog device type the tables are for (default: from "
+                               "the GPU's name, or cpu)."),
+    dtype: list[str] = typer.Option([], "--dtype", help="GEMM dtypes: bf16, fp16, fp32 (repeatable; default bf16 "
+                                    "on a GPU, fp32 on the CPU)."),
+    budget_s: float = typer.Option(300.0, "--budget-s", help="Time budget in s: items beyond it are left out."),
+    group_sizes: str = typer.Option("", "--group-sizes", help="Ranks per collective group, e.g. 2,4,8 (default: "
+                                    "2, 4, 8 up to the GPUs or cores)."),
+    quick: bool = typer.Option(False, "--quick", help="A tiny grid (a few seconds): checks the setup."),
+    repeats: int = typer.Option(5, "--repeats", help="Timed repeats per item (the median is written)."),
+) -> None:
+    """Measure this machine's component tables (GEMMs, memory-bound kernels, collectives) with torch (needs the capture extra)."""
+    raise typer.Exit(bench_command(out, job, device, list(dtype), budget_s, group_sizes, quick, repeats))
+
+
 def bench_command(out: Path, job: Path | None, device: str, dtypes: list[str], budget_s: float, group_sizes: str,
                   quick: bool, repeats: int) -> int:
     """0 and the tables written; 2 without torch or on a bad option or job."""

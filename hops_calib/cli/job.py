@@ -10,11 +10,11 @@ import typer
 from hops_calib.cli.output import EXIT_OK, guarded, print_json
 from hops_calib.errors import InputError
 
-job_app = typer.Typer(help="Job directories (what predict --job and plan --job read) from other sources.",
+app = typer.Typer(help="Job directories (what predict --job and plan --job read) from other sources.",
                       no_args_is_help=True)
 
 
-@job_app.command("from-log")
+@app.command("from-log")
 def from_log(
     log: Path = typer.Argument(..., help="A Megatron training log (its arguments block, tokenizer line and "
                                          "iterations; hardware from hops.base.yaml beside it or --gpu)."),

@@ -1,6 +1,6 @@
 """The CLI reference page (`docs/cli.md`), generated from the typer app so that it cannot drift from it:
 `python -m hops_calib.cli.reference > docs/cli.md`. Every verb and sub-verb, in the app's order, with its usage
-line, its help text and a table of its arguments and options as `--help` gives them (`tests/test_docs.py` checks
+line, its help text and a table of its arguments and options as `--help` gives them (`tests/docs/test_docs.py` checks
 that the committed page is this output)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ HEADER = """# CLI reference
 
 What it is for: every `hops-calib` verb with its arguments and options, as `hops-calib VERB --help` gives them.
 This page is generated from the typer app (`python -m hops_calib.cli.reference > docs/cli.md`); do not edit it
-by hand (`tests/test_docs.py` fails when it differs from the app). How the verbs fit together is in the topic
+by hand (`tests/docs/test_docs.py` fails when it differs from the app). How the verbs fit together is in the topic
 pages: [ingest](ingest.md), [simulator](simulator.md), [what-if and planning](whatif.md), [the loop](loop.md),
 [research tools](research.md), [captures](captures.md).
 """

@@ -38,7 +38,7 @@ from typing import Any
 from hops_calib.errors import InputError
 
 # Which stores a judgement must cover: the one rule, stated the same in AGENTS.md and in every judgement's
-# `calibration.rule` (tests/test_fields.py checks that the two agree).
+# `calibration.rule` (tests/loop/test_fields.py checks that the two agree).
 COVERAGE_RULE = (
     "A judgement must cover every store the part it changes was calibrated on, and may cover more. A change of one "
     "device type's values only (NAME@TYPE parameters, that type's constants) was calibrated on the stores of the "

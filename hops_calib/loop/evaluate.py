@@ -1,7 +1,7 @@
 """Evaluate: score the model on the train split; with a one-term candidate, gate it, append a ledger entry for every
 judgement, and with `commit=True` write an accepted candidate into the model file.
 
-This module returns results; `hops_calib.cli.loop` prints them.
+This module returns results; `hops_calib.cli.evaluate` prints them.
 """
 
 from __future__ import annotations

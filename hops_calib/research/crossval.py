@@ -391,10 +391,33 @@ def _also(specs: tuple[str, ...], selected: tuple[str, ...] = (), term_refit: st
     return tuple(parsed)
 
 
-def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | None = None, folds: int = DEFAULT_FOLDS,
-             evaluations: int = DEFAULT_EVALUATIONS, seed: int = 0, objective: str = "suite",
-             only: tuple[str, ...] = (), shared: bool = False, also: tuple[str, ...] = (),
-             progress: Callable[[int, int], None] | None = None, split: str = "train") -> CrossValidation:
+@dataclass(frozen=True)
+class CrossvalRequest:
+    """What one cross-validation is asked (the `crossval` verb's options, built once by the command layer;
+    `crossval`'s keywords): the term refit, the store whose train split is folded, the model, the folds and their
+    seed, the refits' budget and objective, which parameters are refit (`only`, `also`) and whether their per-device
+    values are taken out first (`shared`)."""
+
+    term: str
+    fixtures_dir: Path | str
+    model_path: Path | str | None = None
+    folds: int = DEFAULT_FOLDS
+    evaluations: int = DEFAULT_EVALUATIONS
+    seed: int = 0
+    objective: str = "suite"
+    only: tuple[str, ...] = ()
+    shared: bool = False
+    also: tuple[str, ...] = ()
+    split: str = "train"
+
+
+def crossval(term: str, fixtures_dir: Path | str, *, progress: Callable[[int, int], None] | None = None,
+             **options: Any) -> CrossValidation:
+    """`run_crossval` of CrossvalRequest(term, fixtures_dir, **options)."""
+    return run_crossval(CrossvalRequest(term, fixtures_dir, **options), progress=progress)
+
+
+def run_crossval(request: CrossvalRequest, progress: Callable[[int, int], None] | None = None) -> CrossValidation:
     """Refit `term` on K - 1 folds of the train split's configurations and predict the Kth, for each K (`split`
     other than train is refused, as by every verb but `report`).
 
@@ -404,17 +427,20 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     """
     from hops_calib.loop.suite import refuse_test_split
 
-    refuse_test_split(split, "crossval")
+    term, folds, evaluations, seed, objective = (request.term, request.folds, request.evaluations, request.seed,
+                                                 request.objective)
+    refuse_test_split(request.split, "crossval")
     if evaluations < 1:
         raise InputError("crossval", "--evaluations must be at least 1", field="evaluations")
-    base = load_problem(term, fixtures_dir, model_path, objective, only, command="crossval")  # train only
+    base = load_problem(term, request.fixtures_dir, request.model_path, objective, request.only,
+                        command="crossval")  # train only
     shipped = base.model
     dropped: tuple[str, ...] = ()
-    if shared:
+    if request.shared:
         base, dropped = _shared_problem(base)
     problem: TuneProblem | JointProblem = base
-    if also:
-        problem = JointProblem(base, _also(also, tuple(p.name for p in base.params), term))
+    if request.also:
+        problem = JointProblem(base, _also(request.also, tuple(p.name for p in base.params), term))
     suite = problem.suite
     parts = fold_groups(suite.groups, folds, seed)
     current = score_model(suite, shipped, origin=f"crossval {term}")
@@ -462,12 +488,12 @@ def crossval(term: str, fixtures_dir: Path | str, *, model_path: Path | str | No
     full = score_model(suite, full_model, origin=f"crossval {term}").suite
     full_objective = problem.component_mape(full_model) if components else full.throughput_mape_pct
     return CrossValidation(term=term, model_sha256=shipped.sha256, fixture_set_sha256=suite.sha256, seed=seed,
-                           evaluations=evaluations, objective=objective, only=tuple(only),
+                           evaluations=evaluations, objective=objective, only=tuple(request.only),
                            current_params={k: current_values[k] for k in results[0].params},
                            current=current.suite, folds=tuple(results), full_params=full_values,
                            full=full, full_component_pct=full_objective if components else None,
                            current_component_pct=problem.component_mape(shipped) if components else None,
-                           dropped=dropped, also=tuple(also),
+                           dropped=dropped, also=tuple(request.also),
                            full_objective=full_objective,
                            current_objective=reference_objective(problem, set(suite.ids)),
                            left_out=suite.left_out_summary)

@@ -678,12 +678,38 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
     return "\n".join(lines) + "\n"
 
 
-def tune(term: str, fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Path | str | None = None, trials: int = DEFAULT_TRIALS,
-         storage_url: str | None = None, study_name: str | None = None, workers: int = 1, seed: int = 0,
-         out: Path | str | None = None, progress: Callable[[int, int], None] | None = None,
-         objective: str = "suite", only: tuple[str, ...] = (), ledger_path: Path | str | None = None,
-         off_record: bool = False, split: str = "train", sampler: str = "tpe") -> TuneResult:
-    """Tune one term's parameters on the train split (`split` other than train is refused, as by every verb but
+@dataclass(frozen=True)
+class TuneRequest:
+    """What one tune is asked (the `tune` verb's options, built once by the command layer; `tune`'s keywords):
+    the term whose parameters are searched, the store(s) of the train split it is judged on, the model, the study
+    (trials, storage, name, workers, sampler and its seed), what is searched (objective, only these parameters),
+    where the candidate is written, and the ledger's record it is checked against (unless off the record)."""
+
+    term: str
+    fixtures_dir: Path | str | Sequence[Path | str]
+    model_path: Path | str | None = None
+    trials: int = DEFAULT_TRIALS
+    storage_url: str | None = None
+    study_name: str | None = None
+    workers: int = 1
+    seed: int = 0
+    out: Path | str | None = None
+    objective: str = "suite"
+    only: tuple[str, ...] = ()
+    ledger_path: Path | str | None = None
+    off_record: bool = False
+    split: str = "train"
+    sampler: str = "tpe"
+
+
+def tune(term: str, fixtures_dir: Path | str | Sequence[Path | str], *,
+         progress: Callable[[int, int], None] | None = None, **options: Any) -> TuneResult:
+    """`run_tune` of TuneRequest(term, fixtures_dir, **options)."""
+    return run_tune(TuneRequest(term, fixtures_dir, **options), progress=progress)
+
+
+def run_tune(request: TuneRequest, progress: Callable[[int, int], None] | None = None) -> TuneResult:
+    """Tune one term's parameters on the train split (a `split` other than train is refused, as by every verb but
     `report`) and write the chosen point as a candidate file (named by its
     id: experiments/ID.toml, or --out whose stem becomes the id).
 
@@ -695,21 +721,24 @@ def tune(term: str, fixtures_dir: Path | str | Sequence[Path | str], *, model_pa
     from hops_calib.loop.ledger import default_ledger
     from hops_calib.loop.suite import refuse_test_split
 
-    refuse_test_split(split, "tune")
-    check_run(trials, workers, storage_url)
-    problem = load_problem(term, fixtures_dir, model_path, objective, only)
+    refuse_test_split(request.split, "tune")
+    check_run(request.trials, request.workers, request.storage_url)
+    term, storage_url = request.term, request.storage_url
+    problem = load_problem(term, request.fixtures_dir, request.model_path, request.objective, request.only)
+    ledger_path = request.ledger_path
     if ledger_path is None:
         try:
             ledger_path = default_ledger()
         except InputError:
             ledger_path = None
     check = calibration.check_store(calibration.read_record(ledger_path),
-                                    calibration.scope_of_params(term, only), problem.suite, "tune",
-                                    off_record=off_record)
-    study_name = study_name or default_study_name(problem)
-    make_sampler(sampler, seed)  # an unknown sampler is refused before any work
-    study = optimize(problem, trials=trials, storage_url=storage_url, study_name=study_name, workers=workers,
-                     seed=seed, fixtures_dir=fixtures_dir, progress=progress, sampler=sampler)
+                                    calibration.scope_of_params(term, request.only), problem.suite, "tune",
+                                    off_record=request.off_record)
+    study_name = request.study_name or default_study_name(problem)
+    make_sampler(request.sampler, request.seed)  # an unknown sampler is refused before any work
+    study = optimize(problem, trials=request.trials, storage_url=storage_url, study_name=study_name,
+                     workers=request.workers, seed=request.seed, fixtures_dir=request.fixtures_dir, progress=progress,
+                     sampler=request.sampler)
     before = score_model(problem.suite, problem.model, origin=str(problem.model_path))
     if storage_url is not None:  # every worker's trials, as the storage holds them now
         import optuna
@@ -722,17 +751,19 @@ def tune(term: str, fixtures_dir: Path | str | Sequence[Path | str], *, model_pa
     in_study = _finished(study)
     path = text = None
     if chosen is not None:
-        path = Path(out) if out is not None else Path("experiments") / f"tune-{term}-trial{chosen.number}.toml"
+        path = (Path(request.out) if request.out is not None else
+                Path("experiments") / f"tune-{term}-trial{chosen.number}.toml")
         text = candidate_text(problem, chosen, before.suite, study_name, shown_storage(storage_url), in_study,
                               len(front), candidate_id=path.stem)
         if path.exists():
             raise InputError(path, "exists already; a candidate file is never overwritten (the ledger may cite it)",
                              hint="pass --out with a new file name")
         atomic_write(path, text)
-    return TuneResult(term=term, fixtures_dir=problem.suite.fixtures_dir, study_name=study_name, storage=shown_storage(storage_url), trials_here=trials,
-                      trials_in_study=in_study, workers=workers, current=before.suite, front=tuple(front),
+    return TuneResult(term=term, fixtures_dir=problem.suite.fixtures_dir, study_name=study_name,
+                      storage=shown_storage(storage_url), trials_here=request.trials,
+                      trials_in_study=in_study, workers=request.workers, current=before.suite, front=tuple(front),
                       chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text,
                       objective=problem.objective, model_path=problem.model_path,
                       left_out=problem.suite.left_out_summary,
                       trials=tuple(all_trials(study)), calibration=check, warnings=check.warnings,
-                      fixtures_dirs=tuple(store_dirs(fixtures_dir)))
+                      fixtures_dirs=tuple(store_dirs(request.fixtures_dir)))

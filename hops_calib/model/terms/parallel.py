@@ -272,7 +272,7 @@ class TensorParallelComm(Term):
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
 
     @staticmethod
-    def _overlapped(spec: Spec, device: DeviceSpec, rank: int, rates: dict[str, float],
+    def _overlapped(spec: Spec, device: DeviceSpec, rank: int, rates: Rates,
                     phases: dict[str, dict[tuple[str, float], int]], layers: int, price: Any) -> tuple[float, float]:
         """(forward, backward) ms of a virtual stage under --tp-comm-overlap: each layer's overlapped collectives
         expose `overlap_exposed_ms` against their GEMMs (at the device's peak for the GEMMs' precision, so the
