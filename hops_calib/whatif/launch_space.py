@@ -149,6 +149,20 @@ def accounted_splits(num_layers: int, pp: int, chunks: int = 1, taken: Iterable[
     return found
 
 
+@functools.lru_cache(maxsize=256)
+def _taken(num_layers: int, pp: int, splits: tuple[tuple[int | None, int | None], ...]) -> tuple[tuple[int, ...], ...]:
+    """The layers per stage of each (first, last) setting."""
+    from hops_calib.spec import split_layers
+
+    return tuple(split_layers(num_layers, pp, first, last) for first, last in splits)
+
+
+@functools.lru_cache(maxsize=1024)
+def _accounted(num_layers: int, pp: int, chunks: int, taken: tuple[tuple[int, ...], ...] = ()
+               ) -> tuple[tuple[bool, bool], ...]:
+    return tuple(accounted_splits(num_layers, pp, chunks, taken))
+
+
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
@@ -243,9 +257,7 @@ class Space:
         out: list[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]] = []
         none = (False, False)
         if self.accounting:
-            from hops_calib.spec import split_layers
-
-            taken = [split_layers(self.layers, self.pp, first, last) for first, last in self.splits]
+            one_chunk = _accounted(self.layers, self.pp, 1, _taken(self.layers, self.pp, self.splits))
         for size in self.sizes:
             m = self.batch // size
             for schedule in self.schedules:
@@ -254,11 +266,11 @@ class Space:
                         if m % self.pp == 0:
                             out += [(size, None, None, schedule, v, none)] if self.layers % (self.pp * v) == 0 else []
                             out += [(size, None, None, schedule, v, accounted) for accounted
-                                    in (accounted_splits(self.layers, self.pp, v) if self.accounting else ())]
+                                    in (_accounted(self.layers, self.pp, v) if self.accounting else ())]
                 else:
                     out += [(size, first, last, schedule, 1, none) for first, last in self.splits]
                     out += [(size, None, None, schedule, 1, accounted) for accounted
-                            in (accounted_splits(self.layers, self.pp, 1, taken) if self.accounting else ())]
+                            in (one_chunk if self.accounting else ())]
         return tuple(out)
 
     def __len__(self) -> int:
