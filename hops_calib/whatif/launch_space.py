@@ -262,6 +262,8 @@ class Space:
             m = self.batch // size
             for schedule in self.schedules:
                 if schedule == "interleaved_1f1b":
+                    if self.pp < 2:  # megatron/core/parallel_state.py initialize_model_parallel asserts p > 1
+                        continue
                     for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
                         if m % self.pp == 0:
                             out += [(size, None, None, schedule, v, none)] if self.layers % (self.pp * v) == 0 else []
