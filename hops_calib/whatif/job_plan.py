@@ -210,10 +210,10 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
         most = bound(launch)
         if most is None:
             return None
-        if most < threshold(launch):
-            bounded[launch] = "throughput"
-            return None
         try:
+            if most < threshold(launch) or planner.bound_samples_per_s(launch, tight=True) < threshold(launch):
+                bounded[launch] = "throughput"
+                return None
             outcome = planner.evaluate(launch)
         except Refusal as refusal:
             refusals[launch] = str(refusal)

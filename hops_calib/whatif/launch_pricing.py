@@ -520,40 +520,45 @@ class JobPlanner:
             raise found
         return found
 
-    def bound_samples_per_s(self, launch: Launch) -> float:
+    def bound_samples_per_s(self, launch: Launch, tight: bool = False) -> float:
         """An upper bound on `launch`'s simulated samples per second from its priced stage costs: in each
         iteration every rank runs each microbatch's forward and backward of its model chunks, one after another,
-        then its optimizer step, all within the window the throughput is measured over (from the first task to
-        stage 0's last backward of the last iteration); and with a barrier before the optimizer, rank r starts only
-        after the first microbatch's forwards through the stages before it and its last backward still runs back
-        through them (1F1B and GPipe). No schedule beats that (`tests/test_plan_levers.py` checks it on every
-        capture's launches)."""
-        proxy = replace(launch, schedule="1f1b", chunks=1)
-        if launch.chunks > 1 and (launch.first, launch.last, launch.accounted) == (None, None, (False, False)):
-            # an interleaved launch's rank runs its layers as v chunks: no less work than as one (the same
-            # layers, with more tasks' host time and hops), so the one-chunk launch's costs bound it, at a
-            # tenth of the pricing (its stages are p, not p x v)
+        then (`tight`) its gradient reduction's tail or the pre-optimizer work, its optimizer step and the host
+        time after it, all within the window the throughput is measured over (from the first task to stage 0's
+        last backward of the last iteration, so the last iteration's optimizer falls outside it); and (`tight`,
+        with a barrier before the optimizer) rank r starts only after the first microbatch's forwards through the
+        ranks before it and its last backward (chunk 0's) still runs back through them (1F1B, GPipe, interleaved
+        1F1B). No schedule beats that (`tests/test_plan_levers.py` checks it on three captures' launches).
+        Without `tight`, an interleaved launch at the even split is bounded by its one-chunk launch (its rank runs
+        the same layers as v chunks, with more tasks' host time and hops: no less work), which prices in a tenth
+        of the time; with full recomputation by blocks (k layers per chunk) not, as the chunks recompute more."""
+        spec = None
+        if not tight and launch.chunks > 1 and (launch.first, launch.last, launch.accounted) == (
+                None, None, (False, False)) and (launch.levers is None or launch.levers.recompute[1] != "block") \
+                and self.spec_of(launch).model.recompute_method != "block":
             try:
-                spec, pipeline = self.priced(proxy)
+                spec, pipeline = self.priced(replace(launch, schedule="1f1b", chunks=1))
             except Refusal:
-                spec, pipeline = self.priced(launch)
-        else:
+                spec = None
+        if spec is None:
             spec, pipeline = self.priced(launch)
         p, v, m, n = spec.pp, spec.vp, spec.microbatches, max(pipeline.iterations, 1)
         stages = pipeline.stages
         work = [sum(stages[c * p + r].forward_ms + stages[c * p + r].backward_ms for c in range(v)) for r in range(p)]
-        # the window ends at stage 0's last backward: the last iteration's optimizer steps fall outside it, and
-        # under ZB-H1 (or auto) so may the weight gradients deferred past it
+        # under ZB-H1 (or auto) the last iteration's weight gradients may be deferred past the window's end
         deferred = launch.schedule in ("zb_h1", "auto")
-        tail = [w - (sum(stages[c * p + r].weight_grad_ms for c in range(v)) if deferred else 0.0)
+        last = [w - (sum(stages[c * p + r].weight_grad_ms for c in range(v)) if deferred else 0.0)
                 for r, w in enumerate(work)]
         optimizer = list(pipeline.optimizer_ms) or [0.0] * p
-        window = max((n - 1) * (m * w + o) + m * t for w, o, t in zip(work, optimizer, tail))
-        if v == 1 and pipeline.optimizer_barrier and launch.schedule in ("1f1b", "gpipe"):
-            forward = [stage.forward_ms for stage in stages]
-            backward = [stage.backward_ms for stage in stages]
+        tails = list(pipeline.grad_reduce_tail_ms) or [0.0] * p
+        after = [o + (max(t, pipeline.pre_optimizer_ms) + pipeline.post_ms(r) if tight else 0.0)
+                 for r, (o, t) in enumerate(zip(optimizer, tails))]
+        window = max((n - 1) * (m * w + a) + m * t for w, a, t in zip(work, after, last))
+        if tight and pipeline.optimizer_barrier and launch.schedule in ("1f1b", "gpipe", "interleaved_1f1b"):
+            forward = [stage.forward_ms for stage in stages[:p]]  # chunk 0's virtual stages, rank by rank
+            backward = [stage.backward_ms for stage in stages[:p]]
             through = max(sum(forward[:r]) + m * work[r] + sum(backward[:r]) for r in range(p))
-            window = max(window, (n - 1) * (through + optimizer[0]) + through)
+            window = max(window, (n - 1) * (through + after[0]) + through)
         return n * m * _step_samples(launch, spec) / window * 1e3 if window > 0 else float("inf")
 
     def evaluate(self, launch: Launch) -> Outcome:
