@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from hops_calib.loop.model_files import load_model
+from hops_calib.sim.perturb import RandomStragglers
 from hops_calib.whatif.job_plan import JobPlanner, Launch, plan_job
 from hops_calib.whatif.perturbations import Perturbations
-from hops_calib.sim.perturb import RandomStragglers
 
 REPO = Path(__file__).resolve().parent.parent
 TP2_JOB = REPO / "traces" / "cpu_1f1b_t2d2_l4_h256_s128_m4_run1"

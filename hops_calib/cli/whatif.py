@@ -308,11 +308,11 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
                      fixtures: Path | None = None, any_runtime: bool = False,
                      memory_headroom_gb: float | None = None, keep_levers: bool = False) -> int:
     """`plan --job DIR`: the best launches of the job on its devices, under a progress bar."""
+    from dataclasses import replace
+
     from hops_calib.cli.output import run_and_print
     from hops_calib.cli.render.plan import format_job_plan
     from hops_calib.loop.model_files import load_model
-    from dataclasses import replace
-
     from hops_calib.whatif.job_plan import MEGATRON_SCHEDULES, SCHEDULES, plan_job
 
     seed = (perturbations or {}).get("seed") or 0

@@ -155,9 +155,9 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     families: list[tuple[Any, Space]] = []
     if levers:
         for setting in planner.families()[1:]:
-            found = planner.family_space(setting, schedules, splits, micro_batch_sizes)
-            if found is not None and len(found):
-                families.append((setting, found))
+            family = planner.family_space(setting, schedules, splits, micro_batch_sizes)
+            if family is not None and len(family):
+                families.append((setting, family))
         why = planner.relayout()
         if why:
             planner.notes.append(f"tensor and pipeline parallel sizes kept at the job's t {planner.spec.tp} x p "
@@ -274,7 +274,7 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
         own = force(planner.current())
         budget = ascent_budget(planner.spec, trials, ascent_tasks or ASCENT_TASKS)
         starts = found + ([own] if own is not None and [own] != found else [])
-        spaces = {None: space, **{setting: family for setting, family in families}}
+        spaces = {None: space, **dict(families)}
         steps, stopped, spent, stopped_at = 0, None, 0, 0
         for index, start in enumerate(starts):
             taken, stopped = _local_search(spaces[start.launch.levers], score, [start], known, budget - spent,
@@ -370,7 +370,7 @@ def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[An
                   score: Any, best_first: Any, outcomes: dict[Launch, Outcome], max_steps: int = 20) -> int:
     """Moves from the job's own launch to the fastest fitting launch one lever away while one is faster; the
     steps taken. A launch whose micro batch no longer divides a replica's batch takes the largest that does."""
-    spaces = {None: space, **{setting: family for setting, family in families}}
+    spaces = {None: space, **dict(families)}
     own = planner.own_levers()
     current = score(planner.current())
     if current is None or not current.fits:

@@ -19,7 +19,14 @@ from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import Spec
 from hops_calib.whatif.cluster import Cluster, LinkBook
 from hops_calib.whatif.launch_space import (
-    ACCOUNTING_FLAGS, PLACED, SCHEDULES, Launch, Levers, Space, divisors, layer_splits,
+    ACCOUNTING_FLAGS,
+    PLACED,
+    SCHEDULES,
+    Launch,
+    Levers,
+    Space,
+    divisors,
+    layer_splits,
 )
 from hops_calib.whatif.perturbations import Perturbations
 
@@ -385,7 +392,11 @@ class JobPlanner:
     def changes(self, launch: Launch) -> dict[str, tuple[str, ...]]:
         """The changes to the job's launch that run `launch`: `argv` (tokens to add or set), `remove` (flags to
         take out), `notes` (what no flag says), and `words` (each change in one line, for text)."""
-        now, argv, remove, notes, words = self.current(), [], [], [], []
+        now = self.current()
+        argv: list[str] = []
+        remove: list[str] = []
+        notes: list[str] = []
+        words: list[str] = []
         self._lever_changes(launch, argv, remove, words)
         if launch.micro_batch_size != now.micro_batch_size:
             argv += ["--micro-batch-size", str(launch.micro_batch_size)]
