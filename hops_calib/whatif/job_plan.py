@@ -202,16 +202,11 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
             refusals[launch] = str(refusal)
             return None
 
-    def score(launch: Launch) -> Outcome | None:
-        if launch in outcomes:
-            return outcomes[launch]
-        if launch in refusals or launch in bounded:
-            return None
-        most = bound(launch)
-        if most is None:
-            return None
+    def simulated(launch: Launch, prune: bool) -> Outcome | None:
+        """`launch` simulated, unless (`prune`) its tight bound cannot rank; None when it cannot run or be
+        priced."""
         try:
-            if most < threshold(launch) or planner.bound_samples_per_s(launch, tight=True) < threshold(launch):
+            if prune and planner.bound_samples_per_s(launch, tight=True) < threshold(launch):
                 bounded[launch] = "throughput"
                 return None
             outcome = planner.evaluate(launch)
@@ -222,19 +217,25 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
         record(outcome)
         return outcome
 
+    def score(launch: Launch) -> Outcome | None:
+        if launch in outcomes:
+            return outcomes[launch]
+        if launch in refusals or launch in bounded:
+            return None
+        most = bound(launch)
+        if most is None:
+            return None
+        if most < threshold(launch):
+            bounded[launch] = "throughput"
+            return None
+        return simulated(launch, prune=True)
+
     def force(launch: Launch) -> Outcome | None:
         """`launch` simulated whatever its bound (the job's own launch, a start of the ascent)."""
         if launch in outcomes or launch in refusals:
             return outcomes.get(launch)
         bounded.pop(launch, None)
-        try:
-            outcome = planner.evaluate(launch)
-        except Refusal as refusal:
-            refusals[launch] = str(refusal)
-            return None
-        outcomes[launch] = outcome
-        record(outcome)
-        return outcome
+        return simulated(launch, prune=False)
 
     def best_first(launches: Sequence[Launch]) -> None:
         """Every launch's bound first, then simulated in the order of their bounds while a bound can still rank."""
