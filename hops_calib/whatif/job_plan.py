@@ -1,20 +1,26 @@
-"""What-if room: the planner for a real job, which device runs which stage, how many layers each holds, which
-schedule, which micro-batch size - for a job directory's model and global batch, on its devices, priced by a
-calibrated model.
+"""What-if room: the planner for a real job, every lever Megatron has searched together - the layout (t, p, d),
+recomputation, sequence parallelism, the distributed optimizer, which device runs which stage, how many layers each
+holds, which schedule, which micro-batch size - for a job directory's model and global batch, on its GPUs, priced
+by a calibrated model, within each GPU's memory less a headroom.
 
-A candidate is a `Launch`: a stage order (device id per stage), Megatron's layer split (even, or the first and/or
-last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even, or even with the embedding and/or the
-loss counted as a layer, --account-for-embedding/loss-in-pipeline-split), a schedule (1F1B, interleaved 1F1B
-with v model chunks per rank, ZB-H1, GPipe, or `auto`, the HopsHetero rule choosing 1F1B or ZB-H1) and a micro-batch
-size (the microbatch count follows from the global batch). Each is turned into the launch's arguments and built
-into a spec exactly as a job directory's would be (`spec_from_args`: a split or shape Megatron refuses is refused
-here too), its hops priced by the hosts at their ends (`cluster.LinkBook`: the job's own benchmark of a host pair,
-else the cluster's), simulated, and checked against each device's memory (`model.memory`). Ranked by predicted
-samples per second over the traced window.
+A candidate is a `Launch`: its levers (`Levers`: None, the job's own t, p, recomputation, SP and distributed
+optimizer), a stage order (device id per stage; ranks placed by torchrun on a layout of its own), Megatron's layer
+split (even, or the first and/or last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even, or
+even with the embedding and/or the loss counted as a layer, --account-for-embedding/loss-in-pipeline-split), a
+schedule (1F1B or interleaved 1F1B with v model chunks per rank; with `any_runtime` also ZB-H1, GPipe, or `auto`,
+the HopsHetero rule choosing 1F1B or ZB-H1) and a micro-batch size (the microbatch count follows from the global
+batch). Each is turned into the launch's arguments and built into a spec exactly as a job directory's would be
+(`spec_from_args`: a split or shape Megatron refuses is refused here too), its hops priced by the hosts at their
+ends (`cluster.LinkBook`: the job's own benchmark of a host pair, else the cluster's) or from torchrun's
+placement, bounded by closed forms (memory, throughput: `JobPlanner.memory_fits`, `bound_samples_per_s`) and
+simulated only when it can still rank, checked against each device's memory (`model.memory`). Ranked by
+predicted samples per second over the traced window.
 
-Small spaces are searched exhaustively; larger ones by a seeded optuna (TPE) study of `trials` candidates. Under
-stragglers and failures (`Perturbations`), the nominal best `rerank` candidates are simulated again `samples`
-times with drawn stragglers and failures, and ranked by the mean or the 5th percentile of their throughput.
+Small spaces are searched exhaustively, in the order of their bounds; larger ones by coordinate ascent over the
+levers from the job's own launch, a seeded optuna (TPE) study of `trials` candidates where the stage order is
+searched, and coordinate ascent over orders and splits. Under stragglers and failures (`Perturbations`), the
+nominal best `rerank` candidates are simulated again `samples` times with drawn stragglers and failures, and
+ranked by the mean or the 5th percentile of their throughput.
 """
 
 from __future__ import annotations
