@@ -67,6 +67,7 @@ _PLAN_WAYS = {
     "job": ("plan --job DIR without --parallel (its search of stage order, layer split, schedule, micro batch)",
             {"job", "cluster", "no_cluster", "fixtures", "model", "top", "schedules", "fixed_order", "fixed_split",
              "fixed_micro_batch", "device_memory", "trials", "exhaustive_limit", "rank_by", "as_json",
+             "any_runtime", "memory_headroom", "keep_levers",
              *(f"perturbations__{name}" for name, *_ in PERTURBATION_OPTIONS)}),
     "parallel": ("plan --job DIR --parallel (its search of t x p x d layouts and micro batch, hops priced from "
                  "the placement)",
@@ -123,23 +124,33 @@ def plan(
     schedules: list[str] | None = typer.Option(None, "--schedule", help="With --job: search only these schedules "
                                                   "(repeatable: 1f1b, interleaved_1f1b, zb_h1, gpipe, auto; "
                                                   "default all)."),
-    parallel: bool = typer.Option(False, "--parallel", help="With --job: search how to split its GPUs instead, "
-                                  "tensor x pipeline x data parallel and the micro-batch size (one GPU type), "
-                                  "keeping the launch's other settings; it takes --model, --top and --json, and "
-                                  "refuses the other search's options (--schedule, --keep-*, --trials, --cluster, "
-                                  "stragglers, ...)."),
+    parallel: bool = typer.Option(False, "--parallel", help="With --job: the layout-only table (plan --job alone "
+                                  "searches t x p x d with every other lever): tensor x pipeline x data parallel "
+                                  "and the micro-batch size (one GPU type), keeping the launch's other settings; it "
+                                  "takes --model, --top and --json, and refuses the other search's options "
+                                  "(--schedule, --keep-*, --trials, --cluster, stragglers, ...)."),
     fixed_order: bool = typer.Option(False, "--keep-order", help="With --job: keep the job's stage order."),
     fixed_split: bool = typer.Option(False, "--keep-split", help="With --job: keep the job's layer split."),
     fixed_micro_batch: bool = typer.Option(False, "--keep-micro-batch", help="With --job: keep its micro-batch size."),
+    keep_levers: bool = typer.Option(False, "--keep-levers", help="With --job: keep its tensor and pipeline parallel "
+                                     "sizes, recomputation, sequence parallelism and distributed optimizer."),
     device_memory: list[str] | None = typer.Option(None, "--device-memory",
                                                       help="With --job: TYPE:BYTES, a device type's usable memory "
                                                            "(default the catalog's capacity). Repeatable."),
-    trials: int = typer.Option(400, "--trials", help="With --job: optuna trials when the space is too large to "
-                                                    "search exhaustively; the coordinate ascent after them prices "
+    trials: int | None = typer.Option(None, "--trials", help="With --job: optuna trials when the space is too "
+                                                    "large to search exhaustively (default 400 where the stage "
+                                                    "order is searched; with one distinct order none unless "
+                                                    "given); the coordinate ascent after them prices "
                                                     "at most 2,000,000 simulated tasks' worth of launches at the "
                                                     "job's own launch's size, or this many if more."),
     exhaustive_limit: int = typer.Option(10000, "--exhaustive-limit",
                                          help="With --job: search exhaustively up to this many launches."),
+    any_runtime: bool = typer.Option(False, "--any-runtime", help="With --job: also search schedules Megatron-LM "
+                                     "has no flag for (ZB-H1, GPipe, auto), for a runtime that runs them; default "
+                                     "Megatron's own (1F1B, interleaved 1F1B)."),
+    memory_headroom: float | None = typer.Option(None, "--memory-headroom", help="With --job: GB of each GPU's "
+                                                 "memory left out of every pick (default 1.5 on a GPU: the CUDA "
+                                                 "context and NCCL's buffers; 0 on a CPU)."),
     rank_by: str = typer.Option("throughput", "--rank-by", help="With --job: throughput (nominal), expected or p5 "
                                 "(the mean or the 5th percentile under the stragglers and failures given)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
@@ -165,7 +176,8 @@ def plan(
         raise typer.Exit(plan_layouts_command(job, model, top, as_json))
     raise typer.Exit(plan_job_command(job, _cluster(ctx, cluster, no_cluster), model, top, tuple(schedules or ()), fixed_order, fixed_split,
                                       fixed_micro_batch, tuple(device_memory or ()), trials, exhaustive_limit,
-                                      rank_by, perturbations, as_json, fixtures))
+                                      rank_by, perturbations, as_json, fixtures, any_runtime, memory_headroom,
+                                      keep_levers))
 
 
 @app.command()

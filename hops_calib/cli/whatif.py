@@ -35,6 +35,21 @@ def plan_command(stages: int, microbatches: int, memory_budget: float, forward_c
     typer.echo(report)
 
 
+def _calibration_band(fixtures: Path, model_path: Path | None) -> tuple[float, str]:
+    """The model's train MAPE on the store's train split, as the band a plan's throughputs carry; (0, why not)."""
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.loop.suite import load_suite
+    from hops_calib.whatif.job_plan import throughput_band
+
+    try:
+        suite = load_suite(fixtures, "train")
+    except InputError:
+        return 0.0, ""
+    band, runs = throughput_band(suite.specs, suite.truths, load_model(model_path))
+    return band, (f"+/- {100 * band:.1f} %: the model's throughput MAPE on the {runs} train runs of "
+                  f"{fixtures.resolve()}" if runs else "")
+
+
 def _calibration_coverage(fixtures: Path, defaulted: bool = False) -> tuple[Coverage | None, str]:
     """The train split of the fixture store as a what-if's calibration runs, and how to name them (its absolute
     path, and that it is the default store when --fixtures was not given); (None, why) when there is no store."""
@@ -315,15 +330,20 @@ def _bytes(text: str) -> float:
 
 def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, top: int, schedules: Sequence[str],
                      keep_order: bool, keep_split: bool, keep_micro_batch: bool, device_memory: Sequence[str],
-                     trials: int, exhaustive_limit: int, rank_by: str, perturbations: dict | None, as_json: bool,
-                     fixtures: Path | None = None) -> int:
+                     trials: int | None, exhaustive_limit: int, rank_by: str, perturbations: dict | None, as_json: bool,
+                     fixtures: Path | None = None, any_runtime: bool = False,
+                     memory_headroom_gb: float | None = None, keep_levers: bool = False) -> int:
     """`plan --job DIR`: the best launches of the job on its devices, under a progress bar."""
+    from dataclasses import replace
+
     from hops_calib.cli.output import run_and_print
     from hops_calib.cli.render.plan import format_job_plan
     from hops_calib.loop.model_files import load_model
-    from hops_calib.whatif.job_plan import SCHEDULES, plan_job
+    from hops_calib.whatif.job_plan import MEGATRON_SCHEDULES, SCHEDULES, plan_job
 
     seed = (perturbations or {}).get("seed") or 0
+    if trials is not None and not 1 <= trials <= 100_000:
+        raise InputError("plan", f"--trials {trials} is outside 1..100000", field="--trials")
 
     def compute(bar):
         memory: dict[str, float] = {}
@@ -335,16 +355,30 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
                                  "unit: GiB, GB, MiB, MB)", field="--device-memory",
                                  hint="e.g. --device-memory a10g:20GiB or a10g:22e9 (leave room for the CUDA context)")
         require_job_dir(job)
-        return plan_job(job, load_model(model_path), cluster=load_cluster(cluster), top=top,
-                        schedules=schedules or SCHEDULES, orders=not keep_order, splits=not keep_split,
-                        micro_batch_sizes=not keep_micro_batch, memory_bytes=memory or None, trials=trials,
+        if schedules and not any_runtime and any(s not in MEGATRON_SCHEDULES for s in schedules):
+            raise InputError("--schedule", f"{next(s for s in schedules if s not in MEGATRON_SCHEDULES)!r} has no "
+                             "Megatron-LM flag", field="--schedule",
+                             hint="add --any-runtime to plan for a runtime that has it (torch.distributed.pipelining)")
+        band, band_source = _calibration_band(fixtures, model_path) if fixtures is not None else (0.0, "")
+        plan = plan_job(job, load_model(model_path), cluster=load_cluster(cluster), top=top,
+                        schedules=schedules or (SCHEDULES if any_runtime else MEGATRON_SCHEDULES),
+                        any_runtime=any_runtime, band=band,
+                        headroom_bytes=None if memory_headroom_gb is None else memory_headroom_gb * 1e9,
+                        study_trials=trials, levers=not keep_levers, orders=not keep_order, splits=not keep_split,
+                        micro_batch_sizes=not keep_micro_batch, memory_bytes=memory or None, trials=trials or 400,
                         seed=seed, exhaustive_limit=exhaustive_limit,
                         perturbations=parse_perturbations(perturbations, job, stages_allowed=False),
                         rank_by=rank_by, progress=bar, calibration=coverage, store=store)
+        return replace(plan, band_source=band_source)
 
     coverage, store = _calibration_coverage(fixtures) if fixtures is not None else (None, "")
 
     return run_and_print("plan", as_json, compute, format_job_plan)
+
+
+PARALLEL_NOTE = ("--parallel is no longer needed: plan --job without it searches these layouts together with "
+                 "every other lever (recomputation, sequence parallelism, the distributed optimizer, the schedule, the "
+                 "micro batch), within each GPU's memory less a headroom; --parallel keeps its layout-only table")
 
 
 def plan_layouts_command(job: Path, model_path: Path | None, top: int, as_json: bool) -> int:
@@ -355,7 +389,10 @@ def plan_layouts_command(job: Path, model_path: Path | None, top: int, as_json: 
     from hops_calib.whatif.layouts import search_layouts
 
     def compute(bar):
+        from dataclasses import replace
+
         require_job_dir(job)
-        return search_layouts(job, load_model(model_path), top=top, progress=bar)
+        found = search_layouts(job, load_model(model_path), top=top, progress=bar)
+        return replace(found, notes=(*found.notes, PARALLEL_NOTE))
 
     return run_and_print("plan", as_json, compute, format_layout_plan)

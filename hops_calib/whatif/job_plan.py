@@ -1,20 +1,26 @@
-"""What-if room: the planner for a real job, which device runs which stage, how many layers each holds, which
-schedule, which micro-batch size - for a job directory's model and global batch, on its devices, priced by a
-calibrated model.
+"""What-if room: the planner for a real job, every lever Megatron has searched together - the layout (t, p, d),
+recomputation, sequence parallelism, the distributed optimizer, which device runs which stage, how many layers each
+holds, which schedule, which micro-batch size - for a job directory's model and global batch, on its GPUs, priced
+by a calibrated model, within each GPU's memory less a headroom.
 
-A candidate is a `Launch`: a stage order (device id per stage), Megatron's layer split (even, or the first and/or
-last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even, or even with the embedding and/or the
-loss counted as a layer, --account-for-embedding/loss-in-pipeline-split), a schedule (1F1B, interleaved 1F1B
-with v model chunks per rank, ZB-H1, GPipe, or `auto`, the HopsHetero rule choosing 1F1B or ZB-H1) and a micro-batch
-size (the microbatch count follows from the global batch). Each is turned into the launch's arguments and built
-into a spec exactly as a job directory's would be (`spec_from_args`: a split or shape Megatron refuses is refused
-here too), its hops priced by the hosts at their ends (`cluster.LinkBook`: the job's own benchmark of a host pair,
-else the cluster's), simulated, and checked against each device's memory (`model.memory`). Ranked by predicted
-samples per second over the traced window.
+A candidate is a `Launch`: its levers (`Levers`: None, the job's own t, p, recomputation, SP and distributed
+optimizer), a stage order (device id per stage; ranks placed by torchrun on a layout of its own), Megatron's layer
+split (even, or the first and/or last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even, or
+even with the embedding and/or the loss counted as a layer, --account-for-embedding/loss-in-pipeline-split), a
+schedule (1F1B or interleaved 1F1B with v model chunks per rank; with `any_runtime` also ZB-H1, GPipe, or `auto`,
+the HopsHetero rule choosing 1F1B or ZB-H1) and a micro-batch size (the microbatch count follows from the global
+batch). Each is turned into the launch's arguments and built into a spec exactly as a job directory's would be
+(`spec_from_args`: a split or shape Megatron refuses is refused here too), its hops priced by the hosts at their
+ends (`cluster.LinkBook`: the job's own benchmark of a host pair, else the cluster's) or from torchrun's
+placement, bounded by closed forms (memory, throughput: `JobPlanner.memory_fits`, `bound_samples_per_s`) and
+simulated only when it can still rank, checked against each device's memory (`model.memory`). Ranked by
+predicted samples per second over the traced window.
 
-Small spaces are searched exhaustively; larger ones by a seeded optuna (TPE) study of `trials` candidates. Under
-stragglers and failures (`Perturbations`), the nominal best `rerank` candidates are simulated again `samples`
-times with drawn stragglers and failures, and ranked by the mean or the 5th percentile of their throughput.
+Small spaces are searched exhaustively, in the order of their bounds; larger ones by coordinate ascent over the
+levers from the job's own launch, a seeded optuna (TPE) study of `trials` candidates where the stage order is
+searched, and coordinate ascent over orders and splits. Under stragglers and failures (`Perturbations`), the
+nominal best `rerank` candidates are simulated again `samples` times with drawn stragglers and failures, and
+ranked by the mean or the 5th percentile of their throughput.
 """
 
 from __future__ import annotations
@@ -86,6 +92,12 @@ class JobPlan:
     cluster: str = ""  # the cluster file used and where it was set ("": none)
     store: str = ""  # the fixture store whose train split the launches were checked against ("": not checked)
     orders: int = 1  # distinct stage orders in the space (orders of kinds of interchangeable devices)
+    simulated: int = 0  # launches simulated (the rest of `evaluated` were refused or left out by a bound)
+    bounded: int = 0  # launches a closed-form throughput bound showed could not rank, left unsimulated
+    headroom_bytes: dict[str, float] | None = None  # per device type, left out of its memory for every pick
+    capacity_bytes: dict[str, float] | None = None  # per device type, its memory before the headroom
+    any_runtime: bool = False  # schedules Megatron-LM lacks were searched too
+    band_source: str = ""  # where the throughputs' band comes from ("": none given)
 
     @property
     def status(self) -> str:
@@ -104,17 +116,24 @@ class JobPlan:
                 "current": self.current.to_dict() if self.current else None,
                 "refused": self.refused, "over_memory": self.over_memory, "notes": list(self.notes),
                 "auto_rule_agreement": {"faster_picked": self.auto_agreement[0], "compared": self.auto_agreement[1]},
-                "best_megatron": self.best_megatron.to_dict() if self.best_megatron else None}
+                "best_megatron": self.best_megatron.to_dict() if self.best_megatron else None,
+                "simulated": self.simulated, "bounded": self.bounded,
+                "memory_headroom_bytes": self.headroom_bytes, "memory_capacity_bytes": self.capacity_bytes,
+                "any_runtime": self.any_runtime, "throughput_band_source": self.band_source or None}
 
 
 def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = None, top: int = 5,
              memory_bytes: dict[str, float] | None = None,
-             schedules: Sequence[str] = SCHEDULES, orders: bool = True, splits: bool = True,
+             schedules: Sequence[str] | None = None, orders: bool = True, splits: bool = True,
              micro_batch_sizes: bool = True, trials: int = 400, seed: int = 0,
              exhaustive_limit: int = EXHAUSTIVE_LIMIT, perturbations: Perturbations | None = None,
              rank_by: str = "throughput", rerank: int = 20, progress: Progress = QUIET,
-             calibration: Any = None, store: str = "", ascent_tasks: int | None = None) -> JobPlan:
+             calibration: Any = None, store: str = "", ascent_tasks: int | None = None,
+             levers: bool = True, any_runtime: bool = False, headroom_bytes: float | None = None,
+             band: float = 0.0, study_trials: int | None = None) -> JobPlan:
     """The best `top` launches of the job's model and global batch (see the module's docstring)."""
+    if schedules is None:
+        schedules = SCHEDULES if any_runtime else MEGATRON_SCHEDULES
     if rank_by not in ("throughput", "expected", "p5"):
         raise InputError("plan", f"unknown ranking {rank_by!r}", field="--rank-by",
                          hint="throughput (nominal), expected or p5 (under --slow-device/--stragglers/--failure)")
@@ -129,59 +148,165 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                                                                                    exhaustive_limit, 10_000_000)):
         if not 1 <= value <= most:
             raise InputError("plan", f"{flag} {value} is outside 1..{most}", field=flag)
-    planner = JobPlanner(job_dir, model, cluster, memory_bytes)
+    if headroom_bytes is not None and not 0 <= headroom_bytes < math.inf:
+        raise InputError("plan", f"--memory-headroom {headroom_bytes / 1e9:g} GB is not a size of 0 or more",
+                         field="--memory-headroom", hint="e.g. --memory-headroom 2 (GB)")
+    planner = JobPlanner(job_dir, model, cluster, memory_bytes, headroom_bytes)
+    planner.band = band
     slowed = () if perturbations is None else (*(d for d, _ in perturbations.slow_devices),
                                                *(d for a, b, _ in perturbations.slow_links for d in (a, b)))
     space = planner.space(schedules, orders, splits, micro_batch_sizes, distinct=slowed)
     if space.devices is not None and space.orders_count() < math.factorial(len(space.devices)):
         planner.notes.append(_interchangeable(space))
+    families: list[tuple[Any, Space]] = []
+    if levers:
+        for setting in planner.families()[1:]:
+            family = planner.family_space(setting, schedules, splits, micro_batch_sizes)
+            if family is not None and len(family):
+                families.append((setting, family))
+        why = planner.relayout()
+        if why:
+            planner.notes.append(f"tensor and pipeline parallel sizes kept at the job's t {planner.spec.tp} x p "
+                                 f"{planner.spec.pp}: {why}; recomputation, sequence parallelism and the distributed "
+                                 "optimizer are searched")
     if not len(space):
         raise InputError(str(job_dir), "no launch to search: the schedules asked for cannot run any split",
                          field="--schedule", hint="allow more schedules, or the layer split")
+    total = len(space) + sum(len(s) for _, s in families)
     outcomes: dict[Launch, Outcome] = {}
     refusals: dict[Launch, str] = {}
+    bounded: dict[Launch, str] = {}  # launches left unsimulated by a closed-form bound: "memory" or "throughput"
+    # the best fitting throughputs so far: a launch whose bound is below the kept-th of them cannot rank
+    keep = max(top, rerank if perturbations is not None else 0) * (2 if "auto" in schedules else 1)
+    best: list[float] = []
+    best_megatron = [0.0]
 
-    def score(launch: Launch) -> Outcome | None:
-        if launch in refusals:
-            return None
+    def threshold(launch: Launch) -> float:
+        kth = best[keep - 1] if len(best) >= keep else 0.0
+        return min(kth, best_megatron[0]) if launch.schedule in MEGATRON_SCHEDULES else kth
+
+    def record(outcome: Outcome) -> None:
+        if outcome.fits:
+            best.append(outcome.samples_per_s)
+            best.sort(reverse=True)
+            del best[keep:]
+            if outcome.resolved in MEGATRON_SCHEDULES and outcome.launch.schedule != "auto":
+                best_megatron[0] = max(best_megatron[0], outcome.samples_per_s)
+
+    def known(launch: Launch) -> bool:
+        return launch in outcomes or launch in refusals or launch in bounded
+
+    def bound(launch: Launch) -> float | None:
+        """The launch's throughput bound, None when it cannot rank: it cannot run, does not fit by the closed
+        form, or (with `prune`) its bound is below what ranks."""
         try:
+            if not planner.memory_fits(launch):
+                bounded[launch] = "memory"
+                return None
+            return planner.bound_samples_per_s(launch)
+        except Refusal as refusal:
+            refusals[launch] = str(refusal)
+            return None
+
+    def simulated(launch: Launch, prune: bool) -> Outcome | None:
+        """`launch` simulated, unless (`prune`) its tight bound cannot rank; None when it cannot run or be
+        priced."""
+        try:
+            if prune and planner.bound_samples_per_s(launch, tight=True) < threshold(launch):
+                bounded[launch] = "throughput"
+                return None
             outcome = planner.evaluate(launch)
         except Refusal as refusal:
             refusals[launch] = str(refusal)
             return None
         outcomes[launch] = outcome
+        record(outcome)
         return outcome
 
-    if len(space) <= exhaustive_limit:
-        search = "exhaustive"
-        progress.start(len(space))
-        for launch in space:
-            score(launch)
+    def score(launch: Launch) -> Outcome | None:
+        if launch in outcomes:
+            return outcomes[launch]
+        if launch in refusals or launch in bounded:
+            return None
+        most = bound(launch)
+        if most is None:
+            return None
+        if most < threshold(launch):
+            bounded[launch] = "throughput"
+            return None
+        return simulated(launch, prune=True)
+
+    def force(launch: Launch) -> Outcome | None:
+        """`launch` simulated whatever its bound (the job's own launch, a start of the ascent)."""
+        if launch in outcomes or launch in refusals:
+            return outcomes.get(launch)
+        bounded.pop(launch, None)
+        return simulated(launch, prune=False)
+
+    def best_first(launches: Sequence[Launch]) -> None:
+        """Every launch's bound first, then simulated in the order of their bounds while a bound can still rank."""
+        ranked = []
+        for launch in launches:
+            if not known(launch):
+                most = bound(launch)
+                if most is not None:
+                    ranked.append((most, launch))
+            progress.advance("bounds")
+        ranked.sort(key=lambda pair: -pair[0])
+        for most, launch in ranked:
+            if most < threshold(launch):
+                bounded[launch] = "throughput"
+            else:
+                score(launch)
             progress.advance(launch.schedule)
+
+    if total <= exhaustive_limit:
+        search = "exhaustive"
+        everything = [*space, *(launch for _, family in families for launch in family)]
+        progress.start(2 * len(everything))
+        best_first(everything)
     else:
-        _optuna_search(space, score, trials, seed, progress)
-        studied = len(outcomes) + len(refusals)
+        # coordinate ascent over the levers from the job's own launch: every launch one lever away (the layout with
+        # each recomputation, the recomputation, SP, the distributed optimizer, the micro batch, the schedule), at
+        # the even split, bounded before it is simulated; then the study and the ascent over orders and splits
+        progress.start(trials)
+        moves = _lever_ascent(planner, space, families, score, best_first, outcomes) if families else 0
+        seeded = len(outcomes) + len(refusals) + len(bounded)
+        study = study_trials if study_trials is not None else (trials if space.orders_count() > 1 else 0)
+        if study:
+            _optuna_search(space, score, study, seed, progress)
+        studied = len(outcomes) + len(refusals) + len(bounded)
         found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
-        own_known = planner.current() in outcomes or planner.current() in refusals
-        own = score(planner.current())
+        own_known = known(planner.current())
+        own = force(planner.current())
         budget = ascent_budget(planner.spec, trials, ascent_tasks or ASCENT_TASKS)
-        starts = found + ([own] if own is not None else [])
-        steps, stopped = _local_search(space, score, starts,
-                                       lambda launch: launch in outcomes or launch in refusals, budget, progress,
-                                       done=trials)
+        starts = found + ([own] if own is not None and [own] != found else [])
+        spaces = {None: space, **dict(families)}
+        steps, stopped, spent, stopped_at = 0, None, 0, 0
+        for index, start in enumerate(starts):
+            taken, stopped = _local_search(spaces[start.launch.levers], score, [start], known, budget - spent,
+                                           progress, done=studied + spent)
+            steps += taken
+            spent = len(outcomes) + len(refusals) + len(bounded) - studied - (not own_known)
+            if stopped is not None:
+                stopped_at = index
+                break
+        first = "the study's best" if study else "the best"
         # every count says what it counts: the study's trials repeat launches and fall outside the space, the job's
         # own launch is priced once, and the ascent's budget counts only launches not priced before
-        search = (f"optuna TPE, seed {seed}, {trials} trials over {len(space):,} candidates ({studied:,} distinct "
-                  "launches priced: the others repeated one or fell outside the space), the job's own launch ("
-                  f"{'priced by the study' if own_known else '1 more'}), then coordinate ascent (nearest launches "
-                  "first: schedule, micro-batch size, order, split) from the study's best and from the job's own "
-                  f"launch: {steps} move(s) to a faster neighbour, "
-                  f"{len(outcomes) + len(refusals) - studied - (not own_known):,} new launches priced")
+        search = ((f"coordinate ascent over the levers from the job's own launch ({moves} move(s) to a faster "
+                   f"launch one lever away; {seeded:,} launches bounded or simulated), then " if families else "")
+                  + (f"optuna TPE, seed {seed}, {study} trials over {len(space):,} candidates ({studied - seeded:,} "
+                     "distinct launches priced: the others repeated one or fell outside the space), " if study else
+                     "(one distinct stage order: no study; --trials N runs one) ")
+                  + f"the job's own launch ({'priced before' if own_known else '1 more'}), then coordinate ascent "
+                  "(nearest launches first: schedule, micro-batch size, order, split) from "
+                  f"{first} and from the job's own launch: {steps} move(s) to a faster neighbour, {spent:,} new "
+                  "launches priced")
         if stopped is not None:
-            start = ("the job's own launch" if own is not None and stopped.start == len(starts) - 1
-                     else "the study's best")
+            where = "the job's own launch" if starts[stopped_at] is own else first
             ran_out = (f"its budget of {budget:,} new launches ran out inside step {stopped.step}'s neighbourhood "
-                       f"scan (ascending from {start}): {stopped.scanned:,} of its {stopped.neighbours:,} "
+                       f"scan (ascending from {where}): {stopped.scanned:,} of its {stopped.neighbours:,} "
                        f"neighbours looked at ({stopped.scanned - stopped.known:,} priced new, {stopped.known:,} "
                        "priced before)")
             search += f"; {ran_out}"
@@ -192,7 +317,7 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                 "proven best; give more --trials, or keep a dimension (--keep-order, --keep-split, "
                 "--keep-micro-batch, --schedule)")
     fitting = [o for o in outcomes.values() if o.fits]
-    over_memory = len(outcomes) - len(fitting)
+    over_memory = len(outcomes) - len(fitting) + sum(1 for why in bounded.values() if why == "memory")
     # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule
     fitting.sort(key=lambda o: (-o.samples_per_s, o.launch.schedule == "auto", len(o.flags)))
     seen: set[tuple] = set()
@@ -237,12 +362,83 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                                         if planner.cluster is not None else
                                         "give --cluster (`hops-calib cluster` builds one from job directories) or "
                                         "declare the links"))
-    return JobPlan(job=str(job_dir), model=model.name, search=search, space=len(space),
-                   evaluated=len(outcomes) + len(refusals), best=tuple(unique[:top]),
+    return JobPlan(job=str(job_dir), model=model.name, search=search, space=total,
+                   evaluated=len(outcomes) + len(refusals) + len(bounded), best=tuple(unique[:top]),
                    current=current, refused=refused, over_memory=over_memory, rank_by=rank_by, notes=tuple(notes),
                    auto_agreement=auto_rule_agreement(list(outcomes.values())),
                    best_megatron=megatron, cluster=planner.cluster.named() if planner.cluster is not None else "",
-                   store=store, orders=space.orders_count())
+                   store=store, orders=space.orders_count(), simulated=len(outcomes),
+                   bounded=sum(1 for why in bounded.values() if why == "throughput"),
+                   headroom_bytes=dict(planner.headroom_bytes), capacity_bytes=dict(planner.capacity_bytes),
+                   any_runtime=any_runtime)
+
+
+def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[Any, Space]],
+                  score: Any, best_first: Any, outcomes: dict[Launch, Outcome], max_steps: int = 20) -> int:
+    """Moves from the job's own launch to the fastest fitting launch one lever away while one is faster; the
+    steps taken. A launch whose micro batch no longer divides a replica's batch takes the largest that does."""
+    spaces = {None: space, **dict(families)}
+    own = planner.own_levers()
+    current = score(planner.current())
+    if current is None or not current.fits:
+        fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
+        if not fitting:  # the job's own launch does not fit: start from its settings at each recomputation
+            best_first([_moved(planner.current(), family) for setting, family in families
+                        if (setting.tp, setting.pp) == (own.tp, own.pp)])
+            fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
+            if not fitting:
+                return 0
+        current = fitting[0]
+    steps = 0
+    for _ in range(max_steps):
+        launch = current.launch
+        levers = launch.levers or own
+        here = spaces[launch.levers]
+        near = [Launch(launch.order, launch.first, launch.last, schedule, chunks, size, accounted, launch.levers)
+                for size, first, last, schedule, chunks, accounted in here.shapes()
+                if (first, last) == (launch.first, launch.last) and accounted == launch.accounted
+                and (size == launch.micro_batch_size or (schedule, chunks) == (launch.schedule, launch.chunks))]
+        for setting, family in spaces.items():
+            setting = setting or own
+            changed = ((setting.tp, setting.pp) != (levers.tp, levers.pp), setting.recompute != levers.recompute,
+                       setting.sequence_parallel != levers.sequence_parallel,
+                       setting.distributed_optimizer != levers.distributed_optimizer)
+            # one lever changed; a new layout may take any recomputation with it (what lets it fit)
+            if sum(changed) == 1 or (changed[0] and sum(changed[2:]) == 0):
+                near.append(_moved(launch, family))
+        best_first([n for n in dict.fromkeys(near) if n != launch])
+        better = max((outcomes[n] for n in near if n in outcomes and outcomes[n].fits),
+                     key=lambda o: o.samples_per_s, default=current)
+        if better.samples_per_s <= current.samples_per_s:
+            break
+        current, steps = better, steps + 1
+    return steps
+
+
+def _moved(launch: Launch, family: Space) -> Launch:
+    """`launch` in another setting of the levers: its schedule where that setting runs it (else 1F1B), its micro
+    batch where it divides a replica's batch (else the largest that does), the even split."""
+    size = max((s for s in family.sizes if s <= launch.micro_batch_size), default=min(family.sizes))
+    shapes = {(schedule, chunks) for s, _, _, schedule, chunks, _ in family.shapes() if s == size}
+    schedule, chunks = (launch.schedule, launch.chunks) if (launch.schedule, launch.chunks) in shapes else ("1f1b", 1)
+    return Launch(family.current_order, None, None, schedule, chunks, size, (False, False), family.levers)
+
+
+def throughput_band(specs: Sequence[Any], truths: Sequence[Any], model: Model) -> tuple[float, int]:
+    """The model's mean absolute throughput error on calibration runs (their specs and measured metrics, the train
+    split of a store), as a fraction, and the runs it averages: the uncertainty a predicted samples/s carries where
+    nothing better says."""
+    from hops_calib.model.predict import predict
+
+    errors = []
+    for spec, truth in zip(specs, truths):
+        try:
+            predicted = predict(spec, model).metrics.throughput_per_s
+        except ValueError:
+            continue
+        if truth.throughput_per_s > 0:
+            errors.append(abs(predicted - truth.throughput_per_s) / truth.throughput_per_s)
+    return (sum(errors) / len(errors) if errors else 0.0), len(errors)
 
 
 def _interchangeable(space: Space) -> str:

@@ -18,7 +18,16 @@ from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import Spec
 from hops_calib.whatif.cluster import Cluster, LinkBook
-from hops_calib.whatif.launch_space import ACCOUNTING_FLAGS, SCHEDULES, Launch, Space, divisors, layer_splits
+from hops_calib.whatif.launch_space import (
+    ACCOUNTING_FLAGS,
+    PLACED,
+    SCHEDULES,
+    Launch,
+    Levers,
+    Space,
+    divisors,
+    layer_splits,
+)
 from hops_calib.whatif.perturbations import Perturbations
 
 NO_MEGATRON_FLAG = ("has no Megatron-LM flag (Megatron runs 1F1B, or interleaved 1F1B with virtual stages): run it "
@@ -48,6 +57,9 @@ class Outcome:
     launch_notes: tuple[str, ...] = ()  # what no flag says: a schedule Megatron-LM lacks, moving ranks between hosts
     expected_ci95: tuple[float, float] | None = None  # the expected throughput's 95 % Monte-Carlo interval
     outside: tuple[str, ...] | None = None  # features outside the calibration runs (None: not checked)
+    settings: Levers | None = None  # t, p, recomputation, SP, distributed optimizer as simulated
+    dp: int = 1  # data-parallel replicas
+    band: float = 0.0  # the relative uncertainty of samples_per_s (the model's train MAPE; 0: not given)
 
     @property
     def fits(self) -> bool:
@@ -73,7 +85,37 @@ class Outcome:
             "expected_throughput_ci95": list(self.expected_ci95) if self.expected_ci95 is not None else None,
             "p5_throughput_samples_per_s": self.p5_samples_per_s,
             "outside_calibration": list(self.outside) if self.outside is not None else None,
+            **({"tp": self.settings.tp, "pp": self.settings.pp, "dp": self.dp,
+                "recompute": self.settings.recompute_label(),
+                "recompute_granularity": self.settings.recompute[0], "recompute_method": self.settings.recompute[1],
+                "recompute_num_layers": self.settings.recompute[2],
+                "sequence_parallel": self.settings.sequence_parallel,
+                "distributed_optimizer": self.settings.distributed_optimizer,
+                "megatron_runnable": self.resolved in ("1f1b", "interleaved_1f1b")}
+               if self.settings is not None else {}),
+            "throughput_band_samples_per_s": ([self.samples_per_s * (1 - self.band), self.samples_per_s * (1 + self.band)]
+                                              if self.band else None),
         }
+
+
+# Memory a GPU holds besides what `model.memory` counts, left out of every pick by default:
+# - the CUDA context: about 0.5 GB with lazy module loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2
+#   and in PyTorch 2.x wheels), up to about 1 GB with every kernel module loaded eagerly (NVIDIA, CUDA C++
+#   Programming Guide, "Lazy Loading"); 1 GB is taken;
+# - NCCL's buffers: NCCL_BUFFSIZE, 4 MiB by default (NCCL docs, Environment Variables: NCCL_BUFFSIZE "4194304"),
+#   for each peer of each channel of each communicator; a rank of a Megatron launch keeps a tensor-, a data-, a
+#   pipeline-parallel and an embedding communicator, each of up to 16 channels with 2 peers (a ring's previous and
+#   next rank): 4 x 16 x 2 x 4 MiB = 0.54 GB;
+# 1.5 GB in all (1.0 + 0.54, rounded down: the channels NCCL opens are fewer on small groups). A CPU device runs
+# no CUDA context and gloo keeps no such buffers: nothing.
+CUDA_CONTEXT_BYTES = 1.0e9
+NCCL_BUFFER_BYTES = 4 * 16 * 2 * 4 * 2 ** 20
+DEFAULT_HEADROOM_BYTES = 1.5e9
+
+
+def default_headroom_bytes(device_type: str) -> float:
+    """The memory left out of a GPU of `device_type` for what the count leaves out (see DEFAULT_HEADROOM_BYTES)."""
+    return 0.0 if device_type.startswith("cpu") else DEFAULT_HEADROOM_BYTES
 
 
 class Refusal(Exception):
@@ -86,6 +128,11 @@ class Refusal(Exception):
 MAX_TASKS = 200_000
 
 
+def _tasks_of(spec: Spec) -> int:
+    """The compute tasks of one iteration of `spec` (a forward and a backward per microbatch and virtual stage)."""
+    return 2 * spec.microbatches * spec.pp * spec.vp
+
+
 def _step_samples(launch: Launch, spec: Spec) -> int:
     """Samples per microbatch step of the pipeline, every data-parallel replica's: what turns its throughput
     (microbatches per second) into the job's samples per second, nominal or under perturbations alike."""
@@ -96,7 +143,7 @@ class JobPlanner:
     """Prices launches of one job's model and global batch on its devices (see the module's docstring)."""
 
     def __init__(self, job_dir: Path | str, model: Model, cluster: Cluster | None = None,
-                 memory_bytes: dict[str, float] | None = None):
+                 memory_bytes: dict[str, float] | None = None, headroom_bytes: float | None = None):
         from hops_calib.spec import build_spec
         from hops_calib.trace import find_arguments, read_device_types
 
@@ -123,9 +170,15 @@ class JobPlanner:
                                  hint="add it to hops_calib/model/devices.toml or the model file's [devices]") from None
         self._cache: dict[Launch, Outcome | Refusal] = {}
         self._priced: dict[Launch, tuple[Spec, Any] | Refusal] = {}
+        self._specs: dict[Launch, Spec | Refusal] = {}
+        self.band = 0.0  # the relative uncertainty each Outcome carries (plan_job sets the model's train MAPE)
         # each GPU's memory: the catalog's, or what the user gives per device type (headroom for the CUDA context)
-        self.memory_bytes = {t: (memory_bytes or {}).get(t, model.device(t).memory_bytes)
-                             for t in set(self.types.values())}
+        capacity = {t: (memory_bytes or {}).get(t, model.device(t).memory_bytes) for t in set(self.types.values())}
+        # less the headroom for the CUDA context and NCCL's buffers (`default_headroom_bytes`, or --memory-headroom)
+        self.headroom_bytes = {t: default_headroom_bytes(t) if headroom_bytes is None else headroom_bytes
+                               for t in capacity}
+        self.capacity_bytes = capacity
+        self.memory_bytes = {t: capacity[t] - self.headroom_bytes[t] for t in capacity}
         unknown = sorted(set(memory_bytes or {}) - set(self.types.values()))
         if unknown:
             raise InputError("plan", f"device type {unknown[0]!r} runs no stage of {self.job_dir}",
@@ -141,6 +194,23 @@ class JobPlanner:
                      bool(args.get("account_for_loss_in_pipeline_split")))
         return Launch(tuple(spec.device_ids), first, last, spec.schedule, spec.vp, spec.model.micro_batch_size,
                       accounted)
+
+    def own_levers(self) -> Levers:
+        shape = self.spec.model
+        return Levers(self.spec.tp, self.spec.pp, (shape.recompute_granularity, shape.recompute_method,
+                                                   shape.recompute_num_layers),
+                      bool(shape.sequence_parallel), bool(self.spec.distributed_optimizer))
+
+    def relayout(self) -> str:
+        """"" when the job's tensor and pipeline parallel sizes may change (its ranks placed as torchrun places
+        them, priced from that placement), else why they stay."""
+        if len(set(self.types.values())) != 1:
+            return "its stages run on several device types"
+        if self.spec.links or self.cluster is not None:
+            return "its hops are priced from a link benchmark by device (a layout moves ranks between devices)"
+        if self.spec.cores or self.spec.ranks_per_device != 1:
+            return "its ranks share the capture's cores as launched"
+        return ""
 
     # --- the space ----------------------------------------------------------------------------------------------
 
@@ -193,11 +263,78 @@ class JobPlanner:
                      schedules=tuple(schedules), layers=spec.model.num_layers, pp=spec.pp,
                      batch=spec.model.global_batch_size, accounting=splits)
 
+    def family_space(self, levers: Levers, schedules: Sequence[str], splits: bool, micro_batch_sizes: bool
+                     ) -> Space | None:
+        """The launches of one setting of the levers: its layer splits and micro-batch sizes (those dividing the
+        batch of a replica), the schedules, at the job's own stage order when t and p are the job's, else with
+        ranks placed as torchrun places them. None when no micro-batch size divides the batch."""
+        spec, own = self.spec, self.own_levers()
+        gpus, layers = spec.gpus, spec.model.num_layers
+        if gpus % (levers.tp * levers.pp):
+            return None
+        dp = gpus // (levers.tp * levers.pp)
+        batch = spec.model.global_batch_size
+        if batch % dp:
+            return None
+        current = self.current()
+        placed = (levers.tp, levers.pp) != (own.tp, own.pp)
+        order = self.placed_order(levers.pp) if placed else current.order
+        sizes = (tuple(divisors(batch // dp)) if micro_batch_sizes else
+                 (current.micro_batch_size,) if (batch // dp) % current.micro_batch_size == 0 else ())
+        if not sizes:
+            return None
+        return Space(devices=None, current_order=order,
+                     splits=tuple(layer_splits(layers, levers.pp)) if splits else ((None, None),),
+                     sizes=sizes, schedules=tuple(schedules), layers=layers, pp=levers.pp, batch=batch // dp,
+                     accounting=splits, levers=levers)
+
+    def families(self) -> list[Levers]:
+        """Every setting of the levers Megatron takes for the job's model on its GPUs, the job's own first: t
+        dividing the heads (and the query groups) and the GPUs, at most a node's GPUs (tensor parallelism stays on
+        NVLink); p dividing the layers and the GPUs over t (`relayout`: else the job's t and p); each
+        recomputation (`recompute_options`); sequence parallelism on and off at t > 1; the distributed optimizer on
+        and off at d > 1. What Megatron refuses besides is refused when priced."""
+        from hops_calib.whatif.launch_space import recompute_options
+
+        spec, own = self.spec, self.own_levers()
+        shape = spec.model
+        layouts = [(own.tp, own.pp)]
+        if not self.relayout():
+            per_node = spec.gpus_per_node or spec.gpus
+            groups = shape.num_query_groups or shape.num_attention_heads
+            layouts += [(t, p) for t in divisors(min(spec.gpus, per_node))
+                        if not (shape.num_attention_heads % t or groups % t or spec.gpus % t)
+                        for p in divisors(shape.num_layers) if (spec.gpus // t) % p == 0 and (t, p) != layouts[0]]
+        found: list[Levers] = [own]
+        for t, p in layouts:
+            dp = spec.gpus // (t * p)
+            recomputes = list(dict.fromkeys([*recompute_options(shape.num_layers // p), own.recompute]))
+            for recompute in recomputes:
+                for sp in ((False, True) if t > 1 else (False,)):
+                    for dist in ((False, True) if dp > 1 else (own.distributed_optimizer,)):
+                        levers = Levers(t, p, recompute, sp, dist)
+                        if levers != own:
+                            found.append(levers)
+        return found
+
     # --- one candidate ------------------------------------------------------------------------------------------
 
     def launch_args(self, launch: Launch) -> dict[str, Any]:
         args = dict(self.args)
         args["micro_batch_size"] = launch.micro_batch_size
+        levers = launch.levers
+        if levers is not None:
+            args.update(tensor_model_parallel_size=levers.tp, pipeline_model_parallel_size=levers.pp,
+                        world_size=self.spec.gpus, sequence_parallel=levers.sequence_parallel,
+                        use_distributed_optimizer=levers.distributed_optimizer)
+            for key in ("data_parallel_size", "recompute_granularity", "recompute_method", "recompute_num_layers",
+                        "recompute_activations", "checkpoint_activations", "checkpoint_num_layers", "zero_stage"):
+                args.pop(key, None)  # what followed from the old layout, and the older spellings of the levers
+            granularity, method, number = levers.recompute
+            if granularity is not None:
+                args["recompute_granularity"] = granularity
+            if method is not None:
+                args.update(recompute_method=method, recompute_num_layers=number)
         for key, value in (("decoder_first_pipeline_num_layers", launch.first),
                            ("decoder_last_pipeline_num_layers", launch.last)):
             if value is None:
@@ -220,12 +357,47 @@ class JobPlanner:
     def _per_chunk(self, launch: Launch) -> int:
         """--num-layers-per-virtual-pipeline-stage of an interleaved launch (the embedding and loss count when the
         split accounts for them, as Megatron-LM counts them)."""
-        return (self.spec.model.num_layers + sum(launch.accounted)) // (self.spec.pp * launch.chunks)
+        pp = len(launch.order)
+        return (self.spec.model.num_layers + sum(launch.accounted)) // (pp * launch.chunks)
+
+    def _lever_changes(self, launch: Launch, argv: list[str], remove: list[str], words: list[str]) -> None:
+        """The flags that set `launch.levers` where they differ from the job's own."""
+        if launch.levers is None:
+            return
+        now, new = self.own_levers(), launch.levers
+        for flag, old, value in (("--tensor-model-parallel-size", now.tp, new.tp),
+                                 ("--pipeline-model-parallel-size", now.pp, new.pp)):
+            if value != old:
+                argv += [flag, str(value)]
+                words.append(f"{flag} {value}")
+        if new.recompute != now.recompute:
+            granularity, method, number = new.recompute
+            remove += [f for f, v in zip(("--recompute-granularity", "--recompute-method", "--recompute-num-layers"),
+                                         now.recompute) if v is not None and (granularity is None or f !=
+                                                                              "--recompute-granularity")]
+            if granularity is None:
+                words.append("remove --recompute-granularity (and --recompute-method, --recompute-num-layers): "
+                             "no recomputation")
+            else:
+                tokens = ["--recompute-granularity", granularity] + (
+                    ["--recompute-method", method, "--recompute-num-layers", str(number)] if method else [])
+                argv += tokens
+                words.append(" ".join(tokens))
+        for flag, old, value in (("--sequence-parallel", now.sequence_parallel, new.sequence_parallel),
+                                 ("--use-distributed-optimizer", now.distributed_optimizer, new.distributed_optimizer)):
+            if value != old:
+                (argv.append if value else remove.append)(flag)
+                words.append(flag if value else f"remove {flag}")
 
     def changes(self, launch: Launch) -> dict[str, tuple[str, ...]]:
         """The changes to the job's launch that run `launch`: `argv` (tokens to add or set), `remove` (flags to
         take out), `notes` (what no flag says), and `words` (each change in one line, for text)."""
-        now, argv, remove, notes, words = self.current(), [], [], [], []
+        now = self.current()
+        argv: list[str] = []
+        remove: list[str] = []
+        notes: list[str] = []
+        words: list[str] = []
+        self._lever_changes(launch, argv, remove, words)
         if launch.micro_batch_size != now.micro_batch_size:
             argv += ["--micro-batch-size", str(launch.micro_batch_size)]
             words.append(f"--micro-batch-size {launch.micro_batch_size}")
@@ -253,7 +425,7 @@ class JobPlanner:
         if launch.schedule in ("zb_h1", "gpipe"):
             notes.append(f"schedule {launch.schedule}: " + NO_MEGATRON_FLAG.format(schedule=launch.schedule))
             words.append(notes[-1])
-        if launch.order != now.order:
+        if launch.order != now.order and not launch.levers_placed:
             hosts = [self.book.device_hosts.get(d) or "" for d in launch.order]
             where = ", ".join(f"{k}: {d}" + (f" on {h}" if h else "") for k, (d, h) in enumerate(zip(launch.order,
                                                                                                    hosts)))
@@ -276,6 +448,8 @@ class JobPlanner:
         from hops_calib.spec import Hardware, spec_from_args
         from hops_calib.trace import TraceError
 
+        if launch.levers_placed:
+            return self._placed_spec(launch)
         hops = self.book.hops(launch.order)
         hardware = Hardware(devices=tuple(self.types[d] for d in launch.order), device_ids=launch.order,
                             device_names=tuple(self.names[d] for d in launch.order) if any(self.names.values())
@@ -304,6 +478,100 @@ class JobPlanner:
                           f"({missing[0].src_device} -> {missing[0].dst_device})")
         return spec
 
+    def _placed_spec(self, launch: Launch) -> Spec:
+        """The spec of a launch of a layout of its own: one GPU type, ranks on nodes as torchrun places them, hops
+        and collectives priced from that placement (the node's collective tables where the job has them)."""
+        from hops_calib.spec import Hardware, spec_from_args
+        from hops_calib.trace import TraceError
+
+        own = self.spec
+        hardware = Hardware(gpu=next(iter(self.types.values())), gpus_per_node=own.gpus_per_node or own.gpus)
+        try:
+            spec = spec_from_args(self.launch_args(launch), self.args_source, run_id=own.run_id, hardware=hardware,
+                                  collectives=own.collectives, iterations=own.iterations)
+        except (TraceError, ValueError) as error:
+            raise Refusal(f"Megatron refuses the launch: {getattr(error, 'problem', None) or error}") from None
+        return replace(spec, transport=own.transport)
+
+    def placed_order(self, pp: int) -> tuple[str, ...]:
+        """The stage "devices" of a launch whose ranks torchrun places (`Launch.levers_placed`)."""
+        return tuple(f"{PLACED}{k}" for k in range(pp))
+
+    # --- closed-form bounds, before simulating -------------------------------------------------------------------
+
+    def memory_fits(self, launch: Launch) -> bool:
+        """Whether `launch` fits each GPU's memory (less the headroom) by the schedule's closed form of the
+        activations it holds (`sim.theory.peak_activations`, in stage microbatches), without simulating it.
+        Refusal when it cannot run or be priced."""
+        from hops_calib.sim.theory import peak_activations
+
+        spec = self.spec_of(launch)
+        schedule = "1f1b" if launch.schedule == "auto" else launch.schedule
+        try:
+            peaks = peak_activations(schedule, spec.pp, spec.microbatches, spec.vp)
+        except ValueError:
+            return True  # no closed form: the simulation says
+        caps = tuple(self.memory_bytes[t] for t in spec.devices)
+        memory = stage_memory(spec, caps, tuple(p / spec.vp for p in peaks))
+        return all(stage.total_bytes <= cap for stage, cap in zip(memory, caps))
+
+    def spec_of(self, launch: Launch) -> Spec:
+        key = replace(launch, schedule="")
+        found = self._specs.get(key)
+        if found is None:
+            try:
+                found = self.candidate_spec(launch)
+                if _tasks_of(found) > MAX_TASKS:
+                    found = Refusal(f"more than {MAX_TASKS} tasks per iteration to simulate; a larger micro-batch "
+                                    "size has fewer")
+            except Refusal as refusal:
+                found = refusal
+            self._specs[key] = found
+        if isinstance(found, Refusal):
+            raise found
+        return found
+
+    def bound_samples_per_s(self, launch: Launch, tight: bool = False) -> float:
+        """An upper bound on `launch`'s simulated samples per second from its priced stage costs: in each
+        iteration every rank runs each microbatch's forward and backward of its model chunks, one after another,
+        then (`tight`) its gradient reduction's tail or the pre-optimizer work, its optimizer step and the host
+        time after it, all within the window the throughput is measured over (from the first task to stage 0's
+        last backward of the last iteration, so the last iteration's optimizer falls outside it); and (`tight`,
+        with a barrier before the optimizer) rank r starts only after the first microbatch's forwards through the
+        ranks before it and its last backward (chunk 0's) still runs back through them (1F1B, GPipe, interleaved
+        1F1B). No schedule beats that (`tests/test_plan_levers.py` checks it on three captures' launches).
+        Without `tight`, an interleaved launch at the even split is bounded by its one-chunk launch (its rank runs
+        the same layers as v chunks, with more tasks' host time and hops: no less work), which prices in a tenth
+        of the time; with full recomputation by blocks (k layers per chunk) not, as the chunks recompute more."""
+        spec = None
+        if not tight and launch.chunks > 1 and (launch.first, launch.last, launch.accounted) == (
+                None, None, (False, False)) and (launch.levers is None or launch.levers.recompute[1] != "block") \
+                and self.spec_of(launch).model.recompute_method != "block":
+            try:
+                spec, pipeline = self.priced(replace(launch, schedule="1f1b", chunks=1))
+            except Refusal:
+                spec = None
+        if spec is None:
+            spec, pipeline = self.priced(launch)
+        p, v, m, n = spec.pp, spec.vp, spec.microbatches, max(pipeline.iterations, 1)
+        stages = pipeline.stages
+        work = [sum(stages[c * p + r].forward_ms + stages[c * p + r].backward_ms for c in range(v)) for r in range(p)]
+        # under ZB-H1 (or auto) the last iteration's weight gradients may be deferred past the window's end
+        deferred = launch.schedule in ("zb_h1", "auto")
+        last = [w - (sum(stages[c * p + r].weight_grad_ms for c in range(v)) if deferred else 0.0)
+                for r, w in enumerate(work)]
+        optimizer = list(pipeline.optimizer_ms) or [0.0] * p
+        tails = list(pipeline.grad_reduce_tail_ms) or [0.0] * p
+        after = [o + (max(t, pipeline.pre_optimizer_ms) + pipeline.post_ms(r) if tight else 0.0)
+                 for r, (o, t) in enumerate(zip(optimizer, tails))]
+        window = max((n - 1) * (m * w + a) + m * t for w, a, t in zip(work, after, last))
+        if tight and pipeline.optimizer_barrier and launch.schedule in ("1f1b", "gpipe", "interleaved_1f1b"):
+            forward = [stage.forward_ms for stage in stages[:p]]  # chunk 0's virtual stages, rank by rank
+            backward = [stage.backward_ms for stage in stages[:p]]
+            through = max(sum(forward[:r]) + m * work[r] + sum(backward[:r]) for r in range(p))
+            window = max(window, (n - 1) * (through + after[0]) + through)
+        return n * m * _step_samples(launch, spec) / window * 1e3 if window > 0 else float("inf")
+
     def evaluate(self, launch: Launch) -> Outcome:
         """Simulate `launch`; Refusal when it cannot run or be priced."""
         cached = self._cache.get(launch)
@@ -324,7 +592,7 @@ class JobPlanner:
         key = replace(launch, schedule="")
         if key not in self._priced:
             try:
-                spec = self.candidate_spec(launch)
+                spec = self.spec_of(launch)
                 self._priced[key] = (spec, self.pipeline(spec))
             except Refusal as refusal:
                 self._priced[key] = refusal
@@ -358,7 +626,12 @@ class JobPlanner:
             samples_per_s=metrics.throughput_per_s * size, steady_samples_per_s=metrics.steady_throughput_per_s * size,
             iteration_ms=metrics.iteration_time_ms, idle_share=metrics.bubble_ratio,
             schedule_bubble=pipeline_schedule_bubble(pipeline, resolved), peak_memory_bytes=peaks,
-            memory_bytes=caps, **self.flags(launch), stage_map={str(k): d for k, d in enumerate(launch.order)})
+            memory_bytes=caps, **self.flags(launch),
+            stage_map={} if launch.levers_placed else {str(k): d for k, d in enumerate(launch.order)},
+            settings=Levers(spec.tp, spec.pp, (spec.model.recompute_granularity, spec.model.recompute_method,
+                                               spec.model.recompute_num_layers),
+                            bool(spec.model.sequence_parallel), bool(spec.distributed_optimizer)),
+            dp=spec.dp, band=self.band)
 
     def pipeline(self, spec: Spec):
         try:

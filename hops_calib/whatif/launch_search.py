@@ -50,7 +50,7 @@ def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], tria
         progress.advance(schedule)
         if (size, first, last, schedule, chunks, accounted) not in shapes:
             return 0.0
-        outcome = score(Launch(order, first, last, schedule, chunks, size, accounted))
+        outcome = score(Launch(order, first, last, schedule, chunks, size, accounted, space.levers))
         return outcome.samples_per_s if outcome is not None and outcome.fits else 0.0
 
     study.optimize(objective, n_trials=trials)
@@ -94,7 +94,7 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
             else:
                 orders = []
             neighbours = [replace(launch, order=order) for order in orders]
-            neighbours += [Launch(launch.order, first, last, schedule, chunks, size, accounted)
+            neighbours += [Launch(launch.order, first, last, schedule, chunks, size, accounted, launch.levers)
                            for size, first, last, schedule, chunks, accounted in shapes]
             # each once, the launch itself not its own neighbour (its order and its shape are among the candidates)
             neighbours = [n for n in dict.fromkeys(neighbours) if n != launch]

@@ -4,6 +4,7 @@ launches a plan searches, as dimensions (never listed whole), with Megatron's la
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable
@@ -11,8 +12,46 @@ from dataclasses import dataclass
 
 from hops_calib.errors import InputError
 
+PLACED = "rank@"  # the stage "devices" of a launch whose ranks torchrun places: rank@K is pipeline rank K
 SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "gpipe", "auto")
 MEGATRON_SCHEDULES = ("1f1b", "interleaved_1f1b")  # what Megatron-LM's own schedules run
+
+
+@dataclass(frozen=True)
+class Levers:
+    """The launch's settings beside the pipeline's order, split, schedule and micro batch: tensor and pipeline
+    parallel size (d is the rest of the world size), activation recomputation as Megatron spells it
+    (--recompute-granularity selective, or full with --recompute-method uniform|block and --recompute-num-layers N;
+    megatron/core/transformer/transformer_config.py `recompute_granularity`/`recompute_method`/
+    `recompute_num_layers`, run by transformer_block.py `TransformerBlock._checkpointed_forward`), sequence
+    parallelism and the distributed optimizer."""
+
+    tp: int
+    pp: int
+    recompute: tuple[str | None, str | None, int | None]  # (granularity, method, layers); (None, None, None): none
+    sequence_parallel: bool
+    distributed_optimizer: bool
+
+    def recompute_label(self) -> str:
+        granularity, method, layers = self.recompute
+        if granularity is None:
+            return "none"
+        return "selective" if granularity == "selective" else f"full {method} {layers}"
+
+    def label(self) -> str:
+        return (f"t{self.tp} p{self.pp}, recompute {self.recompute_label()}"
+                + (", SP" if self.sequence_parallel else "") + (", dist-opt" if self.distributed_optimizer else ""))
+
+
+def recompute_options(layers_per_chunk: int) -> list[tuple[str | None, str | None, int | None]]:
+    """What Megatron recomputes, cheapest first: nothing; selective (the attention core); full recomputation of
+    the first k layers of each model chunk (--recompute-method block, k = 1 .. all but one, at most 4 evenly spread
+    values); every layer (uniform groups of 1)."""
+    blocks = list(range(1, layers_per_chunk))
+    if len(blocks) > 4:
+        blocks = sorted({blocks[round(i * (len(blocks) - 1) / 3)] for i in range(4)})
+    return [(None, None, None), ("selective", None, None), *(("full", "block", k) for k in blocks),
+            ("full", "uniform", 1)]
 
 
 @dataclass(frozen=True)
@@ -26,6 +65,7 @@ class Launch:
     # (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split): the embedding and/or the loss
     # counted as a layer of the even split (never with first/last pinned: Megatron asserts so)
     accounted: tuple[bool, bool] = (False, False)
+    levers: Levers | None = None  # None: the job's own (t, p, recomputation, SP, distributed optimizer)
 
     def label(self) -> str:
         pinned = [f"{end} stage {n} layers" for end, n in (("first", self.first), ("last", self.last)) if n is not None]
@@ -33,18 +73,30 @@ class Launch:
         split = (" and ".join(pinned) + ", the rest even" if pinned
                  else f"even with the {' and '.join(pieces)} as a layer" if pieces else "even")
         schedule = f"{self.schedule} v={self.chunks}" if self.chunks > 1 else self.schedule
-        return f"{schedule}, mbs {self.micro_batch_size}, split {split}, order {'-'.join(self.order)}"
+        where = "ranks placed by torchrun" if self.levers_placed else f"order {'-'.join(self.order)}"
+        levers = f"{self.levers.label()}, " if self.levers is not None else ""
+        return f"{levers}{schedule}, mbs {self.micro_batch_size}, split {split}, {where}"
+
+    @property
+    def levers_placed(self) -> bool:
+        """Whether the ranks sit where torchrun places them (a layout of its own: no stage map to search)."""
+        return bool(self.order) and self.order[0].startswith(PLACED)
 
 
 def layer_splits(num_layers: int, pp: int) -> list[tuple[int | None, int | None]]:
     """Every split Megatron launches: even, or the first and/or last stage pinned with the rest spread evenly
     (each stage at least one layer)."""
-    from hops_calib.spec import split_layers
-
     if num_layers > MAX_SPLIT_LAYERS:
         raise InputError("plan", f"{num_layers} layers have about {num_layers ** 2} first/last settings to search",
                          field="--keep-split", hint=f"keep the job's split (--keep-split) above {MAX_SPLIT_LAYERS} "
                                                     "layers")
+    return list(_layer_splits(num_layers, pp))
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_splits(num_layers: int, pp: int) -> tuple[tuple[int | None, int | None], ...]:
+    from hops_calib.spec import split_layers
+
     splits: list[tuple[int | None, int | None]] = []
     options: list[int | None] = [None, *range(1, num_layers + 1)]
     for first, last in itertools.product(options, options):
@@ -60,7 +112,7 @@ def layer_splits(num_layers: int, pp: int) -> list[tuple[int | None, int | None]
     seen: dict[tuple[int, ...], tuple[int | None, int | None]] = {}
     for first, last in sorted(splits, key=lambda s: (s[0] is not None) + (s[1] is not None)):
         seen.setdefault(split_layers(num_layers, pp, first, last), (first, last))
-    return list(seen.values())
+    return tuple(seen.values())
 
 
 MAX_SPLIT_LAYERS = 512  # layer splits are searched up to this depth (the settings grow as its square)
@@ -97,6 +149,20 @@ def accounted_splits(num_layers: int, pp: int, chunks: int = 1, taken: Iterable[
     return found
 
 
+@functools.lru_cache(maxsize=256)
+def _taken(num_layers: int, pp: int, splits: tuple[tuple[int | None, int | None], ...]) -> tuple[tuple[int, ...], ...]:
+    """The layers per stage of each (first, last) setting."""
+    from hops_calib.spec import split_layers
+
+    return tuple(split_layers(num_layers, pp, first, last) for first, last in splits)
+
+
+@functools.lru_cache(maxsize=1024)
+def _accounted(num_layers: int, pp: int, chunks: int, taken: tuple[tuple[int, ...], ...] = ()
+               ) -> tuple[tuple[bool, bool], ...]:
+    return tuple(accounted_splits(num_layers, pp, chunks, taken))
+
+
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
@@ -125,6 +191,7 @@ class Space:
     batch: int
     kinds: tuple[int, ...] = ()  # () : every device a kind of its own
     accounting: bool = False  # also the even split with the embedding and/or loss counted (`accounted_splits`)
+    levers: Levers | None = None  # the launches' levers (None: the job's own)
 
     def _kind(self) -> dict[str, int]:
         devices = self.devices if self.devices is not None else self.current_order
@@ -183,32 +250,36 @@ class Space:
 
     def shapes(self) -> list[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]]:
         """(micro batch size, first, last, schedule, chunks, accounted) of every launch of one order."""
+        return list(self._shapes)
+
+    @functools.cached_property
+    def _shapes(self) -> tuple[tuple[int, int | None, int | None, str, int, tuple[bool, bool]], ...]:
         out: list[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]] = []
         none = (False, False)
         if self.accounting:
-            from hops_calib.spec import split_layers
-
-            taken = [split_layers(self.layers, self.pp, first, last) for first, last in self.splits]
+            one_chunk = _accounted(self.layers, self.pp, 1, _taken(self.layers, self.pp, self.splits))
         for size in self.sizes:
             m = self.batch // size
             for schedule in self.schedules:
                 if schedule == "interleaved_1f1b":
+                    if self.pp < 2:  # megatron/core/parallel_state.py initialize_model_parallel asserts p > 1
+                        continue
                     for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
                         if m % self.pp == 0:
                             out += [(size, None, None, schedule, v, none)] if self.layers % (self.pp * v) == 0 else []
                             out += [(size, None, None, schedule, v, accounted) for accounted
-                                    in (accounted_splits(self.layers, self.pp, v) if self.accounting else ())]
+                                    in (_accounted(self.layers, self.pp, v) if self.accounting else ())]
                 else:
                     out += [(size, first, last, schedule, 1, none) for first, last in self.splits]
                     out += [(size, None, None, schedule, 1, accounted) for accounted
-                            in (accounted_splits(self.layers, self.pp, 1, taken) if self.accounting else ())]
-        return out
+                            in (one_chunk if self.accounting else ())]
+        return tuple(out)
 
     def __len__(self) -> int:
-        return self.orders_count() * len(self.shapes())
+        return self.orders_count() * len(self._shapes)
 
     def __iter__(self):
         shapes = self.shapes()
         for order in self.orders():
             for size, first, last, schedule, chunks, accounted in shapes:
-                yield Launch(tuple(order), first, last, schedule, chunks, size, accounted)
+                yield Launch(tuple(order), first, last, schedule, chunks, size, accounted, self.levers)

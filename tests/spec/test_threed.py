@@ -644,11 +644,12 @@ def test_plan_parallel_searches_the_layouts_of_a_jobs_gpus(tmp_path):
 
 def test_the_whatif_pages_gpu_job_recipe_predicts_and_plans(tmp_path):
     """docs/whatif.md's "A job on GPU nodes, before it runs" block, as written (its hops-calib calls through the CLI here):
-    the 512-A100 job predicts, fits, and plan --parallel ranks its layouts, the launch's own among them."""
+    the 512-A100 job predicts, fits, and plan ranks its layouts (plan --job, and the layout-only --parallel), the
+    launch's own among them."""
     from job_copies import readme_gpu_job
 
     _, calls = readme_gpu_job(tmp_path)
-    assert calls == "hops-calib predict --job gpt175b && hops-calib plan --job gpt175b --parallel"
+    assert calls == "hops-calib predict --job gpt175b && hops-calib plan --job gpt175b"
     predicted = _cli("predict", "--job", tmp_path / "gpt175b", "--json")
     assert predicted.exit_code == 0, predicted.output
     out = json.loads(predicted.stdout)
@@ -657,6 +658,9 @@ def test_the_whatif_pages_gpu_job_recipe_predicts_and_plans(tmp_path):
     plan = json.loads(_cli("plan", "--job", tmp_path / "gpt175b", "--parallel", "--json").stdout)
     assert plan["gpus"] == 512 and plan["gpus_per_node"] == 8 and plan["best"]
     assert plan["current"]["samples_per_s"] == pytest.approx(out["predictions"][0]["samples_per_s"])
+    planned = json.loads(_cli("plan", "--job", tmp_path / "gpt175b", "--json").stdout)
+    assert planned["status"] == "ok" and {b["tp"] * b["pp"] * b["dp"] for b in planned["best"]} == {512}
+    assert planned["current"]["throughput_samples_per_s"] == pytest.approx(out["predictions"][0]["samples_per_s"])
 
 
 def test_the_launchs_transport_prices_the_readmes_gpu_job_without_a_link_benchmark(tmp_path):

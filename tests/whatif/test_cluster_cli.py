@@ -28,7 +28,7 @@ def test_cluster_writes_a_file_predict_and_plan_read(shared_runs, tmp_path):
     assert bad.exit_code == 2 and json.loads(bad.stdout)["error"]["problem"] == "does not exist"
     assert not (tmp_path / "c.yaml").exists()
     plan = cli("plan", "--job", shared_runs / "exp2_9_g_only_pp4_run65", "--cluster", out, "--schedule", "1f1b",
-               "--keep-split", "--keep-micro-batch", "--top", "2", "--json")
+               "--keep-split", "--keep-micro-batch", "--keep-levers", "--top", "2", "--json")
     assert plan.exit_code == 0, plan.output
     data = json.loads(plan.stdout)
     assert data["search"] == "exhaustive" and data["space"] == 24 and len(data["best"]) == 2

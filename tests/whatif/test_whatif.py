@@ -613,8 +613,10 @@ def test_real_launch_lines_get_no_ignored_note(shared_runs):
     assert len(jobs) >= 56
     for job in jobs:
         assert unknown_flags(find_arguments(job)[0]) == [], job
-    [recipe] = re.findall(r'echo "(torchrun [^"]*)" > megatron_args.txt', (REPO / "docs" / "whatif.md").read_text())
-    assert unknown_flags(parse_command_line(recipe.replace("\\\n", " "))) == []
+    recipes = re.findall(r'echo "(torchrun [^"]*)" > megatron_args.txt', (REPO / "docs" / "whatif.md").read_text())
+    assert len(recipes) == 2  # the 512-GPU and the 16-GPU job
+    for recipe in recipes:
+        assert unknown_flags(parse_command_line(recipe.replace("\\\n", " "))) == []
     assert unknown_flags(parse_command_line("pretrain_gpt.py " + COMMON_FLAGS)) == []
     from conftest import need_public_runs
 

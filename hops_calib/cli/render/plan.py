@@ -40,6 +40,18 @@ def format_job_plan(plan: JobPlan) -> str:
              f"of {plan.space:,} candidates; "
              f"ranked by {'nominal throughput' if plan.rank_by == 'throughput' else plan.rank_by + ' throughput'}",
              f"cluster: {plan.cluster or 'none'}; calibration runs: {plan.store or 'not checked'}"]
+    if plan.capacity_bytes:
+        lines.append("memory per GPU: " + "; ".join(
+            f"{kind} {plan.capacity_bytes[kind] / GB:.1f} GB less {(plan.headroom_bytes or {}).get(kind, 0) / GB:.2f}"
+            f" GB headroom = {(plan.capacity_bytes[kind] - (plan.headroom_bytes or {}).get(kind, 0)) / GB:.1f} GB "
+            "for every pick" for kind in sorted(plan.capacity_bytes))
+            + " (headroom: the CUDA context, about 1 GB, and NCCL's buffers, NCCL_BUFFSIZE 4 MiB per peer, channel "
+            "and communicator, 0.54 GB; none on a CPU; --memory-headroom GB sets it)")
+    lines.append("schedules: " + ("every runtime's (--any-runtime: ZB-H1 and GPipe have no Megatron-LM flag)"
+                                  if plan.any_runtime else "Megatron-LM's (1F1B, interleaved 1F1B); "
+                                  "--any-runtime adds ZB-H1, GPipe and auto"))
+    if plan.band_source:
+        lines.append(f"uncertainty of samples/s: {plan.band_source}")
     lines += [f"note: {note}" for note in plan.notes]
     header = (f"{'#':>2} {'samples/s':>10} {'steady':>8} {'idle %':>7} {'sched. bubble %':>16} {'peak GB/GPU':>12}"
               + (f" {'expected':>9} {'p5':>7}" if plan.best and plan.best[0].expected_samples_per_s is not None
@@ -52,7 +64,10 @@ def format_job_plan(plan: JobPlan) -> str:
         resolved = f" (auto -> {o.resolved})" if o.launch.schedule == "auto" else ""
         out = [f"{tag:>2} {o.samples_per_s:10.3f} {o.steady_samples_per_s:8.3f} {100 * o.idle_share:7.1f} "
                f"{100 * o.schedule_bubble:16.1f} {max(o.peak_memory_bytes) / GB:12.2f}{extra}  "
-               f"{o.launch.label()}{resolved}; layers {'-'.join(map(str, o.layers_per_stage))}"]
+               f"{o.launch.label()}{resolved}; layers {'-'.join(map(str, o.layers_per_stage))}"
+               + (f"; d {o.dp}" if o.settings is not None and o.launch.levers is not None else "")
+               + (f"; {o.samples_per_s * (1 - o.band):.3f}-{o.samples_per_s * (1 + o.band):.3f} samples/s"
+                  if o.band else "")]
         out += [f"{'':>5}change: {flag}" for flag in o.flags] or [f"{'':>5}(the job's own launch)"]
         if not o.fits:
             over = [f"stage {r} {peak / GB:.2f} > {cap / GB:.2f} GB" for r, (peak, cap)

@@ -264,7 +264,8 @@ class TensorParallelComm(Term):
             per_layer = price({(op, hidden): count for op, count in tp_collectives_per_layer(spec).items()})
             blocking = dict(phases["BACKWARD"])
             for op, _ in overlapped:
-                blocking[(op, hidden)] -= layers
+                if layers:  # a virtual stage without decoder layers has no layer collectives to overlap
+                    blocking[(op, hidden)] -= layers
             flops_per_ms = device.peak_bf16_flops_per_s / 1e3
             exposed = sum(max(0.0, price({(op, hidden): 1}) - flops / flops_per_ms) for op, flops in overlapped)
             forward.append(price(phases["FORWARD"]))

@@ -1,0 +1,141 @@
+"""The planner's search over every lever together (hops_calib.whatif.job_plan): recomputation, the layout,
+sequence parallelism, the distributed optimizer, the schedule; Megatron-runnable launches first; each pick within
+its GPUs' memory less the headroom; and the launches that once crashed it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hops_calib.loop.model_files import load_model
+from hops_calib.sim.perturb import RandomStragglers
+from hops_calib.whatif.job_plan import JobPlanner, Launch, plan_job
+from hops_calib.whatif.perturbations import Perturbations
+
+REPO = Path(__file__).resolve().parent.parent
+TP2_JOB = REPO / "traces" / "cpu_1f1b_t2d2_l4_h256_s128_m4_run1"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model()
+
+
+def test_a_virtual_stage_without_decoder_layers_prices_under_tensor_parallelism(model):
+    """Interleaved v=3 with the embedding and the loss counted as layers leaves the first and last virtual stages
+    with no decoder layer: its tensor-parallel collectives are the embedding's and the loss's alone (this launch
+    raised KeyError('all_reduce', ...) in the pricing of the backward's overlapped collectives)."""
+    planner = JobPlanner(TP2_JOB, model)
+    own = planner.current()
+    launch = Launch(own.order, None, None, "interleaved_1f1b", 3, own.micro_batch_size, (True, True))
+    spec, pipeline = planner.priced(launch)
+    assert spec.tp == 2 and 0 in spec.layers_per_virtual_stage
+    assert all(stage.forward_ms > 0 and stage.backward_ms > 0 for stage in pipeline.stages)
+    assert planner.evaluate(launch).samples_per_s > 0
+
+
+def test_plan_with_stragglers_on_a_tensor_parallel_capture(model):
+    """`plan --job traces/cpu_1f1b_t2d2_... --stragglers 0.05:1.05:1.3` ranks by draws instead of crashing."""
+    perturbations = Perturbations(stragglers=RandomStragglers(0.05, 1.05, 1.3), samples=8, seed=0)
+    plan = plan_job(TP2_JOB, model, top=3, perturbations=perturbations, rank_by="expected")
+    assert plan.status == "ok" and len(plan.best) == 3
+    expected = [o.expected_samples_per_s for o in plan.best]
+    assert expected == sorted(expected, reverse=True)
+    assert all(o.expected_samples_per_s <= o.samples_per_s for o in plan.best)
+
+
+CPU_JOB = REPO / "traces" / "cpu_1f1b_l4_h512_s256_m4_run1"
+CAPTURES = [REPO / "traces" / name for name in ("cpu_1f1b_l4_h512_s256_m4_run1", "cpu_1f1b_t2d2_l4_h256_s128_m4_run1",
+                                                "cpu_interleaved_v2_l8_h512_s256_m4_run1")]
+
+
+@pytest.fixture(scope="module")
+def gpu_job(tmp_path_factory):
+    """docs/whatif.md's 512-A100 job (t 8 x p 8 x d 8, full recomputation), made by its own recipe."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from job_copies import readme_gpu_job
+
+    job, _ = readme_gpu_job(tmp_path_factory.mktemp("gpu"))
+    return job
+
+
+def test_the_throughput_bound_never_undercuts_the_simulation(model):
+    """What the planner leaves unsimulated is left out by a bound no launch beats: on launches of three captures
+    (1F1B, t 2 x d 2, interleaved), of every schedule and setting of the levers, the simulated window throughput is
+    at most the tight closed-form bound, and that at most the quick one."""
+    from hops_calib.whatif.job_plan import SCHEDULES, Refusal
+
+    checked = 0
+    for job in CAPTURES:
+        planner = JobPlanner(job, model)
+        spaces = [planner.space(SCHEDULES)] + [planner.family_space(f, SCHEDULES, True, True)
+                                               for f in planner.families()[1:]]
+        for space in (s for s in spaces if s is not None):
+            for launch in list(space)[::7]:  # every 7th: all schedules, splits and sizes are met
+                try:
+                    bound, tight = planner.bound_samples_per_s(launch), planner.bound_samples_per_s(launch, tight=True)
+                    outcome = planner.evaluate(launch)
+                except Refusal:
+                    continue
+                checked += 1
+                assert outcome.samples_per_s <= tight * (1 + 1e-9) and tight <= bound * (1 + 1e-9), launch.label()
+    assert checked > 100
+
+
+def test_the_search_varies_recomputation_and_keeps_to_memory_less_the_headroom(model, gpu_job):
+    """On the 512-A100 job every lever moves: the plan prices launches without, with selective and with full
+    recomputation and other t x p layouts; with 50 GB of its 80 left out, every pick fits 30 GB and one that fitted
+    before does not, and no pick is a schedule Megatron-LM lacks."""
+    free = plan_job(gpu_job, model, top=5)
+    tight = plan_job(gpu_job, model, top=5, headroom_bytes=50e9)
+    assert free.headroom_bytes == {"a100": 1.5e9} and tight.headroom_bytes == {"a100": 50e9}
+    for plan, cap in ((free, 78.5e9), (tight, 30e9)):
+        assert plan.best and all(max(o.peak_memory_bytes) <= cap and o.memory_bytes == (cap,) * len(o.memory_bytes)
+                                 for o in plan.best)
+        assert all(o.resolved in ("1f1b", "interleaved_1f1b") for o in plan.best)
+    assert max(max(o.peak_memory_bytes) for o in free.best) > 30e9
+    assert tight.best[0].samples_per_s < free.best[0].samples_per_s
+    picks = [o.to_dict() for o in (*free.best, *tight.best)]
+    assert {p["recompute"] for p in picks} - {"none"}, "a tight memory takes recomputation or a wider layout"
+    assert len({(p["tp"], p["pp"]) for p in picks}) > 1
+    planner = JobPlanner(gpu_job, model)
+    kinds = {f.recompute_label().split()[0] for f in planner.families()}
+    assert kinds == {"none", "selective", "full"}
+
+
+def test_megatron_runnable_launches_only_unless_any_runtime(model):
+    """By default every launch the plan prices runs under Megatron-LM's own schedules; --any-runtime adds ZB-H1,
+    GPipe and auto, which on this capture rank among the best five (behind interleaved 1F1B v=3)."""
+    megatron = plan_job(CPU_JOB, model, top=5)
+    anything = plan_job(CPU_JOB, model, top=5, any_runtime=True)
+    assert all(o.resolved in ("1f1b", "interleaved_1f1b") for o in megatron.best)
+    assert megatron.best_megatron == megatron.best[0]
+    assert anything.space > megatron.space
+    assert any(o.resolved not in ("1f1b", "interleaved_1f1b") for o in anything.best)
+    assert anything.best_megatron.samples_per_s == pytest.approx(megatron.best[0].samples_per_s)
+
+
+def test_plan_cli_refuses_other_runtimes_schedules_and_keeps_parallel(tmp_path):
+    """`plan --job --schedule zb_h1` needs --any-runtime (exit 2, naming it); `--parallel` still runs its layout
+    table, with a note that plan --job alone searches the layouts with every other lever; --memory-headroom is
+    stated in the output."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    runner = CliRunner()
+    refused = runner.invoke(app, ["plan", "--job", str(CPU_JOB), "--schedule", "zb_h1"])
+    assert refused.exit_code == 2 and "--any-runtime" in refused.output
+    allowed = runner.invoke(app, ["plan", "--job", str(CPU_JOB), "--schedule", "zb_h1", "--any-runtime", "--json"])
+    assert allowed.exit_code == 0, allowed.output
+    assert {b["resolved_schedule"] for b in json.loads(allowed.stdout)["best"]} == {"zb_h1"}
+    layouts = runner.invoke(app, ["plan", "--job", str(CPU_JOB), "--parallel", "--json"])
+    assert layouts.exit_code == 0, layouts.output
+    assert any("--parallel is no longer needed" in note for note in json.loads(layouts.stdout)["notes"])
+    text = runner.invoke(app, ["plan", "--job", str(CPU_JOB), "--memory-headroom", "0.1", "--top", "1"])
+    assert text.exit_code == 0 and "less 0.10 GB headroom" in text.output
