@@ -7,7 +7,7 @@ On a store of public sweeps of one model over t, p, d and micro batch (the vTrai
 its TRAIN split: runs are grouped by model and job (GPUs, global batch, hidden size, heads, layers, sequence
 length), so within a group they differ only in the levers the planner moves; each run's launch is priced as
 the planner prices it (`predict`, which `JobPlanner.evaluate` equals on a job's own launch:
-tests/test_job_plan.py) and the group's predicted order of throughput is compared with the measured one by
+tests/whatif/test_job_plan.py) and the group's predicted order of throughput is compared with the measured one by
 Spearman's rank correlation. Goal: >= 0.9 per group.
 """
 

@@ -539,7 +539,7 @@ class JobPlanner:
         last backward of the last iteration, so the last iteration's optimizer falls outside it); and (`tight`,
         with a barrier before the optimizer) rank r starts only after the first microbatch's forwards through the
         ranks before it and its last backward (chunk 0's) still runs back through them (1F1B, GPipe, interleaved
-        1F1B). No schedule beats that (`tests/test_plan_levers.py` checks it on three captures' launches).
+        1F1B). No schedule beats that (`tests/whatif/test_plan_levers.py` checks it on three captures' launches).
         Without `tight`, an interleaved launch at the even split is bounded by its one-chunk launch (its rank runs
         the same layers as v chunks, with more tasks' host time and hops: no less work), which prices in a tenth
         of the time; with full recomputation by blocks (k layers per chunk) not, as the chunks recompute more."""

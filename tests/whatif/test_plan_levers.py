@@ -13,7 +13,7 @@ from hops_calib.sim.perturb import RandomStragglers
 from hops_calib.whatif.job_plan import JobPlanner, Launch, plan_job
 from hops_calib.whatif.perturbations import Perturbations
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TP2_JOB = REPO / "traces" / "cpu_1f1b_t2d2_l4_h256_s128_m4_run1"
 
 
