@@ -32,6 +32,19 @@ def observe_command(fixtures: Path, model_path: Path | None, split: str, as_json
                          held_out_guard=held_out_guard(fixtures, ledger_path, "observe", allow_held_out))
 
 
+def observe(
+    fixtures: Path = FIXTURES_OPTION,
+    model: Path | None = MODEL_OPTION,
+    split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (every contributor and run)."),
+    top: int = typer.Option(12, "--top", min=1, help="Contributors and runs shown in the text output."),
+    ledger: Path = LEDGER_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
+) -> None:
+    """Where the throughput error comes from: iteration parts and stage times by group, largest MAPE share first."""
+    raise typer.Exit(observe_command(fixtures, model, split, as_json, top, ledger, allow_held_out))
+
+
 def tune(
     term: str = typer.Argument(..., help="The cost term whose parameters are searched (see `hops-calib terms`)."),
     trials: int = typer.Option(60, "--trials", min=1, help="Trials to run (shared among the workers)."),

@@ -180,7 +180,7 @@ def test_usage_and_input_errors_share_one_prefix(tmp_path):
     bad = cli("cluster", "--check", tmp_path / "missing.yaml")  # the project's input error
     assert usage.exit_code == bad.exit_code == 2
     assert "Error" in usage.output and bad.stderr.startswith("Error: ")
-    assert "required there" in cli("plan", "--help").stdout  # the abstract plan's required options say so
+    assert "required there" in cli("plan", "abstract", "--help").stdout  # the abstract plan's required options say so
     memory = cli("plan", "--job", CPU_JOB, "--device-memory", "cpu:512GiB", "--top", "1", "--keep-order",
                  "--keep-split", "--json")
     assert memory.exit_code == 0 and json.loads(memory.stdout)["current"]["memory_bytes_per_gpu"][0] == 512 * 2 ** 30
@@ -211,9 +211,10 @@ def test_plan_refuses_an_option_its_way_of_planning_does_not_read():
     # every option of plan is read by some way (a new one must be listed where it is read, else it is refused)
     from typer.main import get_command
 
-    from hops_calib.cli import _PLAN_WAYS
+    from hops_calib.cli.plan import _PLAN_WAYS
+    from hops_calib.cli.verbs import LEGACY
 
-    params = {p.name for p in get_command(app).commands["plan"].params}
+    params = {p.name for p in get_command(app).commands["plan"].commands[LEGACY].params}  # the old spelling's
     assert params == set().union(*(reads for _, reads in _PLAN_WAYS.values()))
     # each way still takes its own options
     assert cli("plan", *abstract, "--chunks", "2", "--json").exit_code == 0

@@ -475,7 +475,7 @@ def test_coverage_names_the_store_it_read_and_whether_it_was_the_default(tmp_pat
     unchecked = predict_job("--job", job)
     assert unchecked["extrapolations"] is None
     assert f"store {tmp_path / 'fixtures'}; --fixtures not given" in unchecked["calibration"]
-    assert "./fixtures" in _flat(cli("predict", "--help").output) and "coverage" in _flat(cli("predict", "--help").output)
+    assert "./fixtures" in _flat(cli("predict", "job", "--help").output) and "coverage" in _flat(cli("predict", "job", "--help").output)
 
 
 def test_a_timeline_without_out_goes_to_the_current_directory_as_help_says(tmp_path, monkeypatch):
