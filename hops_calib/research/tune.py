@@ -48,440 +48,75 @@ are unique in an RDB storage (optuna assigns them under a row lock), so N trials
 run by any number of workers, on any machines, are the same N points as one
 worker's, and the study, its front and the chosen candidate are the same.
 docs/distributed-tuning.md says how to point workers at one PostgreSQL database.
+
+The names live by concept: `tune_problem` (the problem a study evaluates, its parameter space and objectives),
+`tune_study` (the optuna storage, samplers and study, and the workers that run its trials) and this module (the
+front, the chosen point, the candidate file and the result), which gathers them under one name.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.candidate import PLACEHOLDER
 from hops_calib.loop.model_files import DEFAULT_MODEL, default_model
 from hops_calib.loop.score import SuiteScore
-from hops_calib.loop.suite import Suite, load_suites, score_model
-from hops_calib.model import TERMS, Model, resolve_params, unknown_device_overrides
-from hops_calib.progress import warn
+from hops_calib.loop.suite import score_model
+from hops_calib.model import TERMS
+from hops_calib.research.tune_problem import (
+    COMPONENT_OBJECTIVES,
+    KERNEL_TERMS,
+    OBJECTIVE_MODES,
+    OBJECTIVES,
+    TuneProblem,
+    load_problem,
+    objectives_of,
+    store_dirs,
+    term_values,
+)
+from hops_calib.research.tune_study import (
+    JOIN_WAIT_S,
+    PROBLEM_ATTR,
+    SAMPLERS,
+    SQLITE_TIMEOUT_S,
+    _finished,
+    check_run,
+    default_study_name,
+    make_sampler,
+    make_storage,
+    objective,
+    open_study,
+    optimize,
+    run_worker,
+    shares,
+    shown_storage,
+    sobol_sampler,
+    study_sampler,
+)
 
-OBJECTIVES = ("throughput_mape_pct", "bubble_mae_pp", "negative_util_spearman_mean")
-COMPONENT_OBJECTIVES = ("component_mape_pct",)
-OBJECTIVE_MODES = ("suite", "components")
-KERNEL_TERMS = ("decoder_kernels",)  # terms that price each kernel: components mode fits them to kernel truth
+__all__ = ["CHOICE_RULE", "COMPONENT_FRONT", "COMPONENT_OBJECTIVES", "DEFAULT_TRIALS", "JOIN_WAIT_S", "KERNEL_TERMS",
+           "NO_CANDIDATE", "NO_WINNER", "OBJECTIVES", "OBJECTIVE_MODES", "PLACEHOLDER", "PROBLEM_ATTR", "SAMPLERS",
+           "SQLITE_TIMEOUT_S", "FrontPoint", "TuneProblem", "TuneRequest", "TuneResult", "all_trials", "beats",
+           "candidate_text", "check_run", "choose", "default_study_name", "evaluate_command", "load_problem",
+           "make_sampler", "make_storage", "objective", "objectives_of", "open_study", "optimize", "pareto_front",
+           "run_tune", "run_worker", "shares", "shown_storage", "sobol_sampler", "store_dirs", "study_sampler",
+           "term_values", "tune"]
+
 COMPONENT_FRONT = 10  # trials shown and considered in components mode
 DEFAULT_TRIALS = 60
-SQLITE_TIMEOUT_S = 60  # concurrent workers wait for sqlite's write lock instead of failing
-PROBLEM_ATTR = "hops_calib_tune"  # the study's record of its problem (TuneProblem.identity) and its sampler
-SAMPLERS = ("tpe", "sobol")
-JOIN_WAIT_S = 30.0  # how long a joining process waits for the creating one to write that record
 CHOICE_RULE = ("the lowest-MAPE Pareto point (ties: bubble MAE, then higher rho) that beats the current model on the "
                "gate's criteria: the gate accepts it with default tolerances and it improves at least one suite "
                "aggregate; no candidate when none does")
 
 
-@dataclass(frozen=True)
-class TuneProblem:
-    """What every trial of a study evaluates: one term's space, the base model, the train fixtures."""
-
-    term: str
-    model: Model
-    model_path: Path
-    suite: Suite
-    objective: str = "suite"
-    real_components: tuple = ()  # hops_calib.research.components.Components per fixture, in components mode
-    # hops_calib.research.kernel_truth.RunKernels per fixture (None without kernel truth), in components mode for a
-    # term that prices kernels (KERNEL_TERMS)
-    real_kernels: tuple = ()
-    only: tuple[str, ...] = ()  # search only these parameters (the others keep the model's values); () = all
-
-    @property
-    def objectives(self) -> tuple[str, ...]:
-        """What the study minimizes. A suite without a run that has events (runs measured at iteration level) has
-        no bubble or utilization to score: its one objective is the throughput MAPE."""
-        if self.objective == "components":
-            return COMPONENT_OBJECTIVES
-        return OBJECTIVES if any(self.suite.has_events) else OBJECTIVES[:1]
-
-    @property
-    def kernel_runs(self) -> int:
-        """Train runs whose kernel truth the components objective fits (a term of KERNEL_TERMS only)."""
-        return sum(real is not None for real in self.real_kernels) if self.term in KERNEL_TERMS else 0
-
-    def component_mape(self, model: Model) -> float:
-        """Mean over runs of the share of measured time the model misprices: of a run with kernel truth, when the
-        term prices kernels, its kernels' time (`kernel_truth.mispriced_kernel_share`); of the others, their
-        components' (`components.mispriced_time_pct`)."""
-        from hops_calib.research.components import mispriced_time_pct, predicted_components
-        from hops_calib.research.kernel_truth import mispriced_kernel_share, predicted_kernels
-
-        kernels = self.real_kernels if self.kernel_runs else (None,) * len(self.real_components)
-        shares: list[float | None] = []
-        for spec, real, measured in zip(self.suite.specs, self.real_components, kernels):
-            if measured is not None:
-                shares.append(mispriced_kernel_share(measured, predicted_kernels(model, spec)))
-            elif real.values:  # a run that measured components (not one measured per iteration)
-                predicted = predicted_components(model.pipeline(spec), spec.schedule)
-                shares.append(mispriced_time_pct([real], [predicted], [spec.microbatches], [spec.pp]))
-        finite = [s for s in shares if s is not None and math.isfinite(s)]
-        return sum(finite) / len(finite) if finite else float("nan")
-
-    @property
-    def params(self):
-        term = TERMS[self.term]
-        return tuple(term.param(name) for name in self.only) if self.only else term.params
-
-    def space(self) -> list[list[Any]]:
-        return [[p.name, p.low, p.high, bool(p.log)] + ([list(p.choices)] if p.choices else []) for p in self.params]
-
-    def identity(self) -> dict[str, Any]:
-        """What a study records about itself, and must match when continued."""
-        return {"term": self.term, "space": self.space(), "model_sha256": self.model.sha256,
-                "fixture_set_sha256": self.suite.sha256, "objective": self.objective,
-                "objectives": list(self.objectives),
-                **({"kernel_truth_runs": self.kernel_runs} if self.kernel_runs else {})}
-
-    def model_with(self, values: dict[str, float]) -> Model:
-        base = self.model.active(self.term)
-        return self.model.with_term(resolve_params(self.term, values, origin=f"tune {self.term}",
-                                                   base=base.params() if base else None))
-
-    def score(self, model: Model) -> SuiteScore:
-        return score_model(self.suite, model, origin=f"tune {self.term}").suite
-
-    def start_values(self) -> dict[str, float]:
-        """The term's current values in the model, or its defaults: the first trial of a new study."""
-        return term_values(self.model, self.term, [p.name for p in self.params])
-
-
-def term_values(model: Model | None, term: str, names: list[str]) -> dict[str, float]:
-    """Each named parameter of `term` as `model` has it (a NAME@TYPE without its own value takes NAME's), or the
-    term's defaults where the model does not activate the term or no model is given."""
-    active = model.active(term) if model is not None else None
-    values = active.params() if active else TERMS[term].defaults()
-    return {name: values.get(name, values[name.partition("@")[0]]) for name in names}
-
-
-def objectives_of(score: SuiteScore, objectives: tuple[str, ...] = OBJECTIVES) -> tuple[float | None, ...]:
-    """The suite's value of each objective: None for one it cannot score (no run with events), which the study is
-    never asked to minimize (`TuneProblem.objectives`)."""
-    values = {"throughput_mape_pct": score.throughput_mape_pct, "bubble_mae_pp": score.bubble_mae_pp,
-              "negative_util_spearman_mean": None if score.util_spearman_mean is None else -score.util_spearman_mean}
-    return tuple(values[name] for name in objectives)
-
-
 def _number(value: float | None, digits: int) -> str:
     """A suite aggregate as printed: 'n/a' where no run has the metric (iteration-level runs: bubble, rho)."""
     return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def store_dirs(fixtures_dir: Path | str | Sequence[Path | str]) -> list[str]:
-    """The store(s) of a --fixtures given once or repeated, as strings (a worker process's arguments)."""
-    return [str(fixtures_dir)] if isinstance(fixtures_dir, (str, Path)) else [str(d) for d in fixtures_dir]
-
-
-def load_problem(term: str, fixtures_dir: Path | str | Sequence[Path | str], model_path: Path | str | None,
-                 objective: str = "suite", only: tuple[str, ...] = (), command: str = "tune") -> TuneProblem:
-    from hops_calib.loop.model_files import load_model
-
-    if term not in TERMS:
-        raise InputError(command, f"unknown term {term!r}", field="TERM",
-                         hint=f"terms implemented in hops_calib.model.terms: {', '.join(sorted(TERMS))} "
-                              "(`hops-calib terms` lists them with their parameters)")
-    if not TERMS[term].params:
-        raise InputError(command, f"term {term!r} has no parameters to tune", field="TERM",
-                         hint="it is a measurement-driven term; tune a term that has parameters (`hops-calib terms`)")
-    unknown = []
-    for name in only:
-        try:
-            TERMS[term].param(name)
-        except KeyError:
-            unknown.append(name)
-    if unknown:
-        per_device = [p.name for p in TERMS[term].params if p.per_device]
-        raise InputError(command, f"term {term!r} has no parameter {', '.join(map(repr, unknown))}", field="only",
-                         hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}"
-                              + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""))
-    if objective not in OBJECTIVE_MODES:
-        raise InputError(command, f"unknown objective {objective!r}", field="objective",
-                         hint=f"choose one of {', '.join(OBJECTIVE_MODES)}")
-    model_path = Path(model_path) if model_path is not None else default_model()
-    suite = load_suites(fixtures_dir, "train")
-    reals: tuple = ()
-    kernels: tuple = ()
-    if objective == "components":
-        from hops_calib.loop.suite import open_store
-        from hops_calib.research.components import real_components
-        from hops_calib.research.kernel_truth import measured_kernels
-
-        loaded = [store.load(fixture_id) for part in suite.stores
-                  for store in (open_store(part.fixtures_dir),) for fixture_id in part.ids]
-        reals = tuple(real_components(fixture) for fixture in loaded)
-        kernels = tuple(measured_kernels(fixture) for fixture in loaded) if term in KERNEL_TERMS else ()
-    model = load_model(model_path)
-    known = {d.type for d in model.devices}
-    strangers = unknown_device_overrides(only, known)
-    if strangers:
-        raise InputError(command, f"{', '.join(map(repr, strangers))} names a device type the model does not know "
-                         f"(known: {', '.join(sorted(known))})", field="only",
-                         hint="a per-device parameter (NAME@TYPE) takes a device type of the model: a value for no "
-                              "device changes nothing to search")
-    return TuneProblem(term=term, model=model, model_path=model_path, suite=suite,
-                       objective=objective, real_components=reals, real_kernels=kernels,
-                       only=tuple(only))
-
-
-# --- the study ------------------------------------------------------------------------------------
-
-def default_study_name(problem: TuneProblem) -> str:
-    mode = ("" if problem.objective == "suite" else f"-{problem.objective}") + "".join(f"-{n}" for n in problem.only)
-    return f"tune-{problem.term}{mode}-{problem.model.sha256[:8]}-{problem.suite.sha256[:8]}"
-
-
-def make_storage(url: str | None):
-    """An optuna storage: in memory for None, else an RDB storage (sqlite waits for its write lock)."""
-    import optuna
-
-    if url is None:
-        return optuna.storages.InMemoryStorage()
-    from sqlalchemy.exc import DBAPIError
-
-    engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else {}
-    last_error: Exception | None = None
-    for attempt in range(5):
-        try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-        except DBAPIError as error:  # processes starting together on a new sqlite file race to create its tables
-            last_error = error
-            time.sleep(0.2 * (attempt + 1))
-        except Exception as error:  # noqa: BLE001 - a malformed URL or a missing driver: retrying cannot help
-            last_error = error
-            break
-    raise InputError("--storage", f"cannot open optuna storage {url!r}: {last_error}", field="storage",
-                     hint="use sqlite:///path/to/study.db locally, or an optuna RDB URL such as "
-                          "postgresql://user@host/db (its driver must be installed)")
-
-
-def shown_storage(url: str | None) -> str:
-    """A storage URL as output and candidate files show it: its password hidden; "memory" for none."""
-    if url is None:
-        return "memory"
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL sqlalchemy parses: make_storage refuses it, naming it
-        return url
-
-
-def make_sampler(kind: str, seed: int):
-    """The optuna sampler of `kind` (`SAMPLERS`) seeded with `seed`."""
-    import optuna
-
-    if kind not in SAMPLERS:
-        raise InputError("tune", f"unknown sampler {kind!r}", field="sampler", hint=f"one of {', '.join(SAMPLERS)}")
-    return optuna.samplers.TPESampler(seed=seed) if kind == "tpe" else sobol_sampler(seed)
-
-
-def sobol_sampler(seed: int):
-    """A sampler that gives trial number k the k-th point of one scrambled Sobol sequence over the study's
-    parameters (in the order the trial asks for them; a log-scaled parameter uniform in its log), whatever process
-    asks: so any number of workers sharing an RDB storage run the same trials as one does."""
-    import math
-
-    import optuna
-    from scipy.stats import qmc  # type: ignore[import-untyped]  # (scipy ships no stubs)
-
-    class SobolSampler(optuna.samplers.BaseSampler):
-        def __init__(self) -> None:
-            self._points: dict[int, list[list[float]]] = {}  # dimension -> the sequence's points so far
-            self._engines: dict[int, Any] = {}
-            self.dimensions = 8  # enough for any term's parameters (a term has at most a handful)
-
-        def infer_relative_search_space(self, study, trial):
-            return {}
-
-        def sample_relative(self, study, trial, search_space):
-            return {}
-
-        def _point(self, number: int) -> list[float]:
-            engine = self._engines.setdefault(self.dimensions, qmc.Sobol(d=self.dimensions, scramble=True,
-                                                                          seed=seed))
-            points = self._points.setdefault(self.dimensions, [])
-            if number >= len(points):
-                import warnings
-
-                with warnings.catch_warnings():  # balance properties want powers of 2; any prefix is still fixed
-                    warnings.simplefilter("ignore")
-                    points.extend(engine.random(number + 1 - len(points)).tolist())
-            return points[number]
-
-        def sample_independent(self, study, trial, param_name, param_distribution):
-            index = len(trial.distributions)  # the parameters in the order the trial asks for them
-            if index >= self.dimensions:
-                raise ValueError(f"the Sobol sampler draws at most {self.dimensions} parameters")
-            u = self._point(trial.number)[index]
-            if isinstance(param_distribution, optuna.distributions.CategoricalDistribution):
-                choices = param_distribution.choices
-                return choices[min(int(u * len(choices)), len(choices) - 1)]
-            low, high = param_distribution.low, param_distribution.high
-            if getattr(param_distribution, "log", False):
-                return min(high, max(low, math.exp(math.log(low) + u * (math.log(high) - math.log(low)))))
-            return min(high, max(low, low + u * (high - low)))
-
-    return SobolSampler()
-
-
-def open_study(problem: TuneProblem, storage, study_name: str, seed: int, sampler_kind: str = "tpe",
-               joined_by_hand: bool = True):
-    """Create the study (enqueueing the current values as its first trial) or join it; check it is this problem's.
-    The study records its sampler and seed; a process joining it uses that sampler (for `sobol`, the study's seed:
-    the same sequence; for `tpe`, its own `seed`). `joined_by_hand`: refuse a join asking for another sampler
-    (a worker `optimize` starts follows the study's)."""
-    import optuna
-
-    directions: list[Literal["minimize", "maximize"]] = ["minimize"] * len(problem.objectives)
-    try:
-        study = optuna.create_study(storage=storage, study_name=study_name, directions=directions,
-                                    sampler=make_sampler(sampler_kind, seed))
-        # One attribute, written at once: a process joining a moment later sees all of it or none.
-        study.set_user_attr(PROBLEM_ATTR, {**problem.identity(), "sampler": {"kind": sampler_kind, "seed": seed}})
-        study.enqueue_trial(problem.start_values())
-        return study
-    except optuna.exceptions.DuplicatedStudyError:
-        pass
-    study = optuna.load_study(study_name=study_name, storage=storage, sampler=make_sampler("tpe", seed))
-    deadline = time.monotonic() + JOIN_WAIT_S
-    while PROBLEM_ATTR not in study.user_attrs and time.monotonic() < deadline:
-        time.sleep(0.1)  # created a moment ago by a process that has not written its record yet
-    recorded = study.user_attrs.get(PROBLEM_ATTR)
-    if recorded is None:
-        raise InputError("--study", f"study {study_name!r} has no hops-calib tune record (user attribute "
-                         f"{PROBLEM_ATTR!r}); it was not created by `hops-calib tune`", field="study",
-                         hint="choose another --study name")
-    expected = problem.identity()
-    differ = [key for key in expected if json.dumps(recorded.get(key)) != json.dumps(expected[key])]
-    if differ:
-        raise InputError("--study", f"study {study_name!r} belongs to another problem: its "
-                         + ", ".join(f"{key} is {recorded.get(key)!r}, here {expected[key]!r}" for key in differ),
-                         field="study", hint="choose another --study name (the default one names the term, the "
-                                             "model and the fixture set)")
-    kind, study_seed = study_sampler(recorded)
-    if joined_by_hand and kind != sampler_kind:
-        raise InputError("--sampler", f"study {study_name!r} samples with {kind}; this process asks for "
-                         f"{sampler_kind}", field="sampler", hint=f"join it with --sampler {kind}, or choose "
-                                                                  "another --study name")
-    if kind == "sobol" or seed != study_seed:
-        study = optuna.load_study(study_name=study_name, storage=storage,
-                                  sampler=make_sampler(kind, study_seed if kind == "sobol" else seed))
-    return study
-
-
-def study_sampler(recorded: dict[str, Any]) -> tuple[str, int]:
-    """The sampler kind and seed a study records (a study from before the record: tpe)."""
-    sampler = recorded.get("sampler") or {}
-    return str(sampler.get("kind", "tpe")), int(sampler.get("seed", 0))
-
-
-def objective(problem: TuneProblem) -> Callable:
-    def run(trial) -> tuple[float | None, ...]:
-        values = {p.name: trial.suggest_categorical(p.name, p.choices) if p.choices
-                  else trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in problem.params}
-        model = problem.model_with(values)
-        score = problem.score(model)
-        for name, value in score.to_dict().items():
-            trial.set_user_attr(name, value)
-        if problem.objective == "components":
-            component = problem.component_mape(model)
-            trial.set_user_attr("component_mape_pct", component)
-            return (component,)
-        return objectives_of(score, problem.objectives)
-
-    return run
-
-
-def _quiet_optuna() -> None:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def run_worker(term: str, fixtures_dir: str | list[str], model_path: str | None, storage_url: str, study_name: str,
-               trials: int, seed: int, objective_mode: str = "suite", only: tuple[str, ...] = (),
-               sampler_kind: str = "tpe") -> None:
-    """One worker process: join the study and run `trials` trials (the entry point of --workers)."""
-    _quiet_optuna()
-    try:
-        problem = load_problem(term, fixtures_dir, model_path, objective_mode, only)
-        study = open_study(problem, make_storage(storage_url), study_name, seed, sampler_kind, joined_by_hand=False)
-        study.optimize(objective(problem), n_trials=trials)
-    except InputError as error:
-        warn(f"error: tune worker (seed {seed}): {error}")
-        sys.exit(2)
-
-
-def shares(trials: int, workers: int) -> list[int]:
-    """Trials per worker, adding up to `trials`."""
-    return [trials // workers + (1 if k < trials % workers else 0) for k in range(workers)]
-
-
-def check_run(trials: int, workers: int, storage_url: str | None) -> None:
-    if trials < 1 or workers < 1:
-        raise InputError("tune", "--trials and --workers must be at least 1", field="trials")
-    if workers > 1 and storage_url is None:
-        raise InputError("tune", f"--workers {workers} needs a storage the processes share", field="storage",
-                         hint="pass --storage sqlite:///tune.db (or an optuna RDB URL)")
-
-
-def _finished(study) -> int:
-    import optuna
-
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
-    return len(study.get_trials(deepcopy=False, states=states))
-
-
-def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, study_name: str, workers: int,
-             seed: int, fixtures_dir: Path | str | Sequence[Path | str],
-             progress: Callable[[int, int], None] | None = None, sampler: str = "tpe"):
-    """Run `trials` trials on the study with `workers` processes; return the study (reloaded with every trial)."""
-    import multiprocessing
-
-    _quiet_optuna()
-    check_run(trials, workers, storage_url)
-    storage = make_storage(storage_url)
-    study = open_study(problem, storage, study_name, seed, sampler)
-    before = _finished(study)
-    if workers == 1:
-        callback = (lambda study_, trial: progress(_finished(study_) - before, trials)) if progress else None
-        study.optimize(objective(problem), n_trials=trials, callbacks=[callback] if callback else None)
-        return study
-    context = multiprocessing.get_context("spawn")  # fresh interpreters: no database connection crosses a fork
-    processes = [context.Process(target=run_worker, args=(problem.term, store_dirs(fixtures_dir),
-                                                          str(problem.model_path), storage_url, study_name, share,
-                                                          seed + k, problem.objective, problem.only, sampler),
-                                       daemon=True)
-                 for k, share in enumerate(shares(trials, workers)) if share]
-    for process in processes:
-        process.start()
-    try:
-        while any(p.is_alive() for p in processes):
-            if progress:
-                progress(_finished(study) - before, trials)
-            for process in processes:
-                process.join(timeout=0.5)
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-    failed = [p.exitcode for p in processes if p.exitcode != 0]
-    if failed:
-        raise InputError("tune", f"{len(failed)} of {len(processes)} worker processes failed (exit codes "
-                         f"{failed}); their messages are above", field="workers")
-    return study
 
 
 # --- the result -----------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """The launch search's pricing: `JobPlanner` turns a `Launch` of one job into the launch's arguments and a spec,
 simulates it with the calibrated model, checks it against each device's memory and says what changes in the
-launch (`Outcome`); a launch that cannot run or be priced is a `Refusal`. See `hops_calib.whatif.job_plan`."""
+launch (`Outcome`); a launch that cannot run or be priced is a `Refusal`. See `hops_calib.whatif.job_plan`.
+
+The names live by concept: `launch_outcome` (`Outcome`, `Refusal`), `launch_arguments` (a launch as Megatron-LM
+arguments and the changes to the job's launch), `launch_bounds` (the closed-form bounds before simulating) and this
+module (the job, its space of launches and the simulated price), which gathers them under one name."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +22,10 @@ from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import Spec
 from hops_calib.whatif.cluster import Cluster, LinkBook
+from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments
+from hops_calib.whatif.launch_bounds import LaunchBounds
+from hops_calib.whatif.launch_outcome import MAX_TASKS, Outcome, Refusal, _step_samples, _tasks_of
 from hops_calib.whatif.launch_space import (
-    ACCOUNTING_FLAGS,
     PLACED,
     SCHEDULES,
     Launch,
@@ -30,72 +36,8 @@ from hops_calib.whatif.launch_space import (
 )
 from hops_calib.whatif.perturbations import Perturbations
 
-NO_MEGATRON_FLAG = ("has no Megatron-LM flag (Megatron runs 1F1B, or interleaved 1F1B with virtual stages): run it "
-                    "with a runtime that has it, e.g. torch.distributed.pipelining (`hops-calib capture --engine "
-                    "torch --schedule {schedule}` records one)")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    launch: Launch
-    resolved: str  # the schedule simulated (auto resolved)
-    microbatches: int
-    layers_per_stage: tuple[int, ...]
-    samples_per_s: float  # window throughput in samples (microbatches x micro batch size x replicas) per second
-    steady_samples_per_s: float
-    iteration_ms: float
-    idle_share: float  # the simulated timeline's idle share (HOPS's bubble definition: what a trace would measure)
-    schedule_bubble: float  # the schedule's own bubble on balanced stages, (p-1)/(v m + p-1)
-    peak_memory_bytes: tuple[float, ...]  # per GPU
-    memory_bytes: tuple[float, ...]  # per GPU, the device's capacity
-    flags: tuple[str, ...]  # changes to the job's launch, in words (one per change)
-    stage_map: dict[str, str]
-    expected_samples_per_s: float | None = None  # under Perturbations: the run's work over its expected wall time
-    p5_samples_per_s: float | None = None  # and the draws' 5th percentile
-    argv: tuple[str, ...] = ()  # Megatron-LM arguments to add or set, as argv tokens (flag, value, flag, ...)
-    remove: tuple[str, ...] = ()  # Megatron-LM arguments to remove from the launch
-    launch_notes: tuple[str, ...] = ()  # what no flag says: a schedule Megatron-LM lacks, moving ranks between hosts
-    expected_ci95: tuple[float, float] | None = None  # the expected throughput's 95 % Monte-Carlo interval
-    outside: tuple[str, ...] | None = None  # features outside the calibration runs (None: not checked)
-    settings: Levers | None = None  # t, p, recomputation, SP, distributed optimizer as simulated
-    dp: int = 1  # data-parallel replicas
-    band: float = 0.0  # the relative uncertainty of samples_per_s (the model's train MAPE; 0: not given)
-
-    @property
-    def fits(self) -> bool:
-        return all(peak <= cap for peak, cap in zip(self.peak_memory_bytes, self.memory_bytes))
-
-    def to_dict(self) -> dict[str, Any]:
-        launch = self.launch
-        return {
-            "schedule": launch.schedule, "resolved_schedule": self.resolved, "chunks": launch.chunks,
-            "micro_batch_size": launch.micro_batch_size, "microbatches": self.microbatches,
-            "decoder_first_pipeline_num_layers": launch.first, "decoder_last_pipeline_num_layers": launch.last,
-            "account_for_embedding_in_pipeline_split": launch.accounted[0],
-            "account_for_loss_in_pipeline_split": launch.accounted[1],
-            "layers_per_stage": list(self.layers_per_stage), "order": list(launch.order),
-            "throughput_samples_per_s": self.samples_per_s,
-            "steady_throughput_samples_per_s": self.steady_samples_per_s,
-            "iteration_time_ms": self.iteration_ms, "idle_share": self.idle_share,
-            "schedule_bubble": self.schedule_bubble, "peak_memory_bytes_per_gpu": list(self.peak_memory_bytes),
-            "memory_bytes_per_gpu": list(self.memory_bytes), "fits": self.fits,
-            "flags": list(self.argv), "remove_flags": list(self.remove), "notes": list(self.launch_notes),
-            "changes": list(self.flags), "stage_map": self.stage_map,
-            "expected_throughput_samples_per_s": self.expected_samples_per_s,
-            "expected_throughput_ci95": list(self.expected_ci95) if self.expected_ci95 is not None else None,
-            "p5_throughput_samples_per_s": self.p5_samples_per_s,
-            "outside_calibration": list(self.outside) if self.outside is not None else None,
-            **({"tp": self.settings.tp, "pp": self.settings.pp, "dp": self.dp,
-                "recompute": self.settings.recompute_label(),
-                "recompute_granularity": self.settings.recompute[0], "recompute_method": self.settings.recompute[1],
-                "recompute_num_layers": self.settings.recompute[2],
-                "sequence_parallel": self.settings.sequence_parallel,
-                "distributed_optimizer": self.settings.distributed_optimizer,
-                "megatron_runnable": self.resolved in ("1f1b", "interleaved_1f1b")}
-               if self.settings is not None else {}),
-            "throughput_band_samples_per_s": ([self.samples_per_s * (1 - self.band), self.samples_per_s * (1 + self.band)]
-                                              if self.band else None),
-        }
+__all__ = ["CUDA_CONTEXT_BYTES", "DEFAULT_HEADROOM_BYTES", "MAX_TASKS", "NCCL_BUFFER_BYTES", "NO_MEGATRON_FLAG",
+           "JobPlanner", "Outcome", "Refusal", "default_headroom_bytes"]
 
 
 # Memory a GPU holds besides what `model.memory` counts, left out of every pick by default:
@@ -118,28 +60,8 @@ def default_headroom_bytes(device_type: str) -> float:
     return 0.0 if device_type.startswith("cpu") else DEFAULT_HEADROOM_BYTES
 
 
-class Refusal(Exception):
-    """A candidate that cannot run (Megatron refuses the launch, a schedule cannot run the shape) or cannot be
-    priced (a hop with no link); the reason is counted."""
 
-
-# A launch with more compute tasks per iteration than this is not simulated (a microbatch count in the millions would
-# take minutes per candidate): the planner counts it as refused and says to raise the micro-batch size.
-MAX_TASKS = 200_000
-
-
-def _tasks_of(spec: Spec) -> int:
-    """The compute tasks of one iteration of `spec` (a forward and a backward per microbatch and virtual stage)."""
-    return 2 * spec.microbatches * spec.pp * spec.vp
-
-
-def _step_samples(launch: Launch, spec: Spec) -> int:
-    """Samples per microbatch step of the pipeline, every data-parallel replica's: what turns its throughput
-    (microbatches per second) into the job's samples per second, nominal or under perturbations alike."""
-    return launch.micro_batch_size * spec.dp
-
-
-class JobPlanner:
+class JobPlanner(LaunchArguments, LaunchBounds):
     """Prices launches of one job's model and global batch on its devices (see the module's docstring)."""
 
     def __init__(self, job_dir: Path | str, model: Model, cluster: Cluster | None = None,
@@ -185,21 +107,7 @@ class JobPlanner:
                              field="--device-memory", hint=f"the job's devices are {sorted(set(self.types.values()))}")
 
     # --- the job's own launch -----------------------------------------------------------------------------------
-
-    def current(self) -> Launch:
-        spec, args = self.spec, self.args
-        first = args.get("decoder_first_pipeline_num_layers")
-        last = args.get("decoder_last_pipeline_num_layers")
-        accounted = (bool(args.get("account_for_embedding_in_pipeline_split")),
-                     bool(args.get("account_for_loss_in_pipeline_split")))
-        return Launch(tuple(spec.device_ids), first, last, spec.schedule, spec.vp, spec.model.micro_batch_size,
-                      accounted)
-
-    def own_levers(self) -> Levers:
-        shape = self.spec.model
-        return Levers(self.spec.tp, self.spec.pp, (shape.recompute_granularity, shape.recompute_method,
-                                                   shape.recompute_num_layers),
-                      bool(shape.sequence_parallel), bool(self.spec.distributed_optimizer))
+    # (what its arguments say it is: `LaunchArguments.current`, `own_levers`)
 
     def relayout(self) -> str:
         """"" when the job's tensor and pipeline parallel sizes may change (its ranks placed as torchrun places
@@ -319,131 +227,6 @@ class JobPlanner:
 
     # --- one candidate ------------------------------------------------------------------------------------------
 
-    def launch_args(self, launch: Launch) -> dict[str, Any]:
-        args = dict(self.args)
-        args["micro_batch_size"] = launch.micro_batch_size
-        levers = launch.levers
-        if levers is not None:
-            args.update(tensor_model_parallel_size=levers.tp, pipeline_model_parallel_size=levers.pp,
-                        world_size=self.spec.gpus, sequence_parallel=levers.sequence_parallel,
-                        use_distributed_optimizer=levers.distributed_optimizer)
-            for key in ("data_parallel_size", "recompute_granularity", "recompute_method", "recompute_num_layers",
-                        "recompute_activations", "checkpoint_activations", "checkpoint_num_layers", "zero_stage"):
-                args.pop(key, None)  # what followed from the old layout, and the older spellings of the levers
-            granularity, method, number = levers.recompute
-            if granularity is not None:
-                args["recompute_granularity"] = granularity
-            if method is not None:
-                args.update(recompute_method=method, recompute_num_layers=number)
-        for key, value in (("decoder_first_pipeline_num_layers", launch.first),
-                           ("decoder_last_pipeline_num_layers", launch.last)):
-            if value is None:
-                args.pop(key, None)
-            else:
-                args[key] = value
-        for key, on in zip(("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"),
-                           launch.accounted):
-            if on:
-                args[key] = True
-            else:
-                args.pop(key, None)
-        # the job's own p2p setting stays: Megatron-LM overlaps an interleaved schedule's p2p unless told not to
-        for key in ("virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage"):
-            args.pop(key, None)
-        if launch.chunks > 1:
-            args["num_layers_per_virtual_pipeline_stage"] = self._per_chunk(launch)
-        return args
-
-    def _per_chunk(self, launch: Launch) -> int:
-        """--num-layers-per-virtual-pipeline-stage of an interleaved launch (the embedding and loss count when the
-        split accounts for them, as Megatron-LM counts them)."""
-        pp = len(launch.order)
-        return (self.spec.model.num_layers + sum(launch.accounted)) // (pp * launch.chunks)
-
-    def _lever_changes(self, launch: Launch, argv: list[str], remove: list[str], words: list[str]) -> None:
-        """The flags that set `launch.levers` where they differ from the job's own."""
-        if launch.levers is None:
-            return
-        now, new = self.own_levers(), launch.levers
-        for flag, old, value in (("--tensor-model-parallel-size", now.tp, new.tp),
-                                 ("--pipeline-model-parallel-size", now.pp, new.pp)):
-            if value != old:
-                argv += [flag, str(value)]
-                words.append(f"{flag} {value}")
-        if new.recompute != now.recompute:
-            granularity, method, number = new.recompute
-            remove += [f for f, v in zip(("--recompute-granularity", "--recompute-method", "--recompute-num-layers"),
-                                         now.recompute) if v is not None and (granularity is None or f !=
-                                                                              "--recompute-granularity")]
-            if granularity is None:
-                words.append("remove --recompute-granularity (and --recompute-method, --recompute-num-layers): "
-                             "no recomputation")
-            else:
-                tokens = ["--recompute-granularity", granularity] + (
-                    ["--recompute-method", method, "--recompute-num-layers", str(number)] if method else [])
-                argv += tokens
-                words.append(" ".join(tokens))
-        for flag, old, value in (("--sequence-parallel", now.sequence_parallel, new.sequence_parallel),
-                                 ("--use-distributed-optimizer", now.distributed_optimizer, new.distributed_optimizer)):
-            if value != old:
-                (argv.append if value else remove.append)(flag)
-                words.append(flag if value else f"remove {flag}")
-
-    def changes(self, launch: Launch) -> dict[str, tuple[str, ...]]:
-        """The changes to the job's launch that run `launch`: `argv` (tokens to add or set), `remove` (flags to
-        take out), `notes` (what no flag says), and `words` (each change in one line, for text)."""
-        now = self.current()
-        argv: list[str] = []
-        remove: list[str] = []
-        notes: list[str] = []
-        words: list[str] = []
-        self._lever_changes(launch, argv, remove, words)
-        if launch.micro_batch_size != now.micro_batch_size:
-            argv += ["--micro-batch-size", str(launch.micro_batch_size)]
-            words.append(f"--micro-batch-size {launch.micro_batch_size}")
-        for flag, old, new in (("--decoder-first-pipeline-num-layers", now.first, launch.first),
-                               ("--decoder-last-pipeline-num-layers", now.last, launch.last)):
-            if new != old:
-                if new is not None:
-                    argv += [flag, str(new)]
-                    words.append(f"{flag} {new}")
-                else:
-                    remove.append(flag)
-                    words.append(f"remove {flag}")
-        for flag, old, new in zip(ACCOUNTING_FLAGS, now.accounted, launch.accounted):
-            if new != old:
-                (argv.append if new else remove.append)(flag)
-                words.append(flag if new else f"remove {flag}")
-        if launch.chunks > 1 and (launch.chunks != now.chunks or now.schedule != "interleaved_1f1b"
-                                  or launch.accounted != now.accounted):
-            per_chunk = self._per_chunk(launch)
-            argv += ["--num-layers-per-virtual-pipeline-stage", str(per_chunk)]
-            words.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
-        if launch.chunks == 1 and now.chunks > 1:
-            remove += ["--num-layers-per-virtual-pipeline-stage", "--virtual-pipeline-model-parallel-size"]
-            words.append("remove --num-layers-per-virtual-pipeline-stage (and --virtual-pipeline-model-parallel-size)")
-        if launch.schedule in ("zb_h1", "gpipe"):
-            notes.append(f"schedule {launch.schedule}: " + NO_MEGATRON_FLAG.format(schedule=launch.schedule))
-            words.append(notes[-1])
-        if launch.order != now.order and not launch.levers_placed:
-            hosts = [self.book.device_hosts.get(d) or "" for d in launch.order]
-            where = ", ".join(f"{k}: {d}" + (f" on {h}" if h else "") for k, (d, h) in enumerate(zip(launch.order,
-                                                                                                   hosts)))
-            notes.append(f"stage map {where}. Megatron gives pipeline rank k to global rank k (tensor and data "
-                         "parallel 1), so start the process of global rank k on the host of stage k's device: "
-                         "torchrun --node-rank k on that host (one GPU per node; with several, its GPU's "
-                         "CUDA_VISIBLE_DEVICES and local rank), or list the hosts in this order in the hostfile "
-                         "(mpirun/deepspeed) or the SLURM nodelist with --distribution=arbitrary; then write "
-                         "hops_trace_map.json and hops.base.yaml pipeline.stages in the same order")
-            words.append(notes[-1])
-        return {"argv": tuple(argv), "remove": tuple(remove), "notes": tuple(notes), "words": tuple(words)}
-
-    def flags(self, launch: Launch) -> dict[str, Any]:
-        """`changes` as Outcome's fields."""
-        changes = self.changes(launch)
-        return {"flags": changes["words"], "argv": changes["argv"], "remove": changes["remove"],
-                "launch_notes": changes["notes"]}
-
     def candidate_spec(self, launch: Launch) -> Spec:
         from hops_calib.spec import Hardware, spec_from_args
         from hops_calib.trace import TraceError
@@ -497,24 +280,6 @@ class JobPlanner:
         """The stage "devices" of a launch whose ranks torchrun places (`Launch.levers_placed`)."""
         return tuple(f"{PLACED}{k}" for k in range(pp))
 
-    # --- closed-form bounds, before simulating -------------------------------------------------------------------
-
-    def memory_fits(self, launch: Launch) -> bool:
-        """Whether `launch` fits each GPU's memory (less the headroom) by the schedule's closed form of the
-        activations it holds (`sim.theory.peak_activations`, in stage microbatches), without simulating it.
-        Refusal when it cannot run or be priced."""
-        from hops_calib.sim.theory import peak_activations
-
-        spec = self.spec_of(launch)
-        schedule = "1f1b" if launch.schedule == "auto" else launch.schedule
-        try:
-            peaks = peak_activations(schedule, spec.pp, spec.microbatches, spec.vp)
-        except ValueError:
-            return True  # no closed form: the simulation says
-        caps = tuple(self.memory_bytes[t] for t in spec.devices)
-        memory = stage_memory(spec, caps, tuple(p / spec.vp for p in peaks))
-        return all(stage.total_bytes <= cap for stage, cap in zip(memory, caps))
-
     def spec_of(self, launch: Launch) -> Spec:
         key = replace(launch, schedule="")
         found = self._specs.get(key)
@@ -531,46 +296,7 @@ class JobPlanner:
             raise found
         return found
 
-    def bound_samples_per_s(self, launch: Launch, tight: bool = False) -> float:
-        """An upper bound on `launch`'s simulated samples per second from its priced stage costs: in each
-        iteration every rank runs each microbatch's forward and backward of its model chunks, one after another,
-        then (`tight`) its gradient reduction's tail or the pre-optimizer work, its optimizer step and the host
-        time after it, all within the window the throughput is measured over (from the first task to stage 0's
-        last backward of the last iteration, so the last iteration's optimizer falls outside it); and (`tight`,
-        with a barrier before the optimizer) rank r starts only after the first microbatch's forwards through the
-        ranks before it and its last backward (chunk 0's) still runs back through them (1F1B, GPipe, interleaved
-        1F1B). No schedule beats that (`tests/whatif/test_plan_levers.py` checks it on three captures' launches).
-        Without `tight`, an interleaved launch at the even split is bounded by its one-chunk launch (its rank runs
-        the same layers as v chunks, with more tasks' host time and hops: no less work), which prices in a tenth
-        of the time; with full recomputation by blocks (k layers per chunk) not, as the chunks recompute more."""
-        spec = None
-        if not tight and launch.chunks > 1 and (launch.first, launch.last, launch.accounted) == (
-                None, None, (False, False)) and (launch.levers is None or launch.levers.recompute[1] != "block") \
-                and self.spec_of(launch).model.recompute_method != "block":
-            try:
-                spec, pipeline = self.priced(replace(launch, schedule="1f1b", chunks=1))
-            except Refusal:
-                spec = None
-        if spec is None:
-            spec, pipeline = self.priced(launch)
-        p, v, m, n = spec.pp, spec.vp, spec.microbatches, max(pipeline.iterations, 1)
-        stages = pipeline.stages
-        work = [sum(stages[c * p + r].forward_ms + stages[c * p + r].backward_ms for c in range(v)) for r in range(p)]
-        # under ZB-H1 (or auto) the last iteration's weight gradients may be deferred past the window's end
-        deferred = launch.schedule in ("zb_h1", "auto")
-        last = [w - (sum(stages[c * p + r].weight_grad_ms for c in range(v)) if deferred else 0.0)
-                for r, w in enumerate(work)]
-        optimizer = list(pipeline.optimizer_ms) or [0.0] * p
-        tails = list(pipeline.grad_reduce_tail_ms) or [0.0] * p
-        after = [o + (max(t, pipeline.pre_optimizer_ms) + pipeline.post_ms(r) if tight else 0.0)
-                 for r, (o, t) in enumerate(zip(optimizer, tails))]
-        window = max((n - 1) * (m * w + a) + m * t for w, a, t in zip(work, after, last))
-        if tight and pipeline.optimizer_barrier and launch.schedule in ("1f1b", "gpipe", "interleaved_1f1b"):
-            forward = [stage.forward_ms for stage in stages[:p]]  # chunk 0's virtual stages, rank by rank
-            backward = [stage.backward_ms for stage in stages[:p]]
-            through = max(sum(forward[:r]) + m * work[r] + sum(backward[:r]) for r in range(p))
-            window = max(window, (n - 1) * (through + after[0]) + through)
-        return n * m * _step_samples(launch, spec) / window * 1e3 if window > 0 else float("inf")
+    # --- the simulation -----------------------------------------------------------------------------------------
 
     def evaluate(self, launch: Launch) -> Outcome:
         """Simulate `launch`; Refusal when it cannot run or be priced."""
