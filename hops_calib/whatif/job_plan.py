@@ -386,6 +386,9 @@ def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[An
             best_first([_moved(planner.current(), family) for setting, family in families
                         if (setting.tp, setting.pp) == (own.tp, own.pp)])
             fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
+        if not fitting:  # nor do those: start from every setting's most memory-saving launch the bound says fits
+            best_first(_memory_seeds(planner, spaces))
+            fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
             if not fitting:
                 return 0
         current = fitting[0]
@@ -413,6 +416,26 @@ def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[An
             break
         current, steps = better, steps + 1
     return steps
+
+
+def _memory_seeds(planner: JobPlanner, spaces: dict[Any, Space]) -> list[Launch]:
+    """Of each setting of the levers, its launch that holds the least memory - the smallest micro batch, 1F1B
+    (the fewest microbatches in flight), the even split - where the closed-form memory bound says it fits: where
+    the search starts when neither the job's own launch nor its settings at another recomputation fit."""
+    seeds = []
+    for family in spaces.values():
+        size = min(family.sizes)
+        shapes = {(schedule, chunks) for s, first, last, schedule, chunks, accounted in family.shapes()
+                  if s == size and (first, last, accounted) == (None, None, (False, False))}
+        if ("1f1b", 1) not in shapes:
+            continue
+        launch = Launch(family.current_order, None, None, "1f1b", 1, size, (False, False), family.levers)
+        try:
+            if planner.memory_fits(launch):
+                seeds.append(launch)
+        except Refusal:
+            continue
+    return seeds
 
 
 def _moved(launch: Launch, family: Space) -> Launch:

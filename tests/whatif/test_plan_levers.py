@@ -139,3 +139,15 @@ def test_plan_cli_refuses_other_runtimes_schedules_and_keeps_parallel(tmp_path):
     assert any("--parallel is no longer needed" in note for note in json.loads(layouts.stdout)["notes"])
     text = runner.invoke(app, ["plan", "--job", str(CPU_JOB), "--memory-headroom", "0.1", "--top", "1"])
     assert text.exit_code == 0 and "less 0.10 GB headroom" in text.output
+
+
+def test_a_tight_memory_still_finds_the_launches_that_fit(model, gpu_job):
+    """With 62 GB of the 80 left out (18 GB per GPU), neither the 512-A100 job's own launch (21.9 GB) nor its
+    t 8 x p 8 at another recomputation fits; the search starts from each setting's most memory-saving launch the
+    closed-form bound says fits and finds fitting launches (a deeper pipeline with full recomputation), instead of
+    answering that nothing fits."""
+    plan = plan_job(gpu_job, model, top=3, headroom_bytes=62e9)
+    assert plan.current is not None and not plan.current.fits
+    assert plan.status == "ok" and plan.best
+    assert all(max(o.peak_memory_bytes) <= 18e9 for o in plan.best)
+    assert any(o.to_dict()["recompute"].startswith("full") and o.to_dict()["pp"] > 8 for o in plan.best)
