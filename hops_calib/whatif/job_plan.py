@@ -122,6 +122,9 @@ class JobPlan:
                 "any_runtime": self.any_runtime, "throughput_band_source": self.band_source or None}
 
 
+LAYOUTS_ASCENDED = 1000
+
+
 def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = None, top: int = 5,
              memory_bytes: dict[str, float] | None = None,
              schedules: Sequence[str] | None = None, orders: bool = True, splits: bool = True,
@@ -291,6 +294,27 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
             if stopped is not None:
                 stopped_at = index
                 break
+        # the best `top` settings of the levers (layouts): coordinate ascent from the best launch of each not
+        # ascended from yet, until the best `top` settings hold none or the budget runs out, so that a setting's
+        # rank is that of its best launch the ascent finds, not of the launch the lever ascent met it at
+        ascended = {start.launch.levers for start in starts}
+        kept_layouts = 0
+        while stopped is None:
+            layouts: dict[Any, Outcome] = {}
+            for o in sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s):
+                layouts.setdefault(o.launch.levers, o)
+            fresh = next((o for o in list(layouts.values())[:LAYOUTS_ASCENDED * top] if o.launch.levers not in ascended), None)
+            if fresh is None:
+                break
+            ascended.add(fresh.launch.levers)
+            before = len(outcomes) + len(refusals) + len(bounded)
+            taken, stopped = _local_search(spaces[fresh.launch.levers], score, [fresh], known, budget - spent,
+                                           progress, done=studied + spent)
+            steps += taken
+            spent += len(outcomes) + len(refusals) + len(bounded) - before
+            kept_layouts += 1
+            if stopped is not None:
+                stopped_at = -1
         first = "the study's best" if study else "the best"
         # every count says what it counts: the study's trials repeat launches and fall outside the space, the job's
         # own launch is priced once, and the ascent's budget counts only launches not priced before
@@ -301,10 +325,14 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                      "(one distinct stage order: no study; --trials N runs one) ")
                   + f"the job's own launch ({'priced before' if own_known else '1 more'}), then coordinate ascent "
                   "(nearest launches first: schedule, micro-batch size, order, split) from "
-                  f"{first} and from the job's own launch: {steps} move(s) to a faster neighbour, {spent:,} new "
-                  "launches priced")
+                  f"{first}, from the job's own launch"
+                  + (f" and from the best launch of each of the best {top} settings of the levers ({kept_layouts} "
+                     "more)"
+                     if kept_layouts else "")
+                  + f": {steps} move(s) to a faster neighbour, {spent:,} new launches priced")
         if stopped is not None:
-            where = "the job's own launch" if starts[stopped_at] is own else first
+            where = (f"one of the best {top} settings of the levers" if stopped_at < 0 else
+                     "the job's own launch" if starts[stopped_at] is own else first)
             ran_out = (f"its budget of {budget:,} new launches ran out inside step {stopped.step}'s neighbourhood "
                        f"scan (ascending from {where}): {stopped.scanned:,} of its {stopped.neighbours:,} "
                        f"neighbours looked at ({stopped.scanned - stopped.known:,} priced new, {stopped.known:,} "
@@ -314,17 +342,19 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                 f"the coordinate ascent stopped: {ran_out} "
                 f"(budget: {ascent_tasks or ASCENT_TASKS:,} simulated tasks at the job's own launch's "
                 f"{_tasks(planner.spec):,} per iteration, or --trials if more): the best found, not "
-                "proven best; give more --trials, or keep a dimension (--keep-order, --keep-split, "
-                "--keep-micro-batch, --schedule)")
+                "proven best, and a pick whose layout (t, p, recomputation, SP, distributed optimizer) was not "
+                "ascended from may be beaten in that layout; give more --trials, or keep a dimension "
+                "(--keep-order, --keep-split, --keep-micro-batch, --schedule, --keep-levers)")
     fitting = [o for o in outcomes.values() if o.fits]
     over_memory = len(outcomes) - len(fitting) + sum(1 for why in bounded.values() if why == "memory")
-    # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule
+    # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule;
+    # launches of other levers (a recomputation, the distributed optimizer) are other launches, each ranked
     fitting.sort(key=lambda o: (-o.samples_per_s, o.launch.schedule == "auto", len(o.flags)))
     seen: set[tuple] = set()
     unique = []
     for outcome in fitting:
-        same = (outcome.launch.order, outcome.layers_per_stage, outcome.resolved, outcome.launch.chunks,
-                outcome.launch.micro_batch_size)
+        same = (outcome.launch.levers, outcome.launch.order, outcome.layers_per_stage, outcome.resolved,
+                outcome.launch.chunks, outcome.launch.micro_batch_size)
         if same not in seen:
             seen.add(same)
             unique.append(outcome)
@@ -408,7 +438,7 @@ def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[An
                        setting.distributed_optimizer != levers.distributed_optimizer)
             # one lever changed; a new layout may take any recomputation with it (what lets it fit)
             if sum(changed) == 1 or (changed[0] and sum(changed[2:]) == 0):
-                near.append(_moved(launch, family))
+                near += _moved_up(planner, launch, family)
         best_first([n for n in dict.fromkeys(near) if n != launch])
         better = max((outcomes[n] for n in near if n in outcomes and outcomes[n].fits),
                      key=lambda o: o.samples_per_s, default=current)
@@ -438,10 +468,27 @@ def _memory_seeds(planner: JobPlanner, spaces: dict[Any, Space]) -> list[Launch]
     return seeds
 
 
-def _moved(launch: Launch, family: Space) -> Launch:
-    """`launch` in another setting of the levers: its schedule where that setting runs it (else 1F1B), its micro
-    batch where it divides a replica's batch (else the largest that does), the even split."""
-    size = max((s for s in family.sizes if s <= launch.micro_batch_size), default=min(family.sizes))
+def _moved_up(planner: JobPlanner, launch: Launch, family: Space) -> list[Launch]:
+    """`launch` moved to another setting of the levers (`_moved`), and at each larger micro batch of that setting
+    while the closed-form memory bound says it fits (activations grow with the micro batch): a setting that holds
+    less per GPU (a recomputation, the distributed optimizer, a wider layout) may run best at a larger one."""
+    moved = [_moved(launch, family)]
+    for size in sorted(s for s in family.sizes if s > moved[0].micro_batch_size):
+        larger = _moved(launch, family, size)
+        try:
+            if not planner.memory_fits(larger):
+                break
+        except Refusal:
+            continue
+        moved.append(larger)
+    return moved
+
+
+def _moved(launch: Launch, family: Space, size: int | None = None) -> Launch:
+    """`launch` in another setting of the levers: its schedule where that setting runs it (else 1F1B), micro batch
+    `size`, else its own where it divides a replica's batch (else the largest that does), the even split."""
+    if size is None:
+        size = max((s for s in family.sizes if s <= launch.micro_batch_size), default=min(family.sizes))
     shapes = {(schedule, chunks) for s, _, _, schedule, chunks, _ in family.shapes() if s == size}
     schedule, chunks = (launch.schedule, launch.chunks) if (launch.schedule, launch.chunks) in shapes else ("1f1b", 1)
     return Launch(family.current_order, None, None, schedule, chunks, size, (False, False), family.levers)

@@ -151,3 +151,29 @@ def test_a_tight_memory_still_finds_the_launches_that_fit(model, gpu_job):
     assert plan.status == "ok" and plan.best
     assert all(max(o.peak_memory_bytes) <= 18e9 for o in plan.best)
     assert any(o.to_dict()["recompute"].startswith("full") and o.to_dict()["pp"] > 8 for o in plan.best)
+
+
+@pytest.fixture(scope="module")
+def gpt16_job(tmp_path_factory):
+    """docs/whatif.md's 16-A100 job (1.3B GPT, t 2 x p 4 x d 2), made by its own recipe."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from job_copies import whatif_recipe_job
+
+    job, _ = whatif_recipe_job(tmp_path_factory.mktemp("gpt16"), "gpt16")
+    return job
+
+
+def test_the_best_five_are_the_first_five_of_a_longer_list(model, gpt16_job):
+    """On the 16-A100 job the best five are the first five of the best twelve (a longer list keeps more settings
+    of the levers and ascends from each: it finds nothing faster than the fifth that the five lack), and the job's
+    own layout at its best (t 2 x p 4 with every other lever searched, --keep-levers) ranks where it should: in the
+    five, or slower than all of them."""
+    five = plan_job(gpt16_job, model, top=5)
+    twelve = plan_job(gpt16_job, model, top=12)
+    own_layout = plan_job(gpt16_job, model, top=1, levers=False).best[0]
+    floor = five.best[-1].samples_per_s
+    assert [o.launch for o in twelve.best if o.samples_per_s >= floor] == [o.launch for o in five.best]
+    assert own_layout.samples_per_s < floor or own_layout.launch in [o.launch for o in five.best]
+    assert len({o.launch.levers for o in five.best}) > 1, "other recomputations rank as launches of their own"
