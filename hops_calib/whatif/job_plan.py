@@ -184,6 +184,11 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     best: list[float] = []
     best_megatron = [0.0]
 
+    # progress counts one quantity, the distinct launches looked at (priced, refused or left out by a bound) of
+    # the candidates, whatever the stage of the search reports; the stage names itself
+    looked = _Looked(progress, total, lambda: len(outcomes) + len(refusals) + len(bounded))
+    progress = looked
+
     def threshold(launch: Launch) -> float:
         kth = best[keep - 1] if len(best) >= keep else 0.0
         return min(kth, best_megatron[0]) if launch.schedule in MEGATRON_SCHEDULES else kth
@@ -266,18 +271,20 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     if total <= exhaustive_limit:
         search = "exhaustive"
         everything = [*space, *(launch for _, family in families for launch in family)]
-        progress.start(2 * len(everything))
+        looked.stage = "bounds, then simulating best first"
         best_first(everything)
     else:
         # coordinate ascent over the levers from the job's own launch: every launch one lever away (the layout with
         # each recomputation, the recomputation, SP, the distributed optimizer, the micro batch, the schedule), at
         # the even split, bounded before it is simulated; then the study and the ascent over orders and splits
-        progress.start(trials)
+        looked.stage = "ascent over the levers"
         moves = _lever_ascent(planner, space, families, score, best_first, outcomes) if families else 0
         seeded = len(outcomes) + len(refusals) + len(bounded)
         study = study_trials if study_trials is not None else (trials if space.orders_count() > 1 else 0)
         if study:
+            looked.stage = "optuna study"
             _optuna_search(space, score, study, seed, progress)
+        looked.stage = "coordinate ascent"
         studied = len(outcomes) + len(refusals) + len(bounded)
         found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
         own_known = known(planner.current())
@@ -345,6 +352,8 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                 "proven best, and a pick whose layout (t, p, recomputation, SP, distributed optimizer) was not "
                 "ascended from may be beaten in that layout; give more --trials, or keep a dimension "
                 "(--keep-order, --keep-split, --keep-micro-batch, --schedule, --keep-levers)")
+    looked.stage = "done"
+    looked.advance()  # the last count: every launch the plan says it looked at
     fitting = [o for o in outcomes.values() if o.fits]
     over_memory = len(outcomes) - len(fitting) + sum(1 for why in bounded.values() if why == "memory")
     # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule;
@@ -401,6 +410,25 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                    bounded=sum(1 for why in bounded.values() if why == "throughput"),
                    headroom_bytes=dict(planner.headroom_bytes), capacity_bytes=dict(planner.capacity_bytes),
                    any_runtime=any_runtime)
+
+
+class _Looked:
+    """The search's progress as one count: the distinct launches looked at (`count()`) of the `total` candidates,
+    shown on `inner` whenever a stage of the search reports a step, named by the current `stage`. The count stops
+    short of the total where the search does not look at every launch."""
+
+    def __init__(self, inner: Progress, total: int, count: Any) -> None:
+        self.inner, self.total, self.count, self.stage = inner, total, count, ""
+        inner.start(total)
+
+    def start(self, total: int) -> None:
+        pass  # the total is the candidates', set once
+
+    def advance(self, what: str = "") -> None:
+        self.inner.update(self.count(), self.total, self.stage)
+
+    def update(self, completed: int, total: int, what: str = "") -> None:
+        self.inner.update(self.count(), self.total, self.stage)
 
 
 def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[Any, Space]],

@@ -177,3 +177,24 @@ def test_the_best_five_are_the_first_five_of_a_longer_list(model, gpt16_job):
     assert [o.launch for o in twelve.best if o.samples_per_s >= floor] == [o.launch for o in five.best]
     assert own_layout.samples_per_s < floor or own_layout.launch in [o.launch for o in five.best]
     assert len({o.launch.levers for o in five.best}) > 1, "other recomputations rank as launches of their own"
+
+
+def test_progress_counts_the_launches_looked_at_of_the_candidates(model, gpt16_job):
+    """The progress a plan reports (as HOPS_CALIB_PROGRESS=lines prints it) counts one quantity through every
+    stage of the search: K of N with N the plan's candidates, K never above N nor falling, and the last K the
+    launches the plan says it looked at (it showed 1107/8067 while the plan said 1,107 of 59,168)."""
+    import io
+    import re
+
+    from hops_calib.progress import _Lines
+
+    stream = io.StringIO()
+    lines = _Lines("plan", stream=stream, every_s=0.0)
+    plan = plan_job(gpt16_job, model, top=5, progress=lines)
+    lines.stop()
+    counts = [tuple(map(int, m.groups())) for m in re.finditer(r"^plan: (\d+)/(\d+) ", stream.getvalue(), re.M)]
+    assert len(counts) > 10 and {n for _, n in counts} == {plan.space}
+    done = [k for k, _ in counts]
+    assert done == sorted(done) and done[-1] == plan.evaluated < plan.space
+    stages = set(re.findall(r"\(\d+ s\) (.+)$", stream.getvalue(), re.M))
+    assert {"ascent over the levers", "coordinate ascent", "done"} <= stages
