@@ -198,3 +198,22 @@ def test_progress_counts_the_launches_looked_at_of_the_candidates(model, gpt16_j
     assert done == sorted(done) and done[-1] == plan.evaluated < plan.space
     stages = set(re.findall(r"\(\d+ s\) (.+)$", stream.getvalue(), re.M))
     assert {"ascent over the levers", "coordinate ascent", "done"} <= stages
+
+
+def test_the_band_says_when_the_store_has_no_run_of_the_jobs_device(gpt16_job):
+    """Planned against the repository's CPU store, an A100 job's band says plainly that no train run of a100 is
+    in it (the band is the CPU runs' error) and which store to pass; a CPU capture's band against it does not."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    runner = CliRunner()
+    store = str(REPO / "fixtures")
+    gpu = runner.invoke(app, ["plan", "--job", str(gpt16_job), "--fixtures", store, "--top", "1", "--json"])
+    cpu = runner.invoke(app, ["plan", "--job", str(CPU_JOB), "--fixtures", store, "--top", "1", "--json"])
+    assert gpu.exit_code == 0 and cpu.exit_code == 0, gpu.output + cpu.output
+    gpu_band, cpu_band = (json.loads(r.stdout)["throughput_band_source"] for r in (gpu, cpu))
+    assert "MAPE" in gpu_band and "no train run of a100" in gpu_band and "pass --fixtures" in gpu_band
+    assert "MAPE" in cpu_band and "no train run" not in cpu_band
