@@ -108,6 +108,17 @@ class JobPlan:
     def exit_code(self) -> int:
         return 0 if self.best else 1
 
+    def refusal_kinds(self) -> list[tuple[int, int, str]]:
+        """The refusals grouped by kind (a reason with its numbers taken out): for each, most launches first, the
+        launches refused, how many different reasons (numbers) it holds and the commonest as its example."""
+        import re
+
+        kinds: dict[str, list[tuple[int, str]]] = {}
+        for reason, count in self.refused.items():
+            kinds.setdefault(re.sub(r"\d+(?:\.\d+)?", "#", reason), []).append((count, reason))
+        grouped = [(sum(c for c, _ in reasons), len(reasons), max(reasons)[1]) for reasons in kinds.values()]
+        return sorted(grouped, key=lambda kind: (-kind[0], kind[2]))
+
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "job": self.job, "model": self.model, "cluster": self.cluster or None,
                 "fixtures": self.store or None, "search": self.search, "space": self.space, "orders": self.orders,
@@ -180,7 +191,9 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     refusals: dict[Launch, str] = {}
     bounded: dict[Launch, str] = {}  # launches left unsimulated by a closed-form bound: "memory" or "throughput"
     # the best fitting throughputs so far: a launch whose bound is below the kept-th of them cannot rank
-    keep = max(top, rerank if perturbations is not None else 0) * (2 if "auto" in schedules else 1)
+    # (on one stage 1F1B, GPipe, ZB-H1 and auto may price alike and show as one row: as many kept per row)
+    keep = max(top, rerank if perturbations is not None else 0) * max(
+        1, sum(s in ("1f1b", "gpipe", "zb_h1", "auto") for s in schedules))
     best: list[float] = []
     best_megatron = [0.0]
 
@@ -359,14 +372,21 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule;
     # launches of other levers (a recomputation, the distributed optimizer) are other launches, each ranked
     fitting.sort(key=lambda o: (-o.samples_per_s, o.launch.schedule == "auto", len(o.flags)))
-    seen: set[tuple] = set()
-    unique = []
+    # on one stage the schedules order the same tasks alike where they price the same (one microbatch, or 1F1B,
+    # GPipe and ZB-H1 at equal throughput and memory): one row, the schedule Megatron runs where it is one of them
+    seen: dict[tuple, int] = {}
+    unique: list[Outcome] = []
     for outcome in fitting:
-        same = (outcome.launch.levers, outcome.launch.order, outcome.layers_per_stage, outcome.resolved,
+        schedule: Any = outcome.resolved
+        if len(outcome.layers_per_stage) == 1 and outcome.launch.chunks == 1:
+            schedule = ("one stage", f"{outcome.samples_per_s:.9g}", f"{max(outcome.peak_memory_bytes):.9g}")
+        same = (outcome.launch.levers, outcome.launch.order, outcome.layers_per_stage, schedule,
                 outcome.launch.chunks, outcome.launch.micro_batch_size)
         if same not in seen:
-            seen.add(same)
+            seen[same] = len(unique)
             unique.append(outcome)
+        elif outcome.resolved in MEGATRON_SCHEDULES and unique[seen[same]].resolved not in MEGATRON_SCHEDULES:
+            unique[seen[same]] = outcome
     if perturbations is not None:
         head = [planner.perturbed_outcome(o, perturbations) for o in unique[:max(rerank, top)]]
         key = {"throughput": lambda o: -o.samples_per_s, "expected": lambda o: -o.expected_samples_per_s,

@@ -217,3 +217,28 @@ def test_the_band_says_when_the_store_has_no_run_of_the_jobs_device(gpt16_job):
     gpu_band, cpu_band = (json.loads(r.stdout)["throughput_band_source"] for r in (gpu, cpu))
     assert "MAPE" in gpu_band and "no train run of a100" in gpu_band and "pass --fixtures" in gpu_band
     assert "MAPE" in cpu_band and "no train run" not in cpu_band
+
+
+def test_one_stage_schedules_that_run_alike_are_one_row(model, gpt16_job):
+    """With --any-runtime the 16-A100 job's best launches are on one stage (p 1), where 1F1B, GPipe and ZB-H1
+    price alike: each shows once, as the 1F1B Megatron runs, not three identical rows."""
+    plan = plan_job(gpt16_job, model, top=8, any_runtime=True)
+    one_stage = [o for o in plan.best if len(o.layers_per_stage) == 1]
+    assert one_stage and all(o.resolved == "1f1b" for o in one_stage)
+    rows = [(o.launch.levers, o.launch.micro_batch_size, round(o.samples_per_s, 6)) for o in plan.best]
+    assert len(rows) == len(set(rows)) == 8
+
+
+def test_refusals_are_grouped_by_kind(model, gpu_job):
+    """The 512-A100 plan's refusals of one kind (the global batch not a multiple of micro batch x dp, at several
+    micro batches) show as one line with their count, how many cases and one example, not one line each."""
+    from hops_calib.cli.render.plan import format_job_plan
+
+    plan = plan_job(gpu_job, model, top=5)
+    kinds = plan.refusal_kinds()
+    assert sum(count for count, _, _ in kinds) == sum(plan.refused.values())
+    assert len(kinds) < len(plan.refused), plan.refused
+    count, cases, example = kinds[0]
+    assert cases > 1 and example in plan.refused and "is not a multiple of micro batch" in example
+    lines = [line for line in format_job_plan(plan).splitlines() if "cannot run" in line]
+    assert lines[0] == f"{count} launch(es) cannot run, {cases} cases of one reason, e.g.: {example}"
