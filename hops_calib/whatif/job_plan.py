@@ -517,18 +517,18 @@ def _memory_seeds(planner: JobPlanner, spaces: dict[Any, Space]) -> list[Launch]
 
 
 def _moved_up(planner: JobPlanner, launch: Launch, family: Space) -> list[Launch]:
-    """`launch` moved to another setting of the levers (`_moved`), and at each larger micro batch of that setting
-    while the closed-form memory bound says it fits (activations grow with the micro batch): a setting that holds
-    less per GPU (a recomputation, the distributed optimizer, a wider layout) may run best at a larger one."""
+    """`launch` moved to another setting of the levers (`_moved`), and at the next larger micro batch of that
+    setting where the closed-form memory bound says it fits: a setting that holds less per GPU (a recomputation,
+    the distributed optimizer, a wider layout) may run best at a larger one (the ascent climbs on from there)."""
     moved = [_moved(launch, family)]
     for size in sorted(s for s in family.sizes if s > moved[0].micro_batch_size):
         larger = _moved(launch, family, size)
         try:
-            if not planner.memory_fits(larger):
-                break
+            if planner.memory_fits(larger):
+                moved.append(larger)
         except Refusal:
             continue
-        moved.append(larger)
+        break
     return moved
 
 
