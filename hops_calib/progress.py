@@ -40,8 +40,9 @@ class Progress(Protocol):
     def advance(self, what: str = "") -> None:
         """One unit done; `what` names it (a run id)."""
 
-    def update(self, completed: int, total: int) -> None:
-        """`completed` of `total` units are done (for loops that count rather than step)."""
+    def update(self, completed: int, total: int, what: str = "") -> None:
+        """`completed` of `total` units are done (for loops that count rather than step); `what` names the
+        stage ("": as before)."""
 
 
 class _Quiet:
@@ -51,7 +52,7 @@ class _Quiet:
     def advance(self, what: str = "") -> None:
         pass
 
-    def update(self, completed: int, total: int) -> None:
+    def update(self, completed: int, total: int, what: str = "") -> None:
         pass
 
 
@@ -79,10 +80,13 @@ class _RichBar:
         if self._task is not None:
             self._bar.update(self._task, advance=1, description=what)
 
-    def update(self, completed: int, total: int) -> None:
+    def update(self, completed: int, total: int, what: str = "") -> None:
         self.start(total)
         if self._task is not None:
-            self._bar.update(self._task, completed=completed, total=total)
+            if what:
+                self._bar.update(self._task, completed=completed, total=total, description=what)
+            else:
+                self._bar.update(self._task, completed=completed, total=total)
 
     def stop(self) -> None:
         if self._task is not None:
@@ -119,8 +123,9 @@ class _Lines:
         self._done, self._what = self._done + 1, what
         self._emit()
 
-    def update(self, completed: int, total: int) -> None:
+    def update(self, completed: int, total: int, what: str = "") -> None:
         self._done, self._total = completed, total
+        self._what = what or self._what
         self._emit()
 
     def stop(self) -> None:

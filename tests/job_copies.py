@@ -15,11 +15,17 @@ REPO = Path(__file__).resolve().parent.parent
 def readme_gpu_job(folder: Path) -> tuple[Path, str]:
     """docs/whatif.md's GPU job recipe (its shell block "A job on GPU nodes, before it runs") run as written in `folder`: the
     job directory it makes (gpt175b: 512 A100s, t 8 x p 8 x d 8 on 64 nodes) and the hops-calib calls it ends with."""
+    return whatif_recipe_job(folder, "gpt175b")
+
+
+def whatif_recipe_job(folder: Path, name: str) -> tuple[Path, str]:
+    """docs/whatif.md's shell block that makes job `name` (gpt175b, gpt16) run as written in `folder`: the job
+    directory it makes and the hops-calib calls it ends with."""
     text = (REPO / "docs" / "whatif.md").read_text(encoding="utf-8")
-    start = text.index("mkdir -p gpt175b")
+    start = text.index(f"mkdir -p {name} ")
     setup, _, calls = text[start:text.index("```", start)].rpartition("cd .. && ")
     subprocess.run(["bash", "-c", setup], cwd=folder, check=True)
-    return folder / "gpt175b", calls.strip()
+    return folder / name, calls.strip()
 
 
 def copy_job(job: Path, target: Path) -> Path:

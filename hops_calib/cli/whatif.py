@@ -35,8 +35,9 @@ def plan_command(stages: int, microbatches: int, memory_budget: float, forward_c
     typer.echo(report)
 
 
-def _calibration_band(fixtures: Path, model_path: Path | None) -> tuple[float, str]:
-    """The model's train MAPE on the store's train split, as the band a plan's throughputs carry; (0, why not)."""
+def _calibration_band(fixtures: Path, model_path: Path | None) -> tuple[float, int, set[str]]:
+    """The model's train MAPE on the store's train split, as the band a plan's throughputs carry, the runs it
+    averages and their device types; (0, 0, none) without a store."""
     from hops_calib.loop.model_files import load_model
     from hops_calib.loop.suite import load_suite
     from hops_calib.whatif.job_plan import throughput_band
@@ -44,10 +45,23 @@ def _calibration_band(fixtures: Path, model_path: Path | None) -> tuple[float, s
     try:
         suite = load_suite(fixtures, "train")
     except InputError:
-        return 0.0, ""
+        return 0.0, 0, set()
     band, runs = throughput_band(suite.specs, suite.truths, load_model(model_path))
-    return band, (f"+/- {100 * band:.1f} %: the model's throughput MAPE on the {runs} train runs of "
-                  f"{fixtures.resolve()}" if runs else "")
+    return band, runs, {device for spec in suite.specs for device in spec.devices}
+
+
+def _band_source(band: float, runs: int, store_devices: set[str], fixtures: Path, job_devices: Sequence[str]) -> str:
+    """Where a plan's band comes from, and, when the store holds no train run of the job's device types, that the
+    band is another device's error and which store to pass instead."""
+    if not runs:
+        return ""
+    source = f"+/- {100 * band:.1f} %: the model's throughput MAPE on the {runs} train runs of {fixtures.resolve()}"
+    missing = sorted(set(job_devices) - store_devices)
+    if not missing:
+        return source
+    return (f"{source}; no train run of {', '.join(missing)} in that store (its runs are on "
+            f"{', '.join(sorted(store_devices))}): the band is the {'/'.join(sorted(store_devices))} runs' error, "
+            f"not measured on {', '.join(missing)}; pass --fixtures the store calibrated on that device")
 
 
 def _calibration_coverage(fixtures: Path, defaulted: bool = False) -> tuple[Coverage | None, str]:
@@ -359,7 +373,8 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
             raise InputError("--schedule", f"{next(s for s in schedules if s not in MEGATRON_SCHEDULES)!r} has no "
                              "Megatron-LM flag", field="--schedule",
                              hint="add --any-runtime to plan for a runtime that has it (torch.distributed.pipelining)")
-        band, band_source = _calibration_band(fixtures, model_path) if fixtures is not None else (0.0, "")
+        band, runs, store_devices = (_calibration_band(fixtures, model_path) if fixtures is not None
+                                     else (0.0, 0, set()))
         plan = plan_job(job, load_model(model_path), cluster=load_cluster(cluster), top=top,
                         schedules=schedules or (SCHEDULES if any_runtime else MEGATRON_SCHEDULES),
                         any_runtime=any_runtime, band=band,
@@ -369,7 +384,10 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
                         seed=seed, exhaustive_limit=exhaustive_limit,
                         perturbations=parse_perturbations(perturbations, job, stages_allowed=False),
                         rank_by=rank_by, progress=bar, calibration=coverage, store=store)
-        return replace(plan, band_source=band_source)
+        if fixtures is None:
+            return plan
+        return replace(plan, band_source=_band_source(band, runs, store_devices, fixtures,
+                                                      list(plan.capacity_bytes or ())))
 
     coverage, store = _calibration_coverage(fixtures) if fixtures is not None else (None, "")
 

@@ -108,6 +108,17 @@ class JobPlan:
     def exit_code(self) -> int:
         return 0 if self.best else 1
 
+    def refusal_kinds(self) -> list[tuple[int, int, str]]:
+        """The refusals grouped by kind (a reason with its numbers taken out): for each, most launches first, the
+        launches refused, how many different reasons (numbers) it holds and the commonest as its example."""
+        import re
+
+        kinds: dict[str, list[tuple[int, str]]] = {}
+        for reason, count in self.refused.items():
+            kinds.setdefault(re.sub(r"\d+(?:\.\d+)?", "#", reason), []).append((count, reason))
+        grouped = [(sum(c for c, _ in reasons), len(reasons), max(reasons)[1]) for reasons in kinds.values()]
+        return sorted(grouped, key=lambda kind: (-kind[0], kind[2]))
+
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "job": self.job, "model": self.model, "cluster": self.cluster or None,
                 "fixtures": self.store or None, "search": self.search, "space": self.space, "orders": self.orders,
@@ -120,6 +131,9 @@ class JobPlan:
                 "simulated": self.simulated, "bounded": self.bounded,
                 "memory_headroom_bytes": self.headroom_bytes, "memory_capacity_bytes": self.capacity_bytes,
                 "any_runtime": self.any_runtime, "throughput_band_source": self.band_source or None}
+
+
+LAYOUTS_ASCENDED = 1000
 
 
 def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = None, top: int = 5,
@@ -177,9 +191,16 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     refusals: dict[Launch, str] = {}
     bounded: dict[Launch, str] = {}  # launches left unsimulated by a closed-form bound: "memory" or "throughput"
     # the best fitting throughputs so far: a launch whose bound is below the kept-th of them cannot rank
-    keep = max(top, rerank if perturbations is not None else 0) * (2 if "auto" in schedules else 1)
+    # (on one stage 1F1B, GPipe, ZB-H1 and auto may price alike and show as one row: as many kept per row)
+    keep = max(top, rerank if perturbations is not None else 0) * max(
+        1, sum(s in ("1f1b", "gpipe", "zb_h1", "auto") for s in schedules))
     best: list[float] = []
     best_megatron = [0.0]
+
+    # progress counts one quantity, the distinct launches looked at (priced, refused or left out by a bound) of
+    # the candidates, whatever the stage of the search reports; the stage names itself
+    looked = _Looked(progress, total, lambda: len(outcomes) + len(refusals) + len(bounded))
+    progress = looked
 
     def threshold(launch: Launch) -> float:
         kth = best[keep - 1] if len(best) >= keep else 0.0
@@ -263,18 +284,20 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     if total <= exhaustive_limit:
         search = "exhaustive"
         everything = [*space, *(launch for _, family in families for launch in family)]
-        progress.start(2 * len(everything))
+        looked.stage = "bounds, then simulating best first"
         best_first(everything)
     else:
         # coordinate ascent over the levers from the job's own launch: every launch one lever away (the layout with
         # each recomputation, the recomputation, SP, the distributed optimizer, the micro batch, the schedule), at
         # the even split, bounded before it is simulated; then the study and the ascent over orders and splits
-        progress.start(trials)
+        looked.stage = "ascent over the levers"
         moves = _lever_ascent(planner, space, families, score, best_first, outcomes) if families else 0
         seeded = len(outcomes) + len(refusals) + len(bounded)
         study = study_trials if study_trials is not None else (trials if space.orders_count() > 1 else 0)
         if study:
+            looked.stage = "optuna study"
             _optuna_search(space, score, study, seed, progress)
+        looked.stage = "coordinate ascent"
         studied = len(outcomes) + len(refusals) + len(bounded)
         found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
         own_known = known(planner.current())
@@ -291,6 +314,27 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
             if stopped is not None:
                 stopped_at = index
                 break
+        # the best `top` settings of the levers (layouts): coordinate ascent from the best launch of each not
+        # ascended from yet, until the best `top` settings hold none or the budget runs out, so that a setting's
+        # rank is that of its best launch the ascent finds, not of the launch the lever ascent met it at
+        ascended = {start.launch.levers for start in starts}
+        kept_layouts = 0
+        while stopped is None:
+            layouts: dict[Any, Outcome] = {}
+            for o in sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s):
+                layouts.setdefault(o.launch.levers, o)
+            fresh = next((o for o in list(layouts.values())[:LAYOUTS_ASCENDED * top] if o.launch.levers not in ascended), None)
+            if fresh is None:
+                break
+            ascended.add(fresh.launch.levers)
+            before = len(outcomes) + len(refusals) + len(bounded)
+            taken, stopped = _local_search(spaces[fresh.launch.levers], score, [fresh], known, budget - spent,
+                                           progress, done=studied + spent)
+            steps += taken
+            spent += len(outcomes) + len(refusals) + len(bounded) - before
+            kept_layouts += 1
+            if stopped is not None:
+                stopped_at = -1
         first = "the study's best" if study else "the best"
         # every count says what it counts: the study's trials repeat launches and fall outside the space, the job's
         # own launch is priced once, and the ascent's budget counts only launches not priced before
@@ -301,10 +345,14 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                      "(one distinct stage order: no study; --trials N runs one) ")
                   + f"the job's own launch ({'priced before' if own_known else '1 more'}), then coordinate ascent "
                   "(nearest launches first: schedule, micro-batch size, order, split) from "
-                  f"{first} and from the job's own launch: {steps} move(s) to a faster neighbour, {spent:,} new "
-                  "launches priced")
+                  f"{first}, from the job's own launch"
+                  + (f" and from the best launch of each of the best {top} settings of the levers ({kept_layouts} "
+                     "more)"
+                     if kept_layouts else "")
+                  + f": {steps} move(s) to a faster neighbour, {spent:,} new launches priced")
         if stopped is not None:
-            where = "the job's own launch" if starts[stopped_at] is own else first
+            where = (f"one of the best {top} settings of the levers" if stopped_at < 0 else
+                     "the job's own launch" if starts[stopped_at] is own else first)
             ran_out = (f"its budget of {budget:,} new launches ran out inside step {stopped.step}'s neighbourhood "
                        f"scan (ascending from {where}): {stopped.scanned:,} of its {stopped.neighbours:,} "
                        f"neighbours looked at ({stopped.scanned - stopped.known:,} priced new, {stopped.known:,} "
@@ -314,20 +362,31 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                 f"the coordinate ascent stopped: {ran_out} "
                 f"(budget: {ascent_tasks or ASCENT_TASKS:,} simulated tasks at the job's own launch's "
                 f"{_tasks(planner.spec):,} per iteration, or --trials if more): the best found, not "
-                "proven best; give more --trials, or keep a dimension (--keep-order, --keep-split, "
-                "--keep-micro-batch, --schedule)")
+                "proven best, and a pick whose layout (t, p, recomputation, SP, distributed optimizer) was not "
+                "ascended from may be beaten in that layout; give more --trials, or keep a dimension "
+                "(--keep-order, --keep-split, --keep-micro-batch, --schedule, --keep-levers)")
+    looked.stage = "done"
+    looked.advance()  # the last count: every launch the plan says it looked at
     fitting = [o for o in outcomes.values() if o.fits]
     over_memory = len(outcomes) - len(fitting) + sum(1 for why in bounded.values() if why == "memory")
-    # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule
+    # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule;
+    # launches of other levers (a recomputation, the distributed optimizer) are other launches, each ranked
     fitting.sort(key=lambda o: (-o.samples_per_s, o.launch.schedule == "auto", len(o.flags)))
-    seen: set[tuple] = set()
-    unique = []
+    # on one stage the schedules order the same tasks alike where they price the same (one microbatch, or 1F1B,
+    # GPipe and ZB-H1 at equal throughput and memory): one row, the schedule Megatron runs where it is one of them
+    seen: dict[tuple, int] = {}
+    unique: list[Outcome] = []
     for outcome in fitting:
-        same = (outcome.launch.order, outcome.layers_per_stage, outcome.resolved, outcome.launch.chunks,
-                outcome.launch.micro_batch_size)
+        schedule: Any = outcome.resolved
+        if len(outcome.layers_per_stage) == 1 and outcome.launch.chunks == 1:
+            schedule = ("one stage", f"{outcome.samples_per_s:.9g}", f"{max(outcome.peak_memory_bytes):.9g}")
+        same = (outcome.launch.levers, outcome.launch.order, outcome.layers_per_stage, schedule,
+                outcome.launch.chunks, outcome.launch.micro_batch_size)
         if same not in seen:
-            seen.add(same)
+            seen[same] = len(unique)
             unique.append(outcome)
+        elif outcome.resolved in MEGATRON_SCHEDULES and unique[seen[same]].resolved not in MEGATRON_SCHEDULES:
+            unique[seen[same]] = outcome
     if perturbations is not None:
         head = [planner.perturbed_outcome(o, perturbations) for o in unique[:max(rerank, top)]]
         key = {"throughput": lambda o: -o.samples_per_s, "expected": lambda o: -o.expected_samples_per_s,
@@ -373,6 +432,25 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                    any_runtime=any_runtime)
 
 
+class _Looked:
+    """The search's progress as one count: the distinct launches looked at (`count()`) of the `total` candidates,
+    shown on `inner` whenever a stage of the search reports a step, named by the current `stage`. The count stops
+    short of the total where the search does not look at every launch."""
+
+    def __init__(self, inner: Progress, total: int, count: Any) -> None:
+        self.inner, self.total, self.count, self.stage = inner, total, count, ""
+        inner.start(total)
+
+    def start(self, total: int) -> None:
+        pass  # the total is the candidates', set once
+
+    def advance(self, what: str = "") -> None:
+        self.inner.update(self.count(), self.total, self.stage)
+
+    def update(self, completed: int, total: int, what: str = "") -> None:
+        self.inner.update(self.count(), self.total, self.stage)
+
+
 def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[Any, Space]],
                   score: Any, best_first: Any, outcomes: dict[Launch, Outcome], max_steps: int = 20) -> int:
     """Moves from the job's own launch to the fastest fitting launch one lever away while one is faster; the
@@ -385,6 +463,9 @@ def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[An
         if not fitting:  # the job's own launch does not fit: start from its settings at each recomputation
             best_first([_moved(planner.current(), family) for setting, family in families
                         if (setting.tp, setting.pp) == (own.tp, own.pp)])
+            fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
+        if not fitting:  # nor do those: start from every setting's most memory-saving launch the bound says fits
+            best_first(_memory_seeds(planner, spaces))
             fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
             if not fitting:
                 return 0
@@ -405,7 +486,7 @@ def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[An
                        setting.distributed_optimizer != levers.distributed_optimizer)
             # one lever changed; a new layout may take any recomputation with it (what lets it fit)
             if sum(changed) == 1 or (changed[0] and sum(changed[2:]) == 0):
-                near.append(_moved(launch, family))
+                near += _moved_up(planner, launch, family)
         best_first([n for n in dict.fromkeys(near) if n != launch])
         better = max((outcomes[n] for n in near if n in outcomes and outcomes[n].fits),
                      key=lambda o: o.samples_per_s, default=current)
@@ -415,10 +496,47 @@ def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[An
     return steps
 
 
-def _moved(launch: Launch, family: Space) -> Launch:
-    """`launch` in another setting of the levers: its schedule where that setting runs it (else 1F1B), its micro
-    batch where it divides a replica's batch (else the largest that does), the even split."""
-    size = max((s for s in family.sizes if s <= launch.micro_batch_size), default=min(family.sizes))
+def _memory_seeds(planner: JobPlanner, spaces: dict[Any, Space]) -> list[Launch]:
+    """Of each setting of the levers, its launch that holds the least memory - the smallest micro batch, 1F1B
+    (the fewest microbatches in flight), the even split - where the closed-form memory bound says it fits: where
+    the search starts when neither the job's own launch nor its settings at another recomputation fit."""
+    seeds = []
+    for family in spaces.values():
+        size = min(family.sizes)
+        shapes = {(schedule, chunks) for s, first, last, schedule, chunks, accounted in family.shapes()
+                  if s == size and (first, last, accounted) == (None, None, (False, False))}
+        if ("1f1b", 1) not in shapes:
+            continue
+        launch = Launch(family.current_order, None, None, "1f1b", 1, size, (False, False), family.levers)
+        try:
+            if planner.memory_fits(launch):
+                seeds.append(launch)
+        except Refusal:
+            continue
+    return seeds
+
+
+def _moved_up(planner: JobPlanner, launch: Launch, family: Space) -> list[Launch]:
+    """`launch` moved to another setting of the levers (`_moved`), and at the next larger micro batch of that
+    setting where the closed-form memory bound says it fits: a setting that holds less per GPU (a recomputation,
+    the distributed optimizer, a wider layout) may run best at a larger one (the ascent climbs on from there)."""
+    moved = [_moved(launch, family)]
+    for size in sorted(s for s in family.sizes if s > moved[0].micro_batch_size):
+        larger = _moved(launch, family, size)
+        try:
+            if planner.memory_fits(larger):
+                moved.append(larger)
+        except Refusal:
+            continue
+        break
+    return moved
+
+
+def _moved(launch: Launch, family: Space, size: int | None = None) -> Launch:
+    """`launch` in another setting of the levers: its schedule where that setting runs it (else 1F1B), micro batch
+    `size`, else its own where it divides a replica's batch (else the largest that does), the even split."""
+    if size is None:
+        size = max((s for s in family.sizes if s <= launch.micro_batch_size), default=min(family.sizes))
     shapes = {(schedule, chunks) for s, _, _, schedule, chunks, _ in family.shapes() if s == size}
     schedule, chunks = (launch.schedule, launch.chunks) if (launch.schedule, launch.chunks) in shapes else ("1f1b", 1)
     return Launch(family.current_order, None, None, schedule, chunks, size, (False, False), family.levers)

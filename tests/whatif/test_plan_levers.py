@@ -139,3 +139,106 @@ def test_plan_cli_refuses_other_runtimes_schedules_and_keeps_parallel(tmp_path):
     assert any("--parallel is no longer needed" in note for note in json.loads(layouts.stdout)["notes"])
     text = runner.invoke(app, ["plan", "--job", str(CPU_JOB), "--memory-headroom", "0.1", "--top", "1"])
     assert text.exit_code == 0 and "less 0.10 GB headroom" in text.output
+
+
+def test_a_tight_memory_still_finds_the_launches_that_fit(model, gpu_job):
+    """With 62 GB of the 80 left out (18 GB per GPU), neither the 512-A100 job's own launch (21.9 GB) nor its
+    t 8 x p 8 at another recomputation fits; the search starts from each setting's most memory-saving launch the
+    closed-form bound says fits and finds fitting launches (a deeper pipeline with full recomputation), instead of
+    answering that nothing fits."""
+    plan = plan_job(gpu_job, model, top=3, headroom_bytes=62e9)
+    assert plan.current is not None and not plan.current.fits
+    assert plan.status == "ok" and plan.best
+    assert all(max(o.peak_memory_bytes) <= 18e9 for o in plan.best)
+    assert any(o.to_dict()["recompute"].startswith("full") and o.to_dict()["pp"] > 8 for o in plan.best)
+
+
+@pytest.fixture(scope="module")
+def gpt16_job(tmp_path_factory):
+    """docs/whatif.md's 16-A100 job (1.3B GPT, t 2 x p 4 x d 2), made by its own recipe."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from job_copies import whatif_recipe_job
+
+    job, _ = whatif_recipe_job(tmp_path_factory.mktemp("gpt16"), "gpt16")
+    return job
+
+
+def test_the_best_five_are_the_first_five_of_a_longer_list(model, gpt16_job):
+    """On the 16-A100 job the best five are the first five of the best twelve (a longer list keeps more settings
+    of the levers and ascends from each: it finds nothing faster than the fifth that the five lack), and the job's
+    own layout at its best (t 2 x p 4 with every other lever searched, --keep-levers) ranks where it should: in the
+    five, or slower than all of them."""
+    five = plan_job(gpt16_job, model, top=5)
+    twelve = plan_job(gpt16_job, model, top=12)
+    own_layout = plan_job(gpt16_job, model, top=1, levers=False).best[0]
+    floor = five.best[-1].samples_per_s
+    assert [o.launch for o in twelve.best if o.samples_per_s >= floor] == [o.launch for o in five.best]
+    assert own_layout.samples_per_s < floor or own_layout.launch in [o.launch for o in five.best]
+    assert len({o.launch.levers for o in five.best}) > 1, "other recomputations rank as launches of their own"
+
+
+def test_progress_counts_the_launches_looked_at_of_the_candidates(model, gpt16_job):
+    """The progress a plan reports (as HOPS_CALIB_PROGRESS=lines prints it) counts one quantity through every
+    stage of the search: K of N with N the plan's candidates, K never above N nor falling, and the last K the
+    launches the plan says it looked at (it showed 1107/8067 while the plan said 1,107 of 59,168)."""
+    import io
+    import re
+
+    from hops_calib.progress import _Lines
+
+    stream = io.StringIO()
+    lines = _Lines("plan", stream=stream, every_s=0.0)
+    plan = plan_job(gpt16_job, model, top=5, progress=lines)
+    lines.stop()
+    counts = [tuple(map(int, m.groups())) for m in re.finditer(r"^plan: (\d+)/(\d+) ", stream.getvalue(), re.M)]
+    assert len(counts) > 10 and {n for _, n in counts} == {plan.space}
+    done = [k for k, _ in counts]
+    assert done == sorted(done) and done[-1] == plan.evaluated < plan.space
+    stages = set(re.findall(r"\(\d+ s\) (.+)$", stream.getvalue(), re.M))
+    assert {"ascent over the levers", "coordinate ascent", "done"} <= stages
+
+
+def test_the_band_says_when_the_store_has_no_run_of_the_jobs_device(gpt16_job):
+    """Planned against the repository's CPU store, an A100 job's band says plainly that no train run of a100 is
+    in it (the band is the CPU runs' error) and which store to pass; a CPU capture's band against it does not."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    runner = CliRunner()
+    store = str(REPO / "fixtures")
+    gpu = runner.invoke(app, ["plan", "--job", str(gpt16_job), "--fixtures", store, "--top", "1", "--json"])
+    cpu = runner.invoke(app, ["plan", "--job", str(CPU_JOB), "--fixtures", store, "--top", "1", "--json"])
+    assert gpu.exit_code == 0 and cpu.exit_code == 0, gpu.output + cpu.output
+    gpu_band, cpu_band = (json.loads(r.stdout)["throughput_band_source"] for r in (gpu, cpu))
+    assert "MAPE" in gpu_band and "no train run of a100" in gpu_band and "pass --fixtures" in gpu_band
+    assert "MAPE" in cpu_band and "no train run" not in cpu_band
+
+
+def test_one_stage_schedules_that_run_alike_are_one_row(model, gpt16_job):
+    """With --any-runtime the 16-A100 job's best launches are on one stage (p 1), where 1F1B, GPipe and ZB-H1
+    price alike: each shows once, as the 1F1B Megatron runs, not three identical rows."""
+    plan = plan_job(gpt16_job, model, top=8, any_runtime=True)
+    one_stage = [o for o in plan.best if len(o.layers_per_stage) == 1]
+    assert one_stage and all(o.resolved == "1f1b" for o in one_stage)
+    rows = [(o.launch.levers, o.launch.micro_batch_size, round(o.samples_per_s, 6)) for o in plan.best]
+    assert len(rows) == len(set(rows)) == 8
+
+
+def test_refusals_are_grouped_by_kind(model, gpu_job):
+    """The 512-A100 plan's refusals of one kind (the global batch not a multiple of micro batch x dp, at several
+    micro batches) show as one line with their count, how many cases and one example, not one line each."""
+    from hops_calib.cli.render.plan import format_job_plan
+
+    plan = plan_job(gpu_job, model, top=5)
+    kinds = plan.refusal_kinds()
+    assert sum(count for count, _, _ in kinds) == sum(plan.refused.values())
+    assert len(kinds) < len(plan.refused), plan.refused
+    count, cases, example = kinds[0]
+    assert cases > 1 and example in plan.refused and "is not a multiple of micro batch" in example
+    lines = [line for line in format_job_plan(plan).splitlines() if "cannot run" in line]
+    assert lines[0] == f"{count} launch(es) cannot run, {cases} cases of one reason, e.g.: {example}"

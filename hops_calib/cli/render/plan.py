@@ -88,9 +88,9 @@ def format_job_plan(plan: JobPlan) -> str:
         lines += row("now", plan.current)
     if plan.over_memory:
         lines.append(f"{plan.over_memory} launch(es) left out: peak memory above a device's capacity")
-    for reason, count in sorted(plan.refused.items(), key=lambda kv: -kv[1])[:5]:
-        lines.append(f"{count} launch(es) " + ("unpriced" if reason.startswith("no link") else "cannot run")
-                     + f": {reason}")
+    for count, reasons, example in plan.refusal_kinds()[:5]:
+        lines.append(f"{count} launch(es) " + ("unpriced" if example.startswith("no link") else "cannot run")
+                     + (f": {example}" if reasons == 1 else f", {reasons} cases of one reason, e.g.: {example}"))
     widths = [100 * (o.expected_ci95[1] - o.expected_ci95[0]) / 2 / o.expected_samples_per_s
               for o in (*plan.best, *([plan.current] if plan.current else []))
               if o.expected_ci95 is not None and o.expected_samples_per_s is not None]
