@@ -131,12 +131,13 @@ class FixtureSet:
         return bool(self.path) and not Path(str(self.path)).is_dir()
 
     def store_option(self) -> str:
-        """What a judgement passes for this fixture set: `--fixtures PATH` where the recorded store is there, else
-        how to build it again from its source (`rebuild_command`)."""
-        from hops_calib.loop.checkout import default_checkout
+        """What a judgement passes for this fixture set: `--fixtures PATH` where the recorded store is there (with how
+        to build it again when it lies outside a checkout), else how to build it again (`rebuild_command`)."""
+        from hops_calib.loop.checkout import checkout_of, default_checkout
 
-        if self.path and not self.gone:
-            return f"--fixtures {self.path}"
+        if self.path and not self.gone:  # (a store outside a checkout, in /tmp say, may be gone in the next session)
+            return f"--fixtures {self.path}" + ("" if checkout_of(Path(self.path) / "x") is not None or not self.runs
+                                                else f" (where it is gone: `{rebuild_command(self.runs)}`)")
         checkout = default_checkout()
         if self.runs and all(run.startswith("cpu_") for run in self.runs) and checkout is not None \
                 and (checkout / "fixtures").is_dir():

@@ -27,6 +27,10 @@ def test_a_gone_cluster_store_is_rebuilt_by_the_command_the_message_gives(tmp_pa
     assert ("(no longer there: rebuild it with `hops-calib ingest ../shared/megatron-traces/hops --split auto "
             "--fixtures DIR`)") in text
     assert cluster.store_option().startswith("--fixtures DIR after `hops-calib ingest ../shared/megatron-traces")
+    # a store outside a checkout (/tmp) that is here now may be gone next session: the command comes with it
+    here = replace(cluster, path=str(tmp_path))
+    assert here.store_option() == (f"--fixtures {tmp_path} (where it is gone: `hops-calib ingest "
+                                   "../shared/megatron-traces/hops --split auto --fixtures DIR`)")
     assert cluster.to_dict()["rebuild"].startswith("hops-calib ingest ../shared/megatron-traces/hops ")
     # the command, run from the repository root, reads the shared runs, and its store holds the recorded runs
     source = shlex.split(cluster.to_dict()["rebuild"])[2]
