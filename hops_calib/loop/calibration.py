@@ -131,18 +131,33 @@ class FixtureSet:
         return bool(self.path) and not Path(str(self.path)).is_dir()
 
     def store_option(self) -> str:
-        """What a judgement passes for this fixture set: `--fixtures PATH` where the recorded store is there (with how
-        to build it again when it lies outside a checkout), else how to build it again (`rebuild_command`)."""
-        from hops_calib.loop.checkout import checkout_of, default_checkout
+        """What a judgement passes for this fixture set: `--fixtures PATH` where the recorded store is there, else the
+        checkout's own store for the CPU captures, else `--fixtures DIR` (built by `rebuild_note`)."""
+        if self.path and not self.gone:
+            return f"--fixtures {self.path}"
+        own = self._checkout_store()
+        return f"--fixtures {own}" if own is not None else "--fixtures DIR"
 
-        if self.path and not self.gone:  # (a store outside a checkout, in /tmp say, may be gone in the next session)
-            return f"--fixtures {self.path}" + ("" if checkout_of(Path(self.path) / "x") is not None or not self.runs
-                                                else f" (where it is gone: `{rebuild_command(self.runs)}`)")
+    def rebuild_note(self) -> str:
+        """How to build the store again, for a store gone from this machine or lying outside a checkout (in /tmp,
+        say: gone in the next session); "" for a store in a checkout, or one the checkout ships."""
+        from hops_calib.loop.checkout import checkout_of
+
+        if not self.runs or (self.path and not self.gone and checkout_of(Path(self.path) / "x") is not None):
+            return ""
+        if self.gone and self._checkout_store() is not None:
+            return f"{self.path} is gone: the checkout's store of its CPU captures holds its runs"
+        where = f"{self.path} is gone" if self.gone else f"where {self.path} is gone"
+        return f"{where}, build it again: `{rebuild_command(self.runs)}`"
+
+    def _checkout_store(self) -> Path | None:
+        from hops_calib.loop.checkout import default_checkout
+
         checkout = default_checkout()
         if self.runs and all(run.startswith("cpu_") for run in self.runs) and checkout is not None \
                 and (checkout / "fixtures").is_dir():
-            return f"--fixtures {checkout / 'fixtures'} (the checkout's store of its CPU captures)"
-        return f"--fixtures DIR after `{rebuild_command(self.runs or ())}`"
+            return checkout / "fixtures"
+        return None
 
     def describe(self) -> str:
         where = (f", store {self.path}" + (f" (no longer there: rebuild it with `{rebuild_command(self.runs or ())}`)"
@@ -407,7 +422,9 @@ def check_store(record: Record, scope: Scope, suite, verb: str, *, off_record: b
         paths = [fs.path for fs in sets]
         raise OffRecord(verb, message, field="fixtures",
                         hint=(("judge it on that store: " if len(sets) == 1 else "judge it on all of them: ")
-                              + " ".join(fs.store_option() for fs in sets) if all(paths) else
+                              + " ".join(fs.store_option() for fs in sets)
+                              + "".join(f" ({note})" for fs in sets if (note := fs.rebuild_note()))
+                              if all(paths) else
                               f"judge it on a store of those runs (--fixtures DIR: `{rebuild_command(sets[0].runs or ())}`"
                               "); the ledger records no path for "
                               "it (entries before issue #22 did not: the next judgement there records one)")

@@ -26,11 +26,14 @@ def test_a_gone_cluster_store_is_rebuilt_by_the_command_the_message_gives(tmp_pa
     text = cluster.describe()
     assert ("(no longer there: rebuild it with `hops-calib ingest ../shared/megatron-traces/hops --split auto "
             "--fixtures DIR`)") in text
-    assert cluster.store_option().startswith("--fixtures DIR after `hops-calib ingest ../shared/megatron-traces")
+    assert cluster.store_option() == "--fixtures DIR"
+    assert cluster.rebuild_note() == (f"{cluster.path} is gone, build it again: `hops-calib ingest "
+                                      "../shared/megatron-traces/hops --split auto --fixtures DIR`")
     # a store outside a checkout (/tmp) that is here now may be gone next session: the command comes with it
     here = replace(cluster, path=str(tmp_path))
-    assert here.store_option() == (f"--fixtures {tmp_path} (where it is gone: `hops-calib ingest "
-                                   "../shared/megatron-traces/hops --split auto --fixtures DIR`)")
+    assert here.store_option() == f"--fixtures {tmp_path}"
+    assert here.rebuild_note() == (f"where {tmp_path} is gone, build it again: `hops-calib ingest "
+                                   "../shared/megatron-traces/hops --split auto --fixtures DIR`")
     assert cluster.to_dict()["rebuild"].startswith("hops-calib ingest ../shared/megatron-traces/hops ")
     # the command, run from the repository root, reads the shared runs, and its store holds the recorded runs
     source = shlex.split(cluster.to_dict()["rebuild"])[2]
@@ -46,8 +49,10 @@ def test_a_gone_vtrain_store_names_the_table_and_a_gone_cpu_store_the_checkouts(
             "--fixtures DIR`") in vtrain.describe()
     assert (REPO / "../shared/public-runs/vtrain/ground_truth_single.csv").is_file()
     cpu = by_device[("cpu",)]
-    assert cpu.store_option() == f"--fixtures {REPO / 'fixtures'} (the checkout's store of its CPU captures)"
+    assert cpu.store_option() == f"--fixtures {REPO / 'fixtures'}"
+    assert cpu.rebuild_note() == f"{cpu.path} is gone: the checkout's store of its CPU captures holds its runs"
     assert "hops-calib ingest traces --split auto" in cpu.describe()
-    # a store that is there is named as it is
+    # a store that is there, in a checkout, is named as it is
     there = replace(cpu, path=str(REPO / "fixtures"))
     assert there.store_option() == f"--fixtures {REPO / 'fixtures'}" and "no longer there" not in there.describe()
+    assert there.rebuild_note() == ""
