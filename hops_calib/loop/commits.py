@@ -197,7 +197,8 @@ def ledger_disagrees(model_path: Path | str, ledger_path: Path | str | None) -> 
     seq, sha = stamp
     if last is not None and last.get("seq") == seq and last.get("entry_sha256") == sha:
         return []
-    where = (f"its last commit into it is entry {last.get('seq')} (model {str(_commit_of(last)[1])[:12]})"
+    committed = (_commit_of(last) or (None, None, None))[1] if last is not None else None
+    where = (f"its last commit into it is entry {last.get('seq')} (model {str(committed)[:12]})"
              if last is not None else "it records no commit into it")
     return [f"{model_path} was written by the commit of ledger entry {seq} (entry sha256 {sha[:12]}), which is not "
             f"the last commit into it that the ledger {ledger_path} records ({where}): the model and this ledger "

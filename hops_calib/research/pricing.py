@@ -58,7 +58,7 @@ def _nudges(model: Model) -> Iterable[tuple[str, str, Model, Moves]]:
         for name, value in active.params().items():
             param = by_name.get(name.partition("@")[0])
             new = _nudged(param, value) if param is not None else None
-            if new is None:
+            if param is None or new is None:
                 continue
             nudged = resolve_params(active.name, {name: new}, origin="observe", base=active.params(),
                                     device_types=devices)
@@ -141,8 +141,8 @@ def terms_of(found: dict[tuple[str, str], Moves], quantity: str, members: Sequen
             continue
         shifts = [moved.get((run, quantity, stage)) for run, stage in members]
         applies = sum(m is not None for m in shifts)
-        row = {"term": term, "param": name, "applies": applies > 0, "members_moved": applies,
-               "members": len(members)}
+        row: dict[str, Any] = {"term": term, "param": name, "applies": applies > 0, "members_moved": applies,
+                               "members": len(members)}
         if r is not None:
             row.update(_removable(moved, np.array([m or 0.0 for m in shifts]), r))
         rows.append(row)
@@ -173,7 +173,8 @@ def _removable(moved: Moves, m: np.ndarray, r: np.ndarray) -> dict[str, Any]:
     near = 1e-9 * max(1.0, abs(moved.low), abs(moved.high))
     bound = next((b for b in (moved.low, moved.high) if abs(value - b) <= near), None)
     at_bound = not moved.choices and step != 0 and bound is not None
-    value = bound if at_bound else value
+    if at_bound and bound is not None:
+        value = bound
     return {"removable_share": max(0.0, 1.0 - float(left @ left) / rr),
             "direction": "raise" if value > moved.old else "lower" if value < moved.old else None,
             "suggested_value": (moved.new if step else None) if moved.choices else float(value),
