@@ -125,8 +125,43 @@ class FixtureSet:
     path: str | None
     entries: tuple[int, ...]
 
+    @property
+    def gone(self) -> bool:
+        """Whether the recorded store folder is not on this machine (recorded on another, or removed since)."""
+        return bool(self.path) and not Path(str(self.path)).is_dir()
+
+    def store_option(self) -> str:
+        """What a judgement passes for this fixture set: `--fixtures PATH` where the recorded store is there, else the
+        checkout's own store for the CPU captures, else `--fixtures DIR` (built by `rebuild_note`)."""
+        if self.path and not self.gone:
+            return f"--fixtures {self.path}"
+        own = self._checkout_store()
+        return f"--fixtures {own}" if own is not None else "--fixtures DIR"
+
+    def rebuild_note(self) -> str:
+        """How to build the store again, for a store gone from this machine or lying outside a checkout (in /tmp,
+        say: gone in the next session); "" for a store in a checkout, or one the checkout ships."""
+        from hops_calib.loop.checkout import checkout_of
+
+        if not self.runs or (self.path and not self.gone and checkout_of(Path(self.path) / "x") is not None):
+            return ""
+        if self.gone and self._checkout_store() is not None:
+            return f"{self.path} is gone: the checkout's store of its CPU captures holds its runs"
+        where = f"{self.path} is gone" if self.gone else f"where {self.path} is gone"
+        return f"{where}, build it again: `{rebuild_command(self.runs)}`"
+
+    def _checkout_store(self) -> Path | None:
+        from hops_calib.loop.checkout import default_checkout
+
+        checkout = default_checkout()
+        if self.runs and all(run.startswith("cpu_") for run in self.runs) and checkout is not None \
+                and (checkout / "fixtures").is_dir():
+            return checkout / "fixtures"
+        return None
+
     def describe(self) -> str:
-        where = f", store {self.path}{'' if Path(self.path).is_dir() else ' (no longer there)'}" if self.path else ""
+        where = (f", store {self.path}" + (f" (no longer there: rebuild it with `{rebuild_command(self.runs or ())}`)"
+                                           if self.gone else "") if self.path else "")
         devices = f" on {', '.join(self.devices)}" if self.devices else ""
         runs = f"{self.n_runs} train runs" if self.n_runs is not None else "train runs"
         seqs = self.entries
@@ -138,7 +173,23 @@ class FixtureSet:
     def to_dict(self) -> dict[str, Any]:
         return {"fixture_set_sha256": self.sha256, "n_runs": self.n_runs, "devices": list(self.devices),
                 "fixtures": self.path if self.path else NO_PATH, "fixtures_exists": bool(self.path and
-                Path(self.path).is_dir()), "ledger_entries": list(self.entries)}
+                Path(self.path).is_dir()), "ledger_entries": list(self.entries),
+                **({"rebuild": rebuild_command(self.runs or ())} if self.gone else {})}
+
+
+# Where the runs of the project's stores come from, by their ids' prefix: the command that rebuilds a store the
+# ledger names but this machine lacks (a path recorded on another machine or in another session).
+RUN_SOURCES = (("cpu_", "traces"),  # the repository's CPU captures (its store: fixtures/)
+               ("vtrain_", "../shared/public-runs/vtrain/ground_truth_single.csv"),
+               ("dgxc", "../shared/public-runs/dgxc-h100"),
+               ("exp", "../shared/megatron-traces/hops"))
+
+
+def rebuild_command(runs: Iterable[str]) -> str:
+    """`hops-calib ingest SRC... --split auto --fixtures DIR` for the sources of `runs` (`RUN_SOURCES`); SRC where
+    a run's id names none."""
+    sources = {next((src for prefix, src in RUN_SOURCES if run.startswith(prefix)), "SRC") for run in runs} or {"SRC"}
+    return f"hops-calib ingest {' '.join(sorted(sources))} --split auto --fixtures DIR"
 
 
 # What `calibrated_on.fixtures` says when no entry judged on the fixture set recorded its store's path.
@@ -371,8 +422,11 @@ def check_store(record: Record, scope: Scope, suite, verb: str, *, off_record: b
         paths = [fs.path for fs in sets]
         raise OffRecord(verb, message, field="fixtures",
                         hint=(("judge it on that store: " if len(sets) == 1 else "judge it on all of them: ")
-                              + " ".join(f"--fixtures {path}" for path in paths) if all(paths) else
-                              "judge it on a store of those runs (--fixtures DIR); the ledger records no path for "
+                              + " ".join(fs.store_option() for fs in sets)
+                              + "".join(f" ({note})" for fs in sets if (note := fs.rebuild_note()))
+                              if all(paths) else
+                              f"judge it on a store of those runs (--fixtures DIR: `{rebuild_command(sets[0].runs or ())}`"
+                              "); the ledger records no path for "
                               "it (entries before issue #22 did not: the next judgement there records one)")
                         + "; or, to judge it here anyway and mark the ledger entry off_record, --off-record")
     return Check(scope, sets[0], why, False, "", True, (f"judged off the record (--off-record): {message}",), sets)

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop.candidate import parse_candidate
-from hops_calib.loop.checkout import is_checkout
-from hops_calib.loop.ledger import LOCK_TIMEOUT_S, BrokenLedger, Problem, read_entries, verify
-from hops_calib.loop.model_files import load_model, write_model
+from hops_calib.loop.checkout import checkout_of, is_checkout
+from hops_calib.loop.ledger import LEDGER_IN_CHECKOUT, LOCK_TIMEOUT_S, BrokenLedger, Problem, read_entries, verify
+from hops_calib.loop.model_files import committed_by, load_model, write_model
 
 if TYPE_CHECKING:
     from hops_calib.model.model import Model
@@ -134,7 +134,7 @@ def repair(ledger_path: Path | str) -> list[str]:
             if load_model(commit.model_file).sha256 != commit.held_sha256:
                 lines.append(f"{commit.model_file} changed meanwhile: left as it is")
                 continue
-            write_model(commit.model_file, model)
+            write_model(commit.model_file, model, commit.entry)
         lines.append(f"{commit.model_file}: wrote model {commit.committed_sha256[:12]}, which ledger entry "
                      f"{commit.seq} committed (the write had not happened)")
     return lines
@@ -151,3 +151,56 @@ def check_appendable(path: Path | str) -> None:
             result.problems += unwritten_problems(path)
         if not result.ok:
             raise BrokenLedger(result)
+
+
+def refuse_foreign_ledger(model_path: Path | str, ledger_path: Path | str, verb: str) -> None:
+    """Refuse (exit 2) a commit into a checkout's model file recorded in another ledger than that checkout's own:
+    the model would change while its ledger holds no judgement of the change. A model file outside every checkout
+    (a copy: --model COPY) may be committed with any ledger."""
+    home = checkout_of(model_path)
+    if home is None:
+        return
+    own = home / LEDGER_IN_CHECKOUT
+    if Path(ledger_path).resolve() == own.resolve():
+        return
+    raise InputError(verb, f"--commit would write {model_path}, the model of the checkout {home}, but record the "
+                     f"judgement in {ledger_path}, not that checkout's ledger {own}: the model and its ledger would "
+                     "disagree", field="ledger",
+                     hint=f"commit with the checkout's own ledger (leave out --ledger, or --ledger {own}); for a "
+                          "trial that records nothing leave out --commit, or copy the model file out of the checkout "
+                          "as well and pass --model COPY")
+
+
+def last_commit_into(model_path: Path | str, ledger_path: Path | str) -> dict[str, Any] | None:
+    """The latest committed entry of the ledger that wrote `model_path` (by the model file each entry names)."""
+    ledger_path, target = Path(ledger_path), Path(model_path).resolve()
+    last = None
+    for entry in read_entries(ledger_path):
+        recorded = (_commit_of(entry) or (None,))[0]
+        if recorded and model_file(recorded, ledger_path).resolve() == target:
+            last = entry
+    return last
+
+
+def ledger_disagrees(model_path: Path | str, ledger_path: Path | str | None) -> list[str]:
+    """A warning when the model file was last written by a commit that is not the ledger's last commit into it
+    (its header names the entry that wrote it: `model_files.committed_by`): a commit recorded in another ledger (a
+    copy), or the file put back from elsewhere. The model's sha256 alone cannot tell: it hashes the whole device
+    catalog, so the same model gets another sha256 when the catalog grows. Nothing for a file no commit stamped."""
+    stamp = committed_by(model_path)
+    if stamp is None or ledger_path is None or not Path(ledger_path).is_file():
+        return []
+    try:
+        last = last_commit_into(model_path, ledger_path)
+    except (InputError, BrokenLedger):
+        return []
+    seq, sha = stamp
+    if last is not None and last.get("seq") == seq and last.get("entry_sha256") == sha:
+        return []
+    committed = (_commit_of(last) or (None, None, None))[1] if last is not None else None
+    where = (f"its last commit into it is entry {last.get('seq')} (model {str(committed)[:12]})"
+             if last is not None else "it records no commit into it")
+    return [f"{model_path} was written by the commit of ledger entry {seq} (entry sha256 {sha[:12]}), which is not "
+            f"the last commit into it that the ledger {ledger_path} records ({where}): the model and this ledger "
+            "disagree (a commit recorded in another ledger, e.g. a --ledger copy); put the model file back (git "
+            "checkout -- FILE) and judge the change with this ledger, or use the ledger that wrote it"]

@@ -10,7 +10,7 @@ from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
-from hops_calib.loop.commits import check_appendable
+from hops_calib.loop.commits import check_appendable, refuse_foreign_ledger
 from hops_calib.loop.evaluate import (
     JUDGEMENT_FIELDS,
     fixture_fields,
@@ -124,6 +124,7 @@ def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path |
                          "there is no move to judge", field="model",
                          hint="compare the model before a move's first step with the model after its last")
     if commit_into is not None:  # refuse before scoring: a wrong file must not cost a ledger entry
+        refuse_foreign_ledger(commit_into, ledger_path, "compare")
         _holds_an_end(Path(commit_into), before_model, after_model)(load_model(commit_into))
     suite = load_suites(fixtures_dir, TRAIN)
     if plan is not None:

@@ -15,7 +15,7 @@ from typing import Any
 from hops_calib.errors import InputError
 from hops_calib.loop import heldout
 from hops_calib.loop.candidate import Candidate, read_candidate, refuse_placeholders
-from hops_calib.loop.commits import check_appendable
+from hops_calib.loop.commits import check_appendable, ledger_disagrees, refuse_foreign_ledger
 from hops_calib.loop.gate import GateResult, Tolerances, gate, looser_rules
 from hops_calib.loop.ledger import code_revision, now_utc
 from hops_calib.loop.ledger import resolve as resolve_ledger
@@ -320,7 +320,10 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
         held_out, held_out_warnings = {}, heldout.guard_store(fixtures_dir, ledger_path, verb, allow_held_out)
     model_path = Path(model_path) if model_path is not None else default_model()
     model = load_model(model_path)
+    if commit and judged_in is not None:  # refused before scoring: no entry for a commit that must not happen
+        refuse_foreign_ledger(model_path, judged_in, "evaluate")
     warnings = held_out_warnings + [w for w in (edited_since_written(model_path, model),) if w]
+    warnings += ledger_disagrees(model_path, ledger_path)
     if judged_in is not None:
         warnings += _other_checkouts(model_path, judged_in)
     judged = judgements(judged_in) if judged_in is not None else []
@@ -464,5 +467,5 @@ def record_and_write(model_path: Path, check: Callable[[Model], None], written_m
     with FileLock(str(model_path) + ".lock", timeout=ledger.LOCK_TIMEOUT_S):
         check(load_model(model_path))
         written = ledger.append(ledger_path, entry)
-        write_model(model_path, written_model)
+        write_model(model_path, written_model, written)
     return written

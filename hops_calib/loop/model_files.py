@@ -55,12 +55,28 @@ def load_model(path: Path | str | None = None) -> Model:
     return parse_model(read_text(path, "model file"), origin=str(path), catalog=load_catalog())
 
 
-def write_model(path: Path | str, model: Model) -> None:
-    """Write `model` to `path` atomically (temporary file, then rename)."""
-    atomic_write(path, model.to_toml(load_catalog()))
+def write_model(path: Path | str, model: Model, entry: dict | None = None) -> None:
+    """Write `model` to `path` atomically (temporary file, then rename). `entry`: the ledger entry committing it,
+    named in the header (`COMMITTED_HEADER`) so that `ledger_disagrees` can tell a file some other ledger wrote."""
+    text = model.to_toml(load_catalog())
+    if entry is not None:
+        found = WRITTEN_HEADER.search(text)
+        line = f"\n# committed by ledger entry {entry['seq']}, entry sha256 {entry['entry_sha256']}"
+        text = text[:found.end()] + line + text[found.end():] if found else text
+    atomic_write(path, text)
 
 
 WRITTEN_HEADER = re.compile(r"(?m)^# model sha256 when written: ([0-9a-f]{64})[ \t]*$")
+COMMITTED_HEADER = re.compile(r"(?m)^# committed by ledger entry (\d+), entry sha256 ([0-9a-f]{64})[ \t]*$")
+
+
+def committed_by(path: Path | str) -> tuple[int, str] | None:
+    """(seq, entry sha256) of the ledger entry the model file's header names as having written it, or None."""
+    try:
+        found = COMMITTED_HEADER.search(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return (int(found.group(1)), found.group(2)) if found else None
 
 
 def edited_since_written(path: Path | str, model: Model) -> str | None:

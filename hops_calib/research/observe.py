@@ -242,7 +242,7 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
         from hops_calib.research.pricing import pricing, terms_of
 
         found = pricing([r for r in runs if r.real_metrics.has_events], model)
-        contributors = [replace(c, terms=tuple(terms_of(found, c.quantity, c.members))) for c in contributors]
+        contributors = [replace(c, terms=tuple(terms_of(found, c.quantity, c.members, c.residuals))) for c in contributors]
     relative = {c.quantity: c.noise_ms / abs(c.real_ms_mean) for c in contributors
                 if c.dimension == "all" and c.noise_ms is not None and abs(c.real_ms_mean) > 0}
     contributors = [with_suite_noise(c, relative.get(c.quantity)) for c in contributors]
@@ -252,7 +252,7 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
         from hops_calib.research.pricing import pricing, terms_of
 
         found = pricing(pricing_sample(runs), model, measure=measured_terms)
-        iteration = [replace(c, terms=tuple(terms_of(found, c.quantity, c.members))) for c in iteration]
+        iteration = [replace(c, terms=tuple(terms_of(found, c.quantity, c.members, c.residuals))) for c in iteration]
     contributors += iteration
     overall = tuple(c for c in contributors if c.dimension == "all")
     ranked = merge_same_runs(sorted((c for c in contributors if c.dimension != "all"),

@@ -138,7 +138,10 @@ class Contributor:
     fixable_mape_pp: float = math.nan
     noise_mape_pp: float = 0.0  # the contribution's share that the repeat noise explains (no term can fix it)
     members: tuple[tuple[str, int | None], ...] = ()  # (run id, stage) of the members; stage None for a part
-    terms: tuple[dict[str, Any], ...] = ()  # research.pricing.terms_of: the parameters pricing it, and applies
+    residuals: tuple[float, ...] = ()  # each member's residual, predicted minus real, ms (ranks `terms`)
+    # research.pricing.terms_of: the parameters pricing it, whether each applies, ranked by the share of the
+    # residual each could remove (`removable_share`; the first one `suggested`)
+    terms: tuple[dict[str, Any], ...] = ()
     same_runs: tuple[str, ...] = ()  # other groupings of this quantity carried by the same runs, merged into this one
     noise_from: str | None = None  # "repeats in the group", "the suite's repeats (relative)", or None (no repeats)
     carriers: tuple[str, ...] = ()  # the fewest runs carrying >= CARRIED of the contribution (merge key)
@@ -180,7 +183,7 @@ class Contributor:
         if self.terms:
             applies = [f"{t['term']}.{t['param']}" for t in self.terms if t["applies"]]
             inert = [f"{t['term']}.{t['param']}" for t in self.terms if not t["applies"]]
-            text += ("; priced by " + (", ".join(applies) or "none of its runs' parameters")
+            text += (self._suggestion() + "; priced by " + (", ".join(applies) or "none of its runs' parameters")
                      + (f" (inert here: {', '.join(inert)})" if inert else ""))
         if self.same_runs:
             text += "; the same runs as " + "; ".join(self.same_runs)
@@ -200,20 +203,36 @@ class Contributor:
                     else "n/a: no repeats"))
         if self.terms:
             applies = [f"{t['term']}.{t['param']}" for t in self.terms if t["applies"]]
-            text += "; priced by " + (", ".join(applies) or "none of its runs' parameters")
+            text += self._suggestion() + "; priced by " + (", ".join(applies) or "none of its runs' parameters")
         elif self.quantity == "bubble":
             text += "; no term prices it alone: the schedule's idle time follows the stages' costs"
         if self.same_runs:
             text += "; the same runs as " + "; ".join(self.same_runs)
         return text
 
+    def suggested(self) -> dict[str, Any] | None:
+        """The parameter `terms` suggests changing (the one that could remove the most of the residual), or None."""
+        return next((t for t in self.terms if t.get("suggested")), None)
+
+    def _suggestion(self) -> str:
+        first = self.suggested()
+        if first is None:
+            return ""
+        value = first.get("suggested_value")
+        return (f"; suggested: {first['direction'] or 'change'} {first['term']}.{first['param']}"
+                + (f" toward about {value:.4g}" + (" (its bound)" if first.get("at_bound") else "")
+                   if value is not None else "")
+                + f" (could remove {100 * first['removable_share']:.0f} % of the residual's square)")
+
     def to_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in vars(self).items() if k not in ("dominant_runs", "aliases", "members", "carriers")},
+        return {**{k: v for k, v in vars(self).items() if k not in ("dominant_runs", "aliases", "members", "carriers",
+                                                         "residuals")},
                 "carried_by": list(self.carriers),
                 "bias_ms": self.residual_ms_mean,
                 "terms": [dict(t) for t in self.terms], "same_runs": list(self.same_runs),
                 "aliases": [{"dimension": d, "group": g} for d, g in self.aliases],
                 "label": LABELS[self.quantity], "where": self.where,
+                "suggested_parameter": (f"{first['term']}.{first['param']}" if (first := self.suggested()) else None),
                 "dominant_runs": [dict(r) for r in self.dominant_runs], "sentence": self.sentence()}
 
 
@@ -316,7 +335,8 @@ def _bias_and_noise(members: list[_Member], contribution_pp: float, fixable_pp: 
     return {"residual_spread_ms": spread, "noise_ms": noise, "noise_mape_pp": contribution_pp * noise_share,
             "fixable_mape_pp": fixable_pp,
             "noise_from": "repeats in the group" if noise is not None else None,
-            "members": tuple((m.run.id, stage) for m in members for stage in m.stages)}
+            "members": tuple((m.run.id, stage) for m in members for stage in m.stages),
+            "residuals": tuple(float(p - r) for m in members for p, r in zip(m.predicted_ms, m.real_ms))}
 
 
 def with_suite_noise(contributor: Contributor, relative_noise: float | None) -> Contributor:
@@ -414,7 +434,13 @@ CONTRIBUTOR_FIELDS = {
     "noise_mape_pp": "the contribution's share explained by the spread between repeats of one configuration (no term "
                      "can fix it)",
     "terms": "every parameter of the terms pricing the quantity (found by nudging each); applies false: nudging it "
-             "moves the quantity of none of the members (tuning it there is in vain)",
+             "moves the quantity of none of the members (tuning it there is in vain); ranked by removable_share, the "
+             "share of the members' residuals (sum of squares) that moving the parameter alone could remove, its "
+             "moves taken as linear in it; suggested true on the first not at_bound (the parameter to change), direction raise or "
+             "lower, suggested_value the value that linear move puts the residuals at their least (within bounds; "
+             "at_bound: only a bound reaches it, so this parameter alone is a poor fit; a first guess: `tune TERM "
+             "--only PARAM --objective components` fits it)",
+    "suggested_parameter": "TERM.PARAM of the terms entry marked suggested (null: no parameter moves the members)",
     "level": "run: a part of the iteration, stage: a per-microbatch time (both measured by events); iteration: a term "
              "of the predicted iteration on runs without events (compute, recompute, tp_comm, dp_reduce exposed, "
              "p2p, ends_allreduce, optimizer, host, bubble: they add up to the predicted iteration time)",

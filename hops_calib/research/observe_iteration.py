@@ -112,6 +112,7 @@ def _contributor(quantity: str, dimension: str, group: str, aliases: list[tuple[
                             for i in order[:DOMINANT_RUNS] if per_run[i, 0] > 0),
         residual_spread_ms=float(left.std()), noise_ms=noise, fixable_mape_pp=float(per_run[:, 0].sum()),
         noise_mape_pp=float(upper[:, 0].sum()) * share, members=tuple((r.id, None) for r in runs),
+        residuals=tuple(float(v) for v in residual),
         noise_from="repeats in the group" if noise is not None else None,
         carriers=_carriers([r.id for r in runs], per_run[:, 0]), scale=scale, implied=True)
 

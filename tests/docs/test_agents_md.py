@@ -37,26 +37,27 @@ def temp_checkout(root: Path) -> Path:
     return root
 
 
-def fill_in(path: Path) -> None:
-    """What the agent writes into the scaffold: its hypothesis, its grounding, and the one value it changes."""
+def fill_in(path: Path, value: float) -> None:
+    """What the agent writes into the scaffold: its hypothesis, its grounding, and the one value it changes (the
+    fit `tune` found)."""
     text = path.read_text()
     text = re.sub(r'(?m)^hypothesis = .*$', 'hypothesis = "a CPU GEMM reaches 31 % of the FMA peak, not 30 %: every '
                   'CPU run gets ~3 % faster and the over-predicted ones worse"', text)
     text = re.sub(r'(?m)^grounding = .*$', 'grounding = "oneDNN GEMMs at 512-768 hidden, one thread per rank"', text)
     head, _, _ = text.partition("[change.params]")
-    path.write_text(head + '[change.params]\n"compute_efficiency@cpu" = 0.31\n')
+    path.write_text(head + f'[change.params]\n"compute_efficiency@cpu" = {value:.4f}\n')
 
 
 def test_the_iteration_runs_as_agents_md_writes_it(tmp_path):
     text = AGENTS.read_text()
     setup, iteration = fenced_commands(text)[:2]
     assert setup[0].split("#")[0].split() == ["export", "HOPS_CALIB_PROGRESS=lines"]
-    assert [c.split()[1] for c in iteration] == ["observe", "candidate", "ledger", "evaluate", "ledger"]
+    assert [c.split()[1] for c in iteration] == ["observe", "tune", "candidate", "ledger", "evaluate", "ledger"]
     root = temp_checkout(tmp_path / "checkout")
     real_ledger = (REPO / "ledger" / "ledger.jsonl").read_bytes()
     real_model = (REPO / "hops_calib" / "model" / "models" / "baseline.toml").read_bytes()
     env = {**os.environ, "PYTHONPATH": str(REPO), "HOPS_CALIB_PROGRESS": "lines"}
-    plan_seq = None
+    plan_seq = fitted = None
     outputs = []
     for command in iteration:
         args = shlex.split(command)
@@ -68,10 +69,11 @@ def test_the_iteration_runs_as_agents_md_writes_it(tmp_path):
         verb = args[1]
         if verb == "candidate":
             assert done.returncode == 0, done.stderr
-            [written] = (root / "experiments").glob("*.toml")
+            written = root / "experiments" / "cpu-05-roofline-efficiency.toml"
             assert written.stem == "cpu-05-roofline-efficiency" in written.read_text()  # file stem = id
             assert "FILL IN" in written.read_text() and "compute_efficiency@cpu" in written.read_text()
-            fill_in(written)  # the agent's edit, between the two commands
+            assert fitted is not None
+            fill_in(written, fitted)  # the agent's edit, between the two commands
             continue
         assert done.stdout.strip().startswith("{"), (command, done.stdout, done.stderr)
         data = json.loads(done.stdout)
@@ -80,6 +82,14 @@ def test_the_iteration_runs_as_agents_md_writes_it(tmp_path):
             assert done.returncode == 0 and data["status"] == "ok"
             assert data["contributors"] and all("fixable_mape_pp" in c and "noise_mape_pp" in c
                                                 for c in data["contributors"])
+            # the parameter to change is named: the first contributor's suggested parameter, ranked first
+            first = data["contributors"][0]
+            assert first["suggested_parameter"] == next(f"{t['term']}.{t['param']}" for t in first["terms"]
+                                                        if t["suggested"])
+        elif verb == "tune":  # the value: the fit of the quantity the parameter prices
+            assert done.returncode in (0, 1) and data["status"] in ("candidate_written", "no_candidate")
+            fitted = data["front"][0]["params"]["compute_efficiency@cpu"]
+            assert 0.01 <= fitted <= 1.0
         elif verb == "ledger" and args[2] == "plan":
             assert done.returncode == 0
             plan_seq = data["seq"]

@@ -22,7 +22,7 @@ def test_a_commit_interrupted_before_the_model_write_is_found_and_repaired(share
     candidate.write_text(IMPROVING)
     before = load_model(model).sha256
 
-    def crash(path, written):  # the process dies between the ledger append and the model write
+    def crash(path, written, entry=None):  # the process dies between the ledger append and the model write
         raise KeyboardInterrupt
 
     monkeypatch.setattr("hops_calib.loop.model_files.write_model", crash)
