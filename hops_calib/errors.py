@@ -13,8 +13,15 @@ class InputError(ValueError):
     The CLI turns it into exit code 2.
     """
 
-    def __init__(self, origin: str | os.PathLike[str], problem: str, *, line: int | None = None,
-                 field: str | None = None, hint: str = "") -> None:
+    def __init__(
+        self,
+        origin: str | os.PathLike[str],
+        problem: str,
+        *,
+        line: int | None = None,
+        field: str | None = None,
+        hint: str = "",
+    ) -> None:
         self.origin = str(origin)
         self.line = line
         self.field = field
@@ -73,14 +80,22 @@ def parse_toml(text: str, origin: str, allowed_keys: set[str] | None = None) -> 
 
         # tomllib puts the place in its message only ("... (at line 3, column 5)"): lift it into file:line:
         at = re.search(r"\s*\(at line (\d+), column (\d+)\)$", str(error))
-        problem = str(error)[:at.start()] + f" (column {at.group(2)})" if at else str(error)
-        raise InputError(origin, f"not valid TOML: {problem}", line=int(at.group(1)) if at else None,
-                         hint="fix the syntax at the line named") from None
+        problem = str(error)[: at.start()] + f" (column {at.group(2)})" if at else str(error)
+        raise InputError(
+            origin,
+            f"not valid TOML: {problem}",
+            line=int(at.group(1)) if at else None,
+            hint="fix the syntax at the line named",
+        ) from None
     unknown = sorted(set(data) - allowed_keys) if allowed_keys is not None else []
     if unknown and allowed_keys is not None:
-        raise InputError(origin, f"unknown top-level key(s) {unknown}",
-                         line=line_of(text, None, unknown[0]) or line_of(text, unknown[0]), field=unknown[0],
-                         hint=f"expected only {sorted(allowed_keys)}")
+        raise InputError(
+            origin,
+            f"unknown top-level key(s) {unknown}",
+            line=line_of(text, None, unknown[0]) or line_of(text, unknown[0]),
+            field=unknown[0],
+            hint=f"expected only {sorted(allowed_keys)}",
+        )
     return data
 
 
@@ -103,10 +118,13 @@ class DiskFull(InputError):
             free = None
         have = f"{free / 2**20:.1f} MiB free there" if free is not None else "the free space there unknown"
         need = f", and this write needed about {needed / 2**20:.1f} MiB more" if needed else ""
-        super().__init__(str(path), f"no space left on the device to write it ({have}{need}); what was half-written "
-                         "has been removed", field="disk",
-                         hint=f"free at least {max(needed or 0, 1 << 20) / 2**20:.1f} MiB on that file system (or "
-                              "write elsewhere) and run the command again")
+        super().__init__(
+            str(path),
+            f"no space left on the device to write it ({have}{need}); what was half-written has been removed",
+            field="disk",
+            hint=f"free at least {max(needed or 0, 1 << 20) / 2**20:.1f} MiB on that file system (or "
+            "write elsewhere) and run the command again",
+        )
 
 
 def is_disk_full(error: BaseException) -> bool:

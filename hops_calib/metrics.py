@@ -105,11 +105,15 @@ class IterationMetrics:
         return self.microbatches_per_iteration / (self.iteration_time_ms / 1e3)
 
     def to_dict(self) -> dict[str, object]:
-        return {"microbatches_per_iteration": self.microbatches_per_iteration,
-                "iteration_periods_ms": list(self.iteration_periods_ms),
-                "interval_iterations": list(self.interval_iterations),
-                "throughput_per_s": self.throughput_per_s, "steady_throughput_per_s": self.steady_throughput_per_s,
-                "iteration_time_ms": self.iteration_time_ms, "window_ms": self.window_ms}
+        return {
+            "microbatches_per_iteration": self.microbatches_per_iteration,
+            "iteration_periods_ms": list(self.iteration_periods_ms),
+            "interval_iterations": list(self.interval_iterations),
+            "throughput_per_s": self.throughput_per_s,
+            "steady_throughput_per_s": self.steady_throughput_per_s,
+            "iteration_time_ms": self.iteration_time_ms,
+            "window_ms": self.window_ms,
+        }
 
 
 THROUGHPUT_UNIT = "microbatches of one pipeline per second"
@@ -122,16 +126,25 @@ def samples_per_s(throughput_per_s: float | None, micro_batch_size: int, data_pa
     return float(throughput_per_s) * int(micro_batch_size) * int(data_parallel_size or 1)
 
 
-def comparable_throughputs(real: TimelineMetrics | IterationMetrics, predicted: TimelineMetrics
-                           ) -> tuple[float, float, float, float]:
+def comparable_throughputs(
+    real: TimelineMetrics | IterationMetrics, predicted: TimelineMetrics
+) -> tuple[float, float, float, float]:
     """(real, predicted) throughput and (real, predicted) steady throughput of a run, each pair measured alike:
     a run with events over the HOPS window on both sides; a run measured at iteration level over whole
     steady-state iterations, so its prediction is the simulated steady throughput (module docstring)."""
     if real.has_events:
-        return (real.throughput_per_s, predicted.throughput_per_s, real.steady_throughput_per_s,
-                predicted.steady_throughput_per_s)
-    return (real.throughput_per_s, predicted.steady_throughput_per_s, real.steady_throughput_per_s,
-            predicted.steady_throughput_per_s)
+        return (
+            real.throughput_per_s,
+            predicted.throughput_per_s,
+            real.steady_throughput_per_s,
+            predicted.steady_throughput_per_s,
+        )
+    return (
+        real.throughput_per_s,
+        predicted.steady_throughput_per_s,
+        real.steady_throughput_per_s,
+        predicted.steady_throughput_per_s,
+    )
 
 
 def merged_length(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -172,9 +185,17 @@ def timeline_metrics(timeline: pd.DataFrame, microbatches_per_iteration: int, pp
     )
 
 
-def column_metrics(stage: np.ndarray, iteration: np.ndarray, microbatch: np.ndarray, is_compute: np.ndarray,
-                   is_backward: np.ndarray, start_ms: np.ndarray, end_ms: np.ndarray,
-                   microbatches_per_iteration: int, pp: int | None = None) -> TimelineMetrics:
+def column_metrics(
+    stage: np.ndarray,
+    iteration: np.ndarray,
+    microbatch: np.ndarray,
+    is_compute: np.ndarray,
+    is_backward: np.ndarray,
+    start_ms: np.ndarray,
+    end_ms: np.ndarray,
+    microbatches_per_iteration: int,
+    pp: int | None = None,
+) -> TimelineMetrics:
     """`timeline_metrics` on a timeline's columns as arrays (the simulator's path: no DataFrame to build)."""
     if len(start_ms) == 0:
         raise ValueError("cannot compute metrics of an empty timeline")
@@ -191,8 +212,11 @@ def column_metrics(stage: np.ndarray, iteration: np.ndarray, microbatch: np.ndar
 
     # A microbatch completes when its last backward interval on stage 0 ends.
     stage0_backward = is_compute & is_backward & (stage == 0)
-    completed = len(np.unique(np.stack([iteration[stage0_backward], microbatch[stage0_backward]]), axis=1)[0]) \
-        if stage0_backward.any() else 0
+    completed = (
+        len(np.unique(np.stack([iteration[stage0_backward], microbatch[stage0_backward]]), axis=1)[0])
+        if stage0_backward.any()
+        else 0
+    )
     window = float(end_ms[stage0_backward].max()) - t0 if completed else float("nan")
     throughput = completed / (window / 1e3) if window and window > 0 else float("nan")
 
@@ -217,6 +241,7 @@ def column_metrics(stage: np.ndarray, iteration: np.ndarray, microbatch: np.ndar
 
 
 # --- where an iteration's time goes (the observe step) ---------------------------------------------
+
 
 @dataclass(frozen=True)
 class IterationParts:
@@ -250,14 +275,22 @@ class IterationParts:
         return {name: getattr(self, f"{name}_ms") for name in self.NAMES}
 
     def to_dict(self) -> dict[str, object]:
-        return {**{f"{name}_ms": value for name, value in self.as_dict().items()},
-                "iteration_ms": self.iteration_ms, "iterations": list(self.iterations),
-                "optimizer_traced": self.optimizer_traced}
+        return {
+            **{f"{name}_ms": value for name, value in self.as_dict().items()},
+            "iteration_ms": self.iteration_ms,
+            "iterations": list(self.iterations),
+            "optimizer_traced": self.optimizer_traced,
+        }
 
 
-def column_iteration_parts(iteration: np.ndarray, is_compute: np.ndarray, is_backward: np.ndarray,
-                           is_optimizer: np.ndarray, start_ms: np.ndarray, end_ms: np.ndarray
-                           ) -> IterationParts | None:
+def column_iteration_parts(
+    iteration: np.ndarray,
+    is_compute: np.ndarray,
+    is_backward: np.ndarray,
+    is_optimizer: np.ndarray,
+    start_ms: np.ndarray,
+    end_ms: np.ndarray,
+) -> IterationParts | None:
     """The parts of the median iteration (None with fewer than two iterations: no period to cut).
 
     Iterations are ordered by period (first event to the next iteration's first event, as in
@@ -273,10 +306,13 @@ def column_iteration_parts(iteration: np.ndarray, is_compute: np.ndarray, is_bac
     middle = order[[(len(order) - 1) // 2, len(order) // 2]]
     middle = middle[:1] if middle[0] == middle[1] else middle
     return IterationParts(
-        span_ms=float(series.span_ms[middle].mean()), silent_ms=float(series.silent_ms[middle].mean()),
-        optimizer_ms=float(series.optimizer_ms[middle].mean()), rest_ms=float(series.rest_ms[middle].mean()),
+        span_ms=float(series.span_ms[middle].mean()),
+        silent_ms=float(series.silent_ms[middle].mean()),
+        optimizer_ms=float(series.optimizer_ms[middle].mean()),
+        rest_ms=float(series.rest_ms[middle].mean()),
         iterations=tuple(int(series.iterations[i]) for i in middle),
-        optimizer_traced=bool(series.optimizer_traced[middle].all()))
+        optimizer_traced=bool(series.optimizer_traced[middle].all()),
+    )
 
 
 @dataclass(frozen=True)
@@ -299,9 +335,14 @@ class IterationPartSeries:
         return float(self.silent_ms[traced].mean()), float(self.rest_ms[traced].mean())
 
 
-def column_iteration_part_series(iteration: np.ndarray, is_compute: np.ndarray, is_backward: np.ndarray,
-                                 is_optimizer: np.ndarray, start_ms: np.ndarray, end_ms: np.ndarray
-                                 ) -> IterationPartSeries | None:
+def column_iteration_part_series(
+    iteration: np.ndarray,
+    is_compute: np.ndarray,
+    is_backward: np.ndarray,
+    is_optimizer: np.ndarray,
+    start_ms: np.ndarray,
+    end_ms: np.ndarray,
+) -> IterationPartSeries | None:
     """Every iteration's parts (see `IterationParts`); None with fewer than two iterations."""
     numbers, row_of = np.unique(iteration, return_inverse=True)
     if len(numbers) < 2:

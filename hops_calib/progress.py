@@ -66,8 +66,15 @@ class _RichBar:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgress
 
-        self._bar = RichProgress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("{task.description}"), transient=True, console=console)
+        self._bar = RichProgress(
+            TextColumn(label),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            transient=True,
+            console=console,
+        )
         self._task: TaskID | None = None
 
     def start(self, total: int) -> None:
@@ -113,8 +120,11 @@ class _Lines:
         if force or now - self._last >= self._every:
             self._last = now
             what = "done" if last else self._what  # the last line says so: a search may stop short of its total
-            print(f"{self._label}: {self._done}/{self._total} ({now - self._t0:.0f} s) {what}".rstrip(),
-                  file=self._stream or sys.stderr, flush=True)
+            print(
+                f"{self._label}: {self._done}/{self._total} ({now - self._t0:.0f} s) {what}".rstrip(),
+                file=self._stream or sys.stderr,
+                flush=True,
+            )
 
     def start(self, total: int) -> None:
         self._total = total
@@ -146,8 +156,9 @@ def _isatty(stream: Any) -> bool:
 
 
 @contextmanager
-def progress_bar(label: str, *, total: int | None = None, quiet: bool = False, console: Any = None
-                 ) -> Iterator[Progress]:
+def progress_bar(
+    label: str, *, total: int | None = None, quiet: bool = False, console: Any = None
+) -> Iterator[Progress]:
     """A bar labelled `label` while the block runs; `QUIET` when `quiet` (--json) or stdout is not a terminal.
 
     `console` (a rich Console) forces a bar onto it, whatever the streams are;
@@ -176,4 +187,3 @@ def progress_bar(label: str, *, total: int | None = None, quiet: bool = False, c
         yield bar
     finally:
         bar.stop()
-

@@ -85,6 +85,8 @@ def validate(frame: pd.DataFrame) -> pd.DataFrame:
     backwards = frame["end_ms"] < frame["start_ms"]
     if backwards.any():
         row = frame[backwards].iloc[0]
-        raise ValueError(f"timeline interval ends before it starts: stage {row.stage} {row.phase} "
-                         f"microbatch {row.microbatch} ({row.start_ms} > {row.end_ms})")
+        raise ValueError(
+            f"timeline interval ends before it starts: stage {row.stage} {row.phase} "
+            f"microbatch {row.microbatch} ({row.start_ms} > {row.end_ms})"
+        )
     return frame.reset_index(drop=True)

@@ -21,8 +21,18 @@ if TYPE_CHECKING:  # imported where events become a frame: a fixture's stored tr
     import pandas as pd
 
 # Normalized events as stored in a fixture (one row per logged event, sorted by stage then start).
-EVENT_COLUMNS = ("stage", "rank", "chunk", "iteration", "microbatch", "kind", "phase", "start_ns", "end_ns",
-                 "peer_stage")
+EVENT_COLUMNS = (
+    "stage",
+    "rank",
+    "chunk",
+    "iteration",
+    "microbatch",
+    "kind",
+    "phase",
+    "start_ns",
+    "end_ns",
+    "peer_stage",
+)
 CATEGORIES = {"kind": tl.KINDS, "phase": tl.PHASES}  # the event columns stored as categoricals, and their names
 
 
@@ -54,7 +64,9 @@ class KernelStats:
 
     stage: int
     phase: str  # FORWARD, BACKWARD, OPTIMIZER, or OTHER (outside every schedule and optimizer step)
-    kernel_class: str  # gemm, attention, softmax, norm, elementwise, communication, memcpy, optimizer, ... (trace.profile)
+    kernel_class: (
+        str  # gemm, attention, softmax, norm, elementwise, communication, memcpy, optimizer, ... (trace.profile)
+    )
     name: str
     shape: str | None  # the launching operator's `Input Dims` as JSON; None where the trace recorded none
     count: int
@@ -159,23 +171,34 @@ class IterationTruth:
         return self.metrics.microbatches_per_iteration
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "microbatches_per_iteration": self.metrics.microbatches_per_iteration,
-                "iteration_periods_ms": list(self.metrics.iteration_periods_ms),
-                "interval_iterations": list(self.metrics.interval_iterations),
-                "last_iterations": list(self.last_iterations), "timers_ms": self.timers_ms or {},
-                "timing_log_option": self.timing_log_option, "reported": self.reported or {}}
+        return {
+            "kind": self.kind,
+            "microbatches_per_iteration": self.metrics.microbatches_per_iteration,
+            "iteration_periods_ms": list(self.metrics.iteration_periods_ms),
+            "interval_iterations": list(self.metrics.interval_iterations),
+            "last_iterations": list(self.last_iterations),
+            "timers_ms": self.timers_ms or {},
+            "timing_log_option": self.timing_log_option,
+            "reported": self.reported or {},
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> IterationTruth:
-        metrics = IterationMetrics(microbatches_per_iteration=int(data["microbatches_per_iteration"]),
-                                   iteration_periods_ms=tuple(float(v) for v in data["iteration_periods_ms"]),
-                                   interval_iterations=tuple(int(v) for v in data["interval_iterations"]),
-                                   timers_ms=dict(data.get("timers_ms") or {}) or None)
+        metrics = IterationMetrics(
+            microbatches_per_iteration=int(data["microbatches_per_iteration"]),
+            iteration_periods_ms=tuple(float(v) for v in data["iteration_periods_ms"]),
+            interval_iterations=tuple(int(v) for v in data["interval_iterations"]),
+            timers_ms=dict(data.get("timers_ms") or {}) or None,
+        )
         if not metrics.iteration_periods_ms or len(metrics.iteration_periods_ms) != len(metrics.interval_iterations):
             raise ValueError("iteration times and their interval lengths do not pair up")
-        return cls(metrics=metrics, last_iterations=tuple(int(v) for v in data.get("last_iterations", ())),
-                   timers_ms=dict(data.get("timers_ms") or {}), timing_log_option=data.get("timing_log_option"),
-                   reported=dict(data.get("reported") or {}))
+        return cls(
+            metrics=metrics,
+            last_iterations=tuple(int(v) for v in data.get("last_iterations", ())),
+            timers_ms=dict(data.get("timers_ms") or {}),
+            timing_log_option=data.get("timing_log_option"),
+            reported=dict(data.get("reported") or {}),
+        )
 
 
 def compact_timeline(columns: dict[str, np.ndarray], t0_ns: int) -> pd.DataFrame:
@@ -218,18 +241,20 @@ def to_timeline(events: pd.DataFrame, t0_ns: int | None = None) -> pd.DataFrame:
     start = events["start_ns"].to_numpy()
     if t0_ns is None:
         t0_ns = int(start.min()) if len(start) else 0
-    frame = pd.DataFrame({
-        "stage": events["stage"].to_numpy(np.int64),
-        "chunk": events["chunk"].to_numpy(np.int64),
-        "iteration": events["iteration"].to_numpy(np.int64),
-        "microbatch": events["microbatch"].to_numpy(np.int64),
-        "kind": _as_strings(events["kind"]),
-        "phase": _as_strings(events["phase"]),
-        # Subtract in integer ns first: epoch ns do not fit a float64 exactly.
-        "start_ms": (start - t0_ns) / 1e6,
-        "end_ms": (events["end_ns"].to_numpy() - t0_ns) / 1e6,
-        "peer_stage": events["peer_stage"].to_numpy(np.int64),
-    })
+    frame = pd.DataFrame(
+        {
+            "stage": events["stage"].to_numpy(np.int64),
+            "chunk": events["chunk"].to_numpy(np.int64),
+            "iteration": events["iteration"].to_numpy(np.int64),
+            "microbatch": events["microbatch"].to_numpy(np.int64),
+            "kind": _as_strings(events["kind"]),
+            "phase": _as_strings(events["phase"]),
+            # Subtract in integer ns first: epoch ns do not fit a float64 exactly.
+            "start_ms": (start - t0_ns) / 1e6,
+            "end_ms": (events["end_ns"].to_numpy() - t0_ns) / 1e6,
+            "peer_stage": events["peer_stage"].to_numpy(np.int64),
+        }
+    )
     return tl.validate(frame)
 
 
@@ -298,8 +323,9 @@ def _infer_schedule(cols: _Columns, pp: int) -> tuple[str, float | None]:
         warmup = np.minimum(pp - stage - 1, forwards)
         steady_end = warmup + 2 * (forwards - warmup)
         orders = {
-            "1f1b": np.where(position < warmup, True,
-                             np.where(position < steady_end, (position - warmup) % 2 == 0, False)),
+            "1f1b": np.where(
+                position < warmup, True, np.where(position < steady_end, (position - warmup) % 2 == 0, False)
+            ),
             "gpipe": position < forwards,
         }
         for name, expected in orders.items():
@@ -311,8 +337,9 @@ def _infer_schedule(cols: _Columns, pp: int) -> tuple[str, float | None]:
     return best, agree[best]
 
 
-def megatron_interleaved_order(pp: int, stage: int, microbatches: int, chunks: int,
-                               group_size: int | None = None) -> list[tuple[bool, int]]:
+def megatron_interleaved_order(
+    pp: int, stage: int, microbatches: int, chunks: int, group_size: int | None = None
+) -> list[tuple[bool, int]]:
     """(is_forward, model chunk) of each pass on one rank in Megatron-core's interleaved 1F1B.
 
     As in `forward_backward_pipelining_with_interleaving`: virtual microbatches
@@ -352,8 +379,12 @@ def _interleaved_agreement(cols: _Columns, passes: np.ndarray, pp: int) -> float
             microbatches = int(np.count_nonzero(order < chunks)) // chunks
             key = (stage, microbatches)
             if key not in expected:
-                expected[key] = np.array([chunk + (0 if forward else chunks) for forward, chunk in
-                                          megatron_interleaved_order(pp, stage, microbatches, chunks)])
+                expected[key] = np.array(
+                    [
+                        chunk + (0 if forward else chunks)
+                        for forward, chunk in megatron_interleaved_order(pp, stage, microbatches, chunks)
+                    ]
+                )
             matches += bool(np.array_equal(order, expected[key]))
     return matches / n_orders if n_orders else 0.0
 
@@ -368,8 +399,17 @@ def _phase_stats(cols: _Columns, pp: int) -> tuple[PhaseStats, ...]:
             if len(values) == 0:
                 continue
             p10, median, p90 = np.quantile(values, [0.1, 0.5, 0.9])
-            stats.append(PhaseStats(stage=stage, phase=phase, count=len(values), median_ms=float(median),
-                                    mean_ms=float(values.mean()), p10_ms=float(p10), p90_ms=float(p90)))
+            stats.append(
+                PhaseStats(
+                    stage=stage,
+                    phase=phase,
+                    count=len(values),
+                    median_ms=float(median),
+                    mean_ms=float(values.mean()),
+                    p10_ms=float(p10),
+                    p90_ms=float(p90),
+                )
+            )
     return tuple(stats)
 
 
@@ -426,10 +466,18 @@ def kernel_truth(parts: list[Any], iterations: int) -> tuple[KernelStats, ...]:
         names = np.asarray(part.names, dtype=object)
         shapes = np.asarray(part.shapes + [""], dtype=object)
         phase_names = np.asarray(list(tl.PHASES) + [OTHER_PHASE], dtype=object)
-        frames.append(pd.DataFrame({
-            "stage": part.stage, "phase": phase_names[np.where(part.phase < 0, len(tl.PHASES), part.phase)],
-            "name": names[part.name_id], "shape": shapes[np.where(part.shape_id < 0, len(shapes) - 1, part.shape_id)],
-            "ms": part.duration_ns / 1e6, "source": "gpu_kernel" if part.device else "cpu_op"}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "stage": part.stage,
+                    "phase": phase_names[np.where(part.phase < 0, len(tl.PHASES), part.phase)],
+                    "name": names[part.name_id],
+                    "shape": shapes[np.where(part.shape_id < 0, len(shapes) - 1, part.shape_id)],
+                    "ms": part.duration_ns / 1e6,
+                    "source": "gpu_kernel" if part.device else "cpu_op",
+                }
+            )
+        )
     if not frames:
         return ()
     rows = pd.concat(frames, ignore_index=True)
@@ -437,18 +485,41 @@ def kernel_truth(parts: list[Any], iterations: int) -> tuple[KernelStats, ...]:
     table = grouped.agg(["count", "sum", "median", "mean"]).reset_index().sort_values("sum", ascending=False)
     table["kernel_class"] = [kernel_class(name) for name in table["name"]]
     kept, rest = table.iloc[:MAX_KERNEL_ROWS], table.iloc[MAX_KERNEL_ROWS:]
-    stats = [KernelStats(stage=int(r.stage), phase=str(r.phase), kernel_class=str(r.kernel_class), name=str(r.name),
-                         shape=str(r.shape) or None, count=int(r.count), per_iteration_ms=float(r.sum) / iterations,
-                         median_ms=float(r.median), mean_ms=float(r.mean), source=str(r.source))
-             for r in kept.itertuples()]
+    stats = [
+        KernelStats(
+            stage=int(r.stage),
+            phase=str(r.phase),
+            kernel_class=str(r.kernel_class),
+            name=str(r.name),
+            shape=str(r.shape) or None,
+            count=int(r.count),
+            per_iteration_ms=float(r.sum) / iterations,
+            median_ms=float(r.median),
+            mean_ms=float(r.mean),
+            source=str(r.source),
+        )
+        for r in kept.itertuples()
+    ]
     if len(rest):
         rest = rest.assign(total=rest["sum"])
         for (stage, phase, label, source), group in rest.groupby(["stage", "phase", "kernel_class", "source"]):
             count = int(group["count"].sum())
-            stats.append(KernelStats(stage=int(stage), phase=str(phase), kernel_class=str(label),
-                                     name="(other kernels)", shape=None, count=count,
-                                     per_iteration_ms=float(group["total"].sum()) / iterations,
-                                     median_ms=None, mean_ms=float(group["total"].sum()) / count,
-                                     source=str(source)))
-    return tuple(sorted(stats, key=lambda k: (k.stage, tl.PHASES.index(k.phase) if k.phase in tl.PHASES else 9,
-                                              -k.per_iteration_ms)))
+            stats.append(
+                KernelStats(
+                    stage=int(stage),
+                    phase=str(phase),
+                    kernel_class=str(label),
+                    name="(other kernels)",
+                    shape=None,
+                    count=count,
+                    per_iteration_ms=float(group["total"].sum()) / iterations,
+                    median_ms=None,
+                    mean_ms=float(group["total"].sum()) / count,
+                    source=str(source),
+                )
+            )
+    return tuple(
+        sorted(
+            stats, key=lambda k: (k.stage, tl.PHASES.index(k.phase) if k.phase in tl.PHASES else 9, -k.per_iteration_ms)
+        )
+    )

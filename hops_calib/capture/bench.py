@@ -38,16 +38,20 @@ from hops_calib.files import atomic_write
 GEMM_COLUMNS = ("device", "dtype", "m", "n", "k", "time_s")
 MEMORY_COLUMNS = ("device", "kernel", "bytes", "time_s")
 MEMORY_KERNELS = ("copy", "add", "layernorm", "softmax", "gelu")
-COLLECTIVES = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A",
-               "send_recv": "SR"}
+COLLECTIVES = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A", "send_recv": "SR"}
 # nccl-tests' bus bandwidth factors (its PERFORMANCE.md): busbw = algbw x factor on n ranks
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "send_recv": lambda n: 1.0}
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+}
 NCCL_HEADER = ("size(B)", "count", "type", "time(ns)", "busbw(GB/s)", "time(ns)", "busbw(GB/s)")
 DTYPES = ("bf16", "fp16", "fp32")
-STANDARD_GRID = tuple((m, n, k) for m in (1024, 2048, 4096, 8192) for n in (1024, 4096, 8192, 16384)
-                      for k in (1024, 4096, 8192))
+STANDARD_GRID = tuple(
+    (m, n, k) for m in (1024, 2048, 4096, 8192) for n in (1024, 4096, 8192, 16384) for k in (1024, 4096, 8192)
+)
 # bytes moved per kernel call (read + written) = factor x elements x element size
 _MEMORY_FACTOR = {"copy": 2, "add": 3, "layernorm": 2, "softmax": 2, "gelu": 2}
 ROW = 1024  # the last dimension of the layernorm and softmax inputs (a job's hidden size with --job)
@@ -70,8 +74,11 @@ class BenchPlan:
     budget_s: float = 300.0
 
     def items(self) -> int:
-        return (len(self.gemm_shapes) * len(self.dtypes) + len(self.memory_bytes) * len(self.kernels)
-                + len(self.message_bytes) * len(self.ops) * len(self.group_sizes))
+        return (
+            len(self.gemm_shapes) * len(self.dtypes)
+            + len(self.memory_bytes) * len(self.kernels)
+            + len(self.message_bytes) * len(self.ops) * len(self.group_sizes)
+        )
 
 
 @dataclass
@@ -88,8 +95,10 @@ def _torch():
     try:
         import torch
     except ImportError:
-        raise RuntimeError("hops-calib bench needs torch: install the [capture] extra (pip install "
-                           "'hops-calib[capture]'), or torch built for this machine's GPUs") from None
+        raise RuntimeError(
+            "hops-calib bench needs torch: install the [capture] extra (pip install "
+            "'hops-calib[capture]'), or torch built for this machine's GPUs"
+        ) from None
     return torch
 
 
@@ -123,8 +132,10 @@ def job_gemm_shapes(job_dir: Path | str) -> tuple[tuple[int, tuple[tuple[int, in
         for gemm in ((tokens, out, into), (tokens, into, out), (out, into, tokens)):  # forward, dgrad, wgrad
             if gemm not in shapes:
                 shapes.append(gemm)
-    words = (f"{spec.run_id}: t {t}, micro batch {shape.micro_batch_size}, s {shape.seq_length}, h {h}, ffn {f}"
-             f"{', GQA ' + str(groups) if groups != heads else ''}{', SwiGLU' if shape.swiglu else ''}")
+    words = (
+        f"{spec.run_id}: t {t}, micro batch {shape.micro_batch_size}, s {shape.seq_length}, h {h}, ffn {f}"
+        f"{', GQA ' + str(groups) if groups != heads else ''}{', SwiGLU' if shape.swiglu else ''}"
+    )
     return (h, tuple(shapes)), words
 
 
@@ -167,8 +178,7 @@ def _csv_text(columns: Sequence[str], rows: list[tuple]) -> str:
     return buffer.getvalue()
 
 
-def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None] = lambda what: None
-              ) -> BenchResult:
+def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None] = lambda what: None) -> BenchResult:
     """Measure `plan` into `out` (gemm.csv, memory.csv, collectives/); stops starting new items once the budget
     is spent (what was measured is written, the rest counted as skipped). `advance` is called per item."""
     torch = _torch()
@@ -183,16 +193,32 @@ def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None
     deadlines = [began + plan.budget_s * share for share in (0.4, 0.6, 1.0)]
 
     gemms = [(dtype, m, n, k) for dtype in plan.dtypes for m, n, k in plan.gemm_shapes]
-    _table(out / "gemm.csv", GEMM_COLUMNS, gemms, deadlines[0], result, advance, lambda item: (
-        (plan.device, *item), _gemm(torch, item[1], item[2], item[3], _dtype(torch, item[0]), device), clock, plan.repeats))
+    _table(
+        out / "gemm.csv",
+        GEMM_COLUMNS,
+        gemms,
+        deadlines[0],
+        result,
+        advance,
+        lambda item: (
+            (plan.device, *item),
+            _gemm(torch, item[1], item[2], item[3], _dtype(torch, item[0]), device),
+            clock,
+            plan.repeats,
+        ),
+    )
     dtype = _dtype(torch, plan.dtypes[0])
     size = torch.empty((), dtype=dtype).element_size()
 
     def kernel_item(item: tuple[str, int]) -> tuple[tuple, Callable[[], Any], _Clock, int]:
         kernel, target = item
         elements = max(plan.row, target // (_MEMORY_FACTOR[kernel] * size) // plan.row * plan.row)
-        return ((plan.device, kernel, _MEMORY_FACTOR[kernel] * elements * size),
-                _memory_kernel(torch, kernel, elements, plan.row, dtype, device), clock, plan.repeats)
+        return (
+            (plan.device, kernel, _MEMORY_FACTOR[kernel] * elements * size),
+            _memory_kernel(torch, kernel, elements, plan.row, dtype, device),
+            clock,
+            plan.repeats,
+        )
 
     kernels = [(kernel, target) for kernel in plan.kernels for target in plan.memory_bytes]
     _table(out / "memory.csv", MEMORY_COLUMNS, kernels, deadlines[1], result, advance, kernel_item)
@@ -218,14 +244,23 @@ def run_bench(plan: BenchPlan, out: Path | str, *, advance: Callable[[str], None
         for _ in range(done):
             advance(f"collectives on {n}")
     if result.skipped:
-        result.notes.append(f"the budget of {plan.budget_s:g} s ran out: {result.skipped} of {plan.items()} items "
-                            "left out (give --budget-s more, or fewer shapes and sizes)")
+        result.notes.append(
+            f"the budget of {plan.budget_s:g} s ran out: {result.skipped} of {plan.items()} items "
+            "left out (give --budget-s more, or fewer shapes and sizes)"
+        )
     result.seconds = time.monotonic() - began
     return result
 
 
-def _table(path: Path, columns: Sequence[str], items: list[tuple], deadline: float, result: BenchResult,
-           advance: Callable[[str], None], prepare: Callable[[tuple], tuple]) -> None:
+def _table(
+    path: Path,
+    columns: Sequence[str],
+    items: list[tuple],
+    deadline: float,
+    result: BenchResult,
+    advance: Callable[[str], None],
+    prepare: Callable[[tuple], tuple],
+) -> None:
     """Time each item (`prepare(item)`: its row's leading cells, the call, the clock, the repeats) until the
     deadline, and write the table of those measured (none: no file)."""
     rows = []
@@ -254,10 +289,13 @@ def _memory_kernel(torch: Any, kernel: str, elements: int, row: int, dtype: Any,
     x = torch.randn(elements, device=device, dtype=dtype)
     y, z = torch.empty_like(x), torch.empty_like(x)
     matrix = x.view(-1, row)
-    return {"copy": lambda: y.copy_(x), "add": lambda: torch.add(x, y, out=z),
-            "layernorm": lambda: torch.nn.functional.layer_norm(matrix, (row,)),
-            "softmax": lambda: torch.softmax(matrix, dim=-1),
-            "gelu": lambda: torch.nn.functional.gelu(x)}[kernel]
+    return {
+        "copy": lambda: y.copy_(x),
+        "add": lambda: torch.add(x, y, out=z),
+        "layernorm": lambda: torch.nn.functional.layer_norm(matrix, (row,)),
+        "softmax": lambda: torch.softmax(matrix, dim=-1),
+        "gelu": lambda: torch.nn.functional.gelu(x),
+    }[kernel]
 
 
 def nccl_table(op: str, n: int, points: list[tuple[int, int, float, float]]) -> str:
@@ -265,36 +303,52 @@ def nccl_table(op: str, n: int, points: list[tuple[int, int, float, float]]) -> 
     factor = BUS_FACTOR[op](n)
     rows = []
     for nbytes, count, out_s, in_s in sorted(points):
-        rows.append((nbytes, count, "float", f"{out_s * 1e9:.0f}", f"{nbytes / out_s / 1e9 * factor:.2f}",
-                     f"{in_s * 1e9:.0f}", f"{nbytes / in_s / 1e9 * factor:.2f}"))
+        rows.append(
+            (
+                nbytes,
+                count,
+                "float",
+                f"{out_s * 1e9:.0f}",
+                f"{nbytes / out_s / 1e9 * factor:.2f}",
+                f"{in_s * 1e9:.0f}",
+                f"{nbytes / in_s / 1e9 * factor:.2f}",
+            )
+        )
     return _csv_text(NCCL_HEADER, rows)
 
 
-def run_collectives(n: int, ops: Sequence[str], message_bytes: Sequence[int], repeats: int, budget_s: float,
-                    cuda: bool) -> dict[str, list[tuple[int, int, float, float]]]:
+def run_collectives(
+    n: int, ops: Sequence[str], message_bytes: Sequence[int], repeats: int, budget_s: float, cuda: bool
+) -> dict[str, list[tuple[int, int, float, float]]]:
     """Each op's (bytes, elements, out-of-place s, in-place s) per message size on n local ranks (spawned
     processes; NCCL on GPUs, gloo on the CPU), as far as `budget_s` reaches."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="hops-bench-") as scratch:
         deadline = time.time() + budget_s
-        mp.spawn(_collective_worker, args=(n, list(ops), list(message_bytes), repeats, deadline, cuda, scratch),
-                 nprocs=n, join=True)
+        mp.spawn(
+            _collective_worker,
+            args=(n, list(ops), list(message_bytes), repeats, deadline, cuda, scratch),
+            nprocs=n,
+            join=True,
+        )
         path = Path(scratch) / "result.json"
         found = json.loads(path.read_text()) if path.is_file() else {}
     return {op: [tuple(point) for point in found.get(op, [])] for op in ops}
 
 
-def _collective_worker(rank: int, n: int, ops: list[str], message_bytes: list[int], repeats: int, deadline: float,
-                       cuda: bool, scratch: str) -> None:
+def _collective_worker(
+    rank: int, n: int, ops: list[str], message_bytes: list[int], repeats: int, deadline: float, cuda: bool, scratch: str
+) -> None:
     import torch
     import torch.distributed as dist
 
     if cuda:
         torch.cuda.set_device(rank)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{scratch}/rendezvous", rank=rank,
-                            world_size=n)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=f"file://{scratch}/rendezvous", rank=rank, world_size=n
+    )
     clock = _Clock(torch, cuda)
     found: dict[str, list[list[float]]] = {op: [] for op in ops}
     stop = torch.zeros(1, device=device)
@@ -306,8 +360,10 @@ def _collective_worker(rank: int, n: int, ops: list[str], message_bytes: list[in
                 if stop.item() > 0:
                     break
                 count = max(n, nbytes // 4 // n * n)
-                times = [_agreed_per_call_s(dist, device, clock, call, repeats)
-                         for call in _calls(torch, dist, op, count, n, rank, device)]
+                times = [
+                    _agreed_per_call_s(dist, device, clock, call, repeats)
+                    for call in _calls(torch, dist, op, count, n, rank, device)
+                ]
                 found[op].append([count * 4, count, times[0], times[1]])
         if rank == 0:
             atomic_write(Path(scratch) / "result.json", json.dumps(found))
@@ -316,8 +372,15 @@ def _collective_worker(rank: int, n: int, ops: list[str], message_bytes: list[in
         dist.destroy_process_group()
 
 
-def _agreed_per_call_s(dist: Any, device: Any, clock: _Clock, call: Callable[[], Any], repeats: int,
-                       min_s: float = 2e-3, max_inner: int = 200) -> float:
+def _agreed_per_call_s(
+    dist: Any,
+    device: Any,
+    clock: _Clock,
+    call: Callable[[], Any],
+    repeats: int,
+    min_s: float = 2e-3,
+    max_inner: int = 200,
+) -> float:
     """The median over repeats of the slowest rank's time per call; every rank runs the same number of calls
     (the loop length comes from the slowest rank's first call)."""
     call()
@@ -342,37 +405,59 @@ def _calls(torch: Any, dist: Any, op: str, count: int, n: int, rank: int, device
     part = torch.ones(count // n, device=device)
     other = torch.empty_like(whole)
     if op == "all_reduce":
+
         def call():  # torch has no out-of-place all-reduce
             dist.all_reduce(whole)
+
         return call, call
     if op == "all_gather":
-        return (lambda: dist.all_gather_into_tensor(other, part),
-                lambda: dist.all_gather_into_tensor(whole, whole[rank * (count // n):(rank + 1) * (count // n)]))
+        return (
+            lambda: dist.all_gather_into_tensor(other, part),
+            lambda: dist.all_gather_into_tensor(whole, whole[rank * (count // n) : (rank + 1) * (count // n)]),
+        )
     if op == "reduce_scatter":
         if device.type == "cpu":  # gloo has no reduce-scatter: NCCL's ring as gloo can run it
+
             def scatter():
                 dist.all_reduce(whole)
-                part.copy_(whole[rank * (count // n):(rank + 1) * (count // n)])
+                part.copy_(whole[rank * (count // n) : (rank + 1) * (count // n)])
+
             return scatter, scatter
-        return (lambda: dist.reduce_scatter_tensor(part, whole),
-                lambda: dist.reduce_scatter_tensor(whole[rank * (count // n):(rank + 1) * (count // n)], whole))
+        return (
+            lambda: dist.reduce_scatter_tensor(part, whole),
+            lambda: dist.reduce_scatter_tensor(whole[rank * (count // n) : (rank + 1) * (count // n)], whole),
+        )
     if op == "all_to_all":
+
         def call():  # no in-place all-to-all
             dist.all_to_all_single(other, whole)
+
         return call, call
+
     # send/recv: each rank sends one message to the next rank and receives one from the previous (nccl-tests'
     # sendrecv_perf)
     def exchange():
-        work = dist.batch_isend_irecv([dist.P2POp(dist.isend, whole, (rank + 1) % n),
-                                       dist.P2POp(dist.irecv, other, (rank - 1) % n)])
+        work = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, whole, (rank + 1) % n), dist.P2POp(dist.irecv, other, (rank - 1) % n)]
+        )
         for request in work:
             request.wait()
+
     return exchange, exchange
 
 
-def default_plan(*, device: str, cuda: bool, dtypes: Sequence[str] = (), shapes: Sequence[tuple[int, int, int]] = (),
-                 row: int = ROW, group_sizes: Sequence[int] = (), budget_s: float = 300.0, quick: bool = False,
-                 repeats: int = 5) -> BenchPlan:
+def default_plan(
+    *,
+    device: str,
+    cuda: bool,
+    dtypes: Sequence[str] = (),
+    shapes: Sequence[tuple[int, int, int]] = (),
+    row: int = ROW,
+    group_sizes: Sequence[int] = (),
+    budget_s: float = 300.0,
+    quick: bool = False,
+    repeats: int = 5,
+) -> BenchPlan:
     """The plan of one bench run: a job's shapes or the standard grid, memory sizes and message sizes for a GPU
     (64 KiB-1 GiB; 1 KiB-1 GiB messages) or the CPU (smaller), or `quick`'s tiny ones (a few seconds)."""
     memory: tuple[int, ...]
@@ -389,11 +474,19 @@ def default_plan(*, device: str, cuda: bool, dtypes: Sequence[str] = (), shapes:
         memory = tuple(1 << p for p in range(12, 27, 2))
         messages = tuple(1 << p for p in range(10, 25, 2))
     if not group_sizes:
-        available = (__import__("torch").cuda.device_count() if cuda else os.cpu_count() or 2)
+        available = __import__("torch").cuda.device_count() if cuda else os.cpu_count() or 2
         group_sizes = tuple(g for g in (2, 4, 8) if g <= max(2, available))
-    return BenchPlan(device=device, dtypes=tuple(dtypes) or (("bf16",) if cuda else ("fp32",)),
-                     gemm_shapes=tuple(shapes) or STANDARD_GRID, memory_bytes=memory, message_bytes=messages,
-                     group_sizes=tuple(group_sizes), row=row, repeats=repeats, budget_s=budget_s)
+    return BenchPlan(
+        device=device,
+        dtypes=tuple(dtypes) or (("bf16",) if cuda else ("fp32",)),
+        gemm_shapes=tuple(shapes) or STANDARD_GRID,
+        memory_bytes=memory,
+        message_bytes=messages,
+        group_sizes=tuple(group_sizes),
+        row=row,
+        repeats=repeats,
+        budget_s=budget_s,
+    )
 
 
 def device_type_of(torch: Any) -> str:
@@ -402,8 +495,14 @@ def device_type_of(torch: Any) -> str:
     if not torch.cuda.is_available():
         return "cpu"
     name = torch.cuda.get_device_name(0).upper()
-    for key, device in (("H200", "h200"), ("H100", "h100_dgx"), ("B200", "b200"), ("A100", "a100"),
-                        ("A10G", "a10g"), ("L4", "l4")):
+    for key, device in (
+        ("H200", "h200"),
+        ("H100", "h100_dgx"),
+        ("B200", "b200"),
+        ("A100", "a100"),
+        ("A10G", "a10g"),
+        ("L4", "l4"),
+    ):
         if key in name:
             return "a100_40gb" if device == "a100" and "40GB" in name else device
     return name.split()[-1].lower()

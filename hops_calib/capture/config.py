@@ -112,60 +112,112 @@ class CaptureConfig:
             if not condition:
                 raise CaptureConfigError(f"--{option}: {message}")
 
-        for option, value in (("pp", self.pp), ("vp", self.vp), ("tp", self.tp), ("dp", self.dp),
-                              ("microbatches", self.microbatches),
-                              ("iterations", self.iterations), ("layers", self.layers), ("hidden", self.hidden),
-                              ("seq", self.seq), ("heads", self.heads), ("vocab", self.vocab),
-                              ("link-bench-iters", self.link_bench_iters)):
+        for option, value in (
+            ("pp", self.pp),
+            ("vp", self.vp),
+            ("tp", self.tp),
+            ("dp", self.dp),
+            ("microbatches", self.microbatches),
+            ("iterations", self.iterations),
+            ("layers", self.layers),
+            ("hidden", self.hidden),
+            ("seq", self.seq),
+            ("heads", self.heads),
+            ("vocab", self.vocab),
+            ("link-bench-iters", self.link_bench_iters),
+        ):
             need(isinstance(value, int) and value >= 1, option, f"is {value!r}; pass a positive integer")
-        need(isinstance(self.ffn_hidden, int) and self.ffn_hidden >= 0, "ffn-hidden",
-             f"is {self.ffn_hidden!r}; pass a positive integer (or 0 for 4 x --hidden)")
+        need(
+            isinstance(self.ffn_hidden, int) and self.ffn_hidden >= 0,
+            "ffn-hidden",
+            f"is {self.ffn_hidden!r}; pass a positive integer (or 0 for 4 x --hidden)",
+        )
         need(self.pp >= 2, "pp", f"is {self.pp}; a pipeline capture needs at least 2 ranks")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        need(self.world <= max(cores, 2) * 4, "pp", f"gives {self.world} ranks (tp x dp x pp): one process per "
-             f"rank on {cores} core(s) would time mostly the scheduler; pass at most 4 ranks per core (one per core "
-             "gives honest timings)")
+        need(
+            self.world <= max(cores, 2) * 4,
+            "pp",
+            f"gives {self.world} ranks (tp x dp x pp): one process per "
+            f"rank on {cores} core(s) would time mostly the scheduler; pass at most 4 ranks per core (one per core "
+            "gives honest timings)",
+        )
         for option, size in (("heads", self.heads), ("ffn-hidden", self.ffn), ("vocab", self.vocab)):
-            need(size % self.tp == 0, option, f"{size} is not divisible by --tp {self.tp}: Megatron splits it over "
-                 "the tensor-parallel group")
-        need((self.tp == 1 and self.dp == 1) or self.engine == "megatron", "tp",
-             "tensor and data parallelism run on the megatron engine only")
-        need(not self.profile or self.engine == "megatron", "profile",
-             "the PyTorch profiler trace is recorded on the megatron engine only")
+            need(
+                size % self.tp == 0,
+                option,
+                f"{size} is not divisible by --tp {self.tp}: Megatron splits it over the tensor-parallel group",
+            )
+        need(
+            (self.tp == 1 and self.dp == 1) or self.engine == "megatron",
+            "tp",
+            "tensor and data parallelism run on the megatron engine only",
+        )
+        need(
+            not self.profile or self.engine == "megatron",
+            "profile",
+            "the PyTorch profiler trace is recorded on the megatron engine only",
+        )
         # A rank holds its chunk's weights and fp32 optimizer state (~16 bytes per parameter) plus activations:
         # refuse what cannot fit in this machine's memory before any rank starts.
         per_layer = 12 * self.hidden * self.hidden + 2 * self.hidden * (self.ffn - 4 * self.hidden)
         params = (self.layers // max(self.pp, 1)) * per_layer + self.vocab * self.hidden
-        activations = self.microbatches * self.seq * (self.hidden * 34 + 5 * self.heads * self.seq) * 4 * max(
-            self.layers // max(self.pp, 1), 1)
+        activations = (
+            self.microbatches
+            * self.seq
+            * (self.hidden * 34 + 5 * self.heads * self.seq)
+            * 4
+            * max(self.layers // max(self.pp, 1), 1)
+        )
         need_bytes = self.dp * self.pp * (16 * params + activations)  # tensor parallelism splits, replicas copy
         total = _memory_bytes()
-        need(total is None or need_bytes <= 0.8 * total, "hidden",
-             f"this shape needs about {need_bytes / 2**30:.1f} GiB over {self.pp} ranks, more than 80 % of this "
-             f"machine's {total / 2**30 if total else 0:.1f} GiB; pass a smaller --hidden, --seq, --layers, --vocab "
-             "or --microbatches")
+        need(
+            total is None or need_bytes <= 0.8 * total,
+            "hidden",
+            f"this shape needs about {need_bytes / 2**30:.1f} GiB over {self.pp} ranks, more than 80 % of this "
+            f"machine's {total / 2**30 if total else 0:.1f} GiB; pass a smaller --hidden, --seq, --layers, --vocab "
+            "or --microbatches",
+        )
         need(self.engine in ENGINES, "engine", f"is {self.engine!r}; pass one of {', '.join(ENGINES)}")
         schedule = self.resolved_schedule
         need(schedule in SCHEDULES, "schedule", f"is {schedule!r}; pass one of {', '.join(SCHEDULES)}")
         allowed = ENGINE_SCHEDULES[self.engine]
-        need(schedule in allowed, "schedule",
-             f"{schedule!r} does not run on the {self.engine} engine; it runs {', '.join(allowed)}")
+        need(
+            schedule in allowed,
+            "schedule",
+            f"{schedule!r} does not run on the {self.engine} engine; it runs {', '.join(allowed)}",
+        )
         need(self.hidden % self.heads == 0, "heads", f"{self.heads} does not divide --hidden {self.hidden}")
-        need(self.layers % self.virtual_stages == 0, "layers",
-             f"{self.layers} layers cannot be split evenly over pp*vp = {self.virtual_stages} model chunks; "
-             f"pass a multiple of {self.virtual_stages}")
+        need(
+            self.layers % self.virtual_stages == 0,
+            "layers",
+            f"{self.layers} layers cannot be split evenly over pp*vp = {self.virtual_stages} model chunks; "
+            f"pass a multiple of {self.virtual_stages}",
+        )
         if schedule == "interleaved_1f1b":
             need(self.vp >= 2, "vp", f"is {self.vp}; the interleaved schedule needs at least 2 chunks per rank")
             # Megatron groups microbatches by pp per virtual stage and refuses a partial last group.
-            need(self.microbatches % self.pp == 0, "microbatches",
-                 f"{self.microbatches} is not a multiple of --pp {self.pp}, which the interleaved schedule requires")
+            need(
+                self.microbatches % self.pp == 0,
+                "microbatches",
+                f"{self.microbatches} is not a multiple of --pp {self.pp}, which the interleaved schedule requires",
+            )
         else:
-            need(self.vp == 1, "vp", f"is {self.vp}, but schedule {schedule!r} runs one model chunk per rank; pass --vp 1")
-        need(not self.overlap_p2p or (schedule == "interleaved_1f1b" and self.engine == "megatron"), "overlap-p2p",
-             "overlaps only Megatron's interleaved schedule's p2p (its non-interleaved one refuses overlap_p2p_comm); "
-             "pass --vp 2 or drop --overlap-p2p")
-        need(self.microbatches >= self.pp or schedule == "gpipe", "microbatches",
-             f"{self.microbatches} is fewer than --pp {self.pp}; the pipeline would never fill")
+            need(
+                self.vp == 1,
+                "vp",
+                f"is {self.vp}, but schedule {schedule!r} runs one model chunk per rank; pass --vp 1",
+            )
+        need(
+            not self.overlap_p2p or (schedule == "interleaved_1f1b" and self.engine == "megatron"),
+            "overlap-p2p",
+            "overlaps only Megatron's interleaved schedule's p2p (its non-interleaved one refuses overlap_p2p_comm); "
+            "pass --vp 2 or drop --overlap-p2p",
+        )
+        need(
+            self.microbatches >= self.pp or schedule == "gpipe",
+            "microbatches",
+            f"{self.microbatches} is fewer than --pp {self.pp}; the pipeline would never fill",
+        )
 
     def megatron_args(self) -> str:
         """The Megatron-LM launch command line equivalent to this capture (one line, like megatron_args.txt)."""
@@ -176,8 +228,10 @@ class CaptureConfig:
         ]
         if self.vp > 1:
             # Megatron-LM overlaps the interleaved schedule's p2p with compute unless told not to.
-            parts.append(f"--num-layers-per-virtual-pipeline-stage {self.layers_per_chunk}"
-                         + ("" if self.overlap_p2p else " --no-overlap-p2p-communication"))
+            parts.append(
+                f"--num-layers-per-virtual-pipeline-stage {self.layers_per_chunk}"
+                + ("" if self.overlap_p2p else " --no-overlap-p2p-communication")
+            )
         parts += [
             f"--num-layers {self.layers}",
             f"--hidden-size {self.hidden}",
@@ -193,19 +247,33 @@ class CaptureConfig:
             _FIXED_ARGS.format(tp=self.tp),
         ]
         if self.profile:  # Megatron's flags for the same trace: the profiled passes are the traced iterations
-            parts.append(f"--profile --use-pytorch-profiler --profile-step-start {TRACE_FIRST_ITERATION} "
-                         f"--profile-step-end {self.train_iters + 1} --profile-ranks "
-                         + " ".join(str(rank) for rank in range(self.world))
-                         + " --pytorch-profiler-collect-shapes --pytorch-profiler-collect-callstack")
+            parts.append(
+                f"--profile --use-pytorch-profiler --profile-step-start {TRACE_FIRST_ITERATION} "
+                f"--profile-step-end {self.train_iters + 1} --profile-ranks "
+                + " ".join(str(rank) for rank in range(self.world))
+                + " --pytorch-profiler-collect-shapes --pytorch-profiler-collect-callstack"
+            )
         return " ".join(parts)
 
     def cli_args(self) -> list[str]:
         """The `hops-calib capture` options that reproduce this configuration."""
-        args = [f"--pp={self.pp}", f"--vp={self.vp}", *([f"--tp={self.tp}"] if self.tp > 1 else []),
-                *([f"--dp={self.dp}"] if self.dp > 1 else []), f"--microbatches={self.microbatches}",
-                f"--iterations={self.iterations}", f"--layers={self.layers}", f"--hidden={self.hidden}",
-                f"--seq={self.seq}", f"--heads={self.heads}", f"--ffn-hidden={self.ffn}", f"--vocab={self.vocab}",
-                f"--engine={self.engine}", f"--schedule={self.resolved_schedule}", f"--seed={self.seed}"]
+        args = [
+            f"--pp={self.pp}",
+            f"--vp={self.vp}",
+            *([f"--tp={self.tp}"] if self.tp > 1 else []),
+            *([f"--dp={self.dp}"] if self.dp > 1 else []),
+            f"--microbatches={self.microbatches}",
+            f"--iterations={self.iterations}",
+            f"--layers={self.layers}",
+            f"--hidden={self.hidden}",
+            f"--seq={self.seq}",
+            f"--heads={self.heads}",
+            f"--ffn-hidden={self.ffn}",
+            f"--vocab={self.vocab}",
+            f"--engine={self.engine}",
+            f"--schedule={self.resolved_schedule}",
+            f"--seed={self.seed}",
+        ]
         if self.profile:
             args.append("--profile")
         if self.overlap_p2p:

@@ -112,19 +112,29 @@ class EventLog:
             event["model_chunk"] = int(chunk)
         self.events.append(event)
 
-    def collective(self, op: str, group: str, phase: str, microbatch: int | None, nbytes: int, start_ns: int,
-                   end_ns: int) -> None:
+    def collective(
+        self, op: str, group: str, phase: str, microbatch: int | None, nbytes: int, start_ns: int, end_ns: int
+    ) -> None:
         """A collective this rank took part in (`op` over its `group`, "tp" or "dp"), in the phase that issued it:
         the layer's forward or backward of `microbatch`, or the gradient reduction after the backwards (BACKWARD,
         microbatch None). An `event_type: collective` line; readers before it skip nothing else."""
         if not self.recording:
             return
         event: dict[str, object] = {
-            "rank": self.rank, "stage": self.stage, "iteration": self.iteration,
-            "microbatch": None if microbatch is None else int(microbatch), "event_type": COLLECTIVE,
-            "phase": phase, "collective": op, "group": group, "bytes": int(nbytes),
-            "start_wall_ns": int(start_ns), "end_wall_ns": int(end_ns), "duration_ms": (end_ns - start_ns) / 1e6,
-            "device_id": self.device_ids[self.rank], "hostname": self.hostname,
+            "rank": self.rank,
+            "stage": self.stage,
+            "iteration": self.iteration,
+            "microbatch": None if microbatch is None else int(microbatch),
+            "event_type": COLLECTIVE,
+            "phase": phase,
+            "collective": op,
+            "group": group,
+            "bytes": int(nbytes),
+            "start_wall_ns": int(start_ns),
+            "end_wall_ns": int(end_ns),
+            "duration_ms": (end_ns - start_ns) / 1e6,
+            "device_id": self.device_ids[self.rank],
+            "hostname": self.hostname,
         }
         self.events.append(event)
 

@@ -66,8 +66,12 @@ def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
         fields.setdefault(key.strip(), value.strip())
     flags = set(fields.get("flags", "").split())
     widest = next((isa for isa in ("avx512f", "avx2", "avx", "sse2") if isa in flags), None)
-    found: dict[str, Any] = {"vendor": fields.get("vendor_id"), "vector": widest,
-                             "bf16": "avx512_bf16" in flags or "amx_bf16" in flags, "amx": "amx_tile" in flags}
+    found: dict[str, Any] = {
+        "vendor": fields.get("vendor_id"),
+        "vector": widest,
+        "bf16": "avx512_bf16" in flags or "amx_bf16" in flags,
+        "amx": "amx_tile" in flags,
+    }
     for key, name in (("cpu family", "family"), ("model", "model"), ("stepping", "stepping")):
         if fields.get(key, "").isdigit():
             found[name] = int(fields[key])
@@ -103,8 +107,10 @@ def stage_first_ranks(config: CaptureConfig) -> tuple[int, ...]:
     """The global rank of each stage's first GPU (tensor-parallel rank 0 of replica 0), in Megatron's rank order."""
     from hops_calib.spec import global_rank
 
-    return tuple(global_rank(RANK_ORDER, {"tp": (0, config.tp), "dp": (0, config.dp), "pp": (k, config.pp)})
-                 for k in range(config.pp))
+    return tuple(
+        global_rank(RANK_ORDER, {"tp": (0, config.tp), "dp": (0, config.dp), "pp": (k, config.pp)})
+        for k in range(config.pp)
+    )
 
 
 def stage_layout(config: CaptureConfig, ids: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -132,14 +138,18 @@ def template(config: CaptureConfig, ids: tuple[str, ...], cpu_name: str) -> str:
             "stages": [{"device": device, "layers": config.layers // config.pp} for device in ids],
         },
         "hardware": {
-            "devices": [{"id": device, "gpu": DEVICE_TYPE, "name": cpu_name, "node": f"{DEVICE_TYPE}_node0",
-                         "socket": 0} for device in ids],
+            "devices": [
+                {"id": device, "gpu": DEVICE_TYPE, "name": cpu_name, "node": f"{DEVICE_TYPE}_node0", "socket": 0}
+                for device in ids
+            ],
             "interconnect": {"same_node": "gloo_tcp_loopback"},
         },
     }
-    header = (f"# Written by hops-calib capture: a {config.engine} {config.resolved_schedule} run on {config.world} "
-              f"CPU ranks ({config.pp} stages x tp {config.tp} x dp {config.dp}; {config.vp} model chunk(s) each), "
-              "one thread per rank.\n")
+    header = (
+        f"# Written by hops-calib capture: a {config.engine} {config.resolved_schedule} run on {config.world} "
+        f"CPU ranks ({config.pp} stages x tp {config.tp} x dp {config.dp}; {config.vp} model chunk(s) each), "
+        "one thread per rank.\n"
+    )
     return header + yaml.safe_dump(body, sort_keys=False)
 
 
@@ -149,10 +159,12 @@ def manifest(config: CaptureConfig, run_id: str, command: str, facts: dict[str, 
         "job_id": run_id,
         "link_bench_job_id": run_id if config.link_bench else None,
         "link_bench_source": "same worker processes, after the training loop" if config.link_bench else None,
-        "description": (f"CPU capture: GPT {config.layers} layers, hidden {config.hidden}, seq {config.seq}, "
-                        f"{config.microbatches} microbatches, pp {config.pp}, vp {config.vp}, "
-                        + (f"tp {config.tp}, dp {config.dp}, " if config.world > config.pp else "") +
-                        f"schedule {config.resolved_schedule}; iterations 1-2 untraced warm-up"),
+        "description": (
+            f"CPU capture: GPT {config.layers} layers, hidden {config.hidden}, seq {config.seq}, "
+            f"{config.microbatches} microbatches, pp {config.pp}, vp {config.vp}, "
+            + (f"tp {config.tp}, dp {config.dp}, " if config.world > config.pp else "")
+            + f"schedule {config.resolved_schedule}; iterations 1-2 untraced warm-up"
+        ),
         "command": command,
         **facts,
     }

@@ -46,8 +46,9 @@ def _rank_cores(ranks: int) -> list[int]:
     return [cores[rank % len(cores)] for rank in range(ranks)]
 
 
-def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: list[int], hostname: str,
-            results: Any) -> None:
+def _worker(
+    rank: int, config: CaptureConfig, port: int, job_dir: str, cores: list[int], hostname: str, results: Any
+) -> None:
     """One pipeline rank: pin, join the gloo group, run the engine, write its log, run the link benchmark."""
     try:
         if hasattr(os, "sched_setaffinity"):
@@ -62,9 +63,14 @@ def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: li
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=config.world)
         try:
             rank_stage, stage_devices = jobdir.stage_layout(config, ids)
-            log = EventLog(rank=rank, device_ids=ids, hostname=hostname, with_chunks=config.vp > 1,
-                           rank_stage=rank_stage if config.world > config.pp else (),
-                           stage_devices=stage_devices if config.world > config.pp else ())
+            log = EventLog(
+                rank=rank,
+                device_ids=ids,
+                hostname=hostname,
+                with_chunks=config.vp > 1,
+                rank_stage=rank_stage if config.world > config.pp else (),
+                stage_devices=stage_devices if config.world > config.pp else (),
+            )
             clock = WallClock()
             if config.engine == "megatron":
                 from hops_calib.capture import megatron_engine as engine
@@ -73,8 +79,9 @@ def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: li
             if config.profile:
                 from hops_calib.capture.profiling import PROFILE_DIR, trace_name
 
-                facts = engine.run(rank, config.pp, config, log, clock,
-                                   profile_path=Path(job_dir) / PROFILE_DIR / trace_name(rank))
+                facts = engine.run(
+                    rank, config.pp, config, log, clock, profile_path=Path(job_dir) / PROFILE_DIR / trace_name(rank)
+                )
             else:
                 facts = engine.run(rank, config.pp, config, log, clock)
             # What the rank really ran on, after any library had its say: the provenance of every timing.
@@ -85,8 +92,13 @@ def _worker(rank: int, config: CaptureConfig, port: int, job_dir: str, cores: li
             if config.link_bench:
                 from hops_calib.capture import link_bench
 
-                bench = link_bench.run(rank, config.pp, hostname, iters=config.link_bench_iters,
-                                       stage_ranks=jobdir.stage_first_ranks(config))
+                bench = link_bench.run(
+                    rank,
+                    config.pp,
+                    hostname,
+                    iters=config.link_bench_iters,
+                    stage_ranks=jobdir.stage_first_ranks(config),
+                )
             results.put((rank, "ok", {"facts": facts, "bench": bench, "events": len(log.events)}))
         finally:
             dist.destroy_process_group()
@@ -114,8 +126,10 @@ def check_installed(engine: str) -> None:
     needed = ["torch"] + (["megatron.core"] if engine == "megatron" else [])
     missing = [name for name in needed if find_spec(name.split(".")[0]) is None or find_spec(name) is None]
     if missing:
-        raise CaptureError(f"capture needs {', '.join(missing)}: install the extra with "
-                           "`pip install -e '.[capture]'` (torch 2.13.0 CPU build and megatron-core 0.16)")
+        raise CaptureError(
+            f"capture needs {', '.join(missing)}: install the extra with "
+            "`pip install -e '.[capture]'` (torch 2.13.0 CPU build and megatron-core 0.16)"
+        )
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -128,12 +142,15 @@ def check_out(out: Path, force: bool) -> None:
 
     resolved = out.resolve()
     if not out.name or out.name in (".", ".."):
-        raise CaptureError(f"--out {out}: name the new job directory (its name is the run id), e.g. --out runs/"
-                           "cpu_1f1b_run1")
+        raise CaptureError(
+            f"--out {out}: name the new job directory (its name is the run id), e.g. --out runs/cpu_1f1b_run1"
+        )
     for parent in resolved.parents:
         if (parent / INDEX).is_file() or (parent / FIXTURE_FILE).is_file():
-            raise CaptureError(f"--out {out} is inside the fixture store {parent}: a job directory there would "
-                               "stand among (or replace) fixtures; capture elsewhere, then ingest it into the store")
+            raise CaptureError(
+                f"--out {out} is inside the fixture store {parent}: a job directory there would "
+                "stand among (or replace) fixtures; capture elsewhere, then ingest it into the store"
+            )
         if is_job_dir(parent):
             raise CaptureError(f"--out {out} is inside the job directory {parent}; choose a folder outside it")
         if parent.exists() and not parent.is_dir():
@@ -143,16 +160,20 @@ def check_out(out: Path, force: bool) -> None:
     if not force:
         raise CaptureError(f"{out} already exists; pass --force to replace it, or choose another --out")
     if not out.is_dir() or out.is_symlink():
-        raise CaptureError(f"--out {out} is a file or a link, not a job directory: --force replaces only an earlier "
-                           "capture; choose another --out")
+        raise CaptureError(
+            f"--out {out} is a file or a link, not a job directory: --force replaces only an earlier "
+            "capture; choose another --out"
+        )
     try:
         engine = read_manifest(out).get("engine")
     except TraceError:  # an unreadable manifest is not a capture's
         engine = None
     if not (is_job_dir(out) and engine):
-        raise CaptureError(f"--out {out} holds something other than a hops-calib capture (no manifest.yaml with an "
-                           "engine): --force replaces only an earlier capture's job directory; choose another --out, "
-                           "or move that folder away yourself")
+        raise CaptureError(
+            f"--out {out} holds something other than a hops-calib capture (no manifest.yaml with an "
+            "engine): --force replaces only an earlier capture's job directory; choose another --out, "
+            "or move that folder away yourself"
+        )
 
 
 def capture(config: CaptureConfig, out: Path, force: bool = False, command: str = "") -> Path:
@@ -164,8 +185,9 @@ def capture(config: CaptureConfig, out: Path, force: bool = False, command: str 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CaptureError(f"--out {out}: cannot make its folder {out.parent} ({err.strerror or err}); choose "
-                           "another --out") from None
+        raise CaptureError(
+            f"--out {out}: cannot make its folder {out.parent} ({err.strerror or err}); choose another --out"
+        ) from None
     staging = out.with_name(f".{out.name}.capturing-{os.getpid()}")
     if staging.exists():
         shutil.rmtree(staging)
@@ -192,9 +214,14 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-    processes = [context.Process(target=_worker, name=f"hops-capture-rank{rank}",
-                                 args=(rank, config, port, str(staging), cores, host, results))
-                 for rank in range(config.world)]
+    processes = [
+        context.Process(
+            target=_worker,
+            name=f"hops-capture-rank{rank}",
+            args=(rank, config, port, str(staging), cores, host, results),
+        )
+        for rank in range(config.world)
+    ]
     for process in processes:
         process.start()
     reports: dict[int, dict[str, Any]] = {}
@@ -212,10 +239,13 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
                     rank, process = dead[0]
                     raise CaptureError(
                         f"rank {rank} exited (code {process.exitcode}) without reporting; see its error output above. "
-                        "A script that calls capture() must guard it with `if __name__ == \"__main__\":` "
-                        "because the ranks are spawned processes") from None
+                        'A script that calls capture() must guard it with `if __name__ == "__main__":` '
+                        "because the ranks are spawned processes"
+                    ) from None
                 if waited_s >= _RANK_TIMEOUT_S:
-                    raise CaptureError(f"no rank reported within {_RANK_TIMEOUT_S:.0f} s; the capture is stuck") from None
+                    raise CaptureError(
+                        f"no rank reported within {_RANK_TIMEOUT_S:.0f} s; the capture is stuck"
+                    ) from None
                 continue
             if status != "ok":
                 raise CaptureError(f"rank {rank} failed:\n{payload}")
@@ -237,8 +267,11 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
         # Read back by ingest (spec.configured_schedule): the torch engine's schedules have no Megatron flag.
         "configured_schedule": config.resolved_schedule,
         "schedule_function": reports[0]["facts"].get("schedule_function", ""),
-        **{key: reports[0]["facts"][key] for key in ("overlap_p2p_comm", "batch_p2p_comm")
-           if key in reports[0]["facts"]},
+        **{
+            key: reports[0]["facts"][key]
+            for key in ("overlap_p2p_comm", "batch_p2p_comm")
+            if key in reports[0]["facts"]
+        },
         "host": host,
         "cpu_model": cpu_name,
         # which core it is (the model name alone may say only "AMD EPYC"): a different core is another device

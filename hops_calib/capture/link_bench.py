@@ -38,9 +38,15 @@ def summarize(times_ms: list[float]) -> dict[str, float]:
     }
 
 
-def run(rank: int, world: int, hostname: str, warmup: int = WARMUP, iters: int = ITERS,
-        sizes_mb: tuple[int, ...] = SIZES_MB, stage_ranks: tuple[int, ...] | None = None
-        ) -> dict[str, list[dict[str, Any]]]:
+def run(
+    rank: int,
+    world: int,
+    hostname: str,
+    warmup: int = WARMUP,
+    iters: int = ITERS,
+    sizes_mb: tuple[int, ...] = SIZES_MB,
+    stage_ranks: tuple[int, ...] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
     """Benchmark every adjacent pair of the `world` stages (`stage_ranks`: the global rank standing for each stage,
     default rank k for stage k); returns {pair label: rows of this rank} (empty for pairs it is not in)."""
     import torch
@@ -68,10 +74,20 @@ def run(rank: int, world: int, hostname: str, warmup: int = WARMUP, iters: int =
                 elapsed_ms = (time.perf_counter_ns() - start) / 1e6
                 if step >= warmup:
                     times_ms.append(elapsed_ms)
-            rows[label].append({
-                "label": label, "mode": "p2p", "rank": pair_rank, "world_size": 2, "hostname": hostname,
-                "size_mb": size_mb, "dtype": "float32", "local_rank": 0, "warmup": warmup, "iters": iters,
-                **summarize(times_ms),
-            })
+            rows[label].append(
+                {
+                    "label": label,
+                    "mode": "p2p",
+                    "rank": pair_rank,
+                    "world_size": 2,
+                    "hostname": hostname,
+                    "size_mb": size_mb,
+                    "dtype": "float32",
+                    "local_rank": 0,
+                    "warmup": warmup,
+                    "iters": iters,
+                    **summarize(times_ms),
+                }
+            )
     dist.barrier()
     return rows

@@ -89,13 +89,15 @@ class MegatronTracer:
 
         self._tp_group = parallel_state.get_tensor_model_parallel_group()
         self._tp_size = parallel_state.get_tensor_model_parallel_world_size()  # Megatron still calls a group of 1
-        for owner, name, wrapper in ((schedules, "forward_step", self._wrap_forward),
-                                     (schedules, "backward_step", self._wrap_backward),
-                                     (p2p_communication, "_batched_p2p_ops", self._wrap_p2p),
-                                     (p2p_communication, "_p2p_ops", self._wrap_p2p),
-                                     (dist, "all_reduce", self._wrap_tp("all_reduce")),
-                                     (dist, "all_gather_into_tensor", self._wrap_tp("all_gather")),
-                                     (dist, "reduce_scatter_tensor", self._wrap_tp("reduce_scatter"))):
+        for owner, name, wrapper in (
+            (schedules, "forward_step", self._wrap_forward),
+            (schedules, "backward_step", self._wrap_backward),
+            (p2p_communication, "_batched_p2p_ops", self._wrap_p2p),
+            (p2p_communication, "_p2p_ops", self._wrap_p2p),
+            (dist, "all_reduce", self._wrap_tp("all_reduce")),
+            (dist, "all_gather_into_tensor", self._wrap_tp("all_gather")),
+            (dist, "reduce_scatter_tensor", self._wrap_tp("reduce_scatter")),
+        ):
             original = getattr(owner, name)
             self._restore.append((owner, name, original))
             setattr(owner, name, wrapper(original))
@@ -117,8 +119,10 @@ class MegatronTracer:
         def forward_step(*args: Any, **kwargs: Any) -> Any:
             microbatch = kwargs.get("current_microbatch")
             if microbatch is None:
-                raise RuntimeError("Megatron's forward_step was called without current_microbatch; "
-                                   "this megatron-core version is not supported by hops-calib capture")
+                raise RuntimeError(
+                    "Megatron's forward_step was called without current_microbatch; "
+                    "this megatron-core version is not supported by hops-calib capture"
+                )
             chunk = kwargs.get("vp_stage") or 0
             start = self.clock.now_ns()
             self._step = (FORWARD, microbatch)
@@ -184,8 +188,10 @@ class MegatronTracer:
             requests = original(**kwargs)
             end = self.clock.now_ns()
             # the peers' ranks are required keywords of Megatron's _p2p_ops and _batched_p2p_ops
-            for tensor, peer in ((kwargs.get("tensor_send_next"), kwargs["next_pipeline_rank"]),
-                                 (kwargs.get("tensor_send_prev"), kwargs["prev_pipeline_rank"])):
+            for tensor, peer in (
+                (kwargs.get("tensor_send_next"), kwargs["next_pipeline_rank"]),
+                (kwargs.get("tensor_send_prev"), kwargs["prev_pipeline_rank"]),
+            ):
                 label = self._labels.get(id(tensor)) if tensor is not None else None
                 if label is not None and label.tensor is tensor:
                     self.log.transfer(label.phase, label.microbatch, label.chunk, int(peer), start, end)
@@ -210,7 +216,7 @@ def _reduce_gradients(parameters: list[Any], log: EventLog, clock: WallClock) ->
     flat /= dist.get_world_size(group)
     offset = 0
     for grad in grads:
-        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
     end = clock.now_ns()
     log.collective("all_reduce", "dp", BACKWARD, None, flat.numel() * flat.element_size(), start, end)
@@ -233,7 +239,9 @@ class RankModel:
             forward_step_func=self.forward_step_func,
             data_iterator=[None] * config.vp if self.vp_size else None,
             model=self.chunks if self.vp_size else self.chunks[0],
-            num_microbatches=config.microbatches, seq_length=config.seq, micro_batch_size=1,
+            num_microbatches=config.microbatches,
+            seq_length=config.seq,
+            micro_batch_size=1,
         )
 
 
@@ -251,17 +259,30 @@ def build(config: CaptureConfig) -> RankModel:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     vp_size = config.vp if config.vp > 1 else None
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=config.tp,
-                                             pipeline_model_parallel_size=config.pp,
-                                             virtual_pipeline_model_parallel_size=vp_size)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=config.tp,
+        pipeline_model_parallel_size=config.pp,
+        virtual_pipeline_model_parallel_size=vp_size,
+    )
     torch.manual_seed(config.seed)
     transformer = TransformerConfig(
-        num_layers=config.layers, hidden_size=config.hidden, num_attention_heads=config.heads,
-        ffn_hidden_size=config.ffn, pipeline_model_parallel_size=config.pp,
-        tensor_model_parallel_size=config.tp, sequence_parallel=False,
-        virtual_pipeline_model_parallel_size=vp_size, pipeline_dtype=torch.float32, params_dtype=torch.float32,
-        use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False,
-        masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+        num_layers=config.layers,
+        hidden_size=config.hidden,
+        num_attention_heads=config.heads,
+        ffn_hidden_size=config.ffn,
+        pipeline_model_parallel_size=config.pp,
+        tensor_model_parallel_size=config.tp,
+        sequence_parallel=False,
+        virtual_pipeline_model_parallel_size=vp_size,
+        pipeline_dtype=torch.float32,
+        params_dtype=torch.float32,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
         apply_rope_fusion=False,
         # Without --overlap-p2p (megatron_args.txt says --no-overlap-p2p-communication for interleaved runs) the
         # exchanges block around each compute; with it the interleaved schedule posts its steady state's ahead
@@ -272,13 +293,17 @@ def build(config: CaptureConfig) -> RankModel:
     )
     chunks = []
     for chunk in range(config.vp):
-        chunks.append(GPTModel(
-            config=transformer, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=config.vocab,
-            max_sequence_length=config.seq,
-            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=chunk),
-            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=chunk),
-            vp_stage=chunk if vp_size else None,
-        ))
+        chunks.append(
+            GPTModel(
+                config=transformer,
+                transformer_layer_spec=get_gpt_layer_local_spec(),
+                vocab_size=config.vocab,
+                max_sequence_length=config.seq,
+                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=chunk),
+                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=chunk),
+                vp_stage=chunk if vp_size else None,
+            )
+        )
     parameters = [p for chunk in chunks for p in chunk.parameters()]
     optimizer = torch.optim.AdamW(parameters, lr=1e-4, weight_decay=0.01)
 
@@ -301,8 +326,9 @@ def build(config: CaptureConfig) -> RankModel:
     return RankModel(chunks, parameters, optimizer, forward_step_func, vp_size, transformer)
 
 
-def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock,
-        profile_path: Any = None) -> dict[str, Any]:
+def run(
+    rank: int, world: int, config: CaptureConfig, log: EventLog, clock: WallClock, profile_path: Any = None
+) -> dict[str, Any]:
     """Build this rank's model chunks, run warm-up and traced iterations; return facts for the manifest.
     `profile_path`: where the rank's PyTorch profiler trace of the traced iterations goes (`config.profile`)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func

@@ -54,8 +54,9 @@ TRACE_DIR = "megatron_trace"
 class PluginTracer:
     """The state of the tracer in one rank's process (see the module docstring)."""
 
-    def __init__(self, out: Path, *, trace_from: int = TRACE_FIRST_ITERATION,
-                 first_iteration: int | None = None) -> None:
+    def __init__(
+        self, out: Path, *, trace_from: int = TRACE_FIRST_ITERATION, first_iteration: int | None = None
+    ) -> None:
         import torch
 
         self.out = Path(out)
@@ -127,8 +128,14 @@ class PluginTracer:
         stage_devices = tuple(devices[stages.index(s)] for s in range(pp))
         vp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
         several = world > pp
-        self.log = EventLog(rank=rank, device_ids=tuple(devices), hostname=host, with_chunks=vp > 1,
-                            rank_stage=tuple(stages) if several else (), stage_devices=stage_devices if several else ())
+        self.log = EventLog(
+            rank=rank,
+            device_ids=tuple(devices),
+            hostname=host,
+            with_chunks=vp > 1,
+            rank_stage=tuple(stages) if several else (),
+            stage_devices=stage_devices if several else (),
+        )
         if not several:  # rank r runs stage r: the device of a rank is its stage's
             self.log.device_ids = tuple(stage_devices)
         self.tracer = MegatronTracer(self.log, _TimedClock(self))
@@ -211,10 +218,20 @@ class PluginTracer:
         folder.mkdir(parents=True, exist_ok=True)
         self.log.write(folder / f"rank{self.log.rank}.jsonl")
         events = len(self.log.events)
-        atomic_write(folder / f"tracer.rank{self.log.rank}.json", json.dumps({
-            "events": events, "iterations_seen": self.iteration, "clock": "host wall clock",
-            "overhead_ms": self.overhead_ns / 1e6,
-            "overhead_us_per_event": self.overhead_ns / 1e3 / events if events else None}, indent=1) + "\n")
+        atomic_write(
+            folder / f"tracer.rank{self.log.rank}.json",
+            json.dumps(
+                {
+                    "events": events,
+                    "iterations_seen": self.iteration,
+                    "clock": "host wall clock",
+                    "overhead_ms": self.overhead_ns / 1e6,
+                    "overhead_us_per_event": self.overhead_ns / 1e3 / events if events else None,
+                },
+                indent=1,
+            )
+            + "\n",
+        )
         self.uninstall()
 
 
@@ -265,25 +282,38 @@ def _parser() -> Any:
         prog="python -m hops_calib.capture.plugin",
         usage="%(prog)s --out JOB_DIR [--trace-from N] [--] SCRIPT [ARGS...]",
         description="Run a Megatron-LM or Megatron-core training script unmodified, with the hops-calib tracer "
-                    "loaded: each rank writes the documented event log JOB_DIR/megatron_trace/rank<r>.jsonl (and "
-                    "tracer.rank<r>.json, the tracer's own cost) when its process exits. Every stamp is the host's "
-                    "wall clock: on a GPU a step's span is its launch time (docs/traces.md).",
+        "loaded: each rank writes the documented event log JOB_DIR/megatron_trace/rank<r>.jsonl (and "
+        "tracer.rank<r>.json, the tracer's own cost) when its process exits. Every stamp is the host's "
+        "wall clock: on a GPU a step's span is its launch time (docs/traces.md).",
         epilog="examples:\n"
-               "  torchrun --nproc-per-node 8 -m hops_calib.capture.plugin --out runs/my_job -- pretrain_gpt.py "
-               "ARGS...\n"
-               "  python -m hops_calib.capture.plugin --out runs/my_job train.py --num-layers 4\n"
-               "then: add hops.base.yaml (the device types) to the job directory, and "
-               "hops-calib ingest runs/my_job --fixtures STORE.\n"
-               "In your own script instead: from hops_calib.capture import plugin; plugin.install('runs/my_job')",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, metavar="JOB_DIR",
-                        help="the job directory to write (megatron_trace/, and megatron_args.txt and "
-                             "hops_trace_map.json on rank 0 where absent)")
-    parser.add_argument("--trace-from", type=_positive, default=TRACE_FIRST_ITERATION, metavar="N",
-                        help=f"log iterations from the N-th training call on (default {TRACE_FIRST_ITERATION}: "
-                             "the first ones warm up)")
-    parser.add_argument("script", metavar="SCRIPT", help="the training script, run as __main__ (as python SCRIPT "
-                                                          "ARGS...); ARGS, the script's own, are passed unchanged")
+        "  torchrun --nproc-per-node 8 -m hops_calib.capture.plugin --out runs/my_job -- pretrain_gpt.py "
+        "ARGS...\n"
+        "  python -m hops_calib.capture.plugin --out runs/my_job train.py --num-layers 4\n"
+        "then: add hops.base.yaml (the device types) to the job directory, and "
+        "hops-calib ingest runs/my_job --fixtures STORE.\n"
+        "In your own script instead: from hops_calib.capture import plugin; plugin.install('runs/my_job')",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="JOB_DIR",
+        help="the job directory to write (megatron_trace/, and megatron_args.txt and "
+        "hops_trace_map.json on rank 0 where absent)",
+    )
+    parser.add_argument(
+        "--trace-from",
+        type=_positive,
+        default=TRACE_FIRST_ITERATION,
+        metavar="N",
+        help=f"log iterations from the N-th training call on (default {TRACE_FIRST_ITERATION}: the first ones warm up)",
+    )
+    parser.add_argument(
+        "script",
+        metavar="SCRIPT",
+        help="the training script, run as __main__ (as python SCRIPT "
+        "ARGS...); ARGS, the script's own, are passed unchanged",
+    )
     return parser
 
 
@@ -297,9 +327,9 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     while k < len(argv):
         word = argv[k]
         if word == "--":
-            return argv[:k] + argv[k + 1:k + 2], argv[k + 2:]
+            return argv[:k] + argv[k + 1 : k + 2], argv[k + 2 :]
         if not word.startswith("-"):
-            return argv[:k + 1], argv[k + 1:]
+            return argv[: k + 1], argv[k + 1 :]
         k += 2 if word in _VALUED else 1
     return argv, []
 
@@ -323,16 +353,25 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = _parser()
     own, args = _split(list(sys.argv[1:] if argv is None else argv))
-    unknown = [word for k, word in enumerate(own) if word.startswith("-") and (k == 0 or own[k - 1] not in _VALUED)
-               and word.split("=")[0] not in _VALUED + ("-h", "--help")]
+    unknown = [
+        word
+        for k, word in enumerate(own)
+        if word.startswith("-")
+        and (k == 0 or own[k - 1] not in _VALUED)
+        and word.split("=")[0] not in _VALUED + ("-h", "--help")
+    ]
     if unknown:
-        parser.error(f"unknown option {unknown[0]}: the plugin's own options (--out, --trace-from) come before "
-                     "SCRIPT; the script's options after it (or after --)")
+        parser.error(
+            f"unknown option {unknown[0]}: the plugin's own options (--out, --trace-from) come before "
+            "SCRIPT; the script's options after it (or after --)"
+        )
     parsed = parser.parse_args(own)
     script = parsed.script
     if not Path(script).is_file():
-        parser.error(f"SCRIPT {script!r} is not a file: give the training script's path (e.g. pretrain_gpt.py), "
-                     "after --out JOB_DIR and --")
+        parser.error(
+            f"SCRIPT {script!r} is not a file: give the training script's path (e.g. pretrain_gpt.py), "
+            "after --out JOB_DIR and --"
+        )
     install(parsed.out, trace_from=parsed.trace_from)
     sys.argv = [script, *args]
     runpy.run_path(script, run_name="__main__")

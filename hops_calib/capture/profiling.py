@@ -39,9 +39,11 @@ class RankProfiler:
         start, end = first_iteration, last_iteration + 1
         self._profiler = tp.profile(
             activities=[tp.ProfilerActivity.CPU],
-            schedule=tp.schedule(wait=max(start - 1, 0), warmup=1 if start > 0 else 0, active=end - start,
-                                 repeat=1),
-            on_trace_ready=self._write, record_shapes=True, with_stack=True)
+            schedule=tp.schedule(wait=max(start - 1, 0), warmup=1 if start > 0 else 0, active=end - start, repeat=1),
+            on_trace_ready=self._write,
+            record_shapes=True,
+            with_stack=True,
+        )
         self.written = False
 
     def _write(self, profiler: Any) -> None:

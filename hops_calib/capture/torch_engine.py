@@ -56,8 +56,9 @@ def build_stage_module(config: CaptureConfig, virtual_stage: int) -> Any:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             batch, seq, hidden = x.shape
             q, k, v = self.qkv(self.attention_norm(x)).split(hidden, dim=-1)
-            query, key, value = (t.view(batch, seq, config.heads, hidden // config.heads).transpose(1, 2)
-                                 for t in (q, k, v))
+            query, key, value = (
+                t.view(batch, seq, config.heads, hidden // config.heads).transpose(1, 2) for t in (q, k, v)
+            )
             attended = functional.scaled_dot_product_attention(query, key, value, is_causal=True)
             x = x + self.attention_out(attended.transpose(1, 2).reshape(batch, seq, hidden))
             return x + self.mlp_out(functional.gelu(self.mlp_in(self.mlp_norm(x))))
@@ -176,8 +177,11 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
         torch.manual_seed(config.seed + virtual_stage)
         module = build_stage_module(config, virtual_stage)
         modules.append(module)
-        stages.append(pipelining.PipelineStage(module, virtual_stage, config.virtual_stages, torch.device("cpu"),
-                                               group=dist.group.WORLD))
+        stages.append(
+            pipelining.PipelineStage(
+                module, virtual_stage, config.virtual_stages, torch.device("cpu"), group=dist.group.WORLD
+            )
+        )
     parameters = [p for module in modules for p in module.parameters()]
     optimizer = torch.optim.AdamW(parameters, lr=1e-4, weight_decay=0.01)
 
@@ -186,8 +190,7 @@ def run(rank: int, world: int, config: CaptureConfig, log: EventLog, clock: Wall
 
     schedule_class = getattr(pipelining, SCHEDULE_CLASSES[config.resolved_schedule])
     multi_stage = config.resolved_schedule in ("interleaved_1f1b", "zb_h1")
-    schedule = schedule_class(stages if multi_stage else stages[0], n_microbatches=config.microbatches,
-                              loss_fn=loss_fn)
+    schedule = schedule_class(stages if multi_stage else stages[0], n_microbatches=config.microbatches, loss_fn=loss_fn)
 
     generator = torch.Generator().manual_seed(config.seed)
     tokens = torch.randint(0, config.vocab, (config.microbatches, config.seq), generator=generator)

@@ -9,15 +9,22 @@ import typer
 
 def bench(
     out: Path = typer.Option(..., "--out", help="Folder to write gemm.csv, memory.csv and collectives/ into."),
-    job: Path = typer.Option(None, "--job", help="A job directory: measure the GEMM shapes its layer runs (t, micro "
-                             "batch, s, h, ffn from its launch) instead of the standard grid."),
-    device: str = typer.Option("", "--device", help="The catalog device type the tables are for (default: from "
-                               "the GPU's name, or cpu)."),
-    dtype: list[str] = typer.Option([], "--dtype", help="GEMM dtypes: bf16, fp16, fp32 (repeatable; default bf16 "
-                                    "on a GPU, fp32 on the CPU)."),
+    job: Path = typer.Option(
+        None,
+        "--job",
+        help="A job directory: measure the GEMM shapes its layer runs (t, micro "
+        "batch, s, h, ffn from its launch) instead of the standard grid.",
+    ),
+    device: str = typer.Option(
+        "", "--device", help="The catalog device type the tables are for (default: from the GPU's name, or cpu)."
+    ),
+    dtype: list[str] = typer.Option(
+        [], "--dtype", help="GEMM dtypes: bf16, fp16, fp32 (repeatable; default bf16 on a GPU, fp32 on the CPU)."
+    ),
     budget_s: float = typer.Option(300.0, "--budget-s", help="Time budget in s: items beyond it are left out."),
-    group_sizes: str = typer.Option("", "--group-sizes", help="Ranks per collective group, e.g. 2,4,8 (default: "
-                                    "2, 4, 8 up to the GPUs or cores)."),
+    group_sizes: str = typer.Option(
+        "", "--group-sizes", help="Ranks per collective group, e.g. 2,4,8 (default: 2, 4, 8 up to the GPUs or cores)."
+    ),
     quick: bool = typer.Option(False, "--quick", help="A tiny grid (a few seconds): checks the setup."),
     repeats: int = typer.Option(5, "--repeats", help="Timed repeats per item (the median is written)."),
 ) -> None:
@@ -25,8 +32,16 @@ def bench(
     raise typer.Exit(bench_command(out, job, device, list(dtype), budget_s, group_sizes, quick, repeats))
 
 
-def bench_command(out: Path, job: Path | None, device: str, dtypes: list[str], budget_s: float, group_sizes: str,
-                  quick: bool, repeats: int) -> int:
+def bench_command(
+    out: Path,
+    job: Path | None,
+    device: str,
+    dtypes: list[str],
+    budget_s: float,
+    group_sizes: str,
+    quick: bool,
+    repeats: int,
+) -> int:
     """0 and the tables written; 2 without torch or on a bad option or job."""
     from hops_calib.capture.bench import (
         DTYPES,
@@ -54,8 +69,9 @@ def bench_command(out: Path, job: Path | None, device: str, dtypes: list[str], b
     except ValueError:
         sizes = (0,)
     if any(g < 2 for g in sizes):
-        typer.echo(f"bench: --group-sizes {group_sizes!r}: give ranks per group, at least 2 each (e.g. 2,4,8)",
-                   err=True)
+        typer.echo(
+            f"bench: --group-sizes {group_sizes!r}: give ranks per group, at least 2 each (e.g. 2,4,8)", err=True
+        )
         return 2
     cuda = torch.cuda.is_available()
     shapes: tuple[tuple[int, int, int], ...] = ()
@@ -68,13 +84,24 @@ def bench_command(out: Path, job: Path | None, device: str, dtypes: list[str], b
             return 2
         typer.echo(f"GEMM shapes of {words}: {len(shapes)}")
     device = device or device_type_of(torch)
-    plan = default_plan(device=device, cuda=cuda, dtypes=dtypes, shapes=shapes, row=row or 1024,
-                        group_sizes=sizes, budget_s=budget_s, quick=quick, repeats=repeats)
-    typer.echo(f"bench on {'GPU ' + torch.cuda.get_device_name(0) if cuda else 'the CPU'} as device {device!r}: "
-               f"{len(plan.gemm_shapes) * len(plan.dtypes)} GEMMs, {len(plan.memory_bytes) * len(plan.kernels)} "
-               f"memory kernels, {len(plan.ops)} collectives x {len(plan.message_bytes)} sizes on groups of "
-               f"{', '.join(map(str, plan.group_sizes)) or 'none'} ({'NCCL' if cuda else 'gloo'}); budget "
-               f"{budget_s:g} s")
+    plan = default_plan(
+        device=device,
+        cuda=cuda,
+        dtypes=dtypes,
+        shapes=shapes,
+        row=row or 1024,
+        group_sizes=sizes,
+        budget_s=budget_s,
+        quick=quick,
+        repeats=repeats,
+    )
+    typer.echo(
+        f"bench on {'GPU ' + torch.cuda.get_device_name(0) if cuda else 'the CPU'} as device {device!r}: "
+        f"{len(plan.gemm_shapes) * len(plan.dtypes)} GEMMs, {len(plan.memory_bytes) * len(plan.kernels)} "
+        f"memory kernels, {len(plan.ops)} collectives x {len(plan.message_bytes)} sizes on groups of "
+        f"{', '.join(map(str, plan.group_sizes)) or 'none'} ({'NCCL' if cuda else 'gloo'}); budget "
+        f"{budget_s:g} s"
+    )
     with progress_bar("bench", total=plan.items()) as progress:
         result = run_bench(plan, out, advance=progress.advance)
     for path in result.files:

@@ -8,12 +8,17 @@ import typer
 
 
 def cluster(
-    sources: list[Path] | None = typer.Argument(None, help="Job directories, or folders holding them (found "
-                                                   "recursively)."),
+    sources: list[Path] | None = typer.Argument(
+        None, help="Job directories, or folders holding them (found recursively)."
+    ),
     out: Path | None = typer.Option(None, "--out", help="Cluster file to write (YAML)."),
-    check: Path | None = typer.Option(None, "--check", help="Instead: read this cluster file (written by hand or "
-                                         "edited) and say what it holds, or the line, field and fix of its first "
-                                         "error (exit 2)."),
+    check: Path | None = typer.Option(
+        None,
+        "--check",
+        help="Instead: read this cluster file (written by hand or "
+        "edited) and say what it holds, or the line, field and fix of its first "
+        "error (exit 2).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the cluster as JSON instead of a summary."),
 ) -> None:
     """Build the cluster of job directories: every device's host (the pair files name the hosts of their ranks) and
@@ -23,8 +28,9 @@ def cluster(
 
     if check is not None:
         if sources or out is not None:
-            raise typer.BadParameter("--check reads a cluster file; it takes no job directories and no --out",
-                                     param_hint="--check")
+            raise typer.BadParameter(
+                "--check reads a cluster file; it takes no job directories and no --out", param_hint="--check"
+            )
         raise typer.Exit(cluster_check_command(check, as_json))
     if not sources or out is None:
         raise typer.BadParameter("give job directories and --out FILE (or --check FILE)", param_hint="--out")

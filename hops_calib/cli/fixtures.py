@@ -47,9 +47,11 @@ def list_command(fixtures: Path, as_json: bool = False, ledger: Path | None = No
         if not store.exists():
             raise StoreError(f"no fixture store at {fixtures}; run: hops-calib ingest SRC --fixtures {fixtures}")
         if is_job_dir(Path(fixtures)):
-            raise StoreError(f"--fixtures {fixtures} is a job directory, not a fixture store; ingest it into a store "
-                             f"(a new folder, or an existing store such as the shipped fixtures/): hops-calib ingest "
-                             f"{fixtures} --fixtures STORE, then hops-calib fixtures list --fixtures STORE")
+            raise StoreError(
+                f"--fixtures {fixtures} is a job directory, not a fixture store; ingest it into a store "
+                f"(a new folder, or an existing store such as the shipped fixtures/): hops-calib ingest "
+                f"{fixtures} --fixtures STORE, then hops-calib fixtures list --fixtures STORE"
+            )
         store.check_writable()  # a folder that holds something else is said to be one, not listed as an empty store
         running = store.running()
         if running:
@@ -70,13 +72,17 @@ def list_command(fixtures: Path, as_json: bool = False, ledger: Path | None = No
 
 def show_command(fixture_id: str, fixtures: Path, as_json: bool = False, ledger: Path | None = None) -> int:
     """One fixture; errors (unknown id, missing store, a damaged fixture) exit 2, with --json also as an object."""
+
     def run() -> int:
         from hops_calib.cli.render import fixtures as render
         from hops_calib.store import views
         from hops_calib.store.writer import FixtureStore
 
-        refuse_job_dir_as_id(fixture_id, fixtures, f"`hops-calib ingest DIR --fixtures {fixtures}`, then "
-                             "`hops-calib fixtures show` with its run id")
+        refuse_job_dir_as_id(
+            fixture_id,
+            fixtures,
+            f"`hops-calib ingest DIR --fixtures {fixtures}`, then `hops-calib fixtures show` with its run id",
+        )
         store = FixtureStore(fixtures)
         fixture = store.load(fixture_id)
         from hops_calib.loop.heldout import held_out_reason

@@ -32,24 +32,36 @@ def ledger_show(
 def ledger_plan(
     note: str = typer.Option(..., "--note", help="What will be tried, and why these tolerances."),
     candidate: list[Path] | None = typer.Option(
-        None, "--candidate", help="A candidate file the plan is for (repeatable): pinned by its text's sha256, so "
-                                  "evaluate --plan N refuses any other candidate, an edited one included."),
+        None,
+        "--candidate",
+        help="A candidate file the plan is for (repeatable): pinned by its text's sha256, so "
+        "evaluate --plan N refuses any other candidate, an edited one included.",
+    ),
     rejudge: int | None = typer.Option(
-        None, "--rejudge", help="The ledger entry (seq) of an earlier judgement of the same change, judged again under "
-                                "this plan's rules; required to judge a change the ledger already judged on that "
-                                "model and store."),
+        None,
+        "--rejudge",
+        help="The ledger entry (seq) of an earlier judgement of the same change, judged again under "
+        "this plan's rules; required to judge a change the ledger already judged on that "
+        "model and store.",
+    ),
     fixtures: list[Path] | None = typer.Option(
-        None, "--fixtures", help="The store(s) its judgements will be made on (repeatable): their train runs' fixture "
-                                 "set is recorded, evaluate/compare --plan N refuse others, and a candidate judged "
-                                 "before only on other runs needs no --rejudge."),
+        None,
+        "--fixtures",
+        help="The store(s) its judgements will be made on (repeatable): their train runs' fixture "
+        "set is recorded, evaluate/compare --plan N refuse others, and a candidate judged "
+        "before only on other runs needs no --rejudge.",
+    ),
     ledger: Path = LEDGER_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the entry as JSON."),
     tolerances: dict | None = None,  # the tolerance options, added by with_tolerances
 ) -> None:
     """Record, before any of its evaluations, what will be tried and the tolerances it will be judged under (the only
     way to judge under tolerances other than the defaults)."""
-    raise typer.Exit(ledger_plan_command(ledger, note, tolerances or {}, as_json, tuple(candidate or ()), rejudge,
-                                         tuple(fixtures or ())))
+    raise typer.Exit(
+        ledger_plan_command(
+            ledger, note, tolerances or {}, as_json, tuple(candidate or ()), rejudge, tuple(fixtures or ())
+        )
+    )
 
 
 @app.command("looks")
@@ -118,13 +130,23 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
 
         notes = judgement_notes(list(read_entries(ledger_path)))
         if as_json:
-            print_json({"ledger": str(ledger_path), "entries": entries,
-                        "judgements": {str(seq): note for seq, note in notes.items()
-                                       if seq in {e.get("seq") for e in entries}},
-                        # plans stating rules looser than the defaults, each with its default and cap
-                        "looser_plans": {str(e["seq"]): looser_rules(e["tolerances"]) for e in entries
-                                         if e.get("kind") == "plan" and isinstance(e.get("tolerances"), dict)
-                                         and looser_rules(e["tolerances"])}})
+            print_json(
+                {
+                    "ledger": str(ledger_path),
+                    "entries": entries,
+                    "judgements": {
+                        str(seq): note for seq, note in notes.items() if seq in {e.get("seq") for e in entries}
+                    },
+                    # plans stating rules looser than the defaults, each with its default and cap
+                    "looser_plans": {
+                        str(e["seq"]): looser_rules(e["tolerances"])
+                        for e in entries
+                        if e.get("kind") == "plan"
+                        and isinstance(e.get("tolerances"), dict)
+                        and looser_rules(e["tolerances"])
+                    },
+                }
+            )
             return EXIT_OK
         if not entries:
             print(f"{ledger_path}: no entries")
@@ -132,33 +154,49 @@ def ledger_show_command(ledger_path: Path | None, last: int | None, as_json: boo
             aggregates_before, aggregates_after = e.get("aggregates_before") or {}, e.get("aggregates_after") or {}
             if e.get("kind") == "plan":
                 what = f"plan: {e.get('note', '')}" + "".join(f" [pins {c.get('id')}]" for c in e.get("candidates", []))
-                what += (f" [{describe_looser(looser_rules(e['tolerances']))}]"
-                         if isinstance(e.get("tolerances"), dict) and looser_rules(e["tolerances"]) else "")
+                what += (
+                    f" [{describe_looser(looser_rules(e['tolerances']))}]"
+                    if isinstance(e.get("tolerances"), dict) and looser_rules(e["tolerances"])
+                    else ""
+                )
                 what += f" [rejudges entry {e['rejudges']}]" if e.get("rejudges") is not None else ""
             elif e.get("kind") == "report":
                 aggregates = e.get("aggregates", {})
-                what = (f"report {e.get('split')}: MAPE {aggregates.get('throughput_mape_pct', float('nan')):.2f} %, "
-                        f"bubble MAE {or_nan(aggregates.get('bubble_mae_pp')):.2f} pp")
+                what = (
+                    f"report {e.get('split')}: MAPE {aggregates.get('throughput_mape_pct', float('nan')):.2f} %, "
+                    f"bubble MAE {or_nan(aggregates.get('bubble_mae_pp')):.2f} pp"
+                )
             elif e.get("kind") == "compare":
-                what = (f"compare {e.get('before_model_path')} -> {e.get('model_path')}: MAPE "
-                        f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
-                        f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
-                        + (f" ({e['note']})" if e.get("note") else "")
-                        + ((", kept" if e.get("decision") == "accepted" else ", undone") + f" in {e['committed_into']}"
-                           if e.get("committed") else ""))
+                what = (
+                    f"compare {e.get('before_model_path')} -> {e.get('model_path')}: MAPE "
+                    f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
+                    f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
+                    + (f" ({e['note']})" if e.get("note") else "")
+                    + (
+                        (", kept" if e.get("decision") == "accepted" else ", undone") + f" in {e['committed_into']}"
+                        if e.get("committed")
+                        else ""
+                    )
+                )
             elif e.get("kind") == OVERRIDE_KIND:
                 groups = [leak.get("group") for leak in e.get(OVERRIDE_KEY) or []]
-                what = (f"{e.get('verb')} on {e.get('fixtures')} went on over held-out group(s) "
-                        f"{', '.join(map(str, groups))} (--allow-held-out)")
+                what = (
+                    f"{e.get('verb')} on {e.get('fixtures')} went on over held-out group(s) "
+                    f"{', '.join(map(str, groups))} (--allow-held-out)"
+                )
             elif e.get("kind") == RECORD_KIND:
-                what = (f"held out the {len(e.get(HELD_OUT_KEY) or {})} test group(s) of {e.get('fixtures')} "
-                        "(ledger hold-out; nothing scored)")
+                what = (
+                    f"held out the {len(e.get(HELD_OUT_KEY) or {})} test group(s) of {e.get('fixtures')} "
+                    "(ledger hold-out; nothing scored)"
+                )
             else:
                 candidate = e.get("candidate") or {}
-                what = (f"{candidate.get('id')} ({candidate.get('change')}): MAPE "
-                        f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
-                        f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
-                        + (", committed" if e.get("committed") else ""))
+                what = (
+                    f"{candidate.get('id')} ({candidate.get('change')}): MAPE "
+                    f"{aggregates_before.get('throughput_mape_pct', float('nan')):.2f} -> "
+                    f"{aggregates_after.get('throughput_mape_pct', float('nan')):.2f} %"
+                    + (", committed" if e.get("committed") else "")
+                )
             seq = e.get("seq")
             note = notes.get(seq) if isinstance(seq, int) else None
             if note is not None:
@@ -175,8 +213,13 @@ def _judgement_note(note: dict[str, Any]) -> str:
     """`ledger show`'s words on a judgement's rules, earlier judgements of its change and the model file written."""
     from hops_calib.loop.gate import Tolerances, describe_looser
 
-    text = (" (default rules)" if note["rules"] == "defaults" else f" (under {note['rules']})"
-            if note["rules"].startswith("plan ") else f" ({note['rules']})")
+    text = (
+        " (default rules)"
+        if note["rules"] == "defaults"
+        else f" (under {note['rules']})"
+        if note["rules"].startswith("plan ")
+        else f" ({note['rules']})"
+    )
     if note["tolerances"]:
         text += f" [tolerances: {Tolerances(**note['tolerances']).describe()}]"
     if note.get("looser_rules"):
@@ -192,9 +235,15 @@ def _judgement_note(note: dict[str, Any]) -> str:
     return text
 
 
-def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[str, float | str | None], as_json: bool,
-                        candidates: tuple[Path, ...] = (), rejudges: int | None = None,
-                        fixtures: tuple[Path, ...] = ()) -> int:
+def ledger_plan_command(
+    ledger_path: Path | None,
+    note: str,
+    tolerances: dict[str, float | str | None],
+    as_json: bool,
+    candidates: tuple[Path, ...] = (),
+    rejudges: int | None = None,
+    fixtures: tuple[Path, ...] = (),
+) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = resolve_ledger(ledger_path)
@@ -217,8 +266,10 @@ def ledger_plan_command(ledger_path: Path | None, note: str, tolerances: dict[st
                 print(f"stores: {', '.join(entry['fixtures'])} (fixture set {entry['fixture_set_sha256'][:12]})")
             for pinned in entry.get("candidates", []):
                 print(f"candidate pinned: {pinned['id']} ({pinned['path']}, text sha256 {pinned['text_sha256'][:12]})")
-            print(f"judge under it with: hops-calib evaluate CANDIDATE --plan {entry['seq']} | "
-                  f"hops-calib compare BEFORE --model AFTER --plan {entry['seq']}")
+            print(
+                f"judge under it with: hops-calib evaluate CANDIDATE --plan {entry['seq']} | "
+                f"hops-calib compare BEFORE --model AFTER --plan {entry['seq']}"
+            )
         return EXIT_OK
 
     return guarded(run, as_json)
@@ -238,23 +289,59 @@ def ledger_looks_command(ledger_path: Path | None, split: str, as_json: bool) ->
         models = {look.model_sha256 for look in looks}
         repeats = sum(look.repeat_of is not None for look in looks)
         if as_json:
-            print_json({"ledger": str(ledger_path), "split": split, "looks": [look.to_dict() for look in looks],
-                         "distinct_models": len(models), "repeated_looks": repeats})
+            print_json(
+                {
+                    "ledger": str(ledger_path),
+                    "split": split,
+                    "looks": [look.to_dict() for look in looks],
+                    "distinct_models": len(models),
+                    "repeated_looks": repeats,
+                }
+            )
             return EXIT_OK
-        print(f"{ledger_path}: {len(looks)} look(s) at the {split} split, at {len(models)} distinct model(s); "
-              f"{repeats} repeated an earlier look (the same runs, and the same model or the same predictions)")
+        print(
+            f"{ledger_path}: {len(looks)} look(s) at the {split} split, at {len(models)} distinct model(s); "
+            f"{repeats} repeated an earlier look (the same runs, and the same model or the same predictions)"
+        )
         if looks:
-            rows = [[str(look.seq), look.time[:16], look.model_sha256[:12], f"{look.throughput_mape_pct:.2f}",
-                     f"{or_nan(look.bubble_mae_pp):.2f}",
-                     (f"{look.gap_to_train_pp:+.2f}" if look.gap_to_train_pp is not None else "")
-                     + (f" ({look.gap_interval_pp[0]:+.2f} to {look.gap_interval_pp[1]:+.2f})"
-                        if look.gap_interval_pp is not None else ""),
-                     str(look.evaluations_since), str(look.changes_since),
-                     str(look.predictions_moved) if look.predictions_moved is not None else "",
-                     f"of {look.repeat_of}" if look.repeat_of is not None else ""] for look in looks]
-            print(text_table(["seq", "time", "model", "MAPE %", "bubble pp", "gap to train pp", "evaluated since",
-                              "model changes since", "predictions moved", "repeat"], rows,
-                             right={0, 3, 4, 5, 6, 7, 8}))
+            rows = [
+                [
+                    str(look.seq),
+                    look.time[:16],
+                    look.model_sha256[:12],
+                    f"{look.throughput_mape_pct:.2f}",
+                    f"{or_nan(look.bubble_mae_pp):.2f}",
+                    (f"{look.gap_to_train_pp:+.2f}" if look.gap_to_train_pp is not None else "")
+                    + (
+                        f" ({look.gap_interval_pp[0]:+.2f} to {look.gap_interval_pp[1]:+.2f})"
+                        if look.gap_interval_pp is not None
+                        else ""
+                    ),
+                    str(look.evaluations_since),
+                    str(look.changes_since),
+                    str(look.predictions_moved) if look.predictions_moved is not None else "",
+                    f"of {look.repeat_of}" if look.repeat_of is not None else "",
+                ]
+                for look in looks
+            ]
+            print(
+                text_table(
+                    [
+                        "seq",
+                        "time",
+                        "model",
+                        "MAPE %",
+                        "bubble pp",
+                        "gap to train pp",
+                        "evaluated since",
+                        "model changes since",
+                        "predictions moved",
+                        "repeat",
+                    ],
+                    rows,
+                    right={0, 3, 4, 5, 6, 7, 8},
+                )
+            )
         return EXIT_OK
 
     return guarded(run, as_json)
@@ -273,14 +360,23 @@ def ledger_verify_command(ledger_path: Path | None, as_json: bool) -> int:
         if as_json:
             print_json(result.to_dict(), "ok" if result.ok else "broken_ledger")
         elif result.ok:
-            print(f"{ledger_path}: {result.entries} entries, chain intact; head sha256 {result.head_sha256}; "
-                  f"{result.committed_prefix_note}")
+            print(
+                f"{ledger_path}: {result.entries} entries, chain intact; head sha256 {result.head_sha256}; "
+                f"{result.committed_prefix_note}"
+            )
         else:
             for problem in result.problems:
-                print(f"{ledger_path}:{problem.line}: {problem.message}" if problem.line is not None
-                      else f"{ledger_path}: {problem.message}", file=sys.stderr)
-            print(f"{ledger_path}: {len(result.problems)} problem(s) in {result.entries} entries"
-                  + (f"; {result.committed_prefix_note}" if result.committed_prefix_note else ""), file=sys.stderr)
+                print(
+                    f"{ledger_path}:{problem.line}: {problem.message}"
+                    if problem.line is not None
+                    else f"{ledger_path}: {problem.message}",
+                    file=sys.stderr,
+                )
+            print(
+                f"{ledger_path}: {len(result.problems)} problem(s) in {result.entries} entries"
+                + (f"; {result.committed_prefix_note}" if result.committed_prefix_note else ""),
+                file=sys.stderr,
+            )
         return EXIT_OK if result.ok else EXIT_BROKEN_LEDGER
 
     return guarded(run, as_json)
@@ -308,15 +404,25 @@ def ledger_hold_out_command(fixtures: Path, ledger_path: Path | None, as_json: b
 
         entry = record_store(fixtures, ledger_path)
         if as_json:
-            print_json({"ledger": str(ledger_path), "fixtures": str(fixtures),
-                        "appended": entry["seq"] if entry else None,
-                        "groups": sorted(entry[HELD_OUT_KEY]) if entry else []}, "ok")
+            print_json(
+                {
+                    "ledger": str(ledger_path),
+                    "fixtures": str(fixtures),
+                    "appended": entry["seq"] if entry else None,
+                    "groups": sorted(entry[HELD_OUT_KEY]) if entry else [],
+                },
+                "ok",
+            )
         elif entry:
-            print(f"{ledger_path}: entry {entry['seq']} holds out the {len(entry[HELD_OUT_KEY])} test group(s) of "
-                  f"{fixtures}; every verb refuses them in a train split from now on")
+            print(
+                f"{ledger_path}: entry {entry['seq']} holds out the {len(entry[HELD_OUT_KEY])} test group(s) of "
+                f"{fixtures}; every verb refuses them in a train split from now on"
+            )
         else:
-            print(f"{ledger_path}: nothing appended: {fixtures} has no test split, or the ledger already holds out "
-                  "every group of it, by name and by every run's digest and fingerprint")
+            print(
+                f"{ledger_path}: nothing appended: {fixtures} has no test split, or the ledger already holds out "
+                "every group of it, by name and by every run's digest and fingerprint"
+            )
         return EXIT_OK
 
     return guarded(run, as_json)
@@ -332,11 +438,20 @@ def ledger_repair_command(ledger_path: Path | None, as_json: bool = False) -> in
         aside = repair(ledger_path)
         written = commits.repair(ledger_path)
         if as_json:
-            print_json({"ledger": str(ledger_path), "set_aside": str(aside) if aside else None,
-                        "repaired": bool(aside), "commits": list(written)})
+            print_json(
+                {
+                    "ledger": str(ledger_path),
+                    "set_aside": str(aside) if aside else None,
+                    "repaired": bool(aside),
+                    "commits": list(written),
+                }
+            )
             return EXIT_OK
-        print(f"{ledger_path}: incomplete last line moved to {aside}" if aside else
-              f"{ledger_path}: nothing to repair (last line complete)")
+        print(
+            f"{ledger_path}: incomplete last line moved to {aside}"
+            if aside
+            else f"{ledger_path}: nothing to repair (last line complete)"
+        )
         for line in written:
             print(line)
         return EXIT_OK

@@ -26,11 +26,20 @@ from hops_calib.errors import InputError
 EXIT_OK, EXIT_REJECTED, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_OFF_RECORD, EXIT_BROKEN_LEDGER, EXIT_PARTIAL = 4, 5, 6
 # The `status` of each exit code's JSON (a verb's own result may say more: "accepted", "no_candidate", ...).
-STATUS = {EXIT_OK: "ok", EXIT_REJECTED: "rejected", EXIT_INVALID: "invalid", EXIT_INTERNAL: "internal_error",
-          EXIT_OFF_RECORD: "off_record", EXIT_BROKEN_LEDGER: "broken_ledger", EXIT_PARTIAL: "partial"}
+STATUS = {
+    EXIT_OK: "ok",
+    EXIT_REJECTED: "rejected",
+    EXIT_INVALID: "invalid",
+    EXIT_INTERNAL: "internal_error",
+    EXIT_OFF_RECORD: "off_record",
+    EXIT_BROKEN_LEDGER: "broken_ledger",
+    EXIT_PARTIAL: "partial",
+}
 TRACEBACK_ENV = "HOPS_CALIB_TRACEBACK"
-BUG_HINT = ("this is a bug in hops-calib, not in your input: please report it with the command line and this "
-            f"message ({TRACEBACK_ENV}=1 prints the traceback)")
+BUG_HINT = (
+    "this is a bug in hops-calib, not in your input: please report it with the command line and this "
+    f"message ({TRACEBACK_ENV}=1 prints the traceback)"
+)
 
 
 def print_json(data: dict[str, Any], status: str = "ok") -> None:
@@ -61,11 +70,19 @@ def error_record(error: BaseException, exit_code: int) -> dict[str, Any]:
     None where the error has none."""
     internal = exit_code == EXIT_INTERNAL
     message = f"internal error: {type(error).__name__}: {error}" if internal else str(error)
-    return {"status": STATUS.get(exit_code, "invalid"), "error": {"message": message, "file": getattr(error, "origin", None), "line": getattr(error, "line", None),
-                      "field": getattr(error, "field", None), "problem": getattr(error, "problem", str(error)),
-                      "hint": BUG_HINT if internal else (getattr(error, "hint", "") or None),
-                      "exit_code": exit_code,
-                      "kind": "internal" if internal else getattr(error, "kind", "input")}}
+    return {
+        "status": STATUS.get(exit_code, "invalid"),
+        "error": {
+            "message": message,
+            "file": getattr(error, "origin", None),
+            "line": getattr(error, "line", None),
+            "field": getattr(error, "field", None),
+            "problem": getattr(error, "problem", str(error)),
+            "hint": BUG_HINT if internal else (getattr(error, "hint", "") or None),
+            "exit_code": exit_code,
+            "kind": "internal" if internal else getattr(error, "kind", "input"),
+        },
+    }
 
 
 def internal_error(error: BaseException) -> int:
@@ -103,6 +120,7 @@ def guarded(action: Callable[[], int], as_json: bool = False) -> int:
 def held_out_guard(fixtures: Any, ledger_path: Any, verb: str, allow: bool) -> Callable[[], None]:
     """The held-out guard of a verb that records nothing else (`hops_calib.loop.heldout.guard_store`): it refuses a
     store holding in train a group the ledger remembers as held out, or prints the override it recorded."""
+
     def check() -> None:
         from hops_calib.loop.heldout import guard_store
 
@@ -112,8 +130,13 @@ def held_out_guard(fixtures: Any, ledger_path: Any, verb: str, allow: bool) -> C
     return check
 
 
-def run_and_print(label: str, as_json: bool, compute: Callable[[Any], Any], text: Callable[[Any], str],
-                  held_out_guard: Callable[[], None] | None = None) -> int:
+def run_and_print(
+    label: str,
+    as_json: bool,
+    compute: Callable[[Any], Any],
+    text: Callable[[Any], str],
+    held_out_guard: Callable[[], None] | None = None,
+) -> int:
     """A verb that computes one result and prints it: `compute(bar)` under a progress bar on a terminal's stderr,
     then the result's JSON (`to_dict`) or `text(result)` on stdout; input errors as `guarded` reports them.
     `held_out_guard` runs first (see `held_out_guard`)."""
@@ -150,8 +173,12 @@ def refuse_job_dir_as_id(fixture_id: str | None, fixtures: Any, instead: str) ->
             return  # a fixture of the store that is also a folder here (its run's job directory): the id is meant
     except StoreError:
         pass
-    raise InputError(fixture_id, "is a job directory, not a fixture id", field="ID",
-                     hint=f"did you mean {instead.replace('DIR', fixture_id)}?")
+    raise InputError(
+        fixture_id,
+        "is a job directory, not a fixture id",
+        field="ID",
+        hint=f"did you mean {instead.replace('DIR', fixture_id)}?",
+    )
 
 
 def refuse_missing_ledger(ledger: Any, new_ledger: bool, as_json: bool) -> int:
@@ -161,10 +188,14 @@ def refuse_missing_ledger(ledger: Any, new_ledger: bool, as_json: bool) -> int:
 
     if ledger is None or new_ledger or Path(ledger).exists():
         return 0
-    error = InputError(str(ledger), "no ledger there: a new ledger remembers no held-out run, so nothing the "
-                       "project's ledger holds out would be guarded", field="ledger",
-                       hint=f"name an existing ledger (the project's is ledger/ledger.jsonl), or start a new one "
-                            f"on purpose: --ledger {ledger} --new-ledger")
+    error = InputError(
+        str(ledger),
+        "no ledger there: a new ledger remembers no held-out run, so nothing the "
+        "project's ledger holds out would be guarded",
+        field="ledger",
+        hint=f"name an existing ledger (the project's is ledger/ledger.jsonl), or start a new one "
+        f"on purpose: --ledger {ledger} --new-ledger",
+    )
     print(f"Error: {error}", file=sys.stderr)
     if as_json:
         print(json.dumps(error_record(error, EXIT_INVALID), indent=1, default=str))

@@ -24,75 +24,150 @@ from hops_calib.cli.options import given as _given
 from hops_calib.cli.verbs import LEGACY, DefaultVerbGroup, OldSpelling
 
 app = typer.Typer(
-    cls=DefaultVerbGroup, no_args_is_help=True,
+    cls=DefaultVerbGroup,
+    no_args_is_help=True,
     help="Plan a job: `plan job DIR` (the fastest launches of a real job on its devices, priced by the calibrated "
-         "model), `plan layouts DIR` (its t x p x d layout table), `plan abstract` (a schedule for abstract costs). "
-         "The old spellings `plan --job DIR`, `plan --job DIR --parallel` and `plan --stages ...` still work.")
+    "model), `plan layouts DIR` (its t x p x d layout table), `plan abstract` (a schedule for abstract costs). "
+    "The old spellings `plan --job DIR`, `plan --job DIR --parallel` and `plan --stages ...` still work.",
+)
 
 STAGES = typer.Option(None, "--stages", help="Pipeline stages (devices), p (abstract plan; required there).")
-MICROBATCHES = typer.Option(None, "--microbatches", help="Microbatches per iteration, m (abstract plan; required "
-                                                         "there).")
-MEMORY_BUDGET = typer.Option(None, "--memory-budget",
-                             help="Abstract plan, required there: activations per device, in stage microbatches (one "
-                                  "microbatch's activations of a whole stage; an interleaved chunk counts 1/v).")
+MICROBATCHES = typer.Option(
+    None, "--microbatches", help="Microbatches per iteration, m (abstract plan; required there)."
+)
+MEMORY_BUDGET = typer.Option(
+    None,
+    "--memory-budget",
+    help="Abstract plan, required there: activations per device, in stage microbatches (one "
+    "microbatch's activations of a whole stage; an interleaved chunk counts 1/v).",
+)
 FORWARD_COST = typer.Option(1.0, "--forward-cost", help="Forward time of one microbatch on one stage.")
 BACKWARD_COST = typer.Option(2.0, "--backward-cost", help="Whole backward time (input + weight grads).")
 WEIGHT_GRAD_COST = typer.Option(0.0, "--weight-grad-cost", help="Weight-gradient part of the backward; > 0 adds ZB-H1.")
 CHUNKS = typer.Option(1, "--chunks", help="Model chunks per device; > 1 adds interleaved 1F1B.")
-TARGET_BUBBLE = typer.Option(None, "--target-bubble",
-                             help="Also print the microbatches balanced 1F1B needs for this bubble.")
+TARGET_BUBBLE = typer.Option(
+    None, "--target-bubble", help="Also print the microbatches balanced 1F1B needs for this bubble."
+)
 JOB_HELP = "A real job's directory: its model and global batch on its devices."
-PLAN_FIXTURES = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
-                             help=FIXTURES_HELP + " With --job, the store whose train split the best launches are "
-                                  "checked against: what lies outside it is extrapolated.")
+PLAN_FIXTURES = typer.Option(
+    ...,
+    "--fixtures",
+    default_factory=_default("fixtures"),
+    show_default=False,
+    help=FIXTURES_HELP + " With --job, the store whose train split the best launches are "
+    "checked against: what lies outside it is extrapolated.",
+)
 TOP = typer.Option(5, "--top", help="With --job: how many launches to print.")
-SCHEDULES = typer.Option(None, "--schedule", help="With --job: search only these schedules (repeatable: 1f1b, "
-                                                  "interleaved_1f1b, zb_h1, gpipe, auto; default all).")
-PARALLEL = typer.Option(False, "--parallel", help="With --job: the layout-only table (plan --job alone searches t x p "
-                                                  "x d with every other lever): tensor x pipeline x data parallel and "
-                                                  "the micro-batch size (one GPU type), keeping the launch's other "
-                                                  "settings; it takes --model, --top and --json, and refuses the "
-                                                  "other search's options (--schedule, --keep-*, --trials, --cluster, "
-                                                  "stragglers, ...).")
+SCHEDULES = typer.Option(
+    None,
+    "--schedule",
+    help="With --job: search only these schedules (repeatable: 1f1b, "
+    "interleaved_1f1b, zb_h1, gpipe, auto; default all).",
+)
+PARALLEL = typer.Option(
+    False,
+    "--parallel",
+    help="With --job: the layout-only table (plan --job alone searches t x p "
+    "x d with every other lever): tensor x pipeline x data parallel and "
+    "the micro-batch size (one GPU type), keeping the launch's other "
+    "settings; it takes --model, --top and --json, and refuses the "
+    "other search's options (--schedule, --keep-*, --trials, --cluster, "
+    "stragglers, ...).",
+)
 KEEP_ORDER = typer.Option(False, "--keep-order", help="With --job: keep the job's stage order.")
 KEEP_SPLIT = typer.Option(False, "--keep-split", help="With --job: keep the job's layer split.")
 KEEP_MICRO_BATCH = typer.Option(False, "--keep-micro-batch", help="With --job: keep its micro-batch size.")
-KEEP_LEVERS = typer.Option(False, "--keep-levers", help="With --job: keep its tensor and pipeline parallel sizes, "
-                                                        "recomputation, sequence parallelism and distributed optimizer.")
-DEVICE_MEMORY = typer.Option(None, "--device-memory", help="With --job: TYPE:BYTES, a device type's usable memory "
-                                                           "(default the catalog's capacity). Repeatable.")
-TRIALS = typer.Option(None, "--trials", help="With --job: optuna trials when the space is too large to search "
-                                             "exhaustively (default 400 where the stage order is searched; with one "
-                                             "distinct order none unless given); the coordinate ascent after them "
-                                             "prices at most 2,000,000 simulated tasks' worth of launches at the "
-                                             "job's own launch's size, or this many if more.")
-EXHAUSTIVE_LIMIT = typer.Option(10000, "--exhaustive-limit", help="With --job: search exhaustively up to this many "
-                                                                  "launches.")
-ANY_RUNTIME = typer.Option(False, "--any-runtime", help="With --job: also search schedules Megatron-LM has no flag "
-                                                        "for (ZB-H1, GPipe, auto), for a runtime that runs them; "
-                                                        "default Megatron's own (1F1B, interleaved 1F1B).")
-MEMORY_HEADROOM = typer.Option(None, "--memory-headroom", help="With --job: GB of each GPU's memory left out of every "
-                                                               "pick (default 1.5 on a GPU: the CUDA context and "
-                                                               "NCCL's buffers; 0 on a CPU).")
-RANK_BY = typer.Option("throughput", "--rank-by", help="With --job: throughput (nominal), expected or p5 (the mean or "
-                                                       "the 5th percentile under the stragglers and failures given).")
+KEEP_LEVERS = typer.Option(
+    False,
+    "--keep-levers",
+    help="With --job: keep its tensor and pipeline parallel sizes, "
+    "recomputation, sequence parallelism and distributed optimizer.",
+)
+DEVICE_MEMORY = typer.Option(
+    None,
+    "--device-memory",
+    help="With --job: TYPE:BYTES, a device type's usable memory (default the catalog's capacity). Repeatable.",
+)
+TRIALS = typer.Option(
+    None,
+    "--trials",
+    help="With --job: optuna trials when the space is too large to search "
+    "exhaustively (default 400 where the stage order is searched; with one "
+    "distinct order none unless given); the coordinate ascent after them "
+    "prices at most 2,000,000 simulated tasks' worth of launches at the "
+    "job's own launch's size, or this many if more.",
+)
+EXHAUSTIVE_LIMIT = typer.Option(
+    10000, "--exhaustive-limit", help="With --job: search exhaustively up to this many launches."
+)
+ANY_RUNTIME = typer.Option(
+    False,
+    "--any-runtime",
+    help="With --job: also search schedules Megatron-LM has no flag "
+    "for (ZB-H1, GPipe, auto), for a runtime that runs them; "
+    "default Megatron's own (1F1B, interleaved 1F1B).",
+)
+MEMORY_HEADROOM = typer.Option(
+    None,
+    "--memory-headroom",
+    help="With --job: GB of each GPU's memory left out of every "
+    "pick (default 1.5 on a GPU: the CUDA context and "
+    "NCCL's buffers; 0 on a CPU).",
+)
+RANK_BY = typer.Option(
+    "throughput",
+    "--rank-by",
+    help="With --job: throughput (nominal), expected or p5 (the mean or "
+    "the 5th percentile under the stragglers and failures given).",
+)
 AS_JSON = typer.Option(False, "--json", help="Print the plan as JSON.")
 
 # What each way of planning reads of the old spelling's options, and how to name it. An option given on the command
 # line to a way that does not read it is refused (exit 2) naming the way that does, never silently ignored; a new
 # option is refused everywhere until it is listed for the ways that read it.
 _PLAN_WAYS = {
-    "abstract": ("the abstract plan (--stages, --microbatches, --memory-budget)",
-                 {"stages", "microbatches", "memory_budget", "forward_cost", "backward_cost", "weight_grad_cost",
-                  "chunks", "target_bubble", "as_json"}),
-    "job": ("plan --job DIR without --parallel (its search of stage order, layer split, schedule, micro batch)",
-            {"job", "cluster", "no_cluster", "fixtures", "model", "top", "schedules", "fixed_order", "fixed_split",
-             "fixed_micro_batch", "device_memory", "trials", "exhaustive_limit", "rank_by", "as_json",
-             "any_runtime", "memory_headroom", "keep_levers",
-             *(f"perturbations__{name}" for name, *_ in PERTURBATION_OPTIONS)}),
-    "parallel": ("plan --job DIR --parallel (its search of t x p x d layouts and micro batch, hops priced from "
-                 "the placement)",
-                 {"job", "parallel", "model", "top", "as_json"}),
+    "abstract": (
+        "the abstract plan (--stages, --microbatches, --memory-budget)",
+        {
+            "stages",
+            "microbatches",
+            "memory_budget",
+            "forward_cost",
+            "backward_cost",
+            "weight_grad_cost",
+            "chunks",
+            "target_bubble",
+            "as_json",
+        },
+    ),
+    "job": (
+        "plan --job DIR without --parallel (its search of stage order, layer split, schedule, micro batch)",
+        {
+            "job",
+            "cluster",
+            "no_cluster",
+            "fixtures",
+            "model",
+            "top",
+            "schedules",
+            "fixed_order",
+            "fixed_split",
+            "fixed_micro_batch",
+            "device_memory",
+            "trials",
+            "exhaustive_limit",
+            "rank_by",
+            "as_json",
+            "any_runtime",
+            "memory_headroom",
+            "keep_levers",
+            *(f"perturbations__{name}" for name, *_ in PERTURBATION_OPTIONS),
+        },
+    ),
+    "parallel": (
+        "plan --job DIR --parallel (its search of t x p x d layouts and micro batch, hops priced from the placement)",
+        {"job", "parallel", "model", "top", "as_json"},
+    ),
 }
 
 
@@ -106,37 +181,103 @@ def _refuse_unread(ctx: typer.Context, way: str) -> None:
         flag = max(param.opts, key=len)
         others = [name for name, (_, read) in _PLAN_WAYS.items() if param.name in read]
         where = " or ".join(_PLAN_WAYS[name][0] for name in others) or "no way of planning"
-        switch = ("; or drop --parallel to run that search" if way == "parallel" and "job" in others else
-                  "; or plan a real job with --job DIR" if way == "abstract" and others else
-                  "; or drop --job for the abstract plan" if others == ["abstract"] else "")
-        raise typer.BadParameter(f"it does nothing in {what}: only {where} reads it. Drop {flag}{switch}.",
-                                 param_hint=flag)
+        switch = (
+            "; or drop --parallel to run that search"
+            if way == "parallel" and "job" in others
+            else "; or plan a real job with --job DIR"
+            if way == "abstract" and others
+            else "; or drop --job for the abstract plan"
+            if others == ["abstract"]
+            else ""
+        )
+        raise typer.BadParameter(
+            f"it does nothing in {what}: only {where} reads it. Drop {flag}{switch}.", param_hint=flag
+        )
 
 
-def _abstract(stages: int | None, microbatches: int | None, memory_budget: float | None, forward_cost: float,
-              backward_cost: float, weight_grad_cost: float, chunks: int, target_bubble: float | None,
-              as_json: bool) -> None:
+def _abstract(
+    stages: int | None,
+    microbatches: int | None,
+    memory_budget: float | None,
+    forward_cost: float,
+    backward_cost: float,
+    weight_grad_cost: float,
+    chunks: int,
+    target_bubble: float | None,
+    as_json: bool,
+) -> None:
     from hops_calib.cli.whatif import plan_command
 
     if stages is None or microbatches is None or memory_budget is None:
-        missing = [flag for flag, value in (("--stages", stages), ("--microbatches", microbatches),
-                                            ("--memory-budget", memory_budget)) if value is None]
-        raise typer.BadParameter(f"an abstract plan needs {', '.join(missing)} (or plan a real job with --job)",
-                                 param_hint=missing[0])
-    plan_command(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
-                 target_bubble, as_json)
+        missing = [
+            flag
+            for flag, value in (
+                ("--stages", stages),
+                ("--microbatches", microbatches),
+                ("--memory-budget", memory_budget),
+            )
+            if value is None
+        ]
+        raise typer.BadParameter(
+            f"an abstract plan needs {', '.join(missing)} (or plan a real job with --job)", param_hint=missing[0]
+        )
+    plan_command(
+        stages,
+        microbatches,
+        memory_budget,
+        forward_cost,
+        backward_cost,
+        weight_grad_cost,
+        chunks,
+        target_bubble,
+        as_json,
+    )
 
 
-def _job(ctx: typer.Context, job: Path, cluster: Path | None, no_cluster: bool, fixtures: Path, model: Path | None,
-         top: int, schedules: list[str] | None, fixed_order: bool, fixed_split: bool, fixed_micro_batch: bool,
-         keep_levers: bool, device_memory: list[str] | None, trials: int | None, exhaustive_limit: int,
-         any_runtime: bool, memory_headroom: float | None, rank_by: str, as_json: bool,
-         perturbations: dict | None) -> int:
+def _job(
+    ctx: typer.Context,
+    job: Path,
+    cluster: Path | None,
+    no_cluster: bool,
+    fixtures: Path,
+    model: Path | None,
+    top: int,
+    schedules: list[str] | None,
+    fixed_order: bool,
+    fixed_split: bool,
+    fixed_micro_batch: bool,
+    keep_levers: bool,
+    device_memory: list[str] | None,
+    trials: int | None,
+    exhaustive_limit: int,
+    any_runtime: bool,
+    memory_headroom: float | None,
+    rank_by: str,
+    as_json: bool,
+    perturbations: dict | None,
+) -> int:
     from hops_calib.cli.whatif import plan_job_command
 
-    return plan_job_command(job, _cluster(ctx, cluster, no_cluster), model, top, tuple(schedules or ()), fixed_order,
-                            fixed_split, fixed_micro_batch, tuple(device_memory or ()), trials, exhaustive_limit,
-                            rank_by, perturbations, as_json, fixtures, any_runtime, memory_headroom, keep_levers)
+    return plan_job_command(
+        job,
+        _cluster(ctx, cluster, no_cluster),
+        model,
+        top,
+        tuple(schedules or ()),
+        fixed_order,
+        fixed_split,
+        fixed_micro_batch,
+        tuple(device_memory or ()),
+        trials,
+        exhaustive_limit,
+        rank_by,
+        perturbations,
+        as_json,
+        fixtures,
+        any_runtime,
+        memory_headroom,
+        keep_levers,
+    )
 
 
 @app.command("job")
@@ -167,9 +308,30 @@ def plan_job(
     virtual stages, micro batch, recomputation, sequence parallelism, the distributed optimizer, stage order,
     layer split and schedule (Megatron's own unless --any-runtime), each pick within memory less a stated headroom
     (the old spelling: plan --job DIR)."""
-    raise typer.Exit(_job(ctx, job, cluster, no_cluster, fixtures, model, top, schedules, fixed_order, fixed_split,
-                          fixed_micro_batch, keep_levers, device_memory, trials, exhaustive_limit, any_runtime,
-                          memory_headroom, rank_by, as_json, perturbations))
+    raise typer.Exit(
+        _job(
+            ctx,
+            job,
+            cluster,
+            no_cluster,
+            fixtures,
+            model,
+            top,
+            schedules,
+            fixed_order,
+            fixed_split,
+            fixed_micro_batch,
+            keep_levers,
+            device_memory,
+            trials,
+            exhaustive_limit,
+            any_runtime,
+            memory_headroom,
+            rank_by,
+            as_json,
+            perturbations,
+        )
+    )
 
 
 @app.command("layouts")
@@ -201,8 +363,17 @@ def plan_abstract(
 ) -> None:
     """The pipeline schedule with the lowest bubble that fits a per-device activation budget, for abstract costs
     (the old spelling: plan --stages P --microbatches M --memory-budget B)."""
-    _abstract(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
-              target_bubble, as_json)
+    _abstract(
+        stages,
+        microbatches,
+        memory_budget,
+        forward_cost,
+        backward_cost,
+        weight_grad_cost,
+        chunks,
+        target_bubble,
+        as_json,
+    )
 
 
 @app.command(LEGACY, hidden=True, cls=OldSpelling)
@@ -217,8 +388,12 @@ def plan(
     weight_grad_cost: float = WEIGHT_GRAD_COST,
     chunks: int = CHUNKS,
     target_bubble: float = TARGET_BUBBLE,
-    job: Path | None = typer.Option(None, "--job", help="Plan a real job instead: its model and global batch on "
-                                       "its devices (stage order, layer split, schedule, micro-batch size)."),
+    job: Path | None = typer.Option(
+        None,
+        "--job",
+        help="Plan a real job instead: its model and global batch on "
+        "its devices (stage order, layer split, schedule, micro-batch size).",
+    ),
     cluster: Path | None = CLUSTER_OPTION,
     no_cluster: bool = NO_CLUSTER_OPTION,
     fixtures: Path = PLAN_FIXTURES,
@@ -243,13 +418,43 @@ def plan(
     --job DIR --parallel (plan layouts DIR)."""
     _refuse_unread(ctx, "abstract" if job is None else "parallel" if parallel else "job")
     if job is None:
-        _abstract(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
-                  target_bubble, as_json)
+        _abstract(
+            stages,
+            microbatches,
+            memory_budget,
+            forward_cost,
+            backward_cost,
+            weight_grad_cost,
+            chunks,
+            target_bubble,
+            as_json,
+        )
         return
     if parallel:
         from hops_calib.cli.whatif import plan_layouts_command
 
         raise typer.Exit(plan_layouts_command(job, model, top, as_json))
-    raise typer.Exit(_job(ctx, job, cluster, no_cluster, fixtures, model, top, schedules, fixed_order, fixed_split,
-                          fixed_micro_batch, keep_levers, device_memory, trials, exhaustive_limit, any_runtime,
-                          memory_headroom, rank_by, as_json, perturbations))
+    raise typer.Exit(
+        _job(
+            ctx,
+            job,
+            cluster,
+            no_cluster,
+            fixtures,
+            model,
+            top,
+            schedules,
+            fixed_order,
+            fixed_split,
+            fixed_micro_batch,
+            keep_levers,
+            device_memory,
+            trials,
+            exhaustive_limit,
+            any_runtime,
+            memory_headroom,
+            rank_by,
+            as_json,
+            perturbations,
+        )
+    )

@@ -25,41 +25,84 @@ from hops_calib.cli.options import given as _given
 from hops_calib.cli.verbs import LEGACY, DefaultVerbGroup, OldSpelling
 
 app = typer.Typer(
-    cls=DefaultVerbGroup, no_args_is_help=True,
+    cls=DefaultVerbGroup,
+    no_args_is_help=True,
     help="Predict from the configuration alone: `predict run ID` (a stored fixture beside its measurement), "
-         "`predict all` (every train fixture and the suite), `predict job DIR` (a configuration that has not run). "
-         "The old spellings `predict ID`, `predict --all` and `predict --job DIR` still work.")
+    "`predict all` (every train fixture and the suite), `predict job DIR` (a configuration that has not run). "
+    "The old spellings `predict ID`, `predict --all` and `predict --job DIR` still work.",
+)
 
-JOB_HELP = ("A job directory to predict before it runs: megatron_args.txt (Megatron's flags: tensor, pipeline, data "
-            "and sequence parallelism, distributed optimizer, recomputation, modern layers; torchrun "
-            "--nnodes/--nproc-per-node place ranks on nodes), hops_trace_map.json, hops.base.yaml (the GPU type), "
-            "link benchmark (optional on nodes). Prints the time by kind per stage, memory per GPU, samples/s and "
-            "MFU; a flag the model does not price is refused naming it, one it does not know is named in a note.")
+JOB_HELP = (
+    "A job directory to predict before it runs: megatron_args.txt (Megatron's flags: tensor, pipeline, data "
+    "and sequence parallelism, distributed optimizer, recomputation, modern layers; torchrun "
+    "--nnodes/--nproc-per-node place ranks on nodes), hops_trace_map.json, hops.base.yaml (the GPU type), "
+    "link benchmark (optional on nodes). Prints the time by kind per stage, memory per GPU, samples/s and "
+    "MFU; a flag the model does not price is refused naming it, one it does not know is named in a note."
+)
 ID_HELP = "Fixture id (train split)."
-SCHEDULES = typer.Option(None, "--schedule", help="With --job: simulate this schedule (repeatable: 1f1b, "
-                                                  "interleaved_1f1b, gpipe, zb_h1, auto); default the configured one.")
-PREDICT_FIXTURES = typer.Option(..., "--fixtures", default_factory=_default("fixtures"), show_default=False,
-                                help=FIXTURES_HELP + " With --job, the store whose train split the configuration is "
-                                     "checked against for coverage: pass the store the model was calibrated on.")
+SCHEDULES = typer.Option(
+    None,
+    "--schedule",
+    help="With --job: simulate this schedule (repeatable: 1f1b, "
+    "interleaved_1f1b, gpipe, zb_h1, auto); default the configured one.",
+)
+PREDICT_FIXTURES = typer.Option(
+    ...,
+    "--fixtures",
+    default_factory=_default("fixtures"),
+    show_default=False,
+    help=FIXTURES_HELP + " With --job, the store whose train split the configuration is "
+    "checked against for coverage: pass the store the model was calibrated on.",
+)
 AS_JSON = typer.Option(False, "--json", help="Print JSON.")
-KERNELS = typer.Option(False, "--kernels", help="With --job: also the kernel table of a stage (each kernel Megatron "
-                                                "launches per microbatch: shape, FLOPs, bytes, time, what bounds it; "
-                                                "priced by decoder_kernels' values, its defaults when the model does "
-                                                "not activate it).")
-KERNEL_STAGE = typer.Option(None, "--kernel-stage", help="With --kernels: the virtual stage to list (default: the "
-                                                         "slowest).", show_default=False)
+KERNELS = typer.Option(
+    False,
+    "--kernels",
+    help="With --job: also the kernel table of a stage (each kernel Megatron "
+    "launches per microbatch: shape, FLOPs, bytes, time, what bounds it; "
+    "priced by decoder_kernels' values, its defaults when the model does "
+    "not activate it).",
+)
+KERNEL_STAGE = typer.Option(
+    None, "--kernel-stage", help="With --kernels: the virtual stage to list (default: the slowest).", show_default=False
+)
 
 
-def _predict(ctx: typer.Context, fixture_id: str | None, all_train: bool, job: Path | None,
-             schedules: list[str] | None, fixtures: Path, cluster: Path | None, no_cluster: bool,
-             model: Path | None, as_json: bool, kernels: bool, kernel_stage: int | None,
-             perturbations: dict | None, ledger: Path | None, allow_held_out: bool) -> int:
+def _predict(
+    ctx: typer.Context,
+    fixture_id: str | None,
+    all_train: bool,
+    job: Path | None,
+    schedules: list[str] | None,
+    fixtures: Path,
+    cluster: Path | None,
+    no_cluster: bool,
+    model: Path | None,
+    as_json: bool,
+    kernels: bool,
+    kernel_stage: int | None,
+    perturbations: dict | None,
+    ledger: Path | None,
+    allow_held_out: bool,
+) -> int:
     from hops_calib.cli.loop import predict_command
 
-    return predict_command(fixture_id, all_train, fixtures, model, as_json, job, schedules or (),
-                           fixtures_defaulted=not _given(ctx, "fixtures"), cluster=_cluster(ctx, cluster, no_cluster),
-                           perturbations=perturbations, ledger_path=ledger, allow_held_out=allow_held_out,
-                           kernels=kernels, kernel_stage=kernel_stage)
+    return predict_command(
+        fixture_id,
+        all_train,
+        fixtures,
+        model,
+        as_json,
+        job,
+        schedules or (),
+        fixtures_defaulted=not _given(ctx, "fixtures"),
+        cluster=_cluster(ctx, cluster, no_cluster),
+        perturbations=perturbations,
+        ledger_path=ledger,
+        allow_held_out=allow_held_out,
+        kernels=kernels,
+        kernel_stage=kernel_stage,
+    )
 
 
 @app.command("run")
@@ -75,8 +118,25 @@ def predict_run(
     """Predicted vs real throughput, bubble, per-stage utilization and phase times of a stored fixture, from its
     configuration alone, with the breakdown, memory and pricing inputs `predict job` prints (the old spelling:
     predict ID)."""
-    raise typer.Exit(_predict(ctx, fixture_id, False, None, None, fixtures, None, True, model, as_json, False, None,
-                              None, ledger, allow_held_out))
+    raise typer.Exit(
+        _predict(
+            ctx,
+            fixture_id,
+            False,
+            None,
+            None,
+            fixtures,
+            None,
+            True,
+            model,
+            as_json,
+            False,
+            None,
+            None,
+            ledger,
+            allow_held_out,
+        )
+    )
 
 
 @app.command("all")
@@ -89,8 +149,11 @@ def predict_all(
     allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
 ) -> None:
     """Every train fixture: per-run errors and the suite (the old spelling: predict --all)."""
-    raise typer.Exit(_predict(ctx, None, True, None, None, fixtures, None, True, model, as_json, False, None, None,
-                              ledger, allow_held_out))
+    raise typer.Exit(
+        _predict(
+            ctx, None, True, None, None, fixtures, None, True, model, as_json, False, None, None, ledger, allow_held_out
+        )
+    )
 
 
 @app.command("job")
@@ -112,8 +175,25 @@ def predict_job(
     """A configuration that has not run (what-if): several schedules side by side, each hop priced by the hosts at
     its ends; with stragglers and failures, also their mean and 5th-percentile throughput (the old spelling:
     predict --job DIR)."""
-    raise typer.Exit(_predict(ctx, None, False, job, schedules, fixtures, cluster, no_cluster, model, as_json,
-                              kernels, kernel_stage, perturbations, ledger, False))
+    raise typer.Exit(
+        _predict(
+            ctx,
+            None,
+            False,
+            job,
+            schedules,
+            fixtures,
+            cluster,
+            no_cluster,
+            model,
+            as_json,
+            kernels,
+            kernel_stage,
+            perturbations,
+            ledger,
+            False,
+        )
+    )
 
 
 @app.command(LEGACY, hidden=True, cls=OldSpelling)
@@ -137,5 +217,22 @@ def predict(
 ) -> None:
     """The old spelling of the predict verbs: predict ID (predict run ID), predict --all (predict all), predict
     --job DIR (predict job DIR)."""
-    raise typer.Exit(_predict(ctx, fixture_id, all_train, job, schedules, fixtures, cluster, no_cluster, model,
-                              as_json, kernels, kernel_stage, perturbations, ledger, allow_held_out))
+    raise typer.Exit(
+        _predict(
+            ctx,
+            fixture_id,
+            all_train,
+            job,
+            schedules,
+            fixtures,
+            cluster,
+            no_cluster,
+            model,
+            as_json,
+            kernels,
+            kernel_stage,
+            perturbations,
+            ledger,
+            allow_held_out,
+        )
+    )

@@ -33,8 +33,13 @@ def _section(command: Any, context: Any, path: list[str]) -> list[str]:
         lines += [f"## `hops-calib {' '.join(path)}`", "", "```text", command.get_usage(context), "```", ""]
         if help_text:
             lines += [help_text, ""]
-        rows = [record for param in command.get_params(context) if param.name != "help"
-                for record in [param.get_help_record(context)] if record is not None]
+        rows = [
+            record
+            for param in command.get_params(context)
+            if param.name != "help"
+            for record in [param.get_help_record(context)]
+            if record is not None
+        ]
         if rows:
             lines += ["| argument or option | what |", "|---|---|"]
             lines += [f"| `{_cell(name)}` | {_cell(text)} |" for name, text in rows]

@@ -27,13 +27,16 @@ def print_runs(runs) -> None:
     width = max(len(r.run_id) for r in runs)
     # The stall-free error when it was scored (evaluate --run-error stall-free); '-' where a trace cannot give it.
     free = any(r.stall_free_error_pct is not None for r in runs)
-    print(f"{'run':{width}}  {'tput err %':>10} {'steady err %':>12} {'bubble err pp':>13} {'rho':>6}"
-          + (f" {'stall-free err %':>16}" if free else ""))
+    print(
+        f"{'run':{width}}  {'tput err %':>10} {'steady err %':>12} {'bubble err pp':>13} {'rho':>6}"
+        + (f" {'stall-free err %':>16}" if free else "")
+    )
     for r in runs:
-        print(f"{r.run_id:{width}}  {pct(r.throughput_error_pct):>10} {pct(r.steady_throughput_error_pct):>12} "
-              f"{pct(r.bubble_error_pp):>13} {num(r.util_spearman_rho):>6}"
-              + (f" {pct(r.stall_free_error_pct) if r.stall_free_error_pct is not None else '-':>16}"
-                 if free else ""))
+        print(
+            f"{r.run_id:{width}}  {pct(r.throughput_error_pct):>10} {pct(r.steady_throughput_error_pct):>12} "
+            f"{pct(r.bubble_error_pp):>13} {num(r.util_spearman_rho):>6}"
+            + (f" {pct(r.stall_free_error_pct) if r.stall_free_error_pct is not None else '-':>16}" if free else "")
+        )
 
 
 def _on(suite, metric: str) -> str:
@@ -45,14 +48,19 @@ def _on(suite, metric: str) -> str:
 def print_suite(label: str, suite) -> None:
     from hops_calib.loop.score import or_nan
 
-    print(f"{label}: {suite.n_fixtures} fixtures, throughput MAPE {suite.throughput_mape_pct:.2f} % (median "
-          f"{suite.throughput_median_ape_pct:.2f} %), steady throughput MAPE {suite.steady_throughput_mape_pct:.2f} %, "
-          + (f"bubble MAE {or_nan(suite.bubble_mae_pp):.2f} pp{_on(suite, 'bubble')}, mean utilization rho "
-             f"{or_nan(suite.util_spearman_mean):.3f}{_on(suite, 'utilization')}; " if suite.bubble_mae_pp is not None else
-             "no bubble or utilization (no run has events); ")
-          + f"stall-noise floor of the throughput MAPE {suite.stall_noise_mape_pct:.2f} % (what random stalls alone "
-          f"would cost an otherwise exact model on these runs; the model is "
-          f"{suite.throughput_mape_pct - suite.stall_noise_mape_pct:+.2f} pp from it)")
+    print(
+        f"{label}: {suite.n_fixtures} fixtures, throughput MAPE {suite.throughput_mape_pct:.2f} % (median "
+        f"{suite.throughput_median_ape_pct:.2f} %), steady throughput MAPE {suite.steady_throughput_mape_pct:.2f} %, "
+        + (
+            f"bubble MAE {or_nan(suite.bubble_mae_pp):.2f} pp{_on(suite, 'bubble')}, mean utilization rho "
+            f"{or_nan(suite.util_spearman_mean):.3f}{_on(suite, 'utilization')}; "
+            if suite.bubble_mae_pp is not None
+            else "no bubble or utilization (no run has events); "
+        )
+        + f"stall-noise floor of the throughput MAPE {suite.stall_noise_mape_pct:.2f} % (what random stalls alone "
+        f"would cost an otherwise exact model on these runs; the model is "
+        f"{suite.throughput_mape_pct - suite.stall_noise_mape_pct:+.2f} pp from it)"
+    )
     print_timers(suite)
 
 

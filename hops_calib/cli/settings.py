@@ -60,18 +60,30 @@ def _project_value(key: str, start: Path | None) -> tuple[str, Path] | None:
     data = parse_toml(text, str(path), allowed_keys={"defaults"})
     defaults = data.get("defaults", {})
     if not isinstance(defaults, dict):
-        raise InputError(str(path), "is not a table", field="defaults", hint="write [defaults] with fixtures = "
-                         "\"DIR\", cluster = \"FILE\" and/or storage = \"URL\"")
+        raise InputError(
+            str(path),
+            "is not a table",
+            field="defaults",
+            hint='write [defaults] with fixtures = "DIR", cluster = "FILE" and/or storage = "URL"',
+        )
     unknown = sorted(set(defaults) - _KEYS)
     if unknown:
-        raise InputError(str(path), f"unknown key {unknown[0]!r}", field=f"defaults.{unknown[0]}",
-                         hint=f"[defaults] takes {', '.join(sorted(_KEYS))}")
+        raise InputError(
+            str(path),
+            f"unknown key {unknown[0]!r}",
+            field=f"defaults.{unknown[0]}",
+            hint=f"[defaults] takes {', '.join(sorted(_KEYS))}",
+        )
     value = defaults.get(key)
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise InputError(str(path), f"is {value!r}", field=f"defaults.{key}",
-                         hint="give a URL as a string" if key in _URLS else "give a path as a string")
+        raise InputError(
+            str(path),
+            f"is {value!r}",
+            field=f"defaults.{key}",
+            hint="give a URL as a string" if key in _URLS else "give a path as a string",
+        )
     return value, path
 
 
@@ -87,8 +99,9 @@ def default_fixtures(start: Path | None = None) -> Setting:
     """The fixture store a command uses when --fixtures is not given."""
     if os.environ.get(FIXTURES_ENV):
         return Setting(Path(os.environ[FIXTURES_ENV]), FIXTURES_ENV)
-    return _from_project("fixtures", start) or Setting(Path("fixtures"),
-                                                       "the default, ./fixtures in the current directory")
+    return _from_project("fixtures", start) or Setting(
+        Path("fixtures"), "the default, ./fixtures in the current directory"
+    )
 
 
 def default_cluster(start: Path | None = None) -> Setting:

@@ -20,15 +20,25 @@ if TYPE_CHECKING:
     from hops_calib.model.coverage import Coverage
 
 
-def plan_command(stages: int, microbatches: int, memory_budget: float, forward_cost: float, backward_cost: float,
-                 weight_grad_cost: float, chunks: int, target_bubble: float | None, as_json: bool) -> None:
+def plan_command(
+    stages: int,
+    microbatches: int,
+    memory_budget: float,
+    forward_cost: float,
+    backward_cost: float,
+    weight_grad_cost: float,
+    chunks: int,
+    target_bubble: float | None,
+    as_json: bool,
+) -> None:
     """Print the plan (a bad value is a usage error naming it, exit 2)."""
     from hops_calib.cli.render.plan import format_plan
     from hops_calib.whatif.plan import plan
 
     try:
-        result = plan(stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks,
-                      target_bubble)
+        result = plan(
+            stages, microbatches, memory_budget, forward_cost, backward_cost, weight_grad_cost, chunks, target_bubble
+        )
         report = json.dumps({"status": "ok", **result.to_dict()}, indent=2) if as_json else format_plan(result)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
@@ -59,9 +69,11 @@ def _band_source(band: float, runs: int, store_devices: set[str], fixtures: Path
     missing = sorted(set(job_devices) - store_devices)
     if not missing:
         return source
-    return (f"{source}; no train run of {', '.join(missing)} in that store (its runs are on "
-            f"{', '.join(sorted(store_devices))}): the band is the {'/'.join(sorted(store_devices))} runs' error, "
-            f"not measured on {', '.join(missing)}; pass --fixtures the store calibrated on that device")
+    return (
+        f"{source}; no train run of {', '.join(missing)} in that store (its runs are on "
+        f"{', '.join(sorted(store_devices))}): the band is the {'/'.join(sorted(store_devices))} runs' error, "
+        f"not measured on {', '.join(missing)}; pass --fixtures the store calibrated on that device"
+    )
 
 
 def _calibration_coverage(fixtures: Path, defaulted: bool = False) -> tuple[Coverage | None, str]:
@@ -75,28 +87,49 @@ def _calibration_coverage(fixtures: Path, defaulted: bool = False) -> tuple[Cove
         from hops_calib.cli.settings import default_fixtures
 
         origin = default_fixtures().origin
-        default = (f"; --fixtures not given: {origin}" if origin.startswith("the default") else
-                   f"; --fixtures not given: the store set by {origin}")
+        default = (
+            f"; --fixtures not given: {origin}"
+            if origin.startswith("the default")
+            else f"; --fixtures not given: the store set by {origin}"
+        )
     try:
         suite = load_suite(fixtures, "train")
     except InputError as error:
-        return None, (f"{error} (store {fixtures.resolve()}{default}; pass --fixtures with the store the model was "
-                      "calibrated on)")
+        return None, (
+            f"{error} (store {fixtures.resolve()}{default}; pass --fixtures with the store the model was calibrated on)"
+        )
     return coverage(suite.specs), f"train split of {fixtures.resolve()}, {len(suite.ids)} runs{default}"
 
 
-def predict_job(job: Path, model_path: Path | None, schedules: Sequence[str], fixtures: Path, fixtures_defaulted: bool,
-                as_json: bool, cluster: Path | None = None, perturbations: dict | None = None, *,
-                kernels: bool = False, kernel_stage: int | None = None) -> int:
+def predict_job(
+    job: Path,
+    model_path: Path | None,
+    schedules: Sequence[str],
+    fixtures: Path,
+    fixtures_defaulted: bool,
+    as_json: bool,
+    cluster: Path | None = None,
+    perturbations: dict | None = None,
+    *,
+    kernels: bool = False,
+    kernel_stage: int | None = None,
+) -> int:
     """`predict --job DIR`: the configuration under each schedule, and where it lies outside the store's train
     runs. Errors are the caller's (`hops_calib.cli.output.guarded`)."""
     from hops_calib.cli.render.predict import what_if_text
     from hops_calib.loop.model_files import load_model
     from hops_calib.whatif.job import what_if
 
-    result = what_if(job, load_model(model_path), schedules, *_calibration_coverage(fixtures, fixtures_defaulted),
-                     cluster=load_cluster(cluster), perturbations=parse_perturbations(perturbations, job),
-                     kernels=kernels, kernel_stage=kernel_stage)
+    result = what_if(
+        job,
+        load_model(model_path),
+        schedules,
+        *_calibration_coverage(fixtures, fixtures_defaulted),
+        cluster=load_cluster(cluster),
+        perturbations=parse_perturbations(perturbations, job),
+        kernels=kernels,
+        kernel_stage=kernel_stage,
+    )
     if as_json:
         print_json(result.to_dict())
     else:
@@ -104,8 +137,9 @@ def predict_job(job: Path, model_path: Path | None, schedules: Sequence[str], fi
     return EXIT_OK
 
 
-def launch_sections(spec, model, prediction, real=None, throughput_per_s: float | None = None
-                    ) -> tuple[dict, list[str]]:
+def launch_sections(
+    spec, model, prediction, real=None, throughput_per_s: float | None = None
+) -> tuple[dict, list[str]]:
     """What `predict --job` prints of a launch beside its throughput, for `predict ID` of a stored run: the time by
     kind per stage, the memory per GPU, samples/s and MFU/HFU, what it is priced with, and (`real`: the run's
     measured metrics) Megatron's logged timers beside the simulation's; `throughput_per_s`: the predicted
@@ -119,13 +153,21 @@ def launch_sections(spec, model, prediction, real=None, throughput_per_s: float 
     rates = model_rates(prediction, spec, peak_flops_per_s(spec, model), throughput_per_s)
     timers = timer_rows(getattr(real, "timers_ms", None), prediction.result.columns)
     inputs = pricing_inputs(spec)
-    data = {"breakdown_ms_per_iteration": [{"stage": k, **parts} for k, parts in enumerate(breakdown)],
-            "memory": [stage.to_dict() for stage in memory], "fits": all(stage.fits for stage in memory),
-            "predicted_rates": rates, "timers": timers, "pricing_inputs": inputs}
-    lines = ["", f"predicted: {rates['samples_per_s']:.2f} samples/s, {rates['tokens_per_s']:.0f} tokens/s (all "
-                 f"replicas); TFLOP/s/GPU model {rates['model_tflops_per_gpu']:.3g} (MFU {100 * rates['mfu']:.1f} %), "
-                 f"hardware {rates['hardware_tflops_per_gpu']:.3g} (HFU {100 * rates['hfu']:.1f} %; model FLOPs leave "
-                 "recomputation out, as Megatron-LM logs them, hardware FLOPs count it)"]
+    data = {
+        "breakdown_ms_per_iteration": [{"stage": k, **parts} for k, parts in enumerate(breakdown)],
+        "memory": [stage.to_dict() for stage in memory],
+        "fits": all(stage.fits for stage in memory),
+        "predicted_rates": rates,
+        "timers": timers,
+        "pricing_inputs": inputs,
+    }
+    lines = [
+        "",
+        f"predicted: {rates['samples_per_s']:.2f} samples/s, {rates['tokens_per_s']:.0f} tokens/s (all "
+        f"replicas); TFLOP/s/GPU model {rates['model_tflops_per_gpu']:.3g} (MFU {100 * rates['mfu']:.1f} %), "
+        f"hardware {rates['hardware_tflops_per_gpu']:.3g} (HFU {100 * rates['hfu']:.1f} %; model FLOPs leave "
+        "recomputation out, as Megatron-LM logs them, hardware FLOPs count it)",
+    ]
     lines += breakdown_lines(breakdown, memory) + timer_lines(timers) + pricing_lines(inputs)
     return data, lines
 
@@ -153,8 +195,12 @@ def _factor(text: str, option: str) -> tuple[str, float]:
     except ValueError:
         factor = math.nan
     if not sep or not name or not (1 <= factor < math.inf):
-        raise InputError(option, f"{text!r} is not NAME:FACTOR with a finite FACTOR >= 1", field=option,
-                         hint=f"e.g. {option} l4_node0_gpu0:1.1 (10 % slower)")
+        raise InputError(
+            option,
+            f"{text!r} is not NAME:FACTOR with a finite FACTOR >= 1",
+            field=option,
+            hint=f"e.g. {option} l4_node0_gpu0:1.1 (10 % slower)",
+        )
     return name, factor
 
 
@@ -174,17 +220,24 @@ def parse_perturbations(options: dict | None, job: Path | None = None, stages_al
         ids = read_stage_map(Path(job))
 
     # what names a device: its id in the stage map, or (where allowed) its stage number
-    valid = (f"a stage number 0-{len(ids) - 1} ({len(ids)} stages) or a device id of the stage map "
-             f"({', '.join(ids)})" if stages_allowed else f"a device id of the stage map ({', '.join(ids)})")
+    valid = (
+        f"a stage number 0-{len(ids) - 1} ({len(ids)} stages) or a device id of the stage map ({', '.join(ids)})"
+        if stages_allowed
+        else f"a device id of the stage map ({', '.join(ids)})"
+    )
 
     def device(name: str, option: str) -> str:
         if stages_allowed and name.isdigit() and int(name) < len(ids):
             return ids[int(name)]
         if ids and name not in ids:
-            problem = (f"{name!r} is no device of the job" if not name.isdigit() else
-                       f"stage {name} is outside the job's stages 0-{len(ids) - 1}" if stages_allowed else
-                       f"{name!r} is no device of the job (a plan moves devices between stages: a stage number "
-                       "names none)")
+            problem = (
+                f"{name!r} is no device of the job"
+                if not name.isdigit()
+                else f"stage {name} is outside the job's stages 0-{len(ids) - 1}"
+                if stages_allowed
+                else f"{name!r} is no device of the job (a plan moves devices between stages: a stage number "
+                "names none)"
+            )
             raise InputError(option, problem, field=option, hint=f"name {valid}")
         return name
 
@@ -196,25 +249,46 @@ def parse_perturbations(options: dict | None, job: Path | None = None, stages_al
     for text in options.get("slow_link") or []:
         pair, factor = _factor(text, "--slow-link")
         cuts = [k for k, char in enumerate(pair) if char == "-"]
-        ends = next(((pair[:k], pair[k + 1:]) for k in cuts
-                     if all(not ids or end in ids or (stages_allowed and end.isdigit() and int(end) < len(ids))
-                            for end in (pair[:k], pair[k + 1:]))), None)
+        ends = next(
+            (
+                (pair[:k], pair[k + 1 :])
+                for k in cuts
+                if all(
+                    not ids or end in ids or (stages_allowed and end.isdigit() and int(end) < len(ids))
+                    for end in (pair[:k], pair[k + 1 :])
+                )
+            ),
+            None,
+        )
         if ends is None:
-            raise InputError("--slow-link", f"{pair!r} is not two devices A-B of the job", field="--slow-link",
-                             hint=(f"each end {valid}; " if ids else "")
-                             + "e.g. --slow-link 0-1:2 (stages) or l4_node0_gpu0-l4_node1_gpu0:2")
+            raise InputError(
+                "--slow-link",
+                f"{pair!r} is not two devices A-B of the job",
+                field="--slow-link",
+                hint=(f"each end {valid}; " if ids else "")
+                + "e.g. --slow-link 0-1:2 (stages) or l4_node0_gpu0-l4_node1_gpu0:2",
+            )
         a, b = device(ends[0], "--slow-link"), device(ends[1], "--slow-link")
         if stages_allowed and ids and abs(ids.index(a) - ids.index(b)) != 1:
             # a what-if's stage map is fixed: a pair that is no hop of it would change nothing
             i, j = sorted((ids.index(a), ids.index(b)))
             ends_pair = (i, j) == (0, len(ids) - 1)
-            raise InputError("--slow-link", f"{pair!r} (stages {i}-{j}) is no hop of the pipeline, so no transfer "
-                             "runs over it" + (": it names the pipeline's ends, whose tied-embedding all-reduce "
-                                               "before the optimizer is priced by an estimate from the ends' links "
-                                               "(the 'between the ends' line), not by a link --slow-link slows"
-                                               if ends_pair else ""), field="--slow-link",
-                             hint="name two neighbouring stages, e.g. " + ", ".join(
-                                 f"{k}-{k + 1}" for k in range(len(ids) - 1)) + " (a slowed hop's transfers stretch)")
+            raise InputError(
+                "--slow-link",
+                f"{pair!r} (stages {i}-{j}) is no hop of the pipeline, so no transfer "
+                "runs over it"
+                + (
+                    ": it names the pipeline's ends, whose tied-embedding all-reduce "
+                    "before the optimizer is priced by an estimate from the ends' links "
+                    "(the 'between the ends' line), not by a link --slow-link slows"
+                    if ends_pair
+                    else ""
+                ),
+                field="--slow-link",
+                hint="name two neighbouring stages, e.g. "
+                + ", ".join(f"{k}-{k + 1}" for k in range(len(ids) - 1))
+                + " (a slowed hop's transfers stretch)",
+            )
         slow_links.append((a, b, factor))
     stragglers = None
     if options.get("stragglers"):
@@ -223,11 +297,19 @@ def parse_perturbations(options: dict | None, job: Path | None = None, stages_al
             values = [float(x) for x in parts]
             stragglers = RandomStragglers(*values) if len(values) in (1, 3) else None
         except ValueError as error:
-            raise InputError("--stragglers", f"{options['stragglers']!r}: {error}", field="--stragglers",
-                             hint="P or P:LOW:HIGH, e.g. 0.05:1.05:1.3") from None
+            raise InputError(
+                "--stragglers",
+                f"{options['stragglers']!r}: {error}",
+                field="--stragglers",
+                hint="P or P:LOW:HIGH, e.g. 0.05:1.05:1.3",
+            ) from None
         if stragglers is None:
-            raise InputError("--stragglers", f"{options['stragglers']!r} is not P or P:LOW:HIGH", field="--stragglers",
-                             hint="e.g. 0.05:1.05:1.3")
+            raise InputError(
+                "--stragglers",
+                f"{options['stragglers']!r} is not P or P:LOW:HIGH",
+                field="--stragglers",
+                hint="e.g. 0.05:1.05:1.3",
+            )
     failures: tuple[Failure, ...] = ()
     rate = options.get("failure_rate")
     if rate is not None or options.get("recovery_s") is not None:
@@ -239,10 +321,17 @@ def parse_perturbations(options: dict | None, job: Path | None = None, stages_al
             raise InputError("--failure-rate", str(error), field="--failure-rate") from None
     run_iterations, run_from = _run_iterations(options.get("run_iterations"), job)
     try:
-        return Perturbations(slow_devices=tuple(slow_devices), slow_links=tuple(slow_links), stragglers=stragglers,
-                             failures=failures, checkpoint_every=options.get("checkpoint_every") or 1,
-                             run_iterations=run_iterations, run_iterations_from=run_from,
-                             samples=options.get("samples") or 32, seed=options.get("seed") or 0)
+        return Perturbations(
+            slow_devices=tuple(slow_devices),
+            slow_links=tuple(slow_links),
+            stragglers=stragglers,
+            failures=failures,
+            checkpoint_every=options.get("checkpoint_every") or 1,
+            run_iterations=run_iterations,
+            run_iterations_from=run_from,
+            samples=options.get("samples") or 32,
+            seed=options.get("seed") or 0,
+        )
     except ValueError as error:
         raise InputError("predict", str(error), field="--samples") from None
 
@@ -278,11 +367,18 @@ def cluster_command(sources: Sequence[Path], out: Path, as_json: bool) -> int:
         if out.exists() and not out.is_file():
             raise InputError(str(out), "is not a file", field="--out", hint="name the cluster file to write")
         if out.suffix.lower() not in (".yaml", ".yml", ".json"):
-            raise InputError(str(out), "is not a .yaml, .yml or .json file", field="--out",
-                             hint="a cluster file is YAML (JSON is YAML too)")
+            raise InputError(
+                str(out),
+                "is not a .yaml, .yml or .json file",
+                field="--out",
+                hint="a cluster file is YAML (JSON is YAML too)",
+            )
         cluster = cluster_from_jobs(sources)
-        text = cluster_yaml(cluster) if out.suffix.lower() != ".json" else __import__("json").dumps(
-            cluster.to_dict(), indent=1)
+        text = (
+            cluster_yaml(cluster)
+            if out.suffix.lower() != ".json"
+            else __import__("json").dumps(cluster.to_dict(), indent=1)
+        )
         atomic_write(out, text)
         for note in cluster.notes:
             print(f"warning: {note}", file=sys.stderr)
@@ -299,14 +395,18 @@ def cluster_command(sources: Sequence[Path], out: Path, as_json: bool) -> int:
 def _cluster_summary(cluster) -> str:
     benchmarked = sum(link.benchmarked for link in cluster.links)
     devices = sum(node.gpus for node in cluster.nodes)
-    return (f"{len(cluster.nodes)} hosts, {devices} devices, {len(cluster.links)} links ({benchmarked} benchmarked "
-            f"host pairs, {len(cluster.links) - benchmarked} declared)")
+    return (
+        f"{len(cluster.nodes)} hosts, {devices} devices, {len(cluster.links)} links ({benchmarked} benchmarked "
+        f"host pairs, {len(cluster.links) - benchmarked} declared)"
+    )
 
 
 def _print_links(cluster) -> None:
     for link in cluster.links:
-        print(f"  {link.src_host} -> {link.dst_host}: {link.bandwidth_gbit_s:.1f} Gbit/s, "
-              f"{link.latency_ms:.3f} ms ({link.source or ('benchmarked' if link.benchmarked else 'declared')})")
+        print(
+            f"  {link.src_host} -> {link.dst_host}: {link.bandwidth_gbit_s:.1f} Gbit/s, "
+            f"{link.latency_ms:.3f} ms ({link.source or ('benchmarked' if link.benchmarked else 'declared')})"
+        )
 
 
 def cluster_check_command(path: Path, as_json: bool) -> int:
@@ -327,8 +427,18 @@ def cluster_check_command(path: Path, as_json: bool) -> int:
     return guarded(run, as_json)
 
 
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30,
-          "tib": 2 ** 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def _bytes(text: str) -> float:
@@ -342,11 +452,26 @@ def _bytes(text: str) -> float:
         return math.nan
 
 
-def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, top: int, schedules: Sequence[str],
-                     keep_order: bool, keep_split: bool, keep_micro_batch: bool, device_memory: Sequence[str],
-                     trials: int | None, exhaustive_limit: int, rank_by: str, perturbations: dict | None, as_json: bool,
-                     fixtures: Path | None = None, any_runtime: bool = False,
-                     memory_headroom_gb: float | None = None, keep_levers: bool = False) -> int:
+def plan_job_command(
+    job: Path,
+    cluster: Path | None,
+    model_path: Path | None,
+    top: int,
+    schedules: Sequence[str],
+    keep_order: bool,
+    keep_split: bool,
+    keep_micro_batch: bool,
+    device_memory: Sequence[str],
+    trials: int | None,
+    exhaustive_limit: int,
+    rank_by: str,
+    perturbations: dict | None,
+    as_json: bool,
+    fixtures: Path | None = None,
+    any_runtime: bool = False,
+    memory_headroom_gb: float | None = None,
+    keep_levers: bool = False,
+) -> int:
     """`plan --job DIR`: the best launches of the job on its devices, under a progress bar."""
     from dataclasses import replace
 
@@ -365,38 +490,61 @@ def plan_job_command(job: Path, cluster: Path | None, model_path: Path | None, t
             name, sep, value = text.rpartition(":")
             memory[name.lower()] = _bytes(value)
             if not sep or not name or not (0 < memory[name.lower()] < math.inf):
-                raise InputError("--device-memory", f"{text!r} is not TYPE:SIZE with SIZE > 0 (bytes, or with a "
-                                 "unit: GiB, GB, MiB, MB)", field="--device-memory",
-                                 hint="e.g. --device-memory a10g:20GiB or a10g:22e9 (leave room for the CUDA context)")
+                raise InputError(
+                    "--device-memory",
+                    f"{text!r} is not TYPE:SIZE with SIZE > 0 (bytes, or with a unit: GiB, GB, MiB, MB)",
+                    field="--device-memory",
+                    hint="e.g. --device-memory a10g:20GiB or a10g:22e9 (leave room for the CUDA context)",
+                )
         require_job_dir(job)
         if schedules and not any_runtime and any(s not in MEGATRON_SCHEDULES for s in schedules):
-            raise InputError("--schedule", f"{next(s for s in schedules if s not in MEGATRON_SCHEDULES)!r} has no "
-                             "Megatron-LM flag", field="--schedule",
-                             hint="add --any-runtime to plan for a runtime that has it (torch.distributed.pipelining)")
-        band, runs, store_devices = (_calibration_band(fixtures, model_path) if fixtures is not None
-                                     else (0.0, 0, set()))
-        plan = plan_job(job, load_model(model_path), cluster=load_cluster(cluster), top=top,
-                        schedules=schedules or (SCHEDULES if any_runtime else MEGATRON_SCHEDULES),
-                        any_runtime=any_runtime, band=band,
-                        headroom_bytes=None if memory_headroom_gb is None else memory_headroom_gb * 1e9,
-                        study_trials=trials, levers=not keep_levers, orders=not keep_order, splits=not keep_split,
-                        micro_batch_sizes=not keep_micro_batch, memory_bytes=memory or None, trials=trials or 400,
-                        seed=seed, exhaustive_limit=exhaustive_limit,
-                        perturbations=parse_perturbations(perturbations, job, stages_allowed=False),
-                        rank_by=rank_by, progress=bar, calibration=coverage, store=store)
+            raise InputError(
+                "--schedule",
+                f"{next(s for s in schedules if s not in MEGATRON_SCHEDULES)!r} has no Megatron-LM flag",
+                field="--schedule",
+                hint="add --any-runtime to plan for a runtime that has it (torch.distributed.pipelining)",
+            )
+        band, runs, store_devices = _calibration_band(fixtures, model_path) if fixtures is not None else (0.0, 0, set())
+        plan = plan_job(
+            job,
+            load_model(model_path),
+            cluster=load_cluster(cluster),
+            top=top,
+            schedules=schedules or (SCHEDULES if any_runtime else MEGATRON_SCHEDULES),
+            any_runtime=any_runtime,
+            band=band,
+            headroom_bytes=None if memory_headroom_gb is None else memory_headroom_gb * 1e9,
+            study_trials=trials,
+            levers=not keep_levers,
+            orders=not keep_order,
+            splits=not keep_split,
+            micro_batch_sizes=not keep_micro_batch,
+            memory_bytes=memory or None,
+            trials=trials or 400,
+            seed=seed,
+            exhaustive_limit=exhaustive_limit,
+            perturbations=parse_perturbations(perturbations, job, stages_allowed=False),
+            rank_by=rank_by,
+            progress=bar,
+            calibration=coverage,
+            store=store,
+        )
         if fixtures is None:
             return plan
-        return replace(plan, band_source=_band_source(band, runs, store_devices, fixtures,
-                                                      list(plan.capacity_bytes or ())))
+        return replace(
+            plan, band_source=_band_source(band, runs, store_devices, fixtures, list(plan.capacity_bytes or ()))
+        )
 
     coverage, store = _calibration_coverage(fixtures) if fixtures is not None else (None, "")
 
     return run_and_print("plan", as_json, compute, format_job_plan)
 
 
-PARALLEL_NOTE = ("--parallel is no longer needed: plan --job without it searches these layouts together with "
-                 "every other lever (recomputation, sequence parallelism, the distributed optimizer, the schedule, the "
-                 "micro batch), within each GPU's memory less a headroom; --parallel keeps its layout-only table")
+PARALLEL_NOTE = (
+    "--parallel is no longer needed: plan --job without it searches these layouts together with "
+    "every other lever (recomputation, sequence parallelism, the distributed optimizer, the schedule, the "
+    "micro batch), within each GPU's memory less a headroom; --parallel keeps its layout-only table"
+)
 
 
 def plan_layouts_command(job: Path, model_path: Path | None, top: int, as_json: bool) -> int:

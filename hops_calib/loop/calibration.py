@@ -45,7 +45,8 @@ COVERAGE_RULE = (
     "latest committed change judged on that type's runs; any other change (a term's shared values, adding or "
     "removing a term, a whole model) on the stores of the latest committed change to that term, or, for a term "
     "never changed, of the latest committed change that was not of device values only. A judgement missing one of "
-    "them is refused (exit 4, the hint lists every --fixtures to pass) unless --off-record marks it.")
+    "them is refused (exit 4, the hint lists every --fixtures to pass) unless --off-record marks it."
+)
 
 
 class OffRecord(InputError):
@@ -154,35 +155,53 @@ class FixtureSet:
         from hops_calib.loop.checkout import default_checkout
 
         checkout = default_checkout()
-        if self.runs and all(run.startswith("cpu_") for run in self.runs) and checkout is not None \
-                and (checkout / "fixtures").is_dir():
+        if (
+            self.runs
+            and all(run.startswith("cpu_") for run in self.runs)
+            and checkout is not None
+            and (checkout / "fixtures").is_dir()
+        ):
             return checkout / "fixtures"
         return None
 
     def describe(self) -> str:
-        where = (f", store {self.path}" + (f" (no longer there: rebuild it with `{rebuild_command(self.runs or ())}`)"
-                                           if self.gone else "") if self.path else "")
+        where = (
+            f", store {self.path}"
+            + (f" (no longer there: rebuild it with `{rebuild_command(self.runs or ())}`)" if self.gone else "")
+            if self.path
+            else ""
+        )
         devices = f" on {', '.join(self.devices)}" if self.devices else ""
         runs = f"{self.n_runs} train runs" if self.n_runs is not None else "train runs"
         seqs = self.entries
-        entries = (f"ledger entry {seqs[0]}" if len(seqs) == 1 else
-                   f"ledger entries {', '.join(map(str, seqs[:3]))}{', ...' if len(seqs) > 4 else ''}"
-                   + (f", {seqs[-1]}" if len(seqs) > 3 else ""))
+        entries = (
+            f"ledger entry {seqs[0]}"
+            if len(seqs) == 1
+            else f"ledger entries {', '.join(map(str, seqs[:3]))}{', ...' if len(seqs) > 4 else ''}"
+            + (f", {seqs[-1]}" if len(seqs) > 3 else "")
+        )
         return f"fixture set {self.sha256[:12]} ({runs}{devices}{where}; {entries})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fixture_set_sha256": self.sha256, "n_runs": self.n_runs, "devices": list(self.devices),
-                "fixtures": self.path if self.path else NO_PATH, "fixtures_exists": bool(self.path and
-                Path(self.path).is_dir()), "ledger_entries": list(self.entries),
-                **({"rebuild": rebuild_command(self.runs or ())} if self.gone else {})}
+        return {
+            "fixture_set_sha256": self.sha256,
+            "n_runs": self.n_runs,
+            "devices": list(self.devices),
+            "fixtures": self.path if self.path else NO_PATH,
+            "fixtures_exists": bool(self.path and Path(self.path).is_dir()),
+            "ledger_entries": list(self.entries),
+            **({"rebuild": rebuild_command(self.runs or ())} if self.gone else {}),
+        }
 
 
 # Where the runs of the project's stores come from, by their ids' prefix: the command that rebuilds a store the
 # ledger names but this machine lacks (a path recorded on another machine or in another session).
-RUN_SOURCES = (("cpu_", "traces"),  # the repository's CPU captures (its store: fixtures/)
-               ("vtrain_", "../shared/public-runs/vtrain/ground_truth_single.csv"),
-               ("dgxc", "../shared/public-runs/dgxc-h100"),
-               ("exp", "../shared/megatron-traces/hops"))
+RUN_SOURCES = (
+    ("cpu_", "traces"),  # the repository's CPU captures (its store: fixtures/)
+    ("vtrain_", "../shared/public-runs/vtrain/ground_truth_single.csv"),
+    ("dgxc", "../shared/public-runs/dgxc-h100"),
+    ("exp", "../shared/megatron-traces/hops"),
+)
 
 
 def rebuild_command(runs: Iterable[str]) -> str:
@@ -193,16 +212,23 @@ def rebuild_command(runs: Iterable[str]) -> str:
 
 
 # What `calibrated_on.fixtures` says when no entry judged on the fixture set recorded its store's path.
-NO_PATH = ("not recorded: no ledger entry judged on this fixture set names its store (entries before issue #22 did "
-           "not); a store whose train split holds the same runs is that fixture set")
+NO_PATH = (
+    "not recorded: no ledger entry judged on this fixture set names its store (entries before issue #22 did "
+    "not); a store whose train split holds the same runs is that fixture set"
+)
 
 
 def _committed_changes(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The entries that changed a model file with a judged change: accepted and committed evaluations, and
     committed compares that kept the model after."""
-    return [e for e in entries
-            if e.get("kind") in ("evaluate", "compare") and e.get("committed") and e.get("decision") == "accepted"
-            and e.get("fixture_set_sha256")]
+    return [
+        e
+        for e in entries
+        if e.get("kind") in ("evaluate", "compare")
+        and e.get("committed")
+        and e.get("decision") == "accepted"
+        and e.get("fixture_set_sha256")
+    ]
 
 
 def _device_only(entry: dict[str, Any]) -> bool:
@@ -294,17 +320,25 @@ class Record:
             hit = tuple(fs for fs in sets if set(scope.devices) & set(fs.devices)) if scope.devices else ()
             if hit:
                 common = sorted(set(scope.devices) & {d for fs in hit for d in fs.devices})
-                return hit, (f"the latest committed change judged on {', '.join(common)} runs is ledger "
-                             f"entry {entry['seq']}")
+                return hit, (
+                    f"the latest committed change judged on {', '.join(common)} runs is ledger entry {entry['seq']}"
+                )
             if scope.term is not None and term == scope.term:
-                return sets, (f"the latest committed change to term {scope.term}'s shared values is ledger "
-                              f"entry {entry['seq']}")
+                return sets, (
+                    f"the latest committed change to term {scope.term}'s shared values is ledger entry {entry['seq']}"
+                )
         latest = changes[-1]
-        what = ("no committed change was judged on runs of " + ", ".join(scope.devices) if scope.devices else
-                f"no committed change touched term {scope.term}'s shared values" if scope.term else
-                "the model as a whole")
-        return (tuple(self.sets[sha] for sha, _ in _stores_of(latest)),
-                f"{what}: the latest committed change is ledger entry {latest['seq']}")
+        what = (
+            "no committed change was judged on runs of " + ", ".join(scope.devices)
+            if scope.devices
+            else f"no committed change touched term {scope.term}'s shared values"
+            if scope.term
+            else "the model as a whole"
+        )
+        return (
+            tuple(self.sets[sha] for sha, _ in _stores_of(latest)),
+            f"{what}: the latest committed change is ledger entry {latest['seq']}",
+        )
 
 
 def read_record(ledger_path: Path | str | None) -> Record:
@@ -315,9 +349,13 @@ def read_record(ledger_path: Path | str | None) -> Record:
     changes = _committed_changes(entries)
     _compare_scopes(changes)
     # A store's path is provenance (the fixture set's sha256 is its identity): the latest any judgement recorded.
-    paths = {sha: part["fixtures"] for e in entries
-             if e.get("kind") in ("evaluate", "compare") and e.get("fixture_set_sha256")
-             for sha, part in _stores_of(e) if isinstance(part.get("fixtures"), str)}
+    paths = {
+        sha: part["fixtures"]
+        for e in entries
+        if e.get("kind") in ("evaluate", "compare") and e.get("fixture_set_sha256")
+        for sha, part in _stores_of(e)
+        if isinstance(part.get("fixtures"), str)
+    }
     grouped: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for entry in changes:
         for sha, part in _stores_of(entry):
@@ -330,9 +368,14 @@ def read_record(ledger_path: Path | str | None) -> Record:
             devices |= set(part.get("fixture_devices") or ()) | (_named(entry)[1] if part is entry else set())
             runs = tuple(part["fixture_runs"]) if part.get("fixture_runs") else runs
             path = part.get("fixtures") if isinstance(part.get("fixtures"), str) else path
-        sets[sha] = FixtureSet(sha256=sha, n_runs=group[-1][1].get("n_fixtures"), runs=runs,
-                               devices=tuple(sorted(devices)), path=paths.get(sha, path),
-                               entries=tuple(e["seq"] for e, _ in group))
+        sets[sha] = FixtureSet(
+            sha256=sha,
+            n_runs=group[-1][1].get("n_fixtures"),
+            runs=runs,
+            devices=tuple(sorted(devices)),
+            path=paths.get(sha, path),
+            entries=tuple(e["seq"] for e, _ in group),
+        )
     return Record(changes=tuple(changes), sets=sets)
 
 
@@ -355,11 +398,18 @@ class Check:
         return " and ".join(fs.describe() for fs in sets)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scope": self.scope.describe(), "calibrated_on": self.calibrated.to_dict() if self.calibrated else None,
-                "calibrated_on_all": [fs.to_dict() for fs in self.calibrated_all or
-                                      ((self.calibrated,) if self.calibrated else ())],
-                "why": self.why, "store_holds_it": self.holds, "match": self.how or None,
-                "off_record": self.off_record, "rule": COVERAGE_RULE}
+        return {
+            "scope": self.scope.describe(),
+            "calibrated_on": self.calibrated.to_dict() if self.calibrated else None,
+            "calibrated_on_all": [
+                fs.to_dict() for fs in self.calibrated_all or ((self.calibrated,) if self.calibrated else ())
+            ],
+            "why": self.why,
+            "store_holds_it": self.holds,
+            "match": self.how or None,
+            "off_record": self.off_record,
+            "rule": COVERAGE_RULE,
+        }
 
 
 def store_devices(suite) -> tuple[str, ...]:
@@ -373,12 +423,23 @@ def _match(suite, calibrated: FixtureSet) -> str:
     if suite.sha256 == calibrated.sha256:
         return "same fixture set"
     if calibrated.runs is not None and set(calibrated.runs) <= set(suite.ids):
-        return ("same runs re-ingested" if len(calibrated.runs) == len(set(suite.ids)) else
-                f"same runs and {len(set(suite.ids)) - len(calibrated.runs)} added since")
-    if calibrated.runs is None and calibrated.devices and tuple(calibrated.devices) == store_devices(suite) \
-            and calibrated.n_runs is not None and calibrated.n_runs <= len(suite.ids):
-        return ("same device types and run count" if calibrated.n_runs == len(suite.ids) else
-                f"same device types and {len(suite.ids) - calibrated.n_runs} runs more")
+        return (
+            "same runs re-ingested"
+            if len(calibrated.runs) == len(set(suite.ids))
+            else f"same runs and {len(set(suite.ids)) - len(calibrated.runs)} added since"
+        )
+    if (
+        calibrated.runs is None
+        and calibrated.devices
+        and tuple(calibrated.devices) == store_devices(suite)
+        and calibrated.n_runs is not None
+        and calibrated.n_runs <= len(suite.ids)
+    ):
+        return (
+            "same device types and run count"
+            if calibrated.n_runs == len(suite.ids)
+            else f"same device types and {len(suite.ids) - calibrated.n_runs} runs more"
+        )
     return ""
 
 
@@ -387,8 +448,9 @@ def check_store(record: Record, scope: Scope, suite, verb: str, *, off_record: b
     unless its stores hold every fixture set the scope was calibrated on, or `off_record` (then the Check says so)."""
     found = record.calibrated_sets(scope)
     if found is None:
-        return Check(scope, None, "the ledger records no committed change: nothing is calibrated yet", True,
-                     "no record", False)
+        return Check(
+            scope, None, "the ledger records no committed change: nothing is calibrated yet", True, "no record", False
+        )
     sets, why = found
     hows, warnings, missing = [], [], []
     for calibrated in sets:
@@ -400,35 +462,50 @@ def check_store(record: Record, scope: Scope, suite, verb: str, *, off_record: b
         hows.append(how)
         if how != "same fixture set":
             grown = " added since" in how or " runs more" in how
-            warnings.append(f"{part.fixtures_dir}: fixture set {part.sha256[:12]} is not the {calibrated.describe()} "
-                            f"{scope.describe()} {scope.was} calibrated on, but holds {how.replace('same', 'the same')}"
-                            + (": judged on them and the runs added (the first judgement committed here records "
-                               "this fixture set)" if grown else " (re-ingested or recaptured): judged as the same runs"))
+            warnings.append(
+                f"{part.fixtures_dir}: fixture set {part.sha256[:12]} is not the {calibrated.describe()} "
+                f"{scope.describe()} {scope.was} calibrated on, but holds {how.replace('same', 'the same')}"
+                + (
+                    ": judged on them and the runs added (the first judgement committed here records this fixture set)"
+                    if grown
+                    else " (re-ingested or recaptured): judged as the same runs"
+                )
+            )
     how = "; ".join(dict.fromkeys(hows))
     if not missing:
         return Check(scope, sets[0], why, True, how, False, tuple(warnings), sets)
     if len(sets) == 1 and len(suite.stores) == 1:
         calibrated = sets[0]
-        message = (f"{scope.describe()}: calibrated on {calibrated.describe()} ({why}); the store "
-                   f"{suite.fixtures_dir} holds fixture set {suite.sha256[:12]} ({len(suite.ids)} train runs on "
-                   f"{', '.join(store_devices(suite))}): a judgement here would not be on the runs the model was "
-                   "fitted to")
+        message = (
+            f"{scope.describe()}: calibrated on {calibrated.describe()} ({why}); the store "
+            f"{suite.fixtures_dir} holds fixture set {suite.sha256[:12]} ({len(suite.ids)} train runs on "
+            f"{', '.join(store_devices(suite))}): a judgement here would not be on the runs the model was "
+            "fitted to"
+        )
     else:
         given = ", ".join(f"{part.fixtures_dir} ({part.sha256[:12]})" for part in suite.stores)
-        message = (f"{scope.describe()}: calibrated on {' and '.join(fs.describe() for fs in sets)} ({why}); the "
-                   f"judgement's store(s) {given} omit {' and '.join(fs.describe() for fs in missing)}: a judgement "
-                   "must cover every store the model was fitted to")
+        message = (
+            f"{scope.describe()}: calibrated on {' and '.join(fs.describe() for fs in sets)} ({why}); the "
+            f"judgement's store(s) {given} omit {' and '.join(fs.describe() for fs in missing)}: a judgement "
+            "must cover every store the model was fitted to"
+        )
     if not off_record:
         paths = [fs.path for fs in sets]
-        raise OffRecord(verb, message, field="fixtures",
-                        hint=(("judge it on that store: " if len(sets) == 1 else "judge it on all of them: ")
-                              + " ".join(fs.store_option() for fs in sets)
-                              + "".join(f" ({note})" for fs in sets if (note := fs.rebuild_note()))
-                              if all(paths) else
-                              f"judge it on a store of those runs (--fixtures DIR: `{rebuild_command(sets[0].runs or ())}`"
-                              "); the ledger records no path for "
-                              "it (entries before issue #22 did not: the next judgement there records one)")
-                        + "; or, to judge it here anyway and mark the ledger entry off_record, --off-record")
+        raise OffRecord(
+            verb,
+            message,
+            field="fixtures",
+            hint=(
+                ("judge it on that store: " if len(sets) == 1 else "judge it on all of them: ")
+                + " ".join(fs.store_option() for fs in sets)
+                + "".join(f" ({note})" for fs in sets if (note := fs.rebuild_note()))
+                if all(paths)
+                else f"judge it on a store of those runs (--fixtures DIR: `{rebuild_command(sets[0].runs or ())}`"
+                "); the ledger records no path for "
+                "it (entries before issue #22 did not: the next judgement there records one)"
+            )
+            + "; or, to judge it here anyway and mark the ledger entry off_record, --off-record",
+        )
     return Check(scope, sets[0], why, False, "", True, (f"judged off the record (--off-record): {message}",), sets)
 
 
@@ -437,9 +514,16 @@ def refuse_unmoved(runs_moved: Sequence[str], n_runs: int, what: str, verb: str,
     nothing, and commit a value no run tested."""
     if runs_moved:
         return
-    where = (f"; {check.scope.describe()} {check.scope.was} calibrated on {check.describe_calibrated()}"
-             if check is not None and check.calibrated is not None else "")
-    raise OffRecord(verb, f"{what} moves none of the {n_runs} runs' predictions on this store: a judgement here "
-                    f"would test nothing{where}", field="fixtures",
-                    hint="judge it on the runs it prices (--fixtures DIR); --off-record judges it here anyway "
-                         "(never committed: no run tested the value)")
+    where = (
+        f"; {check.scope.describe()} {check.scope.was} calibrated on {check.describe_calibrated()}"
+        if check is not None and check.calibrated is not None
+        else ""
+    )
+    raise OffRecord(
+        verb,
+        f"{what} moves none of the {n_runs} runs' predictions on this store: a judgement here "
+        f"would test nothing{where}",
+        field="fixtures",
+        hint="judge it on the runs it prices (--fixtures DIR); --off-record judges it here anyway "
+        "(never committed: no run tested the value)",
+    )

@@ -39,10 +39,12 @@ class UnwrittenCommit:
     entry: dict[str, Any]
 
     def message(self) -> str:
-        return (f"entry {self.seq} committed model {self.committed_sha256[:12]} into {self.model_file}, but the file "
-                f"holds {self.held_sha256[:12]}, the model the entry was judged against, and has not been written "
-                "since: the write after the ledger append did not happen (interrupted); `hops-calib ledger repair` "
-                "writes the committed model")
+        return (
+            f"entry {self.seq} committed model {self.committed_sha256[:12]} into {self.model_file}, but the file "
+            f"holds {self.held_sha256[:12]}, the model the entry was judged against, and has not been written "
+            "since: the write after the ledger append did not happen (interrupted); `hops-calib ledger repair` "
+            "writes the committed model"
+        )
 
 
 def model_file(recorded: str, ledger_path: Path) -> Path:
@@ -109,8 +111,14 @@ def _rebuild(commit: UnwrittenCommit, ledger_path: Path) -> Model | None:
             model = parse_candidate(text, origin=f"ledger entry {commit.seq}").apply(load_model(commit.model_file))
         else:
             ends = [entry.get("model_path"), entry.get("before_model_path")]
-            model = next((m for m in (load_model(model_file(p, ledger_path)) for p in ends if p)
-                          if m.sha256 == commit.committed_sha256), None)
+            model = next(
+                (
+                    m
+                    for m in (load_model(model_file(p, ledger_path)) for p in ends if p)
+                    if m.sha256 == commit.committed_sha256
+                ),
+                None,
+            )
     except (InputError, TypeError, ValueError):
         return None
     return model if model is not None and model.sha256 == commit.committed_sha256 else None
@@ -126,17 +134,21 @@ def repair(ledger_path: Path | str) -> list[str]:
     for commit in unwritten(ledger_path):
         model = _rebuild(commit, ledger_path)
         if model is None:
-            lines.append(f"{commit.message()}; it cannot be rebuilt from the entry (the compared model files "
-                         f"changed): restore {commit.model_file} to model {commit.committed_sha256[:12]} from a "
-                         "copy, or judge the change again with --commit")
+            lines.append(
+                f"{commit.message()}; it cannot be rebuilt from the entry (the compared model files "
+                f"changed): restore {commit.model_file} to model {commit.committed_sha256[:12]} from a "
+                "copy, or judge the change again with --commit"
+            )
             continue
         with FileLock(str(commit.model_file) + ".lock", timeout=LOCK_TIMEOUT_S):
             if load_model(commit.model_file).sha256 != commit.held_sha256:
                 lines.append(f"{commit.model_file} changed meanwhile: left as it is")
                 continue
             write_model(commit.model_file, model, commit.entry)
-        lines.append(f"{commit.model_file}: wrote model {commit.committed_sha256[:12]}, which ledger entry "
-                     f"{commit.seq} committed (the write had not happened)")
+        lines.append(
+            f"{commit.model_file}: wrote model {commit.committed_sha256[:12]}, which ledger entry "
+            f"{commit.seq} committed (the write had not happened)"
+        )
     return lines
 
 
@@ -163,12 +175,16 @@ def refuse_foreign_ledger(model_path: Path | str, ledger_path: Path | str, verb:
     own = home / LEDGER_IN_CHECKOUT
     if Path(ledger_path).resolve() == own.resolve():
         return
-    raise InputError(verb, f"--commit would write {model_path}, the model of the checkout {home}, but record the "
-                     f"judgement in {ledger_path}, not that checkout's ledger {own}: the model and its ledger would "
-                     "disagree", field="ledger",
-                     hint=f"commit with the checkout's own ledger (leave out --ledger, or --ledger {own}); for a "
-                          "trial that records nothing leave out --commit, or copy the model file out of the checkout "
-                          "as well and pass --model COPY")
+    raise InputError(
+        verb,
+        f"--commit would write {model_path}, the model of the checkout {home}, but record the "
+        f"judgement in {ledger_path}, not that checkout's ledger {own}: the model and its ledger would "
+        "disagree",
+        field="ledger",
+        hint=f"commit with the checkout's own ledger (leave out --ledger, or --ledger {own}); for a "
+        "trial that records nothing leave out --commit, or copy the model file out of the checkout "
+        "as well and pass --model COPY",
+    )
 
 
 def last_commit_into(model_path: Path | str, ledger_path: Path | str) -> dict[str, Any] | None:
@@ -198,9 +214,14 @@ def ledger_disagrees(model_path: Path | str, ledger_path: Path | str | None) -> 
     if last is not None and last.get("seq") == seq and last.get("entry_sha256") == sha:
         return []
     committed = (_commit_of(last) or (None, None, None))[1] if last is not None else None
-    where = (f"its last commit into it is entry {last.get('seq')} (model {str(committed)[:12]})"
-             if last is not None else "it records no commit into it")
-    return [f"{model_path} was written by the commit of ledger entry {seq} (entry sha256 {sha[:12]}), which is not "
-            f"the last commit into it that the ledger {ledger_path} records ({where}): the model and this ledger "
-            "disagree (a commit recorded in another ledger, e.g. a --ledger copy); put the model file back (git "
-            "checkout -- FILE) and judge the change with this ledger, or use the ledger that wrote it"]
+    where = (
+        f"its last commit into it is entry {last.get('seq')} (model {str(committed)[:12]})"
+        if last is not None
+        else "it records no commit into it"
+    )
+    return [
+        f"{model_path} was written by the commit of ledger entry {seq} (entry sha256 {sha[:12]}), which is not "
+        f"the last commit into it that the ledger {ledger_path} records ({where}): the model and this ledger "
+        "disagree (a commit recorded in another ledger, e.g. a --ledger copy); put the model file back (git "
+        "checkout -- FILE) and judge the change with this ledger, or use the ledger that wrote it"
+    ]

@@ -61,36 +61,63 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """`compare --json`: `runs` are the model after's (the scored model); `before` / `after` the two models'."""
-        return {"status": self.status, "split": TRAIN, "fixtures": str(self.fixtures_dir),
-                "fixture_set_sha256": self.fixture_set_sha256,
-                "before_model": str(self.before_path), "model_sha256_before": self.before_model.sha256,
-                "after_model": str(self.after_path), "model_sha256_after": self.after_model.sha256,
-                "scored_model": {"which": "the model after", "path": str(self.after_path),
-                                 "sha256": self.after_model.sha256},
-                "base_model": {"path": str(self.before_path), "sha256": self.before_model.sha256},
-                "ledger_path": str(self.ledger_path), "warnings": list(self.warnings),
-                "rules": self.ledger_entry.get("rules"), "rejudges": self.ledger_entry.get("rejudges"),
-                "earlier_judgements": self.ledger_entry.get("earlier_judgements", []),
-                "note": self.note, "before": self.before.suite.to_dict(), "after": self.after.suite.to_dict(),
-                "stall_noise": floor_excess(self.before, self.after),
-                **self.verdict.to_dict(),
-                "per_run": per_run_changes(self.before, self.after, self.verdict.runs_moved or (),
-                                           self.stall_free_computed),
-                "calibration": self.calibration.to_dict() if self.calibration is not None else None,
-                "off_record": bool(self.ledger_entry.get("off_record")),
-                "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
-                           "entry_sha256": self.ledger_entry["entry_sha256"]},
-                "committed_into": str(self.committed_into) if self.committed_into is not None else None,
-                "left_out": self.left_out or {"count": 0, "reasons": []},
-                "looser_rules": looser_rules(self.verdict.tolerances),
-                "runs": [run_errors(r, self.stall_free_computed) for r in self.after.runs],
-                "fields": JUDGEMENT_FIELDS}
+        return {
+            "status": self.status,
+            "split": TRAIN,
+            "fixtures": str(self.fixtures_dir),
+            "fixture_set_sha256": self.fixture_set_sha256,
+            "before_model": str(self.before_path),
+            "model_sha256_before": self.before_model.sha256,
+            "after_model": str(self.after_path),
+            "model_sha256_after": self.after_model.sha256,
+            "scored_model": {
+                "which": "the model after",
+                "path": str(self.after_path),
+                "sha256": self.after_model.sha256,
+            },
+            "base_model": {"path": str(self.before_path), "sha256": self.before_model.sha256},
+            "ledger_path": str(self.ledger_path),
+            "warnings": list(self.warnings),
+            "rules": self.ledger_entry.get("rules"),
+            "rejudges": self.ledger_entry.get("rejudges"),
+            "earlier_judgements": self.ledger_entry.get("earlier_judgements", []),
+            "note": self.note,
+            "before": self.before.suite.to_dict(),
+            "after": self.after.suite.to_dict(),
+            "stall_noise": floor_excess(self.before, self.after),
+            **self.verdict.to_dict(),
+            "per_run": per_run_changes(
+                self.before, self.after, self.verdict.runs_moved or (), self.stall_free_computed
+            ),
+            "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+            "off_record": bool(self.ledger_entry.get("off_record")),
+            "ledger": {
+                "path": str(self.ledger_path),
+                "seq": self.ledger_entry["seq"],
+                "entry_sha256": self.ledger_entry["entry_sha256"],
+            },
+            "committed_into": str(self.committed_into) if self.committed_into is not None else None,
+            "left_out": self.left_out or {"count": 0, "reasons": []},
+            "looser_rules": looser_rules(self.verdict.tolerances),
+            "runs": [run_errors(r, self.stall_free_computed) for r in self.after.runs],
+            "fields": JUDGEMENT_FIELDS,
+        }
 
 
-def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path | str, *, after_path: Path | str | None = None,
-            tolerances: Tolerances = Tolerances(), ledger_path: Path | str | None = None, note: str = "",
-            commit_into: Path | str | None = None, plan: int | None = None, progress: Progress = QUIET,
-            off_record: bool = False, allow_held_out: bool = False) -> Comparison:
+def compare(
+    fixtures_dir: Path | str | Sequence[Path | str],
+    before_path: Path | str,
+    *,
+    after_path: Path | str | None = None,
+    tolerances: Tolerances = Tolerances(),
+    ledger_path: Path | str | None = None,
+    note: str = "",
+    commit_into: Path | str | None = None,
+    plan: int | None = None,
+    progress: Progress = QUIET,
+    off_record: bool = False,
+    allow_held_out: bool = False,
+) -> Comparison:
     """Gate a whole model file (`after_path`, default the shipped one) against another on the train split; record it.
 
     For a move: one-term candidates that hold the suite only together land one by one, each recorded with the
@@ -120,9 +147,12 @@ def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path |
     after_path = Path(after_path) if after_path is not None else default_model()
     before_model, after_model = load_model(before_path), load_model(after_path)
     if before_model.sha256 == after_model.sha256:  # as evaluate refuses a candidate that changes nothing
-        raise InputError(str(after_path), f"is the same model as {before_path} (sha256 {after_model.sha256[:12]}): "
-                         "there is no move to judge", field="model",
-                         hint="compare the model before a move's first step with the model after its last")
+        raise InputError(
+            str(after_path),
+            f"is the same model as {before_path} (sha256 {after_model.sha256[:12]}): there is no move to judge",
+            field="model",
+            hint="compare the model before a move's first step with the model after its last",
+        )
     if commit_into is not None:  # refuse before scoring: a wrong file must not cost a ledger entry
         refuse_foreign_ledger(commit_into, ledger_path, "compare")
         _holds_an_end(Path(commit_into), before_model, after_model)(load_model(commit_into))
@@ -135,11 +165,22 @@ def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path |
     from hops_calib.loop import calibration
 
     scope = calibration.scope_of_models(before_model, after_model)
-    check = calibration.check_store(calibration.read_record(ledger_path), scope, suite, "compare",
-                                    off_record=off_record)
-    links, repeated = check_rejudgement(list(ledger.read_entries(ledger_path)), "compare", before_model.sha256,
-                                        after_model.sha256, suite.sha256, tolerances, plan, False,
-                                        f"the move {before_path} -> {after_path}", str(after_path), ledger_path)
+    check = calibration.check_store(
+        calibration.read_record(ledger_path), scope, suite, "compare", off_record=off_record
+    )
+    links, repeated = check_rejudgement(
+        list(ledger.read_entries(ledger_path)),
+        "compare",
+        before_model.sha256,
+        after_model.sha256,
+        suite.sha256,
+        tolerances,
+        plan,
+        False,
+        f"the move {before_path} -> {after_path}",
+        str(after_path),
+        ledger_path,
+    )
     warnings = [*repeated, *check.warnings]  # the off-record reason, when there is one, stays last
     progress.start(2 * len(suite.ids))
     series = stall_series(suite) if tolerances.stall_free else None
@@ -150,8 +191,10 @@ def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path |
     if unmoved and (not off_record or commit_into is not None):
         calibration.refuse_unmoved((), len(suite.ids), f"{after_path} against {before_path}", "compare", check)
     if unmoved:
-        warnings.append(f"judged off the record (--off-record): {after_path} moves none of the {len(suite.ids)} runs' "
-                        f"predictions against {before_path} on this store")
+        warnings.append(
+            f"judged off the record (--off-record): {after_path} moves none of the {len(suite.ids)} runs' "
+            f"predictions against {before_path} on this store"
+        )
     entry = {
         "kind": "compare",
         "time": now_utc(),
@@ -180,24 +223,42 @@ def compare(fixtures_dir: Path | str | Sequence[Path | str], before_path: Path |
     else:
         kept = after_model if verdict.accepted else before_model
         entry.update(committed=True, committed_into=str(commit_into), model_sha256_committed=kept.sha256)
-        written = record_and_write(Path(commit_into), _holds_an_end(Path(commit_into), before_model, after_model),
-                                    kept, ledger_path, entry)
-    return Comparison(fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256, before_path=before_path,
-                      before_model=before_model, after_path=after_path, after_model=after_model,
-                      before=before, after=after, verdict=verdict, note=note,
-                      ledger_path=Path(ledger_path), ledger_entry=written,
-                      committed_into=Path(commit_into) if commit_into is not None else None,
-                      left_out=suite.left_out_summary,
-                      calibration=check, stall_free_computed=series is not None, warnings=tuple(warnings))
+        written = record_and_write(
+            Path(commit_into), _holds_an_end(Path(commit_into), before_model, after_model), kept, ledger_path, entry
+        )
+    return Comparison(
+        fixtures_dir=Path(fixtures_dir),
+        fixture_set_sha256=suite.sha256,
+        before_path=before_path,
+        before_model=before_model,
+        after_path=after_path,
+        after_model=after_model,
+        before=before,
+        after=after,
+        verdict=verdict,
+        note=note,
+        ledger_path=Path(ledger_path),
+        ledger_entry=written,
+        committed_into=Path(commit_into) if commit_into is not None else None,
+        left_out=suite.left_out_summary,
+        calibration=check,
+        stall_free_computed=series is not None,
+        warnings=tuple(warnings),
+    )
 
 
 def _holds_an_end(path: Path, before: Model, after: Model) -> Callable[[Model], None]:
     """A check that a model file holds the model before or after a comparison (else nothing is committed)."""
+
     def check(current: Model) -> None:
         if current.sha256 not in (before.sha256, after.sha256):
-            raise InputError(path, f"holds model {current.sha256[:12]}, neither the model before "
-                             f"({before.sha256[:12]}) nor the model after ({after.sha256[:12]}) this comparison; "
-                             "nothing was committed or recorded", field="commit",
-                             hint="commit into the model file the move's steps were committed into, or leave out "
-                                  "--commit")
+            raise InputError(
+                path,
+                f"holds model {current.sha256[:12]}, neither the model before "
+                f"({before.sha256[:12]}) nor the model after ({after.sha256[:12]}) this comparison; "
+                "nothing was committed or recorded",
+                field="commit",
+                hint="commit into the model file the move's steps were committed into, or leave out --commit",
+            )
+
     return check

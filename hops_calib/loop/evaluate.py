@@ -66,44 +66,63 @@ class Evaluation:
     def to_dict(self) -> dict[str, Any]:
         """The JSON of `evaluate --json`: top-level aggregates and runs are the scored model's: the candidate's when
         there is one (`scored_model`), else the model's; `before` / `after` hold the base and the candidate model's."""
-        data: dict[str, Any] = {"status": self.status, "split": self.split, **self.current.suite.to_dict(),
-                                "fixtures": ([s["fixtures"] for s in self.stores] if self.stores else
-                                             str(self.fixtures_dir)),
-                                "fixture_set_sha256": self.fixture_set_sha256,
-                                **({"fixture_sets": list(self.stores)} if self.stores else {}),
-                                "model": str(self.model_path), "model_sha256": self.model.sha256,
-                                "ledger_path": str(self.ledger_path) if self.ledger_path is not None else None,
-                                "tolerances": self.tolerances.to_dict(), "warnings": list(self.warnings),
-                                "left_out": self.left_out or {"count": 0, "reasons": []}}
+        data: dict[str, Any] = {
+            "status": self.status,
+            "split": self.split,
+            **self.current.suite.to_dict(),
+            "fixtures": ([s["fixtures"] for s in self.stores] if self.stores else str(self.fixtures_dir)),
+            "fixture_set_sha256": self.fixture_set_sha256,
+            **({"fixture_sets": list(self.stores)} if self.stores else {}),
+            "model": str(self.model_path),
+            "model_sha256": self.model.sha256,
+            "ledger_path": str(self.ledger_path) if self.ledger_path is not None else None,
+            "tolerances": self.tolerances.to_dict(),
+            "warnings": list(self.warnings),
+            "left_out": self.left_out or {"count": 0, "reasons": []},
+        }
         data["scored_model"] = {"which": "model", "path": str(self.model_path), "sha256": self.model.sha256}
         data["scored_model_sha256"] = self.model.sha256  # whose numbers the top level holds
         data["stall_noise"] = floor_excess(self.before, self.after)
         candidate_model, entry = self.candidate_model, self.ledger_entry
-        if (self.candidate is not None and self.verdict is not None and self.after is not None
-                and candidate_model is not None and entry is not None):  # (a judgement always has both)
-            data.update({
-                "scored_model": {"which": "candidate (the base model with the candidate's change)",
-                                 "path": self.candidate.origin, "sha256": candidate_model.sha256},
-                "base_model": {"path": str(self.model_path), "sha256": self.model.sha256},
-                "scored_model_sha256": candidate_model.sha256,
-                "candidate": candidate_record(self.candidate),
-                "candidate_model_sha256": candidate_model.sha256,
-                "plan_seq": entry.get("plan_seq"),
-                "rules": entry.get("rules"),
-                "earlier_judgements": entry.get("earlier_judgements", []),
-                "rejudges": entry.get("rejudges"),
-                "repeat_of": entry.get("repeat_of"),
-                "before": self.before.suite.to_dict(),
-                "after": self.after.suite.to_dict(),
-                **self.verdict.to_dict(),
-                "per_run": per_run_changes(self.before, self.after, self.verdict.runs_moved or (),
-                                           self.stall_free_computed),
-                "calibration": self.calibration.to_dict() if self.calibration is not None else None,
-                "off_record": bool(entry.get("off_record")),
-                "committed": self.committed,
-                "ledger": {"path": str(self.ledger_path), "seq": entry["seq"],
-                           "entry_sha256": entry["entry_sha256"]},
-            })
+        if (
+            self.candidate is not None
+            and self.verdict is not None
+            and self.after is not None
+            and candidate_model is not None
+            and entry is not None
+        ):  # (a judgement always has both)
+            data.update(
+                {
+                    "scored_model": {
+                        "which": "candidate (the base model with the candidate's change)",
+                        "path": self.candidate.origin,
+                        "sha256": candidate_model.sha256,
+                    },
+                    "base_model": {"path": str(self.model_path), "sha256": self.model.sha256},
+                    "scored_model_sha256": candidate_model.sha256,
+                    "candidate": candidate_record(self.candidate),
+                    "candidate_model_sha256": candidate_model.sha256,
+                    "plan_seq": entry.get("plan_seq"),
+                    "rules": entry.get("rules"),
+                    "earlier_judgements": entry.get("earlier_judgements", []),
+                    "rejudges": entry.get("rejudges"),
+                    "repeat_of": entry.get("repeat_of"),
+                    "before": self.before.suite.to_dict(),
+                    "after": self.after.suite.to_dict(),
+                    **self.verdict.to_dict(),
+                    "per_run": per_run_changes(
+                        self.before, self.after, self.verdict.runs_moved or (), self.stall_free_computed
+                    ),
+                    "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+                    "off_record": bool(entry.get("off_record")),
+                    "committed": self.committed,
+                    "ledger": {
+                        "path": str(self.ledger_path),
+                        "seq": entry["seq"],
+                        "entry_sha256": entry["entry_sha256"],
+                    },
+                }
+            )
         data["looser_rules"] = looser_rules(self.tolerances)
         data["runs"] = [run_errors(r, self.stall_free_computed) for r in self.current.runs]
         data["fields"] = JUDGEMENT_FIELDS
@@ -113,16 +132,16 @@ class Evaluation:
 # What the numbers of `evaluate --json` and `compare --json` mean (`fields`), as AGENTS.md says.
 JUDGEMENT_FIELDS = {
     "looser_rules": "the judgement's rules looser than the gate's defaults, [] under the defaults: each tolerance "
-                    "above its default (tolerance, value, default, cap, beyond_cap, cap_reason; a plan past the cap "
-                    "is refused, so beyond_cap is true only of ledger entries older than the caps) and a per-run rule "
-                    "reading the stall-free error; ledger show and the results tables mark them the same way",
+    "above its default (tolerance, value, default, cap, beyond_cap, cap_reason; a plan past the cap "
+    "is refused, so beyond_cap is true only of ledger entries older than the caps) and a per-run rule "
+    "reading the stall-free error; ledger show and the results tables mark them the same way",
     "throughput_error_pct": "a run's throughput error, predicted minus real over real, % (positive: the model "
-                            "predicts the run too fast, its time too short; the opposite sign of observe's bias_ms)",
+    "predicts the run too fast, its time too short; the opposite sign of observe's bias_ms)",
     "mean_error_pct": "the mean of throughput_error_pct over the runs (signed: positive, predicted too fast)",
     "bubble_error_pp": "predicted minus real idle share (bubble ratio), pp; not_measured on a run without per-phase "
-                       "events",
+    "events",
     "stall_free_error_pct": "throughput_error_pct with the random retransmission stalls taken out of both sides "
-                            "(--run-error stall-free computes it, where the trace has optimizer events)",
+    "(--run-error stall-free computes it, where the trace has optimizer events)",
     "within_noise": "the suite MAPE change's paired bootstrap interval (mape_change_interval_pp) straddles 0",
     "rules": "where the rules came from (from: defaults or plan N) and their tolerances",
 }
@@ -134,8 +153,10 @@ STALL_FREE_OPTION = "--run-error stall-free"
 
 # Why a run has no bubble error: the idle share is read from per-phase events, which a run measured by its
 # iteration times alone (a Megatron log, a table row) does not have; no option computes it.
-NO_BUBBLE = ("not_measured (the run has no per-phase events, only iteration times: its idle share cannot be read; "
-             "no option computes it)")
+NO_BUBBLE = (
+    "not_measured (the run has no per-phase events, only iteration times: its idle share cannot be read; "
+    "no option computes it)"
+)
 
 
 def _error_value(run, field: str, stall_free_computed: bool) -> float | str:
@@ -159,8 +180,9 @@ def run_errors(run, stall_free_computed: bool) -> dict[str, Any]:
     return data
 
 
-def per_run_changes(before: ModelScore, after: ModelScore, moved: Sequence[str], stall_free_computed: bool
-                    ) -> list[dict[str, Any]]:
+def per_run_changes(
+    before: ModelScore, after: ModelScore, moved: Sequence[str], stall_free_computed: bool
+) -> list[dict[str, Any]]:
     """Per run: the base model's and the scored model's errors (window and steady throughput, bubble, stall-free)
     and their difference (after - before; of the signed errors, and of the absolute ones the gate reads)."""
     after_by_id = {r.run_id: r for r in after.runs}
@@ -168,8 +190,14 @@ def per_run_changes(before: ModelScore, after: ModelScore, moved: Sequence[str],
     rows = []
     for old, was_phases in itertools.zip_longest(before.runs, before.phases):
         new = after_by_id[old.run_id]
-        row: dict[str, Any] = {"run_id": old.run_id, "moved": old.run_id in moved, "before": {}, "after": {},
-                               "delta": {}, "abs_delta": {}}
+        row: dict[str, Any] = {
+            "run_id": old.run_id,
+            "moved": old.run_id in moved,
+            "before": {},
+            "after": {},
+            "delta": {},
+            "abs_delta": {},
+        }
         if row["moved"] and was_phases is not None and old.run_id in after_phases:
             row["phases_moved"] = phase_changes(was_phases, after_phases[old.run_id])
         for field in RUN_ERRORS:
@@ -191,8 +219,9 @@ def phase_name(quantity: str, stage: int | None) -> str:
     return f"{part}_ms ({'mean over iterations' if how == 'mean' else 'median'})"
 
 
-def phase_changes(before: dict[tuple[str, int | None], float], after: dict[tuple[str, int | None], float]
-                  ) -> dict[str, dict[str, float]]:
+def phase_changes(
+    before: dict[tuple[str, int | None], float], after: dict[tuple[str, int | None], float]
+) -> dict[str, dict[str, float]]:
     """The predicted phase durations that changed (a stage's forward/backward per microbatch and optimizer step,
     the iteration's span, silent stretch, optimizer and rest), before and after, ms: the mechanism half of a
     hypothesis, checked run by run."""
@@ -207,10 +236,14 @@ def phase_changes(before: dict[tuple[str, int | None], float], after: dict[tuple
 def floor_excess(before: ModelScore, after: ModelScore | None = None) -> dict[str, Any]:
     """The stall-noise floor (what random stalls alone cost a model exact in all else, from the model's own placed
     stalls: it moves with the model) and each model's throughput MAPE in excess of it."""
+
     def one(score: ModelScore) -> dict[str, float]:
         suite = score.suite
-        return {"floor_pct": suite.stall_noise_mape_pct, "throughput_mape_pct": suite.throughput_mape_pct,
-                "excess_pp": suite.throughput_mape_pct - suite.stall_noise_mape_pct}
+        return {
+            "floor_pct": suite.stall_noise_mape_pct,
+            "throughput_mape_pct": suite.throughput_mape_pct,
+            "excess_pp": suite.throughput_mape_pct - suite.stall_noise_mape_pct,
+        }
 
     data: dict[str, Any] = {"before": one(before)}
     if after is not None:
@@ -222,13 +255,16 @@ def floor_excess(before: ModelScore, after: ModelScore | None = None) -> dict[st
 def _reused_id(judged: Sequence[dict[str, Any]], candidate: Candidate) -> list[str]:
     """A warning when the ledger judged another text under this candidate's id: the id no longer names one
     change, and the ledger's history of it mixes two."""
-    others = [e for e in judged
-              if e["candidate"].get("id") == candidate.id and e["candidate"].get("text") != candidate.text]
+    others = [
+        e for e in judged if e["candidate"].get("id") == candidate.id and e["candidate"].get("text") != candidate.text
+    ]
     if not others:
         return []
     seqs = ", ".join(str(e.get("seq")) for e in others[:5]) + (", ..." if len(others) > 5 else "")
-    return [f"{candidate.origin}: candidate id {candidate.id!r} was judged before with another text (ledger entry "
-            f"{seqs}): give a changed candidate a new id, so each id names one change in the ledger"]
+    return [
+        f"{candidate.origin}: candidate id {candidate.id!r} was judged before with another text (ledger entry "
+        f"{seqs}): give a changed candidate a new id, so each id names one change in the ledger"
+    ]
 
 
 def _other_checkouts(model_path: Path, ledger_path: Path | str) -> list[str]:
@@ -238,12 +274,16 @@ def _other_checkouts(model_path: Path, ledger_path: Path | str) -> list[str]:
 
     model_home, ledger_home = checkout_of(model_path), checkout_of(ledger_path)
     if model_home is None and ledger_home is not None:
-        return [f"the model {model_path} lies outside any checkout, the ledger {ledger_path} in {ledger_home}: the "
-                "ledger records a judgement (and with --commit a change) of a file that is not the checkout's model"]
+        return [
+            f"the model {model_path} lies outside any checkout, the ledger {ledger_path} in {ledger_home}: the "
+            "ledger records a judgement (and with --commit a change) of a file that is not the checkout's model"
+        ]
     if model_home is None or ledger_home is None or model_home == ledger_home:
         return []
-    return [f"the model {model_path} is in the checkout {model_home}, the ledger {ledger_path} in {ledger_home}: "
-            "judge a checkout's model with its own ledger (run from inside the checkout without --model/--ledger)"]
+    return [
+        f"the model {model_path} is in the checkout {model_home}, the ledger {ledger_path} in {ledger_home}: "
+        "judge a checkout's model with its own ledger (run from inside the checkout without --model/--ledger)"
+    ]
 
 
 def _stem_is_id(candidate: Candidate) -> list[str]:
@@ -251,20 +291,39 @@ def _stem_is_id(candidate: Candidate) -> list[str]:
     stem = Path(candidate.origin).stem
     if stem == candidate.id:
         return []
-    return [f"{candidate.origin}: the file is named {stem!r}, its id is {candidate.id!r}: name a candidate file by its "
-            f"id (experiments/{candidate.id}.toml), so the ledger's id finds the file"]
+    return [
+        f"{candidate.origin}: the file is named {stem!r}, its id is {candidate.id!r}: name a candidate file by its "
+        f"id (experiments/{candidate.id}.toml), so the ledger's id finds the file"
+    ]
 
 
 def candidate_record(candidate: Candidate) -> dict[str, Any]:
-    return {"id": candidate.id, "path": candidate.origin, "change": candidate.change.describe(),
-            "target": candidate.change.target, "hypothesis": candidate.hypothesis, "text": candidate.text}
+    return {
+        "id": candidate.id,
+        "path": candidate.origin,
+        "change": candidate.change.describe(),
+        "target": candidate.change.target,
+        "hypothesis": candidate.hypothesis,
+        "text": candidate.text,
+    }
 
 
-def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Path | str | None = None,
-             candidate_path: Path | str | None = None, tolerances: Tolerances = Tolerances(),
-             ledger_path: Path | str | None = None, commit: bool = False, split: str = TRAIN,
-             plan: int | None = None, progress: Progress = QUIET, off_record: bool = False,
-             again: bool = False, allow_held_out: bool = False, verb: str = "evaluate") -> Evaluation:
+def evaluate(
+    fixtures_dir: Path | str | Sequence[Path | str],
+    *,
+    model_path: Path | str | None = None,
+    candidate_path: Path | str | None = None,
+    tolerances: Tolerances = Tolerances(),
+    ledger_path: Path | str | None = None,
+    commit: bool = False,
+    split: str = TRAIN,
+    plan: int | None = None,
+    progress: Progress = QUIET,
+    off_record: bool = False,
+    again: bool = False,
+    allow_held_out: bool = False,
+    verb: str = "evaluate",
+) -> Evaluation:
     """Score the model on the train split; with a candidate, gate it, record it, and commit it if asked and accepted.
 
     `progress` sees one unit per prediction (two per run with a candidate). `plan`: the ledger entry (`ledger
@@ -289,15 +348,27 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
 
     refuse_test_split(split, "evaluate")
     if plan is not None and candidate_path is None:
-        raise InputError("evaluate", "--plan judges a candidate; there is none", field="plan",
-                         hint="pass the candidate file the plan was stated for")
+        raise InputError(
+            "evaluate",
+            "--plan judges a candidate; there is none",
+            field="plan",
+            hint="pass the candidate file the plan was stated for",
+        )
     if commit and candidate_path is None:
-        raise InputError("evaluate", "--commit needs a candidate to commit", field="commit",
-                         hint="pass a candidate file: hops-calib evaluate experiments/X.toml --commit")
+        raise InputError(
+            "evaluate",
+            "--commit needs a candidate to commit",
+            field="commit",
+            hint="pass a candidate file: hops-calib evaluate experiments/X.toml --commit",
+        )
     for flag, given in (("--off-record", off_record), ("--again", again)):
         if given and candidate_path is None:
-            raise InputError("evaluate", f"{flag} applies to the judgement of a candidate; there is none",
-                             field=flag.lstrip("-"), hint="pass a candidate file, or leave the option out")
+            raise InputError(
+                "evaluate",
+                f"{flag} applies to the judgement of a candidate; there is none",
+                field=flag.lstrip("-"),
+                hint="pass a candidate file, or leave the option out",
+            )
     candidate = read_candidate(candidate_path) if candidate_path is not None else None
     judged_in: Path | None = None  # the ledger a judgement is recorded in: set exactly when there is a candidate
     if candidate is not None:
@@ -341,24 +412,45 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
     if candidate is not None and candidate_model is not None and judged_in is not None:
         from hops_calib.loop.ledger import read_entries
 
-        links, repeated = check_rejudgement(list(read_entries(judged_in)), "evaluate", model.sha256,
-                                            candidate_model.sha256, suite.sha256, tolerances, plan, again,
-                                            f"candidate {candidate.id} ({candidate.change.describe()})",
-                                            candidate.origin, judged_in)
+        links, repeated = check_rejudgement(
+            list(read_entries(judged_in)),
+            "evaluate",
+            model.sha256,
+            candidate_model.sha256,
+            suite.sha256,
+            tolerances,
+            plan,
+            again,
+            f"candidate {candidate.id} ({candidate.change.describe()})",
+            candidate.origin,
+            judged_in,
+        )
         warnings += repeated
-        check = calibration.check_store(calibration.read_record(judged_in),
-                                        calibration.scope_of_change(candidate.change), suite, "evaluate",
-                                        off_record=off_record)
+        check = calibration.check_store(
+            calibration.read_record(judged_in),
+            calibration.scope_of_change(candidate.change),
+            suite,
+            "evaluate",
+            off_record=off_record,
+        )
         warnings += check.warnings
     progress.start(len(suite.ids) * (2 if candidate is not None else 1))
     series = stall_series(suite) if tolerances.stall_free else None
     before = score_model(suite, model, origin=str(model_path), progress=progress, stall_free=series)
-    scored = Evaluation(split=split, fixtures_dir=Path(fixtures_dir), fixture_set_sha256=suite.sha256,
-                        model_path=model_path, model=model, tolerances=tolerances, before=before,
-                        stall_free_computed=series is not None,
-                        ledger_path=Path(ledger_path) if ledger_path is not None else None,
-                        left_out=suite.left_out_summary,
-                        stores=tuple(store_fields(part) for part in suite.parts), warnings=tuple(warnings))
+    scored = Evaluation(
+        split=split,
+        fixtures_dir=Path(fixtures_dir),
+        fixture_set_sha256=suite.sha256,
+        model_path=model_path,
+        model=model,
+        tolerances=tolerances,
+        before=before,
+        stall_free_computed=series is not None,
+        ledger_path=Path(ledger_path) if ledger_path is not None else None,
+        left_out=suite.left_out_summary,
+        stores=tuple(store_fields(part) for part in suite.parts),
+        warnings=tuple(warnings),
+    )
     if candidate is None or candidate_model is None or judged_in is None or check is None:  # (all four, or none)
         return scored
 
@@ -367,12 +459,15 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
     moved = verdict.runs_moved or ()
     unmoved = not moved
     if unmoved and (not off_record or commit):
-        calibration.refuse_unmoved(moved, len(suite.ids), f"candidate {candidate.id} ({candidate.change.describe()})",
-                                   "evaluate", check)  # --commit of a value no run tested: refused even so
+        calibration.refuse_unmoved(
+            moved, len(suite.ids), f"candidate {candidate.id} ({candidate.change.describe()})", "evaluate", check
+        )  # --commit of a value no run tested: refused even so
     marked = check.off_record or unmoved
     if unmoved:
-        warnings.append(f"judged off the record (--off-record): {candidate.id} moves none of the {len(suite.ids)} "
-                        "runs' predictions on this store")
+        warnings.append(
+            f"judged off the record (--off-record): {candidate.id} moves none of the {len(suite.ids)} "
+            "runs' predictions on this store"
+        )
     entry = {
         "kind": "evaluate",
         "time": now_utc(),
@@ -401,9 +496,17 @@ def evaluate(fixtures_dir: Path | str | Sequence[Path | str], *, model_path: Pat
         from hops_calib.loop import ledger
 
         written = ledger.append(judged_in, entry)
-    return replace(scored, warnings=tuple(warnings), candidate=candidate, candidate_model=candidate_model,
-                   after=after, verdict=verdict, ledger_entry=written, committed=entry["committed"],
-                   calibration=check)
+    return replace(
+        scored,
+        warnings=tuple(warnings),
+        candidate=candidate,
+        candidate_model=candidate_model,
+        after=after,
+        verdict=verdict,
+        ledger_entry=written,
+        committed=entry["committed"],
+        calibration=check,
+    )
 
 
 def fixture_fields(suite) -> dict[str, Any]:
@@ -414,18 +517,25 @@ def fixture_fields(suite) -> dict[str, Any]:
         return store_fields(suite, with_count=False)
     from hops_calib.loop.calibration import store_devices
 
-    return {"fixture_set_sha256": suite.sha256, "fixtures": [str(Path(p.fixtures_dir).resolve()) for p in suite.parts],
-            "fixture_devices": list(store_devices(suite)),
-            "fixture_sets": [store_fields(part) for part in suite.parts]}
+    return {
+        "fixture_set_sha256": suite.sha256,
+        "fixtures": [str(Path(p.fixtures_dir).resolve()) for p in suite.parts],
+        "fixture_devices": list(store_devices(suite)),
+        "fixture_sets": [store_fields(part) for part in suite.parts],
+    }
 
 
 def store_fields(suite, with_count: bool = True) -> dict[str, Any]:
     """One store's fixture set as a judgement records it."""
     from hops_calib.loop.calibration import store_devices
 
-    return {"fixture_set_sha256": suite.sha256, "fixtures": str(Path(suite.fixtures_dir).resolve()),
-            "fixture_runs": sorted(suite.ids), "fixture_devices": list(store_devices(suite)),
-            **({"n_fixtures": len(suite.ids)} if with_count else {})}
+    return {
+        "fixture_set_sha256": suite.sha256,
+        "fixtures": str(Path(suite.fixtures_dir).resolve()),
+        "fixture_runs": sorted(suite.ids),
+        "fixture_devices": list(store_devices(suite)),
+        **({"n_fixtures": len(suite.ids)} if with_count else {}),
+    }
 
 
 def judge(suite, before: ModelScore, after: ModelScore, tolerances: Tolerances) -> GateResult:
@@ -435,29 +545,40 @@ def judge(suite, before: ModelScore, after: ModelScore, tolerances: Tolerances) 
         return gate(before.runs, after.runs, before.suite, after.suite, tolerances)
     from hops_calib.loop.gate import gate_stores
 
-    return gate_stores(before.runs, after.runs, [(str(Path(p.fixtures_dir).resolve()), p.ids) for p in suite.parts],
-                       tolerances)
+    return gate_stores(
+        before.runs, after.runs, [(str(Path(p.fixtures_dir).resolve()), p.ids) for p in suite.parts], tolerances
+    )
 
 
-def _commit(model_path: Path, model: Model, changed: Model, ledger_path: Path | str, entry: dict[str, Any]
-            ) -> dict[str, Any]:
+def _commit(
+    model_path: Path, model: Model, changed: Model, ledger_path: Path | str, entry: dict[str, Any]
+) -> dict[str, Any]:
     """Record the accepted candidate, then write it into the model file, refusing if the file moved meanwhile.
 
     Under the model file's lock: the file must still hold the model the
     candidate was judged against (another commit may have landed since); the
     ledger entry is appended first, so a model file never changes unrecorded.
     """
+
     def still_judged(current: Model) -> None:
         if current.sha256 != model.sha256:
-            raise InputError(model_path, f"the model file changed while the candidate was evaluated (sha256 "
-                             f"{model.sha256[:12]} -> {current.sha256[:12]}); nothing was committed or recorded",
-                             hint="evaluate the candidate again against the current model")
+            raise InputError(
+                model_path,
+                f"the model file changed while the candidate was evaluated (sha256 "
+                f"{model.sha256[:12]} -> {current.sha256[:12]}); nothing was committed or recorded",
+                hint="evaluate the candidate again against the current model",
+            )
 
     return record_and_write(model_path, still_judged, changed, ledger_path, entry)
 
 
-def record_and_write(model_path: Path, check: Callable[[Model], None], written_model: Model,
-                      ledger_path: Path | str, entry: dict[str, Any]) -> dict[str, Any]:
+def record_and_write(
+    model_path: Path,
+    check: Callable[[Model], None],
+    written_model: Model,
+    ledger_path: Path | str,
+    entry: dict[str, Any],
+) -> dict[str, Any]:
     """Under the model file's lock: `check` what it holds (raises to refuse), append `entry`, write the model."""
     from filelock import FileLock
 

@@ -44,8 +44,9 @@ class Tolerances:
             value = getattr(self, field.name)
             if field.name == "run_throughput_error":
                 if value not in RUN_THROUGHPUT_ERRORS:
-                    raise ValueError(f"run_throughput_error must be one of {', '.join(RUN_THROUGHPUT_ERRORS)}, "
-                                     f"got {value!r}")
+                    raise ValueError(
+                        f"run_throughput_error must be one of {', '.join(RUN_THROUGHPUT_ERRORS)}, got {value!r}"
+                    )
             elif not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 # inf would accept anything and cannot be written to JSON (the ledger, --json); nan compares false
                 raise ValueError(f"tolerance {field.name} must be >= 0 and finite, got {value}")
@@ -59,35 +60,59 @@ class Tolerances:
 
     def describe(self) -> str:
         which = "stall-free throughput error" if self.stall_free else "throughput error"
-        return (f"suite throughput MAPE may grow <= {self.throughput_mape_pp:g} pp, bubble MAE <= "
-                f"{self.bubble_mae_pp:g} pp, mean rho may fall <= {self.util_spearman:g}; per run |{which}| "
-                f"may grow <= {self.run_throughput_pp:g} pp, |bubble error| <= {self.run_bubble_pp:g} pp")
+        return (
+            f"suite throughput MAPE may grow <= {self.throughput_mape_pp:g} pp, bubble MAE <= "
+            f"{self.bubble_mae_pp:g} pp, mean rho may fall <= {self.util_spearman:g}; per run |{which}| "
+            f"may grow <= {self.run_throughput_pp:g} pp, |bubble error| <= {self.run_bubble_pp:g} pp"
+        )
 
 
 # The most a plan may loosen each tolerance beyond the gate's defaults, and why (`ledger plan` refuses a plan past a
 # cap, exit 2, and no judgement is made under one recorded before the caps). A tolerance above its default is
 # "looser"; every judgement under looser rules is marked (`looser_rules`), whether or not it is within the cap.
 TOLERANCE_CAPS: dict[str, tuple[float, str]] = {
-    "throughput_mape_pp": (0.5, "a quarter of the measured run-to-run noise of repeated configurations (2.2 % mean "
-                                "throughput, the cluster runs): a plan may let the suite pay less than noise would, "
-                                "never a visible share of its error"),
-    "bubble_mae_pp": (0.5, "the same bound for the suite's bubble MAE (pp of idle share): a quarter of a stall's "
-                           "swing of a run's idle share"),
-    "util_spearman": (0.1, "half the fall one adjacent swap of a 4-stage pipeline's utilization order costs "
-                           "(rho 1 -> 0.8): the shallowest pipelines' stage order may not be given up"),
-    "run_throughput_pp": (4.0, "one retransmission stall more or fewer than the simulation places: a 200 ms TCP "
-                               "timeout in one iteration of a window moves a run's throughput by 3-4 %; a run's error "
-                               "growing by more is the model's (read it stall-free, --run-error stall-free, rather "
-                               "than loosen the rule)"),
-    "run_bubble_pp": (4.0, "the same stall in a run's idle share: one 200 ms wait in one iteration of a window "
-                           "moves the measured bubble by 3-4 pp"),
+    "throughput_mape_pp": (
+        0.5,
+        "a quarter of the measured run-to-run noise of repeated configurations (2.2 % mean "
+        "throughput, the cluster runs): a plan may let the suite pay less than noise would, "
+        "never a visible share of its error",
+    ),
+    "bubble_mae_pp": (
+        0.5,
+        "the same bound for the suite's bubble MAE (pp of idle share): a quarter of a stall's "
+        "swing of a run's idle share",
+    ),
+    "util_spearman": (
+        0.1,
+        "half the fall one adjacent swap of a 4-stage pipeline's utilization order costs "
+        "(rho 1 -> 0.8): the shallowest pipelines' stage order may not be given up",
+    ),
+    "run_throughput_pp": (
+        4.0,
+        "one retransmission stall more or fewer than the simulation places: a 200 ms TCP "
+        "timeout in one iteration of a window moves a run's throughput by 3-4 %; a run's error "
+        "growing by more is the model's (read it stall-free, --run-error stall-free, rather "
+        "than loosen the rule)",
+    ),
+    "run_bubble_pp": (
+        4.0,
+        "the same stall in a run's idle share: one 200 ms wait in one iteration of a window "
+        "moves the measured bubble by 3-4 pp",
+    ),
 }
 # The options of `ledger plan` that set each tolerance (the command layer declares them: cli.TOLERANCE_OPTIONS).
-TOLERANCE_FLAGS = {"throughput_mape_pp": "--tolerance-mape-pp", "bubble_mae_pp": "--tolerance-bubble-mae-pp",
-                   "util_spearman": "--tolerance-rho", "run_throughput_pp": "--tolerance-run-throughput-pp",
-                   "run_bubble_pp": "--tolerance-run-bubble-pp", "run_throughput_error": "--run-error"}
-CAP_HINT = ("a change that needs more than the cap regresses runs beyond noise: find the error it trades against "
-            "(observe, per_run) and fix that first, or judge the two changes together")
+TOLERANCE_FLAGS = {
+    "throughput_mape_pp": "--tolerance-mape-pp",
+    "bubble_mae_pp": "--tolerance-bubble-mae-pp",
+    "util_spearman": "--tolerance-rho",
+    "run_throughput_pp": "--tolerance-run-throughput-pp",
+    "run_bubble_pp": "--tolerance-run-bubble-pp",
+    "run_throughput_error": "--run-error",
+}
+CAP_HINT = (
+    "a change that needs more than the cap regresses runs beyond noise: find the error it trades against "
+    "(observe, per_run) and fix that first, or judge the two changes together"
+)
 
 
 def looser_rules(tolerances: dict[str, object] | Tolerances) -> list[dict[str, object]]:
@@ -102,14 +127,29 @@ def looser_rules(tolerances: dict[str, object] | Tolerances) -> list[dict[str, o
     for name, (cap, reason) in TOLERANCE_CAPS.items():
         value, default = given.get(name, defaults[name]), defaults[name]
         if isinstance(value, (int, float)) and isinstance(default, (int, float)) and value > default:
-            marks.append({"tolerance": name, "value": value, "default": defaults[name], "cap": cap,
-                          "beyond_cap": value > cap, "cap_reason": reason})
+            marks.append(
+                {
+                    "tolerance": name,
+                    "value": value,
+                    "default": defaults[name],
+                    "cap": cap,
+                    "beyond_cap": value > cap,
+                    "cap_reason": reason,
+                }
+            )
     reading = given.get("run_throughput_error", "window")
     if reading != defaults["run_throughput_error"]:
-        marks.append({"tolerance": "run_throughput_error", "value": reading,
-                      "default": defaults["run_throughput_error"], "cap": None, "beyond_cap": False,
-                      "cap_reason": "another reading of the per-run rule (the runs' random stalls taken out of both "
-                                    "sides), not a wider bound"})
+        marks.append(
+            {
+                "tolerance": "run_throughput_error",
+                "value": reading,
+                "default": defaults["run_throughput_error"],
+                "cap": None,
+                "beyond_cap": False,
+                "cap_reason": "another reading of the per-run rule (the runs' random stalls taken out of both "
+                "sides), not a wider bound",
+            }
+        )
     return marks
 
 
@@ -122,16 +162,22 @@ def describe_looser(marks: Sequence[dict[str, object]]) -> str:
         if mark["cap"] is None:
             parts.append(f"{mark['tolerance']} {mark['value']} (default {mark['default']})")
         else:
-            parts.append(f"{mark['tolerance']} {mark['value']:g} (default {mark['default']:g}, cap {mark['cap']:g}"
-                         + (": BEYOND the cap" if mark["beyond_cap"] else "") + ")")
+            parts.append(
+                f"{mark['tolerance']} {mark['value']:g} (default {mark['default']:g}, cap {mark['cap']:g}"
+                + (": BEYOND the cap" if mark["beyond_cap"] else "")
+                + ")"
+            )
     return "LOOSER than the defaults: " + ", ".join(parts)
 
 
 def beyond_caps(tolerances: Tolerances) -> list[tuple[str, float, float, str]]:
     """The tolerances past their cap: (name, value, cap, reason) each."""
     given = tolerances.to_dict()
-    return [(name, float(given[name]), cap, reason) for name, (cap, reason) in TOLERANCE_CAPS.items()
-            if float(given[name]) > cap]
+    return [
+        (name, float(given[name]), cap, reason)
+        for name, (cap, reason) in TOLERANCE_CAPS.items()
+        if float(given[name]) > cap
+    ]
 
 
 @dataclass(frozen=True)
@@ -154,8 +200,10 @@ class Regression:
         # Enough digits that a growth just over the tolerance does not print as equal to it.
         digits = 2 if round(self.growth_pp, 2) > self.allowed_pp else 4
         what = f"stall-free {self.metric}" if self.error == "stall-free" else self.metric
-        return (f"{self.run_id}: |{what} error| {self.abs_error_before:.2f}{unit} -> "
-                f"{self.abs_error_after:.2f}{unit} (+{self.growth_pp:.{digits}f} pp > {self.allowed_pp:g} pp)")
+        return (
+            f"{self.run_id}: |{what} error| {self.abs_error_before:.2f}{unit} -> "
+            f"{self.abs_error_after:.2f}{unit} (+{self.growth_pp:.{digits}f} pp > {self.allowed_pp:g} pp)"
+        )
 
 
 @dataclass(frozen=True)
@@ -190,17 +238,34 @@ class GateResult:
         return low <= 0.0 <= high
 
     def to_dict(self) -> dict[str, object]:
-        return {"decision": self.decision, "failed_rules": list(self.failed_rules), "reasons": list(self.reasons),
-                "decided_by": (f"failed: {', '.join(self.failed_rules)}" if self.failed_rules
-                               else "every rule held: " + ", ".join(RULES)),
-                "regressions": [r.to_dict() for r in self.regressions], "tolerances": self.tolerances.to_dict(),
-                "runs_moved": list(self.runs_moved) if self.runs_moved is not None else None,
-                "n_runs_moved": len(self.runs_moved) if self.runs_moved is not None else None,
-                "mape_change_interval_pp": (list(self.mape_change_interval_pp)
-                                            if self.mape_change_interval_pp is not None else None),
-                "within_noise": self.within_noise,
-                **({"stores": [{"fixtures": path, **{k: v for k, v in verdict.to_dict().items() if k != "tolerances"}}
-                               for path, verdict in self.stores]} if self.stores else {})}
+        return {
+            "decision": self.decision,
+            "failed_rules": list(self.failed_rules),
+            "reasons": list(self.reasons),
+            "decided_by": (
+                f"failed: {', '.join(self.failed_rules)}"
+                if self.failed_rules
+                else "every rule held: " + ", ".join(RULES)
+            ),
+            "regressions": [r.to_dict() for r in self.regressions],
+            "tolerances": self.tolerances.to_dict(),
+            "runs_moved": list(self.runs_moved) if self.runs_moved is not None else None,
+            "n_runs_moved": len(self.runs_moved) if self.runs_moved is not None else None,
+            "mape_change_interval_pp": (
+                list(self.mape_change_interval_pp) if self.mape_change_interval_pp is not None else None
+            ),
+            "within_noise": self.within_noise,
+            **(
+                {
+                    "stores": [
+                        {"fixtures": path, **{k: v for k, v in verdict.to_dict().items() if k != "tolerances"}}
+                        for path, verdict in self.stores
+                    ]
+                }
+                if self.stores
+                else {}
+            ),
+        }
 
 
 # The gate's rules by name, in the order `reasons` gives them: the suite's throughput MAPE, bubble MAE and mean
@@ -213,8 +278,15 @@ ROUNDING = 1e-9
 PAIRED_DRAWS = 1000  # configuration resamples for the interval of a change's MAPE effect
 
 
-def _suite_check(label: str, unit: str, before: float | None, after: float | None, tolerance: float,
-                 higher_is_better: bool, count: int | None = None) -> tuple[bool, str]:
+def _suite_check(
+    label: str,
+    unit: str,
+    before: float | None,
+    after: float | None,
+    tolerance: float,
+    higher_is_better: bool,
+    count: int | None = None,
+) -> tuple[bool, str]:
     if before is None or after is None:  # no run of the suite measures it (iteration-level runs only)
         return True, f"{label}: no run measures it (no events), not judged"
     on = f" on {count} run(s)" if count is not None else ""
@@ -230,29 +302,59 @@ def _suite_check(label: str, unit: str, before: float | None, after: float | Non
     else:
         verdict = f"worsens by {worsening:.4g}{unit}" + (", within tolerance" if passes else "")
     bound = "fall" if higher_is_better else "grow"
-    return passes, (f"{label}{on} {before:.4f} -> {after:.4f} (may {bound} by <= {tolerance:g}{unit}): {verdict}"
-                    + ("" if passes else " -> fails"))
+    return passes, (
+        f"{label}{on} {before:.4f} -> {after:.4f} (may {bound} by <= {tolerance:g}{unit}): {verdict}"
+        + ("" if passes else " -> fails")
+    )
 
 
-def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before: SuiteScore, after: SuiteScore,
-         tolerances: Tolerances = Tolerances()) -> GateResult:
+def gate(
+    before_runs: Sequence[RunScore],
+    after_runs: Sequence[RunScore],
+    before: SuiteScore,
+    after: SuiteScore,
+    tolerances: Tolerances = Tolerances(),
+) -> GateResult:
     """Compare a candidate's scores (`after`) with the current model's (`before`) on the same runs."""
     before_by_id = {r.run_id: r for r in before_runs}
     after_by_id = {r.run_id: r for r in after_runs}
     if set(before_by_id) != set(after_by_id):
-        raise ValueError("the gate compares the same runs before and after; the run sets differ: "
-                         f"{sorted(set(before_by_id) ^ set(after_by_id))}")
+        raise ValueError(
+            "the gate compares the same runs before and after; the run sets differ: "
+            f"{sorted(set(before_by_id) ^ set(after_by_id))}"
+        )
+
     # Each metric on the runs that measure it; the count is said where some runs do not (a mixed suite).
     def counted(metric: str) -> int | None:
         return after.count(metric) if after.count(metric) != after.n_fixtures else None
 
     checks = [
-        _suite_check("throughput MAPE %", " pp", before.throughput_mape_pct, after.throughput_mape_pct,
-                     tolerances.throughput_mape_pp, higher_is_better=False),
-        _suite_check("bubble MAE pp", " pp", before.bubble_mae_pp, after.bubble_mae_pp,
-                     tolerances.bubble_mae_pp, higher_is_better=False, count=counted("bubble")),
-        _suite_check("mean utilization rho", "", before.util_spearman_mean, after.util_spearman_mean,
-                     tolerances.util_spearman, higher_is_better=True, count=counted("utilization")),
+        _suite_check(
+            "throughput MAPE %",
+            " pp",
+            before.throughput_mape_pct,
+            after.throughput_mape_pct,
+            tolerances.throughput_mape_pp,
+            higher_is_better=False,
+        ),
+        _suite_check(
+            "bubble MAE pp",
+            " pp",
+            before.bubble_mae_pp,
+            after.bubble_mae_pp,
+            tolerances.bubble_mae_pp,
+            higher_is_better=False,
+            count=counted("bubble"),
+        ),
+        _suite_check(
+            "mean utilization rho",
+            "",
+            before.util_spearman_mean,
+            after.util_spearman_mean,
+            tolerances.util_spearman,
+            higher_is_better=True,
+            count=counted("utilization"),
+        ),
     ]
     regressions = []
     for run_id in sorted(before_by_id):
@@ -260,44 +362,79 @@ def gate(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore], before
         throughput, error = "throughput_error_pct", "window"
         if tolerances.stall_free and old.stall_free_error_pct is not None and new.stall_free_error_pct is not None:
             throughput, error = "stall_free_error_pct", "stall-free"
-        for metric, field, allowed in (("throughput", throughput, tolerances.run_throughput_pp),
-                                       ("bubble", "bubble_error_pp", tolerances.run_bubble_pp)):
+        for metric, field, allowed in (
+            ("throughput", throughput, tolerances.run_throughput_pp),
+            ("bubble", "bubble_error_pp", tolerances.run_bubble_pp),
+        ):
             if getattr(old, field) is None or getattr(new, field) is None:  # a run without events has no bubble
                 continue
             was, now = abs(getattr(old, field)), abs(getattr(new, field))
             if now - was > allowed:
-                regressions.append(Regression(run_id, metric, was, now, now - was, allowed,
-                                              error if metric == "throughput" else "window"))
+                regressions.append(
+                    Regression(
+                        run_id, metric, was, now, now - was, allowed, error if metric == "throughput" else "window"
+                    )
+                )
     for metric, allowed in (("throughput", tolerances.run_throughput_pp), ("bubble", tolerances.run_bubble_pp)):
         regressed = [r for r in regressions if r.metric == metric]
         what = "stall-free throughput" if metric == "throughput" and tolerances.stall_free else metric
         if regressed:
-            checks.append((False, f"{len(regressed)} run(s) whose |{what} error| grew by more than {allowed:g} pp "
-                                  f"-> fails: " + ", ".join(r.run_id for r in regressed)))
+            checks.append(
+                (
+                    False,
+                    f"{len(regressed)} run(s) whose |{what} error| grew by more than {allowed:g} pp "
+                    f"-> fails: " + ", ".join(r.run_id for r in regressed),
+                )
+            )
         else:
             checks.append((True, f"no run's |{what} error| grew by more than {allowed:g} pp"))
-    moved = tuple(i for i in sorted(before_by_id)
-                  if run_fingerprint(before_by_id[i]) != run_fingerprint(after_by_id[i]))
-    checks.append((True, f"the change moves the predictions of {len(moved)} of {len(before_by_id)} runs"
-                         + (": it holds the suite by changing nothing the scores read" if not moved else "")))
+    moved = tuple(
+        i for i in sorted(before_by_id) if run_fingerprint(before_by_id[i]) != run_fingerprint(after_by_id[i])
+    )
+    checks.append(
+        (
+            True,
+            f"the change moves the predictions of {len(moved)} of {len(before_by_id)} runs"
+            + (": it holds the suite by changing nothing the scores read" if not moved else ""),
+        )
+    )
     ids = sorted(before_by_id)
     groups = [after_by_id[i].group for i in ids]
-    change = mape_draws([after_by_id[i] for i in ids], groups, draws=PAIRED_DRAWS, seed=0,
-                        baseline=[before_by_id[i] for i in ids])
+    change = mape_draws(
+        [after_by_id[i] for i in ids], groups, draws=PAIRED_DRAWS, seed=0, baseline=[before_by_id[i] for i in ids]
+    )
     spread = interval(change)
     noise = spread[0] <= 0.0 <= spread[1]
-    checks.append((True, f"throughput MAPE change over resampled configurations (paired bootstrap, 95 %): "
-                         f"{spread[0]:+.3f} to {spread[1]:+.3f} pp: "
-                         + ("within noise (the interval straddles 0; the rules decide)" if noise else
-                            "beyond noise (the interval excludes 0)")))
+    checks.append(
+        (
+            True,
+            f"throughput MAPE change over resampled configurations (paired bootstrap, 95 %): "
+            f"{spread[0]:+.3f} to {spread[1]:+.3f} pp: "
+            + (
+                "within noise (the interval straddles 0; the rules decide)"
+                if noise
+                else "beyond noise (the interval excludes 0)"
+            ),
+        )
+    )
     failed = tuple(rule for rule, (ok, _) in zip(RULES, checks) if not ok)  # the first five checks are the rules
-    return GateResult(accepted=all(ok for ok, _ in checks), reasons=tuple(reason for _, reason in checks),
-                      regressions=tuple(regressions), tolerances=tolerances, runs_moved=moved,
-                      mape_change_interval_pp=spread, failed_rules=failed)
+    return GateResult(
+        accepted=all(ok for ok, _ in checks),
+        reasons=tuple(reason for _, reason in checks),
+        regressions=tuple(regressions),
+        tolerances=tolerances,
+        runs_moved=moved,
+        mape_change_interval_pp=spread,
+        failed_rules=failed,
+    )
 
 
-def gate_stores(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore],
-                stores: Sequence[tuple[str, Sequence[str]]], tolerances: Tolerances = Tolerances()) -> GateResult:
+def gate_stores(
+    before_runs: Sequence[RunScore],
+    after_runs: Sequence[RunScore],
+    stores: Sequence[tuple[str, Sequence[str]]],
+    tolerances: Tolerances = Tolerances(),
+) -> GateResult:
     """The gate of a judgement on several stores (`stores`: each store's path and run ids): every rule must hold on
     each store's runs alone (suite MAPE, bubble MAE where measured, rho, per-run regressions), so that no store's
     suite pays for another's; a store whose runs the change does not move holds trivially. `runs_moved` and the
@@ -311,11 +448,16 @@ def gate_stores(before_runs: Sequence[RunScore], after_runs: Sequence[RunScore],
     for path, ids in stores:
         old, new = [before_by_id[i] for i in ids], [after_by_id[i] for i in ids]
         verdicts.append((path, gate(old, new, aggregate(old), aggregate(new), tolerances)))
-    reasons = [f"store {path}: {reason}" for path, verdict in verdicts for reason in verdict.reasons[:len(RULES) + 1]]
-    reasons += [f"all {len(stores)} stores: {reason}" for reason in whole.reasons[len(RULES):]]
+    reasons = [f"store {path}: {reason}" for path, verdict in verdicts for reason in verdict.reasons[: len(RULES) + 1]]
+    reasons += [f"all {len(stores)} stores: {reason}" for reason in whole.reasons[len(RULES) :]]
     failed = tuple(rule for rule in RULES if any(rule in verdict.failed_rules for _, verdict in verdicts))
-    return GateResult(accepted=all(verdict.accepted for _, verdict in verdicts), reasons=tuple(reasons),
-                      regressions=tuple(r for _, verdict in verdicts for r in verdict.regressions),
-                      tolerances=tolerances, runs_moved=whole.runs_moved,
-                      mape_change_interval_pp=whole.mape_change_interval_pp, failed_rules=failed,
-                      stores=tuple(verdicts))
+    return GateResult(
+        accepted=all(verdict.accepted for _, verdict in verdicts),
+        reasons=tuple(reasons),
+        regressions=tuple(r for _, verdict in verdicts for r in verdict.regressions),
+        tolerances=tolerances,
+        runs_moved=whole.runs_moved,
+        mape_change_interval_pp=whole.mape_change_interval_pp,
+        failed_rules=failed,
+        stores=tuple(verdicts),
+    )

@@ -58,19 +58,31 @@ class Leak:
     def named(self) -> str:
         """The group and its runs, and for a copy, which held-out group it copies."""
         runs = ", ".join(self.ids[:3]) + (", ..." if len(self.ids) > 3 else "")
-        copy = (f": the same events as a run of held-out group {self.held_out_as!r}, a renamed copy"
-                if self.by == "content" else
-                f": the configuration of a run of held-out group {self.held_out_as!r} (a copy, a near-copy or "
-                "another run of it)" if self.by == "configuration" else
-                ": its own fixture record says test (the index lists it in train: delete index.parquet, it is "
-                "rebuilt from the fixture folders)" if self.by == "record" else
-                f": the same configuration and events as a run of held-out group {self.held_out_as!r} up to a shift "
-                "of its timestamps, a copy" if self.by == "timing" else "")
+        copy = (
+            f": the same events as a run of held-out group {self.held_out_as!r}, a renamed copy"
+            if self.by == "content"
+            else f": the configuration of a run of held-out group {self.held_out_as!r} (a copy, a near-copy or "
+            "another run of it)"
+            if self.by == "configuration"
+            else ": its own fixture record says test (the index lists it in train: delete index.parquet, it is "
+            "rebuilt from the fixture folders)"
+            if self.by == "record"
+            else f": the same configuration and events as a run of held-out group {self.held_out_as!r} up to a shift "
+            "of its timestamps, a copy"
+            if self.by == "timing"
+            else ""
+        )
         return f"{self.group} ({runs}{copy})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"group": self.group, "ids": list(self.ids), "held_out_as": self.held_out_as, "by": self.by,
-                "seq": self.seq, "look": self.look}
+        return {
+            "group": self.group,
+            "ids": list(self.ids),
+            "held_out_as": self.held_out_as,
+            "by": self.by,
+            "seq": self.seq,
+            "look": self.look,
+        }
 
 
 def describe(found: list[Leak], most: int = 8) -> str:
@@ -81,9 +93,12 @@ def describe(found: list[Leak], most: int = 8) -> str:
         by_entry.setdefault((leak.seq, leak.look), []).append(leak)
     parts = []
     for (seq, look), leaks in by_entry.items():
-        shown = ", ".join(leak.named() for leak in leaks[:most]) + (f", ... ({len(leaks)} groups)"
-                                                                     if len(leaks) > most else "")
-        parts.append(f"by ledger entry {seq} ({look}): {shown}" if seq is not None else f"by the store ({look}): {shown}")
+        shown = ", ".join(leak.named() for leak in leaks[:most]) + (
+            f", ... ({len(leaks)} groups)" if len(leaks) > most else ""
+        )
+        parts.append(
+            f"by ledger entry {seq} ({look}): {shown}" if seq is not None else f"by the store ({look}): {shown}"
+        )
     return "; ".join(parts)
 
 
@@ -104,16 +119,23 @@ def _configurations(store, ids: Iterable[str]) -> dict[str, dict[str, list[str]]
 def store_held_out(store) -> dict[str, list[str]]:
     """The store's test groups and their runs' configuration digests: what a ledger entry about this store
     remembers (nothing the runs measured)."""
-    return {group: sorted(set(info["digests"])) for group, info in sorted(_configurations(store, held_out_ids(store)).items())}
+    return {
+        group: sorted(set(info["digests"]))
+        for group, info in sorted(_configurations(store, held_out_ids(store)).items())
+    }
 
 
 def _look(entry: dict[str, Any]) -> str:
     kind = entry.get("kind", "?")
     if kind == OWN_KIND:
         return "its own test split"
-    what = ("an audited report on the test split" if kind == "report"
-            else "a record of a store's test split (ledger hold-out)" if kind == RECORD_KIND
-            else f"{kind} of a store that held it in its test split")
+    what = (
+        "an audited report on the test split"
+        if kind == "report"
+        else "a record of a store's test split (ledger hold-out)"
+        if kind == RECORD_KIND
+        else f"{kind} of a store that held it in its test split"
+    )
     return f"{what}, {entry.get('time', '?')}"
 
 
@@ -150,7 +172,7 @@ def leaks(store, entries: Iterable[dict[str, Any]]) -> list[Leak]:
     if not rest or not (by_name or by_digest):
         return found
     configs = _configurations(store, rest)
-    measured = (store.group_digests("train") if any(not d.startswith(CONFIG_KEY) for d in by_digest) else {})
+    measured = store.group_digests("train") if any(not d.startswith(CONFIG_KEY) for d in by_digest) else {}
     for group, info in sorted(configs.items()):
         ids = tuple(info["ids"])
         if group in by_name:
@@ -166,8 +188,16 @@ def leaks(store, entries: Iterable[dict[str, Any]]) -> list[Leak]:
         hit = next((d for d in sorted(old, key=_exact_first) if d in by_digest), None)
         if hit is not None:
             held_as, entry = by_digest[hit]
-            found.append(Leak(group, ids, held_as, "timing" if hit.startswith(TIMING_KEY) else "content",
-                              entry.get("seq"), _look(entry)))
+            found.append(
+                Leak(
+                    group,
+                    ids,
+                    held_as,
+                    "timing" if hit.startswith(TIMING_KEY) else "content",
+                    entry.get("seq"),
+                    _look(entry),
+                )
+            )
     return found
 
 
@@ -189,8 +219,10 @@ def _entries(ledger_path: Path | str | None) -> list[dict[str, Any]]:
 def override_warning(found: list[Leak], entry: dict[str, Any] | None = None) -> str:
     """What a verb that went on over held-out groups (--allow-held-out) says."""
     where = f" (ledger entry {entry['seq']})" if entry else " (in its ledger entry)"
-    return (f"went on over {len(found)} held-out group(s) in the train split ({OVERRIDE_FLAG}), recorded{where}; "
-            f"held out {describe(found)}")
+    return (
+        f"went on over {len(found)} held-out group(s) in the train split ({OVERRIDE_FLAG}), recorded{where}; "
+        f"held out {describe(found)}"
+    )
 
 
 def _open_stores(fixtures_dirs: Path | str | Sequence[Path | str]) -> list:
@@ -201,8 +233,9 @@ def _open_stores(fixtures_dirs: Path | str | Sequence[Path | str]) -> list:
     return [open_store(d) for d in dirs]
 
 
-def guard_store(fixtures_dirs: Path | str | Sequence[Path | str], ledger_path: Path | str | None, verb: str,
-                allow: bool) -> list[str]:
+def guard_store(
+    fixtures_dirs: Path | str | Sequence[Path | str], ledger_path: Path | str | None, verb: str, allow: bool
+) -> list[str]:
     """`guard` for a verb that records nothing else, on each store given: refuse, or (with `allow`) append the
     override to the ledger; returns the warnings to print."""
     warnings = []
@@ -213,8 +246,9 @@ def guard_store(fixtures_dirs: Path | str | Sequence[Path | str], ledger_path: P
     return warnings
 
 
-def judgement_fields(fixtures_dirs: Path | str | Sequence[Path | str], ledger_path: Path | str | None, verb: str,
-                     allow: bool) -> tuple[dict[str, Any], list[Leak]]:
+def judgement_fields(
+    fixtures_dirs: Path | str | Sequence[Path | str], ledger_path: Path | str | None, verb: str, allow: bool
+) -> tuple[dict[str, Any], list[Leak]]:
     """For a judgement (evaluate with a candidate, compare) on one store or several: `guard` each, then the fields
     its entry carries: the stores' test groups (remembered as held out from then on) and, when it went on over
     held-out groups, the override."""
@@ -232,9 +266,12 @@ def guard(store, ledger_path: Path | str | None, verb: str, allow: bool) -> list
     found = leaks(store, _entries(ledger_path))
     if found and not allow:
         raise HeldOutInTrain(
-            store.root, f"holds in its train split {len(found)} group(s) held out, {describe(found)}",
-            field="split", hint=f"{verb} would fit or judge on the test split. {move_to_test(store, found)}; "
-                                f"{OVERRIDE_FLAG} goes on regardless, and the ledger records the override")
+            store.root,
+            f"holds in its train split {len(found)} group(s) held out, {describe(found)}",
+            field="split",
+            hint=f"{verb} would fit or judge on the test split. {move_to_test(store, found)}; "
+            f"{OVERRIDE_FLAG} goes on regardless, and the ledger records the override",
+        )
     return found
 
 
@@ -256,13 +293,16 @@ def move_to_test(store, found: list[Leak]) -> str:
             recorded = None
         sources.append(str(source_path(recorded, store.root)) if recorded else f"JOB_DIR_OF_{fixture_id}")
     root = Path(store.root)
-    return (f"Move the run(s) {', '.join(ids)} to the test split: rm -r "
-            + " ".join(shlex.quote(str(root / fixture_id)) for fixture_id in ids)
-            + " && hops-calib ingest " + " ".join(shlex.quote(source) for source in sources)
-            + f" --fixtures {shlex.quote(str(root))} --split test (a stored split never moves: the fixtures are "
-              "deleted, then ingested again); for a source of runs, state the groups' split in its "
-              "hops-calib-source.toml ([groups] GROUP = \"test\") so that a store ingested afresh from it holds "
-              "them out")
+    return (
+        f"Move the run(s) {', '.join(ids)} to the test split: rm -r "
+        + " ".join(shlex.quote(str(root / fixture_id)) for fixture_id in ids)
+        + " && hops-calib ingest "
+        + " ".join(shlex.quote(source) for source in sources)
+        + f" --fixtures {shlex.quote(str(root))} --split test (a stored split never moves: the fixtures are "
+        "deleted, then ingested again); for a source of runs, state the groups' split in its "
+        'hops-calib-source.toml ([groups] GROUP = "test") so that a store ingested afresh from it holds '
+        "them out"
+    )
 
 
 def override_record(found: list[Leak]) -> dict[str, Any]:
@@ -280,9 +320,17 @@ def record_override(ledger_path: Path | str | None, verb: str, store, found: lis
 
     path = ledger.resolve(ledger_path)
     check_appendable(path)
-    return ledger.append(path, {"kind": OVERRIDE_KIND, "time": ledger.now_utc(), "verb": verb,
-                                "fixtures": str(store.root), **override_record(found),
-                                "code_revision": ledger.code_revision()})
+    return ledger.append(
+        path,
+        {
+            "kind": OVERRIDE_KIND,
+            "time": ledger.now_utc(),
+            "verb": verb,
+            "fixtures": str(store.root),
+            **override_record(found),
+            "code_revision": ledger.code_revision(),
+        },
+    )
 
 
 def record_store(fixtures_dir: Path | str, ledger_path: Path | str | None) -> dict[str, Any] | None:
@@ -301,14 +349,24 @@ def record_store(fixtures_dir: Path | str, ledger_path: Path | str | None) -> di
         return None
     path = ledger.resolve(ledger_path)
     check_appendable(path)
-    return ledger.append(path, {"kind": RECORD_KIND, "time": ledger.now_utc(), "fixtures": str(Path(store.root).resolve()),
-                                HELD_OUT_KEY: held, "code_revision": ledger.code_revision()})
+    return ledger.append(
+        path,
+        {
+            "kind": RECORD_KIND,
+            "time": ledger.now_utc(),
+            "fixtures": str(Path(store.root).resolve()),
+            HELD_OUT_KEY: held,
+            "code_revision": ledger.code_revision(),
+        },
+    )
 
 
 def withheld(store, ledger_path: Path | str | None) -> dict[str, str]:
     """The store's train runs whose measurement a listing withholds (id -> why): each run of a held-out train group
     (`leaks`), by what held it out."""
-    return {fixture_id: f"{describe([leak])}" for leak in leaks(store, _entries(ledger_path)) for fixture_id in leak.ids}
+    return {
+        fixture_id: f"{describe([leak])}" for leak in leaks(store, _entries(ledger_path)) for fixture_id in leak.ids
+    }
 
 
 def held_out_reason(store, fixture_id: str, ledger_path: Path | str | None) -> str | None:
@@ -322,6 +380,10 @@ def refuse_held_out_run(fixtures_dir: Path | str, fixture_id: str, ledger_path: 
     store = _open_stores(fixtures_dir)[0]
     why = held_out_reason(store, fixture_id, ledger_path)
     if why:
-        raise HeldOutInTrain(store.root, f"run {fixture_id} is held out, {why}", field="ID",
-                             hint=f"{verb} shows a run's measurement, which a held-out run keeps to the audited "
-                                  "`hops-calib report --split test`; pick a train run that is not held out")
+        raise HeldOutInTrain(
+            store.root,
+            f"run {fixture_id} is held out, {why}",
+            field="ID",
+            hint=f"{verb} shows a run's measurement, which a held-out run keeps to the audited "
+            "`hops-calib report --split test`; pick a train run that is not held out",
+        )

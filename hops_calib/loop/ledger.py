@@ -61,9 +61,13 @@ def default_ledger(start: Path | None = None) -> Path:
     if checkout is not None:
         return checkout / LEDGER_IN_CHECKOUT
     start = (start or Path.cwd()).resolve()
-    raise LedgerError("--ledger", f"no hops-calib checkout encloses {start}, and the package runs from none "
-                      f"({PACKAGE_CHECKOUT}), so there is no default ledger", field="ledger",
-                      hint="run from inside the checkout, or name the ledger: --ledger PATH")
+    raise LedgerError(
+        "--ledger",
+        f"no hops-calib checkout encloses {start}, and the package runs from none "
+        f"({PACKAGE_CHECKOUT}), so there is no default ledger",
+        field="ledger",
+        hint="run from inside the checkout, or name the ledger: --ledger PATH",
+    )
 
 
 def resolve(path: Path | str | None) -> Path:
@@ -73,9 +77,12 @@ def resolve(path: Path | str | None) -> Path:
         return Path(path)
     found = default_ledger()
     if not found.is_file():
-        raise LedgerError(found, "the project's ledger is missing", field="ledger",
-                          hint="restore it (git checkout -- ledger/ledger.jsonl), or start a new ledger by naming "
-                               "it: --ledger PATH")
+        raise LedgerError(
+            found,
+            "the project's ledger is missing",
+            field="ledger",
+            hint="restore it (git checkout -- ledger/ledger.jsonl), or start a new ledger by naming it: --ledger PATH",
+        )
     return found
 
 
@@ -98,8 +105,13 @@ def code_revision() -> str:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=here.parent,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
+            cwd=here.parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head.stdout.strip() + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
@@ -125,9 +137,12 @@ def _last_line(data: bytes, path: Path) -> bytes | None:
         return None
     if not data.endswith(b"\n"):
         line = data.count(b"\n") + 1
-        raise LedgerError(path, "the last line is incomplete: an append was interrupted before its newline",
-                          line=line, hint=f"run `hops-calib ledger repair --ledger {path}` to set the partial line "
-                                          "aside, then append again")
+        raise LedgerError(
+            path,
+            "the last line is incomplete: an append was interrupted before its newline",
+            line=line,
+            hint=f"run `hops-calib ledger repair --ledger {path}` to set the partial line aside, then append again",
+        )
     return data[:-1].rsplit(b"\n", 1)[-1]
 
 
@@ -195,10 +210,15 @@ class Verification:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ledger": str(self.path), "ok": self.ok, "entries": self.entries, "head_sha256": self.head_sha256,
-                "problems": [{"line": p.line, "message": p.message} for p in self.problems],
-                "committed_prefix_checked": self.committed_prefix_checked,
-                "committed_prefix_note": self.committed_prefix_note}
+        return {
+            "ledger": str(self.path),
+            "ok": self.ok,
+            "entries": self.entries,
+            "head_sha256": self.head_sha256,
+            "problems": [{"line": p.line, "message": p.message} for p in self.problems],
+            "committed_prefix_checked": self.committed_prefix_checked,
+            "committed_prefix_note": self.committed_prefix_note,
+        }
 
 
 class BrokenLedger(LedgerError):
@@ -211,23 +231,33 @@ class BrokenLedger(LedgerError):
         self.verification = result
         first = result.problems[0]
         if all(problem.repairable for problem in result.problems):
-            advice = (f"run `hops-calib ledger repair --ledger {result.path}`: it sets an incomplete last line (an "
-                      "interrupted append) aside, keeping every complete entry, and writes a committed model whose "
-                      "write was interrupted")
+            advice = (
+                f"run `hops-calib ledger repair --ledger {result.path}`: it sets an incomplete last line (an "
+                "interrupted append) aside, keeping every complete entry, and writes a committed model whose "
+                "write was interrupted"
+            )
         else:
-            advice = (f"`hops-calib ledger verify --ledger {result.path}` lists every problem; restore the file from "
-                      "a copy before appending to it (`git checkout -- FILE` also discards every entry appended "
-                      "since the last commit)")
-        super().__init__(result.path, f"fails verification ({len(result.problems)} problem(s)), first: {first.message}",
-                         line=first.line, field="ledger", hint=f"nothing was appended; {advice}")
+            advice = (
+                f"`hops-calib ledger verify --ledger {result.path}` lists every problem; restore the file from "
+                "a copy before appending to it (`git checkout -- FILE` also discards every entry appended "
+                "since the last commit)"
+            )
+        super().__init__(
+            result.path,
+            f"fails verification ({len(result.problems)} problem(s)), first: {first.message}",
+            line=first.line,
+            field="ledger",
+            hint=f"nothing was appended; {advice}",
+        )
 
 
 def _committed_copy(path: Path) -> tuple[bytes | None, str]:
     """The ledger's bytes as committed at git HEAD, or None and why there is none to compare with."""
     folder = path.resolve().parent
     try:
-        inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=folder, capture_output=True,
-                                text=True, timeout=10)
+        inside = subprocess.run(
+            ["git", "rev-parse", "--is-inside-work-tree"], cwd=folder, capture_output=True, text=True, timeout=10
+        )
         if inside.returncode != 0 or inside.stdout.strip() != "true":
             return None, "not inside a git work tree: entries cut off the end cannot be seen"
         shown = subprocess.run(["git", "show", f"HEAD:./{path.name}"], cwd=folder, capture_output=True, timeout=30)
@@ -252,8 +282,13 @@ def _check_committed_prefix(data: bytes, path: Path, result: Verification) -> No
         what = "is missing: entries were cut off the end"
     else:
         what = "differs from this line: the file was changed or cut"
-    result.problems.append(Problem(number, f"line {number} of the copy committed at git HEAD {what} (git show "
-                                           f"HEAD:{path.name} has the committed version)"))
+    result.problems.append(
+        Problem(
+            number,
+            f"line {number} of the copy committed at git HEAD {what} (git show "
+            f"HEAD:{path.name} has the committed version)",
+        )
+    )
 
 
 def _verify_bytes(data: bytes, path: Path, committed: bool = True) -> Verification:
@@ -273,20 +308,29 @@ def _verify_bytes(data: bytes, path: Path, committed: bool = True) -> Verificati
             continue
         result.entries += 1
         if entry.get("entry_sha256") != entry_hash(entry):
-            result.problems.append(Problem(number, "content does not match its entry_sha256: the entry was edited "
-                                                   "after it was written"))
+            result.problems.append(
+                Problem(number, "content does not match its entry_sha256: the entry was edited after it was written")
+            )
         if entry.get("prev_sha256") != prev:
             if number == 1:
                 message = "prev_sha256 is not the genesis value (64 zeros): lines were removed from the start"
             else:
-                message = (f"prev_sha256 does not match the sha256 of line {number - 1}: line {number - 1} was "
-                           "changed, or lines were removed or inserted before this one")
+                message = (
+                    f"prev_sha256 does not match the sha256 of line {number - 1}: line {number - 1} was "
+                    "changed, or lines were removed or inserted before this one"
+                )
             result.problems.append(Problem(number, message))
         prev = sha256_hex(line)
     if tail:
-        result.problems.append(Problem(len(complete) + 1, f"incomplete last line ({len(tail)} bytes, no newline): an "
-                                                          "append was interrupted; it is not an entry (`hops-calib "
-                                                          "ledger repair` sets it aside)", repairable=True))
+        result.problems.append(
+            Problem(
+                len(complete) + 1,
+                f"incomplete last line ({len(tail)} bytes, no newline): an "
+                "append was interrupted; it is not an entry (`hops-calib "
+                "ledger repair` sets it aside)",
+                repairable=True,
+            )
+        )
     result.head_sha256 = prev
     if committed:
         _check_committed_prefix(data, path, result)
@@ -299,8 +343,7 @@ def verify(path: Path | str) -> Verification:
     path = Path(path)
     if not path.is_file():
         result = Verification(path)
-        result.problems.append(Problem(None, "the ledger file is missing" if not path.exists() else
-                                       "is not a file"))
+        result.problems.append(Problem(None, "the ledger file is missing" if not path.exists() else "is not a file"))
         return result
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):  # an append in flight, or one that was interrupted: ask its lock
@@ -316,9 +359,11 @@ def warn_if_broken(path: Path | str) -> Verification:
 
     result = verify(path)
     if not result.ok and Path(path).exists():
-        warn(f"warning: {path}: the ledger fails verification ({len(result.problems)} problem(s), first: "
-             f"{result.problems[0]}); what is read from it may not be the recorded history (`hops-calib ledger "
-             f"verify --ledger {path}` lists the problems)")
+        warn(
+            f"warning: {path}: the ledger fails verification ({len(result.problems)} problem(s), first: "
+            f"{result.problems[0]}); what is read from it may not be the recorded history (`hops-calib ledger "
+            f"verify --ledger {path}` lists the problems)"
+        )
     return result
 
 
@@ -334,8 +379,9 @@ def read_entries(path: Path | str) -> Iterator[dict[str, Any]]:
             try:
                 yield json.loads(line)
             except ValueError:
-                raise LedgerError(path, "not valid JSON", line=number,
-                                  hint="run `hops-calib ledger verify` to see what is damaged") from None
+                raise LedgerError(
+                    path, "not valid JSON", line=number, hint="run `hops-calib ledger verify` to see what is damaged"
+                ) from None
 
 
 @dataclass(frozen=True)
@@ -388,8 +434,13 @@ def repeats(earlier: dict[str, Any], model_sha256: str, digests: list[str] | Non
 RUN_KEYS = "run_keys"  # a report's runs, in suite order, without their names: [sha of the id, what it measured]
 
 
-def look_repeats(earlier: dict[str, Any], fixture_set: str, model_sha256: str, digests: list[str] | None,
-                 run_keys: list[list[str]] | None) -> bool:
+def look_repeats(
+    earlier: dict[str, Any],
+    fixture_set: str,
+    model_sha256: str,
+    digests: list[str] | None,
+    run_keys: list[list[str]] | None,
+) -> bool:
     """Whether a look (its fixture set, model, prediction digests and `run_keys`, in suite order) repeats the
     `earlier` look of the same split. On the same fixture set: `repeats`. On another (the store re-ingested, its
     runs moved, runs added or dropped): when some of its runs are the earlier look's (the same id, or the same
@@ -432,19 +483,27 @@ def held_out_looks(entries: Iterator[dict[str, Any]] | list[dict[str, Any]], spl
             model, digests = entry.get("model_sha256", ""), entry.get("prediction_digests")
             fixture_set = entry.get("fixture_set_sha256", "")
             before = earlier.setdefault(fixture_set, [])
-            repeated = next((e for e in every if look_repeats(e, fixture_set, model, digests, entry.get(RUN_KEYS))),
-                            None)
+            repeated = next(
+                (e for e in every if look_repeats(e, fixture_set, model, digests, entry.get(RUN_KEYS))), None
+            )
             recorded = next((e for e in reversed(before) if e.get("prediction_digests")), None)
             mape = float(aggregates.get("throughput_mape_pct", float("nan")))
-            looks.append(Look(seq=int(entry["seq"]), time=str(entry.get("time", "")), split=split,
-                              model_sha256=model, throughput_mape_pct=mape,
-                              bubble_mae_pp=float(or_nan(aggregates.get("bubble_mae_pp"))),
-                              gap_to_train_pp=mape - float(train["throughput_mape_pct"]) if train else None,
-                              evaluations_since=evaluations, changes_since=changes,
-                              repeat_of=int(repeated["seq"]) if repeated is not None else None,
-                              predictions_moved=predictions_moved(
-                                  recorded["prediction_digests"] if recorded else None, digests),
-                              gap_interval_pp=_gap_interval(entry)))
+            looks.append(
+                Look(
+                    seq=int(entry["seq"]),
+                    time=str(entry.get("time", "")),
+                    split=split,
+                    model_sha256=model,
+                    throughput_mape_pct=mape,
+                    bubble_mae_pp=float(or_nan(aggregates.get("bubble_mae_pp"))),
+                    gap_to_train_pp=mape - float(train["throughput_mape_pct"]) if train else None,
+                    evaluations_since=evaluations,
+                    changes_since=changes,
+                    repeat_of=int(repeated["seq"]) if repeated is not None else None,
+                    predictions_moved=predictions_moved(recorded["prediction_digests"] if recorded else None, digests),
+                    gap_interval_pp=_gap_interval(entry),
+                )
+            )
             before.append(entry)
             every.append(entry)
             evaluations = changes = 0

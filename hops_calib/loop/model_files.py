@@ -62,7 +62,7 @@ def write_model(path: Path | str, model: Model, entry: dict | None = None) -> No
     if entry is not None:
         found = WRITTEN_HEADER.search(text)
         line = f"\n# committed by ledger entry {entry['seq']}, entry sha256 {entry['entry_sha256']}"
-        text = text[:found.end()] + line + text[found.end():] if found else text
+        text = text[: found.end()] + line + text[found.end() :] if found else text
     atomic_write(path, text)
 
 
@@ -89,6 +89,8 @@ def edited_since_written(path: Path | str, model: Model) -> str | None:
         return None
     if found is None or found.group(1) == model.sha256:
         return None
-    return (f"{path}: the model (sha256 {model.sha256[:12]}) differs from the one last written through the gate "
-            f"({found.group(1)[:12]}, its '# model sha256 when written' header): it was edited by hand since, and "
-            "the ledger holds no judgement of that edit; undo it, or propose the change as a candidate")
+    return (
+        f"{path}: the model (sha256 {model.sha256[:12]}) differs from the one last written through the gate "
+        f"({found.group(1)[:12]}, its '# model sha256 when written' header): it was edited by hand since, and "
+        "the ledger holds no judgement of that edit; undo it, or propose the change as a candidate"
+    )

@@ -57,25 +57,41 @@ class Report:
             return None
         bounds = self.intervals
         low, high = bounds["throughput_mape_pct"]
-        line = (f"{bounds['level']:.0%} interval over {bounds['resampled']} (bootstrap, {bounds['draws']} draws): "
-                f"MAPE {low:.2f}-{high:.2f} %")
+        line = (
+            f"{bounds['level']:.0%} interval over {bounds['resampled']} (bootstrap, {bounds['draws']} draws): "
+            f"MAPE {low:.2f}-{high:.2f} %"
+        )
         if "gap_to_train_pp" in bounds:
             train_low, train_high = bounds["train_throughput_mape_pct"]
             gap_low, gap_high = bounds["gap_to_train_pp"]
-            line += (f", train {train_low:.2f}-{train_high:.2f} %, {self.split} minus train {gap_low:+.2f} to "
-                     f"{gap_high:+.2f} pp")
+            line += (
+                f", train {train_low:.2f}-{train_high:.2f} %, {self.split} minus train {gap_low:+.2f} to "
+                f"{gap_high:+.2f} pp"
+            )
         return line
 
     def to_dict(self) -> dict[str, Any]:
         entry = self.ledger_entry
-        return {"split": self.split, "fixture_set_sha256": entry.get("fixture_set_sha256"), **self.suite.to_dict(),
-                "model": entry.get("model_path"), "model_sha256": self.model_sha256,
-                "train": self.train.to_dict() if self.train is not None else None,
-                "gap_to_train_pp": self.gap_to_train_pp, "outside_train": self.outside_train,
-                "predictions_changed": self.changed_since, "intervals": self.intervals,
-                "left_out": self.left_out or {"count": 0, "reasons": []},
-                "ledger": {"path": str(self.ledger_path), "seq": self.ledger_entry["seq"],
-                           "entry_sha256": self.ledger_entry["entry_sha256"]} if self.audited else None}
+        return {
+            "split": self.split,
+            "fixture_set_sha256": entry.get("fixture_set_sha256"),
+            **self.suite.to_dict(),
+            "model": entry.get("model_path"),
+            "model_sha256": self.model_sha256,
+            "train": self.train.to_dict() if self.train is not None else None,
+            "gap_to_train_pp": self.gap_to_train_pp,
+            "outside_train": self.outside_train,
+            "predictions_changed": self.changed_since,
+            "intervals": self.intervals,
+            "left_out": self.left_out or {"count": 0, "reasons": []},
+            "ledger": {
+                "path": str(self.ledger_path),
+                "seq": self.ledger_entry["seq"],
+                "entry_sha256": self.ledger_entry["entry_sha256"],
+            }
+            if self.audited
+            else None,
+        }
 
 
 def prediction_digest(prediction: Any) -> str:
@@ -84,9 +100,13 @@ def prediction_digest(prediction: Any) -> str:
     from hops_calib.loop.score import prediction_fingerprint
 
     metrics = prediction.metrics
-    fingerprint = prediction_fingerprint(metrics.throughput_per_s, metrics.steady_throughput_per_s,
-                                         metrics.bubble_ratio, metrics.utilization_per_stage,
-                                         prediction.stall_noise_ape_pct)
+    fingerprint = prediction_fingerprint(
+        metrics.throughput_per_s,
+        metrics.steady_throughput_per_s,
+        metrics.bubble_ratio,
+        metrics.utilization_per_stage,
+        prediction.stall_noise_ape_pct,
+    )
     return hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
 
 
@@ -97,16 +117,25 @@ class RepeatedLook(InputError):
     def __init__(self, split: str, entry: dict[str, Any], n: int, fixture_set: str) -> None:
         self.seq = int(entry["seq"])
         model = str(entry.get("model_sha256", ""))[:12]
-        same = ("the same model" if "prediction_digests" not in entry else
-                f"model {model}, whose predictions on all {n} {split} configurations are this model's")
+        same = (
+            "the same model"
+            if "prediction_digests" not in entry
+            else f"model {model}, whose predictions on all {n} {split} configurations are this model's"
+        )
         if entry.get("fixture_set_sha256") != fixture_set:  # (`ledger.look_repeats`)
-            same = (f"model {model} on runs this look scores, under another fixture set (the runs re-ingested, moved "
-                    f"or renamed, or runs added or dropped since): the same model, or this model's predictions of "
-                    f"every run")
-        super().__init__("report", f"this look would repeat entry {self.seq} ({same}): its result is already in "
-                         f"the ledger, and nothing was scored or appended", field="split",
-                         hint=f"read it with `hops-calib ledger looks`; a change that moves no {split} prediction "
-                              "tells nothing new there. Pass --again to look anyway (recorded as a repeat)")
+            same = (
+                f"model {model} on runs this look scores, under another fixture set (the runs re-ingested, moved "
+                f"or renamed, or runs added or dropped since): the same model, or this model's predictions of "
+                f"every run"
+            )
+        super().__init__(
+            "report",
+            f"this look would repeat entry {self.seq} ({same}): its result is already in "
+            f"the ledger, and nothing was scored or appended",
+            field="split",
+            hint=f"read it with `hops-calib ledger looks`; a change that moves no {split} prediction "
+            "tells nothing new there. Pass --again to look anyway (recorded as a repeat)",
+        )
 
 
 def _earlier_looks(ledger_path: Path | str, split: str, fixture_set: str | None) -> list[dict[str, Any]]:
@@ -115,8 +144,11 @@ def _earlier_looks(ledger_path: Path | str, split: str, fixture_set: str | None)
 
     if not Path(ledger_path).exists():
         return []
-    return [e for e in ledger.read_entries(ledger_path) if e.get("kind") == "report" and e.get("split") == split
-            and fixture_set in (None, e.get("fixture_set_sha256"))]
+    return [
+        e
+        for e in ledger.read_entries(ledger_path)
+        if e.get("kind") == "report" and e.get("split") == split and fixture_set in (None, e.get("fixture_set_sha256"))
+    ]
 
 
 def run_keys(suite: Suite) -> list[list[str]]:
@@ -129,8 +161,12 @@ def run_keys(suite: Suite) -> list[list[str]]:
     store = open_store(suite.fixtures_dir)
     keys = []
     for fixture in store.load_many(list(suite.ids)):
-        keys.append([hashlib.sha256(f"run id {fixture.id}".encode()).hexdigest()[:16],
-                     configuration_digest(fixture)[len(CONFIG_KEY):][:16]])
+        keys.append(
+            [
+                hashlib.sha256(f"run id {fixture.id}".encode()).hexdigest()[:16],
+                configuration_digest(fixture)[len(CONFIG_KEY) :][:16],
+            ]
+        )
     return keys
 
 
@@ -172,17 +208,28 @@ def _look_against_earlier(suite: Suite, model: Model, model_path: Path, split: s
     # another fixture set repeats one whose runs it shares (`look_repeats`): re-ingesting or moving the runs, or
     # adding some, does not make the same model's look new.
     repeat = next((e for e in reversed(earlier) if look_repeats(e, suite.sha256, model.sha256, digests, keys)), None)
-    recorded = next((e for e in reversed(earlier) if e.get("prediction_digests")
-                     and e.get("fixture_set_sha256") == suite.sha256), None)
+    recorded = next(
+        (e for e in reversed(earlier) if e.get("prediction_digests") and e.get("fixture_set_sha256") == suite.sha256),
+        None,
+    )
     changed_since = None
     if recorded is not None:
-        changed_since = {"seq": int(recorded["seq"]), "of": len(digests),
-                         "changed": predictions_moved(recorded["prediction_digests"], digests)}
+        changed_since = {
+            "seq": int(recorded["seq"]),
+            "of": len(digests),
+            "changed": predictions_moved(recorded["prediction_digests"], digests),
+        }
     return predictions, digests, keys, repeat, changed_since
 
 
-def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
-                 ledger_path: Path | str | None = None, against: Path | str | None = None) -> dict[str, Any]:
+def preview_look(
+    fixtures_dir: Path | str,
+    *,
+    split: str = TEST,
+    model_path: Path | str | None = None,
+    ledger_path: Path | str | None = None,
+    against: Path | str | None = None,
+) -> dict[str, Any]:
     """What a `report` of `split` would tell that the ledger does not: from the model's predictions of the
     configurations alone (no result is scored, nothing is appended). {"split", "model_sha256", "of",
     "repeat_of": the look it would repeat or None, "changed_since": as Report.changed_since, "against": with
@@ -203,9 +250,14 @@ def preview_look(fixtures_dir: Path | str, *, split: str = TEST, model_path: Pat
         other = load_model(against)
         _, theirs = _predicted_digests(suite, other, against, split)
         compared = {"model_sha256": other.sha256, "changed": predictions_moved(theirs, digests)}
-    return {"split": split, "model_sha256": model.sha256, "of": len(digests),
-            "repeat_of": int(repeat["seq"]) if repeat is not None else None, "changed_since": changed_since,
-            "against": compared}
+    return {
+        "split": split,
+        "model_sha256": model.sha256,
+        "of": len(digests),
+        "repeat_of": int(repeat["seq"]) if repeat is not None else None,
+        "changed_since": changed_since,
+        "against": compared,
+    }
 
 
 BOOTSTRAP_DRAWS, INTERVAL_LEVEL = 2000, 0.95
@@ -218,8 +270,12 @@ def bootstrap_intervals(runs: Sequence[RunScore], train_runs: Sequence[RunScore]
     from hops_calib.loop.score import interval, mape_draws
 
     draws = mape_draws(runs, [r.group for r in runs], draws=BOOTSTRAP_DRAWS, seed=0)
-    out: dict[str, Any] = {"level": INTERVAL_LEVEL, "draws": BOOTSTRAP_DRAWS, "resampled": "configurations",
-                           "throughput_mape_pct": interval(draws, INTERVAL_LEVEL)}
+    out: dict[str, Any] = {
+        "level": INTERVAL_LEVEL,
+        "draws": BOOTSTRAP_DRAWS,
+        "resampled": "configurations",
+        "throughput_mape_pct": interval(draws, INTERVAL_LEVEL),
+    }
     if train_runs is not None:
         train_draws = mape_draws(train_runs, [r.group for r in train_runs], draws=BOOTSTRAP_DRAWS, seed=1)
         out["train_throughput_mape_pct"] = interval(train_draws, INTERVAL_LEVEL)
@@ -227,8 +283,15 @@ def bootstrap_intervals(runs: Sequence[RunScore], train_runs: Sequence[RunScore]
     return out
 
 
-def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
-           ledger_path: Path | str | None = None, progress: Progress = QUIET, again: bool = False) -> Report:
+def report(
+    fixtures_dir: Path | str,
+    *,
+    split: str = TEST,
+    model_path: Path | str | None = None,
+    ledger_path: Path | str | None = None,
+    progress: Progress = QUIET,
+    again: bool = False,
+) -> Report:
     """Suite aggregates on `split` (the held-out test split by default), and for it an audit entry in the ledger
     (a train report appends nothing: `Report.audited` is False).
 
@@ -248,8 +311,9 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
         ledger_path = audit_ledger
     model_path, model, suite = _look_inputs(fixtures_dir, split, model_path)
     # The predictions first, from the configurations alone: whether this look can tell anything new.
-    predictions, digests, keys, repeat, changed_since = _look_against_earlier(suite, model, model_path, split,
-                                                                              audit_ledger)
+    predictions, digests, keys, repeat, changed_since = _look_against_earlier(
+        suite, model, model_path, split, audit_ledger
+    )
     if repeat is not None and not again:
         raise RepeatedLook(split, repeat, len(digests), suite.sha256)
     # Beside a held-out report, the same model on train: the distance the calibration promise is judged by.
@@ -288,14 +352,27 @@ def report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | st
     # Only a look at the held-out split is audited; the train split may be read at will, so a train report
     # leaves the ledger alone (its record, unappended, still describes the page it may write).
     written = ledger.append(audit_ledger, entry) if audit_ledger is not None else entry
-    return Report(split=split, suite=scored.suite, model_sha256=model.sha256,
-                  ledger_path=Path(ledger_path) if ledger_path is not None else None, ledger_entry=written,
-                  train=train, outside_train=outside, changed_since=changed_since,
-                  intervals=intervals, left_out=suite.left_out_summary)
+    return Report(
+        split=split,
+        suite=scored.suite,
+        model_sha256=model.sha256,
+        ledger_path=Path(ledger_path) if ledger_path is not None else None,
+        ledger_entry=written,
+        train=train,
+        outside_train=outside,
+        changed_since=changed_since,
+        intervals=intervals,
+        left_out=suite.left_out_summary,
+    )
 
 
-def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: Path | str | None = None,
-                    ledger_path: Path | str | None = None) -> Report | None:
+def recorded_report(
+    fixtures_dir: Path | str,
+    *,
+    split: str = TEST,
+    model_path: Path | str | None = None,
+    ledger_path: Path | str | None = None,
+) -> Report | None:
     """The latest audit entry already in the ledger for this model, split and fixture set, as a `Report`; None if
     there is none. Nothing is scored and nothing is appended: quoting a held-out result again is not a new look.
     """
@@ -304,8 +381,14 @@ def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: 
     ledger_path = resolve_ledger(ledger_path)
     model_path = Path(model_path) if model_path is not None else default_model()
     model_sha = load_model(model_path).sha256
-    found = next((e for e in reversed(_earlier_looks(ledger_path, split, load_suite(fixtures_dir, split).sha256))
-                  if e.get("model_sha256") == model_sha), None)
+    found = next(
+        (
+            e
+            for e in reversed(_earlier_looks(ledger_path, split, load_suite(fixtures_dir, split).sha256))
+            if e.get("model_sha256") == model_sha
+        ),
+        None,
+    )
     if found is None:
         return None
     known = {f.name for f in fields(SuiteScore)}
@@ -314,7 +397,13 @@ def recorded_report(fixtures_dir: Path | str, *, split: str = TEST, model_path: 
         return SuiteScore(**{k: v for k, v in aggregates.items() if k in known})
 
     train = found.get("train_aggregates")
-    return Report(split=split, suite=suite_score(found["aggregates"]), model_sha256=model_sha,
-                  ledger_path=Path(ledger_path), ledger_entry=found,
-                  train=suite_score(train) if train is not None else None, outside_train=found.get("outside_train"),
-                  left_out=found.get("left_out"))
+    return Report(
+        split=split,
+        suite=suite_score(found["aggregates"]),
+        model_sha256=model_sha,
+        ledger_path=Path(ledger_path),
+        ledger_entry=found,
+        train=suite_score(train) if train is not None else None,
+        outside_train=found.get("outside_train"),
+        left_out=found.get("left_out"),
+    )

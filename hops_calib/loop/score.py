@@ -110,8 +110,14 @@ def _relative_error_pct(run_id: str, what: str, real: float, predicted: float) -
     return (predicted - real) / real * 100.0
 
 
-def score_run(run_id: str, real: TimelineMetrics | IterationMetrics, predicted: TimelineMetrics, *,
-              stall_noise_ape_pct: float = 0.0, group: str | None = None) -> RunScore:
+def score_run(
+    run_id: str,
+    real: TimelineMetrics | IterationMetrics,
+    predicted: TimelineMetrics,
+    *,
+    stall_noise_ape_pct: float = 0.0,
+    group: str | None = None,
+) -> RunScore:
     """A run's errors; `group`: the configuration it repeats as the store holds it (a run with events: its id
     without `_run<N>`, which is also the default here)."""
     from hops_calib.store.split import group_of
@@ -129,8 +135,7 @@ def score_run(run_id: str, real: TimelineMetrics | IterationMetrics, predicted: 
         real_bubble_ratio=real.bubble_ratio,
         predicted_bubble_ratio=predicted.bubble_ratio,
         bubble_error_pp=(predicted.bubble_ratio - real.bubble_ratio) * 100.0 if real.bubble_ratio is not None else None,
-        util_spearman_rho=spearman_rho(real.utilization_per_stage, predicted.utilization_per_stage) if events
-        else None,
+        util_spearman_rho=spearman_rho(real.utilization_per_stage, predicted.utilization_per_stage) if events else None,
         real_utilization=tuple(real.utilization_per_stage),
         predicted_utilization=tuple(predicted.utilization_per_stage),
         stall_noise_ape_pct=stall_noise_ape_pct,
@@ -170,8 +175,13 @@ def stall_free_error_pct(prediction, real_metrics, series) -> float | None:
     return ((real_window - real_excess) / predicted_window - 1.0) * 100.0
 
 
-def prediction_fingerprint(throughput_per_s: float, steady_throughput_per_s: float, bubble_ratio: float,
-                           utilization: Iterable[float], stall_noise_ape_pct: float) -> str:
+def prediction_fingerprint(
+    throughput_per_s: float,
+    steady_throughput_per_s: float,
+    bubble_ratio: float,
+    utilization: Iterable[float],
+    stall_noise_ape_pct: float,
+) -> str:
     """What the scores read of one prediction (throughputs, bubble, per-stage utilization, stall spread), to 9
     significant digits: two predictions with the same fingerprint are scored alike, float noise aside."""
     values = (throughput_per_s, steady_throughput_per_s, bubble_ratio, *utilization, stall_noise_ape_pct)
@@ -180,16 +190,21 @@ def prediction_fingerprint(throughput_per_s: float, steady_throughput_per_s: flo
 
 def run_fingerprint(run: RunScore) -> str:
     """`prediction_fingerprint` of a scored run's prediction."""
-    return prediction_fingerprint(run.predicted_throughput_per_s, run.predicted_steady_throughput_per_s,
-                                  run.predicted_bubble_ratio, run.predicted_utilization, run.stall_noise_ape_pct)
+    return prediction_fingerprint(
+        run.predicted_throughput_per_s,
+        run.predicted_steady_throughput_per_s,
+        run.predicted_bubble_ratio,
+        run.predicted_utilization,
+        run.stall_noise_ape_pct,
+    )
 
 
-def score_prediction(run_id: str, real: TimelineMetrics | IterationMetrics, prediction, series=None, group: str | None = None
-                     ) -> RunScore:
+def score_prediction(
+    run_id: str, real: TimelineMetrics | IterationMetrics, prediction, series=None, group: str | None = None
+) -> RunScore:
     """`score_run` of a `hops_calib.model.predict.Prediction`, with its random-stall spread, and with `series` (the
     real run's `timeline_iteration_part_series`) its stall-free error too."""
-    score = score_run(run_id, real, prediction.metrics, stall_noise_ape_pct=prediction.stall_noise_ape_pct,
-                      group=group)
+    score = score_run(run_id, real, prediction.metrics, stall_noise_ape_pct=prediction.stall_noise_ape_pct, group=group)
     logged = getattr(real, "timers_ms", None)
     if logged:
         from hops_calib.loop.timers import timer_errors_pct
@@ -225,8 +240,12 @@ class SuiteScore:
 
 
 # metric -> the RunScore field that holds it per run; the suite scores each on the runs where it is not None.
-METRIC_COUNTS = {"throughput": "throughput_error_pct", "steady_throughput": "steady_throughput_error_pct",
-                 "bubble": "bubble_error_pp", "utilization": "util_spearman_rho"}
+METRIC_COUNTS = {
+    "throughput": "throughput_error_pct",
+    "steady_throughput": "steady_throughput_error_pct",
+    "bubble": "bubble_error_pp",
+    "utilization": "util_spearman_rho",
+}
 
 
 def or_nan(value: float | None) -> float:
@@ -277,8 +296,14 @@ def _group_draws(groups: Sequence[str], draws: int, rng: np.random.Generator) ->
     return counts @ members
 
 
-def mape_draws(runs: Sequence[RunScore], groups: Sequence[str], *, draws: int = 2000, seed: int = 0,
-               baseline: Sequence[RunScore] | None = None) -> np.ndarray:
+def mape_draws(
+    runs: Sequence[RunScore],
+    groups: Sequence[str],
+    *,
+    draws: int = 2000,
+    seed: int = 0,
+    baseline: Sequence[RunScore] | None = None,
+) -> np.ndarray:
     """The throughput MAPE of `draws` configuration-bootstrap resamples of `runs` (`groups[i]` is run i's
     configuration), with an explicit seed: how much the suite MAPE depends on which configurations were run.
     With `baseline` (the same runs scored by another model), the change of the MAPE from it on the same draws

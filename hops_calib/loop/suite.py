@@ -28,9 +28,13 @@ class ProtectedSplit(InputError):
 def refuse_test_split(split: str, verb: str) -> None:
     """Rule 2: only the held-out report reads the test split."""
     if split == TEST:
-        raise ProtectedSplit(verb, "refuses the test split: parameters and candidates are judged on train only",
-                             field="split", hint="the test split is read only by `hops-calib report --split "
-                             "test`, which prints suite aggregates and leaves an audit entry in the ledger")
+        raise ProtectedSplit(
+            verb,
+            "refuses the test split: parameters and candidates are judged on train only",
+            field="split",
+            hint="the test split is read only by `hops-calib report --split "
+            "test`, which prints suite aggregates and leaves an audit entry in the ledger",
+        )
     if split not in SPLITS:
         raise InputError(verb, f"unknown split {split!r}", field="split", hint=f"expected one of {SPLITS}")
 
@@ -85,8 +89,11 @@ def open_store(fixtures_dir: Path | str):
 
     store = FixtureStore(fixtures_dir)
     if not store.exists():
-        raise InputError(fixtures_dir, "no fixture store here",
-                         hint=f"ingest runs first: hops-calib ingest SRC --fixtures {fixtures_dir}")
+        raise InputError(
+            fixtures_dir,
+            "no fixture store here",
+            hint=f"ingest runs first: hops-calib ingest SRC --fixtures {fixtures_dir}",
+        )
     running = store.running()
     if running:  # an ingest writing now: its temporary folders are work in progress, not the remains of a crash
         warn(f"warning: {running}")
@@ -94,9 +101,11 @@ def open_store(fixtures_dir: Path | str):
         store.check_finished()  # an ingest stopped part way: what to run (its index may lag its folders)
         unfinished = store.unfinished()
         if unfinished:  # (left by an ingest of a hops-calib before the journal) the fixtures there are whole
-            warn(f"warning: {fixtures_dir}: an ingest stopped before it finished ({', '.join(unfinished[:3])}"
-                 f"{', ...' if len(unfinished) > 3 else ''}): the runs it was writing are not in the store; run the "
-                 "same hops-calib ingest again to finish it")
+            warn(
+                f"warning: {fixtures_dir}: an ingest stopped before it finished ({', '.join(unfinished[:3])}"
+                f"{', ...' if len(unfinished) > 3 else ''}): the runs it was writing are not in the store; run the "
+                "same hops-calib ingest again to finish it"
+            )
     return store
 
 
@@ -104,8 +113,11 @@ def load_suite(fixtures_dir: Path | str, split: str) -> Suite:
     store = open_store(fixtures_dir)
     ids = store.ids(split)
     if not ids:
-        raise InputError(fixtures_dir, f"the fixture store has no {split} fixtures",
-                         hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})")
+        raise InputError(
+            fixtures_dir,
+            f"the fixture store has no {split} fixtures",
+            hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})",
+        )
     return _suite_of(store, fixtures_dir, split, ids)
 
 
@@ -117,8 +129,9 @@ def load_suites(fixtures_dirs: Path | str | Sequence[Path | str], split: str) ->
     resolved = [Path(d).resolve() for d in dirs]
     twice = sorted({str(d) for d in resolved if resolved.count(d) > 1})
     if twice:
-        raise InputError("--fixtures", f"the store {twice[0]} is given more than once", field="fixtures",
-                         hint="name each store once")
+        raise InputError(
+            "--fixtures", f"the store {twice[0]} is given more than once", field="fixtures", hint="name each store once"
+        )
     suites = [load_suite(d, split) for d in dirs]
     return suites[0] if len(suites) == 1 else union_suite(suites)
 
@@ -131,16 +144,25 @@ def union_suite(suites: Sequence[Suite]) -> Suite:
     for suite in suites:
         for run_id in suite.ids:
             if run_id in seen:
-                raise InputError(suite.fixtures_dir, f"run {run_id} is also in the store {seen[run_id]}",
-                                 field="fixtures", hint="judge on stores that hold different runs (one store per "
-                                 "set of runs)")
+                raise InputError(
+                    suite.fixtures_dir,
+                    f"run {run_id} is also in the store {seen[run_id]}",
+                    field="fixtures",
+                    hint="judge on stores that hold different runs (one store per set of runs)",
+                )
             seen[run_id] = suite.fixtures_dir
     left_out = {k: v for suite in suites for k, v in suite.left_out.items()}
-    return Suite(fixtures_dir=suites[0].fixtures_dir, split=suites[0].split,
-                 ids=tuple(i for s in suites for i in s.ids), specs=tuple(x for s in suites for x in s.specs),
-                 truths=tuple(x for s in suites for x in s.truths),
-                 content_hashes=tuple(x for s in suites for x in s.content_hashes),
-                 groups=tuple(x for s in suites for x in s.groups), left_out=left_out, parts=tuple(suites))
+    return Suite(
+        fixtures_dir=suites[0].fixtures_dir,
+        split=suites[0].split,
+        ids=tuple(i for s in suites for i in s.ids),
+        specs=tuple(x for s in suites for x in s.specs),
+        truths=tuple(x for s in suites for x in s.truths),
+        content_hashes=tuple(x for s in suites for x in s.content_hashes),
+        groups=tuple(x for s in suites for x in s.groups),
+        left_out=left_out,
+        parts=tuple(suites),
+    )
 
 
 def suite_if_any(fixtures_dir: Path | str, split: str) -> Suite | None:
@@ -158,21 +180,32 @@ def _suite_of(store, fixtures_dir: Path | str, split: str, ids: Sequence[str]) -
     if strays:  # the index lists them in this split, their own (digested) fixture.json says otherwise
         from hops_calib.store.digests import INDEX, StoreError
 
-        raise StoreError(f"{Path(fixtures_dir) / INDEX}: lists {', '.join(strays[:3])} in the {split} split, which "
-                         f"their fixture.json does not; delete {INDEX} (it is rebuilt from the fixture folders)")
+        raise StoreError(
+            f"{Path(fixtures_dir) / INDEX}: lists {', '.join(strays[:3])} in the {split} split, which "
+            f"their fixture.json does not; delete {INDEX} (it is rebuilt from the fixture folders)"
+        )
     fixtures, left_out = priced(fixtures)
     if not fixtures:
         reasons = "; ".join(f"{r['count']}: {r['reason']}" for r in left_out_summary(left_out)["reasons"])
-        raise InputError(fixtures_dir, f"none of the {len(left_out)} {split} fixtures is priced by the cost model "
-                         f"({reasons})", field="split", hint="ingest runs the model prices (one GPU per pipeline "
-                         "stage), or extend the model")
+        raise InputError(
+            fixtures_dir,
+            f"none of the {len(left_out)} {split} fixtures is priced by the cost model ({reasons})",
+            field="split",
+            hint="ingest runs the model prices (one GPU per pipeline stage), or extend the model",
+        )
     # a test suite's fixture set is named by its runs' configurations: its digest, in a look's ledger entry and
     # JSON, says nothing they measured (hops_calib.store.guard)
     hashes = tuple(configuration_digest(f) if split == "test" else f.content_hash for f in fixtures)
-    return Suite(fixtures_dir=Path(fixtures_dir), split=split, ids=tuple(f.id for f in fixtures),
-                 specs=tuple(f.spec for f in fixtures), truths=tuple(f.truth.metrics for f in fixtures),
-                 content_hashes=hashes, groups=tuple(f.group for f in fixtures),
-                 left_out=left_out)
+    return Suite(
+        fixtures_dir=Path(fixtures_dir),
+        split=split,
+        ids=tuple(f.id for f in fixtures),
+        specs=tuple(f.spec for f in fixtures),
+        truths=tuple(f.truth.metrics for f in fixtures),
+        content_hashes=hashes,
+        groups=tuple(f.group for f in fixtures),
+        left_out=left_out,
+    )
 
 
 def unknown_device(devices: Sequence[str], known: frozenset[str]) -> str | None:
@@ -180,8 +213,10 @@ def unknown_device(devices: Sequence[str], known: frozenset[str]) -> str | None:
     unknown = sorted(set(devices) - known)
     if not unknown:
         return None
-    return (f"device type {unknown[0]!r} is not in the catalog (hops_calib/model/devices.toml knows "
-            f"{', '.join(sorted(known))})")
+    return (
+        f"device type {unknown[0]!r} is not in the catalog (hops_calib/model/devices.toml knows "
+        f"{', '.join(sorted(known))})"
+    )
 
 
 def priced(fixtures: list[Any]) -> tuple[list[Any], dict[str, str]]:
@@ -209,9 +244,13 @@ def left_out_summary(reasons: dict[str, str]) -> dict[str, Any]:
     by_reason: dict[str, list[str]] = {}
     for run_id, reason in sorted(reasons.items()):
         by_reason.setdefault(reason, []).append(run_id)
-    return {"count": len(reasons),
-            "reasons": [{"reason": reason, "count": len(ids), "runs": ids[:3]}
-                        for reason, ids in sorted(by_reason.items(), key=lambda item: -len(item[1]))]}
+    return {
+        "count": len(reasons),
+        "reasons": [
+            {"reason": reason, "count": len(ids), "runs": ids[:3]}
+            for reason, ids in sorted(by_reason.items(), key=lambda item: -len(item[1]))
+        ],
+    }
 
 
 @dataclass(frozen=True)
@@ -223,8 +262,15 @@ class ModelScore:
     phases: tuple[dict[tuple[str, int | None], float], ...] = ()
 
 
-def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress = QUIET,
-                stall_free: Sequence[Any] | None = None, predictions: Sequence[Any] | None = None) -> ModelScore:
+def score_model(
+    suite: Suite,
+    model: Model,
+    *,
+    origin: str,
+    progress: Progress = QUIET,
+    stall_free: Sequence[Any] | None = None,
+    predictions: Sequence[Any] | None = None,
+) -> ModelScore:
     """Predict every run of `suite` from its spec alone and score it against its truth.
 
     `progress` advances once per run; the caller starts it (it may score more than one model).
@@ -237,12 +283,16 @@ def score_model(suite: Suite, model: Model, *, origin: str, progress: Progress =
     for i, (fixture_id, spec, truth) in enumerate(zip(suite.ids, suite.specs, suite.truths)):
         try:
             prediction = predictions[i] if predictions is not None else predict(spec, model)
-            runs.append(score_prediction(fixture_id, truth, prediction,
-                                         stall_free[i] if stall_free is not None else None, suite.groups[i]))
+            runs.append(
+                score_prediction(
+                    fixture_id, truth, prediction, stall_free[i] if stall_free is not None else None, suite.groups[i]
+                )
+            )
             phases.append(prediction.phase_ms(spec))
         except ValueError as error:
-            raise InputError(origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
-                             ) from None
+            raise InputError(
+                origin, f"model {model.name!r} cannot be scored on fixture {fixture_id}: {error}"
+            ) from None
         progress.advance(fixture_id)
     return ModelScore(runs=tuple(runs), suite=aggregate(runs), phases=tuple(phases))
 
@@ -254,5 +304,7 @@ def stall_series(suite: Suite) -> tuple[Any, ...]:
     if suite.parts:
         return tuple(series for part in suite.parts for series in stall_series(part))
     store = open_store(suite.fixtures_dir)
-    return tuple(timeline_iteration_part_series(store.load(fixture_id).timeline()) if events else None
-                 for fixture_id, events in zip(suite.ids, suite.has_events))
+    return tuple(
+        timeline_iteration_part_series(store.load(fixture_id).timeline()) if events else None
+        for fixture_id, events in zip(suite.ids, suite.has_events)
+    )

@@ -58,8 +58,9 @@ def predicted_timers_ms(columns: Mapping[str, np.ndarray]) -> dict[str, tuple[fl
             per["forward-compute"].append(float(duration[mine & forward].sum()))
             per["backward-compute"].append(float(duration[mine & backward].sum()))
             per["optimizer"].append(float(duration[steps].sum()))
-            per["forward-backward"].append((float(start[steps].min()) if steps.any() else float(end[mine].max()))
-                                           - begin)
+            per["forward-backward"].append(
+                (float(start[steps].min()) if steps.any() else float(end[mine].max())) - begin
+            )
         for name in PREDICTED_TIMERS:
             values[name].append(per[name])
     out = {name: tuple(float(v) for v in np.median(np.array(values[name]), axis=0)) for name in PREDICTED_TIMERS}
@@ -75,8 +76,9 @@ def logged_max_ms(logged: Mapping[str, float]) -> float | None:
     return max(ran) if ran else None
 
 
-def timer_errors_pct(logged: Mapping[str, Mapping[str, float]] | None, columns: Mapping[str, np.ndarray]
-                     ) -> dict[str, float | None]:
+def timer_errors_pct(
+    logged: Mapping[str, Mapping[str, float]] | None, columns: Mapping[str, np.ndarray]
+) -> dict[str, float | None]:
     """Timer -> the relative error (%) of its predicted largest value over ranks against the logged one, for every
     timer the run logged: None for a logged timer without a predicted counterpart."""
     if not logged:
@@ -91,8 +93,9 @@ def timer_errors_pct(logged: Mapping[str, Mapping[str, float]] | None, columns: 
     return out
 
 
-def timer_rows(logged: Mapping[str, Mapping[str, float]] | None, columns: Mapping[str, np.ndarray]
-               ) -> list[dict[str, Any]]:
+def timer_rows(
+    logged: Mapping[str, Mapping[str, float]] | None, columns: Mapping[str, np.ndarray]
+) -> list[dict[str, Any]]:
     """One run's logged timers beside the simulation's: per timer the logged and predicted largest value over ranks
     (ms per iteration; predicted None without a counterpart) and the error %, as `timer_errors_pct` scores them."""
     if not logged:
@@ -104,8 +107,14 @@ def timer_rows(logged: Mapping[str, Mapping[str, float]] | None, columns: Mappin
         if real is None:
             continue
         value = max(predicted[name]) if name in predicted else None
-        rows.append({"timer": name, "logged_ms": real, "predicted_ms": value,
-                     "error_pct": (value / real - 1.0) * 100.0 if value is not None else None})
+        rows.append(
+            {
+                "timer": name,
+                "logged_ms": real,
+                "predicted_ms": value,
+                "error_pct": (value / real - 1.0) * 100.0 if value is not None else None,
+            }
+        )
     return rows
 
 
@@ -119,6 +128,10 @@ def timer_summary(per_run: Iterable[Mapping[str, float | None] | None]) -> dict[
     out = {}
     for name in sorted(runs):
         scored = [abs(e) for e in runs[name] if e is not None]
-        out[name] = {"runs": len(runs[name]), "scored": len(scored),
-                     "mape_pct": float(np.mean(scored)) if scored else None, "predicted": name in PREDICTED_TIMERS}
+        out[name] = {
+            "runs": len(runs[name]),
+            "scored": len(scored),
+            "mape_pct": float(np.mean(scored)) if scored else None,
+            "predicted": name in PREDICTED_TIMERS,
+        }
     return out

@@ -11,15 +11,30 @@ Reading and writing files is done by `hops_calib.loop.model_files`, not here (ru
 
 from hops_calib.model.devices import CONSTANTS, OPTIONAL_CONSTANTS, DeviceSpec
 from hops_calib.model.model import (
-                                    ActiveTerm,
-                                    Model,
-                                    parse_catalog,
-                                    parse_model,
-                                    resolve_params,
-                                    unknown_device_overrides,
+    ActiveTerm,
+    Model,
+    parse_catalog,
+    parse_model,
+    resolve_params,
+    unknown_device_overrides,
 )
 from hops_calib.model.terms import TERMS, Context, Contribution, Layout, Param, Term, layout_of
 
-__all__ = ["CONSTANTS", "OPTIONAL_CONSTANTS", "TERMS", "ActiveTerm", "Context", "Contribution", "DeviceSpec", "Layout",
-           "Model", "Param", "Term", "layout_of", "parse_catalog", "parse_model", "resolve_params",
-           "unknown_device_overrides"]
+__all__ = [
+    "CONSTANTS",
+    "OPTIONAL_CONSTANTS",
+    "TERMS",
+    "ActiveTerm",
+    "Context",
+    "Contribution",
+    "DeviceSpec",
+    "Layout",
+    "Model",
+    "Param",
+    "Term",
+    "layout_of",
+    "parse_catalog",
+    "parse_model",
+    "resolve_params",
+    "unknown_device_overrides",
+]

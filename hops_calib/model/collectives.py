@@ -47,8 +47,9 @@ def group_size(spec: Spec, group: str) -> int:
     return {"tp": spec.tp, "cp": spec.cp, "dp_cp": spec.dp * spec.cp}.get(group, spec.dp)
 
 
-def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stage: int = 0,
-                                connection_cap_bytes_per_ms: float = math.inf) -> float:
+def ring_bandwidth_bytes_per_ms(
+    spec: Spec, device: DeviceSpec, group: str, stage: int = 0, connection_cap_bytes_per_ms: float = math.inf
+) -> float:
     """Bytes per ms over the slowest hop of a `group` ring ("tp" or "dp") of `stage`, with its node's NICs shared,
     and a hop across nodes held under one connection's ceiling (`Context.connection_cap_bytes_per_ms`)."""
     placed = spec.group_nodes(group, stage)
@@ -62,10 +63,21 @@ def ring_bandwidth_bytes_per_ms(spec: Spec, device: DeviceSpec, group: str, stag
     return min(intra / 1e3, device.network_bandwidth_bytes_per_s * per_node / 1e3, connection_cap_bytes_per_ms)
 
 
-def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group: str, *, stage: int = 0,
-                  efficiency: float = 1.0, step_latency_ms: float = 0.0, contention_step_ms: float = 0.0,
-                  connection_cap_bytes_per_ms: float = math.inf, algorithm: str = "ring",
-                  net_step_latency_ms: float = 0.0) -> float:
+def collective_ms(
+    spec: Spec,
+    device: DeviceSpec,
+    op: str,
+    nbytes: float,
+    group: str,
+    *,
+    stage: int = 0,
+    efficiency: float = 1.0,
+    step_latency_ms: float = 0.0,
+    contention_step_ms: float = 0.0,
+    connection_cap_bytes_per_ms: float = math.inf,
+    algorithm: str = "ring",
+    net_step_latency_ms: float = 0.0,
+) -> float:
     """Time of one `op` of an `nbytes` buffer (the whole buffer: an all-gather's output, a reduce-scatter's input)
     over a `group` of `stage`; 0 for a group of one GPU. `efficiency` scales the bandwidth the ring model uses
     (and the table's rate), `step_latency_ms` is the ring model's latency per step, and `contention_step_ms` what
@@ -98,16 +110,34 @@ def collective_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, group:
     ring = share * (steps * latency + steps / n * nbytes / bandwidth) + contention
     if algorithm == "ring" or placed is None or placed[0] == 1 or placed[1] == 1:
         return ring
-    two = two_level_ms(spec, device, op, nbytes, placed, efficiency=efficiency, step_latency_ms=step_latency_ms,
-                       contention_step_ms=contention_step_ms,
-                       connection_cap_bytes_per_ms=connection_cap_bytes_per_ms,
-                       net_step_latency_ms=net_step_latency_ms)
+    two = two_level_ms(
+        spec,
+        device,
+        op,
+        nbytes,
+        placed,
+        efficiency=efficiency,
+        step_latency_ms=step_latency_ms,
+        contention_step_ms=contention_step_ms,
+        connection_cap_bytes_per_ms=connection_cap_bytes_per_ms,
+        net_step_latency_ms=net_step_latency_ms,
+    )
     return two if algorithm == "two_level" else min(ring, two)
 
 
-def two_level_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, placed: tuple[int, int], *,
-                 efficiency: float = 1.0, step_latency_ms: float = 0.0, contention_step_ms: float = 0.0,
-                 connection_cap_bytes_per_ms: float = math.inf, net_step_latency_ms: float = 0.0) -> float:
+def two_level_ms(
+    spec: Spec,
+    device: DeviceSpec,
+    op: str,
+    nbytes: float,
+    placed: tuple[int, int],
+    *,
+    efficiency: float = 1.0,
+    step_latency_ms: float = 0.0,
+    contention_step_ms: float = 0.0,
+    connection_cap_bytes_per_ms: float = math.inf,
+    net_step_latency_ms: float = 0.0,
+) -> float:
     """`op` of `nbytes` over a group placed as `placed` = (N nodes, g GPUs in each), a level per fabric: inside
     the node over NVLink (the node's g-GPU all-reduce table where the spec has one, halved for each of the
     reduce-scatter and the all-gather), across the nodes a ring over N of each GPU's S/g at its share of the
@@ -119,13 +149,14 @@ def two_level_ms(spec: Spec, device: DeviceSpec, op: str, nbytes: float, placed:
     if table is not None:
         inside_half = 0.5 * table.measured_ms(nbytes) / efficiency
     else:
-        inside_half = (per_node - 1) * step_latency_ms + (per_node - 1) / per_node * nbytes / (
-            intra / 1e3 * efficiency)
+        inside_half = (per_node - 1) * step_latency_ms + (per_node - 1) / per_node * nbytes / (intra / 1e3 * efficiency)
     inside_half += (per_node - 1) * contention_step_ms
     nic = min(device.network_bandwidth_bytes_per_s / 1e3, connection_cap_bytes_per_ms) * efficiency
     across_steps = 2 * (nodes - 1)
-    across = (across_steps * (step_latency_ms + net_step_latency_ms + contention_step_ms)
-              + across_steps / nodes * (nbytes / per_node) / nic)
+    across = (
+        across_steps * (step_latency_ms + net_step_latency_ms + contention_step_ms)
+        + across_steps / nodes * (nbytes / per_node) / nic
+    )
     if op == "all_reduce":
         return 2 * inside_half + across
     return inside_half + 0.5 * across

@@ -27,26 +27,35 @@ def _pair(a: str, b: str) -> str:
 
 def _numbers(spec: Spec) -> dict[str, float]:
     shape = spec.model
-    return {"hidden size": shape.hidden_size, "sequence length": shape.seq_length,
-            "micro batch size": shape.micro_batch_size,
-            "hop message MiB": gpt.boundary_activation_bytes(shape) / 2**20,
-            "microbatches": spec.microbatches, "pipeline depth": spec.pp,
-            # Fewer microbatches than stages never fills the pipeline: another regime of the schedule.
-            "microbatches per stage": round(spec.microbatches / spec.pp, 3),
-            "layers on a stage": max(spec.layers_per_stage), "model chunks per stage": spec.vp,
-            "tensor parallel size": spec.tp, "data parallel size": spec.dp}
+    return {
+        "hidden size": shape.hidden_size,
+        "sequence length": shape.seq_length,
+        "micro batch size": shape.micro_batch_size,
+        "hop message MiB": gpt.boundary_activation_bytes(shape) / 2**20,
+        "microbatches": spec.microbatches,
+        "pipeline depth": spec.pp,
+        # Fewer microbatches than stages never fills the pipeline: another regime of the schedule.
+        "microbatches per stage": round(spec.microbatches / spec.pp, 3),
+        "layers on a stage": max(spec.layers_per_stage),
+        "model chunks per stage": spec.vp,
+        "tensor parallel size": spec.tp,
+        "data parallel size": spec.dp,
+    }
 
 
 def _sets(spec: Spec) -> dict[str, set[str]]:
-    return {"device type": set(spec.devices),
-            "hop device pair": {_pair(a, b) for a, b in zip(spec.devices, spec.devices[1:])},
-            "end device pair": {_pair(spec.devices[0], spec.devices[-1])} if spec.pp > 1 else set(),
-            "schedule": {spec.schedule},
-            "precision": {spec.model.precision}, "attention kernel": {spec.model.attention_kernel},
-            "recomputation": {spec.model.recompute_granularity or "none"},
-            "sequence parallelism": {"on" if spec.model.sequence_parallel else "off"},
-            "distributed optimizer": {"on" if spec.distributed_optimizer else "off"},
-            "tensor or data parallel group across nodes": {"yes" if _group_across_nodes(spec) else "no"}}
+    return {
+        "device type": set(spec.devices),
+        "hop device pair": {_pair(a, b) for a, b in zip(spec.devices, spec.devices[1:])},
+        "end device pair": {_pair(spec.devices[0], spec.devices[-1])} if spec.pp > 1 else set(),
+        "schedule": {spec.schedule},
+        "precision": {spec.model.precision},
+        "attention kernel": {spec.model.attention_kernel},
+        "recomputation": {spec.model.recompute_granularity or "none"},
+        "sequence parallelism": {"on" if spec.model.sequence_parallel else "off"},
+        "distributed optimizer": {"on" if spec.distributed_optimizer else "off"},
+        "tensor or data parallel group across nodes": {"yes" if _group_across_nodes(spec) else "no"},
+    }
 
 
 def _group_across_nodes(spec: Spec) -> bool:
@@ -82,9 +91,11 @@ def coverage(specs: Iterable[Spec]) -> Coverage:
         raise ValueError("no configurations to span")
     numbers = [_numbers(s) for s in specs]
     sets = [_sets(s) for s in specs]
-    return Coverage(runs=len(specs),
-                    ranges={k: (min(n[k] for n in numbers), max(n[k] for n in numbers)) for k in numbers[0]},
-                    seen={k: frozenset().union(*(s[k] for s in sets)) for k in sets[0]})
+    return Coverage(
+        runs=len(specs),
+        ranges={k: (min(n[k] for n in numbers), max(n[k] for n in numbers)) for k in numbers[0]},
+        seen={k: frozenset().union(*(s[k] for s in sets)) for k in sets[0]},
+    )
 
 
 def _number(value: float) -> str:

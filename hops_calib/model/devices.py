@@ -38,8 +38,16 @@ OPTIONAL_CONSTANTS: dict[str, str] = {
     "nic_bandwidth_bytes_per_s": "bandwidth of one of the node's compute NICs, bytes/s",
 }
 # What a GPU table (`[gpus.NAME]`) may give, and a node table (`[nodes.NAME]`).
-GPU_CONSTANTS = ("peak_bf16_flops_per_s", "peak_fp16_flops_per_s", "peak_fp8_flops_per_s", "peak_tf32_flops_per_s",
-                 "memory_bandwidth_bytes_per_s", "memory_bytes", "sm_count", "nvlink_bandwidth_bytes_per_s")
+GPU_CONSTANTS = (
+    "peak_bf16_flops_per_s",
+    "peak_fp16_flops_per_s",
+    "peak_fp8_flops_per_s",
+    "peak_tf32_flops_per_s",
+    "memory_bandwidth_bytes_per_s",
+    "memory_bytes",
+    "sm_count",
+    "nvlink_bandwidth_bytes_per_s",
+)
 GPU_REQUIRED = ("peak_bf16_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes")
 NODE_CONSTANTS = ("gpus_per_node", "intra_node_bandwidth_bytes_per_s", "nics_per_node", "nic_bandwidth_bytes_per_s")
 NODE_REQUIRED = ("gpus_per_node", "nics_per_node", "nic_bandwidth_bytes_per_s")
@@ -48,8 +56,12 @@ COUNTS = ("sm_count", "gpus_per_node", "nics_per_node")
 # A device type's own keys besides its constants.
 DEVICE_KEYS = ("name", "gpu", "node", "uncalibrated")
 # The dtypes a peak is stated for, and the one each falls back to where a device states none.
-PEAKS = {"bf16": "peak_bf16_flops_per_s", "fp16": "peak_fp16_flops_per_s", "fp8": "peak_fp8_flops_per_s",
-         "tf32": "peak_tf32_flops_per_s"}
+PEAKS = {
+    "bf16": "peak_bf16_flops_per_s",
+    "fp16": "peak_fp16_flops_per_s",
+    "fp8": "peak_fp8_flops_per_s",
+    "tf32": "peak_tf32_flops_per_s",
+}
 
 
 @dataclass(frozen=True)
@@ -113,8 +125,11 @@ class DeviceSpec:
         """The node this device type stands for, in words (for predict's notes)."""
         if self.node is None:
             return f"{self.type}: {self.name}"
-        parts = [f"{int(self.gpus_per_node)} x {self.gpu_name or self.gpu}" if self.gpus_per_node else
-                 (self.gpu_name or str(self.gpu))]
+        parts = [
+            f"{int(self.gpus_per_node)} x {self.gpu_name or self.gpu}"
+            if self.gpus_per_node
+            else (self.gpu_name or str(self.gpu))
+        ]
         if self.intra_node_bandwidth_bytes_per_s:
             parts.append(f"{self.intra_node_bandwidth_bytes_per_s / 1e9:g} GB/s per direction between GPUs")
         else:
@@ -176,11 +191,15 @@ def node_notes(devices: list[DeviceSpec], stated_per_node: int | None) -> tuple[
         kinds.setdefault(device.type, device)
     for device in kinds.values():
         if device.node is not None and stated_per_node is None:
-            notes.append(f"node not stated (no torchrun --nnodes/--nproc-per-node): {device.node_words()}; name "
-                         "another device type in hops.base.yaml (hardware.devices[].gpu) for another node")
+            notes.append(
+                f"node not stated (no torchrun --nnodes/--nproc-per-node): {device.node_words()}; name "
+                "another device type in hops.base.yaml (hardware.devices[].gpu) for another node"
+            )
         elif device.gpus_per_node and stated_per_node is not None and stated_per_node != device.gpus_per_node:
-            notes.append(f"the launch puts {stated_per_node} GPUs on a node, {device.type}'s node {device.node} "
-                         f"holds {int(device.gpus_per_node)}: its NVLink and per-GPU NIC share are that node's")
+            notes.append(
+                f"the launch puts {stated_per_node} GPUs on a node, {device.type}'s node {device.node} "
+                f"holds {int(device.gpus_per_node)}: its NVLink and per-GPU NIC share are that node's"
+            )
         if device.uncalibrated:
             notes.append(f"{device.type} is uncalibrated: {device.uncalibrated}")
     nodes = {device.node for device in devices}
@@ -189,35 +208,47 @@ def node_notes(devices: list[DeviceSpec], stated_per_node: int | None) -> tuple[
     return notes, placed
 
 
-def parse_constant(value: Any, *, origin: str, table: str, constant: str, line: int | None,
-                   allowed: tuple[str, ...] | None = None) -> tuple[float, str]:
+def parse_constant(
+    value: Any, *, origin: str, table: str, constant: str, line: int | None, allowed: tuple[str, ...] | None = None
+) -> tuple[float, str]:
     """A `{ value = ..., source = "..." }` entry -> (value, source), refusing anything else (`allowed`: the
     constants the table may give, default every device constant)."""
     field_name = f"{table}.{constant}"
     known = allowed if allowed is not None else (*CONSTANTS, *OPTIONAL_CONSTANTS)
     if constant not in known:
-        hint = (f"device constants are {', '.join(CONSTANTS)} (and, optionally, {', '.join(OPTIONAL_CONSTANTS)})"
-                if allowed is None else f"this table takes {', '.join(allowed)}")
+        hint = (
+            f"device constants are {', '.join(CONSTANTS)} (and, optionally, {', '.join(OPTIONAL_CONSTANTS)})"
+            if allowed is None
+            else f"this table takes {', '.join(allowed)}"
+        )
         raise InputError(origin, f"unknown device constant {constant!r}", line=line, field=field_name, hint=hint)
     if not isinstance(value, dict) or set(value) != {"value", "source"}:
-        raise InputError(origin, "a device constant must be an inline table with exactly 'value' and 'source'",
-                         line=line, field=field_name,
-                         hint=f'write {constant} = {{ value = 1.0e12, source = "vendor datasheet, ..." }}')
+        raise InputError(
+            origin,
+            "a device constant must be an inline table with exactly 'value' and 'source'",
+            line=line,
+            field=field_name,
+            hint=f'write {constant} = {{ value = 1.0e12, source = "vendor datasheet, ..." }}',
+        )
     number, source = value["value"], value["source"]
     if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) or number <= 0:
-        raise InputError(origin, f"value must be a finite positive number, got {number!r}", line=line,
-                         field=field_name)
+        raise InputError(origin, f"value must be a finite positive number, got {number!r}", line=line, field=field_name)
     if constant in COUNTS and float(number) != int(number):
         raise InputError(origin, f"value must be a whole number, got {number!r}", line=line, field=field_name)
     if not isinstance(source, str) or not source.strip():
-        raise InputError(origin, "source must name where the number comes from (a vendor spec sheet)", line=line,
-                         field=field_name)
+        raise InputError(
+            origin, "source must name where the number comes from (a vendor spec sheet)", line=line, field=field_name
+        )
     low, high = BOUNDS[constant]
     if not low <= number <= high:
-        raise InputError(origin, f"value {number:.3g} is outside the physical bounds of {constant} ({low:.0e} to "
-                         f"{high:.0e}, {CONSTANTS.get(constant) or OPTIONAL_CONSTANTS[constant]})", line=line,
-                         field=field_name, hint="check the number and its unit against the datasheet (SI units: "
-                                                "FLOP/s, bytes/s, bytes)")
+        raise InputError(
+            origin,
+            f"value {number:.3g} is outside the physical bounds of {constant} ({low:.0e} to "
+            f"{high:.0e}, {CONSTANTS.get(constant) or OPTIONAL_CONSTANTS[constant]})",
+            line=line,
+            field=field_name,
+            hint="check the number and its unit against the datasheet (SI units: FLOP/s, bytes/s, bytes)",
+        )
     return float(number), source.strip()
 
 
@@ -225,8 +256,7 @@ def parse_parts(tables: Any, *, kind: str, origin: str, text: str = "") -> dict[
     """The GPU parts (`kind` "gpus") or node types ("nodes") of the catalog, from their decoded tables."""
     allowed, required = (GPU_CONSTANTS, GPU_REQUIRED) if kind == "gpus" else (NODE_CONSTANTS, NODE_REQUIRED)
     if not isinstance(tables, dict):
-        raise InputError(origin, f"[{kind}] must hold one table per {kind[:-1]}", line=line_of(text, kind),
-                         field=kind)
+        raise InputError(origin, f"[{kind}] must hold one table per {kind[:-1]}", line=line_of(text, kind), field=kind)
     parts = {}
     for key, table in tables.items():
         header = f"{kind}.{key}"
@@ -234,18 +264,29 @@ def parse_parts(tables: Any, *, kind: str, origin: str, text: str = "") -> dict[
             raise InputError(origin, "expected a table of constants", line=line_of(text, header), field=header)
         name = table.get("name")
         if not isinstance(name, str) or not name.strip():
-            raise InputError(origin, "needs a 'name' (the product name)", line=line_of(text, header),
-                             field=f"{header}.name")
+            raise InputError(
+                origin, "needs a 'name' (the product name)", line=line_of(text, header), field=f"{header}.name"
+            )
         values, sources = {}, {}
         for constant, raw in table.items():
             if constant != "name":
                 values[constant], sources[constant] = parse_constant(
-                    raw, origin=origin, table=header, constant=constant, line=line_of(text, header, constant),
-                    allowed=allowed)
+                    raw,
+                    origin=origin,
+                    table=header,
+                    constant=constant,
+                    line=line_of(text, header, constant),
+                    allowed=allowed,
+                )
         missing = [c for c in required if c not in values]
         if missing:
-            raise InputError(origin, f"{header} is missing {missing}", line=line_of(text, header), field=header,
-                             hint="give each as { value = ..., source = \"...\" }")
+            raise InputError(
+                origin,
+                f"{header} is missing {missing}",
+                line=line_of(text, header),
+                field=header,
+                hint='give each as { value = ..., source = "..." }',
+            )
         parts[key] = Part(kind, key, name.strip(), tuple(sorted(values.items())), tuple(sorted(sources.items())))
     return parts
 
@@ -267,18 +308,27 @@ def composed(gpu: Part | None, node: Part | None) -> tuple[dict[str, float], dic
         values["network_bandwidth_bytes_per_s"] = nics * speed / per_node
         sources["network_bandwidth_bytes_per_s"] = (
             f"node {node.key}: {nics:g} NIC(s) x {speed:g} B/s over {per_node:g} GPU(s) per node, the GPU's share; "
-            f"{node.source('nic_bandwidth_bytes_per_s')}")
+            f"{node.source('nic_bandwidth_bytes_per_s')}"
+        )
         intra = node.get("intra_node_bandwidth_bytes_per_s")
         if intra is not None and per_node > 1:
             values["intra_node_bandwidth_bytes_per_s"] = intra
             sources["intra_node_bandwidth_bytes_per_s"] = (
-                f"node {node.key}: {node.source('intra_node_bandwidth_bytes_per_s')}")
+                f"node {node.key}: {node.source('intra_node_bandwidth_bytes_per_s')}"
+            )
     return values, sources
 
 
-def parse_devices(tables: Mapping[str, Any], *, origin: str, text: str = "", prefix: str = "",
-                  base: Mapping[str, DeviceSpec] | None = None, gpus: Mapping[str, Part] | None = None,
-                  nodes: Mapping[str, Part] | None = None) -> dict[str, DeviceSpec]:
+def parse_devices(
+    tables: Mapping[str, Any],
+    *,
+    origin: str,
+    text: str = "",
+    prefix: str = "",
+    base: Mapping[str, DeviceSpec] | None = None,
+    gpus: Mapping[str, Part] | None = None,
+    nodes: Mapping[str, Part] | None = None,
+) -> dict[str, DeviceSpec]:
     """Device specs from decoded TOML tables `{type: {name, constant: {value, source}}}`.
 
     With `base`, a table may override single constants of a device already in
@@ -293,34 +343,51 @@ def parse_devices(tables: Mapping[str, Any], *, origin: str, text: str = "", pre
     for device_type, table in tables.items():
         header = f"{prefix}.{device_type}" if prefix else device_type
         if not isinstance(table, dict):
-            raise InputError(origin, "expected a table of device constants", line=line_of(text, None, device_type),
-                             field=header)
+            raise InputError(
+                origin, "expected a table of device constants", line=line_of(text, None, device_type), field=header
+            )
         known = devices.get(device_type)
         sources = dict(known.sources) if known else {}
         values: dict[str, Any] = known.constants() if known else {}
         name = table.get("name", known.name if known else None)
         if not isinstance(name, str) or not name.strip():
-            raise InputError(origin, "a new device type needs a 'name' (the product name)",
-                             line=line_of(text, header), field=f"{header}.name")
+            raise InputError(
+                origin,
+                "a new device type needs a 'name' (the product name)",
+                line=line_of(text, header),
+                field=f"{header}.name",
+            )
         links: dict[str, Part | None] = {"gpu": None, "node": None}
         for key, parts in (("gpu", gpus), ("node", nodes)):
             if key not in table:
                 continue
             given = table[key]
             if not composes or parts is None:
-                raise InputError(origin, f"'{key}' names a part of the device catalog, which only the catalog "
-                                 "does", line=line_of(text, header, key), field=f"{header}.{key}",
-                                 hint="a model file overrides single constants of a catalog device type")
+                raise InputError(
+                    origin,
+                    f"'{key}' names a part of the device catalog, which only the catalog does",
+                    line=line_of(text, header, key),
+                    field=f"{header}.{key}",
+                    hint="a model file overrides single constants of a catalog device type",
+                )
             if not isinstance(given, str) or given not in parts:
-                raise InputError(origin, f"is {given!r}, not a {key} of the catalog (known: "
-                                 f"{', '.join(sorted(parts))})", line=line_of(text, header, key),
-                                 field=f"{header}.{key}", hint=f"name one of the [{key}s.NAME] tables")
+                raise InputError(
+                    origin,
+                    f"is {given!r}, not a {key} of the catalog (known: {', '.join(sorted(parts))})",
+                    line=line_of(text, header, key),
+                    field=f"{header}.{key}",
+                    hint=f"name one of the [{key}s.NAME] tables",
+                )
             links[key] = parts[given]
         uncalibrated = table.get("uncalibrated", known.uncalibrated if known else None)
         if uncalibrated is not None and (not composes or not isinstance(uncalibrated, str) or not uncalibrated):
-            raise InputError(origin, "'uncalibrated' says, in the catalog, why no measured run backs the device",
-                             line=line_of(text, header, "uncalibrated"), field=f"{header}.uncalibrated",
-                             hint='write uncalibrated = "datasheet values only: ..." in devices.toml')
+            raise InputError(
+                origin,
+                "'uncalibrated' says, in the catalog, why no measured run backs the device",
+                line=line_of(text, header, "uncalibrated"),
+                field=f"{header}.uncalibrated",
+                hint='write uncalibrated = "datasheet values only: ..." in devices.toml',
+            )
         if links["gpu"] is not None or links["node"] is not None:
             derived, derived_sources = composed(links["gpu"], links["node"])
             for constant, value in derived.items():
@@ -330,12 +397,17 @@ def parse_devices(tables: Mapping[str, Any], *, origin: str, text: str = "", pre
             if constant in DEVICE_KEYS:
                 continue
             values[constant], sources[constant] = parse_constant(
-                raw, origin=origin, table=header, constant=constant, line=line_of(text, header, constant))
+                raw, origin=origin, table=header, constant=constant, line=line_of(text, header, constant)
+            )
         missing = [c for c in CONSTANTS if c not in values]
         if missing:
-            raise InputError(origin, f"device type {device_type!r} is missing {missing}", line=line_of(text, header),
-                             field=header, hint="give each as { value = ..., source = \"...\" }, or (in the "
-                             "catalog) name its gpu and node")
+            raise InputError(
+                origin,
+                f"device type {device_type!r} is missing {missing}",
+                line=line_of(text, header),
+                field=header,
+                hint='give each as { value = ..., source = "..." }, or (in the catalog) name its gpu and node',
+            )
         meta: dict[str, Any] = {}
         if known is not None:
             meta = {k: getattr(known, k) for k in ("gpu", "node", "gpu_name", "node_name")}
@@ -344,8 +416,14 @@ def parse_devices(tables: Mapping[str, Any], *, origin: str, text: str = "", pre
         if links["node"] is not None:
             meta.update(node=links["node"].key, node_name=links["node"].name)
         numbers: dict[str, Any] = {c: float(values[c]) for c in (*CONSTANTS, *OPTIONAL_CONSTANTS) if c in values}
-        devices[device_type] = DeviceSpec(type=device_type, name=name.strip(), sources=tuple(sorted(sources.items())),
-                                          uncalibrated=uncalibrated, **meta, **numbers)
+        devices[device_type] = DeviceSpec(
+            type=device_type,
+            name=name.strip(),
+            sources=tuple(sorted(sources.items())),
+            uncalibrated=uncalibrated,
+            **meta,
+            **numbers,
+        )
     return devices
 
 

@@ -23,8 +23,9 @@ def bytes_per_element(shape: ModelShape) -> int:
     try:
         return BYTES_PER_ELEMENT[shape.precision]
     except KeyError:
-        raise ValueError(f"unknown precision {shape.precision!r}; expected one of {sorted(BYTES_PER_ELEMENT)}"
-                         ) from None
+        raise ValueError(
+            f"unknown precision {shape.precision!r}; expected one of {sorted(BYTES_PER_ELEMENT)}"
+        ) from None
 
 
 def _t(shape: ModelShape) -> int:
@@ -141,8 +142,13 @@ def layer_activation_bytes(shape: ModelShape) -> float:
     tensors (4sbh at a = g), SwiGLU keeps fc1's 2f-wide output and its f-wide product (6sbf
     instead of 4sbf); a flash kernel stores no score matrix (the 5as^2b).
     """
-    b, s, h, f, a = (shape.micro_batch_size, local_seq(shape), shape.hidden_size, shape.ffn_hidden_size,
-                     shape.num_attention_heads)
+    b, s, h, f, a = (
+        shape.micro_batch_size,
+        local_seq(shape),
+        shape.hidden_size,
+        shape.ffn_hidden_size,
+        shape.num_attention_heads,
+    )
     t = _t(shape)
     whole = 10.0 * s * b * h
     kv = 4.0 * s * b * h * shape.kv_heads / a

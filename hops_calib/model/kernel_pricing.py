@@ -47,8 +47,10 @@ from hops_calib.model.kernels import (
 from hops_calib.trace.component_tables import ComponentTables
 from hops_calib.trace.link_bench import interpolate_ms
 
-DEFAULT_GEMM_CURVE = ("datasheet-gemm-1: gemm_efficiency x K / (K + gemm_k_half) of the datasheet peak, tile and wave "
-                      "quantized, at least bytes / (memory_efficiency x datasheet bandwidth)")
+DEFAULT_GEMM_CURVE = (
+    "datasheet-gemm-1: gemm_efficiency x K / (K + gemm_k_half) of the datasheet peak, tile and wave "
+    "quantized, at least bytes / (memory_efficiency x datasheet bandwidth)"
+)
 DEFAULT_MEMORY_CURVE = "datasheet-memory-1: kernel_latency_us + bytes / (memory_efficiency x datasheet bandwidth)"
 
 TILES_16BIT = ((256, 128), (128, 256), (128, 128))
@@ -97,8 +99,10 @@ def peak_flops_per_s(device: DeviceSpec, dtype: str) -> float:
         return float(given)
     if dtype == "fp8":
         if device.type not in FP8_PEAK_FALLBACK:
-            raise ValueError(f"device {device.type!r} has no FP8 tensor cores (no peak_fp8_flops_per_s in the catalog "
-                             f"and not one of {', '.join(FP8_PEAK_FALLBACK)}): an FP8 launch cannot run on it")
+            raise ValueError(
+                f"device {device.type!r} has no FP8 tensor cores (no peak_fp8_flops_per_s in the catalog "
+                f"and not one of {', '.join(FP8_PEAK_FALLBACK)}): an FP8 launch cannot run on it"
+            )
         return 2.0 * float(device.peak_bf16_flops_per_s)
     return float(device.peak_bf16_flops_per_s)
 
@@ -129,8 +133,9 @@ class Priced:
     source: str = ""  # the table or the default curve
 
 
-def _tile_and_waves(m: int, n: int, k: int, batch: int, sms: int | None, tiles: tuple[tuple[int, int], ...]
-                    ) -> tuple[float, tuple[int, int] | None, int | None]:
+def _tile_and_waves(
+    m: int, n: int, k: int, batch: int, sms: int | None, tiles: tuple[tuple[int, int], ...]
+) -> tuple[float, tuple[int, int] | None, int | None]:
     """(FLOPs the SMs spend, tile, waves): whole tiles in whole waves over the SMs, the tile with the fewest."""
     if not sms:
         return 2.0 * batch * m * n * k, None, None
@@ -187,14 +192,22 @@ class Pricer:
         return value
 
     def gemm(self, kernel: Kernel) -> Priced:
-        spent, tile, waves = _tile_and_waves(kernel.m, kernel.n, kernel.k, kernel.batch, self.sms,
-                                             self._tiles(kernel.dtype))
+        spent, tile, waves = _tile_and_waves(
+            kernel.m, kernel.n, kernel.k, kernel.batch, self.sms, self._tiles(kernel.dtype)
+        )
         peak_per_ms = peak_flops_per_s(self.device, kernel.dtype) / 1e3
         measured = self._measured_efficiency(kernel.dtype, kernel.m, kernel.n, kernel.k)
         if measured is not None:
             ms = spent / (peak_per_ms * measured)
-            return Priced(kernel, ms, "gemm table", kernel.flops / (peak_per_ms * ms), waves, tile,
-                          f"GEMM table of {self.device.type} ({self.tables.source if self.tables else ''})")
+            return Priced(
+                kernel,
+                ms,
+                "gemm table",
+                kernel.flops / (peak_per_ms * ms),
+                waves,
+                tile,
+                f"GEMM table of {self.device.type} ({self.tables.source if self.tables else ''})",
+            )
         efficiency = self.rates.gemm_efficiency * kernel.k / (kernel.k + self.rates.gemm_k_half)
         compute_ms = spent / (peak_per_ms * efficiency)
         memory_ms = kernel.bytes / self._bandwidth_bytes_per_ms()
@@ -202,8 +215,9 @@ class Pricer:
         return Priced(kernel, ms, bound, kernel.flops / (peak_per_ms * ms), waves, tile, DEFAULT_GEMM_CURVE)
 
     def attention(self, kernel: Kernel) -> Priced:
-        efficiency = (self.rates.flash_backward_efficiency if kernel.phase == DGRAD
-                      else self.rates.flash_forward_efficiency)
+        efficiency = (
+            self.rates.flash_backward_efficiency if kernel.phase == DGRAD else self.rates.flash_forward_efficiency
+        )
         peak_per_ms = peak_flops_per_s(self.device, kernel.dtype) / 1e3
         waves = None
         share = 1.0
@@ -214,8 +228,15 @@ class Pricer:
         compute_ms = kernel.flops / (peak_per_ms * efficiency * share)
         memory_ms = kernel.bytes / self._bandwidth_bytes_per_ms()
         ms, bound = (compute_ms, "compute") if compute_ms >= memory_ms else (memory_ms, "memory")
-        return Priced(kernel, ms, bound, kernel.flops / (peak_per_ms * ms), waves, None,
-                      "flash_forward_efficiency / flash_backward_efficiency of the datasheet peak")
+        return Priced(
+            kernel,
+            ms,
+            bound,
+            kernel.flops / (peak_per_ms * ms),
+            waves,
+            None,
+            "flash_forward_efficiency / flash_backward_efficiency of the datasheet peak",
+        )
 
     def memory(self, kernel: Kernel) -> Priced:
         points: tuple[tuple[float, float], ...] = ()
@@ -225,13 +246,23 @@ class Pricer:
         if points:
             ms = points[0][1] if kernel.bytes <= points[0][0] else interpolate_ms(points, kernel.bytes)
             which = kernel.kind if self.tables and self.tables.memory_points(kernel.kind) else "copy"
-            return Priced(kernel, ms, "memory table", kernel.bytes / (datasheet * ms) if ms > 0 else None,
-                          source=f"memory table of {self.device.type}, {which} rows")
+            return Priced(
+                kernel,
+                ms,
+                "memory table",
+                kernel.bytes / (datasheet * ms) if ms > 0 else None,
+                source=f"memory table of {self.device.type}, {which} rows",
+            )
         latency_ms = self.rates.kernel_latency_us / 1e3
         stream_ms = kernel.bytes / self._bandwidth_bytes_per_ms()
         ms = latency_ms + stream_ms
-        return Priced(kernel, ms, "memory" if stream_ms >= latency_ms else "latency",
-                      kernel.bytes / (datasheet * ms) if ms > 0 else None, source=DEFAULT_MEMORY_CURVE)
+        return Priced(
+            kernel,
+            ms,
+            "memory" if stream_ms >= latency_ms else "latency",
+            kernel.bytes / (datasheet * ms) if ms > 0 else None,
+            source=DEFAULT_MEMORY_CURVE,
+        )
 
     def price(self, kernel: Kernel) -> Priced:
         if kernel.op == GEMM:
@@ -248,6 +279,7 @@ class Pricer:
         """Where this device's GEMM and memory-kernel prices come from: its tables or the default curves."""
         has_gemm = bool(self.tables and self.tables.gemm)
         has_memory = bool(self.tables and self.tables.memory)
-        return {"gemm": f"GEMM table ({self.tables.source})" if has_gemm and self.tables else DEFAULT_GEMM_CURVE,
-                "memory": f"memory table ({self.tables.source})" if has_memory and self.tables
-                else DEFAULT_MEMORY_CURVE}
+        return {
+            "gemm": f"GEMM table ({self.tables.source})" if has_gemm and self.tables else DEFAULT_GEMM_CURVE,
+            "memory": f"memory table ({self.tables.source})" if has_memory and self.tables else DEFAULT_MEMORY_CURVE,
+        }

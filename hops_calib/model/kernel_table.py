@@ -50,10 +50,23 @@ class KernelRow:
     source: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kernel": self.name, "phase": self.phase, "op": self.op, "kind": self.kind, "shape": self.shape,
-                "dtype": self.dtype, "count": self.count, "flops": self.flops, "bytes": self.bytes, "ms": self.ms,
-                "total_ms": self.ms * self.count, "bound": self.bound, "efficiency": self.efficiency,
-                "waves": self.waves, "source": self.source}
+        return {
+            "kernel": self.name,
+            "phase": self.phase,
+            "op": self.op,
+            "kind": self.kind,
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "count": self.count,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "ms": self.ms,
+            "total_ms": self.ms * self.count,
+            "bound": self.bound,
+            "efficiency": self.efficiency,
+            "waves": self.waves,
+            "source": self.source,
+        }
 
 
 @dataclass(frozen=True)
@@ -69,11 +82,16 @@ class KernelTable:
         return sum(r.ms * r.count for r in self.rows if r.phase == phase and (r.op == COLLECTIVE) == collectives)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "device": self.device, "layers": self.layers,
-                "totals_ms": {phase: self.total_ms(phase) for phase in PHASES},
-                "collectives_ms": {phase: self.total_ms(phase, collectives=True) for phase in PHASES},
-                "launches": sum(r.count for r in self.rows), "notes": list(self.notes),
-                "kernels": [r.to_dict() for r in self.rows]}
+        return {
+            "stage": self.stage,
+            "device": self.device,
+            "layers": self.layers,
+            "totals_ms": {phase: self.total_ms(phase) for phase in PHASES},
+            "collectives_ms": {phase: self.total_ms(phase, collectives=True) for phase in PHASES},
+            "launches": sum(r.count for r in self.rows),
+            "notes": list(self.notes),
+            "kernels": [r.to_dict() for r in self.rows],
+        }
 
 
 def slowest_stage(model: Model, spec: Spec) -> int:
@@ -93,12 +111,16 @@ def pricing_notes(model: Model, spec: Spec) -> list[str]:
     for device_type in sorted(set(spec.devices)):
         sources = pricer_of(spec, model.device(device_type), active.params()).sources()
         if spec.components(device_type) is None or Term.value(active.params(), "use_tables", device_type) != 1.0:
-            notes.append(f"{device_type} has no component tables here: decoder_kernels prices its GEMMs from its "
-                         f"datasheet by the default curve {sources['gemm']}, its memory-bound kernels by "
-                         f"{sources['memory']} (`hops-calib bench` measures a machine's tables)")
+            notes.append(
+                f"{device_type} has no component tables here: decoder_kernels prices its GEMMs from its "
+                f"datasheet by the default curve {sources['gemm']}, its memory-bound kernels by "
+                f"{sources['memory']} (`hops-calib bench` measures a machine's tables)"
+            )
         else:
-            notes.append(f"{device_type}: GEMMs priced from the {sources['gemm']}; memory-bound kernels from the "
-                         f"{sources['memory']}")
+            notes.append(
+                f"{device_type}: GEMMs priced from the {sources['gemm']}; memory-bound kernels from the "
+                f"{sources['memory']}"
+            )
     return notes
 
 
@@ -112,54 +134,110 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
     term = TERMS["decoder_kernels"]
     active = model.active("decoder_kernels")
     params = active.params() if active else term.defaults()
-    notes = [] if active else [("the model does not activate decoder_kernels: the table prices with the term's "
-                                "defaults (datasheet curves); the stage's predicted times come from the model's own "
-                                "terms")]
+    notes = (
+        []
+        if active
+        else [
+            (
+                "the model does not activate decoder_kernels: the table prices with the term's "
+                "defaults (datasheet curves); the stage's predicted times come from the model's own "
+                "terms"
+            )
+        ]
+    )
     rank = layout.rank_of(stage)
     device = model.device(spec.devices[rank])
     pricer = pricer_of(spec, device, params)
     comm = model.active("tensor_parallel_comm")
     comm_params = comm.params() if comm else TERMS["tensor_parallel_comm"].defaults()
     rates = _rates(model.context(spec), comm_params, device.type)
-    kernels = stage_kernels(spec.model, kernel_settings(spec), layout.layers[stage], first=stage == 0,
-                            last=stage == layout.virtual_stages - 1)
+    kernels = stage_kernels(
+        spec.model,
+        kernel_settings(spec),
+        layout.layers[stage],
+        first=stage == 0,
+        last=stage == layout.virtual_stages - 1,
+    )
     rows = []
     for kernel, count in kernels.rows():
         if not count:
             continue
         if kernel.op == COLLECTIVE:
             ms = collective_ms(spec, device, kernel.kind, kernel.bytes, kernel.group or "tp", stage=rank, **rates)
-            rows.append(KernelRow(kernel.name, kernel.phase, kernel.op, kernel.kind, "", kernel.dtype, count, 0.0,
-                                  kernel.bytes, ms, "overlapped collective" if kernel.overlapped else "collective",
-                                  None, None, "tensor_parallel_comm (the node's all-reduce table, else the ring)"))
+            rows.append(
+                KernelRow(
+                    kernel.name,
+                    kernel.phase,
+                    kernel.op,
+                    kernel.kind,
+                    "",
+                    kernel.dtype,
+                    count,
+                    0.0,
+                    kernel.bytes,
+                    ms,
+                    "overlapped collective" if kernel.overlapped else "collective",
+                    None,
+                    None,
+                    "tensor_parallel_comm (the node's all-reduce table, else the ring)",
+                )
+            )
             continue
         priced = pricer.price(kernel)
-        rows.append(KernelRow(kernel.name, kernel.phase, kernel.op, kernel.kind, kernel.shape, kernel.dtype, count,
-                              kernel.flops, kernel.bytes, priced.ms, priced.bound, priced.efficiency, priced.waves,
-                              priced.source))
+        rows.append(
+            KernelRow(
+                kernel.name,
+                kernel.phase,
+                kernel.op,
+                kernel.kind,
+                kernel.shape,
+                kernel.dtype,
+                count,
+                kernel.flops,
+                kernel.bytes,
+                priced.ms,
+                priced.bound,
+                priced.efficiency,
+                priced.waves,
+                priced.source,
+            )
+        )
     notes += pricing_notes(model, spec) if active else []
     for phase in (FORWARD, DGRAD):
         exposed = cp_ring_exposed_ms(rows, phase)
         if exposed is not None:
-            notes.append(f"context parallelism ({phase}): the KV exchanges run under the attention steps; "
-                         f"{exposed:.4f} ms per layer stays exposed (each exchange past its step's attention)")
+            notes.append(
+                f"context parallelism ({phase}): the KV exchanges run under the attention steps; "
+                f"{exposed:.4f} ms per layer stays exposed (each exchange past its step's attention)"
+            )
     if tp_comm_overlap(spec) and layout.layers[stage]:
         hidden = hidden_bytes(spec)
         peak = peak_flops_per_s(device, "fp8" if kernel_settings(spec).fp8 else "bf16") / 1e3
-        overlap_ms = {phase: sum(overlap_exposed_ms(collective_ms(spec, device, op, hidden, "tp", stage=rank, **rates),
-                                                 flops / peak, method, spec.tp) for op, flops, method in pairs)
-                   for phase, pairs in tp_overlap_pairs(spec).items()}
-        notes.append(f"--tp-comm-overlap: the layers' collectives run under their GEMMs (TE's userbuffers); "
-                     f"tensor_parallel_comm prices {overlap_ms['FORWARD']:.4f} ms forward and "
-                     f"{overlap_ms['BACKWARD']:.4f} ms backward per layer as exposed, not the rows' whole times")
+        overlap_ms = {
+            phase: sum(
+                overlap_exposed_ms(
+                    collective_ms(spec, device, op, hidden, "tp", stage=rank, **rates), flops / peak, method, spec.tp
+                )
+                for op, flops, method in pairs
+            )
+            for phase, pairs in tp_overlap_pairs(spec).items()
+        }
+        notes.append(
+            f"--tp-comm-overlap: the layers' collectives run under their GEMMs (TE's userbuffers); "
+            f"tensor_parallel_comm prices {overlap_ms['FORWARD']:.4f} ms forward and "
+            f"{overlap_ms['BACKWARD']:.4f} ms backward per layer as exposed, not the rows' whole times"
+        )
     casts = fp8_weight_kernels(spec.model, kernel_settings(spec))
     if casts and layout.layers[stage]:
         ms = layout.layers[stage] * sum(pricer.price(k).ms for k in casts)
-        notes.append(f"FP8: the {len(casts)} linear weights of each layer are cast to FP8 with their transpose once "
-                     f"per iteration (TE caches them from the first microbatch): {ms:.3f} ms per iteration for the "
-                     "stage, not in the per-microbatch rows")
-    return KernelTable(stage=stage, device=device.type, layers=layout.layers[stage], rows=tuple(rows),
-                       notes=tuple(notes))
+        notes.append(
+            f"FP8: the {len(casts)} linear weights of each layer are cast to FP8 with their transpose once "
+            f"per iteration (TE caches them from the first microbatch): {ms:.3f} ms per iteration for the "
+            "stage, not in the per-microbatch rows"
+        )
+    return KernelTable(
+        stage=stage, device=device.type, layers=layout.layers[stage], rows=tuple(rows), notes=tuple(notes)
+    )
 
 
 def cp_ring_exposed_ms(rows: list[KernelRow] | tuple[KernelRow, ...], phase: str) -> float | None:
@@ -171,5 +249,3 @@ def cp_ring_exposed_ms(rows: list[KernelRow] | tuple[KernelRow, ...], phase: str
     if not exchanges:
         return None
     return sum(max(0.0, x - s) for x, s in zip(exchanges, steps))
-
-

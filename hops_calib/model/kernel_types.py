@@ -113,8 +113,9 @@ def fp8_format(args: Mapping[str, Any]) -> str:
     return ""
 
 
-def settings_from_args(args: Mapping[str, Any], *, softmax_fused: bool,
-                       gradient_accumulation_fusion: bool) -> KernelSettings:
+def settings_from_args(
+    args: Mapping[str, Any], *, softmax_fused: bool, gradient_accumulation_fusion: bool
+) -> KernelSettings:
     """The kernel settings of a launch's arguments (Megatron's `args.` spelling), Megatron-LM's defaults where a
     setting is absent (`megatron/training/arguments.py`: --transformer-impl transformer_engine, the bias, bias-GeLU,
     bias-SwiGLU, bias-dropout and RoPE fusions on, dropouts 0.1). Whether the fused softmax runs and whether weight
@@ -154,8 +155,21 @@ class _Builder:
         self.dtype = shape.precision
         self.kernels: list[Kernel] = []
 
-    def gemm(self, name: str, m: int, n: int, k: int, *, batch: int = 1, source: str, accumulate_fp32: bool = False,
-             core: bool = False, model_share: float = 1.0, phase: str | None = None, fp8: bool = False) -> None:
+    def gemm(
+        self,
+        name: str,
+        m: int,
+        n: int,
+        k: int,
+        *,
+        batch: int = 1,
+        source: str,
+        accumulate_fp32: bool = False,
+        core: bool = False,
+        model_share: float = 1.0,
+        phase: str | None = None,
+        fp8: bool = False,
+    ) -> None:
         """A GEMM of (m x k) by (k x n): 2mnk FLOPs (x batch); reads A and B, writes C (with `accumulate_fp32`,
         reads and writes the fp32 main gradient instead: `wgrad_gemm_accum_fp32`). `model_share`: the part of
         its FLOPs Megatron's count credits (1/2 for the causal score and context products). `fp8`: A and B in FP8
@@ -163,21 +177,66 @@ class _Builder:
         flops = 2.0 * batch * m * n * k
         out = 2 * FP32 if accumulate_fp32 else self.e
         operand = FP8_BYTES if fp8 else self.e
-        self.kernels.append(Kernel(name, GEMM, phase or self.phase, dtype="fp8" if fp8 else self.dtype, m=m, n=n, k=k,
-                                   batch=batch, flops=flops, model_flops=flops * model_share,
-                                   bytes=float(batch * (m * k + k * n) * operand + batch * m * n * out),
-                                   core_attention=core, source=source))
+        self.kernels.append(
+            Kernel(
+                name,
+                GEMM,
+                phase or self.phase,
+                dtype="fp8" if fp8 else self.dtype,
+                m=m,
+                n=n,
+                k=k,
+                batch=batch,
+                flops=flops,
+                model_flops=flops * model_share,
+                bytes=float(batch * (m * k + k * n) * operand + batch * m * n * out),
+                core_attention=core,
+                source=source,
+            )
+        )
 
-    def memory(self, name: str, kind: str, nbytes: float, *, source: str, core: bool = False,
-               phase: str | None = None) -> None:
-        self.kernels.append(Kernel(name, MEMORY, phase or self.phase, kind=kind, dtype=self.dtype,
-                                   bytes=float(nbytes), core_attention=core, source=source))
+    def memory(
+        self, name: str, kind: str, nbytes: float, *, source: str, core: bool = False, phase: str | None = None
+    ) -> None:
+        self.kernels.append(
+            Kernel(
+                name,
+                MEMORY,
+                phase or self.phase,
+                kind=kind,
+                dtype=self.dtype,
+                bytes=float(nbytes),
+                core_attention=core,
+                source=source,
+            )
+        )
 
-    def collective(self, name: str, op: str, nbytes: float, *, source: str, overlapped: bool = False,
-                   phase: str | None = None, group: str = "tp", dtype: str = "") -> None:
+    def collective(
+        self,
+        name: str,
+        op: str,
+        nbytes: float,
+        *,
+        source: str,
+        overlapped: bool = False,
+        phase: str | None = None,
+        group: str = "tp",
+        dtype: str = "",
+    ) -> None:
         if group != "tp" or max(1, self.shape.tensor_parallel) > 1:
-            self.kernels.append(Kernel(name, COLLECTIVE, phase or self.phase, kind=op, dtype=dtype or self.dtype,
-                                       bytes=float(nbytes), group=group, overlapped=overlapped, source=source))
+            self.kernels.append(
+                Kernel(
+                    name,
+                    COLLECTIVE,
+                    phase or self.phase,
+                    kind=op,
+                    dtype=dtype or self.dtype,
+                    bytes=float(nbytes),
+                    group=group,
+                    overlapped=overlapped,
+                    source=source,
+                )
+            )
 
 
 @dataclass(frozen=True)
@@ -212,10 +271,19 @@ class _Dims:
 def _dims(shape: ModelShape) -> _Dims:
     t = max(1, int(shape.tensor_parallel))
     tokens = gpt.local_tokens(shape)  # s / cp x b under context parallelism
-    return _Dims(t=t, tokens=tokens, local=tokens // t if shape.sequence_parallel else tokens,
-                 h=shape.hidden_size, head=shape.hidden_size // shape.num_attention_heads,
-                 heads=shape.num_attention_heads // t, groups=shape.kv_heads // t, ffn=shape.ffn_hidden_size // t,
-                 s=shape.seq_length, b=shape.micro_batch_size, cp=max(1, int(shape.context_parallel)))
+    return _Dims(
+        t=t,
+        tokens=tokens,
+        local=tokens // t if shape.sequence_parallel else tokens,
+        h=shape.hidden_size,
+        head=shape.hidden_size // shape.num_attention_heads,
+        heads=shape.num_attention_heads // t,
+        groups=shape.kv_heads // t,
+        ffn=shape.ffn_hidden_size // t,
+        s=shape.seq_length,
+        b=shape.micro_batch_size,
+        cp=max(1, int(shape.context_parallel)),
+    )
 
 
 _LINEAR = "tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication"
@@ -228,7 +296,9 @@ _ROPE = "models/common/embeddings/rope_utils.py apply_rotary_pos_emb"
 _MAPPINGS = "tensor_parallel/mappings.py"
 _LAYER_TRAFFIC = "experiments/scripts/layer_traffic.py (ATen ops of the local layer, counted)"
 
-_TE_FP8 = "transformer_engine/pytorch/module (TE's quantizers under fp8_autocast; megatron-core fp8_utils.py get_fp8_context)"
+_TE_FP8 = (
+    "transformer_engine/pytorch/module (TE's quantizers under fp8_autocast; megatron-core fp8_utils.py get_fp8_context)"
+)
 
 
 def _fp8(s: KernelSettings) -> bool:

@@ -1,6 +1,8 @@
 """Model room: the kernels of one decoder layer, forward, backward and recomputed (norms, attention, its core and
 its context-parallel exchange, the linear layers, activations, bias-dropout-add, RoPE, FP8 casts), each counted
-from the megatron-core code `kernels` cites. Pure: shapes and settings in, kernels out."""
+from the megatron-core code `kernels` cites. Pure: shapes and settings in, kernels out. One concept over ~600
+lines: a layer's kernel list follows Megatron's forward, backward and recompute code paths one kernel at a time,
+and splitting it would part kernels that one code path launches together."""
 
 from __future__ import annotations
 
@@ -45,16 +47,20 @@ def _norm(b: _Builder, name: str, d: _Dims, backward: bool, te: bool, fp8_out: b
     rms = shape.normalization == "RMSNorm"
     kind = "rmsnorm" if rms else "layernorm"
     stats = d.local * FP32 * (1 if rms else 2)
-    source = ("extensions/transformer_engine.py TELayerNormColumnParallelLinear (TE's norm kernel)" if te
-              else f"{_LAYER} (the spec's norm: FusedLayerNorm / WrappedTorchNorm)")
+    source = (
+        "extensions/transformer_engine.py TELayerNormColumnParallelLinear (TE's norm kernel)"
+        if te
+        else f"{_LAYER} (the spec's norm: FusedLayerNorm / WrappedTorchNorm)"
+    )
     act = d.local * d.h * b.e
     if not backward:
         b.memory(f"{name}", kind, act + (d.local * d.h * FP8_BYTES if fp8_out else act) + stats, source=source)
         return
     b.memory(f"{name}.backward", kind, 3 * act + stats, source=source)
     blocks = d.local // FLASH_BLOCK + 1  # the partial weight gradients, one row per block of tokens, reduced
-    b.memory(f"{name}.weight_grad_reduce", "sum", (1 if rms else 2) * (blocks + 1) * d.h * FP32, source=source,
-             phase=WGRAD)
+    b.memory(
+        f"{name}.weight_grad_reduce", "sum", (1 if rms else 2) * (blocks + 1) * d.h * FP32, source=source, phase=WGRAD
+    )
 
 
 def _bias_dropout_add(b: _Builder, name: str, d: _Dims, s: KernelSettings, backward: bool) -> None:
@@ -97,11 +103,15 @@ def _rope(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) -> None:
         if s.rope_fusion and s.transformer_engine:
             b.memory(f"attention.rope_{tensor}" + (".backward" if backward else ""), "rope", 2 * one, source=_ROPE)
             continue
-        ops = (("mul_sin", 2), ("mul_cos", 2), ("neg", 1), ("cat", 2), ("add", 3)) if backward else (
-            ("neg", 1), ("cat", 2), ("mul_cos", 2), ("mul_sin", 2), ("add", 3), ("cat_pass", 2))
+        ops = (
+            (("mul_sin", 2), ("mul_cos", 2), ("neg", 1), ("cat", 2), ("add", 3))
+            if backward
+            else (("neg", 1), ("cat", 2), ("mul_cos", 2), ("mul_sin", 2), ("add", 3), ("cat_pass", 2))
+        )
         for op, passes in ops:
-            b.memory(f"attention.rope_{tensor}.{op}" + (".backward" if backward else ""), "rope", passes * one,
-                     source=_ROPE)
+            b.memory(
+                f"attention.rope_{tensor}.{op}" + (".backward" if backward else ""), "rope", passes * one, source=_ROPE
+            )
 
 
 def _core_attention(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) -> None:
@@ -129,16 +139,41 @@ def _core_attention(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) ->
         out_bytes = d.tokens * d.q * e
         source = "extensions/transformer_engine.py TEDotProductAttention (flash / cuDNN fused attention)"
         if not backward:
-            b.kernels.append(Kernel("attention.core_flash", ATTENTION, b.phase, dtype=b.dtype, m=d.s, n=d.s,
-                                    k=d.head, batch=batch, flops=executed, model_flops=full * causal,
-                                    bytes=float(qkv_bytes + out_bytes + lse), core_attention=True, source=source))
+            b.kernels.append(
+                Kernel(
+                    "attention.core_flash",
+                    ATTENTION,
+                    b.phase,
+                    dtype=b.dtype,
+                    m=d.s,
+                    n=d.s,
+                    k=d.head,
+                    batch=batch,
+                    flops=executed,
+                    model_flops=full * causal,
+                    bytes=float(qkv_bytes + out_bytes + lse),
+                    core_attention=True,
+                    source=source,
+                )
+            )
             return
         b.memory("attention.core_flash.backward_preprocess", "sum", 2 * out_bytes + lse, source=source)
-        b.kernels.append(Kernel("attention.core_flash.backward", ATTENTION, b.phase, dtype=b.dtype, m=d.s, n=d.s,
-                                k=d.head, batch=batch, flops=executed * FLASH_BACKWARD_PRODUCTS,
-                                model_flops=2 * full * causal,
-                                bytes=float(2 * qkv_bytes + 2 * out_bytes + lse + d.tokens * d.q * 2 * FP32),
-                                source=source))
+        b.kernels.append(
+            Kernel(
+                "attention.core_flash.backward",
+                ATTENTION,
+                b.phase,
+                dtype=b.dtype,
+                m=d.s,
+                n=d.s,
+                k=d.head,
+                batch=batch,
+                flops=executed * FLASH_BACKWARD_PRODUCTS,
+                model_flops=2 * full * causal,
+                bytes=float(2 * qkv_bytes + 2 * out_bytes + lse + d.tokens * d.q * 2 * FP32),
+                source=source,
+            )
+        )
         return
     scores = batch * d.s * d.s * e
     mask = d.s * d.s * MASK_BYTES
@@ -148,33 +183,68 @@ def _core_attention(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) ->
         if repeat > 1:
             for tensor in ("k", "v"):
                 b.memory(f"attention.repeat_{tensor}", "copy", d.tokens * (d.kv + d.q) * e, source=_CORE, core=True)
-        b.gemm("attention.scores", d.s, d.s, d.head, batch=batch, source=f"{_CORE} (baddbmm)", core=True,
-               model_share=causal)
+        b.gemm(
+            "attention.scores",
+            d.s,
+            d.s,
+            d.head,
+            batch=batch,
+            source=f"{_CORE} (baddbmm)",
+            core=True,
+            model_share=causal,
+        )
         if s.softmax_fused:
-            b.memory("attention.softmax", "softmax", 2 * scores, source=f"{_SOFTMAX} (ScaledUpperTriangMaskedSoftmax)",
-                     core=True)
+            b.memory(
+                "attention.softmax",
+                "softmax",
+                2 * scores,
+                source=f"{_SOFTMAX} (ScaledUpperTriangMaskedSoftmax)",
+                core=True,
+            )
         else:
             if s.softmax_in_fp32:
                 b.memory("attention.softmax_cast", "copy", scores + score_fp32, source=_SOFTMAX, core=True)
             width = score_fp32 if s.softmax_in_fp32 else scores
-            b.memory("attention.mask", "masked_fill", 2 * width + mask, source=f"{_SOFTMAX}.forward_torch_softmax",
-                     core=True)
+            b.memory(
+                "attention.mask", "masked_fill", 2 * width + mask, source=f"{_SOFTMAX}.forward_torch_softmax", core=True
+            )
             b.memory("attention.softmax", "softmax", 2 * width, source=f"{_SOFTMAX}.forward_torch_softmax", core=True)
             if s.softmax_in_fp32:
                 b.memory("attention.softmax_cast_back", "copy", scores + score_fp32, source=_SOFTMAX, core=True)
         if s.dropout("attention"):
-            b.memory("attention.dropout", "dropout", 2 * scores + batch * d.s * d.s * MASK_BYTES, source=_CORE,
-                     core=True)
-        b.gemm("attention.context", d.s, d.head, d.s, batch=batch, source=f"{_CORE} (bmm)", core=True,
-               model_share=causal)
-        b.memory("attention.context_layout", "copy", 2 * d.tokens * d.q * e, source=f"{_CORE} (permute().contiguous())",
-                 core=True)
+            b.memory(
+                "attention.dropout", "dropout", 2 * scores + batch * d.s * d.s * MASK_BYTES, source=_CORE, core=True
+            )
+        b.gemm(
+            "attention.context", d.s, d.head, d.s, batch=batch, source=f"{_CORE} (bmm)", core=True, model_share=causal
+        )
+        b.memory(
+            "attention.context_layout",
+            "copy",
+            2 * d.tokens * d.q * e,
+            source=f"{_CORE} (permute().contiguous())",
+            core=True,
+        )
         return
     # backward, in autograd's order: the context product's two gradients, dropout, softmax, the scores' two
-    b.gemm("attention.context.grad_probs", d.s, d.s, d.head, batch=batch, source=f"{_CORE} (bmm backward)",
-           model_share=causal)
-    b.gemm("attention.context.grad_value", d.s, d.head, d.s, batch=batch, source=f"{_CORE} (bmm backward)",
-           model_share=causal)
+    b.gemm(
+        "attention.context.grad_probs",
+        d.s,
+        d.s,
+        d.head,
+        batch=batch,
+        source=f"{_CORE} (bmm backward)",
+        model_share=causal,
+    )
+    b.gemm(
+        "attention.context.grad_value",
+        d.s,
+        d.head,
+        d.s,
+        batch=batch,
+        source=f"{_CORE} (bmm backward)",
+        model_share=causal,
+    )
     if s.dropout("attention"):
         b.memory("attention.dropout_backward", "dropout", 2 * scores + batch * d.s * d.s * MASK_BYTES, source=_CORE)
     if s.softmax_fused:
@@ -188,10 +258,24 @@ def _core_attention(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) ->
             b.memory(f"attention.mask_backward.copy_{copy + 1}", "copy", 2 * width, source=source)
         b.memory("attention.mask_backward.clone", "copy", 2 * width, source=source)
         b.memory("attention.mask_backward", "masked_fill", 2 * width + mask, source=source)
-    b.gemm("attention.scores.grad_query", d.s, d.head, d.s, batch=batch, source=f"{_CORE} (baddbmm backward)",
-           model_share=causal)
-    b.gemm("attention.scores.grad_key", d.s, d.head, d.s, batch=batch, source=f"{_CORE} (baddbmm backward)",
-           model_share=causal)
+    b.gemm(
+        "attention.scores.grad_query",
+        d.s,
+        d.head,
+        d.s,
+        batch=batch,
+        source=f"{_CORE} (baddbmm backward)",
+        model_share=causal,
+    )
+    b.gemm(
+        "attention.scores.grad_key",
+        d.s,
+        d.head,
+        d.s,
+        batch=batch,
+        source=f"{_CORE} (baddbmm backward)",
+        model_share=causal,
+    )
     for tensor, width in (("q", d.q), ("k", d.q)):  # alpha's gradient, on the repeated keys' gradient before the sum
         b.memory(f"attention.scale_grad_{tensor}", "scale", 2 * d.tokens * width * e, source=f"{_CORE} (baddbmm alpha)")
     if repeat > 1:
@@ -248,8 +332,11 @@ def _context_parallel_attention(b: _Builder, d: _Dims, s: KernelSettings, backwa
     comm = s.cp_comm_type
     step_model = 2.0 * chunk * chunk * per_entry  # Megatron's count per step: 2c^2 entries
     diagonal = float(min(FLASH_BLOCK, chunk) * chunk) * per_entry  # step 0's causal blocks run their diagonal whole
-    functions = {"p2p": "AttnFuncWithCPAndKVP2P", "a2a": "AttnFuncWithCPAndQKVOA2A",
-                 "allgather": "AttnFuncWithCPAndKVAllGather"}
+    functions = {
+        "p2p": "AttnFuncWithCPAndKVP2P",
+        "a2a": "AttnFuncWithCPAndQKVOA2A",
+        "allgather": "AttnFuncWithCPAndKVAllGather",
+    }
     source = f"{_TE_CP} ({functions.get(comm, comm)})"
     factor, model_factor = (FLASH_BACKWARD_PRODUCTS, 2.0) if backward else (1.0, 1.0)
     name = "attention.core_flash" + (".backward" if backward else "")
@@ -257,46 +344,116 @@ def _context_parallel_attention(b: _Builder, d: _Dims, s: KernelSettings, backwa
         b.memory("attention.core_flash.backward_preprocess", "sum", 2 * out_bytes + lse, source=source)
     if comm == "a2a":
         tag = "backward" if backward else "forward"
-        b.collective(f"attention.cp_a2a_{'grad_output' if backward else 'qkv'}", "all_to_all",
-                     out_bytes if backward else q_bytes + kv_bytes, group="cp", source=source)
+        b.collective(
+            f"attention.cp_a2a_{'grad_output' if backward else 'qkv'}",
+            "all_to_all",
+            out_bytes if backward else q_bytes + kv_bytes,
+            group="cp",
+            source=source,
+        )
         heads = batch // cp
         full = 4.0 * heads * d.head * d.s * d.s
-        b.kernels.append(Kernel(name, ATTENTION, b.phase, dtype=b.dtype, m=d.s, n=d.s, k=d.head, batch=heads,
-                                flops=full * 0.5 * (1 + min(FLASH_BLOCK, d.s) / d.s) * factor,
-                                model_flops=full * 0.5 * model_factor, bytes=float(2 * (q_bytes + kv_bytes)),
-                                core_attention=not backward, source=source))
-        b.collective(f"attention.cp_a2a_{'grad_qkv' if backward else 'output'}", "all_to_all",
-                     q_bytes + kv_bytes if backward else out_bytes, group="cp", source=f"{source} ({tag})")
+        b.kernels.append(
+            Kernel(
+                name,
+                ATTENTION,
+                b.phase,
+                dtype=b.dtype,
+                m=d.s,
+                n=d.s,
+                k=d.head,
+                batch=heads,
+                flops=full * 0.5 * (1 + min(FLASH_BLOCK, d.s) / d.s) * factor,
+                model_flops=full * 0.5 * model_factor,
+                bytes=float(2 * (q_bytes + kv_bytes)),
+                core_attention=not backward,
+                source=source,
+            )
+        )
+        b.collective(
+            f"attention.cp_a2a_{'grad_qkv' if backward else 'output'}",
+            "all_to_all",
+            q_bytes + kv_bytes if backward else out_bytes,
+            group="cp",
+            source=f"{source} ({tag})",
+        )
         return
     if comm == "allgather":
         if not backward:
             b.collective("attention.cp_kv_all_gather", "all_gather", kv_bytes * cp, group="cp", source=source)
         flops = (cp * step_model + diagonal) * factor
-        b.kernels.append(Kernel(name, ATTENTION, b.phase, dtype=b.dtype, m=d.s // cp, n=d.s, k=d.head, batch=batch,
-                                flops=flops, model_flops=cp * step_model * model_factor,
-                                bytes=float(q_bytes + kv_bytes * cp + out_bytes + lse), core_attention=not backward,
-                                source=source))
+        b.kernels.append(
+            Kernel(
+                name,
+                ATTENTION,
+                b.phase,
+                dtype=b.dtype,
+                m=d.s // cp,
+                n=d.s,
+                k=d.head,
+                batch=batch,
+                flops=flops,
+                model_flops=cp * step_model * model_factor,
+                bytes=float(q_bytes + kv_bytes * cp + out_bytes + lse),
+                core_attention=not backward,
+                source=source,
+            )
+        )
         if backward:
-            b.collective("attention.cp_kv_grad_reduce_scatter", "reduce_scatter", kv_bytes * cp, group="cp",
-                         source=source)
+            b.collective(
+                "attention.cp_kv_grad_reduce_scatter", "reduce_scatter", kv_bytes * cp, group="cp", source=source
+            )
         return
     for step in range(cp):
         if step < cp - 1:  # the next step's KV (with its gradient in the backward) travels under this step
-            b.collective(f"attention.cp_kv_exchange.step{step}", "send_recv", kv_bytes * (2 if backward else 1),
-                         group="cp", overlapped=True, source=source)
-        b.kernels.append(Kernel(f"{name}.cp_step{step}", ATTENTION, b.phase, dtype=b.dtype, m=d.s // cp,
-                                n=d.s // cp, k=d.head, batch=batch,
-                                flops=(step_model + (diagonal if step == 0 else 0.0)) * factor,
-                                model_flops=step_model * model_factor,
-                                bytes=float(q_bytes + kv_bytes + out_bytes + lse), core_attention=not backward,
-                                source=source))
+            b.collective(
+                f"attention.cp_kv_exchange.step{step}",
+                "send_recv",
+                kv_bytes * (2 if backward else 1),
+                group="cp",
+                overlapped=True,
+                source=source,
+            )
+        b.kernels.append(
+            Kernel(
+                f"{name}.cp_step{step}",
+                ATTENTION,
+                b.phase,
+                dtype=b.dtype,
+                m=d.s // cp,
+                n=d.s // cp,
+                k=d.head,
+                batch=batch,
+                flops=(step_model + (diagonal if step == 0 else 0.0)) * factor,
+                model_flops=step_model * model_factor,
+                bytes=float(q_bytes + kv_bytes + out_bytes + lse),
+                core_attention=not backward,
+                source=source,
+            )
+        )
         if step and not backward:
-            b.memory(f"attention.cp_out_correction.step{step}", "add", 3 * d.tokens * d.q * FP32 + 2 * lse,
-                     source=f"{_TE_CP} (flash_attn_fwd_out_correction)", core=True)
+            b.memory(
+                f"attention.cp_out_correction.step{step}",
+                "add",
+                3 * d.tokens * d.q * FP32 + 2 * lse,
+                source=f"{_TE_CP} (flash_attn_fwd_out_correction)",
+                core=True,
+            )
 
 
-def _linear(b: _Builder, name: str, m_tokens: int, out: int, inp: int, s: KernelSettings, backward: bool, *,
-            bias_fused_in: bool, source: str, norm_fused: bool = False) -> None:
+def _linear(
+    b: _Builder,
+    name: str,
+    m_tokens: int,
+    out: int,
+    inp: int,
+    s: KernelSettings,
+    backward: bool,
+    *,
+    bias_fused_in: bool,
+    source: str,
+    norm_fused: bool = False,
+) -> None:
     """A linear layer's GEMMs: forward (m_tokens x inp) by (inp x out); backward the input gradient and the weight
     gradient, the latter into the fp32 main gradient with gradient-accumulation fusion, else a 16-bit gradient
     that the DDP hook adds into main_grad (reads the gradient and main_grad, writes main_grad: 2 + 4 + 4 bytes per
@@ -321,15 +478,32 @@ def _linear(b: _Builder, name: str, m_tokens: int, out: int, inp: int, s: Kernel
     if fp8:
         _fp8_quantize(b, f"{name}.fp8_cast_grad_output", m_tokens * out, s, phase=DGRAD)
     b.gemm(f"{name}.dgrad", m_tokens, inp, out, source=source, phase=DGRAD, fp8=fp8)
-    b.gemm(f"{name}.wgrad", out, inp, m_tokens, source=source, phase=WGRAD,
-           accumulate_fp32=s.gradient_accumulation_fusion, fp8=fp8 and s.fp8_wgrad)
+    b.gemm(
+        f"{name}.wgrad",
+        out,
+        inp,
+        m_tokens,
+        source=source,
+        phase=WGRAD,
+        accumulate_fp32=s.gradient_accumulation_fusion,
+        fp8=fp8 and s.fp8_wgrad,
+    )
     if not s.gradient_accumulation_fusion:
-        b.memory(f"{name}.main_grad_add", "add", out * inp * (b.e + 2 * FP32),
-                 source="distributed/distributed_data_parallel.py _make_backward_post_hook (main_grad.add_)",
-                 phase=WGRAD)
+        b.memory(
+            f"{name}.main_grad_add",
+            "add",
+            out * inp * (b.e + 2 * FP32),
+            source="distributed/distributed_data_parallel.py _make_backward_post_hook (main_grad.add_)",
+            phase=WGRAD,
+        )
     if s.bias and bias_fused_in and not s.transformer_engine:
-        b.memory(f"{name}.bias_grad", "sum", m_tokens * out * b.e, source=f"{_LINEAR}.backward (grad_output.sum)",
-                 phase=WGRAD)
+        b.memory(
+            f"{name}.bias_grad",
+            "sum",
+            m_tokens * out * b.e,
+            source=f"{_LINEAR}.backward (grad_output.sum)",
+            phase=WGRAD,
+        )
 
 
 def _activation(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) -> None:
@@ -379,27 +553,46 @@ def layer_forward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     # attention block
     _norm(b, "attention.input_norm", d, False, te, fp8_out=fused)
     if sp:
-        b.collective("attention.qkv_all_gather", "all_gather", gathered, source=f"{linear} (sequence parallel input)",
-                     dtype="fp8" if fused else "")
-    _linear(b, "attention.linear_qkv", d.tokens, d.qkv, d.h, s, False, bias_fused_in=True, source=linear,
-            norm_fused=True)
+        b.collective(
+            "attention.qkv_all_gather",
+            "all_gather",
+            gathered,
+            source=f"{linear} (sequence parallel input)",
+            dtype="fp8" if fused else "",
+        )
+    _linear(
+        b, "attention.linear_qkv", d.tokens, d.qkv, d.h, s, False, bias_fused_in=True, source=linear, norm_fused=True
+    )
     _rope(b, d, s, False)
     _core_attention(b, d, s, False)
     _linear(b, "attention.linear_proj", d.tokens, d.h, d.q, s, False, bias_fused_in=False, source=linear)
-    b.collective("attention.proj_" + ("reduce_scatter" if sp else "all_reduce"), "reduce_scatter" if sp else
-                 "all_reduce", hidden, source=f"{_MAPPINGS} (RowParallelLinear output)")
+    b.collective(
+        "attention.proj_" + ("reduce_scatter" if sp else "all_reduce"),
+        "reduce_scatter" if sp else "all_reduce",
+        hidden,
+        source=f"{_MAPPINGS} (RowParallelLinear output)",
+    )
     _bias_dropout_add(b, "attention.bias_dropout_add", d, s, False)
     # MLP block
     _norm(b, "mlp.pre_norm", d, False, te, fp8_out=fused)
     if sp:
-        b.collective("mlp.fc1_all_gather", "all_gather", gathered, source=f"{linear} (sequence parallel input)",
-                     dtype="fp8" if fused else "")
+        b.collective(
+            "mlp.fc1_all_gather",
+            "all_gather",
+            gathered,
+            source=f"{linear} (sequence parallel input)",
+            dtype="fp8" if fused else "",
+        )
     fc1 = d.ffn * (2 if shape.swiglu else 1)
     _linear(b, "mlp.linear_fc1", d.tokens, fc1, d.h, s, False, bias_fused_in=False, source=linear, norm_fused=True)
     _activation(b, d, s, False)
     _linear(b, "mlp.linear_fc2", d.tokens, d.h, d.ffn, s, False, bias_fused_in=False, source=linear)
-    b.collective("mlp.fc2_" + ("reduce_scatter" if sp else "all_reduce"), "reduce_scatter" if sp else "all_reduce",
-                 hidden, source=f"{_MAPPINGS} (RowParallelLinear output)")
+    b.collective(
+        "mlp.fc2_" + ("reduce_scatter" if sp else "all_reduce"),
+        "reduce_scatter" if sp else "all_reduce",
+        hidden,
+        source=f"{_MAPPINGS} (RowParallelLinear output)",
+    )
     _bias_dropout_add(b, "mlp.bias_dropout_add", d, s, False)
     return tuple(b.kernels)
 
@@ -421,30 +614,57 @@ def layer_backward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     _linear(b, "mlp.linear_fc2", d.tokens, d.h, d.ffn, s, True, bias_fused_in=False, source=linear)
     _activation(b, d, s, True)
     if sp:  # the input again, for the weight gradient (asynchronous, under the input-gradient GEMM)
-        b.collective("mlp.fc1_input_all_gather", "all_gather", saved, overlapped=True, source=f"{_LINEAR}.backward",
-                     dtype="fp8" if _fp8(s) else "")
+        b.collective(
+            "mlp.fc1_input_all_gather",
+            "all_gather",
+            saved,
+            overlapped=True,
+            source=f"{_LINEAR}.backward",
+            dtype="fp8" if _fp8(s) else "",
+        )
     _linear(b, "mlp.linear_fc1", d.tokens, fc1, d.h, s, True, bias_fused_in=False, source=linear)
-    b.collective("mlp.fc1_dgrad_" + ("reduce_scatter" if sp else "all_reduce"), "reduce_scatter" if sp else
-                 "all_reduce", hidden, overlapped=True, source=f"{_LINEAR}.backward (async, under the weight gradient)")
+    b.collective(
+        "mlp.fc1_dgrad_" + ("reduce_scatter" if sp else "all_reduce"),
+        "reduce_scatter" if sp else "all_reduce",
+        hidden,
+        overlapped=True,
+        source=f"{_LINEAR}.backward (async, under the weight gradient)",
+    )
     _norm(b, "mlp.pre_norm", d, True, te)
     _residual_grad(b, "mlp.residual_grad_add", d)
     # attention block
     _bias_dropout_add(b, "attention.bias_dropout_add", d, s, True)
     if sp:
-        b.collective("attention.proj_grad_all_gather", "all_gather", hidden,
-                     source=f"{_MAPPINGS} (reduce-scatter backward)")
+        b.collective(
+            "attention.proj_grad_all_gather", "all_gather", hidden, source=f"{_MAPPINGS} (reduce-scatter backward)"
+        )
     _linear(b, "attention.linear_proj", d.tokens, d.h, d.q, s, True, bias_fused_in=False, source=linear)
     _core_attention(b, d, s, True)
     _rope(b, d, s, True)
     if not te:  # the q, k, v gradients concatenated into the fused QKV output's (torch.split's backward)
-        b.memory("attention.qkv_grad_cat", "cat", 2 * d.tokens * d.qkv * b.e, source="transformer/attention.py "
-                 "SelfAttention.get_query_key_value_tensors (split backward)")
+        b.memory(
+            "attention.qkv_grad_cat",
+            "cat",
+            2 * d.tokens * d.qkv * b.e,
+            source="transformer/attention.py SelfAttention.get_query_key_value_tensors (split backward)",
+        )
     if sp:
-        b.collective("attention.qkv_input_all_gather", "all_gather", saved, overlapped=True,
-                     source=f"{_LINEAR}.backward", dtype="fp8" if _fp8(s) else "")
+        b.collective(
+            "attention.qkv_input_all_gather",
+            "all_gather",
+            saved,
+            overlapped=True,
+            source=f"{_LINEAR}.backward",
+            dtype="fp8" if _fp8(s) else "",
+        )
     _linear(b, "attention.linear_qkv", d.tokens, d.qkv, d.h, s, True, bias_fused_in=True, source=linear)
-    b.collective("attention.qkv_dgrad_" + ("reduce_scatter" if sp else "all_reduce"), "reduce_scatter" if sp else
-                 "all_reduce", hidden, overlapped=True, source=f"{_LINEAR}.backward (async, under the weight gradient)")
+    b.collective(
+        "attention.qkv_dgrad_" + ("reduce_scatter" if sp else "all_reduce"),
+        "reduce_scatter" if sp else "all_reduce",
+        hidden,
+        overlapped=True,
+        source=f"{_LINEAR}.backward (async, under the weight gradient)",
+    )
     _norm(b, "attention.input_norm", d, True, te)
     _residual_grad(b, "attention.residual_grad_add", d)
     return tuple(b.kernels)

@@ -42,5 +42,4 @@ def megatron_flops(args: Mapping[str, Any], batch_size: int) -> float:
     expansion = 3 * 2 * 2
     query_ratio = kv_channels * heads / h
     attention = expansion * layers * h * h * ((1 + groups / heads + s / h / 2) * query_ratio)
-    return float(batch_size * s * (expansion * layers * h * ffn * gated + attention
-                                   + 3 * 2 * h * _padded_vocab(args)))
+    return float(batch_size * s * (expansion * layers * h * ffn * gated + attention + 3 * 2 * h * _padded_vocab(args)))

@@ -69,7 +69,7 @@ def fp8_activation_saving(shape: ModelShape) -> float:
 
 
 def fp8_mode(spec: Spec) -> str:
-    """"" (no FP8), "cast" (FP8 GEMMs, 16-bit weights with cached FP8 copies) or "param" (--fp8-param-gather)."""
+    """ "" (no FP8), "cast" (FP8 GEMMs, 16-bit weights with cached FP8 copies) or "param" (--fp8-param-gather)."""
     args = spec.megatron_args
     if not kernels.fp8_format(args) or str(args.get("transformer_impl", "transformer_engine")) != "transformer_engine":
         return ""
@@ -93,8 +93,13 @@ def stored_activation_bytes(shape: ModelShape, layers: int, fp8: bool = False) -
     their inputs in FP8."""
     full = gpt.layer_activation_bytes(shape) - (fp8_activation_saving(shape) if fp8 else 0.0)
     if shape.recompute_granularity == "selective":
-        scores = 0.0 if shape.attention_kernel == "flash" else (
-            5.0 * shape.num_attention_heads * shape.seq_length ** 2 * shape.micro_batch_size / shape.tensor_parallel)
+        scores = (
+            0.0
+            if shape.attention_kernel == "flash"
+            else (
+                5.0 * shape.num_attention_heads * shape.seq_length**2 * shape.micro_batch_size / shape.tensor_parallel
+            )
+        )
         return layers * (full - scores), 0.0
     recomputed = shape.recomputed_layers(layers)
     if not recomputed:
@@ -127,12 +132,27 @@ class StageMemory:
         return self.total_bytes <= self.device_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "total_bytes": self.total_bytes, "headroom_bytes": self.headroom_bytes,
-                "fits": self.fits}
+        return {
+            **asdict(self),
+            "total_bytes": self.total_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "fits": self.fits,
+        }
 
 
-def _stage(shape: ModelShape, layers: int, rank: int, ranks: int, peak_stage_microbatches: float, *,
-           gradient: int, shard: int, device: str = "", device_bytes: float = 0.0, fp8: str = "") -> StageMemory:
+def _stage(
+    shape: ModelShape,
+    layers: int,
+    rank: int,
+    ranks: int,
+    peak_stage_microbatches: float,
+    *,
+    gradient: int,
+    shard: int,
+    device: str = "",
+    device_bytes: float = 0.0,
+    fp8: str = "",
+) -> StageMemory:
     element = gpt.bytes_per_element(shape)
     state = OPTIMIZER_BYTES_FP32 if shape.precision == "fp32" else OPTIMIZER_BYTES_MIXED
     parameters = gpt.stage_parameters(shape, layers, rank == 0, rank == ranks - 1, ranks)
@@ -144,23 +164,43 @@ def _stage(shape: ModelShape, layers: int, rank: int, ranks: int, peak_stage_mic
     activations = peak_stage_microbatches * stored + working
     if rank == ranks - 1:  # one microbatch's fp32 logits over the GPU's V/t vocabulary columns
         activations += LOGIT_BYTES * gpt.local_tokens(shape) * gpt.vocab_per_gpu(shape)
-    return StageMemory(stage=rank, device=device, weights_bytes=weights,
-                       gradients_bytes=parameters * gradient, optimizer_bytes=parameters * state / shard,
-                       activations_bytes=activations, device_bytes=float(device_bytes))
+    return StageMemory(
+        stage=rank,
+        device=device,
+        weights_bytes=weights,
+        gradients_bytes=parameters * gradient,
+        optimizer_bytes=parameters * state / shard,
+        activations_bytes=activations,
+        device_bytes=float(device_bytes),
+    )
 
 
-def stage_memory(spec: Spec, device_bytes: Sequence[float], peak_stage_microbatches: Sequence[float]
-                 ) -> tuple[StageMemory, ...]:
+def stage_memory(
+    spec: Spec, device_bytes: Sequence[float], peak_stage_microbatches: Sequence[float]
+) -> tuple[StageMemory, ...]:
     """Peak memory of one GPU per stage: `device_bytes` its device's memory, `peak_stage_microbatches` the stage
     microbatches of stored activations the schedule holds on the rank at its peak (`SimResult.peak_stage_activations`)."""
     shard = spec.dp * spec.cp if spec.distributed_optimizer else 1  # sharded over the data x context group
-    return tuple(_stage(spec.model, spec.layers_per_stage[rank], rank, spec.pp, peak_stage_microbatches[rank],
-                        gradient=gradient_bytes(spec), shard=shard, device=spec.devices[rank],
-                        device_bytes=device_bytes[rank], fp8=fp8_mode(spec)) for rank in range(spec.pp))
+    return tuple(
+        _stage(
+            spec.model,
+            spec.layers_per_stage[rank],
+            rank,
+            spec.pp,
+            peak_stage_microbatches[rank],
+            gradient=gradient_bytes(spec),
+            shard=shard,
+            device=spec.devices[rank],
+            device_bytes=device_bytes[rank],
+            fp8=fp8_mode(spec),
+        )
+        for rank in range(spec.pp)
+    )
 
 
 def rank_memory_bytes(shape: ModelShape, layers: int, rank: int, ranks: int, peak_stage_microbatches: float) -> float:
     """Peak bytes on one GPU of pipeline rank `rank` of `ranks` holding `layers` decoder layers, with at most
     `peak_stage_microbatches` microbatches' activations of its whole stage in flight (no distributed optimizer)."""
-    return _stage(shape, layers, rank, ranks, peak_stage_microbatches, gradient=_gradient_bytes(shape),
-                  shard=1).total_bytes
+    return _stage(
+        shape, layers, rank, ranks, peak_stage_microbatches, gradient=_gradient_bytes(shape), shard=1
+    ).total_bytes

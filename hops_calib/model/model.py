@@ -63,17 +63,29 @@ def unknown_device_overrides(names: Iterable[str], device_types: Collection[str]
     return [name for name in names if "@" in name and name.partition("@")[2] not in device_types]
 
 
-def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, text: str = "",
-                   table: str | None = None, base: Mapping[str, float] | None = None,
-                   device_types: Collection[str] | None = None) -> ActiveTerm:
+def resolve_params(
+    term_name: str,
+    given: Mapping[str, Any],
+    *,
+    origin: str,
+    text: str = "",
+    table: str | None = None,
+    base: Mapping[str, float] | None = None,
+    device_types: Collection[str] | None = None,
+) -> ActiveTerm:
     """Validate `given` parameter values for a term (unknown names, non-numbers, out of bounds; with
     `device_types`, a per-device value NAME@TYPE for a device type the model does not know).
 
     Parameters not given keep their value in `base`, else the term's default.
     """
     if term_name not in TERMS:
-        raise InputError(origin, f"unknown term {term_name!r}", line=line_of(text, table), field=table or term_name,
-                         hint=f"terms implemented in hops_calib.model.terms: {', '.join(sorted(TERMS))}")
+        raise InputError(
+            origin,
+            f"unknown term {term_name!r}",
+            line=line_of(text, table),
+            field=table or term_name,
+            hint=f"terms implemented in hops_calib.model.terms: {', '.join(sorted(TERMS))}",
+        )
     term = TERMS[term_name]
     values = dict(term.defaults())
     values.update(base or {})
@@ -85,28 +97,47 @@ def resolve_params(term_name: str, given: Mapping[str, Any], *, origin: str, tex
             param = term.param(name)
         except KeyError:
             per_device = [p.name for p in term.params if p.per_device]
-            raise InputError(origin, f"term {term_name!r} has no parameter {name!r}", line=line, field=field,
-                             hint=f"its parameters are {sorted(known) or 'none'}"
-                                  + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else "")
-                             ) from None
+            raise InputError(
+                origin,
+                f"term {term_name!r} has no parameter {name!r}",
+                line=line,
+                field=field,
+                hint=f"its parameters are {sorted(known) or 'none'}"
+                + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""),
+            ) from None
         if device_types is not None and unknown_device_overrides([name], device_types):
             device = name.partition("@")[2]
-            raise InputError(origin, f"{name!r} is a value for device type {device!r}, which the model does not know "
-                             f"(known: {', '.join(sorted(device_types))})", line=line, field=field,
-                             hint="a per-device value (NAME@TYPE) takes a device type of hops_calib/model/devices.toml "
-                                  "or of the model file's [devices]; a value for no device would change nothing")
+            raise InputError(
+                origin,
+                f"{name!r} is a value for device type {device!r}, which the model does not know "
+                f"(known: {', '.join(sorted(device_types))})",
+                line=line,
+                field=field,
+                hint="a per-device value (NAME@TYPE) takes a device type of hops_calib/model/devices.toml "
+                "or of the model file's [devices]; a value for no device would change nothing",
+            )
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise InputError(origin, f"expected a finite number, got {value!r}", line=line, field=field)
         if not param.low <= value <= param.high:
-            raise InputError(origin, f"{value} is outside the plausible range [{param.low}, {param.high}] "
-                             f"({param.unit}: {param.doc})", line=line, field=field)
+            raise InputError(
+                origin,
+                f"{value} is outside the plausible range [{param.low}, {param.high}] ({param.unit}: {param.doc})",
+                line=line,
+                field=field,
+            )
         if param.choices and float(value) not in param.choices:
-            raise InputError(origin, f"{value} is not one of the values {name} takes", line=line, field=field,
-                             hint=f"use one of {', '.join(f'{c:g}' for c in param.choices)} ({param.doc})")
+            raise InputError(
+                origin,
+                f"{value} is not one of the values {name} takes",
+                line=line,
+                field=field,
+                hint=f"use one of {', '.join(f'{c:g}' for c in param.choices)} ({param.doc})",
+            )
         values[name] = float(value)
     overrides = sorted(name for name in values if "@" in name)
-    return ActiveTerm(term, tuple((p.name, values[p.name]) for p in term.params)
-                      + tuple((name, values[name]) for name in overrides))
+    return ActiveTerm(
+        term, tuple((p.name, values[p.name]) for p in term.params) + tuple((name, values[name]) for name in overrides)
+    )
 
 
 @dataclass(frozen=True)
@@ -170,10 +201,13 @@ class Model:
                 devices.append(self.device(device_type))
             except KeyError:
                 # bad input (exit 2), not a bug: a run of a device type the catalog lacks
-                raise InputError(f"spec {spec.run_id}", f"stage {rank} runs on device type {device_type!r}, which "
-                                 f"model {self.name!r} does not know (known: {sorted(d.type for d in self.devices)})",
-                                 field="gpu", hint="add it to hops_calib/model/devices.toml or to the model file's "
-                                 "[devices] with sources") from None
+                raise InputError(
+                    f"spec {spec.run_id}",
+                    f"stage {rank} runs on device type {device_type!r}, which "
+                    f"model {self.name!r} does not know (known: {sorted(d.type for d in self.devices)})",
+                    field="gpu",
+                    hint="add it to hops_calib/model/devices.toml or to the model file's [devices] with sources",
+                ) from None
         # One TCP flow's ceiling is measured once, as the ends' all-reduce term's parameter (the link benchmark's
         # own 64 MiB medians, experiments/CAMPAIGN.md 045); over sockets every connection across nodes is one such
         # flow, so the hops and collectives priced from the NIC share are held under it too.
@@ -199,8 +233,11 @@ class Model:
         for active, part in parts:
             taken = covered.get(active.name)
             if taken is not None and any(taken):
-                zeroed: dict[str, Any] = {field: tuple(0.0 if taken[k] else v for k, v in enumerate(values))
-                                          for field in Contribution.LAYER_FIELDS if (values := getattr(part, field))}
+                zeroed: dict[str, Any] = {
+                    field: tuple(0.0 if taken[k] else v for k, v in enumerate(values))
+                    for field in Contribution.LAYER_FIELDS
+                    if (values := getattr(part, field))
+                }
                 part = replace(part, **zeroed)
             out.append((active, part))
         return out
@@ -210,8 +247,9 @@ class Model:
         context = self.context(spec)
         layout = context.layout
         totals: dict[str, list[float] | None] = dict.fromkeys(Contribution.LENGTHS)
-        layer_work: dict[str, list[float]] = {name: [0.0] * layout.virtual_stages
-                                              for name in ("forward_ms", "backward_ms", "attention_core_ms")}
+        layer_work: dict[str, list[float]] = {
+            name: [0.0] * layout.virtual_stages for name in ("forward_ms", "backward_ms", "attention_core_ms")
+        }
         pre_optimizer_ms = post_optimizer_ms = 0.0
         stall: tuple[str, float, float] | None = None  # (term, ms, probability)
         switches: dict[str, dict[bool, str]] = {name: {} for name in Contribution.SWITCHES}
@@ -222,8 +260,10 @@ class Model:
                     continue
                 expected = getattr(layout, length_name)
                 if len(values) != expected:
-                    raise ValueError(f"term {active.name} gave {len(values)} values of {field} for spec {spec.run_id}; "
-                                     f"expected {expected} (one per {length_name[:-1].replace('_', ' ')})")
+                    raise ValueError(
+                        f"term {active.name} gave {len(values)} values of {field} for spec {spec.run_id}; "
+                        f"expected {expected} (one per {length_name[:-1].replace('_', ' ')})"
+                    )
                 if active.term.scope == "layers" and field in layer_work:
                     layer_work[field] = [a + b for a, b in zip(layer_work[field], values)]
                     continue
@@ -233,32 +273,41 @@ class Model:
             post_optimizer_ms += part.post_optimizer_ms
             if part.stall_probability > 0 and part.stall_ms > 0:
                 if stall is not None:
-                    raise ValueError(f"terms {stall[0]} and {active.name} both price a pre-optimizer stall; the "
-                                     "simulator takes one (merge them into one term)")
+                    raise ValueError(
+                        f"terms {stall[0]} and {active.name} both price a pre-optimizer stall; the "
+                        "simulator takes one (merge them into one term)"
+                    )
                 stall = (active.name, part.stall_ms, part.stall_probability)
             for switch, setters in switches.items():
                 if getattr(part, switch) is not None:
                     setters.setdefault(getattr(part, switch), active.name)
         for switch, setters in switches.items():
             if len(setters) > 1:
-                raise ValueError(f"terms {setters[True]} and {setters[False]} disagree on the simulator switch {switch}")
+                raise ValueError(
+                    f"terms {setters[True]} and {setters[False]} disagree on the simulator switch {switch}"
+                )
 
         def per(field: str) -> list[float]:
             return totals[field] or [0.0] * getattr(layout, Contribution.LENGTHS[field])
 
-        recompute_work, recompute_floor = recomputation(spec, layout, layer_work["forward_ms"],
-                                                        layer_work["attention_core_ms"], per("forward_floor_ms"))
+        recompute_work, recompute_floor = recomputation(
+            spec, layout, layer_work["forward_ms"], layer_work["attention_core_ms"], per("forward_floor_ms")
+        )
         layer_work["backward_ms"] = [b + r for b, r in zip(layer_work["backward_ms"], recompute_work)]
-        floors = {"forward_floor_ms": per("forward_floor_ms"),
-                  "backward_floor_ms": [b + r for b, r in zip(per("backward_floor_ms"), recompute_floor)]}
+        floors = {
+            "forward_floor_ms": per("forward_floor_ms"),
+            "backward_floor_ms": [b + r for b, r in zip(per("backward_floor_ms"), recompute_floor)],
+        }
         # The decoder layers take their GPU work or the host's launch floor under it, whichever is longer.
         for field, floor in (("forward_ms", "forward_floor_ms"), ("backward_ms", "backward_floor_ms")):
-            totals[field] = [max(work, bound) + rest for work, bound, rest
-                             in zip(layer_work[field], floors[floor], per(field))]
+            totals[field] = [
+                max(work, bound) + rest for work, bound, rest in zip(layer_work[field], floors[floor], per(field))
+            ]
 
-        stages = tuple(StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w, host_ms=h)
-                       for f, b, w, h in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms"),
-                                             per("host_ms")))
+        stages = tuple(
+            StageCosts(forward_ms=f, backward_ms=b, weight_grad_ms=w, host_ms=h)
+            for f, b, w, h in zip(per("forward_ms"), per("backward_ms"), per("weight_grad_ms"), per("host_ms"))
+        )
         return Pipeline(
             stages=stages,
             microbatches=spec.microbatches,
@@ -297,9 +346,24 @@ class Model:
         context = self.context(spec)
         layout, m = context.layout, spec.microbatches
         ranks, stages = layout.ranks, layout.virtual_stages
-        out = [dict.fromkeys(("compute", "recompute", "tp_comm", "p2p", "dp_reduce", "dp_reduce_exposed",
-                              "dp_param_gather", "ends_allreduce", "optimizer", "host"),
-                             0.0) for _ in range(ranks)]
+        out = [
+            dict.fromkeys(
+                (
+                    "compute",
+                    "recompute",
+                    "tp_comm",
+                    "p2p",
+                    "dp_reduce",
+                    "dp_reduce_exposed",
+                    "dp_param_gather",
+                    "ends_allreduce",
+                    "optimizer",
+                    "host",
+                ),
+                0.0,
+            )
+            for _ in range(ranks)
+        ]
         layer = {"forward_ms": [0.0] * stages, "backward_ms": [0.0] * stages, "attention_core_ms": [0.0] * stages}
         floor = {"forward_floor_ms": [0.0] * stages, "backward_floor_ms": [0.0] * stages}
         reduce_whole, reduce_tail, last_backward = [0.0] * ranks, [0.0] * ranks, [0.0] * ranks
@@ -325,29 +389,33 @@ class Model:
                 out[layout.rank_of(k)][category] += m * at(part.forward_transfer_ms, k)
                 out[layout.rank_of(k + 1)][category] += m * at(part.backward_transfer_ms, k)
             for rank in range(ranks):
-                out[rank][category] += (at(part.optimizer_ms, rank) + part.pre_optimizer_ms
-                                        + part.stall_probability * part.stall_ms)
+                out[rank][category] += (
+                    at(part.optimizer_ms, rank) + part.pre_optimizer_ms + part.stall_probability * part.stall_ms
+                )
                 if category == "dp_reduce":
                     after_step[rank] += at(part.optimizer_ms, rank)
                 out[rank]["host"] += part.post_optimizer_ms + at(part.post_optimizer_rank_ms, rank)
                 reduce_whole[rank] += at(part.grad_reduce_ms, rank)
                 reduce_tail[rank] += at(part.grad_reduce_tail_ms, rank)
-        redo_work, redo_floor = recomputation(spec, layout, layer["forward_ms"], layer["attention_core_ms"],
-                                              floor["forward_floor_ms"])
+        redo_work, redo_floor = recomputation(
+            spec, layout, layer["forward_ms"], layer["attention_core_ms"], floor["forward_floor_ms"]
+        )
         for k in range(stages):
             rank = layout.rank_of(k)
             out[rank]["compute"] += m * redo_work[k]
             out[rank]["recompute"] += m * redo_work[k]
-            excess = (max(0.0, floor["forward_floor_ms"][k] - layer["forward_ms"][k])
-                      + max(0.0, floor["backward_floor_ms"][k] + redo_floor[k] - layer["backward_ms"][k] - redo_work[k]))
+            excess = max(0.0, floor["forward_floor_ms"][k] - layer["forward_ms"][k]) + max(
+                0.0, floor["backward_floor_ms"][k] + redo_floor[k] - layer["backward_ms"][k] - redo_work[k]
+            )
             out[rank]["host"] += m * excess
         for rank in range(ranks):
             out[rank]["dp_reduce"] += reduce_whole[rank]
             out[rank]["dp_param_gather"] = after_step[rank]
             if reduce_whole[rank] or after_step[rank]:
                 # what no backward hides: the reduction beyond the last backward, and all of what follows the step
-                out[rank]["dp_reduce_exposed"] = (max(reduce_tail[rank], reduce_whole[rank] - last_backward[rank])
-                                                  + after_step[rank])
+                out[rank]["dp_reduce_exposed"] = (
+                    max(reduce_tail[rank], reduce_whole[rank] - last_backward[rank]) + after_step[rank]
+                )
         return out
 
     # --- text -----------------------------------------------------------------------------------
@@ -365,29 +433,37 @@ class Model:
         ]
         for device in sorted(self.devices, key=lambda d: d.type):
             known = catalog.get(device.type)
-            changed = [c for c in device.constants() if known is None or getattr(known, c) != getattr(device, c)
-                       or known.source(c) != device.source(c)]
+            changed = [
+                c
+                for c in device.constants()
+                if known is None or getattr(known, c) != getattr(device, c) or known.source(c) != device.source(c)
+            ]
             if not changed:
                 continue
             out += ["", f"[devices.{device.type}]"]
             if known is None or known.name != device.name:
                 out.append(f"name = {_toml_string(device.name)}")
             for constant in changed:
-                out.append(f"{constant} = {{ value = {_toml_float(getattr(device, constant))}, "
-                           f"source = {_toml_string(device.source(constant))} }}")
+                out.append(
+                    f"{constant} = {{ value = {_toml_float(getattr(device, constant))}, "
+                    f"source = {_toml_string(device.source(constant))} }}"
+                )
         for active in self.terms:
             term = active.term
             out += ["", f"# {term.summary()}", f"[terms.{active.name}]"]
             for name, value in active.values:
                 param = term.param(name)
                 key = _toml_string(name) if "@" in name else name
-                out.append(f"{key} = {_toml_float(value)}"
-                           f"  # {param.unit}, plausible [{_toml_float(param.low)}, {_toml_float(param.high)}]")
+                out.append(
+                    f"{key} = {_toml_float(value)}"
+                    f"  # {param.unit}, plausible [{_toml_float(param.low)}, {_toml_float(param.high)}]"
+                )
         return "\n".join(out) + "\n"
 
 
-def recomputation(spec: Spec, layout, forward_ms: list[float], attention_core_ms: list[float],
-                  forward_floor_ms: list[float]) -> tuple[list[float], list[float]]:
+def recomputation(
+    spec: Spec, layout, forward_ms: list[float], attention_core_ms: list[float], forward_floor_ms: list[float]
+) -> tuple[list[float], list[float]]:
     """What activation recomputation adds to each virtual stage's backward: (GPU work, host launch floor).
 
     Mechanism, not a factor: a recomputed layer runs its forward again inside its backward, before the gradient
@@ -426,22 +502,36 @@ def parse_model(text: str, *, origin: str, catalog: Mapping[str, DeviceSpec]) ->
     header = data.get("model", {})
     name = header.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise InputError(origin, "the model needs a name", line=line_of(text, "model"), field="model.name",
-                         hint='add [model] name = "..."')
+        raise InputError(
+            origin,
+            "the model needs a name",
+            line=line_of(text, "model"),
+            field="model.name",
+            hint='add [model] name = "..."',
+        )
     devices = parse_devices(data.get("devices", {}), origin=origin, text=text, prefix="devices", base=catalog)
     terms = data.get("terms", {})
     if not isinstance(terms, dict) or not terms:
-        raise InputError(origin, "no active terms", field="terms",
-                         hint=f"add at least one [terms.NAME] table; implemented terms: {', '.join(sorted(TERMS))}")
+        raise InputError(
+            origin,
+            "no active terms",
+            field="terms",
+            hint=f"add at least one [terms.NAME] table; implemented terms: {', '.join(sorted(TERMS))}",
+        )
     active = []
     for term_name, given in terms.items():
         table = f"terms.{term_name}"
         if not isinstance(given, dict):
-            raise InputError(origin, "expected a table of parameter values", line=line_of(text, "terms", term_name),
-                             field=table)
+            raise InputError(
+                origin, "expected a table of parameter values", line=line_of(text, "terms", term_name), field=table
+            )
         active.append(resolve_params(term_name, given, origin=origin, text=text, table=table, device_types=devices))
-    return Model(name=name.strip(), description=str(header.get("description", "")).strip(),
-                 devices=tuple(devices[t] for t in sorted(devices)), terms=tuple(active))
+    return Model(
+        name=name.strip(),
+        description=str(header.get("description", "")).strip(),
+        devices=tuple(devices[t] for t in sorted(devices)),
+        terms=tuple(active),
+    )
 
 
 def parse_catalog(text: str, *, origin: str) -> dict[str, DeviceSpec]:

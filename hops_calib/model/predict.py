@@ -67,7 +67,7 @@ class Prediction:
             return None
         p = pipeline.stall_probability
         # Binomial(chances, p) by hand: scipy.stats would add half a second to every evaluate's start-up.
-        pmf = [math.comb(chances, k) * p ** k * (1 - p) ** (chances - k) for k in range(chances + 1)]
+        pmf = [math.comb(chances, k) * p**k * (1 - p) ** (chances - k) for k in range(chances + 1)]
         return pmf, stalls_in_window(pipeline)
 
     @property
@@ -112,7 +112,7 @@ class Prediction:
         def at(stalls: int) -> float:
             return throughput * window / (window + (stalls - placed) * self.pipeline.stall_ms)
 
-        return StallRange(at(most), at(fewest), sum(pmf[fewest:most + 1]))
+        return StallRange(at(most), at(fewest), sum(pmf[fewest : most + 1]))
 
     def phase_ms(self, spec: Spec) -> dict[tuple[str, int | None], float]:
         """The predicted durations an agent checks a hypothesis on, keyed (quantity, stage; None for the iteration):
@@ -126,7 +126,7 @@ class Prediction:
             if row.optimizer_ms is not None:
                 values[("optimizer", row.stage)] = row.optimizer_ms
         parts, series = self.result.iteration_parts(), self.result.iteration_part_series()
-        for part, value in (parts.as_dict().items() if parts is not None else ()):
+        for part, value in parts.as_dict().items() if parts is not None else ():
             values[(part, None)] = float(value)
             every = getattr(series, f"{part}_ms", None) if series is not None else None
             if every is not None and len(every):
@@ -154,10 +154,12 @@ def stage_phase_ms(pipeline: Pipeline, devices: Sequence[str], result: SimResult
             forward = result.served_ms(rank, FORWARD) or forward
             backward = result.served_ms(rank, BACKWARD) or backward
             optimizer = result.served_ms(rank, OPTIMIZER) if optimizer is not None else None
-        rows.append(StagePhaseMs(stage=rank, device=devices[rank], forward_ms=forward, backward_ms=backward,
-                                 optimizer_ms=optimizer))
+        rows.append(
+            StagePhaseMs(
+                stage=rank, device=devices[rank], forward_ms=forward, backward_ms=backward, optimizer_ms=optimizer
+            )
+        )
     return rows
-
 
 
 class ScheduleError(ValueError):
@@ -183,8 +185,10 @@ def predict_schedules(spec: Spec, model: Model, schedules: Sequence[str | None])
     A ValueError when the model cannot price the spec; a ScheduleError when a schedule cannot run it.
     """
     if not isinstance(spec, Spec):
-        raise TypeError(f"predict takes a Spec (what is known before the run), not a {type(spec).__name__}; "
-                        "pass fixture.spec, never the fixture or its events")
+        raise TypeError(
+            f"predict takes a Spec (what is known before the run), not a {type(spec).__name__}; "
+            "pass fixture.spec, never the fixture or its events"
+        )
     if not isinstance(model, Model):
         raise TypeError(f"predict takes a Model, not a {type(model).__name__}")
     from hops_calib.sim import simulate
@@ -197,6 +201,14 @@ def predict_schedules(spec: Spec, model: Model, schedules: Sequence[str | None])
             result = simulate(pipeline, schedule)
         except ValueError as error:
             raise ScheduleError(schedule, str(error)) from None
-        predictions.append(Prediction(run_id=spec.run_id, schedule=result.schedule, model_sha256=model.sha256,
-                                      pipeline=pipeline, result=result, metrics=result.metrics()))
+        predictions.append(
+            Prediction(
+                run_id=spec.run_id,
+                schedule=result.schedule,
+                model_sha256=model.sha256,
+                pipeline=pipeline,
+                result=result,
+                metrics=result.metrics(),
+            )
+        )
     return tuple(predictions)

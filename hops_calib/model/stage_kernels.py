@@ -49,9 +49,12 @@ def embedding_kernels(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...
     b.memory("embedding.lookup", "embedding", 2 * rows + d.tokens * INDEX_BYTES, source=source)
     if d.t > 1:
         b.memory("embedding.mask_rows", "copy", rows, source=source)
-        b.collective("embedding." + ("reduce_scatter" if shape.sequence_parallel else "all_reduce"),
-                     "reduce_scatter" if shape.sequence_parallel else "all_reduce", rows,
-                     source=f"{_MAPPINGS} (VocabParallelEmbedding output)")
+        b.collective(
+            "embedding." + ("reduce_scatter" if shape.sequence_parallel else "all_reduce"),
+            "reduce_scatter" if shape.sequence_parallel else "all_reduce",
+            rows,
+            source=f"{_MAPPINGS} (VocabParallelEmbedding output)",
+        )
     positions = "models/common/embeddings/language_model_embedding.py LanguageModelEmbedding.forward"
     if shape.position_embedding == "learned_absolute":
         b.memory("embedding.position_lookup", "embedding", 2 * rows + d.tokens * INDEX_BYTES, source=positions)
@@ -62,19 +65,34 @@ def embedding_kernels(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...
         b.memory("embedding.dropout", "dropout", 2 * local + d.local * d.h * MASK_BYTES, source=positions)
     back = _Builder(shape, WGRAD)
     if s.dropout("hidden"):
-        back.memory("embedding.dropout_backward", "dropout", 2 * local + d.local * d.h * MASK_BYTES, source=positions,
-                    phase=DGRAD)
+        back.memory(
+            "embedding.dropout_backward",
+            "dropout",
+            2 * local + d.local * d.h * MASK_BYTES,
+            source=positions,
+            phase=DGRAD,
+        )
     if shape.sequence_parallel and d.t > 1:
-        back.collective("embedding.grad_all_gather", "all_gather", rows, source=f"{_MAPPINGS} (reduce-scatter backward)",
-                        phase=DGRAD)
+        back.collective(
+            "embedding.grad_all_gather",
+            "all_gather",
+            rows,
+            source=f"{_MAPPINGS} (reduce-scatter backward)",
+            phase=DGRAD,
+        )
     dense = "torch embedding_dense_backward (F.embedding's backward)"
-    tables = [("word", vocab)] + ([("position", shape.seq_length)]
-                                   if shape.position_embedding == "learned_absolute" else [])
+    tables = [("word", vocab)] + (
+        [("position", shape.seq_length)] if shape.position_embedding == "learned_absolute" else []
+    )
     for table, size in tables:
         back.memory(f"embedding.{table}_grad_zero", "fill", size * d.h * e, source=dense)
         back.memory(f"embedding.{table}_grad_scatter", "embedding", 2 * rows + d.tokens * INDEX_BYTES, source=dense)
-        back.memory(f"embedding.{table}_main_grad_add", "add", size * d.h * (e + 2 * FP32),
-                    source="distributed/distributed_data_parallel.py _make_backward_post_hook (main_grad.add_)")
+        back.memory(
+            f"embedding.{table}_main_grad_add",
+            "add",
+            size * d.h * (e + 2 * FP32),
+            source="distributed/distributed_data_parallel.py _make_backward_post_hook (main_grad.add_)",
+        )
     return tuple(b.kernels) + tuple(back.kernels)
 
 
@@ -98,13 +116,19 @@ def output_kernels(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     _norm(b, "output.final_norm", d, False, te)
     if shape.sequence_parallel:
         b.collective("output.all_gather", "all_gather", hidden, source="tensor_parallel/layers.py ColumnParallelLinear")
-    b.gemm("output.logits", d.tokens, vocab, d.h, source="tensor_parallel/layers.py ColumnParallelLinear (output_layer)")
+    b.gemm(
+        "output.logits", d.tokens, vocab, d.h, source="tensor_parallel/layers.py ColumnParallelLinear (output_layer)"
+    )
     b.memory("loss.cast_fp32", "copy", logits * (e + FP32), source=f"{ce}.calculate_logits_max (.float())")
     b.memory("loss.max", "max", logits * FP32, source=f"{ce}.calculate_logits_max")
     b.collective("loss.max_all_reduce", "all_reduce", d.tokens * FP32, source=f"{ce}.forward")
     b.memory("loss.subtract_max", "add", 2 * logits * FP32, source=f"{ce}.calculate_predicted_logits")
-    b.memory("loss.target_logits", "copy", d.tokens * (4 * INDEX_BYTES + 3 * FP32),
-             source=f"{ce}.calculate_predicted_logits (target mask, gather)")
+    b.memory(
+        "loss.target_logits",
+        "copy",
+        d.tokens * (4 * INDEX_BYTES + 3 * FP32),
+        source=f"{ce}.calculate_predicted_logits (target mask, gather)",
+    )
     b.memory("loss.exp", "exp", 2 * logits * FP32, source=f"{ce}.calculate_predicted_logits")
     b.memory("loss.sum_exp", "sum", logits * FP32, source=f"{ce}.calculate_predicted_logits")
     b.collective("loss.target_all_reduce", "all_reduce", d.tokens * FP32, source=f"{ce}.forward")
@@ -117,20 +141,35 @@ def output_kernels(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     back.memory("loss.grad_scale", "mul", 2 * logits * FP32, source=f"{ce}.calculate_gradients (mul_)")
     back.memory("loss.grad_cast", "copy", logits * (FP32 + e), source=f"{ce} (autograd of .float())")
     back.gemm("output.logits.dgrad", d.tokens, d.h, vocab, source=_LINEAR)
-    back.gemm("output.logits.wgrad", vocab, d.h, d.tokens, source=_LINEAR, phase=WGRAD,
-              accumulate_fp32=s.gradient_accumulation_fusion)
+    back.gemm(
+        "output.logits.wgrad",
+        vocab,
+        d.h,
+        d.tokens,
+        source=_LINEAR,
+        phase=WGRAD,
+        accumulate_fp32=s.gradient_accumulation_fusion,
+    )
     if not s.gradient_accumulation_fusion:
-        back.memory("output.logits.main_grad_add", "add", vocab * d.h * (e + 2 * FP32), phase=WGRAD,
-                    source="distributed/distributed_data_parallel.py _make_backward_post_hook (main_grad.add_)")
-    back.collective("output.dgrad_" + ("reduce_scatter" if shape.sequence_parallel else "all_reduce"),
-                    "reduce_scatter" if shape.sequence_parallel else "all_reduce", hidden, overlapped=True,
-                    source=f"{_LINEAR}.backward")
+        back.memory(
+            "output.logits.main_grad_add",
+            "add",
+            vocab * d.h * (e + 2 * FP32),
+            phase=WGRAD,
+            source="distributed/distributed_data_parallel.py _make_backward_post_hook (main_grad.add_)",
+        )
+    back.collective(
+        "output.dgrad_" + ("reduce_scatter" if shape.sequence_parallel else "all_reduce"),
+        "reduce_scatter" if shape.sequence_parallel else "all_reduce",
+        hidden,
+        overlapped=True,
+        source=f"{_LINEAR}.backward",
+    )
     _norm(back, "output.final_norm", d, True, te)
     return tuple(b.kernels) + tuple(back.kernels)
 
 
-def optimizer_kernels(shape: ModelShape, parameters: float, shard: int, *, distributed: bool
-                      ) -> tuple[Kernel, ...]:
+def optimizer_kernels(shape: ModelShape, parameters: float, shard: int, *, distributed: bool) -> tuple[Kernel, ...]:
     """One optimizer step on a GPU holding `parameters` (its share of the tensor-parallel split), its state split
     `shard` ways (the distributed optimizer's data-parallel replicas). `distributed/param_and_grad_buffer.py`
     zeroes the whole fp32 gradient buffer (4 B per parameter); `optimizer/clip_grads.py`
@@ -155,8 +194,12 @@ def optimizer_kernels(shape: ModelShape, parameters: float, shard: int, *, distr
 def linear_weights(shape: ModelShape) -> tuple[tuple[str, int, int], ...]:
     """(name, out, in) of a decoder layer's four linear weights on one GPU of its tensor-parallel group."""
     d = _dims(shape)
-    return (("attention.linear_qkv", d.qkv, d.h), ("attention.linear_proj", d.h, d.q),
-            ("mlp.linear_fc1", d.ffn * (2 if shape.swiglu else 1), d.h), ("mlp.linear_fc2", d.h, d.ffn))
+    return (
+        ("attention.linear_qkv", d.qkv, d.h),
+        ("attention.linear_proj", d.h, d.q),
+        ("mlp.linear_fc1", d.ffn * (2 if shape.swiglu else 1), d.h),
+        ("mlp.linear_fc2", d.h, d.ffn),
+    )
 
 
 def fp8_weight_kernels(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
@@ -179,8 +222,7 @@ def fp8_weight_kernels(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ..
 AMAX_ENTRY_BYTES = FP32  # one fp32 amax (and scale) per quantized tensor and history slot
 
 
-def fp8_scaling_kernels(shape: ModelShape, s: KernelSettings, layers: int, history: int = 1
-                        ) -> tuple[Kernel, ...]:
+def fp8_scaling_kernels(shape: ModelShape, s: KernelSettings, layers: int, history: int = 1) -> tuple[Kernel, ...]:
     """Delayed scaling's bookkeeping for a model chunk of `layers` layers, per microbatch: under delayed scaling
     megatron-core wraps the whole block in one `fp8_autocast` (`transformer/transformer_block.py`
     `TransformerBlock.forward`: `use_outer_quantization_context`), whose exit all-reduces the amaxes over the amax
@@ -195,10 +237,18 @@ def fp8_scaling_kernels(shape: ModelShape, s: KernelSettings, layers: int, histo
     gemms = len(linear_weights(shape)) * layers
     for phase, tensors in ((FORWARD, 3), (DGRAD, 2)):
         entries = gemms * tensors * (history + 2)  # the amax history, the scale and its inverse
-        b.collective(f"fp8.amax_all_reduce.{phase}", "all_reduce", gemms * tensors * AMAX_ENTRY_BYTES, phase=phase,
-                     group="dp_cp", dtype="fp32", source="fp8_utils.py get_fp8_context (fp8_autocast's fp8_group)")
-        b.memory(f"fp8.amax_and_scale_update.{phase}", "amax", 2 * entries * AMAX_ENTRY_BYTES, phase=phase,
-                 source=_TE_FP8)
+        b.collective(
+            f"fp8.amax_all_reduce.{phase}",
+            "all_reduce",
+            gemms * tensors * AMAX_ENTRY_BYTES,
+            phase=phase,
+            group="dp_cp",
+            dtype="fp32",
+            source="fp8_utils.py get_fp8_context (fp8_autocast's fp8_group)",
+        )
+        b.memory(
+            f"fp8.amax_and_scale_update.{phase}", "amax", 2 * entries * AMAX_ENTRY_BYTES, phase=phase, source=_TE_FP8
+        )
     return tuple(b.kernels)
 
 
@@ -212,16 +262,23 @@ class StageKernels:
     ends: tuple[Kernel, ...]  # the embedding (first stage) and the output layer and loss (last stage)
 
     def rows(self) -> tuple[tuple[Kernel, int], ...]:
-        return (tuple((k, self.layers) for k in self.layer) + self.recompute + tuple((k, 1) for k in self.ends))
+        return tuple((k, self.layers) for k in self.layer) + self.recompute + tuple((k, 1) for k in self.ends)
 
 
 def stage_kernels(shape: ModelShape, s: KernelSettings, layers: int, *, first: bool, last: bool) -> StageKernels:
     """The kernels of a virtual stage with `layers` decoder layers, per microbatch (`first`: it holds the
     embedding; `last`: the output layer and loss)."""
-    ends = ((embedding_kernels(shape, s) if first else ()) + (output_kernels(shape, s) if last else ())
-            + fp8_scaling_kernels(shape, s, layers))
-    return StageKernels(layers=layers, layer=(layer_forward(shape, s) + layer_backward(shape, s)) if layers else (),
-                        recompute=recomputed(shape, s, layers) if layers else (), ends=ends)
+    ends = (
+        (embedding_kernels(shape, s) if first else ())
+        + (output_kernels(shape, s) if last else ())
+        + fp8_scaling_kernels(shape, s, layers)
+    )
+    return StageKernels(
+        layers=layers,
+        layer=(layer_forward(shape, s) + layer_backward(shape, s)) if layers else (),
+        recompute=recomputed(shape, s, layers) if layers else (),
+        ends=ends,
+    )
 
 
 def total_model_flops(rows: Iterable[tuple[Kernel, int]]) -> float:

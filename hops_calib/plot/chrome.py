@@ -62,8 +62,10 @@ def _lanes(stage: np.ndarray, send: np.ndarray, start: np.ndarray, end: np.ndarr
         lane = next((k for k, last in enumerate(busy) if last <= start[i]), len(busy))
         if lane == len(busy):
             if lane >= SEND_LANE_OFFSET:
-                raise ValueError(f"stage {int(stage[i])} has more than {SEND_LANE_OFFSET} intervals of one kind "
-                                 "overlapping at once; not a pipeline timeline")
+                raise ValueError(
+                    f"stage {int(stage[i])} has more than {SEND_LANE_OFFSET} intervals of one kind "
+                    "overlapping at once; not a pipeline timeline"
+                )
             busy.append(end[i])
         else:
             busy[lane] = end[i]
@@ -73,15 +75,22 @@ def _lanes(stage: np.ndarray, send: np.ndarray, start: np.ndarray, end: np.ndarr
 
 def window_note(window: dict[str, Any]) -> str:
     """One line on what an export's window holds (`otherData.window`)."""
-    shown = "; ".join(f"{p['label']}: {p['iterations_shown']} of {p['iterations']} iterations, "
-                      f"{p['intervals_shown']:,} of {p['intervals']:,} intervals" for p in window["panels"])
-    how = ("whole runs" if window["iterations"] is None
-           else f"the first {window['iterations']} iterations of each panel (--chrome-all exports whole runs)")
+    shown = "; ".join(
+        f"{p['label']}: {p['iterations_shown']} of {p['iterations']} iterations, "
+        f"{p['intervals_shown']:,} of {p['intervals']:,} intervals"
+        for p in window["panels"]
+    )
+    how = (
+        "whole runs"
+        if window["iterations"] is None
+        else f"the first {window['iterations']} iterations of each panel (--chrome-all exports whole runs)"
+    )
     return f"{how}: {shown}"
 
 
-def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel],
-                 iterations: int | None = CHROME_ITERATIONS) -> dict[str, Any]:
+def chrome_trace(
+    title: str, devices: Sequence[str], panels: Sequence[Panel], iterations: int | None = CHROME_ITERATIONS
+) -> dict[str, Any]:
     """The Trace Event Format object of `panels` (one process each) over stages running on `devices`: each panel's
     first `iterations` iterations (None: all of them; module docstring)."""
     if iterations is not None and iterations < 1:
@@ -94,24 +103,54 @@ def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel],
         kept = numbers if iterations is None else numbers[:iterations]
         if len(kept) < len(numbers):
             frame = frame[frame["iteration"].isin(kept)]
-        shown_panels.append({"label": panel.label, "iterations_shown": len(kept), "iterations": len(numbers),
-                             "intervals_shown": len(frame), "intervals": len(panel.timeline)})
+        shown_panels.append(
+            {
+                "label": panel.label,
+                "iterations_shown": len(kept),
+                "iterations": len(numbers),
+                "intervals_shown": len(frame),
+                "intervals": len(panel.timeline),
+            }
+        )
         events.append(_metadata("process_name", pid, {"name": panel.label}))
-        events.append(_metadata("process_labels", pid, {"labels": f"first {len(kept)} of {len(numbers)} iterations"
-                                                        if len(kept) < len(numbers) else
-                                                        f"all {len(numbers)} iterations"}))
+        events.append(
+            _metadata(
+                "process_labels",
+                pid,
+                {
+                    "labels": f"first {len(kept)} of {len(numbers)} iterations"
+                    if len(kept) < len(numbers)
+                    else f"all {len(numbers)} iterations"
+                },
+            )
+        )
         events.append(_metadata("process_sort_index", pid, {"sort_index": pid}))
         origin = float(frame["start_ms"].min()) if len(frame) else 0.0
-        columns = {name: frame[name].to_numpy() for name in ("stage", "chunk", "iteration", "microbatch", "kind",
-                                                              "phase", "start_ms", "end_ms", "peer_stage")}
+        columns = {
+            name: frame[name].to_numpy()
+            for name in (
+                "stage",
+                "chunk",
+                "iteration",
+                "microbatch",
+                "kind",
+                "phase",
+                "start_ms",
+                "end_ms",
+                "peer_stage",
+            )
+        }
         # to the nanosecond: bars that touch up to floating-point noise (1e-9 us) share a lane
         start_us = np.round((columns["start_ms"].astype(float) - origin) * US_PER_MS, 3)
         end_us = np.round((columns["end_ms"].astype(float) - origin) * US_PER_MS, 3)
         duration_us = np.maximum(end_us - start_us, 0.0)
         is_send = columns["kind"] == TRANSFER
         # iterations numbered as the panel says (a simulation counts from 1, a real trace from Megatron's 3)
-        shift = (panel.first_iteration_label - int(columns["iteration"].min())
-                 if panel.first_iteration_label is not None and len(frame) else 0)
+        shift = (
+            panel.first_iteration_label - int(columns["iteration"].min())
+            if panel.first_iteration_label is not None and len(frame)
+            else 0
+        )
         lanes = _lanes(columns["stage"], is_send, start_us, start_us + duration_us)
         for stage, send, lane in sorted(set(zip(columns["stage"].tolist(), is_send.tolist(), lanes.tolist()))):
             tid = _thread(stage, send, lane)
@@ -121,47 +160,84 @@ def chrome_trace(title: str, devices: Sequence[str], panels: Sequence[Panel],
             events.append(_metadata("thread_sort_index", pid, {"sort_index": tid}, tid))
         for i in range(len(frame)):
             stage, phase = int(columns["stage"][i]), str(columns["phase"][i])
-            args: dict[str, Any] = {"iteration": int(columns["iteration"][i]) + shift, "chunk": int(columns["chunk"][i])}
+            args: dict[str, Any] = {
+                "iteration": int(columns["iteration"][i]) + shift,
+                "chunk": int(columns["chunk"][i]),
+            }
             if int(columns["microbatch"][i]) >= 0:
                 args["microbatch"] = int(columns["microbatch"][i])
             if is_send[i]:
                 args["to_stage"] = int(columns["peer_stage"][i])
-            label = f"{'send ' if is_send[i] else ''}{phase}" + (f" mb{args['microbatch']}" if "microbatch" in args
-                                                                 else "")
-            events.append({"name": label, "cat": "transfer" if is_send[i] else "compute", "ph": "X",
-                           "ts": float(start_us[i]), "dur": float(duration_us[i]), "pid": pid,
-                           "tid": _thread(stage, bool(is_send[i]), int(lanes[i])), "args": args})
+            label = f"{'send ' if is_send[i] else ''}{phase}" + (
+                f" mb{args['microbatch']}" if "microbatch" in args else ""
+            )
+            events.append(
+                {
+                    "name": label,
+                    "cat": "transfer" if is_send[i] else "compute",
+                    "ph": "X",
+                    "ts": float(start_us[i]),
+                    "dur": float(duration_us[i]),
+                    "pid": pid,
+                    "tid": _thread(stage, bool(is_send[i]), int(lanes[i])),
+                    "args": args,
+                }
+            )
         if panel.kernels:
             events += _kernel_slices(panel.kernels, columns, start_us, duration_us, is_send, lanes, pid)
-    window: dict[str, Any] = {"iterations": iterations, "panels": shown_panels,
-                              "windowed": any(p["iterations_shown"] < p["iterations"] for p in shown_panels)}
+    window: dict[str, Any] = {
+        "iterations": iterations,
+        "panels": shown_panels,
+        "windowed": any(p["iterations_shown"] < p["iterations"] for p in shown_panels),
+    }
     window["note"] = window_note(window)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title, "window": window}}
 
 
-def _kernel_slices(kernels: Sequence[Any], columns: dict[str, np.ndarray], start_us: np.ndarray,
-                   duration_us: np.ndarray, is_send: np.ndarray, lanes: np.ndarray, pid: int) -> list[dict[str, Any]]:
+def _kernel_slices(
+    kernels: Sequence[Any],
+    columns: dict[str, np.ndarray],
+    start_us: np.ndarray,
+    duration_us: np.ndarray,
+    is_send: np.ndarray,
+    lanes: np.ndarray,
+    pid: int,
+) -> list[dict[str, Any]]:
     """Slices of kernel classes nested under each compute bar (module docstring)."""
     compute = ~is_send
-    per_step = kernel_classes_per_step(kernels, columns["stage"][compute], columns["phase"][compute],
-                                       columns["iteration"][compute])
+    per_step = kernel_classes_per_step(
+        kernels, columns["stage"][compute], columns["phase"][compute], columns["iteration"][compute]
+    )
     out: list[dict[str, Any]] = []
     for i in np.flatnonzero(compute):
         stage, phase = int(columns["stage"][i]), str(columns["phase"][i])
         step_classes = per_step.get((stage, phase))
         if not step_classes:
             continue
-        segments, scaled = kernel_segments(step_classes, float(start_us[i]), float(duration_us[i]), US_PER_MS,
-                                           digits=3)
+        segments, scaled = kernel_segments(step_classes, float(start_us[i]), float(duration_us[i]), US_PER_MS, digits=3)
         for label, at, width, ms in segments:
-            out.append({"name": f"{label} (kernels)", "cat": "kernels", "ph": "X", "ts": at, "dur": width,
-                        "pid": pid, "tid": _thread(stage, False, int(lanes[i])),
-                        "args": {"kernel_class": label, "mean_ms_per_step": ms, "scaled": scaled}})
+            out.append(
+                {
+                    "name": f"{label} (kernels)",
+                    "cat": "kernels",
+                    "ph": "X",
+                    "ts": at,
+                    "dur": width,
+                    "pid": pid,
+                    "tid": _thread(stage, False, int(lanes[i])),
+                    "args": {"kernel_class": label, "mean_ms_per_step": ms, "scaled": scaled},
+                }
+            )
     return out
 
 
-def write_chrome_trace(path: Path | str, title: str, devices: Sequence[str], panels: Sequence[Panel],
-                       iterations: int | None = CHROME_ITERATIONS) -> Path:
+def write_chrome_trace(
+    path: Path | str,
+    title: str,
+    devices: Sequence[str],
+    panels: Sequence[Panel],
+    iterations: int | None = CHROME_ITERATIONS,
+) -> Path:
     """Write `chrome_trace(...)` to `path` (whole or not at all) and return the path."""
     path = Path(path)
     atomic_write(path, json.dumps(chrome_trace(title, devices, panels, iterations), separators=(",", ":")))

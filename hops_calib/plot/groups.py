@@ -47,8 +47,13 @@ def short_run_id(run_id: str, limit: int = 24) -> str:
     match = _CONFIG_ID.match(run_id)
     if match and len(run_id) > limit:
         t, p, d, layers, hidden, seq, micro, batch, repeat = match.groups()
-        parts = ([f"t{t}"] if t != "1" else []) + [f"p{p}"] + ([f"d{d}"] if d != "1" else []) + [
-            f"l{layers}", f"h{hidden}", f"s{seq}", f"mb{micro}", f"gb{batch}"] + ([repeat] if repeat else [])
+        parts = (
+            ([f"t{t}"] if t != "1" else [])
+            + [f"p{p}"]
+            + ([f"d{d}"] if d != "1" else [])
+            + [f"l{layers}", f"h{hidden}", f"s{seq}", f"mb{micro}", f"gb{batch}"]
+            + ([repeat] if repeat else [])
+        )
         return " ".join(parts)
     if len(run_id) <= limit:
         return run_id
@@ -73,8 +78,16 @@ class RunPoint:
 
 
 def run_points(specs: Sequence[Spec], scores: Sequence[RunScore]) -> list[RunPoint]:
-    return [RunPoint(score=score, device_mix=device_mix(spec.devices), pp=spec.pp, microbatches=spec.microbatches,
-                     schedule=spec.schedule) for spec, score in zip(specs, scores)]
+    return [
+        RunPoint(
+            score=score,
+            device_mix=device_mix(spec.devices),
+            pp=spec.pp,
+            microbatches=spec.microbatches,
+            schedule=spec.schedule,
+        )
+        for spec, score in zip(specs, scores)
+    ]
 
 
 @dataclass(frozen=True)
@@ -88,21 +101,29 @@ class GroupRow:
 
 def _row(label: str, points: Sequence[RunPoint]) -> GroupRow:
     scores = [p.score for p in points]
-    return GroupRow(label=label, suite=aggregate(scores),
-                    mean_throughput_error_pct=float(np.mean([s.throughput_error_pct for s in scores])),
-                    mean_bubble_error_pp=float(np.mean(bubble)) if (bubble := [s.bubble_error_pp for s in scores
-                                                                               if s.bubble_error_pp is not None])
-                    else None)
+    return GroupRow(
+        label=label,
+        suite=aggregate(scores),
+        mean_throughput_error_pct=float(np.mean([s.throughput_error_pct for s in scores])),
+        mean_bubble_error_pp=float(np.mean(bubble))
+        if (bubble := [s.bubble_error_pp for s in scores if s.bubble_error_pp is not None])
+        else None,
+    )
 
 
-def group_rows(points: Sequence[RunPoint], key: Callable[[RunPoint], SupportsRichComparison],
-               label: Callable[[object], str] = str) -> list[GroupRow]:
+def group_rows(
+    points: Sequence[RunPoint], key: Callable[[RunPoint], SupportsRichComparison], label: Callable[[object], str] = str
+) -> list[GroupRow]:
     """One row per value of `key`, ordered by that value."""
     return [_row(label(value), members) for value, members in _grouped(points, key)]
 
 
-def disclosable(points: Sequence[RunPoint], key: Callable[[RunPoint], SupportsRichComparison],
-                label: Callable[[object], str] = str, min_runs: int = MIN_DISCLOSED_RUNS) -> list[GroupRow] | None:
+def disclosable(
+    points: Sequence[RunPoint],
+    key: Callable[[RunPoint], SupportsRichComparison],
+    label: Callable[[object], str] = str,
+    min_runs: int = MIN_DISCLOSED_RUNS,
+) -> list[GroupRow] | None:
     """Group rows safe to show for a held-out split, or None when no grouping is.
 
     Groups of at least `min_runs` runs are shown; the others are pooled into
@@ -125,8 +146,9 @@ def disclosable(points: Sequence[RunPoint], key: Callable[[RunPoint], SupportsRi
     return rows
 
 
-def _grouped(points: Sequence[RunPoint],
-             key: Callable[[RunPoint], SupportsRichComparison]) -> list[tuple[object, list[RunPoint]]]:
+def _grouped(
+    points: Sequence[RunPoint], key: Callable[[RunPoint], SupportsRichComparison]
+) -> list[tuple[object, list[RunPoint]]]:
     groups: dict[SupportsRichComparison, list[RunPoint]] = {}
     for point in points:
         groups.setdefault(key(point), []).append(point)

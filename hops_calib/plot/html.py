@@ -71,11 +71,13 @@ def _off(text: str, outside_band: bool) -> str | tuple[str, str]:
     return (text, "off") if outside_band else text
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str | tuple[str, str]]], text_columns: int = 1,
-           css: str = "") -> str:
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[str | tuple[str, str]]], text_columns: int = 1, css: str = ""
+) -> str:
     """Cells are escaped strings, or (escaped string, CSS class); the first `text_columns` are left-aligned."""
-    head = "".join(f'<th class="text">{_e(h)}</th>' if i < text_columns else f"<th>{_e(h)}</th>"
-                   for i, h in enumerate(headers))
+    head = "".join(
+        f'<th class="text">{_e(h)}</th>' if i < text_columns else f"<th>{_e(h)}</th>" for i, h in enumerate(headers)
+    )
     body = []
     for row in rows:
         cells = []
@@ -83,27 +85,63 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str | tuple[str, str]
             text, cls = cell if isinstance(cell, tuple) else (cell, "text" if i < text_columns else "")
             cells.append(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<div class="scroll"><table class="{css}"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
+    return (
+        f'<div class="scroll"><table class="{css}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def aggregates_table(suite: SuiteScore) -> str:
     return _table(
-        ["runs", "throughput MAPE %", "median APE %", "steady throughput MAPE %", "bubble MAE pp",
-         "mean utilization rho", "stall-noise floor %"],
-        [[str(suite.n_fixtures), _f(suite.throughput_mape_pct, 2), _f(suite.throughput_median_ape_pct, 2),
-          _f(suite.steady_throughput_mape_pct, 2), _f(suite.bubble_mae_pp, 2), _f(suite.util_spearman_mean, 3),
-          _f(suite.stall_noise_mape_pct, 2)]],
-        text_columns=0, css="headline")
+        [
+            "runs",
+            "throughput MAPE %",
+            "median APE %",
+            "steady throughput MAPE %",
+            "bubble MAE pp",
+            "mean utilization rho",
+            "stall-noise floor %",
+        ],
+        [
+            [
+                str(suite.n_fixtures),
+                _f(suite.throughput_mape_pct, 2),
+                _f(suite.throughput_median_ape_pct, 2),
+                _f(suite.steady_throughput_mape_pct, 2),
+                _f(suite.bubble_mae_pp, 2),
+                _f(suite.util_spearman_mean, 3),
+                _f(suite.stall_noise_mape_pct, 2),
+            ]
+        ],
+        text_columns=0,
+        css="headline",
+    )
 
 
 def groups_table(title: str, rows: Sequence[GroupRow]) -> str:
     return _table(
-        [title, "runs", "throughput MAPE %", "mean throughput error %", "bubble MAE pp", "mean bubble error pp",
-         "mean rho"],
-        [[_e(r.label), str(r.suite.n_fixtures), _f(r.suite.throughput_mape_pct),
-          _f(r.mean_throughput_error_pct, signed=True), _f(r.suite.bubble_mae_pp),
-          _f(r.mean_bubble_error_pp, signed=True), _f(r.suite.util_spearman_mean, 2)] for r in rows])
+        [
+            title,
+            "runs",
+            "throughput MAPE %",
+            "mean throughput error %",
+            "bubble MAE pp",
+            "mean bubble error pp",
+            "mean rho",
+        ],
+        [
+            [
+                _e(r.label),
+                str(r.suite.n_fixtures),
+                _f(r.suite.throughput_mape_pct),
+                _f(r.mean_throughput_error_pct, signed=True),
+                _f(r.suite.bubble_mae_pp),
+                _f(r.mean_bubble_error_pp, signed=True),
+                _f(r.suite.util_spearman_mean, 2),
+            ]
+            for r in rows
+        ],
+    )
 
 
 def runs_table(points: Sequence[RunPoint]) -> str:
@@ -111,32 +149,62 @@ def runs_table(points: Sequence[RunPoint]) -> str:
     rows = []
     for p in ordered:
         s = p.score
-        rows.append([_e(p.run_id), _e(p.device_mix), str(p.pp), str(p.microbatches),
-                     _f(s.real_throughput_per_s, 2), _f(s.predicted_throughput_per_s, 2),
-                     _off(_f(s.throughput_error_pct, signed=True), abs(s.throughput_error_pct) > 100 * BAND),
-                     _f(s.stall_noise_ape_pct, 1),
-                     _f(100 * s.real_bubble_ratio if s.real_bubble_ratio is not None else None),
-                     _f(100 * s.predicted_bubble_ratio if s.real_bubble_ratio is not None else None),
-                     # Relative, as on the parity plot: 10 % of a real bubble ratio r is 10 * r pp.
-                     _off(_f(s.bubble_error_pp, signed=True), s.bubble_error_pp is not None
-                          and s.real_bubble_ratio is not None
-                          and abs(s.bubble_error_pp) > 100 * BAND * s.real_bubble_ratio),
-                     _f(s.util_spearman_rho, 2)])
-    return _table(["run", "device mix", "stages", "microbatches", "real tput /s", "predicted tput /s",
-                   "tput error %", "random stalls ± %", "real bubble %", "predicted bubble %", "bubble error pp", "rho"], rows,
-                  text_columns=2)
+        rows.append(
+            [
+                _e(p.run_id),
+                _e(p.device_mix),
+                str(p.pp),
+                str(p.microbatches),
+                _f(s.real_throughput_per_s, 2),
+                _f(s.predicted_throughput_per_s, 2),
+                _off(_f(s.throughput_error_pct, signed=True), abs(s.throughput_error_pct) > 100 * BAND),
+                _f(s.stall_noise_ape_pct, 1),
+                _f(100 * s.real_bubble_ratio if s.real_bubble_ratio is not None else None),
+                _f(100 * s.predicted_bubble_ratio if s.real_bubble_ratio is not None else None),
+                # Relative, as on the parity plot: 10 % of a real bubble ratio r is 10 * r pp.
+                _off(
+                    _f(s.bubble_error_pp, signed=True),
+                    s.bubble_error_pp is not None
+                    and s.real_bubble_ratio is not None
+                    and abs(s.bubble_error_pp) > 100 * BAND * s.real_bubble_ratio,
+                ),
+                _f(s.util_spearman_rho, 2),
+            ]
+        )
+    return _table(
+        [
+            "run",
+            "device mix",
+            "stages",
+            "microbatches",
+            "real tput /s",
+            "predicted tput /s",
+            "tput error %",
+            "random stalls ± %",
+            "real bubble %",
+            "predicted bubble %",
+            "bubble error pp",
+            "rho",
+        ],
+        rows,
+        text_columns=2,
+    )
 
 
 def _breakdowns(points: Sequence[RunPoint], held_out: bool) -> str:
     parts = []
-    for title, key, label in (("device mix", lambda p: p.device_mix, str),
-                              ("pipeline depth", lambda p: p.pp, lambda pp: f"{pp} stages")):
+    for title, key, label in (
+        ("device mix", lambda p: p.device_mix, str),
+        ("pipeline depth", lambda p: p.pp, lambda pp: f"{pp} stages"),
+    ):
         if held_out:
             rows = disclosable(points, key, label)
             if rows is None:
-                parts.append(f'<p class="note">No breakdown by {title}: the groups outside the shown ones would '
-                             f"hold fewer than {MIN_DISCLOSED_RUNS} runs, and their errors could be recovered "
-                             "from the suite aggregates.</p>")
+                parts.append(
+                    f'<p class="note">No breakdown by {title}: the groups outside the shown ones would '
+                    f"hold fewer than {MIN_DISCLOSED_RUNS} runs, and their errors could be recovered "
+                    "from the suite aggregates.</p>"
+                )
                 continue
         else:
             rows = group_rows(points, key, label)
@@ -144,17 +212,27 @@ def _breakdowns(points: Sequence[RunPoint], held_out: bool) -> str:
     return "".join(parts)
 
 
-def render(*, split: str, suite: SuiteScore, points: Sequence[RunPoint], model_label: str, meta: dict[str, str],
-           parity_uri: str | None, ledger_uri: str | None) -> str:
+def render(
+    *,
+    split: str,
+    suite: SuiteScore,
+    points: Sequence[RunPoint],
+    model_label: str,
+    meta: dict[str, str],
+    parity_uri: str | None,
+    ledger_uri: str | None,
+) -> str:
     """The page. `points` are used only as groups (and, outside the test split, as rows)."""
     held_out = split == TEST
     title = f"hops-calib report: {split} split"
     meta_lines = "".join(f"<div>{_e(name)}: <code>{_e(value)}</code></div>" for name, value in meta.items())
     sections = [f"<h1>{_e(title)}</h1>", f'<div class="meta">{meta_lines}</div>']
     if held_out:
-        sections.append('<p class="note">Held-out report: suite aggregates only (rule 2). No per-run rows or '
-                        f"points; a group is shown only with at least {MIN_DISCLOSED_RUNS} runs. Writing this page "
-                        "appended an audit entry to the ledger.</p>")
+        sections.append(
+            '<p class="note">Held-out report: suite aggregates only (rule 2). No per-run rows or '
+            f"points; a group is shown only with at least {MIN_DISCLOSED_RUNS} runs. Writing this page "
+            "appended an audit entry to the ledger.</p>"
+        )
     sections.append(f"<h2>Suite aggregates ({_e(model_label)})</h2>" + aggregates_table(suite))
     sections.append("<h2>Breakdown</h2>" + _breakdowns(points, held_out))
     if parity_uri and not held_out:
@@ -162,12 +240,16 @@ def render(*, split: str, suite: SuiteScore, points: Sequence[RunPoint], model_l
     if ledger_uri:
         sections.append("<h2>Ledger history</h2>" + _image(ledger_uri, "ledger history"))
     if not held_out:
-        sections.append("<h2>Runs</h2><p>Sorted by |throughput error|; highlighted: outside ±10 % of the real "
-                        "value.</p>" + runs_table(points))
+        sections.append(
+            "<h2>Runs</h2><p>Sorted by |throughput error|; highlighted: outside ±10 % of the real "
+            "value.</p>" + runs_table(points)
+        )
     body = "\n".join(sections)
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{_e(title)}</title>\n'
-            f"<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{_e(title)}</title>\n'
+        f"<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )
 
 
 def check_html_path(out: Path) -> None:
@@ -188,8 +270,11 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
     entry = result.ledger_entry
     # The page must describe exactly what the audit entry recorded.
     if (scored.model.sha256, scored.fixture_set_sha256) != (entry["model_sha256"], entry["fixture_set_sha256"]):
-        raise InputError(fixtures, "the model file or the fixture store changed while the report was written",
-                         hint="run the report again")
+        raise InputError(
+            fixtures,
+            "the model file or the fixture store changed while the report was written",
+            hint="run the report again",
+        )
     parity_uri = None
     if result.split != TEST:
         parity_uri = png_data_uri(parity_figure(scored.points, scored.suite, parity_title(scored), dpi=REPORT_DPI))
@@ -214,20 +299,34 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
         if attempts:
             from hops_calib.plot.images import shown_path
 
-            ledger_uri = png_data_uri(ledger_figure(
-                attempts, audits, f"Ledger history on {sizes['train']} train / {sizes['test']} test runs — "
-                f"{shown_path(Path(history_path))}", dpi=REPORT_DPI))
-    meta = {"written": entry["time"], "model": f"{entry['model_path']} (sha256 {entry['model_sha256'][:12]})",
-            "fixtures": f"{fixtures} ({result.suite.n_fixtures} {result.split} runs, set sha256 "
-                        f"{entry['fixture_set_sha256'][:12]})",
-            "code revision": entry.get("code_revision", "unknown"),
-            "ledger": (f"{result.ledger_path}, audit entry {entry['seq']} (sha256 {entry['entry_sha256'][:12]})"
-                       if result.audited else f"not recorded: the {result.split} split is not held out")}
+            ledger_uri = png_data_uri(
+                ledger_figure(
+                    attempts,
+                    audits,
+                    f"Ledger history on {sizes['train']} train / {sizes['test']} test runs — "
+                    f"{shown_path(Path(history_path))}",
+                    dpi=REPORT_DPI,
+                )
+            )
+    meta = {
+        "written": entry["time"],
+        "model": f"{entry['model_path']} (sha256 {entry['model_sha256'][:12]})",
+        "fixtures": f"{fixtures} ({result.suite.n_fixtures} {result.split} runs, set sha256 "
+        f"{entry['fixture_set_sha256'][:12]})",
+        "code revision": entry.get("code_revision", "unknown"),
+        "ledger": (
+            f"{result.ledger_path}, audit entry {entry['seq']} (sha256 {entry['entry_sha256'][:12]})"
+            if result.audited
+            else f"not recorded: the {result.split} split is not held out"
+        ),
+    }
     train = getattr(result, "train", None)
     if train is not None:
-        meta["the same model on train"] = (f"throughput MAPE {train.throughput_mape_pct:.2f} % (stall-noise floor "
-                                           f"{train.stall_noise_mape_pct:.2f} %); {result.split} minus train "
-                                           f"{result.gap_to_train_pp:+.2f} pp")
+        meta["the same model on train"] = (
+            f"throughput MAPE {train.throughput_mape_pct:.2f} % (stall-noise floor "
+            f"{train.stall_noise_mape_pct:.2f} %); {result.split} minus train "
+            f"{result.gap_to_train_pp:+.2f} pp"
+        )
     if getattr(result, "intervals", None) is not None:
         meta["spread over configurations"] = result.interval_sentence()
     outside = getattr(result, "outside_train", None)
@@ -235,7 +334,14 @@ def write_report(out: Path, result: Any, fixtures: Path, model_path: Path | None
         from hops_calib.model.coverage import outside_sentence
 
         meta["outside the train runs"] = outside_sentence(outside)
-    page = render(split=result.split, suite=result.suite, points=scored.points, model_label=model_label(scored.model),
-                  meta=meta, parity_uri=parity_uri, ledger_uri=ledger_uri)
+    page = render(
+        split=result.split,
+        suite=result.suite,
+        points=scored.points,
+        model_label=model_label(scored.model),
+        meta=meta,
+        parity_uri=parity_uri,
+        ledger_uri=ledger_uri,
+    )
     atomic_write(out, page)
     return Path(out)

@@ -56,8 +56,9 @@ class Audit:
 def entries_on(entries: Sequence[dict[str, Any]], sizes: dict[str, int]) -> list[dict[str, Any]]:
     """The entries that scored a split of as many runs as `sizes` gives for it ({"train": 36, "test": 20}): one
     store's campaign, without another store's candidates (their errors would join the line with a false jump)."""
-    return [e for e in entries if e.get("n_fixtures") is not None and e.get("n_fixtures") == sizes.get(
-        str(e.get("split")))]
+    return [
+        e for e in entries if e.get("n_fixtures") is not None and e.get("n_fixtures") == sizes.get(str(e.get("split")))
+    ]
 
 
 def read_history(entries: Sequence[dict[str, Any]]) -> tuple[list[Attempt], list[Audit]]:
@@ -71,15 +72,28 @@ def read_history(entries: Sequence[dict[str, Any]]) -> tuple[list[Attempt], list
             kept = entry["decision"] == "accepted"
             note = entry.get("note") or "compare"
             short = short_note(note)
-            attempts.append(Attempt(seq=int(entry["seq"]), candidate_id=note, accepted=True,
-                                    before=entry.get("aggregates_before") or {},
-                                    after=entry["aggregates_after"] if kept else entry.get("aggregates_before") or {},
-                                    comparison=True, label=short if kept else f"{short} undone"))
+            attempts.append(
+                Attempt(
+                    seq=int(entry["seq"]),
+                    candidate_id=note,
+                    accepted=True,
+                    before=entry.get("aggregates_before") or {},
+                    after=entry["aggregates_after"] if kept else entry.get("aggregates_before") or {},
+                    comparison=True,
+                    label=short if kept else f"{short} undone",
+                )
+            )
         elif entry.get("kind") == "evaluate" and entry.get("aggregates_after"):
-            attempts.append(Attempt(seq=int(entry["seq"]), candidate_id=str((entry.get("candidate") or {}).get("id")),
-                                    accepted=entry.get("decision") == "accepted",
-                                    before=entry.get("aggregates_before") or {}, after=entry["aggregates_after"],
-                                    committed=bool(entry.get("committed", True))))
+            attempts.append(
+                Attempt(
+                    seq=int(entry["seq"]),
+                    candidate_id=str((entry.get("candidate") or {}).get("id")),
+                    accepted=entry.get("decision") == "accepted",
+                    before=entry.get("aggregates_before") or {},
+                    after=entry["aggregates_after"],
+                    committed=bool(entry.get("committed", True)),
+                )
+            )
         elif entry.get("kind") == "report" and entry.get("split") == "test" and entry.get("aggregates"):
             audits.append(Audit(seq=int(entry["seq"]), split=str(entry.get("split")), aggregates=entry["aggregates"]))
     return attempts, audits
@@ -102,7 +116,7 @@ def short_note(note: str) -> str:
     for mark in "(;:":
         head = head.split(mark, 1)[0]
     head = head.strip() or note.strip()
-    return head if len(head) <= LABEL_CHARS else head[:LABEL_CHARS - 1].rstrip() + "\u2026"
+    return head if len(head) <= LABEL_CHARS else head[: LABEL_CHARS - 1].rstrip() + "\u2026"
 
 
 def short_id(candidate_id: str) -> str:
@@ -116,8 +130,9 @@ def _value(aggregates: dict[str, float], field: str) -> float:
     return float(value) if value is not None else float("nan")
 
 
-def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: str,
-                  dpi: float = style.DEFAULT_DPI) -> Any:
+def ledger_figure(
+    attempts: Sequence[Attempt], audits: Sequence[Audit], title: str, dpi: float = style.DEFAULT_DPI
+) -> Any:
     if not attempts and not audits:
         raise ValueError("the ledger has no evaluations or reports to plot")
     plt = style.pyplot()
@@ -134,24 +149,59 @@ def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: s
             xs = [start.seq - 0.5] + [a.seq for a in accepted]
             ys = [_value(start.before, field)] + [_value(a.after, field) for a in accepted]
             # The model keeps its errors until the next accepted change: a step line says so.
-            ax.step(xs + [last_seq + 0.5], ys + [ys[-1]], where="post", color=ACCEPTED_COLOUR,
-                    linewidth=1.6, zorder=2)
+            ax.step(xs + [last_seq + 0.5], ys + [ys[-1]], where="post", color=ACCEPTED_COLOUR, linewidth=1.6, zorder=2)
             ax.scatter(xs[:1], ys[:1], marker="o", s=36, facecolors="white", edgecolors=ACCEPTED_COLOUR, zorder=3)
             ax.scatter(xs[1:], ys[1:], marker="o", s=40, color=ACCEPTED_COLOUR, zorder=3)
-            ax.scatter([a.seq for a in rejected], [_value(a.after, field) for a in rejected], marker="X", s=52,
-                       color=REJECTED_COLOUR, zorder=3)
-            ax.scatter([a.seq for a in uncommitted], [_value(a.after, field) for a in uncommitted], marker="o", s=40,
-                       facecolors="white", edgecolors=ACCEPTED_COLOUR, linewidths=1.4, zorder=3)
+            ax.scatter(
+                [a.seq for a in rejected],
+                [_value(a.after, field) for a in rejected],
+                marker="X",
+                s=52,
+                color=REJECTED_COLOUR,
+                zorder=3,
+            )
+            ax.scatter(
+                [a.seq for a in uncommitted],
+                [_value(a.after, field) for a in uncommitted],
+                marker="o",
+                s=40,
+                facecolors="white",
+                edgecolors=ACCEPTED_COLOUR,
+                linewidths=1.4,
+                zorder=3,
+            )
             if ax is axes[0]:
-                ax.annotate("start", (xs[0], ys[0]), xytext=(0, 7), textcoords="offset points", fontsize=7.5,
-                            ha="center", va="bottom", color=ACCEPTED_COLOUR)
+                ax.annotate(
+                    "start",
+                    (xs[0], ys[0]),
+                    xytext=(0, 7),
+                    textcoords="offset points",
+                    fontsize=7.5,
+                    ha="center",
+                    va="bottom",
+                    color=ACCEPTED_COLOUR,
+                )
                 for attempt in accepted:
-                    ax.annotate(label_of(attempt), (attempt.seq, _value(attempt.after, field)),
-                                xytext=(0, 7), textcoords="offset points", fontsize=7, rotation=90, ha="center",
-                                va="bottom", color=ACCEPTED_COLOUR)
+                    ax.annotate(
+                        label_of(attempt),
+                        (attempt.seq, _value(attempt.after, field)),
+                        xytext=(0, 7),
+                        textcoords="offset points",
+                        fontsize=7,
+                        rotation=90,
+                        ha="center",
+                        va="bottom",
+                        color=ACCEPTED_COLOUR,
+                    )
         if audits:
-            ax.scatter([a.seq for a in audits], [_value(a.aggregates, field) for a in audits], marker="D", s=36,
-                       color=REPORT_COLOUR, zorder=3)
+            ax.scatter(
+                [a.seq for a in audits],
+                [_value(a.aggregates, field) for a in audits],
+                marker="D",
+                s=36,
+                color=REPORT_COLOUR,
+                zorder=3,
+            )
         ax.set_ylabel(f"{label}\n{direction}")
         ax.grid(True, axis="y", color="#EEEEEE", linewidth=0.8, zorder=0)
         ax.margins(x=0.04, y=0.18)
@@ -166,12 +216,29 @@ def ledger_figure(attempts: Sequence[Attempt], audits: Sequence[Audit], title: s
 
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=ACCEPTED_COLOUR, marker="o", linewidth=1.6,
-                      label="model after each accepted change (train)"),
-               Line2D([], [], color=REJECTED_COLOUR, marker="X", linestyle="none", markersize=8,
-                      label="rejected candidate (where it would have led)"),
-               Line2D([], [], color=ACCEPTED_COLOUR, marker="o", markerfacecolor="white", linestyle="none",
-                      label="accepted, not committed (the model stayed)"),
-               Line2D([], [], color=REPORT_COLOUR, marker="D", linestyle="none", label="held-out report (test split)")]
+    handles = [
+        Line2D(
+            [], [], color=ACCEPTED_COLOUR, marker="o", linewidth=1.6, label="model after each accepted change (train)"
+        ),
+        Line2D(
+            [],
+            [],
+            color=REJECTED_COLOUR,
+            marker="X",
+            linestyle="none",
+            markersize=8,
+            label="rejected candidate (where it would have led)",
+        ),
+        Line2D(
+            [],
+            [],
+            color=ACCEPTED_COLOUR,
+            marker="o",
+            markerfacecolor="white",
+            linestyle="none",
+            label="accepted, not committed (the model stayed)",
+        ),
+        Line2D([], [], color=REPORT_COLOUR, marker="D", linestyle="none", label="held-out report (test split)"),
+    ]
     figure.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=9)
     return figure

@@ -33,30 +33,63 @@ def _limits(values: np.ndarray, log: bool) -> tuple[float, float]:
     return max(lo - pad, 0.0) if lo >= 0 else lo - pad, hi + pad
 
 
-def _panel(ax: Any, real: np.ndarray, predicted: np.ndarray, points: Sequence[RunPoint], mixes: list[str],
-           errors: np.ndarray, label_worst: int, log: bool, unit_label: str, what: str,
-           spread: np.ndarray | None = None) -> None:
+def _panel(
+    ax: Any,
+    real: np.ndarray,
+    predicted: np.ndarray,
+    points: Sequence[RunPoint],
+    mixes: list[str],
+    errors: np.ndarray,
+    label_worst: int,
+    log: bool,
+    unit_label: str,
+    what: str,
+    spread: np.ndarray | None = None,
+) -> None:
     lo, hi = _limits(np.concatenate([real, predicted]), log)
     grid = np.geomspace(lo, hi, 200) if log else np.linspace(lo, hi, 200)
     ax.fill_between(grid, grid * (1 - BAND), grid * (1 + BAND), color="#BBBBBB", alpha=0.45, linewidth=0, zorder=1)
     ax.plot(grid, grid, color=style.GUIDE_COLOUR, linestyle="--", linewidth=1.0, zorder=2)
     if spread is not None and np.any(spread > 0):
         shown = spread > 0
-        ax.errorbar(real[shown], predicted[shown], yerr=spread[shown], fmt="none", ecolor=SPREAD_COLOUR,
-                    elinewidth=1.0, capsize=2.5, zorder=2.5)
+        ax.errorbar(
+            real[shown],
+            predicted[shown],
+            yerr=spread[shown],
+            fmt="none",
+            ecolor=SPREAD_COLOUR,
+            elinewidth=1.0,
+            capsize=2.5,
+            zorder=2.5,
+        )
     for index, mix in enumerate(mixes):
         chosen = np.array([p.device_mix == mix for p in points])
-        ax.scatter(real[chosen], predicted[chosen], s=38, marker=style.MARKERS[index % len(style.MARKERS)],
-                   color=POINT_COLOURS[index % len(POINT_COLOURS)], edgecolors="#222222", linewidths=0.5,
-                   zorder=3, label=mix)
+        ax.scatter(
+            real[chosen],
+            predicted[chosen],
+            s=38,
+            marker=style.MARKERS[index % len(style.MARKERS)],
+            color=POINT_COLOURS[index % len(POINT_COLOURS)],
+            edgecolors="#222222",
+            linewidths=0.5,
+            zorder=3,
+            label=mix,
+        )
     worst = np.argsort(-np.abs(errors), kind="stable")[:label_worst]
     for rank, i in enumerate(worst):
         # Alternate the label side so neighbouring outliers do not print over each other.
         dx, dy = ((10, -16), (10, 10), (-10, 10), (-10, -16))[rank % 4]
-        ax.annotate(short_run_id(points[i].run_id), (real[i], predicted[i]), xytext=(dx, dy),
-                    textcoords="offset points", ha="left" if dx > 0 else "right", fontsize=8, zorder=4,
-                    arrowprops={"arrowstyle": "-", "color": "#444444", "linewidth": 0.6},
-                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+        ax.annotate(
+            short_run_id(points[i].run_id),
+            (real[i], predicted[i]),
+            xytext=(dx, dy),
+            textcoords="offset points",
+            ha="left" if dx > 0 else "right",
+            fontsize=8,
+            zorder=4,
+            arrowprops={"arrowstyle": "-", "color": "#444444", "linewidth": 0.6},
+            bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+        )
     if log:
         from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
@@ -75,8 +108,9 @@ def _panel(ax: Any, real: np.ndarray, predicted: np.ndarray, points: Sequence[Ru
     ax.grid(True, which="major", color="#EEEEEE", linewidth=0.8, zorder=0)
 
 
-def parity_figure(points: Sequence[RunPoint], suite: SuiteScore, title: str, label_worst: int = 3,
-                  dpi: float = style.DEFAULT_DPI) -> Any:
+def parity_figure(
+    points: Sequence[RunPoint], suite: SuiteScore, title: str, label_worst: int = 3, dpi: float = style.DEFAULT_DPI
+) -> Any:
     """Two parity panels (throughput, bubble) for `points`, titled with the suite's aggregates."""
     if not points:
         raise ValueError("no runs to plot")
@@ -89,24 +123,53 @@ def parity_figure(points: Sequence[RunPoint], suite: SuiteScore, title: str, lab
     both = np.concatenate([real_tput, pred_tput])
     log = bool(both.min() > 0 and both.max() / both.min() > LOG_SPAN)
     spread = pred_tput * np.array([s.stall_noise_ape_pct for s in scores]) / 100.0
-    _panel(left, real_tput, pred_tput, points, mixes, np.array([s.throughput_error_pct for s in scores]),
-           label_worst, log, "microbatches/s" + (", log scale" if log else ""), "throughput", spread)
+    _panel(
+        left,
+        real_tput,
+        pred_tput,
+        points,
+        mixes,
+        np.array([s.throughput_error_pct for s in scores]),
+        label_worst,
+        log,
+        "microbatches/s" + (", log scale" if log else ""),
+        "throughput",
+        spread,
+    )
     floor = f"; stall-noise floor {suite.stall_noise_mape_pct:.1f} %" if suite.stall_noise_mape_pct > 0 else ""
-    left.set_title(f"Throughput: MAPE {suite.throughput_mape_pct:.1f} % "
-                   f"(median {suite.throughput_median_ape_pct:.1f} %{floor})", loc="left")
+    left.set_title(
+        f"Throughput: MAPE {suite.throughput_mape_pct:.1f} % (median {suite.throughput_median_ape_pct:.1f} %{floor})",
+        loc="left",
+    )
     # Bubble only where there are events: a run measured at iteration level has none.
     timed = [i for i, s in enumerate(scores) if s.bubble_error_pp is not None]
     if timed:
-        _panel(right, 100 * np.array([scores[i].real_bubble_ratio for i in timed]),
-               100 * np.array([scores[i].predicted_bubble_ratio for i in timed]), [points[i] for i in timed], mixes,
-               np.array([scores[i].bubble_error_pp for i in timed]), label_worst, False, "% of stage time idle",
-               "bubble")
+        _panel(
+            right,
+            100 * np.array([scores[i].real_bubble_ratio for i in timed]),
+            100 * np.array([scores[i].predicted_bubble_ratio for i in timed]),
+            [points[i] for i in timed],
+            mixes,
+            np.array([scores[i].bubble_error_pp for i in timed]),
+            label_worst,
+            False,
+            "% of stage time idle",
+            "bubble",
+        )
         on = "" if len(timed) == len(scores) else f" on the {len(timed)} runs with events"
         right.set_title(f"Idle share (measured bubble): MAE {suite.bubble_mae_pp:.1f} pp{on}", loc="left")
     else:
         right.set_axis_off()
-        right.text(0.5, 0.5, "no bubble: every run was measured at iteration level (no events)", ha="center",
-                   va="center", fontsize=10, wrap=True, transform=right.transAxes)
+        right.text(
+            0.5,
+            0.5,
+            "no bubble: every run was measured at iteration level (no events)",
+            ha="center",
+            va="center",
+            fontsize=10,
+            wrap=True,
+            transform=right.transAxes,
+        )
     figure.suptitle(title, fontsize=12, fontweight="bold")
 
     from matplotlib.lines import Line2D
@@ -118,6 +181,13 @@ def parity_figure(points: Sequence[RunPoint], suite: SuiteScore, title: str, lab
     if np.any(spread > 0):
         handles.append(Line2D([], [], color=SPREAD_COLOUR, marker="_", markersize=8, linewidth=1.0))
         labels.append("± random stalls alone")
-    figure.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 8), fontsize=9,
-                  title="device mix (colour and shape)", title_fontsize=9)
+    figure.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        ncol=min(len(labels), 8),
+        fontsize=9,
+        title="device mix (colour and shape)",
+        title_fontsize=9,
+    )
     return figure

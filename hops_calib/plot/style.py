@@ -22,13 +22,27 @@ PHASE_COLOURS = {
     BACKWARD_W: "#CC79A7",  # reddish purple: the deferred weight-gradient half
     OPTIMIZER: "#009E73",  # bluish green
 }
-PHASE_LABELS = {FORWARD: "forward", BACKWARD: "backward", BACKWARD_B: "backward B (input grad)",
-                BACKWARD_W: "backward W (weight grad)", OPTIMIZER: "optimizer step"}
+PHASE_LABELS = {
+    FORWARD: "forward",
+    BACKWARD: "backward",
+    BACKWARD_B: "backward B (input grad)",
+    BACKWARD_W: "backward W (weight grad)",
+    OPTIMIZER: "optimizer step",
+}
 # Kernel classes (trace.profile.KERNEL_CLASSES) under the timeline's bars: Paul Tol's "muted" qualitative scheme
 # (Tol 2021, "Colour Schemes", SRON/EPS/TN/09-002, fig. 4), also colour-blind safe, distinct from the phases'.
-KERNEL_COLOURS = {"gemm": "#332288", "attention": "#88CCEE", "elementwise": "#44AA99", "norm": "#DDCC77",
-                  "softmax": "#CC6677", "communication": "#882255", "memcpy": "#117733", "optimizer": "#999933",
-                  "reduction": "#AA4499", "embedding": "#6699CC"}
+KERNEL_COLOURS = {
+    "gemm": "#332288",
+    "attention": "#88CCEE",
+    "elementwise": "#44AA99",
+    "norm": "#DDCC77",
+    "softmax": "#CC6677",
+    "communication": "#882255",
+    "memcpy": "#117733",
+    "optimizer": "#999933",
+    "reduction": "#AA4499",
+    "embedding": "#6699CC",
+}
 OTHER_KERNELS, OTHER_KERNEL_COLOUR = "other", "#BBBBBB"
 
 
@@ -53,19 +67,21 @@ def pyplot():
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({
-        "font.size": 10,
-        "axes.titlesize": 11,
-        "axes.labelsize": 10,
-        "axes.spines.top": False,
-        "axes.spines.right": False,
-        "legend.frameon": False,
-        "figure.facecolor": "white",
-        "savefig.facecolor": "white",
-        "hatch.linewidth": 0.6,  # hatching marks a bar without hiding its number
-        "svg.fonttype": "none",  # text stays text in SVG: searchable, and sharp at any zoom
-        "svg.hashsalt": "hops-calib",  # stable ids: the same figure gives the same SVG bytes
-    })
+    plt.rcParams.update(
+        {
+            "font.size": 10,
+            "axes.titlesize": 11,
+            "axes.labelsize": 10,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "legend.frameon": False,
+            "figure.facecolor": "white",
+            "savefig.facecolor": "white",
+            "hatch.linewidth": 0.6,  # hatching marks a bar without hiding its number
+            "svg.fonttype": "none",  # text stays text in SVG: searchable, and sharp at any zoom
+            "svg.hashsalt": "hops-calib",  # stable ids: the same figure gives the same SVG bytes
+        }
+    )
     return plt
 
 
@@ -73,8 +89,12 @@ def image_format(out: Path | str) -> str:
     """'png' or 'svg', from the suffix of `out`; InputError naming the file otherwise."""
     suffix = Path(out).suffix.lower()
     if suffix not in FORMATS:
-        raise InputError(out, f"cannot tell the image format from the suffix {suffix or '(none)'!r}",
-                         field="--out", hint="name the file *.png or *.svg")
+        raise InputError(
+            out,
+            f"cannot tell the image format from the suffix {suffix or '(none)'!r}",
+            field="--out",
+            hint="name the file *.png or *.svg",
+        )
     return FORMATS[suffix]
 
 

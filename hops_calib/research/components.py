@@ -101,8 +101,9 @@ def occurrences(name: str, microbatches: int, pp: int) -> int:
     return microbatches if kind in ("forward", "backward") else pp if kind in ("silent", "rest") else 1
 
 
-def mispriced_time_pct(reals: list[Components], predicted: list[Components], microbatches: list[int],
-                       pps: list[int]) -> float:
+def mispriced_time_pct(
+    reals: list[Components], predicted: list[Components], microbatches: list[int], pps: list[int]
+) -> float:
     """Mean over runs of the share of measured time the model misprices (see the module docstring)."""
     shares = []
     for real, pred, m, pp in zip(reals, predicted, microbatches, pps):

@@ -60,10 +60,14 @@ def _positions(suite: Suite, ids: tuple[str, ...]) -> list[int]:
 def subset(suite: Suite, ids: tuple[str, ...], keep: list[int] | None = None) -> Suite:
     """The runs of `suite` named by `ids`, in the suite's order (`keep`: their positions, when known)."""
     keep = _positions(suite, ids) if keep is None else keep
-    return replace(suite, ids=tuple(suite.ids[i] for i in keep), specs=tuple(suite.specs[i] for i in keep),
-                   truths=tuple(suite.truths[i] for i in keep),
-                   content_hashes=tuple(suite.content_hashes[i] for i in keep),
-                   groups=tuple(suite.groups[i] for i in keep))
+    return replace(
+        suite,
+        ids=tuple(suite.ids[i] for i in keep),
+        specs=tuple(suite.specs[i] for i in keep),
+        truths=tuple(suite.truths[i] for i in keep),
+        content_hashes=tuple(suite.content_hashes[i] for i in keep),
+        groups=tuple(suite.groups[i] for i in keep),
+    )
 
 
 def fold_groups(run_groups: tuple[str, ...], folds: int, seed: int) -> list[tuple[str, ...]]:
@@ -71,8 +75,12 @@ def fold_groups(run_groups: tuple[str, ...], folds: int, seed: int) -> list[tupl
     groups, `Suite.groups`), dealt into `folds`."""
     groups = sorted(set(run_groups))
     if folds < 2 or folds > len(groups):
-        raise InputError("crossval", f"--folds {folds} for {len(groups)} configurations on the train split",
-                         field="folds", hint=f"choose 2 to {len(groups)} folds (each holds whole configurations)")
+        raise InputError(
+            "crossval",
+            f"--folds {folds} for {len(groups)} configurations on the train split",
+            field="folds",
+            hint=f"choose 2 to {len(groups)} folds (each holds whole configurations)",
+        )
     order = np.random.default_rng(seed).permutation(len(groups))
     return [tuple(sorted(groups[k] for k in part)) for part in np.array_split(order, folds)]
 
@@ -101,13 +109,21 @@ class Fold:
         return self.in_sample_objective > self.current_in_sample_objective + SHORTFALL_PP
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fold": self.index, "groups": list(self.groups), "runs": list(self.ids), "params": self.params,
-                "current": self.current.to_dict(), "held_out": self.held_out.to_dict(),
-                "in_sample": self.in_sample.to_dict(), "in_sample_objective": self.in_sample_objective,
-                "current_in_sample_objective": self.current_in_sample_objective, "fell_short": self.fell_short,
-                "held_out_component_mape_pct": self.held_out_component_pct,
-                "in_sample_component_mape_pct": self.in_sample_component_pct,
-                "throughput_error_pct": {k: {"current": c, "held_out": h} for k, (c, h) in self.errors.items()}}
+        return {
+            "fold": self.index,
+            "groups": list(self.groups),
+            "runs": list(self.ids),
+            "params": self.params,
+            "current": self.current.to_dict(),
+            "held_out": self.held_out.to_dict(),
+            "in_sample": self.in_sample.to_dict(),
+            "in_sample_objective": self.in_sample_objective,
+            "current_in_sample_objective": self.current_in_sample_objective,
+            "fell_short": self.fell_short,
+            "held_out_component_mape_pct": self.held_out_component_pct,
+            "in_sample_component_mape_pct": self.in_sample_component_pct,
+            "throughput_error_pct": {k: {"current": c, "held_out": h} for k, (c, h) in self.errors.items()},
+        }
 
 
 @dataclass(frozen=True)
@@ -159,38 +175,50 @@ class CrossValidation:
         what = "mispriced share" if self.objective == "components" else "throughput MAPE"
         for fold in self.folds:
             if fold.fell_short:
-                out.append(f"fold {fold.index}: its refit scores {fold.in_sample_objective:.2f} % ({what}) on its own "
-                           f"fitting runs against the current values' {fold.current_in_sample_objective:.2f} % "
-                           "there: the search fell short, so its held-out error and values are the search's, not "
-                           "the data's; rerun with more --evaluations")
+                out.append(
+                    f"fold {fold.index}: its refit scores {fold.in_sample_objective:.2f} % ({what}) on its own "
+                    f"fitting runs against the current values' {fold.current_in_sample_objective:.2f} % "
+                    "there: the search fell short, so its held-out error and values are the search's, not "
+                    "the data's; rerun with more --evaluations"
+                )
         if self.full_fell_short:
-            out.append(f"the refit on every train run scores {self.full_objective:.2f} % against the current values' "
-                       f"{self.current_objective:.2f} % (its objective): the search, not the data, sets these "
-                       "numbers; rerun with more --evaluations before reading them")
+            out.append(
+                f"the refit on every train run scores {self.full_objective:.2f} % against the current values' "
+                f"{self.current_objective:.2f} % (its objective): the search, not the data, sets these "
+                "numbers; rerun with more --evaluations before reading them"
+            )
         sound = len(self.folds) - len(self.short_folds)
         if self.short_folds and sound < 2:
-            out.append(f"only {sound} fold(s) searched as far as the current values: no verdict on which "
-                       "parameters the folds refit apart")
+            out.append(
+                f"only {sound} fold(s) searched as far as the current values: no verdict on which "
+                "parameters the folds refit apart"
+            )
         return out
 
     def verdicts(self) -> list[str]:
         loose = self.disagreement
         if not loose:
             return []
-        skipped = (f" (fold(s) {', '.join(map(str, self.short_folds))} left out: their search fell short)"
-                   if self.short_folds else "")
-        return [f"refits disagree by more than {DISAGREEMENT:g}x on: " + ", ".join(
-            f"{n} ({low:.3g}-{high:.3g})" for n, (low, high) in loose.items())
+        skipped = (
+            f" (fold(s) {', '.join(map(str, self.short_folds))} left out: their search fell short)"
+            if self.short_folds
+            else ""
+        )
+        return [
+            f"refits disagree by more than {DISAGREEMENT:g}x on: "
+            + ", ".join(f"{n} ({low:.3g}-{high:.3g})" for n, (low, high) in loose.items())
             + ": the folds that pin them decide them; a configuration unlike those is predicted with a guess"
-            + skipped]
+            + skipped
+        ]
 
     @property
     def held_out_component_pct(self) -> float | None:
         """Components mode: the folds' held-out mispriced share, weighted by their runs."""
         if self.objective != "components":
             return None
-        return float(np.average([f.held_out_component_pct for f in self.folds],
-                                weights=[len(f.ids) for f in self.folds]))
+        return float(
+            np.average([f.held_out_component_pct for f in self.folds], weights=[len(f.ids) for f in self.folds])
+        )
 
     @property
     def in_sample_component_pct(self) -> float | None:
@@ -214,22 +242,40 @@ class CrossValidation:
         return self.held_out.throughput_mape_pct - self.in_sample_mape_pct
 
     def to_dict(self) -> dict[str, Any]:
-        return {"term": self.term, "model_sha256": self.model_sha256, "fixture_set_sha256": self.fixture_set_sha256,
-                "split": "train", "seed": self.seed, "evaluations_per_refit": self.evaluations,
-                "objective": self.objective,
-                "only": list(self.only), "current_params": self.current_params, "current": self.current.to_dict(),
-                "cross_validated": self.held_out.to_dict(), "in_sample_mape_pct": self.in_sample_mape_pct,
-                "optimism_pp": self.optimism_pp, "per_device_values_dropped": list(self.dropped),
-                "also": list(self.also), "full_refit": {"params": self.full_params, **self.full.to_dict()},
-                "component_mape_pct": None if self.objective != "components" else {
-                    "cross_validated": self.held_out_component_pct, "in_sample": self.in_sample_component_pct,
-                    "full_refit": self.full_component_pct, "current": self.current_component_pct},
-                "folds": [f.to_dict() for f in self.folds],
-                "objective_current": self.current_objective, "objective_full_refit": self.full_objective,
-                "short_folds": list(self.short_folds),
-                "disagreeing_params": {n: list(bounds) for n, bounds in self.disagreement.items()},
-                "warnings": self.warnings(), "verdicts": self.verdicts(),
-                "left_out": self.left_out or {"count": 0, "reasons": []}}
+        return {
+            "term": self.term,
+            "model_sha256": self.model_sha256,
+            "fixture_set_sha256": self.fixture_set_sha256,
+            "split": "train",
+            "seed": self.seed,
+            "evaluations_per_refit": self.evaluations,
+            "objective": self.objective,
+            "only": list(self.only),
+            "current_params": self.current_params,
+            "current": self.current.to_dict(),
+            "cross_validated": self.held_out.to_dict(),
+            "in_sample_mape_pct": self.in_sample_mape_pct,
+            "optimism_pp": self.optimism_pp,
+            "per_device_values_dropped": list(self.dropped),
+            "also": list(self.also),
+            "full_refit": {"params": self.full_params, **self.full.to_dict()},
+            "component_mape_pct": None
+            if self.objective != "components"
+            else {
+                "cross_validated": self.held_out_component_pct,
+                "in_sample": self.in_sample_component_pct,
+                "full_refit": self.full_component_pct,
+                "current": self.current_component_pct,
+            },
+            "folds": [f.to_dict() for f in self.folds],
+            "objective_current": self.current_objective,
+            "objective_full_refit": self.full_objective,
+            "short_folds": list(self.short_folds),
+            "disagreeing_params": {n: list(bounds) for n, bounds in self.disagreement.items()},
+            "warnings": self.warnings(),
+            "verdicts": self.verdicts(),
+            "left_out": self.left_out or {"count": 0, "reasons": []},
+        }
 
 
 @dataclass(frozen=True)
@@ -263,8 +309,9 @@ class JointProblem:
         for term in dict.fromkeys(t for t, _ in self.also):
             mine = {k.split(":", 1)[1]: v for k, v in values.items() if k.startswith(f"{term}:")}
             active = model.active(term)
-            model = model.with_term(resolve_params(term, mine, origin=f"crossval --also {term}",
-                                                   base=active.params() if active else None))
+            model = model.with_term(
+                resolve_params(term, mine, origin=f"crossval --also {term}", base=active.params() if active else None)
+            )
         return model
 
     def score(self, model) -> SuiteScore:
@@ -298,8 +345,9 @@ def _fold_problem(problem, ids: tuple[str, ...]):
     return replace(problem, suite=subset(problem.suite, ids, keep), real_components=reals)
 
 
-def refit(problem: TuneProblem | JointProblem, evaluations: int, seed: int = 0,
-          progress: Callable[[int], None] | None = None) -> dict[str, float]:
+def refit(
+    problem: TuneProblem | JointProblem, evaluations: int, seed: int = 0, progress: Callable[[int], None] | None = None
+) -> dict[str, float]:
     """The term's continuous parameters minimizing the problem's runs' error, found without the model's values.
 
     A third of the budget is a global search (optuna TPE over the parameters' plausible ranges, log scale where a
@@ -311,8 +359,12 @@ def refit(problem: TuneProblem | JointProblem, evaluations: int, seed: int = 0,
 
     params = [p for p in problem.params if not p.choices]
     if not params:
-        raise InputError("crossval", f"term {problem.term!r} has only switch parameters to refit", field="only",
-                         hint="cross-validate a term (or --only parameters) with a continuous range")
+        raise InputError(
+            "crossval",
+            f"term {problem.term!r} has only switch parameters to refit",
+            field="only",
+            hint="cross-validate a term (or --only parameters) with a continuous range",
+        )
     defaults = _values(problem, None)
     calls = [0]
 
@@ -328,12 +380,15 @@ def refit(problem: TuneProblem | JointProblem, evaluations: int, seed: int = 0,
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
     study.enqueue_trial({p.name: defaults[p.name] for p in params})
-    study.optimize(lambda trial: error([trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in params]),
-                   n_trials=max(1, evaluations // 3))
+    study.optimize(
+        lambda trial: error([trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in params]),
+        n_trials=max(1, evaluations // 3),
+    )
     best_x, best_error = [study.best_params[p.name] for p in params], study.best_value
     low, high = np.array([p.low for p in params]), np.array([p.high for p in params])
-    search = cmaes.CMA(mean=(np.array(best_x) - low) / (high - low), sigma=0.1,
-                       bounds=np.array([[0.0, 1.0]] * len(params)), seed=seed)
+    search = cmaes.CMA(
+        mean=(np.array(best_x) - low) / (high - low), sigma=0.1, bounds=np.array([[0.0, 1.0]] * len(params)), seed=seed
+    )
     while evaluations - calls[0] >= search.population_size:  # whole generations only
         generation = []
         for _ in range(search.population_size):
@@ -353,16 +408,23 @@ def _shared_problem(problem: TuneProblem) -> tuple[TuneProblem, tuple[str, ...]]
 
     per_device = [p.name for p in problem.params if "@" in p.name]
     if per_device:
-        raise InputError("crossval", f"--shared refits one value for every device; {', '.join(per_device)} is one "
-                         "device's value", field="only", hint="name the parameter without @TYPE")
+        raise InputError(
+            "crossval",
+            f"--shared refits one value for every device; {', '.join(per_device)} is one device's value",
+            field="only",
+            hint="name the parameter without @TYPE",
+        )
     active = problem.model.active(problem.term)
     names = {p.name for p in problem.params}
     values = active.params() if active else {}
     dropped = tuple(sorted(k for k in values if "@" in k and k.partition("@")[0] in names))
     if not dropped:
-        raise InputError("crossval", f"--shared: the model gives term {problem.term!r} no per-device value of "
-                         f"{', '.join(sorted(names))}", field="shared",
-                         hint="nothing to share; cross-validate without --shared")
+        raise InputError(
+            "crossval",
+            f"--shared: the model gives term {problem.term!r} no per-device value of {', '.join(sorted(names))}",
+            field="shared",
+            hint="nothing to share; cross-validate without --shared",
+        )
     kept = {k: v for k, v in values.items() if k not in dropped}
     model = problem.model.with_term(resolve_params(problem.term, kept, origin=f"crossval {problem.term} --shared"))
     return replace(problem, model=model), dropped
@@ -375,18 +437,29 @@ def _also(specs: tuple[str, ...], selected: tuple[str, ...] = (), term_refit: st
     for spec in specs:
         term, sep, name = spec.partition(":")
         if not sep or term not in TERMS:
-            raise InputError("crossval", f"--also {spec!r}: expected TERM:PARAM with a known term", field="also",
-                             hint=f"terms: {', '.join(sorted(TERMS))}")
+            raise InputError(
+                "crossval",
+                f"--also {spec!r}: expected TERM:PARAM with a known term",
+                field="also",
+                hint=f"terms: {', '.join(sorted(TERMS))}",
+            )
         try:
             TERMS[term].param(name)
         except KeyError:
-            raise InputError("crossval", f"--also {spec!r}: term {term!r} has no parameter {name!r}", field="also",
-                             hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}") from None
+            raise InputError(
+                "crossval",
+                f"--also {spec!r}: term {term!r} has no parameter {name!r}",
+                field="also",
+                hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}",
+            ) from None
         if (term == term_refit and name in selected) or (term, name) in parsed:
-            raise InputError("crossval", f"--also {spec!r}: {name} of {term} is refit already"
-                             + (f" as {term_refit}'s own parameter" if term == term_refit else " (given twice)"),
-                             field="also", hint="name each parameter once: TERM's own with --only, other terms' "
-                                                "with --also")
+            raise InputError(
+                "crossval",
+                f"--also {spec!r}: {name} of {term} is refit already"
+                + (f" as {term_refit}'s own parameter" if term == term_refit else " (given twice)"),
+                field="also",
+                hint="name each parameter once: TERM's own with --only, other terms' with --also",
+            )
         parsed.append((term, name))
     return tuple(parsed)
 
@@ -411,8 +484,9 @@ class CrossvalRequest:
     split: str = "train"
 
 
-def crossval(term: str, fixtures_dir: Path | str, *, progress: Callable[[int, int], None] | None = None,
-             **options: Any) -> CrossValidation:
+def crossval(
+    term: str, fixtures_dir: Path | str, *, progress: Callable[[int, int], None] | None = None, **options: Any
+) -> CrossValidation:
     """`run_crossval` of CrossvalRequest(term, fixtures_dir, **options)."""
     return run_crossval(CrossvalRequest(term, fixtures_dir, **options), progress=progress)
 
@@ -427,13 +501,19 @@ def run_crossval(request: CrossvalRequest, progress: Callable[[int, int], None] 
     """
     from hops_calib.loop.suite import refuse_test_split
 
-    term, folds, evaluations, seed, objective = (request.term, request.folds, request.evaluations, request.seed,
-                                                 request.objective)
+    term, folds, evaluations, seed, objective = (
+        request.term,
+        request.folds,
+        request.evaluations,
+        request.seed,
+        request.objective,
+    )
     refuse_test_split(request.split, "crossval")
     if evaluations < 1:
         raise InputError("crossval", "--evaluations must be at least 1", field="evaluations")
-    base = load_problem(term, request.fixtures_dir, request.model_path, objective, request.only,
-                        command="crossval")  # train only
+    base = load_problem(
+        term, request.fixtures_dir, request.model_path, objective, request.only, command="crossval"
+    )  # train only
     shipped = base.model
     dropped: tuple[str, ...] = ()
     if request.shared:
@@ -471,29 +551,51 @@ def run_crossval(request: CrossvalRequest, progress: Callable[[int, int], None] 
         held_out = score_model(held_problem.suite, model, origin=f"crossval {term} fold {index}")
         in_sample = score_model(fit_problem.suite, model, origin=f"crossval {term} fold {index}").suite
         in_sample_objective = fit_problem.component_mape(model) if components else in_sample.throughput_mape_pct
-        results.append(Fold(index=index, groups=groups, ids=held, params=values,
-                            current=aggregate([r for r in current.runs if r.run_id in held]),
-                            held_out=held_out.suite, in_sample=in_sample,
-                            errors={r.run_id: (current_errors[r.run_id], r.throughput_error_pct)
-                                    for r in held_out.runs}, runs=tuple(held_out.runs),
-                            held_out_component_pct=held_problem.component_mape(model) if components else None,
-                            in_sample_component_pct=in_sample_objective if components else None,
-                            in_sample_objective=in_sample_objective,
-                            current_in_sample_objective=reference_objective(fit_problem, set(fit_problem.suite.ids))))
-    full_values = refit(problem, evaluations, seed + len(parts),
-                        lambda calls: progress(len(parts) * evaluations + calls, evaluations * (len(parts) + 1))
-                        if progress else None)
+        results.append(
+            Fold(
+                index=index,
+                groups=groups,
+                ids=held,
+                params=values,
+                current=aggregate([r for r in current.runs if r.run_id in held]),
+                held_out=held_out.suite,
+                in_sample=in_sample,
+                errors={r.run_id: (current_errors[r.run_id], r.throughput_error_pct) for r in held_out.runs},
+                runs=tuple(held_out.runs),
+                held_out_component_pct=held_problem.component_mape(model) if components else None,
+                in_sample_component_pct=in_sample_objective if components else None,
+                in_sample_objective=in_sample_objective,
+                current_in_sample_objective=reference_objective(fit_problem, set(fit_problem.suite.ids)),
+            )
+        )
+    full_values = refit(
+        problem,
+        evaluations,
+        seed + len(parts),
+        lambda calls: progress(len(parts) * evaluations + calls, evaluations * (len(parts) + 1)) if progress else None,
+    )
     current_values = _values(problem, shipped)
     full_model = problem.model_with(full_values)
     full = score_model(suite, full_model, origin=f"crossval {term}").suite
     full_objective = problem.component_mape(full_model) if components else full.throughput_mape_pct
-    return CrossValidation(term=term, model_sha256=shipped.sha256, fixture_set_sha256=suite.sha256, seed=seed,
-                           evaluations=evaluations, objective=objective, only=tuple(request.only),
-                           current_params={k: current_values[k] for k in results[0].params},
-                           current=current.suite, folds=tuple(results), full_params=full_values,
-                           full=full, full_component_pct=full_objective if components else None,
-                           current_component_pct=problem.component_mape(shipped) if components else None,
-                           dropped=dropped, also=tuple(request.also),
-                           full_objective=full_objective,
-                           current_objective=reference_objective(problem, set(suite.ids)),
-                           left_out=suite.left_out_summary)
+    return CrossValidation(
+        term=term,
+        model_sha256=shipped.sha256,
+        fixture_set_sha256=suite.sha256,
+        seed=seed,
+        evaluations=evaluations,
+        objective=objective,
+        only=tuple(request.only),
+        current_params={k: current_values[k] for k in results[0].params},
+        current=current.suite,
+        folds=tuple(results),
+        full_params=full_values,
+        full=full,
+        full_component_pct=full_objective if components else None,
+        current_component_pct=problem.component_mape(shipped) if components else None,
+        dropped=dropped,
+        also=tuple(request.also),
+        full_objective=full_objective,
+        current_objective=reference_objective(problem, set(suite.ids)),
+        left_out=suite.left_out_summary,
+    )

@@ -37,14 +37,26 @@ from hops_calib.model.kernels import ATTENTION, COLLECTIVE, DGRAD, FORWARD, GEMM
 MEASURED_PHASES = {"FORWARD": (FORWARD,), "BACKWARD": (DGRAD, WGRAD, RECOMPUTE)}
 # A memory-bound kernel's kind (`kernels.Kernel.kind`) as the class the trace reader gives the ATen operator or
 # CUDA kernel that does it (`trace.profile.KERNEL_CLASSES`); kinds not named here are `elementwise`.
-MEMORY_CLASSES = {"layernorm": "norm", "rmsnorm": "norm", "softmax": "softmax", "embedding": "embedding",
-                  "sum": "reduction", "copy": "memcpy", "cat": "other", "adam": "optimizer"}
-FIXED_BY = {"gemm": "decoder_kernels gemm_efficiency, gemm_k_half (or the machine's GEMM table)",
-            "attention": "decoder_kernels flash_forward_efficiency, flash_backward_efficiency",
-            "communication": "tensor_parallel_comm (the node's all-reduce table, else the ring)"}
+MEMORY_CLASSES = {
+    "layernorm": "norm",
+    "rmsnorm": "norm",
+    "softmax": "softmax",
+    "embedding": "embedding",
+    "sum": "reduction",
+    "copy": "memcpy",
+    "cat": "other",
+    "adam": "optimizer",
+}
+FIXED_BY = {
+    "gemm": "decoder_kernels gemm_efficiency, gemm_k_half (or the machine's GEMM table)",
+    "attention": "decoder_kernels flash_forward_efficiency, flash_backward_efficiency",
+    "communication": "tensor_parallel_comm (the node's all-reduce table, else the ring)",
+}
 MEMORY_FIX = "decoder_kernels memory_efficiency, kernel_latency_us (or the machine's memory table)"
-UNPRICED = ("no kernel of the model: unpriced (the trace's catch-all class `other`: on a CPU run the host time of "
-            "autograd nodes and views; a collective the launch has no tensor-parallel group for)")
+UNPRICED = (
+    "no kernel of the model: unpriced (the trace's catch-all class `other`: on a CPU run the host time of "
+    "autograd nodes and views; a collective the launch has no tensor-parallel group for)"
+)
 GEMM_OPS = {"aten::mm": 0, "aten::bmm": 0, "aten::baddbmm": 1, "aten::addmm": 1}  # index of the A operand
 
 
@@ -182,26 +194,49 @@ def kernel_section(fixtures: Sequence[Any], model) -> dict[str, Any] | None:
     for label, pairs in by_class.items():
         real, pred = sum(m for m, _ in pairs), sum(p for _, p in pairs)
         scale, fixable = _fixable(pairs)
-        classes.append({
-            "kernel_class": label, "measured_ms": real, "predicted_ms": pred, "bias_ms": pred - real,
-            "bias_pct": (pred - real) / real * 100.0 if real > 0 else None,
-            "mispriced_ms": sum(abs(p - m) for m, p in pairs), "scale_to_fit": scale, "fixable_ms": fixable,
-            "priced": label in priced,
-            "fixed_by": UNPRICED if label not in priced else FIXED_BY.get(label, MEMORY_FIX)})
+        classes.append(
+            {
+                "kernel_class": label,
+                "measured_ms": real,
+                "predicted_ms": pred,
+                "bias_ms": pred - real,
+                "bias_pct": (pred - real) / real * 100.0 if real > 0 else None,
+                "mispriced_ms": sum(abs(p - m) for m, p in pairs),
+                "scale_to_fit": scale,
+                "fixable_ms": fixable,
+                "priced": label in priced,
+                "fixed_by": UNPRICED if label not in priced else FIXED_BY.get(label, MEMORY_FIX),
+            }
+        )
     classes.sort(key=lambda row: -row["mispriced_ms"])
     gemms: list[dict[str, Any]] = []
     for measured, predicted in runs:
         for (stage, phase, shape), measured_ms in sorted(measured.gemms.items()):
             predicted_ms = predicted.gemms.get((stage, phase, shape))
-            gemms.append({"run": measured.run_id, "stage": stage, "phase": phase, "batch_m_n_k": list(shape),
-                          "measured_ms": measured_ms, "predicted_ms": predicted_ms,
-                          "error_pct": (predicted_ms - measured_ms) / measured_ms * 100.0
-                          if predicted_ms is not None and measured_ms > 0 else None})
+            gemms.append(
+                {
+                    "run": measured.run_id,
+                    "stage": stage,
+                    "phase": phase,
+                    "batch_m_n_k": list(shape),
+                    "measured_ms": measured_ms,
+                    "predicted_ms": predicted_ms,
+                    "error_pct": (predicted_ms - measured_ms) / measured_ms * 100.0
+                    if predicted_ms is not None and measured_ms > 0
+                    else None,
+                }
+            )
     matched = [g for g in gemms if g["predicted_ms"] is not None]
-    return {"runs": [m.run_id for m, _ in runs],
-            "unit": "ms per iteration, summed over the runs' stages and the FORWARD and BACKWARD phases",
-            "mispriced_kernel_pct": mispriced_kernel_pct(runs),
-            "classes": classes,
-            "gemm_shapes": {"matched": len(matched), "measured": len(gemms),
-                            "matched_measured_ms": sum(g["measured_ms"] for g in matched),
-                            "matched_predicted_ms": sum(g["predicted_ms"] for g in matched), "rows": gemms}}
+    return {
+        "runs": [m.run_id for m, _ in runs],
+        "unit": "ms per iteration, summed over the runs' stages and the FORWARD and BACKWARD phases",
+        "mispriced_kernel_pct": mispriced_kernel_pct(runs),
+        "classes": classes,
+        "gemm_shapes": {
+            "matched": len(matched),
+            "measured": len(gemms),
+            "matched_measured_ms": sum(g["measured_ms"] for g in matched),
+            "matched_predicted_ms": sum(g["predicted_ms"] for g in matched),
+            "rows": gemms,
+        },
+    }

@@ -109,15 +109,43 @@ from hops_calib.research.observe_rows import (
     stage_position,
 )
 
-__all__ = ["BOTTLENECK_MARGIN", "CARRIED", "CONTRIBUTOR_FIELDS", "DOMINANT_RUNS", "LABELS", "PART_QUANTITIES",
-           "RUN_PHRASES", "STAGE_PHRASES", "STAGE_QUANTITIES", "BottleneckRow", "Contributor", "HopRow",
-           "Observation", "RunRow", "StageRow", "bottleneck", "error_by_configuration", "hop_gaps", "hop_rows",
-           "measured_replay_error_pct", "merge_same_runs", "observe", "observe_run", "part_contributors",
-           "part_fixed_errors", "run_groups", "stage_contributors", "stage_groups", "stage_position",
-           "stages_fixed_errors", "with_suite_noise"]
+__all__ = [
+    "BOTTLENECK_MARGIN",
+    "CARRIED",
+    "CONTRIBUTOR_FIELDS",
+    "DOMINANT_RUNS",
+    "LABELS",
+    "PART_QUANTITIES",
+    "RUN_PHRASES",
+    "STAGE_PHRASES",
+    "STAGE_QUANTITIES",
+    "BottleneckRow",
+    "Contributor",
+    "HopRow",
+    "Observation",
+    "RunRow",
+    "StageRow",
+    "bottleneck",
+    "error_by_configuration",
+    "hop_gaps",
+    "hop_rows",
+    "measured_replay_error_pct",
+    "merge_same_runs",
+    "observe",
+    "observe_run",
+    "part_contributors",
+    "part_fixed_errors",
+    "run_groups",
+    "stage_contributors",
+    "stage_groups",
+    "stage_position",
+    "stages_fixed_errors",
+    "with_suite_noise",
+]
 
 
 # --- the whole observation --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -168,19 +196,29 @@ class Observation:
         return tuple(row for row in map(bottleneck, self.runs) if row is not None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"split": self.split, "fixtures": str(self.fixtures_dir), "model": str(self.model_path),
-                "model_name": self.model_name, "model_sha256": self.model_sha256,
-                "fixture_set_sha256": self.fixture_set_sha256, **self.suite.to_dict(),
-                "measured_replay": self.measured_replay, "stall_free": self.stall_free,
-                "hops": [h.to_dict() for h in self.hops],
-                "bottlenecks": [b.to_dict() for b in self.bottlenecks],
-                "overall": [c.to_dict() for c in self.overall], "ranked": [c.to_dict() for c in self.ranked],
-                "iteration_level_runs": self.iteration_level_runs, "left_out": self.left_out,
-                "by_configuration": list(self.by_configuration), "kernel_classes": self.kernel_classes,
-                # the same list as ranked, under the name AGENTS.md reads: ranked by fixable_mape_pp
-                "contributors": [c.to_dict() for c in self.ranked],
-                "fields": CONTRIBUTOR_FIELDS,
-                "runs": [r.to_dict() for r in self.runs]}
+        return {
+            "split": self.split,
+            "fixtures": str(self.fixtures_dir),
+            "model": str(self.model_path),
+            "model_name": self.model_name,
+            "model_sha256": self.model_sha256,
+            "fixture_set_sha256": self.fixture_set_sha256,
+            **self.suite.to_dict(),
+            "measured_replay": self.measured_replay,
+            "stall_free": self.stall_free,
+            "hops": [h.to_dict() for h in self.hops],
+            "bottlenecks": [b.to_dict() for b in self.bottlenecks],
+            "overall": [c.to_dict() for c in self.overall],
+            "ranked": [c.to_dict() for c in self.ranked],
+            "iteration_level_runs": self.iteration_level_runs,
+            "left_out": self.left_out,
+            "by_configuration": list(self.by_configuration),
+            "kernel_classes": self.kernel_classes,
+            # the same list as ranked, under the name AGENTS.md reads: ranked by fixable_mape_pp
+            "contributors": [c.to_dict() for c in self.ranked],
+            "fields": CONTRIBUTOR_FIELDS,
+            "runs": [r.to_dict() for r in self.runs],
+        }
 
 
 def error_by_configuration(runs: Sequence[RunRow]) -> tuple[dict[str, Any], ...]:
@@ -193,10 +231,18 @@ def error_by_configuration(runs: Sequence[RunRow]) -> tuple[dict[str, Any], ...]
     for run in runs:
         for dimension, group in run_groups(run.spec).items():
             groups.setdefault((dimension, group), []).append(run.score.throughput_error_pct)
-    rows = [{"dimension": dimension, "group": group, "n_runs": len(errors),
-             "throughput_mape_pct": float(np.mean(np.abs(errors))), "mean_error_pct": float(np.mean(errors)),
-             "contribution_pp": float(np.sum(np.abs(errors)) / len(runs))}
-            for (dimension, group), errors in groups.items() if len(errors) < len(runs)]
+    rows = [
+        {
+            "dimension": dimension,
+            "group": group,
+            "n_runs": len(errors),
+            "throughput_mape_pct": float(np.mean(np.abs(errors))),
+            "mean_error_pct": float(np.mean(errors)),
+            "contribution_pp": float(np.sum(np.abs(errors)) / len(runs)),
+        }
+        for (dimension, group), errors in groups.items()
+        if len(errors) < len(runs)
+    ]
     return tuple(sorted(rows, key=lambda row: -row["contribution_pp"]))
 
 
@@ -205,12 +251,21 @@ def _error_summary(values: list[float | None]) -> dict[str, float] | None:
     errors = [v for v in values if v is not None]
     if not errors:
         return None
-    return {"n_runs": len(errors), "throughput_mape_pct": float(np.mean(np.abs(errors))),
-            "mean_error_pct": float(np.mean(errors))}
+    return {
+        "n_runs": len(errors),
+        "throughput_mape_pct": float(np.mean(np.abs(errors))),
+        "mean_error_pct": float(np.mean(errors)),
+    }
 
 
-def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, split: str = "train",
-            progress: Progress = QUIET, with_terms: bool = True) -> Observation:
+def observe(
+    fixtures_dir: Path | str,
+    *,
+    model_path: Path | str | None = None,
+    split: str = "train",
+    progress: Progress = QUIET,
+    with_terms: bool = True,
+) -> Observation:
     """Compare every run of the train split with its prediction, and rank where the throughput error comes from."""
     from hops_calib.loop.model_files import default_model, load_model
     from hops_calib.loop.suite import fixture_set_digest, open_store, refuse_test_split
@@ -224,12 +279,19 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
     store = open_store(fixtures_dir)
     ids = store.ids(split)
     if not ids:
-        raise InputError(fixtures_dir, f"the fixture store has no {split} fixtures",
-                         hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})")
+        raise InputError(
+            fixtures_dir,
+            f"the fixture store has no {split} fixtures",
+            hint=f"ingest runs into it (hops-calib ingest SRC --fixtures {fixtures_dir})",
+        )
     fixtures, left_out = priced(store.load_many(ids))
     if not fixtures:
-        raise InputError(fixtures_dir, f"none of the {len(left_out)} {split} fixtures is priced by the cost model",
-                         field="split", hint="ingest runs the model prices (one GPU per pipeline stage)")
+        raise InputError(
+            fixtures_dir,
+            f"none of the {len(left_out)} {split} fixtures is priced by the cost model",
+            field="split",
+            hint="ingest runs the model prices (one GPU per pipeline stage)",
+        )
     ids = [f.id for f in fixtures]
     runs, content_hashes = [], []
     progress.start(len(ids))
@@ -242,9 +304,14 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
         from hops_calib.research.pricing import pricing, terms_of
 
         found = pricing([r for r in runs if r.real_metrics.has_events], model)
-        contributors = [replace(c, terms=tuple(terms_of(found, c.quantity, c.members, c.residuals))) for c in contributors]
-    relative = {c.quantity: c.noise_ms / abs(c.real_ms_mean) for c in contributors
-                if c.dimension == "all" and c.noise_ms is not None and abs(c.real_ms_mean) > 0}
+        contributors = [
+            replace(c, terms=tuple(terms_of(found, c.quantity, c.members, c.residuals))) for c in contributors
+        ]
+    relative = {
+        c.quantity: c.noise_ms / abs(c.real_ms_mean)
+        for c in contributors
+        if c.dimension == "all" and c.noise_ms is not None and abs(c.real_ms_mean) > 0
+    }
     contributors = [with_suite_noise(c, relative.get(c.quantity)) for c in contributors]
     # the runs without events: the terms of their predicted iteration, fitted to their iteration residuals
     iteration = iteration_contributors(runs, len(runs))
@@ -255,10 +322,20 @@ def observe(fixtures_dir: Path | str, *, model_path: Path | str | None = None, s
         iteration = [replace(c, terms=tuple(terms_of(found, c.quantity, c.members, c.residuals))) for c in iteration]
     contributors += iteration
     overall = tuple(c for c in contributors if c.dimension == "all")
-    ranked = merge_same_runs(sorted((c for c in contributors if c.dimension != "all"),
-                                    key=lambda c: (-_fixable(c), -c.contribution_pp)))
-    return Observation(split=split, fixtures_dir=Path(fixtures_dir), model_path=model_path, model_name=model.name,
-                       model_sha256=model.sha256, fixture_set_sha256=fixture_set_digest(ids, content_hashes),
-                       suite=aggregate(r.score for r in runs), runs=tuple(runs),
-                       overall=overall, ranked=tuple(ranked), left_out=left_out_summary(left_out),
-                       kernel_classes=kernel_section(fixtures, model))
+    ranked = merge_same_runs(
+        sorted((c for c in contributors if c.dimension != "all"), key=lambda c: (-_fixable(c), -c.contribution_pp))
+    )
+    return Observation(
+        split=split,
+        fixtures_dir=Path(fixtures_dir),
+        model_path=model_path,
+        model_name=model.name,
+        model_sha256=model.sha256,
+        fixture_set_sha256=fixture_set_digest(ids, content_hashes),
+        suite=aggregate(r.score for r in runs),
+        runs=tuple(runs),
+        overall=overall,
+        ranked=tuple(ranked),
+        left_out=left_out_summary(left_out),
+        kernel_classes=kernel_section(fixtures, model),
+    )

@@ -51,10 +51,13 @@ CARRIED = 0.8  # groupings whose contribution these same runs carry (this share 
 
 # --- counterfactuals: the errors a run would have with one quantity predicted exactly ----------------
 
+
 def _errors_pct(run: RunRow, throughput_per_s: float, steady_per_s: float) -> tuple[float, float]:
     real = run.real_metrics
-    return ((throughput_per_s - real.throughput_per_s) / real.throughput_per_s * 100.0,
-            (steady_per_s - real.steady_throughput_per_s) / real.steady_throughput_per_s * 100.0)
+    return (
+        (throughput_per_s - real.throughput_per_s) / real.throughput_per_s * 100.0,
+        (steady_per_s - real.steady_throughput_per_s) / real.steady_throughput_per_s * 100.0,
+    )
 
 
 def part_fixed_errors(run: RunRow, part: str, shift_ms: float | None = None) -> tuple[float, float] | None:
@@ -69,12 +72,16 @@ def part_fixed_errors(run: RunRow, part: str, shift_ms: float | None = None) -> 
     period = predicted.iteration_time_ms - residual
     if not (window > 0 and period > 0):
         return None
-    return _errors_pct(run, predicted.throughput_per_s * predicted.window_ms / window,
-                       predicted.steady_throughput_per_s * predicted.iteration_time_ms / period)
+    return _errors_pct(
+        run,
+        predicted.throughput_per_s * predicted.window_ms / window,
+        predicted.steady_throughput_per_s * predicted.iteration_time_ms / period,
+    )
 
 
-def stages_fixed_errors(run: RunRow, quantity: str, stages: frozenset[int], shift_ms: float | None = None
-                        ) -> tuple[float, float] | None:
+def stages_fixed_errors(
+    run: RunRow, quantity: str, stages: frozenset[int], shift_ms: float | None = None
+) -> tuple[float, float] | None:
     """Errors of `run` simulated again with `quantity` (forward / backward) of `stages` at the real medians (or,
     with `shift_ms`, at the predicted value less `shift_ms`: a group's bias taken out).
 
@@ -95,12 +102,15 @@ def stages_fixed_errors(run: RunRow, quantity: str, stages: frozenset[int], shif
             real = max(predicted - shift_ms, 0.0)
         factor = real / predicted if predicted > 0 else None
         if quantity == "forward":
-            costs[k] = replace(cost, forward_ms=cost.forward_ms * factor if factor is not None
-                               else real / pipeline.chunks)
+            costs[k] = replace(
+                cost, forward_ms=cost.forward_ms * factor if factor is not None else real / pipeline.chunks
+            )
         else:
-            costs[k] = replace(cost, backward_ms=cost.backward_ms * factor if factor is not None
-                               else real / pipeline.chunks,
-                               weight_grad_ms=cost.weight_grad_ms * factor if factor is not None else 0.0)
+            costs[k] = replace(
+                cost,
+                backward_ms=cost.backward_ms * factor if factor is not None else real / pipeline.chunks,
+                weight_grad_ms=cost.weight_grad_ms * factor if factor is not None else 0.0,
+            )
         changed = True
     if not changed:
         return None
@@ -109,6 +119,7 @@ def stages_fixed_errors(run: RunRow, quantity: str, stages: frozenset[int], shif
 
 
 # --- contributors -----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Contributor:
@@ -164,43 +175,61 @@ class Contributor:
             return self._iteration_sentence()
         direction = "over" if self.residual_ms_mean > 0 else "under"
         members = f"{self.n_runs} runs" + (f", {self.n_stages} stages" if self.n_stages is not None else "")
-        text = (f"{LABELS[self.quantity]} {direction}-predicted by {abs(self.residual_ms_mean):.1f} ms "
-                f"({_signed(self.residual_pct, '%')} of real) on {self.where}; {members}; ")
+        text = (
+            f"{LABELS[self.quantity]} {direction}-predicted by {abs(self.residual_ms_mean):.1f} ms "
+            f"({_signed(self.residual_pct, '%')} of real) on {self.where}; {members}; "
+        )
         if self.contribution_pp >= 0:
             text += f"predicting it exactly removes {self.contribution_pp:.1f} pp of throughput MAPE"
         else:
-            text += (f"predicting it exactly alone adds {-self.contribution_pp:.1f} pp of throughput MAPE "
-                     "(its error offsets another)")
+            text += (
+                f"predicting it exactly alone adds {-self.contribution_pp:.1f} pp of throughput MAPE "
+                "(its error offsets another)"
+            )
         text += f" (steady {self.steady_contribution_pp:+.1f} pp)"
         if self.dominant_runs:
             text += "; mostly " + ", ".join(f"{r['id']} ({r['contribution_pp']:.1f} pp)" for r in self.dominant_runs)
         if math.isfinite(self.fixable_mape_pp):
-            text += (f"; fixable {self.fixable_mape_pp:.2f} pp, repeat noise {self.noise_mape_pp:.2f} pp (bias "
-                     f"{self.residual_ms_mean:+.1f} ms, spread {self.residual_spread_ms:.1f} ms, between repeats "
-                     + (f"{self.noise_ms:.1f} ms" + (", the suite's" if self.noise_from and "suite" in self.noise_from
-                                                     else "") + ")" if self.noise_ms is not None
-                        else "n/a: no repeats)"))
+            text += (
+                f"; fixable {self.fixable_mape_pp:.2f} pp, repeat noise {self.noise_mape_pp:.2f} pp (bias "
+                f"{self.residual_ms_mean:+.1f} ms, spread {self.residual_spread_ms:.1f} ms, between repeats "
+                + (
+                    f"{self.noise_ms:.1f} ms"
+                    + (", the suite's" if self.noise_from and "suite" in self.noise_from else "")
+                    + ")"
+                    if self.noise_ms is not None
+                    else "n/a: no repeats)"
+                )
+            )
         if self.terms:
             applies = [f"{t['term']}.{t['param']}" for t in self.terms if t["applies"]]
             inert = [f"{t['term']}.{t['param']}" for t in self.terms if not t["applies"]]
-            text += (self._suggestion() + "; priced by " + (", ".join(applies) or "none of its runs' parameters")
-                     + (f" (inert here: {', '.join(inert)})" if inert else ""))
+            text += (
+                self._suggestion()
+                + "; priced by "
+                + (", ".join(applies) or "none of its runs' parameters")
+                + (f" (inert here: {', '.join(inert)})" if inert else "")
+            )
         if self.same_runs:
             text += "; the same runs as " + "; ".join(self.same_runs)
         return text
 
     def _iteration_sentence(self) -> str:
         direction = "over" if self.residual_ms_mean > 0 else "under"
-        text = (f"{LABELS[self.quantity]} {direction}-predicted by {abs(self.residual_ms_mean):.1f} ms per iteration "
-                f"({_signed(100 * self.scale, '%')} of its predicted {self.predicted_ms_mean:.1f} ms, fitted to the "
-                f"iteration residuals) on {self.where}; {self.n_runs} runs; taking that out saves "
-                f"{self.fixable_mape_pp:.2f} pp of throughput MAPE (at most {self.contribution_pp:.2f} pp were each "
-                "run's whole error in it)")
+        text = (
+            f"{LABELS[self.quantity]} {direction}-predicted by {abs(self.residual_ms_mean):.1f} ms per iteration "
+            f"({_signed(100 * self.scale, '%')} of its predicted {self.predicted_ms_mean:.1f} ms, fitted to the "
+            f"iteration residuals) on {self.where}; {self.n_runs} runs; taking that out saves "
+            f"{self.fixable_mape_pp:.2f} pp of throughput MAPE (at most {self.contribution_pp:.2f} pp were each "
+            "run's whole error in it)"
+        )
         if self.dominant_runs:
             text += "; mostly " + ", ".join(f"{r['id']} ({r['contribution_pp']:.2f} pp)" for r in self.dominant_runs)
-        text += (f"; residual spread left {self.residual_spread_ms:.1f} ms, between repeats "
-                 + (f"{self.noise_ms:.1f} ms (noise {self.noise_mape_pp:.2f} pp)" if self.noise_ms is not None
-                    else "n/a: no repeats"))
+        text += f"; residual spread left {self.residual_spread_ms:.1f} ms, between repeats " + (
+            f"{self.noise_ms:.1f} ms (noise {self.noise_mape_pp:.2f} pp)"
+            if self.noise_ms is not None
+            else "n/a: no repeats"
+        )
         if self.terms:
             applies = [f"{t['term']}.{t['param']}" for t in self.terms if t["applies"]]
             text += self._suggestion() + "; priced by " + (", ".join(applies) or "none of its runs' parameters")
@@ -219,21 +248,34 @@ class Contributor:
         if first is None:
             return ""
         value = first.get("suggested_value")
-        return (f"; suggested: {first['direction'] or 'change'} {first['term']}.{first['param']}"
-                + (f" toward about {value:.4g}" + (" (its bound)" if first.get("at_bound") else "")
-                   if value is not None else "")
-                + f" (could remove {100 * first['removable_share']:.0f} % of the residual's square)")
+        return (
+            f"; suggested: {first['direction'] or 'change'} {first['term']}.{first['param']}"
+            + (
+                f" toward about {value:.4g}" + (" (its bound)" if first.get("at_bound") else "")
+                if value is not None
+                else ""
+            )
+            + f" (could remove {100 * first['removable_share']:.0f} % of the residual's square)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in vars(self).items() if k not in ("dominant_runs", "aliases", "members", "carriers",
-                                                         "residuals")},
-                "carried_by": list(self.carriers),
-                "bias_ms": self.residual_ms_mean,
-                "terms": [dict(t) for t in self.terms], "same_runs": list(self.same_runs),
-                "aliases": [{"dimension": d, "group": g} for d, g in self.aliases],
-                "label": LABELS[self.quantity], "where": self.where,
-                "suggested_parameter": (f"{first['term']}.{first['param']}" if (first := self.suggested()) else None),
-                "dominant_runs": [dict(r) for r in self.dominant_runs], "sentence": self.sentence()}
+        return {
+            **{
+                k: v
+                for k, v in vars(self).items()
+                if k not in ("dominant_runs", "aliases", "members", "carriers", "residuals")
+            },
+            "carried_by": list(self.carriers),
+            "bias_ms": self.residual_ms_mean,
+            "terms": [dict(t) for t in self.terms],
+            "same_runs": list(self.same_runs),
+            "aliases": [{"dimension": d, "group": g} for d, g in self.aliases],
+            "label": LABELS[self.quantity],
+            "where": self.where,
+            "suggested_parameter": (f"{first['term']}.{first['param']}" if (first := self.suggested()) else None),
+            "dominant_runs": [dict(r) for r in self.dominant_runs],
+            "sentence": self.sentence(),
+        }
 
 
 def _signed(value: float, unit: str) -> str:
@@ -259,10 +301,19 @@ class _Member:
     stages: tuple[int | None, ...] = (None,)  # the stage of each value (None: a part of the iteration)
 
 
-def _contributor(quantity: str, level: str, dimension: str, group: str, aliases: list[tuple[str, str]],
-                 members: list[_Member], n_suite: int, n_stages: int | None) -> Contributor:
-    now = np.array([[abs(m.run.score.throughput_error_pct), abs(m.run.score.steady_throughput_error_pct)]
-                    for m in members])
+def _contributor(
+    quantity: str,
+    level: str,
+    dimension: str,
+    group: str,
+    aliases: list[tuple[str, str]],
+    members: list[_Member],
+    n_suite: int,
+    n_stages: int | None,
+) -> Contributor:
+    now = np.array(
+        [[abs(m.run.score.throughput_error_pct), abs(m.run.score.steady_throughput_error_pct)] for m in members]
+    )
     fixed = np.abs(np.array([m.fixed for m in members]))
     per_run = (now - fixed) / n_suite
     real = [v for m in members for v in m.real_ms]
@@ -271,19 +322,38 @@ def _contributor(quantity: str, level: str, dimension: str, group: str, aliases:
     unbiased = np.abs(np.array([_unbiased_errors(m, quantity, level, bias) for m in members]))
     fixable = float(((now - unbiased) / n_suite)[:, 0].sum())
     order = np.argsort(-per_run[:, 0], kind="stable")
-    dominant = tuple({"id": members[i].run.id, "run_id": members[i].run.id, "contribution_pp": float(per_run[i, 0]),
-                      "throughput_error_pct": members[i].run.score.throughput_error_pct}
-                     for i in order[:DOMINANT_RUNS] if per_run[i, 0] > 0)
+    dominant = tuple(
+        {
+            "id": members[i].run.id,
+            "run_id": members[i].run.id,
+            "contribution_pp": float(per_run[i, 0]),
+            "throughput_error_pct": members[i].run.score.throughput_error_pct,
+        }
+        for i in order[:DOMINANT_RUNS]
+        if per_run[i, 0] > 0
+    )
     return Contributor(
-        quantity=quantity, level=level, dimension=dimension, group=group, aliases=tuple(aliases),
-        n_runs=len(members), n_stages=n_stages,
-        real_ms_mean=_mean(real), predicted_ms_mean=_mean(predicted),
+        quantity=quantity,
+        level=level,
+        dimension=dimension,
+        group=group,
+        aliases=tuple(aliases),
+        n_runs=len(members),
+        n_stages=n_stages,
+        real_ms_mean=_mean(real),
+        predicted_ms_mean=_mean(predicted),
         residual_ms_mean=_mean(p - r for p, r in zip(predicted, real)),
-        residual_pct=(_mean(p - r for p, r in zip(predicted, real)) / _mean(real) * 100.0
-                      if real and _mean(real) > 0 else math.nan),
-        contribution_pp=float(per_run[:, 0].sum()), steady_contribution_pp=float(per_run[:, 1].sum()),
-        dominant_runs=dominant, carriers=_carriers([m.run.id for m in members], per_run[:, 0]),
-        **_bias_and_noise(members, float(per_run[:, 0].sum()), fixable))
+        residual_pct=(
+            _mean(p - r for p, r in zip(predicted, real)) / _mean(real) * 100.0
+            if real and _mean(real) > 0
+            else math.nan
+        ),
+        contribution_pp=float(per_run[:, 0].sum()),
+        steady_contribution_pp=float(per_run[:, 1].sum()),
+        dominant_runs=dominant,
+        carriers=_carriers([m.run.id for m in members], per_run[:, 0]),
+        **_bias_and_noise(members, float(per_run[:, 0].sum()), fixable),
+    )
 
 
 def _unbiased_errors(member: _Member, quantity: str, level: str, bias_ms: float) -> tuple[float, float]:
@@ -293,8 +363,9 @@ def _unbiased_errors(member: _Member, quantity: str, level: str, bias_ms: float)
     if level == "run":
         errors = part_fixed_errors(run, quantity, shift_ms=bias_ms)
     else:
-        errors = stages_fixed_errors(run, quantity, frozenset(s for s in member.stages if s is not None),
-                                     shift_ms=bias_ms)
+        errors = stages_fixed_errors(
+            run, quantity, frozenset(s for s in member.stages if s is not None), shift_ms=bias_ms
+        )
     return errors if errors is not None else (run.score.throughput_error_pct, run.score.steady_throughput_error_pct)
 
 
@@ -328,15 +399,22 @@ def _bias_and_noise(members: list[_Member], contribution_pp: float, fixable_pp: 
         for stage, real in zip(m.stages, m.real_ms):
             repeats.setdefault((m.run.score.group, stage), []).append(real)
     groups = [np.array(v) for v in repeats.values() if len(v) > 1]
-    noise = (float(np.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / sum(len(g) - 1 for g in groups)))
-             if groups else None)
-    square = bias ** 2 + spread ** 2
-    noise_share = min(noise ** 2, spread ** 2) / square if noise is not None and square > 0 else 0.0
-    return {"residual_spread_ms": spread, "noise_ms": noise, "noise_mape_pp": contribution_pp * noise_share,
-            "fixable_mape_pp": fixable_pp,
-            "noise_from": "repeats in the group" if noise is not None else None,
-            "members": tuple((m.run.id, stage) for m in members for stage in m.stages),
-            "residuals": tuple(float(p - r) for m in members for p, r in zip(m.predicted_ms, m.real_ms))}
+    noise = (
+        float(np.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / sum(len(g) - 1 for g in groups)))
+        if groups
+        else None
+    )
+    square = bias**2 + spread**2
+    noise_share = min(noise**2, spread**2) / square if noise is not None and square > 0 else 0.0
+    return {
+        "residual_spread_ms": spread,
+        "noise_ms": noise,
+        "noise_mape_pp": contribution_pp * noise_share,
+        "fixable_mape_pp": fixable_pp,
+        "noise_from": "repeats in the group" if noise is not None else None,
+        "members": tuple((m.run.id, stage) for m in members for stage in m.stages),
+        "residuals": tuple(float(p - r) for m in members for p, r in zip(m.predicted_ms, m.real_ms)),
+    }
 
 
 def with_suite_noise(contributor: Contributor, relative_noise: float | None) -> Contributor:
@@ -345,10 +423,14 @@ def with_suite_noise(contributor: Contributor, relative_noise: float | None) -> 
     if contributor.noise_ms is not None or relative_noise is None or not math.isfinite(contributor.real_ms_mean):
         return contributor
     noise = relative_noise * abs(contributor.real_ms_mean)
-    square = contributor.residual_ms_mean ** 2 + contributor.residual_spread_ms ** 2
-    share = min(noise ** 2, square) / square if square > 0 else 0.0
-    return replace(contributor, noise_ms=noise, noise_from="the suite's repeats (relative)",
-                   noise_mape_pp=contributor.contribution_pp * share)
+    square = contributor.residual_ms_mean**2 + contributor.residual_spread_ms**2
+    share = min(noise**2, square) / square if square > 0 else 0.0
+    return replace(
+        contributor,
+        noise_ms=noise,
+        noise_from="the suite's repeats (relative)",
+        noise_mape_pp=contributor.contribution_pp * share,
+    )
 
 
 def _groupings(keys: list[dict[str, str]]) -> dict[tuple[str, str], tuple[list[int], list[tuple[str, str]]]]:
@@ -409,47 +491,63 @@ def stage_contributors(runs: list[RunRow]) -> list[Contributor]:
                     cache[key] = stages_fixed_errors(run, quantity, key[2])
                 errors = cache[key]
                 if errors is not None:  # (each row kept has a real value: by_run keeps only those)
-                    members.append(_Member(run, [real for r in rows if (real := r.real(quantity)) is not None],
-                                           [r.predicted(quantity) for r in rows], errors,
-                                           tuple(r.stage for r in rows)))
+                    members.append(
+                        _Member(
+                            run,
+                            [real for r in rows if (real := r.real(quantity)) is not None],
+                            [r.predicted(quantity) for r in rows],
+                            errors,
+                            tuple(r.stage for r in rows),
+                        )
+                    )
             if members:
-                contributors.append(_contributor(quantity, "stage", dimension, group, aliases, members, len(runs),
-                                                 sum(len(m.real_ms) for m in members)))
+                contributors.append(
+                    _contributor(
+                        quantity,
+                        "stage",
+                        dimension,
+                        group,
+                        aliases,
+                        members,
+                        len(runs),
+                        sum(len(m.real_ms) for m in members),
+                    )
+                )
     return contributors
 
 
 # What a contributor's numbers mean, in observe --json (`fields`), as AGENTS.md says.
 CONTRIBUTOR_FIELDS = {
     "bias_ms": "the residual's mean over the members: predicted minus real, ms (positive: the model predicts the "
-               "quantity too long, so too low a throughput; negative: too short)",
+    "quantity too long, so too low a throughput; negative: too short)",
     "residual_pct": "bias_ms over the real mean, % (the same sign)",
     "mean_error_pct": "the mean throughput error, predicted minus real throughput over real, % (by_configuration, "
-                      "stall_free, runs[]: throughput_error_pct): the opposite sign of bias_ms (positive: the model "
-                      "predicts the runs too fast, their quantities too short)",
+    "stall_free, runs[]: throughput_error_pct): the opposite sign of bias_ms (positive: the model "
+    "predicts the runs too fast, their quantities too short)",
     "contribution_pp": "throughput MAPE (window, pp of the suite) removed if the quantity were predicted exactly on "
-                       "the members; negative where its error offsets another",
+    "the members; negative where its error offsets another",
     "fixable_mape_pp": "throughput MAPE (pp of the suite) that taking the bias out would save: every member's quantity "
-                       "predicted bias_ms shorter, the runs scored again; negative only where errors cancel (the bias "
-                       "offsets another error of those runs: removing it alone makes MAPE worse)",
+    "predicted bias_ms shorter, the runs scored again; negative only where errors cancel (the bias "
+    "offsets another error of those runs: removing it alone makes MAPE worse)",
     "noise_mape_pp": "the contribution's share explained by the spread between repeats of one configuration (no term "
-                     "can fix it)",
+    "can fix it)",
     "terms": "every parameter of the terms pricing the quantity (found by nudging each); applies false: nudging it "
-             "moves the quantity of none of the members (tuning it there is in vain); ranked by removable_share, the "
-             "share of the members' residuals (sum of squares) that moving the parameter alone could remove, its "
-             "moves taken as linear in it; suggested true on the first not at_bound (the parameter to change), direction raise or "
-             "lower, suggested_value the value that linear move puts the residuals at their least (within bounds; "
-             "at_bound: only a bound reaches it, so this parameter alone is a poor fit; a first guess: `tune TERM "
-             "--only PARAM --objective components` fits it)",
+    "moves the quantity of none of the members (tuning it there is in vain); ranked by removable_share, the "
+    "share of the members' residuals (sum of squares) that moving the parameter alone could remove, its "
+    "moves taken as linear in it; suggested true on the first not at_bound (the parameter to change), direction raise or "
+    "lower, suggested_value the value that linear move puts the residuals at their least (within bounds; "
+    "at_bound: only a bound reaches it, so this parameter alone is a poor fit; a first guess: `tune TERM "
+    "--only PARAM --objective components` fits it)",
     "suggested_parameter": "TERM.PARAM of the terms entry marked suggested (null: no parameter moves the members)",
     "level": "run: a part of the iteration, stage: a per-microbatch time (both measured by events); iteration: a term "
-             "of the predicted iteration on runs without events (compute, recompute, tp_comm, dp_reduce exposed, "
-             "p2p, ends_allreduce, optimizer, host, bubble: they add up to the predicted iteration time)",
+    "of the predicted iteration on runs without events (compute, recompute, tp_comm, dp_reduce exposed, "
+    "p2p, ends_allreduce, optimizer, host, bubble: they add up to the predicted iteration time)",
     "scale": "level iteration: the term's share that the members' iteration residuals imply, fitted (relative to "
-             "the real iteration time, through the origin, least absolute deviations, within -1..1: the term between "
-             "twice and none of its predicted value): bias_ms = scale x predicted_ms_mean",
+    "the real iteration time, through the origin, least absolute deviations, within -1..1: the term between "
+    "twice and none of its predicted value): bias_ms = scale x predicted_ms_mean",
     "implied": "true where no event measures the quantity (level iteration): real_ms_mean is the predicted value "
-               "less bias_ms; contribution_pp is then at most what the term could remove (each member's whole "
-               "residual taken out of it, never below zero), fixable_mape_pp what removing the fitted scale saves",
+    "less bias_ms; contribution_pp is then at most what the term could remove (each member's whole "
+    "residual taken out of it, never below zero), fixable_mape_pp what removing the fitted scale saves",
 }
 
 
@@ -465,8 +563,11 @@ def merge_same_runs(ranked: list[Contributor]) -> list[Contributor]:
     kept: dict[tuple[str, str, frozenset], int] = {}
     out: list[Contributor] = []
     for contributor in ranked:
-        key = (contributor.level, contributor.quantity, frozenset(contributor.carriers) if contributor.carriers
-               else frozenset(contributor.members))
+        key = (
+            contributor.level,
+            contributor.quantity,
+            frozenset(contributor.carriers) if contributor.carriers else frozenset(contributor.members),
+        )
         if key in kept:
             first = out[kept[key]]
             out[kept[key]] = replace(first, same_runs=first.same_runs + (contributor.where,))

@@ -49,16 +49,22 @@ def predicted_terms(spec, model) -> dict[str, float]:
 
 def configuration_groups(spec) -> dict[str, str]:
     """The groups an iteration-level run belongs to: `run_groups` and each of t, d, h and s alone."""
-    return {**run_groups(spec), "tp": str(spec.tp), "dp": str(spec.dp), "hidden": str(spec.model.hidden_size),
-            "seq": str(spec.model.seq_length)}
+    return {
+        **run_groups(spec),
+        "tp": str(spec.tp),
+        "dp": str(spec.dp),
+        "hidden": str(spec.model.hidden_size),
+        "seq": str(spec.model.seq_length),
+    }
 
 
 def _shifted(run: RunRow, shift_ms: float) -> tuple[float, float]:
     """The run's throughput and steady errors % with its predicted iteration `shift_ms` shorter."""
     period = run.prediction.metrics.iteration_time_ms
     factor = period / (period - shift_ms)
-    return ((1 + run.score.throughput_error_pct / 100) * factor - 1) * 100, \
-        ((1 + run.score.steady_throughput_error_pct / 100) * factor - 1) * 100
+    return ((1 + run.score.throughput_error_pct / 100) * factor - 1) * 100, (
+        (1 + run.score.steady_throughput_error_pct / 100) * factor - 1
+    ) * 100
 
 
 SCALE_BOUND = 1.0  # the fitted term stays between none and twice its predicted value: a larger miss is no error of
@@ -76,8 +82,9 @@ def fitted_scale(x: np.ndarray, y: np.ndarray) -> float:
     return min(max(median, -SCALE_BOUND), SCALE_BOUND)
 
 
-def _contributor(quantity: str, dimension: str, group: str, aliases: list[tuple[str, str]], runs: list[RunRow],
-                 n_suite: int) -> Contributor | None:
+def _contributor(
+    quantity: str, dimension: str, group: str, aliases: list[tuple[str, str]], runs: list[RunRow], n_suite: int
+) -> Contributor | None:
     terms = np.array([(r.breakdown_ms or {})[quantity] for r in runs])  # (each has one: iteration_contributors)
     if not np.any(terms != 0):
         return None  # the term prices nothing on these runs
@@ -97,24 +104,49 @@ def _contributor(quantity: str, dimension: str, group: str, aliases: list[tuple[
     for run, value in zip(runs, real):
         repeats.setdefault(run.score.group, []).append(float(value))
     groups = [np.array(v) for v in repeats.values() if len(v) > 1]
-    noise = (float(np.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / sum(len(g) - 1 for g in groups)))
-             if groups else None)
+    noise = (
+        float(np.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / sum(len(g) - 1 for g in groups)))
+        if groups
+        else None
+    )
     square = float(residual.mean() ** 2 + residual.std() ** 2)
-    share = min(noise ** 2, float(residual.std()) ** 2) / square if noise is not None and square > 0 else 0.0
+    share = min(noise**2, float(residual.std()) ** 2) / square if noise is not None and square > 0 else 0.0
     order = np.argsort(-per_run[:, 0], kind="stable")
     return Contributor(
-        quantity=quantity, level=LEVEL, dimension=dimension, group=group, aliases=tuple(aliases), n_runs=len(runs),
-        n_stages=None, real_ms_mean=predicted - bias, predicted_ms_mean=predicted, residual_ms_mean=bias,
+        quantity=quantity,
+        level=LEVEL,
+        dimension=dimension,
+        group=group,
+        aliases=tuple(aliases),
+        n_runs=len(runs),
+        n_stages=None,
+        real_ms_mean=predicted - bias,
+        predicted_ms_mean=predicted,
+        residual_ms_mean=bias,
         residual_pct=scale / (1 - scale) * 100 if scale < 1 else math.nan,
-        contribution_pp=float(upper[:, 0].sum()), steady_contribution_pp=float(upper[:, 1].sum()),
-        dominant_runs=tuple({"id": runs[i].id, "run_id": runs[i].id, "contribution_pp": float(per_run[i, 0]),
-                             "throughput_error_pct": runs[i].score.throughput_error_pct}
-                            for i in order[:DOMINANT_RUNS] if per_run[i, 0] > 0),
-        residual_spread_ms=float(left.std()), noise_ms=noise, fixable_mape_pp=float(per_run[:, 0].sum()),
-        noise_mape_pp=float(upper[:, 0].sum()) * share, members=tuple((r.id, None) for r in runs),
+        contribution_pp=float(upper[:, 0].sum()),
+        steady_contribution_pp=float(upper[:, 1].sum()),
+        dominant_runs=tuple(
+            {
+                "id": runs[i].id,
+                "run_id": runs[i].id,
+                "contribution_pp": float(per_run[i, 0]),
+                "throughput_error_pct": runs[i].score.throughput_error_pct,
+            }
+            for i in order[:DOMINANT_RUNS]
+            if per_run[i, 0] > 0
+        ),
+        residual_spread_ms=float(left.std()),
+        noise_ms=noise,
+        fixable_mape_pp=float(per_run[:, 0].sum()),
+        noise_mape_pp=float(upper[:, 0].sum()) * share,
+        members=tuple((r.id, None) for r in runs),
         residuals=tuple(float(v) for v in residual),
         noise_from="repeats in the group" if noise is not None else None,
-        carriers=_carriers([r.id for r in runs], per_run[:, 0]), scale=scale, implied=True)
+        carriers=_carriers([r.id for r in runs], per_run[:, 0]),
+        scale=scale,
+        implied=True,
+    )
 
 
 def iteration_contributors(runs: list[RunRow], n_suite: int) -> list[Contributor]:

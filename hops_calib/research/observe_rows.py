@@ -38,18 +38,35 @@ LABELS = {
 
 
 # The terms of a predicted iteration, in the breakdown's order; they add up to the predicted iteration time.
-ITERATION_QUANTITIES = ("compute", "recompute", "tp_comm", "dp_reduce", "p2p", "ends_allreduce", "optimizer",
-                        "host", "bubble")
+ITERATION_QUANTITIES = (
+    "compute",
+    "recompute",
+    "tp_comm",
+    "dp_reduce",
+    "p2p",
+    "ends_allreduce",
+    "optimizer",
+    "host",
+    "bubble",
+)
 
 
 def iteration_terms(breakdown: list[dict[str, float]], iteration_ms: float) -> dict[str, float]:
     """The predicted iteration of a run cut into `ITERATION_QUANTITIES` (ms), on the pipeline rank with the most
     work: its breakdown (compute less recomputation, the exposed DP reduction with the distributed optimizer's
     all-gather) and the bubble, the iteration time less that work."""
+
     def work(parts: dict[str, float]) -> dict[str, float]:
-        return {"compute": parts["compute"] - parts.get("recompute", 0.0), "recompute": parts.get("recompute", 0.0),
-                "tp_comm": parts["tp_comm"], "dp_reduce": parts["dp_reduce_exposed"], "p2p": parts["p2p"],
-                "ends_allreduce": parts["ends_allreduce"], "optimizer": parts["optimizer"], "host": parts["host"]}
+        return {
+            "compute": parts["compute"] - parts.get("recompute", 0.0),
+            "recompute": parts.get("recompute", 0.0),
+            "tp_comm": parts["tp_comm"],
+            "dp_reduce": parts["dp_reduce_exposed"],
+            "p2p": parts["p2p"],
+            "ends_allreduce": parts["ends_allreduce"],
+            "optimizer": parts["optimizer"],
+            "host": parts["host"],
+        }
 
     ranks = [work(parts) for parts in breakdown]
     busiest = max(ranks, key=lambda parts: sum(parts.values()))
@@ -57,6 +74,7 @@ def iteration_terms(breakdown: list[dict[str, float]], iteration_ms: float) -> d
 
 
 # --- what is compared ------------------------------------------------------------------------------
+
 
 def run_groups(spec: Spec) -> dict[str, str]:
     """The run-level groups a run belongs to, by dimension."""
@@ -172,29 +190,59 @@ def observe_run(fixture, model) -> RunRow:
         raise InputError(f"model {model.name}", f"cannot predict fixture {fixture.id}: {error}") from None
     terms = iteration_terms(model.breakdown(spec), prediction.metrics.iteration_time_ms)
     if fixture.kind != "events":
-        stages = tuple(StageRow(stage=row.stage, device=row.device, position=stage_position(row.stage, spec.pp),
-                                layers=spec.layers_per_stage[row.stage], real_forward_ms=None,
-                                predicted_forward_ms=row.forward_ms, real_backward_ms=None,
-                                predicted_backward_ms=row.backward_ms) for row in prediction.stage_phase_ms(spec))
-        return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction,
-                                                                        group=fixture.group),
-                      real_metrics=truth.metrics, real_parts=None, predicted_parts=prediction.result.iteration_parts(),
-                      stages=stages, prediction=prediction, breakdown_ms=terms)
+        stages = tuple(
+            StageRow(
+                stage=row.stage,
+                device=row.device,
+                position=stage_position(row.stage, spec.pp),
+                layers=spec.layers_per_stage[row.stage],
+                real_forward_ms=None,
+                predicted_forward_ms=row.forward_ms,
+                real_backward_ms=None,
+                predicted_backward_ms=row.backward_ms,
+            )
+            for row in prediction.stage_phase_ms(spec)
+        )
+        return RunRow(
+            id=fixture.id,
+            spec=spec,
+            score=score_prediction(fixture.id, truth.metrics, prediction, group=fixture.group),
+            real_metrics=truth.metrics,
+            real_parts=None,
+            predicted_parts=prediction.result.iteration_parts(),
+            stages=stages,
+            prediction=prediction,
+            breakdown_ms=terms,
+        )
     stages = tuple(
-        StageRow(stage=row.stage, device=row.device, position=stage_position(row.stage, spec.pp),
-                 layers=spec.layers_per_stage[row.stage],
-                 real_forward_ms=truth.phase_median_ms(row.stage, FORWARD), predicted_forward_ms=row.forward_ms,
-                 real_backward_ms=truth.backward_median_ms(row.stage), predicted_backward_ms=row.backward_ms)
-        for row in prediction.stage_phase_ms(spec))
+        StageRow(
+            stage=row.stage,
+            device=row.device,
+            position=stage_position(row.stage, spec.pp),
+            layers=spec.layers_per_stage[row.stage],
+            real_forward_ms=truth.phase_median_ms(row.stage, FORWARD),
+            predicted_forward_ms=row.forward_ms,
+            real_backward_ms=truth.backward_median_ms(row.stage),
+            predicted_backward_ms=row.backward_ms,
+        )
+        for row in prediction.stage_phase_ms(spec)
+    )
     timeline = fixture.timeline()
     series = timeline_iteration_part_series(timeline)
-    return RunRow(id=fixture.id, spec=spec, score=score_prediction(fixture.id, truth.metrics, prediction, series,
-                                                                    fixture.group),
-                  real_metrics=truth.metrics, real_parts=timeline_iteration_parts(timeline),
-                  predicted_parts=prediction.result.iteration_parts(), stages=stages, prediction=prediction,
-                  measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, series=series),
-                  hops=hop_gaps(spec, timeline), predicted_hops=hop_gaps(spec, prediction.result.timeline),
-                  breakdown_ms=terms)
+    return RunRow(
+        id=fixture.id,
+        spec=spec,
+        score=score_prediction(fixture.id, truth.metrics, prediction, series, fixture.group),
+        real_metrics=truth.metrics,
+        real_parts=timeline_iteration_parts(timeline),
+        predicted_parts=prediction.result.iteration_parts(),
+        stages=stages,
+        prediction=prediction,
+        measured_replay_error_pct=measured_replay_error_pct(fixture, prediction.pipeline, series=series),
+        hops=hop_gaps(spec, timeline),
+        predicted_hops=hop_gaps(spec, prediction.result.timeline),
+        breakdown_ms=terms,
+    )
 
 
 def hop_gaps(spec: Spec, timeline) -> tuple[tuple[str, float, float], ...]:
@@ -218,8 +266,10 @@ def hop_gaps(spec: Spec, timeline) -> tuple[tuple[str, float, float], ...]:
     hops = steps.merge(producers, on=key + ["stage"])
     hops = hops[hops["previous_end"] < hops["ready_ms"]]  # NaN (a stage's first step) compares False
     mib = round(gpt.boundary_activation_bytes(spec.model) / 2**20, 2)
-    return tuple(("-".join(sorted((spec.devices[p], spec.devices[c]))), mib, float(start - ready))
-                 for p, c, start, ready in zip(hops["producer"], hops["stage"], hops["start_ms"], hops["ready_ms"]))
+    return tuple(
+        ("-".join(sorted((spec.devices[p], spec.devices[c]))), mib, float(start - ready))
+        for p, c, start, ready in zip(hops["producer"], hops["stage"], hops["start_ms"], hops["ready_ms"])
+    )
 
 
 def measured_replay_error_pct(fixture, pipeline, timeline=None, series=None) -> float | None:
@@ -245,12 +295,21 @@ def measured_replay_error_pct(fixture, pipeline, timeline=None, series=None) -> 
     for k, cost in enumerate(pipeline.stages):
         backward = measured[f"backward/{k % ranks}"]
         share = cost.weight_grad_ms / cost.backward_ms if cost.backward_ms > 0 else 0.0
-        stages.append(replace(cost, forward_ms=measured[f"forward/{k % ranks}"], backward_ms=backward,
-                              weight_grad_ms=share * backward))
-    replay = replace(pipeline, stages=tuple(stages),
-                     optimizer_ms=tuple(measured[f"optimizer/{rank}"] for rank in range(ranks)),
-                     pre_optimizer_ms=measured["silent"], post_optimizer_ms=measured["rest"], post_optimizer_rank_ms=(),
-                     stall_ms=0.0, stall_probability=0.0)  # the measured silent stretch is a mean: stalls included
+        stages.append(
+            replace(
+                cost, forward_ms=measured[f"forward/{k % ranks}"], backward_ms=backward, weight_grad_ms=share * backward
+            )
+        )
+    replay = replace(
+        pipeline,
+        stages=tuple(stages),
+        optimizer_ms=tuple(measured[f"optimizer/{rank}"] for rank in range(ranks)),
+        pre_optimizer_ms=measured["silent"],
+        post_optimizer_ms=measured["rest"],
+        post_optimizer_rank_ms=(),
+        stall_ms=0.0,
+        stall_probability=0.0,
+    )  # the measured silent stretch is a mean: stalls included
     real = fixture.truth.metrics.throughput_per_s
     return (simulate(replay, fixture.spec.schedule).metrics().throughput_per_s - real) / real * 100.0
 
@@ -286,10 +345,18 @@ def hop_rows(runs: Iterable[RunRow]) -> tuple[HopRow, ...]:
             runs_of.setdefault((devices, mib), set()).add(run.id)
         for devices, mib, gap in run.predicted_hops:
             predicted.setdefault((devices, mib), []).append(gap)
-    return tuple(HopRow(devices=d, mib=m, n_runs=len(runs_of[(d, m)]), n_hops=len(real[(d, m)]),
-                        real_ms=float(np.median(real[(d, m)])), n_predicted_hops=len(predicted.get((d, m), [])),
-                        predicted_ms=float(np.median(predicted[(d, m)])) if predicted.get((d, m)) else math.nan)
-                 for d, m in sorted(real))
+    return tuple(
+        HopRow(
+            devices=d,
+            mib=m,
+            n_runs=len(runs_of[(d, m)]),
+            n_hops=len(real[(d, m)]),
+            real_ms=float(np.median(real[(d, m)])),
+            n_predicted_hops=len(predicted.get((d, m), [])),
+            predicted_ms=float(np.median(predicted[(d, m)])) if predicted.get((d, m)) else math.nan,
+        )
+        for d, m in sorted(real)
+    )
 
 
 BOTTLENECK_MARGIN = 0.05  # misplaced: the model's slowest stage is really this much faster than the real slowest;
@@ -318,8 +385,10 @@ class BottleneckRow:
 
     @property
     def misplaced(self) -> bool:
-        return (self.predicted_stage != self.real_stage
-                and self.real_ms_of_predicted < (1.0 - BOTTLENECK_MARGIN) * self.real_ms)
+        return (
+            self.predicted_stage != self.real_stage
+            and self.real_ms_of_predicted < (1.0 - BOTTLENECK_MARGIN) * self.real_ms
+        )
 
     @property
     def mispriced(self) -> bool:
@@ -332,13 +401,24 @@ class BottleneckRow:
 def bottleneck(run: RunRow) -> BottleneckRow | None:
     """The run's slowest stage on both sides; None when a stage has no real forward or backward time."""
     stages = run.stages
-    real = [s.real_forward_ms + s.real_backward_ms for s in stages
-            if s.real_forward_ms is not None and s.real_backward_ms is not None]
+    real = [
+        s.real_forward_ms + s.real_backward_ms
+        for s in stages
+        if s.real_forward_ms is not None and s.real_backward_ms is not None
+    ]
     if not stages or len(real) < len(stages):
         return None
     predicted = [s.predicted_forward_ms + s.predicted_backward_ms for s in stages]
     r, p = int(np.argmax(real)), int(np.argmax(predicted))
-    return BottleneckRow(run_id=run.id, real_stage=stages[r].stage, real_device=stages[r].device, real_ms=real[r],
-                         predicted_stage=stages[p].stage, predicted_device=stages[p].device, predicted_ms=predicted[p],
-                         real_ms_of_predicted=real[p], predicted_ms_of_real=predicted[r],
-                         throughput_error_pct=run.score.throughput_error_pct)
+    return BottleneckRow(
+        run_id=run.id,
+        real_stage=stages[r].stage,
+        real_device=stages[r].device,
+        real_ms=real[r],
+        predicted_stage=stages[p].stage,
+        predicted_device=stages[p].device,
+        predicted_ms=predicted[p],
+        real_ms_of_predicted=real[p],
+        predicted_ms_of_real=predicted[r],
+        throughput_error_pct=run.score.throughput_error_pct,
+    )

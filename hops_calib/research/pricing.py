@@ -27,7 +27,12 @@ def _nudged(param, value: float) -> float | None:
     if param.choices:
         others = [c for c in param.choices if c != value]
         return others[0] if others else None
-    for candidate in (value * 1.1, value * 0.9, (param.low + param.high) / 2.0, param.low + 0.1 * (param.high - param.low)):
+    for candidate in (
+        value * 1.1,
+        value * 0.9,
+        (param.low + param.high) / 2.0,
+        param.low + 0.1 * (param.high - param.low),
+    ):
         if param.low <= candidate <= param.high and candidate != value:
             return candidate
     return None
@@ -60,10 +65,15 @@ def _nudges(model: Model) -> Iterable[tuple[str, str, Model, Moves]]:
             new = _nudged(param, value) if param is not None else None
             if param is None or new is None:
                 continue
-            nudged = resolve_params(active.name, {name: new}, origin="observe", base=active.params(),
-                                    device_types=devices)
-            yield active.name, name, model.with_term(nudged), Moves(value, new, param.low, param.high,
-                                                                    bool(param.choices))
+            nudged = resolve_params(
+                active.name, {name: new}, origin="observe", base=active.params(), device_types=devices
+            )
+            yield (
+                active.name,
+                name,
+                model.with_term(nudged),
+                Moves(value, new, param.low, param.high, bool(param.choices)),
+            )
 
 
 def quantities(spec, prediction) -> dict[tuple[str, int | None], tuple[float, ...]]:
@@ -77,7 +87,7 @@ def quantities(spec, prediction) -> dict[tuple[str, int | None], tuple[float, ..
         key = (quantity.partition(".")[0], stage)
         values[key] = values.get(key, ()) + (value,)
     series = prediction.result.iteration_part_series()  # every iteration: a stall moved to another one moves too
-    for (quantity, stage) in list(values):
+    for quantity, stage in list(values):
         every = getattr(series, f"{quantity}_ms", None) if series is not None and stage is None else None
         if every is not None:
             values[(quantity, stage)] += tuple(map(float, every))
@@ -97,6 +107,7 @@ def pricing(runs, model: Model, progress=None, measure=None) -> dict[tuple[str, 
     from hops_calib.model.predict import predict
 
     if measure is None:
+
         def measure(spec, nudged):
             return quantities(spec, predict(spec, nudged))
 
@@ -111,16 +122,25 @@ def pricing(runs, model: Model, progress=None, measure=None) -> dict[tuple[str, 
                 after = measure(run.spec, nudged)
             except ValueError:
                 continue
-            moved.update({(run.id, q, s): float(v[0] - base[run.id][(q, s)][0]) for (q, s), v in after.items()
-                          if (q, s) in base[run.id] and _moved(base[run.id][(q, s)], v)})
+            moved.update(
+                {
+                    (run.id, q, s): float(v[0] - base[run.id][(q, s)][0])
+                    for (q, s), v in after.items()
+                    if (q, s) in base[run.id] and _moved(base[run.id][(q, s)], v)
+                }
+            )
         found[(term, name)] = moved
         if progress is not None:
             progress(done, len(nudges))
     return found
 
 
-def terms_of(found: dict[tuple[str, str], Moves], quantity: str, members: Sequence[tuple[str, int | None]],
-             residuals: Sequence[float] = ()) -> list[dict[str, Any]]:
+def terms_of(
+    found: dict[tuple[str, str], Moves],
+    quantity: str,
+    members: Sequence[tuple[str, int | None]],
+    residuals: Sequence[float] = (),
+) -> list[dict[str, Any]]:
     """The parameters of every term pricing `quantity` anywhere in the suite, each with whether it applies to
     `members` ((run id, stage) pairs; stage None for a part of the iteration): whether nudging it moved that quantity
     there. A pricing term's parameter that moves it nowhere (a max() that never selects it, a shared value every
@@ -141,8 +161,13 @@ def terms_of(found: dict[tuple[str, str], Moves], quantity: str, members: Sequen
             continue
         shifts = [moved.get((run, quantity, stage)) for run, stage in members]
         applies = sum(m is not None for m in shifts)
-        row: dict[str, Any] = {"term": term, "param": name, "applies": applies > 0, "members_moved": applies,
-                               "members": len(members)}
+        row: dict[str, Any] = {
+            "term": term,
+            "param": name,
+            "applies": applies > 0,
+            "members_moved": applies,
+            "members": len(members),
+        }
         if r is not None:
             row.update(_removable(moved, np.array([m or 0.0 for m in shifts]), r))
         rows.append(row)
@@ -175,7 +200,9 @@ def _removable(moved: Moves, m: np.ndarray, r: np.ndarray) -> dict[str, Any]:
     at_bound = not moved.choices and step != 0 and bound is not None
     if at_bound and bound is not None:
         value = bound
-    return {"removable_share": max(0.0, 1.0 - float(left @ left) / rr),
-            "direction": "raise" if value > moved.old else "lower" if value < moved.old else None,
-            "suggested_value": (moved.new if step else None) if moved.choices else float(value),
-            "at_bound": at_bound}
+    return {
+        "removable_share": max(0.0, 1.0 - float(left @ left) / rr),
+        "direction": "raise" if value > moved.old else "lower" if value < moved.old else None,
+        "suggested_value": (moved.new if step else None) if moved.choices else float(value),
+        "at_bound": at_bound,
+    }

@@ -99,19 +99,58 @@ from hops_calib.research.tune_study import (
     study_sampler,
 )
 
-__all__ = ["CHOICE_RULE", "COMPONENT_FRONT", "COMPONENT_OBJECTIVES", "DEFAULT_TRIALS", "JOIN_WAIT_S", "KERNEL_TERMS",
-           "NO_CANDIDATE", "NO_WINNER", "OBJECTIVES", "OBJECTIVE_MODES", "PLACEHOLDER", "PROBLEM_ATTR", "SAMPLERS",
-           "SQLITE_TIMEOUT_S", "FrontPoint", "TuneProblem", "TuneRequest", "TuneResult", "all_trials", "beats",
-           "candidate_text", "check_run", "choose", "default_study_name", "evaluate_command", "load_problem",
-           "make_sampler", "make_storage", "objective", "objectives_of", "open_study", "optimize", "pareto_front",
-           "run_tune", "run_worker", "shares", "shown_storage", "sobol_sampler", "store_dirs", "study_sampler",
-           "term_values", "tune"]
+__all__ = [
+    "CHOICE_RULE",
+    "COMPONENT_FRONT",
+    "COMPONENT_OBJECTIVES",
+    "DEFAULT_TRIALS",
+    "JOIN_WAIT_S",
+    "KERNEL_TERMS",
+    "NO_CANDIDATE",
+    "NO_WINNER",
+    "OBJECTIVES",
+    "OBJECTIVE_MODES",
+    "PLACEHOLDER",
+    "PROBLEM_ATTR",
+    "SAMPLERS",
+    "SQLITE_TIMEOUT_S",
+    "FrontPoint",
+    "TuneProblem",
+    "TuneRequest",
+    "TuneResult",
+    "all_trials",
+    "beats",
+    "candidate_text",
+    "check_run",
+    "choose",
+    "default_study_name",
+    "evaluate_command",
+    "load_problem",
+    "make_sampler",
+    "make_storage",
+    "objective",
+    "objectives_of",
+    "open_study",
+    "optimize",
+    "pareto_front",
+    "run_tune",
+    "run_worker",
+    "shares",
+    "shown_storage",
+    "sobol_sampler",
+    "store_dirs",
+    "study_sampler",
+    "term_values",
+    "tune",
+]
 
 COMPONENT_FRONT = 10  # trials shown and considered in components mode
 DEFAULT_TRIALS = 60
-CHOICE_RULE = ("the lowest-MAPE Pareto point (ties: bubble MAE, then higher rho) that beats the current model on the "
-               "gate's criteria: the gate accepts it with default tolerances and it improves at least one suite "
-               "aggregate; no candidate when none does")
+CHOICE_RULE = (
+    "the lowest-MAPE Pareto point (ties: bubble MAE, then higher rho) that beats the current model on the "
+    "gate's criteria: the gate accepts it with default tolerances and it improves at least one suite "
+    "aggregate; no candidate when none does"
+)
 
 
 def _number(value: float | None, digits: int) -> str:
@@ -120,6 +159,7 @@ def _number(value: float | None, digits: int) -> str:
 
 
 # --- the result -----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class FrontPoint:
@@ -131,18 +171,26 @@ class FrontPoint:
         """The front's order: lowest component error (components mode), then lowest MAPE, then lowest bubble MAE,
         then highest rho, then the earliest trial."""
         s = self.score
-        return (s.get("component_mape_pct", 0.0), s["throughput_mape_pct"], s["bubble_mae_pp"] or 0.0,
-                -(s["util_spearman_mean"] or 0.0), self.number)
+        return (
+            s.get("component_mape_pct", 0.0),
+            s["throughput_mape_pct"],
+            s["bubble_mae_pp"] or 0.0,
+            -(s["util_spearman_mean"] or 0.0),
+            self.number,
+        )
 
 
 def beats(verdict, before: SuiteScore, after: SuiteScore) -> bool:
     """Whether a point beats the current model on the gate's criteria: accepted, and some suite aggregate better."""
+
     def better(a: float | None, b: float | None, lower: bool = True) -> bool:
         return a is not None and b is not None and (a < b if lower else a > b)
 
-    return verdict.accepted and (after.throughput_mape_pct < before.throughput_mape_pct
-                                 or better(after.bubble_mae_pp, before.bubble_mae_pp)
-                                 or better(after.util_spearman_mean, before.util_spearman_mean, lower=False))
+    return verdict.accepted and (
+        after.throughput_mape_pct < before.throughput_mape_pct
+        or better(after.bubble_mae_pp, before.bubble_mae_pp)
+        or better(after.util_spearman_mean, before.util_spearman_mean, lower=False)
+    )
 
 
 def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[FrontPoint | None, Any]:
@@ -167,10 +215,16 @@ def choose(problem: TuneProblem, front: list[FrontPoint], before) -> tuple[Front
 def all_trials(study) -> list[dict[str, Any]]:
     """Every trial of the study: number, state, parameters, objective values and suite scores (tune --json)."""
     keys = list(SuiteScore.__dataclass_fields__) + ["component_mape_pct"]
-    return [{"number": t.number, "state": t.state.name, "params": dict(t.params),
-             "objectives": list(t.values) if t.values is not None else None,
-             "score": {k: t.user_attrs[k] for k in keys if k in t.user_attrs}}
-            for t in study.get_trials(deepcopy=False)]
+    return [
+        {
+            "number": t.number,
+            "state": t.state.name,
+            "params": dict(t.params),
+            "objectives": list(t.values) if t.values is not None else None,
+            "score": {k: t.user_attrs[k] for k in keys if k in t.user_attrs},
+        }
+        for t in study.get_trials(deepcopy=False)
+    ]
 
 
 def pareto_front(study) -> list[FrontPoint]:
@@ -185,15 +239,20 @@ def pareto_front(study) -> list[FrontPoint]:
             keys.append("component_mape_pct")
     else:
         trials = study.best_trials
-    points = [FrontPoint(number=t.number, params=dict(t.params), score={k: t.user_attrs[k] for k in keys})
-              for t in trials]
+    points = [
+        FrontPoint(number=t.number, params=dict(t.params), score={k: t.user_attrs[k] for k in keys}) for t in trials
+    ]
     return sorted(points, key=FrontPoint.key)
 
 
-NO_CANDIDATE = ("every point of the front is the model's current values: no trial did better on every objective; "
-                "more --trials, or --only the parameters to search")
-NO_WINNER = ("no point of the front beats the current model on the gate's criteria (accepted, and some suite "
-             "aggregate better); more --trials, or --only the parameters to search")
+NO_CANDIDATE = (
+    "every point of the front is the model's current values: no trial did better on every objective; "
+    "more --trials, or --only the parameters to search"
+)
+NO_WINNER = (
+    "no point of the front beats the current model on the gate's criteria (accepted, and some suite "
+    "aggregate better); more --trials, or --only the parameters to search"
+)
 
 
 @dataclass(frozen=True)
@@ -237,18 +296,30 @@ class TuneResult:
         return 0 if self.candidate_path is not None else 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "term": self.term, "study": self.study_name, "storage": self.storage,
-                "fixtures": list(self.fixtures_dirs) if len(self.fixtures_dirs) > 1 else str(self.fixtures_dir),
-                "model": str(self.model_path), "warnings": list(self.warnings),
-                "calibration": self.calibration.to_dict() if self.calibration is not None else None,
-                "trials": list(self.trials),
-                "trials_here": self.trials_here, "trials_in_study": self.trials_in_study, "workers": self.workers,
-                "objective": self.objective, "objectives": list(self.objectives), "current": self.current.to_dict(),
-                "front": [vars(p) for p in self.front], "chosen": vars(self.chosen) if self.chosen else None,
-                "choice_rule": CHOICE_RULE, "chosen_gate": self.verdict.to_dict() if self.verdict else None,
-                "candidate": str(self.candidate_path) if self.candidate_path else None,
-                "no_candidate_reason": self.no_candidate_reason,
-                "left_out": self.left_out or {"count": 0, "reasons": []}}
+        return {
+            "status": self.status,
+            "term": self.term,
+            "study": self.study_name,
+            "storage": self.storage,
+            "fixtures": list(self.fixtures_dirs) if len(self.fixtures_dirs) > 1 else str(self.fixtures_dir),
+            "model": str(self.model_path),
+            "warnings": list(self.warnings),
+            "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+            "trials": list(self.trials),
+            "trials_here": self.trials_here,
+            "trials_in_study": self.trials_in_study,
+            "workers": self.workers,
+            "objective": self.objective,
+            "objectives": list(self.objectives),
+            "current": self.current.to_dict(),
+            "front": [vars(p) for p in self.front],
+            "chosen": vars(self.chosen) if self.chosen else None,
+            "choice_rule": CHOICE_RULE,
+            "chosen_gate": self.verdict.to_dict() if self.verdict else None,
+            "candidate": str(self.candidate_path) if self.candidate_path else None,
+            "no_candidate_reason": self.no_candidate_reason,
+            "left_out": self.left_out or {"count": 0, "reasons": []},
+        }
 
     @property
     def no_candidate_reason(self) -> str | None:
@@ -259,8 +330,11 @@ class TuneResult:
 
 def evaluate_command(candidate: Path | str, fixtures_dir: Path | str | Sequence[Path | str], model_path: Path) -> str:
     """The command that judges a tuned candidate against the model it was tuned on (on every store it was tuned on)."""
-    return (f"hops-calib evaluate {candidate} " + " ".join(f"--fixtures {d}" for d in store_dirs(fixtures_dir))
-            + ("" if model_path == default_model() else f" --model {model_path}"))
+    return (
+        f"hops-calib evaluate {candidate} "
+        + " ".join(f"--fixtures {d}" for d in store_dirs(fixtures_dir))
+        + ("" if model_path == default_model() else f" --model {model_path}")
+    )
 
 
 def _moves(before: float, after: float, digits: int) -> str:
@@ -269,26 +343,41 @@ def _moves(before: float, after: float, digits: int) -> str:
     return "lowers" if after < before else "raises" if after > before else "holds"
 
 
-def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore, study_name: str,
-                   storage: str, trials_in_study: int, front_size: int, candidate_id: str | None = None) -> str:
+def candidate_text(
+    problem: TuneProblem,
+    chosen: FrontPoint,
+    current: SuiteScore,
+    study_name: str,
+    storage: str,
+    trials_in_study: int,
+    front_size: int,
+    candidate_id: str | None = None,
+) -> str:
     """A one-term candidate setting the chosen values, with hypothesis and grounding marked FILL IN."""
     import inspect
 
     term = TERMS[problem.term]
     action = "set" if problem.model.active(problem.term) else "add"
     after = chosen.score
-    how = ("mispricing the stage, optimizer and between-iteration times the traces measure by "
-           f"{chosen.score['component_mape_pct']:.2f} % of their time; " if problem.objective == "components" else "")
+    how = (
+        "mispricing the stage, optimizer and between-iteration times the traces measure by "
+        f"{chosen.score['component_mape_pct']:.2f} % of their time; "
+        if problem.objective == "components"
+        else ""
+    )
     physics = " ".join((inspect.getdoc(type(term)) or "").split())
-    hypothesis = (f"{PLACEHOLDER} why: {'setting' if action == 'set' else 'adding'} {problem.term} with the values tuned "
-                  f"on the train split ({how}objective {problem.objective}) "
-                  f"{_moves(current.throughput_mape_pct, after['throughput_mape_pct'], 2)} throughput MAPE "
-                  f"{current.throughput_mape_pct:.2f} -> {after['throughput_mape_pct']:.2f} % (bubble MAE "
-                  f"{_number(current.bubble_mae_pp, 2)} -> {_number(after['bubble_mae_pp'], 2)} pp, mean rho "
-                  f"{_number(current.util_spearman_mean, 3)} -> {_number(after['util_spearman_mean'], 3)})")
+    hypothesis = (
+        f"{PLACEHOLDER} why: {'setting' if action == 'set' else 'adding'} {problem.term} with the values tuned "
+        f"on the train split ({how}objective {problem.objective}) "
+        f"{_moves(current.throughput_mape_pct, after['throughput_mape_pct'], 2)} throughput MAPE "
+        f"{current.throughput_mape_pct:.2f} -> {after['throughput_mape_pct']:.2f} % (bubble MAE "
+        f"{_number(current.bubble_mae_pp, 2)} -> {_number(after['bubble_mae_pp'], 2)} pp, mean rho "
+        f"{_number(current.util_spearman_mean, 3)} -> {_number(after['util_spearman_mean'], 3)})"
+    )
     grounding = f"{PLACEHOLDER} why these values are physically plausible. The term's physics: {physics}"
-    params = ", ".join(f"{json.dumps(p.name) if '@' in p.name else p.name} = {chosen.params[p.name]!r}"
-                       for p in problem.params)
+    params = ", ".join(
+        f"{json.dumps(p.name) if '@' in p.name else p.name} = {chosen.params[p.name]!r}" for p in problem.params
+    )
     # json.dumps of a str is a valid TOML basic string (ASCII escapes only).
     lines = [
         f"# Written by `hops-calib tune {problem.term}`: study {study_name!r} in {storage}, {trials_in_study} trials.",
@@ -301,9 +390,13 @@ def candidate_text(problem: TuneProblem, chosen: FrontPoint, current: SuiteScore
         f"grounding = {json.dumps(grounding)}",
         'author = "hops-calib tune"',
         f"notes = {json.dumps(f'model {problem.model.sha256[:12]}, fixture set {problem.suite.sha256[:12]}')}",
-        "expected = { " + ", ".join(f"{k} = {after[k]!r}" for k in ("throughput_mape_pct", "bubble_mae_pp",
-                                                                     "util_spearman_mean")
-                                    if after[k] is not None) + " }",
+        "expected = { "
+        + ", ".join(
+            f"{k} = {after[k]!r}"
+            for k in ("throughput_mape_pct", "bubble_mae_pp", "util_spearman_mean")
+            if after[k] is not None
+        )
+        + " }",
         "",
         "[change]",
         f'action = "{action}"',
@@ -337,8 +430,13 @@ class TuneRequest:
     sampler: str = "tpe"
 
 
-def tune(term: str, fixtures_dir: Path | str | Sequence[Path | str], *,
-         progress: Callable[[int, int], None] | None = None, **options: Any) -> TuneResult:
+def tune(
+    term: str,
+    fixtures_dir: Path | str | Sequence[Path | str],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    **options: Any,
+) -> TuneResult:
     """`run_tune` of TuneRequest(term, fixtures_dir, **options)."""
     return run_tune(TuneRequest(term, fixtures_dir, **options), progress=progress)
 
@@ -366,14 +464,26 @@ def run_tune(request: TuneRequest, progress: Callable[[int, int], None] | None =
             ledger_path = default_ledger()
         except InputError:
             ledger_path = None
-    check = calibration.check_store(calibration.read_record(ledger_path),
-                                    calibration.scope_of_params(term, request.only), problem.suite, "tune",
-                                    off_record=request.off_record)
+    check = calibration.check_store(
+        calibration.read_record(ledger_path),
+        calibration.scope_of_params(term, request.only),
+        problem.suite,
+        "tune",
+        off_record=request.off_record,
+    )
     study_name = request.study_name or default_study_name(problem)
     make_sampler(request.sampler, request.seed)  # an unknown sampler is refused before any work
-    study = optimize(problem, trials=request.trials, storage_url=storage_url, study_name=study_name,
-                     workers=request.workers, seed=request.seed, fixtures_dir=request.fixtures_dir, progress=progress,
-                     sampler=request.sampler)
+    study = optimize(
+        problem,
+        trials=request.trials,
+        storage_url=storage_url,
+        study_name=study_name,
+        workers=request.workers,
+        seed=request.seed,
+        fixtures_dir=request.fixtures_dir,
+        progress=progress,
+        sampler=request.sampler,
+    )
     before = score_model(problem.suite, problem.model, origin=str(problem.model_path))
     if storage_url is not None:  # every worker's trials, as the storage holds them now
         import optuna
@@ -386,19 +496,47 @@ def run_tune(request: TuneRequest, progress: Callable[[int, int], None] | None =
     in_study = _finished(study)
     path = text = None
     if chosen is not None:
-        path = (Path(request.out) if request.out is not None else
-                Path("experiments") / f"tune-{term}-trial{chosen.number}.toml")
-        text = candidate_text(problem, chosen, before.suite, study_name, shown_storage(storage_url), in_study,
-                              len(front), candidate_id=path.stem)
+        path = (
+            Path(request.out)
+            if request.out is not None
+            else Path("experiments") / f"tune-{term}-trial{chosen.number}.toml"
+        )
+        text = candidate_text(
+            problem,
+            chosen,
+            before.suite,
+            study_name,
+            shown_storage(storage_url),
+            in_study,
+            len(front),
+            candidate_id=path.stem,
+        )
         if path.exists():
-            raise InputError(path, "exists already; a candidate file is never overwritten (the ledger may cite it)",
-                             hint="pass --out with a new file name")
+            raise InputError(
+                path,
+                "exists already; a candidate file is never overwritten (the ledger may cite it)",
+                hint="pass --out with a new file name",
+            )
         atomic_write(path, text)
-    return TuneResult(term=term, fixtures_dir=problem.suite.fixtures_dir, study_name=study_name,
-                      storage=shown_storage(storage_url), trials_here=request.trials,
-                      trials_in_study=in_study, workers=request.workers, current=before.suite, front=tuple(front),
-                      chosen=chosen, verdict=verdict, candidate_path=path, candidate_text=text,
-                      objective=problem.objective, model_path=problem.model_path,
-                      left_out=problem.suite.left_out_summary,
-                      trials=tuple(all_trials(study)), calibration=check, warnings=check.warnings,
-                      fixtures_dirs=tuple(store_dirs(request.fixtures_dir)))
+    return TuneResult(
+        term=term,
+        fixtures_dir=problem.suite.fixtures_dir,
+        study_name=study_name,
+        storage=shown_storage(storage_url),
+        trials_here=request.trials,
+        trials_in_study=in_study,
+        workers=request.workers,
+        current=before.suite,
+        front=tuple(front),
+        chosen=chosen,
+        verdict=verdict,
+        candidate_path=path,
+        candidate_text=text,
+        objective=problem.objective,
+        model_path=problem.model_path,
+        left_out=problem.suite.left_out_summary,
+        trials=tuple(all_trials(study)),
+        calibration=check,
+        warnings=check.warnings,
+        fixtures_dirs=tuple(store_dirs(request.fixtures_dir)),
+    )

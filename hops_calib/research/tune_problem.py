@@ -78,15 +78,21 @@ class TuneProblem:
 
     def identity(self) -> dict[str, Any]:
         """What a study records about itself, and must match when continued."""
-        return {"term": self.term, "space": self.space(), "model_sha256": self.model.sha256,
-                "fixture_set_sha256": self.suite.sha256, "objective": self.objective,
-                "objectives": list(self.objectives),
-                **({"kernel_truth_runs": self.kernel_runs} if self.kernel_runs else {})}
+        return {
+            "term": self.term,
+            "space": self.space(),
+            "model_sha256": self.model.sha256,
+            "fixture_set_sha256": self.suite.sha256,
+            "objective": self.objective,
+            "objectives": list(self.objectives),
+            **({"kernel_truth_runs": self.kernel_runs} if self.kernel_runs else {}),
+        }
 
     def model_with(self, values: dict[str, float]) -> Model:
         base = self.model.active(self.term)
-        return self.model.with_term(resolve_params(self.term, values, origin=f"tune {self.term}",
-                                                   base=base.params() if base else None))
+        return self.model.with_term(
+            resolve_params(self.term, values, origin=f"tune {self.term}", base=base.params() if base else None)
+        )
 
     def score(self, model: Model) -> SuiteScore:
         return score_model(self.suite, model, origin=f"tune {self.term}").suite
@@ -107,26 +113,44 @@ def term_values(model: Model | None, term: str, names: list[str]) -> dict[str, f
 def objectives_of(score: SuiteScore, objectives: tuple[str, ...] = OBJECTIVES) -> tuple[float | None, ...]:
     """The suite's value of each objective: None for one it cannot score (no run with events), which the study is
     never asked to minimize (`TuneProblem.objectives`)."""
-    values = {"throughput_mape_pct": score.throughput_mape_pct, "bubble_mae_pp": score.bubble_mae_pp,
-              "negative_util_spearman_mean": None if score.util_spearman_mean is None else -score.util_spearman_mean}
+    values = {
+        "throughput_mape_pct": score.throughput_mape_pct,
+        "bubble_mae_pp": score.bubble_mae_pp,
+        "negative_util_spearman_mean": None if score.util_spearman_mean is None else -score.util_spearman_mean,
+    }
     return tuple(values[name] for name in objectives)
+
 
 def store_dirs(fixtures_dir: Path | str | Sequence[Path | str]) -> list[str]:
     """The store(s) of a --fixtures given once or repeated, as strings (a worker process's arguments)."""
     return [str(fixtures_dir)] if isinstance(fixtures_dir, (str, Path)) else [str(d) for d in fixtures_dir]
 
 
-def load_problem(term: str, fixtures_dir: Path | str | Sequence[Path | str], model_path: Path | str | None,
-                 objective: str = "suite", only: tuple[str, ...] = (), command: str = "tune") -> TuneProblem:
+def load_problem(
+    term: str,
+    fixtures_dir: Path | str | Sequence[Path | str],
+    model_path: Path | str | None,
+    objective: str = "suite",
+    only: tuple[str, ...] = (),
+    command: str = "tune",
+) -> TuneProblem:
     from hops_calib.loop.model_files import load_model
 
     if term not in TERMS:
-        raise InputError(command, f"unknown term {term!r}", field="TERM",
-                         hint=f"terms implemented in hops_calib.model.terms: {', '.join(sorted(TERMS))} "
-                              "(`hops-calib terms` lists them with their parameters)")
+        raise InputError(
+            command,
+            f"unknown term {term!r}",
+            field="TERM",
+            hint=f"terms implemented in hops_calib.model.terms: {', '.join(sorted(TERMS))} "
+            "(`hops-calib terms` lists them with their parameters)",
+        )
     if not TERMS[term].params:
-        raise InputError(command, f"term {term!r} has no parameters to tune", field="TERM",
-                         hint="it is a measurement-driven term; tune a term that has parameters (`hops-calib terms`)")
+        raise InputError(
+            command,
+            f"term {term!r} has no parameters to tune",
+            field="TERM",
+            hint="it is a measurement-driven term; tune a term that has parameters (`hops-calib terms`)",
+        )
     unknown = []
     for name in only:
         try:
@@ -135,12 +159,20 @@ def load_problem(term: str, fixtures_dir: Path | str | Sequence[Path | str], mod
             unknown.append(name)
     if unknown:
         per_device = [p.name for p in TERMS[term].params if p.per_device]
-        raise InputError(command, f"term {term!r} has no parameter {', '.join(map(repr, unknown))}", field="only",
-                         hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}"
-                              + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""))
+        raise InputError(
+            command,
+            f"term {term!r} has no parameter {', '.join(map(repr, unknown))}",
+            field="only",
+            hint=f"its parameters: {', '.join(p.name for p in TERMS[term].params)}"
+            + (f"; per device type (NAME@TYPE): {', '.join(per_device)}" if per_device else ""),
+        )
     if objective not in OBJECTIVE_MODES:
-        raise InputError(command, f"unknown objective {objective!r}", field="objective",
-                         hint=f"choose one of {', '.join(OBJECTIVE_MODES)}")
+        raise InputError(
+            command,
+            f"unknown objective {objective!r}",
+            field="objective",
+            hint=f"choose one of {', '.join(OBJECTIVE_MODES)}",
+        )
     model_path = Path(model_path) if model_path is not None else default_model()
     suite = load_suites(fixtures_dir, "train")
     reals: tuple = ()
@@ -150,19 +182,33 @@ def load_problem(term: str, fixtures_dir: Path | str | Sequence[Path | str], mod
         from hops_calib.research.components import real_components
         from hops_calib.research.kernel_truth import measured_kernels
 
-        loaded = [store.load(fixture_id) for part in suite.stores
-                  for store in (open_store(part.fixtures_dir),) for fixture_id in part.ids]
+        loaded = [
+            store.load(fixture_id)
+            for part in suite.stores
+            for store in (open_store(part.fixtures_dir),)
+            for fixture_id in part.ids
+        ]
         reals = tuple(real_components(fixture) for fixture in loaded)
         kernels = tuple(measured_kernels(fixture) for fixture in loaded) if term in KERNEL_TERMS else ()
     model = load_model(model_path)
     known = {d.type for d in model.devices}
     strangers = unknown_device_overrides(only, known)
     if strangers:
-        raise InputError(command, f"{', '.join(map(repr, strangers))} names a device type the model does not know "
-                         f"(known: {', '.join(sorted(known))})", field="only",
-                         hint="a per-device parameter (NAME@TYPE) takes a device type of the model: a value for no "
-                              "device changes nothing to search")
-    return TuneProblem(term=term, model=model, model_path=model_path, suite=suite,
-                       objective=objective, real_components=reals, real_kernels=kernels,
-                       only=tuple(only))
-
+        raise InputError(
+            command,
+            f"{', '.join(map(repr, strangers))} names a device type the model does not know "
+            f"(known: {', '.join(sorted(known))})",
+            field="only",
+            hint="a per-device parameter (NAME@TYPE) takes a device type of the model: a value for no "
+            "device changes nothing to search",
+        )
+    return TuneProblem(
+        term=term,
+        model=model,
+        model_path=model_path,
+        suite=suite,
+        objective=objective,
+        real_components=reals,
+        real_kernels=kernels,
+        only=tuple(only),
+    )

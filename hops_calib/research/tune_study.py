@@ -45,9 +45,13 @@ def make_storage(url: str | None):
         except Exception as error:  # noqa: BLE001 - a malformed URL or a missing driver: retrying cannot help
             last_error = error
             break
-    raise InputError("--storage", f"cannot open optuna storage {url!r}: {last_error}", field="storage",
-                     hint="use sqlite:///path/to/study.db locally, or an optuna RDB URL such as "
-                          "postgresql://user@host/db (its driver must be installed)")
+    raise InputError(
+        "--storage",
+        f"cannot open optuna storage {url!r}: {last_error}",
+        field="storage",
+        hint="use sqlite:///path/to/study.db locally, or an optuna RDB URL such as "
+        "postgresql://user@host/db (its driver must be installed)",
+    )
 
 
 def shown_storage(url: str | None) -> str:
@@ -93,8 +97,7 @@ def sobol_sampler(seed: int):
             return {}
 
         def _point(self, number: int) -> list[float]:
-            engine = self._engines.setdefault(self.dimensions, qmc.Sobol(d=self.dimensions, scramble=True,
-                                                                          seed=seed))
+            engine = self._engines.setdefault(self.dimensions, qmc.Sobol(d=self.dimensions, scramble=True, seed=seed))
             points = self._points.setdefault(self.dimensions, [])
             if number >= len(points):
                 import warnings
@@ -120,8 +123,9 @@ def sobol_sampler(seed: int):
     return SobolSampler()
 
 
-def open_study(problem: TuneProblem, storage, study_name: str, seed: int, sampler_kind: str = "tpe",
-               joined_by_hand: bool = True):
+def open_study(
+    problem: TuneProblem, storage, study_name: str, seed: int, sampler_kind: str = "tpe", joined_by_hand: bool = True
+):
     """Create the study (enqueueing the current values as its first trial) or join it; check it is this problem's.
     The study records its sampler and seed; a process joining it uses that sampler (for `sobol`, the study's seed:
     the same sequence; for `tpe`, its own `seed`). `joined_by_hand`: refuse a join asking for another sampler
@@ -130,8 +134,9 @@ def open_study(problem: TuneProblem, storage, study_name: str, seed: int, sample
 
     directions: list[Literal["minimize", "maximize"]] = ["minimize"] * len(problem.objectives)
     try:
-        study = optuna.create_study(storage=storage, study_name=study_name, directions=directions,
-                                    sampler=make_sampler(sampler_kind, seed))
+        study = optuna.create_study(
+            storage=storage, study_name=study_name, directions=directions, sampler=make_sampler(sampler_kind, seed)
+        )
         # One attribute, written at once: a process joining a moment later sees all of it or none.
         study.set_user_attr(PROBLEM_ATTR, {**problem.identity(), "sampler": {"kind": sampler_kind, "seed": seed}})
         study.enqueue_trial(problem.start_values())
@@ -144,24 +149,35 @@ def open_study(problem: TuneProblem, storage, study_name: str, seed: int, sample
         time.sleep(0.1)  # created a moment ago by a process that has not written its record yet
     recorded = study.user_attrs.get(PROBLEM_ATTR)
     if recorded is None:
-        raise InputError("--study", f"study {study_name!r} has no hops-calib tune record (user attribute "
-                         f"{PROBLEM_ATTR!r}); it was not created by `hops-calib tune`", field="study",
-                         hint="choose another --study name")
+        raise InputError(
+            "--study",
+            f"study {study_name!r} has no hops-calib tune record (user attribute "
+            f"{PROBLEM_ATTR!r}); it was not created by `hops-calib tune`",
+            field="study",
+            hint="choose another --study name",
+        )
     expected = problem.identity()
     differ = [key for key in expected if json.dumps(recorded.get(key)) != json.dumps(expected[key])]
     if differ:
-        raise InputError("--study", f"study {study_name!r} belongs to another problem: its "
-                         + ", ".join(f"{key} is {recorded.get(key)!r}, here {expected[key]!r}" for key in differ),
-                         field="study", hint="choose another --study name (the default one names the term, the "
-                                             "model and the fixture set)")
+        raise InputError(
+            "--study",
+            f"study {study_name!r} belongs to another problem: its "
+            + ", ".join(f"{key} is {recorded.get(key)!r}, here {expected[key]!r}" for key in differ),
+            field="study",
+            hint="choose another --study name (the default one names the term, the model and the fixture set)",
+        )
     kind, study_seed = study_sampler(recorded)
     if joined_by_hand and kind != sampler_kind:
-        raise InputError("--sampler", f"study {study_name!r} samples with {kind}; this process asks for "
-                         f"{sampler_kind}", field="sampler", hint=f"join it with --sampler {kind}, or choose "
-                                                                  "another --study name")
+        raise InputError(
+            "--sampler",
+            f"study {study_name!r} samples with {kind}; this process asks for {sampler_kind}",
+            field="sampler",
+            hint=f"join it with --sampler {kind}, or choose another --study name",
+        )
     if kind == "sobol" or seed != study_seed:
-        study = optuna.load_study(study_name=study_name, storage=storage,
-                                  sampler=make_sampler(kind, study_seed if kind == "sobol" else seed))
+        study = optuna.load_study(
+            study_name=study_name, storage=storage, sampler=make_sampler(kind, study_seed if kind == "sobol" else seed)
+        )
     return study
 
 
@@ -173,8 +189,12 @@ def study_sampler(recorded: dict[str, Any]) -> tuple[str, int]:
 
 def objective(problem: TuneProblem) -> Callable:
     def run(trial) -> tuple[float | None, ...]:
-        values = {p.name: trial.suggest_categorical(p.name, p.choices) if p.choices
-                  else trial.suggest_float(p.name, p.low, p.high, log=p.log) for p in problem.params}
+        values = {
+            p.name: trial.suggest_categorical(p.name, p.choices)
+            if p.choices
+            else trial.suggest_float(p.name, p.low, p.high, log=p.log)
+            for p in problem.params
+        }
         model = problem.model_with(values)
         score = problem.score(model)
         for name, value in score.to_dict().items():
@@ -194,9 +214,18 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def run_worker(term: str, fixtures_dir: str | list[str], model_path: str | None, storage_url: str, study_name: str,
-               trials: int, seed: int, objective_mode: str = "suite", only: tuple[str, ...] = (),
-               sampler_kind: str = "tpe") -> None:
+def run_worker(
+    term: str,
+    fixtures_dir: str | list[str],
+    model_path: str | None,
+    storage_url: str,
+    study_name: str,
+    trials: int,
+    seed: int,
+    objective_mode: str = "suite",
+    only: tuple[str, ...] = (),
+    sampler_kind: str = "tpe",
+) -> None:
     """One worker process: join the study and run `trials` trials (the entry point of --workers)."""
     _quiet_optuna()
     try:
@@ -217,8 +246,12 @@ def check_run(trials: int, workers: int, storage_url: str | None) -> None:
     if trials < 1 or workers < 1:
         raise InputError("tune", "--trials and --workers must be at least 1", field="trials")
     if workers > 1 and storage_url is None:
-        raise InputError("tune", f"--workers {workers} needs a storage the processes share", field="storage",
-                         hint="pass --storage sqlite:///tune.db (or an optuna RDB URL)")
+        raise InputError(
+            "tune",
+            f"--workers {workers} needs a storage the processes share",
+            field="storage",
+            hint="pass --storage sqlite:///tune.db (or an optuna RDB URL)",
+        )
 
 
 def _finished(study) -> int:
@@ -228,9 +261,18 @@ def _finished(study) -> int:
     return len(study.get_trials(deepcopy=False, states=states))
 
 
-def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, study_name: str, workers: int,
-             seed: int, fixtures_dir: Path | str | Sequence[Path | str],
-             progress: Callable[[int, int], None] | None = None, sampler: str = "tpe"):
+def optimize(
+    problem: TuneProblem,
+    *,
+    trials: int,
+    storage_url: str | None,
+    study_name: str,
+    workers: int,
+    seed: int,
+    fixtures_dir: Path | str | Sequence[Path | str],
+    progress: Callable[[int, int], None] | None = None,
+    sampler: str = "tpe",
+):
     """Run `trials` trials on the study with `workers` processes; return the study (reloaded with every trial)."""
     import multiprocessing
 
@@ -244,11 +286,26 @@ def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, stud
         study.optimize(objective(problem), n_trials=trials, callbacks=[callback] if callback else None)
         return study
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no database connection crosses a fork
-    processes = [context.Process(target=run_worker, args=(problem.term, store_dirs(fixtures_dir),
-                                                          str(problem.model_path), storage_url, study_name, share,
-                                                          seed + k, problem.objective, problem.only, sampler),
-                                       daemon=True)
-                 for k, share in enumerate(shares(trials, workers)) if share]
+    processes = [
+        context.Process(
+            target=run_worker,
+            args=(
+                problem.term,
+                store_dirs(fixtures_dir),
+                str(problem.model_path),
+                storage_url,
+                study_name,
+                share,
+                seed + k,
+                problem.objective,
+                problem.only,
+                sampler,
+            ),
+            daemon=True,
+        )
+        for k, share in enumerate(shares(trials, workers))
+        if share
+    ]
     for process in processes:
         process.start()
     try:
@@ -263,6 +320,10 @@ def optimize(problem: TuneProblem, *, trials: int, storage_url: str | None, stud
                 process.terminate()
     failed = [p.exitcode for p in processes if p.exitcode != 0]
     if failed:
-        raise InputError("tune", f"{len(failed)} of {len(processes)} worker processes failed (exit codes "
-                         f"{failed}); their messages are above", field="workers")
+        raise InputError(
+            "tune",
+            f"{len(failed)} of {len(processes)} worker processes failed (exit codes "
+            f"{failed}); their messages are above",
+            field="workers",
+        )
     return study

@@ -29,8 +29,10 @@ def check_load(load: Sequence[Sequence[float]], ranks: int) -> None:
         raise ValueError(f"core_load must be {ranks} x {ranks} (one row and column per rank)")
     for r, row in enumerate(load):
         if not all(0 <= v < float("inf") for v in row) or row[r] < 1:
-            raise ValueError(f"core_load row {r} = {tuple(row)}: entries must be finite and >= 0, and the rank's own "
-                             "entry >= 1 (it counts the rank itself)")
+            raise ValueError(
+                f"core_load row {r} = {tuple(row)}: entries must be finite and >= 0, and the rank's own "
+                "entry >= 1 (it counts the rank itself)"
+            )
 
 
 def is_unshared(load: Sequence[Sequence[float]]) -> bool:

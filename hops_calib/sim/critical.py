@@ -71,8 +71,7 @@ def critical_path(result: SimResult, pipeline: Pipeline | None = None) -> np.nda
         ends = end[candidates]
         exact = candidates[np.abs(ends - start[current]) <= tolerance]
         if not len(exact) and host[current] > 0:
-            exact = candidates[np.abs(ends - (start[current] - host[current]))
-                               <= tolerance]
+            exact = candidates[np.abs(ends - (start[current] - host[current])) <= tolerance]
         pool = exact if len(exact) else candidates
         current = int(pool[np.argmax(end[pool])])
         path.append(current)

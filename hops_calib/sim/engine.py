@@ -50,9 +50,13 @@ class Rows:
 
     def add_step(self, rank: int, phase: int, start_ms: float, end_ms: float) -> None:
         """A compute row of `rank` outside any microbatch (chunk 0, microbatch -1): its optimizer step."""
-        self.stage.append(rank); self.chunk.append(0); self.microbatch.append(-1)  # noqa: E702
-        self.is_transfer.append(False); self.phase.append(phase)  # noqa: E702
-        self.start_ms.append(start_ms); self.end_ms.append(end_ms)  # noqa: E702
+        self.stage.append(rank)
+        self.chunk.append(0)
+        self.microbatch.append(-1)
+        self.is_transfer.append(False)
+        self.phase.append(phase)
+        self.start_ms.append(start_ms)
+        self.end_ms.append(end_ms)
         self.peer_stage.append(-1)
 
 
@@ -60,11 +64,19 @@ class DeadlockError(RuntimeError):
     """No rank can make progress: the programs wait on each other."""
 
 
-def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]],
-                  forward_transfer_ms: list[float], backward_transfer_ms: list[float],
-                  start_ms: list[float], rows: Rows, host_ms: list[float] | None = None,
-                  host_after_receive_only: bool = False, cores: Cores | None = None,
-                  tails: list[list[tuple[int, float]]] | None = None) -> list[float]:
+def run_iteration(
+    programs: Programs,
+    blocking: bool,
+    task_ms: list[list[float]],
+    forward_transfer_ms: list[float],
+    backward_transfer_ms: list[float],
+    start_ms: list[float],
+    rows: Rows,
+    host_ms: list[float] | None = None,
+    host_after_receive_only: bool = False,
+    cores: Cores | None = None,
+    tails: list[list[tuple[int, float]]] | None = None,
+) -> list[float]:
     """Time one iteration starting each rank at `start_ms[rank]`; append its rows; return each rank's end.
 
     `task_ms[phase][virtual_stage]` is a compute cost; `forward_transfer_ms[k]` the
@@ -112,8 +124,14 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
         end = begin + cost
         link_free[link] = end
         arrival[transfer] = end
-        add_stage(sender); add_chunk(from_stage // ranks); add_mb(microbatch); add_transfer(True)  # noqa: E702
-        add_phase(direction); add_start(begin); add_end(end); add_peer(peer)  # noqa: E702 (phase 0 F, 1 B)
+        add_stage(sender)
+        add_chunk(from_stage // ranks)
+        add_mb(microbatch)
+        add_transfer(True)
+        add_phase(direction)
+        add_start(begin)
+        add_end(end)
+        add_peer(peer)
         return end
 
     unfinished = ranks
@@ -146,8 +164,14 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
                         if needs >= 0 or not host_after_receive_only:
                             now += host[stage]
                         end = now + task_ms[phase][stage]
-                    add_stage(rank); add_chunk(stage // ranks); add_mb(microbatch); add_transfer(False)  # noqa: E702
-                    add_phase(phase); add_start(now); add_end(end); add_peer(-1)  # noqa: E702
+                    add_stage(rank)
+                    add_chunk(stage // ranks)
+                    add_mb(microbatch)
+                    add_transfer(False)
+                    add_phase(phase)
+                    add_start(now)
+                    add_end(end)
+                    add_peer(-1)
                     now = end
                     if produces >= 0 and not blocking:
                         move(produces, end)
@@ -203,8 +227,9 @@ def run_iteration(programs: Programs, blocking: bool, task_ms: list[list[float]]
     return clock
 
 
-def _serve(cores: Cores, rank: int, now: float, work: Sequence[float], served: list[list[float] | None]
-           ) -> list[float] | None:
+def _serve(
+    cores: Cores, rank: int, now: float, work: Sequence[float], served: list[list[float] | None]
+) -> list[float] | None:
     """The [start, end] of each item of `work` once `cores` has served it to `rank` (`served[rank]`, taken), else
     None: submitted from `now` the first time the rank asks (while its chain runs, `cores.active` holds it)."""
     marks = served[rank]
@@ -216,8 +241,9 @@ def _serve(cores: Cores, rank: int, now: float, work: Sequence[float], served: l
     return marks
 
 
-def _run_tail(cores: Cores, rank: int, now: float, tail: list[tuple[int, float]], served: list,
-              rows: Rows) -> tuple[float, bool]:
+def _run_tail(
+    cores: Cores, rank: int, now: float, tail: list[tuple[int, float]], served: list, rows: Rows
+) -> tuple[float, bool]:
     """A rank's work after its program on shared cores: submitted once, recorded when served; (clock, done)."""
     marks = _serve(cores, rank, now, [work for _, work in tail], served)
     if marks is None:
@@ -233,5 +259,7 @@ def _describe_deadlock(programs: Programs, per_rank, position: list[int]) -> str
     for rank, ops in enumerate(per_rank):
         if position[rank] < len(ops):
             stuck.append(f"rank {rank} at operation {position[rank]} {ops[position[rank]]}")
-    return (f"{programs.schedule} deadlocks with {programs.ranks} ranks, {programs.chunks} chunks, "
-            f"{programs.microbatches} microbatches: " + "; ".join(stuck))
+    return (
+        f"{programs.schedule} deadlocks with {programs.ranks} ranks, {programs.chunks} chunks, "
+        f"{programs.microbatches} microbatches: " + "; ".join(stuck)
+    )

@@ -80,8 +80,10 @@ class Failure:
 
     def __post_init__(self) -> None:
         if not (0 <= self.rate_per_hour < math.inf and 0 <= self.recovery_s < math.inf):
-            raise ValueError(f"failure of {self.what}: rate {self.rate_per_hour} /h and recovery {self.recovery_s} s "
-                             "must be finite and >= 0")
+            raise ValueError(
+                f"failure of {self.what}: rate {self.rate_per_hour} /h and recovery {self.recovery_s} s "
+                "must be finite and >= 0"
+            )
 
 
 def _check_factor(what: str, factor: float) -> None:
@@ -102,9 +104,15 @@ def perturbed(pipeline: Pipeline, devices: Sequence[SlowDevice] = (), links: Seq
     factor = [1.0] * ranks
     for slow in devices:
         factor[slow.rank] *= slow.factor
-    stages = tuple(StageCosts(c.forward_ms * factor[k % ranks], c.backward_ms * factor[k % ranks],
-                              c.weight_grad_ms * factor[k % ranks], c.host_ms)
-                   for k, c in enumerate(pipeline.stages))
+    stages = tuple(
+        StageCosts(
+            c.forward_ms * factor[k % ranks],
+            c.backward_ms * factor[k % ranks],
+            c.weight_grad_ms * factor[k % ranks],
+            c.host_ms,
+        )
+        for k, c in enumerate(pipeline.stages)
+    )
     optimizer = tuple(ms * factor[r] for r, ms in enumerate(pipeline.optimizer_ms))
     hop_factor = [1.0] * (len(pipeline.stages) - 1)
     for link in links:
@@ -114,12 +122,14 @@ def perturbed(pipeline: Pipeline, devices: Sequence[SlowDevice] = (), links: Seq
                 hop_factor[k] *= link.factor
     forward = tuple(ms * f for ms, f in zip(pipeline.forward_transfer_ms, hop_factor))
     backward = tuple(ms * f for ms, f in zip(pipeline.backward_transfer_ms, hop_factor))
-    return replace(pipeline, stages=stages, optimizer_ms=optimizer, forward_transfer_ms=forward,
-                   backward_transfer_ms=backward)
+    return replace(
+        pipeline, stages=stages, optimizer_ms=optimizer, forward_transfer_ms=forward, backward_transfer_ms=backward
+    )
 
 
-def straggler_factors(stragglers: RandomStragglers, iterations: int, ranks: int,
-                      rng: np.random.Generator) -> np.ndarray:
+def straggler_factors(
+    stragglers: RandomStragglers, iterations: int, ranks: int, rng: np.random.Generator
+) -> np.ndarray:
     """Compute factors per (iteration, rank): 1 where a rank runs normally, U[low, high] where it straggles."""
     hit = rng.random((iterations, ranks)) < stragglers.probability
     slow = rng.uniform(stragglers.low, stragglers.high, (iterations, ranks))
@@ -141,8 +151,9 @@ class FailureRun:
     recovery_ms: float
 
 
-def failure_run_ms(period_ms: float, iterations: int, failures: Sequence[Failure], rng: np.random.Generator,
-                   checkpoint_every: int = 1) -> FailureRun:
+def failure_run_ms(
+    period_ms: float, iterations: int, failures: Sequence[Failure], rng: np.random.Generator, checkpoint_every: int = 1
+) -> FailureRun:
     """Run `iterations` iterations of `period_ms` each, with failures striking at their Poisson rates over wall
     time (the job also runs, and can fail, while it redoes lost work; not while it recovers).
 
@@ -158,13 +169,17 @@ def failure_run_ms(period_ms: float, iterations: int, failures: Sequence[Failure
         return FailureRun(period_ms * iterations, 0, 0.0, 0.0)
     segment_ms = period_ms * min(checkpoint_every, iterations)  # work between checkpoints
     if rate_per_ms * segment_ms > _MAX_RESTART_EXPONENT:
-        raise ValueError(f"failures at {rate_per_ms * 3.6e6:g} /h strike about every {1 / rate_per_ms:.0f} ms, "
-                         f"so a checkpointed stretch of {segment_ms:.0f} ms would need about "
-                         f"e^{rate_per_ms * segment_ms:.0f} restarts: the job would never finish (checkpoint more "
-                         "often, or check the rate's unit: failures per hour)")
+        raise ValueError(
+            f"failures at {rate_per_ms * 3.6e6:g} /h strike about every {1 / rate_per_ms:.0f} ms, "
+            f"so a checkpointed stretch of {segment_ms:.0f} ms would need about "
+            f"e^{rate_per_ms * segment_ms:.0f} restarts: the job would never finish (checkpoint more "
+            "often, or check the rate's unit: failures per hour)"
+        )
     if -(-iterations // checkpoint_every) > _MAX_SEGMENTS:
-        raise ValueError(f"{iterations} iterations in stretches of {checkpoint_every}: at most {_MAX_SEGMENTS} "
-                         "checkpointed stretches are drawn one by one (use expected_failure_wall_ms for more)")
+        raise ValueError(
+            f"{iterations} iterations in stretches of {checkpoint_every}: at most {_MAX_SEGMENTS} "
+            "checkpointed stretches are drawn one by one (use expected_failure_wall_ms for more)"
+        )
     weights = np.array([f.rate_per_hour for f in failures], dtype=float)
     recoveries = np.array([f.recovery_s * 1e3 for f in failures])
     wall = lost = recovery = 0.0
@@ -188,8 +203,9 @@ def failure_run_ms(period_ms: float, iterations: int, failures: Sequence[Failure
     return FailureRun(wall, count, lost, recovery)
 
 
-def expected_failure_wall_ms(period_ms: float, iterations: int, failures: Sequence[Failure],
-                             checkpoint_every: int = 1) -> float:
+def expected_failure_wall_ms(
+    period_ms: float, iterations: int, failures: Sequence[Failure], checkpoint_every: int = 1
+) -> float:
     """The expected wall time of `failure_run_ms` in closed form: a stretch of length T between checkpoints
     under rate lambda takes (e^(lambda T) - 1) (1 / lambda + R) in expectation (restart until a failure-free T),
     with R the rate-weighted mean recovery."""

@@ -98,23 +98,33 @@ class Pipeline:
         for name in ("forward_transfer_ms", "backward_transfer_ms"):
             value = getattr(self, name)
             if value and len(value) != hops:
-                raise ValueError(f"{name} has {len(value)} entries; expected {hops} (one per adjacent virtual-stage pair)")
+                raise ValueError(
+                    f"{name} has {len(value)} entries; expected {hops} (one per adjacent virtual-stage pair)"
+                )
         if self.optimizer_ms and len(self.optimizer_ms) != self.ranks:
             raise ValueError(f"optimizer_ms has {len(self.optimizer_ms)} entries; expected {self.ranks} (one per rank)")
         for name in ("grad_reduce_ms", "grad_reduce_tail_ms", "post_optimizer_rank_ms"):
             if getattr(self, name) and len(getattr(self, name)) != self.ranks:
                 raise ValueError(f"{name} has {len(getattr(self, name))} entries; expected {self.ranks} (one per rank)")
         if len(self.grad_reduce_tail_ms) != len(self.grad_reduce_ms) or any(
-                tail > whole for tail, whole in zip(self.grad_reduce_tail_ms, self.grad_reduce_ms)):
+            tail > whole for tail, whole in zip(self.grad_reduce_tail_ms, self.grad_reduce_ms)
+        ):
             raise ValueError("grad_reduce_tail_ms needs one entry per grad_reduce_ms entry, none longer than it")
         for k, cost in enumerate(self.stages):
             values = (cost.forward_ms, cost.backward_ms, cost.weight_grad_ms, cost.host_ms)
             if not all(0 <= v < math.inf for v in values) or cost.weight_grad_ms > cost.backward_ms:
-                raise ValueError(f"virtual stage {k}: costs must be finite, >= 0 and weight_grad_ms <= backward_ms "
-                                 f"({cost})")
+                raise ValueError(
+                    f"virtual stage {k}: costs must be finite, >= 0 and weight_grad_ms <= backward_ms ({cost})"
+                )
         # A negative or NaN time would silently reorder the simulated timeline.
-        for name in ("forward_transfer_ms", "backward_transfer_ms", "optimizer_ms", "grad_reduce_ms",
-                     "grad_reduce_tail_ms", "post_optimizer_rank_ms"):
+        for name in (
+            "forward_transfer_ms",
+            "backward_transfer_ms",
+            "optimizer_ms",
+            "grad_reduce_ms",
+            "grad_reduce_tail_ms",
+            "post_optimizer_rank_ms",
+        ):
             for index, value in enumerate(getattr(self, name)):
                 if not 0 <= value < math.inf:
                     raise ValueError(f"{name}[{index}] = {value}: times must be finite and >= 0")

@@ -141,8 +141,13 @@ class _Builder:
     def weight_grad(self, k: int, mb: int) -> None:
         self.ops.append((COMPUTE, BW, k, mb, -1, -1))
 
-    def exchange(self, sends: tuple[int, ...] = (), recv_prev: bool = False, recv_next: bool = False,
-                 overlap: Callable[[], None] | None = None) -> None:
+    def exchange(
+        self,
+        sends: tuple[int, ...] = (),
+        recv_prev: bool = False,
+        recv_next: bool = False,
+        overlap: Callable[[], None] | None = None,
+    ) -> None:
         """One blocking p2p call: send the given transfers, receive the next input and/or gradient.
 
         With `overlap`, the call is posted, `overlap()` appends the compute that runs while
@@ -161,12 +166,14 @@ class _Builder:
         if sends or receives:
             self.ops.append((EXCHANGE, sends, tuple(receives)))
 
-    def post(self, sends: tuple[int, ...] = (), recv_prev: bool = False, recv_next: bool = False
-             ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def post(
+        self, sends: tuple[int, ...] = (), recv_prev: bool = False, recv_next: bool = False
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """One p2p call posted without waiting (Megatron's `overlap_p2p_comm`); (its sends, its receives)."""
         sends = tuple(t for t in sends if t >= 0)
-        receives = ((self.pending_inputs.popleft(),) if recv_prev else ()) + \
-            ((self.pending_grads.popleft(),) if recv_next else ())
+        receives = ((self.pending_inputs.popleft(),) if recv_prev else ()) + (
+            (self.pending_grads.popleft(),) if recv_next else ()
+        )
         if sends or receives:
             self.ops.append((POST, sends, receives))
         return sends, receives
@@ -177,8 +184,10 @@ class _Builder:
 
     def finish(self) -> tuple[tuple, ...]:
         if self.pending_inputs or self.pending_grads:  # a bug in a builder, never a user error
-            raise AssertionError(f"rank {self.rank}: {len(self.pending_inputs)} inputs and "
-                                 f"{len(self.pending_grads)} gradients never received")
+            raise AssertionError(
+                f"rank {self.rank}: {len(self.pending_inputs)} inputs and "
+                f"{len(self.pending_grads)} gradients never received"
+            )
         return tuple(self.ops)
 
 
@@ -349,15 +358,18 @@ def _peak_activations(ops: tuple[tuple, ...], releasing_phase: int) -> int:
     return peak
 
 
-def check_shape(schedule: str, ranks: int, chunks: int, microbatches: int, gpipe_flush: int | None = None,
-                overlap_p2p: bool = False) -> None:
+def check_shape(
+    schedule: str, ranks: int, chunks: int, microbatches: int, gpipe_flush: int | None = None, overlap_p2p: bool = False
+) -> None:
     """Raise ValueError when the schedule cannot run this pipeline shape (naming the rule)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULE_CHOICES}")
     if overlap_p2p and schedule != "interleaved_1f1b":
-        raise ValueError(f"overlapped p2p runs only under interleaved_1f1b, not {schedule!r}: Megatron's "
-                         "non-interleaved schedule refuses overlap_p2p_comm (schedules.py, "
-                         "forward_backward_pipelining_without_interleaving)")
+        raise ValueError(
+            f"overlapped p2p runs only under interleaved_1f1b, not {schedule!r}: Megatron's "
+            "non-interleaved schedule refuses overlap_p2p_comm (schedules.py, "
+            "forward_backward_pipelining_without_interleaving)"
+        )
     if gpipe_flush is not None:
         if schedule != "gpipe":
             raise ValueError(f"gpipe_flush={gpipe_flush} only applies to the gpipe schedule, not {schedule!r}")
@@ -365,20 +377,26 @@ def check_shape(schedule: str, ranks: int, chunks: int, microbatches: int, gpipe
             raise ValueError(f"gpipe_flush must be at least 1 microbatch (got {gpipe_flush})")
     if schedule == "interleaved_1f1b":
         if chunks < 2:
-            raise ValueError(f"interleaved_1f1b needs at least 2 model chunks per rank (got chunks={chunks}); "
-                             "use 1f1b for one chunk")
+            raise ValueError(
+                f"interleaved_1f1b needs at least 2 model chunks per rank (got chunks={chunks}); use 1f1b for one chunk"
+            )
         if microbatches % ranks:
-            raise ValueError(f"Megatron refuses the interleaved schedule when the number of microbatches "
-                             f"({microbatches}) is not divisible by the pipeline-model-parallel size ({ranks}) "
-                             "(schedules.py); use a multiple of the number of ranks")
+            raise ValueError(
+                f"Megatron refuses the interleaved schedule when the number of microbatches "
+                f"({microbatches}) is not divisible by the pipeline-model-parallel size ({ranks}) "
+                "(schedules.py); use a multiple of the number of ranks"
+            )
     elif chunks != 1:
-        raise ValueError(f"schedule {schedule!r} runs one model chunk per rank; the pipeline has chunks={chunks} "
-                         "(use interleaved_1f1b)")
+        raise ValueError(
+            f"schedule {schedule!r} runs one model chunk per rank; the pipeline has chunks={chunks} "
+            "(use interleaved_1f1b)"
+        )
 
 
 @lru_cache(maxsize=256)
-def build_programs(schedule: str, ranks: int, chunks: int, microbatches: int,
-                   gpipe_flush: int | None = None, overlap_p2p: bool = False) -> Programs:
+def build_programs(
+    schedule: str, ranks: int, chunks: int, microbatches: int, gpipe_flush: int | None = None, overlap_p2p: bool = False
+) -> Programs:
     """Every rank's operations for one iteration of `schedule` (cached: they depend on the shape only); with
     `overlap_p2p`, interleaved 1F1B's calls posted ahead and waited on later (Megatron's overlap_p2p_comm)."""
     check_shape(schedule, ranks, chunks, microbatches, gpipe_flush, overlap_p2p)
@@ -392,7 +410,10 @@ def build_programs(schedule: str, ranks: int, chunks: int, microbatches: int,
         per_rank = [_interleaved(r, ranks, chunks, microbatches, overlap_p2p) for r in range(ranks)]
     releasing = BW if schedule == "zb_h1" else B
     return Programs(
-        schedule=schedule, ranks=ranks, chunks=chunks, microbatches=microbatches,
+        schedule=schedule,
+        ranks=ranks,
+        chunks=chunks,
+        microbatches=microbatches,
         per_rank=tuple(per_rank),
         per_rank_compute=tuple(tuple(op for op in ops if op[0] == COMPUTE) for ops in per_rank),
         peak_activations=tuple(_peak_activations(ops, releasing) for ops in per_rank),

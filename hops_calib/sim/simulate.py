@@ -61,8 +61,10 @@ def auto_schedule(pipeline: Pipeline) -> str:
     stage (the last stage has room to absorb its deferred weight gradients), else 1F1B.
     """
     if pipeline.chunks != 1:
-        raise ValueError(f"schedule 'auto' chooses between 1f1b and zb_h1, which run one model chunk per rank; "
-                         f"the pipeline has chunks={pipeline.chunks} (name interleaved_1f1b explicitly)")
+        raise ValueError(
+            f"schedule 'auto' chooses between 1f1b and zb_h1, which run one model chunk per rank; "
+            f"the pipeline has chunks={pipeline.chunks} (name interleaved_1f1b explicitly)"
+        )
     totals = [cost.forward_ms + cost.backward_ms for cost in pipeline.stages]  # backward_ms = b + w
     last = pipeline.stages[-1]
     return "zb_h1" if max(totals) - totals[-1] >= last.weight_grad_ms else "1f1b"
@@ -109,10 +111,15 @@ class SimResult:
         """The shared metrics of this timeline, computed on its columns without building the frame."""
         cols = self.columns
         return column_metrics(
-            stage=cols["stage"], iteration=cols["iteration"], microbatch=cols["microbatch"],
-            is_compute=cols["kind"] == KINDS.index(COMPUTE), is_backward=np.isin(cols["phase"], _BACKWARD_CODES),
-            start_ms=cols["start_ms"], end_ms=cols["end_ms"],
-            microbatches_per_iteration=self.microbatches, pp=self.ranks,
+            stage=cols["stage"],
+            iteration=cols["iteration"],
+            microbatch=cols["microbatch"],
+            is_compute=cols["kind"] == KINDS.index(COMPUTE),
+            is_backward=np.isin(cols["phase"], _BACKWARD_CODES),
+            start_ms=cols["start_ms"],
+            end_ms=cols["end_ms"],
+            microbatches_per_iteration=self.microbatches,
+            pp=self.ranks,
         )
 
     def served_ms(self, rank: int, phase: str) -> float | None:
@@ -135,9 +142,14 @@ class SimResult:
 
     def _part_columns(self) -> dict[str, np.ndarray]:
         cols = self.columns
-        return dict(iteration=cols["iteration"], is_compute=cols["kind"] == KINDS.index(COMPUTE),
-                    is_backward=np.isin(cols["phase"], _BACKWARD_CODES), is_optimizer=cols["phase"] == OPTIMIZER_PHASE,
-                    start_ms=cols["start_ms"], end_ms=cols["end_ms"])
+        return dict(
+            iteration=cols["iteration"],
+            is_compute=cols["kind"] == KINDS.index(COMPUTE),
+            is_backward=np.isin(cols["phase"], _BACKWARD_CODES),
+            is_optimizer=cols["phase"] == OPTIMIZER_PHASE,
+            start_ms=cols["start_ms"],
+            end_ms=cols["end_ms"],
+        )
 
 
 def _task_ms(pipeline: Pipeline) -> list[list[float]]:
@@ -177,12 +189,21 @@ def _after_grad_reduce(pipeline: Pipeline, rows: Rows, first_row: int, ends: lis
         rank = rows.stage[k]
         if rows.end_ms[k] > last_end[rank]:
             last_end[rank], last_start[rank] = rows.end_ms[k], rows.start_ms[k]
-    return [max(end + tail, start + whole) for end, start, tail, whole
-            in zip(ends, last_start, pipeline.grad_reduce_tail_ms, pipeline.grad_reduce_ms)]
+    return [
+        max(end + tail, start + whole)
+        for end, start, tail, whole in zip(ends, last_start, pipeline.grad_reduce_tail_ms, pipeline.grad_reduce_ms)
+    ]
 
 
-def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = None, seed: int = 0,
-             replicate: bool = True, compute_factors: np.ndarray | None = None) -> SimResult:
+def simulate(
+    pipeline: Pipeline,
+    schedule: str,
+    *,
+    gpipe_flush: int | None = None,
+    seed: int = 0,
+    replicate: bool = True,
+    compute_factors: np.ndarray | None = None,
+) -> SimResult:
     """Simulate `pipeline.iterations` training iterations of `schedule`.
 
     `schedule` is one of "1f1b", "interleaved_1f1b", "gpipe", "zb_h1", "auto";
@@ -194,8 +215,9 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     """
     del seed  # no random draw here: random perturbations come in drawn (see compute_factors)
     resolved = auto_schedule(pipeline) if schedule == AUTO else schedule
-    programs: Programs = build_programs(resolved, pipeline.ranks, pipeline.chunks, pipeline.microbatches, gpipe_flush,
-                                        pipeline.overlap_p2p)
+    programs: Programs = build_programs(
+        resolved, pipeline.ranks, pipeline.chunks, pipeline.microbatches, gpipe_flush, pipeline.overlap_p2p
+    )
     hops = len(pipeline.stages) - 1
     forward_transfer = list(pipeline.forward_transfer_ms) or [0.0] * hops
     backward_transfer = list(pipeline.backward_transfer_ms) or [0.0] * hops
@@ -205,10 +227,15 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     optimizer = list(pipeline.optimizer_ms)
     if compute_factors is not None:
         compute_factors = np.asarray(compute_factors, dtype=float)
-        if compute_factors.shape != (pipeline.iterations, ranks) or not np.all(np.isfinite(compute_factors)) \
-                or np.any(compute_factors <= 0):
-            raise ValueError(f"compute_factors must be finite positive numbers of shape (iterations, ranks) = "
-                             f"({pipeline.iterations}, {ranks}); got shape {compute_factors.shape}")
+        if (
+            compute_factors.shape != (pipeline.iterations, ranks)
+            or not np.all(np.isfinite(compute_factors))
+            or np.any(compute_factors <= 0)
+        ):
+            raise ValueError(
+                f"compute_factors must be finite positive numbers of shape (iterations, ranks) = "
+                f"({pipeline.iterations}, {ranks}); got shape {compute_factors.shape}"
+            )
         replicate = False
     nominal_task_ms, nominal_optimizer = task_ms, optimizer
     cores = Cores(pipeline.core_load) if pipeline.shares_cores else None
@@ -227,16 +254,36 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
             task_ms = [[ms * factor[k % ranks] for k, ms in enumerate(row)] for row in nominal_task_ms]
             optimizer = [ms * factor[r] for r, ms in enumerate(nominal_optimizer)]
         if cores is not None:
-            ends, barrier, starts = _shared_iteration(pipeline, programs, cores, task_ms, optimizer, forward_transfer,
-                                                      backward_transfer, starts, rows, host_ms)
+            ends, barrier, starts = _shared_iteration(
+                pipeline,
+                programs,
+                cores,
+                task_ms,
+                optimizer,
+                forward_transfer,
+                backward_transfer,
+                starts,
+                rows,
+                host_ms,
+            )
         else:
-            ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer,
-                                 starts, rows, host_ms, pipeline.host_after_receive_only)
+            ends = run_iteration(
+                programs,
+                pipeline.blocking_p2p,
+                task_ms,
+                forward_transfer,
+                backward_transfer,
+                starts,
+                rows,
+                host_ms,
+                pipeline.host_after_receive_only,
+            )
             if pipeline.grad_reduce_ms:
                 ends = _after_grad_reduce(pipeline, rows, first_row, ends)
             barrier = max(ends)
-            optimizer_starts = [(barrier if pipeline.optimizer_barrier else end) + pipeline.pre_optimizer_ms
-                                for end in ends]
+            optimizer_starts = [
+                (barrier if pipeline.optimizer_barrier else end) + pipeline.pre_optimizer_ms for end in ends
+            ]
             starts = [start + pipeline.post_ms(rank) for rank, start in enumerate(optimizer_starts)]
             for rank, cost in enumerate(optimizer):
                 rows.add_step(rank, OPTIMIZER_PHASE, optimizer_starts[rank], optimizer_starts[rank] + cost)
@@ -258,16 +305,29 @@ def simulate(pipeline: Pipeline, schedule: str, *, gpipe_flush: int | None = Non
     if pipeline.stall_ms > 0 and pipeline.stall_probability > 0:
         _delay(columns, stalled_iterations(pipeline.stall_probability, pipeline.iterations), pipeline.stall_ms)
     return SimResult(
-        schedule=resolved, ranks=ranks, microbatches=pipeline.microbatches, iterations=pipeline.iterations,
-        makespan_ms=float(columns["end_ms"].max()), peak_activations=programs.peak_activations,
-        columns=columns, chunks=pipeline.chunks,
+        schedule=resolved,
+        ranks=ranks,
+        microbatches=pipeline.microbatches,
+        iterations=pipeline.iterations,
+        makespan_ms=float(columns["end_ms"].max()),
+        peak_activations=programs.peak_activations,
+        columns=columns,
+        chunks=pipeline.chunks,
     )
 
 
-def _shared_iteration(pipeline: Pipeline, programs: Programs, cores: Cores, task_ms: list[list[float]],
-                      optimizer: list[float], forward_transfer: list[float], backward_transfer: list[float],
-                      starts: list[float], rows: Rows, host_ms: list[float]
-                      ) -> tuple[list[float], float, list[float]]:
+def _shared_iteration(
+    pipeline: Pipeline,
+    programs: Programs,
+    cores: Cores,
+    task_ms: list[list[float]],
+    optimizer: list[float],
+    forward_transfer: list[float],
+    backward_transfer: list[float],
+    starts: list[float],
+    rows: Rows,
+    host_ms: list[float],
+) -> tuple[list[float], float, list[float]]:
     """One iteration on ranks that share cores: (each rank's end of its pipeline work, the barrier, each rank's
     start of the next iteration). Each rank's gradient reduction follows its last task as work on its core (the
     captures reduce after the last backward: an overlapped reduction's part under that backward is not modelled
@@ -277,10 +337,24 @@ def _shared_iteration(pipeline: Pipeline, programs: Programs, cores: Cores, task
     reduce = list(pipeline.grad_reduce_tail_ms) or [0.0] * ranks
     steps = optimizer or [0.0] * ranks
     alone = not pipeline.optimizer_barrier
-    tails = [[(-1, reduce[r])] + ([(-1, pipeline.pre_optimizer_ms), (OPTIMIZER_PHASE if optimizer else -1, steps[r])]
-                                   if alone else []) for r in range(ranks)]
-    ends = run_iteration(programs, pipeline.blocking_p2p, task_ms, forward_transfer, backward_transfer, starts, rows,
-                         host_ms, pipeline.host_after_receive_only, cores, tails)
+    tails = [
+        [(-1, reduce[r])]
+        + ([(-1, pipeline.pre_optimizer_ms), (OPTIMIZER_PHASE if optimizer else -1, steps[r])] if alone else [])
+        for r in range(ranks)
+    ]
+    ends = run_iteration(
+        programs,
+        pipeline.blocking_p2p,
+        task_ms,
+        forward_transfer,
+        backward_transfer,
+        starts,
+        rows,
+        host_ms,
+        pipeline.host_after_receive_only,
+        cores,
+        tails,
+    )
     if alone:
         # the rank's end before its step: the step's row starts after the reduction and the pre-optimizer work
         return ends, max(ends), [end + pipeline.post_ms(rank) for rank, end in enumerate(ends)]
@@ -304,6 +378,7 @@ def _uniform_shift(before: list[float], after: list[float]) -> bool:
 
 def stalled_iterations(probability: float, iterations: int) -> list[int]:
     """The iterations (1-based) that stall in a typical run of `iterations` with a stall chance `probability` each."""
+
     def rounded(x: float) -> int:
         return int(np.floor(x + 0.5))
 
@@ -329,8 +404,9 @@ def _delay(columns: dict[str, np.ndarray], stalled: list[int], stall_ms: float) 
     columns["end_ms"] = columns["end_ms"] + shift
 
 
-def _replicate_last(columns: dict[str, np.ndarray], timed: int, iterations: int, period_ms: float
-                    ) -> dict[str, np.ndarray]:
+def _replicate_last(
+    columns: dict[str, np.ndarray], timed: int, iterations: int, period_ms: float
+) -> dict[str, np.ndarray]:
     """Append iterations timed+1..iterations as copies of iteration `timed` shifted by `period_ms` each."""
     last = columns["iteration"] == timed
     copies = iterations - timed

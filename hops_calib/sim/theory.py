@@ -18,8 +18,15 @@ from hops_calib.sim.pipeline import Pipeline, StageCosts
 from hops_calib.sim.schedules import interleaved_warmup
 
 
-def balanced_pipeline(stages: int, microbatches: int, forward_ms: float = 1.0, backward_ms: float = 2.0,
-                      weight_grad_ms: float = 0.0, chunks: int = 1, **fields) -> Pipeline:
+def balanced_pipeline(
+    stages: int,
+    microbatches: int,
+    forward_ms: float = 1.0,
+    backward_ms: float = 2.0,
+    weight_grad_ms: float = 0.0,
+    chunks: int = 1,
+    **fields,
+) -> Pipeline:
     """p equal stages; with `chunks` v > 1 each of the p*v virtual stages does 1/v of a stage's work.
 
     Other `Pipeline` fields (iterations, blocking_p2p, transfers...) pass through.
@@ -50,9 +57,16 @@ def gpipe_flushes(microbatches: int, flush: int | None) -> list[int]:
     return [min(flush, microbatches - lo) for lo in range(0, microbatches, flush)]
 
 
-def balanced_makespan(schedule: str, stages: int, microbatches: int, forward_ms: float = 1.0,
-                      backward_ms: float = 2.0, weight_grad_ms: float = 0.0, chunks: int = 1,
-                      gpipe_flush: int | None = None) -> float:
+def balanced_makespan(
+    schedule: str,
+    stages: int,
+    microbatches: int,
+    forward_ms: float = 1.0,
+    backward_ms: float = 2.0,
+    weight_grad_ms: float = 0.0,
+    chunks: int = 1,
+    gpipe_flush: int | None = None,
+) -> float:
     """Makespan of one iteration of `schedule` on balanced stages with free transfers.
 
     ZB-H1: m(f+b) + (p-1)(F + B - W) with F = f, B = b - w, W = w, the form of the
@@ -69,14 +83,16 @@ def balanced_makespan(schedule: str, stages: int, microbatches: int, forward_ms:
     if schedule == "zb_h1":
         input_grad = backward_ms - weight_grad_ms
         if weight_grad_ms > min(forward_ms, input_grad):
-            raise ValueError(f"the ZB-H1 closed form assumes W <= min(F, B); got F={forward_ms}, B={input_grad}, "
-                             f"W={weight_grad_ms}")
+            raise ValueError(
+                f"the ZB-H1 closed form assumes W <= min(F, B); got F={forward_ms}, B={input_grad}, W={weight_grad_ms}"
+            )
         return m * step + (p - 1) * (forward_ms + input_grad - weight_grad_ms)
     raise ValueError(f"no closed form for schedule {schedule!r}; expected 1f1b, gpipe, interleaved_1f1b or zb_h1")
 
 
-def peak_activations(schedule: str, stages: int, microbatches: int, chunks: int = 1,
-                     gpipe_flush: int | None = None) -> tuple[int, ...]:
+def peak_activations(
+    schedule: str, stages: int, microbatches: int, chunks: int = 1, gpipe_flush: int | None = None
+) -> tuple[int, ...]:
     """Most microbatches in flight per rank (interleaved: in model chunks, each 1/v of a stage)."""
     _check_positive(stages=stages, microbatches=microbatches, chunks=chunks)
     p, m = stages, microbatches
@@ -97,8 +113,15 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be at least 1 (got {value})")
 
 
-def closed_form_holds(schedule: str, stages: int, microbatches: int, forward_ms: float, backward_ms: float,
-                      weight_grad_ms: float, chunks: int = 1) -> bool:
+def closed_form_holds(
+    schedule: str,
+    stages: int,
+    microbatches: int,
+    forward_ms: float,
+    backward_ms: float,
+    weight_grad_ms: float,
+    chunks: int = 1,
+) -> bool:
     """Whether `balanced_makespan` and `peak_activations` give the simulator's numbers for this shape: always for
     1F1B, GPipe and interleaved 1F1B (the shapes they run), and for ZB-H1 when W <= min(F, B) (the paper's
     assumption) and there are at least as many microbatches as stages (fewer leave its warm-up incomplete)."""
@@ -107,8 +130,15 @@ def closed_form_holds(schedule: str, stages: int, microbatches: int, forward_ms:
     return weight_grad_ms <= min(forward_ms, backward_ms - weight_grad_ms) and microbatches >= stages
 
 
-def schedule_bubble_of(schedule: str, stages: int, microbatches: int, chunks: int = 1, forward_ms: float = 1.0,
-                       backward_ms: float = 2.0, weight_grad_ms: float = 0.0) -> float:
+def schedule_bubble_of(
+    schedule: str,
+    stages: int,
+    microbatches: int,
+    chunks: int = 1,
+    forward_ms: float = 1.0,
+    backward_ms: float = 2.0,
+    weight_grad_ms: float = 0.0,
+) -> float:
     """The schedule's own bubble on balanced stages with free transfers, from its closed-form makespan:
     1 - m (f + b) / makespan. 1F1B and GPipe (one flush): (p-1)/(m+p-1); interleaved 1F1B: (p-1)/(v m+p-1); ZB-H1:
     (p-1)(F+B-W) / (m(f+b) + (p-1)(F+B-W)), its deferred weight gradients filling the bubble. ZB-H1's form assumes
@@ -125,8 +155,10 @@ def pipeline_schedule_bubble(pipeline: Pipeline, schedule: str) -> float:
     costs (the balanced pipeline nearest it)."""
     stages = pipeline.stages
     ranks = len(stages) // max(1, pipeline.chunks)
-    mean = [sum(getattr(s, name) for s in stages) * pipeline.chunks / len(stages)
-            for name in ("forward_ms", "backward_ms", "weight_grad_ms")]
+    mean = [
+        sum(getattr(s, name) for s in stages) * pipeline.chunks / len(stages)
+        for name in ("forward_ms", "backward_ms", "weight_grad_ms")
+    ]
     if mean[0] + mean[1] <= 0:
         return schedule_bubble(ranks, pipeline.microbatches, pipeline.chunks)
     return schedule_bubble_of(schedule, ranks, pipeline.microbatches, pipeline.chunks, *mean)

@@ -34,9 +34,12 @@ def _require_int(args: dict[str, Any], name: str, source: Any, default: int | No
     value = args.get(name, default)
     if type(value) is not int or value < minimum:
         expected = "a non-negative integer" if minimum == 0 else f"a whole number of at least {minimum}"
-        raise TraceError(source, f"is {value!r}, expected {expected}" if name in args else "is missing",
-                         field=flag, hint=f"give {flag} {expected}" if name in args
-                         else f"the spec needs it; add {flag} to the launch command")
+        raise TraceError(
+            source,
+            f"is {value!r}, expected {expected}" if name in args else "is missing",
+            field=flag,
+            hint=f"give {flag} {expected}" if name in args else f"the spec needs it; add {flag} to the launch command",
+        )
     return value
 
 
@@ -53,12 +56,19 @@ def configured_schedule(configured: Any, vp: int, source: Path | str = "manifest
     if configured is None:
         return from_flags
     if configured not in SCHEDULES:
-        raise TraceError(source, f"is {configured!r}", field="configured_schedule",
-                         hint=f"expected one of {', '.join(SCHEDULES)}, or remove the key")
+        raise TraceError(
+            source,
+            f"is {configured!r}",
+            field="configured_schedule",
+            hint=f"expected one of {', '.join(SCHEDULES)}, or remove the key",
+        )
     if (configured == "interleaved_1f1b") != (vp > 1):
-        raise TraceError(source, f"is {configured!r} but the arguments configure {vp} model chunk(s) "
-                         "per stage", field="configured_schedule",
-                         hint="interleaved 1F1B needs virtual pipeline stages, and only it uses them")
+        raise TraceError(
+            source,
+            f"is {configured!r} but the arguments configure {vp} model chunk(s) per stage",
+            field="configured_schedule",
+            hint="interleaved 1F1B needs virtual pipeline stages, and only it uses them",
+        )
     return configured
 
 
@@ -73,12 +83,17 @@ def check_simulable(spec: Spec, source: Path | str) -> None:
     model chunks per stage than MAX_PER_ITERATION: no trace numbers them, and simulating them would run for hours."""
     from hops_calib.trace.errors import TraceError
 
-    for count, what, flag in ((spec.microbatches, "microbatches per iteration", "--global-batch-size"),
-                              (spec.vp, "model chunks per stage", "--virtual-pipeline-model-parallel-size")):
+    for count, what, flag in (
+        (spec.microbatches, "microbatches per iteration", "--global-batch-size"),
+        (spec.vp, "model chunks per stage", "--virtual-pipeline-model-parallel-size"),
+    ):
         if count > MAX_PER_ITERATION:
-            raise TraceError(source, f"gives {count} {what}, more than the {MAX_PER_ITERATION} a trace can "
-                             "number and the simulator times", field=flag,
-                             hint=f"give a configuration of at most {MAX_PER_ITERATION} {what}")
+            raise TraceError(
+                source,
+                f"gives {count} {what}, more than the {MAX_PER_ITERATION} a trace can number and the simulator times",
+                field=flag,
+                hint=f"give a configuration of at most {MAX_PER_ITERATION} {what}",
+            )
 
 
 RECOMPUTE_GRANULARITIES = ("full", "selective")
@@ -108,30 +123,55 @@ def recomputation_of(args: dict[str, Any], source: Path | str) -> tuple[str | No
     if granularity is None:
         return None, None, None
     if granularity not in RECOMPUTE_GRANULARITIES:
-        raise TraceError(source, f"is {granularity!r}", field="--recompute-granularity",
-                         hint=f"Megatron takes {' or '.join(RECOMPUTE_GRANULARITIES)}")
+        raise TraceError(
+            source,
+            f"is {granularity!r}",
+            field="--recompute-granularity",
+            hint=f"Megatron takes {' or '.join(RECOMPUTE_GRANULARITIES)}",
+        )
     if granularity == "selective":
         if method is not None:
-            raise TraceError(source, f"is {method!r} with --recompute-granularity selective", field="--recompute-method",
-                             hint="Megatron takes a recompute method only for full recomputation: drop it")
+            raise TraceError(
+                source,
+                f"is {method!r} with --recompute-granularity selective",
+                field="--recompute-method",
+                hint="Megatron takes a recompute method only for full recomputation: drop it",
+            )
         return granularity, None, None
     if method not in RECOMPUTE_METHODS:
-        raise TraceError(source, f"is {method!r} with --recompute-granularity full", field="--recompute-method",
-                         hint=f"full recomputation needs --recompute-method {' or '.join(RECOMPUTE_METHODS)}")
+        raise TraceError(
+            source,
+            f"is {method!r} with --recompute-granularity full",
+            field="--recompute-method",
+            hint=f"full recomputation needs --recompute-method {' or '.join(RECOMPUTE_METHODS)}",
+        )
     if number is None and method == "uniform":
         number = 1
     if type(number) is not int or number < 1:
-        raise TraceError(source, f"is {number!r} with --recompute-method {method}", field="--recompute-num-layers",
-                         hint="give the number of layers per recomputed group (uniform) or per model chunk (block), "
-                              "at least 1")
+        raise TraceError(
+            source,
+            f"is {number!r} with --recompute-method {method}",
+            field="--recompute-num-layers",
+            hint="give the number of layers per recomputed group (uniform) or per model chunk (block), at least 1",
+        )
     return granularity, method, number
 
 
-def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, hardware: Hardware,
-                   links: Sequence[LinkFit] = (), collectives: Sequence[CollectiveTable] = (),
-                   configured: str | None = None, schedule_source: Path | str = "manifest.yaml",
-                   declared_schedule: str | None = None, iterations: int | None = None,
-                   notes: list[str] | None = None, ranks_per_device: float = 1.0) -> Spec:
+def spec_from_args(
+    args: dict[str, Any],
+    source: Path | str,
+    *,
+    run_id: str,
+    hardware: Hardware,
+    links: Sequence[LinkFit] = (),
+    collectives: Sequence[CollectiveTable] = (),
+    configured: str | None = None,
+    schedule_source: Path | str = "manifest.yaml",
+    declared_schedule: str | None = None,
+    iterations: int | None = None,
+    notes: list[str] | None = None,
+    ranks_per_device: float = 1.0,
+) -> Spec:
     """The spec of a Megatron launch, from its arguments alone (pure: reads no file).
 
     `args` are Megatron's arguments in their `args.` spelling (as `trace.megatron_args` parses a command line or a
@@ -160,29 +200,44 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     if type(world) is int and world > 0:
         named = f"tp*pp*cp = {tp * pp * cp}" if cp > 1 else f"tp*pp = {tp * pp}"
         if world % (tp * pp * cp):
-            raise TraceError(source, f"{world} is not a multiple of {named}", field="world_size",
-                             hint="launch tp x pp x cp x dp GPUs")
+            raise TraceError(
+                source,
+                f"{world} is not a multiple of {named}",
+                field="world_size",
+                hint="launch tp x pp x cp x dp GPUs",
+            )
         dp = world // (tp * pp * cp)
         given = args.get("data_parallel_size")
         if type(given) is int and given > 0 and given != dp:
             where = f"tp {tp} x pp {pp}" + (f" x cp {cp}" if cp > 1 else "")
-            raise TraceError(source, f"{given}, but world size {world} / ({where}) = {dp}",
-                             field="--data-parallel-size", hint="make the parallel sizes multiply to the GPUs")
+            raise TraceError(
+                source,
+                f"{given}, but world size {world} / ({where}) = {dp}",
+                field="--data-parallel-size",
+                hint="make the parallel sizes multiply to the GPUs",
+            )
     else:
         dp = _require_int(args, "data_parallel_size", source, default=1) or 1
     micro_batch = _require_int(args, "micro_batch_size", source, default=1, minimum=1)
     global_batch = _require_int(args, "global_batch_size", source, default=micro_batch * dp, minimum=1)
     if global_batch % (micro_batch * dp):
-        raise TraceError(source, f"{global_batch} is not a multiple of micro batch {micro_batch} x dp {dp}",
-                         field="--global-batch-size", hint="Megatron requires it to divide")
+        raise TraceError(
+            source,
+            f"{global_batch} is not a multiple of micro batch {micro_batch} x dp {dp}",
+            field="--global-batch-size",
+            hint="Megatron requires it to divide",
+        )
     microbatches = global_batch // (micro_batch * dp)
     if iterations is None:
         train_iters = _require_int(args, "train_iters", source)
         iterations = train_iters - TRACE_FIRST_ITERATION + 1
         if iterations < 1:
-            raise TraceError(source, f"is {train_iters}: the trace starts at iteration {TRACE_FIRST_ITERATION}",
-                             field="--train-iters",
-                             hint=f"a traced run needs at least {TRACE_FIRST_ITERATION} iterations")
+            raise TraceError(
+                source,
+                f"is {train_iters}: the trace starts at iteration {TRACE_FIRST_ITERATION}",
+                field="--train-iters",
+                hint=f"a traced run needs at least {TRACE_FIRST_ITERATION} iterations",
+            )
     elif type(iterations) is not int or iterations < 1:
         raise ValueError(f"spec {run_id}: iterations must be a whole number of at least 1, got {iterations!r}")
 
@@ -192,9 +247,12 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     first_ranks = [global_rank(rank_order, {**sizes, "pp": (k, pp)}) for k in range(pp)]
     devices, device_ids, names = hardware.stages(pp, first_ranks)
     if len(devices) != pp:
-        raise TraceError(hardware.source, f"maps {len(devices)} stages but {Path(source).name} says "
-                         f"--pipeline-model-parallel-size {pp}", field=hardware.field,
-                         hint="the stage counts of the configuration and the stage map must agree")
+        raise TraceError(
+            hardware.source,
+            f"maps {len(devices)} stages but {Path(source).name} says --pipeline-model-parallel-size {pp}",
+            field=hardware.field,
+            hint="the stage counts of the configuration and the stage map must agree",
+        )
 
     links = tuple(links) + _intra_node_links(pp, vp, hardware, links, collectives, first_ranks)
     schedule = configured_schedule(configured, vp, schedule_source)
@@ -204,13 +262,21 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     heads = _require_int(args, "num_attention_heads", source, minimum=1)
     seq = _require_int(args, "seq_length", source, minimum=1)
     if hidden % heads:
-        raise TraceError(source, f"{heads} does not divide --hidden-size {hidden}", field="--num-attention-heads",
-                         hint="Megatron splits the hidden size evenly over the attention heads")
+        raise TraceError(
+            source,
+            f"{heads} does not divide --hidden-size {hidden}",
+            field="--num-attention-heads",
+            hint="Megatron splits the hidden size evenly over the attention heads",
+        )
     positions = args.get("max_position_embeddings")
     if type(positions) is int and positions < seq:
-        raise TraceError(source, f"{seq} is more than --max-position-embeddings {positions}",
-                         field="--seq-length", hint="learned absolute positions cover at most "
-                         "--max-position-embeddings tokens: Megatron refuses a longer sequence")
+        raise TraceError(
+            source,
+            f"{seq} is more than --max-position-embeddings {positions}",
+            field="--seq-length",
+            hint="learned absolute positions cover at most "
+            "--max-position-embeddings tokens: Megatron refuses a longer sequence",
+        )
     # Megatron's args.padded_vocab_size (a log's arguments block, a run table) is the vocabulary it allocated, already
     # a multiple of --make-vocab-size-divisible-by x t; the cost model pads vocab_size to a multiple of 128, which
     # leaves it as it is.
@@ -218,9 +284,13 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     vocab = _require_int(args, vocab_key, source, default=0, minimum=1 if vocab_key in args else 0)
     ffn = _require_int(args, "ffn_hidden_size", source, default=4 * hidden, minimum=1)
     if cp > 1 and seq % (2 * cp):
-        raise TraceError(source, f"{seq} is not divisible by 2 x --context-parallel-size {cp}", field="--seq-length",
-                         hint="context parallelism cuts each sequence into 2 cp chunks (megatron/core/utils.py "
-                              "get_batch_on_this_cp_rank)")
+        raise TraceError(
+            source,
+            f"{seq} is not divisible by 2 x --context-parallel-size {cp}",
+            field="--seq-length",
+            hint="context parallelism cuts each sequence into 2 cp chunks (megatron/core/utils.py "
+            "get_batch_on_this_cp_rank)",
+        )
     model = ModelShape(
         num_layers=num_layers,
         hidden_size=hidden,
@@ -240,9 +310,13 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
         context_parallel=cp,
     )
     if cp > 1 and model.attention_kernel != "flash":
-        raise TraceError(source, f"{cp} with unfused attention", field="--context-parallel-size",
-                         hint="context parallelism runs in TE's flash / cuDNN fused attention (TE's "
-                              "AttnFuncWithCPAndKVP2P); drop --attention-backend unfused|local")
+        raise TraceError(
+            source,
+            f"{cp} with unfused attention",
+            field="--context-parallel-size",
+            hint="context parallelism runs in TE's flash / cuDNN fused attention (TE's "
+            "AttnFuncWithCPAndKVP2P); drop --attention-backend unfused|local",
+        )
     zero = args.get("zero_stage") or 0
     return Spec(
         run_id=run_id,
@@ -273,8 +347,12 @@ def spec_from_args(args: dict[str, Any], source: Path | str, *, run_id: str, har
     )
 
 
-_SPLIT_FLAGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+_SPLIT_FLAGS = (
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+)
 
 
 def stage_layers_of(args: dict[str, Any], source: Path | str, num_layers: int, pp: int) -> StageLayers:
@@ -284,20 +362,27 @@ def stage_layers_of(args: dict[str, Any], source: Path | str, num_layers: int, p
     from hops_calib.trace import TraceError
 
     layout = args.get("pipeline_model_parallel_layout")
-    given = [name for name in _SPLIT_FLAGS + ("num_layers_per_virtual_pipeline_stage",
-                                              "virtual_pipeline_model_parallel_size") if args.get(name)]
+    given = [
+        name
+        for name in _SPLIT_FLAGS + ("num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size")
+        if args.get(name)
+    ]
     try:
         if layout:
             if given:  # Megatron-LM's arguments.py: a layout replaces every other way of splitting
-                raise LayoutError(f"is given with {_flag(given[0])}; the layout alone splits the layers",
-                                  "--pipeline-model-parallel-layout")
+                raise LayoutError(
+                    f"is given with {_flag(given[0])}; the layout alone splits the layers",
+                    "--pipeline-model-parallel-layout",
+                )
             return layers_from_layout(str(layout), num_layers, pp)
         embedding, loss = (bool(args.get(name)) for name in _SPLIT_FLAGS[2:])
         pins = [name for name in _SPLIT_FLAGS[:2] if args.get(name) is not None]
         if pins and (embedding or loss):  # asserted in get_num_layers_to_build
-            raise LayoutError(f"is given with {_flag(pins[0])}: Megatron does not support a standalone embedding or "
-                              "loss stage with uneven first/last stages",
-                              _flag(_SPLIT_FLAGS[2] if embedding else _SPLIT_FLAGS[3]))
+            raise LayoutError(
+                f"is given with {_flag(pins[0])}: Megatron does not support a standalone embedding or "
+                "loss stage with uneven first/last stages",
+                _flag(_SPLIT_FLAGS[2] if embedding else _SPLIT_FLAGS[3]),
+            )
         vp = _chunks_of(args, source, num_layers + embedding + loss, pp)
         if embedding or loss:
             return layers_accounting(num_layers, pp, vp, embedding, loss)
@@ -308,10 +393,12 @@ def stage_layers_of(args: dict[str, Any], source: Path | str, num_layers: int, p
             raise LayoutError(str(err), "--num-layers") from err
         return StageLayers(vp=vp, per_rank=per_rank, per_virtual_stage=())
     except LayoutError as err:
-        hint = ("write the layout as Megatron reads it (E first, L last, |-separated stages, pp x vp of them)"
-                if err.flag == "--pipeline-model-parallel-layout" else
-                "make the layers divide evenly, or fix --decoder-first/last-pipeline-num-layers or the "
-                "--account-for-embedding/loss-in-pipeline-split flags")
+        hint = (
+            "write the layout as Megatron reads it (E first, L last, |-separated stages, pp x vp of them)"
+            if err.flag == "--pipeline-model-parallel-layout"
+            else "make the layers divide evenly, or fix --decoder-first/last-pipeline-num-layers or the "
+            "--account-for-embedding/loss-in-pipeline-split flags"
+        )
         raise TraceError(source, str(err), field=err.flag, hint=hint) from err
 
 
@@ -325,15 +412,24 @@ def _chunks_of(args: dict[str, Any], source: Path | str, pieces: int, pp: int) -
     if args.get("num_layers_per_virtual_pipeline_stage"):
         per_virtual = _require_int(args, "num_layers_per_virtual_pipeline_stage", source)
         if per_virtual == 0 or pieces % (pp * per_virtual):
-            raise TraceError(source, f"{per_virtual} does not divide {pieces} layers over {pp} stages",
-                             field="--num-layers-per-virtual-pipeline-stage",
-                             hint="num_layers must be a multiple of pp * layers per virtual stage")
+            raise TraceError(
+                source,
+                f"{per_virtual} does not divide {pieces} layers over {pp} stages",
+                field="--num-layers-per-virtual-pipeline-stage",
+                hint="num_layers must be a multiple of pp * layers per virtual stage",
+            )
         return pieces // (pp * per_virtual)
     return 1
 
 
-def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[LinkFit],
-                      collectives: Sequence[CollectiveTable], first_ranks: Sequence[int]) -> tuple[LinkFit, ...]:
+def _intra_node_links(
+    pp: int,
+    vp: int,
+    hardware: Hardware,
+    links: Sequence[LinkFit],
+    collectives: Sequence[CollectiveTable],
+    first_ranks: Sequence[int],
+) -> tuple[LinkFit, ...]:
     """Links for the hops within one node that the link benchmark did not measure, from the node's smallest
     all-reduce table (`trace.collective_bench.ring_link`: the ring formula; a 2-GPU table is a pair)."""
     tables = sorted((t for t in collectives if t.op == "all_reduce"), key=lambda t: t.gpus)
@@ -343,9 +439,13 @@ def _intra_node_links(pp: int, vp: int, hardware: Hardware, links: Sequence[Link
 
     pairs = [(k, k + 1) for k in range(pp - 1)] + ([(pp - 1, 0)] if vp > 1 and pp > 2 else [])
     have = {frozenset((fit.src_stage, fit.dst_stage)) for fit in links}
-    return tuple(ring_link(tables[0], a, b) for a, b in pairs
-                 if frozenset((a, b)) not in have and hardware.node_of(a, first_ranks) is not None
-                 and hardware.node_of(a, first_ranks) == hardware.node_of(b, first_ranks))
+    return tuple(
+        ring_link(tables[0], a, b)
+        for a, b in pairs
+        if frozenset((a, b)) not in have
+        and hardware.node_of(a, first_ranks) is not None
+        and hardware.node_of(a, first_ranks) == hardware.node_of(b, first_ranks)
+    )
 
 
 def attention_kernel_of(args: dict[str, Any]) -> str:
@@ -358,14 +458,21 @@ def attention_kernel_of(args: dict[str, Any]) -> str:
         return "unfused"
     if backend in ("flash", "fused"):
         return "flash"
-    if any(args.get(name) for name in ("use_flash_attn", "use_flash_attn_v1", "use_flash_attn_v2",
-                                       "use_flash_attn_triton", "use_flash_attn_builder")):
+    if any(
+        args.get(name)
+        for name in (
+            "use_flash_attn",
+            "use_flash_attn_v1",
+            "use_flash_attn_v2",
+            "use_flash_attn_triton",
+            "use_flash_attn_builder",
+        )
+    ):
         return "flash"
     return "flash" if args.get("transformer_impl", "transformer_engine") == "transformer_engine" else "unfused"
 
 
-def layer_settings_of(args: dict[str, Any], source: Path | str, tp: int, heads: int, ffn: int
-                      ) -> dict[str, Any]:
+def layer_settings_of(args: dict[str, Any], source: Path | str, tp: int, heads: int, ffn: int) -> dict[str, Any]:
     """The ModelShape fields of a launch's layer besides its sizes: tensor and sequence parallelism, SwiGLU, grouped
     query attention, the norm, the positions and the attention kernel, in Megatron-LM's spelling or
     Megatron-DeepSpeed's older one (--num-key-value-heads, --use-rotary-position-embeddings, --normalization
@@ -377,26 +484,37 @@ def layer_settings_of(args: dict[str, Any], source: Path | str, tp: int, heads: 
         key = "num_query_groups" if args.get("group_query_attention") else "num_key_value_heads"
         groups = _require_int(args, key, source, minimum=1)
         if heads % groups:
-            raise TraceError(source, f"{groups} does not divide --num-attention-heads {heads}",
-                             field=_flag(key), hint="each query group takes a whole number of heads")
+            raise TraceError(
+                source,
+                f"{groups} does not divide --num-attention-heads {heads}",
+                field=_flag(key),
+                hint="each query group takes a whole number of heads",
+            )
         if groups == heads:
             groups = None  # as many groups as heads is multi-head attention
-    for name, size in (("--num-attention-heads", heads), ("--num-query-groups", groups or heads),
-                       ("--ffn-hidden-size", ffn)):
+    for name, size in (
+        ("--num-attention-heads", heads),
+        ("--num-query-groups", groups or heads),
+        ("--ffn-hidden-size", ffn),
+    ):
         if size % tp:
-            raise TraceError(source, f"{size} is not divisible by --tensor-model-parallel-size {tp}", field=name,
-                             hint="Megatron splits heads, query groups and the MLP over the tensor-parallel group: "
-                                  "pick a size they divide by")
+            raise TraceError(
+                source,
+                f"{size} is not divisible by --tensor-model-parallel-size {tp}",
+                field=name,
+                hint="Megatron splits heads, query groups and the MLP over the tensor-parallel group: "
+                "pick a size they divide by",
+            )
     rope = args.get("position_embedding_type", "learned_absolute") == "rope" or bool(
-        args.get("use_rotary_position_embeddings"))
+        args.get("use_rotary_position_embeddings")
+    )
     return {
         "tensor_parallel": tp,
         # Megatron turns sequence parallelism off at tensor parallel size 1: it splits along the TP group
         "sequence_parallel": bool(args.get("sequence_parallel")) and tp > 1,
         "swiglu": bool(args.get("swiglu")),
         "num_query_groups": groups,
-        "normalization": "RMSNorm" if str(args.get("normalization", "LayerNorm")).lower() == "rmsnorm"
-        else "LayerNorm",
+        "normalization": "RMSNorm" if str(args.get("normalization", "LayerNorm")).lower() == "rmsnorm" else "LayerNorm",
         "position_embedding": "rope" if rope else "learned_absolute",
         "attention_kernel": attention_kernel_of(args),
     }
@@ -414,9 +532,18 @@ def rank_order_of(args: dict[str, Any], source: Path | str) -> str:
     if order is None:
         return "tp-cp-ep-pp-dp" if args.get("use_tp_pp_dp_mapping") else "tp-cp-ep-dp-pp"
     dims = str(order).lower().split("-")
-    if sorted(d for d in dims if d in ("tp", "dp", "pp")) != ["dp", "pp", "tp"] or set(dims) - {"tp", "cp", "ep",
-                                                                                                "dp", "pp"}:
-        raise TraceError(source, f"is {order!r}", field="--rank-order",
-                         hint="name each of tp, dp and pp once (cp and ep optional), fastest first, joined by '-': "
-                              "e.g. tp-cp-ep-dp-pp (Megatron's default)")
+    if sorted(d for d in dims if d in ("tp", "dp", "pp")) != ["dp", "pp", "tp"] or set(dims) - {
+        "tp",
+        "cp",
+        "ep",
+        "dp",
+        "pp",
+    }:
+        raise TraceError(
+            source,
+            f"is {order!r}",
+            field="--rank-order",
+            hint="name each of tp, dp and pp once (cp and ep optional), fastest first, joined by '-': "
+            "e.g. tp-cp-ep-dp-pp (Megatron's default)",
+        )
     return "-".join(dims)

@@ -57,8 +57,10 @@ def _interleaved(args: dict[str, Any]) -> bool:
             return len(parse_layout(str(layout))) > (args.get("pipeline_model_parallel_size") or 1)
         except LayoutError:
             return False  # refused with its reason when the spec reads the split
-    return bool(args.get("num_layers_per_virtual_pipeline_stage")) or (
-        args.get("virtual_pipeline_model_parallel_size") or 1) > 1
+    return (
+        bool(args.get("num_layers_per_virtual_pipeline_stage"))
+        or (args.get("virtual_pipeline_model_parallel_size") or 1) > 1
+    )
 
 
 # The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): tensor, sequence, data and
@@ -70,78 +72,187 @@ def _interleaved(args: dict[str, Any]) -> bool:
 ASSUMPTIONS: tuple[Assumption, ...] = (
     # Context parallelism (`model/kernels.py` `_core_attention`: TE's attention with a cp group): only TE's
     # DotProductAttention has it (the local one asserts cp == 1)
-    Assumption("--context-parallel-size", ("context_parallel_size",), 1,
-               "context parallel size 1, or more with --transformer-impl transformer_engine",
-               lambda value, args: value in (None, 1) or (isinstance(value, int) and value > 1 and args.get(
-                   "transformer_impl", "transformer_engine") == "transformer_engine")),
+    Assumption(
+        "--context-parallel-size",
+        ("context_parallel_size",),
+        1,
+        "context parallel size 1, or more with --transformer-impl transformer_engine",
+        lambda value, args: (
+            value in (None, 1)
+            or (
+                isinstance(value, int)
+                and value > 1
+                and args.get("transformer_impl", "transformer_engine") == "transformer_engine"
+            )
+        ),
+    ),
     # a2a+p2p needs --hierarchical-context-parallel-sizes, a two-level exchange not priced
-    Assumption("--cp-comm-type", ("cp_comm_type",), "p2p", "--cp-comm-type p2p, a2a or allgather",
-               lambda value, args: (value[0] if isinstance(value, list) and len(set(value)) == 1 else value)
-               in (None, "p2p", "a2a", "allgather")),
+    Assumption(
+        "--cp-comm-type",
+        ("cp_comm_type",),
+        "p2p",
+        "--cp-comm-type p2p, a2a or allgather",
+        lambda value, args: (
+            (value[0] if isinstance(value, list) and len(set(value)) == 1 else value)
+            in (None, "p2p", "a2a", "allgather")
+        ),
+    ),
     # DeepSpeed-Ulysses sequence parallelism (Megatron-DeepSpeed) splits the sequence over GPUs: context
     # parallelism by another name, with all-to-alls the model does not price.
-    Assumption("--ds-sequence-parallel-size", ("ds_sequence_parallel_size",), 1,
-               "no DeepSpeed-Ulysses sequence parallelism (its all-to-alls are not priced)", _is(1, None)),
+    Assumption(
+        "--ds-sequence-parallel-size",
+        ("ds_sequence_parallel_size",),
+        1,
+        "no DeepSpeed-Ulysses sequence parallelism (its all-to-alls are not priced)",
+        _is(1, None),
+    ),
     Assumption("--num-experts", ("num_experts",), None, "a dense MLP, no mixture of experts", _is(None, 0, 1)),
-    Assumption("--expert-model-parallel-size", ("expert_model_parallel_size",), 1,
-               "no expert parallelism", _is(1)),
-    Assumption("--multi-latent-attention", ("multi_latent_attention",), False,
-               "multi-head or grouped-query attention, no multi-latent attention", _off),
-    Assumption("--normalization", ("normalization",), "LayerNorm", "LayerNorm or RMSNorm",
-               lambda value, args: str(value).lower() in ("layernorm", "rmsnorm")),
-    Assumption("--position-embedding-type", ("position_embedding_type",), "learned_absolute",
-               "learned absolute or rotary (rope) position embeddings", _is("learned_absolute", "rope")),
-    Assumption("--transformer-impl", ("transformer_impl",), "transformer_engine",
-               "Megatron's local layer or Transformer Engine's (--transformer-impl local|transformer_engine)",
-               _is("local", "transformer_engine")),
+    Assumption("--expert-model-parallel-size", ("expert_model_parallel_size",), 1, "no expert parallelism", _is(1)),
+    Assumption(
+        "--multi-latent-attention",
+        ("multi_latent_attention",),
+        False,
+        "multi-head or grouped-query attention, no multi-latent attention",
+        _off,
+    ),
+    Assumption(
+        "--normalization",
+        ("normalization",),
+        "LayerNorm",
+        "LayerNorm or RMSNorm",
+        lambda value, args: str(value).lower() in ("layernorm", "rmsnorm"),
+    ),
+    Assumption(
+        "--position-embedding-type",
+        ("position_embedding_type",),
+        "learned_absolute",
+        "learned absolute or rotary (rope) position embeddings",
+        _is("learned_absolute", "rope"),
+    ),
+    Assumption(
+        "--transformer-impl",
+        ("transformer_impl",),
+        "transformer_engine",
+        "Megatron's local layer or Transformer Engine's (--transformer-impl local|transformer_engine)",
+        _is("local", "transformer_engine"),
+    ),
     # FP8 through Transformer Engine: the linear layers' GEMMs in FP8 with their casts (`model/kernels.py`
     # `_linear`, priced by `decoder_kernels`), on the TE layer only (the local layer has no FP8 path).
-    Assumption("--fp8-format", ("fp8_format", "fp8"), None,
-               "no FP8, or --fp8-format hybrid|e4m3 with --transformer-impl transformer_engine",
-               lambda value, args: value in (None, False) or (
-                   value in ("hybrid", "e4m3") and args.get("transformer_impl", "transformer_engine")
-                   == "transformer_engine")),
+    Assumption(
+        "--fp8-format",
+        ("fp8_format", "fp8"),
+        None,
+        "no FP8, or --fp8-format hybrid|e4m3 with --transformer-impl transformer_engine",
+        lambda value, args: (
+            value in (None, False)
+            or (
+                value in ("hybrid", "e4m3")
+                and args.get("transformer_impl", "transformer_engine") == "transformer_engine"
+            )
+        ),
+    ),
     # Megatron-LM's older FP8 switches (before --fp8-format): the same FP8 arithmetic
-    Assumption("--fp8-hybrid", ("fp8_hybrid",), False, "the FP8 of --fp8-format hybrid, on the TE layer",
-               lambda value, args: not value or args.get("transformer_impl", "transformer_engine")
-               == "transformer_engine"),
-    Assumption("--fp8-e4m3", ("fp8_e4m3",), False, "the FP8 of --fp8-format e4m3, on the TE layer",
-               lambda value, args: not value or args.get("transformer_impl", "transformer_engine")
-               == "transformer_engine"),
+    Assumption(
+        "--fp8-hybrid",
+        ("fp8_hybrid",),
+        False,
+        "the FP8 of --fp8-format hybrid, on the TE layer",
+        lambda value, args: not value or args.get("transformer_impl", "transformer_engine") == "transformer_engine",
+    ),
+    Assumption(
+        "--fp8-e4m3",
+        ("fp8_e4m3",),
+        False,
+        "the FP8 of --fp8-format e4m3, on the TE layer",
+        lambda value, args: not value or args.get("transformer_impl", "transformer_engine") == "transformer_engine",
+    ),
     # mxfp8 is Blackwell's (no Blackwell device in the catalog); custom is a quantizer factory's code
-    Assumption("--fp8-recipe", ("fp8_recipe",), "delayed", "FP8 recipe delayed, tensorwise or blockwise",
-               _is(None, "delayed", "tensorwise", "blockwise")),
-    Assumption("--fp8-dot-product-attention", ("fp8_dot_product_attention",), False,
-               "the attention core in 16 bits under FP8 (no --fp8-dot-product-attention)", _off),
-    Assumption("--fp8-multi-head-attention", ("fp8_multi_head_attention",), False,
-               "the attention block in 16 bits under FP8 (no --fp8-multi-head-attention)", _off),
+    Assumption(
+        "--fp8-recipe",
+        ("fp8_recipe",),
+        "delayed",
+        "FP8 recipe delayed, tensorwise or blockwise",
+        _is(None, "delayed", "tensorwise", "blockwise"),
+    ),
+    Assumption(
+        "--fp8-dot-product-attention",
+        ("fp8_dot_product_attention",),
+        False,
+        "the attention core in 16 bits under FP8 (no --fp8-dot-product-attention)",
+        _off,
+    ),
+    Assumption(
+        "--fp8-multi-head-attention",
+        ("fp8_multi_head_attention",),
+        False,
+        "the attention block in 16 bits under FP8 (no --fp8-multi-head-attention)",
+        _off,
+    ),
     # keeping the first and last layers in bf16 makes a stage's layers differ; the kernels are one layer's list
-    Assumption("--first-last-layers-bf16", ("first_last_layers_bf16",), False,
-               "every layer in the launch's precision (no --first-last-layers-bf16)", _off),
-    Assumption("--hybrid-override-pattern", ("hybrid_override_pattern",), None,
-               "transformer layers only, no hybrid (Mamba) layer pattern", _is(None)),
+    Assumption(
+        "--first-last-layers-bf16",
+        ("first_last_layers_bf16",),
+        False,
+        "every layer in the launch's precision (no --first-last-layers-bf16)",
+        _off,
+    ),
+    Assumption(
+        "--hybrid-override-pattern",
+        ("hybrid_override_pattern",),
+        None,
+        "transformer layers only, no hybrid (Mamba) layer pattern",
+        _is(None),
+    ),
     # Transformer Engine's userbuffers overlap hides TP communication behind GEMMs (`model/terms/parallel.py`
     # `tp_overlap_pairs`); Megatron allows it only with sequence parallelism (and TE's layer)
-    Assumption("--tp-comm-overlap", ("tp_comm_overlap",), False,
-               "no --tp-comm-overlap, or it with --sequence-parallel and the TE layer",
-               lambda value, args: not value or (bool(args.get("sequence_parallel")) and args.get(
-                   "transformer_impl", "transformer_engine") == "transformer_engine")),
+    Assumption(
+        "--tp-comm-overlap",
+        ("tp_comm_overlap",),
+        False,
+        "no --tp-comm-overlap, or it with --sequence-parallel and the TE layer",
+        lambda value, args: (
+            not value
+            or (
+                bool(args.get("sequence_parallel"))
+                and args.get("transformer_impl", "transformer_engine") == "transformer_engine"
+            )
+        ),
+    ),
     # the input gradient's reduce-scatter pipelined with its GEMM instead of the bulk overlap: not priced
-    Assumption("--tp-comm-overlap-rs-dgrad", ("tp_comm_overlap_rs_dgrad",), False,
-               "the bulk reduce-scatter of the input gradient (no --tp-comm-overlap-rs-dgrad)", _off),
+    Assumption(
+        "--tp-comm-overlap-rs-dgrad",
+        ("tp_comm_overlap_rs_dgrad",),
+        False,
+        "the bulk reduce-scatter of the input gradient (no --tp-comm-overlap-rs-dgrad)",
+        _off,
+    ),
     # ZeRO stage 1 and 2 shard what Megatron's distributed optimizer shards (optimizer state; gradients
     # reduce-scattered); stage 3 also shards the weights, gathering them per layer.
-    Assumption("--zero-stage", ("zero_stage",), 0, "ZeRO stage 0, 1 or 2 (priced as the distributed optimizer)",
-               _is(None, 0, 1, 2)),
+    Assumption(
+        "--zero-stage",
+        ("zero_stage",),
+        0,
+        "ZeRO stage 0, 1 or 2 (priced as the distributed optimizer)",
+        _is(None, 0, 1, 2),
+    ),
     # Megatron's interleaved schedule posts the warm-up's p2p calls ahead too with this switch
     # (forward_backward_pipelining_with_interleaving, overlap_p2p_comm_warmup_flush); the simulator posts only the
     # steady state's (hops_calib.sim.schedules).
-    Assumption("--overlap-p2p-communication-warmup-flush", ("overlap_p2p_comm_warmup_flush", "overlap_p2p_communication_warmup_flush"), False,
-               "blocking warm-up and cool-down p2p calls (overlapped ones only in the steady state)", _off),
+    Assumption(
+        "--overlap-p2p-communication-warmup-flush",
+        ("overlap_p2p_comm_warmup_flush", "overlap_p2p_communication_warmup_flush"),
+        False,
+        "blocking warm-up and cool-down p2p calls (overlapped ones only in the steady state)",
+        _off,
+    ),
     # Megatron refuses both at once ("Can not use both overlap_p2p_comm and batch_p2p_comm", schedules.py)
-    Assumption("--batch-p2p-comm", ("batch_p2p_comm",), None,
-               "batched p2p calls only with blocking ones (--no-overlap-p2p-communication), as Megatron requires",
-               lambda value, args: not value or not overlapped_p2p(args)),
+    Assumption(
+        "--batch-p2p-comm",
+        ("batch_p2p_comm",),
+        None,
+        "batched p2p calls only with blocking ones (--no-overlap-p2p-communication), as Megatron requires",
+        lambda value, args: not value or not overlapped_p2p(args),
+    ),
 )
 
 
@@ -171,8 +282,10 @@ class Unmodelled:
 
     def sentence(self) -> str:
         if self.key is None:
-            return (f"no {self.flag}, so Megatron's default {self.setting} = {self.value!r} applies (the model "
-                    f"prices {self.modelled})")
+            return (
+                f"no {self.flag}, so Megatron's default {self.setting} = {self.value!r} applies (the model "
+                f"prices {self.modelled})"
+            )
         if not self.names_flag:  # found under a name of its own (a block's key for a --no-... flag)
             return f"{self.key} = {self.value!r} (the model prices {self.modelled}; the flag for it is {self.flag})"
         shown = "" if self.value is True else f" {self.value}"
@@ -251,11 +364,17 @@ def unknown_flags_note(args: dict[str, Any], source: Path | str) -> str | None:
         return None
     lines = {given: _line_naming(Path(source), given) for given, _ in found}
     one_line = len(set(lines.values())) == 1
-    named = ", ".join(_flag(given) + ("" if one_line or lines[given] is None else f" (line {lines[given]})")
-                      + (f" (did you mean {_flag(meant)}?)" if meant else "") for given, meant in found)
+    named = ", ".join(
+        _flag(given)
+        + ("" if one_line or lines[given] is None else f" (line {lines[given]})")
+        + (f" (did you mean {_flag(meant)}?)" if meant else "")
+        for given, meant in found
+    )
     where = Path(source).name + (f":{lines[found[0][0]]}" if one_line and lines[found[0][0]] is not None else "")
-    return (f"ignored: {named} ({where}): flags the model neither prices nor knows, so the prediction is the "
-            "launch's without them (spell a flag as Megatron does for it to count)")
+    return (
+        f"ignored: {named} ({where}): flags the model neither prices nor knows, so the prediction is the "
+        "launch's without them (spell a flag as Megatron does for it to count)"
+    )
 
 
 def require_modelled(args: dict[str, Any], source: Path | str) -> None:
@@ -270,23 +389,29 @@ def require_modelled(args: dict[str, Any], source: Path | str) -> None:
     # A near-miss of a flag the project knows is a typo Megatron would refuse, and a prediction would price another
     # launch (`--sequence-paralel`: no sequence parallelism); refused, on a command line as a user writes it (a rank
     # log's arguments block holds the names Megatron itself parsed). A flag near nothing known is only noted.
-    typos = [(given, meant) for given, meant in unknown_flags(args) if meant] \
-        if Path(source).name == ARGS_FILE else []
+    typos = [(given, meant) for given, meant in unknown_flags(args) if meant] if Path(source).name == ARGS_FILE else []
     if typos:
         given, meant = typos[0]
-        raise TraceError(source, "has flags the model does not know but that nearly spell ones it knows: "
-                         + "; ".join(f"{_flag(g)} ({_flag(m)}?)" for g, m in typos),
-                         line=_line_naming(Path(source), given), field=_flag(given),
-                         hint=f"did you mean {_flag(meant)}? Megatron would refuse the unknown flag; spell it as "
-                              "Megatron does, so that the prediction prices what the launch runs")
+        raise TraceError(
+            source,
+            "has flags the model does not know but that nearly spell ones it knows: "
+            + "; ".join(f"{_flag(g)} ({_flag(m)}?)" for g, m in typos),
+            line=_line_naming(Path(source), given),
+            field=_flag(given),
+            hint=f"did you mean {_flag(meant)}? Megatron would refuse the unknown flag; spell it as "
+            "Megatron does, so that the prediction prices what the launch runs",
+        )
     found = unmodelled(args)
     if not found:
         return
 
     first = found[0]
-    raise TraceError(source, "configures what the simulator does not model: "
-                     + "; ".join(u.sentence() for u in found), line=_line_naming(Path(source), first.key),
-                     field=first.field,
-                     hint="a prediction would price another configuration than this launch; change the launch to "
-                          "what the model prices, or extend the model (hops_calib/model) and hops_calib.spec."
-                          "ASSUMPTIONS together")
+    raise TraceError(
+        source,
+        "configures what the simulator does not model: " + "; ".join(u.sentence() for u in found),
+        line=_line_naming(Path(source), first.key),
+        field=first.field,
+        hint="a prediction would price another configuration than this launch; change the launch to "
+        "what the model prices, or extend the model (hops_calib/model) and hops_calib.spec."
+        "ASSUMPTIONS together",
+    )

@@ -52,23 +52,30 @@ def parse_layout(text: str) -> list[str]:
     """The pieces of each virtual stage of a layout string, as `PipelineParallelLayerLayout.parse_str_to_list`."""
     layout = str(text).replace(",", "").replace(" ", "")
     for pattern in (_REPEAT_GROUP, _REPEAT_ONE):
+
         def unroll(match: re.Match[str]) -> str:
             count = int(match.group(2))
             if len(match.group(1)) * count > MAX_LAYOUT_PIECES:
-                raise LayoutError(f"{text!r} repeats {match.group(0)!r} to more than {MAX_LAYOUT_PIECES} pieces",
-                                  "--pipeline-model-parallel-layout")
+                raise LayoutError(
+                    f"{text!r} repeats {match.group(0)!r} to more than {MAX_LAYOUT_PIECES} pieces",
+                    "--pipeline-model-parallel-layout",
+                )
             return match.group(1) * count
 
         layout = pattern.sub(unroll, layout)
         if len(layout) > MAX_LAYOUT_PIECES:
-            raise LayoutError(f"{text!r} unrolls to more than {MAX_LAYOUT_PIECES} pieces",
-                              "--pipeline-model-parallel-layout")
+            raise LayoutError(
+                f"{text!r} unrolls to more than {MAX_LAYOUT_PIECES} pieces", "--pipeline-model-parallel-layout"
+            )
     stages = layout.split("|")
     for stage in stages:
         for char in stage:
             if char not in (EMBEDDING, DECODER, LOSS, MTP):
-                raise LayoutError(f"{text!r} has {char!r}; Megatron's layout knows E (embedding), t (decoder "
-                                  "layer), L (loss), m (MTP layer)", "--pipeline-model-parallel-layout")
+                raise LayoutError(
+                    f"{text!r} has {char!r}; Megatron's layout knows E (embedding), t (decoder "
+                    "layer), L (loss), m (MTP layer)",
+                    "--pipeline-model-parallel-layout",
+                )
     return stages
 
 
@@ -77,28 +84,39 @@ def layers_from_layout(text: str, num_layers: int, pp: int) -> StageLayers:
     flag = "--pipeline-model-parallel-layout"
     stages = parse_layout(text)
     if len(stages) % pp:
-        raise LayoutError(f"{text!r} has {len(stages)} stages, not a multiple of --pipeline-model-parallel-size "
-                          f"{pp} (Megatron: it must be divisible)", flag)
+        raise LayoutError(
+            f"{text!r} has {len(stages)} stages, not a multiple of --pipeline-model-parallel-size "
+            f"{pp} (Megatron: it must be divisible)",
+            flag,
+        )
     pieces = "".join(stages)
     if pieces.count(MTP):
-        raise LayoutError(f"{text!r} places multi-token-prediction layers (m); the model prices decoder layers, "
-                          "the embedding and the loss only", flag)
+        raise LayoutError(
+            f"{text!r} places multi-token-prediction layers (m); the model prices decoder layers, "
+            "the embedding and the loss only",
+            flag,
+        )
     if pieces[:1] != EMBEDDING or pieces[-1:] != LOSS or pieces.count(EMBEDDING) != 1 or pieces.count(LOSS) != 1:
-        raise LayoutError(f"{text!r}: Megatron needs the embedding (E) first and the loss (L) last, exactly once each",
-                          flag)
+        raise LayoutError(
+            f"{text!r}: Megatron needs the embedding (E) first and the loss (L) last, exactly once each", flag
+        )
     if pieces.count(DECODER) != num_layers:
-        raise LayoutError(f"{text!r} places {pieces.count(DECODER)} decoder layers (t) but --num-layers is "
-                          f"{num_layers}", flag)
+        raise LayoutError(
+            f"{text!r} places {pieces.count(DECODER)} decoder layers (t) but --num-layers is {num_layers}", flag
+        )
     # Megatron builds the embedding on the first virtual stage and the output layer on the last (GPTModel's
     # pre_process / post_process): a layout that puts them elsewhere would price pieces Megatron does not build there.
     if EMBEDDING not in stages[0] or LOSS not in stages[-1]:
-        raise LayoutError(f"{text!r}: the embedding must be in the first stage and the loss in the last, where "
-                          "Megatron builds them", flag)
+        raise LayoutError(
+            f"{text!r}: the embedding must be in the first stage and the loss in the last, where Megatron builds them",
+            flag,
+        )
     vp = len(stages) // pp
     per_virtual = tuple(stage.count(DECODER) for stage in stages)
     per_rank = tuple(sum(per_virtual[rank::pp]) for rank in range(pp))
-    even = vp == 1 or all(per_virtual[k] == per_rank[k % pp] // vp and per_rank[k % pp] % vp == 0
-                          for k in range(len(per_virtual)))
+    even = vp == 1 or all(
+        per_virtual[k] == per_rank[k % pp] // vp and per_rank[k % pp] % vp == 0 for k in range(len(per_virtual))
+    )
     return StageLayers(vp=vp, per_rank=per_rank, per_virtual_stage=() if even else per_virtual)
 
 
@@ -120,8 +138,10 @@ def split_layers(num_layers: int, pp: int, first: int | None = None, last: int |
     rest = num_layers - sum(pinned)
     if rest < 0 or (free == 0 and rest != 0) or (free and rest % free):
         pins = [f"{label} stage {count}" for label, count in (("first", first), ("last", last)) if count is not None]
-        raise ValueError(f"{num_layers} layers cannot be split evenly over {pp} stages"
-                         + (f" with {' and '.join(pins)} pinned: {rest} left for {free} stages" if pins else ""))
+        raise ValueError(
+            f"{num_layers} layers cannot be split evenly over {pp} stages"
+            + (f" with {' and '.join(pins)} pinned: {rest} left for {free} stages" if pins else "")
+        )
     return tuple(c if c is not None else rest // free for c in counts)
 
 
@@ -129,21 +149,35 @@ def layers_accounting(num_layers: int, pp: int, vp: int, embedding: bool, loss: 
     """The even split with the embedding and/or the loss counted as a layer each
     (`--account-for-embedding-in-pipeline-split`, `--account-for-loss-in-pipeline-split`)."""
     pieces = num_layers + embedding + loss
-    flags = " and ".join(flag for flag, on in (("--account-for-embedding-in-pipeline-split", embedding),
-                                               ("--account-for-loss-in-pipeline-split", loss)) if on)
+    flags = " and ".join(
+        flag
+        for flag, on in (
+            ("--account-for-embedding-in-pipeline-split", embedding),
+            ("--account-for-loss-in-pipeline-split", loss),
+        )
+        if on
+    )
     if pieces % pp:
-        raise LayoutError(f"{num_layers} layers plus the pieces {flags} counts ({pieces}) are not divisible by "
-                          f"--pipeline-model-parallel-size {pp} (Megatron asserts they are)", "--num-layers")
+        raise LayoutError(
+            f"{num_layers} layers plus the pieces {flags} counts ({pieces}) are not divisible by "
+            f"--pipeline-model-parallel-size {pp} (Megatron asserts they are)",
+            "--num-layers",
+        )
     per_rank = pieces // pp
     if per_rank % vp:
-        raise LayoutError(f"{per_rank} pieces per rank do not divide into {vp} model chunks (Megatron asserts they "
-                          "do)", "--num-layers")
+        raise LayoutError(
+            f"{per_rank} pieces per rank do not divide into {vp} model chunks (Megatron asserts they do)",
+            "--num-layers",
+        )
     per_virtual = [per_rank // vp] * (pp * vp)
     per_virtual[0] -= embedding
     per_virtual[-1] -= loss
     if min(per_virtual) < 0:
-        raise LayoutError(f"the first or last virtual stage has no decoder layer to give up for {flags} "
-                          "(Megatron: not enough layers in the first/last virtual pipeline stage)", "--num-layers")
+        raise LayoutError(
+            f"the first or last virtual stage has no decoder layer to give up for {flags} "
+            "(Megatron: not enough layers in the first/last virtual pipeline stage)",
+            "--num-layers",
+        )
     ranks = tuple(sum(per_virtual[rank::pp]) for rank in range(pp))
     even = vp == 1 or all(per_virtual[k] * vp == ranks[k % pp] for k in range(pp * vp))
     return StageLayers(vp=vp, per_rank=ranks, per_virtual_stage=() if even else tuple(per_virtual))

@@ -130,6 +130,7 @@ class Spec:
     def gpus(self) -> int:
         """GPUs of the launch: tp x cp x dp per stage."""
         return self.pp * self.tp * self.cp * self.dp
+
     # the node of each stage's device when a job directory names them and has a collective benchmark to price
     # what runs within a node (hops_calib.trace DeviceInfo.node); () otherwise
     nodes: tuple[str, ...] = ()
@@ -149,20 +150,28 @@ class Spec:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"spec {self.run_id}: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
         if self.overlap_p2p and self.schedule != "interleaved_1f1b":
-            raise ValueError(f"spec {self.run_id}: overlapped p2p runs only under interleaved_1f1b, not "
-                             f"{self.schedule!r}")
+            raise ValueError(
+                f"spec {self.run_id}: overlapped p2p runs only under interleaved_1f1b, not {self.schedule!r}"
+            )
         if self.layers_per_virtual_stage:
             chunks = self.layers_per_virtual_stage
-            if len(chunks) != self.pp * self.vp or any(n < 0 for n in chunks) or tuple(
-                    sum(chunks[rank::self.pp]) for rank in range(self.pp)) != tuple(self.layers_per_stage):
-                raise ValueError(f"spec {self.run_id}: layers_per_virtual_stage {chunks} must give pp x vp = "
-                                 f"{self.pp * self.vp} counts, each rank's summing to layers_per_stage "
-                                 f"{self.layers_per_stage}")
+            if (
+                len(chunks) != self.pp * self.vp
+                or any(n < 0 for n in chunks)
+                or tuple(sum(chunks[rank :: self.pp]) for rank in range(self.pp)) != tuple(self.layers_per_stage)
+            ):
+                raise ValueError(
+                    f"spec {self.run_id}: layers_per_virtual_stage {chunks} must give pp x vp = "
+                    f"{self.pp * self.vp} counts, each rank's summing to layers_per_stage "
+                    f"{self.layers_per_stage}"
+                )
 
     def rank(self, tp_rank: int = 0, dp_rank: int = 0, pp_rank: int = 0, cp_rank: int = 0) -> int:
         """The global rank of GPU (tp_rank, dp_rank, pp_rank, cp_rank) under the launch's rank order."""
-        return global_rank(self.rank_order, {"tp": (tp_rank, self.tp), "dp": (dp_rank, self.dp),
-                                             "pp": (pp_rank, self.pp), "cp": (cp_rank, self.cp)})
+        return global_rank(
+            self.rank_order,
+            {"tp": (tp_rank, self.tp), "dp": (dp_rank, self.dp), "pp": (pp_rank, self.pp), "cp": (cp_rank, self.cp)},
+        )
 
     def core_load(self) -> tuple[tuple[float, ...], ...]:
         """Per pipeline rank s, how many processes of each pipeline rank q share s's core (`Pipeline.core_load`):
@@ -172,13 +181,16 @@ class Spec:
         if self.cores:
             sizes = {"tp": self.tp, "dp": self.dp, "pp": self.pp}
             # processes per (core, stage): every rank counted once, under its core and its pipeline rank
-            sharers = Counter((core, coordinates_of(rank, self.rank_order, sizes)["pp"])
-                              for rank, core in enumerate(self.cores))
-            return tuple(tuple(float(sharers[self.cores[self.rank(0, 0, s)], q]) for q in range(self.pp))
-                         for s in range(self.pp))
+            sharers = Counter(
+                (core, coordinates_of(rank, self.rank_order, sizes)["pp"]) for rank, core in enumerate(self.cores)
+            )
+            return tuple(
+                tuple(float(sharers[self.cores[self.rank(0, 0, s)], q]) for q in range(self.pp)) for s in range(self.pp)
+            )
         if self.ranks_per_device != 1:
-            return tuple(tuple(self.ranks_per_device if q == s else 0.0 for q in range(self.pp))
-                         for s in range(self.pp))
+            return tuple(
+                tuple(self.ranks_per_device if q == s else 0.0 for q in range(self.pp)) for s in range(self.pp)
+            )
         return ()
 
     def node_of(self, rank: int) -> int | None:
@@ -189,8 +201,11 @@ class Spec:
         (a GPU type on nodes of gpus_per_node, global rank r on node r // gpus_per_node; or a job directory's devices
         with their nodes named); else None."""
         if self.gpus_per_node:
-            return all(self.node_of(self.rank(t, d, stage_a)) == self.node_of(self.rank(t, d, stage_b))
-                       for t in range(self.tp) for d in range(self.dp))
+            return all(
+                self.node_of(self.rank(t, d, stage_a)) == self.node_of(self.rank(t, d, stage_b))
+                for t in range(self.tp)
+                for d in range(self.dp)
+            )
         if self.nodes and self.nodes[stage_a] and self.nodes[stage_b]:
             return self.nodes[stage_a] == self.nodes[stage_b]
         return None
@@ -259,8 +274,15 @@ class Spec:
         data["model"] = ModelShape(**data["model"])
         data["collectives"] = tuple(CollectiveTable(**table) for table in data.get("collectives", ()))
         data["component_tables"] = tuple(ComponentTables(**table) for table in data.get("component_tables", ()))
-        for name in ("layers_per_stage", "devices", "device_ids", "device_names", "nodes", "cores",
-                     "layers_per_virtual_stage"):
+        for name in (
+            "layers_per_stage",
+            "devices",
+            "device_ids",
+            "device_names",
+            "nodes",
+            "cores",
+            "layers_per_virtual_stage",
+        ):
             data[name] = tuple(data.get(name, ()))
         return cls(**data)
 
@@ -270,12 +292,35 @@ class Spec:
 
 
 # Spec fields added after fixtures were first written, left out of spec.json at these values.
-_OPTIONAL_FIELDS = ("gpus_per_node", "collectives", "dp", "distributed_optimizer", "overlap_grad_reduce",
-                    "overlap_param_gather", "rank_order", "ranks_per_device", "nodes", "cores", "transport",
-                    "component_tables", "overlap_p2p", "layers_per_virtual_stage")
-_OPTIONAL_SHAPE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "tensor_parallel",
-                          "sequence_parallel", "swiglu", "num_query_groups", "normalization", "position_embedding",
-                          "attention_kernel", "context_parallel")
+_OPTIONAL_FIELDS = (
+    "gpus_per_node",
+    "collectives",
+    "dp",
+    "distributed_optimizer",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "rank_order",
+    "ranks_per_device",
+    "nodes",
+    "cores",
+    "transport",
+    "component_tables",
+    "overlap_p2p",
+    "layers_per_virtual_stage",
+)
+_OPTIONAL_SHAPE_FIELDS = (
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "tensor_parallel",
+    "sequence_parallel",
+    "swiglu",
+    "num_query_groups",
+    "normalization",
+    "position_embedding",
+    "attention_kernel",
+    "context_parallel",
+)
 
 
 def _default_of(cls: type, name: str) -> Any:
@@ -328,8 +373,9 @@ class Hardware:
         if (self.gpu is None) == (not self.devices):
             raise ValueError("Hardware takes either a device type per stage or one gpu type (with gpus_per_node)")
         if self.gpu is not None and (type(self.gpus_per_node) is not int or self.gpus_per_node < 1):
-            raise ValueError(f"Hardware: gpus_per_node must be a whole number of at least 1, got "
-                             f"{self.gpus_per_node!r}")
+            raise ValueError(
+                f"Hardware: gpus_per_node must be a whole number of at least 1, got {self.gpus_per_node!r}"
+            )
 
     def node_of(self, stage: int, first_ranks: Sequence[int] | None = None) -> str | None:
         """The node stage `stage` runs on: its first GPU's global rank // gpus_per_node (`first_ranks`, default the
@@ -339,8 +385,9 @@ class Hardware:
             return str(rank // int(self.gpus_per_node or 1))
         return (self.nodes[stage] or None) if stage < len(self.nodes) else None
 
-    def stages(self, pp: int, first_ranks: Sequence[int] | None = None
-               ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    def stages(
+        self, pp: int, first_ranks: Sequence[int] | None = None
+    ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """(device types, device ids, device names) of the pp stages; with a GPU type, a stage is named by its first
         GPU (`first_ranks`: the global rank of each stage's (tp 0, dp 0) GPU; default r for stage r)."""
         if self.gpu is not None:
@@ -348,5 +395,4 @@ class Hardware:
             ranks = list(first_ranks) if first_ranks is not None else list(range(pp))
             ids = tuple(f"node{rank // per_node}_gpu{rank % per_node}" for rank in ranks)
             return (self.gpu,) * pp, ids, ()
-        return self.devices, self.device_ids or tuple(f"stage{k}" for k in range(len(self.devices))), \
-            self.device_names
+        return self.devices, self.device_ids or tuple(f"stage{k}" for k in range(len(self.devices))), self.device_names

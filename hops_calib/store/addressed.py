@@ -36,8 +36,9 @@ def _file_ok(path: Path, digest: str) -> bool:
         return False
 
 
-def load_parsed(store_root: Path, folder: str, digest: str, parse: Callable[[Any], Any], *, what: str, hint: str
-                ) -> Any:
+def load_parsed(
+    store_root: Path, folder: str, digest: str, parse: Callable[[Any], Any], *, what: str, hint: str
+) -> Any:
     """`parse` of the JSON of the store's file `folder/<digest>.json`, checked against its digest (`get_text`);
     a file checked once is read again only when it changes (its mtime or size)."""
     path = Path(store_root).resolve() / folder / f"{digest}.json"
@@ -45,8 +46,9 @@ def load_parsed(store_root: Path, folder: str, digest: str, parse: Callable[[Any
 
 
 @lru_cache(maxsize=32)
-def _load(path_text: str, digest: str, stamp: tuple[int, int] | None, parse: Callable[[Any], Any], what: str,
-          hint: str) -> Any:
+def _load(
+    path_text: str, digest: str, stamp: tuple[int, int] | None, parse: Callable[[Any], Any], what: str, hint: str
+) -> Any:
     import json
 
     return parse(json.loads(get_text(Path(path_text), digest, what=what, hint=hint)))
@@ -71,6 +73,7 @@ def get_text(path: Path, digest: str, *, what: str, hint: str) -> str:
     except (OSError, UnicodeDecodeError) as err:
         raise FixtureFileError(path, f"cannot be read: {err}", hint=hint) from None
     if digest_of(text) != digest:
-        raise FixtureFileError(path, "changed after ingest wrote it (its sha256 is not the one its name and its "
-                               "runs record)", hint=hint)
+        raise FixtureFileError(
+            path, "changed after ingest wrote it (its sha256 is not the one its name and its runs record)", hint=hint
+        )
     return text

@@ -44,12 +44,26 @@ def store_collectives(store_root: Path, folder: str | Path) -> str:
 def load_collectives(store_root: Path, digest: str) -> tuple[CollectiveTable, ...]:
     """The tables a run names by `digest`, from the store; FixtureFileError when the file is missing or not the one
     ingest wrote."""
-    return load_parsed(store_root, COLLECTIVES_DIR, digest, _parse, what="the all-reduce tables of runs that name them",
-                       hint=("ingest the runs' source again (it stores the all-reduce tables they are priced "
-                             "with); a store is moved or copied whole, its .collectives folder too"))
+    return load_parsed(
+        store_root,
+        COLLECTIVES_DIR,
+        digest,
+        _parse,
+        what="the all-reduce tables of runs that name them",
+        hint=(
+            "ingest the runs' source again (it stores the all-reduce tables they are priced "
+            "with); a store is moved or copied whole, its .collectives folder too"
+        ),
+    )
 
 
 def _parse(data: list) -> tuple[CollectiveTable, ...]:
-    return tuple(CollectiveTable(op=t["op"], gpus=int(t["gpus"]), source=t["source"],
-                                 points=tuple((float(b), float(ms)) for b, ms in t["points"]))
-                 for t in data)
+    return tuple(
+        CollectiveTable(
+            op=t["op"],
+            gpus=int(t["gpus"]),
+            source=t["source"],
+            points=tuple((float(b), float(ms)) for b, ms in t["points"]),
+        )
+        for t in data
+    )

@@ -27,8 +27,15 @@ HARDWARE_KEY = "components"  # a run's hardware entry: the sha256 of its machine
 
 def tables_text(tables: tuple[ComponentTables, ...]) -> str:
     """The stored form of a machine's component tables (canonical JSON: one text per content)."""
-    data = [{"device": t.device, "source": t.source, "gemm": [list(row) for row in t.gemm],
-             "memory": [list(row) for row in t.memory]} for t in sorted(tables, key=lambda t: t.device)]
+    data = [
+        {
+            "device": t.device,
+            "source": t.source,
+            "gemm": [list(row) for row in t.gemm],
+            "memory": [list(row) for row in t.memory],
+        }
+        for t in sorted(tables, key=lambda t: t.device)
+    ]
     return json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
 
 
@@ -48,15 +55,29 @@ def store_components(store_root: Path, folder: str | Path) -> str | None:
 def load_components(store_root: Path, digest: str) -> tuple[ComponentTables, ...]:
     """The tables a run names by `digest`, from the store; FixtureFileError when the file is missing or not the one
     ingest wrote."""
-    return load_parsed(store_root, COMPONENTS_STORE_DIR, digest, _parse, what="the component tables of runs that name them",
-                       hint=("ingest the runs' source again (it stores the component tables they are priced "
-                             "with); a store is moved or copied whole, its .components folder too"))
+    return load_parsed(
+        store_root,
+        COMPONENTS_STORE_DIR,
+        digest,
+        _parse,
+        what="the component tables of runs that name them",
+        hint=(
+            "ingest the runs' source again (it stores the component tables they are priced "
+            "with); a store is moved or copied whole, its .components folder too"
+        ),
+    )
 
 
 def _parse(data: list) -> tuple[ComponentTables, ...]:
-    return tuple(ComponentTables(device=t["device"], gemm=tuple(tuple(r) for r in t["gemm"]),
-                                 memory=tuple(tuple(r) for r in t["memory"]), source=t["source"])
-                 for t in data)
+    return tuple(
+        ComponentTables(
+            device=t["device"],
+            gemm=tuple(tuple(r) for r in t["gemm"]),
+            memory=tuple(tuple(r) for r in t["memory"]),
+            source=t["source"],
+        )
+        for t in data
+    )
 
 
 def with_stored_components(spec: Spec, store_root: Path, hardware: Mapping[str, Any]) -> Spec:

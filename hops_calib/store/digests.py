@@ -29,10 +29,37 @@ _TMP_PREFIX = ".tmp-"
 _OLD_PREFIX = ".old-"
 
 
-INDEX_COLUMNS = ("id", "split", "group", "schedule", "declared_schedule", "configured_schedule", "pp", "vp",
-                 "microbatches", "iterations", "devices", "throughput_per_s", "steady_throughput_per_s",
-                 "bubble_ratio", "iteration_time_ms", "idle_ms", "dropped_lines", "content_hash", "source", "kind", "container", "tp", "dp",
-                 "gpus", "num_layers", "hidden_size", "seq_length", "micro_batch_size", "global_batch_size")
+INDEX_COLUMNS = (
+    "id",
+    "split",
+    "group",
+    "schedule",
+    "declared_schedule",
+    "configured_schedule",
+    "pp",
+    "vp",
+    "microbatches",
+    "iterations",
+    "devices",
+    "throughput_per_s",
+    "steady_throughput_per_s",
+    "bubble_ratio",
+    "iteration_time_ms",
+    "idle_ms",
+    "dropped_lines",
+    "content_hash",
+    "source",
+    "kind",
+    "container",
+    "tp",
+    "dp",
+    "gpus",
+    "num_layers",
+    "hidden_size",
+    "seq_length",
+    "micro_batch_size",
+    "global_batch_size",
+)
 
 
 class StoreError(ValueError):
@@ -45,8 +72,9 @@ class FixtureFileError(StoreError):
 
     def __init__(self, origin: Path | str, problem: str, *, line: int | None = None, hint: str = "") -> None:
         self.origin, self.line, self.field, self.problem, self.hint = str(origin), line, None, problem, hint
-        super().__init__(f"{origin}" + (f":{line}" if line is not None else "") + f": {problem}"
-                         + (f"; {hint}" if hint else ""))
+        super().__init__(
+            f"{origin}" + (f":{line}" if line is not None else "") + f": {problem}" + (f"; {hint}" if hint else "")
+        )
 
 
 def text_digest(text: str) -> str:
@@ -93,9 +121,9 @@ def events_fingerprint(columns: Any, spec: dict[str, Any]) -> str:
         outer.update(name.encode() + b"\0")
         column = np.asarray(columns[name])
         for low in range(0, len(column), _FINGERPRINT_ROWS):
-            part = column[low:low + _FINGERPRINT_ROWS].astype(np.int64)
+            part = column[low : low + _FINGERPRINT_ROWS].astype(np.int64)
             if name in ("start_ns", "end_ns"):
-                part -= first[stage[low:low + _FINGERPRINT_ROWS]]
+                part -= first[stage[low : low + _FINGERPRINT_ROWS]]
             outer.update(part.tobytes())
     return outer.hexdigest()
 
@@ -129,5 +157,9 @@ def check_digest(path: Path, meta: dict[str, Any], hint: str, digest: str | None
     """FixtureFileError unless the file (whose sha256 is `digest` when the caller has it) is the one `meta`
     (fixture.json) recorded: a fixture edited by hand would be scored as if measured."""
     if (digest or file_digest(path)) != (meta.get(FILE_DIGESTS) or {}).get(path.name):
-        raise FixtureFileError(path, f"changed after ingest wrote it (its sha256 is not the one {FIXTURE_FILE} "
-                               "recorded): a fixture edited by hand would be scored as if measured", hint=hint)
+        raise FixtureFileError(
+            path,
+            f"changed after ingest wrote it (its sha256 is not the one {FIXTURE_FILE} "
+            "recorded): a fixture edited by hand would be scored as if measured",
+            hint=hint,
+        )

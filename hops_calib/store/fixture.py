@@ -58,15 +58,23 @@ def check_fixture_id(store_root: Path, fixture_id: str, origin: str = "") -> Pat
     if not _SAFE_ID.fullmatch(fixture_id) or ".." in fixture_id:
         bad = sorted({ch for ch in fixture_id if not (ch.isascii() and (ch.isalnum() or ch in "._-"))})
         escapes = fixture_id.startswith(".") or ".." in fixture_id or "/" in fixture_id or "\\" in fixture_id
-        why = ("it would escape or hide in the store" if escapes
-               else f"it holds {', '.join(repr(ch) for ch in bad)}, which a fixture folder name may not" if bad
-               else "it is empty or longer than 200 characters")
-        raise StoreError(f"run id {fixture_id!r}{where} is not a safe fixture name ({why}; store {store_root}); "
-                         "rename the job directory (or set its manifest run_id) to letters, digits, '.', '_' and "
-                         "'-'")
+        why = (
+            "it would escape or hide in the store"
+            if escapes
+            else f"it holds {', '.join(repr(ch) for ch in bad)}, which a fixture folder name may not"
+            if bad
+            else "it is empty or longer than 200 characters"
+        )
+        raise StoreError(
+            f"run id {fixture_id!r}{where} is not a safe fixture name ({why}; store {store_root}); "
+            "rename the job directory (or set its manifest run_id) to letters, digits, '.', '_' and "
+            "'-'"
+        )
     if fixture_id.lower() in _RESERVED_IDS:
-        raise StoreError(f"run id {fixture_id!r}{where} is the name of the store's own {INDEX} (store {store_root}); "
-                         "rename the job directory (or set its manifest run_id)")
+        raise StoreError(
+            f"run id {fixture_id!r}{where} is the name of the store's own {INDEX} (store {store_root}); "
+            "rename the job directory (or set its manifest run_id)"
+        )
     folder = store_root / fixture_id
     if folder.resolve().parent != store_root.resolve():
         raise StoreError(f"run id {fixture_id!r}{where} resolves outside the store {store_root}")
@@ -150,8 +158,10 @@ class MeasuredFixture:
 
     @property
     def events(self) -> pd.DataFrame:
-        raise StoreError(f"fixture {self.id} was measured at iteration level ({self.meta.get('source', '')}): it has "
-                         "no events, so no timeline, bubble or utilization")
+        raise StoreError(
+            f"fixture {self.id} was measured at iteration level ({self.meta.get('source', '')}): it has "
+            "no events, so no timeline, bubble or utilization"
+        )
 
     def timeline(self) -> pd.DataFrame:
         return self.events
@@ -164,8 +174,9 @@ def read_events(path: Path) -> pd.DataFrame:
     try:
         frame = pq.read_table(path).to_pandas()
     except (OSError, pa.ArrowException) as err:
-        raise FixtureFileError(path, f"cannot be read: {err.__class__.__name__}: {err}",
-                               hint=_reingest(path.parent)) from None
+        raise FixtureFileError(
+            path, f"cannot be read: {err.__class__.__name__}: {err}", hint=_reingest(path.parent)
+        ) from None
     for name in CATEGORIES:
         frame[name] = frame[name].astype(category_dtype(name))
     return frame
@@ -174,8 +185,10 @@ def read_events(path: Path) -> pd.DataFrame:
 def _reingest(folder: Path, meta: dict[str, Any] | None = None) -> str:
     recorded = (meta or {}).get("source")
     source = source_path(recorded, folder.parent) if recorded else "JOB"
-    return (f"ingest the run's job again (hops-calib ingest {source} --fixtures {folder.parent}): it rewrites a "
-            "fixture that is not as ingest wrote it")
+    return (
+        f"ingest the run's job again (hops-calib ingest {source} --fixtures {folder.parent}): it rewrites a "
+        "fixture that is not as ingest wrote it"
+    )
 
 
 RUN_COLUMNS = ("id", "split", "group", "content_hash", "origin", "args", "hardware", "truth", "warnings")
@@ -185,11 +198,20 @@ def measured_fixture(row: dict[str, Any], meta: dict[str, Any], folder: Path) ->
     """A run of a table folder from its runs.parquet row (JSON columns decoded)."""
     try:
         return MeasuredFixture(
-            id=row["id"], split=row["split"], group=row["group"], content_hash=row["content_hash"],
-            launch=json.loads(row["args"]), hardware=json.loads(row["hardware"]),
+            id=row["id"],
+            split=row["split"],
+            group=row["group"],
+            content_hash=row["content_hash"],
+            launch=json.loads(row["args"]),
+            hardware=json.loads(row["hardware"]),
             truth=IterationTruth.from_dict(json.loads(row["truth"])),
             quality={"warnings": json.loads(row["warnings"]), "origin": row["origin"]},
-            meta={**meta, "origin": row["origin"]}, path=folder)
+            meta={**meta, "origin": row["origin"]},
+            path=folder,
+        )
     except (ValueError, KeyError, TypeError) as err:
-        raise FixtureFileError(folder / RUNS_FILE, f"run {row.get('id')!r} cannot be used as a fixture: "
-                               f"{type(err).__name__}: {err}", hint=_reingest(folder, meta)) from None
+        raise FixtureFileError(
+            folder / RUNS_FILE,
+            f"run {row.get('id')!r} cannot be used as a fixture: {type(err).__name__}: {err}",
+            hint=_reingest(folder, meta),
+        ) from None

@@ -30,13 +30,30 @@ KEYED_KEY = "keyed:"  # a store's keyed content hash of a test run
 SECRET_FILE = ".secret"
 # Arguments of a launch that say how it was logged or how long it ran, not what it runs: left out of the
 # configuration, so a copy that changes only these is the same configuration.
-_NOT_CONFIGURATION = frozenset({"train_iters", "eval_interval", "eval_iters", "log_interval", "log_throughput",
-                                "save", "load", "save_interval", "tensorboard_dir", "wandb_project",
-                                "wandb_exp_name", "exit_interval", "exit_duration_in_mins", "seed", "data_path"})
+_NOT_CONFIGURATION = frozenset(
+    {
+        "train_iters",
+        "eval_interval",
+        "eval_iters",
+        "log_interval",
+        "log_throughput",
+        "save",
+        "load",
+        "save_interval",
+        "tensorboard_dir",
+        "wandb_project",
+        "wandb_exp_name",
+        "exit_interval",
+        "exit_duration_in_mins",
+        "seed",
+        "data_path",
+    }
+)
 # Spec fields that are measured or name the run, not its configuration (the links are the job's own link
 # benchmark; the schedule is the one observed, the configured one is declared_schedule).
-_SPEC_NOT_CONFIGURATION = frozenset({"run_id", "iterations", "device_ids", "device_names", "links", "schedule",
-                                     "megatron_args"})
+_SPEC_NOT_CONFIGURATION = frozenset(
+    {"run_id", "iterations", "device_ids", "device_names", "links", "schedule", "megatron_args"}
+)
 
 
 def _launch(args: dict[str, Any] | None) -> dict[str, Any]:
@@ -47,8 +64,11 @@ def configuration(fixture: Any) -> dict[str, Any]:
     """What a run was configured to do, as a dict of its fixture (a run with events, or a table's run): its launch
     (Megatron's arguments, less how it was logged) and devices; nothing it measured."""
     if getattr(fixture, "kind", None) == "iteration":
-        return {"kind": "iteration", "launch": _launch(fixture.launch),
-                "hardware": dict(sorted(fixture.hardware.items()))}
+        return {
+            "kind": "iteration",
+            "launch": _launch(fixture.launch),
+            "hardware": dict(sorted(fixture.hardware.items())),
+        }
     spec = fixture.spec.to_dict()
     kept = {k: v for k, v in sorted(spec.items()) if k not in _SPEC_NOT_CONFIGURATION}
     kept["schedule"] = spec.get("declared_schedule") or spec.get("schedule")
@@ -74,8 +94,9 @@ def store_secret(root: Path | str, create: bool = False) -> bytes | None:
     except ValueError:
         from hops_calib.store.digests import StoreError
 
-        raise StoreError(f"{path} is not a store secret (64 hex digits); delete it and ingest the store's test runs "
-                         "again") from None
+        raise StoreError(
+            f"{path} is not a store secret (64 hex digits); delete it and ingest the store's test runs again"
+        ) from None
     Path(root).mkdir(parents=True, exist_ok=True)
     key = secrets.token_bytes(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -54,8 +54,16 @@ from hops_calib.trace.rank_traces import AUTO, EVENT_LOG, SOURCE_CHOICES, plan_t
 from hops_calib.trace.reading import open_regular
 from hops_calib.trace.structure import DEFAULT_SKEW_MS
 
-__all__ = ["INGEST_VERSION", "SPLIT_CHOICES", "IngestReport", "RunData", "RunOutcome", "content_hash", "ingest",
-           "read_run"]
+__all__ = [
+    "INGEST_VERSION",
+    "SPLIT_CHOICES",
+    "IngestReport",
+    "RunData",
+    "RunOutcome",
+    "content_hash",
+    "ingest",
+    "read_run",
+]
 
 # Bump when the fixture content for the same input changes (new columns, new truth fields, ...):
 # it is part of the content hash, so a new version re-ingests every run once.
@@ -67,8 +75,11 @@ def content_hash(job_dir: Path, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS,
     """sha256 over every file of the job directory (relative names and bytes), the ingest version and mode
     (a clock-skew allowance other than the default, and what is read of a directory holding two trace sources,
     `TracePlan.key`, are part of the mode)."""
-    mode = (f"lenient={lenient}" + (f" skew_ms={skew_ms!r}" if skew_ms != DEFAULT_SKEW_MS else "")
-            + (f" {plan_key}" if plan_key else ""))
+    mode = (
+        f"lenient={lenient}"
+        + (f" skew_ms={skew_ms!r}" if skew_ms != DEFAULT_SKEW_MS else "")
+        + (f" {plan_key}" if plan_key else "")
+    )
     outer = hashlib.sha256(f"hops-calib ingest v{INGEST_VERSION} {mode}\n".encode())
     files = sorted(p for p in job_dir.rglob("*") if p.is_file())  # (rglob never walks into a linked folder)
     for path in files:
@@ -78,13 +89,23 @@ def content_hash(job_dir: Path, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS,
     return outer.hexdigest()
 
 
-def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = STATED,
-           test_fraction: float = DEFAULT_TEST_FRACTION, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
-           on_run: Callable[[RunOutcome], None] | None = None,
-           on_start: Callable[[int], None] | None = None, hardware: RunHardware | None = None,
-           warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
-           device_types: Collection[str] | None = None, lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S,
-           on_wait: Callable[[str], None] | None = None, source: str = AUTO) -> IngestReport:
+def ingest(
+    sources: Iterable[Path | str],
+    store: FixtureStore,
+    *,
+    split: str = STATED,
+    test_fraction: float = DEFAULT_TEST_FRACTION,
+    lenient: bool = False,
+    skew_ms: float = DEFAULT_SKEW_MS,
+    on_run: Callable[[RunOutcome], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+    hardware: RunHardware | None = None,
+    warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+    device_types: Collection[str] | None = None,
+    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT_S,
+    on_wait: Callable[[str], None] | None = None,
+    source: str = AUTO,
+) -> IngestReport:
     """Ingest every job directory under `sources`, and every run table or Megatron training log among them, into
     `store`; see the module docstring. `hardware` (--gpu/--gpus-per-node) and `warmup_iterations` are for logs and
     tables; `device_types` (the catalog's) refuses a log's or table's run on any other device type. Waits up to
@@ -102,8 +123,10 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
     if not 0.0 <= test_fraction <= 1.0:
         raise StoreError(f"--test-fraction {test_fraction} is not between 0 and 1")
     if not 0.0 <= skew_ms <= 60_000.0:  # (NaN fails too)
-        raise StoreError(f"--clock-skew-ms {skew_ms} is not between 0 and 60000 ms; give the clock offset the nodes "
-                         "may have, in ms (default 2)")
+        raise StoreError(
+            f"--clock-skew-ms {skew_ms} is not between 0 and 60000 ms; give the clock offset the nodes "
+            "may have, in ms (default 2)"
+        )
     report = IngestReport(store=store.root)
     paths = [dgxc_table_in(Path(s)) or Path(s) for s in sources]  # the dgxc set's folder: its runs.csv
     is_measured = {s: is_measured_source(s) for s in paths}
@@ -148,24 +171,44 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
             outcome = RunOutcome(source=job_dir)
             try:
                 asked, fraction, outcome.split_from, forced, groups = _asked_split(job_dir, split, test_fraction)
-                changed |= _ingest_one(job_dir, store, outcome, stored, group_split, batch_sources, copies,
-                                       split=asked, forced=forced, test_fraction=fraction, lenient=lenient,
-                                       stated=groups,
-                                       skew_ms=skew_ms, stored_groups=context.stored_groups, source=source,
-                                       measured=context.table_runs.keys() | context.tables.keys())
+                changed |= _ingest_one(
+                    job_dir,
+                    store,
+                    outcome,
+                    stored,
+                    group_split,
+                    batch_sources,
+                    copies,
+                    split=asked,
+                    forced=forced,
+                    test_fraction=fraction,
+                    lenient=lenient,
+                    stated=groups,
+                    skew_ms=skew_ms,
+                    stored_groups=context.stored_groups,
+                    source=source,
+                    measured=context.table_runs.keys() | context.tables.keys(),
+                )
             except DiskFull:
                 raise  # no run after it could be written either: the ingest stops, its half-written run removed
             except Exception as err:  # noqa: BLE001 - one run's failure, whatever it is, is that run's rejection
                 outcome.status = "rejected"
-                outcome.error = str(err) if isinstance(err, (TraceError, StoreError)) else (
-                    f"{job_dir}: internal error while reading this run: {type(err).__name__}: {err} (a bug in "
-                    "hops-calib, not necessarily in the run: please report it; the other runs are ingested)")
+                outcome.error = (
+                    str(err)
+                    if isinstance(err, (TraceError, StoreError))
+                    else (
+                        f"{job_dir}: internal error while reading this run: {type(err).__name__}: {err} (a bug in "
+                        "hops-calib, not necessarily in the run: please report it; the other runs are ingested)"
+                    )
+                )
                 if isinstance(err, TraceError) and outcome.run_id in stored:
                     # an earlier ingest of these (now bad) files stays in the store and is still scored: say so
                     scored_by = "evaluate" if stored[outcome.run_id].get("split") == "train" else "report"
-                    outcome.error += (f" (the store keeps the fixture an earlier ingest made of {outcome.run_id}, and "
-                                      f"{scored_by} still scores it: fix the files and ingest again, or delete "
-                                      f"{store.root / outcome.run_id} and ingest again to drop it)")
+                    outcome.error += (
+                        f" (the store keeps the fixture an earlier ingest made of {outcome.run_id}, and "
+                        f"{scored_by} still scores it: fix the files and ingest again, or delete "
+                        f"{store.root / outcome.run_id} and ingest again to drop it)"
+                    )
             report.outcomes.append(outcome)
             if on_run:
                 on_run(outcome)
@@ -182,9 +225,19 @@ def ingest(sources: Iterable[Path | str], store: FixtureStore, *, split: str = S
                 stated = None
             if stated is not None:
                 table_split, fraction, why, forced, groups = stated
-                changed |= ingest_measured(path, store, context, RunOutcome, split=table_split, forced=forced,
-                                           test_fraction=fraction, hardware=hardware, warmup=warmup_iterations,
-                                           emit=runs.append, stated_groups=groups.groups if groups else None)
+                changed |= ingest_measured(
+                    path,
+                    store,
+                    context,
+                    RunOutcome,
+                    split=table_split,
+                    forced=forced,
+                    test_fraction=fraction,
+                    hardware=hardware,
+                    warmup=warmup_iterations,
+                    emit=runs.append,
+                    stated_groups=groups.groups if groups else None,
+                )
                 for outcome in runs:
                     outcome.split_from = outcome.split_from or why
             report.outcomes += runs
@@ -216,8 +269,7 @@ def _asked_split(source: Path, split: str, test_fraction: float) -> tuple[str, f
     return stated.split, stated.test_fraction, stated.why, False, stated
 
 
-def _named_group(group: str, kept: str | None, stated: Stated | None,
-                 why: str | None) -> tuple[str | None, str | None]:
+def _named_group(group: str, kept: str | None, stated: Stated | None, why: str | None) -> tuple[str | None, str | None]:
     """Why a run goes to its split where its source's file names its group (`[groups]`), and a warning where the
     store keeps the group (`kept`: its split in the store before this ingest) in the other split (a stored split
     never moves)."""
@@ -227,9 +279,11 @@ def _named_group(group: str, kept: str | None, stated: Stated | None,
     if kept is None:
         return stated.groups_why, None
     if kept != named:
-        return why, (f"the source's {SOURCE_FILE} puts group {group!r} in {named}, but this store keeps it in "
-                     f"{kept} (a stored split never moves): the store stays as it is; ingest into a new store to "
-                     f"have the file's split, or change the file's entry to {kept!r}")
+        return why, (
+            f"the source's {SOURCE_FILE} puts group {group!r} in {named}, but this store keeps it in "
+            f"{kept} (a stored split never moves): the store stays as it is; ingest into a new store to "
+            f"have the file's split, or change the file's entry to {kept!r}"
+        )
     return why, None
 
 
@@ -240,12 +294,14 @@ def _refuse_clash(store: FixtureStore, run_id: str, previous: dict[str, Any], jo
     same_events = (previous.get(FILE_DIGESTS) or {}).get(EVENTS_FILE) == events_sha
     if same_source or same_events:
         return
-    raise StoreError(f"run id {run_id!r} of {job_dir} is already in the store for another job: "
-                     f"{store.root / run_id} holds the measurements ingested from "
-                     f"{source_path(previous['source'], store.root) if previous.get('source') else '?'}, "
-                     f"and {job_dir} measured something else (its events differ); two jobs must not share an id, "
-                     "so the stored run is kept. Give this job its own id (rename its folder, or set its manifest "
-                     f"run_id), or delete {store.root / run_id} first to replace the stored run")
+    raise StoreError(
+        f"run id {run_id!r} of {job_dir} is already in the store for another job: "
+        f"{store.root / run_id} holds the measurements ingested from "
+        f"{source_path(previous['source'], store.root) if previous.get('source') else '?'}, "
+        f"and {job_dir} measured something else (its events differ); two jobs must not share an id, "
+        "so the stored run is kept. Give this job its own id (rename its folder, or set its manifest "
+        f"run_id), or delete {store.root / run_id} first to replace the stored run"
+    )
 
 
 def _index_outdated(index_file: Path) -> bool:
@@ -292,19 +348,36 @@ class _Copies:
         holder = self.holders.get(fingerprint)
         if holder is not None and holder != run_id:
             split = self.stored.get(holder, {}).get("split")
-            raise StoreError(f"run {run_id!r} of {job_dir} is a copy of run {holder!r} of this store"
-                             + (f" ({split} split)" if split else "") + ": the same configuration and events, up to "
-                             "the name and a shift of the clocks; a copy would count one measurement twice (and a "
-                             "test run's, under a new name, could land in train). Ingest one copy of a job; to keep "
-                             f"it under the new id instead, delete {self.store.root / holder} first")
+            raise StoreError(
+                f"run {run_id!r} of {job_dir} is a copy of run {holder!r} of this store"
+                + (f" ({split} split)" if split else "")
+                + ": the same configuration and events, up to "
+                "the name and a shift of the clocks; a copy would count one measurement twice (and a "
+                "test run's, under a new name, could land in train). Ingest one copy of a job; to keep "
+                f"it under the new id instead, delete {self.store.root / holder} first"
+            )
         self.holders[fingerprint] = run_id
 
 
-def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored: dict[str, dict[str, Any]],
-                group_split: dict[str, str], batch_sources: dict[str, Path], copies: _Copies, *, split: str,
-                test_fraction: float, lenient: bool, skew_ms: float = DEFAULT_SKEW_MS, forced: bool = True,
-                stored_groups: Collection[str] = frozenset(),
-                measured: Any = frozenset(), source: str = AUTO, stated: Stated | None = None) -> bool:
+def _ingest_one(
+    job_dir: Path,
+    store: FixtureStore,
+    outcome: RunOutcome,
+    stored: dict[str, dict[str, Any]],
+    group_split: dict[str, str],
+    batch_sources: dict[str, Path],
+    copies: _Copies,
+    *,
+    split: str,
+    test_fraction: float,
+    lenient: bool,
+    skew_ms: float = DEFAULT_SKEW_MS,
+    forced: bool = True,
+    stored_groups: Collection[str] = frozenset(),
+    measured: Any = frozenset(),
+    source: str = AUTO,
+    stated: Stated | None = None,
+) -> bool:
     """Ingest one job directory; returns whether the store changed. `measured`: the ids of the store's
     iteration-level runs and table folders, which a run with events may not take."""
     manifest = read_manifest(job_dir)
@@ -312,18 +385,24 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
     outcome.run_id = run_id
     check_fixture_id(store.root, run_id, origin=str(job_dir))
     if run_id in measured:
-        raise StoreError(f"run id {run_id!r} of {job_dir} is already a run (or the folder of runs) this store holds "
-                         "from a training log or run table; give the job another run_id in its manifest.yaml")
+        raise StoreError(
+            f"run id {run_id!r} of {job_dir} is already a run (or the folder of runs) this store holds "
+            "from a training log or run table; give the job another run_id in its manifest.yaml"
+        )
     if run_id in batch_sources:
-        raise StoreError(f"run id {run_id!r} comes from two job directories ({batch_sources[run_id]} and {job_dir}); "
-                         "ingest one of them, or give one a different manifest run_id")
+        raise StoreError(
+            f"run id {run_id!r} comes from two job directories ({batch_sources[run_id]} and {job_dir}); "
+            "ingest one of them, or give one a different manifest run_id"
+        )
     batch_sources[run_id] = job_dir
     group = group_of(run_id)
     kept = stored.get(run_id, {}).get("split") or group_split.get(group)
     if forced and split != "auto" and kept and kept != split:
-        raise StoreError(f"run {run_id} belongs to group {group!r}, which is stored in the {kept} split; "
-                         f"--split {split} would make the group straddle train and test. Leave out --split, or "
-                         f"remove the group's fixtures from {store.root} first")
+        raise StoreError(
+            f"run {run_id} belongs to group {group!r}, which is stored in the {kept} split; "
+            f"--split {split} would make the group straddle train and test. Leave out --split, or "
+            f"remove the group's fixtures from {store.root} first"
+        )
     stored_kept = kept if kept and (run_id in stored or group in stored_groups) else None
     if stored_kept:
         outcome.split_from = f"kept: its configuration group is stored in {kept}"
@@ -343,9 +422,12 @@ def _ingest_one(job_dir: Path, store: FixtureStore, outcome: RunOutcome, stored:
         return False
     # (a fixture from before digests were recorded, or of other files, is rewritten quietly)
     if (previous is not None and "content_hash" not in previous) or (
-            previous and "fixture_sha256" in previous and previous.get("content_hash") == digest):
-        outcome.warnings.append("the stored fixture's files were changed or damaged after an ingest wrote them: "
-                                f"written again from the job (split {chosen})")
+        previous and "fixture_sha256" in previous and previous.get("content_hash") == digest
+    ):
+        outcome.warnings.append(
+            "the stored fixture's files were changed or damaged after an ingest wrote them: "
+            f"written again from the job (split {chosen})"
+        )
     store.begin_writing()
     with store.writing(run_id) as folder:
         data = read_run(job_dir, folder / EVENTS_FILE, lenient, skew_ms, plan)

@@ -71,9 +71,14 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
     seen: dict[Path, Path] = {}
     for source in sources:
         if source.is_file():
-            report.outcomes.append(RunOutcome(source=source, error=f"{source}: not a source ingest reads (a job "
-                                              "directory, a folder of them, a run table .csv/.parquet, or a "
-                                              "Megatron training log)"))
+            report.outcomes.append(
+                RunOutcome(
+                    source=source,
+                    error=f"{source}: not a source ingest reads (a job "
+                    "directory, a folder of them, a run table .csv/.parquet, or a "
+                    "Megatron training log)",
+                )
+            )
             continue
         try:
             found = find_job_dirs(Path(source), report.notes)
@@ -83,12 +88,20 @@ def _job_dirs(sources: Iterable[Path], report: IngestReport) -> list[Path]:
         if not found:
             # a folder of logs or run tables (the vTrain folder: its table beside its licence) is no folder of runs
             tables = sorted(p.name for p in _first_files(Path(source)) if is_measured_source(p))
-            report.outcomes.append(RunOutcome(source=Path(source), error=f"{source}: no job directories found "
-                                              "(a job directory holds megatron_trace/, hops_trace_map.json or "
-                                              "megatron_args.txt)" + (
-                                                  f"; it holds run tables or training logs: ingest them by name "
-                                                  f"({', '.join(str(Path(source) / t) for t in tables)})"
-                                                  if tables else "")))
+            report.outcomes.append(
+                RunOutcome(
+                    source=Path(source),
+                    error=f"{source}: no job directories found "
+                    "(a job directory holds megatron_trace/, hops_trace_map.json or "
+                    "megatron_args.txt)"
+                    + (
+                        f"; it holds run tables or training logs: ingest them by name "
+                        f"({', '.join(str(Path(source) / t) for t in tables)})"
+                        if tables
+                        else ""
+                    ),
+                )
+            )
         for job_dir in found:
             seen.setdefault(job_dir.resolve(), job_dir)
     return list(seen.values())
@@ -101,9 +114,9 @@ def _check_apart(store_root: Path, job_dirs: list[Path]) -> None:
     for job_dir in job_dirs:
         job = job_dir.resolve()
         if job == root or root in job.parents or job in root.parents:
-            where = ("the same folder as" if job == root else "inside" if job in root.parents
-                     else "a folder that holds")
-            raise StoreError(f"the fixture store {store_root} is {where} the job directory {job_dir}: ingest "
-                             "would write fixtures over (or into) the traces it reads. Pass a --fixtures folder "
-                             "outside the job directories, e.g. --fixtures fixtures")
-
+            where = "the same folder as" if job == root else "inside" if job in root.parents else "a folder that holds"
+            raise StoreError(
+                f"the fixture store {store_root} is {where} the job directory {job_dir}: ingest "
+                "would write fixtures over (or into) the traces it reads. Pass a --fixtures folder "
+                "outside the job directories, e.g. --fixtures fixtures"
+            )

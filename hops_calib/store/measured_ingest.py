@@ -92,8 +92,12 @@ def source_kind(path: Path) -> str:
 def read_context(store: FixtureStore, stored: dict[str, dict[str, Any]]) -> MeasuredContext:
     """The table folders of the store (their runs' ids, groups and splits); a folder whose files are not as
     ingest wrote them keeps its groups' splits from the index (as a run with events does)."""
-    context = MeasuredContext(event_ids=set(stored), table_runs={}, tables={},
-                              group_split={m["group"]: m["split"] for m in stored.values() if "group" in m})
+    context = MeasuredContext(
+        event_ids=set(stored),
+        table_runs={},
+        tables={},
+        group_split={m["group"]: m["split"] for m in stored.values() if "group" in m},
+    )
     for folder in store.table_folders():
         try:
             meta, runs = store.table(folder.name)
@@ -108,8 +112,8 @@ def read_context(store: FixtureStore, stored: dict[str, dict[str, Any]]) -> Meas
             continue
         context.tables[folder.name] = meta
         for run_id, group, split, args, hardware, truth, origin in zip(
-                runs["id"], runs["group"], runs["split"], runs["args"], runs["hardware"], runs["truth"],
-                runs["origin"]):
+            runs["id"], runs["group"], runs["split"], runs["args"], runs["hardware"], runs["truth"], runs["origin"]
+        ):
             context.table_runs[run_id] = folder.name
             context.group_split.setdefault(group, split)
             try:
@@ -124,16 +128,21 @@ def read_context(store: FixtureStore, stored: dict[str, dict[str, Any]]) -> Meas
 
 
 # Launch settings that do not change what a run measures per iteration (when and how long it ran, how it logs).
-_NOT_CONFIGURATION = frozenset({"train_iters", "log_interval", "seed", "lr", "timing_log_level", "timing_log_option",
-                                "tokenizer_type"}) | QUIET_ARGS
+_NOT_CONFIGURATION = (
+    frozenset({"train_iters", "log_interval", "seed", "lr", "timing_log_level", "timing_log_option", "tokenizer_type"})
+    | QUIET_ARGS
+)
 
 
 def configuration_of(args: dict[str, Any], hardware: dict[str, Any]) -> str:
     """A run's configuration as text, the same whichever source gave it (a table, its Parquet copy, a log): the
     launch settings a run table may hold (`KNOWN_ARGS`, less when and how it logged), unset and off ones left out,
     and the machine (device type, GPUs per node)."""
-    settings = {name: value for name, value in args.items()
-                if name in KNOWN_ARGS and name not in _NOT_CONFIGURATION and value is not None and value is not False}
+    settings = {
+        name: value
+        for name, value in args.items()
+        if name in KNOWN_ARGS and name not in _NOT_CONFIGURATION and value is not None and value is not False
+    }
     machine = {"gpu": str(hardware.get("gpu")).lower(), "gpus_per_node": hardware.get("gpus_per_node")}
     return json.dumps({"args": settings, "hardware": machine}, sort_keys=True, default=str)
 
@@ -175,30 +184,52 @@ def _with_sidecar(path: Path, args: dict[str, Any]) -> dict[str, Any]:
     refused as ambiguous."""
     sidecar = read_sidecar(path)
     if sidecar.hardware or sidecar.extra_columns:
-        raise TraceError(sidecar.path, "gives hardware or extra_columns to a training log", field="hardware",
-                         hint=f"a log's hardware goes into hops.base.yaml beside it (hardware: {{gpu: TYPE, "
-                         f"gpus_per_node: N}}) or --gpu/--gpus-per-node; {sidecar.path.name} holds args only")
+        raise TraceError(
+            sidecar.path,
+            "gives hardware or extra_columns to a training log",
+            field="hardware",
+            hint=f"a log's hardware goes into hops.base.yaml beside it (hardware: {{gpu: TYPE, "
+            f"gpus_per_node: N}}) or --gpu/--gpus-per-node; {sidecar.path.name} holds args only",
+        )
     for name, value in sidecar.args.items():
         if args.get(name) is not None and args[name] != value:
-            raise TraceError(sidecar.path, f"says {value!r}, the log's arguments block {args[name]!r}",
-                             field=f"args.{name}", hint="give a setting once: drop it from the sidecar")
+            raise TraceError(
+                sidecar.path,
+                f"says {value!r}, the log's arguments block {args[name]!r}",
+                field=f"args.{name}",
+                hint="give a setting once: drop it from the sidecar",
+            )
         args[name] = value
     return args
 
 
 def _check_log_args(path: Path, args: dict[str, Any]) -> None:
-    for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
-                 "global_batch_size"):
+    for name in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "micro_batch_size",
+        "global_batch_size",
+    ):
         if type(args.get(name)) is not int or args[name] < 1:
-            raise TraceError(path, f"is {args.get(name)!r} in the arguments block", field=name,
-                             hint="the launch needs it as a whole number: ingest the log from its start")
+            raise TraceError(
+                path,
+                f"is {args.get(name)!r} in the arguments block",
+                field=name,
+                hint="the launch needs it as a whole number: ingest the log from its start",
+            )
     if all(args.get(name) is None for name in VOCAB_ARGS):
-        raise TraceError(path, "the log prints no vocabulary (no padded_vocab_size in its arguments block, no "
-                         "tokenizer line ' > padded vocab (size: V) with N dummy tokens (new size: P)'): without it "
-                         "the embedding and the output layer would go unpriced", field="padded_vocab_size",
-                         hint=f"ingest the log from its start (Megatron prints the tokenizer's line before training), "
-                         f"or write args: {{padded_vocab_size: P}} into {path.with_suffix('.yaml').name} beside it "
-                         "(P: the vocabulary padded to a multiple of 128 x tensor parallel size)")
+        raise TraceError(
+            path,
+            "the log prints no vocabulary (no padded_vocab_size in its arguments block, no "
+            "tokenizer line ' > padded vocab (size: V) with N dummy tokens (new size: P)'): without it "
+            "the embedding and the output layer would go unpriced",
+            field="padded_vocab_size",
+            hint=f"ingest the log from its start (Megatron prints the tokenizer's line before training), "
+            f"or write args: {{padded_vocab_size: P}} into {path.with_suffix('.yaml').name} beside it "
+            "(P: the vocabulary padded to a multiple of 128 x tensor parallel size)",
+        )
     if not args.get("data_parallel_size"):
         world = args.get("world_size")
         t, p = args.get("tensor_model_parallel_size") or 1, args.get("pipeline_model_parallel_size") or 1
@@ -212,23 +243,46 @@ def _record(run: MeasuredRun, split: str, collectives: dict[str, str], root: Pat
     if folder is not None:  # the tables themselves are in the store, named by their digest
         hardware[COLLECTIVES_KEY] = collectives[folder]
     microbatches = args["global_batch_size"] // (args["micro_batch_size"] * (args.get("data_parallel_size") or 1))
-    truth = IterationTruth(metrics=IterationMetrics(microbatches_per_iteration=microbatches,
-                                                    iteration_periods_ms=run.iteration_times_ms,
-                                                    interval_iterations=run.interval_iterations),
-                           last_iterations=run.last_iterations, timers_ms=run.timers_ms,
-                           timing_log_option=run.timing_log_option, reported=run.reported)
-    texts = {"args": dumps(args).strip(), "hardware": dumps(hardware).strip(),
-             "truth": dumps(truth.to_dict()).strip()}
-    content = stored_content_hash(root, text_digest(f"measured v{MEASURED_INGEST_VERSION}\n" + "\n".join(texts.values())),
-                                  split)
-    return {"id": run.run_id, "split": split, "group": run.group, "content_hash": content, "origin": run.origin,
-            **texts, "warnings": json.dumps(list(run.warnings))}
+    truth = IterationTruth(
+        metrics=IterationMetrics(
+            microbatches_per_iteration=microbatches,
+            iteration_periods_ms=run.iteration_times_ms,
+            interval_iterations=run.interval_iterations,
+        ),
+        last_iterations=run.last_iterations,
+        timers_ms=run.timers_ms,
+        timing_log_option=run.timing_log_option,
+        reported=run.reported,
+    )
+    texts = {"args": dumps(args).strip(), "hardware": dumps(hardware).strip(), "truth": dumps(truth.to_dict()).strip()}
+    content = stored_content_hash(
+        root, text_digest(f"measured v{MEASURED_INGEST_VERSION}\n" + "\n".join(texts.values())), split
+    )
+    return {
+        "id": run.run_id,
+        "split": split,
+        "group": run.group,
+        "content_hash": content,
+        "origin": run.origin,
+        **texts,
+        "warnings": json.dumps(list(run.warnings)),
+    }
 
 
-def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, outcome_type: Any, *,
-                    split: str, test_fraction: float, hardware: RunHardware | None, warmup: int,
-                    emit: Callable[[Any], None], forced: bool = True,
-                    stated_groups: dict[str, str] | None = None) -> bool:
+def ingest_measured(
+    path: Path,
+    store: FixtureStore,
+    context: MeasuredContext,
+    outcome_type: Any,
+    *,
+    split: str,
+    test_fraction: float,
+    hardware: RunHardware | None,
+    warmup: int,
+    emit: Callable[[Any], None],
+    forced: bool = True,
+    stated_groups: dict[str, str] | None = None,
+) -> bool:
     """Ingest one source file into its table folder; each run (and each bad row) is an outcome passed to `emit`.
     `stated_groups`: the groups the source's file names, with their split. Returns whether the store changed."""
     kind = source_kind(path)
@@ -237,26 +291,42 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
     try:
         check_fixture_id(store.root, table_id, origin=str(path))
         if table_id in context.event_ids:
-            raise StoreError(f"{path}: its runs would go to the folder {table_id}, which holds a run with events; "
-                             "rename the file")
+            raise StoreError(
+                f"{path}: its runs would go to the folder {table_id}, which holds a run with events; rename the file"
+            )
         if table_id in context.batch:  # (ingest reads a source listed twice, however spelled, once)
-            raise StoreError(f"{path}: {context.batch[table_id]} is ingested into the same folder {table_id}; "
-                             "rename one of them")
+            raise StoreError(
+                f"{path}: {context.batch[table_id]} is ingested into the same folder {table_id}; rename one of them"
+            )
         context.batch[table_id] = path
         digest = source_hash(path, mode)
         previous = context.tables.get(table_id)
         if previous and previous.get("source") and source_path(previous["source"], store.root) != path.resolve():
-            raise StoreError(f"{path}: the store's folder {table_id} holds the runs of "
-                             f"{source_path(previous['source'], store.root)}, another "
-                             "file of the same name; rename this one (its runs go to a folder named after it)")
-        if previous and previous.get("content_hash") == digest and _intact(store, table_id) and _same_collectives(store, previous) and (
-                "rejected" in previous or not previous.get("rejected_rows")):
+            raise StoreError(
+                f"{path}: the store's folder {table_id} holds the runs of "
+                f"{source_path(previous['source'], store.root)}, another "
+                "file of the same name; rename this one (its runs go to a folder named after it)"
+            )
+        if (
+            previous
+            and previous.get("content_hash") == digest
+            and _intact(store, table_id)
+            and _same_collectives(store, previous)
+            and ("rejected" in previous or not previous.get("rejected_rows"))
+        ):
             for message in previous.get("rejected") or []:  # the bad rows are still bad: said every time
                 emit(outcome_type(source=path, error=message))
             for fixture in store.measured_fixtures(table_id):
-                emit(outcome_type(source=path, run_id=fixture.id, status="unchanged", split=fixture.split,
-                                  kind="iteration", split_from=f"kept: its configuration group is stored in "
-                                                              f"{fixture.split}"))
+                emit(
+                    outcome_type(
+                        source=path,
+                        run_id=fixture.id,
+                        status="unchanged",
+                        split=fixture.split,
+                        kind="iteration",
+                        split_from=f"kept: its configuration group is stored in {fixture.split}",
+                    )
+                )
             return False
         read = _read_source(path, kind, hardware, warmup)
         used = {run.hardware.collective_tables for run in read.runs if run.hardware.collective_tables is not None}
@@ -270,44 +340,65 @@ def ingest_measured(path: Path, store: FixtureStore, context: MeasuredContext, o
         emit(outcome_type(source=path, error=message))
     records, outcomes = [], []
     for k, run in enumerate(read.runs):
-        outcome = outcome_type(source=path, run_id=run.run_id, kind="iteration",
-                               warnings=(list(read.warnings) if k == 0 else []) + list(run.warnings))
+        outcome = outcome_type(
+            source=path,
+            run_id=run.run_id,
+            kind="iteration",
+            warnings=(list(read.warnings) if k == 0 else []) + list(run.warnings),
+        )
         try:
             check_fixture_id(store.root, run.run_id, origin=run.origin)
             holder = context.table_runs.get(run.run_id)
-            if run.run_id in context.event_ids or (holder is not None and holder != table_id) or (
-                    run.run_id != table_id and run.run_id in context.batch):
-                raise StoreError(f"{run.origin}: run id {run.run_id!r} is already a fixture of this store (from "
-                                 "another source); give the run another run_id")
+            if (
+                run.run_id in context.event_ids
+                or (holder is not None and holder != table_id)
+                or (run.run_id != table_id and run.run_id in context.batch)
+            ):
+                raise StoreError(
+                    f"{run.origin}: run id {run.run_id!r} is already a fixture of this store (from "
+                    "another source); give the run another run_id"
+                )
             _check_device(run, context.device_types, kind)
             run = _same_configuration(run, table_id, context)
             kept = context.group_split.get(run.group)
             if kept and run.group in context.stored_groups:
                 outcome.split_from = f"kept: its configuration group is stored in {kept}"
             if forced and split != "auto" and kept and kept != split:
-                raise StoreError(f"run {run.run_id} belongs to group {run.group!r}, which is stored in the {kept} "
-                                 f"split; --split {split} would make the group straddle train and test")
+                raise StoreError(
+                    f"run {run.run_id} belongs to group {run.group!r}, which is stored in the {kept} "
+                    f"split; --split {split} would make the group straddle train and test"
+                )
             outcome.split = kept or assigned_split(run.group, split, test_fraction, stated_groups)
             context.group_split.setdefault(run.group, outcome.split)
             records.append(_record(run, outcome.split, context.collectives, store.root))
             context.batch[run.run_id] = path
             outcome.status = "updated" if holder == table_id else "new"
             stored_hardware = {k: v for k, v in run.hardware.to_dict().items() if k != "collective_tables"}
-            tables = (load_collectives(store.root, context.collectives[run.hardware.collective_tables])
-                      if run.hardware.collective_tables else ())
+            tables = (
+                load_collectives(store.root, context.collectives[run.hardware.collective_tables])
+                if run.hardware.collective_tables
+                else ()
+            )
             outcome.not_priced = not_priced(run.run_id, run.args, stored_hardware, run.origin, tables)
         except (StoreError, TraceError) as err:
             outcome.status, outcome.error = "rejected", str(err)
             rejected.append(str(err) if str(err).startswith(str(path)) else f"{run.run_id}: {err}")
         outcomes.append(outcome)
     if records:
-        meta = {"id": table_id, "content_hash": digest, "ingest_version": MEASURED_INGEST_VERSION,
-                "hops_calib_version": __version__,
-                "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                "source": recorded_source(path, store.root), "source_kind": kind,
-                "mapping": read.mapping, "runs": len(records),
-                "rejected_rows": len(rejected), "rejected": rejected,
-                "collective_sources": {folder: context.collectives[folder] for folder in sorted(used)}}
+        meta = {
+            "id": table_id,
+            "content_hash": digest,
+            "ingest_version": MEASURED_INGEST_VERSION,
+            "hops_calib_version": __version__,
+            "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "source": recorded_source(path, store.root),
+            "source_kind": kind,
+            "mapping": read.mapping,
+            "runs": len(records),
+            "rejected_rows": len(rejected),
+            "rejected": rejected,
+            "collective_sources": {folder: context.collectives[folder] for folder in sorted(used)},
+        }
         try:
             with store.writing(table_id) as folder:
                 write_table(folder, records, meta)
@@ -341,10 +432,13 @@ def _check_device(run: MeasuredRun, known: frozenset[str] | None, kind: str) -> 
         return
     # a log's hardware is hops.base.yaml's beside it (the command line's --gpu is checked before)
     origin = Path(run.origin).parent / "hops.base.yaml" if kind == "megatron log" else run.origin
-    raise TraceError(origin, f"is {run.hardware.gpu!r}, which is not a device type of the catalog (known: "
-                     f"{', '.join(sorted(known))})", field="hardware.gpu" if kind == "megatron log" else "gpu",
-                     hint="name one of them (a100: A100 SXM4 80 GB), or add the type with its constants and their "
-                     "sources to hops_calib/model/devices.toml")
+    raise TraceError(
+        origin,
+        f"is {run.hardware.gpu!r}, which is not a device type of the catalog (known: {', '.join(sorted(known))})",
+        field="hardware.gpu" if kind == "megatron log" else "gpu",
+        hint="name one of them (a100: A100 SXM4 80 GB), or add the type with its constants and their "
+        "sources to hops_calib/model/devices.toml",
+    )
 
 
 def _same_configuration(run: MeasuredRun, table_id: str, context: MeasuredContext) -> MeasuredRun:
@@ -355,9 +449,11 @@ def _same_configuration(run: MeasuredRun, table_id: str, context: MeasuredContex
     measured = measurement_of(run.iteration_times_ms, run.interval_iterations)
     found = context.measurements.get((key, measured))
     if found is not None and found[1] != table_id:
-        raise StoreError(f"{run.origin}: a duplicate of run {found[0]} ({found[2]}): the same configuration and the "
-                         "same measurement, from another source; ingest one copy of a table or log (drop this row, "
-                         "or give it the run's own measurement)")
+        raise StoreError(
+            f"{run.origin}: a duplicate of run {found[0]} ({found[2]}): the same configuration and the "
+            "same measurement, from another source; ingest one copy of a table or log (drop this row, "
+            "or give it the run's own measurement)"
+        )
     context.measurements.setdefault((key, measured), (run.run_id, table_id, run.origin))
     group = context.config_group.setdefault(key, run.group)
     return replace(run, group=group) if group != run.group else run

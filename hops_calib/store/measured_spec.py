@@ -18,27 +18,40 @@ from hops_calib.spec import CollectiveTable, Hardware, Spec, spec_from_args
 SIMULATED_ITERATIONS = 4
 
 
-def measured_spec(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "",
-                  collectives: tuple[CollectiveTable, ...] = ()) -> Spec:
+def measured_spec(
+    run_id: str,
+    args: dict[str, Any],
+    hardware: dict[str, Any],
+    origin: str = "",
+    collectives: tuple[CollectiveTable, ...] = (),
+) -> Spec:
     """The Spec of a measured run (`hardware`: gpu, gpus_per_node; `collectives`: the machine's collective
     benchmark tables, which the store keeps, when its source had them); ValueError naming what the model does not
     price."""
     if "collective_tables" in hardware:  # an ingest before the store kept the tables named their source folder
-        raise ValueError(f"an older ingest left its all-reduce tables at {hardware['collective_tables']} instead of "
-                         "keeping them in the store: ingest its source again")
-    spec = spec_from_args(args, origin or run_id, run_id=run_id,
-                          hardware=Hardware(gpu=hardware["gpu"], gpus_per_node=int(hardware["gpus_per_node"])),
-                          collectives=collectives, iterations=SIMULATED_ITERATIONS)
+        raise ValueError(
+            f"an older ingest left its all-reduce tables at {hardware['collective_tables']} instead of "
+            "keeping them in the store: ingest its source again"
+        )
+    spec = spec_from_args(
+        args,
+        origin or run_id,
+        run_id=run_id,
+        hardware=Hardware(gpu=hardware["gpu"], gpus_per_node=int(hardware["gpus_per_node"])),
+        collectives=collectives,
+        iterations=SIMULATED_ITERATIONS,
+    )
     hops = [(r, r + 1) for r in range(spec.pp - 1)] + ([(spec.pp - 1, 0)] if spec.vp > 1 and spec.pp > 1 else [])
     # A hop between nodes is priced over the sending GPU's share of its node's NICs (`LinkTransfer`); one inside a
     # node wants the node's measured all-reduce tables (their ring gives its link), not a datasheet's NVLink rate.
-    missing = [hop for hop in hops if spec.link(*hop) is None
-               and (spec.gpus_per_node is None or spec.same_node(*hop))]
+    missing = [hop for hop in hops if spec.link(*hop) is None and (spec.gpus_per_node is None or spec.same_node(*hop))]
     if missing:
-        raise ValueError(f"nothing prices the hop between stages {missing[0][0]} and {missing[0][1]}: no collective "
-                         "benchmark of the node (give its all-reduce tables: calibration/allreduce/ beside the log "
-                         "or table, or hardware.collective_tables in hops.base.yaml or the table's sidecar, and "
-                         "ingest it again)")
+        raise ValueError(
+            f"nothing prices the hop between stages {missing[0][0]} and {missing[0][1]}: no collective "
+            "benchmark of the node (give its all-reduce tables: calibration/allreduce/ beside the log "
+            "or table, or hardware.collective_tables in hops.base.yaml or the table's sidecar, and "
+            "ingest it again)"
+        )
     return spec
 
 
@@ -48,8 +61,13 @@ def reason_of(err: Exception) -> str:
     return f"{name}: {problem}" if problem and name else problem or str(err)
 
 
-def not_priced(run_id: str, args: dict[str, Any], hardware: dict[str, Any], origin: str = "",
-               collectives: tuple[CollectiveTable, ...] = ()) -> str | None:
+def not_priced(
+    run_id: str,
+    args: dict[str, Any],
+    hardware: dict[str, Any],
+    origin: str = "",
+    collectives: tuple[CollectiveTable, ...] = (),
+) -> str | None:
     """Why the cost model cannot price the run (what `fixtures show` says), or None when it can."""
     try:
         measured_spec(run_id, args, hardware, origin, collectives)

@@ -67,11 +67,12 @@ def _event_codes(path: Path, hint: str) -> dict[str, np.ndarray]:
         table = pq.ParquetFile(path).read(columns=list(EVENT_COLUMNS)).unify_dictionaries()
     except (OSError, pa.ArrowException) as err:
         raise FixtureFileError(path, f"cannot be read: {err.__class__.__name__}: {err}", hint=hint) from None
+
     def integers(array: Any) -> np.ndarray:  # (Arrow's to_numpy imports pandas: read the data buffer itself)
         if array.null_count:
             raise FixtureFileError(path, f"has empty values in an integer column ({array.type})", hint=hint)
         values = np.frombuffer(array.buffers()[1], dtype=np.dtype(str(array.type)))
-        return values[array.offset:array.offset + len(array)]
+        return values[array.offset : array.offset + len(array)]
 
     columns = {}
     for name in EVENT_COLUMNS:
@@ -86,8 +87,11 @@ def _event_codes(path: Path, hint: str) -> dict[str, np.ndarray]:
 
 
 def _unreadable_index(path: Path, err: Exception) -> FixtureFileError:
-    return FixtureFileError(path, f"cannot be read: {type(err).__name__}: {err}",
-                            hint="delete it: it is rebuilt from the fixture folders (the next ingest writes it again)")
+    return FixtureFileError(
+        path,
+        f"cannot be read: {type(err).__name__}: {err}",
+        hint="delete it: it is rebuilt from the fixture folders (the next ingest writes it again)",
+    )
 
 
 def _read_text(path: Path, hint: str) -> str:
@@ -103,8 +107,12 @@ def _parse_json(path: Path, text: str, hint: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise FixtureFileError(path, f"is not valid JSON ({err.msg}, column {err.colno}): the file is corrupt or cut "
-                               "short", line=err.lineno, hint=hint) from None
+        raise FixtureFileError(
+            path,
+            f"is not valid JSON ({err.msg}, column {err.colno}): the file is corrupt or cut short",
+            line=err.lineno,
+            hint=hint,
+        ) from None
 
 
 def _read_json(path: Path, hint: str) -> Any:
@@ -135,15 +143,21 @@ class FixtureReader:
     def fixture_folders(self) -> list[Path]:
         if not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
-                      and (p / FIXTURE_FILE).is_file() and not _is_table(p))
+        return sorted(
+            p
+            for p in self.root.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and (p / FIXTURE_FILE).is_file() and not _is_table(p)
+        )
 
     def table_folders(self) -> list[Path]:
         """Folders of runs measured at iteration level (one per ingested log or table)."""
         if not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
-                      and (p / FIXTURE_FILE).is_file() and _is_table(p))
+        return sorted(
+            p
+            for p in self.root.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and (p / FIXTURE_FILE).is_file() and _is_table(p)
+        )
 
     def table(self, name: str) -> tuple[dict[str, Any], pd.DataFrame]:
         """A table folder's fixture.json and its runs (one row per run), refused (FixtureFileError) when either
@@ -221,19 +235,31 @@ class FixtureReader:
         path = self.folder(fixture_id) / FIXTURE_FILE
         if not path.is_file():
             known = ", ".join(self.ids()[:5])
-            raise StoreError(f"no fixture {fixture_id!r} in {self.root}" + (f" (some ids: {known}, ...)" if known else
-                                                                            " (the store is empty; run ingest)"))
+            raise StoreError(
+                f"no fixture {fixture_id!r} in {self.root}"
+                + (f" (some ids: {known}, ...)" if known else " (the store is empty; run ingest)")
+            )
         meta = _read_json(path, _reingest(path.parent))
         if not isinstance(meta, dict) or meta.get(META_DIGEST) != meta_digest(meta):
-            why = ("has no digests: an earlier hops-calib wrote it" if isinstance(meta, dict) and META_DIGEST not in
-                   meta else "changed after ingest wrote it (its sha256 is not the one it records)")
-            raise FixtureFileError(path, f"{why}; its split and provenance cannot be trusted",
-                                   hint=_reingest(path.parent, meta if isinstance(meta, dict) else None))
+            why = (
+                "has no digests: an earlier hops-calib wrote it"
+                if isinstance(meta, dict) and META_DIGEST not in meta
+                else "changed after ingest wrote it (its sha256 is not the one it records)"
+            )
+            raise FixtureFileError(
+                path,
+                f"{why}; its split and provenance cannot be trusted",
+                hint=_reingest(path.parent, meta if isinstance(meta, dict) else None),
+            )
         if meta.get("id") != fixture_id:  # whole and digested, but another run's: a folder copied over this one
-            raise FixtureFileError(path, f"is the fixture of run {meta.get('id')!r}, not of {fixture_id!r} (its "
-                                   "folder): another run's fixture was copied over it, so what it holds is not "
-                                   f"{fixture_id}'s", hint=f"delete {path.parent} and ingest the job of "
-                                   f"{fixture_id} again (hops-calib ingest JOB --fixtures {path.parent.parent})")
+            raise FixtureFileError(
+                path,
+                f"is the fixture of run {meta.get('id')!r}, not of {fixture_id!r} (its "
+                "folder): another run's fixture was copied over it, so what it holds is not "
+                f"{fixture_id}'s",
+                hint=f"delete {path.parent} and ingest the job of "
+                f"{fixture_id} again (hops-calib ingest JOB --fixtures {path.parent.parent})",
+            )
         return meta
 
     def legacy_meta(self, fixture_id: str) -> dict[str, Any] | None:
@@ -271,22 +297,34 @@ class FixtureReader:
             name = TRUTH_FILE
             truth = Truth.from_dict(data[name])
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise FixtureFileError(folder / name, f"cannot be used as a fixture file: {type(err).__name__}: "
-                                   f"{err}", hint=hint) from None
+            raise FixtureFileError(
+                folder / name, f"cannot be used as a fixture file: {type(err).__name__}: {err}", hint=hint
+            ) from None
         if spec.ranks_per_device != 1 and not spec.cores:
             # written before specs recorded which ranks share a core: the manifest the fixture kept says it
             cores = shared_cores((meta.get("manifest") or {}).get("cores"), spec.gpus)
             spec = replace(spec, cores=cores) if cores else spec
-        return Fixture(id=meta["id"], split=meta["split"], group=meta["group"], content_hash=meta["content_hash"],
-                       spec=spec, truth=truth, quality=meta.get("quality", {}), meta=meta, path=folder)
+        return Fixture(
+            id=meta["id"],
+            split=meta["split"],
+            group=meta["group"],
+            content_hash=meta["content_hash"],
+            spec=spec,
+            truth=truth,
+            quality=meta.get("quality", {}),
+            meta=meta,
+            path=folder,
+        )
 
     def load_measured(self, container: str, fixture_id: str) -> MeasuredFixture:
         meta, runs = self.table(container)
         rows = runs[runs["id"] == fixture_id]
         if not len(rows):
-            raise FixtureFileError(self.folder(container) / RUNS_FILE, f"holds no run {fixture_id!r}, which "
-                                   f"{INDEX} lists", hint=f"delete {self.root / INDEX} (it is rebuilt from the "
-                                   "fixture folders)")
+            raise FixtureFileError(
+                self.folder(container) / RUNS_FILE,
+                f"holds no run {fixture_id!r}, which {INDEX} lists",
+                hint=f"delete {self.root / INDEX} (it is rebuilt from the fixture folders)",
+            )
         return measured_fixture(rows.iloc[0].to_dict(), meta, self.folder(container))
 
     def measured_fixtures(self, container: str) -> list[MeasuredFixture]:
@@ -336,8 +374,9 @@ class FixtureReader:
             spec_text = _read_text(folder / SPEC_FILE, hint)
             check_digest(folder / SPEC_FILE, meta, hint, text_digest(spec_text))
             check_digest(folder / EVENTS_FILE, meta, hint)
-            self._fingerprints[fixture_id] = events_fingerprint(_event_codes(folder / EVENTS_FILE, hint),
-                                                                _parse_json(folder / SPEC_FILE, spec_text, hint))
+            self._fingerprints[fixture_id] = events_fingerprint(
+                _event_codes(folder / EVENTS_FILE, hint), _parse_json(folder / SPEC_FILE, spec_text, hint)
+            )
         return self._fingerprints[fixture_id]
 
     def group_digests(self, split: str) -> dict[str, dict[str, list[str]]]:
@@ -407,10 +446,12 @@ class FixtureReader:
         journal = self.journal()
         if not journal or not journal.get("writing") or self.locked():
             return None
-        return (f"{self.root}: {self._ingest_named(journal)} stopped before it finished: the index may not list the "
-                f"fixtures it wrote, nor drop the ones it replaced; run `{self._rerun(journal)}` to finish it (the "
-                "fixtures it wrote are kept, unchanged runs are skipped; any ingest into this store puts its index "
-                "right)")
+        return (
+            f"{self.root}: {self._ingest_named(journal)} stopped before it finished: the index may not list the "
+            f"fixtures it wrote, nor drop the ones it replaced; run `{self._rerun(journal)}` to finish it (the "
+            "fixtures it wrote are kept, unchanged runs are skipped; any ingest into this store puts its index "
+            "right)"
+        )
 
     def check_finished(self) -> None:
         """StoreError (what to run) when an ingest stopped part way: what the store holds is not what it lists."""
@@ -423,8 +464,10 @@ class FixtureReader:
         if not self.locked():
             return None
         journal = self.journal()
-        return (f"{self.root}: {self._ingest_named(journal)} is writing into this store: what follows reads the "
-                "fixtures its index listed before, and the runs it writes appear when it finishes")
+        return (
+            f"{self.root}: {self._ingest_named(journal)} is writing into this store: what follows reads the "
+            "fixtures its index listed before, and the runs it writes appear when it finishes"
+        )
 
     def index_row(self, folder: Path) -> dict[str, Any]:
         meta = json.loads((folder / FIXTURE_FILE).read_text(encoding="utf-8"))
@@ -459,8 +502,10 @@ class FixtureReader:
             "tp": int(spec["model"].get("tensor_parallel", 1)),
             "dp": int(spec.get("dp", 1)),
             "gpus": int(spec["pp"]) * int(spec["model"].get("tensor_parallel", 1)) * int(spec.get("dp", 1)),
-            **{name: int(spec["model"][name]) for name in ("num_layers", "hidden_size", "seq_length",
-                                                             "micro_batch_size", "global_batch_size")},
+            **{
+                name: int(spec["model"][name])
+                for name in ("num_layers", "hidden_size", "seq_length", "micro_batch_size", "global_batch_size")
+            },
         }
 
     def table_index_rows(self, folder: Path) -> list[dict[str, Any]]:
@@ -511,18 +556,38 @@ def measured_index_row(row: dict[str, Any], meta: dict[str, Any], container: str
     metrics = truth.metrics
     pp = int(args.get("pipeline_model_parallel_size") or 1)
     per_virtual = args.get("num_layers_per_virtual_pipeline_stage")
-    vp = int(args["num_layers"]) // (pp * per_virtual) if per_virtual else int(
-        args.get("virtual_pipeline_model_parallel_size") or 1)
+    vp = (
+        int(args["num_layers"]) // (pp * per_virtual)
+        if per_virtual
+        else int(args.get("virtual_pipeline_model_parallel_size") or 1)
+    )
     return {
-        "id": row["id"], "split": row["split"], "group": row["group"], "schedule": None, "declared_schedule": None,
-        "configured_schedule": "interleaved_1f1b" if vp > 1 else "1f1b", "pp": pp, "vp": vp,
-        "microbatches": metrics.microbatches_per_iteration, "iterations": int(sum(metrics.interval_iterations)),
-        "devices": [hardware["gpu"]] * pp, "throughput_per_s": metrics.throughput_per_s,
-        "steady_throughput_per_s": metrics.steady_throughput_per_s, "bubble_ratio": None,
-        "iteration_time_ms": metrics.iteration_time_ms, "idle_ms": None, "dropped_lines": 0,
-        "content_hash": row["content_hash"], "source": row["origin"], "kind": ITERATION_KIND, "container": container,
-        "tp": int(args.get("tensor_model_parallel_size") or 1), "dp": int(args.get("data_parallel_size") or 1),
+        "id": row["id"],
+        "split": row["split"],
+        "group": row["group"],
+        "schedule": None,
+        "declared_schedule": None,
+        "configured_schedule": "interleaved_1f1b" if vp > 1 else "1f1b",
+        "pp": pp,
+        "vp": vp,
+        "microbatches": metrics.microbatches_per_iteration,
+        "iterations": int(sum(metrics.interval_iterations)),
+        "devices": [hardware["gpu"]] * pp,
+        "throughput_per_s": metrics.throughput_per_s,
+        "steady_throughput_per_s": metrics.steady_throughput_per_s,
+        "bubble_ratio": None,
+        "iteration_time_ms": metrics.iteration_time_ms,
+        "idle_ms": None,
+        "dropped_lines": 0,
+        "content_hash": row["content_hash"],
+        "source": row["origin"],
+        "kind": ITERATION_KIND,
+        "container": container,
+        "tp": int(args.get("tensor_model_parallel_size") or 1),
+        "dp": int(args.get("data_parallel_size") or 1),
         "gpus": int(args.get("world_size") or pp),
-        **{name: int(args[name]) for name in ("num_layers", "hidden_size", "seq_length", "micro_batch_size",
-                                              "global_batch_size")},
+        **{
+            name: int(args[name])
+            for name in ("num_layers", "hidden_size", "seq_length", "micro_batch_size", "global_batch_size")
+        },
     }

@@ -44,7 +44,7 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         offset = 0
         for part in parts:
             piece = part.pop(name)
-            column[offset:offset + len(piece)] = piece
+            column[offset : offset + len(piece)] = piece
             offset += len(piece)
             del piece
         out[name] = column
@@ -67,18 +67,29 @@ def _pacing_pipeline(spec: Spec, ends: dict[int, int]) -> dict[int, int]:
     return best[1]
 
 
-def _collective_summary(pacing: dict[int, tuple[int, dict[str, np.ndarray]]], collectives: dict[int, list],
-                        spec: Spec) -> list[dict]:
+def _collective_summary(
+    pacing: dict[int, tuple[int, dict[str, np.ndarray]]], collectives: dict[int, list], spec: Spec
+) -> list[dict]:
     """Per stage, what its pacing rank's `collective` lines say (`trace.collectives.summarize`)."""
     from hops_calib.trace.collectives import summarize
 
-    return [{"stage": stage, "rank": rank,
-             **summarize(collectives.get(rank, []), columns, spec.iterations, spec.microbatches)}
-            for stage, (rank, columns) in sorted(pacing.items())]
+    return [
+        {
+            "stage": stage,
+            "rank": rank,
+            **summarize(collectives.get(rank, []), columns, spec.iterations, spec.microbatches),
+        }
+        for stage, (rank, columns) in sorted(pacing.items())
+    ]
 
 
-def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: float = DEFAULT_SKEW_MS,
-             plan: TracePlan | None = None) -> RunData:
+def read_run(
+    job_dir: Path,
+    events_path: Path,
+    lenient: bool = False,
+    skew_ms: float = DEFAULT_SKEW_MS,
+    plan: TracePlan | None = None,
+) -> RunData:
     """Spec and truth of one job directory, its normalized events written to `events_path` (Parquet); `plan`:
     which traces give the timing and the per-kernel truth (default: `plan_traces`' auto choice).
 
@@ -94,11 +105,14 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     if sorted(files) != list(range(ranks)):
         logs = sorted(files)
         shown = f"{logs}" if len(logs) <= 16 else f"[{', '.join(map(str, logs[:16]))}, ...] ({len(logs)} logs)"
-        raise TraceError(job_dir / TRACE_DIR, f"has logs of ranks {shown} but the configuration has "
-                         f"{ranks} ranks ({spec.pp} pipeline stages x tp {spec.tp} x dp {spec.dp}: 0..{ranks - 1})",
-                         field="rank<r>.jsonl",
-                         hint="stage counts of configuration and trace disagree: copy every rank's log, or fix "
-                              "--pipeline-model-parallel-size (and the tensor and data parallel sizes)")
+        raise TraceError(
+            job_dir / TRACE_DIR,
+            f"has logs of ranks {shown} but the configuration has "
+            f"{ranks} ranks ({spec.pp} pipeline stages x tp {spec.tp} x dp {spec.dp}: 0..{ranks - 1})",
+            field="rank<r>.jsonl",
+            hint="stage counts of configuration and trace disagree: copy every rank's log, or fix "
+            "--pipeline-model-parallel-size (and the tensor and data parallel sizes)",
+        )
     device_stage = {device: stage for stage, device in enumerate(spec.device_ids)}
     parts: dict[int, list[tuple[int, dict[str, np.ndarray]]]] = {}  # per stage: (rank, its columns)
     hostnames: list[str] = []
@@ -108,15 +122,27 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     for rank, path in files.items():
         # Megatron's rank order says which stage a rank runs (rank r runs stage r with t = d = 1)
         stage = coordinates_of(rank, spec.rank_order, {"tp": spec.tp, "dp": spec.dp, "pp": spec.pp})["pp"]
-        columns, report, kernels = read_rank_trace(source, path, rank=rank, stage=stage, pp=spec.pp, vp=spec.vp,
-                                                   microbatches=spec.microbatches, device_stage=device_stage,
-                                                   lenient=lenient, pass_order=_pass_order(spec))
+        columns, report, kernels = read_rank_trace(
+            source,
+            path,
+            rank=rank,
+            stage=stage,
+            pp=spec.pp,
+            vp=spec.vp,
+            microbatches=spec.microbatches,
+            device_stage=device_stage,
+            lenient=lenient,
+            pass_order=_pass_order(spec),
+        )
         if kernels is not None:
             kernel_rows[rank] = kernels
         if report.events == 0:
             after = f" after dropping {sum(report.dropped.values())} bad lines" if report.dropped else ""
-            raise TraceError(path, f"rank {rank} has no events{after}",
-                             hint="every pipeline stage must log its events; re-copy this rank's log from the job")
+            raise TraceError(
+                path,
+                f"rank {rank} has no events{after}",
+                hint="every pipeline stage must log its events; re-copy this rank's log from the job",
+            )
         if report.dropped:
             dropped[path.name] = dict(report.dropped)
         hostnames.append(report.hostname)
@@ -130,22 +156,36 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     pacing = {stage: (rank, by_rank[rank]) for stage, rank in _pacing_pipeline(spec, ends).items()}
     if ranks > spec.pp:
         last = {stage: max(group, key=lambda item: ends[item[0]])[0] for stage, group in parts.items()}
-        notes.append("the timeline is the pacing pipeline's (of the tp x dp pipelines, the one whose window ends "
-                     "last): ranks " + ", ".join(f"{rank} (stage {stage})" for stage, (rank, _c) in sorted(pacing.items()))
-                     + "; the rank of each stage whose window ends last: "
-                     + ", ".join(f"{rank} (stage {stage})" for stage, rank in sorted(last.items())))
+        notes.append(
+            "the timeline is the pacing pipeline's (of the tp x dp pipelines, the one whose window ends "
+            "last): ranks "
+            + ", ".join(f"{rank} (stage {stage})" for stage, (rank, _c) in sorted(pacing.items()))
+            + "; the rank of each stage whose window ends last: "
+            + ", ".join(f"{rank} (stage {stage})" for stage, rank in sorted(last.items()))
+        )
     files = {rank: files[rank] for rank, _c in pacing.values()}
     collective_summary = _collective_summary(pacing, collectives, spec) if collectives else None
     columns = _concat([columns for _stage, (_rank, columns) in sorted(pacing.items())])
     del parts
     stages_seen = np.unique(columns["stage"])
     if stages_seen.tolist() != list(range(spec.pp)):
-        raise TraceError(job_dir / TRACE_DIR, f"events name stages {stages_seen.tolist()} but the configuration has "
-                         f"{spec.pp} pipeline stages", field="stage",
-                         hint="stage counts of configuration and trace disagree; check the rank logs and "
-                              "--pipeline-model-parallel-size")
-    structure = check_structure(columns, pp=spec.pp, vp=spec.vp, microbatches=spec.microbatches, rank_paths=files,
-                                trace_dir=job_dir / TRACE_DIR, lenient=lenient, skew_ms=skew_ms)
+        raise TraceError(
+            job_dir / TRACE_DIR,
+            f"events name stages {stages_seen.tolist()} but the configuration has {spec.pp} pipeline stages",
+            field="stage",
+            hint="stage counts of configuration and trace disagree; check the rank logs and "
+            "--pipeline-model-parallel-size",
+        )
+    structure = check_structure(
+        columns,
+        pp=spec.pp,
+        vp=spec.vp,
+        microbatches=spec.microbatches,
+        rank_paths=files,
+        trace_dir=job_dir / TRACE_DIR,
+        lenient=lenient,
+        skew_ms=skew_ms,
+    )
     if structure.dropped:
         dropped["(run)"] = dict(structure.dropped)
     notes.extend(structure.notes)
@@ -166,8 +206,13 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     truth = compute_truth(timeline, spec.pp, t0_ns)
     del timeline
     if kernel_rows:  # the pacing pipeline's ranks, one per stage, as the timeline
-        truth = replace(truth, kernels=kernel_truth([kernel_rows[rank] for rank, _c in pacing.values()
-                                                     if rank in kernel_rows], max(len(truth.iterations), 1)))
+        truth = replace(
+            truth,
+            kernels=kernel_truth(
+                [kernel_rows[rank] for rank, _c in pacing.values() if rank in kernel_rows],
+                max(len(truth.iterations), 1),
+            ),
+        )
     elif plan.kernels:
         truth = replace(truth, kernels=_beside_kernels(plan, spec, truth, pacing, notes))
     elif plan.note:
@@ -176,21 +221,28 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
     warnings = list(notes)
     generated = read_manifest(job_dir).get("generated")
     if generated:
-        warnings.insert(0, f"GENERATED, not a real run (manifest.yaml: generated: {str(generated)[:120]}): its "
-                           "timings show that the readers work, not what a device does; keep it out of calibration")
+        warnings.insert(
+            0,
+            f"GENERATED, not a real run (manifest.yaml: generated: {str(generated)[:120]}): its "
+            "timings show that the readers work, not what a device does; keep it out of calibration",
+        )
     if len(truth.iterations) != spec.iterations:
         warnings.append(f"the trace has {len(truth.iterations)} iterations; --train-iters implies {spec.iterations}")
     if truth.microbatches != spec.microbatches:
-        warnings.append(f"the trace has {truth.microbatches} microbatches per iteration; the configuration implies "
-                        f"{spec.microbatches}")
+        warnings.append(
+            f"the trace has {truth.microbatches} microbatches per iteration; the configuration implies "
+            f"{spec.microbatches}"
+        )
     # (with one microbatch per iteration GPipe's order and 1F1B's are the same: nothing to tell apart)
     alike = spec.microbatches == 1 and {truth.observed_schedule, spec.schedule} <= {"1f1b", "gpipe"}
     if truth.observed_schedule != spec.schedule and not alike:
         warnings.append(f"observed schedule {truth.observed_schedule} but the configuration asks for {spec.schedule}")
     if spec.declared_schedule and spec.declared_schedule != truth.observed_schedule:
-        warnings.append(f"declared schedule {spec.declared_schedule!r} disagrees with the observed "
-                        f"{truth.observed_schedule!r} (the observed order is recorded; the label is kept as "
-                        "declared_schedule)")
+        warnings.append(
+            f"declared schedule {spec.declared_schedule!r} disagrees with the observed "
+            f"{truth.observed_schedule!r} (the observed order is recorded; the label is kept as "
+            "declared_schedule)"
+        )
     missing_optimizer = [s for s, v in enumerate(truth.optimizer_ms_per_stage) if v is None]
     if missing_optimizer:
         warnings.append(f"no OPTIMIZER events on stages {missing_optimizer}")
@@ -199,8 +251,9 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
         "dropped_lines": sum(sum(reasons.values()) for reasons in dropped.values()),
         "dropped": dropped,
         "schedule_agreement": truth.schedule_agreement,
-        "declared_schedule_disagrees": bool(spec.declared_schedule
-                                            and spec.declared_schedule != truth.observed_schedule),
+        "declared_schedule_disagrees": bool(
+            spec.declared_schedule and spec.declared_schedule != truth.observed_schedule
+        ),
         "missing_optimizer_stages": missing_optimizer,
         "dropped_iterations": structure.dropped_iterations,
         "incomplete_iterations": structure.incomplete_iterations,
@@ -213,12 +266,14 @@ def read_run(job_dir: Path, events_path: Path, lenient: bool = False, skew_ms: f
         quality["kernel_source"] = plan.kernels
     if collective_summary is not None:  # only runs whose logs have collective lines (old fixtures stay as they were)
         quality["collectives"] = collective_summary
-    return RunData(spec=spec, truth=truth, quality=quality, hostnames=hostnames, warnings=warnings,
-                   fingerprint=fingerprint)
+    return RunData(
+        spec=spec, truth=truth, quality=quality, hostnames=hostnames, warnings=warnings, fingerprint=fingerprint
+    )
 
 
-def _beside_kernels(plan: TracePlan, spec: Spec, truth: Truth, pacing: dict[int, tuple[int, Any]],
-                    notes: list[str]) -> tuple[Any, ...]:
+def _beside_kernels(
+    plan: TracePlan, spec: Spec, truth: Truth, pacing: dict[int, tuple[int, Any]], notes: list[str]
+) -> tuple[Any, ...]:
     """The per-kernel truth of the profiler traces beside the event logs (`plan.kernels`), of the pacing
     pipeline's ranks, on the iterations the event logs' truth holds (both number them by Megatron's iteration:
     ProfilerStep#N, the log's `iteration`); () with a note saying why where the traces cannot give it."""
@@ -232,16 +287,28 @@ def _beside_kernels(plan: TracePlan, spec: Spec, truth: Truth, pacing: dict[int,
     for stage, (rank, _columns) in sorted(pacing.items()):
         path = plan.kernel_files.get(rank)
         if path is None:
-            notes.append(f"no per-kernel truth: {shown} holds no trace of rank {rank} (stage {stage}), which the "
-                         "timeline's pipeline runs; profile every rank (--profile-ranks) to get it")
+            notes.append(
+                f"no per-kernel truth: {shown} holds no trace of rank {rank} (stage {stage}), which the "
+                "timeline's pipeline runs; profile every rank (--profile-ranks) to get it"
+            )
             return ()
         try:
-            columns, _report, kernels = read_rank_trace(kind, path, rank=rank, stage=stage, pp=spec.pp,
-                                                        vp=spec.vp, microbatches=spec.microbatches,
-                                                        device_stage=device_stage, pass_order=_pass_order(spec))
+            columns, _report, kernels = read_rank_trace(
+                kind,
+                path,
+                rank=rank,
+                stage=stage,
+                pp=spec.pp,
+                vp=spec.vp,
+                microbatches=spec.microbatches,
+                device_stage=device_stage,
+                pass_order=_pass_order(spec),
+            )
         except TraceError as error:
-            notes.append(f"no per-kernel truth (the timing is the event logs'): {error}; fix or remove the "
-                         f"trace, or ingest with --source events to leave it out")
+            notes.append(
+                f"no per-kernel truth (the timing is the event logs'): {error}; fix or remove the "
+                f"trace, or ingest with --source events to leave it out"
+            )
             return ()
         if kernels is None or not len(kernels.duration_ns):
             notes.append(f"no per-kernel truth: {path} holds no kernels or operators in its profiled steps")
@@ -249,17 +316,28 @@ def _beside_kernels(plan: TracePlan, spec: Spec, truth: Truth, pacing: dict[int,
         covered &= set(np.unique(columns["iteration"]).tolist())
         rows.append(kernels)
     if not covered:
-        notes.append(f"no per-kernel truth: the profiler traces ({shown}) and the event logs share no iteration "
-                     f"(the logs hold {list(truth.iterations)}); profile the logged iterations "
-                     "(--profile-step-start/--profile-step-end)")
+        notes.append(
+            f"no per-kernel truth: the profiler traces ({shown}) and the event logs share no iteration "
+            f"(the logs hold {list(truth.iterations)}); profile the logged iterations "
+            "(--profile-step-start/--profile-step-end)"
+        )
         return ()
     if covered != set(truth.iterations):
-        notes.append(f"the per-kernel truth covers iterations {sorted(covered)} of the event logs' "
-                     f"{list(truth.iterations)} (the profiled ones)")
+        notes.append(
+            f"the per-kernel truth covers iterations {sorted(covered)} of the event logs' "
+            f"{list(truth.iterations)} (the profiled ones)"
+        )
     keep = np.array(sorted(covered), dtype=np.int64)
-    aligned = [replace(part, **{name: getattr(part, name)[np.isin(part.iteration, keep)]
-                                for name in ("name_id", "shape_id", "phase", "iteration", "duration_ns")})
-               for part in rows]
+    aligned = [
+        replace(
+            part,
+            **{
+                name: getattr(part, name)[np.isin(part.iteration, keep)]
+                for name in ("name_id", "shape_id", "phase", "iteration", "duration_ns")
+            },
+        )
+        for part in rows
+    ]
     return kernel_truth(aligned, len(covered))
 
 
@@ -274,4 +352,3 @@ def _starts_sorted_within_stage(columns: dict[str, np.ndarray]) -> bool:
     same = stage[1:] == stage[:-1]
     later = (start[1:] > start[:-1]) | ((start[1:] == start[:-1]) & (end[1:] >= end[:-1]))
     return bool(np.all(later | ~same))
-

@@ -42,8 +42,9 @@ STATED = "source"  # ingest's default: the split the source states, else train
 OWN_DEFAULT = "train"
 
 
-def assigned_split(group: str, split: str, test_fraction: float = DEFAULT_TEST_FRACTION,
-                   groups: Mapping[str, str] | None = None) -> str:
+def assigned_split(
+    group: str, split: str, test_fraction: float = DEFAULT_TEST_FRACTION, groups: Mapping[str, str] | None = None
+) -> str:
     """The split a group not yet stored goes to: the one the source names for it (`groups`), else `split`, where
     "auto" is the grouped, hashed split."""
     named = (groups or {}).get(group)
@@ -77,31 +78,47 @@ def stated_split(path, test_fraction: float = DEFAULT_TEST_FRACTION) -> Stated:
         try:
             data = tomllib.loads(sidecar.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-            raise ValueError(f"{sidecar}: cannot be read as TOML ({error}); it states how ingest splits the runs "
-                             f"beside it: split = \"auto\", \"train\" or \"test\"") from None
+            raise ValueError(
+                f"{sidecar}: cannot be read as TOML ({error}); it states how ingest splits the runs "
+                f'beside it: split = "auto", "train" or "test"'
+            ) from None
         split = data.get("split")
         if split not in ("auto",) + SPLITS:
-            raise ValueError(f"{sidecar}: field 'split' is {split!r}; give \"auto\" (the grouped, hashed split), "
-                             "\"train\" or \"test\"")
+            raise ValueError(
+                f'{sidecar}: field \'split\' is {split!r}; give "auto" (the grouped, hashed split), "train" or "test"'
+            )
         fraction = data.get("test_fraction", test_fraction)
         if not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
             raise ValueError(f"{sidecar}: field 'test_fraction' is {fraction!r}; give a number between 0 and 1")
-        return Stated(split, float(fraction), f"{sidecar} states split = {split!r}", _stated_groups(sidecar, data),
-                      f"{sidecar} names the group's split ([groups])")
-    return Stated(OWN_DEFAULT, test_fraction, ("your own source (no " + SOURCE_FILE + " beside it): train; "
-                                               "--split auto for the grouped train/test split"), {})
+        return Stated(
+            split,
+            float(fraction),
+            f"{sidecar} states split = {split!r}",
+            _stated_groups(sidecar, data),
+            f"{sidecar} names the group's split ([groups])",
+        )
+    return Stated(
+        OWN_DEFAULT,
+        test_fraction,
+        ("your own source (no " + SOURCE_FILE + " beside it): train; --split auto for the grouped train/test split"),
+        {},
+    )
 
 
 def _stated_groups(sidecar, data: dict) -> dict[str, str]:
     groups = data.get("groups", {})
     if not isinstance(groups, dict):
-        raise ValueError(f"{sidecar}: field 'groups' is {groups!r}; give a table of group = \"train\" or \"test\" "
-                         "([groups] then lines such as \"cpu_1f1b_l4_h384_s128_m4\" = \"train\")")
+        raise ValueError(
+            f'{sidecar}: field \'groups\' is {groups!r}; give a table of group = "train" or "test" '
+            '([groups] then lines such as "cpu_1f1b_l4_h384_s128_m4" = "train")'
+        )
     for group, split in groups.items():
         if split not in SPLITS:
-            raise ValueError(f"{sidecar}: field 'groups.{group}' is {split!r}; give \"train\" or \"test\"")
+            raise ValueError(f'{sidecar}: field \'groups.{group}\' is {split!r}; give "train" or "test"')
         if group_of(group) != group:
-            raise ValueError(f"{sidecar}: field 'groups.{group}' names a run, not a group; give its group "
-                             f"{group_of(group)!r} (the run id without _run<N>: repeats of a configuration share "
-                             "a split)")
+            raise ValueError(
+                f"{sidecar}: field 'groups.{group}' names a run, not a group; give its group "
+                f"{group_of(group)!r} (the run id without _run<N>: repeats of a configuration share "
+                "a split)"
+            )
     return dict(groups)

@@ -14,22 +14,75 @@ from hops_calib.store.writer import FixtureStore
 if TYPE_CHECKING:  # the fixtures verbs show the store without loading the trace readers ingest needs
     from hops_calib.store.ingest import IngestReport
 
-LIST_FIELDS = ("id", "kind", "split", "group", "schedule", "declared_schedule", "pp", "microbatches", "devices",
-               "throughput_per_s", "steady_throughput_per_s", "bubble_ratio", "iteration_time_ms", "idle_ms",
-               "dropped_lines", "content_hash")
+LIST_FIELDS = (
+    "id",
+    "kind",
+    "split",
+    "group",
+    "schedule",
+    "declared_schedule",
+    "pp",
+    "microbatches",
+    "devices",
+    "throughput_per_s",
+    "steady_throughput_per_s",
+    "bubble_ratio",
+    "iteration_time_ms",
+    "idle_ms",
+    "dropped_lines",
+    "content_hash",
+)
 # The configuration of a run, in `fixtures list --json` as `configuration` (both kinds).
-CONFIG_FIELDS = ("tp", "pp", "dp", "vp", "gpus", "num_layers", "hidden_size", "seq_length", "micro_batch_size",
-                 "global_batch_size", "microbatches", "devices", "configured_schedule")
+CONFIG_FIELDS = (
+    "tp",
+    "pp",
+    "dp",
+    "vp",
+    "gpus",
+    "num_layers",
+    "hidden_size",
+    "seq_length",
+    "micro_batch_size",
+    "global_batch_size",
+    "microbatches",
+    "devices",
+    "configured_schedule",
+)
 # What a run measured (as opposed to how it was configured). For a test fixture these are withheld: the held-out
 # split is seen only in aggregate, through the audited `hops-calib report --split test`.
-MEASURED_LIST_FIELDS = ("schedule", "throughput_per_s", "steady_throughput_per_s", "samples_per_s", "bubble_ratio",
-                        "iteration_time_ms", "idle_ms", "content_hash")
-MEASURED_SHOW_FIELDS = ("content_hash", "schedule", "schedule_agreement", "throughput_per_s", "steady_throughput_per_s", "samples_per_s",
-                        "bubble_ratio", "utilization_per_stage", "iteration_time_ms", "iteration_periods_ms", "idle_ms",
-                        "idle_ms_per_iteration", "makespan_ms", "traced_iterations", "stages", "phase_stats",
-                        "kernels")
-HELD_OUT = ("a test fixture: its measured results are seen only in aggregate, through the audited "
-            "`hops-calib report --split test`")
+MEASURED_LIST_FIELDS = (
+    "schedule",
+    "throughput_per_s",
+    "steady_throughput_per_s",
+    "samples_per_s",
+    "bubble_ratio",
+    "iteration_time_ms",
+    "idle_ms",
+    "content_hash",
+)
+MEASURED_SHOW_FIELDS = (
+    "content_hash",
+    "schedule",
+    "schedule_agreement",
+    "throughput_per_s",
+    "steady_throughput_per_s",
+    "samples_per_s",
+    "bubble_ratio",
+    "utilization_per_stage",
+    "iteration_time_ms",
+    "iteration_periods_ms",
+    "idle_ms",
+    "idle_ms_per_iteration",
+    "makespan_ms",
+    "traced_iterations",
+    "stages",
+    "phase_stats",
+    "kernels",
+)
+HELD_OUT = (
+    "a test fixture: its measured results are seen only in aggregate, through the audited "
+    "`hops-calib report --split test`"
+)
 
 
 def fixture_rows(store: FixtureStore, withheld: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -42,8 +95,9 @@ def fixture_rows(store: FixtureStore, withheld: dict[str, str] | None = None) ->
         configuration["devices"] = list(configuration["devices"] if configuration["devices"] is not None else [])
         record = {name: json_safe(record.get(name)) for name in LIST_FIELDS}
         record["devices"] = list(record["devices"] if record["devices"] is not None else [])
-        record["samples_per_s"] = json_safe(samples_per_s(record["throughput_per_s"], configuration["micro_batch_size"]
-                                                          or 1, configuration["dp"] or 1))
+        record["samples_per_s"] = json_safe(
+            samples_per_s(record["throughput_per_s"], configuration["micro_batch_size"] or 1, configuration["dp"] or 1)
+        )
         record["configuration"] = configuration
         if record["split"] == "test" or record["id"] in withheld:
             record.update(dict.fromkeys(MEASURED_LIST_FIELDS), held_out=True)
@@ -83,11 +137,13 @@ def ingest_notes(report: IngestReport) -> list[str]:
             reasons = sorted({o.split_from for o in written if o.split == split and o.split_from})
             notes.append(f"to {split}: {_named(ids)}" + (f" ({'; '.join(reasons)})" if reasons else ""))
     if any(o.split == "test" and o.status == "new" for o in written):
-        notes.append("(test runs are held out: only `report --split test` sees them, in aggregate. A run of your own "
-                     "that you want to look at, such as a what-if you launched, goes to train: `ingest` puts a source "
-                     "in train unless it states another split (a hops-calib-source.toml beside it) or --split asks, "
-                     "and --split train forces it for runs whose group the store has not seen; a stored split never "
-                     "moves)")
+        notes.append(
+            "(test runs are held out: only `report --split test` sees them, in aggregate. A run of your own "
+            "that you want to look at, such as a what-if you launched, goes to train: `ingest` puts a source "
+            "in train unless it states another split (a hops-calib-source.toml beside it) or --split asks, "
+            "and --split train forces it for runs whose group the store has not seen; a stored split never "
+            "moves)"
+        )
     by_sources: dict[str, list[str]] = {}  # runs of a profiled job directory: which trace gave what
     for outcome in report.outcomes:
         if outcome.profiled and outcome.sources and outcome.status != "rejected":
@@ -97,8 +153,10 @@ def ingest_notes(report: IngestReport) -> list[str]:
     measured = [o for o in written if o.priced is not None]
     if measured:
         priced = sum(bool(o.priced) for o in measured)
-        notes.append(f"priced by the cost model: {priced} of the {len(measured)} iteration-level runs written"
-                     + ("" if priced < len(measured) else " (every one)"))
+        notes.append(
+            f"priced by the cost model: {priced} of the {len(measured)} iteration-level runs written"
+            + ("" if priced < len(measured) else " (every one)")
+        )
         by_reason: dict[str, list[str]] = {}
         for outcome in measured:
             if outcome.not_priced is not None:
@@ -114,11 +172,16 @@ def ingest_counts(report: IngestReport, store: FixtureStore) -> dict[str, Any]:
     stored = [o for o in report.outcomes if o.status != "rejected"]
     index = store.index() if store.exists() else None
     held = index["split"].value_counts().to_dict() if index is not None and len(index) else {}
-    return {"runs": len(report.outcomes), "stored": len(stored),
-            **{status: report.count(status) for status in ("new", "updated", "unchanged", "rejected")},
-            "train": sum(o.split == "train" for o in stored), "test": sum(o.split == "test" for o in stored),
-            "store_fixtures": int(sum(held.values())), "store_train": int(held.get("train", 0)),
-            "store_test": int(held.get("test", 0))}
+    return {
+        "runs": len(report.outcomes),
+        "stored": len(stored),
+        **{status: report.count(status) for status in ("new", "updated", "unchanged", "rejected")},
+        "train": sum(o.split == "train" for o in stored),
+        "test": sum(o.split == "test" for o in stored),
+        "store_fixtures": int(sum(held.values())),
+        "store_train": int(held.get("train", 0)),
+        "store_test": int(held.get("test", 0)),
+    }
 
 
 def show_dict(fixture: Fixture | MeasuredFixture, held_out_by: str | None = None) -> dict[str, Any]:
@@ -133,8 +196,14 @@ def show_dict(fixture: Fixture | MeasuredFixture, held_out_by: str | None = None
 
 
 # What an iteration-level fixture measured (withheld for a test fixture like MEASURED_SHOW_FIELDS).
-MEASURED_ITERATION_FIELDS = ("iteration_periods_ms", "interval_iterations", "last_iterations", "timers_ms",
-                             "timing_log_option", "reported")
+MEASURED_ITERATION_FIELDS = (
+    "iteration_periods_ms",
+    "interval_iterations",
+    "last_iterations",
+    "timers_ms",
+    "timing_log_option",
+    "reported",
+)
 
 
 def _source(fixture: Fixture | MeasuredFixture) -> str | None:
@@ -146,92 +215,132 @@ def _source(fixture: Fixture | MeasuredFixture) -> str | None:
 
 def _measured_show_dict(fixture: MeasuredFixture) -> dict[str, Any]:
     metrics, args = fixture.truth.metrics, fixture.launch
-    return json_safe({
-        "id": fixture.id, "kind": fixture.kind, "split": fixture.split, "group": fixture.group,
-        "content_hash": fixture.content_hash, "source": _source(fixture),
-        "origin": fixture.meta.get("origin"), "mapping": fixture.meta.get("mapping"),
-        "configuration": {
-            "tp": args.get("tensor_model_parallel_size", 1), "pp": args.get("pipeline_model_parallel_size", 1),
-            "dp": args.get("data_parallel_size", 1), "gpus": args.get("world_size"),
-            "microbatches": metrics.microbatches_per_iteration,
-            **{name: args.get(name) for name in ("num_layers", "hidden_size", "ffn_hidden_size",
-                                                 "num_attention_heads", "seq_length", "padded_vocab_size",
-                                                 "micro_batch_size", "global_batch_size",
-                                                 "num_layers_per_virtual_pipeline_stage", "recompute_granularity",
-                                                 "recompute_method", "recompute_num_layers")},
-            "precision": "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32",
-        },
-        "hardware": fixture.hardware,
-        "launch": args,
-        "not_priced": fixture.not_priced,
-        "throughput_per_s": metrics.throughput_per_s,
-        "steady_throughput_per_s": metrics.steady_throughput_per_s,
-        "samples_per_s": samples_per_s(metrics.throughput_per_s, args.get("micro_batch_size") or 1,
-                                       args.get("data_parallel_size") or 1),
-        "iteration_time_ms": metrics.iteration_time_ms,
-        "iteration_periods_ms": list(metrics.iteration_periods_ms),
-        "interval_iterations": list(metrics.interval_iterations),
-        "last_iterations": list(fixture.truth.last_iterations),
-        "timers_ms": fixture.truth.timers_ms, "timing_log_option": fixture.truth.timing_log_option,
-        "reported": fixture.truth.reported,
-        "quality": fixture.quality,
-    })
+    return json_safe(
+        {
+            "id": fixture.id,
+            "kind": fixture.kind,
+            "split": fixture.split,
+            "group": fixture.group,
+            "content_hash": fixture.content_hash,
+            "source": _source(fixture),
+            "origin": fixture.meta.get("origin"),
+            "mapping": fixture.meta.get("mapping"),
+            "configuration": {
+                "tp": args.get("tensor_model_parallel_size", 1),
+                "pp": args.get("pipeline_model_parallel_size", 1),
+                "dp": args.get("data_parallel_size", 1),
+                "gpus": args.get("world_size"),
+                "microbatches": metrics.microbatches_per_iteration,
+                **{
+                    name: args.get(name)
+                    for name in (
+                        "num_layers",
+                        "hidden_size",
+                        "ffn_hidden_size",
+                        "num_attention_heads",
+                        "seq_length",
+                        "padded_vocab_size",
+                        "micro_batch_size",
+                        "global_batch_size",
+                        "num_layers_per_virtual_pipeline_stage",
+                        "recompute_granularity",
+                        "recompute_method",
+                        "recompute_num_layers",
+                    )
+                },
+                "precision": "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32",
+            },
+            "hardware": fixture.hardware,
+            "launch": args,
+            "not_priced": fixture.not_priced,
+            "throughput_per_s": metrics.throughput_per_s,
+            "steady_throughput_per_s": metrics.steady_throughput_per_s,
+            "samples_per_s": samples_per_s(
+                metrics.throughput_per_s, args.get("micro_batch_size") or 1, args.get("data_parallel_size") or 1
+            ),
+            "iteration_time_ms": metrics.iteration_time_ms,
+            "iteration_periods_ms": list(metrics.iteration_periods_ms),
+            "interval_iterations": list(metrics.interval_iterations),
+            "last_iterations": list(fixture.truth.last_iterations),
+            "timers_ms": fixture.truth.timers_ms,
+            "timing_log_option": fixture.truth.timing_log_option,
+            "reported": fixture.truth.reported,
+            "quality": fixture.quality,
+        }
+    )
 
 
 def _show_dict(fixture: Fixture) -> dict[str, Any]:
     spec, truth, metrics = fixture.spec, fixture.truth, fixture.truth.metrics
     stages = []
     for stage in range(spec.pp):
-        stages.append({
-            "stage": stage,
-            "device": spec.devices[stage],
-            "device_id": spec.device_ids[stage],
-            "device_name": spec.device_names[stage] if spec.device_names else None,
-            "layers": spec.layers_per_stage[stage],
-            "forward_median_ms": truth.phase_median_ms(stage, "FORWARD"),
-            "backward_median_ms": truth.phase_median_ms(stage, "BACKWARD"),
-            "optimizer_median_ms": truth.optimizer_ms_per_stage[stage],
-            "utilization": metrics.utilization_per_stage[stage],
-        })
+        stages.append(
+            {
+                "stage": stage,
+                "device": spec.devices[stage],
+                "device_id": spec.device_ids[stage],
+                "device_name": spec.device_names[stage] if spec.device_names else None,
+                "layers": spec.layers_per_stage[stage],
+                "forward_median_ms": truth.phase_median_ms(stage, "FORWARD"),
+                "backward_median_ms": truth.phase_median_ms(stage, "BACKWARD"),
+                "optimizer_median_ms": truth.optimizer_ms_per_stage[stage],
+                "utilization": metrics.utilization_per_stage[stage],
+            }
+        )
     model = spec.model
-    return json_safe({
-        "id": fixture.id,
-        "split": fixture.split,
-        "group": fixture.group,
-        "content_hash": fixture.content_hash,
-        "source": _source(fixture),
-        "configuration": {
-            "pp": spec.pp, "vp": spec.vp, "microbatches": spec.microbatches, "iterations": spec.iterations,
-            "num_layers": model.num_layers, "hidden_size": model.hidden_size,
-            "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
-            "seq_length": model.seq_length, "vocab_size": model.vocab_size,
-            "micro_batch_size": model.micro_batch_size, "global_batch_size": model.global_batch_size,
-            "precision": model.precision, "untie_embeddings": model.untie_embeddings,
-            "layers_per_stage": list(spec.layers_per_stage),
-        },
-        "devices": list(spec.devices),
-        "links": [{"src_stage": f.src_stage, "dst_stage": f.dst_stage, "latency_ms": f.latency_ms,
-                   "bandwidth_gbit_s": f.bandwidth_gbit_s} for f in spec.links],
-        "schedule": truth.observed_schedule,
-        "configured_schedule": spec.schedule,
-        "declared_schedule": spec.declared_schedule,
-        "schedule_agreement": truth.schedule_agreement,
-        "throughput_per_s": metrics.throughput_per_s,
-        "steady_throughput_per_s": metrics.steady_throughput_per_s,
-        "samples_per_s": samples_per_s(metrics.throughput_per_s, model.micro_batch_size, spec.dp),
-        "bubble_ratio": metrics.bubble_ratio,
-        "utilization_per_stage": list(metrics.utilization_per_stage),
-        "iteration_time_ms": metrics.iteration_time_ms,
-        "iteration_periods_ms": list(metrics.iteration_periods_ms),
-        "idle_ms": truth.idle_ms,
-        "idle_ms_per_iteration": list(truth.idle_ms_per_iteration),
-        "makespan_ms": metrics.makespan_ms,
-        "traced_iterations": list(truth.iterations),
-        "stages": stages,
-        "phase_stats": [vars(s) for s in truth.phase_stats],
-        # per-kernel truth of a run ingested from a profiler trace (Kineto, Nsight Systems); absent otherwise
-        **({"kernels": [vars(k) for k in truth.kernels]} if truth.kernels else {}),
-        "quality": fixture.quality,
-    })
-
-
+    return json_safe(
+        {
+            "id": fixture.id,
+            "split": fixture.split,
+            "group": fixture.group,
+            "content_hash": fixture.content_hash,
+            "source": _source(fixture),
+            "configuration": {
+                "pp": spec.pp,
+                "vp": spec.vp,
+                "microbatches": spec.microbatches,
+                "iterations": spec.iterations,
+                "num_layers": model.num_layers,
+                "hidden_size": model.hidden_size,
+                "ffn_hidden_size": model.ffn_hidden_size,
+                "num_attention_heads": model.num_attention_heads,
+                "seq_length": model.seq_length,
+                "vocab_size": model.vocab_size,
+                "micro_batch_size": model.micro_batch_size,
+                "global_batch_size": model.global_batch_size,
+                "precision": model.precision,
+                "untie_embeddings": model.untie_embeddings,
+                "layers_per_stage": list(spec.layers_per_stage),
+            },
+            "devices": list(spec.devices),
+            "links": [
+                {
+                    "src_stage": f.src_stage,
+                    "dst_stage": f.dst_stage,
+                    "latency_ms": f.latency_ms,
+                    "bandwidth_gbit_s": f.bandwidth_gbit_s,
+                }
+                for f in spec.links
+            ],
+            "schedule": truth.observed_schedule,
+            "configured_schedule": spec.schedule,
+            "declared_schedule": spec.declared_schedule,
+            "schedule_agreement": truth.schedule_agreement,
+            "throughput_per_s": metrics.throughput_per_s,
+            "steady_throughput_per_s": metrics.steady_throughput_per_s,
+            "samples_per_s": samples_per_s(metrics.throughput_per_s, model.micro_batch_size, spec.dp),
+            "bubble_ratio": metrics.bubble_ratio,
+            "utilization_per_stage": list(metrics.utilization_per_stage),
+            "iteration_time_ms": metrics.iteration_time_ms,
+            "iteration_periods_ms": list(metrics.iteration_periods_ms),
+            "idle_ms": truth.idle_ms,
+            "idle_ms_per_iteration": list(truth.idle_ms_per_iteration),
+            "makespan_ms": metrics.makespan_ms,
+            "traced_iterations": list(truth.iterations),
+            "stages": stages,
+            "phase_stats": [vars(s) for s in truth.phase_stats],
+            # per-kernel truth of a run ingested from a profiler trace (Kineto, Nsight Systems); absent otherwise
+            **({"kernels": [vars(k) for k in truth.kernels]} if truth.kernels else {}),
+            "quality": fixture.quality,
+        }
+    )

@@ -72,27 +72,41 @@ class FixtureStore(FixtureReader):
         """StoreError unless the root is absent, an empty folder, or a fixture store: ingest never writes its
         fixtures into (or replaces folders of) a folder that holds something else."""
         if self.root.exists() and not self.root.is_dir():
-            raise StoreError(f"--fixtures {self.root} is a file, not a folder; pass a new or existing fixture store "
-                             "folder")
+            raise StoreError(
+                f"--fixtures {self.root} is a file, not a folder; pass a new or existing fixture store folder"
+            )
         if not self.root.is_dir():
             return
         if (self.root / INDEX).is_dir():
-            raise StoreError(f"{self.root / INDEX} is a folder where the store keeps its index (a job named "
-                             f"{INDEX} was stored by an earlier hops-calib): move it out of {self.root}; the next "
-                             "ingest rebuilds the index")
+            raise StoreError(
+                f"{self.root / INDEX} is a folder where the store keeps its index (a job named "
+                f"{INDEX} was stored by an earlier hops-calib): move it out of {self.root}; the next "
+                "ingest rebuilds the index"
+            )
         entries = [p for p in self.root.iterdir() if p.name not in (LOCK_FILE, JOURNAL_FILE)]
-        if not entries or (self.root / INDEX).is_file() or self.fixture_folders() or self.table_folders() \
-                or self.unfinished():
+        if (
+            not entries
+            or (self.root / INDEX).is_file()
+            or self.fixture_folders()
+            or self.table_folders()
+            or self.unfinished()
+        ):
             return
         shown = ", ".join(sorted(p.name for p in entries)[:4])
-        raise StoreError(f"--fixtures {self.root} is not a fixture store (no {INDEX}, no fixture folders; it holds "
-                         f"{shown}{', ...' if len(entries) > 4 else ''}); ingest writes one folder per run there, so "
-                         "pass a new or empty folder, or an existing store")
+        raise StoreError(
+            f"--fixtures {self.root} is not a fixture store (no {INDEX}, no fixture folders; it holds "
+            f"{shown}{', ...' if len(entries) > 4 else ''}); ingest writes one folder per run there, so "
+            "pass a new or empty folder, or an existing store"
+        )
 
     # -- writing (callers hold the lock) ---------------------------------------------------------------
     @contextmanager
-    def lock(self, timeout: float | None = DEFAULT_LOCK_TIMEOUT_S, on_wait: Callable[[str], None] | None = None,
-             sources: Sequence[Path | str] = ()) -> Iterator[None]:
+    def lock(
+        self,
+        timeout: float | None = DEFAULT_LOCK_TIMEOUT_S,
+        on_wait: Callable[[str], None] | None = None,
+        sources: Sequence[Path | str] = (),
+    ) -> Iterator[None]:
         """Hold the store's lock for writing (waiting up to `timeout` s, None: without end; `on_wait` hears whom
         for) and keep its journal: who holds it and, once `begin_writing` is called, that the store is changing."""
         from filelock import FileLock, Timeout
@@ -104,19 +118,26 @@ class FixtureStore(FixtureReader):
         except Timeout:
             holder = self._ingest_named(self.journal())
             if on_wait:
-                on_wait(f"waiting for the store lock held by {holder}"
-                        + (f" (up to {timeout:g} s, --lock-timeout)" if timeout is not None else ""))
+                on_wait(
+                    f"waiting for the store lock held by {holder}"
+                    + (f" (up to {timeout:g} s, --lock-timeout)" if timeout is not None else "")
+                )
             try:
                 lock.acquire(timeout=-1 if timeout is None else timeout)
             except Timeout:
-                raise StoreError(f"{self.root}: the store lock is still held by {holder} after {timeout:g} s; run "
-                                 "again when it has finished, or pass a longer --lock-timeout") from None
+                raise StoreError(
+                    f"{self.root}: the store lock is still held by {holder} after {timeout:g} s; run "
+                    "again when it has finished, or pass a longer --lock-timeout"
+                ) from None
         try:
             left = self.journal()
             self._left_writing = bool(left and left.get("writing"))  # an earlier ingest stopped part way
-            self._journal = {"pid": os.getpid(), "sources": [os.path.abspath(s) for s in sources],
-                             "started": datetime.now(UTC).isoformat(timespec="seconds"),
-                             "writing": self._left_writing}
+            self._journal = {
+                "pid": os.getpid(),
+                "sources": [os.path.abspath(s) for s in sources],
+                "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                "writing": self._left_writing,
+            }
             self._finished = False
             atomic_write(self.root / JOURNAL_FILE, json.dumps(self._journal))
             new = not (self.root / INDEX).exists() and not self.fixture_folders() and not self.table_folders()
@@ -187,7 +208,7 @@ class FixtureStore(FixtureReader):
                 else:
                     path.unlink(missing_ok=True)
             else:  # a displaced fixture (_OLD_PREFIX)
-                fixture_id = path.name[len(_OLD_PREFIX):].rsplit("-", 1)[0]
+                fixture_id = path.name[len(_OLD_PREFIX) :].rsplit("-", 1)[0]
                 target = self.root / fixture_id
                 if target.exists():
                     shutil.rmtree(path, ignore_errors=True)
@@ -202,9 +223,11 @@ class FixtureStore(FixtureReader):
         """
         final = self.folder(fixture_id)
         if final.exists() and not (final / FIXTURE_FILE).is_file():
-            raise StoreError(f"{final} is in the way: it is not a fixture folder (no {FIXTURE_FILE}), and ingest "
-                             "replaces only its own fixtures; move it out of the store, or ingest into another "
-                             "--fixtures folder")
+            raise StoreError(
+                f"{final} is in the way: it is not a fixture folder (no {FIXTURE_FILE}), and ingest "
+                "replaces only its own fixtures; move it out of the store, or ingest into another "
+                "--fixtures folder"
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         token = uuid.uuid4().hex[:8]
         tmp = self.root / f"{_TMP_PREFIX}{fixture_id}-{token}"

@@ -61,12 +61,20 @@ def read_allreduce_table(path: Path) -> CollectiveTable:
 
     path = Path(path)
     refuse_link_out(path, path.parent)
-    refuse_large(path, MAX_COLLECTIVE_TABLE_BYTES, "an all-reduce table",
-                 "give the benchmark's own table (nccl-tests prints one row per message size)")
+    refuse_large(
+        path,
+        MAX_COLLECTIVE_TABLE_BYTES,
+        "an all-reduce table",
+        "give the benchmark's own table (nccl-tests prints one row per message size)",
+    )
     gpus = gpus_of(path)
     if gpus is None or gpus < 2:
-        raise TraceError(path, "does not name its GPU count", field="file name",
-                         hint="name an all-reduce table AR_GPU<n>_..., n >= 2 the GPUs it was measured on")
+        raise TraceError(
+            path,
+            "does not name its GPU count",
+            field="file name",
+            hint="name an all-reduce table AR_GPU<n>_..., n >= 2 the GPUs it was measured on",
+        )
     points: dict[float, float] = {}
     for number, row in csv_rows(path, HEADER, "nccl-tests'"):
         for column in (0, IN_PLACE_TIME):
@@ -75,19 +83,36 @@ def read_allreduce_table(path: Path) -> CollectiveTable:
             except ValueError:
                 value = float("nan")
             if not value > 0 or value == float("inf"):
-                raise TraceError(path, f"is {quoted(row[column])}, expected a positive number", line=number,
-                                 field=HEADER[column] + (" (in-place)" if column == IN_PLACE_TIME else ""),
-                                 hint="re-run the benchmark or delete the row")
+                raise TraceError(
+                    path,
+                    f"is {quoted(row[column])}, expected a positive number",
+                    line=number,
+                    field=HEADER[column] + (" (in-place)" if column == IN_PLACE_TIME else ""),
+                    hint="re-run the benchmark or delete the row",
+                )
         size = float(row[0])
         if size in points:
-            raise TraceError(path, f"repeats message size {row[0]}", line=number, field=HEADER[0],
-                             hint="one row per message size: delete the repeat")
+            raise TraceError(
+                path,
+                f"repeats message size {row[0]}",
+                line=number,
+                field=HEADER[0],
+                hint="one row per message size: delete the repeat",
+            )
         points[size] = float(row[IN_PLACE_TIME]) / 1e6
     if len(points) < 2:
-        raise TraceError(path, f"has {len(points)} measured sizes", field=HEADER[0],
-                         hint="a table needs rows of at least two message sizes")
-    return CollectiveTable(op="all_reduce", gpus=gpus, points=tuple(points.items()),
-                           source=f"{path.name}: nccl-tests in-place all-reduce on {gpus} GPUs, {len(points)} sizes")
+        raise TraceError(
+            path,
+            f"has {len(points)} measured sizes",
+            field=HEADER[0],
+            hint="a table needs rows of at least two message sizes",
+        )
+    return CollectiveTable(
+        op="all_reduce",
+        gpus=gpus,
+        points=tuple(points.items()),
+        source=f"{path.name}: nccl-tests in-place all-reduce on {gpus} GPUs, {len(points)} sizes",
+    )
 
 
 def read_collective_tables(folder: Path) -> tuple[CollectiveTable, ...]:
@@ -95,13 +120,18 @@ def read_collective_tables(folder: Path) -> tuple[CollectiveTable, ...]:
     folder = Path(folder)
     if not folder.is_dir():
         return ()
-    tables = [read_allreduce_table(path) for path in sorted(folder.iterdir())
-              if path.is_file() and gpus_of(path) is not None]
+    tables = [
+        read_allreduce_table(path) for path in sorted(folder.iterdir()) if path.is_file() and gpus_of(path) is not None
+    ]
     seen: dict[int, str] = {}
     for table in tables:
         if table.gpus in seen:
-            raise TraceError(folder / table.source.split(":")[0], f"is a second table for {table.gpus} GPUs (beside "
-                             f"{seen[table.gpus]})", field="file name", hint="keep one table per GPU count")
+            raise TraceError(
+                folder / table.source.split(":")[0],
+                f"is a second table for {table.gpus} GPUs (beside {seen[table.gpus]})",
+                field="file name",
+                hint="keep one table per GPU count",
+            )
         seen[table.gpus] = table.source.split(":")[0]
     return tuple(sorted(tables, key=lambda t: t.gpus))
 
@@ -125,6 +155,12 @@ def ring_link(table: CollectiveTable, src_stage: int, dst_stage: int) -> LinkFit
     slope, intercept = np.polyfit(x, y, 1)
     if intercept < 0:
         slope, intercept = float(x @ y / (x @ x)), 0.0
-    return LinkFit(src_stage=src_stage, dst_stage=dst_stage, latency_ms=float(intercept),
-                   bytes_per_ms=float(1.0 / slope), intra_node=True, points=points,
-                   source=f"ring formula on {table.source} (one link's send = time x n / (2(n - 1)))")
+    return LinkFit(
+        src_stage=src_stage,
+        dst_stage=dst_stage,
+        latency_ms=float(intercept),
+        bytes_per_ms=float(1.0 / slope),
+        intra_node=True,
+        points=points,
+        source=f"ring formula on {table.source} (one link's send = time x n / (2(n - 1)))",
+    )

@@ -14,8 +14,9 @@ from hops_calib.timeline import BACKWARD, COMPUTE, KINDS, OPTIMIZER, PHASES
 from hops_calib.trace.events import CollectiveEvent
 
 
-def summarize(collectives: Sequence[CollectiveEvent], columns: dict[str, np.ndarray], iterations: int,
-              microbatches: int) -> dict[str, Any]:
+def summarize(
+    collectives: Sequence[CollectiveEvent], columns: dict[str, np.ndarray], iterations: int, microbatches: int
+) -> dict[str, Any]:
     """One rank's collectives: `per_microbatch`, the count of each (phase, collective, group, bytes) issued inside
     the forward and backward steps, over the traced iterations x microbatches; `per_iteration`, those outside a
     step (the data-parallel gradient reduction), with `placement` of each: "after_last_backward" when it starts
@@ -43,9 +44,18 @@ def summarize(collectives: Sequence[CollectiveEvent], columns: dict[str, np.ndar
         else:
             placements[(event.op, event.group, event.nbytes, "other")] += 1
     return {
-        "per_microbatch": [{"phase": phase, "collective": op, "group": group, "bytes": nbytes,
-                            "count": count / steps} for (phase, op, group, nbytes), count in sorted(inside.items())],
-        "per_iteration": [{"collective": op, "group": group, "bytes": nbytes, "placement": placement,
-                           "count": count / max(1, iterations)}
-                          for (op, group, nbytes, placement), count in sorted(placements.items())],
+        "per_microbatch": [
+            {"phase": phase, "collective": op, "group": group, "bytes": nbytes, "count": count / steps}
+            for (phase, op, group, nbytes), count in sorted(inside.items())
+        ],
+        "per_iteration": [
+            {
+                "collective": op,
+                "group": group,
+                "bytes": nbytes,
+                "placement": placement,
+                "count": count / max(1, iterations),
+            }
+            for (op, group, nbytes, placement), count in sorted(placements.items())
+        ],
     }

@@ -43,8 +43,9 @@ class ComponentTables:
     source: str = ""
 
     def __post_init__(self) -> None:  # JSON round trips give lists
-        object.__setattr__(self, "gemm", tuple(sorted((str(d), int(m), int(n), int(k), float(t))
-                                                      for d, m, n, k, t in self.gemm)))
+        object.__setattr__(
+            self, "gemm", tuple(sorted((str(d), int(m), int(n), int(k), float(t)) for d, m, n, k, t in self.gemm))
+        )
         object.__setattr__(self, "memory", tuple(sorted((str(kind), float(b), float(t)) for kind, b, t in self.memory)))
 
     def gemm_rows(self, dtype: str) -> tuple[tuple[int, int, int, float], ...]:
@@ -59,8 +60,9 @@ class ComponentTables:
         return tuple(sorted({kind for kind, _, _ in self.memory}))
 
 
-def _cell(path: Path, row: list[str], header: tuple[str, ...], column: str, line: int, *, integer: bool = False
-          ) -> float:
+def _cell(
+    path: Path, row: list[str], header: tuple[str, ...], column: str, line: int, *, integer: bool = False
+) -> float:
     text = row[header.index(column)].strip()
     try:
         value = int(text) if integer else float(text)
@@ -69,9 +71,13 @@ def _cell(path: Path, row: list[str], header: tuple[str, ...], column: str, line
     limit = MAX_DIMENSION if integer else MAX_TIME_S if column == "time_s" else math.inf
     if not 0 < value <= limit or value == math.inf:
         kind = "a whole number" if integer else "a number"
-        raise TraceError(path, f"is {text!r}, expected {kind} above 0" + (f" and at most {limit:g}" if limit < math.inf
-                                                                          else ""),
-                         line=line, field=column, hint="re-run `hops-calib bench` or delete the row")
+        raise TraceError(
+            path,
+            f"is {text!r}, expected {kind} above 0" + (f" and at most {limit:g}" if limit < math.inf else ""),
+            line=line,
+            field=column,
+            hint="re-run `hops-calib bench` or delete the row",
+        )
     return value
 
 
@@ -80,8 +86,13 @@ def _rows(path: Path, header: tuple[str, ...]):
     for number, row in csv_rows(path, header, "`hops-calib bench`'s", MAX_TABLE_ROWS):
         device = row[0].strip()
         if not device:
-            raise TraceError(path, "names no device", line=number, field="device",
-                             hint="give the device type the table was measured on (e.g. h100, a100, cpu)")
+            raise TraceError(
+                path,
+                "names no device",
+                line=number,
+                field="device",
+                hint="give the device type the table was measured on (e.g. h100, a100, cpu)",
+            )
         yield number, device, row
 
 
@@ -97,8 +108,12 @@ def read_gemm_table(path: Path) -> dict[str, list[tuple[str, int, int, int, floa
         m, n, k = (int(_cell(path, row, GEMM_HEADER, c, line, integer=True)) for c in ("m", "n", "k"))
         key = (device, dtype, m, n, k)
         if key in seen:
-            raise TraceError(path, f"repeats the {dtype} GEMM {m} x {n} x {k} on {device} (line {seen[key]})",
-                             line=line, hint="one row per shape, the median of its repeats: delete the repeat")
+            raise TraceError(
+                path,
+                f"repeats the {dtype} GEMM {m} x {n} x {k} on {device} (line {seen[key]})",
+                line=line,
+                hint="one row per shape, the median of its repeats: delete the repeat",
+            )
         seen[key] = line
         found.setdefault(device, []).append((dtype, m, n, k, _cell(path, row, GEMM_HEADER, "time_s", line)))
     return found
@@ -112,13 +127,22 @@ def read_memory_table(path: Path) -> dict[str, list[tuple[str, float, float]]]:
     for line, device, row in _rows(path, MEMORY_HEADER):
         kernel = row[1].strip().lower()
         if not kernel:
-            raise TraceError(path, "names no kernel", line=line, field="kernel",
-                             hint="name the kernel measured (copy, add, layernorm, softmax, gelu, ...)")
+            raise TraceError(
+                path,
+                "names no kernel",
+                line=line,
+                field="kernel",
+                hint="name the kernel measured (copy, add, layernorm, softmax, gelu, ...)",
+            )
         nbytes = _cell(path, row, MEMORY_HEADER, "bytes", line)
         key = (device, kernel, nbytes)
         if key in seen:
-            raise TraceError(path, f"repeats {kernel} at {nbytes:g} bytes on {device} (line {seen[key]})", line=line,
-                             hint="one row per size, the median of its repeats: delete the repeat")
+            raise TraceError(
+                path,
+                f"repeats {kernel} at {nbytes:g} bytes on {device} (line {seen[key]})",
+                line=line,
+                hint="one row per size, the median of its repeats: delete the repeat",
+            )
         seen[key] = line
         found.setdefault(device, []).append((kernel, nbytes, _cell(path, row, MEMORY_HEADER, "time_s", line)))
     return found
@@ -147,10 +171,20 @@ def read_component_tables(folder: Path) -> tuple[ComponentTables, ...]:
             keys = {row[:-1] for row in into.get(device, [])}
             clash = next((row for row in rows if row[:-1] in keys), None)
             if clash is not None:
-                raise TraceError(path, f"measures {clash[:-1]} on {device} again (another file of {folder} has it)",
-                                 field="device", hint="keep one row per shape and device across the folder's tables")
+                raise TraceError(
+                    path,
+                    f"measures {clash[:-1]} on {device} again (another file of {folder} has it)",
+                    field="device",
+                    hint="keep one row per shape and device across the folder's tables",
+                )
             into.setdefault(device, []).extend(rows)
             sources.setdefault(device, []).append(f"{path.name} ({label}, {len(rows)} rows)")
-    return tuple(ComponentTables(device=device, gemm=tuple(gemm.get(device, ())), memory=tuple(memory.get(device, ())),
-                                 source="; ".join(sources[device]))
-                 for device in sorted(sources))
+    return tuple(
+        ComponentTables(
+            device=device,
+            gemm=tuple(gemm.get(device, ())),
+            memory=tuple(memory.get(device, ())),
+            source="; ".join(sources[device]),
+        )
+        for device in sorted(sources)
+    )

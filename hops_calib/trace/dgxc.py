@@ -36,8 +36,26 @@ from hops_calib.trace.measured import RunHardware
 from hops_calib.trace.run_table import TableRead, read_run_table
 from hops_calib.trace.vtrain import padded_vocab
 
-RUNS_HEADER = ("source_file", "model", "precision", "gpus", "seq_length", "num_layers", "tp", "pp", "cp", "ep", "dp",
-               "vp", "mbs", "gbs", "ga", "step_time_s", "tokens_per_s_reported", "mfu_reported_pct")
+RUNS_HEADER = (
+    "source_file",
+    "model",
+    "precision",
+    "gpus",
+    "seq_length",
+    "num_layers",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "dp",
+    "vp",
+    "mbs",
+    "gbs",
+    "ga",
+    "step_time_s",
+    "tokens_per_s_reported",
+    "mfu_reported_pct",
+)
 MODELS_FILE, SETTINGS_FILE = "models.csv", "settings.csv"
 COMPANIONS = (MODELS_FILE, SETTINGS_FILE)
 TABLE_ID = "dgxc_h100"
@@ -48,18 +66,37 @@ PRECISIONS = ("bf16", "fp8")
 # runs.csv column -> Megatron's argument (args. spelling); `ep` is NA on every row (dense models), `ga` follows
 # from the batch sizes and is checked by the run-table reader (gbs = dp x mbs x microbatches).
 COLUMNS = {
-    "gpus": "world_size", "seq_length": "seq_length", "num_layers": "num_layers",
-    "tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size", "cp": "context_parallel_size",
-    "dp": "data_parallel_size", "vp": "virtual_pipeline_model_parallel_size", "mbs": "micro_batch_size",
+    "gpus": "world_size",
+    "seq_length": "seq_length",
+    "num_layers": "num_layers",
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "dp": "data_parallel_size",
+    "vp": "virtual_pipeline_model_parallel_size",
+    "mbs": "micro_batch_size",
     "gbs": "global_batch_size",
 }
 # models.csv column -> how it maps (the categorical ones: `_architecture`).
-ARCHITECTURE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                "vocab_size", "normalization", "activation", "position_embedding", "tied_embeddings")
-_ACTIVATIONS = {"gelu": {}, "swiglu": {"swiglu": True},
-                # squared ReLU (Nemotron-4, Megatron's --squared-relu): the same two GEMMs as the GeLU MLP, another
-                # elementwise function of the same bytes; priced as the GeLU MLP
-                "squared-relu": {"squared_relu": True}}
+ARCHITECTURE = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "vocab_size",
+    "normalization",
+    "activation",
+    "position_embedding",
+    "tied_embeddings",
+)
+_ACTIVATIONS = {
+    "gelu": {},
+    "swiglu": {"swiglu": True},
+    # squared ReLU (Nemotron-4, Megatron's --squared-relu): the same two GEMMs as the GeLU MLP, another
+    # elementwise function of the same bytes; priced as the GeLU MLP
+    "squared-relu": {"squared_relu": True},
+}
 _POSITIONS = {"learned absolute": "learned_absolute", "rope": "rope"}
 _NORMS = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 
@@ -95,8 +132,12 @@ ASSUMED: dict[str, Any] = {
 # Every run: NeMo's Megatron-core GPT with Transformer Engine's layer (the GPT-3 yaml: mcore_gpt, transformer_engine;
 # NeMo 2.0 always) and its fused attention (settings.csv attention_backend: NVTE_FUSED_ATTN=1 where stated), bf16
 # parameters and arithmetic (trainer.precision bf16; FP8 GEMMs on top for the fp8 rows).
-STATED: dict[str, Any] = {"transformer_impl": "transformer_engine", "bf16": True, "fp16": False,
-                          "make_vocab_size_divisible_by": 128}
+STATED: dict[str, Any] = {
+    "transformer_impl": "transformer_engine",
+    "bf16": True,
+    "fp16": False,
+    "make_vocab_size_divisible_by": 128,
+}
 _TRUE = ("true", "yes", "userbuffers on", "userbuffers:", "a tp-overlap")
 _FALSE = ("false", "no ", "none", "off")
 
@@ -123,16 +164,23 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str,
     from hops_calib.trace.reading import MAX_LAYOUT_BYTES, read_config_text
 
     if not path.is_file():
-        raise TraceError(path, "is missing: the dgxc runs.csv is read with the models.csv and settings.csv "
-                         "published beside it", hint="keep the three files of the set together")
+        raise TraceError(
+            path,
+            "is missing: the dgxc runs.csv is read with the models.csv and settings.csv published beside it",
+            hint="keep the three files of the set together",
+        )
     text = read_config_text(path, MAX_LAYOUT_BYTES)
     reader = csv.DictReader(io.StringIO(text))
     missing = [c for c in columns if c not in (reader.fieldnames or [])]
     if missing:
-        raise TraceError(path, f"has no {missing[0]} column", line=1, field=missing[0],
-                         hint=f"the published file has the columns {', '.join(columns)}")
-    return [(k + 2, {key: (value or "").strip() for key, value in row.items() if key}) for k, row in
-            enumerate(reader)]
+        raise TraceError(
+            path,
+            f"has no {missing[0]} column",
+            line=1,
+            field=missing[0],
+            hint=f"the published file has the columns {', '.join(columns)}",
+        )
+    return [(k + 2, {key: (value or "").strip() for key, value in row.items() if key}) for k, row in enumerate(reader)]
 
 
 def read_models(path: Path) -> dict[str, tuple[int, dict[str, str]]]:
@@ -157,38 +205,60 @@ def _switch(path: Path, line: int, setting: str, value: str) -> bool | None:
         return True
     if text.startswith(_FALSE):
         return False
-    raise TraceError(path, f"says {value!r}, which the dgxc mapping does not read as on or off", line=line,
-                     field=setting, hint="extend hops_calib/trace/dgxc.py (and docs/sources-dgxc.md) for it")
+    raise TraceError(
+        path,
+        f"says {value!r}, which the dgxc mapping does not read as on or off",
+        line=line,
+        field=setting,
+        hint="extend hops_calib/trace/dgxc.py (and docs/sources-dgxc.md) for it",
+    )
 
 
 def _architecture(path: Path, line: int, row: dict[str, str]) -> dict[str, Any]:
     """Megatron's arguments of a models.csv row (the layers are the run's where the row leaves them empty)."""
+
     def number(name: str) -> int:
         try:
             return int(row[name])
         except ValueError:
-            raise TraceError(path, f"is {row[name]!r}, expected a whole number", line=line, field=name,
-                             hint="the published file gives it") from None
+            raise TraceError(
+                path,
+                f"is {row[name]!r}, expected a whole number",
+                line=line,
+                field=name,
+                hint="the published file gives it",
+            ) from None
 
-    args: dict[str, Any] = {name: number(name) for name in ("hidden_size", "ffn_hidden_size", "num_attention_heads",
-                                                            "vocab_size")}
+    args: dict[str, Any] = {
+        name: number(name) for name in ("hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
+    }
     if row["num_layers"]:
         args["num_layers"] = number("num_layers")
     groups = number("num_query_groups")
     if groups != args["num_attention_heads"]:
         args.update(group_query_attention=True, num_query_groups=groups)
-    for name, table in (("activation", _ACTIVATIONS), ("position_embedding", _POSITIONS),
-                        ("normalization", _NORMS)):
+    for name, table in (("activation", _ACTIVATIONS), ("position_embedding", _POSITIONS), ("normalization", _NORMS)):
         key = row[name].lower()
         if key not in table:
-            raise TraceError(path, f"is {row[name]!r}, which the dgxc mapping does not read", line=line, field=name,
-                             hint=f"known: {', '.join(table)}")
+            raise TraceError(
+                path,
+                f"is {row[name]!r}, which the dgxc mapping does not read",
+                line=line,
+                field=name,
+                hint=f"known: {', '.join(table)}",
+            )
         value = table[key]
-        args.update(value if isinstance(value, dict) else {
-            "position_embedding": {"position_embedding_type": value}, "normalization": {"normalization": value}}[name])
+        args.update(
+            value
+            if isinstance(value, dict)
+            else {"position_embedding": {"position_embedding_type": value}, "normalization": {"normalization": value}}[
+                name
+            ]
+        )
     if row["tied_embeddings"] not in ("tied", "untied"):
-        raise TraceError(path, f"is {row['tied_embeddings']!r}", line=line, field="tied_embeddings",
-                         hint="tied or untied")
+        raise TraceError(
+            path, f"is {row['tied_embeddings']!r}", line=line, field="tied_embeddings", hint="tied or untied"
+        )
     args["untie_embeddings_and_output_weights"] = row["tied_embeddings"] == "untied"
     return args
 
@@ -203,8 +273,13 @@ class Mapping:
         self.settings = read_settings(self.settings_path)
         line, per_node = self.settings.get(("all", "gpus_per_node"), (None, ""))
         if per_node != "8":
-            raise TraceError(self.settings_path, f"says {per_node!r} GPUs per node", line=line,
-                             field="gpus_per_node", hint="the dgxc mapping prices the DGX H100 (8 per node)")
+            raise TraceError(
+                self.settings_path,
+                f"says {per_node!r} GPUs per node",
+                line=line,
+                field="gpus_per_node",
+                hint="the dgxc mapping prices the DGX H100 (8 per node)",
+            )
         self.gpus_per_node = 8
 
     def setting(self, model: str, setting: str) -> tuple[int, str] | None:
@@ -213,11 +288,19 @@ class Mapping:
     def translate(self, cells: dict[str, Any]) -> dict[str, Any]:
         model, precision = cells.get("model"), cells.get("precision")
         if model not in self.models:
-            raise TraceError(self.models_path, f"has no row for model {model!r} of runs.csv", field="model",
-                             hint="the published models.csv lists every model of runs.csv")
+            raise TraceError(
+                self.models_path,
+                f"has no row for model {model!r} of runs.csv",
+                field="model",
+                hint="the published models.csv lists every model of runs.csv",
+            )
         if precision not in PRECISIONS:
-            raise TraceError(self.models_path.parent / "runs.csv", f"precision {precision!r}", field="precision",
-                             hint=f"the set's precisions are {', '.join(PRECISIONS)}")
+            raise TraceError(
+                self.models_path.parent / "runs.csv",
+                f"precision {precision!r}",
+                field="precision",
+                hint=f"the set's precisions are {', '.join(PRECISIONS)}",
+            )
         line, row = self.models[model]
         row_args = {COLUMNS[name]: value for name, value in cells.items() if name in COLUMNS and value != "NA"}
         args = {**STATED, **_architecture(self.models_path, line, row), **row_args}
@@ -230,8 +313,13 @@ class Mapping:
             stated = _switch(self.settings_path, found[0], setting, found[1]) if found else None
             if arg == "recompute_granularity":
                 if stated and found:
-                    raise TraceError(self.settings_path, f"says {found[1]!r}", line=found[0], field=setting,
-                                     hint="the dgxc mapping reads no recomputation method: extend it")
+                    raise TraceError(
+                        self.settings_path,
+                        f"says {found[1]!r}",
+                        line=found[0],
+                        field=setting,
+                        hint="the dgxc mapping reads no recomputation method: extend it",
+                    )
                 args[arg] = None if stated is not None else ASSUMED[arg]
             else:
                 args[arg] = stated if stated is not None else ASSUMED[arg]
@@ -247,8 +335,9 @@ class Mapping:
         if precision == "fp8":
             args["fp8_format"] = ASSUMED["fp8_format"]
         step = cells.get("step_time_s")
-        args["iteration_time_ms"] = step * 1e3 if isinstance(step, (int, float)) and not isinstance(step, bool) \
-            else step
+        args["iteration_time_ms"] = (
+            step * 1e3 if isinstance(step, (int, float)) and not isinstance(step, bool) else step
+        )
         tokens, seq = cells.get("tokens_per_s_reported"), args.get("seq_length")
         if isinstance(tokens, (int, float)) and isinstance(seq, int) and seq > 0:
             args["samples_per_s"] = tokens / seq

@@ -15,7 +15,8 @@ class TraceError(InputError):
     every `InputError`).
     """
 
-    def __init__(self, path: Path | str, problem: str, *, line: int | None = None, field: str | None = None,
-                 hint: str = "") -> None:
+    def __init__(
+        self, path: Path | str, problem: str, *, line: int | None = None, field: str | None = None, hint: str = ""
+    ) -> None:
         self.path = Path(path)
         super().__init__(str(self.path), problem, line=line, field=field, hint=hint)

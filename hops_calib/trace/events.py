@@ -127,8 +127,9 @@ MAX_INDEX = (1 << 15) - 1  # microbatch, model chunk
 MAX_NS = (1 << 62) - 1  # wall clock in Unix-epoch ns (the year 2116): the checks add allowances without overflow
 
 
-def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, int],
-                 stage: int | None = None) -> tuple[str, str, str] | None:
+def check_record(
+    record: Any, *, rank: int, pp: int, device_stage: Mapping[str, int], stage: int | None = None
+) -> tuple[str, str, str] | None:
     """(field, problem, what to do) for the first thing wrong with one parsed event, or None when it is fine."""
     if not isinstance(record, dict):
         return "(event)", f"is a JSON {type(record).__name__}, not an object", "each line must be one event object"
@@ -147,12 +148,20 @@ def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, 
     if record["rank"] != rank:
         return "rank", f"is {record['rank']} in the log of rank {rank}", "each rank<r>.jsonl holds only rank r's events"
     if record["stage"] >= pp:
-        return "stage", f"is {record['stage']} but the configuration has {pp} pipeline stages", \
-            "check --pipeline-model-parallel-size and the stage map"
+        return (
+            "stage",
+            f"is {record['stage']} but the configuration has {pp} pipeline stages",
+            "check --pipeline-model-parallel-size and the stage map",
+        )
     if stage is not None and record["stage"] != stage:
-        return "stage", f"is {record['stage']} in the log of rank {rank}, which runs stage {stage}", (
-            "with tensor and data parallel size 1 rank r runs stage r: the line belongs to another rank's log, or "
-            "was edited; " + _FIX)
+        return (
+            "stage",
+            f"is {record['stage']} in the log of rank {rank}, which runs stage {stage}",
+            (
+                "with tensor and data parallel size 1 rank r runs stage r: the line belongs to another rank's log, or "
+                "was edited; " + _FIX
+            ),
+        )
     for name in ("start_wall_ns", "end_wall_ns"):
         if record[name] > MAX_NS:
             return name, f"is {record[name]}, past 2^62 ns (the year 2116): not a wall clock in Unix-epoch ns", _FIX
@@ -163,22 +172,27 @@ def check_record(record: Any, *, rank: int, pp: int, device_stage: Mapping[str, 
     if record["iteration"] > MAX_ITERATION:
         return "iteration", f"is {record['iteration']}, more than a trace can number (<= {MAX_ITERATION})", _FIX
     if record["end_wall_ns"] < record["start_wall_ns"]:
-        return "end_wall_ns", f"{record['end_wall_ns']} is before start_wall_ns {record['start_wall_ns']}", \
-            "the event ends before it starts: " + _FIX
+        return (
+            "end_wall_ns",
+            f"{record['end_wall_ns']} is before start_wall_ns {record['start_wall_ns']}",
+            "the event ends before it starts: " + _FIX,
+        )
     microbatch = record.get("microbatch")
     if microbatch is not None and (not _is_int(microbatch) or not 0 <= microbatch <= MAX_INDEX):
         return "microbatch", f"is {microbatch!r}, expected an integer 0..{MAX_INDEX} or null", _FIX
     if phase != "OPTIMIZER" and microbatch is None:
-        return "microbatch", f"is null on a {phase} event", \
-            "only OPTIMIZER events may omit the microbatch: " + _FIX
+        return "microbatch", f"is null on a {phase} event", "only OPTIMIZER events may omit the microbatch: " + _FIX
     chunk = record.get("model_chunk", 0)
     if not _is_int(chunk) or not 0 <= chunk <= MAX_INDEX:
         return "model_chunk", f"is {chunk!r}, expected an integer 0..{MAX_INDEX}", _FIX
     if kind == TRANSFER:
         dst = record.get("dst_device")
         if dst not in device_stage:
-            return "dst_device", f"{dst!r} is not a device of the stage map", \
-                "a transfer must name its receiving device as in hops_trace_map.json"
+            return (
+                "dst_device",
+                f"{dst!r} is not a device of the stage map",
+                "a transfer must name its receiving device as in hops_trace_map.json",
+            )
     return None
 
 
@@ -205,8 +219,9 @@ def check_collective(record: dict[str, Any], *, rank: int, pp: int, stage: int |
     return None
 
 
-def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[str, int],
-                     lenient: bool = False, stage: int | None = None) -> tuple[dict[str, np.ndarray], RankLogReport]:
+def read_rank_events(
+    path: Path, *, rank: int, pp: int, device_stage: Mapping[str, int], lenient: bool = False, stage: int | None = None
+) -> tuple[dict[str, np.ndarray], RankLogReport]:
     """Normalized event columns (EVENT_DTYPES) of one rank log, and what the read found.
 
     A last line without its newline that does not parse is a truncated write
@@ -235,20 +250,37 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                 record = _loads(raw)
             except _JSONError as err:
                 if not raw.endswith(b"\n"):
-                    reject(None, "truncated last line: the record is cut off (the job probably died while "
-                           "writing)", "drop the partial line, or ingest with --lenient", "truncated last line")
+                    reject(
+                        None,
+                        "truncated last line: the record is cut off (the job probably died while writing)",
+                        "drop the partial line, or ingest with --lenient",
+                        "truncated last line",
+                    )
                 else:
-                    reject(None, f"not valid JSON ({err})", "fix the line, or ingest with --lenient to drop it",
-                           "malformed JSON")
+                    reject(
+                        None,
+                        f"not valid JSON ({err})",
+                        "fix the line, or ingest with --lenient to drop it",
+                        "malformed JSON",
+                    )
                 continue
             if type(record) is dict and record.get("event_type") == COLLECTIVE:
                 problem = check_collective(record, rank=rank, pp=pp, stage=stage)
                 if problem is not None:
                     reject(*problem)
                 else:
-                    report.collectives.append(CollectiveEvent(
-                        record["iteration"], record["phase"], record.get("microbatch"), record["collective"],
-                        record["group"], record["bytes"], record["start_wall_ns"], record["end_wall_ns"]))
+                    report.collectives.append(
+                        CollectiveEvent(
+                            record["iteration"],
+                            record["phase"],
+                            record.get("microbatch"),
+                            record["collective"],
+                            record["group"],
+                            record["bytes"],
+                            record["start_wall_ns"],
+                            record["end_wall_ns"],
+                        )
+                    )
                 continue
             # Fast path for the common, valid event; anything unusual goes through check_record.
             try:
@@ -262,15 +294,25 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                 chunk = record.get("model_chunk", 0)
                 peer = device_stage[record["dst_device"]] if kind == _TRANSFER else -1
                 hostname = record.get("hostname")
-                ok = (type(start) is int and type(end) is int and 0 <= start <= end <= MAX_NS
-                      and record["rank"] == rank and type(record["rank"]) is int
-                      and type(event_stage) is int and 0 <= event_stage < pp
-                      and (stage is None or event_stage == stage)
-                      and type(iteration) is int and 0 <= iteration <= MAX_ITERATION
-                      and type(chunk) is int and 0 <= chunk <= MAX_INDEX
-                      and ((type(microbatch) is int and 0 <= microbatch <= MAX_INDEX)
-                           or (microbatch is None and phase == _OPTIMIZER))
-                      and (hostname is None or (type(hostname) is str and len(hostname) <= MAX_HOSTNAME)))
+                ok = (
+                    type(start) is int
+                    and type(end) is int
+                    and 0 <= start <= end <= MAX_NS
+                    and record["rank"] == rank
+                    and type(record["rank"]) is int
+                    and type(event_stage) is int
+                    and 0 <= event_stage < pp
+                    and (stage is None or event_stage == stage)
+                    and type(iteration) is int
+                    and 0 <= iteration <= MAX_ITERATION
+                    and type(chunk) is int
+                    and 0 <= chunk <= MAX_INDEX
+                    and (
+                        (type(microbatch) is int and 0 <= microbatch <= MAX_INDEX)
+                        or (microbatch is None and phase == _OPTIMIZER)
+                    )
+                    and (hostname is None or (type(hostname) is str and len(hostname) <= MAX_HOSTNAME))
+                )
             except (KeyError, TypeError):
                 ok = False
             if not ok:
@@ -281,12 +323,22 @@ def read_rank_events(path: Path, *, rank: int, pp: int, device_stage: Mapping[st
                 continue
             if not report.hostname and hostname:
                 report.hostname = hostname
-            rows.append((event_stage, chunk, iteration, -1 if phase == _OPTIMIZER else microbatch, kind, phase, start, end,
-                         peer))
+            rows.append(
+                (
+                    event_stage,
+                    chunk,
+                    iteration,
+                    -1 if phase == _OPTIMIZER else microbatch,
+                    kind,
+                    phase,
+                    start,
+                    end,
+                    peer,
+                )
+            )
             if len(rows) >= _FLUSH_ROWS:
                 columns.flush()
     report.lines = number
     out = columns.finish(rank)
     report.events = len(out["start_ns"])
     return out, report
-

@@ -35,9 +35,11 @@ def is_job_dir(path: Path) -> bool:
 
 # What a job directory to predict or plan holds (README, "Predict a configuration before it runs"): the one wording of
 # `predict --job`, `plot timeline --job` and `plan --job`.
-JOB_DIR_HINT = (f"give a Megatron job directory: megatron_args.txt, {STAGE_MAP} and {TEMPLATE} (the GPU type), and "
-                f"{LINK_BENCH_DIR.as_posix()}/ only where neither torchrun's node placement (--nnodes, "
-                "--nproc-per-node) nor --cluster prices the hops (no traces needed)")
+JOB_DIR_HINT = (
+    f"give a Megatron job directory: megatron_args.txt, {STAGE_MAP} and {TEMPLATE} (the GPU type), and "
+    f"{LINK_BENCH_DIR.as_posix()}/ only where neither torchrun's node placement (--nnodes, "
+    "--nproc-per-node) nor --cluster prices the hops (no traces needed)"
+)
 
 
 def require_job_dir(path: Path | str, field: str = "--job") -> Path:
@@ -88,13 +90,17 @@ def find_job_dirs(source: Path, notes: list[str] | None = None) -> list[Path]:
         dirs[:] = walk
     if notes is not None:
         if hidden:
-            notes.append(f"skipped {len(hidden)} job director{'y' if len(hidden) == 1 else 'ies'} whose name starts "
-                         f"with a dot (hidden): {', '.join(hidden[:5])}{', ...' if len(hidden) > 5 else ''}; rename "
-                         "to ingest")
+            notes.append(
+                f"skipped {len(hidden)} job director{'y' if len(hidden) == 1 else 'ies'} whose name starts "
+                f"with a dot (hidden): {', '.join(hidden[:5])}{', ...' if len(hidden) > 5 else ''}; rename "
+                "to ingest"
+            )
         if unfollowed:
-            notes.append(f"did not follow {len(unfollowed)} symbolic link(s) to folders that are not job "
-                         f"directories: {', '.join(unfollowed[:5])}{', ...' if len(unfollowed) > 5 else ''} (links "
-                         "are followed only to job directories, so the search stays inside the source)")
+            notes.append(
+                f"did not follow {len(unfollowed)} symbolic link(s) to folders that are not job "
+                f"directories: {', '.join(unfollowed[:5])}{', ...' if len(unfollowed) > 5 else ''} (links "
+                "are followed only to job directories, so the search stays inside the source)"
+            )
     return sorted(found)
 
 
@@ -102,15 +108,21 @@ def rank_files(job_dir: Path) -> dict[int, Path]:
     """rank -> event log path, from `megatron_trace/rank<r>.jsonl`."""
     trace = job_dir / TRACE_DIR
     if not trace.is_dir():
-        raise TraceError(trace, "missing: no per-rank event logs", hint=f"a job directory needs {TRACE_DIR}/rank<r>.jsonl")
+        raise TraceError(
+            trace, "missing: no per-rank event logs", hint=f"a job directory needs {TRACE_DIR}/rank<r>.jsonl"
+        )
     files: dict[int, Path] = {}
     for path in sorted(trace.iterdir()):
         match = _RANK_FILE.fullmatch(path.name)
         if match:
             rank = int(match.group(1))
             if rank in files:
-                raise TraceError(trace, f"holds two logs of rank {rank}: {files[rank].name} and {path.name}",
-                                 field="rank<r>.jsonl", hint="keep one log per rank (remove the copy)")
+                raise TraceError(
+                    trace,
+                    f"holds two logs of rank {rank}: {files[rank].name} and {path.name}",
+                    field="rank<r>.jsonl",
+                    hint="keep one log per rank (remove the copy)",
+                )
             files[rank] = path
     if not files:
         raise TraceError(trace, "holds no rank<r>.jsonl event logs", hint="copy the tracing fork's per-rank logs here")
@@ -121,24 +133,37 @@ def read_stage_map(job_dir: Path) -> tuple[str, ...]:
     """Device id per pipeline stage, from `hops_trace_map.json` ({"stages": {"0": "h100_node0_gpu0", ...}})."""
     path = job_dir / STAGE_MAP
     if not os.path.lexists(path):
-        raise TraceError(path, "missing: no stage-to-device map", field="stages",
-                         hint='write {"stages": {"0": "<device id>", ...}} with one entry per pipeline stage')
+        raise TraceError(
+            path,
+            "missing: no stage-to-device map",
+            field="stages",
+            hint='write {"stages": {"0": "<device id>", ...}} with one entry per pipeline stage',
+        )
     data = load_json(path, MAX_LAYOUT_BYTES)
     stages = data.get("stages") if isinstance(data, dict) else None
     if not isinstance(stages, dict) or not stages:
-        raise TraceError(path, "missing or empty", field="stages",
-                         hint='expected {"stages": {"0": "<device id>", ...}}')
+        raise TraceError(
+            path, "missing or empty", field="stages", hint='expected {"stages": {"0": "<device id>", ...}}'
+        )
     try:
         by_stage = {int(k): v for k, v in stages.items()}
     except ValueError as err:
         raise TraceError(path, f"stage keys must be integers ({err})", field="stages") from err
     if sorted(by_stage) != list(range(len(by_stage))):
-        raise TraceError(path, f"stages {sorted(by_stage)} are not 0..{len(by_stage) - 1}", field="stages",
-                         hint="list every pipeline stage exactly once, numbered from 0")
+        raise TraceError(
+            path,
+            f"stages {sorted(by_stage)} are not 0..{len(by_stage) - 1}",
+            field="stages",
+            hint="list every pipeline stage exactly once, numbered from 0",
+        )
     for stage, device in by_stage.items():
         if not isinstance(device, str) or not device:
-            raise TraceError(path, f"device id of stage {stage} is {device!r}", field=f"stages.{stage}",
-                             hint="give a non-empty device id string")
+            raise TraceError(
+                path,
+                f"device id of stage {stage} is {device!r}",
+                field=f"stages.{stage}",
+                hint="give a non-empty device id string",
+            )
     return tuple(by_stage[s] for s in range(len(by_stage)))
 
 
@@ -149,8 +174,9 @@ class DeviceInfo:
     node: str = ""  # the node (machine) it sits on, when the job names one (`node:`): devices of one node share it
 
 
-def _read_yaml_mapping(path: Path, keys: str, empty_ok: bool, max_bytes: int = MAX_CONFIG_BYTES,
-                       max_nodes: int = MAX_YAML_NODES) -> dict[str, Any]:
+def _read_yaml_mapping(
+    path: Path, keys: str, empty_ok: bool, max_bytes: int = MAX_CONFIG_BYTES, max_nodes: int = MAX_YAML_NODES
+) -> dict[str, Any]:
     """An optional YAML file holding a mapping: {} when absent (or empty, with `empty_ok`); an error naming the
     file and line when it is not valid YAML, or not a mapping (`keys`: examples of what it should hold)."""
     if not os.path.lexists(path):
@@ -165,8 +191,13 @@ def _read_yaml_mapping(path: Path, keys: str, empty_ok: bool, max_bytes: int = M
 
 def read_template(job_dir: Path) -> dict[str, Any]:
     """`hops.base.yaml` as a dict (empty when absent)."""
-    return _read_yaml_mapping(job_dir / TEMPLATE, "pipeline: and hardware:", empty_ok=False,
-                              max_bytes=MAX_LAYOUT_BYTES, max_nodes=MAX_LAYOUT_NODES)
+    return _read_yaml_mapping(
+        job_dir / TEMPLATE,
+        "pipeline: and hardware:",
+        empty_ok=False,
+        max_bytes=MAX_LAYOUT_BYTES,
+        max_nodes=MAX_LAYOUT_NODES,
+    )
 
 
 def read_device_types(job_dir: Path, template: dict[str, Any] | None = None) -> dict[str, DeviceInfo]:
@@ -175,19 +206,32 @@ def read_device_types(job_dir: Path, template: dict[str, Any] | None = None) -> 
     path = job_dir / TEMPLATE
     template = read_template(job_dir) if template is None else template
     if not template:
-        raise TraceError(path, "missing: no device types", field="hardware.devices",
-                         hint="write hardware: {devices: [{id: <device id>, gpu: <type, e.g. h100 or cpu>}, ...]}")
+        raise TraceError(
+            path,
+            "missing: no device types",
+            field="hardware.devices",
+            hint="write hardware: {devices: [{id: <device id>, gpu: <type, e.g. h100 or cpu>}, ...]}",
+        )
     devices = (template.get("hardware") or {}).get("devices")
     if not isinstance(devices, list) or not devices:
-        raise TraceError(path, "missing or empty", field="hardware.devices",
-                         hint="list every device of the stage map as {id: ..., gpu: ...}")
+        raise TraceError(
+            path,
+            "missing or empty",
+            field="hardware.devices",
+            hint="list every device of the stage map as {id: ..., gpu: ...}",
+        )
     types: dict[str, DeviceInfo] = {}
     for k, entry in enumerate(devices):
         if not isinstance(entry, dict) or not entry.get("id") or not entry.get("gpu"):
-            raise TraceError(path, f"entry {k} is {entry!r}", field=f"hardware.devices[{k}]",
-                             hint="each device needs an id and a gpu type")
-        types[str(entry["id"])] = DeviceInfo(type=str(entry["gpu"]).lower(), name=str(entry.get("name") or ""),
-                                             node=str(entry.get("node") or ""))
+            raise TraceError(
+                path,
+                f"entry {k} is {entry!r}",
+                field=f"hardware.devices[{k}]",
+                hint="each device needs an id and a gpu type",
+            )
+        types[str(entry["id"])] = DeviceInfo(
+            type=str(entry["gpu"]).lower(), name=str(entry.get("name") or ""), node=str(entry.get("node") or "")
+        )
     return types
 
 

@@ -51,19 +51,49 @@ _CHUNK = 1 << 20
 _FLUSH = 1 << 16
 # ts of an absolute epoch-µs trace (old Kineto) is past 1e15 (2001); relative ts are run-time offsets
 _EPOCH_US = 1e15
-_DTYPE_BYTES = {"float": 4, "Float": 4, "float32": 4, "c10::Half": 2, "Half": 2, "c10::BFloat16": 2, "BFloat16": 2,
-                "double": 8, "Double": 8, "long int": 8, "Long": 8, "int": 4, "Int": 4, "bool": 1, "Bool": 1,
-                "unsigned char": 1, "Byte": 1, "signed char": 1, "Char": 1, "short int": 2, "Short": 2}
-_COLLECTIVES = {"allreduce": "all_reduce", "all_reduce": "all_reduce", "_allgather_base": "all_gather",
-                "allgather_into_tensor_coalesced": "all_gather", "all_gather_into_tensor": "all_gather",
-                "allgather": "all_gather", "_reduce_scatter_base": "reduce_scatter",
-                "reduce_scatter_tensor_coalesced": "reduce_scatter", "reduce_scatter": "reduce_scatter",
-                "reduce_scatter_tensor": "reduce_scatter"}
-_GLOO_COLLECTIVES = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
-                     "c10d::allgather_": "all_gather", "c10d::_reduce_scatter_base_": "reduce_scatter",
-                     "c10d::reduce_scatter_": "reduce_scatter"}
-_GROUPS = {"TENSOR_MODEL_PARALLEL_GROUP": "tp", "DATA_PARALLEL_GROUP": "dp",
-           "DATA_PARALLEL_GROUP_WITH_CP": "dp"}
+_DTYPE_BYTES = {
+    "float": 4,
+    "Float": 4,
+    "float32": 4,
+    "c10::Half": 2,
+    "Half": 2,
+    "c10::BFloat16": 2,
+    "BFloat16": 2,
+    "double": 8,
+    "Double": 8,
+    "long int": 8,
+    "Long": 8,
+    "int": 4,
+    "Int": 4,
+    "bool": 1,
+    "Bool": 1,
+    "unsigned char": 1,
+    "Byte": 1,
+    "signed char": 1,
+    "Char": 1,
+    "short int": 2,
+    "Short": 2,
+}
+_COLLECTIVES = {
+    "allreduce": "all_reduce",
+    "all_reduce": "all_reduce",
+    "_allgather_base": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "allgather": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+}
+_GLOO_COLLECTIVES = {
+    "c10d::allreduce_": "all_reduce",
+    "c10d::_allgather_base_": "all_gather",
+    "c10d::allgather_": "all_gather",
+    "c10d::_reduce_scatter_base_": "reduce_scatter",
+    "c10d::reduce_scatter_": "reduce_scatter",
+}
+_GROUPS = {"TENSOR_MODEL_PARALLEL_GROUP": "tp", "DATA_PARALLEL_GROUP": "dp", "DATA_PARALLEL_GROUP_WITH_CP": "dp"}
 _NCCL_SEND = re.compile(r"nccl:send \d+->\d+$")
 _DEVICE_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "gpu_memset"})
 _RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})
@@ -77,8 +107,11 @@ def _ijson() -> Any:
     try:
         import ijson
     except ImportError:  # pragma: no cover - a dependency; named so a bare install says what to add
-        raise TraceError(PROFILE_DIR, "needs the ijson package to stream PyTorch profiler traces",
-                         hint="pip install ijson (a dependency of hops-calib)") from None
+        raise TraceError(
+            PROFILE_DIR,
+            "needs the ijson package to stream PyTorch profiler traces",
+            hint="pip install ijson (a dependency of hops-calib)",
+        ) from None
     return ijson
 
 
@@ -105,8 +138,13 @@ def _open(path: Path) -> BinaryIO:
 
 
 def _bad(path: Path, problem: str, line: int | None = None, hint: str = "") -> TraceError:
-    return TraceError(path, problem, line=line, field="traceEvents",
-                      hint=hint or "copy the rank's trace from the run again (this one is damaged or cut short)")
+    return TraceError(
+        path,
+        problem,
+        line=line,
+        field="traceEvents",
+        hint=hint or "copy the rank's trace from the run again (this one is damaged or cut short)",
+    )
 
 
 def read_head(path: Path) -> dict[str, Any]:
@@ -190,9 +228,12 @@ class _Rows:
 
     def finish(self) -> dict[str, np.ndarray]:
         self.flush()
-        return {name: (np.concatenate(parts) if parts else np.empty(0, dtype=np.float64 if name in ("ts", "dur")
-                                                                   else np.int64))
-                for name, parts in self.chunks.items()}
+        return {
+            name: (
+                np.concatenate(parts) if parts else np.empty(0, dtype=np.float64 if name in ("ts", "dur") else np.int64)
+            )
+            for name, parts in self.chunks.items()
+        }
 
 
 def _first_line(err: Exception) -> str:
@@ -281,29 +322,44 @@ def read_kineto(path: Path) -> RankProfile:
                     sends_by["record_param_comms"].append((ts, ts + dur))
                 elif collective in _COLLECTIVES:
                     group = _GROUPS.get(str(args.get("Process Group Description", "")), "")
-                    collectives_by["record_param_comms"].append((_COLLECTIVES[collective], ts, ts + dur,
-                                                                 _bytes_of(args), group))
+                    collectives_by["record_param_comms"].append(
+                        (_COLLECTIVES[collective], ts, ts + dur, _bytes_of(args), group)
+                    )
             elif name == "c10d::send":
                 sends_by["c10d"].append((ts, ts + dur))
             elif name in _GLOO_COLLECTIVES:
                 collectives_by["c10d"].append((_GLOO_COLLECTIVES[name], ts, ts + dur, _bytes_of(args), ""))
             external = args.get("External id")
             tid = event.get("tid")
-            ops.add(ts, dur, tid if type(tid) is int else -1, names(name), shapes(_shape(args)),
-                    external if type(external) is int else -1)
+            ops.add(
+                ts,
+                dur,
+                tid if type(tid) is int else -1,
+                names(name),
+                shapes(_shape(args)),
+                external if type(external) is int else -1,
+            )
         elif category in _DEVICE_CATS:
             correlation = args.get("correlation")
             external = args.get("External id")
-            kernels.add(ts, dur, names(name), correlation if type(correlation) is int else -1,
-                        external if type(external) is int else -1)
+            kernels.add(
+                ts,
+                dur,
+                names(name),
+                correlation if type(correlation) is int else -1,
+                external if type(external) is int else -1,
+            )
         elif category in _RUNTIME_CATS:
             correlation = args.get("correlation")
             if type(correlation) is int:
                 runtime.add(ts, correlation)
     if events == 0:
-        raise _bad(path, "holds no traceEvents: not a PyTorch profiler trace",
-                   hint="give the rank's Chrome-trace JSON that torch.profiler wrote (export_chrome_trace or the "
-                        "tensorboard trace handler)")
+        raise _bad(
+            path,
+            "holds no traceEvents: not a PyTorch profiler trace",
+            hint="give the rank's Chrome-trace JSON that torch.profiler wrote (export_chrome_trace or the "
+            "tensorboard trace handler)",
+        )
 
     sends = next((found for found in sends_by.values() if found), [])
     collectives = next((found for found in collectives_by.values() if found), [])
@@ -313,9 +369,11 @@ def read_kineto(path: Path) -> RankProfile:
     earliest = min((float(values.min()) for values in starts if len(values)), default=0.0)
     if base is None or not isinstance(base, (int, float)) or isinstance(base, bool):
         if earliest < _EPOCH_US:
-            raise _bad(path, "has run-relative timestamps and no baseTimeNanoseconds: its ranks cannot be put on "
-                       "one clock", hint="record with torch >= 2.4 (kineto writes baseTimeNanoseconds), or "
-                       "export the trace again")
+            raise _bad(
+                path,
+                "has run-relative timestamps and no baseTimeNanoseconds: its ranks cannot be put on one clock",
+                hint="record with torch >= 2.4 (kineto writes baseTimeNanoseconds), or export the trace again",
+            )
         base = 0
     base = int(base)
 
@@ -331,17 +389,25 @@ def read_kineto(path: Path) -> RankProfile:
     profile.sends = [(ns(s), ns(e)) for s, e in sends]
     profile.collectives = [(op, ns(s), ns(e), nbytes, group) for op, s, e, nbytes, group in collectives]
     op_start = ns(op_cols["ts"])
-    profile.ops = {"start": op_start, "end": op_start + np.rint(op_cols["dur"] * 1000.0).astype(np.int64),
-                   "tid": op_cols["tid"], "name": op_cols["name"].astype(np.int32),
-                   "shape": op_cols["shape"].astype(np.int32), "external": op_cols["external"]}
+    profile.ops = {
+        "start": op_start,
+        "end": op_start + np.rint(op_cols["dur"] * 1000.0).astype(np.int64),
+        "tid": op_cols["tid"],
+        "name": op_cols["name"].astype(np.int32),
+        "shape": op_cols["shape"].astype(np.int32),
+        "external": op_cols["external"],
+    }
     if len(kernel_cols["ts"]):
         kernel_start = ns(kernel_cols["ts"])
         launch = _launch_times(kernel_cols, runtime_cols, op_cols, ns)
         shape = _launch_shapes(kernel_cols["external"], op_cols)
-        profile.kernels = {"start": kernel_start,
-                           "end": kernel_start + np.rint(kernel_cols["dur"] * 1000.0).astype(np.int64),
-                           "name": kernel_cols["name"].astype(np.int32), "shape": shape.astype(np.int32),
-                           "launch": launch}
+        profile.kernels = {
+            "start": kernel_start,
+            "end": kernel_start + np.rint(kernel_cols["dur"] * 1000.0).astype(np.int64),
+            "name": kernel_cols["name"].astype(np.int32),
+            "shape": shape.astype(np.int32),
+            "launch": launch,
+        }
     return profile
 
 
@@ -357,8 +423,9 @@ def _join(keys: np.ndarray, table_keys: np.ndarray, table_values: np.ndarray, mi
     return np.where(found, table_values[order][slot], missing)
 
 
-def _launch_times(kernels: dict[str, np.ndarray], runtime: dict[str, np.ndarray], ops: dict[str, np.ndarray],
-                  ns: Any) -> np.ndarray:
+def _launch_times(
+    kernels: dict[str, np.ndarray], runtime: dict[str, np.ndarray], ops: dict[str, np.ndarray], ns: Any
+) -> np.ndarray:
     """Host time of each kernel's launch (Unix ns): its runtime call's (same `correlation`), else its launching
     operator's start (same `External id`); -1 when the trace links it to neither."""
     missing = np.float64(np.nan)

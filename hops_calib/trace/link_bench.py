@@ -147,12 +147,22 @@ def read_pair(path: Path) -> tuple[list[tuple[float, float]], str]:
     def say(name: object, number: int, field: str) -> None:
         nonlocal transport, said
         if not isinstance(name, str) or not transport_name(name):
-            raise TraceError(path, f"is {name!r}, expected a transport's name", line=number, field=field,
-                             hint="socket, ib, or NCCL's network name (NCCL_NET)")
+            raise TraceError(
+                path,
+                f"is {name!r}, expected a transport's name",
+                line=number,
+                field=field,
+                hint="socket, ib, or NCCL's network name (NCCL_NET)",
+            )
         if transport and transport_name(name) != transport:
-            raise TraceError(path, f"says transport {transport_name(name)!r}, line {said} said {transport!r}",
-                             line=number, field=field, hint="one pair file holds one benchmark over one transport: "
-                                                             "a file pasted together from two runs? keep one")
+            raise TraceError(
+                path,
+                f"says transport {transport_name(name)!r}, line {said} said {transport!r}",
+                line=number,
+                field=field,
+                hint="one pair file holds one benchmark over one transport: "
+                "a file pasted together from two runs? keep one",
+            )
         transport, said = transport_name(name), said or number
 
     with open_regular(path) as handle:
@@ -171,11 +181,19 @@ def read_pair(path: Path) -> tuple[list[tuple[float, float]], str]:
                 if not line.startswith('{"'):
                     continue  # a log line that happens to start with '{': not a measurement
                 # a row the benchmark began to write (a JSON object's first key) and did not finish, or mangled
-                what = (f"{err.msg} at column {err.colno}" if isinstance(err, json.JSONDecodeError)
-                        else "nested too deeply" if isinstance(err, RecursionError) else str(err))
-                raise TraceError(path, f"is not valid JSON ({what})", line=number,
-                                 hint="a torn or edited measurement row: re-run the link benchmark, "
-                                                    "or delete the line") from None
+                what = (
+                    f"{err.msg} at column {err.colno}"
+                    if isinstance(err, json.JSONDecodeError)
+                    else "nested too deeply"
+                    if isinstance(err, RecursionError)
+                    else str(err)
+                )
+                raise TraceError(
+                    path,
+                    f"is not valid JSON ({what})",
+                    line=number,
+                    hint="a torn or edited measurement row: re-run the link benchmark, or delete the line",
+                ) from None
             if row.get("mode", "p2p") != "p2p":
                 continue
             if "transport" in row:
@@ -183,8 +201,13 @@ def read_pair(path: Path) -> tuple[list[tuple[float, float]], str]:
             for field in ("size_mb", "p50_ms"):  # the receiver's rows too: a bad one means a damaged file
                 value = row.get(field)
                 if not positive_number(value):
-                    raise TraceError(path, f"is {value!r}, expected a positive number", line=number, field=field,
-                                     hint="re-run the link benchmark or delete the row")
+                    raise TraceError(
+                        path,
+                        f"is {value!r}, expected a positive number",
+                        line=number,
+                        field=field,
+                        hint="re-run the link benchmark or delete the row",
+                    )
             if row.get("rank") != SENDER_RANK:
                 continue
             points.append((float(row["size_mb"]) * BYTES_PER_MB, float(row["p50_ms"])))
@@ -218,14 +241,19 @@ def fit_link(path: Path, src_stage: int, dst_stage: int) -> LinkFit:
     return replace(fit, transport=transport) if transport else fit
 
 
-def fit_points(points: list[tuple[float, float]], src_stage: int, dst_stage: int, label: str,
-               origin: Path | str) -> LinkFit:
+def fit_points(
+    points: list[tuple[float, float]], src_stage: int, dst_stage: int, label: str, origin: Path | str
+) -> LinkFit:
     """The latency + bandwidth fit of (bytes, ms) measurements (`label` names them in the fit's source, `origin`
     in errors): least squares, latency held at 0 when the unconstrained fit goes below it."""
     sizes = {size for size, _ in points}
     if len(sizes) < 2:
-        raise TraceError(origin, f"has {len(sizes)} distinct message sizes for the sender (rank {SENDER_RANK})",
-                         field="size_mb", hint="a latency + bandwidth fit needs rows of at least two sizes")
+        raise TraceError(
+            origin,
+            f"has {len(sizes)} distinct message sizes for the sender (rank {SENDER_RANK})",
+            field="size_mb",
+            hint="a latency + bandwidth fit needs rows of at least two sizes",
+        )
     x = np.array([size for size, _ in points])
     y = np.array([ms for _, ms in points])
     slope, intercept = np.polyfit(x, y, 1)
@@ -238,20 +266,32 @@ def fit_points(points: list[tuple[float, float]], src_stage: int, dst_stage: int
         note = f"; latency held at 0 (unconstrained fit {intercept:.3f} ms)"
         slope, intercept = float(x @ y / (x @ x)), 0.0
     if not slope > 0:
-        raise TraceError(origin, f"time does not grow with message size (slope {slope:.3g} ms/byte)", field="p50_ms",
-                         hint="the benchmark is too noisy to fit a bandwidth; re-run it with more iterations")
+        raise TraceError(
+            origin,
+            f"time does not grow with message size (slope {slope:.3g} ms/byte)",
+            field="p50_ms",
+            hint="the benchmark is too noisy to fit a bandwidth; re-run it with more iterations",
+        )
     medians = tuple((size, float(np.median([ms for s, ms in points if s == size]))) for size in sorted(sizes))
-    return LinkFit(src_stage=src_stage, dst_stage=dst_stage, latency_ms=float(intercept),
-                   bytes_per_ms=float(1.0 / slope), source=f"{label}: sender p50 at {len(sizes)} sizes{note}",
-                   points=medians)
+    return LinkFit(
+        src_stage=src_stage,
+        dst_stage=dst_stage,
+        latency_ms=float(intercept),
+        bytes_per_ms=float(1.0 / slope),
+        source=f"{label}: sender p50 at {len(sizes)} sizes{note}",
+        points=medians,
+    )
 
 
 def pair_files(bench_dir: Path) -> list[tuple[int, int, Path]]:
     """(i, j, path) of every pair_<i>_<j>.jsonl in the folder, by stage pair (empty when there is no folder)."""
     if not bench_dir.is_dir():
         return []
-    return sorted((int(m.group(1)), int(m.group(2)), path) for path in bench_dir.iterdir()
-                  if (m := _PAIR_FILE.fullmatch(path.name)))
+    return sorted(
+        (int(m.group(1)), int(m.group(2)), path)
+        for path in bench_dir.iterdir()
+        if (m := _PAIR_FILE.fullmatch(path.name))
+    )
 
 
 def read_link_fits(bench_dir: Path, pp: int | None = None, notes: list[str] | None = None) -> tuple[LinkFit, ...]:
@@ -274,20 +314,27 @@ def read_link_fits(bench_dir: Path, pp: int | None = None, notes: list[str] | No
         neighbours = {frozenset((k, k + 1)) for k in range(pp - 1)} | ({frozenset((pp - 1, 0))} if pp > 2 else set())
         for i, j, path in pairs:
             if max(i, j) >= pp or frozenset((i, j)) not in neighbours:
-                problem = (f"names stage {max(i, j)} but the configuration has {pp} pipeline stages (0..{pp - 1})"
-                           if max(i, j) >= pp else f"benchmarks stages {i} and {j}, which are not neighbours in "
-                           "the pipeline")
-                raise TraceError(path, problem, field="pair_<i>_<j>",
-                                 hint="a link benchmark file measures one hop, pair_<i>_<i+1>.jsonl between "
-                                      "neighbouring stages: remove or rename it (a file from another job?)")
+                problem = (
+                    f"names stage {max(i, j)} but the configuration has {pp} pipeline stages (0..{pp - 1})"
+                    if max(i, j) >= pp
+                    else f"benchmarks stages {i} and {j}, which are not neighbours in the pipeline"
+                )
+                raise TraceError(
+                    path,
+                    problem,
+                    field="pair_<i>_<j>",
+                    hint="a link benchmark file measures one hop, pair_<i>_<i+1>.jsonl between "
+                    "neighbouring stages: remove or rename it (a file from another job?)",
+                )
         if notes is not None:
             have = {frozenset((i, j)) for i, j, _ in pairs}
             missing = [f"{k}-{k + 1}" for k in range(pp - 1) if frozenset((k, k + 1)) not in have]
             if ignored:
                 shown = ", ".join(ignored[:8]) + (f", ... ({len(ignored)} files)" if len(ignored) > 8 else "")
-                notes.append(f"{bench_dir}: ignored {shown} (a link benchmark file is named "
-                             "pair_<i>_<j>.jsonl)")
+                notes.append(f"{bench_dir}: ignored {shown} (a link benchmark file is named pair_<i>_<j>.jsonl)")
             if pairs and missing:
-                notes.append(f"{bench_dir}: no benchmark for the hop(s) {', '.join(missing)}: they are priced "
-                             "as the slowest benchmarked link")
+                notes.append(
+                    f"{bench_dir}: no benchmark for the hop(s) {', '.join(missing)}: they are priced "
+                    "as the slowest benchmarked link"
+                )
     return tuple(fit_link(path, i, j) for i, j, path in sorted(pairs))

@@ -54,6 +54,7 @@ class Launch:
     """A job's launch, read once: Megatron's arguments, the file they came from, and the GPUs per node of a
     multi-node torchrun launch (global rank r on node r // gpus_per_node; None for a one-node launch, a command
     line without a launcher, or a rank log's arguments block, which prints no placement)."""
+
     args: dict[str, Any]
     source: Path
     gpus_per_node: int | None = None
@@ -92,8 +93,11 @@ def _parse_launch(text: str, path: Path | str) -> tuple[dict[str, Any], int | No
     --nproc-per-node when --nnodes is a plain integer above 1, else None) and the environment assignments before
     its launcher, from one split of it."""
     launcher, tokens = _split(text, path)
-    environment = tuple((name, value) for name, sep, value in (token.partition("=") for token in launcher or ())
-                        if sep and _ENV_NAME.fullmatch(name))
+    environment = tuple(
+        (name, value)
+        for name, sep, value in (token.partition("=") for token in launcher or ())
+        if sep and _ENV_NAME.fullmatch(name)
+    )
     # the world size the launcher gives is the launch's (Megatron computes the data parallel size from it)
     launcher_world, per_node = _launcher_layout(launcher) if launcher is not None else (None, None)
     args: dict[str, Any] = {}
@@ -124,12 +128,16 @@ def _split(text: str, path: Path | str) -> tuple[list[str] | None, list[str]]:
     try:
         tokens = shlex.split(text, comments=False)
     except ValueError as err:
-        raise TraceError(path, f"cannot split the command line ({err})", line=1,
-                         hint="write the launch command on one line with balanced quotes") from err
+        raise TraceError(
+            path,
+            f"cannot split the command line ({err})",
+            line=1,
+            hint="write the launch command on one line with balanced quotes",
+        ) from err
     scripts = [k for k, token in enumerate(tokens) if token.endswith(".py")]
     if not scripts:
         return None, tokens
-    return tokens[:scripts[-1]], tokens[scripts[-1] + 1:]
+    return tokens[: scripts[-1]], tokens[scripts[-1] + 1 :]
 
 
 def _launcher_options(tokens: list[str]) -> dict[str, str]:
@@ -165,8 +173,12 @@ def read_launch_file(path: Path) -> Launch:
     """The launch of a `megatron_args.txt`: its arguments and torchrun's placement, from one read of the file."""
     args, per_node, environment = _parse_launch(read_config_text(path), path)
     if not args:
-        raise TraceError(path, "no --arguments found", line=1,
-                         hint="the file must hold Megatron's launch command, e.g. 'pretrain_gpt.py --num-layers 12 ...'")
+        raise TraceError(
+            path,
+            "no --arguments found",
+            line=1,
+            hint="the file must hold Megatron's launch command, e.g. 'pretrain_gpt.py --num-layers 12 ...'",
+        )
     return Launch(args, path, per_node, environment)
 
 
@@ -212,7 +224,10 @@ def find_launch(job_dir: Path) -> Launch:
         args = parse_arguments_block(text for _, text in text_lines(candidate))
         if args:
             return Launch(args, candidate)
-    raise TraceError(job_dir / ARGS_FILE, "missing: no Megatron configuration in this job directory",
-                     field="megatron arguments",
-                     hint=f"add {ARGS_FILE} with the launch command, or a rank log (*.log/*.out in the job "
-                          "directory or logs/) holding Megatron's '---- arguments ----' block")
+    raise TraceError(
+        job_dir / ARGS_FILE,
+        "missing: no Megatron configuration in this job directory",
+        field="megatron arguments",
+        hint=f"add {ARGS_FILE} with the launch command, or a rank log (*.log/*.out in the job "
+        "directory or logs/) holding Megatron's '---- arguments ----' block",
+    )

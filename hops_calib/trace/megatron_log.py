@@ -103,8 +103,13 @@ def _number(path: Path, line: int, name: str, value: str) -> float:
     except ValueError:
         number = math.nan
     if not math.isfinite(number):
-        raise TraceError(path, f"is {value!r}, not a number", line=line, field=name,
-                         hint="the line is damaged: fix or delete it (a line cut short may end in '...')")
+        raise TraceError(
+            path,
+            f"is {value!r}, not a number",
+            line=line,
+            field=name,
+            hint="the line is damaged: fix or delete it (a line cut short may end in '...')",
+        )
     return number
 
 
@@ -118,8 +123,12 @@ def read_hardware_beside(path: Path) -> RunHardware | None:
         return None
     hardware = read_template(path.parent).get("hardware") or {}
     if not isinstance(hardware, dict):
-        raise TraceError(template_path, "is not a mapping", field="hardware",
-                         hint="write hardware: {gpu: a100_80gb, gpus_per_node: 8}")
+        raise TraceError(
+            template_path,
+            "is not a mapping",
+            field="hardware",
+            hint="write hardware: {gpu: a100_80gb, gpus_per_node: 8}",
+        )
     gpu = hardware.get("gpu")
     devices = hardware.get("devices")
     if not gpu and isinstance(devices, list):
@@ -127,16 +136,25 @@ def read_hardware_beside(path: Path) -> RunHardware | None:
         if len(types) == 1:
             gpu = types.pop()
     if not gpu:
-        raise TraceError(template_path, "names no device type", field="hardware.gpu",
-                         hint="write hardware: {gpu: TYPE, gpus_per_node: N} (or pass --gpu TYPE --gpus-per-node N)")
+        raise TraceError(
+            template_path,
+            "names no device type",
+            field="hardware.gpu",
+            hint="write hardware: {gpu: TYPE, gpus_per_node: N} (or pass --gpu TYPE --gpus-per-node N)",
+        )
     per_node = hardware.get("gpus_per_node")
     if type(per_node) is not int or per_node < 1:
-        raise TraceError(template_path, f"is {per_node!r}" if per_node is not None else "is missing",
-                         field="hardware.gpus_per_node",
-                         hint="give the GPUs per node as a whole number (or pass --gpus-per-node N)")
-    return RunHardware(gpu=str(gpu).lower(), gpus_per_node=per_node,
-                       collective_tables=collective_tables_beside(path.parent, hardware.get("collective_tables"),
-                                                                  template_path))
+        raise TraceError(
+            template_path,
+            f"is {per_node!r}" if per_node is not None else "is missing",
+            field="hardware.gpus_per_node",
+            hint="give the GPUs per node as a whole number (or pass --gpus-per-node N)",
+        )
+    return RunHardware(
+        gpu=str(gpu).lower(),
+        gpus_per_node=per_node,
+        collective_tables=collective_tables_beside(path.parent, hardware.get("collective_tables"), template_path),
+    )
 
 
 def resolve_hardware(path: Path, given: RunHardware | None) -> RunHardware:
@@ -145,15 +163,23 @@ def resolve_hardware(path: Path, given: RunHardware | None) -> RunHardware:
     if given is not None and given.collective_tables is None:
         given = replace(given, collective_tables=collective_tables_beside(path.parent))
     if beside and given and beside != given:
-        raise TraceError(path.parent / "hops.base.yaml", f"says {beside.gpu} x {beside.gpus_per_node} per node, "
-                         f"the command line {given.gpu} x {given.gpus_per_node}", field="hardware",
-                         hint="drop --gpu/--gpus-per-node, or make hops.base.yaml say the same")
+        raise TraceError(
+            path.parent / "hops.base.yaml",
+            f"says {beside.gpu} x {beside.gpus_per_node} per node, "
+            f"the command line {given.gpu} x {given.gpus_per_node}",
+            field="hardware",
+            hint="drop --gpu/--gpus-per-node, or make hops.base.yaml say the same",
+        )
     found = beside or given
     if found is not None:
         return found
-    raise TraceError(path, "the log does not say which hardware ran it", field="hardware",
-                     hint="pass --gpu TYPE --gpus-per-node N, or put a hops.base.yaml with hardware: {gpu: TYPE, "
-                          "gpus_per_node: N} beside the log")
+    raise TraceError(
+        path,
+        "the log does not say which hardware ran it",
+        field="hardware",
+        hint="pass --gpu TYPE --gpus-per-node N, or put a hops.base.yaml with hardware: {gpu: TYPE, "
+        "gpus_per_node: N} beside the log",
+    )
 
 
 def is_megatron_log(path: Path, probe_lines: int = 2000) -> bool:
@@ -169,15 +195,28 @@ def is_megatron_log(path: Path, probe_lines: int = 2000) -> bool:
     return False
 
 
-def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
-                      warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS, run_id: str | None = None) -> MeasuredRun:
+def read_megatron_log(
+    path: Path | str,
+    *,
+    hardware: RunHardware | None = None,
+    warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+    run_id: str | None = None,
+) -> MeasuredRun:
     """The run a Megatron training log shows (see the module docstring); TraceError naming file, line and field."""
     path = Path(path)
     if warmup_iterations < 0:
-        raise TraceError(path, f"--warmup-iterations {warmup_iterations} is negative", field="warmup_iterations",
-                         hint="give the number of first iterations to drop (0 keeps all)")
-    refuse_large(path, MAX_LOG_BYTES, "a training log", "ingest the log of one launch (split a longer log at its "
-                 "launches), or cut it to the iterations to keep")
+        raise TraceError(
+            path,
+            f"--warmup-iterations {warmup_iterations} is negative",
+            field="warmup_iterations",
+            hint="give the number of first iterations to drop (0 keeps all)",
+        )
+    refuse_large(
+        path,
+        MAX_LOG_BYTES,
+        "a training log",
+        "ingest the log of one launch (split a longer log at its launches), or cut it to the iterations to keep",
+    )
     resolved = resolve_hardware(path, hardware)
     args: dict[str, Any] | None = None
     block: dict[str, Any] = {}  # the arguments block being read: `args`, once its start is seen
@@ -194,11 +233,17 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
     for number, line in text_lines(path):
         line = _LAUNCHER_PREFIX.sub("", line, count=1)
         # the log's last line without its newline: the log was cut inside it (a value may be cut too)
-        if not line.endswith("\n") and line.strip() and not in_block and (
-                _ITERATION.search(line) or timer_option is not None or _LEGACY_TIMERS.search(line)) and not (
-                _ITERATION.search(line) and line.rstrip().endswith("|")):
-            warnings.append(f"{path}:{number}: the log ends inside this line (no newline after it, "
-                            "no closing '|'): a line cut short, skipped")
+        if (
+            not line.endswith("\n")
+            and line.strip()
+            and not in_block
+            and (_ITERATION.search(line) or timer_option is not None or _LEGACY_TIMERS.search(line))
+            and not (_ITERATION.search(line) and line.rstrip().endswith("|"))
+        ):
+            warnings.append(
+                f"{path}:{number}: the log ends inside this line (no newline after it, "
+                "no closing '|'): a line cut short, skipped"
+            )
             continue
         if in_block:
             if _BLOCK_END.search(line):
@@ -210,9 +255,13 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
             continue
         if _BLOCK_START.search(line):
             if args is not None:
-                raise TraceError(path, f"holds a second arguments block (the first at line {block_line}): two "
-                                 "launches in one log", line=number, field="arguments",
-                                 hint="split the log at the second launch and ingest each part")
+                raise TraceError(
+                    path,
+                    f"holds a second arguments block (the first at line {block_line}): two launches in one log",
+                    line=number,
+                    field="arguments",
+                    hint="split the log at the second launch and ingest each part",
+                )
             args = block = {}
             in_block, block_line = True, number
             continue
@@ -223,8 +272,13 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
         legacy = _LEGACY_TIMERS.search(line)
         if legacy and intervals:
             if option not in (None, "legacy"):
-                raise TraceError(path, f"one-line timers, earlier blocks under --timing-log-option {option}",
-                                 line=number, field="timers", hint="one log holds one launch: split it")
+                raise TraceError(
+                    path,
+                    f"one-line timers, earlier blocks under --timing-log-option {option}",
+                    line=number,
+                    field="timers",
+                    hint="one log holds one launch: split it",
+                )
             option = "legacy"
             for name, value in _fields(legacy.group(1)).items():
                 if value != _CUT:
@@ -233,9 +287,13 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
         header = _header(line)
         if header is not None:
             if option is not None and header != option:
-                raise TraceError(path, f"timer block under --timing-log-option {header}, earlier ones under "
-                                 f"{option}", line=number, field="timers",
-                                 hint="one log holds one launch: split it where the launch changed")
+                raise TraceError(
+                    path,
+                    f"timer block under --timing-log-option {header}, earlier ones under {option}",
+                    line=number,
+                    field="timers",
+                    hint="one log holds one launch: split it where the launch changed",
+                )
             option = timer_option = header
             continue
         match = _ITERATION.search(line)
@@ -247,37 +305,67 @@ def read_megatron_log(path: Path | str, *, hardware: RunHardware | None = None,
         text = match.group(3)
         cut = not text.rstrip().endswith("|")
         if cut:  # Megatron ends every field of the line with ' |': what follows the last one was cut
-            text = text[:text.rfind("|") + 1]
+            text = text[: text.rfind("|") + 1]
         fields = _fields(text)
         elapsed = fields.get(ELAPSED)
         if elapsed is None or elapsed == _CUT or elapsed.endswith(_CUT):
-            warnings.append(f"{path}:{number}: iteration {match.group(1)} has no '{ELAPSED}' (a line cut "
-                            "short?): skipped")
+            warnings.append(
+                f"{path}:{number}: iteration {match.group(1)} has no '{ELAPSED}' (a line cut short?): skipped"
+            )
             continue
         if cut:
-            warnings.append(f"{path}:{number}: iteration {match.group(1)} does not end with '|' (a line cut "
-                            "short?): its last field is skipped")
+            warnings.append(
+                f"{path}:{number}: iteration {match.group(1)} does not end with '|' (a line cut "
+                "short?): its last field is skipped"
+            )
         kept = {name: fields[name] for name in REPORTED if name in fields}  # a long log keeps only what is read
         intervals.append(_Interval(number, int(match.group(1)), _number(path, number, ELAPSED, elapsed), kept))
         if intervals[-1].elapsed_ms <= 0:
-            raise TraceError(path, f"is {elapsed}: an iteration takes time", line=number, field=ELAPSED,
-                             hint="the line is damaged: fix or delete it")
+            raise TraceError(
+                path,
+                f"is {elapsed}: an iteration takes time",
+                line=number,
+                field=ELAPSED,
+                hint="the line is damaged: fix or delete it",
+            )
         if intervals[-1].elapsed_ms < MIN_ITERATION_MS:
-            raise TraceError(path, f"is {elapsed[:24]} ms, less than a microsecond for one iteration", line=number,
-                             field=ELAPSED, hint="the line is damaged: fix or delete it")
+            raise TraceError(
+                path,
+                f"is {elapsed[:24]} ms, less than a microsecond for one iteration",
+                line=number,
+                field=ELAPSED,
+                hint="the line is damaged: fix or delete it",
+            )
         if intervals[-1].elapsed_ms > MAX_ITERATION_MS:
-            raise TraceError(path, f"is {elapsed[:40]} ms, more than a day for one iteration", line=number,
-                             field=ELAPSED, hint="the line is damaged: fix or delete it")
+            raise TraceError(
+                path,
+                f"is {elapsed[:40]} ms, more than a day for one iteration",
+                line=number,
+                field=ELAPSED,
+                hint="the line is damaged: fix or delete it",
+            )
     if in_block:
-        raise TraceError(path, "the arguments block never ends (no '---- end of arguments ----')", line=block_line,
-                         field="arguments", hint="the log was cut inside the block: copy the whole block")
+        raise TraceError(
+            path,
+            "the arguments block never ends (no '---- end of arguments ----')",
+            line=block_line,
+            field="arguments",
+            hint="the log was cut inside the block: copy the whole block",
+        )
     if args is None:
-        raise TraceError(path, "holds no arguments block ('---- arguments ----'): the launch is unknown",
-                         field="arguments", hint="ingest the log Megatron wrote from its start (rank 0 prints the "
-                         "block before training)")
+        raise TraceError(
+            path,
+            "holds no arguments block ('---- arguments ----'): the launch is unknown",
+            field="arguments",
+            hint="ingest the log Megatron wrote from its start (rank 0 prints the block before training)",
+        )
     if not intervals:
-        raise TraceError(path, "holds no iteration line with an elapsed time", field=ELAPSED,
-                         hint="ingest a log of a run that trained at least one --log-interval")
+        raise TraceError(
+            path,
+            "holds no iteration line with an elapsed time",
+            field=ELAPSED,
+            hint="ingest a log of a run that trained at least one --log-interval",
+        )
     if args.get("padded_vocab_size") is None and padded_vocab is not None:
         args["padded_vocab_size"] = padded_vocab
     return _measured_run(path, args, resolved, intervals, warmup_iterations, option, warnings, run_id)
@@ -307,43 +395,71 @@ def _read_timer_line(line: str, option: str, intervals: list[_Interval], name: l
     return False
 
 
-def _measured_run(path: Path, args: dict[str, Any], hardware: RunHardware, intervals: list[_Interval],
-                  warmup: int, option: str | None, warnings: list[str], run_id: str | None) -> MeasuredRun:
+def _measured_run(
+    path: Path,
+    args: dict[str, Any],
+    hardware: RunHardware,
+    intervals: list[_Interval],
+    warmup: int,
+    option: str | None,
+    warnings: list[str],
+    run_id: str | None,
+) -> MeasuredRun:
     interval_length = args.get("log_interval")
-    interval_length = interval_length if type(interval_length) is int and interval_length > 0 else \
-        DEFAULT_LOG_INTERVAL
+    interval_length = interval_length if type(interval_length) is int and interval_length > 0 else DEFAULT_LOG_INTERVAL
     previous = None
     for item in intervals:
         if previous is not None and item.iteration <= previous:
-            raise TraceError(path, f"iteration {item.iteration} after iteration {previous}", line=item.line,
-                             field="iteration", hint="the log holds a restart or out-of-order lines: ingest one "
-                             "launch's lines in order")
+            raise TraceError(
+                path,
+                f"iteration {item.iteration} after iteration {previous}",
+                line=item.line,
+                field="iteration",
+                hint="the log holds a restart or out-of-order lines: ingest one launch's lines in order",
+            )
         item.iterations = item.iteration - previous if previous is not None else min(interval_length, item.iteration)
         previous = item.iteration
     first = intervals[0].iteration - intervals[0].iterations + 1  # the log's first iteration
     kept = [item for item in intervals if item.iteration - item.iterations + 1 >= first + warmup]
     if not kept:
-        raise TraceError(path, f"every logged interval holds one of the first {warmup} iterations (warm-up)",
-                         line=intervals[-1].line, field=ELAPSED,
-                         hint="ingest a longer log, or lower --warmup-iterations")
+        raise TraceError(
+            path,
+            f"every logged interval holds one of the first {warmup} iterations (warm-up)",
+            line=intervals[-1].line,
+            field=ELAPSED,
+            hint="ingest a longer log, or lower --warmup-iterations",
+        )
     if len(kept) < len(intervals):
-        warnings.append(f"dropped {len(intervals) - len(kept)} logged interval(s) holding the first {warmup} "
-                        "iteration(s) (warm-up)")
+        warnings.append(
+            f"dropped {len(intervals) - len(kept)} logged interval(s) holding the first {warmup} iteration(s) (warm-up)"
+        )
     timers: dict[str, dict[str, float]] = {}
     for name in dict.fromkeys(name for item in kept for name in item.timers):
         keys = dict.fromkeys(key for item in kept for key in item.timers.get(name, {}))
-        timers[name] = {key: float(np.median([item.timers[name][key] for item in kept
-                                              if key in item.timers.get(name, {})])) for key in keys}
+        timers[name] = {
+            key: float(np.median([item.timers[name][key] for item in kept if key in item.timers.get(name, {})]))
+            for key in keys
+        }
     reported: dict[str, float] = {}
     for field_name, stored in REPORTED.items():
-        values = [_number(path, item.line, field_name, item.fields[field_name]) for item in kept
-                  if item.fields.get(field_name, _CUT) != _CUT]
+        values = [
+            _number(path, item.line, field_name, item.fields[field_name])
+            for item in kept
+            if item.fields.get(field_name, _CUT) != _CUT
+        ]
         if values and stored not in reported:
             reported[stored] = float(np.median(values))
     return MeasuredRun(
-        run_id=run_id or path.stem, group="", args=args, hardware=hardware,
+        run_id=run_id or path.stem,
+        group="",
+        args=args,
+        hardware=hardware,
         iteration_times_ms=tuple(item.elapsed_ms for item in kept),
         interval_iterations=tuple(item.iterations for item in kept),
         last_iterations=tuple(item.iteration for item in kept),
-        timers_ms=timers, timing_log_option=option if timers else None, reported=reported,
-        origin=str(path), warnings=tuple(warnings))
+        timers_ms=timers,
+        timing_log_option=option if timers else None,
+        reported=reported,
+        origin=str(path),
+        warnings=tuple(warnings),
+    )

@@ -48,9 +48,14 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
 
 
 def _bad(path: Path, problem: str, field: str | None = None, hint: str = "") -> TraceError:
-    return TraceError(path, problem, field=field,
-                      hint=hint or "export the report again with `nsys export --type sqlite` (this file is damaged, "
-                                   "or not an Nsight Systems export)")
+    return TraceError(
+        path,
+        problem,
+        field=field,
+        hint=hint
+        or "export the report again with `nsys export --type sqlite` (this file is damaged, "
+        "or not an Nsight Systems export)",
+    )
 
 
 def read_nsys(path: Path) -> RankProfile:
@@ -73,9 +78,13 @@ def read_nsys(path: Path) -> RankProfile:
 def _read(db: sqlite3.Connection, path: Path) -> RankProfile:
     tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if "NVTX_EVENTS" not in tables:
-        raise _bad(path, "has no NVTX_EVENTS table: no range names the schedule steps", "NVTX_EVENTS",
-                   hint="profile with `-t nvtx,cuda` and load the hops-calib tracer, whose NVTX ranges name the "
-                        "schedule steps (docs/traces.md)")
+        raise _bad(
+            path,
+            "has no NVTX_EVENTS table: no range names the schedule steps",
+            "NVTX_EVENTS",
+            hint="profile with `-t nvtx,cuda` and load the hops-calib tracer, whose NVTX ranges name the "
+            "schedule steps (docs/traces.md)",
+        )
     offset = _utc_offset(db, tables, path)
     profile = RankProfile(path=path, source="nsys")
     strings: dict[int, str] = {}
@@ -83,13 +92,18 @@ def _read(db: sqlite3.Connection, path: Path) -> RankProfile:
         strings = dict(db.execute("SELECT id, value FROM StringIds"))
     range_types = None
     if "ENUM_NSYS_EVENT_TYPE" in tables:
-        range_types = {row[0] for row in db.execute("SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name IN "
-                                                    "('NvtxPushPopRange', 'NvtxStartEndRange')")}
+        range_types = {
+            row[0]
+            for row in db.execute(
+                "SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name IN ('NvtxPushPopRange', 'NvtxStartEndRange')"
+            )
+        }
     nvtx = _columns(db, "NVTX_EVENTS")
     text_id = "textId" if "textId" in nvtx else "NULL"
     iterations: list[tuple[int, int, int]] = []
     for start, end, event_type, text, name_id in db.execute(
-            f"SELECT start, end, eventType, text, {text_id} FROM NVTX_EVENTS WHERE end IS NOT NULL"):
+        f"SELECT start, end, eventType, text, {text_id} FROM NVTX_EVENTS WHERE end IS NOT NULL"
+    ):
         if range_types is not None and event_type not in range_types:
             continue
         name = text if text is not None else strings.get(name_id, "")
@@ -116,8 +130,10 @@ def _read(db: sqlite3.Connection, path: Path) -> RankProfile:
         ends = sorted(end for _s, end in profile.optimizer)
         starts = [first] + [end + 1 for end in ends[:-1]]
         profile.steps = [(k + 1, s, e) for k, (s, e) in enumerate(zip(starts, ends))]
-        profile.notes.append(f"{path.name}: no iteration ranges; {len(ends)} iterations, each ending at an "
-                             "optimizer range, numbered from 1")
+        profile.notes.append(
+            f"{path.name}: no iteration ranges; {len(ends)} iterations, each ending at an "
+            "optimizer range, numbered from 1"
+        )
     profile.kernels = kernels
     return profile
 
@@ -126,8 +142,11 @@ def _utc_offset(db: sqlite3.Connection, tables: set[str], path: Path) -> int:
     """What to add to the export's times for Unix-epoch ns (module docstring)."""
     table = "TARGET_INFO_SESSION_START_TIME"
     if table not in tables:
-        raise _bad(path, f"has no {table} table: its times cannot be put on the wall clock (nor beside the other "
-                   "ranks')", table)
+        raise _bad(
+            path,
+            f"has no {table} table: its times cannot be put on the wall clock (nor beside the other ranks')",
+            table,
+        )
     has_clock = "systemClockNs" in _columns(db, table)
     row = db.execute(f"SELECT utcEpochNs{', systemClockNs' if has_clock else ''} FROM {table} LIMIT 1").fetchone()
     if row is None or not isinstance(row[0], int):
@@ -135,13 +154,15 @@ def _utc_offset(db: sqlite3.Connection, tables: set[str], path: Path) -> int:
     return int(row[0]) - (int(row[1]) if has_clock and isinstance(row[1], int) else 0)
 
 
-def _kernels(db: sqlite3.Connection, tables: set[str], strings: dict[int, str], offset: int,
-             profile: RankProfile) -> dict[str, np.ndarray]:
+def _kernels(
+    db: sqlite3.Connection, tables: set[str], strings: dict[int, str], offset: int, profile: RankProfile
+) -> dict[str, np.ndarray]:
     """Kernels, copies and fills with their launch times (Unix ns), as RankProfile.kernels."""
     launches: dict[tuple[int, int], int] = {}
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
         for correlation, global_tid, start in db.execute(
-                "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IS NOT NULL"):
+            "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IS NOT NULL"
+        ):
             launches.setdefault((correlation, (global_tid or 0) & _PROCESS_MASK), start + offset)
     rows: dict[str, list[int]] = {"start": [], "end": [], "name": [], "shape": [], "launch": []}
 
@@ -157,17 +178,25 @@ def _kernels(db: sqlite3.Connection, tables: set[str], strings: dict[int, str], 
     if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
         names = _columns(db, "CUPTI_ACTIVITY_KIND_KERNEL")
         name_column = "demangledName" if "demangledName" in names else "shortName"
-        add(db.execute(f"SELECT start, end, correlationId, globalPid, {name_column} FROM CUPTI_ACTIVITY_KIND_KERNEL"),
-            lambda name_id: strings.get(name_id, f"kernel {name_id}"))
+        add(
+            db.execute(f"SELECT start, end, correlationId, globalPid, {name_column} FROM CUPTI_ACTIVITY_KIND_KERNEL"),
+            lambda name_id: strings.get(name_id, f"kernel {name_id}"),
+        )
     if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
         kinds = dict(_COPY_KINDS)
         if "ENUM_CUDA_MEMCPY_OPER" in tables:
-            kinds.update({k: f"Memcpy {label}" for k, label in db.execute("SELECT id, label FROM ENUM_CUDA_MEMCPY_OPER")})
-        add(db.execute("SELECT start, end, correlationId, globalPid, copyKind FROM CUPTI_ACTIVITY_KIND_MEMCPY"),
-            lambda kind: kinds.get(kind, f"Memcpy {kind}"))
+            kinds.update(
+                {k: f"Memcpy {label}" for k, label in db.execute("SELECT id, label FROM ENUM_CUDA_MEMCPY_OPER")}
+            )
+        add(
+            db.execute("SELECT start, end, correlationId, globalPid, copyKind FROM CUPTI_ACTIVITY_KIND_MEMCPY"),
+            lambda kind: kinds.get(kind, f"Memcpy {kind}"),
+        )
     if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
-        add(db.execute("SELECT start, end, correlationId, globalPid, 0 FROM CUPTI_ACTIVITY_KIND_MEMSET"),
-            lambda _kind: "Memset (Device)")
+        add(
+            db.execute("SELECT start, end, correlationId, globalPid, 0 FROM CUPTI_ACTIVITY_KIND_MEMSET"),
+            lambda _kind: "Memset (Device)",
+        )
     if not rows["start"]:
         return {}
     out = {name: np.array(values, dtype=np.int64) for name, values in rows.items()}

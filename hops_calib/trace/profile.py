@@ -71,19 +71,27 @@ def is_zero_grad_range(name: str) -> bool:
 # Kernel (or operator) classes, by name; the first match wins. NCCL names follow NCCL's generators (profiler-traces
 # §1.6); GEMM names cover cuBLAS/CUTLASS kernels (`sm90_xmma_gemm`, `ampere_sgemm`, `cutlass::Kernel`, `gemv`) and
 # ATen's matrix products.
-KERNEL_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
-    ("communication", r"nccl|^c10d::|gloo|record_param_comms|SendRecv|AllReduce|AllGather|ReduceScatter"),
-    ("memcpy", r"^Memcpy|^Memset|memcpy|memset|^aten::copy_$|^aten::_to_copy$"),
-    ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product"),
-    ("gemm", r"gemm|gemv|cublas|cutlass|xmma|^aten::(mm|addmm|bmm|baddbmm|matmul|linear|addbmm)$"),
-    ("softmax", r"softmax"),
-    ("norm", r"layer_?norm|rms_?norm|batch_norm|group_norm"),
-    ("optimizer", r"adam|multi_tensor|lerp|addcdiv|addcmul|fused_sgd|_foreach"),
-    ("embedding", r"embedding|index_select|gather|scatter"),
-    ("reduction", r"reduce|^aten::(sum|mean|max|min|norm|cumsum)$|argmax|topk"),
-    ("elementwise", (r"elementwise|vectorized|unrolled|^aten::(add|add_|mul|mul_|div|div_|sub|gelu|relu|silu|dropout|"
-                     r"masked_fill_|fill_|zero_|sqrt|exp|tanh|neg|rsqrt|pow|where|clamp)")),
-))
+KERNEL_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern, re.IGNORECASE))
+    for name, pattern in (
+        ("communication", r"nccl|^c10d::|gloo|record_param_comms|SendRecv|AllReduce|AllGather|ReduceScatter"),
+        ("memcpy", r"^Memcpy|^Memset|memcpy|memset|^aten::copy_$|^aten::_to_copy$"),
+        ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product"),
+        ("gemm", r"gemm|gemv|cublas|cutlass|xmma|^aten::(mm|addmm|bmm|baddbmm|matmul|linear|addbmm)$"),
+        ("softmax", r"softmax"),
+        ("norm", r"layer_?norm|rms_?norm|batch_norm|group_norm"),
+        ("optimizer", r"adam|multi_tensor|lerp|addcdiv|addcmul|fused_sgd|_foreach"),
+        ("embedding", r"embedding|index_select|gather|scatter"),
+        ("reduction", r"reduce|^aten::(sum|mean|max|min|norm|cumsum)$|argmax|topk"),
+        (
+            "elementwise",
+            (
+                r"elementwise|vectorized|unrolled|^aten::(add|add_|mul|mul_|div|div_|sub|gelu|relu|silu|dropout|"
+                r"masked_fill_|fill_|zero_|sqrt|exp|tanh|neg|rsqrt|pow|where|clamp)"
+            ),
+        ),
+    )
+)
 
 
 def kernel_class(name: str) -> str:
@@ -182,9 +190,17 @@ def _window_of(starts: np.ndarray, steps: np.ndarray) -> np.ndarray:
     return np.where(inside, slot, -1)
 
 
-def assemble(profile: RankProfile, *, rank: int, stage: int, pp: int, vp: int, microbatches: int,
-             pass_order: Callable[[int, int], list[tuple[bool, int]]] | None = None,
-             step_offset: int = 0) -> tuple[dict[str, np.ndarray], RankLogReport, KernelRows | None]:
+def assemble(
+    profile: RankProfile,
+    *,
+    rank: int,
+    stage: int,
+    pp: int,
+    vp: int,
+    microbatches: int,
+    pass_order: Callable[[int, int], list[tuple[bool, int]]] | None = None,
+    step_offset: int = 0,
+) -> tuple[dict[str, np.ndarray], RankLogReport, KernelRows | None]:
     """Event columns (EVENT_DTYPES) of one rank's profile, what the read found, and its kernel rows.
 
     `pass_order(stage, microbatches)`: (is_forward, chunk) of each pass of an iteration when vp > 1.
@@ -192,15 +208,22 @@ def assemble(profile: RankProfile, *, rank: int, stage: int, pp: int, vp: int, m
     path = profile.path
     report = RankLogReport(rank=rank, path=path, hostname=profile.hostname)
     if not profile.steps:
-        raise TraceError(path, "has no ProfilerStep#N range: the iterations cannot be told apart",
-                         field="traceEvents", hint="record with a torch.profiler schedule (Megatron's --profile "
-                         "--use-pytorch-profiler with --profile-step-start/--profile-step-end does)")
+        raise TraceError(
+            path,
+            "has no ProfilerStep#N range: the iterations cannot be told apart",
+            field="traceEvents",
+            hint="record with a torch.profiler schedule (Megatron's --profile "
+            "--use-pytorch-profiler with --profile-step-start/--profile-step-end does)",
+        )
     if not profile.spans:
-        raise TraceError(path, "has no span of Megatron's forward_step / backward_step: the microbatches cannot be "
-                         "told apart", field="traceEvents",
-                         hint="record the Python call stack (Megatron's --pytorch-profiler-collect-callstack, "
-                              "with_stack=True), or load the hops-calib tracer (docs/traces.md), whose ranges name "
-                              "the steps")
+        raise TraceError(
+            path,
+            "has no span of Megatron's forward_step / backward_step: the microbatches cannot be told apart",
+            field="traceEvents",
+            hint="record the Python call stack (Megatron's --pytorch-profiler-collect-callstack, "
+            "with_stack=True), or load the hops-calib tracer (docs/traces.md), whose ranges name "
+            "the steps",
+        )
     steps = sorted(profile.steps, key=lambda step: step[1])
     windows = np.array([(start, end) for _n, start, end in steps], dtype=np.int64).reshape(-1, 2)
     iterations = [n + step_offset for n, _s, _e in steps]
@@ -234,8 +257,19 @@ def assemble(profile: RankProfile, *, rank: int, stage: int, pp: int, vp: int, m
             seen[(kind, chunk)] = microbatch + 1
             phase = _F if kind == "F" else _B
             labels.append((window, phase, microbatch, chunk, k))
-            rows.append((stage, chunk, iterations[window], microbatch, KINDS.index(COMPUTE), phase,
-                         int(device_start[k]), int(device_end[k]), -1))
+            rows.append(
+                (
+                    stage,
+                    chunk,
+                    iterations[window],
+                    microbatch,
+                    KINDS.index(COMPUTE),
+                    phase,
+                    int(device_start[k]),
+                    int(device_end[k]),
+                    -1,
+                )
+            )
 
     # OPTIMIZER: first optimizer range to the end of the last optimizer (or following zero_grad) range, per window
     optimizer_rows = _optimizer_rows(profile, windows)
@@ -244,8 +278,19 @@ def assemble(profile: RankProfile, *, rank: int, stage: int, pp: int, vp: int, m
         host = np.array([optimizer_rows[w] for w in opt_windows], dtype=np.int64)
         opt_start, opt_end = _device_intervals(profile, host[:, 0], host[:, 1])
         for k, window in enumerate(opt_windows):
-            rows.append((stage, 0, iterations[window], -1, KINDS.index(COMPUTE), _OPT,  # (-1: as events.py)
-                         int(opt_start[k]), int(opt_end[k]), -1))
+            rows.append(
+                (
+                    stage,
+                    0,
+                    iterations[window],
+                    -1,
+                    KINDS.index(COMPUTE),
+                    _OPT,  # (-1: as events.py)
+                    int(opt_start[k]),
+                    int(opt_end[k]),
+                    -1,
+                )
+            )
 
     rows += _send_rows(profile, windows, iterations, labels, span_start, stage, pp, vp)
     for op, start, end, nbytes, group in profile.collectives:
@@ -259,8 +304,9 @@ def assemble(profile: RankProfile, *, rank: int, stage: int, pp: int, vp: int, m
         else:
             phase_name, mb, kind_group = "BACKWARD", None, group or "dp"
         if kind_group in ("tp", "dp"):
-            report.collectives.append(CollectiveEvent(iterations[window], phase_name, mb, op, kind_group, nbytes,
-                                                      start, end))
+            report.collectives.append(
+                CollectiveEvent(iterations[window], phase_name, mb, op, kind_group, nbytes, start, end)
+            )
     columns = _columns(rows, rank)
     report.events = len(columns["start_ns"])
     report.lines = report.events
@@ -269,10 +315,13 @@ def assemble(profile: RankProfile, *, rank: int, stage: int, pp: int, vp: int, m
 
 
 def _order_error(path: Path, iteration: int, kinds: list[str], expected: list[str]) -> TraceError:
-    return TraceError(path, f"iteration {iteration} runs its steps in the order {''.join(kinds)}, not Megatron's "
-                      f"interleaved order {''.join(expected)}", field="traceEvents",
-                      hint="check --num-layers-per-virtual-pipeline-stage and the batch sizes of the configuration "
-                           "against the run")
+    return TraceError(
+        path,
+        f"iteration {iteration} runs its steps in the order {''.join(kinds)}, not Megatron's "
+        f"interleaved order {''.join(expected)}",
+        field="traceEvents",
+        hint="check --num-layers-per-virtual-pipeline-stage and the batch sizes of the configuration against the run",
+    )
 
 
 def _device_intervals(profile: RankProfile, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -309,8 +358,16 @@ def _optimizer_rows(profile: RankProfile, windows: np.ndarray) -> dict[int, tupl
     return found
 
 
-def _send_rows(profile: RankProfile, windows: np.ndarray, iterations: list[int], labels: list[_Label],
-               span_start: np.ndarray, stage: int, pp: int, vp: int) -> list[tuple[int, ...]]:
+def _send_rows(
+    profile: RankProfile,
+    windows: np.ndarray,
+    iterations: list[int],
+    labels: list[_Label],
+    span_start: np.ndarray,
+    stage: int,
+    pp: int,
+    vp: int,
+) -> list[tuple[int, ...]]:
     rows: list[tuple[int, ...]] = []
     if not profile.sends or not labels:
         return rows
@@ -325,8 +382,12 @@ def _send_rows(profile: RankProfile, windows: np.ndarray, iterations: list[int],
         window = labels[after][0]
         if int(_window_of(np.array([group[0][0]], dtype=np.int64), windows)[0]) != window:
             continue
-        latest = {phase: next((labels[k] for k in range(after, -1, -1) if labels[k][1] == phase
-                               and labels[k][0] == window), None) for phase in (_F, _B)}
+        latest = {
+            phase: next(
+                (labels[k] for k in range(after, -1, -1) if labels[k][1] == phase and labels[k][0] == window), None
+            )
+            for phase in (_F, _B)
+        }
         phases = [_F, _B] if len(group) >= 2 else [labels[after][1]]
         for (start, end), phase in zip(group, phases):
             label = latest[phase]
@@ -341,8 +402,7 @@ def _send_rows(profile: RankProfile, windows: np.ndarray, iterations: list[int],
                 if vp == 1 and stage == 0:
                     continue
                 peer = (stage - 1) % pp
-            rows.append((stage, chunk, iterations[window], microbatch, KINDS.index(TRANSFER), phase, start, end,
-                         peer))
+            rows.append((stage, chunk, iterations[window], microbatch, KINDS.index(TRANSFER), phase, start, end, peer))
     return rows
 
 
@@ -356,8 +416,14 @@ def _columns(rows: list[tuple[int, ...]], rank: int) -> dict[str, np.ndarray]:
     return {name: out[name] for name in EVENT_DTYPES}
 
 
-def _phase_of(times: np.ndarray, windows: np.ndarray, labels: list[_Label], span_start: np.ndarray,
-              span_end: np.ndarray, optimizer: dict[int, tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+def _phase_of(
+    times: np.ndarray,
+    windows: np.ndarray,
+    labels: list[_Label],
+    span_start: np.ndarray,
+    span_end: np.ndarray,
+    optimizer: dict[int, tuple[int, int]],
+) -> tuple[np.ndarray, np.ndarray]:
     """(phase code or -1, window or -1) of each host time: the schedule step or optimizer step holding it."""
     window = _window_of(times, windows)
     phase = np.full(len(times), -1, dtype=np.int8)
@@ -375,26 +441,52 @@ def _phase_of(times: np.ndarray, windows: np.ndarray, labels: list[_Label], span
     return phase, window
 
 
-def _kernel_rows(profile: RankProfile, windows: np.ndarray, iterations: list[int], labels: list[_Label],
-                 span_start: np.ndarray, span_end: np.ndarray, optimizer: dict[int, tuple[int, int]], stage: int,
-                 rank: int) -> KernelRows | None:
+def _kernel_rows(
+    profile: RankProfile,
+    windows: np.ndarray,
+    iterations: list[int],
+    labels: list[_Label],
+    span_start: np.ndarray,
+    span_end: np.ndarray,
+    optimizer: dict[int, tuple[int, int]],
+    stage: int,
+    rank: int,
+) -> KernelRows | None:
     kernels = profile.kernels
     iteration_of = np.array(iterations + [-1], dtype=np.int32)
     if kernels and len(kernels.get("start", ())):
         launch = kernels["launch"]
-        phase, window = _phase_of(np.where(launch >= 0, launch, kernels["start"]), windows, labels, span_start,
-                                  span_end, optimizer)
+        phase, window = _phase_of(
+            np.where(launch >= 0, launch, kernels["start"]), windows, labels, span_start, span_end, optimizer
+        )
         keep = window >= 0
-        return KernelRows(stage=stage, rank=rank, names=profile.names.values, shapes=profile.shapes.values,
-                          name_id=kernels["name"][keep], shape_id=kernels["shape"][keep], phase=phase[keep],
-                          iteration=iteration_of[window[keep]],
-                          duration_ns=(kernels["end"] - kernels["start"])[keep], device=True)
+        return KernelRows(
+            stage=stage,
+            rank=rank,
+            names=profile.names.values,
+            shapes=profile.shapes.values,
+            name_id=kernels["name"][keep],
+            shape_id=kernels["shape"][keep],
+            phase=phase[keep],
+            iteration=iteration_of[window[keep]],
+            duration_ns=(kernels["end"] - kernels["start"])[keep],
+            device=True,
+        )
     ops = profile.ops
     if ops and len(ops.get("start", ())):
         self_ns = self_times(ops)
         phase, window = _phase_of(ops["start"], windows, labels, span_start, span_end, optimizer)
         keep = window >= 0
-        return KernelRows(stage=stage, rank=rank, names=profile.names.values, shapes=profile.shapes.values,
-                          name_id=ops["name"][keep], shape_id=ops["shape"][keep], phase=phase[keep],
-                          iteration=iteration_of[window[keep]], duration_ns=self_ns[keep], device=False)
+        return KernelRows(
+            stage=stage,
+            rank=rank,
+            names=profile.names.values,
+            shapes=profile.shapes.values,
+            name_id=ops["name"][keep],
+            shape_id=ops["shape"][keep],
+            phase=phase[keep],
+            iteration=iteration_of[window[keep]],
+            duration_ns=self_ns[keep],
+            device=False,
+        )
     return None

@@ -32,7 +32,11 @@ AUTO = "auto"
 SOURCE_CHOICES = (AUTO, "events", KINETO, NSYS)  # ingest --source
 _ASKED = {"events": EVENT_LOG, KINETO: KINETO, NSYS: NSYS}
 _CHOICE = {kind: choice for choice, kind in _ASKED.items()}
-_SHOWN = {EVENT_LOG: f"event logs ({TRACE_DIR}/)", KINETO: "Kineto (torch_profile/)", NSYS: f"Nsight Systems ({NSYS_DIR}/)"}
+_SHOWN = {
+    EVENT_LOG: f"event logs ({TRACE_DIR}/)",
+    KINETO: "Kineto (torch_profile/)",
+    NSYS: f"Nsight Systems ({NSYS_DIR}/)",
+}
 
 
 def _numbered(paths: list[Path], rank_of: Callable[[Path], int | None], folder: Path, what: str) -> dict[int, Path]:
@@ -40,11 +44,18 @@ def _numbered(paths: list[Path], rank_of: Callable[[Path], int | None], folder: 
     for path in paths:
         rank = rank_of(path)
         if rank is None:
-            raise TraceError(path, f"names no rank: neither the {what} nor its file name (rank-<r>) says which rank "
-                             "it traced", hint="name each rank's file rank-<r> (Megatron's trace handler does)")
+            raise TraceError(
+                path,
+                f"names no rank: neither the {what} nor its file name (rank-<r>) says which rank it traced",
+                hint="name each rank's file rank-<r> (Megatron's trace handler does)",
+            )
         if rank in files:
-            raise TraceError(folder, f"holds two traces of rank {rank}: {files[rank].name} and {path.name}",
-                             field="rank", hint="keep one trace per rank (one profiled window of the run)")
+            raise TraceError(
+                folder,
+                f"holds two traces of rank {rank}: {files[rank].name} and {path.name}",
+                field="rank",
+                hint="keep one trace per rank (one profiled window of the run)",
+            )
         files[rank] = path
     return dict(sorted(files.items()))
 
@@ -67,8 +78,11 @@ def present_sources(job_dir: Path) -> tuple[str, ...]:
     from hops_calib.trace.kineto import kineto_files
 
     folder = job_dir / NSYS_DIR
-    found = [((job_dir / TRACE_DIR).is_dir(), EVENT_LOG), (bool(kineto_files(job_dir)), KINETO),
-             (folder.is_dir() and any(p.suffix == ".sqlite" for p in folder.iterdir()), NSYS)]
+    found = [
+        ((job_dir / TRACE_DIR).is_dir(), EVENT_LOG),
+        (bool(kineto_files(job_dir)), KINETO),
+        (folder.is_dir() and any(p.suffix == ".sqlite" for p in folder.iterdir()), NSYS),
+    ]
     return tuple(kind for present, kind in found if present)
 
 
@@ -116,9 +130,13 @@ class TracePlan:
         unread = [kind for kind in self.present if kind not in (self.timing, self.kernels)]
         if not unread:
             return said
-        why = (f"as --source {self.asked} asks" if self.asked != AUTO else
-               "unusable: the run's warning says why" if self.note else
-               "; ".join(f"--source {_CHOICE[kind]} reads it alone" for kind in unread))
+        why = (
+            f"as --source {self.asked} asks"
+            if self.asked != AUTO
+            else "unusable: the run's warning says why"
+            if self.note
+            else "; ".join(f"--source {_CHOICE[kind]} reads it alone" for kind in unread)
+        )
         return said + f" (not read: {', '.join(_SHOWN[kind] for kind in unread)}, {why})"
 
 
@@ -126,8 +144,12 @@ def plan_traces(job_dir: Path, source: str = AUTO) -> TracePlan:
     """What to read of a job directory for `ingest --source SOURCE` (SOURCE_CHOICES). TraceError when it holds no
     per-rank traces (the event logs' message), or not the source asked for (naming those it holds)."""
     if source not in SOURCE_CHOICES:
-        raise TraceError(job_dir, f"--source {source!r} is not a trace source", field="--source",
-                         hint=f"give one of {', '.join(SOURCE_CHOICES)}")
+        raise TraceError(
+            job_dir,
+            f"--source {source!r} is not a trace source",
+            field="--source",
+            hint=f"give one of {', '.join(SOURCE_CHOICES)}",
+        )
     present = present_sources(job_dir)
     if not present:
         rank_files(job_dir)  # (raises: no per-rank traces of any kind)
@@ -139,18 +161,30 @@ def plan_traces(job_dir: Path, source: str = AUTO) -> TracePlan:
             try:
                 kernel_files = _source_files(job_dir, kernels)
             except TraceError as error:  # the event logs still time the run
-                note = (f"{error}; the timing is the event logs', with no per-kernel truth: fix the traces, or "
-                        "ingest with --source events to leave them out")
+                note = (
+                    f"{error}; the timing is the event logs', with no per-kernel truth: fix the traces, or "
+                    "ingest with --source events to leave them out"
+                )
                 kernels = None
     else:
         timing, kernels = _ASKED[source], None
         if timing not in present:
             held = ", ".join(_SHOWN[kind] for kind in present)
-            raise TraceError(job_dir, f"holds no {_SHOWN[timing]} for --source {source}; it holds {held}",
-                             field="--source", hint="leave out --source (auto reads what the directory holds), or "
-                                                    "give one of the sources it holds")
-    return TracePlan(timing=timing, files=_source_files(job_dir, timing), kernels=kernels, kernel_files=kernel_files,
-                     present=present, asked=source, note=note)
+            raise TraceError(
+                job_dir,
+                f"holds no {_SHOWN[timing]} for --source {source}; it holds {held}",
+                field="--source",
+                hint="leave out --source (auto reads what the directory holds), or give one of the sources it holds",
+            )
+    return TracePlan(
+        timing=timing,
+        files=_source_files(job_dir, timing),
+        kernels=kernels,
+        kernel_files=kernel_files,
+        present=present,
+        asked=source,
+        note=note,
+    )
 
 
 def find_rank_traces(job_dir: Path) -> tuple[str, dict[int, Path]]:
@@ -159,14 +193,24 @@ def find_rank_traces(job_dir: Path) -> tuple[str, dict[int, Path]]:
     return plan.timing, plan.files
 
 
-def read_rank_trace(kind: str, path: Path, *, rank: int, stage: int, pp: int, vp: int, microbatches: int,
-                    device_stage: Mapping[str, int], lenient: bool = False,
-                    pass_order: Callable[[int, int], list[tuple[bool, int]]] | None = None,
-                    ) -> tuple[dict[str, np.ndarray], RankLogReport, Any]:
+def read_rank_trace(
+    kind: str,
+    path: Path,
+    *,
+    rank: int,
+    stage: int,
+    pp: int,
+    vp: int,
+    microbatches: int,
+    device_stage: Mapping[str, int],
+    lenient: bool = False,
+    pass_order: Callable[[int, int], list[tuple[bool, int]]] | None = None,
+) -> tuple[dict[str, np.ndarray], RankLogReport, Any]:
     """Event columns, read report and kernel rows (None for an event log) of one rank's trace."""
     if kind == EVENT_LOG:
-        columns, report = read_rank_events(path, rank=rank, pp=pp, device_stage=device_stage, lenient=lenient,
-                                           stage=stage)
+        columns, report = read_rank_events(
+            path, rank=rank, pp=pp, device_stage=device_stage, lenient=lenient, stage=stage
+        )
         return columns, report, None
     from hops_calib.trace.profile import assemble
 
@@ -179,7 +223,10 @@ def read_rank_trace(kind: str, path: Path, *, rank: int, stage: int, pp: int, vp
 
         profile = read_nsys(path)
     if profile.rank is not None and profile.rank != rank:
-        raise TraceError(path, f"traced rank {profile.rank}, but it stands as rank {rank}'s trace", field="rank",
-                         hint="one trace per rank, named by its rank")
-    return assemble(profile, rank=rank, stage=stage, pp=pp, vp=vp, microbatches=microbatches,
-                    pass_order=pass_order)
+        raise TraceError(
+            path,
+            f"traced rank {profile.rank}, but it stands as rank {rank}'s trace",
+            field="rank",
+            hint="one trace per rank, named by its rank",
+        )
+    return assemble(profile, rank=rank, stage=stage, pp=pp, vp=vp, microbatches=microbatches, pass_order=pass_order)

@@ -64,9 +64,13 @@ def positive_number(value: object) -> bool:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -78,16 +82,22 @@ def open_regular(path: Path) -> io.BufferedReader:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise TraceError(path, "is missing" + (" (a symbolic link to nothing)" if os.path.islink(path) else ""),
-                         hint="copy the file from the job") from None
+        raise TraceError(
+            path,
+            "is missing" + (" (a symbolic link to nothing)" if os.path.islink(path) else ""),
+            hint="copy the file from the job",
+        ) from None
     except OSError as err:
         raise TraceError(path, f"cannot be read ({err.strerror or err})", hint="check the file's permissions") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             target = f" (a symbolic link to {os.readlink(path)})" if os.path.islink(path) else ""
-            raise TraceError(path, f"is {_kind(mode)}{target}, not a regular file",
-                             hint="ingest reads only regular files: copy the job's file itself here")
+            raise TraceError(
+                path,
+                f"is {_kind(mode)}{target}, not a regular file",
+                hint="ingest reads only regular files: copy the job's file itself here",
+            )
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -114,8 +124,12 @@ def refuse_large(path: Path, limit: int, what: str, hint: str) -> None:
     """TraceError before a byte is read when the file at `path` is larger than `limit`."""
     size = size_of(path)
     if size > limit:
-        raise TraceError(path, f"is {size / 2**20:.1f} MiB, more than the {limit >> 20} MiB {what} may be (a "
-                         "bound against input that would exhaust memory or time)", hint=hint)
+        raise TraceError(
+            path,
+            f"is {size / 2**20:.1f} MiB, more than the {limit >> 20} MiB {what} may be (a "
+            "bound against input that would exhaust memory or time)",
+            hint=hint,
+        )
 
 
 def refuse_link_out(path: Path, root: Path) -> None:
@@ -128,8 +142,12 @@ def refuse_link_out(path: Path, root: Path) -> None:
     except OSError:
         return
     if target != inside and inside not in target.parents:
-        raise TraceError(path, f"is a symbolic link out of {root} (to {target})", field="file",
-                         hint="copy the file itself into the folder; ingest does not follow links out of it")
+        raise TraceError(
+            path,
+            f"is a symbolic link out of {root} (to {target})",
+            field="file",
+            hint="copy the file itself into the folder; ingest does not follow links out of it",
+        )
 
 
 def decode_utf8(path: Path, data: bytes, first_line: int = 1) -> str:
@@ -139,8 +157,12 @@ def decode_utf8(path: Path, data: bytes, first_line: int = 1) -> str:
     except UnicodeDecodeError as err:
         line = first_line + data.count(b"\n", 0, err.start)
         column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise TraceError(path, f"is not UTF-8 text (byte 0x{data[err.start]:02x} at column {column})", line=line,
-                         hint="save the file as UTF-8, or copy it again from the job (a damaged copy?)") from None
+        raise TraceError(
+            path,
+            f"is not UTF-8 text (byte 0x{data[err.start]:02x} at column {column})",
+            line=line,
+            hint="save the file as UTF-8, or copy it again from the job (a damaged copy?)",
+        ) from None
 
 
 def read_config_bytes(path: Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
@@ -148,8 +170,11 @@ def read_config_bytes(path: Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
         data = handle.read(limit + 1)
     if len(data) > limit:
         size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
-        raise TraceError(path, f"is larger than {size}, far more than a job's configuration needs (the largest real "
-                         "one is 1.8 KB)", hint="copy the job's own file here (this one is another file, or damaged)")
+        raise TraceError(
+            path,
+            f"is larger than {size}, far more than a job's configuration needs (the largest real one is 1.8 KB)",
+            hint="copy the job's own file here (this one is another file, or damaged)",
+        )
     return data
 
 
@@ -176,9 +201,13 @@ def bounded_lines(handle: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[tup
 
 
 def long_line(path: Path, number: int, limit: int = MAX_LINE_BYTES) -> TraceError:
-    return TraceError(path, f"the line is longer than {limit >> 10} KiB (the longest line of a real job's files is "
-                      "367 bytes): not a line the job wrote", line=number,
-                      hint="copy the job's own file here (this one is damaged, or another file)")
+    return TraceError(
+        path,
+        f"the line is longer than {limit >> 10} KiB (the longest line of a real job's files is "
+        "367 bytes): not a line the job wrote",
+        line=number,
+        hint="copy the job's own file here (this one is damaged, or another file)",
+    )
 
 
 # a terminal's colour and cursor codes (ECMA-48 CSI sequences, and the two-byte escapes): a log written through a
@@ -215,8 +244,9 @@ def strict_lines(path: Path) -> Iterator[str]:
             yield decode_utf8(path, raw, number)
 
 
-def csv_rows(path: Path, header: tuple[str, ...], expected: str, max_rows: int | None = None
-             ) -> Iterator[tuple[int, list[str]]]:
+def csv_rows(
+    path: Path, header: tuple[str, ...], expected: str, max_rows: int | None = None
+) -> Iterator[tuple[int, list[str]]]:
     """(line, cells) of a benchmark's CSV table after its header (`strict_lines`), blank lines skipped; TraceError
     naming the line for another header (`expected` says whose columns), a row of another width, more than `max_rows`
     rows, or text that is not CSV."""
@@ -227,25 +257,44 @@ def csv_rows(path: Path, header: tuple[str, ...], expected: str, max_rows: int |
         first = next(rows, None)
         if first is None or tuple(cell.strip() for cell in first) != header:
             shown = quoted(",".join(first)) if first is not None else "nothing"
-            raise TraceError(path, f"does not start with {expected} header (it starts {shown})", line=1, field="header",
-                             hint=f"expected {expected} columns {','.join(header)}")
+            raise TraceError(
+                path,
+                f"does not start with {expected} header (it starts {shown})",
+                line=1,
+                field="header",
+                hint=f"expected {expected} columns {','.join(header)}",
+            )
         for number, row in enumerate(rows, start=2):
             if not row or not "".join(row).strip():
                 continue
             if max_rows is not None and number > max_rows + 1:
-                raise TraceError(path, f"has more than {max_rows} rows", line=number,
-                                 hint="a benchmark table holds one row per measured size or shape: split or thin it")
+                raise TraceError(
+                    path,
+                    f"has more than {max_rows} rows",
+                    line=number,
+                    hint="a benchmark table holds one row per measured size or shape: split or thin it",
+                )
             if len(row) != len(header):
-                raise TraceError(path, f"has {len(row)} columns, expected {len(header)}", line=number,
-                                 hint="a torn or edited row: re-run the benchmark or delete the line")
+                raise TraceError(
+                    path,
+                    f"has {len(row)} columns, expected {len(header)}",
+                    line=number,
+                    hint="a torn or edited row: re-run the benchmark or delete the line",
+                )
             yield number, row
     except csv.Error as err:
-        raise TraceError(path, f"is not a CSV table ({quoted(str(err), 60)})", hint="give the benchmark's CSV output") from None
+        raise TraceError(
+            path, f"is not a CSV table ({quoted(str(err), 60)})", hint="give the benchmark's CSV output"
+        ) from None
 
 
 def _nesting_error(path: Path, line: int | None) -> TraceError:
-    return TraceError(path, "nests mappings or lists too deeply" + (f" (more than {MAX_NESTING} levels)" if line else ""), line=line,
-                      hint="a job's configuration is a few levels deep: copy the job's own file here")
+    return TraceError(
+        path,
+        "nests mappings or lists too deeply" + (f" (more than {MAX_NESTING} levels)" if line else ""),
+        line=line,
+        hint="a job's configuration is a few levels deep: copy the job's own file here",
+    )
 
 
 def yaml_key_line(text: str, key: str) -> int | None:
@@ -275,8 +324,12 @@ def parse_yaml(path: Path, text: str, max_nodes: int = MAX_YAML_NODES) -> Any:
         raise
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        raise TraceError(path, f"not valid YAML ({getattr(err, 'problem', None) or err})",
-                         line=mark.line + 1 if mark else None, hint="fix the YAML syntax") from None
+        raise TraceError(
+            path,
+            f"not valid YAML ({getattr(err, 'problem', None) or err})",
+            line=mark.line + 1 if mark else None,
+            hint="fix the YAML syntax",
+        ) from None
     except ValueError as err:  # e.g. an integer of more digits than Python converts
         raise TraceError(path, f"holds a value that cannot be read ({err})", hint="fix the value") from None
 
@@ -299,9 +352,12 @@ def _check_expansion(path: Path, events: Iterator[Any], max_nodes: int) -> None:
             anchor, size = open_nodes.pop()
         elif isinstance(event, yaml.AliasEvent):
             if any(node[0] == event.anchor for node in open_nodes):
-                raise TraceError(path, f"the alias *{event.anchor} stands inside the value it names (a value that "
-                                 "holds itself)", line=event.start_mark.line + 1,
-                                 hint="write the value out; a configuration holds no value inside itself")
+                raise TraceError(
+                    path,
+                    f"the alias *{event.anchor} stands inside the value it names (a value that holds itself)",
+                    line=event.start_mark.line + 1,
+                    hint="write the value out; a configuration holds no value inside itself",
+                )
             anchor, size = None, sizes.get(event.anchor, 1)
         elif isinstance(event, yaml.ScalarEvent):
             anchor, size = event.anchor, 1
@@ -316,10 +372,13 @@ def _check_expansion(path: Path, events: Iterator[Any], max_nodes: int) -> None:
             total += size
             size = total
         if size > max_nodes:
-            raise TraceError(path, f"expands to more than {max_nodes} values once its aliases (*name) are "
-                             "written out", line=event.start_mark.line + 1,
-                             hint="write the values out instead of nesting aliases (a few nested ones expand a "
-                                  "small file without bound)")
+            raise TraceError(
+                path,
+                f"expands to more than {max_nodes} values once its aliases (*name) are written out",
+                line=event.start_mark.line + 1,
+                hint="write the values out instead of nesting aliases (a few nested ones expand a "
+                "small file without bound)",
+            )
 
 
 def load_json(path: Path, max_bytes: int = MAX_CONFIG_BYTES) -> Any:

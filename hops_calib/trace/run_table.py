@@ -50,10 +50,24 @@ MEASUREMENT_COLUMNS = ("iteration_time_ms", "samples_per_s", "tflops_per_gpu")
 META_COLUMNS = ("run_id", "source")
 TABLE_SUFFIXES = (".csv", ".parquet")
 # Arguments that must be whole numbers (>= 1, or >= 0 for the recompute count).
-_POSITIVE_INTS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
-                  "context_parallel_size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                  "seq_length", "micro_batch_size", "global_batch_size", "padded_vocab_size", "vocab_size",
-                  "world_size", "num_layers_per_virtual_pipeline_stage", "max_position_embeddings")
+_POSITIVE_INTS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "data_parallel_size",
+    "context_parallel_size",
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "seq_length",
+    "micro_batch_size",
+    "global_batch_size",
+    "padded_vocab_size",
+    "vocab_size",
+    "world_size",
+    "num_layers_per_virtual_pipeline_stage",
+    "max_position_embeddings",
+)
 _BOOLS = ("fp16", "bf16", "sequence_parallel")
 
 
@@ -97,23 +111,33 @@ def _rows(path: Path) -> tuple[list[str], list[dict[str, Any]], Callable[[int], 
     with open_regular(path) as handle:  # a regular file only (no FIFO or device), of a bounded size
         size = os.fstat(handle.fileno()).st_size
         if size > MAX_TABLE_BYTES:
-            raise TraceError(path, f"is {size / (1 << 20):.0f} MiB, more than a run table may be "
-                             f"({MAX_TABLE_BYTES >> 20} MiB, about {MAX_TABLE_ROWS:,} runs)",
-                             hint="split the table into several files and ingest them together")
+            raise TraceError(
+                path,
+                f"is {size / (1 << 20):.0f} MiB, more than a run table may be "
+                f"({MAX_TABLE_BYTES >> 20} MiB, about {MAX_TABLE_ROWS:,} runs)",
+                hint="split the table into several files and ingest them together",
+            )
         try:
             if path.suffix.lower() == ".parquet":
                 frame = pd.read_parquet(handle)
                 where, word = (lambda k: k + 1), "row"
             else:
-                frame = pd.read_csv(handle, dtype=str, keep_default_na=False, skipinitialspace=True,
-                                    encoding="utf-8-sig")
+                frame = pd.read_csv(
+                    handle, dtype=str, keep_default_na=False, skipinitialspace=True, encoding="utf-8-sig"
+                )
                 where, word = (lambda k: k + 2), "line"  # the header is line 1
         except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise their own types; all mean an unreadable table
-            raise TraceError(path, f"cannot be read as a table: {type(err).__name__}: {quoted(str(err), 80)}",
-                             hint="a run table is a CSV with a header line, or a Parquet file") from None
+            raise TraceError(
+                path,
+                f"cannot be read as a table: {type(err).__name__}: {quoted(str(err), 80)}",
+                hint="a run table is a CSV with a header line, or a Parquet file",
+            ) from None
     if len(frame) > MAX_TABLE_ROWS:
-        raise TraceError(path, f"holds {len(frame):,} rows, more than a run table may ({MAX_TABLE_ROWS:,})",
-                         hint="split the table into several files and ingest them together")
+        raise TraceError(
+            path,
+            f"holds {len(frame):,} rows, more than a run table may ({MAX_TABLE_ROWS:,})",
+            hint="split the table into several files and ingest them together",
+        )
     columns = [str(c).strip() for c in frame.columns]
     frame.columns = columns
     return columns, frame.to_dict(orient="records"), where, word
@@ -133,7 +157,6 @@ SIDECAR_KEYS = ("args", "hardware", "extra_columns")
 SIDECAR_HARDWARE = ("gpu", "gpus_per_node", "collective_tables")
 
 
-
 def unknown_names(names: list[str], known: Any) -> str:
     """`'pipeline_parallel_size' (did you mean pipeline_model_parallel_size?), ...` for names not in `known`."""
     import difflib
@@ -141,8 +164,9 @@ def unknown_names(names: list[str], known: Any) -> str:
     parts = []
     for name in names:
         close = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.6)
-        parts.append(quoted(name, 32 if len(names) > 1 else 16) + (f" (did you mean {' or '.join(close)}?)"
-                                                                   if close else ""))
+        parts.append(
+            quoted(name, 32 if len(names) > 1 else 16) + (f" (did you mean {' or '.join(close)}?)" if close else "")
+        )
         if len(parts) == 8:
             parts.append(f"... ({len(names)} in all)")
             break
@@ -160,30 +184,52 @@ def read_sidecar(path: Path) -> Sidecar:
         return Sidecar(path=sidecar)
     text = read_config_text(sidecar)  # (bounded: 64 KiB; kept for the lines of its keys)
     data = parse_yaml(sidecar, text) or {}  # (aliases expanded at most 10 000 values)
-    hint = ("a sidecar holds `args: {name: value}` (Megatron's args. names), `hardware: {gpu: TYPE, gpus_per_node: "
-            "N}` and optionally `extra_columns: [name, ...]` (the table's own columns), shared by every row")
+    hint = (
+        "a sidecar holds `args: {name: value}` (Megatron's args. names), `hardware: {gpu: TYPE, gpus_per_node: "
+        "N}` and optionally `extra_columns: [name, ...]` (the table's own columns), shared by every row"
+    )
     if not isinstance(data, dict):
         raise TraceError(sidecar, f"holds a {type(data).__name__}, not a mapping", field="args/hardware", hint=hint)
     unknown = [str(k) for k in data if k not in SIDECAR_KEYS]
     if unknown:
-        raise TraceError(sidecar, f"has unknown keys: {unknown_names(unknown, SIDECAR_KEYS)}",
-                         line=yaml_key_line(text, unknown[0]), field=unknown[0], hint=hint)
+        raise TraceError(
+            sidecar,
+            f"has unknown keys: {unknown_names(unknown, SIDECAR_KEYS)}",
+            line=yaml_key_line(text, unknown[0]),
+            field=unknown[0],
+            hint=hint,
+        )
     for key in ("args", "hardware"):
         if not isinstance(data.get(key) or {}, dict):
-            raise TraceError(sidecar, "is not a mapping", line=yaml_key_line(text, key), field=key,
-                             hint=f"write {key}: {{name: value, ...}}")
+            raise TraceError(
+                sidecar,
+                "is not a mapping",
+                line=yaml_key_line(text, key),
+                field=key,
+                hint=f"write {key}: {{name: value, ...}}",
+            )
     args, hardware = dict(data.get("args") or {}), dict(data.get("hardware") or {})
     for where, given, known in (("args", args, KNOWN_ARGS), ("hardware", hardware, SIDECAR_HARDWARE)):
         unknown = [str(k) for k in given if k not in known]
         if unknown:
-            raise TraceError(sidecar, f"has unknown {where} keys: {unknown_names(unknown, known)}",
-                             line=yaml_key_line(text, unknown[0]), field=f"{where}.{unknown[0]}",
-                             hint="fix the spelling (Megatron's args. names)" if where == "args" else
-                             f"hardware takes {', '.join(SIDECAR_HARDWARE)}")
+            raise TraceError(
+                sidecar,
+                f"has unknown {where} keys: {unknown_names(unknown, known)}",
+                line=yaml_key_line(text, unknown[0]),
+                field=f"{where}.{unknown[0]}",
+                hint="fix the spelling (Megatron's args. names)"
+                if where == "args"
+                else f"hardware takes {', '.join(SIDECAR_HARDWARE)}",
+            )
     extra = data.get("extra_columns") or []
     if not isinstance(extra, list) or not all(isinstance(name, str) for name in extra):
-        raise TraceError(sidecar, f"is {extra!r}", line=yaml_key_line(text, "extra_columns"), field="extra_columns",
-                         hint="write extra_columns: [name, ...] (columns of the table that are not settings)")
+        raise TraceError(
+            sidecar,
+            f"is {extra!r}",
+            line=yaml_key_line(text, "extra_columns"),
+            field="extra_columns",
+            hint="write extra_columns: [name, ...] (columns of the table that are not settings)",
+        )
     return Sidecar(path=sidecar, args=args, hardware=hardware, extra_columns=tuple(extra))
 
 
@@ -196,14 +242,21 @@ def config_key(args: dict[str, Any], hardware: RunHardware) -> str:
 
 def config_slug(args: dict[str, Any]) -> str:
     """A readable name of a configuration: parallelism, depth, width, sequence, batch."""
-    return (f"t{args.get('tensor_model_parallel_size', 1)}p{args.get('pipeline_model_parallel_size', 1)}"
-            f"d{args.get('data_parallel_size', 1)}_l{args['num_layers']}_h{args['hidden_size']}"
-            f"_s{args['seq_length']}_mb{args.get('micro_batch_size', 1)}_gb{args.get('global_batch_size')}")
+    return (
+        f"t{args.get('tensor_model_parallel_size', 1)}p{args.get('pipeline_model_parallel_size', 1)}"
+        f"d{args.get('data_parallel_size', 1)}_l{args['num_layers']}_h{args['hidden_size']}"
+        f"_s{args['seq_length']}_mb{args.get('micro_batch_size', 1)}_gb{args.get('global_batch_size')}"
+    )
 
 
-def read_run_table(path: Path | str, *, hardware: RunHardware | None = None, table_id: str | None = None,
-                   translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                   mapping: str = "run table") -> TableRead:
+def read_run_table(
+    path: Path | str,
+    *,
+    hardware: RunHardware | None = None,
+    table_id: str | None = None,
+    translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    mapping: str = "run table",
+) -> TableRead:
     """The runs of a run table (module docstring). `translate` maps a published table's row to run-table columns
     (the vTrain mapping); `hardware` (--gpu/--gpus-per-node) fills the hardware columns where the table has none."""
     path = Path(path)
@@ -215,18 +268,25 @@ def read_run_table(path: Path | str, *, hardware: RunHardware | None = None, tab
     if translate is None:
         columns = _check_columns(path, columns, sidecar, hardware, word)
         if not {"fp16", "bf16"} & (set(columns) | set(shared_args)):
-            result.warnings.append(f"{path}: no fp16 or bf16 column, and {sidecar.path.name} gives neither: every "
-                                   "row is priced in fp32 (Megatron's default); add args: {bf16: true} (or fp16) "
-                                   f"to {sidecar.path.name} if the runs used 16-bit arithmetic")
+            result.warnings.append(
+                f"{path}: no fp16 or bf16 column, and {sidecar.path.name} gives neither: every "
+                "row is priced in fp32 (Megatron's default); add args: {bf16: true} (or fp16) "
+                f"to {sidecar.path.name} if the runs used 16-bit arithmetic"
+            )
     if "collective_tables" not in shared_hardware and hardware is not None and hardware.collective_tables:
         shared_hardware["collective_tables"] = hardware.collective_tables
-    tables = collective_tables_beside(path.parent, shared_hardware.pop("collective_tables", None),
-                                      path.with_suffix(".yaml"))
+    tables = collective_tables_beside(
+        path.parent, shared_hardware.pop("collective_tables", None), path.with_suffix(".yaml")
+    )
     if hardware is not None:
         for key, value in ((k, v) for k, v in hardware.to_dict().items() if k != "collective_tables"):
             if shared_hardware.get(key, value) != value:
-                raise TraceError(path.with_suffix(".yaml"), f"says {shared_hardware[key]!r}, the command line "
-                                 f"{value!r}", field=f"hardware.{key}", hint="give the hardware once")
+                raise TraceError(
+                    path.with_suffix(".yaml"),
+                    f"says {shared_hardware[key]!r}, the command line {value!r}",
+                    field=f"hardware.{key}",
+                    hint="give the hardware once",
+                )
             shared_hardware[key] = value
     keyed: list[tuple[MeasuredRun, str]] = []
     for k, raw in enumerate(rows):
@@ -247,8 +307,9 @@ def read_run_table(path: Path | str, *, hardware: RunHardware | None = None, tab
     return result
 
 
-def _check_columns(path: Path, columns: list[str], sidecar: Sidecar, hardware: RunHardware | None,
-                   word: str) -> list[str]:
+def _check_columns(
+    path: Path, columns: list[str], sidecar: Sidecar, hardware: RunHardware | None, word: str
+) -> list[str]:
     """The columns of a run table that are settings or measurements; TraceError for the whole table when a column
     is unknown (a misspelling would take Megatron's default silently) or a setting without a default is given
     nowhere (neither a column nor the sidecar)."""
@@ -259,39 +320,71 @@ def _check_columns(path: Path, columns: list[str], sidecar: Sidecar, hardware: R
     if word == "line" and len(columns) == 1 and unknown:
         delimiter = next((d for d in (";", "\t", "|") if d in columns[0]), None)
         if delimiter is not None:
-            raise TraceError(path, f"has one column: its header is split by {delimiter!r}, not by commas",
-                             line=1, field="header", hint=f"a run table is comma-separated: save it as CSV with ',' "
-                             f"between the cells (e.g. pandas: read_csv(path, sep={delimiter!r}).to_csv(new, "
-                             "index=False))")
+            raise TraceError(
+                path,
+                f"has one column: its header is split by {delimiter!r}, not by commas",
+                line=1,
+                field="header",
+                hint=f"a run table is comma-separated: save it as CSV with ',' "
+                f"between the cells (e.g. pandas: read_csv(path, sep={delimiter!r}).to_csv(new, "
+                "index=False))",
+            )
     if unknown:
-        raise TraceError(path, f"has unknown columns: {unknown_names(unknown, known)}", line=line,
-                         field=unknown[0][:16],
-                         hint=f"rename a misspelled column to Megatron's args. name (README, 'Run tables'); a column "
-                         f"of your own that is not a setting is kept out of the launch when its name starts with "
-                         f"'{EXTRA_PREFIX}' or {sidecar.path.name} lists it under extra_columns"
-                         + ("" if set(columns) & set(MEASUREMENT_COLUMNS) else
-                            f"; the measurement is one of {', '.join(MEASUREMENT_COLUMNS)}"))
+        raise TraceError(
+            path,
+            f"has unknown columns: {unknown_names(unknown, known)}",
+            line=line,
+            field=unknown[0][:16],
+            hint=f"rename a misspelled column to Megatron's args. name (README, 'Run tables'); a column "
+            f"of your own that is not a setting is kept out of the launch when its name starts with "
+            f"'{EXTRA_PREFIX}' or {sidecar.path.name} lists it under extra_columns"
+            + (
+                ""
+                if set(columns) & set(MEASUREMENT_COLUMNS)
+                else f"; the measurement is one of {', '.join(MEASUREMENT_COLUMNS)}"
+            ),
+        )
     given = set(columns) | set(sidecar.args)
     side = sidecar.path.name
     for name in REQUIRED_ARGS:
         if name not in given:
-            raise TraceError(path, f"has no {name} column, and {side} gives none: Megatron has no default for it",
-                             line=line, field=name, hint=f"add a {name} column (or args: {{{name}: N}} in {side})")
+            raise TraceError(
+                path,
+                f"has no {name} column, and {side} gives none: Megatron has no default for it",
+                line=line,
+                field=name,
+                hint=f"add a {name} column (or args: {{{name}: N}} in {side})",
+            )
     if not given & set(VOCAB_ARGS):
-        raise TraceError(path, f"has no padded_vocab_size column, and {side} gives none: the vocabulary has no "
-                         "default (without it the embedding and the output layer would go unpriced)", line=line,
-                         field="padded_vocab_size", hint=f"add a padded_vocab_size column or args: "
-                         f"{{padded_vocab_size: N}} in {side} (Megatron's vocabulary padded to a multiple of 128 x "
-                         "tensor parallel size, as its log prints in ' > padded vocab ... (new size: N)')")
+        raise TraceError(
+            path,
+            f"has no padded_vocab_size column, and {side} gives none: the vocabulary has no "
+            "default (without it the embedding and the output layer would go unpriced)",
+            line=line,
+            field="padded_vocab_size",
+            hint=f"add a padded_vocab_size column or args: "
+            f"{{padded_vocab_size: N}} in {side} (Megatron's vocabulary padded to a multiple of 128 x "
+            "tensor parallel size, as its log prints in ' > padded vocab ... (new size: N)')",
+        )
     for name in HARDWARE_COLUMNS:
         if name not in columns and name not in sidecar.hardware and hardware is None:
-            raise TraceError(path, f"has no {name} column, and neither {side} nor the command line gives it",
-                             line=line, field=name, hint="give the hardware: gpu and gpus_per_node columns, "
-                             f"hardware: {{gpu: TYPE, gpus_per_node: N}} in {side}, or --gpu TYPE --gpus-per-node N")
+            raise TraceError(
+                path,
+                f"has no {name} column, and neither {side} nor the command line gives it",
+                line=line,
+                field=name,
+                hint="give the hardware: gpu and gpus_per_node columns, "
+                f"hardware: {{gpu: TYPE, gpus_per_node: N}} in {side}, or --gpu TYPE --gpus-per-node N",
+            )
     if not set(columns) & set(MEASUREMENT_COLUMNS):
-        raise TraceError(path, "has no measurement column", line=line, field="iteration_time_ms",
-                         hint=f"give one of {', '.join(MEASUREMENT_COLUMNS)} (README, 'Run tables', says how "
-                         "samples/s and TFLOP/s/GPU convert)")
+        raise TraceError(
+            path,
+            "has no measurement column",
+            line=line,
+            field="iteration_time_ms",
+            hint=f"give one of {', '.join(MEASUREMENT_COLUMNS)} (README, 'Run tables', says how "
+            "samples/s and TFLOP/s/GPU convert)",
+        )
     return [c for c in columns if c not in extra and not c.startswith(EXTRA_PREFIX)]
 
 
@@ -318,87 +411,157 @@ def _name_runs(table_id: str, keyed: list[tuple[MeasuredRun, str]]) -> list[Meas
 
 def _bad(path: Path, line: int, word: str, column: str, problem: str, hint: str) -> TraceError:
     # `file:N:` reads as a line: a Parquet file's row says that it is a row
-    return TraceError(path, problem if word == "line" else f"{word} {line}: {problem}", line=line, field=column,
-                      hint=hint)
+    return TraceError(
+        path, problem if word == "line" else f"{word} {line}: {problem}", line=line, field=column, hint=hint
+    )
 
 
-def _row_run(path: Path, line: int, word: str, cells: dict[str, Any], shared_args: dict[str, Any],
-             shared_hardware: dict[str, Any], table_id: str) -> MeasuredRun:
+def _row_run(
+    path: Path,
+    line: int,
+    word: str,
+    cells: dict[str, Any],
+    shared_args: dict[str, Any],
+    shared_hardware: dict[str, Any],
+    table_id: str,
+) -> MeasuredRun:
     known = set(HARDWARE_COLUMNS) | set(MEASUREMENT_COLUMNS) | set(META_COLUMNS)
     args = {name: value for name, value in cells.items() if name not in known and value is not None}
     for name in args:
         if name in shared_args:
-            raise _bad(path, line, word, name, f"is given by the column and by {path.with_suffix('.yaml').name}",
-                       "give a setting once: in the sidecar when every row shares it, else as a column")
+            raise _bad(
+                path,
+                line,
+                word,
+                name,
+                f"is given by the column and by {path.with_suffix('.yaml').name}",
+                "give a setting once: in the sidecar when every row shares it, else as a column",
+            )
     args = {**MEGATRON_DEFAULTS, **shared_args, **args}
     for name in _POSITIVE_INTS:
         value = args.get(name)
         if isinstance(value, float) and value.is_integer():  # "2.0": a whole number written by a float column
             value = args[name] = int(value)
         if value is not None and (type(value) is not int or value < 1):
-            raise _bad(path, line, word, name, f"is {value!r}, expected a whole number of at least 1",
-                       "fix the cell (or leave it empty for Megatron's default)")
+            raise _bad(
+                path,
+                line,
+                word,
+                name,
+                f"is {value!r}, expected a whole number of at least 1",
+                "fix the cell (or leave it empty for Megatron's default)",
+            )
     for name in _BOOLS:
         if type(args.get(name)) is not bool:
             raise _bad(path, line, word, name, f"is {args.get(name)!r}, expected true or false", "fix the cell")
     for name in REQUIRED_ARGS:
         if args.get(name) is None:
-            raise _bad(path, line, word, name, "is empty: Megatron has no default for it",
-                       f"fill the cell (or give it once in {path.with_suffix('.yaml').name})")
+            raise _bad(
+                path,
+                line,
+                word,
+                name,
+                "is empty: Megatron has no default for it",
+                f"fill the cell (or give it once in {path.with_suffix('.yaml').name})",
+            )
     if args.get("padded_vocab_size") is None and args.get("vocab_size") is None:
-        raise _bad(path, line, word, "padded_vocab_size", "is empty: the vocabulary has no default",
-                   "fill the cell (Megatron pads the tokenizer's vocabulary to a multiple of 128 x tensor parallel "
-                   "size)")
+        raise _bad(
+            path,
+            line,
+            word,
+            "padded_vocab_size",
+            "is empty: the vocabulary has no default",
+            "fill the cell (Megatron pads the tokenizer's vocabulary to a multiple of 128 x tensor parallel size)",
+        )
     args.setdefault("data_parallel_size", 1)
     gpus = world_size(args)
     if args.get("world_size") and args["world_size"] != world_size({**args, "world_size": None}):
-        raise _bad(path, line, word, "world_size", f"is {args['world_size']}, but t x p x cp x d = "
-                   f"{world_size({**args, 'world_size': None})}", "make the parallel sizes multiply to the GPUs")
+        raise _bad(
+            path,
+            line,
+            word,
+            "world_size",
+            f"is {args['world_size']}, but t x p x cp x d = {world_size({**args, 'world_size': None})}",
+            "make the parallel sizes multiply to the GPUs",
+        )
     args["world_size"] = gpus
     if args.get("global_batch_size") is None:
         args["global_batch_size"] = args["micro_batch_size"] * args["data_parallel_size"]
     if args["global_batch_size"] % (args["micro_batch_size"] * args["data_parallel_size"]):
-        raise _bad(path, line, word, "global_batch_size", f"{args['global_batch_size']} is not a multiple of micro "
-                   f"batch {args['micro_batch_size']} x data parallel {args['data_parallel_size']}",
-                   "Megatron requires it to divide; fix the row")
+        raise _bad(
+            path,
+            line,
+            word,
+            "global_batch_size",
+            f"{args['global_batch_size']} is not a multiple of micro "
+            f"batch {args['micro_batch_size']} x data parallel {args['data_parallel_size']}",
+            "Megatron requires it to divide; fix the row",
+        )
     hardware = _row_hardware(path, line, word, cells, shared_hardware)
     time_ms = _iteration_time(path, line, word, cells, args, gpus)
     run_id = cells.get("run_id")
-    return MeasuredRun(run_id=str(run_id) if run_id is not None else "", group="", args=args, hardware=hardware,
-                       iteration_times_ms=(time_ms,), interval_iterations=(1,),
-                       reported={name: float(cells[name]) for name in MEASUREMENT_COLUMNS[1:]
-                                 if cells.get(name) is not None},
-                       origin=f"{path}:{line}" + (f" ({cells['source']})" if cells.get("source") else ""))
+    return MeasuredRun(
+        run_id=str(run_id) if run_id is not None else "",
+        group="",
+        args=args,
+        hardware=hardware,
+        iteration_times_ms=(time_ms,),
+        interval_iterations=(1,),
+        reported={name: float(cells[name]) for name in MEASUREMENT_COLUMNS[1:] if cells.get(name) is not None},
+        origin=f"{path}:{line}" + (f" ({cells['source']})" if cells.get("source") else ""),
+    )
 
 
-def _row_hardware(path: Path, line: int, word: str, cells: dict[str, Any],
-                  shared: dict[str, Any]) -> RunHardware:
+def _row_hardware(path: Path, line: int, word: str, cells: dict[str, Any], shared: dict[str, Any]) -> RunHardware:
     values = {}
     for name in HARDWARE_COLUMNS:
         if cells.get(name) is not None and name in shared and cells[name] != shared[name]:
-            raise _bad(path, line, word, name, f"is {cells[name]!r}, the sidecar or command line {shared[name]!r}",
-                       "give the hardware once")
+            raise _bad(
+                path,
+                line,
+                word,
+                name,
+                f"is {cells[name]!r}, the sidecar or command line {shared[name]!r}",
+                "give the hardware once",
+            )
         values[name] = cells.get(name) if cells.get(name) is not None else shared.get(name)
     if not values["gpu"] or not isinstance(values["gpu"], str):
-        raise _bad(path, line, word, "gpu", f"is {values['gpu']!r}" if values["gpu"] else "is missing",
-                   "give the device type (a gpu column, the sidecar's hardware.gpu, or --gpu TYPE)")
+        raise _bad(
+            path,
+            line,
+            word,
+            "gpu",
+            f"is {values['gpu']!r}" if values["gpu"] else "is missing",
+            "give the device type (a gpu column, the sidecar's hardware.gpu, or --gpu TYPE)",
+        )
     if type(values["gpus_per_node"]) is not int or values["gpus_per_node"] < 1:
-        raise _bad(path, line, word, "gpus_per_node", f"is {values['gpus_per_node']!r}" if values["gpus_per_node"]
-                   is not None else "is missing", "give the GPUs per node as a whole number (a gpus_per_node "
-                   "column, the sidecar's hardware.gpus_per_node, or --gpus-per-node N)")
+        raise _bad(
+            path,
+            line,
+            word,
+            "gpus_per_node",
+            f"is {values['gpus_per_node']!r}" if values["gpus_per_node"] is not None else "is missing",
+            "give the GPUs per node as a whole number (a gpus_per_node "
+            "column, the sidecar's hardware.gpus_per_node, or --gpus-per-node N)",
+        )
     return RunHardware(gpu=values["gpu"].lower(), gpus_per_node=values["gpus_per_node"])
 
 
-def _iteration_time(path: Path, line: int, word: str, cells: dict[str, Any], args: dict[str, Any],
-                    gpus: int) -> float:
+def _iteration_time(path: Path, line: int, word: str, cells: dict[str, Any], args: dict[str, Any], gpus: int) -> float:
     """The measured iteration time (ms), given or converted (module docstring)."""
     for name in MEASUREMENT_COLUMNS:
         value = cells.get(name)
         if value is None:
             continue
         if not positive_number(value):
-            raise _bad(path, line, word, name, f"is {value!r}, expected a positive number",
-                       "fix the cell, or leave it empty and give another measurement column")
+            raise _bad(
+                path,
+                line,
+                word,
+                name,
+                f"is {value!r}, expected a positive number",
+                "fix the cell, or leave it empty and give another measurement column",
+            )
         if name == "iteration_time_ms":
             time_ms = float(value)
         elif name == "samples_per_s":
@@ -406,12 +569,30 @@ def _iteration_time(path: Path, line: int, word: str, cells: dict[str, Any], arg
         else:
             time_ms = model_flops_per_iteration(args) / (value * 1e12 * gpus) * 1e3
         if not time_ms <= MAX_ITERATION_MS:
-            raise _bad(path, line, word, name, f"is {value!r}: an iteration of {time_ms:.3g} ms, more than a day",
-                       "fix the cell (its unit?)")
+            raise _bad(
+                path,
+                line,
+                word,
+                name,
+                f"is {value!r}: an iteration of {time_ms:.3g} ms, more than a day",
+                "fix the cell (its unit?)",
+            )
         if not time_ms >= MIN_ITERATION_MS:
-            raise _bad(path, line, word, name, f"is {quoted(str(value), 24)}: an iteration of {time_ms:.3g} ms, "
-                       f"less than {MIN_ITERATION_MS * 1e3:.0f} microsecond (no kernel launches that fast)",
-                       "fix the cell (its unit?)")
+            raise _bad(
+                path,
+                line,
+                word,
+                name,
+                f"is {quoted(str(value), 24)}: an iteration of {time_ms:.3g} ms, "
+                f"less than {MIN_ITERATION_MS * 1e3:.0f} microsecond (no kernel launches that fast)",
+                "fix the cell (its unit?)",
+            )
         return time_ms
-    raise _bad(path, line, word, "iteration_time_ms", "no measurement in the row",
-               f"give one of {', '.join(MEASUREMENT_COLUMNS)}")
+    raise _bad(
+        path,
+        line,
+        word,
+        "iteration_time_ms",
+        "no measurement in the row",
+        f"give one of {', '.join(MEASUREMENT_COLUMNS)}",
+    )

@@ -41,8 +41,9 @@ from hops_calib.trace.reading import bounded_lines, open_regular
 
 DEFAULT_SKEW_MS = 2.0
 _COMPUTE = KINDS.index(COMPUTE)
-_F, _B, _BB, _BW, _OPT = (PHASES.index(name) for name in ("FORWARD", "BACKWARD", "BACKWARD_B", "BACKWARD_W",
-                                                           "OPTIMIZER"))
+_F, _B, _BB, _BW, _OPT = (
+    PHASES.index(name) for name in ("FORWARD", "BACKWARD", "BACKWARD_B", "BACKWARD_W", "OPTIMIZER")
+)
 _LENIENT = "or ingest with --lenient to drop it"
 
 
@@ -56,8 +57,16 @@ class StructureReport:
     notes: list[str] = field(default_factory=list)
 
 
-def locate_all(path: Path, *, iteration: int, kind: int = _COMPUTE, phase: int | None = None,
-               microbatch: int | None = None, chunk: int | None = None, limit: int | None = None) -> list[int]:
+def locate_all(
+    path: Path,
+    *,
+    iteration: int,
+    kind: int = _COMPUTE,
+    phase: int | None = None,
+    microbatch: int | None = None,
+    chunk: int | None = None,
+    limit: int | None = None,
+) -> list[int]:
     """Line numbers of the events of `path` of this kind with these values (at most `limit`)."""
     found: list[int] = []
     with open_regular(path) as handle:
@@ -103,9 +112,15 @@ class _Run:
         c = self.columns
         path = self.rank_paths.get(int(c["rank"][index]), self.trace_dir)
         phase = int(c["phase"][index])
-        lines = locate_all(path, iteration=int(c["iteration"][index]), kind=int(c["kind"][index]), phase=phase,
-                           microbatch=None if phase == _OPT else int(c["microbatch"][index]),
-                           chunk=int(c["chunk"][index]), limit=limit)
+        lines = locate_all(
+            path,
+            iteration=int(c["iteration"][index]),
+            kind=int(c["kind"][index]),
+            phase=phase,
+            microbatch=None if phase == _OPT else int(c["microbatch"][index]),
+            chunk=int(c["chunk"][index]),
+            limit=limit,
+        )
         return path, lines
 
     def fail(self, index: int, problem: str, field_name: str, hint: str) -> TraceError:
@@ -118,16 +133,26 @@ def _keep(columns: dict[str, np.ndarray], mask: np.ndarray) -> None:
         columns[name] = columns[name][mask]
 
 
-def check_structure(columns: dict[str, np.ndarray], *, pp: int, vp: int, microbatches: int,
-                    rank_paths: Mapping[int, Path], trace_dir: Path, lenient: bool = False,
-                    skew_ms: float = DEFAULT_SKEW_MS, config_source: Any = "the configuration") -> StructureReport:
+def check_structure(
+    columns: dict[str, np.ndarray],
+    *,
+    pp: int,
+    vp: int,
+    microbatches: int,
+    rank_paths: Mapping[int, Path],
+    trace_dir: Path,
+    lenient: bool = False,
+    skew_ms: float = DEFAULT_SKEW_MS,
+    config_source: Any = "the configuration",
+) -> StructureReport:
     """Check (and, lenient, trim in place) the concatenated event columns of one run; TraceError on a problem."""
     report = StructureReport()
     run = _Run(columns, rank_paths, trace_dir)
     _check_ranges(run, pp=pp, vp=vp, microbatches=microbatches, config_source=config_source)
     _check_repeats(run, lenient=lenient, report=report)
-    _check_complete(run, pp=pp, vp=vp, microbatches=microbatches, lenient=lenient, report=report,
-                    config_source=config_source)
+    _check_complete(
+        run, pp=pp, vp=vp, microbatches=microbatches, lenient=lenient, report=report, config_source=config_source
+    )
     _check_iteration_order(run, pp=pp)
     _check_causality(run, pp=pp, vp=vp, skew_ms=skew_ms)
     return report
@@ -136,15 +161,27 @@ def check_structure(columns: dict[str, np.ndarray], *, pp: int, vp: int, microba
 def _check_ranges(run: _Run, *, pp: int, vp: int, microbatches: int, config_source: Any) -> None:
     c = run.columns
     checks = (
-        ("microbatch", "microbatch", microbatches,
-         f"microbatch(es) per iteration in {config_source}",
-         "the configuration's batch sizes (--global-batch-size / (--micro-batch-size x data-parallel size)) and "
-         "the trace disagree: fix the configuration (or, if one line is damaged, that line)"),
-        ("model_chunk", "chunk", vp, f"model chunk(s) per stage in {config_source}",
-         ("an interleaved trace needs --num-layers-per-virtual-pipeline-stage (or "
-          "--virtual-pipeline-model-parallel-size) in the configuration: add it" if vp == 1 else
-          f"the configuration's virtual pipeline setting gives {vp} chunks and the trace has more: fix it")
-         + " (or, if one line is damaged, that line)"),
+        (
+            "microbatch",
+            "microbatch",
+            microbatches,
+            f"microbatch(es) per iteration in {config_source}",
+            "the configuration's batch sizes (--global-batch-size / (--micro-batch-size x data-parallel size)) and "
+            "the trace disagree: fix the configuration (or, if one line is damaged, that line)",
+        ),
+        (
+            "model_chunk",
+            "chunk",
+            vp,
+            f"model chunk(s) per stage in {config_source}",
+            (
+                "an interleaved trace needs --num-layers-per-virtual-pipeline-stage (or "
+                "--virtual-pipeline-model-parallel-size) in the configuration: add it"
+                if vp == 1
+                else f"the configuration's virtual pipeline setting gives {vp} chunks and the trace has more: fix it"
+            )
+            + " (or, if one line is damaged, that line)",
+        ),
     )
     for name, column, limit, what, hint in checks:
         bad = (c[column] >= limit) & (c["phase"] != _OPT)
@@ -153,8 +190,13 @@ def _check_ranges(run: _Run, *, pp: int, vp: int, microbatches: int, config_sour
         # Not a bad line but a configuration the trace contradicts: --lenient would drop a whole microbatch or
         # chunk and store a different run, so it is refused either way.
         first = int(np.flatnonzero(bad)[0])
-        raise run.fail(first, f"is {int(c[column][first])} but there are {limit} {what} (0..{limit - 1}); "
-                       f"{int(bad.sum())} event(s) name one outside", name, hint)
+        raise run.fail(
+            first,
+            f"is {int(c[column][first])} but there are {limit} {what} (0..{limit - 1}); "
+            f"{int(bad.sum())} event(s) name one outside",
+            name,
+            hint,
+        )
 
 
 def _work_key(c: dict[str, np.ndarray]) -> np.ndarray:
@@ -179,23 +221,36 @@ def _check_repeats(run: _Run, *, lenient: bool, report: StructureReport) -> None
     if not lenient:
         first = int(compute[np.flatnonzero(repeat)[0]])
         phase = PHASES[int(c["phase"][first])]
-        what = (f"{phase} of iteration {int(c['iteration'][first])}"
-                + (f" microbatch {int(c['microbatch'][first])}" if int(c["phase"][first]) != _OPT else "")
-                + (f" chunk {int(c['chunk'][first])}" if int(c["chunk"][first]) else ""))
+        what = (
+            f"{phase} of iteration {int(c['iteration'][first])}"
+            + (f" microbatch {int(c['microbatch'][first])}" if int(c["phase"][first]) != _OPT else "")
+            + (f" chunk {int(c['chunk'][first])}" if int(c["chunk"][first]) else "")
+        )
         path, lines = run.event_lines(first, limit=2)
         again = f" (first on line {lines[0]})" if len(lines) == 2 else ""
-        raise TraceError(path, f"logs the {what} on stage {int(c['stage'][first])} a second time{again}",
-                         line=lines[-1] if lines else None, field="phase",
-                         hint="each compute event is logged once: remove the repeated line (a log appended "
-                              "twice?), " + _LENIENT)
+        raise TraceError(
+            path,
+            f"logs the {what} on stage {int(c['stage'][first])} a second time{again}",
+            line=lines[-1] if lines else None,
+            field="phase",
+            hint="each compute event is logged once: remove the repeated line (a log appended twice?), " + _LENIENT,
+        )
     drop = np.zeros(len(c["stage"]), dtype=bool)
     drop[compute[repeat]] = True
     report.dropped["repeated event"] = int(drop.sum())
     _keep(c, ~drop)
 
 
-def _missing(c: dict[str, np.ndarray], compute: np.ndarray, stage: int, iteration: int, *, microbatches: int,
-             vp: int, split_backward: bool) -> str:
+def _missing(
+    c: dict[str, np.ndarray],
+    compute: np.ndarray,
+    stage: int,
+    iteration: int,
+    *,
+    microbatches: int,
+    vp: int,
+    split_backward: bool,
+) -> str:
     """What a stage lacks of one iteration, e.g. "FORWARD mb 1; BACKWARD mb 0, 1" (chunks named when > 1)."""
     here = compute & (c["stage"] == stage) & (c["iteration"] == iteration)
     have = set(zip(c["phase"][here].tolist(), c["chunk"][here].tolist(), c["microbatch"][here].tolist()))
@@ -204,8 +259,12 @@ def _missing(c: dict[str, np.ndarray], compute: np.ndarray, stage: int, iteratio
     for phase in phases:
         # the first seven, found lazily: the configuration may name far more microbatches than the trace has (a
         # split backward stands for a whole one)
-        wanted = ((chunk, mb) for chunk in range(vp) for mb in range(microbatches)
-                  if (phase, chunk, mb) not in have and not (phase == _B and (_BB, chunk, mb) in have))
+        wanted = (
+            (chunk, mb)
+            for chunk in range(vp)
+            for mb in range(microbatches)
+            if (phase, chunk, mb) not in have and not (phase == _B and (_BB, chunk, mb) in have)
+        )
         gone = list(itertools.islice(wanted, 7))
         if gone:
             shown = ", ".join(f"{mb}" if vp == 1 else f"{mb}/chunk {chunk}" for chunk, mb in gone[:6])
@@ -213,8 +272,9 @@ def _missing(c: dict[str, np.ndarray], compute: np.ndarray, stage: int, iteratio
     return "; ".join(parts)
 
 
-def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: bool, report: StructureReport,
-                    config_source: Any) -> None:
+def _check_complete(
+    run: _Run, *, pp: int, vp: int, microbatches: int, lenient: bool, report: StructureReport, config_source: Any
+) -> None:
     c = run.columns
     compute = c["kind"] == _COMPUTE
     iterations = np.unique(c["iteration"][compute])
@@ -225,12 +285,18 @@ def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: 
         k = int(holes[0])
         after = int(iterations[k + 1])
         first = int(np.flatnonzero(compute & (c["iteration"] == after))[0])
-        gap = (f"iteration {after - 1}" if after - int(iterations[k]) == 2
-               else f"iterations {int(iterations[k]) + 1}..{after - 1}")
-        raise run.fail(first, f"the trace goes from iteration {int(iterations[k])} to {after}: no stage logged "
-                       f"{gap}", "iteration",
-                       "a run's iterations are numbered one after another: re-copy the logs from the job (lines of "
-                       "those iterations were lost on every rank)")
+        gap = (
+            f"iteration {after - 1}"
+            if after - int(iterations[k]) == 2
+            else f"iterations {int(iterations[k]) + 1}..{after - 1}"
+        )
+        raise run.fail(
+            first,
+            f"the trace goes from iteration {int(iterations[k])} to {after}: no stage logged {gap}",
+            "iteration",
+            "a run's iterations are numbered one after another: re-copy the logs from the job (lines of "
+            "those iterations were lost on every rank)",
+        )
     expected = microbatches * vp
     counts = np.zeros((pp, len(iterations), len(PHASES)), dtype=np.int64)
     it_idx = np.searchsorted(iterations, c["iteration"][compute])
@@ -241,8 +307,12 @@ def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: 
     optimizer = counts[:, :, _OPT]
     # a stage logs its optimizer step in every iteration or in none (a trace without them: see the quality flags)
     logs_optimizer = np.any(optimizer, axis=1, keepdims=True)
-    complete = ((forward == expected) & (backward == expected) & ((weight == 0) | (weight == counts[:, :, _BB]))
-                & ((optimizer == 1) | ~logs_optimizer))
+    complete = (
+        (forward == expected)
+        & (backward == expected)
+        & ((weight == 0) | (weight == counts[:, :, _BB]))
+        & ((optimizer == 1) | ~logs_optimizer)
+    )
     whole = complete.all(axis=0)  # per iteration: every stage complete
     if whole.all():
         return
@@ -261,50 +331,81 @@ def _check_complete(run: _Run, *, pp: int, vp: int, microbatches: int, lenient: 
         if len(cut):
             dropped = [int(iterations[k]) for k in cut]
             report.dropped_iterations = dropped
-            report.notes.append(f"dropped iteration(s) {dropped} at the start or end of the trace: not every stage "
-                                "logged them completely")
+            report.notes.append(
+                f"dropped iteration(s) {dropped} at the start or end of the trace: not every stage "
+                "logged them completely"
+            )
             _keep(c, ~np.isin(c["iteration"], iterations[cut]))
         middle = [int(iterations[k]) for k in bad[~edge[bad]]]
         if middle:  # dropping them would leave a hole in the throughput window: kept, and said
             report.incomplete_iterations = middle
-            report.notes.append(f"iteration(s) {middle} miss events on some stage (dropped lines) and are kept: "
-                                "the run's utilization and bubble read them as idle time")
+            report.notes.append(
+                f"iteration(s) {middle} miss events on some stage (dropped lines) and are kept: "
+                "the run's utilization and bubble read them as idle time"
+            )
         return
     k = int(bad[0])
     stage = int(np.flatnonzero(~complete[:, k])[0])
     iteration = int(iterations[k])
     path = run.path_of_stage(stage)
     split_backward = bool(counts[stage, :, _BB].any())
-    found = {name: int(counts[stage, k, phase]) for name, phase in
-             (("FORWARD", _F), ("BACKWARD", _B), ("BACKWARD_B", _BB), ("BACKWARD_W", _BW), ("OPTIMIZER", _OPT))}
-    shown = ", ".join(f"{n} {name}" for name, n in found.items()
-                      if n or name in ("FORWARD", "BACKWARD_B" if split_backward else "BACKWARD"))
-    wanted = (f"{expected} FORWARD and {expected} {'BACKWARD_B (each with its BACKWARD_W, when W is logged)' if split_backward else 'BACKWARD'}"
-              f" ({microbatches} microbatch(es) x {vp} chunk(s))"
-              + (", and one OPTIMIZER as in its other iterations" if logs_optimizer[stage, 0] else ""))
-    missing = [m for m in [_missing(c, compute, stage, iteration, microbatches=microbatches, vp=vp,
-                                    split_backward=split_backward),
-                           "OPTIMIZER" if logs_optimizer[stage, 0] and not found["OPTIMIZER"] else ""] if m]
+    found = {
+        name: int(counts[stage, k, phase])
+        for name, phase in (
+            ("FORWARD", _F),
+            ("BACKWARD", _B),
+            ("BACKWARD_B", _BB),
+            ("BACKWARD_W", _BW),
+            ("OPTIMIZER", _OPT),
+        )
+    }
+    shown = ", ".join(
+        f"{n} {name}"
+        for name, n in found.items()
+        if n or name in ("FORWARD", "BACKWARD_B" if split_backward else "BACKWARD")
+    )
+    wanted = (
+        f"{expected} FORWARD and {expected} {'BACKWARD_B (each with its BACKWARD_W, when W is logged)' if split_backward else 'BACKWARD'}"
+        f" ({microbatches} microbatch(es) x {vp} chunk(s))"
+        + (", and one OPTIMIZER as in its other iterations" if logs_optimizer[stage, 0] else "")
+    )
+    missing = [
+        m
+        for m in [
+            _missing(c, compute, stage, iteration, microbatches=microbatches, vp=vp, split_backward=split_backward),
+            "OPTIMIZER" if logs_optimizer[stage, 0] and not found["OPTIMIZER"] else "",
+        ]
+        if m
+    ]
     if split_backward and found["BACKWARD_W"] not in (0, found["BACKWARD_B"]) and not missing:
         missing.append(f"{found['BACKWARD_W']} BACKWARD_W for {found['BACKWARD_B']} BACKWARD_B")
     detail = f"; missing: {'; '.join(missing)}" if missing else ""
     everywhere = not whole.any() and len(set(forward.ravel().tolist())) == 1 and int(forward[stage, k]) != expected
     if everywhere:
-        hint = (f"every iteration of every stage has {int(forward[stage, k])} FORWARD events: the microbatch count "
-                f"in {config_source} (--global-batch-size / (--micro-batch-size x data-parallel size)) or its "
-                "virtual pipeline setting is wrong; fix the configuration")
+        hint = (
+            f"every iteration of every stage has {int(forward[stage, k])} FORWARD events: the microbatch count "
+            f"in {config_source} (--global-batch-size / (--micro-batch-size x data-parallel size)) or its "
+            "virtual pipeline setting is wrong; fix the configuration"
+        )
     elif not whole.any():
         hint = "no iteration is complete on every stage: re-copy the logs from the job"
     elif edge[k]:
-        hint = ("the log looks cut short (the job died, or the copy is incomplete): re-copy this rank's log, or "
-                "ingest with --lenient to keep only the iterations every stage logged in full")
+        hint = (
+            "the log looks cut short (the job died, or the copy is incomplete): re-copy this rank's log, or "
+            "ingest with --lenient to keep only the iterations every stage logged in full"
+        )
     else:
         hint = "events of an iteration between complete ones are missing: re-copy this rank's log from the job"
     logged = locate_all(path, iteration=iteration) if any(found.values()) else []
     line = logged[-1] if logged else None
     where = f"the last event it logged for it is on line {line}" if line else "it logged no event for it"
-    raise TraceError(path, f"stage {stage} logged {shown} event(s) of iteration {iteration}, expected {wanted}"
-                     f"{detail}; {where}", line=line, field="iteration", hint=hint)
+    raise TraceError(
+        path,
+        f"stage {stage} logged {shown} event(s) of iteration {iteration}, expected {wanted}{detail}; {where}",
+        line=line,
+        field="iteration",
+        hint=hint,
+    )
 
 
 def _check_iteration_order(run: _Run, *, pp: int) -> None:
@@ -329,10 +430,14 @@ def _check_iteration_order(run: _Run, *, pp: int) -> None:
             starts = rows[its == nxt]
             first = int(starts[np.argmin(c["start_ns"][starts])])
             gap_ms = (last_end[k] - first_start[k + 1]) / 1e6
-            raise run.fail(first, f"iteration {nxt} on stage {stage} starts {gap_ms:.3f} ms before iteration "
-                           f"{int(iterations[k])} ends: the timestamps go backwards", "start_wall_ns",
-                           "a stage runs its iterations one after another; the host clock jumped or lines were "
-                           "edited: re-trace the run, or remove the bad iteration's lines")
+            raise run.fail(
+                first,
+                f"iteration {nxt} on stage {stage} starts {gap_ms:.3f} ms before iteration "
+                f"{int(iterations[k])} ends: the timestamps go backwards",
+                "start_wall_ns",
+                "a stage runs its iterations one after another; the host clock jumped or lines were "
+                "edited: re-trace the run, or remove the bad iteration's lines",
+            )
 
 
 def _check_causality(run: _Run, *, pp: int, vp: int, skew_ms: float) -> None:
@@ -371,9 +476,13 @@ def _check_causality(run: _Run, *, pp: int, vp: int, skew_ms: float) -> None:
         first = int(consumer_rows[p, q])
         lead_ms = (producer_end[p, q] - consumer_start[p, q]) / 1e6
         producer = int(producer_v[q]) % pp
-        raise run.fail(first, f"stage {int(c['stage'][first])} starts the {what} of iteration "
-                       f"{int(c['iteration'][first])} microbatch {int(c['microbatch'][first])} {lead_ms:.3f} ms "
-                       f"before stage {producer}, which feeds it, finished its own", "start_wall_ns",
-                       f"the nodes' clocks disagree by more than --clock-skew-ms {skew_ms:g}: synchronize them "
-                       "(chrony/NTP) before tracing, or pass a larger --clock-skew-ms (hop and idle times then "
-                       "carry the skew)")
+        raise run.fail(
+            first,
+            f"stage {int(c['stage'][first])} starts the {what} of iteration "
+            f"{int(c['iteration'][first])} microbatch {int(c['microbatch'][first])} {lead_ms:.3f} ms "
+            f"before stage {producer}, which feeds it, finished its own",
+            "start_wall_ns",
+            f"the nodes' clocks disagree by more than --clock-skew-ms {skew_ms:g}: synchronize them "
+            "(chrony/NTP) before tracing, or pass a larger --clock-skew-ms (hop and idle times then "
+            "carry the skew)",
+        )

@@ -97,6 +97,7 @@ def read_vtrain_table(path: Path | str, *, table_id: str = "vtrain") -> TableRea
     all-reduce tables beside the table (`allreduce-a100/`) when they are there."""
     path = Path(path)
     folder = path.parent / ALLREDUCE_DIR
-    hardware = RunHardware(gpu=GPU, gpus_per_node=GPUS_PER_NODE,
-                           collective_tables=str(folder.resolve()) if folder.is_dir() else None)
+    hardware = RunHardware(
+        gpu=GPU, gpus_per_node=GPUS_PER_NODE, collective_tables=str(folder.resolve()) if folder.is_dir() else None
+    )
     return read_run_table(path, hardware=hardware, table_id=table_id, translate=translate, mapping=MAPPING)

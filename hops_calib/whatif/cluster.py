@@ -28,14 +28,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hops_calib.errors import InputError
-from hops_calib.spec import Spec
 from hops_calib.trace.link_bench import LinkFit
 
 BITS_PER_GBIT = 1e9
@@ -77,12 +76,19 @@ class Link:
     def fit(self, src_stage: int, dst_stage: int, reverse: bool = False) -> LinkFit:
         """This link as the LinkFit of a hop between two stages (the unit a cost model prices)."""
         kind = "benchmark" if self.benchmarked else "declared"
-        direction = f"{self.dst_host} -> {self.src_host}, measured the other way" if reverse \
+        direction = (
+            f"{self.dst_host} -> {self.src_host}, measured the other way"
+            if reverse
             else f"{self.src_host} -> {self.dst_host}"
-        return LinkFit(src_stage=src_stage, dst_stage=dst_stage, latency_ms=self.latency_ms,
-                       bytes_per_ms=self.bandwidth_gbit_s * BITS_PER_GBIT / 8 / 1e3,
-                       source=f"cluster {kind} {direction}" + (f" ({self.source})" if self.source else ""),
-                       points=self.points)
+        )
+        return LinkFit(
+            src_stage=src_stage,
+            dst_stage=dst_stage,
+            latency_ms=self.latency_ms,
+            bytes_per_ms=self.bandwidth_gbit_s * BITS_PER_GBIT / 8 / 1e3,
+            source=f"cluster {kind} {direction}" + (f" ({self.source})" if self.source else ""),
+            points=self.points,
+        )
 
 
 @dataclass(frozen=True)
@@ -103,9 +109,11 @@ class Cluster:
         them: a default cluster is not applied to a job on other machines."""
         if not self.default_from or any(self.host_of(d) is not None for d in device_ids):
             return self
-        notes.append(f"the default cluster {self.origin} (set by {self.default_from}) lists none of the job's devices "
-                     f"({', '.join(device_ids)}): not applied; give --cluster FILE to use a cluster anyway, or "
-                     "--no-cluster to silence this")
+        notes.append(
+            f"the default cluster {self.origin} (set by {self.default_from}) lists none of the job's devices "
+            f"({', '.join(device_ids)}): not applied; give --cluster FILE to use a cluster anyway, or "
+            "--no-cluster to silence this"
+        )
         return None
 
     def host_of(self, device_id: str) -> str | None:
@@ -127,21 +135,34 @@ class Cluster:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "nodes": [{"host": node.host, "devices": [{"id": d.id, "gpu": d.gpu, **({"name": d.name} if d.name
-                                                                                  else {})}
-                                                      for d in node.devices]} for node in self.nodes],
-            "links": [{"hosts": [link.src_host, link.dst_host], "latency_ms": link.latency_ms,
-                       "bandwidth_gbit_s": link.bandwidth_gbit_s,
-                       **({"benchmark": [list(p) for p in link.points]} if link.points else {}),
-                       **({"source": link.source} if link.source else {})} for link in self.links],
+            "nodes": [
+                {
+                    "host": node.host,
+                    "devices": [
+                        {"id": d.id, "gpu": d.gpu, **({"name": d.name} if d.name else {})} for d in node.devices
+                    ],
+                }
+                for node in self.nodes
+            ],
+            "links": [
+                {
+                    "hosts": [link.src_host, link.dst_host],
+                    "latency_ms": link.latency_ms,
+                    "bandwidth_gbit_s": link.bandwidth_gbit_s,
+                    **({"benchmark": [list(p) for p in link.points]} if link.points else {}),
+                    **({"source": link.source} if link.source else {}),
+                }
+                for link in self.links
+            ],
         }
 
 
 def cluster_yaml(cluster: Cluster) -> str:
     import yaml
 
-    header = ("# hops-calib cluster: hosts, their devices, and the links between hosts (see hops_calib/cluster.py)\n"
-              + (f"# built from {cluster.origin}\n" if cluster.origin else ""))
+    header = "# hops-calib cluster: hosts, their devices, and the links between hosts (see hops_calib/cluster.py)\n" + (
+        f"# built from {cluster.origin}\n" if cluster.origin else ""
+    )
     return header + yaml.safe_dump(cluster.to_dict(), sort_keys=False, default_flow_style=None, width=118)
 
 
@@ -191,13 +212,18 @@ def read_cluster(path: Path | str) -> Cluster:
 
     path = Path(path)
     if str(path) in ("", "."):
-        raise InputError(str(path), "is no file name", field="--cluster",
-                         hint="give a cluster file, or --no-cluster for none")
+        raise InputError(
+            str(path), "is no file name", field="--cluster", hint="give a cluster file, or --no-cluster for none"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
-        raise InputError(str(path), f"cannot be read ({error.strerror or error})", field="--cluster",
-                         hint="give a cluster file, as `hops-calib cluster JOB_DIRS --out FILE` writes") from None
+        raise InputError(
+            str(path),
+            f"cannot be read ({error.strerror or error})",
+            field="--cluster",
+            hint="give a cluster file, as `hops-calib cluster JOB_DIRS --out FILE` writes",
+        ) from None
     if len(text) > 64 << 20:
         raise InputError(str(path), "is larger than 64 MiB; not a cluster description", field="--cluster")
     try:
@@ -205,12 +231,20 @@ def read_cluster(path: Path | str) -> Cluster:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        raise InputError(str(path), f"is not valid YAML ({getattr(error, 'problem', error)})",
-                         line=mark.line + 1 if mark else None, hint="fix the syntax") from None
+        raise InputError(
+            str(path),
+            f"is not valid YAML ({getattr(error, 'problem', error)})",
+            line=mark.line + 1 if mark else None,
+            hint="fix the syntax",
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list) or not data["nodes"]:
-        raise InputError(str(path), "needs a non-empty list 'nodes'", field="nodes",
-                         line=marks.line("nodes") if isinstance(data, dict) else marks.line(),
-                         hint="nodes: [{host: NAME, devices: [{id: DEVICE_ID, gpu: TYPE}]}]")
+        raise InputError(
+            str(path),
+            "needs a non-empty list 'nodes'",
+            field="nodes",
+            line=marks.line("nodes") if isinstance(data, dict) else marks.line(),
+            hint="nodes: [{host: NAME, devices: [{id: DEVICE_ID, gpu: TYPE}]}]",
+        )
 
     def fail(problem: str, where: str, at: tuple, hint: str = "") -> InputError:
         return InputError(str(path), problem, field=where, line=marks.line(*at), hint=hint)
@@ -218,26 +252,37 @@ def read_cluster(path: Path | str) -> Cluster:
     nodes, seen_devices, seen_hosts = [], set(), set()
     for k, entry in enumerate(data["nodes"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("host"), str) or not entry["host"]:
-            raise fail(f"entry {k} is {entry!r}", f"nodes[{k}].host", ("nodes", k, "host"),
-                       hint="each node needs a host name")
+            raise fail(
+                f"entry {k} is {entry!r}", f"nodes[{k}].host", ("nodes", k, "host"), hint="each node needs a host name"
+            )
         host = entry["host"]
         if host in seen_hosts:
-            raise fail(f"host {host!r} is listed twice", f"nodes[{k}].host", ("nodes", k, "host"),
-                       "list each host once")
+            raise fail(
+                f"host {host!r} is listed twice", f"nodes[{k}].host", ("nodes", k, "host"), "list each host once"
+            )
         seen_hosts.add(host)
         devices = entry.get("devices")
         if not isinstance(devices, list) or not devices:
-            raise fail(f"host {host!r} has no devices", f"nodes[{k}].devices", ("nodes", k, "devices"),
-                       "devices: [{id: DEVICE_ID, gpu: TYPE}] (one per GPU)")
+            raise fail(
+                f"host {host!r} has no devices",
+                f"nodes[{k}].devices",
+                ("nodes", k, "devices"),
+                "devices: [{id: DEVICE_ID, gpu: TYPE}] (one per GPU)",
+            )
         parsed = []
         for d, device in enumerate(devices):
             where = f"nodes[{k}].devices[{d}]"
             if not isinstance(device, dict) or not device.get("id") or not device.get("gpu"):
-                raise fail(f"is {device!r}", where, ("nodes", k, "devices", d),
-                           "each device needs an id and a gpu type")
+                raise fail(
+                    f"is {device!r}", where, ("nodes", k, "devices", d), "each device needs an id and a gpu type"
+                )
             if str(device["id"]) in seen_devices:
-                raise fail(f"device {device['id']!r} is listed twice", where, ("nodes", k, "devices", d, "id"),
-                           "a device id lives on one host")
+                raise fail(
+                    f"device {device['id']!r} is listed twice",
+                    where,
+                    ("nodes", k, "devices", d, "id"),
+                    "a device id lives on one host",
+                )
             seen_devices.add(str(device["id"]))
             parsed.append(Device(str(device["id"]), str(device["gpu"]).lower(), str(device.get("name") or "")))
         nodes.append(Node(host, tuple(parsed)))
@@ -248,50 +293,78 @@ def read_cluster(path: Path | str) -> Cluster:
         if not isinstance(entry, dict):
             raise fail(f"is {entry!r}", where, ("links", k), "{hosts: [SENDER, RECEIVER], bandwidth_gbit_s: G}")
         if not (isinstance(hosts, list) and len(hosts) == 2 and all(isinstance(h, str) for h in hosts)):
-            raise fail(f"is {entry!r}", f"{where}.hosts", ("links", k, "hosts"),
-                       "hosts: [SENDER_HOST, RECEIVER_HOST]")
+            raise fail(f"is {entry!r}", f"{where}.hosts", ("links", k, "hosts"), "hosts: [SENDER_HOST, RECEIVER_HOST]")
         unknown = [h for h in hosts if h not in seen_hosts]
         if unknown:
-            raise fail(f"names host {unknown[0]!r}, which no node lists", f"{where}.hosts",
-                       ("links", k, "hosts", hosts.index(unknown[0])),
-                       "add the node, or fix the host name")
+            raise fail(
+                f"names host {unknown[0]!r}, which no node lists",
+                f"{where}.hosts",
+                ("links", k, "hosts", hosts.index(unknown[0])),
+                "add the node, or fix the host name",
+            )
         unknown_keys = [key for key in entry if key not in _LINK_KEYS]
         if unknown_keys:
-            raise fail(f"unknown key {unknown_keys[0]!r}", f"{where}.{unknown_keys[0]}",
-                       ("links", k, unknown_keys[0], "key"), f"a link takes {', '.join(_LINK_KEYS)}")
+            raise fail(
+                f"unknown key {unknown_keys[0]!r}",
+                f"{where}.{unknown_keys[0]}",
+                ("links", k, unknown_keys[0], "key"),
+                f"a link takes {', '.join(_LINK_KEYS)}",
+            )
         if "bandwidth_gbit_s" not in entry:
-            raise fail("needs bandwidth_gbit_s", f"{where}.bandwidth_gbit_s", ("links", k),
-                       "bandwidth_gbit_s: G (a number > 0), latency_ms: L (default 0)")
+            raise fail(
+                "needs bandwidth_gbit_s",
+                f"{where}.bandwidth_gbit_s",
+                ("links", k),
+                "bandwidth_gbit_s: G (a number > 0), latency_ms: L (default 0)",
+            )
         values = {}
         for key, low in (("latency_ms", 0.0), ("bandwidth_gbit_s", None)):
             raw = entry.get(key, 0.0)
             number = raw if isinstance(raw, (int, float)) and not isinstance(raw, bool) else math.nan
             if not (math.isfinite(number) and (number > 0 if low is None else number >= low)):
-                raise fail(f"is {raw!r}; must be a finite number " + ("> 0" if low is None else ">= 0"),
-                           f"{where}.{key}", ("links", k, key), f"{key}: a number in "
-                           + ("Gbit/s" if low is None else "ms"))
+                raise fail(
+                    f"is {raw!r}; must be a finite number " + ("> 0" if low is None else ">= 0"),
+                    f"{where}.{key}",
+                    ("links", k, key),
+                    f"{key}: a number in " + ("Gbit/s" if low is None else "ms"),
+                )
             values[key] = float(number)
         latency, bandwidth = values["latency_ms"], values["bandwidth_gbit_s"]
         points = []
         for n, point in enumerate(entry.get("benchmark") or ()):
-            ok = (isinstance(point, list) and len(point) == 2
-                  and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-                          for x in point))
+            ok = (
+                isinstance(point, list)
+                and len(point) == 2
+                and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+                    for x in point
+                )
+            )
             if not ok:
-                raise fail(f"is {point!r}; must be a positive [bytes, ms] pair", f"{where}.benchmark[{n}]",
-                           ("links", k, "benchmark", n), "benchmark: [[bytes, ms], ...]")
+                raise fail(
+                    f"is {point!r}; must be a positive [bytes, ms] pair",
+                    f"{where}.benchmark[{n}]",
+                    ("links", k, "benchmark", n),
+                    "benchmark: [[bytes, ms], ...]",
+                )
             points.append((float(point[0]), float(point[1])))
-        links.append(Link(hosts[0], hosts[1], latency, bandwidth, tuple(sorted(points)),
-                          str(entry.get("source") or "")))
+        links.append(
+            Link(hosts[0], hosts[1], latency, bandwidth, tuple(sorted(points)), str(entry.get("source") or ""))
+        )
     pairs = [(link.src_host, link.dst_host) for link in links]
     if len(set(pairs)) != len(pairs):
         twice = max(k for k, p in enumerate(pairs) if pairs.count(p) > 1)
-        raise fail(f"the link {pairs[twice][0]} -> {pairs[twice][1]} is listed twice", f"links[{twice}]",
-                   ("links", twice), "keep one")
+        raise fail(
+            f"the link {pairs[twice][0]} -> {pairs[twice][1]} is listed twice",
+            f"links[{twice}]",
+            ("links", twice),
+            "keep one",
+        )
     return Cluster(tuple(nodes), tuple(links), origin=str(path))
 
 
 # --- building a cluster from job directories ----------------------------------------------------------------------
+
 
 def cluster_from_jobs(sources: Iterable[Path | str]) -> Cluster:
     """Every device and benchmarked host pair of every job directory under `sources`: a device's host is the
@@ -311,9 +384,13 @@ def cluster_from_jobs(sources: Iterable[Path | str]) -> Cluster:
     files: dict[tuple[str, str], list[str]] = defaultdict(list)
     jobs = [job for source in sources for job in find_job_dirs(Path(source))]
     if not jobs:
-        raise InputError(", ".join(str(s) for s in sources), "holds no job directory", field="SRC",
-                         hint="give job directories (megatron_args.txt, hops_trace_map.json, hops.base.yaml, "
-                              "calibration/link_bench/) or folders holding them")
+        raise InputError(
+            ", ".join(str(s) for s in sources),
+            "holds no job directory",
+            field="SRC",
+            hint="give job directories (megatron_args.txt, hops_trace_map.json, hops.base.yaml, "
+            "calibration/link_bench/) or folders holding them",
+        )
     for job in jobs:
         try:
             stage_devices = read_stage_map(job)
@@ -329,8 +406,9 @@ def cluster_from_jobs(sources: Iterable[Path | str]) -> Cluster:
                     device_id = stage_devices[stage]
                     device_hosts[device_id].add(host)
                     info = types.get(device_id)
-                    device_info.setdefault(device_id, Device(device_id, info.type if info else "?",
-                                                             info.name if info else ""))
+                    device_info.setdefault(
+                        device_id, Device(device_id, info.type if info else "?", info.name if info else "")
+                    )
                 for size, ms in _medians(read_sender_p50(path)):
                     measured[src, dst][size].append(ms)
                 files[src, dst].append(str(path))
@@ -339,8 +417,10 @@ def cluster_from_jobs(sources: Iterable[Path | str]) -> Cluster:
     by_host: dict[str, list[Device]] = defaultdict(list)
     for device_id, seen_on in sorted(device_hosts.items()):
         if len(seen_on) > 1:
-            notes.append(f"device {device_id} appears on hosts {sorted(seen_on)} in different runs; left out (give "
-                         "each device id one host)")
+            notes.append(
+                f"device {device_id} appears on hosts {sorted(seen_on)} in different runs; left out (give "
+                "each device id one host)"
+            )
             continue
         by_host[next(iter(seen_on))].append(device_info[device_id])
     links = []
@@ -348,8 +428,11 @@ def cluster_from_jobs(sources: Iterable[Path | str]) -> Cluster:
         if src not in by_host or dst not in by_host:
             continue
         points = [(size, float(np.median(times))) for size, times in sorted(sizes.items())]
-        label = (f"pooled sender p50 of {len(files[src, dst])} pair file(s)" if len(files[src, dst]) > 1
-                 else files[src, dst][0])
+        label = (
+            f"pooled sender p50 of {len(files[src, dst])} pair file(s)"
+            if len(files[src, dst]) > 1
+            else files[src, dst][0]
+        )
         try:
             fit = fit_points(points, 0, 1, label, files[src, dst][0])
         except (TraceError, ValueError) as error:
@@ -365,135 +448,3 @@ def _medians(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]
     for size, ms in points:
         by_size[size].append(ms)
     return [(size, float(np.median(times))) for size, times in sorted(by_size.items())]
-
-
-# --- pricing a job's hops by the hosts at their ends --------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Hop:
-    """One pipeline hop of a what-if, as priced: its stages, devices, hosts and the link that prices it (None: no
-    benchmark or declared link for that host pair)."""
-
-    src_stage: int
-    dst_stage: int
-    src_device: str
-    dst_device: str
-    src_host: str
-    dst_host: str
-    link: LinkFit | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"src_stage": self.src_stage, "dst_stage": self.dst_stage,
-                "devices": [self.src_device, self.dst_device], "hosts": [self.src_host, self.dst_host],
-                "bandwidth_gbit_s": self.link.bandwidth_gbit_s if self.link else None,
-                "latency_ms": self.link.latency_ms if self.link else None,
-                "source": self.link.source if self.link else None}
-
-
-class LinkBook:
-    """Every link a job's hops can be priced by, read once: the job's own pair files with the hosts they name, and
-    the cluster. `hops(device_ids)` prices the hops of any order of the job's devices (a what-if, a planner's
-    candidate) by the hosts at their ends.
-
-    A device's host is the cluster's; else the one the job's own benchmark names at the device's stage position
-    in the job's stage map (the benchmark ran with that map: true of every recorded run, not of a what-if that moved
-    stages without a cluster saying where the devices live); "" when neither knows.
-    """
-
-    def __init__(self, job_dir: Path | str, device_ids: Sequence[str], own_links: Sequence[LinkFit],
-                 cluster: Cluster | None, notes: list[str] | None = None):
-        from hops_calib.trace.job import LINK_BENCH_DIR
-        from hops_calib.trace.link_bench import pair_files, read_pair_hosts
-
-        self.cluster = cluster
-        files = {(i, j): path for i, j, path in pair_files(Path(job_dir) / LINK_BENCH_DIR)}
-        named = {pair: read_pair_hosts(path) for pair, path in files.items()}
-        by_position: dict[int, str] = {}
-        for (i, j), hosts in sorted(named.items()):
-            for stage, host in zip((i, j), hosts):
-                if host and stage < len(device_ids):
-                    by_position.setdefault(stage, host)
-        self.device_hosts: dict[str, str] = {}
-        positional: list[str] = []
-        for stage, device_id in enumerate(device_ids):
-            listed = cluster.host_of(device_id) if cluster is not None else None
-            if listed is None and by_position.get(stage):
-                listed = by_position[stage]
-                positional.append(device_id)
-            self.device_hosts[device_id] = listed or ""
-        if notes is not None and cluster is not None and positional:
-            notes.append(f"cluster {cluster.origin} does not list device(s) {', '.join(positional)}: their host is "
-                         "the one the job's link benchmark names at their stage position (add them to the cluster "
-                         "if the stages moved)")
-        self.own = [(named[fit.src_stage, fit.dst_stage], fit) for fit in own_links
-                    if (fit.src_stage, fit.dst_stage) in named]
-        self.wrap_around = any(len(device_ids) > 2 and {f.src_stage, f.dst_stage} == {len(device_ids) - 1, 0}
-                               for f in own_links)
-
-    def link(self, a: int, b: int, hosts: tuple[str, str]) -> LinkFit | None:
-        """The link of the hop from stage a to stage b between `hosts` (see `price_hops`)."""
-        if not all(hosts):
-            return None
-        same_place = [fit for got, fit in self.own if got == hosts and (fit.src_stage, fit.dst_stage) == (a, b)]
-        if same_place:
-            return same_place[0]
-        elsewhere = [fit for got, fit in self.own if got == hosts]
-        if elsewhere:
-            fit = elsewhere[0]
-            return replace(fit, src_stage=a, dst_stage=b, source=f"{fit.source} (the job's benchmark of {hosts[0]} "
-                           f"-> {hosts[1]} at stages {fit.src_stage}-{fit.dst_stage})")
-        found = self.cluster.link(*hosts) if self.cluster is not None else None
-        if found is not None:
-            return found[0].fit(a, b, reverse=found[1])
-        reverse = [fit for got, fit in self.own if got == hosts[::-1]]
-        if reverse:
-            fit = reverse[0]
-            return replace(fit, src_stage=a, dst_stage=b,
-                           source=f"{fit.source} ({hosts[0]} -> {hosts[1]}, measured the other way)")
-        return None
-
-    def hops(self, device_ids: Sequence[str]) -> tuple[Hop, ...]:
-        pp = len(device_ids)
-        pairs = [(k, k + 1) for k in range(pp - 1)] + ([(pp - 1, 0)] if self.wrap_around else [])
-        hops = []
-        for a, b in pairs:
-            hosts = (self.device_hosts.get(device_ids[a], ""), self.device_hosts.get(device_ids[b], ""))
-            hops.append(Hop(a, b, device_ids[a], device_ids[b], *hosts, self.link(a, b, hosts)))
-        return tuple(hops)
-
-
-def price_hops(job_dir: Path, device_ids: Sequence[str], own_links: Sequence[LinkFit], cluster: Cluster | None,
-               notes: list[str] | None = None) -> tuple[Hop, ...]:
-    """Every hop of the pipeline priced by the hosts at its ends: the job's own benchmark of that host pair (the
-    pair file at the hop's position first, as a run is priced by its own benchmark), else the cluster's link of the
-    pair (benchmarked or declared; the other direction's when only that one exists), else the job's own benchmark
-    of the pair the other way round; no link when nothing prices it."""
-    return LinkBook(job_dir, device_ids, own_links, cluster, notes).hops(device_ids)
-
-
-def unpriced_hint(hops: Sequence[Hop], cluster: Cluster | None) -> str:
-    """What to add so that every hop has a link."""
-    missing = [h for h in hops if h.link is None]
-    pairs = "; ".join(f"stages {h.src_stage}-{h.dst_stage} ({h.src_device} on {h.src_host or 'an unknown host'} -> "
-                      f"{h.dst_device} on {h.dst_host or 'an unknown host'})" for h in missing)
-    where = f"to {cluster.origin}" if cluster is not None and cluster.origin else "to a cluster file (--cluster)"
-    return (f"no benchmark or declared link prices {pairs}: add the link ({{hosts: [SENDER, RECEIVER], "
-            f"bandwidth_gbit_s: G, latency_ms: L}}) {where}, or run the link benchmark between those hosts "
-            "(calibration/link_bench/pair_<i>_<j>.jsonl)" + ("" if all(h.src_host and h.dst_host for h in missing)
-                                                            else "; list the devices' hosts in the cluster's nodes"))
-
-
-def relinked(spec: Spec, job_dir: Path, cluster: Cluster | None,
-             notes: list[str] | None = None) -> tuple[Spec, tuple[Hop, ...]]:
-    """`spec` (built from `job_dir`) with every hop priced by the hosts at its ends (`price_hops`), and the hops.
-    Hops nothing prices are left without a link (the caller refuses them: `unpriced_hint`)."""
-    hops = price_hops(job_dir, spec.device_ids, spec.links, cluster, notes)
-    # a hop within one node that the spec prices from the node's collective benchmark keeps that price
-    hops = tuple(replace(hop, link=spec.link(hop.src_stage, hop.dst_stage))
-                 if hop.link is None and getattr(spec.link(hop.src_stage, hop.dst_stage), "intra_node", False)
-                 else hop for hop in hops)
-    if spec.nodes:  # a host nothing named is the node the job's hardware.devices name
-        hops = tuple(replace(hop, src_host=hop.src_host or spec.nodes[hop.src_stage],
-                             dst_host=hop.dst_host or spec.nodes[hop.dst_stage]) for hop in hops)
-    links = tuple(hop.link for hop in hops if hop.link is not None)
-    return replace(spec, links=links), hops

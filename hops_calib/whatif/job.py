@@ -27,7 +27,8 @@ from hops_calib.model.memory import StageMemory, stage_memory
 from hops_calib.model.predict import Prediction
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import SCHEDULES, Spec
-from hops_calib.whatif.cluster import Cluster, Hop
+from hops_calib.whatif.cluster import Cluster
+from hops_calib.whatif.link_book import Hop
 from hops_calib.whatif.perturbations import Estimate, Perturbations
 from hops_calib.whatif.plan import PEAK_KEY
 
@@ -78,21 +79,34 @@ class WhatIf:
     def to_dict(self) -> dict[str, Any]:
         spec = self.spec
         return {
-            "job": str(self.job_dir), "run_id": spec.run_id, "model": self.model.name,
-            "model_sha256": self.model.sha256, "notes": list(self.notes),
+            "job": str(self.job_dir),
+            "run_id": spec.run_id,
+            "model": self.model.name,
+            "model_sha256": self.model.sha256,
+            "notes": list(self.notes),
             "calibration": self.calibration,
-            "extrapolations": (None if self.extrapolations is None
-                               else [e.to_dict() for e in self.extrapolations]),
-            "configuration": {"pp": spec.pp, "vp": spec.vp, "devices": list(spec.devices),
-                              "microbatches": spec.microbatches, "iterations": spec.iterations,
-                              "layers_per_stage": list(spec.layers_per_stage), "schedule": spec.schedule,
-                              "hidden_size": spec.model.hidden_size, "seq_length": spec.model.seq_length,
-                              "num_layers": spec.model.num_layers, "tp": spec.tp, "dp": spec.dp,
-                              "gpus": spec.gpus, "sequence_parallel": spec.model.sequence_parallel,
-                              "distributed_optimizer": spec.distributed_optimizer,
-                              "overlap_grad_reduce": spec.overlap_grad_reduce,
-                              "recompute": spec.model.recompute_granularity,
-                              "attention_kernel": spec.model.attention_kernel, "rank_order": spec.rank_order},
+            "extrapolations": (None if self.extrapolations is None else [e.to_dict() for e in self.extrapolations]),
+            "configuration": {
+                "pp": spec.pp,
+                "vp": spec.vp,
+                "devices": list(spec.devices),
+                "microbatches": spec.microbatches,
+                "iterations": spec.iterations,
+                "layers_per_stage": list(spec.layers_per_stage),
+                "schedule": spec.schedule,
+                "hidden_size": spec.model.hidden_size,
+                "seq_length": spec.model.seq_length,
+                "num_layers": spec.model.num_layers,
+                "tp": spec.tp,
+                "dp": spec.dp,
+                "gpus": spec.gpus,
+                "sequence_parallel": spec.model.sequence_parallel,
+                "distributed_optimizer": spec.distributed_optimizer,
+                "overlap_grad_reduce": spec.overlap_grad_reduce,
+                "recompute": spec.model.recompute_granularity,
+                "attention_kernel": spec.model.attention_kernel,
+                "rank_order": spec.rank_order,
+            },
             "breakdown_ms_per_iteration": [{"stage": k, **parts} for k, parts in enumerate(self.breakdown)],
             "memory": [stage.to_dict() for stage in self.memory],
             "fits": self.fits,
@@ -101,14 +115,19 @@ class WhatIf:
             "links": [hop.to_dict() for hop in self.hops],
             "end_collective": self.end_collective_dict(),
             "perturbations": self.perturbations.describe() if self.perturbations is not None else None,
-            "predictions": [{"asked": asked, **_prediction_dict(p, spec, self.peak_flops_per_s),
-                             **({"perturbed_throughput_per_s": estimate.to_dict()} if estimate else {})}
-                            for asked, p, estimate in zip(self.asked, self.predictions,
-                                                          self.perturbed or [None] * len(self.predictions))],
+            "predictions": [
+                {
+                    "asked": asked,
+                    **_prediction_dict(p, spec, self.peak_flops_per_s),
+                    **({"perturbed_throughput_per_s": estimate.to_dict()} if estimate else {}),
+                }
+                for asked, p, estimate in zip(
+                    self.asked, self.predictions, self.perturbed or [None] * len(self.predictions)
+                )
+            ],
             "refused": [r.to_dict() for r in self.refused],
             **({"kernels": self.kernels.to_dict()} if self.kernels is not None else {}),
         }
-
 
     @property
     def peak_flops_per_s(self) -> float:
@@ -119,6 +138,7 @@ class WhatIf:
         """The devices and hosts of the first and the last stage, in words."""
         ids = self.spec.device_ids
         hosts = {h.src_device: h.src_host for h in self.hops} | {h.dst_device: h.dst_host for h in self.hops}
+
         def stage(k: int) -> str:
             return f"stage {k} ({ids[k]}{' on ' + hosts[ids[k]] if hosts.get(ids[k]) else ''})"
 
@@ -129,8 +149,12 @@ class WhatIf:
             return None
         ids = self.spec.device_ids
         hosts = {h.src_device: h.src_host for h in self.hops} | {h.dst_device: h.dst_host for h in self.hops}
-        return {**self.end_collective.to_dict(), "stages": [0, len(ids) - 1], "devices": [ids[0], ids[-1]],
-                "hosts": [hosts.get(ids[0]) or None, hosts.get(ids[-1]) or None]}
+        return {
+            **self.end_collective.to_dict(),
+            "stages": [0, len(ids) - 1],
+            "devices": [ids[0], ids[-1]],
+            "hosts": [hosts.get(ids[0]) or None, hosts.get(ids[-1]) or None],
+        }
 
 
 def peak_flops_per_s(spec: Spec, model: Model) -> float:
@@ -141,8 +165,9 @@ def peak_flops_per_s(spec: Spec, model: Model) -> float:
 
 def launch_memory(spec: Spec, model: Model, prediction: Prediction) -> tuple[StageMemory, ...]:
     """Per stage, one GPU's peak memory under `prediction`'s schedule (`model.memory.stage_memory`)."""
-    return stage_memory(spec, [model.device(d).memory_bytes for d in spec.devices],
-                        prediction.result.peak_stage_activations)
+    return stage_memory(
+        spec, [model.device(d).memory_bytes for d in spec.devices], prediction.result.peak_stage_activations
+    )
 
 
 def pricing_inputs(spec: Spec) -> dict[str, Any]:
@@ -154,16 +179,26 @@ def pricing_inputs(spec: Spec) -> dict[str, Any]:
     import hashlib
     import json
 
-    points = [[t.op, t.gpus, [list(p) for p in t.points]] for t in sorted(spec.collectives,
-                                                                         key=lambda t: (t.op, t.gpus))]
+    points = [
+        [t.op, t.gpus, [list(p) for p in t.points]] for t in sorted(spec.collectives, key=lambda t: (t.op, t.gpus))
+    ]
     return {
-        "link_benchmark": [{"stages": [fit.src_stage, fit.dst_stage], "bandwidth_gbit_s": fit.bandwidth_gbit_s,
-                            "latency_ms": fit.latency_ms, "transport": fit.transport or None}
-                           for fit in spec.links] or None,
-        "collective_tables": {"ops_gpus": [[t.op, t.gpus] for t in sorted(spec.collectives,
-                                                                          key=lambda t: (t.op, t.gpus))],
-                              "points_sha256": hashlib.sha256(json.dumps(points).encode()).hexdigest()}
-        if spec.collectives else None,
+        "link_benchmark": [
+            {
+                "stages": [fit.src_stage, fit.dst_stage],
+                "bandwidth_gbit_s": fit.bandwidth_gbit_s,
+                "latency_ms": fit.latency_ms,
+                "transport": fit.transport or None,
+            }
+            for fit in spec.links
+        ]
+        or None,
+        "collective_tables": {
+            "ops_gpus": [[t.op, t.gpus] for t in sorted(spec.collectives, key=lambda t: (t.op, t.gpus))],
+            "points_sha256": hashlib.sha256(json.dumps(points).encode()).hexdigest(),
+        }
+        if spec.collectives
+        else None,
         "transport": spec.transport or None,
         "hops_within_a_node": [spec.same_node(k, k + 1) for k in range(spec.pp - 1)],
     }
@@ -185,8 +220,9 @@ def end_collective_of(spec: Spec, model: Model):
     return end_collective(spec, active.params(), tuple(model.device(t) for t in spec.devices))
 
 
-def model_rates(prediction: Prediction, spec: Spec, peak_flops_per_s: float,
-                throughput_per_s: float | None = None) -> dict[str, float]:
+def model_rates(
+    prediction: Prediction, spec: Spec, peak_flops_per_s: float, throughput_per_s: float | None = None
+) -> dict[str, float]:
     """The prediction's window throughput as the whole job's samples and tokens per second (every data-parallel
     replica), and the FLOP/s per GPU they imply counted both ways: model FLOPs (`gpt.model_flops_per_sample`: no
     recomputation; Megatron-LM's logged "throughput per GPU (TFLOP/s/GPU)", num_floating_point_operations in
@@ -201,13 +237,21 @@ def model_rates(prediction: Prediction, spec: Spec, peak_flops_per_s: float,
     throughput = prediction.metrics.throughput_per_s if throughput_per_s is None else throughput_per_s
     samples = samples_per_s(throughput, spec.model.micro_batch_size, spec.dp) or 0.0
     per_gpu = samples * gpt.model_flops_per_sample(spec.model) / spec.gpus
-    chunks = [layers // spec.vp + (1 if c < layers % spec.vp else 0)
-              for layers in spec.layers_per_stage for c in range(spec.vp)]
+    chunks = [
+        layers // spec.vp + (1 if c < layers % spec.vp else 0)
+        for layers in spec.layers_per_stage
+        for c in range(spec.vp)
+    ]
     hardware = per_gpu + samples * gpt.recomputed_flops_per_sample(spec.model, chunks) / spec.gpus
     share = (lambda flops: flops / peak_flops_per_s) if peak_flops_per_s else (lambda flops: 0.0)
-    return {"samples_per_s": samples, "tokens_per_s": samples * spec.model.seq_length,
-            "model_tflops_per_gpu": per_gpu / 1e12, "mfu": share(per_gpu),
-            "hardware_tflops_per_gpu": hardware / 1e12, "hfu": share(hardware)}
+    return {
+        "samples_per_s": samples,
+        "tokens_per_s": samples * spec.model.seq_length,
+        "model_tflops_per_gpu": per_gpu / 1e12,
+        "mfu": share(per_gpu),
+        "hardware_tflops_per_gpu": hardware / 1e12,
+        "hfu": share(hardware),
+    }
 
 
 def _prediction_dict(prediction: Prediction, spec: Spec, peak_flops_per_s: float = 0.0) -> dict[str, Any]:
@@ -223,9 +267,17 @@ def _prediction_dict(prediction: Prediction, spec: Spec, peak_flops_per_s: float
         "stall_noise_ape_pct": prediction.stall_noise_ape_pct,
         "stall_throughput_range": prediction.stall_throughput_range()._asdict(),
         PEAK_KEY: list(prediction.result.peak_stage_activations),  # per rank, in stage microbatches
-        "stages": [{"stage": row.stage, "device": row.device, "utilization": metrics.utilization_per_stage[row.stage],
-                    "forward_ms": row.forward_ms, "backward_ms": row.backward_ms, "optimizer_ms": row.optimizer_ms}
-                   for row in prediction.stage_phase_ms(spec)],
+        "stages": [
+            {
+                "stage": row.stage,
+                "device": row.device,
+                "utilization": metrics.utilization_per_stage[row.stage],
+                "forward_ms": row.forward_ms,
+                "backward_ms": row.backward_ms,
+                "optimizer_ms": row.optimizer_ms,
+            }
+            for row in prediction.stage_phase_ms(spec)
+        ],
     }
 
 
@@ -244,35 +296,55 @@ def _refusal(spec: Spec, schedule: str, args_file: str, manifest_schedule: bool 
     except ValueError as error:
         reason = str(error)
     if schedule == "auto":
-        reason = (f"auto chooses between 1f1b and zb_h1, which run one model chunk per rank; the launch configures {v} "
-                  "per rank")
+        reason = (
+            f"auto chooses between 1f1b and zb_h1, which run one model chunk per rank; the launch configures {v} "
+            "per rank"
+        )
     args = spec.megatron_args
     if schedule != "interleaved_1f1b":
-        flags = [f"--{name.replace('_', '-')}" for name in ("num_layers_per_virtual_pipeline_stage",
-                                                             "virtual_pipeline_model_parallel_size") if args.get(name)]
-        manifest = (f" and set configured_schedule to {'1f1b' if schedule == 'auto' else schedule} in {MANIFEST}"
-                    if manifest_schedule else "")
-        return Refused(schedule, reason, f"remove {' and '.join(flags) or 'the virtual pipeline setting'} from "
-                                         f"{args_file} (one model chunk per rank){manifest}, or ask for "
-                                         "interleaved_1f1b")
+        flags = [
+            f"--{name.replace('_', '-')}"
+            for name in ("num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size")
+            if args.get(name)
+        ]
+        manifest = (
+            f" and set configured_schedule to {'1f1b' if schedule == 'auto' else schedule} in {MANIFEST}"
+            if manifest_schedule
+            else ""
+        )
+        return Refused(
+            schedule,
+            reason,
+            f"remove {' and '.join(flags) or 'the virtual pipeline setting'} from "
+            f"{args_file} (one model chunk per rank){manifest}, or ask for "
+            "interleaved_1f1b",
+        )
     steps = []
     if v < 2:
         layers = spec.model.num_layers
         per_chunk = [n for n in range(layers // (2 * p), 0, -1) if layers % (p * n) == 0]
         if not per_chunk:
-            return Refused(schedule, reason, f"give every stage at least 2 layers to cut into model chunks (--num-layers "
-                                             f"{layers} over {p} stages holds fewer) in {args_file}")
+            return Refused(
+                schedule,
+                reason,
+                f"give every stage at least 2 layers to cut into model chunks (--num-layers "
+                f"{layers} over {p} stages holds fewer) in {args_file}",
+            )
         choices = " or ".join(f"{n} ({layers // (p * n)} chunks per rank)" for n in per_chunk)
-        steps.append(f"add --num-layers-per-virtual-pipeline-stage N (decoder layers per model chunk; N = {choices}) "
-                     f"to {args_file}")
+        steps.append(
+            f"add --num-layers-per-virtual-pipeline-stage N (decoder layers per model chunk; N = {choices}) "
+            f"to {args_file}"
+        )
         if manifest_schedule:
             steps.append(f"set configured_schedule to interleaved_1f1b in {MANIFEST}")
     if m % p:
         shape = spec.model
         per_microbatch = shape.global_batch_size // m  # micro batch x data parallel
         fits = -(-m // p) * p
-        steps.append(f"set --global-batch-size to a multiple of {p * per_microbatch} in {args_file} (microbatches a "
-                     f"multiple of the {p} stages; {fits * per_microbatch} gives {fits} microbatches)")
+        steps.append(
+            f"set --global-batch-size to a multiple of {p * per_microbatch} in {args_file} (microbatches a "
+            f"multiple of the {p} stages; {fits * per_microbatch} gives {fits} microbatches)"
+        )
     return Refused(schedule, reason, " and ".join(steps))
 
 
@@ -290,16 +362,25 @@ def _on_nodes(spec: Spec, model: Model, notes: list[str]) -> Spec:
     said, per_node = node_notes(devices, spec.gpus_per_node)
     notes.extend(said)
     if per_node is not None and spec.gpus > per_node:
-        notes.append(f"ranks placed on nodes of {per_node} GPUs (global rank r on node r // {per_node}, Megatron's "
-                     f"rank order {spec.rank_order}): groups that span nodes are priced over the nodes' NICs")
+        notes.append(
+            f"ranks placed on nodes of {per_node} GPUs (global rank r on node r // {per_node}, Megatron's "
+            f"rank order {spec.rank_order}): groups that span nodes are priced over the nodes' NICs"
+        )
         return replace(spec, gpus_per_node=per_node)
     return spec
 
 
-def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), calibration: Coverage | None = None,
-            calibration_name: str = "", cluster: Cluster | None = None,
-            perturbations: Perturbations | None = None, kernels: bool = False,
-            kernel_stage: int | None = None) -> WhatIf:
+def what_if(
+    job_dir: Path | str,
+    model: Model,
+    schedules: Sequence[str] = (),
+    calibration: Coverage | None = None,
+    calibration_name: str = "",
+    cluster: Cluster | None = None,
+    perturbations: Perturbations | None = None,
+    kernels: bool = False,
+    kernel_stage: int | None = None,
+) -> WhatIf:
     """Predict the run `job_dir` configures under each of `schedules` (default: the configured one), each hop priced
     by the hosts at its ends (the job's own benchmark of the pair, else `cluster`'s); with the `calibration` runs'
     coverage, also say where the configuration lies outside them; under `perturbations`, also the throughput of
@@ -312,8 +393,12 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     job_dir = require_job_dir(job_dir)
     unknown = [s for s in schedules if s not in CHOICES]
     if unknown:
-        raise InputError("predict", f"unknown schedule {unknown[0]!r}", field="--schedule",
-                         hint=f"expected one of {', '.join(CHOICES)}")
+        raise InputError(
+            "predict",
+            f"unknown schedule {unknown[0]!r}",
+            field="--schedule",
+            hint=f"expected one of {', '.join(CHOICES)}",
+        )
     # build_spec refuses a launch with a setting the cost model does not price (tensor parallelism, recomputation,
     # SwiGLU, ...): its prediction would be another configuration's.
     _args, args_source = find_arguments(job_dir)
@@ -323,18 +408,23 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     spec = _on_nodes(spec, model, notes)
     cluster = cluster.for_job(spec.device_ids, notes) if cluster is not None else None
     if spec.pp > 1 and spec.links:  # (a job with no benchmark at all is refused by the model's link term below)
-        from hops_calib.whatif.cluster import relinked, unpriced_hint
+        from hops_calib.whatif.link_book import relinked, unpriced_hint
 
         spec, hops = relinked(spec, job_dir, cluster, notes)
         if cluster is None and any(not link.intra_node for link in spec.links):
-            notes.append("no cluster given: each device's host is the one the job's own link benchmark names at its "
-                         "stage position, right only if the benchmark ran with this stage map; after moving stages, "
-                         "give --cluster (`hops-calib cluster` builds one from job directories) so that each hop is "
-                         "priced by the hosts the devices really live on")
+            notes.append(
+                "no cluster given: each device's host is the one the job's own link benchmark names at its "
+                "stage position, right only if the benchmark ran with this stage map; after moving stages, "
+                "give --cluster (`hops-calib cluster` builds one from job directories) so that each hop is "
+                "priced by the hosts the devices really live on"
+            )
         if any(hop.link is None for hop in hops):
-            raise InputError(str(job_dir), unpriced_hint(hops, cluster), field="--cluster",
-                             hint="a hop is priced by the hosts at its two ends, never by its position in the "
-                                  "pipeline")
+            raise InputError(
+                str(job_dir),
+                unpriced_hint(hops, cluster),
+                field="--cluster",
+                hint="a hop is priced by the hosts at its two ends, never by its position in the pipeline",
+            )
     else:
         hops = ()
     from hops_calib.model.terms.embedding import transport_note
@@ -349,40 +439,69 @@ def what_if(job_dir: Path | str, model: Model, schedules: Sequence[str] = (), ca
     refused = tuple(r for r in refusals.values() if r is not None)
     asked = tuple(s for s in wanted if refusals[s] is None)
     if not asked:
-        raise InputError(str(job_dir), "no schedule asked for can run this configuration: "
-                         + " | ".join(r.sentence() for r in refused), field="--schedule",
-                         hint="change the launch as said, or ask for a schedule it supports (--schedule)")
+        raise InputError(
+            str(job_dir),
+            "no schedule asked for can run this configuration: " + " | ".join(r.sentence() for r in refused),
+            field="--schedule",
+            hint="change the launch as said, or ask for a schedule it supports (--schedule)",
+        )
     try:
         predictions = predict_schedules(spec, model, asked)
     except ScheduleError as error:
-        raise InputError(str(job_dir), f"cannot be simulated under {error.schedule}: {error}", field="--schedule",
-                         hint="pick a schedule this configuration supports") from None
+        raise InputError(
+            str(job_dir),
+            f"cannot be simulated under {error.schedule}: {error}",
+            field="--schedule",
+            hint="pick a schedule this configuration supports",
+        ) from None
     except ValueError as error:
-        raise InputError(str(job_dir), f"cannot be priced by model {model.name!r}: {error}", field="configuration",
-                         hint="a what-if needs what the model prices: the link benchmark in calibration/link_bench/ "
-                              "(pair_<i>_<j>.jsonl), device types the catalog knows") from None
+        raise InputError(
+            str(job_dir),
+            f"cannot be priced by model {model.name!r}: {error}",
+            field="configuration",
+            hint="a what-if needs what the model prices: the link benchmark in calibration/link_bench/ "
+            "(pair_<i>_<j>.jsonl), device types the catalog knows",
+        ) from None
     memory = launch_memory(spec, model, predictions[0])
     perturbed: tuple[Estimate, ...] = ()
     if perturbations is not None:
         try:
             perturbed = tuple(perturbations.estimate(p.pipeline, p.schedule, spec.device_ids) for p in predictions)
         except ValueError as error:
-            raise InputError(str(job_dir), f"cannot be simulated under the stragglers or failures asked for: {error}",
-                             field="--failure-rate", hint="check the rates and the checkpoint interval") from None
+            raise InputError(
+                str(job_dir),
+                f"cannot be simulated under the stragglers or failures asked for: {error}",
+                field="--failure-rate",
+                hint="check the rates and the checkpoint interval",
+            ) from None
     notes += pricing_notes(model, spec)
     table = None
     if kernels:
         try:
             table = kernel_table(model, spec, kernel_stage)
         except ValueError as error:
-            raise InputError("predict", str(error), field="--kernel-stage",
-                             hint="give a virtual stage of the job (chunk c of rank r is c x pp + r)") from None
-    return WhatIf(job_dir=job_dir, spec=spec, model=model, predictions=predictions, asked=asked,
-                  notes=tuple(notes), breakdown=tuple(model.breakdown(spec)), memory=memory,
-                  end_collective=end_collective_of(spec, model),
-                  cluster=cluster.named() if cluster is not None else "",
-                  extrapolations=tuple(extrapolations(spec, calibration)) if calibration is not None else None,
-                  calibration=calibration_name, refused=refused, hops=hops, perturbations=perturbations,
-                  perturbed=perturbed, kernels=table)
-
-
+            raise InputError(
+                "predict",
+                str(error),
+                field="--kernel-stage",
+                hint="give a virtual stage of the job (chunk c of rank r is c x pp + r)",
+            ) from None
+    return WhatIf(
+        job_dir=job_dir,
+        spec=spec,
+        model=model,
+        predictions=predictions,
+        asked=asked,
+        notes=tuple(notes),
+        breakdown=tuple(model.breakdown(spec)),
+        memory=memory,
+        end_collective=end_collective_of(spec, model),
+        cluster=cluster.named() if cluster is not None else "",
+        extrapolations=tuple(extrapolations(spec, calibration)) if calibration is not None else None,
+        calibration=calibration_name,
+        refused=refused,
+        hops=hops,
+        perturbations=perturbations,
+        perturbed=perturbed,
+        kernels=table,
+    )

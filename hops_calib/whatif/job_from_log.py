@@ -59,22 +59,36 @@ def launch_line(args: dict[str, Any], gpus: int, gpus_per_node: int, source: Pat
     from hops_calib.trace.megatron_args import parse_command_line
 
     if gpus > gpus_per_node and gpus % gpus_per_node:
-        raise InputError(source, f"the launch's {gpus} GPUs do not fill whole nodes of {gpus_per_node}",
-                         field="world_size", hint="give the run's --gpus-per-node (or hops.base.yaml beside the log)")
-    launcher = (["torchrun", "--nnodes", str(gpus // gpus_per_node), "--nproc-per-node", str(gpus_per_node)]
-                if gpus > gpus_per_node else ["torchrun", "--nproc-per-node", str(gpus)])
-    kept = {name: value for name, value in sorted(args.items())
-            if name in KNOWN_ARGS and name not in LAUNCHER_ARGS and value is not None and value is not False}
+        raise InputError(
+            source,
+            f"the launch's {gpus} GPUs do not fill whole nodes of {gpus_per_node}",
+            field="world_size",
+            hint="give the run's --gpus-per-node (or hops.base.yaml beside the log)",
+        )
+    launcher = (
+        ["torchrun", "--nnodes", str(gpus // gpus_per_node), "--nproc-per-node", str(gpus_per_node)]
+        if gpus > gpus_per_node
+        else ["torchrun", "--nproc-per-node", str(gpus)]
+    )
+    kept = {
+        name: value
+        for name, value in sorted(args.items())
+        if name in KNOWN_ARGS and name not in LAUNCHER_ARGS and value is not None and value is not False
+    }
     tokens = [token for name, value in kept.items() for token in _flag(name, value)]
     line = " ".join(shlex.quote(t) for t in [*launcher, "pretrain_gpt.py", *tokens])
     read = parse_command_line(line, source)
     for name, value in kept.items():
         back = read.get(name)
         if (list(back) if isinstance(back, (list, tuple)) else back) != (
-                list(value) if isinstance(value, (list, tuple)) else value):
-            raise InputError(source, f"argument {name} = {value!r} would read back from a command line as "
-                             f"{back!r}", field=name, hint="the log's value has no command-line form; convert by "
-                             "hand (write megatron_args.txt)")
+            list(value) if isinstance(value, (list, tuple)) else value
+        ):
+            raise InputError(
+                source,
+                f"argument {name} = {value!r} would read back from a command line as {back!r}",
+                field=name,
+                hint="the log's value has no command-line form; convert by hand (write megatron_args.txt)",
+            )
     return line + "\n"
 
 
@@ -91,8 +105,15 @@ class JobFromLog:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"log": str(self.log), "job": str(self.job_dir), "run_id": self.run_id, "files": list(self.files),
-                "left_out_arguments": list(self.left_out), "agreement": self.agreement, "notes": list(self.notes)}
+        return {
+            "log": str(self.log),
+            "job": str(self.job_dir),
+            "run_id": self.run_id,
+            "files": list(self.files),
+            "left_out_arguments": list(self.left_out),
+            "agreement": self.agreement,
+            "notes": list(self.notes),
+        }
 
 
 def _device_ids(run: MeasuredRun, spec) -> tuple[list[str], list[str]]:
@@ -111,14 +132,22 @@ def measured_spec_of(run: MeasuredRun):
 
     tables = read_collective_tables(Path(run.hardware.collective_tables)) if run.hardware.collective_tables else ()
     try:
-        return measured_spec(run.run_id, run.args, {"gpu": run.hardware.gpu,
-                                                    "gpus_per_node": run.hardware.gpus_per_node},
-                             run.origin, collectives=tables)
+        return measured_spec(
+            run.run_id,
+            run.args,
+            {"gpu": run.hardware.gpu, "gpus_per_node": run.hardware.gpus_per_node},
+            run.origin,
+            collectives=tables,
+        )
     except (ValueError, KeyError, TypeError) as error:
         from hops_calib.store.measured_spec import reason_of
 
-        raise InputError(run.origin or run.run_id, f"the model does not price this launch: {reason_of(error)}",
-                         field="launch", hint="a job directory is for launches the model prices") from None
+        raise InputError(
+            run.origin or run.run_id,
+            f"the model does not price this launch: {reason_of(error)}",
+            field="launch",
+            hint="a job directory is for launches the model prices",
+        ) from None
 
 
 def job_files(log: Path, run: MeasuredRun, spec) -> dict[str, str]:
@@ -127,19 +156,26 @@ def job_files(log: Path, run: MeasuredRun, spec) -> dict[str, str]:
 
     ids, nodes = _device_ids(run, spec)
     digest = hashlib.sha256(log.read_bytes()).hexdigest()
-    manifest = {"source_scenario": "hops-calib job from-log", "job_id": run.run_id,
-                "description": (f"the launch of the Megatron training log {log.name}, converted by hops-calib job "
-                                "from-log: its arguments, hardware and all-reduce tables; no measurement of it"),
-                "converted_from": {"log": str(log.resolve()), "sha256": digest},
-                "padded_vocab_size": ("the vocabulary Megatron allocated, from the log (the tokenizer pads the "
-                                      "tokenizer's vocabulary itself when launched: give --vocab-size or the "
-                                      "tokenizer's files instead to launch it)")}
+    manifest = {
+        "source_scenario": "hops-calib job from-log",
+        "job_id": run.run_id,
+        "description": (
+            f"the launch of the Megatron training log {log.name}, converted by hops-calib job "
+            "from-log: its arguments, hardware and all-reduce tables; no measurement of it"
+        ),
+        "converted_from": {"log": str(log.resolve()), "sha256": digest},
+        "padded_vocab_size": (
+            "the vocabulary Megatron allocated, from the log (the tokenizer pads the "
+            "tokenizer's vocabulary itself when launched: give --vocab-size or the "
+            "tokenizer's files instead to launch it)"
+        ),
+    }
     template = {"hardware": {"devices": [{"id": d, "gpu": run.hardware.gpu, "node": n} for d, n in zip(ids, nodes)]}}
     return {
         "megatron_args.txt": launch_line(run.args, world_size(run.args), run.hardware.gpus_per_node, log),
         "hops_trace_map.json": json.dumps({"stages": {str(k): d for k, d in enumerate(ids)}}, indent=2) + "\n",
         "hops.base.yaml": "# Written by hops-calib job from-log: one device per pipeline stage (its first GPU).\n"
-                          + yaml.safe_dump(template, sort_keys=False),
+        + yaml.safe_dump(template, sort_keys=False),
         "manifest.yaml": yaml.safe_dump(manifest, sort_keys=False),
     }
 
@@ -182,26 +218,41 @@ def agreement(run: MeasuredRun, spec, job_dir: Path, model: Model) -> dict[str, 
     same_breakdown = _close(model.breakdown(spec), list(job.breakdown))
     log_ms, job_ms = from_log.metrics.iteration_time_ms, job.predictions[0].metrics.iteration_time_ms
     same = abs(log_ms - job_ms) <= 1e-9 * max(abs(log_ms), 1.0) and same_breakdown
-    return {"same_prediction": same, "iteration_time_ms": {"log": log_ms, "job": job_ms},
-            "same_breakdown": same_breakdown, "differs": pricing_differences(log_inputs, job_inputs),
-            "pricing_inputs": {"log": log_inputs, "job": job_inputs}, "job_notes": list(job.notes)}
+    return {
+        "same_prediction": same,
+        "iteration_time_ms": {"log": log_ms, "job": job_ms},
+        "same_breakdown": same_breakdown,
+        "differs": pricing_differences(log_inputs, job_inputs),
+        "pricing_inputs": {"log": log_inputs, "job": job_inputs},
+        "job_notes": list(job.notes),
+    }
 
 
 def _close(a: list[dict[str, float]], b: list[dict[str, float]]) -> bool:
-    return len(a) == len(b) and all(x.keys() == y.keys() and all(abs(x[k] - y[k]) <= 1e-9 * max(abs(x[k]), 1.0)
-                                                                 for k in x) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(abs(x[k] - y[k]) <= 1e-9 * max(abs(x[k]), 1.0) for k in x) for x, y in zip(a, b)
+    )
 
 
-def job_from_log(log: Path | str, job_dir: Path | str, model: Model, *, hardware: RunHardware | None = None,
-                 ) -> JobFromLog:
+def job_from_log(
+    log: Path | str,
+    job_dir: Path | str,
+    model: Model,
+    *,
+    hardware: RunHardware | None = None,
+) -> JobFromLog:
     """Convert `log` into the job directory `job_dir` (refused when it exists and is not empty) and compare the two
     prices; InputError (a TraceError for the log) naming file, line and field."""
     from hops_calib.trace.megatron_log import read_megatron_log
 
     log, job_dir = Path(log), Path(job_dir)
     if job_dir.exists() and (not job_dir.is_dir() or any(job_dir.iterdir())):
-        raise InputError(job_dir, "exists and is not an empty directory: nothing is overwritten", field="DIR",
-                         hint="name a new directory (or an empty one)")
+        raise InputError(
+            job_dir,
+            "exists and is not an empty directory: nothing is overwritten",
+            field="DIR",
+            hint="name a new directory (or an empty one)",
+        )
     run = read_megatron_log(log, hardware=hardware)
     spec = measured_spec_of(run)
     files = job_files(log, run, spec)
@@ -215,11 +266,24 @@ def job_from_log(log: Path | str, job_dir: Path | str, model: Model, *, hardware
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    left_out = tuple(sorted(name for name, value in run.args.items()
-                            if name not in KNOWN_ARGS and value is not None and value is not False))
+    left_out = tuple(
+        sorted(
+            name
+            for name, value in run.args.items()
+            if name not in KNOWN_ARGS and value is not None and value is not False
+        )
+    )
     notes = list(run.warnings)
     if tables is None and spec.pp > 1:
-        notes.append("the log has no all-reduce tables beside it: the job's hops are priced as the log's are, "
-                     "without them")
-    return JobFromLog(log=log, job_dir=job_dir, run_id=run.run_id, files=written, left_out=left_out,
-                      agreement=agrees, notes=tuple(notes))
+        notes.append(
+            "the log has no all-reduce tables beside it: the job's hops are priced as the log's are, without them"
+        )
+    return JobFromLog(
+        log=log,
+        job_dir=job_dir,
+        run_id=run.run_id,
+        files=written,
+        left_out=left_out,
+        agreement=agrees,
+        notes=tuple(notes),
+    )

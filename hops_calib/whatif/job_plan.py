@@ -11,7 +11,7 @@ schedule (1F1B or interleaved 1F1B with v model chunks per rank; with `any_runti
 the HopsHetero rule choosing 1F1B or ZB-H1) and a micro-batch size (the microbatch count follows from the global
 batch). Each is turned into the launch's arguments and built into a spec exactly as a job directory's would be
 (`spec_from_args`: a split or shape Megatron refuses is refused here too), its hops priced by the hosts at their
-ends (`cluster.LinkBook`: the job's own benchmark of a host pair, else the cluster's) or from torchrun's
+ends (`link_book.LinkBook`: the job's own benchmark of a host pair, else the cluster's) or from torchrun's
 placement, bounded by closed forms (memory, throughput: `JobPlanner.memory_fits`, `bound_samples_per_s`) and
 simulated only when it can still rank, checked against each device's memory (`model.memory`). Ranked by
 predicted samples per second over the traced window.
@@ -65,13 +65,36 @@ from hops_calib.whatif.launch_space import (
     divisors,
     layer_splits,
 )
+from hops_calib.whatif.lever_ascent import _interchangeable, _lever_ascent, _Looked
 from hops_calib.whatif.perturbations import Perturbations
 
-__all__ = ["ACCOUNTING_FLAGS", "ALL_ORDERS", "ASCENT_TASKS", "EXHAUSTIVE_LIMIT", "MAX_SPLIT_LAYERS", "MAX_TASKS",
-           "MEGATRON_SCHEDULES", "NO_MEGATRON_FLAG", "SCHEDULES", "AscentStop", "GroupAgreement", "JobPlan",
-           "JobPlanner", "Launch", "Outcome", "Refusal", "Space", "accounted_splits", "ascent_budget",
-           "auto_rule_agreement", "divisors", "layer_splits", "pairwise_agreement", "plan_job",
-           "train_group_agreement"]
+__all__ = [
+    "ACCOUNTING_FLAGS",
+    "ALL_ORDERS",
+    "ASCENT_TASKS",
+    "EXHAUSTIVE_LIMIT",
+    "MAX_SPLIT_LAYERS",
+    "MAX_TASKS",
+    "MEGATRON_SCHEDULES",
+    "NO_MEGATRON_FLAG",
+    "SCHEDULES",
+    "AscentStop",
+    "GroupAgreement",
+    "JobPlan",
+    "JobPlanner",
+    "Launch",
+    "Outcome",
+    "Refusal",
+    "Space",
+    "accounted_splits",
+    "ascent_budget",
+    "auto_rule_agreement",
+    "divisors",
+    "layer_splits",
+    "pairwise_agreement",
+    "plan_job",
+    "train_group_agreement",
+]
 
 
 @dataclass(frozen=True)
@@ -101,7 +124,7 @@ class JobPlan:
 
     @property
     def status(self) -> str:
-        """"ok", or "no_candidate" when no launch runs, is priced and fits in memory (exit 1, as a rejection)."""
+        """ "ok", or "no_candidate" when no launch runs, is priced and fits in memory (exit 1, as a rejection)."""
         return "ok" if self.best else "no_candidate"
 
     @property
@@ -120,55 +143,109 @@ class JobPlan:
         return sorted(grouped, key=lambda kind: (-kind[0], kind[2]))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "job": self.job, "model": self.model, "cluster": self.cluster or None,
-                "fixtures": self.store or None, "search": self.search, "space": self.space, "orders": self.orders,
-                "evaluated": self.evaluated, "rank_by": self.rank_by,
-                "best": [o.to_dict() for o in self.best],
-                "current": self.current.to_dict() if self.current else None,
-                "refused": self.refused, "over_memory": self.over_memory, "notes": list(self.notes),
-                "auto_rule_agreement": {"faster_picked": self.auto_agreement[0], "compared": self.auto_agreement[1]},
-                "best_megatron": self.best_megatron.to_dict() if self.best_megatron else None,
-                "simulated": self.simulated, "bounded": self.bounded,
-                "memory_headroom_bytes": self.headroom_bytes, "memory_capacity_bytes": self.capacity_bytes,
-                "any_runtime": self.any_runtime, "throughput_band_source": self.band_source or None}
+        return {
+            "status": self.status,
+            "job": self.job,
+            "model": self.model,
+            "cluster": self.cluster or None,
+            "fixtures": self.store or None,
+            "search": self.search,
+            "space": self.space,
+            "orders": self.orders,
+            "evaluated": self.evaluated,
+            "rank_by": self.rank_by,
+            "best": [o.to_dict() for o in self.best],
+            "current": self.current.to_dict() if self.current else None,
+            "refused": self.refused,
+            "over_memory": self.over_memory,
+            "notes": list(self.notes),
+            "auto_rule_agreement": {"faster_picked": self.auto_agreement[0], "compared": self.auto_agreement[1]},
+            "best_megatron": self.best_megatron.to_dict() if self.best_megatron else None,
+            "simulated": self.simulated,
+            "bounded": self.bounded,
+            "memory_headroom_bytes": self.headroom_bytes,
+            "memory_capacity_bytes": self.capacity_bytes,
+            "any_runtime": self.any_runtime,
+            "throughput_band_source": self.band_source or None,
+        }
 
 
 LAYOUTS_ASCENDED = 1000
 
 
-def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = None, top: int = 5,
-             memory_bytes: dict[str, float] | None = None,
-             schedules: Sequence[str] | None = None, orders: bool = True, splits: bool = True,
-             micro_batch_sizes: bool = True, trials: int = 400, seed: int = 0,
-             exhaustive_limit: int = EXHAUSTIVE_LIMIT, perturbations: Perturbations | None = None,
-             rank_by: str = "throughput", rerank: int = 20, progress: Progress = QUIET,
-             calibration: Any = None, store: str = "", ascent_tasks: int | None = None,
-             levers: bool = True, any_runtime: bool = False, headroom_bytes: float | None = None,
-             band: float = 0.0, study_trials: int | None = None) -> JobPlan:
+def plan_job(
+    job_dir: Path | str,
+    model: Model,
+    *,
+    cluster: Cluster | None = None,
+    top: int = 5,
+    memory_bytes: dict[str, float] | None = None,
+    schedules: Sequence[str] | None = None,
+    orders: bool = True,
+    splits: bool = True,
+    micro_batch_sizes: bool = True,
+    trials: int = 400,
+    seed: int = 0,
+    exhaustive_limit: int = EXHAUSTIVE_LIMIT,
+    perturbations: Perturbations | None = None,
+    rank_by: str = "throughput",
+    rerank: int = 20,
+    progress: Progress = QUIET,
+    calibration: Any = None,
+    store: str = "",
+    ascent_tasks: int | None = None,
+    levers: bool = True,
+    any_runtime: bool = False,
+    headroom_bytes: float | None = None,
+    band: float = 0.0,
+    study_trials: int | None = None,
+) -> JobPlan:
     """The best `top` launches of the job's model and global batch (see the module's docstring)."""
     if schedules is None:
         schedules = SCHEDULES if any_runtime else MEGATRON_SCHEDULES
     if rank_by not in ("throughput", "expected", "p5"):
-        raise InputError("plan", f"unknown ranking {rank_by!r}", field="--rank-by",
-                         hint="throughput (nominal), expected or p5 (under --slow-device/--stragglers/--failure)")
+        raise InputError(
+            "plan",
+            f"unknown ranking {rank_by!r}",
+            field="--rank-by",
+            hint="throughput (nominal), expected or p5 (under --slow-device/--stragglers/--failure)",
+        )
     if rank_by != "throughput" and perturbations is None:
-        raise InputError("plan", f"--rank-by {rank_by} ranks under stragglers or failures, and none were given",
-                         field="--rank-by", hint="add --slow-device, --stragglers or --failure-rate")
+        raise InputError(
+            "plan",
+            f"--rank-by {rank_by} ranks under stragglers or failures, and none were given",
+            field="--rank-by",
+            hint="add --slow-device, --stragglers or --failure-rate",
+        )
     unknown = [s for s in schedules if s not in SCHEDULES]
     if unknown:
-        raise InputError("plan", f"unknown schedule {unknown[0]!r}", field="--schedule",
-                         hint=f"expected one of {', '.join(SCHEDULES)}")
-    for flag, value, most in (("--top", top, 1000), ("--trials", trials, 100_000), ("--exhaustive-limit",
-                                                                                   exhaustive_limit, 10_000_000)):
+        raise InputError(
+            "plan",
+            f"unknown schedule {unknown[0]!r}",
+            field="--schedule",
+            hint=f"expected one of {', '.join(SCHEDULES)}",
+        )
+    for flag, value, most in (
+        ("--top", top, 1000),
+        ("--trials", trials, 100_000),
+        ("--exhaustive-limit", exhaustive_limit, 10_000_000),
+    ):
         if not 1 <= value <= most:
             raise InputError("plan", f"{flag} {value} is outside 1..{most}", field=flag)
     if headroom_bytes is not None and not 0 <= headroom_bytes < math.inf:
-        raise InputError("plan", f"--memory-headroom {headroom_bytes / 1e9:g} GB is not a size of 0 or more",
-                         field="--memory-headroom", hint="e.g. --memory-headroom 2 (GB)")
+        raise InputError(
+            "plan",
+            f"--memory-headroom {headroom_bytes / 1e9:g} GB is not a size of 0 or more",
+            field="--memory-headroom",
+            hint="e.g. --memory-headroom 2 (GB)",
+        )
     planner = JobPlanner(job_dir, model, cluster, memory_bytes, headroom_bytes)
     planner.band = band
-    slowed = () if perturbations is None else (*(d for d, _ in perturbations.slow_devices),
-                                               *(d for a, b, _ in perturbations.slow_links for d in (a, b)))
+    slowed = (
+        ()
+        if perturbations is None
+        else (*(d for d, _ in perturbations.slow_devices), *(d for a, b, _ in perturbations.slow_links for d in (a, b)))
+    )
     space = planner.space(schedules, orders, splits, micro_batch_sizes, distinct=slowed)
     if space.devices is not None and space.orders_count() < math.factorial(len(space.devices)):
         planner.notes.append(_interchangeable(space))
@@ -180,12 +257,18 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                 families.append((setting, family))
         why = planner.relayout()
         if why:
-            planner.notes.append(f"tensor and pipeline parallel sizes kept at the job's t {planner.spec.tp} x p "
-                                 f"{planner.spec.pp}: {why}; recomputation, sequence parallelism and the distributed "
-                                 "optimizer are searched")
+            planner.notes.append(
+                f"tensor and pipeline parallel sizes kept at the job's t {planner.spec.tp} x p "
+                f"{planner.spec.pp}: {why}; recomputation, sequence parallelism and the distributed "
+                "optimizer are searched"
+            )
     if not len(space):
-        raise InputError(str(job_dir), "no launch to search: the schedules asked for cannot run any split",
-                         field="--schedule", hint="allow more schedules, or the layer split")
+        raise InputError(
+            str(job_dir),
+            "no launch to search: the schedules asked for cannot run any split",
+            field="--schedule",
+            hint="allow more schedules, or the layer split",
+        )
     total = len(space) + sum(len(s) for _, s in families)
     outcomes: dict[Launch, Outcome] = {}
     refusals: dict[Launch, str] = {}
@@ -193,7 +276,8 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     # the best fitting throughputs so far: a launch whose bound is below the kept-th of them cannot rank
     # (on one stage 1F1B, GPipe, ZB-H1 and auto may price alike and show as one row: as many kept per row)
     keep = max(top, rerank if perturbations is not None else 0) * max(
-        1, sum(s in ("1f1b", "gpipe", "zb_h1", "auto") for s in schedules))
+        1, sum(s in ("1f1b", "gpipe", "zb_h1", "auto") for s in schedules)
+    )
     best: list[float] = []
     best_megatron = [0.0]
 
@@ -307,8 +391,9 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
         spaces = {None: space, **dict(families)}
         steps, stopped, spent, stopped_at = 0, None, 0, 0
         for index, start in enumerate(starts):
-            taken, stopped = _local_search(spaces[start.launch.levers], score, [start], known, budget - spent,
-                                           progress, done=studied + spent)
+            taken, stopped = _local_search(
+                spaces[start.launch.levers], score, [start], known, budget - spent, progress, done=studied + spent
+            )
             steps += taken
             spent = len(outcomes) + len(refusals) + len(bounded) - studied - (not own_known)
             if stopped is not None:
@@ -323,13 +408,16 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
             layouts: dict[Any, Outcome] = {}
             for o in sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s):
                 layouts.setdefault(o.launch.levers, o)
-            fresh = next((o for o in list(layouts.values())[:LAYOUTS_ASCENDED * top] if o.launch.levers not in ascended), None)
+            fresh = next(
+                (o for o in list(layouts.values())[: LAYOUTS_ASCENDED * top] if o.launch.levers not in ascended), None
+            )
             if fresh is None:
                 break
             ascended.add(fresh.launch.levers)
             before = len(outcomes) + len(refusals) + len(bounded)
-            taken, stopped = _local_search(spaces[fresh.launch.levers], score, [fresh], known, budget - spent,
-                                           progress, done=studied + spent)
+            taken, stopped = _local_search(
+                spaces[fresh.launch.levers], score, [fresh], known, budget - spent, progress, done=studied + spent
+            )
             steps += taken
             spent += len(outcomes) + len(refusals) + len(bounded) - before
             kept_layouts += 1
@@ -338,25 +426,43 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
         first = "the study's best" if study else "the best"
         # every count says what it counts: the study's trials repeat launches and fall outside the space, the job's
         # own launch is priced once, and the ascent's budget counts only launches not priced before
-        search = ((f"coordinate ascent over the levers from the job's own launch ({moves} move(s) to a faster "
-                   f"launch one lever away; {seeded:,} launches bounded or simulated), then " if families else "")
-                  + (f"optuna TPE, seed {seed}, {study} trials over {len(space):,} candidates ({studied - seeded:,} "
-                     "distinct launches priced: the others repeated one or fell outside the space), " if study else
-                     "(one distinct stage order: no study; --trials N runs one) ")
-                  + f"the job's own launch ({'priced before' if own_known else '1 more'}), then coordinate ascent "
-                  "(nearest launches first: schedule, micro-batch size, order, split) from "
-                  f"{first}, from the job's own launch"
-                  + (f" and from the best launch of each of the best {top} settings of the levers ({kept_layouts} "
-                     "more)"
-                     if kept_layouts else "")
-                  + f": {steps} move(s) to a faster neighbour, {spent:,} new launches priced")
+        search = (
+            (
+                f"coordinate ascent over the levers from the job's own launch ({moves} move(s) to a faster "
+                f"launch one lever away; {seeded:,} launches bounded or simulated), then "
+                if families
+                else ""
+            )
+            + (
+                f"optuna TPE, seed {seed}, {study} trials over {len(space):,} candidates ({studied - seeded:,} "
+                "distinct launches priced: the others repeated one or fell outside the space), "
+                if study
+                else "(one distinct stage order: no study; --trials N runs one) "
+            )
+            + f"the job's own launch ({'priced before' if own_known else '1 more'}), then coordinate ascent "
+            "(nearest launches first: schedule, micro-batch size, order, split) from "
+            f"{first}, from the job's own launch"
+            + (
+                f" and from the best launch of each of the best {top} settings of the levers ({kept_layouts} more)"
+                if kept_layouts
+                else ""
+            )
+            + f": {steps} move(s) to a faster neighbour, {spent:,} new launches priced"
+        )
         if stopped is not None:
-            where = (f"one of the best {top} settings of the levers" if stopped_at < 0 else
-                     "the job's own launch" if starts[stopped_at] is own else first)
-            ran_out = (f"its budget of {budget:,} new launches ran out inside step {stopped.step}'s neighbourhood "
-                       f"scan (ascending from {where}): {stopped.scanned:,} of its {stopped.neighbours:,} "
-                       f"neighbours looked at ({stopped.scanned - stopped.known:,} priced new, {stopped.known:,} "
-                       "priced before)")
+            where = (
+                f"one of the best {top} settings of the levers"
+                if stopped_at < 0
+                else "the job's own launch"
+                if starts[stopped_at] is own
+                else first
+            )
+            ran_out = (
+                f"its budget of {budget:,} new launches ran out inside step {stopped.step}'s neighbourhood "
+                f"scan (ascending from {where}): {stopped.scanned:,} of its {stopped.neighbours:,} "
+                f"neighbours looked at ({stopped.scanned - stopped.known:,} priced new, {stopped.known:,} "
+                "priced before)"
+            )
             search += f"; {ran_out}"
             planner.notes.append(
                 f"the coordinate ascent stopped: {ran_out} "
@@ -364,7 +470,8 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
                 f"{_tasks(planner.spec):,} per iteration, or --trials if more): the best found, not "
                 "proven best, and a pick whose layout (t, p, recomputation, SP, distributed optimizer) was not "
                 "ascended from may be beaten in that layout; give more --trials, or keep a dimension "
-                "(--keep-order, --keep-split, --keep-micro-batch, --schedule, --keep-levers)")
+                "(--keep-order, --keep-split, --keep-micro-batch, --schedule, --keep-levers)"
+            )
     looked.stage = "done"
     looked.advance()  # the last count: every launch the plan says it looked at
     fitting = [o for o in outcomes.values() if o.fits]
@@ -380,25 +487,35 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
         schedule: Any = outcome.resolved
         if len(outcome.layers_per_stage) == 1 and outcome.launch.chunks == 1:
             schedule = ("one stage", f"{outcome.samples_per_s:.9g}", f"{max(outcome.peak_memory_bytes):.9g}")
-        same = (outcome.launch.levers, outcome.launch.order, outcome.layers_per_stage, schedule,
-                outcome.launch.chunks, outcome.launch.micro_batch_size)
+        same = (
+            outcome.launch.levers,
+            outcome.launch.order,
+            outcome.layers_per_stage,
+            schedule,
+            outcome.launch.chunks,
+            outcome.launch.micro_batch_size,
+        )
         if same not in seen:
             seen[same] = len(unique)
             unique.append(outcome)
         elif outcome.resolved in MEGATRON_SCHEDULES and unique[seen[same]].resolved not in MEGATRON_SCHEDULES:
             unique[seen[same]] = outcome
     if perturbations is not None:
-        head = [planner.perturbed_outcome(o, perturbations) for o in unique[:max(rerank, top)]]
-        key = {"throughput": lambda o: -o.samples_per_s, "expected": lambda o: -o.expected_samples_per_s,
-               "p5": lambda o: -o.p5_samples_per_s}[rank_by]
+        head = [planner.perturbed_outcome(o, perturbations) for o in unique[: max(rerank, top)]]
+        key = {
+            "throughput": lambda o: -o.samples_per_s,
+            "expected": lambda o: -o.expected_samples_per_s,
+            "p5": lambda o: -o.p5_samples_per_s,
+        }[rank_by]
         head.sort(key=lambda o: (key(o), len(o.flags)))
         unique = head
     if calibration is not None:  # where each shown launch lies outside the calibration runs (model.coverage)
         from hops_calib.model.coverage import extrapolations
 
         def checked(o: Outcome) -> Outcome:
-            return replace(o, outside=tuple(e.sentence() for e in extrapolations(planner.priced(o.launch)[0],
-                                                                                  calibration)))
+            return replace(
+                o, outside=tuple(e.sentence() for e in extrapolations(planner.priced(o.launch)[0], calibration))
+            )
 
         unique = [checked(o) for o in unique[:top]] + unique[top:]
         megatron = next((o for o in unique if o.resolved in MEGATRON_SCHEDULES), None)
@@ -416,130 +533,38 @@ def plan_job(job_dir: Path | str, model: Model, *, cluster: Cluster | None = Non
     for reason in refusals.values():
         refused[reason] = refused.get(reason, 0) + 1
     if any(reason.startswith("no link") for reason in refused):
-        notes.append("orders with a hop no benchmark or declared link prices were left out (unpriced, not "
-                     "impossible): " + (f"declare the missing links in {planner.cluster.origin}"
-                                        if planner.cluster is not None else
-                                        "give --cluster (`hops-calib cluster` builds one from job directories) or "
-                                        "declare the links"))
-    return JobPlan(job=str(job_dir), model=model.name, search=search, space=total,
-                   evaluated=len(outcomes) + len(refusals) + len(bounded), best=tuple(unique[:top]),
-                   current=current, refused=refused, over_memory=over_memory, rank_by=rank_by, notes=tuple(notes),
-                   auto_agreement=auto_rule_agreement(list(outcomes.values())),
-                   best_megatron=megatron, cluster=planner.cluster.named() if planner.cluster is not None else "",
-                   store=store, orders=space.orders_count(), simulated=len(outcomes),
-                   bounded=sum(1 for why in bounded.values() if why == "throughput"),
-                   headroom_bytes=dict(planner.headroom_bytes), capacity_bytes=dict(planner.capacity_bytes),
-                   any_runtime=any_runtime)
-
-
-class _Looked:
-    """The search's progress as one count: the distinct launches looked at (`count()`) of the `total` candidates,
-    shown on `inner` whenever a stage of the search reports a step, named by the current `stage`. The count stops
-    short of the total where the search does not look at every launch."""
-
-    def __init__(self, inner: Progress, total: int, count: Any) -> None:
-        self.inner, self.total, self.count, self.stage = inner, total, count, ""
-        inner.start(total)
-
-    def start(self, total: int) -> None:
-        pass  # the total is the candidates', set once
-
-    def advance(self, what: str = "") -> None:
-        self.inner.update(self.count(), self.total, self.stage)
-
-    def update(self, completed: int, total: int, what: str = "") -> None:
-        self.inner.update(self.count(), self.total, self.stage)
-
-
-def _lever_ascent(planner: JobPlanner, space: Space, families: Sequence[tuple[Any, Space]],
-                  score: Any, best_first: Any, outcomes: dict[Launch, Outcome], max_steps: int = 20) -> int:
-    """Moves from the job's own launch to the fastest fitting launch one lever away while one is faster; the
-    steps taken. A launch whose micro batch no longer divides a replica's batch takes the largest that does."""
-    spaces = {None: space, **dict(families)}
-    own = planner.own_levers()
-    current = score(planner.current())
-    if current is None or not current.fits:
-        fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
-        if not fitting:  # the job's own launch does not fit: start from its settings at each recomputation
-            best_first([_moved(planner.current(), family) for setting, family in families
-                        if (setting.tp, setting.pp) == (own.tp, own.pp)])
-            fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
-        if not fitting:  # nor do those: start from every setting's most memory-saving launch the bound says fits
-            best_first(_memory_seeds(planner, spaces))
-            fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
-            if not fitting:
-                return 0
-        current = fitting[0]
-    steps = 0
-    for _ in range(max_steps):
-        launch = current.launch
-        levers = launch.levers or own
-        here = spaces[launch.levers]
-        near = [Launch(launch.order, launch.first, launch.last, schedule, chunks, size, accounted, launch.levers)
-                for size, first, last, schedule, chunks, accounted in here.shapes()
-                if (first, last) == (launch.first, launch.last) and accounted == launch.accounted
-                and (size == launch.micro_batch_size or (schedule, chunks) == (launch.schedule, launch.chunks))]
-        for setting, family in spaces.items():
-            setting = setting or own
-            changed = ((setting.tp, setting.pp) != (levers.tp, levers.pp), setting.recompute != levers.recompute,
-                       setting.sequence_parallel != levers.sequence_parallel,
-                       setting.distributed_optimizer != levers.distributed_optimizer)
-            # one lever changed; a new layout may take any recomputation with it (what lets it fit)
-            if sum(changed) == 1 or (changed[0] and sum(changed[2:]) == 0):
-                near += _moved_up(planner, launch, family)
-        best_first([n for n in dict.fromkeys(near) if n != launch])
-        better = max((outcomes[n] for n in near if n in outcomes and outcomes[n].fits),
-                     key=lambda o: o.samples_per_s, default=current)
-        if better.samples_per_s <= current.samples_per_s:
-            break
-        current, steps = better, steps + 1
-    return steps
-
-
-def _memory_seeds(planner: JobPlanner, spaces: dict[Any, Space]) -> list[Launch]:
-    """Of each setting of the levers, its launch that holds the least memory - the smallest micro batch, 1F1B
-    (the fewest microbatches in flight), the even split - where the closed-form memory bound says it fits: where
-    the search starts when neither the job's own launch nor its settings at another recomputation fit."""
-    seeds = []
-    for family in spaces.values():
-        size = min(family.sizes)
-        shapes = {(schedule, chunks) for s, first, last, schedule, chunks, accounted in family.shapes()
-                  if s == size and (first, last, accounted) == (None, None, (False, False))}
-        if ("1f1b", 1) not in shapes:
-            continue
-        launch = Launch(family.current_order, None, None, "1f1b", 1, size, (False, False), family.levers)
-        try:
-            if planner.memory_fits(launch):
-                seeds.append(launch)
-        except Refusal:
-            continue
-    return seeds
-
-
-def _moved_up(planner: JobPlanner, launch: Launch, family: Space) -> list[Launch]:
-    """`launch` moved to another setting of the levers (`_moved`), and at the next larger micro batch of that
-    setting where the closed-form memory bound says it fits: a setting that holds less per GPU (a recomputation,
-    the distributed optimizer, a wider layout) may run best at a larger one (the ascent climbs on from there)."""
-    moved = [_moved(launch, family)]
-    for size in sorted(s for s in family.sizes if s > moved[0].micro_batch_size):
-        larger = _moved(launch, family, size)
-        try:
-            if planner.memory_fits(larger):
-                moved.append(larger)
-        except Refusal:
-            continue
-        break
-    return moved
-
-
-def _moved(launch: Launch, family: Space, size: int | None = None) -> Launch:
-    """`launch` in another setting of the levers: its schedule where that setting runs it (else 1F1B), micro batch
-    `size`, else its own where it divides a replica's batch (else the largest that does), the even split."""
-    if size is None:
-        size = max((s for s in family.sizes if s <= launch.micro_batch_size), default=min(family.sizes))
-    shapes = {(schedule, chunks) for s, _, _, schedule, chunks, _ in family.shapes() if s == size}
-    schedule, chunks = (launch.schedule, launch.chunks) if (launch.schedule, launch.chunks) in shapes else ("1f1b", 1)
-    return Launch(family.current_order, None, None, schedule, chunks, size, (False, False), family.levers)
+        notes.append(
+            "orders with a hop no benchmark or declared link prices were left out (unpriced, not "
+            "impossible): "
+            + (
+                f"declare the missing links in {planner.cluster.origin}"
+                if planner.cluster is not None
+                else "give --cluster (`hops-calib cluster` builds one from job directories) or declare the links"
+            )
+        )
+    return JobPlan(
+        job=str(job_dir),
+        model=model.name,
+        search=search,
+        space=total,
+        evaluated=len(outcomes) + len(refusals) + len(bounded),
+        best=tuple(unique[:top]),
+        current=current,
+        refused=refused,
+        over_memory=over_memory,
+        rank_by=rank_by,
+        notes=tuple(notes),
+        auto_agreement=auto_rule_agreement(list(outcomes.values())),
+        best_megatron=megatron,
+        cluster=planner.cluster.named() if planner.cluster is not None else "",
+        store=store,
+        orders=space.orders_count(),
+        simulated=len(outcomes),
+        bounded=sum(1 for why in bounded.values() if why == "throughput"),
+        headroom_bytes=dict(planner.headroom_bytes),
+        capacity_bytes=dict(planner.capacity_bytes),
+        any_runtime=any_runtime,
+    )
 
 
 def throughput_band(specs: Sequence[Any], truths: Sequence[Any], model: Model) -> tuple[float, int]:
@@ -557,13 +582,3 @@ def throughput_band(specs: Sequence[Any], truths: Sequence[Any], model: Model) -
         if truth.throughput_per_s > 0:
             errors.append(abs(predicted - truth.throughput_per_s) / truth.throughput_per_s)
     return (sum(errors) / len(errors) if errors else 0.0), len(errors)
-
-
-def _interchangeable(space: Space) -> str:
-    """The note naming the devices a plan took as interchangeable, and the orders that left to price."""
-    alike = [", ".join(devices) for devices in space.by_kind()[1].values() if len(devices) > 1]
-    return (f"interchangeable devices (same type, same links at every position: a launch prices the same with any "
-            f"two swapped): {'; '.join(alike)}. {space.orders_count()} distinct stage order(s) searched of "
-            f"{math.factorial(len(space.devices or space.current_order))}")
-
-

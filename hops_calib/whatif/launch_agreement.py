@@ -38,6 +38,7 @@ def auto_rule_agreement(outcomes: Sequence[Outcome]) -> tuple[int, int]:
 
 # --- against reality: the planner's ranking of configurations that really ran ------------------------------------
 
+
 @dataclass(frozen=True)
 class GroupAgreement:
     """Runs of one model, global batch and set of devices that differ only in what the planner searches; per
@@ -58,8 +59,9 @@ def pairwise_agreement(configurations: Sequence[tuple[str, float, float]]) -> tu
     return agree, pairs
 
 
-def train_group_agreement(store: Any, runs_dir: Path, model: Model, cluster: Cluster | None = None
-                          ) -> list[GroupAgreement]:
+def train_group_agreement(
+    store: Any, runs_dir: Path, model: Model, cluster: Cluster | None = None
+) -> list[GroupAgreement]:
     """For every group of the store's train runs with the same devices, model and global batch and more than one
     configuration of what the planner searches (stage order, layer split, schedule, micro-batch size): each
     configuration as the planner prices it (from the run's job directory in `runs_dir`, its own launch) against
@@ -73,9 +75,17 @@ def train_group_agreement(store: Any, runs_dir: Path, model: Model, cluster: Clu
         if not job.is_dir():
             continue
         spec, shape = fixture.spec, fixture.spec.model
-        key = (tuple(sorted(spec.device_ids)), shape.num_layers, shape.hidden_size, shape.ffn_hidden_size,
-               shape.num_attention_heads, shape.seq_length, shape.vocab_size, shape.global_batch_size,
-               shape.precision)
+        key = (
+            tuple(sorted(spec.device_ids)),
+            shape.num_layers,
+            shape.hidden_size,
+            shape.ffn_hidden_size,
+            shape.num_attention_heads,
+            shape.seq_length,
+            shape.vocab_size,
+            shape.global_batch_size,
+            shape.precision,
+        )
         planner = JobPlanner(job, model, cluster)
         launch = planner.current()
         predicted = planner.evaluate(launch).samples_per_s
@@ -85,10 +95,14 @@ def train_group_agreement(store: Any, runs_dir: Path, model: Model, cluster: Clu
     for key, by_launch in groups.items():
         if len(by_launch) < 2:
             continue
-        configurations = tuple((" + ".join(r[0] for r in runs), float(np.mean([r[1] for r in runs])),
-                                float(np.mean([r[2] for r in runs]))) for runs in by_launch.values())
+        configurations = tuple(
+            (" + ".join(r[0] for r in runs), float(np.mean([r[1] for r in runs])), float(np.mean([r[2] for r in runs])))
+            for runs in by_launch.values()
+        )
         agree, pairs = pairwise_agreement(configurations)
-        label = (f"{len(key[0])} GPUs ({', '.join(key[0])}), {key[1]} layers, hidden {key[2]}, seq {key[5]}, "
-                 f"global batch {key[7]}")
+        label = (
+            f"{len(key[0])} GPUs ({', '.join(key[0])}), {key[1]} layers, hidden {key[2]}, seq {key[5]}, "
+            f"global batch {key[7]}"
+        )
         out.append(GroupAgreement(label, configurations, agree, pairs))
     return out

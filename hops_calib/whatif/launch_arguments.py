@@ -8,17 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 from hops_calib.spec import Spec
-from hops_calib.whatif.cluster import LinkBook
 from hops_calib.whatif.launch_space import (
     ACCOUNTING_FLAGS,
     Launch,
     Levers,
 )
+from hops_calib.whatif.link_book import LinkBook
 
-NO_MEGATRON_FLAG = ("has no Megatron-LM flag (Megatron runs 1F1B, or interleaved 1F1B with virtual stages): run it "
-                    "with a runtime that has it, e.g. torch.distributed.pipelining (`hops-calib capture --engine "
-                    "torch --schedule {schedule}` records one)")
-
+NO_MEGATRON_FLAG = (
+    "has no Megatron-LM flag (Megatron runs 1F1B, or interleaved 1F1B with virtual stages): run it "
+    "with a runtime that has it, e.g. torch.distributed.pipelining (`hops-calib capture --engine "
+    "torch --schedule {schedule}` records one)"
+)
 
 
 class LaunchArguments:
@@ -32,41 +33,63 @@ class LaunchArguments:
         spec, args = self.spec, self.args
         first = args.get("decoder_first_pipeline_num_layers")
         last = args.get("decoder_last_pipeline_num_layers")
-        accounted = (bool(args.get("account_for_embedding_in_pipeline_split")),
-                     bool(args.get("account_for_loss_in_pipeline_split")))
-        return Launch(tuple(spec.device_ids), first, last, spec.schedule, spec.vp, spec.model.micro_batch_size,
-                      accounted)
+        accounted = (
+            bool(args.get("account_for_embedding_in_pipeline_split")),
+            bool(args.get("account_for_loss_in_pipeline_split")),
+        )
+        return Launch(
+            tuple(spec.device_ids), first, last, spec.schedule, spec.vp, spec.model.micro_batch_size, accounted
+        )
 
     def own_levers(self) -> Levers:
         shape = self.spec.model
-        return Levers(self.spec.tp, self.spec.pp, (shape.recompute_granularity, shape.recompute_method,
-                                                   shape.recompute_num_layers),
-                      bool(shape.sequence_parallel), bool(self.spec.distributed_optimizer))
+        return Levers(
+            self.spec.tp,
+            self.spec.pp,
+            (shape.recompute_granularity, shape.recompute_method, shape.recompute_num_layers),
+            bool(shape.sequence_parallel),
+            bool(self.spec.distributed_optimizer),
+        )
 
     def launch_args(self, launch: Launch) -> dict[str, Any]:
         args = dict(self.args)
         args["micro_batch_size"] = launch.micro_batch_size
         levers = launch.levers
         if levers is not None:
-            args.update(tensor_model_parallel_size=levers.tp, pipeline_model_parallel_size=levers.pp,
-                        world_size=self.spec.gpus, sequence_parallel=levers.sequence_parallel,
-                        use_distributed_optimizer=levers.distributed_optimizer)
-            for key in ("data_parallel_size", "recompute_granularity", "recompute_method", "recompute_num_layers",
-                        "recompute_activations", "checkpoint_activations", "checkpoint_num_layers", "zero_stage"):
+            args.update(
+                tensor_model_parallel_size=levers.tp,
+                pipeline_model_parallel_size=levers.pp,
+                world_size=self.spec.gpus,
+                sequence_parallel=levers.sequence_parallel,
+                use_distributed_optimizer=levers.distributed_optimizer,
+            )
+            for key in (
+                "data_parallel_size",
+                "recompute_granularity",
+                "recompute_method",
+                "recompute_num_layers",
+                "recompute_activations",
+                "checkpoint_activations",
+                "checkpoint_num_layers",
+                "zero_stage",
+            ):
                 args.pop(key, None)  # what followed from the old layout, and the older spellings of the levers
             granularity, method, number = levers.recompute
             if granularity is not None:
                 args["recompute_granularity"] = granularity
             if method is not None:
                 args.update(recompute_method=method, recompute_num_layers=number)
-        for key, value in (("decoder_first_pipeline_num_layers", launch.first),
-                           ("decoder_last_pipeline_num_layers", launch.last)):
+        for key, value in (
+            ("decoder_first_pipeline_num_layers", launch.first),
+            ("decoder_last_pipeline_num_layers", launch.last),
+        ):
             if value is None:
                 args.pop(key, None)
             else:
                 args[key] = value
-        for key, on in zip(("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"),
-                           launch.accounted):
+        for key, on in zip(
+            ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"), launch.accounted
+        ):
             if on:
                 args[key] = True
             else:
@@ -89,26 +112,36 @@ class LaunchArguments:
         if launch.levers is None:
             return
         now, new = self.own_levers(), launch.levers
-        for flag, old, value in (("--tensor-model-parallel-size", now.tp, new.tp),
-                                 ("--pipeline-model-parallel-size", now.pp, new.pp)):
+        for flag, old, value in (
+            ("--tensor-model-parallel-size", now.tp, new.tp),
+            ("--pipeline-model-parallel-size", now.pp, new.pp),
+        ):
             if value != old:
                 argv += [flag, str(value)]
                 words.append(f"{flag} {value}")
         if new.recompute != now.recompute:
             granularity, method, number = new.recompute
-            remove += [f for f, v in zip(("--recompute-granularity", "--recompute-method", "--recompute-num-layers"),
-                                         now.recompute) if v is not None and (granularity is None or f !=
-                                                                              "--recompute-granularity")]
+            remove += [
+                f
+                for f, v in zip(
+                    ("--recompute-granularity", "--recompute-method", "--recompute-num-layers"), now.recompute
+                )
+                if v is not None and (granularity is None or f != "--recompute-granularity")
+            ]
             if granularity is None:
-                words.append("remove --recompute-granularity (and --recompute-method, --recompute-num-layers): "
-                             "no recomputation")
+                words.append(
+                    "remove --recompute-granularity (and --recompute-method, --recompute-num-layers): no recomputation"
+                )
             else:
                 tokens = ["--recompute-granularity", granularity] + (
-                    ["--recompute-method", method, "--recompute-num-layers", str(number)] if method else [])
+                    ["--recompute-method", method, "--recompute-num-layers", str(number)] if method else []
+                )
                 argv += tokens
                 words.append(" ".join(tokens))
-        for flag, old, value in (("--sequence-parallel", now.sequence_parallel, new.sequence_parallel),
-                                 ("--use-distributed-optimizer", now.distributed_optimizer, new.distributed_optimizer)):
+        for flag, old, value in (
+            ("--sequence-parallel", now.sequence_parallel, new.sequence_parallel),
+            ("--use-distributed-optimizer", now.distributed_optimizer, new.distributed_optimizer),
+        ):
             if value != old:
                 (argv.append if value else remove.append)(flag)
                 words.append(flag if value else f"remove {flag}")
@@ -125,8 +158,10 @@ class LaunchArguments:
         if launch.micro_batch_size != now.micro_batch_size:
             argv += ["--micro-batch-size", str(launch.micro_batch_size)]
             words.append(f"--micro-batch-size {launch.micro_batch_size}")
-        for flag, old, new in (("--decoder-first-pipeline-num-layers", now.first, launch.first),
-                               ("--decoder-last-pipeline-num-layers", now.last, launch.last)):
+        for flag, old, new in (
+            ("--decoder-first-pipeline-num-layers", now.first, launch.first),
+            ("--decoder-last-pipeline-num-layers", now.last, launch.last),
+        ):
             if new != old:
                 if new is not None:
                     argv += [flag, str(new)]
@@ -138,8 +173,9 @@ class LaunchArguments:
             if new != old:
                 (argv.append if new else remove.append)(flag)
                 words.append(flag if new else f"remove {flag}")
-        if launch.chunks > 1 and (launch.chunks != now.chunks or now.schedule != "interleaved_1f1b"
-                                  or launch.accounted != now.accounted):
+        if launch.chunks > 1 and (
+            launch.chunks != now.chunks or now.schedule != "interleaved_1f1b" or launch.accounted != now.accounted
+        ):
             per_chunk = self._per_chunk(launch)
             argv += ["--num-layers-per-virtual-pipeline-stage", str(per_chunk)]
             words.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
@@ -151,19 +187,26 @@ class LaunchArguments:
             words.append(notes[-1])
         if launch.order != now.order and not launch.levers_placed:
             hosts = [self.book.device_hosts.get(d) or "" for d in launch.order]
-            where = ", ".join(f"{k}: {d}" + (f" on {h}" if h else "") for k, (d, h) in enumerate(zip(launch.order,
-                                                                                                   hosts)))
-            notes.append(f"stage map {where}. Megatron gives pipeline rank k to global rank k (tensor and data "
-                         "parallel 1), so start the process of global rank k on the host of stage k's device: "
-                         "torchrun --node-rank k on that host (one GPU per node; with several, its GPU's "
-                         "CUDA_VISIBLE_DEVICES and local rank), or list the hosts in this order in the hostfile "
-                         "(mpirun/deepspeed) or the SLURM nodelist with --distribution=arbitrary; then write "
-                         "hops_trace_map.json and hops.base.yaml pipeline.stages in the same order")
+            where = ", ".join(
+                f"{k}: {d}" + (f" on {h}" if h else "") for k, (d, h) in enumerate(zip(launch.order, hosts))
+            )
+            notes.append(
+                f"stage map {where}. Megatron gives pipeline rank k to global rank k (tensor and data "
+                "parallel 1), so start the process of global rank k on the host of stage k's device: "
+                "torchrun --node-rank k on that host (one GPU per node; with several, its GPU's "
+                "CUDA_VISIBLE_DEVICES and local rank), or list the hosts in this order in the hostfile "
+                "(mpirun/deepspeed) or the SLURM nodelist with --distribution=arbitrary; then write "
+                "hops_trace_map.json and hops.base.yaml pipeline.stages in the same order"
+            )
             words.append(notes[-1])
         return {"argv": tuple(argv), "remove": tuple(remove), "notes": tuple(notes), "words": tuple(words)}
 
     def flags(self, launch: Launch) -> dict[str, Any]:
         """`changes` as Outcome's fields."""
         changes = self.changes(launch)
-        return {"flags": changes["words"], "argv": changes["argv"], "remove": changes["remove"],
-                "launch_notes": changes["notes"]}
+        return {
+            "flags": changes["words"],
+            "argv": changes["argv"],
+            "remove": changes["remove"],
+            "launch_notes": changes["notes"],
+        }

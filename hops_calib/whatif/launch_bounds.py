@@ -52,9 +52,13 @@ class LaunchBounds:
         the same layers as v chunks, with more tasks' host time and hops: no less work), which prices in a tenth
         of the time; with full recomputation by blocks (k layers per chunk) not, as the chunks recompute more."""
         spec = None
-        if not tight and launch.chunks > 1 and (launch.first, launch.last, launch.accounted) == (
-                None, None, (False, False)) and (launch.levers is None or launch.levers.recompute[1] != "block") \
-                and self.spec_of(launch).model.recompute_method != "block":
+        if (
+            not tight
+            and launch.chunks > 1
+            and (launch.first, launch.last, launch.accounted) == (None, None, (False, False))
+            and (launch.levers is None or launch.levers.recompute[1] != "block")
+            and self.spec_of(launch).model.recompute_method != "block"
+        ):
             try:
                 spec, pipeline = self.priced(replace(launch, schedule="1f1b", chunks=1))
             except Refusal:
@@ -66,12 +70,16 @@ class LaunchBounds:
         work = [sum(stages[c * p + r].forward_ms + stages[c * p + r].backward_ms for c in range(v)) for r in range(p)]
         # under ZB-H1 (or auto) the last iteration's weight gradients may be deferred past the window's end
         deferred = launch.schedule in ("zb_h1", "auto")
-        last = [w - (sum(stages[c * p + r].weight_grad_ms for c in range(v)) if deferred else 0.0)
-                for r, w in enumerate(work)]
+        last = [
+            w - (sum(stages[c * p + r].weight_grad_ms for c in range(v)) if deferred else 0.0)
+            for r, w in enumerate(work)
+        ]
         optimizer = list(pipeline.optimizer_ms) or [0.0] * p
         tails = list(pipeline.grad_reduce_tail_ms) or [0.0] * p
-        after = [o + (max(t, pipeline.pre_optimizer_ms) + pipeline.post_ms(r) if tight else 0.0)
-                 for r, (o, t) in enumerate(zip(optimizer, tails))]
+        after = [
+            o + (max(t, pipeline.pre_optimizer_ms) + pipeline.post_ms(r) if tight else 0.0)
+            for r, (o, t) in enumerate(zip(optimizer, tails))
+        ]
         window = max((n - 1) * (m * w + a) + m * t for w, a, t in zip(work, after, last))
         if tight and pipeline.optimizer_barrier and launch.schedule in ("1f1b", "gpipe", "interleaved_1f1b"):
             forward = [stage.forward_ms for stage in stages[:p]]  # chunk 0's virtual stages, rank by rank

@@ -46,33 +46,53 @@ class Outcome:
     def to_dict(self) -> dict[str, Any]:
         launch = self.launch
         return {
-            "schedule": launch.schedule, "resolved_schedule": self.resolved, "chunks": launch.chunks,
-            "micro_batch_size": launch.micro_batch_size, "microbatches": self.microbatches,
-            "decoder_first_pipeline_num_layers": launch.first, "decoder_last_pipeline_num_layers": launch.last,
+            "schedule": launch.schedule,
+            "resolved_schedule": self.resolved,
+            "chunks": launch.chunks,
+            "micro_batch_size": launch.micro_batch_size,
+            "microbatches": self.microbatches,
+            "decoder_first_pipeline_num_layers": launch.first,
+            "decoder_last_pipeline_num_layers": launch.last,
             "account_for_embedding_in_pipeline_split": launch.accounted[0],
             "account_for_loss_in_pipeline_split": launch.accounted[1],
-            "layers_per_stage": list(self.layers_per_stage), "order": list(launch.order),
+            "layers_per_stage": list(self.layers_per_stage),
+            "order": list(launch.order),
             "throughput_samples_per_s": self.samples_per_s,
             "steady_throughput_samples_per_s": self.steady_samples_per_s,
-            "iteration_time_ms": self.iteration_ms, "idle_share": self.idle_share,
-            "schedule_bubble": self.schedule_bubble, "peak_memory_bytes_per_gpu": list(self.peak_memory_bytes),
-            "memory_bytes_per_gpu": list(self.memory_bytes), "fits": self.fits,
-            "flags": list(self.argv), "remove_flags": list(self.remove), "notes": list(self.launch_notes),
-            "changes": list(self.flags), "stage_map": self.stage_map,
+            "iteration_time_ms": self.iteration_ms,
+            "idle_share": self.idle_share,
+            "schedule_bubble": self.schedule_bubble,
+            "peak_memory_bytes_per_gpu": list(self.peak_memory_bytes),
+            "memory_bytes_per_gpu": list(self.memory_bytes),
+            "fits": self.fits,
+            "flags": list(self.argv),
+            "remove_flags": list(self.remove),
+            "notes": list(self.launch_notes),
+            "changes": list(self.flags),
+            "stage_map": self.stage_map,
             "expected_throughput_samples_per_s": self.expected_samples_per_s,
             "expected_throughput_ci95": list(self.expected_ci95) if self.expected_ci95 is not None else None,
             "p5_throughput_samples_per_s": self.p5_samples_per_s,
             "outside_calibration": list(self.outside) if self.outside is not None else None,
-            **({"tp": self.settings.tp, "pp": self.settings.pp, "dp": self.dp,
-                "recompute": self.settings.recompute_label(),
-                "recompute_granularity": self.settings.recompute[0], "recompute_method": self.settings.recompute[1],
-                "recompute_num_layers": self.settings.recompute[2],
-                "sequence_parallel": self.settings.sequence_parallel,
-                "distributed_optimizer": self.settings.distributed_optimizer,
-                "megatron_runnable": self.resolved in ("1f1b", "interleaved_1f1b")}
-               if self.settings is not None else {}),
-            "throughput_band_samples_per_s": ([self.samples_per_s * (1 - self.band), self.samples_per_s * (1 + self.band)]
-                                              if self.band else None),
+            **(
+                {
+                    "tp": self.settings.tp,
+                    "pp": self.settings.pp,
+                    "dp": self.dp,
+                    "recompute": self.settings.recompute_label(),
+                    "recompute_granularity": self.settings.recompute[0],
+                    "recompute_method": self.settings.recompute[1],
+                    "recompute_num_layers": self.settings.recompute[2],
+                    "sequence_parallel": self.settings.sequence_parallel,
+                    "distributed_optimizer": self.settings.distributed_optimizer,
+                    "megatron_runnable": self.resolved in ("1f1b", "interleaved_1f1b"),
+                }
+                if self.settings is not None
+                else {}
+            ),
+            "throughput_band_samples_per_s": (
+                [self.samples_per_s * (1 - self.band), self.samples_per_s * (1 + self.band)] if self.band else None
+            ),
         }
 
 

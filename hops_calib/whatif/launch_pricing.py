@@ -21,7 +21,7 @@ from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import Spec
-from hops_calib.whatif.cluster import Cluster, LinkBook
+from hops_calib.whatif.cluster import Cluster
 from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments
 from hops_calib.whatif.launch_bounds import LaunchBounds
 from hops_calib.whatif.launch_outcome import MAX_TASKS, Outcome, Refusal, _step_samples, _tasks_of
@@ -34,10 +34,20 @@ from hops_calib.whatif.launch_space import (
     divisors,
     layer_splits,
 )
+from hops_calib.whatif.link_book import LinkBook
 from hops_calib.whatif.perturbations import Perturbations
 
-__all__ = ["CUDA_CONTEXT_BYTES", "DEFAULT_HEADROOM_BYTES", "MAX_TASKS", "NCCL_BUFFER_BYTES", "NO_MEGATRON_FLAG",
-           "JobPlanner", "Outcome", "Refusal", "default_headroom_bytes"]
+__all__ = [
+    "CUDA_CONTEXT_BYTES",
+    "DEFAULT_HEADROOM_BYTES",
+    "MAX_TASKS",
+    "NCCL_BUFFER_BYTES",
+    "NO_MEGATRON_FLAG",
+    "JobPlanner",
+    "Outcome",
+    "Refusal",
+    "default_headroom_bytes",
+]
 
 
 # Memory a GPU holds besides what `model.memory` counts, left out of every pick by default:
@@ -51,7 +61,7 @@ __all__ = ["CUDA_CONTEXT_BYTES", "DEFAULT_HEADROOM_BYTES", "MAX_TASKS", "NCCL_BU
 # 1.5 GB in all (1.0 + 0.54, rounded down: the channels NCCL opens are fewer on small groups). A CPU device runs
 # no CUDA context and gloo keeps no such buffers: nothing.
 CUDA_CONTEXT_BYTES = 1.0e9
-NCCL_BUFFER_BYTES = 4 * 16 * 2 * 4 * 2 ** 20
+NCCL_BUFFER_BYTES = 4 * 16 * 2 * 4 * 2**20
 DEFAULT_HEADROOM_BYTES = 1.5e9
 
 
@@ -60,12 +70,17 @@ def default_headroom_bytes(device_type: str) -> float:
     return 0.0 if device_type.startswith("cpu") else DEFAULT_HEADROOM_BYTES
 
 
-
 class JobPlanner(LaunchArguments, LaunchBounds):
     """Prices launches of one job's model and global batch on its devices (see the module's docstring)."""
 
-    def __init__(self, job_dir: Path | str, model: Model, cluster: Cluster | None = None,
-                 memory_bytes: dict[str, float] | None = None, headroom_bytes: float | None = None):
+    def __init__(
+        self,
+        job_dir: Path | str,
+        model: Model,
+        cluster: Cluster | None = None,
+        memory_bytes: dict[str, float] | None = None,
+        headroom_bytes: float | None = None,
+    ):
         from hops_calib.spec import build_spec
         from hops_calib.trace import find_arguments, read_device_types
 
@@ -87,9 +102,12 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             try:
                 model.device(device_type)
             except KeyError:
-                raise InputError(str(self.job_dir), f"runs device type {device_type!r}, which model {model.name!r} "
-                                 "does not know", field="hardware.devices",
-                                 hint="add it to hops_calib/model/devices.toml or the model file's [devices]") from None
+                raise InputError(
+                    str(self.job_dir),
+                    f"runs device type {device_type!r}, which model {model.name!r} does not know",
+                    field="hardware.devices",
+                    hint="add it to hops_calib/model/devices.toml or the model file's [devices]",
+                ) from None
         self._cache: dict[Launch, Outcome | Refusal] = {}
         self._priced: dict[Launch, tuple[Spec, Any] | Refusal] = {}
         self._specs: dict[Launch, Spec | Refusal] = {}
@@ -97,20 +115,25 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         # each GPU's memory: the catalog's, or what the user gives per device type (headroom for the CUDA context)
         capacity = {t: (memory_bytes or {}).get(t, model.device(t).memory_bytes) for t in set(self.types.values())}
         # less the headroom for the CUDA context and NCCL's buffers (`default_headroom_bytes`, or --memory-headroom)
-        self.headroom_bytes = {t: default_headroom_bytes(t) if headroom_bytes is None else headroom_bytes
-                               for t in capacity}
+        self.headroom_bytes = {
+            t: default_headroom_bytes(t) if headroom_bytes is None else headroom_bytes for t in capacity
+        }
         self.capacity_bytes = capacity
         self.memory_bytes = {t: capacity[t] - self.headroom_bytes[t] for t in capacity}
         unknown = sorted(set(memory_bytes or {}) - set(self.types.values()))
         if unknown:
-            raise InputError("plan", f"device type {unknown[0]!r} runs no stage of {self.job_dir}",
-                             field="--device-memory", hint=f"the job's devices are {sorted(set(self.types.values()))}")
+            raise InputError(
+                "plan",
+                f"device type {unknown[0]!r} runs no stage of {self.job_dir}",
+                field="--device-memory",
+                hint=f"the job's devices are {sorted(set(self.types.values()))}",
+            )
 
     # --- the job's own launch -----------------------------------------------------------------------------------
     # (what its arguments say it is: `LaunchArguments.current`, `own_levers`)
 
     def relayout(self) -> str:
-        """"" when the job's tensor and pipeline parallel sizes may change (its ranks placed as torchrun places
+        """ "" when the job's tensor and pipeline parallel sizes may change (its ranks placed as torchrun places
         them, priced from that placement), else why they stay."""
         if len(set(self.types.values())) != 1:
             return "its stages run on several device types"
@@ -145,34 +168,50 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             return priced[pair]
 
         def swappable(a: str, b: str) -> bool:
-            if (self.types[a], self.nodes[a] if self.spec.nodes else "") != (
-                    self.types[b], self.nodes[b] if self.spec.nodes else "") or a in distinct or b in distinct:
+            if (
+                (self.types[a], self.nodes[a] if self.spec.nodes else "")
+                != (self.types[b], self.nodes[b] if self.spec.nodes else "")
+                or a in distinct
+                or b in distinct
+            ):
                 return False
-            return links(a, b) == links(b, a) and all(links(a, c) == links(b, c) and links(c, a) == links(c, b)
-                                                      for c in ids if c not in (a, b))
+            return links(a, b) == links(b, a) and all(
+                links(a, c) == links(b, c) and links(c, a) == links(c, b) for c in ids if c not in (a, b)
+            )
 
         kind = list(range(len(ids)))
         for j, b in enumerate(ids):
             kind[j] = next((kind[i] for i, a in enumerate(ids[:j]) if swappable(a, b)), j)
         return tuple(kind)
 
-    def space(self, schedules: Sequence[str] = SCHEDULES, orders: bool = True, splits: bool = True,
-              micro_batch_sizes: bool = True, distinct: Sequence[str] = ()) -> Space:
+    def space(
+        self,
+        schedules: Sequence[str] = SCHEDULES,
+        orders: bool = True,
+        splits: bool = True,
+        micro_batch_sizes: bool = True,
+        distinct: Sequence[str] = (),
+    ) -> Space:
         """The launches to search; devices named in `distinct` (slowed by a perturbation) are of a kind of their
         own."""
         spec = self.spec
         current = self.current()
-        return Space(devices=tuple(spec.device_ids) if orders else None, current_order=current.order,
-                     kinds=self.kinds(distinct) if orders else (),
-                     splits=tuple(layer_splits(spec.model.num_layers, spec.pp)) if splits
-                     else ((current.first, current.last),),
-                     sizes=tuple(divisors(spec.model.global_batch_size)) if micro_batch_sizes
-                     else (current.micro_batch_size,),
-                     schedules=tuple(schedules), layers=spec.model.num_layers, pp=spec.pp,
-                     batch=spec.model.global_batch_size, accounting=splits)
+        return Space(
+            devices=tuple(spec.device_ids) if orders else None,
+            current_order=current.order,
+            kinds=self.kinds(distinct) if orders else (),
+            splits=tuple(layer_splits(spec.model.num_layers, spec.pp)) if splits else ((current.first, current.last),),
+            sizes=tuple(divisors(spec.model.global_batch_size)) if micro_batch_sizes else (current.micro_batch_size,),
+            schedules=tuple(schedules),
+            layers=spec.model.num_layers,
+            pp=spec.pp,
+            batch=spec.model.global_batch_size,
+            accounting=splits,
+        )
 
-    def family_space(self, levers: Levers, schedules: Sequence[str], splits: bool, micro_batch_sizes: bool
-                     ) -> Space | None:
+    def family_space(
+        self, levers: Levers, schedules: Sequence[str], splits: bool, micro_batch_sizes: bool
+    ) -> Space | None:
         """The launches of one setting of the levers: its layer splits and micro-batch sizes (those dividing the
         batch of a replica), the schedules, at the job's own stage order when t and p are the job's, else with
         ranks placed as torchrun places them. None when no micro-batch size divides the batch."""
@@ -187,14 +226,27 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         current = self.current()
         placed = (levers.tp, levers.pp) != (own.tp, own.pp)
         order = self.placed_order(levers.pp) if placed else current.order
-        sizes = (tuple(divisors(batch // dp)) if micro_batch_sizes else
-                 (current.micro_batch_size,) if (batch // dp) % current.micro_batch_size == 0 else ())
+        sizes = (
+            tuple(divisors(batch // dp))
+            if micro_batch_sizes
+            else (current.micro_batch_size,)
+            if (batch // dp) % current.micro_batch_size == 0
+            else ()
+        )
         if not sizes:
             return None
-        return Space(devices=None, current_order=order,
-                     splits=tuple(layer_splits(layers, levers.pp)) if splits else ((None, None),),
-                     sizes=sizes, schedules=tuple(schedules), layers=layers, pp=levers.pp, batch=batch // dp,
-                     accounting=splits, levers=levers)
+        return Space(
+            devices=None,
+            current_order=order,
+            splits=tuple(layer_splits(layers, levers.pp)) if splits else ((None, None),),
+            sizes=sizes,
+            schedules=tuple(schedules),
+            layers=layers,
+            pp=levers.pp,
+            batch=batch // dp,
+            accounting=splits,
+            levers=levers,
+        )
 
     def families(self) -> list[Levers]:
         """Every setting of the levers Megatron takes for the job's model on its GPUs, the job's own first: t
@@ -210,16 +262,20 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         if not self.relayout():
             per_node = spec.gpus_per_node or spec.gpus
             groups = shape.num_query_groups or shape.num_attention_heads
-            layouts += [(t, p) for t in divisors(min(spec.gpus, per_node))
-                        if not (shape.num_attention_heads % t or groups % t or spec.gpus % t)
-                        for p in divisors(shape.num_layers) if (spec.gpus // t) % p == 0 and (t, p) != layouts[0]]
+            layouts += [
+                (t, p)
+                for t in divisors(min(spec.gpus, per_node))
+                if not (shape.num_attention_heads % t or groups % t or spec.gpus % t)
+                for p in divisors(shape.num_layers)
+                if (spec.gpus // t) % p == 0 and (t, p) != layouts[0]
+            ]
         found: list[Levers] = [own]
         for t, p in layouts:
             dp = spec.gpus // (t * p)
             recomputes = list(dict.fromkeys([*recompute_options(shape.num_layers // p), own.recompute]))
             for recompute in recomputes:
-                for sp in ((False, True) if t > 1 else (False,)):
-                    for dist in ((False, True) if dp > 1 else (own.distributed_optimizer,)):
+                for sp in (False, True) if t > 1 else (False,):
+                    for dist in (False, True) if dp > 1 else (own.distributed_optimizer,):
                         levers = Levers(t, p, recompute, sp, dist)
                         if levers != own:
                             found.append(levers)
@@ -234,14 +290,24 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         if launch.levers_placed:
             return self._placed_spec(launch)
         hops = self.book.hops(launch.order)
-        hardware = Hardware(devices=tuple(self.types[d] for d in launch.order), device_ids=launch.order,
-                            device_names=tuple(self.names[d] for d in launch.order) if any(self.names.values())
-                            else (), nodes=tuple(self.nodes[d] for d in launch.order), source=self.job_dir)
+        hardware = Hardware(
+            devices=tuple(self.types[d] for d in launch.order),
+            device_ids=launch.order,
+            device_names=tuple(self.names[d] for d in launch.order) if any(self.names.values()) else (),
+            nodes=tuple(self.nodes[d] for d in launch.order),
+            source=self.job_dir,
+        )
         try:
-            spec = spec_from_args(self.launch_args(launch), self.args_source, run_id=self.spec.run_id,
-                                  hardware=hardware, links=tuple(h.link for h in hops if h.link),
-                                  collectives=self.spec.collectives, iterations=self.spec.iterations,
-                                  ranks_per_device=self.spec.ranks_per_device)
+            spec = spec_from_args(
+                self.launch_args(launch),
+                self.args_source,
+                run_id=self.spec.run_id,
+                hardware=hardware,
+                links=tuple(h.link for h in hops if h.link),
+                collectives=self.spec.collectives,
+                iterations=self.spec.iterations,
+                ranks_per_device=self.spec.ranks_per_device,
+            )
         except (TraceError, ValueError) as error:
             raise Refusal(f"Megatron refuses the launch: {getattr(error, 'problem', None) or error}") from None
         if self.spec.cores and len(self.spec.cores) == spec.gpus:  # the capture's ranks on its cores, as launched
@@ -257,8 +323,10 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         # a hop no benchmark prices may lie within one node: the spec prices it from the node's all-reduce tables
         missing = [h for h in hops if h.link is None and spec.link(h.src_stage, h.dst_stage) is None]
         if missing:
-            raise Refusal(f"no link for host pair {missing[0].src_host or '?'} -> {missing[0].dst_host or '?'} "
-                          f"({missing[0].src_device} -> {missing[0].dst_device})")
+            raise Refusal(
+                f"no link for host pair {missing[0].src_host or '?'} -> {missing[0].dst_host or '?'} "
+                f"({missing[0].src_device} -> {missing[0].dst_device})"
+            )
         return spec
 
     def _placed_spec(self, launch: Launch) -> Spec:
@@ -270,8 +338,14 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         own = self.spec
         hardware = Hardware(gpu=next(iter(self.types.values())), gpus_per_node=own.gpus_per_node or own.gpus)
         try:
-            spec = spec_from_args(self.launch_args(launch), self.args_source, run_id=own.run_id, hardware=hardware,
-                                  collectives=own.collectives, iterations=own.iterations)
+            spec = spec_from_args(
+                self.launch_args(launch),
+                self.args_source,
+                run_id=own.run_id,
+                hardware=hardware,
+                collectives=own.collectives,
+                iterations=own.iterations,
+            )
         except (TraceError, ValueError) as error:
             raise Refusal(f"Megatron refuses the launch: {getattr(error, 'problem', None) or error}") from None
         return replace(spec, transport=own.transport)
@@ -287,8 +361,9 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             try:
                 found = self.candidate_spec(launch)
                 if _tasks_of(found) > MAX_TASKS:
-                    found = Refusal(f"more than {MAX_TASKS} tasks per iteration to simulate; a larger micro-batch "
-                                    "size has fewer")
+                    found = Refusal(
+                        f"more than {MAX_TASKS} tasks per iteration to simulate; a larger micro-batch size has fewer"
+                    )
             except Refusal as refusal:
                 found = refusal
             self._specs[key] = found
@@ -348,16 +423,29 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         caps = tuple(self.memory_bytes[t] for t in spec.devices)
         peaks = tuple(stage.total_bytes for stage in stage_memory(spec, caps, result.peak_stage_activations))
         return Outcome(
-            launch=launch, resolved=resolved, microbatches=spec.microbatches, layers_per_stage=spec.layers_per_stage,
-            samples_per_s=metrics.throughput_per_s * size, steady_samples_per_s=metrics.steady_throughput_per_s * size,
-            iteration_ms=metrics.iteration_time_ms, idle_share=metrics.bubble_ratio,
-            schedule_bubble=pipeline_schedule_bubble(pipeline, resolved), peak_memory_bytes=peaks,
-            memory_bytes=caps, **self.flags(launch),
+            launch=launch,
+            resolved=resolved,
+            microbatches=spec.microbatches,
+            layers_per_stage=spec.layers_per_stage,
+            samples_per_s=metrics.throughput_per_s * size,
+            steady_samples_per_s=metrics.steady_throughput_per_s * size,
+            iteration_ms=metrics.iteration_time_ms,
+            idle_share=metrics.bubble_ratio,
+            schedule_bubble=pipeline_schedule_bubble(pipeline, resolved),
+            peak_memory_bytes=peaks,
+            memory_bytes=caps,
+            **self.flags(launch),
             stage_map={} if launch.levers_placed else {str(k): d for k, d in enumerate(launch.order)},
-            settings=Levers(spec.tp, spec.pp, (spec.model.recompute_granularity, spec.model.recompute_method,
-                                               spec.model.recompute_num_layers),
-                            bool(spec.model.sequence_parallel), bool(spec.distributed_optimizer)),
-            dp=spec.dp, band=self.band)
+            settings=Levers(
+                spec.tp,
+                spec.pp,
+                (spec.model.recompute_granularity, spec.model.recompute_method, spec.model.recompute_num_layers),
+                bool(spec.model.sequence_parallel),
+                bool(spec.distributed_optimizer),
+            ),
+            dp=spec.dp,
+            band=self.band,
+        )
 
     def pipeline(self, spec: Spec):
         try:
@@ -372,5 +460,9 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         launch = outcome.launch
         spec, pipeline = self.priced(launch)
         estimate = perturbations.estimate(pipeline, outcome.resolved, launch.order).scaled(_step_samples(launch, spec))
-        return replace(outcome, expected_samples_per_s=estimate.expected, p5_samples_per_s=estimate.p5,
-                       expected_ci95=(estimate.low, estimate.high))
+        return replace(
+            outcome,
+            expected_samples_per_s=estimate.expected,
+            p5_samples_per_s=estimate.p5,
+            expected_ci95=(estimate.low, estimate.high),
+        )

@@ -18,8 +18,9 @@ from hops_calib.whatif.launch_space import Launch, Space
 EXHAUSTIVE_LIMIT = 10000
 
 
-def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], trials: int, seed: int,
-                   progress: Progress) -> None:
+def _optuna_search(
+    space: Space, score: Callable[[Launch], Outcome | None], trials: int, seed: int, progress: Progress
+) -> None:
     """A seeded TPE study over the space's dimensions: the stage order as a random key per device (sorting the keys
     gives the order, so TPE can learn that a device belongs early or late), the micro-batch size, the schedule (with
     its chunks) and the split. A combination outside the space (an interleaved launch Megatron refuses), a candidate
@@ -31,7 +32,8 @@ def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], tria
     schedules = sorted({(schedule, chunks) for _, _, _, schedule, chunks, _ in shapes})
     # the split as one dimension: the space's first/last settings, then the even split's accounted variants
     splits = [(first, last, (False, False)) for first, last in space.splits] + [
-        (None, None, accounted) for accounted in ((True, False), (False, True), (True, True)) if space.accounting]
+        (None, None, accounted) for accounted in ((True, False), (False, True), (True, True)) if space.accounting
+    ]
     devices = space.devices if space.devices is not None else space.current_order
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
     progress.start(trials)
@@ -56,9 +58,16 @@ def _optuna_search(space: Space, score: Callable[[Launch], Outcome | None], tria
     study.optimize(objective, n_trials=trials)
 
 
-def _local_search(space: Space, score: Callable[[Launch], Outcome | None], starts: Sequence[Outcome],
-                  known: Callable[[Launch], bool], budget: int, progress: Progress = QUIET, done: int = 0,
-                  max_steps: int = 50) -> tuple[int, AscentStop | None]:
+def _local_search(
+    space: Space,
+    score: Callable[[Launch], Outcome | None],
+    starts: Sequence[Outcome],
+    known: Callable[[Launch], bool],
+    budget: int,
+    progress: Progress = QUIET,
+    done: int = 0,
+    max_steps: int = 50,
+) -> tuple[int, AscentStop | None]:
     """Coordinate ascent from each start that fits: evaluate every launch that differs from the current one in the
     order only (every distinct order up to `ALL_ORDERS` of them, else every swap of two stages) or in the shape only
     (every split, schedule and micro-batch size of the space), nearest first (the fewest of schedule, micro-batch
@@ -72,8 +81,12 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
     def nearness(a: Launch, b: Launch) -> tuple[int, tuple[bool, ...]]:
         """How many of the schedule, the micro-batch size, the order and the split differ, then which: the
         schedule's changes first, the split's last."""
-        changed = ((a.schedule, a.chunks) != (b.schedule, b.chunks), a.micro_batch_size != b.micro_batch_size,
-                   a.order != b.order, (a.first, a.last, a.accounted) != (b.first, b.last, b.accounted))
+        changed = (
+            (a.schedule, a.chunks) != (b.schedule, b.chunks),
+            a.micro_batch_size != b.micro_batch_size,
+            a.order != b.order,
+            (a.first, a.last, a.accounted) != (b.first, b.last, b.accounted),
+        )
         return sum(changed), tuple(not flag for flag in changed)
 
     for index, start in enumerate(starts):
@@ -94,8 +107,10 @@ def _local_search(space: Space, score: Callable[[Launch], Outcome | None], start
             else:
                 orders = []
             neighbours = [replace(launch, order=order) for order in orders]
-            neighbours += [Launch(launch.order, first, last, schedule, chunks, size, accounted, launch.levers)
-                           for size, first, last, schedule, chunks, accounted in shapes]
+            neighbours += [
+                Launch(launch.order, first, last, schedule, chunks, size, accounted, launch.levers)
+                for size, first, last, schedule, chunks, accounted in shapes
+            ]
             # each once, the launch itself not its own neighbour (its order and its shape are among the candidates)
             neighbours = [n for n in dict.fromkeys(neighbours) if n != launch]
             # nearest first (one change: the schedule, the micro-batch size, the order, the split; then two, ...):

@@ -39,8 +39,11 @@ class Levers:
         return "selective" if granularity == "selective" else f"full {method} {layers}"
 
     def label(self) -> str:
-        return (f"t{self.tp} p{self.pp}, recompute {self.recompute_label()}"
-                + (", SP" if self.sequence_parallel else "") + (", dist-opt" if self.distributed_optimizer else ""))
+        return (
+            f"t{self.tp} p{self.pp}, recompute {self.recompute_label()}"
+            + (", SP" if self.sequence_parallel else "")
+            + (", dist-opt" if self.distributed_optimizer else "")
+        )
 
 
 def recompute_options(layers_per_chunk: int) -> list[tuple[str | None, str | None, int | None]]:
@@ -50,8 +53,12 @@ def recompute_options(layers_per_chunk: int) -> list[tuple[str | None, str | Non
     blocks = list(range(1, layers_per_chunk))
     if len(blocks) > 4:
         blocks = sorted({blocks[round(i * (len(blocks) - 1) / 3)] for i in range(4)})
-    return [(None, None, None), ("selective", None, None), *(("full", "block", k) for k in blocks),
-            ("full", "uniform", 1)]
+    return [
+        (None, None, None),
+        ("selective", None, None),
+        *(("full", "block", k) for k in blocks),
+        ("full", "uniform", 1),
+    ]
 
 
 @dataclass(frozen=True)
@@ -70,8 +77,13 @@ class Launch:
     def label(self) -> str:
         pinned = [f"{end} stage {n} layers" for end, n in (("first", self.first), ("last", self.last)) if n is not None]
         pieces = [piece for piece, on in zip(("embedding", "loss"), self.accounted) if on]
-        split = (" and ".join(pinned) + ", the rest even" if pinned
-                 else f"even with the {' and '.join(pieces)} as a layer" if pieces else "even")
+        split = (
+            " and ".join(pinned) + ", the rest even"
+            if pinned
+            else f"even with the {' and '.join(pieces)} as a layer"
+            if pieces
+            else "even"
+        )
         schedule = f"{self.schedule} v={self.chunks}" if self.chunks > 1 else self.schedule
         where = "ranks placed by torchrun" if self.levers_placed else f"order {'-'.join(self.order)}"
         levers = f"{self.levers.label()}, " if self.levers is not None else ""
@@ -87,9 +99,12 @@ def layer_splits(num_layers: int, pp: int) -> list[tuple[int | None, int | None]
     """Every split Megatron launches: even, or the first and/or last stage pinned with the rest spread evenly
     (each stage at least one layer)."""
     if num_layers > MAX_SPLIT_LAYERS:
-        raise InputError("plan", f"{num_layers} layers have about {num_layers ** 2} first/last settings to search",
-                         field="--keep-split", hint=f"keep the job's split (--keep-split) above {MAX_SPLIT_LAYERS} "
-                                                    "layers")
+        raise InputError(
+            "plan",
+            f"{num_layers} layers have about {num_layers**2} first/last settings to search",
+            field="--keep-split",
+            hint=f"keep the job's split (--keep-split) above {MAX_SPLIT_LAYERS} layers",
+        )
     return list(_layer_splits(num_layers, pp))
 
 
@@ -121,8 +136,9 @@ MAX_SPLIT_LAYERS = 512  # layer splits are searched up to this depth (the settin
 ACCOUNTING_FLAGS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
 
 
-def accounted_splits(num_layers: int, pp: int, chunks: int = 1, taken: Iterable[tuple[int, ...]] = ()
-                     ) -> list[tuple[bool, bool]]:
+def accounted_splits(
+    num_layers: int, pp: int, chunks: int = 1, taken: Iterable[tuple[int, ...]] = ()
+) -> list[tuple[bool, bool]]:
     """The (embedding, loss) accounting Megatron runs on `num_layers` over `pp` ranks of `chunks` model chunks,
     besides none: the layers plus the pieces counted divide evenly over the virtual stages, and the first and last
     keep a layer to give up (`spec.stage_layers.layers_accounting`, Megatron's get_num_layers_to_build). One that
@@ -141,8 +157,9 @@ def accounted_splits(num_layers: int, pp: int, chunks: int = 1, taken: Iterable[
             split = layers_accounting(num_layers, pp, chunks, *accounted)
         except LayoutError:
             continue
-        layers = split.per_virtual_stage or (split.per_rank if chunks == 1 else tuple(
-            split.per_rank[k % pp] // chunks for k in range(pp * chunks)))
+        layers = split.per_virtual_stage or (
+            split.per_rank if chunks == 1 else tuple(split.per_rank[k % pp] // chunks for k in range(pp * chunks))
+        )
         if layers not in seen:
             seen.add(layers)
             found.append(accounted)
@@ -158,8 +175,9 @@ def _taken(num_layers: int, pp: int, splits: tuple[tuple[int | None, int | None]
 
 
 @functools.lru_cache(maxsize=1024)
-def _accounted(num_layers: int, pp: int, chunks: int, taken: tuple[tuple[int, ...], ...] = ()
-               ) -> tuple[tuple[bool, bool], ...]:
+def _accounted(
+    num_layers: int, pp: int, chunks: int, taken: tuple[tuple[int, ...], ...] = ()
+) -> tuple[tuple[bool, bool], ...]:
     return tuple(accounted_splits(num_layers, pp, chunks, taken))
 
 
@@ -246,7 +264,7 @@ class Space:
             while sequence[j] <= sequence[i]:
                 j -= 1
             sequence[i], sequence[j] = sequence[j], sequence[i]
-            sequence[i + 1:] = reversed(sequence[i + 1:])
+            sequence[i + 1 :] = reversed(sequence[i + 1 :])
 
     def shapes(self) -> list[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]]:
         """(micro batch size, first, last, schedule, chunks, accounted) of every launch of one order."""
@@ -267,12 +285,16 @@ class Space:
                     for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
                         if m % self.pp == 0:
                             out += [(size, None, None, schedule, v, none)] if self.layers % (self.pp * v) == 0 else []
-                            out += [(size, None, None, schedule, v, accounted) for accounted
-                                    in (_accounted(self.layers, self.pp, v) if self.accounting else ())]
+                            out += [
+                                (size, None, None, schedule, v, accounted)
+                                for accounted in (_accounted(self.layers, self.pp, v) if self.accounting else ())
+                            ]
                 else:
                     out += [(size, first, last, schedule, 1, none) for first, last in self.splits]
-                    out += [(size, None, None, schedule, 1, accounted) for accounted
-                            in (one_chunk if self.accounting else ())]
+                    out += [
+                        (size, None, None, schedule, 1, accounted)
+                        for accounted in (one_chunk if self.accounting else ())
+                    ]
         return tuple(out)
 
     def __len__(self) -> int:

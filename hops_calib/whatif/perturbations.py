@@ -50,8 +50,13 @@ class Estimate:
         return 100 * (self.high - self.low) / 2 / self.expected if self.expected > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {"expected": self.expected, "expected_ci95": [self.low, self.high],
-                "expected_ci95_half_width_pct": self.half_width_pct, "p5": self.p5, "draws": self.draws}
+        return {
+            "expected": self.expected,
+            "expected_ci95": [self.low, self.high],
+            "expected_ci95_half_width_pct": self.half_width_pct,
+            "p5": self.p5,
+            "draws": self.draws,
+        }
 
 
 # Iterations of a run the failures strike when neither the launch (--train-iters) nor --run-iterations says.
@@ -80,10 +85,14 @@ class Perturbations:
 
     def pipeline(self, pipeline: Pipeline, order: Sequence[str]) -> Pipeline:
         """`pipeline` (stages run by the devices of `order`) with the slow devices and links that are in it."""
-        devices = [SlowDevice(list(order).index(device), factor) for device, factor in self.slow_devices
-                   if device in order]
-        links = [SlowLink(list(order).index(a), list(order).index(b), factor) for a, b, factor in self.slow_links
-                 if a in order and b in order]
+        devices = [
+            SlowDevice(list(order).index(device), factor) for device, factor in self.slow_devices if device in order
+        ]
+        links = [
+            SlowLink(list(order).index(a), list(order).index(b), factor)
+            for a, b, factor in self.slow_links
+            if a in order and b in order
+        ]
         return perturbed(pipeline, devices, links)
 
     def results(self, pipeline: Pipeline, schedule: str, order: Sequence[str]) -> list[SimResult]:
@@ -92,8 +101,11 @@ class Perturbations:
         rng = np.random.default_rng(self.seed)
         out = []
         for _ in range(self.samples if self.stragglers is not None else 1):
-            factors = (straggler_factors(self.stragglers, slowed.iterations, slowed.ranks, rng)
-                       if self.stragglers is not None else None)
+            factors = (
+                straggler_factors(self.stragglers, slowed.iterations, slowed.ranks, rng)
+                if self.stragglers is not None
+                else None
+            )
             out.append(simulate(slowed, schedule, compute_factors=factors))
         return out
 
@@ -120,27 +132,40 @@ class Perturbations:
         interval and the draws' 5th percentile (see `Estimate`)."""
         results = self.results(pipeline, schedule, order)
         periods = np.array([pipeline.microbatches / r.metrics().throughput_per_s * 1e3 for r in results])
-        walls = np.array([expected_failure_wall_ms(period, self.run_iterations, self.failures, self.checkpoint_every)
-                          for period in periods])
+        walls = np.array(
+            [
+                expected_failure_wall_ms(period, self.run_iterations, self.failures, self.checkpoint_every)
+                for period in periods
+            ]
+        )
         work = pipeline.microbatches * self.run_iterations * 1e3  # microbatches, per ms -> per s
         mean = float(walls.mean())
         half = Z95 * float(walls.std(ddof=1)) / np.sqrt(len(walls)) if len(walls) > 1 else 0.0
         p5 = float(np.percentile(self.throughputs(pipeline, schedule, order), 5))
-        return Estimate(work / mean, work / (mean + half), work / (mean - half) if mean > half else np.inf, p5,
-                        len(results) * (self.samples if self.failures and len(results) == 1 else 1))
+        return Estimate(
+            work / mean,
+            work / (mean + half),
+            work / (mean - half) if mean > half else np.inf,
+            p5,
+            len(results) * (self.samples if self.failures and len(results) == 1 else 1),
+        )
 
     def describe(self) -> str:
         parts = [f"{device} {factor:g}x slower" for device, factor in self.slow_devices]
-        parts += [f"hop {a}-{b} {factor:g}x slower (where they are neighbouring stages)" for a, b, factor
-                  in self.slow_links]
+        parts += [
+            f"hop {a}-{b} {factor:g}x slower (where they are neighbouring stages)" for a, b, factor in self.slow_links
+        ]
         if self.stragglers is not None:
             s = self.stragglers
-            parts.append(f"random stragglers (each GPU, each iteration, chance {s.probability:g}, {s.low:g}-"
-                         f"{s.high:g}x)")
+            parts.append(
+                f"random stragglers (each GPU, each iteration, chance {s.probability:g}, {s.low:g}-{s.high:g}x)"
+            )
         parts += [f"{f.what} fails {f.rate_per_hour:g}/h, {f.recovery_s:g} s to recover" for f in self.failures]
         if self.failures:
-            parts.append(f"checkpoint every {self.checkpoint_every} iteration(s), over {self.run_iterations} "
-                         f"iterations ({self.run_iterations_from or 'default'})")
+            parts.append(
+                f"checkpoint every {self.checkpoint_every} iteration(s), over {self.run_iterations} "
+                f"iterations ({self.run_iterations_from or 'default'})"
+            )
         if self.random:
             parts.append(f"{self.samples} seeded draws (seed {self.seed})")
         return "; ".join(parts) or "none"

@@ -46,8 +46,9 @@ class Candidate:
 
 # The JSON key of peak activations, in stage microbatches (the what-if's too): the unit is in the name.
 PEAK_KEY = "peak_activations_stage_microbatches"
-PEAK_UNIT = ("microbatches of a whole stage's activations (an interleaved model chunk, 1/v of the stage's layers, "
-             "counts 1/v)")
+PEAK_UNIT = (
+    "microbatches of a whole stage's activations (an interleaved model chunk, 1/v of the stage's layers, counts 1/v)"
+)
 
 
 @dataclass(frozen=True)
@@ -81,33 +82,60 @@ SIMULATE_UP_TO_TASKS = 20_000
 MAX_SIMULATED_TASKS = 1 << 20
 
 
-def _evaluate(schedule: str, stages: int, microbatches: int, forward: float, backward: float, weight_grad: float,
-              chunks: int = 1, flush: int | None = None) -> Candidate:
+def _evaluate(
+    schedule: str,
+    stages: int,
+    microbatches: int,
+    forward: float,
+    backward: float,
+    weight_grad: float,
+    chunks: int = 1,
+    flush: int | None = None,
+) -> Candidate:
     size = flush or microbatches
     tasks = (3 if schedule == "zb_h1" else 2) * stages * chunks * microbatches
-    if tasks > SIMULATE_UP_TO_TASKS and closed_form_holds(schedule, stages, microbatches, forward, backward,
-                                                          weight_grad, chunks):
+    if tasks > SIMULATE_UP_TO_TASKS and closed_form_holds(
+        schedule, stages, microbatches, forward, backward, weight_grad, chunks
+    ):
         makespan = balanced_makespan(schedule, stages, microbatches, forward, backward, weight_grad, chunks, flush)
         peak = max(peak_activations(schedule, stages, microbatches, chunks, flush)) / chunks
         bubble = 1.0 - microbatches * (forward + backward) / makespan
     else:
         if tasks > MAX_SIMULATED_TASKS:
-            raise ValueError(f"{schedule} on --stages {stages} x --chunks {chunks} x --microbatches {microbatches} "
-                             f"has {tasks} tasks, and its closed form does not hold there; the planner simulates at "
-                             f"most {MAX_SIMULATED_TASKS} (about 25 s and 2 GB at the limit): plan a smaller "
-                             "pipeline, or fewer microbatches (the bubble depends on their ratio to the stages)")
-        result = simulate(balanced_pipeline(stages, microbatches, forward, backward, weight_grad, chunks=chunks),
-                          schedule, gpipe_flush=flush)
+            raise ValueError(
+                f"{schedule} on --stages {stages} x --chunks {chunks} x --microbatches {microbatches} "
+                f"has {tasks} tasks, and its closed form does not hold there; the planner simulates at "
+                f"most {MAX_SIMULATED_TASKS} (about 25 s and 2 GB at the limit): plan a smaller "
+                "pipeline, or fewer microbatches (the bubble depends on their ratio to the stages)"
+            )
+        result = simulate(
+            balanced_pipeline(stages, microbatches, forward, backward, weight_grad, chunks=chunks),
+            schedule,
+            gpipe_flush=flush,
+        )
         makespan, peak = result.makespan_ms, max(result.peak_stage_activations)
         bubble = result.metrics().bubble_ratio
     return Candidate(
-        schedule=schedule, flushes=math.ceil(microbatches / size), flush_size=min(size, microbatches),
-        peak_activations=peak, makespan=makespan, bubble=bubble, utilization=1.0 - bubble,
+        schedule=schedule,
+        flushes=math.ceil(microbatches / size),
+        flush_size=min(size, microbatches),
+        peak_activations=peak,
+        makespan=makespan,
+        bubble=bubble,
+        utilization=1.0 - bubble,
     )
 
 
-def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: float = 1.0, backward_cost: float = 2.0,
-         weight_grad_cost: float = 0.0, chunks: int = 1, target_bubble: float | None = None) -> Plan:
+def plan(
+    stages: int,
+    microbatches: int,
+    memory_budget: float,
+    forward_cost: float = 1.0,
+    backward_cost: float = 2.0,
+    weight_grad_cost: float = 0.0,
+    chunks: int = 1,
+    target_bubble: float | None = None,
+) -> Plan:
     """Enumerate the schedules that fit `memory_budget` stage microbatches of activations per device; choose the
     lowest bubble.
 
@@ -118,14 +146,23 @@ def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: flo
         if value < 1:
             raise ValueError(f"--{name} must be at least 1 (got {value})")
     if not math.isfinite(memory_budget) or memory_budget < 1:
-        raise ValueError(f"--memory-budget must be a finite number of stage microbatches, at least 1 (got "
-                         f"{memory_budget}); a budget of --microbatches or more means no memory limit")
+        raise ValueError(
+            f"--memory-budget must be a finite number of stage microbatches, at least 1 (got "
+            f"{memory_budget}); a budget of --microbatches or more means no memory limit"
+        )
     costs_given = (forward_cost, backward_cost, weight_grad_cost)
-    if not all(math.isfinite(c) for c in costs_given) or forward_cost < 0 or backward_cost < 0 \
-            or not 0 <= weight_grad_cost <= backward_cost or forward_cost + backward_cost == 0:
-        raise ValueError("costs must be finite and >= 0, forward + backward > 0 (a pipeline with no work has no "
-                         "bubble to compare), and --weight-grad-cost must not exceed --backward-cost "
-                         f"(got forward {forward_cost}, backward {backward_cost}, weight grad {weight_grad_cost})")
+    if (
+        not all(math.isfinite(c) for c in costs_given)
+        or forward_cost < 0
+        or backward_cost < 0
+        or not 0 <= weight_grad_cost <= backward_cost
+        or forward_cost + backward_cost == 0
+    ):
+        raise ValueError(
+            "costs must be finite and >= 0, forward + backward > 0 (a pipeline with no work has no "
+            "bubble to compare), and --weight-grad-cost must not exceed --backward-cost "
+            f"(got forward {forward_cost}, backward {backward_cost}, weight grad {weight_grad_cost})"
+        )
     costs = (stages, microbatches, forward_cost, backward_cost, weight_grad_cost)
     evaluated = [_evaluate("1f1b", *costs), _evaluate("gpipe", *costs)]
     # GPipe within the budget: the fewest flushes, split as evenly as the flush size allows.
@@ -148,8 +185,13 @@ def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: flo
             fitting.append(candidate)
         else:
             label = candidate.schedule + (f" (flush {candidate.flush_size})" if candidate.schedule == "gpipe" else "")
-            rejected.append(Rejected(label, f"needs {candidate.peak_activations:g} stage microbatches of activations "
-                                            f"on its fullest device; the budget is {memory_budget:g}"))
+            rejected.append(
+                Rejected(
+                    label,
+                    f"needs {candidate.peak_activations:g} stage microbatches of activations "
+                    f"on its fullest device; the budget is {memory_budget:g}",
+                )
+            )
     fitting.sort(key=lambda c: (round(c.bubble, 12), c.peak_activations, PREFERENCE.index(c.schedule)))
     closed_form = {"bubble_1f1b": bubble_fraction(stages, microbatches)}
     if chunks > 1:
@@ -158,5 +200,3 @@ def plan(stages: int, microbatches: int, memory_budget: float, forward_cost: flo
         closed_form["target_bubble"] = target_bubble
         closed_form["microbatches_for_target_bubble"] = microbatches_for_bubble(stages, target_bubble)
     return Plan(chosen=fitting[0], candidates=tuple(fitting), rejected=tuple(rejected), closed_form=closed_form)
-
-

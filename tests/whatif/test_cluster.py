@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hops_calib.whatif.cluster import (
-    Cluster, Device, Link, Node, cluster_from_jobs, cluster_yaml, read_cluster, relinked, unpriced_hint,
-)
+from hops_calib.whatif.cluster import Cluster, Device, Link, Node, cluster_from_jobs, cluster_yaml, read_cluster
+from hops_calib.whatif.link_book import relinked, unpriced_hint
 from hops_calib.errors import InputError
 from hops_calib.spec import build_spec
 from hops_calib.trace.job import find_job_dirs

@@ -34,8 +34,14 @@ def softmax_fused(spec: Spec) -> bool:
     shape = spec.model
     s = shape.seq_length
     attention_batches = shape.micro_batch_size * (shape.num_attention_heads // max(1, shape.tensor_parallel))
-    return (softmax_fusion_asked(spec) and shape.precision in ("fp16", "bf16") and 16 < s <= 4096 and s % 4 == 0
-            and attention_batches % 4 == 0 and attention_batches % softmax_batch_per_block(s) == 0)
+    return (
+        softmax_fusion_asked(spec)
+        and shape.precision in ("fp16", "bf16")
+        and 16 < s <= 4096
+        and s % 4 == 0
+        and attention_batches % 4 == 0
+        and attention_batches % softmax_batch_per_block(s) == 0
+    )
 
 
 def softmax_fallback(spec: Spec) -> bool:
@@ -101,19 +107,55 @@ class AttentionScoreTraffic(Term):
     params = (
         Param("passes_forward", 6.0, 0.0, 30.0, "passes", "16-bit passes over the score matrix in a layer's forward"),
         Param("passes_backward", 8.0, 0.0, 40.0, "passes", "16-bit passes over the score matrix in a layer's backward"),
-        Param("memory_efficiency", 1.0, 0.05, 1.0, "fraction of peak",
-              "achieved fraction of the device memory bandwidth in the score passes (streaming kernels reach 0.8-0.9)"),
-        Param("fused_passes_forward", 4.0, 0.0, 30.0, "passes",
-              "16-bit passes over the score matrix in a layer's forward with the fused scale-mask-softmax kernel"),
-        Param("fused_passes_backward", 7.0, 0.0, 40.0, "passes",
-              "16-bit passes over the score matrix in a layer's backward with the fused scale-mask-softmax kernel"),
-        Param("dropout_passes_forward", 2.5, 0.0, 10.0, "passes",
-              "16-bit passes over the score matrix of attention dropout's forward (read, write, one-byte mask)"),
-        Param("dropout_passes_backward", 2.5, 0.0, 10.0, "passes",
-              "16-bit passes over the score matrix of attention dropout's backward (gradient and mask read, write)"),
-        Param("fallback_host_ms", 0.0, 0.0, 5.0, "ms",
-              "host time per layer and direction the unfused softmax's separate ops add when a 16-bit launch's shape "
-              "does not fit the fused kernel it asked for (on the launch floor)"),
+        Param(
+            "memory_efficiency",
+            1.0,
+            0.05,
+            1.0,
+            "fraction of peak",
+            "achieved fraction of the device memory bandwidth in the score passes (streaming kernels reach 0.8-0.9)",
+        ),
+        Param(
+            "fused_passes_forward",
+            4.0,
+            0.0,
+            30.0,
+            "passes",
+            "16-bit passes over the score matrix in a layer's forward with the fused scale-mask-softmax kernel",
+        ),
+        Param(
+            "fused_passes_backward",
+            7.0,
+            0.0,
+            40.0,
+            "passes",
+            "16-bit passes over the score matrix in a layer's backward with the fused scale-mask-softmax kernel",
+        ),
+        Param(
+            "dropout_passes_forward",
+            2.5,
+            0.0,
+            10.0,
+            "passes",
+            "16-bit passes over the score matrix of attention dropout's forward (read, write, one-byte mask)",
+        ),
+        Param(
+            "dropout_passes_backward",
+            2.5,
+            0.0,
+            10.0,
+            "passes",
+            "16-bit passes over the score matrix of attention dropout's backward (gradient and mask read, write)",
+        ),
+        Param(
+            "fallback_host_ms",
+            0.0,
+            0.0,
+            5.0,
+            "ms",
+            "host time per layer and direction the unfused softmax's separate ops add when a 16-bit launch's shape "
+            "does not fit the fused kernel it asked for (on the launch floor)",
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -121,8 +163,9 @@ class AttentionScoreTraffic(Term):
         if shape.attention_kernel == "flash":  # a fused kernel keeps the scores on chip: no traffic of its own
             return Contribution()
         # a / t heads per GPU of a tensor-parallel group
-        score_bytes = (shape.micro_batch_size * shape.num_attention_heads * shape.seq_length ** 2
-                       * gpt.bytes_per_element(shape)) / shape.tensor_parallel
+        score_bytes = (
+            shape.micro_batch_size * shape.num_attention_heads * shape.seq_length**2 * gpt.bytes_per_element(shape)
+        ) / shape.tensor_parallel
         kind = "fused_passes" if softmax_fused(context.spec) else "passes"
         passes_forward, passes_backward = params[f"{kind}_forward"], params[f"{kind}_backward"]
         if attention_dropout(context.spec) > 0:
@@ -136,8 +179,16 @@ class AttentionScoreTraffic(Term):
             backward.append(layers * passes_backward * pass_ms)
         # The fallback's extra ops are host launches: they raise the layers' launch floor (each direction, and the
         # recomputed forward's with it), which binds where the GPU work is short.
-        floor = tuple(layers * params["fallback_host_ms"] for layers in context.layout.layers) \
-            if params["fallback_host_ms"] and softmax_fallback(context.spec) else ()
+        floor = (
+            tuple(layers * params["fallback_host_ms"] for layers in context.layout.layers)
+            if params["fallback_host_ms"] and softmax_fallback(context.spec)
+            else ()
+        )
         # Every pass of the forward is the attention core's (selective recomputation redoes them all).
-        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), attention_core_ms=tuple(forward),
-                            forward_floor_ms=floor, backward_floor_ms=floor)
+        return Contribution(
+            forward_ms=tuple(forward),
+            backward_ms=tuple(backward),
+            attention_core_ms=tuple(forward),
+            forward_floor_ms=floor,
+            backward_floor_ms=floor,
+        )

@@ -47,10 +47,13 @@ class Param:
     def __post_init__(self) -> None:
         if not self.low <= self.default <= self.high:
             raise ValueError(f"parameter {self.name}: default {self.default} outside [{self.low}, {self.high}]")
-        if self.choices and (self.default not in self.choices
-                             or not all(self.low <= c <= self.high for c in self.choices)):
-            raise ValueError(f"parameter {self.name}: choices {self.choices} must hold the default and lie in "
-                             f"[{self.low}, {self.high}]")
+        if self.choices and (
+            self.default not in self.choices or not all(self.low <= c <= self.high for c in self.choices)
+        ):
+            raise ValueError(
+                f"parameter {self.name}: choices {self.choices} must hold the default and lie in "
+                f"[{self.low}, {self.high}]"
+            )
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,10 @@ def layout_of(spec: Spec) -> Layout:
     layers: list[int] = [0] * (spec.pp * spec.vp)
     for rank, on_rank in enumerate(spec.layers_per_stage):
         if on_rank % spec.vp:
-            raise ValueError(f"spec {spec.run_id}: rank {rank} has {on_rank} layers, not divisible into vp={spec.vp} "
-                             "equal chunks (Megatron refuses such a split)")
+            raise ValueError(
+                f"spec {spec.run_id}: rank {rank} has {on_rank} layers, not divisible into vp={spec.vp} "
+                "equal chunks (Megatron refuses such a split)"
+            )
         for chunk in range(spec.vp):
             layers[chunk * spec.pp + rank] = on_rank // spec.vp
     return Layout(ranks=spec.pp, chunks=spec.vp, layers=tuple(layers))
@@ -158,11 +163,21 @@ class Contribution:
     host_after_receive_only: bool | None = None
 
     # The per-virtual-stage fields of the decoder layers' work and its floors: what a superseding term takes over.
-    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("forward_ms", "backward_ms", "weight_grad_ms", "attention_core_ms",
-                                               "forward_floor_ms", "backward_floor_ms")
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = (
+        "forward_ms",
+        "backward_ms",
+        "weight_grad_ms",
+        "attention_core_ms",
+        "forward_floor_ms",
+        "backward_floor_ms",
+    )
 
-    SWITCHES: ClassVar[tuple[str, ...]] = ("blocking_p2p", "iteration_barrier", "optimizer_barrier",
-                                           "host_after_receive_only")
+    SWITCHES: ClassVar[tuple[str, ...]] = (
+        "blocking_p2p",
+        "iteration_barrier",
+        "optimizer_barrier",
+        "host_after_receive_only",
+    )
 
     # Which length each per-place field must have, as a Layout attribute name.
     LENGTHS: ClassVar[dict[str, str]] = {

@@ -25,19 +25,28 @@ from hops_calib.spec import Spec
 def kernel_settings(spec: Spec) -> KernelSettings:
     """The kernel settings of a spec's launch (`kernels.settings_from_args`, with the attention and elementwise
     terms' readings of the fused softmax and the gradient-accumulation fusion)."""
-    return settings_from_args(spec.megatron_args, softmax_fused=softmax_fused(spec),
-                              gradient_accumulation_fusion=gradient_accumulation_fused(spec.megatron_args))
+    return settings_from_args(
+        spec.megatron_args,
+        softmax_fused=softmax_fused(spec),
+        gradient_accumulation_fusion=gradient_accumulation_fused(spec.megatron_args),
+    )
 
 
 def rates_of(params: Mapping[str, float], device_type: str) -> Rates:
     """The pricing rates of one device type from the term's parameters (NAME@TYPE overrides first)."""
+
     def value(name: str) -> float:
         return Term.value(params, name, device_type)
 
-    return Rates(gemm_efficiency=value("gemm_efficiency"), gemm_k_half=value("gemm_k_half"),
-                 memory_efficiency=value("memory_efficiency"), kernel_latency_us=value("kernel_latency_us"),
-                 flash_forward_efficiency=value("flash_forward_efficiency"),
-                 flash_backward_efficiency=value("flash_backward_efficiency"), use_tables=value("use_tables") == 1.0)
+    return Rates(
+        gemm_efficiency=value("gemm_efficiency"),
+        gemm_k_half=value("gemm_k_half"),
+        memory_efficiency=value("memory_efficiency"),
+        kernel_latency_us=value("kernel_latency_us"),
+        flash_forward_efficiency=value("flash_forward_efficiency"),
+        flash_backward_efficiency=value("flash_backward_efficiency"),
+        use_tables=value("use_tables") == 1.0,
+    )
 
 
 def pricer_of(spec: Spec, device: DeviceSpec, params: Mapping[str, float]) -> Pricer:
@@ -74,40 +83,112 @@ class DecoderKernels(Term):
 
     name = "decoder_kernels"
     scope = "layers"
-    supersedes = ("decoder_roofline", "attention_score_traffic", "elementwise_traffic", "layer_launch_floor",
-                  "layer_dispatch_floor")
+    supersedes = (
+        "decoder_roofline",
+        "attention_score_traffic",
+        "elementwise_traffic",
+        "layer_launch_floor",
+        "layer_dispatch_floor",
+    )
     params = (
-        Param("enabled", 1.0, 0.0, 1.0, "switch",
-              "1: the layers of this device type are priced as their kernels, in place of the terms this one "
-              "supersedes; 0: by those terms (this one prices nothing there)", choices=(0.0, 1.0), per_device=True),
-        Param("gemm_efficiency", 0.8, 0.1, 1.0, "fraction of peak",
-              "default curve: a full tile's achieved fraction of the dense peak at large K, where the device has no "
-              "GEMM table (cuBLAS reaches 0.7-0.9 on large 16-bit GEMMs)", per_device=True),
-        Param("gemm_k_half", 64.0, 0.0, 2048.0, "elements",
-              "default curve: the K at which a tile's main loop equals its fixed prologue and epilogue (efficiency "
-              "x K / (K + this))", per_device=True),
-        Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
-              "default curve: achieved fraction of the datasheet memory bandwidth by streaming kernels (STREAM-like "
-              "kernels reach 0.8-0.9)", per_device=True),
-        Param("kernel_latency_us", 3.0, 0.0, 100.0, "us",
-              "default curve: a memory-bound kernel's fixed GPU time (fill and drain of the grid) before its bytes "
-              "stream", per_device=True),
-        Param("flash_forward_efficiency", 0.6, 0.1, 1.0, "fraction of peak",
-              "achieved fraction of the dense peak of the fused attention forward (FlashAttention-2: 0.5-0.73 on "
-              "A100)", per_device=True),
-        Param("flash_backward_efficiency", 0.45, 0.1, 1.0, "fraction of peak",
-              "achieved fraction of the dense peak of the fused attention backward (below the forward's)",
-              per_device=True),
-        Param("launch_us", 5.0, 0.0, 200.0, "us",
-              "host time to launch one kernel (PyTorch dispatch and cudaLaunchKernel); kernels x this floors a "
-              "layer", per_device=True),
-        Param("backward_launch_us", 5.0, 0.0, 400.0, "us",
-              "host time to launch one kernel of the backward (the autograd engine's per-node work on top of the "
-              "dispatch and cudaLaunchKernel); the backward's kernels x this floor a layer's backward",
-              per_device=True),
-        Param("use_tables", 1.0, 0.0, 1.0, "switch",
-              "1: price from the machine's GEMM and memory tables where it has them; 0: from the datasheet",
-              choices=(0.0, 1.0), per_device=True),
+        Param(
+            "enabled",
+            1.0,
+            0.0,
+            1.0,
+            "switch",
+            "1: the layers of this device type are priced as their kernels, in place of the terms this one "
+            "supersedes; 0: by those terms (this one prices nothing there)",
+            choices=(0.0, 1.0),
+            per_device=True,
+        ),
+        Param(
+            "gemm_efficiency",
+            0.8,
+            0.1,
+            1.0,
+            "fraction of peak",
+            "default curve: a full tile's achieved fraction of the dense peak at large K, where the device has no "
+            "GEMM table (cuBLAS reaches 0.7-0.9 on large 16-bit GEMMs)",
+            per_device=True,
+        ),
+        Param(
+            "gemm_k_half",
+            64.0,
+            0.0,
+            2048.0,
+            "elements",
+            "default curve: the K at which a tile's main loop equals its fixed prologue and epilogue (efficiency "
+            "x K / (K + this))",
+            per_device=True,
+        ),
+        Param(
+            "memory_efficiency",
+            0.8,
+            0.05,
+            1.0,
+            "fraction of peak",
+            "default curve: achieved fraction of the datasheet memory bandwidth by streaming kernels (STREAM-like "
+            "kernels reach 0.8-0.9)",
+            per_device=True,
+        ),
+        Param(
+            "kernel_latency_us",
+            3.0,
+            0.0,
+            100.0,
+            "us",
+            "default curve: a memory-bound kernel's fixed GPU time (fill and drain of the grid) before its bytes "
+            "stream",
+            per_device=True,
+        ),
+        Param(
+            "flash_forward_efficiency",
+            0.6,
+            0.1,
+            1.0,
+            "fraction of peak",
+            "achieved fraction of the dense peak of the fused attention forward (FlashAttention-2: 0.5-0.73 on A100)",
+            per_device=True,
+        ),
+        Param(
+            "flash_backward_efficiency",
+            0.45,
+            0.1,
+            1.0,
+            "fraction of peak",
+            "achieved fraction of the dense peak of the fused attention backward (below the forward's)",
+            per_device=True,
+        ),
+        Param(
+            "launch_us",
+            5.0,
+            0.0,
+            200.0,
+            "us",
+            "host time to launch one kernel (PyTorch dispatch and cudaLaunchKernel); kernels x this floors a layer",
+            per_device=True,
+        ),
+        Param(
+            "backward_launch_us",
+            5.0,
+            0.0,
+            400.0,
+            "us",
+            "host time to launch one kernel of the backward (the autograd engine's per-node work on top of the "
+            "dispatch and cudaLaunchKernel); the backward's kernels x this floor a layer's backward",
+            per_device=True,
+        ),
+        Param(
+            "use_tables",
+            1.0,
+            0.0,
+            1.0,
+            "switch",
+            "1: price from the machine's GEMM and memory tables where it has them; 0: from the datasheet",
+            choices=(0.0, 1.0),
+            per_device=True,
+        ),
     )
 
     def covers(self, params: Mapping[str, float], device_type: str) -> bool:
@@ -142,20 +223,29 @@ class DecoderKernels(Term):
                     sum(ms[id(kernel)] for kernel in backward_kernels),
                     sum(ms[id(kernel)] for kernel in backward_kernels if kernel.phase == WGRAD),
                     sum(ms[id(kernel)] for kernel in compute if kernel.core_attention),
-                    launch_ms * len(forward_kernels), backward_launch_ms * len(backward_kernels))
+                    launch_ms * len(forward_kernels),
+                    backward_launch_ms * len(backward_kernels),
+                )
             f, b, w, c, ff, bf = priced[device.type]
             launch_ms = self.value(params, "launch_us", device.type) / 1e3
             # selective recomputation's kernels are launched again in the backward (full recomputation's floor is
             # the forward's, which Model.pipeline adds)
-            redo = sum(n for kernel, n in recomputed(shape, settings, layers) if kernel.phase == RECOMPUTE) \
-                if shape.recompute_granularity == "selective" else 0
+            redo = (
+                sum(n for kernel, n in recomputed(shape, settings, layers) if kernel.phase == RECOMPUTE)
+                if shape.recompute_granularity == "selective"
+                else 0
+            )
             forward.append(layers * f)
             backward.append(layers * b)
             weight_grad.append(layers * w)
             core.append(layers * c)
             forward_floor.append(layers * ff)
             backward_floor.append(layers * bf + redo * launch_ms)
-        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(weight_grad),
-                            attention_core_ms=tuple(core), forward_floor_ms=tuple(forward_floor),
-                            backward_floor_ms=tuple(backward_floor))
-
+        return Contribution(
+            forward_ms=tuple(forward),
+            backward_ms=tuple(backward),
+            weight_grad_ms=tuple(weight_grad),
+            attention_core_ms=tuple(core),
+            forward_floor_ms=tuple(forward_floor),
+            backward_floor_ms=tuple(backward_floor),
+        )

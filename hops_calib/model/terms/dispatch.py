@@ -48,15 +48,43 @@ class LayerDispatchFloor(Term):
     category = "host"
     scope = "layers"
     params = (
-        Param("forward_ms_per_layer", 1.0, 0.0, 10.0, "ms", "host launch floor of one decoder layer's forward",
-              per_device=True),
-        Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch floor of one decoder layer's backward",
-              per_device=True),
-        Param("step_ms", 0.0, 0.0, 10.0, "ms",
-              "untraced host work before each microbatch step on a stage (forward or backward)", per_device=True),
-        Param("step_after_receive_only", 0.0, 0.0, 1.0, "switch",
-              "1: only steps whose input arrives over a link (after a synchronizing p2p call) pay step_ms; 0: every "
-              "step does", choices=(0.0, 1.0)),
+        Param(
+            "forward_ms_per_layer",
+            1.0,
+            0.0,
+            10.0,
+            "ms",
+            "host launch floor of one decoder layer's forward",
+            per_device=True,
+        ),
+        Param(
+            "backward_ms_per_layer",
+            1.5,
+            0.0,
+            20.0,
+            "ms",
+            "host launch floor of one decoder layer's backward",
+            per_device=True,
+        ),
+        Param(
+            "step_ms",
+            0.0,
+            0.0,
+            10.0,
+            "ms",
+            "untraced host work before each microbatch step on a stage (forward or backward)",
+            per_device=True,
+        ),
+        Param(
+            "step_after_receive_only",
+            0.0,
+            0.0,
+            1.0,
+            "switch",
+            "1: only steps whose input arrives over a link (after a synchronizing p2p call) pay step_ms; 0: every "
+            "step does",
+            choices=(0.0, 1.0),
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -92,10 +120,24 @@ class LayerLaunchFloor(Term):
     name = "layer_launch_floor"
     category = "host"
     params = (
-        Param("forward_ms_per_layer", 1.3, 0.0, 10.0, "ms", "host launch time of one decoder layer's forward",
-              per_device=True),
-        Param("backward_ms_per_layer", 1.5, 0.0, 20.0, "ms", "host launch time of one decoder layer's backward",
-              per_device=True),
+        Param(
+            "forward_ms_per_layer",
+            1.3,
+            0.0,
+            10.0,
+            "ms",
+            "host launch time of one decoder layer's forward",
+            per_device=True,
+        ),
+        Param(
+            "backward_ms_per_layer",
+            1.5,
+            0.0,
+            20.0,
+            "ms",
+            "host launch time of one decoder layer's backward",
+            per_device=True,
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:

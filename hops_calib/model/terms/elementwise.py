@@ -41,19 +41,55 @@ class ElementwiseTraffic(Term):
     name = "elementwise_traffic"
     scope = "layers"
     params = (
-        Param("hidden_passes_forward", 22.1, 0.0, 60.0, "passes",
-              "16-bit passes over the s x b x h activations in a layer's forward elementwise kernels"),
-        Param("ffn_passes_forward", 4.0, 0.0, 20.0, "passes",
-              "16-bit passes over the s x b x f MLP activations in a layer's forward elementwise kernels"),
-        Param("hidden_passes_backward", 27.1, 0.0, 60.0, "passes",
-              "16-bit passes over the s x b x h activations in a layer's backward elementwise kernels"),
-        Param("ffn_passes_backward", 4.0, 0.0, 20.0, "passes",
-              "16-bit passes over the s x b x f MLP activations in a layer's backward elementwise kernels"),
-        Param("accumulation_bytes_per_parameter", 10.0, 0.0, 16.0, "bytes",
-              "bytes per layer parameter that unfused gradient accumulation moves after each microbatch's backward "
-              "(16-bit gradient read, fp32 main_grad read and written: 10)"),
-        Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
-              "achieved fraction of the device memory bandwidth in the elementwise kernels"),
+        Param(
+            "hidden_passes_forward",
+            22.1,
+            0.0,
+            60.0,
+            "passes",
+            "16-bit passes over the s x b x h activations in a layer's forward elementwise kernels",
+        ),
+        Param(
+            "ffn_passes_forward",
+            4.0,
+            0.0,
+            20.0,
+            "passes",
+            "16-bit passes over the s x b x f MLP activations in a layer's forward elementwise kernels",
+        ),
+        Param(
+            "hidden_passes_backward",
+            27.1,
+            0.0,
+            60.0,
+            "passes",
+            "16-bit passes over the s x b x h activations in a layer's backward elementwise kernels",
+        ),
+        Param(
+            "ffn_passes_backward",
+            4.0,
+            0.0,
+            20.0,
+            "passes",
+            "16-bit passes over the s x b x f MLP activations in a layer's backward elementwise kernels",
+        ),
+        Param(
+            "accumulation_bytes_per_parameter",
+            10.0,
+            0.0,
+            16.0,
+            "bytes",
+            "bytes per layer parameter that unfused gradient accumulation moves after each microbatch's backward "
+            "(16-bit gradient read, fp32 main_grad read and written: 10)",
+        ),
+        Param(
+            "memory_efficiency",
+            0.8,
+            0.05,
+            1.0,
+            "fraction of peak",
+            "achieved fraction of the device memory bandwidth in the elementwise kernels",
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -65,10 +101,12 @@ class ElementwiseTraffic(Term):
         t = shape.tensor_parallel
         hidden = shape.hidden_size / (t if shape.sequence_parallel else 1)
         ffn = shape.ffn_hidden_size / t
-        forward_bytes = tokens * element * (params["hidden_passes_forward"] * hidden
-                                            + params["ffn_passes_forward"] * ffn)
-        backward_bytes = tokens * element * (params["hidden_passes_backward"] * hidden
-                                             + params["ffn_passes_backward"] * ffn)
+        forward_bytes = (
+            tokens * element * (params["hidden_passes_forward"] * hidden + params["ffn_passes_forward"] * ffn)
+        )
+        backward_bytes = (
+            tokens * element * (params["hidden_passes_backward"] * hidden + params["ffn_passes_backward"] * ffn)
+        )
         if not gradient_accumulation_fused(context.spec.megatron_args):
             backward_bytes += params["accumulation_bytes_per_parameter"] * gpt.layer_parameters(shape)
         forward, backward = [], []

@@ -13,8 +13,9 @@ from hops_calib.spec import Spec
 from hops_calib.trace.link_bench import LinkFit
 
 
-def end_to_end_link(spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.0),
-                    flow_cap_bytes_per_ms: float = math.inf) -> tuple[LinkFit, bool]:
+def end_to_end_link(
+    spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.0), flow_cap_bytes_per_ms: float = math.inf
+) -> tuple[LinkFit, bool]:
     """The link between the first and the last stage: benchmarked when pp = 2, otherwise estimated.
 
     A connection runs at the slower of its two ends. An end's network is at
@@ -27,6 +28,7 @@ def end_to_end_link(spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.
     last = spec.pp - 1
     direct = spec.link(0, last)
     if direct is None:
+
         def capability(stage: int, nic: float) -> tuple[float, LinkFit | None]:
             touching = [f for f in spec.links if stage in (f.src_stage, f.dst_stage)]
             fastest = max(touching, key=lambda f: f.bytes_per_ms) if touching else None
@@ -35,16 +37,26 @@ def end_to_end_link(spec: Spec, nic_bytes_per_ms: tuple[float, float] = (0.0, 0.
         ends = [capability(0, nic_bytes_per_ms[0]), capability(last, nic_bytes_per_ms[1])]
         slower, fit = min(ends, key=lambda end: end[0])
         fit = fit or min(spec.links, key=lambda f: f.bytes_per_ms)
-        direct = LinkFit(0, last, latency_ms=fit.latency_ms, bytes_per_ms=slower or fit.bytes_per_ms,
-                         source=f"estimated from the ends' links and NICs ({fit.source})")
+        direct = LinkFit(
+            0,
+            last,
+            latency_ms=fit.latency_ms,
+            bytes_per_ms=slower or fit.bytes_per_ms,
+            source=f"estimated from the ends' links and NICs ({fit.source})",
+        )
     return flow_capped(direct, flow_cap_bytes_per_ms)
 
 
 def flow_capped(link: LinkFit, flow_cap_bytes_per_ms: float) -> tuple[LinkFit, bool]:
     """`link` held under one TCP flow's ceiling, and whether the ceiling, not the link, sets its bandwidth."""
     if link.bytes_per_ms > flow_cap_bytes_per_ms:
-        return LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms, bytes_per_ms=flow_cap_bytes_per_ms,
-                       source=f"{link.source}, capped at one TCP flow's ceiling"), True
+        return LinkFit(
+            link.src_stage,
+            link.dst_stage,
+            latency_ms=link.latency_ms,
+            bytes_per_ms=flow_cap_bytes_per_ms,
+            source=f"{link.source}, capped at one TCP flow's ceiling",
+        ), True
     return link, False
 
 
@@ -86,15 +98,19 @@ def transport_note(spec: Spec) -> str | None:
     if any(not fit.intra_node for fit in spec.links):
         if spec.pp == 1 or spec.model.untie_embeddings:
             return None
-        return (f"the links' transport is not said (no `transport` field or NCCL 'Using network' line in "
-                f"calibration/link_bench, {how}): the ends' all-reduce is priced as NCCL's TCP socket transport, with "
-                "one flow's ceiling and its retransmission stalls, as on the cluster runs; on InfiniBand or RoCE "
-                "start it with NCCL_NET=IB and neither applies")
+        return (
+            f"the links' transport is not said (no `transport` field or NCCL 'Using network' line in "
+            f"calibration/link_bench, {how}): the ends' all-reduce is priced as NCCL's TCP socket transport, with "
+            "one flow's ceiling and its retransmission stalls, as on the cluster runs; on InfiniBand or RoCE "
+            "start it with NCCL_NET=IB and neither applies"
+        )
     if not spec.links and spec.gpus_per_node and spec.gpus > spec.gpus_per_node:
-        return (f"the transport between nodes is not said ({how}): collectives and hops across nodes are priced "
-                "at the GPUs' share of their nodes' NICs, as NCCL runs verbs (InfiniBand, RoCE); over TCP sockets "
-                "start the line with NCCL_NET=Socket (or NCCL_IB_DISABLE=1): each connection across nodes is then "
-                "capped at one TCP flow's ceiling and the ends' all-reduce risks its retransmission stalls")
+        return (
+            f"the transport between nodes is not said ({how}): collectives and hops across nodes are priced "
+            "at the GPUs' share of their nodes' NICs, as NCCL runs verbs (InfiniBand, RoCE); over TCP sockets "
+            "start the line with NCCL_NET=Socket (or NCCL_IB_DISABLE=1): each connection across nodes is then "
+            "capped at one TCP flow's ceiling and the ends' all-reduce risks its retransmission stalls"
+        )
     return None
 
 
@@ -172,23 +188,66 @@ class EmbeddingGradAllReduce(Term):
     name = "embedding_grad_allreduce"
     category = "ends_allreduce"  # the breakdown shows it apart: it is what moves when the ends move
     params = (
-        Param("bytes_per_element", 4.0, 2.0, 4.0, "bytes",
-              "bytes per reduced gradient element: 4 for fp32 main grads (Megatron's default with --bf16), 2 for bf16"),
-        Param("nic_efficiency", 0.0, 0.0, 1.0, "fraction of NIC",
-              "achieved fraction of an end node's nominal NIC bandwidth (0: use only the benchmarked links)"),
+        Param(
+            "bytes_per_element",
+            4.0,
+            2.0,
+            4.0,
+            "bytes",
+            "bytes per reduced gradient element: 4 for fp32 main grads (Megatron's default with --bf16), 2 for bf16",
+        ),
+        Param(
+            "nic_efficiency",
+            0.0,
+            0.0,
+            1.0,
+            "fraction of NIC",
+            "achieved fraction of an end node's nominal NIC bandwidth (0: use only the benchmarked links)",
+        ),
         Param("flow_cap_gbit_s", 1000.0, 1.0, 1000.0, "Gbit/s", "throughput ceiling of one NCCL TCP flow", log=True),
-        Param("collective_efficiency", 1.0, 0.5, 1.0, "fraction of p2p",
-              "all-reduce bandwidth as a fraction of the one-way p2p bandwidth (both directions at once)"),
-        Param("stall_probability", 0.0, 0.0, 1.0, "per all-reduce",
-              "chance that a flow at the TCP ceiling waits out one retransmission timeout"),
+        Param(
+            "collective_efficiency",
+            1.0,
+            0.5,
+            1.0,
+            "fraction of p2p",
+            "all-reduce bandwidth as a fraction of the one-way p2p bandwidth (both directions at once)",
+        ),
+        Param(
+            "stall_probability",
+            0.0,
+            0.0,
+            1.0,
+            "per all-reduce",
+            "chance that a flow at the TCP ceiling waits out one retransmission timeout",
+        ),
         Param("rto_ms", 200.0, 50.0, 1000.0, "ms", "TCP retransmission timeout floor (Linux TCP_RTO_MIN: 200 ms)"),
-        Param("realize_stalls", 0.0, 0.0, 1.0, "switch",
-              "1: whole stalls in a typical run's iterations (the median iteration has none); 0: the expected stall on "
-              "every iteration", choices=(0.0, 1.0)),
-        Param("stall_overrun_gain", 0.0, 0.0, 2.0, "per unit of overrun",
-              "relative growth of the stall probability per unit of the slower end's NIC overrun of the ceiling"),
-        Param("overrun_loss", 0.0, 0.0, 1.0, "per unit of overrun",
-              "goodput lost per unit by which the slower end's NIC rate exceeds the flow ceiling (shaper drops)"),
+        Param(
+            "realize_stalls",
+            0.0,
+            0.0,
+            1.0,
+            "switch",
+            "1: whole stalls in a typical run's iterations (the median iteration has none); 0: the expected stall on "
+            "every iteration",
+            choices=(0.0, 1.0),
+        ),
+        Param(
+            "stall_overrun_gain",
+            0.0,
+            0.0,
+            2.0,
+            "per unit of overrun",
+            "relative growth of the stall probability per unit of the slower end's NIC overrun of the ceiling",
+        ),
+        Param(
+            "overrun_loss",
+            0.0,
+            0.0,
+            1.0,
+            "per unit of overrun",
+            "goodput lost per unit by which the slower end's NIC rate exceeds the flow ceiling (shaper drops)",
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -196,8 +255,9 @@ class EmbeddingGradAllReduce(Term):
         if price is None:
             return Contribution()
         if price.stall_ms:
-            return Contribution(pre_optimizer_ms=price.transfer_ms, stall_ms=price.stall_ms,
-                                stall_probability=price.stall_probability)
+            return Contribution(
+                pre_optimizer_ms=price.transfer_ms, stall_ms=price.stall_ms, stall_probability=price.stall_probability
+            )
         return Contribution(pre_optimizer_ms=price.transfer_ms + price.expected_stall_ms)
 
 
@@ -224,14 +284,20 @@ class EndCollective:
         return "the node's 2-GPU all-reduce table (NVLink)" if self.link is None else self.link.source
 
     def to_dict(self) -> dict[str, Any]:
-        return {"what": "tied word-embedding gradient all-reduce between the first and the last stage, before the "
-                        "optimizer", "bytes": self.nbytes, "ms": self.ms, "transfer_ms": self.transfer_ms,
-                "stall_probability": self.stall_probability,
-                "stall_ms": self.stall_ms or (self.expected_stall_ms / self.stall_probability
-                                              if self.stall_probability else 0.0),
-                "bandwidth_gbit_s": self.link.bandwidth_gbit_s if self.link else None,
-                "latency_ms": self.link.latency_ms if self.link else None, "capped_at_one_tcp_flow": self.capped,
-                "source": self.source()}
+        return {
+            "what": "tied word-embedding gradient all-reduce between the first and the last stage, before the "
+            "optimizer",
+            "bytes": self.nbytes,
+            "ms": self.ms,
+            "transfer_ms": self.transfer_ms,
+            "stall_probability": self.stall_probability,
+            "stall_ms": self.stall_ms
+            or (self.expected_stall_ms / self.stall_probability if self.stall_probability else 0.0),
+            "bandwidth_gbit_s": self.link.bandwidth_gbit_s if self.link else None,
+            "latency_ms": self.link.latency_ms if self.link else None,
+            "capped_at_one_tcp_flow": self.capped,
+            "source": self.source(),
+        }
 
 
 def end_collective(spec: Spec, params: Mapping[str, float], devices: Sequence[Any]) -> EndCollective | None:
@@ -250,18 +316,28 @@ def end_collective(spec: Spec, params: Mapping[str, float], devices: Sequence[An
         # NVLink within a node, else over the end GPU's share of its node's NICs, as one TCP flow over sockets
         device = devices[0]
         inside = spec.same_node(0, spec.pp - 1) and device.intra_node_bandwidth_bytes_per_s
-        rate = device.intra_node_bandwidth_bytes_per_s if inside else (
-            params["nic_efficiency"] * device.network_bandwidth_bytes_per_s)
-        link = LinkFit(0, spec.pp - 1, latency_ms=0.0, bytes_per_ms=rate / 1e3,
-                       source="NVLink within the node" if inside else "the end GPU's share of its node's NICs")
+        rate = (
+            device.intra_node_bandwidth_bytes_per_s
+            if inside
+            else (params["nic_efficiency"] * device.network_bandwidth_bytes_per_s)
+        )
+        link = LinkFit(
+            0,
+            spec.pp - 1,
+            latency_ms=0.0,
+            bytes_per_ms=rate / 1e3,
+            source="NVLink within the node" if inside else "the end GPU's share of its node's NICs",
+        )
         if inside or link.bytes_per_ms <= cap:
             return EndCollective(nbytes, link, nbytes / (rate / 1e3), False)
         link, capped = flow_capped(link, cap)  # the flow, measured by the link benchmark as the other path's
     else:
         if not spec.links:
-            raise ValueError(f"spec {spec.run_id}: term {EmbeddingGradAllReduce.name} needs link fits "
-                             "(calibration/link_bench) and the spec has none; ingest the link benchmark or remove the "
-                             "term from the model")
+            raise ValueError(
+                f"spec {spec.run_id}: term {EmbeddingGradAllReduce.name} needs link fits "
+                "(calibration/link_bench) and the spec has none; ingest the link benchmark or remove the "
+                "term from the model"
+            )
         if table is not None and spec.same_node(0, spec.pp - 1):
             # Both ends in one node: NCCL all-reduces over NVLink, as the node's benchmark measured it (no TCP).
             return EndCollective(nbytes, None, table.measured_ms(nbytes), False)
@@ -270,10 +346,16 @@ def end_collective(spec: Spec, params: Mapping[str, float], devices: Sequence[An
     slowdown = 1.0
     overrun = max(0.0, min(nominal) / cap - 1.0) if capped else 0.0
     slowdown += params["overrun_loss"] * overrun
-    link = LinkFit(link.src_stage, link.dst_stage, latency_ms=link.latency_ms,
-                   bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"] / slowdown, source=link.source)
-    probability = min(1.0, params["stall_probability"] * (1.0 + params["stall_overrun_gain"] * overrun)) \
-        if capped else 0.0
+    link = LinkFit(
+        link.src_stage,
+        link.dst_stage,
+        latency_ms=link.latency_ms,
+        bytes_per_ms=link.bytes_per_ms * params["collective_efficiency"] / slowdown,
+        source=link.source,
+    )
+    probability = (
+        min(1.0, params["stall_probability"] * (1.0 + params["stall_overrun_gain"] * overrun)) if capped else 0.0
+    )
     transfer = link.transfer_ms(nbytes)
     if params["realize_stalls"] == 1.0 and probability > 0:
         return EndCollective(nbytes, link, transfer, capped, probability, stall_ms=params["rto_ms"])

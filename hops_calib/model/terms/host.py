@@ -32,10 +32,18 @@ class IterationHostOverhead(Term):
     name = "iteration_host_overhead"
     category = "host"
     params = (
-        Param("host_ms", 1.0, 0.0, 500.0, "ms", "host time per iteration between optimizer end and next forward",
-              per_device=True),
-        Param("per_peer_ms", 0.0, 0.0, 10.0, "ms",
-              "one ring step of the per-iteration timer all-gather, per other rank"),
+        Param(
+            "host_ms",
+            1.0,
+            0.0,
+            500.0,
+            "ms",
+            "host time per iteration between optimizer end and next forward",
+            per_device=True,
+        ),
+        Param(
+            "per_peer_ms", 0.0, 0.0, 10.0, "ms", "one ring step of the per-iteration timer all-gather, per other rank"
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -43,6 +51,8 @@ class IterationHostOverhead(Term):
         if not any(f"host_ms@{device.type}" in params for device in context.devices):
             return Contribution(post_optimizer_ms=params["host_ms"] + gather_ms, iteration_barrier=True)
         # a device type's own host time (NAME@TYPE: its host CPU runs the loop's Python): each rank its own
-        return Contribution(post_optimizer_ms=gather_ms, iteration_barrier=True,
-                            post_optimizer_rank_ms=tuple(self.value(params, "host_ms", device.type)
-                                                         for device in context.devices))
+        return Contribution(
+            post_optimizer_ms=gather_ms,
+            iteration_barrier=True,
+            post_optimizer_rank_ms=tuple(self.value(params, "host_ms", device.type) for device in context.devices),
+        )

@@ -23,17 +23,33 @@ class InputEmbedding(Term):
 
     name = "input_embedding"
     params = (
-        Param("forward_ms", 1.0, 0.0, 20.0, "ms", "host time of get_batch and the embedding lookups per microbatch",
-              per_device=True),
-        Param("backward_ms", 0.0, 0.0, 20.0, "ms", "fixed host time of the embedding backward per microbatch",
-              per_device=True),
+        Param(
+            "forward_ms",
+            1.0,
+            0.0,
+            20.0,
+            "ms",
+            "host time of get_batch and the embedding lookups per microbatch",
+            per_device=True,
+        ),
+        Param(
+            "backward_ms",
+            0.0,
+            0.0,
+            20.0,
+            "ms",
+            "fixed host time of the embedding backward per microbatch",
+            per_device=True,
+        ),
         Param("grad_passes", 2.0, 0.0, 20.0, "passes", "passes over the fp32 V x h word-embedding gradient"),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         layout, shape = context.layout, context.spec.model
         device = context.device_of(0)
-        grad_ms = gpt.vocab_per_gpu(shape) * shape.hidden_size * GRAD_BYTES / (device.memory_bandwidth_bytes_per_s / 1e3)
+        grad_ms = (
+            gpt.vocab_per_gpu(shape) * shape.hidden_size * GRAD_BYTES / (device.memory_bandwidth_bytes_per_s / 1e3)
+        )
         forward, backward = [0.0] * layout.virtual_stages, [0.0] * layout.virtual_stages
         forward[0] = self.value(params, "forward_ms", device.type)
         backward[0] = self.value(params, "backward_ms", device.type) + params["grad_passes"] * grad_ms

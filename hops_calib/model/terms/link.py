@@ -46,11 +46,23 @@ class LinkTransfer(Term):
     name = "link_transfer"
     category = "p2p"
     params = (
-        Param("measured_weight", 0.0, 0.0, 1.0, "weight",
-              "0: latency + bandwidth fit; 1: the benchmark's median at the message size (interpolated)"),
-        Param("burst_mib", 0.0, 0.0, 64.0, "MiB",
-              "0: price hops by the weighted reading above; > 0: a hop's first burst_mib MiB at the benchmark's "
-              "smallest-message rate, the rest at its largest-message rate (LinkFit.burst_ms)"),
+        Param(
+            "measured_weight",
+            0.0,
+            0.0,
+            1.0,
+            "weight",
+            "0: latency + bandwidth fit; 1: the benchmark's median at the message size (interpolated)",
+        ),
+        Param(
+            "burst_mib",
+            0.0,
+            0.0,
+            64.0,
+            "MiB",
+            "0: price hops by the weighted reading above; > 0: a hop's first burst_mib MiB at the benchmark's "
+            "smallest-message rate, the rest at its largest-message rate (LinkFit.burst_ms)",
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -60,10 +72,13 @@ class LinkTransfer(Term):
         if not spec.links and not spec.gpus_per_node:
             from hops_calib.errors import InputError
 
-            raise InputError(f"run {spec.run_id}", f"has no link benchmark, and term {self.name} prices its hops "
-                             "from one", field="links",
-                             hint="add the job's calibration/link_bench/pair_<i>_<i+1>.jsonl and ingest it again; "
-                                  "or take the fixture out of the store to score the others")
+            raise InputError(
+                f"run {spec.run_id}",
+                f"has no link benchmark, and term {self.name} prices its hops from one",
+                field="links",
+                hint="add the job's calibration/link_bench/pair_<i>_<i+1>.jsonl and ingest it again; "
+                "or take the fixture out of the store to score the others",
+            )
         nbytes = gpt.boundary_activation_bytes(spec.model)
         weight, burst_bytes = params["measured_weight"], params["burst_mib"] * 2**20
 

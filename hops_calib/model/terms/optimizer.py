@@ -49,26 +49,59 @@ class OptimizerStep(Term):
     name = "optimizer_step"
     category = "optimizer"
     params = (
-        Param("bytes_per_parameter", 42.0, 16.0, 64.0, "bytes",
-              "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)",
-              per_device=True),
-        Param("memory_efficiency", 0.8, 0.005, 1.0, "fraction of peak",
-              "achieved fraction of the device memory bandwidth by the optimizer's elementwise kernels", log=True,
-              per_device=True),
-        Param("fixed_ms", 0.0, 0.0, 500.0, "ms", "launch and reduction overhead of one optimizer step, whatever its size",
-              per_device=True),
-        Param("per_layer_ms", 0.0, 0.0, 10.0, "ms", "launch and per-tensor overhead per decoder layer on the rank",
-              per_device=True),
+        Param(
+            "bytes_per_parameter",
+            42.0,
+            16.0,
+            64.0,
+            "bytes",
+            "memory traffic per parameter of one mixed-precision Adam step (norm, update, copy back, zero grads)",
+            per_device=True,
+        ),
+        Param(
+            "memory_efficiency",
+            0.8,
+            0.005,
+            1.0,
+            "fraction of peak",
+            "achieved fraction of the device memory bandwidth by the optimizer's elementwise kernels",
+            log=True,
+            per_device=True,
+        ),
+        Param(
+            "fixed_ms",
+            0.0,
+            0.0,
+            500.0,
+            "ms",
+            "launch and reduction overhead of one optimizer step, whatever its size",
+            per_device=True,
+        ),
+        Param(
+            "per_layer_ms",
+            0.0,
+            0.0,
+            10.0,
+            "ms",
+            "launch and per-tensor overhead per decoder layer on the rank",
+            per_device=True,
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         times = []
         for rank, device in enumerate(context.devices):
-            bytes_per_ms = device.memory_bandwidth_bytes_per_s * self.value(params, "memory_efficiency", device.type) / 1e3
-            times.append(self.value(params, "fixed_ms", device.type)
-                         + self.value(params, "per_layer_ms", device.type) * context.layout.layers_on_rank(rank)
-                         + rank_parameters(context, rank) / optimizer_shard(context.spec)
-                         * self.value(params, "bytes_per_parameter", device.type) / bytes_per_ms)
+            bytes_per_ms = (
+                device.memory_bandwidth_bytes_per_s * self.value(params, "memory_efficiency", device.type) / 1e3
+            )
+            times.append(
+                self.value(params, "fixed_ms", device.type)
+                + self.value(params, "per_layer_ms", device.type) * context.layout.layers_on_rank(rank)
+                + rank_parameters(context, rank)
+                / optimizer_shard(context.spec)
+                * self.value(params, "bytes_per_parameter", device.type)
+                / bytes_per_ms
+            )
         return Contribution(optimizer_ms=tuple(times))
 
 

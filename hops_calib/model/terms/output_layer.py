@@ -34,15 +34,41 @@ class OutputLayerLoss(Term):
 
     name = "output_layer_loss"
     params = (
-        Param("compute_efficiency", 0.5, 0.01, 1.0, "fraction of peak",
-              "achieved fraction of dense bf16 peak in the vocabulary projection GEMM", log=True, per_device=True),
-        Param("logit_passes_forward", 8.0, 0.0, 40.0, "passes",
-              "fp32 passes over the logits in the forward (cast, max, exp, sum, log, gather)"),
-        Param("logit_passes_backward", 4.0, 0.0, 40.0, "passes",
-              "fp32 passes over the logits in the backward (softmax gradient, cast back)"),
-        Param("host_ms", 0.0, 0.0, 10.0, "ms",
-              "host time per microbatch of the last stage's batch fetch (labels, loss mask) and loss function",
-              per_device=True),
+        Param(
+            "compute_efficiency",
+            0.5,
+            0.01,
+            1.0,
+            "fraction of peak",
+            "achieved fraction of dense bf16 peak in the vocabulary projection GEMM",
+            log=True,
+            per_device=True,
+        ),
+        Param(
+            "logit_passes_forward",
+            8.0,
+            0.0,
+            40.0,
+            "passes",
+            "fp32 passes over the logits in the forward (cast, max, exp, sum, log, gather)",
+        ),
+        Param(
+            "logit_passes_backward",
+            4.0,
+            0.0,
+            40.0,
+            "passes",
+            "fp32 passes over the logits in the backward (softmax gradient, cast back)",
+        ),
+        Param(
+            "host_ms",
+            0.0,
+            0.0,
+            10.0,
+            "ms",
+            "host time per microbatch of the last stage's batch fetch (labels, loss mask) and loss function",
+            per_device=True,
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -57,8 +83,7 @@ class OutputLayerLoss(Term):
         gemm_ms = 2.0 * tokens * shape.hidden_size * vocab / flops_per_ms
         zeros = [0.0] * layout.virtual_stages
         forward, backward, weight_grad = list(zeros), list(zeros), list(zeros)
-        forward[last] = (gemm_ms + params["logit_passes_forward"] * logit_ms
-                         + self.value(params, "host_ms", device.type))
+        forward[last] = gemm_ms + params["logit_passes_forward"] * logit_ms + self.value(params, "host_ms", device.type)
         backward[last] = 2.0 * gemm_ms + params["logit_passes_backward"] * logit_ms
         weight_grad[last] = gemm_ms  # the weight-gradient GEMM is half of the backward projection
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(weight_grad))

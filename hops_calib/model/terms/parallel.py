@@ -35,10 +35,12 @@ def _rates(context: Context, params: Mapping[str, float], device_type: str) -> R
     """The collective-pricing parameters both terms share (`_collective_params`) for one device type (its
     NAME@TYPE overrides, else the shared values), with one connection's ceiling across nodes (the context's: one TCP
     flow's over sockets), as collective_ms takes them."""
-    return Rates(efficiency=Term.value(params, "efficiency", device_type),
-                 step_latency_ms=Term.value(params, "step_latency_ms", device_type),
-                 contention_step_ms=Term.value(params, "contention_step_ms", device_type),
-                 connection_cap_bytes_per_ms=context.connection_cap_bytes_per_ms)
+    return Rates(
+        efficiency=Term.value(params, "efficiency", device_type),
+        step_latency_ms=Term.value(params, "step_latency_ms", device_type),
+        contention_step_ms=Term.value(params, "contention_step_ms", device_type),
+        connection_cap_bytes_per_ms=context.connection_cap_bytes_per_ms,
+    )
 
 
 def tp_collectives_per_layer(spec: Spec) -> dict[str, int]:
@@ -67,8 +69,10 @@ def tp_async_backward(spec: Spec) -> tuple[tuple[str, float], ...]:
     op = "reduce_scatter" if shape.sequence_parallel else "all_reduce"
     tokens = gpt.local_tokens(shape)
     fc1_width = shape.ffn_hidden_size * (2 if shape.swiglu else 1)
-    return ((op, 2.0 * tokens * shape.hidden_size * gpt.qkv_width(shape) / spec.tp),
-            (op, 2.0 * tokens * shape.hidden_size * fc1_width / spec.tp))
+    return (
+        (op, 2.0 * tokens * shape.hidden_size * gpt.qkv_width(shape) / spec.tp),
+        (op, 2.0 * tokens * shape.hidden_size * fc1_width / spec.tp),
+    )
 
 
 # Transformer Engine's userbuffers overlap (--tp-comm-overlap; megatron-core hands TE `ub_overlap_ag`,
@@ -101,17 +105,23 @@ def tp_overlap_pairs(spec: Spec) -> dict[str, tuple[tuple[str, float, str], ...]
     tokens, h = gpt.local_tokens(shape), shape.hidden_size
     fc1 = shape.ffn_hidden_size * (2 if shape.swiglu else 1)
     q = shape.num_attention_heads * (h // shape.num_attention_heads)
-    flops = {"qkv": 2.0 * tokens * h * gpt.qkv_width(shape) / t, "proj": 2.0 * tokens * h * q / t,
-             "fc1": 2.0 * tokens * h * fc1 / t, "fc2": 2.0 * tokens * h * shape.ffn_hidden_size / t}
+    flops = {
+        "qkv": 2.0 * tokens * h * gpt.qkv_width(shape) / t,
+        "proj": 2.0 * tokens * h * q / t,
+        "fc1": 2.0 * tokens * h * fc1 / t,
+        "fc2": 2.0 * tokens * h * shape.ffn_hidden_size / t,
+    }
 
     def on(name: str) -> bool:
         return args.get(name, True) is not False and not args.get(f"disable_{name}")
 
     ag, rs, bulk = on("tp_comm_overlap_ag"), on("tp_comm_overlap_rs"), on("tp_comm_bulk_wgrad")
     forward = ([("all_gather", flops["qkv"], RING), ("all_gather", flops["fc1"], RING)] if ag else []) + (
-        [("reduce_scatter", flops["proj"], PIPELINE), ("reduce_scatter", flops["fc2"], PIPELINE)] if rs else [])
+        [("reduce_scatter", flops["proj"], PIPELINE), ("reduce_scatter", flops["fc2"], PIPELINE)] if rs else []
+    )
     backward = ([("all_gather", flops["fc2"], RING), ("all_gather", flops["proj"], RING)] if ag else []) + (
-        [("reduce_scatter", flops["fc1"], BULK), ("reduce_scatter", flops["qkv"], BULK)] if bulk else [])
+        [("reduce_scatter", flops["fc1"], BULK), ("reduce_scatter", flops["qkv"], BULK)] if bulk else []
+    )
     return {"FORWARD": tuple(forward), "BACKWARD": tuple(backward)}
 
 
@@ -175,9 +185,12 @@ def _bucket_size(spec: Spec, given: object) -> float:
     if not size > 0 or math.isinf(size):
         from hops_calib.errors import InputError
 
-        raise InputError(f"run {spec.run_id}", f"--ddp-bucket-size {given!r} is not a positive number of parameters",
-                         field="ddp_bucket_size", hint="give the bucket size in parameters (Megatron's unit), or "
-                                                       "leave the flag out for Megatron's default")
+        raise InputError(
+            f"run {spec.run_id}",
+            f"--ddp-bucket-size {given!r} is not a positive number of parameters",
+            field="ddp_bucket_size",
+            hint="give the bucket size in parameters (Megatron's unit), or leave the flag out for Megatron's default",
+        )
     return size
 
 
@@ -190,21 +203,46 @@ def dp_buckets(spec: Spec, parameters: float, rank: int = 0, first_rank_only: bo
     if not spec.overlap_grad_reduce or parameters <= 0 or (first_rank_only and rank > 0):
         return 1
     given = spec.megatron_args.get("ddp_bucket_size")
-    size = _bucket_size(spec, given) if given is not None else max(BUCKET_PARAMETERS,
-                                                                    BUCKET_PARAMETERS_PER_REPLICA * spec.dp * spec.cp)
+    size = (
+        _bucket_size(spec, given)
+        if given is not None
+        else max(BUCKET_PARAMETERS, BUCKET_PARAMETERS_PER_REPLICA * spec.dp * spec.cp)
+    )
     return max(1, math.ceil(parameters / size))
 
 
 def _collective_params(where: str) -> tuple[Param, ...]:
     """The parameters of a term made of collectives: the rate they reach, a ring step's latency and its contention;
     each a property of the machine (NCCL over NVLink, gloo between time-shared CPU cores), so per device type."""
-    return (Param("efficiency", 1.0, 0.1, 1.0, "fraction of benchmark",
-                  f"achieved fraction of the benchmarked (or ring-model) collective rate {where}", per_device=True),
-            Param("step_latency_ms", 0.005, 0.0, 0.1, "ms", "latency of one ring step (NCCL over NVLink: ~5 us)",
-                  per_device=True),
-            Param("contention_step_ms", 0.0, 0.0, 1.0, "ms",
-                  "latency each of a ring's 2(n-1) steps gains inside a training step over an isolated benchmark",
-                  per_device=True))
+    return (
+        Param(
+            "efficiency",
+            1.0,
+            0.1,
+            1.0,
+            "fraction of benchmark",
+            f"achieved fraction of the benchmarked (or ring-model) collective rate {where}",
+            per_device=True,
+        ),
+        Param(
+            "step_latency_ms",
+            0.005,
+            0.0,
+            0.1,
+            "ms",
+            "latency of one ring step (NCCL over NVLink: ~5 us)",
+            per_device=True,
+        ),
+        Param(
+            "contention_step_ms",
+            0.0,
+            0.0,
+            1.0,
+            "ms",
+            "latency each of a ring's 2(n-1) steps gains inside a training step over an isolated benchmark",
+            per_device=True,
+        ),
+    )
 
 
 class TensorParallelComm(Term):
@@ -251,8 +289,10 @@ class TensorParallelComm(Term):
 
             def price(counts: dict[tuple[str, float], int]) -> float:
                 # called only within this iteration, so the loop's current device, rank and rates are the ones meant
-                return sum(count * collective_ms(spec, device, op, nbytes, "tp", stage=rank, **rates)  # noqa: B023
-                           for (op, nbytes), count in counts.items())
+                return sum(
+                    count * collective_ms(spec, device, op, nbytes, "tp", stage=rank, **rates)  # noqa: B023
+                    for (op, nbytes), count in counts.items()
+                )
 
             phases = tp_collectives(spec, k, layers)
             if tp_comm_overlap(spec):
@@ -273,8 +313,15 @@ class TensorParallelComm(Term):
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
 
     @staticmethod
-    def _overlapped(spec: Spec, device: DeviceSpec, rank: int, rates: Rates,
-                    phases: dict[str, dict[tuple[str, float], int]], layers: int, price: Any) -> tuple[float, float]:
+    def _overlapped(
+        spec: Spec,
+        device: DeviceSpec,
+        rank: int,
+        rates: Rates,
+        phases: dict[str, dict[tuple[str, float], int]],
+        layers: int,
+        price: Any,
+    ) -> tuple[float, float]:
         """(forward, backward) ms of a virtual stage under --tp-comm-overlap: each layer's overlapped collectives
         expose `overlap_exposed_ms` against their GEMMs (at the device's peak for the GEMMs' precision, so the
         exposure is an upper bound), the rest (the embedding's and output layer's, a switched-off method's) block;
@@ -285,16 +332,24 @@ class TensorParallelComm(Term):
         pairs = tp_overlap_pairs(spec)
         exposed, blocking = {}, {}
         for phase in ("FORWARD", "BACKWARD"):
-            exposed[phase] = sum(overlap_exposed_ms(collective_ms(spec, device, op, hidden, "tp", stage=rank, **rates),
-                                                    flops / flops_per_ms, method, spec.tp)
-                                 for op, flops, method in pairs[phase])
+            exposed[phase] = sum(
+                overlap_exposed_ms(
+                    collective_ms(spec, device, op, hidden, "tp", stage=rank, **rates),
+                    flops / flops_per_ms,
+                    method,
+                    spec.tp,
+                )
+                for op, flops, method in pairs[phase]
+            )
             counts = dict(phases[phase])
             for op, _, _ in pairs[phase]:
                 counts[(op, hidden)] -= layers
             blocking[phase] = price(counts)
         recomputed = spec.model.recomputed_layers(layers)
-        return (blocking["FORWARD"] + layers * exposed["FORWARD"],
-                blocking["BACKWARD"] + layers * exposed["BACKWARD"] + recomputed * exposed["FORWARD"])
+        return (
+            blocking["FORWARD"] + layers * exposed["FORWARD"],
+            blocking["BACKWARD"] + layers * exposed["BACKWARD"] + recomputed * exposed["FORWARD"],
+        )
 
 
 class DataParallelGradReduce(Term):
@@ -328,16 +383,37 @@ class DataParallelGradReduce(Term):
     name = "data_parallel_grad_reduce"
     category = "dp_reduce"
     params = _collective_params("for gradient reduction, beside the backward's kernels") + (
-        Param("algorithm", 0.0, 0.0, 2.0, "choice",
-              "collective algorithm of a group across nodes: 0 flat ring, 1 two levels (NVLink inside the node, "
-              "the NIC share across), 2 the faster of the two per message (NCCL's tuner)", choices=(0.0, 1.0, 2.0),
-              inert=True),
-        Param("net_step_latency_ms", 0.0, 0.0, 0.1, "ms",
-              "latency each ring step across nodes adds over an NVLink step (InfiniBand and NCCL's proxy: ~5-10 us)",
-              per_device=True, inert=True),
-        Param("first_rank_buckets", 0.0, 0.0, 1.0, "switch",
-              "1: under --overlap-grad-reduce only the first pipeline rank buckets (Megatron-core); 0: every rank",
-              choices=(0.0, 1.0), inert=True),
+        Param(
+            "algorithm",
+            0.0,
+            0.0,
+            2.0,
+            "choice",
+            "collective algorithm of a group across nodes: 0 flat ring, 1 two levels (NVLink inside the node, "
+            "the NIC share across), 2 the faster of the two per message (NCCL's tuner)",
+            choices=(0.0, 1.0, 2.0),
+            inert=True,
+        ),
+        Param(
+            "net_step_latency_ms",
+            0.0,
+            0.0,
+            0.1,
+            "ms",
+            "latency each ring step across nodes adds over an NVLink step (InfiniBand and NCCL's proxy: ~5-10 us)",
+            per_device=True,
+            inert=True,
+        ),
+        Param(
+            "first_rank_buckets",
+            0.0,
+            0.0,
+            1.0,
+            "switch",
+            "1: under --overlap-grad-reduce only the first pipeline rank buckets (Megatron-core); 0: every rank",
+            choices=(0.0, 1.0),
+            inert=True,
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
@@ -356,15 +432,35 @@ class DataParallelGradReduce(Term):
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
             rates = _rates(context, params, device.type)
             net = Term.value(params, "net_step_latency_ms", device.type)
-            bucket_ms = collective_ms(spec, device, op, parameters / buckets * gradient_bytes(spec), group,
-                                      stage=rank, algorithm=algorithm, net_step_latency_ms=net, **rates)
+            bucket_ms = collective_ms(
+                spec,
+                device,
+                op,
+                parameters / buckets * gradient_bytes(spec),
+                group,
+                stage=rank,
+                algorithm=algorithm,
+                net_step_latency_ms=net,
+                **rates,
+            )
             whole.append(buckets * bucket_ms)
             tails.append(bucket_ms)
             gather = 0.0
             if spec.distributed_optimizer and not spec.overlap_param_gather:
-                gather = collective_ms(spec, device, "all_gather",
-                                       parameter_gather_bytes(spec, parameters, spec.layers_per_stage[rank]),
-                                       group, stage=rank, algorithm=algorithm, net_step_latency_ms=net, **rates)
+                gather = collective_ms(
+                    spec,
+                    device,
+                    "all_gather",
+                    parameter_gather_bytes(spec, parameters, spec.layers_per_stage[rank]),
+                    group,
+                    stage=rank,
+                    algorithm=algorithm,
+                    net_step_latency_ms=net,
+                    **rates,
+                )
             gathers.append(gather)
-        return Contribution(grad_reduce_ms=tuple(whole), grad_reduce_tail_ms=tuple(tails),
-                            optimizer_ms=tuple(gathers) if any(gathers) else ())
+        return Contribution(
+            grad_reduce_ms=tuple(whole),
+            grad_reduce_tail_ms=tuple(tails),
+            optimizer_ms=tuple(gathers) if any(gathers) else (),
+        )

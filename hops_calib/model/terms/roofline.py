@@ -33,20 +33,40 @@ class DecoderRoofline(Term):
     name = "decoder_roofline"
     scope = "layers"
     params = (
-        Param("compute_efficiency", 0.5, 0.01, 1.0, "fraction of peak",
-              "achieved fraction of dense bf16 peak in the layer's GEMMs (large GEMMs reach 0.5-0.8)", log=True,
-              per_device=True),
-        Param("memory_efficiency", 0.8, 0.05, 1.0, "fraction of peak",
-              "achieved fraction of the device memory bandwidth (STREAM-like kernels reach 0.8-0.9)", log=True),
-        Param("backward_factor", 2.0, 1.0, 4.0, "x forward",
-              "backward work relative to forward: input gradient + weight gradient = 2", per_device=True),
+        Param(
+            "compute_efficiency",
+            0.5,
+            0.01,
+            1.0,
+            "fraction of peak",
+            "achieved fraction of dense bf16 peak in the layer's GEMMs (large GEMMs reach 0.5-0.8)",
+            log=True,
+            per_device=True,
+        ),
+        Param(
+            "memory_efficiency",
+            0.8,
+            0.05,
+            1.0,
+            "fraction of peak",
+            "achieved fraction of the device memory bandwidth (STREAM-like kernels reach 0.8-0.9)",
+            log=True,
+        ),
+        Param(
+            "backward_factor",
+            2.0,
+            1.0,
+            4.0,
+            "x forward",
+            "backward work relative to forward: input gradient + weight gradient = 2",
+            per_device=True,
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         shape = context.spec.model
         forward_flops = gpt.layer_forward_flops(shape)
-        forward_bytes = (gpt.layer_parameters(shape) * gpt.bytes_per_element(shape)
-                         + gpt.layer_activation_bytes(shape))
+        forward_bytes = gpt.layer_parameters(shape) * gpt.bytes_per_element(shape) + gpt.layer_activation_bytes(shape)
         weight_grad_flops = gpt.layer_weight_grad_flops(shape)
         core_share = gpt.attention_core_flops(shape) / forward_flops
         forward, backward, weight_grad, core = [], [], [], []
@@ -61,5 +81,9 @@ class DecoderRoofline(Term):
             backward.append(layers * layer_backward_ms)
             weight_grad.append(layers * layer_backward_ms * weight_grad_flops / (backward_factor * forward_flops))
             core.append(layers * layer_forward_ms * core_share)
-        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward), weight_grad_ms=tuple(weight_grad),
-                            attention_core_ms=tuple(core))
+        return Contribution(
+            forward_ms=tuple(forward),
+            backward_ms=tuple(backward),
+            weight_grad_ms=tuple(weight_grad),
+            attention_core_ms=tuple(core),
+        )

@@ -1,0 +1,158 @@
+"""What-if room: the planner's ascent over the levers (`plan_job` drives it): where it starts (the job's own launch,
+or, where that does not fit, each setting's most memory-saving launch the closed-form bound says fits:
+`_memory_seeds`), how it moves (`_moved`, `_moved_up`: one lever, or one larger micro batch), the one count its
+progress reports (`_Looked`), and the note on interchangeable devices."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from hops_calib.progress import Progress
+from hops_calib.whatif.launch_pricing import JobPlanner, Outcome, Refusal
+from hops_calib.whatif.launch_space import Launch, Space
+
+
+class _Looked:
+    """The search's progress as one count: the distinct launches looked at (`count()`) of the `total` candidates,
+    shown on `inner` whenever a stage of the search reports a step, named by the current `stage`. The count stops
+    short of the total where the search does not look at every launch."""
+
+    def __init__(self, inner: Progress, total: int, count: Any) -> None:
+        self.inner, self.total, self.count, self.stage = inner, total, count, ""
+        inner.start(total)
+
+    def start(self, total: int) -> None:
+        pass  # the total is the candidates', set once
+
+    def advance(self, what: str = "") -> None:
+        self.inner.update(self.count(), self.total, self.stage)
+
+    def update(self, completed: int, total: int, what: str = "") -> None:
+        self.inner.update(self.count(), self.total, self.stage)
+
+
+def _lever_ascent(
+    planner: JobPlanner,
+    space: Space,
+    families: Sequence[tuple[Any, Space]],
+    score: Any,
+    best_first: Any,
+    outcomes: dict[Launch, Outcome],
+    max_steps: int = 20,
+) -> int:
+    """Moves from the job's own launch to the fastest fitting launch one lever away while one is faster; the
+    steps taken. A launch whose micro batch no longer divides a replica's batch takes the largest that does."""
+    spaces = {None: space, **dict(families)}
+    own = planner.own_levers()
+    current = score(planner.current())
+    if current is None or not current.fits:
+        fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
+        if not fitting:  # the job's own launch does not fit: start from its settings at each recomputation
+            best_first(
+                [
+                    _moved(planner.current(), family)
+                    for setting, family in families
+                    if (setting.tp, setting.pp) == (own.tp, own.pp)
+                ]
+            )
+            fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
+        if not fitting:  # nor do those: start from every setting's most memory-saving launch the bound says fits
+            best_first(_memory_seeds(planner, spaces))
+            fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
+            if not fitting:
+                return 0
+        current = fitting[0]
+    steps = 0
+    for _ in range(max_steps):
+        launch = current.launch
+        levers = launch.levers or own
+        here = spaces[launch.levers]
+        near = [
+            Launch(launch.order, launch.first, launch.last, schedule, chunks, size, accounted, launch.levers)
+            for size, first, last, schedule, chunks, accounted in here.shapes()
+            if (first, last) == (launch.first, launch.last)
+            and accounted == launch.accounted
+            and (size == launch.micro_batch_size or (schedule, chunks) == (launch.schedule, launch.chunks))
+        ]
+        for setting, family in spaces.items():
+            setting = setting or own
+            changed = (
+                (setting.tp, setting.pp) != (levers.tp, levers.pp),
+                setting.recompute != levers.recompute,
+                setting.sequence_parallel != levers.sequence_parallel,
+                setting.distributed_optimizer != levers.distributed_optimizer,
+            )
+            # one lever changed; a new layout may take any recomputation with it (what lets it fit)
+            if sum(changed) == 1 or (changed[0] and sum(changed[2:]) == 0):
+                near += _moved_up(planner, launch, family)
+        best_first([n for n in dict.fromkeys(near) if n != launch])
+        better = max(
+            (outcomes[n] for n in near if n in outcomes and outcomes[n].fits),
+            key=lambda o: o.samples_per_s,
+            default=current,
+        )
+        if better.samples_per_s <= current.samples_per_s:
+            break
+        current, steps = better, steps + 1
+    return steps
+
+
+def _memory_seeds(planner: JobPlanner, spaces: dict[Any, Space]) -> list[Launch]:
+    """Of each setting of the levers, its launch that holds the least memory - the smallest micro batch, 1F1B
+    (the fewest microbatches in flight), the even split - where the closed-form memory bound says it fits: where
+    the search starts when neither the job's own launch nor its settings at another recomputation fit."""
+    seeds = []
+    for family in spaces.values():
+        size = min(family.sizes)
+        shapes = {
+            (schedule, chunks)
+            for s, first, last, schedule, chunks, accounted in family.shapes()
+            if s == size and (first, last, accounted) == (None, None, (False, False))
+        }
+        if ("1f1b", 1) not in shapes:
+            continue
+        launch = Launch(family.current_order, None, None, "1f1b", 1, size, (False, False), family.levers)
+        try:
+            if planner.memory_fits(launch):
+                seeds.append(launch)
+        except Refusal:
+            continue
+    return seeds
+
+
+def _moved_up(planner: JobPlanner, launch: Launch, family: Space) -> list[Launch]:
+    """`launch` moved to another setting of the levers (`_moved`), and at the next larger micro batch of that
+    setting where the closed-form memory bound says it fits: a setting that holds less per GPU (a recomputation,
+    the distributed optimizer, a wider layout) may run best at a larger one (the ascent climbs on from there)."""
+    moved = [_moved(launch, family)]
+    for size in sorted(s for s in family.sizes if s > moved[0].micro_batch_size):
+        larger = _moved(launch, family, size)
+        try:
+            if planner.memory_fits(larger):
+                moved.append(larger)
+        except Refusal:
+            continue
+        break
+    return moved
+
+
+def _moved(launch: Launch, family: Space, size: int | None = None) -> Launch:
+    """`launch` in another setting of the levers: its schedule where that setting runs it (else 1F1B), micro batch
+    `size`, else its own where it divides a replica's batch (else the largest that does), the even split."""
+    if size is None:
+        size = max((s for s in family.sizes if s <= launch.micro_batch_size), default=min(family.sizes))
+    shapes = {(schedule, chunks) for s, _, _, schedule, chunks, _ in family.shapes() if s == size}
+    schedule, chunks = (launch.schedule, launch.chunks) if (launch.schedule, launch.chunks) in shapes else ("1f1b", 1)
+    return Launch(family.current_order, None, None, schedule, chunks, size, (False, False), family.levers)
+
+
+def _interchangeable(space: Space) -> str:
+    """The note naming the devices a plan took as interchangeable, and the orders that left to price."""
+    alike = [", ".join(devices) for devices in space.by_kind()[1].values() if len(devices) > 1]
+    return (
+        f"interchangeable devices (same type, same links at every position: a launch prices the same with any "
+        f"two swapped): {'; '.join(alike)}. {space.orders_count()} distinct stage order(s) searched of "
+        f"{math.factorial(len(space.devices or space.current_order))}"
+    )
