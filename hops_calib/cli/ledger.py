@@ -351,19 +351,23 @@ def ledger_verify_command(ledger_path: Path | None, as_json: bool) -> int:
     def run() -> int:
         nonlocal ledger_path
         ledger_path = resolve_ledger(ledger_path)
-        from hops_calib.loop.commits import unwritten_problems
+        from hops_calib.loop.commits import disagreeing_models, unwritten_problems
         from hops_calib.loop.ledger import verify
 
         result = verify(ledger_path)
         # a commit whose model write did not happen (a crash between the append and the write)
         result.problems += unwritten_problems(ledger_path)
+        # a model file a commit of another ledger (a --ledger copy) wrote: the chain holds, the pair disagrees
+        warnings = disagreeing_models(ledger_path) if result.ok else []
         if as_json:
-            print_json(result.to_dict(), "ok" if result.ok else "broken_ledger")
+            print_json({**result.to_dict(), "warnings": warnings}, "ok" if result.ok else "broken_ledger")
         elif result.ok:
             print(
                 f"{ledger_path}: {result.entries} entries, chain intact; head sha256 {result.head_sha256}; "
                 f"{result.committed_prefix_note}"
             )
+            for warning in warnings:
+                print(f"warning: {warning}", file=sys.stderr)
         else:
             for problem in result.problems:
                 print(

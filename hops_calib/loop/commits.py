@@ -198,6 +198,18 @@ def last_commit_into(model_path: Path | str, ledger_path: Path | str) -> dict[st
     return last
 
 
+def disagreeing_models(ledger_path: Path | str) -> list[str]:
+    """`ledger_disagrees` for every model file the ledger's commits wrote that is still there: what `ledger verify`
+    adds as warnings (the chain can be intact while a model file was written by a commit another ledger holds)."""
+    ledger_path = Path(ledger_path)
+    targets: dict[Path, None] = {}
+    for entry in read_entries(ledger_path):
+        recorded = (_commit_of(entry) or (None,))[0]
+        if recorded:
+            targets[model_file(recorded, ledger_path).resolve()] = None
+    return [warning for target in targets if target.is_file() for warning in ledger_disagrees(target, ledger_path)]
+
+
 def ledger_disagrees(model_path: Path | str, ledger_path: Path | str | None) -> list[str]:
     """A warning when the model file was last written by a commit that is not the ledger's last commit into it
     (its header names the entry that wrote it: `model_files.committed_by`): a commit recorded in another ledger (a

@@ -76,3 +76,14 @@ def test_a_model_written_through_another_ledger_draws_a_warning(checkout, tmp_pa
     last = [e for e in ledger_room.read_entries(real) if e.get("committed")][-1]
     assert len(warned) == 1 and f"written by the commit of ledger entry {entry['seq']}" in warned[0]
     assert f"its last commit into it is entry {last['seq']}" in warned[0]
+    # `ledger verify` says so too: the chain is intact (exit 0), the pair of model and ledger disagrees (a warning)
+    import json
+
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    verified = CliRunner().invoke(app, ["ledger", "verify", "--ledger", str(real), "--json"])
+    record = json.loads(verified.stdout)
+    assert verified.exit_code == 0 and record["status"] == "ok"
+    assert [w for w in record["warnings"] if f"written by the commit of ledger entry {entry['seq']}" in w]
