@@ -97,13 +97,11 @@ def main() -> None:
     stages = json.loads((job / "hops_trace_map.json").read_text())["stages"]
     ids = tuple(stages[str(s)] for s in range(CONFIG.pp))
     (job / "hops.base.yaml").write_text(jobdir.template(config, ids, jobdir.cpu_model_name()))
-    reports = [json.loads(path.read_text()) for path in sorted(job.glob("link_bench.rank*.json"))]
+    benches = [json.loads(job.joinpath(f"link_bench.rank{rank}.json").read_text()) for rank in range(CONFIG.world)]
     bench_dir = job / jobdir.LINK_BENCH_DIR
     bench_dir.mkdir(parents=True, exist_ok=True)
-    for label in sorted({label for report in reports for label in report}):
-        rows = sorted((row for report in reports for row in report.get(label, [])),
-                      key=lambda row: (row["size_mb"], row["rank"]))
-        (bench_dir / f"{label}.jsonl").write_text(jobdir.link_bench_text(rows, "gloo p2p benchmark, tests/plugin_run.py"))
+    for name, text in jobdir.link_bench_files(benches, "gloo p2p benchmark, tests/plugin_run.py").items():
+        (bench_dir / name).write_text(text)
     for path in job.glob("link_bench.rank*.json"):
         path.unlink()
     (job / "manifest.yaml").write_text(f"run_id: {job.name}\nsource_scenario: tests/plugin_run.py (the hops-calib "

@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +175,14 @@ def manifest(config: CaptureConfig, run_id: str, command: str, facts: dict[str, 
 def link_bench_text(rows: list[dict[str, Any]], header: str) -> str:
     """Rows of both ranks of one pair, after one log line (as the cluster files carry NCCL's)."""
     return header + "\n" + "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def link_bench_files(benches: Sequence[dict[str, list[dict[str, Any]]]], header: str) -> dict[str, str]:
+    """The pair files of a link benchmark (`pair_<i>_<j>.jsonl` -> text) from each rank's rows by pair label (in
+    rank order, as `link_bench.run` returns them): both ranks' rows of a pair, by message size, then rank."""
+    files = {}
+    for label in sorted({label for bench in benches for label in bench}):
+        rows = [row for bench in benches for row in bench.get(label, [])]
+        rows.sort(key=lambda row: (row["size_mb"], row["rank"]))
+        files[f"{label}.jsonl"] = link_bench_text(rows, header)
+    return files

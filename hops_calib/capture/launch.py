@@ -300,8 +300,6 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
     atomic_write(staging / jobdir.MANIFEST, jobdir.manifest(config, run_id, command, facts))
     if config.link_bench:
         header = f"gloo p2p benchmark, torch {facts['versions']['torch']}, host {host}"
-        labels = sorted({label for report in reports.values() for label in report["bench"]})
-        for label in labels:
-            rows = [row for rank in sorted(reports) for row in reports[rank]["bench"].get(label, [])]
-            rows.sort(key=lambda row: (row["size_mb"], row["rank"]))
-            atomic_write(staging / jobdir.LINK_BENCH_DIR / f"{label}.jsonl", jobdir.link_bench_text(rows, header))
+        benches = [reports[rank]["bench"] for rank in sorted(reports)]
+        for name, text in jobdir.link_bench_files(benches, header).items():
+            atomic_write(staging / jobdir.LINK_BENCH_DIR / name, text)
