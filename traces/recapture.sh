@@ -36,6 +36,11 @@ declare -A RUNS=(
   # interleaved 1F1B with Megatron's overlapped p2p (overlap_p2p_comm, Megatron-LM's default with virtual stages;
   # issue #28): its order of events per rank is checked against the simulator's program in tests/sim/test_overlap_capture.py
   [cpu_interleaved_overlap_v2_l4_h384_s128_m6_run1]="--vp 2 --overlap-p2p --layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 6 --iterations 4 --link-bench-iters 20"
+  [cpu_interleaved_overlap_v2_l4_h384_s128_m6_run2]="--vp 2 --overlap-p2p --layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 6 --iterations 4 --link-bench-iters 20"
+  # the same shape without the overlap (blocking p2p), on the same machine: what posting the transfers ahead adds
+  # to each task is read against it (issue #28)
+  [cpu_interleaved_v2_l4_h384_s128_m6_run1]="--vp 2 --layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 6 --iterations 4 --link-bench-iters 20"
+  [cpu_interleaved_v2_l4_h384_s128_m6_run2]="--vp 2 --layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 6 --iterations 4 --link-bench-iters 20"
 )
 
 # Other work competing for the cores now: runnable processes besides this sampler, averaged over 5 s
