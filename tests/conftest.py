@@ -130,3 +130,37 @@ def iteration_terms_model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("models") / "iteration-terms.toml"
     path.write_text(ITERATION_TERMS_MODEL)
     return path
+
+
+# A PostgreSQL database for the distributed-study tests ($HOPS_CALIB_TEST_POSTGRES, a URL that .ci/run sets after
+# starting a local server); without it the tests skip saying why, and fail under HOPS_CALIB_REQUIRE_POSTGRES=1.
+POSTGRES_URL_ENV, REQUIRE_POSTGRES_ENV = "HOPS_CALIB_TEST_POSTGRES", "HOPS_CALIB_REQUIRE_POSTGRES"
+
+
+def _postgres_unavailable(why: str):
+    import os
+
+    if os.environ.get(REQUIRE_POSTGRES_ENV) == "1":
+        pytest.fail(f"{why}, and {REQUIRE_POSTGRES_ENV}=1 requires the PostgreSQL test to run")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    import os
+
+    url = os.environ.get(POSTGRES_URL_ENV)
+    if not url:
+        _postgres_unavailable(f"no PostgreSQL database given (${POSTGRES_URL_ENV} unset; .ci/run starts one and sets it)")
+    try:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url)
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text("select 1"))
+        engine.dispose()
+    except ModuleNotFoundError as error:
+        _postgres_unavailable(f"no PostgreSQL driver ({error}; pip install -e '.[db]')")
+    except Exception as error:  # noqa: BLE001 - any reason the server cannot be reached
+        _postgres_unavailable(f"PostgreSQL at {url.split('@')[-1]} is not reachable: {type(error).__name__}")
+    return url

@@ -121,6 +121,51 @@ RANK_BY = typer.Option(
     "the 5th percentile under the stragglers and failures given).",
 )
 AS_JSON = typer.Option(False, "--json", help="Print the plan as JSON.")
+STORAGE = typer.Option(
+    None,
+    "--storage",
+    help="With --job: run the optuna study of a large space on this storage, shared with other processes: "
+    "sqlite:///FILE (one machine), postgresql://USER:PASSWORD@HOST/DB (several; the [db] extra) or any RDB URL. "
+    "Default: $HOPS_CALIB_STORAGE, else `storage` under \\[defaults] of the nearest hops-calib.toml, else in "
+    "memory (docs/distributed-tuning.md).",
+)
+STUDY = typer.Option(
+    None, "--study", help="With --job and a storage: the study's name (default: the job and what is planned)."
+)
+WORKERS = typer.Option(
+    1, "--workers", min=1, help="With --job and a storage: processes working on the study (its --trials shared)."
+)
+SAMPLER = typer.Option(
+    "tpe",
+    "--sampler",
+    help="With --job and a storage: tpe (learns from the trials so far), or sobol (trial k is the study's k-th "
+    "Sobol point: the same plan with any number of workers).",
+)
+
+# The options `plan job DIR` and the old `plan --job DIR` pass on to the search, by parameter name.
+_JOB_OPTIONS = (
+    "job",
+    "model",
+    "top",
+    "schedules",
+    "fixed_order",
+    "fixed_split",
+    "fixed_micro_batch",
+    "keep_levers",
+    "device_memory",
+    "trials",
+    "exhaustive_limit",
+    "any_runtime",
+    "memory_headroom",
+    "rank_by",
+    "fixtures",
+    "perturbations",
+    "storage",
+    "study",
+    "workers",
+    "sampler",
+)
+
 
 # What each way of planning reads of the old spelling's options, and how to name it. An option given on the command
 # line to a way that does not read it is refused (exit 2) naming the way that does, never silently ignored; a new
@@ -143,24 +188,10 @@ _PLAN_WAYS = {
     "job": (
         "plan --job DIR without --parallel (its search of stage order, layer split, schedule, micro batch)",
         {
-            "job",
+            *(name for name in _JOB_OPTIONS if name != "perturbations"),  # the perturbations: their options, below
             "cluster",
             "no_cluster",
-            "fixtures",
-            "model",
-            "top",
-            "schedules",
-            "fixed_order",
-            "fixed_split",
-            "fixed_micro_batch",
-            "device_memory",
-            "trials",
-            "exhaustive_limit",
-            "rank_by",
             "as_json",
-            "any_runtime",
-            "memory_headroom",
-            "keep_levers",
             *(f"perturbations__{name}" for name, *_ in PERTURBATION_OPTIONS),
         },
     ),
@@ -234,50 +265,38 @@ def _abstract(
     )
 
 
-def _job(
-    ctx: typer.Context,
-    job: Path,
-    cluster: Path | None,
-    no_cluster: bool,
-    fixtures: Path,
-    model: Path | None,
-    top: int,
-    schedules: list[str] | None,
-    fixed_order: bool,
-    fixed_split: bool,
-    fixed_micro_batch: bool,
-    keep_levers: bool,
-    device_memory: list[str] | None,
-    trials: int | None,
-    exhaustive_limit: int,
-    any_runtime: bool,
-    memory_headroom: float | None,
-    rank_by: str,
-    as_json: bool,
-    perturbations: dict | None,
-) -> int:
-    from hops_calib.cli.whatif import plan_job_command
+def _job(ctx: typer.Context, given: dict) -> int:
+    """Run `plan job` on the options a command was given (its parameters by name: `_JOB_OPTIONS`, `cluster`,
+    `no_cluster`, `as_json`)."""
+    from hops_calib.cli.settings import default_storage
+    from hops_calib.cli.whatif import PlanJobRequest, plan_job_command
 
-    return plan_job_command(
-        job,
-        _cluster(ctx, cluster, no_cluster),
-        model,
-        top,
-        tuple(schedules or ()),
-        fixed_order,
-        fixed_split,
-        fixed_micro_batch,
-        tuple(device_memory or ()),
-        trials,
-        exhaustive_limit,
-        rank_by,
-        perturbations,
-        as_json,
-        fixtures,
-        any_runtime,
-        memory_headroom,
-        keep_levers,
+    o = {name: given[name] for name in _JOB_OPTIONS}
+    request = PlanJobRequest(
+        job=o["job"],
+        cluster=_cluster(ctx, given["cluster"], given["no_cluster"]),
+        model=o["model"],
+        top=o["top"],
+        schedules=tuple(o["schedules"] or ()),
+        keep_order=o["fixed_order"],
+        keep_split=o["fixed_split"],
+        keep_micro_batch=o["fixed_micro_batch"],
+        keep_levers=o["keep_levers"],
+        device_memory=tuple(o["device_memory"] or ()),
+        trials=o["trials"],
+        exhaustive_limit=o["exhaustive_limit"],
+        any_runtime=o["any_runtime"],
+        memory_headroom_gb=o["memory_headroom"],
+        rank_by=o["rank_by"],
+        perturbations=o["perturbations"],
+        fixtures=o["fixtures"],
+        # without --storage: $HOPS_CALIB_STORAGE, else the nearest hops-calib.toml's [defaults] storage, else memory
+        storage=o["storage"] if o["storage"] is not None else default_storage()[0],
+        study=o["study"],
+        workers=o["workers"],
+        sampler=o["sampler"],
     )
+    return plan_job_command(request, given["as_json"])
 
 
 @app.command("job")
@@ -302,36 +321,17 @@ def plan_job(
     memory_headroom: float | None = MEMORY_HEADROOM,
     rank_by: str = RANK_BY,
     as_json: bool = AS_JSON,
+    storage: str | None = STORAGE,
+    study: str | None = STUDY,
+    workers: int = WORKERS,
+    sampler: str = SAMPLER,
     perturbations: dict | None = None,
 ) -> None:
     """The fastest launches of a real job on its devices, priced by the calibrated model: one search over t, p, d,
     virtual stages, micro batch, recomputation, sequence parallelism, the distributed optimizer, stage order,
     layer split and schedule (Megatron's own unless --any-runtime), each pick within memory less a stated headroom
     (the old spelling: plan --job DIR)."""
-    raise typer.Exit(
-        _job(
-            ctx,
-            job,
-            cluster,
-            no_cluster,
-            fixtures,
-            model,
-            top,
-            schedules,
-            fixed_order,
-            fixed_split,
-            fixed_micro_batch,
-            keep_levers,
-            device_memory,
-            trials,
-            exhaustive_limit,
-            any_runtime,
-            memory_headroom,
-            rank_by,
-            as_json,
-            perturbations,
-        )
-    )
+    raise typer.Exit(_job(ctx, locals()))
 
 
 @app.command("layouts")
@@ -412,6 +412,10 @@ def plan(
     memory_headroom: float | None = MEMORY_HEADROOM,
     rank_by: str = RANK_BY,
     as_json: bool = AS_JSON,
+    storage: str | None = STORAGE,
+    study: str | None = STUDY,
+    workers: int = WORKERS,
+    sampler: str = SAMPLER,
     perturbations: dict | None = None,
 ) -> None:
     """The old spelling of the plan verbs: plan --stages ... (plan abstract), plan --job DIR (plan job DIR), plan
@@ -434,27 +438,4 @@ def plan(
         from hops_calib.cli.whatif import plan_layouts_command
 
         raise typer.Exit(plan_layouts_command(job, model, top, as_json))
-    raise typer.Exit(
-        _job(
-            ctx,
-            job,
-            cluster,
-            no_cluster,
-            fixtures,
-            model,
-            top,
-            schedules,
-            fixed_order,
-            fixed_split,
-            fixed_micro_batch,
-            keep_levers,
-            device_memory,
-            trials,
-            exhaustive_limit,
-            any_runtime,
-            memory_headroom,
-            rank_by,
-            as_json,
-            perturbations,
-        )
-    )
+    raise typer.Exit(_job(ctx, locals()))

@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -452,26 +453,35 @@ def _bytes(text: str) -> float:
         return math.nan
 
 
-def plan_job_command(
-    job: Path,
-    cluster: Path | None,
-    model_path: Path | None,
-    top: int,
-    schedules: Sequence[str],
-    keep_order: bool,
-    keep_split: bool,
-    keep_micro_batch: bool,
-    device_memory: Sequence[str],
-    trials: int | None,
-    exhaustive_limit: int,
-    rank_by: str,
-    perturbations: dict | None,
-    as_json: bool,
-    fixtures: Path | None = None,
-    any_runtime: bool = False,
-    memory_headroom_gb: float | None = None,
-    keep_levers: bool = False,
-) -> int:
+@dataclass(frozen=True)
+class PlanJobRequest:
+    """What `plan job DIR` (and the old `plan --job DIR`) was asked: the job, the model and cluster files (the cluster
+    already resolved), the search's options, and the shared study's storage (`storage` None: the study in memory)."""
+
+    job: Path
+    cluster: Path | None = None
+    model: Path | None = None
+    top: int = 5
+    schedules: tuple[str, ...] = ()
+    keep_order: bool = False
+    keep_split: bool = False
+    keep_micro_batch: bool = False
+    keep_levers: bool = False
+    device_memory: tuple[str, ...] = ()
+    trials: int | None = None
+    exhaustive_limit: int = 10000
+    any_runtime: bool = False
+    memory_headroom_gb: float | None = None
+    rank_by: str = "throughput"
+    perturbations: dict | None = None
+    fixtures: Path | None = None
+    storage: str | None = None
+    study: str | None = None
+    workers: int = 1
+    sampler: str = "tpe"
+
+
+def plan_job_command(request: PlanJobRequest, as_json: bool) -> int:
     """`plan --job DIR`: the best launches of the job on its devices, under a progress bar."""
     from dataclasses import replace
 
@@ -479,14 +489,32 @@ def plan_job_command(
     from hops_calib.cli.render.plan import format_job_plan
     from hops_calib.loop.model_files import load_model
     from hops_calib.whatif.job_plan import MEGATRON_SCHEDULES, SCHEDULES, plan_job
+    from hops_calib.whatif.launch_study import StudyRun
 
-    seed = (perturbations or {}).get("seed") or 0
-    if trials is not None and not 1 <= trials <= 100_000:
-        raise InputError("plan", f"--trials {trials} is outside 1..100000", field="--trials")
+    seed = (request.perturbations or {}).get("seed") or 0
 
     def compute(bar):
+        from hops_calib.study import SAMPLERS
+
+        if request.sampler not in SAMPLERS:
+            raise InputError(
+                "--sampler",
+                f"unknown sampler {request.sampler!r}",
+                field="--sampler",
+                hint=f"one of {', '.join(SAMPLERS)}",
+            )
+        if request.storage is None and (request.workers > 1 or request.study is not None):
+            raise InputError(
+                "plan",
+                "--workers and --study share a study among processes, and the study is in memory",
+                field="--storage",
+                hint="pass --storage sqlite:///plan.db (one machine) or postgresql://USER@HOST/DB (several), or set "
+                "storage in hops-calib.toml (docs/distributed-tuning.md)",
+            )
+        if request.trials is not None and not 1 <= request.trials <= 100_000:
+            raise InputError("plan", f"--trials {request.trials} is outside 1..100000", field="--trials")
         memory: dict[str, float] = {}
-        for text in device_memory:
+        for text in request.device_memory:
             name, sep, value = text.rpartition(":")
             memory[name.lower()] = _bytes(value)
             if not sep or not name or not (0 < memory[name.lower()] < math.inf):
@@ -496,46 +524,55 @@ def plan_job_command(
                     field="--device-memory",
                     hint="e.g. --device-memory a10g:20GiB or a10g:22e9 (leave room for the CUDA context)",
                 )
-        require_job_dir(job)
-        if schedules and not any_runtime and any(s not in MEGATRON_SCHEDULES for s in schedules):
+        require_job_dir(request.job)
+        if (
+            request.schedules
+            and not request.any_runtime
+            and any(s not in MEGATRON_SCHEDULES for s in request.schedules)
+        ):
             raise InputError(
                 "--schedule",
-                f"{next(s for s in schedules if s not in MEGATRON_SCHEDULES)!r} has no Megatron-LM flag",
+                f"{next(s for s in request.schedules if s not in MEGATRON_SCHEDULES)!r} has no Megatron-LM flag",
                 field="--schedule",
                 hint="add --any-runtime to plan for a runtime that has it (torch.distributed.pipelining)",
             )
-        band, runs, store_devices = _calibration_band(fixtures, model_path) if fixtures is not None else (0.0, 0, set())
+        band, runs, store_devices = (
+            _calibration_band(request.fixtures, request.model) if request.fixtures is not None else (0.0, 0, set())
+        )
         plan = plan_job(
-            job,
-            load_model(model_path),
-            cluster=load_cluster(cluster),
-            top=top,
-            schedules=schedules or (SCHEDULES if any_runtime else MEGATRON_SCHEDULES),
-            any_runtime=any_runtime,
+            request.job,
+            load_model(request.model),
+            cluster=load_cluster(request.cluster),
+            top=request.top,
+            schedules=request.schedules or (SCHEDULES if request.any_runtime else MEGATRON_SCHEDULES),
+            any_runtime=request.any_runtime,
             band=band,
-            headroom_bytes=None if memory_headroom_gb is None else memory_headroom_gb * 1e9,
-            study_trials=trials,
-            levers=not keep_levers,
-            orders=not keep_order,
-            splits=not keep_split,
-            micro_batch_sizes=not keep_micro_batch,
+            headroom_bytes=None if request.memory_headroom_gb is None else request.memory_headroom_gb * 1e9,
+            study_trials=request.trials,
+            levers=not request.keep_levers,
+            orders=not request.keep_order,
+            splits=not request.keep_split,
+            micro_batch_sizes=not request.keep_micro_batch,
             memory_bytes=memory or None,
-            trials=trials or 400,
+            trials=request.trials or 400,
             seed=seed,
-            exhaustive_limit=exhaustive_limit,
-            perturbations=parse_perturbations(perturbations, job, stages_allowed=False),
-            rank_by=rank_by,
+            exhaustive_limit=request.exhaustive_limit,
+            perturbations=parse_perturbations(request.perturbations, request.job, stages_allowed=False),
+            rank_by=request.rank_by,
             progress=bar,
             calibration=coverage,
             store=store,
+            study_run=None
+            if request.storage is None
+            else StudyRun(request.storage, request.study, request.workers, request.sampler),
         )
-        if fixtures is None:
+        if request.fixtures is None:
             return plan
         return replace(
-            plan, band_source=_band_source(band, runs, store_devices, fixtures, list(plan.capacity_bytes or ()))
+            plan, band_source=_band_source(band, runs, store_devices, request.fixtures, list(plan.capacity_bytes or ()))
         )
 
-    coverage, store = _calibration_coverage(fixtures) if fixtures is not None else (None, "")
+    coverage, store = _calibration_coverage(request.fixtures) if request.fixtures is not None else (None, "")
 
     return run_and_print("plan", as_json, compute, format_job_plan)
 

@@ -80,24 +80,26 @@ from hops_calib.research.tune_problem import (
     term_values,
 )
 from hops_calib.research.tune_study import (
-    JOIN_WAIT_S,
     PROBLEM_ATTR,
-    SAMPLERS,
-    SQLITE_TIMEOUT_S,
-    _finished,
     check_run,
     default_study_name,
-    make_sampler,
-    make_storage,
     objective,
     open_study,
     optimize,
     run_worker,
+    study_sampler,
+)
+from hops_calib.study import (
+    JOIN_WAIT_S,
+    SAMPLERS,
+    SQLITE_TIMEOUT_S,
+    make_sampler,
+    make_storage,
     shares,
     shown_storage,
     sobol_sampler,
-    study_sampler,
 )
+from hops_calib.study import finished as _finished
 
 __all__ = [
     "CHOICE_RULE",

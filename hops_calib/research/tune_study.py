@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -14,113 +13,22 @@ from typing import Any, Literal
 from hops_calib.errors import InputError
 from hops_calib.progress import warn
 from hops_calib.research.tune_problem import TuneProblem, load_problem, objectives_of, store_dirs
+from hops_calib.study import finished as _finished
+from hops_calib.study import (
+    joined_record,
+    make_sampler,
+    make_storage,
+    run_processes,
+    shares,
+)
+from hops_calib.study import quiet_optuna as _quiet_optuna
 
-SQLITE_TIMEOUT_S = 60  # concurrent workers wait for sqlite's write lock instead of failing
 PROBLEM_ATTR = "hops_calib_tune"  # the study's record of its problem (TuneProblem.identity) and its sampler
-SAMPLERS = ("tpe", "sobol")
-JOIN_WAIT_S = 30.0  # how long a joining process waits for the creating one to write that record
 
 
 def default_study_name(problem: TuneProblem) -> str:
     mode = ("" if problem.objective == "suite" else f"-{problem.objective}") + "".join(f"-{n}" for n in problem.only)
     return f"tune-{problem.term}{mode}-{problem.model.sha256[:8]}-{problem.suite.sha256[:8]}"
-
-
-def make_storage(url: str | None):
-    """An optuna storage: in memory for None, else an RDB storage (sqlite waits for its write lock)."""
-    import optuna
-
-    if url is None:
-        return optuna.storages.InMemoryStorage()
-    from sqlalchemy.exc import DBAPIError
-
-    engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else {}
-    last_error: Exception | None = None
-    for attempt in range(5):
-        try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-        except DBAPIError as error:  # processes starting together on a new sqlite file race to create its tables
-            last_error = error
-            time.sleep(0.2 * (attempt + 1))
-        except Exception as error:  # noqa: BLE001 - a malformed URL or a missing driver: retrying cannot help
-            last_error = error
-            break
-    raise InputError(
-        "--storage",
-        f"cannot open optuna storage {url!r}: {last_error}",
-        field="storage",
-        hint="use sqlite:///path/to/study.db locally, or an optuna RDB URL such as "
-        "postgresql://user@host/db (its driver must be installed)",
-    )
-
-
-def shown_storage(url: str | None) -> str:
-    """A storage URL as output and candidate files show it: its password hidden; "memory" for none."""
-    if url is None:
-        return "memory"
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL sqlalchemy parses: make_storage refuses it, naming it
-        return url
-
-
-def make_sampler(kind: str, seed: int):
-    """The optuna sampler of `kind` (`SAMPLERS`) seeded with `seed`."""
-    import optuna
-
-    if kind not in SAMPLERS:
-        raise InputError("tune", f"unknown sampler {kind!r}", field="sampler", hint=f"one of {', '.join(SAMPLERS)}")
-    return optuna.samplers.TPESampler(seed=seed) if kind == "tpe" else sobol_sampler(seed)
-
-
-def sobol_sampler(seed: int):
-    """A sampler that gives trial number k the k-th point of one scrambled Sobol sequence over the study's
-    parameters (in the order the trial asks for them; a log-scaled parameter uniform in its log), whatever process
-    asks: so any number of workers sharing an RDB storage run the same trials as one does."""
-    import math
-
-    import optuna
-    from scipy.stats import qmc  # type: ignore[import-untyped]  # (scipy ships no stubs)
-
-    class SobolSampler(optuna.samplers.BaseSampler):
-        def __init__(self) -> None:
-            self._points: dict[int, list[list[float]]] = {}  # dimension -> the sequence's points so far
-            self._engines: dict[int, Any] = {}
-            self.dimensions = 8  # enough for any term's parameters (a term has at most a handful)
-
-        def infer_relative_search_space(self, study, trial):
-            return {}
-
-        def sample_relative(self, study, trial, search_space):
-            return {}
-
-        def _point(self, number: int) -> list[float]:
-            engine = self._engines.setdefault(self.dimensions, qmc.Sobol(d=self.dimensions, scramble=True, seed=seed))
-            points = self._points.setdefault(self.dimensions, [])
-            if number >= len(points):
-                import warnings
-
-                with warnings.catch_warnings():  # balance properties want powers of 2; any prefix is still fixed
-                    warnings.simplefilter("ignore")
-                    points.extend(engine.random(number + 1 - len(points)).tolist())
-            return points[number]
-
-        def sample_independent(self, study, trial, param_name, param_distribution):
-            index = len(trial.distributions)  # the parameters in the order the trial asks for them
-            if index >= self.dimensions:
-                raise ValueError(f"the Sobol sampler draws at most {self.dimensions} parameters")
-            u = self._point(trial.number)[index]
-            if isinstance(param_distribution, optuna.distributions.CategoricalDistribution):
-                choices = param_distribution.choices
-                return choices[min(int(u * len(choices)), len(choices) - 1)]
-            low, high = param_distribution.low, param_distribution.high
-            if getattr(param_distribution, "log", False):
-                return min(high, max(low, math.exp(math.log(low) + u * (math.log(high) - math.log(low)))))
-            return min(high, max(low, low + u * (high - low)))
-
-    return SobolSampler()
 
 
 def open_study(
@@ -144,18 +52,7 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         pass
     study = optuna.load_study(study_name=study_name, storage=storage, sampler=make_sampler("tpe", seed))
-    deadline = time.monotonic() + JOIN_WAIT_S
-    while PROBLEM_ATTR not in study.user_attrs and time.monotonic() < deadline:
-        time.sleep(0.1)  # created a moment ago by a process that has not written its record yet
-    recorded = study.user_attrs.get(PROBLEM_ATTR)
-    if recorded is None:
-        raise InputError(
-            "--study",
-            f"study {study_name!r} has no hops-calib tune record (user attribute "
-            f"{PROBLEM_ATTR!r}); it was not created by `hops-calib tune`",
-            field="study",
-            hint="choose another --study name",
-        )
+    recorded = joined_record(study, PROBLEM_ATTR, study_name, "tune")
     expected = problem.identity()
     differ = [key for key in expected if json.dumps(recorded.get(key)) != json.dumps(expected[key])]
     if differ:
@@ -208,12 +105,6 @@ def objective(problem: TuneProblem) -> Callable:
     return run
 
 
-def _quiet_optuna() -> None:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
 def run_worker(
     term: str,
     fixtures_dir: str | list[str],
@@ -237,11 +128,6 @@ def run_worker(
         sys.exit(2)
 
 
-def shares(trials: int, workers: int) -> list[int]:
-    """Trials per worker, adding up to `trials`."""
-    return [trials // workers + (1 if k < trials % workers else 0) for k in range(workers)]
-
-
 def check_run(trials: int, workers: int, storage_url: str | None) -> None:
     if trials < 1 or workers < 1:
         raise InputError("tune", "--trials and --workers must be at least 1", field="trials")
@@ -252,13 +138,6 @@ def check_run(trials: int, workers: int, storage_url: str | None) -> None:
             field="storage",
             hint="pass --storage sqlite:///tune.db (or an optuna RDB URL)",
         )
-
-
-def _finished(study) -> int:
-    import optuna
-
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
-    return len(study.get_trials(deepcopy=False, states=states))
 
 
 def optimize(
@@ -306,24 +185,7 @@ def optimize(
         for k, share in enumerate(shares(trials, workers))
         if share
     ]
-    for process in processes:
-        process.start()
-    try:
-        while any(p.is_alive() for p in processes):
-            if progress:
-                progress(_finished(study) - before, trials)
-            for process in processes:
-                process.join(timeout=0.5)
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-    failed = [p.exitcode for p in processes if p.exitcode != 0]
-    if failed:
-        raise InputError(
-            "tune",
-            f"{len(failed)} of {len(processes)} worker processes failed (exit codes "
-            f"{failed}); their messages are above",
-            field="workers",
-        )
+    run_processes(
+        processes, (lambda: progress(_finished(study) - before, trials)) if progress else (lambda: None), "tune"
+    )
     return study

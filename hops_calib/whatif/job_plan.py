@@ -65,6 +65,7 @@ from hops_calib.whatif.launch_space import (
     divisors,
     layer_splits,
 )
+from hops_calib.whatif.launch_study import StudyResult, StudyRun, TrialsProgress, run_study, study_setting
 from hops_calib.whatif.lever_ascent import _interchangeable, _lever_ascent, _Looked
 from hops_calib.whatif.perturbations import Perturbations
 
@@ -121,6 +122,7 @@ class JobPlan:
     capacity_bytes: dict[str, float] | None = None  # per device type, its memory before the headroom
     any_runtime: bool = False  # schedules Megatron-LM lacks were searched too
     band_source: str = ""  # where the throughputs' band comes from ("": none given)
+    study: dict[str, Any] | None = None  # the shared study the search ran on (--storage): name, storage, trials
 
     @property
     def status(self) -> str:
@@ -167,6 +169,7 @@ class JobPlan:
             "memory_capacity_bytes": self.capacity_bytes,
             "any_runtime": self.any_runtime,
             "throughput_band_source": self.band_source or None,
+            "study": self.study,
         }
 
 
@@ -199,6 +202,7 @@ def plan_job(
     headroom_bytes: float | None = None,
     band: float = 0.0,
     study_trials: int | None = None,
+    study_run: StudyRun | None = None,
 ) -> JobPlan:
     """The best `top` launches of the job's model and global batch (see the module's docstring)."""
     if schedules is None:
@@ -365,6 +369,7 @@ def plan_job(
                 score(launch)
             progress.advance(launch.schedule)
 
+    shared: StudyResult | None = None
     if total <= exhaustive_limit:
         search = "exhaustive"
         everything = [*space, *(launch for _, family in families for launch in family)]
@@ -378,9 +383,16 @@ def plan_job(
         moves = _lever_ascent(planner, space, families, score, best_first, outcomes) if families else 0
         seeded = len(outcomes) + len(refusals) + len(bounded)
         study = study_trials if study_trials is not None else (trials if space.orders_count() > 1 else 0)
-        if study:
+        if study and study_run is None:
             looked.stage = "optuna study"
             _optuna_search(space, score, study, seed, progress)
+        elif study and study_run is not None:
+            # the study on a storage other processes share: every trial priced in full, so its best launch is the
+            # same whoever ran which trial (launch_study); the ascent below starts from it
+            planned = study_setting(planner, space, cluster, memory_bytes, headroom_bytes)
+            shared = run_study(planned, study_run, study, seed, TrialsProgress(looked.inner, "optuna study (trials)"))
+            if shared.best is not None:
+                force(shared.best)
         looked.stage = "coordinate ascent"
         studied = len(outcomes) + len(refusals) + len(bounded)
         found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
@@ -434,7 +446,12 @@ def plan_job(
                 else ""
             )
             + (
-                f"optuna TPE, seed {seed}, {study} trials over {len(space):,} candidates ({studied - seeded:,} "
+                f"optuna {shared.sampler} study {shared.name!r} on {shared.storage} ({shared.added:,} trials "
+                f"added by {study_run.workers if study_run else 1} worker(s), seed {seed}; "
+                f"{shared.trials_in_study:,} in the study over {len(space):,} candidates; its best launch priced "
+                "here), "
+                if shared is not None
+                else f"optuna TPE, seed {seed}, {study} trials over {len(space):,} candidates ({studied - seeded:,} "
                 "distinct launches priced: the others repeated one or fell outside the space), "
                 if study
                 else "(one distinct stage order: no study; --trials N runs one) "
@@ -529,6 +546,15 @@ def plan_job(
     except Refusal:
         current = None
     notes = list(planner.notes)
+    if study_run is not None and shared is None:
+        notes.append(
+            "--storage was not used: "
+            + (
+                f"the {total:,} launches were searched exhaustively (up to --exhaustive-limit)"
+                if total <= exhaustive_limit
+                else "the space has one distinct stage order, so no study ran (--trials N runs one)"
+            )
+        )
     refused: dict[str, int] = {}
     for reason in refusals.values():
         refused[reason] = refused.get(reason, 0) + 1
@@ -564,6 +590,17 @@ def plan_job(
         headroom_bytes=dict(planner.headroom_bytes),
         capacity_bytes=dict(planner.capacity_bytes),
         any_runtime=any_runtime,
+        study=None
+        if shared is None
+        else {
+            "name": shared.name,
+            "storage": shared.storage,
+            "sampler": shared.sampler,
+            "workers": study_run.workers if study_run is not None else 1,
+            "trials_added": shared.added,
+            "trials_in_study": shared.trials_in_study,
+            "best_value_samples_per_s": shared.best_value,
+        },
     )
 
 

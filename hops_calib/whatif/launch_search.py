@@ -18,44 +18,89 @@ from hops_calib.whatif.launch_space import Launch, Space
 EXHAUSTIVE_LIMIT = 10000
 
 
+def _splits(space: Space) -> list[tuple[int | None, int | None, tuple[bool, bool]]]:
+    """The split as one dimension: the space's first/last settings, then the even split's accounted variants."""
+    return [(first, last, (False, False)) for first, last in space.splits] + [
+        (None, None, accounted) for accounted in ((True, False), (False, True), (True, True)) if space.accounting
+    ]
+
+
+def _schedules(space: Space) -> list[tuple[str, int]]:
+    return sorted({(schedule, chunks) for _, _, _, schedule, chunks, _ in space.shapes()})
+
+
+def _study_devices(space: Space) -> tuple[str, ...]:
+    """The devices whose stage order the study searches (a key each): none with one distinct order."""
+    if space.orders_count() <= 1:
+        return ()
+    return space.devices if space.devices is not None else space.current_order
+
+
+def study_dimensions(space: Space) -> int:
+    """The parameters a trial of the study over `space` asks for: a key per device of a searched order, the
+    micro-batch size, the schedule and the split."""
+    return len(_study_devices(space)) + 3
+
+
+def study_launch(space: Space, params: dict[str, Any], shapes: set | None = None) -> Launch | None:
+    """The launch of a trial's parameters (`study_objective`), None when the combination is outside the space (an
+    interleaved launch Megatron refuses)."""
+    devices = _study_devices(space)
+    if devices:
+        keys = [params[f"key {device}"] for device in devices]
+        order = space.canonical(devices[k] for k in sorted(range(len(keys)), key=keys.__getitem__))
+    else:
+        order = space.current_order
+    size = params["micro_batch_size"]
+    schedule, chunks = _schedules(space)[params["schedule"]]
+    first, last, accounted = _splits(space)[params["split"]]
+    if chunks > 1:
+        first = last = None
+    if (size, first, last, schedule, chunks, accounted) not in (shapes if shapes is not None else set(space.shapes())):
+        return None
+    return Launch(order, first, last, schedule, chunks, size, accounted, space.levers)
+
+
+def study_objective(
+    space: Space, score: Callable[[Launch], Outcome | None], progress: Progress = QUIET
+) -> Callable[[Any], float]:
+    """The study's objective over the space's dimensions: the stage order as a random key per device (sorting the
+    keys gives the order, so TPE can learn that a device belongs early or late), the micro-batch size, the schedule
+    (with its chunks) and the split; the value is the launch's samples per second. A combination outside the
+    space, a candidate that cannot run and one that does not fit memory score 0."""
+    devices = _study_devices(space)
+    sizes = list(space.sizes)
+    schedules = list(range(len(_schedules(space))))
+    splits = list(range(len(_splits(space))))
+    shapes = set(space.shapes())
+    names = [schedule for schedule, _ in _schedules(space)]
+
+    def objective(trial: Any) -> float:
+        params: dict[str, Any] = {f"key {device}": trial.suggest_float(f"key {device}", 0.0, 1.0) for device in devices}
+        params["micro_batch_size"] = trial.suggest_categorical("micro_batch_size", sizes)
+        params["schedule"] = trial.suggest_categorical("schedule", schedules)
+        params["split"] = trial.suggest_categorical("split", splits)
+        launch = study_launch(space, params, shapes)
+        progress.advance(names[params["schedule"]])
+        if launch is None:
+            return 0.0
+        outcome = score(launch)
+        return outcome.samples_per_s if outcome is not None and outcome.fits else 0.0
+
+    return objective
+
+
 def _optuna_search(
     space: Space, score: Callable[[Launch], Outcome | None], trials: int, seed: int, progress: Progress
 ) -> None:
-    """A seeded TPE study over the space's dimensions: the stage order as a random key per device (sorting the keys
-    gives the order, so TPE can learn that a device belongs early or late), the micro-batch size, the schedule (with
-    its chunks) and the split. A combination outside the space (an interleaved launch Megatron refuses), a candidate
-    that cannot run and one that does not fit memory score nothing."""
+    """A seeded TPE study in memory (`study_objective`), its launches priced by `score` (which prunes by what the
+    search has seen so far)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    shapes = set(space.shapes())
-    schedules = sorted({(schedule, chunks) for _, _, _, schedule, chunks, _ in shapes})
-    # the split as one dimension: the space's first/last settings, then the even split's accounted variants
-    splits = [(first, last, (False, False)) for first, last in space.splits] + [
-        (None, None, accounted) for accounted in ((True, False), (False, True), (True, True)) if space.accounting
-    ]
-    devices = space.devices if space.devices is not None else space.current_order
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
     progress.start(trials)
-
-    def objective(trial: Any) -> float:
-        if space.orders_count() > 1:
-            keys = [trial.suggest_float(f"key {device}", 0.0, 1.0) for device in devices]
-            order = space.canonical(devices[k] for k in sorted(range(len(keys)), key=keys.__getitem__))
-        else:
-            order = space.current_order
-        size = trial.suggest_categorical("micro_batch_size", list(space.sizes))
-        schedule, chunks = schedules[trial.suggest_categorical("schedule", list(range(len(schedules))))]
-        first, last, accounted = splits[trial.suggest_categorical("split", list(range(len(splits))))]
-        if chunks > 1:
-            first = last = None
-        progress.advance(schedule)
-        if (size, first, last, schedule, chunks, accounted) not in shapes:
-            return 0.0
-        outcome = score(Launch(order, first, last, schedule, chunks, size, accounted, space.levers))
-        return outcome.samples_per_s if outcome is not None and outcome.fits else 0.0
-
-    study.optimize(objective, n_trials=trials)
+    study.optimize(study_objective(space, score, progress), n_trials=trials)
 
 
 def _local_search(

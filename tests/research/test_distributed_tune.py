@@ -7,40 +7,11 @@ skips saying why, and fails instead when HOPS_CALIB_REQUIRE_POSTGRES=1 (.ci/run 
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
-URL_ENV, REQUIRE_ENV = "HOPS_CALIB_TEST_POSTGRES", "HOPS_CALIB_REQUIRE_POSTGRES"
 TRIALS, WORKERS = 12, 4
-
-
-def _unavailable(why: str):
-    if os.environ.get(REQUIRE_ENV) == "1":
-        pytest.fail(f"{why}, and {REQUIRE_ENV}=1 requires the PostgreSQL test to run")
-    pytest.skip(why)
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> str:
-    url = os.environ.get(URL_ENV)
-    if not url:
-        _unavailable(f"no PostgreSQL database given (${URL_ENV} unset; .ci/run starts one and sets it)")
-    try:
-        import sqlalchemy
-
-        engine = sqlalchemy.create_engine(url)
-        with engine.connect() as connection:
-            connection.execute(sqlalchemy.text("select 1"))
-        engine.dispose()
-    except ModuleNotFoundError as error:
-        _unavailable(f"no PostgreSQL driver ({error}; pip install -e '.[db]')")
-    except Exception as error:  # noqa: BLE001 - any reason the server cannot be reached
-        _unavailable(f"PostgreSQL at {url.split('@')[-1]} is not reachable: {type(error).__name__}")
-    return url
 
 
 def trials_of(url: str, study: str) -> list[tuple[int, str, tuple, tuple]]:
