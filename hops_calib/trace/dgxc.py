@@ -304,7 +304,7 @@ class Mapping:
             return False
         layers, pp = args.get("num_layers"), args.get("pipeline_model_parallel_size") or 1
         vp = args.get("virtual_pipeline_model_parallel_size") or 1
-        if not all(type(n) is int and n > 0 for n in (layers, pp, vp)) or pp == 1:
+        if not (type(layers) is int and type(pp) is int and type(vp) is int) or min(layers, pp, vp) < 1 or pp == 1:
             return False
         return bool(layers % (pp * vp)) and (layers + 2) % (pp * vp) == 0
 
