@@ -12,9 +12,10 @@ gives it column by column):
 - the settings a launch flag prices come from settings.csv (`SETTINGS`): a value the file states is used, one it
   marks `not stated` takes the assumption in `ASSUMED` (each with its reason), and a value this mapping cannot
   read is an error naming settings.csv's line;
-- FP8 rows run Transformer Engine's FP8 (`--fp8-format`), which the model does not price: they are stored and
-  listed as not priced, as are rows with any other setting the spec refuses (context parallelism, TP
-  communication overlap, overlapped p2p with virtual stages);
+- FP8 rows run Transformer Engine's FP8 (`--fp8-format hybrid`); a row with a setting the spec refuses is stored
+  and listed as not priced;
+- the Llama 3.1 405B rows and its 30/62-layer proxies, whose uneven split settings.csv leaves `not stated`, count
+  the embedding and the loss as a layer each (`ASSUMED_SPLIT`: the arithmetic that makes their layers split);
 - the machine is the catalog's `h100_dgx` (settings.csv `all`: 8 x H100 80 GB HBM3 per node, NVLink 4, 8 x 400
   Gb/s InfiniBand); the measurement is `step_time_s` (the last of 50 steps), and the printed tokens/s is kept as
   the row's own samples/s (tokens/s over the sequence length).
@@ -129,6 +130,15 @@ ASSUMED: dict[str, Any] = {
     "attention_dropout": 0.0,
     "hidden_dropout": 0.0,
 }
+# The 405B runs' uneven split (settings.csv uneven_pipeline_stages: not stated, "set inside the NeMo recipe"), assumed
+# to be Megatron-core's embedding and loss counted as a layer each (--account-for-embedding-in-pipeline-split,
+# --account-for-loss-in-pipeline-split; megatron/core/transformer/transformer_block.py get_num_layers_to_build): the
+# only pipeline-split setting besides a full --pipeline-model-parallel-layout under which these layer counts build at
+# all. 126 + 2 = 128 = 8 pp x 8 vp x 2 layers; the proxies' 62 + 2 = 64 = 4 x 8 x 2 and 30 + 2 = 32 = 4 x 8 x 1 (the
+# first and last chunk then hold the embedding or the loss alone, as Megatron allows: num_layers_to_build >= 0).
+# With either flag alone the counts (127, 63, 31) are odd and split over no pp; --decoder-first/last-pipeline-num-
+# layers with virtual stages must be multiples of vp (transformer_config.py), and 126, 62, 30 are not multiples of 8.
+ASSUMED_SPLIT = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # Every run: NeMo's Megatron-core GPT with Transformer Engine's layer (the GPT-3 yaml: mcore_gpt, transformer_engine;
 # NeMo 2.0 always) and its fused attention (settings.csv attention_backend: NVTE_FUSED_ATTN=1 where stated), bf16
 # parameters and arithmetic (trainer.precision bf16; FP8 GEMMs on top for the fp8 rows).
@@ -285,6 +295,19 @@ class Mapping:
     def setting(self, model: str, setting: str) -> tuple[int, str] | None:
         return self.settings.get((model, setting))
 
+    def _embedding_and_loss_counted(self, model: str, args: dict[str, Any]) -> bool:
+        """Whether the row's split is assumed to count the embedding and the loss as a layer each (`ASSUMED_SPLIT`):
+        settings.csv marks the model's uneven split `not stated`, the layers do not divide over pp x vp, and the
+        layers plus those two pieces do."""
+        found = self.setting(model, "uneven_pipeline_stages")
+        if not found or not found[1].lower().startswith("not stated"):
+            return False
+        layers, pp = args.get("num_layers"), args.get("pipeline_model_parallel_size") or 1
+        vp = args.get("virtual_pipeline_model_parallel_size") or 1
+        if not (type(layers) is int and type(pp) is int and type(vp) is int) or min(layers, pp, vp) < 1 or pp == 1:
+            return False
+        return bool(layers % (pp * vp)) and (layers + 2) % (pp * vp) == 0
+
     def translate(self, cells: dict[str, Any]) -> dict[str, Any]:
         model, precision = cells.get("model"), cells.get("precision")
         if model not in self.models:
@@ -332,6 +355,9 @@ class Mapping:
             found = self.setting(model, "virtual_pipeline")
             if found and found[1].split(" ")[0].isdigit() and (args.get("pipeline_model_parallel_size") or 1) > 1:
                 args["virtual_pipeline_model_parallel_size"] = int(found[1].split(" ")[0])
+        if self._embedding_and_loss_counted(model, args):
+            args["account_for_embedding_in_pipeline_split"] = True
+            args["account_for_loss_in_pipeline_split"] = True
         if precision == "fp8":
             args["fp8_format"] = ASSUMED["fp8_format"]
         step = cells.get("step_time_s")

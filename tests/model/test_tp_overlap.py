@@ -74,3 +74,29 @@ def test_tp_comm_overlap_prices_each_layer_collective_against_its_gemm() -> None
     with pytest.raises(TraceError) as caught:
         h100_spec({**args, "tp_comm_overlap": True, "sequence_parallel": False})
     assert caught.value.field == "--tp-comm-overlap"
+
+
+def test_a_chunk_without_decoder_layers_under_tp_overlap_blocks_only_its_ends_collectives() -> None:
+    """The 30-layer Llama 3.1 405B proxy (t 8, p 4, vp 8, the embedding and loss counted as a layer each): its
+    first and last chunk hold the embedding or the loss alone, so under --tp-comm-overlap they have no layer
+    collective to overlap, and price as they do without the overlap (the ends' collectives block either way)."""
+    args = {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 4, "context_parallel_size": 2,
+            "world_size": 64, "num_layers": 30, "hidden_size": 16384, "ffn_hidden_size": 53248,
+            "num_attention_heads": 128, "group_query_attention": True, "num_query_groups": 8, "seq_length": 8192,
+            "max_position_embeddings": 8192, "micro_batch_size": 1, "global_batch_size": 64, "vocab_size": 128256,
+            "bf16": True, "swiglu": True, "normalization": "RMSNorm", "position_embedding_type": "rope",
+            "disable_bias_linear": True, "untie_embeddings_and_output_weights": True, "sequence_parallel": True,
+            "virtual_pipeline_model_parallel_size": 8, "overlap_p2p_comm": True,
+            "account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+    model, term = load_model(), TERMS["tensor_parallel_comm"]
+    priced = {}
+    for overlap in (True, False):
+        spec = h100_spec({**args, "tp_comm_overlap": overlap})
+        layout = layout_of(spec)
+        assert layout.layers[0] == layout.layers[-1] == 0 and set(layout.layers[1:-1]) == {1}
+        context = Context(spec, layout, tuple(model.device(d) for d in spec.devices))
+        priced[overlap] = term.contribute(context, model.active("tensor_parallel_comm").params())
+    for k in (0, -1):
+        assert priced[True].forward_ms[k] == pytest.approx(priced[False].forward_ms[k])
+        assert priced[True].backward_ms[k] == pytest.approx(priced[False].backward_ms[k])
+    assert priced[True].forward_ms[1] < priced[False].forward_ms[1]  # a chunk with a layer hides its collectives

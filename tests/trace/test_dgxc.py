@@ -57,6 +57,12 @@ def test_every_row_reads_as_published(dgxc_dir):
     assert gpt["tp_comm_overlap"] and gpt["overlap_p2p_comm"] and gpt["attention_dropout"] == 0.1
     assert not by_id["dgxc_h100_llama3.1-8b_bf16_g8"].args["tp_comm_overlap"]
     assert by_id["dgxc_h100_nemotron4-340b_bf16_g256"].args["virtual_pipeline_model_parallel_size"] == 12
+    # the 405B rows and its pipelined proxies (126, 62, 30 layers over pp x vp 64, 32, 32: uneven, not stated) count
+    # the embedding and the loss as a layer each; no other row does, nor the 8-layer proxy on one stage
+    flags = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+    for run in read.runs:
+        counted = "405b" in run.run_id and run.args["pipeline_model_parallel_size"] > 1
+        assert all(bool(run.args.get(flag)) == counted for flag in flags), run.run_id
 
 
 def test_ingest_stores_every_row_and_names_what_the_model_does_not_price(dgxc_dir, tmp_path):
@@ -69,13 +75,25 @@ def test_ingest_stores_every_row_and_names_what_the_model_does_not_price(dgxc_di
     assert index.groupby("group")["split"].nunique().max() == 1 and index["group"].nunique() == 14
     fixtures = {f.id: f for f in store.load_all("train")}
     reasons = {run_id: f.not_priced for run_id, f in fixtures.items()}
-    # FP8, context parallelism, TP overlap and overlapped p2p are priced; what is left is the 405B runs' uneven
-    # pipeline split, which the set does not state
-    for run_id, reason in reasons.items():
-        assert not reason or ("llama3.1-405b" in run_id and reason.startswith("--num-layers:")), (run_id, reason)
-    priced = [run_id for run_id, reason in reasons.items() if not reason]
+    # FP8, context parallelism, TP overlap, overlapped p2p and the 405B runs' split (the embedding and the loss
+    # counted as a layer each) are priced: every train run
+    assert not any(reasons.values()), reasons
+    priced = list(reasons)
     assert any("_fp8_" in r for r in priced) and any("llama3.1-8b" in r for r in priced)  # FP8 and CP 2
     assert any("gpt3-175b" in r for r in priced)  # TP overlap and overlapped p2p with virtual stages
+    # the 405B split as megatron-core's get_num_layers_to_build builds it with both account-for flags: each rank
+    # holds (layers + 2) / pp pieces, vp chunks of equal pieces, the first chunk one decoder layer fewer (the
+    # embedding), the last one fewer (the loss)
+    for run_id, fixture in fixtures.items():
+        if "405b" not in run_id or fixture.spec.pp == 1:
+            continue
+        spec = fixture.spec
+        chunk = (spec.model.num_layers + 2) // (spec.pp * spec.vp)
+        assert (spec.model.num_layers + 2) % (spec.pp * spec.vp) == 0 and spec.vp == 8
+        expected = [chunk] * (spec.pp * spec.vp)
+        expected[0] -= 1
+        expected[-1] -= 1
+        assert list(spec.layers_per_virtual_stage) == expected, run_id
     # ingesting again changes nothing
     again = ingest([dgxc_dir / "runs.csv"], FixtureStore(store.root), split="auto")
     assert again.ok and again.count("unchanged") == 68

@@ -343,7 +343,8 @@ class TensorParallelComm(Term):
             )
             counts = dict(phases[phase])
             for op, _, _ in pairs[phase]:
-                counts[(op, hidden)] -= layers
+                if layers:  # a virtual stage without decoder layers has no layer collectives to overlap
+                    counts[(op, hidden)] -= layers
             blocking[phase] = price(counts)
         recomputed = spec.model.recomputed_layers(layers)
         return (

@@ -5,7 +5,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hops_calib.model import gpt
+from hops_calib.model.kernel_pricing import peak_flops_per_s
+from hops_calib.model.kernel_types import settings_from_args
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
+from hops_calib.spec import Spec
+
+
+def fp8_linear_gemms(spec: Spec) -> tuple[bool, bool]:
+    """(the linear layers' forward and input-gradient GEMMs run in FP8, their weight-gradient GEMMs do): FP8
+    through Transformer Engine (`--fp8-format` with `--transformer-impl transformer_engine`; megatron-core
+    `fp8_utils.py` `get_fp8_context` wraps the block's TE modules in `fp8_autocast`, under which TE's `Linear` /
+    `LayerNormLinear` run fprop, dgrad and wgrad as FP8 GEMMs, wgrad in 16 bits under `--no-fp8-wgrad`). The
+    attention core (TE's fused attention: its score and context products and softmax) stays 16-bit without
+    `--fp8-dot-product-attention`, which the spec refuses."""
+    settings = settings_from_args(spec.megatron_args, softmax_fused=True, gradient_accumulation_fusion=True)
+    on = bool(settings.fp8) and settings.transformer_engine
+    return on, on and settings.fp8_wgrad
 
 
 class DecoderRoofline(Term):
@@ -28,6 +43,14 @@ class DecoderRoofline(Term):
     ("compute_efficiency@l4"); so may the backward factor, since a backward,
     longer and heavier than the forward, pushes a power-capped part further
     below its boost clock.
+
+    FP8 (`fp8_linear_gemms` = 1): under Transformer Engine's FP8 the four linear layers' GEMMs (QKV, projection,
+    fc1, fc2: `gpt.layer_weight_grad_flops` of the forward, as many in the input and the weight gradient) run on
+    the FP8 tensor cores, at the device's dense FP8 peak (H100 SXM 1,979 TFLOP/s against 989.5 bf16, datasheet;
+    `kernel_pricing.peak_flops_per_s`), at the same achieved fraction of it; the attention core stays at the bf16
+    peak. So an FP8 layer's forward takes (W x P16 / P8 + C) / (P16 x efficiency) for its W linear and C core
+    FLOPs, the backward `backward_factor` times it, its weight-gradient share the linear part's; under
+    `--no-fp8-wgrad` the weight gradient runs at the bf16 peak. At 0 every GEMM is priced at the bf16 peak.
     """
 
     name = "decoder_roofline"
@@ -61,26 +84,58 @@ class DecoderRoofline(Term):
             "backward work relative to forward: input gradient + weight gradient = 2",
             per_device=True,
         ),
+        Param(
+            "fp8_linear_gemms",
+            0.0,
+            0.0,
+            1.0,
+            "switch",
+            "1: an FP8 launch's linear-layer GEMMs (Transformer Engine) at the device's FP8 peak; 0: every GEMM at "
+            "the bf16 peak",
+            choices=(0.0, 1.0),
+            inert=True,
+        ),
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         shape = context.spec.model
-        forward_flops = gpt.layer_forward_flops(shape)
         forward_bytes = gpt.layer_parameters(shape) * gpt.bytes_per_element(shape) + gpt.layer_activation_bytes(shape)
         weight_grad_flops = gpt.layer_weight_grad_flops(shape)
-        core_share = gpt.attention_core_flops(shape) / forward_flops
+        core_flops = gpt.attention_core_flops(shape)
+        forward_flops = gpt.layer_forward_flops(shape)
+        core_share = core_flops / forward_flops
+        fp8, fp8_wgrad = (
+            fp8_linear_gemms(context.spec) if params.get("fp8_linear_gemms", 0.0) == 1.0 else (False, False)
+        )
         forward, backward, weight_grad, core = [], [], [], []
         for k, layers in enumerate(context.layout.layers):
             device = context.device_of(k)
             flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device.type) / 1e3
             bytes_per_ms = device.memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
-            layer_forward_ms = max(forward_flops / flops_per_ms, forward_bytes / bytes_per_ms)
             backward_factor = self.value(params, "backward_factor", device.type)
-            layer_backward_ms = backward_factor * layer_forward_ms
+            if not fp8:
+                layer_forward_ms = max(forward_flops / flops_per_ms, forward_bytes / bytes_per_ms)
+                layer_backward_ms = backward_factor * layer_forward_ms
+                forward.append(layers * layer_forward_ms)
+                backward.append(layers * layer_backward_ms)
+                weight_grad.append(layers * layer_backward_ms * weight_grad_flops / (backward_factor * forward_flops))
+                core.append(layers * layer_forward_ms * core_share)
+                continue
+            # the linear GEMMs' FLOPs in bf16-peak equivalents: forward and input gradient; weight gradient
+            ratio = device.peak_bf16_flops_per_s / peak_flops_per_s(device, "fp8")
+            linear = weight_grad_flops * ratio
+            linear_wgrad = linear if fp8_wgrad else weight_grad_flops
+            equivalent = linear + core_flops
+            layer_forward_ms = max(equivalent / flops_per_ms, forward_bytes / bytes_per_ms)
+            # the weight gradient takes as long as the forward's linear part, at its own precision's peak
+            layer_weight_grad_ms = layer_forward_ms * linear_wgrad / equivalent
+            layer_backward_ms = (
+                backward_factor * layer_forward_ms + layer_forward_ms * (linear_wgrad - linear) / equivalent
+            )
             forward.append(layers * layer_forward_ms)
             backward.append(layers * layer_backward_ms)
-            weight_grad.append(layers * layer_backward_ms * weight_grad_flops / (backward_factor * forward_flops))
-            core.append(layers * layer_forward_ms * core_share)
+            weight_grad.append(layers * layer_weight_grad_ms)
+            core.append(layers * layer_forward_ms * core_flops / equivalent)
         return Contribution(
             forward_ms=tuple(forward),
             backward_ms=tuple(backward),
