@@ -461,6 +461,24 @@ def test_dispatch_floor_scales_with_layers_and_its_step_time_is_untraced_host_ti
         spec).host_after_receive_only is True
 
 
+def test_chunk_call_host_adds_one_call_per_chunk_whatever_its_layers_and_only_on_its_device():
+    # Closed form: every virtual stage's forward (backward) grows by exactly one call's host time, so a rank of v
+    # chunks pays v calls per microbatch and direction where one chunk of the same layers pays one.
+    values = {"forward_ms_per_call@cpu": 0.3, "backward_ms_per_call@cpu": 0.4}
+    interleaved = make_spec(pp=2, vp=2, layers=(2, 2), devices=("cpu", "cpu"), hidden=384, seq=128)
+    delta = added("chunk_call_host", interleaved, **values)
+    assert [s.forward_ms for s in delta.stages] == pytest.approx([0.3] * 4)
+    assert [s.backward_ms for s in delta.stages] == pytest.approx([0.4] * 4)
+    assert [s.weight_grad_ms for s in delta.stages] == pytest.approx([0.0] * 4)
+    one_chunk = added("chunk_call_host", make_spec(pp=2, layers=(2, 2), devices=("cpu", "cpu"), hidden=384, seq=128),
+                      **values)
+    assert [s.forward_ms for s in one_chunk.stages] == pytest.approx([0.3, 0.3])
+    # A GPU rank takes the shared value, 0: its runs do not move.
+    mixed = added("chunk_call_host", make_spec(pp=3, layers=(1, 3, 2), devices=("h100", "cpu", "l4")), **values)
+    assert [s.forward_ms for s in mixed.stages] == pytest.approx([0.0, 0.3, 0.0])
+    assert [s.backward_ms for s in mixed.stages] == pytest.approx([0.0, 0.4, 0.0])
+
+
 def test_output_layer_loss_lands_on_the_last_stage_and_grows_with_the_vocabulary():
     spec = make_spec(pp=3, devices=("h100", "a10g", "l4"))
     delta = added("output_layer_loss", spec)

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from hops_calib.model.terms.attention import AttentionScoreTraffic
 from hops_calib.model.terms.base import Context, Contribution, Layout, Param, Term, layout_of
 from hops_calib.model.terms.decoder_kernels import DecoderKernels
-from hops_calib.model.terms.dispatch import LayerDispatchFloor, LayerLaunchFloor
+from hops_calib.model.terms.dispatch import ChunkCallHost, LayerDispatchFloor, LayerLaunchFloor
 from hops_calib.model.terms.elementwise import ElementwiseTraffic
 from hops_calib.model.terms.embedding import EmbeddingGradAllReduce
 from hops_calib.model.terms.host import IterationHostOverhead
@@ -40,6 +40,7 @@ _ALL: tuple[Term, ...] = (
     TensorParallelComm(),
     DataParallelGradReduce(),
     DecoderKernels(),
+    ChunkCallHost(),
 )
 
 TERMS: Mapping[str, Term] = MappingProxyType({term.name: term for term in _ALL})

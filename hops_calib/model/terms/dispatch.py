@@ -147,3 +147,61 @@ class LayerLaunchFloor(Term):
             forward.append(layers * self.value(params, "forward_ms_per_layer", device))
             backward.append(layers * self.value(params, "backward_ms_per_layer", device))
         return Contribution(forward_floor_ms=tuple(forward), backward_floor_ms=tuple(backward))
+
+
+class ChunkCallHost(Term):
+    """Each forward and backward call of a model chunk costs a fixed host time inside its span, whatever its layers.
+
+    Physics: Megatron's schedules call `forward_step` and `backward_step`
+    (megatron/core/pipeline_parallel/schedules.py) once per microbatch and model
+    chunk, and the traced compute event brackets the call. Around the chunk's
+    modules each call runs Python that does not grow with the chunk's layers:
+    forward_step's `set_input_tensor`, the context managers and the call into
+    the training script's forward_step_func, GPTModel.forward and
+    TransformerBlock.forward's per-call set-up (the layer loop's entry,
+    `make_viewless_tensor`), and forward_step_calc_loss's bookkeeping;
+    backward_step's gradient checks and the autograd engine's start and end
+    (torch.autograd.backward: building the graph task, the first and last node's
+    scheduling). On a CPU rank this time is the core's own, in the span (no
+    device runs asynchronously under it), so a chunk of n layers takes
+    n x (one layer) + this per call: chunks of one layer pay it once per layer,
+    a stage of three once per three. Measured on the profiled CPU captures
+    (profiles/, Kineto): the span's head and tail outside every aten op,
+    0.25-0.34 ms per forward and 0.31-0.44 ms per backward (rank medians of
+    cpu_1f1b_l2_h256_s128_m4_prof_run1), under a profiler that records every
+    Python call (an upper bound). A GPU rank launches asynchronously: the
+    same Python runs while the device works, or before its first kernel, where
+    the GPU runs' fitted step and dispatch times already price it, so the shared
+    value is 0 and a device type takes its own ("forward_ms_per_call@cpu").
+    """
+
+    name = "chunk_call_host"
+    category = "host"
+    params = (
+        Param(
+            "forward_ms_per_call",
+            0.0,
+            0.0,
+            5.0,
+            "ms",
+            "host time of one forward_step call of a model chunk outside its modules' work, in the traced span",
+            per_device=True,
+        ),
+        Param(
+            "backward_ms_per_call",
+            0.0,
+            0.0,
+            5.0,
+            "ms",
+            "host time of one backward_step call of a model chunk outside its autograd nodes, in the traced span",
+            per_device=True,
+        ),
+    )
+
+    def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
+        stages = range(context.layout.virtual_stages)
+        types = [context.device_of(k).type for k in stages]
+        return Contribution(
+            forward_ms=tuple(self.value(params, "forward_ms_per_call", t) for t in types),
+            backward_ms=tuple(self.value(params, "backward_ms_per_call", t) for t in types),
+        )
