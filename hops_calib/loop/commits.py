@@ -225,6 +225,8 @@ def ledger_disagrees(model_path: Path | str, ledger_path: Path | str | None) -> 
     seq, sha = stamp
     if last is not None and last.get("seq") == seq and last.get("entry_sha256") == sha:
         return []
+    if last is None and any(e.get("seq") == seq and e.get("entry_sha256") == sha for e in read_entries(ledger_path)):
+        return []  # a copy of the file that commit wrote (`--model /tmp/m.toml`), not written since: they agree
     committed = (_commit_of(last) or (None, None, None))[1] if last is not None else None
     where = (
         f"its last commit into it is entry {last.get('seq')} (model {str(committed)[:12]})"

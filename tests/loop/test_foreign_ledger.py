@@ -70,6 +70,13 @@ def test_a_model_written_through_another_ledger_draws_a_warning(checkout, tmp_pa
     assert not [w for w in judged.warnings if "disagree" in w]
     assert not [w for w in evaluate(shared_fixtures, model_path=outside, ledger_path=copy).warnings
                 if "disagree" in w]
+    # A copy of that file made for a trial (`--model /tmp/m.toml`, as docs/loop.md says): no commit wrote into the
+    # copy's path, but the entry that wrote its content is in the ledger: they agree, no warning
+    again = tmp_path / "trial-copy.toml"
+    shutil.copy(outside, again)
+    assert ledger_disagrees(again, copy) == []
+    # the same copy judged with a ledger that never held that entry: they disagree
+    assert ledger_disagrees(again, real) and "written by the commit of ledger entry" in ledger_disagrees(again, real)[0]
     # That file put in the checkout: its ledger never recorded that commit.
     shutil.copy(outside, shipped)
     warned = [w for w in evaluate(shared_fixtures, ledger_path=real).warnings if "disagree" in w]
