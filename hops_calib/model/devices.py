@@ -54,7 +54,7 @@ NODE_REQUIRED = ("gpus_per_node", "nics_per_node", "nic_bandwidth_bytes_per_s")
 # Whole-number constants (counts).
 COUNTS = ("sm_count", "gpus_per_node", "nics_per_node")
 # A device type's own keys besides its constants.
-DEVICE_KEYS = ("name", "gpu", "node", "uncalibrated")
+DEVICE_KEYS = ("name", "gpu", "node", "uncalibrated", "calibrated_as")
 # The dtypes a peak is stated for, and the one each falls back to where a device states none.
 PEAKS = {
     "bf16": "peak_bf16_flops_per_s",
@@ -107,6 +107,9 @@ class DeviceSpec:
     gpu_name: str = ""
     node_name: str = ""
     uncalibrated: str | None = None  # why no measured run backs this device yet (predict says so), else None
+    # the device type whose fitted per-device values (NAME@TYPE) this one takes where it has none of its own (the
+    # same chip in another node or memory: its GEMMs run alike), else None; the reason is in `uncalibrated`
+    calibrated_as: str | None = None
 
     def source(self, constant: str) -> str:
         return dict(self.sources)[constant]
@@ -201,7 +204,13 @@ def node_notes(devices: list[DeviceSpec], stated_per_node: int | None) -> tuple[
                 f"holds {int(device.gpus_per_node)}: its NVLink and per-GPU NIC share are that node's"
             )
         if device.uncalibrated:
-            notes.append(f"{device.type} is uncalibrated: {device.uncalibrated}")
+            takes = (
+                f"; it takes {device.calibrated_as}'s fitted values (NAME@{device.calibrated_as}) where it has none "
+                "of its own"
+                if device.calibrated_as
+                else ""
+            )
+            notes.append(f"{device.type} is uncalibrated: {device.uncalibrated}{takes}")
     nodes = {device.node for device in devices}
     per_node = next(iter(kinds.values())).gpus_per_node if len(nodes) == 1 and None not in nodes else None
     placed = int(per_node) if stated_per_node is None and per_node and per_node > 1 else None
@@ -380,13 +389,26 @@ def parse_devices(
                 )
             links[key] = parts[given]
         uncalibrated = table.get("uncalibrated", known.uncalibrated if known else None)
-        if uncalibrated is not None and (not composes or not isinstance(uncalibrated, str) or not uncalibrated):
+        if uncalibrated is not None and (
+            ("uncalibrated" in table and not composes) or not isinstance(uncalibrated, str) or not uncalibrated
+        ):
             raise InputError(
                 origin,
                 "'uncalibrated' says, in the catalog, why no measured run backs the device",
                 line=line_of(text, header, "uncalibrated"),
                 field=f"{header}.uncalibrated",
                 hint='write uncalibrated = "datasheet values only: ..." in devices.toml',
+            )
+        calibrated_as = table.get("calibrated_as", known.calibrated_as if known else None)
+        if calibrated_as is not None and (
+            ("calibrated_as" in table and not composes) or not isinstance(calibrated_as, str) or not uncalibrated
+        ):
+            raise InputError(
+                origin,
+                "'calibrated_as' names, in the catalog, the device type whose fitted values an uncalibrated one takes",
+                line=line_of(text, header, "calibrated_as"),
+                field=f"{header}.calibrated_as",
+                hint='with uncalibrated = "..." saying why, write calibrated_as = "TYPE" in devices.toml',
             )
         if links["gpu"] is not None or links["node"] is not None:
             derived, derived_sources = composed(links["gpu"], links["node"])
@@ -421,6 +443,7 @@ def parse_devices(
             name=name.strip(),
             sources=tuple(sorted(sources.items())),
             uncalibrated=uncalibrated,
+            calibrated_as=calibrated_as,
             **meta,
             **numbers,
         )

@@ -109,8 +109,11 @@ def pricing_notes(model: Model, spec: Spec) -> list[str]:
         return []
     notes = []
     for device_type in sorted(set(spec.devices)):
-        sources = pricer_of(spec, model.device(device_type), active.params()).sources()
-        if spec.components(device_type) is None or Term.value(active.params(), "use_tables", device_type) != 1.0:
+        sources = pricer_of(spec, model.device(device_type), model.term_params(active)).sources()
+        if (
+            spec.components(device_type) is None
+            or Term.value(model.term_params(active), "use_tables", device_type) != 1.0
+        ):
             notes.append(
                 f"{device_type} has no component tables here: decoder_kernels prices its GEMMs from its "
                 f"datasheet by the default curve {sources['gemm']}, its memory-bound kernels by "
@@ -133,7 +136,7 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
         raise ValueError(f"stage {stage} is outside the job's virtual stages 0-{layout.virtual_stages - 1}")
     term = TERMS["decoder_kernels"]
     active = model.active("decoder_kernels")
-    params = active.params() if active else term.defaults()
+    params = model.term_params(active) if active else term.defaults()
     notes = (
         []
         if active
@@ -149,7 +152,7 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
     device = model.device(spec.devices[rank])
     pricer = pricer_of(spec, device, params)
     comm = model.active("tensor_parallel_comm")
-    comm_params = comm.params() if comm else TERMS["tensor_parallel_comm"].defaults()
+    comm_params = model.term_params(comm) if comm else TERMS["tensor_parallel_comm"].defaults()
     rates = _rates(model.context(spec), comm_params, device.type)
     kernels = stage_kernels(
         spec.model,

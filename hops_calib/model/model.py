@@ -217,14 +217,25 @@ class Model:
         cap = socket_flow_bytes_per_ms(spec, ends.params()["flow_cap_gbit_s"]) if ends is not None else math.inf
         return Context(spec=spec, layout=layout, devices=tuple(devices), connection_cap_bytes_per_ms=cap)
 
+    def term_params(self, active: ActiveTerm) -> dict[str, float]:
+        """`active`'s values as its term reads them: a device type that is `calibrated_as` another takes that one's
+        NAME@TYPE values where it has none of its own (the H200 the H100 DGX's: the same GH100 tensor cores)."""
+        params = active.params()
+        for device in self.devices:
+            if device.calibrated_as:
+                suffix = f"@{device.calibrated_as}"
+                for name in [n for n in params if n.endswith(suffix)]:
+                    params.setdefault(f"{name[: -len(suffix)]}@{device.type}", params[name])
+        return params
+
     def contributions(self, context: Context) -> list[tuple[ActiveTerm, Contribution]]:
         """Every active term's contribution, in model order, with a superseded term's layer fields zeroed on the
         virtual stages whose device type an active superseding term covers (`Term.supersedes`, `Term.covers`)."""
-        parts = [(active, active.term.contribute(context, active.params())) for active in self.terms]
+        parts = [(active, active.term.contribute(context, self.term_params(active))) for active in self.terms]
         stages = context.layout.virtual_stages
         covered: dict[str, list[bool]] = {}
         for active in self.terms:
-            params = active.params()
+            params = self.term_params(active)
             for name in active.term.supersedes:
                 mask = covered.setdefault(name, [False] * stages)
                 for k in range(stages):

@@ -131,7 +131,7 @@ class WhatIf:
 
     @property
     def peak_flops_per_s(self) -> float:
-        """The devices' dense 16-bit peak, averaged over the stages (MFU's denominator; one type in most launches)."""
+        """The devices' dense tensor peak (`peak_dtype`), averaged over the stages (MFU's denominator)."""
         return peak_flops_per_s(self.spec, self.model)
 
     def end_ends(self) -> tuple[str, str]:
@@ -157,9 +157,20 @@ class WhatIf:
         }
 
 
+def peak_dtype(spec: Spec) -> str:
+    """The precision MFU is counted against: fp8 where the launch's linear GEMMs run in FP8 (Transformer Engine's
+    `--fp8-format`: `model.terms.roofline.fp8_linear_gemms`), as NVIDIA reports the MFU of its FP8 runs against the
+    FP8 peak (dgxc-benchmarking's READMEs: 1,979 TFLOP/s on an H100 SXM); else bf16."""
+    from hops_calib.model.terms.roofline import fp8_linear_gemms
+
+    return "fp8" if fp8_linear_gemms(spec)[0] else "bf16"
+
+
 def peak_flops_per_s(spec: Spec, model: Model) -> float:
-    """The devices' dense 16-bit peak, averaged over the stages (MFU's denominator; one type in most launches)."""
-    peaks = [model.device(device).peak_bf16_flops_per_s for device in spec.devices]
+    """The devices' dense tensor peak at `peak_dtype`, averaged over the stages (MFU's denominator; one type in
+    most launches)."""
+    dtype = peak_dtype(spec)
+    peaks = [model.device(device).peak_flops_per_s(dtype) for device in spec.devices]
     return sum(peaks) / len(peaks) if peaks else 0.0
 
 

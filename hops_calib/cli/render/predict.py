@@ -11,7 +11,7 @@ from hops_calib.model.kernels import COLLECTIVE, DGRAD, FORWARD, RECOMPUTE, WGRA
 from hops_calib.model.memory import GB, StageMemory
 from hops_calib.model.predict import STALL_RANGE_LEVEL
 from hops_calib.sim.theory import pipeline_schedule_bubble
-from hops_calib.whatif.job import WhatIf, model_rates, pricing_inputs
+from hops_calib.whatif.job import WhatIf, model_rates, peak_dtype, pricing_inputs
 from hops_calib.whatif.plan import PEAK_UNIT
 
 
@@ -73,6 +73,7 @@ def what_if_text(result: WhatIf) -> str:
     ]
     width = max(14, *(len(head) + 2 for head in heads))
     rates = {id(p): model_rates(p, spec, result.peak_flops_per_s) for p in result.predictions}
+    peak = peak_dtype(spec)
     rows = [
         ("throughput /s (window)", lambda p: f"{p.metrics.throughput_per_s:.3f}"),
         ("  random stalls: +-", lambda p: f"{p.stall_noise_ape_pct:.1f} %"),
@@ -82,9 +83,9 @@ def what_if_text(result: WhatIf) -> str:
         ("samples /s (all replicas)", lambda p: f"{rates[id(p)]['samples_per_s']:.2f}"),
         ("tokens /s (all replicas)", lambda p: f"{rates[id(p)]['tokens_per_s']:.0f}"),
         ("TFLOP/s/GPU model (MFU)", lambda p: f"{rates[id(p)]['model_tflops_per_gpu']:.3g}"),
-        ("  MFU % of peak", lambda p: f"{100 * rates[id(p)]['mfu']:.1f}"),
+        (f"  MFU % of {peak} peak", lambda p: f"{100 * rates[id(p)]['mfu']:.1f}"),
         ("TFLOP/s/GPU hardware (HFU)", lambda p: f"{rates[id(p)]['hardware_tflops_per_gpu']:.3g}"),
-        ("  HFU % of peak", lambda p: f"{100 * rates[id(p)]['hfu']:.1f}"),
+        (f"  HFU % of {peak} peak", lambda p: f"{100 * rates[id(p)]['hfu']:.1f}"),
         ("iteration time ms", lambda p: f"{p.metrics.iteration_time_ms:.1f}"),
         ("idle share % (bubble)", lambda p: f"{100 * p.metrics.bubble_ratio:.1f}"),
         ("schedule bubble %", lambda p: f"{100 * pipeline_schedule_bubble(p.pipeline, p.schedule):.1f}"),

@@ -1,0 +1,49 @@
+"""A device type that is `calibrated_as` another (the H200 as the H100 DGX: the same GH100 tensor cores, SMs and
+clocks, in the same NVLink 4 node) takes that type's fitted per-device values where it has none of its own; a value
+of its own wins; the catalog says so in the uncalibrated note predict prints; and only the catalog may say it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hops_calib.errors import InputError
+from hops_calib.loop.model_files import load_model
+
+
+def test_the_h200_takes_the_h100_dgx_fitted_values_and_its_own_win():
+    model = load_model(None)
+    assert model.device("h200").calibrated_as == "h100_dgx"
+    roofline = model.active("decoder_roofline")
+    own = roofline.params()
+    assert "compute_efficiency@h100_dgx" in own and "compute_efficiency@h200" not in own
+    seen = model.term_params(roofline)
+    assert seen["compute_efficiency@h200"] == own["compute_efficiency@h100_dgx"] != own["compute_efficiency"]
+    # every h100_dgx value of every term, and nothing for a device that is calibrated as no other
+    for active in model.terms:
+        params = model.term_params(active)
+        for name, value in active.params().items():
+            if name.endswith("@h100_dgx"):
+                assert params[name.replace("@h100_dgx", "@h200")] == value
+        assert not any(name.endswith("@b200") for name in params if name not in active.params())
+    # a value of the H200's own is kept
+    mine = model.with_term(type(roofline)(roofline.term, (*roofline.values, ("compute_efficiency@h200", 0.61))))
+    assert mine.term_params(mine.active("decoder_roofline"))["compute_efficiency@h200"] == 0.61
+
+
+def test_calibrated_as_needs_the_catalog_and_a_reason(tmp_path):
+    model_file = tmp_path / "model.toml"
+    model_file.write_text('[model]\nname = "m"\n\n[devices.h200]\ncalibrated_as = "h100_dgx"\n')
+    with pytest.raises(InputError) as refused:
+        load_model(model_file)
+    assert refused.value.field == "devices.h200.calibrated_as"
+
+
+def test_a_model_file_may_override_a_constant_of_an_uncalibrated_device(tmp_path):
+    model_file = tmp_path / "model.toml"
+    shipped = Path(__file__).resolve().parents[2] / "hops_calib" / "model" / "models" / "baseline.toml"
+    model_file.write_text(shipped.read_text() + '\n[devices.h200]\n'
+                          'memory_bytes = { value = 140e9, source = "test: a smaller usable memory" }\n')
+    device = load_model(model_file).device("h200")
+    assert device.memory_bytes == 140e9 and device.calibrated_as == "h100_dgx" and device.uncalibrated
