@@ -229,11 +229,15 @@ class Spec:
         stands for all."""
         if not self.gpus_per_node:
             return None
-        ranks = self.group_ranks(group, stage)
-        nodes: dict[int, int] = {}
-        for rank in ranks:
-            nodes[rank // self.gpus_per_node] = nodes.get(rank // self.gpus_per_node, 0) + 1
-        return len(nodes), max(nodes.values())
+        # asked for every collective a prediction prices (tens of thousands in a plan): kept on the instance, a
+        # function of its frozen fields (not a field: equality, hashing and to_dict do not see it)
+        known = self.__dict__.setdefault("_group_nodes", {})
+        if (group, stage) not in known:
+            nodes: dict[int, int] = {}
+            for rank in self.group_ranks(group, stage):
+                nodes[rank // self.gpus_per_node] = nodes.get(rank // self.gpus_per_node, 0) + 1
+            known[(group, stage)] = (len(nodes), max(nodes.values()))
+        return known[(group, stage)]
 
     def collective(self, op: str, gpus: int) -> CollectiveTable | None:
         """The machine's benchmark table of `op` on `gpus` GPUs, or None."""

@@ -137,7 +137,9 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         them, priced from that placement), else why they stay."""
         if len(set(self.types.values())) != 1:
             return "its stages run on several device types"
-        if self.spec.links or self.cluster is not None:
+        hosts = {self.book.device_hosts.get(device, "") for device in self.spec.device_ids}
+        if (self.spec.links or self.cluster is not None) and not (len(hosts) == 1 and "" not in hosts):
+            # on one host every hop of any layout runs between the same pair of hosts, the one the benchmark prices
             return "its hops are priced from a link benchmark by device (a layout moves ranks between devices)"
         if self.spec.cores or self.spec.ranks_per_device != 1:
             return "its ranks share the capture's cores as launched"

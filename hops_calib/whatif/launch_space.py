@@ -297,8 +297,55 @@ class Space:
                     ]
         return tuple(out)
 
+    def runs_at(self, size: int) -> set[tuple[str, int]]:
+        """The (schedule, chunks) of the launches of micro batch `size`: those `shapes` holds at it, without listing
+        their splits."""
+        if "_shapes" in self.__dict__:
+            return {(schedule, chunks) for s, _, _, schedule, chunks, _ in self._shapes if s == size}
+        found: set[tuple[str, int]] = set()
+        if size not in self.sizes:
+            return found
+        m = self.batch // size
+        for schedule in self.schedules:
+            if schedule == "interleaved_1f1b":
+                if self.pp < 2 or m % self.pp:
+                    continue
+                for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
+                    if self.layers % (self.pp * v) == 0 or (self.accounting and _accounted(self.layers, self.pp, v)):
+                        found.add((schedule, v))
+            elif self.splits or (
+                self.accounting and _accounted(self.layers, self.pp, 1, _taken(self.layers, self.pp, self.splits))
+            ):
+                found.add((schedule, 1))
+        return found
+
+    @functools.cached_property
+    def _shape_count(self) -> int:
+        """len(shapes()), counted without listing them (a plan sizes hundreds of settings' spaces, most never
+        searched whole)."""
+        if "_shapes" in self.__dict__:
+            return len(self._shapes)
+        count = 0
+        one_chunk = (
+            len(_accounted(self.layers, self.pp, 1, _taken(self.layers, self.pp, self.splits)))
+            if self.accounting
+            else 0
+        )
+        for size in self.sizes:
+            m = self.batch // size
+            for schedule in self.schedules:
+                if schedule == "interleaved_1f1b":
+                    if self.pp < 2 or m % self.pp:
+                        continue
+                    for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
+                        count += self.layers % (self.pp * v) == 0
+                        count += len(_accounted(self.layers, self.pp, v)) if self.accounting else 0
+                else:
+                    count += len(self.splits) + one_chunk
+        return count
+
     def __len__(self) -> int:
-        return self.orders_count() * len(self._shapes)
+        return self.orders_count() * self._shape_count
 
     def __iter__(self):
         shapes = self.shapes()

@@ -143,7 +143,7 @@ def _moved(launch: Launch, family: Space, size: int | None = None) -> Launch:
     `size`, else its own where it divides a replica's batch (else the largest that does), the even split."""
     if size is None:
         size = max((s for s in family.sizes if s <= launch.micro_batch_size), default=min(family.sizes))
-    shapes = {(schedule, chunks) for s, _, _, schedule, chunks, _ in family.shapes() if s == size}
+    shapes = family.runs_at(size)
     schedule, chunks = (launch.schedule, launch.chunks) if (launch.schedule, launch.chunks) in shapes else ("1f1b", 1)
     return Launch(family.current_order, None, None, schedule, chunks, size, (False, False), family.levers)
 

@@ -61,7 +61,9 @@ def test_plan_on_a_cpu_capture_is_exhaustive_ranked_and_fits_memory(model):
     assert plan.best[0].samples_per_s >= plan.current.samples_per_s  # the job's own launch is in the space
     for outcome in plan.best:
         assert sum(outcome.layers_per_stage) == 4
-        assert outcome.microbatches * outcome.launch.micro_batch_size == build_spec(CPU_JOB).model.global_batch_size
+        # every replica's microbatches make the global batch (a layout of d 2 halves each replica's)
+        assert (outcome.microbatches * outcome.launch.micro_batch_size * outcome.to_dict()["dp"]
+                == build_spec(CPU_JOB).model.global_batch_size)
     text = format_job_plan(plan)
     assert "idle %" in text and "sched. bubble %" in text and "now" in text
 
@@ -219,7 +221,8 @@ def test_the_plans_flags_are_argv_that_launch_what_it_priced(model, tmp_path):
     from hops_calib.metrics import schedule_bubble
 
     job = REPO / "traces" / "cpu_1f1b_l6_h384_s256_m4_run1"
-    plan = plan_job(job, model, top=40, schedules=("1f1b", "zb_h1"), orders=False)
+    # the layout kept (a new layout needs its own stage map, not only flags: `levers=False`)
+    plan = plan_job(job, model, top=40, schedules=("1f1b", "zb_h1"), orders=False, levers=False)
     data = json.loads(json.dumps(plan.to_dict()))
     changed = [o for o in data["best"] if o["flags"]]
     assert changed and all(isinstance(t, str) and " " not in t for o in changed for t in o["flags"])
