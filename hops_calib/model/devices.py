@@ -388,28 +388,30 @@ def parse_devices(
                     hint=f"name one of the [{key}s.NAME] tables",
                 )
             links[key] = parts[given]
-        uncalibrated = table.get("uncalibrated", known.uncalibrated if known else None)
-        if uncalibrated is not None and (
-            ("uncalibrated" in table and not composes) or not isinstance(uncalibrated, str) or not uncalibrated
-        ):
-            raise InputError(
-                origin,
+        # what only the catalog says of a device: why no measured run backs it, and whose fitted values it takes
+        said: dict[str, str | None] = {}
+        for key, what, hint in (
+            (
+                "uncalibrated",
                 "'uncalibrated' says, in the catalog, why no measured run backs the device",
-                line=line_of(text, header, "uncalibrated"),
-                field=f"{header}.uncalibrated",
-                hint='write uncalibrated = "datasheet values only: ..." in devices.toml',
-            )
-        calibrated_as = table.get("calibrated_as", known.calibrated_as if known else None)
-        if calibrated_as is not None and (
-            ("calibrated_as" in table and not composes) or not isinstance(calibrated_as, str) or not uncalibrated
-        ):
-            raise InputError(
-                origin,
+                'write uncalibrated = "datasheet values only: ..." in devices.toml',
+            ),
+            (
+                "calibrated_as",
                 "'calibrated_as' names, in the catalog, the device type whose fitted values an uncalibrated one takes",
-                line=line_of(text, header, "calibrated_as"),
-                field=f"{header}.calibrated_as",
-                hint='with uncalibrated = "..." saying why, write calibrated_as = "TYPE" in devices.toml',
-            )
+                'with uncalibrated = "..." saying why, write calibrated_as = "TYPE" in devices.toml',
+            ),
+        ):
+            said[key] = table.get(key, getattr(known, key) if known else None)
+            given = said[key]
+            if given is not None and (
+                (key in table and not composes)
+                or not isinstance(given, str)
+                or not given
+                or (key == "calibrated_as" and not said["uncalibrated"])
+            ):
+                raise InputError(origin, what, line=line_of(text, header, key), field=f"{header}.{key}", hint=hint)
+        uncalibrated, calibrated_as = said["uncalibrated"], said["calibrated_as"]
         if links["gpu"] is not None or links["node"] is not None:
             derived, derived_sources = composed(links["gpu"], links["node"])
             for constant, value in derived.items():
