@@ -293,8 +293,11 @@ def test_device_only_changes_calibrate_their_device_types_and_not_the_shared_val
     cluster = ("a10g", "h100", "l4")
     for scope in (calibration.Scope(term="elementwise_traffic"), calibration.Scope(whole_model=True),
                   calibration.Scope(term="decoder_roofline"), calibration.Scope(devices=("l4",))):
-        fixture_set, _ = record.calibrated_on(scope)
-        assert fixture_set.devices == cluster, scope
+        # (judged since on several stores at once, e.g. cpu-11 on the CPU, cluster, vTrain and dgxc stores: the
+        # cluster runs' set is one of them, never the A100's alone)
+        sets, _ = record.calibrated_sets(scope)
+        assert cluster in [fixture_set.devices for fixture_set in sets], scope
+        assert ("a100",) not in [fixture_set.devices for fixture_set in sets] or len(sets) > 1, scope
     a100, why = record.calibrated_on(calibration.Scope(devices=("a100",)))
     # since the data- and tensor-parallel terms were committed on every vTrain train run (entries 146 and 148),
     # the A100's values stand on those 982 runs, no longer on the 111 pure-pipeline ones of the A100 move
