@@ -325,6 +325,7 @@ def observe(
     ranked = merge_same_runs(
         sorted((c for c in contributors if c.dimension != "all"), key=lambda c: (-_fixable(c), -c.contribution_pp))
     )
+    ranked = judged_here(ranked, Path(fixtures_dir), fixture_set_digest(ids, content_hashes), fixtures)
     return Observation(
         split=split,
         fixtures_dir=Path(fixtures_dir),
@@ -339,3 +340,50 @@ def observe(
         left_out=left_out_summary(left_out),
         kernel_classes=kernel_section(fixtures, model),
     )
+
+
+@dataclass(frozen=True)
+class _OneStore:
+    """A store as the calibration record's check reads it (`loop.calibration.check_store`): its folder, fixture set,
+    run ids and specs."""
+
+    fixtures_dir: Path
+    sha256: str
+    ids: tuple[str, ...]
+    specs: tuple[Any, ...]
+
+    @property
+    def stores(self) -> tuple[_OneStore, ...]:
+        return (self,)
+
+
+def judged_here(ranked: list, fixtures_dir: Path, sha256: str, fixtures: list) -> list:
+    """Each contributor's suggested parameter marked with whether a change of it may be judged on this store
+    (`judged_here`, by the project ledger's calibration record, as `tune` and `evaluate` check it) and, where not,
+    the stores its value was calibrated on (`judge_on`: pass them all as --fixtures, or take the device's own
+    NAME@TYPE). Unmarked where no ledger is found."""
+    from hops_calib.loop import calibration
+    from hops_calib.loop.ledger import default_ledger
+
+    try:
+        record = calibration.read_record(default_ledger())
+    except InputError:
+        return ranked
+    store = _OneStore(fixtures_dir, sha256, tuple(f.id for f in fixtures), tuple(f.spec for f in fixtures))
+    checked: dict[tuple[str, str], Any] = {}
+    out = []
+    for contributor in ranked:
+        terms = []
+        for row in contributor.terms:
+            if row.get("suggested"):
+                key = (row["term"], row["param"])
+                if key not in checked:
+                    scope = calibration.scope_of_params(row["term"], [row["param"]])
+                    checked[key] = calibration.check_store(record, scope, store, "observe", off_record=True)
+                check = checked[key]
+                row = {**row, "judged_here": check.holds}
+                if not check.holds:
+                    row["judge_on"] = [fs.path or fs.describe() for fs in check.calibrated_all]
+            terms.append(row)
+        out.append(replace(contributor, terms=tuple(terms)))
+    return out

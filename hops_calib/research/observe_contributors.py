@@ -256,6 +256,13 @@ class Contributor:
                 else ""
             )
             + f" (could remove {100 * first['removable_share']:.0f} % of the residual's square)"
+            + (
+                "; its value was calibrated on other stores too: judge a change of it with --fixtures "
+                + " --fixtures ".join(first.get("judge_on") or ["(see tune's hint)"])
+                + ", or take the device's own NAME@TYPE"
+                if first.get("judged_here") is False
+                else ""
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -537,7 +544,10 @@ CONTRIBUTOR_FIELDS = {
     "moves taken as linear in it; suggested true on the first not at_bound (the parameter to change), direction raise or "
     "lower, suggested_value the value that linear move puts the residuals at their least (within bounds; "
     "at_bound: only a bound reaches it, so this parameter alone is a poor fit; a first guess: `tune TERM "
-    "--only PARAM --objective components` fits it)",
+    "--only PARAM --objective components` fits it); on the suggested entry, judged_here: whether a change of it may "
+    "be judged on this store alone (the ledger's calibration record, as tune and evaluate check it; absent without a "
+    "ledger), and where not, judge_on: the stores its value was calibrated on (pass them all as --fixtures, or take "
+    "the device's own NAME@TYPE)",
     "suggested_parameter": "TERM.PARAM of the terms entry marked suggested (null: no parameter moves the members)",
     "level": "run: a part of the iteration, stage: a per-microbatch time (both measured by events); iteration: a term "
     "of the predicted iteration on runs without events (compute, recompute, tp_comm, dp_reduce exposed, "

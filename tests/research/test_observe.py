@@ -337,3 +337,30 @@ def test_contributors_separate_bias_from_noise_name_their_terms_and_merge_groupi
             if "@" in t["param"] and t["param"].partition("@")[2] not in devices:
                 assert not t["applies"], (c.where, t)
     assert any(not t["applies"] for c in ranked for t in c.terms)  # inert parameters are flagged
+
+
+def test_a_suggested_parameter_says_whether_it_may_be_judged_on_this_store():
+    """observe marks each suggested parameter with what tune and evaluate will say of a change of it on this store
+    (the ledger's calibration record): judged here, or the stores its value was calibrated on."""
+    from hops_calib.loop import calibration
+    from hops_calib.loop.ledger import default_ledger
+    from hops_calib.loop.suite import load_suite
+    from hops_calib.research.observe import observe
+
+    store = Path(__file__).resolve().parents[2] / "fixtures"
+    found = observe(store)
+    suite = load_suite(store, "train")
+    record = calibration.read_record(default_ledger())
+    marked = 0
+    for contributor in found.ranked:
+        for row in contributor.terms:
+            if not row.get("suggested"):
+                assert "judged_here" not in row
+                continue
+            check = calibration.check_store(record, calibration.scope_of_params(row["term"], [row["param"]]),
+                                            suite, "test", off_record=True)
+            assert row["judged_here"] is check.holds  # as tune and evaluate judge it on the real suite
+            if not check.holds:
+                assert row["judge_on"] and "judge a change of it with --fixtures" in contributor.sentence()
+            marked += 1
+    assert marked
