@@ -271,78 +271,61 @@ class Space:
         return list(self._shapes)
 
     @functools.cached_property
-    def _shapes(self) -> tuple[tuple[int, int | None, int | None, str, int, tuple[bool, bool]], ...]:
-        out: list[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]] = []
+    def _groups(self) -> tuple[tuple[int, str, int, bool, tuple[tuple[bool, bool], ...]], ...]:
+        """The launches of one order by (micro batch size, schedule, chunks): whether the space's first/last splits
+        apply to it (one chunk per rank) and its even splits by what they count as a layer (`accounted_splits`;
+        (False, False): the plain even split). `shapes` lists them, `__len__` counts them and `runs_at` reads them,
+        the last two without listing the splits (a plan sizes hundreds of settings' spaces, most never searched
+        whole)."""
+        out: list[tuple[int, str, int, bool, tuple[tuple[bool, bool], ...]]] = []
         none = (False, False)
-        if self.accounting:
-            one_chunk = _accounted(self.layers, self.pp, 1, _taken(self.layers, self.pp, self.splits))
-        for size in self.sizes:
-            m = self.batch // size
-            for schedule in self.schedules:
-                if schedule == "interleaved_1f1b":
-                    if self.pp < 2:  # megatron/core/parallel_state.py initialize_model_parallel asserts p > 1
-                        continue
-                    for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
-                        if m % self.pp == 0:
-                            out += [(size, None, None, schedule, v, none)] if self.layers % (self.pp * v) == 0 else []
-                            out += [
-                                (size, None, None, schedule, v, accounted)
-                                for accounted in (_accounted(self.layers, self.pp, v) if self.accounting else ())
-                            ]
-                else:
-                    out += [(size, first, last, schedule, 1, none) for first, last in self.splits]
-                    out += [
-                        (size, None, None, schedule, 1, accounted)
-                        for accounted in (one_chunk if self.accounting else ())
-                    ]
-        return tuple(out)
-
-    def runs_at(self, size: int) -> set[tuple[str, int]]:
-        """The (schedule, chunks) of the launches of micro batch `size`: those `shapes` holds at it, without listing
-        their splits."""
-        if "_shapes" in self.__dict__:
-            return {(schedule, chunks) for s, _, _, schedule, chunks, _ in self._shapes if s == size}
-        found: set[tuple[str, int]] = set()
-        if size not in self.sizes:
-            return found
-        m = self.batch // size
-        for schedule in self.schedules:
-            if schedule == "interleaved_1f1b":
-                if self.pp < 2 or m % self.pp:
-                    continue
-                for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
-                    if self.layers % (self.pp * v) == 0 or (self.accounting and _accounted(self.layers, self.pp, v)):
-                        found.add((schedule, v))
-            elif self.splits or (
-                self.accounting and _accounted(self.layers, self.pp, 1, _taken(self.layers, self.pp, self.splits))
-            ):
-                found.add((schedule, 1))
-        return found
-
-    @functools.cached_property
-    def _shape_count(self) -> int:
-        """len(shapes()), counted without listing them (a plan sizes hundreds of settings' spaces, most never
-        searched whole)."""
-        if "_shapes" in self.__dict__:
-            return len(self._shapes)
-        count = 0
         one_chunk = (
-            len(_accounted(self.layers, self.pp, 1, _taken(self.layers, self.pp, self.splits)))
-            if self.accounting
-            else 0
+            _accounted(self.layers, self.pp, 1, _taken(self.layers, self.pp, self.splits)) if self.accounting else ()
         )
         for size in self.sizes:
             m = self.batch // size
             for schedule in self.schedules:
-                if schedule == "interleaved_1f1b":
-                    if self.pp < 2 or m % self.pp:
-                        continue
-                    for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
-                        count += self.layers % (self.pp * v) == 0
-                        count += len(_accounted(self.layers, self.pp, v)) if self.accounting else 0
-                else:
-                    count += len(self.splits) + one_chunk
-        return count
+                if schedule != "interleaved_1f1b":
+                    out.append((size, schedule, 1, True, one_chunk))
+                    continue
+                # megatron/core/parallel_state.py initialize_model_parallel asserts p > 1
+                if self.pp < 2 or m % self.pp:
+                    continue
+                for v in range(2, (self.layers + 2 * self.accounting) // self.pp + 1):
+                    plain = (none,) if self.layers % (self.pp * v) == 0 else ()
+                    out.append(
+                        (
+                            size,
+                            schedule,
+                            v,
+                            False,
+                            plain + (_accounted(self.layers, self.pp, v) if self.accounting else ()),
+                        )
+                    )
+        return tuple(out)
+
+    @functools.cached_property
+    def _shapes(self) -> tuple[tuple[int, int | None, int | None, str, int, tuple[bool, bool]], ...]:
+        none = (False, False)
+        out: list[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]] = []
+        for size, schedule, chunks, split, accounted in self._groups:
+            if split:
+                out += [(size, first, last, schedule, chunks, none) for first, last in self.splits]
+            out += [(size, None, None, schedule, chunks, counted) for counted in accounted]
+        return tuple(out)
+
+    def runs_at(self, size: int) -> set[tuple[str, int]]:
+        """The (schedule, chunks) of the launches of micro batch `size`: those `shapes` holds at it."""
+        return {
+            (schedule, chunks)
+            for at, schedule, chunks, split, accounted in self._groups
+            if at == size and ((split and self.splits) or accounted)
+        }
+
+    @functools.cached_property
+    def _shape_count(self) -> int:
+        """len(shapes())."""
+        return sum((len(self.splits) if split else 0) + len(accounted) for *_, split, accounted in self._groups)
 
     def __len__(self) -> int:
         return self.orders_count() * self._shape_count

@@ -81,8 +81,8 @@ def _digest(text: str) -> str:
 
 
 def pricer(planner: JobPlanner) -> Callable[[Launch], Outcome | None]:
-    """A launch priced in full: None when it cannot run or be priced, an outcome that does not fit when the memory
-    bound says so is simulated all the same (the value is then 0, as for any launch that does not fit)."""
+    """A launch priced in full, unpruned by what this process has seen: None when it cannot run or be priced or
+    the memory bound says it does not fit (its value is then 0, as for any launch that does not fit)."""
 
     def price(launch: Launch) -> Outcome | None:
         try:
@@ -179,12 +179,8 @@ def run_study(setting: PlanSetting, run: StudyRun, trials: int, seed: int, progr
 
     import optuna
 
-    from hops_calib.study import SAMPLERS, finished, quiet_optuna, run_processes, shares, shown_storage
+    from hops_calib.study import finished, quiet_optuna, run_processes, shares, shown_storage
 
-    if run.sampler not in SAMPLERS:
-        raise InputError(
-            "--sampler", f"unknown sampler {run.sampler!r}", field="sampler", hint=f"one of {', '.join(SAMPLERS)}"
-        )
     if run.workers < 1:
         raise InputError("plan", "--workers must be at least 1", field="--workers")
     quiet_optuna()
