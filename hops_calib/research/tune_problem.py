@@ -190,6 +190,17 @@ def load_problem(
         ]
         reals = tuple(real_components(fixture) for fixture in loaded)
         kernels = tuple(measured_kernels(fixture) for fixture in loaded) if term in KERNEL_TERMS else ()
+        if not any(real.values for real in reals) and not any(k is not None for k in kernels):
+            raise InputError(
+                command,
+                f"no train run of {', '.join(str(part.fixtures_dir) for part in suite.stores)} measured the "
+                "components of an iteration (forward, backward, communication) or its kernels: every run is "
+                "measured per iteration (a run table or training log), so the components objective has "
+                "nothing to fit and every trial would score NaN",
+                field="objective",
+                hint="use --objective suite on such a store, or add a store whose runs have events "
+                "(per-rank event logs, CPU captures) or kernel truth (a profiler trace)",
+            )
     model = load_model(model_path)
     known = {d.type for d in model.devices}
     strangers = unknown_device_overrides(only, known)

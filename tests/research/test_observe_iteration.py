@@ -112,3 +112,14 @@ def test_ingest_of_the_vtrain_folder_names_the_table_to_ingest(tmp_path):
     assert out.exit_code == 2
     [run] = json.loads(out.stdout)["runs"]
     assert run["error"].endswith(f"ingest them by name ({table})")
+
+
+def test_tune_components_on_runs_measured_per_iteration_is_refused_not_nan(vtrain):
+    """Every vTrain run is one iteration time: the components objective has nothing to fit, so tune says so (exit
+    2, naming the store and the objective) instead of running trials that all score NaN."""
+    out = CliRunner().invoke(app, ["tune", "decoder_roofline", "--objective", "components", "--fixtures",
+                                   str(vtrain.root), "--trials", "2", "--json"])
+    assert out.exit_code == 2, out.output
+    data = json.loads(out.stdout)
+    assert data["status"] == "invalid" and data["error"]["field"] == "objective"
+    assert str(vtrain.root) in data["error"]["message"] and "--objective suite" in data["error"]["hint"]
