@@ -209,6 +209,7 @@ def test_megatron_args_state_the_moe_layer() -> None:
 
 # ---- a real capture (the [capture] extra) ----
 
+@pytest.mark.capture
 def test_a_fresh_top2_capture_has_the_same_structure(tmp_path: Path) -> None:
     """The tracer end to end on a tiny run with top-2 routing (every token to both experts)."""
     from importlib.util import find_spec
