@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from hops_calib.model import gpt, kernels
+from hops_calib.model import fsdp, gpt, kernels
 from hops_calib.model.collectives import ALGORITHMS, collective_ms
 from hops_calib.model.devices import DeviceSpec
 from hops_calib.model.kernel_pricing import peak_flops_per_s
@@ -426,6 +426,8 @@ class DataParallelGradReduce(Term):
         # the gradients are reduced over the data x context-parallel group (`DistributedDataParallel` over
         # `get_data_parallel_group(with_context_parallel=True)`): every CP rank holds gradients of its own tokens
         group = "dp_cp" if spec.cp > 1 else "dp"
+        if fsdp.shards_gradients(spec):
+            return self._fsdp(context, params, group, algorithm)
         whole, tails, gathers = [], [], []
         for rank, device in enumerate(context.devices):
             parameters = rank_parameters(context, rank)
@@ -464,4 +466,57 @@ class DataParallelGradReduce(Term):
             grad_reduce_ms=tuple(whole),
             grad_reduce_tail_ms=tuple(tails),
             optimizer_ms=tuple(gathers) if any(gathers) else (),
+        )
+
+    @staticmethod
+    def _fsdp(context: Context, params: Mapping[str, float], group: str, algorithm: str) -> Contribution:
+        """Megatron-FSDP sharding gradients (optim_grads) or gradients and weights (optim_grads_params): its
+        collectives per microbatch, what of them each virtual stage's forward and backward expose (`fsdp.exposed_ms`,
+        `fsdp.chunk_units`), and per rank the reduce-scatter left after its last backward (`grad_reduce_ms`, all of
+        it exposed: finish_grad_sync waits for it before the optimizer step). optim_grads reduce-scatters a chunk's
+        gradients after each backward (one bucket, or buckets of --ddp-bucket-size), under the next microbatch's
+        work: each microbatch's backward exposes what that outlasts the chunk's forward and backward at peak."""
+        spec, layout = context.spec, context.layout
+        gradient = gradient_bytes(spec)
+        forward, backward = [0.0] * layout.virtual_stages, [0.0] * layout.virtual_stages
+        tails = [0.0] * layout.ranks
+        for k, layers in enumerate(layout.layers):
+            rank = layout.rank_of(k)
+            device = context.devices[rank]
+            rates = _rates(context, params, device.type)
+            net = Term.value(params, "net_step_latency_ms", device.type)
+            flops_per_ms = peak_flops_per_s(device, "bf16") / 1e3
+
+            def price(op: str, nbytes: float) -> float:
+                # called only within this iteration: the loop's device, rank and rates are the ones meant
+                return collective_ms(
+                    spec,
+                    device,  # noqa: B023
+                    op,
+                    nbytes,
+                    group,
+                    stage=rank,  # noqa: B023
+                    algorithm=algorithm,
+                    net_step_latency_ms=net,  # noqa: B023
+                    **rates,  # noqa: B023
+                )
+
+            first, last = k == 0, k == layout.virtual_stages - 1
+            units = fsdp.chunk_units(spec, rank, layers, first, last, price, flops_per_ms, gradient=gradient)
+            if fsdp.shards_parameters(spec):
+                forward[k], backward[k], tail = fsdp.exposed_ms(units)
+            else:
+                parameters = gpt.stage_parameters(spec.model, layers, first, last, spec.pp)
+                buckets = dp_buckets(spec, parameters) if spec.megatron_args.get("ddp_bucket_size") else 1
+                reduce = buckets * price("reduce_scatter", parameters / buckets * gradient)
+                compute = sum(unit.forward_ms + unit.backward_ms for unit in units)
+                backward[k] = max(0.0, reduce - compute)
+                tail = reduce / buckets
+            if layout.chunk_of(k) == 0:  # a rank's first chunk runs its last backward
+                tails[rank] += tail
+        return Contribution(
+            forward_ms=tuple(forward),
+            backward_ms=tuple(backward),
+            grad_reduce_ms=tuple(tails),
+            grad_reduce_tail_ms=tuple(tails),
         )
