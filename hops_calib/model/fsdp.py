@@ -39,6 +39,7 @@ buckets are gathered for their own forward and backward only).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -188,12 +189,12 @@ def exposed_ms(units: Sequence[Unit]) -> tuple[float, float, float]:
     if not units:
         return 0.0, 0.0, 0.0
     forward = units[0].gather_ms + sum(
-        max(0.0, unit.gather_ms - previous.forward_ms) for previous, unit in zip(units, units[1:], strict=False)
+        max(0.0, unit.gather_ms - previous.forward_ms) for previous, unit in itertools.pairwise(units)
     )
     backwards = list(reversed(units))
     backward = backwards[0].gather_ms + sum(
         max(0.0, unit.gather_ms + previous.reduce_ms - previous.backward_ms)
-        for previous, unit in zip(backwards, backwards[1:], strict=False)
+        for previous, unit in itertools.pairwise(backwards)
     )
     return forward, backward, backwards[-1].reduce_ms
 

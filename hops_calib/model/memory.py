@@ -224,7 +224,9 @@ def stage_memory(
     """Peak memory of one GPU per stage: `device_bytes` its device's memory, `peak_stage_microbatches` the stage
     microbatches of stored activations the schedule holds on the rank at its peak (`SimResult.peak_stage_activations`)."""
     shard = spec.dp * spec.cp if spec.distributed_optimizer else 1  # sharded over the data x context group
-    dropout = tuple(kernel_types.dropout_probability(spec.megatron_args, which) > 0 for which in ("hidden", "attention"))
+    dropout = tuple(
+        kernel_types.dropout_probability(spec.megatron_args, which) > 0 for which in ("hidden", "attention")
+    )
     stages = tuple(
         _stage(
             spec.model,

@@ -64,6 +64,7 @@ _MODULE_OF = {
 
 __all__ = [
     "ASSUMPTIONS",
+    "FSDP_STRATEGIES",
     "MAX_INDEX",
     "MAX_PER_ITERATION",
     "RANK_ORDERS",
@@ -75,7 +76,6 @@ __all__ = [
     "TYPO_SIMILARITY",
     "Assumption",
     "CollectiveTable",
-    "FSDP_STRATEGIES",
     "Hardware",
     "LinkFit",
     "ModelShape",
