@@ -167,3 +167,28 @@ def test_bf16_gradients_halve_the_zero3_reduce_scatters():
         collective_ms(bf16, device, "reduce_scatter", embedding * 2, "dp", **rates))
     assert fp32_part.grad_reduce_ms[0] == pytest.approx(
         collective_ms(spec, device, "reduce_scatter", embedding * 4, "dp", **rates))
+
+
+def test_zero2_reduce_scatters_every_microbatch_and_gathers_the_weights_after_the_step():
+    device = load_model().device("h100_dgx")
+    term = TERMS["data_parallel_grad_reduce"]
+
+    def part(flags):
+        spec = _spec(f"--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads {flags}")
+        context = Context(spec=spec, layout=layout_of(spec), devices=(device,))
+        return spec, term.contribute(context, term.defaults()), _rates(context, term.defaults(), device.type)
+
+    spec, after_step, rates = part("")
+    parameters = gpt.stage_parameters(spec.model, 80, True, True, 1)
+    reduce = collective_ms(spec, device, "reduce_scatter", parameters * 4, "dp", **rates)
+    # one bucket of the chunk's gradients: its reduce-scatter after each backward, the whole of it the last tail
+    assert after_step.grad_reduce_ms == after_step.grad_reduce_tail_ms == (pytest.approx(reduce),)
+    assert after_step.forward_ms == (0.0,)  # the weights are whole: no gather before a forward
+    flops_per_ms = device.peak_bf16_flops_per_s / 1e3
+    head = 2.0 * gpt.local_tokens(spec.model) * spec.model.hidden_size * gpt.vocab_per_gpu(spec.model)
+    compute = 3 * (80 * gpt.layer_forward_flops(spec.model) + head) / flops_per_ms
+    assert after_step.backward_ms[0] == pytest.approx(max(0.0, reduce - compute))
+    # the updated weights gathered from their shards after the step, unless the next forward overlaps them
+    assert after_step.optimizer_ms == (pytest.approx(
+        collective_ms(spec, device, "all_gather", parameters * 2, "dp", **rates)),)
+    assert part("--overlap-param-gather")[1].optimizer_ms == ()

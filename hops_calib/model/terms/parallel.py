@@ -379,6 +379,11 @@ class DataParallelGradReduce(Term):
     each GPU's NIC share, an all-gather inside; 2 the faster of the two per bucket, as NCCL's tuner chooses);
     `net_step_latency_ms` is what each ring step across nodes adds over an NVLink step, and `efficiency` the
     fraction of the rate reached beside the backward's kernels.
+
+    Megatron-FSDP (--use-megatron-fsdp, `hops_calib.model.fsdp`): no_shard and optim reduce as above (all-reduce,
+    or reduce-scatter and gather); optim_grads and optim_grads_params reduce-scatter on every microbatch and the
+    latter gathers every decoder layer before its forward and its backward, what their compute does not hide added
+    to each virtual stage's forward and backward (`_fsdp`).
     """
 
     name = "data_parallel_grad_reduce"
@@ -475,11 +480,13 @@ class DataParallelGradReduce(Term):
         `fsdp.chunk_units`), and per rank the reduce-scatter left after its last backward (`grad_reduce_ms`, all of
         it exposed: finish_grad_sync waits for it before the optimizer step). optim_grads reduce-scatters a chunk's
         gradients after each backward (one bucket, or buckets of --ddp-bucket-size), under the next microbatch's
-        work: each microbatch's backward exposes what that outlasts the chunk's forward and backward at peak."""
+        work: each microbatch's backward exposes what that outlasts the chunk's forward and backward at peak; its
+        unsharded weights are all-gathered from the updated shards after the step (MegatronFSDP.start_param_sync),
+        in the optimizer phase unless --overlap-param-gather moves the gathers under the next forward."""
         spec, layout = context.spec, context.layout
         gradient = gradient_bytes(spec)
         forward, backward = [0.0] * layout.virtual_stages, [0.0] * layout.virtual_stages
-        tails = [0.0] * layout.ranks
+        tails, gathers = [0.0] * layout.ranks, [0.0] * layout.ranks
         for k, layers in enumerate(layout.layers):
             rank = layout.rank_of(k)
             device = context.devices[rank]
@@ -512,6 +519,8 @@ class DataParallelGradReduce(Term):
                 compute = sum(unit.forward_ms + unit.backward_ms for unit in units)
                 backward[k] = max(0.0, reduce - compute)
                 tail = reduce / buckets
+                if not spec.overlap_param_gather:  # start_param_sync: the updated weights gathered after the step
+                    gathers[rank] += price("all_gather", parameter_gather_bytes(spec, parameters, layers))
             if layout.chunk_of(k) == 0:  # a rank's first chunk runs its last backward
                 tails[rank] += tail
         return Contribution(
@@ -519,4 +528,5 @@ class DataParallelGradReduce(Term):
             backward_ms=tuple(backward),
             grad_reduce_ms=tuple(tails),
             grad_reduce_tail_ms=tuple(tails),
+            optimizer_ms=tuple(gathers) if any(gathers) else (),
         )
