@@ -65,6 +65,9 @@ def test_zero3_on_64_h100_takes_less_memory_and_more_time_than_ddp_with_the_dist
     ddp = _predict(_job(tmp_path / "ddp", DDP))
     zero3 = _predict(_job(tmp_path / "zero3", ZERO3))
     assert not [note for note in zero3["notes"] if "ignored" in note]  # the flags are known, not dropped
+    # and no calibration run shards so: the prediction says it extrapolates
+    assert {"feature": "Megatron-FSDP sharding", "value": "optim_grads_params", "calibrated": "none"} in zero3[
+        "extrapolations"]
     plain, sharded = ddp["memory"][0], zero3["memory"][0]
     spec = _spec(ZERO3)
     d, parameters = spec.dp, gpt.stage_parameters(spec.model, 80, True, True, 1)
