@@ -95,3 +95,13 @@ def test_no_attention_dropout_keeps_no_score_mask_in_unfused_attention_and_flash
     assert saved == pytest.approx(PEAK[0] * first * 3 * a * s * s * b / t)
     flash = [stage_memory(_spec(f"--attention-dropout {p}"), [80e9] * 2, PEAK)[0] for p in ("0.1", "0.0")]
     assert flash[0].activations_bytes == flash[1].activations_bytes
+
+
+def test_bf16_gradients_halve_the_tied_embedding_all_reduce():
+    from hops_calib.whatif.job import end_collective_of
+
+    tied_fp32, tied_bf16 = _spec(), _spec("--grad-reduce-in-bf16")  # pp 2, embeddings tied (Megatron's default)
+    assert not tied_fp32.model.untie_embeddings
+    fp32_end, bf16_end = (end_collective_of(s, load_model()) for s in (tied_fp32, tied_bf16))
+    assert bf16_end.nbytes == pytest.approx(fp32_end.nbytes / 2)
+    assert bf16_end.nbytes == gpt.vocab_per_gpu(tied_fp32.model) * tied_fp32.model.hidden_size * 2
