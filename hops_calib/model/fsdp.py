@@ -31,9 +31,10 @@ bound. The collectives are priced by `hops_calib.model.collectives` over the dat
 
 Memory per GPU (`sharded_memory`): the sharded buffers (weights, gradients, optimizer state 1/d each, per strategy)
 plus the temporary unsharded buckets: the gathered units (the current one and the prefetched ones, in the 16-bit
-parameter dtype) and the gradients waiting to be reduce-scattered (GradReducePipeline.wait_for_previous_grad_reduce
-lets up to suggested_RS_queue_capacity = the communication unit of them queue, plus the bucket being reduced and
-the one being accumulated). The modules outside the units are counted gathered whole (an upper bound: their own
+parameter dtype, of the one model chunk computing) and the gradients waiting to be reduce-scattered
+(GradReducePipeline.wait_for_previous_grad_reduce frees a queued bucket only once the queue holds more than
+suggested_RS_queue_capacity = the communication unit of them, so each chunk keeps up to that, plus the bucket just
+launched and the one being accumulated, until the iteration's finish_grad_sync). The modules outside the units are counted gathered whole (an upper bound: their own
 buckets are gathered for their own forward and backward only).
 """
 
@@ -159,10 +160,11 @@ def sharded_memory(
         queued = math.floor(communication_unit(spec) / size) if size > 0 else 0
         unsharded = min(parameters, (queued + 2) * size)
         return ShardedMemory(parameters * element, parameters * gradient / d + unsharded * gradient, optimizer)
-    largest = max(chunk_layers, default=0)
+    # one chunk computes at a time, its gathered units released after their forward and backward; but each chunk's
+    # reduce-scatter queue keeps its buckets until it overflows or the iteration's finish_grad_sync
     unit = unit_parameters(spec)
-    gathered = gathered_units(spec, largest) * unit + outside
-    reducing = reducing_units(spec, largest) * unit + outside
+    gathered = gathered_units(spec, max(chunk_layers, default=0)) * unit + outside
+    reducing = sum(reducing_units(spec, layers) for layers in chunk_layers) * unit + outside
     return ShardedMemory(
         parameters * element / d + gathered * element,
         parameters * gradient / d + reducing * gradient,
