@@ -1,10 +1,11 @@
-"""What-if room: the planner for a real job, every lever Megatron has searched together - the layout (t, p, d),
-recomputation, sequence parallelism, the distributed optimizer, which device runs which stage, how many layers each
-holds, which schedule, which micro-batch size - for a job directory's model and global batch, on its GPUs, priced
-by a calibrated model, within each GPU's memory less a headroom.
+"""What-if room: the planner for a real job, every lever Megatron has searched together - the layout (t, p, cp,
+d), recomputation, sequence parallelism, the distributed optimizer, FP8 or 16-bit GEMMs (where `precision`
+allows), which device runs which stage, how many layers each holds, which schedule, which micro-batch size - for a
+job directory's model and global batch, on its GPUs, priced by a calibrated model, within each GPU's memory less a
+headroom.
 
-A candidate is a `Launch`: its levers (`Levers`: None, the job's own t, p, recomputation, SP and distributed
-optimizer), a stage order (device id per stage; ranks placed by torchrun on a layout of its own), Megatron's layer
+A candidate is a `Launch`: its levers (`Levers`: None, the job's own t, p, cp, recomputation, SP, distributed
+optimizer and precision), a stage order (device id per stage; ranks placed by torchrun on a layout of its own), Megatron's layer
 split (even, or the first and/or last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even, or
 even with the embedding and/or the loss counted as a layer, --account-for-embedding/loss-in-pipeline-split), a
 schedule (1F1B or interleaved 1F1B with v model chunks per rank; with `any_runtime` also ZB-H1, GPipe, or `auto`,
