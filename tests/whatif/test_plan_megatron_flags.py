@@ -182,3 +182,21 @@ def test_a_llama_405b_launch_as_nvidia_runs_it_builds():
     unaccounted = [a for a in argv if not a.startswith("--account-for")]
     with pytest.raises(Refused, match="not whole virtual stages"):
         check_launch(read_launch(unaccounted), 1024)
+
+
+def test_context_parallel_sizes_are_the_ones_megatron_splits(llama70, tmp_path):
+    """cp is searched where the sequence cuts into 2 cp chunks: s 8192 takes 1, 2, 4 and 8; s 8196 (4 x 2049)
+    only 2; every setting of the levers the plan searches keeps t x p x cp dividing the 64 GPUs."""
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.whatif.job_plan import JobPlanner
+
+    model = load_model()
+    planner = JobPlanner(llama70, model)
+    assert planner.context_parallel_sizes() == [1, 2, 4, 8]
+    settings = planner.families()
+    assert {s.cp for s in settings} == {1, 2, 4, 8} and all(64 % (s.tp * s.pp * s.cp) == 0 for s in settings)
+    assert {s.fp8 for s in settings} == {False}, "FP8 only where --precision allows it"
+    assert {s.fp8 for s in planner.families((False, True))} == {False, True}
+    odd = make_job(tmp_path / "s8196", LLAMA70.replace("8192 --max-position-embeddings 8192", "8196 "
+                                                       "--max-position-embeddings 8196"), 4)
+    assert JobPlanner(odd, model).context_parallel_sizes() == [1, 2]
