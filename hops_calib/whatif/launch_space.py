@@ -332,9 +332,27 @@ class Space:
         return tuple(out)
 
     @functools.cached_property
-    def shape_set(self) -> frozenset[tuple[int, int | None, int | None, str, int, tuple[bool, bool]]]:
-        """`shapes` as a set, to ask whether the space holds a shape."""
-        return frozenset(self._shapes)
+    def _group_index(self) -> dict[tuple[int, str, int], tuple[bool, frozenset[tuple[bool, bool]]]]:
+        return {
+            (size, schedule, chunks): (split, frozenset(accounted))
+            for size, schedule, chunks, split, accounted in self._groups
+        }
+
+    @functools.cached_property
+    def _split_set(self) -> frozenset[tuple[int | None, int | None]]:
+        return frozenset(self.splits)
+
+    def holds(self, shape: tuple[int, int | None, int | None, str, int, tuple[bool, bool]]) -> bool:
+        """Whether `shapes` holds `shape` (micro batch size, first, last, schedule, chunks, accounted), read from the
+        groups without listing the shapes."""
+        size, first, last, schedule, chunks, accounted = shape
+        group = self._group_index.get((size, schedule, chunks))
+        if group is None:
+            return False
+        split, counted = group
+        if accounted == (False, False) and split and (first, last) in self._split_set:
+            return True
+        return (first, last) == (None, None) and accounted in counted
 
     def runs_at(self, size: int) -> set[tuple[str, int]]:
         """The (schedule, chunks) of the launches of micro batch `size`: those `shapes` holds at it."""

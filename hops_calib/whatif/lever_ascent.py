@@ -149,10 +149,9 @@ def _moved(launch: Launch, family: Space, size: int | None = None) -> Launch:
     counted as a layer (`_EVEN_SPLITS`), else the first pinned split the setting runs."""
     if size is None:
         size = max((s for s in family.sizes if s <= launch.micro_batch_size), default=min(family.sizes))
-    shapes = family.shape_set
     for schedule, chunks in dict.fromkeys([(launch.schedule, launch.chunks), ("1f1b", 1)]):
         for first, last, accounted in ((launch.first, launch.last, launch.accounted), *_EVEN_SPLITS):
-            if (size, first, last, schedule, chunks, accounted) in shapes:
+            if family.holds((size, first, last, schedule, chunks, accounted)):
                 return Launch(family.current_order, first, last, schedule, chunks, size, accounted, family.levers)
     pinned = next(
         (shape for shape in family.shapes() if shape[0] == size and shape[3:5] == ("1f1b", 1)),
