@@ -68,7 +68,7 @@ from hops_calib.whatif.launch_space import (
     layer_splits,
 )
 from hops_calib.whatif.launch_study import StudyResult, StudyRun, TrialsProgress, run_study, study_setting
-from hops_calib.whatif.lever_ascent import _interchangeable, _lever_ascent, _Looked
+from hops_calib.whatif.lever_ascent import _interchangeable, _lever_ascent, _Looked, _memory_seeds
 from hops_calib.whatif.perturbations import Perturbations
 
 __all__ = [
@@ -415,8 +415,12 @@ def plan_job(
         own_known = known(planner.current())
         own = force(planner.current())
         budget = ascent_budget(planner.spec, trials, ascent_tasks or ASCENT_TASKS)
-        starts = found + ([own] if own is not None and [own] != found else [])
         spaces = {None: space, **dict(families)}
+        if not found and (own is None or not own.fits):
+            # nothing fits yet (no lever ascent, or none found): start from each setting's most memory-saving launch
+            best_first(_memory_seeds(planner, spaces))
+            found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
+        starts = found + ([own] if own is not None and [own] != found else [])
         steps, stopped, spent, stopped_at = 0, None, 0, 0
         for index, start in enumerate(starts):
             taken, stopped = _local_search(

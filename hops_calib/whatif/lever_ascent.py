@@ -96,24 +96,74 @@ def _lever_ascent(
     return steps
 
 
+SEED_SPLITS = 4  # the most memory-saving 1F1B splits of a setting whose memory `_memory_seeds` bounds, at most
+
+
 def _memory_seeds(planner: JobPlanner, spaces: dict[Any, Space]) -> list[Launch]:
     """Of each setting of the levers, its launch that holds the least memory - the smallest micro batch, 1F1B
-    (the fewest microbatches in flight), the even split (else the first split the setting runs: the embedding and
-    loss counted, or pinned ends, where the layers do not divide over its stages) - where the closed-form memory
-    bound says it fits: where the search starts when neither the job's own launch nor its settings at another
+    (the fewest microbatches in flight), of its layer splits (even or first/last pinned) the first of the
+    `SEED_SPLITS` with the least memory at their fullest stage (`_split_memory`) that the closed-form memory bound
+    says fits: where the search starts when neither the job's own launch nor its settings at another
     recomputation fit."""
     seeds = []
     for family in spaces.values():
         size = min(family.sizes)
-        launch = _moved(Launch(family.current_order, None, None, "1f1b", 1, size, (False, False)), family, size)
-        if (launch.schedule, launch.micro_batch_size) != ("1f1b", size):
+        if ("1f1b", 1) not in family.runs_at(size):
             continue
+        splits = [split for split in family.splits if family.holds((size, *split, "1f1b", 1, (False, False)))]
+        splits.sort(key=lambda split: (split[0] is not None) + (split[1] is not None))  # the even split first
+        if not splits:
+            continue
+        launches = [
+            Launch(family.current_order, first, last, "1f1b", 1, size, (False, False), family.levers)
+            for first, last in splits
+        ]
         try:
-            if planner.memory_fits(launch):
-                seeds.append(launch)
+            ranked = _split_memory(planner, family, launches)
         except Refusal:
             continue
+        for launch in ranked[:SEED_SPLITS]:
+            try:
+                if planner.memory_fits(launch):
+                    seeds.append(launch)
+                    break
+            except Refusal:
+                continue
     return seeds
+
+
+def _split_memory(planner: JobPlanner, family: Space, launches: list[Launch]) -> list[Launch]:
+    """`launches` (1F1B, one setting and micro batch, their splits differing) by the memory of their fullest
+    stage, least first, from the first launch's memory count (`model.memory.stage_memory` at 1F1B's closed-form
+    peak: stage k holds min(p - k, m) microbatches): a layer's weights, gradients and optimizer state and a
+    microbatch's activations of a layer (a middle stage's, per layer), and what each stage holds besides (the
+    embedding, the logits); a split's stage then holds its own layers' share on top. Refusal when the first
+    launch cannot be priced."""
+    from hops_calib.model.memory import stage_memory
+    from hops_calib.sim.theory import peak_activations
+    from hops_calib.spec import split_layers
+
+    spec = planner.spec_of(launches[0])
+    p, m = spec.pp, spec.microbatches
+    if p < 2:
+        return launches
+    flight = peak_activations("1f1b", p, m)
+    caps = tuple(planner.memory_bytes[t] for t in spec.devices)
+    stages = stage_memory(spec, caps, tuple(float(f) for f in flight))
+    layers = spec.layers_per_stage
+    mid = max(range(p), key=lambda k: (0 < k < p - 1, layers[k]))
+    if not layers[mid]:
+        return launches
+    held = stages[mid].weights_bytes + stages[mid].gradients_bytes + stages[mid].optimizer_bytes
+    static = held / layers[mid]
+    activation = stages[mid].activations_bytes / (layers[mid] * flight[mid])
+    extra = [stage.total_bytes - (static + activation * f) * n for stage, f, n in zip(stages, flight, layers)]
+
+    def fullest(launch: Launch) -> float:
+        counts = split_layers(family.layers, p, launch.first, launch.last)
+        return max(e + (static + activation * f) * n for e, f, n in zip(extra, flight, counts))
+
+    return sorted(launches, key=fullest)
 
 
 def _moved_up(planner: JobPlanner, launch: Launch, family: Space) -> list[Launch]:

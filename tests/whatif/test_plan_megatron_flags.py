@@ -200,3 +200,13 @@ def test_context_parallel_sizes_are_the_ones_megatron_splits(llama70, tmp_path):
     odd = make_job(tmp_path / "s8196", LLAMA70.replace("8192 --max-position-embeddings 8192", "8196 "
                                                        "--max-position-embeddings 8196"), 4)
     assert JobPlanner(odd, model).context_parallel_sizes() == [1, 2]
+
+
+def test_keep_levers_still_takes_the_precision_allowed(llama70):
+    """--keep-levers --precision fp8 keeps t 4 x p 4 x cp 1 and every other lever of the job, and turns FP8 on:
+    every pick is the job's layout in FP8, its flags accepted by megatron-core."""
+    found = plan(llama70, "--keep-levers", "--precision", "fp8", "--top", "3")
+    for pick in found["best"]:
+        assert (pick["tp"], pick["pp"], pick["cp"], pick["fp8"]) == (4, 4, 1, True)
+        assert pick["sequence_parallel"] and pick["distributed_optimizer"] and pick["recompute"] == "none"
+        verify_pick(llama70, pick)
