@@ -80,8 +80,8 @@ KEEP_MICRO_BATCH = typer.Option(False, "--keep-micro-batch", help="With --job: k
 KEEP_LEVERS = typer.Option(
     False,
     "--keep-levers",
-    help="With --job: keep its tensor and pipeline parallel sizes, "
-    "recomputation, sequence parallelism and distributed optimizer.",
+    help="With --job: keep its tensor, pipeline and context parallel sizes, "
+    "recomputation, sequence parallelism and distributed optimizer (--precision still applies).",
 )
 DEVICE_MEMORY = typer.Option(
     None,
@@ -106,6 +106,13 @@ ANY_RUNTIME = typer.Option(
     help="With --job: also search schedules Megatron-LM has no flag "
     "for (ZB-H1, GPipe, auto), for a runtime that runs them; "
     "default Megatron's own (1F1B, interleaved 1F1B).",
+)
+PRECISION = typer.Option(
+    None,
+    "--precision",
+    help="With --job: the precisions a pick may run in: bf16 (16-bit GEMMs), fp8 (Transformer Engine's FP8 GEMMs, "
+    "--fp8-format hybrid --fp8-recipe delayed where the job runs none; only on devices whose catalog entry has an "
+    "FP8 peak), any (both); default the job's own.",
 )
 MEMORY_HEADROOM = typer.Option(
     None,
@@ -156,6 +163,7 @@ _JOB_OPTIONS = (
     "trials",
     "exhaustive_limit",
     "any_runtime",
+    "precision",
     "memory_headroom",
     "rank_by",
     "fixtures",
@@ -286,6 +294,7 @@ def _job(ctx: typer.Context, given: dict) -> int:
         trials=o["trials"],
         exhaustive_limit=o["exhaustive_limit"],
         any_runtime=o["any_runtime"],
+        precision=o["precision"],
         memory_headroom_gb=o["memory_headroom"],
         rank_by=o["rank_by"],
         perturbations=o["perturbations"],
@@ -318,6 +327,7 @@ def plan_job(
     trials: int | None = TRIALS,
     exhaustive_limit: int = EXHAUSTIVE_LIMIT,
     any_runtime: bool = ANY_RUNTIME,
+    precision: str | None = PRECISION,
     memory_headroom: float | None = MEMORY_HEADROOM,
     rank_by: str = RANK_BY,
     as_json: bool = AS_JSON,
@@ -327,10 +337,10 @@ def plan_job(
     sampler: str = SAMPLER,
     perturbations: dict | None = None,
 ) -> None:
-    """The fastest launches of a real job on its devices, priced by the calibrated model: one search over t, p, d,
-    virtual stages, micro batch, recomputation, sequence parallelism, the distributed optimizer, stage order,
-    layer split and schedule (Megatron's own unless --any-runtime), each pick within memory less a stated headroom
-    (the old spelling: plan --job DIR)."""
+    """The fastest launches of a real job on its devices, priced by the calibrated model: one search over t, p, cp,
+    d, virtual stages, micro batch, recomputation, sequence parallelism, the distributed optimizer, FP8 or BF16
+    (--precision), stage order, layer split and schedule (Megatron's own unless --any-runtime), each pick within
+    memory less a stated headroom (the old spelling: plan --job DIR)."""
     raise typer.Exit(_job(ctx, locals()))
 
 
@@ -409,6 +419,7 @@ def plan(
     trials: int | None = TRIALS,
     exhaustive_limit: int = EXHAUSTIVE_LIMIT,
     any_runtime: bool = ANY_RUNTIME,
+    precision: str | None = PRECISION,
     memory_headroom: float | None = MEMORY_HEADROOM,
     rank_by: str = RANK_BY,
     as_json: bool = AS_JSON,

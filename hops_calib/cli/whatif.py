@@ -471,6 +471,7 @@ class PlanJobRequest:
     trials: int | None = None
     exhaustive_limit: int = 10000
     any_runtime: bool = False
+    precision: str | None = None
     memory_headroom_gb: float | None = None
     rank_by: str = "throughput"
     perturbations: dict | None = None
@@ -546,6 +547,7 @@ def plan_job_command(request: PlanJobRequest, as_json: bool) -> int:
             top=request.top,
             schedules=request.schedules or (SCHEDULES if request.any_runtime else MEGATRON_SCHEDULES),
             any_runtime=request.any_runtime,
+            precision=request.precision,
             band=band,
             headroom_bytes=None if request.memory_headroom_gb is None else request.memory_headroom_gb * 1e9,
             study_trials=request.trials,

@@ -1,10 +1,11 @@
-"""What-if room: the planner for a real job, every lever Megatron has searched together - the layout (t, p, d),
-recomputation, sequence parallelism, the distributed optimizer, which device runs which stage, how many layers each
-holds, which schedule, which micro-batch size - for a job directory's model and global batch, on its GPUs, priced
-by a calibrated model, within each GPU's memory less a headroom.
+"""What-if room: the planner for a real job, every lever Megatron has searched together - the layout (t, p, cp,
+d), recomputation, sequence parallelism, the distributed optimizer, FP8 or 16-bit GEMMs (where `precision`
+allows), which device runs which stage, how many layers each holds, which schedule, which micro-batch size - for a
+job directory's model and global batch, on its GPUs, priced by a calibrated model, within each GPU's memory less a
+headroom.
 
-A candidate is a `Launch`: its levers (`Levers`: None, the job's own t, p, recomputation, SP and distributed
-optimizer), a stage order (device id per stage; ranks placed by torchrun on a layout of its own), Megatron's layer
+A candidate is a `Launch`: its levers (`Levers`: None, the job's own t, p, cp, recomputation, SP, distributed
+optimizer and precision), a stage order (device id per stage; ranks placed by torchrun on a layout of its own), Megatron's layer
 split (even, or the first and/or last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even, or
 even with the embedding and/or the loss counted as a layer, --account-for-embedding/loss-in-pipeline-split), a
 schedule (1F1B or interleaved 1F1B with v model chunks per rank; with `any_runtime` also ZB-H1, GPipe, or `auto`,
@@ -58,6 +59,7 @@ from hops_calib.whatif.launch_space import (
     ACCOUNTING_FLAGS,
     MAX_SPLIT_LAYERS,
     MEGATRON_SCHEDULES,
+    PRECISIONS,
     SCHEDULES,
     Launch,
     Space,
@@ -66,7 +68,7 @@ from hops_calib.whatif.launch_space import (
     layer_splits,
 )
 from hops_calib.whatif.launch_study import StudyResult, StudyRun, TrialsProgress, run_study, study_setting
-from hops_calib.whatif.lever_ascent import _interchangeable, _lever_ascent, _Looked
+from hops_calib.whatif.lever_ascent import _interchangeable, _lever_ascent, _Looked, _memory_seeds
 from hops_calib.whatif.perturbations import Perturbations
 
 __all__ = [
@@ -203,8 +205,11 @@ def plan_job(
     band: float = 0.0,
     study_trials: int | None = None,
     study_run: StudyRun | None = None,
+    precision: str | None = None,
 ) -> JobPlan:
-    """The best `top` launches of the job's model and global batch (see the module's docstring)."""
+    """The best `top` launches of the job's model and global batch (see the module's docstring). `precision`: the
+    precisions a pick may run in, bf16 (16-bit GEMMs), fp8 (Transformer Engine's FP8 GEMMs), any; None: the job's
+    own."""
     if schedules is None:
         schedules = SCHEDULES if any_runtime else MEGATRON_SCHEDULES
     if rank_by not in ("throughput", "expected", "p5"):
@@ -243,8 +248,14 @@ def plan_job(
             field="--memory-headroom",
             hint="e.g. --memory-headroom 2 (GB)",
         )
+    if precision is not None and precision not in PRECISIONS:
+        raise InputError(
+            "plan", f"unknown precision {precision!r}", field="--precision", hint=f"one of {', '.join(PRECISIONS)}"
+        )
     planner = JobPlanner(job_dir, model, cluster, memory_bytes, headroom_bytes)
     planner.band = band
+    own_fp8 = planner.own_levers().fp8
+    precisions = _precisions(planner, precision, own_fp8)
     slowed = (
         ()
         if perturbations is None
@@ -254,18 +265,23 @@ def plan_job(
     if space.devices is not None and space.orders_count() < math.factorial(len(space.devices)):
         planner.notes.append(_interchangeable(space))
     families: list[tuple[Any, Space]] = []
+    for setting in planner.families(precisions, levers)[1:]:
+        family = planner.family_space(setting, schedules, splits, micro_batch_sizes)
+        if family is not None and len(family):
+            families.append((setting, family))
     if levers:
-        for setting in planner.families()[1:]:
-            family = planner.family_space(setting, schedules, splits, micro_batch_sizes)
-            if family is not None and len(family):
-                families.append((setting, family))
         why = planner.relayout()
         if why:
             planner.notes.append(
-                f"tensor and pipeline parallel sizes kept at the job's t {planner.spec.tp} x p "
-                f"{planner.spec.pp}: {why}; recomputation, sequence parallelism and the distributed "
-                "optimizer are searched"
+                f"tensor, pipeline and context parallel sizes kept at the job's t {planner.spec.tp} x p "
+                f"{planner.spec.pp} x cp {planner.spec.cp}: {why}; recomputation, sequence parallelism and the "
+                "distributed optimizer are searched"
             )
+
+    def allowed(launch: Launch) -> bool:
+        """Whether a launch runs in a precision the plan may pick (the job's own launch is priced all the same)."""
+        return (launch.levers.fp8 if launch.levers is not None else own_fp8) in precisions
+
     if not len(space):
         raise InputError(
             str(job_dir),
@@ -295,7 +311,7 @@ def plan_job(
         return min(kth, best_megatron[0]) if launch.schedule in MEGATRON_SCHEDULES else kth
 
     def record(outcome: Outcome) -> None:
-        if outcome.fits:
+        if outcome.fits and allowed(outcome.launch):
             best.append(outcome.samples_per_s)
             best.sort(reverse=True)
             del best[keep:]
@@ -399,8 +415,12 @@ def plan_job(
         own_known = known(planner.current())
         own = force(planner.current())
         budget = ascent_budget(planner.spec, trials, ascent_tasks or ASCENT_TASKS)
-        starts = found + ([own] if own is not None and [own] != found else [])
         spaces = {None: space, **dict(families)}
+        if not found and (own is None or not own.fits):
+            # nothing fits yet (no lever ascent, or none found): start from each setting's most memory-saving launch
+            best_first(_memory_seeds(planner, spaces))
+            found = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)[:1]
+        starts = found + ([own] if own is not None and [own] != found else [])
         steps, stopped, spent, stopped_at = 0, None, 0, 0
         for index, start in enumerate(starts):
             taken, stopped = _local_search(
@@ -491,8 +511,10 @@ def plan_job(
             )
     looked.stage = "done"
     looked.advance()  # the last count: every launch the plan says it looked at
-    fitting = [o for o in outcomes.values() if o.fits]
-    over_memory = len(outcomes) - len(fitting) + sum(1 for why in bounded.values() if why == "memory")
+    fitting = [o for o in outcomes.values() if o.fits and allowed(o.launch)]
+    over_memory = sum(1 for o in outcomes.values() if not o.fits) + sum(
+        1 for why in bounded.values() if why == "memory"
+    )
     # best first; of launches that run the same (auto and the schedule it picks), the one naming the schedule;
     # launches of other levers (a recomputation, the distributed optimizer) are other launches, each ranked
     fitting.sort(key=lambda o: (-o.samples_per_s, o.launch.schedule == "auto", len(o.flags)))
@@ -602,6 +624,30 @@ def plan_job(
             "best_value_samples_per_s": shared.best_value,
         },
     )
+
+
+def _precisions(planner: JobPlanner, precision: str | None, own: bool) -> tuple[bool, ...]:
+    """The FP8 settings (True: Transformer Engine's FP8 GEMMs) a plan may pick under --precision: the job's own
+    (None), bf16, fp8 (refused, exit 2, where the job cannot run FP8: `JobPlanner.fp8_refusal`), or any (both where
+    FP8 can run, else the 16-bit launches with a note)."""
+    if precision is None:
+        return (own,)
+    if precision == "bf16":
+        return (False,)
+    why = "" if own else planner.fp8_refusal()
+    if precision == "fp8":
+        if why:
+            raise InputError(
+                str(planner.job_dir),
+                f"cannot run FP8: {why}",
+                field="--precision",
+                hint="plan it in bf16 (--precision bf16 or any), or on a device with FP8 tensor cores",
+            )
+        return (True,)
+    if why:
+        planner.notes.append(f"--precision any: FP8 not searched, {why}")
+        return (own,)
+    return (own, not own)
 
 
 def throughput_band(specs: Sequence[Any], truths: Sequence[Any], model: Model) -> tuple[float, int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hops_calib.model.kernel_types import fp8_format
 from hops_calib.spec import Spec
 from hops_calib.whatif.launch_space import (
     ACCOUNTING_FLAGS,
@@ -20,6 +21,33 @@ NO_MEGATRON_FLAG = (
     "with a runtime that has it, e.g. torch.distributed.pipelining (`hops-calib capture --engine "
     "torch --schedule {schedule}` records one)"
 )
+
+
+# The FP8 a launch that turns it on runs: Transformer Engine's hybrid format (E4M3 forward, E5M2 gradients, as TE
+# recommends for training) under Megatron's default recipe, delayed scaling (megatron/training/arguments.py
+# --fp8-recipe default 'delayed'; megatron/core/transformer/transformer_config.py `fp8`, `fp8_recipe`).
+FP8_FLAGS = ("--fp8-format", "hybrid", "--fp8-recipe", "delayed")
+# A launch's FP8 settings (their args. keys and flags), all taken out when a launch turns FP8 off.
+FP8_SETTINGS = (
+    ("fp8_format", "--fp8-format"),
+    ("fp8", "--fp8-format"),
+    ("fp8_hybrid", "--fp8-hybrid"),
+    ("fp8_e4m3", "--fp8-e4m3"),
+    ("fp8_recipe", "--fp8-recipe"),
+    ("fp8_param_gather", "--fp8-param-gather"),
+    ("fp8_wgrad", "--no-fp8-wgrad"),
+    ("no_fp8_wgrad", "--no-fp8-wgrad"),
+    ("fp8_margin", "--fp8-margin"),
+    ("fp8_interval", "--fp8-interval"),
+    ("fp8_amax_history_len", "--fp8-amax-history-len"),
+    ("fp8_amax_compute_algo", "--fp8-amax-compute-algo"),
+)
+
+
+def runs_fp8(args: dict[str, Any]) -> bool:
+    """Whether a launch's linear GEMMs run in FP8: --fp8-format (or the older switches) on Transformer Engine's
+    layer (megatron-core `fp8_utils.py` `get_fp8_context`; the local layer has no FP8 path)."""
+    return bool(fp8_format(args)) and str(args.get("transformer_impl", "transformer_engine")) == "transformer_engine"
 
 
 class LaunchArguments:
@@ -49,6 +77,8 @@ class LaunchArguments:
             (shape.recompute_granularity, shape.recompute_method, shape.recompute_num_layers),
             bool(shape.sequence_parallel),
             bool(self.spec.distributed_optimizer),
+            self.spec.cp,
+            runs_fp8(self.args),
         )
 
     def launch_args(self, launch: Launch) -> dict[str, Any]:
@@ -62,7 +92,13 @@ class LaunchArguments:
                 world_size=self.spec.gpus,
                 sequence_parallel=levers.sequence_parallel,
                 use_distributed_optimizer=levers.distributed_optimizer,
+                context_parallel_size=levers.cp,
             )
+            if levers.fp8 != runs_fp8(self.args):
+                for key, _ in FP8_SETTINGS:
+                    args.pop(key, None)
+                if levers.fp8:
+                    args.update(fp8_format=FP8_FLAGS[1], fp8_recipe=FP8_FLAGS[3])
             for key in (
                 "data_parallel_size",
                 "recompute_granularity",
@@ -115,10 +151,29 @@ class LaunchArguments:
         for flag, old, value in (
             ("--tensor-model-parallel-size", now.tp, new.tp),
             ("--pipeline-model-parallel-size", now.pp, new.pp),
+            ("--context-parallel-size", now.cp, new.cp),
         ):
             if value != old:
                 argv += [flag, str(value)]
                 words.append(f"{flag} {value}")
+        if new.fp8 != now.fp8:
+            if new.fp8:
+                argv += FP8_FLAGS
+                words.append(" ".join(FP8_FLAGS) + " (Transformer Engine's FP8 GEMMs)")
+            else:
+                gone = list(
+                    dict.fromkeys(
+                        flag
+                        for key, flag in FP8_SETTINGS
+                        if (
+                            self.args.get(key) is False
+                            if key == "fp8_wgrad"
+                            else self.args.get(key) not in (None, False)
+                        )
+                    )
+                )
+                remove += gone
+                words.append(f"remove {', '.join(gone)}: 16-bit GEMMs")
         if new.recompute != now.recompute:
             granularity, method, number = new.recompute
             remove += [

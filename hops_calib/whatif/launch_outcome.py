@@ -35,7 +35,7 @@ class Outcome:
     launch_notes: tuple[str, ...] = ()  # what no flag says: a schedule Megatron-LM lacks, moving ranks between hosts
     expected_ci95: tuple[float, float] | None = None  # the expected throughput's 95 % Monte-Carlo interval
     outside: tuple[str, ...] | None = None  # features outside the calibration runs (None: not checked)
-    settings: Levers | None = None  # t, p, recomputation, SP, distributed optimizer as simulated
+    settings: Levers | None = None  # t, p, recomputation, SP, distributed optimizer, cp, FP8 as simulated
     dp: int = 1  # data-parallel replicas
     band: float = 0.0  # the relative uncertainty of samples_per_s (the model's train MAPE; 0: not given)
 
@@ -78,7 +78,9 @@ class Outcome:
                 {
                     "tp": self.settings.tp,
                     "pp": self.settings.pp,
+                    "cp": self.settings.cp,
                     "dp": self.dp,
+                    "fp8": self.settings.fp8,
                     "recompute": self.settings.recompute_label(),
                     "recompute_granularity": self.settings.recompute[0],
                     "recompute_method": self.settings.recompute[1],

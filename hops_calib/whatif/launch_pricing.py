@@ -22,7 +22,7 @@ from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import Spec, fsdp_strategy
 from hops_calib.whatif.cluster import Cluster
-from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments
+from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments, runs_fp8
 from hops_calib.whatif.launch_bounds import LaunchBounds
 from hops_calib.whatif.launch_outcome import MAX_TASKS, Outcome, Refusal, _step_samples, _tasks_of
 from hops_calib.whatif.launch_space import (
@@ -215,18 +215,18 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         self, levers: Levers, schedules: Sequence[str], splits: bool, micro_batch_sizes: bool
     ) -> Space | None:
         """The launches of one setting of the levers: its layer splits and micro-batch sizes (those dividing the
-        batch of a replica), the schedules, at the job's own stage order when t and p are the job's, else with
+        batch of a replica), the schedules, at the job's own stage order when t, p and cp are the job's, else with
         ranks placed as torchrun places them. None when no micro-batch size divides the batch."""
         spec, own = self.spec, self.own_levers()
         gpus, layers = spec.gpus, spec.model.num_layers
-        if gpus % (levers.tp * levers.pp):
+        if gpus % (levers.tp * levers.pp * levers.cp):
             return None
-        dp = gpus // (levers.tp * levers.pp)
+        dp = gpus // (levers.tp * levers.pp * levers.cp)
         batch = spec.model.global_batch_size
         if batch % dp:
             return None
         current = self.current()
-        placed = (levers.tp, levers.pp) != (own.tp, own.pp)
+        placed = levers.layout != own.layout
         order = self.placed_order(levers.pp) if placed else current.order
         sizes = (
             tuple(divisors(batch // dp))
@@ -250,40 +250,88 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             levers=levers,
         )
 
-    def families(self) -> list[Levers]:
+    def context_parallel_sizes(self) -> list[int]:
+        """The --context-parallel-size values Megatron runs on the job's model (`CONTEXT_PARALLEL_SIZES`): the
+        sequence cut into 2 cp chunks (megatron/core/utils.py `get_batch_on_this_cp_rank`: s divisible by 2 cp), on
+        TE's flash/fused attention (the only attention with a cp group, `spec.arguments`), and with --cp-comm-type
+        a2a the heads of a tensor-parallel rank split over cp (TE's `AttnFuncWithCPAndQKVOA2A`); the job's own
+        first."""
+        from hops_calib.whatif.launch_space import CONTEXT_PARALLEL_SIZES
+
+        shape, own = self.spec.model, self.spec.cp
+        a2a = "a2a" in str(self.args.get("cp_comm_type") or "")
+        found = [own]
+        for cp in CONTEXT_PARALLEL_SIZES:
+            if cp == own or self.spec.gpus % cp:
+                continue
+            if cp > 1 and (shape.seq_length % (2 * cp) or shape.attention_kernel != "flash"):
+                continue
+            if cp > 1 and a2a and shape.num_attention_heads % cp:
+                continue
+            found.append(cp)
+        return found
+
+    def fp8_refusal(self) -> str:
+        """ "" where the job's launch can turn Transformer Engine's FP8 on, else why not: every device type's
+        catalog entry has a dense FP8 peak (`peak_fp8_flops_per_s`, hops_calib/model/devices.toml), the layer is
+        TE's (--transformer-impl transformer_engine: the local layer has no FP8 path) and the weights are 16-bit
+        (TE runs FP8 GEMMs under bf16 or fp16 autocast)."""
+        without = sorted({t for t in self.types.values() if not self.model.device(t).peak_fp8_flops_per_s})
+        if without:
+            return f"device type {', '.join(without)} has no FP8 peak in the catalog (no FP8 tensor cores)"
+        if str(self.args.get("transformer_impl", "transformer_engine")) != "transformer_engine":
+            return "--transformer-impl local has no FP8 path (Transformer Engine's layer runs FP8)"
+        if self.spec.model.precision not in ("bf16", "fp16"):
+            return f"the launch runs {self.spec.model.precision} weights (FP8 GEMMs run under --bf16 or --fp16)"
+        return ""
+
+    def families(self, precisions: Sequence[bool] | None = None, levers: bool = True) -> list[Levers]:
         """Every setting of the levers Megatron takes for the job's model on its GPUs, the job's own first: t
         dividing the heads (and the query groups) and the GPUs, at most a node's GPUs (tensor parallelism stays on
-        NVLink); p dividing the layers and the GPUs over t (`relayout`: else the job's t and p); each
-        recomputation (`recompute_options`); sequence parallelism on and off at t > 1; the distributed optimizer on
-        and off at d > 1. What Megatron refuses besides is refused when priced."""
+        NVLink); cp of `context_parallel_sizes`; p dividing the layers (or the layers with the embedding and/or the
+        loss counted as one, which Megatron splits with --account-for-*-in-pipeline-split) and the GPUs over t x cp
+        (`relayout`: else the job's t, p and cp); each recomputation (`recompute_options`); sequence parallelism on
+        and off at t > 1; the distributed optimizer on and off at d x cp > 1 (it shards over the data- and
+        context-parallel ranks); FP8 on or off as `precisions` allow (default: the job's own). Without `levers`,
+        only the job's own setting in each precision allowed. What Megatron refuses besides is refused when
+        priced."""
         from hops_calib.whatif.launch_space import recompute_options
 
         spec, own = self.spec, self.own_levers()
         shape = spec.model
-        layouts = [(own.tp, own.pp)]
+        precisions = list(dict.fromkeys(precisions if precisions is not None else (own.fp8,)))
+        if not levers:
+            return [own, *(replace(own, fp8=fp8) for fp8 in precisions if fp8 != own.fp8)]
+        layouts = [own.layout]
         if not self.relayout():
             per_node = spec.gpus_per_node or spec.gpus
             groups = shape.num_query_groups or shape.num_attention_heads
+            depths = sorted(
+                {*divisors(shape.num_layers), *divisors(shape.num_layers + 1), *divisors(shape.num_layers + 2)}
+            )
             layouts += [
-                (t, p)
+                (t, p, cp)
                 for t in divisors(min(spec.gpus, per_node))
                 if not (shape.num_attention_heads % t or groups % t or spec.gpus % t)
-                for p in divisors(shape.num_layers)
-                if (spec.gpus // t) % p == 0 and (t, p) != layouts[0]
+                for cp in self.context_parallel_sizes()
+                if spec.gpus % (t * cp) == 0
+                for p in depths
+                if p <= shape.num_layers and (spec.gpus // (t * cp)) % p == 0 and (t, p, cp) != layouts[0]
             ]
         found: list[Levers] = [own]
         fsdp = fsdp_strategy(spec.megatron_args)
-        for t, p in layouts:
-            dp = spec.gpus // (t * p)
-            recomputes = list(dict.fromkeys([*recompute_options(shape.num_layers // p), own.recompute]))
-            for recompute in recomputes:
-                for sp in (False, True) if t > 1 else (False,):
-                    # under Megatron-FSDP its sharding strategy, not --use-distributed-optimizer, shards the
-                    # optimizer state (`spec_from_args`): the lever is left as the launch has it
-                    for dist in (False, True) if dp > 1 and not fsdp else (own.distributed_optimizer,):
-                        levers = Levers(t, p, recompute, sp, dist)
-                        if levers != own:
-                            found.append(levers)
+        for t, p, cp in layouts:
+            replicas = spec.gpus // (t * p)  # d x cp: what the distributed optimizer shards over
+            recomputes = list(dict.fromkeys([*recompute_options(max(shape.num_layers // p, 1)), own.recompute]))
+            for fp8 in precisions:
+                for recompute in recomputes:
+                    for sp in (False, True) if t > 1 else (False,):
+                        # under Megatron-FSDP its sharding strategy, not --use-distributed-optimizer, shards the
+                        # optimizer state (`spec_from_args`): the lever is left as the launch has it
+                        for dist in (False, True) if replicas > 1 and not fsdp else (own.distributed_optimizer,):
+                            setting = Levers(t, p, recompute, sp, dist, cp, fp8)
+                            if setting != own:
+                                found.append(setting)
         return found
 
     # --- one candidate ------------------------------------------------------------------------------------------
@@ -447,6 +495,8 @@ class JobPlanner(LaunchArguments, LaunchBounds):
                 (spec.model.recompute_granularity, spec.model.recompute_method, spec.model.recompute_num_layers),
                 bool(spec.model.sequence_parallel),
                 bool(spec.distributed_optimizer),
+                spec.cp,
+                runs_fp8(spec.megatron_args),
             ),
             dp=spec.dp,
             band=self.band,

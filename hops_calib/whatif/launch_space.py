@@ -15,6 +15,10 @@ from hops_calib.errors import InputError
 PLACED = "rank@"  # the stage "devices" of a launch whose ranks torchrun places: rank@K is pipeline rank K
 SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "gpipe", "auto")
 MEGATRON_SCHEDULES = ("1f1b", "interleaved_1f1b")  # what Megatron-LM's own schedules run
+# --context-parallel-size values searched (where the sequence splits into 2 cp chunks and t x p x cp divides the GPUs)
+CONTEXT_PARALLEL_SIZES = (1, 2, 4, 8)
+# --precision: the precisions a pick may run in (None: the job's own only)
+PRECISIONS = ("bf16", "fp8", "any")
 
 
 @dataclass(frozen=True)
@@ -24,13 +28,23 @@ class Levers:
     (--recompute-granularity selective, or full with --recompute-method uniform|block and --recompute-num-layers N;
     megatron/core/transformer/transformer_config.py `recompute_granularity`/`recompute_method`/
     `recompute_num_layers`, run by transformer_block.py `TransformerBlock._checkpointed_forward`), sequence
-    parallelism and the distributed optimizer."""
+    parallelism, the distributed optimizer, context parallelism (--context-parallel-size: each sequence cut into
+    2 cp chunks over cp GPUs, world = t x p x cp x d; megatron/core/parallel_state.py `initialize_model_parallel`,
+    megatron/core/utils.py `get_batch_on_this_cp_rank`) and FP8 (Transformer Engine's FP8 GEMMs, --fp8-format and
+    --fp8-recipe; megatron/core/transformer/transformer_config.py `fp8`, `fp8_recipe`)."""
 
     tp: int
     pp: int
     recompute: tuple[str | None, str | None, int | None]  # (granularity, method, layers); (None, None, None): none
     sequence_parallel: bool
     distributed_optimizer: bool
+    cp: int = 1
+    fp8: bool = False  # the linear layers' GEMMs in FP8 through Transformer Engine (else the job's 16 bits)
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        """(t, p, cp): what places the ranks (d is the rest of the GPUs)."""
+        return (self.tp, self.pp, self.cp)
 
     def recompute_label(self) -> str:
         granularity, method, layers = self.recompute
@@ -40,7 +54,10 @@ class Levers:
 
     def label(self) -> str:
         return (
-            f"t{self.tp} p{self.pp}, recompute {self.recompute_label()}"
+            f"t{self.tp} p{self.pp}"
+            + (f" cp{self.cp}" if self.cp > 1 else "")
+            + (", FP8" if self.fp8 else "")
+            + f", recompute {self.recompute_label()}"
             + (", SP" if self.sequence_parallel else "")
             + (", dist-opt" if self.distributed_optimizer else "")
         )
@@ -313,6 +330,29 @@ class Space:
                 out += [(size, first, last, schedule, chunks, none) for first, last in self.splits]
             out += [(size, None, None, schedule, chunks, counted) for counted in accounted]
         return tuple(out)
+
+    @functools.cached_property
+    def _group_index(self) -> dict[tuple[int, str, int], tuple[bool, frozenset[tuple[bool, bool]]]]:
+        return {
+            (size, schedule, chunks): (split, frozenset(accounted))
+            for size, schedule, chunks, split, accounted in self._groups
+        }
+
+    @functools.cached_property
+    def _split_set(self) -> frozenset[tuple[int | None, int | None]]:
+        return frozenset(self.splits)
+
+    def holds(self, shape: tuple[int, int | None, int | None, str, int, tuple[bool, bool]]) -> bool:
+        """Whether `shapes` holds `shape` (micro batch size, first, last, schedule, chunks, accounted), read from the
+        groups without listing the shapes."""
+        size, first, last, schedule, chunks, accounted = shape
+        group = self._group_index.get((size, schedule, chunks))
+        if group is None:
+            return False
+        split, counted = group
+        if accounted == (False, False) and split and (first, last) in self._split_set:
+            return True
+        return (first, last) == (None, None) and accounted in counted
 
     def runs_at(self, size: int) -> set[tuple[str, int]]:
         """The (schedule, chunks) of the launches of micro batch `size`: those `shapes` holds at it."""

@@ -51,11 +51,7 @@ def _lever_ascent(
         fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
         if not fitting:  # the job's own launch does not fit: start from its settings at each recomputation
             best_first(
-                [
-                    _moved(planner.current(), family)
-                    for setting, family in families
-                    if (setting.tp, setting.pp) == (own.tp, own.pp)
-                ]
+                [_moved(planner.current(), family) for setting, family in families if setting.layout == own.layout]
             )
             fitting = sorted((o for o in outcomes.values() if o.fits), key=lambda o: -o.samples_per_s)
         if not fitting:  # nor do those: start from every setting's most memory-saving launch the bound says fits
@@ -79,10 +75,11 @@ def _lever_ascent(
         for setting, family in spaces.items():
             setting = setting or own
             changed = (
-                (setting.tp, setting.pp) != (levers.tp, levers.pp),
+                setting.layout != levers.layout,
                 setting.recompute != levers.recompute,
                 setting.sequence_parallel != levers.sequence_parallel,
                 setting.distributed_optimizer != levers.distributed_optimizer,
+                setting.fp8 != levers.fp8,
             )
             # one lever changed; a new layout may take any recomputation with it (what lets it fit)
             if sum(changed) == 1 or (changed[0] and sum(changed[2:]) == 0):
@@ -99,27 +96,74 @@ def _lever_ascent(
     return steps
 
 
+SEED_SPLITS = 4  # the most memory-saving 1F1B splits of a setting whose memory `_memory_seeds` bounds, at most
+
+
 def _memory_seeds(planner: JobPlanner, spaces: dict[Any, Space]) -> list[Launch]:
     """Of each setting of the levers, its launch that holds the least memory - the smallest micro batch, 1F1B
-    (the fewest microbatches in flight), the even split - where the closed-form memory bound says it fits: where
-    the search starts when neither the job's own launch nor its settings at another recomputation fit."""
+    (the fewest microbatches in flight), of its layer splits (even or first/last pinned) the first of the
+    `SEED_SPLITS` with the least memory at their fullest stage (`_split_memory`) that the closed-form memory bound
+    says fits: where the search starts when neither the job's own launch nor its settings at another
+    recomputation fit."""
     seeds = []
     for family in spaces.values():
         size = min(family.sizes)
-        shapes = {
-            (schedule, chunks)
-            for s, first, last, schedule, chunks, accounted in family.shapes()
-            if s == size and (first, last, accounted) == (None, None, (False, False))
-        }
-        if ("1f1b", 1) not in shapes:
+        if ("1f1b", 1) not in family.runs_at(size):
             continue
-        launch = Launch(family.current_order, None, None, "1f1b", 1, size, (False, False), family.levers)
+        splits = [split for split in family.splits if family.holds((size, *split, "1f1b", 1, (False, False)))]
+        splits.sort(key=lambda split: (split[0] is not None) + (split[1] is not None))  # the even split first
+        if not splits:
+            continue
+        launches = [
+            Launch(family.current_order, first, last, "1f1b", 1, size, (False, False), family.levers)
+            for first, last in splits
+        ]
         try:
-            if planner.memory_fits(launch):
-                seeds.append(launch)
+            ranked = _split_memory(planner, family, launches)
         except Refusal:
             continue
+        for launch in ranked[:SEED_SPLITS]:
+            try:
+                if planner.memory_fits(launch):
+                    seeds.append(launch)
+                    break
+            except Refusal:
+                continue
     return seeds
+
+
+def _split_memory(planner: JobPlanner, family: Space, launches: list[Launch]) -> list[Launch]:
+    """`launches` (1F1B, one setting and micro batch, their splits differing) by the memory of their fullest
+    stage, least first, from the first launch's memory count (`model.memory.stage_memory` at 1F1B's closed-form
+    peak: stage k holds min(p - k, m) microbatches): a layer's weights, gradients and optimizer state and a
+    microbatch's activations of a layer (a middle stage's, per layer), and what each stage holds besides (the
+    embedding, the logits); a split's stage then holds its own layers' share on top. Refusal when the first
+    launch cannot be priced."""
+    from hops_calib.model.memory import stage_memory
+    from hops_calib.sim.theory import peak_activations
+    from hops_calib.spec import split_layers
+
+    spec = planner.spec_of(launches[0])
+    p, m = spec.pp, spec.microbatches
+    if p < 2:
+        return launches
+    flight = peak_activations("1f1b", p, m)
+    caps = tuple(planner.memory_bytes[t] for t in spec.devices)
+    stages = stage_memory(spec, caps, tuple(float(f) for f in flight))
+    layers = spec.layers_per_stage
+    mid = max(range(p), key=lambda k: (0 < k < p - 1, layers[k]))
+    if not layers[mid]:
+        return launches
+    held = stages[mid].weights_bytes + stages[mid].gradients_bytes + stages[mid].optimizer_bytes
+    static = held / layers[mid]
+    activation = stages[mid].activations_bytes / (layers[mid] * flight[mid])
+    extra = [stage.total_bytes - (static + activation * f) * n for stage, f, n in zip(stages, flight, layers)]
+
+    def fullest(launch: Launch) -> float:
+        counts = split_layers(family.layers, p, launch.first, launch.last)
+        return max(e + (static + activation * f) * n for e, f, n in zip(extra, flight, counts))
+
+    return sorted(launches, key=fullest)
 
 
 def _moved_up(planner: JobPlanner, launch: Launch, family: Space) -> list[Launch]:
@@ -138,14 +182,35 @@ def _moved_up(planner: JobPlanner, launch: Launch, family: Space) -> list[Launch
     return moved
 
 
+# The splits a launch moved to another setting of the levers tries, after its own: even, then the embedding and/or
+# the loss counted as a layer (where the layers do not divide over the stages: a 126-layer model on 8)
+_EVEN_SPLITS = (
+    (None, None, (False, False)),
+    (None, None, (True, True)),
+    (None, None, (True, False)),
+    (None, None, (False, True)),
+)
+
+
 def _moved(launch: Launch, family: Space, size: int | None = None) -> Launch:
     """`launch` in another setting of the levers: its schedule where that setting runs it (else 1F1B), micro batch
-    `size`, else its own where it divides a replica's batch (else the largest that does), the even split."""
+    `size`, else its own where it divides a replica's batch (else the largest that does); its own split where the
+    setting runs it (the same stages), else the even split, else the even split with the embedding and/or the loss
+    counted as a layer (`_EVEN_SPLITS`), else the first pinned split the setting runs."""
     if size is None:
         size = max((s for s in family.sizes if s <= launch.micro_batch_size), default=min(family.sizes))
-    shapes = family.runs_at(size)
-    schedule, chunks = (launch.schedule, launch.chunks) if (launch.schedule, launch.chunks) in shapes else ("1f1b", 1)
-    return Launch(family.current_order, None, None, schedule, chunks, size, (False, False), family.levers)
+    for schedule, chunks in dict.fromkeys([(launch.schedule, launch.chunks), ("1f1b", 1)]):
+        for first, last, accounted in ((launch.first, launch.last, launch.accounted), *_EVEN_SPLITS):
+            if family.holds((size, first, last, schedule, chunks, accounted)):
+                return Launch(family.current_order, first, last, schedule, chunks, size, accounted, family.levers)
+    pinned = next(
+        (shape for shape in family.shapes() if shape[0] == size and shape[3:5] == ("1f1b", 1)),
+        None,
+    )
+    if pinned is not None:
+        _, first, last, schedule, chunks, accounted = pinned
+        return Launch(family.current_order, first, last, schedule, chunks, size, accounted, family.levers)
+    return Launch(family.current_order, None, None, "1f1b", 1, size, (False, False), family.levers)
 
 
 def _interchangeable(space: Space) -> str:

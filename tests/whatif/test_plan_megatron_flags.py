@@ -1,0 +1,212 @@
+"""Every launch `plan job` prints is one Megatron runs: its flags applied to the job's command line build
+megatron-core 0.16.1's TransformerConfig (its and ModelParallelConfig's __post_init__ validation) and pass the checks
+Megatron makes before the first step (tests/whatif/megatron_accepts.py), and the launch they build is the one the
+plan priced (t, p, cp, d, virtual stages, layers per rank by megatron-core's get_num_layers_to_build, recomputation,
+sequence parallelism, FP8). On a Llama-3-70B-shaped job on 64 H100 DGX GPUs, with FP8 allowed (the search then
+moves context parallelism, FP8 and the uneven first and last stages), and the same job in FP8 planned in BF16."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from megatron_accepts import (  # noqa: E402
+    Refused,
+    apply_changes,
+    check_launch,
+    job_launch,
+    layers_per_rank,
+    read_launch,
+)
+
+pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+# A Llama-3-70B shape (80 layers, h 8192, FFN 28672, 64 heads in 8 query groups, s 8192; Meta's model card) on 8 DGX
+# H100 nodes: t 4 x p 4 x d 4 with 4 virtual stages of 5 layers, BF16. The numbers are this test's own.
+LLAMA70 = (
+    "torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 4 "
+    "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 5 --num-layers 80 --hidden-size 8192 "
+    "--ffn-hidden-size 28672 --num-attention-heads 64 --group-query-attention --num-query-groups 8 "
+    "--seq-length 8192 --max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 128 "
+    "--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --swiglu "
+    "--normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights "
+    "--disable-bias-linear --attention-dropout 0 --hidden-dropout 0 --bf16 --vocab-size 128256 --train-iters 100"
+)
+
+
+def make_job(folder: Path, command: str, stages: int) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "megatron_args.txt").write_text(command + "\n")
+    (folder / "hops_trace_map.json").write_text(json.dumps({"stages": {str(k): f"gpu{k}" for k in range(stages)}}))
+    (folder / "hops.base.yaml").write_text(
+        "hardware:\n  devices:\n" + "".join(f"  - {{id: gpu{k}, gpu: h100_dgx}}\n" for k in range(stages))
+    )
+    return folder
+
+
+def plan(job: Path, *options: str) -> dict:
+    from hops_calib.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "job", str(job), "--json", *options])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def verify_pick(job: Path, pick: dict) -> None:
+    """The pick's flags applied to the job's launch are accepted by Megatron (Refused otherwise) and build the
+    launch the plan priced (AssertionError otherwise)."""
+    launch = job_launch(job)
+    args = read_launch(apply_changes(launch.argv, pick["flags"], pick["remove_flags"]))
+    config, dp = check_launch(args, launch.world_size)
+    vp = config.virtual_pipeline_model_parallel_size or 1
+    built = {
+        "tp": config.tensor_model_parallel_size,
+        "pp": config.pipeline_model_parallel_size,
+        "cp": config.context_parallel_size,
+        "dp": dp,
+        "chunks": vp,
+        "micro_batch_size": args["micro_batch_size"],
+        "sequence_parallel": config.sequence_parallel,
+        "fp8": config.fp8 is not None,
+        "recompute_granularity": config.recompute_granularity,
+        "recompute_method": config.recompute_method,
+        "recompute_num_layers": config.recompute_num_layers,
+        "layers_per_stage": layers_per_rank(config),
+        "distributed_optimizer": bool(args.get("use_distributed_optimizer")),
+    }
+    assert built == {key: pick[key] for key in built}, pick["changes"]
+
+
+@pytest.fixture(scope="module")
+def llama70(tmp_path_factory):
+    return make_job(tmp_path_factory.mktemp("llama70") / "llama70", LLAMA70, 4)
+
+
+def test_every_printed_launch_is_one_megatron_runs(llama70):
+    """With --precision any the plan's ten best, the best Megatron runs as it is and the job's own launch all
+    build in megatron-core and are the launches priced; the search moved context parallelism and FP8 (the picks
+    run cp > 1 in FP8, written as --context-parallel-size and --fp8-format hybrid --fp8-recipe delayed) and the
+    picks differ in their uneven first and last stages."""
+    found = plan(llama70, "--precision", "any", "--top", "10")
+    picks = [*found["best"], found["best_megatron"], found["current"]]
+    for pick in picks:
+        verify_pick(llama70, pick)
+    best = found["best"]
+    assert len(best) == 10 and all(pick["megatron_runnable"] for pick in best)
+    assert any(pick["cp"] > 1 for pick in best) and any(pick["fp8"] for pick in best)
+    fp8 = next(pick for pick in best if pick["fp8"])
+    at = fp8["flags"].index("--fp8-format")
+    assert fp8["flags"][at : at + 4] == ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"]
+    assert len({(p["decoder_first_pipeline_num_layers"], p["decoder_last_pipeline_num_layers"]) for p in best}) > 1
+    assert found["current"]["fp8"] is False and found["current"]["cp"] == 1 and found["current"]["flags"] == []
+
+
+def test_an_fp8_job_planned_in_bf16_removes_its_fp8_flags(tmp_path):
+    """The job in FP8 (--fp8-format hybrid --fp8-recipe delayed) planned with --precision bf16: every pick runs
+    16-bit GEMMs, takes both FP8 flags out, and builds in megatron-core with fp8 None."""
+    job = make_job(tmp_path / "fp8", LLAMA70 + " --fp8-format hybrid --fp8-recipe delayed", 4)
+    found = plan(job, "--precision", "bf16", "--top", "3")
+    assert found["current"]["fp8"] is True
+    for pick in found["best"]:
+        assert pick["fp8"] is False and {"--fp8-format", "--fp8-recipe"} <= set(pick["remove_flags"])
+        verify_pick(job, pick)
+
+
+def test_fp8_on_a_device_without_an_fp8_peak_is_refused(tmp_path):
+    """--precision fp8 on A100s (no FP8 peak in the catalog) is refused naming --precision (exit 2)."""
+    from hops_calib.cli import app
+
+    job = make_job(tmp_path / "a100", LLAMA70, 4)
+    (job / "hops.base.yaml").write_text(
+        "hardware:\n  devices:\n" + "".join(f"  - {{id: gpu{k}, gpu: a100}}\n" for k in range(4))
+    )
+    result = CliRunner().invoke(app, ["plan", "job", str(job), "--precision", "fp8"])
+    assert result.exit_code == 2 and "--precision" in result.output and "no FP8 peak" in result.output
+
+
+@pytest.mark.parametrize(
+    ("changes", "refusal"),
+    [
+        (["--tensor-model-parallel-size", "3"], "num_attention_heads (64) must be a multiple"),
+        (["--tensor-model-parallel-size", "1"], "sequence parallelism without tensor parallelism"),
+        (["--context-parallel-size", "3"], "not divisible by 48"),
+        (["--num-layers-per-virtual-pipeline-stage", "3"], "not whole virtual stages"),
+        (["--decoder-first-pipeline-num-layers", "9"], "must be divisible by virtual pipeline"),
+        (["--global-batch-size", "102"], "global batch size (102) is not divisible"),
+        (["--global-batch-size", "24"], "not a multiple of the 4 stages"),
+        (["--recompute-granularity", "full"], "recompute_method must be"),
+        (["--fp8-recipe", "delayed", "--fp8-format", "e5m2"], "invalid choice: 'e5m2'"),
+        (["--fp8-param-gather"], "fp8_param must be used together with fp8 mode"),
+        (["--context-parallel-size", "2", "--seq-length", "4094"], "not divisible by 2 x cp"),
+        (["--frobnicate"], "unrecognized arguments"),
+    ],
+)
+def test_a_bad_flag_set_is_caught(llama70, changes, refusal):
+    """The check can fail: flags Megatron refuses, applied to the job's launch, are refused with the reason."""
+    launch = job_launch(llama70)
+    with pytest.raises(Refused) as caught:
+        check_launch(read_launch(apply_changes(launch.argv, changes, [])), launch.world_size)
+    assert refusal in str(caught.value)
+
+
+def test_flags_that_build_another_launch_than_the_one_priced_are_caught(llama70):
+    """A pick whose printed flags lost one (its --context-parallel-size) builds a launch Megatron runs, but not the
+    one priced: the check says so."""
+    pick = next(p for p in plan(llama70, "--precision", "any", "--top", "1")["best"] if p["cp"] > 1)
+    at = pick["flags"].index("--context-parallel-size")
+    broken = {**pick, "flags": pick["flags"][:at] + pick["flags"][at + 2 :]}
+    with pytest.raises((AssertionError, Refused)):
+        verify_pick(llama70, broken)
+
+
+def test_a_llama_405b_launch_as_nvidia_runs_it_builds():
+    """The 405B shape (126 layers, h 16384, 128 heads in 8 groups) at t 8 x p 8 x cp 2 x d 8 on 1,024 GPUs with 8
+    virtual stages of 2 layers, the embedding and the loss counted as a layer, FP8: megatron-core builds it, 15 and
+    16 layers per rank; without the accounting it is refused (126 layers over 8 stages)."""
+    argv = (
+        "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --context-parallel-size 2 "
+        "--num-layers-per-virtual-pipeline-stage 2 --account-for-embedding-in-pipeline-split "
+        "--account-for-loss-in-pipeline-split --num-layers 126 --hidden-size 16384 --ffn-hidden-size 53248 "
+        "--num-attention-heads 128 --group-query-attention --num-query-groups 8 --seq-length 8192 "
+        "--micro-batch-size 1 --global-batch-size 512 --sequence-parallel --swiglu --normalization RMSNorm "
+        "--disable-bias-linear --bf16 --fp8-format hybrid --fp8-recipe delayed"
+    ).split()
+    config, dp = check_launch(read_launch(argv), 1024)
+    assert dp == 8 and config.fp8 == "hybrid" and layers_per_rank(config) == [15] + [16] * 6 + [15]
+    unaccounted = [a for a in argv if not a.startswith("--account-for")]
+    with pytest.raises(Refused, match="not whole virtual stages"):
+        check_launch(read_launch(unaccounted), 1024)
+
+
+def test_context_parallel_sizes_are_the_ones_megatron_splits(llama70, tmp_path):
+    """cp is searched where the sequence cuts into 2 cp chunks: s 8192 takes 1, 2, 4 and 8; s 8196 (4 x 2049)
+    only 2; every setting of the levers the plan searches keeps t x p x cp dividing the 64 GPUs."""
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.whatif.job_plan import JobPlanner
+
+    model = load_model()
+    planner = JobPlanner(llama70, model)
+    assert planner.context_parallel_sizes() == [1, 2, 4, 8]
+    settings = planner.families()
+    assert {s.cp for s in settings} == {1, 2, 4, 8} and all(64 % (s.tp * s.pp * s.cp) == 0 for s in settings)
+    assert {s.fp8 for s in settings} == {False}, "FP8 only where --precision allows it"
+    assert {s.fp8 for s in planner.families((False, True))} == {False, True}
+    odd = make_job(tmp_path / "s8196", LLAMA70.replace("8192 --max-position-embeddings 8192", "8196 "
+                                                       "--max-position-embeddings 8196"), 4)
+    assert JobPlanner(odd, model).context_parallel_sizes() == [1, 2]
+
+
+def test_keep_levers_still_takes_the_precision_allowed(llama70):
+    """--keep-levers --precision fp8 keeps t 4 x p 4 x cp 1 and every other lever of the job, and turns FP8 on:
+    every pick is the job's layout in FP8, its flags accepted by megatron-core."""
+    found = plan(llama70, "--keep-levers", "--precision", "fp8", "--top", "3")
+    for pick in found["best"]:
+        assert (pick["tp"], pick["pp"], pick["cp"], pick["fp8"]) == (4, 4, 1, True)
+        assert pick["sequence_parallel"] and pick["distributed_optimizer"] and pick["recompute"] == "none"
+        verify_pick(llama70, pick)
