@@ -36,6 +36,7 @@ from hops_calib.model.kernel_types import (
     _dims,
     _fp8,
 )
+from hops_calib.model.moe_kernels import moe_backward, moe_forward
 from hops_calib.spec import ModelShape
 
 
@@ -574,6 +575,11 @@ def layer_forward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     )
     _bias_dropout_add(b, "attention.bias_dropout_add", d, s, False)
     # MLP block
+    if shape.moe:  # a mixture of experts in place of the dense MLP (`moe_kernels`), after its own norm
+        _norm(b, "mlp.pre_norm", d, False, te)
+        moe_forward(b, d, s)
+        _bias_dropout_add(b, "mlp.bias_dropout_add", d, s, False)
+        return tuple(b.kernels)
     _norm(b, "mlp.pre_norm", d, False, te, fp8_out=fused)
     if sp:
         b.collective(
@@ -609,27 +615,10 @@ def layer_backward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     saved = hidden // b.e * FP8_BYTES if _fp8(s) else hidden  # the saved input, gathered again (FP8 under FP8)
     # MLP block
     _bias_dropout_add(b, "mlp.bias_dropout_add", d, s, True)
-    if sp:  # the reduce-scatter's backward: gather the output gradient
-        b.collective("mlp.fc2_grad_all_gather", "all_gather", hidden, source=f"{_MAPPINGS} (reduce-scatter backward)")
-    _linear(b, "mlp.linear_fc2", d.tokens, d.h, d.ffn, s, True, bias_fused_in=False, source=linear)
-    _activation(b, d, s, True)
-    if sp:  # the input again, for the weight gradient (asynchronous, under the input-gradient GEMM)
-        b.collective(
-            "mlp.fc1_input_all_gather",
-            "all_gather",
-            saved,
-            overlapped=True,
-            source=f"{_LINEAR}.backward",
-            dtype="fp8" if _fp8(s) else "",
-        )
-    _linear(b, "mlp.linear_fc1", d.tokens, fc1, d.h, s, True, bias_fused_in=False, source=linear)
-    b.collective(
-        "mlp.fc1_dgrad_" + ("reduce_scatter" if sp else "all_reduce"),
-        "reduce_scatter" if sp else "all_reduce",
-        hidden,
-        overlapped=True,
-        source=f"{_LINEAR}.backward (async, under the weight gradient)",
-    )
+    if shape.moe:
+        moe_backward(b, d, s)
+    else:
+        _dense_mlp_backward(b, d, s, hidden, saved, fc1, linear)
     _norm(b, "mlp.pre_norm", d, True, te)
     _residual_grad(b, "mlp.residual_grad_add", d)
     # attention block
@@ -668,6 +657,35 @@ def layer_backward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     _norm(b, "attention.input_norm", d, True, te)
     _residual_grad(b, "attention.residual_grad_add", d)
     return tuple(b.kernels)
+
+
+def _dense_mlp_backward(
+    b: _Builder, d: _Dims, s: KernelSettings, hidden: int, saved: int, fc1: int, linear: str
+) -> None:
+    """The dense MLP's backward (`layer_backward`): fc2's gradients, the activation's, fc1's, with their
+    tensor-parallel collectives."""
+    sp = b.shape.sequence_parallel
+    if sp:  # the reduce-scatter's backward: gather the output gradient
+        b.collective("mlp.fc2_grad_all_gather", "all_gather", hidden, source=f"{_MAPPINGS} (reduce-scatter backward)")
+    _linear(b, "mlp.linear_fc2", d.tokens, d.h, d.ffn, s, True, bias_fused_in=False, source=linear)
+    _activation(b, d, s, True)
+    if sp:  # the input again, for the weight gradient (asynchronous, under the input-gradient GEMM)
+        b.collective(
+            "mlp.fc1_input_all_gather",
+            "all_gather",
+            saved,
+            overlapped=True,
+            source=f"{_LINEAR}.backward",
+            dtype="fp8" if _fp8(s) else "",
+        )
+    _linear(b, "mlp.linear_fc1", d.tokens, fc1, d.h, s, True, bias_fused_in=False, source=linear)
+    b.collective(
+        "mlp.fc1_dgrad_" + ("reduce_scatter" if sp else "all_reduce"),
+        "reduce_scatter" if sp else "all_reduce",
+        hidden,
+        overlapped=True,
+        source=f"{_LINEAR}.backward (async, under the weight gradient)",
+    )
 
 
 def recomputed(shape: ModelShape, s: KernelSettings, layers: int) -> tuple[tuple[Kernel, int], ...]:

@@ -106,8 +106,56 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "no DeepSpeed-Ulysses sequence parallelism (its all-to-alls are not priced)",
         _is(1, None),
     ),
-    Assumption("--num-experts", ("num_experts",), None, "a dense MLP, no mixture of experts", _is(None, 0, 1)),
-    Assumption("--expert-model-parallel-size", ("expert_model_parallel_size",), 1, "no expert parallelism", _is(1)),
+    # A mixture of experts (`hops_calib.spec.arguments.moe_settings_of`, `hops_calib.model.moe`): the alltoall
+    # and allgather token dispatchers, an MoE MLP in every layer, dropless or with a capacity factor, a shared expert.
+    # What megatron-core runs otherwise is refused by name.
+    Assumption(
+        "--moe-token-dispatcher-type",
+        ("moe_token_dispatcher_type",),
+        "allgather",
+        "the alltoall or allgather token dispatcher (flex's DeepEP / HybridEP fused all-to-all is not priced)",
+        lambda value, args: not _moe(args) or value in (None, "alltoall", "allgather"),
+    ),
+    Assumption(
+        "--moe-layer-freq",
+        ("moe_layer_freq",),
+        1,
+        "an MoE MLP in every layer (--moe-layer-freq 1; a pattern of dense and MoE layers is not priced)",
+        lambda value, args: not _moe(args) or _every_layer(value),
+    ),
+    Assumption(
+        "--moe-shared-expert-overlap",
+        ("moe_shared_expert_overlap",),
+        False,
+        "the shared expert run in turn with the routed ones (its overlap with the dispatch is not priced)",
+        lambda value, args: not _moe(args) or not value,
+    ),
+    Assumption(
+        "--moe-layer-recompute",
+        ("moe_layer_recompute",),
+        False,
+        "the MoE layer's activations stored (its recomputation is not priced; --recompute-granularity is)",
+        lambda value, args: not _moe(args) or not value,
+    ),
+    Assumption(
+        "--moe-router-dtype",
+        ("moe_router_dtype",),
+        None,
+        "the router in the training precision or fp32 (--moe-router-dtype fp32)",
+        lambda value, args: value in (None, "fp32"),
+    ),
+    # FP8 experts run TE's grouped FP8 GEMMs with padded token counts (--moe-router-padding-for-quantization), and
+    # the overlapped userbuffers are the dense MLP's: neither priced under experts
+    Assumption(
+        "--num-experts",
+        ("num_experts",),
+        None,
+        "a dense MLP, or experts without FP8 and without --tp-comm-overlap",
+        lambda value, args: (
+            value in (None, 0, 1)
+            or (isinstance(value, int) and not fp8_format_of(args) and not args.get("tp_comm_overlap"))
+        ),
+    ),
     Assumption(
         "--multi-latent-attention",
         ("multi_latent_attention",),
@@ -254,6 +302,48 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         lambda value, args: not value or not overlapped_p2p(args),
     ),
 )
+
+
+def _moe(args: dict[str, Any]) -> bool:
+    """Whether a launch's MLPs are a mixture of experts (--num-experts above 1)."""
+    value = args.get("num_experts")
+    return isinstance(value, int) and not isinstance(value, bool) and value > 1
+
+
+def _every_layer(value: Any) -> bool:
+    """--moe-layer-freq as every layer MoE: 1, or a pattern of ones (Megatron-LM's `moe_freq_type` reads a
+    "([1]*N)" string as the list)."""
+    if value in (None, 1):
+        return True
+    if isinstance(value, str):
+        from ast import literal_eval
+
+        text = value.strip()
+        try:
+            value = literal_eval(text) if not text.startswith("(") or "*" not in text else _repeat(text)
+        except (ValueError, SyntaxError):
+            return False
+    return isinstance(value, (list, tuple)) and bool(value) and all(v == 1 for v in value)
+
+
+def _repeat(text: str) -> list[Any]:
+    """A pattern written "([1]*4+[1]*4)", as Megatron-LM's examples spell --moe-layer-freq: its list."""
+    from ast import literal_eval
+
+    found: list[Any] = []
+    for part in text.strip("()").split("+"):
+        items, _, times = part.partition("*")
+        found += list(literal_eval(items.strip())) * (int(times) if times.strip() else 1)
+    return found
+
+
+def fp8_format_of(args: dict[str, Any]) -> str:
+    """The launch's FP8 format as the kernel settings read it (`model.kernel_types.fp8_format`'s rule)."""
+    for key in ("fp8", "fp8_format"):
+        value = args.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return "hybrid" if args.get("fp8_hybrid") else "e4m3" if args.get("fp8_e4m3") else ""
 
 
 def overlapped_p2p(args: dict[str, Any], interleaved: bool | None = None) -> bool:
