@@ -25,13 +25,9 @@ def moe_layer_pattern(args: Mapping[str, Any]) -> list[int]:
     layers = int(args["num_layers"])
     if not args.get("num_experts"):
         return [0] * layers
-    freq = args.get("moe_layer_freq", 1)
-    if freq is None:
-        freq = 1
-    if isinstance(freq, str):
-        from hops_calib.spec.assumptions import _repeat
+    from hops_calib.spec.assumptions import layer_pattern
 
-        freq = _repeat(freq) if "*" in freq else __import__("ast").literal_eval(freq)
+    freq = layer_pattern(args.get("moe_layer_freq") or 1)
     if isinstance(freq, int):
         return [1 if i % freq == 0 else 0 for i in range(layers)]
     pattern = [int(v) for v in freq]

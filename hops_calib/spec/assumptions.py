@@ -311,29 +311,50 @@ def _moe(args: dict[str, Any]) -> bool:
 
 
 def _every_layer(value: Any) -> bool:
-    """--moe-layer-freq as every layer MoE: 1, or a pattern of ones (Megatron-LM's `moe_freq_type` reads a
-    "([1]*N)" string as the list)."""
+    """--moe-layer-freq as every layer MoE: 1, or a pattern of ones (Megatron-LM's `moe_freq_type` evaluates a
+    "([1]*N)" string to the list)."""
     if value in (None, 1):
         return True
-    if isinstance(value, str):
-        from ast import literal_eval
-
-        text = value.strip()
-        try:
-            value = literal_eval(text) if not text.startswith("(") or "*" not in text else _repeat(text)
-        except (ValueError, SyntaxError):
-            return False
-    return isinstance(value, (list, tuple)) and bool(value) and all(v == 1 for v in value)
+    try:
+        pattern = layer_pattern(value)
+    except ValueError:
+        return False
+    return isinstance(pattern, list) and bool(pattern) and all(v == 1 for v in pattern)
 
 
-def _repeat(text: str) -> list[Any]:
-    """A pattern written "([1]*4+[1]*4)", as Megatron-LM's examples spell --moe-layer-freq: its list."""
-    from ast import literal_eval
+def layer_pattern(value: Any) -> int | list[int]:
+    """--moe-layer-freq as Megatron-LM reads it (`moe_freq_type`): an integer, or a list of 0 / 1 per layer,
+    written as a list or as an expression of lists joined by + and repeated by * ("([1]*3+[0])*2"); a
+    ValueError for anything else."""
+    import ast
 
-    found: list[Any] = []
-    for part in text.strip("()").split("+"):
-        items, _, times = part.partition("*")
-        found += list(literal_eval(items.strip())) * (int(times) if times.strip() else 1)
+    if isinstance(value, bool):
+        raise ValueError(f"--moe-layer-freq {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    text = str(value).strip()
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as error:
+        raise ValueError(f"--moe-layer-freq {text!r}") from error
+
+    def evaluate(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return [evaluate(item) for item in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = evaluate(node.left), evaluate(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError(f"--moe-layer-freq {text!r}")
+
+    found = evaluate(tree)
+    if isinstance(found, int):
+        return found
+    if not isinstance(found, list) or not all(type(v) is int for v in found):
+        raise ValueError(f"--moe-layer-freq {text!r}")
     return found
 
 
