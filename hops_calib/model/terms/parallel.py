@@ -297,6 +297,14 @@ class TensorParallelComm(Term):
     `--no-async-tensor-model-parallel-allreduce` switch of older Megatron-LM / Megatron-DeepSpeed turns it off), so
     only what outlasts that weight-gradient GEMM is exposed (`tp_async_backward`; the GEMM at the device's
     peak, so the exposure is an upper bound). Small layers expose most of it, large ones almost none.
+
+    A mixture of experts adds its token dispatcher's collectives over the expert groups (`expert_collectives`,
+    megatron-core's `token_dispatcher.py`: the alltoall dispatcher's all-to-alls over the expert-parallel group, its
+    all-gather and reduce-scatter over the expert tensor-parallel one; the allgather dispatcher's over both), each
+    blocking (the experts wait for their tokens, the next block for theirs), priced by
+    `hops_calib.model.collectives` over the group's placement on the nodes (`Spec.group_ranks`) with this term's
+    rates, at any t (t = 1 included); the routed experts take no part in the layer's tensor-parallel pair (only the
+    attention's and a shared expert's remain: `tp_collectives_per_layer`).
     """
 
     name = "tensor_parallel_comm"
@@ -425,7 +433,9 @@ class DataParallelGradReduce(Term):
     with `algorithm` = 1 two levels: a reduce-scatter inside the node on NVLink, an all-reduce across the nodes at
     each GPU's NIC share, an all-gather inside; 2 the faster of the two per bucket, as NCCL's tuner chooses);
     `net_step_latency_ms` is what each ring step across nodes adds over an NVLink step, and `efficiency` the
-    fraction of the rate reached beside the backward's kernels.
+    fraction of the rate reached beside the backward's kernels. Under a mixture of experts the routed experts'
+    gradients are their own buffers, reduced (and their parameters gathered) over the expert data-parallel group
+    (world / (etp x ep x pp): `get_expert_data_parallel_group`), the rest over the data x context-parallel group.
     """
 
     name = "data_parallel_grad_reduce"
