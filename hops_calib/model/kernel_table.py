@@ -236,6 +236,17 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
             f"tensor_parallel_comm prices {overlap_ms['FORWARD']:.4f} ms forward and "
             f"{overlap_ms['BACKWARD']:.4f} ms backward per layer as exposed, not the rows' whole times"
         )
+    shape = spec.model
+    if shape.moe and layout.layers[stage]:
+        placed = spec.group_nodes("ep", rank)
+        where = f" on {placed[0]} node(s)" if placed else ""
+        notes.append(
+            f"mixture of experts: {shape.num_experts} experts, top-{shape.moe_router_topk}, "
+            f"{shape.local_experts} on each GPU (ep {spec.ep}{where}, etp {spec.etp}, expert data-parallel "
+            f"{spec.edp}), {shape.moe_dispatcher} dispatcher; the experts' GEMMs at "
+            f"{params.get('expert_load_imbalance', 1.0):g} x their balanced tokens (expert_load_imbalance), "
+            "their collectives priced as tensor_parallel_comm prices them"
+        )
     casts = fp8_weight_kernels(spec.model, kernel_settings(spec))
     if casts and layout.layers[stage]:
         ms = layout.layers[stage] * sum(pricer.price(k).ms for k in casts)

@@ -32,13 +32,9 @@ router: the GEMMs' `model_flops` are those (the router's 0), the executed `flops
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from hops_calib.model import gpt
 from hops_calib.model.kernel_types import (
-    _LINEAR,
-    _MAPPINGS,
-    _TE_LINEAR,
     DGRAD,
     FP32,
     INDEX_BYTES,
@@ -55,7 +51,6 @@ _UTILS = f"{_MOE}moe_utils.py"
 _A2A = f"{_MOE}token_dispatcher.py MoEAlltoAllTokenDispatcher"
 _AG = f"{_MOE}token_dispatcher.py MoEAllGatherTokenDispatcher"
 _EXPERTS = f"{_MOE}experts.py"
-_SHARED = f"{_MOE}shared_experts.py SharedExpertMLP"
 EXPERT_GROUPS = ("ep", "etp", "tp_ep")  # the groups of the expert layers' collectives (`Spec.group_ranks`)
 
 
@@ -86,10 +81,9 @@ class _Moe:
 
 
 def moe_forward(b: _Builder, d: _Dims, s: KernelSettings) -> None:
-    """One layer's MoE MLP forward on one GPU (after the pre-MLP norm, before the bias-dropout-add)."""
+    """One layer's routed experts' forward on one GPU (after the pre-MLP norm and the shared expert,
+    `layer_kernels._shared_expert`; before the bias-dropout-add), the shared expert's output added at its end."""
     m, e = _Moe(b, d, s), b.e
-    if b.shape.moe_shared_expert_ffn:
-        _shared_expert(b, d, s, False)
     b.gemm(
         "mlp.router",
         m.tokens,
@@ -179,7 +173,8 @@ def moe_forward(b: _Builder, d: _Dims, s: KernelSettings) -> None:
 
 
 def moe_backward(b: _Builder, d: _Dims, s: KernelSettings) -> None:
-    """One layer's MoE MLP backward on one GPU, in autograd's order (the forward's reversed)."""
+    """One layer's routed experts' backward on one GPU, in autograd's order (the forward's reversed; the shared
+    expert's follows)."""
     m, e = _Moe(b, d, s), b.e
     if m.alltoall:
         b.memory(
@@ -280,8 +275,6 @@ def moe_backward(b: _Builder, d: _Dims, s: KernelSettings) -> None:
         3 * m.tokens * m.h * b.e,
         source=f"{_MOE}moe_layer.py (autograd adds the router's input gradient to the experts')",
     )
-    if b.shape.moe_shared_expert_ffn:
-        _shared_expert(b, d, s, True)
 
 
 def _collective(b: _Builder, name: str, op: str, nbytes: float, group: str, source: str, dtype: str = "") -> None:
@@ -342,58 +335,3 @@ def _experts(b: _Builder, m: _Moe, s: KernelSettings, backward: bool) -> None:
     b.memory(f"mlp.experts.{kind}.backward", kind, m.rows * ((m.ffn + 2 * m.fc1) * e + 2 * FP32), source=act)
     gemm("mlp.experts.linear_fc1.dgrad", m.per_expert, m.h, m.fc1, False, fc1_model)
     gemm("mlp.experts.linear_fc1.wgrad", m.fc1, m.h, m.per_expert, True, fc1_model)
-
-
-def _shared_expert(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) -> None:
-    """The shared expert (`SharedExpertMLP`: a dense MLP of --moe-shared-expert-intermediate-size over the
-    tensor-parallel group, its input all-gathered and its output reduce-scattered under sequence parallelism), as
-    `layer_kernels` counts a dense MLP, under its own names."""
-    from hops_calib.model.layer_kernels import _linear
-
-    shape = b.shape
-    f = shape.moe_shared_expert_ffn // d.t
-    fc1 = f * (2 if shape.swiglu else 1)
-    hidden = d.tokens * d.h * b.e
-    sp = shape.sequence_parallel
-    linear = _TE_LINEAR if s.transformer_engine else _LINEAR
-    kind = "swiglu" if shape.swiglu else "gelu"
-    act = f"{_SHARED} (the activation)"
-    dims = replace(d, ffn=f)
-    if not backward:
-        if sp:
-            b.collective("mlp.shared_expert.fc1_all_gather", "all_gather", hidden, source=f"{_SHARED}.pre_forward_comm")
-        _linear(b, "mlp.shared_expert.linear_fc1", dims.tokens, fc1, d.h, s, False, bias_fused_in=False, source=linear)
-        b.memory(f"mlp.shared_expert.{kind}", kind, dims.tokens * (fc1 + f) * b.e, source=act)
-        _linear(b, "mlp.shared_expert.linear_fc2", dims.tokens, d.h, f, s, False, bias_fused_in=False, source=linear)
-        b.collective(
-            "mlp.shared_expert.fc2_" + ("reduce_scatter" if sp else "all_reduce"),
-            "reduce_scatter" if sp else "all_reduce",
-            hidden,
-            source=f"{_SHARED}.post_forward_comm",
-        )
-        return
-    if sp:
-        b.collective(
-            "mlp.shared_expert.fc2_grad_all_gather",
-            "all_gather",
-            hidden,
-            source=f"{_MAPPINGS} (reduce-scatter backward)",
-        )
-    _linear(b, "mlp.shared_expert.linear_fc2", dims.tokens, d.h, f, s, True, bias_fused_in=False, source=linear)
-    b.memory(f"mlp.shared_expert.{kind}.backward", kind, dims.tokens * (f + 2 * fc1) * b.e, source=act)
-    if sp:
-        b.collective(
-            "mlp.shared_expert.fc1_input_all_gather",
-            "all_gather",
-            hidden,
-            overlapped=True,
-            source=f"{_LINEAR}.backward",
-        )
-    _linear(b, "mlp.shared_expert.linear_fc1", dims.tokens, fc1, d.h, s, True, bias_fused_in=False, source=linear)
-    b.collective(
-        "mlp.shared_expert.fc1_dgrad_" + ("reduce_scatter" if sp else "all_reduce"),
-        "reduce_scatter" if sp else "all_reduce",
-        hidden,
-        overlapped=True,
-        source=f"{_LINEAR}.backward (async, under the weight gradient)",
-    )
