@@ -539,8 +539,12 @@ def moe_settings_of(
     otherwise); --moe-pad-expert-input-to-capacity needs a capacity factor (TransformerConfig)."""
     from hops_calib.trace import TraceError
 
+    def given(name: str, default: int, minimum: int = 1) -> int:
+        # a rank log's arguments block prints None for a setting left at Megatron's default
+        return default if args.get(name) is None else _require_int(args, name, source, minimum=minimum)
+
     experts = args.get("num_experts")
-    ep = _require_int(args, "expert_model_parallel_size", source, default=1, minimum=1)
+    ep = given("expert_model_parallel_size", 1)
     if experts in (None, 0, 1):
         if ep > 1:
             raise TraceError(
@@ -552,15 +556,10 @@ def moe_settings_of(
             )
         return {}
     experts = _require_int(args, "num_experts", source, minimum=2)
-    etp = _require_int(args, "expert_tensor_parallel_size", source, default=tp, minimum=1)
-    if args.get("expert_tensor_parallel_size") is None:
-        etp = tp
-    topk = _require_int(args, "moe_router_topk", source, default=2, minimum=1)
-    expert_ffn = _require_int(args, "moe_ffn_hidden_size", source, default=ffn, minimum=1)
-    if args.get("moe_ffn_hidden_size") is None:
-        expert_ffn = ffn
-    shared = args.get("moe_shared_expert_intermediate_size")
-    shared = 0 if shared is None else _require_int(args, "moe_shared_expert_intermediate_size", source, minimum=1)
+    etp = given("expert_tensor_parallel_size", tp)
+    topk = given("moe_router_topk", 2)
+    expert_ffn = given("moe_ffn_hidden_size", ffn)
+    shared = given("moe_shared_expert_intermediate_size", 0)
     dispatcher = str(args.get("moe_token_dispatcher_type") or "allgather")
     world = tp * pp * cp * dp
 

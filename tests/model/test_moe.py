@@ -302,3 +302,16 @@ def test_predict_job_prices_a_mixtral_launch_on_64_h100s(tmp_path: Path) -> None
     assert result.exit_code == 0, result.output
     across = json.loads(result.output)["breakdown_ms_per_iteration"]
     assert all(a["tp_comm"] > 1.5 * b["tp_comm"] for a, b in zip(across, data["breakdown_ms_per_iteration"]))
+
+
+def test_a_rank_logs_printed_defaults_read_as_megatrons_defaults() -> None:
+    """Megatron-LM's arguments block prints None for the MoE settings left at their defaults: etp = t, f_moe = f,
+    no shared expert, dropless."""
+    printed = {**MIXTRAL, "tensor_model_parallel_size": 2, "expert_tensor_parallel_size": None,
+               "moe_ffn_hidden_size": None, "moe_shared_expert_intermediate_size": None,
+               "moe_expert_capacity_factor": None, "moe_layer_freq": 1, "moe_router_dtype": None,
+               "moe_shared_expert_overlap": False, "moe_layer_recompute": False, "moe_router_topk": 2}
+    spec = moe_spec(printed)
+    assert spec.model == moe_spec({**MIXTRAL, "tensor_model_parallel_size": 2}).model
+    assert (spec.etp, spec.model.expert_ffn, spec.model.moe_shared_expert_ffn) == (2, 14336, 0)
+    assert spec.model.moe_capacity_factor is None and spec.model.moe_dispatcher == "alltoall"
