@@ -63,6 +63,7 @@ def iteration_model_flops(spec, settings=None) -> float:
     {"moe_token_dispatcher_type": "allgather"}, {"moe_grouped_gemm": False},
     {"tensor_model_parallel_size": 2, "moe_token_dispatcher_type": "allgather", "expert_model_parallel_size": 4},
     {"recompute_granularity": "full", "recompute_method": "uniform"}, {"moe_router_dtype": "fp32"},
+    {"context_parallel_size": 2}, {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True},
 ])
 @pytest.mark.parametrize("launch", [MIXTRAL, DEEPSEEK], ids=["mixtral", "deepseek"])
 def test_the_kernels_flops_add_up_to_megatrons_moe_count(launch: dict, change: dict) -> None:
