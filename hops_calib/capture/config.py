@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from hops_calib.spec import SCHEDULES, TRACE_FIRST_ITERATION
@@ -74,6 +75,13 @@ class CaptureConfig:
     # Megatron's overlap_p2p_comm (interleaved only, Megatron-LM's default there): the steady state's sends and
     # receives posted ahead and waited on later; off, the calls block around each task (--no-overlap-p2p-communication)
     overlap_p2p: bool = False
+    # Megatron-core's mixture of experts (megatron/core/transformer/moe/): `experts` routed experts per MoE layer
+    # (0: the dense MLP), every decoder layer an MoE layer; TopKRouter choosing `topk` experts a token,
+    # MoEAlltoAllTokenDispatcher, SequentialMLP experts; `ep` expert-parallel ranks (carved out of the
+    # data-parallel ones, as Megatron's expert_model_parallel_size: each holds experts / ep experts)
+    experts: int = 0
+    topk: int = 1
+    ep: int = 1
 
     @property
     def ffn(self) -> int:
@@ -125,6 +133,8 @@ class CaptureConfig:
             ("heads", self.heads),
             ("vocab", self.vocab),
             ("link-bench-iters", self.link_bench_iters),
+            ("topk", self.topk),
+            ("ep", self.ep),
         ):
             need(isinstance(value, int) and value >= 1, option, f"is {value!r}; pass a positive integer")
         need(
@@ -132,7 +142,22 @@ class CaptureConfig:
             "ffn-hidden",
             f"is {self.ffn_hidden!r}; pass a positive integer (or 0 for 4 x --hidden)",
         )
-        need(self.pp >= 2, "pp", f"is {self.pp}; a pipeline capture needs at least 2 ranks")
+        need(
+            isinstance(self.experts, int) and self.experts >= 0,
+            "experts",
+            f"is {self.experts!r}; pass a positive integer (or 0 for the dense MLP)",
+        )
+        need(
+            self.pp >= 2 or (self.pp == 1 and self.world >= 2),
+            "pp",
+            f"is {self.pp}; a capture needs at least 2 ranks: 2 pipeline stages, or --pp 1 with --dp 2 or more",
+        )
+        self._validate_experts(need)
+        need(
+            self.pp > 1 or not self.link_bench,
+            "link-bench",
+            "with --pp 1 there is no pipeline hop to benchmark; pass --no-link-bench",
+        )
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         need(
             self.world <= max(cores, 2) * 4,
@@ -159,7 +184,8 @@ class CaptureConfig:
         )
         # A rank holds its chunk's weights and fp32 optimizer state (~16 bytes per parameter) plus activations:
         # refuse what cannot fit in this machine's memory before any rank starts.
-        per_layer = 12 * self.hidden * self.hidden + 2 * self.hidden * (self.ffn - 4 * self.hidden)
+        experts_here = self.experts // self.ep if self.experts else 1  # an MoE layer holds its rank's experts' MLPs
+        per_layer = 4 * self.hidden * self.hidden + experts_here * 2 * self.hidden * self.ffn
         params = (self.layers // max(self.pp, 1)) * per_layer + self.vocab * self.hidden
         activations = (
             self.microbatches
@@ -219,6 +245,30 @@ class CaptureConfig:
             f"{self.microbatches} is fewer than --pp {self.pp}; the pipeline would never fill",
         )
 
+    def _validate_experts(self, need: Callable[[bool, str, str], None]) -> None:
+        """Megatron-core's own refusals of an MoE configuration, before any rank starts."""
+        if not self.experts:
+            need(self.ep == 1, "ep", f"is {self.ep}; expert parallelism needs --experts")
+            need(self.topk == 1, "topk", f"is {self.topk}; the router's top-k needs --experts")
+            return
+        need(self.engine == "megatron", "experts", "the mixture of experts runs on the megatron engine only")
+        need(self.topk <= self.experts, "topk", f"is {self.topk}, more than the {self.experts} experts")
+        # TransformerConfig.__post_init__: num_moe_experts % expert_model_parallel_size == 0
+        need(
+            self.experts % self.ep == 0,
+            "ep",
+            f"{self.ep} does not divide --experts {self.experts}: each expert-parallel rank holds experts / ep",
+        )
+        # parallel_state.initialize_model_parallel: the expert-parallel ranks come out of the data-parallel ones
+        need(self.dp % self.ep == 0, "ep", f"{self.ep} does not divide --dp {self.dp}: EP ranks are DP ranks")
+        # MoELayer.forward refuses tensor parallelism without sequence parallelism in training
+        need(
+            self.tp == 1,
+            "tp",
+            "is not 1: Megatron's MoE layer needs sequence parallelism with --tp > 1, which "
+            "captures do not run; pass --tp 1",
+        )
+
     def megatron_args(self) -> str:
         """The Megatron-LM launch command line equivalent to this capture (one line, like megatron_args.txt)."""
         parts = [
@@ -246,6 +296,12 @@ class CaptureConfig:
             f"--seed {self.seed}",
             _FIXED_ARGS.format(tp=self.tp),
         ]
+        if self.experts:  # Megatron-LM's MoE flags (no aux loss: --moe-aux-loss-coeff defaults to 0)
+            parts.append(
+                f"--num-experts {self.experts} --expert-model-parallel-size {self.ep} "
+                f"--moe-router-topk {self.topk} --moe-token-dispatcher-type alltoall"
+                + (" --moe-router-pre-softmax" if self.topk == 1 else "")
+            )
         if self.profile:  # Megatron's flags for the same trace: the profiled passes are the traced iterations
             parts.append(
                 f"--profile --use-pytorch-profiler --profile-step-start {TRACE_FIRST_ITERATION} "
@@ -274,6 +330,8 @@ class CaptureConfig:
             f"--schedule={self.resolved_schedule}",
             f"--seed={self.seed}",
         ]
+        if self.experts:
+            args += [f"--experts={self.experts}", f"--topk={self.topk}", f"--ep={self.ep}"]
         if self.profile:
             args.append("--profile")
         if self.overlap_p2p:

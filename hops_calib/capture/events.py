@@ -10,6 +10,11 @@ optional field:
   OPTIMIZER events have no `model_chunk`: one optimizer step covers every chunk of
   the rank. A reader that finds no `model_chunk` should take chunk 0.
 
+With `--experts` (Megatron-core's MoE layer) two more kinds of line, both kept off the timeline: `collective`
+lines for the expert-parallel exchanges (`collective` all_to_all, or all_gather for the split sizes; `group` ep;
+`moe_step` preprocess | dispatch | combine; `layer`), and `event_type: moe` lines for the router's and the
+experts' compute (`moe_step` router | experts, `layer`), each in the FORWARD or BACKWARD step that ran it.
+
 Torch-free; the engines call `compute()` and `transfer()` with stamps from
 `WallClock`, a monotonic clock anchored once to the wall clock, so stamps never
 step backwards within a rank and ranks on one host share a time base.
@@ -25,7 +30,7 @@ from typing import Protocol
 
 from hops_calib.files import atomic_write
 from hops_calib.timeline import COMPUTE, OPTIMIZER, PHASES, TRANSFER
-from hops_calib.trace.events import COLLECTIVE
+from hops_calib.trace.events import COLLECTIVE, MOE
 
 
 class Clock(Protocol):
@@ -113,11 +118,20 @@ class EventLog:
         self.events.append(event)
 
     def collective(
-        self, op: str, group: str, phase: str, microbatch: int | None, nbytes: int, start_ns: int, end_ns: int
+        self,
+        op: str,
+        group: str,
+        phase: str,
+        microbatch: int | None,
+        nbytes: int,
+        start_ns: int,
+        end_ns: int,
+        moe: tuple[str, int] | None = None,
     ) -> None:
-        """A collective this rank took part in (`op` over its `group`, "tp" or "dp"), in the phase that issued it:
-        the layer's forward or backward of `microbatch`, or the gradient reduction after the backwards (BACKWARD,
-        microbatch None). An `event_type: collective` line; readers before it skip nothing else."""
+        """A collective this rank took part in (`op` over its `group`, "tp", "dp", "ep" or "edp"), in the phase that
+        issued it: the layer's forward or backward of `microbatch`, or the gradient reduction after the backwards
+        (BACKWARD, microbatch None). An `event_type: collective` line; readers before it skip nothing else.
+        `moe`: (step, layer) of an MoE layer's exchange (`moe_step` preprocess | dispatch | combine, `layer`)."""
         if not self.recording:
             return
         event: dict[str, object] = {
@@ -136,7 +150,33 @@ class EventLog:
             "device_id": self.device_ids[self.rank],
             "hostname": self.hostname,
         }
+        if moe is not None:
+            event["moe_step"], event["layer"] = moe[0], int(moe[1])
         self.events.append(event)
+
+    def moe(self, step: str, layer: int, phase: str, microbatch: int, start_ns: int, end_ns: int) -> None:
+        """A compute step of an MoE layer inside a forward or backward step (`moe_step` router | experts, the
+        1-based decoder `layer`): an `event_type: moe` line. It lies inside that step's FORWARD or BACKWARD compute
+        event, so it is kept off the timeline, as collective lines are."""
+        if not self.recording:
+            return
+        self.events.append(
+            {
+                "rank": self.rank,
+                "stage": self.stage,
+                "iteration": self.iteration,
+                "microbatch": int(microbatch),
+                "event_type": MOE,
+                "phase": phase,
+                "moe_step": step,
+                "layer": int(layer),
+                "start_wall_ns": int(start_ns),
+                "end_wall_ns": int(end_ns),
+                "duration_ms": (end_ns - start_ns) / 1e6,
+                "device_id": self.device_ids[self.rank],
+                "hostname": self.hostname,
+            }
+        )
 
     def write(self, path: Path) -> None:
         """One JSON object per line, in the order recorded; never half-written."""

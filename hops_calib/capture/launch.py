@@ -288,6 +288,16 @@ def _run_ranks(config: CaptureConfig, run_id: str, staging: Path, command: str) 
         "parameters_per_rank": [reports[r]["facts"].get("parameters") for r in range(config.world)],
         "layers_per_rank": [reports[r]["facts"].get("layers") for r in range(config.world)],
         "events_per_rank": [reports[r]["events"] for r in range(config.world)],
+        **(
+            {
+                "experts_per_rank": [reports[r]["facts"].get("experts_per_rank") for r in range(config.world)],
+                "expert_parameters_per_rank": [
+                    reports[r]["facts"].get("expert_parameters") for r in range(config.world)
+                ],
+            }
+            if config.experts
+            else {}
+        ),
         "load_average_before": load_before,
         "load_average_after": jobdir.load_average(),
         "started_at": started.isoformat(timespec="seconds"),

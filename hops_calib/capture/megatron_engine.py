@@ -22,6 +22,10 @@ exchanges through:
   for the data-parallel gradient all-reduce after the last backward (`--dp`: one flat all-reduce of every
   gradient, averaged, as Megatron's DDP without --overlap-grad-reduce).
 
+With `--experts E` every decoder layer's MLP is Megatron-core's MoE layer (`install_moe` traces its router,
+token exchanges and experts); with `--ep e` its experts are spread over e of the data-parallel ranks, and with
+`--pp 1` Megatron runs its schedule without pipelining (`forward_backward_no_pipelining`).
+
 With `--tp t` Megatron-core splits each layer over t ranks (`tensor_model_parallel_size`, no sequence
 parallelism); with `--dp d` it builds d replicas of each stage, in its default rank order (tp-cp-ep-dp-pp).
 
@@ -48,6 +52,8 @@ from hops_calib.timeline import BACKWARD, FORWARD, OPTIMIZER
 _EXPECTED_WARNINGS = (
     r".*(Apex|Transformer Engine).* not installed.*",
     r".*full scope is deprecated.*",
+    # megatron/core/tensor_parallel/mappings.py gathers with all_gather_into_tensor (the MoE dispatcher's split sizes)
+    r".*all_gather_into_tensor.* is deprecated.*",
 )
 
 
@@ -80,7 +86,10 @@ class MegatronTracer:
         self.clock = clock
         self._labels: dict[int, _Label] = {}
         self._restore: list[tuple[Any, str, Callable[..., Any]]] = []
+        self._handles: list[Any] = []  # module hooks to remove
         self._step: tuple[str, int] | None = None  # (phase, microbatch) of the forward or backward step running
+        self._exchange: tuple[str, int] | None = None  # (MoE step, layer) of the token dispatcher's call running
+        self._moe_started: dict[tuple[int, str], int] = {}  # (module id, phase) -> start of its compute
 
     def install(self) -> None:
         import torch.distributed as dist
@@ -97,12 +106,102 @@ class MegatronTracer:
             (dist, "all_reduce", self._wrap_tp("all_reduce")),
             (dist, "all_gather_into_tensor", self._wrap_tp("all_gather")),
             (dist, "reduce_scatter_tensor", self._wrap_tp("reduce_scatter")),
+            (dist, "all_to_all_single", self._wrap_tp("all_to_all")),
         ):
             original = getattr(owner, name)
             self._restore.append((owner, name, original))
             setattr(owner, name, wrapper(original))
 
+    def install_moe(self, chunks: list[Any]) -> None:
+        """Trace every MoE layer of the rank's chunks (megatron/core/transformer/moe/moe_layer.py, MoELayer.forward:
+        route -> preprocess -> dispatch -> routed_experts_compute -> combine):
+
+        - the router (`TopKRouter`) and the experts (`SequentialMLP`): module hooks, forward ones around the
+          module's call and full backward ones from the gradient of its outputs to that of its inputs, logged as
+          `moe` lines;
+        - the token dispatcher's exchanges (`MoEAlltoAllTokenDispatcher`): its `dispatch_preprocess` (the
+          all-gather of every rank's tokens per expert, for the split sizes), `token_dispatch` (the all-to-alls
+          of the tokens and of their probabilities) and `token_combine` (the all-to-all of the experts' outputs)
+          name the collectives they issue; in the backward, each all-to-all's autograd node
+          (tensor_parallel/mappings.py, _AllToAll.backward: the reverse all-to-all) names its own.
+        """
+        from megatron.core.tensor_parallel import mappings
+        from megatron.core.transformer.moe.moe_layer import MoELayer
+
+        # mappings.py binds its all-gather at import (dist_all_gather_func: torch's all_gather_into_tensor), so
+        # the dispatcher's gather of the split sizes (gather_from_sequence_parallel_region) bypasses the wrapper
+        # of torch.distributed's; wrapped where it is bound
+        original = mappings.dist_all_gather_func
+        self._restore.append((mappings, "dist_all_gather_func", original))
+        mappings.dist_all_gather_func = self._wrap_tp("all_gather")(original)
+        for chunk in chunks:
+            for layer in chunk.decoder.layers:
+                moe = layer.mlp
+                if not isinstance(moe, MoELayer):
+                    continue
+                number = int(layer.layer_number)
+                self._hook_compute(moe.router, "router", number)
+                self._hook_compute(moe.experts, "experts", number)
+                for method, step in (
+                    ("dispatch_preprocess", "preprocess"),
+                    ("token_dispatch", "dispatch"),
+                    ("token_combine", "combine"),
+                ):
+                    self._wrap_exchange(moe.token_dispatcher, method, step, number)
+
+    def _hook_compute(self, module: Any, step: str, layer: int) -> None:
+        def started(phase: str) -> Callable[..., None]:
+            def hook(*_: Any) -> None:
+                self._moe_started[(id(module), phase)] = self.clock.now_ns()
+
+            return hook
+
+        def ended(phase: str) -> Callable[..., None]:
+            def hook(*_: Any) -> None:
+                start = self._moe_started.pop((id(module), phase), None)
+                if start is not None and self._step is not None and self._step[0] == phase:
+                    self.log.moe(step, layer, phase, self._step[1], start, self.clock.now_ns())
+
+            return hook
+
+        self._handles.extend(
+            (
+                module.register_forward_pre_hook(started(FORWARD)),
+                module.register_forward_hook(ended(FORWARD)),
+                module.register_full_backward_pre_hook(started(BACKWARD)),
+                module.register_full_backward_hook(ended(BACKWARD)),
+            )
+        )
+
+    def _wrap_exchange(self, dispatcher: Any, method: str, step: str, layer: int) -> None:
+        original = getattr(dispatcher, method)
+
+        def enter(*_: Any) -> None:
+            self._exchange = (step, layer)
+
+        def leave(*_: Any) -> None:
+            self._exchange = None
+
+        def exchange(*args: Any, **kwargs: Any) -> Any:
+            self._exchange = (step, layer)
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self._exchange = None
+            if step != "preprocess":  # the all-to-alls' outputs: their nodes run the reverse all-to-alls
+                for tensor in result if isinstance(result, tuple) else (result,):
+                    node = getattr(tensor, "grad_fn", None)
+                    if node is not None:
+                        node.register_prehook(enter)
+                        node.register_hook(leave)
+            return result
+
+        self._restore.append((dispatcher, method, original))
+        setattr(dispatcher, method, exchange)
+
     def uninstall(self) -> None:
+        while self._handles:
+            self._handles.pop().remove()
         while self._restore:
             owner, name, original = self._restore.pop()
             setattr(owner, name, original)
@@ -159,7 +258,8 @@ class MegatronTracer:
         """Every tensor-parallel collective goes through torch.distributed (Megatron's mappings, the column-parallel
         layers' input-gradient all-reduce in their backward, the vocabulary-parallel cross entropy): one on the
         tensor-parallel group inside a forward or backward step is logged in that step, with the host time of its
-        call (an asynchronous one's dispatch, as the p2p transfers')."""
+        call (an asynchronous one's dispatch, as the p2p transfers'). So is every collective the MoE token
+        dispatcher issues inside a forward or backward step (`install_moe`), on the expert-parallel group."""
 
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             def collective(*args: Any, **kwargs: Any) -> Any:
@@ -167,13 +267,21 @@ class MegatronTracer:
                 result = original(*args, **kwargs)
                 end = self.clock.now_ns()
                 group = kwargs.get("group", args[2] if op == "all_reduce" and len(args) > 2 else None)
-                if self._step is not None and group is self._tp_group and self._tp_size > 1:
-                    tensor = args[1] if op != "all_reduce" else args[0]  # the input (a gather's output is args[0])
-                    phase, microbatch = self._step
-                    nbytes = tensor.numel() * tensor.element_size()
-                    if op == "all_gather":
-                        nbytes = args[0].numel() * args[0].element_size()  # the whole gathered buffer
-                    self.log.collective(op, "tp", phase, microbatch, nbytes, start, end)
+                if self._step is None:
+                    return result
+                if group is self._tp_group and self._tp_size > 1:
+                    name, moe = "tp", None
+                elif self._exchange is not None and group is not None and group.size() > 1:
+                    # the token dispatcher's: its expert-parallel group (tp_ep with --tp 1, which MoE captures run)
+                    name, moe = "ep", self._exchange
+                else:
+                    return result
+                tensor = args[1] if op != "all_reduce" else args[0]  # the input (a gather's output is args[0])
+                phase, microbatch = self._step
+                nbytes = tensor.numel() * tensor.element_size()  # an all-to-all's: all it scatters, its own share too
+                if op == "all_gather":
+                    nbytes = args[0].numel() * args[0].element_size()  # the whole gathered buffer
+                self.log.collective(op, name, phase, microbatch, nbytes, start, end, moe=moe)
                 return result
 
             return collective
@@ -203,23 +311,40 @@ class MegatronTracer:
 def _reduce_gradients(parameters: list[Any], log: EventLog, clock: WallClock) -> None:
     """Average the gradients over the data-parallel replicas after the last backward, as Megatron's DDP does
     without --overlap-grad-reduce (one flat buffer, one all-reduce: its finalize_model_grads), logged as the
-    BACKWARD phase's `dp` all-reduce with no microbatch."""
-    import torch
+    BACKWARD phase's `dp` all-reduce with no microbatch. An expert's parameters (`allreduce` False, which
+    tensor_parallel/layers.py sets on expert-parallel linears) are reduced apart, over the expert-data-parallel group
+    (`edp`, skipped where it is one rank), and scaled by 1 / dp all the same
+    (distributed/distributed_data_parallel.py, DistributedDataParallel.__init__: expert_gradient_scaling_factor):
+    the tokens of every data-parallel rank reach them through the all-to-alls."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    group = parallel_state.get_data_parallel_group()
-    grads = [p.grad for p in parameters if p.grad is not None]
+    dense = [p.grad for p in parameters if p.grad is not None and getattr(p, "allreduce", True)]
+    experts = [p.grad for p in parameters if p.grad is not None and not getattr(p, "allreduce", True)]
+    replicas = dist.get_world_size(parallel_state.get_data_parallel_group())
+    _reduce_flat(dense, parallel_state.get_data_parallel_group(), "dp", replicas, log, clock)
+    if experts:
+        _reduce_flat(experts, parallel_state.get_expert_data_parallel_group(), "edp", replicas, log, clock)
+
+
+def _reduce_flat(grads: list[Any], group: Any, name: str, replicas: int, log: EventLog, clock: WallClock) -> None:
+    """Sum `grads` over `group` in one flat all-reduce (none where the group is one rank), divide by `replicas`."""
+    import torch
+    import torch.distributed as dist
+
     start = clock.now_ns()
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
-    flat /= dist.get_world_size(group)
+    reduced = dist.get_world_size(group) > 1
+    if reduced:
+        dist.all_reduce(flat, group=group)
+    flat /= replicas
     offset = 0
     for grad in grads:
         grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
     end = clock.now_ns()
-    log.collective("all_reduce", "dp", BACKWARD, None, flat.numel() * flat.element_size(), start, end)
+    if reduced:
+        log.collective("all_reduce", name, BACKWARD, None, flat.numel() * flat.element_size(), start, end)
 
 
 @dataclass
@@ -263,8 +388,27 @@ def build(config: CaptureConfig) -> RankModel:
         tensor_model_parallel_size=config.tp,
         pipeline_model_parallel_size=config.pp,
         virtual_pipeline_model_parallel_size=vp_size,
+        expert_model_parallel_size=config.ep,
     )
     torch.manual_seed(config.seed)
+    moe: dict[str, Any] = {}
+    if config.experts:
+        # Megatron-core's MoE layer in every decoder layer (TransformerConfig's moe_* fields; Megatron-LM's
+        # --num-experts, --moe-router-topk, --moe-token-dispatcher-type alltoall): TopKRouter (softmax top-k, no
+        # aux loss: --moe-aux-loss-coeff defaults to 0), MoEAlltoAllTokenDispatcher, SequentialMLP experts of
+        # the dense MLP's ffn size, dropless (no capacity factor).
+        moe = {
+            "num_moe_experts": config.experts,
+            "moe_router_topk": config.topk,
+            "moe_token_dispatcher_type": "alltoall",
+            "expert_model_parallel_size": config.ep,
+            "moe_ffn_hidden_size": config.ffn,
+            "moe_grouped_gemm": False,
+            "moe_permute_fusion": False,
+            "moe_router_fusion": False,
+            # TransformerConfig.__post_init__ refuses a softmax over the one chosen expert (a zero gradient)
+            "moe_router_pre_softmax": config.topk == 1,
+        }
     transformer = TransformerConfig(
         num_layers=config.layers,
         hidden_size=config.hidden,
@@ -290,13 +434,14 @@ def build(config: CaptureConfig) -> RankModel:
         # reorder the same calls; Megatron refuses batching with overlap).
         overlap_p2p_comm=config.overlap_p2p,
         batch_p2p_comm=False,
+        **moe,
     )
     chunks = []
     for chunk in range(config.vp):
         chunks.append(
             GPTModel(
                 config=transformer,
-                transformer_layer_spec=get_gpt_layer_local_spec(),
+                transformer_layer_spec=get_gpt_layer_local_spec(num_experts=config.experts or None),
                 vocab_size=config.vocab,
                 max_sequence_length=config.seq,
                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=chunk),
@@ -308,7 +453,10 @@ def build(config: CaptureConfig) -> RankModel:
     optimizer = torch.optim.AdamW(parameters, lr=1e-4, weight_decay=0.01)
 
     # Mock data, as Megatron's --mock-data: random tokens, drawn once (the batch is not what is measured).
-    generator = torch.Generator().manual_seed(config.seed)
+    # With experts, each data-parallel rank draws its own batch, as Megatron's mock dataset hands each its own
+    # samples: the router then splits the two ranks' tokens differently and the all-to-alls are uneven.
+    data_seed = config.seed + (parallel_state.get_data_parallel_rank() if config.experts else 0)
+    generator = torch.Generator().manual_seed(data_seed)
     tokens = torch.randint(0, config.vocab, (1, config.seq), generator=generator)
     labels = torch.randint(0, config.vocab, (1, config.seq), generator=generator)
     positions = torch.arange(config.seq).unsqueeze(0)
@@ -338,6 +486,8 @@ def run(
     forward_backward = get_forward_backward_func()
     tracer = MegatronTracer(log, clock)
     tracer.install()
+    if config.experts:
+        tracer.install_moe(chunks)
     profiler = None
     if profile_path is not None:
         from hops_calib.capture.profiling import RankProfiler
@@ -370,4 +520,19 @@ def run(
         "batch_p2p_comm": bool(transformer.batch_p2p_comm),
         "parameters": int(sum(p.numel() for p in parameters)),
         "layers": int(layers_here),
+        **(
+            {
+                "experts_per_rank": int(
+                    sum(
+                        len(layer.mlp.experts.local_experts)
+                        for layer in chunks[0].decoder.layers
+                        if hasattr(layer.mlp, "experts")
+                    )
+                    // max(len(chunks[0].decoder.layers), 1)
+                ),
+                "expert_parameters": int(sum(p.numel() for p in parameters if not getattr(p, "allreduce", True))),
+            }
+            if config.experts
+            else {}
+        ),
     }

@@ -13,7 +13,9 @@ def capture(
     out: Path = typer.Option(
         ..., "--out", help="Job directory to write; its name is the run id (cpu_<config>_run<k>)."
     ),
-    pp: int = typer.Option(2, "--pp", help="Pipeline ranks (one process each, pinned to its own core)."),
+    pp: int = typer.Option(
+        2, "--pp", help="Pipeline ranks (one process each, pinned to its own core; 1 with --dp 2 or more)."
+    ),
     vp: int = typer.Option(1, "--vp", help="Model chunks per rank (>1 runs the interleaved 1F1B schedule)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks per stage (megatron engine; gloo)."),
     dp: int = typer.Option(
@@ -44,6 +46,16 @@ def capture(
         "--overlap-p2p",
         help="Overlap the interleaved schedule's p2p with "
         "compute (Megatron's overlap_p2p_comm, Megatron-LM's default with --vp > 1).",
+    ),
+    experts: int = typer.Option(
+        0,
+        "--experts",
+        help="Routed experts per layer (megatron engine): every MLP becomes Megatron-core's MoE layer (TopKRouter, "
+        "all-to-all token dispatcher, SequentialMLP experts); 0 = the dense MLP.",
+    ),
+    topk: int = typer.Option(1, "--topk", help="Experts the router picks per token (--moe-router-topk)."),
+    ep: int = typer.Option(
+        1, "--ep", help="Expert-parallel ranks (out of the --dp ones; each holds experts / ep experts)."
     ),
     force: bool = typer.Option(False, "--force", help="Replace --out if it is an earlier capture (nothing else)."),
     profile: bool = typer.Option(
@@ -78,6 +90,9 @@ def capture(
             link_bench_iters=link_bench_iters,
             profile=profile,
             overlap_p2p=overlap_p2p,
+            experts=experts,
+            topk=topk,
+            ep=ep,
         )
     )
 

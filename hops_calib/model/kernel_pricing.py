@@ -16,7 +16,7 @@ it has one: each measured shape's time, its own quantization taken out, gives th
 that shape, and a kernel takes the efficiency of the measured shapes nearest to it (log-distance weighted over
 M, N, K; a measured shape gets its measured time back). Without a table the default curve
 `DEFAULT_GEMM_CURVE`: gemm_efficiency x K / (K + gemm_k_half) (a tile's main loop over K against its fixed
-prologue and epilogue), and never faster than its bytes over the achieved memory bandwidth.
+prologue and epilogue; an FP8 GEMM's full tile at fp8_gemm_efficiency of the FP8 peak instead), and never faster than its bytes over the achieved memory bandwidth.
 
 Memory-bound kernels. Bytes (read + written) over the achieved bandwidth at that size: the device's memory
 table for that kernel (piecewise linear in bytes between measured sizes; a table's "copy" rows stand in for a
@@ -112,6 +112,7 @@ class Rates:
     """The kernel term's parameters for one device (`terms.decoder_kernels`)."""
 
     gemm_efficiency: float = 0.8
+    fp8_gemm_efficiency: float = 0.8
     gemm_k_half: float = 64.0
     memory_efficiency: float = 0.8
     kernel_latency_us: float = 3.0
@@ -208,7 +209,8 @@ class Pricer:
                 tile,
                 f"GEMM table of {self.device.type} ({self.tables.source if self.tables else ''})",
             )
-        efficiency = self.rates.gemm_efficiency * kernel.k / (kernel.k + self.rates.gemm_k_half)
+        full_tile = self.rates.fp8_gemm_efficiency if kernel.dtype == "fp8" else self.rates.gemm_efficiency
+        efficiency = full_tile * kernel.k / (kernel.k + self.rates.gemm_k_half)
         compute_ms = spent / (peak_per_ms * efficiency)
         memory_ms = kernel.bytes / self._bandwidth_bytes_per_ms()
         ms, bound = (compute_ms, "compute") if compute_ms >= memory_ms else (memory_ms, "memory")

@@ -51,12 +51,22 @@ EVENT_DTYPES: dict[str, str] = {
 _FLUSH_ROWS = 1 << 16
 
 # A collective a rank took part in (schema extension of issue #19, written by `hops-calib capture`; the tracing
-# fork's logs have none): `collective` all_reduce | reduce_scatter | all_gather, `group` tp | dp, `phase` the phase
+# fork's logs have none): `collective` all_reduce | reduce_scatter | all_gather | all_to_all, `group` tp | dp | ep |
+# edp, `phase` the phase
 # that issued it (FORWARD, BACKWARD), `microbatch` (null for the gradient reduction after the backwards), `bytes`.
 # Kept apart from the timeline's columns (`RankLogReport.collectives`), so every reader of events sees what it saw.
 COLLECTIVE = "collective"
-COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather")
-COLLECTIVE_GROUPS = ("tp", "dp")
+COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+# ep: Megatron-core's expert-parallel group (the MoE layer's token all-to-alls); edp: its expert-data-parallel
+# group (the experts' gradient all-reduce)
+COLLECTIVE_GROUPS = ("tp", "dp", "ep", "edp")
+# The steps of an MoE layer (megatron/core/transformer/moe/moe_layer.py, MoELayer.forward: route, preprocess,
+# dispatch, routed_experts_compute, combine) a line names in `moe_step`, with the 1-based decoder `layer`:
+# collective lines the exchanges (preprocess's all-gather of the split sizes, the dispatch and combine all-to-alls),
+# `event_type: moe` lines the router's and the experts' compute. Kept apart from the timeline, as collectives are.
+MOE = "moe"
+MOE_COMPUTE_STEPS = ("router", "experts")
+MOE_EXCHANGE_STEPS = ("preprocess", "dispatch", "combine")
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,21 @@ class CollectiveEvent:
     op: str
     group: str
     nbytes: int
+    start_ns: int
+    end_ns: int
+    moe_step: str | None = None  # an MoE layer's exchange: preprocess | dispatch | combine (MOE_EXCHANGE_STEPS)
+    layer: int | None = None  # its 1-based decoder layer
+
+
+@dataclass(frozen=True)
+class MoEEvent:
+    """An `event_type: moe` line: the router's or the experts' compute in one MoE layer's forward or backward."""
+
+    iteration: int
+    phase: str
+    microbatch: int
+    step: str  # router | experts (MOE_COMPUTE_STEPS)
+    layer: int
     start_ns: int
     end_ns: int
 
@@ -86,6 +111,7 @@ class RankLogReport:
     dropped: Counter = field(default_factory=Counter)  # reason -> lines dropped (lenient only)
     hostname: str = ""
     collectives: list[CollectiveEvent] = field(default_factory=list)  # its `collective` lines, in file order
+    moe: list[MoEEvent] = field(default_factory=list)  # its `moe` lines, in file order
 
 
 # Per-event values in the order the reader collects them (rank is constant per log, added at the end).
@@ -216,7 +242,37 @@ def check_collective(record: dict[str, Any], *, rank: int, pp: int, stage: int |
         return "microbatch", f"is {microbatch!r}, expected an integer 0..{MAX_INDEX} or null", _FIX
     if record["end_wall_ns"] < record["start_wall_ns"]:
         return "end_wall_ns", "is before start_wall_ns", "the event ends before it starts: " + _FIX
+    if "moe_step" in record or "layer" in record:
+        return _check_moe_fields(record, MOE_EXCHANGE_STEPS)
     return None
+
+
+def _check_moe_fields(record: dict[str, Any], steps: tuple[str, ...]) -> tuple[str, str, str] | None:
+    if record.get("moe_step") not in steps:
+        return "moe_step", f"is {record.get('moe_step')!r}", f"expected one of {list(steps)}: {_FIX}"
+    layer = record.get("layer")
+    if not isinstance(layer, int) or isinstance(layer, bool) or not 1 <= layer <= MAX_INDEX:
+        return "layer", f"is {layer!r}, expected a decoder layer number 1..{MAX_INDEX}", _FIX
+    return None
+
+
+def check_moe(record: dict[str, Any], *, rank: int, pp: int, stage: int | None) -> tuple[str, str, str] | None:
+    """(field, problem, what to do) for the first thing wrong with an `event_type: moe` line, or None."""
+    for name in ("rank", "stage", "iteration", "start_wall_ns", "end_wall_ns"):
+        if not _is_int(record.get(name)) or record[name] < 0:
+            return name, f"is {record.get(name)!r}, expected a non-negative integer", _FIX
+    if record["rank"] != rank:
+        return "rank", f"is {record['rank']} in the log of rank {rank}", "each rank<r>.jsonl holds only rank r's events"
+    if record["stage"] >= pp or (stage is not None and record["stage"] != stage):
+        return "stage", f"is {record['stage']}; rank {rank} runs stage {stage}", _FIX
+    if record.get("phase") not in ("FORWARD", "BACKWARD"):
+        return "phase", f"is {record.get('phase')!r} on an MoE step", f"expected FORWARD or BACKWARD: {_FIX}"
+    microbatch = record.get("microbatch")
+    if not isinstance(microbatch, int) or isinstance(microbatch, bool) or not 0 <= microbatch <= MAX_INDEX:
+        return "microbatch", f"is {microbatch!r}, expected an integer 0..{MAX_INDEX}", _FIX
+    if record["end_wall_ns"] < record["start_wall_ns"]:
+        return "end_wall_ns", "is before start_wall_ns", "the event ends before it starts: " + _FIX
+    return _check_moe_fields(record, MOE_COMPUTE_STEPS)
 
 
 def read_rank_events(
@@ -277,6 +333,25 @@ def read_rank_events(
                             record["collective"],
                             record["group"],
                             record["bytes"],
+                            record["start_wall_ns"],
+                            record["end_wall_ns"],
+                            record.get("moe_step"),
+                            record.get("layer"),
+                        )
+                    )
+                continue
+            if type(record) is dict and record.get("event_type") == MOE:
+                problem = check_moe(record, rank=rank, pp=pp, stage=stage)
+                if problem is not None:
+                    reject(*problem)
+                else:
+                    report.moe.append(
+                        MoEEvent(
+                            record["iteration"],
+                            record["phase"],
+                            record["microbatch"],
+                            record["moe_step"],
+                            record["layer"],
                             record["start_wall_ns"],
                             record["end_wall_ns"],
                         )

@@ -67,6 +67,15 @@ def test_fp8_gemms_run_at_the_fp8_peak() -> None:
         fast, slow = pricer.price(kernel), pricer.price(bf16[kernel.name])
         assert fast.bound == slow.bound == "compute" and fast.waves == slow.waves
         assert fast.ms == pytest.approx(slow.ms / 2, rel=1e-12)
+    # an FP8 full tile reaching less of its doubled peak (fp8_gemm_efficiency) slows the FP8 GEMMs alone, by the
+    # ratio of the two efficiencies; the 16-bit GEMMs keep gemm_efficiency's time
+    lower = Pricer(h100, None, Rates(fp8_gemm_efficiency=0.6))
+    for kernel in (k for k in layer(spec) if k.op == K.GEMM):
+        before, after = pricer.price(kernel), lower.price(kernel)
+        if kernel.dtype == "fp8":
+            assert after.ms == pytest.approx(before.ms * 0.8 / 0.6, rel=1e-12)
+        else:
+            assert after.ms == before.ms
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise"])

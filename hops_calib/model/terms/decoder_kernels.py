@@ -46,6 +46,7 @@ def rates_of(params: Mapping[str, float], device_type: str) -> Rates:
 
     return Rates(
         gemm_efficiency=value("gemm_efficiency"),
+        fp8_gemm_efficiency=value("fp8_gemm_efficiency"),
         gemm_k_half=value("gemm_k_half"),
         memory_efficiency=value("memory_efficiency"),
         kernel_latency_us=value("kernel_latency_us"),
@@ -116,6 +117,17 @@ class DecoderKernels(Term):
             "fraction of peak",
             "default curve: a full tile's achieved fraction of the dense peak at large K, where the device has no "
             "GEMM table (cuBLAS reaches 0.7-0.9 on large 16-bit GEMMs)",
+            per_device=True,
+        ),
+        Param(
+            "fp8_gemm_efficiency",
+            0.8,
+            0.1,
+            1.0,
+            "fraction of peak",
+            "default curve: a full FP8 tile's achieved fraction of the dense FP8 peak (twice the 16-bit one) at large "
+            "K, where the device has no FP8 GEMM table; Transformer Engine's FP8 GEMMs (cuBLASLt, "
+            "te.pytorch.cpp_extensions.general_gemm) reach a lower fraction of their doubled peak than 16-bit ones",
             per_device=True,
         ),
         Param(
