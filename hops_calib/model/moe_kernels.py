@@ -9,8 +9,9 @@ parallelism), E experts, top-k routing, ep expert-parallel and etp expert tensor
 - the router (`router.py` TopKRouter): the gating GEMM logits[T, E] = x W^T (`moe_utils.py`
   router_gating_linear, in --moe-router-dtype, else the input's), the softmax and top-k
   (`moe_utils.py` topk_softmax_with_capacity: fp32 probabilities, a boolean routing map [T, E]);
-- the alltoall dispatcher (`token_dispatcher.py` MoEAlltoAllTokenDispatcher): `permute` (`moe_utils.py`: the T x k
-  routed rows gathered with their probabilities), the all-to-all of the rows and of their probabilities over the
+- the alltoall dispatcher (`token_dispatcher.py` MoEAlltoAllTokenDispatcher): `preprocess`'s all-gather of the
+  tokens per expert over the etp x ep group (E int64 counts a rank; none when padded to capacity), `permute`
+  (`moe_utils.py`: the T x k routed rows gathered with their probabilities), the all-to-all of the rows and of their probabilities over the
   expert-parallel group, under etp > 1 an all-gather over the expert tensor-parallel group, `sort_chunks_by_idxs`
   by local expert (more than one local expert); combine: the unsort, under etp > 1 a reduce-scatter (in the
   probabilities' fp32), the all-to-all back, `unpermute` (a scatter-add of the rows into the T tokens);
@@ -100,6 +101,16 @@ def moe_forward(b: _Builder, d: _Dims, s: KernelSettings) -> None:
         source=f"{_UTILS} topk_softmax_with_capacity",
     )
     if m.alltoall:
+        if not b.shape.moe_pad_to_capacity:  # dropless or dropping: the split sizes, E int64 counts per rank
+            _collective(
+                b,
+                "mlp.dispatch_split_sizes_all_gather",
+                "all_gather",
+                m.experts * INDEX_BYTES * m.etp * m.ep,
+                "tp_ep",
+                f"{_A2A}.preprocess (num_global_tokens_per_expert)",
+                "int64",
+            )
         b.memory(
             "mlp.permute",
             "copy",

@@ -207,7 +207,8 @@ def test_the_shipped_terms_price_the_experts_flops_and_all_to_alls() -> None:
     priced = comm.contribute(context, params)
     a2a = collective_ms(spec, device, "all_to_all", s * 2 * h * 2, "ep", step_latency_ms=0.005)
     probs = collective_ms(spec, device, "all_to_all", s * 2 * 4, "ep", step_latency_ms=0.005)
-    assert priced.forward_ms[1] == pytest.approx(8 * (2 * a2a + probs), rel=1e-12)
+    splits = collective_ms(spec, device, "all_gather", 8 * 8 * 8, "tp_ep", step_latency_ms=0.005)  # E int64 x 8
+    assert priced.forward_ms[1] == pytest.approx(8 * (2 * a2a + probs + splits), rel=1e-12)
     assert priced.backward_ms[1] == pytest.approx(8 * (2 * a2a + probs), rel=1e-12)
     # the gradients: the dense ones over dp 16, the experts' over the expert data-parallel group of 2
     reduce = TERMS["data_parallel_grad_reduce"].contribute(context, TERMS["data_parallel_grad_reduce"].defaults())
@@ -316,3 +317,35 @@ def test_a_rank_logs_printed_defaults_read_as_megatrons_defaults() -> None:
     assert spec.model == moe_spec({**MIXTRAL, "tensor_model_parallel_size": 2}).model
     assert (spec.etp, spec.model.expert_ffn, spec.model.moe_shared_expert_ffn) == (2, 14336, 0)
     assert spec.model.moe_capacity_factor is None and spec.model.moe_dispatcher == "alltoall"
+
+
+CAPTURE = Path(__file__).resolve().parents[2] / "unpriced-traces" / "cpu_moe_e2_ep2_k1_l4_h256_s128_m4_run1"
+
+
+def test_the_expert_collectives_are_those_the_shipped_moe_capture_records() -> None:
+    """The CPU capture of megatron-core's MoE layer (2 experts on 2 expert-parallel ranks, top-1, alltoall, fp32;
+    tests/capture/test_moe_capture.py) records every collective of its token dispatcher with its bytes: per layer
+    and microbatch, the kernel list's (`expert_collectives`) are its calls one for one, their bytes the ranks' mean
+    (a rank's combine carries the rows its expert got, the balanced share on average)."""
+    from collections import defaultdict
+
+    from hops_calib.spec.job_dir import build_spec
+
+    spec = build_spec(CAPTURE)
+    assert spec.model.moe and (spec.ep, spec.edp, spec.model.moe_router_topk) == (2, 1, 1)
+    listed = expert_collectives(spec)
+    recorded: dict[tuple, list[float]] = defaultdict(list)
+    calls: dict[tuple, int] = defaultdict(int)
+    for rank in (0, 1):
+        for line in (CAPTURE / "megatron_trace" / f"rank{rank}.jsonl").read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event_type") == "collective" and event.get("group") == "ep":
+                key = (event["iteration"], event["microbatch"], event["layer"], event["phase"])
+                recorded[(*key, event["collective"])].append(event["bytes"])
+                calls[(*key, event["collective"], rank)] += 1
+    assert recorded
+    for (iteration, microbatch, layer, phase, kind), found in recorded.items():
+        mine = [nbytes for op, _, nbytes in listed[phase] if op == kind]
+        assert calls[(iteration, microbatch, layer, phase, kind, 0)] == len(mine), (phase, kind)
+        assert sum(found) / 2 == pytest.approx(sum(mine)), (phase, kind)
+    assert {op for op, _, _ in listed["FORWARD"]} == {"all_gather", "all_to_all"}
