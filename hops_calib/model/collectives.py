@@ -44,7 +44,7 @@ POINT_OPS = ("send_recv", "all_to_all")  # context parallelism's exchanges, pric
 
 def group_size(spec: Spec, group: str) -> int:
     """GPUs of a group: "tp", "cp", "dp", or "dp_cp" (data x context parallel); the expert layers' "ep", "etp",
-    "tp_ep" (etp x ep) and "edp" (`Spec.group_ranks`)."""
+    "tp_ep" (etp x ep), "edp" and "tp_cp" (`Spec.group_ranks`)."""
     return {
         "tp": spec.tp,
         "cp": spec.cp,
@@ -53,6 +53,7 @@ def group_size(spec: Spec, group: str) -> int:
         "etp": spec.etp,
         "tp_ep": spec.etp * spec.ep,
         "edp": spec.edp,
+        "tp_cp": spec.tp * spec.cp,
     }.get(group, spec.dp)
 
 

@@ -52,7 +52,8 @@ _UTILS = f"{_MOE}moe_utils.py"
 _A2A = f"{_MOE}token_dispatcher.py MoEAlltoAllTokenDispatcher"
 _AG = f"{_MOE}token_dispatcher.py MoEAllGatherTokenDispatcher"
 _EXPERTS = f"{_MOE}experts.py"
-EXPERT_GROUPS = ("ep", "etp", "tp_ep")  # the groups of the expert layers' collectives (`Spec.group_ranks`)
+# the groups of the MoE layer's collectives (`Spec.group_ranks`): the dispatchers' and the aux loss's "tp_cp"
+EXPERT_GROUPS = ("ep", "etp", "tp_ep", "tp_cp")
 
 
 class _Moe:
@@ -100,6 +101,7 @@ def moe_forward(b: _Builder, d: _Dims, s: KernelSettings) -> None:
         m.tokens * m.experts * (m.router_e + FP32 + MASK_BYTES) + m.sent * (FP32 + INDEX_BYTES),
         source=f"{_UTILS} topk_softmax_with_capacity",
     )
+    _router_losses(b, m, False)
     if m.alltoall:
         if not b.shape.moe_pad_to_capacity:  # dropless or dropping: the split sizes, E int64 counts per rank
             _collective(
@@ -255,6 +257,7 @@ def moe_backward(b: _Builder, d: _Dims, s: KernelSettings) -> None:
             _AG,
             "fp32",
         )
+    _router_losses(b, m, True)
     b.memory(
         "mlp.router.softmax_topk.backward",
         "softmax",
@@ -288,6 +291,57 @@ def moe_backward(b: _Builder, d: _Dims, s: KernelSettings) -> None:
     )
 
 
+def _router_losses(b: _Builder, m: _Moe, backward: bool) -> None:
+    """The router's z-loss (`router.py` TopKRouter.apply_z_loss: the logits' logsumexp, squared and averaged; under
+    --moe-z-loss-coeff) and load-balancing loss (`_apply_aux_loss` and its seq / global variants, under
+    --moe-aux-loss-coeff: `moe_utils.py` compute_routing_scores_for_aux_loss, a softmax and top-k of its own;
+    get_tokens_per_expert_and_token_count, the routing map's column sums all-reduced over the tensor x
+    context-parallel group; switch_load_balancing_loss_func over the scores), and their gradients."""
+    shape, cells = b.shape, m.tokens * m.experts
+    if shape.moe_z_loss:
+        b.memory(
+            "mlp.router.z_loss" + (".backward" if backward else ""),
+            "softmax",
+            cells * (2 * m.router_e + FP32) if backward else cells * m.router_e,
+            source=f"{_ROUTER}.apply_z_loss (z_loss_func)",
+        )
+    if not shape.moe_aux_loss:
+        return
+    if backward:
+        b.memory(
+            "mlp.router.aux_loss.backward", "add", 3 * cells * FP32, source=f"{_UTILS} switch_load_balancing_loss_func"
+        )
+        b.memory(
+            "mlp.router.aux_scores.backward",
+            "softmax",
+            cells * (2 * FP32 + m.router_e),
+            source=f"{_UTILS} compute_routing_scores_for_aux_loss (autograd)",
+        )
+        return
+    b.memory(
+        "mlp.router.aux_scores",
+        "softmax",
+        cells * (m.router_e + FP32 + MASK_BYTES),
+        source=f"{_UTILS} compute_routing_scores_for_aux_loss",
+    )
+    b.memory(
+        "mlp.router.aux_tokens_per_expert",
+        "sum",
+        cells * MASK_BYTES + m.experts * INDEX_BYTES,
+        source=f"{_UTILS} get_tokens_per_expert_and_token_count",
+    )
+    _collective(
+        b,
+        "mlp.router.aux_tokens_all_reduce",
+        "all_reduce",
+        m.experts * INDEX_BYTES,
+        "tp_cp",
+        f"{_UTILS} get_tokens_per_expert_and_token_count (reduce_from_tensor_model_parallel_region)",
+        "int64",
+    )
+    b.memory("mlp.router.aux_loss", "sum", cells * FP32, source=f"{_UTILS} switch_load_balancing_loss_func")
+
+
 def _collective(b: _Builder, name: str, op: str, nbytes: float, group: str, source: str, dtype: str = "") -> None:
     """An expert layer's collective, listed where its group has more than one GPU."""
     shape = b.shape
@@ -295,6 +349,7 @@ def _collective(b: _Builder, name: str, op: str, nbytes: float, group: str, sour
         "ep": shape.expert_parallel,
         "etp": shape.expert_tensor_parallel,
         "tp_ep": shape.expert_parallel * shape.expert_tensor_parallel,
+        "tp_cp": shape.tensor_parallel * shape.context_parallel,
     }[group]
     if size > 1:
         b.collective(name, op, nbytes, source=source, group=group, dtype=dtype)

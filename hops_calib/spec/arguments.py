@@ -650,7 +650,24 @@ def moe_settings_of(
         "moe_capacity_factor": float(capacity) if capacity is not None else None,
         "moe_pad_to_capacity": pad,
         "moe_router_fp32": args.get("moe_router_dtype") == "fp32",
+        "moe_aux_loss": _positive(args.get("moe_aux_loss_coeff"))
+        and bool(set(_listed(args.get("moe_router_load_balancing_type") or "aux_loss")) & AUX_LOSS_TYPES),
+        "moe_z_loss": _positive(args.get("moe_z_loss_coeff")),
     }
+
+
+# The load-balancing types that add an auxiliary loss (`transformer/moe/router.py` TopKRouter.routing:
+# _apply_aux_loss, _apply_seq_aux_loss, _apply_global_aux_loss); "sinkhorn" and "none" add none
+AUX_LOSS_TYPES = {"aux_loss", "seq_aux_loss", "global_aux_loss"}
+
+
+def _listed(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _positive(value: Any) -> bool:
+    """A coefficient (or a list of them, Megatron-LM's per-type --moe-aux-loss-coeff) above 0."""
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in _listed(value))
 
 
 RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-pp-dp", "tp-dp-pp")

@@ -79,6 +79,10 @@ class ModelShape:
     moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
     moe_router_fp32: bool = False  # --moe-router-dtype fp32: the router's GEMM and logits in fp32
+    # the router's load-balancing loss (--moe-aux-loss-coeff above 0 with an aux-loss --moe-router-load-balancing-type)
+    # and its z-loss (--moe-z-loss-coeff above 0): their scores, counts and all-reduce
+    moe_aux_loss: bool = False
+    moe_z_loss: bool = False
 
     @property
     def moe(self) -> bool:
@@ -280,7 +284,7 @@ class Spec:
     def group_ranks(self, group: str, stage: int = 0) -> list[int]:
         """The global ranks of the first `group` of `stage`: "tp", "cp", "dp", or "dp_cp" (the data- and
         context-parallel group the gradients are reduced over: `parallel_state.get_data_parallel_group(
-        with_context_parallel=True)`); under experts "ep", "etp", "tp_ep" and "edp" (`expert_rank`)."""
+        with_context_parallel=True)`); under experts "ep", "etp", "tp_ep" and "edp" (`expert_rank`), and "tp_cp"."""
         if group == "tp":
             return [self.rank(k, 0, stage) for k in range(self.tp)]
         if group == "cp":
@@ -297,6 +301,8 @@ class Spec:
             return [self.expert_rank(t, k, 0, stage) for k in range(self.ep) for t in range(self.etp)]
         if group == "edp":
             return [self.expert_rank(0, 0, k, stage) for k in range(self.edp)]
+        if group == "tp_cp":  # the router's aux-loss reduction (`parallel_state.get_tensor_and_context_parallel_group`)
+            return [self.rank(k, 0, stage, c) for c in range(self.cp) for k in range(self.tp)]
         return [self.rank(0, k, stage) for k in range(self.dp)]
 
     def group_nodes(self, group: str, stage: int = 0) -> tuple[int, int] | None:
@@ -412,6 +418,8 @@ _OPTIONAL_SHAPE_FIELDS = (
     "moe_capacity_factor",
     "moe_pad_to_capacity",
     "moe_router_fp32",
+    "moe_aux_loss",
+    "moe_z_loss",
 )
 
 

@@ -349,3 +349,20 @@ def test_the_expert_collectives_are_those_the_shipped_moe_capture_records() -> N
         assert calls[(iteration, microbatch, layer, phase, kind, 0)] == len(mine), (phase, kind)
         assert sum(found) / 2 == pytest.approx(sum(mine)), (phase, kind)
     assert {op for op, _, _ in listed["FORWARD"]} == {"all_gather", "all_to_all"}
+
+
+def test_the_routers_losses_add_their_kernels_only_when_their_coefficients_are_set() -> None:
+    plain = moe_spec({**MIXTRAL, "tensor_model_parallel_size": 2})
+    assert not plain.model.moe_aux_loss and not any("aux" in k.name for k in K.layer_forward(plain.model,
+                                                                                         kernel_settings(plain)))
+    spec = moe_spec({**MIXTRAL, "tensor_model_parallel_size": 2, "moe_aux_loss_coeff": 1e-2, "moe_z_loss_coeff": 1e-3})
+    forward = {k.name: k for k in K.layer_forward(spec.model, kernel_settings(spec))}
+    backward = {k.name for k in K.layer_backward(spec.model, kernel_settings(spec))}
+    reduce = forward["mlp.router.aux_tokens_all_reduce"]
+    assert (reduce.kind, reduce.group, reduce.bytes) == ("all_reduce", "tp_cp", 8 * 8)  # E int64 counts
+    assert {"mlp.router.aux_scores", "mlp.router.aux_loss", "mlp.router.z_loss"} <= set(forward)
+    assert {"mlp.router.aux_loss.backward", "mlp.router.z_loss.backward"} <= backward
+    assert spec.group_ranks("tp_cp") == [0, 1]
+    sinkhorn = moe_spec({**MIXTRAL, "moe_aux_loss_coeff": 1e-2, "moe_router_load_balancing_type": "sinkhorn"})
+    assert not sinkhorn.model.moe_aux_loss
+    assert iteration_model_flops(spec) == pytest.approx(K.megatron_flops(spec.megatron_args, 256), rel=1e-12)
