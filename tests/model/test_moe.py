@@ -366,3 +366,18 @@ def test_the_routers_losses_add_their_kernels_only_when_their_coefficients_are_s
     sinkhorn = moe_spec({**MIXTRAL, "moe_aux_loss_coeff": 1e-2, "moe_router_load_balancing_type": "sinkhorn"})
     assert not sinkhorn.model.moe_aux_loss
     assert iteration_model_flops(spec) == pytest.approx(K.megatron_flops(spec.megatron_args, 256), rel=1e-12)
+
+
+def test_a_deepseek_like_launch_is_priced_with_its_shared_expert() -> None:
+    from hops_calib.model.predict import predict
+    from hops_calib.whatif.job import model_rates
+
+    model = load_model()
+    peak = model.device("h100_dgx").peak_bf16_flops_per_s
+    with_shared = predict(moe_spec(DEEPSEEK), model)
+    without = predict(moe_spec({**DEEPSEEK, "moe_shared_expert_intermediate_size": None}), model)
+    rates = model_rates(with_shared, moe_spec(DEEPSEEK), peak)
+    assert 0.1 <= rates["mfu"] <= 0.6 and math.isfinite(with_shared.metrics.throughput_per_s)
+    # the shared expert (2 x 1408 wide, on every token) is a third of the routed experts' 6 x 1408: it takes time
+    assert all(a.forward_ms > b.forward_ms and a.backward_ms > b.backward_ms
+               for a, b in zip(with_shared.pipeline.stages, without.pipeline.stages))
