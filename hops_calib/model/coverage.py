@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hops_calib.model import gpt
-from hops_calib.spec import Spec
+from hops_calib.spec import Spec, fsdp_strategy
 
 
 def _pair(a: str, b: str) -> str:
@@ -55,6 +55,7 @@ def _sets(spec: Spec) -> dict[str, set[str]]:
         "sequence parallelism": {"on" if spec.model.sequence_parallel else "off"},
         "distributed optimizer": {"on" if spec.distributed_optimizer else "off"},
         "mixture of experts": {"on" if spec.model.moe else "off"},
+        "Megatron-FSDP sharding": {fsdp_strategy(spec.megatron_args) or "none"},
         "tensor or data parallel group across nodes": {"yes" if _group_across_nodes(spec) else "no"},
     }
 

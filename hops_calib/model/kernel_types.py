@@ -95,8 +95,14 @@ def _flag(args: Mapping[str, Any], name: str, default: bool) -> bool:
 
 
 def _probability(args: Mapping[str, Any], name: str) -> float:
+    """--hidden-dropout / --attention-dropout of a launch, Megatron-LM's default 0.1 when not given."""
     value = args.get(name, 0.1)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.1
+
+
+def dropout_probability(args: Mapping[str, Any], which: str) -> float:
+    """The launch's dropout probability of `which` ("hidden" or "attention"), Megatron-LM's 0.1 when not given."""
+    return _probability(args, f"{which}_dropout")
 
 
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")  # the recipes priced (mxfp8 is Blackwell's; custom is code)

@@ -5,7 +5,8 @@ per GPU of a stage (its share of the tensor-parallel split), at the schedule's p
 
 - weights: the GPU's parameters (`gpt.stage_parameters`) in the training precision (2 bytes, fp32 4);
 - gradients: Megatron's gradient buffer, one element per parameter (`gradient_bytes`: fp32 under bf16, which
-  Megatron accumulates and reduces in fp32, or with --accumulate-allreduce-grads-in-fp32; else 16-bit);
+  Megatron accumulates and reduces in fp32, or with --accumulate-allreduce-grads-in-fp32; 16-bit under
+  --grad-reduce-in-bf16, `bf16_gradients`; else 16-bit);
 - optimizer state: Adam's two fp32 moments, plus fp32 master weights under 16-bit training (12 bytes per
   parameter; 8 in fp32), split over the d data-parallel replicas under the distributed optimizer (ZeRO-1;
   Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 = 16 B per parameter with 16-bit gradients, 18 with fp32 ones);
@@ -16,7 +17,8 @@ per GPU of a stage (its share of the tensor-parallel split), at the schedule's p
   indices and probabilities) and the router's logits (`gpt.expert_activation_bytes`);
 - activations: a layer's stored activations per microbatch (`gpt.layer_activation_bytes`: Korthikanti et al. 2022,
   with tensor and sequence parallelism, SwiGLU, GQA and flash attention) times the stage's layers times the stage
-  microbatches the schedule holds at its peak (`SimResult.peak_stage_activations`). Full recomputation keeps only
+  microbatches the schedule holds at its peak (`SimResult.peak_stage_activations`); a dropout with p = 0 keeps no
+  mask (`dropout_mask_saving`). Full recomputation keeps only
   each recomputed layer's input (`gpt.boundary_activation_bytes`: s x b x h, s/t under sequence parallelism) and
   rebuilds one layer's activations at a time in the backward (its working set is added once); selective
   recomputation drops the attention core's scores (5as^2b / t). The last stage holds one microbatch's fp32
@@ -29,6 +31,10 @@ instead of 2 B. The linear layers save their inputs for the weight gradient in F
 columnwise): the QKV and fc1 inputs (s b h each) and the projection and fc2 inputs (s b h, s b f) at 1 B an element
 instead of 2 (`fp8_activation_saving`).
 
+Megatron-FSDP (--use-megatron-fsdp): weights, gradients and optimizer state sharded over the data x context group
+per --data-parallel-sharding-strategy, plus the gathered units and the gradients waiting for their reduce-scatter
+(`fsdp.sharded_memory`).
+
 Not counted: the CUDA context and NCCL buffers, allocator fragmentation, temporary GEMM workspaces (a few hundred
 MB to a few GB on a real GPU): leave headroom (`StageMemory.headroom_bytes` says how much is left).
 """
@@ -36,10 +42,10 @@ MB to a few GB on a real GPU): leave headroom (`StageMemory.headroom_bytes` says
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from hops_calib.model import gpt, kernels
+from hops_calib.model import fsdp, gpt, kernel_types, kernels
 from hops_calib.spec import ModelShape, Spec
 
 # The unit of every memory figure in text output: GB, 10^9 bytes, as GPU datasheets count ("A100 80 GB"); --json
@@ -50,10 +56,21 @@ OPTIMIZER_BYTES_FP32 = 8  # Adam m and v; the fp32 weight is the master
 LOGIT_BYTES = 4  # the loss reads fp32 logits
 
 
+def bf16_gradients(spec: Spec) -> bool:
+    """Whether the launch keeps and reduces its gradients in the 16-bit training dtype under bf16: Megatron-LM's
+    --grad-reduce-in-bf16 turns accumulate_allreduce_grads_in_fp32, which bf16 training otherwise forces, off, and
+    megatron-core's DistributedDataParallel.__init__ (distributed_data_parallel.py) then allocates the gradient
+    buffer in the parameter dtype (grad_dtype = torch.float if ddp_config.grad_reduce_in_fp32 else param.dtype;
+    Megatron-FSDP's ParamAndGradBuffer alike). NeMo's performance recipes set grad_reduce_in_fp32 False."""
+    return bool(spec.megatron_args.get("grad_reduce_in_bf16")) and spec.model.precision == "bf16"
+
+
 def gradient_bytes(spec: Spec) -> int:
     """Bytes per gradient element of Megatron's gradient buffer (and its data-parallel reduction): fp32 when it
     accumulates and reduces in fp32 (--accumulate-allreduce-grads-in-fp32, which bf16 training forces; an fp32
-    run), else the 16-bit training precision."""
+    run), the 16-bit dtype under --grad-reduce-in-bf16 (`bf16_gradients`), else the 16-bit training precision."""
+    if bf16_gradients(spec):
+        return gpt.bytes_per_element(spec.model)
     if spec.megatron_args.get("accumulate_allreduce_grads_in_fp32"):
         return 4
     return _gradient_bytes(spec.model)
@@ -92,11 +109,36 @@ def parameter_gather_bytes(spec: Spec, parameters: float, layers: int) -> float:
     return parameters * element - linear * (element - kernels.FP8_BYTES)
 
 
-def stored_activation_bytes(shape: ModelShape, layers: int, fp8: bool = False) -> tuple[float, float]:
+def dropout_mask_saving(shape: ModelShape, hidden: bool, attention: bool) -> float:
+    """Bytes one layer's stored activations shrink by when a dropout is off (`hidden`, `attention`: whether that
+    dropout runs, p > 0). torch's dropout at p = 0 returns its input and keeps no mask (ATen's dropout returns the
+    input for p == 0), which megatron-core's fused bias-dropout-add (fusions/fused_bias_dropout.py
+    _bias_dropout_add_func: torch.nn.functional.dropout) and its attention dropout (transformer/dot_product_attention.py
+    DotProductAttention: torch.nn.Dropout) both call. Hidden dropout off: the two 1-byte masks of the residual
+    dropouts (2sbh of `gpt.layer_activation_bytes`' whole part, split t ways under sequence parallelism). Attention
+    dropout off, unfused attention: the score matrix's mask (as^2b, 1 B) and the dropout's output (2as^2b; the
+    context GEMM saves the softmax output, already stored), 3as^2b / t; a flash kernel stores no scores either way."""
+    s, b, h = gpt.local_seq(shape), shape.micro_batch_size, shape.hidden_size
+    t = max(1, shape.tensor_parallel)
+    saving = 0.0
+    if not hidden:
+        saving += 2.0 * s * b * h / (t if shape.sequence_parallel else 1)
+    if not attention and shape.attention_kernel != "flash" and shape.recompute_granularity != "selective":
+        saving += 3.0 * shape.num_attention_heads * s * s * b / t
+    return saving
+
+
+def stored_activation_bytes(
+    shape: ModelShape, layers: int, fp8: bool = False, dropout: tuple[bool, bool] = (True, True)
+) -> tuple[float, float]:
     """(bytes one microbatch leaves stored in `layers` decoder layers, bytes of the working set the backward
     rebuilds at once under full recomputation: one layer's activations, else 0). `fp8`: the linear layers save
-    their inputs in FP8."""
-    full = gpt.layer_activation_bytes(shape) - (fp8_activation_saving(shape) if fp8 else 0.0)
+    their inputs in FP8; `dropout`: whether the (hidden, attention) dropouts run (`dropout_mask_saving`)."""
+    full = (
+        gpt.layer_activation_bytes(shape)
+        - (fp8_activation_saving(shape) if fp8 else 0.0)
+        - dropout_mask_saving(shape, *dropout)
+    )
     if shape.recompute_granularity == "selective":
         scores = (
             0.0
@@ -158,6 +200,7 @@ def _stage(
     device_bytes: float = 0.0,
     fp8: str = "",
     expert_shard: int | None = None,
+    dropout: tuple[bool, bool] = (True, True),
 ) -> StageMemory:
     element = gpt.bytes_per_element(shape)
     state = OPTIMIZER_BYTES_FP32 if shape.precision == "fp32" else OPTIMIZER_BYTES_MIXED
@@ -166,7 +209,7 @@ def _stage(
     if fp8:  # FP8 copies and transposes of the linear weights (under "param" the 16-bit weight is FP8 instead)
         linear = layers * sum(out * inp for _, out, inp in kernels.linear_weights(shape))
         weights += linear * 2 * kernels.FP8_BYTES - (linear * element if fp8 == "param" else 0)
-    stored, working = stored_activation_bytes(shape, layers, fp8=bool(fp8))
+    stored, working = stored_activation_bytes(shape, layers, fp8=bool(fp8), dropout=dropout)
     activations = peak_stage_microbatches * stored + working
     if rank == ranks - 1:  # one microbatch's fp32 logits over the GPU's V/t vocabulary columns
         activations += LOGIT_BYTES * gpt.local_tokens(shape) * gpt.vocab_per_gpu(shape)
@@ -199,7 +242,10 @@ def stage_memory(
     """Peak memory of one GPU per stage: `device_bytes` its device's memory, `peak_stage_microbatches` the stage
     microbatches of stored activations the schedule holds on the rank at its peak (`SimResult.peak_stage_activations`)."""
     shard = spec.dp * spec.cp if spec.distributed_optimizer else 1  # sharded over the data x context group
-    return tuple(
+    dropout = tuple(
+        kernel_types.dropout_probability(spec.megatron_args, which) > 0 for which in ("hidden", "attention")
+    )
+    stages = tuple(
         _stage(
             spec.model,
             spec.layers_per_stage[rank],
@@ -212,8 +258,41 @@ def stage_memory(
             device_bytes=device_bytes[rank],
             fp8=fp8_mode(spec),
             expert_shard=spec.edp if spec.distributed_optimizer else 1,
+            dropout=(dropout[0], dropout[1]),
         )
         for rank in range(spec.pp)
+    )
+    if not fsdp.strategy(spec):
+        return stages
+    return tuple(_fsdp_stage(spec, stage) for stage in stages)
+
+
+def chunk_layers(spec: Spec, rank: int) -> tuple[int, ...]:
+    """Decoder layers of each model chunk of pipeline rank `rank` (its virtual stages)."""
+    if spec.layers_per_virtual_stage:
+        return tuple(spec.layers_per_virtual_stage[rank :: spec.pp])
+    return (spec.layers_per_stage[rank] // spec.vp,) * spec.vp
+
+
+def _fsdp_stage(spec: Spec, stage: StageMemory) -> StageMemory:
+    """A stage's memory with its weights, gradients and optimizer state as Megatron-FSDP shards and gathers them
+    (`fsdp.sharded_memory`); activations as without it."""
+    rank, shape = stage.stage, spec.model
+    parameters = gpt.stage_parameters(shape, spec.layers_per_stage[rank], rank == 0, rank == spec.pp - 1, spec.pp)
+    sharded = fsdp.sharded_memory(
+        spec,
+        rank,
+        parameters,
+        chunk_layers(spec, rank),
+        element=gpt.bytes_per_element(shape),
+        gradient=gradient_bytes(spec),
+        state=OPTIMIZER_BYTES_FP32 if shape.precision == "fp32" else OPTIMIZER_BYTES_MIXED,
+    )
+    return replace(
+        stage,
+        weights_bytes=sharded.weights_bytes,
+        gradients_bytes=sharded.gradients_bytes,
+        optimizer_bytes=sharded.optimizer_bytes,
     )
 
 

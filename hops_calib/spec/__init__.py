@@ -49,6 +49,8 @@ _MODULE_OF = {
     "stage_layers_of": "arguments",
     "ASSUMPTIONS": "assumptions",
     "Assumption": "assumptions",
+    "FSDP_STRATEGIES": "assumptions",
+    "fsdp_strategy": "assumptions",
     "TYPO_SIMILARITY": "assumptions",
     "Unmodelled": "assumptions",
     "require_modelled": "assumptions",
@@ -62,6 +64,7 @@ _MODULE_OF = {
 
 __all__ = [
     "ASSUMPTIONS",
+    "FSDP_STRATEGIES",
     "MAX_INDEX",
     "MAX_PER_ITERATION",
     "RANK_ORDERS",
@@ -85,6 +88,7 @@ __all__ = [
     "coordinates_of",
     "core_sharing_note",
     "declared_schedule_of",
+    "fsdp_strategy",
     "global_rank",
     "layer_settings_of",
     "normalize_schedule_label",
@@ -119,9 +123,11 @@ if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` imports
     )
     from hops_calib.spec.assumptions import (
         ASSUMPTIONS,
+        FSDP_STRATEGIES,
         TYPO_SIMILARITY,
         Assumption,
         Unmodelled,
+        fsdp_strategy,
         require_modelled,
         unknown_flags,
         unknown_flags_note,

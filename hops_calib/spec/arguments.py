@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hops_calib.spec.assumptions import _flag, overlapped_p2p, require_modelled
+from hops_calib.spec.assumptions import _flag, fsdp_strategy, overlapped_p2p, require_modelled
 from hops_calib.spec.schedules import SCHEDULES
 from hops_calib.spec.stage_layers import (
     LayoutError,
@@ -319,6 +319,13 @@ def spec_from_args(
             "AttnFuncWithCPAndKVP2P); drop --attention-backend unfused|local",
         )
     zero = args.get("zero_stage") or 0
+    # Megatron-FSDP's strategy decides what it shards (its optimizer state from optim on), and it turns the gradient
+    # reduce-scatter's overlap on when it shards gradients and the parameter gather's when it shards them
+    # (src/megatron_fsdp/megatron_fsdp.py MegatronFSDP.__init__)
+    fsdp = fsdp_strategy(args)
+    distributed_optimizer = (
+        fsdp not in ("", "no_shard") if fsdp else bool(args.get("use_distributed_optimizer")) or zero in (1, 2)
+    )
     return Spec(
         run_id=run_id,
         pp=pp,
@@ -337,9 +344,9 @@ def spec_from_args(
         gpus_per_node=hardware.gpus_per_node,
         collectives=tuple(collectives),
         dp=dp,
-        distributed_optimizer=bool(args.get("use_distributed_optimizer")) or zero in (1, 2),
-        overlap_grad_reduce=bool(args.get("overlap_grad_reduce")),
-        overlap_param_gather=bool(args.get("overlap_param_gather")),
+        distributed_optimizer=distributed_optimizer,
+        overlap_grad_reduce=bool(args.get("overlap_grad_reduce")) or fsdp in ("optim_grads", "optim_grads_params"),
+        overlap_param_gather=bool(args.get("overlap_param_gather")) or fsdp == "optim_grads_params",
         rank_order=rank_order,
         ranks_per_device=ranks_per_device,
         overlap_p2p=overlapped_p2p(args, interleaved=schedule == "interleaved_1f1b"),

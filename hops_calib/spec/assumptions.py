@@ -63,6 +63,32 @@ def _interleaved(args: dict[str, Any]) -> bool:
     )
 
 
+# Megatron-FSDP's sharding strategies (src/megatron_fsdp/distributed_data_parallel_config.py
+# data_parallel_sharding_strategy; MegatronFSDP's docstring): no_shard (ZeRO-0: DDP), optim (ZeRO-1: optimizer state
+# and main weights), optim_grads (ZeRO-2: and gradients), optim_grads_params (ZeRO-3: and the weights).
+FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+
+
+def fsdp_strategy(args: dict[str, Any]) -> str:
+    """The launch's Megatron-FSDP sharding strategy (one of FSDP_STRATEGIES; Megatron-LM's default no_shard), or ""
+    without --use-megatron-fsdp (its deprecated spelling --use-custom-fsdp counts too): Megatron's own DDP then
+    reads no --data-parallel-sharding-strategy."""
+    if not (_on(args, "use_megatron_fsdp") or _on(args, "use_custom_fsdp")):
+        return ""
+    return str(args.get("data_parallel_sharding_strategy") or "no_shard")
+
+
+def _on(args: dict[str, Any], key: str) -> bool:
+    return bool(args.get(key)) or (f"no_{key}" in args and not args[f"no_{key}"])
+
+
+def _fp8(args: dict[str, Any]) -> bool:
+    """Whether the launch runs FP8 GEMMs (--fp8-format, or Megatron-LM's older --fp8-hybrid / --fp8-e4m3)."""
+    return any(isinstance(args.get(key), str) and args.get(key) for key in ("fp8", "fp8_format")) or bool(
+        args.get("fp8_hybrid") or args.get("fp8_e4m3")
+    )
+
+
 # The Megatron GPT the cost terms count (hops_calib/model/gpt.py and the terms' physics): tensor, sequence, data and
 # pipeline parallelism; Megatron's local or Transformer Engine layer with LayerNorm or RMSNorm, multi-head or
 # grouped-query attention with learned absolute or rotary positions, unfused or fused (flash) attention, a GeLU or
@@ -144,16 +170,22 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "the router in the training precision or fp32 (--moe-router-dtype fp32)",
         lambda value, args: value in (None, "fp32"),
     ),
-    # FP8 experts run TE's grouped FP8 GEMMs with padded token counts (--moe-router-padding-for-quantization), and
-    # the overlapped userbuffers are the dense MLP's: neither priced under experts
+    # FP8 experts run TE's grouped FP8 GEMMs with padded token counts (--moe-router-padding-for-quantization), the
+    # overlapped userbuffers are the dense MLP's, Megatron-FSDP shards experts over the expert data-parallel group:
+    # none priced under experts
     Assumption(
         "--num-experts",
         ("num_experts",),
         None,
-        "a dense MLP, or experts without FP8 and without --tp-comm-overlap",
+        "a dense MLP, or experts without FP8, --tp-comm-overlap or Megatron-FSDP",
         lambda value, args: (
             value in (None, 0, 1)
-            or (isinstance(value, int) and not fp8_format_of(args) and not args.get("tp_comm_overlap"))
+            or (
+                isinstance(value, int)
+                and not _fp8(args)
+                and not args.get("tp_comm_overlap")
+                and not fsdp_strategy(args)
+            )
         ),
     ),
     Assumption(
@@ -283,6 +315,63 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "ZeRO stage 0, 1 or 2 (priced as the distributed optimizer)",
         _is(None, 0, 1, 2),
     ),
+    # Megatron-FSDP (--use-megatron-fsdp: megatron/core/distributed/fsdp/mcore_fsdp_adapter.py FullyShardedDataParallel
+    # over src/megatron_fsdp/megatron_fsdp.py MegatronFSDP) shards over the data x context-parallel group by
+    # --data-parallel-sharding-strategy (`fsdp_strategy`; priced by `model/fsdp.py`). Its FP8 parameter buffers and
+    # transpose caches (keep_fp8_transpose_cache, fp8_create_transpose_cache) are not priced.
+    Assumption(
+        "--use-megatron-fsdp",
+        ("use_megatron_fsdp", "use_custom_fsdp"),
+        False,
+        "Megatron-FSDP in 16 or 32 bits (no FP8 with --use-megatron-fsdp)",
+        lambda value, args: not value or not _fp8(args),
+    ),
+    Assumption(
+        "--data-parallel-sharding-strategy",
+        ("data_parallel_sharding_strategy",),
+        "no_shard",
+        "--data-parallel-sharding-strategy " + "|".join(FSDP_STRATEGIES),
+        lambda value, args: value is None or value in FSDP_STRATEGIES,
+    ),
+    # hybrid sharding (HSDP: an outer data-parallel group over several optimizer instances) is not priced
+    Assumption(
+        "--num-distributed-optimizer-instances",
+        ("num_distributed_optimizer_instances",),
+        1,
+        "one optimizer instance sharded over the whole data-parallel group (no hybrid / partial sharding)",
+        _is(None, 1),
+    ),
+    Assumption(
+        "--outer-dp-sharding-strategy",
+        ("outer_dp_sharding_strategy",),
+        "no_shard",
+        "no outer data-parallel sharding (no hybrid FSDP)",
+        _is(None, "no_shard"),
+    ),
+    # NCCL user buffers make Megatron-FSDP keep persistent double buffers (fsdp_double_buffer) and run SM-lean
+    # collectives (distributed_data_parallel_config.py nccl_ub): neither is priced
+    Assumption(
+        "--use-nccl-ub",
+        ("use_nccl_ub", "nccl_ub"),
+        False,
+        "NCCL's own collective buffers (no --use-nccl-ub)",
+        _off,
+    ),
+    Assumption(
+        "--fsdp-double-buffer",
+        ("fsdp_double_buffer",),
+        False,
+        "Megatron-FSDP's temporary gather and reduce buckets (no --fsdp-double-buffer)",
+        _off,
+    ),
+    # PyTorch's FSDP2 (megatron/core/distributed/torch_fully_sharded_data_parallel.py) is another implementation
+    Assumption(
+        "--use-torch-fsdp2",
+        ("use_torch_fsdp2",),
+        False,
+        "Megatron's DDP or Megatron-FSDP (no --use-torch-fsdp2)",
+        _off,
+    ),
     # Megatron's interleaved schedule posts the warm-up's p2p calls ahead too with this switch
     # (forward_backward_pipelining_with_interleaving, overlap_p2p_comm_warmup_flush); the simulator posts only the
     # steady state's (hops_calib.sim.schedules).
@@ -356,15 +445,6 @@ def layer_pattern(value: Any) -> int | list[int]:
     if not isinstance(found, list) or not all(type(v) is int for v in found):
         raise ValueError(f"--moe-layer-freq {text!r}")
     return found
-
-
-def fp8_format_of(args: dict[str, Any]) -> str:
-    """The launch's FP8 format as the kernel settings read it (`model.kernel_types.fp8_format`'s rule)."""
-    for key in ("fp8", "fp8_format"):
-        value = args.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return "hybrid" if args.get("fp8_hybrid") else "e4m3" if args.get("fp8_e4m3") else ""
 
 
 def overlapped_p2p(args: dict[str, Any], interleaved: bool | None = None) -> bool:

@@ -34,7 +34,7 @@ VOCAB_ARGS = ("padded_vocab_size", "vocab_size")
 # model prices: the optimizer's hyper-parameters, initialization, data and tokenizer, checkpoints, logging and
 # evaluation, kernels and fusions that move no priced term. Known, so that a real launch line earns no
 # "ignored" note (`hops_calib.spec.unknown_flags`); never part of a run's configuration (measured_ingest). A setting
-# that changes what an iteration computes, sends or keeps (--kv-channels, --optimizer sgd, --grad-reduce-in-bf16,
+# that changes what an iteration computes, sends or keeps (--kv-channels, --optimizer sgd,
 # DeepSpeed's activation partitioning, ...) is left out on purpose: unpriced, so it is noted.
 QUIET_ARGS = frozenset(
     {
@@ -305,6 +305,11 @@ KNOWN_ARGS = (
             "overlap_p2p_comm_warmup_flush",
             "overlap_p2p_communication_warmup_flush",
             "ddp_bucket_size",
+            # Megatron-FSDP (`spec.fsdp_strategy`, priced by model/fsdp.py) and the gradient buffer's dtype
+            # (`model.memory.gradient_bytes`)
+            "data_parallel_sharding_strategy",
+            "suggested_communication_unit_size",
+            "grad_reduce_in_bf16",
         }
     )
     | QUIET_ARGS

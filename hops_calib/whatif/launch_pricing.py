@@ -20,7 +20,7 @@ from hops_calib.model.terms.embedding import transport_note
 from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import pipeline_schedule_bubble
-from hops_calib.spec import Spec
+from hops_calib.spec import Spec, fsdp_strategy
 from hops_calib.whatif.cluster import Cluster
 from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments
 from hops_calib.whatif.launch_bounds import LaunchBounds
@@ -272,12 +272,15 @@ class JobPlanner(LaunchArguments, LaunchBounds):
                 if (spec.gpus // t) % p == 0 and (t, p) != layouts[0]
             ]
         found: list[Levers] = [own]
+        fsdp = fsdp_strategy(spec.megatron_args)
         for t, p in layouts:
             dp = spec.gpus // (t * p)
             recomputes = list(dict.fromkeys([*recompute_options(shape.num_layers // p), own.recompute]))
             for recompute in recomputes:
                 for sp in (False, True) if t > 1 else (False,):
-                    for dist in (False, True) if dp > 1 else (own.distributed_optimizer,):
+                    # under Megatron-FSDP its sharding strategy, not --use-distributed-optimizer, shards the
+                    # optimizer state (`spec_from_args`): the lever is left as the launch has it
+                    for dist in (False, True) if dp > 1 and not fsdp else (own.distributed_optimizer,):
                         levers = Levers(t, p, recompute, sp, dist)
                         if levers != own:
                             found.append(levers)

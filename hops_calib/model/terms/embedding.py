@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hops_calib.model import gpt
+from hops_calib.model.memory import bf16_gradients
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
 from hops_calib.spec import Spec
 from hops_calib.trace.link_bench import LinkFit
@@ -116,7 +117,11 @@ def transport_note(spec: Spec) -> str | None:
 
 def fp32_grad_buffers(spec: Spec) -> bool:
     """Whether Megatron keeps (and all-reduces) gradients in fp32: `--accumulate-allreduce-grads-in-fp32`, which
-    Megatron-LM turns on under --bf16 and fp32 training has anyway; under --fp16 without it the grads are fp16."""
+    Megatron-LM turns on under --bf16 and fp32 training has anyway; under --fp16 without it the grads are fp16, and
+    under --bf16 --grad-reduce-in-bf16 bf16 (`memory.bf16_gradients`: the main_grad the embedding all-reduce reduces,
+    finalize_model_grads.py _allreduce_word_embedding_grads, is the gradient buffer's)."""
+    if bf16_gradients(spec):
+        return False
     given = spec.megatron_args.get("accumulate_allreduce_grads_in_fp32")
     if given is not None:
         return bool(given)

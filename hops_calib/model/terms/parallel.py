@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from hops_calib.model import gpt, kernels
+from hops_calib.model import fsdp, gpt, kernels
 from hops_calib.model.collectives import ALGORITHMS, collective_ms
 from hops_calib.model.devices import DeviceSpec
 from hops_calib.model.kernel_pricing import peak_flops_per_s
@@ -436,6 +436,11 @@ class DataParallelGradReduce(Term):
     fraction of the rate reached beside the backward's kernels. Under a mixture of experts the routed experts'
     gradients are their own buffers, reduced (and their parameters gathered) over the expert data-parallel group
     (world / (etp x ep x pp): `get_expert_data_parallel_group`), the rest over the data x context-parallel group.
+
+    Megatron-FSDP (--use-megatron-fsdp, `hops_calib.model.fsdp`): no_shard and optim reduce as above (all-reduce,
+    or reduce-scatter and gather); optim_grads and optim_grads_params reduce-scatter on every microbatch and the
+    latter gathers every decoder layer before its forward and its backward, what their compute does not hide added
+    to each virtual stage's forward and backward (`_fsdp`).
     """
 
     name = "data_parallel_grad_reduce"
@@ -485,6 +490,8 @@ class DataParallelGradReduce(Term):
         # the routed experts' in their own buffers over the expert data-parallel group (`expert_parallel_buffers`,
         # `get_expert_data_parallel_group`)
         group = "dp_cp" if spec.cp > 1 else "dp"
+        if fsdp.shards_gradients(spec):
+            return self._fsdp(context, params, group, algorithm)
         whole, tails, gathers = [], [], []
         for rank, device in enumerate(context.devices):
             parameters = rank_parameters(context, rank)
@@ -529,6 +536,64 @@ class DataParallelGradReduce(Term):
             gathers.append(gather)
         return Contribution(
             grad_reduce_ms=tuple(whole),
+            grad_reduce_tail_ms=tuple(tails),
+            optimizer_ms=tuple(gathers) if any(gathers) else (),
+        )
+
+    @staticmethod
+    def _fsdp(context: Context, params: Mapping[str, float], group: str, algorithm: str) -> Contribution:
+        """Megatron-FSDP sharding gradients (optim_grads) or gradients and weights (optim_grads_params): its
+        collectives per microbatch, what of them each virtual stage's forward and backward expose (`fsdp.exposed_ms`,
+        `fsdp.chunk_units`), and per rank the reduce-scatter left after its last backward (`grad_reduce_ms`, all of
+        it exposed: finish_grad_sync waits for it before the optimizer step). optim_grads reduce-scatters a chunk's
+        gradients after each backward (one bucket, or buckets of --ddp-bucket-size), under the next microbatch's
+        work: each microbatch's backward exposes what that outlasts the chunk's forward and backward at peak; its
+        unsharded weights are all-gathered from the updated shards after the step (MegatronFSDP.start_param_sync),
+        in the optimizer phase unless --overlap-param-gather moves the gathers under the next forward."""
+        spec, layout = context.spec, context.layout
+        gradient = gradient_bytes(spec)
+        forward, backward = [0.0] * layout.virtual_stages, [0.0] * layout.virtual_stages
+        tails, gathers = [0.0] * layout.ranks, [0.0] * layout.ranks
+        for k, layers in enumerate(layout.layers):
+            rank = layout.rank_of(k)
+            device = context.devices[rank]
+            rates = _rates(context, params, device.type)
+            net = Term.value(params, "net_step_latency_ms", device.type)
+            flops_per_ms = peak_flops_per_s(device, "bf16") / 1e3
+
+            def price(op: str, nbytes: float) -> float:
+                # called only within this iteration: the loop's device, rank and rates are the ones meant
+                return collective_ms(
+                    spec,
+                    device,  # noqa: B023
+                    op,
+                    nbytes,
+                    group,
+                    stage=rank,  # noqa: B023
+                    algorithm=algorithm,
+                    net_step_latency_ms=net,  # noqa: B023
+                    **rates,  # noqa: B023
+                )
+
+            first, last = k == 0, k == layout.virtual_stages - 1
+            units = fsdp.chunk_units(spec, rank, layers, first, last, price, flops_per_ms, gradient=gradient)
+            if fsdp.shards_parameters(spec):
+                forward[k], backward[k], tail = fsdp.exposed_ms(units)
+            else:
+                parameters = gpt.stage_parameters(spec.model, layers, first, last, spec.pp)
+                buckets = dp_buckets(spec, parameters) if spec.megatron_args.get("ddp_bucket_size") else 1
+                reduce = buckets * price("reduce_scatter", parameters / buckets * gradient)
+                compute = sum(unit.forward_ms + unit.backward_ms for unit in units)
+                backward[k] = max(0.0, reduce - compute)
+                tail = reduce / buckets
+                if not spec.overlap_param_gather:  # start_param_sync: the updated weights gathered after the step
+                    gathers[rank] += price("all_gather", parameter_gather_bytes(spec, parameters, layers))
+            if layout.chunk_of(k) == 0:  # a rank's first chunk runs its last backward
+                tails[rank] += tail
+        return Contribution(
+            forward_ms=tuple(forward),
+            backward_ms=tuple(backward),
+            grad_reduce_ms=tuple(tails),
             grad_reduce_tail_ms=tuple(tails),
             optimizer_ms=tuple(gathers) if any(gathers) else (),
         )
