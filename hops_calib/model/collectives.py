@@ -43,8 +43,18 @@ POINT_OPS = ("send_recv", "all_to_all")  # context parallelism's exchanges, pric
 
 
 def group_size(spec: Spec, group: str) -> int:
-    """GPUs of a group: "tp", "cp", "dp", or "dp_cp" (data x context parallel)."""
-    return {"tp": spec.tp, "cp": spec.cp, "dp_cp": spec.dp * spec.cp}.get(group, spec.dp)
+    """GPUs of a group: "tp", "cp", "dp", or "dp_cp" (data x context parallel); the expert layers' "ep", "etp",
+    "tp_ep" (etp x ep), "edp" and "tp_cp" (`Spec.group_ranks`)."""
+    return {
+        "tp": spec.tp,
+        "cp": spec.cp,
+        "dp_cp": spec.dp * spec.cp,
+        "ep": spec.ep,
+        "etp": spec.etp,
+        "tp_ep": spec.etp * spec.ep,
+        "edp": spec.edp,
+        "tp_cp": spec.tp * spec.cp,
+    }.get(group, spec.dp)
 
 
 def ring_bandwidth_bytes_per_ms(
@@ -95,6 +105,18 @@ def collective_ms(
     if op in POINT_OPS:
         # send_recv: one hop of the group's ring moves nbytes (context parallelism's KV exchange, every GPU sending
         # and receiving at once); all_to_all: each GPU keeps 1/n of its nbytes and exchanges the rest, n - 1 steps
+        placed = spec.group_nodes(group, stage)
+        if op == "all_to_all" and placed is not None and placed[0] > 1:
+            return _all_to_all_across_nodes_ms(
+                device,
+                nbytes,
+                n,
+                placed,
+                efficiency,
+                step_latency_ms + net_step_latency_ms,
+                contention_step_ms,
+                connection_cap_bytes_per_ms,
+            )
         bandwidth = ring_bandwidth_bytes_per_ms(spec, device, group, stage, connection_cap_bytes_per_ms) * efficiency
         steps, moved = (1, nbytes) if op == "send_recv" else (n - 1, nbytes * (n - 1) / n)
         return steps * step_latency_ms + moved / bandwidth + steps * contention_step_ms
@@ -123,6 +145,30 @@ def collective_ms(
         net_step_latency_ms=net_step_latency_ms,
     )
     return two if algorithm == "two_level" else min(ring, two)
+
+
+def _all_to_all_across_nodes_ms(
+    device: DeviceSpec,
+    nbytes: float,
+    n: int,
+    placed: tuple[int, int],
+    efficiency: float,
+    step_latency_ms: float,
+    contention_step_ms: float,
+    connection_cap_bytes_per_ms: float,
+) -> float:
+    """An all-to-all of `nbytes` per GPU over a group of n GPUs placed as (N nodes, g GPUs in each, n = N g): each
+    GPU sends 1/n of its buffer to every other; the (g - 1)/n of it for its node mates over NVLink, the (n - g)/n for
+    the other nodes over its own share of the node's NICs (every GPU of the node sends at once: NCCL's all-to-all is
+    grouped send/recv, `ncclGroupStart` around n point-to-point calls, as megatron-core's `tensor_parallel/
+    mappings.py` `all_to_all` issues it through torch.distributed.all_to_all_single), the two fabrics at the same
+    time: the longer of them, after n - 1 steps of a latency each."""
+    _nodes, per_node = placed
+    intra = (device.intra_node_bandwidth_bytes_per_s or device.network_bandwidth_bytes_per_s) / 1e3 * efficiency
+    nic = min(device.network_bandwidth_bytes_per_s / 1e3, connection_cap_bytes_per_ms) * efficiency
+    inside = nbytes * (per_node - 1) / n / intra
+    across = nbytes * (n - per_node) / n / nic
+    return (n - 1) * (step_latency_ms + contention_step_ms) + max(inside, across)
 
 
 def two_level_ms(

@@ -4,8 +4,8 @@ A calibrated model interpolates well and extrapolates as well as its physics: a 
 schedule that no train run had is priced by parameters nothing pinned for it. Before trusting a what-if, a user
 should know which of its features are new. The features are the ones the cost terms read: device types, the
 device pairs a hop crosses, the pair of end devices the embedding all-reduce joins, the schedule and
-interleaving, the precision, attention kernel, recomputation, sequence parallelism, distributed optimizer and
-whether a tensor- or data-parallel group spans nodes, and the ranges of the model shape, the message a hop
+interleaving, the precision, attention kernel, recomputation, sequence parallelism, distributed optimizer, a
+mixture of experts and whether a tensor- or data-parallel group spans nodes, and the ranges of the model shape, the message a hop
 carries, the microbatches (also per stage: fewer than the stages never fill the pipeline), the pipeline depth, the
 layers on a stage and the tensor- and data-parallel sizes. Only
 configurations are compared (specs, known before a run); no result of any run is read.
@@ -54,6 +54,7 @@ def _sets(spec: Spec) -> dict[str, set[str]]:
         "recomputation": {spec.model.recompute_granularity or "none"},
         "sequence parallelism": {"on" if spec.model.sequence_parallel else "off"},
         "distributed optimizer": {"on" if spec.distributed_optimizer else "off"},
+        "mixture of experts": {"on" if spec.model.moe else "off"},
         "Megatron-FSDP sharding": {fsdp_strategy(spec.megatron_args) or "none"},
         "tensor or data parallel group across nodes": {"yes" if _group_across_nodes(spec) else "no"},
     }

@@ -58,7 +58,44 @@ def mlp_matmuls(shape: ModelShape) -> int:
     return 3 if shape.swiglu else 2
 
 
-def layer_weight_grad_flops(shape: ModelShape) -> float:
+def moe_tokens(shape: ModelShape) -> int:
+    """Tokens of a microbatch that enter one GPU's MoE layer: its s/cp x b tokens, split t ways by sequence
+    parallelism (which megatron-core's MoELayer.forward requires under tensor parallelism)."""
+    return local_tokens(shape) // _t(shape)
+
+
+def expert_token_scale(shape: ModelShape, imbalance: float = 1.0) -> float:
+    """The tokens the busiest local expert computes, against its balanced share (T x topk / E of the routed
+    tokens): the load `imbalance` (1: balanced), held under the capacity factor where one is given (tokens past it
+    are dropped: `moe_utils.py` topk_softmax_with_capacity), exactly the capacity under
+    --moe-pad-expert-input-to-capacity."""
+    if shape.moe_capacity_factor is None:
+        return imbalance
+    if shape.moe_pad_to_capacity:
+        return shape.moe_capacity_factor
+    return min(imbalance, shape.moe_capacity_factor)
+
+
+def mlp_weight_flops(shape: ModelShape, expert_scale: float = 1.0) -> float:
+    """Forward FLOPs of one layer's MLP weight GEMMs on one GPU: 2bsfh per h x f matmul over t; under experts the
+    routed experts' 2bs x topk x h x f_moe (each token through topk experts; per GPU, after the dispatch, its local
+    experts' T x topk x etp tokens of f_moe / etp each: the same over t) times `expert_scale` (`expert_token_scale`),
+    plus the shared expert's 2bs h f_shared over t."""
+    b, s, h = shape.micro_batch_size, local_seq(shape), shape.hidden_size
+    if not shape.moe:
+        return 2.0 * mlp_matmuls(shape) * b * s * h * shape.ffn_hidden_size / _t(shape)
+    routed = shape.expert_ffn * shape.moe_router_topk * expert_scale
+    return 2.0 * mlp_matmuls(shape) * b * s * h * (routed + shape.moe_shared_expert_ffn) / _t(shape)
+
+
+def router_flops(shape: ModelShape) -> float:
+    """Forward FLOPs of one layer's router GEMM on one GPU (megatron-core `transformer/moe/router.py`
+    TopKRouter.gating: logits[T, E] = x[T, h] W^T over the GPU's T tokens); 0 without experts. Megatron's
+    `num_floating_point_operations` does not count it."""
+    return 2.0 * moe_tokens(shape) * (shape.num_experts or 0) * shape.hidden_size if shape.moe else 0.0
+
+
+def layer_weight_grad_flops(shape: ModelShape, expert_scale: float = 1.0) -> float:
     """FLOPs of one decoder layer's weight matmuls (per GPU: split t ways by tensor parallelism), which is also the
     weight-gradient FLOPs of its backward: one matmul per weight matmul of the forward.
 
@@ -67,6 +104,8 @@ def layer_weight_grad_flops(shape: ModelShape) -> float:
     only in the input-gradient half.
     """
     b, s, h, f = shape.micro_batch_size, local_seq(shape), shape.hidden_size, shape.ffn_hidden_size
+    if shape.moe:
+        return 2.0 * b * s * h * (qkv_width(shape) + h) / _t(shape) + mlp_weight_flops(shape, expert_scale)
     return (2.0 * b * s * h * (qkv_width(shape) + h) + 2.0 * mlp_matmuls(shape) * b * s * h * f) / _t(shape)
 
 
@@ -78,7 +117,7 @@ def attention_core_flops(shape: ModelShape) -> float:
     return 4.0 * b * s * s * h / _t(shape) / _cp(shape)
 
 
-def layer_forward_flops(shape: ModelShape) -> float:
+def layer_forward_flops(shape: ModelShape, expert_scale: float = 1.0) -> float:
     """Forward FLOPs of one decoder layer on one GPU of its tensor-parallel group.
 
     QKV (6bsh^2) + output projection (2bsh^2) + MLP (4bsfh) + attention scores
@@ -86,7 +125,7 @@ def layer_forward_flops(shape: ModelShape) -> float:
     (Narayanan et al., SC'21, eq. 2 without the LM head); SwiGLU and grouped-query attention as
     `layer_weight_grad_flops` says.
     """
-    return layer_weight_grad_flops(shape) + attention_core_flops(shape)
+    return layer_weight_grad_flops(shape, expert_scale) + attention_core_flops(shape)
 
 
 def model_flops_per_sample(shape: ModelShape) -> float:
@@ -124,10 +163,44 @@ def layer_parameters(shape: ModelShape) -> float:
     matmul with biases (f per fc1 column, h for fc2), split t ways; the two norms replicated. With t = 1, multi-head
     attention, GeLU and LayerNorm: 4h^2 + 2hf + 9h + f."""
     h, f = shape.hidden_size, shape.ffn_hidden_size
+    if shape.moe:  # the router's E x h weight (replicated), the shared expert and the local experts
+        attention = (h * qkv_width(shape) + qkv_width(shape) + h * h) / _t(shape) + h
+        return (
+            attention
+            + mlp_parameters(shape, 0)
+            + norm_parameters(shape)
+            + expert_parameters(shape)
+            + (shape.num_experts or 0) * h
+        )
     fc1 = (mlp_matmuls(shape) - 1) * f  # fc1's output width
     split = (h * qkv_width(shape) + qkv_width(shape) + h * h + h * fc1 + fc1 + f * h) / _t(shape)
     # Row-parallel layers (projection, fc2) keep their bias whole on every GPU.
     return split + 2.0 * h + norm_parameters(shape)
+
+
+def mlp_parameters(shape: ModelShape, f: int) -> float:
+    """A tensor-parallel MLP of hidden f on one GPU: h x f per matmul with fc1's bias split t ways, fc2's bias
+    whole (a row-parallel layer keeps its bias on every GPU); under experts the dense MLP is the shared expert
+    (`SharedExpertMLP`, f = --moe-shared-expert-intermediate-size, none at 0)."""
+    if shape.moe:
+        f = shape.moe_shared_expert_ffn
+        if not f:
+            return 0.0
+    h = shape.hidden_size
+    fc1 = (mlp_matmuls(shape) - 1) * f  # fc1's output width
+    return (h * fc1 + fc1 + f * h) / _t(shape) + h
+
+
+def expert_parameters(shape: ModelShape) -> float:
+    """The routed experts' parameters on one GPU (its num_experts / ep local experts, each split etp ways:
+    `transformer/moe/experts.py` GroupedMLP / TEGroupedMLP / SequentialMLP), which the distributed optimizer shards
+    over the expert data-parallel group; 0 without experts. A bias per expert (fc1's split, fc2's whole; megatron
+    allows one only at etp 1)."""
+    if not shape.moe:
+        return 0.0
+    h, f, etp = shape.hidden_size, shape.expert_ffn, max(1, shape.expert_tensor_parallel)
+    fc1 = (mlp_matmuls(shape) - 1) * f
+    return shape.local_experts * ((h * fc1 + fc1 + f * h) / etp + h)
 
 
 def layer_activation_bytes(shape: ModelShape) -> float:
@@ -152,10 +225,29 @@ def layer_activation_bytes(shape: ModelShape) -> float:
     t = _t(shape)
     whole = 10.0 * s * b * h
     kv = 4.0 * s * b * h * shape.kv_heads / a
-    mlp = (6.0 if shape.swiglu else 4.0) * s * b * f
+    mlp = (6.0 if shape.swiglu else 4.0) * s * b * (shape.moe_shared_expert_ffn if shape.moe else f)
     scores = 0.0 if shape.attention_kernel == "flash" else 5.0 * a * s * s * b
     split = 4.0 * s * b * h + kv + mlp + scores  # Q 2sbh + projection input 2sbh, K and V, MLP, scores
-    return (whole + split) / t if shape.sequence_parallel else whole + split / t
+    dense = (whole + split) / t if shape.sequence_parallel else whole + split / t
+    return dense + expert_activation_bytes(shape) if shape.moe else dense
+
+
+def expert_activation_bytes(shape: ModelShape, imbalance: float = 1.0) -> float:
+    """Bytes one GPU's MoE layer stores for its backward (0 without experts), of its T tokens (`moe_tokens`) and
+    the R = T x topk x etp routed rows its local experts compute (times `expert_token_scale`): the router's logits
+    and fp32 probabilities (T x E, `router.py` TopKRouter), the permutation's indices and probabilities (R, int64
+    and fp32: `moe_utils.py` permute), each expert's fc1 input, fc1 output (2 f_moe / etp wide under SwiGLU) and
+    activation output (the fc2 input), in the training precision (`experts.py`)."""
+    if not shape.moe:
+        return 0.0
+    e = bytes_per_element(shape)
+    tokens, experts = moe_tokens(shape), shape.num_experts or 0
+    etp = max(1, shape.expert_tensor_parallel)
+    rows = tokens * shape.moe_router_topk * etp * expert_token_scale(shape, imbalance)
+    f = shape.expert_ffn / etp
+    fc1 = (mlp_matmuls(shape) - 1) * f
+    router = tokens * experts * ((4 if shape.moe_router_fp32 else e) + 4)
+    return router + rows * (12 + (shape.hidden_size + fc1 + f) * e)
 
 
 def boundary_activation_bytes(shape: ModelShape) -> float:

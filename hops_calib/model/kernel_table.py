@@ -20,6 +20,7 @@ from hops_calib.model.kernels import (
     stage_kernels,
 )
 from hops_calib.model.model import Model
+from hops_calib.model.moe_kernels import EXPERT_GROUPS
 from hops_calib.model.terms import TERMS, Term, layout_of
 from hops_calib.model.terms.decoder_kernels import kernel_settings, pricer_of
 from hops_calib.model.terms.parallel import (
@@ -156,7 +157,7 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
     rates = _rates(model.context(spec), comm_params, device.type)
     kernels = stage_kernels(
         spec.model,
-        kernel_settings(spec),
+        kernel_settings(spec, params),
         layout.layers[stage],
         first=stage == 0,
         last=stage == layout.virtual_stages - 1,
@@ -167,6 +168,11 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
             continue
         if kernel.op == COLLECTIVE:
             ms = collective_ms(spec, device, kernel.kind, kernel.bytes, kernel.group or "tp", stage=rank, **rates)
+            owner = (
+                f"tensor_parallel_comm (the {kernel.group} group's all-to-all or ring over NVLink and the NICs)"
+                if kernel.group in EXPERT_GROUPS
+                else "tensor_parallel_comm (the node's all-reduce table, else the ring)"
+            )
             rows.append(
                 KernelRow(
                     kernel.name,
@@ -182,7 +188,7 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
                     "overlapped collective" if kernel.overlapped else "collective",
                     None,
                     None,
-                    "tensor_parallel_comm (the node's all-reduce table, else the ring)",
+                    owner,
                 )
             )
             continue
@@ -229,6 +235,17 @@ def kernel_table(model: Model, spec: Spec, stage: int | None = None) -> KernelTa
             f"--tp-comm-overlap: the layers' collectives run under their GEMMs (TE's userbuffers); "
             f"tensor_parallel_comm prices {overlap_ms['FORWARD']:.4f} ms forward and "
             f"{overlap_ms['BACKWARD']:.4f} ms backward per layer as exposed, not the rows' whole times"
+        )
+    shape = spec.model
+    if shape.moe and layout.layers[stage]:
+        placed = spec.group_nodes("ep", rank)
+        where = f" on {placed[0]} node(s)" if placed else ""
+        notes.append(
+            f"mixture of experts: {shape.num_experts} experts, top-{shape.moe_router_topk}, "
+            f"{shape.local_experts} on each GPU (ep {spec.ep}{where}, etp {spec.etp}, expert data-parallel "
+            f"{spec.edp}), {shape.moe_dispatcher} dispatcher; the experts' GEMMs at "
+            f"{params.get('expert_load_imbalance', 1.0):g} x their balanced tokens (expert_load_imbalance), "
+            "their collectives priced as tensor_parallel_comm prices them"
         )
     casts = fp8_weight_kernels(spec.model, kernel_settings(spec))
     if casts and layout.layers[stage]:

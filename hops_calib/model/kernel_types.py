@@ -77,6 +77,9 @@ class KernelSettings:
     fp8_param_gather: bool = False  # --fp8-param-gather: the model's weights kept in FP8, all-gathered in FP8
     fp8_wgrad: bool = True  # --no-fp8-wgrad: the weight gradient in 16 bits
     cp_comm_type: str = "p2p"  # --cp-comm-type p2p|a2a|allgather (context parallelism's exchange)
+    # A model parameter, not a launch setting: the tokens the busiest local expert computes against its balanced
+    # share (`gpt.expert_token_scale`); the layer terms set it from their `expert_load_imbalance`
+    expert_load_imbalance: float = 1.0
 
     def dropout(self, which: str) -> bool:
         return (self.hidden_dropout if which == "hidden" else self.attention_dropout) > 0
@@ -175,26 +178,31 @@ class _Builder:
         model_share: float = 1.0,
         phase: str | None = None,
         fp8: bool = False,
+        dtype: str | None = None,
+        model_flops: float | None = None,
     ) -> None:
         """A GEMM of (m x k) by (k x n): 2mnk FLOPs (x batch); reads A and B, writes C (with `accumulate_fp32`,
         reads and writes the fp32 main gradient instead: `wgrad_gemm_accum_fp32`). `model_share`: the part of
-        its FLOPs Megatron's count credits (1/2 for the causal score and context products). `fp8`: A and B in FP8
-        (one byte each), C in the training precision (TE's FP8 GEMM, `te.cpp_extensions.general_gemm`)."""
+        its FLOPs Megatron's count credits (1/2 for the causal score and context products); `model_flops` that
+        count itself where it is no share of the executed one (an expert's balanced tokens against the busiest
+        expert's). `fp8`: A and B in FP8 (one byte each), C in the training precision (TE's FP8 GEMM,
+        `te.cpp_extensions.general_gemm`); `dtype` another precision than the training one (the fp32 router)."""
         flops = 2.0 * batch * m * n * k
-        out = 2 * FP32 if accumulate_fp32 else self.e
-        operand = FP8_BYTES if fp8 else self.e
+        element = FP32 if dtype == "fp32" else self.e
+        out = 2 * FP32 if accumulate_fp32 else element
+        operand = FP8_BYTES if fp8 else element
         self.kernels.append(
             Kernel(
                 name,
                 GEMM,
                 phase or self.phase,
-                dtype="fp8" if fp8 else self.dtype,
+                dtype="fp8" if fp8 else dtype or self.dtype,
                 m=m,
                 n=n,
                 k=k,
                 batch=batch,
                 flops=flops,
-                model_flops=flops * model_share,
+                model_flops=flops * model_share if model_flops is None else model_flops,
                 bytes=float(batch * (m * k + k * n) * operand + batch * m * n * out),
                 core_attention=core,
                 source=source,

@@ -36,6 +36,7 @@ from hops_calib.model.kernel_types import (
     _dims,
     _fp8,
 )
+from hops_calib.model.moe_kernels import moe_backward, moe_forward
 from hops_calib.spec import ModelShape
 
 
@@ -300,6 +301,7 @@ def _fp8_quantize(b: _Builder, name: str, elements: int, s: KernelSettings, phas
     b.memory(name, "cast_transpose", elements * (b.e + 2 * FP8_BYTES), source=_TE_FP8, phase=phase)
 
 
+_MOE_SHARED = "transformer/moe/shared_experts.py SharedExpertMLP"
 _TE_CP = "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py"
 CP_COMM_TYPES = ("p2p", "a2a", "allgather")
 
@@ -574,6 +576,13 @@ def layer_forward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     )
     _bias_dropout_add(b, "attention.bias_dropout_add", d, s, False)
     # MLP block
+    if shape.moe:  # a mixture of experts in place of the dense MLP (`moe_kernels`), after its own norm
+        _norm(b, "mlp.pre_norm", d, False, te)
+        if shape.moe_shared_expert_ffn:
+            _shared_expert(b, d, s, False)
+        moe_forward(b, d, s)
+        _bias_dropout_add(b, "mlp.bias_dropout_add", d, s, False)
+        return tuple(b.kernels)
     _norm(b, "mlp.pre_norm", d, False, te, fp8_out=fused)
     if sp:
         b.collective(
@@ -609,27 +618,12 @@ def layer_backward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     saved = hidden // b.e * FP8_BYTES if _fp8(s) else hidden  # the saved input, gathered again (FP8 under FP8)
     # MLP block
     _bias_dropout_add(b, "mlp.bias_dropout_add", d, s, True)
-    if sp:  # the reduce-scatter's backward: gather the output gradient
-        b.collective("mlp.fc2_grad_all_gather", "all_gather", hidden, source=f"{_MAPPINGS} (reduce-scatter backward)")
-    _linear(b, "mlp.linear_fc2", d.tokens, d.h, d.ffn, s, True, bias_fused_in=False, source=linear)
-    _activation(b, d, s, True)
-    if sp:  # the input again, for the weight gradient (asynchronous, under the input-gradient GEMM)
-        b.collective(
-            "mlp.fc1_input_all_gather",
-            "all_gather",
-            saved,
-            overlapped=True,
-            source=f"{_LINEAR}.backward",
-            dtype="fp8" if _fp8(s) else "",
-        )
-    _linear(b, "mlp.linear_fc1", d.tokens, fc1, d.h, s, True, bias_fused_in=False, source=linear)
-    b.collective(
-        "mlp.fc1_dgrad_" + ("reduce_scatter" if sp else "all_reduce"),
-        "reduce_scatter" if sp else "all_reduce",
-        hidden,
-        overlapped=True,
-        source=f"{_LINEAR}.backward (async, under the weight gradient)",
-    )
+    if shape.moe:
+        moe_backward(b, d, s)
+        if shape.moe_shared_expert_ffn:
+            _shared_expert(b, d, s, True)
+    else:
+        _dense_mlp_backward(b, d, s, hidden, saved, fc1, linear)
     _norm(b, "mlp.pre_norm", d, True, te)
     _residual_grad(b, "mlp.residual_grad_add", d)
     # attention block
@@ -668,6 +662,90 @@ def layer_backward(shape: ModelShape, s: KernelSettings) -> tuple[Kernel, ...]:
     _norm(b, "attention.input_norm", d, True, te)
     _residual_grad(b, "attention.residual_grad_add", d)
     return tuple(b.kernels)
+
+
+def _dense_mlp_backward(
+    b: _Builder, d: _Dims, s: KernelSettings, hidden: int, saved: int, fc1: int, linear: str
+) -> None:
+    """The dense MLP's backward (`layer_backward`): fc2's gradients, the activation's, fc1's, with their
+    tensor-parallel collectives."""
+    sp = b.shape.sequence_parallel
+    if sp:  # the reduce-scatter's backward: gather the output gradient
+        b.collective("mlp.fc2_grad_all_gather", "all_gather", hidden, source=f"{_MAPPINGS} (reduce-scatter backward)")
+    _linear(b, "mlp.linear_fc2", d.tokens, d.h, d.ffn, s, True, bias_fused_in=False, source=linear)
+    _activation(b, d, s, True)
+    if sp:  # the input again, for the weight gradient (asynchronous, under the input-gradient GEMM)
+        b.collective(
+            "mlp.fc1_input_all_gather",
+            "all_gather",
+            saved,
+            overlapped=True,
+            source=f"{_LINEAR}.backward",
+            dtype="fp8" if _fp8(s) else "",
+        )
+    _linear(b, "mlp.linear_fc1", d.tokens, fc1, d.h, s, True, bias_fused_in=False, source=linear)
+    b.collective(
+        "mlp.fc1_dgrad_" + ("reduce_scatter" if sp else "all_reduce"),
+        "reduce_scatter" if sp else "all_reduce",
+        hidden,
+        overlapped=True,
+        source=f"{_LINEAR}.backward (async, under the weight gradient)",
+    )
+
+
+def _shared_expert(b: _Builder, d: _Dims, s: KernelSettings, backward: bool) -> None:
+    """The shared expert (`SharedExpertMLP`: a dense MLP of --moe-shared-expert-intermediate-size over the
+    tensor-parallel group, its input all-gathered and its output reduce-scattered under sequence parallelism), as
+    `layer_kernels` counts a dense MLP, under its own names."""
+    shape = b.shape
+    f = shape.moe_shared_expert_ffn // d.t
+    fc1 = f * (2 if shape.swiglu else 1)
+    hidden = d.tokens * d.h * b.e
+    sp = shape.sequence_parallel
+    linear = _TE_LINEAR if s.transformer_engine else _LINEAR
+    kind = "swiglu" if shape.swiglu else "gelu"
+    act = f"{_MOE_SHARED} (the activation)"
+    dims = replace(d, ffn=f)
+    if not backward:
+        if sp:
+            b.collective(
+                "mlp.shared_expert.fc1_all_gather", "all_gather", hidden, source=f"{_MOE_SHARED}.pre_forward_comm"
+            )
+        _linear(b, "mlp.shared_expert.linear_fc1", dims.tokens, fc1, d.h, s, False, bias_fused_in=False, source=linear)
+        b.memory(f"mlp.shared_expert.{kind}", kind, dims.tokens * (fc1 + f) * b.e, source=act)
+        _linear(b, "mlp.shared_expert.linear_fc2", dims.tokens, d.h, f, s, False, bias_fused_in=False, source=linear)
+        b.collective(
+            "mlp.shared_expert.fc2_" + ("reduce_scatter" if sp else "all_reduce"),
+            "reduce_scatter" if sp else "all_reduce",
+            hidden,
+            source=f"{_MOE_SHARED}.post_forward_comm",
+        )
+        return
+    if sp:
+        b.collective(
+            "mlp.shared_expert.fc2_grad_all_gather",
+            "all_gather",
+            hidden,
+            source=f"{_MAPPINGS} (reduce-scatter backward)",
+        )
+    _linear(b, "mlp.shared_expert.linear_fc2", dims.tokens, d.h, f, s, True, bias_fused_in=False, source=linear)
+    b.memory(f"mlp.shared_expert.{kind}.backward", kind, dims.tokens * (f + 2 * fc1) * b.e, source=act)
+    if sp:
+        b.collective(
+            "mlp.shared_expert.fc1_input_all_gather",
+            "all_gather",
+            hidden,
+            overlapped=True,
+            source=f"{_LINEAR}.backward",
+        )
+    _linear(b, "mlp.shared_expert.linear_fc1", dims.tokens, fc1, d.h, s, True, bias_fused_in=False, source=linear)
+    b.collective(
+        "mlp.shared_expert.fc1_dgrad_" + ("reduce_scatter" if sp else "all_reduce"),
+        "reduce_scatter" if sp else "all_reduce",
+        hidden,
+        overlapped=True,
+        source=f"{_LINEAR}.backward (async, under the weight gradient)",
+    )
 
 
 def recomputed(shape: ModelShape, s: KernelSettings, layers: int) -> tuple[tuple[Kernel, int], ...]:

@@ -10,6 +10,11 @@ per GPU of a stage (its share of the tensor-parallel split), at the schedule's p
 - optimizer state: Adam's two fp32 moments, plus fp32 master weights under 16-bit training (12 bytes per
   parameter; 8 in fp32), split over the d data-parallel replicas under the distributed optimizer (ZeRO-1;
   Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 = 16 B per parameter with 16-bit gradients, 18 with fp32 ones);
+- a mixture of experts: the weights hold the GPU's local experts (num_experts / ep of them, each split etp ways:
+  `gpt.expert_parameters`) and the router, their gradients likewise, their optimizer state sharded over the expert
+  data-parallel group (world / (etp x ep x pp)) under the distributed optimizer; the stored activations add the
+  routed rows (T x topk x etp of them: each expert's fc1 input, fc1 output and activation, the permutation's
+  indices and probabilities) and the router's logits (`gpt.expert_activation_bytes`);
 - activations: a layer's stored activations per microbatch (`gpt.layer_activation_bytes`: Korthikanti et al. 2022,
   with tensor and sequence parallelism, SwiGLU, GQA and flash attention) times the stage's layers times the stage
   microbatches the schedule holds at its peak (`SimResult.peak_stage_activations`); a dropout with p = 0 keeps no
@@ -194,6 +199,7 @@ def _stage(
     device: str = "",
     device_bytes: float = 0.0,
     fp8: str = "",
+    expert_shard: int | None = None,
     dropout: tuple[bool, bool] = (True, True),
 ) -> StageMemory:
     element = gpt.bytes_per_element(shape)
@@ -212,10 +218,22 @@ def _stage(
         device=device,
         weights_bytes=weights,
         gradients_bytes=parameters * gradient,
-        optimizer_bytes=parameters * state / shard,
+        optimizer_bytes=_optimizer_bytes(shape, layers, parameters, state, shard, expert_shard),
         activations_bytes=activations,
         device_bytes=float(device_bytes),
     )
+
+
+def _optimizer_bytes(
+    shape: ModelShape, layers: int, parameters: float, state: int, shard: int, expert_shard: int | None
+) -> float:
+    """The optimizer state of a GPU's `parameters`: over `shard` (the data x context-parallel replicas under the
+    distributed optimizer), the routed experts' over `expert_shard` (the expert data-parallel group, megatron-core's
+    expert optimizer: `optimizer/__init__.py` get_megatron_optimizer); without experts the whole over `shard`."""
+    if not shape.moe:
+        return parameters * state / shard
+    experts = layers * gpt.expert_parameters(shape)
+    return (parameters - experts) * state / shard + experts * state / (expert_shard or 1)
 
 
 def stage_memory(
@@ -239,6 +257,7 @@ def stage_memory(
             device=spec.devices[rank],
             device_bytes=device_bytes[rank],
             fp8=fp8_mode(spec),
+            expert_shard=spec.edp if spec.distributed_optimizer else 1,
             dropout=(dropout[0], dropout[1]),
         )
         for rank in range(spec.pp)

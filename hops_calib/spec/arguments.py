@@ -308,6 +308,7 @@ def spec_from_args(
         recompute_num_layers=recompute_layers,
         **layer_settings_of(args, source, tp, heads, ffn),
         context_parallel=cp,
+        **moe_settings_of(args, source, tp=tp, pp=pp, cp=cp, dp=dp, ffn=ffn, rank_order=rank_order),
     )
     if cp > 1 and model.attention_kernel != "flash":
         raise TraceError(
@@ -525,6 +526,155 @@ def layer_settings_of(args: dict[str, Any], source: Path | str, tp: int, heads: 
         "position_embedding": "rope" if rope else "learned_absolute",
         "attention_kernel": attention_kernel_of(args),
     }
+
+
+MOE_DISPATCHERS = ("alltoall", "allgather")
+
+
+def moe_settings_of(
+    args: dict[str, Any], source: Path | str, *, tp: int, pp: int, cp: int, dp: int, ffn: int, rank_order: str
+) -> dict[str, Any]:
+    """The ModelShape fields of a launch's mixture of experts ({} for a dense MLP), checked as Megatron checks them:
+    --expert-model-parallel-size above 1 needs --num-experts (`transformer/transformer_config.py`
+    TransformerConfig.__post_init__); the experts divide over the expert-parallel GPUs (`transformer/moe/
+    moe_layer.py` MoELayer.__init__ asserts num_experts % ep == 0); the world divides by etp x ep x pp, whose
+    quotient is the expert data-parallel size (`parallel_state.py` initialize_model_parallel, beside its tp x pp x cp
+    check), and under a rank order that does not end in pp the attention's and the experts' data-parallel sizes
+    agree (the same function's assertion); an expert-parallel size needs ep in the rank order (its RankGenerator);
+    --expert-tensor-parallel-size defaults to the tensor-parallel size (`model_parallel_config.py`), and a bias
+    only at 1 (TransformerConfig); tensor parallelism needs sequence parallelism (MoELayer.forward raises
+    otherwise); --moe-pad-expert-input-to-capacity needs a capacity factor (TransformerConfig)."""
+    from hops_calib.trace import TraceError
+
+    def given(name: str, default: int, minimum: int = 1) -> int:
+        # a rank log's arguments block prints None for a setting left at Megatron's default
+        return default if args.get(name) is None else _require_int(args, name, source, minimum=minimum)
+
+    experts = args.get("num_experts")
+    ep = given("expert_model_parallel_size", 1)
+    if experts in (None, 0, 1):
+        if ep > 1:
+            raise TraceError(
+                source,
+                f"{ep} without --num-experts",
+                field="--expert-model-parallel-size",
+                hint="Megatron refuses expert parallelism without experts (num_moe_experts must be non None to "
+                "use expert-parallel): give --num-experts, or drop the flag",
+            )
+        return {}
+    experts = _require_int(args, "num_experts", source, minimum=2)
+    etp = given("expert_tensor_parallel_size", tp)
+    topk = given("moe_router_topk", 2)
+    expert_ffn = given("moe_ffn_hidden_size", ffn)
+    shared = given("moe_shared_expert_intermediate_size", 0)
+    dispatcher = str(args.get("moe_token_dispatcher_type") or "allgather")
+    world = tp * pp * cp * dp
+
+    def refuse(field: str, problem: str, hint: str) -> TraceError:
+        return TraceError(source, problem, field=field, hint=hint)
+
+    if topk > experts:
+        raise refuse(
+            "--moe-router-topk",
+            f"{topk} is more than --num-experts {experts}",
+            "each token is routed to top-k of the experts: k at most their number",
+        )
+    if experts % ep:
+        raise refuse(
+            "--expert-model-parallel-size",
+            f"{ep} does not divide --num-experts {experts}",
+            "each expert-parallel GPU holds num_experts / ep experts (MoELayer.__init__)",
+        )
+    if world % (etp * ep * pp):
+        raise refuse(
+            "--expert-model-parallel-size",
+            f"etp {etp} x ep {ep} x pp {pp} = {etp * ep * pp} does not divide the {world} GPUs",
+            "megatron-core's initialize_model_parallel needs the world divisible by etp x ep x pp",
+        )
+    if ep > 1 and "ep" not in rank_order.split("-"):
+        raise refuse(
+            "--rank-order",
+            f"{rank_order!r} has no ep with --expert-model-parallel-size {ep}",
+            "name ep in the order (Megatron's default tp-cp-ep-dp-pp)",
+        )
+    if pp > 1 and not rank_order.endswith("pp") and world // (etp * ep * pp) != dp:
+        raise refuse(
+            "--rank-order",
+            f"{rank_order!r} with an expert data-parallel size {world // (etp * ep * pp)} against dp {dp}",
+            "Megatron needs the attention's and the experts' data-parallel sizes equal unless the order ends in pp",
+        )
+    for name, size, over, by in (
+        ("--moe-ffn-hidden-size", expert_ffn, "--expert-tensor-parallel-size", etp),
+        ("--moe-shared-expert-intermediate-size", shared, "--tensor-model-parallel-size", tp),
+    ):
+        if size % by:
+            raise refuse(
+                name,
+                f"{size} is not divisible by {over} {by}",
+                "an expert's (the shared expert's) MLP splits over that group: pick a size it divides",
+            )
+    if tp > 1 and not args.get("sequence_parallel"):
+        raise refuse(
+            "--sequence-parallel",
+            f"is off with experts at --tensor-model-parallel-size {tp}",
+            "megatron-core's MoELayer.forward refuses MoE with tensor parallelism in training without "
+            "sequence parallelism: add --sequence-parallel",
+        )
+    bias = not bool(args.get("disable_bias_linear")) and args.get("add_bias_linear", True) is not False
+    if etp > 1 and bias:
+        raise refuse(
+            "--expert-tensor-parallel-size",
+            f"{etp} with the linear layers' biases",
+            "megatron-core supports a bias in MoE only at ETP 1: add --disable-bias-linear, or ETP 1",
+        )
+    capacity = args.get("moe_expert_capacity_factor")
+    if capacity is not None and (
+        isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not capacity > 0
+    ):
+        raise refuse(
+            "--moe-expert-capacity-factor",
+            f"is {capacity!r}",
+            "give a positive factor, or leave the flag out for dropless routing",
+        )
+    pad = bool(args.get("moe_pad_expert_input_to_capacity"))
+    if pad and capacity is None:
+        raise refuse(
+            "--moe-pad-expert-input-to-capacity",
+            "is set without --moe-expert-capacity-factor",
+            "Megatron pads to a capacity only when a capacity factor gives one",
+        )
+    if dispatcher not in MOE_DISPATCHERS:  # refused by ASSUMPTIONS before this; kept for a direct call
+        raise refuse("--moe-token-dispatcher-type", f"is {dispatcher!r}", "alltoall or allgather are priced")
+    return {
+        "num_experts": experts,
+        "moe_router_topk": topk,
+        "moe_ffn_hidden_size": expert_ffn,
+        "moe_shared_expert_ffn": shared,
+        "expert_parallel": ep,
+        "expert_tensor_parallel": etp,
+        "moe_dispatcher": dispatcher,
+        "moe_grouped_gemm": bool(args.get("moe_grouped_gemm")),
+        "moe_capacity_factor": float(capacity) if capacity is not None else None,
+        "moe_pad_to_capacity": pad,
+        "moe_router_fp32": args.get("moe_router_dtype") == "fp32",
+        "moe_aux_loss": _positive(args.get("moe_aux_loss_coeff"))
+        and bool(set(_listed(args.get("moe_router_load_balancing_type") or "aux_loss")) & AUX_LOSS_TYPES),
+        "moe_z_loss": _positive(args.get("moe_z_loss_coeff")),
+    }
+
+
+# The load-balancing types that add an auxiliary loss (`transformer/moe/router.py` TopKRouter.routing:
+# _apply_aux_loss, _apply_seq_aux_loss, _apply_global_aux_loss); "sinkhorn" and "none" add none
+AUX_LOSS_TYPES = {"aux_loss", "seq_aux_loss", "global_aux_loss"}
+
+
+def _listed(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _positive(value: Any) -> bool:
+    """A coefficient (or a list of them, Megatron-LM's per-type --moe-aux-loss-coeff) above 0."""
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in _listed(value))
 
 
 RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-pp-dp", "tp-dp-pp")

@@ -132,8 +132,62 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "no DeepSpeed-Ulysses sequence parallelism (its all-to-alls are not priced)",
         _is(1, None),
     ),
-    Assumption("--num-experts", ("num_experts",), None, "a dense MLP, no mixture of experts", _is(None, 0, 1)),
-    Assumption("--expert-model-parallel-size", ("expert_model_parallel_size",), 1, "no expert parallelism", _is(1)),
+    # A mixture of experts (`hops_calib.spec.arguments.moe_settings_of`, `hops_calib.model.moe`): the alltoall
+    # and allgather token dispatchers, an MoE MLP in every layer, dropless or with a capacity factor, a shared expert.
+    # What megatron-core runs otherwise is refused by name.
+    Assumption(
+        "--moe-token-dispatcher-type",
+        ("moe_token_dispatcher_type",),
+        "allgather",
+        "the alltoall or allgather token dispatcher (flex's DeepEP / HybridEP fused all-to-all is not priced)",
+        lambda value, args: not _moe(args) or value in (None, "alltoall", "allgather"),
+    ),
+    Assumption(
+        "--moe-layer-freq",
+        ("moe_layer_freq",),
+        1,
+        "an MoE MLP in every layer (--moe-layer-freq 1; a pattern of dense and MoE layers is not priced)",
+        lambda value, args: not _moe(args) or _every_layer(value),
+    ),
+    Assumption(
+        "--moe-shared-expert-overlap",
+        ("moe_shared_expert_overlap",),
+        False,
+        "the shared expert run in turn with the routed ones (its overlap with the dispatch is not priced)",
+        lambda value, args: not _moe(args) or not value,
+    ),
+    Assumption(
+        "--moe-layer-recompute",
+        ("moe_layer_recompute",),
+        False,
+        "the MoE layer's activations stored (its recomputation is not priced; --recompute-granularity is)",
+        lambda value, args: not _moe(args) or not value,
+    ),
+    Assumption(
+        "--moe-router-dtype",
+        ("moe_router_dtype",),
+        None,
+        "the router in the training precision or fp32 (--moe-router-dtype fp32)",
+        lambda value, args: value in (None, "fp32"),
+    ),
+    # FP8 experts run TE's grouped FP8 GEMMs with padded token counts (--moe-router-padding-for-quantization), the
+    # overlapped userbuffers are the dense MLP's, Megatron-FSDP shards experts over the expert data-parallel group:
+    # none priced under experts
+    Assumption(
+        "--num-experts",
+        ("num_experts",),
+        None,
+        "a dense MLP, or experts without FP8, --tp-comm-overlap or Megatron-FSDP",
+        lambda value, args: (
+            value in (None, 0, 1)
+            or (
+                isinstance(value, int)
+                and not _fp8(args)
+                and not args.get("tp_comm_overlap")
+                and not fsdp_strategy(args)
+            )
+        ),
+    ),
     Assumption(
         "--multi-latent-attention",
         ("multi_latent_attention",),
@@ -337,6 +391,60 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         lambda value, args: not value or not overlapped_p2p(args),
     ),
 )
+
+
+def _moe(args: dict[str, Any]) -> bool:
+    """Whether a launch's MLPs are a mixture of experts (--num-experts above 1)."""
+    value = args.get("num_experts")
+    return isinstance(value, int) and not isinstance(value, bool) and value > 1
+
+
+def _every_layer(value: Any) -> bool:
+    """--moe-layer-freq as every layer MoE: 1, or a pattern of ones (Megatron-LM's `moe_freq_type` evaluates a
+    "([1]*N)" string to the list)."""
+    if value in (None, 1):
+        return True
+    try:
+        pattern = layer_pattern(value)
+    except ValueError:
+        return False
+    return isinstance(pattern, list) and bool(pattern) and all(v == 1 for v in pattern)
+
+
+def layer_pattern(value: Any) -> int | list[int]:
+    """--moe-layer-freq as Megatron-LM reads it (`moe_freq_type`): an integer, or a list of 0 / 1 per layer,
+    written as a list or as an expression of lists joined by + and repeated by * ("([1]*3+[0])*2"); a
+    ValueError for anything else."""
+    import ast
+
+    if isinstance(value, bool):
+        raise ValueError(f"--moe-layer-freq {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    text = str(value).strip()
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as error:
+        raise ValueError(f"--moe-layer-freq {text!r}") from error
+
+    def evaluate(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return [evaluate(item) for item in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = evaluate(node.left), evaluate(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError(f"--moe-layer-freq {text!r}")
+
+    found = evaluate(tree)
+    if isinstance(found, int):
+        return found
+    if not isinstance(found, list) or not all(type(v) is int for v in found):
+        raise ValueError(f"--moe-layer-freq {text!r}")
+    return found
 
 
 def overlapped_p2p(args: dict[str, Any], interleaved: bool | None = None) -> bool:

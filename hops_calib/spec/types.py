@@ -59,6 +59,45 @@ class ModelShape:
     # causal load balancing: megatron/core/utils.py get_batch_on_this_cp_rank); every kernel but attention's keys
     # sees s/cp tokens
     context_parallel: int = 1
+    # A mixture of experts (megatron-core `transformer/moe/`; `hops_calib.spec.arguments.moe_settings_of`): every
+    # layer's MLP is `num_experts` routed experts of `moe_ffn_hidden_size` each (--moe-ffn-hidden-size, default
+    # --ffn-hidden-size), each token sent to `moe_router_topk` of them, plus a shared expert of
+    # `moe_shared_expert_ffn` (--moe-shared-expert-intermediate-size; 0: none). The experts split over
+    # `expert_parallel` GPUs (--expert-model-parallel-size: num_experts / ep local experts each) and each expert's
+    # GEMMs over `expert_tensor_parallel` (--expert-tensor-parallel-size, Megatron's default the tensor-parallel
+    # size); `moe_dispatcher` is --moe-token-dispatcher-type (alltoall or allgather), `moe_grouped_gemm` one grouped
+    # GEMM for the local experts (else one GEMM each: SequentialMLP); `moe_capacity_factor` None is dropless, else
+    # each expert takes at most that many times its balanced share (`moe_pad_to_capacity`: exactly that many)
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_ffn: int = 0
+    expert_parallel: int = 1
+    expert_tensor_parallel: int = 1
+    moe_dispatcher: str = "allgather"
+    moe_grouped_gemm: bool = False
+    moe_capacity_factor: float | None = None
+    moe_pad_to_capacity: bool = False
+    moe_router_fp32: bool = False  # --moe-router-dtype fp32: the router's GEMM and logits in fp32
+    # the router's load-balancing loss (--moe-aux-loss-coeff above 0 with an aux-loss --moe-router-load-balancing-type)
+    # and its z-loss (--moe-z-loss-coeff above 0): their scores, counts and all-reduce
+    moe_aux_loss: bool = False
+    moe_z_loss: bool = False
+
+    @property
+    def moe(self) -> bool:
+        """Whether the layers' MLPs are a mixture of experts."""
+        return bool(self.num_experts and self.num_experts > 1)
+
+    @property
+    def local_experts(self) -> int:
+        """Routed experts on one GPU: num_experts / expert_parallel (`moe_layer.py` MoELayer.__init__)."""
+        return (self.num_experts or 0) // max(1, self.expert_parallel)
+
+    @property
+    def expert_ffn(self) -> int:
+        """A routed expert's FFN hidden size: --moe-ffn-hidden-size, else --ffn-hidden-size."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     @property
     def kv_heads(self) -> int:
@@ -130,6 +169,38 @@ class Spec:
     def gpus(self) -> int:
         """GPUs of the launch: tp x cp x dp per stage."""
         return self.pp * self.tp * self.cp * self.dp
+
+    @property
+    def ep(self) -> int:
+        """Expert-parallel GPUs (--expert-model-parallel-size); 1 without experts."""
+        return max(1, self.model.expert_parallel) if self.model.moe else 1
+
+    @property
+    def etp(self) -> int:
+        """Expert tensor-parallel GPUs (--expert-tensor-parallel-size); the tensor-parallel size without experts."""
+        return max(1, self.model.expert_tensor_parallel) if self.model.moe else self.tp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel replicas: world / (etp x ep x pp), as megatron-core's parallel_state.
+        initialize_model_parallel sizes the expert rank generator (the group the expert gradients are reduced and
+        the distributed optimizer shards expert state over); dp x cp without experts."""
+        if not self.model.moe:
+            return self.dp * self.cp
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
+
+    def expert_rank(self, etp_rank: int = 0, ep_rank: int = 0, edp_rank: int = 0, pp_rank: int = 0) -> int:
+        """The global rank of an expert-layer GPU: megatron-core's expert rank generator (`parallel_state.
+        initialize_model_parallel`: RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1) under the launch's order)."""
+        return global_rank(
+            self.rank_order,
+            {
+                "tp": (etp_rank, self.etp),
+                "ep": (ep_rank, self.ep),
+                "dp": (edp_rank, self.edp),
+                "pp": (pp_rank, self.pp),
+            },
+        )
 
     # the node of each stage's device when a job directory names them and has a collective benchmark to price
     # what runs within a node (hops_calib.trace DeviceInfo.node); () otherwise
@@ -213,13 +284,25 @@ class Spec:
     def group_ranks(self, group: str, stage: int = 0) -> list[int]:
         """The global ranks of the first `group` of `stage`: "tp", "cp", "dp", or "dp_cp" (the data- and
         context-parallel group the gradients are reduced over: `parallel_state.get_data_parallel_group(
-        with_context_parallel=True)`)."""
+        with_context_parallel=True)`); under experts "ep", "etp", "tp_ep" and "edp" (`expert_rank`), and "tp_cp"."""
         if group == "tp":
             return [self.rank(k, 0, stage) for k in range(self.tp)]
         if group == "cp":
             return [self.rank(0, 0, stage, k) for k in range(self.cp)]
         if group == "dp_cp":
             return [self.rank(0, d, stage, c) for c in range(self.cp) for d in range(self.dp)]
+        # the expert layers' groups (`expert_rank`): expert-parallel, expert tensor-parallel, both (the allgather
+        # dispatcher's tp_ep group) and expert data-parallel
+        if group == "ep":
+            return [self.expert_rank(0, k, 0, stage) for k in range(self.ep)]
+        if group == "etp":
+            return [self.expert_rank(k, 0, 0, stage) for k in range(self.etp)]
+        if group == "tp_ep":
+            return [self.expert_rank(t, k, 0, stage) for k in range(self.ep) for t in range(self.etp)]
+        if group == "edp":
+            return [self.expert_rank(0, 0, k, stage) for k in range(self.edp)]
+        if group == "tp_cp":  # the router's aux-loss reduction (`parallel_state.get_tensor_and_context_parallel_group`)
+            return [self.rank(k, 0, stage, c) for c in range(self.cp) for k in range(self.tp)]
         return [self.rank(0, k, stage) for k in range(self.dp)]
 
     def group_nodes(self, group: str, stage: int = 0) -> tuple[int, int] | None:
@@ -324,6 +407,19 @@ _OPTIONAL_SHAPE_FIELDS = (
     "position_embedding",
     "attention_kernel",
     "context_parallel",
+    "num_experts",
+    "moe_router_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_ffn",
+    "expert_parallel",
+    "expert_tensor_parallel",
+    "moe_dispatcher",
+    "moe_grouped_gemm",
+    "moe_capacity_factor",
+    "moe_pad_to_capacity",
+    "moe_router_fp32",
+    "moe_aux_loss",
+    "moe_z_loss",
 )
 
 

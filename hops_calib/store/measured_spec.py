@@ -2,7 +2,7 @@
 measured (a run with events gets its spec at ingest, `spec.build_spec`; this one when it is loaded, so that a model
 that learns to price more runs needs no new ingest).
 
-A run the cost model does not price (context parallelism, experts, FP8, ...) gets no spec: the ValueError (a TraceError
+A run the cost model does not price (multi-latent attention, a flex MoE dispatcher, ...) gets no spec: the ValueError (a TraceError
 for a launch setting) says why, and the verbs that would predict it refuse it by name with that reason
 (`hops_calib.store.fixture.NotPriced`).
 """

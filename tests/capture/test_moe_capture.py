@@ -9,8 +9,9 @@ probabilities), the expert (SequentialMLP), the combine all-to-all (token_combin
 layer after layer from the last: combine, experts, dispatch, router. Both ranks take part in every exchange (their
 calls overlap in time: a blocking gloo all-to-all returns only once the other rank has sent), every token sent out
 comes back, and an iteration holds 2 x layers x microbatches all-to-all steps per direction (3 calls each: the
-dispatch's 2 and the combine's 1). The model does not price MoE yet, so the capture is not ingested (ingest refuses
---num-experts) and lives outside `traces/`.
+dispatch's 2 and the combine's 1). It lives outside `traces/`: the calibration store's runs are what the ledger
+judged on (the model prices MoE since issue #28; tests/model/test_moe.py checks its collectives against this
+capture's).
 """
 
 from __future__ import annotations
@@ -148,8 +149,8 @@ def test_the_shipped_moe_capture_runs_megatron_cores_moe_layer_in_order(job: Pat
 
 
 def test_a_moe_capture_is_shipped_and_not_ingested() -> None:
-    """Shipped beside traces/, not in it: ingest refuses the launch (the model prices no mixture of experts), so a
-    fresh clone's `ingest traces` stays whole; the fixture store holds none of it."""
+    """Shipped beside traces/, not in it: a fresh clone's `ingest traces` stores the calibration runs the ledger
+    judged on, and the fixture store holds none of this one."""
     assert SHIPPED, "unpriced-traces/ holds no cpu_moe_e2_ep2_* capture"
     from hops_calib.loop.suite import open_store
 

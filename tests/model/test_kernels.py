@@ -55,8 +55,8 @@ def test_megatron_flops_is_the_closed_form_of_a_gpt_layer() -> None:
     B, s, L, h, V = 1536, 2048, 96, 12288, 51200
     assert K.megatron_flops({**GPT3_175B, "vocab_size": V}, B) == pytest.approx(
         72 * B * s * L * h ** 2 * (1 + s / (12 * h) + V / (12 * L * h)), rel=1e-12)
-    with pytest.raises(ValueError, match="num-experts"):
-        K.megatron_flops({**GPT3_175B, "num_experts": 8}, B)
+    with pytest.raises(ValueError, match="multi-latent-attention"):
+        K.megatron_flops({**GPT3_175B, "multi_latent_attention": True}, B)
 
 
 @pytest.mark.parametrize("change", [

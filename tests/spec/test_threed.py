@@ -83,7 +83,11 @@ def test_megatron_lm_and_megatron_deepspeed_spellings_give_the_same_layer():
 @pytest.mark.parametrize("changes,flag", [
     ({"context_parallel_size": 2, "world_size": 8}, "--context-parallel-size"),
     ({"ds_sequence_parallel_size": 2}, "--ds-sequence-parallel-size"),
-    ({"num_experts": 8}, "--num-experts"),
+    ({"num_experts": 8, "moe_token_dispatcher_type": "flex"}, "--moe-token-dispatcher-type"),
+    ({"num_experts": 8, "moe_layer_freq": 2}, "--moe-layer-freq"),
+    ({"num_experts": 8, "moe_layer_freq": "([1]*3+[0])*2"}, "--moe-layer-freq"),
+    ({"num_experts": 8, "moe_shared_expert_overlap": True}, "--moe-shared-expert-overlap"),
+    ({"num_experts": 8, "fp8_format": "hybrid", "transformer_impl": "transformer_engine"}, "--num-experts"),
     ({"fp8_format": "hybrid", "transformer_impl": "local"}, "--fp8-format"),
     ({"fp8_format": "hybrid", "transformer_impl": "transformer_engine", "fp8_recipe": "mxfp8"}, "--fp8-recipe"),
     ({"fp8_format": "hybrid", "transformer_impl": "transformer_engine", "fp8_dot_product_attention": True}, "--fp8-dot-product-attention"),

@@ -383,9 +383,9 @@ def test_a_template_for_another_pipeline_is_refused(run_copy, tmp_path):
 
 def test_a_launch_the_cost_model_does_not_price_is_refused_at_ingest(run_copy, tmp_path):
     args = run_copy / "megatron_args.txt"
-    args.write_text(args.read_text().rstrip("\n") + " --num-experts 8\n")
+    args.write_text(args.read_text().rstrip("\n") + " --num-experts 8 --moe-token-dispatcher-type flex\n")
     message = _refused(run_copy, tmp_path)
-    _names(message, args, 1, "--num-experts")
+    _names(message, args, 1, "--moe-token-dispatcher-type")
 
 
 def test_a_launcher_that_starts_replicas_needs_their_logs(run_copy, tmp_path):

@@ -262,7 +262,7 @@ def test_ingest_says_each_runs_split_and_whether_it_is_priced(tmp_path):
     _allreduce_tables(tmp_path / "calibration" / "allreduce")  # the node's collective benchmark, beside the table
     path = tmp_path / "mine.csv"
     _sweep([{"pipeline_model_parallel_size": 2, "iteration_time_ms": 520.3},
-            {"pipeline_model_parallel_size": 4, "num_experts": 8, "iteration_time_ms": 300.0}]
+            {"pipeline_model_parallel_size": 4, "multi_latent_attention": True, "iteration_time_ms": 300.0}]
            ).to_csv(path, index=False)
     result = _cli("ingest", path, "--fixtures", tmp_path / "fx", "--json")
     assert result.exit_code == 0
@@ -270,16 +270,16 @@ def test_ingest_says_each_runs_split_and_whether_it_is_priced(tmp_path):
     runs = {r["run_id"]: r for r in data["runs"]}
     assert all(r["split"] in ("train", "test") and r["kind"] == "iteration" for r in runs.values())
     local = next(r for i, r in runs.items() if "_t1p2" in i)
-    experts = next(r for i, r in runs.items() if "_t1p4" in i)
+    latent = next(r for i, r in runs.items() if "_t1p4" in i)
     assert local["priced"] is True and local["not_priced"] is None
-    assert experts["priced"] is False and "--num-experts" in experts["not_priced"]
+    assert latent["priced"] is False and "--multi-latent-attention" in latent["not_priced"]
     notes = "\n".join(data["notes"])
     assert "priced by the cost model: 1 of the 2" in notes
     assert ("--split train" in notes) == any(r["split"] == "test" for r in runs.values())
     text = _cli("ingest", path, "--fixtures", tmp_path / "fx2").stdout
     for run_id, run in runs.items():
         assert run_id in text.split(f"to {run['split']}: ")[1].splitlines()[0]
-    assert "not priced (1): --num-experts" in text
+    assert "not priced (1): --multi-latent-attention" in text
 
 
 def test_throughput_is_labelled_and_samples_per_second_derived(tmp_path):

@@ -202,8 +202,9 @@ def _add_flags(job: Path, old: str, new: str) -> None:
 @pytest.mark.parametrize("old,new,flags,modelled", [
     ("--micro-batch-size 1", "--micro-batch-size 1 --context-parallel-size 2", ["--context-parallel-size 2"],
      "context parallel size 1"),
-    ("--micro-batch-size 1", "--micro-batch-size 1 --num-experts 8 --multi-latent-attention",
-     ["--num-experts 8", "--multi-latent-attention"], "a dense MLP"),
+    ("--micro-batch-size 1", "--micro-batch-size 1 --num-experts 8 --moe-token-dispatcher-type flex "
+     "--multi-latent-attention", ["--moe-token-dispatcher-type flex", "--multi-latent-attention"],
+     "the alltoall or allgather token dispatcher"),
     ("--micro-batch-size 1", "--micro-batch-size 1 --normalization Foo --position-embedding-type none",
      ["--normalization Foo", "--position-embedding-type none"], "LayerNorm or RMSNorm"),
     ("--transformer-impl local", "--transformer-impl inference_optimized",
@@ -321,11 +322,11 @@ def test_a_rank_logs_arguments_block_prints_every_default_and_only_real_changes_
     log = job / "logs" / "rank0.out"
     log.write_text(_block(printed))
     assert predict_job("--job", job)["predictions"]
-    log.write_text(_block({**printed, "num_experts": 8}))
+    log.write_text(_block({**printed, "num_experts": 8, "moe_token_dispatcher_type": "flex"}))
     result = cli("predict", "--job", job)
     lines = log.read_text().splitlines()
-    number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("num_experts "))
-    assert result.exit_code == 2 and f"rank0.out:{number}: field '--num-experts'" in result.output
+    number = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("moe_token_dispatcher_type "))
+    assert result.exit_code == 2 and f"rank0.out:{number}: field '--moe-token-dispatcher-type'" in result.output
     # p2p overlap (the block's overlap_p2p_comm True) is priced (test above); its warm-up flush is refused, at the
     # line of the block's own key, named by its flag
     log.write_text(_block({**printed, "num_layers_per_virtual_pipeline_stage": 1,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from hops_calib.model.devices import DeviceSpec
 from hops_calib.model.kernel_pricing import Pricer, Rates
@@ -19,17 +20,22 @@ from hops_calib.model.kernels import (
 from hops_calib.model.terms.attention import softmax_fused
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
 from hops_calib.model.terms.elementwise import gradient_accumulation_fused
+from hops_calib.model.terms.roofline import EXPERT_LOAD_IMBALANCE
 from hops_calib.spec import Spec
 
 
-def kernel_settings(spec: Spec) -> KernelSettings:
+def kernel_settings(spec: Spec, params: Mapping[str, float] | None = None) -> KernelSettings:
     """The kernel settings of a spec's launch (`kernels.settings_from_args`, with the attention and elementwise
-    terms' readings of the fused softmax and the gradient-accumulation fusion)."""
-    return settings_from_args(
+    terms' readings of the fused softmax and the gradient-accumulation fusion), and the expert load imbalance of
+    the term's `params` where given."""
+    settings = settings_from_args(
         spec.megatron_args,
         softmax_fused=softmax_fused(spec),
         gradient_accumulation_fusion=gradient_accumulation_fused(spec.megatron_args),
     )
+    if params is not None and params.get("expert_load_imbalance", 1.0) != 1.0:
+        settings = replace(settings, expert_load_imbalance=params["expert_load_imbalance"])
+    return settings
 
 
 def rates_of(params: Mapping[str, float], device_type: str) -> Rates:
@@ -201,6 +207,7 @@ class DecoderKernels(Term):
             choices=(0.0, 1.0),
             per_device=True,
         ),
+        EXPERT_LOAD_IMBALANCE,
     )
 
     def covers(self, params: Mapping[str, float], device_type: str) -> bool:
@@ -208,7 +215,7 @@ class DecoderKernels(Term):
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         spec = context.spec
-        shape, settings = spec.model, kernel_settings(spec)
+        shape, settings = spec.model, kernel_settings(spec, params)
         forward_kernels = layer_forward(shape, settings)
         backward_kernels = layer_backward(shape, settings)
         priced: dict[str, tuple[float, float, float, float, float, float]] = {}

@@ -100,7 +100,10 @@ class ElementwiseTraffic(Term):
         # (norms, residuals, dropouts) stay whole unless sequence parallelism splits them.
         t = shape.tensor_parallel
         hidden = shape.hidden_size / (t if shape.sequence_parallel else 1)
-        ffn = shape.ffn_hidden_size / t
+        # under experts a GPU's routed rows (T x topk x etp of f_moe / etp each) and its shared expert's: as many
+        # elements as an MLP of topk x f_moe + f_shared over t
+        width = shape.moe_router_topk * shape.expert_ffn + shape.moe_shared_expert_ffn if shape.moe else None
+        ffn = shape.ffn_hidden_size / t if width is None else width / t
         forward_bytes = (
             tokens * element * (params["hidden_passes_forward"] * hidden + params["ffn_passes_forward"] * ffn)
         )

@@ -19,6 +19,27 @@ def rank_parameters(context: Context, rank: int) -> float:
     return stage_parameters(context.spec, context.layout.layers_on_rank(rank), rank)
 
 
+def rank_expert_parameters(context: Context, rank: int) -> float:
+    """The routed experts' parameters one GPU of pipeline rank `rank` holds (`gpt.expert_parameters` per layer);
+    0 without experts."""
+    return context.layout.layers_on_rank(rank) * gpt.expert_parameters(context.spec.model)
+
+
+def optimizer_parameters(context: Context, rank: int) -> float:
+    """The parameters whose optimizer step one GPU of pipeline rank `rank` runs: its dense ones over
+    `optimizer_shard`, its routed experts' over the expert data-parallel group under the distributed optimizer
+    (megatron-core's `DistributedOptimizer` shards each buffer over its own data-parallel group:
+    `optimizer/__init__.py` get_megatron_optimizer builds the expert optimizer over
+    `get_expert_data_parallel_group`)."""
+    spec = context.spec
+    parameters = rank_parameters(context, rank)
+    if not spec.model.moe:
+        return parameters / optimizer_shard(spec)
+    experts = rank_expert_parameters(context, rank)
+    expert_shard = spec.edp if spec.distributed_optimizer else 1
+    return (parameters - experts) / optimizer_shard(spec) + experts / expert_shard
+
+
 def optimizer_shard(spec: Spec) -> int:
     """How many ways a GPU's optimizer state and step are split: over the data-parallel replicas under the
     distributed optimizer (each updates its 1/d of the parameters, then all-gathers them), else 1."""
@@ -97,8 +118,7 @@ class OptimizerStep(Term):
             times.append(
                 self.value(params, "fixed_ms", device.type)
                 + self.value(params, "per_layer_ms", device.type) * context.layout.layers_on_rank(rank)
-                + rank_parameters(context, rank)
-                / optimizer_shard(context.spec)
+                + optimizer_parameters(context, rank)
                 * self.value(params, "bytes_per_parameter", device.type)
                 / bytes_per_ms
             )

@@ -12,7 +12,7 @@ from hops_calib.model.devices import DeviceSpec
 from hops_calib.model.kernel_pricing import peak_flops_per_s
 from hops_calib.model.memory import gradient_bytes, parameter_gather_bytes
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
-from hops_calib.model.terms.optimizer import rank_parameters
+from hops_calib.model.terms.optimizer import rank_expert_parameters, rank_parameters
 from hops_calib.spec import Spec
 
 # Megatron-core's DistributedDataParallel buckets gradients only to overlap their reduction with the backward:
@@ -52,9 +52,32 @@ def tp_collectives_per_layer(spec: Spec) -> dict[str, int]:
     backward: the reverse). None at t = 1."""
     if spec.tp <= 1:
         return {}
+    # under experts (sequence parallelism required) the attention's pair, and the shared expert's where there is one
+    # (`moe_kernels`: the routed experts' collectives run over the expert groups, `expert_collectives`)
+    pairs = 1 + bool(spec.model.moe_shared_expert_ffn) if spec.model.moe else 2
     if spec.model.sequence_parallel:
-        return {"all_gather": 2, "reduce_scatter": 2}
-    return {"all_reduce": 2}
+        return {"all_gather": pairs, "reduce_scatter": pairs}
+    return {"all_reduce": pairs}
+
+
+def expert_collectives(spec: Spec) -> dict[str, tuple[tuple[str, str, float], ...]]:
+    """Per phase (FORWARD, BACKWARD), one decoder layer's collectives over the expert groups, as (kind, group,
+    bytes): the token dispatcher's all-to-alls over the expert-parallel group and all-gathers / reduce-scatters over
+    the expert tensor-parallel one (alltoall), or its all-gathers and reduce-scatter over both (allgather), as
+    `moe_kernels` lists them from megatron-core's `token_dispatcher.py`; empty without experts."""
+    if not spec.model.moe:
+        return {}
+    from hops_calib.model.moe_kernels import EXPERT_GROUPS
+
+    settings = kernels.settings_from_args(spec.megatron_args, softmax_fused=True, gradient_accumulation_fusion=True)
+    return {
+        phase: tuple(
+            (k.kind, k.group, k.bytes)
+            for k in listed(spec.model, settings)
+            if k.op == kernels.COLLECTIVE and k.group in EXPERT_GROUPS
+        )
+        for phase, listed in (("FORWARD", kernels.layer_forward), ("BACKWARD", kernels.layer_backward))
+    }
 
 
 def tp_async_backward(spec: Spec) -> tuple[tuple[str, float], ...]:
@@ -68,6 +91,11 @@ def tp_async_backward(spec: Spec) -> tuple[tuple[str, float], ...]:
     shape = spec.model
     op = "reduce_scatter" if shape.sequence_parallel else "all_reduce"
     tokens = gpt.local_tokens(shape)
+    if shape.moe:  # the QKV's, and the shared expert's fc1 where there is one
+        shared = shape.moe_shared_expert_ffn * (2 if shape.swiglu else 1)
+        return ((op, 2.0 * tokens * shape.hidden_size * gpt.qkv_width(shape) / spec.tp),) + (
+            ((op, 2.0 * tokens * shape.hidden_size * shared / spec.tp),) if shared else ()
+        )
     fc1_width = shape.ffn_hidden_size * (2 if shape.swiglu else 1)
     return (
         (op, 2.0 * tokens * shape.hidden_size * gpt.qkv_width(shape) / spec.tp),
@@ -269,6 +297,14 @@ class TensorParallelComm(Term):
     `--no-async-tensor-model-parallel-allreduce` switch of older Megatron-LM / Megatron-DeepSpeed turns it off), so
     only what outlasts that weight-gradient GEMM is exposed (`tp_async_backward`; the GEMM at the device's
     peak, so the exposure is an upper bound). Small layers expose most of it, large ones almost none.
+
+    A mixture of experts adds its token dispatcher's collectives over the expert groups (`expert_collectives`,
+    megatron-core's `token_dispatcher.py`: the alltoall dispatcher's all-to-alls over the expert-parallel group, its
+    all-gather and reduce-scatter over the expert tensor-parallel one; the allgather dispatcher's over both), each
+    blocking (the experts wait for their tokens, the next block for theirs), priced by
+    `hops_calib.model.collectives` over the group's placement on the nodes (`Spec.group_ranks`) with this term's
+    rates, at any t (t = 1 included); the routed experts take no part in the layer's tensor-parallel pair (only the
+    attention's and a shared expert's remain: `tp_collectives_per_layer`).
     """
 
     name = "tensor_parallel_comm"
@@ -277,7 +313,8 @@ class TensorParallelComm(Term):
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         spec = context.spec
-        if spec.tp <= 1:
+        experts = expert_collectives(spec)
+        if spec.tp <= 1 and not any(experts.values()):
             return Contribution()
         layout = context.layout
         forward, backward = [], []
@@ -286,6 +323,22 @@ class TensorParallelComm(Term):
             rank = layout.rank_of(k)
             device = context.devices[rank]
             rates = _rates(context, params, device.type)
+            # the expert layers' collectives block (the dispatcher waits for the tokens it sends): every layer's,
+            # and a recomputed layer's forward ones again
+            expert = {
+                phase: sum(
+                    collective_ms(spec, device, op, nbytes, group, stage=rank, **rates) for op, group, nbytes in found
+                )
+                for phase, found in experts.items()
+            }
+            expert_forward = layers * expert.get("FORWARD", 0.0)
+            expert_backward = layers * expert.get("BACKWARD", 0.0) + spec.model.recomputed_layers(layers) * expert.get(
+                "FORWARD", 0.0
+            )
+            if spec.tp <= 1:
+                forward.append(expert_forward)
+                backward.append(expert_backward)
+                continue
 
             def price(counts: dict[tuple[str, float], int]) -> float:
                 # called only within this iteration, so the loop's current device, rank and rates are the ones meant
@@ -297,8 +350,8 @@ class TensorParallelComm(Term):
             phases = tp_collectives(spec, k, layers)
             if tp_comm_overlap(spec):
                 forward_ms, backward_ms = self._overlapped(spec, device, rank, rates, phases, layers, price)
-                forward.append(forward_ms)
-                backward.append(backward_ms)
+                forward.append(forward_ms + expert_forward)
+                backward.append(backward_ms + expert_backward)
                 continue
             # one layer's forward collectives, which full recomputation runs again
             per_layer = price({(op, hidden): count for op, count in tp_collectives_per_layer(spec).items()})
@@ -308,8 +361,10 @@ class TensorParallelComm(Term):
                     blocking[(op, hidden)] -= layers
             flops_per_ms = device.peak_bf16_flops_per_s / 1e3
             exposed = sum(max(0.0, price({(op, hidden): 1}) - flops / flops_per_ms) for op, flops in overlapped)
-            forward.append(price(phases["FORWARD"]))
-            backward.append(price(blocking) + layers * exposed + spec.model.recomputed_layers(layers) * per_layer)
+            forward.append(price(phases["FORWARD"]) + expert_forward)
+            backward.append(
+                price(blocking) + layers * exposed + spec.model.recomputed_layers(layers) * per_layer + expert_backward
+            )
         return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
 
     @staticmethod
@@ -378,7 +433,9 @@ class DataParallelGradReduce(Term):
     with `algorithm` = 1 two levels: a reduce-scatter inside the node on NVLink, an all-reduce across the nodes at
     each GPU's NIC share, an all-gather inside; 2 the faster of the two per bucket, as NCCL's tuner chooses);
     `net_step_latency_ms` is what each ring step across nodes adds over an NVLink step, and `efficiency` the
-    fraction of the rate reached beside the backward's kernels.
+    fraction of the rate reached beside the backward's kernels. Under a mixture of experts the routed experts'
+    gradients are their own buffers, reduced (and their parameters gathered) over the expert data-parallel group
+    (world / (etp x ep x pp): `get_expert_data_parallel_group`), the rest over the data x context-parallel group.
 
     Megatron-FSDP (--use-megatron-fsdp, `hops_calib.model.fsdp`): no_shard and optim reduce as above (all-reduce,
     or reduce-scatter and gather); optim_grads and optim_grads_params reduce-scatter on every microbatch and the
@@ -424,48 +481,58 @@ class DataParallelGradReduce(Term):
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         spec = context.spec
-        if spec.dp * spec.cp <= 1:
+        if spec.dp * spec.cp <= 1 and (not spec.model.moe or spec.edp <= 1):
             return Contribution()
         algorithm = ALGORITHMS[int(params["algorithm"])]
         first_rank_only = bool(params["first_rank_buckets"])
         # the gradients are reduced over the data x context-parallel group (`DistributedDataParallel` over
-        # `get_data_parallel_group(with_context_parallel=True)`): every CP rank holds gradients of its own tokens
+        # `get_data_parallel_group(with_context_parallel=True)`): every CP rank holds gradients of its own tokens;
+        # the routed experts' in their own buffers over the expert data-parallel group (`expert_parallel_buffers`,
+        # `get_expert_data_parallel_group`)
         group = "dp_cp" if spec.cp > 1 else "dp"
         if fsdp.shards_gradients(spec):
             return self._fsdp(context, params, group, algorithm)
         whole, tails, gathers = [], [], []
         for rank, device in enumerate(context.devices):
             parameters = rank_parameters(context, rank)
-            buckets = dp_buckets(spec, parameters, rank, first_rank_only)
+            experts = rank_expert_parameters(context, rank)
             op = "reduce_scatter" if spec.distributed_optimizer else "all_reduce"
             rates = _rates(context, params, device.type)
             net = Term.value(params, "net_step_latency_ms", device.type)
-            bucket_ms = collective_ms(
-                spec,
-                device,
-                op,
-                parameters / buckets * gradient_bytes(spec),
-                group,
-                stage=rank,
-                algorithm=algorithm,
-                net_step_latency_ms=net,
-                **rates,
-            )
-            whole.append(buckets * bucket_ms)
-            tails.append(bucket_ms)
-            gather = 0.0
-            if spec.distributed_optimizer and not spec.overlap_param_gather:
-                gather = collective_ms(
+            reduce_ms, tail_ms, gather = 0.0, 0.0, 0.0
+            for own, over in ((parameters - experts, group), (experts, "edp")):
+                if own <= 0:
+                    continue
+                buckets = dp_buckets(spec, own, rank, first_rank_only)
+                bucket_ms = collective_ms(
                     spec,
                     device,
-                    "all_gather",
-                    parameter_gather_bytes(spec, parameters, spec.layers_per_stage[rank]),
-                    group,
+                    op,
+                    own / buckets * gradient_bytes(spec),
+                    over,
                     stage=rank,
                     algorithm=algorithm,
                     net_step_latency_ms=net,
                     **rates,
                 )
+                reduce_ms += buckets * bucket_ms
+                tail_ms += bucket_ms
+                if spec.distributed_optimizer and not spec.overlap_param_gather:
+                    gather += collective_ms(
+                        spec,
+                        device,
+                        "all_gather",
+                        parameter_gather_bytes(spec, own, spec.layers_per_stage[rank])
+                        if over == group
+                        else own * gpt.bytes_per_element(spec.model),
+                        over,
+                        stage=rank,
+                        algorithm=algorithm,
+                        net_step_latency_ms=net,
+                        **rates,
+                    )
+            whole.append(reduce_ms)
+            tails.append(tail_ms)
             gathers.append(gather)
         return Contribution(
             grad_reduce_ms=tuple(whole),

@@ -23,6 +23,20 @@ def fp8_linear_gemms(spec: Spec) -> tuple[bool, bool]:
     return on, on and settings.fp8_wgrad
 
 
+# The tokens the busiest GPU's local experts compute against their balanced share (`gpt.expert_token_scale`): a
+# parameter of the layer terms (`decoder_roofline`, `decoder_kernels`), which move nothing without experts.
+EXPERT_LOAD_IMBALANCE = Param(
+    "expert_load_imbalance",
+    1.0,
+    1.0,
+    8.0,
+    "x balanced",
+    "tokens the busiest GPU's local experts compute against their balanced share T x topk / E (1: balanced "
+    "routing); a mixture of experts' layer waits for it",
+    inert=True,
+)
+
+
 class DecoderRoofline(Term):
     """Each decoder layer takes the longer of its FLOPs over achieved peak and its bytes over achieved bandwidth.
 
@@ -51,6 +65,14 @@ class DecoderRoofline(Term):
     peak. So an FP8 layer's forward takes (W x P16 / P8 + C) / (P16 x efficiency) for its W linear and C core
     FLOPs, the backward `backward_factor` times it, its weight-gradient share the linear part's; under
     `--no-fp8-wgrad` the weight gradient runs at the bf16 peak. At 0 every GEMM is priced at the bf16 peak.
+
+    A mixture of experts (`gpt.mlp_weight_flops`, `hops_calib.model.moe_kernels`): the MLP's FLOPs are the routed
+    experts' (each token through topk of them, 2 T topk h f_moe per matmul over t on a GPU) and the shared
+    expert's, plus the router's GEMM (`gpt.router_flops`); the bytes the GPU's local experts' weights and their
+    stored activations. The busiest GPU's experts compute `expert_load_imbalance` times their balanced share of the
+    routed tokens (a property of the router's balancing, not of one run: 1 = balanced, as Megatron's aux-loss
+    balancing aims at), held under a capacity factor where the launch gives one (`gpt.expert_token_scale`); the
+    layer waits for it. The all-to-alls are `tensor_parallel_comm`'s.
     """
 
     name = "decoder_roofline"
@@ -95,14 +117,16 @@ class DecoderRoofline(Term):
             choices=(0.0, 1.0),
             inert=True,
         ),
+        EXPERT_LOAD_IMBALANCE,
     )
 
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         shape = context.spec.model
         forward_bytes = gpt.layer_parameters(shape) * gpt.bytes_per_element(shape) + gpt.layer_activation_bytes(shape)
-        weight_grad_flops = gpt.layer_weight_grad_flops(shape)
+        scale = gpt.expert_token_scale(shape, params.get("expert_load_imbalance", 1.0)) if shape.moe else 1.0
+        weight_grad_flops = gpt.layer_weight_grad_flops(shape, scale) + gpt.router_flops(shape)
         core_flops = gpt.attention_core_flops(shape)
-        forward_flops = gpt.layer_forward_flops(shape)
+        forward_flops = weight_grad_flops + core_flops if shape.moe else gpt.layer_forward_flops(shape)
         core_share = core_flops / forward_flops
         fp8, fp8_wgrad = (
             fp8_linear_gemms(context.spec) if params.get("fp8_linear_gemms", 0.0) == 1.0 else (False, False)
