@@ -577,6 +577,7 @@ def plan_job(
                 else "the space has one distinct stage order, so no study ran (--trials N runs one)"
             )
         )
+    notes += _context_parallel_caveat(model, unique[:top], sorted(set(planner.types.values())))
     refused: dict[str, int] = {}
     for reason in refusals.values():
         refused[reason] = refused.get(reason, 0) + 1
@@ -665,3 +666,19 @@ def throughput_band(specs: Sequence[Any], truths: Sequence[Any], model: Model) -
         if truth.throughput_per_s > 0:
             errors.append(abs(predicted - truth.throughput_per_s) / truth.throughput_per_s)
     return (sum(errors) / len(errors) if errors else 0.0), len(errors)
+
+
+def _context_parallel_caveat(model: Model, best: Sequence[Outcome], device_types: Sequence[str]) -> list[str]:
+    """A pick with cp > 1 is priced without its KV exchange where the model prices the layers by the roofline
+    (only `decoder_kernels` prices the ring: `model.layer_kernels._context_parallel_attention`): say so, since such
+    a pick then ties with its cp = 1 counterpart of the same tokens per GPU."""
+    if not any(o.settings is not None and o.settings.cp > 1 for o in best):
+        return []
+    kernels = model.active("decoder_kernels")
+    if kernels is not None and all(kernels.term.covers(model.term_params(kernels), device) for device in device_types):
+        return []
+    return [
+        "context parallelism is priced without its KV exchange here (the shipped model's roofline splits the "
+        "attention over cp and charges no ring; only decoder_kernels prices it): a cp > 1 pick ties with the same "
+        "tokens per GPU at cp 1, so read such ties as equal, not as a gain from cp"
+    ]

@@ -65,6 +65,17 @@ NCCL_BUFFER_BYTES = 4 * 16 * 2 * 4 * 2**20
 DEFAULT_HEADROOM_BYTES = 1.5e9
 
 
+def refusal_text(error: Exception) -> str:
+    """Why a launch is left out, saying whose rule it is: what the model does not price (a `spec.ASSUMPTIONS`
+    refusal) is not something Megatron refuses; a rule Megatron's own checks hold names the flag it is about."""
+    problem = str(getattr(error, "problem", None) or error)
+    field = getattr(error, "field", None)
+    if "does not model" in problem or "not priced" in problem:
+        return f"the model does not price the launch: {problem}"
+    where = f"{field}: " if field and str(field) not in problem else ""
+    return f"Megatron refuses the launch: {where}{problem}"
+
+
 def default_headroom_bytes(device_type: str) -> float:
     """The memory left out of a GPU of `device_type` for what the count leaves out (see DEFAULT_HEADROOM_BYTES)."""
     return 0.0 if device_type.startswith("cpu") else DEFAULT_HEADROOM_BYTES
@@ -362,7 +373,7 @@ class JobPlanner(LaunchArguments, LaunchBounds):
                 ranks_per_device=self.spec.ranks_per_device,
             )
         except (TraceError, ValueError) as error:
-            raise Refusal(f"Megatron refuses the launch: {getattr(error, 'problem', None) or error}") from None
+            raise Refusal(refusal_text(error)) from None
         if self.spec.cores and len(self.spec.cores) == spec.gpus:  # the capture's ranks on its cores, as launched
             spec = replace(spec, cores=self.spec.cores)
         # what the launch's command line says besides Megatron's arguments (build_spec's): its environment's transport
@@ -400,7 +411,7 @@ class JobPlanner(LaunchArguments, LaunchBounds):
                 iterations=own.iterations,
             )
         except (TraceError, ValueError) as error:
-            raise Refusal(f"Megatron refuses the launch: {getattr(error, 'problem', None) or error}") from None
+            raise Refusal(refusal_text(error)) from None
         return replace(spec, transport=own.transport)
 
     def placed_order(self, pp: int) -> tuple[str, ...]:

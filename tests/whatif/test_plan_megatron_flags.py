@@ -105,6 +105,8 @@ def test_every_printed_launch_is_one_megatron_runs(llama70):
     assert fp8["flags"][at : at + 4] == ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"]
     assert len({(p["decoder_first_pipeline_num_layers"], p["decoder_last_pipeline_num_layers"]) for p in best}) > 1
     assert found["current"]["fp8"] is False and found["current"]["cp"] == 1 and found["current"]["flags"] == []
+    # the shipped model's roofline charges cp no KV exchange: a cp > 1 pick says so
+    assert any("priced without its KV exchange" in note for note in found["notes"])
 
 
 def test_an_fp8_job_planned_in_bf16_removes_its_fp8_flags(tmp_path):
