@@ -80,7 +80,7 @@ KEEP_MICRO_BATCH = typer.Option(False, "--keep-micro-batch", help="With --job: k
 KEEP_LEVERS = typer.Option(
     False,
     "--keep-levers",
-    help="With --job: keep its tensor, pipeline and context parallel sizes, "
+    help="With --job: keep its tensor, pipeline, context and expert parallel sizes, "
     "recomputation, sequence parallelism and distributed optimizer (--precision still applies).",
 )
 DEVICE_MEMORY = typer.Option(
@@ -338,9 +338,10 @@ def plan_job(
     perturbations: dict | None = None,
 ) -> None:
     """The fastest launches of a real job on its devices, priced by the calibrated model: one search over t, p, cp,
-    d, virtual stages, micro batch, recomputation, sequence parallelism, the distributed optimizer, FP8 or BF16
-    (--precision), stage order, layer split and schedule (Megatron's own unless --any-runtime), each pick within
-    memory less a stated headroom (the old spelling: plan --job DIR)."""
+    d, the experts' ep and etp (a mixture of experts), virtual stages, micro batch, recomputation, sequence
+    parallelism, the distributed optimizer, FP8 or BF16 (--precision), stage order, layer split and schedule
+    (Megatron's own unless --any-runtime), each pick within memory less a stated headroom (the old spelling: plan
+    --job DIR)."""
     raise typer.Exit(_job(ctx, locals()))
 
 

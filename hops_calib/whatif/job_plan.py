@@ -1,11 +1,11 @@
 """What-if room: the planner for a real job, every lever Megatron has searched together - the layout (t, p, cp,
-d), recomputation, sequence parallelism, the distributed optimizer, FP8 or 16-bit GEMMs (where `precision`
+d, and under a mixture of experts ep and etp), recomputation, sequence parallelism, the distributed optimizer, FP8 or 16-bit GEMMs (where `precision`
 allows), which device runs which stage, how many layers each holds, which schedule, which micro-batch size - for a
 job directory's model and global batch, on its GPUs, priced by a calibrated model, within each GPU's memory less a
 headroom.
 
 A candidate is a `Launch`: its levers (`Levers`: None, the job's own t, p, cp, recomputation, SP, distributed
-optimizer and precision), a stage order (device id per stage; ranks placed by torchrun on a layout of its own), Megatron's layer
+optimizer, precision and, for a mixture of experts, ep and etp: `JobPlanner.expert_layouts`), a stage order (device id per stage; ranks placed by torchrun on a layout of its own), Megatron's layer
 split (even, or the first and/or last stage pinned with --decoder-first/last-pipeline-num-layers, the rest even, or
 even with the embedding and/or the loss counted as a layer, --account-for-embedding/loss-in-pipeline-split), a
 schedule (1F1B or interleaved 1F1B with v model chunks per rank; with `any_runtime` also ZB-H1, GPipe, or `auto`,
@@ -274,8 +274,9 @@ def plan_job(
         if why:
             planner.notes.append(
                 f"tensor, pipeline and context parallel sizes kept at the job's t {planner.spec.tp} x p "
-                f"{planner.spec.pp} x cp {planner.spec.cp}: {why}; recomputation, sequence parallelism and the "
-                "distributed optimizer are searched"
+                f"{planner.spec.pp} x cp {planner.spec.cp}: {why}; recomputation, sequence parallelism"
+                + (", the experts' ep and etp" if planner.spec.model.moe else "")
+                + " and the distributed optimizer are searched"
             )
 
     def allowed(launch: Launch) -> bool:

@@ -44,6 +44,12 @@ FP8_SETTINGS = (
 )
 
 
+def expert_levers(spec: Spec) -> tuple[int | None, int | None]:
+    """(ep, etp) of a spec's launch: its expert-parallel and expert tensor-parallel sizes, (None, None) for a dense
+    MLP (`Levers.ep`, `Levers.etp`)."""
+    return (spec.ep, spec.etp) if spec.model.moe else (None, None)
+
+
 def runs_fp8(args: dict[str, Any]) -> bool:
     """Whether a launch's linear GEMMs run in FP8: --fp8-format (or the older switches) on Transformer Engine's
     layer (megatron-core `fp8_utils.py` `get_fp8_context`; the local layer has no FP8 path)."""
@@ -79,7 +85,15 @@ class LaunchArguments:
             bool(self.spec.distributed_optimizer),
             self.spec.cp,
             runs_fp8(self.args),
+            *expert_levers(self.spec),
         )
+
+    def implied_etp(self, tp: int) -> int:
+        """The expert tensor-parallel size the job's command line gives at tensor-parallel size `tp`: its
+        --expert-tensor-parallel-size, else `tp` (megatron/core/model_parallel_config.py
+        `ModelParallelConfig.__post_init__`: None takes the tensor-parallel size)."""
+        given = self.args.get("expert_tensor_parallel_size")
+        return tp if given is None else int(given)
 
     def launch_args(self, launch: Launch) -> dict[str, Any]:
         args = dict(self.args)
@@ -94,6 +108,8 @@ class LaunchArguments:
                 use_distributed_optimizer=levers.distributed_optimizer,
                 context_parallel_size=levers.cp,
             )
+            if levers.ep is not None:
+                args.update(expert_model_parallel_size=levers.ep, expert_tensor_parallel_size=levers.etp)
             if levers.fp8 != runs_fp8(self.args):
                 for key, _ in FP8_SETTINGS:
                     args.pop(key, None)
@@ -156,6 +172,14 @@ class LaunchArguments:
             if value != old:
                 argv += [flag, str(value)]
                 words.append(f"{flag} {value}")
+        # the experts' sizes: --expert-model-parallel-size where ep changes; --expert-tensor-parallel-size where the
+        # etp priced is not the one the command line gives at the new t (its own flag, else t: `implied_etp`)
+        if new.ep is not None and new.ep != now.ep:
+            argv += ["--expert-model-parallel-size", str(new.ep)]
+            words.append(f"--expert-model-parallel-size {new.ep}")
+        if new.etp is not None and new.etp != self.implied_etp(new.tp):
+            argv += ["--expert-tensor-parallel-size", str(new.etp)]
+            words.append(f"--expert-tensor-parallel-size {new.etp}")
         if new.fp8 != now.fp8:
             if new.fp8:
                 argv += FP8_FLAGS

@@ -35,8 +35,9 @@ class Outcome:
     launch_notes: tuple[str, ...] = ()  # what no flag says: a schedule Megatron-LM lacks, moving ranks between hosts
     expected_ci95: tuple[float, float] | None = None  # the expected throughput's 95 % Monte-Carlo interval
     outside: tuple[str, ...] | None = None  # features outside the calibration runs (None: not checked)
-    settings: Levers | None = None  # t, p, recomputation, SP, distributed optimizer, cp, FP8 as simulated
+    settings: Levers | None = None  # t, p, recomputation, SP, distributed optimizer, cp, FP8, ep, etp as simulated
     dp: int = 1  # data-parallel replicas
+    edp: int | None = None  # the experts' data-parallel size, world / (etp x ep x p) (None: no experts)
     band: float = 0.0  # the relative uncertainty of samples_per_s (the model's train MAPE; 0: not given)
 
     @property
@@ -80,6 +81,9 @@ class Outcome:
                     "pp": self.settings.pp,
                     "cp": self.settings.cp,
                     "dp": self.dp,
+                    "ep": self.settings.ep,
+                    "etp": self.settings.etp,
+                    "edp": self.edp,
                     "fp8": self.settings.fp8,
                     "recompute": self.settings.recompute_label(),
                     "recompute_granularity": self.settings.recompute[0],

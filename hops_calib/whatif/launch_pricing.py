@@ -22,7 +22,7 @@ from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import Spec, fsdp_strategy
 from hops_calib.whatif.cluster import Cluster
-from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments, runs_fp8
+from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments, expert_levers, runs_fp8
 from hops_calib.whatif.launch_bounds import LaunchBounds
 from hops_calib.whatif.launch_outcome import MAX_TASKS, Outcome, Refusal, _step_samples, _tasks_of
 from hops_calib.whatif.launch_space import (
@@ -285,8 +285,9 @@ class JobPlanner(LaunchArguments, LaunchBounds):
     def fp8_refusal(self) -> str:
         """ "" where the job's launch can turn Transformer Engine's FP8 on, else why not: every device type's
         catalog entry has a dense FP8 peak (`peak_fp8_flops_per_s`, hops_calib/model/devices.toml), the layer is
-        TE's (--transformer-impl transformer_engine: the local layer has no FP8 path) and the weights are 16-bit
-        (TE runs FP8 GEMMs under bf16 or fp16 autocast)."""
+        TE's (--transformer-impl transformer_engine: the local layer has no FP8 path), the weights are 16-bit
+        (TE runs FP8 GEMMs under bf16 or fp16 autocast) and the MLP is dense (FP8 experts, TE's grouped FP8 GEMMs
+        on padded token counts, are not priced: `spec.ASSUMPTIONS` --num-experts)."""
         without = sorted({t for t in self.types.values() if not self.model.device(t).peak_fp8_flops_per_s})
         if without:
             return f"device type {', '.join(without)} has no FP8 peak in the catalog (no FP8 tensor cores)"
@@ -294,7 +295,39 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             return "--transformer-impl local has no FP8 path (Transformer Engine's layer runs FP8)"
         if self.spec.model.precision not in ("bf16", "fp16"):
             return f"the launch runs {self.spec.model.precision} weights (FP8 GEMMs run under --bf16 or --fp16)"
+        if self.spec.model.moe:
+            return "its MLP is a mixture of experts (FP8 experts are not priced)"
         return ""
+
+    def expert_layouts(self, tp: int, pp: int, cp: int) -> list[tuple[int | None, int | None]]:
+        """The (ep, etp) Megatron lays a mixture of experts out in at t x p x cp, the job's own first where it is
+        one: ep a divisor of the experts (megatron/core/transformer/moe/moe_layer.py `MoELayer.__init__` asserts
+        num_experts % ep == 0), etp t (Megatron's default) or 1, the world divisible by etp x ep x p
+        (megatron/core/parallel_state.py `initialize_model_parallel`; edp = world / (etp x ep x p)), the expert
+        FFN divisible by etp, etp 1 under the linear layers' biases (transformer_config.py
+        `TransformerConfig.__post_init__`: "Bias in Moe is only supported when ETP==1") and, under a rank order
+        not ending in pp at p > 1, edp equal to the attention's d x cp (`initialize_model_parallel`'s assertion).
+        [(None, None)] for a dense MLP. `spec.arguments.moe_settings_of` refuses whatever else Megatron does."""
+        spec, own = self.spec, self.own_levers()
+        shape = spec.model
+        if not shape.moe or shape.num_experts is None:
+            return [(None, None)]
+        world = spec.gpus
+        bias = not bool(self.args.get("disable_bias_linear")) and self.args.get("add_bias_linear", True) is not False
+        found = [own.experts] if (tp, pp, cp) == own.layout else []
+        for ep in divisors(shape.num_experts):
+            for etp in dict.fromkeys((tp, 1)):
+                if world % (etp * ep * pp) or shape.expert_ffn % etp or (bias and etp > 1):
+                    continue
+                if (
+                    pp > 1
+                    and not spec.rank_order.endswith("pp")
+                    and world // (etp * ep * pp) != world // (tp * pp * cp)
+                ):
+                    continue
+                if (ep, etp) not in found:
+                    found.append((ep, etp))
+        return found
 
     def families(self, precisions: Sequence[bool] | None = None, levers: bool = True) -> list[Levers]:
         """Every setting of the levers Megatron takes for the job's model on its GPUs, the job's own first: t
@@ -302,10 +335,12 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         NVLink); cp of `context_parallel_sizes`; p dividing the layers (or the layers with the embedding and/or the
         loss counted as one, which Megatron splits with --account-for-*-in-pipeline-split) and the GPUs over t x cp
         (`relayout`: else the job's t, p and cp); each recomputation (`recompute_options`); sequence parallelism on
-        and off at t > 1; the distributed optimizer on and off at d x cp > 1 (it shards over the data- and
-        context-parallel ranks); FP8 on or off as `precisions` allow (default: the job's own). Without `levers`,
-        only the job's own setting in each precision allowed. What Megatron refuses besides is refused when
-        priced."""
+        and off at t > 1 (on only under experts: megatron-core's MoELayer.forward refuses tensor parallelism without
+        it); the distributed optimizer on and off at d x cp > 1 (it shards over the data- and context-parallel
+        ranks) or, under experts, an expert data-parallel size above 1 (it shards the experts' state over those);
+        FP8 on or off as `precisions` allow (default: the job's own); under a mixture of experts each (ep, etp) of
+        `expert_layouts`. Without `levers`, only the job's own setting in each precision allowed. What Megatron
+        refuses besides is refused when priced."""
         from hops_calib.whatif.launch_space import recompute_options
 
         spec, own = self.spec, self.own_levers()
@@ -332,17 +367,19 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         found: list[Levers] = [own]
         fsdp = fsdp_strategy(spec.megatron_args)
         for t, p, cp in layouts:
-            replicas = spec.gpus // (t * p)  # d x cp: what the distributed optimizer shards over
             recomputes = list(dict.fromkeys([*recompute_options(max(shape.num_layers // p, 1)), own.recompute]))
-            for fp8 in precisions:
-                for recompute in recomputes:
-                    for sp in (False, True) if t > 1 else (False,):
-                        # under Megatron-FSDP its sharding strategy, not --use-distributed-optimizer, shards the
-                        # optimizer state (`spec_from_args`): the lever is left as the launch has it
-                        for dist in (False, True) if replicas > 1 and not fsdp else (own.distributed_optimizer,):
-                            setting = Levers(t, p, recompute, sp, dist, cp, fp8)
-                            if setting != own:
-                                found.append(setting)
+            for ep, etp in self.expert_layouts(t, p, cp):
+                # d x cp, and the experts' data-parallel size: what the distributed optimizer shards over
+                replicas = max(spec.gpus // (t * p), spec.gpus // (etp * ep * p) if ep and etp else 1)
+                for fp8 in precisions:
+                    for recompute in recomputes:
+                        for sp in (True,) if t > 1 and shape.moe else (False, True) if t > 1 else (False,):
+                            # under Megatron-FSDP its sharding strategy, not --use-distributed-optimizer, shards
+                            # the optimizer state (`spec_from_args`): the lever is left as the launch has it
+                            for dist in (False, True) if replicas > 1 and not fsdp else (own.distributed_optimizer,):
+                                setting = Levers(t, p, recompute, sp, dist, cp, fp8, ep, etp)
+                                if setting != own:
+                                    found.append(setting)
         return found
 
     # --- one candidate ------------------------------------------------------------------------------------------
@@ -508,8 +545,10 @@ class JobPlanner(LaunchArguments, LaunchBounds):
                 bool(spec.distributed_optimizer),
                 spec.cp,
                 runs_fp8(spec.megatron_args),
+                *expert_levers(spec),
             ),
             dp=spec.dp,
+            edp=spec.edp if spec.model.moe else None,
             band=self.band,
         )
 

@@ -31,7 +31,12 @@ class Levers:
     parallelism, the distributed optimizer, context parallelism (--context-parallel-size: each sequence cut into
     2 cp chunks over cp GPUs, world = t x p x cp x d; megatron/core/parallel_state.py `initialize_model_parallel`,
     megatron/core/utils.py `get_batch_on_this_cp_rank`) and FP8 (Transformer Engine's FP8 GEMMs, --fp8-format and
-    --fp8-recipe; megatron/core/transformer/transformer_config.py `fp8`, `fp8_recipe`)."""
+    --fp8-recipe; megatron/core/transformer/transformer_config.py `fp8`, `fp8_recipe`). A mixture of experts adds
+    expert parallelism: the experts split over ep GPUs (--expert-model-parallel-size, num_experts / ep each,
+    megatron/core/transformer/moe/moe_layer.py `MoELayer.__init__`) and each expert's GEMMs over etp
+    (--expert-tensor-parallel-size), the expert layers' own rank grid etp x ep x edp x p (megatron/core/
+    parallel_state.py `initialize_model_parallel`: the world divisible by etp x ep x p, edp = world / (etp x ep x
+    p)); a dense job's ep and etp are None."""
 
     tp: int
     pp: int
@@ -40,11 +45,25 @@ class Levers:
     distributed_optimizer: bool
     cp: int = 1
     fp8: bool = False  # the linear layers' GEMMs in FP8 through Transformer Engine (else the job's 16 bits)
+    ep: int | None = None  # --expert-model-parallel-size (None: a dense MLP, no experts)
+    etp: int | None = None  # --expert-tensor-parallel-size as it runs (Megatron's default t; None: no experts)
 
     @property
     def layout(self) -> tuple[int, int, int]:
         """(t, p, cp): what places the ranks (d is the rest of the GPUs)."""
         return (self.tp, self.pp, self.cp)
+
+    @property
+    def experts(self) -> tuple[int | None, int | None]:
+        """(ep, etp): how the experts' layers lay out over the ranks t x p x cp places ((None, None): dense)."""
+        return (self.ep, self.etp)
+
+    def expert_data_parallel(self, world: int) -> int | None:
+        """The experts' data-parallel size on `world` GPUs, world / (etp x ep x p) (`initialize_model_parallel`);
+        None without experts."""
+        if self.ep is None or self.etp is None:
+            return None
+        return world // (self.etp * self.ep * self.pp)
 
     def recompute_label(self) -> str:
         granularity, method, layers = self.recompute
@@ -56,6 +75,8 @@ class Levers:
         return (
             f"t{self.tp} p{self.pp}"
             + (f" cp{self.cp}" if self.cp > 1 else "")
+            + (f" ep{self.ep}" if self.ep is not None else "")
+            + (f" etp{self.etp}" if self.etp is not None and self.etp != self.tp else "")
             + (", FP8" if self.fp8 else "")
             + f", recompute {self.recompute_label()}"
             + (", SP" if self.sequence_parallel else "")

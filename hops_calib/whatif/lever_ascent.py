@@ -80,9 +80,12 @@ def _lever_ascent(
                 setting.sequence_parallel != levers.sequence_parallel,
                 setting.distributed_optimizer != levers.distributed_optimizer,
                 setting.fp8 != levers.fp8,
+                setting.experts != levers.experts,
             )
-            # one lever changed; a new layout may take any recomputation with it (what lets it fit)
-            if sum(changed) == 1 or (changed[0] and sum(changed[2:]) == 0):
+            # one lever changed; a new layout may take any recomputation with it (what lets it fit) or any layout
+            # of the experts (ep, etp: a wider layout may leave the launch's own none, or too little memory), not
+            # both (that would price every layout x recomputation x expert layout at each step)
+            if sum(changed) == 1 or (changed[0] and sum(changed[2:5]) == 0 and changed[1] + changed[5] < 2):
                 near += _moved_up(planner, launch, family)
         best_first([n for n in dict.fromkeys(near) if n != launch])
         better = max(

@@ -8,7 +8,11 @@ virtual stages), `megatron/training/arguments.py` `validate_args` (layers per vi
 dividing the layers), `megatron/core/num_microbatches_calculator.py` (the global batch a multiple of micro batch x
 d), `megatron/core/pipeline_parallel/schedules.py` `forward_backward_pipelining_with_interleaving` (microbatches a
 multiple of p under the default `microbatch_group_size_per_vp_stage` = p) and `megatron/core/utils.py`
-`get_batch_on_this_cp_rank` (the sequence in 2 cp chunks). Runs on the CPU: no GPU, no process group.
+`get_batch_on_this_cp_rank` (the sequence in 2 cp chunks). A mixture of experts (--num-experts) adds its own:
+`initialize_model_parallel` again (the world divisible by etp x ep x p, the experts' data-parallel size world /
+(etp x ep x p)), `megatron/core/transformer/moe/moe_layer.py` `MoELayer.__init__` (the experts divisible by ep) and
+`MoELayer.forward` (tensor parallelism needs sequence parallelism in training). Runs on the CPU: no GPU, no process
+group.
 
 Megatron-LM's training package (`megatron/training`) is not installed with megatron-core; the mapping of flags to
 the config below follows its `core_transformer_config_from_args` for the settings the planner changes and the
@@ -53,6 +57,14 @@ VALUED: dict[str, tuple[str, type]] = {
     "--hidden-dropout": ("hidden_dropout", float),
     "--transformer-impl": ("transformer_impl", str),
     "--data-parallel-size": ("data_parallel_size", int),
+    "--num-experts": ("num_experts", int),
+    "--moe-router-topk": ("moe_router_topk", int),
+    "--moe-ffn-hidden-size": ("moe_ffn_hidden_size", int),
+    "--expert-model-parallel-size": ("expert_model_parallel_size", int),
+    "--expert-tensor-parallel-size": ("expert_tensor_parallel_size", int),
+    "--moe-token-dispatcher-type": ("moe_token_dispatcher_type", str),
+    "--moe-router-load-balancing-type": ("moe_router_load_balancing_type", str),
+    "--moe-aux-loss-coeff": ("moe_aux_loss_coeff", float),
 }
 # the choices argparse allows (megatron/training/arguments.py `choices=`)
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -62,6 +74,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "--recompute-method": ("uniform", "block"),
     "--normalization": ("LayerNorm", "RMSNorm"),
     "--transformer-impl": ("local", "transformer_engine"),
+    "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
+    "--moe-router-load-balancing-type": ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"),
 }
 # switches (store_true; --no-* store_false), by the args. name they set
 SWITCHES: dict[str, tuple[str, bool]] = {
@@ -79,6 +93,7 @@ SWITCHES: dict[str, tuple[str, bool]] = {
     "--fp16": ("fp16", True),
     "--use-flash-attn": ("use_flash_attn", True),
     "--fp8-param-gather": ("fp8_param_gather", True),
+    "--moe-grouped-gemm": ("moe_grouped_gemm", True),
 }
 DEFAULTS: dict[str, Any] = {
     "tensor_model_parallel_size": 1,
@@ -89,6 +104,11 @@ DEFAULTS: dict[str, Any] = {
     "normalization": "LayerNorm",
     "attention_dropout": 0.1,
     "hidden_dropout": 0.1,
+    "expert_model_parallel_size": 1,
+    "moe_router_topk": 2,
+    "moe_token_dispatcher_type": "allgather",
+    "moe_router_load_balancing_type": "aux_loss",
+    "moe_aux_loss_coeff": 0.0,
 }
 
 
@@ -219,6 +239,18 @@ def transformer_config(args: dict[str, Any], world_size: int):
         attention_dropout=args["attention_dropout"],
         hidden_dropout=args["hidden_dropout"],
         apply_rope_fusion=False,
+        # the experts (core_transformer_config_from_args: --num-experts is num_moe_experts; validate_args leaves
+        # --moe-ffn-hidden-size None for the config to take --ffn-hidden-size)
+        num_moe_experts=args.get("num_experts"),
+        moe_router_topk=args["moe_router_topk"],
+        moe_ffn_hidden_size=args.get("moe_ffn_hidden_size")
+        or (args.get("ffn_hidden_size") if args.get("num_experts") else None),
+        expert_model_parallel_size=args["expert_model_parallel_size"],
+        expert_tensor_parallel_size=args.get("expert_tensor_parallel_size"),
+        moe_token_dispatcher_type=args["moe_token_dispatcher_type"],
+        moe_grouped_gemm=bool(args.get("moe_grouped_gemm")),
+        moe_router_load_balancing_type=args["moe_router_load_balancing_type"],
+        moe_aux_loss_coeff=args["moe_aux_loss_coeff"],
     )
     if not swiglu and not kwargs["add_bias_linear"]:
         kwargs["bias_activation_fusion"] = False  # validate_args turns the bias-GeLU fusion off without biases
@@ -248,11 +280,31 @@ def check_launch(args: dict[str, Any], world_size: int):
         raise Refused(f"{gbs // (mbs * dp)} microbatches are not a multiple of the {p} stages (interleaved schedule)")
     if cp > 1 and args["seq_length"] % (2 * cp):
         raise Refused(f"sequence length {args['seq_length']} is not divisible by 2 x cp {cp} (get_batch_on_this_cp_rank)")
+    if config.num_moe_experts:
+        expert_data_parallel(config, world_size)
     pinned = config.num_layers_in_first_pipeline_stage is not None or config.num_layers_in_last_pipeline_stage is not None
     accounted = config.account_for_embedding_in_pipeline_split or config.account_for_loss_in_pipeline_split
     if not pinned and not accounted and config.num_layers % p:
         raise Refused(f"num_layers ({config.num_layers}) is not divisible by pipeline parallel size ({p})")
     return config, dp
+
+
+def expert_data_parallel(config, world_size: int) -> int:
+    """The experts' data-parallel size Megatron lays out on `world_size` GPUs, world / (etp x ep x p)
+    (`parallel_state.initialize_model_parallel`'s expert rank generator); Refused where it refuses the experts'
+    layout (the module docstring)."""
+    experts, ep, etp = config.num_moe_experts, config.expert_model_parallel_size, config.expert_tensor_parallel_size
+    t, p = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
+    if experts % ep:
+        raise Refused(f"num_moe_experts ({experts}) is not divisible by expert parallel size ({ep}) (MoELayer.__init__)")
+    if world_size % (etp * ep * p):
+        raise Refused(
+            f"world_size ({world_size}) is not divisible by expert_tensor_model_pipeline_parallel size ({etp * ep * p}) "
+            "(initialize_model_parallel)"
+        )
+    if t > 1 and not config.sequence_parallel:
+        raise Refused("MoE with tensor parallelism in training needs sequence parallelism (MoELayer.forward)")
+    return world_size // (etp * ep * p)
 
 
 def layers_per_rank(config) -> list[int]:

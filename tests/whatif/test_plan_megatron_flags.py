@@ -2,8 +2,10 @@
 megatron-core 0.16.1's TransformerConfig (its and ModelParallelConfig's __post_init__ validation) and pass the checks
 Megatron makes before the first step (tests/whatif/megatron_accepts.py), and the launch they build is the one the
 plan priced (t, p, cp, d, virtual stages, layers per rank by megatron-core's get_num_layers_to_build, recomputation,
-sequence parallelism, FP8). On a Llama-3-70B-shaped job on 64 H100 DGX GPUs, with FP8 allowed (the search then
-moves context parallelism, FP8 and the uneven first and last stages), and the same job in FP8 planned in BF16."""
+sequence parallelism, FP8, and under a mixture of experts ep, etp and the experts' data-parallel size). On a
+Llama-3-70B-shaped job on 64 H100 DGX GPUs, with FP8 allowed (the search then moves context parallelism, FP8 and the
+uneven first and last stages), the same job in FP8 planned in BF16, and a Mixtral-8x7B-shaped job on 64 H100 DGX GPUs
+launched at EP 2 (the search then moves expert parallelism)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from megatron_accepts import (  # noqa: E402
     Refused,
     apply_changes,
     check_launch,
+    expert_data_parallel,
     job_launch,
     layers_per_rank,
     read_launch,
@@ -37,6 +40,21 @@ LLAMA70 = (
     "--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --swiglu "
     "--normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights "
     "--disable-bias-linear --attention-dropout 0 --hidden-dropout 0 --bf16 --vocab-size 128256 --train-iters 100"
+)
+
+# A Mixtral-8x7B shape (Jiang et al. 2024, table 1: 32 layers, h 4096, 32 heads in 8 query groups, SwiGLU experts of
+# 14336, 8 experts, top-2; Megatron-LM examples/mixtral's flags) on 8 DGX H100 nodes at t 1 x p 4 x d 16 with EP 2
+# (4 experts per GPU), BF16. The numbers are this test's own.
+MIXTRAL = (
+    "torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 1 "
+    "--pipeline-model-parallel-size 4 --expert-model-parallel-size 2 --num-experts 8 --moe-router-topk 2 "
+    "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --moe-router-load-balancing-type aux_loss "
+    "--moe-aux-loss-coeff 1e-2 --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+    "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 4096 "
+    "--max-position-embeddings 32768 --micro-batch-size 1 --global-batch-size 256 --swiglu --normalization RMSNorm "
+    "--position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights "
+    "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16 --transformer-impl "
+    "transformer_engine --vocab-size 32000 --train-iters 20"
 )
 
 
@@ -79,6 +97,10 @@ def verify_pick(job: Path, pick: dict) -> None:
         "recompute_num_layers": config.recompute_num_layers,
         "layers_per_stage": layers_per_rank(config),
         "distributed_optimizer": bool(args.get("use_distributed_optimizer")),
+        # the experts as megatron-core lays them out (None, None, None: a dense MLP)
+        "ep": config.expert_model_parallel_size if config.num_moe_experts else None,
+        "etp": config.expert_tensor_parallel_size if config.num_moe_experts else None,
+        "edp": expert_data_parallel(config, launch.world_size) if config.num_moe_experts else None,
     }
     assert built == {key: pick[key] for key in built}, pick["changes"]
 
@@ -197,6 +219,7 @@ def test_context_parallel_sizes_are_the_ones_megatron_splits(llama70, tmp_path):
     assert planner.context_parallel_sizes() == [1, 2, 4, 8]
     settings = planner.families()
     assert {s.cp for s in settings} == {1, 2, 4, 8} and all(64 % (s.tp * s.pp * s.cp) == 0 for s in settings)
+    assert {s.experts for s in settings} == {(None, None)}, "a dense MLP has no expert lever"
     assert {s.fp8 for s in settings} == {False}, "FP8 only where --precision allows it"
     assert {s.fp8 for s in planner.families((False, True))} == {False, True}
     odd = make_job(tmp_path / "s8196", LLAMA70.replace("8192 --max-position-embeddings 8192", "8196 "
@@ -212,3 +235,138 @@ def test_keep_levers_still_takes_the_precision_allowed(llama70):
         assert (pick["tp"], pick["pp"], pick["cp"], pick["fp8"]) == (4, 4, 1, True)
         assert pick["sequence_parallel"] and pick["distributed_optimizer"] and pick["recompute"] == "none"
         verify_pick(llama70, pick)
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    return make_job(tmp_path_factory.mktemp("mixtral") / "mixtral", MIXTRAL, 4)
+
+
+@pytest.fixture(scope="module")
+def mixtral_plan(mixtral):
+    return plan(mixtral, "--top", "5")
+
+
+def test_every_printed_moe_launch_is_one_megatron_runs(mixtral, mixtral_plan):
+    """The Mixtral job's five best, the best Megatron runs as it is and its own launch build in megatron-core
+    (TransformerConfig with the experts, ep dividing the experts, etp x ep x p dividing the 64 GPUs) and are the
+    launches priced, ep, etp and the experts' data-parallel size included; the search moved expert parallelism off
+    the job's EP 2, written as --expert-model-parallel-size."""
+    found = mixtral_plan
+    for pick in [*found["best"], found["best_megatron"], found["current"]]:
+        verify_pick(mixtral, pick)
+    assert (found["current"]["ep"], found["current"]["etp"], found["current"]["edp"]) == (2, 1, 8)
+    moved = [pick for pick in found["best"] if pick["ep"] != 2]
+    assert moved, [pick["changes"] for pick in found["best"]]
+    for pick in moved:
+        at = pick["flags"].index("--expert-model-parallel-size")
+        assert pick["flags"][at + 1] == str(pick["ep"])
+
+
+def test_the_moe_launch_label_names_ep(mixtral, mixtral_plan):
+    """The text names each pick's ep in its launch (t, p, then ep: `t1 p4 ep8`), and its experts' data-parallel
+    size beside d."""
+    from hops_calib.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "job", str(mixtral), "--top", "5"])
+    assert result.exit_code == 0, result.output
+    for pick in mixtral_plan["best"]:
+        cp = f" cp{pick['cp']}" if pick["cp"] > 1 else ""
+        assert f"t{pick['tp']} p{pick['pp']}{cp} ep{pick['ep']}" in result.output
+        assert f"d {pick['dp']}, expert d {pick['edp']}" in result.output
+
+
+def test_expert_layouts_are_the_ones_megatron_lays_out(mixtral):
+    """ep runs over the divisors of the 8 experts and etp over t and 1, wherever etp x ep x p divides the 64 GPUs
+    (initialize_model_parallel); tensor parallelism only with sequence parallelism under experts (MoELayer.forward);
+    a layout with biases keeps etp 1 (TransformerConfig)."""
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.whatif.job_plan import JobPlanner
+
+    model = load_model()
+    planner = JobPlanner(mixtral, model)
+    settings = planner.families()
+    assert settings[0].experts == (2, 1)
+    assert {s.ep for s in settings} == {1, 2, 4, 8}
+    assert all(8 % s.ep == 0 and 64 % (s.etp * s.ep * s.pp) == 0 and s.etp in (1, s.tp) for s in settings)
+    assert any(s.etp == s.tp > 1 for s in settings) and any(s.tp > 1 and s.etp == 1 for s in settings)
+    assert all(s.sequence_parallel for s in settings if s.tp > 1)
+    # at t 2 x p 8, etp 2 leaves ep at most 4 (2 x 8 x 8 = 128 GPUs); etp 1 takes ep 8
+    assert planner.expert_layouts(2, 8, 1) == [(1, 2), (1, 1), (2, 2), (2, 1), (4, 2), (4, 1), (8, 1)]
+    biased = make_job(mixtral.parent / "biased", MIXTRAL.replace(" --disable-bias-linear", ""), 4)
+    assert {etp for _, etp in JobPlanner(biased, model).expert_layouts(4, 2, 1)} == {1}
+
+
+@pytest.mark.parametrize(
+    ("changes", "refusal"),
+    [
+        (["--expert-model-parallel-size", "3"], "not divisible by expert parallel size (3)"),
+        (["--expert-model-parallel-size", "16"], "not divisible by expert parallel size (16)"),
+        (
+            ["--expert-model-parallel-size", "8", "--pipeline-model-parallel-size", "8",
+             "--tensor-model-parallel-size", "2", "--sequence-parallel"],
+            "expert_tensor_model_pipeline_parallel size (128)",
+        ),
+        (["--expert-model-parallel-size", "8", "--pipeline-model-parallel-size", "16"], "parallel size (128)"),
+        (["--tensor-model-parallel-size", "2"], "needs sequence parallelism"),
+        (["--moe-token-dispatcher-type", "all2all"], "invalid choice: 'all2all'"),
+        (["--expert-model-parallel-size", "2", "--num-experts", "0"], "num_moe_experts must be non None"),
+    ],
+)
+def test_a_bad_expert_layout_is_caught(mixtral, changes, refusal):
+    """The check can fail: expert layouts Megatron refuses, applied to the Mixtral launch, are refused with the
+    reason."""
+    launch = job_launch(mixtral)
+    with pytest.raises(Refused) as caught:
+        args = read_launch(apply_changes(launch.argv, changes, []))
+        if args.get("num_experts") == 0:
+            args["num_experts"] = None  # validate_args: --num-experts 0 is None
+        check_launch(args, launch.world_size)
+    assert refusal in str(caught.value)
+
+
+def test_flags_that_lose_the_expert_layout_are_caught(mixtral, mixtral_plan):
+    """A pick whose printed flags lost its --expert-model-parallel-size builds the job's EP 2, not the ep priced:
+    the check says so."""
+    pick = next(p for p in mixtral_plan["best"] if "--expert-model-parallel-size" in p["flags"])
+    at = pick["flags"].index("--expert-model-parallel-size")
+    broken = {**pick, "flags": pick["flags"][:at] + pick["flags"][at + 2 :]}
+    with pytest.raises((AssertionError, Refused)):
+        verify_pick(mixtral, broken)
+
+
+def test_expert_tensor_parallel_flags_say_what_the_command_line_does_not(mixtral, tmp_path):
+    """--expert-tensor-parallel-size is written where the etp priced is not what the job's command line gives at
+    the new t (its own flag, else t): t 2 at etp 1 writes it, t 2 at etp 2 does not; the job launched with
+    --expert-tensor-parallel-size 1 writes it at etp 2. Every such launch builds in megatron-core as priced."""
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.whatif.job_plan import JobPlanner
+    from hops_calib.whatif.launch_space import Launch, Levers
+
+    model = load_model()
+    explicit = make_job(tmp_path / "etp1", MIXTRAL + " --expert-tensor-parallel-size 1", 4)
+    for job, etp, written in ((mixtral, 1, True), (mixtral, 2, False), (explicit, 2, True), (explicit, 1, False)):
+        planner = JobPlanner(job, model)
+        levers = Levers(2, 4, (None, None, None), True, True, 1, False, 4, etp)
+        launch = Launch(planner.placed_order(4), None, None, "1f1b", 1, 1, (False, False), levers)
+        pick = planner.evaluate(launch).to_dict()
+        assert ("--expert-tensor-parallel-size" in pick["flags"]) is written, pick["flags"]
+        assert (pick["tp"], pick["ep"], pick["etp"], pick["edp"]) == (2, 4, etp, 64 // (etp * 4 * 4))
+        verify_pick(job, pick)
+
+
+def test_keep_levers_keeps_the_expert_layout(mixtral):
+    """--keep-levers keeps the job's EP 2 (and t, p, cp): no pick writes an expert flag."""
+    found = plan(mixtral, "--keep-levers", "--top", "3")
+    for pick in found["best"]:
+        assert (pick["tp"], pick["pp"], pick["ep"], pick["etp"]) == (1, 4, 2, 1)
+        assert "--expert-model-parallel-size" not in pick["flags"]
+        verify_pick(mixtral, pick)
+
+
+def test_fp8_on_a_mixture_of_experts_is_refused(mixtral):
+    """--precision fp8 on the Mixtral job is refused naming --precision (exit 2): FP8 experts are not priced."""
+    from hops_calib.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "job", str(mixtral), "--precision", "fp8"])
+    assert result.exit_code == 2 and "--precision" in result.output and "mixture of experts" in result.output

@@ -97,6 +97,7 @@ def format_job_plan(plan: JobPlan) -> str:
             f"{100 * o.schedule_bubble:16.1f} {max(o.peak_memory_bytes) / GB:12.2f}{extra}  "
             f"{o.launch.label()}{resolved}; layers {'-'.join(map(str, o.layers_per_stage))}"
             + (f"; d {o.dp}" if o.settings is not None and o.launch.levers is not None else "")
+            + (f", expert d {o.edp}" if o.edp is not None and o.launch.levers is not None else "")
             + (
                 f"; {o.samples_per_s * (1 - o.band):.3f}-{o.samples_per_s * (1 + o.band):.3f} samples/s"
                 if o.band
