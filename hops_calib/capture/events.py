@@ -160,23 +160,9 @@ class EventLog:
         event, so it is kept off the timeline, as collective lines are."""
         if not self.recording:
             return
-        self.events.append(
-            {
-                "rank": self.rank,
-                "stage": self.stage,
-                "iteration": self.iteration,
-                "microbatch": int(microbatch),
-                "event_type": MOE,
-                "phase": phase,
-                "moe_step": step,
-                "layer": int(layer),
-                "start_wall_ns": int(start_ns),
-                "end_wall_ns": int(end_ns),
-                "duration_ms": (end_ns - start_ns) / 1e6,
-                "device_id": self.device_ids[self.rank],
-                "hostname": self.hostname,
-            }
-        )
+        event = self._event(MOE, phase, microbatch, start_ns, end_ns)
+        event["moe_step"], event["layer"], event["hostname"] = step, int(layer), self.hostname
+        self.events.append(event)
 
     def write(self, path: Path) -> None:
         """One JSON object per line, in the order recorded; never half-written."""

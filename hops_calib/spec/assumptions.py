@@ -493,6 +493,10 @@ class Unmodelled:
         return self.flag if self.names_flag else str(self.key)
 
 
+# How `require_modelled` begins its problem: what tells a launch the model does not price from one Megatron refuses
+UNMODELLED = "configures what the simulator does not model"
+
+
 def unmodelled(args: dict[str, Any]) -> list[Unmodelled]:
     """The settings of a launch's parsed arguments (`megatron_args.txt` or a rank log's block) that the cost model
     does not price, in the order of ASSUMPTIONS; empty when it prices them all."""
@@ -599,7 +603,7 @@ def require_modelled(args: dict[str, Any], source: Path | str) -> None:
     first = found[0]
     raise TraceError(
         source,
-        "configures what the simulator does not model: " + "; ".join(u.sentence() for u in found),
+        f"{UNMODELLED}: " + "; ".join(u.sentence() for u in found),
         line=_line_naming(Path(source), first.key),
         field=first.field,
         hint="a prediction would price another configuration than this launch; change the launch to "

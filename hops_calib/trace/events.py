@@ -275,6 +275,40 @@ def check_moe(record: dict[str, Any], *, rank: int, pp: int, stage: int | None) 
     return _check_moe_fields(record, MOE_COMPUTE_STEPS)
 
 
+def _collective_event(record: dict[str, Any]) -> CollectiveEvent:
+    return CollectiveEvent(
+        record["iteration"],
+        record["phase"],
+        record.get("microbatch"),
+        record["collective"],
+        record["group"],
+        record["bytes"],
+        record["start_wall_ns"],
+        record["end_wall_ns"],
+        record.get("moe_step"),
+        record.get("layer"),
+    )
+
+
+def _moe_event(record: dict[str, Any]) -> MoEEvent:
+    return MoEEvent(
+        record["iteration"],
+        record["phase"],
+        record["microbatch"],
+        record["moe_step"],
+        record["layer"],
+        record["start_wall_ns"],
+        record["end_wall_ns"],
+    )
+
+
+# The lines kept beside the timeline, by event_type: their check, their event, and the RankLogReport list they join
+SIDE_LINES: dict[str, tuple[Callable[..., tuple[str, str, str] | None], Callable[[dict[str, Any]], Any], str]] = {
+    COLLECTIVE: (check_collective, _collective_event, "collectives"),
+    MOE: (check_moe, _moe_event, "moe"),
+}
+
+
 def read_rank_events(
     path: Path, *, rank: int, pp: int, device_stage: Mapping[str, int], lenient: bool = False, stage: int | None = None
 ) -> tuple[dict[str, np.ndarray], RankLogReport]:
@@ -320,42 +354,17 @@ def read_rank_events(
                         "malformed JSON",
                     )
                 continue
-            if type(record) is dict and record.get("event_type") == COLLECTIVE:
-                problem = check_collective(record, rank=rank, pp=pp, stage=stage)
+            line_type = record.get("event_type") if type(record) is dict else None
+            side = (
+                SIDE_LINES.get(line_type) if type(line_type) is str else None
+            )  # (a list or dict is no key: check_record says)
+            if side is not None:  # a collective or MoE line: checked, kept beside the timeline
+                check, build, kept = side
+                problem = check(record, rank=rank, pp=pp, stage=stage)
                 if problem is not None:
                     reject(*problem)
                 else:
-                    report.collectives.append(
-                        CollectiveEvent(
-                            record["iteration"],
-                            record["phase"],
-                            record.get("microbatch"),
-                            record["collective"],
-                            record["group"],
-                            record["bytes"],
-                            record["start_wall_ns"],
-                            record["end_wall_ns"],
-                            record.get("moe_step"),
-                            record.get("layer"),
-                        )
-                    )
-                continue
-            if type(record) is dict and record.get("event_type") == MOE:
-                problem = check_moe(record, rank=rank, pp=pp, stage=stage)
-                if problem is not None:
-                    reject(*problem)
-                else:
-                    report.moe.append(
-                        MoEEvent(
-                            record["iteration"],
-                            record["phase"],
-                            record["microbatch"],
-                            record["moe_step"],
-                            record["layer"],
-                            record["start_wall_ns"],
-                            record["end_wall_ns"],
-                        )
-                    )
+                    getattr(report, kept).append(build(record))
                 continue
             # Fast path for the common, valid event; anything unusual goes through check_record.
             try:

@@ -21,6 +21,7 @@ from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import Spec, fsdp_strategy
+from hops_calib.spec.assumptions import UNMODELLED
 from hops_calib.whatif.cluster import Cluster
 from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments, expert_levers, runs_fp8
 from hops_calib.whatif.launch_bounds import LaunchBounds
@@ -67,10 +68,10 @@ DEFAULT_HEADROOM_BYTES = 1.5e9
 
 def refusal_text(error: Exception) -> str:
     """Why a launch is left out, saying whose rule it is: what the model does not price (a `spec.ASSUMPTIONS`
-    refusal) is not something Megatron refuses; a rule Megatron's own checks hold names the flag it is about."""
+    refusal, `spec.assumptions.UNMODELLED`) is not something Megatron refuses; a rule Megatron's own checks hold names the flag it is about."""
     problem = str(getattr(error, "problem", None) or error)
     field = getattr(error, "field", None)
-    if "does not model" in problem or "not priced" in problem:
+    if problem.startswith(UNMODELLED):  # `spec.require_modelled`'s refusal
         return f"the model does not price the launch: {problem}"
     where = f"{field}: " if field and str(field) not in problem else ""
     return f"Megatron refuses the launch: {where}{problem}"
