@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,8 @@ DEFAULT_HEADROOM_BYTES = 1.5e9
 
 def refusal_text(error: Exception) -> str:
     """Why a launch is left out, saying whose rule it is: what the model does not price (a `spec.ASSUMPTIONS`
-    refusal, `spec.assumptions.UNMODELLED`) is not something Megatron refuses; a rule Megatron's own checks hold names the flag it is about."""
+    refusal, `spec.assumptions.UNMODELLED`) is not something Megatron refuses; a rule Megatron's own checks hold
+    names the flag it is about."""
     problem = str(getattr(error, "problem", None) or error)
     field = getattr(error, "field", None)
     if problem.startswith(UNMODELLED):  # `spec.require_modelled`'s refusal
@@ -372,15 +374,14 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             for ep, etp in self.expert_layouts(t, p, cp):
                 # d x cp, and the experts' data-parallel size: what the distributed optimizer shards over
                 replicas = max(spec.gpus // (t * p), spec.gpus // (etp * ep * p) if ep and etp else 1)
-                for fp8 in precisions:
-                    for recompute in recomputes:
-                        for sp in (True,) if t > 1 and shape.moe else (False, True) if t > 1 else (False,):
-                            # under Megatron-FSDP its sharding strategy, not --use-distributed-optimizer, shards
-                            # the optimizer state (`spec_from_args`): the lever is left as the launch has it
-                            for dist in (False, True) if replicas > 1 and not fsdp else (own.distributed_optimizer,):
-                                setting = Levers(t, p, recompute, sp, dist, cp, fp8, ep, etp)
-                                if setting != own:
-                                    found.append(setting)
+                sps = (True,) if t > 1 and shape.moe else (False, True) if t > 1 else (False,)
+                # under Megatron-FSDP its sharding strategy, not --use-distributed-optimizer, shards the optimizer
+                # state (`spec_from_args`): the lever is left as the launch has it
+                dists = (False, True) if replicas > 1 and not fsdp else (own.distributed_optimizer,)
+                for fp8, recompute, sp, dist in product(precisions, recomputes, sps, dists):
+                    setting = Levers(t, p, recompute, sp, dist, cp, fp8, ep, etp)
+                    if setting != own:
+                        found.append(setting)
         return found
 
     # --- one candidate ------------------------------------------------------------------------------------------
