@@ -50,6 +50,21 @@ def expert_levers(spec: Spec) -> tuple[int | None, int | None]:
     return (spec.ep, spec.etp) if spec.model.moe else (None, None)
 
 
+def levers_of(spec: Spec, args: dict[str, Any]) -> Levers:
+    """The levers a spec's launch runs with (`args`: its Megatron arguments, which say whether it runs FP8)."""
+    shape = spec.model
+    return Levers(
+        spec.tp,
+        spec.pp,
+        (shape.recompute_granularity, shape.recompute_method, shape.recompute_num_layers),
+        bool(shape.sequence_parallel),
+        bool(spec.distributed_optimizer),
+        spec.cp,
+        runs_fp8(args),
+        *expert_levers(spec),
+    )
+
+
 def runs_fp8(args: dict[str, Any]) -> bool:
     """Whether a launch's linear GEMMs run in FP8: --fp8-format (or the older switches) on Transformer Engine's
     layer (megatron-core `fp8_utils.py` `get_fp8_context`; the local layer has no FP8 path)."""
@@ -76,17 +91,7 @@ class LaunchArguments:
         )
 
     def own_levers(self) -> Levers:
-        shape = self.spec.model
-        return Levers(
-            self.spec.tp,
-            self.spec.pp,
-            (shape.recompute_granularity, shape.recompute_method, shape.recompute_num_layers),
-            bool(shape.sequence_parallel),
-            bool(self.spec.distributed_optimizer),
-            self.spec.cp,
-            runs_fp8(self.args),
-            *expert_levers(self.spec),
-        )
+        return levers_of(self.spec, self.args)
 
     def implied_etp(self, tp: int) -> int:
         """The expert tensor-parallel size the job's command line gives at tensor-parallel size `tp`: its

@@ -24,7 +24,7 @@ from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import Spec, fsdp_strategy
 from hops_calib.spec.assumptions import UNMODELLED
 from hops_calib.whatif.cluster import Cluster
-from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments, expert_levers, runs_fp8
+from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments, levers_of
 from hops_calib.whatif.launch_bounds import LaunchBounds
 from hops_calib.whatif.launch_outcome import MAX_TASKS, Outcome, Refusal, _step_samples, _tasks_of
 from hops_calib.whatif.launch_space import (
@@ -539,16 +539,7 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             memory_bytes=caps,
             **self.flags(launch),
             stage_map={} if launch.levers_placed else {str(k): d for k, d in enumerate(launch.order)},
-            settings=Levers(
-                spec.tp,
-                spec.pp,
-                (spec.model.recompute_granularity, spec.model.recompute_method, spec.model.recompute_num_layers),
-                bool(spec.model.sequence_parallel),
-                bool(spec.distributed_optimizer),
-                spec.cp,
-                runs_fp8(spec.megatron_args),
-                *expert_levers(spec),
-            ),
+            settings=levers_of(spec, spec.megatron_args),
             dp=spec.dp,
             edp=spec.edp if spec.model.moe else None,
             band=self.band,

@@ -58,13 +58,6 @@ class Levers:
         """(ep, etp): how the experts' layers lay out over the ranks t x p x cp places ((None, None): dense)."""
         return (self.ep, self.etp)
 
-    def expert_data_parallel(self, world: int) -> int | None:
-        """The experts' data-parallel size on `world` GPUs, world / (etp x ep x p) (`initialize_model_parallel`);
-        None without experts."""
-        if self.ep is None or self.etp is None:
-            return None
-        return world // (self.etp * self.ep * self.pp)
-
     def recompute_label(self) -> str:
         granularity, method, layers = self.recompute
         if granularity is None:
