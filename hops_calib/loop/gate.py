@@ -5,7 +5,10 @@ Accept when all of these hold (tolerances configurable, stated in every result):
 - suite bubble MAE does not grow by more than `bubble_mae_pp` (default 0);
 - mean utilization rho does not fall by more than `util_spearman` (default 0);
 - no run's |throughput error| grows by more than `run_throughput_pp` (default 2 pp);
-- no run's |bubble error| grows by more than `run_bubble_pp` (default 2 pp).
+- no run's |bubble error| grows by more than `run_bubble_pp` (default 2 pp);
+- no more measured runs are predicted not to fit in their GPUs' memory (`SuiteScore.runs_predicted_not_to_fit`:
+  every measured run ran, so each such verdict is an error; no tolerance). A change that flips a run's verdict
+  moves that run, so a memory change is judged even where no time moves.
 
 A plan may loosen each tolerance up to its cap (`TOLERANCE_CAPS`, each with its reason) and no further; every
 judgement under rules looser than these defaults is marked (`looser_rules`) in its JSON, its ledger entry and
@@ -270,7 +273,14 @@ class GateResult:
 
 # The gate's rules by name, in the order `reasons` gives them: the suite's throughput MAPE, bubble MAE and mean
 # utilization rho, and the per-run throughput and bubble errors (GateResult.failed_rules lists the ones that failed).
-RULES = ("suite_throughput_mape", "suite_bubble_mae", "suite_util_rho", "run_throughput", "run_bubble")
+RULES = (
+    "suite_throughput_mape",
+    "suite_bubble_mae",
+    "suite_util_rho",
+    "run_throughput",
+    "run_bubble",
+    "memory_fit",
+)
 
 # Aggregates of identical predictions can differ in the last bits (float sums in another order); a change smaller
 # than this is no change, so a candidate that leaves a metric alone is not rejected for rounding.
@@ -306,6 +316,18 @@ def _suite_check(
         f"{label}{on} {before:.4f} -> {after:.4f} (may {bound} by <= {tolerance:g}{unit}): {verdict}"
         + ("" if passes else " -> fails")
     )
+
+
+def _memory_check(before: SuiteScore, after: SuiteScore) -> tuple[bool, str]:
+    """The memory_fit rule: every measured run ran, so a prediction that it does not fit in its GPUs' memory is an
+    error of the memory model; a change may not make more of them."""
+    was, now = before.runs_predicted_not_to_fit, after.runs_predicted_not_to_fit
+    if was is None or now is None:
+        return True, "measured runs predicted not to fit in memory: not computed here, not judged"
+    if now > was:
+        return False, f"measured runs predicted not to fit in memory {was} -> {now} (may not grow) -> fails"
+    verdict = "improves" if now < was else "holds"
+    return True, f"measured runs predicted not to fit in memory {was} -> {now} (may not grow): {verdict}"
 
 
 def gate(
@@ -388,8 +410,12 @@ def gate(
             )
         else:
             checks.append((True, f"no run's |{what} error| grew by more than {allowed:g} pp"))
+    checks.append(_memory_check(before, after))
     moved = tuple(
-        i for i in sorted(before_by_id) if run_fingerprint(before_by_id[i]) != run_fingerprint(after_by_id[i])
+        i
+        for i in sorted(before_by_id)
+        if run_fingerprint(before_by_id[i]) != run_fingerprint(after_by_id[i])
+        or before_by_id[i].predicted_fits != after_by_id[i].predicted_fits
     )
     checks.append(
         (
@@ -417,7 +443,7 @@ def gate(
             ),
         )
     )
-    failed = tuple(rule for rule, (ok, _) in zip(RULES, checks) if not ok)  # the first five checks are the rules
+    failed = tuple(rule for rule, (ok, _) in zip(RULES, checks) if not ok)  # the first six checks are the rules
     return GateResult(
         accepted=all(ok for ok, _ in checks),
         reasons=tuple(reason for _, reason in checks),

@@ -94,6 +94,14 @@ class RunScore:
     # Logged timer -> relative error (%) of its predicted largest value over ranks (None: no counterpart), on a
     # run that logged timers (`hops_calib.loop.timers`); None on a run that logged none.
     timer_errors_pct: dict[str, float | None] | None = field(default=None, hash=False)
+    # The predicted peak memory of the run's fullest GPU over that GPU's memory (`model.memory.stage_memory`);
+    # above 1 the model says the launch does not fit, which a measured run disproves. None: not computed.
+    predicted_memory_fraction: float | None = None
+
+    @property
+    def predicted_fits(self) -> bool | None:
+        """Whether the model says every GPU of the run holds its peak memory (None: not computed)."""
+        return None if self.predicted_memory_fraction is None else self.predicted_memory_fraction <= 1.0
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -230,6 +238,9 @@ class SuiteScore:
     # Megatron's logged timers (`hops_calib.loop.timers.timer_summary`): per timer the runs that logged it, those
     # scored and their MAPE; None where no run logged timers. Reported, not judged by the gate.
     timers: dict[str, dict[str, Any]] | None = field(default=None, hash=False)
+    # Measured runs the model predicts not to fit in their GPUs' memory: each ran, so each such verdict is an error
+    # of the memory model (the gate's memory_fit rule: it may not grow). None: no run's memory was computed.
+    runs_predicted_not_to_fit: int | None = None
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -273,6 +284,9 @@ def aggregate(runs: Iterable[RunScore]) -> SuiteScore:
         stall_noise_mape_pct=float(np.mean([r.stall_noise_ape_pct for r in runs])),
         counts={metric: sum(getattr(r, name) is not None for r in runs) for metric, name in METRIC_COUNTS.items()},
         timers=_timers(runs),
+        runs_predicted_not_to_fit=(
+            sum(r.predicted_fits is False for r in runs) if any(r.predicted_fits is not None for r in runs) else None
+        ),
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -283,11 +283,10 @@ def score_model(
     for i, (fixture_id, spec, truth) in enumerate(zip(suite.ids, suite.specs, suite.truths)):
         try:
             prediction = predictions[i] if predictions is not None else predict(spec, model)
-            runs.append(
-                score_prediction(
-                    fixture_id, truth, prediction, stall_free[i] if stall_free is not None else None, suite.groups[i]
-                )
+            score = score_prediction(
+                fixture_id, truth, prediction, stall_free[i] if stall_free is not None else None, suite.groups[i]
             )
+            runs.append(replace(score, predicted_memory_fraction=memory_fraction(spec, model, prediction)))
             phases.append(prediction.phase_ms(spec))
         except ValueError as error:
             raise InputError(
@@ -295,6 +294,22 @@ def score_model(
             ) from None
         progress.advance(fixture_id)
     return ModelScore(runs=tuple(runs), suite=aggregate(runs), phases=tuple(phases))
+
+
+def memory_fraction(spec: Spec, model: Model, prediction: Any) -> float | None:
+    """The predicted peak memory of the run's fullest GPU over its memory (`model.memory.stage_memory` under the
+    prediction's schedule, each stage against its device's `memory_bytes`); None where a device states no memory
+    or the memory model cannot price the launch."""
+    from hops_calib.model.memory import stage_memory
+
+    capacities = [model.device(device).memory_bytes for device in spec.devices]
+    if not capacities or not all(c and c > 0 for c in capacities):
+        return None
+    try:
+        stages = stage_memory(spec, capacities, prediction.result.peak_stage_activations)
+    except ValueError:
+        return None
+    return max(stage.total_bytes / stage.device_bytes for stage in stages)
 
 
 def stall_series(suite: Suite) -> tuple[Any, ...]:

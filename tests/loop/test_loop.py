@@ -21,7 +21,7 @@ from conftest import PLAIN_MODEL_TOML
 
 REPO = Path(__file__).resolve().parents[2]
 AGGREGATES = {"n_fixtures", "throughput_mape_pct", "throughput_median_ape_pct", "steady_throughput_mape_pct",
-              "bubble_mae_pp", "util_spearman_mean", "stall_noise_mape_pct"}
+              "bubble_mae_pp", "util_spearman_mean", "stall_noise_mape_pct", "runs_predicted_not_to_fit"}
 
 # A term the shipped baseline lacks: untraced host work between iterations (see its docstring).
 IMPROVING = '''
@@ -113,7 +113,7 @@ def test_an_improving_one_term_candidate_is_accepted_recorded_and_committed(shar
     assert data["decision"] == "accepted" and data["regressions"] == [] and not data["committed"]
     assert data["after"]["throughput_mape_pct"] < data["before"]["throughput_mape_pct"]
     assert data["after"]["bubble_mae_pp"] <= data["before"]["bubble_mae_pp"]
-    assert len(data["reasons"]) == 7 and all("fails" not in r for r in data["reasons"])
+    assert len(data["reasons"]) == 8 and all("fails" not in r for r in data["reasons"])
     low, high = data["mape_change_interval_pp"]  # the improvement, configurations resampled: below zero
     assert low <= data["after"]["throughput_mape_pct"] - data["before"]["throughput_mape_pct"] <= high
     # the term it adds prices something in these runs, and the JSON says which, with each run's before and after
@@ -404,7 +404,7 @@ def test_compare_judges_one_whole_model_against_another_and_records_it(shared_fi
     # which rules failed, by name: the per-run throughput rule at least, as the regressions say
     assert "run_throughput" in entries[0]["failed_rules"]
     assert set(entries[0]["failed_rules"]) <= {"suite_throughput_mape", "suite_bubble_mae", "suite_util_rho",
-                                               "run_throughput", "run_bubble"}
+                                               "run_throughput", "run_bubble", "memory_fit"}
     assert entries[0]["model_sha256_before"] == load_model(plain).sha256 == entries[1]["model_sha256_after"]
     assert entries[0]["aggregates_after"] == entries[1]["aggregates_before"]  # the same worse model, scored alike
     shown = cli("ledger", "show", "--ledger", ledger)

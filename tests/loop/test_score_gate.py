@@ -83,8 +83,9 @@ def test_gate_accepts_an_improvement_and_states_every_check():
     after, after_suite = scores([(4, 3), (-3, 2), (6, -3)])
     result = gate(before, after, before_suite, after_suite)
     assert result.accepted and result.decision == "accepted" and not result.regressions
-    assert len(result.reasons) == 7
+    assert len(result.reasons) == 8
     assert "improves" in result.reasons[0] and "holds" in result.reasons[2]
+    assert "not computed here, not judged" in result.reasons[5]  # no run's memory was predicted
     # run2 is predicted as before: the result counts the runs the change moved.
     # run2 is predicted as before: the result names the runs the change moved.
     assert result.runs_moved == ("run0", "run1") and result.reasons[-2] == "the change moves the predictions of 2 of 3 runs"
@@ -188,3 +189,26 @@ def test_the_mape_bootstrap_resamples_whole_configurations():
     assert interval(mape_draws(same, ["a", "b", "c"], draws=200)) == (2.0, 2.0)
     with pytest.raises(ValueError):
         mape_draws(runs, ["a", "b"])
+
+
+def with_memory(runs, fractions):
+    return [dataclasses.replace(r, predicted_memory_fraction=f) for r, f in zip(runs, fractions)]
+
+
+def test_the_memory_fit_rule_counts_measured_runs_predicted_not_to_fit():
+    # Every measured run ran: a model that says one does not fit in memory is wrong about it, so a change may
+    # not make more such verdicts; a verdict that flips moves its run even where no time moved.
+    runs, _ = scores([(4, 3), (-3, 2), (6, -3)])
+    fits = with_memory(runs, (0.5, 0.9, 1.0))
+    over = with_memory(runs, (0.5, 1.2, 1.0))
+    assert [r.predicted_fits for r in over] == [True, False, True] and runs[0].predicted_fits is None
+    assert aggregate(fits).runs_predicted_not_to_fit == 0 and aggregate(over).runs_predicted_not_to_fit == 1
+    assert aggregate(runs).runs_predicted_not_to_fit is None
+    worse = gate(fits, over, aggregate(fits), aggregate(over))
+    assert not worse.accepted and worse.failed_rules == ("memory_fit",)
+    assert worse.runs_moved == ("run1",) and "0 -> 1 (may not grow) -> fails" in worse.reasons[5]
+    better = gate(over, fits, aggregate(over), aggregate(fits))
+    assert better.accepted and better.runs_moved == ("run1",) and "improves" in better.reasons[5]
+    # a fraction that moves without flipping a verdict moves nothing the scores read
+    same = gate(fits, with_memory(runs, (0.6, 0.8, 0.9)), aggregate(fits), aggregate(with_memory(runs, (0.6, 0.8, 0.9))))
+    assert same.accepted and same.runs_moved == () and "holds" in same.reasons[5]
