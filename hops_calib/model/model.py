@@ -345,7 +345,8 @@ class Model:
     def breakdown(self, spec: Spec) -> list[dict[str, float]]:
         """Per pipeline rank, the milliseconds of one iteration on one of its GPUs by what they are (each term's
         `category`: compute, tp_comm, p2p, dp_reduce, ends_allreduce (the tied embedding's, before the optimizer),
-        optimizer, host), summed over its tasks: forward and backward
+        optimizer, host; and ep_comm, the expert groups' collectives of a term's `Contribution.expert_comm_ms`, taken
+        out of its category), summed over its tasks: forward and backward
         per microbatch times the microbatches (recomputation counted as compute, and alone as `recompute`: the part
         of compute the recomputed forward adds), the hops it sends, its optimizer
         step, its gradient reduction (whole; `dp_reduce_exposed` is the part no backward hides, with the distributed
@@ -363,6 +364,7 @@ class Model:
                     "compute",
                     "recompute",
                     "tp_comm",
+                    "ep_comm",
                     "p2p",
                     "dp_reduce",
                     "dp_reduce_exposed",
@@ -387,7 +389,9 @@ class Model:
             category = active.term.category
             for k in range(stages):
                 rank = layout.rank_of(k)
-                out[rank][category] += m * (at(part.forward_ms, k) + at(part.backward_ms, k))
+                expert = at(part.expert_comm_ms, k)
+                out[rank][category] += m * (at(part.forward_ms, k) + at(part.backward_ms, k) - expert)
+                out[rank]["ep_comm"] += m * expert
                 out[rank]["host"] += m * at(part.host_ms, k)
                 if k < ranks:  # chunk 0: the rank's last backward of an iteration
                     last_backward[rank] += at(part.backward_ms, k)
