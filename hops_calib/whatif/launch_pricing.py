@@ -525,6 +525,7 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         size = _step_samples(launch, spec)
         caps = tuple(self.memory_bytes[t] for t in spec.devices)
         peaks = tuple(stage.total_bytes for stage in stage_memory(spec, caps, result.peak_stage_activations))
+        settings = levers_of(spec, spec.megatron_args)
         return Outcome(
             launch=launch,
             resolved=resolved,
@@ -539,7 +540,8 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             memory_bytes=caps,
             **self.flags(launch),
             stage_map={} if launch.levers_placed else {str(k): d for k, d in enumerate(launch.order)},
-            settings=levers_of(spec, spec.megatron_args),
+            settings=settings,
+            precision="fp8" if settings.fp8 else spec.model.precision,
             dp=spec.dp,
             edp=spec.edp if spec.model.moe else None,
             band=self.band,
