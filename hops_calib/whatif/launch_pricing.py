@@ -21,7 +21,7 @@ from hops_calib.model.terms.embedding import transport_note
 from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import pipeline_schedule_bubble
-from hops_calib.spec import Spec, fsdp_strategy
+from hops_calib.spec import Spec, expert_data_parallel_size, fsdp_strategy
 from hops_calib.spec.assumptions import UNMODELLED
 from hops_calib.whatif.cluster import Cluster
 from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments, levers_of
@@ -325,7 +325,7 @@ class JobPlanner(LaunchArguments, LaunchBounds):
                 if (
                     pp > 1
                     and not spec.rank_order.endswith("pp")
-                    and world // (etp * ep * pp) != world // (tp * pp * cp)
+                    and expert_data_parallel_size(world, etp, ep, pp) != world // (tp * pp * cp)
                 ):
                     continue
                 if (ep, etp) not in found:
@@ -373,7 +373,9 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             recomputes = list(dict.fromkeys([*recompute_options(max(shape.num_layers // p, 1)), own.recompute]))
             for ep, etp in self.expert_layouts(t, p, cp):
                 # d x cp, and the experts' data-parallel size: what the distributed optimizer shards over
-                replicas = max(spec.gpus // (t * p), spec.gpus // (etp * ep * p) if ep and etp else 1)
+                replicas = max(
+                    spec.gpus // (t * p), expert_data_parallel_size(spec.gpus, etp, ep, p) if ep and etp else 1
+                )
                 sps = (True,) if t > 1 and shape.moe else (False, True) if t > 1 else (False,)
                 # under Megatron-FSDP its sharding strategy, not --use-distributed-optimizer, shards the optimizer
                 # state (`spec_from_args`): the lever is left as the launch has it
