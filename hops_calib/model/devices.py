@@ -187,7 +187,8 @@ def node_notes(devices: list[DeviceSpec], stated_per_node: int | None) -> tuple[
     the launch's). A launch that does not state its node (no torchrun --nnodes/--nproc-per-node) is taken to run
     on its device type's node, and said so; when every stage's device type has the same node of more than one
     GPU and the launch spans more GPUs than one such node holds, its ranks are placed on those nodes (Megatron's
-    rank order: global rank r on node r // GPUs per node). A device no measured run backs says so too."""
+    rank order: global rank r on node r // GPUs per node). A device no measured run backs says so too, and how
+    to calibrate it."""
     notes: list[str] = []
     kinds: dict[str, DeviceSpec] = {}
     for device in devices:
@@ -211,6 +212,10 @@ def node_notes(devices: list[DeviceSpec], stated_per_node: int | None) -> tuple[
                 else ""
             )
             notes.append(f"{device.type} is uncalibrated: {device.uncalibrated}{takes}")
+            notes.append(
+                f"to calibrate {device.type}: ingest measured runs of it (`hops-calib ingest SRC --fixtures DIR`), "
+                "then pass `--fixtures DIR` (observe, tune and evaluate fit and judge on its runs there)"
+            )
     nodes = {device.node for device in devices}
     per_node = next(iter(kinds.values())).gpus_per_node if len(nodes) == 1 and None not in nodes else None
     placed = int(per_node) if stated_per_node is None and per_node and per_node > 1 else None

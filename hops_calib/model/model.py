@@ -345,12 +345,15 @@ class Model:
     def breakdown(self, spec: Spec) -> list[dict[str, float]]:
         """Per pipeline rank, the milliseconds of one iteration on one of its GPUs by what they are (each term's
         `category`: compute, tp_comm, p2p, dp_reduce, ends_allreduce (the tied embedding's, before the optimizer),
-        optimizer, host), summed over its tasks: forward and backward
+        optimizer, host; and ep_comm, the expert groups' collectives of a term's `Contribution.expert_comm_ms`, taken
+        out of its category), summed over its tasks: forward and backward
         per microbatch times the microbatches (recomputation counted as compute, and alone as `recompute`: the part
         of compute the recomputed forward adds), the hops it sends, its optimizer
         step, its gradient reduction (whole; `dp_reduce_exposed` is the part no backward hides, with the distributed
         optimizer's parameter all-gather after the step, which `dp_param_gather` gives alone: the simulator runs it
-        in the rank's optimizer phase, `Pipeline.optimizer_ms` = `optimizer` + `dp_param_gather`) and the
+        in the rank's optimizer phase, `Pipeline.optimizer_ms` = `optimizer` + `dp_param_gather`; and with what
+        Megatron-FSDP's gathers and reduce-scatters expose in the forwards and backwards,
+        `DataParallelGradReduce._fsdp`) and the
         per-iteration work. The host's launch floors count only by how much they exceed the layers' GPU work (the
         simulator takes the longer of the two). A sum of work, not the critical path: waiting (the bubble) is not
         in it."""
@@ -363,6 +366,7 @@ class Model:
                     "compute",
                     "recompute",
                     "tp_comm",
+                    "ep_comm",
                     "p2p",
                     "dp_reduce",
                     "dp_reduce_exposed",
@@ -379,6 +383,7 @@ class Model:
         floor = {"forward_floor_ms": [0.0] * stages, "backward_floor_ms": [0.0] * stages}
         reduce_whole, reduce_tail, last_backward = [0.0] * ranks, [0.0] * ranks, [0.0] * ranks
         after_step = [0.0] * ranks  # DP work after the optimizer step (the distributed optimizer's all-gather)
+        in_stage = [0.0] * ranks  # DP work a stage's forward and backward expose (Megatron-FSDP's, `fsdp.exposed_ms`)
 
         def at(values: tuple[float, ...], k: int) -> float:
             return values[k] if values else 0.0
@@ -387,7 +392,11 @@ class Model:
             category = active.term.category
             for k in range(stages):
                 rank = layout.rank_of(k)
-                out[rank][category] += m * (at(part.forward_ms, k) + at(part.backward_ms, k))
+                expert = at(part.expert_comm_ms, k)
+                out[rank][category] += m * (at(part.forward_ms, k) + at(part.backward_ms, k) - expert)
+                out[rank]["ep_comm"] += m * expert
+                if category == "dp_reduce":
+                    in_stage[rank] += m * (at(part.forward_ms, k) + at(part.backward_ms, k))
                 out[rank]["host"] += m * at(part.host_ms, k)
                 if k < ranks:  # chunk 0: the rank's last backward of an iteration
                     last_backward[rank] += at(part.backward_ms, k)
@@ -422,10 +431,11 @@ class Model:
         for rank in range(ranks):
             out[rank]["dp_reduce"] += reduce_whole[rank]
             out[rank]["dp_param_gather"] = after_step[rank]
-            if reduce_whole[rank] or after_step[rank]:
-                # what no backward hides: the reduction beyond the last backward, and all of what follows the step
+            if reduce_whole[rank] or after_step[rank] or in_stage[rank]:
+                # what no backward hides: the reduction beyond the last backward, all of what follows the step, and
+                # what the forwards and backwards expose (priced as exposed: on their critical path)
                 out[rank]["dp_reduce_exposed"] = (
-                    max(reduce_tail[rank], reduce_whole[rank] - last_backward[rank]) + after_step[rank]
+                    max(reduce_tail[rank], reduce_whole[rank] - last_backward[rank]) + after_step[rank] + in_stage[rank]
                 )
         return out
 

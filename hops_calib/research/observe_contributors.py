@@ -550,7 +550,7 @@ CONTRIBUTOR_FIELDS = {
     "the device's own NAME@TYPE)",
     "suggested_parameter": "TERM.PARAM of the terms entry marked suggested (null: no parameter moves the members)",
     "level": "run: a part of the iteration, stage: a per-microbatch time (both measured by events); iteration: a term "
-    "of the predicted iteration on runs without events (compute, recompute, tp_comm, dp_reduce exposed, "
+    "of the predicted iteration on runs without events (compute, recompute, tp_comm, ep_comm, dp_reduce exposed, "
     "p2p, ends_allreduce, optimizer, host, bubble: they add up to the predicted iteration time)",
     "scale": "level iteration: the term's share that the members' iteration residuals imply, fitted (relative to "
     "the real iteration time, through the origin, least absolute deviations, within -1..1: the term between "

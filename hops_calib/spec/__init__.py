@@ -29,6 +29,7 @@ _MODULE_OF = {
     "ModelShape": "types",
     "Spec": "types",
     "coordinates_of": "types",
+    "expert_data_parallel_size": "types",
     "global_rank": "types",
     "CollectiveTable": "types",
     "LinkFit": "types",
@@ -88,6 +89,7 @@ __all__ = [
     "coordinates_of",
     "core_sharing_note",
     "declared_schedule_of",
+    "expert_data_parallel_size",
     "fsdp_strategy",
     "global_rank",
     "layer_settings_of",
@@ -143,6 +145,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` imports
         ModelShape,
         Spec,
         coordinates_of,
+        expert_data_parallel_size,
         global_rank,
     )
 

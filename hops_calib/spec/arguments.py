@@ -16,7 +16,7 @@ from hops_calib.spec.stage_layers import (
     layers_from_layout,
     split_layers,
 )
-from hops_calib.spec.types import Hardware, ModelShape, Spec, global_rank
+from hops_calib.spec.types import Hardware, ModelShape, Spec, expert_data_parallel_size, global_rank
 from hops_calib.trace.collective_bench import CollectiveTable  # the machine's collective benchmark
 from hops_calib.trace.events import MAX_INDEX  # the largest microbatch and model chunk a trace numbers
 from hops_calib.trace.link_bench import LinkFit  # the link benchmark's fit; a Spec carries one per hop
@@ -597,10 +597,11 @@ def moe_settings_of(
             f"{rank_order!r} has no ep with --expert-model-parallel-size {ep}",
             "name ep in the order (Megatron's default tp-cp-ep-dp-pp)",
         )
-    if pp > 1 and not rank_order.endswith("pp") and world // (etp * ep * pp) != dp:
+    edp = expert_data_parallel_size(world, etp, ep, pp)
+    if pp > 1 and not rank_order.endswith("pp") and edp != dp:
         raise refuse(
             "--rank-order",
-            f"{rank_order!r} with an expert data-parallel size {world // (etp * ep * pp)} against dp {dp}",
+            f"{rank_order!r} with an expert data-parallel size {edp} against dp {dp}",
             "Megatron needs the attention's and the experts' data-parallel sizes equal unless the order ends in pp",
         )
     for name, size, over, by in (

@@ -553,7 +553,7 @@ def unknown_flags(args: dict[str, Any]) -> list[tuple[str, str | None]]:
 
 def unknown_flags_note(args: dict[str, Any], source: Path | str) -> str | None:
     """The note for a command line's flags the model neither prices nor knows (`unknown_flags`), or None: "ignored:
-    --frobnicate" with the file and line, and the flag a near-miss may mean."""
+    --frobnicate" with the file and line, and the flag a near-miss may mean; it says why it is not refused."""
     found = unknown_flags(args)
     if not found:
         return None
@@ -568,7 +568,9 @@ def unknown_flags_note(args: dict[str, Any], source: Path | str) -> str | None:
     where = Path(source).name + (f":{lines[found[0][0]]}" if one_line and lines[found[0][0]] is not None else "")
     return (
         f"ignored: {named} ({where}): flags the model neither prices nor knows, so the prediction is the "
-        "launch's without them (spell a flag as Megatron does for it to count)"
+        "launch's without them (spell a flag as Megatron does for it to count); noted, not refused: Megatron-LM's "
+        "own argument list (megatron/training/arguments.py) is not installed, only megatron-core, so a flag "
+        "Megatron-LM would refuse as unrecognized cannot be told from a real one this project does not list"
     )
 
 

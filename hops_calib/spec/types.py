@@ -187,7 +187,7 @@ class Spec:
         the distributed optimizer shards expert state over); dp x cp without experts."""
         if not self.model.moe:
             return self.dp * self.cp
-        return self.tp * self.cp * self.dp // (self.etp * self.ep)
+        return expert_data_parallel_size(self.gpus, self.etp, self.ep, self.pp)
 
     def expert_rank(self, etp_rank: int = 0, ep_rank: int = 0, edp_rank: int = 0, pp_rank: int = 0) -> int:
         """The global rank of an expert-layer GPU: megatron-core's expert rank generator (`parallel_state.
@@ -425,6 +425,13 @@ _OPTIONAL_SHAPE_FIELDS = (
 
 def _default_of(cls: type, name: str) -> Any:
     return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def expert_data_parallel_size(world: int, etp: int, ep: int, pp: int) -> int:
+    """The experts' data-parallel size on `world` GPUs: world // (etp x ep x pp), the dp megatron-core's
+    parallel_state.initialize_model_parallel gives the experts' RankGenerator (tp=etp, ep=ep, dp=edp, pp=pp, cp=1);
+    whether etp x ep x pp divides the world is the caller's check."""
+    return world // (etp * ep * pp)
 
 
 def global_rank(order: str, coordinates: dict[str, tuple[int, int]]) -> int:

@@ -39,6 +39,9 @@ class Outcome:
     dp: int = 1  # data-parallel replicas
     edp: int | None = None  # the experts' data-parallel size, world / (etp x ep x p) (None: no experts)
     band: float = 0.0  # the relative uncertainty of samples_per_s (the model's train MAPE; 0: not given)
+    # the linear GEMMs' precision: fp8 (Transformer Engine's FP8 GEMMs), else the launch's own (bf16, fp16, fp32),
+    # in --precision's words
+    precision: str = "bf16"
 
     @property
     def fits(self) -> bool:
@@ -66,6 +69,7 @@ class Outcome:
             "peak_memory_bytes_per_gpu": list(self.peak_memory_bytes),
             "memory_bytes_per_gpu": list(self.memory_bytes),
             "fits": self.fits,
+            "precision": self.precision,
             "flags": list(self.argv),
             "remove_flags": list(self.remove),
             "notes": list(self.launch_notes),

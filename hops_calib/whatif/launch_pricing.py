@@ -21,7 +21,7 @@ from hops_calib.model.terms.embedding import transport_note
 from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import pipeline_schedule_bubble
-from hops_calib.spec import Spec, fsdp_strategy
+from hops_calib.spec import Spec, expert_data_parallel_size, fsdp_strategy
 from hops_calib.spec.assumptions import UNMODELLED
 from hops_calib.whatif.cluster import Cluster
 from hops_calib.whatif.launch_arguments import NO_MEGATRON_FLAG, LaunchArguments, levers_of
@@ -325,7 +325,7 @@ class JobPlanner(LaunchArguments, LaunchBounds):
                 if (
                     pp > 1
                     and not spec.rank_order.endswith("pp")
-                    and world // (etp * ep * pp) != world // (tp * pp * cp)
+                    and expert_data_parallel_size(world, etp, ep, pp) != world // (tp * pp * cp)
                 ):
                     continue
                 if (ep, etp) not in found:
@@ -373,7 +373,9 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             recomputes = list(dict.fromkeys([*recompute_options(max(shape.num_layers // p, 1)), own.recompute]))
             for ep, etp in self.expert_layouts(t, p, cp):
                 # d x cp, and the experts' data-parallel size: what the distributed optimizer shards over
-                replicas = max(spec.gpus // (t * p), spec.gpus // (etp * ep * p) if ep and etp else 1)
+                replicas = max(
+                    spec.gpus // (t * p), expert_data_parallel_size(spec.gpus, etp, ep, p) if ep and etp else 1
+                )
                 sps = (True,) if t > 1 and shape.moe else (False, True) if t > 1 else (False,)
                 # under Megatron-FSDP its sharding strategy, not --use-distributed-optimizer, shards the optimizer
                 # state (`spec_from_args`): the lever is left as the launch has it
@@ -525,6 +527,7 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         size = _step_samples(launch, spec)
         caps = tuple(self.memory_bytes[t] for t in spec.devices)
         peaks = tuple(stage.total_bytes for stage in stage_memory(spec, caps, result.peak_stage_activations))
+        settings = levers_of(spec, spec.megatron_args)
         return Outcome(
             launch=launch,
             resolved=resolved,
@@ -539,7 +542,8 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             memory_bytes=caps,
             **self.flags(launch),
             stage_map={} if launch.levers_placed else {str(k): d for k, d in enumerate(launch.order)},
-            settings=levers_of(spec, spec.megatron_args),
+            settings=settings,
+            precision="fp8" if settings.fp8 else spec.model.precision,
             dp=spec.dp,
             edp=spec.edp if spec.model.moe else None,
             band=self.band,

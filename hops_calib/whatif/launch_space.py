@@ -65,12 +65,12 @@ class Levers:
         return "selective" if granularity == "selective" else f"full {method} {layers}"
 
     def label(self) -> str:
+        """The levers in words, precision aside (a plan's row prints `Outcome.precision` for every pick)."""
         return (
             f"t{self.tp} p{self.pp}"
             + (f" cp{self.cp}" if self.cp > 1 else "")
             + (f" ep{self.ep}" if self.ep is not None else "")
             + (f" etp{self.etp}" if self.etp is not None and self.etp != self.tp else "")
-            + (", FP8" if self.fp8 else "")
             + f", recompute {self.recompute_label()}"
             + (", SP" if self.sequence_parallel else "")
             + (", dist-opt" if self.distributed_optimizer else "")

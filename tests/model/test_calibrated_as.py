@@ -47,3 +47,35 @@ def test_a_model_file_may_override_a_constant_of_an_uncalibrated_device(tmp_path
                           'memory_bytes = { value = 140e9, source = "test: a smaller usable memory" }\n')
     device = load_model(model_file).device("h200")
     assert device.memory_bytes == 140e9 and device.calibrated_as == "h100_dgx" and device.uncalibrated
+
+
+def test_predict_says_how_to_calibrate_an_uncalibrated_device(tmp_path):
+    """`predict --job` on an H200 job: the uncalibrated note is followed by one that says how to calibrate the
+    device (ingest its runs into a store, then pass that store); an H100 DGX job, calibrated, has neither."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    def notes(gpu: str) -> list[str]:
+        job = tmp_path / gpu
+        job.mkdir()
+        (job / "megatron_args.txt").write_text(
+            "pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --num-layers 4 "
+            "--hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16 --seq-length 1024 "
+            "--max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 --bf16 --vocab-size 32000 "
+            "--train-iters 10 --world-size 2\n"
+        )
+        (job / "hops_trace_map.json").write_text('{"stages": {"0": "gpu0"}}')
+        (job / "hops.base.yaml").write_text(f"hardware:\n  devices:\n  - {{id: gpu0, gpu: {gpu}}}\n")
+        result = CliRunner().invoke(app, ["predict", "--job", str(job), "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["notes"]
+
+    h200 = notes("h200")
+    said = next(k for k, note in enumerate(h200) if note.startswith("h200 is uncalibrated"))
+    hint = h200[said + 1]
+    assert hint.startswith("to calibrate h200:") and "hops-calib ingest SRC --fixtures DIR" in hint
+    assert "pass `--fixtures DIR`" in hint
+    assert not [note for note in notes("h100_dgx") if "uncalibrated" in note or "to calibrate" in note]

@@ -195,3 +195,21 @@ def test_zero2_reduce_scatters_every_microbatch_and_gathers_the_weights_after_th
     assert after_step.optimizer_ms == (pytest.approx(
         collective_ms(spec, device, "all_gather", parameters * 2, "dp", **rates)),)
     assert part("--overlap-param-gather")[1].optimizer_ms == ()
+
+
+@pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
+def test_the_breakdowns_exposed_reduction_counts_what_fsdps_forwards_and_backwards_expose(strategy):
+    """Megatron-FSDP prices only what its collectives expose: the gathers and reduce-scatters its forwards and
+    backwards do not hide (per microbatch), the reduce-scatter after the last backward and the gathers after the
+    step; the breakdown's exposed column is all of them, as it is the distributed optimizer's tail and gather."""
+    model = load_model()
+    spec = _spec(f"--use-megatron-fsdp --data-parallel-sharding-strategy {strategy}")
+    term = model.active("data_parallel_grad_reduce")
+    part = term.term.contribute(model.context(spec), model.term_params(term))
+    in_stage = spec.microbatches * (part.forward_ms[0] + part.backward_ms[0])
+    assert in_stage > 0
+    gather = part.optimizer_ms[0] if part.optimizer_ms else 0.0
+    parts = model.breakdown(spec)[0]
+    assert parts["dp_reduce_exposed"] == pytest.approx(in_stage + part.grad_reduce_tail_ms[0] + gather, rel=1e-12)
+    assert parts["dp_reduce_exposed"] == pytest.approx(parts["dp_reduce"], rel=1e-12)
+    assert parts["dp_param_gather"] == pytest.approx(gather, rel=1e-12)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,8 @@ def test_the_shipped_terms_price_the_experts_flops_and_all_to_alls() -> None:
     splits = collective_ms(spec, device, "all_gather", 8 * 8 * 8, "tp_ep", step_latency_ms=0.005)  # E int64 x 8
     assert priced.forward_ms[1] == pytest.approx(8 * (2 * a2a + probs + splits), rel=1e-12)
     assert priced.backward_ms[1] == pytest.approx(8 * (2 * a2a + probs), rel=1e-12)
+    # at t 1 they are all the term prices, and all of it is the breakdown's ep_comm
+    assert priced.expert_comm_ms[1] == pytest.approx(priced.forward_ms[1] + priced.backward_ms[1], rel=1e-12)
     # the gradients: the dense ones over dp 16, the experts' over the expert data-parallel group of 2
     reduce = TERMS["data_parallel_grad_reduce"].contribute(context, TERMS["data_parallel_grad_reduce"].defaults())
     dense = 8 * (gpt.layer_parameters(spec.model) - gpt.expert_parameters(spec.model))
@@ -294,9 +297,10 @@ def test_predict_job_prices_a_mixtral_launch_on_64_h100s(tmp_path: Path) -> None
         prediction["samples_per_s"] * gpt.model_flops_per_sample(spec.model) / 64 / peak, rel=1e-9)
     names = {k["kernel"] for k in data["kernels"]["kernels"]}
     assert {"mlp.router", "mlp.experts.linear_fc1", "mlp.dispatch_all_to_all", "mlp.combine_all_to_all"} <= names
-    # the expert all-to-alls are priced with the stages' collectives, the expert gradients with the reduction
+    # the expert all-to-alls are priced with the stages' collectives (shown apart: at t 1 they are all of them),
+    # the expert gradients with the reduction
     for stage in data["breakdown_ms_per_iteration"]:
-        assert stage["tp_comm"] > 0 and stage["dp_reduce"] > 0
+        assert stage["ep_comm"] > 0 and stage["tp_comm"] == 0 and stage["dp_reduce"] > 0
     # with the expert-parallel group across two nodes (t 2: etp 2 x ep 8 = 16 GPUs) the all-to-alls take longer
     wide = _mixtral_job(tmp_path / "wide", "--sequence-parallel").parent / "mixtral"
     text = (wide / "megatron_args.txt").read_text()
@@ -305,7 +309,44 @@ def test_predict_job_prices_a_mixtral_launch_on_64_h100s(tmp_path: Path) -> None
     result = CliRunner().invoke(app, ["predict", "--job", str(wide), "--json"])
     assert result.exit_code == 0, result.output
     across = json.loads(result.output)["breakdown_ms_per_iteration"]
-    assert all(a["tp_comm"] > 1.5 * b["tp_comm"] for a, b in zip(across, data["breakdown_ms_per_iteration"]))
+    assert all(a["ep_comm"] > 1.5 * b["ep_comm"] for a, b in zip(across, data["breakdown_ms_per_iteration"]))
+
+
+# the breakdown's categories that together are a rank's work (recompute, dp_reduce_exposed, dp_param_gather: parts)
+WORK = ("compute", "tp_comm", "ep_comm", "p2p", "dp_reduce", "ends_allreduce", "optimizer", "host")
+
+
+@pytest.mark.parametrize("args", [MIXTRAL, {**MIXTRAL, "tensor_model_parallel_size": 2}, DEEPSEEK],
+                         ids=["mixtral", "mixtral-t2", "deepseek"])
+def test_the_breakdown_shows_the_expert_collectives_apart_and_its_total_stays(args: dict, monkeypatch) -> None:
+    """ep_comm is the dispatcher's collectives taken out of tp_comm: the same model without the split (the term's
+    expert_comm_ms dropped) gives the same work per rank, its tp_comm being tp_comm + ep_comm; ep_comm is the
+    microbatches times each virtual stage's layers' expert collectives (forward, and backward), priced alone."""
+    model, spec = load_model(), moe_spec(args)
+    split = model.breakdown(spec)
+    comm = TERMS["tensor_parallel_comm"]
+    contribute = type(comm).contribute
+    monkeypatch.setattr(type(comm), "contribute", lambda self, context, params: replace(
+        contribute(self, context, params), expert_comm_ms=()))
+    whole = model.breakdown(spec)
+    monkeypatch.undo()
+    for after, before in zip(split, whole):
+        assert before["ep_comm"] == 0 and after["ep_comm"] > 0
+        assert sum(after[k] for k in WORK) == pytest.approx(sum(before[k] for k in WORK), rel=1e-12)
+        assert after["tp_comm"] + after["ep_comm"] == pytest.approx(before["tp_comm"], rel=1e-12)
+        assert {k: v for k, v in after.items() if k not in ("tp_comm", "ep_comm")} == {
+            k: v for k, v in before.items() if k not in ("tp_comm", "ep_comm")}
+    context = model.context(spec)
+    params = model.term_params(model.active("tensor_parallel_comm"))
+    rates = {k: comm.value(params, k, "h100_dgx") for k in ("efficiency", "step_latency_ms", "contention_step_ms")}
+    device = context.devices[0]
+    per_layer = sum(collective_ms(spec, device, op, nbytes, group, stage=0, **rates,
+                                  connection_cap_bytes_per_ms=context.connection_cap_bytes_per_ms)
+                    for phase in ("FORWARD", "BACKWARD") for op, group, nbytes in expert_collectives(spec)[phase])
+    assert split[0]["ep_comm"] == pytest.approx(
+        spec.microbatches * spec.layers_per_stage[0] * per_layer, rel=1e-12)
+    if spec.tp == 1:
+        assert all(part["tp_comm"] == 0 for part in split)
 
 
 def test_a_rank_logs_printed_defaults_read_as_megatrons_defaults() -> None:

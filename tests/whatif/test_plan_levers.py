@@ -244,3 +244,39 @@ def test_refusals_are_grouped_by_kind(model, gpu_job):
     assert cases > 1 and example in plan.refused
     lines = [line for line in format_job_plan(plan).splitlines() if "cannot run" in line]
     assert lines[k] == f"{count} launch(es) cannot run, {cases} cases of one reason, e.g.: {example}"
+
+
+def test_each_pick_says_its_precision_in_text_and_json(tmp_path):
+    """`plan job --precision any` on an 8-H100 job in BF16 (t 2 x p 2 x d 2): every pick, in the text and in
+    --json, says whether its GEMMs run in FP8 or BF16, as its flags do (--fp8-format added, or not)."""
+    import json
+    import re
+
+    from typer.testing import CliRunner
+
+    from hops_calib.cli import app
+
+    job = tmp_path / "h100"
+    job.mkdir()
+    (job / "megatron_args.txt").write_text(
+        "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+        "--pipeline-model-parallel-size 2 --num-layers 8 --hidden-size 2048 --ffn-hidden-size 8192 "
+        "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 "
+        "--global-batch-size 16 --sequence-parallel --use-distributed-optimizer --bf16 --vocab-size 32000 "
+        "--train-iters 10 --transformer-impl transformer_engine\n"
+    )
+    (job / "hops_trace_map.json").write_text('{"stages": {"0": "gpu0", "1": "gpu1"}}')
+    (job / "hops.base.yaml").write_text(
+        "hardware:\n  devices:\n  - {id: gpu0, gpu: h100_dgx}\n  - {id: gpu1, gpu: h100_dgx}\n"
+    )
+    runner = CliRunner()
+    found = runner.invoke(app, ["plan", "job", str(job), "--precision", "any", "--top", "6", "--json"])
+    text = runner.invoke(app, ["plan", "job", str(job), "--precision", "any", "--top", "6"])
+    assert found.exit_code == 0 and text.exit_code == 0, found.output + text.output
+    picks = json.loads(found.stdout)["best"]
+    assert {p["precision"] for p in picks} == {"fp8", "bf16"}
+    for pick in picks:
+        assert pick["precision"] == ("fp8" if pick["fp8"] else "bf16")
+        assert ("--fp8-format" in pick["flags"]) == pick["fp8"]
+    rows = re.findall(r"^ *\d+ .*; (FP8|BF16)[;\n]", text.stdout + "\n", re.M)
+    assert rows == [p["precision"].upper() for p in picks]

@@ -98,6 +98,7 @@ def format_job_plan(plan: JobPlan) -> str:
             f"{o.launch.label()}{resolved}; layers {'-'.join(map(str, o.layers_per_stage))}"
             + (f"; d {o.dp}" if o.settings is not None and o.launch.levers is not None else "")
             + (f", expert d {o.edp}" if o.edp is not None and o.launch.levers is not None else "")
+            + f"; {o.precision.upper()}"
             + (
                 f"; {o.samples_per_s * (1 - o.band):.3f}-{o.samples_per_s * (1 + o.band):.3f} samples/s"
                 if o.band
@@ -153,7 +154,8 @@ def format_job_plan(plan: JobPlan) -> str:
         "the launch would measure, with the silent stretch before the optimizer); sched. bubble %: the "
         "schedule's own closed form on balanced stages (the launch's mean stage costs): (p-1)/(v m+p-1) for 1F1B, "
         "GPipe and interleaved 1F1B, less for ZB-H1; peak GB/GPU: weights, gradients, optimizer "
-        "state and peak activations on the fullest GPU (GB: 10^9 bytes)"
+        "state and peak activations on the fullest GPU (GB: 10^9 bytes); FP8, BF16, FP16, FP32: the precision of the "
+        "launch's linear GEMMs (FP8: Transformer Engine's, with 16-bit weights)"
     )
     return "\n".join(lines)
 

@@ -168,6 +168,7 @@ _PARTS = (
     ("compute", "compute"),
     ("recompute", "of it recomp"),
     ("tp_comm", "TP comm"),
+    ("ep_comm", "EP comm"),
     ("p2p", "p2p"),
     ("dp_reduce", "DP reduce"),
     ("dp_reduce_exposed", "exposed"),
@@ -187,6 +188,7 @@ def breakdown_lines(breakdown: Sequence[Mapping[str, float]], memory: Sequence[S
         "",
         "per stage, one GPU, ms of one iteration by kind (work summed over its tasks, not the critical path; "
         "of it recomp: the part of compute the recomputed forward adds; "
+        "EP comm: the MoE token dispatcher's collectives over the expert groups; "
         "exposed: the part of the DP reduction no backward hides; ends AR: the tied-embedding all-reduce between the "
         "first and last stage before the optimizer, every rank waiting for it):",
         f"{'stage':>5}" + "".join(f"{label:>13}" for _key, label in _PARTS),

@@ -133,6 +133,8 @@ class Contribution:
     and the part of it no backward hides: `Pipeline`'s fields). Per iteration: pre_optimizer_ms (barrier work after the
     last backward) and post_optimizer_ms (on every rank, before the next iteration; post_optimizer_rank_ms: each
     rank's own part of it, where it differs by device type);
+    expert_comm_ms: per virtual stage, the part of forward_ms + backward_ms that is the collectives over the
+    expert groups (the MoE token dispatcher's), which the breakdown shows apart as `ep_comm`;
     stall_ms with stall_probability: an occasional delay of the pre-optimizer work
     (at most one term may price one).
     Switches (blocking_p2p, iteration_barrier, optimizer_barrier, host_after_receive_only;
@@ -153,6 +155,7 @@ class Contribution:
     grad_reduce_ms: tuple[float, ...] = ()
     grad_reduce_tail_ms: tuple[float, ...] = ()
     post_optimizer_rank_ms: tuple[float, ...] = ()  # per rank, on top of post_optimizer_ms
+    expert_comm_ms: tuple[float, ...] = ()  # per virtual stage, within forward_ms + backward_ms
     pre_optimizer_ms: float = 0.0
     post_optimizer_ms: float = 0.0
     stall_ms: float = 0.0
@@ -170,6 +173,7 @@ class Contribution:
         "attention_core_ms",
         "forward_floor_ms",
         "backward_floor_ms",
+        "expert_comm_ms",
     )
 
     SWITCHES: ClassVar[tuple[str, ...]] = (
@@ -194,6 +198,7 @@ class Contribution:
         "grad_reduce_ms": "ranks",
         "grad_reduce_tail_ms": "ranks",
         "post_optimizer_rank_ms": "ranks",
+        "expert_comm_ms": "virtual_stages",
     }
 
 
@@ -203,7 +208,7 @@ class Term(ABC):
     name: ClassVar[str]
     params: ClassVar[tuple[Param, ...]] = ()
     # What the term's time is, in `predict --job`'s breakdown of a stage (`Model.breakdown`): "compute", "tp_comm"
-    # (tensor-parallel collectives), "p2p", "dp_reduce" (data-parallel and embedding gradient reductions),
+    # (tensor-parallel collectives; the expert groups' shown apart as "ep_comm": `Contribution.expert_comm_ms`), "p2p", "dp_reduce" (data-parallel and embedding gradient reductions),
     # "optimizer" or "host".
     category: ClassVar[str] = "compute"
     # "layers": the term prices the GPU work of the decoder layers, which the floors (forward_floor_ms,

@@ -304,7 +304,8 @@ class TensorParallelComm(Term):
     blocking (the experts wait for their tokens, the next block for theirs), priced by
     `hops_calib.model.collectives` over the group's placement on the nodes (`Spec.group_ranks`) with this term's
     rates, at any t (t = 1 included); the routed experts take no part in the layer's tensor-parallel pair (only the
-    attention's and a shared expert's remain: `tp_collectives_per_layer`).
+    attention's and a shared expert's remain: `tp_collectives_per_layer`). The breakdown shows these apart
+    (`Contribution.expert_comm_ms`, category `ep_comm`).
     """
 
     name = "tensor_parallel_comm"
@@ -317,7 +318,7 @@ class TensorParallelComm(Term):
         if spec.tp <= 1 and not any(experts.values()):
             return Contribution()
         layout = context.layout
-        forward, backward = [], []
+        forward, backward, expert_comm = [], [], []
         hidden, overlapped = hidden_bytes(spec), tp_async_backward(spec)
         for k, layers in enumerate(layout.layers):
             rank = layout.rank_of(k)
@@ -335,6 +336,7 @@ class TensorParallelComm(Term):
             expert_backward = layers * expert.get("BACKWARD", 0.0) + spec.model.recomputed_layers(layers) * expert.get(
                 "FORWARD", 0.0
             )
+            expert_comm.append(expert_forward + expert_backward)
             if spec.tp <= 1:
                 forward.append(expert_forward)
                 backward.append(expert_backward)
@@ -365,7 +367,11 @@ class TensorParallelComm(Term):
             backward.append(
                 price(blocking) + layers * exposed + spec.model.recomputed_layers(layers) * per_layer + expert_backward
             )
-        return Contribution(forward_ms=tuple(forward), backward_ms=tuple(backward))
+        return Contribution(
+            forward_ms=tuple(forward),
+            backward_ms=tuple(backward),
+            expert_comm_ms=tuple(expert_comm) if any(expert_comm) else (),
+        )
 
     @staticmethod
     def _overlapped(
