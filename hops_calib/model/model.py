@@ -344,7 +344,7 @@ class Model:
 
     def breakdown(self, spec: Spec) -> list[dict[str, float]]:
         """Per pipeline rank, the milliseconds of one iteration on one of its GPUs by what they are (each term's
-        `category`: compute, tp_comm, p2p, dp_reduce, ends_allreduce (the tied embedding's, before the optimizer),
+        `category`: compute, tp_comm, cp_comm (context parallelism's exchanges), p2p, dp_reduce, ends_allreduce (the tied embedding's, before the optimizer),
         optimizer, host), summed over its tasks: forward and backward
         per microbatch times the microbatches (recomputation counted as compute, and alone as `recompute`: the part
         of compute the recomputed forward adds), the hops it sends, its optimizer
@@ -363,6 +363,7 @@ class Model:
                     "compute",
                     "recompute",
                     "tp_comm",
+                    "cp_comm",
                     "p2p",
                     "dp_reduce",
                     "dp_reduce_exposed",

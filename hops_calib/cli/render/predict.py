@@ -168,6 +168,7 @@ _PARTS = (
     ("compute", "compute"),
     ("recompute", "of it recomp"),
     ("tp_comm", "TP comm"),
+    ("cp_comm", "CP comm"),
     ("p2p", "p2p"),
     ("dp_reduce", "DP reduce"),
     ("dp_reduce_exposed", "exposed"),
