@@ -344,9 +344,9 @@ class Model:
 
     def breakdown(self, spec: Spec) -> list[dict[str, float]]:
         """Per pipeline rank, the milliseconds of one iteration on one of its GPUs by what they are (each term's
-        `category`: compute, tp_comm, p2p, dp_reduce, ends_allreduce (the tied embedding's, before the optimizer),
-        optimizer, host; and ep_comm, the expert groups' collectives of a term's `Contribution.expert_comm_ms`, taken
-        out of its category), summed over its tasks: forward and backward
+        `category`: compute, tp_comm, cp_comm (context parallelism's exchanges), p2p, dp_reduce, ends_allreduce (the
+        tied embedding's, before the optimizer), optimizer, host; and ep_comm, the expert groups' collectives of a
+        term's `Contribution.expert_comm_ms`, taken out of its category), summed over its tasks: forward and backward
         per microbatch times the microbatches (recomputation counted as compute, and alone as `recompute`: the part
         of compute the recomputed forward adds), the hops it sends, its optimizer
         step, its gradient reduction (whole; `dp_reduce_exposed` is the part no backward hides, with the distributed
@@ -367,6 +367,7 @@ class Model:
                     "recompute",
                     "tp_comm",
                     "ep_comm",
+                    "cp_comm",
                     "p2p",
                     "dp_reduce",
                     "dp_reduce_exposed",

@@ -169,6 +169,7 @@ _PARTS = (
     ("recompute", "of it recomp"),
     ("tp_comm", "TP comm"),
     ("ep_comm", "EP comm"),
+    ("cp_comm", "CP comm"),
     ("p2p", "p2p"),
     ("dp_reduce", "DP reduce"),
     ("dp_reduce_exposed", "exposed"),

@@ -12,6 +12,7 @@ from types import MappingProxyType
 
 from hops_calib.model.terms.attention import AttentionScoreTraffic
 from hops_calib.model.terms.base import Context, Contribution, Layout, Param, Term, layout_of
+from hops_calib.model.terms.context_parallel import ContextParallelComm
 from hops_calib.model.terms.decoder_kernels import DecoderKernels
 from hops_calib.model.terms.dispatch import ChunkCallHost, LayerDispatchFloor, LayerLaunchFloor
 from hops_calib.model.terms.elementwise import ElementwiseTraffic
@@ -39,6 +40,7 @@ _ALL: tuple[Term, ...] = (
     ElementwiseTraffic(),
     TensorParallelComm(),
     DataParallelGradReduce(),
+    ContextParallelComm(),
     DecoderKernels(),
     ChunkCallHost(),
 )

@@ -208,8 +208,9 @@ class Term(ABC):
     name: ClassVar[str]
     params: ClassVar[tuple[Param, ...]] = ()
     # What the term's time is, in `predict --job`'s breakdown of a stage (`Model.breakdown`): "compute", "tp_comm"
-    # (tensor-parallel collectives; the expert groups' shown apart as "ep_comm": `Contribution.expert_comm_ms`), "p2p", "dp_reduce" (data-parallel and embedding gradient reductions),
-    # "optimizer" or "host".
+    # (tensor-parallel collectives; the expert groups' shown apart as "ep_comm": `Contribution.expert_comm_ms`),
+    # "cp_comm" (context parallelism's exchanges), "p2p", "dp_reduce" (data-parallel and embedding gradient
+    # reductions), "optimizer" or "host".
     category: ClassVar[str] = "compute"
     # "layers": the term prices the GPU work of the decoder layers, which the floors (forward_floor_ms,
     # backward_floor_ms) bound from below: a stage's layers take max(sum of "layers" terms, sum of floors).
