@@ -41,6 +41,10 @@ declare -A RUNS=(
   # to each task is read against it (issue #28)
   [cpu_interleaved_v2_l4_h384_s128_m6_run1]="--vp 2 --layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 6 --iterations 4 --link-bench-iters 20"
   [cpu_interleaved_v2_l4_h384_s128_m6_run2]="--vp 2 --layers 4 --hidden 384 --heads 6 --seq 128 --microbatches 6 --iterations 4 --link-bench-iters 20"
+  # Megatron-core's MoE layer on 2 ranks (issue #28): one stage, 2 experts on 2 expert-parallel ranks, top-1
+  # (the later --pp 1 and --iterations 3 override the loop's --pp 2 --iterations 6)
+  [cpu_moe_e2_ep2_k1_l4_h256_s128_m4_run1]="--pp 1 --dp 2 --ep 2 --experts 2 --topk 1 --layers 4 --hidden 256 --heads 4 --seq 128 --microbatches 4 --iterations 3 --no-link-bench"
+  [cpu_moe_e2_ep2_k1_l4_h256_s128_m4_run2]="--pp 1 --dp 2 --ep 2 --experts 2 --topk 1 --layers 4 --hidden 256 --heads 4 --seq 128 --microbatches 4 --iterations 3 --no-link-bench"
 )
 
 # Other work competing for the cores now: runnable processes besides this sampler, averaged over 5 s

@@ -1,6 +1,6 @@
 """Megatron-core's MoE layer captured on the CPU (issue #28): 2 experts on 2 expert-parallel ranks over gloo.
 
-The shipped capture (`unpriced-traces/cpu_moe_e2_ep2_*`, recorded with `hops-calib capture --experts 2 --ep 2`, docs/
+The shipped capture (`traces/cpu_moe_e2_ep2_*`, recorded with `hops-calib capture --experts 2 --ep 2`, docs/
 captures.md) is read through the event-log reader ingest uses (`hops_calib.trace.events.read_rank_events`), and its
 rank logs must hold what megatron/core/transformer/moe/moe_layer.py (MoELayer.forward) runs: in every forward of
 every microbatch, layer after layer, the router (TopKRouter), the all-gather of the split sizes
@@ -9,9 +9,8 @@ probabilities), the expert (SequentialMLP), the combine all-to-all (token_combin
 layer after layer from the last: combine, experts, dispatch, router. Both ranks take part in every exchange (their
 calls overlap in time: a blocking gloo all-to-all returns only once the other rank has sent), every token sent out
 comes back, and an iteration holds 2 x layers x microbatches all-to-all steps per direction (3 calls each: the
-dispatch's 2 and the combine's 1). It lives outside `traces/`: the calibration store's runs are what the ledger
-judged on (the model prices MoE since issue #28; tests/model/test_moe.py checks its collectives against this
-capture's).
+dispatch's 2 and the combine's 1). Two quiet repeats ship in `traces/` and so in the fixture store (the model
+prices MoE since issue #28; tests/model/test_moe.py checks its collectives against this capture's).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from hops_calib.trace import TraceError, find_arguments
 from hops_calib.trace.events import read_rank_events
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = sorted(p for p in (REPO / "unpriced-traces").glob("cpu_moe_e2_ep2_*") if p.is_dir())
+SHIPPED = sorted(p for p in (REPO / "traces").glob("cpu_moe_e2_ep2_*") if p.is_dir())
 # Ranks stamp one host clock, each anchored once to the wall clock when it starts (capture/events.py WallClock):
 # the anchors of two processes started together differ by at most NTP's slew (<= 500 ppm) over the second between
 # them, 0.5 ms.
@@ -148,15 +147,16 @@ def test_the_shipped_moe_capture_runs_megatron_cores_moe_layer_in_order(job: Pat
     check_moe_structure(job)
 
 
-def test_a_moe_capture_is_shipped_and_not_ingested() -> None:
-    """Shipped beside traces/, not in it: a fresh clone's `ingest traces` stores the calibration runs the ledger
-    judged on, and the fixture store holds none of this one."""
-    assert SHIPPED, "unpriced-traces/ holds no cpu_moe_e2_ep2_* capture"
+def test_the_moe_captures_ship_in_traces_and_in_the_fixture_store() -> None:
+    """Two repeats of the MoE capture ship in traces/, and the shipped store holds them as one configuration
+    group (repeats share a split), read from the same job directories."""
+    assert len(SHIPPED) == 2, "traces/ holds no two cpu_moe_e2_ep2_* repeats"
     from hops_calib.loop.suite import open_store
 
-    ids = set(open_store(REPO / "fixtures").ids())
-    assert not {job.name for job in SHIPPED} & ids
-    assert not list((REPO / "traces").glob("cpu_moe_*"))
+    store = open_store(REPO / "fixtures")
+    assert {job.name for job in SHIPPED} <= set(store.ids())
+    splits = {split for split in ("train", "test") if {job.name for job in SHIPPED} & set(store.ids(split))}
+    assert len(splits) == 1
 
 
 def test_a_mixed_up_moe_line_is_refused_by_field(tmp_path: Path) -> None:

@@ -362,7 +362,7 @@ def test_a_rank_logs_printed_defaults_read_as_megatrons_defaults() -> None:
     assert spec.model.moe_capacity_factor is None and spec.model.moe_dispatcher == "alltoall"
 
 
-CAPTURE = Path(__file__).resolve().parents[2] / "unpriced-traces" / "cpu_moe_e2_ep2_k1_l4_h256_s128_m4_run1"
+CAPTURE = Path(__file__).resolve().parents[2] / "traces" / "cpu_moe_e2_ep2_k1_l4_h256_s128_m4_run1"
 
 
 def test_the_expert_collectives_are_those_the_shipped_moe_capture_records() -> None:
