@@ -202,6 +202,11 @@ def test_the_shipped_terms_price_the_experts_flops_and_all_to_alls() -> None:
     assert costs.forward_ms[1] == pytest.approx(8 * (attention + experts + router) / per_ms, rel=1e-12)
     busy = roofline.contribute(context, {**values, "expert_load_imbalance": 1.5})
     assert busy.forward_ms[1] == pytest.approx(8 * (attention + 1.5 * experts + router) / per_ms, rel=1e-12)
+    # a device type's own imbalance prices that type's GPUs only
+    elsewhere = roofline.contribute(context, {**values, "expert_load_imbalance@cpu": 1.5})
+    assert elsewhere.forward_ms == costs.forward_ms
+    own = roofline.contribute(context, {**values, "expert_load_imbalance@h100_dgx": 1.5})
+    assert own.forward_ms == busy.forward_ms
     # the all-to-alls: two forward and two backward per layer (and the probabilities'), over the EP group of 8
     comm = TERMS["tensor_parallel_comm"]
     params = comm.defaults()
@@ -392,6 +397,32 @@ def test_the_expert_collectives_are_those_the_shipped_moe_capture_records() -> N
         assert calls[(iteration, microbatch, layer, phase, kind, 0)] == len(mine), (phase, kind)
         assert sum(found) / 2 == pytest.approx(sum(mine)), (phase, kind)
     assert {op for op, _, _ in listed["FORWARD"]} == {"all_gather", "all_to_all"}
+
+
+def combine_loads(capture: Path) -> dict[tuple, tuple[float, ...]]:
+    """Per (iteration, microbatch, layer), the tokens each rank's expert computed: its forward combine all-to-all
+    returns one h-wide fp32 row per token it computed (the capture's hidden size)."""
+    from hops_calib.spec.job_dir import build_spec
+
+    row = build_spec(capture).model.hidden_size * 4
+    loads: dict[tuple, dict[int, float]] = {}
+    for rank in (0, 1):
+        for line in (capture / "megatron_trace" / f"rank{rank}.jsonl").read_text().splitlines():
+            event = json.loads(line)
+            if event.get("moe_step") == "combine" and event.get("phase") == "FORWARD":
+                key = (event["iteration"], event["microbatch"], event["layer"])
+                loads.setdefault(key, {})[rank] = event["bytes"] / row
+    return {key: tuple(v[r] for r in sorted(v)) for key, v in loads.items()}
+
+
+def test_the_captures_untrained_router_is_measured_from_its_combine_bytes() -> None:
+    """What `expert_load_imbalance` prices, measured: the busiest rank's tokens over the balanced share, per layer
+    (both ranks' tokens add up to all the tokens routed once, top-1), the quantity the @cpu value is read from."""
+    loads = combine_loads(CAPTURE)
+    spec_tokens = 2 * 128 * 1  # two ranks' microbatches of s 128 x micro batch 1, each token to one expert
+    assert loads and all(sum(v) == spec_tokens for v in loads.values())
+    imbalance = [max(v) / (sum(v) / len(v)) for v in loads.values()]
+    assert all(1.0 <= x <= 2.0 for x in imbalance) and max(imbalance) > 1.5  # one layer routes nearly all to one
 
 
 def test_the_routers_losses_add_their_kernels_only_when_their_coefficients_are_set() -> None:

@@ -32,8 +32,10 @@ EXPERT_LOAD_IMBALANCE = Param(
     8.0,
     "x balanced",
     "tokens the busiest GPU's local experts compute against their balanced share T x topk / E (1: balanced "
-    "routing); a mixture of experts' layer waits for it",
+    "routing); a mixture of experts' layer waits for it. Per device type where its runs start from another "
+    "router (the CPU captures' untrained one: @cpu)",
     inert=True,
+    per_device=True,
 )
 
 
@@ -71,7 +73,8 @@ class DecoderRoofline(Term):
     expert's, plus the router's GEMM (`gpt.router_flops`); the bytes the GPU's local experts' weights and their
     stored activations. The busiest GPU's experts compute `expert_load_imbalance` times their balanced share of the
     routed tokens (a property of the router's balancing, not of one run: 1 = balanced, as Megatron's aux-loss
-    balancing aims at), held under a capacity factor where the launch gives one (`gpt.expert_token_scale`); the
+    balancing aims at; a device type's own value where its runs start from another router, as the CPU captures
+    start from megatron-core's untrained `TopKRouter` with no auxiliary loss), held under a capacity factor where the launch gives one (`gpt.expert_token_scale`); the
     layer waits for it. The all-to-alls are `tensor_parallel_comm`'s.
     """
 
@@ -123,17 +126,19 @@ class DecoderRoofline(Term):
     def contribute(self, context: Context, params: Mapping[str, float]) -> Contribution:
         shape = context.spec.model
         forward_bytes = gpt.layer_parameters(shape) * gpt.bytes_per_element(shape) + gpt.layer_activation_bytes(shape)
-        scale = gpt.expert_token_scale(shape, params.get("expert_load_imbalance", 1.0)) if shape.moe else 1.0
-        weight_grad_flops = gpt.layer_weight_grad_flops(shape, scale) + gpt.router_flops(shape)
         core_flops = gpt.attention_core_flops(shape)
-        forward_flops = weight_grad_flops + core_flops if shape.moe else gpt.layer_forward_flops(shape)
-        core_share = core_flops / forward_flops
         fp8, fp8_wgrad = (
             fp8_linear_gemms(context.spec) if params.get("fp8_linear_gemms", 0.0) == 1.0 else (False, False)
         )
         forward, backward, weight_grad, core = [], [], [], []
         for k, layers in enumerate(context.layout.layers):
             device = context.device_of(k)
+            # the busiest GPU's experts: the imbalance of the router the device type's runs start from
+            imbalance = params.get(f"expert_load_imbalance@{device.type}", params.get("expert_load_imbalance", 1.0))
+            scale = gpt.expert_token_scale(shape, imbalance) if shape.moe else 1.0
+            weight_grad_flops = gpt.layer_weight_grad_flops(shape, scale) + gpt.router_flops(shape)
+            forward_flops = weight_grad_flops + core_flops if shape.moe else gpt.layer_forward_flops(shape)
+            core_share = core_flops / forward_flops
             flops_per_ms = device.peak_bf16_flops_per_s * self.value(params, "compute_efficiency", device.type) / 1e3
             bytes_per_ms = device.memory_bandwidth_bytes_per_s * params["memory_efficiency"] / 1e3
             backward_factor = self.value(params, "backward_factor", device.type)
