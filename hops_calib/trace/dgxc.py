@@ -12,8 +12,9 @@ gives it column by column):
 - the settings a launch flag prices come from settings.csv (`SETTINGS`): a value the file states is used, one it
   marks `not stated` takes the assumption in `ASSUMED` (each with its reason), and a value this mapping cannot
   read is an error naming settings.csv's line;
-- FP8 rows run Transformer Engine's FP8 (`--fp8-format hybrid`); a row with a setting the spec refuses is stored
-  and listed as not priced;
+- FP8 rows run Transformer Engine's FP8 (`--fp8-format hybrid`), and keep and reduce their gradients in bf16
+  (`--grad-reduce-in-bf16`) where settings.csv's fp8_recipe states grad_reduce_in_fp32 = False (the Llama 3.1
+  rows); a row with a setting the spec refuses is stored and listed as not priced;
 - the Llama 3.1 405B rows and its 30/62-layer proxies, whose uneven split settings.csv leaves `not stated`, count
   the embedding and the loss as a layer each (`ASSUMED_SPLIT`: the arithmetic that makes their layers split);
 - the machine is the catalog's `h100_dgx` (settings.csv `all`: 8 x H100 80 GB HBM3 per node, NVLink 4, 8 x 400
@@ -360,6 +361,12 @@ class Mapping:
             args["account_for_loss_in_pipeline_split"] = True
         if precision == "fp8":
             args["fp8_format"] = ASSUMED["fp8_format"]
+            found = self.setting(model, "fp8_recipe")
+            if found and "grad_reduce_in_fp32 = false" in found[1].lower():
+                # NeMo's MegatronMixedPrecision(grad_reduce_in_fp32=False): megatron-core's DDP keeps and reduces the
+                # gradients in the bf16 parameter dtype (DistributedDataParallelConfig.grad_reduce_in_fp32), what
+                # Megatron-LM's --grad-reduce-in-bf16 launches (`model.memory.bf16_gradients`)
+                args["grad_reduce_in_bf16"] = True
         step = cells.get("step_time_s")
         args["iteration_time_ms"] = (
             step * 1e3 if isinstance(step, (int, float)) and not isinstance(step, bool) else step

@@ -57,6 +57,11 @@ def test_every_row_reads_as_published(dgxc_dir):
     assert gpt["tp_comm_overlap"] and gpt["overlap_p2p_comm"] and gpt["attention_dropout"] == 0.1
     assert not by_id["dgxc_h100_llama3.1-8b_bf16_g8"].args["tp_comm_overlap"]
     assert by_id["dgxc_h100_nemotron4-340b_bf16_g256"].args["virtual_pipeline_model_parallel_size"] == 12
+    # settings.csv's fp8_recipe says grad_reduce_in_fp32 = False for the Llama 3.1 FP8 runs (NeMo's
+    # bf16_with_fp8_mixed): their gradients are kept and reduced in bf16; no other row's are
+    for run in read.runs:
+        stated = "llama3.1" in run.run_id and "_fp8_" in run.run_id
+        assert bool(run.args.get("grad_reduce_in_bf16")) == stated, run.run_id
     # the 405B rows and its pipelined proxies (126, 62, 30 layers over pp x vp 64, 32, 32: uneven, not stated) count
     # the embedding and the loss as a layer each; no other row does, nor the 8-layer proxy on one stage
     flags = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
