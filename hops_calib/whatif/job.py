@@ -110,6 +110,7 @@ class WhatIf:
             "breakdown_ms_per_iteration": [{"stage": k, **parts} for k, parts in enumerate(self.breakdown)],
             "memory": [stage.to_dict() for stage in self.memory],
             "fits": self.fits,
+            "memory_headroom_bytes": memory_headroom_bytes(self.memory),
             "pricing_inputs": pricing_inputs(spec),
             "cluster": self.cluster or None,
             "links": [hop.to_dict() for hop in self.hops],
@@ -172,6 +173,13 @@ def peak_flops_per_s(spec: Spec, model: Model) -> float:
     dtype = peak_dtype(spec)
     peaks = [model.device(device).peak_flops_per_s(dtype) for device in spec.devices]
     return sum(peaks) / len(peaks) if peaks else 0.0
+
+
+def memory_headroom_bytes(memory: Sequence[StageMemory]) -> dict[str, float]:
+    """Per device type of the stages, what `plan --job` leaves out of its memory by default
+    (`model.memory.default_headroom_bytes`; each stage's `fits_with_headroom` is checked against it), as plan's
+    JSON `memory_headroom_bytes` gives it."""
+    return {stage.device: stage.reserved_bytes for stage in sorted(memory, key=lambda stage: stage.device)}
 
 
 def launch_memory(spec: Spec, model: Model, prediction: Prediction) -> tuple[StageMemory, ...]:
