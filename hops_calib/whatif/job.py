@@ -25,6 +25,7 @@ from hops_calib.model import Model
 from hops_calib.model.coverage import Coverage, Extrapolation, extrapolations
 from hops_calib.model.memory import StageMemory, stage_memory
 from hops_calib.model.predict import Prediction
+from hops_calib.model.terms.roofline import linear_gemm_precision
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import SCHEDULES, Spec
 from hops_calib.whatif.cluster import Cluster
@@ -98,8 +99,11 @@ class WhatIf:
                 "seq_length": spec.model.seq_length,
                 "num_layers": spec.model.num_layers,
                 "tp": spec.tp,
+                "cp": spec.cp,
                 "dp": spec.dp,
                 "gpus": spec.gpus,
+                **experts_of(spec),
+                "precision": linear_gemm_precision(spec),
                 "sequence_parallel": spec.model.sequence_parallel,
                 "distributed_optimizer": spec.distributed_optimizer,
                 "overlap_grad_reduce": spec.overlap_grad_reduce,
@@ -156,6 +160,20 @@ class WhatIf:
             "devices": [ids[0], ids[-1]],
             "hosts": [hosts.get(ids[0]) or None, hosts.get(ids[-1]) or None],
         }
+
+
+def experts_of(spec: Spec) -> dict[str, int | None]:
+    """A mixture of experts' layout, as plan's JSON names it: ep (expert-parallel GPUs), etp (each expert's
+    tensor-parallel GPUs), edp (expert data-parallel replicas, world / (etp x ep x pp): `Spec.edp`), num_experts and
+    moe_router_topk; ep 1 and the others None for a dense MLP."""
+    moe = spec.model.moe
+    return {
+        "ep": spec.ep,
+        "etp": spec.etp if moe else None,
+        "edp": spec.edp if moe else None,
+        "num_experts": spec.model.num_experts if moe else None,
+        "moe_router_topk": spec.model.moe_router_topk if moe else None,
+    }
 
 
 def peak_dtype(spec: Spec) -> str:

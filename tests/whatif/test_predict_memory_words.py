@@ -1,5 +1,6 @@
-"""What `predict job DIR` and `plan job DIR` say of a DGX H100 job's memory: each device's capacity in GB and GiB, and
-a stage that fits the raw capacity but not plan's default headroom named in predict's text and JSON."""
+"""What `predict job DIR` and `plan job DIR` say of a DGX H100 job's memory and launch: each device's capacity in GB
+and GiB, a stage that fits the raw capacity but not plan's default headroom named in predict's text and JSON, and
+the parallel, expert and precision settings in predict's header and JSON `configuration`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from hops_calib.cli import app
 from hops_calib.loop.model_files import load_model, write_model
 from hops_calib.model.memory import DEFAULT_HEADROOM_BYTES
 
+REPO = Path(__file__).resolve().parents[2]
+
 # A Mixtral-8x7B-shaped launch (test_plan_megatron_flags' MIXTRAL) on 8 DGX H100 nodes: t 1 x p 4 x d 16, ep 2.
 MIXTRAL = (
     "torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 1 "
@@ -25,6 +28,15 @@ MIXTRAL = (
     "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16 --transformer-impl "
     "transformer_engine --vocab-size 32000 --train-iters 20"
 )
+# A dense 1.3B GPT on 2 DGX H100 nodes (docs/whatif.md's gpt16 shape), t 2 x p 4 x d 2, its linear GEMMs in FP8.
+DENSE_FP8 = (
+    "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+    "--pipeline-model-parallel-size 4 --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+    "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 --bf16 --use-flash-attn "
+    "--transformer-impl transformer_engine --fp8-format hybrid --fp8-recipe delayed --vocab-size 50257 "
+    "--train-iters 100"
+)
+
 
 def make_job(folder: Path, command: str, stages: int = 4) -> Path:
     folder.mkdir(parents=True)
@@ -97,3 +109,37 @@ def test_a_stage_within_the_capacity_but_not_plans_headroom_is_named_and_capacit
         rf"{re.escape(gb_gib(small))} less {DEFAULT_HEADROOM_BYTES / 1e9:.2f} GB headroom",
         planned,
     )
+
+
+def test_predicts_header_and_configuration_state_the_experts_and_the_gemms_precision(tmp_path):
+    """The MoE launch's configuration names cp 1, ep 2, etp 1 (Megatron's default: the tensor-parallel size), the
+    expert data-parallel size world / (etp x ep x pp) = 64 / (1 x 2 x 4) = 8, 8 experts and top-2, bf16 GEMMs, and
+    the header says so; the dense FP8 launch's says fp8 with no expert settings, and its calibration coverage names
+    the precision fp8 (not the bf16 its weights are kept in)."""
+    moe = make_job(tmp_path / "mixtral", MIXTRAL)
+    config = json.loads(run("predict", "job", moe, "--json"))["configuration"]
+    assert {k: config[k] for k in ("tp", "cp", "dp", "ep", "etp", "edp", "num_experts", "moe_router_topk")} == {
+        "tp": 1,
+        "cp": 1,
+        "dp": 16,
+        "ep": 2,
+        "etp": 1,
+        "edp": 64 // (1 * 2 * 4),
+        "num_experts": 8,
+        "moe_router_topk": 2,
+    }
+    assert config["precision"] == "bf16"
+    header = run("predict", "job", moe).splitlines()[0]
+    assert "4 stages x tp 1 x dp 16 = 64 GPUs; 8 experts, top-2, over ep 2, expert dp 8" in header
+    assert "linear GEMMs in BF16" in header and " cp " not in header and "etp" not in header
+
+    dense = make_job(tmp_path / "gpt16", DENSE_FP8)
+    out = json.loads(run("predict", "job", dense, "--fixtures", REPO / "fixtures", "--json"))
+    config = out["configuration"]
+    assert (config["tp"], config["cp"], config["dp"], config["ep"], config["precision"]) == (2, 1, 2, 1, "fp8")
+    assert config["etp"] is config["edp"] is config["num_experts"] is config["moe_router_topk"] is None
+    header = run("predict", "job", dense, "--fixtures", REPO / "fixtures").splitlines()[0]
+    assert "4 stages x tp 2 x dp 2 = 16 GPUs (" in header and "linear GEMMs in FP8" in header
+    assert "experts" not in header
+    precision = [e for e in out["extrapolations"] if e["feature"] == "precision"]
+    assert [e["value"] for e in precision] == ["fp8"]  # the shipped CPU store's runs are fp32

@@ -10,8 +10,9 @@ from hops_calib.model.kernel_table import KernelTable
 from hops_calib.model.kernels import COLLECTIVE, DGRAD, FORWARD, RECOMPUTE, WGRAD
 from hops_calib.model.memory import GB, StageMemory, capacity_words
 from hops_calib.model.predict import STALL_RANGE_LEVEL
+from hops_calib.model.terms.roofline import linear_gemm_precision
 from hops_calib.sim.theory import pipeline_schedule_bubble
-from hops_calib.whatif.job import WhatIf, model_rates, peak_dtype, pricing_inputs
+from hops_calib.whatif.job import WhatIf, experts_of, model_rates, peak_dtype, pricing_inputs
 from hops_calib.whatif.plan import PEAK_UNIT
 
 
@@ -23,12 +24,21 @@ def what_if_text(result: WhatIf) -> str:
         if spec.gpus > spec.pp
         else ""
     )
+    experts = experts_of(spec)
+    moe = (
+        f"; {experts['num_experts']} experts, top-{experts['moe_router_topk']}, over ep {experts['ep']}"
+        + (f" x etp {experts['etp']}" if experts["etp"] != 1 else "")
+        + f", expert dp {experts['edp']}"
+        if shape.moe
+        else ""
+    )
     lines = [
-        f"{result.job_dir}: {spec.pp} stages{parallel} ({'-'.join(spec.devices)}), {spec.microbatches} "
+        f"{result.job_dir}: {spec.pp} stages{parallel}{moe} ({'-'.join(spec.devices)}), {spec.microbatches} "
         "microbatches x "
         f"{spec.iterations} iterations, h={shape.hidden_size} s={shape.seq_length} layers={shape.num_layers} "
-        f"({'-'.join(str(n) for n in spec.layers_per_stage)}); configured schedule {spec.schedule}; "
-        f"model {model.name} ({model.sha256[:12]}); predicted from the configuration alone"
+        f"({'-'.join(str(n) for n in spec.layers_per_stage)}), linear GEMMs in {linear_gemm_precision(spec).upper()}"
+        f"; configured schedule {spec.schedule}; model {model.name} ({model.sha256[:12]}); predicted from the "
+        "configuration alone"
     ]
     lines += [f"note: {note}" for note in result.notes]
     if result.hops:
