@@ -147,7 +147,13 @@ def launch_sections(
     throughput the run is scored by (`whatif.job.model_rates`). JSON fields and text lines."""
     from hops_calib.cli.render.predict import breakdown_lines, pricing_lines, timer_lines
     from hops_calib.loop.timers import timer_rows
-    from hops_calib.whatif.job import launch_memory, model_rates, peak_flops_per_s, pricing_inputs
+    from hops_calib.whatif.job import (
+        launch_memory,
+        memory_headroom_bytes,
+        model_rates,
+        peak_flops_per_s,
+        pricing_inputs,
+    )
 
     breakdown = model.breakdown(spec)
     memory = launch_memory(spec, model, prediction)
@@ -158,6 +164,7 @@ def launch_sections(
         "breakdown_ms_per_iteration": [{"stage": k, **parts} for k, parts in enumerate(breakdown)],
         "memory": [stage.to_dict() for stage in memory],
         "fits": all(stage.fits for stage in memory),
+        "memory_headroom_bytes": memory_headroom_bytes(memory),
         "predicted_rates": rates,
         "timers": timers,
         "pricing_inputs": inputs,

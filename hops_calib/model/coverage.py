@@ -4,7 +4,7 @@ A calibrated model interpolates well and extrapolates as well as its physics: a 
 schedule that no train run had is priced by parameters nothing pinned for it. Before trusting a what-if, a user
 should know which of its features are new. The features are the ones the cost terms read: device types, the
 device pairs a hop crosses, the pair of end devices the embedding all-reduce joins, the schedule and
-interleaving, the precision, attention kernel, recomputation, sequence parallelism, distributed optimizer, a
+interleaving, the precision of the linear GEMMs (fp8 for an FP8 launch), attention kernel, recomputation, sequence parallelism, distributed optimizer, a
 mixture of experts and whether a tensor- or data-parallel group spans nodes, and the ranges of the model shape, the message a hop
 carries, the microbatches (also per stage: fewer than the stages never fill the pipeline), the pipeline depth, the
 layers on a stage and the tensor- and data-parallel sizes. Only
@@ -49,7 +49,7 @@ def _sets(spec: Spec) -> dict[str, set[str]]:
         "hop device pair": {_pair(a, b) for a, b in zip(spec.devices, spec.devices[1:])},
         "end device pair": {_pair(spec.devices[0], spec.devices[-1])} if spec.pp > 1 else set(),
         "schedule": {spec.schedule},
-        "precision": {spec.model.precision},
+        "precision": {_precision(spec)},
         "attention kernel": {spec.model.attention_kernel},
         "recomputation": {spec.model.recompute_granularity or "none"},
         "sequence parallelism": {"on" if spec.model.sequence_parallel else "off"},
@@ -58,6 +58,14 @@ def _sets(spec: Spec) -> dict[str, set[str]]:
         "Megatron-FSDP sharding": {fsdp_strategy(spec.megatron_args) or "none"},
         "tensor or data parallel group across nodes": {"yes" if _group_across_nodes(spec) else "no"},
     }
+
+
+def _precision(spec: Spec) -> str:
+    """The linear GEMMs' precision (`terms.roofline.linear_gemm_precision`: fp8 for an FP8 launch, whose 16-bit
+    weights are bf16 or fp16, else the training dtype): what the roofline and kernel terms price the GEMMs at."""
+    from hops_calib.model.terms.roofline import linear_gemm_precision
+
+    return linear_gemm_precision(spec)
 
 
 def _group_across_nodes(spec: Spec) -> bool:

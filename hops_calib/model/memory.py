@@ -36,7 +36,9 @@ per --data-parallel-sharding-strategy, plus the gathered units and the gradients
 (`fsdp.sharded_memory`).
 
 Not counted: the CUDA context and NCCL buffers, allocator fragmentation, temporary GEMM workspaces (a few hundred
-MB to a few GB on a real GPU): leave headroom (`StageMemory.headroom_bytes` says how much is left).
+MB to a few GB on a real GPU): leave headroom (`StageMemory.headroom_bytes` says how much is left;
+`DEFAULT_HEADROOM_BYTES` is what `plan --job` leaves by default, `StageMemory.fits_with_headroom` whether a stage
+fits with it).
 """
 
 from __future__ import annotations
@@ -49,11 +51,38 @@ from hops_calib.model import fsdp, gpt, kernel_types, kernels
 from hops_calib.spec import ModelShape, Spec
 
 # The unit of every memory figure in text output: GB, 10^9 bytes, as GPU datasheets count ("A100 80 GB"); --json
-# gives bytes (keys ending in _bytes).
+# gives bytes (keys ending in _bytes). A device's capacity is also given in GiB (2^30 bytes), the unit HBM is built
+# in (an H100 SXM's 80 GB are 80 GiB = 85.90 GB): `capacity_words`.
 GB = 1e9
+GIB = 2**30
+
+# Memory a GPU holds besides what this module counts, left out of every pick of `plan --job` by default and what
+# `predict --job` warns of when a stage leaves less:
+# - the CUDA context: about 0.5 GB with lazy module loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2
+#   and in PyTorch 2.x wheels), up to about 1 GB with every kernel module loaded eagerly (NVIDIA, CUDA C++
+#   Programming Guide, "Lazy Loading"); 1 GB is taken;
+# - NCCL's buffers: NCCL_BUFFSIZE, 4 MiB by default (NCCL docs, Environment Variables: NCCL_BUFFSIZE "4194304"),
+#   for each peer of each channel of each communicator; a rank of a Megatron launch keeps a tensor-, a data-, a
+#   pipeline-parallel and an embedding communicator, each of up to 16 channels with 2 peers (a ring's previous and
+#   next rank): 4 x 16 x 2 x 4 MiB = 0.54 GB;
+# 1.5 GB in all (1.0 + 0.54, rounded down: the channels NCCL opens are fewer on small groups). A CPU device runs
+# no CUDA context and gloo keeps no such buffers: nothing.
+CUDA_CONTEXT_BYTES = 1.0e9
+NCCL_BUFFER_BYTES = 4 * 16 * 2 * 4 * 2**20
+DEFAULT_HEADROOM_BYTES = 1.5e9
 OPTIMIZER_BYTES_MIXED = 12  # fp32 master weight + Adam m and v per parameter
 OPTIMIZER_BYTES_FP32 = 8  # Adam m and v; the fp32 weight is the master
 LOGIT_BYTES = 4  # the loss reads fp32 logits
+
+
+def default_headroom_bytes(device_type: str) -> float:
+    """The memory left out of a GPU of `device_type` for what the count leaves out (see DEFAULT_HEADROOM_BYTES)."""
+    return 0.0 if device_type.startswith("cpu") else DEFAULT_HEADROOM_BYTES
+
+
+def capacity_words(nbytes: float) -> str:
+    """A device's capacity in words, in GB and GiB: "85.90 GB (80.00 GiB)"."""
+    return f"{nbytes / GB:.2f} GB ({nbytes / GIB:.2f} GiB)"
 
 
 def bf16_gradients(spec: Spec) -> bool:
@@ -178,12 +207,23 @@ class StageMemory:
     def fits(self) -> bool:
         return self.total_bytes <= self.device_bytes
 
+    @property
+    def reserved_bytes(self) -> float:
+        """What `plan --job` leaves out of this device's memory by default (`default_headroom_bytes`)."""
+        return default_headroom_bytes(self.device)
+
+    @property
+    def fits_with_headroom(self) -> bool:
+        """Whether the stage fits with `reserved_bytes` left: what `plan --job` checks a pick against."""
+        return self.total_bytes <= self.device_bytes - self.reserved_bytes
+
     def to_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "total_bytes": self.total_bytes,
             "headroom_bytes": self.headroom_bytes,
             "fits": self.fits,
+            "fits_with_headroom": self.fits_with_headroom,
         }
 
 

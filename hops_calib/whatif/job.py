@@ -25,6 +25,7 @@ from hops_calib.model import Model
 from hops_calib.model.coverage import Coverage, Extrapolation, extrapolations
 from hops_calib.model.memory import StageMemory, stage_memory
 from hops_calib.model.predict import Prediction
+from hops_calib.model.terms.roofline import linear_gemm_precision
 from hops_calib.sim.theory import pipeline_schedule_bubble
 from hops_calib.spec import SCHEDULES, Spec
 from hops_calib.whatif.cluster import Cluster
@@ -98,8 +99,11 @@ class WhatIf:
                 "seq_length": spec.model.seq_length,
                 "num_layers": spec.model.num_layers,
                 "tp": spec.tp,
+                "cp": spec.cp,
                 "dp": spec.dp,
                 "gpus": spec.gpus,
+                **experts_of(spec),
+                "precision": linear_gemm_precision(spec),
                 "sequence_parallel": spec.model.sequence_parallel,
                 "distributed_optimizer": spec.distributed_optimizer,
                 "overlap_grad_reduce": spec.overlap_grad_reduce,
@@ -110,6 +114,7 @@ class WhatIf:
             "breakdown_ms_per_iteration": [{"stage": k, **parts} for k, parts in enumerate(self.breakdown)],
             "memory": [stage.to_dict() for stage in self.memory],
             "fits": self.fits,
+            "memory_headroom_bytes": memory_headroom_bytes(self.memory),
             "pricing_inputs": pricing_inputs(spec),
             "cluster": self.cluster or None,
             "links": [hop.to_dict() for hop in self.hops],
@@ -157,6 +162,20 @@ class WhatIf:
         }
 
 
+def experts_of(spec: Spec) -> dict[str, int | None]:
+    """A mixture of experts' layout, as plan's JSON names it: ep (expert-parallel GPUs), etp (each expert's
+    tensor-parallel GPUs), edp (expert data-parallel replicas, world / (etp x ep x pp): `Spec.edp`), num_experts and
+    moe_router_topk; ep 1 and the others None for a dense MLP."""
+    moe = spec.model.moe
+    return {
+        "ep": spec.ep,
+        "etp": spec.etp if moe else None,
+        "edp": spec.edp if moe else None,
+        "num_experts": spec.model.num_experts if moe else None,
+        "moe_router_topk": spec.model.moe_router_topk if moe else None,
+    }
+
+
 def peak_dtype(spec: Spec) -> str:
     """The precision MFU is counted against: fp8 where the launch's linear GEMMs run in FP8 (Transformer Engine's
     `--fp8-format`: `model.terms.roofline.fp8_linear_gemms`), as NVIDIA reports the MFU of its FP8 runs against the
@@ -172,6 +191,13 @@ def peak_flops_per_s(spec: Spec, model: Model) -> float:
     dtype = peak_dtype(spec)
     peaks = [model.device(device).peak_flops_per_s(dtype) for device in spec.devices]
     return sum(peaks) / len(peaks) if peaks else 0.0
+
+
+def memory_headroom_bytes(memory: Sequence[StageMemory]) -> dict[str, float]:
+    """Per device type of the stages, what `plan --job` leaves out of its memory by default
+    (`model.memory.default_headroom_bytes`; each stage's `fits_with_headroom` is checked against it), as plan's
+    JSON `memory_headroom_bytes` gives it."""
+    return {stage.device: stage.reserved_bytes for stage in sorted(memory, key=lambda stage: stage.device)}
 
 
 def launch_memory(spec: Spec, model: Model, prediction: Prediction) -> tuple[StageMemory, ...]:

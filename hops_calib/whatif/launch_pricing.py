@@ -16,7 +16,13 @@ from typing import Any
 
 from hops_calib.errors import InputError
 from hops_calib.model import Model
-from hops_calib.model.memory import stage_memory
+from hops_calib.model.memory import (  # the headroom left out of each GPU's memory lives with the count
+    CUDA_CONTEXT_BYTES,
+    DEFAULT_HEADROOM_BYTES,
+    NCCL_BUFFER_BYTES,
+    default_headroom_bytes,
+    stage_memory,
+)
 from hops_calib.model.terms.embedding import transport_note
 from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
@@ -52,21 +58,6 @@ __all__ = [
 ]
 
 
-# Memory a GPU holds besides what `model.memory` counts, left out of every pick by default:
-# - the CUDA context: about 0.5 GB with lazy module loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2
-#   and in PyTorch 2.x wheels), up to about 1 GB with every kernel module loaded eagerly (NVIDIA, CUDA C++
-#   Programming Guide, "Lazy Loading"); 1 GB is taken;
-# - NCCL's buffers: NCCL_BUFFSIZE, 4 MiB by default (NCCL docs, Environment Variables: NCCL_BUFFSIZE "4194304"),
-#   for each peer of each channel of each communicator; a rank of a Megatron launch keeps a tensor-, a data-, a
-#   pipeline-parallel and an embedding communicator, each of up to 16 channels with 2 peers (a ring's previous and
-#   next rank): 4 x 16 x 2 x 4 MiB = 0.54 GB;
-# 1.5 GB in all (1.0 + 0.54, rounded down: the channels NCCL opens are fewer on small groups). A CPU device runs
-# no CUDA context and gloo keeps no such buffers: nothing.
-CUDA_CONTEXT_BYTES = 1.0e9
-NCCL_BUFFER_BYTES = 4 * 16 * 2 * 4 * 2**20
-DEFAULT_HEADROOM_BYTES = 1.5e9
-
-
 def refusal_text(error: Exception) -> str:
     """Why a launch is left out, saying whose rule it is: what the model does not price (a `spec.ASSUMPTIONS`
     refusal, `spec.assumptions.UNMODELLED`) is not something Megatron refuses; a rule Megatron's own checks hold
@@ -77,11 +68,6 @@ def refusal_text(error: Exception) -> str:
         return f"the model does not price the launch: {problem}"
     where = f"{field}: " if field and str(field) not in problem else ""
     return f"Megatron refuses the launch: {where}{problem}"
-
-
-def default_headroom_bytes(device_type: str) -> float:
-    """The memory left out of a GPU of `device_type` for what the count leaves out (see DEFAULT_HEADROOM_BYTES)."""
-    return 0.0 if device_type.startswith("cpu") else DEFAULT_HEADROOM_BYTES
 
 
 class JobPlanner(LaunchArguments, LaunchBounds):

@@ -72,3 +72,25 @@ def test_parallelism_and_layer_settings_the_calibration_runs_lacked_are_named():
     assert named["sequence parallelism"] == ("on", "off") and named["distributed optimizer"] == ("on", "off")
     assert named["tensor or data parallel group across nodes"] == ("yes", "no")
     assert named["data parallel size"][0] == "16"
+
+
+def test_an_fp8_launch_is_named_by_its_gemms_precision_not_its_16_bit_weights():
+    """Transformer Engine's FP8 (--fp8-format) runs the linear GEMMs in FP8 over bf16 weights: coverage names the
+    precision fp8 against bf16 runs, and bf16 against FP8 runs; the same launch in BF16 lies within bf16 runs."""
+    from hops_calib.spec import Hardware, spec_from_args
+
+    def spec(**changes):
+        args = {"pipeline_model_parallel_size": 2, "num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16,
+                "seq_length": 1024, "max_position_embeddings": 1024, "micro_batch_size": 1,
+                "global_batch_size": 16, "vocab_size": 50257, "bf16": True,
+                "transformer_impl": "transformer_engine", "world_size": 2, **changes}
+        return spec_from_args(args, "launch.txt", run_id="r", iterations=3,
+                              hardware=Hardware(gpu="h100_dgx", gpus_per_node=8))
+
+    fp8 = spec(fp8_format="hybrid", fp8_recipe="delayed")
+    assert fp8.model.precision == "bf16"  # the weights' dtype
+    named = {e.feature: (e.value, e.calibrated) for e in extrapolations(fp8, coverage([spec()]))}
+    assert named["precision"] == ("fp8", "bf16")
+    back = {e.feature: (e.value, e.calibrated) for e in extrapolations(spec(), coverage([fp8]))}
+    assert back["precision"] == ("bf16", "fp8")
+    assert extrapolations(spec(), coverage([spec()])) == []

@@ -324,7 +324,10 @@ def test_plan_on_readmes_512_gpu_job_prices_its_launches_and_stays_bounded(model
 
 
 def test_memory_is_in_gb_in_every_plan_and_bytes_in_json(tmp_path):
-    """plan --job and plan --job --parallel show memory in GB (10^9 bytes), as predict --job does; --json in bytes."""
+    """plan --job and plan --job --parallel show memory in GB (10^9 bytes), as predict --job does; --json in bytes.
+    A device's capacity alone is also given in GiB (2^30 bytes), beside its GB: "24.00 GB (22.35 GiB)"."""
+    import re
+
     from typer.testing import CliRunner
 
     from hops_calib.cli import app
@@ -336,7 +339,11 @@ def test_memory_is_in_gb_in_every_plan_and_bytes_in_json(tmp_path):
 
     planned = json.loads(run("plan", "--job", str(CPU_JOB), "--trials", "3", "--top", "1", "--json"))
     text = run("plan", "--job", str(CPU_JOB), "--trials", "3", "--top", "1")
-    assert "GiB" not in text and "peak GB/GPU" in text and "GB: 10^9 bytes" in text
+    assert "peak GB/GPU" in text and "GB: 10^9 bytes; GiB: 2^30 bytes" in text
+    capacities = re.findall(r"([\d.]+) GB \(([\d.]+) GiB\)", text)
+    assert text.count("GiB") == len(capacities) + 1  # each capacity, and the legend
+    capacity = planned["memory_capacity_bytes"]["cpu"]
+    assert capacities == [(f"{capacity / 1e9:.2f}", f"{capacity / 2**30:.2f}")]
     peak = max(planned["best"][0]["peak_memory_bytes_per_gpu"])
     first = next(following for line, following in zip(text.splitlines(), text.splitlines()[1:])
                  if "peak GB/GPU" in line)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from hops_calib.model.memory import GB
+from hops_calib.model.memory import GB, capacity_words
 from hops_calib.whatif.job_plan import JobPlan
 from hops_calib.whatif.launch_pricing import Outcome
 from hops_calib.whatif.layouts import Layout, LayoutPlan
@@ -55,14 +55,14 @@ def format_job_plan(plan: JobPlan) -> str:
         f"ranked by {'nominal throughput' if plan.rank_by == 'throughput' else plan.rank_by + ' throughput'}",
         f"cluster: {plan.cluster or 'none'}; calibration runs: {plan.store or 'not checked'}",
     ]
-    if plan.capacity_bytes:
+    capacity, headroom = plan.capacity_bytes or {}, plan.headroom_bytes or {}
+    if capacity:
         lines.append(
             "memory per GPU: "
             + "; ".join(
-                f"{kind} {plan.capacity_bytes[kind] / GB:.1f} GB less {(plan.headroom_bytes or {}).get(kind, 0) / GB:.2f}"
-                f" GB headroom = {(plan.capacity_bytes[kind] - (plan.headroom_bytes or {}).get(kind, 0)) / GB:.1f} GB "
-                "for every pick"
-                for kind in sorted(plan.capacity_bytes)
+                f"{kind} {capacity_words(capacity[kind])} less {headroom.get(kind, 0) / GB:.2f} GB headroom = "
+                f"{(capacity[kind] - headroom.get(kind, 0)) / GB:.2f} GB for every pick"
+                for kind in sorted(capacity)
             )
             + " (headroom: the CUDA context, about 1 GB, and NCCL's buffers, NCCL_BUFFSIZE 4 MiB per peer, channel "
             "and communicator, 0.54 GB; none on a CPU; --memory-headroom GB sets it)"
@@ -84,6 +84,14 @@ def format_job_plan(plan: JobPlan) -> str:
         + "  launch"
     )
     lines.append(header)
+
+    def usable(cap: float) -> str:
+        """Which device's capacity less its headroom `cap` is, in words ("" where none is)."""
+        kinds = [kind for kind in sorted(capacity) if abs(capacity[kind] - headroom.get(kind, 0) - cap) < 1]
+        if not kinds:
+            return ""
+        kind = kinds[0]
+        return f", {kind}'s {capacity_words(capacity[kind])} less {headroom.get(kind, 0) / GB:.2f} GB headroom"
 
     def row(tag: str, o: Outcome) -> list[str]:
         extra = (
@@ -108,7 +116,7 @@ def format_job_plan(plan: JobPlan) -> str:
         out += [f"{'':>5}change: {flag}" for flag in o.flags] or [f"{'':>5}(the job's own launch)"]
         if not o.fits:
             over = [
-                f"stage {r} {peak / GB:.2f} > {cap / GB:.2f} GB"
+                f"stage {r} {peak / GB:.2f} > {cap / GB:.2f} GB{usable(cap)}"
                 for r, (peak, cap) in enumerate(zip(o.peak_memory_bytes, o.memory_bytes))
                 if peak > cap
             ]
@@ -154,7 +162,7 @@ def format_job_plan(plan: JobPlan) -> str:
         "the launch would measure, with the silent stretch before the optimizer); sched. bubble %: the "
         "schedule's own closed form on balanced stages (the launch's mean stage costs): (p-1)/(v m+p-1) for 1F1B, "
         "GPipe and interleaved 1F1B, less for ZB-H1; peak GB/GPU: weights, gradients, optimizer "
-        "state and peak activations on the fullest GPU (GB: 10^9 bytes); FP8, BF16, FP16, FP32: the precision of the "
+        "state and peak activations on the fullest GPU (GB: 10^9 bytes; GiB: 2^30 bytes); FP8, BF16, FP16, FP32: the precision of the "
         "launch's linear GEMMs (FP8: Transformer Engine's, with 16-bit weights)"
     )
     return "\n".join(lines)

@@ -8,10 +8,11 @@ from typing import Any
 
 from hops_calib.model.kernel_table import KernelTable
 from hops_calib.model.kernels import COLLECTIVE, DGRAD, FORWARD, RECOMPUTE, WGRAD
-from hops_calib.model.memory import GB, StageMemory
+from hops_calib.model.memory import GB, StageMemory, capacity_words
 from hops_calib.model.predict import STALL_RANGE_LEVEL
+from hops_calib.model.terms.roofline import linear_gemm_precision
 from hops_calib.sim.theory import pipeline_schedule_bubble
-from hops_calib.whatif.job import WhatIf, model_rates, peak_dtype, pricing_inputs
+from hops_calib.whatif.job import WhatIf, experts_of, model_rates, peak_dtype, pricing_inputs
 from hops_calib.whatif.plan import PEAK_UNIT
 
 
@@ -23,12 +24,21 @@ def what_if_text(result: WhatIf) -> str:
         if spec.gpus > spec.pp
         else ""
     )
+    experts = experts_of(spec)
+    moe = (
+        f"; {experts['num_experts']} experts, top-{experts['moe_router_topk']}, over ep {experts['ep']}"
+        + (f" x etp {experts['etp']}" if experts["etp"] != 1 else "")
+        + f", expert dp {experts['edp']}"
+        if shape.moe
+        else ""
+    )
     lines = [
-        f"{result.job_dir}: {spec.pp} stages{parallel} ({'-'.join(spec.devices)}), {spec.microbatches} "
+        f"{result.job_dir}: {spec.pp} stages{parallel}{moe} ({'-'.join(spec.devices)}), {spec.microbatches} "
         "microbatches x "
         f"{spec.iterations} iterations, h={shape.hidden_size} s={shape.seq_length} layers={shape.num_layers} "
-        f"({'-'.join(str(n) for n in spec.layers_per_stage)}); configured schedule {spec.schedule}; "
-        f"model {model.name} ({model.sha256[:12]}); predicted from the configuration alone"
+        f"({'-'.join(str(n) for n in spec.layers_per_stage)}), linear GEMMs in {linear_gemm_precision(spec).upper()}"
+        f"; configured schedule {spec.schedule}; model {model.name} ({model.sha256[:12]}); predicted from the "
+        "configuration alone"
     ]
     lines += [f"note: {note}" for note in result.notes]
     if result.hops:
@@ -196,8 +206,13 @@ def breakdown_lines(breakdown: Sequence[Mapping[str, float]], memory: Sequence[S
     ]
     for k, parts in enumerate(breakdown):
         lines.append(f"{k:>5}" + "".join(f"{parts[key]:13.2f}" for key, _label in _PARTS))
-    lines += [
-        "",
+    return [*lines, "", *memory_lines(memory)]
+
+
+def memory_lines(memory: Sequence[StageMemory]) -> list[str]:
+    """Per stage, one GPU's peak memory by what holds it against its device's, in GB; each device's capacity also
+    in GiB; the stages that would not fit, and those that fit with less left than `plan --job`'s default headroom."""
+    lines = [
         "peak memory per GPU, GB (weights, gradients, optimizer state, activations at the schedule's "
         "peak; CUDA context, NCCL buffers and fragmentation not counted):",
         f"{'stage':>5}{'weights':>10}{'grads':>10}{'optim':>10}{'activ':>10}{'total':>10}{'device':>10}",
@@ -208,12 +223,33 @@ def breakdown_lines(breakdown: Sequence[Mapping[str, float]], memory: Sequence[S
             f"{stage.optimizer_bytes / GB:10.2f}{stage.activations_bytes / GB:10.2f}"
             f"{stage.total_bytes / GB:10.2f}{stage.device_bytes / GB:10.2f}" + ("" if stage.fits else "  DOES NOT FIT")
         )
+    capacities = {(stage.device, stage.device_bytes): None for stage in memory if stage.device_bytes}
+    if capacities:
+        lines.append(
+            "(device: the GPU's memory, "
+            + "; ".join(f"{device} {capacity_words(nbytes)}" for device, nbytes in capacities)
+            + "; GB: 10^9 bytes; GiB: 2^30 bytes)"
+        )
     if not all(stage.fits for stage in memory):
         worst = min(memory, key=lambda stage: stage.headroom_bytes)
         lines.append(
             f"this launch would not fit: stage {worst.stage} needs {worst.total_bytes / GB:.1f} GB of "
-            f"{worst.device_bytes / GB:.1f} GB; more tensor or pipeline parallelism, the distributed "
+            f"{capacity_words(worst.device_bytes)}; more tensor or pipeline parallelism, the distributed "
             "optimizer, recomputation or a smaller micro batch would lower it"
+        )
+    tight = [stage for stage in memory if stage.fits and not stage.fits_with_headroom]
+    if tight:
+        reserved = sorted({stage.reserved_bytes for stage in tight})
+        spare = (
+            f"stage {tight[0].stage} fits with {tight[0].headroom_bytes / GB:.2f} GB to spare"
+            if len(tight) == 1
+            else "stages "
+            + ", ".join(f"{stage.stage} ({stage.headroom_bytes / GB:.2f} GB)" for stage in tight)
+            + " fit with that much to spare"
+        )
+        lines.append(
+            f"note: {spare}, less than the {' or '.join(f'{r / GB:g}' for r in reserved)} GB plan leaves for "
+            "the CUDA context and NCCL's buffers (plan --memory-headroom): tight for a real run"
         )
     return lines
 

@@ -23,6 +23,13 @@ def fp8_linear_gemms(spec: Spec) -> tuple[bool, bool]:
     return on, on and settings.fp8_wgrad
 
 
+def linear_gemm_precision(spec: Spec) -> str:
+    """The precision of the launch's linear GEMMs, in `plan --precision`'s words: fp8 where they run in FP8
+    (`fp8_linear_gemms`: Transformer Engine's fprop and dgrad under `fp8_autocast`), else the launch's own training
+    dtype (bf16, fp16, fp32: megatron-core `model_parallel_config.py` ModelParallelConfig.params_dtype)."""
+    return "fp8" if fp8_linear_gemms(spec)[0] else spec.model.precision
+
+
 # The tokens the busiest GPU's local experts compute against their balanced share (`gpt.expert_token_scale`): a
 # parameter of the layer terms (`decoder_roofline`, `decoder_kernels`), which move nothing without experts.
 EXPERT_LOAD_IMBALANCE = Param(
