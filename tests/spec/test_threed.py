@@ -611,6 +611,43 @@ def test_the_older_fp8_switches_and_near_miss_typos_are_refused_and_unknown_flag
         assert read(fine) == (None, None), fine
 
 
+def test_virtual_stages_by_a_spelling_megatron_core_lacks_are_noted_as_priced_without_them(tmp_path):
+    """--num-virtual-stages-per-pipeline-rank 2 is a name megatron-core 0.16.1 does not have (none of its sources
+    holds it; its count of chunks per rank is virtual_pipeline_model_parallel_size): the launch is priced on one
+    model chunk per rank, as 1F1B, and the note says so, why, and the spelling that prices 2 chunks. The spelling
+    that counts builds 2 chunks."""
+    from pathlib import Path as P
+
+    import megatron.core
+
+    from hops_calib.spec import build_spec, unknown_flags_note
+    from hops_calib.trace.megatron_args import read_args_file
+
+    core = P(megatron.core.__file__).parent
+    sources = [path.read_text(errors="replace") for path in core.rglob("*.py")]
+    assert not any("num_virtual_stages_per_pipeline_rank" in text for text in sources)
+    assert any("virtual_pipeline_model_parallel_size" in text for text in sources)
+    job = tmp_path / "job"
+    _capture_copy(job)
+    manifest = job / "manifest.yaml"  # the capture's own schedule goes: the flags say which Megatron runs
+    manifest.write_text(re.sub(r"^configured_schedule:.*\n", "", manifest.read_text(), flags=re.M))
+    args_file = job / "megatron_args.txt"
+    plain = args_file.read_text()
+    assert "virtual" not in plain and "--pipeline-model-parallel-size 2" in plain
+    args_file.write_text(plain.replace("pretrain_gpt.py", "pretrain_gpt.py --num-virtual-stages-per-pipeline-rank 2"))
+    spec = build_spec(job)
+    assert (spec.vp, spec.schedule) == (1, "1f1b")
+    note = unknown_flags_note(read_args_file(args_file), args_file)
+    assert note.startswith("ignored: --num-virtual-stages-per-pipeline-rank")
+    assert "megatron-core 0.16.1 has no setting of that name" in note
+    assert "priced without virtual stages, as non-interleaved 1F1B on one model chunk per rank" in note
+    assert "give --virtual-pipeline-model-parallel-size 2" in note
+    args_file.write_text(plain.replace("pretrain_gpt.py", "pretrain_gpt.py --virtual-pipeline-model-parallel-size 2"))
+    counted = build_spec(job)
+    assert (counted.vp, counted.schedule) == (2, "interleaved_1f1b")
+    assert unknown_flags_note(read_args_file(args_file), args_file) is None
+
+
 def test_plan_parallel_searches_the_layouts_of_a_jobs_gpus(tmp_path):
     """plan --job DIR --parallel: every t x p x d x micro-batch layout of the job's 8 GPUs that Megatron accepts is
     priced by the calibrated model, the job's own one as predict --job prices it, the best that fit ranked by
