@@ -170,23 +170,47 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "the router in the training precision or fp32 (--moe-router-dtype fp32)",
         lambda value, args: value in (None, "fp32"),
     ),
-    # FP8 experts run TE's grouped FP8 GEMMs with padded token counts (--moe-router-padding-for-quantization), the
-    # overlapped userbuffers are the dense MLP's, Megatron-FSDP shards experts over the expert data-parallel group:
-    # none priced under experts
     Assumption(
         "--num-experts",
         ("num_experts",),
         None,
-        "a dense MLP, or experts without FP8, --tp-comm-overlap or Megatron-FSDP",
-        lambda value, args: (
-            value in (None, 0, 1)
-            or (
-                isinstance(value, int)
-                and not _fp8(args)
-                and not args.get("tp_comm_overlap")
-                and not fsdp_strategy(args)
-            )
-        ),
+        "a dense MLP, or a whole number of experts",
+        lambda value, args: value in (None, 0, 1) or isinstance(value, int),
+    ),
+    # What experts do not run with, each refused by the flag that the launch adds to a priced mixture of experts
+    # (and the sentence names --num-experts): FP8 experts run TE's grouped FP8 GEMMs with padded token counts
+    # (--moe-router-padding-for-quantization), the overlapped userbuffers are the dense MLP's, Megatron-FSDP shards
+    # experts over the expert data-parallel group: none priced under experts
+    *(
+        Assumption(
+            flag,
+            keys,
+            None,
+            "FP8 GEMMs with a dense MLP only, not with --num-experts: FP8 experts run Transformer Engine's grouped "
+            "FP8 GEMMs on padded token counts, not priced",
+            lambda value, args: not _moe(args) or not _fp8(args) or value in (None, False),
+        )
+        for flag, keys in (
+            ("--fp8-format", ("fp8_format", "fp8")),
+            ("--fp8-hybrid", ("fp8_hybrid",)),
+            ("--fp8-e4m3", ("fp8_e4m3",)),
+        )
+    ),
+    Assumption(
+        "--tp-comm-overlap",
+        ("tp_comm_overlap",),
+        False,
+        "--tp-comm-overlap with a dense MLP only, not with --num-experts: the overlapped userbuffers priced are "
+        "the dense MLP's",
+        lambda value, args: not _moe(args) or not value,
+    ),
+    Assumption(
+        "--use-megatron-fsdp",
+        ("use_megatron_fsdp", "use_custom_fsdp"),
+        False,
+        "Megatron-FSDP with a dense MLP only, not with --num-experts: its sharding of the experts over the "
+        "expert data-parallel group is not priced",
+        lambda value, args: not _moe(args) or not fsdp_strategy(args),
     ),
     Assumption(
         "--multi-latent-attention",

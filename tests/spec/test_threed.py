@@ -87,7 +87,7 @@ def test_megatron_lm_and_megatron_deepspeed_spellings_give_the_same_layer():
     ({"num_experts": 8, "moe_layer_freq": 2}, "--moe-layer-freq"),
     ({"num_experts": 8, "moe_layer_freq": "([1]*3+[0])*2"}, "--moe-layer-freq"),
     ({"num_experts": 8, "moe_shared_expert_overlap": True}, "--moe-shared-expert-overlap"),
-    ({"num_experts": 8, "fp8_format": "hybrid", "transformer_impl": "transformer_engine"}, "--num-experts"),
+    ({"num_experts": 8, "fp8_format": "hybrid", "transformer_impl": "transformer_engine"}, "--fp8-format"),
     ({"fp8_format": "hybrid", "transformer_impl": "local"}, "--fp8-format"),
     ({"fp8_format": "hybrid", "transformer_impl": "transformer_engine", "fp8_recipe": "mxfp8"}, "--fp8-recipe"),
     ({"fp8_format": "hybrid", "transformer_impl": "transformer_engine", "fp8_dot_product_attention": True}, "--fp8-dot-product-attention"),
@@ -100,6 +100,29 @@ def test_what_stays_refused_is_named_precisely(changes, flag):
     with pytest.raises(TraceError, match="does not model") as caught:
         _spec(**changes)
     assert caught.value.field == flag
+
+
+@pytest.mark.parametrize("changes,flag,said", [
+    ({"fp8_format": "hybrid"}, "--fp8-format", "--fp8-format hybrid"),
+    ({"fp8_format": "e4m3", "fp8_recipe": "tensorwise"}, "--fp8-format", "--fp8-format e4m3"),
+    ({"fp8_hybrid": True}, "--fp8-hybrid", "--fp8-hybrid (the model prices FP8 GEMMs"),
+    ({"tp_comm_overlap": True, "tensor_model_parallel_size": 2, "sequence_parallel": True, "world_size": 8},
+     "--tp-comm-overlap", "--tp-comm-overlap (the model prices --tp-comm-overlap with a dense MLP only"),
+    ({"use_megatron_fsdp": True}, "--use-megatron-fsdp", "--use-megatron-fsdp (the model prices Megatron-FSDP"),
+])
+def test_experts_with_what_they_are_not_priced_with_are_refused_naming_both_flags(changes, flag, said):
+    """A mixture of experts is priced, and FP8 (Transformer Engine's layer), --tp-comm-overlap (with SP) and
+    Megatron-FSDP are on a dense MLP; together they are not: refused at the flag that joins the experts (the field a
+    user edits), the sentence naming it and --num-experts. Without the experts the same launch is priced; the
+    experts alone too."""
+    moe = {"num_experts": 8, "transformer_impl": "transformer_engine"}
+    with pytest.raises(TraceError, match="does not model") as caught:
+        _spec(**moe, **changes)
+    assert caught.value.field == flag
+    assert said in str(caught.value) and "not with --num-experts" in str(caught.value)
+    assert "--num-experts 8" not in str(caught.value)  # the experts alone are priced: not named as the cause
+    _spec(transformer_impl="transformer_engine", **changes)
+    _spec(**moe)
 
 
 def test_sizes_tensor_parallelism_cannot_split_are_refused():
