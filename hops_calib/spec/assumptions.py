@@ -170,23 +170,47 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "the router in the training precision or fp32 (--moe-router-dtype fp32)",
         lambda value, args: value in (None, "fp32"),
     ),
-    # FP8 experts run TE's grouped FP8 GEMMs with padded token counts (--moe-router-padding-for-quantization), the
-    # overlapped userbuffers are the dense MLP's, Megatron-FSDP shards experts over the expert data-parallel group:
-    # none priced under experts
     Assumption(
         "--num-experts",
         ("num_experts",),
         None,
-        "a dense MLP, or experts without FP8, --tp-comm-overlap or Megatron-FSDP",
-        lambda value, args: (
-            value in (None, 0, 1)
-            or (
-                isinstance(value, int)
-                and not _fp8(args)
-                and not args.get("tp_comm_overlap")
-                and not fsdp_strategy(args)
-            )
-        ),
+        "a dense MLP, or a whole number of experts",
+        lambda value, args: value in (None, 0, 1) or isinstance(value, int),
+    ),
+    # What experts do not run with, each refused by the flag that the launch adds to a priced mixture of experts
+    # (and the sentence names --num-experts): FP8 experts run TE's grouped FP8 GEMMs with padded token counts
+    # (--moe-router-padding-for-quantization), the overlapped userbuffers are the dense MLP's, Megatron-FSDP shards
+    # experts over the expert data-parallel group: none priced under experts
+    *(
+        Assumption(
+            flag,
+            keys,
+            None,
+            "FP8 GEMMs with a dense MLP only, not with --num-experts: FP8 experts run Transformer Engine's grouped "
+            "FP8 GEMMs on padded token counts, not priced",
+            lambda value, args: not _moe(args) or not _fp8(args) or value in (None, False),
+        )
+        for flag, keys in (
+            ("--fp8-format", ("fp8_format", "fp8")),
+            ("--fp8-hybrid", ("fp8_hybrid",)),
+            ("--fp8-e4m3", ("fp8_e4m3",)),
+        )
+    ),
+    Assumption(
+        "--tp-comm-overlap",
+        ("tp_comm_overlap",),
+        False,
+        "--tp-comm-overlap with a dense MLP only, not with --num-experts: the overlapped userbuffers priced are "
+        "the dense MLP's",
+        lambda value, args: not _moe(args) or not value,
+    ),
+    Assumption(
+        "--use-megatron-fsdp",
+        ("use_megatron_fsdp", "use_custom_fsdp"),
+        False,
+        "Megatron-FSDP with a dense MLP only, not with --num-experts: its sharding of the experts over the "
+        "expert data-parallel group is not priced",
+        lambda value, args: not _moe(args) or not fsdp_strategy(args),
     ),
     Assumption(
         "--multi-latent-attention",
@@ -533,6 +557,33 @@ def _line_naming(source: Path, key: str | None) -> int | None:
 TYPO_SIMILARITY = 0.92  # difflib ratio: one or two letters in a long flag name
 
 
+def _unread_virtual_stages(value: Any) -> str:
+    """What --num-virtual-stages-per-pipeline-rank N (a count of virtual stages by another name) is priced as.
+
+    megatron-core 0.16.1 has no setting of that name: `num_virtual_stages_per_pipeline_rank` appears nowhere in
+    megatron/core (the installed tree, and the 0.16.1 sdist, which holds megatron/core only); the count of model
+    chunks per rank megatron-core builds is `ModelParallelConfig.virtual_pipeline_model_parallel_size`
+    (megatron/core/model_parallel_config.py; `transformer_block.py` `get_num_layers_to_build` divides each rank's
+    layers by it). Whether a Megatron-LM reads the flag is its argument list's (megatron/training/arguments.py),
+    which is not installed, so the project does not read it as v: the note says so and names the spellings that
+    count."""
+    count = value if type(value) is int and value > 0 else "N"
+    return (
+        f"{_flag('num_virtual_stages_per_pipeline_rank')} {value} names virtual pipeline stages, but megatron-core "
+        "0.16.1 has no setting of that name (none in megatron/core; its model chunks per rank are "
+        "ModelParallelConfig.virtual_pipeline_model_parallel_size), so this launch is priced without virtual "
+        "stages, as non-interleaved 1F1B on one model chunk per rank; if your Megatron-LM runs "
+        f"{count} model chunks per rank from it, give --virtual-pipeline-model-parallel-size {count} (or "
+        f"--num-layers-per-virtual-pipeline-stage, the layers / (p x {count})) instead, so that the prediction "
+        "prices them"
+    )
+
+
+# Arguments that name a setting the model prices by a spelling megatron-core does not have (what each is priced as,
+# and the spelling that counts, from its value): noted in full beside the "ignored" note (`unknown_flags_note`).
+UNREAD_SPELLINGS = {"num_virtual_stages_per_pipeline_rank": _unread_virtual_stages}
+
+
 def unknown_flags(args: dict[str, Any]) -> list[tuple[str, str | None]]:
     """(given, meant or None) for each argument the project neither prices nor knows (`KNOWN_ARGS`, ASSUMPTIONS'
     keys, a known `--no-<key>`), with the known one it nearly spells, if any. Not refused: the list of known
@@ -553,7 +604,9 @@ def unknown_flags(args: dict[str, Any]) -> list[tuple[str, str | None]]:
 
 def unknown_flags_note(args: dict[str, Any], source: Path | str) -> str | None:
     """The note for a command line's flags the model neither prices nor knows (`unknown_flags`), or None: "ignored:
-    --frobnicate" with the file and line, and the flag a near-miss may mean; it says why it is not refused."""
+    --frobnicate" with the file and line, and the flag a near-miss may mean; it says why it is not refused, and, for a
+    spelling of a priced setting megatron-core does not have (`UNREAD_SPELLINGS`), what the launch is priced as and
+    the spelling that counts."""
     found = unknown_flags(args)
     if not found:
         return None
@@ -571,6 +624,7 @@ def unknown_flags_note(args: dict[str, Any], source: Path | str) -> str | None:
         "launch's without them (spell a flag as Megatron does for it to count); noted, not refused: Megatron-LM's "
         "own argument list (megatron/training/arguments.py) is not installed, only megatron-core, so a flag "
         "Megatron-LM would refuse as unrecognized cannot be told from a real one this project does not list"
+        + "".join(f"; {UNREAD_SPELLINGS[given](args[given])}" for given, _ in found if given in UNREAD_SPELLINGS)
     )
 
 

@@ -43,6 +43,13 @@ FP8_SETTINGS = (
     ("fp8_amax_compute_algo", "--fp8-amax-compute-algo"),
 )
 
+# A launch's virtual-stage settings (their args. keys and flags): Megatron-LM's layers per virtual stage, and the
+# count of model chunks per rank (megatron-core's ModelParallelConfig.virtual_pipeline_model_parallel_size).
+VP_SETTINGS = (
+    ("num_layers_per_virtual_pipeline_stage", "--num-layers-per-virtual-pipeline-stage"),
+    ("virtual_pipeline_model_parallel_size", "--virtual-pipeline-model-parallel-size"),
+)
+
 
 def expert_levers(spec: Spec) -> tuple[int | None, int | None]:
     """(ep, etp) of a spec's launch: its expert-parallel and expert tensor-parallel sizes, (None, None) for a dense
@@ -152,7 +159,7 @@ class LaunchArguments:
             else:
                 args.pop(key, None)
         # the job's own p2p setting stays: Megatron-LM overlaps an interleaved schedule's p2p unless told not to
-        for key in ("virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage"):
+        for key, _ in VP_SETTINGS:
             args.pop(key, None)
         if launch.chunks > 1:
             args["num_layers_per_virtual_pipeline_stage"] = self._per_chunk(launch)
@@ -163,6 +170,42 @@ class LaunchArguments:
         split accounts for them, as Megatron-LM counts them)."""
         pp = len(launch.order)
         return (self.spec.model.num_layers + sum(launch.accounted)) // (pp * launch.chunks)
+
+    def implied_chunks(self, launch: Launch) -> int | None:
+        """The model chunks per rank the job's own virtual-stage flag gives at `launch`'s p and layer accounting
+        (None where it gives no whole number). A count (--virtual-pipeline-model-parallel-size, megatron-core's
+        `ModelParallelConfig.virtual_pipeline_model_parallel_size`) is the same at every p; layers per virtual stage
+        (--num-layers-per-virtual-pipeline-stage) give (layers + accounted embedding and loss) / (p x n), as
+        Megatron-LM's `validate_args` (megatron/training/arguments.py) derives the count; neither: one chunk. The
+        count is read first, as the spec reads it (`spec.arguments._chunks_of`); megatron-core builds the chunks
+        the count gives (megatron/core/transformer/transformer_block.py `get_num_layers_to_build`: layers per rank
+        / vp_size per chunk)."""
+        count = self.args.get("virtual_pipeline_model_parallel_size")
+        if count:
+            return int(count)
+        per_chunk = self.args.get("num_layers_per_virtual_pipeline_stage")
+        if not per_chunk:
+            return 1
+        pieces, stages = self.spec.model.num_layers + sum(launch.accounted), len(launch.order) * int(per_chunk)
+        return pieces // stages if pieces % stages == 0 else None
+
+    def _chunk_changes(self, launch: Launch, argv: list[str], remove: list[str], words: list[str]) -> None:
+        """The flags that give `launch.chunks` where the job's own virtual-stage flag gives another count at the
+        launch's p and accounting (`implied_chunks`): its --num-layers-per-virtual-pipeline-stage, and every other
+        spelling of v the job's command line gives removed (two of them name two v; Megatron-LM's `validate_args`
+        takes only one); one chunk removes them all. Where the job's flag already gives `launch.chunks`, it stays
+        as the job wrote it."""
+        if launch.chunks == self.implied_chunks(launch):
+            return
+        written = "--num-layers-per-virtual-pipeline-stage" if launch.chunks > 1 else None
+        given = [flag for key, flag in VP_SETTINGS if self.args.get(key) is not None and flag != written]
+        remove += given
+        if written is not None:
+            per_chunk = self._per_chunk(launch)
+            argv += [written, str(per_chunk)]
+            words.append(f"{written} {per_chunk}" + (f" (remove {', '.join(given)})" if given else ""))
+        elif given:
+            words.append(f"remove {', '.join(given)}: no virtual stages")
 
     def _lever_changes(self, launch: Launch, argv: list[str], remove: list[str], words: list[str]) -> None:
         """The flags that set `launch.levers` where they differ from the job's own."""
@@ -257,15 +300,7 @@ class LaunchArguments:
             if new != old:
                 (argv.append if new else remove.append)(flag)
                 words.append(flag if new else f"remove {flag}")
-        if launch.chunks > 1 and (
-            launch.chunks != now.chunks or now.schedule != "interleaved_1f1b" or launch.accounted != now.accounted
-        ):
-            per_chunk = self._per_chunk(launch)
-            argv += ["--num-layers-per-virtual-pipeline-stage", str(per_chunk)]
-            words.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
-        if launch.chunks == 1 and now.chunks > 1:
-            remove += ["--num-layers-per-virtual-pipeline-stage", "--virtual-pipeline-model-parallel-size"]
-            words.append("remove --num-layers-per-virtual-pipeline-stage (and --virtual-pipeline-model-parallel-size)")
+        self._chunk_changes(launch, argv, remove, words)
         if launch.schedule in ("zb_h1", "gpipe"):
             notes.append(f"schedule {launch.schedule}: " + NO_MEGATRON_FLAG.format(schedule=launch.schedule))
             words.append(notes[-1])

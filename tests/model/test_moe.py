@@ -244,8 +244,8 @@ def test_the_shipped_terms_price_the_experts_flops_and_all_to_alls() -> None:
     ({"moe_layer_freq": 2}, "--moe-layer-freq"),
     ({"moe_layer_recompute": True}, "--moe-layer-recompute"),
     ({"moe_router_dtype": "fp64"}, "--moe-router-dtype"),
-    ({"use_megatron_fsdp": True}, "--num-experts"),
-    ({"fp8_format": "hybrid"}, "--num-experts"),
+    ({"use_megatron_fsdp": True}, "--use-megatron-fsdp"),
+    ({"fp8_format": "hybrid"}, "--fp8-format"),
 ])
 def test_what_megatron_refuses_or_the_model_does_not_price_is_refused_naming_the_flag(changes, field) -> None:
     with pytest.raises(TraceError) as caught:

@@ -87,7 +87,7 @@ def test_megatron_lm_and_megatron_deepspeed_spellings_give_the_same_layer():
     ({"num_experts": 8, "moe_layer_freq": 2}, "--moe-layer-freq"),
     ({"num_experts": 8, "moe_layer_freq": "([1]*3+[0])*2"}, "--moe-layer-freq"),
     ({"num_experts": 8, "moe_shared_expert_overlap": True}, "--moe-shared-expert-overlap"),
-    ({"num_experts": 8, "fp8_format": "hybrid", "transformer_impl": "transformer_engine"}, "--num-experts"),
+    ({"num_experts": 8, "fp8_format": "hybrid", "transformer_impl": "transformer_engine"}, "--fp8-format"),
     ({"fp8_format": "hybrid", "transformer_impl": "local"}, "--fp8-format"),
     ({"fp8_format": "hybrid", "transformer_impl": "transformer_engine", "fp8_recipe": "mxfp8"}, "--fp8-recipe"),
     ({"fp8_format": "hybrid", "transformer_impl": "transformer_engine", "fp8_dot_product_attention": True}, "--fp8-dot-product-attention"),
@@ -100,6 +100,29 @@ def test_what_stays_refused_is_named_precisely(changes, flag):
     with pytest.raises(TraceError, match="does not model") as caught:
         _spec(**changes)
     assert caught.value.field == flag
+
+
+@pytest.mark.parametrize("changes,flag,said", [
+    ({"fp8_format": "hybrid"}, "--fp8-format", "--fp8-format hybrid"),
+    ({"fp8_format": "e4m3", "fp8_recipe": "tensorwise"}, "--fp8-format", "--fp8-format e4m3"),
+    ({"fp8_hybrid": True}, "--fp8-hybrid", "--fp8-hybrid (the model prices FP8 GEMMs"),
+    ({"tp_comm_overlap": True, "tensor_model_parallel_size": 2, "sequence_parallel": True, "world_size": 8},
+     "--tp-comm-overlap", "--tp-comm-overlap (the model prices --tp-comm-overlap with a dense MLP only"),
+    ({"use_megatron_fsdp": True}, "--use-megatron-fsdp", "--use-megatron-fsdp (the model prices Megatron-FSDP"),
+])
+def test_experts_with_what_they_are_not_priced_with_are_refused_naming_both_flags(changes, flag, said):
+    """A mixture of experts is priced, and FP8 (Transformer Engine's layer), --tp-comm-overlap (with SP) and
+    Megatron-FSDP are on a dense MLP; together they are not: refused at the flag that joins the experts (the field a
+    user edits), the sentence naming it and --num-experts. Without the experts the same launch is priced; the
+    experts alone too."""
+    moe = {"num_experts": 8, "transformer_impl": "transformer_engine"}
+    with pytest.raises(TraceError, match="does not model") as caught:
+        _spec(**moe, **changes)
+    assert caught.value.field == flag
+    assert said in str(caught.value) and "not with --num-experts" in str(caught.value)
+    assert "--num-experts 8" not in str(caught.value)  # the experts alone are priced: not named as the cause
+    _spec(transformer_impl="transformer_engine", **changes)
+    _spec(**moe)
 
 
 def test_sizes_tensor_parallelism_cannot_split_are_refused():
@@ -609,6 +632,43 @@ def test_the_older_fp8_switches_and_near_miss_typos_are_refused_and_unknown_flag
     for fine in ("--sequence-parallel", "--use-flash-attn-v2", "--no-masked-softmax-fusion",
                  "--no-overlap-p2p-communication", "--num-key-value-heads 4 --group-query-attention"):
         assert read(fine) == (None, None), fine
+
+
+def test_virtual_stages_by_a_spelling_megatron_core_lacks_are_noted_as_priced_without_them(tmp_path):
+    """--num-virtual-stages-per-pipeline-rank 2 is a name megatron-core 0.16.1 does not have (none of its sources
+    holds it; its count of chunks per rank is virtual_pipeline_model_parallel_size): the launch is priced on one
+    model chunk per rank, as 1F1B, and the note says so, why, and the spelling that prices 2 chunks. The spelling
+    that counts builds 2 chunks."""
+    from pathlib import Path as P
+
+    import megatron.core
+
+    from hops_calib.spec import build_spec, unknown_flags_note
+    from hops_calib.trace.megatron_args import read_args_file
+
+    core = P(megatron.core.__file__).parent
+    sources = [path.read_text(errors="replace") for path in core.rglob("*.py")]
+    assert not any("num_virtual_stages_per_pipeline_rank" in text for text in sources)
+    assert any("virtual_pipeline_model_parallel_size" in text for text in sources)
+    job = tmp_path / "job"
+    _capture_copy(job)
+    manifest = job / "manifest.yaml"  # the capture's own schedule goes: the flags say which Megatron runs
+    manifest.write_text(re.sub(r"^configured_schedule:.*\n", "", manifest.read_text(), flags=re.M))
+    args_file = job / "megatron_args.txt"
+    plain = args_file.read_text()
+    assert "virtual" not in plain and "--pipeline-model-parallel-size 2" in plain
+    args_file.write_text(plain.replace("pretrain_gpt.py", "pretrain_gpt.py --num-virtual-stages-per-pipeline-rank 2"))
+    spec = build_spec(job)
+    assert (spec.vp, spec.schedule) == (1, "1f1b")
+    note = unknown_flags_note(read_args_file(args_file), args_file)
+    assert note.startswith("ignored: --num-virtual-stages-per-pipeline-rank")
+    assert "megatron-core 0.16.1 has no setting of that name" in note
+    assert "priced without virtual stages, as non-interleaved 1F1B on one model chunk per rank" in note
+    assert "give --virtual-pipeline-model-parallel-size 2" in note
+    args_file.write_text(plain.replace("pretrain_gpt.py", "pretrain_gpt.py --virtual-pipeline-model-parallel-size 2"))
+    counted = build_spec(job)
+    assert (counted.vp, counted.schedule) == (2, "interleaved_1f1b")
+    assert unknown_flags_note(read_args_file(args_file), args_file) is None
 
 
 def test_plan_parallel_searches_the_layouts_of_a_jobs_gpus(tmp_path):

@@ -4,8 +4,9 @@ Megatron makes before the first step (tests/whatif/megatron_accepts.py), and the
 plan priced (t, p, cp, d, virtual stages, layers per rank by megatron-core's get_num_layers_to_build, recomputation,
 sequence parallelism, FP8, and under a mixture of experts ep, etp and the experts' data-parallel size). On a
 Llama-3-70B-shaped job on 64 H100 DGX GPUs, with FP8 allowed (the search then moves context parallelism, FP8 and the
-uneven first and last stages), the same job in FP8 planned in BF16, and a Mixtral-8x7B-shaped job on 64 H100 DGX GPUs
-launched at EP 2 (the search then moves expert parallelism)."""
+uneven first and last stages), the same job in FP8 planned in BF16, the same job with its virtual stages spelt as a
+count (--virtual-pipeline-model-parallel-size), and a Mixtral-8x7B-shaped job on 64 H100 DGX GPUs launched at EP 2
+(the search then moves expert parallelism)."""
 
 from __future__ import annotations
 
@@ -370,3 +371,63 @@ def test_fp8_on_a_mixture_of_experts_is_refused(mixtral):
 
     result = CliRunner().invoke(app, ["plan", "job", str(mixtral), "--precision", "fp8"])
     assert result.exit_code == 2 and "--precision" in result.output and "mixture of experts" in result.output
+
+
+# The Llama-3-70B job with its 4 virtual stages spelt as a count (--virtual-pipeline-model-parallel-size 4, the
+# spelling of megatron-core's ModelParallelConfig.virtual_pipeline_model_parallel_size and NeMo's) instead of 5
+# layers per virtual stage: the same launch.
+LLAMA70_VP = LLAMA70.replace("--num-layers-per-virtual-pipeline-stage 5", "--virtual-pipeline-model-parallel-size 4")
+VP_SPELLINGS = ("--num-layers-per-virtual-pipeline-stage", "--virtual-pipeline-model-parallel-size")
+
+
+@pytest.fixture(scope="module")
+def llama70_vp(tmp_path_factory):
+    return make_job(tmp_path_factory.mktemp("llama70vp") / "llama70vp", LLAMA70_VP, 4)
+
+
+def test_a_job_spelling_v_as_a_count_gets_picks_megatron_runs(llama70_vp):
+    """The job launched with --virtual-pipeline-model-parallel-size 4, planned on the interleaved schedule: every
+    pick, the best Megatron runs and the job's own launch build in megatron-core as priced. A pick at another v
+    (2 here) writes its --num-layers-per-virtual-pipeline-stage and removes the job's
+    --virtual-pipeline-model-parallel-size (both together name two v); one at v 4, or at one model chunk, keeps or
+    removes it and writes no layers per virtual stage."""
+    found = plan(llama70_vp, "--schedule", "interleaved_1f1b", "--top", "10")
+    assert found["current"]["chunks"] == 4 and found["current"]["flags"] == []
+    for pick in [*found["best"], found["best_megatron"], found["current"]]:
+        verify_pick(llama70_vp, pick)
+        if pick["chunks"] == 4:
+            assert not set(VP_SPELLINGS) & {*pick["flags"], *pick["remove_flags"]}, pick["changes"]
+        else:
+            assert "--virtual-pipeline-model-parallel-size" in pick["remove_flags"], pick["changes"]
+            assert ("--num-layers-per-virtual-pipeline-stage" in pick["flags"]) is (pick["chunks"] > 1)
+    assert any(pick["chunks"] not in (1, 4) for pick in found["best"]), [p["changes"] for p in found["best"]]
+
+
+@pytest.mark.parametrize("command", [LLAMA70, LLAMA70_VP], ids=["layers-per-virtual-stage", "virtual-size"])
+def test_every_v_and_p_a_pick_may_take_builds_as_priced(tmp_path, command):
+    """Each spelling of the job's 4 virtual stages, at every (p, v) the planner may price (p 2, 4, 8; v 1 and the
+    divisors of the layers per rank): the flags written build v chunks in megatron-core. The job's 5 layers per
+    virtual stage gives another v at another p (p 2: 8 chunks; p 8: 2), so a pick that keeps v 4 at p 2 writes
+    --num-layers-per-virtual-pipeline-stage 10; the count spelling keeps v at any p and so needs no flag there;
+    a pick never writes a vp flag and removes it too."""
+    from dataclasses import replace
+
+    from hops_calib.loop.model_files import load_model
+    from hops_calib.whatif.job_plan import JobPlanner
+    from hops_calib.whatif.launch_space import Launch
+
+    job = make_job(tmp_path / "job", command, 4)
+    planner = JobPlanner(job, load_model())
+    own = planner.own_levers()
+    count = "--virtual-pipeline-model-parallel-size" in command
+    for pp, chunks in ((4, 1), (4, 2), (4, 4), (4, 5), (2, 1), (2, 4), (2, 8), (8, 2), (8, 5)):
+        levers = replace(own, pp=pp)
+        schedule = "interleaved_1f1b" if chunks > 1 else "1f1b"
+        launch = Launch(planner.placed_order(pp), None, None, schedule, chunks, 1, (False, False), levers)
+        pick = planner.evaluate(launch).to_dict()
+        assert pick["chunks"] == chunks and pick["pp"] == pp
+        verify_pick(job, pick)
+        implied = 4 if count else 80 // (pp * 5)
+        written = [flag for flag in VP_SPELLINGS if flag in pick["flags"]]
+        assert written == ([] if chunks in (1, implied) else ["--num-layers-per-virtual-pipeline-stage"]), pick
+        assert not set(written) & set(pick["remove_flags"]), pick
