@@ -190,6 +190,9 @@ def build_spec(job_dir: Path | str, notes: list[str] | None = None, *, simulable
             f"node r // {per_node} (Megatron's rank order {spec.rank_order}), collectives of groups that "
             "span nodes priced over the nodes' NICs"
         )
+    if not spec.links and pp > 1 and len(device_ids) == pp and spec.gpus_per_node is None and launch.one_node_gpus:
+        # a one-node torchrun launch without a link benchmark: every hop stays on the node, over its NVLink
+        spec = dataclasses.replace(spec, gpus_per_node=launch.one_node_gpus)
     if transport:
         spec = dataclasses.replace(spec, transport=transport)
     from hops_calib.trace.component_tables import COMPONENTS_DIR, read_component_tables

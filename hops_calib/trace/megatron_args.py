@@ -58,6 +58,9 @@ class Launch:
     args: dict[str, Any]
     source: Path
     gpus_per_node: int | None = None
+    # the GPUs of a one-node torchrun launch (--nnodes 1, torchrun's default, with --nproc-per-node N): every rank
+    # on that one node; None otherwise
+    one_node_gpus: int | None = None
     # NAME=VALUE assignments before the launcher on the command line (`NCCL_NET=Socket torchrun ...`): the launch's
     # environment, as far as the file says it
     environment: tuple[tuple[str, str], ...] = ()
@@ -88,10 +91,12 @@ def parse_command_line(text: str, path: Path | str = ARGS_FILE) -> dict[str, Any
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a shell variable's name, as `NAME=value cmd` assigns it
 
 
-def _parse_launch(text: str, path: Path | str) -> tuple[dict[str, Any], int | None, tuple[tuple[str, str], ...]]:
+def _parse_launch(
+    text: str, path: Path | str
+) -> tuple[dict[str, Any], int | None, tuple[tuple[str, str], ...], int | None]:
     """A command line's arguments (`parse_command_line`), its launcher's GPUs per node (`Launch.gpus_per_node`:
-    --nproc-per-node when --nnodes is a plain integer above 1, else None) and the environment assignments before
-    its launcher, from one split of it."""
+    --nproc-per-node when --nnodes is a plain integer above 1, else None), the environment assignments before
+    its launcher, and a one-node launch's GPUs (`Launch.one_node_gpus`), from one split of it."""
     launcher, tokens = _split(text, path)
     environment = tuple(
         (name, value)
@@ -100,6 +105,7 @@ def _parse_launch(text: str, path: Path | str) -> tuple[dict[str, Any], int | No
     )
     # the world size the launcher gives is the launch's (Megatron computes the data parallel size from it)
     launcher_world, per_node = _launcher_layout(launcher) if launcher is not None else (None, None)
+    one_node = launcher_world if launcher_world is not None and per_node is None else None
     args: dict[str, Any] = {}
     key: str | None = None
     values: list[Any] = []
@@ -119,7 +125,7 @@ def _parse_launch(text: str, path: Path | str) -> tuple[dict[str, Any], int | No
     flush()
     if launcher_world is not None and "world_size" not in args:
         args["world_size"] = launcher_world
-    return args, per_node, environment
+    return args, per_node, environment, one_node
 
 
 def _split(text: str, path: Path | str) -> tuple[list[str] | None, list[str]]:
@@ -171,7 +177,7 @@ def read_args_file(path: Path) -> dict[str, Any]:
 
 def read_launch_file(path: Path) -> Launch:
     """The launch of a `megatron_args.txt`: its arguments and torchrun's placement, from one read of the file."""
-    args, per_node, environment = _parse_launch(read_config_text(path), path)
+    args, per_node, environment, one_node = _parse_launch(read_config_text(path), path)
     if not args:
         raise TraceError(
             path,
@@ -179,7 +185,7 @@ def read_launch_file(path: Path) -> Launch:
             line=1,
             hint="the file must hold Megatron's launch command, e.g. 'pretrain_gpt.py --num-layers 12 ...'",
         )
-    return Launch(args, path, per_node, environment)
+    return Launch(args, path, per_node, one_node, environment)
 
 
 def parse_arguments_block(lines: Iterable[str]) -> dict[str, Any] | None:

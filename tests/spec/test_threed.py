@@ -568,6 +568,14 @@ def test_a_multi_node_torchrun_launch_prices_a_data_parallel_group_across_nodes_
     assert spec.links == () and any("NICs across nodes" in note for note in notes)
     predicted = _cli("predict", "--job", job, "--json")
     assert predicted.exit_code == 0, predicted.output
+    # a one-node launch without a link benchmark keeps every hop on its node (it was refused for want of one),
+    # and its data-parallel reduction is the one-node launch's
+    args.write_text("torchrun --nproc-per-node 8 " + text)
+    alone = build_spec(job)
+    assert alone.links == () and alone.gpus_per_node == 8 and alone.group_nodes("dp")[0] == 1  # one node
+    assert model.breakdown(alone)[0]["dp_reduce"] == pytest.approx(reduce_one)
+    predicted = _cli("predict", "--job", job, "--json")
+    assert predicted.exit_code == 0, predicted.output
 
 
 def test_build_spec_reads_the_launch_once_for_its_arguments_and_its_node_layout(tmp_path, monkeypatch):
