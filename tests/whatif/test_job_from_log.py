@@ -95,8 +95,9 @@ def test_a_row_a_log_and_its_job_directory_give_one_prediction(launch):
 
 
 def test_what_differs_between_two_prices_of_a_launch_is_named(launch, tmp_path):
-    """The job directory without the node's all-reduce tables: nothing prices the hop inside the node (predict --job
-    refuses it, naming the link benchmark), and the comparison names the collective tables and the link they gave."""
+    """The job directory without the node's all-reduce tables and link benchmark: its one-node launch keeps the hop
+    on the node, priced by the catalog's NVLink (predict --job says so), and the comparison with the stored run
+    names the collective tables and the link they gave."""
     from hops_calib.spec import build_spec
     from hops_calib.store import FixtureStore
     from hops_calib.whatif.job import pricing_differences, pricing_inputs
@@ -104,8 +105,8 @@ def test_what_differs_between_two_prices_of_a_launch_is_named(launch, tmp_path):
     job = tmp_path / "job"
     assert _cli("job", "from-log", launch["log"], job, "--json")[0] == 0
     shutil.rmtree(job / "calibration")
-    code, refused = _cli("predict", "--job", job, "--fixtures", launch["rows"], "--json")
-    assert code == 2 and "link benchmark" in refused["error"]["message"]
+    code, priced = _cli("predict", "--job", job, "--fixtures", launch["rows"], "--json")
+    assert code == 0 and any("no link benchmark" in note and "NVLink" in note for note in priced["notes"])
     stored = FixtureStore(launch["logs"]).load("t2p2_run").spec
     differs = pricing_differences(pricing_inputs(stored), pricing_inputs(build_spec(job)))
     assert "collective_tables" in differs and "link_benchmark" in differs and "transport" not in differs
