@@ -74,6 +74,19 @@ def test_an_edited_configuration_moves_the_prediction_as_the_edit_says(tmp_path)
     assert after["predictions"][0]["throughput_per_s"] > before["throughput_per_s"]
 
 
+def test_the_stall_rows_show_where_a_random_stall_is_priced(shared_runs):
+    """A cluster run whose ends' all-reduce risks TCP retransmission stalls prints the stall rows; one that risks
+    none prints none (their +- 0.0 % said nothing)."""
+    seen = set()
+    for run in sorted(d for d in shared_runs.iterdir() if d.name.startswith(("exp1_1", "exp2_6"))):
+        out = predict_job("--job", run)
+        stalls = any(p["stall_noise_ape_pct"] > 0 for p in out["predictions"])
+        text = cli("predict", "--job", run).output
+        assert ("random stalls: +-" in text) == stalls and ("share of runs in it" in text) == stalls, run.name
+        seen.add(stalls)
+    assert seen == {True, False}
+
+
 def test_a_what_if_prices_each_hop_by_the_hosts_at_its_ends(shared_runs, tmp_path):
     run = next(d for d in sorted(shared_runs.iterdir()) if d.name.startswith("exp2_15"))  # an H100 and an A10G
     job = tmp_path / run.name
@@ -122,7 +135,10 @@ def test_schedules_side_by_side_and_what_they_hold_in_flight(tmp_path):
     assert max(by["1f1b"][peak]) == min(pp, microbatches)
     assert by["auto"]["schedule"] in ("1f1b", "gpipe", "zb_h1")
     text = cli("predict", "--job", job, "--schedule", "1f1b", "--schedule", "auto").output
-    assert f"auto: {by['auto']['schedule']}" in text and "random stalls" in text
+    assert f"auto: {by['auto']['schedule']}" in text
+    # the stall rows show where a random stall is priced, and only there
+    stalls = any(p["stall_noise_ape_pct"] > 0 for p in out["predictions"])
+    assert ("random stalls: +-" in text) == stalls and ("range from stalls" in text) == stalls
 
 
 @pytest.mark.parametrize("args,field", [

@@ -101,6 +101,9 @@ def what_if_text(result: WhatIf) -> str:
         ("schedule bubble %", lambda p: f"{100 * pipeline_schedule_bubble(p.pipeline, p.schedule):.1f}"),
         ("peak activations (stage mb)", lambda p: f"{max(p.result.peak_stage_activations):g}"),
     ]
+    if all(p.stall_noise_ape_pct == 0.0 for p in result.predictions):
+        # no random stall priced (no TCP retransmission risk on these links): the stall rows would say nothing
+        rows = [row for row in rows if "stalls" not in row[0] and row[0] != "  share of runs in it"]
     lines.append(f"{'':28}" + "".join(f"{head:>{width}}" for head in heads))
     for label, cell in rows:
         lines.append(f"{label:28}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))
