@@ -78,8 +78,7 @@ def test_catalog_splits_gpus_from_nodes():
     # H200: the H100's tensor cores, more and faster HBM; B200 marked uncalibrated; the A100 a DGX A100 node
     h200 = catalog["h200"]
     assert h200.peak_bf16_flops_per_s == dgx.peak_bf16_flops_per_s and h200.peak_fp8_flops_per_s == dgx.peak_fp8_flops_per_s
-    # the datasheet's 141 GB of HBM3e read as binary GiB, as the H100 DGX's 80 GB (ledger 185)
-    assert h200.memory_bytes == 141 * 2**30 and h200.memory_bandwidth_bytes_per_s == 4.8e12
+    assert h200.memory_bytes == 141e9 and h200.memory_bandwidth_bytes_per_s == 4.8e12
     assert catalog["b200"].uncalibrated and catalog["b200"].peak_bf16_flops_per_s > dgx.peak_bf16_flops_per_s
     assert not dgx.uncalibrated and not catalog["h100"].uncalibrated
     assert catalog["a100"].node == "dgx_a100" and catalog["a100"].gpus_per_node == 8
