@@ -15,7 +15,7 @@ draws.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -385,6 +385,18 @@ def _refusal(spec: Spec, schedule: str, args_file: str, manifest_schedule: bool 
     return Refused(schedule, reason, " and ".join(steps))
 
 
+def cp_exchange_unpriced(model: Model, device_types: Iterable[str]) -> bool:
+    """Whether `model` prices a context-parallel launch on `device_types` without its KV exchange: it has no
+    `context_parallel_comm` term and prices the layers by the roofline (`decoder_kernels` lists the ring itself:
+    `model.layer_kernels._context_parallel_attention`)."""
+    if model.active("context_parallel_comm") is not None:
+        return False
+    kernels = model.active("decoder_kernels")
+    return not (
+        kernels is not None and all(kernels.term.covers(model.term_params(kernels), d) for d in device_types)
+    )
+
+
 def _on_nodes(spec: Spec, model: Model, notes: list[str]) -> Spec:
     """The spec with its ranks on its device type's nodes where the launch states none and spans more than one
     (`model.devices.node_notes`), with what predict says of the nodes."""
@@ -469,6 +481,13 @@ def what_if(
     note = transport_note(spec)
     if note:
         notes.append(note)
+    if spec.cp > 1 and cp_exchange_unpriced(model, set(spec.devices)):
+        notes.append(
+            f"context parallelism (cp {spec.cp}) is priced without its KV exchange: the shipped model has no "
+            "context_parallel_comm term, since on every measured cp > 1 run each exchange hides under its "
+            "attention step (ledger 186-187); a copy of the model file with a [terms.context_parallel_comm] table "
+            "(--model COPY) charges what outlasts each step (the CP comm column)"
+        )
     wanted = tuple(dict.fromkeys(schedules)) or (spec.schedule,)
     # Every schedule that can run is predicted; the others are named with what would let them run.
     recorded = "configured_schedule" in read_manifest(job_dir)  # a launcher's own record (CPU captures)

@@ -36,6 +36,7 @@ from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.progress import QUIET, Progress
 from hops_calib.whatif.cluster import Cluster
+from hops_calib.whatif.job import cp_exchange_unpriced
 
 # The search's space, pricing, search and agreement live in their own modules; their names stay importable from here.
 from hops_calib.whatif.launch_agreement import (
@@ -643,7 +644,8 @@ def _precisions(planner: JobPlanner, precision: str | None, own: bool) -> tuple[
                 str(planner.job_dir),
                 f"cannot run FP8: {why}",
                 field="--precision",
-                hint="plan it in bf16 (--precision bf16 or any), or on a device with FP8 tensor cores",
+                hint="plan it in bf16 (--precision bf16 or any)"
+                + (", or on a device with FP8 tensor cores" if why.startswith("device type") else ""),
             )
         return (True,)
     if why:
@@ -676,10 +678,7 @@ def _context_parallel_caveat(model: Model, best: Sequence[Outcome], device_types
     counterpart of the same tokens per GPU."""
     if not any(o.settings is not None and o.settings.cp > 1 for o in best):
         return []
-    if model.active("context_parallel_comm") is not None:
-        return []
-    kernels = model.active("decoder_kernels")
-    if kernels is not None and all(kernels.term.covers(model.term_params(kernels), device) for device in device_types):
+    if not cp_exchange_unpriced(model, device_types):
         return []
     return [
         "context parallelism is priced without its KV exchange here: the shipped model has no context_parallel_comm "

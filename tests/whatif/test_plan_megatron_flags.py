@@ -153,6 +153,7 @@ def test_fp8_on_a_device_without_an_fp8_peak_is_refused(tmp_path):
     )
     result = CliRunner().invoke(app, ["plan", "job", str(job), "--precision", "fp8"])
     assert result.exit_code == 2 and "--precision" in result.output and "no FP8 peak" in result.output
+    assert "on a device with FP8 tensor cores" in " ".join(result.output.split())  # the hint: another device
 
 
 @pytest.mark.parametrize(
@@ -371,6 +372,8 @@ def test_fp8_on_a_mixture_of_experts_is_refused(mixtral):
 
     result = CliRunner().invoke(app, ["plan", "job", str(mixtral), "--precision", "fp8"])
     assert result.exit_code == 2 and "--precision" in result.output and "mixture of experts" in result.output
+    # the H100 has FP8 tensor cores: the hint does not send the user to another device
+    assert "on a device with FP8 tensor cores" not in " ".join(result.output.split())
 
 
 # The Llama-3-70B job with its 4 virtual stages spelt as a count (--virtual-pipeline-model-parallel-size 4, the
@@ -431,3 +434,23 @@ def test_every_v_and_p_a_pick_may_take_builds_as_priced(tmp_path, command):
         written = [flag for flag in VP_SPELLINGS if flag in pick["flags"]]
         assert written == ([] if chunks in (1, implied) else ["--num-layers-per-virtual-pipeline-stage"]), pick
         assert not set(written) & set(pick["remove_flags"]), pick
+
+
+def test_predict_says_when_context_parallelism_is_priced_without_its_exchange(tmp_path):
+    """predict job on the Llama-3-70B job at cp 2 says the shipped model charges no KV exchange (it has no
+    context_parallel_comm term); a model copy with the term prices the exchange and says nothing, its CP comm
+    column the term's (hidden here: s 8192), and the cp 1 job says nothing either."""
+    from hops_calib.cli import app
+    from hops_calib.loop.model_files import default_model
+
+    def notes(job: Path, *options: str) -> list[str]:
+        result = CliRunner().invoke(app, ["predict", "job", str(job), "--json", *options])
+        assert result.exit_code == 0, result.output
+        return [n for n in json.loads(result.stdout)["notes"] if "KV exchange" in n]
+
+    cp2 = make_job(tmp_path / "cp2", LLAMA70.replace("--sequence-parallel", "--context-parallel-size 2 --sequence-parallel"), 4)
+    assert len(notes(cp2)) == 1 and "cp 2" in notes(cp2)[0]
+    copy = tmp_path / "with-cp-term.toml"
+    copy.write_text(default_model().read_text() + "\n[terms.context_parallel_comm]\n")
+    assert notes(cp2, "--model", str(copy)) == []
+    assert notes(make_job(tmp_path / "cp1", LLAMA70, 4)) == []

@@ -202,7 +202,8 @@ def breakdown_lines(breakdown: Sequence[Mapping[str, float]], memory: Sequence[S
         "",
         "per stage, one GPU, ms of one iteration by kind (work summed over its tasks, not the critical path; "
         "of it recomp: the part of compute the recomputed forward adds; "
-        "EP comm: the MoE token dispatcher's collectives over the expert groups; "
+        "EP comm: the MoE token dispatcher's collectives over the expert groups; CP comm: what context "
+        "parallelism's KV exchanges add beyond the attention steps they hide under (context_parallel_comm; 0 without it); "
         "exposed: the part of the DP reduction no backward hides; ends AR: the tied-embedding all-reduce between the "
         "first and last stage before the optimizer, every rank waiting for it):",
         f"{'stage':>5}" + "".join(f"{label:>13}" for _key, label in _PARTS),
