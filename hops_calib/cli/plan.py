@@ -62,7 +62,8 @@ SCHEDULES = typer.Option(
     None,
     "--schedule",
     help="With --job: search only these schedules (repeatable: 1f1b, "
-    "interleaved_1f1b, zb_h1, gpipe, auto; default all).",
+    "interleaved_1f1b, zb_h1, gpipe, auto; default Megatron-LM's own, 1f1b and interleaved_1f1b, and with "
+    "--any-runtime all).",
 )
 PARALLEL = typer.Option(
     False,

@@ -392,9 +392,7 @@ def cp_exchange_unpriced(model: Model, device_types: Iterable[str]) -> bool:
     if model.active("context_parallel_comm") is not None:
         return False
     kernels = model.active("decoder_kernels")
-    return not (
-        kernels is not None and all(kernels.term.covers(model.term_params(kernels), d) for d in device_types)
-    )
+    return not (kernels is not None and all(kernels.term.covers(model.term_params(kernels), d) for d in device_types))
 
 
 def _on_nodes(spec: Spec, model: Model, notes: list[str]) -> Spec:
