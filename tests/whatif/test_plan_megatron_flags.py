@@ -453,4 +453,8 @@ def test_predict_says_when_context_parallelism_is_priced_without_its_exchange(tm
     copy = tmp_path / "with-cp-term.toml"
     copy.write_text(default_model().read_text() + "\n[terms.context_parallel_comm]\n")
     assert notes(cp2, "--model", str(copy)) == []
-    assert notes(make_job(tmp_path / "cp1", LLAMA70, 4)) == []
+    cp1 = make_job(tmp_path / "cp1", LLAMA70, 4)
+    assert notes(cp1) == []
+    # the header names the virtual stages the launch asks for (80 layers, p 4, 5 layers a virtual stage: v 4)
+    text = CliRunner().invoke(app, ["predict", "job", str(cp1)]).output
+    assert "configured schedule interleaved_1f1b v=4;" in text

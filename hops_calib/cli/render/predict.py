@@ -37,7 +37,9 @@ def what_if_text(result: WhatIf) -> str:
         "microbatches x "
         f"{spec.iterations} iterations, h={shape.hidden_size} s={shape.seq_length} layers={shape.num_layers} "
         f"({'-'.join(str(n) for n in spec.layers_per_stage)}), linear GEMMs in {linear_gemm_precision(spec).upper()}"
-        f"; configured schedule {spec.schedule}; model {model.name} ({model.sha256[:12]}); predicted from the "
+        f"; configured schedule {spec.schedule}"
+        + (f" v={spec.vp}" if spec.vp > 1 else "")
+        + f"; model {model.name} ({model.sha256[:12]}); predicted from the "
         "configuration alone"
     ]
     lines += [f"note: {note}" for note in result.notes]
