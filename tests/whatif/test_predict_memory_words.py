@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -15,19 +16,9 @@ from hops_calib.loop.model_files import load_model, write_model
 from hops_calib.model.memory import DEFAULT_HEADROOM_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dgx_jobs import MIXTRAL, make_job  # noqa: E402  (the Mixtral launch of test_plan_megatron_flags)
 
-# A Mixtral-8x7B-shaped launch (test_plan_megatron_flags' MIXTRAL) on 8 DGX H100 nodes: t 1 x p 4 x d 16, ep 2.
-MIXTRAL = (
-    "torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 1 "
-    "--pipeline-model-parallel-size 4 --expert-model-parallel-size 2 --num-experts 8 --moe-router-topk 2 "
-    "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --moe-router-load-balancing-type aux_loss "
-    "--moe-aux-loss-coeff 1e-2 --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
-    "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 4096 "
-    "--max-position-embeddings 32768 --micro-batch-size 1 --global-batch-size 256 --swiglu --normalization RMSNorm "
-    "--position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights "
-    "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16 --transformer-impl "
-    "transformer_engine --vocab-size 32000 --train-iters 20"
-)
 # A dense 1.3B GPT on 2 DGX H100 nodes (docs/whatif.md's gpt16 shape), t 2 x p 4 x d 2, its linear GEMMs in FP8.
 DENSE_FP8 = (
     "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
@@ -36,16 +27,6 @@ DENSE_FP8 = (
     "--transformer-impl transformer_engine --fp8-format hybrid --fp8-recipe delayed --vocab-size 50257 "
     "--train-iters 100"
 )
-
-
-def make_job(folder: Path, command: str, stages: int = 4) -> Path:
-    folder.mkdir(parents=True)
-    (folder / "megatron_args.txt").write_text(command + "\n")
-    (folder / "hops_trace_map.json").write_text(json.dumps({"stages": {str(k): f"gpu{k}" for k in range(stages)}}))
-    (folder / "hops.base.yaml").write_text(
-        "hardware:\n  devices:\n" + "".join(f"  - {{id: gpu{k}, gpu: h100_dgx}}\n" for k in range(stages))
-    )
-    return folder
 
 
 def run(*args) -> str:
