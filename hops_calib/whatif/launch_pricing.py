@@ -24,6 +24,7 @@ from hops_calib.model.memory import (  # the headroom left out of each GPU's mem
     stage_memory,
 )
 from hops_calib.model.terms.embedding import transport_note
+from hops_calib.model.terms.roofline import linear_gemm_precision
 from hops_calib.sim import simulate
 from hops_calib.sim.simulate import auto_schedule
 from hops_calib.sim.theory import pipeline_schedule_bubble
@@ -513,7 +514,6 @@ class JobPlanner(LaunchArguments, LaunchBounds):
         size = _step_samples(launch, spec)
         caps = tuple(self.memory_bytes[t] for t in spec.devices)
         peaks = tuple(stage.total_bytes for stage in stage_memory(spec, caps, result.peak_stage_activations))
-        settings = levers_of(spec, spec.megatron_args)
         return Outcome(
             launch=launch,
             resolved=resolved,
@@ -528,8 +528,8 @@ class JobPlanner(LaunchArguments, LaunchBounds):
             memory_bytes=caps,
             **self.flags(launch),
             stage_map={} if launch.levers_placed else {str(k): d for k, d in enumerate(launch.order)},
-            settings=settings,
-            precision="fp8" if settings.fp8 else spec.model.precision,
+            settings=levers_of(spec, spec.megatron_args),
+            precision=linear_gemm_precision(spec),
             dp=spec.dp,
             edp=spec.edp if spec.model.moe else None,
             band=self.band,

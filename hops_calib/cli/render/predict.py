@@ -86,11 +86,15 @@ def what_if_text(result: WhatIf) -> str:
     width = max(14, *(len(head) + 2 for head in heads))
     rates = {id(p): model_rates(p, spec, result.peak_flops_per_s) for p in result.predictions}
     peak = peak_dtype(spec)
-    rows = [
-        ("throughput /s (window)", lambda p: f"{p.metrics.throughput_per_s:.3f}"),
+    # the stall rows only where a prediction prices a random stall (no TCP retransmission risk: they say nothing)
+    stalls = [
         ("  random stalls: +-", lambda p: f"{p.stall_noise_ape_pct:.1f} %"),
         ("  range from stalls", lambda p: "{:.3f}-{:.3f}".format(*p.stall_throughput_range()[:2])),
         ("  share of runs in it", lambda p: f"{100 * p.stall_throughput_range().share:.0f} %"),
+    ]
+    rows = [
+        ("throughput /s (window)", lambda p: f"{p.metrics.throughput_per_s:.3f}"),
+        *(stalls if any(p.stall_noise_ape_pct != 0.0 for p in result.predictions) else []),
         ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
         ("samples /s (all replicas)", lambda p: f"{rates[id(p)]['samples_per_s']:.2f}"),
         ("tokens /s (all replicas)", lambda p: f"{rates[id(p)]['tokens_per_s']:.0f}"),
@@ -103,9 +107,6 @@ def what_if_text(result: WhatIf) -> str:
         ("schedule bubble %", lambda p: f"{100 * pipeline_schedule_bubble(p.pipeline, p.schedule):.1f}"),
         ("peak activations (stage mb)", lambda p: f"{max(p.result.peak_stage_activations):g}"),
     ]
-    if all(p.stall_noise_ape_pct == 0.0 for p in result.predictions):
-        # no random stall priced (no TCP retransmission risk on these links): the stall rows would say nothing
-        rows = [row for row in rows if "stalls" not in row[0] and row[0] != "  share of runs in it"]
     lines.append(f"{'':28}" + "".join(f"{head:>{width}}" for head in heads))
     for label, cell in rows:
         lines.append(f"{label:28}" + "".join(f"{cell(p):>{width}}" for p in result.predictions))

@@ -10,6 +10,7 @@ from hops_calib.model.collectives import collective_ms
 from hops_calib.model.devices import DeviceSpec
 from hops_calib.model.kernel_pricing import peak_flops_per_s
 from hops_calib.model.terms.base import Context, Contribution, Param, Term
+from hops_calib.model.terms.decoder_kernels import kernel_settings
 from hops_calib.model.terms.parallel import Rates, _collective_params, _rates
 from hops_calib.spec import Spec
 
@@ -19,10 +20,11 @@ FORWARD, BACKWARD = "FORWARD", "BACKWARD"
 def cp_layer_exchanges(spec: Spec) -> dict[str, tuple[kernels.Kernel, ...]]:
     """Per phase (FORWARD, BACKWARD), one decoder layer's context-parallel kernels in launch order: its collectives
     over the "cp" group and its attention-core kernels (under p2p the cp ring steps, `.cp_step` in their names),
-    as `kernels.layer_forward` / `layer_backward` list them; empty at cp = 1."""
+    as `kernels.layer_forward` / `layer_backward` list them under the launch's kernel settings (`kernel_settings`,
+    as the kernel table reads them); empty at cp = 1."""
     if spec.cp <= 1:
         return {}
-    settings = kernels.settings_from_args(spec.megatron_args, softmax_fused=True, gradient_accumulation_fusion=True)
+    settings = kernel_settings(spec)
     return {
         phase: tuple(
             k
