@@ -1,6 +1,6 @@
 """The command layer: the typer app and `main` (the entry point), built from one module per verb group, the only
 layer that prints: `ingest`, `fixtures` (list, show), `evaluate` (evaluate, compare), `report`, `ledger`,
-`candidate` (terms, candidate new), `research` (observe, tune, crossval), `plan` (job, layouts, abstract),
+`candidate` (terms, candidate new), `research` (observe, decompose, tune, crossval), `plan` (job, layouts, abstract),
 `predict` (run, all, job), `job` (from-log), `cluster`, `plot`, `capture`, `bench`, `version`. `verbs` lets a verb
 split into sub-verbs keep its old spelling (`plan --job DIR`, `predict ID`). `options`
 holds the options the verbs share, `output` what they print with (JSON, error objects, exit codes), `render` their
@@ -51,7 +51,7 @@ for verb in (evaluate.evaluate, evaluate.compare, report.report, candidate.terms
     app.command()(verb)
 
 
-for verb in (research.observe, research.tune, research.crossval):
+for verb in (research.observe, research.decompose, research.tune, research.crossval):
     app.command()(verb)
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(candidate.app, name="candidate")

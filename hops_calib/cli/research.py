@@ -55,6 +55,30 @@ def observe(
     raise typer.Exit(observe_command(fixtures, model, split, as_json, top, ledger, allow_held_out))
 
 
+def decompose(
+    fixtures: Path = FIXTURES_OPTION,
+    model: Path | None = MODEL_OPTION,
+    split: str = typer.Option("train", "--split", help="Only 'train': the test split is for `report`."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (every family and micro batch)."),
+    ledger: Path = LEDGER_OPTION,
+    allow_held_out: bool = ALLOW_HELD_OUT_OPTION,
+) -> None:
+    """Runs measured at iteration level cut into a layer's, a microbatch's and an iteration's time, measured and
+    predicted, with each layer's least time on its device (docs/decompose.md)."""
+    from hops_calib.cli.render.decompose import decomposition_text
+    from hops_calib.research.decompose import decompose_store
+
+    raise typer.Exit(
+        run_and_print(
+            "decompose",
+            as_json,
+            lambda bar: decompose_store(fixtures, model_path=model, split=split, progress=bar),
+            decomposition_text,
+            held_out_guard=held_out_guard(fixtures, ledger, "decompose", allow_held_out),
+        )
+    )
+
+
 def tune(
     term: str = typer.Argument(..., help="The cost term whose parameters are searched (see `hops-calib terms`)."),
     trials: int = typer.Option(60, "--trials", min=1, help="Trials to run (shared among the workers)."),

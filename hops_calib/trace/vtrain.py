@@ -1,7 +1,8 @@
 """Trace room: the published vTrain table (`ground_truth_single.csv`, VIA-Research/vTrain) read as it is.
 
 Its columns map onto the run-table columns one to one (`COLUMNS`); what every one of its runs shares comes from
-the publishers' per-run configuration files (`example_config.json` beside the table, and its README) or, where
+the publishers' per-run configuration files (`example_config.json` beside the table, and its README; `STATED`),
+from the table's own measurements where they contradict those files (`MEASURED`, with the evidence) or, where
 they are silent, is assumed (`ASSUMED`, each with the reason). A table is recognised by its header.
 """
 
@@ -26,17 +27,28 @@ COLUMNS = {
     "pipeline parallelism": "pipeline_model_parallel_size",
     "iteration time (ms)": "iteration_time_ms",
 }
-# Stated by the publishers' configuration files (example_config.json): fp16, full activation recomputation
-# (use_checkpoint: true; Megatron-DeepSpeed's --checkpoint-activations, which is Megatron-LM's
-# --recompute-granularity full --recompute-method uniform --recompute-num-layers 1), 1F1B (no virtual stages),
-# A100, 8 GPUs per node, no gradient bucketing.
+# Stated by the publishers' configuration files (example_config.json): fp16, 1F1B (no virtual stages), A100, 8 GPUs
+# per node, no gradient bucketing.
 STATED: dict[str, Any] = {
     "fp16": True,
     "bf16": False,
-    "recompute_granularity": "full",
-    "recompute_method": "uniform",
-    "recompute_num_layers": 1,
     "num_layers_per_virtual_pipeline_stage": None,
+}
+# Stated, and contradicted by the measurements, which win: the configuration files say `use_checkpoint: true`
+# (Megatron-DeepSpeed's --checkpoint-activations: a recomputed forward in every backward), but the table's own
+# layer times rule it out. `hops-calib decompose` cuts its runs into T = a(d) + b(d) L + m (c + x L) (they fit it
+# to within 0.04 %: composed from per-component timings), and at t 1, h 2048, micro batch 8 one layer's forward and
+# backward take x = 16.3 ms, where the same layer with a recomputed forward cannot take less than 15.5 ms on an
+# A100 (its kernels each at 312 TFLOP/s or 2,039 GB/s, no gap between them; 11.5 ms of it the GEMMs alone): a
+# recomputing layer would have run at 95 % of the hardware's limits. Without recomputation the bound is 11.5 ms
+# and the layer runs at 70 % of it, what cuBLAS and memory-bound kernels reach. Nor is it flash attention with
+# recomputation: the h 2048 layer takes 2.04 x the h 1024 one (micro batch 8), where the GEMM-bound flash layer
+# would take about 3.5 x and the unfused one (its score traffic independent of h) 2.3 x. Recorded in
+# experiments/CAMPAIGN.md, session 19.
+MEASURED: dict[str, Any] = {
+    "recompute_granularity": None,
+    "recompute_method": None,
+    "recompute_num_layers": None,
 }
 # Not recorded anywhere in the source; assumed (README of the data set):
 ASSUMED: dict[str, Any] = {
@@ -81,9 +93,10 @@ def padded_vocab(vocab: int, divisible_by: int, tensor_parallel: int) -> int:
 
 
 def translate(cells: dict[str, Any]) -> dict[str, Any]:
-    """One vTrain row as run-table columns (with the stated and assumed settings)."""
+    """One vTrain row as run-table columns (with the stated, measured and assumed settings)."""
     row = {COLUMNS[name]: value for name, value in cells.items() if name in COLUMNS}
     row.update(STATED)
+    row.update(MEASURED)
     row.update({k: v for k, v in ASSUMED.items() if k not in ("max_position_embeddings",)})
     t = row.get("tensor_model_parallel_size")
     if type(t) is int and t > 0:

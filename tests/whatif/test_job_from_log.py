@@ -84,8 +84,10 @@ def test_a_row_a_log_and_its_job_directory_give_one_prediction(launch):
         assert from_row[key] == from_log[key] == from_job[key], key
     # what predict --job prints of a launch, predict ID prints of the stored run: time by kind, memory, MFU/HFU
     assert {"compute", "recompute", "tp_comm", "p2p", "optimizer", "host"} <= set(from_log["breakdown_ms_per_iteration"][0])
-    assert from_log["breakdown_ms_per_iteration"][0]["recompute"] > 0  # vTrain recomputes every layer
-    assert from_log["predicted_rates"]["hfu"] > from_log["predicted_rates"]["mfu"] > 0
+    # vTrain's runs are read without recomputation (hops_calib/trace/vtrain.py MEASURED)
+    assert from_log["breakdown_ms_per_iteration"][0]["recompute"] == 0
+    rates = from_log["predicted_rates"]
+    assert rates["hfu"] == pytest.approx(rates["mfu"]) and rates["mfu"] > 0  # nothing recomputed: HFU is MFU
     # the log's timers beside the simulation's; the table logged none
     timers = {t["timer"]: t for t in from_log["timers"]}
     assert timers["forward-backward"]["logged_ms"] == pytest.approx(round(0.97 * launch["seconds"] * 1000, 2))

@@ -1,0 +1,70 @@
+"""What `decompose` prints for people, from a `Decomposition` (`hops_calib.research.decompose`)."""
+
+from __future__ import annotations
+
+from hops_calib.cli.render.tables import text_table
+from hops_calib.research.decompose import Decomposition
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def decomposition_text(result: Decomposition) -> str:
+    out = [
+        f"decompose (model {result.model_sha256[:12]}): per family of runs alike but for layers L, global batch, d "
+        "and micro batch, T = a(d) + b(d) L + m (c + x L / p); x is one layer's forward and backward per microbatch "
+        "(its recomputed forward where the launch recomputes), c a microbatch's work outside the layers; ms"
+    ]
+    if not result.families:
+        out.append("no family of runs measured at iteration level has the runs to identify its terms")
+    for family in result.families:
+        out += [
+            "",
+            f"{family.label}: {family.runs} runs, {'recomputes' if family.recomputes else 'no recomputation'}; "
+            f"measured runs depart from the form by at most {family.residual_max_pct:.3f} % (predicted "
+            f"{family.predicted_residual_max_pct:.3f} %)",
+        ]
+        rows = [
+            [
+                str(row.micro_batch),
+                str(row.runs),
+                f"{row.layer_ms:.2f}",
+                f"{row.predicted_layer_ms:.2f}",
+                f"{row.layer_error_pct:+.1f}",
+                f"{row.microbatch_ms:.2f}",
+                f"{row.predicted_microbatch_ms:.2f}",
+                _ms(row.bound_without_recompute_ms),
+                _ms(row.bound_with_recompute_ms),
+                "-" if row.over_recompute_bound is None else f"{row.over_recompute_bound:.2f}",
+            ]
+            for row in family.rows
+        ]
+        out.append(
+            text_table(
+                [
+                    "mb",
+                    "runs",
+                    "layer",
+                    "predicted",
+                    "error %",
+                    "microbatch",
+                    "predicted",
+                    "bound",
+                    "bound+rc",
+                    "layer/bound+rc",
+                ],
+                rows,
+                right=set(range(10)),
+            )
+        )
+    if result.not_identified:
+        out += ["", "not identified (too few runs for the form): " + "; ".join(result.not_identified)]
+    out += [
+        "",
+        "bound: the layer's kernels each at the datasheet's peak FLOP/s or bandwidth, no launch gap, collectives "
+        "free (without / with a recomputed forward); a measured layer at or under bound+rc (layer/bound+rc <= 1) "
+        "cannot have recomputed. A family whose measured runs fit the form to within hundredths of a percent was "
+        "composed from per-component timings (repeats of a real run differ by about a percent).",
+    ]
+    return "\n".join(out)
