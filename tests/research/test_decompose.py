@@ -12,7 +12,6 @@ from hops_calib.cli import app
 from hops_calib.loop.model_files import load_model
 from hops_calib.research.decompose import Sample, decompose, layer_bound
 from hops_calib.spec import Hardware, spec_from_args
-from tests.conftest import need_public_runs
 
 
 def launch(layers: int, batch: int, micro: int, dp: int, tp: int = 2) -> dict:
@@ -71,22 +70,11 @@ def test_layer_bound_is_its_flops_at_peak_where_the_gemms_dominate():
     assert bound.with_recompute_ms == pytest.approx(bound.without_recompute_ms + bound.forward_ms)
 
 
-@pytest.fixture(scope="module")
-def vtrain_store(tmp_path_factory):
-    from hops_calib.store import FixtureStore
-    from hops_calib.store.ingest import ingest
-
-    table = need_public_runs("vtrain", "ground_truth_single.csv")
-    store = FixtureStore(tmp_path_factory.mktemp("vtrain") / "fixtures")
-    assert ingest([table], store, split="auto").ok
-    return store
-
-
-def test_the_vtrain_table_is_composed_and_its_layers_did_not_recompute(vtrain_store):
+def test_the_vtrain_table_is_composed_and_its_layers_did_not_recompute(vtrain):
     """The published vTrain runs without a pipeline fit the form to within a twentieth of a percent in 7 of their
     8 families and 0.7 % in the last (composed from per-component timings), and at t 1, h 2048, micro batch 8 one layer takes at most 1.1 x its least time
     with a recomputed forward: below what any A100 reaches, so those layers did not recompute."""
-    out = CliRunner().invoke(app, ["decompose", "--fixtures", str(vtrain_store.root), "--json"])
+    out = CliRunner().invoke(app, ["decompose", "--fixtures", str(vtrain.root), "--json"])
     assert out.exit_code == 0, out.output
     families = {f["label"]: f for f in json.loads(out.output)["families"]}
     unpipelined = [f for label, f in families.items() if " p1 " in label]
@@ -95,7 +83,7 @@ def test_the_vtrain_table_is_composed_and_its_layers_did_not_recompute(vtrain_st
     gpu_bound = next(r for r in families["t1 p1 h2048 s1024 a16 a100"]["rows"] if r["micro_batch"] == 8)
     assert gpu_bound["over_recompute_bound"] < 1.1
     assert gpu_bound["layer_ms"] > gpu_bound["bound_without_recompute_ms"]
-    text = CliRunner().invoke(app, ["decompose", "--fixtures", str(vtrain_store.root)])
+    text = CliRunner().invoke(app, ["decompose", "--fixtures", str(vtrain.root)])
     assert text.exit_code == 0 and "t1 p1 h2048 s1024 a16 a100: 77 runs" in text.output
-    refused = CliRunner().invoke(app, ["decompose", "--fixtures", str(vtrain_store.root), "--split", "test"])
+    refused = CliRunner().invoke(app, ["decompose", "--fixtures", str(vtrain.root), "--split", "test"])
     assert refused.exit_code != 0

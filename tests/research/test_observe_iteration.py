@@ -15,17 +15,6 @@ from tests.conftest import need_public_runs
 
 
 @pytest.fixture(scope="module")
-def vtrain(tmp_path_factory):
-    from hops_calib.store import FixtureStore
-    from hops_calib.store.ingest import ingest
-
-    table = need_public_runs("vtrain", "ground_truth_single.csv")
-    store = FixtureStore(tmp_path_factory.mktemp("vt") / "fx")
-    assert ingest([table], store, split="auto").ok
-    return store
-
-
-@pytest.fixture(scope="module")
 def observation(vtrain):
     from hops_calib.research.observe import observe
 
