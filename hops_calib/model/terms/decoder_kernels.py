@@ -82,9 +82,11 @@ class DecoderKernels(Term):
     a layer can go no faster than its kernel count times that, whatever its GPU work: the layer's floor (the
     simulator takes the longer of the two), the mechanism the fitted per-layer launch floor stands in for. With
     these the term replaces `decoder_roofline`, `attention_score_traffic`, `elementwise_traffic` and the per-layer
-    times and floors (`layer_launch_floor`, `layer_dispatch_floor`'s per-layer times; its per-task host step stays)
-    on the device types it is `enabled` for (`Term.supersedes`: `Model` drops their layer work there), and prices
-    nothing on the others, where those terms stand. Every parameter may take a value per device type; `use_tables`
+    floor (`layer_launch_floor`) on the device types it is `enabled` for (`Term.supersedes`: `Model` drops their
+    layer work there), and prices nothing on the others, where those terms stand. It does not replace
+    `layer_dispatch_floor`'s per-layer times: host time a layer spends on top of its GPU work, which no kernel's
+    price holds (the vTrain layers, cut out of their iterations by `hops-calib decompose`, take their kernels'
+    time plus 1.2-1.5 ms at every micro batch where the GPU bounds them; experiments/CAMPAIGN.md, session 19). Every parameter may take a value per device type; `use_tables`
     = 0 prices from the datasheet even where the machine has tables.
     """
 
@@ -95,7 +97,6 @@ class DecoderKernels(Term):
         "attention_score_traffic",
         "elementwise_traffic",
         "layer_launch_floor",
-        "layer_dispatch_floor",
     )
     params = (
         Param(
