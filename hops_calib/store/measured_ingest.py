@@ -152,6 +152,17 @@ def measurement_of(periods_ms: Any, intervals: Any) -> str:
     return json.dumps([[float(t) for t in periods_ms], [int(n) for n in intervals]])
 
 
+def reader_digest(kind: str) -> str:
+    """sha256 (16 hex) of the reader module of a published table (its mapping: what is stated, measured, assumed),
+    so that a table ingested under another mapping is read again though its bytes are the same; "" for the rest."""
+    from hops_calib.trace import dgxc, vtrain
+
+    module = {"vtrain": vtrain, "dgxc": dgxc}.get(kind)
+    if module is None or module.__file__ is None:
+        return ""
+    return hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()[:16]
+
+
 def source_hash(path: Path, mode: str) -> str:
     """sha256 of the source's bytes, the files beside it that it reads (sidecar, hops.base.yaml; a dgxc table's
     models.csv and settings.csv) and the mode."""
@@ -288,6 +299,8 @@ def ingest_measured(
     kind = source_kind(path)
     table_id = {"vtrain": "vtrain", "dgxc": DGXC_TABLE_ID}.get(kind, path.stem)
     mode = f"{kind} warmup={warmup} hardware={hardware.to_dict() if hardware else None}"
+    if reader := reader_digest(kind):  # a published table's mapping: read again when it changes
+        mode += f" reader={reader}"
     try:
         check_fixture_id(store.root, table_id, origin=str(path))
         if table_id in context.event_ids:
