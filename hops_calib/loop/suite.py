@@ -300,16 +300,13 @@ def memory_fraction(spec: Spec, model: Model, prediction: Any) -> float | None:
     """The predicted peak memory of the run's fullest GPU over its memory (`model.memory.stage_memory` under the
     prediction's schedule, each stage against its device's `memory_bytes`); None where a device states no memory
     or the memory model cannot price the launch."""
-    from hops_calib.model.memory import stage_memory
+    from hops_calib.model.memory import launch_memory, memory_fraction
 
-    capacities = [model.device(device).memory_bytes for device in spec.devices]
-    if not capacities or not all(c and c > 0 for c in capacities):
-        return None
     try:
-        stages = stage_memory(spec, capacities, prediction.result.peak_stage_activations)
-    except ValueError:
+        stages = launch_memory(spec, lambda t: model.device(t).memory_bytes, prediction.result.peak_stage_activations)
+    except (ValueError, TypeError):  # a launch the memory model cannot price
         return None
-    return max(stage.total_bytes / stage.device_bytes for stage in stages)
+    return memory_fraction(stages)
 
 
 def stall_series(suite: Suite) -> tuple[Any, ...]:

@@ -43,7 +43,7 @@ fits with it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -305,6 +305,23 @@ def stage_memory(
     if not fsdp.strategy(spec):
         return stages
     return tuple(_fsdp_stage(spec, stage) for stage in stages)
+
+
+def launch_memory(
+    spec: Spec, device_bytes_of: Callable[[str], Any], peak_stage_microbatches: Sequence[float]
+) -> tuple[StageMemory, ...]:
+    """Per stage, one GPU's peak memory (`stage_memory`), each stage's device memory `device_bytes_of(its device
+    type)` (a model's catalog: `lambda t: model.device(t).memory_bytes`): what predict, plan and the gate's memory
+    rule all read."""
+    return stage_memory(spec, [device_bytes_of(device) for device in spec.devices], peak_stage_microbatches)
+
+
+def memory_fraction(stages: Sequence[StageMemory]) -> float | None:
+    """The fullest GPU's peak over its memory (above 1 the launch does not fit); None where a device states no
+    memory."""
+    if not stages or not all(stage.device_bytes and stage.device_bytes > 0 for stage in stages):
+        return None
+    return max(stage.total_bytes / stage.device_bytes for stage in stages)
 
 
 def chunk_layers(spec: Spec, rank: int) -> tuple[int, ...]:

@@ -41,6 +41,9 @@ from hops_calib.model.kernel_types import Kernel
 from hops_calib.progress import QUIET, Progress
 from hops_calib.spec import Spec
 
+# A family whose measured runs depart from the form by more than this (%) is not read as layer and microbatch times:
+# about a real run's repeat-to-repeat spread (the cluster runs' 2.2 % mean is a bound on it from above).
+FORM_TOLERANCE_PCT = 1.0
 # The launch settings a family's runs may differ in: the form's variables, and what follows from them.
 VARIABLE_ARGS = frozenset({"num_layers", "global_batch_size", "data_parallel_size", "micro_batch_size", "world_size"})
 
@@ -89,6 +92,12 @@ class MicroBatchRow:
         return (self.predicted_layer_ms / self.layer_ms - 1.0) * 100.0 if self.layer_ms > 0 else math.nan
 
     @property
+    def physical(self) -> bool:
+        """Both fitted times non-negative: a negative one says the family's runs do not pin it (too few, or the form
+        does not hold there), not that the work takes negative time."""
+        return self.layer_ms >= 0 and self.microbatch_ms >= 0
+
+    @property
     def over_recompute_bound(self) -> float | None:
         """Measured layer time over its bound with recomputation: at or below 1, recomputation is impossible."""
         bound = self.bound_with_recompute_ms
@@ -98,6 +107,7 @@ class MicroBatchRow:
         out = asdict(self)
         out["layer_error_pct"] = self.layer_error_pct
         out["over_recompute_bound"] = self.over_recompute_bound
+        out["physical"] = self.physical
         return out
 
 
@@ -112,9 +122,15 @@ class Family:
     predicted_residual_max_pct: float
     rows: tuple[MicroBatchRow, ...]
 
+    @property
+    def form_holds(self) -> bool:
+        """The measured runs within FORM_TOLERANCE_PCT of the fitted form: its x and c mean what they say."""
+        return self.residual_max_pct <= FORM_TOLERANCE_PCT
+
     def to_dict(self) -> dict[str, object]:
         out = asdict(self)
         out["rows"] = [row.to_dict() for row in self.rows]
+        out["form_holds"] = self.form_holds
         return out
 
 
@@ -169,6 +185,19 @@ def family_label(spec: Spec) -> str:
     return f"{label} {'+'.join(sorted(set(spec.devices)))}"
 
 
+def why_not_identified(members: Sequence[Sample]) -> str:
+    """What a family lacks for the form: a second layer count for each d, a second microbatch count for each micro
+    batch (so that a(d) + b(d) L and m (c + x L) separate), or more runs than coefficients."""
+    lacking = []
+    for d in sorted({s.spec.dp for s in members}):
+        if len({s.spec.model.num_layers for s in members if s.spec.dp == d}) < 2:
+            lacking.append(f"one layer count at d {d}")
+    for mb in sorted({s.spec.model.micro_batch_size for s in members}):
+        if len({s.spec.microbatches for s in members if s.spec.model.micro_batch_size == mb}) < 2:
+            lacking.append(f"one microbatch count at micro batch {mb}")
+    return "; ".join(lacking) or "its layer counts, microbatch counts and d do not separate the coefficients"
+
+
 def _design(samples: Sequence[Sample]) -> tuple[np.ndarray, list[int], list[int]]:
     dps = sorted({s.spec.dp for s in samples})
     mbs = sorted({s.spec.model.micro_batch_size for s in samples})
@@ -204,7 +233,7 @@ def decompose(
         label = family_label(members[0].spec)
         design, dps, mbs = _design(members)
         if design.shape[0] <= design.shape[1] or np.linalg.matrix_rank(design) < design.shape[1]:
-            not_identified.append(f"{label} ({len(members)} runs)")
+            not_identified.append(f"{label} ({len(members)} runs: {why_not_identified(members)})")
             continue
         real, real_residual = _fit(design, np.array([s.real_ms for s in members]))
         predicted, predicted_residual = _fit(design, np.array([s.predicted_ms for s in members]))

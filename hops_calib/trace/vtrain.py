@@ -36,7 +36,7 @@ STATED: dict[str, Any] = {
 }
 # Stated, and contradicted by the measurements, which win: the configuration files say `use_checkpoint: true`
 # (Megatron-DeepSpeed's --checkpoint-activations: a recomputed forward in every backward), but the table's own
-# layer times rule it out. `hops-calib decompose` cuts its runs into T = a(d) + b(d) L + m (c + x L) (they fit it
+# layer times contradict it. `hops-calib decompose` cuts its runs into T = a(d) + b(d) L + m (c + x L) (they fit it
 # to within 0.04 %: composed from per-component timings), and at t 1, h 2048, micro batch 8 one layer's forward and
 # backward take x = 16.3 ms, where the same layer with a recomputed forward cannot take less than 15.5 ms on an
 # A100 (its kernels each at 312 TFLOP/s or 2,039 GB/s, no gap between them; 11.5 ms of it the GEMMs alone): a

@@ -23,7 +23,8 @@ from typing import Any
 from hops_calib.errors import InputError
 from hops_calib.model import Model
 from hops_calib.model.coverage import Coverage, Extrapolation, extrapolations
-from hops_calib.model.memory import StageMemory, stage_memory
+from hops_calib.model.memory import StageMemory
+from hops_calib.model.memory import launch_memory as memory_launch
 from hops_calib.model.predict import Prediction
 from hops_calib.model.terms.roofline import linear_gemm_precision
 from hops_calib.sim.theory import pipeline_schedule_bubble
@@ -201,10 +202,8 @@ def memory_headroom_bytes(memory: Sequence[StageMemory]) -> dict[str, float]:
 
 
 def launch_memory(spec: Spec, model: Model, prediction: Prediction) -> tuple[StageMemory, ...]:
-    """Per stage, one GPU's peak memory under `prediction`'s schedule (`model.memory.stage_memory`)."""
-    return stage_memory(
-        spec, [model.device(d).memory_bytes for d in spec.devices], prediction.result.peak_stage_activations
-    )
+    """Per stage, one GPU's peak memory under `prediction`'s schedule (`model.memory.launch_memory`)."""
+    return memory_launch(spec, lambda t: model.device(t).memory_bytes, prediction.result.peak_stage_activations)
 
 
 def pricing_inputs(spec: Spec) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hops_calib.cli.render.tables import text_table
-from hops_calib.research.decompose import Decomposition
+from hops_calib.research.decompose import FORM_TOLERANCE_PCT, Decomposition
 
 
 def _ms(value: float | None) -> str:
@@ -23,11 +23,17 @@ def decomposition_text(result: Decomposition) -> str:
             "",
             f"{family.label}: {family.runs} runs, {'recomputes' if family.recomputes else 'no recomputation'}; "
             f"measured runs depart from the form by at most {family.residual_max_pct:.3f} % (predicted "
-            f"{family.predicted_residual_max_pct:.3f} %)",
+            f"{family.predicted_residual_max_pct:.3f} %)"
+            + (
+                ""
+                if family.form_holds
+                else f": more than {FORM_TOLERANCE_PCT:g} %, so the form does not hold here "
+                "and its layer and microbatch times are not those of one layer and one microbatch"
+            ),
         ]
         rows = [
             [
-                str(row.micro_batch),
+                str(row.micro_batch) + ("" if row.physical else " !"),
                 str(row.runs),
                 f"{row.layer_ms:.2f}",
                 f"{row.predicted_layer_ms:.2f}",
@@ -58,10 +64,15 @@ def decomposition_text(result: Decomposition) -> str:
                 right=set(range(10)),
             )
         )
+    if any(not row.physical for family in result.families for row in family.rows):
+        out += ["", "!: a fitted time below zero: the family's runs of that micro batch do not pin it (read neither)"]
     if result.not_identified:
-        out += ["", "not identified (too few runs for the form): " + "; ".join(result.not_identified)]
+        out += ["", "not identified (the runs do not separate the form's terms): " + "; ".join(result.not_identified)]
     out += [
         "",
+        "layer, microbatch: fitted ms, measured and predicted; error %: predicted minus measured over measured, of a "
+        "time (negative: the model too fast; evaluate's throughput error has the other sign); aN in a family's name: "
+        "N attention heads. "
         "bound: the layer's kernels each at the datasheet's peak FLOP/s or bandwidth, no launch gap, collectives "
         "free (without / with a recomputed forward); a measured layer at or under bound+rc (layer/bound+rc <= 1) "
         "cannot have recomputed. A family whose measured runs fit the form to within hundredths of a percent was "
