@@ -298,6 +298,11 @@ def pricing_lines(inputs: Mapping[str, Any]) -> list[str]:
         + (
             ", ".join("yes" if same else "no" if same is not None else "?" for same in inputs["hops_within_a_node"])
             or "none (one stage)"
+        )
+        + (
+            " (?: the hardware names no nodes, so whether a hop stays on one is not known)"
+            if None in inputs["hops_within_a_node"]
+            else ""
         ),
     ]
 
