@@ -165,16 +165,31 @@ def gpt16_job(tmp_path_factory):
     return job
 
 
+def speeds_of(plan) -> list[float]:
+    return [round(o.samples_per_s, 6) for o in plan.best]
+
+
 def test_the_best_five_are_the_first_five_of_a_longer_list(model, gpt16_job):
-    """On the 16-A100 job the best five are the first five of the best twelve (a longer list keeps more settings
-    of the levers and ascends from each: it finds nothing faster than the fifth that the five lack), and the job's
+    """On the 16-A100 job the best five are the first five of the best twelve, ties aside (a longer list keeps more
+    settings of the levers and ascends from each: it finds nothing faster than the fifth that the five lack, but for
+    a launch tying one of them), and the job's
     own layout at its best (t 2 x p 4 with every other lever searched, --keep-levers) ranks where it should: in the
     five, or slower than all of them."""
     five = plan_job(gpt16_job, model, top=5)
     twelve = plan_job(gpt16_job, model, top=12)
     own_layout = plan_job(gpt16_job, model, top=1, levers=False).best[0]
     floor = five.best[-1].samples_per_s
-    assert [o.launch for o in twelve.best if o.samples_per_s >= floor] == [o.launch for o in five.best]
+    # every launch of the twelve faster than the fifth is one of the five, or ties one of them (t 1 x p 1 at micro
+    # batch 4, 8 and 16 price alike: which of a tie the shorter list keeps is its tie-break, not a launch it missed)
+    speeds = {round(o.samples_per_s, 6) for o in five.best}
+    faster = [o for o in twelve.best if o.samples_per_s > floor]
+    assert faster and all(o.launch in [f.launch for f in five.best] or round(o.samples_per_s, 6) in speeds
+                          for o in faster)
+    # and the twelve hold every one of the five's speeds at least as often (the longer list loses nothing)
+    from collections import Counter
+
+    held, listed = Counter(round(o.samples_per_s, 6) for o in twelve.best), Counter(speeds_of(five))
+    assert all(held[speed] >= n for speed, n in listed.items())
     assert own_layout.samples_per_s < floor or own_layout.launch in [o.launch for o in five.best]
     assert len({o.launch.levers for o in five.best}) > 1, "other recomputations rank as launches of their own"
 
