@@ -12,6 +12,7 @@ from hops_calib.model.memory import GB, StageMemory, capacity_words
 from hops_calib.model.predict import STALL_RANGE_LEVEL
 from hops_calib.model.terms.roofline import linear_gemm_precision
 from hops_calib.sim.theory import pipeline_schedule_bubble
+from hops_calib.spec.arguments import TRACE_FIRST_ITERATION
 from hops_calib.whatif.job import WhatIf, experts_of, model_rates, peak_dtype, pricing_inputs
 from hops_calib.whatif.plan import PEAK_UNIT
 
@@ -35,7 +36,8 @@ def what_if_text(result: WhatIf) -> str:
     lines = [
         f"{result.job_dir}: {spec.pp} stages{parallel}{moe} ({'-'.join(spec.devices)}), {spec.microbatches} "
         "microbatches x "
-        f"{spec.iterations} iterations, h={shape.hidden_size} s={shape.seq_length} layers={shape.num_layers} "
+        f"{spec.iterations} iterations (the launch's less the {TRACE_FIRST_ITERATION - 1} warm-up ones a trace "
+        f"skips), h={shape.hidden_size} s={shape.seq_length} layers={shape.num_layers} "
         f"({'-'.join(str(n) for n in spec.layers_per_stage)}), linear GEMMs in {linear_gemm_precision(spec).upper()}"
         f"; configured schedule {spec.schedule}"
         + (f" v={spec.vp}" if spec.vp > 1 else "")
