@@ -139,10 +139,12 @@ class Decomposition:
     families: tuple[Family, ...]
     not_identified: tuple[str, ...]  # families too small to separate the form's coefficients
     model_sha256: str = ""
+    iteration_runs: int = 0  # the runs measured at iteration level decomposed (runs with events are not)
 
     def to_dict(self) -> dict[str, object]:
         return {
             "model_sha256": self.model_sha256,
+            "iteration_runs": self.iteration_runs,
             "families": [family.to_dict() for family in self.families],
             "not_identified": list(self.not_identified),
         }
@@ -225,6 +227,7 @@ def decompose(
     """Every family of `samples` with the runs to identify its coefficients, decomposed; `bound(spec)` (a
     `LayerBound` or None) gives each row's layer bound."""
     families: dict[str, list[Sample]] = {}
+    samples = list(samples)
     for sample in samples:
         if sample.real_ms > 0 and sample.predicted_ms > 0:
             families.setdefault(family_key(sample.spec), []).append(sample)
@@ -266,7 +269,7 @@ def decompose(
             )
         )
     out.sort(key=lambda f: f.label)
-    return Decomposition(tuple(out), tuple(sorted(not_identified)), model_sha256)
+    return Decomposition(tuple(out), tuple(sorted(not_identified)), model_sha256, iteration_runs=len(samples))
 
 
 def decompose_store(

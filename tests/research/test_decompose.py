@@ -98,3 +98,12 @@ def test_the_vtrain_table_is_composed_and_its_layers_did_not_recompute(vtrain):
     assert "t4 p2 h2048 s1024 a16 a100 (27 runs: one microbatch count at micro batch 8)" in text.output
     refused = CliRunner().invoke(app, ["decompose", "--fixtures", str(vtrain.root), "--split", "test"])
     assert refused.exit_code != 0
+
+
+def test_a_store_of_runs_with_events_says_decompose_has_nothing_to_cut(repo_root):
+    """The shipped CPU captures carry events: nothing to decompose, and the text says where to look instead."""
+    out = CliRunner().invoke(app, ["decompose", "--fixtures", str(repo_root / "fixtures"), "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["iteration_runs"] == 0 and json.loads(out.output)["families"] == []
+    text = CliRunner().invoke(app, ["decompose", "--fixtures", str(repo_root / "fixtures")]).output
+    assert "no runs measured at iteration level" in text and "observe" in text

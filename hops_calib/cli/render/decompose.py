@@ -16,7 +16,12 @@ def decomposition_text(result: Decomposition) -> str:
         "and micro batch, T = a(d) + b(d) L + m (c + x L / p); x is one layer's forward and backward per microbatch "
         "(its recomputed forward where the launch recomputes), c a microbatch's work outside the layers; ms"
     ]
-    if not result.families:
+    if not result.iteration_runs:
+        out.append(
+            "the store's train split has no runs measured at iteration level (runs with events: `observe` compares "
+            "their stages and iteration parts directly)"
+        )
+    elif not result.families:
         out.append("no family of runs measured at iteration level has the runs to identify its terms")
     for family in result.families:
         out += [
