@@ -3,18 +3,21 @@ own times, measured against predicted.
 
 A table of measured runs often times one configuration at several layer counts, global batches and data-parallel
 sizes (vTrain's does). Within such a family (every launch setting alike but `num_layers`, `global_batch_size`,
-`data_parallel_size` and `micro_batch_size`), an iteration of m microbatches per pipeline and L layers is
+`data_parallel_size` and `micro_batch_size`), an iteration of m microbatches per pipeline, p stages and L layers is
+1F1B's
 
-    T = a(d) + b(d) L + m (c(mb) + x(mb) L)
+    T = a(d) + b(d) L + (m + p - 1) (c(mb) + x(mb) L / p)
 
-where x is one layer's forward and backward (with its recomputed forward where the launch recomputes) per
-microbatch over p (each of the p pipeline ranks runs L / p layers; the rows give x p, one layer's time), c the microbatch's work outside the layers (the batch fetch and embedding, the output layer and loss,
-the hops), and a, b the iteration's own work (the optimizer step, the gradient reduction, the host between
-iterations), which depend on d and L but not on the micro batch. Least squares over a family's runs gives every
-coefficient the runs identify; the same fit on the model's predictions of the same runs gives the model's, so a
-term's error is read where it lives (the layer, the microbatch, the iteration) rather than from iteration totals,
-where one term's error hides another's. Without a pipeline the form is exact for any model whose layers cost the
-same; with one it is 1F1B's (m + p - 1) stage times, linear too; the fit's residual says how well it holds.
+(a stage's m microbatches plus the p - 1 slots of the fill and drain, (p - 1) / v interleaved over v chunks, each a
+stage's time: its L / p layers and its work outside them), where x is one layer's forward and backward (with its
+recomputed forward where the launch recomputes) per microbatch, c the slowest stage's work per microbatch outside
+the layers (the batch fetch and embedding, the output layer and loss, the hops), and a, b the iteration's own work
+(the optimizer step, the gradient reduction, the host between iterations), which depend on d and L but not on the
+micro batch. Least squares over a family's runs gives every coefficient the runs identify; the same fit on the
+model's predictions of the same runs gives the model's, so a term's error is read where it lives (the layer, the
+microbatch, the iteration) rather than from iteration totals, where one term's error hides another's. The form is
+exact for any model whose layers cost the same and whose stages are balanced; the fit's residual says how well it
+holds (stages the embedding and the loss unbalance depart from it).
 
 Two readings follow from the measured side alone:
 - `residual_max_pct`: a source whose iterations fit the form to within microseconds was composed from per-component
@@ -189,7 +192,7 @@ def family_label(spec: Spec) -> str:
 
 def why_not_identified(members: Sequence[Sample]) -> str:
     """What a family lacks for the form: a second layer count for each d, a second microbatch count for each micro
-    batch (so that a(d) + b(d) L and m (c + x L) separate), or more runs than coefficients."""
+    batch (so that a(d) + b(d) L and (m + p - 1) (c + x L / p) separate), or more runs than coefficients."""
     lacking = []
     for d in sorted({s.spec.dp for s in members}):
         if len({s.spec.model.num_layers for s in members if s.spec.dp == d}) < 2:
@@ -206,11 +209,13 @@ def _design(samples: Sequence[Sample]) -> tuple[np.ndarray, list[int], list[int]
     rows = []
     for s in samples:
         d, mb, layers, m = s.spec.dp, s.spec.model.micro_batch_size, s.spec.model.num_layers, s.spec.microbatches
+        # 1F1B: a stage's m microbatches plus the p - 1 of the fill and drain (interleaved over v chunks: (p - 1) / v)
+        slots = m + (s.spec.pp - 1) / max(1, s.spec.vp)
         row = []
         for value in dps:
             row += [float(d == value), float(layers) * (d == value)]
         for value in mbs:
-            row += [float(m) * (mb == value), float(m * layers) * (mb == value)]
+            row += [float(slots) * (mb == value), float(slots * layers) * (mb == value)]
         rows.append(row)
     return np.array(rows, dtype=float), dps, mbs
 

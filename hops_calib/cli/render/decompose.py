@@ -13,7 +13,8 @@ def _ms(value: float | None) -> str:
 def decomposition_text(result: Decomposition) -> str:
     out = [
         f"decompose (model {result.model_sha256[:12]}): per family of runs alike but for layers L, global batch, d "
-        "and micro batch, T = a(d) + b(d) L + m (c + x L / p); x is one layer's forward and backward per microbatch "
+        "and micro batch, T = a(d) + b(d) L + (m + p - 1) (c + x L / p) (1F1B: m microbatches, p stages); x is one "
+        "layer's forward and backward per microbatch "
         "(its recomputed forward where the launch recomputes), c a microbatch's work outside the layers; ms"
     ]
     if not result.iteration_runs:
