@@ -300,13 +300,14 @@ def memory_fraction(spec: Spec, model: Model, prediction: Any) -> float | None:
     """The predicted peak memory of the run's fullest GPU over its memory (`model.memory.stage_memory` under the
     prediction's schedule, each stage against its device's `memory_bytes`); None where a device states no memory
     or the memory model cannot price the launch."""
-    from hops_calib.model.memory import launch_memory, memory_fraction
+    from hops_calib.model.memory import launch_memory_fraction
 
     try:
-        stages = launch_memory(spec, lambda t: model.device(t).memory_bytes, prediction.result.peak_stage_activations)
-    except (ValueError, TypeError):  # a launch the memory model cannot price
+        return launch_memory_fraction(
+            spec, lambda t: model.device(t).memory_bytes, prediction.result.peak_stage_activations
+        )
+    except ValueError:  # a launch the memory model cannot price
         return None
-    return memory_fraction(stages)
 
 
 def stall_series(suite: Suite) -> tuple[Any, ...]:

@@ -316,11 +316,15 @@ def launch_memory(
     return stage_memory(spec, [device_bytes_of(device) for device in spec.devices], peak_stage_microbatches)
 
 
-def memory_fraction(stages: Sequence[StageMemory]) -> float | None:
-    """The fullest GPU's peak over its memory (above 1 the launch does not fit); None where a device states no
-    memory."""
-    if not stages or not all(stage.device_bytes and stage.device_bytes > 0 for stage in stages):
+def launch_memory_fraction(
+    spec: Spec, device_bytes_of: Callable[[str], Any], peak_stage_microbatches: Sequence[float]
+) -> float | None:
+    """The fullest GPU's peak over its memory (`launch_memory`; above 1 the launch does not fit); None where a
+    device states no memory."""
+    capacities = [device_bytes_of(device) for device in spec.devices]
+    if not capacities or not all(c and c > 0 for c in capacities):
         return None
+    stages = stage_memory(spec, capacities, peak_stage_microbatches)
     return max(stage.total_bytes / stage.device_bytes for stage in stages)
 
 

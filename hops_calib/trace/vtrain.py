@@ -35,15 +35,15 @@ STATED: dict[str, Any] = {
     "num_layers_per_virtual_pipeline_stage": None,
 }
 # Stated, and contradicted by the measurements, which win: the configuration files say `use_checkpoint: true`
-# (Megatron-DeepSpeed's --checkpoint-activations: a recomputed forward in every backward), but the table's own
-# layer times contradict it. `hops-calib decompose` cuts its runs into T = a(d) + b(d) L + m (c + x L) (they fit it
-# to within 0.04 %: composed from per-component timings), and at t 1, h 2048, micro batch 8 one layer's forward and
-# backward take x = 16.3 ms, where the same layer with a recomputed forward cannot take less than 15.5 ms on an
-# A100 (its kernels each at 312 TFLOP/s or 2,039 GB/s, no gap between them; 11.5 ms of it the GEMMs alone): a
-# recomputing layer would have run at 95 % of the hardware's limits. Without recomputation the bound is 11.5 ms
-# and the layer runs at 70 % of it, what cuBLAS and memory-bound kernels reach. Nor is it flash attention with
-# recomputation: the h 2048 layer takes 2.04 x the h 1024 one (micro batch 8), where the GEMM-bound flash layer
-# would take about 3.5 x and the unfused one (its score traffic independent of h) 2.3 x. Recorded in
+# (Megatron-DeepSpeed's --checkpoint-activations: a recomputed forward in every backward), but the table's own layer
+# times contradict it. `hops-calib decompose` cuts its runs into T = a(d) + b(d) L + (m + p - 1) (c + x L / p) (they
+# fit it to within 0.04 % without a pipeline: composed from per-component timings), and at t 1, h 2048, micro batch 8
+# one layer's forward and backward take x = 16.3 ms, where the same layer with a recomputed forward cannot take less
+# than 15.5 ms on an A100 (its kernels each at 312 TFLOP/s or 2,039 GB/s, no gap between them; 11.5 ms of it the
+# GEMMs alone): a recomputing layer would have run at 95 % of the hardware's limits. Without recomputation the bound
+# is 11.5 ms, 70 % of the measured layer, what cuBLAS and memory-bound kernels reach. Nor is it flash attention with
+# recomputation: the h 2048 layer takes 2.04 x the h 1024 one (micro batch 8), where the GEMM-bound flash layer would
+# take about 3.5 x and the unfused one (its score traffic independent of h) 2.3 x. Recorded in
 # experiments/CAMPAIGN.md, session 19.
 MEASURED: dict[str, Any] = {
     "recompute_granularity": None,

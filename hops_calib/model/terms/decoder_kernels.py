@@ -86,8 +86,9 @@ class DecoderKernels(Term):
     layer work there), and prices nothing on the others, where those terms stand. It does not replace
     `layer_dispatch_floor`'s per-layer times: host time a layer spends on top of its GPU work, which no kernel's
     price holds (the vTrain layers, cut out of their iterations by `hops-calib decompose`, take their kernels'
-    time plus 1.2-1.5 ms at every micro batch where the GPU bounds them; experiments/CAMPAIGN.md, session 19). Every parameter may take a value per device type; `use_tables`
-    = 0 prices from the datasheet even where the machine has tables.
+    time plus 1.2-1.5 ms at every micro batch where the GPU bounds them; experiments/CAMPAIGN.md, session 19).
+    Every parameter may take a value per device type; `use_tables` = 0 prices from the datasheet even where the
+    machine has tables.
     """
 
     name = "decoder_kernels"
