@@ -26,6 +26,13 @@ Two readings follow from the measured side alone:
   at the datasheet's peak FLOP/s or bandwidth, with no launch gap and free collectives, is the least time that
   layer can take on that device; with and without the recomputed forward. A measured layer at or below the bound
   with recomputation disproves that the run recomputed.
+- `inversions`: a layer that takes less time with more work (its micro batch doubled in the same family, or its
+  hidden size larger in a family alike but for it) by more than FORM_TOLERANCE_PCT. The same kernels with more
+  FLOPs and bytes cannot take less time unless the work takes another path: Megatron's fused softmax falls back to
+  unfused kernels below its batch condition (`hops_calib.model.terms.attention.softmax_fallback`), cuBLAS picks its
+  kernel by shape. An inversion the model's predictions also show (`followed`) has such a mechanism in the model;
+  one they do not is the source's noise or a mechanism the model lacks, and whichever of its two cells is off, a
+  model without that mechanism errs on one of them by the gap. Read before a fit is asked to follow it.
 
 Pure: specs and iteration times in, families out (`decompose`); the caller scores the runs.
 """
@@ -138,11 +145,62 @@ class Family:
 
 
 @dataclass(frozen=True)
+class Cell:
+    """One family's row: a layer's measured time at one micro batch."""
+
+    family: str
+    micro_batch: int
+    runs: int
+    layer_ms: float
+    predicted_layer_ms: float
+
+
+@dataclass(frozen=True)
+class Inversion:
+    """A cell with more work (`more`) whose measured layer takes less time than one with less (`less`)."""
+
+    less: Cell
+    more: Cell
+    why: str  # what makes `more` more work: "micro batch 1 -> 2", "hidden 1024 -> 2048"
+
+    @property
+    def shortfall_pct(self) -> float:
+        """How much faster the cell with more work is, % of the other's time."""
+        return (1.0 - self.more.layer_ms / self.less.layer_ms) * 100.0
+
+    @property
+    def followed(self) -> bool:
+        """The model's predicted layers invert too: a mechanism of the model takes the cheaper path there."""
+        return self.more.predicted_layer_ms < self.less.predicted_layer_ms
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "less": asdict(self.less),
+            "more": asdict(self.more),
+            "why": self.why,
+            "shortfall_pct": self.shortfall_pct,
+            "followed": self.followed,
+        }
+
+
+@dataclass(frozen=True)
 class Decomposition:
     families: tuple[Family, ...]
     not_identified: tuple[str, ...]  # families too small to separate the form's coefficients
     model_sha256: str = ""
     iteration_runs: int = 0  # the runs measured at iteration level decomposed (runs with events are not)
+    inversions: tuple[Inversion, ...] = ()
+
+    def inverted_runs(self, followed: bool | None = None) -> int:
+        """The runs in a cell of an inversion (either side: the measurements alone do not say which is off); of those
+        the model follows (`followed` True) or does not (False), or of any (None)."""
+        cells = {
+            (c.family, c.micro_batch): c.runs
+            for i in self.inversions
+            if followed is None or i.followed == followed
+            for c in (i.less, i.more)
+        }
+        return sum(cells.values())
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -150,6 +208,9 @@ class Decomposition:
             "iteration_runs": self.iteration_runs,
             "families": [family.to_dict() for family in self.families],
             "not_identified": list(self.not_identified),
+            "inversions": [inversion.to_dict() for inversion in self.inversions],
+            "inverted_runs": self.inverted_runs(),
+            "inverted_runs_not_followed": self.inverted_runs(followed=False),
         }
 
 
@@ -201,6 +262,47 @@ def why_not_identified(members: Sequence[Sample]) -> str:
         if len({s.spec.microbatches for s in members if s.spec.model.micro_batch_size == mb}) < 2:
             lacking.append(f"one microbatch count at micro batch {mb}")
     return "; ".join(lacking) or "its layer counts, microbatch counts and d do not separate the coefficients"
+
+
+# The launch settings that make a family's layer wider: families alike but for these are compared at a micro batch.
+WIDTH_ARGS = frozenset({"hidden_size", "ffn_hidden_size", "kv_channels"})
+
+
+def sibling_key(spec: Spec) -> str:
+    """What families alike but for their width share: `family_key` without the hidden size and what follows it."""
+    args = {k: v for k, v in sorted(spec.megatron_args.items()) if k not in VARIABLE_ARGS | WIDTH_ARGS}
+    return repr((tuple(spec.devices), tuple(args.items())))
+
+
+def inversions(families: Sequence[tuple[Family, Spec]]) -> tuple[Inversion, ...]:
+    """Every pair of cells whose measured layer takes less time with more work, by more than FORM_TOLERANCE_PCT:
+    within a family a larger micro batch, across families alike but for width a larger hidden size at the same
+    micro batch. Only families whose form holds, and rows whose times are physical, are read."""
+    cells: list[tuple[Cell, Spec, int]] = []  # each physical row of a family whose form holds, with its family's index
+    for k, (family, spec) in enumerate(families):
+        if family.form_holds:
+            cells += [
+                (Cell(family.label, row.micro_batch, row.runs, row.layer_ms, row.predicted_layer_ms), spec, k)
+                for row in family.rows
+                if row.physical
+            ]
+    pairs: list[tuple[Cell, Cell, str]] = []
+    for cell, spec, k in cells:
+        for other, other_spec, other_k in cells:
+            if other_k == k and other.micro_batch > cell.micro_batch:
+                pairs.append((cell, other, f"micro batch {cell.micro_batch} -> {other.micro_batch}"))
+            elif (
+                other.micro_batch == cell.micro_batch
+                and other_spec.model.hidden_size > spec.model.hidden_size
+                and sibling_key(other_spec) == sibling_key(spec)
+            ):
+                pairs.append((cell, other, f"hidden {spec.model.hidden_size} -> {other_spec.model.hidden_size}"))
+    found = [
+        Inversion(less, more, why)
+        for less, more, why in pairs
+        if less.layer_ms > 0 and more.layer_ms < less.layer_ms * (1.0 - FORM_TOLERANCE_PCT / 100.0)
+    ]
+    return tuple(sorted(found, key=lambda i: (i.less.family, i.less.micro_batch, i.more.family, i.more.micro_batch)))
 
 
 def _design(samples: Sequence[Sample]) -> tuple[np.ndarray, list[int], list[int]]:
@@ -264,17 +366,26 @@ def decompose(
                 )
             )
         out.append(
-            Family(
-                label=label,
-                runs=len(members),
-                recomputes=members[0].spec.model.recompute_granularity == "full",
-                residual_max_pct=real_residual,
-                predicted_residual_max_pct=predicted_residual,
-                rows=tuple(rows),
+            (
+                Family(
+                    label=label,
+                    runs=len(members),
+                    recomputes=members[0].spec.model.recompute_granularity == "full",
+                    residual_max_pct=real_residual,
+                    predicted_residual_max_pct=predicted_residual,
+                    rows=tuple(rows),
+                ),
+                members[0].spec,
             )
         )
-    out.sort(key=lambda f: f.label)
-    return Decomposition(tuple(out), tuple(sorted(not_identified)), model_sha256, iteration_runs=len(samples))
+    out.sort(key=lambda pair: pair[0].label)
+    return Decomposition(
+        tuple(f for f, _ in out),
+        tuple(sorted(not_identified)),
+        model_sha256,
+        iteration_runs=len(samples),
+        inversions=inversions(out),
+    )
 
 
 def decompose_store(

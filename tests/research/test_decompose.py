@@ -71,6 +71,46 @@ def test_a_pipelined_closed_form_is_read_in_1f1b_slots():
         assert row.layer_ms == pytest.approx(X[row.micro_batch]) and row.microbatch_ms == pytest.approx(C[row.micro_batch])
 
 
+def test_a_layer_faster_with_more_work_is_an_inversion_and_says_whether_the_model_follows_it():
+    """Closed forms: at micro batch 2 the measured layer takes 10 % less than at 1 (an inversion); a model that
+    predicts the same inversion follows it, one whose layers grow with the micro batch does not. Across widths, an
+    h 2048 family whose layer is faster than the h 1024 one's at the same micro batch is an inversion too."""
+    inverted = {1: 3.0, 2: 2.7}
+
+    def form(s, x):
+        d, mb = s.dp, s.model.micro_batch_size
+        return A[d] + B[d] * s.model.num_layers + s.microbatches * (C[mb] + x[mb] * s.model.num_layers)
+
+    specs = [spec(layers, batch, micro, dp) for layers in (12, 16, 24) for batch in (8, 16, 32) for micro in (1, 2)
+             for dp in (1, 2)]
+    followed = decompose([Sample(s.run_id, s, form(s, inverted), 1.2 * form(s, inverted)) for s in specs])
+    (inversion,) = followed.inversions
+    assert (inversion.less.micro_batch, inversion.more.micro_batch) == (1, 2) and inversion.why == "micro batch 1 -> 2"
+    assert inversion.shortfall_pct == pytest.approx(10.0) and inversion.followed
+    assert followed.inverted_runs() == len(specs) and followed.inverted_runs(followed=False) == 0
+    not_followed = decompose([Sample(s.run_id, s, form(s, inverted), form(s, X)) for s in specs])
+    assert [i.followed for i in not_followed.inversions] == [False]
+    assert not_followed.inverted_runs(followed=False) == len(specs)
+    # monotone layers: none
+    assert decompose([Sample(s.run_id, s, form(s, X), form(s, X)) for s in specs]).inversions == ()
+
+    def wide(layers, batch, micro, dp):
+        return spec_from_args({**launch(layers, batch, micro, dp), "hidden_size": 2048}, "test",
+                              run_id=f"w_l{layers}_g{batch}_m{micro}_d{dp}", iterations=2,
+                              hardware=Hardware(gpu="a100", gpus_per_node=8))
+
+    narrow_x, wide_x = {1: 3.0, 2: 3.4}, {1: 2.5, 2: 3.6}
+    samples = [Sample(s.run_id, s, form(s, narrow_x), form(s, narrow_x)) for s in specs]
+    samples += [Sample(w.run_id, w, form(w, wide_x), form(w, wide_x))
+                for w in (wide(layers, batch, micro, dp) for layers in (12, 16, 24) for batch in (8, 16, 32)
+                          for micro in (1, 2) for dp in (1, 2))]
+    result = decompose(samples)
+    (across,) = result.inversions
+    assert across.why == "hidden 1024 -> 2048" and across.less.family.startswith("t2 p1 h1024")
+    assert across.more.family.startswith("t2 p1 h2048") and across.more.micro_batch == 1
+    assert across.shortfall_pct == pytest.approx(100 * (1 - 2.5 / 3.0))
+
+
 def test_a_family_too_small_for_the_form_is_named_not_fitted():
     specs = [spec(12, 8, 1, 1), spec(16, 8, 1, 1)]
     result = decompose([Sample(s.run_id, s, closed_form(s), closed_form(s)) for s in specs])
@@ -118,6 +158,23 @@ def test_the_vtrain_table_is_composed_and_its_layers_did_not_recompute(vtrain):
     assert text.exit_code == 0 and "t1 p1 h2048 s1024 a16 a100: 77 runs" in text.output
     assert "so the form does not hold here" in text.output
     assert "t4 p2 h2048 s1024 a16 a100 (27 runs: one microbatch count at micro batch 8)" in text.output
+    # inversions: each pair's cells are rows of the families above, the faster one with more work; the model
+    # follows those at t 8 micro batch 1 (b x heads / t = 2, not a multiple of 4: megatron-core's fused softmax
+    # falls back to unfused kernels, `softmax_fallback`), and none at t 1, where every layer is GPU- or host-bound
+    # alike
+    report = json.loads(out.output)
+    rows = {(f["label"], r["micro_batch"]): r["layer_ms"] for f in families.values() for r in f["rows"]}
+    assert report["inversions"]
+    for inversion in report["inversions"]:
+        less, more = inversion["less"], inversion["more"]
+        assert rows[(less["family"], less["micro_batch"])] == less["layer_ms"] > more["layer_ms"] * 1.01
+        assert rows[(more["family"], more["micro_batch"])] == more["layer_ms"]
+        assert more["micro_batch"] > less["micro_batch"] or inversion["why"].startswith("hidden")
+    followed = [i for i in report["inversions"] if i["followed"]]
+    assert followed and all(i["less"]["family"].startswith("t8 ") and i["less"]["micro_batch"] == 1 for i in followed)
+    assert not any(i["less"]["family"].startswith("t1 ") for i in report["inversions"])
+    assert 0 < report["inverted_runs_not_followed"] <= report["inverted_runs"] <= report["iteration_runs"]
+    assert "inversions:" in text.output and "the model does not follow" in text.output
     refused = CliRunner().invoke(app, ["decompose", "--fixtures", str(vtrain.root), "--split", "test"])
     assert refused.exit_code != 0
 

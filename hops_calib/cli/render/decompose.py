@@ -70,6 +70,33 @@ def decomposition_text(result: Decomposition) -> str:
                 right=set(range(10)),
             )
         )
+    if result.inversions:
+        out += [
+            "",
+            f"inversions: {len(result.inversions)} pairs of cells where the layer takes less time with more work "
+            f"(micro batch or hidden size larger, by more than {FORM_TOLERANCE_PCT:g} %); the same kernels cannot, "
+            "unless the work takes another path (the fused softmax's fallback, a cuBLAS kernel chosen by shape). "
+            "followed: the model's predicted layers invert there too. "
+            f"{result.inverted_runs(followed=False)} of the {result.iteration_runs} runs lie in a cell of an "
+            "inversion the model does not follow: the source's noise or a mechanism the model lacks, and a model "
+            "without one errs on one of its two cells by the gap",
+            text_table(
+                ["cell", "layer", "more work", "layer", "why", "faster %", "followed"],
+                [
+                    [
+                        f"{i.less.family} mb{i.less.micro_batch}",
+                        f"{i.less.layer_ms:.2f}",
+                        f"{i.more.family} mb{i.more.micro_batch}",
+                        f"{i.more.layer_ms:.2f}",
+                        i.why,
+                        f"{i.shortfall_pct:.1f}",
+                        "yes" if i.followed else "no",
+                    ]
+                    for i in result.inversions
+                ],
+                right={1, 3, 5},
+            ),
+        ]
     if any(not row.physical for family in result.families for row in family.rows):
         out += ["", "!: a fitted time below zero: the family's runs of that micro batch do not pin it (read neither)"]
     if result.not_identified:
