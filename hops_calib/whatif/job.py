@@ -180,10 +180,15 @@ def experts_of(spec: Spec) -> dict[str, int | None]:
 def peak_dtype(spec: Spec) -> str:
     """The precision MFU is counted against: fp8 where the launch's linear GEMMs run in FP8 (Transformer Engine's
     `--fp8-format`: `model.terms.roofline.fp8_linear_gemms`), as NVIDIA reports the MFU of its FP8 runs against the
-    FP8 peak (dgxc-benchmarking's READMEs: 1,979 TFLOP/s on an H100 SXM); else bf16."""
+    FP8 peak (dgxc-benchmarking's READMEs: 1,979 TFLOP/s on an H100 SXM); else the launch's own precision (bf16,
+    fp16; fp32 reads the TF32 peak where the device states one, as `DeviceSpec.peak_flops_per_s` does, and the one
+    peak the CPU host states, an FP32 FMA rate)."""
     from hops_calib.model.terms.roofline import fp8_linear_gemms
 
-    return "fp8" if fp8_linear_gemms(spec)[0] else "bf16"
+    if fp8_linear_gemms(spec)[0]:
+        return "fp8"
+    precision = spec.model.precision
+    return precision if precision in ("bf16", "fp16", "fp32") else "bf16"
 
 
 def peak_flops_per_s(spec: Spec, model: Model) -> float:

@@ -419,6 +419,10 @@ def test_a_3d_what_if_on_a_captures_copy(tmp_path):
     per_sample = 3 * (4 * (24 * 256 * 512 ** 2 + 4 * 256 ** 2 * 512) + 2 * 256 * 512 * gpt.padded_vocab(shape))
     assert first["model_tflops_per_gpu"] == pytest.approx(samples * per_sample / 8 / 1e12)
     assert first["mfu"] == pytest.approx(first["model_tflops_per_gpu"] * 1e12 / load_model().device("cpu").peak_bf16_flops_per_s)
+    # the capture runs in fp32: its MFU is said against the fp32 peak (the one peak the CPU host states), not bf16's
+    assert build_spec(job).model.precision == "fp32"
+    said = _cli("predict", "--job", job, "--model", model_file).stdout
+    assert "MFU % of fp32 peak" in said and "of bf16 peak" not in said
     # the capture's own `cores` (2, for its 2 ranks) no longer say how 8 ranks share the cores: refused, not priced
     stale = tmp_path / "stale"
     shutil.copytree(REPO / "traces" / RUN, stale, ignore=shutil.ignore_patterns("megatron_trace"))
