@@ -48,6 +48,32 @@ def test_ring_formula_gives_one_links_send_time_and_the_tables_agree_on_the_link
     assert eight.measured_ms(size) < tables[8].measured_ms(size)
 
 
+def test_beyond_a_tables_largest_size_the_time_grows_at_its_last_doublings_rate(allreduce_dir):
+    """A data-parallel all-reduce of a model's gradients without buckets (vTrain: 1.2-2.4 GB) is larger than the
+    tables' 1 GiB. Beyond it the time grows at the rate of the table's last doubling (512 MiB to 1 GiB), read from
+    the table itself: not at its last MiB's, whose two medians differ by their noise (18 us on 4 GPUs, a 58 GB/s
+    "rate" where the table runs at 150)."""
+    from hops_calib.trace.link_bench import interpolate_ms
+
+    tables = {t.gpus: t for t in read_collective_tables(allreduce_dir)}
+    for gpus, table in tables.items():
+        (big, big_ms) = table.points[-1]
+        half, half_ms = max(p for p in table.points if p[0] <= big / 2)
+        rate = (big_ms - half_ms) / (big - half)
+        for nbytes in (1.2e9, 2.4e9, 8 * big):
+            assert table.measured_ms(nbytes) == pytest.approx(big_ms + rate * (nbytes - big))
+        # bandwidth-bound: twice the largest size takes about twice its time (within the latency the doubling drops)
+        assert table.measured_ms(2 * big) == pytest.approx(2 * big_ms, rel=0.05)
+    # so more GPUs in a node's ring never reduce the same large buffer faster, as within the tables
+    for nbytes in (2.0**29, 2.4e9, 4.8e9):
+        times = [tables[g].measured_ms(nbytes) for g in sorted(tables)]
+        assert times == sorted(times)
+    # a closed form: a noisy last segment does not set the slope; a table of two points extrapolates along them
+    noisy = ((1.0, 1.0), (512.0, 512.0), (1023.0, 1023.0), (1024.0, 1030.0))
+    assert interpolate_ms(noisy, 2048.0) == pytest.approx(1030.0 + (1030.0 - 512.0) / 512.0 * 1024.0)
+    assert interpolate_ms(((10.0, 2.0), (20.0, 3.0)), 40.0) == pytest.approx(5.0)
+
+
 @pytest.mark.parametrize("edit,line,field", [
     (lambda lines: lines.__setitem__(3, lines[3].replace(lines[3].split(",")[5], "fast")), 4, "time(ns) (in-place)"),
     (lambda lines: lines.__setitem__(0, "size,count"), 1, "header"),
