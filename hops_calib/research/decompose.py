@@ -30,9 +30,10 @@ Two readings follow from the measured side alone:
   hidden size larger in a family alike but for it) by more than FORM_TOLERANCE_PCT. The same kernels with more
   FLOPs and bytes cannot take less time unless the work takes another path: Megatron's fused softmax falls back to
   unfused kernels below its batch condition (`hops_calib.model.terms.attention.softmax_fallback`), cuBLAS picks its
-  kernel by shape. An inversion the model's predictions also show (`followed`) has such a mechanism in the model;
-  one they do not is the source's noise or a mechanism the model lacks, and whichever of its two cells is off, a
-  model without that mechanism errs on one of them by the gap. Read before a fit is asked to follow it.
+  kernel by shape. An inversion the model's predicted layers show too, by more than the same tolerance
+  (`followed`), has such a mechanism in the model. One they do not show is the source's noise or a mechanism the
+  model lacks; whichever of its two cells is off, a model without that mechanism errs on one of them by about the
+  gap. Read before a fit is asked to follow it.
 
 Pure: specs and iteration times in, families out (`decompose`); the caller scores the runs.
 """
@@ -161,7 +162,7 @@ class Inversion:
 
     less: Cell
     more: Cell
-    why: str  # what makes `more` more work: "micro batch 1 -> 2", "hidden 1024 -> 2048"
+    why: str  # what grows from `less` to `more`: "micro batch 1 -> 2", "hidden 1024 -> 2048"
 
     @property
     def shortfall_pct(self) -> float:
@@ -169,9 +170,16 @@ class Inversion:
         return (1.0 - self.more.layer_ms / self.less.layer_ms) * 100.0
 
     @property
+    def predicted_shortfall_pct(self) -> float:
+        """How much faster the model predicts the cell with more work, % of the other's predicted time (negative:
+        slower, as the work would have it)."""
+        return (1.0 - self.more.predicted_layer_ms / self.less.predicted_layer_ms) * 100.0
+
+    @property
     def followed(self) -> bool:
-        """The model's predicted layers invert too: a mechanism of the model takes the cheaper path there."""
-        return self.more.predicted_layer_ms < self.less.predicted_layer_ms
+        """The model's predicted layers invert too, by more than FORM_TOLERANCE_PCT: a mechanism of the model takes
+        the cheaper path there."""
+        return self.predicted_shortfall_pct > FORM_TOLERANCE_PCT
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -179,6 +187,7 @@ class Inversion:
             "more": asdict(self.more),
             "why": self.why,
             "shortfall_pct": self.shortfall_pct,
+            "predicted_shortfall_pct": self.predicted_shortfall_pct,
             "followed": self.followed,
         }
 
@@ -193,7 +202,8 @@ class Decomposition:
 
     def inverted_runs(self, followed: bool | None = None) -> int:
         """The runs in a cell of an inversion (either side: the measurements alone do not say which is off); of those
-        the model follows (`followed` True) or does not (False), or of any (None)."""
+        the model follows (`followed` True) or does not (False), or of any (None). A cell in inversions of both kinds
+        counts under each."""
         cells = {
             (c.family, c.micro_batch): c.runs
             for i in self.inversions

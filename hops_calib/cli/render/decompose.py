@@ -73,15 +73,17 @@ def decomposition_text(result: Decomposition) -> str:
     if result.inversions:
         out += [
             "",
-            f"inversions: {len(result.inversions)} pairs of cells where the layer takes less time with more work "
-            f"(micro batch or hidden size larger, by more than {FORM_TOLERANCE_PCT:g} %); the same kernels cannot, "
-            "unless the work takes another path (the fused softmax's fallback, a cuBLAS kernel chosen by shape). "
-            "followed: the model's predicted layers invert there too. "
-            f"{result.inverted_runs(followed=False)} of the {result.iteration_runs} runs lie in a cell of an "
-            "inversion the model does not follow: the source's noise or a mechanism the model lacks, and a model "
-            "without one errs on one of its two cells by the gap",
+            f"inversions: {len(result.inversions)} pairs of cells where the measured layer takes more than "
+            f"{FORM_TOLERANCE_PCT:g} % less time with more work (a larger micro batch, or a larger hidden size at the "
+            "same micro batch). The same kernels with more FLOPs and bytes cannot, unless the work takes another "
+            "path (the fused softmax's fallback, a cuBLAS kernel chosen by shape). followed: the model's predicted "
+            f"layers invert there too, by more than {FORM_TOLERANCE_PCT:g} %: it has such a path. "
+            f"{result.inverted_runs()} of the {result.iteration_runs} runs lie in a cell of an inversion, "
+            f"{result.inverted_runs(followed=False)} in a cell of one the model does not follow (a cell in both "
+            "kinds counts in both): there the source is noisy or the model lacks a mechanism, and a model without "
+            "one errs on one cell of the pair by about the gap",
             text_table(
-                ["cell", "layer", "more work", "layer", "why", "faster %", "followed"],
+                ["less work", "layer ms", "more work", "layer ms", "what grows", "faster %", "model %", "followed"],
                 [
                     [
                         f"{i.less.family} mb{i.less.micro_batch}",
@@ -90,12 +92,15 @@ def decomposition_text(result: Decomposition) -> str:
                         f"{i.more.layer_ms:.2f}",
                         i.why,
                         f"{i.shortfall_pct:.1f}",
+                        f"{i.predicted_shortfall_pct:+.1f}",
                         "yes" if i.followed else "no",
                     ]
                     for i in result.inversions
                 ],
-                right={1, 3, 5},
+                right={1, 3, 5, 6},
             ),
+            "faster %: how much less time the cell with more work takes, measured; model %: the same of the "
+            "predicted layers (negative: the model has it slower, as the work would)",
         ]
     if any(not row.physical for family in result.families for row in family.rows):
         out += ["", "!: a fitted time below zero: the family's runs of that micro batch do not pin it (read neither)"]
