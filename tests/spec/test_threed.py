@@ -430,7 +430,9 @@ def test_a_3d_what_if_on_a_captures_copy(tmp_path):
     refused = _cli("predict", "--job", stale, "--model", model_file)
     assert refused.exit_code == 2 and "manifest.yaml: field 'cores'" in refused.stderr and "8 ranks" in refused.stderr
     text_out = _cli("predict", "--job", job, "--model", model_file).stdout
-    assert "tp 2 x dp 2 = 8 GPUs" in text_out and "TP comm" in text_out and "peak memory per GPU" in text_out
+    # a CPU capture's ranks are processes on a host: ranks and host memory, not GPUs
+    assert "tp 2 x dp 2 = 8 ranks" in text_out and "TP comm" in text_out and "peak memory per rank" in text_out
+    assert "the host's memory" in text_out and "CUDA context" not in text_out
     # a shape that cannot fit the device is flagged, in JSON and text
     args.write_text(args.read_text().replace("--hidden-size 512", "--hidden-size 16384").replace(
         "--ffn-hidden-size 2048", "--ffn-hidden-size 65536"))

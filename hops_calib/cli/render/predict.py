@@ -21,7 +21,9 @@ def what_if_text(result: WhatIf) -> str:
     spec, model = result.spec, result.model
     shape = spec.model
     parallel = (
-        f" x tp {spec.tp}" + (f" x cp {spec.cp}" if spec.cp > 1 else "") + f" x dp {spec.dp} = {spec.gpus} GPUs"
+        f" x tp {spec.tp}"
+        + (f" x cp {spec.cp}" if spec.cp > 1 else "")
+        + f" x dp {spec.dp} = {spec.gpus} {'ranks' if host_only(spec.devices) else 'GPUs'}"
         if spec.gpus > spec.pp
         else ""
     )
@@ -124,11 +126,17 @@ def what_if_text(result: WhatIf) -> str:
             "wall time, failures in closed form, random stragglers over the draws, with the 95 % interval "
             "of that Monte-Carlo mean)"
         )
-    lines.append(
-        f"(throughput: microbatches per second, {shape.micro_batch_size} sample(s) each; "
+    stall_words = (
         f"+-: the mean |error| random TCP retransmission stalls alone would give a real run; range: the "
         f"throughput at least {100 * STALL_RANGE_LEVEL:.0f} % of real runs would show from them alone, whole "
-        "stall counts, and the share it really holds; idle share: the simulated timeline's idle share, HOPS's "
+        "stall counts, and the share it really holds; "
+        if any(p.stall_noise_ape_pct != 0.0 for p in result.predictions)
+        else ""  # the stall rows are printed only where a prediction prices a random stall
+    )
+    lines.append(
+        f"(throughput: microbatches per second, {shape.micro_batch_size} sample(s) each; "
+        + stall_words
+        + "idle share: the simulated timeline's idle share, HOPS's "
         "bubble, what a trace of the run would measure (the silent stretch before the optimizer included); "
         "schedule bubble: the schedule's own closed form on balanced stages (the launch's mean stage costs): "
         "(p-1)/(v m+p-1) for 1F1B, GPipe and interleaved 1F1B, less for ZB-H1 (its weight gradients fill "
@@ -197,15 +205,22 @@ _PARTS = (
 )
 
 
+def host_only(devices: Sequence[str]) -> bool:
+    """Every device a CPU host's (the catalog's `cpu`: a capture's ranks are processes on its cores), so the words
+    are ranks and host memory, not GPUs, CUDA contexts and NCCL buffers."""
+    return bool(devices) and all(device == "cpu" for device in devices)
+
+
 def _breakdown_lines(result: WhatIf) -> list[str]:
     return breakdown_lines(result.breakdown, result.memory)
 
 
 def breakdown_lines(breakdown: Sequence[Mapping[str, float]], memory: Sequence[StageMemory]) -> list[str]:
     """Per stage: one GPU's work of an iteration by kind, and its peak memory against the device's."""
+    unit = "rank" if host_only([stage.device for stage in memory]) else "GPU"
     lines = [
         "",
-        "per stage, one GPU, ms of one iteration by kind (work summed over its tasks, not the critical path; "
+        f"per stage, one {unit}, ms of one iteration by kind (work summed over its tasks, not the critical path; "
         "of it recomp: the part of compute the recomputed forward adds; "
         "EP comm: the MoE token dispatcher's collectives over the expert groups; CP comm: what context "
         "parallelism's KV exchanges add beyond the attention steps they hide under (context_parallel_comm; 0 without it); "
@@ -221,9 +236,15 @@ def breakdown_lines(breakdown: Sequence[Mapping[str, float]], memory: Sequence[S
 def memory_lines(memory: Sequence[StageMemory]) -> list[str]:
     """Per stage, one GPU's peak memory by what holds it against its device's, in GB; each device's capacity also
     in GiB; the stages that would not fit, and those that fit with less left than `plan --job`'s default headroom."""
+    host = host_only([stage.device for stage in memory])
     lines = [
-        "peak memory per GPU, GB (weights, gradients, optimizer state, activations at the schedule's "
-        "peak; CUDA context, NCCL buffers and fragmentation not counted):",
+        f"peak memory per {'rank' if host else 'GPU'}, GB (weights, gradients, optimizer state, activations at the "
+        "schedule's peak; "
+        + (
+            "the process's own allocator and fragmentation not counted):"
+            if host
+            else "CUDA context, NCCL buffers and fragmentation not counted):"
+        ),
         f"{'stage':>5}{'weights':>10}{'grads':>10}{'optim':>10}{'activ':>10}{'total':>10}{'device':>10}",
     ]
     for stage in memory:
@@ -235,7 +256,7 @@ def memory_lines(memory: Sequence[StageMemory]) -> list[str]:
     capacities = {(stage.device, stage.device_bytes): None for stage in memory if stage.device_bytes}
     if capacities:
         lines.append(
-            "(device: the GPU's memory, "
+            f"(device: {'the host' if host else 'the GPU'}'s memory, "
             + "; ".join(f"{device} {capacity_words(nbytes)}" for device, nbytes in capacities)
             + "; GB: 10^9 bytes; GiB: 2^30 bytes)"
         )
