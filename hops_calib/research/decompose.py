@@ -55,6 +55,9 @@ from hops_calib.spec import Spec
 # A family whose measured runs depart from the form by more than this (%) is not read as layer and microbatch times:
 # about a real run's repeat-to-repeat spread (the cluster runs' 2.2 % mean is a bound on it from above).
 FORM_TOLERANCE_PCT = 1.0
+# Where an iteration's error lives, in the form's terms: the layers' (m + p - 1) x L / p, the microbatch's (m + p - 1)
+# c, the iteration's own a(d) + b(d) L, and what the form does not hold (both fits' residuals).
+PARTS = ("layers", "microbatch", "iteration", "outside the form")
 # The launch settings a family's runs may differ in: the form's variables, and what follows from them.
 VARIABLE_ARGS = frozenset({"num_layers", "global_batch_size", "data_parallel_size", "micro_batch_size", "world_size"})
 
@@ -132,6 +135,9 @@ class Family:
     residual_max_pct: float  # the measured iterations' largest departure from the fitted form
     predicted_residual_max_pct: float
     rows: tuple[MicroBatchRow, ...]
+    # the model's iteration-time error where it lives: PARTS -> the mean over the family's runs of that part's
+    # predicted minus measured time, % of the measured iteration (negative: too fast there)
+    error_by_part: tuple[tuple[str, float], ...] = ()
 
     @property
     def form_holds(self) -> bool:
@@ -142,6 +148,7 @@ class Family:
         out = asdict(self)
         out["rows"] = [row.to_dict() for row in self.rows]
         out["form_holds"] = self.form_holds
+        out["error_by_part"] = dict(self.error_by_part)
         return out
 
 
@@ -212,10 +219,21 @@ class Decomposition:
         }
         return sum(cells.values())
 
+    def error_by_part(self) -> dict[str, float]:
+        """Over every decomposed run (runs-weighted across families), the mean of each part's predicted minus
+        measured time, % of the measured iteration: which part the model over- or under-prices, and how much one
+        part's error offsets another's."""
+        runs = sum(f.runs for f in self.families)
+        return {
+            part: sum(f.runs * dict(f.error_by_part).get(part, 0.0) for f in self.families) / runs if runs else 0.0
+            for part in PARTS
+        }
+
     def to_dict(self) -> dict[str, object]:
         return {
             "model_sha256": self.model_sha256,
             "iteration_runs": self.iteration_runs,
+            "error_by_part": self.error_by_part(),
             "families": [family.to_dict() for family in self.families],
             "not_identified": list(self.not_identified),
             "inversions": [inversion.to_dict() for inversion in self.inversions],
@@ -355,8 +373,20 @@ def decompose(
         if design.shape[0] <= design.shape[1] or np.linalg.matrix_rank(design) < design.shape[1]:
             not_identified.append(f"{label} ({len(members)} runs: {why_not_identified(members)})")
             continue
-        real, real_residual = _fit(design, np.array([s.real_ms for s in members]))
+        measured = np.array([s.real_ms for s in members])
+        real, real_residual = _fit(design, measured)
         predicted, predicted_residual = _fit(design, np.array([s.predicted_ms for s in members]))
+        # each run's error cut by the form's columns: per d (a, b L), per micro batch (slots c, slots L / p x)
+        delta = design * (predicted - real)
+        iteration_cols = np.arange(2 * len(dps))
+        parts = {
+            "layers": delta[:, 2 * len(dps) + 1 :: 2].sum(axis=1),
+            "microbatch": delta[:, 2 * len(dps) :: 2].sum(axis=1),
+            "iteration": delta[:, iteration_cols].sum(axis=1),
+        }
+        total = np.array([s.predicted_ms for s in members]) - measured
+        parts["outside the form"] = total - sum(parts.values())
+        error_by_part = tuple((part, float(np.mean(parts[part] / measured)) * 100.0) for part in PARTS)
         rows = []
         for i, mb in enumerate(mbs):
             j = 2 * len(dps) + 2 * i
@@ -384,6 +414,7 @@ def decompose(
                     residual_max_pct=real_residual,
                     predicted_residual_max_pct=predicted_residual,
                     rows=tuple(rows),
+                    error_by_part=error_by_part,
                 ),
                 members[0].spec,
             )

@@ -51,6 +51,27 @@ def test_decompose_recovers_the_coefficients_of_a_closed_form():
         assert row.layer_error_pct == pytest.approx(10.0)
 
 
+def test_the_error_is_cut_into_the_part_that_carries_it():
+    """A model wrong only in its layer time (x 10 % slow) carries its whole error in the layers' part; one 10 % slow
+    everywhere splits it by each part's share of the time, and the parts add up to the mean error."""
+    specs = [spec(layers, batch, micro, dp) for layers in (12, 16, 24) for batch in (8, 16, 32) for micro in (1, 2)
+             for dp in (1, 2)]
+    slow_layers = {mb: 1.1 * x for mb, x in X.items()}
+
+    def form(s, x):
+        d, mb = s.dp, s.model.micro_batch_size
+        return A[d] + B[d] * s.model.num_layers + s.microbatches * (C[mb] + x[mb] * s.model.num_layers)
+
+    layers_only = decompose([Sample(s.run_id, s, form(s, X), form(s, slow_layers)) for s in specs]).error_by_part()
+    share = [s.microbatches * X[s.model.micro_batch_size] * s.model.num_layers / form(s, X) for s in specs]
+    assert layers_only["layers"] == pytest.approx(10.0 * sum(share) / len(share))
+    assert layers_only["microbatch"] == pytest.approx(0.0, abs=1e-9) and layers_only["iteration"] == pytest.approx(0.0, abs=1e-9)
+    everywhere = decompose([Sample(s.run_id, s, form(s, X), 1.1 * form(s, X)) for s in specs]).error_by_part()
+    assert sum(everywhere.values()) == pytest.approx(10.0)
+    assert everywhere["layers"] == pytest.approx(layers_only["layers"])
+    assert 0 < everywhere["iteration"] < everywhere["microbatch"] < everywhere["layers"]
+
+
 def test_a_pipelined_closed_form_is_read_in_1f1b_slots():
     """With p stages a 1F1B iteration is a(d) + b(d) L + (m + p - 1) (c + x L / p): the fill and drain are p - 1
     more slots of the same stage time, so x (one layer's time) reads the same at any p."""
@@ -175,6 +196,11 @@ def test_the_vtrain_table_is_composed_and_its_layers_did_not_recompute(vtrain):
     assert not any(i["less"]["family"].startswith("t1 ") for i in report["inversions"])
     assert 0 < report["inverted_runs_not_followed"] <= report["inverted_runs"] <= report["iteration_runs"]
     assert "inversions:" in text.output and "the model does not follow" in text.output
+    # where the error lives: the four parts, and the text's total is their sum
+    parts = report["error_by_part"]
+    assert set(parts) == {"layers", "microbatch", "iteration", "outside the form"}
+    assert f"together {sum(parts.values()):+.1f} %" in text.output
+    assert abs(parts["outside the form"]) < 0.5  # least squares: what the form misses averages out per d
     refused = CliRunner().invoke(app, ["decompose", "--fixtures", str(vtrain.root), "--split", "test"])
     assert refused.exit_code != 0
 

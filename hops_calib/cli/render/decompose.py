@@ -24,6 +24,15 @@ def decomposition_text(result: Decomposition) -> str:
         )
     elif not result.families:
         out.append("no family of runs measured at iteration level has the runs to identify its terms")
+    else:
+        parts = result.error_by_part()
+        out.append(
+            "the model's iteration-time error by part, over the "
+            f"{sum(f.runs for f in result.families)} decomposed runs (mean of predicted minus measured, % of the "
+            "measured iteration; negative: too fast there): "
+            + ", ".join(f"{part} {value:+.1f} %" for part, value in parts.items())
+            + f"; together {sum(parts.values()):+.1f} %"
+        )
     for family in result.families:
         out += [
             "",
