@@ -138,6 +138,8 @@ class Family:
     # the model's iteration-time error where it lives: PARTS -> the mean over the family's runs of that part's
     # predicted minus measured time, % of the measured iteration (negative: too fast there)
     error_by_part: tuple[tuple[str, float], ...] = ()
+    # the mean |outside the form| part, %: least squares makes its signed mean about 0 in every family
+    outside_form_abs_pct: float = 0.0
 
     @property
     def form_holds(self) -> bool:
@@ -229,11 +231,23 @@ class Decomposition:
             for part in PARTS
         }
 
+    @property
+    def decomposed_runs(self) -> int:
+        """The runs of the families decomposed (those of families not identified are not)."""
+        return sum(f.runs for f in self.families)
+
+    def outside_form_abs_pct(self) -> float:
+        """Runs-weighted over the families, the mean |outside the form| part, % of the measured iteration."""
+        runs = self.decomposed_runs
+        return sum(f.runs * f.outside_form_abs_pct for f in self.families) / runs if runs else 0.0
+
     def to_dict(self) -> dict[str, object]:
         return {
             "model_sha256": self.model_sha256,
             "iteration_runs": self.iteration_runs,
+            "decomposed_runs": self.decomposed_runs,
             "error_by_part": self.error_by_part(),
+            "outside_form_abs_pct": self.outside_form_abs_pct(),
             "families": [family.to_dict() for family in self.families],
             "not_identified": list(self.not_identified),
             "inversions": [inversion.to_dict() for inversion in self.inversions],
@@ -387,6 +401,7 @@ def decompose(
         total = np.array([s.predicted_ms for s in members]) - measured
         parts["outside the form"] = total - sum(parts.values())
         error_by_part = tuple((part, float(np.mean(parts[part] / measured)) * 100.0) for part in PARTS)
+        outside_abs = float(np.mean(np.abs(parts["outside the form"]) / measured)) * 100.0
         rows = []
         for i, mb in enumerate(mbs):
             j = 2 * len(dps) + 2 * i
@@ -415,6 +430,7 @@ def decompose(
                     predicted_residual_max_pct=predicted_residual,
                     rows=tuple(rows),
                     error_by_part=error_by_part,
+                    outside_form_abs_pct=outside_abs,
                 ),
                 members[0].spec,
             )

@@ -201,6 +201,9 @@ def test_the_vtrain_table_is_composed_and_its_layers_did_not_recompute(vtrain):
     assert set(parts) == {"layers", "microbatch", "iteration", "outside the form"}
     assert f"together {sum(parts.values()):+.1f} %" in text.output
     assert abs(parts["outside the form"]) < 0.5  # least squares: what the form misses averages out per d
+    assert report["decomposed_runs"] == sum(f["runs"] for f in report["families"]) < report["iteration_runs"]
+    assert report["outside_form_abs_pct"] >= abs(parts["outside the form"])
+    assert f"over the {report['decomposed_runs']} decomposed runs" in text.output
     refused = CliRunner().invoke(app, ["decompose", "--fixtures", str(vtrain.root), "--split", "test"])
     assert refused.exit_code != 0
 

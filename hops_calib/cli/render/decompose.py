@@ -27,11 +27,11 @@ def decomposition_text(result: Decomposition) -> str:
     else:
         parts = result.error_by_part()
         out.append(
-            "the model's iteration-time error by part, over the "
-            f"{sum(f.runs for f in result.families)} decomposed runs (mean of predicted minus measured, % of the "
-            "measured iteration; negative: too fast there): "
-            + ", ".join(f"{part} {value:+.1f} %" for part, value in parts.items())
-            + f"; together {sum(parts.values()):+.1f} %"
+            f"the model's iteration-time error by part, over the {result.decomposed_runs} decomposed runs (mean of "
+            "predicted minus measured, % of the measured iteration; negative: too fast there): "
+            + ", ".join(f"{part} {parts[part]:+.1f} %" for part in ("layers", "microbatch", "iteration"))
+            + f"; together {sum(parts.values()):+.1f} %; what the form misses averages out, "
+            f"{result.outside_form_abs_pct():.1f} % of a run in absolute value"
         )
     for family in result.families:
         out += [
