@@ -4,6 +4,7 @@ suite's aggregates, the runs left out, Megatron's timers; and the ledger a verb 
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,13 @@ def print_runs(runs) -> None:
             f"{r.run_id:{width}}  {pct(r.throughput_error_pct):>10} {pct(r.steady_throughput_error_pct):>12} "
             f"{pct(r.bubble_error_pp):>13} {num(r.util_spearman_rho):>6}"
             + (f" {pct(r.stall_free_error_pct) if r.stall_free_error_pct is not None else '-':>16}" if free else "")
+        )
+    signed = [r.throughput_error_pct for r in runs if math.isfinite(r.throughput_error_pct)]
+    if signed:
+        # the bias, which the suite's MAPE and median APE do not show
+        print(
+            f"median signed throughput error {statistics.median(signed):+.2f} % over {len(signed)} runs (positive: "
+            "predicted too fast; the suite's median below is of the absolute error)"
         )
 
 

@@ -94,6 +94,11 @@ def test_evaluate_scores_every_train_fixture_and_only_those(shared_fixtures, sha
     assert data["tolerances"]["run_throughput_pp"] == 2.0
     text = cli("evaluate", "--fixtures", shared_fixtures)
     assert text.exit_code == 0 and "throughput MAPE" in text.stdout and train[0] in text.stdout
+    # the bias beside it: the median of the signed per-run errors the JSON gives
+    import statistics
+
+    median = statistics.median(r["throughput_error_pct"] for r in data["runs"])
+    assert f"median signed throughput error {median:+.2f} % over {len(train)} runs" in text.stdout
 
 
 def test_evaluate_from_the_installed_entry_point(shared_fixtures):
