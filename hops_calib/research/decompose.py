@@ -221,25 +221,24 @@ class Decomposition:
         }
         return sum(cells.values())
 
-    def error_by_part(self) -> dict[str, float]:
-        """Over every decomposed run (runs-weighted across families), the mean of each part's predicted minus
-        measured time, % of the measured iteration: which part the model over- or under-prices, and how much one
-        part's error offsets another's."""
-        runs = sum(f.runs for f in self.families)
-        return {
-            part: sum(f.runs * dict(f.error_by_part).get(part, 0.0) for f in self.families) / runs if runs else 0.0
-            for part in PARTS
-        }
-
     @property
     def decomposed_runs(self) -> int:
         """The runs of the families decomposed (those of families not identified are not)."""
         return sum(f.runs for f in self.families)
 
-    def outside_form_abs_pct(self) -> float:
-        """Runs-weighted over the families, the mean |outside the form| part, % of the measured iteration."""
+    def _per_run(self, per_family: Sequence[float]) -> float:
+        """Each family's mean over its runs (in `families` order), averaged over every decomposed run."""
         runs = self.decomposed_runs
-        return sum(f.runs * f.outside_form_abs_pct for f in self.families) / runs if runs else 0.0
+        return sum(f.runs * value for f, value in zip(self.families, per_family)) / runs if runs else 0.0
+
+    def error_by_part(self) -> dict[str, float]:
+        """Over every decomposed run, the mean of each part's predicted minus measured time, % of the measured
+        iteration: which part the model over- or under-prices, and how much one part's error offsets another's."""
+        return {part: self._per_run([dict(f.error_by_part).get(part, 0.0) for f in self.families]) for part in PARTS}
+
+    def outside_form_abs_pct(self) -> float:
+        """Over every decomposed run, the mean |outside the form| part, % of the measured iteration."""
+        return self._per_run([f.outside_form_abs_pct for f in self.families])
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -279,10 +278,15 @@ def layer_bound(spec: Spec, device: DeviceSpec) -> LayerBound:
     return LayerBound(least_ms(layer_forward(spec.model, settings)), least_ms(layer_backward(spec.model, settings)))
 
 
+def _settings_key(spec: Spec, varying: frozenset[str]) -> str:
+    """The devices and the launch settings but `varying`, as one comparable key."""
+    args = {k: v for k, v in sorted(spec.megatron_args.items()) if k not in varying}
+    return repr((tuple(spec.devices), tuple(args.items())))
+
+
 def family_key(spec: Spec) -> str:
     """What a family's runs share: the launch settings but the form's variables, and the devices."""
-    args = {k: v for k, v in sorted(spec.megatron_args.items()) if k not in VARIABLE_ARGS}
-    return repr((tuple(spec.devices), tuple(args.items())))
+    return _settings_key(spec, VARIABLE_ARGS)
 
 
 def family_label(spec: Spec) -> str:
@@ -312,33 +316,35 @@ WIDTH_ARGS = frozenset({"hidden_size", "ffn_hidden_size", "kv_channels"})
 
 def sibling_key(spec: Spec) -> str:
     """What families alike but for their width share: `family_key` without the hidden size and what follows it."""
-    args = {k: v for k, v in sorted(spec.megatron_args.items()) if k not in VARIABLE_ARGS | WIDTH_ARGS}
-    return repr((tuple(spec.devices), tuple(args.items())))
+    return _settings_key(spec, VARIABLE_ARGS | WIDTH_ARGS)
 
 
 def inversions(families: Sequence[tuple[Family, Spec]]) -> tuple[Inversion, ...]:
     """Every pair of cells whose measured layer takes less time with more work, by more than FORM_TOLERANCE_PCT:
     within a family a larger micro batch, across families alike but for width a larger hidden size at the same
     micro batch. Only families whose form holds, and rows whose times are physical, are read."""
-    cells: list[tuple[Cell, Spec, int]] = []  # each physical row of a family whose form holds, with its family's index
+    # each physical row of a family whose form holds, with its family's index, hidden size and sibling key
+    cells: list[tuple[Cell, int, int, str]] = []
     for k, (family, spec) in enumerate(families):
         if family.form_holds:
+            hidden, siblings = spec.model.hidden_size, sibling_key(spec)
             cells += [
-                (Cell(family.label, row.micro_batch, row.runs, row.layer_ms, row.predicted_layer_ms), spec, k)
+                (
+                    Cell(family.label, row.micro_batch, row.runs, row.layer_ms, row.predicted_layer_ms),
+                    k,
+                    hidden,
+                    siblings,
+                )
                 for row in family.rows
                 if row.physical
             ]
     pairs: list[tuple[Cell, Cell, str]] = []
-    for cell, spec, k in cells:
-        for other, other_spec, other_k in cells:
+    for cell, k, hidden, siblings in cells:
+        for other, other_k, other_hidden, other_siblings in cells:
             if other_k == k and other.micro_batch > cell.micro_batch:
                 pairs.append((cell, other, f"micro batch {cell.micro_batch} -> {other.micro_batch}"))
-            elif (
-                other.micro_batch == cell.micro_batch
-                and other_spec.model.hidden_size > spec.model.hidden_size
-                and sibling_key(other_spec) == sibling_key(spec)
-            ):
-                pairs.append((cell, other, f"hidden {spec.model.hidden_size} -> {other_spec.model.hidden_size}"))
+            elif other.micro_batch == cell.micro_batch and other_hidden > hidden and other_siblings == siblings:
+                pairs.append((cell, other, f"hidden {hidden} -> {other_hidden}"))
     found = [
         Inversion(less, more, why)
         for less, more, why in pairs
@@ -388,17 +394,18 @@ def decompose(
             not_identified.append(f"{label} ({len(members)} runs: {why_not_identified(members)})")
             continue
         measured = np.array([s.real_ms for s in members])
+        predicted_ms = np.array([s.predicted_ms for s in members])
         real, real_residual = _fit(design, measured)
-        predicted, predicted_residual = _fit(design, np.array([s.predicted_ms for s in members]))
+        predicted, predicted_residual = _fit(design, predicted_ms)
         # each run's error cut by the form's columns: per d (a, b L), per micro batch (slots c, slots L / p x)
         delta = design * (predicted - real)
-        iteration_cols = np.arange(2 * len(dps))
+        first_mb = 2 * len(dps)
         parts = {
-            "layers": delta[:, 2 * len(dps) + 1 :: 2].sum(axis=1),
-            "microbatch": delta[:, 2 * len(dps) :: 2].sum(axis=1),
-            "iteration": delta[:, iteration_cols].sum(axis=1),
+            "layers": delta[:, first_mb + 1 :: 2].sum(axis=1),
+            "microbatch": delta[:, first_mb::2].sum(axis=1),
+            "iteration": delta[:, :first_mb].sum(axis=1),
         }
-        total = np.array([s.predicted_ms for s in members]) - measured
+        total = predicted_ms - measured
         parts["outside the form"] = total - sum(parts.values())
         error_by_part = tuple((part, float(np.mean(parts[part] / measured)) * 100.0) for part in PARTS)
         outside_abs = float(np.mean(np.abs(parts["outside the form"]) / measured)) * 100.0

@@ -35,6 +35,17 @@ def sorted_points(points) -> tuple[tuple[float, float], ...]:
     return tuple((float(b), float(ms)) for b, ms in sorted(points))
 
 
+def tail_slope_ms_per_byte(points: tuple[tuple[float, float], ...]) -> float:
+    """A benchmark's cost per byte at its largest sizes, from (bytes, ms) points by increasing size (at least two):
+    the slope of its last doubling, from the largest size at or below half the largest (or the first) to the
+    largest. Two sizes 1 MiB apart (nccl-tests' steps up to 1 GiB) differ by their medians' noise; a doubling's
+    span does not. On a link benchmark of sizes 1, 2, 4, 16 and 64 MiB it is the last two points'."""
+    last = points[-1]
+    k = bisect.bisect_right(points, last[0] / 2, key=lambda point: point[0])
+    before = points[max(k - 1, 0)]
+    return (last[1] - before[1]) / (last[0] - before[0])
+
+
 def interpolate_ms(points: tuple[tuple[float, float], ...], nbytes: float) -> float:
     """A benchmark's median time at a message size, from its (bytes, ms) medians by increasing size: piecewise
     linear between measured sizes. Below the smallest size, that point's time scaled by size (no extrapolated
@@ -47,10 +58,7 @@ def interpolate_ms(points: tuple[tuple[float, float], ...], nbytes: float) -> fl
     if nbytes <= first[0]:
         return first[1] * nbytes / first[0]
     if len(points) >= 2 and nbytes >= last[0]:
-        k = bisect.bisect_right(points, last[0] / 2, key=lambda point: point[0])
-        before = points[max(k - 1, 0)]
-        slope = (last[1] - before[1]) / (last[0] - before[0])
-        return last[1] + max(slope, 0.0) * (nbytes - last[0])
+        return last[1] + max(tail_slope_ms_per_byte(points), 0.0) * (nbytes - last[0])
     # np.interp's formula, found by bisection (a table has a thousand sizes: no lists built per call)
     k = bisect.bisect_right(points, nbytes, key=lambda point: point[0])
     (x0, y0), (x1, y1) = points[k - 1], points[k]
@@ -92,11 +100,9 @@ class LinkFit:
         return self.latency_ms + nbytes / self.bytes_per_ms
 
     def _last_slope_ms_per_byte(self) -> float | None:
-        """The benchmark's cost per byte between its two largest sizes (None with fewer than two points)."""
-        if len(self.points) < 2:
-            return None
-        (b1, t1), (b2, t2) = self.points[-2], self.points[-1]
-        return (t2 - t1) / (b2 - b1)
+        """The benchmark's cost per byte at its largest sizes (`tail_slope_ms_per_byte`; None with fewer than two
+        points)."""
+        return tail_slope_ms_per_byte(self.points) if len(self.points) >= 2 else None
 
     def measured_ms(self, nbytes: float) -> float:
         """The benchmark's median at this message size: piecewise linear between measured sizes.
@@ -114,8 +120,8 @@ class LinkFit:
 
         A shaped network (an instance's bandwidth allowance) lets a short burst through faster than it lets
         a stream through; the benchmark's back-to-back medians show the stream from the second size on,
-        its smallest message the burst. The rates are the smallest point's ms per byte and the slope of the
-        last two points (never below the burst's cost). Without points, the fit.
+        its smallest message the burst. The rates are the smallest point's ms per byte and the slope of its
+        last doubling (`tail_slope_ms_per_byte`; never below the burst's cost). Without points, the fit.
         """
         if not self.points:
             return self.transfer_ms(nbytes)

@@ -91,6 +91,7 @@ def what_if_text(result: WhatIf) -> str:
     rates = {id(p): model_rates(p, spec, result.peak_flops_per_s) for p in result.predictions}
     peak = peak_dtype(spec)
     # the stall rows only where a prediction prices a random stall (no TCP retransmission risk: they say nothing)
+    priced_stalls = any(p.stall_noise_ape_pct != 0.0 for p in result.predictions)
     stalls = [
         ("  random stalls: +-", lambda p: f"{p.stall_noise_ape_pct:.1f} %"),
         ("  range from stalls", lambda p: "{:.3f}-{:.3f}".format(*p.stall_throughput_range()[:2])),
@@ -98,7 +99,7 @@ def what_if_text(result: WhatIf) -> str:
     ]
     rows = [
         ("throughput /s (window)", lambda p: f"{p.metrics.throughput_per_s:.3f}"),
-        *(stalls if any(p.stall_noise_ape_pct != 0.0 for p in result.predictions) else []),
+        *(stalls if priced_stalls else []),
         ("steady throughput /s", lambda p: f"{p.metrics.steady_throughput_per_s:.3f}"),
         ("samples /s (all replicas)", lambda p: f"{rates[id(p)]['samples_per_s']:.2f}"),
         ("tokens /s (all replicas)", lambda p: f"{rates[id(p)]['tokens_per_s']:.0f}"),
@@ -130,7 +131,7 @@ def what_if_text(result: WhatIf) -> str:
         f"+-: the mean |error| random TCP retransmission stalls alone would give a real run; range: the "
         f"throughput at least {100 * STALL_RANGE_LEVEL:.0f} % of real runs would show from them alone, whole "
         "stall counts, and the share it really holds; "
-        if any(p.stall_noise_ape_pct != 0.0 for p in result.predictions)
+        if priced_stalls
         else ""  # the stall rows are printed only where a prediction prices a random stall
     )
     lines.append(
